@@ -1,0 +1,541 @@
+"""Text normalisation and tokenizers (characters, SentencePiece BPE/unigram).
+
+Every tokenizer shares the same special ids, so models, losses and search never ask
+which tokenizer made the targets:
+
+    0 `<blank>` (CTC blank), 1 `<pad>`, 2 `<unk>`, 3 `<sos/eos>` (one token, as ESPnet).
+
+Regular tokens start at 4 and the vocabulary is contiguous `0..vocab_size-1`. A trained
+tokenizer is saved as `tokenizer.json` (plus `tokenizer.model` for SentencePiece) and read
+back with `Tokenizer.load`, which only parses JSON and the SentencePiece model file.
+"""
+
+from __future__ import annotations
+
+import abc
+import io
+import json
+import operator
+import os
+import re
+import unicodedata
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any, ClassVar
+
+import sentencepiece as spm
+import torch
+
+BLANK_ID = 0
+PAD_ID = 1
+UNK_ID = 2
+SOS_ID = 3
+EOS_ID = 3
+NUM_SPECIAL = 4  # regular tokens start here
+SPECIAL_PIECES = ("<blank>", "<pad>", "<unk>", "<sos/eos>")  # indexed by id
+SPACE_PIECE = "\u2581"  # `▁`, how the space shows in pieces (as SentencePiece)
+TOKENIZER_JSON = "tokenizer.json"
+SENTENCEPIECE_MODEL = "tokenizer.model"
+
+_APOSTROPHES = frozenset("'\u2019\u02bc")  # ', right single quote, modifier apostrophe
+
+
+# --------------------------------------------------------------------------- normaliser
+
+
+@dataclass(frozen=True)
+class TextNormalizer:
+    r"""Unicode NFKC, case folding, punctuation removal and whitespace collapsing.
+
+    Punctuation is every Unicode `P*` character; in "remove" mode each becomes a space
+    (so "yes,no" gives two words), except an apostrophe between two letters or digits,
+    which is kept as `'`. Symbols such as `$` or `+` are not punctuation and stay.
+
+    >>> TextNormalizer()("  Don\u2019t   stop, \u201cNOW\u201d! ")
+    "DON'T STOP NOW"
+    >>> TextNormalizer(case="lower")("U.S.A. 'quoted'")
+    'u s a quoted'
+    >>> TextNormalizer(case="keep", punctuation="keep")("\uff21bc,\tdef ")
+    'Abc, def'
+    """
+
+    case: str = "upper"  # "upper" | "lower" | "keep"
+    punctuation: str = "remove"  # "remove" (keep in-word apostrophes) | "keep"
+
+    def __post_init__(self) -> None:
+        if self.case not in ("upper", "lower", "keep"):
+            raise ValueError(f"TextNormalizer.case must be upper|lower|keep, got {self.case!r}")
+        if self.punctuation not in ("remove", "keep"):
+            raise ValueError(
+                f"TextNormalizer.punctuation must be remove|keep, got {self.punctuation!r}"
+            )
+
+    def __call__(self, text: str) -> str:
+        text = unicodedata.normalize("NFKC", text)
+        if self.case == "upper":
+            text = text.upper()
+        elif self.case == "lower":
+            text = text.lower()
+        if self.punctuation == "remove":
+            text = _remove_punctuation(text)
+        # Case mapping can decompose a character; recompose so that normalising is idempotent.
+        return " ".join(unicodedata.normalize("NFKC", text).split())
+
+    def to_dict(self) -> dict[str, str]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TextNormalizer:
+        """Inverse of `to_dict`; unknown keys raise `ValueError`."""
+        if not isinstance(data, dict):
+            raise ValueError(f"TextNormalizer options must be a dict, got {type(data).__name__}")
+        unknown = set(data) - {f.name for f in fields(cls)}
+        if unknown:
+            raise ValueError(f"unknown TextNormalizer options: {sorted(unknown)}")
+        return cls(**data)
+
+
+def _remove_punctuation(text: str) -> str:
+    """Replace punctuation by spaces, keeping apostrophes inside words.
+
+    >>> _remove_punctuation("it's 'a' rock-n-roll")
+    "it's  a  rock n roll"
+    """
+    out = []
+    for i, ch in enumerate(text):
+        if not unicodedata.category(ch).startswith("P"):
+            out.append(ch)
+        elif ch in _APOSTROPHES and _inside_word(text, i):
+            out.append("'")
+        else:
+            out.append(" ")
+    return "".join(out)
+
+
+def _inside_word(text: str, i: int) -> bool:
+    return 0 < i < len(text) - 1 and text[i - 1].isalnum() and text[i + 1].isalnum()
+
+
+# --------------------------------------------------------------------------- tokenizers
+
+
+class Tokenizer(abc.ABC):
+    """Text <-> token ids with the fixed special ids of this module.
+
+    Subclasses implement the regular-token part; this class owns normalisation, the
+    special ids, id checking and the `tokenizer.json` file.
+    """
+
+    kind: str  # "char" | "bpe" | "unigram", written to tokenizer.json
+    blank_id: ClassVar[int] = BLANK_ID
+    pad_id: ClassVar[int] = PAD_ID
+    unk_id: ClassVar[int] = UNK_ID
+    sos_id: ClassVar[int] = SOS_ID
+    eos_id: ClassVar[int] = EOS_ID
+
+    def __init__(self, normalizer: TextNormalizer) -> None:
+        self.normalizer = normalizer
+
+    @property
+    @abc.abstractmethod
+    def vocab_size(self) -> int:
+        """Number of ids, special ones included."""
+
+    @abc.abstractmethod
+    def _encode_normalized(self, text: str) -> list[int]: ...
+
+    @abc.abstractmethod
+    def _decode_regular(self, ids: list[int]) -> str:
+        """Text of regular (non-special) ids."""
+
+    @abc.abstractmethod
+    def _regular_piece(self, i: int) -> str: ...
+
+    @abc.abstractmethod
+    def _can_represent(self, ch: str) -> bool: ...
+
+    @abc.abstractmethod
+    def _save_files(self, out_dir: Path) -> dict[str, Any]:
+        """Write any model files to `out_dir`; return the kind-specific JSON fields."""
+
+    @classmethod
+    @abc.abstractmethod
+    def _from_json(cls, data: dict[str, Any], path: Path, normalizer: TextNormalizer) -> Tokenizer:
+        """Build from the parsed fields of the tokenizer.json at `path`."""
+
+    def encode(self, text: str) -> list[int]:
+        """Normalise `text` and map it to ids (no sos/eos); unknown characters give `unk_id`."""
+        return self._encode_normalized(self.normalizer(text))
+
+    def decode(self, ids: Sequence[int] | torch.Tensor) -> str:
+        """Text of `ids` (a list or a 1-D tensor), skipping every special id."""
+        regular = [i for i in self._checked_ids(ids) if i >= NUM_SPECIAL]
+        return " ".join(self._decode_regular(regular).split())
+
+    def id_to_piece(self, i: int) -> str:
+        """Printable piece of id `i`: `<blank>` etc. for special ids, `▁` for a space."""
+        (i,) = self._checked_ids([i])
+        return SPECIAL_PIECES[i] if i < NUM_SPECIAL else self._regular_piece(i)
+
+    def pieces(self, ids: Sequence[int] | torch.Tensor) -> list[str]:
+        """Pieces of every id, special ones included (labels for plots)."""
+        return [self.id_to_piece(i) for i in self._checked_ids(ids)]
+
+    def oov(self, text: str) -> list[str]:
+        """Distinct characters of the normalised `text` that encode to `unk_id`, in order."""
+        chars = dict.fromkeys(self.normalizer(text).replace(" ", ""))
+        return [ch for ch in chars if not self._can_represent(ch)]
+
+    def save(self, out_dir: str | os.PathLike) -> Path:
+        """Write `tokenizer.json` (and model files) into `out_dir`; return the JSON path."""
+        out_dir = Path(out_dir)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        data = {
+            "kind": self.kind,
+            "specials": list(SPECIAL_PIECES),
+            "normalizer": self.normalizer.to_dict(),
+            **self._save_files(out_dir),
+        }
+        path = out_dir / TOKENIZER_JSON
+        path.write_text(json.dumps(data, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
+        return path
+
+    @staticmethod
+    def load(path: str | os.PathLike) -> Tokenizer:
+        """Read a tokenizer saved by `save`, from its directory or its `tokenizer.json`.
+
+        Raises:
+            ValueError: the file is malformed; the message names it.
+        """
+        path = Path(path)
+        if path.is_dir():
+            path = path / TOKENIZER_JSON
+        data = _read_json_object(path)
+        kind = data.get("kind")
+        if kind not in _KINDS:
+            raise ValueError(f"{path}: 'kind' must be one of {sorted(_KINDS)}, got {kind!r}")
+        if data.get("specials") != list(SPECIAL_PIECES):
+            raise ValueError(f"{path}: 'specials' must be {list(SPECIAL_PIECES)}")
+        try:
+            normalizer = TextNormalizer.from_dict(data.get("normalizer"))
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"{path}: bad 'normalizer': {err}") from err
+        return _KINDS[kind]._from_json(data, path, normalizer)
+
+    def _checked_ids(self, ids: Sequence[int] | torch.Tensor) -> list[int]:
+        if isinstance(ids, torch.Tensor):
+            if ids.dim() != 1:
+                raise ValueError(f"expected a 1-D tensor of ids, got shape {tuple(ids.shape)}")
+            ids = ids.tolist()
+        try:
+            ids = [operator.index(i) for i in ids]
+        except TypeError as err:
+            raise ValueError(f"ids must be integers: {err}") from err
+        bad = [i for i in ids if not 0 <= i < self.vocab_size]
+        if bad:
+            raise ValueError(f"ids {bad[:5]} outside the vocabulary 0..{self.vocab_size - 1}")
+        return ids
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(kind={self.kind!r}, vocab_size={self.vocab_size})"
+
+
+class CharTokenizer(Tokenizer):
+    """One token per character; the space is a token (piece `▁`).
+
+    Args:
+        chars: the regular tokens, one character each; `chars[k]` gets id `4 + k`.
+        normalizer: applied to every text before encoding.
+    """
+
+    kind = "char"
+
+    def __init__(self, chars: Sequence[str], normalizer: TextNormalizer = TextNormalizer()):
+        super().__init__(normalizer)
+        if any(not isinstance(c, str) or len(c) != 1 for c in chars):
+            raise ValueError("CharTokenizer tokens must be single characters")
+        if len(set(chars)) != len(chars):
+            raise ValueError("CharTokenizer tokens must be distinct")
+        self.chars = list(chars)
+        self._ids = {c: NUM_SPECIAL + k for k, c in enumerate(self.chars)}
+
+    @classmethod
+    def train(
+        cls, texts: Iterable[str], normalizer: TextNormalizer = TextNormalizer()
+    ) -> CharTokenizer:
+        """Vocabulary = the sorted characters of the normalised `texts`, plus the space."""
+        chars = {" "}
+        for text in texts:
+            chars.update(normalizer(text))
+        return cls(sorted(chars), normalizer)
+
+    @property
+    def vocab_size(self) -> int:
+        return NUM_SPECIAL + len(self.chars)
+
+    def _encode_normalized(self, text: str) -> list[int]:
+        return [self._ids.get(ch, UNK_ID) for ch in text]
+
+    def _decode_regular(self, ids: list[int]) -> str:
+        return "".join(self.chars[i - NUM_SPECIAL] for i in ids)
+
+    def _regular_piece(self, i: int) -> str:
+        ch = self.chars[i - NUM_SPECIAL]
+        return SPACE_PIECE if ch == " " else ch
+
+    def _can_represent(self, ch: str) -> bool:
+        return ch in self._ids
+
+    def _save_files(self, out_dir: Path) -> dict[str, Any]:
+        return {"vocab": self.chars}
+
+    @classmethod
+    def _from_json(cls, data: dict[str, Any], path: Path, normalizer: TextNormalizer) -> Tokenizer:
+        vocab = data.get("vocab")
+        if not isinstance(vocab, list):
+            raise ValueError(f"{path}: 'vocab' must be a list of characters")
+        try:
+            return cls(vocab, normalizer)
+        except ValueError as err:
+            raise ValueError(f"{path}: bad 'vocab': {err}") from err
+
+
+class SentencePieceTokenizer(Tokenizer):
+    """SentencePiece BPE or unigram pieces, with this module's special ids built into the model.
+
+    The SentencePiece model itself holds `<blank>` (a control symbol), `<pad>`, `<unk>` and
+    `<sos/eos>` (its bos piece) at ids 0..3, so its ids are ours without any offset.
+    SentencePiece normalisation is off ("identity"): `normalizer` is the only one.
+
+    Args:
+        model: a serialised SentencePiece model (`.model` file contents).
+        kind: "bpe" or "unigram", as trained.
+        normalizer: applied to every text before encoding.
+        source: where the model came from, for error messages.
+    """
+
+    def __init__(
+        self,
+        model: bytes,
+        kind: str,
+        normalizer: TextNormalizer = TextNormalizer(),
+        source: str = "<memory>",
+    ) -> None:
+        super().__init__(normalizer)
+        if kind not in ("bpe", "unigram"):
+            raise ValueError(f"{source}: SentencePiece kind must be bpe|unigram, got {kind!r}")
+        self.kind = kind
+        self.model = model
+        try:
+            self._sp = spm.SentencePieceProcessor(model_proto=model)
+        except (RuntimeError, OSError, TypeError) as err:
+            raise ValueError(f"{source}: not a SentencePiece model ({err})") from err
+        specials = [self._sp.id_to_piece(i) for i in range(min(NUM_SPECIAL, self.vocab_size))]
+        roles = (self._sp.pad_id(), self._sp.unk_id(), self._sp.bos_id())
+        if specials != list(SPECIAL_PIECES) or roles != (PAD_ID, UNK_ID, SOS_ID):
+            raise ValueError(f"{source}: model's first pieces {specials} are not {SPECIAL_PIECES}")
+
+    @classmethod
+    def train(
+        cls,
+        texts: Iterable[str],
+        kind: str,
+        vocab_size: int,
+        normalizer: TextNormalizer = TextNormalizer(),
+    ) -> SentencePieceTokenizer:
+        """Train deterministically on the normalised `texts`.
+
+        Args:
+            texts: training sentences (normalised here).
+            kind: "bpe" or "unigram".
+            vocab_size: the total number of ids, the 4 special ids included. It must be at least
+                4 + the number of distinct characters (with the space); too large a value for
+                the texts raises `ValueError` naming SentencePiece's maximum (no silent fallback).
+
+        Returns:
+            A tokenizer with exactly `vocab_size` ids.
+        """
+        sentences = [s for s in map(normalizer, texts) if s]
+        if not sentences:
+            raise ValueError("no non-empty training text for the tokenizer")
+        minimum = NUM_SPECIAL + len(set("".join(sentences)) | {" "})
+        if vocab_size < minimum:
+            raise ValueError(
+                f"{kind} vocab_size {vocab_size} is too small for these texts: "
+                f"{minimum - NUM_SPECIAL} characters (space included) + {NUM_SPECIAL} special ids "
+                f"need at least {minimum}"
+            )
+        model = io.BytesIO()
+        try:
+            spm.SentencePieceTrainer.train(
+                sentence_iterator=iter(sentences),
+                model_writer=model,
+                **_sentencepiece_options(kind, vocab_size),
+            )
+        except RuntimeError as err:
+            raise _training_error(kind, vocab_size, err) from err
+        return cls(model.getvalue(), kind, normalizer)
+
+    @property
+    def vocab_size(self) -> int:
+        return self._sp.get_piece_size()
+
+    def _encode_normalized(self, text: str) -> list[int]:
+        return self._sp.encode(text)
+
+    def _decode_regular(self, ids: list[int]) -> str:
+        return self._sp.decode(ids)
+
+    def _regular_piece(self, i: int) -> str:
+        return self._sp.id_to_piece(i)
+
+    def _can_represent(self, ch: str) -> bool:
+        return UNK_ID not in self._sp.encode(ch)
+
+    def _save_files(self, out_dir: Path) -> dict[str, Any]:
+        (out_dir / SENTENCEPIECE_MODEL).write_bytes(self.model)
+        return {"model": SENTENCEPIECE_MODEL, "vocab_size": self.vocab_size}
+
+    @classmethod
+    def _from_json(cls, data: dict[str, Any], path: Path, normalizer: TextNormalizer) -> Tokenizer:
+        name = data.get("model")
+        if not isinstance(name, str) or Path(name).name != name or name in ("", ".", ".."):
+            raise ValueError(f"{path}: 'model' must be a file name next to it, got {name!r}")
+        model_path = path.parent / name
+        if not model_path.is_file():
+            raise ValueError(f"{path}: model file {model_path} not found")
+        tokenizer = cls(model_path.read_bytes(), data["kind"], normalizer, source=str(model_path))
+        if data.get("vocab_size") != tokenizer.vocab_size:
+            raise ValueError(
+                f"{path}: 'vocab_size' {data.get('vocab_size')!r} differs from the model's "
+                f"{tokenizer.vocab_size}"
+            )
+        return tokenizer
+
+
+_KINDS: dict[str, type[Tokenizer]] = {
+    "char": CharTokenizer,
+    "bpe": SentencePieceTokenizer,
+    "unigram": SentencePieceTokenizer,
+}
+
+
+def _sentencepiece_options(kind: str, vocab_size: int) -> dict[str, Any]:
+    """SentencePiece trainer options: our special ids, full coverage, deterministic."""
+    return {
+        "model_type": kind,
+        "vocab_size": vocab_size,
+        "character_coverage": 1.0,
+        "normalization_rule_name": "identity",  # TextNormalizer has already run
+        "control_symbols": [SPECIAL_PIECES[BLANK_ID]],  # fills the free id 0
+        "pad_id": PAD_ID,
+        "pad_piece": SPECIAL_PIECES[PAD_ID],
+        "unk_id": UNK_ID,
+        "unk_piece": SPECIAL_PIECES[UNK_ID],
+        "bos_id": SOS_ID,
+        "bos_piece": SPECIAL_PIECES[SOS_ID],
+        "eos_id": -1,  # sos and eos are one token
+        "hard_vocab_limit": True,
+        "input_sentence_size": 0,  # use every sentence: no sampling
+        "max_sentence_length": 1 << 20,  # bytes; never drop a long transcript
+        "num_threads": 1,
+        "minloglevel": 2,
+    }
+
+
+def _training_error(kind: str, vocab_size: int, err: RuntimeError) -> ValueError:
+    """Turn SentencePiece's "vocabulary size too high" into a ValueError naming the maximum."""
+    found = re.search(r"value <= (\d+)", str(err))
+    if found:
+        return ValueError(
+            f"{kind} vocab_size {vocab_size} is too large for these texts: "
+            f"SentencePiece can build at most {found.group(1)}"
+        )
+    return ValueError(f"SentencePiece {kind} training failed: {err}")
+
+
+# --------------------------------------------------------------------------- training
+
+
+def train_tokenizer(
+    texts_or_manifests: str | os.PathLike | Iterable[str | os.PathLike],
+    kind: str,
+    vocab_size: int | None,
+    out_dir: str | os.PathLike | None,
+    normalizer: TextNormalizer = TextNormalizer(),
+) -> Tokenizer:
+    """Train a tokenizer and save it to `out_dir` (unless None).
+
+    Args:
+        texts_or_manifests: a manifest path, or an iterable of texts (`str`) and manifest
+            paths (`os.PathLike`: wrap a path given as `str` in `Path`). A manifest is a JSON
+            Lines file whose objects have a "text" key.
+        kind: "char", "bpe" or "unigram".
+        vocab_size: total ids, the 4 special ids included (see `SentencePieceTokenizer.train`);
+            ignored for "char".
+        out_dir: where `tokenizer.json` (and `tokenizer.model`) are written.
+        normalizer: text normalisation, saved with the tokenizer.
+
+    Returns:
+        The trained tokenizer.
+    """
+    if kind not in _KINDS:
+        raise ValueError(f"tokenizer kind must be one of {sorted(_KINDS)}, got {kind!r}")
+    texts = list(_iter_texts(texts_or_manifests))
+    if kind == "char":
+        tokenizer: Tokenizer = CharTokenizer.train(texts, normalizer)
+    elif vocab_size is None:
+        raise ValueError(f"a {kind} tokenizer needs a vocab_size")
+    else:
+        tokenizer = SentencePieceTokenizer.train(texts, kind, vocab_size, normalizer)
+    if out_dir is not None:
+        tokenizer.save(out_dir)
+    return tokenizer
+
+
+def _iter_texts(source: str | os.PathLike | Iterable[str | os.PathLike]) -> Iterable[str]:
+    if isinstance(source, (str, os.PathLike)):
+        source = [Path(source)]
+    for item in source:
+        if isinstance(item, os.PathLike):
+            yield from read_manifest_texts(item)
+        elif isinstance(item, str):
+            yield item
+        else:
+            raise ValueError(f"expected a text or a manifest path, got {type(item).__name__}")
+
+
+def read_manifest_texts(path: str | os.PathLike) -> list[str]:
+    """The "text" field of every line of a JSON Lines manifest (blank lines skipped).
+
+    Raises:
+        ValueError: a line is not a JSON object with a string "text"; names file and line.
+    """
+    texts = []
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                entry = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{path}:{lineno}: invalid JSON: {err.msg}") from err
+            if not isinstance(entry, dict) or not isinstance(entry.get("text"), str):
+                raise ValueError(f'{path}:{lineno}: expected an object with a string "text"')
+            texts.append(entry["text"])
+    return texts
+
+
+def _read_json_object(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text(encoding="utf-8")  # a missing file raises FileNotFoundError
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{path}: not UTF-8 text") from err
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path}:{err.lineno}: invalid JSON: {err.msg}") from err
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    return data
