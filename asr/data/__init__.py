@@ -1,0 +1,1 @@
+"""Data: JSON Lines manifests, corpus preparation, datasets, batch sampling and collation."""

@@ -1,0 +1,269 @@
+"""Speech dataset with data-side speed perturbation, the padded `Batch`, collate, DataLoader.
+
+Speed perturbation follows Kaldi and ESPnet: a factor ``f`` plays the audio ``f`` times
+faster by resampling, changing tempo and pitch together, so the duration becomes ``1/f``
+of the original (0.9 makes an utterance about 11% longer). The factor for an item is drawn
+from ``(seed, epoch, index)`` alone, so it is the same in any worker and after a resume.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, fields, replace
+from fractions import Fraction
+from functools import partial
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+import torchaudio.functional
+from torch import Tensor
+from torch.nn.utils.rnn import pad_sequence
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+from asr.audio import load_audio
+from asr.data.manifest import Utterance
+
+DEFAULT_PAD_ID = 1  # asr.text: 0 blank, 1 pad, 2 unk, 3 sos/eos
+
+
+class TextEncoder(Protocol):
+    """What the dataset needs from a tokenizer (asr.text.Tokenizer fits)."""
+
+    pad_id: int
+
+    def encode(self, text: str) -> list[int]: ...
+
+
+class SpeechDataset(Dataset[dict[str, Any]]):
+    """Utterances from a manifest, loaded as mono waveforms, optionally speed-perturbed.
+
+    Items are dicts: ``id`` (str), ``wave`` (`(T,)` float32 at ``sample_rate``), ``text``
+    (str) and, when a tokenizer is given, ``tokens`` (`(L,)` int64, no sos/eos).
+
+    Args:
+        utterances: manifest entries (see :func:`asr.data.manifest.read_manifest`).
+        tokenizer: anything with ``encode(text) -> list[int]``; None leaves out ``tokens``.
+        sample_rate: rate every waveform is resampled to.
+        speed_perturb: speed factors to draw from per item (e.g. ``(0.9, 1.0, 1.1)``);
+            None or a single 1.0 disables perturbation.
+        seed: base of the per-item randomness, with the epoch (:meth:`set_epoch`) and index.
+    """
+
+    def __init__(
+        self,
+        utterances: Sequence[Utterance],
+        tokenizer: TextEncoder | None = None,
+        sample_rate: int = 16000,
+        speed_perturb: Sequence[float] | None = None,
+        seed: int = 0,
+    ) -> None:
+        if sample_rate <= 0:
+            raise ValueError(f"sample_rate must be > 0, got {sample_rate}")
+        if seed < 0:
+            raise ValueError(f"seed must be >= 0, got {seed}")
+        self.utterances = list(utterances)
+        self.tokenizer = tokenizer
+        self.sample_rate = sample_rate
+        self.speed_perturb = _check_factors(speed_perturb)
+        self.seed = seed
+        # In shared memory so DataLoader workers (persistent ones too) see set_epoch.
+        self._epoch = torch.zeros((), dtype=torch.int64).share_memory_()
+
+    def __len__(self) -> int:
+        return len(self.utterances)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        index = range(len(self))[index]  # IndexError out of range; negative indices resolved
+        utterance = self.utterances[index]
+        wave = load_audio(
+            utterance.audio_filepath,
+            sample_rate=self.sample_rate,
+            offset=utterance.offset,
+            duration=utterance.duration,
+        )
+        wave = change_speed(wave, self.speed_factor(index))
+        item: dict[str, Any] = {"id": utterance.utt_id, "wave": wave, "text": utterance.text}
+        if self.tokenizer is not None:
+            item["tokens"] = torch.tensor(self.tokenizer.encode(utterance.text), dtype=torch.long)
+        return item
+
+    @property
+    def epoch(self) -> int:
+        return int(self._epoch)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch whose speed factors items use (visible to running workers)."""
+        if epoch < 0:
+            raise ValueError(f"epoch must be >= 0, got {epoch}")
+        self._epoch.fill_(epoch)
+
+    def speed_factor(self, index: int) -> float:
+        """The speed factor item `index` gets in the current epoch (1.0 without perturbation)."""
+        if not self.speed_perturb:
+            return 1.0
+        rng = np.random.default_rng([self.seed, self.epoch, index])
+        return self.speed_perturb[int(rng.integers(len(self.speed_perturb)))]
+
+    @property
+    def durations(self) -> list[float]:
+        """Nominal durations in seconds, from the manifest.
+
+        They ignore speed perturbation: an item drawn with factor ``f`` lasts
+        ``duration / f`` (0.9 gives ~11% more), so leave the sampler's budget some headroom.
+        """
+        return [utterance.duration for utterance in self.utterances]
+
+    def lengths(self) -> list[float]:
+        """Lengths for :class:`asr.data.sampler.DynamicBucketSampler`: nominal seconds."""
+        return self.durations
+
+
+def change_speed(wave: Tensor, factor: float) -> Tensor:
+    """Play `wave` `factor` times faster by resampling (tempo and pitch change together).
+
+    The waveform is treated as if recorded at a rate `factor` times its own and resampled
+    back; only that ratio matters, and it is taken as a fraction with a denominator of at
+    most 100 so the resampling kernel stays small (0.9 -> 9/10, 1.1 -> 11/10).
+
+    Args:
+        wave: waveform `(..., T)`.
+        factor: speed factor > 0; 1.0 returns `wave` unchanged.
+
+    Returns:
+        Waveform `(..., T')` with ``T' = ceil(T / factor)``.
+
+    >>> change_speed(torch.zeros(1000), 0.9).shape
+    torch.Size([1112])
+    """
+    ratio = Fraction(factor).limit_denominator(100)
+    if ratio == 1:
+        return wave
+    return torchaudio.functional.resample(wave, ratio.numerator, ratio.denominator)
+
+
+@dataclass
+class Batch:
+    """A padded batch. Lightning moves it to the device as a dataclass; `to` does it by hand."""
+
+    ids: list[str]
+    texts: list[str]
+    waves: Tensor  # (B, T) float32, zero-padded
+    wave_lens: Tensor  # (B,) int64, samples
+    tokens: Tensor | None = None  # (B, L) int64, padded with pad_id, no sos/eos
+    token_lens: Tensor | None = None  # (B,) int64
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> Batch:
+        """A copy with every tensor on `device`."""
+        return self._map_tensors(lambda t: t.to(device, non_blocking=non_blocking))
+
+    def pin_memory(self) -> Batch:
+        """A copy in pinned memory (called by DataLoader when ``pin_memory=True``)."""
+        return self._map_tensors(Tensor.pin_memory)
+
+    def _map_tensors(self, fn) -> Batch:
+        changes = {
+            f.name: fn(getattr(self, f.name))
+            for f in fields(self)
+            if isinstance(getattr(self, f.name), Tensor)
+        }
+        return replace(self, **changes)
+
+
+def collate(items: Sequence[dict[str, Any]], pad_id: int = DEFAULT_PAD_ID) -> Batch:
+    """Pad dataset items into a `Batch`.
+
+    Waves are padded with zeros and tokens with `pad_id`; lengths are absolute int64.
+    Items without ``tokens`` (inference) give a batch with ``tokens = token_lens = None``.
+
+    Args:
+        items: dicts with ``id``, ``text``, ``wave`` `(T,)` and optionally ``tokens`` `(L,)`.
+        pad_id: token padding id.
+
+    Returns:
+        Batch with waves `(B, T_max)`, wave_lens `(B,)`, tokens `(B, L_max)`, token_lens `(B,)`.
+    """
+    if not items:
+        raise ValueError("collate got an empty list of items")
+    ids = [item["id"] for item in items]
+    with_tokens = ["tokens" in item for item in items]
+    if any(with_tokens) and not all(with_tokens):
+        missing = [i for i, has in zip(ids, with_tokens, strict=True) if not has]
+        raise ValueError(f"collate: items {missing[:5]} lack 'tokens' while others have them")
+    waves, wave_lens = _pad([item["wave"] for item in items], 0.0, "wave", ids)
+    batch = Batch(ids=ids, texts=[item["text"] for item in items], waves=waves, wave_lens=wave_lens)
+    if all(with_tokens):
+        batch.tokens, batch.token_lens = _pad(
+            [item["tokens"] for item in items], pad_id, "tokens", ids
+        )
+    return batch
+
+
+def _pad(seqs: list[Tensor], value: float, name: str, ids: list[str]) -> tuple[Tensor, Tensor]:
+    """Right-pad 1-D tensors to `(B, max_len)`; also return their lengths `(B,)` int64."""
+    for utt_id, seq in zip(ids, seqs, strict=True):
+        if seq.dim() != 1:
+            raise ValueError(f"collate: '{name}' of {utt_id} must be 1-D, got {tuple(seq.shape)}")
+    lens = torch.tensor([len(seq) for seq in seqs], dtype=torch.long)
+    return pad_sequence(seqs, batch_first=True, padding_value=value), lens
+
+
+def make_dataloader(
+    dataset: SpeechDataset,
+    sampler: Sampler[list[int]],
+    num_workers: int = 0,
+    pin_memory: bool = False,
+    pad_id: int | None = None,
+) -> DataLoader:
+    """DataLoader over `dataset` with `sampler` as its batch sampler and `collate`.
+
+    Args:
+        dataset: the dataset.
+        sampler: yields lists of indices, e.g. a DynamicBucketSampler.
+        num_workers: loader processes; workers persist across epochs when > 0.
+        pin_memory: pin batches for faster host-to-GPU copies.
+        pad_id: token padding id; defaults to the dataset tokenizer's, else 1.
+
+    Returns:
+        DataLoader yielding `Batch` objects.
+    """
+    if pad_id is None:
+        pad_id = getattr(dataset.tokenizer, "pad_id", DEFAULT_PAD_ID)
+    return DataLoader(
+        dataset,
+        batch_sampler=sampler,
+        collate_fn=partial(collate, pad_id=pad_id),
+        num_workers=num_workers,
+        pin_memory=pin_memory,
+        persistent_workers=num_workers > 0,
+    )
+
+
+def set_loader_epoch(loader: DataLoader, epoch: int) -> None:
+    """Call ``set_epoch(epoch)`` on the loader's batch sampler and dataset where they have it.
+
+    Lightning's own epoch hook reaches only ``loader.sampler`` and
+    ``loader.batch_sampler.sampler``, neither of which is a custom batch sampler, and never
+    the dataset. Call this before the epoch's iterator is created.
+    """
+    for part in (loader.batch_sampler, loader.dataset):
+        set_epoch = getattr(part, "set_epoch", None)
+        if callable(set_epoch):
+            set_epoch(epoch)
+
+
+def _check_factors(factors: Sequence[float] | None) -> tuple[float, ...]:
+    """Speed factors as a tuple; empty when perturbation is off."""
+    if factors is None:
+        return ()
+    factors = tuple(float(f) for f in factors)
+    if not factors:
+        raise ValueError("speed_perturb must list at least one factor (or be None)")
+    bad = [f for f in factors if not (math.isfinite(f) and f > 0)]
+    if bad:
+        raise ValueError(f"speed_perturb factors must be finite and > 0, got {bad}")
+    return () if factors == (1.0,) else factors

@@ -1,0 +1,351 @@
+"""JSON Lines manifests, one utterance per line, with NeMo's keys:
+
+    {"audio_filepath": "/corpora/an4/wav/an4_clstk/fash/an251-fash-b.wav", "duration": 1.6,
+     "text": "YES", "id": "fash-an251-b", "speaker": "fash"}
+
+Every line is validated. Bad lines are reported as `file:line: reason`, all of them at once,
+and never dropped silently.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+from asr.audio import AudioError, audio_info, load_audio
+
+logger = logging.getLogger(__name__)
+
+REQUIRED_KEYS = ("audio_filepath", "duration", "text")
+MAX_LISTED = 20  # bad entries spelled out in an error message or warning
+DURATION_TOLERANCE = 0.1  # seconds a manifest's duration may exceed the audio's length
+
+
+@dataclass(frozen=True)
+class Utterance:
+    """One manifest line."""
+
+    audio_filepath: str  # absolute once read (relative paths resolve against the manifest)
+    duration: float  # seconds of audio used, from `offset`
+    text: str  # transcript
+    id: str | None = None  # unique utterance id; `utt_id` derives one when absent
+    speaker: str | None = None
+    offset: float = 0.0  # start of the segment in the audio file, seconds
+
+    @property
+    def utt_id(self) -> str:
+        """`id`, or a stable id made of the file's stem and a hash of its path and offset.
+
+        >>> Utterance("/a/an251.wav", 1.0, "YES", id="fash-an251-b").utt_id
+        'fash-an251-b'
+        >>> Utterance("/a/an251.wav", 1.0, "YES").utt_id.startswith("an251-")
+        True
+        """
+        if self.id is not None:
+            return self.id
+        key = f"{self.audio_filepath}|{float(self.offset)!r}"
+        return f"{Path(self.audio_filepath).stem}-{hashlib.sha1(key.encode()).hexdigest()[:8]}"
+
+
+@dataclass(frozen=True)
+class BadEntry:
+    """A problem found at `location` ("file:line", or the file alone)."""
+
+    location: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.location}: {self.reason}"
+
+
+class ManifestError(ValueError):
+    """A manifest with bad lines; `entries` holds every one of them."""
+
+    def __init__(self, entries: Sequence[BadEntry]) -> None:
+        self.entries = list(entries)
+        super().__init__(format_bad_entries(self.entries))
+
+
+def format_bad_entries(entries: Sequence[BadEntry], limit: int = MAX_LISTED) -> str:
+    """One entry per line, the first `limit` of them, then how many more there are.
+
+    >>> print(format_bad_entries([BadEntry("m.jsonl:3", "invalid JSON")]))
+    m.jsonl:3: invalid JSON
+    >>> print(format_bad_entries([BadEntry(f"m.jsonl:{i}", "bad") for i in (1, 2, 3)], limit=2))
+    3 bad entries:
+      m.jsonl:1: bad
+      m.jsonl:2: bad
+      ... and 1 more
+    """
+    if len(entries) == 1:
+        return str(entries[0])
+    lines = [f"{len(entries)} bad entries:"] + [f"  {entry}" for entry in entries[:limit]]
+    if len(entries) > limit:
+        lines.append(f"  ... and {len(entries) - limit} more")
+    return "\n".join(lines)
+
+
+class Tokenizer(Protocol):
+    """What `validate_manifest` needs of a tokenizer."""
+
+    def oov(self, text: str) -> list[str]: ...
+
+
+@dataclass
+class ValidationReport:
+    """Outcome of `validate_manifest`: the usable utterances and every problem found."""
+
+    good: list[Utterance]
+    bad: list[BadEntry]
+    manifest: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return not self.bad
+
+    def summary(self) -> str:
+        return f"{self.manifest}: {len(self.good)} good, {len(self.bad)} bad"
+
+    def raise_if_bad(self) -> None:
+        """Raise a ManifestError listing the problems, if there are any."""
+        if self.bad:
+            raise ManifestError(self.bad)
+
+    def write(self, path: str | os.PathLike) -> None:
+        """Write the summary and every problem, one per line, to a text file."""
+        lines = [self.summary()] + [str(entry) for entry in self.bad]
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def read_manifest(path: str | os.PathLike, skip_bad: bool = False) -> list[Utterance]:
+    """Read and validate a JSON Lines manifest.
+
+    Blank lines are skipped and unknown keys ignored. Relative `audio_filepath`s resolve
+    against the manifest's directory.
+
+    Args:
+        path: the manifest.
+        skip_bad: return the good lines and log a warning listing the bad ones, instead of
+            raising.
+
+    Returns:
+        The utterances, in file order.
+
+    Raises:
+        ManifestError: listing every bad line (unless `skip_bad`), or the file is unreadable.
+    """
+    numbered, bad = _parse_manifest(Path(path))
+    entries = [entry for _, entry in bad]
+    if entries and not skip_bad:
+        raise ManifestError(entries)
+    if entries:
+        logger.warning("skipped bad manifest lines: %s", format_bad_entries(entries))
+    return [utterance for _, utterance in numbered]
+
+
+def write_manifest(path: str | os.PathLike, utterances: Iterable[Utterance]) -> None:
+    """Write utterances as JSON Lines (UTF-8, one object per line, None fields left out).
+
+    Paths are written as given; `read_manifest` returns absolute paths unchanged.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".partial")
+    with open(partial, "w", encoding="utf-8") as file:
+        for utterance in utterances:
+            record = {key: value for key, value in asdict(utterance).items() if value is not None}
+            file.write(json.dumps(record, ensure_ascii=False) + "\n")
+    os.replace(partial, path)  # readers never see a half-written manifest
+
+
+def validate_manifest(
+    path: str | os.PathLike,
+    tokenizer: Tokenizer | None = None,
+    check_audio: bool | Literal["full"] = True,
+) -> ValidationReport:
+    """Check a manifest line by line, and the audio and text each line refers to.
+
+    Args:
+        path: the manifest.
+        tokenizer: if given, text with `tokenizer.oov(text)` non-empty is reported.
+        check_audio: False: skip the audio; True: read each file's header (exists, readable,
+            non-empty, long enough); "full": also decode the segment and check its samples.
+
+    Returns:
+        The good utterances and a `BadEntry` for each bad line, in file order.
+
+    Raises:
+        ManifestError: the manifest itself is missing or unreadable.
+    """
+    if check_audio not in (True, False, "full"):
+        raise ValueError(f"check_audio must be True, False or 'full', got {check_audio!r}")
+    path = Path(path)
+    numbered, bad = _parse_manifest(path)
+    good = []
+    for number, utterance in numbered:
+        problems = _text_problems(utterance, tokenizer)
+        if check_audio:
+            problems = _audio_problems(utterance, full=check_audio == "full") + problems
+        if problems:
+            bad.append((number, BadEntry(f"{path}:{number}", "; ".join(problems))))
+        else:
+            good.append(utterance)
+    bad.sort(key=lambda item: item[0])
+    return ValidationReport(good, [entry for _, entry in bad], manifest=str(path))
+
+
+def _parse_manifest(path: Path) -> tuple[list[tuple[int, Utterance]], list[tuple[int, BadEntry]]]:
+    """Parse every line: (line number, utterance) for good ones, (line number, entry) for bad."""
+    base = Path(os.path.abspath(path.parent))
+    good: list[tuple[int, Utterance]] = []
+    bad: list[tuple[int, BadEntry]] = []
+    first_line_of: dict[str, int] = {}
+    for number, line in enumerate(_read_bytes(path).splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            utterance = _parse_line(line, base, strip_bom=number == 1)
+        except _LineError as error:
+            bad.append((number, BadEntry(f"{path}:{number}", str(error))))
+            continue
+        first = first_line_of.setdefault(utterance.utt_id, number)
+        if first != number:
+            reason = f"duplicate id {utterance.utt_id!r} (first on line {first})"
+            bad.append((number, BadEntry(f"{path}:{number}", reason)))
+            continue
+        good.append((number, utterance))
+    return good, bad
+
+
+def _read_bytes(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        reason = "manifest not found"
+    except IsADirectoryError:
+        reason = "is a directory, not a manifest"
+    except OSError as error:
+        reason = f"cannot read manifest ({error.strerror})"
+    raise ManifestError([BadEntry(str(path), reason)])
+
+
+class _LineError(Exception):
+    """Why one manifest line is bad."""
+
+
+def _parse_line(line: bytes, base: Path, strip_bom: bool) -> Utterance:
+    try:
+        text = line.decode("utf-8-sig" if strip_bom else "utf-8")
+    except UnicodeDecodeError as error:
+        reason = f"not valid UTF-8 (byte 0x{line[error.start]:02x} at column {error.start + 1})"
+        raise _LineError(reason) from None
+    try:
+        record = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise _LineError(f"invalid JSON: {error.msg} (column {error.colno})") from None
+    return _utterance_from(record, base)
+
+
+def _utterance_from(record: Any, base: Path) -> Utterance:
+    """Check keys and types of one decoded line, collecting every problem."""
+    if not isinstance(record, dict):
+        raise _LineError(f"expected a JSON object, got {_json_type(record)}")
+    missing = [key for key in REQUIRED_KEYS if key not in record]
+    if missing:
+        raise _LineError("missing key(s): " + ", ".join(repr(key) for key in missing))
+    problems = [
+        _path_problem(record["audio_filepath"]),
+        _number_problem("duration", record["duration"], allow_zero=False),
+        None if isinstance(record["text"], str) else _type_problem("text", "a string", record),
+        _number_problem("offset", record.get("offset", 0.0), allow_zero=True),
+        _label_problem("id", record.get("id")),
+        _label_problem("speaker", record.get("speaker")),
+    ]
+    problems = [problem for problem in problems if problem]
+    if problems:
+        raise _LineError("; ".join(problems))
+    return Utterance(
+        audio_filepath=os.path.normpath(os.path.join(base, record["audio_filepath"])),
+        duration=float(record["duration"]),
+        text=record["text"],
+        id=_optional_str(record.get("id")),
+        speaker=_optional_str(record.get("speaker")),
+        offset=float(record.get("offset", 0.0)),
+    )
+
+
+def _optional_str(value: Any) -> str | None:
+    return None if value is None else str(value)
+
+
+def _path_problem(value: Any) -> str | None:
+    if isinstance(value, str) and value.strip():
+        return None
+    return f"'audio_filepath' must be a non-empty string, got {json.dumps(value)}"
+
+
+def _number_problem(key: str, value: Any, allow_zero: bool) -> str | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return f"{key!r} must be a number, got {_json_type(value)} {json.dumps(value)}"
+    if not math.isfinite(value):
+        return f"{key!r} must be finite, got {value}"
+    if value < 0 or (value == 0 and not allow_zero):
+        return f"{key!r} must be {'>= 0' if allow_zero else '> 0'}, got {value}"
+    return None
+
+
+def _label_problem(key: str, value: Any) -> str | None:
+    """ids and speakers: non-empty strings; integers are accepted and become strings."""
+    if value is None or (isinstance(value, str) and value) or type(value) is int:
+        return None
+    return f"{key!r} must be a non-empty string, got {_json_type(value)} {json.dumps(value)}"
+
+
+def _type_problem(key: str, expected: str, record: dict) -> str:
+    return f"{key!r} must be {expected}, got {_json_type(record[key])} {json.dumps(record[key])}"
+
+
+def _json_type(value: Any) -> str:
+    names = {dict: "object", list: "array", str: "string", bool: "boolean", type(None): "null"}
+    return names.get(type(value), "number")
+
+
+def _text_problems(utterance: Utterance, tokenizer: Tokenizer | None) -> list[str]:
+    if not utterance.text.strip():
+        return ["empty transcript"]
+    unknown = list(dict.fromkeys(tokenizer.oov(utterance.text))) if tokenizer else []
+    if unknown:
+        return ["outside the tokenizer's vocabulary: " + " ".join(repr(c) for c in unknown)]
+    return []
+
+
+def _audio_problems(utterance: Utterance, full: bool) -> list[str]:
+    """What is wrong with the audio segment an utterance points at (empty list: nothing)."""
+    path, offset = utterance.audio_filepath, utterance.offset
+    try:
+        info = audio_info(path)
+    except AudioError as error:
+        return [f"audio {error}"]
+    if info.num_frames == 0:
+        return [f"audio {path}: empty (0 samples)"]
+    if offset >= info.duration:
+        return [f"offset {offset:.3f} s is beyond the end of audio {path} ({info.duration:.3f} s)"]
+    if offset + utterance.duration > info.duration + DURATION_TOLERANCE:
+        return [
+            f"duration {utterance.duration:.3f} s from offset {offset:.3f} s exceeds "
+            f"audio {path} ({info.duration:.3f} s)"
+        ]
+    if full:
+        try:
+            load_audio(path, sample_rate=None, offset=offset, duration=utterance.duration)
+        except AudioError as error:
+            return [f"audio {error}"]
+    return []

@@ -1,0 +1,594 @@
+"""Corpus preparation: a corpus on disk -> `<out>/<split>.jsonl` manifests and `summary.json`.
+
+    summaries = prepare_corpus("an4", "../shared/corpora/an4", "data/an4")
+    print(format_summary(summaries))
+
+Durations come from the audio files' headers; manifests hold absolute audio paths. A
+`data_dir` that does not look like the corpus raises a ValueError saying what was expected.
+Nothing is dropped silently: audio without a transcript or unreadable audio is listed in a
+warning and in `summary.json`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import re
+import tarfile
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from tqdm import tqdm
+
+from asr.audio import AudioError, audio_info
+from asr.data.manifest import Utterance, write_manifest
+
+logger = logging.getLogger(__name__)
+
+PathLike = str | os.PathLike
+AUDIO_SUFFIXES = (".wav", ".flac", ".sph", ".ogg", ".mp3")  # what `prepare_folder` picks up
+LISTED = 5  # names spelled out in a warning
+
+
+@dataclass(frozen=True)
+class SplitSummary:
+    """Size of one prepared split."""
+
+    utterances: int
+    hours: float
+    speakers: int
+
+    @classmethod
+    def of(cls, utterances: Sequence[Utterance]) -> SplitSummary:
+        hours = sum(utterance.duration for utterance in utterances) / 3600
+        return cls(len(utterances), hours, len({utterance.speaker for utterance in utterances}))
+
+
+def format_summary(summaries: dict[str, SplitSummary]) -> str:
+    """A small table, one row per split.
+
+    >>> splits = {"train": SplitSummary(848, 0.7, 40), "test": SplitSummary(130, 0.1, 10)}
+    >>> print(format_summary(splits))
+    split  utterances  hours  speakers
+    train         848   0.70        40
+    test          130   0.10        10
+    """
+    header = ("split", "utterances", "hours", "speakers")
+    rows = [
+        (name, str(s.utterances), f"{s.hours:.2f}", str(s.speakers))
+        for name, s in summaries.items()
+    ]
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+    lines = []
+    for row in [header, *rows]:
+        cells = [row[0].ljust(widths[0])]
+        cells += [cell.rjust(width) for cell, width in zip(row[1:], widths[1:], strict=True)]
+        lines.append("  ".join(cells))
+    return "\n".join(lines)
+
+
+def prepare_corpus(
+    corpus: str, data_dir: PathLike, out_dir: PathLike, **options: Any
+) -> dict[str, SplitSummary]:
+    """Prepare a corpus by name: see `CORPORA` and each preparer for its layout and options.
+
+    Args:
+        corpus: a key of `CORPORA` ("an4", "librispeech", "yesno", "folder").
+        data_dir: where the corpus is.
+        out_dir: where `<split>.jsonl` and `summary.json` go.
+        **options: passed to the corpus' preparer.
+
+    Returns:
+        Split name -> its summary.
+    """
+    if corpus not in CORPORA:
+        raise ValueError(f"unknown corpus {corpus!r}; known: {', '.join(sorted(CORPORA))}")
+    return CORPORA[corpus](data_dir, out_dir, **options)
+
+
+class _Entry(NamedTuple):
+    """An utterance before its duration is known."""
+
+    id: str
+    audio: Path
+    text: str
+    speaker: str
+
+
+# ----------------------------------------------------------------------------------- AN4
+
+AN4_LAYOUT = (
+    "the CMU AN4 corpus: a directory with etc/an4_train.transcription, "
+    "etc/an4_test.transcription and wav/ (or its parent), an AN4 .tar.gz, "
+    "or a folder holding exactly one such tarball"
+)
+AN4_SPLITS = {  # split -> (transcription file in etc/, audio directory in wav/)
+    "train": ("an4_train.transcription", "an4_clstk"),
+    "test": ("an4_test.transcription", "an4test_clstk"),
+}
+
+
+def prepare_an4(
+    data_dir: PathLike, out_dir: PathLike, dev_size: int = 100
+) -> dict[str, SplitSummary]:
+    """CMU AN4, split as ESPnet's egs2/an4 recipe does.
+
+    Utterance ids are speaker-first (`an251-fash-b` -> `fash-an251-b`). The training
+    utterances sorted by id give the first `dev_size` to `dev` and the rest to `train`
+    (848 / 100 on the full corpus); `test` is an4_test (130). When the training set is not
+    larger than `dev_size` (the 8-utterance sample tarball), 10% (at least 1) is held out.
+
+    Args:
+        data_dir: the `an4` directory (with `etc/` and `wav/`), its parent, an AN4 `.tar.gz`
+            (as distributed, audio in `.sph`), or a folder holding one such tarball; a tarball
+            is extracted into `<out_dir>/raw/` once.
+        out_dir: output directory.
+        dev_size: training utterances held out as `dev`.
+
+    Returns:
+        Summaries of `train`, `dev` and `test`.
+    """
+    if dev_size < 0:
+        raise ValueError(f"dev_size must be >= 0, got {dev_size}")
+    data_dir, out_dir = _absolute(data_dir), _absolute(out_dir)
+    root = _an4_root(data_dir, out_dir)
+    train, unusable = _measure(_an4_entries(root, "train"), "an4 train")
+    test, unusable_test = _measure(_an4_entries(root, "test"), "an4 test")
+    dev, train = _hold_out(sorted(train, key=lambda u: u.utt_id), dev_size)
+    splits = {"train": train, "dev": dev, "test": sorted(test, key=lambda u: u.utt_id)}
+    return _write_splits(out_dir, "an4", root, splits, unusable_audio=unusable + unusable_test)
+
+
+def _an4_root(data_dir: Path, out_dir: Path) -> Path:
+    """The directory holding `etc/` and `wav/`, extracting a tarball if given one."""
+    if data_dir.is_file() and _is_tarball(data_dir):
+        return _extract_an4(data_dir, out_dir / "raw")
+    for candidate in (data_dir, data_dir / "an4"):
+        if _is_an4_root(candidate):
+            return candidate
+    tarballs = sorted(p for p in data_dir.iterdir() if _is_tarball(p)) if data_dir.is_dir() else []
+    if len(tarballs) == 1:
+        return _extract_an4(tarballs[0], out_dir / "raw")
+    found = f"; found {len(tarballs)} tarballs" if tarballs else ""
+    raise ValueError(f"{data_dir}: expected {AN4_LAYOUT}{found}")
+
+
+def _is_an4_root(directory: Path) -> bool:
+    etc = directory / "etc"
+    has_transcripts = all((etc / name).is_file() for name, _ in AN4_SPLITS.values())
+    return has_transcripts and (directory / "wav").is_dir()
+
+
+def _is_tarball(path: Path) -> bool:
+    return path.is_file() and path.name.endswith((".tar.gz", ".tgz", ".tar"))
+
+
+def _extract_an4(tarball: Path, raw: Path) -> Path:
+    """Extract an AN4 tarball into `raw` (once) and return the AN4 root inside it."""
+    marker = raw / f"{tarball.name}.extracted"  # holds the AN4 root's path relative to raw
+    if marker.is_file() and _is_an4_root(raw / marker.read_text().strip()):
+        return raw / marker.read_text().strip()
+    logger.info("extracting %s into %s", tarball, raw)
+    raw.mkdir(parents=True, exist_ok=True)
+    try:
+        with tarfile.open(tarball) as archive:
+            inner = [
+                m.name
+                for m in archive.getmembers()
+                if m.name.endswith("etc/an4_train.transcription")
+            ]
+            if len(inner) != 1:
+                raise ValueError(
+                    f"{tarball}: expected one AN4 distribution inside, found {len(inner)}"
+                )
+            _extract_all(archive, raw)
+    except tarfile.TarError as error:
+        raise ValueError(f"{tarball}: cannot read the tarball ({error})") from error
+    root_inside = Path(inner[0]).parent.parent.as_posix()
+    if not _is_an4_root(raw / root_inside):
+        raise ValueError(f"{tarball}: expected {AN4_LAYOUT}; the tarball's {root_inside} is not")
+    marker.write_text(root_inside + "\n")
+    return raw / root_inside
+
+
+def _extract_all(archive: tarfile.TarFile, destination: Path) -> None:
+    if hasattr(tarfile, "data_filter"):  # refuses absolute paths, links out of the tree, ...
+        archive.extractall(destination, filter="data")
+    else:  # Python without extraction filters
+        archive.extractall(destination)
+
+
+def _an4_entries(root: Path, split: str) -> list[_Entry]:
+    transcription, audio_dir = AN4_SPLITS[split]
+    path = root / "etc" / transcription
+    entries, missing = [], []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        text, source = _parse_an4_line(line, f"{path}:{number}")
+        first, speaker, last = source.split("-")
+        audio = _existing(root / "wav" / audio_dir / speaker / source, (".wav", ".sph"))
+        if audio is None:
+            missing.append(f"{root / 'wav' / audio_dir / speaker / source}.{{wav,sph}}")
+            continue
+        entries.append(_Entry(f"{speaker}-{first}-{last}", audio, text, audio.parent.name))
+    _raise_if_any(missing, f"{path}: audio missing for")
+    return entries
+
+
+def _parse_an4_line(line: str, location: str) -> tuple[str, str]:
+    """`<s> YES </s> (an251-fash-b)` -> ("YES", "an251-fash-b")."""
+    match = re.fullmatch(r"\s*(.*?)\s*\(([^()\s-]+-[^()\s-]+-[^()\s-]+)\)\s*", line)
+    if match is None:
+        raise ValueError(f"{location}: expected '<s> WORDS </s> (an251-fash-b)', got {line!r}")
+    words = match.group(1).split()
+    if words[:1] == ["<s>"]:
+        words = words[1:]
+    if words[-1:] == ["</s>"]:
+        words = words[:-1]
+    return " ".join(words), match.group(2)
+
+
+def _hold_out(train: list[Utterance], dev_size: int) -> tuple[list[Utterance], list[Utterance]]:
+    """The first `dev_size` utterances as dev, the rest as train (10% if too few)."""
+    if 0 < len(train) <= dev_size:
+        size = max(1, len(train) // 10) if len(train) > 1 else 0
+        logger.warning(
+            "only %d training utterances, not more than dev_size=%d: holding out %d as dev",
+            len(train),
+            dev_size,
+            size,
+        )
+        dev_size = size
+    return train[:dev_size], train[dev_size:]
+
+
+# ---------------------------------------------------------------------------- LibriSpeech
+
+LIBRISPEECH_LAYOUT = (
+    "LibriSpeech: <split>/<speaker>/<chapter>/<speaker>-<chapter>.trans.txt with .flac "
+    "files beside it, in this directory or in its LibriSpeech/ subdirectory"
+)
+
+
+def prepare_librispeech(
+    data_dir: PathLike, out_dir: PathLike, splits: Sequence[str] | None = None
+) -> dict[str, SplitSummary]:
+    """LibriSpeech (or Mini LibriSpeech) in its distributed layout.
+
+    Each split directory (`train-clean-100`, `dev-clean`, ...) becomes `<split>.jsonl`; the
+    `train-*`, `dev-*` and `test-*` splits prepared are also pooled into `train.jsonl`,
+    `dev.jsonl` and `test.jsonl`. Ids are the utterance ids, speakers the speaker directories.
+
+    Args:
+        data_dir: the `LibriSpeech` directory or its parent.
+        out_dir: output directory.
+        splits: split directories to prepare; None: every one found.
+
+    Returns:
+        Summaries of every split written.
+    """
+    data_dir, out_dir = _absolute(data_dir), _absolute(out_dir)
+    root = data_dir / "LibriSpeech" if (data_dir / "LibriSpeech").is_dir() else data_dir
+    found = _librispeech_splits(root)
+    if not found:
+        raise ValueError(f"{data_dir}: expected {LIBRISPEECH_LAYOUT}; found no split directory")
+    chosen = list(found) if splits is None else list(splits)
+    unknown = [name for name in chosen if name not in found]
+    if unknown:
+        raise ValueError(
+            f"{root}: split(s) {', '.join(unknown)} not found; found {', '.join(found)}"
+        )
+    prepared, unusable = {}, []
+    for name in chosen:
+        prepared[name], bad = _measure(_librispeech_entries(found[name]), f"librispeech {name}")
+        unusable += bad
+    for pool in ("train", "dev", "test"):
+        members = [name for name in chosen if name.startswith(f"{pool}-")]
+        if members and pool not in prepared:
+            prepared[pool] = [utterance for name in members for utterance in prepared[name]]
+    return _write_splits(out_dir, "librispeech", root, prepared, unusable_audio=unusable)
+
+
+def _librispeech_splits(root: Path) -> dict[str, Path]:
+    if not root.is_dir():
+        return {}
+    return {
+        path.name: path
+        for path in sorted(root.iterdir())
+        if path.is_dir() and next(path.glob("*/*/*.trans.txt"), None) is not None
+    }
+
+
+def _librispeech_entries(split_dir: Path) -> list[_Entry]:
+    entries, missing = [], []
+    for transcripts in sorted(split_dir.glob("*/*/*.trans.txt")):
+        speaker = transcripts.parent.parent.name
+        for number, line in enumerate(transcripts.read_text(encoding="utf-8").splitlines(), 1):
+            if not line.strip():
+                continue
+            utterance_id, _, text = line.strip().partition(" ")
+            if not text.strip():
+                raise ValueError(f"{transcripts}:{number}: expected '<utterance-id> <TRANSCRIPT>'")
+            audio = transcripts.parent / f"{utterance_id}.flac"
+            if audio.is_file():
+                entries.append(_Entry(utterance_id, audio, text.strip(), speaker))
+            else:
+                missing.append(str(audio))
+    _raise_if_any(missing, f"{split_dir}: audio missing for")
+    return entries
+
+
+# ---------------------------------------------------------------------------------- yes/no
+
+YESNO_NAME = re.compile(r"[01](?:_[01])*")  # one label per word: 1 = "ken" (yes), 0 = "lo" (no)
+YESNO_TRAIN = 31  # the first 31 recordings (sorted by name) train, the rest test
+YESNO_DEV = 5  # the last 5 of the training recordings
+
+
+def prepare_yesno(data_dir: PathLike, out_dir: PathLike) -> dict[str, SplitSummary]:
+    """The yes/no corpus (60 recordings of 8 Hebrew words, labels in the file name).
+
+    Recordings sorted by file name: the first 31 are training data, of which the last 5
+    are `dev` (so `train` has 26), and the remaining 29 are `test`, as in Kaldi's yesno
+    example. The text of `0_1_1_0_1_0_0_1.wav` is `NO YES YES NO YES NO NO YES`; every
+    recording has the one speaker "yesno".
+
+    Args:
+        data_dir: the `waves_yesno` directory or its parent.
+        out_dir: output directory.
+
+    Returns:
+        Summaries of `train`, `dev` and `test`.
+    """
+    data_dir, out_dir = _absolute(data_dir), _absolute(out_dir)
+    directory = data_dir / "waves_yesno" if (data_dir / "waves_yesno").is_dir() else data_dir
+    waves = sorted(directory.glob("*.wav")) if directory.is_dir() else []
+    labelled = [path for path in waves if YESNO_NAME.fullmatch(path.stem)]
+    if len(labelled) <= YESNO_TRAIN:
+        raise ValueError(
+            f"{data_dir}: expected the yes/no corpus, 60 recordings named like "
+            f"0_1_1_0_1_0_0_1.wav (here or in waves_yesno/); found {len(labelled)}"
+        )
+    ignored = [path.name for path in waves if path not in labelled]
+    if ignored:
+        logger.warning("%s: ignoring .wav files not named by labels: %s", directory, _some(ignored))
+    entries = [_Entry(path.stem, path, _yesno_text(path.stem), "yesno") for path in labelled]
+    utterances, unusable = _measure(entries, "yesno")
+    pool, test = utterances[:YESNO_TRAIN], utterances[YESNO_TRAIN:]
+    splits = {"train": pool[:-YESNO_DEV], "dev": pool[-YESNO_DEV:], "test": test}
+    extra = {"ignored_files": ignored, "unusable_audio": unusable}
+    return _write_splits(out_dir, "yesno", directory, splits, **extra)
+
+
+def _yesno_text(stem: str) -> str:
+    """Labels to words.
+
+    >>> _yesno_text("0_1_1")
+    'NO YES YES'
+    """
+    return " ".join("YES" if label == "1" else "NO" for label in stem.split("_"))
+
+
+# ---------------------------------------------------------------------------------- folder
+
+FOLDER_LAYOUT = (
+    f"audio files ({', '.join(AUDIO_SUFFIXES)}) anywhere below it, each with a same-stem .txt "
+    "transcript beside it"
+)
+
+
+def prepare_folder(
+    data_dir: PathLike,
+    out_dir: PathLike,
+    dev_fraction: float = 0.1,
+    test_fraction: float = 0.1,
+    seed: int = 0,
+    split_file: PathLike | None = None,
+) -> dict[str, SplitSummary]:
+    """Any folder of audio files with same-stem `.txt` transcripts (`a/b.wav` + `a/b.txt`).
+
+    Ids are relative path stems with `/` -> `-` (`a-b`); speakers are parent directory names.
+    Audio with a missing or empty transcript is left out and listed in a warning and under
+    `missing_transcripts` in `summary.json`.
+
+    Args:
+        data_dir: the folder, scanned recursively.
+        out_dir: output directory.
+        dev_fraction: share of utterances drawn at random for `dev`.
+        test_fraction: share drawn for `test`; the rest is `train`.
+        seed: seed of the random split.
+        split_file: instead of a random split, a text file of `<utterance-id> <split>` lines
+            assigning every utterance to a split of that name.
+
+    Returns:
+        Summaries of the splits written (empty splits are not written).
+    """
+    data_dir, out_dir = _absolute(data_dir), _absolute(out_dir)
+    if not data_dir.is_dir():
+        raise ValueError(f"{data_dir}: expected a directory with {FOLDER_LAYOUT}")
+    audio = sorted(p for p in data_dir.rglob("*") if p.suffix.lower() in AUDIO_SUFFIXES)
+    if not audio:
+        raise ValueError(f"{data_dir}: expected {FOLDER_LAYOUT}; found no audio")
+    entries, missing = _folder_entries(data_dir, [path for path in audio if path.is_file()])
+    if missing:
+        logger.warning(
+            "%s: %d audio file(s) without a transcript (same-stem .txt) left out: %s",
+            data_dir,
+            len(missing),
+            _some(missing),
+        )
+    if not entries:
+        raise ValueError(f"{data_dir}: expected {FOLDER_LAYOUT}; no audio file has a transcript")
+    utterances, unusable = _measure(entries, "folder")
+    if split_file is None:
+        splits = _random_split(utterances, dev_fraction, test_fraction, seed)
+    else:
+        splits = _assigned_split(utterances, Path(split_file))
+    extra = {"missing_transcripts": missing, "unusable_audio": unusable}
+    return _write_splits(out_dir, "folder", data_dir, splits, **extra)
+
+
+def _folder_entries(root: Path, audio: list[Path]) -> tuple[list[_Entry], list[str]]:
+    """Entries for audio with a transcript, and the relative paths of audio without."""
+    entries, missing, first_path_of = [], [], {}
+    for path in audio:
+        text = _read_transcript(path.with_suffix(".txt"))
+        if not text:
+            missing.append(path.relative_to(root).as_posix())
+            continue
+        utterance_id = path.relative_to(root).with_suffix("").as_posix().replace("/", "-")
+        first = first_path_of.setdefault(utterance_id, path)
+        if first != path:
+            raise ValueError(f"{first} and {path} both give utterance id {utterance_id!r}")
+        entries.append(_Entry(utterance_id, path, text, path.parent.name))
+    return entries, missing
+
+
+def _read_transcript(path: Path) -> str:
+    """A transcript file's words on one line; '' if there is no such file."""
+    if not path.is_file():
+        return ""
+    try:
+        return " ".join(path.read_text(encoding="utf-8").split())
+    except UnicodeDecodeError as error:
+        raise ValueError(f"{path}: transcript is not valid UTF-8 ({error.reason})") from error
+
+
+def _random_split(
+    utterances: list[Utterance], dev_fraction: float, test_fraction: float, seed: int
+) -> dict[str, list[Utterance]]:
+    if not (0 <= dev_fraction and 0 <= test_fraction and dev_fraction + test_fraction < 1):
+        raise ValueError(
+            f"need dev_fraction, test_fraction >= 0 with a sum below 1, "
+            f"got {dev_fraction} and {test_fraction}"
+        )
+    shuffled = sorted(utterances, key=lambda u: u.utt_id)
+    random.Random(seed).shuffle(shuffled)
+    num_test = round(len(shuffled) * test_fraction)
+    num_dev = round(len(shuffled) * dev_fraction)
+    parts = {
+        "train": shuffled[num_test + num_dev :],
+        "dev": shuffled[num_test : num_test + num_dev],
+        "test": shuffled[:num_test],
+    }
+    return {name: sorted(part, key=lambda u: u.utt_id) for name, part in parts.items()}
+
+
+def _assigned_split(utterances: list[Utterance], split_file: Path) -> dict[str, list[Utterance]]:
+    """Splits named by a `<utterance-id> <split>` file that covers every utterance."""
+    assignment = _read_split_file(split_file)
+    unassigned = [u.utt_id for u in utterances if u.utt_id not in assignment]
+    _raise_if_any(unassigned, f"{split_file}: no split given for")
+    unknown = sorted(set(assignment) - {u.utt_id for u in utterances})
+    if unknown:
+        logger.warning("%s: ids of no prepared utterance: %s", split_file, _some(unknown))
+    splits: dict[str, list[Utterance]] = {}
+    for utterance in utterances:
+        splits.setdefault(assignment[utterance.utt_id], []).append(utterance)
+    return splits
+
+
+def _read_split_file(path: Path) -> dict[str, str]:
+    if not path.is_file():
+        raise ValueError(f"{path}: split file not found")
+    assignment: dict[str, str] = {}
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        fields = line.split()
+        if not fields or fields[0].startswith("#"):
+            continue
+        if len(fields) != 2 or not re.fullmatch(r"[\w.-]+", fields[1]) or fields[1] == "summary":
+            raise ValueError(
+                f"{path}:{number}: expected '<utterance-id> <split-name>', got {line!r}"
+            )
+        if assignment.setdefault(fields[0], fields[1]) != fields[1]:
+            raise ValueError(f"{path}:{number}: {fields[0]!r} is already in another split")
+    return assignment
+
+
+# ---------------------------------------------------------------------------------- shared
+
+
+def _measure(entries: Sequence[_Entry], description: str) -> tuple[list[Utterance], list[str]]:
+    """Utterances with durations from the audio headers, and `path: reason` for unusable audio."""
+    utterances, unusable = [], []
+    for entry in tqdm(entries, desc=description, unit="file"):
+        try:
+            info = audio_info(entry.audio)
+        except AudioError as error:
+            unusable.append(str(error))
+            continue
+        if info.num_frames == 0:
+            unusable.append(f"{entry.audio}: audio is empty (0 samples)")
+            continue
+        utterances.append(
+            Utterance(str(entry.audio), info.duration, entry.text, entry.id, entry.speaker)
+        )
+    if unusable:
+        logger.warning(
+            "%s: %d unusable audio file(s) left out: %s",
+            description,
+            len(unusable),
+            _some(unusable),
+        )
+    return utterances, unusable
+
+
+def _write_splits(
+    out_dir: Path,
+    corpus: str,
+    source: Path,
+    splits: dict[str, list[Utterance]],
+    **report: Any,
+) -> dict[str, SplitSummary]:
+    """Write each non-empty split's manifest and `summary.json`; return the summaries."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    summaries = {}
+    for name, utterances in splits.items():
+        if utterances:
+            write_manifest(out_dir / f"{name}.jsonl", utterances)
+            summaries[name] = SplitSummary.of(utterances)
+    record = {
+        "corpus": corpus,
+        "source": str(source),
+        "splits": {name: asdict(summary) for name, summary in summaries.items()},
+        **report,
+    }
+    summary_path = out_dir / "summary.json"
+    summary_path.write_text(
+        json.dumps(record, indent=2, ensure_ascii=False) + "\n", encoding="utf-8"
+    )
+    logger.info("prepared %s in %s:\n%s", corpus, out_dir, format_summary(summaries))
+    return summaries
+
+
+def _existing(stem: Path, suffixes: Sequence[str]) -> Path | None:
+    """The first of `stem` + suffix that is a file."""
+    return next((p for p in (stem.with_name(stem.name + s) for s in suffixes) if p.is_file()), None)
+
+
+def _raise_if_any(names: Sequence[str], prefix: str) -> None:
+    if names:
+        raise ValueError(f"{prefix} {len(names)}: {_some(names)}")
+
+
+def _some(names: Sequence[str]) -> str:
+    """The first few names, and how many more."""
+    more = f" and {len(names) - LISTED} more" if len(names) > LISTED else ""
+    return ", ".join(names[:LISTED]) + more
+
+
+def _absolute(path: PathLike) -> Path:
+    return Path(os.path.abspath(path))
+
+
+CORPORA: dict[str, Callable[..., dict[str, SplitSummary]]] = {
+    "an4": prepare_an4,
+    "librispeech": prepare_librispeech,
+    "yesno": prepare_yesno,
+    "folder": prepare_folder,
+}

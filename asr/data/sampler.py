@@ -1,0 +1,323 @@
+"""Length-bucketed dynamic batch sampler that is correct under DDP.
+
+A batch's cost is its padded size, ``len(batch) * max(length in batch)``, which is what
+memory really pays for. Utterances are sorted by length, cut into quantile buckets, shuffled
+within each bucket and packed greedily under a cost budget, so batches hold utterances of
+similar length and the number of utterances per batch adapts to their length.
+
+Every rank computes the same plan from ``torch.Generator().manual_seed(seed + epoch)`` and
+keeps its own share of it. Under DDP every rank must run the same number of steps (a rank
+that runs out early leaves the others waiting forever in an all-reduce), so the plan is
+adjusted until the batch count is a multiple of the number of replicas; see
+:class:`DynamicBucketSampler`.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.utils.data import Sampler
+
+logger = logging.getLogger(__name__)
+
+_Indices = list[int]
+
+
+class DynamicBucketSampler(Sampler[list[int]]):
+    """Yields lists of dataset indices whose padded cost stays within a budget.
+
+    Lengths are unit-agnostic (seconds, frames, samples): the caller picks the unit and
+    ``max_batch_length`` is in the same unit.
+
+    Per epoch, with ``g = torch.Generator().manual_seed(seed + epoch)``:
+
+    1. sort by length and split into ``num_buckets`` quantile (equal-count) buckets;
+    2. shuffle within each bucket and pack greedily: a batch closes when adding the next
+       utterance would push ``len(batch) * max(length)`` above ``max_batch_length`` or the
+       batch already holds ``max_batch_size`` utterances;
+    3. shuffle the batch order;
+    4. while the batch count is not a multiple of ``num_replicas``, split the costliest
+       multi-utterance batch in two (shorter half, longer half; both stay within budget);
+    5. if every batch is a single utterance (nothing left to split), merge the shortest
+       utterances in pairs instead, as far as the budget and ``max_batch_size`` allow;
+    6. only if that too is impossible (fewer utterances than replicas, ``max_batch_size=1``,
+       or pairs that would exceed the budget), either drop the remainder (``drop_last=True``)
+       or repeat the shortest utterances as extra batches; both are logged as warnings;
+    7. deal batches to ranks costliest first, in rounds of ``num_replicas``, the costlier
+       to the less-loaded rank: ranks get the same number of batches and total costs that
+       differ by at most one batch's cost; each rank keeps its batches in the order of step 3.
+
+    Every utterance is thus seen exactly once per epoch across ranks (except in step 6),
+    ranks get disjoint batches, and all ranks the same number.
+
+    An utterance longer than the budget forms a batch of its own; such utterances are
+    reported once, at construction, and listed in ``self.oversized``.
+
+    Mid-epoch resume: save :meth:`state_dict`, and after :meth:`load_state_dict` the next
+    iteration yields only the batches not yet handed out. Under Lightning, pass
+    ``use_distributed_sampler=False`` to the Trainer so it does not replace this sampler.
+
+    Args:
+        lengths: length of every dataset item, in any unit.
+        max_batch_length: budget for ``len(batch) * max(length in batch)``.
+        num_buckets: number of quantile buckets (capped at the number of utterances).
+        max_batch_size: optional cap on utterances per batch.
+        shuffle: shuffle within buckets and the batch order; if False, batches come in
+            ascending length order and no randomness is used.
+        seed: base seed; epoch ``e`` uses ``seed + e``.
+        num_replicas: number of DDP ranks; defaults to the world size when
+            ``torch.distributed`` is initialised, else 1.
+        rank: this process's rank; defaults likewise, else 0.
+        drop_last: in step 6, drop the remainder instead of repeating utterances.
+    """
+
+    def __init__(
+        self,
+        lengths: Sequence[float],
+        max_batch_length: float,
+        num_buckets: int = 20,
+        max_batch_size: int | None = None,
+        shuffle: bool = True,
+        seed: int = 0,
+        num_replicas: int | None = None,
+        rank: int | None = None,
+        drop_last: bool = False,
+    ) -> None:
+        self.lengths = _check_lengths(lengths)
+        _check_options(max_batch_length, num_buckets, max_batch_size)
+        self.num_replicas, self.rank = _resolve_ranks(num_replicas, rank)
+        self.max_batch_length = float(max_batch_length)
+        self.num_buckets = num_buckets
+        self.max_batch_size = max_batch_size
+        self.shuffle = shuffle
+        self.seed = seed
+        self.drop_last = drop_last
+        self.epoch = 0
+        self._batches_yielded = 0  # position within the current epoch
+        self._resume_at = 0  # batches to skip on the next __iter__ (set by load_state_dict)
+        self._cached_plan: tuple[tuple[int, int], list[_Indices]] | None = None
+        self.oversized = [i for i, n in enumerate(self.lengths) if n > self.max_batch_length]
+        if self.oversized:
+            logger.warning(
+                "%d utterance(s) longer than max_batch_length=%g form batches of their own: "
+                "indices %s",
+                len(self.oversized),
+                self.max_batch_length,
+                _preview(self.oversized),
+            )
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch whose plan the next iteration follows.
+
+        A pending resume point (from :meth:`load_state_dict`) is kept only if ``epoch`` is
+        the epoch it belongs to, so Lightning's ``set_epoch`` call after a restore is harmless.
+        """
+        if epoch != self.epoch:
+            self._resume_at = 0
+            self._batches_yielded = 0
+        self.epoch = epoch
+
+    def __iter__(self) -> Iterator[list[int]]:
+        batches = self._rank_batches()
+        start = self._resume_at
+        self._resume_at = 0
+        self._batches_yielded = start
+        return self._yield_from(batches, start)
+
+    def _yield_from(self, batches: list[_Indices], start: int) -> Iterator[list[int]]:
+        for batch in batches[start:]:
+            self._batches_yielded += 1
+            yield list(batch)
+
+    def __len__(self) -> int:
+        """Number of batches the next iteration yields on this rank (after any resume skip)."""
+        return max(len(self._rank_batches()) - self._resume_at, 0)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Position for mid-epoch resume.
+
+        ``batches_yielded`` counts batches this sampler has handed out in the current epoch.
+        A DataLoader with workers prefetches, so the training loop may have consumed fewer;
+        a caller tracking consumption itself can overwrite the count before saving.
+        """
+        return {"epoch": self.epoch, "batches_yielded": self._batches_yielded, "seed": self.seed}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a position: the next iteration skips the batches already yielded."""
+        missing = {"epoch", "batches_yielded", "seed"} - set(state)
+        if missing:
+            raise ValueError(f"sampler state_dict lacks keys {sorted(missing)}")
+        self.seed = int(state["seed"])
+        self.epoch = int(state["epoch"])
+        self._resume_at = int(state["batches_yielded"])
+        self._batches_yielded = self._resume_at
+
+    # -- planning ---------------------------------------------------------------------
+
+    def _rank_batches(self) -> list[_Indices]:
+        """This rank's batches for the current (seed, epoch), cached."""
+        key = (self.seed, self.epoch)
+        if self._cached_plan is None or self._cached_plan[0] != key:
+            self._cached_plan = (key, self._plan_rank())
+        return self._cached_plan[1]
+
+    def _plan_rank(self) -> list[_Indices]:
+        generator = torch.Generator().manual_seed(self.seed + self.epoch)
+        batches = self._pack(generator)
+        if self.shuffle:
+            batches = [batches[i] for i in torch.randperm(len(batches), generator=generator)]
+        batches = self._make_divisible(batches)
+        return [batches[i] for i in self._assign_ranks(batches)[self.rank]]
+
+    def _pack(self, generator: torch.Generator) -> list[_Indices]:
+        """Quantile buckets, shuffled within, packed greedily under the budget."""
+        if not self.lengths:
+            return []
+        order = torch.sort(torch.tensor(self.lengths, dtype=torch.float64), stable=True).indices
+        num_buckets = min(self.num_buckets, len(order))
+        batches: list[_Indices] = []
+        for bucket in torch.tensor_split(order, num_buckets):
+            if self.shuffle:
+                bucket = bucket[torch.randperm(len(bucket), generator=generator)]
+            batches.extend(self._pack_bucket(bucket.tolist()))
+        return batches
+
+    def _pack_bucket(self, indices: list[int]) -> list[_Indices]:
+        batches: list[_Indices] = []
+        current: _Indices = []
+        longest = 0.0
+        for index in indices:
+            length = self.lengths[index]
+            grown_cost = (len(current) + 1) * max(longest, length)
+            full = self.max_batch_size is not None and len(current) >= self.max_batch_size
+            if current and (grown_cost > self.max_batch_length or full):
+                batches.append(current)
+                current, longest = [], 0.0
+            current.append(index)
+            longest = max(longest, length)
+        if current:
+            batches.append(current)
+        return batches
+
+    def _cost(self, batch: _Indices) -> float:
+        return len(batch) * max(self.lengths[i] for i in batch)
+
+    def _make_divisible(self, batches: list[_Indices]) -> list[_Indices]:
+        """Split (or, failing that, pad or drop) until the count divides by num_replicas."""
+        while len(batches) % self.num_replicas:
+            splittable = [k for k, b in enumerate(batches) if len(b) > 1]
+            if not splittable:
+                merged = self._merge_singletons(batches)
+                return self._pad_or_drop(batches) if merged is None else merged
+            k = max(splittable, key=lambda k: (self._cost(batches[k]), -k))
+            by_length = sorted(batches[k], key=lambda i: (self.lengths[i], i))
+            half = len(by_length) // 2
+            batches[k : k + 1] = [by_length[:half], by_length[half:]]
+        return batches
+
+    def _merge_singletons(self, batches: list[_Indices]) -> list[_Indices] | None:
+        """Pair up the shortest single-utterance batches to lose `count % R` batches.
+
+        Returns None when the pairs would break the budget or ``max_batch_size``, or there
+        are fewer utterances than replicas.
+        """
+        merges = len(batches) % self.num_replicas
+        if len(batches) < self.num_replicas or self.max_batch_size == 1:
+            return None
+        by_length = sorted(range(len(batches)), key=lambda k: (self.lengths[batches[k][0]], k))
+        pairs = [by_length[2 * m : 2 * m + 2] for m in range(merges)]
+        if any(self._cost(batches[a] + batches[b]) > self.max_batch_length for a, b in pairs):
+            return None
+        merged = {a: batches[a] + batches[b] for a, b in pairs}
+        dropped = {b for _, b in pairs}
+        return [merged.get(k, batch) for k, batch in enumerate(batches) if k not in dropped]
+
+    def _pad_or_drop(self, batches: list[_Indices]) -> list[_Indices]:
+        """Every batch is a single utterance and the count is not a multiple of num_replicas."""
+        remainder = len(batches) % self.num_replicas
+        if self.drop_last:
+            logger.warning(
+                "drop_last: dropping %d single-utterance batch(es) so that %d ranks get equal "
+                "counts (epoch %d)",
+                remainder,
+                self.num_replicas,
+                self.epoch,
+            )
+            return batches[: len(batches) - remainder]
+        needed = self.num_replicas - remainder
+        shortest = sorted(range(len(self.lengths)), key=lambda i: (self.lengths[i], i))
+        repeats = [[shortest[k % len(shortest)]] for k in range(needed)]
+        logger.warning(
+            "%d single-utterance batch(es) cannot be shared equally by %d ranks: repeating "
+            "utterance(s) %s this epoch (use drop_last=True to drop instead)",
+            len(batches),
+            self.num_replicas,
+            _preview([b[0] for b in repeats]),
+        )
+        return batches + repeats
+
+    def _assign_ranks(self, batches: list[_Indices]) -> list[list[int]]:
+        """Positions of the batches each rank gets: equal counts, balanced total cost.
+
+        Batches are dealt costliest first in rounds of ``num_replicas``; within a round the
+        costlier batch goes to the less-loaded rank. Every rank gets one batch per round, and
+        rank loads never differ by more than the costliest batch. Each rank's positions are
+        returned in ascending (shuffled-plan) order.
+        """
+        costs = [self._cost(batch) for batch in batches]
+        loads = [0.0] * self.num_replicas
+        assigned: list[list[int]] = [[] for _ in range(self.num_replicas)]
+        by_cost = sorted(range(len(batches)), key=lambda k: (-costs[k], k))
+        for start in range(0, len(by_cost), self.num_replicas):
+            ranks = sorted(range(self.num_replicas), key=lambda r: (loads[r], r))
+            round_ = by_cost[start : start + self.num_replicas]  # len(batches) % R == 0
+            for rank, k in zip(ranks, round_, strict=True):
+                assigned[rank].append(k)
+                loads[rank] += costs[k]
+        return [sorted(positions) for positions in assigned]
+
+
+def _check_lengths(lengths: Sequence[float]) -> list[float]:
+    values = [float(n) for n in lengths]
+    bad = [i for i, n in enumerate(values) if not math.isfinite(n) or n < 0]
+    if bad:
+        raise ValueError(f"lengths must be finite and >= 0; bad at indices {_preview(bad)}")
+    return values
+
+
+def _check_options(max_batch_length: float, num_buckets: int, max_batch_size: int | None) -> None:
+    if not max_batch_length > 0:
+        raise ValueError(f"max_batch_length must be > 0, got {max_batch_length}")
+    if num_buckets < 1:
+        raise ValueError(f"num_buckets must be >= 1, got {num_buckets}")
+    if max_batch_size is not None and max_batch_size < 1:
+        raise ValueError(f"max_batch_size must be >= 1 or None, got {max_batch_size}")
+
+
+def _resolve_ranks(num_replicas: int | None, rank: int | None) -> tuple[int, int]:
+    """Fill in world size and rank from torch.distributed when initialised, else 1 and 0."""
+    distributed = dist.is_available() and dist.is_initialized()
+    if num_replicas is None:
+        num_replicas = dist.get_world_size() if distributed else 1
+    if rank is None:
+        rank = dist.get_rank() if distributed else 0
+    if num_replicas < 1:
+        raise ValueError(f"num_replicas must be >= 1, got {num_replicas}")
+    if not 0 <= rank < num_replicas:
+        raise ValueError(f"rank must be in [0, {num_replicas}), got {rank}")
+    return num_replicas, rank
+
+
+def _preview(items: list[int], limit: int = 20) -> str:
+    """The first `limit` items, and how many more.
+
+    >>> _preview([1, 2, 3], limit=2)
+    '[1, 2] (+1 more)'
+    """
+    shown = str(items[:limit])
+    return shown if len(items) <= limit else f"{shown} (+{len(items) - limit} more)"

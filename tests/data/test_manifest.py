@@ -1,0 +1,292 @@
+"""asr.data.manifest: round trips, line-exact errors, skip_bad, and validation of audio and text."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile
+
+from asr.data.manifest import (
+    BadEntry,
+    ManifestError,
+    Utterance,
+    ValidationReport,
+    read_manifest,
+    validate_manifest,
+    write_manifest,
+)
+
+GOOD = '{"audio_filepath": "/a/%d.wav", "duration": 1.5, "text": "hello"}'
+
+
+def write_lines(path: Path, lines: list[str | bytes]) -> Path:
+    data = b"\n".join(line if isinstance(line, bytes) else line.encode() for line in lines)
+    path.write_bytes(data + b"\n")
+    return path
+
+
+def write_tone(path: Path, seconds: float = 1.0, sample_rate: int = 16000) -> Path:
+    t = np.arange(round(seconds * sample_rate)) / sample_rate
+    soundfile.write(path, (0.3 * np.sin(2 * np.pi * 220 * t)).astype(np.float32), sample_rate)
+    return path
+
+
+def test_write_then_read_round_trips(tmp_path):
+    utterances = [
+        Utterance(str(tmp_path / "a.wav"), 1.25, "grüß gott — ok", id="u1", speaker="s1"),
+        Utterance(str(tmp_path / "b.flac"), 0.1, "", speaker="s2", offset=3.5),
+        Utterance(str(tmp_path / "c.sph"), 12.0, "YES NO", id="u3"),
+    ]
+    path = tmp_path / "sub" / "m.jsonl"
+    write_manifest(path, utterances)
+    assert read_manifest(path) == utterances
+
+
+def test_written_lines_are_utf8_json_objects_without_none_fields(tmp_path):
+    path = tmp_path / "m.jsonl"
+    write_manifest(path, [Utterance("/x/a.wav", 2.0, "ça", id=None, speaker="s")])
+    lines = path.read_text(encoding="utf-8").splitlines()
+    assert len(lines) == 1 and "ça" in lines[0]  # not escaped
+    assert json.loads(lines[0]) == {
+        "audio_filepath": "/x/a.wav",
+        "duration": 2.0,
+        "text": "ça",
+        "speaker": "s",
+        "offset": 0.0,
+    }
+
+
+def test_relative_paths_resolve_against_the_manifest_directory(tmp_path):
+    (tmp_path / "lists").mkdir()
+    path = write_lines(
+        tmp_path / "lists" / "m.jsonl",
+        [
+            '{"audio_filepath": "../wav/a.wav", "duration": 1, "text": "a"}',
+            '{"audio_filepath": "b.wav", "duration": 1, "text": "b"}',
+            '{"audio_filepath": "/abs/c.wav", "duration": 1, "text": "c"}',
+        ],
+    )
+    paths = [u.audio_filepath for u in read_manifest(path)]
+    assert paths == [
+        str(tmp_path / "wav" / "a.wav"),
+        str(tmp_path / "lists" / "b.wav"),
+        "/abs/c.wav",
+    ]
+
+
+def test_blank_lines_skipped_unknown_keys_ignored_integer_ids_accepted(tmp_path):
+    path = write_lines(
+        tmp_path / "m.jsonl",
+        [
+            "",
+            '{"audio_filepath": "/a.wav", "duration": 2, "text": "x", "lang": "en", "id": 7}',
+            "   ",
+            '{"audio_filepath": "/b.wav", "duration": 1e-3, "text": "y", "speaker": 19}',
+        ],
+    )
+    first, second = read_manifest(path)
+    assert first == Utterance("/a.wav", 2.0, "x", id="7")
+    assert second.speaker == "19" and second.duration == 0.001
+
+
+def test_utt_id_is_the_id_or_stable_and_distinct_per_path_and_offset():
+    assert Utterance("/a/x.wav", 1.0, "t", id="given").utt_id == "given"
+    derived = Utterance("/a/x.wav", 1.0, "t").utt_id
+    assert derived == Utterance("/a/x.wav", 3.0, "other").utt_id  # only path and offset count
+    assert derived.startswith("x-")
+    others = {
+        Utterance("/b/x.wav", 1.0, "t").utt_id,
+        Utterance("/a/x.wav", 1.0, "t", offset=2.0).utt_id,
+    }
+    assert derived not in others and len(others) == 2
+
+
+BAD_LINES = [
+    ('{"audio_filepath": "/a.wav", "duration": 1, "text": "x"', "invalid JSON"),
+    ('["/a.wav", 1, "x"]', "expected a JSON object, got array"),
+    ('{"audio_filepath": "/a.wav", "text": "x"}', "missing key(s): 'duration'"),
+    ('{"duration": 1, "text": "x"}', "missing key(s): 'audio_filepath'"),
+    ('{"audio_filepath": "/a.wav", "duration": 1}', "missing key(s): 'text'"),
+    ('{"audio_filepath": "/a.wav", "duration": "1.0", "text": "x"}', "'duration' must be a number"),
+    ('{"audio_filepath": "/a.wav", "duration": true, "text": "x"}', "'duration' must be a number"),
+    ('{"audio_filepath": "/a.wav", "duration": 0, "text": "x"}', "'duration' must be > 0"),
+    ('{"audio_filepath": "/a.wav", "duration": -2.5, "text": "x"}', "'duration' must be > 0"),
+    ('{"audio_filepath": "/a.wav", "duration": NaN, "text": "x"}', "'duration' must be finite"),
+    ('{"audio_filepath": "/a.wav", "duration": Infinity, "text": "x"}', "must be finite"),
+    ('{"audio_filepath": "/a.wav", "duration": 1, "text": 5}', "'text' must be a string"),
+    ('{"audio_filepath": "/a.wav", "duration": 1, "text": null}', "'text' must be a string"),
+    ('{"audio_filepath": "", "duration": 1, "text": "x"}', "'audio_filepath' must be a non-empty"),
+    ('{"audio_filepath": 3, "duration": 1, "text": "x"}', "'audio_filepath' must be a non-empty"),
+    (
+        '{"audio_filepath": "/a.wav", "duration": 1, "text": "x", "offset": -1}',
+        "'offset' must be >= 0",
+    ),
+    ('{"audio_filepath": "/a.wav", "duration": 1, "text": "x", "id": [1]}', "'id' must be"),
+    (
+        '{"audio_filepath": "/a.wav", "duration": 1, "text": "x", "speaker": ""}',
+        "'speaker' must be",
+    ),
+    (
+        b'{"audio_filepath": "/a.wav", "duration": 1, "text": "caf\xe9"}',
+        "not valid UTF-8 (byte 0xe9",
+    ),
+]
+
+
+@pytest.mark.parametrize(("line", "reason"), BAD_LINES, ids=[r for _, r in BAD_LINES])
+def test_each_kind_of_bad_line_is_reported_with_file_and_line(tmp_path, line, reason):
+    path = write_lines(tmp_path / "bad_lines.jsonl", [GOOD % 1, "", GOOD % 2, line, GOOD % 3])
+    with pytest.raises(ManifestError) as caught:
+        read_manifest(path)
+    assert [entry.location for entry in caught.value.entries] == [f"{path}:4"]
+    assert reason in caught.value.entries[0].reason
+    assert f"{path}:4: " in str(caught.value)
+    assert isinstance(caught.value, ValueError)
+
+
+def test_duplicate_ids_are_rejected_naming_the_first_line(tmp_path):
+    line = '{"audio_filepath": "/%s.wav", "duration": 1, "text": "x", "id": "same"}'
+    path = write_lines(tmp_path / "dup.jsonl", [line % "a", GOOD % 1, line % "b"])
+    with pytest.raises(
+        ManifestError, match=r"dup\.jsonl:3: duplicate id 'same' \(first on line 1\)"
+    ):
+        read_manifest(path)
+
+
+def test_lines_without_id_are_duplicates_when_path_and_offset_repeat(tmp_path):
+    path = write_lines(tmp_path / "dup.jsonl", [GOOD % 1, GOOD % 2, GOOD % 1])
+    with pytest.raises(
+        ManifestError, match=r"dup\.jsonl:3: duplicate id '1-\w+' \(first on line 1\)"
+    ):
+        read_manifest(path)
+
+
+def test_a_byte_order_mark_is_tolerated_on_the_first_line(tmp_path):
+    path = write_lines(tmp_path / "bom.jsonl", [b"\xef\xbb\xbf" + (GOOD % 1).encode()])
+    assert read_manifest(path) == [Utterance("/a/1.wav", 1.5, "hello")]
+
+
+def test_every_bad_line_is_listed_at_once_first_twenty_spelled_out(tmp_path):
+    lines = [GOOD % 0] + ["not json"] * 25
+    path = write_lines(tmp_path / "many.jsonl", lines)
+    with pytest.raises(ManifestError) as caught:
+        read_manifest(path)
+    assert [e.location for e in caught.value.entries] == [f"{path}:{n}" for n in range(2, 27)]
+    message = str(caught.value)
+    assert message.startswith("25 bad entries:")
+    assert f"{path}:21:" in message and f"{path}:22:" not in message
+    assert "and 5 more" in message
+
+
+def test_skip_bad_returns_the_good_lines_and_warns_about_the_rest(tmp_path, caplog):
+    path = write_lines(tmp_path / "mixed.jsonl", [GOOD % 1, "{oops", GOOD % 2, "[]", GOOD % 3])
+    with caplog.at_level(logging.WARNING, logger="asr.data.manifest"):
+        utterances = read_manifest(path, skip_bad=True)
+    assert [u.audio_filepath for u in utterances] == ["/a/1.wav", "/a/2.wav", "/a/3.wav"]
+    assert f"{path}:2: invalid JSON" in caplog.text
+    assert f"{path}:4: expected a JSON object" in caplog.text
+
+
+@pytest.mark.parametrize("make", [None, Path.mkdir], ids=["missing", "directory"])
+def test_unreadable_manifest_raises_naming_it(tmp_path, make):
+    path = tmp_path / "gone.jsonl"
+    if make:
+        make(path)
+    with pytest.raises(ManifestError, match="gone.jsonl"):
+        read_manifest(path, skip_bad=True)
+
+
+class CharTokenizer:
+    """Stands in for asr.text tokenizers: knows lowercase letters and space."""
+
+    def oov(self, text: str) -> list[str]:
+        return [c for c in text if not (c.islower() or c == " ")]
+
+
+@pytest.fixture
+def mixed_manifest(tmp_path) -> Path:
+    """Line 1 good, 2 missing audio, 3 empty audio, 4 corrupt audio, 5 OOV text, 6 empty text,
+    7 not JSON, 8 NaN samples (caught only by a full decode), 9 duration past the audio."""
+    write_tone(tmp_path / "good.wav")
+    empty = tmp_path / "empty.wav"
+    soundfile.write(empty, np.zeros(0, np.float32), 16000)
+    corrupt = tmp_path / "corrupt.wav"
+    corrupt.write_bytes(b"RIFF\x00\x00junk" * 50)
+    nan = tmp_path / "nan.wav"
+    samples = np.zeros(16000, np.float32)
+    samples[5] = np.nan
+    soundfile.write(nan, samples, 16000, subtype="FLOAT")
+    rows = [
+        ("good.wav", 1.0, "hello there", 0.0),
+        ("missing.wav", 1.0, "hello", 0.0),
+        ("empty.wav", 1.0, "hello", 0.0),
+        ("corrupt.wav", 1.0, "hello", 0.0),
+        ("good.wav", 0.5, "Hello 42", 0.5),
+        ("good.wav", 0.4, "  ", 0.0),
+        None,
+        ("nan.wav", 1.0, "hello", 0.0),
+        ("good.wav", 2.5, "hello", 0.0),
+    ]
+    keys = ("audio_filepath", "duration", "text", "offset")
+    lines = [
+        "{bad" if row is None else json.dumps({"id": f"u{n}", **dict(zip(keys, row, strict=True))})
+        for n, row in enumerate(rows, start=1)
+    ]
+    return write_lines(tmp_path / "mixed.jsonl", lines)
+
+
+def test_validate_reports_audio_text_and_line_problems(mixed_manifest):
+    report = validate_manifest(mixed_manifest, tokenizer=CharTokenizer())
+    reasons = {int(e.location.rsplit(":", 1)[1]): e.reason for e in report.bad}
+    assert all(e.location.startswith(f"{mixed_manifest}:") for e in report.bad)
+    assert sorted(reasons) == [2, 3, 4, 5, 6, 7, 9]
+    assert "missing.wav: file not found" in reasons[2]
+    assert "empty.wav: empty" in reasons[3]
+    assert "corrupt.wav: unreadable or corrupt" in reasons[4]
+    assert "vocabulary: 'H' '4' '2'" in reasons[5]
+    assert reasons[6] == "empty transcript"
+    assert "invalid JSON" in reasons[7]
+    assert "exceeds audio" in reasons[9]
+    assert [u.text for u in report.good] == ["hello there", "hello"]  # lines 1 and 8
+    assert not report.ok
+
+
+def test_full_check_decodes_and_finds_non_finite_samples(mixed_manifest):
+    report = validate_manifest(mixed_manifest, check_audio="full")
+    reasons = {int(e.location.rsplit(":", 1)[1]): e.reason for e in report.bad}
+    assert "nan.wav: contains NaN" in reasons[8]
+    assert 5 not in reasons  # no tokenizer, no OOV check
+
+
+def test_without_audio_checks_only_lines_and_text_are_checked(mixed_manifest):
+    report = validate_manifest(mixed_manifest, check_audio=False)
+    assert [int(e.location.rsplit(":", 1)[1]) for e in report.bad] == [6, 7]
+
+
+def test_report_raises_and_writes_every_problem(mixed_manifest, tmp_path):
+    report = validate_manifest(mixed_manifest)
+    with pytest.raises(ManifestError) as caught:
+        report.raise_if_bad()
+    assert caught.value.entries == report.bad
+    out = tmp_path / "reports" / "mixed.txt"
+    report.write(out)
+    written = out.read_text(encoding="utf-8").splitlines()
+    assert written[0] == f"{mixed_manifest}: {len(report.good)} good, {len(report.bad)} bad"
+    assert written[1:] == [str(entry) for entry in report.bad]
+
+
+def test_a_clean_report_does_not_raise(tmp_path):
+    write_tone(tmp_path / "a.wav")
+    path = tmp_path / "m.jsonl"
+    write_manifest(path, [Utterance(str(tmp_path / "a.wav"), 1.0, "abc", id="a")])
+    report = validate_manifest(path, tokenizer=CharTokenizer(), check_audio="full")
+    assert report == ValidationReport(good=read_manifest(path), bad=[], manifest=str(path))
+    report.raise_if_bad()
+
+
+def test_bad_entry_prints_as_location_and_reason():
+    assert str(BadEntry("m.jsonl:3", "invalid JSON")) == "m.jsonl:3: invalid JSON"

@@ -1,0 +1,282 @@
+"""asr.data.prepare: the real corpora's splits and transcripts, folders, and layout errors."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile
+from conftest import corpus_path
+
+from asr.data.manifest import Utterance, read_manifest
+from asr.data.prepare import CORPORA, SplitSummary, format_summary, prepare_corpus
+
+
+def read_splits(out_dir: Path) -> dict[str, list[Utterance]]:
+    return {path.stem: read_manifest(path) for path in sorted(out_dir.glob("*.jsonl"))}
+
+
+def check_outputs(out_dir: Path, summaries: dict[str, SplitSummary]) -> dict[str, list[Utterance]]:
+    """Manifests and summary.json agree with the returned summaries; paths are absolute."""
+    splits = read_splits(out_dir)
+    assert set(splits) == set(summaries)
+    for name, utterances in splits.items():
+        assert summaries[name] == SplitSummary.of(utterances)
+        assert all(Path(u.audio_filepath).is_absolute() for u in utterances)
+    written = json.loads((out_dir / "summary.json").read_text())
+    assert written["splits"] == {
+        name: {"utterances": s.utterances, "hours": pytest.approx(s.hours), "speakers": s.speakers}
+        for name, s in summaries.items()
+    }
+    return splits
+
+
+@pytest.fixture(scope="module")
+def an4_prepared(tmp_path_factory) -> tuple[Path, dict[str, SplitSummary]]:
+    out = tmp_path_factory.mktemp("an4")
+    return out, prepare_corpus("an4", corpus_path("an4"), out)
+
+
+def an4_transcripts(an4_dir: Path) -> dict[str, str]:
+    """id -> text, parsed independently of the code under test."""
+    texts = {}
+    for name in ("an4_train.transcription", "an4_test.transcription"):
+        for line in (an4_dir / "etc" / name).read_text().splitlines():
+            words, source = line.rsplit(" (", 1)
+            first, speaker, last = source.rstrip(")").split("-")
+            texts[f"{speaker}-{first}-{last}"] = (
+                words.replace("<s>", "").replace("</s>", "").strip()
+            )
+    return texts
+
+
+@pytest.mark.needs_corpus
+def test_an4_is_split_as_espnet_does(an4_prepared, an4_dir):
+    out, summaries = an4_prepared
+    splits = check_outputs(out, summaries)
+    assert {name: s.utterances for name, s in summaries.items()} == {
+        "train": 848,
+        "dev": 100,
+        "test": 130,
+    }
+    training_ids = sorted(u.utt_id for u in splits["train"] + splits["dev"])
+    assert [u.utt_id for u in splits["dev"]] == training_ids[:100]
+    assert [u.utt_id for u in splits["train"]] == training_ids[100:]
+    expected = an4_transcripts(an4_dir)
+    for utterance in [u for split in splits.values() for u in split]:
+        assert re.fullmatch(r"[a-z0-9]+-[a-z0-9]+-[a-z0-9]+", utterance.utt_id)
+        assert utterance.text == expected[utterance.utt_id]
+        assert not re.search(r"<s>|</s>|[()]", utterance.text)
+        assert utterance.speaker == Path(utterance.audio_filepath).parent.name
+        assert utterance.speaker == utterance.utt_id.split("-")[0]
+    dev = {u.utt_id: u for u in splits["dev"]}
+    assert dev["fash-an251-b"].text == "YES"
+    assert dev["fash-an251-b"].audio_filepath == str(
+        an4_dir / "wav" / "an4_clstk" / "fash" / "an251-fash-b.wav"
+    )
+
+
+@pytest.mark.needs_corpus
+def test_an4_parent_directory_is_accepted(an4_prepared, an4_dir, tmp_path):
+    out, _ = an4_prepared
+    prepare_corpus("an4", an4_dir.parent, tmp_path)
+    for name in ("train", "dev", "test"):
+        assert (tmp_path / f"{name}.jsonl").read_text() == (out / f"{name}.jsonl").read_text()
+
+
+@pytest.mark.needs_corpus
+def test_mini_an4_tarball_gives_the_transcripts_of_the_wav_corpus(
+    mini_an4_tar, an4_dir, tmp_path, caplog
+):
+    with caplog.at_level(logging.WARNING, logger="asr.data.prepare"):
+        summaries = prepare_corpus("an4", mini_an4_tar, tmp_path)
+    assert "holding out 1" in caplog.text  # 5 training utterances cannot give 100 to dev
+    splits = check_outputs(tmp_path, summaries)
+    assert {name: len(utterances) for name, utterances in splits.items()} == {
+        "train": 4,
+        "dev": 1,
+        "test": 2,
+    }
+    expected = an4_transcripts(an4_dir)
+    for utterance in [u for split in splits.values() for u in split]:
+        assert utterance.audio_filepath.endswith(".sph")
+        assert Path(utterance.audio_filepath).is_relative_to(tmp_path / "raw")
+        assert utterance.text == expected[utterance.utt_id]
+
+
+@pytest.mark.needs_corpus
+def test_a_folder_holding_the_tarball_works_and_extraction_happens_once(
+    mini_an4_tar, tmp_path, monkeypatch
+):
+    first = prepare_corpus("an4", mini_an4_tar.parent, tmp_path)
+    manifests = {p.name: p.read_text() for p in tmp_path.glob("*.jsonl")}
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("extracted again")
+
+    monkeypatch.setattr(tarfile, "open", refuse)
+    assert prepare_corpus("an4", mini_an4_tar, tmp_path) == first
+    assert {p.name: p.read_text() for p in tmp_path.glob("*.jsonl")} == manifests
+
+
+@pytest.mark.needs_corpus
+@pytest.mark.parametrize("level", ["LibriSpeech", "parent"])
+def test_librispeech_sample(librispeech_dir, tmp_path, level):
+    data_dir = librispeech_dir if level == "LibriSpeech" else librispeech_dir.parent
+    summaries = prepare_corpus("librispeech", data_dir, tmp_path)
+    splits = check_outputs(tmp_path, summaries)
+    assert set(splits) == {"train-clean-5", "train"}
+    assert splits["train"] == splits["train-clean-5"]
+    expected = {}
+    for transcripts in librispeech_dir.glob("train-clean-5/*/*/*.trans.txt"):
+        for line in transcripts.read_text().splitlines():
+            utterance_id, text = line.split(" ", 1)
+            expected[utterance_id] = text
+    assert {u.utt_id: u.text for u in splits["train"]} == expected
+    assert len(expected) == 38
+    for utterance in splits["train"]:
+        assert utterance.speaker == utterance.utt_id.split("-")[0]
+        assert Path(utterance.audio_filepath).name == f"{utterance.utt_id}.flac"
+        assert utterance.duration == soundfile.info(utterance.audio_filepath).duration
+    assert summaries["train"].speakers == 2
+
+
+@pytest.mark.needs_corpus
+def test_librispeech_unknown_split_is_named(librispeech_dir, tmp_path):
+    with pytest.raises(ValueError, match=r"dev-clean not found; found train-clean-5"):
+        prepare_corpus("librispeech", librispeech_dir, tmp_path, splits=["dev-clean"])
+
+
+@pytest.mark.needs_corpus
+def test_yesno_splits_and_labels(yesno_dir, tmp_path):
+    summaries = prepare_corpus("yesno", yesno_dir, tmp_path)
+    splits = check_outputs(tmp_path, summaries)
+    assert {name: len(utterances) for name, utterances in splits.items()} == {
+        "train": 26,
+        "dev": 5,
+        "test": 29,
+    }
+    names = sorted(path.stem for path in yesno_dir.glob("*.wav"))
+    assert [u.utt_id for u in splits["train"] + splits["dev"]] == names[:31]
+    assert [u.utt_id for u in splits["test"]] == names[31:]
+    for utterance in [u for split in splits.values() for u in split]:
+        words = utterance.text.split()
+        assert len(words) == 8
+        assert words == [{"0": "NO", "1": "YES"}[label] for label in utterance.utt_id.split("_")]
+        assert utterance.speaker == "yesno"
+
+
+def write_tone(path: Path, seconds: float, fmt: str | None = None) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    t = np.arange(round(8000 * seconds)) / 8000
+    soundfile.write(path, (0.3 * np.sin(2 * np.pi * 300 * t)).astype(np.float32), 8000, format=fmt)
+
+
+@pytest.fixture
+def folder(tmp_path) -> Path:
+    """10 transcribed recordings of 2 speakers in several formats, and one without transcript."""
+    root = tmp_path / "corpus"
+    for n in range(10):
+        suffix = ("wav", "flac", "ogg")[n % 3]
+        audio = root / f"spk{n % 2}" / f"utt{n}.{suffix}"
+        write_tone(audio, 0.1 + 0.01 * n)
+        audio.with_suffix(".txt").write_text(f"  words of\nutterance {n} \n", encoding="utf-8")
+    write_tone(root / "spk1" / "lonely.wav", 0.1)
+    return root
+
+
+def test_folder_reports_audio_without_transcript(folder, tmp_path, caplog):
+    out = tmp_path / "out"
+    with caplog.at_level(logging.WARNING, logger="asr.data.prepare"):
+        summaries = prepare_corpus("folder", folder, out)
+    assert (
+        "1 audio file(s) without a transcript" in caplog.text and "spk1/lonely.wav" in caplog.text
+    )
+    assert json.loads((out / "summary.json").read_text())["missing_transcripts"] == [
+        "spk1/lonely.wav"
+    ]
+    splits = check_outputs(out, summaries)
+    everything = [u for split in splits.values() for u in split]
+    assert sorted(u.utt_id for u in everything) == sorted(f"spk{n % 2}-utt{n}" for n in range(10))
+    for utterance in everything:
+        n = int(utterance.utt_id.rsplit("utt", 1)[1])
+        assert utterance.text == f"words of utterance {n}"
+        assert utterance.speaker == f"spk{n % 2}"
+        assert utterance.duration == pytest.approx(0.1 + 0.01 * n, abs=1e-9)
+
+
+def test_folder_random_split_is_a_seeded_partition(folder, tmp_path):
+    first = read_splits_after("folder", folder, tmp_path / "a", seed=3)
+    again = read_splits_after("folder", folder, tmp_path / "b", seed=3)
+    other = read_splits_after("folder", folder, tmp_path / "c", seed=4)
+    assert first == again
+    assert {name: len(u) for name, u in first.items()} == {"train": 8, "dev": 1, "test": 1}
+    ids = [u.utt_id for split in first.values() for u in split]
+    assert sorted(ids) == sorted(set(ids)) and len(ids) == 10
+    assert first != other
+
+
+def read_splits_after(corpus: str, data_dir: Path, out: Path, **options) -> dict:
+    prepare_corpus(corpus, data_dir, out, **options)
+    return read_splits(out)
+
+
+def test_folder_split_file_assigns_every_utterance(folder, tmp_path):
+    split_file = tmp_path / "splits.txt"
+    lines = ["# id split"] + [
+        f"spk{n % 2}-utt{n} {'eval' if n < 3 else 'train'}" for n in range(10)
+    ]
+    split_file.write_text("\n".join(lines) + "\n")
+    splits = read_splits_after("folder", folder, tmp_path / "out", split_file=split_file)
+    assert {name: len(u) for name, u in splits.items()} == {"eval": 3, "train": 7}
+    assert {u.utt_id for u in splits["eval"]} == {"spk0-utt0", "spk1-utt1", "spk0-utt2"}
+    split_file.write_text("\n".join(lines[:-1]) + "\n")
+    with pytest.raises(ValueError, match=r"splits.txt: no split given for 1: spk1-utt9"):
+        prepare_corpus("folder", folder, tmp_path / "out", split_file=split_file)
+
+
+def test_folder_ids_must_be_unique(folder, tmp_path):
+    write_tone(folder / "spk0" / "utt0.mp3", 0.1)  # utt0.wav is there already
+    with pytest.raises(ValueError, match="both give utterance id 'spk0-utt0'"):
+        prepare_corpus("folder", folder, tmp_path / "out")
+
+
+@pytest.mark.parametrize("corpus", sorted(CORPORA))
+def test_wrong_layout_says_what_was_expected(tmp_path, corpus):
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "notes.txt").write_text("nothing here")
+    with pytest.raises(ValueError, match="expected") as caught:
+        prepare_corpus(corpus, tmp_path / "empty", tmp_path / "out")
+    assert str(tmp_path / "empty") in str(caught.value)
+
+
+def test_an4_with_several_tarballs_is_ambiguous(tmp_path):
+    for name in ("a.tar.gz", "b.tar.gz"):
+        (tmp_path / name).write_bytes(b"")
+    with pytest.raises(ValueError, match="found 2 tarballs"):
+        prepare_corpus("an4", tmp_path, tmp_path / "out")
+
+
+def test_an4_corrupt_tarball_is_named(tmp_path):
+    tarball = tmp_path / "an4_sphere.tar.gz"
+    tarball.write_bytes(b"not a tarball at all")
+    with pytest.raises(ValueError, match="an4_sphere.tar.gz: cannot read the tarball"):
+        prepare_corpus("an4", tarball, tmp_path / "out")
+
+
+def test_unknown_corpus_lists_the_known_ones(tmp_path):
+    with pytest.raises(ValueError, match="unknown corpus 'timit'; known: an4, folder"):
+        prepare_corpus("timit", tmp_path, tmp_path / "out")
+
+
+def test_format_summary_aligns_columns():
+    table = format_summary({"train-clean-100": SplitSummary(28539, 100.59, 251)})
+    assert table.splitlines() == [
+        "split            utterances   hours  speakers",
+        "train-clean-100       28539  100.59       251",
+    ]

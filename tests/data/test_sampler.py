@@ -1,0 +1,267 @@
+"""Contracts of the DDP-correct dynamic bucket sampler, checked over random length lists."""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+
+import pytest
+import torch
+
+from asr.data.sampler import DynamicBucketSampler
+
+
+def random_config(case: int) -> dict:
+    """A random sampler configuration: lengths, budget, replicas (deterministic per case)."""
+    g = torch.Generator().manual_seed(case)
+    n = int(torch.randint(1, 120, (1,), generator=g))
+    lengths = (torch.rand(n, generator=g) * 15 + 0.5).tolist()
+    return {
+        "lengths": lengths,
+        "max_batch_length": float(torch.empty(1).uniform_(10, 80, generator=g)),
+        "num_buckets": int(torch.randint(1, 8, (1,), generator=g)),
+        "max_batch_size": [None, 3, 7][case % 3],
+        "seed": case,
+    }
+
+
+def rank_batches(config: dict, num_replicas: int, epoch: int = 0, **extra) -> list[list]:
+    """Batches of every rank for one epoch."""
+    out = []
+    for rank in range(num_replicas):
+        sampler = DynamicBucketSampler(**config, **extra, num_replicas=num_replicas, rank=rank)
+        sampler.set_epoch(epoch)
+        out.append(list(sampler))
+    return out
+
+
+def cost(batch: list[int], lengths: list[float]) -> float:
+    return len(batch) * max(lengths[i] for i in batch)
+
+
+@pytest.mark.parametrize("num_replicas", [1, 2, 3, 4])
+def test_ranks_get_disjoint_equal_shares_covering_every_utterance_once(num_replicas):
+    for case in range(25):
+        config = random_config(case)
+        for epoch in (0, 1):
+            per_rank = rank_batches(config, num_replicas, epoch)
+            assert len({len(batches) for batches in per_rank}) == 1, "unequal batch counts"
+            seen = Counter(i for batches in per_rank for batch in batches for i in batch)
+            if len(config["lengths"]) >= num_replicas:
+                assert seen == Counter(range(len(config["lengths"])))
+            else:  # only here may utterances repeat (see test_fewer_utterances_than_replicas)
+                assert set(seen) == set(range(len(config["lengths"])))
+
+
+def test_budget_never_exceeded_except_single_oversized_utterances(caplog):
+    for case in range(25):
+        config = random_config(case)
+        lengths = config["lengths"]
+        budget = config["max_batch_length"]
+        with caplog.at_level(logging.WARNING, logger="asr.data.sampler"):
+            caplog.clear()
+            sampler = DynamicBucketSampler(**config)
+        expected_oversized = [i for i, n in enumerate(lengths) if n > budget]
+        assert sampler.oversized == expected_oversized
+        assert bool(caplog.records) == bool(expected_oversized)
+        for batch in sampler:
+            if cost(batch, lengths) > budget:
+                assert len(batch) == 1 and batch[0] in expected_oversized
+            if config["max_batch_size"] is not None:
+                assert len(batch) <= config["max_batch_size"]
+
+
+def test_oversized_utterances_reported_once_with_count_and_indices(caplog):
+    with caplog.at_level(logging.WARNING, logger="asr.data.sampler"):
+        sampler = DynamicBucketSampler([1.0, 50.0, 2.0, 60.0], max_batch_length=10.0)
+        list(sampler)
+        sampler.set_epoch(1)
+        list(sampler)
+    assert len(caplog.records) == 1
+    message = caplog.records[0].getMessage()
+    assert "2 utterance(s)" in message and "[1, 3]" in message
+    assert sampler.oversized == [1, 3]
+    assert [1] in list(sampler) and [3] in list(sampler)
+
+
+def test_batches_pack_similar_lengths():
+    # Two clusters of lengths: no batch should mix them when buckets separate them.
+    lengths = [1.0] * 50 + [10.0] * 50
+    batches = list(DynamicBucketSampler(lengths, max_batch_length=40.0, num_buckets=2))
+    assert all(len({lengths[i] for i in batch}) == 1 for batch in batches)
+    sizes = {n: sorted(len(b) for b in batches if lengths[b[0]] == n) for n in (1.0, 10.0)}
+    assert sizes == {1.0: [10, 40], 10.0: [2] + [4] * 12}
+
+
+def test_same_seed_and_epoch_identical_other_epochs_and_seeds_differ():
+    config = random_config(7) | {"lengths": [float(n % 13 + 1) for n in range(200)]}
+
+    def plan(seed: int, epoch: int) -> list:
+        return rank_batches(config | {"seed": seed}, 2, epoch)
+
+    assert plan(3, 0) == plan(3, 0)
+    assert plan(3, 1) == plan(3, 1)
+    assert plan(3, 0) != plan(3, 1)
+    assert plan(3, 0) != plan(4, 0)
+    # seed + epoch is the generator seed, as documented
+    assert plan(3, 1) == plan(4, 0)
+
+
+def test_without_shuffle_plan_ignores_epoch_and_runs_short_to_long():
+    lengths = [float(n) for n in torch.randperm(60, generator=torch.Generator().manual_seed(0))]
+    sampler = DynamicBucketSampler(lengths, max_batch_length=100.0, shuffle=False)
+    first = list(sampler)
+    sampler.set_epoch(5)
+    assert list(sampler) == first
+    maxima = [max(lengths[i] for i in batch) for batch in first]
+    assert maxima == sorted(maxima)
+
+
+@pytest.mark.parametrize("num_replicas", [1, 3])
+def test_len_equals_number_of_batches_yielded(num_replicas):
+    for case in range(15):
+        config = random_config(case)
+        for rank in range(num_replicas):
+            sampler = DynamicBucketSampler(**config, num_replicas=num_replicas, rank=rank)
+            for epoch in (0, 1):
+                sampler.set_epoch(epoch)
+                assert len(sampler) == len(list(sampler))
+
+
+def test_split_instead_of_repeat_when_count_not_multiple_of_replicas(caplog):
+    # One bucket, everything fits one batch; 4 ranks need 4 batches: split, never repeat.
+    config = {"lengths": [1.0, 2.0, 3.0, 4.0, 5.0], "max_batch_length": 100.0, "num_buckets": 1}
+    with caplog.at_level(logging.WARNING, logger="asr.data.sampler"):
+        per_rank = rank_batches(config, 4)
+    assert [len(batches) for batches in per_rank] == [1, 1, 1, 1]
+    assert sorted(i for batches in per_rank for b in batches for i in b) == [0, 1, 2, 3, 4]
+    assert not caplog.records
+
+
+def test_merge_single_utterance_batches_instead_of_repeat(caplog):
+    # 20 buckets for 5 utterances: five single batches; 4 ranks: the two shortest merge.
+    config = {"lengths": [5.0, 1.0, 4.0, 2.0, 3.0], "max_batch_length": 100.0}
+    with caplog.at_level(logging.WARNING, logger="asr.data.sampler"):
+        per_rank = rank_batches(config, 4)
+    batches = [sorted(b) for batches in per_rank for b in batches]
+    assert sorted(batches) == [[0], [1, 3], [2], [4]]
+    assert not caplog.records
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"lengths": [6.0] * 5, "max_batch_length": 10.0},  # a pair would cost 12 > 10
+        {"lengths": [1.0] * 5, "max_batch_length": 10.0, "max_batch_size": 1},
+    ],
+)
+def test_repeat_when_neither_split_nor_merge_fits(config, caplog):
+    with caplog.at_level(logging.WARNING, logger="asr.data.sampler"):
+        per_rank = rank_batches(config, 4)
+    assert [len(batches) for batches in per_rank] == [2, 2, 2, 2]
+    seen = Counter(i for batches in per_rank for b in batches for i in b)
+    assert set(seen) == set(range(5)) and sum(seen.values()) == 8
+    assert any("repeating" in r.getMessage() for r in caplog.records)
+
+
+def test_rank_loads_differ_by_at_most_one_batch_cost():
+    for case in range(15):
+        config = random_config(case)
+        lengths = config["lengths"]
+        per_rank = rank_batches(config, 3)
+        loads = [sum(cost(b, lengths) for b in batches) for batches in per_rank]
+        biggest = max((cost(b, lengths) for batches in per_rank for b in batches), default=0)
+        assert max(loads) - min(loads) <= biggest + 1e-9
+
+
+def test_fewer_utterances_than_replicas_repeats_with_warning(caplog):
+    with caplog.at_level(logging.WARNING, logger="asr.data.sampler"):
+        per_rank = rank_batches({"lengths": [3.0, 1.0], "max_batch_length": 10.0}, 4)
+    assert [len(batches) for batches in per_rank] == [1, 1, 1, 1]
+    seen = Counter(i for batches in per_rank for b in batches for i in b)
+    assert set(seen) == {0, 1} and sum(seen.values()) == 4
+    assert seen[1] > 1, "the shortest utterance is the one repeated"
+    assert any("repeating" in r.getMessage() for r in caplog.records)
+
+
+def test_fewer_utterances_than_replicas_drop_last(caplog):
+    with caplog.at_level(logging.WARNING, logger="asr.data.sampler"):
+        per_rank = rank_batches(
+            {"lengths": [1.0, 2.0, 3.0], "max_batch_length": 10.0}, 4, drop_last=True
+        )
+    assert per_rank == [[], [], [], []]
+    assert any("drop_last" in r.getMessage() for r in caplog.records)
+
+
+def test_single_utterance_batches_drop_last_drops_only_the_remainder():
+    config = {"lengths": [1.0] * 7, "max_batch_length": 10.0, "max_batch_size": 1}
+    per_rank = rank_batches(config, 3, drop_last=True)
+    assert [len(batches) for batches in per_rank] == [2, 2, 2]
+    flat = [i for batches in per_rank for b in batches for i in b]
+    assert len(set(flat)) == 6
+
+
+def test_empty_dataset_yields_nothing():
+    sampler = DynamicBucketSampler([], max_batch_length=10.0, num_replicas=2, rank=1)
+    assert len(sampler) == 0 and list(sampler) == []
+
+
+@pytest.mark.parametrize("consumed", [0, 1, 5])
+def test_resume_from_state_dict_yields_exactly_the_remaining_batches(consumed):
+    config = random_config(3) | {"lengths": [float(n % 17 + 1) for n in range(150)]}
+    sampler = DynamicBucketSampler(**config, num_replicas=2, rank=1)
+    sampler.set_epoch(2)
+    full = list(sampler)
+    assert len(full) > 5
+    iterator = iter(sampler)
+    head = [next(iterator) for _ in range(consumed)]
+    state = sampler.state_dict()
+    assert state == {"epoch": 2, "batches_yielded": consumed, "seed": config["seed"]}
+
+    resumed = DynamicBucketSampler(**(config | {"seed": 12345}), num_replicas=2, rank=1)
+    resumed.load_state_dict(state)
+    resumed.set_epoch(2)  # what Lightning does at epoch start: must keep the resume point
+    assert len(resumed) == len(full) - consumed
+    assert head + list(resumed) == full
+    # the resume point is used once; the next pass over the same epoch is complete again
+    assert list(resumed) == full
+    assert resumed.state_dict()["batches_yielded"] == len(full)
+
+
+def test_resume_point_cleared_by_moving_to_another_epoch():
+    sampler = DynamicBucketSampler([float(n) for n in range(1, 40)], max_batch_length=50.0)
+    sampler.load_state_dict({"epoch": 0, "batches_yielded": 3, "seed": 0})
+    sampler.set_epoch(1)
+    fresh = DynamicBucketSampler(sampler.lengths, max_batch_length=50.0)
+    fresh.set_epoch(1)
+    assert len(sampler) == len(fresh)
+    assert list(sampler) == list(fresh)
+
+
+def test_defaults_without_torch_distributed_are_one_replica_rank_zero():
+    sampler = DynamicBucketSampler([1.0, 2.0], max_batch_length=10.0)
+    assert (sampler.num_replicas, sampler.rank) == (1, 0)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"lengths": [1.0, float("nan")]},
+        {"lengths": [1.0, -2.0]},
+        {"max_batch_length": 0.0},
+        {"num_buckets": 0},
+        {"max_batch_size": 0},
+        {"num_replicas": 2, "rank": 2},
+        {"num_replicas": 0, "rank": 0},
+    ],
+)
+def test_bad_arguments_raise_value_error(kwargs):
+    args = {"lengths": [1.0, 2.0], "max_batch_length": 10.0} | kwargs
+    with pytest.raises(ValueError):
+        DynamicBucketSampler(**args)
+
+
+def test_load_state_dict_rejects_incomplete_state():
+    sampler = DynamicBucketSampler([1.0], max_batch_length=10.0)
+    with pytest.raises(ValueError, match="batches_yielded"):
+        sampler.load_state_dict({"epoch": 0, "seed": 0})

@@ -1,0 +1,212 @@
+"""asr.audio: formats, downmix, resampling, exact frame ranges, and errors naming the file."""
+
+from __future__ import annotations
+
+import math
+import os
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile
+import torch
+import torchaudio.functional
+
+from asr.audio import AudioError, AudioInfo, audio_info, load_audio, load_audio_with_rate
+
+
+def sine(freq: float, sample_rate: int, seconds: float, amplitude: float = 0.5) -> np.ndarray:
+    t = np.arange(round(sample_rate * seconds)) / sample_rate
+    return (amplitude * np.sin(2 * math.pi * freq * t)).astype(np.float32)
+
+
+def peak_frequency(waveform: torch.Tensor, sample_rate: int) -> float:
+    spectrum = torch.fft.rfft(
+        waveform.double() * torch.hann_window(len(waveform), dtype=torch.double)
+    )
+    return float(spectrum.abs().argmax()) * sample_rate / len(waveform)
+
+
+# (file suffix, soundfile format, subtype, max abs error of a round trip or None if lossy)
+FORMATS = [
+    ("wav", "WAV", "PCM_U8", 1 / 64),
+    ("wav", "WAV", "PCM_16", 1e-4),
+    ("wav", "WAV", "PCM_24", 1e-6),
+    ("wav", "WAV", "FLOAT", 0.0),
+    ("flac", "FLAC", "PCM_16", 1e-4),
+    ("sph", "NIST", "PCM_16", 1e-4),
+    ("ogg", "OGG", "VORBIS", None),
+    ("mp3", "MP3", "MPEG_LAYER_III", None),
+]
+
+
+@pytest.mark.parametrize(("suffix", "fmt", "subtype", "tolerance"), FORMATS, ids=lambda v: str(v))
+def test_every_format_loads_as_mono_float32(tmp_path, suffix, fmt, subtype, tolerance):
+    signal = sine(440.0, 16000, 1.0)
+    path = tmp_path / f"tone.{suffix}"
+    try:
+        soundfile.write(path, signal, 16000, format=fmt, subtype=subtype)
+    except (soundfile.LibsndfileError, ValueError, TypeError) as error:
+        pytest.skip(f"this libsndfile cannot write {fmt}/{subtype}: {error}")
+    waveform = load_audio(path)
+    assert waveform.dtype == torch.float32 and waveform.dim() == 1
+    assert float(waveform.abs().max()) <= 1.0
+    if tolerance is None:  # lossy codecs: the tone survives, the length roughly
+        assert abs(len(waveform) - len(signal)) < 0.1 * len(signal)
+        assert peak_frequency(waveform, 16000) == pytest.approx(440.0, abs=2.0)
+    else:
+        assert len(waveform) == len(signal)
+        assert float((waveform - torch.from_numpy(signal)).abs().max()) <= tolerance
+
+
+def test_audio_info_reads_the_header(tmp_path):
+    path = tmp_path / "stereo.flac"
+    soundfile.write(path, np.zeros((12345, 2), np.float32), 8000)
+    info = audio_info(path)
+    assert info == AudioInfo(sample_rate=8000, num_frames=12345, channels=2)
+    assert info.duration == 12345 / 8000
+
+
+@pytest.mark.parametrize("channels", [2, 6])
+def test_downmix_is_the_channel_mean(tmp_path, channels):
+    frames = np.stack(
+        [sine(200.0 * (c + 1), 16000, 0.5, amplitude=0.9 / (c + 1)) for c in range(channels)], 1
+    )
+    path = tmp_path / f"{channels}ch.wav"
+    soundfile.write(path, frames, 16000, subtype="FLOAT")
+    waveform = load_audio(path)
+    torch.testing.assert_close(waveform, torch.from_numpy(frames.mean(axis=1)), atol=1e-7, rtol=0)
+
+
+@pytest.mark.parametrize("native_rate", [8000, 22050, 48000])
+def test_resampling_gives_the_expected_length_and_keeps_the_pitch(tmp_path, native_rate):
+    path = tmp_path / f"tone{native_rate}.wav"
+    soundfile.write(path, sine(1000.0, native_rate, 1.3), native_rate, subtype="FLOAT")
+    waveform, rate = load_audio_with_rate(path, sample_rate=16000)
+    assert rate == 16000
+    assert len(waveform) == math.ceil(round(native_rate * 1.3) * 16000 / native_rate)
+    assert peak_frequency(waveform, 16000) == pytest.approx(1000.0, abs=1.0)
+
+
+def test_sample_rate_none_keeps_the_native_rate(tmp_path):
+    path = tmp_path / "tone.wav"
+    signal = sine(300.0, 8000, 0.5)
+    soundfile.write(path, signal, 8000, subtype="FLOAT")
+    waveform, rate = load_audio_with_rate(path, sample_rate=None)
+    assert rate == 8000
+    torch.testing.assert_close(waveform, torch.from_numpy(signal), atol=0, rtol=0)
+
+
+@pytest.mark.parametrize(
+    ("offset", "duration", "first", "stop"),
+    [
+        (0.25, 0.5, 4000, 12000),
+        (0.0, None, 0, 16000),
+        (0.5, None, 8000, 16000),
+        (0.75, 9.0, 12000, 16000),
+    ],
+)
+def test_offset_and_duration_select_exact_frames(tmp_path, offset, duration, first, stop):
+    ramp = np.arange(16000, dtype=np.float32) / 16000  # every frame has its own value
+    path = tmp_path / "ramp.wav"
+    soundfile.write(path, ramp, 16000, subtype="FLOAT")
+    waveform = load_audio(path, sample_rate=16000, offset=offset, duration=duration)
+    torch.testing.assert_close(waveform, torch.from_numpy(ramp[first:stop]), atol=0, rtol=0)
+
+
+def test_a_segment_resampled_equals_the_resampled_segment(tmp_path):
+    path = tmp_path / "tone.wav"
+    soundfile.write(path, sine(500.0, 8000, 1.0), 8000, subtype="FLOAT")
+    segment = load_audio(path, sample_rate=None, offset=0.25, duration=0.5)
+    resampled = load_audio(path, sample_rate=16000, offset=0.25, duration=0.5)
+    torch.testing.assert_close(resampled, torchaudio.functional.resample(segment, 8000, 16000))
+
+
+@pytest.mark.needs_corpus
+def test_sphere_files_of_the_an4_tarball_equal_the_wav_corpus(tmp_path, mini_an4_tar, an4_dir):
+    with tarfile.open(mini_an4_tar) as archive:
+        archive.extractall(tmp_path, filter="data")
+    spheres = sorted(tmp_path.rglob("*.sph"))
+    assert len(spheres) == 8
+    for sphere in spheres:
+        wav = (
+            an4_dir / "wav" / sphere.parent.parent.name / sphere.parent.name / f"{sphere.stem}.wav"
+        )
+        torch.testing.assert_close(load_audio(sphere), load_audio(wav), atol=0, rtol=0)
+
+
+def write_nan_audio(path: Path) -> None:
+    samples = np.zeros(1600, np.float32)
+    samples[100] = np.nan
+    soundfile.write(path, samples, 16000, subtype="FLOAT")
+
+
+def write_empty_audio(path: Path) -> None:
+    soundfile.write(path, np.zeros(0, np.float32), 16000)
+
+
+def write_random_bytes(path: Path) -> None:
+    path.write_bytes(np.random.default_rng(0).bytes(4096))
+
+
+@pytest.mark.parametrize(
+    ("make", "reason"),
+    [
+        (None, "not found"),
+        (lambda p: p.mkdir(), "directory"),
+        (write_empty_audio, "empty"),
+        (write_random_bytes, "corrupt"),
+        (write_nan_audio, "NaN"),
+    ],
+    ids=["missing", "directory", "empty", "random-bytes", "nan"],
+)
+def test_bad_audio_raises_audio_error_naming_the_file(tmp_path, make, reason):
+    path = tmp_path / "bad_audio_4711.wav"
+    if make is not None:
+        make(path)
+    with pytest.raises(AudioError, match=reason) as caught:
+        load_audio(path)
+    assert "bad_audio_4711.wav" in str(caught.value)
+    assert isinstance(caught.value, ValueError)
+
+
+@pytest.mark.parametrize(
+    ("make", "reason"),
+    [(None, "not found"), (lambda p: p.mkdir(), "directory"), (write_random_bytes, "corrupt")],
+    ids=["missing", "directory", "random-bytes"],
+)
+def test_audio_info_errors_name_the_file(tmp_path, make, reason):
+    path = tmp_path / "bad_header_4711.wav"
+    if make is not None:
+        make(path)
+    with pytest.raises(AudioError, match=reason) as caught:
+        audio_info(path)
+    assert "bad_header_4711.wav" in str(caught.value)
+
+
+@pytest.mark.skipif(os.name != "posix" or os.geteuid() == 0, reason="root reads any file")
+def test_unreadable_file_is_reported_as_permission_denied(tmp_path):
+    path = tmp_path / "locked.wav"
+    soundfile.write(path, sine(440.0, 16000, 0.1), 16000)
+    path.chmod(0)
+    with pytest.raises(AudioError, match="permission denied") as caught:
+        audio_info(path)
+    assert "locked.wav" in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("offset", "duration", "reason"),
+    [
+        (1.0, None, "beyond the end"),
+        (5.0, 1.0, "beyond the end"),
+        (-0.1, None, "offset"),
+        (0.0, 0.0, "duration"),
+    ],
+)
+def test_bad_offset_or_duration_names_the_file(tmp_path, offset, duration, reason):
+    path = tmp_path / "short_4711.wav"
+    soundfile.write(path, sine(440.0, 16000, 1.0), 16000)
+    with pytest.raises(AudioError, match=reason) as caught:
+        load_audio(path, offset=offset, duration=duration)
+    assert "short_4711.wav" in str(caught.value)
