@@ -1,0 +1,237 @@
+"""Conformer encoder (Gulati et al. 2020): convolution-augmented Transformer blocks.
+
+Each block is a macaron pair of half-step feed-forward modules around relative-position
+multi-head self-attention (Transformer-XL style, Dai et al. 2019) and a convolution module,
+followed by LayerNorm. The front is the Transformer's `Conv2dSubsampling`, so lengths follow
+`asr.models.transformer.subsampled_length`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from asr.models.interfaces import lengths_to_mask
+from asr.models.transformer import Conv2dSubsampling, MultiHeadAttention, sinusoid_embedding
+
+
+def relative_shift(scores: Tensor) -> Tensor:
+    """Turn scores over relative positions into scores over key positions.
+
+    Column `k` of the input holds relative position `T - 1 - k` (from `T - 1` down to
+    `-(T - 1)`); the output has `out[..., i, j] = scores[..., i, T - 1 - i + j]`, the score
+    for relative position `i - j`. Done with one pad and views (no gather).
+
+    Args:
+        scores: `(..., T, 2T - 1)`.
+
+    Returns:
+        `(..., T, T)`.
+
+    >>> scores = torch.tensor([[1, 0, -1], [11, 10, 9]])  # row i, column k: 10 i + (T - 1 - k)
+    >>> relative_shift(scores).tolist()  # 10 i + (i - j)
+    [[0, -1], [11, 10]]
+    """
+    t = scores.size(-2)
+    flat = F.pad(scores, (0, 1)).flatten(-2)  # (..., T * 2T); row i starts at i * 2T
+    # Element (i, j) sits at 2T i + (T - 1 - i + j) = (T - 1) + (2T - 1) i + j.
+    rows = flat[..., t - 1 : t - 1 + t * (2 * t - 1)].unflatten(-1, (t, 2 * t - 1))
+    return rows[..., :t]
+
+
+def relative_positions(length: int, d_model: int, device: torch.device) -> Tensor:
+    """Sinusoids of relative positions `T - 1, ..., -(T - 1)`: `(2T - 1, d_model)`."""
+    return sinusoid_embedding(torch.arange(length - 1, -length, -1, device=device), d_model)
+
+
+class RelPositionMultiHeadAttention(MultiHeadAttention):
+    """Self-attention with relative positions: for query i and key j the score is
+    `((q_i + u) . k_j + (q_i + v) . W p_(i-j)) / sqrt(d)` with learned per-head biases `u`, `v`
+    and sinusoids `p`. The positional term enters the fused attention kernel as an additive
+    float mask, so weights are only materialised when asked for.
+
+    Args:
+        d_model: model dimension, divisible by `num_heads`.
+        num_heads: number of heads H.
+        dropout: dropout on the attention weights.
+    """
+
+    def __init__(self, d_model: int, num_heads: int, dropout: float = 0.0) -> None:
+        super().__init__(d_model, num_heads, dropout)
+        self.pos_proj = nn.Linear(d_model, d_model, bias=False)
+        self.pos_bias_u = nn.Parameter(torch.zeros(num_heads, self.head_dim))
+        self.pos_bias_v = nn.Parameter(torch.zeros(num_heads, self.head_dim))
+        nn.init.xavier_uniform_(self.pos_bias_u)
+        nn.init.xavier_uniform_(self.pos_bias_v)
+
+    def forward(  # type: ignore[override]
+        self, x: Tensor, pos: Tensor, mask: Tensor, need_weights: bool = False
+    ) -> tuple[Tensor, Tensor | None]:
+        """Relative-position self-attention.
+
+        Args:
+            x: `(B, T, D)`.
+            pos: `(2T - 1, D)` from `relative_positions(T, D)`.
+            mask: boolean `(B, 1, 1, T)`, True on valid keys.
+            need_weights: also return the attention weights.
+
+        Returns:
+            `(B, T, D)` and the weights `(B, H, T, T)` (or None).
+        """
+        q, k, v = self.project_self(x)  # (B, H, T, d) each
+        p = self._heads(self.pos_proj(pos.to(x.dtype))[None])  # (1, H, 2T-1, d)
+        q_u = (q + self.pos_bias_u[:, None]).to(q.dtype)
+        q_v = (q + self.pos_bias_v[:, None]).to(q.dtype)
+        position_scores = relative_shift(q_v @ p.transpose(-2, -1))  # (B, H, T, T)
+        bias = (position_scores / math.sqrt(self.head_dim)).masked_fill(~mask, float("-inf"))
+        return self.attend(q_u, k, v, bias.to(q.dtype), need_weights)
+
+
+class ConvolutionModule(nn.Module):
+    """Pointwise conv + GLU, depthwise conv over time, norm, SiLU, pointwise conv.
+
+    Padded frames are zeroed before the depthwise convolution, so valid frames see the same
+    zero padding as an utterance on its own. With `norm="batch"` the training-time statistics
+    include those zeros; `norm="layer"` normalises each frame alone.
+
+    Args:
+        d_model: channels.
+        kernel_size: odd depthwise kernel width (in frames).
+        dropout: dropout on the output.
+        norm: "batch" (BatchNorm1d, as in the paper) or "layer" (LayerNorm over channels).
+    """
+
+    def __init__(self, d_model: int, kernel_size: int, dropout: float, norm: str) -> None:
+        super().__init__()
+        if kernel_size % 2 == 0:
+            raise ValueError(f"ConvolutionModule: kernel_size={kernel_size} must be odd")
+        if norm not in ("batch", "layer"):
+            raise ValueError(f"ConvolutionModule: norm={norm!r} must be 'batch' or 'layer'")
+        self.layer_norm = nn.LayerNorm(d_model)
+        self.pointwise_in = nn.Conv1d(d_model, 2 * d_model, 1)
+        self.depthwise = nn.Conv1d(
+            d_model, d_model, kernel_size, padding=kernel_size // 2, groups=d_model
+        )
+        self.norm = nn.BatchNorm1d(d_model) if norm == "batch" else nn.LayerNorm(d_model)
+        self.pointwise_out = nn.Conv1d(d_model, d_model, 1)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor, valid: Tensor) -> Tensor:
+        """x `(B, T, D)`, valid `(B, T)` True on real frames -> `(B, T, D)`."""
+        h = self.pointwise_in(self.layer_norm(x).transpose(1, 2))  # (B, 2D, T)
+        h = F.glu(h, dim=1).masked_fill(~valid[:, None, :], 0.0)  # (B, D, T)
+        h = self.depthwise(h)
+        if isinstance(self.norm, nn.LayerNorm):
+            h = self.norm(h.transpose(1, 2)).transpose(1, 2)
+        else:
+            h = self.norm(h)
+        h = self.pointwise_out(F.silu(h))
+        return self.dropout(h.transpose(1, 2))  # (B, T, D)
+
+
+class MacaronFeedForward(nn.Sequential):
+    """`LayerNorm -> Linear -> SiLU -> Dropout -> Linear -> Dropout` (half-weighted by the
+    block)."""
+
+    def __init__(self, d_model: int, ffn_dim: int, dropout: float) -> None:
+        super().__init__(
+            nn.LayerNorm(d_model),
+            nn.Linear(d_model, ffn_dim),
+            nn.SiLU(),
+            nn.Dropout(dropout),
+            nn.Linear(ffn_dim, d_model),
+            nn.Dropout(dropout),
+        )
+
+
+class ConformerLayer(nn.Module):
+    """`x + FFN/2`, `+ RelMHSA`, `+ Conv`, `+ FFN/2`, then LayerNorm."""
+
+    def __init__(
+        self,
+        d_model: int,
+        num_heads: int,
+        ffn_dim: int,
+        kernel_size: int,
+        dropout: float,
+        attention_dropout: float,
+        conv_norm: str,
+    ) -> None:
+        super().__init__()
+        self.ffn1 = MacaronFeedForward(d_model, ffn_dim, dropout)
+        self.attn_norm = nn.LayerNorm(d_model)
+        self.attn = RelPositionMultiHeadAttention(d_model, num_heads, attention_dropout)
+        self.conv = ConvolutionModule(d_model, kernel_size, dropout, conv_norm)
+        self.ffn2 = MacaronFeedForward(d_model, ffn_dim, dropout)
+        self.norm = nn.LayerNorm(d_model)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor, pos: Tensor, valid: Tensor) -> Tensor:
+        """x `(B, T, D)`, pos `(2T - 1, D)`, valid `(B, T)` -> `(B, T, D)`."""
+        x = x + 0.5 * self.ffn1(x)
+        x = x + self.dropout(self.attn(self.attn_norm(x), pos, valid[:, None, None, :])[0])
+        x = x + self.conv(x, valid)
+        return self.norm(x + 0.5 * self.ffn2(x))
+
+
+class ConformerEncoder(nn.Module):
+    """Conv2d subsampling, then Conformer blocks with relative-position self-attention.
+
+    Args:
+        input_dim: feature dimension D_in.
+        d_model: model (and output) dimension.
+        num_heads: attention heads per block.
+        ffn_dim: hidden size of each macaron feed-forward module.
+        num_layers: number of blocks.
+        kernel_size: odd depthwise convolution width, in subsampled frames.
+        dropout: dropout on the input, residual branches and FFN hidden layers.
+        subsampling: time subsampling factor of the convolutional front, 4, 6 or 8.
+        attention_dropout: dropout on the attention weights.
+        conv_norm: "batch" or "layer" normalisation in the convolution modules.
+    """
+
+    def __init__(
+        self,
+        input_dim: int,
+        d_model: int = 256,
+        num_heads: int = 4,
+        ffn_dim: int = 1024,
+        num_layers: int = 12,
+        kernel_size: int = 31,
+        dropout: float = 0.1,
+        subsampling: int = 4,
+        attention_dropout: float = 0.0,
+        conv_norm: str = "batch",
+    ) -> None:
+        super().__init__()
+        self.subsampling = Conv2dSubsampling(input_dim, d_model, subsampling)
+        self.dropout = nn.Dropout(dropout)
+        self.layers = nn.ModuleList(
+            ConformerLayer(
+                d_model, num_heads, ffn_dim, kernel_size, dropout, attention_dropout, conv_norm
+            )
+            for _ in range(num_layers)
+        )
+        self.output_dim = d_model
+
+    def forward(self, x: Tensor, x_lens: Tensor) -> tuple[Tensor, Tensor]:
+        """Encode.
+
+        Args:
+            x: `(B, T, input_dim)` features.
+            x_lens: `(B,)` int64 valid lengths, each at least `min_input_length(subsampling)`.
+
+        Returns:
+            `(B, T', d_model)` with zeros past each length, and `(B,)` lengths
+            `subsampled_length(x_lens, subsampling)`.
+        """
+        x, y_lens = self.subsampling(x, x_lens)
+        x = self.dropout(x * math.sqrt(self.output_dim))  # same input scale as the Transformer
+        pos = relative_positions(x.size(1), self.output_dim, x.device)  # (2T'-1, D)
+        valid = lengths_to_mask(y_lens, x.size(1))  # (B, T')
+        for layer in self.layers:
+            x = layer(x, pos, valid)
+        return x.masked_fill(~valid[..., None], 0.0), y_lens

@@ -1,0 +1,599 @@
+"""Transformer encoder and decoder for speech (Vaswani et al. 2017, as used in ESPnet).
+
+The encoder subsamples the features in time with strided 2-D convolutions, adds sinusoidal
+positions and runs pre-LayerNorm self-attention blocks. The decoder runs pre-LayerNorm blocks of
+causal self-attention, cross-attention over the encoder output and a feed-forward network; its
+step interface caches each layer's self-attention keys/values and the projected encoder
+keys/values, so one step costs O(t) instead of recomputing the whole prefix.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from asr.models.interfaces import State, lengths_to_mask, reorder_batch
+
+# Time (and frequency) convolutions of each subsampling factor, as (kernel, stride) pairs.
+SUBSAMPLING_LAYERS: dict[int, tuple[tuple[int, int], ...]] = {
+    4: ((3, 2), (3, 2)),
+    6: ((3, 2), (5, 3)),
+    8: ((3, 2), (3, 2), (3, 2)),
+}
+
+
+def _subsampling_layers(factor: int) -> tuple[tuple[int, int], ...]:
+    if factor not in SUBSAMPLING_LAYERS:
+        raise ValueError(
+            f"subsampling factor {factor} is not supported; choose one of "
+            f"{sorted(SUBSAMPLING_LAYERS)}"
+        )
+    return SUBSAMPLING_LAYERS[factor]
+
+
+def min_input_length(factor: int) -> int:
+    """Fewest frames (or feature bins) that give one output of `Conv2dSubsampling(factor)`.
+
+    >>> [min_input_length(f) for f in (4, 6, 8)]
+    [7, 11, 15]
+    """
+    need = 1
+    for kernel, stride in reversed(_subsampling_layers(factor)):
+        need = (need - 1) * stride + kernel
+    return need
+
+
+def subsampled_length(lengths: Tensor | int, factor: int) -> Tensor | int:
+    """Output length of `Conv2dSubsampling(factor)`: `(L - k) // s + 1` per unpadded conv,
+    which for 4, 6 and 8 equals `(L - min_input_length(factor)) // factor + 1`.
+
+    Args:
+        lengths: input lengths, an int or an int64 tensor of any shape.
+        factor: 4, 6 or 8.
+
+    Returns:
+        The subsampled lengths, of the same type and shape.
+
+    Raises:
+        ValueError: if a length is below `min_input_length(factor)`.
+
+    >>> subsampled_length(torch.tensor([7, 8, 100]), 4).tolist()
+    [1, 1, 24]
+    >>> subsampled_length(100, 6), subsampled_length(100, 8)
+    (15, 11)
+    """
+    if isinstance(lengths, Tensor):
+        shortest = int(lengths.min()) if lengths.numel() else min_input_length(factor)
+    else:
+        shortest = lengths
+    if shortest < min_input_length(factor):
+        raise ValueError(
+            f"an input of {shortest} frames is too short for subsampling by {factor}: "
+            f"it needs at least {min_input_length(factor)} frames"
+        )
+    for kernel, stride in _subsampling_layers(factor):
+        lengths = (lengths - kernel) // stride + 1
+    return lengths
+
+
+class Conv2dSubsampling(nn.Module):
+    """Strided 2-D convolutions over (time, feature), then a linear layer to `d_model`.
+
+    Factor 4: two 3x3 convolutions with stride 2; 6: 3x3 stride 2 then 5x5 stride 3;
+    8: three 3x3 stride 2. Each is followed by ReLU and uses no padding, so a valid output
+    frame sees only valid input frames (padding cannot leak in).
+
+    Args:
+        input_dim: feature dimension D_in (at least `min_input_length(factor)`).
+        d_model: output dimension, also the number of convolution channels.
+        factor: time subsampling factor, 4, 6 or 8.
+    """
+
+    def __init__(self, input_dim: int, d_model: int, factor: int = 4) -> None:
+        super().__init__()
+        layers = _subsampling_layers(factor)
+        if input_dim < min_input_length(factor):
+            raise ValueError(
+                f"Conv2dSubsampling: input_dim={input_dim} is too small for factor {factor}; "
+                f"it needs at least {min_input_length(factor)} feature bins"
+            )
+        convs: list[nn.Module] = []
+        for i, (kernel, stride) in enumerate(layers):
+            convs += [nn.Conv2d(1 if i == 0 else d_model, d_model, kernel, stride), nn.ReLU()]
+        self.conv = nn.Sequential(*convs)
+        self.out = nn.Linear(d_model * subsampled_length(input_dim, factor), d_model)
+        self.input_dim = input_dim
+        self.factor = factor
+        self.output_dim = d_model
+
+    def forward(self, x: Tensor, x_lens: Tensor) -> tuple[Tensor, Tensor]:
+        """Subsample in time.
+
+        Args:
+            x: `(B, T, D_in)` features.
+            x_lens: `(B,)` int64 valid lengths.
+
+        Returns:
+            `(B, T', d_model)` and the `(B,)` lengths `subsampled_length(x_lens, factor)`.
+        """
+        if x.dim() != 3 or x.size(2) != self.input_dim:
+            raise ValueError(
+                f"Conv2dSubsampling: expected input (B, T, {self.input_dim}), got {tuple(x.shape)}"
+            )
+        if x_lens.numel() and int(x_lens.max()) > x.size(1):
+            raise ValueError(
+                f"Conv2dSubsampling: a length {int(x_lens.max())} exceeds the {x.size(1)} frames"
+            )
+        y_lens = subsampled_length(x_lens, self.factor)  # raises if an utterance is too short
+        y = self.conv(x.unsqueeze(1))  # (B, C, T', F')
+        y = y.transpose(1, 2).flatten(2)  # (B, T', C * F')
+        return self.out(y), y_lens
+
+
+def sinusoid_embedding(positions: Tensor, d_model: int) -> Tensor:
+    """Sinusoids of (possibly negative) positions `(N,)` -> `(N, d_model)`: channel `2i` holds
+    `sin(p / 10000^(2i / d_model))`, channel `2i + 1` the matching cosine.
+
+    >>> [round(v, 4) for v in sinusoid_embedding(torch.tensor([0.0, 1.0, -1.0]), 4)[:, 0].tolist()]
+    [0.0, 0.8415, -0.8415]
+    """
+    inv_freq = torch.exp(
+        torch.arange(0, d_model, 2, dtype=torch.float32, device=positions.device)
+        * (-math.log(1e4) / d_model)
+    )
+    angles = positions.float()[:, None] * inv_freq  # (N, ceil(d_model / 2))
+    table = torch.zeros(positions.numel(), d_model, device=positions.device)
+    table[:, 0::2] = torch.sin(angles)
+    table[:, 1::2] = torch.cos(angles)[:, : d_model // 2]
+    return table
+
+
+def sinusoid_table(length: int, d_model: int) -> Tensor:
+    """Sinusoidal positions `0 .. length - 1` as a `(length, d_model)` table.
+
+    >>> [round(v, 4) for v in sinusoid_table(3, 4)[:, 0].tolist()]  # sin(position)
+    [0.0, 0.8415, 0.9093]
+    """
+    return sinusoid_embedding(torch.arange(length), d_model)
+
+
+class PositionalEncoding(nn.Module):
+    """`dropout(x * sqrt(d_model) + pe)` with sinusoidal `pe` (Vaswani et al. 2017, sec. 3.5).
+
+    Scaling: the inputs (token embeddings, initialised with std `d_model ** -0.5`, or the
+    subsampling output) are multiplied by `sqrt(d_model)` before the unit-amplitude positions
+    are added, so content and position have comparable magnitude, as in the paper and ESPnet.
+    The table covers `max_len` positions and grows itself when a longer input arrives; it is
+    a non-persistent buffer, so checkpoints do not depend on it.
+
+    Args:
+        d_model: model dimension.
+        max_len: positions precomputed up front.
+        dropout: dropout probability applied to the sum.
+    """
+
+    def __init__(self, d_model: int, max_len: int = 5000, dropout: float = 0.1) -> None:
+        super().__init__()
+        self.d_model = d_model
+        self.scale = math.sqrt(d_model)
+        self.dropout = nn.Dropout(dropout)
+        self.register_buffer("pe", sinusoid_table(max_len, d_model), persistent=False)
+
+    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
+        """Add positions `offset .. offset + T - 1`.
+
+        Args:
+            x: `(B, T, d_model)`.
+            offset: position of the first frame (the step index when decoding).
+
+        Returns:
+            `(B, T, d_model)`.
+        """
+        end = offset + x.size(1)
+        if end > self.pe.size(0):
+            self.pe = sinusoid_table(max(end, 2 * self.pe.size(0)), self.d_model).to(self.pe)
+        return self.dropout(x * self.scale + self.pe[offset:end])
+
+
+class MultiHeadAttention(nn.Module):
+    """Scaled dot-product attention with `num_heads` heads and one fused input projection.
+
+    Masks are broadcastable to `(B, H, L_q, L_k)`: boolean, True where a query may attend, or
+    float, added to the scaled scores (`-inf` blocks a key; used for relative-position biases).
+    Without `need_weights` the fused `scaled_dot_product_attention` kernel runs; with it the
+    weights are computed explicitly and returned (before dropout, so rows sum to 1).
+
+    Args:
+        d_model: model dimension, divisible by `num_heads`.
+        num_heads: number of heads H.
+        dropout: dropout on the attention weights.
+    """
+
+    def __init__(self, d_model: int, num_heads: int, dropout: float = 0.0) -> None:
+        super().__init__()
+        if d_model % num_heads:
+            raise ValueError(f"d_model={d_model} is not divisible by num_heads={num_heads}")
+        self.num_heads = num_heads
+        self.head_dim = d_model // num_heads
+        self.dropout = dropout
+        self.in_proj = nn.Linear(d_model, 3 * d_model)  # rows: query, key, value
+        self.out_proj = nn.Linear(d_model, d_model)
+
+    def _heads(self, x: Tensor) -> Tensor:
+        b, length, _ = x.shape
+        return x.view(b, length, self.num_heads, self.head_dim).transpose(1, 2)  # (B, H, L, d)
+
+    def project_query(self, x: Tensor) -> Tensor:
+        """`(B, L, D)` -> queries `(B, H, L, d)`."""
+        d = self.in_proj.out_features // 3
+        return self._heads(F.linear(x, self.in_proj.weight[:d], self.in_proj.bias[:d]))
+
+    def project_key_value(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """`(B, L, D)` -> keys and values, each `(B, H, L, d)`."""
+        d = self.in_proj.out_features // 3
+        kv = F.linear(x, self.in_proj.weight[d:], self.in_proj.bias[d:])
+        key, value = kv.chunk(2, dim=-1)
+        return self._heads(key), self._heads(value)
+
+    def project_self(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Self-attention projections in one matmul: `(B, L, D)` -> q, k, v `(B, H, L, d)`."""
+        query, key, value = self.in_proj(x).chunk(3, dim=-1)
+        return self._heads(query), self._heads(key), self._heads(value)
+
+    def attend(
+        self,
+        query: Tensor,
+        key: Tensor,
+        value: Tensor,
+        mask: Tensor | None = None,
+        need_weights: bool = False,
+        is_causal: bool = False,
+    ) -> tuple[Tensor, Tensor | None]:
+        """Attention over already projected heads, then the output projection.
+
+        Args:
+            query: `(B, H, L_q, d)`; key, value: `(B, H, L_k, d)`.
+            mask: broadcastable to `(B, H, L_q, L_k)`; boolean (True = may attend) or an
+                additive float bias of the query's dtype.
+            need_weights: also return the attention weights.
+            is_causal: query i attends to keys 0..i only (combined with `mask`).
+
+        Returns:
+            `(B, L_q, D)` and the weights `(B, H, L_q, L_k)` (or None).
+        """
+        if is_causal and (mask is not None or need_weights):
+            mask = _with_causal(mask, query.size(2), key.size(2), query.device)
+            is_causal = False
+        p = self.dropout if self.training else 0.0
+        weights = None
+        if need_weights:
+            scores = query @ key.transpose(-2, -1) / math.sqrt(self.head_dim)  # (B, H, Lq, Lk)
+            if mask is not None and mask.dtype == torch.bool:
+                scores = scores.masked_fill(~mask, float("-inf"))
+            elif mask is not None:
+                scores = scores + mask
+            weights = scores.softmax(dim=-1, dtype=torch.float32).to(value.dtype)
+            context = F.dropout(weights, p, self.training) @ value  # (B, H, Lq, d)
+        else:
+            context = F.scaled_dot_product_attention(
+                query, key, value, attn_mask=mask, dropout_p=p, is_causal=is_causal
+            )
+        context = context.transpose(1, 2).flatten(2)  # (B, Lq, H * d)
+        return self.out_proj(context), weights
+
+    def forward(
+        self,
+        query: Tensor,
+        key: Tensor,
+        value: Tensor,
+        mask: Tensor | None = None,
+        need_weights: bool = False,
+        is_causal: bool = False,
+    ) -> tuple[Tensor, Tensor | None]:
+        """Multi-head attention.
+
+        Args:
+            query: `(B, L_q, D)`; key, value: `(B, L_k, D)` (pass the same tensor three times
+                for self-attention: the projections then run as one matmul).
+            mask: boolean, broadcastable to `(B, H, L_q, L_k)`, True = may attend.
+            need_weights: also return the attention weights.
+            is_causal: query i attends to keys 0..i only.
+
+        Returns:
+            `(B, L_q, D)` and the weights `(B, H, L_q, L_k)` (or None).
+        """
+        if query is key and key is value:
+            q, k, v = self.project_self(query)
+        elif key is value:
+            q, (k, v) = self.project_query(query), self.project_key_value(key)
+        else:
+            q = self.project_query(query)
+            k, _ = self.project_key_value(key)
+            _, v = self.project_key_value(value)
+        return self.attend(q, k, v, mask, need_weights, is_causal)
+
+
+def _with_causal(mask: Tensor | None, len_q: int, len_k: int, device: torch.device) -> Tensor:
+    """Combine `mask` (boolean, float or None) with the causal mask `key <= query`."""
+    causal = torch.ones(len_q, len_k, dtype=torch.bool, device=device).tril()
+    if mask is None or mask.dtype == torch.bool:
+        return causal if mask is None else mask & causal
+    return mask.masked_fill(~causal, float("-inf"))
+
+
+def key_padding_mask(lens: Tensor, max_len: int) -> Tensor:
+    """Boolean `(B, 1, 1, T)`, True on valid keys, for `MultiHeadAttention` masks."""
+    return lengths_to_mask(lens, max_len)[:, None, None, :]
+
+
+class FeedForward(nn.Sequential):
+    """Position-wise `Linear(d_model, ffn_dim) -> ReLU -> Dropout -> Linear(ffn_dim, d_model)`."""
+
+    def __init__(self, d_model: int, ffn_dim: int, dropout: float) -> None:
+        super().__init__(
+            nn.Linear(d_model, ffn_dim), nn.ReLU(), nn.Dropout(dropout), nn.Linear(ffn_dim, d_model)
+        )
+
+
+class EncoderLayer(nn.Module):
+    """Pre-LN block: `x + SelfAttn(LN(x))`, then `x + FFN(LN(x))`."""
+
+    def __init__(
+        self, d_model: int, num_heads: int, ffn_dim: int, dropout: float, attention_dropout: float
+    ) -> None:
+        super().__init__()
+        self.attn_norm = nn.LayerNorm(d_model)
+        self.attn = MultiHeadAttention(d_model, num_heads, attention_dropout)
+        self.ffn_norm = nn.LayerNorm(d_model)
+        self.ffn = FeedForward(d_model, ffn_dim, dropout)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor, mask: Tensor) -> Tensor:
+        """x `(B, T, D)`, mask `(B, 1, 1, T)` True on valid frames -> `(B, T, D)`."""
+        h = self.attn_norm(x)
+        x = x + self.dropout(self.attn(h, h, h, mask)[0])
+        return x + self.dropout(self.ffn(self.ffn_norm(x)))
+
+
+class TransformerEncoder(nn.Module):
+    """Conv2d subsampling, sinusoidal positions, pre-LN self-attention blocks, final LayerNorm.
+
+    Args:
+        input_dim: feature dimension D_in.
+        d_model: model (and output) dimension.
+        num_heads: attention heads per layer.
+        ffn_dim: hidden size of the feed-forward networks.
+        num_layers: number of blocks.
+        dropout: dropout on positions, residual branches and the FFN hidden layer.
+        subsampling: time subsampling factor of the convolutional front, 4, 6 or 8.
+        attention_dropout: dropout on the attention weights.
+        max_len: positions precomputed by the positional encoding (it grows when needed).
+    """
+
+    def __init__(
+        self,
+        input_dim: int,
+        d_model: int = 256,
+        num_heads: int = 4,
+        ffn_dim: int = 2048,
+        num_layers: int = 12,
+        dropout: float = 0.1,
+        subsampling: int = 4,
+        attention_dropout: float = 0.0,
+        max_len: int = 5000,
+    ) -> None:
+        super().__init__()
+        self.subsampling = Conv2dSubsampling(input_dim, d_model, subsampling)
+        self.positions = PositionalEncoding(d_model, max_len, dropout)
+        self.layers = nn.ModuleList(
+            EncoderLayer(d_model, num_heads, ffn_dim, dropout, attention_dropout)
+            for _ in range(num_layers)
+        )
+        self.norm = nn.LayerNorm(d_model)
+        self.output_dim = d_model
+
+    def forward(self, x: Tensor, x_lens: Tensor) -> tuple[Tensor, Tensor]:
+        """Encode.
+
+        Args:
+            x: `(B, T, input_dim)` features.
+            x_lens: `(B,)` int64 valid lengths, each at least `min_input_length(subsampling)`.
+
+        Returns:
+            `(B, T', d_model)` with zeros past each length, and `(B,)` lengths
+            `subsampled_length(x_lens, subsampling)`.
+        """
+        x, y_lens = self.subsampling(x, x_lens)
+        x = self.positions(x)
+        valid = lengths_to_mask(y_lens, x.size(1))  # (B, T')
+        mask = valid[:, None, None, :]  # (B, 1, 1, T')
+        for layer in self.layers:
+            x = layer(x, mask)
+        return self.norm(x).masked_fill(~valid[..., None], 0.0), y_lens
+
+
+class DecoderLayer(nn.Module):
+    """Pre-LN block: causal self-attention, cross-attention over the encoder, FFN."""
+
+    def __init__(
+        self, d_model: int, num_heads: int, ffn_dim: int, dropout: float, attention_dropout: float
+    ) -> None:
+        super().__init__()
+        self.self_norm = nn.LayerNorm(d_model)
+        self.self_attn = MultiHeadAttention(d_model, num_heads, attention_dropout)
+        self.cross_norm = nn.LayerNorm(d_model)
+        self.cross_attn = MultiHeadAttention(d_model, num_heads, attention_dropout)
+        self.ffn_norm = nn.LayerNorm(d_model)
+        self.ffn = FeedForward(d_model, ffn_dim, dropout)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(
+        self, x: Tensor, mem_k: Tensor, mem_v: Tensor, mem_mask: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        """Teacher forcing: x `(B, L, D)`, memory keys/values `(B, H, T, d)`,
+        mem_mask `(B, 1, 1, T)` -> `(B, L, D)` and cross-attention `(B, H, L, T)`."""
+        q, k, v = self.self_attn.project_self(self.self_norm(x))
+        x = x + self.dropout(self.self_attn.attend(q, k, v, is_causal=True)[0])
+        return self._cross_and_ffn(x, mem_k, mem_v, mem_mask)
+
+    def step(
+        self,
+        x: Tensor,
+        past_k: Tensor,
+        past_v: Tensor,
+        mem_k: Tensor,
+        mem_v: Tensor,
+        mem_mask: Tensor,
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """One position: x `(B, 1, D)`, past self-attention keys/values `(B, H, t, d)` ->
+        output `(B, 1, D)`, cross-attention `(B, H, 1, T)`, keys/values `(B, H, t + 1, d)`."""
+        q, k, v = self.self_attn.project_self(self.self_norm(x))
+        k, v = torch.cat([past_k, k], dim=2), torch.cat([past_v, v], dim=2)  # (B, H, t+1, d)
+        x = x + self.dropout(self.self_attn.attend(q, k, v)[0])
+        x, attn = self._cross_and_ffn(x, mem_k, mem_v, mem_mask)
+        return x, attn, k, v
+
+    def _cross_and_ffn(
+        self, x: Tensor, mem_k: Tensor, mem_v: Tensor, mem_mask: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        q = self.cross_attn.project_query(self.cross_norm(x))
+        out, attn = self.cross_attn.attend(q, mem_k, mem_v, mem_mask, need_weights=True)
+        x = x + self.dropout(out)
+        return x + self.dropout(self.ffn(self.ffn_norm(x))), attn
+
+
+class TransformerDecoder(nn.Module):
+    """Transformer decoder with teacher forcing and cached incremental stepping.
+
+    Token embeddings (scaled by `sqrt(d_model)`) plus sinusoidal positions feed pre-LN blocks
+    of causal self-attention, cross-attention and FFN; a final LayerNorm and a linear output
+    layer (sharing the embedding matrix when `tie_embeddings`) give the logits. Attention maps
+    are all layers' cross-attention heads, layer-major: `num_attention_maps = layers * heads`.
+
+    Args:
+        vocab_size: output vocabulary size V.
+        encoder_dim: encoder output dimension (projected to `d_model` if different).
+        d_model: model dimension.
+        num_heads: attention heads per layer.
+        ffn_dim: hidden size of the feed-forward networks.
+        num_layers: number of blocks.
+        dropout: dropout on positions, residual branches and the FFN hidden layer.
+        tie_embeddings: share the output layer's weight with the token embedding.
+        attention_dropout: dropout on the attention weights.
+        max_len: positions precomputed by the positional encoding (it grows when needed).
+    """
+
+    def __init__(
+        self,
+        vocab_size: int,
+        encoder_dim: int,
+        d_model: int = 256,
+        num_heads: int = 4,
+        ffn_dim: int = 2048,
+        num_layers: int = 6,
+        dropout: float = 0.1,
+        tie_embeddings: bool = True,
+        attention_dropout: float = 0.0,
+        max_len: int = 5000,
+    ) -> None:
+        super().__init__()
+        self.embedding = nn.Embedding(vocab_size, d_model)
+        nn.init.normal_(self.embedding.weight, std=d_model**-0.5)  # unit scale after sqrt(d)
+        self.positions = PositionalEncoding(d_model, max_len, dropout)
+        self.memory_proj = (
+            nn.Linear(encoder_dim, d_model) if encoder_dim != d_model else nn.Identity()
+        )
+        self.layers = nn.ModuleList(
+            DecoderLayer(d_model, num_heads, ffn_dim, dropout, attention_dropout)
+            for _ in range(num_layers)
+        )
+        self.norm = nn.LayerNorm(d_model)
+        self.output = nn.Linear(d_model, vocab_size)
+        if tie_embeddings:
+            self.output.weight = self.embedding.weight
+        self.vocab_size = vocab_size
+        self.num_attention_maps = num_layers * num_heads
+
+    def _memory(self, enc: Tensor, enc_lens: Tensor) -> tuple[list[Tensor], list[Tensor], Tensor]:
+        """Per-layer cross-attention keys and values `(B, H, T, d)` and the mask `(B,1,1,T)`."""
+        memory = self.memory_proj(enc)
+        pairs = [layer.cross_attn.project_key_value(memory) for layer in self.layers]
+        keys, values = [k for k, _ in pairs], [v for _, v in pairs]
+        return keys, values, key_padding_mask(enc_lens, enc.size(1))
+
+    def forward(self, enc: Tensor, enc_lens: Tensor, tokens: Tensor) -> tuple[Tensor, Tensor]:
+        """Teacher forcing.
+
+        Args:
+            enc: `(B, T, encoder_dim)` encoder output.
+            enc_lens: `(B,)` int64 valid encoder lengths.
+            tokens: `(B, L)` sos-prefixed decoder inputs; each position sees only itself and
+                earlier ones.
+
+        Returns:
+            Logits `(B, L, V)` and cross-attention `(B, layers * heads, L, T)`.
+        """
+        keys, values, mask = self._memory(enc, enc_lens)
+        x = self.positions(self.embedding(tokens))
+        attns = []
+        for layer, mem_k, mem_v in zip(self.layers, keys, values, strict=True):
+            x, attn = layer(x, mem_k, mem_v, mask)
+            attns.append(attn)
+        return self.output(self.norm(x)), torch.cat(attns, dim=1)
+
+    def init_state(self, enc: Tensor, enc_lens: Tensor) -> State:
+        """Search state: projected encoder keys/values per layer, the encoder mask and empty
+        self-attention caches, all batch first.
+
+        Args:
+            enc: `(B, T, encoder_dim)`; enc_lens: `(B,)`.
+
+        Returns:
+            The state for the first `step` (which should be given the sos token).
+        """
+        keys, values, mask = self._memory(enc, enc_lens)
+        empty = keys[0][:, :, :0]  # (B, H, 0, d)
+        return {
+            "memory_keys": keys,
+            "memory_values": values,
+            "memory_mask": mask,
+            "self_keys": [empty] * len(self.layers),
+            "self_values": [empty] * len(self.layers),
+        }
+
+    def step(self, tokens: Tensor, state: State) -> tuple[Tensor, State, Tensor]:
+        """Decode one position, reusing the cached keys/values of the earlier ones.
+
+        Args:
+            tokens: `(B,)` the previous output tokens (sos first).
+            state: from `init_state` or the previous `step`; not modified.
+
+        Returns:
+            Log-probabilities `(B, V)`, the new state, cross-attention `(B, layers * heads, T)`.
+        """
+        t = state["self_keys"][0].size(2)
+        x = self.positions(self.embedding(tokens[:, None]), offset=t)  # (B, 1, D)
+        self_keys, self_values, attns = [], [], []
+        for i, layer in enumerate(self.layers):
+            x, attn, k, v = layer.step(
+                x,
+                state["self_keys"][i],
+                state["self_values"][i],
+                state["memory_keys"][i],
+                state["memory_values"][i],
+                state["memory_mask"],
+            )
+            self_keys.append(k)
+            self_values.append(v)
+            attns.append(attn)
+        logits = self.output(self.norm(x[:, 0]))
+        new_state = {**state, "self_keys": self_keys, "self_values": self_values}
+        log_probs = logits.log_softmax(-1, dtype=torch.promote_types(logits.dtype, torch.float32))
+        return log_probs, new_state, torch.cat(attns, dim=1)[:, :, 0]
+
+    def reorder_state(self, state: State, index: Tensor) -> State:
+        """Keep batch rows `index` (e.g. the surviving beams) of every tensor in the state."""
+        return reorder_batch(state, index)

@@ -1,0 +1,135 @@
+"""Contracts of the Conformer encoder: relative attention formula, lengths, padding."""
+
+from __future__ import annotations
+
+import doctest
+import math
+
+import pytest
+import torch
+
+from asr.models import conformer
+from asr.models.conformer import (
+    ConformerEncoder,
+    ConvolutionModule,
+    RelPositionMultiHeadAttention,
+    relative_positions,
+    relative_shift,
+)
+from asr.models.interfaces import lengths_to_mask
+from asr.models.transformer import sinusoid_embedding, subsampled_length
+
+SMALL = dict(d_model=16, num_heads=4, ffn_dim=32, num_layers=2, kernel_size=5)
+
+
+@pytest.fixture(autouse=True)
+def _seed() -> None:
+    torch.manual_seed(0)
+
+
+def padded_batch(lens: list[int], dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random `(B, max(lens), dim)` features whose padding is junk (large values), not zeros."""
+    x = torch.randn(len(lens), max(lens), dim)
+    lens_t = torch.tensor(lens)
+    x[~lengths_to_mask(lens_t)] = 1e3
+    return x, lens_t
+
+
+def test_doctests() -> None:
+    assert doctest.testmod(conformer).failed == 0
+
+
+@pytest.mark.parametrize("length", [1, 2, 3, 8, 17])
+def test_relative_shift_picks_relative_position_i_minus_j(length: int) -> None:
+    scores = torch.randn(2, 3, length, 2 * length - 1)
+    i = torch.arange(length)[:, None]
+    j = torch.arange(length)[None, :]
+    index = (length - 1 - i + j).expand(2, 3, length, length)  # column of relative pos i - j
+    assert torch.equal(relative_shift(scores), scores.gather(-1, index))
+
+
+def test_relative_attention_matches_explicit_formula() -> None:
+    attn = RelPositionMultiHeadAttention(8, 2).eval()
+    x, lens = torch.randn(2, 5, 8), torch.tensor([5, 3])
+    valid = lengths_to_mask(lens)
+    pos = relative_positions(5, 8, x.device)
+    out, weights = attn(x, pos, valid[:, None, None], need_weights=True)
+    fused, none = attn(x, pos, valid[:, None, None])
+    assert none is None
+    torch.testing.assert_close(fused, out, atol=1e-5, rtol=1e-5)
+
+    q, k, v = attn.project_self(x)  # (B, H, T, d)
+    want = torch.zeros(2, 2, 5, 5)
+    for qi in range(5):
+        for kj in range(5):
+            sinusoid = sinusoid_embedding(torch.tensor([qi - kj]), 8)  # (1, D)
+            rel = attn.pos_proj(sinusoid).view(2, 4)  # (H, d)
+            content = ((q[:, :, qi] + attn.pos_bias_u) * k[:, :, kj]).sum(-1)
+            position = ((q[:, :, qi] + attn.pos_bias_v) * rel).sum(-1)
+            want[:, :, qi, kj] = (content + position) / math.sqrt(4)
+    want = want.masked_fill(~valid[:, None, None], float("-inf")).softmax(-1)
+    torch.testing.assert_close(weights, want, atol=1e-5, rtol=1e-5)
+    assert torch.all(weights[1, :, :, 3:] == 0)
+    torch.testing.assert_close(weights.sum(-1), torch.ones(2, 2, 5))
+    context = (want @ v).transpose(1, 2).flatten(2)  # (B, T, H * d)
+    torch.testing.assert_close(out, attn.out_proj(context), atol=1e-5, rtol=1e-5)
+
+
+def test_bad_configs_raise() -> None:
+    with pytest.raises(ValueError, match="odd"):
+        ConvolutionModule(8, 4, 0.0, "batch")
+    with pytest.raises(ValueError, match="'group'"):
+        ConvolutionModule(8, 5, 0.0, "group")
+
+
+@pytest.mark.parametrize("factor", [4, 6, 8])
+@pytest.mark.parametrize("conv_norm", ["batch", "layer"])
+def test_encoder_shapes_lengths_backward(factor: int, conv_norm: str) -> None:
+    encoder = ConformerEncoder(20, subsampling=factor, conv_norm=conv_norm, **SMALL)
+    x, x_lens = padded_batch([50, 37, 23], 20)
+    y, y_lens = encoder(x, x_lens)
+    assert encoder.output_dim == 16
+    assert y.shape == (3, subsampled_length(50, factor), 16)
+    assert torch.equal(y_lens, subsampled_length(x_lens, factor))
+    assert torch.all(y[~lengths_to_mask(y_lens, y.size(1))] == 0)
+    y.square().sum().backward()
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in encoder.parameters())
+
+
+@pytest.mark.parametrize("conv_norm", ["batch", "layer"])
+def test_encoder_padding_invariance(conv_norm: str) -> None:
+    encoder = ConformerEncoder(20, conv_norm=conv_norm, **SMALL).eval()
+    lens = [50, 37, 23]
+    x, x_lens = padded_batch(lens, 20)
+    with torch.no_grad():
+        y, y_lens = encoder(x, x_lens)
+        for b, length in enumerate(lens):
+            alone, _ = encoder(x[b : b + 1, :length], x_lens[b : b + 1])
+            assert alone.size(1) == int(y_lens[b])
+            torch.testing.assert_close(alone[0], y[b, : alone.size(1)], atol=1e-5, rtol=1e-5)
+
+
+def test_encoder_runs_under_bf16_autocast() -> None:
+    encoder = ConformerEncoder(20, **SMALL).eval()
+    x, x_lens = padded_batch([50, 37, 23], 20)
+    with torch.no_grad():
+        want, _ = encoder(x, x_lens)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y, y_lens = encoder(x, x_lens)
+    assert y.shape == (3, 11, 16) and torch.isfinite(y).all()
+    assert torch.equal(y_lens, torch.tensor([11, 8, 5]))
+    torch.testing.assert_close(y.float(), want, atol=0.15, rtol=0.1)
+
+
+@pytest.mark.gpu
+def test_cuda_matches_cpu_and_bf16_autocast_runs() -> None:
+    encoder = ConformerEncoder(20, **SMALL).eval()
+    x, x_lens = padded_batch([50, 37, 23], 20)
+    with torch.no_grad():
+        want, _ = encoder(x, x_lens)
+        encoder.cuda()
+        y, _ = encoder(x.cuda(), x_lens.cuda())
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            y_bf16, _ = encoder(x.cuda(), x_lens.cuda())
+    torch.testing.assert_close(y.cpu(), want, atol=1e-2, rtol=1e-2)  # cuDNN convs may use TF32
+    assert torch.isfinite(y_bf16).all()
