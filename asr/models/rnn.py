@@ -1,0 +1,399 @@
+"""The RNN-attention family (Chorowski et al. 2015): a pyramidal RNN encoder and an
+attention decoder built on the per-step modules of `asr.models.attention`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+from torch import Tensor, nn
+from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+
+from asr.models.attention import LocationAwareAttention
+from asr.models.interfaces import State, lengths_to_mask, reorder_batch
+
+_RNN_TYPES = {"lstm": nn.LSTM, "gru": nn.GRU}
+_CELL_TYPES = {"lstm": nn.LSTMCell, "gru": nn.GRUCell}
+_SUBSAMPLE_MODES = ("stride", "concat")
+_CONV_FRONT_FACTORS = (2, 2)
+
+
+def rnn_output_lengths(lengths: Tensor | int, factors: Sequence[int]) -> Tensor | int:
+    """Lengths after subsampling by each factor in turn; every factor keeps `ceil(T / f)`
+    frames (the last, partial group of frames is kept).
+
+    Args:
+        lengths: input lengths, an int or a `(B,)` integer tensor.
+        factors: per-stage subsampling factors, e.g. `[1, 2, 2, 1]`.
+
+    Returns:
+        Output lengths of the same type.
+
+    >>> rnn_output_lengths(torch.tensor([1, 7, 8, 9]), [1, 2, 2, 1]).tolist()
+    [1, 2, 2, 3]
+    >>> rnn_output_lengths(100, [2, 2, 2])
+    13
+    """
+    for factor in factors:
+        lengths = -(-lengths // factor)  # ceil division, for ints and tensors alike
+    return lengths
+
+
+def parse_subsample(subsample: str | Sequence[int], num_layers: int) -> list[int]:
+    """Per-layer factors from `"1_2_2_1"` or a list; one factor per RNN layer.
+
+    >>> parse_subsample("1_2_2_1", 4)
+    [1, 2, 2, 1]
+    """
+    try:
+        if isinstance(subsample, str):
+            factors = [int(part) for part in subsample.split("_")]
+        else:
+            factors = [int(part) for part in subsample]
+    except ValueError as error:
+        raise ValueError(f"RNNEncoder: cannot parse subsample={subsample!r}: {error}") from None
+    if len(factors) != num_layers or min(factors) < 1:
+        raise ValueError(
+            f"RNNEncoder: subsample={subsample!r} needs one factor >= 1 per layer "
+            f"(num_layers={num_layers})"
+        )
+    return factors
+
+
+def _check_lengths(name: str, x: Tensor, x_lens: Tensor, input_dim: int, arg: str = "x") -> Tensor:
+    """Validate `(B, T, input_dim)` and its lengths; returns the lengths on the CPU."""
+    if x.dim() != 3 or x.size(-1) != input_dim:
+        raise ValueError(f"{name}: {arg} must be (B, T, {input_dim}), got {tuple(x.shape)}")
+    if x_lens.shape != (x.size(0),):
+        raise ValueError(f"{name}: {arg}_lens must be ({x.size(0)},), got {tuple(x_lens.shape)}")
+    cpu_lens = x_lens.cpu()
+    if cpu_lens.numel() and (cpu_lens.min() < 1 or cpu_lens.max() > x.size(1)):
+        raise ValueError(f"{name}: lengths must lie in [1, {x.size(1)}], got {cpu_lens.tolist()}")
+    return cpu_lens
+
+
+def _time_mask(x: Tensor, lens: Tensor) -> Tensor:
+    """Zero the frames past each length of a `(B, C, T, F)` tensor."""
+    valid = lengths_to_mask(lens, x.size(2))  # (B, T)
+    return x * valid[:, None, :, None].to(x.dtype)
+
+
+class ConvFront(nn.Module):
+    """VGG-like front: two blocks of 3x3 conv2d + ReLU + 2x2 max-pool, subsampling time and
+    frequency by 4. Padded frames are zeroed before every convolution, so they never leak.
+
+    Args:
+        input_dim: feature size D.
+        channels: output channels of the two blocks.
+    """
+
+    def __init__(self, input_dim: int, channels: tuple[int, int] = (64, 128)) -> None:
+        super().__init__()
+        self.convs = nn.ModuleList(
+            nn.Conv2d(c_in, c_out, 3, padding=1)
+            for c_in, c_out in zip((1, channels[0]), channels, strict=True)
+        )
+        self.pool = nn.MaxPool2d(2, ceil_mode=True)
+        self.output_dim = channels[-1] * rnn_output_lengths(input_dim, _CONV_FRONT_FACTORS)
+
+    def forward(self, x: Tensor, x_lens: Tensor) -> tuple[Tensor, Tensor]:
+        """Args: x `(B, T, D)`, x_lens `(B,)`.
+
+        Returns:
+            y `(B, ceil(ceil(T/2)/2), output_dim)` and its lengths `(B,)`.
+        """
+        x = _time_mask(x.unsqueeze(1), x_lens)  # (B, 1, T, D)
+        for conv in self.convs:
+            # ReLU output is >= 0, so the zeroed padding never wins a max-pool.
+            x = _time_mask(torch.relu(conv(x)), x_lens)
+            x = self.pool(x)
+            x_lens = rnn_output_lengths(x_lens, (2,))
+        batch, channels, time, freq = x.shape
+        return x.transpose(1, 2).reshape(batch, time, channels * freq), x_lens  # (B, T', C*F')
+
+
+class RNNEncoder(nn.Module):
+    """Pyramidal (bi)LSTM/GRU encoder with projections (Listen-Attend-Spell, ESPnet BLSTMP).
+
+    Each layer is a packed (bi)RNN, so padding never reaches valid frames, followed by
+    subsampling and a linear projection (with tanh between layers, none after the last).
+
+    Args:
+        input_dim: feature size D.
+        hidden_size: RNN units per direction.
+        num_layers: number of RNN layers.
+        rnn_type: "lstm" or "gru".
+        bidirectional: run each layer in both directions.
+        projection_dim: size of the projection after each layer (0: no projections).
+        subsample: per-layer subsampling factors, applied after that layer's RNN, as
+            `"1_2_2_1"` or a list with one entry per layer.
+        subsample_mode: "stride" keeps every f-th frame; "concat" concatenates f adjacent
+            frames (zero-filling the last group) as in Listen-Attend-Spell.
+        dropout: dropout after every projection but the last.
+        conv_front: put a VGG-like conv2d front (x4 subsampling) before the RNN.
+        conv_channels: channels of the front's first block (the second has twice as many).
+    """
+
+    def __init__(
+        self,
+        input_dim: int,
+        hidden_size: int = 320,
+        num_layers: int = 4,
+        rnn_type: str = "lstm",
+        bidirectional: bool = True,
+        projection_dim: int = 320,
+        subsample: str | list[int] = "1_2_2_1",
+        subsample_mode: str = "stride",
+        dropout: float = 0.0,
+        conv_front: bool = False,
+        conv_channels: int = 64,
+    ) -> None:
+        super().__init__()
+        if rnn_type not in _RNN_TYPES:
+            raise ValueError(
+                f"RNNEncoder: rnn_type must be one of {list(_RNN_TYPES)}: {rnn_type!r}"
+            )
+        if subsample_mode not in _SUBSAMPLE_MODES:
+            raise ValueError(
+                f"RNNEncoder: subsample_mode must be one of {_SUBSAMPLE_MODES}: {subsample_mode!r}"
+            )
+        self.input_dim = input_dim
+        self.layer_factors = parse_subsample(subsample, num_layers)
+        self.subsample_mode = subsample_mode
+        channels = (conv_channels, 2 * conv_channels)
+        self.front = ConvFront(input_dim, channels) if conv_front else None
+        directions = 2 if bidirectional else 1
+        self.rnns = nn.ModuleList()
+        self.projections = nn.ModuleList()
+        size = self.front.output_dim if self.front is not None else input_dim
+        for factor in self.layer_factors:
+            rnn = _RNN_TYPES[rnn_type](
+                size, hidden_size, batch_first=True, bidirectional=bidirectional
+            )
+            self.rnns.append(rnn)
+            size = directions * hidden_size * (factor if subsample_mode == "concat" else 1)
+            if projection_dim > 0:
+                self.projections.append(nn.Linear(size, projection_dim))
+                size = projection_dim
+        self.dropout = nn.Dropout(dropout)
+        self.output_dim = size
+
+    @property
+    def subsampling_factors(self) -> list[int]:
+        """All factors from input frames to output frames (conv front first)."""
+        front = list(_CONV_FRONT_FACTORS) if self.front is not None else []
+        return front + self.layer_factors
+
+    def output_lengths(self, x_lens: Tensor | int) -> Tensor | int:
+        """Output lengths for input lengths (see `rnn_output_lengths`)."""
+        return rnn_output_lengths(x_lens, self.subsampling_factors)
+
+    def forward(self, x: Tensor, x_lens: Tensor) -> tuple[Tensor, Tensor]:
+        """Encode a padded batch.
+
+        Args:
+            x: `(B, T, input_dim)` features.
+            x_lens: `(B,)` int64 valid lengths, each in `[1, T]`.
+
+        Returns:
+            y `(B, T', output_dim)` with `T' = output_lengths(T)`, zero past each length, and
+            y_lens `(B,)` = `output_lengths(x_lens)`.
+        """
+        _check_lengths(type(self).__name__, x, x_lens, self.input_dim)
+        if self.front is not None:
+            x, x_lens = self.front(x, x_lens)
+        last = len(self.rnns) - 1
+        for index, (rnn, factor) in enumerate(zip(self.rnns, self.layer_factors, strict=True)):
+            x = self._run_rnn(rnn, x, x_lens)
+            x, x_lens = self._subsample(x, x_lens, factor)
+            if self.projections:
+                x = self.projections[index](x)
+            if index < last:
+                x = self.dropout(torch.tanh(x) if self.projections else x)
+        valid = lengths_to_mask(x_lens, x.size(1)).unsqueeze(-1)  # (B, T', 1)
+        return x.masked_fill(~valid, 0.0), x_lens
+
+    @staticmethod
+    def _run_rnn(rnn: nn.RNNBase, x: Tensor, x_lens: Tensor) -> Tensor:
+        """A packed RNN pass; the output is zero past each length."""
+        packed = pack_padded_sequence(x, x_lens.cpu(), batch_first=True, enforce_sorted=False)
+        output, _ = rnn(packed)
+        output, _ = pad_packed_sequence(output, batch_first=True, total_length=x.size(1))
+        return output
+
+    def _subsample(self, x: Tensor, x_lens: Tensor, factor: int) -> tuple[Tensor, Tensor]:
+        if factor == 1:
+            return x, x_lens
+        if self.subsample_mode == "stride":
+            return x[:, ::factor], rnn_output_lengths(x_lens, (factor,))
+        batch, time, dim = x.shape
+        groups = rnn_output_lengths(time, (factor,))
+        x = nn.functional.pad(x, (0, 0, 0, groups * factor - time))  # zero frames at the end
+        return x.reshape(batch, groups, factor * dim), rnn_output_lengths(x_lens, (factor,))
+
+
+class RNNAttentionDecoder(nn.Module):
+    """Attention decoder with an RNN (Chorowski et al. 2015; Luong-style input feeding).
+
+    At step i, with previous token y, previous context c and state s:
+    `s_i = RNN([embed(y); c_{i-1}], s_{i-1})` (c only with input feeding),
+    `c_i, alpha_i = Attend(s_i, alpha_{i-1}, h)` and `logits_i = Out([s_i; c_i])`.
+
+    Args:
+        vocab_size: output vocabulary size V.
+        encoder_dim: size of the encoder output (keys and context).
+        attention: factory `attention(query_dim=hidden_size, key_dim=encoder_dim)` of a module
+            from `asr.models.attention` (location-aware by default).
+        embed_dim: token embedding size.
+        hidden_size: RNN units per layer.
+        num_layers: stacked RNN cells.
+        rnn_type: "lstm" or "gru".
+        input_feeding: feed the previous context to the RNN with the embedding.
+        dropout: dropout on the embedding, between cells and before the output layer.
+        scheduled_sampling: in training, probability of feeding back the previous step's argmax
+            instead of the reference token (Bengio et al. 2015); never used in eval.
+    """
+
+    def __init__(
+        self,
+        vocab_size: int,
+        encoder_dim: int,
+        attention: Callable[[int, int], nn.Module] = LocationAwareAttention,
+        embed_dim: int = 256,
+        hidden_size: int = 320,
+        num_layers: int = 1,
+        rnn_type: str = "lstm",
+        input_feeding: bool = True,
+        dropout: float = 0.0,
+        scheduled_sampling: float = 0.0,
+    ) -> None:
+        super().__init__()
+        if rnn_type not in _CELL_TYPES:
+            raise ValueError(
+                f"RNNAttentionDecoder: rnn_type must be one of {list(_CELL_TYPES)}: {rnn_type!r}"
+            )
+        if num_layers < 1:
+            raise ValueError(f"RNNAttentionDecoder: num_layers must be >= 1, got {num_layers}")
+        if not 0.0 <= scheduled_sampling <= 1.0:
+            raise ValueError(
+                f"RNNAttentionDecoder: scheduled_sampling must be in [0, 1]: {scheduled_sampling}"
+            )
+        self.vocab_size = vocab_size
+        self.encoder_dim = encoder_dim
+        self.is_lstm = rnn_type == "lstm"
+        self.input_feeding = input_feeding
+        self.scheduled_sampling = scheduled_sampling
+        self.embed = nn.Embedding(vocab_size, embed_dim)
+        self.attention = attention(hidden_size, encoder_dim)
+        self.num_attention_maps = self.attention.num_heads
+        sizes = [embed_dim + (encoder_dim if input_feeding else 0)] + [hidden_size] * num_layers
+        cell = _CELL_TYPES[rnn_type]
+        self.cells = nn.ModuleList(cell(size, hidden_size) for size in sizes[:-1])
+        self.dropout = nn.Dropout(dropout)
+        self.output = nn.Linear(hidden_size + encoder_dim, vocab_size)
+
+    def init_state(self, enc: Tensor, enc_lens: Tensor) -> State:
+        """The state before the first step: zero RNN states and context, the initial
+        alignment and the attention memory.
+
+        Args:
+            enc: `(B, T, encoder_dim)` encoder output.
+            enc_lens: `(B,)` valid lengths.
+
+        Returns:
+            State dict (batch first): "hidden" (and "cell" for LSTM) lists of `(B, H)` per layer,
+            "context" `(B, encoder_dim)`, "weights" `(B, T)` or `(B, K, T)`, "memory", "enc_lens".
+        """
+        _check_lengths(type(self).__name__, enc, enc_lens, self.encoder_dim, "enc")
+        memory = self.attention.prepare(enc, lengths_to_mask(enc_lens, enc.size(1)))
+        dtype = self.output.weight.dtype
+        zeros = enc.new_zeros(enc.size(0), self.cells[0].hidden_size, dtype=dtype)
+        state: State = {
+            "hidden": [zeros] * len(self.cells),
+            "context": enc.new_zeros(enc.size(0), self.encoder_dim, dtype=dtype),
+            "weights": self.attention.initial_weights(memory),
+            "memory": memory,
+            "enc_lens": enc_lens,
+        }
+        if self.is_lstm:
+            state["cell"] = [zeros] * len(self.cells)
+        return state
+
+    def _advance(self, embedded: Tensor, state: State) -> tuple[Tensor, State, Tensor]:
+        """One recurrence + attention step from embedded inputs `(B, E)`; returns the output
+        layer's input `(B, H + encoder_dim)`, the new state and the weights."""
+        inputs = torch.cat([embedded, state["context"]], -1) if self.input_feeding else embedded
+        hidden, cell = [], []
+        for index, rnn_cell in enumerate(self.cells):
+            if self.is_lstm:
+                h, c = rnn_cell(inputs, (state["hidden"][index], state["cell"][index]))
+                cell.append(c)
+            else:
+                h = rnn_cell(inputs, state["hidden"][index])
+            hidden.append(h)
+            inputs = self.dropout(h)
+        context, weights = self.attention(h, state["memory"], state["weights"])
+        new_state = {**state, "hidden": hidden, "context": context, "weights": weights}
+        if self.is_lstm:
+            new_state["cell"] = cell
+        return self.dropout(torch.cat([h, context], -1)), new_state, weights
+
+    def _as_maps(self, weights: Tensor) -> Tensor:
+        """Weights `(B, T)` or `(B, K, T)` -> `(B, K, T)`."""
+        return weights.unsqueeze(1) if weights.dim() == 2 else weights
+
+    def step(self, tokens: Tensor, state: State) -> tuple[Tensor, State, Tensor]:
+        """One decoding step.
+
+        Args:
+            tokens: `(B,)` previous tokens (sos at the first step).
+            state: from `init_state` or the previous step.
+
+        Returns:
+            log-probs `(B, V)`, the new state and attention `(B, K, T_enc)`.
+        """
+        features, state, weights = self._advance(self.dropout(self.embed(tokens)), state)
+        log_probs = torch.log_softmax(self.output(features).float(), -1)
+        return log_probs, state, self._as_maps(weights)
+
+    def reorder_state(self, state: State, index: Tensor) -> State:
+        """Select batch rows `index` (e.g. surviving beam hypotheses) of the state."""
+        return reorder_batch(state, index)
+
+    def forward(self, enc: Tensor, enc_lens: Tensor, tokens: Tensor) -> tuple[Tensor, Tensor]:
+        """Teacher forcing (with scheduled sampling in training when enabled).
+
+        Args:
+            enc: `(B, T, encoder_dim)` encoder output.
+            enc_lens: `(B,)` valid lengths.
+            tokens: `(B, L)` sos-prefixed decoder inputs.
+
+        Returns:
+            logits `(B, L, V)` and attention `(B, K, L, T)`.
+        """
+        if tokens.dim() != 2 or tokens.size(0) != enc.size(0):
+            shape = tuple(tokens.shape)
+            raise ValueError(
+                f"RNNAttentionDecoder: tokens must be (B={enc.size(0)}, L), got {shape}"
+            )
+        state = self.init_state(enc, enc_lens)
+        embedded = self.dropout(self.embed(tokens))  # (B, L, E)
+        sampling = self.training and self.scheduled_sampling > 0.0
+        outputs, maps = [], []
+        for index in range(tokens.size(1)):
+            step_input = embedded[:, index]
+            if sampling and index > 0:
+                step_input = self._sampled_input(tokens[:, index], outputs[-1])
+            features, state, weights = self._advance(step_input, state)
+            outputs.append(self.output(features) if sampling else features)
+            maps.append(self._as_maps(weights))
+        outputs = torch.stack(outputs, 1)  # (B, L, V) or (B, L, H + encoder_dim)
+        logits = outputs if sampling else self.output(outputs)
+        return logits, torch.stack(maps, 2)  # (B, K, L, T)
+
+    def _sampled_input(self, reference: Tensor, prev_logits: Tensor) -> Tensor:
+        """Embedded inputs `(B, E)`: the previous argmax with probability `scheduled_sampling`,
+        else the reference tokens."""
+        use_model = torch.rand(reference.shape, device=reference.device) < self.scheduled_sampling
+        tokens = torch.where(use_model, prev_logits.argmax(-1), reference)
+        return self.dropout(self.embed(tokens))
