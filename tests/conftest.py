@@ -8,6 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
+# Tests use one intra-op thread: on a 2-core machine, competing thread pools slow every test.
+torch.set_num_threads(1)
+
 REPO = Path(__file__).resolve().parents[1]
 CORPORA = Path(os.environ.get("ASR_CORPORA", REPO.parent / "shared" / "corpora"))
 

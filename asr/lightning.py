@@ -1,0 +1,281 @@
+"""Lightning wrappers: `ASRModule` (training/validation around a plain `Seq2Seq`) and
+`ASRDataModule` (manifests, tokenizer, length-bucketed DDP-correct batching)."""
+
+from __future__ import annotations
+
+import logging
+from functools import partial
+from collections.abc import Callable
+from pathlib import Path
+
+import lightning as L
+import torch
+from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
+from torch import Tensor, nn
+
+from asr.alignment import plot_attention, save_figure
+from asr.data.dataset import Batch, SpeechDataset, collate, set_loader_epoch
+from asr.data.manifest import read_manifest
+from asr.data.sampler import DynamicBucketSampler
+from asr.metrics import ErrorCounts, char_errors, word_errors
+from asr.models.ctc import CTCHead
+from asr.models.seq2seq import Seq2Seq
+from asr.search import greedy_search
+from asr.text import Tokenizer
+
+log = logging.getLogger(__name__)
+
+
+def _adamw(params) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(params, lr=1e-3, weight_decay=1e-6)
+
+
+class ASRModule(L.LightningModule):
+    """Trains a `Seq2Seq` with joint CTC/attention loss; validates with greedy WER/CER.
+
+    Args:
+        frontend: waveform -> features module (e.g. `asr.frontends.Frontend`).
+        encoder: factory called with the frontend's `output_dim`.
+        decoder: factory called with `(vocab_size, encoder.output_dim)`.
+        vocab_size: linked from the data module's tokenizer.
+        tokenizer: tokenizer directory, linked from the data module; used to score WER.
+        ctc_weight: weight of the CTC loss (0 disables the CTC head).
+        label_smoothing: label smoothing of the attention cross-entropy.
+        optimizer: optimizer factory over the parameters.
+        lr_scheduler: optional schedule factory, stepped every optimizer step.
+        max_len_ratio: greedy validation emits at most `ratio * encoder frames` tokens.
+        plot_utterances: cross-attention plots of this many fixed validation utterances a epoch.
+    """
+
+    def __init__(
+        self,
+        frontend: nn.Module,
+        encoder: Callable[[int], nn.Module],
+        decoder: Callable[[int, int], nn.Module],
+        vocab_size: int = 0,
+        tokenizer: str = "",
+        ctc_weight: float = 0.3,
+        label_smoothing: float = 0.1,
+        optimizer: OptimizerCallable = _adamw,
+        lr_scheduler: LRSchedulerCallable | None = None,
+        max_len_ratio: float = 1.0,
+        plot_utterances: int = 3,
+    ):
+        super().__init__()
+        if vocab_size <= 0:
+            raise ValueError("vocab_size must be positive (link it from data.vocab_size)")
+        self.save_hyperparameters(
+            ignore=["frontend", "encoder", "decoder", "optimizer", "lr_scheduler"]
+        )
+        enc = encoder(frontend.output_dim)
+        ctc = CTCHead(vocab_size, enc.output_dim) if ctc_weight > 0 else None
+        self.model = Seq2Seq(frontend, enc, decoder(vocab_size, enc.output_dim), ctc)
+        self.tokenizer = Tokenizer.load(tokenizer) if tokenizer else None
+        self.optimizer_factory = optimizer
+        self.scheduler_factory = lr_scheduler
+        self._val_words = ErrorCounts()
+        self._val_chars = ErrorCounts()
+        self._plotted = 0
+
+    def forward(self, waves: Tensor, wave_lens: Tensor) -> list[list[int]]:
+        """Greedy transcription of a padded batch: token ids per utterance."""
+        enc, enc_lens = self.model.encode(waves, wave_lens)
+        hyps = greedy_search(self.model.decoder, enc, enc_lens, self.hparams.max_len_ratio)
+        return [h.tokens for h in hyps]
+
+    def training_step(self, batch: Batch, batch_idx: int) -> Tensor:
+        out = self.model.loss(
+            batch.waves,
+            batch.wave_lens,
+            batch.tokens,
+            batch.token_lens,
+            self.hparams.ctc_weight,
+            self.hparams.label_smoothing,
+        )
+        self._log_losses("train", out, len(batch))
+        return out.loss
+
+    def on_train_epoch_start(self) -> None:
+        # Reshuffle buckets and redraw speed factors: Lightning does not reach a batch sampler.
+        set_loader_epoch(self.trainer.train_dataloader, self.current_epoch)
+
+    def validation_step(self, batch: Batch, batch_idx: int) -> None:
+        enc, enc_lens = self.model.encode(batch.waves, batch.wave_lens)
+        out = self.model.loss_from_encoder(
+            enc, enc_lens, batch.tokens, batch.token_lens, self.hparams.ctc_weight, 0.0
+        )
+        self._log_losses("val", out, len(batch))
+        hyps = greedy_search(self.model.decoder, enc, enc_lens, self.hparams.max_len_ratio)
+        texts = [self.tokenizer.decode(h.tokens) for h in hyps]
+        refs = [self.tokenizer.normalizer(t) for t in batch.texts]
+        self._val_words += word_errors(refs, texts)
+        self._val_chars += char_errors(refs, texts)
+        if batch_idx == 0:
+            self._plot(batch, hyps)
+
+    def on_validation_epoch_start(self) -> None:
+        self._val_words, self._val_chars = ErrorCounts(), ErrorCounts()
+
+    def on_validation_epoch_end(self) -> None:
+        counts = torch.tensor(
+            [self._val_words.errors, self._val_words.reference_length,
+             self._val_chars.errors, self._val_chars.reference_length],
+            dtype=torch.float64,
+            device=self.device,
+        )
+        counts = self.all_gather(counts).reshape(-1, 4).sum(0)  # sum over DDP ranks
+        wer = 100 * counts[0] / counts[1].clamp(min=1)
+        cer = 100 * counts[2] / counts[3].clamp(min=1)
+        # Already summed over ranks: the sync averages identical values.
+        self.log("val/wer", wer.float(), prog_bar=True, sync_dist=True)
+        self.log("val/cer", cer.float(), prog_bar=True, sync_dist=True)
+
+    def _log_losses(self, stage: str, out, batch_size: int) -> None:
+        on_step = stage == "train"
+        self.log(f"{stage}/loss", out.loss, prog_bar=True, batch_size=batch_size,
+                 on_step=on_step, on_epoch=True, sync_dist=not on_step)
+        self.log(f"{stage}/att_loss", out.attention_loss, batch_size=batch_size,
+                 on_step=on_step, on_epoch=True, sync_dist=not on_step)
+        self.log(f"{stage}/acc", out.token_accuracy, batch_size=batch_size,
+                 on_step=on_step, on_epoch=True, sync_dist=not on_step)
+        if out.ctc_loss is not None:
+            self.log(f"{stage}/ctc_loss", out.ctc_loss, batch_size=batch_size,
+                     on_step=on_step, on_epoch=True, sync_dist=not on_step)
+
+    def _plot(self, batch: Batch, hyps) -> None:
+        """Save cross-attention plots of the first validation batch (fixed: no shuffling)."""
+        if self.trainer.sanity_checking or not self.trainer.is_global_zero:
+            return
+        # Not trainer.log_dir: it broadcasts, and only rank zero gets here.
+        run_dir = self.loggers[0].log_dir if self.loggers else None
+        log_dir = Path(run_dir or self.trainer.default_root_dir) / "attention"
+        log_dir.mkdir(parents=True, exist_ok=True)
+        n = min(self.hparams.plot_utterances, len(hyps))
+        feats, feat_lens = self.model.frontend(batch.waves[:n], batch.wave_lens[:n])
+        for i in range(n):
+            labels = self.tokenizer.pieces(hyps[i].tokens) + ["<eos>"]
+            fig = plot_attention(
+                hyps[i].attention, labels, feats[i, : feat_lens[i]],
+                title=f"{batch.ids[i]} epoch {self.current_epoch}",
+            )
+            experiment = getattr(self.logger, "experiment", None)
+            if hasattr(experiment, "add_figure"):
+                experiment.add_figure(f"attention/{batch.ids[i]}", fig, self.global_step,
+                                      close=False)
+            save_figure(fig, str(log_dir / f"epoch{self.current_epoch:03d}_{batch.ids[i]}.png"))
+
+    def configure_optimizers(self):
+        optimizer = self.optimizer_factory(self.parameters())
+        if self.scheduler_factory is None:
+            return optimizer
+        scheduler = self.scheduler_factory(optimizer)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+
+class ASRDataModule(L.LightningDataModule):
+    """Manifests -> length-bucketed batches of padded audio and tokens.
+
+    Args:
+        train_manifest: JSONL manifest for training.
+        val_manifest: JSONL manifest for validation.
+        tokenizer: directory written by `asr tokenizer`.
+        test_manifest: optional JSONL manifest for `asr test`.
+        sample_rate: audio is resampled to this rate.
+        max_batch_seconds: padded seconds of audio per batch (batch size x longest utterance).
+        max_batch_size: optional cap on utterances per batch.
+        num_buckets: length buckets of the sampler.
+        speed_perturb: speed factors drawn per training utterance, e.g. [0.9, 1.0, 1.1].
+        num_workers: data loader worker processes.
+        seed: sampler shuffling and perturbation seed.
+        skip_bad: skip (and report) bad manifest lines instead of failing.
+    """
+
+    def __init__(
+        self,
+        train_manifest: str,
+        val_manifest: str,
+        tokenizer: str,
+        test_manifest: str | None = None,
+        sample_rate: int = 16000,
+        max_batch_seconds: float = 100.0,
+        max_batch_size: int | None = None,
+        num_buckets: int = 20,
+        speed_perturb: list[float] | None = None,
+        num_workers: int = 2,
+        seed: int = 0,
+        skip_bad: bool = False,
+    ):
+        super().__init__()
+        self.save_hyperparameters()
+        self.tokenizer = Tokenizer.load(tokenizer)
+        self.datasets: dict[str, SpeechDataset] = {}
+
+    @property
+    def vocab_size(self) -> int:
+        return self.tokenizer.vocab_size
+
+    def setup(self, stage: str) -> None:
+        hp = self.hparams
+        splits = {"train": hp.train_manifest, "val": hp.val_manifest, "test": hp.test_manifest}
+        wanted = {"fit": ["train", "val"], "validate": ["val"], "test": ["test"]}.get(stage, [])
+        for split in wanted:
+            if split in self.datasets:
+                continue
+            if not splits[split]:
+                raise ValueError(f"data.{split}_manifest is required for '{stage}'")
+            utts = self._checked(splits[split])
+            perturb = hp.speed_perturb if split == "train" else None
+            self.datasets[split] = SpeechDataset(
+                utts, self.tokenizer, hp.sample_rate, speed_perturb=perturb, seed=hp.seed
+            )
+
+    def _checked(self, path: str):
+        """Read a manifest and reject text the tokenizer cannot represent, up front."""
+        utts = read_manifest(path, skip_bad=self.hparams.skip_bad)
+        bad = [(u, self.tokenizer.oov(u.text)) for u in utts]
+        bad = [(u, chars) for u, chars in bad if chars]
+        if bad and not self.hparams.skip_bad:
+            lines = "\n".join(f"  {u.utt_id}: {''.join(c)!r}" for u, c in bad[:20])
+            raise ValueError(
+                f"{path}: {len(bad)} utterances have characters outside the tokenizer's "
+                f"vocabulary (use data.skip_bad to skip them):\n{lines}"
+            )
+        if bad:
+            log.warning("%s: skipping %d utterances with out-of-vocabulary text", path, len(bad))
+            ids = {u.utt_id for u, _ in bad}
+            utts = [u for u in utts if u.utt_id not in ids]
+        return utts
+
+    def _loader(self, split: str, shuffle: bool) -> torch.utils.data.DataLoader:
+        dataset = self.datasets[split]
+        trainer = self.trainer
+        sampler = DynamicBucketSampler(
+            dataset.durations,
+            self.hparams.max_batch_seconds,
+            num_buckets=self.hparams.num_buckets,
+            max_batch_size=self.hparams.max_batch_size,
+            shuffle=shuffle,
+            seed=self.hparams.seed,
+            num_replicas=trainer.world_size if trainer else 1,
+            rank=trainer.global_rank if trainer else 0,
+        )
+        workers = self.hparams.num_workers
+        loader = torch.utils.data.DataLoader(
+            dataset,
+            batch_sampler=sampler,
+            collate_fn=partial(collate, pad_id=self.tokenizer.pad_id),
+            num_workers=workers,
+            persistent_workers=workers > 0,
+        )
+        # Lightning builds the first epoch's iterator before any epoch hook runs.
+        set_loader_epoch(loader, trainer.current_epoch if trainer else 0)
+        return loader
+
+    def train_dataloader(self):
+        return self._loader("train", shuffle=True)
+
+    def val_dataloader(self):
+        return self._loader("val", shuffle=False)
+
+    def test_dataloader(self):
+        return self._loader("test", shuffle=False)

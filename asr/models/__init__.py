@@ -1,0 +1,1 @@
+"""Encoders, attention, decoders and the Seq2Seq recognizer that composes them."""

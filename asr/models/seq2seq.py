@@ -1,0 +1,140 @@
+"""The attention encoder-decoder recognizer: `Seq2Seq(frontend, encoder, decoder, ctc=None)`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from asr.models.ctc import CTCHead
+
+PAD_ID = 1
+SOS_EOS_ID = 3
+
+
+@dataclass
+class LossOutput:
+    """Training losses and the quantities behind them."""
+
+    loss: Tensor  # the weighted total that is back-propagated
+    attention_loss: Tensor  # label-smoothed cross-entropy per token
+    ctc_loss: Tensor | None  # CTC loss per target token, when a CTC head is present
+    token_accuracy: Tensor  # teacher-forced next-token accuracy over real tokens
+    attention: Tensor  # (B, K, L+1, T_enc) cross-attention weights
+
+
+def add_sos_eos(tokens: Tensor, token_lens: Tensor) -> tuple[Tensor, Tensor]:
+    """Decoder inputs `[sos] + y` and targets `y + [eos]`, padded with PAD_ID.
+
+    >>> ys_in, ys_out = add_sos_eos(torch.tensor([[5, 6], [7, 1]]), torch.tensor([2, 1]))
+    >>> ys_in.tolist(), ys_out.tolist()
+    ([[3, 5, 6], [3, 7, 1]], [[5, 6, 3], [7, 3, 1]])
+    """
+    batch = tokens.size(0)
+    sos = tokens.new_full((batch, 1), SOS_EOS_ID)
+    pad = tokens.new_full((batch, 1), PAD_ID)
+    ys_in = torch.cat([sos, tokens], dim=1)
+    ys_out = torch.cat([tokens, pad], dim=1)
+    ys_out[torch.arange(batch, device=tokens.device), token_lens] = SOS_EOS_ID
+    return ys_in, ys_out
+
+
+class Seq2Seq(nn.Module):
+    """Frontend -> encoder -> attention decoder, with an optional CTC head on the encoder.
+
+    A plain `nn.Module`, usable without Lightning. Parts are injected, already built.
+
+    Args:
+        frontend: waveform -> features, `forward(wave, wave_lens) -> (feats, feat_lens)`.
+        encoder: features -> encoder frames, `forward(x, x_lens) -> (enc, enc_lens)`.
+        decoder: an attention decoder following `asr.models.interfaces.Decoder`.
+        ctc: optional CTC head on the encoder output.
+    """
+
+    def __init__(
+        self, frontend: nn.Module, encoder: nn.Module, decoder: nn.Module, ctc: CTCHead | None = None
+    ):
+        super().__init__()
+        self.frontend = frontend
+        self.encoder = encoder
+        self.decoder = decoder
+        self.ctc = ctc
+
+    @property
+    def vocab_size(self) -> int:
+        return self.decoder.vocab_size
+
+    def encode(self, waves: Tensor, wave_lens: Tensor) -> tuple[Tensor, Tensor]:
+        """Args: waves `(B, S)`, wave_lens `(B,)`. Returns: enc `(B, T, D)`, enc_lens `(B,)`."""
+        feats, feat_lens = self.frontend(waves, wave_lens)
+        return self.encoder(feats, feat_lens)
+
+    def forward(
+        self, waves: Tensor, wave_lens: Tensor, tokens: Tensor, token_lens: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        """Teacher-forced logits for `[sos] + tokens`.
+
+        Args:
+            waves: `(B, S)` float audio; wave_lens `(B,)` samples.
+            tokens: `(B, L)` target ids (no sos/eos), padded; token_lens `(B,)`.
+
+        Returns:
+            logits `(B, L+1, V)` predicting `tokens + [eos]`; attention `(B, K, L+1, T_enc)`.
+        """
+        enc, enc_lens = self.encode(waves, wave_lens)
+        ys_in, _ = add_sos_eos(tokens, token_lens)
+        return self.decoder(enc, enc_lens, ys_in)
+
+    def loss(
+        self,
+        waves: Tensor,
+        wave_lens: Tensor,
+        tokens: Tensor,
+        token_lens: Tensor,
+        ctc_weight: float = 0.0,
+        label_smoothing: float = 0.0,
+    ) -> LossOutput:
+        """Joint CTC/attention loss from audio; see `loss_from_encoder`."""
+        enc, enc_lens = self.encode(waves, wave_lens)
+        return self.loss_from_encoder(
+            enc, enc_lens, tokens, token_lens, ctc_weight, label_smoothing
+        )
+
+    def loss_from_encoder(
+        self,
+        enc: Tensor,
+        enc_lens: Tensor,
+        tokens: Tensor,
+        token_lens: Tensor,
+        ctc_weight: float = 0.0,
+        label_smoothing: float = 0.0,
+    ) -> LossOutput:
+        """Joint CTC/attention loss: `ctc_weight * ctc + (1 - ctc_weight) * attention`.
+
+        Both are per target token: the attention loss is the mean label-smoothed
+        cross-entropy (eos included), the CTC loss is summed and divided by the token count.
+
+        Args:
+            enc: `(B, T, D)` encoder output; enc_lens `(B,)`.
+            tokens: `(B, L)` target ids (no sos/eos), padded; token_lens `(B,)`.
+        """
+        if ctc_weight > 0 and self.ctc is None:
+            raise ValueError(f"ctc_weight={ctc_weight} but the model has no CTC head")
+        ys_in, ys_out = add_sos_eos(tokens, token_lens)
+        logits, attn = self.decoder(enc, enc_lens, ys_in)
+        att_loss = F.cross_entropy(
+            logits.float().transpose(1, 2),  # (B, V, L+1)
+            ys_out,
+            ignore_index=PAD_ID,
+            label_smoothing=label_smoothing,
+        )
+        valid = ys_out != PAD_ID
+        accuracy = ((logits.argmax(-1) == ys_out) & valid).sum() / valid.sum()
+        ctc_loss = None
+        total = att_loss
+        if self.ctc is not None and ctc_weight > 0:
+            ctc_loss = self.ctc.loss(self.ctc(enc), enc_lens, tokens, token_lens)
+            total = ctc_weight * ctc_loss + (1 - ctc_weight) * att_loss
+        return LossOutput(total, att_loss, ctc_loss, accuracy, attn)

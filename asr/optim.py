@@ -1,0 +1,66 @@
+"""Learning-rate schedules stepped per optimizer step (Lightning `interval: step`)."""
+
+from __future__ import annotations
+
+import math
+
+from torch.optim import Optimizer
+from torch.optim.lr_scheduler import LambdaLR
+
+
+def noam_factor(step: int, warmup_steps: int) -> float:
+    """Linear warmup to 1 at `warmup_steps`, then inverse square-root decay (Vaswani et al.).
+
+    The optimizer's lr is the peak (ESPnet's WarmupLR convention).
+
+    >>> [round(noam_factor(s, 4), 3) for s in (0, 1, 3, 15)]
+    [0.25, 0.5, 1.0, 0.5]
+    """
+    step = step + 1
+    return min(step / warmup_steps, math.sqrt(warmup_steps / step)) if warmup_steps else 1.0
+
+
+def cosine_factor(step: int, warmup_steps: int, total_steps: int, min_ratio: float) -> float:
+    """Linear warmup, then cosine decay from 1 to `min_ratio` at `total_steps`.
+
+    >>> [round(cosine_factor(s, 2, 10, 0.0), 3) for s in (0, 1, 2, 6, 10, 20)]
+    [0.5, 1.0, 1.0, 0.5, 0.0, 0.0]
+    """
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+    return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+class NoamLR(LambdaLR):
+    """Warmup + inverse-sqrt ("Noam") schedule; peak lr = the optimizer's lr.
+
+    Args:
+        optimizer: the wrapped optimizer.
+        warmup_steps: optimizer steps of linear warmup.
+    """
+
+    def __init__(self, optimizer: Optimizer, warmup_steps: int = 25000):
+        super().__init__(optimizer, lambda s: noam_factor(s, warmup_steps))
+
+
+class WarmupCosineLR(LambdaLR):
+    """Linear warmup then cosine decay.
+
+    Args:
+        optimizer: the wrapped optimizer.
+        warmup_steps: optimizer steps of linear warmup.
+        total_steps: step at which the cosine reaches `min_ratio` (kept after that).
+        min_ratio: final lr as a fraction of the peak.
+    """
+
+    def __init__(
+        self,
+        optimizer: Optimizer,
+        warmup_steps: int = 1000,
+        total_steps: int = 100000,
+        min_ratio: float = 0.0,
+    ):
+        super().__init__(
+            optimizer, lambda s: cosine_factor(s, warmup_steps, total_steps, min_ratio)
+        )

@@ -1,0 +1,71 @@
+"""LightningCLI for `asr fit|validate|test`: YAML configs under conf/ pick every part by
+`class_path`; the vocabulary size flows from the data module to the model."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import sys
+from pathlib import Path
+
+import torch
+from jsonargparse import Namespace
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.cli import LightningCLI
+
+from asr.lightning import ASRDataModule, ASRModule
+
+DEFAULT_LOGGERS = (
+    "lightning.pytorch.loggers.TensorBoardLogger",
+    "lightning.pytorch.loggers.CSVLogger",
+)
+CHECKPOINT_DEFAULTS = {
+    "checkpoint.monitor": "val/wer",
+    "checkpoint.mode": "min",
+    "checkpoint.save_top_k": 5,
+    "checkpoint.save_last": True,
+    "checkpoint.filename": "epoch{epoch:03d}-wer{val/wer:.2f}",
+    "checkpoint.auto_insert_metric_name": False,
+}
+
+
+class ASRCLI(LightningCLI):
+    """Adds argument links, a best-k-by-WER + last checkpoint callback, and (unless the config
+    names loggers) TensorBoard and CSV logs under `trainer.default_root_dir`."""
+
+    def add_arguments_to_parser(self, parser) -> None:
+        parser.link_arguments("data.tokenizer", "model.tokenizer")
+        parser.link_arguments("data.vocab_size", "model.vocab_size", apply_on="instantiate")
+        parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
+        parser.set_defaults(CHECKPOINT_DEFAULTS)
+        # The bucketing sampler shards batches across ranks itself.
+        parser.set_defaults({"trainer.use_distributed_sampler": False})
+
+    def before_instantiate_classes(self) -> None:
+        config = self.config[self.subcommand] if self.subcommand else self.config
+        if config.trainer.logger in (None, True):
+            root = config.trainer.default_root_dir or "."
+            version = _next_version(Path(root) / "logs")  # one run directory for both loggers
+            config.trainer.logger = [
+                Namespace(
+                    class_path=cls,
+                    init_args=Namespace(save_dir=root, name="logs", version=version),
+                )
+                for cls in DEFAULT_LOGGERS
+            ]
+
+
+def _next_version(logs: Path) -> int:
+    versions = [int(p.name.split("_")[1]) for p in logs.glob("version_*") if p.name[8:].isdigit()]
+    return max(versions, default=-1) + 1
+
+
+def run_lightning_cli(argv: Sequence[str]) -> ASRCLI:
+    """Run `asr fit|validate|test ...` (argv without the program name)."""
+    torch.set_float32_matmul_precision("high")
+    return ASRCLI(
+        ASRModule,
+        ASRDataModule,
+        args=None if list(argv) == sys.argv[1:] else list(argv),
+        save_config_kwargs={"overwrite": True},
+    )

@@ -1,0 +1,126 @@
+"""End-to-end training through the `asr fit` LightningCLI: one process, and DDP with two."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from asr.cli import main
+from asr.data.manifest import read_manifest, write_manifest
+from asr.data.prepare import prepare_corpus
+from asr.text import train_tokenizer
+from conftest import REPO, corpus_path
+
+pytestmark = pytest.mark.needs_corpus
+
+TINY_CONFIG = """
+seed_everything: 0
+model:
+  frontend:
+    class_path: asr.frontends.Frontend
+    init_args:
+      features: {class_path: asr.frontends.LogMelFilterbank, init_args: {n_mels: 40}}
+      normalize: {class_path: asr.frontends.UtteranceCMVN, init_args: {norm_vars: true}}
+  encoder:
+    class_path: asr.models.transformer.TransformerEncoder
+    init_args: {d_model: 32, num_heads: 2, ffn_dim: 64, num_layers: 1}
+  decoder:
+    class_path: asr.models.transformer.TransformerDecoder
+    init_args: {d_model: 32, num_heads: 2, ffn_dim: 64, num_layers: 1}
+  ctc_weight: 0.3
+  plot_utterances: 1
+data:
+  max_batch_seconds: 12
+  num_workers: 0
+trainer:
+  max_epochs: 2
+  accelerator: cpu
+  log_every_n_steps: 1
+  enable_model_summary: false
+"""
+
+
+@pytest.fixture(scope="module")
+def tiny_an4(tmp_path_factory) -> dict[str, str]:
+    """Nine short AN4 training utterances (an odd count), three for validation, a tokenizer."""
+    out = tmp_path_factory.mktemp("tiny_an4")
+    prepare_corpus("an4", corpus_path("an4"), out / "full")
+    train = [u for u in read_manifest(out / "full" / "train.jsonl") if u.duration < 2.5][:9]
+    dev = [u for u in read_manifest(out / "full" / "dev.jsonl") if u.duration < 2.5][:3]
+    write_manifest(out / "train.jsonl", train)
+    write_manifest(out / "dev.jsonl", dev)
+    train_tokenizer(out / "train.jsonl", "char", None, out / "tokenizer")
+    (out / "config.yaml").write_text(TINY_CONFIG)
+    return {
+        "config": str(out / "config.yaml"),
+        "train": str(out / "train.jsonl"),
+        "dev": str(out / "dev.jsonl"),
+        "tokenizer": str(out / "tokenizer"),
+    }
+
+
+def _fit_args(data: dict[str, str], root: Path) -> list[str]:
+    return [
+        "fit",
+        "--config", data["config"],
+        "--data.train_manifest", data["train"],
+        "--data.val_manifest", data["dev"],
+        "--data.tokenizer", data["tokenizer"],
+        "--trainer.default_root_dir", str(root),
+    ]  # fmt: skip
+
+
+def test_fit_writes_config_checkpoints_logs_and_plots(tiny_an4, tmp_path):
+    main(_fit_args(tiny_an4, tmp_path))
+    run = tmp_path / "logs" / "version_0"
+    assert (run / "config.yaml").is_file(), "the resolved config is saved with the run"
+    ckpts = sorted(p.name for p in (run / "checkpoints").iterdir())
+    assert "last.ckpt" in ckpts and any(n.startswith("epoch001-wer") for n in ckpts)
+    state = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)
+    assert state["epoch"] == 1
+    rows = list(csv.DictReader((run / "metrics.csv").open()))
+    wers = [float(r["val/wer"]) for r in rows if r.get("val/wer")]
+    assert len(wers) == 2 and all(0 <= w <= 100 * 20 for w in wers)
+    assert list((run / "attention").glob("epoch001_*.png")), "attention plots are written"
+    assert list(run.glob("events.out.tfevents.*")), "TensorBoard logs are written"
+
+
+DDP_SCRIPT = """
+import json, sys, torch
+from asr.train import run_lightning_cli
+
+cli = run_lightning_cli(sys.argv[1:])
+trainer = cli.trainer
+checksum = float(sum(p.double().sum() for p in cli.model.parameters()))
+report = {"rank": trainer.global_rank, "world": trainer.world_size, "checksum": checksum,
+          "batches": trainer.num_training_batches, "steps": trainer.global_step}
+with open(f"{trainer.default_root_dir}/rank{trainer.global_rank}.json", "w") as f:
+    json.dump(report, f)
+"""
+
+
+@pytest.mark.timeout(600)
+def test_ddp_two_cpu_processes_agree(tiny_an4, tmp_path):
+    script = tmp_path / "ddp_fit.py"
+    script.write_text(textwrap.dedent(DDP_SCRIPT))
+    args = _fit_args(tiny_an4, tmp_path) + [
+        "--trainer.strategy", "ddp", "--trainer.devices", "2",
+    ]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    proc = subprocess.run(
+        [sys.executable, str(script), *args], env=env, capture_output=True, text=True, timeout=500
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    reports = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert [r["world"] for r in reports] == [2, 2]
+    assert reports[0]["batches"] == reports[1]["batches"] > 0, "equal batch counts per rank"
+    assert reports[0]["steps"] == reports[1]["steps"]
+    assert reports[0]["checksum"] == reports[1]["checksum"], "ranks hold the same weights"
