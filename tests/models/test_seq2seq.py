@@ -1,0 +1,133 @@
+"""Contracts of the composed recognizer, for every encoder x decoder x attention combination:
+shapes and lengths, backward, padding invariance, stepwise decoding == teacher forcing."""
+
+from __future__ import annotations
+
+from functools import partial
+
+import pytest
+import torch
+
+from asr.frontends import Frontend, LogMelFilterbank, UtteranceCMVN
+from asr.models import attention as att
+from asr.models.conformer import ConformerEncoder
+from asr.models.ctc import CTCHead
+from asr.models.rnn import RNNAttentionDecoder, RNNEncoder
+from asr.models.seq2seq import SOS_EOS_ID, Seq2Seq, add_sos_eos
+from asr.models.transformer import TransformerDecoder, TransformerEncoder
+
+VOCAB = 12
+DIM = 16
+
+ENCODERS = {
+    "transformer": partial(TransformerEncoder, d_model=DIM, num_heads=2, ffn_dim=32, num_layers=2),
+    "conformer": partial(
+        ConformerEncoder, d_model=DIM, num_heads=2, ffn_dim=32, num_layers=2, kernel_size=5
+    ),
+    "blstmp": partial(RNNEncoder, hidden_size=DIM, num_layers=3, subsample="1_2_2"),
+    "vgg_bgru": partial(RNNEncoder, hidden_size=DIM, num_layers=2, rnn_type="gru", subsample="1_1",
+                        conv_front=True, conv_channels=4),
+}  # fmt: skip
+
+ATTENTIONS = {
+    "dot": partial(att.DotProductAttention, attention_dim=DIM),
+    "additive": partial(att.AdditiveAttention, attention_dim=DIM),
+    "location": partial(att.LocationAwareAttention, attention_dim=DIM, conv_kernel=5),
+    "location_sharp_smooth": partial(
+        att.LocationAwareAttention, attention_dim=DIM, conv_kernel=5, sharpening=2.0,
+        smoothing=True,
+    ),
+    "multihead": partial(att.MultiHeadAttention, num_heads=2, attention_dim=DIM, conv_kernel=5),
+}  # fmt: skip
+
+DECODERS = {
+    "transformer": partial(TransformerDecoder, d_model=DIM, num_heads=2, ffn_dim=32, num_layers=2),
+    **{
+        f"rnn_{name}": partial(RNNAttentionDecoder, attention=factory, embed_dim=8, hidden_size=DIM)
+        for name, factory in ATTENTIONS.items()
+    },
+}
+
+COMBINATIONS = [(e, d) for e in ENCODERS for d in DECODERS]
+
+
+def build(encoder: str, decoder: str) -> Seq2Seq:
+    torch.manual_seed(0)
+    frontend = Frontend(LogMelFilterbank(n_mels=20), UtteranceCMVN(norm_vars=True))
+    enc = ENCODERS[encoder](frontend.output_dim)
+    dec = DECODERS[decoder](VOCAB, enc.output_dim)
+    return Seq2Seq(frontend, enc, dec, CTCHead(VOCAB, enc.output_dim)).eval()
+
+
+def batch(lengths=(8000, 5600, 6400), token_lengths=(5, 3, 4)):
+    g = torch.Generator().manual_seed(1)
+    waves = torch.randn(len(lengths), max(lengths), generator=g) * 0.1
+    wave_lens = torch.tensor(lengths)
+    for i, n in enumerate(lengths):
+        waves[i, n:] = 0.0
+    tokens = torch.randint(4, VOCAB, (len(lengths), max(token_lengths)), generator=g)
+    token_lens = torch.tensor(token_lengths)
+    for i, n in enumerate(token_lengths):
+        tokens[i, n:] = 1  # pad
+    return waves, wave_lens, tokens, token_lens
+
+
+@pytest.mark.parametrize("encoder,decoder", COMBINATIONS)
+def test_shapes_lengths_and_backward(encoder, decoder):
+    model = build(encoder, decoder).train()
+    waves, wave_lens, tokens, token_lens = batch()
+    logits, attn = model(waves, wave_lens, tokens, token_lens)
+    enc, enc_lens = model.encode(waves, wave_lens)
+    assert logits.shape == (3, tokens.size(1) + 1, VOCAB)
+    k = model.decoder.num_attention_maps
+    assert attn.shape == (3, k, tokens.size(1) + 1, enc.size(1))
+    assert enc_lens.max() == enc.size(1) and (enc_lens > 0).all()
+    out = model.loss(waves, wave_lens, tokens, token_lens, ctc_weight=0.3, label_smoothing=0.1)
+    out.loss.backward()
+    grads = [p.grad for p in model.parameters() if p.requires_grad]
+    assert all(g is not None and torch.isfinite(g).all() for g in grads)
+
+
+@pytest.mark.parametrize("encoder,decoder", COMBINATIONS)
+def test_padding_invariance(encoder, decoder):
+    """An utterance alone equals its slice of a padded batch (encoder and decoder outputs)."""
+    model = build(encoder, decoder)
+    waves, wave_lens, tokens, token_lens = batch()
+    with torch.no_grad():
+        logits, attn = model(waves, wave_lens, tokens, token_lens)
+        for i in range(3):
+            n, m = int(wave_lens[i]), int(token_lens[i])
+            alone, alone_attn = model(waves[i : i + 1, :n], wave_lens[i : i + 1],
+                                      tokens[i : i + 1, :m], token_lens[i : i + 1])  # fmt: skip
+            t = alone_attn.size(-1)
+            torch.testing.assert_close(logits[i, : m + 1], alone[0], atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(attn[i, :, : m + 1, :t], alone_attn[0], atol=1e-5, rtol=1e-5)
+            assert attn[i, :, : m + 1, t:].abs().max() == 0 if attn.size(-1) > t else True
+
+
+@pytest.mark.parametrize("encoder,decoder", COMBINATIONS)
+def test_stepwise_equals_teacher_forcing(encoder, decoder):
+    model = build(encoder, decoder)
+    waves, wave_lens, tokens, token_lens = batch()
+    with torch.no_grad():
+        enc, enc_lens = model.encode(waves, wave_lens)
+        ys_in, _ = add_sos_eos(tokens, token_lens)
+        logits, attn = model.decoder(enc, enc_lens, ys_in)
+        state = model.decoder.init_state(enc, enc_lens)
+        for t in range(ys_in.size(1)):
+            logp, state, step_attn = model.decoder.step(ys_in[:, t], state)
+            expected = torch.log_softmax(logits[:, t].float(), -1)
+            torch.testing.assert_close(logp, expected, atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(step_attn, attn[:, :, t], atol=1e-5, rtol=1e-5)
+
+
+def test_sos_eos_framing():
+    ys_in, ys_out = add_sos_eos(torch.tensor([[5, 6, 1]]), torch.tensor([2]))
+    assert ys_in[0, 0] == SOS_EOS_ID and ys_out[0].tolist() == [5, 6, SOS_EOS_ID, 1]
+
+
+def test_ctc_weight_without_head_is_an_error():
+    model = build("transformer", "transformer")
+    model.ctc = None
+    with pytest.raises(ValueError, match="no CTC head"):
+        model.loss(*batch(), ctc_weight=0.5)
