@@ -1,10 +1,11 @@
 """The `asr` command: a thin layer over the library.
 
-    asr prepare CORPUS --data-dir DIR --out DIR     manifests (JSONL) + summary
-    asr tokenizer --manifest M --kind char|bpe|unigram [--vocab-size N] --out DIR
-    asr cmvn --manifest M --out stats.json          global CMVN statistics
-    asr validate-data --manifest M [--tokenizer DIR] check audio and text up front
-    asr fit|validate|test --config conf/...yaml     training (LightningCLI)
+asr prepare CORPUS --data-dir DIR --out DIR     manifests (JSONL) + summary
+asr tokenizer --manifest M --kind char|bpe|unigram [--vocab-size N] --out DIR
+asr cmvn --manifest M --out stats.json          global CMVN statistics
+asr validate-data --manifest M [--tokenizer DIR] check audio and text up front
+asr fit|validate|test --config conf/...yaml     training (LightningCLI)
+asr average --last exp/.../checkpoints/last.ckpt --best 5 --out avg.ckpt
 """
 
 from __future__ import annotations
@@ -68,6 +69,17 @@ def _validate_data(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def _average(args: argparse.Namespace) -> int:
+    from asr.checkpoint import average_checkpoints, best_checkpoints
+
+    paths = args.checkpoints or best_checkpoints(args.last, args.best)
+    average_checkpoints(paths, args.out)
+    print(f"averaged {len(paths)} checkpoints into {args.out}:")
+    for path in paths:
+        print(f"  {path}")
+    return 0
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="asr",
@@ -109,6 +121,14 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--full", action="store_true", help="decode all audio (checks NaN/inf too)")
     p.add_argument("--report", help="write the list of bad entries to this file")
     p.set_defaults(run=_validate_data)
+
+    p = sub.add_parser("average", help="average the weights of several checkpoints")
+    group = p.add_mutually_exclusive_group(required=True)
+    group.add_argument("--checkpoints", nargs="+", help="checkpoint files to average")
+    group.add_argument("--last", help="a run's last.ckpt: average the best ones it records")
+    p.add_argument("--best", type=int, default=5, help="with --last: how many best (5)")
+    p.add_argument("--out", required=True, help="output checkpoint")
+    p.set_defaults(run=_average)
     return parser
 
 

@@ -4,8 +4,8 @@
 from __future__ import annotations
 
 import logging
-from functools import partial
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import lightning as L
@@ -118,8 +118,12 @@ class ASRModule(L.LightningModule):
 
     def on_validation_epoch_end(self) -> None:
         counts = torch.tensor(
-            [self._val_words.errors, self._val_words.reference_length,
-             self._val_chars.errors, self._val_chars.reference_length],
+            [
+                self._val_words.errors,
+                self._val_words.reference_length,
+                self._val_chars.errors,
+                self._val_chars.reference_length,
+            ],
             dtype=torch.float64,
             device=self.device,
         )
@@ -132,15 +136,40 @@ class ASRModule(L.LightningModule):
 
     def _log_losses(self, stage: str, out, batch_size: int) -> None:
         on_step = stage == "train"
-        self.log(f"{stage}/loss", out.loss, prog_bar=True, batch_size=batch_size,
-                 on_step=on_step, on_epoch=True, sync_dist=not on_step)
-        self.log(f"{stage}/att_loss", out.attention_loss, batch_size=batch_size,
-                 on_step=on_step, on_epoch=True, sync_dist=not on_step)
-        self.log(f"{stage}/acc", out.token_accuracy, batch_size=batch_size,
-                 on_step=on_step, on_epoch=True, sync_dist=not on_step)
+        self.log(
+            f"{stage}/loss",
+            out.loss,
+            prog_bar=True,
+            batch_size=batch_size,
+            on_step=on_step,
+            on_epoch=True,
+            sync_dist=not on_step,
+        )
+        self.log(
+            f"{stage}/att_loss",
+            out.attention_loss,
+            batch_size=batch_size,
+            on_step=on_step,
+            on_epoch=True,
+            sync_dist=not on_step,
+        )
+        self.log(
+            f"{stage}/acc",
+            out.token_accuracy,
+            batch_size=batch_size,
+            on_step=on_step,
+            on_epoch=True,
+            sync_dist=not on_step,
+        )
         if out.ctc_loss is not None:
-            self.log(f"{stage}/ctc_loss", out.ctc_loss, batch_size=batch_size,
-                     on_step=on_step, on_epoch=True, sync_dist=not on_step)
+            self.log(
+                f"{stage}/ctc_loss",
+                out.ctc_loss,
+                batch_size=batch_size,
+                on_step=on_step,
+                on_epoch=True,
+                sync_dist=not on_step,
+            )
 
     def _plot(self, batch: Batch, hyps) -> None:
         """Save cross-attention plots of the first validation batch (fixed: no shuffling)."""
@@ -155,13 +184,16 @@ class ASRModule(L.LightningModule):
         for i in range(n):
             labels = self.tokenizer.pieces(hyps[i].tokens) + ["<eos>"]
             fig = plot_attention(
-                hyps[i].attention, labels, feats[i, : feat_lens[i]],
+                hyps[i].attention,
+                labels,
+                feats[i, : feat_lens[i]],
                 title=f"{batch.ids[i]} epoch {self.current_epoch}",
             )
-            experiment = getattr(self.logger, "experiment", None)
-            if hasattr(experiment, "add_figure"):
-                experiment.add_figure(f"attention/{batch.ids[i]}", fig, self.global_step,
-                                      close=False)
+            for logger in self.loggers:
+                if hasattr(logger.experiment, "add_figure"):  # TensorBoard
+                    logger.experiment.add_figure(
+                        f"attention/{batch.ids[i]}", fig, self.global_step, close=False
+                    )
             save_figure(fig, str(log_dir / f"epoch{self.current_epoch:03d}_{batch.ids[i]}.png"))
 
     def configure_optimizers(self):
@@ -169,7 +201,10 @@ class ASRModule(L.LightningModule):
         if self.scheduler_factory is None:
             return optimizer
         scheduler = self.scheduler_factory(optimizer)
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+        return {
+            "optimizer": optimizer,
+            "lr_scheduler": {"scheduler": scheduler, "interval": "step"},
+        }
 
 
 class ASRDataModule(L.LightningDataModule):

@@ -3,9 +3,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -15,9 +14,9 @@ from lightning.pytorch.cli import LightningCLI
 
 from asr.lightning import ASRDataModule, ASRModule
 
-DEFAULT_LOGGERS = (
-    "lightning.pytorch.loggers.TensorBoardLogger",
+DEFAULT_LOGGERS = (  # CSV first: it warns about a run folder another logger made already
     "lightning.pytorch.loggers.CSVLogger",
+    "lightning.pytorch.loggers.TensorBoardLogger",
 )
 CHECKPOINT_DEFAULTS = {
     "checkpoint.monitor": "val/wer",
@@ -43,8 +42,11 @@ class ASRCLI(LightningCLI):
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
+        root = config.trainer.default_root_dir or "."
+        if config.checkpoint.dirpath is None:
+            # One checkpoint folder per experiment, so `--ckpt_path last` resumes a rerun.
+            config.checkpoint.dirpath = str(Path(root) / "checkpoints")
         if config.trainer.logger in (None, True):
-            root = config.trainer.default_root_dir or "."
             version = _next_version(Path(root) / "logs")  # one run directory for both loggers
             config.trainer.logger = [
                 Namespace(
@@ -68,4 +70,5 @@ def run_lightning_cli(argv: Sequence[str]) -> ASRCLI:
         ASRDataModule,
         args=None if list(argv) == sys.argv[1:] else list(argv),
         save_config_kwargs={"overwrite": True},
+        trainer_defaults={"plugins": [{"class_path": "asr.checkpoint.AtomicCheckpointIO"}]},
     )

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import REPO, corpus_path
 
 from asr.cli import main
 from asr.data.manifest import read_manifest, write_manifest
 from asr.data.prepare import prepare_corpus
 from asr.text import train_tokenizer
-from conftest import REPO, corpus_path
 
 pytestmark = pytest.mark.needs_corpus
 
@@ -82,9 +82,9 @@ def test_fit_writes_config_checkpoints_logs_and_plots(tiny_an4, tmp_path):
     main(_fit_args(tiny_an4, tmp_path))
     run = tmp_path / "logs" / "version_0"
     assert (run / "config.yaml").is_file(), "the resolved config is saved with the run"
-    ckpts = sorted(p.name for p in (run / "checkpoints").iterdir())
+    ckpts = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
     assert "last.ckpt" in ckpts and any(n.startswith("epoch001-wer") for n in ckpts)
-    state = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)
+    state = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)
     assert state["epoch"] == 1
     rows = list(csv.DictReader((run / "metrics.csv").open()))
     wers = [float(r["val/wer"]) for r in rows if r.get("val/wer")]
@@ -124,3 +124,24 @@ def test_ddp_two_cpu_processes_agree(tiny_an4, tmp_path):
     assert reports[0]["batches"] == reports[1]["batches"] > 0, "equal batch counts per rank"
     assert reports[0]["steps"] == reports[1]["steps"]
     assert reports[0]["checksum"] == reports[1]["checksum"], "ranks hold the same weights"
+
+
+def test_resume_from_last_and_average(tiny_an4, tmp_path):
+    """A rerun with `--ckpt_path last` continues the same experiment; `asr average` writes a
+    checkpoint whose weights are the mean of the best ones."""
+    main(_fit_args(tiny_an4, tmp_path) + ["--trainer.max_epochs", "1"])
+    last = tmp_path / "checkpoints" / "last.ckpt"
+    assert torch.load(last, weights_only=True)["epoch"] == 0
+    main(_fit_args(tiny_an4, tmp_path) + ["--trainer.max_epochs", "2", "--ckpt_path", "last"])
+    resumed = torch.load(last, weights_only=True)
+    assert resumed["epoch"] == 1 and resumed["global_step"] > 0
+    assert (tmp_path / "logs" / "version_1").is_dir(), "the resumed run logs to a new version"
+
+    out = tmp_path / "avg.ckpt"
+    assert main(["average", "--last", str(last), "--best", "2", "--out", str(out)]) == 0
+    averaged = torch.load(out, weights_only=True)
+    sources = [torch.load(p, weights_only=True) for p in averaged["averaged_from"]]
+    assert len(sources) == 2
+    name = "model.decoder.output.bias"
+    expected = (sources[0]["state_dict"][name] + sources[1]["state_dict"][name]) / 2
+    torch.testing.assert_close(averaged["state_dict"][name], expected)

@@ -54,7 +54,11 @@ class Seq2Seq(nn.Module):
     """
 
     def __init__(
-        self, frontend: nn.Module, encoder: nn.Module, decoder: nn.Module, ctc: CTCHead | None = None
+        self,
+        frontend: nn.Module,
+        encoder: nn.Module,
+        decoder: nn.Module,
+        ctc: CTCHead | None = None,
     ):
         super().__init__()
         self.frontend = frontend

@@ -1,0 +1,62 @@
+import os
+import pickle
+
+import pytest
+import torch
+
+from asr.checkpoint import CheckpointError, atomic_save, average_checkpoints, load_checkpoint
+
+
+class _RunsCode:
+    def __reduce__(self):
+        return (os.system, ("echo pwned",))
+
+
+def test_crafted_pickle_is_refused(tmp_path):
+    path = tmp_path / "evil.ckpt"
+    with open(path, "wb") as f:
+        pickle.dump({"state_dict": {}, "x": _RunsCode()}, f)
+    with pytest.raises(CheckpointError, match="evil.ckpt: refused to load"):
+        load_checkpoint(path)
+
+
+def test_garbage_file_names_the_file(tmp_path):
+    path = tmp_path / "bad.ckpt"
+    path.write_bytes(b"\x00not a checkpoint")
+    with pytest.raises(CheckpointError, match="bad.ckpt"):
+        load_checkpoint(path)
+
+
+def test_atomic_save_keeps_the_old_file_when_writing_fails(tmp_path, monkeypatch):
+    path = tmp_path / "last.ckpt"
+    atomic_save({"step": 1}, path)
+
+    def torn_save(obj, f):
+        f.write(b"partial")
+        raise KeyboardInterrupt  # a kill in the middle of the write
+
+    monkeypatch.setattr(torch, "save", torn_save)
+    with pytest.raises(KeyboardInterrupt):
+        atomic_save({"step": 2}, path)
+    monkeypatch.undo()
+    assert load_checkpoint(path) == {"step": 1}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt"], "no temp file left"
+
+
+def test_average_is_the_mean_of_float_weights(tmp_path):
+    paths = []
+    for i in range(3):
+        state = {"state_dict": {"w": torch.full((2,), float(i)), "n": torch.tensor(i)}, "epoch": i}
+        paths.append(tmp_path / f"{i}.ckpt")
+        atomic_save(state, paths[-1])
+    out = average_checkpoints(paths, tmp_path / "avg.ckpt")
+    avg = load_checkpoint(out)
+    torch.testing.assert_close(avg["state_dict"]["w"], torch.full((2,), 1.0))
+    assert avg["state_dict"]["n"] == 0 and avg["epoch"] == 0
+
+
+def test_average_rejects_different_models(tmp_path):
+    atomic_save({"state_dict": {"a": torch.zeros(1)}}, tmp_path / "a.ckpt")
+    atomic_save({"state_dict": {"b": torch.zeros(1)}}, tmp_path / "b.ckpt")
+    with pytest.raises(CheckpointError, match="parameters differ"):
+        average_checkpoints([tmp_path / "a.ckpt", tmp_path / "b.ckpt"], tmp_path / "o.ckpt")
