@@ -1,15 +1,386 @@
-"""Cross-attention alignments: plots (Chorowski et al. 2015, Fig. 1 style)."""
+"""Cross-attention alignments: token and word timestamps, CTC forced alignment, plots.
+
+Times come from encoder frames: frame `j` covers `[j, j + 1) * seconds_per_frame`, where
+`seconds_per_frame = encoder_frame_seconds(frame_shift, subsampling)`. Two aligners give
+`TokenTimes` (integer frame spans per token), which `word_timestamps` groups into words:
+
+- `attention_timestamps`: cross-attention maps -> monotonic DTW path (as Whisper's timing).
+  Its token spans tile the utterance: each token ends where the next one starts.
+- `ctc_forced_alignment`: CTC posteriors -> Viterbi path (torchaudio). Its spans hold only
+  the frames that emit the token; blank frames between tokens belong to none.
+
+Attention plots follow Chorowski et al. (2015), Fig. 1. A decoded `Hypothesis` has one
+attention row per token plus the eos step; keep the eos row in the DTW (it bounds the last
+token) and drop it before grouping words:
+
+    times = attention_timestamps(hyp.attention, encoder_frame_seconds(0.01, 4))
+    pieces = tokenizer.pieces(hyp.tokens)
+    words = word_timestamps(pieces, times[: len(pieces)])
+"""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
+from dataclasses import dataclass
+from itertools import pairwise
 
 import matplotlib
+import numpy as np
+import torch
+import torch.nn.functional as F
+import torchaudio.functional as AF
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.axes import Axes  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from torch import Tensor  # noqa: E402
+
+from asr.text import SPACE_PIECE  # noqa: E402
+
+# --------------------------------------------------------------------------- frame times
+
+
+def encoder_frame_seconds(frame_shift: float, subsampling: int | Sequence[int] = 1) -> float:
+    """Seconds per encoder frame: the feature frame shift times the encoder's subsampling.
+
+    Args:
+        frame_shift: seconds between feature frames, e.g. 0.01.
+        subsampling: the encoder's total factor (4 for the Transformer's conv x4) or its
+            per-stage factors (e.g. an RNN encoder's `subsampling_factors`), multiplied.
+
+    >>> round(encoder_frame_seconds(0.01, 4), 6)
+    0.04
+    >>> round(encoder_frame_seconds(0.01, [2, 1, 2, 2]), 6)
+    0.08
+    """
+    factors = [subsampling] if isinstance(subsampling, int) else list(subsampling)
+    if frame_shift <= 0 or not factors or min(factors) < 1:
+        raise ValueError(
+            f"encoder_frame_seconds: need frame_shift > 0 and factors >= 1, "
+            f"got frame_shift={frame_shift}, subsampling={subsampling!r}"
+        )
+    return frame_shift * math.prod(factors)
+
+
+@dataclass(frozen=True)
+class TokenTimes:
+    """Per-token frame spans `[start_frames[i], end_frames[i])` of one utterance.
+
+    Starts and ends are each non-decreasing and lie in `[0, num_frames]`; `start`/`end`
+    give seconds. Slicing (`times[:n]`) keeps the frame grid.
+    """
+
+    start_frames: tuple[int, ...]
+    end_frames: tuple[int, ...]
+    num_frames: int  # encoder frames of the utterance; the duration is num_frames * spf
+    seconds_per_frame: float
+
+    def __post_init__(self) -> None:
+        starts, ends = np.asarray(self.start_frames), np.asarray(self.end_frames)
+        if len(starts) != len(ends):
+            raise ValueError(f"TokenTimes: {len(starts)} starts but {len(ends)} ends")
+        inside = np.all((starts >= 0) & (starts <= ends) & (ends <= self.num_frames))
+        if not inside or np.any(np.diff(starts) < 0) or np.any(np.diff(ends) < 0):
+            spans = list(zip(self.start_frames, self.end_frames, strict=True))[:8]
+            raise ValueError(
+                "TokenTimes: spans must be monotone with 0 <= start <= end <= "
+                f"num_frames={self.num_frames}, got {spans}"
+            )
+
+    def __len__(self) -> int:
+        return len(self.start_frames)
+
+    def __getitem__(self, index: slice) -> TokenTimes:
+        if not isinstance(index, slice):
+            raise TypeError("TokenTimes supports slices only; use .start[i] and .end[i]")
+        starts, ends = self.start_frames[index], self.end_frames[index]
+        return TokenTimes(starts, ends, self.num_frames, self.seconds_per_frame)
+
+    @property
+    def start(self) -> np.ndarray:
+        """`(L,)` start times in seconds."""
+        return np.asarray(self.start_frames, dtype=np.float64) * self.seconds_per_frame
+
+    @property
+    def end(self) -> np.ndarray:
+        """`(L,)` end times in seconds."""
+        return np.asarray(self.end_frames, dtype=np.float64) * self.seconds_per_frame
+
+    @property
+    def duration(self) -> float:
+        return self.num_frames * self.seconds_per_frame
+
+
+@dataclass(frozen=True)
+class Word:
+    """One word and its time span in seconds."""
+
+    text: str
+    start: float
+    end: float
+
+
+# --------------------------------------------------------------------------- attention + DTW
+
+
+def dtw(cost: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Cheapest monotone path through a `(L, T)` cost matrix, from `(0, 0)` to `(L-1, T-1)`.
+
+    Steps are diagonal `(+1, +1)`, down `(+1, 0)` (next token, same frame) or right `(0, +1)`
+    (same token, next frame); a path's cost is the sum of the cells it visits. Row `i` of the
+    accumulated cost is `D[i, j] = C[i, j] + min(D[i-1, j-1], D[i-1, j], D[i, j-1])`; the
+    in-row term is a running minimum over prefix sums, so each row is one numpy pass.
+
+    Args:
+        cost: `(L, T)` finite costs.
+
+    Returns:
+        `(token_index, frame_index)`, each `(N,)` int64 with `max(L, T) <= N <= L + T - 1`.
+
+    >>> dtw(np.array([[0.0, 0.0, 9.0], [9.0, 9.0, 0.0]]))
+    (array([0, 0, 1]), array([0, 1, 2]))
+    """
+    cost = np.asarray(cost, dtype=np.float64)
+    if cost.ndim != 2 or cost.size == 0 or not np.all(np.isfinite(cost)):
+        raise ValueError(f"dtw: need a non-empty finite (L, T) matrix, got shape {cost.shape}")
+    acc = _accumulated_cost(cost)
+    return _backtrack(acc)
+
+
+def _accumulated_cost(cost: np.ndarray) -> np.ndarray:
+    """`(L, T)` accumulated costs `D` of `dtw`."""
+    num_tokens, num_frames = cost.shape
+    acc = np.empty_like(cost)
+    entry = np.full(num_frames, np.inf)  # best cost of entering row i at frame j from above
+    entry[0] = 0.0
+    for i in range(num_tokens):
+        prefix = np.cumsum(cost[i])  # prefix[j] = C[i, 0] + ... + C[i, j]
+        before = np.concatenate(([0.0], prefix[:-1]))  # prefix[j - 1]
+        # D[i, j] = min over entry frames k <= j of entry[k] + C[i, k] + ... + C[i, j]
+        acc[i] = prefix + np.minimum.accumulate(entry - before)
+        entry = np.concatenate(([acc[i, 0]], np.minimum(acc[i, :-1], acc[i, 1:])))
+    return acc
+
+
+def _backtrack(acc: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Walk back from the last cell to `(0, 0)`, taking the cheapest predecessor."""
+    i, j = acc.shape[0] - 1, acc.shape[1] - 1
+    tokens, frames = [i], [j]
+    while i > 0 or j > 0:
+        if i == 0:
+            j -= 1
+        elif j == 0:
+            i -= 1
+        else:  # ties prefer the diagonal, then staying on the token
+            step = int(np.argmin([acc[i - 1, j - 1], acc[i, j - 1], acc[i - 1, j]]))
+            i, j = (i - 1, j - 1) if step == 0 else (i, j - 1) if step == 1 else (i - 1, j)
+        tokens.append(i)
+        frames.append(j)
+    return np.array(tokens[::-1], dtype=np.int64), np.array(frames[::-1], dtype=np.int64)
+
+
+def attention_matrix(
+    attention: Tensor, heads: Sequence[int] | None = None, median_filter_width: int = 7
+) -> Tensor:
+    """The `(L, T)` alignment score that `attention_timestamps` runs DTW on (higher = aligned).
+
+    Each selected map is z-scored per frame over tokens (as Whisper), so a frame scores
+    the tokens it favours relative to the others; the maps are averaged, then
+    median-filtered along time, which removes one-frame spikes but keeps steps.
+
+    Args:
+        attention: `(K, L, T)` cross-attention maps (or one `(L, T)` map).
+        heads: indices into K of the maps to use (e.g. `layer * num_heads + head`);
+            None uses all.
+        median_filter_width: odd filter width in frames; 1 disables filtering.
+
+    Returns:
+        `(L, T)` float32 scores.
+    """
+    maps = _selected_maps(attention, heads)  # (K', L, T)
+    std, mean = torch.std_mean(maps, dim=1, correction=0, keepdim=True)  # (K', 1, T)
+    scores = ((maps - mean) / std.clamp(min=1e-8)).mean(0)  # (L, T)
+    return median_filter(scores, median_filter_width)
+
+
+def _selected_maps(attention: Tensor, heads: Sequence[int] | None) -> Tensor:
+    maps = attention[None] if attention.dim() == 2 else attention
+    if maps.dim() != 3 or 0 in maps.shape:
+        raise ValueError(
+            f"attention: expected a non-empty (K, L, T) tensor, got {tuple(attention.shape)}"
+        )
+    if heads is not None:
+        if not heads or not all(0 <= h < maps.size(0) for h in heads):
+            raise ValueError(f"heads={list(heads)} must be non-empty indices into K={maps.size(0)}")
+        maps = maps[list(heads)]
+    maps = maps.detach().float().cpu()
+    if not torch.isfinite(maps).all():
+        raise ValueError("attention: weights must be finite")
+    return maps
+
+
+def median_filter(x: Tensor, width: int) -> Tensor:
+    """Median over a sliding window of `width` frames along the last dimension, the edges
+    padded by repeating the end frames.
+
+    >>> median_filter(torch.tensor([[0.0, 9.0, 0.0, 1.0, 1.0]]), 3).tolist()
+    [[0.0, 0.0, 1.0, 1.0, 1.0]]
+    """
+    if width < 1 or width % 2 == 0:
+        raise ValueError(f"median_filter_width must be odd and >= 1, got {width}")
+    if width == 1:
+        return x
+    rows = x.reshape(-1, 1, x.size(-1))  # (N, 1, T)
+    padded = F.pad(rows, (width // 2, width // 2), mode="replicate")  # (N, 1, T + w - 1)
+    return padded.unfold(-1, width, 1).median(-1).values.reshape(x.shape)  # (..., T)
+
+
+def attention_timestamps(
+    attention: Tensor,
+    seconds_per_frame: float,
+    heads: Sequence[int] | None = None,
+    median_filter_width: int = 7,
+) -> TokenTimes:
+    """Token times from cross-attention: DTW on the negated `attention_matrix`.
+
+    Token `i` starts at the first frame where the path reaches it and ends where token
+    `i + 1` starts (the last token at the end), so the spans tile `[0, T)`; a token the path
+    passes at a frame it shares with the next one gets zero duration.
+
+    Args:
+        attention: `(K, L, T)` maps of one utterance (or `(L, T)`), cut to its valid frames.
+        seconds_per_frame: seconds per encoder frame (`encoder_frame_seconds`).
+        heads: maps to use, as in `attention_matrix`; None uses all.
+        median_filter_width: odd width in frames, as in `attention_matrix`.
+
+    Returns:
+        `TokenTimes` with L spans over `T` frames.
+    """
+    _check_seconds(seconds_per_frame)
+    scores = attention_matrix(attention, heads, median_filter_width)  # (L, T)
+    tokens, frames = dtw(-scores.double().numpy())
+    num_tokens, num_frames = scores.shape
+    first = np.full(num_tokens, num_frames, dtype=np.int64)
+    np.minimum.at(first, tokens, frames)  # first frame of each token on the path
+    ends = np.append(first[1:], num_frames)
+    return TokenTimes(tuple(first.tolist()), tuple(ends.tolist()), num_frames, seconds_per_frame)
+
+
+def _check_seconds(seconds_per_frame: float) -> None:
+    if not seconds_per_frame > 0:
+        raise ValueError(f"seconds_per_frame must be > 0, got {seconds_per_frame}")
+
+
+# --------------------------------------------------------------------------- CTC
+
+
+def ctc_forced_alignment(
+    ctc_log_probs: Tensor, token_ids: Sequence[int], seconds_per_frame: float, blank: int = 0
+) -> TokenTimes:
+    """Token times from the Viterbi CTC path of a known transcript
+    (`torchaudio.functional.forced_align`, then `merge_tokens`).
+
+    Args:
+        ctc_log_probs: `(T, V)` log-probabilities of one utterance, cut to its valid frames.
+        token_ids: the transcript's ids (no blank, sos or eos).
+        seconds_per_frame: seconds per encoder frame.
+        blank: the blank id.
+
+    Returns:
+        `TokenTimes`: each token's span of emitting frames (blanks excluded).
+    """
+    _check_seconds(seconds_per_frame)
+    if ctc_log_probs.dim() != 2 or ctc_log_probs.size(0) == 0:
+        raise ValueError(f"ctc_log_probs: expected (T, V), got {tuple(ctc_log_probs.shape)}")
+    num_frames, vocab = ctc_log_probs.shape
+    ids = [int(i) for i in token_ids]
+    _check_ctc_targets(ids, num_frames, vocab, blank)
+    if not ids:
+        return TokenTimes((), (), num_frames, seconds_per_frame)
+    log_probs = ctc_log_probs.detach().float().cpu()[None]  # (1, T, V)
+    path, scores = AF.forced_align(log_probs, torch.tensor([ids]), blank=blank)  # (1, T) each
+    spans = AF.merge_tokens(path[0], scores[0].exp(), blank=blank)
+    return TokenTimes(
+        tuple(s.start for s in spans), tuple(s.end for s in spans), num_frames, seconds_per_frame
+    )
+
+
+def _check_ctc_targets(ids: list[int], num_frames: int, vocab: int, blank: int) -> None:
+    bad = [i for i in ids if i == blank or not 0 <= i < vocab]
+    if bad:
+        raise ValueError(f"token_ids: {bad[:5]} are blank ({blank}) or outside 0..{vocab - 1}")
+    repeats = sum(a == b for a, b in pairwise(ids))  # each needs a blank between
+    if len(ids) + repeats > num_frames:
+        raise ValueError(
+            f"CTC alignment impossible: {len(ids)} tokens with {repeats} repeats need at least "
+            f"{len(ids) + repeats} frames, got {num_frames}"
+        )
+
+
+# --------------------------------------------------------------------------- words
+
+
+def word_timestamps(pieces: Sequence[str], token_times: TokenTimes) -> list[Word]:
+    """Group token pieces into words and time each word by its tokens.
+
+    A piece starting with `▁` starts a new word (SentencePiece); a bare `▁` piece (the
+    char tokenizer's space) only separates words and times none. A word spans from its
+    first token's start to its last token's end.
+
+    Args:
+        pieces: one piece per token, e.g. `tokenizer.pieces(ids)` (no eos).
+        token_times: times of the same tokens.
+
+    Returns:
+        The words in order.
+
+    >>> times = TokenTimes((0, 1, 2, 3), (1, 2, 3, 4), 4, 0.5)
+    >>> word_timestamps(["A", "B", "\u2581", "C"], times)
+    [Word(text='AB', start=0.0, end=1.0), Word(text='C', start=1.5, end=2.0)]
+    """
+    if len(pieces) != len(token_times):
+        raise ValueError(f"{len(pieces)} pieces but {len(token_times)} token times")
+    words: list[Word] = []
+    text, start, end = "", 0.0, 0.0
+    spans = zip(token_times.start, token_times.end, strict=True)
+    for piece, (piece_start, piece_end) in zip(pieces, spans, strict=True):
+        if piece.startswith(SPACE_PIECE):
+            if text:
+                words.append(Word(text, start, end))
+            text, piece = "", piece.lstrip(SPACE_PIECE)
+        if not piece:
+            continue
+        if not text:
+            start = float(piece_start)
+        text, end = text + piece, float(piece_end)
+    if text:
+        words.append(Word(text, start, end))
+    return words
+
+
+def boundary_error_ms(words_a: Sequence[Word], words_b: Sequence[Word]) -> float:
+    """Mean absolute difference of word starts and ends, in milliseconds, between two
+    alignments of the same words (the mean over all 2N boundaries).
+
+    >>> boundary_error_ms([Word("A", 0.0, 0.5)], [Word("A", 0.25, 0.5)])
+    125.0
+    """
+    if len(words_a) != len(words_b) or not words_a:
+        raise ValueError(
+            f"boundary_error_ms: need the same non-empty word list, got {len(words_a)} "
+            f"and {len(words_b)} words"
+        )
+    for index, (a, b) in enumerate(zip(words_a, words_b, strict=True)):
+        if a.text != b.text:
+            raise ValueError(f"boundary_error_ms: word {index} differs: {a.text!r} vs {b.text!r}")
+    pairs = zip(words_a, words_b, strict=True)
+    total = sum(abs(a.start - b.start) + abs(a.end - b.end) for a, b in pairs)
+    return 1000.0 * total / (2 * len(words_a))
+
+
+# --------------------------------------------------------------------------- plots
 
 
 def plot_attention(
@@ -18,22 +389,32 @@ def plot_attention(
     features: Tensor | None = None,
     frame_shift: float = 0.01,
     title: str = "",
+    seconds_per_frame: float | None = None,
+    words: Sequence[Word] | None = None,
 ) -> Figure:
-    """Spectrogram on top, head-averaged attention heatmap below.
+    """Spectrogram on top, head-averaged attention heatmap below, both in seconds.
 
     Args:
         attention: `(K, L, T_enc)` or `(L, T_enc)` weights; K maps are averaged.
         labels: one label per decoder step (the y-axis), e.g. token pieces plus `<eos>`.
         features: optional `(T_feat, D)` features of the same utterance for the top panel.
-        frame_shift: seconds per feature frame; encoder frames span the same duration.
+        frame_shift: seconds per feature frame.
         title: figure title.
+        seconds_per_frame: seconds per encoder frame. When None, the encoder frames are
+            stretched over the features' duration, or, without features, take
+            `frame_shift` each.
+        words: optional word times, drawn as boundaries with the word above.
 
     Returns:
         A matplotlib Figure (caller saves or logs it, then closes it).
     """
-    att = attention.float().mean(0) if attention.dim() == 3 else attention.float()
+    att = attention.detach().float().cpu()
+    att = att.mean(0) if att.dim() == 3 else att  # (L, T_enc)
     num_steps, enc_frames = att.shape
-    duration = (features.size(0) if features is not None else enc_frames) * frame_shift
+    feat_seconds = features.size(0) * frame_shift if features is not None else None
+    if seconds_per_frame is None:
+        seconds_per_frame = (feat_seconds or enc_frames * frame_shift) / enc_frames
+    duration = enc_frames * seconds_per_frame
     rows = 2 if features is not None else 1
     heights = [1, 2] if features is not None else [1]
     fig, axes = plt.subplots(
@@ -42,26 +423,108 @@ def plot_attention(
     axes = list(axes) if rows > 1 else [axes]
     if features is not None:
         axes[0].imshow(
-            features.float().T.cpu(), origin="lower", aspect="auto", extent=(0, duration, 0, 1)
+            features.detach().float().T.cpu().numpy(),
+            origin="lower",
+            aspect="auto",
+            extent=(0, feat_seconds, 0, 1),
         )
         axes[0].set_yticks([])
         axes[0].set_ylabel("features")
     ax = axes[-1]
+    _heatmap(ax, att, duration)
+    ax.set_xlim(0, max(duration, feat_seconds or 0.0))
+    ax.set_yticks(range(num_steps))
+    ax.set_yticklabels(list(labels)[:num_steps], fontsize=7)
+    ax.set_xlabel("time (s)")
+    ax.set_ylabel("output token")
+    if words:
+        for panel in axes:
+            _draw_words(panel, words, label=panel is axes[0])
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+def plot_attention_grid(
+    attention: Tensor,
+    num_layers: int,
+    labels: Sequence[str],
+    seconds_per_frame: float = 0.04,
+    title: str = "",
+    words: Sequence[Word] | None = None,
+) -> Figure:
+    """One heatmap per layer (rows) and head (columns) of a Transformer decoder.
+
+    Args:
+        attention: `(layers * heads, L, T_enc)` maps, layer-major.
+        num_layers: decoder layers; K must be a multiple of it.
+        labels: one label per decoder step, shown on the first column.
+        seconds_per_frame: seconds per encoder frame, for the x-axis.
+        title: figure title.
+        words: optional word times, drawn as boundaries.
+
+    Returns:
+        A matplotlib Figure.
+    """
+    if attention.dim() != 3 or num_layers < 1 or attention.size(0) % num_layers:
+        raise ValueError(
+            f"plot_attention_grid: attention {tuple(attention.shape)} is not "
+            f"(layers * heads, L, T) with layers={num_layers}"
+        )
+    _check_seconds(seconds_per_frame)
+    num_heads = attention.size(0) // num_layers
+    maps = attention.detach().float().cpu()
+    maps = maps.view(num_layers, num_heads, *maps.shape[1:])  # (layers, heads, L, T)
+    num_steps, enc_frames = maps.shape[-2:]
+    duration = enc_frames * seconds_per_frame
+    fig, axes = plt.subplots(
+        num_layers,
+        num_heads,
+        figsize=(2.6 * num_heads + 0.8, (1.2 + 0.08 * num_steps) * num_layers + 0.6),
+        sharex=True,
+        sharey=True,
+        squeeze=False,
+    )
+    for layer in range(num_layers):
+        for head in range(num_heads):
+            ax = axes[layer, head]
+            _heatmap(ax, maps[layer, head], duration)
+            ax.set_title(f"layer {layer} head {head}", fontsize=8)
+            if words:
+                _draw_words(ax, words, label=False)
+        axes[layer, 0].set_ylabel("output token", fontsize=8)
+        axes[layer, 0].set_yticks(range(num_steps))
+        axes[layer, 0].set_yticklabels(list(labels)[:num_steps], fontsize=6)
+    for ax in axes[-1]:
+        ax.set_xlabel("time (s)", fontsize=8)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+def _heatmap(ax: Axes, att: Tensor, duration: float) -> None:
+    """`(L, T)` weights over `[0, duration]` seconds, the first token on top."""
+    num_steps = att.size(0)
     ax.imshow(
-        att.cpu(),
+        att.numpy(),
         aspect="auto",
         cmap="Greys",
         interpolation="nearest",
         extent=(0, duration, num_steps - 0.5, -0.5),
     )
-    ax.set_yticks(range(num_steps))
-    ax.set_yticklabels(list(labels)[:num_steps], fontsize=7)
-    ax.set_xlabel("time (s)")
-    ax.set_ylabel("output token")
-    if title:
-        fig.suptitle(title)
-    fig.tight_layout()
-    return fig
+
+
+def _draw_words(ax: Axes, words: Sequence[Word], label: bool) -> None:
+    """Word boundaries as vertical lines; the words themselves above the axes if `label`."""
+    for word in words:
+        ax.axvline(word.start, color="tab:red", linewidth=0.8)
+        ax.axvline(word.end, color="tab:blue", linewidth=0.8, linestyle="--")
+        if label:
+            middle = 0.5 * (word.start + word.end)
+            ax.text(middle, 1.01, word.text, transform=ax.get_xaxis_transform(),
+                    ha="center", va="bottom", fontsize=7)  # fmt: skip
 
 
 def save_figure(fig: Figure, path: str) -> None:
