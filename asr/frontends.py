@@ -153,6 +153,7 @@ class LogMelFilterbank(nn.Module):
         mel_norm: str | None = None,
     ):
         super().__init__()
+        self.sample_rate = sample_rate
         self.spectrogram = _SnipEdgesSpectrogram(n_fft, win_length, hop_length, window, power)
         self.mel = torchaudio.transforms.MelScale(
             n_mels=n_mels,
@@ -213,6 +214,7 @@ class MFCC(nn.Module):
         super().__init__()
         if not 0 < n_mfcc <= n_mels:
             raise ValueError(f"n_mfcc ({n_mfcc}) must be in [1, n_mels = {n_mels}]")
+        self.sample_rate = sample_rate
         self.log_mel = LogMelFilterbank(
             sample_rate=sample_rate,
             n_fft=n_fft,
@@ -331,6 +333,7 @@ class KaldiFbank(nn.Module):
         int16_scale: bool = True,
     ):
         super().__init__()
+        self.sample_rate = sample_rate
         self.options = dict(
             sample_frequency=float(sample_rate),
             num_mel_bins=num_mel_bins,

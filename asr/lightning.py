@@ -17,6 +17,7 @@ from asr.alignment import plot_attention, save_figure
 from asr.data.dataset import Batch, SpeechDataset, collate, set_loader_epoch
 from asr.data.manifest import read_manifest
 from asr.data.sampler import DynamicBucketSampler
+from asr.inference import checkpoint_payload
 from asr.metrics import ErrorCounts, char_errors, word_errors
 from asr.models.ctc import CTCHead
 from asr.models.seq2seq import Seq2Seq
@@ -73,6 +74,7 @@ class ASRModule(L.LightningModule):
         self.tokenizer = Tokenizer.load(tokenizer) if tokenizer else None
         self.optimizer_factory = optimizer
         self.scheduler_factory = lr_scheduler
+        self.model_config: dict | None = None  # set by the CLI; embedded in checkpoints
         self._val_words = ErrorCounts()
         self._val_chars = ErrorCounts()
         self._plotted = 0
@@ -195,6 +197,10 @@ class ASRModule(L.LightningModule):
                         f"attention/{batch.ids[i]}", fig, self.global_step, close=False
                     )
             save_figure(fig, str(log_dir / f"epoch{self.current_epoch:03d}_{batch.ids[i]}.png"))
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        if self.model_config is not None and self.tokenizer is not None:
+            checkpoint["asr"] = checkpoint_payload(self.model_config, self.tokenizer)
 
     def configure_optimizers(self):
         optimizer = self.optimizer_factory(self.parameters())

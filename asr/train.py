@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -55,6 +56,16 @@ class ASRCLI(LightningCLI):
                 )
                 for cls in DEFAULT_LOGGERS
             ]
+
+    def instantiate_classes(self) -> None:
+        super().instantiate_classes()
+        config = self.config[self.subcommand] if self.subcommand else self.config
+        model_config = config.model.as_dict()
+        for training_only in ("optimizer", "lr_scheduler"):
+            model_config.pop(training_only, None)
+        model_config["vocab_size"] = self.datamodule.vocab_size
+        # Plain JSON types only, so checkpoints load with weights_only=True.
+        self.model.model_config = json.loads(json.dumps(model_config))
 
 
 def _next_version(logs: Path) -> int:

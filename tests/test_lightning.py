@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -17,6 +18,8 @@ from conftest import REPO, corpus_path
 from asr.cli import main
 from asr.data.manifest import read_manifest, write_manifest
 from asr.data.prepare import prepare_corpus
+from asr.frontends import LogMelFilterbank, compute_cmvn_stats
+from asr.inference import load_model
 from asr.text import train_tokenizer
 
 pytestmark = pytest.mark.needs_corpus
@@ -28,7 +31,7 @@ model:
     class_path: asr.frontends.Frontend
     init_args:
       features: {class_path: asr.frontends.LogMelFilterbank, init_args: {n_mels: 40}}
-      normalize: {class_path: asr.frontends.UtteranceCMVN, init_args: {norm_vars: true}}
+      normalize: {class_path: asr.frontends.GlobalCMVN, init_args: {stats_path: CMVN_STATS_FILE}}
   encoder:
     class_path: asr.models.transformer.TransformerEncoder
     init_args: {d_model: 32, num_heads: 2, ffn_dim: 64, num_layers: 1}
@@ -58,7 +61,8 @@ def tiny_an4(tmp_path_factory) -> dict[str, str]:
     write_manifest(out / "train.jsonl", train)
     write_manifest(out / "dev.jsonl", dev)
     train_tokenizer(out / "train.jsonl", "char", None, out / "tokenizer")
-    (out / "config.yaml").write_text(TINY_CONFIG)
+    compute_cmvn_stats(out / "train.jsonl", LogMelFilterbank(n_mels=40), out / "cmvn.json")
+    (out / "config.yaml").write_text(TINY_CONFIG.replace("CMVN_STATS_FILE", str(out / "cmvn.json")))
     return {
         "config": str(out / "config.yaml"),
         "train": str(out / "train.jsonl"),
@@ -145,3 +149,22 @@ def test_resume_from_last_and_average(tiny_an4, tmp_path):
     name = "model.decoder.output.bias"
     expected = (sources[0]["state_dict"][name] + sources[1]["state_dict"][name]) / 2
     torch.testing.assert_close(averaged["state_dict"][name], expected)
+
+
+def test_checkpoint_is_self_contained(tiny_an4, tmp_path):
+    """load_model rebuilds the recognizer from the checkpoint alone: config, tokenizer and CMVN
+    statistics travel inside it (the training files are moved away first)."""
+    data = {k: str(tmp_path / "data" / Path(v).name) for k, v in tiny_an4.items()}
+    shutil.copytree(Path(tiny_an4["config"]).parent, tmp_path / "data")
+    config = Path(data["config"])
+    config.write_text(config.read_text().replace(str(Path(tiny_an4["config"]).parent),
+                                                 str(tmp_path / "data")))  # fmt: skip
+    main(_fit_args(data, tmp_path) + ["--trainer.max_epochs", "1"])
+    ckpt = tmp_path / "checkpoints" / "last.ckpt"
+    shutil.rmtree(tmp_path / "data")
+    recognizer = load_model(ckpt)
+    state = torch.load(ckpt, weights_only=True)["state_dict"]
+    for name, value in recognizer.model.state_dict().items():
+        torch.testing.assert_close(value, state[f"model.{name}"])
+    assert recognizer.tokenizer.vocab_size == recognizer.model.vocab_size
+    assert recognizer.sample_rate == 16000 and not recognizer.model.training
