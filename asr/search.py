@@ -1,14 +1,28 @@
 """Search written once for every decoder, through the step interface
-(`init_state`, `step`, `reorder_state`) of `asr.models.interfaces.Decoder`."""
+(`init_state`, `step`, `reorder_state`) of `asr.models.interfaces.Decoder`.
+
+`greedy_search` is the fast path; `beam_search` keeps `beam` hypotheses per utterance for all
+utterances at once (one decoder state of `B * beam` rows, utterance-major) and can add CTC
+prefix scores (joint CTC/attention decoding, Watanabe et al. 2017) and a language model
+(shallow fusion).
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 from torch import Tensor, nn
 
+from asr.ctc_prefix import CTCPrefixScorer
+from asr.models.interfaces import State
+
+BLANK_ID = 0
+PAD_ID = 1
 SOS_EOS_ID = 3
+NON_OUTPUT_IDS = (BLANK_ID, PAD_ID)  # never emitted by search
+NEG_INF = float("-inf")
 
 
 @dataclass
@@ -16,8 +30,78 @@ class Hypothesis:
     """One decoded utterance."""
 
     tokens: list[int]  # output ids, without sos/eos
-    score: float  # total log-probability, eos included
+    score: float  # greedy: total log-probability, eos included; beam: the search score
     attention: Tensor  # (K, len(tokens) + 1, T_enc) cross-attention, the eos step last
+
+
+class LanguageModel(Protocol):
+    """What shallow fusion needs from a token-level language model (ids as the decoder's)."""
+
+    def init_state(self, batch_size: int, device: torch.device) -> State:
+        """The state before the first step (which is given the sos token)."""
+        ...
+
+    def step(self, tokens: Tensor, state: State) -> tuple[Tensor, State]:
+        """tokens `(B,)` -> next-token log-probs `(B, V)` and the new state."""
+        ...
+
+    def reorder_state(self, state: State, index: Tensor) -> State:
+        """Keep batch rows `index`."""
+        ...
+
+
+@dataclass(frozen=True)
+class SearchOptions:
+    """Beam search settings. A hypothesis `y` of `n` tokens plus eos scores
+
+        (1 - ctc_weight) log p_att(y) + ctc_weight log p_ctc(y) + lm_weight log p_lm(y)
+        + length_bonus * (n + 1),
+
+    divided by `n + 1` when `length_normalization` is set.
+    """
+
+    beam_size: int = 10  # hypotheses kept per utterance, also the n-best size; 1 = greedy
+    ctc_weight: float = 0.0  # in [0, 1]; > 0 needs `ctc_log_probs` (prefix-scored on the fly)
+    lm_weight: float = 0.0  # shallow fusion weight; > 0 needs `lm`
+    length_bonus: float = 0.0  # added per emitted token, eos included (ESPnet's "penalty")
+    length_normalization: bool = False  # rank ended hypotheses by score / (tokens + 1)
+    max_len_ratio: float = 1.0  # at most ceil(ratio * enc_len) tokens, eos included
+    min_len_ratio: float = 0.0  # eos is blocked before floor(ratio * enc_len) tokens
+    # eos allowed only where log p_att(eos) >= eos_threshold * max_c log p_att(c), a value >= 1
+    # (Hannun et al. 2019 use 1.5); None: always allowed. Both yield to max_len_ratio.
+    eos_threshold: float | None = None
+    # With 0 < ctc_weight < 1, CTC scores only the max(beam, int(ratio * beam)) best tokens of
+    # each hypothesis by attention (+ LM) score, as ESPnet; None: all tokens (as ctc_weight 1).
+    pre_beam_ratio: float | None = 1.5
+
+    def __post_init__(self) -> None:
+        checks = {
+            "beam_size must be >= 1": self.beam_size >= 1,
+            "ctc_weight must lie in [0, 1]": 0.0 <= self.ctc_weight <= 1.0,
+            "lm_weight must be >= 0": self.lm_weight >= 0.0,
+            "max_len_ratio must be > 0": self.max_len_ratio > 0.0,
+            "min_len_ratio must be >= 0": self.min_len_ratio >= 0.0,
+            "eos_threshold must be None or >= 1": self.eos_threshold is None
+            or self.eos_threshold >= 1.0,
+            "pre_beam_ratio must be None or >= 1": self.pre_beam_ratio is None
+            or self.pre_beam_ratio >= 1.0,
+        }
+        for message, ok in checks.items():
+            if not ok:
+                raise ValueError(f"SearchOptions: {message}: {self}")
+
+    def pre_beam_size(self, vocab_size: int) -> int | None:
+        """Candidates per hypothesis given to CTC scoring; None: the whole vocabulary.
+
+        >>> SearchOptions(beam_size=4, ctc_weight=0.3).pre_beam_size(100)
+        6
+        >>> SearchOptions(beam_size=4, ctc_weight=1.0).pre_beam_size(100) is None
+        True
+        """
+        if self.pre_beam_ratio is None or not 0.0 < self.ctc_weight < 1.0:
+            return None
+        size = max(self.beam_size, int(self.pre_beam_ratio * self.beam_size))
+        return size if size < vocab_size else None
 
 
 def max_output_length(enc_lens: Tensor, ratio: float, minimum: int = 1) -> Tensor:
@@ -35,6 +119,8 @@ def greedy_search(
 ) -> list[Hypothesis]:
     """Batched greedy decoding: every utterance advances one token per step.
 
+    Blank and pad are never emitted.
+
     Args:
         decoder: a decoder with the step interface.
         enc: `(B, T, D)` encoder output; enc_lens `(B,)`.
@@ -46,6 +132,7 @@ def greedy_search(
     batch = enc.size(0)
     limits = max_output_length(enc_lens, max_len_ratio)
     state = decoder.init_state(enc, enc_lens)
+    non_outputs = torch.tensor(NON_OUTPUT_IDS, device=enc.device)
     prev = torch.full((batch,), SOS_EOS_ID, dtype=torch.long, device=enc.device)
     done = torch.zeros(batch, dtype=torch.bool, device=enc.device)
     scores = torch.zeros(batch, device=enc.device)
@@ -53,9 +140,10 @@ def greedy_search(
     attns: list[Tensor] = []
     for t in range(int(limits.max())):
         logp, state, attn = decoder.step(prev, state)
-        best_logp, best = logp.float().max(dim=-1)
+        logp = logp.float()
+        best = logp.index_fill(1, non_outputs, NEG_INF).argmax(dim=-1)
         best = torch.where(t + 1 >= limits, torch.full_like(best, SOS_EOS_ID), best)
-        best_logp = logp.float().gather(1, best[:, None]).squeeze(1)
+        best_logp = logp.gather(1, best[:, None]).squeeze(1)
         scores += torch.where(done, torch.zeros_like(best_logp), best_logp)
         steps.append(torch.where(done, torch.full_like(best, SOS_EOS_ID), best))
         attns.append(attn.float())
@@ -75,3 +163,272 @@ def _collect(ids: Tensor, attn: Tensor, scores: Tensor, enc_lens: Tensor) -> lis
         hyps.append(Hypothesis(row[:n], float(scores[b]), att))
     return hyps
 
+
+@torch.no_grad()
+def beam_search(
+    decoder: nn.Module,
+    enc: Tensor,
+    enc_lens: Tensor,
+    options: SearchOptions | None = None,
+    ctc_log_probs: Tensor | None = None,
+    lm: LanguageModel | None = None,
+) -> list[list[Hypothesis]]:
+    """Batched beam search with optional joint CTC prefix scoring and LM shallow fusion.
+
+    All utterances advance together: one decoder state of `B * beam` rows, one `step` per
+    output position, a top-k over (beam x candidates) per utterance. A hypothesis that emits
+    eos leaves the beam for the ended list and its slot is refilled at the next step (ESPnet
+    style); an utterance stops at its length limit, or, when scores can only fall (no
+    length bonus or normalisation), once no running hypothesis can still enter its n-best.
+
+    Args:
+        decoder: a decoder with the step interface.
+        enc: `(B, T, D)` encoder output; enc_lens `(B,)`.
+        options: see `SearchOptions` (defaults when None).
+        ctc_log_probs: `(B, T, V)` CTC log-posteriors of the same frames, used when
+            `options.ctc_weight > 0`.
+        lm: a `LanguageModel` over the same vocabulary, used when `options.lm_weight > 0`.
+
+    Returns:
+        Per utterance, in batch order, up to `beam_size` hypotheses, best first. Their
+        `score` is the search score of `SearchOptions`; the attention is the decoder's at the
+        steps that built the hypothesis.
+    """
+    options = options or SearchOptions()
+    _check_search_inputs(decoder, enc, enc_lens, options, ctc_log_probs, lm)
+    batch, beam = enc.size(0), options.beam_size
+    if batch == 0:
+        return []
+    enc_lens = enc_lens.to(enc.device)
+    rows = torch.arange(batch, device=enc.device).repeat_interleave(beam)  # (B * beam,)
+    state = decoder.reorder_state(decoder.init_state(enc, enc_lens), rows)
+    fusion = _Fusion(options, ctc_log_probs, enc_lens, lm, rows)
+    beams = _Beams(batch, beam, options, enc.device)
+    prev = torch.full_like(rows, SOS_EOS_ID)
+    for t in range(int(fusion.limits.max())):
+        logp, state, attn = decoder.step(prev, state)
+        scores = fusion.token_scores(prev, logp.float(), t)
+        candidates = fusion.candidates(scores)
+        source, prev = beams.advance(scores, candidates, fusion.ctc_scores(candidates), attn, t)
+        state = decoder.reorder_state(state, source)
+        fusion.reorder(source, prev)
+        if not bool(beams.running.any()):
+            break
+    return beams.nbest(enc_lens)
+
+
+def _can_prune(options: SearchOptions) -> bool:
+    """Whether scores never rise as a hypothesis grows, so ended ones bound running ones."""
+    return not options.length_normalization and options.length_bonus <= 0.0
+
+
+class _Fusion:
+    """Per-token scores of `B * beam` hypotheses (rows of utterances `rows`): attention, LM
+    and CTC, weighted, with the length and eos rules of `SearchOptions` applied."""
+
+    def __init__(
+        self,
+        options: SearchOptions,
+        ctc_log_probs: Tensor | None,
+        enc_lens: Tensor,
+        lm: LanguageModel | None,
+        rows: Tensor,
+    ) -> None:
+        self.options = options
+        self.non_outputs = torch.tensor(NON_OUTPUT_IDS, device=rows.device)
+        self.limits = max_output_length(enc_lens, options.max_len_ratio)[rows]  # (N,)
+        self.min_lens = torch.floor(enc_lens.float() * options.min_len_ratio).long()[rows]
+        self.lm = lm if options.lm_weight > 0 else None
+        self.lm_state = self.lm.init_state(rows.numel(), rows.device) if self.lm else None
+        self.ctc = None
+        if options.ctc_weight > 0:
+            self.ctc = CTCPrefixScorer(ctc_log_probs, enc_lens, BLANK_ID, SOS_EOS_ID)
+            self.ctc_state = self.ctc.init_state(options.beam_size)
+
+    def token_scores(self, prev: Tensor, att: Tensor, t: int) -> Tensor:
+        """`(N, V)` weighted attention + LM log-probs + length bonus of each next token after
+        `prev` `(N,)`, given attention log-probs `att` `(N, V)` at step `t`; -inf where a token
+        may not follow (blank, pad; eos by the length and threshold rules; all but eos at the
+        length limit)."""
+        weight = 1.0 - self.options.ctc_weight
+        scores = weight * att if weight > 0 else torch.zeros_like(att)
+        if self.lm is not None:
+            lm_logp, self.lm_state = self.lm.step(prev, self.lm_state)
+            if lm_logp.shape != att.shape:
+                raise ValueError(
+                    f"beam_search: lm log-probs {tuple(lm_logp.shape)} != {tuple(att.shape)}"
+                )
+            scores = scores + self.options.lm_weight * lm_logp.float()
+        scores = (scores + self.options.length_bonus).index_fill(1, self.non_outputs, NEG_INF)
+        forced = t + 1 >= self.limits  # (N,) only eos remains
+        eos_ok = (t >= self.min_lens) & self._eos_threshold_ok(att)
+        eos = scores[:, SOS_EOS_ID].masked_fill(~(eos_ok | forced), NEG_INF)
+        scores = scores.masked_fill(forced[:, None], NEG_INF)
+        scores[:, SOS_EOS_ID] = eos
+        return scores
+
+    def _eos_threshold_ok(self, att: Tensor) -> Tensor:
+        """`(N,)` whether eos passes `eos_threshold` (all True without one)."""
+        threshold = self.options.eos_threshold
+        if threshold is None:
+            return torch.ones(att.size(0), dtype=torch.bool, device=att.device)
+        best = att.index_fill(1, self.non_outputs, NEG_INF).max(dim=-1).values
+        return att[:, SOS_EOS_ID] >= threshold * best
+
+    def candidates(self, scores: Tensor) -> Tensor | None:
+        """`(N, C)` token ids CTC scores (the pre-beam), or None for the whole vocabulary."""
+        size = self.options.pre_beam_size(scores.size(1)) if self.ctc is not None else None
+        return None if size is None else scores.topk(size, dim=-1).indices
+
+    def ctc_scores(self, candidates: Tensor | None) -> Tensor | None:
+        """`(N, C)` weighted CTC prefix scores `ctc_weight * psi(h + c)`, or None without CTC."""
+        if self.ctc is None:
+            return None
+        return self.options.ctc_weight * self.ctc.score(self.ctc_state, candidates)
+
+    def reorder(self, source: Tensor, tokens: Tensor) -> None:
+        """Follow the beam: keep rows `source`, then append `tokens` `(N,)`."""
+        if self.lm is not None:
+            self.lm_state = self.lm.reorder_state(self.lm_state, source)
+        if self.ctc is not None:
+            self.ctc_state = self.ctc.extend(self.ctc.reorder_state(self.ctc_state, source), tokens)
+
+
+class _Beams:
+    """Running scores and the history of `B` utterances x `beam` rows (row `b * beam + k`).
+
+    A row's score splits into `partial` (the attention, LM and length terms, accumulated) and
+    `ctc` (the weighted CTC prefix score of the whole prefix, not a sum); a row without a
+    running hypothesis has `partial = -inf`.
+    """
+
+    def __init__(self, batch: int, beam: int, options: SearchOptions, device: torch.device):
+        self.batch, self.beam = batch, beam
+        self.prune = _can_prune(options)
+        self.normalise = options.length_normalization
+        start = torch.full((batch, beam), NEG_INF, device=device)
+        start[:, 0] = 0.0  # one hypothesis, sos, per utterance
+        self.partial = start.flatten()  # (N,)
+        self.ctc = torch.zeros_like(self.partial)  # (N,)
+        self.best_ended = torch.full((batch, beam), NEG_INF, device=device)  # for pruning
+        self.tokens: list[Tensor] = []  # per step, (N,) the token each row appended
+        self.parents: list[Tensor] = []  # per step, (N,) the row it extended
+        self.ended: list[Tensor] = []  # per step, (N,) final score where that token is eos
+        self.attention: list[Tensor] = []  # per step, (N, K, T) of the rows before selection
+
+    @property
+    def running(self) -> Tensor:
+        """`(N,)` rows holding a running hypothesis."""
+        return self.partial > NEG_INF
+
+    def advance(
+        self, scores: Tensor, candidates: Tensor | None, ctc: Tensor | None, attn: Tensor, t: int
+    ) -> tuple[Tensor, Tensor]:
+        """Keep the `beam` best extensions per utterance.
+
+        Args:
+            scores: `(N, V)` token scores from `_Fusion.token_scores`.
+            candidates: `(N, C)` candidate ids, or None for all V.
+            ctc: `(N, C)` weighted CTC prefix scores of the candidates, or None.
+            attn: `(N, K, T)` the decoder's attention at this step.
+            t: the step (tokens emitted so far).
+
+        Returns:
+            `(N,)` source rows and `(N,)` appended tokens of the new beam.
+        """
+        if candidates is not None:
+            scores = scores.gather(1, candidates)  # (N, C)
+        partial = self.partial[:, None] + scores  # (N, C)
+        total = partial + (ctc if ctc is not None else self.ctc[:, None])
+        width = total.size(1)
+        best, index = total.view(self.batch, -1).topk(self.beam, dim=1)  # (B, beam) of beam * C
+        flat = (index + self._offsets(self.beam * width)).flatten()  # into the (N * C) entries
+        source = flat // width
+        tokens = flat % width if candidates is None else candidates.flatten()[flat]
+        if ctc is not None:
+            self.ctc = ctc.flatten()[flat]
+        self._record(tokens, source, best.flatten(), attn.float(), t)
+        self.partial = partial.flatten()[flat].masked_fill(~self._keep(tokens, best), NEG_INF)
+        return source, tokens
+
+    def _offsets(self, stride: int) -> Tensor:
+        """`(B, 1)` start of each utterance's block of `stride` entries."""
+        return torch.arange(self.batch, device=self.partial.device)[:, None] * stride
+
+    def _record(self, tokens: Tensor, source: Tensor, total: Tensor, attn: Tensor, t: int) -> None:
+        final = total / (t + 1) if self.normalise else total  # t tokens + eos
+        self.ended.append(final.masked_fill(tokens != SOS_EOS_ID, NEG_INF))
+        self.tokens.append(tokens)
+        self.parents.append(source)
+        self.attention.append(attn)
+
+    def _keep(self, tokens: Tensor, total: Tensor) -> Tensor:
+        """`(N,)` which new rows keep running: not ended, not -inf and, when pruning, still
+        above the `beam`-th best ended score of their utterance. total `(B, beam)`."""
+        threshold = torch.full_like(total[:, :1], NEG_INF)  # (B, 1)
+        if self.prune:
+            ended = self.ended[-1].view(self.batch, self.beam)
+            self.best_ended = torch.cat([self.best_ended, ended], 1).topk(self.beam, dim=1).values
+            threshold = self.best_ended[:, -1:]
+        return (total > threshold).flatten() & (tokens != SOS_EOS_ID)
+
+    def nbest(self, enc_lens: Tensor) -> list[list[Hypothesis]]:
+        """Up to `beam` ended hypotheses per utterance, best first."""
+        steps = len(self.ended)
+        ended = torch.stack(self.ended).view(steps, self.batch, self.beam)
+        ended = ended.transpose(0, 1).reshape(self.batch, steps * self.beam)  # (B, S * beam)
+        scores, index = ended.topk(self.beam, dim=1)  # (B, beam)
+        end_step = index // self.beam
+        slot = index % self.beam + self._offsets(self.beam)
+        tokens, attention = self._backtrack(end_step.flatten(), slot.flatten())
+        hyps: list[list[Hypothesis]] = []
+        for b, (row_scores, row_steps) in enumerate(zip(scores.tolist(), end_step.tolist())):
+            hyps.append([])
+            for k, (score, step) in enumerate(zip(row_scores, row_steps)):
+                if score > NEG_INF:
+                    m, frames = b * self.beam + k, int(enc_lens[b])
+                    att = attention[m, :, : step + 1, :frames].cpu()
+                    hyps[-1].append(Hypothesis(tokens[m][:step], score, att))
+        return hyps
+
+    def _backtrack(self, end_step: Tensor, slot: Tensor) -> tuple[list[list[int]], Tensor]:
+        """Tokens (eos last) and attention `(M, K, S, T)` of the M hypotheses that ended at
+        `end_step` `(M,)` in row `slot` `(M,)`; entries past each end are junk."""
+        history, parents = torch.stack(self.tokens), torch.stack(self.parents)  # (S, N)
+        row = slot
+        tokens, attention = [], []
+        for s in reversed(range(history.size(0))):
+            row = torch.where(end_step == s, slot, row)
+            tokens.append(history[s, row])
+            row = parents[s, row]
+            attention.append(self.attention[s][row])
+        return torch.stack(tokens[::-1], 1).tolist(), torch.stack(attention[::-1], 2)
+
+
+def _check_search_inputs(
+    decoder: nn.Module,
+    enc: Tensor,
+    enc_lens: Tensor,
+    options: SearchOptions,
+    ctc_log_probs: Tensor | None,
+    lm: LanguageModel | None,
+) -> None:
+    if enc.dim() != 3 or enc_lens.shape != enc.shape[:1]:
+        raise ValueError(
+            f"beam_search: enc must be (B, T, D) with enc_lens (B,), got "
+            f"{tuple(enc.shape)} and {tuple(enc_lens.shape)}"
+        )
+    if options.lm_weight > 0 and lm is None:
+        raise ValueError(f"beam_search: lm_weight={options.lm_weight} but no lm was given")
+    if options.ctc_weight == 0:
+        return
+    if ctc_log_probs is None:
+        raise ValueError(
+            f"beam_search: ctc_weight={options.ctc_weight} but no ctc_log_probs were given"
+        )
+    expected = (enc.size(0), enc.size(1), decoder.vocab_size)
+    if tuple(ctc_log_probs.shape) != expected:
+        raise ValueError(
+            f"beam_search: ctc_log_probs must be (B, T, V) = {expected}, "
+            f"got {tuple(ctc_log_probs.shape)}"
+        )

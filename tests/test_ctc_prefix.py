@@ -1,0 +1,174 @@
+"""CTC prefix scorer: whole-sequence scores equal -CTC loss, prefix probabilities decompose
+exactly over their extensions, and batching, padding and reordering change nothing."""
+
+from __future__ import annotations
+
+import doctest
+import itertools
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from asr import ctc_prefix
+from asr.ctc_prefix import CTCPrefixScorer, log_linear_recurrence
+
+VOCAB, BLANK, EOS = 5, 0, 3
+LENS = torch.tensor([9, 4, 6])
+
+
+def log_posteriors(lens: torch.Tensor = LENS, vocab: int = VOCAB, seed: int = 0, sharp=1.0):
+    """`(B, T, V)` log-softmax outputs with junk (large values) in the padded frames."""
+    generator = torch.Generator().manual_seed(seed)
+    logits = sharp * torch.randn(len(lens), int(lens.max()), vocab, generator=generator)
+    log_probs = logits.log_softmax(-1)
+    padded = torch.arange(log_probs.size(1))[None, :] >= lens[:, None]
+    return log_probs.masked_fill(padded[..., None], 50.0)
+
+
+def ctc_log_likelihood(log_probs, lens, sequences) -> torch.Tensor:
+    """`(N,)` -ctc_loss(reduction='sum') of one sequence per utterance row (float64)."""
+    width = max(1, max(len(s) for s in sequences))
+    targets = torch.tensor([s + [1] * (width - len(s)) for s in sequences])  # pad: ignored
+    losses = F.ctc_loss(
+        log_probs.double().transpose(0, 1),
+        targets,
+        lens,
+        torch.tensor([len(s) for s in sequences]),
+        blank=BLANK,
+        reduction="none",
+    )
+    return -losses
+
+
+def extend_all(scorer: CTCPrefixScorer, sequences: list[list[int]], beam: int = 1):
+    """The state of rows `b * beam + k` extended by `sequences[row]` (all of one length)."""
+    state = scorer.init_state(beam)
+    for step in range(len(sequences[0])):
+        state = scorer.extend(state, torch.tensor([s[step] for s in sequences]))
+    return state
+
+
+def test_doctests() -> None:
+    assert doctest.testmod(ctc_prefix).failed == 0
+
+
+def test_linear_recurrence_matches_the_loop() -> None:
+    generator = torch.Generator().manual_seed(1)
+    inputs = torch.randn(3, 6, generator=generator, dtype=torch.float64)
+    inputs[0, :2] = float("-inf")
+    factors = -torch.rand(3, 6, generator=generator, dtype=torch.float64) * 3
+    expected = [torch.full((3,), float("-inf"), dtype=torch.float64)]
+    for i in range(6):
+        expected.append(torch.logaddexp(expected[-1], inputs[:, i]) + factors[:, i])
+    torch.testing.assert_close(log_linear_recurrence(inputs, factors), torch.stack(expected, 1))
+
+
+@pytest.mark.parametrize("length", [0, 1, 2, 3, 4])
+def test_final_score_equals_minus_ctc_loss(length: int) -> None:
+    log_probs = log_posteriors()
+    scorer = CTCPrefixScorer(log_probs, LENS)
+    labels = [1, 2, 4]  # eos (3) is no CTC label here
+    sequences = [[labels[(row + i * i) % 3] for i in range(length)] for row in range(3)]
+    sequences[0] = [4] * length  # repeats need a blank between them
+    state = extend_all(scorer, sequences)
+    expected = ctc_log_likelihood(log_probs, LENS, sequences)
+    torch.testing.assert_close(scorer.final_score(state).double(), expected, atol=1e-4, rtol=0)
+    eos_column = scorer.score(state, torch.full((3, 1), EOS))[:, 0]
+    torch.testing.assert_close(eos_column, scorer.final_score(state))
+
+
+def test_long_utterance_stays_exact() -> None:
+    """1000 peaky frames: the closed-form recurrences must not lose precision."""
+    lens = torch.tensor([1000])
+    log_probs = log_posteriors(lens, sharp=6.0, seed=3)
+    scorer = CTCPrefixScorer(log_probs, lens)
+    sequence = [[1, 2, 4, 4, 2] * 4]
+    state = extend_all(scorer, sequence)
+    expected = ctc_log_likelihood(log_probs, lens, sequence)
+    torch.testing.assert_close(scorer.final_score(state).double(), expected, atol=1e-4, rtol=1e-6)
+
+
+def test_prefix_probability_decomposes_over_extensions() -> None:
+    """psi(h) = p(h) + sum over non-blank c of psi(h + c), exactly; psi(empty) = 1."""
+    log_probs = log_posteriors()
+    scorer = CTCPrefixScorer(log_probs, LENS, eos=None)
+    for prefix in [[], [2], [4, 4], [1, 2, 1]]:
+        state = extend_all(scorer, [prefix] * 3)
+        psi_next = scorer.score(state)  # (3, V), every id a label
+        assert torch.isneginf(psi_next[:, BLANK]).all()
+        total = torch.logaddexp(scorer.final_score(state), psi_next[:, 1:].logsumexp(-1))
+        psi = torch.zeros(3)
+        if prefix:
+            psi = scorer.score(extend_all(scorer, [prefix[:-1]] * 3))[:, prefix[-1]]
+        torch.testing.assert_close(total, psi, atol=1e-5, rtol=0)
+
+
+def test_prefix_score_bounds_every_extension() -> None:
+    log_probs = log_posteriors()
+    scorer = CTCPrefixScorer(log_probs, LENS)
+    labels = [1, 2, 4]
+    for prefix in [[], [2], [4, 1]]:
+        psi = scorer.score(extend_all(scorer, [prefix] * 3))  # (3, V)
+        for c, tail in itertools.product(labels, [[], [1], [4], [2, 2]]):
+            full = scorer.final_score(extend_all(scorer, [prefix + [c] + tail] * 3))
+            assert (full <= psi[:, c] + 1e-5).all()
+
+
+def test_candidate_scores_equal_full_vocabulary_scores() -> None:
+    scorer = CTCPrefixScorer(log_posteriors(), LENS)
+    state = extend_all(scorer, [[2], [4], [1]], beam=1)
+    candidates = torch.tensor([[4, 3, 0], [2, 4, 1], [1, 1, 2]])
+    full = scorer.score(state)
+    torch.testing.assert_close(scorer.score(state, candidates), full.gather(1, candidates))
+    torch.testing.assert_close(full[:, EOS], scorer.final_score(state))
+
+
+def test_batched_with_beams_equals_each_utterance_alone() -> None:
+    """Rows `b * beam + k` of a padded batch score as the utterance does on its own."""
+    log_probs, beam = log_posteriors(), 2
+    sequences = [[2, 4], [4, 4], [1, 2], [2, 2], [4, 1], [1, 1]]
+    batched = CTCPrefixScorer(log_probs, LENS)
+    state = extend_all(batched, sequences, beam)
+    for b, n in enumerate(LENS.tolist()):
+        alone = CTCPrefixScorer(log_probs[b : b + 1, :n], LENS[b : b + 1])
+        rows = slice(b * beam, (b + 1) * beam)
+        alone_state = extend_all(alone, sequences[rows], beam)
+        torch.testing.assert_close(batched.score(state)[rows], alone.score(alone_state))
+        torch.testing.assert_close(batched.final_score(state)[rows], alone.final_score(alone_state))
+
+
+def test_reorder_then_score_equals_score_then_index() -> None:
+    scorer = CTCPrefixScorer(log_posteriors(), LENS)
+    state = extend_all(scorer, [[2, 4], [4, 1], [1, 1], [2, 2], [4, 4], [1, 2]], beam=2)
+    index = torch.tensor([1, 1, 0, 3, 5, 4])
+    reordered = scorer.reorder_state(state, index)
+    torch.testing.assert_close(scorer.score(reordered), scorer.score(state)[index])
+    extended = scorer.extend(reordered, torch.tensor([4, 2, 2, 1, 4, 4]))
+    assert extended["last"].tolist() == [4, 2, 2, 1, 4, 4]
+    assert extended["utterance"].tolist() == [0, 0, 0, 1, 2, 2]
+
+
+def test_float32_working_precision_is_close_on_short_inputs() -> None:
+    log_probs = log_posteriors()
+    sequences = [[2, 4, 4], [1, 2, 1], [4, 2, 1]]
+    exact = CTCPrefixScorer(log_probs, LENS)
+    single = CTCPrefixScorer(log_probs, LENS, dtype=torch.float32)
+    torch.testing.assert_close(
+        single.final_score(extend_all(single, sequences)),
+        exact.final_score(extend_all(exact, sequences)),
+        atol=1e-4,
+        rtol=0,
+    )
+
+
+def test_bad_inputs_raise() -> None:
+    log_probs = log_posteriors()
+    with pytest.raises(ValueError, match="log_probs must be"):
+        CTCPrefixScorer(log_probs[0], LENS)
+    with pytest.raises(ValueError, match="lengths must be"):
+        CTCPrefixScorer(log_probs, LENS[:2])
+    with pytest.raises(ValueError, match="lie in"):
+        CTCPrefixScorer(log_probs, torch.tensor([9, 4, 10]))
+    with pytest.raises(ValueError, match="blank id"):
+        CTCPrefixScorer(log_probs, LENS, blank=VOCAB)

@@ -1,0 +1,308 @@
+"""Greedy and beam search contracts on tiny random decoders of both families: beam 1 is greedy,
+batching changes nothing, a beam as wide as the hypothesis space finds the exhaustive best
+under every scoring option, CTC-only search finds the CTC best, and LM fusion takes effect."""
+
+from __future__ import annotations
+
+import doctest
+import functools
+import itertools
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from asr import search
+from asr.models.attention import LocationAwareAttention
+from asr.models.interfaces import State, lengths_to_mask, reorder_batch
+from asr.models.rnn import RNNAttentionDecoder
+from asr.models.transformer import TransformerDecoder
+from asr.search import Hypothesis, SearchOptions, beam_search, greedy_search
+
+ENC_DIM, VOCAB, EOS = 8, 9, 3
+LENS = torch.tensor([12, 7, 4])
+
+
+def make_decoder(family: str, vocab: int = VOCAB, seed: int = 0) -> nn.Module:
+    """A tiny random decoder in eval mode, its output sharpened so searches disagree."""
+    torch.manual_seed(seed)
+    if family == "transformer":
+        decoder = TransformerDecoder(
+            vocab,
+            ENC_DIM,
+            d_model=16,
+            num_heads=2,
+            ffn_dim=32,
+            num_layers=2,
+            dropout=0.0,
+            tie_embeddings=False,  # tied, a random decoder mostly repeats its input token
+        )
+    else:
+        attention = functools.partial(
+            LocationAwareAttention, attention_dim=8, conv_channels=2, conv_kernel=2
+        )
+        decoder = RNNAttentionDecoder(vocab, ENC_DIM, attention, embed_dim=8, hidden_size=12)
+    with torch.no_grad():
+        decoder.output.weight.mul_(3.0)
+        decoder.output.bias[EOS] -= 1.5  # fewer empty outputs
+    return decoder.eval()
+
+
+def encoder_output(lens: torch.Tensor = LENS, seed: int = 0) -> torch.Tensor:
+    """`(B, T, ENC_DIM)` random frames with junk in the padding."""
+    generator = torch.Generator().manual_seed(seed)
+    enc = torch.randn(len(lens), int(lens.max()), ENC_DIM, generator=generator)
+    return torch.where(lengths_to_mask(lens)[..., None], enc, 1e3)
+
+
+def ctc_posteriors(lens: torch.Tensor = LENS, vocab: int = VOCAB, seed: int = 1) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    logits = 2.0 * torch.randn(len(lens), int(lens.max()), vocab, generator=generator)
+    return logits.log_softmax(-1)
+
+
+class TinyLM(nn.Module):
+    """A random LSTM language model with the `search.LanguageModel` interface."""
+
+    def __init__(self, vocab: int = VOCAB, dim: int = 8, seed: int = 2) -> None:
+        super().__init__()
+        torch.manual_seed(seed)
+        self.embed = nn.Embedding(vocab, dim)
+        self.cell = nn.LSTMCell(dim, dim)
+        self.output = nn.Linear(dim, vocab)
+
+    def init_state(self, batch_size: int, device: torch.device) -> State:
+        zeros = torch.zeros(batch_size, self.cell.hidden_size, device=device)
+        return {"hidden": zeros, "cell": zeros}
+
+    def step(self, tokens: torch.Tensor, state: State) -> tuple[torch.Tensor, State]:
+        hidden, cell = self.cell(self.embed(tokens), (state["hidden"], state["cell"]))
+        return self.output(hidden).log_softmax(-1), {"hidden": hidden, "cell": cell}
+
+    def reorder_state(self, state: State, index: torch.Tensor) -> State:
+        return reorder_batch(state, index)
+
+
+@torch.no_grad()
+def sequence_scores(decoder, enc, enc_len, tokens, ctc_log_probs=None, lm=None):
+    """Teacher-forced per-position log-probs of `tokens + [eos]`: attention `(n + 1, V)`,
+    LM `(n + 1,)` and the CTC log-likelihood of `tokens`."""
+    inputs = torch.tensor([[EOS] + tokens])
+    logits, _ = decoder(enc[None, :enc_len], torch.tensor([enc_len]), inputs)
+    attention = logits[0].log_softmax(-1)
+    targets = torch.tensor(tokens + [EOS])
+    lm_logp = torch.zeros(len(targets))
+    if lm is not None:
+        state = lm.init_state(1, enc.device)
+        for i, token in enumerate(inputs[0].tolist()):
+            step_logp, state = lm.step(torch.tensor([token]), state)
+            lm_logp[i] = step_logp[0, targets[i]]
+    ctc = torch.tensor(0.0)
+    if ctc_log_probs is not None:
+        ctc = -F.ctc_loss(
+            ctc_log_probs[:enc_len, None].double(),
+            torch.tensor([tokens or [1]]),
+            torch.tensor([enc_len]),
+            torch.tensor([len(tokens)]),
+            reduction="sum",
+        ).float()
+    return attention, lm_logp, ctc
+
+
+def exhaustive(decoder, enc, enc_len, options, ctc_log_probs=None, lm=None):
+    """Every allowed output of `beam_search` with its score, best first."""
+    limit = int(search.max_output_length(torch.tensor([enc_len]), options.max_len_ratio))
+    min_len = int(enc_len * options.min_len_ratio)
+    outputs = [2] + list(range(4, decoder.vocab_size))  # unk and the real tokens
+    scored = []
+    for n in range(limit):
+        for tokens in itertools.product(outputs, repeat=n):
+            att, lm_logp, ctc = sequence_scores(
+                decoder, enc, enc_len, list(tokens), ctc_log_probs, lm
+            )
+            if n < limit - 1 and not eos_allowed(att[n], n, min_len, options.eos_threshold):
+                continue
+            att_sum = att.gather(1, torch.tensor(list(tokens) + [EOS])[:, None]).sum()
+            score = (1 - options.ctc_weight) * att_sum + options.ctc_weight * ctc
+            score = score + options.lm_weight * lm_logp.sum() + options.length_bonus * (n + 1)
+            if options.length_normalization:
+                score = score / (n + 1)
+            scored.append((float(score), list(tokens)))
+    return sorted(scored, key=lambda pair: -pair[0])
+
+
+def eos_allowed(att: torch.Tensor, n: int, min_len: int, threshold: float | None) -> bool:
+    if n < min_len:
+        return False
+    best = att[[2] + list(range(3, att.numel()))].max()
+    return threshold is None or bool(att[EOS] >= threshold * best)
+
+
+def assert_same_nbest(got: list[Hypothesis], expected: list[tuple[float, list[int]]]) -> None:
+    assert [h.tokens for h in got] == [tokens for _, tokens in expected]
+    torch.testing.assert_close(
+        torch.tensor([h.score for h in got]),
+        torch.tensor([s for s, _ in expected]),
+        atol=1e-4,
+        rtol=0,
+    )
+
+
+def test_doctests() -> None:
+    assert doctest.testmod(search).failed == 0
+
+
+@pytest.mark.parametrize("family", ["transformer", "rnn"])
+def test_beam_of_one_is_greedy(family: str) -> None:
+    decoder, enc = make_decoder(family), encoder_output()
+    greedy = greedy_search(decoder, enc, LENS, max_len_ratio=0.8)
+    beam = beam_search(decoder, enc, LENS, SearchOptions(beam_size=1, max_len_ratio=0.8))
+    assert any(h.tokens for h in greedy)  # the comparison is not between empty outputs
+    for one, nbest in zip(greedy, beam, strict=True):
+        assert len(nbest) == 1
+        assert nbest[0].tokens == one.tokens
+        assert nbest[0].score == pytest.approx(one.score, abs=1e-5)
+        torch.testing.assert_close(nbest[0].attention, one.attention)
+
+
+@pytest.mark.parametrize("family", ["transformer", "rnn"])
+def test_batched_search_equals_one_utterance_at_a_time(family: str) -> None:
+    decoder, enc, ctc, lm = make_decoder(family), encoder_output(), ctc_posteriors(), TinyLM()
+    options = SearchOptions(beam_size=3, ctc_weight=0.3, lm_weight=0.4, max_len_ratio=0.9)
+    assert options.pre_beam_size(VOCAB) == 4  # CTC sees a pre-beam, not every token
+    batched = beam_search(decoder, enc, LENS, options, ctc, lm)
+    for b, n in enumerate(LENS.tolist()):
+        alone = beam_search(
+            decoder, enc[b : b + 1, :n], LENS[b : b + 1], options, ctc[b : b + 1, :n], lm
+        )[0]
+        assert [h.tokens for h in batched[b]] == [h.tokens for h in alone]
+        for ours, theirs in zip(batched[b], alone, strict=True):
+            assert ours.score == pytest.approx(theirs.score, abs=1e-4)
+            torch.testing.assert_close(ours.attention, theirs.attention, atol=1e-4, rtol=0)
+
+
+EXHAUSTIVE_OPTIONS = {
+    "attention": dict(),
+    "ctc": dict(ctc_weight=0.4),
+    "ctc only": dict(ctc_weight=1.0),
+    "ctc+lm+bonus": dict(ctc_weight=0.4, lm_weight=0.5, length_bonus=0.3),
+    "lm+normalised": dict(lm_weight=0.7, length_normalization=True),
+    "min length+eos threshold": dict(min_len_ratio=0.2, eos_threshold=1.2, length_bonus=-0.2),
+}
+
+
+@pytest.mark.parametrize("family", ["transformer", "rnn"])
+@pytest.mark.parametrize("case", EXHAUSTIVE_OPTIONS)
+def test_wide_beam_finds_the_exhaustive_nbest(family: str, case: str) -> None:
+    """Vocabulary: specials + 3 tokens; at most 2 tokens + eos: 21 outputs, beam 21."""
+    lens = torch.tensor([6, 4])  # step limits 3 and 2
+    decoder, enc = make_decoder(family, vocab=7), encoder_output(lens)
+    ctc, lm = ctc_posteriors(lens, vocab=7), TinyLM(vocab=7)
+    options = SearchOptions(beam_size=21, max_len_ratio=0.5, **EXHAUSTIVE_OPTIONS[case])
+    found = beam_search(decoder, enc, lens, options, ctc, lm)
+    for b, n in enumerate(lens.tolist()):
+        use_lm = lm if options.lm_weight else None
+        use_ctc = ctc[b] if options.ctc_weight else None
+        expected = exhaustive(decoder, enc[b], n, options, use_ctc, use_lm)
+        assert_same_nbest(found[b], expected)
+
+
+def test_hypotheses_carry_their_attention() -> None:
+    decoder, enc = make_decoder("transformer"), encoder_output()
+    for b, nbest in enumerate(beam_search(decoder, enc, LENS, SearchOptions(beam_size=3))):
+        assert len(nbest) == 3
+        assert [h.score for h in nbest] == sorted((h.score for h in nbest), reverse=True)
+        for hyp in nbest:
+            assert hyp.attention.shape == (4, len(hyp.tokens) + 1, int(LENS[b]))
+            torch.testing.assert_close(hyp.attention.sum(-1), torch.ones(4, len(hyp.tokens) + 1))
+            tokens = torch.tensor([[EOS] + hyp.tokens])
+            _, teacher = decoder(enc[b : b + 1, : LENS[b]], LENS[b : b + 1], tokens)
+            torch.testing.assert_close(hyp.attention, teacher[0], atol=1e-5, rtol=0)
+
+
+def test_pruning_by_ended_hypotheses_saves_steps_and_changes_nothing(monkeypatch) -> None:
+    decoder, enc, lm = make_decoder("transformer"), encoder_output(), TinyLM()
+    steps = []
+    step = decoder.step
+    monkeypatch.setattr(decoder, "step", lambda *args: steps.append(1) or step(*args))
+    options = SearchOptions(beam_size=3, lm_weight=0.3, max_len_ratio=3.0)  # no CTC length cap
+    pruned = beam_search(decoder, enc, LENS, options, lm=lm)
+    pruned_steps = len(steps)
+    monkeypatch.setattr(search, "_can_prune", lambda options: False)
+    full = beam_search(decoder, enc, LENS, options, lm=lm)
+    assert pruned_steps < len(steps) - pruned_steps == 3 * int(LENS.max())
+    for ours, theirs in zip(pruned, full, strict=True):
+        assert [h.tokens for h in ours] == [h.tokens for h in theirs]
+        assert [h.score for h in ours] == pytest.approx([h.score for h in theirs], abs=1e-5)
+
+
+def test_ctc_only_search_returns_the_ctc_best() -> None:
+    """Peaky CTC frames spell 4 5 5 6; the attention decoder alone says otherwise."""
+    lens = torch.tensor([10])
+    decoder, enc = make_decoder("transformer", vocab=7), encoder_output(lens)
+    path = [0, 4, 4, 0, 5, 0, 5, 5, 6, 0]  # blank between the repeated 5s
+    ctc = torch.full((1, 10, 7), -6.0)
+    ctc[0, torch.arange(10), torch.tensor(path)] = -0.05
+    ctc = ctc.log_softmax(-1)
+    best = beam_search(decoder, enc, lens, SearchOptions(beam_size=3, ctc_weight=1.0), ctc)[0][0]
+    assert greedy_search(decoder, enc, lens)[0].tokens != [4, 5, 5, 6]
+    assert best.tokens == [4, 5, 5, 6]
+    _, _, expected = sequence_scores(decoder, enc[0], 10, [4, 5, 5, 6], ctc[0])
+    assert best.score == pytest.approx(float(expected), abs=1e-4)
+
+
+def test_lm_fusion_changes_the_result() -> None:
+    """An LM sure that every sentence ends now turns a non-empty output into the empty one."""
+    decoder, enc, lm = make_decoder("transformer"), encoder_output(), TinyLM()
+    with torch.no_grad():
+        lm.output.bias[EOS] += 20.0
+    plain = beam_search(decoder, enc, LENS, SearchOptions(beam_size=2))
+    fused = beam_search(decoder, enc, LENS, SearchOptions(beam_size=2, lm_weight=1.0), lm=lm)
+    assert all(nbest[0].tokens for nbest in plain)
+    assert all(nbest[0].tokens == [] for nbest in fused)
+
+
+def test_greedy_never_emits_blank_or_pad() -> None:
+    decoder, enc = make_decoder("rnn"), encoder_output()
+    with torch.no_grad():
+        decoder.output.bias[:2] += 50.0  # blank and pad would win every step
+    for hyp in greedy_search(decoder, enc, LENS):
+        assert not {0, 1} & set(hyp.tokens)
+        assert hyp.attention.size(1) == len(hyp.tokens) + 1
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("beam_size", 0),
+        ("ctc_weight", 1.5),
+        ("lm_weight", -0.1),
+        ("max_len_ratio", 0.0),
+        ("min_len_ratio", -1.0),
+        ("eos_threshold", 0.5),
+        ("pre_beam_ratio", 0.5),
+    ],
+)
+def test_bad_options_raise(field: str, value: float) -> None:
+    with pytest.raises(ValueError, match=field):
+        SearchOptions(**{field: value})
+
+
+def test_missing_or_mismatched_scorers_raise() -> None:
+    decoder, enc = make_decoder("transformer"), encoder_output()
+    with pytest.raises(ValueError, match="no ctc_log_probs"):
+        beam_search(decoder, enc, LENS, SearchOptions(ctc_weight=0.5))
+    with pytest.raises(ValueError, match="ctc_log_probs must be"):
+        beam_search(decoder, enc, LENS, SearchOptions(ctc_weight=0.5), ctc_posteriors(vocab=5))
+    with pytest.raises(ValueError, match="no lm"):
+        beam_search(decoder, enc, LENS, SearchOptions(lm_weight=0.5))
+    with pytest.raises(ValueError, match="lm log-probs"):
+        beam_search(decoder, enc, LENS, SearchOptions(lm_weight=0.5), lm=TinyLM(vocab=5))
+    with pytest.raises(ValueError, match="enc must be"):
+        beam_search(decoder, enc, LENS[:2])
+
+
+def test_empty_batch_gives_no_hypotheses() -> None:
+    decoder = make_decoder("rnn")
+    assert beam_search(decoder, torch.zeros(0, 5, ENC_DIM), torch.zeros(0, dtype=torch.long)) == []
