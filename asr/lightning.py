@@ -15,7 +15,7 @@ from torch import Tensor, nn
 
 from asr.alignment import plot_attention, save_figure
 from asr.data.dataset import Batch, SpeechDataset, collate, set_loader_epoch
-from asr.data.manifest import read_manifest
+from asr.data.manifest import format_bad_entries, validate_manifest
 from asr.data.sampler import DynamicBucketSampler
 from asr.inference import checkpoint_payload
 from asr.metrics import ErrorCounts, char_errors, word_errors
@@ -106,7 +106,7 @@ class ASRModule(L.LightningModule):
         out = self.model.loss_from_encoder(
             enc, enc_lens, batch.tokens, batch.token_lens, self.hparams.ctc_weight, 0.0
         )
-        self._log_losses("val", out, len(batch))
+        self._log_losses(self._eval_stage, out, len(batch))
         hyps = greedy_search(self.model.decoder, enc, enc_lens, self.hparams.max_len_ratio)
         texts = [self.tokenizer.decode(h.tokens) for h in hyps]
         refs = [self.tokenizer.normalizer(t) for t in batch.texts]
@@ -114,6 +114,19 @@ class ASRModule(L.LightningModule):
         self._val_chars += char_errors(refs, texts)
         if batch_idx == 0:
             self._plot(batch, hyps)
+
+    @property
+    def _eval_stage(self) -> str:
+        return "test" if self.trainer.testing else "val"
+
+    def test_step(self, batch: Batch, batch_idx: int) -> None:
+        self.validation_step(batch, batch_idx)
+
+    def on_test_epoch_start(self) -> None:
+        self.on_validation_epoch_start()
+
+    def on_test_epoch_end(self) -> None:
+        self.on_validation_epoch_end()
 
     def on_validation_epoch_start(self) -> None:
         self._val_words, self._val_chars = ErrorCounts(), ErrorCounts()
@@ -133,8 +146,8 @@ class ASRModule(L.LightningModule):
         wer = 100 * counts[0] / counts[1].clamp(min=1)
         cer = 100 * counts[2] / counts[3].clamp(min=1)
         # Already summed over ranks: the sync averages identical values.
-        self.log("val/wer", wer.float(), prog_bar=True, sync_dist=True)
-        self.log("val/cer", cer.float(), prog_bar=True, sync_dist=True)
+        self.log(f"{self._eval_stage}/wer", wer.float(), prog_bar=True, sync_dist=True)
+        self.log(f"{self._eval_stage}/cer", cer.float(), prog_bar=True, sync_dist=True)
 
     def _log_losses(self, stage: str, out, batch_size: int) -> None:
         on_step = stage == "train"
@@ -270,22 +283,20 @@ class ASRDataModule(L.LightningDataModule):
                 utts, self.tokenizer, hp.sample_rate, speed_perturb=perturb, seed=hp.seed
             )
 
-    def _checked(self, path: str):
-        """Read a manifest and reject text the tokenizer cannot represent, up front."""
-        utts = read_manifest(path, skip_bad=self.hparams.skip_bad)
-        bad = [(u, self.tokenizer.oov(u.text)) for u in utts]
-        bad = [(u, chars) for u, chars in bad if chars]
-        if bad and not self.hparams.skip_bad:
-            lines = "\n".join(f"  {u.utt_id}: {''.join(c)!r}" for u, c in bad[:20])
+    def _checked(self, path: str) -> list:
+        """Validate a manifest up front (JSON, audio headers, text in the vocabulary) instead
+        of failing mid-epoch; with `skip_bad`, drop and list the bad lines."""
+        report = validate_manifest(path, self.tokenizer, check_audio=True)
+        if report.bad and not self.hparams.skip_bad:
             raise ValueError(
-                f"{path}: {len(bad)} utterances have characters outside the tokenizer's "
-                f"vocabulary (use data.skip_bad to skip them):\n{lines}"
+                f"{format_bad_entries(report.bad)}\n{report.summary()}: fix these lines or set "
+                "data.skip_bad=true to skip them"
             )
-        if bad:
-            log.warning("%s: skipping %d utterances with out-of-vocabulary text", path, len(bad))
-            ids = {u.utt_id for u, _ in bad}
-            utts = [u for u in utts if u.utt_id not in ids]
-        return utts
+        if report.bad:
+            log.warning(
+                "%s; skipping the bad lines:\n%s", report.summary(), format_bad_entries(report.bad)
+            )
+        return report.good
 
     def _loader(self, split: str, shuffle: bool) -> torch.utils.data.DataLoader:
         dataset = self.datasets[split]
