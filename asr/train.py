@@ -1,5 +1,7 @@
 """LightningCLI for `asr fit|validate|test`: YAML configs under conf/ pick every part by
-`class_path`; the vocabulary size flows from the data module to the model."""
+`class_path`, the model and data modules included (`asr.lightning.ASRModule` +
+`ASRDataModule` train a recognizer, `asr.lm.LMModule` + `TextDataModule` a language model);
+the tokenizer and the vocabulary size flow from the data module to the model."""
 
 from __future__ import annotations
 
@@ -8,18 +10,17 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+import lightning as L
 import torch
 from jsonargparse import Namespace
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI
 
-from asr.lightning import ASRDataModule, ASRModule
-
 DEFAULT_LOGGERS = (  # CSV first: it warns about a run folder another logger made already
     "lightning.pytorch.loggers.CSVLogger",
     "lightning.pytorch.loggers.TensorBoardLogger",
 )
-CHECKPOINT_DEFAULTS = {
+CHECKPOINT_DEFAULTS = {  # recognizers; an LM config overrides monitor and filename (val/loss)
     "checkpoint.monitor": "val/wer",
     "checkpoint.mode": "min",
     "checkpoint.save_top_k": 5,
@@ -30,12 +31,19 @@ CHECKPOINT_DEFAULTS = {
 
 
 class ASRCLI(LightningCLI):
-    """Adds argument links, a best-k-by-WER + last checkpoint callback, and (unless the config
-    names loggers) TensorBoard and CSV logs under `trainer.default_root_dir`."""
+    """Adds argument links, a best-k + last checkpoint callback (by WER unless the config
+    says otherwise), and (unless the config names loggers) TensorBoard and CSV logs under
+    `trainer.default_root_dir`.
+
+    Model and data modules are picked by `class_path` (subclass mode); every pair must take
+    `tokenizer` (model and data) and `vocab_size` (model; a property of the data module).
+    """
 
     def add_arguments_to_parser(self, parser) -> None:
-        parser.link_arguments("data.tokenizer", "model.tokenizer")
-        parser.link_arguments("data.vocab_size", "model.vocab_size", apply_on="instantiate")
+        parser.link_arguments("data.init_args.tokenizer", "model.init_args.tokenizer")
+        parser.link_arguments(
+            "data.vocab_size", "model.init_args.vocab_size", apply_on="instantiate"
+        )
         parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
         parser.set_defaults(CHECKPOINT_DEFAULTS)
         # The bucketing sampler shards batches across ranks itself.
@@ -60,7 +68,8 @@ class ASRCLI(LightningCLI):
     def instantiate_classes(self) -> None:
         super().instantiate_classes()
         config = self.config[self.subcommand] if self.subcommand else self.config
-        model_config = config.model.as_dict()
+        # The init args alone: checkpoint loaders know their module class (ASRModule, LMModule).
+        model_config = config.model.init_args.as_dict()
         for training_only in ("optimizer", "lr_scheduler"):
             model_config.pop(training_only, None)
         model_config["vocab_size"] = self.datamodule.vocab_size
@@ -77,8 +86,10 @@ def run_lightning_cli(argv: Sequence[str]) -> ASRCLI:
     """Run `asr fit|validate|test ...` (argv without the program name)."""
     torch.set_float32_matmul_precision("high")
     return ASRCLI(
-        ASRModule,
-        ASRDataModule,
+        L.LightningModule,
+        L.LightningDataModule,
+        subclass_mode_model=True,
+        subclass_mode_data=True,
         args=None if list(argv) == sys.argv[1:] else list(argv),
         save_config_kwargs={"overwrite": True},
         trainer_defaults={"plugins": [{"class_path": "asr.checkpoint.AtomicCheckpointIO"}]},

@@ -27,22 +27,28 @@ pytestmark = pytest.mark.needs_corpus
 TINY_CONFIG = """
 seed_everything: 0
 model:
-  frontend:
-    class_path: asr.frontends.Frontend
-    init_args:
-      features: {class_path: asr.frontends.LogMelFilterbank, init_args: {n_mels: 40}}
-      normalize: {class_path: asr.frontends.GlobalCMVN, init_args: {stats_path: CMVN_STATS_FILE}}
-  encoder:
-    class_path: asr.models.transformer.TransformerEncoder
-    init_args: {d_model: 32, num_heads: 2, ffn_dim: 64, num_layers: 1}
-  decoder:
-    class_path: asr.models.transformer.TransformerDecoder
-    init_args: {d_model: 32, num_heads: 2, ffn_dim: 64, num_layers: 1}
-  ctc_weight: 0.3
-  plot_utterances: 1
+  class_path: asr.lightning.ASRModule
+  init_args:
+    frontend:
+      class_path: asr.frontends.Frontend
+      init_args:
+        features: {class_path: asr.frontends.LogMelFilterbank, init_args: {n_mels: 40}}
+        normalize:
+          class_path: asr.frontends.GlobalCMVN
+          init_args: {stats_path: CMVN_STATS_FILE}
+    encoder:
+      class_path: asr.models.transformer.TransformerEncoder
+      init_args: {d_model: 32, num_heads: 2, ffn_dim: 64, num_layers: 1}
+    decoder:
+      class_path: asr.models.transformer.TransformerDecoder
+      init_args: {d_model: 32, num_heads: 2, ffn_dim: 64, num_layers: 1}
+    ctc_weight: 0.3
+    plot_utterances: 1
 data:
-  max_batch_seconds: 12
-  num_workers: 0
+  class_path: asr.lightning.ASRDataModule
+  init_args:
+    max_batch_seconds: 12
+    num_workers: 0
 trainer:
   max_epochs: 2
   accelerator: cpu
@@ -149,6 +155,25 @@ def test_resume_from_last_and_average(tiny_an4, tmp_path):
     name = "model.decoder.output.bias"
     expected = (sources[0]["state_dict"][name] + sources[1]["state_dict"][name]) / 2
     torch.testing.assert_close(averaged["state_dict"][name], expected)
+
+    test_args = _fit_args(tiny_an4, tmp_path)[1:] + ["--data.test_manifest", tiny_an4["dev"]]
+    main(["test", *test_args, "--ckpt_path", str(out)])  # the averaged model scores the test set
+    latest = max((tmp_path / "logs").glob("version_*"), key=lambda p: int(p.name[8:]))
+    rows = list(csv.DictReader((latest / "metrics.csv").open()))
+    assert [r for r in rows if r.get("test/wer")], "asr test reports the test WER"
+
+
+def test_bad_manifest_fails_up_front_or_is_skipped(tiny_an4, tmp_path):
+    lines = Path(tiny_an4["train"]).read_text().splitlines()
+    missing = json.loads(lines[1]) | {"audio_filepath": str(tmp_path / "gone.wav")}
+    lines[1] = json.dumps(missing)
+    bad = tmp_path / "train_bad.jsonl"
+    bad.write_text("\n".join(lines) + "\n")
+    args = _fit_args(tiny_an4 | {"train": str(bad)}, tmp_path) + ["--trainer.max_epochs", "1"]
+    with pytest.raises(ValueError, match=r"train_bad.jsonl:2: .*gone.wav"):
+        main(args)
+    main(args + ["--data.skip_bad", "true"])
+    assert (tmp_path / "checkpoints" / "last.ckpt").is_file()
 
 
 def test_checkpoint_is_self_contained(tiny_an4, tmp_path):

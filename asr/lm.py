@@ -1,0 +1,355 @@
+"""Training token language models with the same tooling as the recognizer.
+
+`LMModule` (a LightningModule around any LM of `asr.models.lm`) and `TextDataModule`
+(transcripts of manifests, plus optional plain text files, in token-budget length buckets)
+plug into `asr fit` like `ASRModule` and `ASRDataModule`: see conf/an4/lm.yaml. Checkpoints
+carry the LM's config and the tokenizer, so `load_lm` rebuilds the LM from the file alone
+for shallow fusion (`asr.search.beam_search(..., lm=lm)`).
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import os
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
+from torch import Tensor, nn
+
+from asr.checkpoint import CheckpointError, load_checkpoint
+from asr.data.dataset import set_loader_epoch
+from asr.data.manifest import read_manifest
+from asr.data.sampler import DynamicBucketSampler
+from asr.inference import checkpoint_payload
+from asr.text import EOS_ID, PAD_ID, SOS_ID, Tokenizer
+
+log = logging.getLogger(__name__)
+
+CHECKPOINT_KEY = "lm"  # where LMModule checkpoints keep their config and tokenizer
+
+
+def _adamw(params) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(params, lr=1e-3, weight_decay=1e-6)
+
+
+@dataclass
+class TextBatch:
+    """Padded token sequences for teacher forcing."""
+
+    inputs: Tensor  # (B, L) `[sos] + y`, pad after the end
+    targets: Tensor  # (B, L) `y + [eos]`, pad after the end
+    lens: Tensor  # (B,) int64 `len(y) + 1`
+
+    def __len__(self) -> int:
+        return self.inputs.size(0)
+
+
+def collate_text(sequences: Sequence[Sequence[int]], pad_id: int = PAD_ID) -> TextBatch:
+    """Build LM inputs `[sos] + y` and targets `y + [eos]`, right-padded with `pad_id`.
+
+    >>> batch = collate_text([[7, 8], [9]])
+    >>> batch.inputs.tolist(), batch.targets.tolist(), batch.lens.tolist()
+    ([[3, 7, 8], [3, 9, 1]], [[7, 8, 3], [9, 3, 1]], [3, 2])
+    """
+    lens = torch.tensor([len(s) + 1 for s in sequences], dtype=torch.long)
+    width = int(lens.max()) if len(sequences) else 0
+    inputs = torch.full((len(sequences), width), pad_id, dtype=torch.long)
+    targets = torch.full_like(inputs, pad_id)
+    for row, seq in enumerate(sequences):
+        ids = torch.as_tensor(list(seq), dtype=torch.long)
+        inputs[row, : len(seq) + 1] = torch.cat([torch.tensor([SOS_ID]), ids])
+        targets[row, : len(seq) + 1] = torch.cat([ids, torch.tensor([EOS_ID])])
+    return TextBatch(inputs, targets, lens)
+
+
+class LMModule(L.LightningModule):
+    """Trains a token LM by cross-entropy over `y + [eos]` (pad ignored).
+
+    Logs `train/loss`, and per validation (test) epoch `val/loss` (`test/loss`), the mean
+    negative log-likelihood per token in nats over all tokens of all ranks, and its
+    exponential `val/ppl` (`test/ppl`).
+
+    Args:
+        lm: factory called with `vocab_size`, e.g. `asr.models.lm.LSTMLM`.
+        vocab_size: linked from the data module's tokenizer.
+        tokenizer: tokenizer directory, linked from the data module; embedded in checkpoints.
+        optimizer: optimizer factory over the parameters.
+        lr_scheduler: optional schedule factory, stepped every optimizer step.
+    """
+
+    def __init__(
+        self,
+        lm: Callable[[int], nn.Module],
+        vocab_size: int = 0,
+        tokenizer: str = "",
+        optimizer: OptimizerCallable = _adamw,
+        lr_scheduler: LRSchedulerCallable | None = None,
+    ):
+        super().__init__()
+        if vocab_size <= 0:
+            raise ValueError("vocab_size must be positive (link it from data.vocab_size)")
+        self.save_hyperparameters(ignore=["lm", "optimizer", "lr_scheduler"])
+        self.lm = lm(vocab_size)
+        self.tokenizer = Tokenizer.load(tokenizer) if tokenizer else None
+        self.optimizer_factory = optimizer
+        self.scheduler_factory = lr_scheduler
+        self.model_config: dict | None = None  # set by the CLI; embedded in checkpoints
+        self._eval_sums = torch.zeros(2, dtype=torch.float64)  # (nll, tokens) this epoch
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        """Teacher forcing through the wrapped LM.
+
+        Args:
+            tokens: `(B, L)` sos-prefixed inputs, right-padded.
+
+        Returns:
+            Logits `(B, L, V)` of the next token at every position.
+        """
+        return self.lm(tokens)
+
+    def token_nll(self, batch: TextBatch) -> tuple[Tensor, int]:
+        """Summed negative log-likelihood of the batch's target tokens, and their count."""
+        logits = self.lm(batch.inputs)  # (B, L, V)
+        nll = F.cross_entropy(
+            logits.flatten(0, 1).float(),
+            batch.targets.flatten(),
+            ignore_index=PAD_ID,
+            reduction="sum",
+        )
+        return nll, int(batch.lens.sum())
+
+    def training_step(self, batch: TextBatch, batch_idx: int) -> Tensor:
+        nll, tokens = self.token_nll(batch)
+        loss = nll / tokens
+        self.log("train/loss", loss, prog_bar=True, on_step=True, on_epoch=True, batch_size=tokens)
+        return loss
+
+    def on_train_epoch_start(self) -> None:
+        # Reshuffle the buckets: Lightning does not reach a batch sampler.
+        set_loader_epoch(self.trainer.train_dataloader, self.current_epoch)
+
+    def validation_step(self, batch: TextBatch, batch_idx: int) -> None:
+        self._accumulate(batch)
+
+    def test_step(self, batch: TextBatch, batch_idx: int) -> None:
+        self._accumulate(batch)
+
+    def on_validation_epoch_start(self) -> None:
+        self._eval_sums = torch.zeros(2, dtype=torch.float64, device=self.device)
+
+    on_test_epoch_start = on_validation_epoch_start
+
+    def on_validation_epoch_end(self) -> None:
+        self._log_perplexity("val")
+
+    def on_test_epoch_end(self) -> None:
+        self._log_perplexity("test")
+
+    def _accumulate(self, batch: TextBatch) -> None:
+        nll, tokens = self.token_nll(batch)
+        self._eval_sums += torch.stack([nll.detach().double(), nll.new_tensor(tokens).double()])
+
+    def _log_perplexity(self, stage: str) -> None:
+        nll, tokens = self.all_gather(self._eval_sums).reshape(-1, 2).sum(0)  # over DDP ranks
+        loss = nll / tokens.clamp(min=1)
+        # Already summed over ranks: the sync averages identical values.
+        self.log(f"{stage}/loss", loss.float(), prog_bar=True, sync_dist=True)
+        self.log(f"{stage}/ppl", loss.exp().float(), prog_bar=True, sync_dist=True)
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        if self.model_config is not None and self.tokenizer is not None:
+            checkpoint[CHECKPOINT_KEY] = checkpoint_payload(self.model_config, self.tokenizer)
+
+    def configure_optimizers(self):
+        optimizer = self.optimizer_factory(self.parameters())
+        if self.scheduler_factory is None:
+            return optimizer
+        scheduler = self.scheduler_factory(optimizer)
+        return {
+            "optimizer": optimizer,
+            "lr_scheduler": {"scheduler": scheduler, "interval": "step"},
+        }
+
+
+@dataclass(frozen=True)
+class _Sentence:
+    where: str  # "file:line" or "manifest:utterance id", for messages
+    text: str
+
+
+class TextDataModule(L.LightningDataModule):
+    """Transcripts -> length-bucketed batches of token sequences under a token budget.
+
+    Args:
+        train_manifest: JSONL manifest whose transcripts are the training text.
+        val_manifest: JSONL manifest for validation perplexity.
+        tokenizer: directory written by `asr tokenizer` (the recognizer's, for fusion).
+        test_manifest: optional JSONL manifest for `asr test`.
+        extra_text: more training text: plain UTF-8 files, one sentence per line (blank lines
+            are skipped).
+        max_batch_tokens: padded tokens per batch (batch size x longest sequence, eos included).
+        max_batch_size: optional cap on sentences per batch.
+        num_buckets: length buckets of the sampler.
+        num_workers: data loader worker processes.
+        seed: shuffling seed.
+        skip_bad: skip (and report) sentences with characters outside the tokenizer's
+            vocabulary, and bad manifest lines, instead of failing.
+    """
+
+    def __init__(
+        self,
+        train_manifest: str,
+        val_manifest: str,
+        tokenizer: str,
+        test_manifest: str | None = None,
+        extra_text: list[str] | None = None,
+        max_batch_tokens: int = 8192,
+        max_batch_size: int | None = None,
+        num_buckets: int = 10,
+        num_workers: int = 0,
+        seed: int = 0,
+        skip_bad: bool = False,
+    ):
+        super().__init__()
+        self.save_hyperparameters()
+        self.tokenizer = Tokenizer.load(tokenizer)
+        self.datasets: dict[str, list[list[int]]] = {}
+
+    @property
+    def vocab_size(self) -> int:
+        return self.tokenizer.vocab_size
+
+    def setup(self, stage: str) -> None:
+        hp = self.hparams
+        splits = {"train": hp.train_manifest, "val": hp.val_manifest, "test": hp.test_manifest}
+        wanted = {"fit": ["train", "val"], "validate": ["val"], "test": ["test"]}.get(stage, [])
+        for split in wanted:
+            if split in self.datasets:
+                continue
+            if not splits[split]:
+                raise ValueError(f"data.{split}_manifest is required for '{stage}'")
+            sentences = self._manifest_text(splits[split])
+            if split == "train":
+                for path in hp.extra_text or []:
+                    sentences += _read_text_file(path)
+            self.datasets[split] = self._encode(sentences)
+            log.info("%s text: %d sentences", split, len(self.datasets[split]))
+
+    def _manifest_text(self, path: str) -> list[_Sentence]:
+        utts = read_manifest(path, skip_bad=self.hparams.skip_bad)
+        return [_Sentence(f"{path}:{u.utt_id}", u.text) for u in utts]
+
+    def _encode(self, sentences: list[_Sentence]) -> list[list[int]]:
+        """Token ids of every sentence; text the tokenizer cannot represent is rejected up
+        front (or skipped with `skip_bad`)."""
+        checked = [(s, self.tokenizer.oov(s.text)) for s in sentences]
+        bad = [(s, chars) for s, chars in checked if chars]
+        if bad and not self.hparams.skip_bad:
+            lines = "\n".join(f"  {s.where}: {''.join(c)!r}" for s, c in bad[:20])
+            raise ValueError(
+                f"{len(bad)} sentences have characters outside the tokenizer's vocabulary "
+                f"(use data.skip_bad to skip them):\n{lines}"
+            )
+        if bad:
+            log.warning("skipping %d sentences with out-of-vocabulary text", len(bad))
+        return [self.tokenizer.encode(s.text) for s, chars in checked if not chars]
+
+    def _loader(self, split: str, shuffle: bool) -> torch.utils.data.DataLoader:
+        sequences = self.datasets[split]
+        trainer = self.trainer
+        sampler = DynamicBucketSampler(
+            [len(s) + 1 for s in sequences],  # row length: the tokens plus sos (inputs) or eos
+            self.hparams.max_batch_tokens,
+            num_buckets=self.hparams.num_buckets,
+            max_batch_size=self.hparams.max_batch_size,
+            shuffle=shuffle,
+            seed=self.hparams.seed,
+            num_replicas=trainer.world_size if trainer else 1,
+            rank=trainer.global_rank if trainer else 0,
+        )
+        workers = self.hparams.num_workers
+        loader = torch.utils.data.DataLoader(
+            sequences,
+            batch_sampler=sampler,
+            collate_fn=partial(collate_text, pad_id=self.tokenizer.pad_id),
+            num_workers=workers,
+            persistent_workers=workers > 0,
+        )
+        # Lightning builds the first epoch's iterator before any epoch hook runs.
+        set_loader_epoch(loader, trainer.current_epoch if trainer else 0)
+        return loader
+
+    def train_dataloader(self):
+        return self._loader("train", shuffle=True)
+
+    def val_dataloader(self):
+        return self._loader("val", shuffle=False)
+
+    def test_dataloader(self):
+        return self._loader("test", shuffle=False)
+
+
+def _read_text_file(path: str | os.PathLike) -> list[_Sentence]:
+    """Non-blank lines of a UTF-8 text file, each tagged `file:line`."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{path}: not valid UTF-8 ({err.reason} at byte {err.start})") from None
+    except OSError as err:
+        raise ValueError(f"{path}: cannot read text file ({err.strerror})") from None
+    lines = enumerate(text.splitlines(), start=1)
+    return [_Sentence(f"{path}:{n}", line) for n, line in lines if line.strip()]
+
+
+def load_lm(
+    path: str | os.PathLike, device: str | torch.device = "cpu"
+) -> tuple[nn.Module, Tokenizer]:
+    """Rebuild the language model of an `asr fit` LM checkpoint (or an `asr average` output).
+
+    Returns:
+        The LM (the plain module, in eval mode, on `device`), which follows the search
+        interface `asr.search.LanguageModel`, and its tokenizer.
+
+    Raises:
+        CheckpointError: the file holds no LM written by `asr fit`, or refuses to load
+            safely; the message names it.
+    """
+    state = load_checkpoint(path)
+    payload = state.get(CHECKPOINT_KEY)
+    if not isinstance(payload, dict) or "model_config" not in payload:
+        raise CheckpointError(
+            f"{path}: no language model config inside (not an LMModule checkpoint of `asr fit`;"
+            " recognizers load with asr.inference.load_model)"
+        )
+    tokenizer = _tokenizer_from_files(payload["tokenizer"])
+    module = _instantiate({**payload["model_config"], "tokenizer": ""})
+    prefix = "lm."
+    weights = {k[len(prefix) :]: v for k, v in state["state_dict"].items() if k.startswith(prefix)}
+    module.lm.load_state_dict(weights)
+    return module.lm.to(device).eval(), tokenizer
+
+
+def _tokenizer_from_files(files: dict[str, str]) -> Tokenizer:
+    """The tokenizer from the base64 files `checkpoint_payload` embedded."""
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, data in files.items():
+            (Path(tmp) / Path(name).name).write_bytes(base64.b64decode(data))
+        return Tokenizer.load(tmp)  # reads everything into memory
+
+
+def _instantiate(config: dict[str, Any]) -> LMModule:
+    from jsonargparse import ArgumentParser
+
+    parser = ArgumentParser(exit_on_error=False)
+    parser.add_class_arguments(LMModule, "model", fail_untyped=False)
+    parsed = parser.parse_object({"model": config})
+    return parser.instantiate_classes(parsed).model
