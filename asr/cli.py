@@ -6,6 +6,9 @@ asr cmvn --manifest M --out stats.json          global CMVN statistics
 asr validate-data --manifest M [--tokenizer DIR] check audio and text up front
 asr fit|validate|test --config conf/...yaml     training (LightningCLI)
 asr average --last exp/.../checkpoints/last.ckpt --best 5 --out avg.ckpt
+asr transcribe AUDIO... --checkpoint CKPT [--format txt json srt vtt] [--output-dir DIR]
+asr evaluate --checkpoint CKPT --manifest test.jsonl --out DIR   WER/CER, reports, plots
+asr align AUDIO --checkpoint CKPT --text "..." --out plot.png      word times of a transcript
 """
 
 from __future__ import annotations
@@ -80,6 +83,133 @@ def _average(args: argparse.Namespace) -> int:
     return 0
 
 
+def _device(name: str | None) -> str:
+    import torch
+
+    if name is None:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda: no CUDA device is available")
+    return name
+
+
+def _recognizer(args: argparse.Namespace):
+    from asr.inference import load_model
+
+    return load_model(args.checkpoint, _device(args.device))
+
+
+def _search_options(args: argparse.Namespace, recognizer):
+    """SearchOptions from the decoding arguments; CTC weight 0.3 by default with a CTC head."""
+    from asr.search import SearchOptions
+
+    if args.lm_weight is not None and not args.lm:
+        raise ValueError("--lm-weight needs --lm")
+    ctc_weight = args.ctc_weight
+    if ctc_weight is None:
+        ctc_weight = 0.3 if recognizer.model.ctc is not None else 0.0
+    return SearchOptions(
+        beam_size=args.beam_size,
+        ctc_weight=ctc_weight,
+        lm_weight=(0.3 if args.lm_weight is None else args.lm_weight) if args.lm else 0.0,
+        length_bonus=args.length_bonus,
+        max_len_ratio=args.max_len_ratio,
+    )
+
+
+def _language_model(args: argparse.Namespace, recognizer):
+    """The `--lm` checkpoint, checked to share the recognizer's vocabulary; None without."""
+    if not args.lm:
+        return None
+    from asr.lm import load_lm
+
+    lm, tokenizer = load_lm(args.lm, recognizer.device)
+    ours = recognizer.tokenizer
+    if tokenizer.pieces(range(tokenizer.vocab_size)) != ours.pieces(range(ours.vocab_size)):
+        raise ValueError(f"{args.lm}: the language model's vocabulary differs from the model's")
+    return lm
+
+
+def _transcribe(args: argparse.Namespace) -> int:
+    from asr.transcribe import SegmenterOptions, transcribe_files
+
+    recognizer = _recognizer(args)
+    given = {
+        "max_segment_seconds": args.max_segment_seconds,
+        "min_silence_seconds": args.min_silence_seconds,
+        "silence_threshold_db": args.silence_threshold_db,
+    }
+    failed = transcribe_files(
+        recognizer,
+        args.audio,
+        args.output_dir,
+        formats=args.format,
+        options=_search_options(args, recognizer),
+        lm=_language_model(args, recognizer),
+        timestamps=args.timestamps,
+        batch_size=args.batch_size,
+        segmenter=SegmenterOptions(**{k: v for k, v in given.items() if v is not None}),
+        words_per_cue=args.words_per_cue,
+        progress=not args.quiet,
+    )
+    if failed:
+        print(f"asr transcribe: {len(failed)} of {len(args.audio)} files failed", file=sys.stderr)
+    return 1 if failed else 0
+
+
+def _evaluate(args: argparse.Namespace) -> int:
+    from asr.evaluate import evaluate
+
+    recognizer = _recognizer(args)
+    metrics = evaluate(
+        recognizer,
+        args.manifest,
+        args.out,
+        options=_search_options(args, recognizer),
+        lm=_language_model(args, recognizer),
+        batch_size=args.batch_size,
+        plots=args.plots,
+        plot_ids=args.plot_ids,
+        progress=not args.quiet,
+        extra={"lm": args.lm},
+    )
+    print(
+        f"WER {metrics['wer']:.2f}%  CER {metrics['cer']:.2f}%  over {metrics['utterances']} "
+        f"utterances, RTF {metrics['real_time_factor']:.3f}; reports in {args.out}"
+    )
+    return 0
+
+
+def _align(args: argparse.Namespace) -> int:
+    from asr.evaluate import save_alignment_plots
+
+    recognizer = _recognizer(args)
+    alignment = recognizer.align(args.audio, args.text)
+    written = save_alignment_plots(recognizer, alignment, args.out, title=alignment.text)
+    ctc = alignment.ctc_words
+    print("# word\tattention_start\tattention_end" + ("\tctc_start\tctc_end" if ctc else ""))
+    for k, word in enumerate(alignment.words):
+        times = f"{word.start:.3f}\t{word.end:.3f}"
+        if ctc:
+            times += f"\t{ctc[k].start:.3f}\t{ctc[k].end:.3f}"
+        print(f"{word.text}\t{times}")
+    print(f"plots: {', '.join(str(p) for p in written)}", file=sys.stderr)
+    return 0
+
+
+def _add_decoding_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--checkpoint", required=True, help="a checkpoint of `asr fit` or average")
+    p.add_argument("--beam-size", type=int, default=10, help="1 = greedy (10)")
+    p.add_argument("--ctc-weight", type=float, help="joint CTC weight (0.3 with a CTC head)")
+    p.add_argument("--lm", help="language model checkpoint for shallow fusion")
+    p.add_argument("--lm-weight", type=float, help="shallow fusion weight (0.3 with --lm)")
+    p.add_argument("--length-bonus", type=float, default=0.0, help="score per output token")
+    p.add_argument("--max-len-ratio", type=float, default=1.0, help="tokens per encoder frame")
+    p.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda when available")
+    p.add_argument("--batch-size", type=int, default=8, help="utterances or segments per batch")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="asr",
@@ -129,6 +259,35 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--best", type=int, default=5, help="with --last: how many best (5)")
     p.add_argument("--out", required=True, help="output checkpoint")
     p.set_defaults(run=_average)
+
+    p = sub.add_parser("transcribe", help="transcribe audio files of any length")
+    p.add_argument("audio", nargs="+", help="audio files (any format and rate soundfile reads)")
+    _add_decoding_arguments(p)
+    p.add_argument("--format", nargs="+", choices=["txt", "json", "srt", "vtt"],
+                   default=["txt", "json"], help="output formats (txt json)")  # fmt: skip
+    p.add_argument("--output-dir", default=".", help="where <stem>.<format> files go (.)")
+    p.add_argument("--timestamps", choices=["attention", "ctc"], default="attention")
+    p.add_argument("--max-segment-seconds", type=float, help="longer audio is split (20)")
+    p.add_argument("--min-silence-seconds", type=float, help="shortest silence cut (0.3)")
+    p.add_argument("--silence-threshold-db", type=float, help="silence: dB below peak (-35)")
+    p.add_argument("--words-per-cue", type=int, default=0, help="srt/vtt: 0 = one per segment")
+    p.set_defaults(run=_transcribe)
+
+    p = sub.add_parser("evaluate", help="WER/CER of a manifest, error reports, attention plots")
+    _add_decoding_arguments(p)
+    p.add_argument("--manifest", required=True, help="JSONL manifest with references")
+    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--plots", type=int, default=5, help="plot the first N utterances (5)")
+    p.add_argument("--plot-ids", nargs="+", help="plot these utterance ids instead")
+    p.set_defaults(run=_evaluate)
+
+    p = sub.add_parser("align", help="align a known transcript: word times and a plot")
+    p.add_argument("audio", help="an audio file")
+    p.add_argument("--checkpoint", required=True)
+    p.add_argument("--text", required=True, help="the transcript")
+    p.add_argument("--out", required=True, help="plot file (PNG); Transformers add _heads.png")
+    p.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda when available")
+    p.set_defaults(run=_align)
     return parser
 
 

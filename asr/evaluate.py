@@ -1,0 +1,337 @@
+"""`asr evaluate`: decode a test manifest, score it, and write the reports.
+
+Into the output folder:
+
+    metrics.json         WER/CER (%), word error counts, audio hours, decode seconds and
+                         real-time factor, search options, checkpoint; with a CTC head, the
+                         mean word boundary difference (ms) between attention and CTC timing
+    hyp.txt, ref.txt     Kaldi `utt-id text`; references normalised by the tokenizer
+    errors.txt           per-utterance REF/HYP alignments with S/D/I marks (from jiwer's
+                         alignment), then the most frequent substitutions, deletions and
+                         insertions
+    alignments/<id>.png  spectrogram + cross-attention of chosen utterances, word boundaries
+                         overlaid; `<id>_heads.png` per layer and head for Transformers
+
+Utterances are decoded in batches sorted by length; the decode time counts the encoder and
+the search, not reading audio.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import jiwer
+from torch import Tensor
+from tqdm import tqdm
+
+from asr.alignment import boundary_error_ms, plot_attention, plot_attention_grid, save_figure
+from asr.audio import load_audio
+from asr.data.manifest import Utterance, read_manifest
+from asr.inference import Alignment, Decoded, Recognizer
+from asr.metrics import char_errors, word_errors
+from asr.models.transformer import TransformerDecoder
+from asr.search import LanguageModel, SearchOptions
+from asr.transcribe import search_or_errors
+
+TOP_ERRORS = 30  # entries per list of frequent errors in errors.txt
+
+
+@dataclass
+class ScoredUtterance:
+    """One decoded utterance and its reference."""
+
+    utt_id: str
+    ref: str  # normalised reference
+    hyp: str
+    tokens: list[int]  # the hypothesis's ids, for plots
+
+
+def evaluate(
+    recognizer: Recognizer,
+    manifest: str | os.PathLike,
+    out_dir: str | os.PathLike,
+    options: SearchOptions | None = None,
+    lm: LanguageModel | None = None,
+    batch_size: int = 8,
+    plots: int = 5,
+    plot_ids: Sequence[str] | None = None,
+    progress: bool = True,
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Decode every utterance of `manifest` and write the reports into `out_dir`.
+
+    Args:
+        recognizer: the model.
+        manifest: JSONL manifest with reference texts.
+        out_dir: output folder (created).
+        options: search settings; None: `SearchOptions()`.
+        lm: language model for shallow fusion (`options.lm_weight > 0`).
+        batch_size: utterances decoded together.
+        plots: attention plots of this many utterances (the manifest's first ones).
+        plot_ids: plot these utterances instead.
+        progress: show a tqdm bar.
+        extra: more entries for metrics.json (e.g. the LM's path).
+
+    Returns:
+        The metrics written to `metrics.json`.
+
+    Raises:
+        ValueError: an unreadable manifest or audio file, or an unknown plot id (named).
+    """
+    options = options or SearchOptions()
+    recognizer.check_options(options, lm)
+    utterances = read_manifest(manifest)
+    if not utterances:
+        raise ValueError(f"{manifest}: no utterances to evaluate")
+    chosen = _chosen_for_plots(utterances, plots, plot_ids, manifest)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    results, timing, boundary_errors = _decode_all(
+        recognizer, utterances, options, lm, batch_size, progress
+    )
+    decode_seconds, audio_seconds = timing
+    refs, hyps = [r.ref for r in results], [r.hyp for r in results]
+    words, chars = word_errors(refs, hyps), char_errors(refs, hyps)
+    _write_kaldi(out_dir / "hyp.txt", [(r.utt_id, r.hyp) for r in results])
+    _write_kaldi(out_dir / "ref.txt", [(r.utt_id, r.ref) for r in results])
+    (out_dir / "errors.txt").write_text(error_report(results), encoding="utf-8")
+    _plot(recognizer, [u for u in utterances if u.utt_id in chosen], results, out_dir)
+    metrics = {
+        "wer": 100 * words.rate,
+        "cer": 100 * chars.rate,
+        "substitutions": words.substitutions,
+        "deletions": words.deletions,
+        "insertions": words.insertions,
+        "reference_words": words.reference_length,
+        "reference_characters": chars.reference_length,
+        "utterances": len(results),
+        "audio_hours": audio_seconds / 3600,
+        "decode_seconds": decode_seconds,
+        "real_time_factor": decode_seconds / audio_seconds,
+        "boundary_error_ms": _mean(boundary_errors),
+        "boundary_error_utterances": len(boundary_errors),
+        "search": asdict(options),
+        "checkpoint": recognizer.checkpoint,
+        "manifest": str(manifest),
+        **(extra or {}),
+    }
+    (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=1) + "\n", encoding="utf-8")
+    return metrics
+
+
+def _mean(values: Sequence[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def _chosen_for_plots(
+    utterances: Sequence[Utterance],
+    plots: int,
+    plot_ids: Sequence[str] | None,
+    manifest: str | os.PathLike,
+) -> set[str]:
+    ids = [u.utt_id for u in utterances]
+    if not plot_ids:
+        return set(ids[: max(plots, 0)])
+    unknown = sorted(set(plot_ids) - set(ids))
+    if unknown:
+        raise ValueError(f"{manifest}: no utterances with ids {unknown[:10]} (from --plot-ids)")
+    return set(plot_ids)
+
+
+def _load(recognizer: Recognizer, utterance: Utterance) -> Tensor:
+    return load_audio(
+        utterance.audio_filepath, recognizer.sample_rate, utterance.offset, utterance.duration
+    )
+
+
+def _decode_all(
+    recognizer: Recognizer,
+    utterances: Sequence[Utterance],
+    options: SearchOptions,
+    lm: LanguageModel | None,
+    batch_size: int,
+    progress: bool,
+) -> tuple[list[ScoredUtterance], tuple[float, float], list[float]]:
+    """Results in manifest order, (decode seconds, audio seconds), and the boundary errors
+    (ms) of the utterances recognised exactly, where the model has a CTC head."""
+    order = sorted(range(len(utterances)), key=lambda i: utterances[i].duration, reverse=True)
+    results: list[ScoredUtterance | None] = [None] * len(utterances)
+    decode_seconds, audio_seconds, boundary_errors = 0.0, 0.0, []
+    normalize = recognizer.tokenizer.normalizer
+    with tqdm(total=len(order), desc="evaluate", unit="utt", disable=not progress) as bar:
+        for first in range(0, len(order), batch_size):
+            batch = order[first : first + batch_size]
+            waves = [_load(recognizer, utterances[i]) for i in batch]
+            start = time.perf_counter()
+            decoded = search_or_errors(recognizer, waves, options, lm)
+            decode_seconds += time.perf_counter() - start
+            audio_seconds += sum(len(w) for w in waves) / recognizer.sample_rate
+            for i, item in zip(batch, decoded):
+                if isinstance(item, ValueError):  # too short for the encoder
+                    utt = utterances[i]
+                    raise ValueError(f"{utt.audio_filepath} ({utt.utt_id}): {item}")
+                hyp = recognizer.tokenizer.decode(item.hypothesis.tokens)
+                ref = normalize(utterances[i].text)
+                results[i] = ScoredUtterance(utterances[i].utt_id, ref, hyp, item.hypothesis.tokens)
+                error = _boundary_error(recognizer, item) if hyp == ref and hyp else None
+                if error is not None:
+                    boundary_errors.append(error)
+            bar.update(len(batch))
+    return results, (decode_seconds, audio_seconds), boundary_errors
+
+
+def _boundary_error(recognizer: Recognizer, decoded: Decoded) -> float | None:
+    """Attention vs CTC word boundaries of one hypothesis (ms); None without a CTC head or
+    where CTC cannot align it."""
+    if decoded.ctc_log_probs is None:
+        return None
+    try:
+        ctc = recognizer.words(decoded, "ctc", fallback=False)
+    except ValueError:
+        return None
+    return boundary_error_ms(recognizer.words(decoded, "attention"), ctc)
+
+
+def _write_kaldi(path: Path, rows: Sequence[tuple[str, str]]) -> None:
+    path.write_text("".join(f"{i} {t}".rstrip() + "\n" for i, t in rows), encoding="utf-8")
+
+
+# --------------------------------------------------------------------------- errors.txt
+
+
+def alignment_lines(ref: Sequence[str], hyp: Sequence[str], chunks) -> list[str]:
+    """sclite-style REF/HYP/mark lines of one utterance from jiwer's alignment chunks;
+    `*` fills the side a word is missing from.
+
+    >>> out = jiwer.process_words("A B C", "A X C D")
+    >>> print("\\n".join(alignment_lines(*out.references, *out.hypotheses, out.alignments[0])))
+    REF: A B C *
+    HYP: A X C D
+           S   I
+    """
+    columns: list[tuple[str, str, str]] = []
+    for chunk in chunks:
+        refs = ref[chunk.ref_start_idx : chunk.ref_end_idx]
+        hyps = hyp[chunk.hyp_start_idx : chunk.hyp_end_idx]
+        if chunk.type == "delete":
+            hyps = ["*" * len(r) for r in refs]
+        elif chunk.type == "insert":
+            refs = ["*" * len(h) for h in hyps]
+        mark = {"equal": "", "substitute": "S", "delete": "D", "insert": "I"}[chunk.type]
+        columns += [(r, h, mark) for r, h in zip(refs, hyps)]
+    widths = [max(len(r), len(h)) for r, h, _ in columns]
+    ref_line = " ".join(r.ljust(w) for (r, _, _), w in zip(columns, widths))
+    hyp_line = " ".join(h.ljust(w) for (_, h, _), w in zip(columns, widths))
+    marks = " ".join(m.ljust(w) for (_, _, m), w in zip(columns, widths))
+    return [f"REF: {ref_line}".rstrip(), f"HYP: {hyp_line}".rstrip(), f"     {marks}".rstrip()]
+
+
+def error_report(results: Sequence[ScoredUtterance]) -> str:
+    """errors.txt: each utterance's alignment with its counts, then the most frequent
+    substitutions, deletions and insertions (single words) over the set."""
+    lines = ["# Per utterance: REF/HYP word alignment, S substitution, D deletion, I insertion", ""]
+    substitutions, deletions, insertions = Counter(), Counter(), Counter()
+    for result in results:
+        ref, hyp = result.ref.split(), result.hyp.split()
+        chunks = _alignment_chunks(result.ref, result.hyp)
+        counts = Counter()
+        for chunk in chunks:
+            refs = ref[chunk.ref_start_idx : chunk.ref_end_idx]
+            hyps = hyp[chunk.hyp_start_idx : chunk.hyp_end_idx]
+            counts[chunk.type] += max(len(refs), len(hyps))
+            if chunk.type == "substitute":
+                substitutions.update(zip(refs, hyps))
+            elif chunk.type == "delete":
+                deletions.update(refs)
+            elif chunk.type == "insert":
+                insertions.update(hyps)
+        lines.append(
+            f"{result.utt_id}  C={counts['equal']} S={counts['substitute']} "
+            f"D={counts['delete']} I={counts['insert']}"
+        )
+        lines += alignment_lines(ref, hyp, chunks) + [""]
+    lines += _frequent("substitutions (REF -> HYP)", substitutions, lambda k: f"{k[0]} -> {k[1]}")
+    lines += _frequent("deletions", deletions, str)
+    lines += _frequent("insertions", insertions, str)
+    return "\n".join(lines) + "\n"
+
+
+def _alignment_chunks(ref: str, hyp: str) -> list[jiwer.AlignmentChunk]:
+    """jiwer's word alignment of one utterance (which refuses an empty reference: there,
+    every hypothesis word is an insertion)."""
+    if ref.split():
+        return jiwer.process_words(ref, hyp if hyp.split() else " ").alignments[0]
+    words = len(hyp.split())
+    return [jiwer.AlignmentChunk("insert", 0, 0, 0, words)] if words else []
+
+
+def _frequent(title: str, counts: Counter, name) -> list[str]:
+    lines = [f"# Most frequent {title}: count"]
+    lines += [f"{count:6d}  {name(key)}" for key, count in counts.most_common(TOP_ERRORS)]
+    return lines + [""]
+
+
+# --------------------------------------------------------------------------- plots
+
+
+def save_alignment_plots(
+    recognizer: Recognizer, alignment: Alignment, path: str | os.PathLike, title: str = ""
+) -> list[Path]:
+    """Write the spectrogram + head-averaged attention plot with word boundaries to `path`
+    and, for a Transformer decoder, one map per layer and head to `<stem>_heads.png`.
+
+    Returns:
+        The files written.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    labels = alignment.pieces + ["<eos>"]
+    figure = plot_attention(
+        alignment.attention,
+        labels,
+        alignment.features,
+        frame_shift=alignment.feature_seconds,
+        title=title,
+        seconds_per_frame=alignment.frame_seconds,
+        words=alignment.words,
+    )
+    save_figure(figure, str(path))
+    written = [path]
+    decoder = recognizer.model.decoder
+    if isinstance(decoder, TransformerDecoder):
+        heads = path.with_name(f"{path.stem}_heads.png")
+        grid = plot_attention_grid(
+            alignment.attention,
+            len(decoder.layers),
+            labels,
+            alignment.frame_seconds,
+            title=title,
+            words=alignment.words,
+        )
+        save_figure(grid, str(heads))
+        written.append(heads)
+    return written
+
+
+def _plot(
+    recognizer: Recognizer,
+    utterances: Sequence[Utterance],
+    results: Sequence[ScoredUtterance],
+    out_dir: Path,
+) -> None:
+    """Plots of the hypotheses of `utterances` (teacher forcing reproduces their attention)."""
+    by_id = {r.utt_id: r for r in results}
+    for utterance in utterances:
+        result = by_id[utterance.utt_id]
+        alignment = recognizer.align_tokens(_load(recognizer, utterance), result.tokens)
+        title = f"{utterance.utt_id}\nREF: {result.ref}\nHYP: {result.hyp}"
+        save_alignment_plots(
+            recognizer, alignment, out_dir / "alignments" / f"{utterance.utt_id}.png", title
+        )

@@ -1,0 +1,135 @@
+"""`asr evaluate`: scores equal jiwer's on the files it writes, the reports, the plots."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import jiwer
+import numpy as np
+import pytest
+import soundfile
+from conftest import corpus_path
+from test_transcribe import JOINT, UTTERANCES, _overfit_recognizer, fit_tiny_checkpoint
+
+from asr.audio import audio_info
+from asr.cli import main
+from asr.data.manifest import Utterance, write_manifest
+from asr.evaluate import ScoredUtterance, error_report, evaluate
+
+pytestmark = pytest.mark.needs_corpus
+
+TEST_UTTERANCES = {  # AN4 test set (etc/an4_test.transcription), written as a user might
+    "an4test_clstk/fcaw/an406-fcaw-b": "Rubout G M E F three nine.",
+    "an4test_clstk/fcaw/an407-fcaw-b": "erase C Q Q F seven",
+}
+
+
+def _manifest(path: Path, utterances: dict[str, str]) -> Path:
+    wav = corpus_path("an4", "wav")
+    files = {wav / f"{p}.wav": text for p, text in utterances.items()}
+    write_manifest(path, [Utterance(str(f), audio_info(f).duration, text, f.stem)
+                          for f, text in files.items()])  # fmt: skip
+    return path
+
+
+def _read_kaldi(path: Path) -> tuple[list[str], list[str]]:
+    rows = [line.split(" ", 1) for line in path.read_text().splitlines()]
+    return [r[0] for r in rows], [r[1] if len(r) > 1 else "" for r in rows]
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory) -> Path:
+    return fit_tiny_checkpoint(tmp_path_factory.getbasetemp() / "tiny_fit")
+
+
+def test_cli_scores_equal_jiwer_on_the_written_files(checkpoint, tmp_path, capsys):
+    manifest = _manifest(tmp_path / "test.jsonl", {**UTTERANCES, **TEST_UTTERANCES})
+    out = tmp_path / "eval"
+    code = main([
+        "evaluate", "--checkpoint", str(checkpoint), "--manifest", str(manifest),
+        "--out", str(out), "--beam-size", "2", "--plots", "2", "--quiet",
+    ])  # fmt: skip
+    assert code == 0
+    assert "WER" in capsys.readouterr().out
+    metrics = json.loads((out / "metrics.json").read_text())
+    ids, hyps = _read_kaldi(out / "hyp.txt")
+    ref_ids, refs = _read_kaldi(out / "ref.txt")
+    assert ids == ref_ids == [Path(p).name for p in {**UTTERANCES, **TEST_UTTERANCES}]
+    assert refs[-2:] == ["RUBOUT G M E F THREE NINE", "ERASE C Q Q F SEVEN"], "normalised"
+    assert metrics["wer"] == 100 * jiwer.wer(refs, hyps)
+    assert metrics["cer"] == 100 * jiwer.cer(refs, hyps)
+    words = jiwer.process_words(refs, hyps)
+    assert (metrics["substitutions"], metrics["deletions"], metrics["insertions"]) == (
+        words.substitutions, words.deletions, words.insertions,
+    )  # fmt: skip
+    assert metrics["reference_words"] == sum(len(r.split()) for r in refs)
+    seconds = sum(audio_info(u).duration for u in _wavs({**UTTERANCES, **TEST_UTTERANCES}))
+    assert metrics["utterances"] == 6
+    assert metrics["audio_hours"] == pytest.approx(seconds / 3600)
+    assert metrics["real_time_factor"] == pytest.approx(metrics["decode_seconds"] / seconds)
+    assert metrics["search"]["beam_size"] == 2 and metrics["search"]["ctc_weight"] == 0.3
+    assert metrics["checkpoint"] == str(checkpoint)
+    plots = sorted(p.name for p in (out / "alignments").iterdir())
+    assert plots == ["an251-fash-b.png", "an251-fash-b_heads.png",
+                     "an253-fash-b.png", "an253-fash-b_heads.png"]  # fmt: skip
+    report = (out / "errors.txt").read_text()
+    for utt_id in ids:
+        assert f"\n{utt_id}  C=" in report
+    assert report.count("\nREF: ") == report.count("\nHYP: ") == 6
+
+
+def _wavs(utterances: dict[str, str]) -> list[Path]:
+    wav = corpus_path("an4", "wav")
+    return [wav / f"{p}.wav" for p in utterances]
+
+
+def test_recognised_utterances_give_zero_error_and_boundary_differences(tmp_path):
+    recognizer, _ = _overfit_recognizer(str(corpus_path("an4", "wav")))
+    manifest = _manifest(tmp_path / "train.jsonl", UTTERANCES)
+    chosen = "an255-fash-b"
+    metrics = evaluate(
+        recognizer, manifest, tmp_path / "eval", options=JOINT, batch_size=3, plot_ids=[chosen],
+        progress=False,
+    )  # fmt: skip
+    assert metrics["wer"] == metrics["cer"] == 0.0
+    assert metrics["boundary_error_utterances"] == 4, "every exact hypothesis is compared"
+    assert 0 < metrics["boundary_error_ms"] < 1000
+    assert sorted(p.name for p in (tmp_path / "eval" / "alignments").iterdir()) == [
+        f"{chosen}.png",
+        f"{chosen}_heads.png",
+    ]
+    assert "C=6 S=0 D=0 I=0" in (tmp_path / "eval" / "errors.txt").read_text()
+    with pytest.raises(ValueError, match=r"train.jsonl: no utterances with ids \['nope'\]"):
+        evaluate(recognizer, manifest, tmp_path / "x", plot_ids=["nope"], progress=False)
+
+    tiny = tmp_path / "tiny.wav"
+    soundfile.write(tiny, np.zeros(80, dtype=np.float32), 16000)  # 5 ms: too short to encode
+    lines = manifest.read_text().splitlines()
+    bad = json.loads(lines[1]) | {"audio_filepath": str(tiny), "duration": 0.005}
+    manifest.write_text("\n".join([lines[0], json.dumps(bad), *lines[2:]]) + "\n")
+    with pytest.raises(ValueError, match=rf"{tiny} \(an253-fash-b\): .*too short"):
+        evaluate(recognizer, manifest, tmp_path / "y", plots=0, progress=False)
+
+
+def test_error_report_alignments_and_frequent_errors():
+    results = [
+        ScoredUtterance("u1", "A B C", "A X C D", []),
+        ScoredUtterance("u2", "", "E", []),
+        ScoredUtterance("u3", "F G", "", []),
+        ScoredUtterance("u4", "B B", "X B", []),
+    ]
+    report = error_report(results)
+    assert "u1  C=2 S=1 D=0 I=1\nREF: A B C *\nHYP: A X C D\n       S   I\n" in report
+    assert "u2  C=0 S=0 D=0 I=1\nREF: *\nHYP: E\n     I\n" in report
+    assert "u3  C=0 S=0 D=2 I=0\nREF: F G\nHYP: * *\n     D D\n" in report
+    frequent = report[report.index("# Most frequent substitutions") :].splitlines()
+    assert frequent[1].split() == ["2", "B", "->", "X"]
+    deletions = frequent[frequent.index("# Most frequent deletions: count") + 1 :][:2]
+    assert sorted(line.split()[1] for line in deletions) == ["F", "G"]
+    counts = re.findall(r"^u\d  C=(\d+) S=(\d+) D=(\d+) I=(\d+)$", report, re.MULTILINE)
+    sums = [sum(int(c[k]) for c in counts) for k in range(4)]
+    totals = jiwer.process_words(["A B C", "F G", "B B"], ["A X C D", "", "X B"])
+    extra = 1  # u2's insertion: jiwer refuses its empty reference
+    assert sums == [totals.hits, totals.substitutions, totals.deletions, totals.insertions + extra]

@@ -1,0 +1,667 @@
+"""Transcription: the Recognizer API, long-audio segmentation, output writers, `asr transcribe`
+and `asr align`.
+
+Two real models: a tiny Transformer overfit in memory on four AN4 utterances (it recognises
+them, so timing and segmentation can be checked against what was said), and a tiny
+checkpoint trained through `asr fit` for the command-line tests.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import textwrap
+import tracemalloc
+from functools import cache, partial
+from itertools import pairwise
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile
+import torch
+from conftest import REPO, corpus_path
+
+from asr.alignment import Word
+from asr.audio import audio_info, load_audio
+from asr.cli import main
+from asr.data.dataset import collate
+from asr.data.manifest import Utterance, write_manifest
+from asr.frontends import Frontend, LogMelFilterbank, UtteranceCMVN, compute_cmvn_stats
+from asr.inference import Recognizer, Segment, Transcript
+from asr.models.ctc import CTCHead
+from asr.models.rnn import RNNEncoder
+from asr.models.seq2seq import Seq2Seq
+from asr.models.transformer import TransformerDecoder, TransformerEncoder
+from asr.search import SearchOptions, greedy_search
+from asr.text import CharTokenizer, train_tokenizer
+from asr.transcribe import (
+    FORMATS,
+    FileSource,
+    SegmenterOptions,
+    frame_energy_db,
+    join_segments,
+    plan_segments,
+    segment_source,
+    transcribe_files,
+    transcribe_sources,
+)
+
+pytestmark = pytest.mark.needs_corpus
+
+UTTERANCES = {  # AN4 training utterances (etc/an4_train.transcription) the tiny model learns
+    "an4_clstk/fash/an251-fash-b": "YES",
+    "an4_clstk/fash/an253-fash-b": "GO",
+    "an4_clstk/fash/an254-fash-b": "YES",
+    "an4_clstk/fash/an255-fash-b": "U M N Y H SIX",
+}
+GREEDY = SearchOptions(beam_size=1)
+JOINT = SearchOptions(beam_size=3, ctc_weight=0.3)
+RATE = 16000
+GAP_NOISE = 1e-4  # amplitude of the noise filling inserted silences (about -83 dBFS)
+
+
+# --------------------------------------------------------------------------- models
+
+
+@cache
+def _overfit_recognizer(wav_root: str) -> tuple[Recognizer, list[torch.Tensor]]:
+    """A tiny Transformer + CTC trained until greedy search reproduces all four transcripts."""
+    tokenizer = CharTokenizer.train(UTTERANCES.values())
+    items = [
+        {"id": p, "wave": load_audio(f"{wav_root}/{p}.wav"), "text": text,
+         "tokens": torch.tensor(tokenizer.encode(text))}
+        for p, text in UTTERANCES.items()
+    ]  # fmt: skip
+    batch = collate(items, pad_id=tokenizer.pad_id)
+    torch.manual_seed(0)
+    frontend = Frontend(LogMelFilterbank(n_mels=40), UtteranceCMVN(norm_vars=True))
+    encoder = TransformerEncoder(40, d_model=64, num_heads=4, ffn_dim=128, num_layers=2, dropout=0)
+    decoder = TransformerDecoder(
+        tokenizer.vocab_size, 64, d_model=64, num_heads=4, ffn_dim=128, num_layers=1, dropout=0
+    )
+    model = Seq2Seq(frontend, encoder, decoder, CTCHead(tokenizer.vocab_size, 64))
+    optimizer = torch.optim.Adam(model.parameters(), lr=2e-3)
+    args = (batch.waves, batch.wave_lens, batch.tokens, batch.token_lens)
+    for step in range(1, 401):
+        model.train()
+        loss = model.loss(*args, ctc_weight=0.3).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        if step % 20 == 0:
+            model.eval()
+            with torch.no_grad():
+                enc, enc_lens = model.encode(batch.waves, batch.wave_lens)
+                hyps = [tokenizer.decode(h.tokens) for h in greedy_search(decoder, enc, enc_lens)]
+            if hyps == batch.texts:
+                break
+    model.eval()
+    return Recognizer(model, tokenizer, RATE, "<in memory>"), [i["wave"] for i in items]
+
+
+@pytest.fixture(scope="module")
+def overfit() -> tuple[Recognizer, list[torch.Tensor]]:
+    return _overfit_recognizer(str(corpus_path("an4", "wav")))
+
+
+FIT_CONFIG = """
+seed_everything: 0
+model:
+  class_path: asr.lightning.ASRModule
+  init_args:
+    frontend:
+      class_path: asr.frontends.Frontend
+      init_args:
+        features: {class_path: asr.frontends.LogMelFilterbank, init_args: {n_mels: 40}}
+        normalize: {class_path: asr.frontends.GlobalCMVN, init_args: {stats_path: CMVN_STATS}}
+    encoder:
+      class_path: asr.models.transformer.TransformerEncoder
+      init_args: {d_model: 32, num_heads: 2, ffn_dim: 64, num_layers: 1}
+    decoder:
+      class_path: asr.models.transformer.TransformerDecoder
+      init_args: {d_model: 32, num_heads: 2, ffn_dim: 64, num_layers: 2}
+    ctc_weight: 0.3
+    plot_utterances: 0
+data:
+  class_path: asr.lightning.ASRDataModule
+  init_args: {max_batch_seconds: 12, num_workers: 0}
+trainer:
+  max_epochs: 1
+  accelerator: cpu
+  logger: false
+  enable_progress_bar: false
+  enable_model_summary: false
+"""
+
+
+def fit_tiny_checkpoint(root: Path) -> Path:
+    """Train a tiny Transformer for one epoch with `asr fit`; reuse it if already there."""
+    ckpt = root / "checkpoints" / "last.ckpt"
+    if ckpt.is_file():
+        return ckpt
+    wav = corpus_path("an4", "wav")
+    files = {wav / f"{p}.wav": text for p, text in UTTERANCES.items()}
+    utts = [Utterance(str(f), audio_info(f).duration, text, f.stem) for f, text in files.items()]
+    write_manifest(root / "train.jsonl", utts)
+    write_manifest(root / "dev.jsonl", utts[:2])
+    train_tokenizer(root / "train.jsonl", "char", None, root / "tokenizer")
+    compute_cmvn_stats(root / "train.jsonl", LogMelFilterbank(n_mels=40), root / "cmvn.json")
+    (root / "config.yaml").write_text(FIT_CONFIG.replace("CMVN_STATS", str(root / "cmvn.json")))
+    main([
+        "fit", "--config", str(root / "config.yaml"),
+        "--data.train_manifest", str(root / "train.jsonl"),
+        "--data.val_manifest", str(root / "dev.jsonl"),
+        "--data.tokenizer", str(root / "tokenizer"),
+        "--trainer.default_root_dir", str(root),
+    ])  # fmt: skip
+    return ckpt
+
+
+LM_CONFIG = """
+seed_everything: 0
+model:
+  class_path: asr.lm.LMModule
+  init_args:
+    lm:
+      class_path: asr.models.lm.LSTMLM
+      init_args: {embed_dim: 16, hidden_size: 16, num_layers: 1, dropout: 0.0}
+data:
+  class_path: asr.lm.TextDataModule
+  init_args: {max_batch_tokens: 256}
+checkpoint: {monitor: val/loss, filename: "epoch{epoch:03d}"}
+trainer:
+  max_epochs: 1
+  accelerator: cpu
+  logger: false
+  enable_progress_bar: false
+  enable_model_summary: false
+"""
+
+
+def fit_tiny_lm(root: Path, data: Path) -> Path:
+    """A character LSTM LM on the transcripts and tokenizer of `fit_tiny_checkpoint(data)`."""
+    ckpt = root / "checkpoints" / "last.ckpt"
+    if not ckpt.is_file():
+        root.mkdir(parents=True, exist_ok=True)
+        (root / "lm.yaml").write_text(LM_CONFIG)
+        main([
+            "fit", "--config", str(root / "lm.yaml"),
+            "--data.train_manifest", str(data / "train.jsonl"),
+            "--data.val_manifest", str(data / "dev.jsonl"),
+            "--data.tokenizer", str(data / "tokenizer"),
+            "--trainer.default_root_dir", str(root),
+        ])  # fmt: skip
+    return ckpt
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory) -> Path:
+    return fit_tiny_checkpoint(tmp_path_factory.getbasetemp() / "tiny_fit")
+
+
+def _untrained(encoder, seed: int = 0) -> Recognizer:
+    torch.manual_seed(seed)
+    tokenizer = CharTokenizer.train(["ABC"])
+    frontend = Frontend(LogMelFilterbank(n_mels=40))
+    enc = encoder(frontend.output_dim)
+    decoder = TransformerDecoder(tokenizer.vocab_size, enc.output_dim, d_model=16, num_heads=2,
+                                 ffn_dim=32, num_layers=1)  # fmt: skip
+    model = Seq2Seq(frontend, enc, decoder).eval()
+    return Recognizer(model, tokenizer, RATE, "<untrained>")
+
+
+# --------------------------------------------------------------------------- synthetic audio
+
+
+def _concatenate(
+    waves: list[np.ndarray], gap: float = 2.0, seed: int = 0
+) -> tuple[np.ndarray, list[tuple[float, float]], list[tuple[float, float]]]:
+    """Utterances separated (and surrounded) by `gap` seconds of faint noise; returns the
+    audio, each utterance's span and each gap's span, in seconds."""
+    rng = np.random.default_rng(seed)
+    parts, spans, gaps, t = [], [], [], 0.0
+    for wave in [*waves, None]:
+        parts.append((GAP_NOISE * rng.standard_normal(round(gap * RATE))).astype(np.float32))
+        gaps.append((t, t + gap))
+        t += gap
+        if wave is not None:
+            parts.append(wave)
+            spans.append((t, t + len(wave) / RATE))
+            t += len(wave) / RATE
+    return np.concatenate(parts), spans, gaps
+
+
+@pytest.fixture(scope="module")
+def three_minutes(tmp_path_factory) -> dict:
+    """~3 minutes: consecutive AN4 training utterances with 2 s silences between them."""
+    an4 = corpus_path("an4")
+    ids = (an4 / "etc" / "an4_train.fileids").read_text().split()
+    waves, total = [], 0.0
+    for utt in ids:
+        waves.append(load_audio(an4 / "wav" / f"{utt}.wav").numpy())
+        total += len(waves[-1]) / RATE + 2.0
+        if total > 180:
+            break
+    audio, spans, gaps = _concatenate(waves)
+    path = tmp_path_factory.mktemp("long") / "three_minutes.wav"
+    soundfile.write(path, audio, RATE)
+    return {"path": path, "audio": audio, "spans": spans, "gaps": gaps}
+
+
+def _loud(audio: np.ndarray, threshold_db: float = -35.0) -> np.ndarray:
+    """The test's own energy VAD over 10 ms frames: True where speech."""
+    frames = audio[: len(audio) // 160 * 160].reshape(-1, 160).astype(np.float64)
+    energy = 10 * np.log10((frames**2).mean(1) + 1e-10)
+    return energy >= energy.max() + threshold_db
+
+
+# --------------------------------------------------------------------------- API
+
+
+def _transformer(input_dim: int, subsampling: int = 4) -> TransformerEncoder:
+    return TransformerEncoder(
+        input_dim, d_model=16, num_heads=2, ffn_dim=32, num_layers=1, subsampling=subsampling
+    )
+
+
+def _rnn(input_dim: int, subsample: str = "2") -> RNNEncoder:
+    layers = len(subsample.split("_"))
+    return RNNEncoder(input_dim, hidden_size=8, num_layers=layers, projection_dim=8,
+                      subsample=subsample)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("encoder", "frame_seconds"),
+    [
+        (_transformer, 0.04),
+        (partial(_transformer, subsampling=6), 0.06),
+        (partial(_rnn, subsample="2_2_2"), 0.08),
+        (partial(_rnn, subsample="1"), 0.01),
+    ],
+)
+def test_frame_seconds_are_measured_from_the_model(encoder, frame_seconds):
+    recognizer = _untrained(encoder)
+    assert recognizer.feature_seconds == 0.01
+    assert recognizer.frame_seconds == frame_seconds
+
+
+def test_recognises_and_batched_equals_one_at_a_time(overfit):
+    recognizer, waves = overfit
+    for options in (GREEDY, JOINT):
+        batched = recognizer.transcribe_batch(waves, options=options, batch_size=3)
+        alone = [recognizer.transcribe(w, options=options) for w in waves]
+        assert [t.text for t in batched] == list(UTTERANCES.values())
+        assert [t.text for t in alone] == [t.text for t in batched]
+        for a, b in zip(alone, batched):
+            assert a.tokens == b.tokens and a.score == pytest.approx(b.score, abs=1e-4)
+            np.testing.assert_allclose(a.token_starts, b.token_starts, atol=1e-6)
+
+
+@pytest.mark.parametrize("timestamps", ["attention", "ctc"])
+def test_timestamps_are_monotone_and_inside_the_audio(overfit, timestamps):
+    recognizer, waves = overfit
+    for wave, transcript in zip(waves, recognizer.transcribe_batch(waves, timestamps=timestamps)):
+        duration = len(wave) / RATE
+        starts, ends = np.array(transcript.token_starts), np.array(transcript.token_ends)
+        assert len(starts) == len(ends) == len(transcript.tokens) > 0
+        assert np.all(np.diff(starts) >= 0) and np.all(np.diff(ends) >= 0)
+        assert np.all((0 <= starts) & (starts <= ends) & (ends <= duration))
+        assert [w.text for w in transcript.words] == transcript.text.split()
+        times = [t for w in transcript.words for t in (w.start, w.end)]
+        assert times == sorted(times) and 0 <= times[0] and times[-1] <= duration
+    if timestamps == "ctc":  # CTC spans hold the emitting frames: the speech, not the margins
+        yes = recognizer.transcribe(waves[0], timestamps="ctc").words[0]
+        assert 0.1 < yes.start < yes.end < len(waves[0]) / RATE - 0.1
+
+
+def test_files_of_any_format_and_rate_and_arrays_agree(overfit, tmp_path):
+    recognizer, waves = overfit
+    wave = waves[3].numpy()
+    soundfile.write(tmp_path / "a.flac", wave, RATE)
+    soundfile.write(tmp_path / "a.wav", wave, RATE, subtype="FLOAT")
+    soundfile.write(tmp_path / "a22k.wav", load_audio(tmp_path / "a.wav", 22050).numpy(), 22050)
+    int16 = (wave * 32768).round().astype(np.int16)
+    expected = UTTERANCES["an4_clstk/fash/an255-fash-b"]
+    results = recognizer.transcribe_batch(
+        [tmp_path / "a.wav", str(tmp_path / "a.flac"), wave, torch.from_numpy(wave), int16]
+    )
+    assert [r.text for r in results] == [expected] * 5
+    assert results[0].token_starts == results[2].token_starts  # same samples, same times
+    resampled = recognizer.transcribe(tmp_path / "a22k.wav")
+    assert resampled.duration == pytest.approx(len(wave) / RATE, abs=1e-4)
+    assert recognizer.transcribe(wave[::2].copy(), sample_rate=8000).duration == pytest.approx(
+        len(wave) / RATE, abs=1e-3
+    )
+
+
+def test_bad_inputs_raise_naming_the_problem(overfit, tmp_path):
+    recognizer, _ = overfit
+    with pytest.raises(ValueError, match="missing.wav: file not found"):
+        recognizer.transcribe(tmp_path / "missing.wav")
+    with pytest.raises(ValueError, match="mono waveform"):
+        recognizer.transcribe(np.zeros((2, 100), dtype=np.float32))
+    with pytest.raises(ValueError, match="needs a CTC head"):
+        _untrained(
+            lambda d: RNNEncoder(d, hidden_size=8, num_layers=1, projection_dim=8, subsample="2")
+        ).transcribe(np.zeros(RATE, dtype=np.float32), timestamps="ctc")
+    with pytest.raises(ValueError, match="no CTC head"):
+        _untrained(
+            lambda d: RNNEncoder(d, hidden_size=8, num_layers=1, projection_dim=8, subsample="2")
+        ).transcribe(np.zeros(RATE, dtype=np.float32), options=JOINT)
+
+
+# --------------------------------------------------------------------------- long audio
+
+
+def test_segmentation_cuts_inside_silences(three_minutes):
+    audio, gaps = three_minutes["audio"], three_minutes["gaps"]
+    duration = len(audio) / RATE
+    assert 170 < duration < 200
+    source = FileSource(three_minutes["path"], RATE)
+    spans = segment_source(source, SegmenterOptions(edge_silence_seconds=None))
+    assert spans[0][0] == 0 and spans[-1][1] == pytest.approx(duration)
+    assert all(0 < end - start <= 20 for start, end in spans)
+    for (_, end), (start, _) in pairwise(spans):
+        assert end == start, "cut segments meet"
+        assert any(g0 < end < g1 for g0, g1 in gaps), f"cut at {end:.2f} s is not in a silence"
+    assert len(spans) >= duration / 20
+
+    trimmed = segment_source(source, SegmenterOptions())  # default: edge silence trimmed
+    loud = np.flatnonzero(_loud(audio)) * 0.01
+    inside = [any(s <= t and t + 0.01 <= e for s, e in trimmed) for t in loud]
+    assert all(inside), "every frame of speech stays in a segment"
+    assert sum(e - s for s, e in trimmed) < sum(e - s for s, e in spans) - 10
+    for start, end in trimmed:
+        assert any(g0 <= start <= g1 for g0, g1 in gaps) or start == 0
+        assert any(g0 <= end <= g1 for g0, g1 in gaps)
+
+
+def test_long_audio_maps_words_onto_the_original_timeline(overfit, tmp_path):
+    """Each utterance is recognised in its own segment, and its words land inside it."""
+    recognizer, waves = overfit
+    audio, spans, gaps = _concatenate([w.numpy() for w in waves] * 3)
+    path = tmp_path / "repeated.wav"
+    soundfile.write(path, audio, RATE)
+    segmenter = SegmenterOptions(max_segment_seconds=5)  # 4.6 s fits one utterance, not two
+    references = list(UTTERANCES.values()) * 3
+    for timestamps, slack in (("ctc", 0.05), ("attention", 1.0)):
+        transcript = recognizer.transcribe(path, options=GREEDY, timestamps=timestamps,
+                                           segmenter=segmenter)  # fmt: skip
+        assert transcript.duration == pytest.approx(len(audio) / RATE)
+        assert len(transcript.segments) == len(spans)
+        right = sum(s.text == ref for s, ref in zip(transcript.segments, references))
+        assert right >= 9, [s.text for s in transcript.segments]
+        for k, segment in enumerate(transcript.segments):
+            assert gaps[k][0] < segment.start < spans[k][0] < spans[k][1] < segment.end
+            assert segment.end < gaps[k + 1][1]
+            words = [w for w in transcript.words if segment.start <= w.start <= segment.end]
+            assert " ".join(w.text for w in words) == segment.text
+            for word in words:
+                assert spans[k][0] - slack <= (word.start + word.end) / 2 <= spans[k][1] + slack
+        assert transcript.text == " ".join(s.text for s in transcript.segments if s.text)
+
+
+def test_long_audio_reads_in_pieces(overfit, three_minutes):
+    """Peak Python/numpy memory while transcribing 3 minutes stays far below the file's size
+    as float32: it is never read whole (the slow test checks process memory on an hour)."""
+    recognizer, _ = overfit
+    whole = len(three_minutes["audio"]) * 4
+    tracemalloc.start()
+    try:
+        [transcript] = transcribe_sources(
+            recognizer, [three_minutes["path"]], options=GREEDY,
+            segmenter=SegmenterOptions(read_seconds=10), batch_size=2,
+        )  # fmt: skip
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert isinstance(transcript, Transcript) and len(transcript.segments) >= 9
+    assert peak < whole / 3, f"peak {peak / 1e6:.1f} MB for a {whole / 1e6:.1f} MB file"
+
+
+MEMORY_SCRIPT = """
+import resource, sys, tracemalloc, numpy as np, soundfile, torch
+sys.path.insert(0, "TESTS")
+from test_transcribe import _overfit_recognizer
+from asr.search import SearchOptions
+from asr.transcribe import transcribe_sources
+
+torch.set_num_threads(1)  # as in the tests; more threads add malloc arenas, noise to the peak
+recognizer, waves = _overfit_recognizer("WAV")
+path = sys.argv[1]
+rng = np.random.default_rng(0)
+with soundfile.SoundFile(path, "w", 16000, 1, subtype="PCM_16") as out:
+    for _ in range(60):  # an hour, written a minute at a time: speech with 2 s pauses
+        minute = np.concatenate([np.concatenate([w.numpy(), 1e-4 * rng.standard_normal(32000)])
+                                 for w in waves * 4])
+        out.write(np.resize(minute, 60 * 16000))
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+tracemalloc.start()
+[t] = transcribe_sources(recognizer, [path], options=SearchOptions(beam_size=1), batch_size=2)
+traced = tracemalloc.get_traced_memory()[1]
+after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+print(len(t.segments), t.duration, traced, (after - before) * 1024)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_one_hour_file_keeps_memory_bounded(tmp_path):
+    """Transcribing an hour: peak numpy/Python memory stays a few MB and the process's peak
+    RSS grows far less than the hour as float32 (230 MB) that a whole read would add."""
+    script = MEMORY_SCRIPT.replace("TESTS", str(REPO / "tests"))
+    script = script.replace("WAV", str(corpus_path("an4", "wav")))
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(script), str(tmp_path / "hour.wav")],
+        capture_output=True, text=True, timeout=850, cwd=REPO,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    segments, duration, traced, growth = map(float, proc.stdout.split()[-4:])
+    assert duration == pytest.approx(3600) and segments > 180
+    whole = 3600 * RATE * 4
+    assert traced < 20e6, f"peak traced memory {traced / 1e6:.1f} MB"
+    assert growth < whole / 2, f"peak RSS grew by {growth / 1e6:.0f} MB"
+
+
+def test_plan_segments_properties():
+    """Random energies: spans never exceed the maximum, cover the audio, and meet at cuts or
+    overlap by exactly the window overlap."""
+    rng = np.random.default_rng(0)
+    options = SegmenterOptions(max_segment_seconds=3, drop_silent=False, edge_silence_seconds=None)
+    for _ in range(50):
+        frames = int(rng.integers(100, 3000))
+        energy = rng.normal(-20, 5, frames)
+        for _ in range(int(rng.integers(0, 8))):  # silences of random lengths
+            start = int(rng.integers(0, frames))
+            energy[start : start + int(rng.integers(5, 80))] = -90
+        duration = frames * 0.01
+        spans = plan_segments(energy, 0.01, duration, options)
+        assert spans[0][0] == 0 and spans[-1][1] == pytest.approx(duration)
+        assert all(0 < e - s <= 3 + 1e-9 for s, e in spans)
+        for (_, end), (start, _) in pairwise(spans):
+            assert start == end or start == pytest.approx(end - 1.0)
+            if start == end:  # a cut: inside a silence
+                assert energy[int(end / 0.01)] == -90 or energy[int(end / 0.01) - 1] == -90
+
+
+def test_overlapping_windows_keep_each_word_once():
+    """Two fixed windows overlapping by 1 s, each transcribing the words it holds: the joined
+    transcript has every word once, at its time in the input."""
+    tokenizer = CharTokenizer.train(["ABCDEFGH"])
+    words = [Word(c, 0.5 * k + 0.1, 0.5 * k + 0.4) for k, c in enumerate("ABCDEFGH")]  # 0-4 s
+    spans = [(0.0, 2.5), (1.5, 4.0)]
+    parts = []
+    for start, end in spans:
+        held = [w for w in words if start <= w.start and w.end <= end]
+        text = " ".join(w.text for w in held)
+        pieces = tokenizer.pieces(tokenizer.encode(text))
+        starts = [w.start - start for w in held for _ in range(2)][:-1]  # letter, space, ...
+        ends = [w.end - start for w in held for _ in range(2)][:-1]
+        local = [Word(w.text, w.start - start, w.end - start) for w in held]
+        parts.append(((start, end), Transcript(text, tokenizer.encode(text), pieces, starts,
+                                               ends, local, -1.0, end - start,
+                                               [Segment(0, end - start, text, -1.0)])))  # fmt: skip
+    joined = join_segments(tokenizer, parts[::-1], 4.0)
+    assert joined.text == "A B C D E F G H"
+    assert [(w.text, w.start, w.end) for w in joined.words] == [
+        (w.text, pytest.approx(w.start), pytest.approx(w.end)) for w in words
+    ]
+    assert tokenizer.decode(joined.tokens) == "A B C DE F G H"  # segments meet without a space
+    assert [(s.start, s.end) for s in joined.segments] == [(0.0, 2.0), (2.0, 4.0)]
+    assert joined.score == -2.0
+
+
+def test_frame_energy_matches_chunked_reading(three_minutes):
+    source = FileSource(three_minutes["path"], RATE)
+    energy, frame_seconds = source.energy_db(0.01, read_seconds=7.0)
+    assert frame_seconds == 0.01
+    whole = load_audio(three_minutes["path"]).numpy()
+    np.testing.assert_allclose(energy, frame_energy_db(whole, 160), atol=1e-6)
+
+
+# --------------------------------------------------------------------------- outputs and CLI
+
+
+CUE_TIME = r"(\d\d):(\d\d):(\d\d)[,.](\d\d\d)"
+
+
+def _cues(text: str, marker: str) -> list[tuple[float, float, str]]:
+    """Parse SRT or WebVTT cues strictly; returns (start, end, text)."""
+    blocks = [b for b in text.strip().split("\n\n") if b]
+    if marker == ".":
+        assert blocks[0] == "WEBVTT"
+        blocks = blocks[1:]
+    cues = []
+    for number, block in enumerate(blocks, 1):
+        lines = block.split("\n")
+        if marker == ",":
+            assert lines.pop(0) == str(number)
+        time = re.fullmatch(f"{CUE_TIME} --> {CUE_TIME}", lines[0])
+        assert time and marker in lines[0], lines[0]
+        h1, m1, s1, ms1, h2, m2, s2, ms2 = map(int, time.groups())
+        start, end = h1 * 3600 + m1 * 60 + s1 + ms1 / 1000, h2 * 3600 + m2 * 60 + s2 + ms2 / 1000
+        cues.append((start, end, " ".join(lines[1:])))
+    return cues
+
+
+def _check_outputs(stem: Path, audio_duration: float) -> dict:
+    for fmt in FORMATS:
+        assert stem.with_suffix(f".{fmt}").is_file(), f"{stem}.{fmt} missing"
+    data = json.loads(stem.with_suffix(".json").read_text())
+    assert stem.with_suffix(".txt").read_text() == data["text"] + "\n"
+    assert {"text", "duration", "score", "segments", "words", "tokens"} <= set(data)
+    for item in data["words"] + data["tokens"] + data["segments"]:
+        assert 0 <= item["start"] <= item["end"] <= audio_duration + 1e-3
+    for fmt, marker in (("srt", ","), ("vtt", ".")):
+        cues = _cues(stem.with_suffix(f".{fmt}").read_text(), marker)
+        assert " ".join(c[2] for c in cues) == data["text"]
+        assert all(start <= end for start, end, _ in cues)
+        assert all(a[0] <= b[0] and a[1] <= b[1] for a, b in pairwise(cues))
+    return data
+
+
+def test_transcribe_files_writes_every_format(overfit, three_minutes, tmp_path, capsys):
+    recognizer, waves = overfit
+    short = tmp_path / "yes.wav"
+    soundfile.write(short, waves[0].numpy(), RATE)
+    failed = transcribe_files(
+        recognizer, [short, three_minutes["path"]], tmp_path / "out", FORMATS, GREEDY,
+        words_per_cue=5, progress=False,
+    )  # fmt: skip
+    assert failed == []
+    assert _check_outputs(tmp_path / "out" / "yes", 1.0)["text"] == "YES"
+    long = _check_outputs(tmp_path / "out" / "three_minutes", 200.0)
+    assert len(long["segments"]) >= 9
+    cues = _cues((tmp_path / "out" / "three_minutes.srt").read_text(), ",")
+    assert len(cues) >= len(long["segments"]) and max(len(c[2].split()) for c in cues) <= 5
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == f"{short}\tYES" and lines[1].startswith(f"{three_minutes['path']}\t")
+
+
+def test_cli_reports_a_bad_file_and_transcribes_the_others(checkpoint, tmp_path, capsys):
+    wav = corpus_path("an4", "wav")
+    good = [str(wav / f"{p}.wav") for p in list(UTTERANCES)[:2]]
+    corrupt = tmp_path / "corrupt.wav"
+    corrupt.write_bytes(b"RIFF not really a wave file")
+    tiny = tmp_path / "tiny.wav"
+    soundfile.write(tiny, np.zeros(80, dtype=np.float32), RATE)  # 5 ms: too short to encode
+    out = tmp_path / "out"
+    code = main([
+        "transcribe", good[0], str(corrupt), str(tiny), good[1], "--checkpoint", str(checkpoint),
+        "--output-dir", str(out), "--format", *FORMATS, "--beam-size", "2", "--quiet",
+    ])  # fmt: skip
+    captured = capsys.readouterr()
+    assert code == 1
+    for path in good:
+        _check_outputs(out / Path(path).stem, audio_info(path).duration)
+    assert not list(out.glob("corrupt.*")) and not list(out.glob("tiny.*"))
+    assert re.search(rf"{re.escape(str(corrupt))}: unreadable or corrupt audio", captured.err)
+    assert re.search(rf"{re.escape(str(tiny))}: cannot be decoded: .*too short", captured.err)
+    assert [line.split("\t")[0] for line in captured.out.splitlines()] == good
+
+
+def test_cli_refuses_bad_options(checkpoint, tmp_path, capsys):
+    args = ["transcribe", "x.wav", "--checkpoint", str(checkpoint), "--output-dir", str(tmp_path)]
+    assert main([*args, "--lm-weight", "0.5"]) == 2
+    assert "--lm-weight needs --lm" in capsys.readouterr().err
+    assert main([*args, "--max-segment-seconds", "0.5"]) == 2
+    assert "max_segment_seconds" in capsys.readouterr().err
+
+
+def test_cli_shallow_fusion_with_a_language_model(checkpoint, tmp_path, capsys):
+    lm = fit_tiny_lm(checkpoint.parents[1] / "lm", checkpoint.parents[1])
+    audio = str(corpus_path("an4", "wav") / "an4_clstk/fash/an251-fash-b.wav")
+    args = ["transcribe", audio, "--checkpoint", str(checkpoint), "--beam-size", "2",
+            "--output-dir", str(tmp_path), "--format", "json", "--quiet"]  # fmt: skip
+    assert main([*args, "--lm", str(lm), "--lm-weight", "0.5"]) == 0
+    assert json.loads((tmp_path / "an251-fash-b.json").read_text())["audio"] == audio
+    other = tmp_path / "other_tokenizer"
+    CharTokenizer.train([*UTTERANCES.values(), "QZ"]).save(other)  # two more characters
+    foreign = fit_tiny_lm(tmp_path / "foreign_lm", _with_tokenizer(checkpoint.parents[1], other))
+    capsys.readouterr()
+    assert main([*args, "--lm", str(foreign)]) == 2
+    assert "vocabulary differs" in capsys.readouterr().err
+
+
+def _with_tokenizer(data: Path, tokenizer: Path) -> Path:
+    """A copy of the training data folder whose tokenizer is `tokenizer`."""
+    out = tokenizer.parent / "data"
+    out.mkdir()
+    for name in ("train.jsonl", "dev.jsonl"):
+        (out / name).write_text((data / name).read_text())
+    (out / "tokenizer").symlink_to(tokenizer)
+    return out
+
+
+# --------------------------------------------------------------------------- align
+
+
+def test_align_gives_monotone_word_times(overfit):
+    recognizer, waves = overfit
+    alignment = recognizer.align(waves[3], "u m n y h six")
+    assert alignment.text == "U M N Y H SIX"
+    for words in (alignment.words, alignment.ctc_words):
+        times = [t for w in words for t in (w.start, w.end)]
+        assert times == sorted(times) and 0 <= times[0] and times[-1] <= alignment.duration
+    assert alignment.attention.shape[1] == len(alignment.tokens) + 1
+    with pytest.raises(ValueError, match="outside the model's vocabulary"):
+        recognizer.align(waves[0], "Q")
+
+
+def test_cli_align_writes_plots_and_prints_word_times(checkpoint, tmp_path, capsys):
+    audio = corpus_path("an4", "wav") / "an4_clstk/fash/an255-fash-b.wav"
+    out = tmp_path / "plot.png"
+    code = main(["align", str(audio), "--checkpoint", str(checkpoint), "--text", "U M N Y H SIX",
+                 "--out", str(out)])  # fmt: skip
+    assert code == 0
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (tmp_path / "plot_heads.png").is_file(), "a Transformer also gets per-head maps"
+    rows = [line.split("\t") for line in capsys.readouterr().out.splitlines()]
+    assert rows[0][0] == "# word" and len(rows[0]) == 5
+    assert [r[0] for r in rows[1:]] == "U M N Y H SIX".split()
+    for column in (1, 2, 3, 4):
+        times = [float(r[column]) for r in rows[1:]]
+        assert times == sorted(times) and 0 <= times[0] and times[-1] <= 2.6
