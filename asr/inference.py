@@ -62,7 +62,8 @@ def _read_files(folder: Path) -> dict[str, str]:
     return {p.name: base64.b64encode(p.read_bytes()).decode() for p in folder.iterdir()}
 
 
-def _write_files(files: dict[str, str], folder: Path) -> None:
+def write_embedded_files(files: dict[str, str], folder: Path) -> None:
+    """Write the base64 files `checkpoint_payload` embedded into `folder`."""
     for name, data in files.items():
         (folder / Path(name).name).write_bytes(base64.b64decode(data))
 
@@ -545,27 +546,28 @@ def load_model(path: str | os.PathLike, device: str | torch.device = "cpu") -> R
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         (tmp / "tokenizer").mkdir()
-        _write_files(payload["tokenizer"], tmp / "tokenizer")
+        write_embedded_files(payload["tokenizer"], tmp / "tokenizer")
         assets = {}
         for i, (original, data) in enumerate(payload["assets"].items()):
             assets[original] = str(tmp / f"asset{i}_{Path(original).name}")
             Path(assets[original]).write_bytes(base64.b64decode(data))
         config = _replace_assets(payload["model_config"], assets)
         config["tokenizer"] = str(tmp / "tokenizer")
-        module = _instantiate(config)
+        from asr.lightning import ASRModule
+
+        module = instantiate_module(ASRModule, config)
     weights = {k[len("model.") :]: v for k, v in state["state_dict"].items()}
     module.model.load_state_dict(weights)
     model = module.model.to(device).eval()
     return Recognizer(model, module.tokenizer, _sample_rate(model), str(path))
 
 
-def _instantiate(config: dict[str, Any]) -> nn.Module:
+def instantiate_module(cls: type, config: dict[str, Any]) -> nn.Module:
+    """Build `cls` from the plain init args stored in a checkpoint (class paths included)."""
     from jsonargparse import ArgumentParser
 
-    from asr.lightning import ASRModule
-
     parser = ArgumentParser(exit_on_error=False)
-    parser.add_class_arguments(ASRModule, "model", fail_untyped=False)
+    parser.add_class_arguments(cls, "model", fail_untyped=False)
     parsed = parser.parse_object({"model": config})
     return parser.instantiate_classes(parsed).model
 

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
 
@@ -226,6 +226,42 @@ class ASRModule(L.LightningModule):
         }
 
 
+def bucketed_loader(
+    module: L.LightningDataModule,
+    dataset: Sequence,
+    lengths: Sequence[float],
+    max_batch_length: float,
+    collate_fn: Callable,
+    shuffle: bool,
+) -> torch.utils.data.DataLoader:
+    """A DataLoader over length-bucketed batches, sharded over the trainer's ranks.
+
+    Reads `num_buckets`, `max_batch_size`, `seed` and `num_workers` from the data module's
+    hyperparameters; `lengths` and `max_batch_length` share one unit (seconds, tokens).
+    """
+    hp, trainer = module.hparams, module.trainer
+    sampler = DynamicBucketSampler(
+        lengths,
+        max_batch_length,
+        num_buckets=hp.num_buckets,
+        max_batch_size=hp.max_batch_size,
+        shuffle=shuffle,
+        seed=hp.seed,
+        num_replicas=trainer.world_size if trainer else 1,
+        rank=trainer.global_rank if trainer else 0,
+    )
+    loader = torch.utils.data.DataLoader(
+        dataset,
+        batch_sampler=sampler,
+        collate_fn=collate_fn,
+        num_workers=hp.num_workers,
+        persistent_workers=hp.num_workers > 0,
+    )
+    # Lightning builds the first epoch's iterator before any epoch hook runs.
+    set_loader_epoch(loader, trainer.current_epoch if trainer else 0)
+    return loader
+
+
 class ASRDataModule(L.LightningDataModule):
     """Manifests -> length-bucketed batches of padded audio and tokens.
 
@@ -300,28 +336,9 @@ class ASRDataModule(L.LightningDataModule):
 
     def _loader(self, split: str, shuffle: bool) -> torch.utils.data.DataLoader:
         dataset = self.datasets[split]
-        trainer = self.trainer
-        sampler = DynamicBucketSampler(
-            dataset.durations,
-            self.hparams.max_batch_seconds,
-            num_buckets=self.hparams.num_buckets,
-            max_batch_size=self.hparams.max_batch_size,
-            shuffle=shuffle,
-            seed=self.hparams.seed,
-            num_replicas=trainer.world_size if trainer else 1,
-            rank=trainer.global_rank if trainer else 0,
-        )
-        workers = self.hparams.num_workers
-        loader = torch.utils.data.DataLoader(
-            dataset,
-            batch_sampler=sampler,
-            collate_fn=partial(collate, pad_id=self.tokenizer.pad_id),
-            num_workers=workers,
-            persistent_workers=workers > 0,
-        )
-        # Lightning builds the first epoch's iterator before any epoch hook runs.
-        set_loader_epoch(loader, trainer.current_epoch if trainer else 0)
-        return loader
+        collate_fn = partial(collate, pad_id=self.tokenizer.pad_id)
+        budget = self.hparams.max_batch_seconds
+        return bucketed_loader(self, dataset, dataset.durations, budget, collate_fn, shuffle)
 
     def train_dataloader(self):
         return self._loader("train", shuffle=True)

@@ -9,7 +9,6 @@ for shallow fusion (`asr.search.beam_search(..., lm=lm)`).
 
 from __future__ import annotations
 
-import base64
 import logging
 import os
 import tempfile
@@ -17,7 +16,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any
 
 import lightning as L
 import torch
@@ -28,8 +26,8 @@ from torch import Tensor, nn
 from asr.checkpoint import CheckpointError, load_checkpoint
 from asr.data.dataset import set_loader_epoch
 from asr.data.manifest import read_manifest
-from asr.data.sampler import DynamicBucketSampler
-from asr.inference import checkpoint_payload
+from asr.inference import checkpoint_payload, instantiate_module, write_embedded_files
+from asr.lightning import bucketed_loader
 from asr.text import EOS_ID, PAD_ID, SOS_ID, Tokenizer
 
 log = logging.getLogger(__name__)
@@ -265,28 +263,10 @@ class TextDataModule(L.LightningDataModule):
 
     def _loader(self, split: str, shuffle: bool) -> torch.utils.data.DataLoader:
         sequences = self.datasets[split]
-        trainer = self.trainer
-        sampler = DynamicBucketSampler(
-            [len(s) + 1 for s in sequences],  # row length: the tokens plus sos (inputs) or eos
-            self.hparams.max_batch_tokens,
-            num_buckets=self.hparams.num_buckets,
-            max_batch_size=self.hparams.max_batch_size,
-            shuffle=shuffle,
-            seed=self.hparams.seed,
-            num_replicas=trainer.world_size if trainer else 1,
-            rank=trainer.global_rank if trainer else 0,
-        )
-        workers = self.hparams.num_workers
-        loader = torch.utils.data.DataLoader(
-            sequences,
-            batch_sampler=sampler,
-            collate_fn=partial(collate_text, pad_id=self.tokenizer.pad_id),
-            num_workers=workers,
-            persistent_workers=workers > 0,
-        )
-        # Lightning builds the first epoch's iterator before any epoch hook runs.
-        set_loader_epoch(loader, trainer.current_epoch if trainer else 0)
-        return loader
+        lengths = [len(s) + 1 for s in sequences]  # row length: tokens plus sos (inputs) or eos
+        collate_fn = partial(collate_text, pad_id=self.tokenizer.pad_id)
+        budget = self.hparams.max_batch_tokens
+        return bucketed_loader(self, sequences, lengths, budget, collate_fn, shuffle)
 
     def train_dataloader(self):
         return self._loader("train", shuffle=True)
@@ -331,7 +311,7 @@ def load_lm(
             " recognizers load with asr.inference.load_model)"
         )
     tokenizer = _tokenizer_from_files(payload["tokenizer"])
-    module = _instantiate({**payload["model_config"], "tokenizer": ""})
+    module = instantiate_module(LMModule, {**payload["model_config"], "tokenizer": ""})
     prefix = "lm."
     weights = {k[len(prefix) :]: v for k, v in state["state_dict"].items() if k.startswith(prefix)}
     module.lm.load_state_dict(weights)
@@ -341,15 +321,5 @@ def load_lm(
 def _tokenizer_from_files(files: dict[str, str]) -> Tokenizer:
     """The tokenizer from the base64 files `checkpoint_payload` embedded."""
     with tempfile.TemporaryDirectory() as tmp:
-        for name, data in files.items():
-            (Path(tmp) / Path(name).name).write_bytes(base64.b64decode(data))
+        write_embedded_files(files, Path(tmp))
         return Tokenizer.load(tmp)  # reads everything into memory
-
-
-def _instantiate(config: dict[str, Any]) -> LMModule:
-    from jsonargparse import ArgumentParser
-
-    parser = ArgumentParser(exit_on_error=False)
-    parser.add_class_arguments(LMModule, "model", fail_untyped=False)
-    parsed = parser.parse_object({"model": config})
-    return parser.instantiate_classes(parsed).model

@@ -3,11 +3,15 @@
 #
 #   bash recipes/an4/run.sh [--quick] [--stage N] [--stop-stage M] [--model transformer|rnn]
 #                           [--data-dir DIR] [--exp DIR] [--force]
+#                           [--beam-size N] [--ctc-weight W] [--average N]
 #
 #   1  prepare manifests       data/an4/{train,dev,test}.jsonl
 #   2  train the tokenizer     data/an4/tokenizer/
 #   3  CMVN statistics         data/an4/cmvn.json
-#   4  train                   exp/an4/<model>/
+#   4  train                   exp/an4/<model>/            (resumes from last.ckpt if present)
+#   5  average checkpoints     exp/an4/<model>/avg.ckpt    (best 5 by dev WER)
+#   6  decode dev and test     exp/an4/<model>/decode_{dev,test}/ (metrics, errors, plots)
+#   7  results table           exp/an4/<model>/RESULTS.md rows, printed
 #
 # A finished stage leaves a marker (<out>/.done-<stage>) and is skipped when re-run; --force
 # re-runs it. A stage that failed halfway left no marker, so it simply runs again.
@@ -24,6 +28,9 @@ data_dir="$root/../shared/corpora/an4"
 data=data/an4
 exp=exp/an4
 tokenizer_kind=char
+beam_size=10
+ctc_weight=0.3
+average=5
 
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -36,7 +43,10 @@ while [ $# -gt 0 ]; do
     --data) data=$2; shift 2 ;;
     --exp) exp=$2; shift 2 ;;
     --tokenizer) tokenizer_kind=$2; shift 2 ;;
-    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
+    --beam-size) beam_size=$2; shift 2 ;;
+    --ctc-weight) ctc_weight=$2; shift 2 ;;
+    --average) average=$2; shift 2 ;;
+    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
     *) echo "run.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -75,5 +85,43 @@ overrides=(--data.train_manifest "$data/train.jsonl" --data.val_manifest "$data/
 if [ "$quick" = true ]; then
   config=conf/an4/${model}_quick.yaml
 fi
-run_stage 4 "train ($config)" "$exp/$model" \
-  asr fit --config "$config" "${overrides[@]}" --trainer.default_root_dir "$exp/$model"
+overrides+=(--model.init_args.frontend.init_args.normalize.init_args.stats_path "$data/cmvn.json")
+if [ "$quick" = true ]; then
+  model_dir=$exp/${model}_quick
+else
+  model_dir=$exp/$model
+fi
+ckpt_dir=$model_dir/checkpoints
+resume=()
+[ -f "$ckpt_dir/last.ckpt" ] && resume=(--ckpt_path last)  # a stage that stopped halfway resumes
+run_stage 4 "train ($config)" "$model_dir" \
+  asr fit --config "$config" "${overrides[@]}" --trainer.default_root_dir "$model_dir" "${resume[@]}"
+run_stage 5 "average the best $average checkpoints" "$model_dir" \
+  asr average --last "$ckpt_dir/last.ckpt" --best "$average" --out "$model_dir/avg.ckpt"
+
+decode() {
+  for split in dev test; do
+    asr evaluate --checkpoint "$model_dir/avg.ckpt" --manifest "$data/$split.jsonl" \
+      --out "$model_dir/decode_$split" --beam-size "$beam_size" --ctc-weight "$ctc_weight"
+  done
+}
+run_stage 6 "decode dev and test (beam $beam_size, CTC weight $ctc_weight)" "$model_dir" decode
+
+results() {
+  python - "$model_dir" "$config" "$beam_size" "$ctc_weight" <<'PY'
+import json, sys
+from pathlib import Path
+model_dir, config, beam, ctc = sys.argv[1:]
+rows = []
+for split in ("dev", "test"):
+    m = json.loads((Path(model_dir) / f"decode_{split}" / "metrics.json").read_text())
+    rows.append(f"| {config} | {split} | beam {beam}, ctc {ctc} | {m['wer']:.1f} | {m['cer']:.1f} "
+                f"| {m['real_time_factor']:.3f} |")
+table = "| config | split | decoding | WER % | CER % | RTF |\n|---|---|---|---|---|---|\n"
+text = table + "\n".join(rows) + "\n"
+(Path(model_dir) / "RESULTS.md").write_text(text)
+print(text)
+print(f"alignment plots: {model_dir}/decode_dev/alignments/ and {model_dir}/decode_test/alignments/")
+PY
+}
+run_stage 7 "results" "$model_dir" results
