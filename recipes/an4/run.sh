@@ -53,7 +53,7 @@ done
 
 cd "$root"
 command -v asr >/dev/null || { echo "run.sh: 'asr' not on PATH: run 'make install' and activate .venv" >&2; exit 2; }
-if [ ! -d "$data_dir" ]; then
+if [ ! -e "$data_dir" ]; then
   echo "run.sh: AN4 not found at $data_dir. Download http://www.speech.cs.cmu.edu/databases/an4/an4_sphere.tar.gz and pass --data-dir PATH (the .tar.gz works too)." >&2
   exit 2
 fi
