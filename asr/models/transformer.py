@@ -447,14 +447,39 @@ class DecoderLayer(nn.Module):
         mem_k: Tensor,
         mem_v: Tensor,
         mem_mask: Tensor,
+        rows: Tensor | int | None = None,
     ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """One position: x `(B, 1, D)`, past self-attention keys/values `(B, H, t, d)` ->
-        output `(B, 1, D)`, cross-attention `(B, H, 1, T)`, keys/values `(B, H, t + 1, d)`."""
+        output `(B, 1, D)`, cross-attention `(B, H, 1, T)`, keys/values `(B, H, t + 1, d)`.
+        With `rows`, the memory holds one entry per utterance (see `_grouped_cross_and_ffn`)."""
         q, k, v = self.self_attn.project_self(self.self_norm(x))
         k, v = torch.cat([past_k, k], dim=2), torch.cat([past_v, v], dim=2)  # (B, H, t+1, d)
         x = x + self.dropout(self.self_attn.attend(q, k, v)[0])
-        x, attn = self._cross_and_ffn(x, mem_k, mem_v, mem_mask)
+        if rows is None:
+            x, attn = self._cross_and_ffn(x, mem_k, mem_v, mem_mask)
+        else:
+            x, attn = self._grouped_cross_and_ffn(x, mem_k, mem_v, mem_mask, rows)
         return x, attn, k, v
+
+    def _grouped_cross_and_ffn(
+        self, x: Tensor, mem_k: Tensor, mem_v: Tensor, mem_mask: Tensor, rows: Tensor | int
+    ) -> tuple[Tensor, Tensor]:
+        """Cross-attention of N rows against the memory of U utterances, stored once each.
+
+        `rows` is the int G when row r belongs to utterance r // G (the beam-search layout:
+        the G rows of an utterance attend as G queries, no copy of the memory); otherwise a
+        `(N,)` tensor naming each row's utterance (the memory is gathered).
+        """
+        if not isinstance(rows, int):
+            return self._cross_and_ffn(x, mem_k[rows], mem_v[rows], mem_mask[rows])
+        n, _, dim = x.shape
+        q = self.cross_attn.project_query(self.cross_norm(x))  # (N, H, 1, d)
+        heads, d = q.size(1), q.size(3)
+        q = q.reshape(n // rows, rows, heads, d).transpose(1, 2)  # (U, H, G, d)
+        out, attn = self.cross_attn.attend(q, mem_k, mem_v, mem_mask, need_weights=True)
+        x = x + self.dropout(out.reshape(n, 1, dim))
+        attn = attn.transpose(1, 2).reshape(n, heads, 1, -1)  # (N, H, 1, T)
+        return x + self.dropout(self.ffn(self.ffn_norm(x))), attn
 
     def _cross_and_ffn(
         self, x: Tensor, mem_k: Tensor, mem_v: Tensor, mem_mask: Tensor
@@ -557,9 +582,12 @@ class TransformerDecoder(nn.Module):
         keys, values, mask = self._memory(enc, enc_lens)
         empty = keys[0][:, :, :0]  # (B, H, 0, d)
         return {
+            # Encoder memory is kept once per utterance; `memory_rows` maps search rows to it,
+            # so reordering beams never copies it.
             "memory_keys": keys,
             "memory_values": values,
             "memory_mask": mask,
+            "memory_rows": torch.arange(enc.size(0), device=enc.device),
             "self_keys": [empty] * len(self.layers),
             "self_values": [empty] * len(self.layers),
         }
@@ -576,6 +604,7 @@ class TransformerDecoder(nn.Module):
         """
         t = state["self_keys"][0].size(2)
         x = self.positions(self.embedding(tokens[:, None]), offset=t)  # (B, 1, D)
+        rows = _row_layout(state["memory_rows"], state["memory_mask"].size(0))
         self_keys, self_values, attns = [], [], []
         for i, layer in enumerate(self.layers):
             x, attn, k, v = layer.step(
@@ -585,6 +614,7 @@ class TransformerDecoder(nn.Module):
                 state["memory_keys"][i],
                 state["memory_values"][i],
                 state["memory_mask"],
+                rows,
             )
             self_keys.append(k)
             self_values.append(v)
@@ -595,5 +625,20 @@ class TransformerDecoder(nn.Module):
         return log_probs, new_state, torch.cat(attns, dim=1)[:, :, 0]
 
     def reorder_state(self, state: State, index: Tensor) -> State:
-        """Keep batch rows `index` (e.g. the surviving beams) of every tensor in the state."""
-        return reorder_batch(state, index)
+        """Keep rows `index` (e.g. the surviving beams): the self-attention caches and the
+        row-to-utterance map; the per-utterance encoder memory is shared, not copied."""
+        rows = {key: state[key] for key in ("memory_rows", "self_keys", "self_values")}
+        shared = {key: value for key, value in state.items() if key not in rows}
+        return {**shared, **reorder_batch(rows, index)}
+
+
+def _row_layout(rows: Tensor, utterances: int) -> Tensor | int | None:
+    """How search rows map to utterances: None when row i is utterance i, the int G when
+    row r is utterance r // G (beams kept together), else the `(N,)` map itself."""
+    n = rows.numel()
+    if n % utterances == 0:
+        group = n // utterances
+        layout = torch.arange(utterances, device=rows.device).repeat_interleave(group)
+        if torch.equal(rows, layout):
+            return None if group == 1 else group
+    return rows

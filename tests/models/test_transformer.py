@@ -411,3 +411,22 @@ def test_tiny_overfit_then_greedy_steps_reproduce_the_targets() -> None:
             prev = logp.argmax(-1)
             hyp.append(prev)
     assert torch.equal(torch.stack(hyp, 1), outputs)
+
+
+@pytest.mark.parametrize("index", [[0, 0, 0, 1, 1, 1], [1, 0, 1, 0], [2, 2, 0, 0, 1, 1]])
+def test_reordered_rows_share_memory_and_equal_copied_encoder(index: list[int]) -> None:
+    """Rows reordered from a per-utterance memory (beams kept together: grouped queries;
+    any other order: gathered) step exactly like a batch built from copied encoder rows."""
+    decoder = make_decoder().eval()
+    enc, enc_lens = encoder_output([9, 6, 4])
+    idx = torch.tensor(index)
+    tokens = random_tokens(len(index), 3)
+    with torch.no_grad():
+        shared = decoder.reorder_state(decoder.init_state(enc, enc_lens), idx)
+        copied = decoder.init_state(enc[idx], enc_lens[idx])
+        assert shared["memory_keys"][0].size(0) == 3, "memory is not copied per row"
+        for t in range(tokens.size(1)):
+            logp_s, shared, attn_s = decoder.step(tokens[:, t], shared)
+            logp_c, copied, attn_c = decoder.step(tokens[:, t], copied)
+            torch.testing.assert_close(logp_s, logp_c, atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(attn_s, attn_c, atol=1e-5, rtol=1e-5)
