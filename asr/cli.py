@@ -131,6 +131,7 @@ def _language_model(args: argparse.Namespace, recognizer):
 
 
 def _transcribe(args: argparse.Namespace) -> int:
+    from asr.inference import TRANSCRIBE_BATCH_SIZE
     from asr.transcribe import SegmenterOptions, transcribe_files
 
     recognizer = _recognizer(args)
@@ -147,7 +148,7 @@ def _transcribe(args: argparse.Namespace) -> int:
         options=_search_options(args, recognizer),
         lm=_language_model(args, recognizer),
         timestamps=args.timestamps,
-        batch_size=args.batch_size,
+        batch_size=args.batch_size or TRANSCRIBE_BATCH_SIZE,
         segmenter=SegmenterOptions(**{k: v for k, v in given.items() if v is not None}),
         words_per_cue=args.words_per_cue,
         progress=not args.quiet,
@@ -263,6 +264,7 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("transcribe", help="transcribe audio files of any length")
     p.add_argument("audio", nargs="+", help="audio files (any format and rate soundfile reads)")
     _add_decoding_arguments(p)
+    p.set_defaults(batch_size=None)  # asr.inference.TRANSCRIBE_BATCH_SIZE
     p.add_argument("--format", nargs="+", choices=["txt", "json", "srt", "vtt"],
                    default=["txt", "json"], help="output formats (txt json)")  # fmt: skip
     p.add_argument("--output-dir", default=".", help="where <stem>.<format> files go (.)")

@@ -38,7 +38,15 @@ from tqdm import tqdm
 
 from asr.alignment import Word
 from asr.audio import AudioError, audio_info, load_audio
-from asr.inference import AudioInput, Decoded, Recognizer, Segment, Transcript, as_waveform
+from asr.inference import (
+    TRANSCRIBE_BATCH_SIZE,
+    AudioInput,
+    Decoded,
+    Recognizer,
+    Segment,
+    Transcript,
+    as_waveform,
+)
 from asr.search import LanguageModel, SearchOptions
 from asr.text import SPACE_PIECE, SPECIAL_PIECES, Tokenizer
 
@@ -343,7 +351,7 @@ def transcribe_sources(
     options: SearchOptions | None = None,
     lm: LanguageModel | None = None,
     timestamps: str = "attention",
-    batch_size: int = 8,
+    batch_size: int = TRANSCRIBE_BATCH_SIZE,
     segmenter: SegmenterOptions | None = None,
     progress: bool = False,
 ) -> list[Transcript | AudioError]:
@@ -605,7 +613,7 @@ def transcribe_files(
     options: SearchOptions | None = None,
     lm: LanguageModel | None = None,
     timestamps: str = "attention",
-    batch_size: int = 8,
+    batch_size: int = TRANSCRIBE_BATCH_SIZE,
     segmenter: SegmenterOptions | None = None,
     words_per_cue: int = 0,
     progress: bool = True,
