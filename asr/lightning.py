@@ -226,6 +226,25 @@ class ASRModule(L.LightningModule):
         }
 
 
+def stage_manifests(module: L.LightningDataModule, stage: str) -> list[tuple[str, str]]:
+    """The `(split, manifest)` pairs a stage needs that the data module has not loaded yet.
+
+    Reads `train_manifest`, `val_manifest` and `test_manifest` from the hyperparameters and
+    skips splits already in `module.datasets`.
+    """
+    hp = module.hparams
+    splits = {"train": hp.train_manifest, "val": hp.val_manifest, "test": hp.test_manifest}
+    wanted = {"fit": ["train", "val"], "validate": ["val"], "test": ["test"]}.get(stage, [])
+    pairs = []
+    for split in wanted:
+        if split in module.datasets:
+            continue
+        if not splits[split]:
+            raise ValueError(f"data.{split}_manifest is required for '{stage}'")
+        pairs.append((split, splits[split]))
+    return pairs
+
+
 def bucketed_loader(
     module: L.LightningDataModule,
     dataset: Sequence,
@@ -306,14 +325,8 @@ class ASRDataModule(L.LightningDataModule):
 
     def setup(self, stage: str) -> None:
         hp = self.hparams
-        splits = {"train": hp.train_manifest, "val": hp.val_manifest, "test": hp.test_manifest}
-        wanted = {"fit": ["train", "val"], "validate": ["val"], "test": ["test"]}.get(stage, [])
-        for split in wanted:
-            if split in self.datasets:
-                continue
-            if not splits[split]:
-                raise ValueError(f"data.{split}_manifest is required for '{stage}'")
-            utts = self._checked(splits[split])
+        for split, manifest in stage_manifests(self, stage):
+            utts = self._checked(manifest)
             perturb = hp.speed_perturb if split == "train" else None
             self.datasets[split] = SpeechDataset(
                 utts, self.tokenizer, hp.sample_rate, speed_perturb=perturb, seed=hp.seed

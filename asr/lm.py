@@ -27,7 +27,7 @@ from asr.checkpoint import CheckpointError, load_checkpoint
 from asr.data.dataset import set_loader_epoch
 from asr.data.manifest import read_manifest
 from asr.inference import checkpoint_payload, instantiate_module, write_embedded_files
-from asr.lightning import bucketed_loader
+from asr.lightning import bucketed_loader, stage_manifests
 from asr.text import EOS_ID, PAD_ID, SOS_ID, Tokenizer
 
 log = logging.getLogger(__name__)
@@ -228,14 +228,8 @@ class TextDataModule(L.LightningDataModule):
 
     def setup(self, stage: str) -> None:
         hp = self.hparams
-        splits = {"train": hp.train_manifest, "val": hp.val_manifest, "test": hp.test_manifest}
-        wanted = {"fit": ["train", "val"], "validate": ["val"], "test": ["test"]}.get(stage, [])
-        for split in wanted:
-            if split in self.datasets:
-                continue
-            if not splits[split]:
-                raise ValueError(f"data.{split}_manifest is required for '{stage}'")
-            sentences = self._manifest_text(splits[split])
+        for split, manifest in stage_manifests(self, stage):
+            sentences = self._manifest_text(manifest)
             if split == "train":
                 for path in hp.extra_text or []:
                     sentences += _read_text_file(path)
