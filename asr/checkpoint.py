@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import lightning as L
 import torch
 from lightning.fabric.plugins import CheckpointIO
 
@@ -61,6 +62,34 @@ class AtomicCheckpointIO(CheckpointIO):
 
     def remove_checkpoint(self, path) -> None:
         Path(path).unlink(missing_ok=True)
+
+
+class StepCheckpoint(L.Callback):
+    """Writes `<dirpath>/last.ckpt` every `every_n_steps` optimizer steps, mid-epoch included,
+    so a killed run resumed with `--ckpt_path last` loses at most that many steps. The
+    checkpoint holds the sampler position and RNG state (see `asr.lightning`), so the resumed
+    run continues the same batches and random draws.
+
+    Args:
+        every_n_steps: steps between saves; 0 disables (epoch-end checkpoints remain).
+        dirpath: folder of the checkpoints; `asr fit` sets it to the ModelCheckpoint's.
+    """
+
+    def __init__(self, every_n_steps: int = 500, dirpath: str | None = None) -> None:
+        if every_n_steps < 0:
+            raise ValueError(f"every_n_steps must be >= 0, got {every_n_steps}")
+        self.every_n_steps = every_n_steps
+        self.dirpath = dirpath
+        self._saved_at = -1
+
+    def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
+        step = trainer.global_step
+        due = self.every_n_steps and step and step % self.every_n_steps == 0
+        if not due or step == self._saved_at:  # accumulation repeats a step's batch end
+            return
+        self._saved_at = step
+        dirpath = Path(self.dirpath or Path(trainer.default_root_dir) / "checkpoints")
+        trainer.save_checkpoint(dirpath / "last.ckpt")
 
 
 def best_checkpoints(last: str | os.PathLike, count: int) -> list[Path]:

@@ -46,6 +46,9 @@ class ASRModule(L.LightningModule):
         lr_scheduler: optional schedule factory, stepped every optimizer step.
         max_len_ratio: greedy validation emits at most `ratio * encoder frames` tokens.
         plot_utterances: cross-attention plots of this many fixed validation utterances a epoch.
+        max_nonfinite_steps: training stops after this many consecutive steps with a
+            non-finite loss or gradient; each such step is skipped (weights and optimizer
+            moments untouched) and counted in `train/skipped_steps`.
     """
 
     def __init__(
@@ -61,6 +64,7 @@ class ASRModule(L.LightningModule):
         lr_scheduler: LRSchedulerCallable | None = None,
         max_len_ratio: float = 1.0,
         plot_utterances: int = 3,
+        max_nonfinite_steps: int = 10,
     ):
         super().__init__()
         if vocab_size <= 0:
@@ -78,6 +82,9 @@ class ASRModule(L.LightningModule):
         self._val_words = ErrorCounts()
         self._val_chars = ErrorCounts()
         self._plotted = 0
+        self._skipped_steps = 0  # non-finite steps skipped in this run
+        self._nonfinite_streak = 0
+        self._resume_rng: dict | None = None  # RNG state to restore at the next train batch
 
     def forward(self, waves: Tensor, wave_lens: Tensor) -> list[list[int]]:
         """Greedy transcription of a padded batch: token ids per utterance."""
@@ -94,8 +101,37 @@ class ASRModule(L.LightningModule):
             self.hparams.ctc_weight,
             self.hparams.label_smoothing,
         )
-        self._log_losses("train", out, len(batch))
+        if torch.isfinite(out.loss):  # a NaN would poison the epoch means
+            self._log_losses("train", out, len(batch))
+        else:
+            log.warning("non-finite training loss on batch %s", ", ".join(batch.ids[:5]))
+        # A non-finite loss still runs backward: its gradients are non-finite on every DDP
+        # rank after the all-reduce, and on_before_optimizer_step skips the step everywhere.
         return out.loss
+
+    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        if _uses_grad_scaler(self.trainer):
+            return  # fp16: the GradScaler skips inf steps and adapts its scale itself
+        grads = [p.grad for p in self.parameters() if p.grad is not None]
+        if not grads or torch.isfinite(torch.stack([g.norm() for g in grads]).sum()):
+            self._nonfinite_streak = 0
+            return
+        for p in self.parameters():
+            p.grad = None  # optimizers skip parameters without gradients
+        self._skipped_steps += 1
+        self._nonfinite_streak += 1
+        self.log("train/skipped_steps", float(self._skipped_steps), on_step=True, on_epoch=False)
+        limit = self.hparams.max_nonfinite_steps
+        log.warning(
+            "step %d: non-finite loss or gradient, update skipped (%d in a row, limit %d)",
+            self.global_step, self._nonfinite_streak, limit,
+        )  # fmt: skip
+        if self._nonfinite_streak >= limit:
+            raise FloatingPointError(
+                f"stopping: {self._nonfinite_streak} consecutive training steps had a non-finite "
+                f"loss or gradient (model.max_nonfinite_steps={limit}); lower the learning rate, "
+                "check the data (asr validate-data) or train in fp32 (--trainer.precision 32)"
+            )
 
     def on_train_epoch_start(self) -> None:
         # Reshuffle buckets and redraw speed factors: Lightning does not reach a batch sampler.
@@ -214,6 +250,19 @@ class ASRModule(L.LightningModule):
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         if self.model_config is not None and self.tokenizer is not None:
             checkpoint["asr"] = checkpoint_payload(self.model_config, self.tokenizer)
+        if self.trainer.state.fn == "fit":
+            checkpoint["rng"] = {"torch": torch.get_rng_state()}
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        self._resume_rng = checkpoint.get("rng")
+
+    def on_train_batch_start(self, batch: Batch, batch_idx: int) -> None:
+        # Dropout and SpecAugment continue exactly where the saved run stopped. (Loaders draw
+        # worker seeds from their own generator, so nothing between the save and this batch
+        # touches the global RNG.)
+        if self._resume_rng is not None:
+            torch.set_rng_state(self._resume_rng["torch"])
+            self._resume_rng = None
 
     def configure_optimizers(self):
         optimizer = self.optimizer_factory(self.parameters())
@@ -224,6 +273,10 @@ class ASRModule(L.LightningModule):
             "optimizer": optimizer,
             "lr_scheduler": {"scheduler": scheduler, "interval": "step"},
         }
+
+
+def _uses_grad_scaler(trainer: L.Trainer) -> bool:
+    return getattr(trainer.precision_plugin, "scaler", None) is not None
 
 
 def stage_manifests(module: L.LightningDataModule, stage: str) -> list[tuple[str, str]]:
@@ -275,9 +328,34 @@ def bucketed_loader(
         collate_fn=collate_fn,
         num_workers=hp.num_workers,
         persistent_workers=hp.num_workers > 0,
+        generator=torch.Generator().manual_seed(hp.seed),  # leaves the global RNG alone
     )
     # Lightning builds the first epoch's iterator before any epoch hook runs.
     set_loader_epoch(loader, trainer.current_epoch if trainer else 0)
+    return loader
+
+
+def train_sampler_state(module: L.LightningDataModule) -> dict:
+    """The training sampler's position for a checkpoint: the epoch and the batches the fit
+    loop has processed in it (the loader's prefetched batches are not counted)."""
+    trainer = module.trainer
+    if trainer is None or trainer.state.fn != "fit" or trainer.train_dataloader is None:
+        return {}
+    sampler = trainer.train_dataloader.batch_sampler
+    done = trainer.fit_loop.epoch_loop.batch_progress.current.processed
+    return {"train_sampler": sampler.state_dict() | {"batches_yielded": done}}
+
+
+def resume_position(
+    module: L.LightningDataModule, loader: torch.utils.data.DataLoader
+) -> torch.utils.data.DataLoader:
+    """Apply a restored sampler position (from `load_state_dict`) to a new training loader,
+    so a run resumed mid-epoch skips the batches it had already trained on."""
+    state, module._resume_sampler = module._resume_sampler, None
+    trainer = module.trainer
+    # A checkpoint written at the end of an epoch resumes at the next epoch's start.
+    if state and trainer is not None and state["epoch"] == trainer.current_epoch:
+        loader.batch_sampler.load_state_dict(state)
     return loader
 
 
@@ -318,10 +396,17 @@ class ASRDataModule(L.LightningDataModule):
         self.save_hyperparameters()
         self.tokenizer = Tokenizer.load(tokenizer)
         self.datasets: dict[str, SpeechDataset] = {}
+        self._resume_sampler: dict | None = None
 
     @property
     def vocab_size(self) -> int:
         return self.tokenizer.vocab_size
+
+    def state_dict(self) -> dict:
+        return train_sampler_state(self)
+
+    def load_state_dict(self, state: dict) -> None:
+        self._resume_sampler = state.get("train_sampler")
 
     def setup(self, stage: str) -> None:
         hp = self.hparams
@@ -354,7 +439,7 @@ class ASRDataModule(L.LightningDataModule):
         return bucketed_loader(self, dataset, dataset.durations, budget, collate_fn, shuffle)
 
     def train_dataloader(self):
-        return self._loader("train", shuffle=True)
+        return resume_position(self, self._loader("train", shuffle=True))
 
     def val_dataloader(self):
         return self._loader("val", shuffle=False)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import sys
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -15,6 +16,8 @@ import torch
 from jsonargparse import Namespace
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI
+
+from asr.checkpoint import StepCheckpoint
 
 DEFAULT_LOGGERS = (  # CSV first: it warns about a run folder another logger made already
     "lightning.pytorch.loggers.CSVLogger",
@@ -32,7 +35,8 @@ CHECKPOINT_DEFAULTS = {  # recognizers; an LM config overrides monitor and filen
 
 class ASRCLI(LightningCLI):
     """Adds argument links, a best-k + last checkpoint callback (by WER unless the config
-    says otherwise), and (unless the config names loggers) TensorBoard and CSV logs under
+    says otherwise), a mid-epoch `last.ckpt` every `--step_checkpoint.every_n_steps`, and
+    (unless the config names loggers) TensorBoard and CSV logs under
     `trainer.default_root_dir`.
 
     Model and data modules are picked by `class_path` (subclass mode); every pair must take
@@ -46,6 +50,7 @@ class ASRCLI(LightningCLI):
         )
         parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
         parser.set_defaults(CHECKPOINT_DEFAULTS)
+        parser.add_lightning_class_args(StepCheckpoint, "step_checkpoint")
         # The bucketing sampler shards batches across ranks itself.
         parser.set_defaults({"trainer.use_distributed_sampler": False})
 
@@ -55,6 +60,8 @@ class ASRCLI(LightningCLI):
         if config.checkpoint.dirpath is None:
             # One checkpoint folder per experiment, so `--ckpt_path last` resumes a rerun.
             config.checkpoint.dirpath = str(Path(root) / "checkpoints")
+        if config.step_checkpoint.dirpath is None:
+            config.step_checkpoint.dirpath = config.checkpoint.dirpath
         if config.trainer.logger in (None, True):
             version = _next_version(Path(root) / "logs")  # one run directory for both loggers
             config.trainer.logger = [
@@ -85,6 +92,8 @@ def _next_version(logs: Path) -> int:
 def run_lightning_cli(argv: Sequence[str]) -> ASRCLI:
     """Run `asr fit|validate|test ...` (argv without the program name)."""
     torch.set_float32_matmul_precision("high")
+    # ASRDataModule checkpoints the sampler position itself (Lightning cannot see it).
+    warnings.filterwarnings("ignore", "You're resuming from a checkpoint that ended before")
     return ASRCLI(
         L.LightningModule,
         L.LightningDataModule,

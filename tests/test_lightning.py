@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import os
 import shutil
 import subprocess
 import sys
 import textwrap
+from functools import partial
 from pathlib import Path
 
+import lightning as L
 import pytest
 import torch
 from conftest import REPO, corpus_path
@@ -18,8 +21,10 @@ from conftest import REPO, corpus_path
 from asr.cli import main
 from asr.data.manifest import read_manifest, write_manifest
 from asr.data.prepare import prepare_corpus
-from asr.frontends import LogMelFilterbank, compute_cmvn_stats
+from asr.frontends import Frontend, LogMelFilterbank, compute_cmvn_stats
 from asr.inference import load_model
+from asr.lightning import ASRDataModule, ASRModule
+from asr.models.transformer import TransformerDecoder, TransformerEncoder
 from asr.text import train_tokenizer
 
 pytestmark = pytest.mark.needs_corpus
@@ -193,3 +198,111 @@ def test_checkpoint_is_self_contained(tiny_an4, tmp_path):
         torch.testing.assert_close(value, state[f"model.{name}"])
     assert recognizer.tokenizer.vocab_size == recognizer.model.vocab_size
     assert recognizer.sample_rate == 16000 and not recognizer.model.training
+
+
+KILL_SCRIPT = """
+import os, signal, sys
+import lightning as L
+from asr.train import run_lightning_cli
+
+kill_at = int(os.environ["KILL_AT_STEP"])
+save = L.Trainer.save_checkpoint
+
+def save_then_die(self, *args, **kwargs):  # SIGKILL right after the step checkpoint is written
+    save(self, *args, **kwargs)
+    if self.global_step >= kill_at:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+L.Trainer.save_checkpoint = save_then_die
+run_lightning_cli(sys.argv[1:])
+"""
+
+
+def _augmented_args(data: dict[str, str], root: Path) -> list[str]:
+    """Speed perturbation, SpecAugment and dropout on: every RNG consumer must resume."""
+    return _fit_args(data, root) + [
+        "--trainer.max_epochs", "3",
+        "--data.speed_perturb", "[0.9, 1.0, 1.1]",
+        "--model.init_args.frontend.init_args.augment", "asr.frontends.SpecAugment",
+        "--step_checkpoint.every_n_steps", "1",
+    ]  # fmt: skip
+
+
+@pytest.mark.timeout(600)
+def test_sigkill_mid_epoch_then_resume_equals_uninterrupted_run(tiny_an4, tmp_path):
+    full_root, killed_root = tmp_path / "full", tmp_path / "killed"
+    main(_augmented_args(tiny_an4, full_root))
+    full = torch.load(full_root / "checkpoints" / "last.ckpt", weights_only=True)
+    steps_per_epoch = full["global_step"] // 3
+    kill_at = steps_per_epoch + steps_per_epoch // 2  # in the middle of the second epoch
+    assert steps_per_epoch >= 2 and kill_at % steps_per_epoch
+
+    script = tmp_path / "kill.py"
+    script.write_text(textwrap.dedent(KILL_SCRIPT))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO),
+           "KILL_AT_STEP": str(kill_at)}  # fmt: skip
+    args = _augmented_args(tiny_an4, killed_root)
+    proc = subprocess.run([sys.executable, str(script), *args], env=env, capture_output=True,
+                          text=True, timeout=500)  # fmt: skip
+    assert proc.returncode == -9, proc.stderr[-3000:]
+    last = killed_root / "checkpoints" / "last.ckpt"
+    killed = torch.load(last, weights_only=True)
+    assert killed["global_step"] == kill_at and killed["epoch"] == 1
+    assert killed["ASRDataModule"]["train_sampler"]["batches_yielded"] == kill_at % steps_per_epoch
+
+    main(args + ["--ckpt_path", "last"])  # the same command, resumed
+    resumed = torch.load(last, weights_only=True)
+    assert resumed["global_step"] == full["global_step"]
+    for name, value in full["state_dict"].items():
+        assert torch.equal(resumed["state_dict"][name], value), f"{name} differs after resume"
+
+
+class _PoisonedLoss(L.Callback):
+    """Makes the training loss NaN on every step."""
+
+    def on_train_batch_start(self, trainer, module, batch, batch_idx) -> None:
+        loss = type(module.model).loss
+
+        def nan_loss(*args, **kwargs):
+            out = loss(module.model, *args, **kwargs)
+            return dataclasses.replace(out, loss=out.loss * float("nan"))
+
+        module.model.loss = nan_loss
+
+    def on_train_end(self, trainer, module) -> None:
+        del module.model.loss  # back to the class's method
+
+
+def _tiny_fit(module: ASRModule, data: ASRDataModule, steps: int, callbacks=()) -> None:
+    trainer = L.Trainer(accelerator="cpu", max_steps=steps, callbacks=list(callbacks),
+                        logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False, limit_val_batches=0)  # fmt: skip
+    trainer.fit(module, data)
+
+
+def test_nonfinite_loss_skips_the_step_and_stops_after_a_streak(tiny_an4):
+    data = ASRDataModule(tiny_an4["train"], tiny_an4["dev"], tiny_an4["tokenizer"],
+                         max_batch_seconds=12, num_workers=0)  # fmt: skip
+    layers = {"d_model": 32, "num_heads": 2, "ffn_dim": 64, "num_layers": 1}
+    module = ASRModule(
+        Frontend(LogMelFilterbank(n_mels=40)),
+        partial(TransformerEncoder, **layers),
+        partial(TransformerDecoder, **layers),
+        vocab_size=data.vocab_size,
+        tokenizer=tiny_an4["tokenizer"],
+        max_nonfinite_steps=3,
+    )
+    _tiny_fit(module, data, steps=1)  # optimizer moments exist from here on
+    before = {k: v.clone() for k, v in module.state_dict().items()}
+    _tiny_fit(module, data, steps=2, callbacks=[_PoisonedLoss()])
+    assert module._skipped_steps == 2, "both NaN steps were counted"
+    for name, value in module.state_dict().items():
+        assert torch.equal(value, before[name]), f"{name} changed on a skipped step"
+
+    _tiny_fit(module, data, steps=1)
+    assert module._nonfinite_streak == 0, "a finite step ends the streak"
+    changed = [k for k, v in module.state_dict().items() if not torch.equal(v, before[k])]
+    assert changed, "finite steps still train"
+
+    with pytest.raises(FloatingPointError, match="3 consecutive training steps"):
+        _tiny_fit(module, data, steps=20, callbacks=[_PoisonedLoss()])

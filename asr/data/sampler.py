@@ -135,8 +135,9 @@ class DynamicBucketSampler(Sampler[list[int]]):
             yield list(batch)
 
     def __len__(self) -> int:
-        """Number of batches the next iteration yields on this rank (after any resume skip)."""
-        return max(len(self._rank_batches()) - self._resume_at, 0)
+        """Number of batches in this rank's epoch. A resumed iteration yields fewer (the rest
+        of the epoch), but training loops count the epoch from its start."""
+        return len(self._rank_batches())
 
     def state_dict(self) -> dict[str, Any]:
         """Position for mid-epoch resume.
