@@ -51,7 +51,8 @@ def audio_info(path: PathLike) -> AudioInfo:
         Its sample rate, frame count and channel count.
 
     Raises:
-        AudioError: the file is missing, a directory, unreadable, or not audio libsndfile knows.
+        AudioError: the file is missing, a directory, unreadable, 0 bytes, or not audio
+            libsndfile knows.
     """
     try:
         info = soundfile.info(str(path))
@@ -149,5 +150,7 @@ def _open_error(path: PathLike, error: Exception) -> AudioError:
         return AudioError(path, "is a directory, not an audio file")
     if not os.access(file, os.R_OK):
         return AudioError(path, "permission denied")
+    if file.stat().st_size == 0:
+        return AudioError(path, "empty file (0 bytes)")
     detail = getattr(error, "error_string", None) or str(error)  # libsndfile's own words
     return AudioError(path, f"unreadable or corrupt audio ({detail})")

@@ -191,6 +191,7 @@ class ConformerEncoder(nn.Module):
         subsampling: time subsampling factor of the convolutional front, 4, 6 or 8.
         attention_dropout: dropout on the attention weights.
         conv_norm: "batch" or "layer" normalisation in the convolution modules.
+        subsampling_channels: channels of the convolutional front (default `d_model`).
     """
 
     def __init__(
@@ -205,9 +206,10 @@ class ConformerEncoder(nn.Module):
         subsampling: int = 4,
         attention_dropout: float = 0.0,
         conv_norm: str = "batch",
+        subsampling_channels: int | None = None,
     ) -> None:
         super().__init__()
-        self.subsampling = Conv2dSubsampling(input_dim, d_model, subsampling)
+        self.subsampling = Conv2dSubsampling(input_dim, d_model, subsampling, subsampling_channels)
         self.dropout = nn.Dropout(dropout)
         self.layers = nn.ModuleList(
             ConformerLayer(

@@ -88,11 +88,16 @@ class Conv2dSubsampling(nn.Module):
 
     Args:
         input_dim: feature dimension D_in (at least `min_input_length(factor)`).
-        d_model: output dimension, also the number of convolution channels.
+        d_model: output dimension.
         factor: time subsampling factor, 4, 6 or 8.
+        channels: convolution channels (default `d_model`, as in ESPnet). The second
+            convolution costs `channels**2` per output position; fewer channels make a
+            small encoder much cheaper on CPU.
     """
 
-    def __init__(self, input_dim: int, d_model: int, factor: int = 4) -> None:
+    def __init__(
+        self, input_dim: int, d_model: int, factor: int = 4, channels: int | None = None
+    ) -> None:
         super().__init__()
         layers = _subsampling_layers(factor)
         if input_dim < min_input_length(factor):
@@ -100,11 +105,12 @@ class Conv2dSubsampling(nn.Module):
                 f"Conv2dSubsampling: input_dim={input_dim} is too small for factor {factor}; "
                 f"it needs at least {min_input_length(factor)} feature bins"
             )
+        channels = channels or d_model
         convs: list[nn.Module] = []
         for i, (kernel, stride) in enumerate(layers):
-            convs += [nn.Conv2d(1 if i == 0 else d_model, d_model, kernel, stride), nn.ReLU()]
+            convs += [nn.Conv2d(1 if i == 0 else channels, channels, kernel, stride), nn.ReLU()]
         self.conv = nn.Sequential(*convs)
-        self.out = nn.Linear(d_model * subsampled_length(input_dim, factor), d_model)
+        self.out = nn.Linear(channels * subsampled_length(input_dim, factor), d_model)
         self.input_dim = input_dim
         self.factor = factor
         self.output_dim = d_model
@@ -371,6 +377,7 @@ class TransformerEncoder(nn.Module):
         subsampling: time subsampling factor of the convolutional front, 4, 6 or 8.
         attention_dropout: dropout on the attention weights.
         max_len: positions precomputed by the positional encoding (it grows when needed).
+        subsampling_channels: channels of the convolutional front (default `d_model`).
     """
 
     def __init__(
@@ -384,9 +391,10 @@ class TransformerEncoder(nn.Module):
         subsampling: int = 4,
         attention_dropout: float = 0.0,
         max_len: int = 5000,
+        subsampling_channels: int | None = None,
     ) -> None:
         super().__init__()
-        self.subsampling = Conv2dSubsampling(input_dim, d_model, subsampling)
+        self.subsampling = Conv2dSubsampling(input_dim, d_model, subsampling, subsampling_channels)
         self.positions = PositionalEncoding(d_model, max_len, dropout)
         self.layers = nn.ModuleList(
             EncoderLayer(d_model, num_heads, ffn_dim, dropout, attention_dropout)

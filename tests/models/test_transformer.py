@@ -73,6 +73,18 @@ def test_subsampled_length_matches_each_conv_step_by_step(factor: int) -> None:
 
 
 @pytest.mark.parametrize("factor", FACTORS)
+def test_fewer_subsampling_channels_keep_lengths_and_padding_invariance(factor: int) -> None:
+    wide, narrow = Conv2dSubsampling(20, 16, factor), Conv2dSubsampling(20, 16, factor, channels=4)
+    assert sum(p.numel() for p in narrow.parameters()) < sum(p.numel() for p in wide.parameters())
+    x, x_lens = padded_batch([40, 23], 20)
+    y, y_lens = narrow(x, x_lens)
+    assert y.shape == (2, subsampled_length(40, factor), 16)
+    assert y_lens.tolist() == [subsampled_length(n, factor) for n in (40, 23)]
+    alone, _ = narrow(x[1:, :23], x_lens[1:])
+    torch.testing.assert_close(y[1:, : y_lens[1]], alone, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("factor", FACTORS)
 def test_subsampled_length_closed_form(factor: int) -> None:
     """All three stacks reduce to `(T - T_min) // factor + 1`."""
     frames = torch.arange(min_input_length(factor), 600)
