@@ -9,6 +9,9 @@ asr average --last exp/.../checkpoints/last.ckpt --best 5 --out avg.ckpt
 asr transcribe AUDIO... --checkpoint CKPT [--format txt json srt vtt] [--output-dir DIR]
 asr evaluate --checkpoint CKPT --manifest test.jsonl --out DIR   WER/CER, reports, plots
 asr align AUDIO --checkpoint CKPT --text "..." --out plot.png      word times of a transcript
+
+Batch commands (prepare, validate-data, transcribe, evaluate) go on past bad inputs, list
+each with the reason, and exit with status 1 when any failed (2: the command could not run).
 """
 
 from __future__ import annotations
@@ -20,10 +23,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 LIGHTNING_COMMANDS = ("fit", "validate", "test", "predict")
+MAX_LISTED = 20  # failures spelled out on stderr by batch commands
 
 
 def _prepare(args: argparse.Namespace) -> int:
-    from asr.data.prepare import prepare_corpus
+    from asr.data.prepare import left_out, prepare_corpus
 
     options = {}
     if args.splits:
@@ -31,7 +35,20 @@ def _prepare(args: argparse.Namespace) -> int:
     if args.dev_size is not None:
         options["dev_size"] = args.dev_size
     prepare_corpus(args.corpus, args.data_dir, args.out, **options)  # logs its summary
-    return 0
+    broken = left_out(args.out)
+    if broken:
+        summary = Path(args.out) / "summary.json"
+        _print_failures(f"asr prepare: {len(broken)} input(s) left out (see {summary})", broken)
+    return 1 if broken else 0
+
+
+def _print_failures(title: str, failures: Sequence[str]) -> None:
+    """`title:` and the first `MAX_LISTED` failures on stderr, one per line."""
+    print(f"{title}:", file=sys.stderr)
+    for failure in failures[:MAX_LISTED]:
+        print(f"  {failure}", file=sys.stderr)
+    if len(failures) > MAX_LISTED:
+        print(f"  ... and {len(failures) - MAX_LISTED} more", file=sys.stderr)
 
 
 def _tokenizer(args: argparse.Namespace) -> int:
@@ -173,12 +190,17 @@ def _evaluate(args: argparse.Namespace) -> int:
         plot_ids=args.plot_ids,
         progress=not args.quiet,
         extra={"lm": args.lm},
+        skip_bad=True,
     )
     print(
         f"WER {metrics['wer']:.2f}%  CER {metrics['cer']:.2f}%  over {metrics['utterances']} "
         f"utterances, RTF {metrics['real_time_factor']:.3f}; reports in {args.out}"
     )
-    return 0
+    failures = metrics["failures"]
+    if failures:
+        title = f"asr evaluate: {len(failures)} manifest line(s) or utterance(s) not scored"
+        _print_failures(title, failures)
+    return 1 if failures else 0
 
 
 def _align(args: argparse.Namespace) -> int:

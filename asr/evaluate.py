@@ -4,7 +4,9 @@ Into the output folder:
 
     metrics.json         WER/CER (%), word error counts, audio hours, decode seconds and
                          real-time factor, search options, checkpoint; with a CTC head, the
-                         mean word boundary difference (ms) between attention and CTC timing
+                         mean word boundary difference (ms) between attention and CTC timing;
+                         with `skip_bad`, the `failures` left out (`file:line: reason`, or
+                         `audio (id): reason` for audio that fails to load or decode)
     hyp.txt, ref.txt     Kaldi `utt-id text`; references normalised by the tokenizer
     errors.txt           per-utterance REF/HYP alignments with S/D/I marks (from jiwer's
                          alignment), then the most frequent substitutions, deletions and
@@ -32,8 +34,14 @@ from torch import Tensor
 from tqdm import tqdm
 
 from asr.alignment import boundary_error_ms, plot_attention, plot_attention_grid, save_figure
-from asr.audio import load_audio
-from asr.data.manifest import Utterance, read_manifest
+from asr.audio import AudioError, load_audio
+from asr.data.manifest import (
+    BadEntry,
+    Utterance,
+    format_bad_entries,
+    read_manifest,
+    validate_manifest,
+)
 from asr.inference import Alignment, Decoded, Recognizer
 from asr.metrics import char_errors, word_errors
 from asr.models.transformer import TransformerDecoder
@@ -64,6 +72,7 @@ def evaluate(
     plot_ids: Sequence[str] | None = None,
     progress: bool = True,
     extra: dict[str, Any] | None = None,
+    skip_bad: bool = False,
 ) -> dict[str, Any]:
     """Decode every utterance of `manifest` and write the reports into `out_dir`.
 
@@ -78,31 +87,38 @@ def evaluate(
         plot_ids: plot these utterances instead.
         progress: show a tqdm bar.
         extra: more entries for metrics.json (e.g. the LM's path).
+        skip_bad: check the manifest up front (lines, audio headers) and score the rest:
+            bad lines, and utterances whose audio fails to load or decode, are left out and
+            listed under `failures` in metrics.json, instead of raising.
 
     Returns:
         The metrics written to `metrics.json`.
 
     Raises:
-        ValueError: an unreadable manifest or audio file, or an unknown plot id (named).
+        ValueError: an unreadable manifest or audio file (unless `skip_bad`), no utterance
+            left to score, or an unknown plot id (named).
     """
     options = options or SearchOptions()
     recognizer.check_options(options, lm)
-    utterances = read_manifest(manifest)
+    utterances, failures = _usable(manifest, skip_bad)
     if not utterances:
-        raise ValueError(f"{manifest}: no utterances to evaluate")
+        raise _nothing_to_score(manifest, failures)
     chosen = _chosen_for_plots(utterances, plots, plot_ids, manifest)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     results, timing, boundary_errors = _decode_all(
-        recognizer, utterances, options, lm, batch_size, progress
+        recognizer, utterances, options, lm, batch_size, progress, failures if skip_bad else None
     )
+    if not results:
+        raise _nothing_to_score(manifest, failures)
     decode_seconds, audio_seconds = timing
     refs, hyps = [r.ref for r in results], [r.hyp for r in results]
     words, chars = word_errors(refs, hyps), char_errors(refs, hyps)
     _write_kaldi(out_dir / "hyp.txt", [(r.utt_id, r.hyp) for r in results])
     _write_kaldi(out_dir / "ref.txt", [(r.utt_id, r.ref) for r in results])
     (out_dir / "errors.txt").write_text(error_report(results), encoding="utf-8")
-    _plot(recognizer, [u for u in utterances if u.utt_id in chosen], results, out_dir)
+    scored = {r.utt_id for r in results}
+    _plot(recognizer, [u for u in utterances if u.utt_id in chosen & scored], results, out_dir)
     metrics = {
         "wer": 100 * words.rate,
         "cer": 100 * chars.rate,
@@ -112,6 +128,7 @@ def evaluate(
         "reference_words": words.reference_length,
         "reference_characters": chars.reference_length,
         "utterances": len(results),
+        "failures": [str(failure) for failure in failures],
         "audio_hours": audio_seconds / 3600,
         "decode_seconds": decode_seconds,
         "real_time_factor": decode_seconds / audio_seconds,
@@ -124,6 +141,20 @@ def evaluate(
     }
     (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=1) + "\n", encoding="utf-8")
     return metrics
+
+
+def _usable(manifest: str | os.PathLike, skip_bad: bool) -> tuple[list[Utterance], list[BadEntry]]:
+    """The manifest's utterances; with `skip_bad`, only the good ones and the bad lines
+    (empty references stay: they score as insertions)."""
+    if not skip_bad:
+        return read_manifest(manifest), []
+    report = validate_manifest(manifest, check_audio=True, require_text=False)
+    return report.good, report.bad
+
+
+def _nothing_to_score(manifest: str | os.PathLike, failures: Sequence[BadEntry]) -> ValueError:
+    listed = f":\n{format_bad_entries(failures)}" if failures else ""
+    return ValueError(f"{manifest}: no utterances to evaluate{listed}")
 
 
 def _mean(values: Sequence[float]) -> float | None:
@@ -158,33 +189,62 @@ def _decode_all(
     lm: LanguageModel | None,
     batch_size: int,
     progress: bool,
+    failures: list[BadEntry] | None = None,
 ) -> tuple[list[ScoredUtterance], tuple[float, float], list[float]]:
     """Results in manifest order, (decode seconds, audio seconds), and the boundary errors
-    (ms) of the utterances recognised exactly, where the model has a CTC head."""
+    (ms) of the utterances recognised exactly, where the model has a CTC head.
+
+    An utterance whose audio fails to load or decode (too short for the encoder) raises a
+    ValueError naming it, or with `failures` given, is appended there and left out."""
     order = sorted(range(len(utterances)), key=lambda i: utterances[i].duration, reverse=True)
     results: list[ScoredUtterance | None] = [None] * len(utterances)
     decode_seconds, audio_seconds, boundary_errors = 0.0, 0.0, []
     normalize = recognizer.tokenizer.normalizer
     with tqdm(total=len(order), desc="evaluate", unit="utt", disable=not progress) as bar:
         for first in range(0, len(order), batch_size):
-            batch = order[first : first + batch_size]
-            waves = [_load(recognizer, utterances[i]) for i in batch]
+            chosen = order[first : first + batch_size]
+            batch, waves = _load_batch(recognizer, utterances, chosen, failures)
             start = time.perf_counter()
-            decoded = search_or_errors(recognizer, waves, options, lm)
+            decoded = search_or_errors(recognizer, waves, options, lm) if waves else []
             decode_seconds += time.perf_counter() - start
-            audio_seconds += sum(len(w) for w in waves) / recognizer.sample_rate
-            for i, item in zip(batch, decoded):
+            for i, wave, item in zip(batch, waves, decoded):
                 if isinstance(item, ValueError):  # too short for the encoder
-                    utt = utterances[i]
-                    raise ValueError(f"{utt.audio_filepath} ({utt.utt_id}): {item}")
+                    _fail(utterances[i], str(item), failures)
+                    continue
+                audio_seconds += len(wave) / recognizer.sample_rate
                 hyp = recognizer.tokenizer.decode(item.hypothesis.tokens)
                 ref = normalize(utterances[i].text)
                 results[i] = ScoredUtterance(utterances[i].utt_id, ref, hyp, item.hypothesis.tokens)
                 error = _boundary_error(recognizer, item) if hyp == ref and hyp else None
                 if error is not None:
                     boundary_errors.append(error)
-            bar.update(len(batch))
-    return results, (decode_seconds, audio_seconds), boundary_errors
+            bar.update(len(chosen))
+    return [r for r in results if r is not None], (decode_seconds, audio_seconds), boundary_errors
+
+
+def _load_batch(
+    recognizer: Recognizer,
+    utterances: Sequence[Utterance],
+    batch: Sequence[int],
+    failures: list[BadEntry] | None,
+) -> tuple[list[int], list[Tensor]]:
+    """The indices of `batch` whose audio loads, and their waveforms."""
+    loaded, waves = [], []
+    for i in batch:
+        try:
+            waves.append(_load(recognizer, utterances[i]))
+            loaded.append(i)
+        except AudioError as error:
+            _fail(utterances[i], error.reason, failures)
+    return loaded, waves
+
+
+def _fail(utterance: Utterance, reason: str, failures: list[BadEntry] | None) -> None:
+    """Raise a ValueError naming the utterance, or with `failures`, record it there."""
+    entry = BadEntry(f"{utterance.audio_filepath} ({utterance.utt_id})", reason)
+    if failures is None:
+        raise ValueError(str(entry))
+    failures.append(entry)
 
 
 def _boundary_error(recognizer: Recognizer, decoded: Decoded) -> float | None:

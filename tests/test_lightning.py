@@ -14,7 +14,9 @@ from functools import partial
 from pathlib import Path
 
 import lightning as L
+import numpy as np
 import pytest
+import soundfile
 import torch
 from conftest import REPO, corpus_path
 
@@ -179,6 +181,32 @@ def test_bad_manifest_fails_up_front_or_is_skipped(tiny_an4, tmp_path):
         main(args)
     main(args + ["--data.skip_bad", "true"])
     assert (tmp_path / "checkpoints" / "last.ckpt").is_file()
+
+
+@pytest.mark.parametrize(
+    ("edit", "options", "reason"),
+    [
+        ({"duration": 0.05}, [], r"duration 0.050 s is below 0.1 s"),
+        ("nan", ["--data.check_audio", "full"], r"NaN or infinite samples"),
+    ],
+    ids=["too-short", "nan-samples"],
+)
+def test_fit_start_rejects_short_and_nan_audio(tiny_an4, tmp_path, edit, options, reason):
+    lines = Path(tiny_an4["train"]).read_text().splitlines()
+    entry = json.loads(lines[2])
+    if edit == "nan":
+        samples = np.zeros(16000, np.float32)
+        samples[10] = np.nan
+        soundfile.write(tmp_path / "nan.wav", samples, 16000, subtype="FLOAT")
+        entry |= {"audio_filepath": str(tmp_path / "nan.wav"), "duration": 1.0}
+    else:
+        entry |= edit
+    lines[2] = json.dumps(entry)
+    bad = tmp_path / "train_bad.jsonl"
+    bad.write_text("\n".join(lines) + "\n")
+    args = _fit_args(tiny_an4 | {"train": str(bad)}, tmp_path) + ["--trainer.max_epochs", "1"]
+    with pytest.raises(ValueError, match=rf"train_bad.jsonl:3: .*{reason}"):
+        main(args + options)
 
 
 def test_checkpoint_is_self_contained(tiny_an4, tmp_path):

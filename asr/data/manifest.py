@@ -170,6 +170,8 @@ def validate_manifest(
     path: str | os.PathLike,
     tokenizer: Tokenizer | None = None,
     check_audio: bool | Literal["full"] = True,
+    require_text: bool = True,
+    min_duration: float = 0.0,
 ) -> ValidationReport:
     """Check a manifest line by line, and the audio and text each line refers to.
 
@@ -178,6 +180,9 @@ def validate_manifest(
         tokenizer: if given, text with `tokenizer.oov(text)` non-empty is reported.
         check_audio: False: skip the audio; True: read each file's header (exists, readable,
             non-empty, long enough); "full": also decode the segment and check its samples.
+        require_text: report empty transcripts; False accepts them (references of silence).
+        min_duration: report utterances shorter than this many seconds (by their manifest
+            duration), e.g. too short for the encoder's subsampling.
 
     Returns:
         The good utterances and a `BadEntry` for each bad line, in file order.
@@ -191,7 +196,9 @@ def validate_manifest(
     numbered, bad = _parse_manifest(path)
     good = []
     for number, utterance in numbered:
-        problems = _text_problems(utterance, tokenizer)
+        problems = _text_problems(utterance, tokenizer, require_text)
+        if utterance.duration < min_duration:
+            problems.append(f"duration {utterance.duration:.3f} s is below {min_duration:g} s")
         if check_audio:
             problems = _audio_problems(utterance, full=check_audio == "full") + problems
         if problems:
@@ -318,8 +325,10 @@ def _json_type(value: Any) -> str:
     return names.get(type(value), "number")
 
 
-def _text_problems(utterance: Utterance, tokenizer: Tokenizer | None) -> list[str]:
-    if not utterance.text.strip():
+def _text_problems(
+    utterance: Utterance, tokenizer: Tokenizer | None, require_text: bool
+) -> list[str]:
+    if require_text and not utterance.text.strip():
         return ["empty transcript"]
     unknown = list(dict.fromkeys(tokenizer.oov(utterance.text))) if tokenizer else []
     if unknown:

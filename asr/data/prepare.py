@@ -5,8 +5,8 @@
 
 Durations come from the audio files' headers; manifests hold absolute audio paths. A
 `data_dir` that does not look like the corpus raises a ValueError saying what was expected.
-Nothing is dropped silently: audio without a transcript or unreadable audio is listed in a
-warning and in `summary.json`.
+Nothing is dropped silently: audio without a transcript, unusable transcripts and unreadable
+audio are listed in a warning and in `summary.json` (`left_out` reads back the broken ones).
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ logger = logging.getLogger(__name__)
 PathLike = str | os.PathLike
 AUDIO_SUFFIXES = (".wav", ".flac", ".sph", ".ogg", ".mp3")  # what `prepare_folder` picks up
 LISTED = 5  # names spelled out in a warning
+BROKEN_KEYS = ("unusable_audio", "bad_transcripts")  # summary.json lists of broken inputs
 
 
 @dataclass(frozen=True)
@@ -393,8 +394,9 @@ def prepare_folder(
     """Any folder of audio files with same-stem `.txt` transcripts (`a/b.wav` + `a/b.txt`).
 
     Ids are relative path stems with `/` -> `-` (`a-b`); speakers are parent directory names.
-    Audio with a missing or empty transcript is left out and listed in a warning and under
-    `missing_transcripts` in `summary.json`.
+    Audio without a transcript file is left out and listed in a warning and under
+    `missing_transcripts` in `summary.json`; an empty, non-UTF-8 or unreadable transcript
+    under `bad_transcripts`, and unusable audio under `unusable_audio` (with the reason).
 
     Args:
         data_dir: the folder, scanned recursively.
@@ -414,7 +416,7 @@ def prepare_folder(
     audio = sorted(p for p in data_dir.rglob("*") if p.suffix.lower() in AUDIO_SUFFIXES)
     if not audio:
         raise ValueError(f"{data_dir}: expected {FOLDER_LAYOUT}; found no audio")
-    entries, missing = _folder_entries(data_dir, [path for path in audio if path.is_file()])
+    entries, missing, bad_text = _folder_entries(data_dir, audio)
     if missing:
         logger.warning(
             "%s: %d audio file(s) without a transcript (same-stem .txt) left out: %s",
@@ -422,41 +424,71 @@ def prepare_folder(
             len(missing),
             _some(missing),
         )
+    if bad_text:
+        logger.warning(
+            "%s: %d unusable transcript(s): %s", data_dir, len(bad_text), _some(bad_text)
+        )
     if not entries:
-        raise ValueError(f"{data_dir}: expected {FOLDER_LAYOUT}; no audio file has a transcript")
+        raise ValueError(
+            f"{data_dir}: expected {FOLDER_LAYOUT}; no audio file has a usable transcript"
+        )
     utterances, unusable = _measure(entries, "folder")
     if split_file is None:
         splits = _random_split(utterances, dev_fraction, test_fraction, seed)
     else:
         splits = _assigned_split(utterances, Path(split_file))
-    extra = {"missing_transcripts": missing, "unusable_audio": unusable}
+    extra = {
+        "missing_transcripts": missing,
+        "bad_transcripts": bad_text,
+        "unusable_audio": unusable,
+    }
     return _write_splits(out_dir, "folder", data_dir, splits, **extra)
 
 
-def _folder_entries(root: Path, audio: list[Path]) -> tuple[list[_Entry], list[str]]:
-    """Entries for audio with a transcript, and the relative paths of audio without."""
-    entries, missing, first_path_of = [], [], {}
+def _folder_entries(root: Path, audio: list[Path]) -> tuple[list[_Entry], list[str], list[str]]:
+    """Entries for audio with a usable transcript, the relative paths of audio without a
+    transcript file, and `transcript: reason` for transcripts that cannot be used.
+
+    Audio paths need not be files (a directory or a dangling link named `.wav`): measuring
+    them reports why they are unusable instead of dropping them silently.
+    """
+    entries, missing, bad_text, first_path_of = [], [], [], {}
     for path in audio:
-        text = _read_transcript(path.with_suffix(".txt"))
-        if not text:
+        transcript = path.with_suffix(".txt")
+        if not transcript.is_file():
             missing.append(path.relative_to(root).as_posix())
+            continue
+        try:
+            text = _read_transcript(transcript)
+        except ValueError as error:
+            bad_text.append(str(error))
             continue
         utterance_id = path.relative_to(root).with_suffix("").as_posix().replace("/", "-")
         first = first_path_of.setdefault(utterance_id, path)
         if first != path:
             raise ValueError(f"{first} and {path} both give utterance id {utterance_id!r}")
         entries.append(_Entry(utterance_id, path, text, path.parent.name))
-    return entries, missing
+    return entries, missing, bad_text
 
 
 def _read_transcript(path: Path) -> str:
-    """A transcript file's words on one line; '' if there is no such file."""
-    if not path.is_file():
-        return ""
+    """A transcript file's words on one line.
+
+    Raises:
+        ValueError: the file is unreadable, not UTF-8, or holds no words (named, with why).
+    """
     try:
-        return " ".join(path.read_text(encoding="utf-8").split())
+        data = path.read_bytes()
+    except OSError as error:
+        raise ValueError(f"{path}: cannot read transcript ({error.strerror})") from error
+    try:
+        text = " ".join(data.decode("utf-8").split())
     except UnicodeDecodeError as error:
-        raise ValueError(f"{path}: transcript is not valid UTF-8 ({error.reason})") from error
+        reason = f"byte 0x{data[error.start]:02x} at offset {error.start}"
+        raise ValueError(f"{path}: transcript is not valid UTF-8 ({reason})") from error
+    if not text:
+        raise ValueError(f"{path}: transcript is empty")
+    return text
 
 
 def _random_split(
@@ -564,6 +596,13 @@ def _write_splits(
     )
     logger.info("prepared %s in %s:\n%s", corpus, out_dir, format_summary(summaries))
     return summaries
+
+
+def left_out(out_dir: PathLike) -> list[str]:
+    """`path: reason` of every broken input (unusable audio or transcript) that the last
+    `prepare_corpus` into `out_dir` left out, as its `summary.json` lists them."""
+    record = json.loads((Path(out_dir) / "summary.json").read_text(encoding="utf-8"))
+    return [problem for key in BROKEN_KEYS for problem in record.get(key, [])]
 
 
 def _existing(stem: Path, suffixes: Sequence[str]) -> Path | None:
