@@ -1,0 +1,110 @@
+#!/usr/bin/env bash
+# Bring your own data: train and evaluate on a folder of audio files with transcripts.
+#
+#   bash recipes/folder/run.sh --data-dir DIR [--dev-fraction F] [--test-fraction F] [--seed N]
+#                              [--split-file FILE] [--tokenizer char|bpe|unigram]
+#                              [--vocab-size N] [--config FILE] [--stage N] [--stop-stage M]
+#                              [--data DIR] [--exp DIR] [--force] [--beam-size N]
+#                              [--ctc-weight W] [--average N] [-- ASR-FIT-OPTIONS...]
+#
+# DIR holds audio files (.wav .flac .sph .ogg .mp3, any rate, in any subfolders), each with a
+# same-stem transcript beside it: speaker1/utt01.wav + speaker1/utt01.txt. Utterance ids are
+# the relative paths (speaker1-utt01), speakers the folder names.
+#
+#   1  prepare manifests       data/folder/{train,dev,test}.jsonl: a random split (dev and test
+#                              fractions 0.1, seed 0), or --split-file: lines
+#                              `<utterance-id> train|dev|test` covering every utterance
+#   2  train the tokenizer     data/folder/tokenizer/ (characters; --tokenizer bpe --vocab-size N
+#                              for large vocabularies)
+#   3  CMVN statistics         data/folder/cmvn.json (16 kHz, 80 mel bands, as the config)
+#   4  train                   exp/folder/<config>/        (resumes from last.ckpt if present)
+#   5  average checkpoints     exp/folder/<config>/avg.ckpt (best 5 by dev WER)
+#   6  decode dev and test     exp/folder/<config>/decode_{dev,test}/ (test only if it has data)
+#   7  results table           exp/folder/<config>/RESULTS.md, printed
+#
+# --config: default conf/folder/transformer.yaml (a small Transformer for a few hours of
+# speech). Use a new --data (and --exp) for another folder. A finished stage leaves a marker
+# (<out>/.done-<stage>) and is skipped when re-run; --force re-runs it. A stage that failed
+# halfway left no marker, so it simply runs again. Options after `--` go to `asr fit`, e.g.
+# -- --trainer.max_epochs 30 --trainer.accelerator gpu.
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+# shellcheck source=recipes/lib/stages.sh
+source "$here/../lib/stages.sh"
+
+data_dir=""
+data=data/folder
+exp=exp/folder
+config=conf/folder/transformer.yaml
+dev_fraction=0.1
+test_fraction=0.1
+seed=0
+split_file=""
+tokenizer_kind=char
+vocab_size=""
+
+recipe_option() {
+  case "$1" in
+    --dev-fraction) need_value "$@"; dev_fraction=$2; consumed=2 ;;
+    --test-fraction) need_value "$@"; test_fraction=$2; consumed=2 ;;
+    --seed) need_value "$@"; seed=$2; consumed=2 ;;
+    --split-file) need_value "$@"; split_file=$(absolute "$2"); consumed=2 ;;
+    --tokenizer) need_value "$@"; tokenizer_kind=$2; consumed=2 ;;
+    --vocab-size) need_value "$@"; vocab_size=$2; consumed=2 ;;
+    --config) need_value "$@"; config=$(config_path "$2"); consumed=2 ;;
+  esac
+}
+parse_options "$@"
+
+cd "$root"
+require_asr
+[ -n "$data_dir" ] || usage_error "--data-dir DIR is required: your folder of audio + .txt files"
+[ -d "$data_dir" ] || usage_error "--data-dir $data_dir is not a directory"
+mkdir -p "$data"
+
+# The random split's fractions and seed, or the split file, go to asr.data.prepare directly.
+prepare() {
+  $(asr_python) - "$data_dir" "$data" "$dev_fraction" "$test_fraction" "$seed" "$split_file" <<'PY'
+import logging
+import sys
+
+from asr.data.prepare import format_summary, prepare_folder
+
+logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+data_dir, out, dev, test, seed, split_file = sys.argv[1:]
+try:
+    summaries = prepare_folder(data_dir, out, float(dev), float(test), int(seed), split_file or None)
+except ValueError as error:
+    sys.exit(f"prepare folder: error: {error}")
+for needed in ("train", "dev"):
+    if needed not in summaries:
+        sys.exit(f"prepare folder: no {needed} utterances: use more data, a larger fraction "
+                 "or a split file with train and dev lines")
+print(format_summary(summaries))
+PY
+}
+run_stage 1 "prepare manifests" "$data" prepare
+
+tokenizer_options=(--kind "$tokenizer_kind")
+[ -z "$vocab_size" ] || tokenizer_options+=(--vocab-size "$vocab_size")
+run_stage 2 "tokenizer" "$data" \
+  asr tokenizer --manifest "$data/train.jsonl" "${tokenizer_options[@]}" --out "$data/tokenizer"
+run_stage 3 "CMVN statistics" "$data" \
+  asr cmvn --manifest "$data/train.jsonl" --out "$data/cmvn.json"
+
+splits=(dev)
+test_manifest=()
+if [ -f "$data/test.jsonl" ]; then
+  splits+=(test)
+  test_manifest=(--data.test_manifest "$data/test.jsonl")
+fi
+model_dir=$exp/$(basename "$config" .yaml)
+fit_stage 4 "$config" "$model_dir" \
+  --data.train_manifest "$data/train.jsonl" --data.val_manifest "$data/dev.jsonl" \
+  ${test_manifest[@]+"${test_manifest[@]}"} --data.tokenizer "$data/tokenizer" \
+  --model.init_args.frontend.init_args.normalize.init_args.stats_path "$data/cmvn.json"
+average_stage 5 "$model_dir"
+decode_stage 6 "$model_dir" "$data" "${splits[@]}"
+results_stage 7 "$model_dir" "$config" "${splits[@]}"

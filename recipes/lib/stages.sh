@@ -1,0 +1,255 @@
+# Stage machinery shared by recipes/<corpus>/run.sh; sourced, never run.
+#
+# A recipe sets `here` (its own directory) and `root` (the repository), sources this file,
+# sets its defaults, defines `recipe_option` for its own options (see parse_options), calls
+# `parse_options "$@"`, then runs its stages with run_stage and the shared stages below.
+#
+# Stages are numbered. A finished stage leaves a marker `<dir>/.done-<N>` and is skipped when
+# the recipe is re-run; --force re-runs it. A stage that failed (or was killed) halfway left
+# no marker, so it simply runs again; training resumes from its last.ckpt.
+
+# Defaults of the options every recipe has; a recipe may change them after sourcing.
+stage=1
+stop_stage=100
+force=false
+beam_size=10
+ctc_weight=0.3
+average=5
+fit_args=()      # after `--`: extra `asr fit` options, e.g. -- --trainer.max_epochs 5
+current_stage="" # the stage running now, named by the failure message
+
+# parse_options ARGS...: the common options, and the recipe's own through `recipe_option`.
+# `recipe_option "$@"` is called first for each option: it sets `consumed` to the number of
+# words it used (0: not one of its options). Paths given on the command line are taken
+# relative to the directory the recipe was started from.
+parse_options() {
+  while [ $# -gt 0 ]; do
+    consumed=0
+    if declare -F recipe_option >/dev/null; then recipe_option "$@"; fi
+    if [ "$consumed" -eq 0 ]; then common_option "$@"; fi
+    shift "$consumed"
+  done
+}
+
+common_option() {
+  consumed=2
+  case "$1" in
+    --stage) need_int "$@"; stage=$2 ;;
+    --stop-stage) need_int "$@"; stop_stage=$2 ;;
+    --data-dir) need_value "$@"; data_dir=$(absolute "$2") ;;
+    --data) need_value "$@"; data=$(absolute "$2") ;;
+    --exp) need_value "$@"; exp=$(absolute "$2") ;;
+    --beam-size) need_value "$@"; beam_size=$2 ;;
+    --ctc-weight) need_value "$@"; ctc_weight=$2 ;;
+    --average) need_value "$@"; average=$2 ;;
+    --force) force=true; consumed=1 ;;
+    --) shift; fit_args=("$@"); consumed=$(($# + 1)) ;;
+    -h|--help) usage; exit 0 ;;
+    *) usage_error "unknown option $1 (see --help)" ;;
+  esac
+}
+
+# need_value OPTION [VALUE...]: a usage error unless the option has a value.
+need_value() {
+  if [ $# -lt 2 ] || [ "${2:0:2}" = "--" ]; then usage_error "$1 needs a value"; fi
+}
+
+# need_int OPTION [VALUE...]: a usage error unless the option has a whole number.
+need_int() {
+  need_value "$@"
+  case "$2" in
+    '' | *[!0-9]*) usage_error "$1 needs a whole number, got '$2'" ;;
+  esac
+}
+
+# absolute PATH: PATH against the directory the recipe was started from.
+absolute() {
+  case "$1" in
+    /*) printf '%s\n' "$1" ;;
+    *) printf '%s\n' "$start_dir/$1" ;;
+  esac
+}
+
+# config_path PATH: a config file as given from the starting directory, or else from the
+# repository root (conf/...); relative to the root when inside it.
+config_path() {
+  local path=$1
+  if [ "${path:0:1}" != / ] && [ -f "$start_dir/$path" ]; then path=$start_dir/$path; fi
+  printf '%s\n' "${path#"$root"/}"
+}
+
+# usage: the recipe's leading comment block.
+usage() {
+  awk 'NR == 1 { next } /^#/ { sub(/^# ?/, ""); print; next } { exit }' "$0"
+}
+
+usage_error() {
+  echo "$(basename "$0"): $1" >&2
+  exit 2
+}
+
+require_asr() {
+  command -v asr >/dev/null || {
+    echo "$(basename "$0"): 'asr' not on PATH: run 'make install' and activate .venv" >&2
+    exit 2
+  }
+}
+
+# asr_python: a Python that imports the `asr` on PATH (the interpreter of its script).
+asr_python() {
+  local script candidate
+  script=$(command -v asr)
+  for candidate in "$(sed -n '1s/^#! *//p' "$script")" python3 python; do
+    # shellcheck disable=SC2086  # "/usr/bin/env python3" is two words
+    if [ -n "$candidate" ] && $candidate -c 'import asr' 2>/dev/null; then
+      echo "$candidate"
+      return 0
+    fi
+  done
+  echo "$(basename "$0"): no Python that imports asr (tried $script's interpreter)" >&2
+  return 2
+}
+
+# run_stage N NAME MARKER_DIR COMMAND...: skip when done, mark when it succeeds.
+run_stage() {
+  local n=$1 name=$2 dir=$3
+  shift 3
+  if [ "$n" -lt "$stage" ] || [ "$n" -gt "$stop_stage" ]; then return 0; fi
+  if [ -f "$dir/.done-$n" ] && [ "$force" = false ]; then
+    echo "== stage $n ($name): done already, skipping ($dir/.done-$n)"
+    return 0
+  fi
+  echo "== stage $n ($name)"
+  mkdir -p "$dir"
+  current_stage="$n ($name)"
+  local started=$SECONDS
+  "$@"
+  current_stage=""
+  printf '%s\n' "$*" >"$dir/.done-$n" # the command, for the record
+  echo "== stage $n ($name): done in $((SECONDS - started)) s"
+}
+
+# On failure, say which stage failed and that a re-run carries on from it.
+on_exit() {
+  local status=$?
+  if [ "$status" -ne 0 ] && [ -n "$current_stage" ]; then
+    echo "== stage $current_stage failed (exit $status); fix the cause and re-run:" \
+      "finished stages are skipped, this one starts again" >&2
+  fi
+}
+trap on_exit EXIT
+
+# fit_stage N CONFIG MODEL_DIR OVERRIDES...: `asr fit` into MODEL_DIR, resuming from its
+# last.ckpt when a previous run stopped halfway; `--` options of the recipe come last.
+fit_stage() {
+  local n=$1 config=$2 model_dir=$3
+  shift 3
+  local resume=()
+  [ -f "$model_dir/checkpoints/last.ckpt" ] && resume=(--ckpt_path last)
+  run_stage "$n" "train ($config)" "$model_dir" \
+    asr fit --config "$config" "$@" --trainer.default_root_dir "$model_dir" \
+    ${resume[@]+"${resume[@]}"} ${fit_args[@]+"${fit_args[@]}"}
+}
+
+# average_stage N MODEL_DIR: average the best $average checkpoints into MODEL_DIR/avg.ckpt.
+average_stage() {
+  local n=$1 model_dir=$2
+  run_stage "$n" "average the best $average checkpoints" "$model_dir" \
+    asr average --last "$model_dir/checkpoints/last.ckpt" --best "$average" \
+    --out "$model_dir/avg.ckpt"
+}
+
+# decode_stage N MODEL_DIR DATA SPLIT...: decode DATA/SPLIT.jsonl into MODEL_DIR/decode_SPLIT.
+decode_stage() {
+  local n=$1 model_dir=$2 data=$3
+  shift 3
+  run_stage "$n" "decode $(join_and "$@") (beam $beam_size, CTC weight $ctc_weight)" \
+    "$model_dir" decode_splits "$model_dir" "$data" "$@"
+}
+
+decode_splits() {
+  local model_dir=$1 data=$2 split
+  shift 2
+  for split in "$@"; do
+    asr evaluate --checkpoint "$model_dir/avg.ckpt" --manifest "$data/$split.jsonl" \
+      --out "$model_dir/decode_$split" --beam-size "$beam_size" --ctc-weight "$ctc_weight"
+  done
+}
+
+# results_stage N MODEL_DIR CONFIG SPLIT...: the WER/CER table, printed and in RESULTS.md.
+results_stage() {
+  local n=$1
+  shift
+  run_stage "$n" "results" "$1" write_results "$@"
+}
+
+write_results() {
+  local python
+  python=$(asr_python)
+  $python - "$beam_size" "$ctc_weight" "$@" <<'PY'
+import json
+import sys
+from pathlib import Path
+
+beam, ctc, model_dir, config, *splits = sys.argv[1:]
+rows = []
+for split in splits:
+    m = json.loads((Path(model_dir) / f"decode_{split}" / "metrics.json").read_text())
+    rows.append(f"| {config} | {split} | beam {beam}, ctc {ctc} | {m['wer']:.1f} | {m['cer']:.1f} "
+                f"| {m['real_time_factor']:.3f} |")
+table = "| config | split | decoding | WER % | CER % | RTF |\n|---|---|---|---|---|---|\n"
+text = table + "\n".join(rows) + "\n"
+(Path(model_dir) / "RESULTS.md").write_text(text)
+print(text)
+plots = " and ".join(f"{model_dir}/decode_{split}/alignments/" for split in splits)
+print(f"alignment plots: {plots}")
+PY
+}
+
+# join_and WORD...: "a", "a and b", "a, b and c".
+join_and() {
+  local text=$1
+  shift
+  while [ $# -gt 1 ]; do
+    text+=", $1"
+    shift
+  done
+  if [ $# -eq 1 ]; then text+=" and $1"; fi
+  echo "$text"
+}
+
+# download URL DIR: fetch a tarball (http(s):// or file://) and unpack it into DIR, merging
+# with what is there. It is unpacked into a temporary folder inside DIR, then hard-linked into
+# place, so a download that fails halfway adds nothing to DIR.
+download() {
+  echo "downloading $1 into $2"
+  $(asr_python) - "$1" "$2" <<'PY'
+import os
+import shutil
+import sys
+import tarfile
+import tempfile
+import urllib.request
+
+url, dest = sys.argv[1:]
+os.makedirs(dest, exist_ok=True)
+
+
+def link(src: str, dst: str) -> None:
+    if not os.path.exists(dst):
+        os.link(src, dst)
+
+
+with tempfile.TemporaryDirectory(dir=dest, prefix=".download-") as tmp:
+    archive, unpacked = os.path.join(tmp, "archive"), os.path.join(tmp, "unpacked")
+    urllib.request.urlretrieve(url, archive)
+    with tarfile.open(archive) as tar:
+        if hasattr(tarfile, "data_filter"):  # refuses absolute paths and links out of the tree
+            tar.extractall(unpacked, filter="data")
+        else:
+            tar.extractall(unpacked)
+    shutil.copytree(unpacked, dest, dirs_exist_ok=True, copy_function=link)
+PY
+}
+
+start_dir=$(pwd)

@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# LibriSpeech recipe: BPE Transformer with joint CTC, for one or several GPUs.
+#
+#   bash recipes/librispeech/run.sh [--data-dir DIR] [--train-sets "SET..."] [--dev-set SET]
+#                                   [--test-sets "SET..."] [--vocab-size N] [--config FILE]
+#                                   [--cmvn-utterances N] [--url-base URL] [--stage N]
+#                                   [--stop-stage M] [--data DIR] [--exp DIR] [--force]
+#                                   [--beam-size N] [--ctc-weight W] [--average N]
+#                                   [-- ASR-FIT-OPTIONS...]
+#
+#   0  download                sets not found under --data-dir: <url-base>/<set>.tar.gz
+#   1  prepare manifests       data/librispeech/<set>.jsonl per set, train.jsonl (the train
+#                              sets pooled)
+#   2  train the tokenizer     data/librispeech/bpe<N>/ (BPE, N = --vocab-size, 5000)
+#   3  CMVN statistics         data/librispeech/cmvn.json (first --cmvn-utterances, 20000)
+#   4  train                   exp/librispeech/<config>/   (resumes from last.ckpt if present)
+#   5  average checkpoints     exp/librispeech/<config>/avg.ckpt (best 5 by dev WER)
+#   6  decode the test sets    exp/librispeech/<config>/decode_<set>/ (metrics, errors, plots)
+#   7  results table           exp/librispeech/<config>/RESULTS.md, printed
+#
+# Sets: train-clean-100, train-clean-360, train-other-500 (default: all three, 960 h),
+# dev-clean (validation, default), dev-other, test-clean, test-other (decoded by default:
+# all four). --data-dir: the LibriSpeech folder or its parent (default data/librispeech/download).
+# --config: default conf/librispeech/transformer.yaml (every GPU of this node);
+# conf/librispeech/transformer_smoke.yaml is a CPU smoke test. Several nodes: run stages 0-3
+# here, stage 4 under torchrun or SLURM as the config's header shows, then --stage 5.
+# A finished stage leaves a marker (<out>/.done-<stage>) and is skipped when re-run; --force
+# re-runs it. A stage that failed halfway left no marker, so it simply runs again. Options
+# after `--` go to `asr fit`, e.g. -- --trainer.devices 4.
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+# shellcheck source=recipes/lib/stages.sh
+source "$here/../lib/stages.sh"
+
+stage=0
+data_dir=""
+data=data/librispeech
+exp=exp/librispeech
+config=conf/librispeech/transformer.yaml
+train_sets="train-clean-100 train-clean-360 train-other-500"
+dev_set=dev-clean
+test_sets="dev-clean dev-other test-clean test-other"
+vocab_size=5000
+cmvn_utterances=20000
+url_base=https://www.openslr.org/resources/12
+
+recipe_option() {
+  case "$1" in
+    --train-sets) need_value "$@"; train_sets=$2; consumed=2 ;;
+    --dev-set) need_value "$@"; dev_set=$2; consumed=2 ;;
+    --test-sets) need_value "$@"; test_sets=$2; consumed=2 ;;
+    --vocab-size) need_value "$@"; vocab_size=$2; consumed=2 ;;
+    --cmvn-utterances) need_value "$@"; cmvn_utterances=$2; consumed=2 ;;
+    --config) need_value "$@"; config=$(config_path "$2"); consumed=2 ;;
+    --url-base) need_value "$@"; url_base=$2; consumed=2 ;;
+  esac
+}
+parse_options "$@"
+
+cd "$root"
+require_asr
+data_dir=${data_dir:-$data/download}
+read -r -a train_list <<<"$train_sets"
+read -r -a test_list <<<"$test_sets"
+[ ${#train_list[@]} -gt 0 ] || usage_error "--train-sets names no set"
+[ ${#test_list[@]} -gt 0 ] || usage_error "--test-sets names no set"
+mkdir -p "$data"
+# Every set once, in order of first mention.
+sets=()
+for set in "${train_list[@]}" "$dev_set" "${test_list[@]}"; do
+  case " ${sets[*]-} " in *" $set "*) ;; *) sets+=("$set") ;; esac
+done
+
+# Stage 0 has no marker: a set is there or not.
+missing=()
+for set in "${sets[@]}"; do
+  [ -d "$data_dir/LibriSpeech/$set" ] || [ -d "$data_dir/$set" ] || missing+=("$set")
+done
+if [ "$stage" -le 1 ] && [ ${#missing[@]} -gt 0 ]; then
+  [ "$stage" -le 0 ] || usage_error "LibriSpeech set(s) ${missing[*]} not found under $data_dir: pass --data-dir or run stage 0 (download)"
+  echo "== stage 0 (download $(join_and "${missing[@]}"))"
+  for set in "${missing[@]}"; do download "$url_base/$set.tar.gz" "$data_dir"; done
+elif [ "$stage" -le 0 ]; then
+  echo "== stage 0 (download): every set found under $data_dir, skipping"
+fi
+
+run_stage 1 "prepare manifests" "$data" \
+  asr prepare librispeech --data-dir "$data_dir" --out "$data" --splits "${sets[@]}"
+tokenizer=$data/bpe$vocab_size
+run_stage 2 "BPE tokenizer ($vocab_size)" "$data" \
+  asr tokenizer --manifest "$data/train.jsonl" --kind bpe --vocab-size "$vocab_size" \
+  --out "$tokenizer"
+run_stage 3 "CMVN statistics" "$data" \
+  asr cmvn --manifest "$data/train.jsonl" --max-utterances "$cmvn_utterances" \
+  --out "$data/cmvn.json"
+
+model_dir=$exp/$(basename "$config" .yaml)
+fit_stage 4 "$config" "$model_dir" \
+  --data.train_manifest "$data/train.jsonl" --data.val_manifest "$data/$dev_set.jsonl" \
+  --data.test_manifest "$data/${test_list[0]}.jsonl" --data.tokenizer "$tokenizer" \
+  --model.init_args.frontend.init_args.normalize.init_args.stats_path "$data/cmvn.json"
+average_stage 5 "$model_dir"
+decode_stage 6 "$model_dir" "$data" "${test_list[@]}"
+results_stage 7 "$model_dir" "$config" "${test_list[@]}"

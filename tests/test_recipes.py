@@ -1,0 +1,356 @@
+"""Recipe smoke runs (recipes/*/run.sh over recipes/lib/stages.sh) on tiny settings.
+
+Every run writes under tmp_path (--data, --exp), never into the repository's data/ or exp/.
+The recipes call `asr` from PATH: the tests put this interpreter's bin directory first.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+from conftest import REPO
+
+from asr.data.manifest import read_manifest
+from asr.text import Tokenizer
+
+BIN = Path(sys.executable).parent
+WER_LINE = re.compile(r"WER (\d+\.\d+)%  CER (\d+\.\d+)%  over (\d+) utterances")
+TIMEOUT = 900  # seconds; a hung recipe fails instead of blocking the suite
+
+
+def run_recipe(
+    corpus: str, *args: str, bin_dir: Path | None = None, check: bool = True
+) -> subprocess.CompletedProcess:
+    """Run recipes/<corpus>/run.sh with `asr` from `bin_dir` (then this venv) on PATH."""
+    path = os.pathsep.join(
+        [*([str(bin_dir)] if bin_dir else []), str(BIN), os.environ.get("PATH", "")]
+    )
+    env = {**os.environ, "PATH": path, "OMP_NUM_THREADS": "1"}
+    result = subprocess.run(
+        ["bash", str(REPO / "recipes" / corpus / "run.sh"), *map(str, args)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        timeout=TIMEOUT,
+    )
+    if check and result.returncode != 0:
+        pytest.fail(f"run.sh {corpus} failed ({result.returncode}):\n{result.stderr[-4000:]}")
+    return result
+
+
+def markers(directory: Path) -> list[int]:
+    return sorted(int(p.name.split("-")[1]) for p in directory.glob(".done-*"))
+
+
+def skipped(stdout: str) -> list[int]:
+    return [int(n) for n in re.findall(r"== stage (\d+) \(.*\): done already, skipping", stdout)]
+
+
+def ran(stdout: str) -> list[int]:
+    return [int(n) for n in re.findall(r"== stage (\d+) \(.*\): done in", stdout)]
+
+
+@pytest.fixture(scope="module")
+def repo_outputs():
+    """Fails a test that wrote into the repository's data/ or exp/ (recipe defaults)."""
+    watched = [REPO / d / c for d in ("data", "exp") for c in ("yesno", "folder", "librispeech")]
+    before = {p for p in watched if p.exists()}
+    yield
+    created = {p for p in watched if p.exists()} - before
+    assert not created, f"recipes wrote into the repository: {sorted(map(str, created))}"
+
+
+# ------------------------------------------------------------------------------ options
+
+
+@pytest.mark.parametrize("corpus", ["an4", "yesno", "folder", "librispeech"])
+def test_help_and_usage_errors(corpus):
+    result = run_recipe(corpus, "--help")
+    assert "stage" in result.stdout and f"recipes/{corpus}/run.sh" in result.stdout
+    assert not result.stdout.startswith("#!")
+    unknown = run_recipe(corpus, "--no-such-option", check=False)
+    assert unknown.returncode == 2 and "unknown option --no-such-option" in unknown.stderr
+    no_value = run_recipe(corpus, "--stage", check=False)
+    assert no_value.returncode == 2 and "--stage needs a value" in no_value.stderr
+    not_a_number = run_recipe(corpus, "--stop-stage", "two", check=False)
+    assert not_a_number.returncode == 2 and "needs a whole number" in not_a_number.stderr
+
+
+def test_folder_needs_data_dir(tmp_path):
+    result = run_recipe("folder", "--data", tmp_path / "data", check=False)
+    assert result.returncode == 2 and "--data-dir DIR is required" in result.stderr
+    assert not (tmp_path / "data").exists()
+
+
+# -------------------------------------------------------------------------------- yesno
+
+
+def _shift_module():
+    spec = importlib.util.spec_from_file_location("shift", REPO / "recipes/yesno/shift.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_word_spans_merge_close_runs_and_drop_clicks():
+    shift = _shift_module()
+    quiet, loud = [-60.0] * 10, [0.0] * 8
+    energy = np.array(quiet + loud + [-60.0] * 2 + loud + quiet + [0.0] * 2 + quiet + loud)
+    # the 2-frame gap is inside a word, the 2-frame burst is a click
+    assert shift.word_spans(energy) == [(10, 28), (50, 58)]
+
+
+def test_shifted_copies_start_in_the_gaps(tmp_path):
+    """Synthetic 'words' (tone bursts) between silences: one copy per later word, each
+    starting in the silence before it, with the remaining words as text."""
+    shift = _shift_module()
+    rate, words = 8000, ["NO", "YES", "YES", "NO"]
+    t = np.arange(int(0.3 * rate)) / rate
+    burst, gap = 0.5 * np.sin(2 * np.pi * 440 * t), np.zeros(int(0.2 * rate))
+    wave = np.concatenate([gap, *[np.concatenate([burst, gap]) for _ in words]])
+    sf.write(tmp_path / "a.wav", wave.astype(np.float32), rate)
+    utterance = shift.Utterance(str(tmp_path / "a.wav"), len(wave) / rate, " ".join(words), "a")
+    copies = shift.shifted(utterance, rate)
+    assert [c.text for c in copies] == ["YES YES NO", "YES NO", "NO"]
+    for k, copy in enumerate(copies, start=1):
+        word_start = 0.2 + k * 0.5
+        assert word_start - 0.2 < copy.offset < word_start
+        assert copy.offset + copy.duration == pytest.approx(len(wave) / rate, abs=1e-6)
+    assert shift.shifted(shift.Utterance(utterance.audio_filepath, 1.0, "NO YES", "b"), rate) == []
+
+
+@pytest.mark.needs_corpus
+def test_yesno_end_to_end_tiny(yesno_dir, tmp_path, repo_outputs):
+    """All stages with a 1-epoch training: printed WER/CER match the written metrics."""
+    data, exp = tmp_path / "data", tmp_path / "exp"
+    args = ["--data-dir", yesno_dir, "--data", data, "--exp", exp, "--beam-size", "1"]
+    result = run_recipe("yesno", *args, "--average", "1", "--", "--trainer.max_epochs", "1")
+    assert ran(result.stdout) == [1, 2, 3, 4, 5, 6, 7]
+    model_dir = exp / "transformer"
+    assert markers(data) == [1, 2, 3] and markers(model_dir) == [4, 5, 6, 7]
+    sizes = {
+        split: len(read_manifest(data / f"{split}.jsonl")) for split in ("train", "dev", "test")
+    }
+    assert sizes == {"train": 26, "dev": 5, "test": 29}
+    train = read_manifest(data / "train.jsonl")
+    shifted = read_manifest(data / "train_shifted.jsonl")
+    assert shifted[: len(train)] == train and len(shifted) > 4 * len(train)
+    assert any(u.text.startswith("YES") for u in shifted)  # what the copies are for
+    assert Tokenizer.load(data / "tokenizer").vocab_size > 5 and (data / "cmvn.json").is_file()
+    assert (model_dir / "avg.ckpt").is_file()
+    printed = WER_LINE.findall(result.stdout)
+    for (wer, cer, count), split in zip(printed, ("dev", "test"), strict=True):
+        metrics = json.loads((model_dir / f"decode_{split}" / "metrics.json").read_text())
+        assert (float(wer), float(cer)) == (round(metrics["wer"], 2), round(metrics["cer"], 2))
+        assert int(count) == sizes[split]
+        row = f"| conf/yesno/transformer.yaml | {split} | beam 1, ctc 0.3 | {metrics['wer']:.1f} |"
+        assert row in result.stdout and row in (model_dir / "RESULTS.md").read_text()
+
+    again = run_recipe("yesno", *args)
+    assert skipped(again.stdout) == [1, 2, 3, 4, 5, 6, 7] and ran(again.stdout) == []
+
+
+@pytest.mark.needs_corpus
+def test_yesno_download_when_absent(yesno_dir, tmp_path, repo_outputs):
+    """Stage 0 fetches the tarball (a file:// URL here) when --data-dir has no corpus."""
+    tarball = tmp_path / "waves_yesno.tar.gz"
+    with tarfile.open(tarball, "w:gz", compresslevel=1) as archive:
+        archive.add(yesno_dir, arcname="waves_yesno")
+    data = tmp_path / "data"
+    args = ["--data-dir", tmp_path / "absent", "--data", data, "--exp", tmp_path / "exp"]
+    missing = run_recipe("yesno", *args, "--stage", "1", check=False)
+    assert missing.returncode == 2 and "not found" in missing.stderr
+    result = run_recipe("yesno", *args, "--url", tarball.as_uri(), "--stop-stage", "1")
+    assert f"== stage 0 (download {tarball.as_uri()})" in result.stdout
+    assert len(list((data / "download" / "waves_yesno").glob("*.wav"))) == 60
+    assert len(read_manifest(data / "test.jsonl")) == 29
+    again = run_recipe("yesno", *args, "--stop-stage", "1")  # finds the downloaded copy
+    assert "corpus found at" in again.stdout and skipped(again.stdout) == [1]
+
+
+@pytest.mark.slow
+@pytest.mark.needs_corpus
+def test_yesno_default_recipe_reaches_low_wer(yesno_dir, tmp_path, repo_outputs):
+    run_recipe("yesno", "--data-dir", yesno_dir, "--data", tmp_path / "d", "--exp", tmp_path / "e")
+    for split in ("dev", "test"):
+        metrics = json.loads((tmp_path / f"e/transformer/decode_{split}/metrics.json").read_text())
+        assert metrics["wer"] < 10.0, (split, metrics["wer"])
+
+
+# ---------------------------------------------------------------------------------- AN4
+
+
+@pytest.mark.needs_corpus
+def test_an4_stages_skip_when_done_and_force_reruns(mini_an4_tar, tmp_path):
+    data = tmp_path / "data"
+    args = ["--data-dir", mini_an4_tar, "--data", data, "--exp", tmp_path / "exp"]
+    first = run_recipe("an4", *args, "--stop-stage", "3")
+    assert ran(first.stdout) == [1, 2, 3] and markers(data) == [1, 2, 3]
+    outputs = [data / "train.jsonl", data / "tokenizer" / "tokenizer.json", data / "cmvn.json"]
+    stamps = [p.stat().st_mtime_ns for p in outputs]
+
+    second = run_recipe("an4", *args, "--stop-stage", "3")
+    assert skipped(second.stdout) == [1, 2, 3] and ran(second.stdout) == []
+    assert [p.stat().st_mtime_ns for p in outputs] == stamps
+
+    forced = run_recipe("an4", *args, "--stage", "3", "--stop-stage", "3", "--force")
+    assert ran(forced.stdout) == [3]
+    assert [p.stat().st_mtime_ns for p in outputs][:2] == stamps[:2]
+    assert outputs[2].stat().st_mtime_ns != stamps[2]
+
+
+@pytest.mark.needs_corpus
+def test_an4_stage_failing_halfway_reruns_cleanly(mini_an4_tar, tmp_path):
+    """A tokenizer stage that dies after writing part of its output: no marker, the next
+    run skips stage 1, redoes stage 2 over the debris and carries on."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "asr").write_text(
+        "#!/usr/bin/env bash\n"
+        'if [ "$1" = tokenizer ]; then\n'
+        '  out="${@: -1}"; mkdir -p "$out"; echo "{partial" > "$out/tokenizer.json"\n'
+        '  echo "simulated crash" >&2; exit 3\n'
+        "fi\n"
+        f'exec "{BIN / "asr"}" "$@"\n'
+    )
+    (fake / "asr").chmod(0o755)
+    data = tmp_path / "data"
+    args = ["--data-dir", mini_an4_tar, "--data", data, "--exp", tmp_path / "exp"]
+
+    failed = run_recipe("an4", *args, "--stop-stage", "3", bin_dir=fake, check=False)
+    assert failed.returncode == 3
+    assert "stage 2 (tokenizer) failed (exit 3)" in failed.stderr
+    assert markers(data) == [1] and not (data / "cmvn.json").exists()
+
+    rerun = run_recipe("an4", *args, "--stop-stage", "3")
+    assert skipped(rerun.stdout) == [1] and ran(rerun.stdout) == [2, 3]
+    assert markers(data) == [1, 2, 3]
+    assert Tokenizer.load(data / "tokenizer").vocab_size > 4  # the debris was replaced
+
+
+# ------------------------------------------------------------------------------- folder
+
+
+def _audio_folder(yesno_dir: Path, root: Path, count: int = 12) -> dict[str, str]:
+    """`count` yes/no recordings in two speaker folders with .txt transcripts, and one
+    recording without a transcript; returns utterance id -> text."""
+    texts = {}
+    for k, wav in enumerate(sorted(yesno_dir.glob("*.wav"))[:count]):
+        speaker = root / f"spk{k % 2}"
+        speaker.mkdir(parents=True, exist_ok=True)
+        (speaker / wav.name).symlink_to(wav)
+        text = " ".join("YES" if c == "1" else "NO" for c in wav.stem.split("_"))
+        (speaker / f"{wav.stem}.txt").write_text(text.lower() + "\n")
+        texts[f"{speaker.name}-{wav.stem}"] = text.lower()
+    (root / "spk0" / "untranscribed.wav").symlink_to(sorted(yesno_dir.glob("*.wav"))[-1])
+    return texts
+
+
+@pytest.mark.needs_corpus
+def test_folder_random_split_and_one_epoch(yesno_dir, tmp_path, repo_outputs):
+    texts = _audio_folder(yesno_dir, tmp_path / "audio")
+    data, exp = tmp_path / "data", tmp_path / "exp"
+    fit = ["--trainer.max_epochs", "1", "--data.num_workers", "0", "--trainer.precision", "32-true"]
+    split = ["--dev-fraction", "0.25", "--test-fraction", "0.25", "--seed", "3"]
+    args = ["--data-dir", tmp_path / "audio", "--data", data, "--exp", exp, *split]
+    result = run_recipe("folder", *args, "--stop-stage", "4", "--", *fit)
+    assert ran(result.stdout) == [1, 2, 3, 4]
+    splits = {s: read_manifest(data / f"{s}.jsonl") for s in ("train", "dev", "test")}
+    assert {s: len(u) for s, u in splits.items()} == {"train": 6, "dev": 3, "test": 3}
+    ids = [u.utt_id for utterances in splits.values() for u in utterances]
+    assert sorted(ids) == sorted(texts)  # disjoint, complete, the untranscribed one left out
+    assert all(u.text == texts[u.utt_id] for utterances in splits.values() for u in utterances)
+    summary = json.loads((data / "summary.json").read_text())
+    assert summary["missing_transcripts"] == ["spk0/untranscribed.wav"]
+    assert (exp / "transformer" / "checkpoints" / "last.ckpt").is_file()
+    assert markers(exp / "transformer") == [4]
+
+
+@pytest.mark.needs_corpus
+def test_folder_split_file(yesno_dir, tmp_path):
+    texts = _audio_folder(yesno_dir, tmp_path / "audio", count=6)
+    ids = sorted(texts)
+    assigned = dict(zip(ids, ["train"] * 4 + ["dev", "test"]))
+    split_file = tmp_path / "split.txt"
+    split_file.write_text("".join(f"{i} {s}\n" for i, s in assigned.items()))
+    data = tmp_path / "data"
+    args = ["--data-dir", tmp_path / "audio", "--data", data, "--split-file", split_file]
+    run_recipe("folder", *args, "--exp", tmp_path / "exp", "--stop-stage", "1")
+    for name in ("train", "dev", "test"):
+        got = [u.utt_id for u in read_manifest(data / f"{name}.jsonl")]
+        assert got == [i for i in ids if assigned[i] == name]
+
+    split_file.write_text(f"{ids[0]} train\n")  # the others have no split
+    bad = run_recipe("folder", *args, "--data", tmp_path / "bad", "--stop-stage", "1", check=False)
+    assert bad.returncode != 0 and "no split given for 5" in bad.stderr
+    assert markers(tmp_path / "bad") == []
+
+
+@pytest.mark.slow
+@pytest.mark.needs_corpus
+def test_folder_all_stages(yesno_dir, tmp_path, repo_outputs):
+    _audio_folder(yesno_dir, tmp_path / "audio")
+    fit = ["--trainer.max_epochs", "2", "--data.num_workers", "0", "--trainer.precision", "32-true"]
+    args = ["--data-dir", tmp_path / "audio", "--data", tmp_path / "d", "--exp", tmp_path / "e"]
+    result = run_recipe("folder", *args, "--test-fraction", "0.2", "--beam-size", "2", "--", *fit)
+    assert ran(result.stdout) == [1, 2, 3, 4, 5, 6, 7]
+    assert len(WER_LINE.findall(result.stdout)) == 2
+    assert "| conf/folder/transformer.yaml | test |" in result.stdout
+
+
+# -------------------------------------------------------------------------- LibriSpeech
+
+SMOKE = ["--train-sets", "train-clean-5", "--dev-set", "train-clean-5"]
+SMOKE += ["--test-sets", "train-clean-5", "--vocab-size", "100"]
+SMOKE += ["--config", "conf/librispeech/transformer_smoke.yaml"]
+
+
+@pytest.fixture
+def librispeech_mirror(librispeech_dir, tmp_path) -> str:
+    """A file:// "OpenSLR" holding train-clean-5.tar.gz made from the sample."""
+    mirror = tmp_path / "mirror"
+    mirror.mkdir()
+    with tarfile.open(mirror / "train-clean-5.tar.gz", "w:gz", compresslevel=1) as archive:
+        archive.add(librispeech_dir / "train-clean-5", arcname="LibriSpeech/train-clean-5")
+    return mirror.as_uri()
+
+
+@pytest.mark.needs_corpus
+def test_librispeech_download_prepare_and_bpe(librispeech_mirror, tmp_path, repo_outputs):
+    corpus, data = tmp_path / "corpus", tmp_path / "data"
+    args = ["--data-dir", corpus, "--data", data, "--exp", tmp_path / "exp", *SMOKE]
+    missing = run_recipe("librispeech", *args, "--stage", "1", check=False)
+    assert missing.returncode == 2 and "train-clean-5 not found" in missing.stderr
+
+    result = run_recipe("librispeech", *args, "--url-base", librispeech_mirror, "--stop-stage", "2")
+    assert "== stage 0 (download train-clean-5)" in result.stdout
+    assert ran(result.stdout) == [1, 2]
+    assert (corpus / "LibriSpeech" / "train-clean-5").is_dir()
+    assert not list(corpus.glob(".download-*"))  # the unpacking folder is gone
+    train = read_manifest(data / "train.jsonl")
+    assert len(train) == 38 and train == read_manifest(data / "train-clean-5.jsonl")
+    assert Tokenizer.load(data / "bpe100").vocab_size == 100
+
+    again = run_recipe("librispeech", *args, "--url-base", "file:///nowhere", "--stop-stage", "2")
+    assert "every set found" in again.stdout and skipped(again.stdout) == [1, 2]
+
+
+@pytest.mark.slow
+@pytest.mark.needs_corpus
+def test_librispeech_smoke_all_stages(librispeech_dir, tmp_path, repo_outputs):
+    args = ["--data-dir", librispeech_dir.parent, "--data", tmp_path / "d", "--exp", tmp_path / "e"]
+    result = run_recipe("librispeech", *args, *SMOKE, "--beam-size", "2")
+    assert ran(result.stdout) == [1, 2, 3, 4, 5, 6, 7]
+    row = "| conf/librispeech/transformer_smoke.yaml | train-clean-5 | beam 2, ctc 0.3 |"
+    assert row in result.stdout
