@@ -1,0 +1,158 @@
+"""`python -m bench {peak,train,peer,decode,scaling,all,report} [--out DIR] [--quick] ...`
+
+Each part writes `<part>.json` into the results folder; after every run the report
+(results.json, results.md, bench.png) is rebuilt from all the part files there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import logging
+import platform
+import sys
+import traceback
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from bench import decode, peak, peer, report, scaling, train
+from bench.common import ROOT, Settings, ensure_data, write_json
+
+EPILOG = """parts:
+  peak     matmul GFLOP/s in fp32 and bf16: the machine limit MFU divides by
+  train    training throughput, memory and MFU of conf/an4/{transformer,rnn}.yaml
+  peer     ours vs SpeechBrain's TransformerASR at the same size (pip install -e '.[bench]')
+  decode   RTF of greedy / beam 10 / beam 10 + CTC at batch 1, 8, 32 on AN4 test
+  scaling  DDP 1 vs 2 CPU processes; decode time vs length; step time vs batch size
+  all      every part, then the report
+  report   rebuild results.json, results.md and bench.png from the part files
+"""
+
+PARTS: dict[str, Callable[[Settings], dict[str, Any]]] = {
+    "peak": peak.run,
+    "train": train.run,
+    "peer": peer.run,
+    "decode": decode.run,
+    "scaling": scaling.run,
+}
+DEFAULT_CHECKPOINT = ROOT / "exp/an4/transformer/avg.ckpt"
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench",
+        description="Benchmarks of the asr package (see bench/README.md).",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("command", choices=[*PARTS, "all", "report"], help="part(s) to run")
+    parser.add_argument("--out", type=Path, default=ROOT / "bench/results", help="results folder")
+    parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run")
+    parser.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
+    parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1 ...")
+    parser.add_argument(
+        "--checkpoint",
+        help=f"recognizer to decode with (default: {DEFAULT_CHECKPOINT.relative_to(ROOT)} if it "
+        "exists, else a randomly initialised conf/an4/transformer.yaml model; 'random' forces "
+        "the latter)",
+    )
+    parser.add_argument(
+        "--data", type=Path, default=ROOT / "data/an4", help="prepared AN4 (asr prepare an4)"
+    )
+    parser.add_argument("--seed", type=int, default=0)
+    return parser.parse_args(argv)
+
+
+def make_settings(args: argparse.Namespace) -> Settings:
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    checkpoint = None if args.checkpoint == "random" else args.checkpoint
+    if args.checkpoint is None and DEFAULT_CHECKPOINT.exists():
+        checkpoint = DEFAULT_CHECKPOINT
+    if checkpoint is not None and not Path(checkpoint).exists():
+        raise SystemExit(f"--checkpoint {checkpoint} does not exist")
+    return Settings(
+        out=args.out,
+        quick=args.quick,
+        device=torch.device(args.device),
+        threads=torch.get_num_threads(),
+        data=ensure_data(args.data, args.out),
+        checkpoint=Path(checkpoint) if checkpoint else None,
+        seed=args.seed,
+    )
+
+
+def machine(settings: Settings, argv: Sequence[str]) -> dict[str, Any]:
+    """Where and how the results were measured."""
+    return {
+        "command": "python -m bench " + " ".join(argv),
+        "date": datetime.datetime.now().isoformat(timespec="seconds"),
+        "cpu": _cpu_name(),
+        "cpu_count": _cpu_count(),
+        "threads": settings.threads,
+        "device": str(settings.device),
+        "gpu": torch.cuda.get_device_name(settings.device) if _on_gpu(settings) else None,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "quick": settings.quick,
+        "data": str(settings.data),
+        "checkpoint": str(settings.checkpoint) if settings.checkpoint else None,
+        "max_len_ratio": settings.max_len_ratio,
+    }
+
+
+def _on_gpu(settings: Settings) -> bool:
+    return settings.device.type == "cuda"
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def _cpu_count() -> int | None:
+    import os
+
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+
+
+def run_parts(names: Sequence[str], settings: Settings, meta: dict[str, Any]) -> bool:
+    """Run parts in order, each result saved with `meta` as it finishes; a failing part is
+    recorded (with its error) and the others still run. Returns whether all succeeded."""
+    ok = True
+    for name in names:
+        logging.info("bench: running %s", name)
+        try:
+            result = PARTS[name](settings)
+        except Exception as err:  # a 30-minute run should not lose the other parts
+            traceback.print_exc()
+            result, ok = {"error": f"{type(err).__name__}: {err}"}, False
+        write_json(settings.out / f"{name}.json", {"machine": meta, "result": result})
+    return ok
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    args = parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    ok = True
+    if args.command != "report":
+        settings = make_settings(args)
+        names = list(PARTS) if args.command == "all" else [args.command]
+        ok = run_parts(names, settings, machine(settings, argv))
+    results = report.write(args.out)
+    print(report.summary(results))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,330 @@
+"""What every benchmark part shares: settings, AN4 data, models built from the YAML configs,
+timing, peak memory, FLOP counting and profiles."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import os
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+from torch import Tensor, nn
+
+from asr.data.dataset import Batch
+from asr.inference import instantiate_module
+from asr.lightning import ASRDataModule, ASRModule
+from asr.text import Tokenizer
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = {"transformer": ROOT / "conf/an4/transformer.yaml", "rnn": ROOT / "conf/an4/rnn.yaml"}
+CORPORA = Path(os.environ.get("ASR_CORPORA", ROOT.parent / "shared" / "corpora"))
+SAMPLE_RATE = 16000
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Options shared by every part (see `python -m bench --help`)."""
+
+    out: Path  # results folder
+    quick: bool  # tiny sizes for a smoke run (each part well under a minute on one thread)
+    device: torch.device
+    threads: int  # torch intra-op threads used for every measurement
+    data: Path  # folder with {train,dev,test}.jsonl, tokenizer/ and cmvn.json
+    checkpoint: Path | None  # trained recognizer for decoding; None: random initialisation
+    seed: int = 0  # batch order, speed perturbation and weight initialisation
+    max_len_ratio: float = 0.5  # search stops after this many tokens per encoder frame
+
+    def pick(self, quick: Any, full: Any) -> Any:
+        """`quick` in a smoke run, else `full`."""
+        return quick if self.quick else full
+
+
+# ---------------------------------------------------------------- data
+
+
+def ensure_data(data: Path, out: Path) -> Path:
+    """`data` when it holds manifests, tokenizer and CMVN statistics; else prepare AN4 from
+    ../shared/corpora/an4 into `out/data` (once) and return that."""
+    if _prepared(data):
+        return data
+    target = out / "data"
+    if _prepared(target):
+        return target
+    source = CORPORA / "an4"
+    if not source.exists():
+        raise FileNotFoundError(
+            f"no prepared data at {data} and no AN4 corpus at {source} to prepare it from"
+        )
+    from asr.data.prepare import prepare_corpus
+    from asr.frontends import LogMelFilterbank, compute_cmvn_stats
+    from asr.text import train_tokenizer
+
+    prepare_corpus("an4", source, target)
+    train_tokenizer(target / "train.jsonl", "char", None, target / "tokenizer")
+    compute_cmvn_stats(target / "train.jsonl", LogMelFilterbank(n_mels=80), target / "cmvn.json")
+    return target
+
+
+def _prepared(data: Path) -> bool:
+    needed = ("train.jsonl", "dev.jsonl", "test.jsonl", "tokenizer", "cmvn.json")
+    return all((data / name).exists() for name in needed)
+
+
+def read_config(name: str) -> dict[str, Any]:
+    """The whole YAML config `conf/an4/<name>.yaml`."""
+    return yaml.safe_load(CONFIGS[name].read_text())
+
+
+def model_config(name: str, data: Path, overrides: dict[str, Any] | None = None) -> dict:
+    """`ASRModule` init args of config `name`, data paths pointed at `data`, with `overrides`
+    merged in (nested dicts merge key by key)."""
+    config = _merged(read_config(name)["model"]["init_args"], overrides or {})
+    config = _with_stats_path(config, str(data / "cmvn.json"))
+    config["tokenizer"] = str(data / "tokenizer")
+    config["vocab_size"] = Tokenizer.load(data / "tokenizer").vocab_size
+    return config
+
+
+def _merged(base: dict, overrides: dict) -> dict:
+    merged = copy.deepcopy(base)
+    for key, value in overrides.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _merged(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def _with_stats_path(config: Any, path: str) -> Any:
+    if isinstance(config, dict):
+        return {
+            k: path if k == "stats_path" else _with_stats_path(v, path) for k, v in config.items()
+        }
+    if isinstance(config, list):
+        return [_with_stats_path(v, path) for v in config]
+    return config
+
+
+def build_module(config: dict[str, Any], seed: int = 0) -> ASRModule:
+    """The `ASRModule` of `model_config` output, built as `asr fit` builds it (jsonargparse),
+    with weights drawn from `seed`."""
+    torch.manual_seed(seed)
+    return instantiate_module(ASRModule, config)
+
+
+def data_module(
+    name: str, settings: Settings, max_batch_seconds: float | None = None
+) -> ASRDataModule:
+    """The `ASRDataModule` of config `name` over `settings.data`, in-process loading."""
+    args = dict(read_config(name)["data"]["init_args"])
+    for split in ("train", "val", "test"):
+        key = f"{split}_manifest"
+        if args.get(key):
+            args[key] = str(settings.data / Path(args[key]).name)
+    args.update(tokenizer=str(settings.data / "tokenizer"), num_workers=0, seed=settings.seed)
+    if max_batch_seconds is not None:
+        args["max_batch_seconds"] = max_batch_seconds
+    return ASRDataModule(**args)
+
+
+def train_batches(
+    name: str, settings: Settings, count: int, max_batch_seconds: float | None = None
+) -> list[Batch]:
+    """The first `count` training batches of config `name` (its bucketing sampler, speed
+    perturbation and batch budget unless `max_batch_seconds`), seeded, on the device."""
+    module = data_module(name, settings, max_batch_seconds)
+    module.setup("fit")
+    batches: list[Batch] = []
+    while len(batches) < count:  # cycle when an epoch has fewer batches
+        for batch in module.train_dataloader():
+            batches.append(batch.to(settings.device))
+            if len(batches) == count:
+                break
+    return batches
+
+
+def audio_seconds(wave_lens: Tensor) -> float:
+    """Seconds of audio in a batch, padding excluded."""
+    return float(wave_lens.sum()) / SAMPLE_RATE
+
+
+def count_parameters(module: nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+# ---------------------------------------------------------------- timing and memory
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(fn: Callable[[], Any], device: torch.device) -> float:
+    """Wall seconds of `fn()`, the device's queued work included."""
+    return timed_call(fn, device)[0]
+
+
+def timed_call(fn: Callable[[], Any], device: torch.device) -> tuple[float, Any]:
+    """Wall seconds of `fn()`, the device's queued work included, and what it returned."""
+    synchronize(device)
+    start = time.perf_counter()
+    value = fn()
+    synchronize(device)
+    return time.perf_counter() - start, value
+
+
+def autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager:
+    """bf16 autocast for "bf16" (what `--trainer.precision bf16-mixed` does), none for "fp32"."""
+    if precision not in ("fp32", "bf16"):
+        raise ValueError(f"precision must be fp32 or bf16, got {precision!r}")
+    return torch.autocast(device.type, torch.bfloat16, enabled=precision == "bf16")
+
+
+def reset_peak_memory(device: torch.device) -> None:
+    """Start a new peak: the CUDA allocator's, or the process's RSS high-water mark (Linux
+    resets VmHWM to the current RSS when 5 is written to clear_refs)."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        return
+    with contextlib.suppress(OSError):
+        Path("/proc/self/clear_refs").write_text("5")
+
+
+def peak_memory_mb(device: torch.device) -> float | None:
+    """MiB: peak CUDA allocation, or peak RSS (VmHWM) since `reset_peak_memory`; None where
+    neither can be read."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    return _status_kib("VmHWM")
+
+
+def current_memory_mb(device: torch.device) -> float | None:
+    if device.type == "cuda":
+        return torch.cuda.memory_allocated(device) / 2**20
+    return _status_kib("VmRSS")
+
+
+def _status_kib(field: str) -> float | None:
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) / 1024
+    return None
+
+
+def measure_steps(
+    step: Callable[[Any], Any],
+    batches: list[Any],
+    audio: list[float],
+    warmup: int,
+    device: torch.device,
+) -> dict[str, Any]:
+    """Time `step(batch)` once per batch (`audio[i]` seconds of audio in batch i) after
+    `warmup` untimed steps on the first batches; throughput and peak memory."""
+    for batch in batches[:warmup]:
+        step(batch)
+    with memory_window(device) as memory:
+        seconds = [timed(lambda b=batch: step(b), device) for batch in batches]
+    total = sum(seconds)
+    return {
+        "steps": len(batches),
+        "seconds": total,
+        "audio_seconds": sum(audio),
+        "audio_seconds_per_second": sum(audio) / total,
+        "steps_per_second": len(batches) / total,
+        "step_seconds": seconds,
+        "memory": memory,
+    }
+
+
+@contextlib.contextmanager
+def memory_window(device: torch.device) -> Iterator[dict[str, float | None]]:
+    """Measure memory over a block: yields a dict that gets `start_mb`, `peak_mb` and
+    `peak_increase_mb` (peak minus the memory in use at the start)."""
+    reset_peak_memory(device)
+    stats: dict[str, float | None] = {"start_mb": current_memory_mb(device)}
+    yield stats
+    stats["peak_mb"] = peak_memory_mb(device)
+    if stats["start_mb"] is not None and stats["peak_mb"] is not None:
+        stats["peak_increase_mb"] = stats["peak_mb"] - stats["start_mb"]
+
+
+# ---------------------------------------------------------------- FLOPs and profiles
+
+
+def count_flops(fn: Callable[[], Any]) -> int:
+    """FLOPs of the matmuls, convolutions and attention `fn()` runs (torch's FlopCounterMode:
+    the usual "model FLOPs"; elementwise work is not counted). Causal attention counts as full,
+    as torch counts it."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    counter = FlopCounterMode(display=False, custom_mapping=_cpu_attention_formulas())
+    with counter:
+        fn()
+    return int(counter.get_total_flops())
+
+
+def _cpu_attention_formulas() -> dict[Any, Callable[..., int]]:
+    """FLOP formulas for the CPU flash-attention kernels, which torch's counter lacks (it would
+    count 0): the same as for the CUDA kernels."""
+    from torch.utils.flop_counter import sdpa_backward_flop_count, sdpa_flop_count
+
+    def forward(query, key, value, *args, out_shape=None, **kwargs) -> int:
+        return sdpa_flop_count(query, key, value)
+
+    def backward(grad_out, query, key, value, *args, out_shape=None, **kwargs) -> int:
+        return sdpa_backward_flop_count(grad_out, query, key, value)
+
+    aten = torch.ops.aten
+    return {
+        aten._scaled_dot_product_flash_attention_for_cpu: forward,
+        aten._scaled_dot_product_flash_attention_for_cpu_backward: backward,
+    }
+
+
+def profile_ops(
+    fn: Callable[[], Any], device: torch.device, path: Path, title: str, rows: int = 30
+) -> list[dict[str, Any]]:
+    """Profile one call of `fn`; write torch.profiler's op table (by self time) to `path`
+    and return the top `rows` ops as `{op, self_ms, percent, calls}`."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(ProfilerActivity.CUDA)
+    with profile(activities=activities) as prof:
+        fn()
+        synchronize(device)
+    sort = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    averages = prof.key_averages()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"{title}\n\n{averages.table(sort_by=sort, row_limit=rows)}\n")
+    return _top_ops(averages, device, rows)
+
+
+def _top_ops(averages, device: torch.device, rows: int) -> list[dict[str, Any]]:
+    attr = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    events = sorted(averages, key=lambda e: getattr(e, attr), reverse=True)
+    total = sum(getattr(e, attr) for e in events) or 1.0
+    return [
+        {
+            "op": e.key,
+            "self_ms": getattr(e, attr) / 1000,
+            "percent": 100 * getattr(e, attr) / total,
+            "calls": e.count,
+        }
+        for e in events[:rows]
+    ]
+
+
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=1, default=str) + "\n")

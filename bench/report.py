@@ -1,0 +1,505 @@
+"""The report: merge the part files of a results folder into results.json, results.md
+(tables, targets with PASS/MISS, where the time goes) and bench.png."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+PARTS = ("peak", "train", "peer", "decode", "scaling")
+TOP_OPS = 8  # profile rows shown in results.md (the text files hold more)
+
+
+def load(out: Path) -> dict[str, Any]:
+    """`{part: {"machine": ..., "result": ...}}` of the part files present in `out`."""
+    parts = {}
+    for name in PARTS:
+        path = out / f"{name}.json"
+        if path.exists():
+            parts[name] = json.loads(path.read_text())
+    return parts
+
+
+def _get(data: Any, *keys: Any) -> Any:
+    """`data[k1][k2]...`, or None where a key (or the part) is missing."""
+    for key in keys:
+        if not isinstance(data, dict) or key not in data:
+            return None
+        data = data[key]
+    return data
+
+
+# ---------------------------------------------------------------- derived figures
+
+
+def derive(parts: dict[str, Any]) -> dict[str, Any]:
+    """MFU, ours/peer ratios and greedy/encoder ratios from the raw measurements."""
+    res = {name: part.get("result", {}) for name, part in parts.items()}
+    return {
+        "mfu": _mfu(res.get("train") or {}, _get(res, "peak", "peak_gflops") or {}),
+        "peer": _peer_ratios(res.get("peer") or {}),
+        "greedy_over_encoder": _greedy_over_encoder(res.get("decode") or {}),
+    }
+
+
+def _mfu(train: dict[str, Any], peaks: dict[str, float]) -> dict[str, Any]:
+    """Achieved model GFLOP/s and its fraction of the matmul peak, per config and dtype."""
+    out = {}
+    for config, data in train.items():
+        for precision in ("fp32", "bf16"):
+            rate = _get(data, precision, "audio_seconds_per_second")
+            flops = _get(data, "flops_per_audio_second")
+            if rate and flops and peaks.get(precision):
+                achieved = rate * flops / 1e9
+                out[f"{config}_{precision}"] = {
+                    "achieved_gflops": achieved,
+                    "mfu": achieved / peaks[precision],
+                }
+    return out
+
+
+def _peer_ratios(peer: dict[str, Any]) -> dict[str, float]:
+    """Training throughput ours / peer; decoding speed-up (peer time / our time)."""
+    out = {}
+    for precision in ("fp32", "bf16"):
+        ours = _get(peer, "ours", precision, "audio_seconds_per_second")
+        theirs = _get(peer, "speechbrain", precision, "audio_seconds_per_second")
+        if ours and theirs:
+            out[f"train_{precision}"] = ours / theirs
+    for mode in ("beam10", "beam10_ctc"):
+        ours = _get(peer, "ours", "decode", mode, "seconds")
+        theirs = _get(peer, "speechbrain", "decode", mode, "seconds")
+        if ours and theirs:
+            out[f"decode_{mode}_speedup"] = theirs / ours
+    return out
+
+
+def _greedy_over_encoder(decode: dict[str, Any]) -> dict[str, float]:
+    """Greedy decode time / frontend + encoder time, per batch size."""
+    out = {}
+    for size, cell in (decode.get("encoder") or {}).items():
+        greedy = _get(decode, "grid", "greedy", size, "seconds")
+        if greedy:
+            out[size] = greedy / cell["seconds"]
+    return out
+
+
+def targets(parts: dict[str, Any], derived: dict[str, Any]) -> list[dict[str, Any]]:
+    """The issue's targets: what was measured against each threshold."""
+    res = {name: part.get("result", {}) for name, part in parts.items()}
+    decode = res.get("decode") or {}
+    sizes = decode.get("batch_sizes") or []
+    big = str(32 if 32 in sizes else (sizes[-1] if sizes else 32))
+    lengths = _get(res, "scaling", "decode_length") or {}
+    exponents = [_get(lengths, m, "exponent") for m in ("greedy", "beam10_ctc")]
+    exponents = [e for e in exponents if e is not None]
+    rows = [
+        ("Transformer bf16 training MFU (of measured bf16 matmul peak)", ">=", 0.40,
+         _get(derived, "mfu", "transformer_bf16", "mfu"), "{:.1%}"),
+        ("Transformer bf16 training throughput, ours / SpeechBrain (same size)", ">=", 1.5,
+         _get(derived, "peer", "train_bf16"), "{:.2f}x"),
+        (f"beam 10 + CTC on AN4 test at batch {big}: RTF", "<=", 0.02,
+         _get(decode, "grid", "beam10_ctc", big, "rtf"), "{:.4f}"),
+        ("beam 10 + CTC speed-up over SpeechBrain's S2STransformerBeamSearcher", ">=", 5.0,
+         _get(derived, "peer", "decode_beam10_ctc_speedup"), "{:.1f}x"),
+        (f"greedy decode time / frontend+encoder time (batch {big})", "<=", 1.5,
+         _get(derived, "greedy_over_encoder", big), "{:.2f}x"),
+        ("decode time growth exponent with length, 10-60 s (1 = linear; worst mode)", "<=", 1.1,
+         max(exponents) if exponents else None, "{:.2f}"),
+    ]  # fmt: skip
+    out = []
+    for name, op, threshold, value, fmt in rows:
+        ok = None if value is None else (value >= threshold if op == ">=" else value <= threshold)
+        out.append(
+            {
+                "target": name,
+                "goal": f"{op} {fmt.format(threshold)}",
+                "value": value,
+                "shown": "n/a" if value is None else fmt.format(value),
+                "status": "n/a" if ok is None else ("PASS" if ok else "MISS"),
+            }
+        )
+    return out
+
+
+# ---------------------------------------------------------------- markdown
+
+
+def _table(header: list[str], rows: list[list[Any]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return lines + [""]
+
+
+def _num(value: Any, fmt: str = "{:.3g}") -> str:
+    return "n/a" if value is None else fmt.format(value)
+
+
+def _machine_lines(parts: dict[str, Any]) -> list[str]:
+    machines = [p["machine"] for p in parts.values() if "machine" in p]
+    if not machines:
+        return ["No results yet: run `python -m bench all`.", ""]
+    last = max(machines, key=lambda m: m["date"])
+    lines = [
+        f"Measured {last['date']} on {last['cpu']} ({last['cpu_count']} cores), "
+        f"torch threads: {last['threads']}, device {last['device']}"
+        + (f" ({last['gpu']})" if last.get("gpu") else "")
+        + f", torch {last['torch']}. Command: `{last['command']}`.",
+        "",
+    ]
+    if any(m["quick"] for m in machines):
+        lines += ["**QUICK smoke run (`--quick`): tiny sizes; the figures are not results.**", ""]
+    if len({(m["threads"], m["quick"], m["device"]) for m in machines}) > 1:
+        lines += ["**Warning: the parts here were run with different settings:**", ""]
+        lines += [f"- {n}: `{p['machine']['command']}`" for n, p in parts.items()] + [""]
+    return lines
+
+
+def _errors(parts: dict[str, Any]) -> list[str]:
+    failed = [(n, p["result"]["error"]) for n, p in parts.items() if "error" in p.get("result", {})]
+    return [f"- part `{n}` failed: {e}" for n, e in failed] + ([""] if failed else [])
+
+
+def _peak_md(res: dict[str, Any]) -> list[str]:
+    peak = res.get("peak")
+    if not peak or "gflops" not in peak:
+        return []
+    sizes = peak["sizes"]
+    rows = [
+        [d, _num(peak["peak_gflops"][d], "{:.1f}")]
+        + [_num(peak["gflops"][d][str(n)], "{:.1f}") for n in sizes]
+        for d in peak["gflops"]
+    ]
+    header = ["dtype", "peak GFLOP/s"] + [f"n={n}" for n in sizes]
+    return ["## Machine limit: square matmul (n x n) @ (n x n)", ""] + _table(header, rows)
+
+
+def _train_md(res: dict[str, Any], derived: dict[str, Any]) -> list[str]:
+    train = res.get("train")
+    if not train or "error" in train:
+        return []
+    rows = []
+    for config, data in train.items():
+        for precision in ("fp32", "bf16"):
+            run = data[precision]
+            mfu = derived["mfu"].get(f"{config}_{precision}", {})
+            step = run["seconds"] / run["steps"]
+            rows.append(
+                [
+                    data["config"], precision, _num(run["audio_seconds_per_second"], "{:.2f}"),
+                    _num(run["steps_per_second"], "{:.3f}"), _num(step, "{:.3f}"),
+                    _num(run["memory"].get("peak_mb"), "{:.0f}"),
+                    _num(data["flops_per_audio_second"] / 1e9, "{:.2f}"),
+                    _num(mfu.get("achieved_gflops"), "{:.1f}"), _num(mfu.get("mfu"), "{:.1%}"),
+                ]
+            )  # fmt: skip
+    header = [
+        "config", "precision", "audio s / s", "steps / s", "s / step", "peak RSS MiB",
+        "model GFLOP / audio s", "achieved GFLOP/s", "MFU",
+    ]  # fmt: skip
+    notes = [
+        "Model FLOPs: torch.utils.flop_counter over one forward + backward (matmuls, "
+        "convolutions, attention), per second of audio in the batch; MFU divides the achieved "
+        "rate by the measured matmul peak of the same dtype. Peak RSS: the process high-water "
+        "mark over the timed steps (data loaded beforehand).",
+        "",
+    ]
+    return ["## Training throughput (AN4 configs)", ""] + _table(header, rows) + notes
+
+
+def _peer_md(res: dict[str, Any], derived: dict[str, Any]) -> list[str]:
+    peer = res.get("peer")
+    if not peer:
+        return []
+    title = ["## Ours vs SpeechBrain (TransformerASR 12/6, d 256, 4 heads, FFN 2048)", ""]
+    if not peer.get("available", False):
+        return title + [peer.get("reason") or peer.get("error", "unavailable"), ""]
+    rows = []
+    for name in ("ours", "speechbrain"):
+        d = peer[name]
+        rows.append(
+            [
+                name, f"{d['parameters'] / 1e6:.1f} M",
+                _num(d["flops_per_audio_second"] / 1e9, "{:.2f}"),
+                _num(d["fp32"]["audio_seconds_per_second"], "{:.2f}"),
+                _num(d["bf16"]["audio_seconds_per_second"], "{:.2f}"),
+                _num(d["decode"]["beam10"]["seconds"], "{:.2f}"),
+                _num(d["decode"]["beam10_ctc"]["seconds"], "{:.2f}"),
+                _num(d["decode"]["beam10_ctc"]["mean_tokens"], "{:.1f}"),
+            ]
+        )  # fmt: skip
+    p = derived["peer"]
+    rows.append(
+        [
+            "**ours / peer**", "", "", _num(p.get("train_fp32"), "{:.2f}x"),
+            _num(p.get("train_bf16"), "{:.2f}x"),
+            _num(p.get("decode_beam10_speedup"), "{:.1f}x faster"),
+            _num(p.get("decode_beam10_ctc_speedup"), "{:.1f}x faster"), "",
+        ]
+    )  # fmt: skip
+    header = [
+        "system", "params", "GFLOP / audio s", "train fp32 audio s/s", "train bf16 audio s/s",
+        "beam 10 s", "beam 10 + CTC s", "tokens / hyp",
+    ]  # fmt: skip
+    batch = peer["decode_batch"]
+    notes = [
+        f"SpeechBrain {peer['speechbrain_version']}. Same AN4 batches, both fed our log-mel + CMVN "
+        "features (computed beforehand), so only model + loss + backward + AdamW step are "
+        f"timed. Decoding: one batch of {batch['utterances']} AN4 test utterances "
+        f"({batch['audio_seconds']:.1f} s), fp32; the models are only briefly trained, so eos "
+        "is blocked until the maximum length in both searches and both run the same number "
+        "of steps (tokens / hyp; SpeechBrain's limit is the batch's padded length).",
+        "",
+    ]
+    return title + _table(header, rows) + notes
+
+
+def _decode_md(res: dict[str, Any], derived: dict[str, Any]) -> list[str]:
+    decode = res.get("decode")
+    if not decode or "error" in decode:
+        return []
+    sizes = [str(s) for s in decode["batch_sizes"]]
+    rows = []
+    for mode, cells in decode["grid"].items():
+        rows.append(
+            [mode]
+            + [f"{cells[s]['rtf']:.4f} ({cells[s]['utterances_per_second']:.1f})" for s in sizes]
+            + [_num(cells[sizes[-1]].get("wer"), "{:.1f}")]
+        )
+    enc = decode["encoder"]
+    rows.append(["frontend + encoder only"] + [f"{enc[s]['rtf']:.4f}" for s in sizes] + [""])
+    ratios = derived["greedy_over_encoder"]
+    rows.append(["greedy / encoder time"] + [_num(ratios.get(s), "{:.2f}x") for s in sizes] + [""])
+    header = (
+        ["search"] + [f"batch {s}: RTF (utt/s)" for s in sizes] + [f"WER % (batch {sizes[-1]})"]
+    )
+    intro = [
+        "## Decoding AN4 test",
+        "",
+        f"Model: {decode['model']}. {decode['utterances']} utterances, "
+        f"{decode['audio_seconds']:.0f} s of audio, sorted by length, fp32.",
+        "",
+    ]
+    return intro + _table(header, rows)
+
+
+def _scaling_md(res: dict[str, Any]) -> list[str]:
+    scaling = res.get("scaling")
+    if not scaling or "error" in scaling:
+        return []
+    lines = ["## Scaling", ""]
+    ddp = scaling.get("ddp", {})
+    if "speedup" in ddp:
+        rows = [
+            ["1", _num(ddp["one_process"]["audio_seconds_per_second"], "{:.2f}"), "1.00x"],
+            ["2", _num(ddp["two_processes"]["audio_seconds_per_second"], "{:.2f}"),
+             _num(ddp["speedup"], "{:.2f}x")],
+        ]  # fmt: skip
+        lines += ["DDP on CPU (gloo, 1 thread per process, same per-process batches):", ""]
+        lines += _table(["processes", "aggregate audio s / s", "ratio"], rows)
+    length = scaling.get("decode_length", {})
+    if "lengths" in length:
+        rows = [
+            [f"{n} s", *(f"{length[m]['seconds'][i]:.3f}" for m in ("greedy", "beam10_ctc"))]
+            for i, n in enumerate(length["lengths"])
+        ]
+        rows.append(
+            ["growth exponent", *(f"{length[m]['exponent']:.2f}" for m in ("greedy", "beam10_ctc"))]
+        )
+        lines += [
+            f"Decode time (s) of one recording (joined AN4 test utterances) by length, batch 1 "
+            f"(exponent fitted from {length['greedy']['exponent_from_seconds']} s up). "
+            f"Model: {length['model']}.",
+            "",
+        ]
+        lines += _table(["length", "greedy", "beam 10 + CTC"], rows)
+    batch = scaling.get("train_batch", {})
+    if "rows" in batch:
+        rows = [
+            [f"{r['batch_seconds']:.1f}", r["utterances"], f"{r['step_seconds']:.3f}",
+             f"{r['batch_seconds'] / r['step_seconds']:.2f}"]
+            for r in batch["rows"]
+        ]  # fmt: skip
+        lines += [
+            f"Transformer bf16 training step by batch size (growth exponent "
+            f"{batch['exponent']:.2f}):",
+            "",
+        ]
+        lines += _table(["batch audio s", "utterances", "s / step", "audio s / s"], rows)
+    return lines
+
+
+def _targets_md(rows: list[dict[str, Any]]) -> list[str]:
+    table = [[r["target"], r["goal"], r["shown"], f"**{r['status']}**"] for r in rows]
+    return ["## Targets", ""] + _table(["target", "goal", "measured", "status"], table)
+
+
+def _profiles_md(res: dict[str, Any]) -> list[str]:
+    sections = []
+    for config, data in (res.get("train") or {}).items():
+        if isinstance(data, dict) and data.get("profile"):
+            sections.append((f"one bf16 training step, {config}", data))
+    decode = res.get("decode") or {}
+    if decode.get("profile"):
+        sections.append(("one beam 10 + CTC decode batch", decode))
+    if not sections:
+        return []
+    lines = ["## Where the time goes (torch.profiler, self time)", ""]
+    for title, data in sections:
+        rows = [
+            [f"`{op['op']}`", f"{op['percent']:.1f}%", f"{op['self_ms']:.1f}", op["calls"]]
+            for op in data["profile"][:TOP_OPS]
+        ]
+        lines += [f"{title} (full table: `{data['profile_file']}`):", ""]
+        lines += _table(["op", "self time", "ms", "calls"], rows)
+    return lines
+
+
+def markdown(parts: dict[str, Any], derived: dict[str, Any], goals: list[dict]) -> str:
+    res = {name: part.get("result", {}) for name, part in parts.items()}
+    sections: list[Callable[[], list[str]]] = [
+        lambda: _machine_lines(parts),
+        lambda: _errors(parts),
+        lambda: _targets_md(goals),
+        lambda: _peak_md(res),
+        lambda: _train_md(res, derived),
+        lambda: _peer_md(res, derived),
+        lambda: _decode_md(res, derived),
+        lambda: _scaling_md(res),
+        lambda: _profiles_md(res),
+    ]
+    lines = ["# asr benchmark", ""]
+    for section in sections:
+        lines += section()
+    return "\n".join(lines).rstrip() + "\n"
+
+
+# ---------------------------------------------------------------- plots
+
+
+def plot(parts: dict[str, Any], derived: dict[str, Any], path: Path) -> None:
+    """Four panels: training throughput, decode RTF grid, decode time vs length, step time vs
+    batch seconds (panels without data stay empty)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    res = {name: part.get("result", {}) for name, part in parts.items()}
+    fig, axes = plt.subplots(2, 2, figsize=(12, 9))
+    _plot_train(axes[0][0], res)
+    _plot_decode(axes[0][1], res)
+    _plot_length(axes[1][0], res)
+    _plot_batch(axes[1][1], res)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _plot_train(ax, res: dict[str, Any]) -> None:
+    labels, values = [], []
+    for config, data in (res.get("train") or {}).items():
+        for precision in ("fp32", "bf16"):
+            if isinstance(data, dict) and precision in data:
+                labels.append(f"{config} {precision}")
+                values.append(data[precision]["audio_seconds_per_second"])
+    peer = res.get("peer") or {}
+    for name in ("ours", "speechbrain"):
+        for precision in ("fp32", "bf16"):
+            value = _get(peer, name, precision, "audio_seconds_per_second")
+            if value:
+                labels.append(f"12/6 d256: {name} {precision}")
+                values.append(value)
+    ax.barh(range(len(values)), values)
+    ax.set_yticks(range(len(values)), labels, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("audio seconds trained / second")
+    ax.set_title("Training throughput")
+
+
+def _plot_decode(ax, res: dict[str, Any]) -> None:
+    decode = res.get("decode") or {}
+    for mode, cells in (decode.get("grid") or {}).items():
+        sizes = sorted(cells, key=int)
+        ax.plot([int(s) for s in sizes], [cells[s]["rtf"] for s in sizes], "o-", label=mode)
+    enc = decode.get("encoder") or {}
+    if enc:
+        sizes = sorted(enc, key=int)
+        ax.plot(
+            [int(s) for s in sizes], [enc[s]["rtf"] for s in sizes], "k--", label="encoder only"
+        )
+        ax.axhline(0.02, color="red", lw=0.8, label="target RTF 0.02")
+        ax.legend(fontsize=8)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    _plain_ticks(ax)
+    ax.set_xlabel("batch size")
+    ax.set_ylabel("real-time factor")
+    ax.set_title("Decoding AN4 test")
+
+
+def _plot_length(ax, res: dict[str, Any]) -> None:
+    length = _get(res, "scaling", "decode_length") or {}
+    if "lengths" not in length:
+        return
+    xs = length["lengths"]
+    for mode in ("greedy", "beam10_ctc"):
+        ys = length[mode]["seconds"]
+        ax.plot(xs, ys, "o-", label=f"{mode} (exponent {length[mode]['exponent']:.2f})")
+    ref = length["beam10_ctc"]["seconds"][-1]
+    ax.plot(xs, [ref * x / xs[-1] for x in xs], "k:", label="linear")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    _plain_ticks(ax)
+    ax.set_xlabel("utterance seconds")
+    ax.set_ylabel("decode seconds (batch 1)")
+    ax.legend(fontsize=8)
+    ax.set_title("Decode time vs length")
+
+
+def _plot_batch(ax, res: dict[str, Any]) -> None:
+    batch = _get(res, "scaling", "train_batch") or {}
+    if "rows" not in batch:
+        return
+    xs = [r["batch_seconds"] for r in batch["rows"]]
+    ys = [r["step_seconds"] for r in batch["rows"]]
+    ax.plot(xs, ys, "o-", label=f"exponent {batch['exponent']:.2f}")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    _plain_ticks(ax)
+    ax.set_xlabel("batch audio seconds")
+    ax.set_ylabel("training step seconds (bf16)")
+    ax.legend(fontsize=8)
+    ax.set_title("Training step vs batch size")
+
+
+def _plain_ticks(ax) -> None:
+    """Log axes labelled 0.5, 2, 10 rather than 2^-1, 2^1, 10^1."""
+    from matplotlib.ticker import FuncFormatter
+
+    plain = FuncFormatter(lambda v, _: f"{v:g}")
+    for axis in (ax.xaxis, ax.yaxis):
+        axis.set_major_formatter(plain)
+        axis.set_minor_formatter(plain)
+
+
+# ---------------------------------------------------------------- entry points
+
+
+def write(out: Path) -> dict[str, Any]:
+    """Write results.json, results.md and bench.png from the part files in `out`."""
+    parts = load(out)
+    derived = derive(parts)
+    goals = targets(parts, derived)
+    results = {"parts": parts, "derived": derived, "targets": goals}
+    (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+    (out / "results.md").write_text(markdown(parts, derived, goals))
+    plot(parts, derived, out / "bench.png")
+    return results
+
+
+def summary(results: dict[str, Any]) -> str:
+    """The targets table, for the terminal."""
+    return "\n".join(_targets_md(results["targets"]))

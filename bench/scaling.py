@@ -1,0 +1,257 @@
+"""Scaling: data-parallel training on CPU, decode time against utterance length, and training
+step time against batch size.
+
+- DDP: conf/an4/transformer.yaml trained (bf16 autocast) by 1 and by 2 processes (gloo, one
+  thread each), each process with the same per-process batches; the ratio of the aggregate
+  audio seconds per second says how much a second core buys.
+- Length: one recording made by joining AN4 test utterances, cut to 1 s .. 60 s, decoded
+  alone (greedy and beam 10 + CTC); the log-log slope of time against length is the growth
+  exponent (1 = linear).
+- Batch: training steps (bf16) on batches of ~3 s utterances holding 10 .. 80 s of audio;
+  the slope of step time against batch seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import socket
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+
+from asr.audio import load_audio
+from asr.data.dataset import Batch, SpeechDataset, collate
+from asr.data.manifest import read_manifest
+from asr.text import Tokenizer
+from bench.common import (
+    SAMPLE_RATE,
+    Settings,
+    audio_seconds,
+    build_module,
+    measure_steps,
+    model_config,
+    read_config,
+    train_batches,
+    write_json,
+)
+from bench.decode import Utterances, load_recognizer, search_options, time_search
+from bench.train import Trainer
+
+TYPICAL_SECONDS = (2.5, 3.5)  # training utterances used for the batch-size sweep
+DDP_LIMIT = 900  # seconds a DDP run may take
+
+
+def growth_exponent(sizes: list[float], seconds: list[float]) -> float:
+    """Least-squares slope of log(seconds) against log(size).
+
+    >>> round(growth_exponent([1, 2, 4], [3, 6, 12]), 6)
+    1.0
+    """
+    xs, ys = [math.log(s) for s in sizes], [math.log(t) for t in seconds]
+    mean_x, mean_y = sum(xs) / len(xs), sum(ys) / len(ys)
+    cov = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys))
+    return cov / sum((x - mean_x) ** 2 for x in xs)
+
+
+# ---------------------------------------------------------------- DDP
+
+
+class _LossModel(nn.Module):
+    """`Trainer.loss` as a forward, so DistributedDataParallel sees (and syncs) the step."""
+
+    def __init__(self, trainer: Trainer) -> None:
+        super().__init__()
+        self.module = trainer.module
+        self.trainer = trainer
+
+    def forward(self, batch: Batch) -> torch.Tensor:
+        return self.trainer.loss(batch)
+
+
+def _ddp_worker(
+    rank: int, world: int, port: int, config: dict, batches: list[Batch], warmup: int, out: str
+) -> None:
+    """One DDP process: train on `batches` (every process the same ones, so per-process work
+    is equal); rank 0 writes the throughput."""
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        result = _ddp_measure(config, batches, warmup)
+        total = torch.tensor([result["audio_seconds"], result["seconds"]], dtype=torch.float64)
+        dist.all_reduce(total[:1])  # audio of every process
+        dist.all_reduce(total[1:], op=dist.ReduceOp.MAX)  # the slowest process's time
+        if rank == 0:
+            write_json(Path(out), {"audio_seconds": float(total[0]), "seconds": float(total[1])})
+    finally:
+        dist.destroy_process_group()
+
+
+def _ddp_measure(config: dict, batches: list[Batch], warmup: int) -> dict[str, Any]:
+    """Timed DDP steps. The DDP model is freed when this returns, while the process group
+    still exists (freed after it, its destructor can hang the process at exit)."""
+    clip = read_config("transformer")["trainer"].get("gradient_clip_val")
+    trainer = Trainer(build_module(config), "bf16", clip)
+    model = nn.parallel.DistributedDataParallel(_LossModel(trainer))
+
+    def step(batch: Batch) -> None:
+        trainer.optimizer.zero_grad(set_to_none=True)
+        model(batch).backward()  # gradients averaged over the processes
+        trainer.update()
+
+    for batch in batches[:warmup]:
+        step(batch)
+    dist.barrier()
+    audio = [audio_seconds(b.wave_lens) for b in batches[warmup:]]
+    return measure_steps(step, batches[warmup:], audio, 0, torch.device("cpu"))
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _join(context: mp.ProcessContext, out: Path) -> None:
+    """Wait for the DDP processes (errors propagate). Ones still alive 30 s after the result
+    was written, or after DDP_LIMIT seconds, are terminated: a hung exit must not stall the
+    benchmark."""
+    start, written = time.monotonic(), None
+    while not context.join(timeout=1):
+        now = time.monotonic()
+        if written is None and out.exists():
+            written = now
+        if (written is not None and now - written > 30) or now - start > DDP_LIMIT:
+            for process in context.processes:
+                if process.is_alive():
+                    process.terminate()
+            return
+
+
+def ddp_throughput(world: int, config: dict, batches: list[Batch], warmup: int) -> dict:
+    """Aggregate audio seconds per second of `world` CPU processes."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "result.json"
+        args = (world, _free_port(), config, batches, warmup, str(out))
+        _join(mp.spawn(_ddp_worker, args=args, nprocs=world, join=False), out)
+        if not out.exists():
+            raise RuntimeError(f"DDP with {world} processes wrote no result in {DDP_LIMIT} s")
+        result = json.loads(out.read_text())
+    result["audio_seconds_per_second"] = result["audio_seconds"] / result["seconds"]
+    return result
+
+
+def ddp_scaling(settings: Settings) -> dict[str, Any]:
+    """1 vs 2 processes, the same batches per process."""
+    steps, warmup = settings.pick(2, 8), 1
+    budget = settings.pick(8.0, None)
+    batches = train_batches("transformer", settings, steps + warmup, budget)
+    batches = [b.to("cpu") for b in batches]
+    config = model_config("transformer", settings.data)
+    one = ddp_throughput(1, config, batches, warmup)
+    two = ddp_throughput(2, config, batches, warmup)
+    return {
+        "steps_per_process": steps,
+        "one_process": one,
+        "two_processes": two,
+        "speedup": two["audio_seconds_per_second"] / one["audio_seconds_per_second"],
+    }
+
+
+# ---------------------------------------------------------------- decode vs length
+
+
+def joined_recording(settings: Settings, seconds: float) -> torch.Tensor:
+    """AN4 test utterances, in manifest order, joined until `seconds` of audio."""
+    pieces, total = [], 0
+    for utt in read_manifest(settings.data / "test.jsonl"):
+        pieces.append(load_audio(utt.audio_filepath, SAMPLE_RATE, utt.offset, utt.duration))
+        total += len(pieces[-1])
+        if total >= seconds * SAMPLE_RATE:
+            return torch.cat(pieces)[: int(seconds * SAMPLE_RATE)]
+    raise ValueError(f"the test set has only {total / SAMPLE_RATE:.0f} s of audio")
+
+
+def decode_vs_length(settings: Settings) -> dict[str, Any]:
+    """Decode time of one recording cut to each length, greedy and beam 10 + CTC."""
+    lengths = settings.pick([1, 3, 6], [1, 2, 5, 10, 20, 30, 45, 60])
+    recognizer, label = load_recognizer(settings)
+    recording = joined_recording(settings, max(lengths))
+    results: dict[str, Any] = {"model": label, "lengths": lengths}
+    for mode in ("greedy", "beam10_ctc"):
+        options = search_options(mode, settings)
+        time_search(recognizer, Utterances([""], [recording[:SAMPLE_RATE]]), 1, options)
+        seconds, characters = [], []
+        for length in lengths:
+            utts = Utterances([""], [recording[: length * SAMPLE_RATE]])
+            took, texts = time_search(recognizer, utts, 1, options)
+            seconds.append(took)
+            characters.append(len(texts[0]))
+        fit = [(n, t) for n, t in zip(lengths, seconds) if n >= settings.pick(1, 10)]
+        results[mode] = {
+            "seconds": seconds,
+            "characters": characters,  # of the transcript: how much the decoder emitted
+            "exponent": growth_exponent([n for n, _ in fit], [t for _, t in fit]),
+            "exponent_from_seconds": fit[0][0],
+        }
+    return results
+
+
+# ---------------------------------------------------------------- train step vs batch size
+
+
+def typical_batch(settings: Settings, budget: float) -> Batch:
+    """A batch of ~3 s training utterances holding about `budget` seconds of audio."""
+    low, high = TYPICAL_SECONDS
+    utts = [u for u in read_manifest(settings.data / "train.jsonl") if low <= u.duration <= high]
+    count = 0
+    while count < len(utts) and sum(u.duration for u in utts[: count + 1]) <= budget:
+        count += 1
+    dataset = SpeechDataset(utts[: max(count, 1)], Tokenizer.load(settings.data / "tokenizer"))
+    return collate([dataset[i] for i in range(len(dataset))]).to(settings.device)
+
+
+def step_vs_batch(settings: Settings) -> dict[str, Any]:
+    """bf16 training step time of conf/an4/transformer.yaml against batch seconds."""
+    budgets = settings.pick([4, 8], [10, 20, 40, 80])
+    config = model_config("transformer", settings.data)
+    clip = read_config("transformer")["trainer"].get("gradient_clip_val")
+    trainer = Trainer(build_module(config, settings.seed).to(settings.device), "bf16", clip)
+    rows = []
+    for budget in budgets:
+        batch = typical_batch(settings, budget)
+        repeats = settings.pick(2, 4)
+        audio = audio_seconds(batch.wave_lens)
+        result = measure_steps(
+            trainer.step, [batch] * repeats, [audio] * repeats, 1, settings.device
+        )
+        rows.append(
+            {
+                "batch_seconds": audio,
+                "utterances": len(batch),
+                "step_seconds": result["seconds"] / repeats,
+                "memory": result["memory"],
+            }
+        )
+    exponent = growth_exponent(
+        [r["batch_seconds"] for r in rows], [r["step_seconds"] for r in rows]
+    )
+    return {"rows": rows, "exponent": exponent}
+
+
+def run(settings: Settings) -> dict[str, Any]:
+    """DDP ratio (CPU only), decode time by length, training step time by batch size."""
+    results: dict[str, Any] = {}
+    if settings.device.type == "cpu":
+        results["ddp"] = ddp_scaling(settings)
+    else:
+        results["ddp"] = {"skipped": "CPU (gloo) only"}
+    results["decode_length"] = decode_vs_length(settings)
+    results["train_batch"] = step_vs_batch(settings)
+    return results

@@ -1,0 +1,120 @@
+"""Training throughput of the AN4 configs (conf/an4/transformer.yaml, conf/an4/rnn.yaml).
+
+Each config's model, optimizer and LR schedule are built from its YAML exactly as `asr fit`
+builds them; the batches are its own (bucketing sampler, speed perturbation, batch budget),
+loaded before timing. A step is what the Lightning loop runs per batch: frontend (with
+SpecAugment), joint CTC/attention loss, backward, gradient clipping at the config's value,
+optimizer and scheduler step; fp32, or bf16 autocast as `--trainer.precision bf16-mixed`.
+Lightning's own per-step overhead and data loading are not included.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from asr.data.dataset import Batch
+from asr.lightning import ASRModule
+from bench.common import (
+    CONFIGS,
+    Settings,
+    audio_seconds,
+    autocast,
+    build_module,
+    count_flops,
+    count_parameters,
+    measure_steps,
+    model_config,
+    profile_ops,
+    read_config,
+    train_batches,
+)
+
+PRECISIONS = ("fp32", "bf16")
+
+
+class Trainer:
+    """The per-batch work of `asr fit` for one `ASRModule`, without Lightning."""
+
+    def __init__(self, module: ASRModule, precision: str, clip: float | None) -> None:
+        self.module = module.train()
+        self.precision = precision
+        self.clip = clip
+        configured = module.configure_optimizers()
+        if isinstance(configured, dict):
+            self.optimizer = configured["optimizer"]
+            self.scheduler = configured["lr_scheduler"]["scheduler"]
+        else:
+            self.optimizer, self.scheduler = configured, None
+
+    def loss(self, batch: Batch) -> torch.Tensor:
+        hp = self.module.hparams
+        with autocast(batch.waves.device, self.precision):
+            out = self.module.model.loss(
+                batch.waves,
+                batch.wave_lens,
+                batch.tokens,
+                batch.token_lens,
+                hp.ctc_weight,
+                hp.label_smoothing,
+            )
+        return out.loss
+
+    def step(self, batch: Batch) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+        self.loss(batch).backward()
+        self.update()
+
+    def update(self) -> None:
+        """Clip the gradients, step the optimizer and the LR schedule."""
+        if self.clip:
+            torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.clip)
+        self.optimizer.step()
+        if self.scheduler is not None:
+            self.scheduler.step()
+
+    def forward_backward(self, batch: Batch) -> None:
+        """What model FLOPs are counted over: one forward and backward."""
+        self.loss(batch).backward()
+        self.optimizer.zero_grad(set_to_none=True)
+
+
+def run_config(name: str, settings: Settings, batches: list[Batch]) -> dict[str, Any]:
+    """fp32 and bf16 throughput of config `name`, its model FLOPs and a bf16 step profile."""
+    config = model_config(name, settings.data)
+    clip = read_config(name).get("trainer", {}).get("gradient_clip_val")
+    audio = [audio_seconds(b.wave_lens) for b in batches]
+    results: dict[str, Any] = {"config": f"conf/an4/{CONFIGS[name].name}"}
+    trainers = {}
+    for precision in PRECISIONS:  # each from the same initial weights
+        module = build_module(config, settings.seed).to(settings.device)
+        trainers[precision] = trainer = Trainer(module, precision, clip)
+        warmup = settings.pick(1, 2)
+        results[precision] = measure_steps(trainer.step, batches, audio, warmup, settings.device)
+    bf16, first = trainers["bf16"], batches[0]
+    results["parameters"] = count_parameters(bf16.module)
+    flops = count_flops(lambda: bf16.forward_backward(first))  # as many FLOPs as in fp32
+    results["flops_per_audio_second"] = flops / audio[0]
+    path = settings.out / f"profile_train_{name}_bf16.txt"
+    title = (
+        f"one bf16 training step of {results['config']} "
+        f"({audio[0]:.1f} s of audio, {len(first)} utterances)"
+    )
+    results["profile"] = profile_ops(lambda: bf16.step(first), settings.device, path, title)
+    results["profile_file"] = path.name
+    return results
+
+
+def run(settings: Settings) -> dict[str, Any]:
+    """Both configs: audio seconds per second, steps/s, peak memory, model FLOPs."""
+    results: dict[str, Any] = {}
+    for name in CONFIGS:
+        steps = settings.pick(2, 12)
+        budget = settings.pick(8.0, None)  # quick: small batches instead of the config's
+        batches = train_batches(name, settings, steps, budget)
+        results[name] = run_config(name, settings, batches)
+        results[name]["max_batch_seconds"] = budget or read_config(name)["data"]["init_args"].get(
+            "max_batch_seconds"
+        )
+    return results
