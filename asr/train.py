@@ -51,8 +51,16 @@ class ASRCLI(LightningCLI):
         parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
         parser.set_defaults(CHECKPOINT_DEFAULTS)
         parser.add_lightning_class_args(StepCheckpoint, "step_checkpoint")
-        # The bucketing sampler shards batches across ranks itself.
-        parser.set_defaults({"trainer.use_distributed_sampler": False})
+        # The bucketing sampler shards batches across ranks itself, and its batch count
+        # changes from epoch to epoch (speed perturbation repacks the buckets): Lightning
+        # counts an epoch's batches when it builds the loader, and with a stale count it
+        # skips the epoch-end validation, so the loader is rebuilt every epoch.
+        parser.set_defaults(
+            {
+                "trainer.use_distributed_sampler": False,
+                "trainer.reload_dataloaders_every_n_epochs": 1,
+            }
+        )
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config

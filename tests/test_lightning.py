@@ -110,6 +110,25 @@ def test_fit_writes_config_checkpoints_logs_and_plots(tiny_an4, tmp_path):
     assert list(run.glob("events.out.tfevents.*")), "TensorBoard logs are written"
 
 
+def test_validation_runs_every_epoch_when_the_batch_count_changes(tiny_an4, tmp_path):
+    """Shuffled buckets pack differently each epoch, so epochs differ in batch count (here
+    5, 5, 5, 4, 5, 4); every epoch must still end with a validation (Lightning counts an
+    epoch's batches when it builds the loader)."""
+    args = _fit_args(tiny_an4, tmp_path) + [
+        "--trainer.max_epochs", "6",
+        "--data.max_batch_seconds", "5",
+        "--data.num_buckets", "1",
+        "--trainer.limit_val_batches", "1",
+        "--model.init_args.plot_utterances", "0",
+    ]  # fmt: skip
+    main(args)
+    rows = list(csv.DictReader((tmp_path / "logs" / "version_0" / "metrics.csv").open()))
+    val_steps = [int(r["step"]) for r in rows if r.get("val/wer")]
+    assert len(val_steps) == 6, "one validation per epoch"
+    per_epoch = {b - a for a, b in zip([-1, *val_steps], val_steps)}
+    assert len(per_epoch) > 1, "the epochs should differ in batch count for this test to bite"
+
+
 DDP_SCRIPT = """
 import json, sys, torch
 from asr.train import run_lightning_cli
