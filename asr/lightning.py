@@ -114,7 +114,7 @@ class ASRModule(L.LightningModule):
         if _uses_grad_scaler(self.trainer):
             return  # fp16: the GradScaler skips inf steps and adapts its scale itself
         grads = [p.grad for p in self.parameters() if p.grad is not None]
-        if not grads or torch.isfinite(torch.stack([g.norm() for g in grads]).sum()):
+        if not grads or torch.isfinite(torch.nn.utils.get_total_norm(grads)):
             self._nonfinite_streak = 0
             return
         for p in self.parameters():
@@ -188,35 +188,19 @@ class ASRModule(L.LightningModule):
 
     def _log_losses(self, stage: str, out, batch_size: int) -> None:
         on_step = stage == "train"
-        self.log(
-            f"{stage}/loss",
-            out.loss,
-            prog_bar=True,
-            batch_size=batch_size,
-            on_step=on_step,
-            on_epoch=True,
-            sync_dist=not on_step,
-        )
-        self.log(
-            f"{stage}/att_loss",
-            out.attention_loss,
-            batch_size=batch_size,
-            on_step=on_step,
-            on_epoch=True,
-            sync_dist=not on_step,
-        )
-        self.log(
-            f"{stage}/acc",
-            out.token_accuracy,
-            batch_size=batch_size,
-            on_step=on_step,
-            on_epoch=True,
-            sync_dist=not on_step,
-        )
-        if out.ctc_loss is not None:
+        values = {
+            "loss": out.loss,
+            "att_loss": out.attention_loss,
+            "acc": out.token_accuracy,
+            "ctc_loss": out.ctc_loss,
+        }
+        for name, value in values.items():
+            if value is None:  # no CTC head
+                continue
             self.log(
-                f"{stage}/ctc_loss",
-                out.ctc_loss,
+                f"{stage}/{name}",
+                value,
+                prog_bar=name == "loss",
                 batch_size=batch_size,
                 on_step=on_step,
                 on_epoch=True,
@@ -266,14 +250,20 @@ class ASRModule(L.LightningModule):
             self._resume_rng = None
 
     def configure_optimizers(self):
-        optimizer = self.optimizer_factory(self.parameters())
-        if self.scheduler_factory is None:
-            return optimizer
-        scheduler = self.scheduler_factory(optimizer)
-        return {
-            "optimizer": optimizer,
-            "lr_scheduler": {"scheduler": scheduler, "interval": "step"},
-        }
+        return step_schedule(self.optimizer_factory, self.scheduler_factory, self.parameters())
+
+
+def step_schedule(
+    optimizer_factory: OptimizerCallable,
+    scheduler_factory: LRSchedulerCallable | None,
+    parameters,
+):
+    """`configure_optimizers` output: the optimizer, and its schedule stepped every step."""
+    optimizer = optimizer_factory(parameters)
+    if scheduler_factory is None:
+        return optimizer
+    scheduler = scheduler_factory(optimizer)
+    return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
 
 def _uses_grad_scaler(trainer: L.Trainer) -> bool:
@@ -336,30 +326,6 @@ def bucketed_loader(
     return loader
 
 
-def train_sampler_state(module: L.LightningDataModule) -> dict:
-    """The training sampler's position for a checkpoint: the epoch and the batches the fit
-    loop has processed in it (the loader's prefetched batches are not counted)."""
-    trainer = module.trainer
-    if trainer is None or trainer.state.fn != "fit" or trainer.train_dataloader is None:
-        return {}
-    sampler = trainer.train_dataloader.batch_sampler
-    done = trainer.fit_loop.epoch_loop.batch_progress.current.processed
-    return {"train_sampler": sampler.state_dict() | {"batches_yielded": done}}
-
-
-def resume_position(
-    module: L.LightningDataModule, loader: torch.utils.data.DataLoader
-) -> torch.utils.data.DataLoader:
-    """Apply a restored sampler position (from `load_state_dict`) to a new training loader,
-    so a run resumed mid-epoch skips the batches it had already trained on."""
-    state, module._resume_sampler = module._resume_sampler, None
-    trainer = module.trainer
-    # A checkpoint written at the end of an epoch resumes at the next epoch's start.
-    if state and trainer is not None and state["epoch"] == trainer.current_epoch:
-        loader.batch_sampler.load_state_dict(state)
-    return loader
-
-
 class ASRDataModule(L.LightningDataModule):
     """Manifests -> length-bucketed batches of padded audio and tokens.
 
@@ -413,7 +379,14 @@ class ASRDataModule(L.LightningDataModule):
         return self.tokenizer.vocab_size
 
     def state_dict(self) -> dict:
-        return train_sampler_state(self)
+        """The training sampler's position for a checkpoint: the epoch and the batches the fit
+        loop has processed in it (the loader's prefetched batches are not counted)."""
+        trainer = self.trainer
+        if trainer is None or trainer.state.fn != "fit" or trainer.train_dataloader is None:
+            return {}
+        sampler = trainer.train_dataloader.batch_sampler
+        done = trainer.fit_loop.epoch_loop.batch_progress.current.processed
+        return {"train_sampler": sampler.state_dict() | {"batches_yielded": done}}
 
     def load_state_dict(self, state: dict) -> None:
         self._resume_sampler = state.get("train_sampler")
@@ -451,7 +424,13 @@ class ASRDataModule(L.LightningDataModule):
         return bucketed_loader(self, dataset, dataset.durations, budget, collate_fn, shuffle)
 
     def train_dataloader(self):
-        return resume_position(self, self._loader("train", shuffle=True))
+        loader = self._loader("train", shuffle=True)
+        # A run resumed mid-epoch skips the batches it had already trained on; a checkpoint
+        # written at the end of an epoch resumes at the next epoch's start.
+        state, self._resume_sampler = self._resume_sampler, None
+        if state and self.trainer is not None and state["epoch"] == self.trainer.current_epoch:
+            loader.batch_sampler.load_state_dict(state)
+        return loader
 
     def val_dataloader(self):
         return self._loader("val", shuffle=False)

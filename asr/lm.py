@@ -27,7 +27,7 @@ from asr.checkpoint import CheckpointError, load_checkpoint
 from asr.data.dataset import set_loader_epoch
 from asr.data.manifest import read_manifest
 from asr.inference import checkpoint_payload, instantiate_module, write_embedded_files
-from asr.lightning import bucketed_loader, stage_manifests
+from asr.lightning import bucketed_loader, stage_manifests, step_schedule
 from asr.text import EOS_ID, PAD_ID, SOS_ID, Tokenizer
 
 log = logging.getLogger(__name__)
@@ -168,14 +168,7 @@ class LMModule(L.LightningModule):
             checkpoint[CHECKPOINT_KEY] = checkpoint_payload(self.model_config, self.tokenizer)
 
     def configure_optimizers(self):
-        optimizer = self.optimizer_factory(self.parameters())
-        if self.scheduler_factory is None:
-            return optimizer
-        scheduler = self.scheduler_factory(optimizer)
-        return {
-            "optimizer": optimizer,
-            "lr_scheduler": {"scheduler": scheduler, "interval": "step"},
-        }
+        return step_schedule(self.optimizer_factory, self.scheduler_factory, self.parameters())
 
 
 @dataclass(frozen=True)
