@@ -3,7 +3,7 @@
 Both are 12 encoder / 6 decoder pre-LN blocks, d=256, 4 heads, FFN 2048 (ReLU), dropout 0.1,
 a convolutional front subsampling time by 4, and a joint CTC (weight 0.3) / label-smoothed
 (0.1) attention loss. The fronts differ by design: ours is `Conv2dSubsampling` with
-conf/an4/transformer.yaml's 64 channels; SpeechBrain's is its recipes' `ConvolutionFrontEnd`
+64 channels (as conf/an4/transformer_d256.yaml); SpeechBrain's is its recipes' `ConvolutionFrontEnd`
 (2 blocks of 3x3 stride-2 convolutions with LayerNorm, 64 then 32 channels). Parameter counts
 and model FLOPs of both are reported beside the timings.
 
@@ -50,7 +50,7 @@ CTC_WEIGHT, LABEL_SMOOTHING, CLIP, BEAM = 0.3, 0.1, 5.0, 10
 PRE_BEAM_RATIO = 1.5  # candidates CTC scores per hypothesis, as a multiple of the beam
 SIZE = {"d_model": D_MODEL, "num_heads": HEADS, "ffn_dim": FFN}
 OUR_OVERRIDES = {
-    "encoder": {"init_args": {**SIZE, "num_layers": ENCODER_LAYERS}},
+    "encoder": {"init_args": {**SIZE, "num_layers": ENCODER_LAYERS, "subsampling_channels": 64}},
     "decoder": {"init_args": {**SIZE, "num_layers": DECODER_LAYERS}},
     "ctc_weight": CTC_WEIGHT,
     "label_smoothing": LABEL_SMOOTHING,

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from asr.models.dropout import Dropout
 from asr.models.interfaces import lengths_to_mask
 from asr.models.transformer import Conv2dSubsampling, MultiHeadAttention, sinusoid_embedding
 
@@ -117,7 +118,7 @@ class ConvolutionModule(nn.Module):
         )
         self.norm = nn.BatchNorm1d(d_model) if norm == "batch" else nn.LayerNorm(d_model)
         self.pointwise_out = nn.Conv1d(d_model, d_model, 1)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
     def forward(self, x: Tensor, valid: Tensor) -> Tensor:
         """x `(B, T, D)`, valid `(B, T)` True on real frames -> `(B, T, D)`."""
@@ -141,9 +142,9 @@ class MacaronFeedForward(nn.Sequential):
             nn.LayerNorm(d_model),
             nn.Linear(d_model, ffn_dim),
             nn.SiLU(),
-            nn.Dropout(dropout),
+            Dropout(dropout),
             nn.Linear(ffn_dim, d_model),
-            nn.Dropout(dropout),
+            Dropout(dropout),
         )
 
 
@@ -167,7 +168,7 @@ class ConformerLayer(nn.Module):
         self.conv = ConvolutionModule(d_model, kernel_size, dropout, conv_norm)
         self.ffn2 = MacaronFeedForward(d_model, ffn_dim, dropout)
         self.norm = nn.LayerNorm(d_model)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
     def forward(self, x: Tensor, pos: Tensor, valid: Tensor) -> Tensor:
         """x `(B, T, D)`, pos `(2T - 1, D)`, valid `(B, T)` -> `(B, T, D)`."""
@@ -210,7 +211,7 @@ class ConformerEncoder(nn.Module):
     ) -> None:
         super().__init__()
         self.subsampling = Conv2dSubsampling(input_dim, d_model, subsampling, subsampling_channels)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.layers = nn.ModuleList(
             ConformerLayer(
                 d_model, num_heads, ffn_dim, kernel_size, dropout, attention_dropout, conv_norm

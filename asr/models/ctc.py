@@ -6,6 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from asr.models.dropout import Dropout
+
 
 class CTCHead(nn.Module):
     """Linear projection of encoder frames to token log-probabilities, blank at id 0.
@@ -19,7 +21,7 @@ class CTCHead(nn.Module):
     def __init__(self, vocab_size: int, encoder_dim: int, dropout: float = 0.0):
         super().__init__()
         self.vocab_size = vocab_size
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.proj = nn.Linear(encoder_dim, vocab_size)
 
     def forward(self, enc: Tensor) -> Tensor:

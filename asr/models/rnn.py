@@ -10,6 +10,7 @@ from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from asr.models.attention import LocationAwareAttention
+from asr.models.dropout import Dropout
 from asr.models.interfaces import State, lengths_to_mask, reorder_batch
 
 _RNN_TYPES = {"lstm": nn.LSTM, "gru": nn.GRU}
@@ -175,7 +176,7 @@ class RNNEncoder(nn.Module):
             if projection_dim > 0:
                 self.projections.append(nn.Linear(size, projection_dim))
                 size = projection_dim
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.output_dim = size
 
     @property
@@ -289,7 +290,7 @@ class RNNAttentionDecoder(nn.Module):
         sizes = [embed_dim + (encoder_dim if input_feeding else 0)] + [hidden_size] * num_layers
         cell = _CELL_TYPES[rnn_type]
         self.cells = nn.ModuleList(cell(size, hidden_size) for size in sizes[:-1])
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.output = nn.Linear(hidden_size + encoder_dim, vocab_size)
 
     def init_state(self, enc: Tensor, enc_lens: Tensor) -> State:
