@@ -2,7 +2,7 @@
 
 On CPU, `nn.Dropout` draws one number per element from the serial generator (`bernoulli_`);
 in a bf16 training step of conf/an4/transformer.yaml that was about a fifth of the step
-(bench/results/profile_train_transformer_bf16.txt). Here each 64-bit draw gives four 16-bit
+(torch.profiler, `python -m bench train`). Here each 64-bit draw gives four 16-bit
 uniforms, so the drop probability is `p` rounded to a multiple of 1/65536. Elsewhere (CUDA)
 `torch.nn.functional.dropout` runs unchanged.
 """

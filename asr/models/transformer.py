@@ -207,9 +207,6 @@ class PositionalEncoding(nn.Module):
         return self.dropout(x * self.scale + self.pe[offset:end])
 
 
-_MATH_MAX_KEYS = 192  # keys up to which CPU bf16 attention uses the math kernel
-
-
 class MultiHeadAttention(nn.Module):
     """Scaled dot-product attention with `num_heads` heads and one fused input projection.
 
@@ -335,6 +332,9 @@ def _with_causal(mask: Tensor | None, len_q: int, len_k: int, device: torch.devi
     if mask is None or mask.dtype == torch.bool:
         return causal if mask is None else mask & causal
     return mask.masked_fill(~causal, float("-inf"))
+
+
+_MATH_MAX_KEYS = 192  # keys up to which CPU bf16 attention uses the math kernel
 
 
 def _sdpa_backend(query: Tensor, key: Tensor) -> contextlib.AbstractContextManager[None]:
