@@ -18,6 +18,12 @@ closed form with cumulative sums (`log_linear_recurrence`). That subtracts large
 log-probabilities, so the scorer works in float64 (float32 on MPS, which has no float64) and
 returns float32 scores.
 
+Scoring is windowed: `psi(h + c)` sums only the frames where `phi(h)` lies within `window`
+nats of its maximum over time (the frames where `h` can end and `c` begin). Each dropped term
+is below `exp(-window)` times the largest kept one, so the scores are exact to float precision
+for every candidate that matters, and the work per step grows with the width of that region,
+not with the utterance, which keeps decoding long inputs close to linear in their length.
+
 A state covers `N = B * beam` hypotheses, utterance-major, as a dict of batch-first tensors,
 so `reorder_state` (and `asr.models.interfaces.reorder_batch`) reorders it with the same flat
 indices as a decoder state.
@@ -36,6 +42,10 @@ from asr.models.interfaces import State, lengths_to_mask, reorder_batch
 LOG_FLOOR = -1e4
 
 NEG_INF = float("-inf")
+
+# Frames where phi(h) is more than this many nats below its maximum are left out of the
+# prefix scores of h's extensions (exp(-40) ~ 4e-18, below float64 resolution).
+WINDOW_NATS = 40.0
 
 
 def log_linear_recurrence(inputs: Tensor, log_factors: Tensor) -> Tensor:
@@ -69,6 +79,8 @@ class CTCPrefixScorer:
         eos: the end-of-sentence id, whose score is the whole-sequence `log p_ctc(h | x)`;
             None scores every non-blank id as a label.
         dtype: working precision; None picks float64 (float32 on MPS).
+        window: prefix scores sum the frames where `phi(h)` is within this many nats of its
+            maximum; None: all frames.
     """
 
     def __init__(
@@ -78,8 +90,10 @@ class CTCPrefixScorer:
         blank: int = 0,
         eos: int | None = 3,
         dtype: torch.dtype | None = None,
+        window: float | None = WINDOW_NATS,
     ) -> None:
         _check_inputs(log_probs, lengths, blank)
+        self.window = window
         if dtype is None:
             dtype = torch.float32 if log_probs.device.type == "mps" else torch.float64
         self.dtype = dtype
@@ -115,7 +129,7 @@ class CTCPrefixScorer:
         Args:
             state: N hypotheses `h`.
             tokens: `(N, C)` candidate ids per hypothesis; None scores all V ids (the work
-                and memory grow as N * C * T).
+                and memory grow as N * C * W, W the width of the scored frame window).
 
         Returns:
             `(N, C)` float32 log prefix probabilities; `log p_ctc(h | x)` at eos and `-inf`
@@ -124,11 +138,15 @@ class CTCPrefixScorer:
         utterance, last = state["utterance"], state["last"]
         if tokens is None:
             tokens = torch.arange(self.vocab_size, device=last.device).expand(last.size(0), -1)
-        x = self._frames(utterance[:, None], tokens)  # (N, C, T)
-        r_blank = state["r_blank"][:, None, :-1]  # (N, 1, T)
-        phi_other = torch.logaddexp(state["r_nonblank"][:, None, :-1], r_blank)
-        phi = torch.where((tokens == last[:, None])[..., None], r_blank, phi_other)  # (N, C, T)
-        terms = (phi + x).masked_fill(~self.valid[utterance][:, None], NEG_INF)
+        r_blank = state["r_blank"][:, :-1]  # (N, T)
+        phi_other = torch.logaddexp(state["r_nonblank"][:, :-1], r_blank)  # phi for c != last
+        phi_other = phi_other.masked_fill(~self.valid[utterance], NEG_INF)
+        frame, inside = self._window(phi_other)  # (N, W)
+        x = self.frames[utterance[:, None, None], tokens[..., None], frame[:, None]]  # (N, C, W)
+        repeat = (tokens == last[:, None])[..., None]
+        phi_blank, phi_other = r_blank.gather(1, frame), phi_other.gather(1, frame)
+        phi = torch.where(repeat, phi_blank[:, None], phi_other[:, None])  # (N, C, W)
+        terms = (phi + x.to(self.dtype)).masked_fill(~inside[:, None], NEG_INF)
         psi = terms.logsumexp(-1).float()
         if self.eos is not None:
             psi = torch.where(tokens == self.eos, self.final_score(state)[:, None], psi)
@@ -161,10 +179,28 @@ class CTCPrefixScorer:
         )
         return last_frame.squeeze(1).float()
 
+    def _window(self, phi: Tensor) -> tuple[Tensor, Tensor]:
+        """The frames to score for each row of `phi` `(N, T)`: `(N, W)` frame indices from the
+        first to the last frame within `self.window` nats of the row's maximum, and whether
+        each lies in that span (rows are padded to the widest; an all -inf row has none)."""
+        frames = phi.size(1)
+        if self.window is None:
+            span = torch.arange(frames, device=phi.device).expand(phi.size(0), -1)
+            return span, torch.ones_like(span, dtype=torch.bool)
+        peak = phi.amax(-1, keepdim=True)
+        kept = (phi >= peak - self.window) & (phi > NEG_INF)  # (N, T)
+        start = kept.int().argmax(-1)  # first kept frame (0 when none)
+        end = torch.where(kept.any(-1), frames - kept.flip(-1).int().argmax(-1), start)
+        width = int((end - start).max()) if phi.size(0) else 0
+        frame = start[:, None] + torch.arange(width, device=phi.device)  # (N, W)
+        return frame.clamp(max=frames - 1), frame < end[:, None]
+
     def _frames(self, utterance: Tensor, tokens: Tensor | int) -> Tensor:
         """`(..., T)` log-posteriors of `tokens` in utterances `utterance` (broadcast), in
         the working precision."""
-        return self.frames[utterance, tokens].to(self.dtype)
+        rows = utterance * self.vocab_size + tokens  # index_select is far cheaper than indexing
+        picked = self.frames.flatten(0, 1).index_select(0, rows.flatten())
+        return picked.view(*rows.shape, -1).to(self.dtype)
 
     def reorder_state(self, state: State, index: Tensor) -> State:
         """Keep hypotheses `index` (flat row indices)."""

@@ -172,3 +172,47 @@ def test_bad_inputs_raise() -> None:
         CTCPrefixScorer(log_probs, torch.tensor([9, 4, 10]))
     with pytest.raises(ValueError, match="blank id"):
         CTCPrefixScorer(log_probs, LENS, blank=VOCAB)
+
+
+def peaky_utterance(frames: int = 600, seed: int = 5) -> tuple[torch.Tensor, torch.Tensor, list]:
+    """`(1, T, V)` CTC-like posteriors: mostly blank, a label every ~12 frames; and the labels."""
+    generator = torch.Generator().manual_seed(seed)
+    logits = torch.randn(1, frames, VOCAB, generator=generator)
+    logits[..., BLANK] += 8.0
+    labels = []
+    for t in range(6, frames - 6, 12):
+        label = [1, 2, 4][len(labels) % 3]
+        logits[0, t, label] += 16.0
+        labels.append(label)
+    return logits.log_softmax(-1), torch.tensor([frames]), labels
+
+
+def test_windowed_scores_equal_exact_scores_where_they_matter() -> None:
+    """Each hypothesis along the true labels: the windowed scores never exceed the exact ones
+    and equal them for every token within 20 nats of the best candidate."""
+    log_probs, lens, labels = peaky_utterance()
+    windowed, exact = CTCPrefixScorer(log_probs, lens), CTCPrefixScorer(log_probs, lens, window=None)
+    state_w, state_e = windowed.init_state(), exact.init_state()
+    for label in labels[:20] + [1, 1]:  # then two wrong labels: a hypothesis off the path
+        fast, full = windowed.score(state_w), exact.score(state_e)
+        assert (fast <= full + 1e-5).all()
+        matters = full > full.amax(-1, keepdim=True) - 20.0
+        torch.testing.assert_close(fast[matters], full[matters], atol=1e-5, rtol=1e-6)
+        token = torch.tensor([label])
+        state_w, state_e = windowed.extend(state_w, token), exact.extend(state_e, token)
+
+
+def test_window_width_does_not_grow_with_the_utterance() -> None:
+    """The frames scored per step cover the hypothesis' alignment, not the utterance: after
+    40 labels (the 40th at frame 474) the window is the same in a 600- and a 2400-frame
+    utterance."""
+    windows = []
+    for frames in (600, 2400):
+        log_probs, lens, labels = peaky_utterance(frames=frames)
+        scorer = CTCPrefixScorer(log_probs, lens)
+        state = extend_all(scorer, [labels[:40]])
+        phi = torch.logaddexp(state["r_nonblank"][:, :-1], state["r_blank"][:, :-1])
+        frame, inside = scorer._window(phi)
+        windows.append(frame[inside].tolist())
+    assert windows[0] == windows[1]
+    assert 474 in windows[0] and len(windows[0]) < 200

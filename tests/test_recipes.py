@@ -211,6 +211,27 @@ def test_an4_stages_skip_when_done_and_force_reruns(mini_an4_tar, tmp_path):
 
 
 @pytest.mark.needs_corpus
+def test_an4_quick_with_language_model(mini_an4_tar, tmp_path):
+    """--lm-weight adds stage 8 (train the LM) and 9 (decode with shallow fusion): their
+    rows join the plain ones in RESULTS.md, and a re-run skips them."""
+    data, exp = tmp_path / "data", tmp_path / "exp"
+    args = ["--data-dir", mini_an4_tar, "--data", data, "--exp", exp, "--quick"]
+    args += ["--beam-size", "2", "--average", "1", "--lm-weight", "0.3"]
+    result = run_recipe("an4", *args, "--", "--trainer.max_epochs", "1")
+    assert ran(result.stdout) == [1, 2, 3, 4, 5, 6, 7, 8, 9]
+    model_dir = exp / "transformer_quick"
+    assert markers(exp / "lm") == [8] and markers(model_dir) == [4, 5, 6, 7, 9]
+    table = (model_dir / "RESULTS.md").read_text()
+    for split in ("dev", "test"):
+        for suffix, decoding in (("", "beam 2, ctc 0.3"), ("_lm", "beam 2, ctc 0.3, LM 0.3")):
+            metrics = json.loads((model_dir / f"decode_{split}{suffix}" / "metrics.json").read_text())
+            row = f"| conf/an4/transformer_quick.yaml | {split} | {decoding} | {metrics['wer']:.1f} |"
+            assert row in table and row in result.stdout
+    again = run_recipe("an4", *args)
+    assert ran(again.stdout) == [] and skipped(again.stdout) == list(range(1, 10))
+
+
+@pytest.mark.needs_corpus
 def test_an4_stage_failing_halfway_reruns_cleanly(mini_an4_tar, tmp_path):
     """A tokenizer stage that dies after writing part of its output: no marker, the next
     run skips stage 1, redoes stage 2 over the debris and carries on."""

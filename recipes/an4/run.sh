@@ -4,7 +4,7 @@
 #   bash recipes/an4/run.sh [--quick] [--stage N] [--stop-stage M] [--model transformer|rnn]
 #                           [--data-dir DIR] [--data DIR] [--exp DIR] [--force]
 #                           [--tokenizer char|bpe|unigram] [--beam-size N] [--ctc-weight W]
-#                           [--average N] [-- ASR-FIT-OPTIONS...]
+#                           [--average N] [--lm-weight W] [-- ASR-FIT-OPTIONS...]
 #
 #   1  prepare manifests       data/an4/{train,dev,test}.jsonl
 #   2  train the tokenizer     data/an4/tokenizer/
@@ -13,6 +13,9 @@
 #   5  average checkpoints     exp/an4/<model>/avg.ckpt    (best 5 by dev WER)
 #   6  decode dev and test     exp/an4/<model>/decode_{dev,test}/ (metrics, errors, plots)
 #   7  results table           exp/an4/<model>/RESULTS.md rows, printed
+# With --lm-weight W > 0 (shallow fusion of a character LSTM LM, conf/an4/lm.yaml):
+#   8  train the LM            exp/an4/lm/ on the training transcripts (under a minute)
+#   9  decode with the LM      exp/an4/<model>/decode_{dev,test}_lm/, and the results table
 #
 # A finished stage leaves a marker (<out>/.done-<stage>) and is skipped when re-run; --force
 # re-runs it. A stage that failed halfway left no marker, so it simply runs again.
@@ -36,6 +39,7 @@ recipe_option() {
     --quick) quick=true; consumed=1 ;;
     --model) need_value "$@"; model=$2; consumed=2 ;;
     --tokenizer) need_value "$@"; tokenizer_kind=$2; consumed=2 ;;
+    --lm-weight) need_value "$@"; lm_weight=$2; consumed=2 ;;
   esac
 }
 parse_options "$@"
@@ -69,3 +73,17 @@ fit_stage 4 "$config" "$model_dir" \
 average_stage 5 "$model_dir"
 decode_stage 6 "$model_dir" "$data" dev test
 results_stage 7 "$model_dir" "$config" dev test
+
+if awk "BEGIN { exit !($lm_weight > 0) }"; then
+  lm_dir=$exp/lm
+  run_stage 8 "language model (conf/an4/lm.yaml)" "$lm_dir" \
+    asr fit --config conf/an4/lm.yaml --data.train_manifest "$data/train.jsonl" \
+    --data.val_manifest "$data/dev.jsonl" --data.test_manifest "$data/test.jsonl" \
+    --data.tokenizer "$data/tokenizer" --trainer.default_root_dir "$lm_dir"
+  lm_checkpoint=$lm_dir/checkpoints/last.ckpt
+  decode_with_lm() {
+    decode_splits "$model_dir" "$data" dev test
+    write_results "$model_dir" "$config" dev test
+  }
+  run_stage 9 "decode dev and test with the LM (weight $lm_weight)" "$model_dir" decode_with_lm
+fi

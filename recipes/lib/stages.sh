@@ -15,6 +15,8 @@ force=false
 beam_size=10
 ctc_weight=0.3
 average=5
+lm_checkpoint="" # set by a recipe's LM stage: decode_splits then fuses it (decode_<split>_lm)
+lm_weight=0
 fit_args=()      # after `--`: extra `asr fit` options, e.g. -- --trainer.max_epochs 5
 current_stage="" # the stage running now, named by the failure message
 
@@ -168,15 +170,21 @@ decode_stage() {
 }
 
 decode_splits() {
-  local model_dir=$1 data=$2 split
+  local model_dir=$1 data=$2 split suffix="" lm=()
   shift 2
+  if [ -n "$lm_checkpoint" ]; then
+    suffix=_lm
+    lm=(--lm "$lm_checkpoint" --lm-weight "$lm_weight")
+  fi
   for split in "$@"; do
     asr evaluate --checkpoint "$model_dir/avg.ckpt" --manifest "$data/$split.jsonl" \
-      --out "$model_dir/decode_$split" --beam-size "$beam_size" --ctc-weight "$ctc_weight"
+      --out "$model_dir/decode_$split$suffix" --beam-size "$beam_size" \
+      --ctc-weight "$ctc_weight" ${lm[@]+"${lm[@]}"}
   done
 }
 
-# results_stage N MODEL_DIR CONFIG SPLIT...: the WER/CER table, printed and in RESULTS.md.
+# results_stage N MODEL_DIR CONFIG SPLIT...: the WER/CER table, printed and in RESULTS.md;
+# a row per split and decoding (decode_SPLIT, and decode_SPLIT_lm where an LM stage wrote it).
 results_stage() {
   local n=$1
   shift
@@ -186,17 +194,21 @@ results_stage() {
 write_results() {
   local python
   python=$(asr_python)
-  $python - "$beam_size" "$ctc_weight" "$@" <<'PY'
+  $python - "$beam_size" "$ctc_weight" "$lm_weight" "$@" <<'PY'
 import json
 import sys
 from pathlib import Path
 
-beam, ctc, model_dir, config, *splits = sys.argv[1:]
+beam, ctc, lm_weight, model_dir, config, *splits = sys.argv[1:]
 rows = []
 for split in splits:
-    m = json.loads((Path(model_dir) / f"decode_{split}" / "metrics.json").read_text())
-    rows.append(f"| {config} | {split} | beam {beam}, ctc {ctc} | {m['wer']:.1f} | {m['cer']:.1f} "
-                f"| {m['real_time_factor']:.3f} |")
+    for suffix, lm in (("", ""), ("_lm", f", LM {lm_weight}")):
+        metrics = Path(model_dir) / f"decode_{split}{suffix}" / "metrics.json"
+        if suffix and not metrics.exists():
+            continue
+        m = json.loads(metrics.read_text())
+        rows.append(f"| {config} | {split} | beam {beam}, ctc {ctc}{lm} | {m['wer']:.1f} "
+                    f"| {m['cer']:.1f} | {m['real_time_factor']:.3f} |")
 table = "| config | split | decoding | WER % | CER % | RTF |\n|---|---|---|---|---|---|\n"
 text = table + "\n".join(rows) + "\n"
 (Path(model_dir) / "RESULTS.md").write_text(text)
