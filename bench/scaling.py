@@ -123,7 +123,7 @@ def _join(context: mp.ProcessContext, out: Path) -> None:
     was written, or after DDP_LIMIT seconds, are terminated: a hung exit must not stall the
     benchmark."""
     start, written = time.monotonic(), None
-    while not context.join(timeout=1):
+    while not _joined(context, out):
         now = time.monotonic()
         if written is None and out.exists():
             written = now
@@ -132,6 +132,17 @@ def _join(context: mp.ProcessContext, out: Path) -> None:
                 if process.is_alive():
                     process.terminate()
             return
+
+
+def _joined(context: mp.ProcessContext, out: Path) -> bool:
+    """Whether all processes ended; one that dies after the result was written (gloo may
+    abort in teardown) does not void the measurement."""
+    try:
+        return context.join(timeout=1)
+    except mp.ProcessExitedException:
+        if out.exists():
+            return True
+        raise
 
 
 def ddp_throughput(world: int, config: dict, batches: list[Batch], warmup: int) -> dict:
