@@ -194,21 +194,27 @@ results_stage() {
 write_results() {
   local python
   python=$(asr_python)
-  $python - "$beam_size" "$ctc_weight" "$lm_weight" "$@" <<'PY'
+  $python - "$@" <<'PY'
 import json
 import sys
 from pathlib import Path
 
-beam, ctc, lm_weight, model_dir, config, *splits = sys.argv[1:]
+model_dir, config, *splits = sys.argv[1:]
 rows = []
 for split in splits:
-    for suffix, lm in (("", ""), ("_lm", f", LM {lm_weight}")):
+    for suffix in ("", "_lm"):
         metrics = Path(model_dir) / f"decode_{split}{suffix}" / "metrics.json"
-        if suffix and not metrics.exists():
+        if not metrics.exists():  # e.g. the LM decode of a run without --lm-weight
             continue
         m = json.loads(metrics.read_text())
-        rows.append(f"| {config} | {split} | beam {beam}, ctc {ctc}{lm} | {m['wer']:.1f} "
-                    f"| {m['cer']:.1f} | {m['real_time_factor']:.3f} |")
+        search = m["search"]  # the settings the decode ran with, not today's options
+        decoding = f"beam {search['beam_size']}, ctc {search['ctc_weight']}"
+        if search.get("lm_weight"):
+            decoding += f", LM {search['lm_weight']}"
+        rows.append(f"| {config} | {split} | {decoding} | {m['wer']:.1f} | {m['cer']:.1f} "
+                    f"| {m['real_time_factor']:.3f} |")
+if not rows:
+    sys.exit(f"results: no decode_<split>/metrics.json in {model_dir} for {', '.join(splits)}")
 table = "| config | split | decoding | WER % | CER % | RTF |\n|---|---|---|---|---|---|\n"
 text = table + "\n".join(rows) + "\n"
 (Path(model_dir) / "RESULTS.md").write_text(text)
