@@ -144,8 +144,8 @@ class CTCPrefixScorer:
         frame, inside = self._window(phi_other)  # (N, W)
         x = self.frames[utterance[:, None, None], tokens[..., None], frame[:, None]]  # (N, C, W)
         repeat = (tokens == last[:, None])[..., None]
-        phi_blank, phi_other = r_blank.gather(1, frame), phi_other.gather(1, frame)
-        phi = torch.where(repeat, phi_blank[:, None], phi_other[:, None])  # (N, C, W)
+        blank_in_window, other_in_window = r_blank.gather(1, frame), phi_other.gather(1, frame)
+        phi = torch.where(repeat, blank_in_window[:, None], other_in_window[:, None])  # (N, C, W)
         terms = (phi + x.to(self.dtype)).masked_fill(~inside[:, None], NEG_INF)
         psi = terms.logsumexp(-1).float()
         if self.eos is not None:

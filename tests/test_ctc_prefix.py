@@ -191,7 +191,10 @@ def test_windowed_scores_equal_exact_scores_where_they_matter() -> None:
     """Each hypothesis along the true labels: the windowed scores never exceed the exact ones
     and equal them for every token within 20 nats of the best candidate."""
     log_probs, lens, labels = peaky_utterance()
-    windowed, exact = CTCPrefixScorer(log_probs, lens), CTCPrefixScorer(log_probs, lens, window=None)
+    windowed, exact = (
+        CTCPrefixScorer(log_probs, lens),
+        CTCPrefixScorer(log_probs, lens, window=None),
+    )
     state_w, state_e = windowed.init_state(), exact.init_state()
     for label in labels[:20] + [1, 1]:  # then two wrong labels: a hypothesis off the path
         fast, full = windowed.score(state_w), exact.score(state_e)

@@ -224,8 +224,9 @@ def test_an4_quick_with_language_model(mini_an4_tar, tmp_path):
     table = (model_dir / "RESULTS.md").read_text()
     for split in ("dev", "test"):
         for suffix, decoding in (("", "beam 2, ctc 0.3"), ("_lm", "beam 2, ctc 0.3, LM 0.3")):
-            metrics = json.loads((model_dir / f"decode_{split}{suffix}" / "metrics.json").read_text())
-            row = f"| conf/an4/transformer_quick.yaml | {split} | {decoding} | {metrics['wer']:.1f} |"
+            metrics_file = model_dir / f"decode_{split}{suffix}" / "metrics.json"
+            wer = json.loads(metrics_file.read_text())["wer"]
+            row = f"| conf/an4/transformer_quick.yaml | {split} | {decoding} | {wer:.1f} |"
             assert row in table and row in result.stdout
     again = run_recipe("an4", *args)
     assert ran(again.stdout) == [] and skipped(again.stdout) == list(range(1, 10))
