@@ -3,6 +3,7 @@ attention decoder built on the per-step modules of `asr.models.attention`."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 
 import torch
@@ -96,6 +97,9 @@ class ConvFront(nn.Module):
         )
         self.pool = nn.MaxPool2d(2, ceil_mode=True)
         self.output_dim = channels[-1] * rnn_output_lengths(input_dim, _CONV_FRONT_FACTORS)
+        for conv in self.convs:  # He init keeps the ReLU activations' scale layer to layer
+            nn.init.kaiming_normal_(conv.weight, nonlinearity="relu")
+            nn.init.zeros_(conv.bias)
 
     def forward(self, x: Tensor, x_lens: Tensor) -> tuple[Tensor, Tensor]:
         """Args: x `(B, T, D)`, x_lens `(B,)`.
@@ -113,11 +117,40 @@ class ConvFront(nn.Module):
         return x.transpose(1, 2).reshape(batch, time, channels * freq), x_lens  # (B, T', C*F')
 
 
+def _init_rnn(rnn: nn.RNNBase) -> None:
+    """LeCun-normal input weights, orthogonal recurrent weights per gate, zero biases and,
+    for LSTMs, a forget-gate bias of 1 (Jozefowicz et al. 2015)."""
+    hidden = rnn.hidden_size
+    for name, param in rnn.named_parameters():
+        if name.startswith("weight_ih"):
+            nn.init.normal_(param, std=1.0 / math.sqrt(param.size(1)))
+        elif name.startswith("weight_hh"):
+            for gate in param.data.split(hidden, 0):
+                nn.init.orthogonal_(gate)
+        else:
+            nn.init.zeros_(param)
+            if isinstance(rnn, nn.LSTM) and name.startswith("bias_ih"):
+                param.data[hidden : 2 * hidden] = 1.0  # gate order: input, forget, cell, output
+
+
+def _lecun_linear(in_features: int, out_features: int) -> nn.Linear:
+    """A linear layer whose outputs keep the variance of its inputs."""
+    linear = nn.Linear(in_features, out_features)
+    nn.init.normal_(linear.weight, std=1.0 / math.sqrt(in_features))
+    nn.init.zeros_(linear.bias)
+    return linear
+
+
 class RNNEncoder(nn.Module):
     """Pyramidal (bi)LSTM/GRU encoder with projections (Listen-Attend-Spell, ESPnet BLSTMP).
 
     Each layer is a packed (bi)RNN, so padding never reaches valid frames, followed by
     subsampling and a linear projection (with tanh between layers, none after the last).
+    Weights start variance-preserving (see `_init_rnn`) and, with `layer_norm`, every projection
+    is layer-normalised: PyTorch's default initialisation shrinks the signal several-fold per
+    layer, so
+    the output barely varies over time and CTC sits on its all-blank plateau for thousands of
+    steps (measured on AN4; the normalised encoder overfits a batch as fast as a Transformer).
 
     Args:
         input_dim: feature size D.
@@ -133,6 +166,7 @@ class RNNEncoder(nn.Module):
         dropout: dropout after every projection but the last.
         conv_front: put a VGG-like conv2d front (x4 subsampling) before the RNN.
         conv_channels: channels of the front's first block (the second has twice as many).
+        layer_norm: layer-normalise each projection's output (needs `projection_dim > 0`).
     """
 
     def __init__(
@@ -148,6 +182,7 @@ class RNNEncoder(nn.Module):
         dropout: float = 0.0,
         conv_front: bool = False,
         conv_channels: int = 64,
+        layer_norm: bool = True,
     ) -> None:
         super().__init__()
         if rnn_type not in _RNN_TYPES:
@@ -166,16 +201,20 @@ class RNNEncoder(nn.Module):
         directions = 2 if bidirectional else 1
         self.rnns = nn.ModuleList()
         self.projections = nn.ModuleList()
+        self.norms = nn.ModuleList()
         size = self.front.output_dim if self.front is not None else input_dim
         for factor in self.layer_factors:
             rnn = _RNN_TYPES[rnn_type](
                 size, hidden_size, batch_first=True, bidirectional=bidirectional
             )
+            _init_rnn(rnn)
             self.rnns.append(rnn)
             size = directions * hidden_size * (factor if subsample_mode == "concat" else 1)
             if projection_dim > 0:
-                self.projections.append(nn.Linear(size, projection_dim))
+                self.projections.append(_lecun_linear(size, projection_dim))
                 size = projection_dim
+                if layer_norm:
+                    self.norms.append(nn.LayerNorm(size))
         self.dropout = Dropout(dropout)
         self.output_dim = size
 
@@ -209,6 +248,8 @@ class RNNEncoder(nn.Module):
             x, x_lens = self._subsample(x, x_lens, factor)
             if self.projections:
                 x = self.projections[index](x)
+            if self.norms:
+                x = self.norms[index](x)
             if index < last:
                 x = self.dropout(torch.tanh(x) if self.projections else x)
         valid = lengths_to_mask(x_lens, x.size(1)).unsqueeze(-1)  # (B, T', 1)
