@@ -5,8 +5,10 @@ step time against batch size.
   thread each), each process with the same per-process batches; the ratio of the aggregate
   audio seconds per second says how much a second core buys.
 - Length: one recording made by joining AN4 test utterances, cut to 1 s .. 60 s, decoded
-  alone (greedy and beam 10 + CTC); the log-log slope of time against length is the growth
-  exponent (1 = linear).
+  alone as one utterance (greedy and beam 10 + CTC: `Recognizer.search`), and the way
+  `asr transcribe` decodes it (beam 10 + CTC: `Recognizer.transcribe`, which splits audio longer
+  than 20 s on silence and decodes the segments as a batch); the log-log slope of time against
+  length is the growth exponent (1 = linear).
 - Batch: training steps (bf16) on batches of ~3 s utterances holding 10 .. 80 s of audio;
   the slope of step time against batch seconds.
 """
@@ -38,6 +40,7 @@ from bench.common import (
     measure_steps,
     model_config,
     read_config,
+    timed_call,
     train_batches,
     write_json,
 )
@@ -46,6 +49,8 @@ from bench.train import Trainer
 
 TYPICAL_SECONDS = (2.5, 3.5)  # training utterances used for the batch-size sweep
 DDP_LIMIT = 900  # seconds a DDP run may take
+# Whole-recording search, and the segmented decoding of `asr transcribe` / Recognizer.transcribe.
+LENGTH_MODES = ("greedy", "beam10_ctc", "transcribe_beam10_ctc")
 
 
 def growth_exponent(sizes: list[float], seconds: list[float]) -> float:
@@ -190,20 +195,30 @@ def joined_recording(settings: Settings, seconds: float) -> torch.Tensor:
 
 
 def decode_vs_length(settings: Settings) -> dict[str, Any]:
-    """Decode time of one recording cut to each length, greedy and beam 10 + CTC."""
+    """Decode time of one recording cut to each length: greedy and beam 10 + CTC over the whole
+    recording, and beam 10 + CTC through `Recognizer.transcribe` (segmented)."""
     lengths = settings.pick([1, 3, 6], [1, 2, 5, 10, 20, 30, 45, 60])
     recognizer, label = load_recognizer(settings)
     recording = joined_recording(settings, max(lengths))
     results: dict[str, Any] = {"model": label, "lengths": lengths}
-    for mode in ("greedy", "beam10_ctc"):
-        options = search_options(mode, settings)
-        time_search(recognizer, Utterances([""], [recording[:SAMPLE_RATE]]), 1, options)
+    for mode in LENGTH_MODES:
+        options = search_options(mode.removeprefix("transcribe_"), settings)
+
+        def decode(wave: torch.Tensor, mode: str = mode, options=options) -> tuple[float, str]:
+            if mode.startswith("transcribe_"):
+                took, transcript = timed_call(
+                    lambda: recognizer.transcribe(wave, options=options), recognizer.device
+                )
+                return took, transcript.text
+            took, texts = time_search(recognizer, Utterances([""], [wave]), 1, options)
+            return took, texts[0]
+
+        decode(recording[:SAMPLE_RATE])  # warm-up
         seconds, characters = [], []
         for length in lengths:
-            utts = Utterances([""], [recording[: length * SAMPLE_RATE]])
-            took, texts = time_search(recognizer, utts, 1, options)
+            took, text = decode(recording[: length * SAMPLE_RATE])
             seconds.append(took)
-            characters.append(len(texts[0]))
+            characters.append(len(text))
         fit = [(n, t) for n, t in zip(lengths, seconds) if n >= settings.pick(1, 10)]
         results[mode] = {
             "seconds": seconds,
