@@ -31,6 +31,8 @@ from torch import nn
 from asr.audio import load_audio
 from asr.data.dataset import Batch, SpeechDataset, collate
 from asr.data.manifest import read_manifest
+from asr.inference import Recognizer
+from asr.search import SearchOptions
 from asr.text import Tokenizer
 from bench.common import (
     SAMPLE_RATE,
@@ -194,6 +196,20 @@ def joined_recording(settings: Settings, seconds: float) -> torch.Tensor:
     raise ValueError(f"the test set has only {total / SAMPLE_RATE:.0f} s of audio")
 
 
+def decode_alone(
+    recognizer: Recognizer, wave: torch.Tensor, options: SearchOptions, segmented: bool
+) -> tuple[float, str]:
+    """Seconds to decode one recording and its text: as one utterance (`Recognizer.search`),
+    or `segmented` as `asr transcribe` does (`Recognizer.transcribe`)."""
+    if segmented:
+        took, transcript = timed_call(
+            lambda: recognizer.transcribe(wave, options=options), recognizer.device
+        )
+        return took, transcript.text
+    took, texts = time_search(recognizer, Utterances([""], [wave]), 1, options)
+    return took, texts[0]
+
+
 def decode_vs_length(settings: Settings) -> dict[str, Any]:
     """Decode time of one recording cut to each length: greedy and beam 10 + CTC over the whole
     recording, and beam 10 + CTC through `Recognizer.transcribe` (segmented)."""
@@ -203,20 +219,12 @@ def decode_vs_length(settings: Settings) -> dict[str, Any]:
     results: dict[str, Any] = {"model": label, "lengths": lengths}
     for mode in LENGTH_MODES:
         options = search_options(mode.removeprefix("transcribe_"), settings)
-
-        def decode(wave: torch.Tensor, mode: str = mode, options=options) -> tuple[float, str]:
-            if mode.startswith("transcribe_"):
-                took, transcript = timed_call(
-                    lambda: recognizer.transcribe(wave, options=options), recognizer.device
-                )
-                return took, transcript.text
-            took, texts = time_search(recognizer, Utterances([""], [wave]), 1, options)
-            return took, texts[0]
-
-        decode(recording[:SAMPLE_RATE])  # warm-up
+        segmented = mode.startswith("transcribe_")
+        decode_alone(recognizer, recording[:SAMPLE_RATE], options, segmented)  # warm-up
         seconds, characters = [], []
         for length in lengths:
-            took, text = decode(recording[: length * SAMPLE_RATE])
+            wave = recording[: length * SAMPLE_RATE]
+            took, text = decode_alone(recognizer, wave, options, segmented)
             seconds.append(took)
             characters.append(len(text))
         fit = [(n, t) for n, t in zip(lengths, seconds) if n >= settings.pick(1, 10)]
