@@ -93,7 +93,11 @@ class StepCheckpoint(L.Callback):
 
 
 def best_checkpoints(last: str | os.PathLike, count: int) -> list[Path]:
-    """The `count` best checkpoints recorded by the ModelCheckpoint state inside `last`."""
+    """The `count` best checkpoints recorded by the ModelCheckpoint state inside `last`.
+
+    Lightning records absolute paths; where one no longer exists but a file of that name sits
+    beside `last` (the run folder was moved or copied), that file is used.
+    """
     state = load_checkpoint(last)
     scored: dict[str, float] = {}
     mode = "min"
@@ -104,7 +108,13 @@ def best_checkpoints(last: str | os.PathLike, count: int) -> list[Path]:
     if not scored:
         raise CheckpointError(f"{last}: records no best checkpoints (was a metric monitored?)")
     ranked = sorted(scored, key=scored.get, reverse=mode == "max")
-    return [Path(p) for p in ranked[:count]]
+    return [_beside(Path(p), Path(last).parent) for p in ranked[:count]]
+
+
+def _beside(recorded: Path, folder: Path) -> Path:
+    """`recorded` if it exists, else the file of the same name in `folder` if that exists."""
+    moved = folder / recorded.name
+    return moved if not recorded.exists() and moved.exists() else recorded
 
 
 def average_checkpoints(paths: Sequence[str | os.PathLike], out: str | os.PathLike) -> Path:

@@ -4,7 +4,13 @@ import pickle
 import pytest
 import torch
 
-from asr.checkpoint import CheckpointError, atomic_save, average_checkpoints, load_checkpoint
+from asr.checkpoint import (
+    CheckpointError,
+    atomic_save,
+    average_checkpoints,
+    best_checkpoints,
+    load_checkpoint,
+)
 
 
 class _RunsCode:
@@ -60,3 +66,27 @@ def test_average_rejects_different_models(tmp_path):
     atomic_save({"state_dict": {"b": torch.zeros(1)}}, tmp_path / "b.ckpt")
     with pytest.raises(CheckpointError, match="parameters differ"):
         average_checkpoints([tmp_path / "a.ckpt", tmp_path / "b.ckpt"], tmp_path / "o.ckpt")
+
+
+def _run_with_best(folder, scores):
+    """A run folder: one checkpoint per score, and last.ckpt recording them as Lightning does."""
+    folder.mkdir()
+    best = {}
+    for name, score in scores.items():
+        atomic_save({"state_dict": {}}, folder / name)
+        best[str(folder / name)] = torch.tensor(score)
+    key = "ModelCheckpoint{'monitor': 'val/wer', 'mode': 'min'}"
+    atomic_save({"callbacks": {key: {"best_k_models": best}}}, folder / "last.ckpt")
+    return folder / "last.ckpt"
+
+
+def test_best_checkpoints_ranks_by_score(tmp_path):
+    last = _run_with_best(tmp_path / "run", {"a.ckpt": 30.0, "b.ckpt": 10.0, "c.ckpt": 20.0})
+    assert [p.name for p in best_checkpoints(last, 2)] == ["b.ckpt", "c.ckpt"]
+
+
+def test_best_checkpoints_follow_a_moved_run_folder(tmp_path):
+    last = _run_with_best(tmp_path / "run", {"a.ckpt": 30.0, "b.ckpt": 10.0})
+    moved = tmp_path / "elsewhere"
+    last.parent.rename(moved)
+    assert best_checkpoints(moved / "last.ckpt", 2) == [moved / "b.ckpt", moved / "a.ckpt"]
