@@ -140,12 +140,11 @@ def greedy_search(
     attns: list[Tensor] = []
     for t in range(int(limits.max())):
         logp, state, attn = decoder.step(prev, state)
-        logp = logp.float()
-        best = logp.index_fill(1, non_outputs, NEG_INF).argmax(dim=-1)
-        best = torch.where(t + 1 >= limits, torch.full_like(best, SOS_EOS_ID), best)
-        best_logp = logp.gather(1, best[:, None]).squeeze(1)
-        scores += torch.where(done, torch.zeros_like(best_logp), best_logp)
-        steps.append(torch.where(done, torch.full_like(best, SOS_EOS_ID), best))
+        logp = logp.float().index_fill(1, non_outputs, NEG_INF)
+        best = logp.argmax(dim=-1).masked_fill_(limits <= t + 1, SOS_EOS_ID)
+        scores += logp.gather(1, best[:, None]).squeeze(1).masked_fill_(done, 0.0)
+        best.masked_fill_(done, SOS_EOS_ID)
+        steps.append(best)
         attns.append(attn.float())
         done |= best == SOS_EOS_ID
         prev = best

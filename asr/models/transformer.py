@@ -573,7 +573,8 @@ class TransformerDecoder(nn.Module):
         """Per-layer cross-attention keys and values `(B, H, T, d)` and the mask `(B,1,1,T)`."""
         memory = self.memory_proj(enc)
         pairs = [layer.cross_attn.project_key_value(memory) for layer in self.layers]
-        keys, values = [k for k, _ in pairs], [v for _, v in pairs]
+        # Contiguous once here: as head views, each search step's matmul would copy them.
+        keys, values = [k.contiguous() for k, _ in pairs], [v.contiguous() for _, v in pairs]
         return keys, values, key_padding_mask(enc_lens, enc.size(1))
 
     def forward(self, enc: Tensor, enc_lens: Tensor, tokens: Tensor) -> tuple[Tensor, Tensor]:
