@@ -181,6 +181,13 @@ def timed_call(fn: Callable[[], Any], device: torch.device) -> tuple[float, Any]
     return time.perf_counter() - start, value
 
 
+def fastest(repeats: int, measure: Callable[[], tuple[float, Any]]) -> tuple[float, Any]:
+    """The smallest time of `repeats` calls of `measure` (each returning seconds and a value),
+    and the first call's value."""
+    passes = [measure() for _ in range(repeats)]
+    return min(seconds for seconds, _ in passes), passes[0][1]
+
+
 def autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager:
     """bf16 autocast for "bf16" (what `--trainer.precision bf16-mixed` does), none for "fp32"."""
     if precision not in ("fp32", "bf16"):

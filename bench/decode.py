@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
@@ -26,6 +27,7 @@ from bench.common import (
     SAMPLE_RATE,
     Settings,
     build_module,
+    fastest,
     model_config,
     profile_ops,
     timed,
@@ -134,8 +136,7 @@ def run(settings: Settings) -> dict[str, Any]:
     for mode in MODES:
         for size in sizes:
             options = search_options(mode, settings)
-            passes = [time_search(recognizer, utts, size, options) for _ in range(repeats)]
-            seconds, hyps = min(p[0] for p in passes), passes[0][1]
+            seconds, hyps = fastest(repeats, partial(time_search, recognizer, utts, size, options))
             grid[mode][str(size)] = _cell(seconds, utts, 100 * word_errors(refs, hyps).rate)
     encoder = {
         str(size): _cell(min(time_encoder(recognizer, utts, size) for _ in range(repeats)), utts)

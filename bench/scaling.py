@@ -20,6 +20,7 @@ import math
 import socket
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,7 @@ from bench.common import (
     Settings,
     audio_seconds,
     build_module,
+    fastest,
     measure_steps,
     model_config,
     read_config,
@@ -226,8 +228,9 @@ def decode_vs_length(settings: Settings) -> dict[str, Any]:
         seconds, characters = [], []
         for length in lengths:
             wave = recording[: length * SAMPLE_RATE]
-            passes = [decode_alone(recognizer, wave, options, segmented) for _ in range(repeats)]
-            took, text = min(p[0] for p in passes), passes[0][1]
+            took, text = fastest(
+                repeats, partial(decode_alone, recognizer, wave, options, segmented)
+            )
             seconds.append(took)
             characters.append(len(text))
         fit = [(n, t) for n, t in zip(lengths, seconds) if n >= settings.pick(1, 10)]
