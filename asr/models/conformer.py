@@ -10,85 +10,16 @@ from __future__ import annotations
 
 import math
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from asr.models.dropout import Dropout
 from asr.models.interfaces import lengths_to_mask
-from asr.models.transformer import Conv2dSubsampling, MultiHeadAttention, sinusoid_embedding
-
-
-def relative_shift(scores: Tensor) -> Tensor:
-    """Turn scores over relative positions into scores over key positions.
-
-    Column `k` of the input holds relative position `T - 1 - k` (from `T - 1` down to
-    `-(T - 1)`); the output has `out[..., i, j] = scores[..., i, T - 1 - i + j]`, the score
-    for relative position `i - j`. Done with one pad and views (no gather).
-
-    Args:
-        scores: `(..., T, 2T - 1)`.
-
-    Returns:
-        `(..., T, T)`.
-
-    >>> scores = torch.tensor([[1, 0, -1], [11, 10, 9]])  # row i, column k: 10 i + (T - 1 - k)
-    >>> relative_shift(scores).tolist()  # 10 i + (i - j)
-    [[0, -1], [11, 10]]
-    """
-    t = scores.size(-2)
-    flat = F.pad(scores, (0, 1)).flatten(-2)  # (..., T * 2T); row i starts at i * 2T
-    # Element (i, j) sits at 2T i + (T - 1 - i + j) = (T - 1) + (2T - 1) i + j.
-    rows = flat[..., t - 1 : t - 1 + t * (2 * t - 1)].unflatten(-1, (t, 2 * t - 1))
-    return rows[..., :t]
-
-
-def relative_positions(length: int, d_model: int, device: torch.device) -> Tensor:
-    """Sinusoids of relative positions `T - 1, ..., -(T - 1)`: `(2T - 1, d_model)`."""
-    return sinusoid_embedding(torch.arange(length - 1, -length, -1, device=device), d_model)
-
-
-class RelPositionMultiHeadAttention(MultiHeadAttention):
-    """Self-attention with relative positions: for query i and key j the score is
-    `((q_i + u) . k_j + (q_i + v) . W p_(i-j)) / sqrt(d)` with learned per-head biases `u`, `v`
-    and sinusoids `p`. The positional term enters the fused attention kernel as an additive
-    float mask, so weights are only materialised when asked for.
-
-    Args:
-        d_model: model dimension, divisible by `num_heads`.
-        num_heads: number of heads H.
-        dropout: dropout on the attention weights.
-    """
-
-    def __init__(self, d_model: int, num_heads: int, dropout: float = 0.0) -> None:
-        super().__init__(d_model, num_heads, dropout)
-        self.pos_proj = nn.Linear(d_model, d_model, bias=False)
-        self.pos_bias_u = nn.Parameter(torch.zeros(num_heads, self.head_dim))
-        self.pos_bias_v = nn.Parameter(torch.zeros(num_heads, self.head_dim))
-        nn.init.xavier_uniform_(self.pos_bias_u)
-        nn.init.xavier_uniform_(self.pos_bias_v)
-
-    def forward(  # type: ignore[override]
-        self, x: Tensor, pos: Tensor, mask: Tensor, need_weights: bool = False
-    ) -> tuple[Tensor, Tensor | None]:
-        """Relative-position self-attention.
-
-        Args:
-            x: `(B, T, D)`.
-            pos: `(2T - 1, D)` from `relative_positions(T, D)`.
-            mask: boolean `(B, 1, 1, T)`, True on valid keys.
-            need_weights: also return the attention weights.
-
-        Returns:
-            `(B, T, D)` and the weights `(B, H, T, T)` (or None).
-        """
-        q, k, v = self.project_self(x)  # (B, H, T, d) each
-        p = self._heads(self.pos_proj(pos.to(x.dtype))[None])  # (1, H, 2T-1, d)
-        q_u = (q + self.pos_bias_u[:, None]).to(q.dtype)
-        q_v = (q + self.pos_bias_v[:, None]).to(q.dtype)
-        position_scores = relative_shift(q_v @ p.transpose(-2, -1))  # (B, H, T, T)
-        bias = (position_scores / math.sqrt(self.head_dim)).masked_fill(~mask, float("-inf"))
-        return self.attend(q_u, k, v, bias.to(q.dtype), need_weights)
+from asr.models.transformer import (
+    Conv2dSubsampling,
+    RelPositionMultiHeadAttention,
+    relative_positions,
+)
 
 
 class ConvolutionModule(nn.Module):

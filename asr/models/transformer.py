@@ -326,6 +326,78 @@ class MultiHeadAttention(nn.Module):
         return self.attend(q, k, v, mask, need_weights, is_causal)
 
 
+def relative_shift(scores: Tensor) -> Tensor:
+    """Turn scores over relative positions into scores over key positions.
+
+    Column `k` of the input holds relative position `T - 1 - k` (from `T - 1` down to
+    `-(T - 1)`); the output has `out[..., i, j] = scores[..., i, T - 1 - i + j]`, the score
+    for relative position `i - j`. Done with one pad and views (no gather).
+
+    Args:
+        scores: `(..., T, 2T - 1)`.
+
+    Returns:
+        `(..., T, T)`.
+
+    >>> scores = torch.tensor([[1, 0, -1], [11, 10, 9]])  # row i, column k: 10 i + (T - 1 - k)
+    >>> relative_shift(scores).tolist()  # 10 i + (i - j)
+    [[0, -1], [11, 10]]
+    """
+    t = scores.size(-2)
+    flat = F.pad(scores, (0, 1)).flatten(-2)  # (..., T * 2T); row i starts at i * 2T
+    # Element (i, j) sits at 2T i + (T - 1 - i + j) = (T - 1) + (2T - 1) i + j.
+    rows = flat[..., t - 1 : t - 1 + t * (2 * t - 1)].unflatten(-1, (t, 2 * t - 1))
+    return rows[..., :t]
+
+
+def relative_positions(length: int, d_model: int, device: torch.device) -> Tensor:
+    """Sinusoids of relative positions `T - 1, ..., -(T - 1)`: `(2T - 1, d_model)`."""
+    return sinusoid_embedding(torch.arange(length - 1, -length, -1, device=device), d_model)
+
+
+class RelPositionMultiHeadAttention(MultiHeadAttention):
+    """Self-attention with relative positions: for query i and key j the score is
+    `((q_i + u) . k_j + (q_i + v) . W p_(i-j)) / sqrt(d)` with learned per-head biases `u`, `v`
+    and sinusoids `p`. The positional term enters the fused attention kernel as an additive
+    float mask, so weights are only materialised when asked for.
+
+    Args:
+        d_model: model dimension, divisible by `num_heads`.
+        num_heads: number of heads H.
+        dropout: dropout on the attention weights.
+    """
+
+    def __init__(self, d_model: int, num_heads: int, dropout: float = 0.0) -> None:
+        super().__init__(d_model, num_heads, dropout)
+        self.pos_proj = nn.Linear(d_model, d_model, bias=False)
+        self.pos_bias_u = nn.Parameter(torch.zeros(num_heads, self.head_dim))
+        self.pos_bias_v = nn.Parameter(torch.zeros(num_heads, self.head_dim))
+        nn.init.xavier_uniform_(self.pos_bias_u)
+        nn.init.xavier_uniform_(self.pos_bias_v)
+
+    def forward(  # type: ignore[override]
+        self, x: Tensor, pos: Tensor, mask: Tensor, need_weights: bool = False
+    ) -> tuple[Tensor, Tensor | None]:
+        """Relative-position self-attention.
+
+        Args:
+            x: `(B, T, D)`.
+            pos: `(2T - 1, D)` from `relative_positions(T, D)`.
+            mask: boolean `(B, 1, 1, T)`, True on valid keys.
+            need_weights: also return the attention weights.
+
+        Returns:
+            `(B, T, D)` and the weights `(B, H, T, T)` (or None).
+        """
+        q, k, v = self.project_self(x)  # (B, H, T, d) each
+        p = self._heads(self.pos_proj(pos.to(x.dtype))[None])  # (1, H, 2T-1, d)
+        q_u = (q + self.pos_bias_u[:, None]).to(q.dtype)
+        q_v = (q + self.pos_bias_v[:, None]).to(q.dtype)
+        position_scores = relative_shift(q_v @ p.transpose(-2, -1))  # (B, H, T, T)
+        bias = (position_scores / math.sqrt(self.head_dim)).masked_fill(~mask, float("-inf"))
+        return self.attend(q_u, k, v, bias.to(q.dtype), need_weights)
+
+
 def _with_causal(mask: Tensor | None, len_q: int, len_k: int, device: torch.device) -> Tensor:
     """Combine `mask` (boolean, float or None) with the causal mask `key <= query`."""
     causal = torch.ones(len_q, len_k, dtype=torch.bool, device=device).tril()
@@ -364,22 +436,35 @@ class FeedForward(nn.Sequential):
 
 
 class EncoderLayer(nn.Module):
-    """Pre-LN block: `x + SelfAttn(LN(x))`, then `x + FFN(LN(x))`."""
+    """Pre-LN block: `x + SelfAttn(LN(x))`, then `x + FFN(LN(x))`; with `relative=True` the
+    self-attention scores relative positions (`RelPositionMultiHeadAttention`)."""
 
     def __init__(
-        self, d_model: int, num_heads: int, ffn_dim: int, dropout: float, attention_dropout: float
+        self,
+        d_model: int,
+        num_heads: int,
+        ffn_dim: int,
+        dropout: float,
+        attention_dropout: float,
+        relative: bool = False,
     ) -> None:
         super().__init__()
         self.attn_norm = nn.LayerNorm(d_model)
-        self.attn = MultiHeadAttention(d_model, num_heads, attention_dropout)
+        attention = RelPositionMultiHeadAttention if relative else MultiHeadAttention
+        self.attn = attention(d_model, num_heads, attention_dropout)
         self.ffn_norm = nn.LayerNorm(d_model)
         self.ffn = FeedForward(d_model, ffn_dim, dropout)
         self.dropout = Dropout(dropout)
 
-    def forward(self, x: Tensor, mask: Tensor) -> Tensor:
-        """x `(B, T, D)`, mask `(B, 1, 1, T)` True on valid frames -> `(B, T, D)`."""
+    def forward(self, x: Tensor, mask: Tensor, pos: Tensor | None = None) -> Tensor:
+        """x `(B, T, D)`, mask `(B, 1, 1, T)` True on valid frames, and for a relative layer
+        pos `(2T - 1, D)` from `relative_positions` -> `(B, T, D)`."""
         h = self.attn_norm(x)
-        x = x + self.dropout(self.attn(h, h, h, mask)[0])
+        if pos is None:
+            context = self.attn(h, h, h, mask)[0]
+        else:
+            context = self.attn(h, pos, mask)[0]
+        x = x + self.dropout(context)
         return x + self.dropout(self.ffn(self.ffn_norm(x)))
 
 
@@ -397,6 +482,9 @@ class TransformerEncoder(nn.Module):
         attention_dropout: dropout on the attention weights.
         max_len: positions precomputed by the positional encoding (it grows when needed).
         subsampling_channels: channels of the convolutional front (default `d_model`).
+        relative_positions: score relative positions inside each self-attention
+            (Transformer-XL style, as ESPnet's `rel_pos`) instead of adding absolute
+            sinusoids to the input; attention then depends on frame distances only.
     """
 
     def __init__(
@@ -411,12 +499,14 @@ class TransformerEncoder(nn.Module):
         attention_dropout: float = 0.0,
         max_len: int = 5000,
         subsampling_channels: int | None = None,
+        relative_positions: bool = False,
     ) -> None:
         super().__init__()
         self.subsampling = Conv2dSubsampling(input_dim, d_model, subsampling, subsampling_channels)
         self.positions = PositionalEncoding(d_model, max_len, dropout)
+        self.relative = relative_positions
         self.layers = nn.ModuleList(
-            EncoderLayer(d_model, num_heads, ffn_dim, dropout, attention_dropout)
+            EncoderLayer(d_model, num_heads, ffn_dim, dropout, attention_dropout, self.relative)
             for _ in range(num_layers)
         )
         self.norm = nn.LayerNorm(d_model)
@@ -434,11 +524,15 @@ class TransformerEncoder(nn.Module):
             `subsampled_length(x_lens, subsampling)`.
         """
         x, y_lens = self.subsampling(x, x_lens)
-        x = self.positions(x)
+        if self.relative:  # same input scale, positions enter each attention instead
+            x = self.positions.dropout(x * self.positions.scale)
+            pos = relative_positions(x.size(1), self.output_dim, x.device)  # (2T'-1, D)
+        else:
+            x, pos = self.positions(x), None
         valid = lengths_to_mask(y_lens, x.size(1))  # (B, T')
         mask = valid[:, None, None, :]  # (B, 1, 1, T')
         for layer in self.layers:
-            x = layer(x, mask)
+            x = layer(x, mask, pos)
         return self.norm(x).masked_fill(~valid[..., None], 0.0), y_lens
 
 

@@ -208,8 +208,11 @@ def test_float_mask_equals_boolean_mask() -> None:
 
 @pytest.mark.parametrize("factor", FACTORS)
 @pytest.mark.parametrize("num_heads", [1, 4])
-def test_encoder_shapes_lengths_backward(factor: int, num_heads: int) -> None:
-    encoder = TransformerEncoder(20, subsampling=factor, **{**SMALL, "num_heads": num_heads})
+@pytest.mark.parametrize("relative", [False, True])
+def test_encoder_shapes_lengths_backward(factor: int, num_heads: int, relative: bool) -> None:
+    encoder = TransformerEncoder(
+        20, subsampling=factor, relative_positions=relative, **{**SMALL, "num_heads": num_heads}
+    )
     x, x_lens = padded_batch([50, 37, 23], 20)
     y, y_lens = encoder(x, x_lens)
     assert encoder.output_dim == 16
@@ -221,8 +224,10 @@ def test_encoder_shapes_lengths_backward(factor: int, num_heads: int) -> None:
 
 
 @pytest.mark.parametrize("factor", FACTORS)
-def test_encoder_padding_invariance(factor: int) -> None:
-    encoder = TransformerEncoder(20, subsampling=factor, **SMALL).eval()
+@pytest.mark.parametrize("relative", [False, True])
+def test_encoder_padding_invariance(factor: int, relative: bool) -> None:
+    encoder = TransformerEncoder(20, subsampling=factor, relative_positions=relative, **SMALL)
+    encoder.eval()
     lens = [50, 37, 23]
     x, x_lens = padded_batch(lens, 20)
     with torch.no_grad():
