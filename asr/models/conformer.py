@@ -8,8 +8,6 @@ followed by LayerNorm. The front is the Transformer's `Conv2dSubsampling`, so le
 
 from __future__ import annotations
 
-import math
-
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -17,8 +15,8 @@ from asr.models.dropout import Dropout
 from asr.models.interfaces import lengths_to_mask
 from asr.models.transformer import (
     Conv2dSubsampling,
+    RelativePositionalEncoding,
     RelPositionMultiHeadAttention,
-    relative_positions,
 )
 
 
@@ -142,7 +140,7 @@ class ConformerEncoder(nn.Module):
     ) -> None:
         super().__init__()
         self.subsampling = Conv2dSubsampling(input_dim, d_model, subsampling, subsampling_channels)
-        self.dropout = Dropout(dropout)
+        self.positions = RelativePositionalEncoding(d_model, dropout)
         self.layers = nn.ModuleList(
             ConformerLayer(
                 d_model, num_heads, ffn_dim, kernel_size, dropout, attention_dropout, conv_norm
@@ -163,8 +161,7 @@ class ConformerEncoder(nn.Module):
             `subsampled_length(x_lens, subsampling)`.
         """
         x, y_lens = self.subsampling(x, x_lens)
-        x = self.dropout(x * math.sqrt(self.output_dim))  # same input scale as the Transformer
-        pos = relative_positions(x.size(1), self.output_dim, x.device)  # (2T'-1, D)
+        x, pos = self.positions(x)  # pos: (2T' - 1, D)
         valid = lengths_to_mask(y_lens, x.size(1))  # (B, T')
         for layer in self.layers:
             x = layer(x, pos, valid)

@@ -355,6 +355,27 @@ def relative_positions(length: int, d_model: int, device: torch.device) -> Tenso
     return sinusoid_embedding(torch.arange(length - 1, -length, -1, device=device), d_model)
 
 
+class RelativePositionalEncoding(nn.Module):
+    """Input side of relative-position attention: `dropout(x * sqrt(d_model))` (the same input
+    scale as `PositionalEncoding`, with no positions added) and the sinusoids of the relative
+    positions that each `RelPositionMultiHeadAttention` then scores.
+
+    Args:
+        d_model: model dimension.
+        dropout: dropout probability applied to the scaled input.
+    """
+
+    def __init__(self, d_model: int, dropout: float = 0.1) -> None:
+        super().__init__()
+        self.d_model = d_model
+        self.scale = math.sqrt(d_model)
+        self.dropout = Dropout(dropout)
+
+    def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """`(B, T, d_model)` -> the scaled input and `(2T - 1, d_model)` relative positions."""
+        return self.dropout(x * self.scale), relative_positions(x.size(1), self.d_model, x.device)
+
+
 class RelPositionMultiHeadAttention(MultiHeadAttention):
     """Self-attention with relative positions: for query i and key j the score is
     `((q_i + u) . k_j + (q_i + v) . W p_(i-j)) / sqrt(d)` with learned per-head biases `u`, `v`
@@ -503,8 +524,12 @@ class TransformerEncoder(nn.Module):
     ) -> None:
         super().__init__()
         self.subsampling = Conv2dSubsampling(input_dim, d_model, subsampling, subsampling_channels)
-        self.positions = PositionalEncoding(d_model, max_len, dropout)
         self.relative = relative_positions
+        self.positions = (
+            RelativePositionalEncoding(d_model, dropout)
+            if relative_positions
+            else PositionalEncoding(d_model, max_len, dropout)
+        )
         self.layers = nn.ModuleList(
             EncoderLayer(d_model, num_heads, ffn_dim, dropout, attention_dropout, self.relative)
             for _ in range(num_layers)
@@ -524,9 +549,8 @@ class TransformerEncoder(nn.Module):
             `subsampled_length(x_lens, subsampling)`.
         """
         x, y_lens = self.subsampling(x, x_lens)
-        if self.relative:  # same input scale, positions enter each attention instead
-            x = self.positions.dropout(x * self.positions.scale)
-            pos = relative_positions(x.size(1), self.output_dim, x.device)  # (2T'-1, D)
+        if self.relative:  # positions enter each attention instead of the input
+            x, pos = self.positions(x)  # pos: (2T' - 1, D)
         else:
             x, pos = self.positions(x), None
         valid = lengths_to_mask(y_lens, x.size(1))  # (B, T')
