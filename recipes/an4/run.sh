@@ -12,8 +12,8 @@
 #   4  train                   exp/an4/<model>/            (resumes from last.ckpt if present)
 #   5  average checkpoints     exp/an4/<model>/avg.ckpt    (best 5 by dev WER)
 #   6  decode dev and test     exp/an4/<model>/decode_{dev,test}/ (metrics, errors, plots);
-#                              beam 10, CTC weight chosen on dev: 0.5 for the Transformer,
-#                              0.3 for the RNN and the --quick models (RESULTS.md)
+#                              beam 10, CTC weight chosen on dev: 0.5 for the Transformers
+#                              (quick or not), 0.3 for the other models (RESULTS.md)
 #   7  results table           exp/an4/<model>/RESULTS.md rows, printed
 # With --lm-weight W > 0 (shallow fusion of a character LSTM LM, conf/an4/lm.yaml):
 #   8  train the LM            exp/an4/lm/ on the training transcripts (under a minute)
@@ -35,7 +35,7 @@ data_dir="$root/../shared/corpora/an4"
 data=data/an4
 exp=exp/an4
 tokenizer_kind=char
-ctc_weight="" # default after parsing: it depends on --model and --quick
+ctc_weight="" # default after parsing: it depends on --model
 
 recipe_option() {
   case "$1" in
@@ -47,7 +47,7 @@ recipe_option() {
 }
 parse_options "$@"
 if [ -z "$ctc_weight" ]; then
-  if [ "$model" = transformer ] && [ "$quick" = false ]; then ctc_weight=0.5; else ctc_weight=0.3; fi
+  if [ "$model" = transformer ]; then ctc_weight=0.5; else ctc_weight=0.3; fi
 fi
 
 cd "$root"
