@@ -49,8 +49,12 @@ D_MODEL, HEADS, FFN, ENCODER_LAYERS, DECODER_LAYERS = 256, 4, 2048, 12, 6
 CTC_WEIGHT, LABEL_SMOOTHING, CLIP, BEAM = 0.3, 0.1, 5.0, 10
 PRE_BEAM_RATIO = 1.5  # candidates CTC scores per hypothesis, as a multiple of the beam
 SIZE = {"d_model": D_MODEL, "num_heads": HEADS, "ffn_dim": FFN}
+# The peer's model: absolute sinusoids added to the input, as SpeechBrain's TransformerASR
+# (its default `regularMHA` attention), whatever conf/an4/transformer.yaml chooses.
+OUR_ENCODER = {"num_layers": ENCODER_LAYERS, "subsampling_channels": 64}
+OUR_ENCODER["relative_positions"] = False
 OUR_OVERRIDES = {
-    "encoder": {"init_args": {**SIZE, "num_layers": ENCODER_LAYERS, "subsampling_channels": 64}},
+    "encoder": {"init_args": {**SIZE, **OUR_ENCODER}},
     "decoder": {"init_args": {**SIZE, "num_layers": DECODER_LAYERS}},
     "ctc_weight": CTC_WEIGHT,
     "label_smoothing": LABEL_SMOOTHING,
