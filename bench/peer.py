@@ -51,8 +51,11 @@ PRE_BEAM_RATIO = 1.5  # candidates CTC scores per hypothesis, as a multiple of t
 SIZE = {"d_model": D_MODEL, "num_heads": HEADS, "ffn_dim": FFN}
 # The peer's model: absolute sinusoids added to the input, as SpeechBrain's TransformerASR
 # (its default `regularMHA` attention), whatever conf/an4/transformer.yaml chooses.
-OUR_ENCODER = {"num_layers": ENCODER_LAYERS, "subsampling_channels": 64}
-OUR_ENCODER["relative_positions"] = False
+OUR_ENCODER = {
+    "num_layers": ENCODER_LAYERS,
+    "subsampling_channels": 64,
+    "relative_positions": False,
+}
 OUR_OVERRIDES = {
     "encoder": {"init_args": {**SIZE, **OUR_ENCODER}},
     "decoder": {"init_args": {**SIZE, "num_layers": DECODER_LAYERS}},
