@@ -48,6 +48,32 @@ def test_relative_shift_picks_relative_position_i_minus_j(length: int) -> None:
     assert torch.equal(relative_shift(scores), scores.gather(-1, index))
 
 
+@pytest.mark.parametrize(("queries", "keys"), [(1, 1), (1, 5), (3, 7), (4, 4)])
+def test_relative_shift_of_a_query_block(queries: int, keys: int) -> None:
+    scores = torch.randn(2, queries, keys + queries - 1)
+    i = torch.arange(queries)[:, None]
+    j = torch.arange(keys)[None, :]
+    index = (queries - 1 - i + j).expand(2, queries, keys)
+    assert torch.equal(relative_shift(scores), scores.gather(-1, index))
+
+
+@pytest.mark.parametrize("need_weights", [False, True])
+def test_relative_attention_in_query_blocks_equals_all_at_once(need_weights: bool) -> None:
+    whole = RelPositionMultiHeadAttention(8, 2).eval()
+    blocked = RelPositionMultiHeadAttention(8, 2, query_block=3).eval()
+    blocked.load_state_dict(whole.state_dict())
+    x, lens = padded_batch([11, 7], 8)
+    pos = relative_positions(11, 8, x.device)
+    mask = lengths_to_mask(lens)[:, None, None]
+    out, weights = whole(x, pos, mask, need_weights)
+    out_blocked, weights_blocked = blocked(x, pos, mask, need_weights)
+    torch.testing.assert_close(out_blocked, out, atol=1e-6, rtol=1e-6)
+    if need_weights:
+        torch.testing.assert_close(weights_blocked, weights, atol=1e-6, rtol=1e-6)
+    else:
+        assert weights is None and weights_blocked is None
+
+
 def test_relative_attention_matches_explicit_formula() -> None:
     attn = RelPositionMultiHeadAttention(8, 2).eval()
     x, lens = torch.randn(2, 5, 8), torch.tensor([5, 3])
