@@ -23,7 +23,7 @@ import math
 import os
 import tempfile
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property, partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -340,7 +340,8 @@ class Recognizer:
         if options.beam_size == 1 and options.ctc_weight == 0 and options.lm_weight == 0:
             hyps = greedy_search(self.model.decoder, enc, enc_lens, options.max_len_ratio)
         else:
-            nbest = beam_search(self.model.decoder, enc, enc_lens, options, ctc, lm)
+            best = replace(options, nbest=1)  # only the best is kept: backtrack only it
+            nbest = beam_search(self.model.decoder, enc, enc_lens, best, ctc, lm)
             empty = partial(_empty_hypothesis, self.model.decoder)
             hyps = [n[0] if n else empty(int(t)) for n, t in zip(nbest, enc_lens)]
         return [

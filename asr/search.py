@@ -60,7 +60,10 @@ class SearchOptions:
     divided by `n + 1` when `length_normalization` is set.
     """
 
-    beam_size: int = 10  # hypotheses kept per utterance, also the n-best size; 1 = greedy
+    beam_size: int = 10  # hypotheses kept per utterance; 1 = greedy
+    # Hypotheses returned per utterance, best first (at most beam_size); None: beam_size. Each
+    # carries its attention, (K, steps, T) floats, so ask only for what is used.
+    nbest: int | None = None
     ctc_weight: float = 0.0  # in [0, 1]; > 0 needs `ctc_log_probs` (prefix-scored on the fly)
     lm_weight: float = 0.0  # shallow fusion weight; > 0 needs `lm`
     length_bonus: float = 0.0  # added per emitted token, eos included (ESPnet's "penalty")
@@ -85,6 +88,8 @@ class SearchOptions:
             or self.eos_threshold >= 1.0,
             "pre_beam_ratio must be None or >= 1": self.pre_beam_ratio is None
             or self.pre_beam_ratio >= 1.0,
+            "nbest must be None or in [1, beam_size]": self.nbest is None
+            or 1 <= self.nbest <= self.beam_size,
         }
         for message, ok in checks.items():
             if not ok:
@@ -189,7 +194,7 @@ def beam_search(
         lm: a `LanguageModel` over the same vocabulary, used when `options.lm_weight > 0`.
 
     Returns:
-        Per utterance, in batch order, up to `beam_size` hypotheses, best first. Their
+        Per utterance, in batch order, up to `nbest` hypotheses, best first. Their
         `score` is the search score of `SearchOptions`; the attention is the decoder's at the
         steps that built the hypothesis.
     """
@@ -303,6 +308,7 @@ class _Beams:
 
     def __init__(self, batch: int, beam: int, options: SearchOptions, device: torch.device):
         self.batch, self.beam = batch, beam
+        self.returned = options.nbest or beam  # hypotheses returned per utterance
         self.prune = _can_prune(options)
         self.normalise = options.length_normalization
         start = torch.full((batch, beam), NEG_INF, device=device)
@@ -372,11 +378,11 @@ class _Beams:
         return (total > threshold).flatten() & (tokens != SOS_EOS_ID)
 
     def nbest(self, enc_lens: Tensor) -> list[list[Hypothesis]]:
-        """Up to `beam` ended hypotheses per utterance, best first."""
+        """Up to `nbest` ended hypotheses per utterance, best first."""
         steps = len(self.ended)
         ended = torch.stack(self.ended).view(steps, self.batch, self.beam)
         ended = ended.transpose(0, 1).reshape(self.batch, steps * self.beam)  # (B, S * beam)
-        scores, index = ended.topk(self.beam, dim=1)  # (B, beam)
+        scores, index = ended.topk(self.returned, dim=1)  # (B, nbest)
         end_step = index // self.beam
         slot = index % self.beam + self._offsets(self.beam)
         tokens, attention = self._backtrack(end_step.flatten(), slot.flatten())
@@ -385,7 +391,7 @@ class _Beams:
             hyps.append([])
             for k, (score, step) in enumerate(zip(row_scores, row_steps)):
                 if score > NEG_INF:
-                    m, frames = b * self.beam + k, int(enc_lens[b])
+                    m, frames = b * self.returned + k, int(enc_lens[b])
                     att = attention[m, :, : step + 1, :frames].cpu()
                     hyps[-1].append(Hypothesis(tokens[m][:step], score, att))
         return hyps

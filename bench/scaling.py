@@ -4,11 +4,12 @@ step time against batch size.
 - DDP: conf/an4/transformer.yaml trained (bf16 autocast) by 1 and by 2 processes (gloo, one
   thread each), each process with the same per-process batches; the ratio of the aggregate
   audio seconds per second says how much a second core buys.
-- Length: one recording made by joining AN4 test utterances, cut to 1 s .. 60 s, decoded
-  alone as one utterance (greedy and beam 10 + CTC: `Recognizer.search`), and the way
-  `asr transcribe` decodes it (beam 10 + CTC: `Recognizer.transcribe`, which splits audio longer
-  than 20 s on silence and decodes the segments as a batch); the log-log slope of time against
-  length is the growth exponent (1 = linear).
+- Length: one recording, a block of whole AN4 test utterances (11.4 s) repeated, cut to
+  1, 2, 5 s and to whole blocks up to 60 s, decoded alone as one utterance (greedy and
+  beam 10 + CTC: `Recognizer.search`), and the way `asr transcribe` decodes it (beam 10 + CTC:
+  `Recognizer.transcribe`, which splits audio longer than 20 s on silence and decodes the
+  segments as a batch); the log-log slope of time against length, fitted over the whole
+  blocks, is the growth exponent (1 = linear).
 - Batch: training steps (bf16) on batches of ~3 s utterances holding 10 .. 80 s of audio;
   the slope of step time against batch seconds.
 """
@@ -53,6 +54,8 @@ from bench.train import Trainer
 
 TYPICAL_SECONDS = (2.5, 3.5)  # training utterances used for the batch-size sweep
 DDP_LIMIT = 900  # seconds a DDP run may take
+BLOCK_SECONDS = 10.0  # the decode-vs-length recording repeats a block at least this long
+MAX_SECONDS = 60.0  # and is decoded up to this long
 # Whole-recording search, and the segmented decoding of `asr transcribe` / Recognizer.transcribe.
 LENGTH_MODES = ("greedy", "beam10_ctc", "transcribe_beam10_ctc")
 
@@ -187,15 +190,26 @@ def ddp_scaling(settings: Settings) -> dict[str, Any]:
 # ---------------------------------------------------------------- decode vs length
 
 
-def joined_recording(settings: Settings, seconds: float) -> torch.Tensor:
-    """AN4 test utterances, in manifest order, joined until `seconds` of audio."""
+def speech_block(settings: Settings) -> torch.Tensor:
+    """Whole AN4 test utterances, joined in manifest order until at least `BLOCK_SECONDS`."""
     pieces, total = [], 0
     for utt in read_manifest(settings.data / "test.jsonl"):
         pieces.append(load_audio(utt.audio_filepath, SAMPLE_RATE, utt.offset, utt.duration))
         total += len(pieces[-1])
-        if total >= seconds * SAMPLE_RATE:
-            return torch.cat(pieces)[: int(seconds * SAMPLE_RATE)]
+        if total >= BLOCK_SECONDS * SAMPLE_RATE:
+            return torch.cat(pieces)
     raise ValueError(f"the test set has only {total / SAMPLE_RATE:.0f} s of audio")
+
+
+def recording_lengths(settings: Settings, block_seconds: float) -> list[float]:
+    """Seconds decoded: a few short cuts, then every whole number of blocks up to
+    `MAX_SECONDS` (the growth exponent is fitted over those, which all hold as much speech per
+    second; the joined test utterances themselves carry ~35 % more characters per second at
+    60 s than at 10 s)."""
+    if settings.quick:
+        return [1.0, 3.0, 6.0]
+    blocks = [k * block_seconds for k in range(1, int(MAX_SECONDS // block_seconds) + 1)]
+    return [1.0, 2.0, 5.0, *blocks]
 
 
 def decode_alone(
@@ -216,10 +230,11 @@ def decode_vs_length(settings: Settings) -> dict[str, Any]:
     """Decode time of one recording cut to each length: greedy and beam 10 + CTC over the whole
     recording, and beam 10 + CTC through `Recognizer.transcribe` (segmented); each time the
     fastest of 3 decodes."""
-    lengths = settings.pick([1, 3, 6], [1, 2, 5, 10, 20, 30, 45, 60])
+    block = speech_block(settings)
+    lengths = recording_lengths(settings, len(block) / SAMPLE_RATE)
     repeats = settings.pick(1, 3)
     recognizer, label = load_recognizer(settings)
-    recording = joined_recording(settings, max(lengths))
+    recording = block.repeat(math.ceil(max(lengths) * SAMPLE_RATE / len(block)))
     results: dict[str, Any] = {"model": label, "lengths": lengths}
     for mode in LENGTH_MODES:
         options = search_options(mode.removeprefix("transcribe_"), settings)
@@ -227,13 +242,13 @@ def decode_vs_length(settings: Settings) -> dict[str, Any]:
         decode_alone(recognizer, recording[:SAMPLE_RATE], options, segmented)  # warm-up
         seconds, characters = [], []
         for length in lengths:
-            wave = recording[: length * SAMPLE_RATE]
+            wave = recording[: round(length * SAMPLE_RATE)]
             took, text = fastest(
                 repeats, partial(decode_alone, recognizer, wave, options, segmented)
             )
             seconds.append(took)
             characters.append(len(text))
-        fit = [(n, t) for n, t in zip(lengths, seconds) if n >= settings.pick(1, 10)]
+        fit = [(n, t) for n, t in zip(lengths, seconds) if n >= settings.pick(1, BLOCK_SECONDS)]
         results[mode] = {
             "seconds": seconds,
             "characters": characters,  # of the transcript: how much the decoder emitted

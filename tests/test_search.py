@@ -7,6 +7,7 @@ from __future__ import annotations
 import doctest
 import functools
 import itertools
+from dataclasses import replace
 
 import pytest
 import torch
@@ -221,6 +222,19 @@ def test_hypotheses_carry_their_attention() -> None:
             torch.testing.assert_close(hyp.attention, teacher[0], atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("nbest", [1, 2])
+def test_nbest_returns_the_head_of_the_full_nbest(nbest: int) -> None:
+    decoder, enc, ctc = make_decoder("transformer"), encoder_output(), ctc_posteriors()
+    options = SearchOptions(beam_size=3, ctc_weight=0.3)
+    full = beam_search(decoder, enc, LENS, options, ctc)
+    head = beam_search(decoder, enc, LENS, replace(options, nbest=nbest), ctc)
+    for ours, theirs in zip(head, full, strict=True):
+        assert len(ours) == nbest
+        for mine, want in zip(ours, theirs[:nbest], strict=True):
+            assert (mine.tokens, mine.score) == (want.tokens, want.score)
+            assert torch.equal(mine.attention, want.attention)
+
+
 def test_pruning_by_ended_hypotheses_saves_steps_and_changes_nothing(monkeypatch) -> None:
     decoder, enc, lm = make_decoder("transformer"), encoder_output(), TinyLM()
     steps = []
@@ -282,6 +296,8 @@ def test_greedy_never_emits_blank_or_pad() -> None:
         ("min_len_ratio", -1.0),
         ("eos_threshold", 0.5),
         ("pre_beam_ratio", 0.5),
+        ("nbest", 0),
+        ("nbest", 11),  # more than the beam (10)
     ],
 )
 def test_bad_options_raise(field: str, value: float) -> None:
