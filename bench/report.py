@@ -314,11 +314,12 @@ def _scaling_md(res: dict[str, Any]) -> list[str]:
     length = scaling.get("decode_length", {})
     if "lengths" in length:
         modes = [m for m in LENGTH_COLUMNS if m in length]
+        segmented = [m for m in modes if m.startswith("transcribe_")]
         rows = [
             [
                 f"{n:g} s",
                 *(f"{length[m]['seconds'][i]:.3f}" for m in modes),
-                *(length[m]["characters"][i] for m in modes if m.startswith("transcribe")),
+                *(length[m]["characters"][i] for m in segmented),
             ]
             for i, n in enumerate(length["lengths"])
         ]
@@ -331,7 +332,7 @@ def _scaling_md(res: dict[str, Any]) -> list[str]:
             "",
         ]
         headings = [LENGTH_COLUMNS[m] for m in modes]
-        headings += ["characters (segmented)"] if "transcribe_beam10_ctc" in modes else []
+        headings += ["characters (segmented)" for _ in segmented]
         lines += _table(["length", *headings], rows)
     batch = scaling.get("train_batch", {})
     if "rows" in batch:

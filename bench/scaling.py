@@ -231,7 +231,8 @@ def decode_vs_length(settings: Settings) -> dict[str, Any]:
     recording, and beam 10 + CTC through `Recognizer.transcribe` (segmented); each time the
     fastest of 3 decodes."""
     block = speech_block(settings)
-    lengths = recording_lengths(settings, len(block) / SAMPLE_RATE)
+    block_seconds = len(block) / SAMPLE_RATE
+    lengths = recording_lengths(settings, block_seconds)
     repeats = settings.pick(1, 3)
     recognizer, label = load_recognizer(settings)
     recording = block.repeat(math.ceil(max(lengths) * SAMPLE_RATE / len(block)))
@@ -248,7 +249,7 @@ def decode_vs_length(settings: Settings) -> dict[str, Any]:
             )
             seconds.append(took)
             characters.append(len(text))
-        fit = [(n, t) for n, t in zip(lengths, seconds) if n >= settings.pick(1, BLOCK_SECONDS)]
+        fit = [(n, t) for n, t in zip(lengths, seconds) if n >= settings.pick(1, block_seconds)]
         results[mode] = {
             "seconds": seconds,
             "characters": characters,  # of the transcript: how much the decoder emitted
