@@ -1,10 +1,10 @@
 """CTC prefix scoring for joint CTC/attention decoding (Watanabe et al. 2017, Algorithm 2).
 
-For a hypothesis prefix `h` the scorer keeps the CTC forward variables over all frames, in
-the log domain: `r^n_i(h)` and `r^b_i(h)`, the probability that the first `i` frames emit
-exactly `h` with the last of them a non-blank (n) or a blank (b). From them, with
-`x_t(c)` the CTC posterior of token `c` at frame `t` and, in probabilities,
-`phi_i(h, c) = r^b_i(h) + [last(h) != c] r^n_i(h)`:
+For a hypothesis prefix `h` the scorer keeps the CTC forward variables in the log domain:
+`r^n_i(h)` and `r^b_i(h)`, the probability that the first `i` frames emit exactly `h` with
+the last of them a non-blank (n) or a blank (b). From them, with `x_t(c)` the CTC posterior
+of token `c` at frame `t` and, in probabilities, `phi_i(h, c) = r^b_i(h) + [last(h) != c]
+r^n_i(h)`:
 
     psi(h + c)   = sum_{t < T} phi_t(h, c) x_t(c)    prefix probability of h + c
     psi(h + eos) = r^n_T(h) + r^b_T(h)               = p_ctc(h | x)
@@ -18,15 +18,20 @@ closed form with cumulative sums (`log_linear_recurrence`). That subtracts large
 log-probabilities, so the scorer works in float64 (float32 on MPS, which has no float64) and
 returns float32 scores.
 
-Scoring is windowed: `psi(h + c)` sums only the frames where `phi(h)` lies within `window`
-nats of its maximum over time (the frames where `h` can end and `c` begin). Each dropped term
-is below `exp(-window)` times the largest kept one, so the scores are exact to float precision
-for every candidate that matters, and the work per step grows with the width of that region,
-not with the utterance, which keeps decoding long inputs close to linear in their length.
+Windowing keeps the work per step independent of the utterance length. `psi(h + c)` sums
+only the frames where `phi(h)` lies within `window` nats of its maximum over time (where `h`
+can end and `c` begin), and each state holds its forward variables only on a band of frames:
+from the first frame of that window, where the recursion for `h + c` starts (the earlier
+terms are below `exp(-window)` of the kept ones), to the last frame where `phi(h + c)` is
+still within `window` nats of its maximum. Past the frames where `h` is significant the
+recursion has no input left, so `phi(h + c)` can only fall there and the band stops; a
+hypothesis whose band ends before the last frame has a negligible whole-sequence probability
+and its eos score is `-inf`. With `window=None` the band is always every frame (exact).
 
-A state covers `N = B * beam` hypotheses, utterance-major, as a dict of batch-first tensors,
-so `reorder_state` (and `asr.models.interfaces.reorder_batch`) reorders it with the same flat
-indices as a decoder state.
+A state covers `N = B * beam` hypotheses, utterance-major, as a dict of batch-first tensors
+(plus the band's first frame, shared by all rows), so `reorder_state` (and
+`asr.models.interfaces.reorder_batch`) reorders it with the same flat indices as a decoder
+state.
 """
 
 from __future__ import annotations
@@ -47,26 +52,40 @@ NEG_INF = float("-inf")
 # prefix scores of h's extensions (exp(-40) ~ 4e-18, below float64 resolution).
 WINDOW_NATS = 40.0
 
+# A band grows past the frames where the previous hypothesis is significant by this many
+# frames at a time, while the new hypothesis is still significant at its end.
+BAND_GROWTH = 16
 
-def log_linear_recurrence(inputs: Tensor, log_factors: Tensor) -> Tensor:
-    """Solve `y_0 = 0, y_{i+1} = (y_i + u_i) * a_i` (in probabilities) for all `i` at once.
+
+def log_linear_recurrence(
+    inputs: Tensor, log_factors: Tensor, initial: Tensor | None = None
+) -> Tensor:
+    """Solve `y_0 = initial, y_{i+1} = (y_i + u_i) * a_i` (in probabilities) for all `i` at once.
 
     In logs: `y_{i+1} = C_{i+1} + logsumexp_{j <= i}(u_j - C_j)` with `C_i = sum_{k < i} a_k`.
 
     Args:
         inputs: `(..., T)` log `u`.
         log_factors: `(..., T)` log `a`, finite.
+        initial: `(...)` log `y_0`; None: `-inf`.
 
     Returns:
-        `(..., T + 1)` log `y`, `y_0 = -inf`.
+        `(..., T + 1)` log `y`.
 
     >>> u, a = torch.tensor([0.5, 0.25]).log(), torch.tensor([0.5, 0.5]).log()
     >>> log_linear_recurrence(u, a).exp().tolist()  # (0 + .5) * .5, (.25 + .25) * .5
     [0.0, 0.25, 0.25]
+    >>> log_linear_recurrence(u, a, torch.tensor(0.5).log()).exp().tolist()
+    [0.5, 0.5, 0.375]
     """
+    if initial is not None and inputs.size(-1):
+        inputs = torch.cat(
+            [torch.logaddexp(inputs[..., :1], initial[..., None]), inputs[..., 1:]], -1
+        )
     cumulative = F.pad(log_factors.cumsum(-1), (1, 0))  # (..., T + 1), C_0 = 0
     summed = torch.logcumsumexp(inputs - cumulative[..., :-1], dim=-1)  # (..., T)
-    return F.pad(summed + cumulative[..., 1:], (1, 0), value=NEG_INF)
+    first = torch.full_like(summed[..., :1], NEG_INF) if initial is None else initial[..., None]
+    return torch.cat([first.to(summed.dtype), summed + cumulative[..., 1:]], -1)
 
 
 class CTCPrefixScorer:
@@ -79,8 +98,8 @@ class CTCPrefixScorer:
         eos: the end-of-sentence id, whose score is the whole-sequence `log p_ctc(h | x)`;
             None scores every non-blank id as a label.
         dtype: working precision; None picks float64 (float32 on MPS).
-        window: prefix scores sum the frames where `phi(h)` is within this many nats of its
-            maximum; None: all frames.
+        window: prefix scores sum, and states keep, the frames where a hypothesis is within
+            this many nats of its maximum; None: all frames.
     """
 
     def __init__(
@@ -97,10 +116,11 @@ class CTCPrefixScorer:
         if dtype is None:
             dtype = torch.float32 if log_probs.device.type == "mps" else torch.float64
         self.dtype = dtype
-        self.valid = lengths_to_mask(lengths, log_probs.size(1))  # (B, T)
+        valid = lengths_to_mask(lengths, log_probs.size(1))  # (B, T)
         frames = log_probs.float().clamp(min=LOG_FLOOR)  # stored in float32, used in dtype
-        frames = frames.masked_fill(~self.valid[..., None], 0.0)  # finite, never scored
+        frames = frames.masked_fill(~valid[..., None], 0.0)  # finite, never scored
         self.frames = frames.transpose(1, 2).contiguous()  # (B, V, T)
+        self.num_frames = log_probs.size(1)
         self.lengths = lengths.to(log_probs.device)
         self.blank = blank
         self.eos = eos
@@ -110,18 +130,22 @@ class CTCPrefixScorer:
         """The empty prefix for `beam` rows per utterance (rows `b * beam + k`).
 
         Returns:
-            State: "r_nonblank", "r_blank" `(N, T + 1)` forward variables (index = frames
-            consumed), "last" `(N,)` last token (-1: none), "utterance" `(N,)`.
+            State: "r_nonblank", "r_blank" `(N, W)` forward variables for `i` frames consumed,
+            `i` from "start" (an int) to `start + W - 1`, `-inf` outside; "last" `(N,)` last
+            token (-1: none); "utterance" `(N,)`.
         """
         utterance = torch.arange(self.frames.size(0), device=self.frames.device)
         utterance = utterance.repeat_interleave(beam)  # (N,)
-        r_blank = F.pad(self._frames(utterance, self.blank).cumsum(-1), (1, 0))  # all blanks
-        return {
+        blanks = self._frames(utterance, self.blank, 0, self.num_frames)
+        r_blank = F.pad(blanks.cumsum(-1), (1, 0))  # (N, T + 1) all blanks
+        state = {
             "r_nonblank": torch.full_like(r_blank, NEG_INF),
             "r_blank": r_blank,
+            "start": 0,
             "last": torch.full_like(utterance, -1),
             "utterance": utterance,
         }
+        return self._trimmed(state)
 
     def score(self, state: State, tokens: Tensor | None = None) -> Tensor:
         """Prefix scores `psi(h + c)` of candidate tokens.
@@ -138,14 +162,14 @@ class CTCPrefixScorer:
         utterance, last = state["utterance"], state["last"]
         if tokens is None:
             tokens = torch.arange(self.vocab_size, device=last.device).expand(last.size(0), -1)
-        r_blank = state["r_blank"][:, :-1]  # (N, T)
-        phi_other = torch.logaddexp(state["r_nonblank"][:, :-1], r_blank)  # phi for c != last
-        phi_other = phi_other.masked_fill(~self.valid[utterance], NEG_INF)
-        frame, inside = self._window(phi_other)  # (N, W)
-        x = self.frames[utterance[:, None, None], tokens[..., None], frame[:, None]]  # (N, C, W)
+        r_blank = state["r_blank"]
+        phi_other = self._phi(state, consumable=True)  # phi for c != last
+        column, inside = self._window(phi_other)  # (N, K)
+        frame = (state["start"] + column).clamp(max=self.num_frames - 1)
+        x = self.frames[utterance[:, None, None], tokens[..., None], frame[:, None]]  # (N, C, K)
         repeat = (tokens == last[:, None])[..., None]
-        blank_in_window, other_in_window = r_blank.gather(1, frame), phi_other.gather(1, frame)
-        phi = torch.where(repeat, blank_in_window[:, None], other_in_window[:, None])  # (N, C, W)
+        blank_in_window, other_in_window = r_blank.gather(1, column), phi_other.gather(1, column)
+        phi = torch.where(repeat, blank_in_window[:, None], other_in_window[:, None])  # (N, C, K)
         terms = (phi + x.to(self.dtype)).masked_fill(~inside[:, None], NEG_INF)
         psi = terms.logsumexp(-1).float()
         if self.eos is not None:
@@ -162,49 +186,143 @@ class CTCPrefixScorer:
         Returns:
             The state of the N extended hypotheses.
         """
-        utterance = state["utterance"]
-        r_nonblank, r_blank = state["r_nonblank"], state["r_blank"]
+        utterance, start, width = state["utterance"], state["start"], state["r_blank"].size(1)
+        phi_other = self._phi(state, consumable=True)
         repeat = (tokens == state["last"])[:, None]
-        phi = torch.where(repeat, r_blank, torch.logaddexp(r_nonblank, r_blank))  # (N, T + 1)
-        new_nonblank = log_linear_recurrence(phi[:, :-1], self._frames(utterance, tokens))
-        blank = self._frames(utterance, self.blank)
-        new_blank = log_linear_recurrence(new_nonblank[:, :-1], blank)
-        return {**state, "r_nonblank": new_nonblank, "r_blank": new_blank, "last": tokens}
+        r_blank = state["r_blank"].masked_fill(phi_other.isneginf(), NEG_INF)
+        phi = torch.where(repeat, r_blank, phi_other)
+        skip = self._first_significant(phi_other)
+        begin = start + skip  # h + c has nothing significant before h's window
+        end = self.num_frames + 1 if self.window is None else start + width + BAND_GROWTH
+        end = min(end, self.num_frames + 1)
+        inputs = _fit(phi[:, skip:], end - 1 - begin)  # frames begin .. end - 2
+        r_nonblank, r_blank = self._recursions(utterance, tokens, inputs, begin)
+        new = {**state, "r_nonblank": r_nonblank, "r_blank": r_blank, "start": begin}
+        new["last"] = tokens
+        growth = BAND_GROWTH
+        while self._significant_at_end(new):
+            new = self._grown(new, growth)
+            growth *= 2
+        return self._trimmed(new)
+
+    def _grown(self, state: State, frames: int) -> State:
+        """`state` with its band continued by up to `frames` frames, where `h + c` has no input
+        left (the frames after `h`'s band): only its last token repeats or blanks follow."""
+        end = state["start"] + state["r_blank"].size(1)  # first index past the band
+        more = min(end + frames, self.num_frames + 1)
+        utterance, tokens = state["utterance"], state["last"]
+        quiet = torch.full(
+            (len(tokens), more - end), NEG_INF, dtype=self.dtype, device=tokens.device
+        )
+        r_nonblank, r_blank = state["r_nonblank"], state["r_blank"]
+        tail = self._recursions(
+            utterance, tokens, quiet, end - 1, r_nonblank[:, -1], r_blank[:, -1]
+        )
+        return {
+            **state,
+            "r_nonblank": torch.cat([r_nonblank, tail[0][:, 1:]], 1),
+            "r_blank": torch.cat([r_blank, tail[1][:, 1:]], 1),
+        }
 
     def final_score(self, state: State) -> Tensor:
-        """`(N,)` float32 `log p_ctc(h | x)` of each whole hypothesis."""
-        end = self.lengths[state["utterance"]][:, None]  # (N, 1)
+        """`(N,)` float32 `log p_ctc(h | x)` of each whole hypothesis (`-inf` where the band
+        ends before the last frame: below `exp(-window)` of the hypothesis' prefix probability)."""
+        width = state["r_blank"].size(1)
+        column = (self.lengths[state["utterance"]] - state["start"])[:, None]  # (N, 1)
+        inside = (column >= 0) & (column < width)
+        column = column.clamp(0, width - 1)
         last_frame = torch.logaddexp(
-            state["r_nonblank"].gather(1, end), state["r_blank"].gather(1, end)
+            state["r_nonblank"].gather(1, column), state["r_blank"].gather(1, column)
         )
-        return last_frame.squeeze(1).float()
+        return last_frame.masked_fill(~inside, NEG_INF).squeeze(1).float()
+
+    def _phi(self, state: State, consumable: bool) -> Tensor:
+        """`(N, W)` `phi(h, c)` for `c != last(h)` on the band; `-inf` past the utterance's
+        last frame (`consumable`: where no frame is left to consume, i.e. from `T` on)."""
+        r_nonblank, r_blank = state["r_nonblank"], state["r_blank"]
+        consumed = state["start"] + torch.arange(r_blank.size(1), device=r_blank.device)
+        limit = self.lengths[state["utterance"]][:, None] - int(consumable)
+        return torch.logaddexp(r_nonblank, r_blank).masked_fill(consumed > limit, NEG_INF)
+
+    def _significant(self, phi: Tensor) -> Tensor:
+        """`(N, W)` where `phi` is finite and within `window` nats of its row's maximum."""
+        return (phi >= phi.amax(-1, keepdim=True) - self.window) & (phi > NEG_INF)
+
+    def _first_significant(self, phi: Tensor) -> int:
+        """The first column significant in any row (0 without a window or when none is)."""
+        if self.window is None:
+            return 0
+        kept = self._significant(phi).any(0)
+        return int(kept.int().argmax()) if bool(kept.any()) else 0
+
+    def _significant_at_end(self, state: State) -> bool:
+        """Whether the band stops before the last frame while some row, with frames left to
+        consume, is still significant at its end."""
+        if self.window is None or state["start"] + state["r_blank"].size(1) > self.num_frames:
+            return False
+        return bool(self._significant(self._phi(state, consumable=True))[:, -1].any())
+
+    def _trimmed(self, state: State) -> State:
+        """`state` with its band cut after the last column significant in any row."""
+        if self.window is None:
+            return state
+        kept = self._significant(self._phi(state, consumable=False)).any(0)  # (W,)
+        width = kept.numel() - int(kept.flip(0).int().argmax()) if bool(kept.any()) else 1
+        return {
+            **state,
+            "r_nonblank": state["r_nonblank"][:, :width],
+            "r_blank": state["r_blank"][:, :width],
+        }
+
+    def _recursions(
+        self,
+        utterance: Tensor,
+        tokens: Tensor,
+        inputs: Tensor,
+        first: int,
+        r_nonblank: Tensor | None = None,
+        r_blank: Tensor | None = None,
+    ) -> tuple[Tensor, Tensor]:
+        """`r^n`, `r^b` `(N, F + 1)` of `h + c` for frames `first .. first + F` consumed, from
+        `inputs` `(N, F)` (`phi(h, c)` at frames `first ..`) and their values at `first`."""
+        stop = first + inputs.size(1)
+        label = self._frames(utterance, tokens, first, stop)
+        new_nonblank = log_linear_recurrence(inputs, label, r_nonblank)
+        blank = self._frames(utterance, self.blank, first, stop)
+        return new_nonblank, log_linear_recurrence(new_nonblank[:, :-1], blank, r_blank)
 
     def _window(self, phi: Tensor) -> tuple[Tensor, Tensor]:
-        """The frames to score for each row of `phi` `(N, T)`: `(N, W)` frame indices from the
-        first to the last frame within `self.window` nats of the row's maximum, and whether
+        """The columns to score for each row of `phi` `(N, W)`: `(N, K)` indices from the
+        first to the last column within `self.window` nats of the row's maximum, and whether
         each lies in that span (rows are padded to the widest; an all -inf row has none)."""
-        frames = phi.size(1)
+        columns = phi.size(1)
         if self.window is None:
-            span = torch.arange(frames, device=phi.device).expand(phi.size(0), -1)
-            return span, torch.ones_like(span, dtype=torch.bool)
-        peak = phi.amax(-1, keepdim=True)
-        kept = (phi >= peak - self.window) & (phi > NEG_INF)  # (N, T)
-        start = kept.int().argmax(-1)  # first kept frame (0 when none)
-        end = torch.where(kept.any(-1), frames - kept.flip(-1).int().argmax(-1), start)
+            span = torch.arange(columns, device=phi.device).expand(phi.size(0), -1)
+            return span, phi > NEG_INF
+        kept = self._significant(phi)  # (N, W)
+        start = kept.int().argmax(-1)  # first kept column (0 when none)
+        end = torch.where(kept.any(-1), columns - kept.flip(-1).int().argmax(-1), start)
         width = int((end - start).max()) if phi.size(0) else 0
-        frame = start[:, None] + torch.arange(width, device=phi.device)  # (N, W)
-        return frame.clamp(max=frames - 1), frame < end[:, None]
+        column = start[:, None] + torch.arange(width, device=phi.device)  # (N, K)
+        return column.clamp(max=columns - 1), column < end[:, None]
 
-    def _frames(self, utterance: Tensor, tokens: Tensor | int) -> Tensor:
-        """`(..., T)` log-posteriors of `tokens` in utterances `utterance` (broadcast), in
-        the working precision."""
+    def _frames(self, utterance: Tensor, tokens: Tensor | int, first: int, stop: int) -> Tensor:
+        """`(..., stop - first)` log-posteriors of `tokens` in utterances `utterance`
+        (broadcast) at frames `first .. stop - 1`, in the working precision."""
         rows = utterance * self.vocab_size + tokens  # index_select is far cheaper than indexing
-        picked = self.frames.flatten(0, 1).index_select(0, rows.flatten())
+        picked = self.frames.flatten(0, 1)[:, first:stop].index_select(0, rows.flatten())
         return picked.view(*rows.shape, -1).to(self.dtype)
 
     def reorder_state(self, state: State, index: Tensor) -> State:
         """Keep hypotheses `index` (flat row indices)."""
         return reorder_batch(state, index)
+
+
+def _fit(values: Tensor, width: int) -> Tensor:
+    """`values` `(N, W)` cut or padded with `-inf` to `width` columns."""
+    if values.size(1) >= width:
+        return values[:, :width]
+    return F.pad(values, (0, width - values.size(1)), value=NEG_INF)
 
 
 def _check_inputs(log_probs: Tensor, lengths: Tensor, blank: int) -> None:

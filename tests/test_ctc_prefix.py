@@ -79,10 +79,11 @@ def test_final_score_equals_minus_ctc_loss(length: int) -> None:
 
 
 def test_long_utterance_stays_exact() -> None:
-    """1000 peaky frames: the closed-form recurrences must not lose precision."""
+    """1000 peaky frames: the closed-form recurrences must not lose precision (unwindowed: a
+    random label sequence is far below the best alignment, so the windowed band drops it)."""
     lens = torch.tensor([1000])
     log_probs = log_posteriors(lens, sharp=6.0, seed=3)
-    scorer = CTCPrefixScorer(log_probs, lens)
+    scorer = CTCPrefixScorer(log_probs, lens, window=None)
     sequence = [[1, 2, 4, 4, 2] * 4]
     state = extend_all(scorer, sequence)
     expected = ctc_log_likelihood(log_probs, lens, sequence)
@@ -174,13 +175,16 @@ def test_bad_inputs_raise() -> None:
         CTCPrefixScorer(log_probs, LENS, blank=VOCAB)
 
 
-def peaky_utterance(frames: int = 600, seed: int = 5) -> tuple[torch.Tensor, torch.Tensor, list]:
-    """`(1, T, V)` CTC-like posteriors: mostly blank, a label every ~12 frames; and the labels."""
+def peaky_utterance(
+    frames: int = 600, seed: int = 5, every: int = 12
+) -> tuple[torch.Tensor, torch.Tensor, list]:
+    """`(1, T, V)` CTC-like posteriors: mostly blank, a label every `every` frames; and the
+    labels."""
     generator = torch.Generator().manual_seed(seed)
     logits = torch.randn(1, frames, VOCAB, generator=generator)
     logits[..., BLANK] += 8.0
     labels = []
-    for t in range(6, frames - 6, 12):
+    for t in range(6, frames - 6, every):
         label = [1, 2, 4][len(labels) % 3]
         logits[0, t, label] += 16.0
         labels.append(label)
@@ -205,17 +209,46 @@ def test_windowed_scores_equal_exact_scores_where_they_matter() -> None:
         state_w, state_e = windowed.extend(state_w, token), exact.extend(state_e, token)
 
 
+def test_windowed_final_score_is_exact_on_the_spoken_labels() -> None:
+    """Along the true labels of long peaky utterances (one padded), the banded states give
+    the exact whole-sequence score; hypotheses missing their last labels score exactly where
+    they are within reach of the best alignment and -inf far below it."""
+    first, _, labels = peaky_utterance(frames=600, seed=5)
+    second, _, other = peaky_utterance(frames=400, seed=6, every=8)
+    log_probs = torch.cat([first, F.pad(second, (0, 0, 0, 200), value=50.0)])
+    lens = torch.tensor([600, 400])
+    expected = ctc_log_likelihood(log_probs, lens, [labels, other])
+    for window in (ctc_prefix.WINDOW_NATS, None):
+        scorer = CTCPrefixScorer(log_probs, lens, window=window)
+        score = scorer.final_score(extend_all(scorer, [labels, other])).double()
+        torch.testing.assert_close(score, expected, atol=1e-4, rtol=1e-7)
+    windowed, exact = (
+        CTCPrefixScorer(log_probs, lens),
+        CTCPrefixScorer(log_probs, lens, window=None),
+    )
+    dropped = []
+    for missing in range(1, 8):  # the best alignment's score is ~0: the band keeps -30 and up
+        short = [labels[:-missing], other[:-missing]]
+        fast = windowed.final_score(extend_all(windowed, short))
+        full = exact.final_score(extend_all(exact, short))
+        assert (fast <= full + 1e-5).all()
+        torch.testing.assert_close(fast[full > -30], full[full > -30], atol=1e-4, rtol=1e-7)
+        dropped += fast.isneginf().tolist()
+    assert any(dropped)
+    assert windowed.init_state()["r_blank"].size(1) < 100
+
+
 def test_window_width_does_not_grow_with_the_utterance() -> None:
-    """The frames scored per step cover the hypothesis' alignment, not the utterance: after
-    40 labels (the 40th at frame 474) the window is the same in a 600- and a 2400-frame
-    utterance."""
-    windows = []
+    """The frames scored and kept per step cover the hypothesis' alignment, not the
+    utterance: after 40 labels (the 40th at frame 474) the window and the band are the same in
+    a 600- and a 2400-frame utterance."""
+    windows, bands = [], []
     for frames in (600, 2400):
         log_probs, lens, labels = peaky_utterance(frames=frames)
         scorer = CTCPrefixScorer(log_probs, lens)
         state = extend_all(scorer, [labels[:40]])
-        phi = torch.logaddexp(state["r_nonblank"][:, :-1], state["r_blank"][:, :-1])
-        frame, inside = scorer._window(phi)
-        windows.append(frame[inside].tolist())
-    assert windows[0] == windows[1]
-    assert 474 in windows[0] and len(windows[0]) < 200
+        column, inside = scorer._window(scorer._phi(state, consumable=True))
+        windows.append((state["start"] + column[inside]).tolist())
+        bands.append((state["start"], state["r_blank"].size(1)))
+    assert windows[0] == windows[1] and bands[0] == bands[1]
+    assert 474 in windows[0] and len(windows[0]) < 200 and bands[0][1] < 200
