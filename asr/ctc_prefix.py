@@ -197,8 +197,13 @@ class CTCPrefixScorer:
         end = min(end, self.num_frames + 1)
         inputs = _fit(phi[:, skip:], end - 1 - begin)  # frames begin .. end - 2
         r_nonblank, r_blank = self._recursions(utterance, tokens, inputs, begin)
-        new = {**state, "r_nonblank": r_nonblank, "r_blank": r_blank, "start": begin}
-        new["last"] = tokens
+        new = {
+            **state,
+            "r_nonblank": r_nonblank,
+            "r_blank": r_blank,
+            "start": begin,
+            "last": tokens,
+        }
         growth = BAND_GROWTH
         while self._significant_at_end(new):
             new = self._grown(new, growth)
@@ -252,8 +257,7 @@ class CTCPrefixScorer:
         """The first column significant in any row (0 without a window or when none is)."""
         if self.window is None:
             return 0
-        kept = self._significant(phi).any(0)
-        return int(kept.int().argmax()) if bool(kept.any()) else 0
+        return int(_span(self._significant(phi).any(0))[0])
 
     def _significant_at_end(self, state: State) -> bool:
         """Whether the band stops before the last frame while some row, with frames left to
@@ -267,7 +271,7 @@ class CTCPrefixScorer:
         if self.window is None:
             return state
         kept = self._significant(self._phi(state, consumable=False)).any(0)  # (W,)
-        width = kept.numel() - int(kept.flip(0).int().argmax()) if bool(kept.any()) else 1
+        width = max(int(_span(kept)[1]), 1)
         return {
             **state,
             "r_nonblank": state["r_nonblank"][:, :width],
@@ -299,9 +303,7 @@ class CTCPrefixScorer:
         if self.window is None:
             span = torch.arange(columns, device=phi.device).expand(phi.size(0), -1)
             return span, phi > NEG_INF
-        kept = self._significant(phi)  # (N, W)
-        start = kept.int().argmax(-1)  # first kept column (0 when none)
-        end = torch.where(kept.any(-1), columns - kept.flip(-1).int().argmax(-1), start)
+        start, end = _span(self._significant(phi))  # (N,) each
         width = int((end - start).max()) if phi.size(0) else 0
         column = start[:, None] + torch.arange(width, device=phi.device)  # (N, K)
         return column.clamp(max=columns - 1), column < end[:, None]
@@ -316,6 +318,17 @@ class CTCPrefixScorer:
     def reorder_state(self, state: State, index: Tensor) -> State:
         """Keep hypotheses `index` (flat row indices)."""
         return reorder_batch(state, index)
+
+
+def _span(kept: Tensor) -> tuple[Tensor, Tensor]:
+    """The first True along the last dim of `kept` and one past the last (both 0 when none).
+
+    >>> [t.tolist() for t in _span(torch.tensor([[False, True, True, False], [False] * 4]))]
+    [[1, 0], [3, 0]]
+    """
+    start = kept.int().argmax(-1)
+    end = torch.where(kept.any(-1), kept.size(-1) - kept.flip(-1).int().argmax(-1), start)
+    return start, end
 
 
 def _fit(values: Tensor, width: int) -> Tensor:
