@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 
 
 def _adamw(params) -> torch.optim.Optimizer:
-    return torch.optim.AdamW(params, lr=1e-3, weight_decay=1e-6)
+    return torch.optim.AdamW(params, lr=1e-3, weight_decay=1e-6, fused=True)
 
 
 class ASRModule(L.LightningModule):
@@ -133,6 +133,28 @@ class ASRModule(L.LightningModule):
                 f"loss or gradient (model.max_nonfinite_steps={limit}); lower the learning rate, "
                 "check the data (asr validate-data) or train in fp32 (--trainer.precision 32)"
             )
+
+    def configure_gradient_clipping(
+        self,
+        optimizer: torch.optim.Optimizer,
+        gradient_clip_val: float | None = None,
+        gradient_clip_algorithm: str | None = None,
+    ) -> None:
+        """Clip as Lightning does, also for fused optimizers in bf16-mixed.
+
+        Lightning's mixed-precision plugin refuses to clip for an optimizer that unscales
+        fp16 gradients inside its step (fused AdamW), even when no gradient scaler is in use.
+        Without one (fp32, bf16) the gradients are already unscaled, so they are clipped here.
+        """
+        if not gradient_clip_val or _uses_grad_scaler(self.trainer):
+            lightning_clip = super().configure_gradient_clipping
+            lightning_clip(optimizer, gradient_clip_val, gradient_clip_algorithm)
+            return
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        if gradient_clip_algorithm == "value":
+            torch.nn.utils.clip_grad_value_(params, gradient_clip_val)
+        else:
+            torch.nn.utils.clip_grad_norm_(params, gradient_clip_val)
 
     def on_train_epoch_start(self) -> None:
         # Reshuffle buckets and redraw speed factors: Lightning does not reach a batch sampler.

@@ -353,3 +353,36 @@ def test_nonfinite_loss_skips_the_step_and_stops_after_a_streak(tiny_an4):
 
     with pytest.raises(FloatingPointError, match="3 consecutive training steps"):
         _tiny_fit(module, data, steps=20, callbacks=[_PoisonedLoss()])
+
+
+class _GradientNorm(L.Callback):
+    """Records the gradient norm each optimizer step used (gradients stay until the next step)."""
+
+    def __init__(self) -> None:
+        self.norms: list[float] = []
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
+        grads = [p.grad for p in module.parameters() if p.grad is not None]
+        self.norms.append(float(torch.nn.utils.get_total_norm(grads)))
+
+
+@pytest.mark.parametrize("precision", ["32", "bf16-mixed"])
+def test_gradient_clipping_with_the_fused_optimizer(tiny_an4, precision):
+    data = ASRDataModule(tiny_an4["train"], tiny_an4["dev"], tiny_an4["tokenizer"],
+                         max_batch_seconds=12, num_workers=0)  # fmt: skip
+    layers = {"d_model": 32, "num_heads": 2, "ffn_dim": 64, "num_layers": 1}
+    module = ASRModule(
+        Frontend(LogMelFilterbank(n_mels=40)),
+        partial(TransformerEncoder, **layers),
+        partial(TransformerDecoder, **layers),
+        vocab_size=data.vocab_size,
+        tokenizer=tiny_an4["tokenizer"],
+    )
+    assert module.configure_optimizers().defaults["fused"], "the default optimizer is fused"
+    norms = _GradientNorm()
+    trainer = L.Trainer(accelerator="cpu", max_steps=2, callbacks=[norms], logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False, limit_val_batches=0, precision=precision,
+                        gradient_clip_val=1e-3)  # fmt: skip
+    trainer.fit(module, data)
+    assert norms.norms == pytest.approx([1e-3, 1e-3], rel=1e-3)  # clipped from far above
