@@ -297,6 +297,55 @@ def _cpu_attention_formulas() -> dict[Any, Callable[..., int]]:
     }
 
 
+def kernel_ceiling(fn: Callable[[], Any], device: torch.device, repeats: int = 5) -> dict:
+    """The ops `count_flops` counts in `fn()`, replayed alone, back to back, on random inputs of
+    the recorded shapes, dtypes and strides: their FLOPs and the fastest of `repeats` passes.
+
+    Their rate bounds the MFU of `fn` at these shapes from above: it is what the step would
+    reach if everything between these kernels (elementwise ops, casts, the autograd engine,
+    Python) took no time.
+    """
+    calls = _counted_calls(fn)
+
+    def replay() -> None:
+        for func, args, kwargs in calls:
+            func(*args, **kwargs)
+
+    flops = count_flops(replay)
+    seconds = min(timed(replay, device) for _ in range(repeats))
+    return {"ops": len(calls), "flops": flops, "seconds": seconds, "gflops": flops / seconds / 1e9}
+
+
+def _counted_calls(fn: Callable[[], Any]) -> list[tuple[Any, tuple, dict]]:
+    """Each FLOP-counted aten call of `fn()` with fresh random tensors in place of its own."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_map
+    from torch.utils.flop_counter import FlopCounterMode
+
+    counted = FlopCounterMode(display=False, custom_mapping=_cpu_attention_formulas())
+    registry = set(counted.flop_registry)
+
+    def fresh(value: Any) -> Any:
+        if not isinstance(value, Tensor):
+            return value
+        out = torch.empty_strided(value.shape, value.stride(), dtype=value.dtype,
+                                  device=value.device)  # fmt: skip
+        return out.normal_() if out.is_floating_point() else out.zero_()
+
+    calls = []
+
+    class Recorder(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if func.overloadpacket in registry:
+                calls.append((func, tree_map(fresh, args), tree_map(fresh, kwargs)))
+            return func(*args, **kwargs)
+
+    with Recorder():
+        fn()
+    return calls
+
+
 def profile_ops(
     fn: Callable[[], Any], device: torch.device, path: Path, title: str, rows: int = 30
 ) -> list[dict[str, Any]]:

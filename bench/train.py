@@ -10,6 +10,7 @@ Lightning's own per-step overhead and data loading are not included.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import torch
@@ -24,6 +25,7 @@ from bench.common import (
     build_module,
     count_flops,
     count_parameters,
+    kernel_ceiling,
     measure_steps,
     model_config,
     profile_ops,
@@ -81,7 +83,8 @@ class Trainer:
 
 
 def run_config(name: str, settings: Settings, batches: list[Batch]) -> dict[str, Any]:
-    """fp32 and bf16 throughput of config `name`, its model FLOPs and a bf16 step profile."""
+    """fp32 and bf16 throughput of config `name`, its model FLOPs, the rate of its FLOP-counted
+    kernels alone (`kernel_ceiling`) and a bf16 step profile."""
     config = model_config(name, settings.data)
     clip = read_config(name).get("trainer", {}).get("gradient_clip_val")
     audio = [audio_seconds(b.wave_lens) for b in batches]
@@ -96,6 +99,9 @@ def run_config(name: str, settings: Settings, batches: list[Batch]) -> dict[str,
     results["parameters"] = count_parameters(bf16.module)
     flops = count_flops(lambda: bf16.forward_backward(first))  # as many FLOPs as in fp32
     results["flops_per_audio_second"] = flops / audio[0]
+    for precision, trainer in trainers.items():  # the MFU bound of these kernel shapes
+        step = partial(trainer.forward_backward, first)
+        results[precision]["kernel_ceiling"] = kernel_ceiling(step, settings.device)
     path = settings.out / f"profile_train_{name}_bf16.txt"
     title = (
         f"one bf16 training step of {results['config']} "
