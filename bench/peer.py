@@ -245,7 +245,8 @@ def train_throughput(
         optimizer.step()
 
     audio = [b.audio_seconds for b in batches]
-    result = measure_steps(step, batches, audio, settings.pick(1, 2), settings.device)
+    warmup, passes = settings.pick(1, 2), settings.pick(1, 3)
+    result = measure_steps(step, batches, audio, warmup, settings.device, passes)
     with torch.no_grad(), autocast(settings.device, precision):
         result["final_loss"] = float(system.loss(batches[0]))
     return result

@@ -214,7 +214,9 @@ def _train_md(res: dict[str, Any], derived: dict[str, Any]) -> list[str]:
         "config", "precision", "audio s / s", "steps / s", "s / step", "peak RSS MiB",
         "model GFLOP / audio s", "achieved GFLOP/s", "MFU", "kernels-only MFU",
     ]  # fmt: skip
+    passes = _get(next(iter(train.values())), "bf16", "passes") or 1
     notes = [
+        f"Each batch counts its fastest step of {passes} passes over the batches. "
         "Model FLOPs: torch.utils.flop_counter over one forward + backward (matmuls, "
         "convolutions, attention), per second of audio in the batch; MFU divides the achieved "
         "rate by the measured matmul peak of the same dtype. Kernels-only MFU: the same FLOP-"

@@ -94,7 +94,9 @@ def run_config(name: str, settings: Settings, batches: list[Batch]) -> dict[str,
         module = build_module(config, settings.seed).to(settings.device)
         trainers[precision] = trainer = Trainer(module, precision, clip)
         warmup = settings.pick(1, 2)
-        results[precision] = measure_steps(trainer.step, batches, audio, warmup, settings.device)
+        results[precision] = measure_steps(
+            trainer.step, batches, audio, warmup, settings.device, settings.pick(1, 3)
+        )
     bf16, first = trainers["bf16"], batches[0]
     results["parameters"] = count_parameters(bf16.module)
     flops = count_flops(lambda: bf16.forward_backward(first))  # as many FLOPs as in fp32
