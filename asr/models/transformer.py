@@ -9,11 +9,13 @@ keys/values, so one step costs O(t) instead of recomputing the whole prefix.
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from asr.models.dropout import Dropout, dropout
 from asr.models.interfaces import State, lengths_to_mask, reorder_batch
@@ -210,9 +212,8 @@ class MultiHeadAttention(nn.Module):
 
     Masks are broadcastable to `(B, H, L_q, L_k)`: boolean, True where a query may attend, or
     float, added to the scaled scores (`-inf` blocks a key; used for relative-position biases).
-    Without `need_weights` the fused `scaled_dot_product_attention` kernel runs (except for
-    bf16 on CPU up to 512 keys, where explicit matmuls are faster); with it the weights are
-    computed explicitly and returned (before dropout, so rows sum to 1).
+    Without `need_weights` the fused `scaled_dot_product_attention` kernel runs; with it the
+    weights are computed explicitly and returned (before dropout, so rows sum to 1).
 
     Args:
         d_model: model dimension, divisible by `num_heads`.
@@ -286,15 +287,15 @@ class MultiHeadAttention(nn.Module):
     ) -> tuple[Tensor, Tensor | None]:
         """`attend` before the output projection: per-head contexts `(B, H, L_q, d)` and the
         weights (or None)."""
-        explicit = need_weights or _explicit_scores_faster(query, key)
-        if is_causal and (mask is not None or explicit):
+        if is_causal and (mask is not None or need_weights):
             mask = _with_causal(mask, query.size(2), key.size(2), query.device)
             is_causal = False
         p = self.dropout if self.training else 0.0
-        if not explicit:
-            context = F.scaled_dot_product_attention(
-                query, key, value, attn_mask=mask, dropout_p=p, is_causal=is_causal
-            )
+        if not need_weights:
+            with _sdpa_backend(query, key):
+                context = F.scaled_dot_product_attention(
+                    query, key, value, attn_mask=mask, dropout_p=p, is_causal=is_causal
+                )
             return context, None
         scores = query @ key.transpose(-2, -1) / math.sqrt(self.head_dim)  # (B, H, Lq, Lk)
         if mask is not None and mask.dtype == torch.bool:
@@ -302,8 +303,7 @@ class MultiHeadAttention(nn.Module):
         elif mask is not None:
             scores = scores + mask
         weights = scores.softmax(dim=-1, dtype=torch.float32).to(value.dtype)
-        context = dropout(weights, p, self.training) @ value
-        return context, weights if need_weights else None
+        return dropout(weights, p, self.training) @ value, weights
 
     def output(self, context: Tensor) -> Tensor:
         """Per-head contexts `(B, H, L, d)` -> `(B, L, D)` through the output projection."""
@@ -468,23 +468,22 @@ def _with_causal(mask: Tensor | None, len_q: int, len_k: int, device: torch.devi
     return mask.masked_fill(~causal, float("-inf"))
 
 
-_EXPLICIT_MAX_KEYS = 512  # keys up to which CPU bf16 attention computes its scores explicitly
+_MATH_MAX_KEYS = 192  # keys up to which CPU bf16 attention uses the math kernel
 
 
-def _explicit_scores_faster(query: Tensor, key: Tensor) -> bool:
-    """Whether bf16 attention on CPU is faster as explicit bf16 matmuls + softmax than in
-    `scaled_dot_product_attention`, whose math kernel upcasts bf16 to fp32 and whose flash
-    kernel is slow on short sequences.
+def _sdpa_backend(query: Tensor, key: Tensor) -> contextlib.AbstractContextManager[None]:
+    """Short bf16 attention on CPU runs the math kernel, else torch's choice (flash).
 
-    Forward + backward of bf16 (B, 4, T, 36) attention with a float bias, B*T = 1056, on 2
-    cores (explicit / math / flash, ms): T=132 2.8 / 4.8 / 8.9, T=250 6.4 / 7.2 / 8.1, T=512
-    5.5 / 11.8 / 9.1. Longer inputs use the flash kernel, which never holds the (T, T) scores.
+    Forward + backward of (B, 4, T, 36) bf16 attention on 2 cores, flash vs math: T=75 6.8 vs
+    2.3 ms, T=160 6.2 vs 4.2 ms, T=200 5.9 vs 6.1 ms, T=500 15.9 vs 21.7 ms.
+    The math kernel computes in fp32. Explicit bf16 matmuls were faster still (bf16 AN4 step
+    1.06-1.18x), but leave the scores in bf16; one AN4 run with them (and fused AdamW) gave
+    test WER 7.5 / CER 4.1 against 6.1 / 3.1, so they await a comparison over several runs.
     """
-    return (
-        query.device.type == "cpu"
-        and query.dtype == torch.bfloat16
-        and key.size(-2) <= _EXPLICIT_MAX_KEYS
-    )
+    short = key.size(-2) <= _MATH_MAX_KEYS
+    if short and query.device.type == "cpu" and query.dtype == torch.bfloat16:
+        return sdpa_kernel(SDPBackend.MATH)
+    return contextlib.nullcontext()
 
 
 def key_padding_mask(lens: Tensor, max_len: int) -> Tensor:

@@ -178,17 +178,15 @@ def test_causal_attention_fused_equals_explicit() -> None:
     assert torch.all(weights.triu(diagonal=1) == 0)
 
 
-@pytest.mark.parametrize("keys", [9, 600])  # CPU bf16: explicit scores, then the fused kernel
-@pytest.mark.parametrize("is_causal", [False, True])  # padding mask, or causal alone
-def test_bf16_attention_matches_fp32(keys: int, is_causal: bool) -> None:
+@pytest.mark.parametrize("keys", [9, 300])  # CPU bf16: math kernel, then torch's choice
+def test_bf16_fused_attention_equals_explicit_on_either_kernel(keys: int) -> None:
     torch.manual_seed(0)
-    mha = MultiHeadAttention(16, 4).eval()
-    x = torch.randn(2, keys, 16)
-    valid = None if is_causal else lengths_to_mask(torch.tensor([keys, keys // 2]))[:, None, None]
-    want, _ = mha(x, x, x, valid, is_causal=is_causal)
-    got, _ = mha.to(torch.bfloat16)(*[x.bfloat16()] * 3, valid, is_causal=is_causal)
-    assert got.dtype == torch.bfloat16
-    torch.testing.assert_close(got.float(), want, atol=3e-2, rtol=3e-2)
+    mha = MultiHeadAttention(16, 4).eval().to(torch.bfloat16)
+    q, kv = torch.randn(2, 5, 16, dtype=torch.bfloat16), torch.randn(2, keys, 16).bfloat16()
+    valid = lengths_to_mask(torch.tensor([keys, keys // 2]))[:, None, None, :]
+    fused, _ = mha(q, kv, kv, valid)
+    explicit, _ = mha(q, kv, kv, valid, need_weights=True)
+    torch.testing.assert_close(fused, explicit, atol=2e-2, rtol=2e-2)
 
 
 def test_float_mask_equals_boolean_mask() -> None:
