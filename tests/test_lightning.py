@@ -320,14 +320,8 @@ class _PoisonedLoss(L.Callback):
         del module.model.loss  # back to the class's method
 
 
-def _tiny_fit(module: ASRModule, data: ASRDataModule, steps: int, callbacks=()) -> None:
-    trainer = L.Trainer(accelerator="cpu", max_steps=steps, callbacks=list(callbacks),
-                        logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                        enable_model_summary=False, limit_val_batches=0)  # fmt: skip
-    trainer.fit(module, data)
-
-
-def test_nonfinite_loss_skips_the_step_and_stops_after_a_streak(tiny_an4):
+def _tiny_module(tiny_an4: dict[str, str], **options) -> tuple[ASRModule, ASRDataModule]:
+    """A one-layer d=32 Transformer `ASRModule` (with `options`) and its AN4 data module."""
     data = ASRDataModule(tiny_an4["train"], tiny_an4["dev"], tiny_an4["tokenizer"],
                          max_batch_seconds=12, num_workers=0)  # fmt: skip
     layers = {"d_model": 32, "num_heads": 2, "ffn_dim": 64, "num_layers": 1}
@@ -337,8 +331,23 @@ def test_nonfinite_loss_skips_the_step_and_stops_after_a_streak(tiny_an4):
         partial(TransformerDecoder, **layers),
         vocab_size=data.vocab_size,
         tokenizer=tiny_an4["tokenizer"],
-        max_nonfinite_steps=3,
+        **options,
     )
+    return module, data
+
+
+def _tiny_fit(
+    module: ASRModule, data: ASRDataModule, steps: int, callbacks=(), **trainer_options
+) -> None:
+    trainer = L.Trainer(accelerator="cpu", max_steps=steps, callbacks=list(callbacks),
+                        logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False, limit_val_batches=0,
+                        **trainer_options)  # fmt: skip
+    trainer.fit(module, data)
+
+
+def test_nonfinite_loss_skips_the_step_and_stops_after_a_streak(tiny_an4):
+    module, data = _tiny_module(tiny_an4, max_nonfinite_steps=3)
     _tiny_fit(module, data, steps=1)  # optimizer moments exist from here on
     before = {k: v.clone() for k, v in module.state_dict().items()}
     _tiny_fit(module, data, steps=2, callbacks=[_PoisonedLoss()])
@@ -368,21 +377,9 @@ class _GradientNorm(L.Callback):
 
 @pytest.mark.parametrize("precision", ["32", "bf16-mixed"])
 def test_gradient_clipping_with_the_fused_optimizer(tiny_an4, precision):
-    data = ASRDataModule(tiny_an4["train"], tiny_an4["dev"], tiny_an4["tokenizer"],
-                         max_batch_seconds=12, num_workers=0)  # fmt: skip
-    layers = {"d_model": 32, "num_heads": 2, "ffn_dim": 64, "num_layers": 1}
-    module = ASRModule(
-        Frontend(LogMelFilterbank(n_mels=40)),
-        partial(TransformerEncoder, **layers),
-        partial(TransformerDecoder, **layers),
-        vocab_size=data.vocab_size,
-        tokenizer=tiny_an4["tokenizer"],
-    )
+    module, data = _tiny_module(tiny_an4)
     assert module.configure_optimizers().defaults["fused"], "the default optimizer is fused"
     norms = _GradientNorm()
-    trainer = L.Trainer(accelerator="cpu", max_steps=2, callbacks=[norms], logger=False,
-                        enable_checkpointing=False, enable_progress_bar=False,
-                        enable_model_summary=False, limit_val_batches=0, precision=precision,
-                        gradient_clip_val=1e-3)  # fmt: skip
-    trainer.fit(module, data)
+    _tiny_fit(module, data, steps=2, callbacks=[norms], precision=precision,
+              gradient_clip_val=1e-3)  # fmt: skip
     assert norms.norms == pytest.approx([1e-3, 1e-3], rel=1e-3)  # clipped from far above
