@@ -85,6 +85,7 @@ class ASRModule(L.LightningModule):
         self._plotted = 0
         self._skipped_steps = 0  # non-finite steps skipped in this run
         self._nonfinite_streak = 0
+        self._grad_norm: Tensor | None = None  # this step's, for clipping to reuse
         self._resume_rng: dict | None = None  # RNG state to restore at the next train batch
 
     def forward(self, waves: Tensor, wave_lens: Tensor) -> list[list[int]]:
@@ -113,8 +114,10 @@ class ASRModule(L.LightningModule):
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         if _uses_grad_scaler(self.trainer):
             return  # fp16: the GradScaler skips inf steps and adapts its scale itself
-        grads = [p.grad for p in self.parameters() if p.grad is not None]
-        if not grads or torch.isfinite(torch.nn.utils.get_total_norm(grads)):
+        grads = [p.grad for p in _parameters(optimizer) if p.grad is not None]
+        norm = torch.nn.utils.get_total_norm(grads) if grads else None
+        if norm is None or torch.isfinite(norm):
+            self._grad_norm = norm
             self._nonfinite_streak = 0
             return
         for p in self.parameters():
@@ -144,15 +147,18 @@ class ASRModule(L.LightningModule):
 
         Lightning's mixed-precision plugin refuses to clip for an optimizer that unscales
         fp16 gradients inside its step (fused AdamW), even when no gradient scaler is in use.
-        Without one (fp32, bf16) the gradients are already unscaled, so they are clipped here.
+        Without one (fp32, bf16) the gradients are already unscaled, so they are clipped here,
+        by the norm `on_before_optimizer_step` has just computed.
         """
         if not gradient_clip_val or _uses_grad_scaler(self.trainer):
             lightning_clip = super().configure_gradient_clipping
             lightning_clip(optimizer, gradient_clip_val, gradient_clip_algorithm)
             return
-        params = [p for group in optimizer.param_groups for p in group["params"]]
+        params, norm, self._grad_norm = _parameters(optimizer), self._grad_norm, None
         if gradient_clip_algorithm == "value":
             torch.nn.utils.clip_grad_value_(params, gradient_clip_val)
+        elif norm is not None:
+            torch.nn.utils.clip_grads_with_norm_(params, gradient_clip_val, norm)
         else:
             torch.nn.utils.clip_grad_norm_(params, gradient_clip_val)
 
@@ -286,6 +292,10 @@ def step_schedule(
         return optimizer
     scheduler = scheduler_factory(optimizer)
     return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+
+def _parameters(optimizer: torch.optim.Optimizer) -> list[Tensor]:
+    return [p for group in optimizer.param_groups for p in group["params"]]
 
 
 def _uses_grad_scaler(trainer: L.Trainer) -> bool:
