@@ -225,8 +225,25 @@ def _train_md(res: dict[str, Any], derived: dict[str, Any]) -> list[str]:
         "between those kernels took no time. Peak RSS: the process high-water mark over the "
         "timed steps (data loaded beforehand).",
         "",
+        *_lightning_md(train),
     ]
     return ["## Training throughput (AN4 configs)", ""] + _table(header, rows) + notes
+
+
+def _lightning_md(train: dict[str, Any]) -> list[str]:
+    """What `lightning.Trainer.fit` adds to the plain step above."""
+    runs = [data["lightning_overhead"] for data in train.values() if "lightning_overhead" in data]
+    lines = []
+    for run in runs:
+        lines += [
+            f"Inside `lightning.Trainer.fit` (as `asr fit` steps, less data loading and "
+            f"validation; bf16, {run['config']}, the same {run['steps']} batches, "
+            f"{run['passes']} passes alternating with the plain step): {run['fit_seconds']:.3f} s "
+            f"against {run['plain_seconds']:.3f} s of fastest steps, **{run['ratio']:.2f}x** the "
+            "plain step.",
+            "",
+        ]
+    return lines
 
 
 def _peer_md(res: dict[str, Any], derived: dict[str, Any]) -> list[str]:

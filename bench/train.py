@@ -5,15 +5,24 @@ builds them; the batches are its own (bucketing sampler, speed perturbation, bat
 loaded before timing. A step is what the Lightning loop runs per batch: frontend (with
 SpecAugment), joint CTC/attention loss, backward, gradient clipping at the config's value,
 optimizer and scheduler step; fp32, or bf16 autocast as `--trainer.precision bf16-mixed`.
-Lightning's own per-step overhead and data loading are not included.
+Data loading is not included. What Lightning's loop adds to that step is measured apart
+(`lightning_overhead`): the same batches through `lightning.Trainer.fit`.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import tempfile
+import time
+import warnings
+from collections.abc import Iterator
 from functools import partial
 from typing import Any
 
+import lightning as L
 import torch
+from torch.utils.data import DataLoader
 
 from asr.data.dataset import Batch
 from asr.lightning import ASRModule
@@ -30,6 +39,8 @@ from bench.common import (
     model_config,
     profile_ops,
     read_config,
+    synchronize,
+    timed,
     train_batches,
 )
 
@@ -114,6 +125,91 @@ def run_config(name: str, settings: Settings, batches: list[Batch]) -> dict[str,
     return results
 
 
+class StepTimes(L.Callback):
+    """Wall time of each training batch inside `Trainer.fit`, batch start to batch end."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.seconds: list[float] = []
+        self._start = 0.0
+
+    def on_train_batch_start(self, *args: Any) -> None:
+        synchronize(self.device)
+        self._start = time.perf_counter()
+
+    def on_train_batch_end(self, *args: Any) -> None:
+        synchronize(self.device)
+        self.seconds.append(time.perf_counter() - self._start)
+
+
+@contextlib.contextmanager
+def _quiet_lightning() -> Iterator[None]:
+    """No banners ("GPU available ...") or data loader advice from `Trainer.fit`."""
+    logger = logging.getLogger("lightning.pytorch")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        logger.setLevel(level)
+
+
+def _as_is(batch: Batch) -> Batch:
+    return batch
+
+
+def fit_pass(module: ASRModule, batches: list[Batch], clip: float | None, device) -> list[float]:
+    """Seconds of each step of one bf16 `Trainer.fit` epoch over `batches` (no validation)."""
+    timer = StepTimes(device)
+    with tempfile.TemporaryDirectory() as root, _quiet_lightning():
+        trainer = L.Trainer(
+            accelerator=device.type,
+            devices=1,
+            precision="bf16-mixed",
+            gradient_clip_val=clip,
+            max_epochs=1,
+            limit_val_batches=0,
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            callbacks=[timer],
+            default_root_dir=root,
+        )
+        loader = DataLoader(batches, batch_size=None, collate_fn=_as_is)  # already on device
+        trainer.fit(module, train_dataloaders=loader)
+    return timer.seconds
+
+
+def lightning_overhead(name: str, settings: Settings, batches: list[Batch]) -> dict[str, Any]:
+    """bf16 step time of config `name` inside `lightning.Trainer.fit` (as `asr fit` runs it,
+    less data loading and validation) against the plain `Trainer.step`: same batches and
+    initial weights, passes alternating between the two so a slow phase of the VM hits both;
+    each batch counts its fastest step."""
+    config = model_config(name, settings.data)
+    clip = read_config(name).get("trainer", {}).get("gradient_clip_val")
+    plain = Trainer(build_module(config, settings.seed).to(settings.device), "bf16", clip)
+    module = build_module(config, settings.seed)
+    for batch in batches[: settings.pick(1, 2)]:  # warm-up
+        plain.step(batch)
+    fitted, stepped = [], []
+    for _ in range(settings.pick(1, 3)):
+        fitted.append(fit_pass(module, batches, clip, settings.device))
+        stepped.append([timed(lambda b=b: plain.step(b), settings.device) for b in batches])
+    fit_seconds = sum(min(column) for column in zip(*fitted, strict=True))
+    plain_seconds = sum(min(column) for column in zip(*stepped, strict=True))
+    return {
+        "config": f"conf/an4/{CONFIGS[name].name}",
+        "steps": len(batches),
+        "passes": len(fitted),
+        "fit_seconds": fit_seconds,
+        "plain_seconds": plain_seconds,
+        "ratio": fit_seconds / plain_seconds,
+    }
+
+
 def run(settings: Settings) -> dict[str, Any]:
     """Both configs: audio seconds per second, steps/s, peak memory, model FLOPs."""
     results: dict[str, Any] = {}
@@ -125,4 +221,6 @@ def run(settings: Settings) -> dict[str, Any]:
         results[name]["max_batch_seconds"] = budget or read_config(name)["data"]["init_args"].get(
             "max_batch_seconds"
         )
+        if name == "transformer":
+            results[name]["lightning_overhead"] = lightning_overhead(name, settings, batches)
     return results
