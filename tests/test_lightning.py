@@ -119,14 +119,17 @@ def test_validation_runs_every_epoch_when_the_batch_count_changes(tiny_an4, tmp_
         "--data.max_batch_seconds", "5",
         "--data.num_buckets", "1",
         "--trainer.limit_val_batches", "1",
-        "--model.init_args.plot_utterances", "0",
+        "--model.init_args.plot_every_n_epochs", "3",
     ]  # fmt: skip
     main(args)
-    rows = list(csv.DictReader((tmp_path / "logs" / "version_0" / "metrics.csv").open()))
+    run = tmp_path / "logs" / "version_0"
+    rows = list(csv.DictReader((run / "metrics.csv").open()))
     val_steps = [int(r["step"]) for r in rows if r.get("val/wer")]
     assert len(val_steps) == 6, "one validation per epoch"
     per_epoch = {b - a for a, b in zip([-1, *val_steps], val_steps)}
     assert len(per_epoch) > 1, "the epochs should differ in batch count for this test to bite"
+    plotted = sorted(p.name[:8] for p in (run / "attention").glob("*.png"))
+    assert plotted == ["epoch002", "epoch005"], "plots after every third epoch only"
 
 
 DDP_SCRIPT = """
