@@ -116,6 +116,7 @@ class ASRModule(L.LightningModule):
         return out.loss
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        self._grad_norm = None
         if _uses_grad_scaler(self.trainer):
             return  # fp16: the GradScaler skips inf steps and adapts its scale itself
         grads = [p.grad for p in _parameters(optimizer) if p.grad is not None]
