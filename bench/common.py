@@ -82,6 +82,11 @@ def read_config(name: str) -> dict[str, Any]:
     return yaml.safe_load(CONFIGS[name].read_text())
 
 
+def clip_value(name: str) -> float | None:
+    """The gradient clipping value of config `name` (its `trainer.gradient_clip_val`)."""
+    return read_config(name).get("trainer", {}).get("gradient_clip_val")
+
+
 def model_config(name: str, data: Path, overrides: dict[str, Any] | None = None) -> dict:
     """`ASRModule` init args of config `name`, data paths pointed at `data`, with `overrides`
     merged in (nested dicts merge key by key)."""
@@ -246,7 +251,7 @@ def measure_steps(
         step(batch)
     with memory_window(device) as memory:
         times = [[timed(lambda b=b: step(b), device) for b in batches] for _ in range(passes)]
-    seconds = [min(column) for column in zip(*times, strict=True)]
+    seconds = fastest_per_batch(times)
     total = sum(seconds)
     return {
         "steps": len(batches),
@@ -259,6 +264,11 @@ def measure_steps(
         "pass_seconds": [sum(row) for row in times],
         "memory": memory,
     }
+
+
+def fastest_per_batch(times: list[list[float]]) -> list[float]:
+    """Each batch's fastest step over passes: `times[pass][batch]` seconds."""
+    return [min(column) for column in zip(*times, strict=True)]
 
 
 @contextlib.contextmanager

@@ -41,10 +41,10 @@ from bench.common import (
     Settings,
     audio_seconds,
     build_module,
+    clip_value,
     fastest,
     measure_steps,
     model_config,
-    read_config,
     timed_call,
     train_batches,
     write_json,
@@ -108,7 +108,7 @@ def _ddp_worker(
 def _ddp_measure(config: dict, batches: list[Batch], warmup: int) -> dict[str, Any]:
     """Timed DDP steps. The DDP model is freed when this returns, while the process group
     still exists (freed after it, its destructor can hang the process at exit)."""
-    clip = read_config("transformer")["trainer"].get("gradient_clip_val")
+    clip = clip_value("transformer")
     trainer = Trainer(build_module(config), "bf16", clip)
     model = nn.parallel.DistributedDataParallel(_LossModel(trainer))
 
@@ -277,7 +277,7 @@ def step_vs_batch(settings: Settings) -> dict[str, Any]:
     """bf16 training step time of conf/an4/transformer.yaml against batch seconds."""
     budgets = settings.pick([4, 8], [10, 20, 40, 80])
     config = model_config("transformer", settings.data)
-    clip = read_config("transformer")["trainer"].get("gradient_clip_val")
+    clip = clip_value("transformer")
     trainer = Trainer(build_module(config, settings.seed).to(settings.device), "bf16", clip)
     rows = []
     for budget in budgets:

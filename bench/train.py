@@ -32,8 +32,10 @@ from bench.common import (
     audio_seconds,
     autocast,
     build_module,
+    clip_value,
     count_flops,
     count_parameters,
+    fastest_per_batch,
     kernel_ceiling,
     measure_steps,
     model_config,
@@ -97,7 +99,7 @@ def run_config(name: str, settings: Settings, batches: list[Batch]) -> dict[str,
     """fp32 and bf16 throughput of config `name`, its model FLOPs, the rate of its FLOP-counted
     kernels alone (`kernel_ceiling`) and a bf16 step profile."""
     config = model_config(name, settings.data)
-    clip = read_config(name).get("trainer", {}).get("gradient_clip_val")
+    clip = clip_value(name)
     audio = [audio_seconds(b.wave_lens) for b in batches]
     results: dict[str, Any] = {"config": f"conf/an4/{CONFIGS[name].name}"}
     trainers = {}
@@ -189,7 +191,7 @@ def lightning_overhead(name: str, settings: Settings, batches: list[Batch]) -> d
     initial weights, passes alternating between the two so a slow phase of the VM hits both;
     each batch counts its fastest step."""
     config = model_config(name, settings.data)
-    clip = read_config(name).get("trainer", {}).get("gradient_clip_val")
+    clip = clip_value(name)
     plain = Trainer(build_module(config, settings.seed).to(settings.device), "bf16", clip)
     module = build_module(config, settings.seed)
     for batch in batches[: settings.pick(1, 2)]:  # warm-up
@@ -198,8 +200,7 @@ def lightning_overhead(name: str, settings: Settings, batches: list[Batch]) -> d
     for _ in range(settings.pick(1, 3)):
         fitted.append(fit_pass(module, batches, clip, settings.device))
         stepped.append([timed(lambda b=b: plain.step(b), settings.device) for b in batches])
-    fit_seconds = sum(min(column) for column in zip(*fitted, strict=True))
-    plain_seconds = sum(min(column) for column in zip(*stepped, strict=True))
+    fit_seconds, plain_seconds = sum(fastest_per_batch(fitted)), sum(fastest_per_batch(stepped))
     return {
         "config": f"conf/an4/{CONFIGS[name].name}",
         "steps": len(batches),
