@@ -22,6 +22,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from asr.malloc import retain_freed_memory
+
 LIGHTNING_COMMANDS = ("fit", "validate", "test", "predict")
 MAX_LISTED = 20  # failures spelled out on stderr by batch commands
 
@@ -317,6 +319,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    retain_freed_memory()
     if argv and argv[0] in LIGHTNING_COMMANDS:
         from asr.train import run_lightning_cli
 

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from asr.malloc import retain_freed_memory
 from bench import decode, peak, peer, report, scaling, train
 from bench.common import ROOT, Settings, ensure_data, write_json
 
@@ -67,6 +68,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def make_settings(args: argparse.Namespace) -> Settings:
+    retain_freed_memory()  # as `asr fit` does: ours and the peer alike
     if args.threads:
         torch.set_num_threads(args.threads)
     checkpoint = None if args.checkpoint == "random" else args.checkpoint

@@ -34,6 +34,7 @@ from asr.audio import load_audio
 from asr.data.dataset import Batch, SpeechDataset, collate
 from asr.data.manifest import read_manifest
 from asr.inference import Recognizer
+from asr.malloc import retain_freed_memory
 from asr.search import SearchOptions
 from asr.text import Tokenizer
 from bench.common import (
@@ -92,6 +93,7 @@ def _ddp_worker(
 ) -> None:
     """One DDP process: train on `batches` (every process the same ones, so per-process work
     is equal); rank 0 writes the throughput."""
+    retain_freed_memory()  # spawned: the parent's malloc settings do not carry over
     torch.set_num_threads(1)
     dist.init_process_group("gloo", f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     try:
