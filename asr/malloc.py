@@ -3,8 +3,10 @@
 glibc's malloc serves blocks above its mmap threshold with fresh `mmap`s and unmaps them on
 `free`, and trims the top of its heap when more than its trim threshold is free. A training
 step frees most of its activations and the next one allocates them again, so on CPU every
-step touches hundreds of MB of new pages: ~90k minor page faults per 8 steps of the peer-size
-Transformer in bf16, and about a sixth of its step time (`python -m bench peer`).
+step touches hundreds of MB of new pages: 80-110k minor page faults per 8 bf16 steps of the
+25 M-parameter peer-size Transformer (`bench/peer.py`), ~6-10k with this setting, and ~8 %
+more audio per second over whole passes, for SpeechBrain's model in the same process too
+(bench/RESULTS.md).
 
 `retain_freed_memory` raises the mmap threshold to its maximum (32 MiB on 64-bit) and stops
 trimming, so freed blocks are reused as tcmalloc or jemalloc would reuse them. The process
