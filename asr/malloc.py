@@ -4,9 +4,9 @@ glibc's malloc serves blocks above its mmap threshold with fresh `mmap`s and unm
 `free`, and trims the top of its heap when more than its trim threshold is free. A training
 step frees most of its activations and the next one allocates them again, so on CPU every
 step touches hundreds of MB of new pages: 80-110k minor page faults per 8 bf16 steps of the
-25 M-parameter peer-size Transformer (`bench/peer.py`), ~6-10k with this setting, and ~8 %
-more audio per second over whole passes, for SpeechBrain's model in the same process too
-(bench/RESULTS.md).
+25 M-parameter peer-size Transformer (`bench/peer.py`), ~6-10k with this setting, and 8-12 %
+more audio per second over whole passes, for SpeechBrain's model too (`python -m
+bench.allocator`, bench/RESULTS.md).
 
 `retain_freed_memory` raises the mmap threshold to its maximum (32 MiB on 64-bit) and stops
 trimming, so freed blocks are reused as tcmalloc or jemalloc would reuse them. The process

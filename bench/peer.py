@@ -229,9 +229,14 @@ System = Ours | SpeechBrainASR
 
 
 def train_throughput(
-    system: System, batches: list[Features], precision: str, settings: Settings
+    system: System,
+    batches: list[Features],
+    precision: str,
+    settings: Settings,
+    warmup: int | None = None,
 ) -> dict[str, Any]:
-    """`measure_steps` of `system`'s training step (AdamW, clipping) at `precision`."""
+    """`measure_steps` of `system`'s training step (AdamW, clipping) at `precision`, after
+    `warmup` untimed steps (default 2)."""
     system.train()
     params = list(system.parameters())
     optimizer = torch.optim.AdamW(params, lr=1e-3, betas=(0.9, 0.98), weight_decay=1e-6, fused=True)
@@ -245,7 +250,8 @@ def train_throughput(
         optimizer.step()
 
     audio = [b.audio_seconds for b in batches]
-    warmup, passes = settings.pick(1, 2), settings.pick(1, 3)
+    passes = settings.pick(1, 3)
+    warmup = settings.pick(1, 2) if warmup is None else warmup
     result = measure_steps(step, batches, audio, warmup, settings.device, passes)
     with torch.no_grad(), autocast(settings.device, precision):
         result["final_loss"] = float(system.loss(batches[0]))
