@@ -262,7 +262,9 @@ class RNNEncoder(nn.Module):
 
     @staticmethod
     def _run_rnn(rnn: nn.RNNBase, x: Tensor, x_lens: Tensor) -> Tensor:
-        """A packed RNN pass; the output is zero past each length."""
+        """The RNN over each utterance's valid frames; the output is zero past each length."""
+        if x.device.type == "cpu":
+            return _padded_rnn(rnn, x, x_lens)
         packed = pack_padded_sequence(x, x_lens.cpu(), batch_first=True, enforce_sorted=False)
         output, _ = rnn(packed)
         output, _ = pad_packed_sequence(output, batch_first=True, total_length=x.size(1))
@@ -277,6 +279,44 @@ class RNNEncoder(nn.Module):
         groups = rnn_output_lengths(time, (factor,))
         x = nn.functional.pad(x, (0, 0, 0, groups * factor - time))  # zero frames at the end
         return x.reshape(batch, groups, factor * dim), rnn_output_lengths(x_lens, (factor,))
+
+
+def _padded_rnn(rnn: nn.RNNBase, x: Tensor, x_lens: Tensor) -> Tensor:
+    """What a packed pass of the one-layer `rnn` computes, from padded calls in fp32.
+
+    On CPU the packed kernels' backward writes a zero gradient of the whole packed input
+    projection at every time step (3x slower for AN4's BiLSTM layers); unpacked calls run
+    oneDNN's LSTM instead. The forward direction reads the padded batch as it is (frames past
+    a length cannot reach earlier outputs); the reverse one reads each utterance reversed
+    within its length, and its output is reversed back.
+    """
+    with torch.autocast(x.device.type, enabled=False):  # as the packed kernels ran: fp32
+        x = x.to(rnn.weight_ih_l0.dtype)
+        outputs = [_one_direction(rnn, x, "")]
+        if rnn.bidirectional:
+            backward = _one_direction(rnn, _reverse_within(x, x_lens), "_reverse")
+            outputs.append(_reverse_within(backward, x_lens))
+        output = torch.cat(outputs, -1) if len(outputs) > 1 else outputs[0]
+    return output.masked_fill(~lengths_to_mask(x_lens, x.size(1))[..., None], 0.0)
+
+
+def _one_direction(rnn: nn.RNNBase, x: Tensor, suffix: str) -> Tensor:
+    """Output `(B, T, H)` of one direction (`suffix` "" or "_reverse") of `rnn` from zeros."""
+    # weight_ih, weight_hh (and bias_ih, bias_hh): the order the RNN functions take
+    weights = [p for name, p in rnn.named_parameters() if name.endswith(f"_l0{suffix}")]
+    h0 = x.new_zeros(1, x.size(0), rnn.hidden_size)
+    args = (weights, rnn.bias, 1, 0.0, rnn.training, False, True)  # 1 layer, uni-, batch first
+    if isinstance(rnn, nn.LSTM):
+        return torch.lstm(x, (h0, h0), *args)[0]
+    return torch.gru(x, h0, *args)[0]
+
+
+def _reverse_within(x: Tensor, x_lens: Tensor) -> Tensor:
+    """Each row's first `x_lens[b]` frames in reverse order, the padding left in place."""
+    time = torch.arange(x.size(1), device=x.device)
+    lens = x_lens[:, None].to(x.device)
+    index = torch.where(time < lens, lens - 1 - time, time)  # (B, T), its own inverse
+    return x.gather(1, index[..., None].expand(-1, -1, x.size(2)))
 
 
 class RNNAttentionDecoder(nn.Module):

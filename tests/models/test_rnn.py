@@ -85,6 +85,28 @@ def test_encoder_contract(rnn_type, bidirectional, mode, conv_front, proj) -> No
 
 
 @pytest.mark.parametrize(
+    "rnn_type,bidirectional", itertools.product(["lstm", "gru"], [True, False])
+)
+def test_cpu_padded_rnn_equals_a_packed_pass(rnn_type: str, bidirectional: bool) -> None:
+    """The unpacked CPU path (`_padded_rnn`) against PyTorch's packed pass: outputs and every
+    gradient, with garbage in the padding."""
+    torch.manual_seed(0)
+    layer = rnn._RNN_TYPES[rnn_type](FEAT_DIM, 5, batch_first=True, bidirectional=bidirectional)
+    x = features().requires_grad_()
+    packed = torch.nn.utils.rnn.pack_padded_sequence(
+        x, LENS, batch_first=True, enforce_sorted=False
+    )
+    expected, _ = torch.nn.utils.rnn.pad_packed_sequence(layer(packed)[0], batch_first=True)
+    actual = rnn._padded_rnn(layer, x, LENS)
+    torch.testing.assert_close(actual, expected, atol=1e-6, rtol=1e-5)
+    inputs = [x, *layer.parameters()]
+    weights = torch.randn_like(expected)  # a loss that reaches every output
+    grads = torch.autograd.grad((expected * weights).sum(), inputs)
+    for got, want in zip(torch.autograd.grad((actual * weights).sum(), inputs), grads):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize(
     "mode,conv_front", [("stride", False), ("concat", False), ("stride", True)]
 )
 def test_length_formula_matches_actual_outputs(mode: str, conv_front: bool) -> None:
