@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
+import math
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -299,8 +300,8 @@ def count_flops(fn: Callable[[], Any]) -> int:
 
 
 def _cpu_attention_formulas() -> dict[Any, Callable[..., int]]:
-    """FLOP formulas for the CPU flash-attention kernels, which torch's counter lacks (it would
-    count 0): the same as for the CUDA kernels."""
+    """FLOP formulas for CPU kernels torch's counter lacks (it would count 0): flash attention
+    (the same as for the CUDA kernels) and oneDNN's RNN layer (the RNN encoder on CPU)."""
     from torch.utils.flop_counter import sdpa_backward_flop_count, sdpa_flop_count
 
     def forward(query, key, value, *args, out_shape=None, **kwargs) -> int:
@@ -313,7 +314,21 @@ def _cpu_attention_formulas() -> dict[Any, Callable[..., int]]:
     return {
         aten._scaled_dot_product_flash_attention_for_cpu: forward,
         aten._scaled_dot_product_flash_attention_for_cpu_backward: backward,
+        aten.mkldnn_rnn_layer: _rnn_layer_flops,
+        aten.mkldnn_rnn_layer_backward: _rnn_layer_backward_flops,
     }
+
+
+def _rnn_layer_flops(input, w_ih, w_hh, *args, out_shape=None, **kwargs) -> int:
+    """oneDNN's RNN layer (one direction; the counter passes shapes): an input and a recurrent
+    matmul per frame."""
+    frames = input[0] * input[1]  # batch x time, either layout
+    return 2 * frames * (math.prod(w_ih) + math.prod(w_hh))
+
+
+def _rnn_layer_backward_flops(input, w_ih, w_hh, *args, out_shape=None, **kwargs) -> int:
+    """Twice the forward: gradients of the inputs and of the weights."""
+    return 2 * _rnn_layer_flops(input, w_ih, w_hh)
 
 
 def kernel_ceiling(fn: Callable[[], Any], device: torch.device, repeats: int = 5) -> dict:
