@@ -24,6 +24,7 @@ import torch
 from asr.malloc import OPT_OUT, retain_freed_memory
 from bench import peer
 from bench.common import ROOT, Settings, train_batches
+from bench.report import whole_passes_rate
 
 MODES = ("default", "tuned")
 
@@ -40,11 +41,10 @@ def child(system_name: str, steps: int) -> dict[str, float]:
     faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     result = peer.train_throughput(system, batches, "bf16", settings, warmup=len(batches))
     faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
-    passes = result["pass_seconds"]
     return {
         "tuned": tuned,
-        "audio_seconds_per_second": result["audio_seconds"] * len(passes) / sum(passes),
-        "minor_faults_per_pass": faults / (len(passes) + 1),  # the warm-up pass included
+        "audio_seconds_per_second": whole_passes_rate(result),
+        "minor_faults_per_pass": faults / (result["passes"] + 1),  # the warm-up pass included
     }
 
 

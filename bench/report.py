@@ -76,7 +76,7 @@ def _peer_ratios(peer: dict[str, Any]) -> dict[str, float]:
         theirs = _get(peer, "speechbrain", precision, "audio_seconds_per_second")
         if ours and theirs:
             out[f"train_{precision}"] = ours / theirs
-        ours, theirs = (_whole_passes_rate(peer.get(n, {}).get(precision)) for n in SYSTEMS)
+        ours, theirs = (whole_passes_rate(peer.get(n, {}).get(precision)) for n in SYSTEMS)
         if ours and theirs:
             out[f"train_{precision}_whole_passes"] = ours / theirs
     for mode in ("beam10", "beam10_ctc"):
@@ -87,7 +87,7 @@ def _peer_ratios(peer: dict[str, Any]) -> dict[str, float]:
     return out
 
 
-def _whole_passes_rate(steps: dict[str, Any] | None) -> float | None:
+def whole_passes_rate(steps: dict[str, Any] | None) -> float | None:
     """Audio seconds per second over every timed step (`measure_steps`), stalls included."""
     if not steps or not steps.get("pass_seconds"):
         return None
@@ -301,7 +301,7 @@ def _peer_md(res: dict[str, Any], derived: dict[str, Any]) -> list[str]:
         "of steps (tokens / hyp; SpeechBrain's limit is the batch's padded length).",
         "",
     ]
-    whole = [_whole_passes_rate(peer[n].get("bf16")) for n in SYSTEMS]
+    whole = [whole_passes_rate(peer[n].get("bf16")) for n in SYSTEMS]
     if all(whole):
         notes[-1:] = [
             "Training counts each batch's fastest step of its passes; over every step of every "
