@@ -135,6 +135,7 @@ def evaluate(
         "boundary_error_ms": _mean(boundary_errors),
         "boundary_error_utterances": len(boundary_errors),
         "search": asdict(options),
+        "precision": recognizer.precision,
         "checkpoint": recognizer.checkpoint,
         "manifest": str(manifest),
         **(extra or {}),

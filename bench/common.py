@@ -194,13 +194,6 @@ def fastest(repeats: int, measure: Callable[[], tuple[float, Any]]) -> tuple[flo
     return min(seconds for seconds, _ in passes), passes[0][1]
 
 
-def autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager:
-    """bf16 autocast for "bf16" (what `--trainer.precision bf16-mixed` does), none for "fp32"."""
-    if precision not in ("fp32", "bf16"):
-        raise ValueError(f"precision must be fp32 or bf16, got {precision!r}")
-    return torch.autocast(device.type, torch.bfloat16, enabled=precision == "bf16")
-
-
 def reset_peak_memory(device: torch.device) -> None:
     """Start a new peak: the CUDA allocator's, or the process's RSS high-water mark (Linux
     resets VmHWM to the current RSS when 5 is written to clear_refs)."""

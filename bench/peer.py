@@ -29,11 +29,11 @@ import torch
 from torch import Tensor, nn
 
 from asr.models.seq2seq import PAD_ID, SOS_EOS_ID, Seq2Seq, add_sos_eos
+from asr.precision import autocast
 from asr.search import BLANK_ID, SearchOptions, beam_search
 from bench.common import (
     Settings,
     audio_seconds,
-    autocast,
     build_module,
     count_flops,
     count_parameters,

@@ -26,11 +26,11 @@ from torch.utils.data import DataLoader
 
 from asr.data.dataset import Batch
 from asr.lightning import ASRModule
+from asr.precision import PRECISIONS, autocast
 from bench.common import (
     CONFIGS,
     Settings,
     audio_seconds,
-    autocast,
     build_module,
     clip_value,
     count_flops,
@@ -45,8 +45,6 @@ from bench.common import (
     timed,
     train_batches,
 )
-
-PRECISIONS = ("fp32", "bf16")
 
 
 class Trainer:

@@ -49,7 +49,7 @@ def test_cli_scores_equal_jiwer_on_the_written_files(checkpoint, tmp_path, capsy
     out = tmp_path / "eval"
     code = main([
         "evaluate", "--checkpoint", str(checkpoint), "--manifest", str(manifest),
-        "--out", str(out), "--beam-size", "2", "--plots", "2", "--quiet",
+        "--out", str(out), "--beam-size", "2", "--plots", "2", "--quiet", "--precision", "bf16",
     ])  # fmt: skip
     assert code == 0
     assert "WER" in capsys.readouterr().out
@@ -70,7 +70,7 @@ def test_cli_scores_equal_jiwer_on_the_written_files(checkpoint, tmp_path, capsy
     assert metrics["audio_hours"] == pytest.approx(seconds / 3600)
     assert metrics["real_time_factor"] == pytest.approx(metrics["decode_seconds"] / seconds)
     assert metrics["search"]["beam_size"] == 2 and metrics["search"]["ctc_weight"] == 0.3
-    assert metrics["checkpoint"] == str(checkpoint)
+    assert metrics["checkpoint"] == str(checkpoint) and metrics["precision"] == "bf16"
     plots = sorted(p.name for p in (out / "alignments").iterdir())
     assert plots == ["an251-fash-b.png", "an251-fash-b_heads.png",
                      "an253-fash-b.png", "an253-fash-b_heads.png"]  # fmt: skip

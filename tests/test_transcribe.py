@@ -8,6 +8,7 @@ checkpoint trained through `asr fit` for the command-line tests.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import subprocess
@@ -23,14 +24,16 @@ import pytest
 import soundfile
 import torch
 from conftest import REPO, corpus_path
+from torch import nn
 
+import asr.inference
 from asr.alignment import Word
 from asr.audio import audio_info, load_audio
 from asr.cli import main
 from asr.data.dataset import collate
 from asr.data.manifest import Utterance, write_manifest
 from asr.frontends import Frontend, LogMelFilterbank, UtteranceCMVN, compute_cmvn_stats
-from asr.inference import Recognizer, Segment, Transcript
+from asr.inference import Recognizer, Segment, Transcript, load_model
 from asr.models.ctc import CTCHead
 from asr.models.rnn import RNNEncoder
 from asr.models.seq2seq import Seq2Seq
@@ -298,6 +301,54 @@ def test_recognises_and_batched_equals_one_at_a_time(overfit):
         for a, b in zip(alone, batched):
             assert a.tokens == b.tokens and a.score == pytest.approx(b.score, abs=1e-4)
             np.testing.assert_allclose(a.token_starts, b.token_starts, atol=1e-6)
+
+
+@pytest.mark.parametrize("step_rows", [1, 10**6])  # decoder steps in bf16 / in fp32
+def test_bf16_runs_the_model_in_bf16_and_returns_float32_results(overfit, monkeypatch, step_rows):
+    monkeypatch.setattr(asr.inference, "BF16_STEP_ROWS", step_rows)
+    recognizer, waves = overfit
+    bf16 = dataclasses.replace(recognizer, precision="bf16")
+    dtypes = {"encoder": [], "decoder": []}
+    hooks = [
+        next(
+            m for m in getattr(recognizer.model, name).modules() if isinstance(m, nn.Linear)
+        ).register_forward_hook(lambda module, args, out, seen=seen: seen.append(out.dtype))
+        for name, seen in dtypes.items()
+    ]
+    step_dtype = torch.bfloat16 if step_rows == 1 else torch.float32
+    try:
+        for options in (GREEDY, JOINT):
+            for seen in dtypes.values():
+                seen.clear()
+            exact = recognizer.transcribe_batch(waves, options=options)
+            for seen in dtypes.values():
+                assert set(seen) == {torch.float32}
+                seen.clear()
+            decoded = bf16.search(waves, options)
+            assert [recognizer.tokenizer.decode(d.hypothesis.tokens) for d in decoded] == [
+                t.text for t in exact
+            ]
+            assert set(dtypes["encoder"]) == {torch.bfloat16}
+            assert set(dtypes["decoder"]) == {step_dtype}
+            assert decoded[0].hypothesis.attention.dtype == torch.float32
+            assert decoded[0].ctc_log_probs.dtype == torch.float32
+        alignment = bf16.align(waves[3], "u m n y h six")
+        assert dtypes["decoder"][-1] == torch.bfloat16, "teacher forcing: the whole model"
+        assert alignment.attention.dtype == alignment.features.dtype == torch.float32
+        reference = recognizer.align(waves[3], "u m n y h six")
+        assert [w.text for w in alignment.ctc_words] == [w.text for w in reference.ctc_words]
+        assert alignment.score == pytest.approx(reference.score, rel=0.05)
+    finally:
+        for hook in hooks:
+            hook.remove()
+
+
+def test_unknown_precision_is_refused(overfit, tmp_path):
+    recognizer, _ = overfit
+    with pytest.raises(ValueError, match="precision must be one of"):
+        dataclasses.replace(recognizer, precision="fp16")
+    with pytest.raises(ValueError, match="precision must be one of"):
+        load_model(tmp_path / "missing.ckpt", precision="half")  # before reading the file
 
 
 @pytest.mark.parametrize("timestamps", ["attention", "ctc"])
