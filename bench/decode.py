@@ -1,17 +1,18 @@
 """Decoding speed on AN4 test: real-time factor (decode seconds per audio second) and
 utterances per second of greedy, beam 10 and beam 10 + CTC (weight 0.3) search at batch
-1, 8 and 32, beside the time of the frontend + encoder alone; WER per cell as a check that the
-model decodes what it should.
+1, 8 and 32, in fp32 and under bf16 autocast (`Recognizer.precision`), beside the time of
+the frontend + encoder alone; WER per cell as a check that the model decodes what it should.
 
-Decoding runs `Recognizer.search` (frontend, encoder, CTC head, search) in fp32 on waveforms
-loaded beforehand, utterances sorted by length and batched in that order (as `asr evaluate`).
-Each time (search and encoder alike) is the fastest of 3 passes over the test set.
+Decoding runs `Recognizer.search` (frontend, encoder, CTC head, search) on waveforms loaded
+beforehand, utterances sorted by length and batched in that order (as `asr evaluate`). Each
+time is the fastest of 3 passes over the test set. Greedy search and the fp32 encoder alone
+are timed in alternating passes, so that their ratio compares the same machine state.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
@@ -22,6 +23,7 @@ from asr.audio import load_audio
 from asr.data.manifest import read_manifest
 from asr.inference import Recognizer, load_model
 from asr.metrics import word_errors
+from asr.precision import PRECISIONS
 from asr.search import SearchOptions
 from bench.common import (
     SAMPLE_RATE,
@@ -123,25 +125,27 @@ def _cell(seconds: float, utts: Utterances, wer: float | None = None) -> dict[st
 
 
 def run(settings: Settings) -> dict[str, Any]:
-    """The decode grid, encoder times and a profile of one beam 10 + CTC batch."""
+    """The decode grid in both precisions, greedy against the encoder alone and a profile of
+    one beam 10 + CTC batch."""
     recognizer, label = load_recognizer(settings)
     utts = test_utterances(settings, settings.pick(8, None))
     sizes = settings.pick([1, 8], [1, 8, 32])
     refs = [recognizer.tokenizer.normalizer(t) for t in utts.texts]
     first = Utterances(utts.texts[:2], utts.waves[:2])
-    for mode in MODES:  # warm-up: allocator, kernels, positional tables
-        time_search(recognizer, first, 2, search_options(mode, settings))
     repeats = settings.pick(1, 3)
-    grid: dict[str, dict[str, Any]] = {mode: {} for mode in MODES}
-    for mode in MODES:
-        for size in sizes:
+    grid: dict[str, dict[str, Any]] = {}
+    for precision in PRECISIONS:
+        decoder = replace(recognizer, precision=precision)
+        for mode in MODES:  # warm-up: allocator, kernels, positional tables
+            time_search(decoder, first, 2, search_options(mode, settings))
+        for mode in MODES:
             options = search_options(mode, settings)
-            seconds, hyps = fastest(repeats, partial(time_search, recognizer, utts, size, options))
-            grid[mode][str(size)] = _cell(seconds, utts, 100 * word_errors(refs, hyps).rate)
-    encoder = {
-        str(size): _cell(min(time_encoder(recognizer, utts, size) for _ in range(repeats)), utts)
-        for size in sizes
-    }
+            cells = grid[mode if precision == "fp32" else f"{mode}_{precision}"] = {}
+            for size in sizes:
+                measure = partial(time_search, decoder, utts, size, options)
+                seconds, hyps = fastest(repeats, measure)
+                cells[str(size)] = _cell(seconds, utts, 100 * word_errors(refs, hyps).rate)
+    greedy, encoder = greedy_and_encoder(recognizer, utts, sizes, settings)
     full = [rows for rows in utts.batches(sizes[-1]) if len(rows) == sizes[-1]] or [
         range(len(utts.waves))
     ]
@@ -157,6 +161,24 @@ def run(settings: Settings) -> dict[str, Any]:
         "batch_sizes": sizes,
         "grid": grid,
         "encoder": encoder,
+        "greedy_alternating": greedy,
         "profile": profile,
         "profile_file": path.name,
     }
+
+
+def greedy_and_encoder(
+    recognizer: Recognizer, utts: Utterances, sizes: list[int], settings: Settings
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Cells of fp32 greedy search and of the frontend + encoder alone, per batch size, each
+    the fastest of passes that alternate between the two."""
+    options = search_options("greedy", settings)
+    greedy, encoder = {}, {}
+    for size in sizes:
+        search_times, encoder_times = [], []
+        for _ in range(settings.pick(1, 5)):
+            search_times.append(time_search(recognizer, utts, size, options)[0])
+            encoder_times.append(time_encoder(recognizer, utts, size))
+        greedy[str(size)] = _cell(min(search_times), utts)
+        encoder[str(size)] = _cell(min(encoder_times), utts)
+    return greedy, encoder
