@@ -47,12 +47,16 @@ def derive(parts: dict[str, Any]) -> dict[str, Any]:
         "mfu": _mfu(res.get("train") or {}, _get(res, "peak", "peak_gflops") or {}),
         "peer": _peer_ratios(res.get("peer") or {}),
         "greedy_over_encoder": _greedy_over_encoder(res.get("decode") or {}),
-        "peer_mfu": _peer_mfu(res.get("peer") or {}, _get(res, "peak", "peak_gflops") or {}),
+        "peer_mfu": _mfu(
+            {name: res["peer"][name] for name in SYSTEMS if name in (res.get("peer") or {})},
+            _get(res, "peak", "peak_gflops") or {},
+        ),
     }
 
 
 def _mfu(train: dict[str, Any], peaks: dict[str, float]) -> dict[str, Any]:
-    """Achieved model GFLOP/s and its fraction of the matmul peak, per config and dtype."""
+    """Achieved model GFLOP/s and its fraction of the matmul peak, per config (or peer-part
+    system) and dtype."""
     out = {}
     for config, data in train.items():
         for precision in ("fp32", "bf16"):
@@ -85,18 +89,6 @@ def _peer_ratios(peer: dict[str, Any]) -> dict[str, float]:
         theirs = _get(peer, "speechbrain", "decode", mode, "seconds")
         if ours and theirs:
             out[f"decode_{mode}_speedup"] = theirs / ours
-    return out
-
-
-def _peer_mfu(peer: dict[str, Any], peaks: dict[str, float]) -> dict[str, dict[str, float]]:
-    """Each peer-part system's model FLOPs utilisation per precision."""
-    out: dict[str, dict[str, float]] = {}
-    for name in SYSTEMS:
-        flops = _get(peer, name, "flops_per_audio_second")
-        for precision, peak in peaks.items():
-            rate = _get(peer, name, precision, "audio_seconds_per_second")
-            if flops and rate and peak:
-                out.setdefault(name, {})[precision] = rate * flops / 1e9 / peak
     return out
 
 
@@ -289,7 +281,7 @@ def _peer_md(res: dict[str, Any], derived: dict[str, Any]) -> list[str]:
                 _num(d["flops_per_audio_second"] / 1e9, "{:.2f}"),
                 _num(d["fp32"]["audio_seconds_per_second"], "{:.2f}"),
                 _num(d["bf16"]["audio_seconds_per_second"], "{:.2f}"),
-                _num(_get(derived, "peer_mfu", name, "bf16"), "{:.1%}"),
+                _num(_get(derived, "peer_mfu", f"{name}_bf16", "mfu"), "{:.1%}"),
                 _num(d["decode"]["beam10"]["seconds"], "{:.2f}"),
                 _num(d["decode"]["beam10_ctc"]["seconds"], "{:.2f}"),
                 _num(d["decode"]["beam10_ctc"]["mean_tokens"], "{:.1f}"),
