@@ -23,6 +23,7 @@ PAD_ID = 1
 SOS_EOS_ID = 3
 NON_OUTPUT_IDS = (BLANK_ID, PAD_ID)  # never emitted by search
 NEG_INF = float("-inf")
+COMPACT_FINISHED = 0.25  # greedy_search drops ended rows once they are this share of its batch
 
 
 @dataclass
@@ -124,7 +125,9 @@ def greedy_search(
 ) -> list[Hypothesis]:
     """Batched greedy decoding: every utterance advances one token per step.
 
-    Blank and pad are never emitted.
+    Blank and pad are never emitted. Utterances that have ended (eos) leave the decoder's
+    batch (`reorder_state`) once they are a `COMPACT_FINISHED` share of it, so that the
+    last steps cost what the longest outputs need.
 
     Args:
         decoder: a decoder with the step interface.
@@ -135,27 +138,45 @@ def greedy_search(
         One `Hypothesis` per utterance, in batch order.
     """
     batch = enc.size(0)
-    limits = max_output_length(enc_lens, max_len_ratio)
+    limits = max_output_length(enc_lens.to(enc.device), max_len_ratio)
+    max_steps = int(limits.max()) if batch else 0
     state = decoder.init_state(enc, enc_lens)
     non_outputs = torch.tensor(NON_OUTPUT_IDS, device=enc.device)
+    rows = torch.arange(batch, device=enc.device)  # the utterance of each decoder row
     prev = torch.full((batch,), SOS_EOS_ID, dtype=torch.long, device=enc.device)
-    done = torch.zeros(batch, dtype=torch.bool, device=enc.device)
+    done = torch.zeros(batch, dtype=torch.bool, device=enc.device)  # per decoder row
+    tokens = torch.full((batch, max_steps), SOS_EOS_ID, dtype=torch.long, device=enc.device)
     scores = torch.zeros(batch, device=enc.device)
-    steps: list[Tensor] = []
-    attns: list[Tensor] = []
-    for t in range(int(limits.max())):
+    attns: list[tuple[Tensor, Tensor]] = []  # per step: its rows and their attention
+    for t in range(max_steps):
         logp, state, attn = decoder.step(prev, state)
         logp = logp.float().index_fill(1, non_outputs, NEG_INF)
-        best = logp.argmax(dim=-1).masked_fill_(limits <= t + 1, SOS_EOS_ID)
-        scores += logp.gather(1, best[:, None]).squeeze(1).masked_fill_(done, 0.0)
+        best = logp.argmax(dim=-1).masked_fill_(limits[rows] <= t + 1, SOS_EOS_ID)
+        scores[rows] += logp.gather(1, best[:, None]).squeeze(1).masked_fill_(done, 0.0)
         best.masked_fill_(done, SOS_EOS_ID)
-        steps.append(best)
-        attns.append(attn.float())
+        tokens[rows, t] = best
+        attns.append((rows, attn.float()))
         done |= best == SOS_EOS_ID
         prev = best
-        if bool(done.all()):
+        finished = int(done.sum())
+        if finished == rows.numel():
             break
-    return _collect(torch.stack(steps, 1), torch.stack(attns, 2), scores, enc_lens)
+        if finished >= COMPACT_FINISHED * rows.numel():
+            running = (~done).nonzero().squeeze(1)
+            state = decoder.reorder_state(state, running)
+            rows, prev, done = rows[running], prev[running], done[running]
+    return _collect(tokens[:, : len(attns)], _gather_steps(attns, batch), scores, enc_lens)
+
+
+def _gather_steps(attns: list[tuple[Tensor, Tensor]], batch: int) -> Tensor:
+    """`(B, K, S, T)` from per-step `(rows, (R, K, T))`; zeros where a row had left."""
+    if not attns:
+        return torch.zeros(batch, 0, 0, 0)
+    first = attns[0][1]
+    out = first.new_zeros(batch, first.size(1), len(attns), first.size(2))
+    for t, (rows, attn) in enumerate(attns):
+        out[rows, :, t] = attn
+    return out
 
 
 def _collect(ids: Tensor, attn: Tensor, scores: Tensor, enc_lens: Tensor) -> list[Hypothesis]:

@@ -168,6 +168,25 @@ def test_beam_of_one_is_greedy(family: str) -> None:
 
 
 @pytest.mark.parametrize("family", ["transformer", "rnn"])
+def test_greedy_drops_ended_rows_and_changes_nothing(family: str, monkeypatch) -> None:
+    decoder, enc = make_decoder(family), encoder_output()
+    rows: list[int] = []
+    step = decoder.step
+    monkeypatch.setattr(
+        decoder, "step", lambda prev, state: rows.append(len(prev)) or step(prev, state)
+    )
+    compacted = greedy_search(decoder, enc, LENS)
+    compacted_rows, rows[:] = rows[:], []
+    monkeypatch.setattr(search, "COMPACT_FINISHED", 2.0)  # never
+    full = greedy_search(decoder, enc, LENS)
+    assert set(rows) == {3} and min(compacted_rows) < 3 and len(compacted_rows) == len(rows)
+    for ours, theirs in zip(compacted, full, strict=True):
+        assert ours.tokens == theirs.tokens
+        assert ours.score == pytest.approx(theirs.score, abs=1e-5)
+        torch.testing.assert_close(ours.attention, theirs.attention)
+
+
+@pytest.mark.parametrize("family", ["transformer", "rnn"])
 def test_batched_search_equals_one_utterance_at_a_time(family: str) -> None:
     decoder, enc, ctc, lm = make_decoder(family), encoder_output(), ctc_posteriors(), TinyLM()
     options = SearchOptions(beam_size=3, ctc_weight=0.3, lm_weight=0.4, max_len_ratio=0.9)

@@ -637,35 +637,30 @@ class DecoderLayer(nn.Module):
         mem_k: Tensor,
         mem_v: Tensor,
         mem_mask: Tensor,
-        rows: Tensor | int | None = None,
+        group: int | None = None,
     ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """One position: x `(B, 1, D)`, past self-attention keys/values `(B, H, t, d)` ->
         output `(B, 1, D)`, cross-attention `(B, H, 1, T)`, keys/values `(B, H, t + 1, d)`.
-        With `rows`, the memory holds one entry per utterance (see `_grouped_cross_and_ffn`)."""
+        With `group` G, the memory holds one entry per G rows (see `_grouped_cross_and_ffn`)."""
         q, k, v = self.self_attn.project_self(self.self_norm(x))
         k, v = torch.cat([past_k, k], dim=2), torch.cat([past_v, v], dim=2)  # (B, H, t+1, d)
         x = x + self.dropout(self.self_attn.attend(q, k, v)[0])
-        if rows is None:
+        if group is None:
             x, attn = self._cross_and_ffn(x, mem_k, mem_v, mem_mask)
         else:
-            x, attn = self._grouped_cross_and_ffn(x, mem_k, mem_v, mem_mask, rows)
+            x, attn = self._grouped_cross_and_ffn(x, mem_k, mem_v, mem_mask, group)
         return x, attn, k, v
 
     def _grouped_cross_and_ffn(
-        self, x: Tensor, mem_k: Tensor, mem_v: Tensor, mem_mask: Tensor, rows: Tensor | int
+        self, x: Tensor, mem_k: Tensor, mem_v: Tensor, mem_mask: Tensor, group: int
     ) -> tuple[Tensor, Tensor]:
-        """Cross-attention of N rows against the memory of U utterances, stored once each.
-
-        `rows` is the int G when row r belongs to utterance r // G (the beam-search layout:
-        the G rows of an utterance attend as G queries, no copy of the memory); otherwise a
-        `(N,)` tensor naming each row's utterance (the memory is gathered).
-        """
-        if not isinstance(rows, int):
-            return self._cross_and_ffn(x, mem_k[rows], mem_v[rows], mem_mask[rows])
+        """Cross-attention of N rows against the memory of U utterances, stored once each:
+        row r belongs to utterance r // `group` (the beam-search layout), so the `group` rows
+        of an utterance attend as that many queries, with no copy of the memory."""
         n, _, dim = x.shape
         q = self.cross_attn.project_query(self.cross_norm(x))  # (N, H, 1, d)
         heads, d = q.size(1), q.size(3)
-        q = q.reshape(n // rows, rows, heads, d).transpose(1, 2)  # (U, H, G, d)
+        q = q.reshape(n // group, group, heads, d).transpose(1, 2)  # (U, H, G, d)
         out, attn = self.cross_attn.attend(q, mem_k, mem_v, mem_mask, need_weights=True)
         x = x + self.dropout(out.reshape(n, 1, dim))
         attn = attn.transpose(1, 2).reshape(n, heads, 1, -1)  # (N, H, 1, T)
@@ -795,7 +790,11 @@ class TransformerDecoder(nn.Module):
         """
         t = state["self_keys"][0].size(2)
         x = self.positions(self.embedding(tokens[:, None]), offset=t)  # (B, 1, D)
-        rows = _row_layout(state["memory_rows"], state["memory_mask"].size(0))
+        group = _row_groups(state["memory_rows"], state["memory_mask"].size(0))
+        if group is None:
+            raise ValueError(
+                "TransformerDecoder.step: build the state with init_state/reorder_state"
+            )
         self_keys, self_values, attns = [], [], []
         for i, layer in enumerate(self.layers):
             x, attn, k, v = layer.step(
@@ -805,7 +804,7 @@ class TransformerDecoder(nn.Module):
                 state["memory_keys"][i],
                 state["memory_values"][i],
                 state["memory_mask"],
-                rows,
+                None if group == 1 else group,
             )
             self_keys.append(k)
             self_values.append(v)
@@ -816,20 +815,38 @@ class TransformerDecoder(nn.Module):
         return log_probs, new_state, torch.cat(attns, dim=1)[:, :, 0]
 
     def reorder_state(self, state: State, index: Tensor) -> State:
-        """Keep rows `index` (e.g. the surviving beams): the self-attention caches and the
-        row-to-utterance map; the per-utterance encoder memory is shared, not copied."""
+        """Keep rows `index`: the self-attention caches and the row-to-utterance map. While
+        each utterance's rows stay together and in utterance order (beam search's surviving
+        beams), the per-utterance encoder memory is shared, not copied; any other selection
+        (e.g. greedy search dropping finished rows) gathers it here, once, so that no step
+        has to."""
         rows = {key: state[key] for key in ("memory_rows", "self_keys", "self_values")}
         shared = {key: value for key, value in state.items() if key not in rows}
-        return {**shared, **reorder_batch(rows, index)}
+        reordered = {**shared, **reorder_batch(rows, index)}
+        if _row_groups(reordered["memory_rows"], state["memory_mask"].size(0)) is None:
+            return _memory_per_row(reordered)
+        return reordered
 
 
-def _row_layout(rows: Tensor, utterances: int) -> Tensor | int | None:
-    """How search rows map to utterances: None when row i is utterance i, the int G when
-    row r is utterance r // G (beams kept together), else the `(N,)` map itself."""
+def _row_groups(rows: Tensor, utterances: int) -> int | None:
+    """G when search row r reads the memory of utterance r // G (1: row i is utterance i),
+    None for any other row-to-utterance map."""
     n = rows.numel()
-    if n % utterances == 0:
-        group = n // utterances
-        layout = torch.arange(utterances, device=rows.device).repeat_interleave(group)
-        if torch.equal(rows, layout):
-            return None if group == 1 else group
-    return rows
+    if n % utterances:
+        return None
+    group = n // utterances
+    layout = torch.arange(utterances, device=rows.device).repeat_interleave(group)
+    return group if torch.equal(rows, layout) else None
+
+
+def _memory_per_row(state: State) -> State:
+    """`state` with the encoder memory gathered to one entry per search row."""
+    rows = state["memory_rows"]
+    keys, values = state["memory_keys"], state["memory_values"]
+    return {
+        **state,
+        "memory_keys": [k.index_select(0, rows) for k in keys],
+        "memory_values": [v.index_select(0, rows) for v in values],
+        "memory_mask": state["memory_mask"].index_select(0, rows),
+        "memory_rows": torch.arange(rows.numel(), device=rows.device),
+    }
