@@ -23,7 +23,7 @@ PAD_ID = 1
 SOS_EOS_ID = 3
 NON_OUTPUT_IDS = (BLANK_ID, PAD_ID)  # never emitted by search
 NEG_INF = float("-inf")
-COMPACT_FINISHED = 0.25  # greedy_search drops ended rows once they are this share of its batch
+COMPACT_FINISHED = 0.25  # searches drop ended utterances once they are this share of the batch
 
 
 @dataclass
@@ -205,6 +205,8 @@ def beam_search(
     eos leaves the beam for the ended list and its slot is refilled at the next step (ESPnet
     style); an utterance stops at its length limit, or, when scores can only fall (no
     length bonus or normalisation), once no running hypothesis can still enter its n-best.
+    Stopped utterances leave the decoder state (`reorder_state`) once they are a
+    `COMPACT_FINISHED` share of those still searched.
 
     Args:
         decoder: a decoder with the step interface.
@@ -235,10 +237,14 @@ def beam_search(
         scores = fusion.token_scores(prev, logp.float(), t)
         candidates = fusion.candidates(scores)
         source, prev = beams.advance(scores, candidates, fusion.ctc_scores(candidates), attn, t)
-        state = decoder.reorder_state(state, source)
-        fusion.reorder(source, prev)
         if not bool(beams.running.any()):
             break
+        kept = beams.drop_ended()
+        if kept is not None:
+            source, prev = source[kept], prev[kept]
+            fusion.keep_rows(kept)
+        state = decoder.reorder_state(state, source)
+        fusion.reorder(source, prev)
     return beams.nbest(enc_lens)
 
 
@@ -311,6 +317,10 @@ class _Fusion:
             return None
         return self.options.ctc_weight * self.ctc.score(self.ctc_state, candidates)
 
+    def keep_rows(self, rows: Tensor) -> None:
+        """Keep the length rules of rows `rows` (`_Beams.drop_ended`); `reorder` follows."""
+        self.limits, self.min_lens = self.limits[rows], self.min_lens[rows]
+
     def reorder(self, source: Tensor, tokens: Tensor) -> None:
         """Follow the beam: keep rows `source`, then append `tokens` `(N,)`."""
         if self.lm is not None:
@@ -320,7 +330,9 @@ class _Fusion:
 
 
 class _Beams:
-    """Running scores and the history of `B` utterances x `beam` rows (row `b * beam + k`).
+    """Running scores and the history of the live utterances x `beam` rows (row `u * beam + k`
+    of live utterance u); utterances whose hypotheses have all ended can be dropped
+    (`drop_ended`), and the history still backtracks every utterance.
 
     A row's score splits into `partial` (the attention, LM and length terms, accumulated) and
     `ctc` (the weighted CTC prefix score of the whole prefix, not a sum); a row without a
@@ -328,7 +340,8 @@ class _Beams:
     """
 
     def __init__(self, batch: int, beam: int, options: SearchOptions, device: torch.device):
-        self.batch, self.beam = batch, beam
+        self.utterances, self.beam = batch, beam
+        self.live = torch.arange(batch, device=device)  # (U,) the utterances still searched
         self.returned = options.nbest or beam  # hypotheses returned per utterance
         self.prune = _can_prune(options)
         self.normalise = options.length_normalization
@@ -337,10 +350,17 @@ class _Beams:
         self.partial = start.flatten()  # (N,)
         self.ctc = torch.zeros_like(self.partial)  # (N,)
         self.best_ended = torch.full((batch, beam), NEG_INF, device=device)  # for pruning
-        self.tokens: list[Tensor] = []  # per step, (N,) the token each row appended
-        self.parents: list[Tensor] = []  # per step, (N,) the row it extended
-        self.ended: list[Tensor] = []  # per step, (N,) final score where that token is eos
-        self.attention: list[Tensor] = []  # per step, (N, K, T) of the rows before selection
+        self.kept: Tensor | None = None  # rows kept by `drop_ended` since the last step
+        # Per step, over the rows of its live utterances (`lives`): the token each row
+        # appended, the row it extended (`parents`, in the rows the decoder stepped), the
+        # decoder's attention and the rows kept before that step (`kepts`, None: all); `ended`
+        # over all B * beam rows: the final score where that token is eos.
+        self.lives: list[Tensor] = []
+        self.tokens: list[Tensor] = []
+        self.parents: list[Tensor] = []
+        self.attention: list[Tensor] = []
+        self.kepts: list[Tensor | None] = []
+        self.ended: list[Tensor] = []
 
     @property
     def running(self) -> Tensor:
@@ -350,7 +370,7 @@ class _Beams:
     def advance(
         self, scores: Tensor, candidates: Tensor | None, ctc: Tensor | None, attn: Tensor, t: int
     ) -> tuple[Tensor, Tensor]:
-        """Keep the `beam` best extensions per utterance.
+        """Keep the `beam` best extensions per live utterance.
 
         Args:
             scores: `(N, V)` token scores from `_Fusion.token_scores`.
@@ -367,45 +387,73 @@ class _Beams:
         partial = self.partial[:, None] + scores  # (N, C)
         total = partial + (ctc if ctc is not None else self.ctc[:, None])
         width = total.size(1)
-        best, index = total.view(self.batch, -1).topk(self.beam, dim=1)  # (B, beam) of beam * C
-        flat = (index + self._offsets(self.beam * width)).flatten()  # into the (N * C) entries
+        best, index = total.view(self.live.numel(), -1).topk(self.beam, dim=1)  # of beam * C
+        flat = (index + self._offsets(self.live.numel(), self.beam * width)).flatten()
         source = flat // width
         tokens = flat % width if candidates is None else candidates.flatten()[flat]
         if ctc is not None:
             self.ctc = ctc.flatten()[flat]
-        self._record(tokens, source, best.flatten(), attn.float(), t)
-        self.partial = partial.flatten()[flat].masked_fill(~self._keep(tokens, best), NEG_INF)
+        ended = self._record(tokens, source, best.flatten(), attn.float(), t)
+        keep = self._keep(tokens, best, ended)
+        self.partial = partial.flatten()[flat].masked_fill(~keep, NEG_INF)
         return source, tokens
 
-    def _offsets(self, stride: int) -> Tensor:
-        """`(B, 1)` start of each utterance's block of `stride` entries."""
-        return torch.arange(self.batch, device=self.partial.device)[:, None] * stride
+    def _offsets(self, utterances: int, stride: int) -> Tensor:
+        """`(U, 1)` start of each utterance's block of `stride` entries."""
+        return torch.arange(utterances, device=self.partial.device)[:, None] * stride
 
-    def _record(self, tokens: Tensor, source: Tensor, total: Tensor, attn: Tensor, t: int) -> None:
+    def _record(
+        self, tokens: Tensor, source: Tensor, total: Tensor, attn: Tensor, t: int
+    ) -> Tensor:
+        """Append this step to the history; returns the `(N,)` final scores of rows ending."""
         final = total / (t + 1) if self.normalise else total  # t tokens + eos
-        self.ended.append(final.masked_fill(tokens != SOS_EOS_ID, NEG_INF))
+        ended = final.masked_fill(tokens != SOS_EOS_ID, NEG_INF)
+        every_row = torch.full((self.utterances, self.beam), NEG_INF, device=ended.device)
+        every_row[self.live] = ended.view(-1, self.beam)
+        self.ended.append(every_row.flatten())
+        self.lives.append(self.live)
         self.tokens.append(tokens)
         self.parents.append(source)
         self.attention.append(attn)
+        self.kepts.append(self.kept)
+        self.kept = None
+        return ended
 
-    def _keep(self, tokens: Tensor, total: Tensor) -> Tensor:
+    def _keep(self, tokens: Tensor, total: Tensor, ended: Tensor) -> Tensor:
         """`(N,)` which new rows keep running: not ended, not -inf and, when pruning, still
-        above the `beam`-th best ended score of their utterance. total `(B, beam)`."""
-        threshold = torch.full_like(total[:, :1], NEG_INF)  # (B, 1)
+        above the `beam`-th best ended score of their utterance. total `(U, beam)`."""
+        threshold = torch.full_like(total[:, :1], NEG_INF)  # (U, 1)
         if self.prune:
-            ended = self.ended[-1].view(self.batch, self.beam)
+            ended = ended.view(-1, self.beam)
             self.best_ended = torch.cat([self.best_ended, ended], 1).topk(self.beam, dim=1).values
             threshold = self.best_ended[:, -1:]
         return (total > threshold).flatten() & (tokens != SOS_EOS_ID)
 
+    def drop_ended(self) -> Tensor | None:
+        """Stop searching the utterances without a running hypothesis once they are a
+        `COMPACT_FINISHED` share of the live ones; returns the `(N',)` rows kept (None when
+        nothing was dropped)."""
+        running = self.running.view(-1, self.beam).any(1)  # (U,)
+        finished = running.numel() - int(running.sum())
+        if finished == 0 or finished < COMPACT_FINISHED * running.numel():
+            return None
+        utterances = running.nonzero().squeeze(1)
+        rows = (
+            utterances[:, None] * self.beam + torch.arange(self.beam, device=utterances.device)
+        ).flatten()
+        self.live, self.best_ended = self.live[utterances], self.best_ended[utterances]
+        self.partial, self.ctc = self.partial[rows], self.ctc[rows]
+        self.kept = rows
+        return rows
+
     def nbest(self, enc_lens: Tensor) -> list[list[Hypothesis]]:
         """Up to `nbest` ended hypotheses per utterance, best first."""
-        steps = len(self.ended)
-        ended = torch.stack(self.ended).view(steps, self.batch, self.beam)
-        ended = ended.transpose(0, 1).reshape(self.batch, steps * self.beam)  # (B, S * beam)
+        steps, batch = len(self.ended), self.utterances
+        ended = torch.stack(self.ended).view(steps, batch, self.beam)
+        ended = ended.transpose(0, 1).reshape(batch, steps * self.beam)  # (B, S * beam)
         scores, index = ended.topk(self.returned, dim=1)  # (B, nbest)
         end_step = index // self.beam
-        slot = index % self.beam + self._offsets(self.beam)
+        slot = index % self.beam + self._offsets(batch, self.beam)
         tokens, attention = self._backtrack(end_step.flatten(), slot.flatten())
         hyps: list[list[Hypothesis]] = []
         for b, (row_scores, row_steps) in enumerate(zip(scores.tolist(), end_step.tolist())):
@@ -419,16 +467,25 @@ class _Beams:
 
     def _backtrack(self, end_step: Tensor, slot: Tensor) -> tuple[list[list[int]], Tensor]:
         """Tokens (eos last) and attention `(M, K, S, T)` of the M hypotheses that ended at
-        `end_step` `(M,)` in row `slot` `(M,)`; entries past each end are junk."""
-        history, parents = torch.stack(self.tokens), torch.stack(self.parents)  # (S, N)
-        row = slot
+        `end_step` `(M,)` in row `slot` `(M,)` of all B * beam; entries past each end are junk."""
+        row = torch.zeros_like(slot)
         tokens, attention = [], []
-        for s in reversed(range(history.size(0))):
-            row = torch.where(end_step == s, slot, row)
-            tokens.append(history[s, row])
-            row = parents[s, row]
+        for s in reversed(range(len(self.tokens))):
+            row = torch.where(end_step == s, self._live_row(s, slot), row)
+            tokens.append(self.tokens[s][row])
+            row = self.parents[s][row]
             attention.append(self.attention[s][row])
+            if self.kepts[s] is not None:
+                row = self.kepts[s][row]
         return torch.stack(tokens[::-1], 1).tolist(), torch.stack(attention[::-1], 2)
+
+    def _live_row(self, step: int, slot: Tensor) -> Tensor:
+        """Rows of step `step`'s history for rows `slot` of all B * beam (junk for an
+        utterance no longer searched then)."""
+        live = self.lives[step]
+        position = torch.zeros(self.utterances, dtype=torch.long, device=live.device)
+        position[live] = torch.arange(live.numel(), device=live.device)
+        return position[slot // self.beam] * self.beam + slot % self.beam
 
 
 def _check_search_inputs(

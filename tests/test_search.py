@@ -187,6 +187,27 @@ def test_greedy_drops_ended_rows_and_changes_nothing(family: str, monkeypatch) -
 
 
 @pytest.mark.parametrize("family", ["transformer", "rnn"])
+def test_beam_search_drops_ended_utterances_and_changes_nothing(family: str, monkeypatch) -> None:
+    decoder, enc, ctc, lm = make_decoder(family), encoder_output(), ctc_posteriors(), TinyLM()
+    options = SearchOptions(beam_size=3, ctc_weight=0.3, lm_weight=0.4, max_len_ratio=0.9)
+    rows: list[int] = []
+    step = decoder.step
+    monkeypatch.setattr(
+        decoder, "step", lambda prev, state: rows.append(len(prev)) or step(prev, state)
+    )
+    compacted = beam_search(decoder, enc, LENS, options, ctc, lm)
+    compacted_rows, rows[:] = rows[:], []
+    monkeypatch.setattr(search, "COMPACT_FINISHED", 2.0)  # never
+    full = beam_search(decoder, enc, LENS, options, ctc, lm)
+    assert set(rows) == {9} and set(compacted_rows) == {9, 6, 3}
+    for ours, theirs in zip(compacted, full, strict=True):
+        assert [h.tokens for h in ours] == [h.tokens for h in theirs]
+        assert [h.score for h in ours] == pytest.approx([h.score for h in theirs], abs=1e-5)
+        for mine, want in zip(ours, theirs, strict=True):
+            torch.testing.assert_close(mine.attention, want.attention)
+
+
+@pytest.mark.parametrize("family", ["transformer", "rnn"])
 def test_batched_search_equals_one_utterance_at_a_time(family: str) -> None:
     decoder, enc, ctc, lm = make_decoder(family), encoder_output(), ctc_posteriors(), TinyLM()
     options = SearchOptions(beam_size=3, ctc_weight=0.3, lm_weight=0.4, max_len_ratio=0.9)

@@ -818,13 +818,13 @@ class TransformerDecoder(nn.Module):
         """Keep rows `index`: the self-attention caches and the row-to-utterance map. While
         each utterance's rows stay together and in utterance order (beam search's surviving
         beams), the per-utterance encoder memory is shared, not copied; any other selection
-        (e.g. greedy search dropping finished rows) gathers it here, once, so that no step
-        has to."""
+        (e.g. a search dropping ended utterances) gathers it here, once, so that no step has
+        to."""
         rows = {key: state[key] for key in ("memory_rows", "self_keys", "self_values")}
         shared = {key: value for key, value in state.items() if key not in rows}
         reordered = {**shared, **reorder_batch(rows, index)}
         if _row_groups(reordered["memory_rows"], state["memory_mask"].size(0)) is None:
-            return _memory_per_row(reordered)
+            return _memory_regrouped(reordered)
         return reordered
 
 
@@ -839,14 +839,18 @@ def _row_groups(rows: Tensor, utterances: int) -> int | None:
     return group if torch.equal(rows, layout) else None
 
 
-def _memory_per_row(state: State) -> State:
-    """`state` with the encoder memory gathered to one entry per search row."""
+def _memory_regrouped(state: State) -> State:
+    """`state` with the encoder memory gathered to one entry per run of consecutive rows
+    that read the same utterance when the runs are all as long (beams of the utterances
+    still searched), else to one entry per row."""
     rows = state["memory_rows"]
-    keys, values = state["memory_keys"], state["memory_values"]
+    entries, runs = torch.unique_consecutive(rows, return_counts=True)
+    group = int(runs[0]) if runs.numel() and bool((runs == runs[0]).all()) else 1
+    entries = entries if group > 1 else rows
     return {
         **state,
-        "memory_keys": [k.index_select(0, rows) for k in keys],
-        "memory_values": [v.index_select(0, rows) for v in values],
-        "memory_mask": state["memory_mask"].index_select(0, rows),
-        "memory_rows": torch.arange(rows.numel(), device=rows.device),
+        "memory_keys": [k.index_select(0, entries) for k in state["memory_keys"]],
+        "memory_values": [v.index_select(0, entries) for v in state["memory_values"]],
+        "memory_mask": state["memory_mask"].index_select(0, entries),
+        "memory_rows": torch.arange(entries.numel(), device=rows.device).repeat_interleave(group),
     }
