@@ -23,7 +23,7 @@ import torch
 
 from asr.malloc import OPT_OUT, retain_freed_memory
 from bench import peer
-from bench.common import ROOT, Settings, train_batches
+from bench.common import ROOT, Settings, measure_steps, train_batches
 from bench.report import whole_passes_rate
 
 MODES = ("default", "tuned")
@@ -39,7 +39,8 @@ def child(system_name: str, steps: int) -> dict[str, float]:
     raw = train_batches("transformer", settings, steps, None)
     batches = [peer.features(frontend, b.waves, b.wave_lens, b.tokens, b.token_lens) for b in raw]
     faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    result = peer.train_throughput(system, batches, "bf16", settings, warmup=len(batches))
+    step, audio = peer.training_step(system, "bf16", settings), [b.audio_seconds for b in batches]
+    result = measure_steps(step, batches, audio, len(batches), cpu, settings.pick(1, 3))
     faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
     return {
         "tuned": tuned,

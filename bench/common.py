@@ -244,19 +244,50 @@ def measure_steps(
     for batch in batches[:warmup]:
         step(batch)
     with memory_window(device) as memory:
-        times = [[timed(lambda b=b: step(b), device) for b in batches] for _ in range(passes)]
+        times = [_timed_pass(step, batches, device) for _ in range(passes)]
+    return {**_throughput(times, audio), "memory": memory}
+
+
+def measure_alternating(
+    steps: dict[str, Callable[[Any], Any]],
+    batches: list[Any],
+    audio: list[float],
+    warmup: int,
+    device: torch.device,
+    passes: int,
+) -> dict[str, dict[str, Any]]:
+    """`measure_steps` of several step functions over the same batches, with their passes
+    alternating (A B, B A, A B, ...), so that the VM's slow and fast spells fall on all of them
+    alike rather than on whichever ran during them. No peak memory (one process high-water
+    mark for all)."""
+    for step in steps.values():
+        for batch in batches[:warmup]:
+            step(batch)
+    times: dict[str, list[list[float]]] = {name: [] for name in steps}
+    for index in range(passes):
+        order = list(steps) if index % 2 == 0 else list(reversed(steps))
+        for name in order:
+            times[name].append(_timed_pass(steps[name], batches, device))
+    return {name: _throughput(rows, audio) for name, rows in times.items()}
+
+
+def _timed_pass(step: Callable[[Any], Any], batches: list[Any], device: torch.device) -> list:
+    return [timed(lambda b=b: step(b), device) for b in batches]
+
+
+def _throughput(times: list[list[float]], audio: list[float]) -> dict[str, Any]:
+    """Rates from `times[pass][batch]` seconds, each batch counting its fastest step."""
     seconds = fastest_per_batch(times)
     total = sum(seconds)
     return {
-        "steps": len(batches),
-        "passes": passes,
+        "steps": len(seconds),
+        "passes": len(times),
         "seconds": total,
         "audio_seconds": sum(audio),
         "audio_seconds_per_second": sum(audio) / total,
-        "steps_per_second": len(batches) / total,
+        "steps_per_second": len(seconds) / total,
         "step_seconds": seconds,
         "pass_seconds": [sum(row) for row in times],
-        "memory": memory,
     }
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import importlib.metadata
 import os
 import warnings
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,7 +38,7 @@ from bench.common import (
     build_module,
     count_flops,
     count_parameters,
-    measure_steps,
+    measure_alternating,
     model_config,
     timed_call,
     train_batches,
@@ -228,15 +229,8 @@ class SpeechBrainASR(nn.Module):
 System = Ours | SpeechBrainASR
 
 
-def train_throughput(
-    system: System,
-    batches: list[Features],
-    precision: str,
-    settings: Settings,
-    warmup: int | None = None,
-) -> dict[str, Any]:
-    """`measure_steps` of `system`'s training step (AdamW, clipping) at `precision`, after
-    `warmup` untimed steps (default 2)."""
+def training_step(system: System, precision: str, settings: Settings) -> Callable[[Features], None]:
+    """`system`'s training step (AdamW, clipping) at `precision`, with its own optimizer."""
     system.train()
     params = list(system.parameters())
     optimizer = torch.optim.AdamW(params, lr=1e-3, betas=(0.9, 0.98), weight_decay=1e-6, fused=True)
@@ -249,13 +243,22 @@ def train_throughput(
         torch.nn.utils.clip_grad_norm_(params, CLIP)
         optimizer.step()
 
+    return step
+
+
+def train_throughput(
+    systems: Sequence[System], batches: list[Features], precision: str, settings: Settings
+) -> dict[str, dict[str, Any]]:
+    """Training throughput of each system at `precision` (`measure_alternating`: their passes
+    alternate), after 2 untimed steps each; and each one's loss on the first batch after."""
+    steps = {system.name: training_step(system, precision, settings) for system in systems}
     audio = [b.audio_seconds for b in batches]
-    passes = settings.pick(1, 3)
-    warmup = settings.pick(1, 2) if warmup is None else warmup
-    result = measure_steps(step, batches, audio, warmup, settings.device, passes)
-    with torch.no_grad(), autocast(settings.device, precision):
-        result["final_loss"] = float(system.loss(batches[0]))
-    return result
+    warmup, passes = settings.pick(1, 2), settings.pick(1, 3)
+    results = measure_alternating(steps, batches, audio, warmup, settings.device, passes)
+    for system in systems:
+        with torch.no_grad(), autocast(settings.device, precision):
+            results[system.name]["final_loss"] = float(system.loss(batches[0]))
+    return results
 
 
 def decode_speed(system: System, batch: Features, settings: Settings) -> dict[str, Any]:
@@ -330,8 +333,10 @@ def compare(settings: Settings, version: str) -> dict[str, Any]:
         results[system.name] = {
             "parameters": count_parameters(system),
             "flops_per_audio_second": fwd_bwd_flops(system, batches[0]) / batches[0].audio_seconds,
-            **{p: train_throughput(system, batches, p, settings) for p in ("fp32", "bf16")},
         }
+    for precision in ("fp32", "bf16"):
+        for name, measured in train_throughput((ours, peer), batches, precision, settings).items():
+            results[name][precision] = measured
     utts = similar_lengths(test_utterances(settings, None), settings.pick(4, 32))
     test = features(frontend, *pad_waves(utts.waves, settings.device))
     results["decode_batch"] = {"utterances": len(utts.waves), "audio_seconds": utts.seconds}
