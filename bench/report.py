@@ -313,7 +313,8 @@ def _peer_md(res: dict[str, Any], derived: dict[str, Any]) -> list[str]:
     whole = [whole_passes_rate(peer[n].get("bf16")) for n in SYSTEMS]
     if all(whole):
         notes[-1:] = [
-            "Training counts each batch's fastest step of its passes; over every step of every "
+            "Training: the two systems' passes alternate, and each batch counts its fastest "
+            "step of its passes; over every step of every "
             f"pass (stalls included) bf16 gives ours {whole[0]:.2f}, SpeechBrain "
             f"{whole[1]:.2f} audio s/s: **{whole[0] / whole[1]:.2f}x**.",
             "",
