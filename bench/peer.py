@@ -250,7 +250,8 @@ def train_throughput(
     systems: Sequence[System], batches: list[Features], precision: str, settings: Settings
 ) -> dict[str, dict[str, Any]]:
     """Training throughput of each system at `precision` (`measure_alternating`: their passes
-    alternate), after 2 untimed steps each; and each one's loss on the first batch after."""
+    alternate), after 2 untimed steps each (1 with --quick); and each one's loss on the first
+    batch after."""
     steps = {system.name: training_step(system, precision, settings) for system in systems}
     audio = [b.audio_seconds for b in batches]
     warmup, passes = settings.pick(1, 2), settings.pick(1, 3)
