@@ -350,16 +350,14 @@ class _Beams:
         self.partial = start.flatten()  # (N,)
         self.ctc = torch.zeros_like(self.partial)  # (N,)
         self.best_ended = torch.full((batch, beam), NEG_INF, device=device)  # for pruning
-        self.kept: Tensor | None = None  # rows kept by `drop_ended` since the last step
         # Per step, over the rows of its live utterances (`lives`): the token each row
-        # appended, the row it extended (`parents`, in the rows the decoder stepped), the
-        # decoder's attention and the rows kept before that step (`kepts`, None: all); `ended`
-        # over all B * beam rows: the final score where that token is eos.
+        # appended, the row it extended (`parents`, in the rows the decoder stepped) and the
+        # decoder's attention; `ended` over all B * beam rows: the final score where that
+        # token is eos.
         self.lives: list[Tensor] = []
         self.tokens: list[Tensor] = []
         self.parents: list[Tensor] = []
         self.attention: list[Tensor] = []
-        self.kepts: list[Tensor | None] = []
         self.ended: list[Tensor] = []
 
     @property
@@ -415,8 +413,6 @@ class _Beams:
         self.tokens.append(tokens)
         self.parents.append(source)
         self.attention.append(attn)
-        self.kepts.append(self.kept)
-        self.kept = None
         return ended
 
     def _keep(self, tokens: Tensor, total: Tensor, ended: Tensor) -> Tensor:
@@ -443,7 +439,6 @@ class _Beams:
         ).flatten()
         self.live, self.best_ended = self.live[utterances], self.best_ended[utterances]
         self.partial, self.ctc = self.partial[rows], self.ctc[rows]
-        self.kept = rows
         return rows
 
     def nbest(self, enc_lens: Tensor) -> list[list[Hypothesis]]:
@@ -475,8 +470,8 @@ class _Beams:
             tokens.append(self.tokens[s][row])
             row = self.parents[s][row]
             attention.append(self.attention[s][row])
-            if self.kepts[s] is not None:
-                row = self.kepts[s][row]
+            if s and self.lives[s].numel() < self.lives[s - 1].numel():  # dropped before s
+                row = self._live_row(s - 1, self._every_row(s, row))
         return torch.stack(tokens[::-1], 1).tolist(), torch.stack(attention[::-1], 2)
 
     def _live_row(self, step: int, slot: Tensor) -> Tensor:
@@ -486,6 +481,10 @@ class _Beams:
         position = torch.zeros(self.utterances, dtype=torch.long, device=live.device)
         position[live] = torch.arange(live.numel(), device=live.device)
         return position[slot // self.beam] * self.beam + slot % self.beam
+
+    def _every_row(self, step: int, row: Tensor) -> Tensor:
+        """Rows of all B * beam for rows `row` of step `step`'s history (`_live_row`'s inverse)."""
+        return self.lives[step][row // self.beam] * self.beam + row % self.beam
 
 
 def _check_search_inputs(
