@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from asr.malloc import retain_freed_memory
+from asr.precision import PRECISIONS
 
 LIGHTNING_COMMANDS = ("fit", "validate", "test", "predict")
 MAX_LISTED = 20  # failures spelled out on stderr by batch commands
@@ -239,7 +240,7 @@ def _add_device_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda when available")
     p.add_argument(
         "--precision",
-        choices=["fp32", "bf16"],
+        choices=PRECISIONS,
         default="fp32",
         help="bf16: the encoder (and the search steps from 128 hypotheses, batch x beam) under "
         "bf16 autocast: faster on GPUs and on CPUs with AVX-512 bf16 or AMX (fp32)",

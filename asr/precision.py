@@ -8,8 +8,10 @@ On CPUs with AVX-512 bf16 (or AMX) and on recent GPUs its matmuls run several ti
 from __future__ import annotations
 
 import contextlib
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 PRECISIONS = ("fp32", "bf16")
 
@@ -23,5 +25,7 @@ def check_precision(precision: str) -> str:
 
 def autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager:
     """bf16 autocast on `device` for "bf16"; nothing for "fp32"."""
+    import torch  # here, so that the CLI reads PRECISIONS without importing torch
+
     check_precision(precision)
     return torch.autocast(device.type, torch.bfloat16, enabled=precision == "bf16")

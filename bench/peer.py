@@ -30,7 +30,7 @@ import torch
 from torch import Tensor, nn
 
 from asr.models.seq2seq import PAD_ID, SOS_EOS_ID, Seq2Seq, add_sos_eos
-from asr.precision import autocast
+from asr.precision import PRECISIONS, autocast
 from asr.search import BLANK_ID, SearchOptions, beam_search
 from bench.common import (
     Settings,
@@ -335,7 +335,7 @@ def compare(settings: Settings, version: str) -> dict[str, Any]:
             "parameters": count_parameters(system),
             "flops_per_audio_second": fwd_bwd_flops(system, batches[0]) / batches[0].audio_seconds,
         }
-    for precision in ("fp32", "bf16"):
+    for precision in PRECISIONS:
         for name, measured in train_throughput((ours, peer), batches, precision, settings).items():
             results[name][precision] = measured
     utts = similar_lengths(test_utterances(settings, None), settings.pick(4, 32))

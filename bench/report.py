@@ -43,13 +43,14 @@ def _get(data: Any, *keys: Any) -> Any:
 def derive(parts: dict[str, Any]) -> dict[str, Any]:
     """MFU, ours/peer ratios and greedy/encoder ratios from the raw measurements."""
     res = {name: part.get("result", {}) for name, part in parts.items()}
+    peaks = _get(res, "peak", "peak_gflops") or {}
     return {
-        "mfu": _mfu(res.get("train") or {}, _get(res, "peak", "peak_gflops") or {}),
+        "mfu": _mfu(res.get("train") or {}, peaks),
         "peer": _peer_ratios(res.get("peer") or {}),
         "greedy_over_encoder": _greedy_over_encoder(res.get("decode") or {}),
         "peer_mfu": _mfu(
             {name: res["peer"][name] for name in SYSTEMS if name in (res.get("peer") or {})},
-            _get(res, "peak", "peak_gflops") or {},
+            peaks,
         ),
     }
 
