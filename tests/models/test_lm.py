@@ -110,15 +110,19 @@ def test_reorder_state_follows_the_beams(name: str) -> None:
 
 @pytest.mark.parametrize("name", LMS)
 def test_step_leaves_its_input_state_alone(name: str) -> None:
-    """The search may step one state twice (it never relies on in-place updates)."""
+    """One state may be stepped twice: the second step does not disturb the first's state."""
     lm = build(name)
-    tokens = sos_prefixed(2, 3)
+    tokens = sos_prefixed(2, 4)
     with torch.no_grad():
         state = lm.init_state(2, tokens.device)
         _, state = lm.step(tokens[:, 0], state)
-        first, _ = lm.step(tokens[:, 1], state)
+        first, first_state = lm.step(tokens[:, 1], state)
+        lm.step((tokens[:, 1] + 1) % VOCAB, state)
         again, _ = lm.step(tokens[:, 1], state)
+        last, _ = lm.step(tokens[:, 2], first_state)
+        expected = lm(tokens[:, :3])[:, -1].log_softmax(-1)
     torch.testing.assert_close(first, again, rtol=0, atol=0)
+    torch.testing.assert_close(last, expected, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("name", LMS)
