@@ -35,8 +35,10 @@ from asr.data.dataset import Batch, SpeechDataset, collate
 from asr.data.manifest import read_manifest
 from asr.inference import Recognizer
 from asr.malloc import retain_freed_memory
+from asr.metrics import word_errors
 from asr.search import SearchOptions
 from asr.text import Tokenizer
+from asr.transcribe import SegmenterOptions
 from bench.common import (
     SAMPLE_RATE,
     Settings,
@@ -192,14 +194,16 @@ def ddp_scaling(settings: Settings) -> dict[str, Any]:
 # ---------------------------------------------------------------- decode vs length
 
 
-def speech_block(settings: Settings) -> torch.Tensor:
-    """Whole AN4 test utterances, joined in manifest order until at least `BLOCK_SECONDS`."""
-    pieces, total = [], 0
+def speech_block(settings: Settings) -> tuple[torch.Tensor, str]:
+    """Whole AN4 test utterances, joined in manifest order until at least `BLOCK_SECONDS`,
+    and their transcripts, joined."""
+    pieces, texts, total = [], [], 0
     for utt in read_manifest(settings.data / "test.jsonl"):
         pieces.append(load_audio(utt.audio_filepath, SAMPLE_RATE, utt.offset, utt.duration))
+        texts.append(utt.text)
         total += len(pieces[-1])
         if total >= BLOCK_SECONDS * SAMPLE_RATE:
-            return torch.cat(pieces)
+            return torch.cat(pieces), " ".join(texts)
     raise ValueError(f"the test set has only {total / SAMPLE_RATE:.0f} s of audio")
 
 
@@ -214,14 +218,26 @@ def recording_lengths(settings: Settings, block_seconds: float) -> list[float]:
     return [1.0, 2.0, 5.0, *blocks]
 
 
+def segment_seconds(settings: Settings) -> float:
+    """The longest segment the segmented decodes cut: the 95th percentile of the training
+    utterances' durations, rounded up to whole seconds (the README's advice for
+    `--max-segment-seconds`: about the length of the training utterances); 5 s on AN4."""
+    durations = sorted(utt.duration for utt in read_manifest(settings.data / "train.jsonl"))
+    return float(max(1, math.ceil(durations[int(0.95 * (len(durations) - 1))])))
+
+
 def decode_alone(
-    recognizer: Recognizer, wave: torch.Tensor, options: SearchOptions, segmented: bool
+    recognizer: Recognizer,
+    wave: torch.Tensor,
+    options: SearchOptions,
+    segmenter: SegmenterOptions | None,
 ) -> tuple[float, str]:
     """Seconds to decode one recording and its text: as one utterance (`Recognizer.search`),
-    or `segmented` as `asr transcribe` does (`Recognizer.transcribe`)."""
-    if segmented:
+    or, given a `segmenter`, as `asr transcribe` does (`Recognizer.transcribe`)."""
+    if segmenter is not None:
         took, transcript = timed_call(
-            lambda: recognizer.transcribe(wave, options=options), recognizer.device
+            lambda: recognizer.transcribe(wave, options=options, segmenter=segmenter),
+            recognizer.device,
         )
         return took, transcript.text
     took, texts = time_search(recognizer, Utterances([""], [wave]), 1, options)
@@ -230,35 +246,49 @@ def decode_alone(
 
 def decode_vs_length(settings: Settings) -> dict[str, Any]:
     """Decode time of one recording cut to each length: greedy and beam 10 + CTC over the whole
-    recording, and beam 10 + CTC through `Recognizer.transcribe` (segmented); each time the
-    fastest of 3 decodes."""
-    block = speech_block(settings)
+    recording, and beam 10 + CTC through `Recognizer.transcribe` (segmented at
+    `segment_seconds`); each time the fastest of 3 decodes. Lengths of whole blocks also get
+    the transcript's WER."""
+    block, block_text = speech_block(settings)
     block_seconds = len(block) / SAMPLE_RATE
     lengths = recording_lengths(settings, block_seconds)
     repeats = settings.pick(1, 3)
     recognizer, label = load_recognizer(settings)
     recording = block.repeat(math.ceil(max(lengths) * SAMPLE_RATE / len(block)))
-    results: dict[str, Any] = {"model": label, "lengths": lengths}
+    longest = segment_seconds(settings)
+    results: dict[str, Any] = {"model": label, "lengths": lengths, "segment_seconds": longest}
     for mode in LENGTH_MODES:
         options = search_options(mode.removeprefix("transcribe_"), settings)
         segmented = mode.startswith("transcribe_")
-        decode_alone(recognizer, recording[:SAMPLE_RATE], options, segmented)  # warm-up
-        seconds, characters = [], []
+        segmenter = SegmenterOptions(max_segment_seconds=longest) if segmented else None
+        decode_alone(recognizer, recording[:SAMPLE_RATE], options, segmenter)  # warm-up
+        seconds, characters, wers = [], [], []
         for length in lengths:
             wave = recording[: round(length * SAMPLE_RATE)]
             took, text = fastest(
-                repeats, partial(decode_alone, recognizer, wave, options, segmented)
+                repeats, partial(decode_alone, recognizer, wave, options, segmenter)
             )
             seconds.append(took)
             characters.append(len(text))
+            wers.append(_block_wer(text, block_text, length / block_seconds))
         fit = [(n, t) for n, t in zip(lengths, seconds) if n >= settings.pick(1, block_seconds)]
         results[mode] = {
             "seconds": seconds,
             "characters": characters,  # of the transcript: how much the decoder emitted
+            "wer": wers,  # % against the blocks' transcripts; None for a part of a block
             "exponent": growth_exponent([n for n, _ in fit], [t for _, t in fit]),
             "exponent_from_seconds": fit[0][0],
         }
     return results
+
+
+def _block_wer(text: str, block_text: str, blocks: float) -> float | None:
+    """WER (%) of `text` against `blocks` repetitions of `block_text`; None unless `blocks`
+    is a whole number."""
+    whole = round(blocks)
+    if abs(blocks - whole) > 1e-6 or whole < 1:
+        return None
+    return 100 * word_errors([" ".join([block_text] * whole)], [text]).rate
 
 
 # ---------------------------------------------------------------- train step vs batch size
