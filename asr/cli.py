@@ -20,6 +20,7 @@ import argparse
 import logging
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from asr.malloc import retain_freed_memory
@@ -152,7 +153,7 @@ def _language_model(args: argparse.Namespace, recognizer):
 
 def _transcribe(args: argparse.Namespace) -> int:
     from asr.inference import TRANSCRIBE_BATCH_SIZE
-    from asr.transcribe import SegmenterOptions, transcribe_files
+    from asr.transcribe import transcribe_files
 
     recognizer = _recognizer(args)
     given = {
@@ -169,7 +170,9 @@ def _transcribe(args: argparse.Namespace) -> int:
         lm=_language_model(args, recognizer),
         timestamps=args.timestamps,
         batch_size=args.batch_size or TRANSCRIBE_BATCH_SIZE,
-        segmenter=SegmenterOptions(**{k: v for k, v in given.items() if v is not None}),
+        segmenter=replace(
+            recognizer.segmenter(), **{k: v for k, v in given.items() if v is not None}
+        ),
         words_per_cue=args.words_per_cue,
         progress=not args.quiet,
     )
@@ -305,7 +308,12 @@ def _parser() -> argparse.ArgumentParser:
                    default=["txt", "json"], help="output formats (txt json)")  # fmt: skip
     p.add_argument("--output-dir", default=".", help="where <stem>.<format> files go (.)")
     p.add_argument("--timestamps", choices=["attention", "ctc"], default="attention")
-    p.add_argument("--max-segment-seconds", type=float, help="longer audio is split (20)")
+    p.add_argument(
+        "--max-segment-seconds",
+        type=float,
+        help="longer audio is split on silence (default: the model's training utterance length, "
+        "95th percentile rounded up, as stored by asr fit; 20 for older checkpoints)",
+    )
     p.add_argument("--min-silence-seconds", type=float, help="shortest silence cut (0.3)")
     p.add_argument("--silence-threshold-db", type=float, help="silence: dB below peak (-35)")
     p.add_argument("--words-per-cue", type=int, default=0, help="srt/vtt: 0 = one per segment")

@@ -100,16 +100,22 @@ def _replace_assets(config: Any, paths: dict[str, str]) -> Any:
     return config
 
 
-def checkpoint_payload(model_config: dict[str, Any], tokenizer: Tokenizer) -> dict[str, Any]:
-    """What `ASRModule` adds to every checkpoint under the key `"asr"`."""
+def checkpoint_payload(
+    model_config: dict[str, Any], tokenizer: Tokenizer, segment_seconds: float | None = None
+) -> dict[str, Any]:
+    """What `ASRModule` adds to every checkpoint under the key `"asr"` (`segment_seconds`:
+    see `Recognizer.segment_seconds`)."""
     with tempfile.TemporaryDirectory() as tmp:
         tokenizer.save(tmp)
         files = _read_files(Path(tmp))
-    return {
+    payload = {
         "model_config": model_config,
         "tokenizer": files,
         "assets": _find_assets(model_config, {}),
     }
+    if segment_seconds is not None:
+        payload["segment_seconds"] = segment_seconds
+    return payload
 
 
 # Segments decoded together by `transcribe`. Measured on 2 CPU cores, beam 10 + CTC over a
@@ -225,9 +231,22 @@ class Recognizer:
     # under bf16 autocast (asr.precision); the decoder steps of a search too when they hold at
     # least `BF16_STEP_ROWS` hypotheses (batch x beam). What they return stays float32.
     precision: str = "fp32"
+    # The longest segment `transcribe` cuts long audio into by default: about the length of
+    # the training utterances (`asr.transcribe.segment_seconds_for`, stored by `asr fit`).
+    # None (checkpoints from before): `SegmenterOptions`' 20 s.
+    segment_seconds: float | None = None
 
     def __post_init__(self) -> None:
         check_precision(self.precision)
+
+    def segmenter(self) -> SegmenterOptions:
+        """How `transcribe` splits long audio when not told: segments of at most
+        `segment_seconds`."""
+        from asr.transcribe import SegmenterOptions  # it builds on this module
+
+        if self.segment_seconds is None:
+            return SegmenterOptions()
+        return SegmenterOptions(max_segment_seconds=self.segment_seconds)
 
     @property
     def device(self) -> torch.device:
@@ -287,7 +306,7 @@ class Recognizer:
             timestamps: "attention" (DTW over cross-attention) or "ctc" (forced alignment of
                 the hypothesis with the CTC head).
             batch_size: segments of long audio decoded together.
-            segmenter: how long audio is split; None uses `SegmenterOptions()`.
+            segmenter: how long audio is split; None uses `self.segmenter()`.
 
         Returns:
             The `Transcript`, times in seconds of the input.
@@ -592,7 +611,14 @@ def load_model(
     weights = {k[len("model.") :]: v for k, v in state["state_dict"].items()}
     module.model.load_state_dict(weights)
     model = module.model.to(device).eval()
-    return Recognizer(model, module.tokenizer, _sample_rate(model), str(path), precision)
+    return Recognizer(
+        model,
+        module.tokenizer,
+        _sample_rate(model),
+        str(path),
+        precision,
+        payload.get("segment_seconds"),
+    )
 
 
 def instantiate_module(cls: type, config: dict[str, Any]) -> nn.Module:

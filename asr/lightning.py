@@ -24,6 +24,7 @@ from asr.models.ctc import CTCHead
 from asr.models.seq2seq import Seq2Seq
 from asr.search import greedy_search
 from asr.text import Tokenizer
+from asr.transcribe import segment_seconds_for
 
 log = logging.getLogger(__name__)
 
@@ -269,12 +270,20 @@ class ASRModule(L.LightningModule):
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         if self.model_config is not None and self.tokenizer is not None:
-            checkpoint["asr"] = checkpoint_payload(self.model_config, self.tokenizer)
+            checkpoint["asr"] = checkpoint_payload(
+                self.model_config, self.tokenizer, self._segment_seconds()
+            )
         if self.trainer.state.fn == "fit":
             checkpoint["rng"] = {"torch": torch.get_rng_state()}
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         self._resume_rng = checkpoint.get("rng")
+
+    def _segment_seconds(self) -> float | None:
+        """`segment_seconds_for` the training set, or None without one (no datamodule)."""
+        datasets = getattr(self.trainer.datamodule, "datasets", {})
+        train = datasets.get("train")
+        return None if train is None or not len(train) else segment_seconds_for(train.durations)
 
     def on_train_batch_start(self, batch: Batch, batch_idx: int) -> None:
         # Dropout and SpecAugment continue exactly where the saved run stopped. (Loaders draw

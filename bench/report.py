@@ -403,7 +403,8 @@ def _scaling_md(res: dict[str, Any]) -> list[str]:
             f"the segmented transcript, and each transcript's WER against the blocks' "
             f"transcripts (whole blocks only). Segmented: `asr transcribe "
             f"--max-segment-seconds {_num(length.get('segment_seconds'), '{:g}')}` (the 95th "
-            f"percentile of the training utterances' durations, rounded up). "
+            f"percentile of the training utterances' durations, rounded up: the default for "
+            f"checkpoints `asr fit` writes now). "
             f"Model: {length['model']}.",
             "",
         ]

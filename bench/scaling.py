@@ -38,7 +38,7 @@ from asr.malloc import retain_freed_memory
 from asr.metrics import word_errors
 from asr.search import SearchOptions
 from asr.text import Tokenizer
-from asr.transcribe import SegmenterOptions
+from asr.transcribe import SegmenterOptions, segment_seconds_for
 from bench.common import (
     SAMPLE_RATE,
     Settings,
@@ -219,11 +219,12 @@ def recording_lengths(settings: Settings, block_seconds: float) -> list[float]:
 
 
 def segment_seconds(settings: Settings) -> float:
-    """The longest segment the segmented decodes cut: the 95th percentile of the training
-    utterances' durations, rounded up to whole seconds (the README's advice for
-    `--max-segment-seconds`: about the length of the training utterances); 5 s on AN4."""
-    durations = sorted(utt.duration for utt in read_manifest(settings.data / "train.jsonl"))
-    return float(max(1, math.ceil(durations[int(0.95 * (len(durations) - 1))])))
+    """The longest segment the segmented decodes cut: what `asr fit` stores in checkpoints
+    for `asr transcribe` (`segment_seconds_for` the training set; 5 s on AN4), computed here
+    so that checkpoints from before it was stored decode the same way."""
+    return segment_seconds_for(
+        [utt.duration for utt in read_manifest(settings.data / "train.jsonl")]
+    )
 
 
 def decode_alone(

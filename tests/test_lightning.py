@@ -28,6 +28,7 @@ from asr.inference import load_model
 from asr.lightning import ASRDataModule, ASRModule
 from asr.models.transformer import TransformerDecoder, TransformerEncoder
 from asr.text import train_tokenizer
+from asr.transcribe import segment_seconds_for
 
 pytestmark = pytest.mark.needs_corpus
 
@@ -248,6 +249,8 @@ def test_checkpoint_is_self_contained(tiny_an4, tmp_path):
         torch.testing.assert_close(value, state[f"model.{name}"])
     assert recognizer.tokenizer.vocab_size == recognizer.model.vocab_size
     assert recognizer.sample_rate == 16000 and not recognizer.model.training
+    durations = [utt.duration for utt in read_manifest(tiny_an4["train"])]
+    assert recognizer.segment_seconds == segment_seconds_for(durations)  # for transcribe
 
 
 KILL_SCRIPT = """

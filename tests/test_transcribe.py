@@ -455,6 +455,27 @@ def test_long_audio_maps_words_onto_the_original_timeline(overfit, tmp_path):
         assert transcript.text == " ".join(s.text for s in transcript.segments if s.text)
 
 
+def test_transcribe_cuts_at_the_recognizers_segment_length_by_default(overfit, tmp_path):
+    """Without a segmenter, long audio is cut at `Recognizer.segment_seconds` (what `asr fit`
+    stores: about the training utterances' length), or at 20 s when that is unknown."""
+    recognizer, waves = overfit
+    audio, spans, _ = _concatenate([w.numpy() for w in waves] * 3)
+    path = tmp_path / "repeated.wav"
+    soundfile.write(path, audio, RATE)
+
+    def cuts(r: Recognizer, segmenter: SegmenterOptions | None = None) -> list[tuple]:
+        return [
+            (s.start, s.end)
+            for s in r.transcribe(path, options=GREEDY, segmenter=segmenter).segments
+        ]
+
+    told = cuts(recognizer, SegmenterOptions(max_segment_seconds=5))
+    assert cuts(dataclasses.replace(recognizer, segment_seconds=5.0)) == told and len(told) == len(
+        spans
+    )
+    assert recognizer.segment_seconds is None and len(cuts(recognizer)) < len(spans)
+
+
 def test_long_audio_reads_in_pieces(overfit, three_minutes):
     """Peak Python/numpy memory while transcribing 3 minutes stays far below the file's size
     as float32: it is never read whole (the slow test checks process memory on an hour)."""
