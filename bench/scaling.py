@@ -260,7 +260,7 @@ def decode_vs_length(settings: Settings) -> dict[str, Any]:
     results: dict[str, Any] = {"model": label, "lengths": lengths, "segment_seconds": longest}
     for mode in LENGTH_MODES:
         options = search_options(mode.removeprefix("transcribe_"), settings)
-        segmented = mode.startswith("transcribe_")
+        segmented = mode.startswith("transcribe_")  # else decoded as one utterance
         segmenter = SegmenterOptions(max_segment_seconds=longest) if segmented else None
         decode_alone(recognizer, recording[:SAMPLE_RATE], options, segmenter)  # warm-up
         seconds, characters, wers = [], [], []
