@@ -161,11 +161,16 @@ def greedy_search(
         finished = int(done.sum())
         if finished == rows.numel():
             break
-        if finished >= COMPACT_FINISHED * rows.numel():
+        if _compact_now(finished, rows.numel()):
             running = (~done).nonzero().squeeze(1)
             state = decoder.reorder_state(state, running)
             rows, prev, done = rows[running], prev[running], done[running]
     return _collect(tokens[:, : len(attns)], _gather_steps(attns, batch), scores, enc_lens)
+
+
+def _compact_now(finished: int, searched: int) -> bool:
+    """Whether a search drops its `finished` ended utterances (of `searched`) now."""
+    return finished > 0 and finished >= COMPACT_FINISHED * searched
 
 
 def _gather_steps(attns: list[tuple[Tensor, Tensor]], batch: int) -> Tensor:
@@ -430,8 +435,7 @@ class _Beams:
         `COMPACT_FINISHED` share of the live ones; returns the `(N',)` rows kept (None when
         nothing was dropped)."""
         running = self.running.view(-1, self.beam).any(1)  # (U,)
-        finished = running.numel() - int(running.sum())
-        if finished == 0 or finished < COMPACT_FINISHED * running.numel():
+        if not _compact_now(running.numel() - int(running.sum()), running.numel()):
             return None
         utterances = running.nonzero().squeeze(1)
         rows = (

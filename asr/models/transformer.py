@@ -835,8 +835,12 @@ def _row_groups(rows: Tensor, utterances: int) -> int | None:
     if n % utterances:
         return None
     group = n // utterances
-    layout = torch.arange(utterances, device=rows.device).repeat_interleave(group)
-    return group if torch.equal(rows, layout) else None
+    return group if torch.equal(rows, _grouped_rows(utterances, group, rows.device)) else None
+
+
+def _grouped_rows(utterances: int, group: int, device: torch.device) -> Tensor:
+    """`(utterances * group,)` the utterance of each row when each has `group` rows in turn."""
+    return torch.arange(utterances, device=device).repeat_interleave(group)
 
 
 def _memory_regrouped(state: State) -> State:
@@ -852,5 +856,5 @@ def _memory_regrouped(state: State) -> State:
         "memory_keys": [k.index_select(0, entries) for k in state["memory_keys"]],
         "memory_values": [v.index_select(0, entries) for v in state["memory_values"]],
         "memory_mask": state["memory_mask"].index_select(0, entries),
-        "memory_rows": torch.arange(entries.numel(), device=rows.device).repeat_interleave(group),
+        "memory_rows": _grouped_rows(entries.numel(), group, rows.device),
     }
