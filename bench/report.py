@@ -8,6 +8,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from asr.precision import PRECISIONS
+
 PARTS = ("peak", "train", "peer", "decode", "scaling")
 SYSTEMS = ("ours", "speechbrain")  # the peer part's two systems
 TOP_OPS = 8  # profile rows shown in results.md (the text files hold more)
@@ -60,7 +62,7 @@ def _mfu(train: dict[str, Any], peaks: dict[str, float]) -> dict[str, Any]:
     system) and dtype."""
     out = {}
     for config, data in train.items():
-        for precision in ("fp32", "bf16"):
+        for precision in PRECISIONS:
             rate = _get(data, precision, "audio_seconds_per_second")
             flops = _get(data, "flops_per_audio_second")
             if rate and flops and peaks.get(precision):
@@ -77,7 +79,7 @@ def _mfu(train: dict[str, Any], peaks: dict[str, float]) -> dict[str, Any]:
 def _peer_ratios(peer: dict[str, Any]) -> dict[str, float]:
     """Training throughput ours / peer; decoding speed-up (peer time / our time)."""
     out = {}
-    for precision in ("fp32", "bf16"):
+    for precision in PRECISIONS:
         ours = _get(peer, "ours", precision, "audio_seconds_per_second")
         theirs = _get(peer, "speechbrain", precision, "audio_seconds_per_second")
         if ours and theirs:
@@ -224,7 +226,7 @@ def _train_md(res: dict[str, Any], derived: dict[str, Any]) -> list[str]:
         return []
     rows = []
     for config, data in train.items():
-        for precision in ("fp32", "bf16"):
+        for precision in PRECISIONS:
             run = data[precision]
             mfu = derived["mfu"].get(f"{config}_{precision}", {})
             step = run["seconds"] / run["steps"]
@@ -498,13 +500,13 @@ def plot(parts: dict[str, Any], derived: dict[str, Any], path: Path) -> None:
 def _plot_train(ax, res: dict[str, Any]) -> None:
     labels, values = [], []
     for config, data in (res.get("train") or {}).items():
-        for precision in ("fp32", "bf16"):
+        for precision in PRECISIONS:
             if isinstance(data, dict) and precision in data:
                 labels.append(f"{config} {precision}")
                 values.append(data[precision]["audio_seconds_per_second"])
     peer = res.get("peer") or {}
     for name in ("ours", "speechbrain"):
-        for precision in ("fp32", "bf16"):
+        for precision in PRECISIONS:
             value = _get(peer, name, precision, "audio_seconds_per_second")
             if value:
                 labels.append(f"12/6 d256: {name} {precision}")
