@@ -476,10 +476,11 @@ def _sdpa_backend(query: Tensor, key: Tensor) -> contextlib.AbstractContextManag
 
     Forward + backward of (B, 4, T, 36) bf16 attention on 2 cores, flash vs math: T=75 6.8 vs
     2.3 ms, T=160 6.2 vs 4.2 ms, T=200 5.9 vs 6.1 ms, T=500 15.9 vs 21.7 ms.
-    The math kernel computes in fp32. Explicit bf16 matmuls were faster still (bf16 AN4 step
-    1.06-1.18x), but leave the scores in bf16; one AN4 run with them (and fused AdamW) gave
-    test WER 7.5 / CER 4.1 against 6.1 / 3.1 (recipes/an4/RESULTS.md, session 12), so they
-    await a comparison over several runs.
+    The math kernel computes in fp32. Explicit bf16 matmuls are faster still (bf16 AN4 step
+    1.09x) but round the scores to bf16: with trained weights the gradient's error relative to
+    fp32 is 0.090 instead of 0.072 (`python -m bench.attention_precision`), and the two AN4 runs
+    with them gave the two worst test CERs, 4.1 and 4.5, against 3.1-3.7 for three runs
+    without (recipes/an4/RESULTS.md, session 18).
     """
     short = key.size(-2) <= _MATH_MAX_KEYS
     if short and query.device.type == "cpu" and query.dtype == torch.bfloat16:
