@@ -17,7 +17,7 @@ Variants:
   flash        torch's default kernel choice at every length
   bf16_scores  explicit bf16 matmuls, fp32 softmax, bf16 weights (the trial of sessions 12 and
                18: faster, see recipes/an4/RESULTS.md)
-Not part of `bench all` (~2 min).
+Not part of `bench all` (~40 s on the 2-core CPU).
 """
 
 from __future__ import annotations
@@ -33,9 +33,9 @@ from unittest import mock
 import torch
 
 import asr.models.transformer as transformer
+from asr.checkpoint import load_checkpoint
 from asr.data.dataset import Batch
 from asr.lightning import ASRModule
-from asr.precision import autocast
 from bench.common import (
     ROOT,
     Settings,
@@ -46,7 +46,7 @@ from bench.common import (
     model_config,
     train_batches,
 )
-from bench.train import Trainer
+from bench.train import Trainer, training_loss
 
 _head_contexts = transformer.MultiHeadAttention.head_contexts
 
@@ -73,17 +73,7 @@ VARIANTS: dict[str, Callable[[], contextlib.AbstractContextManager]] = {
 def gradient(module: ASRModule, batch: Batch, precision: str) -> torch.Tensor:
     """All parameters' gradients of the training loss on `batch`, flattened."""
     module.zero_grad(set_to_none=True)
-    hp = module.hparams
-    with autocast(batch.waves.device, precision):
-        out = module.model.loss(
-            batch.waves,
-            batch.wave_lens,
-            batch.tokens,
-            batch.token_lens,
-            hp.ctc_weight,
-            hp.label_smoothing,
-        )
-    out.loss.backward()
+    training_loss(module, batch, precision).backward()
     return torch.cat([p.grad.flatten() for p in module.parameters() if p.grad is not None])
 
 
@@ -105,8 +95,7 @@ def models(settings: Settings) -> Iterator[tuple[str, ASRModule]]:
     yield f"initialisation (seed {settings.seed})", build_module(config, settings.seed).eval()
     if settings.checkpoint is not None:
         module = build_module(config, settings.seed)
-        state = torch.load(settings.checkpoint, map_location="cpu", weights_only=False)
-        module.load_state_dict(state["state_dict"])
+        module.load_state_dict(load_checkpoint(settings.checkpoint)["state_dict"])
         yield str(settings.checkpoint), module.eval()
 
 
@@ -152,10 +141,9 @@ def main() -> None:
         found = errors(module, batches)
         for name, values in found.items():
             worse = sum(v > s for v, s in zip(values, found["shipped"], strict=True))
-            print(
-                f"| {label} | {name} | {statistics.mean(values):.4f} | {max(values):.4f} "
-                f"| {worse} of {len(values)} |"
-            )
+            versus = "" if name == "shipped" else f"{worse} of {len(values)}"
+            mean = statistics.mean(values)
+            print(f"| {label} | {name} | {mean:.4f} | {max(values):.4f} | {versus} |")
 
 
 if __name__ == "__main__":

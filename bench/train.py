@@ -62,17 +62,7 @@ class Trainer:
             self.optimizer, self.scheduler = configured, None
 
     def loss(self, batch: Batch) -> torch.Tensor:
-        hp = self.module.hparams
-        with autocast(batch.waves.device, self.precision):
-            out = self.module.model.loss(
-                batch.waves,
-                batch.wave_lens,
-                batch.tokens,
-                batch.token_lens,
-                hp.ctc_weight,
-                hp.label_smoothing,
-            )
-        return out.loss
+        return training_loss(self.module, batch, self.precision)
 
     def step(self, batch: Batch) -> None:
         self.optimizer.zero_grad(set_to_none=True)
@@ -91,6 +81,21 @@ class Trainer:
         """What model FLOPs are counted over: one forward and backward."""
         self.loss(batch).backward()
         self.optimizer.zero_grad(set_to_none=True)
+
+
+def training_loss(module: ASRModule, batch: Batch, precision: str) -> torch.Tensor:
+    """The config's joint CTC/attention loss on `batch`, in `precision`."""
+    hp = module.hparams
+    with autocast(batch.waves.device, precision):
+        out = module.model.loss(
+            batch.waves,
+            batch.wave_lens,
+            batch.tokens,
+            batch.token_lens,
+            hp.ctc_weight,
+            hp.label_smoothing,
+        )
+    return out.loss
 
 
 def run_config(name: str, settings: Settings, batches: list[Batch]) -> dict[str, Any]:
