@@ -244,8 +244,8 @@ def segment_seconds_for(durations: Sequence[float]) -> float:
     """
     if not durations:
         raise ValueError("segment_seconds_for: no durations")
-    ordered = sorted(durations)
-    return float(max(SHORTEST_MAX_SEGMENT, math.ceil(ordered[int(0.95 * (len(ordered) - 1))])))
+    longest = np.quantile(durations, 0.95, method="lower")  # a duration of the set itself
+    return float(max(SHORTEST_MAX_SEGMENT, math.ceil(longest)))
 
 
 def plan_segments(
