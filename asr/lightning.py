@@ -21,7 +21,7 @@ from asr.data.sampler import DynamicBucketSampler
 from asr.inference import checkpoint_payload
 from asr.metrics import ErrorCounts, char_errors, word_errors
 from asr.models.ctc import CTCHead
-from asr.models.seq2seq import Seq2Seq
+from asr.models.seq2seq import LossOutput, Seq2Seq
 from asr.search import greedy_search
 from asr.text import Tokenizer
 from asr.transcribe import segment_seconds_for
@@ -99,8 +99,9 @@ class ASRModule(L.LightningModule):
         hyps = greedy_search(self.model.decoder, enc, enc_lens, self.hparams.max_len_ratio)
         return [h.tokens for h in hyps]
 
-    def training_step(self, batch: Batch, batch_idx: int) -> Tensor:
-        out = self.model.loss(
+    def batch_loss(self, batch: Batch) -> LossOutput:
+        """The training loss of `batch`: joint CTC/attention at this module's weights."""
+        return self.model.loss(
             batch.waves,
             batch.wave_lens,
             batch.tokens,
@@ -108,6 +109,9 @@ class ASRModule(L.LightningModule):
             self.hparams.ctc_weight,
             self.hparams.label_smoothing,
         )
+
+    def training_step(self, batch: Batch, batch_idx: int) -> Tensor:
+        out = self.batch_loss(batch)
         if torch.isfinite(out.loss):  # a NaN would poison the epoch means
             self._log_losses("train", out, len(batch))
         else:

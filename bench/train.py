@@ -84,18 +84,9 @@ class Trainer:
 
 
 def training_loss(module: ASRModule, batch: Batch, precision: str) -> torch.Tensor:
-    """The config's joint CTC/attention loss on `batch`, in `precision`."""
-    hp = module.hparams
+    """`asr fit`'s loss on `batch` (`ASRModule.batch_loss`), in `precision`."""
     with autocast(batch.waves.device, precision):
-        out = module.model.loss(
-            batch.waves,
-            batch.wave_lens,
-            batch.tokens,
-            batch.token_lens,
-            hp.ctc_weight,
-            hp.label_smoothing,
-        )
-    return out.loss
+        return module.batch_loss(batch).loss
 
 
 def run_config(name: str, settings: Settings, batches: list[Batch]) -> dict[str, Any]:
