@@ -218,10 +218,12 @@ def recording_lengths(settings: Settings, block_seconds: float) -> list[float]:
     return [1.0, 2.0, 5.0, *blocks]
 
 
-def segment_seconds(settings: Settings) -> float:
-    """The longest segment the segmented decodes cut: what `asr fit` stores in checkpoints
-    for `asr transcribe` (`segment_seconds_for` the training set; 5 s on AN4), computed here
-    so that checkpoints from before it was stored decode the same way."""
+def segment_seconds(recognizer: Recognizer, settings: Settings) -> float:
+    """The longest segment the segmented decodes cut: the one `asr transcribe` cuts by default,
+    as the checkpoint stores it, or for checkpoints from before it was stored, the same rule
+    (`segment_seconds_for`) over the training set (5 s on AN4)."""
+    if recognizer.segment_seconds is not None:
+        return recognizer.segment_seconds
     return segment_seconds_for(
         [utt.duration for utt in read_manifest(settings.data / "train.jsonl")]
     )
@@ -256,7 +258,7 @@ def decode_vs_length(settings: Settings) -> dict[str, Any]:
     repeats = settings.pick(1, 3)
     recognizer, label = load_recognizer(settings)
     recording = block.repeat(math.ceil(max(lengths) * SAMPLE_RATE / len(block)))
-    longest = segment_seconds(settings)
+    longest = segment_seconds(recognizer, settings)
     results: dict[str, Any] = {"model": label, "lengths": lengths, "segment_seconds": longest}
     for mode in LENGTH_MODES:
         options = search_options(mode.removeprefix("transcribe_"), settings)
