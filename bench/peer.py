@@ -38,6 +38,7 @@ from bench.common import (
     build_module,
     count_flops,
     count_parameters,
+    kernel_ceiling,
     measure_alternating,
     model_config,
     timed_call,
@@ -291,6 +292,20 @@ def fwd_bwd_flops(system: System, batch: Features) -> int:
     return flops
 
 
+def bf16_kernel_ceiling(system: System, batch: Features, settings: Settings) -> dict[str, Any]:
+    """`kernel_ceiling` of `system`'s bf16 forward + backward on `batch`: its MFU bound."""
+
+    def forward_backward() -> None:
+        with autocast(settings.device, "bf16"):
+            loss = system.loss(batch)
+        loss.backward()
+
+    system.train()
+    ceiling = kernel_ceiling(forward_backward, settings.device)
+    system.zero_grad(set_to_none=True)
+    return ceiling
+
+
 def similar_lengths(utts: Utterances, count: int) -> Utterances:
     """The `count` length-sorted utterances around the median: a batch with little padding,
     so SpeechBrain's limit (from the padded length) matches ours (from each length)."""
@@ -338,6 +353,10 @@ def compare(settings: Settings, version: str) -> dict[str, Any]:
     for precision in PRECISIONS:
         for name, measured in train_throughput((ours, peer), batches, precision, settings).items():
             results[name][precision] = measured
+    for system in (ours, peer):
+        results[system.name]["bf16"]["kernel_ceiling"] = bf16_kernel_ceiling(
+            system, batches[0], settings
+        )
     utts = similar_lengths(test_utterances(settings, None), settings.pick(4, 32))
     test = features(frontend, *pad_waves(utts.waves, settings.device))
     results["decode_batch"] = {"utterances": len(utts.waves), "audio_seconds": utts.seconds}
