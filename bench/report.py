@@ -190,7 +190,7 @@ def _machine_lines(parts: dict[str, Any]) -> list[str]:
         f"Measured {last['date']} on {last['cpu']} ({last['cpu_count']} cores), "
         f"torch threads: {last['threads']}, device {last['device']}"
         + (f" ({last['gpu']})" if last.get("gpu") else "")
-        + f", torch {last['torch']}. Command: `{last['command']}`.",
+        + f", torch {last['torch']}. {_commands(parts)}",
         "",
     ]
     if any(m["quick"] for m in machines):
@@ -199,6 +199,16 @@ def _machine_lines(parts: dict[str, Any]) -> list[str]:
         lines += ["**Warning: the parts here were run with different settings:**", ""]
         lines += [f"- {n}: `{p['machine']['command']}`" for n, p in parts.items()] + [""]
     return lines
+
+
+def _commands(parts: dict[str, Any]) -> str:
+    """Each part's command; as `python -m bench PART OPTIONS` when the parts share OPTIONS."""
+    commands = {n: p["machine"]["command"] for n, p in parts.items() if "machine" in p}
+    prefix = "python -m bench "
+    options = {c.removeprefix(prefix + n) for n, c in commands.items()}
+    if len(commands) > 1 and len(options) == 1:
+        return f"Command: `{prefix}PART{options.pop()}` for each part ({', '.join(commands)})."
+    return "Commands: " + "; ".join(f"`{c}`" for c in commands.values()) + "."
 
 
 def _errors(parts: dict[str, Any]) -> list[str]:
