@@ -143,8 +143,9 @@ def run_part(name: str, settings: Settings, meta: dict[str, Any]) -> bool:
 def run_isolated(names: Sequence[str], argv: Sequence[str]) -> bool:
     """Run each part as its own `python -m bench PART` process with the options of `argv` (an
     `all` command), so that no part runs on the heap, caches or threads an earlier part left
-    behind: after the train part in the same process, ours / SpeechBrain in the peer part
-    measured 1.36x, against 1.57x alone. Each part's progress shows; the report follows."""
+    behind: run after the train part in the same process, the peer part measured ours /
+    SpeechBrain at 1.36x and 1.41x, against 1.50-1.62x in four runs alone (session 19). Each
+    part's progress shows; the report follows."""
     options = list(argv)
     options.remove("all")
     ok = True
