@@ -682,6 +682,19 @@ def test_cli_refuses_bad_options(checkpoint, tmp_path, capsys):
     assert "max_segment_seconds" in capsys.readouterr().err
 
 
+def test_cli_warns_of_segments_longer_than_the_training_utterances(checkpoint, tmp_path, capsys):
+    trained = load_model(checkpoint).segment_seconds  # what `asr fit` stored
+    audio = str(corpus_path("an4", "wav") / "an4_clstk/fash/an251-fash-b.wav")
+    args = ["transcribe", audio, "--checkpoint", str(checkpoint), "--beam-size", "1",
+            "--output-dir", str(tmp_path), "--format", "txt", "--quiet"]  # fmt: skip
+    assert main([*args, "--max-segment-seconds", str(trained)]) == 0
+    assert "warning" not in capsys.readouterr().err
+    assert main([*args, "--max-segment-seconds", str(trained + 1)]) == 0
+    warning = capsys.readouterr().err
+    assert f"--max-segment-seconds {trained + 1:g} is longer than 95% of this model's " in warning
+    assert f"training utterances ({trained:g} s, its default)" in warning
+
+
 def test_cli_shallow_fusion_with_a_language_model(checkpoint, tmp_path, capsys):
     lm = fit_tiny_lm(checkpoint.parents[1] / "lm", checkpoint.parents[1])
     audio = str(corpus_path("an4", "wav") / "an4_clstk/fash/an251-fash-b.wav")
