@@ -24,6 +24,7 @@ import os
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
@@ -238,13 +239,18 @@ def training_step(system: System, precision: str, settings: Settings) -> Callabl
 
     def step(batch: Features) -> None:
         optimizer.zero_grad(set_to_none=True)
-        with autocast(settings.device, precision):
-            loss = system.loss(batch)
-        loss.backward()
+        forward_backward(system, batch, precision, settings.device)
         torch.nn.utils.clip_grad_norm_(params, CLIP)
         optimizer.step()
 
     return step
+
+
+def forward_backward(system: System, batch: Features, precision: str, device: torch.device) -> None:
+    """`system`'s loss on `batch` at `precision`, and its gradients."""
+    with autocast(device, precision):
+        loss = system.loss(batch)
+    loss.backward()
 
 
 def train_throughput(
@@ -285,25 +291,19 @@ def _head(batch: Features, n: int) -> Features:
     return Features(batch.feats[:n, :length], batch.feat_lens[:n], None, None, 0.0)
 
 
-def fwd_bwd_flops(system: System, batch: Features) -> int:
+def measure_forward_backward(
+    measure: Callable[[Callable[[], None]], Any],
+    system: System,
+    batch: Features,
+    precision: str,
+    device: torch.device,
+) -> Any:
+    """`measure` (`count_flops`, `kernel_ceiling`) of `system`'s forward + backward on `batch`
+    in training mode; the gradients it leaves are cleared."""
     system.train()
-    flops = count_flops(lambda: system.loss(batch).backward())
+    result = measure(partial(forward_backward, system, batch, precision, device))
     system.zero_grad(set_to_none=True)
-    return flops
-
-
-def bf16_kernel_ceiling(system: System, batch: Features, settings: Settings) -> dict[str, Any]:
-    """`kernel_ceiling` of `system`'s bf16 forward + backward on `batch`: its MFU bound."""
-
-    def forward_backward() -> None:
-        with autocast(settings.device, "bf16"):
-            loss = system.loss(batch)
-        loss.backward()
-
-    system.train()
-    ceiling = kernel_ceiling(forward_backward, settings.device)
-    system.zero_grad(set_to_none=True)
-    return ceiling
+    return result
 
 
 def similar_lengths(utts: Utterances, count: int) -> Utterances:
@@ -346,16 +346,18 @@ def compare(settings: Settings, version: str) -> dict[str, Any]:
     batches = [features(frontend, b.waves, b.wave_lens, b.tokens, b.token_lens) for b in raw]
     results: dict[str, Any] = {"available": True, "speechbrain_version": version}
     for system in (ours, peer):
+        flops = measure_forward_backward(count_flops, system, batches[0], "fp32", settings.device)
         results[system.name] = {
             "parameters": count_parameters(system),
-            "flops_per_audio_second": fwd_bwd_flops(system, batches[0]) / batches[0].audio_seconds,
+            "flops_per_audio_second": flops / batches[0].audio_seconds,
         }
     for precision in PRECISIONS:
         for name, measured in train_throughput((ours, peer), batches, precision, settings).items():
             results[name][precision] = measured
+    ceiling = partial(kernel_ceiling, device=settings.device)  # each model's bf16 MFU bound
     for system in (ours, peer):
-        results[system.name]["bf16"]["kernel_ceiling"] = bf16_kernel_ceiling(
-            system, batches[0], settings
+        results[system.name]["bf16"]["kernel_ceiling"] = measure_forward_backward(
+            ceiling, system, batches[0], "bf16", settings.device
         )
     utts = similar_lengths(test_utterances(settings, None), settings.pick(4, 32))
     test = features(frontend, *pad_waves(utts.waves, settings.device))

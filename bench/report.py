@@ -208,7 +208,8 @@ def _commands(parts: dict[str, Any]) -> str:
     options = {c.removeprefix(prefix + n) for n, c in commands.items()}
     if len(commands) > 1 and len(options) == 1:
         return f"Command: `{prefix}PART{options.pop()}` for each part ({', '.join(commands)})."
-    return "Commands: " + "; ".join(f"`{c}`" for c in commands.values()) + "."
+    label = "Command" if len(commands) == 1 else "Commands"
+    return f"{label}: " + "; ".join(f"`{c}`" for c in commands.values()) + "."
 
 
 def _errors(parts: dict[str, Any]) -> list[str]:
