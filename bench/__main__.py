@@ -140,18 +140,25 @@ def run_part(name: str, settings: Settings, meta: dict[str, Any]) -> bool:
     return ok
 
 
-def run_isolated(names: Sequence[str], argv: Sequence[str]) -> bool:
+def run_isolated(names: Sequence[str], argv: Sequence[str], out: Path) -> bool:
     """Run each part as its own `python -m bench PART` process with the options of `argv` (an
     `all` command), so that no part runs on the heap, caches or threads an earlier part left
     behind: run after the train part in the same process, the peer part measured ours /
     SpeechBrain at 1.36x and 1.41x, against 1.50-1.62x in four runs alone (session 19). Each
-    part's progress shows; the report follows."""
+    part's progress shows; the report follows. A part whose process saves nothing (killed, or
+    stopped before it ran) is reported as an error, not by an earlier run's file."""
     options = list(argv)
     options.remove("all")
     ok = True
     for name in names:
+        saved = out / f"{name}.json"
+        saved.unlink(missing_ok=True)
         command = [sys.executable, "-m", "bench", name, *options]
-        ok &= subprocess.run(command, stdout=subprocess.DEVNULL).returncode == 0
+        code = subprocess.run(command, stdout=subprocess.DEVNULL).returncode
+        if not saved.exists():
+            error = f"`python -m bench {name}` exited with {code} and saved no result"
+            write_json(saved, {"result": {"error": error}})
+        ok &= code == 0
     return ok
 
 
@@ -162,7 +169,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     ok = True
     if args.command == "all":
-        ok = run_isolated(list(PARTS), argv)
+        ok = run_isolated(list(PARTS), argv, args.out)
     elif args.command != "report":
         settings = make_settings(args)
         ok = run_part(args.command, settings, machine(settings, argv))

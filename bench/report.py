@@ -197,7 +197,8 @@ def _machine_lines(parts: dict[str, Any]) -> list[str]:
         lines += ["**QUICK smoke run (`--quick`): tiny sizes; the figures are not results.**", ""]
     if len({(m["threads"], m["quick"], m["device"]) for m in machines}) > 1:
         lines += ["**Warning: the parts here were run with different settings:**", ""]
-        lines += [f"- {n}: `{p['machine']['command']}`" for n, p in parts.items()] + [""]
+        lines += [f"- {n}: `{p['machine']['command']}`" for n, p in parts.items() if "machine" in p]
+        lines += [""]
     return lines
 
 
