@@ -1,4 +1,4 @@
-"""`python -m bench {peak,train,peer,decode,scaling,all,report} [--out DIR] [--quick] ...`
+"""`python -m bench {peak,train,epochs,peer,decode,scaling,all,report} [--out DIR] [--quick] ...`
 
 Each part writes `<part>.json` into the results folder; after every run the report
 (results.json, results.md, bench.png) is rebuilt from all the part files there.
@@ -20,12 +20,13 @@ from typing import Any
 import torch
 
 from asr.malloc import retain_freed_memory
-from bench import decode, peak, peer, report, scaling, train
+from bench import decode, epochs, peak, peer, report, scaling, train
 from bench.common import ROOT, Settings, ensure_data, write_json
 
 EPILOG = """parts:
   peak     matmul GFLOP/s in fp32 and bf16: the machine limit MFU divides by
   train    training throughput, memory and MFU of conf/an4/{transformer,rnn}.yaml
+  epochs   whole `asr fit` epochs of both configs: steps, data, validation, the rest
   peer     ours vs SpeechBrain's TransformerASR at the same size (pip install -e '.[bench]')
   decode   RTF of greedy / beam 10 / beam 10 + CTC at batch 1, 8, 32 on AN4 test
   scaling  DDP 1 vs 2 CPU processes; decode time vs length; step time vs batch size
@@ -36,6 +37,7 @@ EPILOG = """parts:
 PARTS: dict[str, Callable[[Settings], dict[str, Any]]] = {
     "peak": peak.run,
     "train": train.run,
+    "epochs": epochs.run,
     "peer": peer.run,
     "decode": decode.run,
     "scaling": scaling.run,

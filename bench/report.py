@@ -10,7 +10,7 @@ from typing import Any
 
 from asr.precision import PRECISIONS
 
-PARTS = ("peak", "train", "peer", "decode", "scaling")
+PARTS = ("peak", "train", "epochs", "peer", "decode", "scaling")
 SYSTEMS = ("ours", "speechbrain")  # the peer part's two systems
 TOP_OPS = 8  # profile rows shown in results.md (the text files hold more)
 LENGTH_COLUMNS = {  # decode-vs-length modes (bench.scaling.LENGTH_MODES) and their headings
@@ -288,6 +288,39 @@ def _lightning_md(train: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _epochs_md(res: dict[str, Any]) -> list[str]:
+    """Whole `asr fit` epochs, split into where their wall time went."""
+    epochs = res.get("epochs")
+    if not epochs or "error" in epochs:
+        return []
+    parts = list(next(iter(epochs.values()))["shares"])  # steps, data, validation, other
+    rows = [
+        [data["config"], data["epochs"], _num(data["seconds_per_epoch"], "{:.1f}"),
+         _num(data["audio_per_second"], "{:.1f}"), _num(data["steps_audio_per_second"], "{:.1f}")]
+        + [_num(data["shares"][part], "{:.1%}") for part in parts]
+        for data in epochs.values()
+    ]  # fmt: skip
+    header = [
+        "config",
+        "epochs timed",
+        "s / epoch",
+        "audio s / s",
+        "audio s / s of the steps alone",
+        *[f"{part} share" for part in parts],
+    ]
+    notes = [
+        "`asr fit` on each config's YAML (bf16 where it says so) in a child process, as the "
+        "recipe runs it, from an untrained model; the first epoch is not timed. Steps: "
+        "forward, backward and optimizer (Lightning's batch start to batch end); data: fetching "
+        "each batch (in-process loading, speed perturbation) and the loop between batches; "
+        "validation: dev loss and greedy decoding; "
+        "other: epoch-end checkpoints and hooks. The training table above times the same steps "
+        "on batches loaded beforehand, each batch's fastest of its passes.",
+        "",
+    ]
+    return ["## Whole `asr fit` epochs", ""] + _table(header, rows) + notes
+
+
 def _peer_md(res: dict[str, Any], derived: dict[str, Any]) -> list[str]:
     peer = res.get("peer")
     if not peer:
@@ -478,6 +511,7 @@ def markdown(parts: dict[str, Any], derived: dict[str, Any], goals: list[dict]) 
         lambda: _targets_md(goals),
         lambda: _peak_md(res),
         lambda: _train_md(res, derived),
+        lambda: _epochs_md(res),
         lambda: _peer_md(res, derived),
         lambda: _decode_md(res, derived),
         lambda: _scaling_md(res),
