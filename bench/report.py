@@ -309,7 +309,8 @@ def _epochs_md(res: dict[str, Any]) -> list[str]:
         *[f"{part} share" for part in parts],
     ]
     notes = [
-        "`asr fit` on each config's YAML (bf16 where it says so) in a child process, as the "
+        "`asr fit` on each config's YAML (its trainer settings, precision included) in a child "
+        "process, as the "
         "recipe runs it, from an untrained model; the first epoch is not timed. Steps: "
         "forward, backward and optimizer (Lightning's batch start to batch end); data: fetching "
         "each batch (in-process loading, speed perturbation) and the loop between batches; "
