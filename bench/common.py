@@ -92,7 +92,7 @@ def model_config(name: str, data: Path, overrides: dict[str, Any] | None = None)
     """`ASRModule` init args of config `name`, data paths pointed at `data`, with `overrides`
     merged in (nested dicts merge key by key)."""
     config = _merged(read_config(name)["model"]["init_args"], overrides or {})
-    config = _with_stats_path(config, str(data / "cmvn.json"))
+    config = with_stats_path(config, data)
     config["tokenizer"] = str(data / "tokenizer")
     config["vocab_size"] = Tokenizer.load(data / "tokenizer").vocab_size
     return config
@@ -125,16 +125,26 @@ def build_module(config: dict[str, Any], seed: int = 0) -> ASRModule:
     return instantiate_module(ASRModule, config)
 
 
-def data_module(
-    name: str, settings: Settings, max_batch_seconds: float | None = None
-) -> ASRDataModule:
-    """The `ASRDataModule` of config `name` over `settings.data`, in-process loading."""
+def data_args(name: str, data: Path) -> dict[str, Any]:
+    """The data module's init args of config `name`, manifests and tokenizer under `data`."""
     args = dict(read_config(name)["data"]["init_args"])
     for split in ("train", "val", "test"):
         key = f"{split}_manifest"
         if args.get(key):
-            args[key] = str(settings.data / Path(args[key]).name)
-    args.update(tokenizer=str(settings.data / "tokenizer"), num_workers=0, seed=settings.seed)
+            args[key] = str(data / Path(args[key]).name)
+    return {**args, "tokenizer": str(data / "tokenizer")}
+
+
+def with_stats_path(config: Any, data: Path) -> Any:
+    """`config` (model init args) with every `stats_path` (CMVN statistics) under `data`."""
+    return _with_stats_path(config, str(data / "cmvn.json"))
+
+
+def data_module(
+    name: str, settings: Settings, max_batch_seconds: float | None = None
+) -> ASRDataModule:
+    """The `ASRDataModule` of config `name` over `settings.data`, in-process loading."""
+    args = {**data_args(name, settings.data), "num_workers": 0, "seed": settings.seed}
     if max_batch_seconds is not None:
         args["max_batch_seconds"] = max_batch_seconds
     return ASRDataModule(**args)

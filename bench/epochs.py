@@ -25,7 +25,16 @@ from typing import Any
 import lightning as L
 import yaml
 
-from bench.common import CONFIGS, ROOT, SAMPLE_RATE, Settings, read_config, synchronize
+from bench.common import (
+    CONFIGS,
+    ROOT,
+    SAMPLE_RATE,
+    Settings,
+    data_args,
+    read_config,
+    synchronize,
+    with_stats_path,
+)
 
 PARTS = ("steps", "data", "validation", "other")
 
@@ -82,12 +91,8 @@ class EpochClock(L.Callback):
 def fit_config(name: str, settings: Settings, root: Path, epochs: int) -> dict[str, Any]:
     """Config `name` for `epochs` epochs into `root`, over `settings.data`, with `EpochClock`."""
     config = read_config(name)
-    data = config["data"]["init_args"]
-    for key in ("train_manifest", "val_manifest", "test_manifest"):
-        if data.get(key):
-            data[key] = str(settings.data / Path(data[key]).name)
-    data["tokenizer"] = str(settings.data / "tokenizer")
-    config["model"]["init_args"] = _with_stats(config["model"]["init_args"], settings.data)
+    config["data"]["init_args"] = data_args(name, settings.data)
+    config["model"]["init_args"] = with_stats_path(config["model"]["init_args"], settings.data)
     config["seed_everything"] = settings.seed
     trainer = config["trainer"]
     trainer.update(max_epochs=epochs, default_root_dir=str(root))
@@ -102,18 +107,6 @@ def fit_config(name: str, settings: Settings, root: Path, epochs: int) -> dict[s
     trainer["callbacks"] = [*trainer.get("callbacks", []), clock]
     if settings.quick:
         trainer.update(limit_train_batches=3, limit_val_batches=2)
-    return config
-
-
-def _with_stats(config: Any, data: Path) -> Any:
-    """`config` with every `stats_path` (CMVN statistics) pointed at `data`."""
-    if isinstance(config, dict):
-        return {
-            key: str(data / "cmvn.json") if key == "stats_path" else _with_stats(value, data)
-            for key, value in config.items()
-        }
-    if isinstance(config, list):
-        return [_with_stats(value, data) for value in config]
     return config
 
 
