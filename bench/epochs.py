@@ -48,6 +48,7 @@ class EpochClock(L.Callback):
         self.epochs: list[dict[str, float]] = []
         self._epoch: dict[str, float] | None = None
         self._mark = 0.0  # the end of the last timed span in the epoch
+        self._validation_start = 0.0
 
     def on_train_epoch_start(self, trainer: L.Trainer, *args: Any) -> None:
         now = time.perf_counter()
