@@ -108,13 +108,15 @@ def _merged(base: dict, overrides: dict) -> dict:
     return merged
 
 
-def _with_stats_path(config: Any, path: str) -> Any:
+def with_stats_path(config: Any, data: Path) -> Any:
+    """`config` (model init args) with every `stats_path` (CMVN statistics) under `data`."""
     if isinstance(config, dict):
         return {
-            k: path if k == "stats_path" else _with_stats_path(v, path) for k, v in config.items()
+            k: str(data / "cmvn.json") if k == "stats_path" else with_stats_path(v, data)
+            for k, v in config.items()
         }
     if isinstance(config, list):
-        return [_with_stats_path(v, path) for v in config]
+        return [with_stats_path(v, data) for v in config]
     return config
 
 
@@ -133,11 +135,6 @@ def data_args(name: str, data: Path) -> dict[str, Any]:
         if args.get(key):
             args[key] = str(data / Path(args[key]).name)
     return {**args, "tokenizer": str(data / "tokenizer")}
-
-
-def with_stats_path(config: Any, data: Path) -> Any:
-    """`config` (model init args) with every `stats_path` (CMVN statistics) under `data`."""
-    return _with_stats_path(config, str(data / "cmvn.json"))
 
 
 def data_module(
