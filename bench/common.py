@@ -127,9 +127,9 @@ def build_module(config: dict[str, Any], seed: int = 0) -> ASRModule:
     return instantiate_module(ASRModule, config)
 
 
-def data_args(name: str, data: Path) -> dict[str, Any]:
-    """The data module's init args of config `name`, manifests and tokenizer under `data`."""
-    args = dict(read_config(name)["data"]["init_args"])
+def data_args(config: dict[str, Any], data: Path) -> dict[str, Any]:
+    """A config's data module init args with its manifests and tokenizer under `data`."""
+    args = dict(config["data"]["init_args"])
     for split in ("train", "val", "test"):
         key = f"{split}_manifest"
         if args.get(key):
@@ -141,7 +141,8 @@ def data_module(
     name: str, settings: Settings, max_batch_seconds: float | None = None
 ) -> ASRDataModule:
     """The `ASRDataModule` of config `name` over `settings.data`, in-process loading."""
-    args = {**data_args(name, settings.data), "num_workers": 0, "seed": settings.seed}
+    args = data_args(read_config(name), settings.data)
+    args.update(num_workers=0, seed=settings.seed)
     if max_batch_seconds is not None:
         args["max_batch_seconds"] = max_batch_seconds
     return ASRDataModule(**args)

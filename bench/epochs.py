@@ -92,7 +92,7 @@ class EpochClock(L.Callback):
 def fit_config(name: str, settings: Settings, root: Path, epochs: int) -> dict[str, Any]:
     """Config `name` for `epochs` epochs into `root`, over `settings.data`, with `EpochClock`."""
     config = read_config(name)
-    config["data"]["init_args"] = data_args(name, settings.data)
+    config["data"]["init_args"] = data_args(config, settings.data)
     config["model"]["init_args"] = with_stats_path(config["model"]["init_args"], settings.data)
     config["seed_everything"] = settings.seed
     trainer = config["trainer"]
