@@ -310,13 +310,12 @@ def _epochs_md(res: dict[str, Any]) -> list[str]:
     ]
     notes = [
         "`asr fit` on each config's YAML (its trainer settings, precision included) in a child "
-        "process, as the "
-        "recipe runs it, from an untrained model; the first epoch is not timed. Steps: "
-        "forward, backward and optimizer (Lightning's batch start to batch end); data: fetching "
-        "each batch (in-process loading, speed perturbation) and the loop between batches; "
-        "validation: dev loss and greedy decoding; "
-        "other: epoch-end checkpoints and hooks. The training table above times the same steps "
-        "on batches loaded beforehand, each batch's fastest of its passes.",
+        "process, as the recipe runs it, from an untrained model; the first epoch is not timed. "
+        "Steps: forward, backward and optimizer (Lightning's batch start to batch end); data: "
+        "fetching each batch (in-process loading, speed perturbation) and the loop between "
+        "batches; validation: dev loss and greedy decoding; other: epoch-end checkpoints and "
+        "hooks. The training table above times the same steps on batches loaded beforehand, "
+        "each batch's fastest of its passes.",
         "",
     ]
     return ["## Whole `asr fit` epochs", ""] + _table(header, rows) + notes
