@@ -149,12 +149,15 @@ def data_module(
 
 
 def train_batches(
-    name: str, settings: Settings, count: int, max_batch_seconds: float | None = None
+    name: str, settings: Settings, count: int | None = None, max_batch_seconds: float | None = None
 ) -> list[Batch]:
     """The first `count` training batches of config `name` (its bucketing sampler, speed
-    perturbation and batch budget unless `max_batch_seconds`), seeded, on the device."""
+    perturbation and batch budget unless `max_batch_seconds`), seeded, on the device; `None`:
+    every batch of the first epoch."""
     module = data_module(name, settings, max_batch_seconds)
     module.setup("fit")
+    if count is None:
+        return [batch.to(settings.device) for batch in module.train_dataloader()]
     batches: list[Batch] = []
     while len(batches) < count:  # cycle when an epoch has fewer batches
         for batch in module.train_dataloader():

@@ -258,14 +258,15 @@ def _train_md(res: dict[str, Any], derived: dict[str, Any]) -> list[str]:
     ]  # fmt: skip
     passes = _get(next(iter(train.values())), "bf16", "passes") or 1
     notes = [
-        f"Each batch counts its fastest step of {passes} passes over the batches. "
-        "Model FLOPs: torch.utils.flop_counter over one forward + backward (matmuls, "
-        "convolutions, attention), per second of audio in the batch; MFU divides the achieved "
-        "rate by the measured matmul peak of the same dtype. Kernels-only MFU: the same FLOP-"
-        "counted ops of one forward + backward replayed alone, back to back, on random inputs "
-        "of their shapes, dtypes and strides: the MFU bound at these shapes if everything "
-        "between those kernels took no time. Peak RSS: the process high-water mark over the "
-        "timed steps (data loaded beforehand).",
+        "The batches are every batch of each config's first epoch; each counts its fastest "
+        f"step of {passes} passes over them. Model FLOPs: torch.utils.flop_counter over one "
+        "forward + backward of each batch (matmuls, convolutions, attention, padding "
+        "included), per second of audio; MFU divides the achieved rate by the measured matmul "
+        "peak of the same dtype. Kernels-only MFU: the FLOP-counted ops of the first batch's "
+        "forward + backward replayed alone, back to back, on random inputs of their shapes, "
+        "dtypes and strides: the MFU bound at these shapes if everything between those kernels "
+        "took no time. Peak RSS: the process high-water mark over the timed steps (data "
+        "loaded beforehand).",
         "",
         *_lightning_md(train),
     ]

@@ -1,12 +1,13 @@
 """Training throughput of the AN4 configs (conf/an4/transformer.yaml, conf/an4/rnn.yaml).
 
 Each config's model, optimizer and LR schedule are built from its YAML exactly as `asr fit`
-builds them; the batches are its own (bucketing sampler, speed perturbation, batch budget),
-loaded before timing. A step is what the Lightning loop runs per batch: frontend (with
-SpecAugment), joint CTC/attention loss, backward, gradient clipping at the config's value,
-optimizer and scheduler step; fp32, or bf16 autocast as `--trainer.precision bf16-mixed`.
-Data loading is not included. What Lightning's loop adds to that step is measured apart
-(`lightning_overhead`): the same batches through `lightning.Trainer.fit`.
+builds them; the batches are every batch of its first epoch (bucketing sampler, speed
+perturbation, batch budget), loaded before timing. A step is what the Lightning loop runs per
+batch: frontend (with SpecAugment), joint CTC/attention loss, backward, gradient clipping at
+the config's value, optimizer and scheduler step; fp32, or bf16 autocast as
+`--trainer.precision bf16-mixed`. Data loading is not included. What Lightning's loop adds to
+that step is measured apart (`lightning_overhead`): the same batches through
+`lightning.Trainer.fit`.
 """
 
 from __future__ import annotations
@@ -106,8 +107,8 @@ def run_config(name: str, settings: Settings, batches: list[Batch]) -> dict[str,
         )
     bf16, first = trainers["bf16"], batches[0]
     results["parameters"] = count_parameters(bf16.module)
-    flops = count_flops(lambda: bf16.forward_backward(first))  # as many FLOPs as in fp32
-    results["flops_per_audio_second"] = flops / audio[0]
+    flops = sum(count_flops(partial(bf16.forward_backward, b)) for b in batches)  # = fp32's
+    results["flops_per_audio_second"] = flops / sum(audio)
     for precision, trainer in trainers.items():  # the MFU bound of these kernel shapes
         step = partial(trainer.forward_backward, first)
         results[precision]["kernel_ceiling"] = kernel_ceiling(step, settings.device)
@@ -209,7 +210,7 @@ def run(settings: Settings) -> dict[str, Any]:
     """Both configs: audio seconds per second, steps/s, peak memory, model FLOPs."""
     results: dict[str, Any] = {}
     for name in CONFIGS:
-        steps = settings.pick(2, 12)
+        steps = settings.pick(2, None)  # full: every batch of the first epoch
         budget = settings.pick(8.0, None)  # quick: small batches instead of the config's
         batches = train_batches(name, settings, steps, budget)
         results[name] = run_config(name, settings, batches)
