@@ -257,10 +257,11 @@ def _train_md(res: dict[str, Any], derived: dict[str, Any]) -> list[str]:
         "model GFLOP / audio s", "achieved GFLOP/s", "MFU", "kernels-only MFU",
     ]  # fmt: skip
     passes = _get(next(iter(train.values())), "bf16", "passes") or 1
+    counts = ", ".join(f"{data['config']} {data['bf16']['steps']}" for data in train.values())
     notes = [
-        "The batches are every batch of each config's first epoch; each counts its fastest "
-        f"step of {passes} passes over them. Model FLOPs: torch.utils.flop_counter over one "
-        "forward + backward of each batch (matmuls, convolutions, attention, padding "
+        f"The batches are every batch of each config's first epoch ({counts}); each counts its "
+        f"fastest step of {passes} passes over them. Model FLOPs: torch.utils.flop_counter over "
+        "one forward + backward of each batch (matmuls, convolutions, attention, padding "
         "included), per second of audio; MFU divides the achieved rate by the measured matmul "
         "peak of the same dtype. Kernels-only MFU: the FLOP-counted ops of the first batch's "
         "forward + backward replayed alone, back to back, on random inputs of their shapes, "
