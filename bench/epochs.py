@@ -28,8 +28,8 @@ import yaml
 from bench.common import (
     CONFIGS,
     ROOT,
-    SAMPLE_RATE,
     Settings,
+    audio_seconds,
     data_args,
     read_config,
     synchronize,
@@ -65,7 +65,7 @@ class EpochClock(L.Callback):
         synchronize(module.device)  # the step's queued GPU work belongs to the step
         now = time.perf_counter()
         self._epoch["steps"] += now - self._mark
-        self._epoch["audio"] += float(batch.wave_lens.sum()) / SAMPLE_RATE
+        self._epoch["audio"] += audio_seconds(batch.wave_lens)
         self._mark = now
 
     def on_validation_start(self, trainer: L.Trainer, *args: Any) -> None:
