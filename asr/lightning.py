@@ -15,18 +15,21 @@ from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor, nn
 
 from asr.alignment import plot_attention, save_figure
-from asr.data.dataset import Batch, SpeechDataset, collate, set_loader_epoch
+from asr.data.dataset import Batch, SpeechDataset, collate, round_up, set_loader_epoch
 from asr.data.manifest import format_bad_entries, validate_manifest
-from asr.data.sampler import DynamicBucketSampler
+from asr.data.sampler import DynamicBucketSampler, LengthGrid
 from asr.inference import checkpoint_payload
 from asr.metrics import ErrorCounts, char_errors, word_errors
 from asr.models.ctc import CTCHead
 from asr.models.seq2seq import LossOutput, Seq2Seq
+from asr.precision import keep_compiled_kernels
 from asr.search import greedy_search
 from asr.text import Tokenizer
 from asr.transcribe import segment_seconds_for
 
 log = logging.getLogger(__name__)
+
+TOKEN_MULTIPLE = 16  # token padding with a shape grid
 
 
 def _adamw(params) -> torch.optim.Optimizer:
@@ -348,11 +351,14 @@ def bucketed_loader(
     max_batch_length: float,
     collate_fn: Callable,
     shuffle: bool,
+    grid: LengthGrid | None = None,
 ) -> torch.utils.data.DataLoader:
     """A DataLoader over length-bucketed batches, sharded over the trainer's ranks.
 
     Reads `num_buckets`, `max_batch_size`, `seed` and `num_workers` from the data module's
-    hyperparameters; `lengths` and `max_batch_length` share one unit (seconds, tokens).
+    hyperparameters; `lengths` (a list, or a function of the epoch) and `max_batch_length`
+    share one unit (seconds, tokens). With `grid`, batches come from its fixed menu of
+    shapes, and `collate_fn` must pad to the same grid.
     """
     hp, trainer = module.hparams, module.trainer
     sampler = DynamicBucketSampler(
@@ -364,6 +370,7 @@ def bucketed_loader(
         seed=hp.seed,
         num_replicas=trainer.world_size if trainer else 1,
         rank=trainer.global_rank if trainer else 0,
+        grid=grid,
     )
     loader = torch.utils.data.DataLoader(
         dataset,
@@ -391,6 +398,13 @@ class ASRDataModule(L.LightningDataModule):
         max_batch_size: optional cap on utterances per batch.
         num_buckets: length buckets of the sampler.
         speed_perturb: speed factors drawn per training utterance, e.g. [0.9, 1.0, 1.1].
+        shape_grid: pad batches to a fixed menu of shapes: waves to the next point of a
+            geometric grid of lengths with this ratio (e.g. 1.1: under 10 % padding), with as
+            many utterances as `max_batch_seconds` allows at that length, and tokens to a
+            multiple of 16; `num_buckets` is then unused. The same shapes recur every epoch,
+            so compiled bf16 kernels are reused (oneDNN's cache is raised to 4096 kernels
+            unless ONEDNN_PRIMITIVE_CACHE_CAPACITY is set): ~1.5x faster AN4 Transformer
+            epochs on CPU in bf16 (bench/RESULTS.md). None: batches padded to their longest.
         num_workers: data loader worker processes.
         seed: sampler shuffling and perturbation seed.
         skip_bad: skip (and report) bad manifest lines instead of failing.
@@ -417,10 +431,14 @@ class ASRDataModule(L.LightningDataModule):
         skip_bad: bool = False,
         check_audio: Literal["header", "full"] = "header",
         min_duration: float = 0.1,
+        shape_grid: float | None = None,
     ):
         super().__init__()
         if check_audio not in ("header", "full"):
             raise ValueError(f"check_audio must be 'header' or 'full', got {check_audio!r}")
+        self.grid = None if shape_grid is None else LengthGrid(shape_grid)
+        if self.grid is not None:
+            keep_compiled_kernels()
         self.save_hyperparameters()
         self.tokenizer = Tokenizer.load(tokenizer)
         self.datasets: dict[str, SpeechDataset] = {}
@@ -472,8 +490,16 @@ class ASRDataModule(L.LightningDataModule):
     def _loader(self, split: str, shuffle: bool) -> torch.utils.data.DataLoader:
         dataset = self.datasets[split]
         collate_fn = partial(collate, pad_id=self.tokenizer.pad_id)
+        if self.grid is not None:
+            collate_fn = partial(
+                collate_fn,
+                wave_length=partial(self.grid.samples, sample_rate=dataset.sample_rate),
+                token_length=partial(round_up, multiple=TOKEN_MULTIPLE),
+            )
         budget = self.hparams.max_batch_seconds
-        return bucketed_loader(self, dataset, dataset.durations, budget, collate_fn, shuffle)
+        return bucketed_loader(
+            self, dataset, dataset.lengths, budget, collate_fn, shuffle, grid=self.grid
+        )
 
     def train_dataloader(self):
         loader = self._loader("train", shuffle=True)

@@ -23,10 +23,12 @@ from conftest import REPO, corpus_path
 from asr.cli import main
 from asr.data.manifest import read_manifest, write_manifest
 from asr.data.prepare import prepare_corpus
+from asr.data.sampler import LengthGrid
 from asr.frontends import Frontend, LogMelFilterbank, compute_cmvn_stats
 from asr.inference import load_model
-from asr.lightning import ASRDataModule, ASRModule
+from asr.lightning import TOKEN_MULTIPLE, ASRDataModule, ASRModule
 from asr.models.transformer import TransformerDecoder, TransformerEncoder
+from asr.precision import KERNEL_CACHE_VARIABLE
 from asr.text import train_tokenizer
 from asr.transcribe import segment_seconds_for
 
@@ -83,6 +85,16 @@ def tiny_an4(tmp_path_factory) -> dict[str, str]:
         "dev": str(out / "dev.jsonl"),
         "tokenizer": str(out / "tokenizer"),
     }
+
+
+@pytest.fixture
+def kernel_cache_unset(monkeypatch):
+    """oneDNN's kernel-cache variable absent for the test and restored after it."""
+    monkeypatch.setenv(KERNEL_CACHE_VARIABLE, "")  # records the original value for teardown
+    monkeypatch.delenv(KERNEL_CACHE_VARIABLE)
+
+
+SHAPE_GRID = ["--data.shape_grid", "1.1"]
 
 
 def _fit_args(data: dict[str, str], root: Path) -> list[str]:
@@ -148,10 +160,11 @@ with open(f"{trainer.default_root_dir}/rank{trainer.global_rank}.json", "w") as 
 
 
 @pytest.mark.timeout(600)
-def test_ddp_two_cpu_processes_agree(tiny_an4, tmp_path):
+@pytest.mark.parametrize("grid", [[], SHAPE_GRID], ids=["longest", "grid"])
+def test_ddp_two_cpu_processes_agree(tiny_an4, tmp_path, grid):
     script = tmp_path / "ddp_fit.py"
     script.write_text(textwrap.dedent(DDP_SCRIPT))
-    args = _fit_args(tiny_an4, tmp_path) + [
+    args = _fit_args(tiny_an4, tmp_path) + grid + [
         "--trainer.strategy", "ddp", "--trainer.devices", "2",
     ]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
@@ -282,9 +295,12 @@ def _augmented_args(data: dict[str, str], root: Path) -> list[str]:
 
 
 @pytest.mark.timeout(600)
-def test_sigkill_mid_epoch_then_resume_equals_uninterrupted_run(tiny_an4, tmp_path):
+@pytest.mark.parametrize("grid", [[], SHAPE_GRID], ids=["longest", "grid"])
+def test_sigkill_mid_epoch_then_resume_equals_uninterrupted_run(
+    tiny_an4, tmp_path, grid, kernel_cache_unset
+):
     full_root, killed_root = tmp_path / "full", tmp_path / "killed"
-    main(_augmented_args(tiny_an4, full_root))
+    main(_augmented_args(tiny_an4, full_root) + grid)
     full = torch.load(full_root / "checkpoints" / "last.ckpt", weights_only=True)
     steps_per_epoch = full["global_step"] // 3
     kill_at = steps_per_epoch + steps_per_epoch // 2  # in the middle of the second epoch
@@ -294,7 +310,7 @@ def test_sigkill_mid_epoch_then_resume_equals_uninterrupted_run(tiny_an4, tmp_pa
     script.write_text(textwrap.dedent(KILL_SCRIPT))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO),
            "KILL_AT_STEP": str(kill_at)}  # fmt: skip
-    args = _augmented_args(tiny_an4, killed_root)
+    args = _augmented_args(tiny_an4, killed_root) + grid
     proc = subprocess.run([sys.executable, str(script), *args], env=env, capture_output=True,
                           text=True, timeout=500)  # fmt: skip
     assert proc.returncode == -9, proc.stderr[-3000:]
@@ -340,6 +356,28 @@ def _tiny_module(tiny_an4: dict[str, str], **options) -> tuple[ASRModule, ASRDat
         **options,
     )
     return module, data
+
+
+def test_shape_grid_pads_batches_to_grid_points_and_keeps_more_kernels(
+    tiny_an4, kernel_cache_unset
+):
+    data = ASRDataModule(tiny_an4["train"], tiny_an4["dev"], tiny_an4["tokenizer"],
+                         max_batch_seconds=6, speed_perturb=[0.9, 1.1], shape_grid=1.1)  # fmt: skip
+    assert os.environ[KERNEL_CACHE_VARIABLE] == "4096"
+    data.setup("fit")
+    grid, seen = LengthGrid(1.1), set()
+    for epoch in range(3):
+        loader = data.train_dataloader()
+        loader.batch_sampler.set_epoch(epoch)
+        loader.dataset.set_epoch(epoch)
+        for batch in loader:
+            longest = int(batch.wave_lens.max())
+            assert batch.waves.shape[1] == grid.samples(longest, 16000) >= longest
+            assert batch.tokens.shape[1] % TOKEN_MULTIPLE == 0
+            assert batch.tokens.shape[1] - TOKEN_MULTIPLE < int(batch.token_lens.max())
+            assert len(batch) * batch.waves.shape[1] <= 6 * 16000 or len(batch) == 1
+            seen.update(batch.ids)
+    assert len(seen) == len(data.datasets["train"])
 
 
 def _tiny_fit(

@@ -9,7 +9,7 @@ from ``(seed, epoch, index)`` alone, so it is the same in any worker and after a
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields, replace
 from fractions import Fraction
 from functools import partial
@@ -99,25 +99,29 @@ class SpeechDataset(Dataset[dict[str, Any]]):
             raise ValueError(f"epoch must be >= 0, got {epoch}")
         self._epoch.fill_(epoch)
 
-    def speed_factor(self, index: int) -> float:
-        """The speed factor item `index` gets in the current epoch (1.0 without perturbation)."""
+    def speed_factor(self, index: int, epoch: int | None = None) -> float:
+        """The speed factor item `index` gets in `epoch` (default: the current one); 1.0
+        without perturbation."""
         if not self.speed_perturb:
             return 1.0
-        rng = np.random.default_rng([self.seed, self.epoch, index])
+        epoch = self.epoch if epoch is None else epoch
+        rng = np.random.default_rng([self.seed, epoch, index])
         return self.speed_perturb[int(rng.integers(len(self.speed_perturb)))]
 
     @property
     def durations(self) -> list[float]:
-        """Nominal durations in seconds, from the manifest.
-
-        They ignore speed perturbation: an item drawn with factor ``f`` lasts
-        ``duration / f`` (0.9 gives ~11% more), so leave the sampler's budget some headroom.
-        """
+        """Nominal durations in seconds, from the manifest (before speed perturbation)."""
         return [utterance.duration for utterance in self.utterances]
 
-    def lengths(self) -> list[float]:
-        """Lengths for :class:`asr.data.sampler.DynamicBucketSampler`: nominal seconds."""
-        return self.durations
+    def lengths(self, epoch: int | None = None) -> list[float]:
+        """Seconds each item lasts in `epoch` (default: the current one), after speed
+        perturbation: ``duration / factor``. :class:`asr.data.sampler.DynamicBucketSampler`
+        takes this method as its ``lengths``."""
+        epoch = self.epoch if epoch is None else epoch
+        return [
+            utterance.duration / self.speed_factor(index, epoch)
+            for index, utterance in enumerate(self.utterances)
+        ]
 
 
 def change_speed(wave: Tensor, factor: float) -> Tensor:
@@ -174,7 +178,12 @@ class Batch:
         return replace(self, **changes)
 
 
-def collate(items: Sequence[dict[str, Any]], pad_id: int = DEFAULT_PAD_ID) -> Batch:
+def collate(
+    items: Sequence[dict[str, Any]],
+    pad_id: int = DEFAULT_PAD_ID,
+    wave_length: Callable[[int], int] | None = None,
+    token_length: Callable[[int], int] | None = None,
+) -> Batch:
     """Pad dataset items into a `Batch`.
 
     Waves are padded with zeros and tokens with `pad_id`; lengths are absolute int64.
@@ -183,9 +192,12 @@ def collate(items: Sequence[dict[str, Any]], pad_id: int = DEFAULT_PAD_ID) -> Ba
     Args:
         items: dicts with ``id``, ``text``, ``wave`` `(T,)` and optionally ``tokens`` `(L,)`.
         pad_id: token padding id.
+        wave_length: the padded length for the longest wave, e.g. a grid point
+            (:class:`asr.data.sampler.LengthGrid`); the longest wave's length by default.
+        token_length: likewise for tokens, e.g. :func:`round_up` to a multiple of 16.
 
     Returns:
-        Batch with waves `(B, T_max)`, wave_lens `(B,)`, tokens `(B, L_max)`, token_lens `(B,)`.
+        Batch with waves `(B, T)`, wave_lens `(B,)`, tokens `(B, L)`, token_lens `(B,)`.
     """
     if not items:
         raise ValueError("collate got an empty list of items")
@@ -194,22 +206,43 @@ def collate(items: Sequence[dict[str, Any]], pad_id: int = DEFAULT_PAD_ID) -> Ba
     if any(with_tokens) and not all(with_tokens):
         missing = [i for i, has in zip(ids, with_tokens, strict=True) if not has]
         raise ValueError(f"collate: items {missing[:5]} lack 'tokens' while others have them")
-    waves, wave_lens = _pad([item["wave"] for item in items], 0.0, "wave", ids)
+    waves, wave_lens = _pad([item["wave"] for item in items], 0.0, "wave", ids, wave_length)
     batch = Batch(ids=ids, texts=[item["text"] for item in items], waves=waves, wave_lens=wave_lens)
     if all(with_tokens):
         batch.tokens, batch.token_lens = _pad(
-            [item["tokens"] for item in items], pad_id, "tokens", ids
+            [item["tokens"] for item in items], pad_id, "tokens", ids, token_length
         )
     return batch
 
 
-def _pad(seqs: list[Tensor], value: float, name: str, ids: list[str]) -> tuple[Tensor, Tensor]:
-    """Right-pad 1-D tensors to `(B, max_len)`; also return their lengths `(B,)` int64."""
+def _pad(
+    seqs: list[Tensor],
+    value: float,
+    name: str,
+    ids: list[str],
+    padded_length: Callable[[int], int] | None = None,
+) -> tuple[Tensor, Tensor]:
+    """Right-pad 1-D tensors to `(B, padded_length(max_len))`; also return their lengths `(B,)`."""
     for utt_id, seq in zip(ids, seqs, strict=True):
         if seq.dim() != 1:
             raise ValueError(f"collate: '{name}' of {utt_id} must be 1-D, got {tuple(seq.shape)}")
     lens = torch.tensor([len(seq) for seq in seqs], dtype=torch.long)
-    return pad_sequence(seqs, batch_first=True, padding_value=value), lens
+    padded = pad_sequence(seqs, batch_first=True, padding_value=value)
+    if padded_length is not None:
+        extra = padded_length(padded.shape[1]) - padded.shape[1]
+        if extra < 0:
+            raise ValueError(f"collate: padded {name} length is shorter than the longest {name}")
+        padded = torch.nn.functional.pad(padded, (0, extra), value=value)
+    return padded, lens
+
+
+def round_up(length: int, multiple: int) -> int:
+    """`length` rounded up to a multiple of `multiple`.
+
+    >>> round_up(17, 8), round_up(16, 8)
+    (24, 16)
+    """
+    return -(-length // multiple) * multiple
 
 
 def make_dataloader(

@@ -10,13 +10,18 @@ keeps its own share of it. Under DDP every rank must run the same number of step
 that runs out early leaves the others waiting forever in an all-reduce), so the plan is
 adjusted until the batch count is a multiple of the number of replicas; see
 :class:`DynamicBucketSampler`.
+
+With a :class:`LengthGrid`, batches come from a fixed menu of shapes instead: every batch is
+padded to a grid length and holds as many utterances as the budget allows at that length, so
+the same few shapes recur every epoch (bf16 kernels compiled for one batch serve the next).
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -26,13 +31,48 @@ from torch.utils.data import Sampler
 logger = logging.getLogger(__name__)
 
 _Indices = list[int]
+Lengths = Sequence[float] | Callable[[int], Sequence[float]]
+
+
+@dataclass(frozen=True)
+class LengthGrid:
+    """Lengths rounded up to the geometric grid ``ratio ** k`` (k an integer).
+
+    A batch padded to the grid point above its longest item wastes less than ``ratio - 1``
+    of its length, and lengths from 1 to 60 take ``log(60) / log(ratio)`` grid points
+    (43 for a ratio of 1.1).
+
+    >>> LengthGrid(2.0).edge(3.0), LengthGrid(2.0).edge(4.0), LengthGrid(2.0).edge(0.3)
+    (4.0, 4.0, 0.5)
+    >>> LengthGrid(2.0).samples(16001, sample_rate=16000)
+    32000
+    """
+
+    ratio: float
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.ratio) and self.ratio > 1):
+            raise ValueError(f"grid ratio must be finite and > 1, got {self.ratio}")
+
+    def edge(self, length: float) -> float:
+        """The smallest grid point >= `length` (0 for a length of 0)."""
+        if length <= 0:
+            return 0.0
+        power = math.ceil(math.log(length, self.ratio) - 1e-9)
+        edge = self.ratio**power
+        return edge if edge >= length else self.ratio ** (power + 1)
+
+    def samples(self, count: int, sample_rate: int) -> int:
+        """`count` samples padded to the grid point (in seconds) at or above them."""
+        return max(count, math.floor(self.edge(count / sample_rate) * sample_rate + 1e-6))
 
 
 class DynamicBucketSampler(Sampler[list[int]]):
     """Yields lists of dataset indices whose padded cost stays within a budget.
 
     Lengths are unit-agnostic (seconds, frames, samples): the caller picks the unit and
-    ``max_batch_length`` is in the same unit.
+    ``max_batch_length`` is in the same unit. They may change from epoch to epoch (speed
+    perturbation): pass a function of the epoch that returns them.
 
     Per epoch, with ``g = torch.Generator().manual_seed(seed + epoch)``:
 
@@ -55,16 +95,30 @@ class DynamicBucketSampler(Sampler[list[int]]):
     Every utterance is thus seen exactly once per epoch across ranks (except in step 6),
     ranks get disjoint batches, and all ranks the same number.
 
-    An utterance longer than the budget forms a batch of its own; such utterances are
-    reported once, at construction, and listed in ``self.oversized``.
+    With ``grid``, step 2 packs to a fixed menu of shapes instead: utterances are grouped by
+    the grid point above their length, in ascending order; each group is shuffled and cut
+    into batches of ``floor(max_batch_length / grid point)`` utterances (at most
+    ``max_batch_size``), the batch's cost being that size times the grid point it is padded
+    to; the group's remainder (fewer than a batch) goes after the next group's utterances,
+    sharing a batch with the last of them (and padded to their longer grid point), and the
+    last remainder forms one smaller batch. ``num_buckets`` is unused. Every epoch thus draws
+    its batches from the same menu of shapes: one per grid point, plus the rare batch of
+    carried utterances only (a later grid point's size, an earlier point's length), the last
+    remainder and the batches split in step 4.
+
+    An utterance whose (padded) length exceeds the budget forms a batch of its own; such
+    utterances are reported once, at construction (from epoch 0's lengths), and listed in
+    ``self.oversized``.
 
     Mid-epoch resume: save :meth:`state_dict`, and after :meth:`load_state_dict` the next
     iteration yields only the batches not yet handed out. Under Lightning, pass
     ``use_distributed_sampler=False`` to the Trainer so it does not replace this sampler.
 
     Args:
-        lengths: length of every dataset item, in any unit.
-        max_batch_length: budget for ``len(batch) * max(length in batch)``.
+        lengths: length of every dataset item, in any unit, or a function from the epoch to
+            them (the number of items must not change).
+        max_batch_length: budget for ``len(batch) * max(length in batch)`` (with ``grid``,
+            ``len(batch) * grid.edge(max(length in batch))``).
         num_buckets: number of quantile buckets (capped at the number of utterances).
         max_batch_size: optional cap on utterances per batch.
         shuffle: shuffle within buckets and the batch order; if False, batches come in
@@ -74,11 +128,13 @@ class DynamicBucketSampler(Sampler[list[int]]):
             ``torch.distributed`` is initialised, else 1.
         rank: this process's rank; defaults likewise, else 0.
         drop_last: in step 6, drop the remainder instead of repeating utterances.
+        grid: pack to this grid's fixed menu of shapes (see above); the collate function must
+            pad to the same grid (:func:`asr.data.dataset.collate`'s ``wave_length``).
     """
 
     def __init__(
         self,
-        lengths: Sequence[float],
+        lengths: Lengths,
         max_batch_length: float,
         num_buckets: int = 20,
         max_batch_size: int | None = None,
@@ -87,8 +143,11 @@ class DynamicBucketSampler(Sampler[list[int]]):
         num_replicas: int | None = None,
         rank: int | None = None,
         drop_last: bool = False,
+        grid: LengthGrid | None = None,
     ) -> None:
-        self.lengths = _check_lengths(lengths)
+        self._length_source = lengths
+        self._cached_lengths: tuple[int, list[float]] | None = None
+        self._lengths_of(0)  # checks them now, not at the first epoch
         _check_options(max_batch_length, num_buckets, max_batch_size)
         self.num_replicas, self.rank = _resolve_ranks(num_replicas, rank)
         self.max_batch_length = float(max_batch_length)
@@ -97,14 +156,18 @@ class DynamicBucketSampler(Sampler[list[int]]):
         self.shuffle = shuffle
         self.seed = seed
         self.drop_last = drop_last
+        self.grid = grid
         self.epoch = 0
         self._batches_yielded = 0  # position within the current epoch
         self._resume_at = 0  # batches to skip on the next __iter__ (set by load_state_dict)
         self._cached_plan: tuple[tuple[int, int], list[_Indices]] | None = None
-        self.oversized = [i for i, n in enumerate(self.lengths) if n > self.max_batch_length]
+        self.oversized = [
+            i for i, n in enumerate(self.lengths) if self._padded(n) > self.max_batch_length
+        ]
         if self.oversized:
             logger.warning(
-                "%d utterance(s) longer than max_batch_length=%g form batches of their own: "
+                "%d utterance(s) longer than max_batch_length=%g (padded) form batches of their "
+                "own: "
                 "indices %s",
                 len(self.oversized),
                 self.max_batch_length,
@@ -158,6 +221,32 @@ class DynamicBucketSampler(Sampler[list[int]]):
         self._resume_at = int(state["batches_yielded"])
         self._batches_yielded = self._resume_at
 
+    @property
+    def lengths(self) -> list[float]:
+        """Every item's length in the current epoch."""
+        return self._lengths_of(self.epoch)
+
+    def _lengths_of(self, epoch: int) -> list[float]:
+        """The lengths in `epoch`, checked and cached (fixed lengths are cached once)."""
+        source = self._length_source
+        if callable(source) and self._cached_lengths is not None:
+            if self._cached_lengths[0] == epoch:
+                return self._cached_lengths[1]
+            lengths = _check_lengths(source(epoch), epoch)
+            if len(lengths) != len(self._cached_lengths[1]):
+                raise ValueError(
+                    f"lengths for epoch {epoch} count {len(lengths)} items, not "
+                    f"{len(self._cached_lengths[1])}"
+                )
+            self._cached_lengths = (epoch, lengths)
+        elif self._cached_lengths is None:
+            lengths = _check_lengths(source(epoch), epoch) if callable(source) else source
+            self._cached_lengths = (epoch, _check_lengths(lengths))
+        return self._cached_lengths[1]
+
+    def _padded(self, length: float) -> float:
+        return length if self.grid is None else self.grid.edge(length)
+
     # -- planning ---------------------------------------------------------------------
 
     def _rank_batches(self) -> list[_Indices]:
@@ -179,6 +268,8 @@ class DynamicBucketSampler(Sampler[list[int]]):
         """Quantile buckets, shuffled within, packed greedily under the budget."""
         if not self.lengths:
             return []
+        if self.grid is not None:
+            return self._pack_on_grid(self.grid, generator)
         order = torch.sort(torch.tensor(self.lengths, dtype=torch.float64), stable=True).indices
         num_buckets = min(self.num_buckets, len(order))
         batches: list[_Indices] = []
@@ -205,8 +296,33 @@ class DynamicBucketSampler(Sampler[list[int]]):
             batches.append(current)
         return batches
 
+    def _pack_on_grid(self, grid: LengthGrid, generator: torch.Generator) -> list[_Indices]:
+        """Groups by grid point, shuffled within, cut into that point's batch size; each
+        group's remainder is appended to the next group."""
+        groups: dict[float, _Indices] = {}
+        for index, length in enumerate(self.lengths):
+            groups.setdefault(grid.edge(length), []).append(index)
+        batches: list[_Indices] = []
+        carried: _Indices = []
+        for edge in sorted(groups):
+            group = torch.tensor(groups[edge])
+            if self.shuffle:
+                group = group[torch.randperm(len(group), generator=generator)]
+            pending = group.tolist() + carried
+            size = self._grid_batch_size(edge)
+            whole = len(pending) - len(pending) % size
+            batches.extend(pending[k : k + size] for k in range(0, whole, size))
+            carried = pending[whole:]
+        if carried:
+            batches.append(carried)
+        return batches
+
+    def _grid_batch_size(self, edge: float) -> int:
+        size = max(1, math.floor(self.max_batch_length / edge)) if edge > 0 else len(self.lengths)
+        return size if self.max_batch_size is None else min(size, self.max_batch_size)
+
     def _cost(self, batch: _Indices) -> float:
-        return len(batch) * max(self.lengths[i] for i in batch)
+        return len(batch) * self._padded(max(self.lengths[i] for i in batch))
 
     def _make_divisible(self, batches: list[_Indices]) -> list[_Indices]:
         """Split (or, failing that, pad or drop) until the count divides by num_replicas."""
@@ -283,11 +399,12 @@ class DynamicBucketSampler(Sampler[list[int]]):
         return [sorted(positions) for positions in assigned]
 
 
-def _check_lengths(lengths: Sequence[float]) -> list[float]:
+def _check_lengths(lengths: Sequence[float], epoch: int | None = None) -> list[float]:
     values = [float(n) for n in lengths]
     bad = [i for i, n in enumerate(values) if not math.isfinite(n) or n < 0]
     if bad:
-        raise ValueError(f"lengths must be finite and >= 0; bad at indices {_preview(bad)}")
+        where = "" if epoch is None else f" (epoch {epoch})"
+        raise ValueError(f"lengths must be finite and >= 0; bad at indices {_preview(bad)}{where}")
     return values
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from functools import partial
 
 import numpy as np
 import pytest
@@ -17,10 +18,11 @@ from asr.data.dataset import (
     change_speed,
     collate,
     make_dataloader,
+    round_up,
     set_loader_epoch,
 )
 from asr.data.manifest import Utterance
-from asr.data.sampler import DynamicBucketSampler
+from asr.data.sampler import DynamicBucketSampler, LengthGrid
 
 SR = 16000
 
@@ -79,9 +81,22 @@ def test_segment_offset_and_duration_are_honoured(tmp_path):
     assert torch.equal(wave, load_audio(whole.audio_filepath)[8000:12000])
 
 
-def test_durations_are_nominal_manifest_durations(utterances):
-    dataset = SpeechDataset(utterances, speed_perturb=[0.9])
-    assert dataset.durations == dataset.lengths() == [u.duration for u in utterances]
+def test_durations_are_nominal_and_lengths_follow_the_epochs_speed_factors(utterances):
+    dataset = SpeechDataset(utterances * 4, speed_perturb=[0.9, 1.0, 1.1], seed=3)
+    nominal = [u.duration for u in utterances * 4]
+    assert dataset.durations == nominal
+    for epoch in (0, 1):
+        dataset.set_epoch(epoch)
+        factors = [dataset.speed_factor(i) for i in range(len(dataset))]
+        assert dataset.lengths() == dataset.lengths(epoch)
+        assert dataset.lengths() == [d / f for d, f in zip(nominal, factors, strict=True)]
+        for index in (0, 5, 11):
+            assert len(dataset[index]["wave"]) / SR == pytest.approx(
+                dataset.lengths()[index], abs=1 / SR
+            )
+    dataset.set_epoch(0)
+    assert dataset.lengths(1) != dataset.lengths(), "another epoch, other factors"
+    assert SpeechDataset(utterances).lengths() == [u.duration for u in utterances]
 
 
 @pytest.mark.parametrize("factor", [0.9, 1.1])
@@ -168,17 +183,26 @@ def random_items(count: int, seed: int, with_tokens: bool = True) -> list[dict]:
     return items
 
 
-def test_collate_shapes_lengths_and_padding_values():
+GRID_PADDING = {
+    "wave_length": partial(LengthGrid(1.3).samples, sample_rate=10),
+    "token_length": partial(round_up, multiple=4),
+}
+
+
+@pytest.mark.parametrize("padding", [{}, GRID_PADDING], ids=["longest", "grid"])
+def test_collate_shapes_lengths_and_padding_values(padding):
     for seed in range(10):
         items = random_items(1 + seed % 5, seed)
-        batch = collate(items, pad_id=7)
+        batch = collate(items, pad_id=7, **padding)
         wave_lens = [len(item["wave"]) for item in items]
         token_lens = [len(item["tokens"]) for item in items]
+        wave_length = padding.get("wave_length", lambda n: n)(max(wave_lens))
+        token_length = padding.get("token_length", lambda n: n)(max(token_lens))
         assert isinstance(batch, Batch) and len(batch) == len(items)
         assert batch.ids == [item["id"] for item in items]
         assert batch.texts == [item["text"] for item in items]
-        assert batch.waves.shape == (len(items), max(wave_lens))
-        assert batch.tokens.shape == (len(items), max(token_lens))
+        assert batch.waves.shape == (len(items), wave_length)
+        assert batch.tokens.shape == (len(items), token_length)
         assert batch.wave_lens.dtype == batch.token_lens.dtype == torch.int64
         assert batch.wave_lens.tolist() == wave_lens and batch.token_lens.tolist() == token_lens
         for row, item in enumerate(items):
@@ -260,9 +284,10 @@ def test_dataloader_with_bucket_sampler_yields_every_utterance_once(utterances):
 
 
 def test_persistent_workers_follow_set_epoch(utterances):
-    """The epoch lives in shared memory: persistent workers draw the new epoch's factors."""
+    """The epoch lives in shared memory: persistent workers draw the new epoch's factors, and
+    the sampler packs the perturbed lengths within its budget."""
     dataset = SpeechDataset(utterances, speed_perturb=(0.8, 1.0, 1.25), seed=1)
-    sampler = DynamicBucketSampler(dataset.lengths(), max_batch_length=0.5, shuffle=False)
+    sampler = DynamicBucketSampler(dataset.lengths, max_batch_length=0.5, shuffle=False)
     loader = make_dataloader(dataset, sampler, num_workers=1)
     index_of = {u.id: k for k, u in enumerate(utterances)}
     for epoch in (0, 1, 2):
@@ -273,6 +298,7 @@ def test_persistent_workers_follow_set_epoch(utterances):
                 k = index_of[utt_id]
                 nominal = round(utterances[k].duration * SR)
                 assert length == math.ceil(nominal / dataset.speed_factor(k)), (epoch, utt_id)
+            assert len(batch) == 1 or len(batch) * batch.wave_lens.max() <= 0.5 * SR + len(batch)
 
 
 @pytest.mark.needs_corpus

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import logging
+import math
 from collections import Counter
 
 import pytest
 import torch
 
-from asr.data.sampler import DynamicBucketSampler
+from asr.data.sampler import DynamicBucketSampler, LengthGrid
 
 
 def random_config(case: int) -> dict:
@@ -35,14 +36,19 @@ def rank_batches(config: dict, num_replicas: int, epoch: int = 0, **extra) -> li
     return out
 
 
-def cost(batch: list[int], lengths: list[float]) -> float:
-    return len(batch) * max(lengths[i] for i in batch)
+def cost(batch: list[int], lengths: list[float], grid: LengthGrid | None = None) -> float:
+    longest = max(lengths[i] for i in batch)
+    return len(batch) * (longest if grid is None else grid.edge(longest))
 
 
+GRIDS = [None, LengthGrid(1.1), LengthGrid(1.5)]
+
+
+@pytest.mark.parametrize("grid", GRIDS)
 @pytest.mark.parametrize("num_replicas", [1, 2, 3, 4])
-def test_ranks_get_disjoint_equal_shares_covering_every_utterance_once(num_replicas):
+def test_ranks_get_disjoint_equal_shares_covering_every_utterance_once(num_replicas, grid):
     for case in range(25):
-        config = random_config(case)
+        config = random_config(case) | {"grid": grid}
         for epoch in (0, 1):
             per_rank = rank_batches(config, num_replicas, epoch)
             assert len({len(batches) for batches in per_rank}) == 1, "unequal batch counts"
@@ -53,19 +59,20 @@ def test_ranks_get_disjoint_equal_shares_covering_every_utterance_once(num_repli
                 assert set(seen) == set(range(len(config["lengths"])))
 
 
-def test_budget_never_exceeded_except_single_oversized_utterances(caplog):
+@pytest.mark.parametrize("grid", GRIDS)
+def test_budget_never_exceeded_except_single_oversized_utterances(caplog, grid):
     for case in range(25):
-        config = random_config(case)
+        config = random_config(case) | {"grid": grid}
         lengths = config["lengths"]
         budget = config["max_batch_length"]
         with caplog.at_level(logging.WARNING, logger="asr.data.sampler"):
             caplog.clear()
             sampler = DynamicBucketSampler(**config)
-        expected_oversized = [i for i, n in enumerate(lengths) if n > budget]
+        expected_oversized = [i for i, n in enumerate(lengths) if cost([i], lengths, grid) > budget]
         assert sampler.oversized == expected_oversized
         assert bool(caplog.records) == bool(expected_oversized)
         for batch in sampler:
-            if cost(batch, lengths) > budget:
+            if cost(batch, lengths, grid) > budget:
                 assert len(batch) == 1 and batch[0] in expected_oversized
             if config["max_batch_size"] is not None:
                 assert len(batch) <= config["max_batch_size"]
@@ -117,10 +124,11 @@ def test_without_shuffle_plan_ignores_epoch_and_runs_short_to_long():
     assert maxima == sorted(maxima)
 
 
+@pytest.mark.parametrize("grid", GRIDS)
 @pytest.mark.parametrize("num_replicas", [1, 3])
-def test_len_equals_number_of_batches_yielded(num_replicas):
+def test_len_equals_number_of_batches_yielded(num_replicas, grid):
     for case in range(15):
-        config = random_config(case)
+        config = random_config(case) | {"grid": grid}
         for rank in range(num_replicas):
             sampler = DynamicBucketSampler(**config, num_replicas=num_replicas, rank=rank)
             for epoch in (0, 1):
@@ -206,9 +214,10 @@ def test_empty_dataset_yields_nothing():
     assert len(sampler) == 0 and list(sampler) == []
 
 
+@pytest.mark.parametrize("grid", [None, LengthGrid(1.1)])
 @pytest.mark.parametrize("consumed", [0, 1, 5])
-def test_resume_from_state_dict_yields_exactly_the_remaining_batches(consumed):
-    config = random_config(3) | {"lengths": [float(n % 17 + 1) for n in range(150)]}
+def test_resume_from_state_dict_yields_exactly_the_remaining_batches(consumed, grid):
+    config = random_config(3) | {"lengths": [float(n % 17 + 1) for n in range(150)], "grid": grid}
     sampler = DynamicBucketSampler(**config, num_replicas=2, rank=1)
     sampler.set_epoch(2)
     full = list(sampler)
@@ -265,3 +274,97 @@ def test_load_state_dict_rejects_incomplete_state():
     sampler = DynamicBucketSampler([1.0], max_batch_length=10.0)
     with pytest.raises(ValueError, match="batches_yielded"):
         sampler.load_state_dict({"epoch": 0, "seed": 0})
+
+
+# ------------------------------------------------------------------ lengths by epoch, grid
+
+
+def perturbed(base: list[float], seed: int = 0):
+    """Lengths as a function of the epoch: each item scaled by a factor drawn per epoch."""
+
+    def lengths(epoch: int) -> list[float]:
+        g = torch.Generator().manual_seed(seed * 1000 + epoch)
+        factors = torch.tensor([0.9, 1.0, 1.1])[torch.randint(3, (len(base),), generator=g)]
+        return [n / float(f) for n, f in zip(base, factors, strict=True)]
+
+    return lengths
+
+
+@pytest.mark.parametrize("grid", [None, LengthGrid(1.1)])
+def test_lengths_by_epoch_set_each_epoch_budget_and_cover_all(grid):
+    for case in range(10):
+        config = random_config(case)
+        lengths_of = perturbed(config["lengths"], case)
+        config |= {"lengths": lengths_of, "grid": grid}
+        sampler = DynamicBucketSampler(**config)
+        for epoch in (0, 1, 2):
+            sampler.set_epoch(epoch)
+            lengths = lengths_of(epoch)
+            assert sampler.lengths == lengths
+            batches = list(sampler)
+            assert sorted(i for b in batches for i in b) == list(range(len(lengths)))
+            for batch in batches:
+                assert len(batch) == 1 or cost(batch, lengths, grid) <= config["max_batch_length"]
+
+
+def test_lengths_by_epoch_must_keep_the_item_count():
+    sampler = DynamicBucketSampler(lambda epoch: [1.0] * (3 + epoch), max_batch_length=10.0)
+    sampler.set_epoch(1)
+    with pytest.raises(ValueError, match="epoch 1 count 4 items, not 3"):
+        list(sampler)
+
+
+def test_grid_batches_come_from_a_fixed_menu_of_shapes():
+    """A batch holds floor(budget / grid point) utterances for the grid point above its
+    longest or (carried utterances only) for a later grid point; one smaller batch ends the
+    epoch. Epochs thus share one menu of shapes."""
+    grid, budget = LengthGrid(1.1), 40.0
+    base = (torch.rand(400, generator=torch.Generator().manual_seed(0)) * 9 + 1).tolist()
+    sampler = DynamicBucketSampler(perturbed(base), max_batch_length=budget, grid=grid)
+    shapes = set()
+    for epoch in range(6):
+        sampler.set_epoch(epoch)
+        lengths = sampler.lengths
+        points = sorted({grid.edge(n) for n in lengths})
+        off_menu = []
+        for batch in sampler:
+            edge = grid.edge(max(lengths[i] for i in batch))
+            sizes = {int(budget // point) for point in points if point >= edge}
+            (shapes.add if len(batch) in sizes else off_menu.append)((len(batch), edge))
+        assert len(off_menu) <= 1, off_menu  # the last remainder
+    on_own_point = sum(size == int(budget // edge) for size, edge in shapes)
+    assert on_own_point >= 0.75 * len(shapes), "carried-only batches should be rare"
+
+
+def test_grid_remainders_follow_the_next_longer_group():
+    # 5 items at grid point 1 (batch size 4) and 3 at grid point 2 (batch size 2): the
+    # first group's remainder shares a batch with the second group's last item.
+    lengths = [1.0] * 5 + [2.0] * 3
+    batches = list(DynamicBucketSampler(lengths, 4.0, grid=LengthGrid(2.0), shuffle=False))
+    assert batches == [[0, 1, 2, 3], [5, 6], [7, 4]]
+
+
+@pytest.mark.parametrize("ratio", [1.01, 1.1, 2.0, 3.7])
+def test_length_grid_edge_is_the_least_grid_point_at_or_above(ratio):
+    grid = LengthGrid(ratio)
+    for length in (torch.rand(500, generator=torch.Generator().manual_seed(1)) * 100).tolist():
+        edge = grid.edge(length)
+        assert length <= edge < length * ratio * (1 + 1e-9)
+        power = round(math.log(edge, ratio))
+        assert edge == pytest.approx(ratio**power, rel=1e-12)
+    for power in range(-5, 30):
+        assert grid.edge(ratio**power) == ratio**power
+
+
+def test_length_grid_samples_agree_with_seconds():
+    grid, rate = LengthGrid(1.1), 16000
+    for count in range(1, 200_000, 997):
+        padded = grid.samples(count, rate)
+        assert padded >= count
+        assert padded == math.floor(grid.edge(count / rate) * rate + 1e-6) or padded == count
+
+
+@pytest.mark.parametrize("ratio", [1.0, 0.5, float("inf"), float("nan")])
+def test_length_grid_rejects_ratios_not_above_one(ratio):
+    with pytest.raises(ValueError, match="ratio"):
+        LengthGrid(ratio)
