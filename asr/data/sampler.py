@@ -167,8 +167,7 @@ class DynamicBucketSampler(Sampler[list[int]]):
         if self.oversized:
             logger.warning(
                 "%d utterance(s) longer than max_batch_length=%g (padded) form batches of their "
-                "own: "
-                "indices %s",
+                "own: indices %s",
                 len(self.oversized),
                 self.max_batch_length,
                 _preview(self.oversized),
@@ -227,22 +226,20 @@ class DynamicBucketSampler(Sampler[list[int]]):
         return self._lengths_of(self.epoch)
 
     def _lengths_of(self, epoch: int) -> list[float]:
-        """The lengths in `epoch`, checked and cached (fixed lengths are cached once)."""
-        source = self._length_source
-        if callable(source) and self._cached_lengths is not None:
-            if self._cached_lengths[0] == epoch:
-                return self._cached_lengths[1]
+        """The lengths in `epoch`, checked and cached (fixed lengths once for all epochs)."""
+        source, cached = self._length_source, self._cached_lengths
+        if cached is not None and (cached[0] == epoch or not callable(source)):
+            return cached[1]
+        if callable(source):
             lengths = _check_lengths(source(epoch), epoch)
-            if len(lengths) != len(self._cached_lengths[1]):
-                raise ValueError(
-                    f"lengths for epoch {epoch} count {len(lengths)} items, not "
-                    f"{len(self._cached_lengths[1])}"
-                )
-            self._cached_lengths = (epoch, lengths)
-        elif self._cached_lengths is None:
-            lengths = _check_lengths(source(epoch), epoch) if callable(source) else source
-            self._cached_lengths = (epoch, _check_lengths(lengths))
-        return self._cached_lengths[1]
+        else:
+            lengths = _check_lengths(source)
+        if cached is not None and len(lengths) != len(cached[1]):
+            raise ValueError(
+                f"lengths for epoch {epoch} count {len(lengths)} items, not {len(cached[1])}"
+            )
+        self._cached_lengths = (epoch, lengths)
+        return lengths
 
     def _padded(self, length: float) -> float:
         return length if self.grid is None else self.grid.edge(length)
