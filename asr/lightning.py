@@ -403,7 +403,7 @@ class ASRDataModule(L.LightningDataModule):
             many utterances as `max_batch_seconds` allows at that length, and tokens to a
             multiple of 16; `num_buckets` is then unused. The same shapes recur every epoch,
             so compiled bf16 kernels are reused (oneDNN's cache is raised to 4096 kernels
-            unless ONEDNN_PRIMITIVE_CACHE_CAPACITY is set): ~1.5x faster AN4 Transformer
+            unless ONEDNN_PRIMITIVE_CACHE_CAPACITY is set): 1.3x faster AN4 Transformer
             epochs on CPU in bf16 (bench/RESULTS.md). None: batches padded to their longest.
         num_workers: data loader worker processes.
         seed: sampler shuffling and perturbation seed.

@@ -39,9 +39,10 @@ def keep_compiled_kernels(capacity: int = 4096) -> bool:
     """Let oneDNN keep `capacity` compiled kernels instead of its default 1024; True if set.
 
     On CPU, bf16 matmuls and convolutions run through oneDNN, which compiles a kernel for
-    every new shape and keeps the last 1024 (LRU). Batches from a fixed menu of shapes
-    (``shape_grid``) need ~3,200 for an AN4 Transformer epoch: at 1024 each is evicted before
-    the next epoch asks for it again. Kept kernels cost ~0.3 MiB each (bench/RESULTS.md).
+    every new shape and keeps the last 1024 (LRU). The AN4 Transformer's batches from a fixed
+    menu of shapes (``shape_grid``) need ~3,000 kernels, training and validation: at 1024 most
+    are evicted before the next epoch asks for them again. Kept kernels cost ~0.3 MiB each
+    (bench/RESULTS.md, session 22).
 
     Must run before the process's first bf16 matmul: oneDNN reads the capacity then. A no-op
     where the variable is set already (1024 restores the default, 0 disables the cache).
