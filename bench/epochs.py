@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -85,14 +86,18 @@ class EpochClock(L.Callback):
         epoch, self._epoch = self._epoch, None
         epoch["wall"] = now - epoch.pop("start")
         epoch["other"] = epoch["wall"] - sum(epoch[part] for part in PARTS[:-1])
+        epoch["max_rss_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6  # KiB
         self.epochs.append(epoch)
         self.path.write_text(json.dumps(self.epochs, indent=1))
 
 
-def fit_config(name: str, settings: Settings, root: Path, epochs: int) -> dict[str, Any]:
-    """Config `name` for `epochs` epochs into `root`, over `settings.data`, with `EpochClock`."""
+def fit_config(
+    name: str, settings: Settings, root: Path, epochs: int, data: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """Config `name` for `epochs` epochs into `root`, over `settings.data`, with `EpochClock`;
+    `data` overrides data module arguments."""
     config = read_config(name)
-    config["data"]["init_args"] = data_args(config, settings.data)
+    config["data"]["init_args"] = data_args(config, settings.data) | (data or {})
     config["model"]["init_args"] = with_stats_path(config["model"]["init_args"], settings.data)
     config["seed_everything"] = settings.seed
     trainer = config["trainer"]
@@ -111,16 +116,20 @@ def fit_config(name: str, settings: Settings, root: Path, epochs: int) -> dict[s
     return config
 
 
-def run_fit(name: str, settings: Settings, epochs: int) -> list[dict[str, float]]:
-    """Run `asr fit` on config `name` for `epochs` epochs in a child process; its epochs."""
+def run_fit(
+    name: str,
+    settings: Settings,
+    epochs: int,
+    data: dict[str, Any] | None = None,
+    env: dict[str, str | None] | None = None,
+) -> list[dict[str, float]]:
+    """Run `asr fit` on config `name` for `epochs` epochs in a child process; its epochs.
+    `data` overrides data module arguments; `env` sets (or, with None, removes) variables."""
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         path = root / "config.yaml"
-        path.write_text(yaml.safe_dump(fit_config(name, settings, root, epochs)))
-        env = {
-            **os.environ,
-            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-        }
+        path.write_text(yaml.safe_dump(fit_config(name, settings, root, epochs, data)))
+        env = child_environment(env or {})
         if settings.threads:
             env["OMP_NUM_THREADS"] = str(settings.threads)
         command = [sys.executable, "-m", "asr.cli", "fit", "--config", str(path)]
@@ -154,3 +163,17 @@ def run(settings: Settings) -> dict[str, Any]:
         }
         for name in CONFIGS
     }
+
+
+def child_environment(changes: dict[str, str | None]) -> dict[str, str]:
+    """This process's environment with the repository on PYTHONPATH and `changes` applied."""
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
+    for key, value in changes.items():
+        if value is None:
+            env.pop(key, None)
+        else:
+            env[key] = value
+    return env
