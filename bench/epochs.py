@@ -86,7 +86,7 @@ class EpochClock(L.Callback):
         epoch, self._epoch = self._epoch, None
         epoch["wall"] = now - epoch.pop("start")
         epoch["other"] = epoch["wall"] - sum(epoch[part] for part in PARTS[:-1])
-        epoch["max_rss_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6  # KiB
+        epoch["max_rss_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB
         self.epochs.append(epoch)
         self.path.write_text(json.dumps(self.epochs, indent=1))
 

@@ -41,7 +41,7 @@ def measure(settings: Settings, epochs: int, data: dict, env: dict) -> dict[str,
         "last5_steps_audio_per_second": sum(e["audio"] for e in last)
         / sum(e["steps"] for e in last),
         "wall_seconds": sum(e["wall"] for e in fit),
-        "max_rss_gb": max(e["max_rss_gb"] for e in fit),
+        "max_rss_gib": max(e["max_rss_gib"] for e in fit),
     }
 
 
@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"| {label} | {r['steps_audio_per_second']:.1f} | "
             f"{r['last5_steps_audio_per_second']:.1f} | {r['audio_per_second']:.1f} | "
-            f"{r['wall_seconds']:.0f} s | {r['max_rss_gb']:.2f} GB |",
+            f"{r['wall_seconds']:.0f} s | {r['max_rss_gib']:.2f} GiB |",
             flush=True,
         )
     return 0
