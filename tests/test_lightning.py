@@ -21,6 +21,7 @@ import torch
 from conftest import REPO, corpus_path
 
 from asr.cli import main
+from asr.data.dataset import set_loader_epoch
 from asr.data.manifest import read_manifest, write_manifest
 from asr.data.prepare import prepare_corpus
 from asr.data.sampler import LengthGrid
@@ -368,8 +369,7 @@ def test_shape_grid_pads_batches_to_grid_points_and_keeps_more_kernels(
     grid, seen = LengthGrid(1.1), set()
     for epoch in range(3):
         loader = data.train_dataloader()
-        loader.batch_sampler.set_epoch(epoch)
-        loader.dataset.set_epoch(epoch)
+        set_loader_epoch(loader, epoch)
         for batch in loader:
             longest = int(batch.wave_lens.max())
             assert batch.waves.shape[1] == grid.samples(longest, 16000) >= longest
