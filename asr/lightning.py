@@ -496,10 +496,12 @@ class ASRDataModule(L.LightningDataModule):
                 wave_length=partial(self.grid.samples, sample_rate=dataset.sample_rate),
                 token_length=partial(round_up, multiple=TOKEN_MULTIPLE),
             )
+        # The grid packs each epoch's perturbed lengths; without one the sampler packs nominal
+        # durations, as the recipes' measured runs did (perturbed lengths there: three AN4
+        # runs with worse dev WERs than the four before, recipes/an4/RESULTS.md, session 22).
+        lengths = dataset.durations if self.grid is None else dataset.lengths
         budget = self.hparams.max_batch_seconds
-        return bucketed_loader(
-            self, dataset, dataset.lengths, budget, collate_fn, shuffle, grid=self.grid
-        )
+        return bucketed_loader(self, dataset, lengths, budget, collate_fn, shuffle, grid=self.grid)
 
     def train_dataloader(self):
         loader = self._loader("train", shuffle=True)

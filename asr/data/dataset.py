@@ -110,7 +110,8 @@ class SpeechDataset(Dataset[dict[str, Any]]):
 
     @property
     def durations(self) -> list[float]:
-        """Nominal durations in seconds, from the manifest (before speed perturbation)."""
+        """Nominal durations in seconds, from the manifest (before speed perturbation: an item
+        drawn with factor ``f`` lasts ``duration / f``, 0.9 giving ~11 % more)."""
         return [utterance.duration for utterance in self.utterances]
 
     def lengths(self, epoch: int | None = None) -> list[float]:
