@@ -117,7 +117,8 @@ class SpeechDataset(Dataset[dict[str, Any]]):
     def lengths(self, epoch: int | None = None) -> list[float]:
         """Seconds each item lasts in `epoch` (default: the current one), after speed
         perturbation: ``duration / factor``. :class:`asr.data.sampler.DynamicBucketSampler`
-        takes this method as its ``lengths``."""
+        takes this method as its ``lengths`` (the data module passes it with a shape grid,
+        and the nominal :attr:`durations` without one)."""
         epoch = self.epoch if epoch is None else epoch
         return [
             utterance.duration / self.speed_factor(index, epoch)
