@@ -151,7 +151,7 @@ def data_module(
 def train_batches(
     name: str, settings: Settings, count: int | None = None, max_batch_seconds: float | None = None
 ) -> list[Batch]:
-    """The first `count` training batches of config `name` (its bucketing sampler, speed
+    """The first `count` training batches of config `name` (its sampler or shape grid, speed
     perturbation and batch budget unless `max_batch_seconds`), seeded, on the device; `None`:
     every batch of the first epoch."""
     module = data_module(name, settings, max_batch_seconds)

@@ -7,7 +7,7 @@ a convolutional front subsampling time by 4, and a joint CTC (weight 0.3) / labe
 (2 blocks of 3x3 stride-2 convolutions with LayerNorm, 64 then 32 channels). Parameter counts
 and model FLOPs of both are reported beside the timings.
 
-The same AN4 training batches (conf/an4/transformer.yaml's sampler, seed fixed) feed both, as
+The same AN4 training batches (conf/an4/transformer.yaml's, seed fixed) feed both, as
 our log-mel + global CMVN features computed beforehand: only model, loss, backward, gradient
 clipping (5) and the optimizer step (fused AdamW, lr 1e-3, as in our configs) are timed, by the
 same plain loop. Both models then decode the same batch of test utterances of similar length

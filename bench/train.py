@@ -1,11 +1,11 @@
 """Training throughput of the AN4 configs (conf/an4/transformer.yaml, conf/an4/rnn.yaml).
 
 Each config's model, optimizer and LR schedule are built from its YAML exactly as `asr fit`
-builds them; the batches are every batch of its first epoch (bucketing sampler, speed
-perturbation, batch budget), loaded before timing. A step is what the Lightning loop runs per
-batch: frontend (with SpecAugment), joint CTC/attention loss, backward, gradient clipping at
-the config's value, optimizer and scheduler step; fp32, or bf16 autocast as
-`--trainer.precision bf16-mixed`. Data loading is not included. What Lightning's loop adds to
+builds them; the batches are every batch of its first epoch (the config's sampler or shape
+grid, speed perturbation, batch budget), loaded before timing. A step is what the Lightning
+loop runs per batch: frontend (with SpecAugment), joint CTC/attention loss, backward,
+gradient clipping at the config's value, optimizer and scheduler step; fp32, or bf16 autocast
+as `--trainer.precision bf16-mixed`. Data loading is not included. What Lightning's loop adds to
 that step is measured apart (`lightning_overhead`): the same batches through
 `lightning.Trainer.fit`.
 """
