@@ -8,7 +8,7 @@ default kernel cache (1024), the grid (`data.shape_grid`) at 1024, and the grid 
 sets itself (4096). Each reports the steps' and the whole epochs' audio seconds per second (the
 first epoch left out), the steps' rate over the last 5 epochs (a cache too small for the shapes
 shows as a falling rate), the wall time of the fit's epochs and its peak RSS. Not part of
-`bench all`: ~3-4 min per fit of 20 epochs on 2 cores.
+`bench all`: ~4-5 min per fit of 20 epochs on 2 cores.
 """
 
 from __future__ import annotations
