@@ -1,14 +1,14 @@
-"""`asr fit` of the AN4 Transformer on the bucketing sampler's batches against a shape grid.
+"""`asr fit` of an AN4 config on the bucketing sampler's batches against a shape grid.
 
-    .venv/bin/python -m bench.shape_grid [--epochs 20] [--ratio 1.1]
+    .venv/bin/python -m bench.shape_grid [--config transformer] [--epochs 20] [--ratio 1.1]
 
-Three fits of `conf/an4/transformer.yaml` (bf16-mixed, its batch budget), each in a child
+Three fits of `conf/an4/<config>.yaml` (bf16-mixed, its batch budget), each in a child
 process as `bench.epochs` runs them, one after the other: the sampler's batches at oneDNN's
 default kernel cache (1024), the grid (`data.shape_grid`) at 1024, and the grid at the cache it
 sets itself (4096). Each reports the steps' and the whole epochs' audio seconds per second (the
 first epoch left out), the steps' rate over the last 5 epochs (a cache too small for the shapes
 shows as a falling rate), the wall time of the fit's epochs and its peak RSS. Not part of
-`bench all`: ~4-5 min per fit of 20 epochs on 2 cores.
+`bench all`: ~4-5 min per fit of 20 Transformer epochs on 2 cores.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from asr.precision import KERNEL_CACHE_VARIABLE
-from bench.common import ROOT, Settings
+from bench.common import CONFIGS, ROOT, Settings
 from bench.epochs import run_fit, summarise
 
 
@@ -33,8 +33,10 @@ def variants(ratio: float) -> list[tuple[str, dict, dict]]:
     ]
 
 
-def measure(settings: Settings, epochs: int, data: dict, env: dict) -> dict[str, float]:
-    fit = run_fit("transformer", settings, epochs, data, env)
+def measure(
+    settings: Settings, config: str, epochs: int, data: dict, env: dict
+) -> dict[str, float]:
+    fit = run_fit(config, settings, epochs, data, env)
     last = fit[-5:]
     return {
         **summarise(fit),
@@ -47,6 +49,7 @@ def measure(settings: Settings, epochs: int, data: dict, env: dict) -> dict[str,
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", choices=CONFIGS, default="transformer", help="AN4 config")
     parser.add_argument("--epochs", type=int, default=20, help="epochs per fit (20)")
     parser.add_argument("--ratio", type=float, default=1.1, help="the grid's ratio (1.1)")
     parser.add_argument("--data", type=Path, default=ROOT / "data/an4", help="prepared AN4")
@@ -59,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         "| peak RSS |\n|---|---|---|---|---|---|"
     )
     for label, data, env in variants(args.ratio):
-        r = measure(settings, args.epochs, data, env)
+        r = measure(settings, args.config, args.epochs, data, env)
         print(
             f"| {label} | {r['steps_audio_per_second']:.1f} | "
             f"{r['last5_steps_audio_per_second']:.1f} | {r['audio_per_second']:.1f} | "
