@@ -20,6 +20,7 @@ import soundfile
 import torch
 from conftest import REPO, corpus_path
 
+import asr.lightning
 from asr.cli import main
 from asr.data.dataset import set_loader_epoch
 from asr.data.manifest import read_manifest, write_manifest
@@ -378,6 +379,24 @@ def test_shape_grid_pads_batches_to_grid_points_and_keeps_more_kernels(
             assert len(batch) * batch.waves.shape[1] <= 6 * 16000 or len(batch) == 1
             seen.update(batch.ids)
     assert len(seen) == len(data.datasets["train"])
+
+
+def test_validation_greedy_steps_leave_bf16_autocast_below_bf16_step_rows(tiny_an4, monkeypatch):
+    module, _ = _tiny_module(tiny_an4)
+    seen = []
+
+    def recording_search(decoder, enc, enc_lens, max_len_ratio):
+        seen.append((torch.is_autocast_enabled("cpu"), enc.dtype))
+        return []
+
+    monkeypatch.setattr(asr.lightning, "greedy_search", recording_search)
+    enc, enc_lens = torch.randn(3, 5, 32, dtype=torch.bfloat16), torch.full((3,), 5)
+    with torch.autocast("cpu", torch.bfloat16):
+        module._greedy(enc, enc_lens)  # 3 rows: fp32 steps
+        monkeypatch.setattr(asr.lightning, "BF16_STEP_ROWS", 3)
+        module._greedy(enc, enc_lens)  # 3 rows from 3 on: bf16 steps
+    module._greedy(enc.float(), enc_lens)  # no autocast: as given
+    assert seen == [(False, torch.float32), (True, torch.bfloat16), (False, torch.float32)]
 
 
 def _tiny_fit(
