@@ -144,6 +144,31 @@ def test_no_speed_perturb_leaves_waves_alone(utterances):
         assert torch.equal(dataset[0]["wave"], load_audio(utterances[0].audio_filepath))
 
 
+def test_cached_items_equal_loaded_ones_and_each_wave_is_read_once(utterances, monkeypatch):
+    factors = (0.9, 1.0, 1.1)
+    plain = SpeechDataset(utterances, FakeTokenizer(), speed_perturb=factors, seed=2)
+    cached = SpeechDataset(utterances, FakeTokenizer(), speed_perturb=factors, seed=2,
+                           cache_audio=True)  # fmt: skip
+    reads = Counter()
+
+    def counted_load(path, *args, **kwargs):
+        reads[path] += 1
+        return load_audio(path, *args, **kwargs)
+
+    monkeypatch.setattr("asr.data.dataset.load_audio", counted_load)
+    drawn = set()
+    for epoch in range(6):
+        plain.set_epoch(epoch)
+        cached.set_epoch(epoch)
+        for index in range(len(plain)):
+            expected, item = plain[index], cached[index]
+            assert torch.equal(item["wave"], expected["wave"]), (epoch, index)
+            assert torch.equal(item["tokens"], expected["tokens"])
+            drawn.add((index, cached.speed_factor(index)))
+    loads_by_plain = 6 * len(utterances)
+    assert sum(reads.values()) == loads_by_plain + len(drawn)
+
+
 @pytest.mark.parametrize(
     "kwargs",
     [
