@@ -426,8 +426,8 @@ class ASRDataModule(L.LightningDataModule):
         min_duration: utterances shorter than this (seconds) are bad lines; the default
             suits x4 subsampling of 10 ms frames (7 frames).
         cache_audio: keep every loaded (and speed-perturbed) waveform in memory for later
-            epochs, in each loading process: ~64 kB per second of audio per speed factor
-            (AN4 train with three factors: ~0.45 GB). For corpora that fit in memory.
+            epochs, in each loading process: 4 bytes per sample per speed factor (AN4 train at
+            16 kHz with three factors: ~0.45 GB). For corpora that fit in memory.
     """
 
     def __init__(

@@ -50,8 +50,8 @@ class SpeechDataset(Dataset[dict[str, Any]]):
             None or a single 1.0 disables perturbation.
         seed: base of the per-item randomness, with the epoch (:meth:`set_epoch`) and index.
         cache_audio: keep each waveform loaded (per speed factor) for later epochs: no file
-            reads or resampling once every item has been drawn at every factor, for ~64 kB per
-            second of audio per factor (fp32) in each loading process.
+            reads or resampling once every item has been drawn at every factor, for 4 bytes per
+            sample per factor (64 kB per second at 16 kHz) in each loading process.
     """
 
     def __init__(
