@@ -469,10 +469,15 @@ def _with_causal(mask: Tensor | None, len_q: int, len_k: int, device: torch.devi
 
 
 _MATH_MAX_KEYS = 192  # keys up to which CPU bf16 attention uses the math kernel
+# On CUDA every SDPA kernel but cuDNN's: on an H200 (torch 2.11, peer-size model, head dim 64)
+# cuDNN attention built a plan for each new batch shape, 0.3-3.5 s for a bf16 training step's
+# first sight of a shape (0.06-0.10 s without it), and its steady steps were no faster.
+_CUDA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 def _sdpa_backend(query: Tensor, key: Tensor) -> contextlib.AbstractContextManager[None]:
-    """Short bf16 attention on CPU runs the math kernel, else torch's choice (flash).
+    """Short bf16 attention on CPU runs the math kernel; on CUDA, any kernel but cuDNN's
+    (`_CUDA_BACKENDS`); else torch's choice (flash).
 
     Forward + backward of (B, 4, T, 36) bf16 attention on 2 cores, flash vs math: T=75 6.8 vs
     2.3 ms, T=160 6.2 vs 4.2 ms, T=200 5.9 vs 6.1 ms, T=500 15.9 vs 21.7 ms.
@@ -482,6 +487,8 @@ def _sdpa_backend(query: Tensor, key: Tensor) -> contextlib.AbstractContextManag
     with them gave the two worst test CERs, 4.1 and 4.5, against 3.1-3.7 for three runs
     without (recipes/an4/RESULTS.md, session 18).
     """
+    if query.device.type == "cuda":
+        return sdpa_kernel(_CUDA_BACKENDS)
     short = key.size(-2) <= _MATH_MAX_KEYS
     if short and query.device.type == "cpu" and query.dtype == torch.bfloat16:
         return sdpa_kernel(SDPBackend.MATH)

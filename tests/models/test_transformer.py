@@ -17,6 +17,7 @@ from asr.models.transformer import (
     PositionalEncoding,
     TransformerDecoder,
     TransformerEncoder,
+    key_padding_mask,
     min_input_length,
     subsampled_length,
 )
@@ -412,6 +413,23 @@ def test_cuda_step_equals_teacher_forcing_and_bf16_autocast_runs() -> None:
             enc, enc_lens = encoder(x, x_lens)
             logits, _ = decoder(enc, enc_lens, tokens)
     assert torch.isfinite(logits).all() and torch.equal(enc_lens.cpu(), torch.tensor([11, 8, 5]))
+
+
+@pytest.mark.gpu
+def test_cuda_bf16_attention_never_runs_cudnn_attention() -> None:
+    """cuDNN attention builds a plan per new shape (seconds per training step on an H200)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    attention = MultiHeadAttention(256, 4).cuda()  # head dim 64: cuDNN's on Hopper by default
+    x = torch.randn(8, 123, 256, device="cuda", requires_grad=True)
+    mask = key_padding_mask(torch.tensor([123, 100, 90, 80, 70, 60, 50, 40]).cuda(), 123)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            out, _ = attention(x, x, x, mask)
+        out.float().sum().backward()
+    ops = [event.key for event in prof.key_averages()]
+    assert any("attention" in op for op in ops)
+    assert not any("cudnn_attention" in op for op in ops), ops
 
 
 @pytest.mark.slow
