@@ -46,6 +46,12 @@ class Settings:
         """`quick` in a smoke run, else `full`."""
         return quick if self.quick else full
 
+    def passes(self, cpu: int) -> int:
+        """Timed passes of a decode measurement, the fastest counting: `cpu` on a CPU (a shared
+        VM stalls now and then); one in a smoke run, or on a GPU, where batch-1 beam searches
+        are launch-bound and slow to repeat."""
+        return cpu if self.device.type == "cpu" and not self.quick else 1
+
 
 # ---------------------------------------------------------------- data
 
@@ -395,11 +401,14 @@ def _counted_calls(fn: Callable[[], Any]) -> list[tuple[Any, tuple, dict]]:
     registry = set(counted.flop_registry)
 
     def fresh(value: Any) -> Any:
+        """A random tensor (zeros if not floating) with `value`'s layout, overlaps included
+        (an expanded mask has stride 0)."""
         if not isinstance(value, Tensor):
             return value
-        out = torch.empty_strided(value.shape, value.stride(), dtype=value.dtype,
-                                  device=value.device)  # fmt: skip
-        return out.normal_() if out.is_floating_point() else out.zero_()
+        span = 1 + sum((n - 1) * s for n, s in zip(value.shape, value.stride()))
+        base = torch.empty(span if value.numel() else 0, dtype=value.dtype, device=value.device)
+        base = base.normal_() if base.is_floating_point() else base.zero_()
+        return base.as_strided(value.shape, value.stride())
 
     calls = []
 

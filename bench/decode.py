@@ -132,7 +132,7 @@ def run(settings: Settings) -> dict[str, Any]:
     sizes = settings.pick([1, 8], [1, 8, 32])
     refs = [recognizer.tokenizer.normalizer(t) for t in utts.texts]
     first = Utterances(utts.texts[:2], utts.waves[:2])
-    repeats = settings.pick(1, 3)
+    repeats = settings.passes(3)
     grid: dict[str, dict[str, Any]] = {}
     for precision in PRECISIONS:
         decoder = replace(recognizer, precision=precision)
@@ -176,7 +176,7 @@ def greedy_and_encoder(
     greedy, encoder = {}, {}
     for size in sizes:
         search_times, encoder_times = [], []
-        for _ in range(settings.pick(1, 5)):
+        for _ in range(settings.passes(5)):
             search_times.append(time_search(recognizer, utts, size, options)[0])
             encoder_times.append(time_encoder(recognizer, utts, size))
         greedy[str(size)] = _cell(min(search_times), utts)

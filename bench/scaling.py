@@ -255,7 +255,7 @@ def decode_vs_length(settings: Settings) -> dict[str, Any]:
     block, block_text = speech_block(settings)
     block_seconds = len(block) / SAMPLE_RATE
     lengths = recording_lengths(settings, block_seconds)
-    repeats = settings.pick(1, 3)
+    repeats = settings.passes(3)
     recognizer, label = load_recognizer(settings)
     recording = block.repeat(math.ceil(max(lengths) * SAMPLE_RATE / len(block)))
     longest = segment_seconds(recognizer, settings)
@@ -311,6 +311,8 @@ def typical_batch(settings: Settings, budget: float) -> Batch:
 def step_vs_batch(settings: Settings) -> dict[str, Any]:
     """bf16 training step time of conf/an4/transformer.yaml against batch seconds."""
     budgets = settings.pick([4, 8], [10, 20, 40, 80])
+    if settings.device.type == "cuda" and not settings.quick:
+        budgets += [160, 320, 640]  # a GPU's step is launch-bound far past the CPU's sizes
     config = model_config("transformer", settings.data)
     clip = clip_value("transformer")
     trainer = Trainer(build_module(config, settings.seed).to(settings.device), "bf16", clip)
