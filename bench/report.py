@@ -130,7 +130,7 @@ def targets(parts: dict[str, Any], derived: dict[str, Any]) -> list[dict[str, An
     lengths = _get(res, "scaling", "decode_length") or {}
     rows = [
         ("Transformer bf16 training MFU (of measured bf16 matmul peak)", ">=", 0.40,
-         _get(derived, "mfu", "transformer_bf16", "mfu"), "{:.1%}"),
+         _get(derived, "mfu", "transformer_bf16", "mfu"), MFU),
         ("Transformer bf16 training throughput, ours / SpeechBrain (same size)", ">=", 1.5,
          _get(derived, "peer", "train_bf16"), "{:.2f}x"),
         (f"beam 10 + CTC on AN4 test at batch {big}: RTF", "<=", 0.02,
@@ -170,7 +170,18 @@ def _table(header: list[str], rows: list[list[Any]]) -> list[str]:
     return lines + [""]
 
 
-def _num(value: Any, fmt: str = "{:.3g}") -> str:
+class _Percent:
+    """Formats like `"{:.1%}".format`, with two significant digits under 1 % (a GPU's MFU)."""
+
+    @staticmethod
+    def format(value: float) -> str:
+        return f"{value:.1%}" if value >= 0.01 else f"{100 * value:.2g}%"
+
+
+MFU = _Percent()
+
+
+def _num(value: Any, fmt: str | _Percent = "{:.3g}") -> str:
     return "n/a" if value is None else fmt.format(value)
 
 
@@ -248,8 +259,8 @@ def _train_md(res: dict[str, Any], derived: dict[str, Any]) -> list[str]:
                     _num(run["steps_per_second"], "{:.3f}"), _num(step, "{:.3f}"),
                     _num(run["memory"].get("peak_mb"), "{:.0f}"),
                     _num(data["flops_per_audio_second"] / 1e9, "{:.2f}"),
-                    _num(mfu.get("achieved_gflops"), "{:.1f}"), _num(mfu.get("mfu"), "{:.1%}"),
-                    _num(mfu.get("kernel_ceiling_mfu"), "{:.1%}"),
+                    _num(mfu.get("achieved_gflops"), "{:.1f}"), _num(mfu.get("mfu"), MFU),
+                    _num(mfu.get("kernel_ceiling_mfu"), MFU),
                 ]
             )  # fmt: skip
     header = [
@@ -339,8 +350,8 @@ def _peer_md(res: dict[str, Any], derived: dict[str, Any]) -> list[str]:
                 _num(d["flops_per_audio_second"] / 1e9, "{:.2f}"),
                 _num(d["fp32"]["audio_seconds_per_second"], "{:.2f}"),
                 _num(d["bf16"]["audio_seconds_per_second"], "{:.2f}"),
-                _num(_get(derived, "peer_mfu", f"{name}_bf16", "mfu"), "{:.1%}"),
-                _num(_get(derived, "peer_mfu", f"{name}_bf16", "kernel_ceiling_mfu"), "{:.1%}"),
+                _num(_get(derived, "peer_mfu", f"{name}_bf16", "mfu"), MFU),
+                _num(_get(derived, "peer_mfu", f"{name}_bf16", "kernel_ceiling_mfu"), MFU),
                 _num(d["decode"]["beam10"]["seconds"], "{:.2f}"),
                 _num(d["decode"]["beam10_ctc"]["seconds"], "{:.2f}"),
                 _num(d["decode"]["beam10_ctc"]["mean_tokens"], "{:.1f}"),
@@ -484,6 +495,11 @@ def _targets_md(rows: list[dict[str, Any]]) -> list[str]:
     return ["## Targets", ""] + _table(["target", "goal", "measured", "status"], table)
 
 
+def _short(name: str, width: int = 80) -> str:
+    """`name` cut to `width` characters (CUDA kernels' template names run to thousands)."""
+    return name if len(name) <= width else name[: width - 1] + "…"
+
+
 def _profiles_md(res: dict[str, Any]) -> list[str]:
     sections = []
     for config, data in (res.get("train") or {}).items():
@@ -497,7 +513,7 @@ def _profiles_md(res: dict[str, Any]) -> list[str]:
     lines = ["## Where the time goes (torch.profiler, self time)", ""]
     for title, data in sections:
         rows = [
-            [f"`{op['op']}`", f"{op['percent']:.1f}%", f"{op['self_ms']:.1f}", op["calls"]]
+            [f"`{_short(op['op'])}`", f"{op['percent']:.1f}%", f"{op['self_ms']:.1f}", op["calls"]]
             for op in data["profile"][:TOP_OPS]
         ]
         lines += [f"{title} (full table: `{data['profile_file']}`):", ""]
