@@ -99,7 +99,7 @@ def machine(settings: Settings, argv: Sequence[str]) -> dict[str, Any]:
         "cpu_count": _cpu_count(),
         "threads": settings.threads,
         "device": str(settings.device),
-        "gpu": torch.cuda.get_device_name(settings.device) if _on_gpu(settings) else None,
+        "gpu": torch.cuda.get_device_name(settings.device) if settings.on_gpu else None,
         "torch": torch.__version__,
         "python": platform.python_version(),
         "quick": settings.quick,
@@ -107,10 +107,6 @@ def machine(settings: Settings, argv: Sequence[str]) -> dict[str, Any]:
         "checkpoint": str(settings.checkpoint) if settings.checkpoint else None,
         "max_len_ratio": settings.max_len_ratio,
     }
-
-
-def _on_gpu(settings: Settings) -> bool:
-    return settings.device.type == "cuda"
 
 
 def _cpu_name() -> str:

@@ -46,11 +46,15 @@ class Settings:
         """`quick` in a smoke run, else `full`."""
         return quick if self.quick else full
 
+    @property
+    def on_gpu(self) -> bool:
+        return self.device.type == "cuda"
+
     def passes(self, cpu: int) -> int:
         """Timed passes of a decode measurement, the fastest counting: `cpu` on a CPU (a shared
         VM stalls now and then); one in a smoke run, or on a GPU, where batch-1 beam searches
         are launch-bound and slow to repeat."""
-        return cpu if self.device.type == "cpu" and not self.quick else 1
+        return 1 if self.quick or self.on_gpu else cpu
 
 
 # ---------------------------------------------------------------- data

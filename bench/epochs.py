@@ -102,7 +102,7 @@ def fit_config(
     config["seed_everything"] = settings.seed
     trainer = config["trainer"]
     trainer.update(max_epochs=epochs, default_root_dir=str(root))
-    if settings.device.type == "cuda":
+    if settings.on_gpu:
         trainer.update(accelerator="gpu", devices=[settings.device.index or 0])
     else:
         trainer["accelerator"] = "cpu"

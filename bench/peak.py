@@ -43,7 +43,7 @@ def matmul_gflops(n: int, dtype: torch.dtype, device: torch.device, min_seconds:
 def run(settings: Settings) -> dict[str, Any]:
     """Rates per dtype and size, and the peak per dtype."""
     sizes = settings.pick([256, 512, 1024], [256, 512, 1024, 2048, 4096])
-    if settings.device.type == "cuda" and not settings.quick:
+    if settings.on_gpu and not settings.quick:
         sizes.append(8192)  # a GPU's matrix units fill only at the largest sizes
     min_seconds = settings.pick(0.3, 2.0)
     rates: dict[str, dict[int, float]] = {}

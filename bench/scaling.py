@@ -311,7 +311,7 @@ def typical_batch(settings: Settings, budget: float) -> Batch:
 def step_vs_batch(settings: Settings) -> dict[str, Any]:
     """bf16 training step time of conf/an4/transformer.yaml against batch seconds."""
     budgets = settings.pick([4, 8], [10, 20, 40, 80])
-    if settings.device.type == "cuda" and not settings.quick:
+    if settings.on_gpu and not settings.quick:
         budgets += [160, 320, 640]  # a GPU's step is launch-bound far past the CPU's sizes
     config = model_config("transformer", settings.data)
     clip = clip_value("transformer")
