@@ -471,7 +471,7 @@ def _with_causal(mask: Tensor | None, len_q: int, len_k: int, device: torch.devi
 _MATH_MAX_KEYS = 192  # keys up to which CPU bf16 attention uses the math kernel
 # On CUDA every SDPA kernel but cuDNN's: on an H200 (torch 2.11, peer-size model, head dim 64)
 # cuDNN attention builds a plan per new batch shape, so a bf16 training step's first sight of
-# a shape took 0.25-3.5 s (0.05-0.12 s without it); steady steps were within run-to-run noise
+# a shape took 0.25-3.5 s (0.07-0.12 s without it); steady steps were within run-to-run noise
 # (7 comparisons, 5 batches: 0.252 s with, 0.246 s without). `python -m bench.cuda_attention`.
 _CUDA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
