@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import time
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -25,7 +24,7 @@ from pathlib import Path
 import torch
 
 import asr.models.transformer as transformer
-from bench.common import ROOT, Settings, synchronize, train_batches
+from bench.common import ROOT, Settings, timed, train_batches
 from bench.peer import build_systems, features, training_step
 
 BATCHES, STEADY = 5, 5
@@ -37,16 +36,9 @@ def torch_choice(query: torch.Tensor, key: torch.Tensor) -> contextlib.AbstractC
 
 def first_and_steady(step: Callable, batches: list, device: torch.device) -> tuple[list, float]:
     """Each batch's first step, and the sum over batches of each one's fastest next step."""
-
-    def timed(batch) -> float:
-        synchronize(device)
-        start = time.perf_counter()
-        step(batch)
-        synchronize(device)
-        return time.perf_counter() - start
-
-    firsts = [timed(b) for b in batches]
-    return firsts, sum(min(timed(b) for _ in range(STEADY)) for b in batches)
+    firsts = [timed(lambda b=b: step(b), device) for b in batches]
+    steady = [min(timed(lambda b=b: step(b), device) for _ in range(STEADY)) for b in batches]
+    return firsts, sum(steady)
 
 
 def main() -> None:
