@@ -338,15 +338,16 @@ def count_flops(fn: Callable[[], Any]) -> int:
     as torch counts it."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    counter = FlopCounterMode(display=False, custom_mapping=_cpu_attention_formulas())
+    counter = FlopCounterMode(display=False, custom_mapping=_extra_formulas())
     with counter:
         fn()
     return int(counter.get_total_flops())
 
 
-def _cpu_attention_formulas() -> dict[Any, Callable[..., int]]:
-    """FLOP formulas for CPU kernels torch's counter lacks (it would count 0): flash attention
-    (the same as for the CUDA kernels) and oneDNN's RNN layer (the RNN encoder on CPU)."""
+def _extra_formulas() -> dict[Any, Callable[..., int]]:
+    """FLOP formulas for kernels torch's counter lacks (it would count 0): CPU flash attention
+    (the same as for the CUDA kernels), and the LSTM/GRU kernels of the RNN encoder, oneDNN's
+    per layer and direction on CPU and cuDNN's for a whole `nn.LSTM` on CUDA."""
     from torch.utils.flop_counter import sdpa_backward_flop_count, sdpa_flop_count
 
     def forward(query, key, value, *args, out_shape=None, **kwargs) -> int:
@@ -361,19 +362,36 @@ def _cpu_attention_formulas() -> dict[Any, Callable[..., int]]:
         aten._scaled_dot_product_flash_attention_for_cpu_backward: backward,
         aten.mkldnn_rnn_layer: _rnn_layer_flops,
         aten.mkldnn_rnn_layer_backward: _rnn_layer_backward_flops,
+        aten._cudnn_rnn: _cudnn_rnn_flops,
+        aten._cudnn_rnn_backward: _cudnn_rnn_backward_flops,
     }
 
 
+def _rnn_flops(input: list[int], matrices: list[list[int]]) -> int:
+    """An RNN's matmuls: each of its `matrices` (input, recurrent and projection weights) once
+    per frame of `input`, an `(N, T, F)` or `(T, N, F)` batch or a packed `(frames, F)` one."""
+    return 2 * math.prod(input[:-1]) * sum(math.prod(m) for m in matrices)
+
+
 def _rnn_layer_flops(input, w_ih, w_hh, *args, out_shape=None, **kwargs) -> int:
-    """oneDNN's RNN layer (one direction; the counter passes shapes): an input and a recurrent
-    matmul per frame."""
-    frames = input[0] * input[1]  # batch x time, either layout
-    return 2 * frames * (math.prod(w_ih) + math.prod(w_hh))
+    """oneDNN's RNN layer, one direction (the counter passes shapes)."""
+    return _rnn_flops(input, [w_ih, w_hh])
 
 
 def _rnn_layer_backward_flops(input, w_ih, w_hh, *args, out_shape=None, **kwargs) -> int:
     """Twice the forward: gradients of the inputs and of the weights."""
     return 2 * _rnn_layer_flops(input, w_ih, w_hh)
+
+
+def _cudnn_rnn_flops(input, weight, *args, out_shape=None, **kwargs) -> int:
+    """cuDNN's RNN: every layer and direction in one call, `weight` listing their weights
+    (matrices) and biases (vectors). Each layer reads as many frames as the input has."""
+    return _rnn_flops(input, [w for w in weight if len(w) == 2])
+
+
+def _cudnn_rnn_backward_flops(input, weight, *args, out_shape=None, **kwargs) -> int:
+    """Twice the forward, as for oneDNN's layer."""
+    return 2 * _cudnn_rnn_flops(input, weight)
 
 
 def kernel_ceiling(fn: Callable[[], Any], device: torch.device, repeats: int = 5) -> dict:
@@ -401,7 +419,7 @@ def _counted_calls(fn: Callable[[], Any]) -> list[tuple[Any, tuple, dict]]:
     from torch.utils._pytree import tree_map
     from torch.utils.flop_counter import FlopCounterMode
 
-    counted = FlopCounterMode(display=False, custom_mapping=_cpu_attention_formulas())
+    counted = FlopCounterMode(display=False, custom_mapping=_extra_formulas())
     registry = set(counted.flop_registry)
 
     def fresh(value: Any) -> Any:
