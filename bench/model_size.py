@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from bench import peak
 from bench.common import (
     ROOT,
     Settings,
@@ -31,10 +32,7 @@ from bench.common import (
     model_config,
     train_batches,
 )
-from bench.peak import matmul_gflops
 from bench.train import Trainer
-
-PEAK_SIZES = (1024, 2048)  # the best bf16 sizes of `python -m bench peak` on the 2-core CPU
 
 
 def resized(d_model: int, ffn: int, encoder: int, decoder: int, relative: bool = True) -> dict:
@@ -81,16 +79,16 @@ def main() -> None:
     batches = train_batches("transformer", settings)
     audio = [audio_seconds(b.wave_lens) for b in batches]
     rows: dict[str, Any] = {name: measure(o, settings, batches, audio) for name, o in SIZES.items()}
-    peak = max(matmul_gflops(n, torch.bfloat16, device, 2.0) for n in PEAK_SIZES)
-    print(f"{len(batches)} batches, {sum(audio):.0f} s of audio; bf16 peak {peak:.1f} GFLOP/s, "
-          f"{torch.get_num_threads()} threads\n")  # fmt: skip
+    bf16_peak = peak.run(settings)["peak_gflops"]["bf16"]  # as `python -m bench peak`
+    print(f"{len(batches)} batches, {sum(audio):.0f} s of audio; "
+          f"bf16 peak {bf16_peak:.1f} GFLOP/s, {torch.get_num_threads()} threads\n")  # fmt: skip
     print("| model | parameters | GFLOP per audio s | audio s/s | GFLOP/s | MFU |")
     print("|---|---|---|---|---|---|")
     for name, row in rows.items():
         print(
             f"| {name} | {row['parameters'] / 1e6:.1f} M "
             f"| {row['flops_per_audio_second'] / 1e9:.3f} | {row['audio_seconds_per_second']:.1f} "
-            f"| {row['gflops']:.1f} | {100 * row['gflops'] / peak:.1f} % |"
+            f"| {row['gflops']:.1f} | {100 * row['gflops'] / bf16_peak:.1f} % |"
         )
 
 
