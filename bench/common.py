@@ -347,8 +347,8 @@ def count_flops(fn: Callable[[], Any]) -> int:
 
 def _extra_formulas() -> dict[Any, Callable[..., int]]:
     """FLOP formulas for kernels torch's counter lacks (it would count 0): CPU flash attention
-    (the same as for the CUDA kernels), and the LSTM/GRU kernels of the RNN encoder, oneDNN's
-    per layer and direction on CPU and cuDNN's for a whole `nn.LSTM` on CUDA."""
+    (the same as for the CUDA kernels), and the RNN encoder's LSTM/GRU kernels: oneDNN's, one
+    per layer and direction, on CPU; cuDNN's, one per `nn.LSTM`/`nn.GRU` call, on CUDA."""
     from torch.utils.flop_counter import sdpa_backward_flop_count, sdpa_flop_count
 
     def forward(query, key, value, *args, out_shape=None, **kwargs) -> int:
