@@ -1,0 +1,81 @@
+"""The benchmark suite's model-FLOP counting (bench/common.py): the formulas it adds for kernels
+torch's counter lacks, and its kernels-only bound. Counting only; nothing here is timed."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+import bench.common as common
+
+B, T, F, H = 4, 12, 10, 16
+
+
+def per_frame_matmuls(rnn: nn.RNNBase) -> int:
+    """FLOPs of one frame through every layer and direction: each weight matrix once."""
+    return 2 * sum(w.numel() for w in rnn._flat_weights if w.dim() == 2)
+
+
+@pytest.mark.parametrize("layers, bidirectional", [(1, True), (2, True), (3, False)])
+def test_cpu_lstm_counts_every_weight_matrix_once_per_frame(layers, bidirectional) -> None:
+    lstm = nn.LSTM(F, H, layers, batch_first=True, bidirectional=bidirectional)
+    x = torch.randn(B, T, F, requires_grad=True)
+    forward = common.count_flops(lambda: lstm(x))
+    assert forward == B * T * per_frame_matmuls(lstm)
+    both = common.count_flops(lambda: lstm(x)[0].sum().backward())
+    assert both == 3 * forward  # the backward: gradients of the inputs and of the weights
+
+
+@pytest.mark.parametrize("layers, bidirectional", [(1, True), (2, True), (3, False)])
+def test_cudnn_rnn_formula_counts_what_the_cpu_counts(layers, bidirectional) -> None:
+    """cuDNN's LSTM (one call for every layer and direction) counted on meta tensors, which
+    need no GPU, against the CPU's count of the same `nn.LSTM`."""
+    lstm = nn.LSTM(F, H, layers, batch_first=True, bidirectional=bidirectional)
+    cpu = common.count_flops(lambda: lstm(torch.randn(B, T, F)))
+    meta = lstm.to("meta")
+    states = torch.empty(layers * (2 if bidirectional else 1), B, H, device="meta")
+    x = torch.empty(B, T, F, device="meta")
+    mode_lstm, stride0 = 2, 4  # cuDNN's LSTM mode; w_ih, w_hh, b_ih, b_hh per layer
+
+    def cudnn() -> None:
+        torch.ops.aten._cudnn_rnn.default(
+            x, meta._flat_weights, stride0, None, states, states, mode_lstm, H, 0, layers,
+            True, 0.0, True, bidirectional, [], None,
+        )  # fmt: skip
+
+    assert common.count_flops(cudnn) == cpu
+    shapes = [list(w.shape) for w in meta._flat_weights]
+    assert common._cudnn_rnn_backward_flops(list(x.shape), shapes) == 2 * cpu
+
+
+def test_cudnn_rnn_formula_counts_packed_frames() -> None:
+    """A packed input `(frames, F)` counts its frames, not a padded batch."""
+    shapes = [[4 * H, F], [4 * H, H], [4 * H], [4 * H]]
+    assert common._cudnn_rnn_flops([30, F], shapes) == 2 * 30 * 4 * H * (F + H)
+
+
+def test_kernel_ceiling_bounds_the_counted_kernels() -> None:
+    a = torch.randn(32, 48)
+    ceiling = common.kernel_ceiling(lambda: a @ a.T, torch.device("cpu"), repeats=1)
+    assert ceiling["ops"] == 1
+    assert ceiling["flops"] == 2 * 32 * 48 * 32
+    assert math.isfinite(ceiling["gflops"]) and ceiling["gflops"] > 0
+
+
+def test_kernel_ceiling_reports_a_kernel_that_refuses_random_inputs(monkeypatch) -> None:
+    """The bound is left out with the error, not raised: the part's other figures survive."""
+    recorded = common._counted_calls
+
+    def mismatched(fn):
+        func, (left, _), kwargs = recorded(fn)[0]
+        return [(func, (left, torch.randn(3, 7)), kwargs)]
+
+    monkeypatch.setattr(common, "_counted_calls", mismatched)
+    a = torch.randn(8, 8)
+    with pytest.warns(UserWarning, match="replay failed"):
+        ceiling = common.kernel_ceiling(lambda: a @ a, torch.device("cpu"), repeats=1)
+    assert ceiling["ops"] == 1 and "gflops" not in ceiling
+    assert ceiling["error"].startswith("RuntimeError")
