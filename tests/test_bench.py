@@ -16,7 +16,7 @@ B, T, F, H = 4, 12, 10, 16
 
 def per_frame_matmuls(rnn: nn.RNNBase) -> int:
     """FLOPs of one frame through every layer and direction: each weight matrix once."""
-    return 2 * sum(w.numel() for w in rnn._flat_weights if w.dim() == 2)
+    return 2 * sum(w.numel() for w in rnn.parameters() if w.dim() == 2)
 
 
 @pytest.mark.parametrize("layers, bidirectional", [(1, True), (2, True), (3, False)])
