@@ -7,7 +7,7 @@ positions) change. The rows show what the MFU target (>= 40 % of the bf16 matmul
 the model: small matmuls at d=144 leave most of the step to elementwise work, and larger models
 use more of the peak but train fewer audio seconds per second.
 
-    python -m bench.model_size            # ~8 min on 2 CPU cores
+    python -m bench.model_size            # 7-9 min on 2 CPU cores
 """
 
 from __future__ import annotations
