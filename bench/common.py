@@ -12,6 +12,7 @@ import time
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -417,7 +418,34 @@ def kernel_ceiling(fn: Callable[[], Any], device: torch.device, repeats: int = 5
         warnings.warn(f"kernel_ceiling: replay failed, no bound: {message}", stacklevel=2)
         return {"ops": len(calls), "error": message}
     seconds = min(timed(replay, device) for _ in range(repeats))
-    return {"ops": len(calls), "flops": flops, "seconds": seconds, "gflops": flops / seconds / 1e9}
+    return {
+        "ops": len(calls),
+        "flops": flops,
+        "seconds": seconds,
+        "gflops": flops / seconds / 1e9,
+        "by_kernel": _by_kernel(calls, device, repeats),
+    }
+
+
+def _by_kernel(calls: list[tuple[Any, tuple, dict]], device: torch.device, repeats: int) -> list:
+    """The replayed calls grouped by op and dtype (of the first tensor argument): calls, FLOPs
+    and the sum of each call's fastest of `repeats` runs alone, slowest group first. The sum
+    over groups is below the back-to-back replay's time, which also pays for what each kernel
+    leaves in the cache; the shares say which kernels hold the bound down."""
+    groups: dict[tuple[str, str], dict[str, Any]] = {}
+    for func, args, kwargs in calls:
+        run = partial(func, *args, **kwargs)
+        dtype = next((a.dtype for a in args if isinstance(a, Tensor)), None)
+        key = (func.overloadpacket.__name__, str(dtype).removeprefix("torch."))
+        group = groups.setdefault(key, {"op": key[0], "dtype": key[1], "calls": 0, "flops": 0,
+                                        "seconds": 0.0})  # fmt: skip
+        group["calls"] += 1
+        group["flops"] += count_flops(run)
+        group["seconds"] += min(timed(run, device) for _ in range(repeats))
+    rows = sorted(groups.values(), key=lambda g: -g["seconds"])
+    for row in rows:
+        row["gflops"] = row["flops"] / row["seconds"] / 1e9
+    return rows
 
 
 def _counted_calls(fn: Callable[[], Any]) -> list[tuple[Any, tuple, dict]]:

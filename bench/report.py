@@ -281,8 +281,33 @@ def _train_md(res: dict[str, Any], derived: dict[str, Any]) -> list[str]:
         "loaded beforehand).",
         "",
         *_lightning_md(train),
+        *_kernels_md(train),
     ]
     return ["## Training throughput (AN4 configs)", ""] + _table(header, rows) + notes
+
+
+def _kernels_md(train: dict[str, Any]) -> list[str]:
+    """Where the kernels-only bound goes: the bf16 replay's kernels by op and dtype."""
+    lines = []
+    for data in train.values():
+        ceiling = _get(data, "bf16", "kernel_ceiling") or {}
+        groups = ceiling.get("by_kernel")
+        if not groups:
+            continue
+        seconds, flops = sum(g["seconds"] for g in groups), sum(g["flops"] for g in groups)
+        rows = [
+            [g["op"], g["dtype"], g["calls"], _num(g["seconds"] / seconds, MFU),
+             _num(g["flops"] / flops, MFU), _num(g["gflops"], "{:.0f}")]
+            for g in groups
+        ]  # fmt: skip
+        header = ["kernel", "dtype", "calls", "share of kernel time", "share of FLOPs", "GFLOP/s"]
+        lines += [
+            f"Kernels of the kernels-only bound ({data['config']}, bf16, first batch), each call "
+            f"timed alone ({seconds * 1e3:.1f} ms in all):",
+            "",
+            *_table(header, rows),
+        ]
+    return lines
 
 
 def _lightning_md(train: dict[str, Any]) -> list[str]:

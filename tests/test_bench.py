@@ -79,3 +79,22 @@ def test_kernel_ceiling_reports_a_kernel_that_refuses_random_inputs(monkeypatch)
         ceiling = common.kernel_ceiling(lambda: a @ a, torch.device("cpu"), repeats=1)
     assert ceiling["ops"] == 1 and "gflops" not in ceiling
     assert ceiling["error"].startswith("RuntimeError")
+
+
+def test_kernel_ceiling_groups_the_kernels_by_op_and_dtype() -> None:
+    a, b = torch.randn(32, 48), torch.randn(16, 48, dtype=torch.bfloat16)
+
+    def step() -> None:
+        a @ a.T
+        a @ a.T
+        b @ b.T
+
+    ceiling = common.kernel_ceiling(step, torch.device("cpu"), repeats=1)
+    groups = {(g["op"], g["dtype"]): g for g in ceiling["by_kernel"]}
+    assert set(groups) == {("mm", "float32"), ("mm", "bfloat16")}
+    assert groups["mm", "float32"]["calls"] == 2
+    assert groups["mm", "float32"]["flops"] == 2 * (2 * 32 * 48 * 32)
+    assert groups["mm", "bfloat16"]["flops"] == 2 * 16 * 48 * 16
+    assert sum(g["flops"] for g in groups.values()) == ceiling["flops"]
+    seconds = [g["seconds"] for g in ceiling["by_kernel"]]
+    assert seconds == sorted(seconds, reverse=True) and all(s > 0 for s in seconds)
