@@ -1,5 +1,6 @@
 """The benchmark suite's model-FLOP counting (bench/common.py): the formulas it adds for kernels
-torch's counter lacks, and its kernels-only bound. Counting only; nothing here is timed."""
+torch's counter lacks, and its kernels-only bound; and how bench/peak.py picks the fp32 peak.
+Counting and bookkeeping only; no timing is asserted."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import torch
 from torch import nn
 
 import bench.common as common
+import bench.peak as peak
 
 B, T, F, H = 4, 12, 10, 16
 
@@ -98,3 +100,29 @@ def test_kernel_ceiling_groups_the_kernels_by_op_and_dtype() -> None:
     assert sum(g["flops"] for g in groups.values()) == ceiling["flops"]
     seconds = [g["seconds"] for g in ceiling["by_kernel"]]
     assert seconds == sorted(seconds, reverse=True) and all(s > 0 for s in seconds)
+
+
+def test_onednn_fp32_matmul_restores_the_setting() -> None:
+    backend = torch.backends.mkldnn.matmul
+    before = backend.fp32_precision
+    with pytest.raises(RuntimeError), peak.onednn_fp32_matmul():
+        assert backend.fp32_precision == "bf16"
+        raise RuntimeError
+    assert backend.fp32_precision == before
+
+
+@pytest.mark.parametrize("error, fp32_peak", [(1e-6, 500.0), (1e-3, 250.0)])
+def test_fp32_peak_counts_onednn_only_where_its_products_are_fp32(
+    monkeypatch, error: float, fp32_peak: float
+) -> None:
+    def rate(n, dtype, device, min_seconds):  # oneDNN's fp32 at 2x MKL's, as on the CI CPU
+        routed = torch.backends.mkldnn.matmul.fp32_precision == "bf16"
+        return {torch.float32: 500.0 if routed else 250.0, torch.bfloat16: 900.0}[dtype]
+
+    monkeypatch.setattr(peak, "matmul_gflops", rate)
+    monkeypatch.setattr(peak, "onednn_fp32_error", lambda n: error)
+    settings = common.Settings(None, True, torch.device("cpu"), 1, None, None)
+    result = peak.run(settings)
+    assert result["peak_gflops"] == {"fp32": fp32_peak, "bf16": 900.0}
+    assert set(result["gflops"][peak.ONEDNN_FP32].values()) == {500.0}
+    assert result["onednn_fp32_error"] == error
