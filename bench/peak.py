@@ -4,9 +4,10 @@ The best size's rate is the "peak" that model FLOPs utilisation (MFU) divides by
 machine's torch build reaches on the friendliest workload, with the same thread count the
 other parts use.
 
-On CPU, torch sends fp32 matmuls to MKL and bf16 ones to oneDNN. MKL runs its AVX2 code on
-AMD processors, so fp32 is also timed through oneDNN (`onednn_fp32_matmul`); that rate
-counts towards the fp32 peak only where its products are fp32-exact.
+On CPU, torch sends fp32 matmuls to MKL and bf16 ones to oneDNN. MKL may leave a CPU's
+widest vector units unused (on AMD processors it runs its AVX2 code), so fp32 is also timed
+through oneDNN (`onednn_fp32_matmul`); that rate counts towards the fp32 peak only where its
+products are fp32-exact.
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ EXACT = 1e-5  # largest relative difference from torch's own fp32 product that c
 def onednn_fp32_matmul() -> Iterator[None]:
     """CPU fp32 matmuls through oneDNN rather than MKL. torch routes them there when oneDNN
     may use bf16 arithmetic (`fp32_precision = "bf16"`); whether it did is for the caller to
-    check (on this AVX-512 CPU without AMX it computes in fp32: `matmul_gflops`)."""
+    check (`onednn_fp32_error`; on the AVX-512 CPU of bench/RESULTS.md, without AMX, it
+    computes in fp32)."""
     backend = torch.backends.mkldnn.matmul
     before = backend.fp32_precision
     backend.fp32_precision = "bf16"
@@ -81,15 +83,20 @@ def run(settings: Settings) -> dict[str, Any]:
     rates: dict[str, dict[int, float]] = {}
     for name, dtype in DTYPES.items():
         rates[name] = {n: matmul_gflops(n, dtype, settings.device, min_seconds) for n in sizes}
-    peaks = {name: max(by_size.values()) for name, by_size in rates.items()}
-    results: dict[str, Any] = {"sizes": sizes, "gflops": rates, "peak_gflops": peaks}
+    error = None  # of fp32 through oneDNN, timed on CPU only
     if settings.device.type == "cpu":
         error = max(onednn_fp32_error(n) for n in sizes)
         with onednn_fp32_matmul():
             rates[ONEDNN_FP32] = {
                 n: matmul_gflops(n, torch.float32, settings.device, min_seconds) for n in sizes
             }
-        results["onednn_fp32_error"] = error
-        if error <= EXACT:
-            peaks["fp32"] = max(peaks["fp32"], *rates[ONEDNN_FP32].values())
-    return {**results, "threads": settings.threads}
+    peaks = {name: max(rates[name].values()) for name in DTYPES}
+    if error is not None and error <= EXACT:
+        peaks["fp32"] = max(peaks["fp32"], *rates[ONEDNN_FP32].values())
+    return {
+        "sizes": sizes,
+        "gflops": rates,
+        "peak_gflops": peaks,
+        "onednn_fp32_error": error,
+        "threads": settings.threads,
+    }

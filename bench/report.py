@@ -247,9 +247,10 @@ def _peak_md(res: dict[str, Any]) -> list[str]:
     if error is not None:
         counted = "counts" if error <= EXACT else "does not count (not fp32 arithmetic)"
         notes[0] += (
-            " torch runs fp32 matmuls on MKL and bf16 ones on oneDNN; MKL runs its AVX2 code on "
-            "AMD processors, so fp32 is also timed through oneDNN "
-            "(`torch.backends.mkldnn.matmul.fp32_precision = \"bf16\"` sends it there). Its "
+            " torch runs fp32 matmuls on MKL and bf16 ones on oneDNN, and MKL may leave a CPU's "
+            "widest vector units unused (on AMD processors it runs its AVX2 code), so fp32 is "
+            "also timed through oneDNN "
+            '(`torch.backends.mkldnn.matmul.fp32_precision = "bf16"` sends it there). Its '
             f"products differ from MKL's by {error:.1e} of the largest entry (bf16 arithmetic "
             f"gives ~1e-3), so it {counted} towards the fp32 peak."
         )
