@@ -405,42 +405,41 @@ def kernel_ceiling(fn: Callable[[], Any], device: torch.device, repeats: int = 5
     Python) took no time. Where a kernel refuses its random inputs, the bound is left out with
     the error (and a warning), so that the part's other figures survive.
     """
-    calls = _counted_calls(fn)
+    runs = [partial(func, *args, **kwargs) for func, args, kwargs in _counted_calls(fn)]
 
     def replay() -> None:
-        for func, args, kwargs in calls:
-            func(*args, **kwargs)
+        for run in runs:
+            run()
 
     try:
-        flops = count_flops(replay)
+        flops = [count_flops(run) for run in runs]
     except RuntimeError as error:
         message = f"{type(error).__name__}: {str(error).strip().splitlines()[0]}"
         warnings.warn(f"kernel_ceiling: replay failed, no bound: {message}", stacklevel=2)
-        return {"ops": len(calls), "error": message}
+        return {"ops": len(runs), "error": message}
     seconds = min(timed(replay, device) for _ in range(repeats))
     return {
-        "ops": len(calls),
-        "flops": flops,
+        "ops": len(runs),
+        "flops": sum(flops),
         "seconds": seconds,
-        "gflops": flops / seconds / 1e9,
-        "by_kernel": _by_kernel(calls, device, repeats),
+        "gflops": sum(flops) / seconds / 1e9,
+        "by_kernel": _by_kernel(runs, flops, device, repeats),
     }
 
 
-def _by_kernel(calls: list[tuple[Any, tuple, dict]], device: torch.device, repeats: int) -> list:
-    """The replayed calls grouped by op and dtype (of the first tensor argument): calls, FLOPs
-    and the sum of each call's fastest of `repeats` runs alone, slowest group first. The sum
-    over groups is below the back-to-back replay's time, which also pays for what each kernel
-    leaves in the cache; the shares say which kernels hold the bound down."""
+def _by_kernel(runs: list[partial], flops: list[int], device: torch.device, repeats: int) -> list:
+    """The replayed calls (`flops` each) grouped by op and dtype (of the first tensor argument):
+    calls, FLOPs and the sum of each call's fastest of `repeats` runs alone, slowest group
+    first. The sum over groups is below the back-to-back replay's time, which also pays for
+    what each kernel leaves in the cache; the shares say which kernels hold the bound down."""
     groups: dict[tuple[str, str], dict[str, Any]] = {}
-    for func, args, kwargs in calls:
-        run = partial(func, *args, **kwargs)
-        dtype = next((a.dtype for a in args if isinstance(a, Tensor)), None)
-        key = (func.overloadpacket.__name__, str(dtype).removeprefix("torch."))
+    for run, count in zip(runs, flops, strict=True):
+        dtype = next((a.dtype for a in run.args if isinstance(a, Tensor)), None)
+        key = (run.func.overloadpacket.__name__, str(dtype).removeprefix("torch."))
         group = groups.setdefault(key, {"op": key[0], "dtype": key[1], "calls": 0, "flops": 0,
                                         "seconds": 0.0})  # fmt: skip
         group["calls"] += 1
-        group["flops"] += count_flops(run)
+        group["flops"] += count
         group["seconds"] += min(timed(run, device) for _ in range(repeats))
     rows = sorted(groups.values(), key=lambda g: -g["seconds"])
     for row in rows:
