@@ -74,6 +74,33 @@ def test_relative_attention_in_query_blocks_equals_all_at_once(need_weights: boo
         assert weights is None and weights_blocked is None
 
 
+@pytest.mark.parametrize("need_weights", [False, True])
+@pytest.mark.parametrize("query_block", [3, 256])
+def test_relative_attention_inference_path_equals_the_sdpa_path(
+    need_weights: bool, query_block: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    attn = RelPositionMultiHeadAttention(8, 2, query_block=query_block).eval()
+    x, lens = padded_batch([11, 7], 8)
+    pos = relative_positions(11, 8, x.device)
+    mask = lengths_to_mask(lens)[:, None, None]
+    explicit_blocks = []
+    attend = attn._attend_explicitly
+    monkeypatch.setattr(
+        attn, "_attend_explicitly", lambda *a, **k: explicit_blocks.append(1) or attend(*a, **k)
+    )
+    out, weights = attn(x, pos, mask, need_weights)  # autograd on: SDPA (or head_contexts)
+    assert not explicit_blocks
+    with torch.inference_mode():
+        fast, fast_weights = attn(x, pos, mask, need_weights)
+    assert len(explicit_blocks) == -(-11 // query_block)
+    torch.testing.assert_close(fast, out, atol=1e-6, rtol=1e-6)
+    if need_weights:
+        torch.testing.assert_close(fast_weights, weights, atol=1e-6, rtol=1e-6)
+        assert torch.all(fast_weights[1, :, :, 7:] == 0)
+    else:
+        assert weights is None and fast_weights is None
+
+
 def test_relative_attention_matches_explicit_formula() -> None:
     attn = RelPositionMultiHeadAttention(8, 2).eval()
     x, lens = torch.randn(2, 5, 8), torch.tensor([5, 3])
