@@ -15,6 +15,7 @@ PARTS = ("peak", "train", "epochs", "peer", "decode", "scaling")
 SYSTEMS = ("ours", "speechbrain")  # the peer part's two systems
 TOP_OPS = 8  # profile rows shown in results.md (the text files hold more)
 LENGTH_COLUMNS = {  # decode-vs-length modes (bench.scaling.LENGTH_MODES) and their headings
+    "encoder": "frontend + encoder alone",
     "greedy": "greedy",
     "beam10_ctc": "beam 10 + CTC",
     "transcribe_beam10_ctc": "beam 10 + CTC, segmented (asr transcribe)",
@@ -186,11 +187,12 @@ def _num(value: Any, fmt: str | _Percent = "{:.3g}") -> str:
     return "n/a" if value is None else fmt.format(value)
 
 
-def _wers(length: dict[str, Any], modes: list[str], row: int) -> str:
-    """The decode-vs-length WERs of row `row`, "a / b / c" over `modes`; empty where a mode
-    has none (a part of a block, or results from before WERs were recorded)."""
-    wers = [(length[m].get("wer") or [None] * (row + 1))[row] for m in modes]
-    return "" if None in wers else " / ".join(f"{w:.1f}" for w in wers)
+def _per_search(length: dict[str, Any], modes: list[str], row: int, key: str, form: str) -> str:
+    """Row `row` of the decode-vs-length `key` ("wer", "characters"), "a / b / c" over
+    `modes`; empty where a mode has none (WER of a part of a block, or results from before
+    the key was recorded)."""
+    values = [(length[m].get(key) or [None] * (row + 1))[row] for m in modes]
+    return "" if None in values else " / ".join(form.format(v) for v in values)
 
 
 def _machine_lines(parts: dict[str, Any]) -> list[str]:
@@ -487,13 +489,13 @@ def _scaling_md(res: dict[str, Any]) -> list[str]:
     length = scaling.get("decode_length", {})
     if "lengths" in length:
         modes = [m for m in LENGTH_COLUMNS if m in length]
-        segmented = [m for m in modes if m.startswith("transcribe_")]
+        searches = [m for m in modes if m != "encoder"]
         rows = [
             [
                 f"{n:g} s",
                 *(f"{length[m]['seconds'][i]:.3f}" for m in modes),
-                *(length[m]["characters"][i] for m in segmented),
-                _wers(length, modes, i),
+                _per_search(length, searches, i, "characters", "{:d}"),
+                _per_search(length, searches, i, "wer", "{:.1f}"),
             ]
             for i, n in enumerate(length["lengths"])
         ]
@@ -502,8 +504,10 @@ def _scaling_md(res: dict[str, Any]) -> list[str]:
         lines += [
             f"Decode time (s) of one recording (a block of whole AN4 test utterances, repeated) "
             f"by length, batch 1 (exponent fitted from {first:g} s up), the characters of "
-            f"the segmented transcript, and each transcript's WER against the blocks' "
-            f"transcripts (whole blocks only). Segmented: `asr transcribe "
+            f"each search's transcript, and its WER against the blocks' "
+            f"transcripts (whole blocks only). The frontend + encoder alone is what an "
+            f"unsegmented search spends before its first step; its self-attention is "
+            f"quadratic in length. Segmented: `asr transcribe "
             f"--max-segment-seconds {_num(length.get('segment_seconds'), '{:g}')}` (the 95th "
             f"percentile of the training utterances' durations, rounded up: the default for "
             f"checkpoints `asr fit` writes now). "
@@ -511,8 +515,7 @@ def _scaling_md(res: dict[str, Any]) -> list[str]:
             "",
         ]
         headings = [LENGTH_COLUMNS[m] for m in modes]
-        headings += ["characters (segmented)" for _ in segmented]
-        headings.append("WER % (the same three)")
+        headings += ["characters (the searches)", "WER % (the searches)"]
         lines += _table(["length", *headings], rows)
     batch = scaling.get("train_batch", {})
     if "rows" in batch:

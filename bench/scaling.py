@@ -8,8 +8,8 @@ step time against batch size.
   1, 2, 5 s and to whole blocks up to 60 s, decoded alone as one utterance (greedy and
   beam 10 + CTC: `Recognizer.search`), and the way `asr transcribe` decodes it (beam 10 + CTC:
   `Recognizer.transcribe`, which splits audio longer than 20 s on silence and decodes the
-  segments as a batch); the log-log slope of time against length, fitted over the whole
-  blocks, is the growth exponent (1 = linear).
+  segments as a batch), and the frontend + encoder alone; the log-log slope of time against
+  length, fitted over the whole blocks, is the growth exponent (1 = linear).
 - Batch: training steps (bf16) on batches of ~3 s utterances holding 10 .. 80 s of audio;
   the slope of step time against batch seconds.
 """
@@ -52,7 +52,13 @@ from bench.common import (
     train_batches,
     write_json,
 )
-from bench.decode import Utterances, load_recognizer, search_options, time_search
+from bench.decode import (
+    Utterances,
+    load_recognizer,
+    search_options,
+    time_encoder,
+    time_search,
+)
 from bench.train import Trainer
 
 TYPICAL_SECONDS = (2.5, 3.5)  # training utterances used for the batch-size sweep
@@ -251,7 +257,8 @@ def decode_vs_length(settings: Settings) -> dict[str, Any]:
     """Decode time of one recording cut to each length: greedy and beam 10 + CTC over the whole
     recording, and beam 10 + CTC through `Recognizer.transcribe` (segmented at
     `segment_seconds`); each time the fastest of 3 decodes. Lengths of whole blocks also get
-    the transcript's WER."""
+    the transcript's WER. Then the frontend + encoder alone, which bounds how close to linear
+    the unsegmented searches can grow."""
     block, block_text = speech_block(settings)
     block_seconds = len(block) / SAMPLE_RATE
     lengths = recording_lengths(settings, block_seconds)
@@ -260,6 +267,7 @@ def decode_vs_length(settings: Settings) -> dict[str, Any]:
     recording = block.repeat(math.ceil(max(lengths) * SAMPLE_RATE / len(block)))
     longest = segment_seconds(recognizer, settings)
     results: dict[str, Any] = {"model": label, "lengths": lengths, "segment_seconds": longest}
+    fitted_from = settings.pick(1, block_seconds)  # whole blocks: as much speech per second
     for mode in LENGTH_MODES:
         options = search_options(mode.removeprefix("transcribe_"), settings)
         segmented = mode.startswith("transcribe_")  # else decoded as one utterance
@@ -274,15 +282,31 @@ def decode_vs_length(settings: Settings) -> dict[str, Any]:
             seconds.append(took)
             characters.append(len(text))
             wers.append(_block_wer(text, block_text, length / block_seconds))
-        fit = [(n, t) for n, t in zip(lengths, seconds) if n >= settings.pick(1, block_seconds)]
         results[mode] = {
             "seconds": seconds,
             "characters": characters,  # of the transcript: how much the decoder emitted
             "wer": wers,  # % against the blocks' transcripts; None for a part of a block
-            "exponent": growth_exponent([n for n, _ in fit], [t for _, t in fit]),
-            "exponent_from_seconds": fit[0][0],
+            **_growth(lengths, seconds, fitted_from),
         }
+    seconds = [
+        fastest(repeats, partial(encoder_alone, recognizer, recording[: round(n * SAMPLE_RATE)]))[0]
+        for n in lengths
+    ]
+    results["encoder"] = {"seconds": seconds, **_growth(lengths, seconds, fitted_from)}
     return results
+
+
+def encoder_alone(recognizer: Recognizer, wave: torch.Tensor) -> tuple[float, None]:
+    """Seconds of the frontend + encoder alone on one recording (what every search of it
+    costs before its first step)."""
+    return time_encoder(recognizer, Utterances([""], [wave]), 1), None
+
+
+def _growth(lengths: list[float], seconds: list[float], start: float) -> dict[str, float]:
+    """The growth exponent of `seconds` against `lengths`, fitted from `start` seconds up."""
+    fit = [(n, t) for n, t in zip(lengths, seconds) if n >= start]
+    exponent = growth_exponent([n for n, _ in fit], [t for _, t in fit])
+    return {"exponent": exponent, "exponent_from_seconds": fit[0][0]}
 
 
 def _block_wer(text: str, block_text: str, blocks: float) -> float | None:
