@@ -480,8 +480,8 @@ class RelPositionMultiHeadAttention(MultiHeadAttention):
         scores = mask.flatten(0, 1)  # (B * H, Q, T)
         scores.baddbmm_(query.flatten(0, 1), keys, alpha=self.head_dim**-0.5)
         weights = scores.softmax(-1)
-        p = self.dropout if self.training else 0.0
-        context = torch.bmm(dropout(weights, p, self.training), values).unflatten(0, (b, heads))
+        context = torch.bmm(dropout(weights, self.dropout, self.training), values)
+        context = context.unflatten(0, (b, heads))
         return context, weights.unflatten(0, (b, heads)) if need_weights else None
 
 
