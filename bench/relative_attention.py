@@ -14,18 +14,18 @@ between their outputs. Not part of `bench all` (~5 s on the 2-core CPU).
 from __future__ import annotations
 
 import argparse
-import time
-from collections.abc import Callable
 from unittest import mock
 
 import torch
 
 import asr.models.transformer as transformer
 from asr.malloc import retain_freed_memory
+from bench.common import timed
 
 SHAPES = ((1, 50), (32, 75), (32, 150), (1, 285), (1, 1425))  # (B, T)
 D_MODEL, HEADS = 144, 4
 CALL_FRAMES = 3000  # calls per timing: about this many B x T frames in all
+CPU = torch.device("cpu")
 
 
 def _inputs(batch: int, frames: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -35,13 +35,6 @@ def _inputs(batch: int, frames: int) -> tuple[torch.Tensor, torch.Tensor, torch.
     lengths[0] = frames
     mask = (torch.arange(frames)[None] < lengths[:, None])[:, None, None, :]
     return x, transformer.relative_positions(frames, D_MODEL, x.device), mask
-
-
-def _seconds(call: Callable[[], torch.Tensor], repeats: int) -> float:
-    start = time.perf_counter()
-    for _ in range(repeats):
-        call()
-    return (time.perf_counter() - start) / repeats
 
 
 @torch.inference_mode()
@@ -54,13 +47,18 @@ def compare(batch: int, frames: int, passes: int) -> dict[str, float]:
         "sdpa": mock.patch.object(transformer, "_explicit_attention", return_value=False),
     }
     repeats = max(1, CALL_FRAMES // (batch * frames))
+
+    def calls() -> None:  # each output dropped before the next call, as in a decode
+        for _ in range(repeats):
+            attention(x, pos, mask)
+
     times: dict[str, list[float]] = {name: [] for name in paths}
     outputs = {}
     for index in range(passes):
         for name in paths if index % 2 == 0 else reversed(paths):
             with paths[name]:
                 outputs[name] = attention(x, pos, mask)[0]  # also the warm-up
-                times[name].append(_seconds(lambda: attention(x, pos, mask), repeats))
+                times[name].append(timed(calls, CPU) / repeats)
     explicit, sdpa = min(times["explicit"]), min(times["sdpa"])
     return {
         "explicit_ms": 1e3 * explicit,
