@@ -489,7 +489,7 @@ def _explicit_attention(query: Tensor) -> bool:
     """Whether relative-position attention runs as explicit matmuls instead of SDPA: on CPU,
     in fp32 or fp64, without autograd (inference). The content-score matmul then adds itself
     to the positional bias in place (`baddbmm_`): per layer, 0.99-1.14x the speed of SDPA
-    given that bias as a float mask over five runs (d=144, 4 heads, 2 cores, B x T from 1 x 50
+    given that bias as a float mask over seven runs (d=144, 4 heads, 2 cores, B x T from 1 x 50
     to 1 x 1425; e.g. 1 x 1425 16.1-19.2 against 18.4-20.7 ms; `python -m
     bench.relative_attention`). bf16 inputs (autocast) keep SDPA, whose kernels hold the
     scores in fp32 where a bf16 matmul would round them."""
