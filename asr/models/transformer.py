@@ -446,10 +446,13 @@ class RelPositionMultiHeadAttention(MultiHeadAttention):
         """
         q, k, v = self.project_self(x)  # (B, H, T, d) each
         p = self._heads(self.pos_proj(pos.to(x.dtype))[None])  # (1, H, 2T-1, d)
-        scale = self.head_dim**-0.5
+        explicit = _explicit_attention(q)
         q_u = (q + self.pos_bias_u[:, None]).to(q.dtype)
-        q_v = ((q + self.pos_bias_v[:, None]) * scale).to(q.dtype)  # scores: the bias as is
-        if _explicit_attention(q):
+        q_v = q + self.pos_bias_v[:, None]
+        if explicit:  # fp32: scale the queries, so the bias needs no pass of its own
+            q_v = q_v * self.head_dim**-0.5
+        q_v = q_v.to(q.dtype)
+        if explicit:
             attend = partial(
                 self._attend_explicitly, keys=k.mT.flatten(0, 1), values=v.flatten(0, 1)
             )
@@ -462,6 +465,8 @@ class RelPositionMultiHeadAttention(MultiHeadAttention):
             # Relative positions of these queries: stop - 1 down to start - (T - 1).
             p_block = p[:, :, length - stop : 2 * length - 1 - start]
             scores = relative_shift(q_v[:, :, start:stop] @ p_block.transpose(-2, -1))
+            if not explicit:  # scaled after the matmul: bf16 training keeps its rounding
+                scores = scores / math.sqrt(self.head_dim)
             bias = scores.masked_fill(~mask, float("-inf")).to(q.dtype)  # (B, H, Q, T)
             context, weight = attend(q_u[:, :, start:stop], mask=bias, need_weights=need_weights)
             contexts.append(context)

@@ -101,6 +101,33 @@ def test_relative_attention_inference_path_equals_the_sdpa_path(
         assert weights is None and fast_weights is None
 
 
+def test_bf16_training_bias_is_rounded_as_trained_recipes_were(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Under bf16 autocast with autograd (training), the positional bias is the bf16 product
+    `(q + v) @ p^T`, shifted, then divided by sqrt(d): the rounding every published AN4 run
+    trained with, so a seed repeats its run bit for bit (scaling q first changes the run)."""
+    attn = RelPositionMultiHeadAttention(144, 4)
+    x, lens = padded_batch([23, 17], 144)
+    pos = relative_positions(23, 144, x.device)
+    mask = lengths_to_mask(lens)[:, None, None]
+    biases = []
+    contexts = attn.head_contexts
+    monkeypatch.setattr(
+        attn, "head_contexts", lambda *a, **k: biases.append(k["mask"]) or contexts(*a, **k)
+    )
+    with torch.autocast("cpu", torch.bfloat16):
+        attn(x, pos, mask)
+        q = attn.project_self(x)[0]
+        p = attn._heads(attn.pos_proj(pos)[None])
+        scores = (q + attn.pos_bias_v[:, None]).to(torch.bfloat16) @ p.transpose(-2, -1)
+    i, j = torch.arange(23)[:, None], torch.arange(23)[None, :]
+    shifted = scores.gather(-1, (22 - i + j).expand(2, 4, 23, 23))
+    want = (shifted / math.sqrt(36)).masked_fill(~mask, float("-inf"))
+    assert len(biases) == 1 and biases[0].dtype == torch.bfloat16
+    assert torch.equal(biases[0], want)
+
+
 def test_relative_attention_matches_explicit_formula() -> None:
     attn = RelPositionMultiHeadAttention(8, 2).eval()
     x, lens = torch.randn(2, 5, 8), torch.tensor([5, 3])
