@@ -465,9 +465,11 @@ class RelPositionMultiHeadAttention(MultiHeadAttention):
             # Relative positions of these queries: stop - 1 down to start - (T - 1).
             p_block = p[:, :, length - stop : 2 * length - 1 - start]
             scores = relative_shift(q_v[:, :, start:stop] @ p_block.transpose(-2, -1))
-            if not explicit:  # scaled after the matmul: bf16 training keeps its rounding
-                scores = scores / math.sqrt(self.head_dim)
-            bias = scores.masked_fill(~mask, float("-inf")).to(q.dtype)  # (B, H, Q, T)
+            if explicit:  # a contiguous copy, which becomes the scores in place
+                bias = scores.masked_fill(~mask, float("-inf"))
+            else:  # scaled after the matmul: bf16 training keeps its rounding
+                bias = (scores / math.sqrt(self.head_dim)).masked_fill_(~mask, float("-inf"))
+            bias = bias.to(q.dtype)  # (B, H, Q, T)
             context, weight = attend(q_u[:, :, start:stop], mask=bias, need_weights=need_weights)
             contexts.append(context)
             weights.append(weight)
