@@ -451,13 +451,12 @@ class RelPositionMultiHeadAttention(MultiHeadAttention):
         q_v = q + self.pos_bias_v[:, None]
         if explicit:  # fp32: scale the queries, so the bias needs no pass of its own
             q_v = q_v * self.head_dim**-0.5
-        q_v = q_v.to(q.dtype)
-        if explicit:
             attend = partial(
                 self._attend_explicitly, keys=k.mT.flatten(0, 1), values=v.flatten(0, 1)
             )
         else:
             attend = partial(self.head_contexts, key=k, value=v)
+        q_v = q_v.to(q.dtype)
         length = x.size(1)
         contexts, weights = [], []
         for start in range(0, length, self.query_block):
