@@ -35,6 +35,15 @@ def padded_batch(lens: list[int], dim: int) -> tuple[torch.Tensor, torch.Tensor]
     return x, lens_t
 
 
+def record_calls(monkeypatch: pytest.MonkeyPatch, module: torch.nn.Module, name: str) -> list:
+    """Wrap method `name` of `module` so that each call's keyword arguments are appended to
+    the returned list before the method runs."""
+    calls = []
+    method = getattr(module, name)
+    monkeypatch.setattr(module, name, lambda *a, **k: calls.append(k) or method(*a, **k))
+    return calls
+
+
 def test_doctests() -> None:
     assert doctest.testmod(conformer).failed == 0
 
@@ -83,11 +92,7 @@ def test_relative_attention_inference_path_equals_the_sdpa_path(
     x, lens = padded_batch([11, 7], 8)
     pos = relative_positions(11, 8, x.device)
     mask = lengths_to_mask(lens)[:, None, None]
-    explicit_blocks = []
-    attend = attn._attend_explicitly
-    monkeypatch.setattr(
-        attn, "_attend_explicitly", lambda *a, **k: explicit_blocks.append(1) or attend(*a, **k)
-    )
+    explicit_blocks = record_calls(monkeypatch, attn, "_attend_explicitly")
     out, weights = attn(x, pos, mask, need_weights)  # autograd on: SDPA (or head_contexts)
     assert not explicit_blocks
     with torch.inference_mode():
@@ -111,11 +116,7 @@ def test_bf16_training_bias_is_rounded_as_trained_recipes_were(
     x, lens = padded_batch([23, 17], 144)
     pos = relative_positions(23, 144, x.device)
     mask = lengths_to_mask(lens)[:, None, None]
-    biases = []
-    contexts = attn.head_contexts
-    monkeypatch.setattr(
-        attn, "head_contexts", lambda *a, **k: biases.append(k["mask"]) or contexts(*a, **k)
-    )
+    calls = record_calls(monkeypatch, attn, "head_contexts")
     with torch.autocast("cpu", torch.bfloat16):
         attn(x, pos, mask)
         q = attn.project_self(x)[0]
@@ -124,8 +125,8 @@ def test_bf16_training_bias_is_rounded_as_trained_recipes_were(
     i, j = torch.arange(23)[:, None], torch.arange(23)[None, :]
     shifted = scores.gather(-1, (22 - i + j).expand(2, 4, 23, 23))
     want = (shifted / math.sqrt(36)).masked_fill(~mask, float("-inf"))
-    assert len(biases) == 1 and biases[0].dtype == torch.bfloat16
-    assert torch.equal(biases[0], want)
+    assert len(calls) == 1 and calls[0]["mask"].dtype == torch.bfloat16
+    assert torch.equal(calls[0]["mask"], want)
 
 
 def test_relative_attention_matches_explicit_formula() -> None:
