@@ -1,6 +1,8 @@
 """Relative-position self-attention in CPU fp32 inference: the explicit path that `asr` runs
 there (`asr.models.transformer._explicit_attention`: the content-score matmul adds itself to
-the positional bias in place) against SDPA given the same bias as a float mask.
+the positional bias in place) against SDPA given the same bias as a float mask. Since session
+29 the SDPA arm also scales the positional scores after their matmul (one more pass), as the
+layer does off the explicit path; before, both arms pre-scaled the queries.
 
     .venv/bin/python -m bench.relative_attention [--passes 15] [--threads 2]
 
