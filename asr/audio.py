@@ -11,11 +11,14 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import soundfile
 import torch
 import torchaudio.functional
+from torch import Tensor
 
 PathLike = str | os.PathLike
+AudioInput = str | os.PathLike | np.ndarray | Tensor  # a file, or a mono waveform (S,)
 
 
 class AudioError(ValueError):
@@ -154,3 +157,23 @@ def _open_error(path: PathLike, error: Exception) -> AudioError:
         return AudioError(path, "empty file (0 bytes)")
     detail = getattr(error, "error_string", None) or str(error)  # libsndfile's own words
     return AudioError(path, f"unreadable or corrupt audio ({detail})")
+
+
+def as_waveform(audio: np.ndarray | Tensor, sample_rate: int, target_rate: int) -> Tensor:
+    """A mono waveform `(S,)` (numpy or torch) as float32 at `target_rate`; integer samples
+    are scaled to [-1, 1) as soundfile does.
+
+    >>> as_waveform(np.array([16384, -32768], dtype=np.int16), 16000, 16000).tolist()
+    [0.5, -1.0]
+    """
+    wave = torch.as_tensor(audio).detach().cpu()
+    if wave.dim() != 1 or wave.numel() == 0:
+        raise ValueError(f"audio must be a non-empty mono waveform (S,), got {tuple(wave.shape)}")
+    if not wave.is_floating_point():
+        wave = wave.double() / (torch.iinfo(wave.dtype).max + 1)
+    wave = wave.float()
+    if not bool(torch.isfinite(wave).all()):
+        raise ValueError("audio contains NaN or infinite samples")
+    if sample_rate == target_rate:
+        return wave
+    return torchaudio.functional.resample(wave, sample_rate, target_rate)

@@ -1,16 +1,35 @@
-"""Checkpoints: atomic writes, safe loading (tensors only, never code), averaging."""
+"""The checkpoint format: what a checkpoint holds, and how to write, read and rebuild it.
+
+A checkpoint written by `asr fit` carries, besides the weights, everything needed to rebuild
+its model without the training files, under one key (`RECOGNIZER_KEY` or `LM_KEY`):
+
+    model_config   the model's init arguments as plain JSON (class paths included)
+    tokenizer      the tokenizer's files, base64
+    assets         files the config names (CMVN statistics), base64, keyed by their path
+    segment_seconds, decoding   optional: how `transcribe` cuts and decodes by default
+
+All values are plain strings, numbers and containers, so a checkpoint loads with
+`torch.load(weights_only=True)`: loading one never runs code. Nothing here imports Lightning.
+"""
 
 from __future__ import annotations
 
+import base64
+import inspect
 import os
 import pickle
-from collections.abc import Sequence
+import tempfile
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import lightning as L
 import torch
-from lightning.fabric.plugins import CheckpointIO
+
+from asr.text import Tokenizer
+
+RECOGNIZER_KEY = "asr"  # where recognizer checkpoints keep their payload
+LM_KEY = "lm"  # where language-model checkpoints keep theirs
+ASSET_KEYS = ("stats_path",)  # config arguments naming files that are embedded in checkpoints
 
 
 class CheckpointError(ValueError):
@@ -51,45 +70,127 @@ def atomic_save(obj: Any, path: str | os.PathLike) -> None:
         tmp.unlink(missing_ok=True)
 
 
-class AtomicCheckpointIO(CheckpointIO):
-    """Lightning checkpoint I/O: atomic writes and weights-only loading."""
-
-    def save_checkpoint(self, checkpoint, path, storage_options=None) -> None:
-        atomic_save(checkpoint, path)
-
-    def load_checkpoint(self, path, map_location=None, weights_only=None):
-        return load_checkpoint(path)
-
-    def remove_checkpoint(self, path) -> None:
-        Path(path).unlink(missing_ok=True)
+# --------------------------------------------------------------------------- payload
 
 
-class StepCheckpoint(L.Callback):
-    """Writes `<dirpath>/last.ckpt` every `every_n_steps` optimizer steps, mid-epoch included,
-    so a killed run resumed with `--ckpt_path last` loses at most that many steps. The
-    checkpoint holds the sampler position and RNG state (see `asr.lightning`), so the resumed
-    run continues the same batches and random draws.
+def checkpoint_payload(
+    model_config: dict[str, Any], tokenizer: Tokenizer, **extra: Any
+) -> dict[str, Any]:
+    """The self-describing part of a checkpoint: config, tokenizer files, assets, `extra`."""
+    with tempfile.TemporaryDirectory() as tmp:
+        tokenizer.save(tmp)
+        files = _encoded_files(Path(tmp))
+    payload = {"model_config": model_config, "tokenizer": files}
+    payload["assets"] = _find_assets(model_config, {})
+    payload.update({k: v for k, v in extra.items() if v is not None})
+    return payload
+
+
+def read_payload(path: str | os.PathLike, key: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """`(checkpoint, payload)` of the checkpoint at `path`, the payload stored under `key`.
+
+    Raises:
+        CheckpointError: the file holds no such payload; the message names it.
+    """
+    state = load_checkpoint(path)
+    payload = state.get(key)
+    if not isinstance(payload, dict) or "model_config" not in payload:
+        kinds = {RECOGNIZER_KEY: "recognizer", LM_KEY: "language model"}
+        other = next((kinds[k] for k in kinds if k != key and k in state), None)
+        hint = f" (it is a {other} checkpoint)" if other else " (not written by `asr fit`?)"
+        raise CheckpointError(f"{path}: no {kinds.get(key, key)} config inside{hint}")
+    return state, payload
+
+
+def payload_tokenizer(payload: dict[str, Any]) -> Tokenizer:
+    """The tokenizer whose files the payload embeds."""
+    with tempfile.TemporaryDirectory() as tmp:
+        write_embedded_files(payload["tokenizer"], Path(tmp))
+        return Tokenizer.load(tmp)  # reads everything into memory
+
+
+def build_from_payload(builder: Callable[..., Any], payload: dict[str, Any]) -> Any:
+    """Call `builder` with the payload's model config, its asset files unpacked meanwhile."""
+    with tempfile.TemporaryDirectory() as tmp:
+        assets = {}
+        for i, (original, data) in enumerate(payload.get("assets", {}).items()):
+            assets[original] = str(Path(tmp) / f"asset{i}_{Path(original).name}")
+            Path(assets[original]).write_bytes(base64.b64decode(data))
+        return instantiate(builder, _replace_assets(payload["model_config"], assets))
+
+
+def store_decoding(path: str | os.PathLike, decoding: dict[str, Any]) -> None:
+    """Record in a recognizer checkpoint the search settings its users get by default.
 
     Args:
-        every_n_steps: steps between saves; 0 disables (epoch-end checkpoints remain).
-        dirpath: folder of the checkpoints; `asr fit` sets it to the ModelCheckpoint's.
+        path: the checkpoint, rewritten atomically.
+        decoding: `asr.search.SearchOptions` fields (plain values), e.g. those chosen on dev.
     """
+    state, payload = read_payload(path, RECOGNIZER_KEY)
+    payload["decoding"] = dict(decoding)
+    atomic_save(state, path)
 
-    def __init__(self, every_n_steps: int = 500, dirpath: str | None = None) -> None:
-        if every_n_steps < 0:
-            raise ValueError(f"every_n_steps must be >= 0, got {every_n_steps}")
-        self.every_n_steps = every_n_steps
-        self.dirpath = dirpath
-        self._saved_at = -1
 
-    def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
-        step = trainer.global_step
-        due = self.every_n_steps and step and step % self.every_n_steps == 0
-        if not due or step == self._saved_at:  # accumulation repeats a step's batch end
-            return
-        self._saved_at = step
-        dirpath = Path(self.dirpath or Path(trainer.default_root_dir) / "checkpoints")
-        trainer.save_checkpoint(dirpath / "last.ckpt")
+def submodule_weights(state: dict[str, Any], prefix: str) -> dict[str, torch.Tensor]:
+    """The `state_dict` entries under `prefix` ("model." in recognizer checkpoints), renamed."""
+    weights = state["state_dict"]
+    return {k[len(prefix) :]: v for k, v in weights.items() if k.startswith(prefix)}
+
+
+def instantiate(builder: Callable[..., Any], config: dict[str, Any]) -> Any:
+    """Call `builder` (a class or function) with plain init args, `class_path`s built.
+
+    Keys that `builder` does not take (training-only arguments) are ignored.
+    """
+    from jsonargparse import ArgumentParser
+
+    taken = inspect.signature(builder).parameters
+    parser = ArgumentParser(exit_on_error=False)
+    if inspect.isclass(builder):
+        parser.add_class_arguments(builder, "model", fail_untyped=False)
+    else:
+        parser.add_function_arguments(builder, "model", fail_untyped=False)
+    parsed = parser.parse_object({"model": {k: v for k, v in config.items() if k in taken}})
+    arguments = parser.instantiate_classes(parsed).model
+    return arguments if inspect.isclass(builder) else builder(**vars(arguments))
+
+
+def write_embedded_files(files: dict[str, str], folder: Path) -> None:
+    """Write base64 files (as `checkpoint_payload` embeds them) into `folder`."""
+    for name, data in files.items():
+        (folder / Path(name).name).write_bytes(base64.b64decode(data))
+
+
+def _encoded_files(folder: Path) -> dict[str, str]:
+    return {p.name: base64.b64encode(p.read_bytes()).decode() for p in folder.iterdir()}
+
+
+def _find_assets(config: Any, found: dict[str, str]) -> dict[str, str]:
+    """Collect files named by ASSET_KEYS anywhere in a nested config."""
+    if isinstance(config, dict):
+        for key, value in config.items():
+            if key in ASSET_KEYS and isinstance(value, str) and value:
+                found[value] = base64.b64encode(Path(value).read_bytes()).decode()
+            else:
+                _find_assets(value, found)
+    elif isinstance(config, list):
+        for value in config:
+            _find_assets(value, found)
+    return found
+
+
+def _replace_assets(config: Any, paths: dict[str, str]) -> Any:
+    if isinstance(config, dict):
+        return {
+            k: paths.get(v, v) if k in ASSET_KEYS else _replace_assets(v, paths)
+            for k, v in config.items()
+        }
+    if isinstance(config, list):
+        return [_replace_assets(v, paths) for v in config]
+    return config
+
+
+# --------------------------------------------------------------------------- selection
 
 
 def best_checkpoints(last: str | os.PathLike, count: int) -> list[Path]:

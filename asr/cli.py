@@ -6,6 +6,7 @@ asr cmvn --manifest M --out stats.json          global CMVN statistics
 asr validate-data --manifest M [--tokenizer DIR] check audio and text up front
 asr fit|validate|test --config conf/...yaml     training (LightningCLI)
 asr average --last exp/.../checkpoints/last.ckpt --best 5 --out avg.ckpt
+asr set-decoding CKPT --beam-size 10 --ctc-weight 0.5   the search settings CKPT decodes with
 asr transcribe AUDIO... --checkpoint CKPT [--format txt json srt vtt] [--output-dir DIR]
 asr evaluate --checkpoint CKPT --manifest test.jsonl --out DIR   WER/CER, reports, plots
 asr align AUDIO --checkpoint CKPT --text "..." --out plot.png      word times of a transcript
@@ -20,18 +21,17 @@ import argparse
 import logging
 import sys
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from asr.malloc import retain_freed_memory
-from asr.precision import PRECISIONS
-
 if TYPE_CHECKING:
-    from asr.inference import Recognizer
+    from asr.recognizer import Recognizer
 
 LIGHTNING_COMMANDS = ("fit", "validate", "test", "predict")
 MAX_LISTED = 20  # failures spelled out on stderr by batch commands
+# `SearchOptions` fields that the decoding commands take as --options (None: not given).
+DECODING_ARGUMENTS = ("beam_size", "ctc_weight", "length_bonus", "max_len_ratio")
 
 
 def _prepare(args: argparse.Namespace) -> int:
@@ -108,6 +108,24 @@ def _average(args: argparse.Namespace) -> int:
     return 0
 
 
+def _set_decoding(args: argparse.Namespace) -> int:
+    from asr.checkpoint import store_decoding
+
+    options = _search_options(args, load_model_of(args))
+    stored = {k: v for k, v in asdict(options).items() if k not in ("nbest", "lm_weight")}
+    store_decoding(args.checkpoint, stored)
+    print(f"{args.checkpoint} now decodes by default with: {stored}")
+    return 0
+
+
+def load_model_of(args: argparse.Namespace) -> Recognizer:
+    """The recognizer `--checkpoint` names, on `--device` in `--precision` where given."""
+    from asr.recognizer import load_model
+
+    device = _device(getattr(args, "device", None))
+    return load_model(args.checkpoint, device, getattr(args, "precision", "fp32"))
+
+
 def _device(name: str | None) -> str:
     import torch
 
@@ -118,35 +136,25 @@ def _device(name: str | None) -> str:
     return name
 
 
-def _recognizer(args: argparse.Namespace):
-    from asr.inference import load_model
+def _search_options(args: argparse.Namespace, recognizer: Recognizer):
+    """The recognizer's default search settings, with the decoding arguments given on top."""
+    from asr.search import DEFAULT_LM_WEIGHT
 
-    return load_model(args.checkpoint, _device(args.device), args.precision)
-
-
-def _search_options(args: argparse.Namespace, recognizer):
-    """SearchOptions from the decoding arguments; CTC weight 0.3 by default with a CTC head."""
-    from asr.search import SearchOptions
-
-    if args.lm_weight is not None and not args.lm:
+    lm = getattr(args, "lm", None)
+    if getattr(args, "lm_weight", None) is not None and not lm:
         raise ValueError("--lm-weight needs --lm")
-    ctc_weight = args.ctc_weight
-    if ctc_weight is None:
-        ctc_weight = 0.3 if recognizer.model.ctc is not None else 0.0
-    return SearchOptions(
-        beam_size=args.beam_size,
-        ctc_weight=ctc_weight,
-        lm_weight=(0.3 if args.lm_weight is None else args.lm_weight) if args.lm else 0.0,
-        length_bonus=args.length_bonus,
-        max_len_ratio=args.max_len_ratio,
-    )
+    given = {name: getattr(args, name, None) for name in DECODING_ARGUMENTS}
+    if lm:
+        given["lm_weight"] = DEFAULT_LM_WEIGHT if args.lm_weight is None else args.lm_weight
+    given = {k: v for k, v in given.items() if v is not None}
+    return replace(recognizer.default_options, **given)
 
 
 def _language_model(args: argparse.Namespace, recognizer):
     """The `--lm` checkpoint, checked to share the recognizer's vocabulary; None without."""
     if not args.lm:
         return None
-    from asr.lm import load_lm
+    from asr.recognizer import load_lm
 
     lm, tokenizer = load_lm(args.lm, recognizer.device)
     ours = recognizer.tokenizer
@@ -156,10 +164,9 @@ def _language_model(args: argparse.Namespace, recognizer):
 
 
 def _transcribe(args: argparse.Namespace) -> int:
-    from asr.inference import TRANSCRIBE_BATCH_SIZE
-    from asr.transcribe import transcribe_files
+    from asr.transcribe import TRANSCRIBE_BATCH_SIZE, transcribe_files
 
-    recognizer = _recognizer(args)
+    recognizer = load_model_of(args)
     _warn_if_longer_than_trained(recognizer, args.max_segment_seconds)
     given = {
         "max_segment_seconds": args.max_segment_seconds,
@@ -188,8 +195,7 @@ def _transcribe(args: argparse.Namespace) -> int:
 
 def _warn_if_longer_than_trained(recognizer: Recognizer, max_segment_seconds: float | None) -> None:
     """Warn when segments may be longer than the model's training utterances: attention
-    decoders degrade past them (AN4 Transformer, 11.4 s of speech: WER 10.5 in 5 s segments,
-    21.1 in 6 s, 52.6 in 20 s; bench/RESULTS.md)."""
+    decoders lose their place past them."""
     trained = recognizer.segment_seconds
     if max_segment_seconds is not None and trained is not None and max_segment_seconds > trained:
         print(
@@ -203,7 +209,7 @@ def _warn_if_longer_than_trained(recognizer: Recognizer, max_segment_seconds: fl
 def _evaluate(args: argparse.Namespace) -> int:
     from asr.evaluate import evaluate
 
-    recognizer = _recognizer(args)
+    recognizer = load_model_of(args)
     metrics = evaluate(
         recognizer,
         args.manifest,
@@ -229,9 +235,9 @@ def _evaluate(args: argparse.Namespace) -> int:
 
 
 def _align(args: argparse.Namespace) -> int:
-    from asr.evaluate import save_alignment_plots
+    from asr.plotting import save_alignment_plots
 
-    recognizer = _recognizer(args)
+    recognizer = load_model_of(args)
     alignment = recognizer.align(args.audio, args.text)
     written = save_alignment_plots(recognizer, alignment, args.out, title=alignment.text)
     ctc = alignment.ctc_words
@@ -245,31 +251,49 @@ def _align(args: argparse.Namespace) -> int:
     return 0
 
 
-def _add_decoding_arguments(p: argparse.ArgumentParser) -> None:
+def _add_search_arguments(p: argparse.ArgumentParser) -> None:
+    from asr.search import DEFAULT_CTC_WEIGHT, SearchOptions
+
     p.add_argument("--checkpoint", required=True, help="a checkpoint of `asr fit` or average")
-    p.add_argument("--beam-size", type=int, default=10, help="1 = greedy (10)")
-    p.add_argument("--ctc-weight", type=float, help="joint CTC weight (0.3 with a CTC head)")
+    own = "default: the checkpoint's own (asr set-decoding), else"
+    beam, ctc, ratio = SearchOptions.beam_size, DEFAULT_CTC_WEIGHT, SearchOptions.max_len_ratio
+    p.add_argument("--beam-size", type=int, help=f"1 = greedy ({own} {beam})")
+    p.add_argument("--ctc-weight", type=float, help=f"CTC weight ({own} {ctc} with a CTC head)")
+    p.add_argument("--length-bonus", type=float, help=f"score per output token ({own} 0)")
+    p.add_argument("--max-len-ratio", type=float, help=f"tokens per encoder frame ({own} {ratio})")
+
+
+def _add_decoding_arguments(p: argparse.ArgumentParser) -> None:
+    from asr.search import DEFAULT_LM_WEIGHT
+
+    _add_search_arguments(p)
     p.add_argument("--lm", help="language model checkpoint for shallow fusion")
-    p.add_argument("--lm-weight", type=float, help="shallow fusion weight (0.3 with --lm)")
-    p.add_argument("--length-bonus", type=float, default=0.0, help="score per output token")
-    p.add_argument("--max-len-ratio", type=float, default=1.0, help="tokens per encoder frame")
+    p.add_argument("--lm-weight", type=float, help=f"fusion weight ({DEFAULT_LM_WEIGHT} with --lm)")
     _add_device_arguments(p)
     p.add_argument("--batch-size", type=int, default=8, help="utterances or segments per batch")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
 
 
 def _add_device_arguments(p: argparse.ArgumentParser) -> None:
+    from asr.precision import PRECISIONS
+    from asr.recognizer import BF16_STEP_ROWS
+
     p.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda when available")
     p.add_argument(
         "--precision",
         choices=PRECISIONS,
         default="fp32",
-        help="bf16: the encoder (and the search steps from 128 hypotheses, batch x beam) under "
-        "bf16 autocast: faster on GPUs and on CPUs with AVX-512 bf16 or AMX (fp32)",
+        help=f"bf16: the encoder (and the search steps from {BF16_STEP_ROWS} hypotheses, batch x "
+        "beam) under bf16 autocast: faster on GPUs and on CPUs with AVX-512 bf16 or AMX (fp32)",
     )
 
 
 def _parser() -> argparse.ArgumentParser:
+    from asr.data.prepare import CORPORA
+    from asr.recognizer import TIMESTAMP_METHODS
+    from asr.text import CASES, PUNCTUATION, TOKENIZER_KINDS, TextNormalizer
+    from asr.writers import FORMATS
+
     parser = argparse.ArgumentParser(
         prog="asr",
         description="Attention-based speech recognition. Training commands "
@@ -280,7 +304,7 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("prepare", help="write train/dev/test JSONL manifests for a corpus")
-    p.add_argument("corpus", choices=["an4", "librispeech", "yesno", "folder"])
+    p.add_argument("corpus", choices=sorted(CORPORA))
     p.add_argument("--data-dir", required=True, help="corpus root (or .tar.gz for an4)")
     p.add_argument("--out", required=True, help="output directory for the manifests")
     p.add_argument("--splits", nargs="+", help="librispeech: split names (default: all found)")
@@ -289,10 +313,10 @@ def _parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("tokenizer", help="train a character or SentencePiece tokenizer")
     p.add_argument("--manifest", nargs="+", required=True, help="training manifest(s)")
-    p.add_argument("--kind", choices=["char", "bpe", "unigram"], default="char")
+    p.add_argument("--kind", choices=TOKENIZER_KINDS, default="char")
     p.add_argument("--vocab-size", type=int, help="bpe/unigram vocabulary size")
-    p.add_argument("--case", choices=["upper", "lower", "keep"], default="upper")
-    p.add_argument("--punctuation", choices=["remove", "keep"], default="remove")
+    p.add_argument("--case", choices=CASES, default=TextNormalizer.case)
+    p.add_argument("--punctuation", choices=PUNCTUATION, default=TextNormalizer.punctuation)
     p.add_argument("--out", required=True, help="output directory")
     p.set_defaults(run=_tokenizer)
 
@@ -319,14 +343,24 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="output checkpoint")
     p.set_defaults(run=_average)
 
+    p = sub.add_parser(
+        "set-decoding",
+        help="store the search settings a checkpoint decodes with when none are given",
+        description="Record beam, CTC weight and length settings in a recognizer checkpoint, "
+        "so asr.load_model(CKPT).transcribe(...) and asr transcribe/evaluate decode with them "
+        "by default (recipes store those they chose on dev). Unset options keep the current.",
+    )
+    _add_search_arguments(p)
+    p.set_defaults(run=_set_decoding)
+
     p = sub.add_parser("transcribe", help="transcribe audio files of any length")
     p.add_argument("audio", nargs="+", help="audio files (any format and rate soundfile reads)")
     _add_decoding_arguments(p)
-    p.set_defaults(batch_size=None)  # asr.inference.TRANSCRIBE_BATCH_SIZE
-    p.add_argument("--format", nargs="+", choices=["txt", "json", "srt", "vtt"],
+    p.set_defaults(batch_size=None)  # asr.transcribe.TRANSCRIBE_BATCH_SIZE
+    p.add_argument("--format", nargs="+", choices=FORMATS,
                    default=["txt", "json"], help="output formats (txt json)")  # fmt: skip
     p.add_argument("--output-dir", default=".", help="where <stem>.<format> files go (.)")
-    p.add_argument("--timestamps", choices=["attention", "ctc"], default="attention")
+    p.add_argument("--timestamps", choices=TIMESTAMP_METHODS, default=TIMESTAMP_METHODS[0])
     p.add_argument(
         "--max-segment-seconds",
         type=float,
@@ -358,7 +392,6 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    retain_freed_memory()
     if argv and argv[0] in LIGHTNING_COMMANDS:
         from asr.train import run_lightning_cli
 

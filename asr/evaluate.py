@@ -33,7 +33,6 @@ import jiwer
 from torch import Tensor
 from tqdm import tqdm
 
-from asr.alignment import boundary_error_ms, plot_attention, plot_attention_grid, save_figure
 from asr.audio import AudioError, load_audio
 from asr.data.manifest import (
     BadEntry,
@@ -42,10 +41,11 @@ from asr.data.manifest import (
     read_manifest,
     validate_manifest,
 )
-from asr.inference import Alignment, Decoded, Recognizer
 from asr.metrics import char_errors, word_errors
-from asr.models.transformer import TransformerDecoder
+from asr.recognizer import Recognizer
+from asr.results import Decoded
 from asr.search import LanguageModel, SearchOptions
+from asr.timing import boundary_error_ms
 from asr.transcribe import search_or_errors
 
 TOP_ERRORS = 30  # entries per list of frequent errors in errors.txt
@@ -339,48 +339,6 @@ def _frequent(title: str, counts: Counter, name) -> list[str]:
     return lines + [""]
 
 
-# --------------------------------------------------------------------------- plots
-
-
-def save_alignment_plots(
-    recognizer: Recognizer, alignment: Alignment, path: str | os.PathLike, title: str = ""
-) -> list[Path]:
-    """Write the spectrogram + head-averaged attention plot with word boundaries to `path`
-    and, for a Transformer decoder, one map per layer and head to `<stem>_heads.png`.
-
-    Returns:
-        The files written.
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    labels = alignment.pieces + ["<eos>"]
-    figure = plot_attention(
-        alignment.attention,
-        labels,
-        alignment.features,
-        frame_shift=alignment.feature_seconds,
-        title=title,
-        seconds_per_frame=alignment.frame_seconds,
-        words=alignment.words,
-    )
-    save_figure(figure, str(path))
-    written = [path]
-    decoder = recognizer.model.decoder
-    if isinstance(decoder, TransformerDecoder):
-        heads = path.with_name(f"{path.stem}_heads.png")
-        grid = plot_attention_grid(
-            alignment.attention,
-            len(decoder.layers),
-            labels,
-            alignment.frame_seconds,
-            title=title,
-            words=alignment.words,
-        )
-        save_figure(grid, str(heads))
-        written.append(heads)
-    return written
-
-
 def _plot(
     recognizer: Recognizer,
     utterances: Sequence[Utterance],
@@ -388,6 +346,8 @@ def _plot(
     out_dir: Path,
 ) -> None:
     """Plots of the hypotheses of `utterances` (teacher forcing reproduces their attention)."""
+    from asr.plotting import save_alignment_plots  # matplotlib: only when plotting
+
     by_id = {r.utt_id: r for r in results}
     for utterance in utterances:
         result = by_id[utterance.utt_id]

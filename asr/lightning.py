@@ -14,18 +14,16 @@ import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor, nn
 
-from asr.alignment import plot_attention, save_figure
+from asr.checkpoint import RECOGNIZER_KEY, checkpoint_payload
 from asr.data.dataset import Batch, SpeechDataset, collate, round_up, set_loader_epoch
 from asr.data.manifest import format_bad_entries, validate_manifest
 from asr.data.sampler import DynamicBucketSampler, LengthGrid
-from asr.inference import BF16_STEP_ROWS, checkpoint_payload
 from asr.metrics import ErrorCounts, char_errors, word_errors
-from asr.models.ctc import CTCHead
-from asr.models.seq2seq import LossOutput, Seq2Seq
-from asr.precision import keep_compiled_kernels
+from asr.models.seq2seq import LossOutput, build_seq2seq
+from asr.recognizer import BF16_STEP_ROWS
 from asr.search import Hypothesis, greedy_search
+from asr.segment import segment_seconds_for
 from asr.text import Tokenizer
-from asr.transcribe import segment_seconds_for
 
 log = logging.getLogger(__name__)
 
@@ -75,16 +73,12 @@ class ASRModule(L.LightningModule):
         max_nonfinite_steps: int = 10,
     ):
         super().__init__()
-        if vocab_size <= 0:
-            raise ValueError("vocab_size must be positive (link it from data.vocab_size)")
         if plot_every_n_epochs < 1:
             raise ValueError(f"plot_every_n_epochs must be >= 1, got {plot_every_n_epochs}")
         self.save_hyperparameters(
             ignore=["frontend", "encoder", "decoder", "optimizer", "lr_scheduler"]
         )
-        enc = encoder(frontend.output_dim)
-        ctc = CTCHead(vocab_size, enc.output_dim) if ctc_weight > 0 else None
-        self.model = Seq2Seq(frontend, enc, decoder(vocab_size, enc.output_dim), ctc)
+        self.model = build_seq2seq(frontend, encoder, decoder, vocab_size, ctc_weight)
         self.tokenizer = Tokenizer.load(tokenizer) if tokenizer else None
         self.optimizer_factory = optimizer
         self.scheduler_factory = lr_scheduler
@@ -272,6 +266,8 @@ class ASRModule(L.LightningModule):
         log_dir.mkdir(parents=True, exist_ok=True)
         n = min(self.hparams.plot_utterances, len(hyps))
         feats, feat_lens = self.model.frontend(batch.waves[:n], batch.wave_lens[:n])
+        from asr.plotting import plot_attention, save_figure  # matplotlib: only when plotting
+
         for i in range(n):
             labels = self.tokenizer.pieces(hyps[i].tokens) + ["<eos>"]
             fig = plot_attention(
@@ -289,8 +285,8 @@ class ASRModule(L.LightningModule):
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         if self.model_config is not None and self.tokenizer is not None:
-            checkpoint["asr"] = checkpoint_payload(
-                self.model_config, self.tokenizer, self._segment_seconds()
+            checkpoint[RECOGNIZER_KEY] = checkpoint_payload(
+                self.model_config, self.tokenizer, segment_seconds=self._segment_seconds()
             )
         if self.trainer.state.fn == "fit":
             checkpoint["rng"] = {"torch": torch.get_rng_state()}
@@ -414,9 +410,8 @@ class ASRDataModule(L.LightningDataModule):
             geometric grid of lengths with this ratio (e.g. 1.1: under 10 % padding), with as
             many utterances as `max_batch_seconds` allows at that length, and tokens to a
             multiple of 16; `num_buckets` is then unused. The same shapes recur every epoch,
-            so compiled bf16 kernels are reused (oneDNN's cache is raised to 4096 kernels
-            unless ONEDNN_PRIMITIVE_CACHE_CAPACITY is set): 1.3x faster AN4 Transformer
-            epochs on CPU in bf16 (bench/RESULTS.md). None: batches padded to their longest.
+            so kernels compiled for bf16 on CPU are reused (docs/performance.md). None:
+            batches padded to their longest.
         num_workers: data loader worker processes.
         seed: sampler shuffling and perturbation seed.
         skip_bad: skip (and report) bad manifest lines instead of failing.
@@ -453,8 +448,6 @@ class ASRDataModule(L.LightningDataModule):
         if check_audio not in ("header", "full"):
             raise ValueError(f"check_audio must be 'header' or 'full', got {check_audio!r}")
         self.grid = None if shape_grid is None else LengthGrid(shape_grid)
-        if self.grid is not None:
-            keep_compiled_kernels()
         self.save_hyperparameters()
         self.tokenizer = Tokenizer.load(tokenizer)
         self.datasets: dict[str, SpeechDataset] = {}

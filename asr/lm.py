@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import os
-import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -23,16 +22,14 @@ import torch.nn.functional as F
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor, nn
 
-from asr.checkpoint import CheckpointError, load_checkpoint
+from asr.checkpoint import LM_KEY, checkpoint_payload
 from asr.data.dataset import set_loader_epoch
 from asr.data.manifest import read_manifest
-from asr.inference import checkpoint_payload, instantiate_module, write_embedded_files
 from asr.lightning import bucketed_loader, stage_manifests, step_schedule
+from asr.models.lm import build_lm
 from asr.text import EOS_ID, PAD_ID, SOS_ID, Tokenizer
 
 log = logging.getLogger(__name__)
-
-CHECKPOINT_KEY = "lm"  # where LMModule checkpoints keep their config and tokenizer
 
 
 def _adamw(params) -> torch.optim.Optimizer:
@@ -93,10 +90,8 @@ class LMModule(L.LightningModule):
         lr_scheduler: LRSchedulerCallable | None = None,
     ):
         super().__init__()
-        if vocab_size <= 0:
-            raise ValueError("vocab_size must be positive (link it from data.vocab_size)")
         self.save_hyperparameters(ignore=["lm", "optimizer", "lr_scheduler"])
-        self.lm = lm(vocab_size)
+        self.lm = build_lm(lm, vocab_size)
         self.tokenizer = Tokenizer.load(tokenizer) if tokenizer else None
         self.optimizer_factory = optimizer
         self.scheduler_factory = lr_scheduler
@@ -165,7 +160,7 @@ class LMModule(L.LightningModule):
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         if self.model_config is not None and self.tokenizer is not None:
-            checkpoint[CHECKPOINT_KEY] = checkpoint_payload(self.model_config, self.tokenizer)
+            checkpoint[LM_KEY] = checkpoint_payload(self.model_config, self.tokenizer)
 
     def configure_optimizers(self):
         return step_schedule(self.optimizer_factory, self.scheduler_factory, self.parameters())
@@ -275,38 +270,3 @@ def _read_text_file(path: str | os.PathLike) -> list[_Sentence]:
         raise ValueError(f"{path}: cannot read text file ({err.strerror})") from None
     lines = enumerate(text.splitlines(), start=1)
     return [_Sentence(f"{path}:{n}", line) for n, line in lines if line.strip()]
-
-
-def load_lm(
-    path: str | os.PathLike, device: str | torch.device = "cpu"
-) -> tuple[nn.Module, Tokenizer]:
-    """Rebuild the language model of an `asr fit` LM checkpoint (or an `asr average` output).
-
-    Returns:
-        The LM (the plain module, in eval mode, on `device`), which follows the search
-        interface `asr.search.LanguageModel`, and its tokenizer.
-
-    Raises:
-        CheckpointError: the file holds no LM written by `asr fit`, or refuses to load
-            safely; the message names it.
-    """
-    state = load_checkpoint(path)
-    payload = state.get(CHECKPOINT_KEY)
-    if not isinstance(payload, dict) or "model_config" not in payload:
-        raise CheckpointError(
-            f"{path}: no language model config inside (not an LMModule checkpoint of `asr fit`;"
-            " recognizers load with asr.inference.load_model)"
-        )
-    tokenizer = _tokenizer_from_files(payload["tokenizer"])
-    module = instantiate_module(LMModule, {**payload["model_config"], "tokenizer": ""})
-    prefix = "lm."
-    weights = {k[len(prefix) :]: v for k, v in state["state_dict"].items() if k.startswith(prefix)}
-    module.lm.load_state_dict(weights)
-    return module.lm.to(device).eval(), tokenizer
-
-
-def _tokenizer_from_files(files: dict[str, str]) -> Tokenizer:
-    """The tokenizer from the base64 files `checkpoint_payload` embedded."""
-    with tempfile.TemporaryDirectory() as tmp:
-        write_embedded_files(files, Path(tmp))
-        return Tokenizer.load(tmp)  # reads everything into memory

@@ -17,12 +17,12 @@ from torch import Tensor, nn
 
 from asr.ctc_prefix import CTCPrefixScorer
 from asr.models.interfaces import State
+from asr.text import BLANK_ID, PAD_ID, SOS_EOS_ID
 
-BLANK_ID = 0
-PAD_ID = 1
-SOS_EOS_ID = 3
 NON_OUTPUT_IDS = (BLANK_ID, PAD_ID)  # never emitted by search
 NEG_INF = float("-inf")
+DEFAULT_CTC_WEIGHT = 0.3  # joint decoding weight where the model has a CTC head and none is set
+DEFAULT_LM_WEIGHT = 0.3  # shallow fusion weight where an LM is given and none is set
 COMPACT_FINISHED = 0.25  # searches drop ended utterances once they are this share of the batch
 
 

@@ -30,11 +30,13 @@ import torch
 BLANK_ID = 0
 PAD_ID = 1
 UNK_ID = 2
-SOS_ID = 3
-EOS_ID = 3
+SOS_EOS_ID = 3  # one token starts and ends every sequence
+SOS_ID = EOS_ID = SOS_EOS_ID
 NUM_SPECIAL = 4  # regular tokens start here
 SPECIAL_PIECES = ("<blank>", "<pad>", "<unk>", "<sos/eos>")  # indexed by id
 SPACE_PIECE = "\u2581"  # `▁`, how the space shows in pieces (as SentencePiece)
+CASES = ("upper", "lower", "keep")  # `TextNormalizer.case`
+PUNCTUATION = ("remove", "keep")  # `TextNormalizer.punctuation`
 TOKENIZER_JSON = "tokenizer.json"
 SENTENCEPIECE_MODEL = "tokenizer.model"
 
@@ -64,9 +66,9 @@ class TextNormalizer:
     punctuation: str = "remove"  # "remove" (keep in-word apostrophes) | "keep"
 
     def __post_init__(self) -> None:
-        if self.case not in ("upper", "lower", "keep"):
+        if self.case not in CASES:
             raise ValueError(f"TextNormalizer.case must be upper|lower|keep, got {self.case!r}")
-        if self.punctuation not in ("remove", "keep"):
+        if self.punctuation not in PUNCTUATION:
             raise ValueError(
                 f"TextNormalizer.punctuation must be remove|keep, got {self.punctuation!r}"
             )
@@ -419,6 +421,7 @@ _KINDS: dict[str, type[Tokenizer]] = {
     "bpe": SentencePieceTokenizer,
     "unigram": SentencePieceTokenizer,
 }
+TOKENIZER_KINDS = tuple(_KINDS)  # what `train_tokenizer` trains
 
 
 def _sentencepiece_options(kind: str, vocab_size: int) -> dict[str, Any]:

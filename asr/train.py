@@ -10,14 +10,16 @@ import sys
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import lightning as L
 import torch
 from jsonargparse import Namespace
+from lightning.fabric.plugins import CheckpointIO
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI
 
-from asr.checkpoint import StepCheckpoint
+from asr.checkpoint import atomic_save, load_checkpoint
 
 DEFAULT_LOGGERS = (  # CSV first: it warns about a run folder another logger made already
     "lightning.pytorch.loggers.CSVLogger",
@@ -31,6 +33,47 @@ CHECKPOINT_DEFAULTS = {  # recognizers; an LM config overrides monitor and filen
     "checkpoint.filename": "epoch{epoch:03d}-wer{val/wer:.2f}",
     "checkpoint.auto_insert_metric_name": False,
 }
+
+
+class AtomicCheckpointIO(CheckpointIO):
+    """Lightning checkpoint I/O: atomic writes and weights-only loading."""
+
+    def save_checkpoint(self, checkpoint, path, storage_options=None) -> None:
+        atomic_save(checkpoint, path)
+
+    def load_checkpoint(self, path, map_location=None, weights_only=None):
+        return load_checkpoint(path)
+
+    def remove_checkpoint(self, path) -> None:
+        Path(path).unlink(missing_ok=True)
+
+
+class StepCheckpoint(L.Callback):
+    """Writes `<dirpath>/last.ckpt` every `every_n_steps` optimizer steps, mid-epoch included,
+    so a killed run resumed with `--ckpt_path last` loses at most that many steps. The
+    checkpoint holds the sampler position and RNG state (see `asr.lightning`), so the resumed
+    run continues the same batches and random draws.
+
+    Args:
+        every_n_steps: steps between saves; 0 disables (epoch-end checkpoints remain).
+        dirpath: folder of the checkpoints; `asr fit` sets it to the ModelCheckpoint's.
+    """
+
+    def __init__(self, every_n_steps: int = 500, dirpath: str | None = None) -> None:
+        if every_n_steps < 0:
+            raise ValueError(f"every_n_steps must be >= 0, got {every_n_steps}")
+        self.every_n_steps = every_n_steps
+        self.dirpath = dirpath
+        self._saved_at = -1
+
+    def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
+        step = trainer.global_step
+        due = self.every_n_steps and step and step % self.every_n_steps == 0
+        if not due or step == self._saved_at:  # accumulation repeats a step's batch end
+            return
+        self._saved_at = step
+        dirpath = Path(self.dirpath or Path(trainer.default_root_dir) / "checkpoints")
+        trainer.save_checkpoint(dirpath / "last.ckpt")
 
 
 class ASRCLI(LightningCLI):
@@ -109,5 +152,5 @@ def run_lightning_cli(argv: Sequence[str]) -> ASRCLI:
         subclass_mode_data=True,
         args=None if list(argv) == sys.argv[1:] else list(argv),
         save_config_kwargs={"overwrite": True},
-        trainer_defaults={"plugins": [{"class_path": "asr.checkpoint.AtomicCheckpointIO"}]},
+        trainer_defaults={"plugins": [{"class_path": "asr.train.AtomicCheckpointIO"}]},
     )

@@ -24,9 +24,9 @@ import soundfile
 import torch
 
 from asr.audio import audio_info
+from asr.checkpoint import checkpoint_payload, instantiate
 from asr.cli import main
-from asr.inference import checkpoint_payload, instantiate_module
-from asr.lightning import ASRModule
+from asr.models.seq2seq import build_seq2seq
 from asr.text import CharTokenizer
 
 RATE = 16000
@@ -331,8 +331,8 @@ def model(tmp_path_factory) -> dict[str, Path]:
     tokenizer.save(root / "tokenizer")
     config = MODEL_CONFIG | {"vocab_size": tokenizer.vocab_size}
     torch.manual_seed(0)
-    module = instantiate_module(ASRModule, config)
-    state = {f"model.{k}": v for k, v in module.model.state_dict().items()}
+    model = instantiate(build_seq2seq, config)
+    state = {f"model.{k}": v for k, v in model.state_dict().items()}
     torch.save(
         {"state_dict": state, "asr": checkpoint_payload(config, tokenizer)}, root / "tiny.ckpt"
     )

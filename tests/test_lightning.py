@@ -27,12 +27,11 @@ from asr.data.manifest import read_manifest, write_manifest
 from asr.data.prepare import prepare_corpus
 from asr.data.sampler import LengthGrid
 from asr.frontends import Frontend, LogMelFilterbank, compute_cmvn_stats
-from asr.inference import load_model
 from asr.lightning import TOKEN_MULTIPLE, ASRDataModule, ASRModule
 from asr.models.transformer import TransformerDecoder, TransformerEncoder
-from asr.precision import KERNEL_CACHE_VARIABLE
+from asr.recognizer import load_model
+from asr.segment import segment_seconds_for
 from asr.text import train_tokenizer
-from asr.transcribe import segment_seconds_for
 
 pytestmark = pytest.mark.needs_corpus
 
@@ -87,13 +86,6 @@ def tiny_an4(tmp_path_factory) -> dict[str, str]:
         "dev": str(out / "dev.jsonl"),
         "tokenizer": str(out / "tokenizer"),
     }
-
-
-@pytest.fixture
-def kernel_cache_unset(monkeypatch):
-    """oneDNN's kernel-cache variable absent for the test and restored after it."""
-    monkeypatch.setenv(KERNEL_CACHE_VARIABLE, "")  # records the original value for teardown
-    monkeypatch.delenv(KERNEL_CACHE_VARIABLE)
 
 
 SHAPE_GRID = ["--data.shape_grid", "1.1"]
@@ -299,7 +291,7 @@ def _augmented_args(data: dict[str, str], root: Path) -> list[str]:
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("grid", [[], SHAPE_GRID], ids=["longest", "grid"])
 def test_sigkill_mid_epoch_then_resume_equals_uninterrupted_run(
-    tiny_an4, tmp_path, grid, kernel_cache_unset
+    tiny_an4, tmp_path, grid
 ):
     full_root, killed_root = tmp_path / "full", tmp_path / "killed"
     main(_augmented_args(tiny_an4, full_root) + grid)
@@ -360,12 +352,9 @@ def _tiny_module(tiny_an4: dict[str, str], **options) -> tuple[ASRModule, ASRDat
     return module, data
 
 
-def test_shape_grid_pads_batches_to_grid_points_and_keeps_more_kernels(
-    tiny_an4, kernel_cache_unset
-):
+def test_shape_grid_pads_batches_to_grid_points(tiny_an4):
     data = ASRDataModule(tiny_an4["train"], tiny_an4["dev"], tiny_an4["tokenizer"],
                          max_batch_seconds=6, speed_perturb=[0.9, 1.1], shape_grid=1.1)  # fmt: skip
-    assert os.environ[KERNEL_CACHE_VARIABLE] == "4096"
     data.setup("fit")
     grid, seen = LengthGrid(1.1), set()
     for epoch in range(3):

@@ -18,11 +18,12 @@ from asr.checkpoint import CheckpointError
 from asr.cli import main
 from asr.data.manifest import Utterance, read_manifest, write_manifest
 from asr.data.prepare import prepare_corpus
-from asr.lm import LMModule, TextDataModule, collate_text, load_lm
+from asr.lm import LMModule, TextDataModule, collate_text
 from asr.models.lm import LSTMLM
 from asr.models.transformer import TransformerDecoder
-from asr.search import SOS_EOS_ID, SearchOptions, beam_search
-from asr.text import CharTokenizer, train_tokenizer
+from asr.recognizer import load_lm
+from asr.search import SearchOptions, beam_search
+from asr.text import SOS_EOS_ID, CharTokenizer, train_tokenizer
 
 TRAIN = ["YES", "NO NO", "GO", "ONE TWO THREE", "SEVEN", "ENTER", "NINE", "YES YES NO"]
 DEV = ["ONE", "NO GO"]

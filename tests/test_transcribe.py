@@ -26,31 +26,30 @@ import torch
 from conftest import REPO, corpus_path
 from torch import nn
 
-import asr.inference
-from asr.alignment import Word
+import asr.recognizer
 from asr.audio import audio_info, load_audio
 from asr.cli import main
 from asr.data.dataset import collate
 from asr.data.manifest import Utterance, write_manifest
 from asr.frontends import Frontend, LogMelFilterbank, UtteranceCMVN, compute_cmvn_stats
-from asr.inference import Recognizer, Segment, Transcript, load_model
 from asr.models.ctc import CTCHead
 from asr.models.rnn import RNNEncoder
 from asr.models.seq2seq import Seq2Seq
 from asr.models.transformer import TransformerDecoder, TransformerEncoder
+from asr.recognizer import Recognizer, load_model
+from asr.results import Segment, Transcript
 from asr.search import SearchOptions, greedy_search
-from asr.text import CharTokenizer, train_tokenizer
-from asr.transcribe import (
-    FORMATS,
+from asr.segment import (
     FileSource,
     SegmenterOptions,
     frame_energy_db,
-    join_segments,
     plan_segments,
     segment_source,
-    transcribe_files,
-    transcribe_sources,
 )
+from asr.text import CharTokenizer, train_tokenizer
+from asr.timing import Word
+from asr.transcribe import join_segments, transcribe_files, transcribe_sources
+from asr.writers import FORMATS
 
 pytestmark = pytest.mark.needs_corpus
 
@@ -305,7 +304,7 @@ def test_recognises_and_batched_equals_one_at_a_time(overfit):
 
 @pytest.mark.parametrize("step_rows", [1, 10**6])  # decoder steps in bf16 / in fp32
 def test_bf16_runs_the_model_in_bf16_and_returns_float32_results(overfit, monkeypatch, step_rows):
-    monkeypatch.setattr(asr.inference, "BF16_STEP_ROWS", step_rows)
+    monkeypatch.setattr(asr.recognizer, "BF16_STEP_ROWS", step_rows)
     recognizer, waves = overfit
     bf16 = dataclasses.replace(recognizer, precision="bf16")
     dtypes = {"encoder": [], "decoder": []}

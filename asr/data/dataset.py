@@ -24,8 +24,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from asr.audio import load_audio
 from asr.data.manifest import Utterance
-
-DEFAULT_PAD_ID = 1  # asr.text: 0 blank, 1 pad, 2 unk, 3 sos/eos
+from asr.text import PAD_ID
 
 
 class TextEncoder(Protocol):
@@ -198,7 +197,7 @@ class Batch:
 
 def collate(
     items: Sequence[dict[str, Any]],
-    pad_id: int = DEFAULT_PAD_ID,
+    pad_id: int = PAD_ID,
     wave_length: Callable[[int], int] | None = None,
     token_length: Callable[[int], int] | None = None,
 ) -> Batch:
@@ -283,7 +282,7 @@ def make_dataloader(
         DataLoader yielding `Batch` objects.
     """
     if pad_id is None:
-        pad_id = getattr(dataset.tokenizer, "pad_id", DEFAULT_PAD_ID)
+        pad_id = getattr(dataset.tokenizer, "pad_id", PAD_ID)
     return DataLoader(
         dataset,
         batch_sampler=sampler,

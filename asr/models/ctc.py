@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from asr.models.dropout import Dropout
+from asr.text import BLANK_ID
 
 
 class CTCHead(nn.Module):
@@ -44,7 +45,7 @@ class CTCHead(nn.Module):
             targets,
             enc_lens,
             target_lens,
-            blank=0,
+            blank=BLANK_ID,
             reduction="sum",
             zero_infinity=True,
         )
@@ -56,5 +57,5 @@ class CTCHead(nn.Module):
         out = []
         for row, n in zip(best, enc_lens.tolist()):
             ids = torch.unique_consecutive(row[:n]).tolist()
-            out.append([i for i in ids if i != 0])
+            out.append([i for i in ids if i != BLANK_ID])
         return out

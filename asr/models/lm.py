@@ -13,6 +13,8 @@ two equivalent views of one distribution:
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor, nn
 
@@ -229,3 +231,10 @@ class TransformerLM(nn.Module):
     def reorder_state(self, state: State, index: Tensor) -> State:
         """Keep batch rows `index` (e.g. the surviving beams)."""
         return reorder_batch(state, index)
+
+
+def build_lm(lm: Callable[[int], nn.Module], vocab_size: int) -> nn.Module:
+    """The LM that `lm` builds for `vocab_size` tokens (how checkpoints rebuild it)."""
+    if vocab_size <= 0:
+        raise ValueError("vocab_size must be positive (link it from data.vocab_size)")
+    return lm(vocab_size)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -9,9 +10,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from asr.models.ctc import CTCHead
-
-PAD_ID = 1
-SOS_EOS_ID = 3
+from asr.text import PAD_ID, SOS_EOS_ID
 
 
 @dataclass
@@ -142,3 +141,26 @@ class Seq2Seq(nn.Module):
             ctc_loss = self.ctc.loss(self.ctc(enc), enc_lens, tokens, token_lens)
             total = ctc_weight * ctc_loss + (1 - ctc_weight) * att_loss
         return LossOutput(total, att_loss, ctc_loss, accuracy, attn)
+
+
+def build_seq2seq(
+    frontend: nn.Module,
+    encoder: Callable[[int], nn.Module],
+    decoder: Callable[[int, int], nn.Module],
+    vocab_size: int,
+    ctc_weight: float = 0.3,
+) -> Seq2Seq:
+    """Wire a `Seq2Seq` from part factories, passing each the sizes of the one before.
+
+    Args:
+        frontend: waveform -> features module, built.
+        encoder: factory called with the frontend's `output_dim`.
+        decoder: factory called with `(vocab_size, encoder.output_dim)`.
+        vocab_size: output vocabulary, special tokens included.
+        ctc_weight: a CTC head is built when it is positive.
+    """
+    if vocab_size <= 0:
+        raise ValueError("vocab_size must be positive (link it from data.vocab_size)")
+    enc = encoder(frontend.output_dim)
+    ctc = CTCHead(vocab_size, enc.output_dim) if ctc_weight > 0 else None
+    return Seq2Seq(frontend, enc, decoder(vocab_size, enc.output_dim), ctc)

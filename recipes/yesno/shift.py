@@ -20,7 +20,7 @@ import numpy as np
 
 from asr.audio import load_audio
 from asr.data.manifest import Utterance, read_manifest, write_manifest
-from asr.transcribe import frame_energy_db
+from asr.segment import frame_energy_db
 
 FRAME_SECONDS = 0.01  # energy frame
 THRESHOLD_DB = -15.0  # a word frame is at most this far below the loudest frame

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from asr.models.lm import LSTMLM, TransformerLM
-from asr.search import SOS_EOS_ID
+from asr.text import SOS_EOS_ID
 
 VOCAB = 11
 LMS = {

@@ -1,4 +1,4 @@
-"""Cross-attention alignments: token and word timestamps, CTC forced alignment, plots.
+"""Token and word timestamps: DTW over cross-attention, CTC forced alignment.
 
 Times come from encoder frames: frame `j` covers `[j, j + 1) * seconds_per_frame`, where
 `seconds_per_frame = encoder_frame_seconds(frame_shift, subsampling)`. Two aligners give
@@ -9,7 +9,7 @@ Times come from encoder frames: frame `j` covers `[j, j + 1) * seconds_per_frame
 - `ctc_forced_alignment`: CTC posteriors -> Viterbi path (torchaudio). Its spans hold only
   the frames that emit the token; blank frames between tokens belong to none.
 
-Attention plots follow Chorowski et al. (2015), Fig. 1. A decoded `Hypothesis` has one
+A decoded `Hypothesis` has one
 attention row per token plus the eos step; keep the eos row in the DTW (it bounds the last
 token) and drop it before grouping words:
 
@@ -25,19 +25,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import pairwise
 
-import matplotlib
 import numpy as np
 import torch
 import torch.nn.functional as F
 import torchaudio.functional as AF
+from torch import Tensor
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.axes import Axes  # noqa: E402
-from matplotlib.figure import Figure  # noqa: E402
-from torch import Tensor  # noqa: E402
-
-from asr.text import SPACE_PIECE  # noqa: E402
+from asr.text import SPACE_PIECE
 
 # --------------------------------------------------------------------------- frame times
 
@@ -258,7 +252,7 @@ def attention_timestamps(
     Returns:
         `TokenTimes` with L spans over `T` frames.
     """
-    _check_seconds(seconds_per_frame)
+    check_seconds_per_frame(seconds_per_frame)
     scores = attention_matrix(attention, heads, median_filter_width)  # (L, T)
     tokens, frames = dtw(-scores.double().numpy())
     num_tokens, num_frames = scores.shape
@@ -268,7 +262,8 @@ def attention_timestamps(
     return TokenTimes(tuple(first.tolist()), tuple(ends.tolist()), num_frames, seconds_per_frame)
 
 
-def _check_seconds(seconds_per_frame: float) -> None:
+def check_seconds_per_frame(seconds_per_frame: float) -> None:
+    """ValueError unless `seconds_per_frame` is positive."""
     if not seconds_per_frame > 0:
         raise ValueError(f"seconds_per_frame must be > 0, got {seconds_per_frame}")
 
@@ -291,7 +286,7 @@ def ctc_forced_alignment(
     Returns:
         `TokenTimes`: each token's span of emitting frames (blanks excluded).
     """
-    _check_seconds(seconds_per_frame)
+    check_seconds_per_frame(seconds_per_frame)
     if ctc_log_probs.dim() != 2 or ctc_log_probs.size(0) == 0:
         raise ValueError(f"ctc_log_probs: expected (T, V), got {tuple(ctc_log_probs.shape)}")
     num_frames, vocab = ctc_log_probs.shape
@@ -378,156 +373,3 @@ def boundary_error_ms(words_a: Sequence[Word], words_b: Sequence[Word]) -> float
     pairs = zip(words_a, words_b, strict=True)
     total = sum(abs(a.start - b.start) + abs(a.end - b.end) for a, b in pairs)
     return 1000.0 * total / (2 * len(words_a))
-
-
-# --------------------------------------------------------------------------- plots
-
-
-def plot_attention(
-    attention: Tensor,
-    labels: Sequence[str],
-    features: Tensor | None = None,
-    frame_shift: float = 0.01,
-    title: str = "",
-    seconds_per_frame: float | None = None,
-    words: Sequence[Word] | None = None,
-) -> Figure:
-    """Spectrogram on top, head-averaged attention heatmap below, both in seconds.
-
-    Args:
-        attention: `(K, L, T_enc)` or `(L, T_enc)` weights; K maps are averaged.
-        labels: one label per decoder step (the y-axis), e.g. token pieces plus `<eos>`.
-        features: optional `(T_feat, D)` features of the same utterance for the top panel.
-        frame_shift: seconds per feature frame.
-        title: figure title.
-        seconds_per_frame: seconds per encoder frame. When None, the encoder frames are
-            stretched over the features' duration, or, without features, take
-            `frame_shift` each.
-        words: optional word times, drawn as boundaries with the word above.
-
-    Returns:
-        A matplotlib Figure (caller saves or logs it, then closes it).
-    """
-    att = attention.detach().float().cpu()
-    att = att.mean(0) if att.dim() == 3 else att  # (L, T_enc)
-    num_steps, enc_frames = att.shape
-    feat_seconds = features.size(0) * frame_shift if features is not None else None
-    if seconds_per_frame is None:
-        seconds_per_frame = (feat_seconds or enc_frames * frame_shift) / enc_frames
-    duration = enc_frames * seconds_per_frame
-    rows = 2 if features is not None else 1
-    heights = [1, 2] if features is not None else [1]
-    fig, axes = plt.subplots(
-        rows, 1, figsize=(8, 2 + 0.18 * num_steps), sharex=True, height_ratios=heights
-    )
-    axes = list(axes) if rows > 1 else [axes]
-    if features is not None:
-        axes[0].imshow(
-            features.detach().float().T.cpu().numpy(),
-            origin="lower",
-            aspect="auto",
-            extent=(0, feat_seconds, 0, 1),
-        )
-        axes[0].set_yticks([])
-        axes[0].set_ylabel("features")
-    ax = axes[-1]
-    _heatmap(ax, att, duration)
-    ax.set_xlim(0, max(duration, feat_seconds or 0.0))
-    ax.set_yticks(range(num_steps))
-    ax.set_yticklabels(list(labels)[:num_steps], fontsize=7)
-    ax.set_xlabel("time (s)")
-    ax.set_ylabel("output token")
-    if words:
-        for panel in axes:
-            _draw_words(panel, words, label=panel is axes[0])
-    if title:
-        fig.suptitle(title)
-    fig.tight_layout()
-    return fig
-
-
-def plot_attention_grid(
-    attention: Tensor,
-    num_layers: int,
-    labels: Sequence[str],
-    seconds_per_frame: float = 0.04,
-    title: str = "",
-    words: Sequence[Word] | None = None,
-) -> Figure:
-    """One heatmap per layer (rows) and head (columns) of a Transformer decoder.
-
-    Args:
-        attention: `(layers * heads, L, T_enc)` maps, layer-major.
-        num_layers: decoder layers; K must be a multiple of it.
-        labels: one label per decoder step, shown on the first column.
-        seconds_per_frame: seconds per encoder frame, for the x-axis.
-        title: figure title.
-        words: optional word times, drawn as boundaries.
-
-    Returns:
-        A matplotlib Figure.
-    """
-    if attention.dim() != 3 or num_layers < 1 or attention.size(0) % num_layers:
-        raise ValueError(
-            f"plot_attention_grid: attention {tuple(attention.shape)} is not "
-            f"(layers * heads, L, T) with layers={num_layers}"
-        )
-    _check_seconds(seconds_per_frame)
-    num_heads = attention.size(0) // num_layers
-    maps = attention.detach().float().cpu()
-    maps = maps.view(num_layers, num_heads, *maps.shape[1:])  # (layers, heads, L, T)
-    num_steps, enc_frames = maps.shape[-2:]
-    duration = enc_frames * seconds_per_frame
-    fig, axes = plt.subplots(
-        num_layers,
-        num_heads,
-        figsize=(2.6 * num_heads + 0.8, (1.2 + 0.08 * num_steps) * num_layers + 0.6),
-        sharex=True,
-        sharey=True,
-        squeeze=False,
-    )
-    for layer in range(num_layers):
-        for head in range(num_heads):
-            ax = axes[layer, head]
-            _heatmap(ax, maps[layer, head], duration)
-            ax.set_title(f"layer {layer} head {head}", fontsize=8)
-            if words:
-                _draw_words(ax, words, label=False)
-        axes[layer, 0].set_ylabel("output token", fontsize=8)
-        axes[layer, 0].set_yticks(range(num_steps))
-        axes[layer, 0].set_yticklabels(list(labels)[:num_steps], fontsize=6)
-    for ax in axes[-1]:
-        ax.set_xlabel("time (s)", fontsize=8)
-    if title:
-        fig.suptitle(title)
-    fig.tight_layout()
-    return fig
-
-
-def _heatmap(ax: Axes, att: Tensor, duration: float) -> None:
-    """`(L, T)` weights over `[0, duration]` seconds, the first token on top."""
-    num_steps = att.size(0)
-    ax.imshow(
-        att.numpy(),
-        aspect="auto",
-        cmap="Greys",
-        interpolation="nearest",
-        extent=(0, duration, num_steps - 0.5, -0.5),
-    )
-
-
-def _draw_words(ax: Axes, words: Sequence[Word], label: bool) -> None:
-    """Word boundaries as vertical lines; the words themselves above the axes if `label`."""
-    for word in words:
-        ax.axvline(word.start, color="tab:red", linewidth=0.8)
-        ax.axvline(word.end, color="tab:blue", linewidth=0.8, linestyle="--")
-        if label:
-            middle = 0.5 * (word.start + word.end)
-            ax.text(middle, 1.01, word.text, transform=ax.get_xaxis_transform(),
-                    ha="center", va="bottom", fontsize=7)  # fmt: skip
-
-
-def save_figure(fig: Figure, path: str) -> None:
-    """Write a PNG and free the figure."""
-    fig.savefig(path, dpi=100)
-    plt.close(fig)

@@ -1,219 +1,70 @@
-"""Self-contained checkpoints, `load_model`, and the `Recognizer` inference API.
+"""`load_model` -> `Recognizer`: decoding, timestamps and alignment with a trained model.
 
-A checkpoint written by `asr fit` carries, besides the weights, everything needed to rebuild
-the recognizer without the training files: the model's resolved config (class paths and
-arguments), the tokenizer files, and the files the config points at (CMVN statistics). All
-are plain strings, so loading stays `weights_only=True`.
-
-    recognizer = asr.load_model("exp/an4/checkpoints/last.ckpt")
+    recognizer = asr.load_model("exp/an4/transformer/avg.ckpt")
     transcript = recognizer.transcribe("utt.wav", options=SearchOptions(beam_size=10))
     transcript.text, transcript.words  # words with start/end seconds
 
 `Recognizer.search` decodes a batch of waveforms; `transcript` turns a result into text and
 token/word times (cross-attention DTW, or CTC forced alignment); `transcribe` and
 `transcribe_batch` add file reading and long-audio segmentation (`asr.transcribe`);
-`align` aligns a known transcript by teacher forcing.
+`align` aligns a known transcript by teacher forcing. `load_lm` reads a language model for
+shallow fusion. Models are built directly from the checkpoint (`asr.checkpoint`): nothing
+here imports Lightning.
 """
 
 from __future__ import annotations
 
-import base64
 import logging
-import math
 import os
-import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from functools import cached_property, partial
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
-import torchaudio.functional
 from torch import Tensor, nn
 
-from asr.alignment import (
+from asr.audio import AudioInput, as_waveform, load_audio
+from asr.checkpoint import (
+    LM_KEY,
+    RECOGNIZER_KEY,
+    build_from_payload,
+    payload_tokenizer,
+    read_payload,
+    submodule_weights,
+)
+from asr.models.lm import build_lm
+from asr.models.seq2seq import Seq2Seq, build_seq2seq
+from asr.precision import autocast, check_precision
+from asr.results import Alignment, Decoded, Segment, Transcript
+from asr.search import (
+    DEFAULT_CTC_WEIGHT,
+    Hypothesis,
+    LanguageModel,
+    SearchOptions,
+    beam_search,
+    greedy_search,
+)
+from asr.segment import SegmenterOptions
+from asr.text import SOS_EOS_ID, SPECIAL_PIECES, Tokenizer
+from asr.timing import (
     TokenTimes,
     Word,
     attention_timestamps,
     ctc_forced_alignment,
     word_timestamps,
 )
-from asr.audio import load_audio
-from asr.checkpoint import CheckpointError, load_checkpoint
-from asr.models.seq2seq import SOS_EOS_ID, Seq2Seq
-from asr.precision import autocast, check_precision
-from asr.search import Hypothesis, LanguageModel, SearchOptions, beam_search, greedy_search
-from asr.text import SPECIAL_PIECES, Tokenizer
-
-if TYPE_CHECKING:
-    from asr.transcribe import SegmenterOptions
+from asr.transcribe import TRANSCRIBE_BATCH_SIZE, transcribe_sources
 
 log = logging.getLogger(__name__)
 
-AudioInput = str | os.PathLike | np.ndarray | Tensor  # a file, or a mono waveform (S,)
 TIMESTAMP_METHODS = ("attention", "ctc")
 MEASURE_SECONDS = 12  # extra audio `frame_seconds` measures over (divisible by common hops)
 
-# Search steps run in bf16 from this many rows (batch x beam) on. One decoder step on the 2-core
-# CPU, fp32 / bf16 ms at 1, 32, 128 and 320 rows: AN4 Transformer 0.37 / 0.88, 1.15 / 1.55,
-# 3.30 / 3.28, 7.9 / 7.4; AN4 RNN (additive attention over the frames) 0.19 / 0.35,
-# 1.48 / 0.98, 6.8 / 3.6, 16.0 / 8.3. Below, small bf16 matmuls cost more than they save.
+# Search steps run in bf16 from this many rows (batch x beam) on: below it, small bf16 matmuls
+# cost more than they save on CPUs.
 BF16_STEP_ROWS = 128
-
-ASSET_KEYS = ("stats_path",)  # config arguments naming files that are embedded in checkpoints
-
-
-def _read_files(folder: Path) -> dict[str, str]:
-    return {p.name: base64.b64encode(p.read_bytes()).decode() for p in folder.iterdir()}
-
-
-def write_embedded_files(files: dict[str, str], folder: Path) -> None:
-    """Write the base64 files `checkpoint_payload` embedded into `folder`."""
-    for name, data in files.items():
-        (folder / Path(name).name).write_bytes(base64.b64decode(data))
-
-
-def _find_assets(config: Any, found: dict[str, str]) -> dict[str, str]:
-    """Collect files named by ASSET_KEYS anywhere in a nested config."""
-    if isinstance(config, dict):
-        for key, value in config.items():
-            if key in ASSET_KEYS and isinstance(value, str) and value:
-                found[value] = base64.b64encode(Path(value).read_bytes()).decode()
-            else:
-                _find_assets(value, found)
-    elif isinstance(config, list):
-        for value in config:
-            _find_assets(value, found)
-    return found
-
-
-def _replace_assets(config: Any, paths: dict[str, str]) -> Any:
-    if isinstance(config, dict):
-        return {
-            k: paths.get(v, v) if k in ASSET_KEYS else _replace_assets(v, paths)
-            for k, v in config.items()
-        }
-    if isinstance(config, list):
-        return [_replace_assets(v, paths) for v in config]
-    return config
-
-
-def checkpoint_payload(
-    model_config: dict[str, Any], tokenizer: Tokenizer, segment_seconds: float | None = None
-) -> dict[str, Any]:
-    """What `ASRModule` adds to every checkpoint under the key `"asr"` (`segment_seconds`:
-    see `Recognizer.segment_seconds`)."""
-    with tempfile.TemporaryDirectory() as tmp:
-        tokenizer.save(tmp)
-        files = _read_files(Path(tmp))
-    payload = {
-        "model_config": model_config,
-        "tokenizer": files,
-        "assets": _find_assets(model_config, {}),
-    }
-    if segment_seconds is not None:
-        payload["segment_seconds"] = segment_seconds
-    return payload
-
-
-# Segments decoded together by `transcribe`. Measured on 2 CPU cores, beam 10 + CTC over a
-# 10-minute recording: 4 took 24 s at 1.7 GB peak RSS, 8 took 29 s at 2.5 GB.
-TRANSCRIBE_BATCH_SIZE = 4
-
-
-@dataclass
-class Segment:
-    """A stretch of audio decoded as one utterance, in seconds of the input's timeline."""
-
-    start: float
-    end: float
-    text: str
-    score: float  # the search score of its hypothesis
-
-
-@dataclass
-class Transcript:
-    """What `Recognizer.transcribe` returns for one input.
-
-    Times are seconds from the start of the input. Long inputs are decoded in segments
-    (`asr.transcribe`); `tokens` then lists every segment's tokens in order, with no
-    separator between segments, while `text` joins the segment texts with a space.
-    """
-
-    text: str
-    tokens: list[int]  # output ids, without sos/eos
-    pieces: list[str]  # the tokens' pieces, `▁` marking a space
-    token_starts: list[float]  # one per token, non-decreasing
-    token_ends: list[float]
-    words: list[Word]  # word spans, from `token_starts`/`token_ends`
-    score: float  # the search score, summed over segments
-    duration: float  # seconds of audio in the input
-    segments: list[Segment]
-
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict, times rounded to milliseconds."""
-        spans = zip(self.tokens, self.pieces, self.token_starts, self.token_ends, strict=True)
-        return {
-            "text": self.text,
-            "duration": _ms(self.duration),
-            "score": _finite(self.score),
-            "segments": [
-                {
-                    "start": _ms(s.start),
-                    "end": _ms(s.end),
-                    "text": s.text,
-                    "score": _finite(s.score),
-                }
-                for s in self.segments
-            ],
-            "words": [
-                {"word": w.text, "start": _ms(w.start), "end": _ms(w.end)} for w in self.words
-            ],
-            "tokens": [
-                {"id": i, "piece": p, "start": _ms(start), "end": _ms(end)}
-                for i, p, start, end in spans
-            ],
-        }
-
-
-def _ms(seconds: float) -> float:
-    return round(float(seconds), 3)
-
-
-def _finite(value: float) -> float | None:
-    """JSON has no infinities (a hypothesis that never ended scores -inf)."""
-    return value if math.isfinite(value) else None
-
-
-@dataclass
-class Decoded:
-    """One utterance out of `Recognizer.search`: the best hypothesis and what timing needs."""
-
-    hypothesis: Hypothesis  # its attention is `(K, L+1, T_enc)`, cut to the valid frames
-    ctc_log_probs: Tensor | None  # `(T_enc, V)` on the CPU, when the model has a CTC head
-    num_samples: int  # samples of the decoded audio, at the recognizer's rate
-
-
-@dataclass
-class Alignment:
-    """A transcript aligned to audio by teacher forcing (`Recognizer.align`)."""
-
-    tokens: list[int]
-    pieces: list[str]
-    attention: Tensor  # (K, L+1, T_enc) cross-attention, the eos step last
-    features: Tensor  # (T_feat, D) the frontend's features, for plots
-    words: list[Word]  # from the attention (DTW)
-    ctc_words: list[Word] | None  # from CTC forced alignment, when the model has a CTC head
-    score: float  # teacher-forced log-probability of `tokens + [eos]`
-    duration: float  # seconds of audio
-    frame_seconds: float  # seconds per encoder frame
-    feature_seconds: float  # seconds per feature frame
-
-    @property
-    def text(self) -> str:
-        return " ".join(w.text for w in self.words)
 
 
 @dataclass
@@ -232,9 +83,13 @@ class Recognizer:
     # least `BF16_STEP_ROWS` hypotheses (batch x beam). What they return stays float32.
     precision: str = "fp32"
     # The longest segment `transcribe` cuts long audio into by default: about the length of
-    # the training utterances (`asr.transcribe.segment_seconds_for`, stored by `asr fit`).
-    # None (checkpoints from before): `SegmenterOptions`' 20 s.
+    # the training utterances (`asr.segment.segment_seconds_for`, stored by `asr fit`).
+    # None: `SegmenterOptions`' 20 s.
     segment_seconds: float | None = None
+    # The search settings used where none are given: those the recipe chose on dev and stored
+    # in the checkpoint (`asr set-decoding`); None: `SearchOptions()`, with CTC weight
+    # `DEFAULT_CTC_WEIGHT` where the model has a CTC head.
+    decoding: SearchOptions | None = None
 
     def __post_init__(self) -> None:
         check_precision(self.precision)
@@ -242,11 +97,16 @@ class Recognizer:
     def segmenter(self) -> SegmenterOptions:
         """How `transcribe` splits long audio when not told: segments of at most
         `segment_seconds`."""
-        from asr.transcribe import SegmenterOptions  # it builds on this module
-
         if self.segment_seconds is None:
             return SegmenterOptions()
         return SegmenterOptions(max_segment_seconds=self.segment_seconds)
+
+    @property
+    def default_options(self) -> SearchOptions:
+        """The search settings of a call that gives none (see `decoding`)."""
+        if self.decoding is not None:
+            return self.decoding
+        return SearchOptions(ctc_weight=DEFAULT_CTC_WEIGHT if self.model.ctc is not None else 0.0)
 
     @property
     def device(self) -> torch.device:
@@ -300,7 +160,7 @@ class Recognizer:
                 `(S,)` as a numpy array or tensor.
             sample_rate: the rate of an array `audio`; None means the model's rate. Files
                 carry their own.
-            options: search settings; None uses `SearchOptions()` (beam 10). A beam of 1
+            options: search settings; None uses `default_options`. A beam of 1
                 without CTC or LM weight runs greedy search.
             lm: language model for shallow fusion (`options.lm_weight > 0`).
             timestamps: "attention" (DTW over cross-attention) or "ctc" (forced alignment of
@@ -337,8 +197,6 @@ class Recognizer:
         Raises:
             AudioError: an input cannot be read; the message names it.
         """
-        from asr.transcribe import transcribe_sources  # it builds on this module
-
         results = transcribe_sources(
             self, audios, sample_rate, options, lm, timestamps, batch_size, segmenter
         )
@@ -364,7 +222,7 @@ class Recognizer:
         Returns:
             One `Decoded` per wave, in order.
         """
-        options = options or SearchOptions()
+        options = options or self.default_options
         self.check_options(options, lm)
         if not waves:
             return []
@@ -397,7 +255,7 @@ class Recognizer:
         timestamps: str = "attention",
     ) -> None:
         """Raise ValueError where the options need a CTC head or an LM that is missing."""
-        options = options or SearchOptions()
+        options = options or self.default_options
         if options.ctc_weight > 0 and self.model.ctc is None:
             raise ValueError(
                 f"{self.checkpoint}: ctc_weight={options.ctc_weight} but the model has no CTC head"
@@ -560,26 +418,6 @@ def _clamped(word: Word, duration: float) -> Word:
     return Word(word.text, min(word.start, duration), min(word.end, duration))
 
 
-def as_waveform(audio: np.ndarray | Tensor, sample_rate: int, target_rate: int) -> Tensor:
-    """A mono waveform `(S,)` (numpy or torch) as float32 at `target_rate`; integer samples
-    are scaled to [-1, 1) as soundfile does.
-
-    >>> as_waveform(np.array([16384, -32768], dtype=np.int16), 16000, 16000).tolist()
-    [0.5, -1.0]
-    """
-    wave = torch.as_tensor(audio).detach().cpu()
-    if wave.dim() != 1 or wave.numel() == 0:
-        raise ValueError(f"audio must be a non-empty mono waveform (S,), got {tuple(wave.shape)}")
-    if not wave.is_floating_point():
-        wave = wave.double() / (torch.iinfo(wave.dtype).max + 1)
-    wave = wave.float()
-    if not bool(torch.isfinite(wave).all()):
-        raise ValueError("audio contains NaN or infinite samples")
-    if sample_rate == target_rate:
-        return wave
-    return torchaudio.functional.resample(wave, sample_rate, target_rate)
-
-
 def load_model(
     path: str | os.PathLike, device: str | torch.device = "cpu", precision: str = "fp32"
 ) -> Recognizer:
@@ -587,48 +425,42 @@ def load_model(
     in `precision` ("fp32" or "bf16": see `Recognizer.precision`).
 
     Raises:
-        CheckpointError: the file is not a checkpoint written by `asr fit`, or refuses to load
-            safely; the message names it.
+        CheckpointError: the file is not a recognizer checkpoint written by `asr fit`, or
+            refuses to load safely; the message names it.
     """
     check_precision(precision)
-    state = load_checkpoint(path)
-    payload = state.get("asr")
-    if not isinstance(payload, dict) or "model_config" not in payload:
-        raise CheckpointError(f"{path}: no recognizer config inside (not written by `asr fit`?)")
-    with tempfile.TemporaryDirectory() as tmp:
-        tmp = Path(tmp)
-        (tmp / "tokenizer").mkdir()
-        write_embedded_files(payload["tokenizer"], tmp / "tokenizer")
-        assets = {}
-        for i, (original, data) in enumerate(payload["assets"].items()):
-            assets[original] = str(tmp / f"asset{i}_{Path(original).name}")
-            Path(assets[original]).write_bytes(base64.b64decode(data))
-        config = _replace_assets(payload["model_config"], assets)
-        config["tokenizer"] = str(tmp / "tokenizer")
-        from asr.lightning import ASRModule
-
-        module = instantiate_module(ASRModule, config)
-    weights = {k[len("model.") :]: v for k, v in state["state_dict"].items()}
-    module.model.load_state_dict(weights)
-    model = module.model.to(device).eval()
+    state, payload = read_payload(path, RECOGNIZER_KEY)
+    model = build_from_payload(build_seq2seq, payload)
+    model.load_state_dict(submodule_weights(state, "model."))
+    model = model.to(device).eval()
     return Recognizer(
         model,
-        module.tokenizer,
+        payload_tokenizer(payload),
         _sample_rate(model),
         str(path),
         precision,
         payload.get("segment_seconds"),
+        SearchOptions(**payload["decoding"]) if "decoding" in payload else None,
     )
 
 
-def instantiate_module(cls: type, config: dict[str, Any]) -> nn.Module:
-    """Build `cls` from the plain init args stored in a checkpoint (class paths included)."""
-    from jsonargparse import ArgumentParser
+def load_lm(
+    path: str | os.PathLike, device: str | torch.device = "cpu"
+) -> tuple[nn.Module, Tokenizer]:
+    """Rebuild the language model of an `asr fit` LM checkpoint (or an `asr average` output).
 
-    parser = ArgumentParser(exit_on_error=False)
-    parser.add_class_arguments(cls, "model", fail_untyped=False)
-    parsed = parser.parse_object({"model": config})
-    return parser.instantiate_classes(parsed).model
+    Returns:
+        The LM (the plain module, in eval mode, on `device`), which follows the search
+        interface `asr.search.LanguageModel`, and its tokenizer.
+
+    Raises:
+        CheckpointError: the file holds no LM written by `asr fit`, or refuses to load
+            safely; the message names it.
+    """
+    state, payload = read_payload(path, LM_KEY)
+    lm = build_from_payload(build_lm, payload)
+    lm.load_state_dict(submodule_weights(state, "lm."))
+    return lm.to(device).eval(), payload_tokenizer(payload)
 
 
 def _sample_rate(model: Seq2Seq) -> int:

@@ -6,7 +6,11 @@ import pytest
 import torch
 from scipy import ndimage
 
-from asr.alignment import (
+from asr.models.transformer import TransformerDecoder
+from asr.plotting import plot_attention, plot_attention_grid, save_figure
+from asr.search import greedy_search
+from asr.text import CharTokenizer, SentencePieceTokenizer
+from asr.timing import (
     TokenTimes,
     Word,
     attention_matrix,
@@ -16,14 +20,8 @@ from asr.alignment import (
     dtw,
     encoder_frame_seconds,
     median_filter,
-    plot_attention,
-    plot_attention_grid,
-    save_figure,
     word_timestamps,
 )
-from asr.models.transformer import TransformerDecoder
-from asr.search import greedy_search
-from asr.text import CharTokenizer, SentencePieceTokenizer
 
 SPACE = "\u2581"
 SPF = 0.04  # 10 ms frames, x4 subsampling

@@ -1,0 +1,206 @@
+"""Attention plots (after Chorowski et al. 2015, Fig. 1): spectrogram and cross-attention in
+seconds, with word boundaries.
+
+Figures are built with matplotlib's object API (`matplotlib.figure.Figure`), never pyplot, so
+drawing a plot changes no process-wide backend or figure registry. Import this module only
+where a plot is drawn: matplotlib takes a while to import.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+from torch import Tensor
+
+from asr.models.transformer import TransformerDecoder
+from asr.timing import Word, check_seconds_per_frame
+
+if TYPE_CHECKING:
+    from asr.recognizer import Recognizer
+    from asr.results import Alignment
+
+
+def plot_attention(
+    attention: Tensor,
+    labels: Sequence[str],
+    features: Tensor | None = None,
+    frame_shift: float = 0.01,
+    title: str = "",
+    seconds_per_frame: float | None = None,
+    words: Sequence[Word] | None = None,
+) -> Figure:
+    """Spectrogram on top, head-averaged attention heatmap below, both in seconds.
+
+    Args:
+        attention: `(K, L, T_enc)` or `(L, T_enc)` weights; K maps are averaged.
+        labels: one label per decoder step (the y-axis), e.g. token pieces plus `<eos>`.
+        features: optional `(T_feat, D)` features of the same utterance for the top panel.
+        frame_shift: seconds per feature frame.
+        title: figure title.
+        seconds_per_frame: seconds per encoder frame. When None, the encoder frames are
+            stretched over the features' duration, or, without features, take
+            `frame_shift` each.
+        words: optional word times, drawn as boundaries with the word above.
+
+    Returns:
+        A matplotlib Figure (the caller saves or logs it).
+    """
+    att = attention.detach().float().cpu()
+    att = att.mean(0) if att.dim() == 3 else att  # (L, T_enc)
+    num_steps, enc_frames = att.shape
+    feat_seconds = features.size(0) * frame_shift if features is not None else None
+    if seconds_per_frame is None:
+        seconds_per_frame = (feat_seconds or enc_frames * frame_shift) / enc_frames
+    duration = enc_frames * seconds_per_frame
+    rows = 2 if features is not None else 1
+    heights = [1, 2] if features is not None else [1]
+    fig = Figure(figsize=(8, 2 + 0.18 * num_steps))
+    axes = fig.subplots(rows, 1, sharex=True, height_ratios=heights)
+    axes = list(axes) if rows > 1 else [axes]
+    if features is not None:
+        axes[0].imshow(
+            features.detach().float().T.cpu().numpy(),
+            origin="lower",
+            aspect="auto",
+            extent=(0, feat_seconds, 0, 1),
+        )
+        axes[0].set_yticks([])
+        axes[0].set_ylabel("features")
+    ax = axes[-1]
+    _heatmap(ax, att, duration)
+    ax.set_xlim(0, max(duration, feat_seconds or 0.0))
+    ax.set_yticks(range(num_steps))
+    ax.set_yticklabels(list(labels)[:num_steps], fontsize=7)
+    ax.set_xlabel("time (s)")
+    ax.set_ylabel("output token")
+    if words:
+        for panel in axes:
+            _draw_words(panel, words, label=panel is axes[0])
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+def plot_attention_grid(
+    attention: Tensor,
+    num_layers: int,
+    labels: Sequence[str],
+    seconds_per_frame: float = 0.04,
+    title: str = "",
+    words: Sequence[Word] | None = None,
+) -> Figure:
+    """One heatmap per layer (rows) and head (columns) of a Transformer decoder.
+
+    Args:
+        attention: `(layers * heads, L, T_enc)` maps, layer-major.
+        num_layers: decoder layers; K must be a multiple of it.
+        labels: one label per decoder step, shown on the first column.
+        seconds_per_frame: seconds per encoder frame, for the x-axis.
+        title: figure title.
+        words: optional word times, drawn as boundaries.
+
+    Returns:
+        A matplotlib Figure.
+    """
+    if attention.dim() != 3 or num_layers < 1 or attention.size(0) % num_layers:
+        raise ValueError(
+            f"plot_attention_grid: attention {tuple(attention.shape)} is not "
+            f"(layers * heads, L, T) with layers={num_layers}"
+        )
+    check_seconds_per_frame(seconds_per_frame)
+    num_heads = attention.size(0) // num_layers
+    maps = attention.detach().float().cpu()
+    maps = maps.view(num_layers, num_heads, *maps.shape[1:])  # (layers, heads, L, T)
+    num_steps, enc_frames = maps.shape[-2:]
+    duration = enc_frames * seconds_per_frame
+    fig = Figure(figsize=(2.6 * num_heads + 0.8, (1.2 + 0.08 * num_steps) * num_layers + 0.6))
+    axes = fig.subplots(num_layers, num_heads, sharex=True, sharey=True, squeeze=False)
+    for layer in range(num_layers):
+        for head in range(num_heads):
+            ax = axes[layer, head]
+            _heatmap(ax, maps[layer, head], duration)
+            ax.set_title(f"layer {layer} head {head}", fontsize=8)
+            if words:
+                _draw_words(ax, words, label=False)
+        axes[layer, 0].set_ylabel("output token", fontsize=8)
+        axes[layer, 0].set_yticks(range(num_steps))
+        axes[layer, 0].set_yticklabels(list(labels)[:num_steps], fontsize=6)
+    for ax in axes[-1]:
+        ax.set_xlabel("time (s)", fontsize=8)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+def _heatmap(ax: Axes, att: Tensor, duration: float) -> None:
+    """`(L, T)` weights over `[0, duration]` seconds, the first token on top."""
+    num_steps = att.size(0)
+    ax.imshow(
+        att.numpy(),
+        aspect="auto",
+        cmap="Greys",
+        interpolation="nearest",
+        extent=(0, duration, num_steps - 0.5, -0.5),
+    )
+
+
+def _draw_words(ax: Axes, words: Sequence[Word], label: bool) -> None:
+    """Word boundaries as vertical lines; the words themselves above the axes if `label`."""
+    for word in words:
+        ax.axvline(word.start, color="tab:red", linewidth=0.8)
+        ax.axvline(word.end, color="tab:blue", linewidth=0.8, linestyle="--")
+        if label:
+            middle = 0.5 * (word.start + word.end)
+            ax.text(middle, 1.01, word.text, transform=ax.get_xaxis_transform(),
+                    ha="center", va="bottom", fontsize=7)  # fmt: skip
+
+
+def save_figure(fig: Figure, path: str) -> None:
+    """Write a PNG (the figure belongs to no pyplot state, so nothing needs closing)."""
+    fig.savefig(path, dpi=100)
+
+
+def save_alignment_plots(
+    recognizer: Recognizer, alignment: Alignment, path: str | os.PathLike, title: str = ""
+) -> list[Path]:
+    """Write the spectrogram + head-averaged attention plot with word boundaries to `path`
+    and, for a Transformer decoder, one map per layer and head to `<stem>_heads.png`.
+
+    Returns:
+        The files written.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    labels = alignment.pieces + ["<eos>"]
+    figure = plot_attention(
+        alignment.attention,
+        labels,
+        alignment.features,
+        frame_shift=alignment.feature_seconds,
+        title=title,
+        seconds_per_frame=alignment.frame_seconds,
+        words=alignment.words,
+    )
+    save_figure(figure, str(path))
+    written = [path]
+    decoder = recognizer.model.decoder
+    if isinstance(decoder, TransformerDecoder):
+        heads = path.with_name(f"{path.stem}_heads.png")
+        grid = plot_attention_grid(
+            alignment.attention,
+            len(decoder.layers),
+            labels,
+            alignment.frame_seconds,
+            title=title,
+            words=alignment.words,
+        )
+        save_figure(grid, str(heads))
+        written.append(heads)
+    return written

@@ -1,0 +1,333 @@
+"""Cutting long audio into segments that an attention decoder decodes as utterances.
+
+An attention decoder trained on utterances of seconds loses its place over minutes, so long
+audio is split on silence:
+
+1. analysis: RMS energy in dB of 10 ms frames, read `read_seconds` at a time, so an
+   hour-long file is never held whole (`frame_energy_db`);
+2. planning (`plan_segments`): a frame quieter than the loudest frame by more than
+   `silence_threshold_db` is silent; runs of at least `min_silence_seconds` are silences
+   (`silences`). A segment grows up to `max_segment_seconds` and ends inside the silence with
+   the most frames in that window, preferring the window's second half, at the silence's
+   quietest stretch (`quietest_point`); where there is none, fixed windows overlap by
+   `window_overlap_seconds`. Segments without a frame above the threshold are dropped and
+   edge silence beyond `edge_silence_seconds` is trimmed.
+
+`asr.transcribe` decodes the segments and joins their transcripts.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+from torch import Tensor
+
+from asr.audio import AudioError, AudioInput, as_waveform, audio_info, load_audio
+
+MIN_SEGMENT_SECONDS = 0.2  # no cut leaves a segment shorter than this
+ENERGY_FLOOR_DB = -100.0  # the energy of digital silence
+SHORTEST_MAX_SEGMENT = 3  # the least `segment_seconds_for` gives (> 2 x the 1 s overlap)
+
+Span = tuple[float, float]  # (start, end) seconds of a segment in its input
+Run = tuple[int, int]  # [start, stop) energy frames
+
+
+@dataclass(frozen=True)
+class SegmenterOptions:
+    """How long audio is split before decoding (see the module docstring)."""
+
+    # Audio up to this long is one segment; none is longer. `Recognizer.segmenter()` sets it to
+    # the length of the model's training utterances (`segment_seconds_for`) where known.
+    max_segment_seconds: float = 20.0
+    min_silence_seconds: float = 0.3  # quieter stretches shorter than this are never cut
+    silence_threshold_db: float = -35.0  # silent: frame RMS this many dB below the loudest
+    window_overlap_seconds: float = 1.0  # overlap of fixed windows where no silence is found
+    frame_seconds: float = 0.01  # energy analysis frame (frames do not overlap)
+    read_seconds: float = 60.0  # audio read at a time during analysis
+    drop_silent: bool = True  # skip segments with no frame above the threshold
+    # Silence kept at the edges of a segment of split audio; longer edge silence is trimmed
+    # (less to decode, and nothing for the decoder to hallucinate on). None: no trimming.
+    edge_silence_seconds: float | None = 0.5
+
+    def __post_init__(self) -> None:
+        checks = {
+            "max_segment_seconds must be >= 1": self.max_segment_seconds >= 1.0,
+            "min_silence_seconds must be >= 0": self.min_silence_seconds >= 0.0,
+            "silence_threshold_db must be < 0": self.silence_threshold_db < 0.0,
+            "window_overlap_seconds must lie in [0, max_segment_seconds / 2)": 0.0
+            <= self.window_overlap_seconds
+            < self.max_segment_seconds / 2,
+            "frame_seconds must be > 0": self.frame_seconds > 0.0,
+            "read_seconds must be >= frame_seconds": self.read_seconds >= self.frame_seconds,
+            "edge_silence_seconds must be None or >= 0": self.edge_silence_seconds is None
+            or self.edge_silence_seconds >= 0,
+        }
+        for message, ok in checks.items():
+            if not ok:
+                raise ValueError(f"SegmenterOptions: {message}: {self}")
+
+
+# --------------------------------------------------------------------------- analysis
+
+
+def frame_energy_db(wave: np.ndarray, frame_samples: int) -> np.ndarray:
+    """RMS energy in dB (re full scale 1.0) of consecutive non-overlapping frames; a short
+    last frame counts too. Digital silence gives `ENERGY_FLOOR_DB`.
+
+    >>> frame_energy_db(np.array([1.0, -1.0, 0.1, 0.1, 0.0]), 2).round(1).tolist()
+    [0.0, -20.0, -100.0]
+    """
+    whole = len(wave) // frame_samples * frame_samples
+    frames = wave[:whole].reshape(-1, frame_samples)
+    power = np.einsum("ij,ij->i", frames, frames) / frame_samples  # no squared copy
+    if whole < len(wave):
+        power = np.append(power, np.dot(wave[whole:], wave[whole:]) / (len(wave) - whole))
+    return 10.0 * np.log10(power.astype(np.float64) + 10.0 ** (ENERGY_FLOOR_DB / 10))
+
+
+class AudioSource(Protocol):
+    """One input to transcribe: a file read in pieces, or a waveform in memory."""
+
+    name: str
+
+    @property
+    def duration(self) -> float: ...
+
+    def read(self, start: float, end: float) -> Tensor:
+        """Samples of `[start, end)` seconds, `(S,)` float32 at the recognizer's rate."""
+        ...
+
+    def energy_db(self, frame_seconds: float, read_seconds: float) -> tuple[np.ndarray, float]:
+        """`frame_energy_db` of the whole input and the frame length in seconds."""
+        ...
+
+
+class FileSource:
+    """An audio file, read a stretch at a time (never whole)."""
+
+    def __init__(self, path: str | os.PathLike, sample_rate: int) -> None:
+        self.path, self.name, self.sample_rate = Path(path), str(path), sample_rate
+        self.info = audio_info(path)
+        if self.info.num_frames == 0:
+            raise AudioError(path, "audio is empty (0 samples)")
+
+    @property
+    def duration(self) -> float:
+        return self.info.duration
+
+    def read(self, start: float, end: float) -> Tensor:
+        return load_audio(self.path, self.sample_rate, offset=start, duration=end - start)
+
+    def energy_db(self, frame_seconds: float, read_seconds: float) -> tuple[np.ndarray, float]:
+        rate = self.info.sample_rate  # the file's own: no resampling for the analysis
+        frame = max(1, round(rate * frame_seconds))
+        chunk = frame * max(1, round(read_seconds / frame_seconds))  # whole frames per read
+        parts = [
+            frame_energy_db(load_audio(self.path, None, start / rate, chunk / rate).numpy(), frame)
+            for start in range(0, self.info.num_frames, chunk)
+        ]
+        return np.concatenate(parts), frame / rate
+
+
+class ArraySource:
+    """A waveform `(S,)` already at the recognizer's rate."""
+
+    def __init__(self, wave: Tensor, sample_rate: int, name: str = "<waveform>") -> None:
+        self.wave, self.sample_rate, self.name = wave, sample_rate, name
+
+    @property
+    def duration(self) -> float:
+        return len(self.wave) / self.sample_rate
+
+    def read(self, start: float, end: float) -> Tensor:
+        return self.wave[round(start * self.sample_rate) : round(end * self.sample_rate)]
+
+    def energy_db(self, frame_seconds: float, read_seconds: float) -> tuple[np.ndarray, float]:
+        frame = max(1, round(self.sample_rate * frame_seconds))
+        return frame_energy_db(self.wave.numpy(), frame), frame / self.sample_rate
+
+
+def open_source(audio: AudioInput, target_rate: int, sample_rate: int | None = None) -> AudioSource:
+    """An `AudioSource` for a path or a waveform at `sample_rate` (None: `target_rate`).
+
+    Raises:
+        AudioError: the file cannot be read or is empty; the message names it.
+    """
+    if isinstance(audio, (str, os.PathLike)):
+        return FileSource(audio, target_rate)
+    return ArraySource(as_waveform(audio, sample_rate or target_rate, target_rate), target_rate)
+
+
+# --------------------------------------------------------------------------- planning
+
+
+def _runs(mask: np.ndarray) -> list[Run]:
+    """`[start, stop)` of each run of True.
+
+    >>> _runs(np.array([True, True, False, True]))
+    [(0, 2), (3, 4)]
+    """
+    edges = np.diff(np.concatenate(([0], mask.astype(np.int8), [0])))
+    return list(zip(np.flatnonzero(edges == 1).tolist(), np.flatnonzero(edges == -1).tolist()))
+
+
+def silences(energy_db: np.ndarray, options: SegmenterOptions, frame_seconds: float) -> list[Run]:
+    """Frame runs `[start, stop)` of at least `min_silence_seconds` whose frames are more
+    than `silence_threshold_db` below the loudest frame.
+
+    >>> energy = np.array([0.0] * 5 + [-60.0, -80.0, -70.0] + [0.0, -90.0] + [0.0] * 5)
+    >>> silences(energy, SegmenterOptions(min_silence_seconds=0.2), 0.1)
+    [(5, 8)]
+    """
+    silent = energy_db < energy_db.max() + options.silence_threshold_db
+    width = _width(options, frame_seconds)
+    return [(a, b) for a, b in _runs(silent) if b - a >= width]
+
+
+def _width(options: SegmenterOptions, frame_seconds: float) -> int:
+    """`min_silence_seconds` in frames (at least one)."""
+    return max(1, math.ceil(options.min_silence_seconds / frame_seconds - 1e-9))
+
+
+def quietest_point(energy_db: np.ndarray, start: int, stop: int, width: int) -> float:
+    """Centre, in frames, of the quietest `width` frames (by mean energy) of `[start, stop)`;
+    ties go to the one nearest the middle, which keeps cuts away from the soft edges of words.
+
+    >>> quietest_point(np.array([0.0, -60.0, -80.0, -70.0, 0.0]), 1, 4, 2)
+    3.0
+    >>> quietest_point(np.full(10, -90.0), 0, 10, 2)
+    5.0
+    """
+    means = np.convolve(energy_db[start:stop], np.ones(width) / width, mode="valid")
+    candidates = np.flatnonzero(means <= means.min() + 1e-9)  # window starts
+    middle = (stop - start - width) / 2
+    return float(start + candidates[np.argmin(np.abs(candidates - middle))] + width / 2)
+
+
+def segment_seconds_for(durations: Sequence[float]) -> float:
+    """The longest segment to cut for a model trained on utterances of `durations` seconds:
+    their 95th percentile, rounded up to whole seconds, at least `SHORTEST_MAX_SEGMENT`.
+    Attention decoders fail on inputs much longer than they were trained on: the AN4
+    Transformer (95 % of its training utterances under 4.8 s) gave WER 52.6 on 11.4 s of joined
+    test utterances decoded whole, 10.5 cut into segments of at most 5 s (bench/RESULTS.md).
+
+    >>> segment_seconds_for([1.0, 2.0, 2.5, 3.2, 4.8] * 4)
+    5.0
+    """
+    if not durations:
+        raise ValueError("segment_seconds_for: no durations")
+    longest = np.quantile(durations, 0.95, method="lower")  # a duration of the set itself
+    return float(max(SHORTEST_MAX_SEGMENT, math.ceil(longest)))
+
+
+def plan_segments(
+    energy_db: np.ndarray, frame_seconds: float, duration: float, options: SegmenterOptions
+) -> list[Span]:
+    """Split `[0, duration]` seconds into segments of at most `max_segment_seconds`.
+
+    Args:
+        energy_db: `(F,)` frame energies from `frame_energy_db`.
+        frame_seconds: seconds per energy frame.
+        duration: seconds of audio.
+        options: the segmenter's settings.
+
+    Returns:
+        `(start, end)` spans in order. They meet at silence cuts (less trimmed edge
+        silence) and overlap by `window_overlap_seconds` where fixed windows were used.
+
+    >>> energy = np.zeros(400)
+    >>> energy[180:200] = -80.0  # 0.2 s of silence at 1.8 s
+    >>> plan_segments(energy, 0.01, 4.0, SegmenterOptions(3, min_silence_seconds=0.1))
+    [(0.0, 1.9), (1.9, 4.0)]
+    >>> plan_segments(np.zeros(400), 0.01, 4.0, SegmenterOptions(max_segment_seconds=3))
+    [(0.0, 3.0), (2.0, 4.0)]
+    """
+    if duration <= options.max_segment_seconds:
+        return [(0.0, duration)]
+    spans = _grow_segments(energy_db, frame_seconds, duration, options)
+    loud = energy_db >= energy_db.max() + options.silence_threshold_db
+    if options.drop_silent:
+        spans = [s for s in spans if loud[_frames(s, frame_seconds)].any()]
+    if options.edge_silence_seconds is not None:
+        spans = [_trimmed(s, loud, frame_seconds, options.edge_silence_seconds) for s in spans]
+    return spans
+
+
+def _grow_segments(
+    energy_db: np.ndarray, frame_seconds: float, duration: float, options: SegmenterOptions
+) -> list[Span]:
+    runs = silences(energy_db, options, frame_seconds)
+    longest, overlap = options.max_segment_seconds, options.window_overlap_seconds
+    spans, start = [], 0.0
+    while duration - start > longest:
+        limit = min(start + longest, duration - MIN_SEGMENT_SECONDS)
+        end = _best_cut(energy_db, runs, frame_seconds, start, limit, options)
+        if end is not None:
+            spans.append((start, end))
+            start = end
+        else:  # no silence: a fixed window, the next one overlapping it
+            spans.append((start, limit))
+            start = limit - overlap
+    spans.append((start, duration))
+    return spans
+
+
+def _best_cut(
+    energy_db: np.ndarray,
+    runs: list[Run],
+    frame_seconds: float,
+    start: float,
+    limit: float,
+    options: SegmenterOptions,
+) -> float | None:
+    """Where to end a segment starting at `start`: the quietest point of the silence with
+    the most frames inside `(start, limit]`, preferring silences in the window's second half
+    (then the latest); None if no silence fits."""
+    width = _width(options, frame_seconds)
+    low = math.ceil((start + MIN_SEGMENT_SECONDS) / frame_seconds - 1e-9)
+    high = math.floor(limit / frame_seconds + 1e-9)
+    half = start + options.max_segment_seconds / 2
+    best: tuple[bool, int, float] | None = None  # (in the second half, frames, cut time)
+    for run_start, run_stop in runs:
+        a, b = max(run_start, low), min(run_stop, high)  # the part inside the window
+        if b - a < width:
+            continue
+        cut = round(quietest_point(energy_db, a, b, width) * frame_seconds, 6)
+        key = (cut >= half, b - a, cut)
+        best = key if best is None or key > best else best
+    return None if best is None else best[2]
+
+
+def _frames(span: Span, frame_seconds: float) -> slice:
+    """The energy frames a span overlaps."""
+    first = int(span[0] / frame_seconds + 1e-9)
+    return slice(first, max(first + 1, math.ceil(span[1] / frame_seconds - 1e-9)))
+
+
+def _trimmed(span: Span, loud: np.ndarray, frame_seconds: float, keep: float) -> Span:
+    """The span without edge silence beyond `keep` seconds (unchanged if all silent).
+
+    >>> _trimmed((0.0, 1.0), np.array([False] * 4 + [True] * 2 + [False] * 4), 0.1, 0.1)
+    (0.3, 0.7)
+    """
+    frames = _frames(span, frame_seconds)
+    found = np.flatnonzero(loud[frames])
+    if not len(found):
+        return span
+    first, last = frames.start + found[0], frames.start + found[-1] + 1
+    start = max(span[0], round(float(first * frame_seconds - keep), 6))
+    return start, min(span[1], round(float(last * frame_seconds + keep), 6))
+
+
+def segment_source(source: AudioSource, options: SegmenterOptions) -> list[Span]:
+    """The segments of one input (one span for audio no longer than the maximum)."""
+    if source.duration <= options.max_segment_seconds:
+        return [(0.0, source.duration)]
+    energy, frame_seconds = source.energy_db(options.frame_seconds, options.read_seconds)
+    return plan_segments(energy, frame_seconds, source.duration, options)
