@@ -151,7 +151,7 @@ def instantiate(builder: Callable[..., Any], config: dict[str, Any]) -> Any:
     else:
         parser.add_function_arguments(builder, "model", fail_untyped=False)
     parsed = parser.parse_object({"model": {k: v for k, v in config.items() if k in taken}})
-    arguments = parser.instantiate_classes(parsed).model
+    arguments = parser.instantiate(parsed).model
     return arguments if inspect.isclass(builder) else builder(**vars(arguments))
 
 

@@ -111,7 +111,9 @@ def _average(args: argparse.Namespace) -> int:
 def _set_decoding(args: argparse.Namespace) -> int:
     from asr.checkpoint import store_decoding
 
-    options = _search_options(args, load_model_of(args))
+    recognizer = load_model_of(args)
+    options = _search_options(args, recognizer)
+    recognizer.check_options(options)
     stored = {k: v for k, v in asdict(options).items() if k not in ("nbest", "lm_weight")}
     store_decoding(args.checkpoint, stored)
     print(f"{args.checkpoint} now decodes by default with: {stored}")

@@ -8,6 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from asr.checkpoint import checkpoint_payload, instantiate
+from asr.models.seq2seq import build_seq2seq
+from asr.text import CharTokenizer
+
 # Tests use one intra-op thread: on a 2-core machine, competing thread pools slow every test.
 torch.set_num_threads(1)
 
@@ -50,3 +54,41 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip_gpu)
+
+
+TINY_MODEL_CONFIG = {  # the init args `asr fit` stores in a checkpoint; vocab_size is added
+    "frontend": {
+        "class_path": "asr.frontends.Frontend",
+        "init_args": {
+            "features": {
+                "class_path": "asr.frontends.LogMelFilterbank",
+                "init_args": {"n_mels": 40},
+            }
+        },
+    },
+    "encoder": {
+        "class_path": "asr.models.transformer.TransformerEncoder",
+        "init_args": {"d_model": 16, "num_heads": 2, "ffn_dim": 32, "num_layers": 1},
+    },
+    "decoder": {
+        "class_path": "asr.models.transformer.TransformerDecoder",
+        "init_args": {"d_model": 16, "num_heads": 2, "ffn_dim": 32, "num_layers": 1},
+    },
+    "ctc_weight": 0.3,
+}
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory) -> dict[str, Path]:
+    """A randomly initialised tiny recognizer saved as `asr fit` saves one, and its tokenizer:
+    for tests of input handling and formats, not of what it recognises."""
+    root = tmp_path_factory.mktemp("tiny_model")
+    tokenizer = CharTokenizer.train(["YES NO GO"])
+    tokenizer.save(root / "tokenizer")
+    config = TINY_MODEL_CONFIG | {"vocab_size": tokenizer.vocab_size}
+    torch.manual_seed(0)
+    model = instantiate(build_seq2seq, config)
+    state = {f"model.{k}": v for k, v in model.state_dict().items()}
+    payload = checkpoint_payload(config, tokenizer)
+    torch.save({"state_dict": state, "asr": payload}, root / "tiny.ckpt")
+    return {"checkpoint": root / "tiny.ckpt", "tokenizer": root / "tokenizer"}

@@ -24,37 +24,13 @@ import soundfile
 import torch
 
 from asr.audio import audio_info
-from asr.checkpoint import checkpoint_payload, instantiate
 from asr.cli import main
-from asr.models.seq2seq import build_seq2seq
 from asr.text import CharTokenizer
 
 RATE = 16000
 GOOD_TEXT = "YES"
 HOUR = 3600  # seconds
 BIG_FILE = 10 * 2**20  # bytes: files this large are deleted after each test
-
-MODEL_CONFIG = {  # the init args `asr fit` stores in a checkpoint; vocab_size is added
-    "frontend": {
-        "class_path": "asr.frontends.Frontend",
-        "init_args": {
-            "features": {
-                "class_path": "asr.frontends.LogMelFilterbank",
-                "init_args": {"n_mels": 40},
-            }
-        },
-    },
-    "encoder": {
-        "class_path": "asr.models.transformer.TransformerEncoder",
-        "init_args": {"d_model": 16, "num_heads": 2, "ffn_dim": 32, "num_layers": 1},
-    },
-    "decoder": {
-        "class_path": "asr.models.transformer.TransformerDecoder",
-        "init_args": {"d_model": 16, "num_heads": 2, "ffn_dim": 32, "num_layers": 1},
-    },
-    "ctc_weight": 0.3,
-}
-
 
 # --------------------------------------------------------------------------- artefacts
 
@@ -324,19 +300,8 @@ def test_the_table_covers_every_case_of_the_issue():
 
 
 @pytest.fixture(scope="module")
-def model(tmp_path_factory) -> dict[str, Path]:
-    """A randomly initialised tiny recognizer saved as `asr fit` saves one, and its tokenizer."""
-    root = tmp_path_factory.mktemp("model")
-    tokenizer = CharTokenizer.train(["YES NO GO"])
-    tokenizer.save(root / "tokenizer")
-    config = MODEL_CONFIG | {"vocab_size": tokenizer.vocab_size}
-    torch.manual_seed(0)
-    model = instantiate(build_seq2seq, config)
-    state = {f"model.{k}": v for k, v in model.state_dict().items()}
-    torch.save(
-        {"state_dict": state, "asr": checkpoint_payload(config, tokenizer)}, root / "tiny.ckpt"
-    )
-    return {"checkpoint": root / "tiny.ckpt", "tokenizer": root / "tokenizer"}
+def model(tiny_checkpoint) -> dict[str, Path]:
+    return tiny_checkpoint
 
 
 @dataclass

@@ -153,12 +153,21 @@ fit_stage() {
     ${resume[@]+"${resume[@]}"} ${fit_args[@]+"${fit_args[@]}"}
 }
 
-# average_stage N MODEL_DIR: average the best $average checkpoints into MODEL_DIR/avg.ckpt.
+# average_stage N MODEL_DIR: average the best $average checkpoints into MODEL_DIR/avg.ckpt,
+# which then decodes by default as the recipe decodes (beam, CTC weight): `asr transcribe`
+# and `asr.load_model(...).transcribe` without options give the RESULTS rows' setting.
 average_stage() {
   local n=$1 model_dir=$2
   run_stage "$n" "average the best $average checkpoints" "$model_dir" \
-    asr average --last "$model_dir/checkpoints/last.ckpt" --best "$average" \
+    average_and_set_decoding "$model_dir"
+}
+
+average_and_set_decoding() {
+  local model_dir=$1
+  asr average --last "$model_dir/checkpoints/last.ckpt" --best "$average" \
     --out "$model_dir/avg.ckpt"
+  asr set-decoding --checkpoint "$model_dir/avg.ckpt" --beam-size "$beam_size" \
+    --ctc-weight "$ctc_weight"
 }
 
 # decode_stage N MODEL_DIR DATA SPLIT...: decode DATA/SPLIT.jsonl into MODEL_DIR/decode_SPLIT.
