@@ -1,4 +1,4 @@
-"""`python -m bench {peak,train,epochs,peer,decode,scaling,all,report} [--out DIR] [--quick] ...`
+"""`python -m bench {peak,train,decode,scaling,peer,all,report} [--out DIR] [--quick] ...`
 
 Each part writes `<part>.json` into the results folder; after every run the report
 (results.json, results.md, bench.png) is rebuilt from all the part files there.
@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import importlib.metadata
 import logging
+import os
 import platform
 import subprocess
 import sys
@@ -19,17 +21,16 @@ from typing import Any
 
 import torch
 
-from asr.malloc import retain_freed_memory
-from bench import decode, epochs, peak, peer, report, scaling, train
+from bench import decode, peak, peer, report, scaling, train
 from bench.common import ROOT, Settings, ensure_data, write_json
 
 EPILOG = """parts:
   peak     matmul GFLOP/s in fp32 and bf16: the machine limit MFU divides by
-  train    training throughput, memory and MFU of conf/an4/{transformer,rnn}.yaml
-  epochs   whole `asr fit` epochs of both configs: steps, data, validation, the rest
-  peer     ours vs SpeechBrain's TransformerASR at the same size (pip install -e '.[bench]')
+  train    training step throughput, memory and MFU of conf/an4/{transformer,rnn}.yaml,
+           then whole `asr fit` epochs of both
   decode   RTF of greedy / beam 10 / beam 10 + CTC at batch 1, 8, 32 on AN4 test
   scaling  DDP 1 vs 2 CPU processes; decode time vs length; step time vs batch size
+  peer     ours vs SpeechBrain's TransformerASR at the same size (pip install -e '.[bench]')
   all      every part, each in a fresh process, then the report
   report   rebuild results.json, results.md and bench.png from the part files
 """
@@ -37,10 +38,9 @@ EPILOG = """parts:
 PARTS: dict[str, Callable[[Settings], dict[str, Any]]] = {
     "peak": peak.run,
     "train": train.run,
-    "epochs": epochs.run,
-    "peer": peer.run,
     "decode": decode.run,
     "scaling": scaling.run,
+    "peer": peer.run,
 }
 DEFAULT_CHECKPOINT = ROOT / "exp/an4/transformer/avg.ckpt"
 
@@ -71,7 +71,6 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def make_settings(args: argparse.Namespace) -> Settings:
-    retain_freed_memory()  # as `asr fit` does: ours and the peer alike
     if args.threads:
         torch.set_num_threads(args.threads)
     checkpoint = None if args.checkpoint == "random" else args.checkpoint
@@ -91,22 +90,33 @@ def make_settings(args: argparse.Namespace) -> Settings:
 
 
 def machine(settings: Settings, argv: Sequence[str]) -> dict[str, Any]:
-    """Where and how the results were measured."""
+    """Where, with what and how the results were measured."""
     return {
         "command": "python -m bench " + " ".join(argv),
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
+        "git": _git_version(),
+        "torch": torch.__version__,
+        "lightning": importlib.metadata.version("lightning"),
+        "python": platform.python_version(),
         "cpu": _cpu_name(),
-        "cpu_count": _cpu_count(),
+        "cpu_count": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
         "threads": settings.threads,
         "device": str(settings.device),
         "gpu": torch.cuda.get_device_name(settings.device) if settings.on_gpu else None,
-        "torch": torch.__version__,
-        "python": platform.python_version(),
         "quick": settings.quick,
         "data": str(settings.data),
         "checkpoint": str(settings.checkpoint) if settings.checkpoint else None,
-        "max_len_ratio": settings.max_len_ratio,
     }
+
+
+def _git_version() -> str | None:
+    """The checkout's short commit hash, `-dirty` when it has uncommitted changes."""
+    command = ["git", "describe", "--always", "--dirty", "--abbrev=7"]
+    try:
+        done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=True)
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return done.stdout.strip()
 
 
 def _cpu_name() -> str:
@@ -117,12 +127,6 @@ def _cpu_name() -> str:
     except OSError:
         pass
     return platform.processor() or "unknown"
-
-
-def _cpu_count() -> int | None:
-    import os
-
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
 
 
 def run_part(name: str, settings: Settings, meta: dict[str, Any]) -> bool:
@@ -141,10 +145,8 @@ def run_part(name: str, settings: Settings, meta: dict[str, Any]) -> bool:
 def run_isolated(names: Sequence[str], argv: Sequence[str], out: Path) -> bool:
     """Run each part as its own `python -m bench PART` process with the options of `argv` (an
     `all` command), so that no part runs on the heap, caches or threads an earlier part left
-    behind: run after the train part in the same process, the peer part measured ours /
-    SpeechBrain at 1.36x and 1.41x, against 1.50-1.62x in four runs alone (session 19). Each
-    part's progress shows; the report follows. A part whose process saves nothing (killed, or
-    stopped before it ran) is reported as an error, not by an earlier run's file."""
+    behind. A part whose process saves nothing is reported as an error, not by an earlier
+    run's file."""
     options = list(argv)
     options.remove("all")
     ok = True
@@ -171,8 +173,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     elif args.command != "report":
         settings = make_settings(args)
         ok = run_part(args.command, settings, machine(settings, argv))
-    results = report.write(args.out)
-    print(report.summary(results))
+    print(report.write(args.out))
     return 0 if ok else 1
 
 

@@ -1,5 +1,5 @@
-"""What every benchmark part shares: settings, AN4 data, models built from the YAML configs,
-timing, peak memory, FLOP counting and profiles."""
+"""What every benchmark part shares: the `asr` names it uses, settings, AN4 data, models built
+from the YAML configs, timing, peak memory, FLOP counting and profiles."""
 
 from __future__ import annotations
 
@@ -9,10 +9,8 @@ import json
 import math
 import os
 import time
-import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -20,10 +18,26 @@ import torch
 import yaml
 from torch import Tensor, nn
 
-from asr.data.dataset import Batch
-from asr.inference import instantiate_module
+# Every `asr` import of the harness, so that a renamed module is changed here only.
+from asr.audio import load_audio
+from asr.checkpoint import instantiate
+from asr.data.dataset import Batch, SpeechDataset, collate
+from asr.data.manifest import read_manifest
 from asr.lightning import ASRDataModule, ASRModule
-from asr.text import Tokenizer
+from asr.metrics import word_errors
+from asr.models.seq2seq import Seq2Seq, add_sos_eos
+from asr.precision import PRECISIONS, autocast
+from asr.recognizer import Recognizer, load_model
+from asr.search import SearchOptions, beam_search
+from asr.segment import SegmenterOptions, segment_seconds_for
+from asr.text import BLANK_ID, PAD_ID, SOS_EOS_ID, Tokenizer
+
+__all__ = [  # the asr names the parts take from here
+    "BLANK_ID", "PAD_ID", "PRECISIONS", "SOS_EOS_ID", "Batch", "Recognizer", "SearchOptions",
+    "SegmenterOptions", "Seq2Seq", "SpeechDataset", "Tokenizer", "add_sos_eos", "autocast",
+    "beam_search", "collate", "load_audio", "load_model", "read_manifest",
+    "segment_seconds_for", "word_errors",
+]  # fmt: skip
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = {"transformer": ROOT / "conf/an4/transformer.yaml", "rnn": ROOT / "conf/an4/rnn.yaml"}
@@ -36,7 +50,7 @@ class Settings:
     """Options shared by every part (see `python -m bench --help`)."""
 
     out: Path  # results folder
-    quick: bool  # tiny sizes for a smoke run (each part well under a minute on one thread)
+    quick: bool  # tiny sizes for a smoke run
     device: torch.device
     threads: int  # torch intra-op threads used for every measurement
     data: Path  # folder with {train,dev,test}.jsonl, tokenizer/ and cmvn.json
@@ -54,12 +68,12 @@ class Settings:
 
     def passes(self, cpu: int) -> int:
         """Timed passes of a decode measurement, the fastest counting: `cpu` on a CPU (a shared
-        VM stalls now and then); one in a smoke run, or on a GPU, where batch-1 beam searches
-        are launch-bound and slow to repeat."""
+        machine stalls now and then); one in a smoke run, or on a GPU, where batch-1 beam
+        searches are launch-bound and slow to repeat."""
         return 1 if self.quick or self.on_gpu else cpu
 
 
-# ---------------------------------------------------------------- data
+# ---------------------------------------------------------------- data and models
 
 
 def ensure_data(data: Path, out: Path) -> Path:
@@ -136,7 +150,7 @@ def build_module(config: dict[str, Any], seed: int = 0) -> ASRModule:
     """The `ASRModule` of `model_config` output, built as `asr fit` builds it (jsonargparse),
     with weights drawn from `seed`."""
     torch.manual_seed(seed)
-    return instantiate_module(ASRModule, config)
+    return instantiate(ASRModule, config)
 
 
 def data_args(config: dict[str, Any], data: Path) -> dict[str, Any]:
@@ -149,24 +163,17 @@ def data_args(config: dict[str, Any], data: Path) -> dict[str, Any]:
     return {**args, "tokenizer": str(data / "tokenizer")}
 
 
-def data_module(
-    name: str, settings: Settings, max_batch_seconds: float | None = None
-) -> ASRDataModule:
-    """The `ASRDataModule` of config `name` over `settings.data`, in-process loading."""
-    args = data_args(read_config(name), settings.data)
-    args.update(num_workers=0, seed=settings.seed)
-    if max_batch_seconds is not None:
-        args["max_batch_seconds"] = max_batch_seconds
-    return ASRDataModule(**args)
-
-
 def train_batches(
     name: str, settings: Settings, count: int | None = None, max_batch_seconds: float | None = None
 ) -> list[Batch]:
     """The first `count` training batches of config `name` (its sampler or shape grid, speed
     perturbation and batch budget unless `max_batch_seconds`), seeded, on the device; `None`:
     every batch of the first epoch."""
-    module = data_module(name, settings, max_batch_seconds)
+    args = data_args(read_config(name), settings.data)
+    args.update(num_workers=0, seed=settings.seed)
+    if max_batch_seconds is not None:
+        args["max_batch_seconds"] = max_batch_seconds
+    module = ASRDataModule(**args)
     module.setup("fit")
     if count is None:
         return [batch.to(settings.device) for batch in module.train_dataloader()]
@@ -217,7 +224,7 @@ def fastest(repeats: int, measure: Callable[[], tuple[float, Any]]) -> tuple[flo
     return min(seconds for seconds, _ in passes), passes[0][1]
 
 
-def reset_peak_memory(device: torch.device) -> None:
+def _reset_peak_memory(device: torch.device) -> None:
     """Start a new peak: the CUDA allocator's, or the process's RSS high-water mark (Linux
     resets VmHWM to the current RSS when 5 is written to clear_refs)."""
     if device.type == "cuda":
@@ -227,26 +234,27 @@ def reset_peak_memory(device: torch.device) -> None:
         Path("/proc/self/clear_refs").write_text("5")
 
 
-def peak_memory_mb(device: torch.device) -> float | None:
-    """MiB: peak CUDA allocation, or peak RSS (VmHWM) since `reset_peak_memory`; None where
-    neither can be read."""
+def _memory_mb(device: torch.device, peak: bool) -> float | None:
+    """MiB in use now, or at the peak since `_reset_peak_memory`: the CUDA allocator's, else
+    the process RSS; None where it cannot be read."""
     if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**20
-    return _status_kib("VmHWM")
-
-
-def current_memory_mb(device: torch.device) -> float | None:
-    if device.type == "cuda":
-        return torch.cuda.memory_allocated(device) / 2**20
-    return _status_kib("VmRSS")
-
-
-def _status_kib(field: str) -> float | None:
+        used = torch.cuda.max_memory_allocated if peak else torch.cuda.memory_allocated
+        return used(device) / 2**20
+    field = "VmHWM" if peak else "VmRSS"
     with contextlib.suppress(OSError):
         for line in Path("/proc/self/status").read_text().splitlines():
             if line.startswith(field + ":"):
                 return int(line.split()[1]) / 1024
     return None
+
+
+@contextlib.contextmanager
+def memory_window(device: torch.device) -> Iterator[dict[str, float | None]]:
+    """Measure memory over a block: yields a dict that gets `start_mb` and `peak_mb`."""
+    _reset_peak_memory(device)
+    stats: dict[str, float | None] = {"start_mb": _memory_mb(device, peak=False)}
+    yield stats
+    stats["peak_mb"] = _memory_mb(device, peak=True)
 
 
 def measure_steps(
@@ -259,11 +267,7 @@ def measure_steps(
 ) -> dict[str, Any]:
     """Time `step(batch)` for each batch (`audio[i]` seconds of audio in batch i), `passes`
     times over the list, after `warmup` untimed steps on the first batches; throughput from
-    each batch's fastest step, and peak memory.
-
-    On a shared VM a step now and then takes 2-3x its usual time (a stall outside the process);
-    the fastest of a few steps of the same batch is its cost without one.
-    """
+    each batch's fastest step (a shared machine stalls a step now and then), and peak memory."""
     for batch in batches[:warmup]:
         step(batch)
     with memory_window(device) as memory:
@@ -279,10 +283,9 @@ def measure_alternating(
     device: torch.device,
     passes: int,
 ) -> dict[str, dict[str, Any]]:
-    """`measure_steps` of several step functions over the same batches, with their passes
-    alternating (A B, B A, A B, ...), so that the VM's slow and fast spells fall on all of them
-    alike rather than on whichever ran during them. No peak memory (one process high-water
-    mark for all)."""
+    """`measure_steps` of several step functions over the same batches, their passes
+    alternating (A B, B A, ...) so that the machine's slow spells fall on all of them alike.
+    No peak memory (one process high-water mark for all)."""
     for step in steps.values():
         for batch in batches[:warmup]:
             step(batch)
@@ -300,7 +303,7 @@ def _timed_pass(step: Callable[[Any], Any], batches: list[Any], device: torch.de
 
 def _throughput(times: list[list[float]], audio: list[float]) -> dict[str, Any]:
     """Rates from `times[pass][batch]` seconds, each batch counting its fastest step."""
-    seconds = fastest_per_batch(times)
+    seconds = [min(column) for column in zip(*times, strict=True)]
     total = sum(seconds)
     return {
         "steps": len(seconds),
@@ -309,26 +312,7 @@ def _throughput(times: list[list[float]], audio: list[float]) -> dict[str, Any]:
         "audio_seconds": sum(audio),
         "audio_seconds_per_second": sum(audio) / total,
         "steps_per_second": len(seconds) / total,
-        "step_seconds": seconds,
-        "pass_seconds": [sum(row) for row in times],
     }
-
-
-def fastest_per_batch(times: list[list[float]]) -> list[float]:
-    """Each batch's fastest step over passes: `times[pass][batch]` seconds."""
-    return [min(column) for column in zip(*times, strict=True)]
-
-
-@contextlib.contextmanager
-def memory_window(device: torch.device) -> Iterator[dict[str, float | None]]:
-    """Measure memory over a block: yields a dict that gets `start_mb`, `peak_mb` and
-    `peak_increase_mb` (peak minus the memory in use at the start)."""
-    reset_peak_memory(device)
-    stats: dict[str, float | None] = {"start_mb": current_memory_mb(device)}
-    yield stats
-    stats["peak_mb"] = peak_memory_mb(device)
-    if stats["start_mb"] is not None and stats["peak_mb"] is not None:
-        stats["peak_increase_mb"] = stats["peak_mb"] - stats["start_mb"]
 
 
 # ---------------------------------------------------------------- FLOPs and profiles
@@ -396,95 +380,11 @@ def _cudnn_rnn_backward_flops(input, weight, *args, out_shape=None, **kwargs) ->
     return 2 * _cudnn_rnn_flops(input, weight)
 
 
-def kernel_ceiling(fn: Callable[[], Any], device: torch.device, repeats: int = 5) -> dict:
-    """The ops `count_flops` counts in `fn()`, replayed alone, back to back, on random inputs of
-    the recorded shapes, dtypes and strides: their FLOPs and the fastest of `repeats` passes.
-
-    Their rate bounds the MFU of `fn` at these shapes from above: it is what the step would
-    reach if everything between these kernels (elementwise ops, casts, the autograd engine,
-    Python) took no time. Where a kernel refuses its random inputs, the bound is left out with
-    the error (and a warning), so that the part's other figures survive.
-    """
-    runs = [partial(func, *args, **kwargs) for func, args, kwargs in _counted_calls(fn)]
-
-    def replay() -> None:
-        for run in runs:
-            run()
-
-    try:
-        flops = [count_flops(run) for run in runs]
-    except RuntimeError as error:
-        message = f"{type(error).__name__}: {str(error).strip().splitlines()[0]}"
-        warnings.warn(f"kernel_ceiling: replay failed, no bound: {message}", stacklevel=2)
-        return {"ops": len(runs), "error": message}
-    seconds = min(timed(replay, device) for _ in range(repeats))
-    return {
-        "ops": len(runs),
-        "flops": sum(flops),
-        "seconds": seconds,
-        "gflops": sum(flops) / seconds / 1e9,
-        "by_kernel": _by_kernel(runs, flops, device, repeats),
-    }
-
-
-def _by_kernel(runs: list[partial], flops: list[int], device: torch.device, repeats: int) -> list:
-    """The replayed calls (`flops` each) grouped by op and dtype (of the first tensor argument):
-    calls, FLOPs and the sum of each call's fastest of `repeats` runs alone, slowest group
-    first. The sum over groups is below the back-to-back replay's time, which also pays for
-    what each kernel leaves in the cache; the shares say which kernels hold the bound down."""
-    groups: dict[tuple[str, str], dict[str, Any]] = {}
-    for run, count in zip(runs, flops, strict=True):
-        dtype = next((a.dtype for a in run.args if isinstance(a, Tensor)), None)
-        key = (run.func.overloadpacket.__name__, str(dtype).removeprefix("torch."))
-        group = groups.setdefault(key, {"op": key[0], "dtype": key[1], "calls": 0, "flops": 0,
-                                        "seconds": 0.0})  # fmt: skip
-        group["calls"] += 1
-        group["flops"] += count
-        group["seconds"] += min(timed(run, device) for _ in range(repeats))
-    rows = sorted(groups.values(), key=lambda g: -g["seconds"])
-    for row in rows:
-        row["gflops"] = row["flops"] / row["seconds"] / 1e9
-    return rows
-
-
-def _counted_calls(fn: Callable[[], Any]) -> list[tuple[Any, tuple, dict]]:
-    """Each FLOP-counted aten call of `fn()` with fresh random tensors in place of its own."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-    from torch.utils._pytree import tree_map
-    from torch.utils.flop_counter import FlopCounterMode
-
-    counted = FlopCounterMode(display=False, custom_mapping=_extra_formulas())
-    registry = set(counted.flop_registry)
-
-    def fresh(value: Any) -> Any:
-        """A random tensor (zeros if not floating) with `value`'s layout, overlaps included
-        (an expanded mask has stride 0)."""
-        if not isinstance(value, Tensor):
-            return value
-        span = 1 + sum((n - 1) * s for n, s in zip(value.shape, value.stride()))
-        base = torch.empty(span if value.numel() else 0, dtype=value.dtype, device=value.device)
-        base = base.normal_() if base.is_floating_point() else base.zero_()
-        return base.as_strided(value.shape, value.stride())
-
-    calls = []
-
-    class Recorder(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            kwargs = kwargs or {}
-            if func.overloadpacket in registry:
-                calls.append((func, tree_map(fresh, args), tree_map(fresh, kwargs)))
-            return func(*args, **kwargs)
-
-    with Recorder():
-        fn()
-    return calls
-
-
 def profile_ops(
     fn: Callable[[], Any], device: torch.device, path: Path, title: str, rows: int = 30
-) -> list[dict[str, Any]]:
-    """Profile one call of `fn`; write torch.profiler's op table (by self time) to `path`
-    and return the top `rows` ops as `{op, self_ms, percent, calls}`."""
+) -> str:
+    """Profile one call of `fn` and write torch.profiler's op table (top `rows` ops by self
+    time) to `path`; returns the file's name."""
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU]
@@ -494,25 +394,10 @@ def profile_ops(
         fn()
         synchronize(device)
     sort = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
-    averages = prof.key_averages()
+    table = prof.key_averages().table(sort_by=sort, row_limit=rows)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(f"{title}\n\n{averages.table(sort_by=sort, row_limit=rows)}\n")
-    return _top_ops(averages, device, rows)
-
-
-def _top_ops(averages, device: torch.device, rows: int) -> list[dict[str, Any]]:
-    attr = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
-    events = sorted(averages, key=lambda e: getattr(e, attr), reverse=True)
-    total = sum(getattr(e, attr) for e in events) or 1.0
-    return [
-        {
-            "op": e.key,
-            "self_ms": getattr(e, attr) / 1000,
-            "percent": 100 * getattr(e, attr) / total,
-            "calls": e.count,
-        }
-        for e in events[:rows]
-    ]
+    path.write_text(f"{title}\n\n{table}\n")
+    return path.name
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:

@@ -5,8 +5,7 @@ the frontend + encoder alone; WER per cell as a check that the model decodes wha
 
 Decoding runs `Recognizer.search` (frontend, encoder, CTC head, search) on waveforms loaded
 beforehand, utterances sorted by length and batched in that order (as `asr evaluate`). Each
-time is the fastest of 3 passes over the test set. Greedy search and the fp32 encoder alone
-are timed in alternating passes, so that their ratio compares the same machine state.
+time is the fastest of 3 passes over the test set.
 """
 
 from __future__ import annotations
@@ -19,21 +18,22 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from asr.audio import load_audio
-from asr.data.manifest import read_manifest
-from asr.inference import Recognizer, load_model
-from asr.metrics import word_errors
-from asr.precision import PRECISIONS
-from asr.search import SearchOptions
 from bench.common import (
+    PRECISIONS,
     SAMPLE_RATE,
+    Recognizer,
+    SearchOptions,
     Settings,
     build_module,
     fastest,
+    load_audio,
+    load_model,
     model_config,
     profile_ops,
+    read_manifest,
     timed,
     timed_call,
+    word_errors,
 )
 
 MODES = {  # name -> search settings besides max_len_ratio
@@ -103,14 +103,15 @@ def time_search(
 
 
 @torch.inference_mode()
-def time_encoder(recognizer: Recognizer, utts: Utterances, size: int) -> float:
-    """Seconds of the frontend + encoder alone over every batch of `size`."""
+def time_encoder(recognizer: Recognizer, utts: Utterances, size: int) -> tuple[float, None]:
+    """Seconds of the frontend + encoder alone over every batch of `size` (and no value, as
+    `fastest` takes it)."""
     device = recognizer.device
     seconds = 0.0
     for rows in utts.batches(size):
         waves, lens = pad_waves([utts.waves[i] for i in rows], device)
         seconds += timed(lambda w=waves, n=lens: recognizer.model.encode(w, n), device)
-    return seconds
+    return seconds, None
 
 
 def _cell(seconds: float, utts: Utterances, wer: float | None = None) -> dict[str, Any]:
@@ -125,8 +126,8 @@ def _cell(seconds: float, utts: Utterances, wer: float | None = None) -> dict[st
 
 
 def run(settings: Settings) -> dict[str, Any]:
-    """The decode grid in both precisions, greedy against the encoder alone and a profile of
-    one beam 10 + CTC batch."""
+    """The decode grid in both precisions, the frontend + encoder alone, and a profile of one
+    beam 10 + CTC batch."""
     recognizer, label = load_recognizer(settings)
     utts = test_utterances(settings, settings.pick(8, None))
     sizes = settings.pick([1, 8], [1, 8, 32])
@@ -142,18 +143,17 @@ def run(settings: Settings) -> dict[str, Any]:
             options = search_options(mode, settings)
             cells = grid[mode if precision == "fp32" else f"{mode}_{precision}"] = {}
             for size in sizes:
-                measure = partial(time_search, decoder, utts, size, options)
-                seconds, hyps = fastest(repeats, measure)
+                seconds, hyps = fastest(repeats, partial(time_search, decoder, utts, size, options))
                 cells[str(size)] = _cell(seconds, utts, 100 * word_errors(refs, hyps).rate)
-    greedy, encoder = greedy_and_encoder(recognizer, utts, sizes, settings)
-    full = [rows for rows in utts.batches(sizes[-1]) if len(rows) == sizes[-1]] or [
-        range(len(utts.waves))
-    ]
-    waves = [utts.waves[i] for i in full[-1]]  # the longest full batch
+    encoder = {
+        str(size): _cell(fastest(repeats, partial(time_encoder, recognizer, utts, size))[0], utts)
+        for size in sizes
+    }
+    full = [rows for rows in utts.batches(sizes[-1]) if len(rows) == sizes[-1]]
+    waves = [utts.waves[i] for i in (full or [range(len(utts.waves))])[-1]]  # longest full batch
     path = settings.out / "profile_decode_beam10_ctc.txt"
     title = f"beam 10 + CTC 0.3 decode of {len(waves)} utterances ({label})"
     options = search_options("beam10_ctc", settings)
-    profile = profile_ops(lambda: recognizer.search(waves, options), settings.device, path, title)
     return {
         "model": label,
         "utterances": len(utts.waves),
@@ -161,24 +161,7 @@ def run(settings: Settings) -> dict[str, Any]:
         "batch_sizes": sizes,
         "grid": grid,
         "encoder": encoder,
-        "greedy_alternating": greedy,
-        "profile": profile,
-        "profile_file": path.name,
+        "profile_file": profile_ops(
+            lambda: recognizer.search(waves, options), settings.device, path, title
+        ),
     }
-
-
-def greedy_and_encoder(
-    recognizer: Recognizer, utts: Utterances, sizes: list[int], settings: Settings
-) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Cells of fp32 greedy search and of the frontend + encoder alone, per batch size, each
-    the fastest of passes that alternate between the two."""
-    options = search_options("greedy", settings)
-    greedy, encoder = {}, {}
-    for size in sizes:
-        search_times, encoder_times = [], []
-        for _ in range(settings.passes(5)):
-            search_times.append(time_search(recognizer, utts, size, options)[0])
-            encoder_times.append(time_encoder(recognizer, utts, size))
-        greedy[str(size)] = _cell(min(search_times), utts)
-        encoder[str(size)] = _cell(min(encoder_times), utts)
-    return greedy, encoder

@@ -30,16 +30,21 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from asr.models.seq2seq import PAD_ID, SOS_EOS_ID, Seq2Seq, add_sos_eos
-from asr.precision import PRECISIONS, autocast
-from asr.search import BLANK_ID, SearchOptions, beam_search
 from bench.common import (
+    BLANK_ID,
+    PAD_ID,
+    PRECISIONS,
+    SOS_EOS_ID,
+    SearchOptions,
+    Seq2Seq,
     Settings,
+    add_sos_eos,
     audio_seconds,
+    autocast,
+    beam_search,
     build_module,
     count_flops,
     count_parameters,
-    kernel_ceiling,
     measure_alternating,
     model_config,
     timed_call,
@@ -291,19 +296,13 @@ def _head(batch: Features, n: int) -> Features:
     return Features(batch.feats[:n, :length], batch.feat_lens[:n], None, None, 0.0)
 
 
-def measure_forward_backward(
-    measure: Callable[[Callable[[], None]], Any],
-    system: System,
-    batch: Features,
-    precision: str,
-    device: torch.device,
-) -> Any:
-    """`measure` (`count_flops`, `kernel_ceiling`) of `system`'s forward + backward on `batch`
-    in training mode; the gradients it leaves are cleared."""
+def model_flops(system: System, batch: Features, device: torch.device) -> int:
+    """Model FLOPs of `system`'s forward + backward on `batch` in training mode (fp32); the
+    gradients it leaves are cleared."""
     system.train()
-    result = measure(partial(forward_backward, system, batch, precision, device))
+    flops = count_flops(partial(forward_backward, system, batch, "fp32", device))
     system.zero_grad(set_to_none=True)
-    return result
+    return flops
 
 
 def similar_lengths(utts: Utterances, count: int) -> Utterances:
@@ -346,7 +345,7 @@ def compare(settings: Settings, version: str) -> dict[str, Any]:
     batches = [features(frontend, b.waves, b.wave_lens, b.tokens, b.token_lens) for b in raw]
     results: dict[str, Any] = {"available": True, "speechbrain_version": version}
     for system in (ours, peer):
-        flops = measure_forward_backward(count_flops, system, batches[0], "fp32", settings.device)
+        flops = model_flops(system, batches[0], settings.device)
         results[system.name] = {
             "parameters": count_parameters(system),
             "flops_per_audio_second": flops / batches[0].audio_seconds,
@@ -354,11 +353,6 @@ def compare(settings: Settings, version: str) -> dict[str, Any]:
     for precision in PRECISIONS:
         for name, measured in train_throughput((ours, peer), batches, precision, settings).items():
             results[name][precision] = measured
-    ceiling = partial(kernel_ceiling, device=settings.device)  # each model's bf16 MFU bound
-    for system in (ours, peer):
-        results[system.name]["bf16"]["kernel_ceiling"] = measure_forward_backward(
-            ceiling, system, batches[0], "bf16", settings.device
-        )
     utts = similar_lengths(test_utterances(settings, None), settings.pick(4, 32))
     test = features(frontend, *pad_waves(utts.waves, settings.device))
     results["decode_batch"] = {"utterances": len(utts.waves), "audio_seconds": utts.seconds}

@@ -1,5 +1,5 @@
-"""The report: merge the part files of a results folder into results.json, results.md
-(tables, targets with PASS/MISS, where the time goes) and bench.png."""
+"""The report: merge the part files of a results folder into results.json, results.md (an
+environment block, then a table per part, measured figures only) and bench.png."""
 
 from __future__ import annotations
 
@@ -8,17 +8,28 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from asr.precision import PRECISIONS
+from bench.common import PRECISIONS
 from bench.peak import EXACT
 
-PARTS = ("peak", "train", "epochs", "peer", "decode", "scaling")
+PARTS = ("peak", "train", "decode", "scaling", "peer")
 SYSTEMS = ("ours", "speechbrain")  # the peer part's two systems
-TOP_OPS = 8  # profile rows shown in results.md (the text files hold more)
 LENGTH_COLUMNS = {  # decode-vs-length modes (bench.scaling.LENGTH_MODES) and their headings
-    "encoder": "frontend + encoder alone",
+    "encoder": "frontend + encoder",
     "greedy": "greedy",
     "beam10_ctc": "beam 10 + CTC",
-    "transcribe_beam10_ctc": "beam 10 + CTC, segmented (asr transcribe)",
+    "transcribe_beam10_ctc": "beam 10 + CTC, segmented",
+}
+ENVIRONMENT = {  # machine keys shown in the environment block, and their labels
+    "date": "date",
+    "git": "git",
+    "torch": "torch",
+    "lightning": "lightning",
+    "python": "python",
+    "cpu": "CPU",
+    "cpu_count": "cores",
+    "threads": "torch threads",
+    "gpu": "GPU",
+    "checkpoint": "checkpoint",
 }
 
 
@@ -45,36 +56,35 @@ def _get(data: Any, *keys: Any) -> Any:
 
 
 def derive(parts: dict[str, Any]) -> dict[str, Any]:
-    """MFU, ours/peer ratios and greedy/encoder ratios from the raw measurements."""
+    """MFU of the training configs and of the peer part's systems, and ours / peer ratios."""
     res = {name: part.get("result", {}) for name, part in parts.items()}
     peaks = _get(res, "peak", "peak_gflops") or {}
+    peer = res.get("peer") or {}
     return {
-        "mfu": _mfu(res.get("train") or {}, peaks),
-        "peer": _peer_ratios(res.get("peer") or {}),
-        "greedy_over_encoder": _greedy_over_encoder(res.get("decode") or {}),
-        "peer_mfu": _mfu(
-            {name: res["peer"][name] for name in SYSTEMS if name in (res.get("peer") or {})},
-            peaks,
-        ),
+        "mfu": mfu(res.get("train") or {}, peaks),
+        "peer_mfu": mfu({name: peer[name] for name in SYSTEMS if name in peer}, peaks),
+        "peer": _peer_ratios(peer),
     }
 
 
-def _mfu(train: dict[str, Any], peaks: dict[str, float]) -> dict[str, Any]:
-    """Achieved model GFLOP/s and its fraction of the matmul peak, per config (or peer-part
-    system) and dtype."""
+def mfu(trained: dict[str, Any], peaks: dict[str, float]) -> dict[str, Any]:
+    """Achieved model GFLOP/s and its fraction of the same dtype's matmul peak, per config (or
+    peer system) and precision: `{"transformer_bf16": {"gflops": ..., "mfu": ...}}`.
+
+    >>> found = mfu({"m": {"flops_per_audio_second": 4e8, "bf16": {"audio_seconds_per_second":
+    ...     500.0}}}, {"bf16": 1000.0})
+    >>> found["m_bf16"]["gflops"], found["m_bf16"]["mfu"]
+    (200.0, 0.2)
+    """
     out = {}
-    for config, data in train.items():
+    for name, data in trained.items():
         for precision in PRECISIONS:
             rate = _get(data, precision, "audio_seconds_per_second")
             flops = _get(data, "flops_per_audio_second")
             if rate and flops and peaks.get(precision):
                 achieved = rate * flops / 1e9
-                ceiling = _get(data, precision, "kernel_ceiling", "gflops")
-                out[f"{config}_{precision}"] = {
-                    "achieved_gflops": achieved,
-                    "mfu": achieved / peaks[precision],
-                    "kernel_ceiling_mfu": ceiling / peaks[precision] if ceiling else None,
-                }
+                found = {"gflops": achieved, "mfu": achieved / peaks[precision]}
+                out[f"{name}_{precision}"] = found
     return out
 
 
@@ -86,80 +96,11 @@ def _peer_ratios(peer: dict[str, Any]) -> dict[str, float]:
         theirs = _get(peer, "speechbrain", precision, "audio_seconds_per_second")
         if ours and theirs:
             out[f"train_{precision}"] = ours / theirs
-        ours, theirs = (whole_passes_rate(peer.get(n, {}).get(precision)) for n in SYSTEMS)
-        if ours and theirs:
-            out[f"train_{precision}_whole_passes"] = ours / theirs
     for mode in ("beam10", "beam10_ctc"):
         ours = _get(peer, "ours", "decode", mode, "seconds")
         theirs = _get(peer, "speechbrain", "decode", mode, "seconds")
         if ours and theirs:
-            out[f"decode_{mode}_speedup"] = theirs / ours
-    return out
-
-
-def whole_passes_rate(steps: dict[str, Any] | None) -> float | None:
-    """Audio seconds per second over every timed step (`measure_steps`), stalls included."""
-    if not steps or not steps.get("pass_seconds"):
-        return None
-    return steps["audio_seconds"] * len(steps["pass_seconds"]) / sum(steps["pass_seconds"])
-
-
-def _worst(values) -> float | None:
-    """The largest of the values that were measured (None: none was)."""
-    present = [v for v in values if v is not None]
-    return max(present) if present else None
-
-
-def _greedy_over_encoder(decode: dict[str, Any]) -> dict[str, float]:
-    """Greedy decode time / frontend + encoder time, per batch size: from the passes that
-    alternate the two (`greedy_alternating`), else from the grid."""
-    out = {}
-    for size, cell in (decode.get("encoder") or {}).items():
-        greedy = _get(decode, "greedy_alternating", size, "seconds") or _get(
-            decode, "grid", "greedy", size, "seconds"
-        )
-        if greedy:
-            out[size] = greedy / cell["seconds"]
-    return out
-
-
-def targets(parts: dict[str, Any], derived: dict[str, Any]) -> list[dict[str, Any]]:
-    """The issue's targets: what was measured against each threshold."""
-    res = {name: part.get("result", {}) for name, part in parts.items()}
-    decode = res.get("decode") or {}
-    sizes = decode.get("batch_sizes") or []
-    big = str(32 if 32 in sizes else (sizes[-1] if sizes else 32))
-    lengths = _get(res, "scaling", "decode_length") or {}
-    rows = [
-        ("Transformer bf16 training MFU (of measured bf16 matmul peak)", ">=", 0.40,
-         _get(derived, "mfu", "transformer_bf16", "mfu"), MFU),
-        ("Transformer bf16 training throughput, ours / SpeechBrain (same size)", ">=", 1.5,
-         _get(derived, "peer", "train_bf16"), "{:.2f}x"),
-        (f"beam 10 + CTC on AN4 test at batch {big}: RTF", "<=", 0.02,
-         _get(decode, "grid", "beam10_ctc", big, "rtf"), "{:.4f}"),
-        ("beam 10 + CTC speed-up over SpeechBrain's S2STransformerBeamSearcher", ">=", 5.0,
-         _get(derived, "peer", "decode_beam10_ctc_speedup"), "{:.1f}x"),
-        (f"greedy decode time / frontend+encoder time (batch {big})", "<=", 1.5,
-         _get(derived, "greedy_over_encoder", big), "{:.2f}x"),
-        ("decode time growth exponent with length, 11-57 s (a repeated block), beam 10 + CTC "
-         "as `asr transcribe` decodes (in segments of the training utterances' length; "
-         "1 = linear)", "<=", 1.1,
-         _get(lengths, "transcribe_beam10_ctc", "exponent"), "{:.2f}"),
-        ("the same, one unsegmented utterance (worst of greedy and beam 10 + CTC)", "<=", 1.1,
-         _worst(_get(lengths, m, "exponent") for m in ("greedy", "beam10_ctc")), "{:.2f}"),
-    ]  # fmt: skip
-    out = []
-    for name, op, threshold, value, fmt in rows:
-        ok = None if value is None else (value >= threshold if op == ">=" else value <= threshold)
-        out.append(
-            {
-                "target": name,
-                "goal": f"{op} {fmt.format(threshold)}",
-                "value": value,
-                "shown": "n/a" if value is None else fmt.format(value),
-                "status": "n/a" if ok is None else ("PASS" if ok else "MISS"),
-            }
-        )
+            out[f"decode_{mode}"] = theirs / ours
     return out
 
 
@@ -172,351 +113,203 @@ def _table(header: list[str], rows: list[list[Any]]) -> list[str]:
     return lines + [""]
 
 
-class _Percent:
-    """Formats like `"{:.1%}".format`, with two significant digits under 1 % (a GPU's MFU)."""
-
-    @staticmethod
-    def format(value: float) -> str:
-        return f"{value:.1%}" if value >= 0.01 else f"{100 * value:.2g}%"
-
-
-MFU = _Percent()
-
-
-def _num(value: Any, fmt: str | _Percent = "{:.3g}") -> str:
+def _num(value: Any, fmt: str = "{:.3g}") -> str:
     return "n/a" if value is None else fmt.format(value)
 
 
-def _per_search(length: dict[str, Any], modes: list[str], row: int, key: str, form: str) -> str:
-    """Row `row` of the decode-vs-length `key` ("wer", "characters"), "a / b / c" over
-    `modes`; empty where a mode has none (WER of a part of a block, or results from before
-    the key was recorded)."""
-    values = [(length[m].get(key) or [None] * (row + 1))[row] for m in modes]
-    return "" if None in values else " / ".join(form.format(v) for v in values)
+def _percent(value: float | None) -> str:
+    """One decimal, or two significant digits under 1 % (a GPU's MFU)."""
+    if value is None:
+        return "n/a"
+    return f"{value:.1%}" if value >= 0.01 else f"{100 * value:.2g}%"
 
 
-def _machine_lines(parts: dict[str, Any]) -> list[str]:
-    machines = [p["machine"] for p in parts.values() if "machine" in p]
+def _environment_md(parts: dict[str, Any]) -> list[str]:
+    machines = {name: p["machine"] for name, p in parts.items() if "machine" in p}
     if not machines:
         return ["No results yet: run `python -m bench all`.", ""]
-    last = max(machines, key=lambda m: m["date"])
-    lines = [
-        f"Measured {last['date']} on {last['cpu']} ({last['cpu_count']} cores), "
-        f"torch threads: {last['threads']}, device {last['device']}"
-        + (f" ({last['gpu']})" if last.get("gpu") else "")
-        + f", torch {last['torch']}. {_commands(parts)}",
-        "",
-    ]
-    if any(m["quick"] for m in machines):
-        lines += ["**QUICK smoke run (`--quick`): tiny sizes; the figures are not results.**", ""]
-    if len({(m["threads"], m["quick"], m["device"]) for m in machines}) > 1:
-        lines += ["**Warning: the parts here were run with different settings:**", ""]
-        lines += [f"- {n}: `{p['machine']['command']}`" for n, p in parts.items() if "machine" in p]
-        lines += [""]
+    last = max(machines.values(), key=lambda m: m["date"])
+    lines = [f"- {label}: {last[key]}" for key, label in ENVIRONMENT.items() if last.get(key)]
+    lines += [f"- command: {_commands(machines)}", ""]
+    if any(m["quick"] for m in machines.values()):
+        lines += ["**Smoke run (`--quick`): tiny sizes; the figures are not results.**", ""]
+    settings = {(m["threads"], m["quick"], m["device"], m.get("git")) for m in machines.values()}
+    if len(settings) > 1:
+        lines += ["**The parts were run with different settings or code.**", ""]
     return lines
 
 
-def _commands(parts: dict[str, Any]) -> str:
-    """Each part's command; as `python -m bench PART OPTIONS` when the parts share OPTIONS."""
-    commands = {n: p["machine"]["command"] for n, p in parts.items() if "machine" in p}
+def _commands(machines: dict[str, dict[str, Any]]) -> str:
+    """`python -m bench PART OPTIONS` for each part when the parts share OPTIONS, else each."""
+    commands = {name: m["command"] for name, m in machines.items()}
     prefix = "python -m bench "
-    options = {c.removeprefix(prefix + n) for n, c in commands.items()}
+    options = {c.removeprefix(prefix + name) for name, c in commands.items()}
     if len(commands) > 1 and len(options) == 1:
-        return f"Command: `{prefix}PART{options.pop()}` for each part ({', '.join(commands)})."
-    label = "Command" if len(commands) == 1 else "Commands"
-    return f"{label}: " + "; ".join(f"`{c}`" for c in commands.values()) + "."
+        return f"`{prefix}PART{options.pop()}` for each part ({', '.join(commands)})"
+    return "; ".join(f"`{c}`" for c in commands.values())
 
 
-def _errors(parts: dict[str, Any]) -> list[str]:
-    failed = [(n, p["result"]["error"]) for n, p in parts.items() if "error" in p.get("result", {})]
-    return [f"- part `{n}` failed: {e}" for n, e in failed] + ([""] if failed else [])
+def _errors_md(res: dict[str, Any]) -> list[str]:
+    failed = [(name, r["error"]) for name, r in res.items() if "error" in r]
+    return [f"- part `{name}` failed: {error}" for name, error in failed] + ([""] if failed else [])
 
 
 def _peak_md(res: dict[str, Any]) -> list[str]:
-    peak = res.get("peak")
-    if not peak or "gflops" not in peak:
+    peak = res.get("peak") or {}
+    if "gflops" not in peak:
         return []
     sizes = peak["sizes"]
     rows = [
-        [d, _num(max(by_size.values()), "{:.1f}")]
-        + [_num(by_size[str(n)], "{:.1f}") for n in sizes]
-        for d, by_size in peak["gflops"].items()
+        [dtype] + [_num(rates[str(n)], "{:.1f}") for n in sizes]
+        for dtype, rates in peak["gflops"].items()
     ]
-    header = ["dtype", "best GFLOP/s"] + [f"n={n}" for n in sizes]
-    peaks = ", ".join(f"{d} **{v:.1f}**" for d, v in peak["peak_gflops"].items())
-    notes = [f"Peak GFLOP/s, which every MFU here divides by: {peaks}.", ""]
+    peaks = ", ".join(f"{d} {v:.1f}" for d, v in peak["peak_gflops"].items())
+    note = f"Peak (what MFU divides by): {peaks} GFLOP/s."
     error = peak.get("onednn_fp32_error")
     if error is not None:
-        counted = "counts" if error <= EXACT else "does not count (not fp32 arithmetic)"
-        notes[0] += (
-            " torch runs fp32 matmuls on MKL and bf16 ones on oneDNN, and MKL may leave a CPU's "
-            "widest vector units unused (on AMD processors it runs its AVX2 code), so fp32 is "
-            "also timed through oneDNN "
-            '(`torch.backends.mkldnn.matmul.fp32_precision = "bf16"` sends it there). Its '
-            f"products differ from MKL's by {error:.1e} of the largest entry (bf16 arithmetic "
-            f"gives ~1e-3), so it {counted} towards the fp32 peak."
+        counted = "counts" if error <= EXACT else "does not count"
+        note += (
+            f" fp32 via oneDNN differs from MKL's products by {error:.1e} of the largest entry, "
+            f"so it {counted} towards the fp32 peak."
         )
-    title = ["## Machine limit: square matmul (n x n) @ (n x n)", ""]
-    return title + _table(header, rows) + notes
+    title = ["## Machine limit: GFLOP/s of (n x n) @ (n x n)", ""]
+    return title + _table(["dtype", *(f"n={n}" for n in sizes)], rows) + [note, ""]
 
 
 def _train_md(res: dict[str, Any], derived: dict[str, Any]) -> list[str]:
-    train = res.get("train")
+    train = res.get("train") or {}
     if not train or "error" in train:
         return []
     rows = []
-    for config, data in train.items():
+    for name, data in train.items():
         for precision in PRECISIONS:
-            run = data[precision]
-            mfu = derived["mfu"].get(f"{config}_{precision}", {})
-            step = run["seconds"] / run["steps"]
-            rows.append(
-                [
-                    data["config"], precision, _num(run["audio_seconds_per_second"], "{:.2f}"),
-                    _num(run["steps_per_second"], "{:.3f}"), _num(step, "{:.3f}"),
-                    _num(run["memory"].get("peak_mb"), "{:.0f}"),
-                    _num(data["flops_per_audio_second"] / 1e9, "{:.2f}"),
-                    _num(mfu.get("achieved_gflops"), "{:.1f}"), _num(mfu.get("mfu"), MFU),
-                    _num(mfu.get("kernel_ceiling_mfu"), MFU),
-                ]
-            )  # fmt: skip
+            step, found = data[precision], derived["mfu"].get(f"{name}_{precision}", {})
+            rows.append([
+                data["config"], precision, step["steps"],
+                _num(step["audio_seconds_per_second"], "{:.2f}"),
+                _num(step["seconds"] / step["steps"], "{:.3f}"),
+                _num(step["memory"].get("peak_mb"), "{:.0f}"),
+                _num(data["flops_per_audio_second"] / 1e9, "{:.2f}"),
+                _num(found.get("gflops"), "{:.1f}"), _percent(found.get("mfu")),
+            ])  # fmt: skip
     header = [
-        "config", "precision", "audio s / s", "steps / s", "s / step", "peak RSS MiB",
-        "model GFLOP / audio s", "achieved GFLOP/s", "MFU", "kernels-only MFU",
+        "config", "precision", "batches", "audio s / s", "s / step", "peak MiB",
+        "GFLOP / audio s", "GFLOP/s", "MFU",
     ]  # fmt: skip
-    passes = _get(next(iter(train.values())), "bf16", "passes") or 1
-    counts = ", ".join(f"{data['config']} {data['bf16']['steps']}" for data in train.values())
-    notes = [
-        f"The batches are every batch of each config's first epoch ({counts}); each counts its "
-        f"fastest step of {passes} passes over them. Model FLOPs: torch.utils.flop_counter over "
-        "one forward + backward of each batch (matmuls, convolutions, attention, padding "
-        "included), per second of audio; MFU divides the achieved rate by the measured matmul "
-        "peak of the same dtype. Kernels-only MFU: the FLOP-counted ops of the first batch's "
-        "forward + backward replayed alone, back to back, on random inputs of their shapes, "
-        "dtypes and strides: the MFU bound at these shapes if everything between those kernels "
-        "took no time. Peak RSS: the process high-water mark over the timed steps (data "
-        "loaded beforehand).",
-        "",
-        *_lightning_md(train),
-        *_kernels_md(train),
-    ]
-    return ["## Training throughput (AN4 configs)", ""] + _table(header, rows) + notes
-
-
-def _kernels_md(train: dict[str, Any]) -> list[str]:
-    """Where the kernels-only bound goes: the bf16 replay's kernels by op and dtype."""
-    lines = []
-    for data in train.values():
-        ceiling = _get(data, "bf16", "kernel_ceiling") or {}
-        groups = ceiling.get("by_kernel")
-        if not groups:
-            continue
-        seconds, flops = sum(g["seconds"] for g in groups), sum(g["flops"] for g in groups)
+    lines = ["## Training step (first epoch's batches, loaded beforehand)", ""]
+    lines += _table(header, rows)
+    epochs = [(data["config"], data["epochs"]) for data in train.values() if "epochs" in data]
+    if epochs:
+        shares = list(epochs[0][1]["shares"])  # steps, data, validation, other
         rows = [
-            [g["op"], g["dtype"], g["calls"], _num(g["seconds"] / seconds, MFU),
-             _num(g["flops"] / flops, MFU), _num(g["gflops"], "{:.0f}")]
-            for g in groups
+            [config, e["epochs"], _num(e["seconds_per_epoch"], "{:.1f}"),
+             _num(e["audio_per_second"], "{:.1f}"), _num(e["steps_audio_per_second"], "{:.1f}")]
+            + [_percent(e["shares"][part]) for part in shares]
+            for config, e in epochs
         ]  # fmt: skip
-        header = ["kernel", "dtype", "calls", "share of kernel time", "share of FLOPs", "GFLOP/s"]
-        lines += [
-            f"Kernels of the kernels-only bound ({data['config']}, bf16, first batch), each call "
-            f"timed alone ({seconds * 1e3:.1f} ms in all):",
-            "",
-            *_table(header, rows),
-        ]
+        header = ["config", "epochs timed", "s / epoch", "audio s / s", "steps: audio s / s"]
+        lines += ["## Whole `asr fit` epochs (after the first)", ""]
+        lines += _table(header + shares, rows)
     return lines
-
-
-def _lightning_md(train: dict[str, Any]) -> list[str]:
-    """What `lightning.Trainer.fit` adds to the plain step above."""
-    runs = [data["lightning_overhead"] for data in train.values() if "lightning_overhead" in data]
-    lines = []
-    for run in runs:
-        lines += [
-            f"Inside `lightning.Trainer.fit` (as `asr fit` steps, less data loading and "
-            f"validation; bf16, {run['config']}, the same {run['steps']} batches, "
-            f"{run['passes']} passes alternating with the plain step): {run['fit_seconds']:.3f} s "
-            f"against {run['plain_seconds']:.3f} s of fastest steps, **{run['ratio']:.2f}x** the "
-            "plain step.",
-            "",
-        ]
-    return lines
-
-
-def _epochs_md(res: dict[str, Any]) -> list[str]:
-    """Whole `asr fit` epochs, split into where their wall time went."""
-    epochs = res.get("epochs")
-    if not epochs or "error" in epochs:
-        return []
-    parts = list(next(iter(epochs.values()))["shares"])  # steps, data, validation, other
-    rows = [
-        [data["config"], data["epochs"], _num(data["seconds_per_epoch"], "{:.1f}"),
-         _num(data["audio_per_second"], "{:.1f}"), _num(data["steps_audio_per_second"], "{:.1f}")]
-        + [_num(data["shares"][part], "{:.1%}") for part in parts]
-        for data in epochs.values()
-    ]  # fmt: skip
-    header = [
-        "config",
-        "epochs timed",
-        "s / epoch",
-        "audio s / s",
-        "audio s / s of the steps alone",
-        *[f"{part} share" for part in parts],
-    ]
-    notes = [
-        "`asr fit` on each config's YAML (its trainer settings, precision included) in a child "
-        "process, as the recipe runs it, from an untrained model; the first epoch is not timed. "
-        "Steps: forward, backward and optimizer (Lightning's batch start to batch end); data: "
-        "fetching each batch (in-process loading, speed perturbation) and the loop between "
-        "batches; validation: dev loss and greedy decoding; other: epoch-end checkpoints and "
-        "hooks. The training table above times the same steps on batches loaded beforehand, "
-        "each batch's fastest of its passes.",
-        "",
-    ]
-    return ["## Whole `asr fit` epochs", ""] + _table(header, rows) + notes
 
 
 def _peer_md(res: dict[str, Any], derived: dict[str, Any]) -> list[str]:
     peer = res.get("peer")
     if not peer:
         return []
-    title = ["## Ours vs SpeechBrain (TransformerASR 12/6, d 256, 4 heads, FFN 2048)", ""]
+    title = ["## Ours vs SpeechBrain, same model (12/6 blocks, d 256, 4 heads, FFN 2048)", ""]
     if not peer.get("available", False):
         return title + [peer.get("reason") or peer.get("error", "unavailable"), ""]
     rows = []
     for name in SYSTEMS:
         d = peer[name]
-        rows.append(
-            [
-                name, f"{d['parameters'] / 1e6:.1f} M",
-                _num(d["flops_per_audio_second"] / 1e9, "{:.2f}"),
-                _num(d["fp32"]["audio_seconds_per_second"], "{:.2f}"),
-                _num(d["bf16"]["audio_seconds_per_second"], "{:.2f}"),
-                _num(_get(derived, "peer_mfu", f"{name}_bf16", "mfu"), MFU),
-                _num(_get(derived, "peer_mfu", f"{name}_bf16", "kernel_ceiling_mfu"), MFU),
-                _num(d["decode"]["beam10"]["seconds"], "{:.2f}"),
-                _num(d["decode"]["beam10_ctc"]["seconds"], "{:.2f}"),
-                _num(d["decode"]["beam10_ctc"]["mean_tokens"], "{:.1f}"),
-            ]
-        )  # fmt: skip
-    p = derived["peer"]
-    rows.append(
-        [
-            "**ours / peer**", "", "", _num(p.get("train_fp32"), "{:.2f}x"),
-            _num(p.get("train_bf16"), "{:.2f}x"), "", "",
-            _num(p.get("decode_beam10_speedup"), "{:.1f}x faster"),
-            _num(p.get("decode_beam10_ctc_speedup"), "{:.1f}x faster"), "",
-        ]
-    )  # fmt: skip
+        rows.append([
+            name, f"{d['parameters'] / 1e6:.1f} M",
+            _num(d["flops_per_audio_second"] / 1e9, "{:.2f}"),
+            _num(d["fp32"]["audio_seconds_per_second"], "{:.2f}"),
+            _num(d["bf16"]["audio_seconds_per_second"], "{:.2f}"),
+            _percent(_get(derived, "peer_mfu", f"{name}_bf16", "mfu")),
+            _num(d["decode"]["beam10"]["seconds"], "{:.2f}"),
+            _num(d["decode"]["beam10_ctc"]["seconds"], "{:.2f}"),
+        ])  # fmt: skip
+    ratio = derived["peer"]
+    rows.append([
+        "ours / SpeechBrain", "", "", _num(ratio.get("train_fp32"), "{:.2f}x"),
+        _num(ratio.get("train_bf16"), "{:.2f}x"), "",
+        _num(ratio.get("decode_beam10"), "{:.1f}x faster"),
+        _num(ratio.get("decode_beam10_ctc"), "{:.1f}x faster"),
+    ])  # fmt: skip
     header = [
-        "system", "params", "GFLOP / audio s", "train fp32 audio s/s", "train bf16 audio s/s",
-        "bf16 MFU", "bf16 kernels-only MFU", "beam 10 s", "beam 10 + CTC s", "tokens / hyp",
+        "system", "params", "GFLOP / audio s", "train fp32 audio s / s",
+        "train bf16 audio s / s", "bf16 MFU", "beam 10 s", "beam 10 + CTC s",
     ]  # fmt: skip
     batch = peer["decode_batch"]
-    notes = [
-        f"SpeechBrain {peer['speechbrain_version']}. Same AN4 batches, both fed our log-mel + CMVN "
-        "features (computed beforehand), so only model + loss + backward + AdamW step are "
-        "timed; kernels-only MFU is the training table's bound, on each model's first batch. "
-        f"Decoding: one batch of {batch['utterances']} AN4 test utterances "
-        f"({batch['audio_seconds']:.1f} s), fp32; the models are only briefly trained, so eos "
-        "is blocked until the maximum length in both searches and both run the same number "
-        "of steps (tokens / hyp; SpeechBrain's limit is the batch's padded length).",
-        "",
-    ]
-    whole = [whole_passes_rate(peer[n].get("bf16")) for n in SYSTEMS]
-    if all(whole):
-        notes[-1:] = [
-            "Training: the two systems' passes alternate, and each batch counts its fastest "
-            "step of its passes; over every step of every "
-            f"pass (stalls included) bf16 gives ours {whole[0]:.2f}, SpeechBrain "
-            f"{whole[1]:.2f} audio s/s: **{whole[0] / whole[1]:.2f}x**.",
-            "",
-        ]
-    return title + _table(header, rows) + notes
+    note = (
+        f"SpeechBrain {peer['speechbrain_version']}. Decoding: {batch['utterances']} AN4 test "
+        f"utterances ({batch['audio_seconds']:.1f} s) in one batch, fp32, eos blocked so that "
+        "both searches run the same number of steps."
+    )
+    return title + _table(header, rows) + [note, ""]
 
 
-def _decode_md(res: dict[str, Any], derived: dict[str, Any]) -> list[str]:
-    decode = res.get("decode")
+def _decode_md(res: dict[str, Any]) -> list[str]:
+    decode = res.get("decode") or {}
     if not decode or "error" in decode:
         return []
     sizes = [str(s) for s in decode["batch_sizes"]]
-    rows = []
-    for mode, cells in decode["grid"].items():
-        rows.append(
-            [mode]
-            + [f"{cells[s]['rtf']:.4f} ({cells[s]['utterances_per_second']:.1f})" for s in sizes]
-            + [_num(cells[sizes[-1]].get("wer"), "{:.1f}")]
-        )
-    enc = decode["encoder"]
-    rows.append(["frontend + encoder only"] + [f"{enc[s]['rtf']:.4f}" for s in sizes] + [""])
-    ratios = derived["greedy_over_encoder"]
-    rows.append(["greedy / encoder time"] + [_num(ratios.get(s), "{:.2f}x") for s in sizes] + [""])
-    header = (
-        ["search"] + [f"batch {s}: RTF (utt/s)" for s in sizes] + [f"WER % (batch {sizes[-1]})"]
-    )
+    rows = [
+        [mode, *(f"{cells[s]['rtf']:.4f} ({cells[s]['utterances_per_second']:.1f})" for s in sizes),
+         _num(cells[sizes[-1]].get("wer"), "{:.1f}")]
+        for mode, cells in decode["grid"].items()
+    ]  # fmt: skip
+    encoder = decode["encoder"]
+    rows.append(["frontend + encoder", *(f"{encoder[s]['rtf']:.4f}" for s in sizes), ""])
+    header = ["search", *(f"batch {s}: RTF (utt / s)" for s in sizes), f"WER % (batch {sizes[-1]})"]
     intro = [
         "## Decoding AN4 test",
         "",
-        f"Model: {decode['model']}. {decode['utterances']} utterances, "
-        f"{decode['audio_seconds']:.0f} s of audio, sorted by length; fp32 unless the search "
-        "ends in `_bf16` (bf16 autocast, `asr transcribe --precision bf16`).",
+        f"{decode['utterances']} utterances, {decode['audio_seconds']:.0f} s, sorted by length; "
+        f"fp32 unless `_bf16`. Model: {decode['model']}.",
         "",
     ]
-    notes = []
-    if decode.get("greedy_alternating"):
-        notes = [
-            "Greedy / encoder: fp32 greedy search and the fp32 frontend + encoder alone timed in "
-            "alternating passes (fastest of each), not the grid's greedy row.",
-            "",
-        ]
-    return intro + _table(header, rows) + notes
+    return intro + _table(header, rows)
 
 
 def _scaling_md(res: dict[str, Any]) -> list[str]:
-    scaling = res.get("scaling")
+    scaling = res.get("scaling") or {}
     if not scaling or "error" in scaling:
         return []
     lines = ["## Scaling", ""]
     ddp = scaling.get("ddp", {})
     if "speedup" in ddp:
         rows = [
-            ["1", _num(ddp["one_process"]["audio_seconds_per_second"], "{:.2f}"), "1.00x"],
-            ["2", _num(ddp["two_processes"]["audio_seconds_per_second"], "{:.2f}"),
+            [1, _num(ddp["one_process"]["audio_seconds_per_second"], "{:.2f}"), "1.00x"],
+            [2, _num(ddp["two_processes"]["audio_seconds_per_second"], "{:.2f}"),
              _num(ddp["speedup"], "{:.2f}x")],
         ]  # fmt: skip
-        lines += ["DDP on CPU (gloo, 1 thread per process, same per-process batches):", ""]
-        lines += _table(["processes", "aggregate audio s / s", "ratio"], rows)
+        lines += ["DDP training on CPU (gloo, one thread per process):", ""]
+        lines += _table(["processes", "audio s / s", "ratio"], rows)
     length = scaling.get("decode_length", {})
     if "lengths" in length:
         modes = [m for m in LENGTH_COLUMNS if m in length]
         searches = [m for m in modes if m != "encoder"]
         rows = [
-            [
-                f"{n:g} s",
-                *(f"{length[m]['seconds'][i]:.3f}" for m in modes),
-                _per_search(length, searches, i, "characters", "{:d}"),
-                _per_search(length, searches, i, "wer", "{:.1f}"),
-            ]
+            [f"{n:g}", *(f"{length[m]['seconds'][i]:.3f}" for m in modes),
+             " / ".join(_num(length[m]["wer"][i], "{:.1f}") for m in searches)
+             if length[searches[0]]["wer"][i] is not None else ""]
             for i, n in enumerate(length["lengths"])
-        ]
-        rows.append(["growth exponent", *(f"{length[m]['exponent']:.2f}" for m in modes)])
-        first = length["greedy"]["exponent_from_seconds"]
+        ]  # fmt: skip
+        rows.append(["growth exponent", *(f"{length[m]['exponent']:.2f}" for m in modes), ""])
+        first = length[modes[0]]["exponent_from_seconds"]
+        segment = _num(length.get("segment_seconds"), "{:g}")
         lines += [
-            f"Decode time (s) of one recording (a block of whole AN4 test utterances, repeated) "
-            f"by length, batch 1 (exponent fitted from {first:g} s up), the characters of "
-            f"each search's transcript, and its WER against the blocks' "
-            f"transcripts (whole blocks only). The frontend + encoder alone is what an "
-            f"unsegmented search spends before its first step; its self-attention is "
-            f"quadratic in length. Segmented: `asr transcribe "
-            f"--max-segment-seconds {_num(length.get('segment_seconds'), '{:g}')}` (the 95th "
-            f"percentile of the training utterances' durations, rounded up: the default for "
-            f"checkpoints `asr fit` writes now). "
-            f"Model: {length['model']}.",
+            f"Decode seconds of one recording (AN4 test utterances repeated) by length, batch 1; "
+            f"exponent fitted from {first:g} s up (1 = linear). Segmented: as `asr transcribe` "
+            f"decodes it, in segments of at most {segment} s.",
             "",
         ]
         headings = [LENGTH_COLUMNS[m] for m in modes]
-        headings += ["characters (the searches)", "WER % (the searches)"]
-        lines += _table(["length", *headings], rows)
+        lines += _table(["audio s", *headings, "WER % (the searches)"], rows)
     batch = scaling.get("train_batch", {})
     if "rows" in batch:
         rows = [
@@ -524,59 +317,21 @@ def _scaling_md(res: dict[str, Any]) -> list[str]:
              f"{r['batch_seconds'] / r['step_seconds']:.2f}"]
             for r in batch["rows"]
         ]  # fmt: skip
-        lines += [
-            f"Transformer bf16 training step by batch size (growth exponent "
-            f"{batch['exponent']:.2f}):",
-            "",
-        ]
+        lines += [f"bf16 training step by batch size (exponent {batch['exponent']:.2f}):", ""]
         lines += _table(["batch audio s", "utterances", "s / step", "audio s / s"], rows)
     return lines
 
 
-def _targets_md(rows: list[dict[str, Any]]) -> list[str]:
-    table = [[r["target"], r["goal"], r["shown"], f"**{r['status']}**"] for r in rows]
-    return ["## Targets", ""] + _table(["target", "goal", "measured", "status"], table)
-
-
-def _short(name: str, width: int = 80) -> str:
-    """`name` cut to `width` characters (CUDA kernels' template names run to thousands)."""
-    return name if len(name) <= width else name[: width - 1] + "…"
-
-
-def _profiles_md(res: dict[str, Any]) -> list[str]:
-    sections = []
-    for config, data in (res.get("train") or {}).items():
-        if isinstance(data, dict) and data.get("profile"):
-            sections.append((f"one bf16 training step, {config}", data))
-    decode = res.get("decode") or {}
-    if decode.get("profile"):
-        sections.append(("one beam 10 + CTC decode batch", decode))
-    if not sections:
-        return []
-    lines = ["## Where the time goes (torch.profiler, self time)", ""]
-    for title, data in sections:
-        rows = [
-            [f"`{_short(op['op'])}`", f"{op['percent']:.1f}%", f"{op['self_ms']:.1f}", op["calls"]]
-            for op in data["profile"][:TOP_OPS]
-        ]
-        lines += [f"{title} (full table: `{data['profile_file']}`):", ""]
-        lines += _table(["op", "self time", "ms", "calls"], rows)
-    return lines
-
-
-def markdown(parts: dict[str, Any], derived: dict[str, Any], goals: list[dict]) -> str:
+def markdown(parts: dict[str, Any], derived: dict[str, Any]) -> str:
     res = {name: part.get("result", {}) for name, part in parts.items()}
     sections: list[Callable[[], list[str]]] = [
-        lambda: _machine_lines(parts),
-        lambda: _errors(parts),
-        lambda: _targets_md(goals),
+        lambda: _environment_md(parts),
+        lambda: _errors_md(res),
         lambda: _peak_md(res),
         lambda: _train_md(res, derived),
-        lambda: _epochs_md(res),
-        lambda: _peer_md(res, derived),
-        lambda: _decode_md(res, derived),
+        lambda: _decode_md(res),
         lambda: _scaling_md(res),
-        lambda: _profiles_md(res),
+        lambda: _peer_md(res, derived),
     ]
     lines = ["# asr benchmark", ""]
     for section in sections:
@@ -587,9 +342,9 @@ def markdown(parts: dict[str, Any], derived: dict[str, Any], goals: list[dict]) 
 # ---------------------------------------------------------------- plots
 
 
-def plot(parts: dict[str, Any], derived: dict[str, Any], path: Path) -> None:
-    """Four panels: training throughput, decode RTF grid, decode time vs length, step time vs
-    batch seconds (panels without data stay empty)."""
+def plot(parts: dict[str, Any], path: Path) -> None:
+    """Four panels: training throughput, decode RTF by batch size, decode time vs length, step
+    time vs batch seconds (panels without data stay empty)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -608,17 +363,13 @@ def plot(parts: dict[str, Any], derived: dict[str, Any], path: Path) -> None:
 
 def _plot_train(ax, res: dict[str, Any]) -> None:
     labels, values = [], []
-    for config, data in (res.get("train") or {}).items():
+    sources = [(name, data) for name, data in (res.get("train") or {}).items()]
+    sources += [(f"12/6 d256 {name}", _get(res, "peer", name)) for name in SYSTEMS]
+    for label, data in sources:
         for precision in PRECISIONS:
-            if isinstance(data, dict) and precision in data:
-                labels.append(f"{config} {precision}")
-                values.append(data[precision]["audio_seconds_per_second"])
-    peer = res.get("peer") or {}
-    for name in ("ours", "speechbrain"):
-        for precision in PRECISIONS:
-            value = _get(peer, name, precision, "audio_seconds_per_second")
+            value = _get(data, precision, "audio_seconds_per_second")
             if value:
-                labels.append(f"12/6 d256: {name} {precision}")
+                labels.append(f"{label} {precision}")
                 values.append(value)
     ax.barh(range(len(values)), values)
     ax.set_yticks(range(len(values)), labels, fontsize=8)
@@ -629,42 +380,23 @@ def _plot_train(ax, res: dict[str, Any]) -> None:
 
 def _plot_decode(ax, res: dict[str, Any]) -> None:
     decode = res.get("decode") or {}
-    for mode, cells in (decode.get("grid") or {}).items():
+    curves = dict(decode.get("grid") or {})
+    if decode.get("encoder"):
+        curves["frontend + encoder"] = decode["encoder"]
+    for mode, cells in curves.items():
         sizes = sorted(cells, key=int)
         ax.plot([int(s) for s in sizes], [cells[s]["rtf"] for s in sizes], "o-", label=mode)
-    enc = decode.get("encoder") or {}
-    if enc:
-        sizes = sorted(enc, key=int)
-        ax.plot(
-            [int(s) for s in sizes], [enc[s]["rtf"] for s in sizes], "k--", label="encoder only"
-        )
-        ax.axhline(0.02, color="red", lw=0.8, label="target RTF 0.02")
-        ax.legend(fontsize=8)
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    _plain_ticks(ax)
-    ax.set_xlabel("batch size")
-    ax.set_ylabel("real-time factor")
-    ax.set_title("Decoding AN4 test")
+    _log_axes(ax, "batch size", "real-time factor", "Decoding AN4 test")
 
 
 def _plot_length(ax, res: dict[str, Any]) -> None:
     length = _get(res, "scaling", "decode_length") or {}
     if "lengths" not in length:
         return
-    xs = length["lengths"]
     for mode in [m for m in LENGTH_COLUMNS if m in length]:
-        ys = length[mode]["seconds"]
-        ax.plot(xs, ys, "o-", label=f"{mode} (exponent {length[mode]['exponent']:.2f})")
-    ref = length["beam10_ctc"]["seconds"][-1]
-    ax.plot(xs, [ref * x / xs[-1] for x in xs], "k:", label="linear")
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    _plain_ticks(ax)
-    ax.set_xlabel("utterance seconds")
-    ax.set_ylabel("decode seconds (batch 1)")
-    ax.legend(fontsize=8)
-    ax.set_title("Decode time vs length")
+        label = f"{LENGTH_COLUMNS[mode]} (exponent {length[mode]['exponent']:.2f})"
+        ax.plot(length["lengths"], length[mode]["seconds"], "o-", label=label)
+    _log_axes(ax, "audio seconds", "decode seconds (batch 1)", "Decode time vs length")
 
 
 def _plot_batch(ax, res: dict[str, Any]) -> None:
@@ -674,40 +406,36 @@ def _plot_batch(ax, res: dict[str, Any]) -> None:
     xs = [r["batch_seconds"] for r in batch["rows"]]
     ys = [r["step_seconds"] for r in batch["rows"]]
     ax.plot(xs, ys, "o-", label=f"exponent {batch['exponent']:.2f}")
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    _plain_ticks(ax)
-    ax.set_xlabel("batch audio seconds")
-    ax.set_ylabel("training step seconds (bf16)")
-    ax.legend(fontsize=8)
-    ax.set_title("Training step vs batch size")
+    _log_axes(ax, "batch audio seconds", "bf16 training step seconds", "Step time vs batch size")
 
 
-def _plain_ticks(ax) -> None:
+def _log_axes(ax, xlabel: str, ylabel: str, title: str) -> None:
     """Log axes labelled 0.5, 2, 10 rather than 2^-1, 2^1, 10^1."""
     from matplotlib.ticker import FuncFormatter
 
+    ax.set_xscale("log")
+    ax.set_yscale("log")
     plain = FuncFormatter(lambda v, _: f"{v:g}")
     for axis in (ax.xaxis, ax.yaxis):
         axis.set_major_formatter(plain)
         axis.set_minor_formatter(plain)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    if ax.lines:
+        ax.legend(fontsize=8)
 
 
-# ---------------------------------------------------------------- entry points
+# ---------------------------------------------------------------- entry point
 
 
-def write(out: Path) -> dict[str, Any]:
-    """Write results.json, results.md and bench.png from the part files in `out`."""
+def write(out: Path) -> str:
+    """Write results.json, results.md and bench.png from the part files in `out`; returns the
+    markdown."""
     parts = load(out)
     derived = derive(parts)
-    goals = targets(parts, derived)
-    results = {"parts": parts, "derived": derived, "targets": goals}
-    (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
-    (out / "results.md").write_text(markdown(parts, derived, goals))
-    plot(parts, derived, out / "bench.png")
-    return results
-
-
-def summary(results: dict[str, Any]) -> str:
-    """The targets table, for the terminal."""
-    return "\n".join(_targets_md(results["targets"]))
+    text = markdown(parts, derived)
+    (out / "results.json").write_text(json.dumps({"parts": parts, "derived": derived}, indent=1))
+    (out / "results.md").write_text(text)
+    plot(parts, out / "bench.png")
+    return text

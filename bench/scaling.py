@@ -4,12 +4,11 @@ step time against batch size.
 - DDP: conf/an4/transformer.yaml trained (bf16 autocast) by 1 and by 2 processes (gloo, one
   thread each), each process with the same per-process batches; the ratio of the aggregate
   audio seconds per second says how much a second core buys.
-- Length: one recording, a block of whole AN4 test utterances (11.4 s) repeated, cut to
-  1, 2, 5 s and to whole blocks up to 60 s, decoded alone as one utterance (greedy and
-  beam 10 + CTC: `Recognizer.search`), and the way `asr transcribe` decodes it (beam 10 + CTC:
-  `Recognizer.transcribe`, which splits audio longer than 20 s on silence and decodes the
-  segments as a batch), and the frontend + encoder alone; the log-log slope of time against
-  length, fitted over the whole blocks, is the growth exponent (1 = linear).
+- Length: one recording, a block of whole AN4 test utterances repeated, cut to 1, 2, 5 s and
+  to whole blocks up to 60 s, decoded as one utterance (greedy and beam 10 + CTC:
+  `Recognizer.search`), as `asr transcribe` decodes it (beam 10 + CTC in segments:
+  `Recognizer.transcribe`), and through the frontend + encoder alone; the log-log slope of
+  time against length, fitted over the whole blocks, is the growth exponent (1 = linear).
 - Batch: training steps (bf16) on batches of ~3 s utterances holding 10 .. 80 s of audio;
   the slope of step time against batch seconds.
 """
@@ -30,35 +29,31 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
-from asr.audio import load_audio
-from asr.data.dataset import Batch, SpeechDataset, collate
-from asr.data.manifest import read_manifest
-from asr.inference import Recognizer
-from asr.malloc import retain_freed_memory
-from asr.metrics import word_errors
-from asr.search import SearchOptions
-from asr.text import Tokenizer
-from asr.transcribe import SegmenterOptions, segment_seconds_for
 from bench.common import (
     SAMPLE_RATE,
+    Batch,
+    Recognizer,
+    SearchOptions,
+    SegmenterOptions,
     Settings,
+    SpeechDataset,
+    Tokenizer,
     audio_seconds,
     build_module,
     clip_value,
+    collate,
     fastest,
+    load_audio,
     measure_steps,
     model_config,
+    read_manifest,
+    segment_seconds_for,
     timed_call,
     train_batches,
+    word_errors,
     write_json,
 )
-from bench.decode import (
-    Utterances,
-    load_recognizer,
-    search_options,
-    time_encoder,
-    time_search,
-)
+from bench.decode import Utterances, load_recognizer, search_options, time_encoder, time_search
 from bench.train import Trainer
 
 TYPICAL_SECONDS = (2.5, 3.5)  # training utterances used for the batch-size sweep
@@ -101,7 +96,6 @@ def _ddp_worker(
 ) -> None:
     """One DDP process: train on `batches` (every process the same ones, so per-process work
     is equal); rank 0 writes the throughput."""
-    retain_freed_memory()  # spawned: the parent's malloc settings do not carry over
     torch.set_num_threads(1)
     dist.init_process_group("gloo", f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     try:
@@ -215,9 +209,8 @@ def speech_block(settings: Settings) -> tuple[torch.Tensor, str]:
 
 def recording_lengths(settings: Settings, block_seconds: float) -> list[float]:
     """Seconds decoded: a few short cuts, then every whole number of blocks up to
-    `MAX_SECONDS` (the growth exponent is fitted over those, which all hold as much speech per
-    second; the joined test utterances themselves carry ~35 % more characters per second at
-    60 s than at 10 s)."""
+    `MAX_SECONDS` (the growth exponent is fitted over those: they all hold as much speech per
+    second, where longer cuts of the joined test set hold more)."""
     if settings.quick:
         return [1.0, 3.0, 6.0]
     blocks = [k * block_seconds for k in range(1, int(MAX_SECONDS // block_seconds) + 1)]
@@ -273,33 +266,25 @@ def decode_vs_length(settings: Settings) -> dict[str, Any]:
         segmented = mode.startswith("transcribe_")  # else decoded as one utterance
         segmenter = SegmenterOptions(max_segment_seconds=longest) if segmented else None
         decode_alone(recognizer, recording[:SAMPLE_RATE], options, segmenter)  # warm-up
-        seconds, characters, wers = [], [], []
+        seconds, wers = [], []
         for length in lengths:
             wave = recording[: round(length * SAMPLE_RATE)]
             took, text = fastest(
                 repeats, partial(decode_alone, recognizer, wave, options, segmenter)
             )
             seconds.append(took)
-            characters.append(len(text))
             wers.append(_block_wer(text, block_text, length / block_seconds))
         results[mode] = {
             "seconds": seconds,
-            "characters": characters,  # of the transcript: how much the decoder emitted
             "wer": wers,  # % against the blocks' transcripts; None for a part of a block
             **_growth(lengths, seconds, fitted_from),
         }
     seconds = [
-        fastest(repeats, partial(encoder_alone, recognizer, recording[: round(n * SAMPLE_RATE)]))[0]
-        for n in lengths
+        fastest(repeats, partial(time_encoder, recognizer, Utterances([""], [wave]), 1))[0]
+        for wave in (recording[: round(n * SAMPLE_RATE)] for n in lengths)
     ]
     results["encoder"] = {"seconds": seconds, **_growth(lengths, seconds, fitted_from)}
     return results
-
-
-def encoder_alone(recognizer: Recognizer, wave: torch.Tensor) -> tuple[float, None]:
-    """Seconds of the frontend + encoder alone on one recording (what every search of it
-    costs before its first step)."""
-    return time_encoder(recognizer, Utterances([""], [wave]), 1), None
 
 
 def _growth(lengths: list[float], seconds: list[float], start: float) -> dict[str, float]:

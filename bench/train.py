@@ -1,51 +1,56 @@
 """Training throughput of the AN4 configs (conf/an4/transformer.yaml, conf/an4/rnn.yaml).
 
-Each config's model, optimizer and LR schedule are built from its YAML exactly as `asr fit`
-builds them; the batches are every batch of its first epoch (the config's sampler or shape
-grid, speed perturbation, batch budget), loaded before timing. A step is what the Lightning
-loop runs per batch: frontend (with SpecAugment), joint CTC/attention loss, backward,
-gradient clipping at the config's value, optimizer and scheduler step; fp32, or bf16 autocast
-as `--trainer.precision bf16-mixed`. Data loading is not included. What Lightning's loop adds to
-that step is measured apart (`lightning_overhead`): the same batches through
-`lightning.Trainer.fit`.
+The step: each config's model, optimizer and LR schedule built from its YAML as `asr fit`
+builds them, stepped over every batch of its first epoch (the config's sampler or shape grid,
+speed perturbation, batch budget), loaded beforehand: frontend with SpecAugment, joint
+CTC/attention loss, backward, gradient clipping, optimizer and scheduler, in fp32 and under
+bf16 autocast. Model FLOPs are counted over the same batches, for MFU.
+
+Whole epochs: `asr fit` itself on each config in a child process, as a recipe runs it, with
+`EpochClock` splitting each epoch's wall time into steps, data, validation and the rest.
 """
 
 from __future__ import annotations
 
-import contextlib
-import logging
+import json
+import os
+import subprocess
+import sys
 import tempfile
 import time
-import warnings
-from collections.abc import Iterator
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import lightning as L
 import torch
-from torch.utils.data import DataLoader
+import yaml
 
-from asr.data.dataset import Batch
-from asr.lightning import ASRModule
-from asr.precision import PRECISIONS, autocast
 from bench.common import (
     CONFIGS,
+    PRECISIONS,
+    ROOT,
+    ASRModule,
+    Batch,
     Settings,
     audio_seconds,
+    autocast,
     build_module,
     clip_value,
     count_flops,
     count_parameters,
-    fastest_per_batch,
-    kernel_ceiling,
+    data_args,
     measure_steps,
     model_config,
     profile_ops,
     read_config,
     synchronize,
-    timed,
     train_batches,
+    with_stats_path,
 )
+
+EPOCH_PARTS = ("steps", "data", "validation", "other")  # where an `asr fit` epoch's time goes
+QUICK_BATCH_SECONDS = 8.0  # a smoke run's batch budget, instead of the config's
 
 
 class Trainer:
@@ -63,7 +68,9 @@ class Trainer:
             self.optimizer, self.scheduler = configured, None
 
     def loss(self, batch: Batch) -> torch.Tensor:
-        return training_loss(self.module, batch, self.precision)
+        """`asr fit`'s loss on `batch` (`ASRModule.batch_loss`), in this trainer's precision."""
+        with autocast(batch.waves.device, self.precision):
+            return self.module.batch_loss(batch).loss
 
     def step(self, batch: Batch) -> None:
         self.optimizer.zero_grad(set_to_none=True)
@@ -84,139 +91,152 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
 
 
-def training_loss(module: ASRModule, batch: Batch, precision: str) -> torch.Tensor:
-    """`asr fit`'s loss on `batch` (`ASRModule.batch_loss`), in `precision`."""
-    with autocast(batch.waves.device, precision):
-        return module.batch_loss(batch).loss
-
-
-def run_config(name: str, settings: Settings, batches: list[Batch]) -> dict[str, Any]:
-    """fp32 and bf16 throughput of config `name`, its model FLOPs, the rate of its FLOP-counted
-    kernels alone (`kernel_ceiling`) and a bf16 step profile."""
+def measure_config(name: str, settings: Settings, batches: list[Batch]) -> dict[str, Any]:
+    """fp32 and bf16 step throughput of config `name`, its model FLOPs and a bf16 profile."""
     config = model_config(name, settings.data)
-    clip = clip_value(name)
     audio = [audio_seconds(b.wave_lens) for b in batches]
     results: dict[str, Any] = {"config": f"conf/an4/{CONFIGS[name].name}"}
     trainers = {}
     for precision in PRECISIONS:  # each from the same initial weights
         module = build_module(config, settings.seed).to(settings.device)
-        trainers[precision] = trainer = Trainer(module, precision, clip)
-        warmup = settings.pick(1, 2)
+        trainers[precision] = trainer = Trainer(module, precision, clip_value(name))
         results[precision] = measure_steps(
-            trainer.step, batches, audio, warmup, settings.device, settings.pick(1, 3)
+            trainer.step, batches, audio, settings.pick(1, 2), settings.device, settings.pick(1, 3)
         )
     bf16, first = trainers["bf16"], batches[0]
     results["parameters"] = count_parameters(bf16.module)
     flops = sum(count_flops(partial(bf16.forward_backward, b)) for b in batches)  # = fp32's
     results["flops_per_audio_second"] = flops / sum(audio)
-    for precision, trainer in trainers.items():  # the MFU bound of these kernel shapes
-        step = partial(trainer.forward_backward, first)
-        results[precision]["kernel_ceiling"] = kernel_ceiling(step, settings.device)
+    title = f"one bf16 training step of {results['config']} ({audio[0]:.1f} s of audio)"
     path = settings.out / f"profile_train_{name}_bf16.txt"
-    title = (
-        f"one bf16 training step of {results['config']} "
-        f"({audio[0]:.1f} s of audio, {len(first)} utterances)"
-    )
-    results["profile"] = profile_ops(lambda: bf16.step(first), settings.device, path, title)
-    results["profile_file"] = path.name
+    results["profile_file"] = profile_ops(lambda: bf16.step(first), settings.device, path, title)
     return results
 
 
-class StepTimes(L.Callback):
-    """Wall time of each training batch inside `Trainer.fit`, batch start to batch end."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
-        self.seconds: list[float] = []
-        self._start = 0.0
-
-    def on_train_batch_start(self, *args: Any) -> None:
-        synchronize(self.device)
-        self._start = time.perf_counter()
-
-    def on_train_batch_end(self, *args: Any) -> None:
-        synchronize(self.device)
-        self.seconds.append(time.perf_counter() - self._start)
+# ---------------------------------------------------------------- whole `asr fit` epochs
 
 
-@contextlib.contextmanager
-def _quiet_lightning() -> Iterator[None]:
-    """No banners ("GPU available ...") or data loader advice from `Trainer.fit`."""
-    logger = logging.getLogger("lightning.pytorch")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            yield
-    finally:
-        logger.setLevel(level)
+class EpochClock(L.Callback):
+    """Per-epoch wall time of a fit, split into `EPOCH_PARTS`, and the audio seconds trained;
+    written to `path` (JSON, one entry per finished epoch) after every epoch.
+
+    Steps are `on_train_batch_start` to `on_train_batch_end` (forward, backward, optimizer);
+    data is the time between batches (fetching, the loop); the rest is epoch-end checkpoints,
+    hooks and the loader rebuilt each epoch.
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = Path(path)
+        self.epochs: list[dict[str, float]] = []
+        self._epoch: dict[str, float] | None = None
+        self._mark = 0.0  # the end of the last timed span in the epoch
+        self._validation_start = 0.0
+
+    def on_train_epoch_start(self, trainer: L.Trainer, *args: Any) -> None:
+        now = time.perf_counter()
+        self._close(now)
+        self._epoch = {"start": now, "steps": 0.0, "data": 0.0, "validation": 0.0, "audio": 0.0}
+        self._mark = now
+
+    def on_train_batch_start(self, trainer: L.Trainer, module: Any, batch: Any, *args: Any) -> None:
+        now = time.perf_counter()
+        self._epoch["data"] += now - self._mark
+        self._mark = now
+
+    def on_train_batch_end(self, trainer: L.Trainer, module: Any, out: Any, batch: Any, *a) -> None:
+        synchronize(module.device)  # the step's queued GPU work belongs to the step
+        now = time.perf_counter()
+        self._epoch["steps"] += now - self._mark
+        self._epoch["audio"] += audio_seconds(batch.wave_lens)
+        self._mark = now
+
+    def on_validation_start(self, trainer: L.Trainer, *args: Any) -> None:
+        self._validation_start = time.perf_counter()
+
+    def on_validation_end(self, trainer: L.Trainer, *args: Any) -> None:
+        if self._epoch is not None and not trainer.sanity_checking:
+            self._epoch["validation"] += time.perf_counter() - self._validation_start
+
+    def on_fit_end(self, trainer: L.Trainer, *args: Any) -> None:
+        self._close(time.perf_counter())
+
+    def _close(self, now: float) -> None:
+        """Record the running epoch as ending at `now`."""
+        if self._epoch is None:
+            return
+        epoch, self._epoch = self._epoch, None
+        epoch["wall"] = now - epoch.pop("start")
+        epoch["other"] = epoch["wall"] - sum(epoch[part] for part in EPOCH_PARTS[:-1])
+        self.epochs.append(epoch)
+        self.path.write_text(json.dumps(self.epochs, indent=1))
 
 
-def _as_is(batch: Batch) -> Batch:
-    return batch
+def fit_config(name: str, settings: Settings, root: Path, epochs: int) -> dict[str, Any]:
+    """Config `name` for `epochs` epochs into `root`, over `settings.data`, with `EpochClock`."""
+    config = read_config(name)
+    config["data"]["init_args"] = data_args(config, settings.data)
+    config["model"]["init_args"] = with_stats_path(config["model"]["init_args"], settings.data)
+    config["seed_everything"] = settings.seed
+    trainer = config["trainer"]
+    trainer.update(max_epochs=epochs, default_root_dir=str(root))
+    if settings.on_gpu:
+        trainer.update(accelerator="gpu", devices=[settings.device.index or 0])
+    else:
+        trainer["accelerator"] = "cpu"
+    clock = {
+        "class_path": "bench.train.EpochClock",
+        "init_args": {"path": str(root / "epochs.json")},
+    }
+    trainer["callbacks"] = [*trainer.get("callbacks", []), clock]
+    if settings.quick:
+        trainer.update(limit_train_batches=3, limit_val_batches=2)
+        config["data"]["init_args"]["max_batch_seconds"] = QUICK_BATCH_SECONDS
+    return config
 
 
-def fit_pass(module: ASRModule, batches: list[Batch], clip: float | None, device) -> list[float]:
-    """Seconds of each step of one bf16 `Trainer.fit` epoch over `batches` (no validation)."""
-    timer = StepTimes(device)
-    with tempfile.TemporaryDirectory() as root, _quiet_lightning():
-        trainer = L.Trainer(
-            accelerator=device.type,
-            devices=1,
-            precision="bf16-mixed",
-            gradient_clip_val=clip,
-            max_epochs=1,
-            limit_val_batches=0,
-            logger=False,
-            enable_checkpointing=False,
-            enable_progress_bar=False,
-            enable_model_summary=False,
-            callbacks=[timer],
-            default_root_dir=root,
-        )
-        loader = DataLoader(batches, batch_size=None, collate_fn=_as_is)  # already on device
-        trainer.fit(module, train_dataloaders=loader)
-    return timer.seconds
+def run_fit(name: str, settings: Settings, epochs: int) -> list[dict[str, float]]:
+    """`asr fit` on config `name` for `epochs` epochs in a child process; its epochs."""
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        path = root / "config.yaml"
+        path.write_text(yaml.safe_dump(fit_config(name, settings, root, epochs)))
+        pythonpath = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
+        env = {**os.environ, "PYTHONPATH": pythonpath, "OMP_NUM_THREADS": str(settings.threads)}
+        command = [sys.executable, "-m", "asr.cli", "fit", "--config", str(path)]
+        done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
+        if done.returncode:
+            raise RuntimeError(f"asr fit ({CONFIGS[name].name}) failed:\n{done.stderr[-3000:]}")
+        return json.loads((root / "epochs.json").read_text())
 
 
-def lightning_overhead(name: str, settings: Settings, batches: list[Batch]) -> dict[str, Any]:
-    """bf16 step time of config `name` inside `lightning.Trainer.fit` (as `asr fit` runs it,
-    less data loading and validation) against the plain `Trainer.step`: same batches and
-    initial weights, passes alternating between the two so a slow phase of the VM hits both;
-    each batch counts its fastest step."""
-    config = model_config(name, settings.data)
-    clip = clip_value(name)
-    plain = Trainer(build_module(config, settings.seed).to(settings.device), "bf16", clip)
-    module = build_module(config, settings.seed)
-    for batch in batches[: settings.pick(1, 2)]:  # warm-up
-        plain.step(batch)
-    fitted, stepped = [], []
-    for _ in range(settings.pick(1, 3)):
-        fitted.append(fit_pass(module, batches, clip, settings.device))
-        stepped.append([timed(lambda b=b: plain.step(b), settings.device) for b in batches])
-    fit_seconds, plain_seconds = sum(fastest_per_batch(fitted)), sum(fastest_per_batch(stepped))
+def summarise(epochs: list[dict[str, float]]) -> dict[str, Any]:
+    """Totals over `epochs` (the first, a warm-up, left out when there are more): audio
+    seconds per wall second of whole epochs and of their steps alone, and each part's share.
+
+    >>> e = {"wall": 10.0, "audio": 300.0, "steps": 8.0, "data": 1.0, "validation": 1.0,
+    ...      "other": 0.0}
+    >>> s = summarise([{**e, "wall": 99.0}, e])
+    >>> s["epochs"], s["audio_per_second"], s["steps_audio_per_second"], s["shares"]["steps"]
+    (1, 30.0, 37.5, 0.8)
+    """
+    timed = epochs[1:] or epochs
+    total = {key: sum(epoch[key] for epoch in timed) for key in ("wall", "audio", *EPOCH_PARTS)}
     return {
-        "config": f"conf/an4/{CONFIGS[name].name}",
-        "steps": len(batches),
-        "passes": len(fitted),
-        "fit_seconds": fit_seconds,
-        "plain_seconds": plain_seconds,
-        "ratio": fit_seconds / plain_seconds,
+        "epochs": len(timed),
+        "seconds_per_epoch": total["wall"] / len(timed),
+        "audio_per_second": total["audio"] / total["wall"],
+        "steps_audio_per_second": total["audio"] / total["steps"],
+        "shares": {part: total[part] / total["wall"] for part in EPOCH_PARTS},
     }
 
 
 def run(settings: Settings) -> dict[str, Any]:
-    """Both configs: audio seconds per second, steps/s, peak memory, model FLOPs."""
+    """Both configs: the step (throughput, memory, model FLOPs), then whole `asr fit` epochs."""
     results: dict[str, Any] = {}
     for name in CONFIGS:
-        steps = settings.pick(2, None)  # full: every batch of the first epoch
-        budget = settings.pick(8.0, None)  # quick: small batches instead of the config's
-        batches = train_batches(name, settings, steps, budget)
-        results[name] = run_config(name, settings, batches)
-        results[name]["max_batch_seconds"] = budget or read_config(name)["data"]["init_args"].get(
-            "max_batch_seconds"
-        )
-        if name == "transformer":
-            results[name]["lightning_overhead"] = lightning_overhead(name, settings, batches)
+        budget = settings.pick(QUICK_BATCH_SECONDS, None)
+        batches = train_batches(name, settings, settings.pick(2, None), budget)
+        results[name] = measure_config(name, settings, batches)
+        del batches
+        results[name]["epochs"] = summarise(run_fit(name, settings, settings.pick(2, 4)))
     return results

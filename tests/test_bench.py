@@ -1,10 +1,11 @@
-"""The benchmark suite's model-FLOP counting (bench/common.py): the formulas it adds for kernels
-torch's counter lacks, and its kernels-only bound; and how bench/peak.py picks the fp32 peak.
-Counting and bookkeeping only; no timing is asserted."""
+"""The benchmark harness's bookkeeping: model-FLOP counting (bench/common.py) with the formulas
+it adds for kernels torch's counter lacks, how bench/peak.py picks the fp32 peak, the pure
+functions behind the report's figures, and the report itself. No timing is asserted."""
 
 from __future__ import annotations
 
-import math
+import doctest
+import json
 
 import pytest
 import torch
@@ -12,6 +13,9 @@ from torch import nn
 
 import bench.common as common
 import bench.peak as peak
+import bench.report as report
+import bench.scaling as scaling
+import bench.train as train
 
 B, T, F, H = 4, 12, 10, 16
 
@@ -59,49 +63,6 @@ def test_cudnn_rnn_formula_counts_packed_frames() -> None:
     assert common._cudnn_rnn_flops([30, F], shapes) == 2 * 30 * 4 * H * (F + H)
 
 
-def test_kernel_ceiling_bounds_the_counted_kernels() -> None:
-    a = torch.randn(32, 48)
-    ceiling = common.kernel_ceiling(lambda: a @ a.T, torch.device("cpu"), repeats=1)
-    assert ceiling["ops"] == 1
-    assert ceiling["flops"] == 2 * 32 * 48 * 32
-    assert math.isfinite(ceiling["gflops"]) and ceiling["gflops"] > 0
-
-
-def test_kernel_ceiling_reports_a_kernel_that_refuses_random_inputs(monkeypatch) -> None:
-    """The bound is left out with the error, not raised: the part's other figures survive."""
-    recorded = common._counted_calls
-
-    def mismatched(fn):
-        func, (left, _), kwargs = recorded(fn)[0]
-        return [(func, (left, torch.randn(3, 7)), kwargs)]
-
-    monkeypatch.setattr(common, "_counted_calls", mismatched)
-    a = torch.randn(8, 8)
-    with pytest.warns(UserWarning, match="replay failed"):
-        ceiling = common.kernel_ceiling(lambda: a @ a, torch.device("cpu"), repeats=1)
-    assert ceiling["ops"] == 1 and "gflops" not in ceiling
-    assert ceiling["error"].startswith("RuntimeError")
-
-
-def test_kernel_ceiling_groups_the_kernels_by_op_and_dtype() -> None:
-    a, b = torch.randn(32, 48), torch.randn(16, 48, dtype=torch.bfloat16)
-
-    def step() -> None:
-        a @ a.T
-        a @ a.T
-        b @ b.T
-
-    ceiling = common.kernel_ceiling(step, torch.device("cpu"), repeats=1)
-    groups = {(g["op"], g["dtype"]): g for g in ceiling["by_kernel"]}
-    assert set(groups) == {("mm", "float32"), ("mm", "bfloat16")}
-    assert groups["mm", "float32"]["calls"] == 2
-    assert groups["mm", "float32"]["flops"] == 2 * (2 * 32 * 48 * 32)
-    assert groups["mm", "bfloat16"]["flops"] == 2 * 16 * 48 * 16
-    assert sum(g["flops"] for g in groups.values()) == ceiling["flops"]
-    seconds = [g["seconds"] for g in ceiling["by_kernel"]]
-    assert seconds == sorted(seconds, reverse=True) and all(s > 0 for s in seconds)
-
-
 def test_onednn_fp32_matmul_restores_the_setting() -> None:
     backend = torch.backends.mkldnn.matmul
     before = backend.fp32_precision
@@ -126,3 +87,61 @@ def test_fp32_peak_counts_onednn_only_where_its_products_are_fp32(
     assert result["peak_gflops"] == {"fp32": fp32_peak, "bf16": 900.0}
     assert set(result["gflops"][peak.ONEDNN_FP32].values()) == {500.0}
     assert result["onednn_fp32_error"] == error
+
+
+@pytest.mark.parametrize("module", [train, report, scaling], ids=lambda m: m.__name__)
+def test_doctests_of_the_report_figures(module) -> None:
+    """The epoch summary, MFU and growth exponent examples (the default doctest run covers
+    only asr/)."""
+    result = doctest.testmod(module)
+    assert result.attempted > 0 and result.failed == 0
+
+
+def test_growth_exponent_of_a_quadratic_is_two() -> None:
+    assert scaling.growth_exponent([10, 20, 40], [1.0, 4.0, 16.0]) == pytest.approx(2.0)
+
+
+def _part(name: str, result: dict, **machine) -> dict:
+    meta = {
+        "command": f"python -m bench {name} --out X", "date": "2030-01-01T00:00:00",
+        "git": "abc1234", "torch": "9.9", "lightning": "8.8", "python": "3.12", "cpu": "TestCPU",
+        "cpu_count": 2, "threads": 2, "device": "cpu", "quick": False, **machine,
+    }  # fmt: skip
+    return {"machine": meta, "result": result}
+
+
+def test_report_prints_the_environment_and_measured_figures_only(tmp_path) -> None:
+    steps = {"steps": 10, "seconds": 2.0, "audio_seconds_per_second": 400.0, "memory": {}}
+    train_result = {
+        "transformer": {
+            "config": "conf/an4/transformer.yaml", "flops_per_audio_second": 0.4e9,
+            "fp32": {**steps, "audio_seconds_per_second": 300.0}, "bf16": steps,
+        },
+    }  # fmt: skip
+    parts = {
+        "peak": _part("peak", {"sizes": [256], "gflops": {"fp32": {"256": 500.0},
+                      "bf16": {"256": 1000.0}}, "peak_gflops": {"fp32": 500.0, "bf16": 1000.0}}),
+        "train": _part("train", train_result),
+        "decode": _part("decode", {"error": "RuntimeError: boom"}),
+    }  # fmt: skip
+    for name, data in parts.items():
+        (tmp_path / f"{name}.json").write_text(json.dumps(data))
+    text = report.write(tmp_path)
+    assert "- git: abc1234" in text and "- lightning: 8.8" in text and "- CPU: TestCPU" in text
+    assert "`python -m bench PART --out X` for each part (peak, train, decode)" in text
+    # 400 audio s/s x 0.4 GFLOP per audio s = 160 GFLOP/s = 16 % of the bf16 peak; fp32: 24 %
+    assert "| conf/an4/transformer.yaml | bf16 | 10 | 400.00 | 0.200 |" in text
+    assert "| 160.0 | 16.0% |" in text and "| 120.0 | 24.0% |" in text
+    assert "part `decode` failed: RuntimeError: boom" in text
+    assert "Smoke run" not in text and "different settings" not in text
+    saved = json.loads((tmp_path / "results.json").read_text())
+    assert saved["derived"]["mfu"]["transformer_bf16"]["mfu"] == pytest.approx(0.16)
+    assert (tmp_path / "bench.png").stat().st_size > 0
+
+
+def test_report_says_when_parts_differ(tmp_path) -> None:
+    for name, quick in (("peak", True), ("train", False)):
+        part = _part(name, {"error": "skipped"}, quick=quick)
+        (tmp_path / f"{name}.json").write_text(json.dumps(part))
+    text = report.write(tmp_path)
+    assert "Smoke run" in text and "different settings" in text
