@@ -85,8 +85,8 @@ class _SnipEdgesSpectrogram(nn.Module):
     the wave by the window's offset on the left (and the rest of `n_fft - win_length` on the
     right) makes frame `i` window exactly samples `[i * hop, i * hop + win)`; the padded and
     neighbouring samples meet zero window weight, so they never leak into a frame.
-    The power spectrum is `re^2 + im^2` of the complex STFT: `|z|^2` through `abs` (a square
-    root, then a square) took 3.9 ms instead of 1.1 ms for 8 x 257 x 1060 bins on 2 cores.
+    The power spectrum is `re^2 + im^2` of the complex STFT, which skips the square root (and
+    square) that `|z|^2` through `abs` would take.
     """
 
     def __init__(self, n_fft: int, win_length: int, hop_length: int, window: str, power: float):

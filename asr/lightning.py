@@ -50,7 +50,7 @@ class ASRModule(L.LightningModule):
         max_len_ratio: greedy validation emits at most `ratio * encoder frames` tokens.
         plot_utterances: cross-attention plots of this many fixed validation utterances.
         plot_every_n_epochs: plot after every n-th epoch (epochs n - 1, 2n - 1, ...: with
-            n = 10 and 210 epochs, the last epoch is plotted); each plot costs ~0.2 s on CPU.
+            n = 10 and 210 epochs, the last epoch is plotted).
         max_nonfinite_steps: training stops after this many consecutive steps with a
             non-finite loss or gradient; each such step is skipped (weights and optimizer
             moments untouched) and counted in `train/skipped_steps`.
@@ -190,8 +190,7 @@ class ASRModule(L.LightningModule):
     def _greedy(self, enc: Tensor, enc_lens: Tensor) -> list[Hypothesis]:
         """Validation's greedy search. Under autocast its steps run in fp32 below
         `BF16_STEP_ROWS` utterances, as `Recognizer.search` runs them: small bf16 steps cost
-        more than they save (AN4 dev on the 2-core CPU, conf/an4/transformer.yaml: 0.16 s
-        against 0.29-0.35 s of greedy search per validation)."""
+        more than they save."""
         device = enc.device.type
         ratio = self.hparams.max_len_ratio
         if not torch.is_autocast_enabled(device) or len(enc) >= BF16_STEP_ROWS:
@@ -506,8 +505,7 @@ class ASRDataModule(L.LightningDataModule):
                 token_length=partial(round_up, multiple=TOKEN_MULTIPLE),
             )
         # The grid packs each epoch's perturbed lengths; without one the sampler packs nominal
-        # durations, as the recipes' measured runs did (perturbed lengths there: three AN4
-        # runs with worse dev WERs than the four before, recipes/an4/RESULTS.md, session 22).
+        # durations (packing perturbed lengths there gave worse AN4 dev WERs).
         lengths = dataset.durations if self.grid is None else dataset.lengths
         budget = self.hparams.max_batch_seconds
         return bucketed_loader(self, dataset, lengths, budget, collate_fn, shuffle, grid=self.grid)

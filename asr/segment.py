@@ -213,9 +213,8 @@ def quietest_point(energy_db: np.ndarray, start: int, stop: int, width: int) -> 
 def segment_seconds_for(durations: Sequence[float]) -> float:
     """The longest segment to cut for a model trained on utterances of `durations` seconds:
     their 95th percentile, rounded up to whole seconds, at least `SHORTEST_MAX_SEGMENT`.
-    Attention decoders fail on inputs much longer than they were trained on: the AN4
-    Transformer (95 % of its training utterances under 4.8 s) gave WER 52.6 on 11.4 s of joined
-    test utterances decoded whole, 10.5 cut into segments of at most 5 s (bench/RESULTS.md).
+    Attention decoders fail on inputs much longer than they were trained on (bench/RESULTS.md,
+    decoding against length: whole utterances against segments).
 
     >>> segment_seconds_for([1.0, 2.0, 2.5, 3.2, 4.8] * 4)
     5.0

@@ -22,8 +22,8 @@ def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
         return x
     if x.device.type != "cpu" or not 0.0 < p < 1.0:
         return F.dropout(x, p, training)
-    # The mask as 0/1 in x's dtype (via uint8: a bool -> bf16 cast or a `where` is ~10x slower
-    # on CPU), so that forward and backward are plain multiplications.
+    # The mask as 0/1 in x's dtype (through uint8: a bool -> bf16 cast or a `where` is far
+    # slower on CPU), so that forward and backward are plain multiplications.
     keep = _keep_mask(x, p).view(torch.uint8).to(x.dtype)
     return x * (1.0 / (1.0 - p)) * keep
 

@@ -155,7 +155,7 @@ class RNNEncoder(nn.Module):
     Weights start variance-preserving (see `_init_rnn`) and, with `layer_norm`, every projection
     is layer-normalised: PyTorch's default initialisation shrinks the signal several-fold per
     layer, so the output barely varies over time and CTC sits on its all-blank plateau for
-    thousands of steps (measured on AN4).
+    thousands of steps.
 
     Args:
         input_dim: feature size D.
@@ -285,8 +285,7 @@ def _padded_rnn(rnn: nn.RNNBase, x: Tensor, x_lens: Tensor) -> Tensor:
     """What a packed pass of the one-layer `rnn` computes, from padded calls in fp32.
 
     On CPU the packed kernels' backward writes a zero gradient of the whole packed input
-    projection at every time step (3x slower for AN4's BiLSTM layers); unpacked calls run
-    oneDNN's LSTM instead. The forward direction reads the padded batch as it is (frames past
+    projection at every time step; unpacked calls run oneDNN's LSTM instead. The forward direction reads the padded batch as it is (frames past
     a length cannot reach earlier outputs); the reverse one reads each utterance reversed
     within its length, and its output is reversed back.
     """

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -401,14 +400,12 @@ class RelPositionMultiHeadAttention(MultiHeadAttention):
     """Self-attention with relative positions: for query i and key j the score is
     `((q_i + u) . k_j + (q_i + v) . W p_(i-j)) / sqrt(d)` with learned per-head biases `u`, `v`
     and sinusoids `p`. The positional term enters the fused attention kernel as an additive
-    float mask, so weights are only materialised when asked for; in CPU fp32 inference it is
-    instead the input of the content-score matmul (`_explicit_attention`).
+    float mask, so weights are only materialised when asked for.
 
     Long inputs are attended `query_block` queries at a time: a block of Q queries needs only
     the `T + Q - 1` relative positions it spans, so its positional scores are `(Q, T + Q - 1)`
-    rather than a slice of `(T, 2T - 1)`. That halves the positional matmul and keeps each
-    block's score tensors in cache: at T = 1500 (60 s), batch 1, fp32 on the 2-core CPU, one
-    call took 35 ms instead of 97 ms when blocks came in, with the same result to the bit.
+    rather than a slice of `(T, 2T - 1)`, which halves the positional matmul and keeps each
+    block's scores in cache; the result is the same to the bit.
 
     Args:
         d_model: model dimension, divisible by `num_heads`.
@@ -446,17 +443,8 @@ class RelPositionMultiHeadAttention(MultiHeadAttention):
         """
         q, k, v = self.project_self(x)  # (B, H, T, d) each
         p = self._heads(self.pos_proj(pos.to(x.dtype))[None])  # (1, H, 2T-1, d)
-        explicit = _explicit_attention(q)
         q_u = (q + self.pos_bias_u[:, None]).to(q.dtype)
-        q_v = q + self.pos_bias_v[:, None]
-        if explicit:  # fp32: scale the queries, so the bias needs no pass of its own
-            q_v = q_v * self.head_dim**-0.5
-            attend = partial(
-                self._attend_explicitly, keys=k.mT.flatten(0, 1), values=v.flatten(0, 1)
-            )
-        else:
-            attend = partial(self.head_contexts, key=k, value=v)
-        q_v = q_v.to(q.dtype)
+        q_v = (q + self.pos_bias_v[:, None]).to(q.dtype)
         length = x.size(1)
         contexts, weights = [], []
         for start in range(0, length, self.query_block):
@@ -464,46 +452,19 @@ class RelPositionMultiHeadAttention(MultiHeadAttention):
             # Relative positions of these queries: stop - 1 down to start - (T - 1).
             p_block = p[:, :, length - stop : 2 * length - 1 - start]
             scores = relative_shift(q_v[:, :, start:stop] @ p_block.transpose(-2, -1))
-            if explicit:  # a contiguous copy, which becomes the scores in place
-                bias = scores.masked_fill(~mask, float("-inf"))
-            else:  # scaled after the matmul: bf16 training keeps its rounding
-                bias = (scores / math.sqrt(self.head_dim)).masked_fill_(~mask, float("-inf"))
-            bias = bias.to(q.dtype)  # (B, H, Q, T)
-            context, weight = attend(q_u[:, :, start:stop], mask=bias, need_weights=need_weights)
+            bias = (scores / math.sqrt(self.head_dim)).masked_fill_(~mask, float("-inf"))
+            context, weight = self.head_contexts(
+                q_u[:, :, start:stop],
+                k,
+                v,
+                bias.to(q.dtype),
+                need_weights,  # bias (B, H, Q, T)
+            )
             contexts.append(context)
             weights.append(weight)
         if len(contexts) == 1:
             return self.output(contexts[0]), weights[0]
         return self.output(torch.cat(contexts, 2)), torch.cat(weights, 2) if need_weights else None
-
-    def _attend_explicitly(
-        self, query: Tensor, keys: Tensor, values: Tensor, mask: Tensor, need_weights: bool
-    ) -> tuple[Tensor, Tensor | None]:
-        """`head_contexts` for a query block `(B, H, Q, d)` given the keys `(B * H, d, T)`,
-        values `(B * H, T, d)` and the block's positional bias `(B, H, Q, T)`, which becomes
-        the scores in place: the content scores are added to it in the same matmul."""
-        b, heads = query.shape[:2]
-        scores = mask.flatten(0, 1)  # (B * H, Q, T)
-        scores.baddbmm_(query.flatten(0, 1), keys, alpha=self.head_dim**-0.5)
-        weights = scores.softmax(-1)
-        context = torch.bmm(dropout(weights, self.dropout, self.training), values)
-        context = context.unflatten(0, (b, heads))
-        return context, weights.unflatten(0, (b, heads)) if need_weights else None
-
-
-def _explicit_attention(query: Tensor) -> bool:
-    """Whether relative-position attention runs as explicit matmuls instead of SDPA: on CPU,
-    in fp32 or fp64, without autograd (inference). The content-score matmul then adds itself
-    to the positional bias in place (`baddbmm_`): per layer, 0.99-1.14x the speed of SDPA
-    given that bias as a float mask over seven runs (d=144, 4 heads, 2 cores, B x T from 1 x 50
-    to 1 x 1425; e.g. 1 x 1425 16.1-19.2 against 18.4-20.7 ms; `python -m
-    bench.relative_attention`). bf16 inputs (autocast) keep SDPA, whose kernels hold the
-    scores in fp32 where a bf16 matmul would round them."""
-    return (
-        query.device.type == "cpu"
-        and query.dtype in (torch.float32, torch.float64)
-        and not torch.is_grad_enabled()
-    )
 
 
 def _with_causal(mask: Tensor | None, len_q: int, len_k: int, device: torch.device) -> Tensor:
@@ -515,25 +476,15 @@ def _with_causal(mask: Tensor | None, len_q: int, len_k: int, device: torch.devi
 
 
 _MATH_MAX_KEYS = 192  # keys up to which CPU bf16 attention uses the math kernel
-# On CUDA every SDPA kernel but cuDNN's: on an H200 (torch 2.11, peer-size model, head dim 64)
-# cuDNN attention builds a plan per new batch shape, so a bf16 training step's first sight of
-# a shape took 0.25-3.5 s (0.07-0.12 s without it); steady steps were within run-to-run noise
-# (7 comparisons, 5 batches: 0.252 s with, 0.246 s without). `python -m bench.cuda_attention`.
+# On CUDA every SDPA kernel but cuDNN's, which builds a plan for each new batch shape: with
+# lengths that vary from batch to batch, training steps wait on plans (docs/performance.md).
 _CUDA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 def _sdpa_backend(query: Tensor, key: Tensor) -> contextlib.AbstractContextManager[None]:
-    """Short bf16 attention on CPU runs the math kernel; on CUDA, any kernel but cuDNN's
-    (`_CUDA_BACKENDS`); else torch's choice (flash).
-
-    Forward + backward of (B, 4, T, 36) bf16 attention on 2 cores, flash vs math: T=75 6.8 vs
-    2.3 ms, T=160 6.2 vs 4.2 ms, T=200 5.9 vs 6.1 ms, T=500 15.9 vs 21.7 ms.
-    The math kernel computes in fp32. Explicit bf16 matmuls are faster still (bf16 AN4 step
-    1.09x) but round the scores to bf16: with trained weights the gradient's error relative to
-    fp32 is 0.090 instead of 0.072 (`python -m bench.attention_precision`), and the two AN4 runs
-    with them gave the two worst test CERs, 4.1 and 4.5, against 3.1-3.7 for three runs
-    without (recipes/an4/RESULTS.md, session 18).
-    """
+    """Short bf16 attention on CPU runs the math kernel (in fp32, and faster than flash below
+    ~200 keys); on CUDA, any kernel but cuDNN's (`_CUDA_BACKENDS`); else torch's choice.
+    Scores computed in bf16 would be faster still but trained worse AN4 models."""
     if query.device.type == "cuda":
         return sdpa_kernel(_CUDA_BACKENDS)
     short = key.size(-2) <= _MATH_MAX_KEYS
