@@ -47,6 +47,16 @@ def mini_an4_tar() -> Path:
     return corpus_path("mini_an4", "an4_sphere_mini.tar.gz")
 
 
+# Six AN4 utterances in the AN4 layout, kept in the repository with their licence
+# (tests/fixtures/an4/README.md): tests that need real speech but no corpus use these.
+AN4_FIXTURE = REPO / "tests" / "fixtures" / "an4"
+
+
+@pytest.fixture
+def an4_fixture() -> Path:
+    return AN4_FIXTURE
+
+
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
         return

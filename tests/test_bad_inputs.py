@@ -21,11 +21,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import soundfile
-import torch
 
 from asr.audio import audio_info
 from asr.cli import main
-from asr.text import CharTokenizer
 
 RATE = 16000
 GOOD_TEXT = "YES"

@@ -1,4 +1,7 @@
-"""`asr evaluate`: scores equal jiwer's on the files it writes, the reports, the plots."""
+"""`asr evaluate`: scores equal jiwer's on the files it writes, the reports, the plots.
+
+On the AN4 fixture (tests/fixtures/an4): no corpus needed.
+"""
 
 from __future__ import annotations
 
@@ -10,25 +13,21 @@ import jiwer
 import numpy as np
 import pytest
 import soundfile
-from conftest import corpus_path
-from test_transcribe import JOINT, UTTERANCES, _overfit_recognizer, fit_tiny_checkpoint
+from test_transcribe import JOINT, UTTERANCES, WAV, _overfit_recognizer, fit_tiny_checkpoint
 
 from asr.audio import audio_info
 from asr.cli import main
 from asr.data.manifest import Utterance, write_manifest
 from asr.evaluate import ScoredUtterance, error_report, evaluate
 
-pytestmark = pytest.mark.needs_corpus
-
-TEST_UTTERANCES = {  # AN4 test set (etc/an4_test.transcription), written as a user might
+TEST_UTTERANCES = {  # the fixture's AN4 test utterances, written as a user might
     "an4test_clstk/fcaw/an406-fcaw-b": "Rubout G M E F three nine.",
     "an4test_clstk/fcaw/an407-fcaw-b": "erase C Q Q F seven",
 }
 
 
 def _manifest(path: Path, utterances: dict[str, str]) -> Path:
-    wav = corpus_path("an4", "wav")
-    files = {wav / f"{p}.wav": text for p, text in utterances.items()}
+    files = {WAV / f"{p}.wav": text for p, text in utterances.items()}
     write_manifest(path, [Utterance(str(f), audio_info(f).duration, text, f.stem)
                           for f, text in files.items()])  # fmt: skip
     return path
@@ -81,12 +80,11 @@ def test_cli_scores_equal_jiwer_on_the_written_files(checkpoint, tmp_path, capsy
 
 
 def _wavs(utterances: dict[str, str]) -> list[Path]:
-    wav = corpus_path("an4", "wav")
-    return [wav / f"{p}.wav" for p in utterances]
+    return [WAV / f"{p}.wav" for p in utterances]
 
 
 def test_recognised_utterances_give_zero_error_and_boundary_differences(tmp_path):
-    recognizer, _ = _overfit_recognizer(str(corpus_path("an4", "wav")))
+    recognizer, _ = _overfit_recognizer(str(WAV))
     manifest = _manifest(tmp_path / "train.jsonl", UTTERANCES)
     chosen = "an255-fash-b"
     metrics = evaluate(

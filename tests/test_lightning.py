@@ -173,6 +173,21 @@ def test_ddp_two_cpu_processes_agree(tiny_an4, tmp_path, grid):
     assert reports[0]["checksum"] == reports[1]["checksum"], "ranks hold the same weights"
 
 
+@pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
+def test_the_same_seed_twice_gives_identical_weights(tiny_an4, tmp_path, precision):
+    """Reproducibility as users need it: a config and seed trained twice give the same model
+    (dropout, SpecAugment, speed perturbation and shuffling all follow the seed)."""
+    weights = []
+    for run in ("a", "b"):
+        root = tmp_path / run
+        main(_fit_args(tiny_an4, root) + ["--trainer.max_epochs", "1",
+                                          "--trainer.precision", precision])  # fmt: skip
+        state = torch.load(root / "checkpoints" / "last.ckpt", weights_only=True)
+        weights.append(state["state_dict"])
+    assert weights[0].keys() == weights[1].keys()
+    assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
+
+
 def test_resume_from_last_and_average(tiny_an4, tmp_path):
     """A rerun with `--ckpt_path last` continues the same experiment; `asr average` writes a
     checkpoint whose weights are the mean of the best ones."""
@@ -290,9 +305,7 @@ def _augmented_args(data: dict[str, str], root: Path) -> list[str]:
 
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("grid", [[], SHAPE_GRID], ids=["longest", "grid"])
-def test_sigkill_mid_epoch_then_resume_equals_uninterrupted_run(
-    tiny_an4, tmp_path, grid
-):
+def test_sigkill_mid_epoch_then_resume_equals_uninterrupted_run(tiny_an4, tmp_path, grid):
     full_root, killed_root = tmp_path / "full", tmp_path / "killed"
     main(_augmented_args(tiny_an4, full_root) + grid)
     full = torch.load(full_root / "checkpoints" / "last.ckpt", weights_only=True)

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import soundfile as sf
-from conftest import REPO
+from conftest import REPO, corpus_path
 
 from asr.data.manifest import read_manifest
 from asr.text import Tokenizer
@@ -64,7 +64,8 @@ def ran(stdout: str) -> list[int]:
 @pytest.fixture(scope="module")
 def repo_outputs():
     """Fails a test that wrote into the repository's data/ or exp/ (recipe defaults)."""
-    watched = [REPO / d / c for d in ("data", "exp") for c in ("yesno", "folder", "librispeech")]
+    corpora = ("an4", "yesno", "folder", "librispeech")
+    watched = [REPO / d / c for d in ("data", "exp") for c in corpora]
     before = {p for p in watched if p.exists()}
     yield
     created = {p for p in watched if p.exists()} - before
@@ -189,6 +190,60 @@ def test_yesno_default_recipe_reaches_low_wer(yesno_dir, tmp_path, repo_outputs)
 
 
 # ---------------------------------------------------------------------------------- AN4
+
+
+@pytest.fixture(params=["fixture", "mini_an4"])
+def an4_tarball(request, an4_fixture, tmp_path) -> Path:
+    """An AN4 tarball as CMU distributes it: made from tests/fixtures/an4 (WAV under `an4/`),
+    or ../shared's 8-utterance sample of the real one (SPHERE under `downloads/an4/`)."""
+    if request.param == "mini_an4":
+        return corpus_path("mini_an4", "an4_sphere_mini.tar.gz")
+    tarball = tmp_path / "an4_sphere.tar.gz"
+    with tarfile.open(tarball, "w:gz", compresslevel=1) as archive:
+        archive.add(an4_fixture, arcname="an4")
+    return tarball
+
+
+def _transcript_lines(an4_tarball: Path) -> dict[str, int]:
+    """Split -> lines of etc/an4_<split>.transcription in an AN4 tarball."""
+    with tarfile.open(an4_tarball) as archive:
+        return {
+            split: len(archive.extractfile(member).read().splitlines())
+            for member in archive.getmembers()
+            for split in ("train", "test")
+            if member.name.endswith(f"etc/an4_{split}.transcription")
+        }
+
+
+def test_an4_download_when_absent(an4_tarball, an4_fixture, tmp_path, repo_outputs):
+    """Stage 0 fetches the tarball (a file:// URL here) when --data-dir is not found, checks
+    its layout and keeps it as it is; stage 1 prepares it; a re-run finds the downloaded copy."""
+    data = tmp_path / "data"
+    args = ["--data-dir", tmp_path / "absent", "--data", data, "--exp", tmp_path / "exp"]
+    missing = run_recipe("an4", *args, "--stage", "1", check=False)
+    assert missing.returncode == 2 and f"AN4 not found at {tmp_path / 'absent'}" in missing.stderr
+    assert "an4_sphere.tar.gz" in missing.stderr and not data.exists()
+
+    not_an4 = tmp_path / "not_an4.tar.gz"  # audio but no transcripts: refused, nothing kept
+    with tarfile.open(not_an4, "w:gz", compresslevel=1) as archive:
+        archive.add(an4_fixture / "wav", arcname="an4/wav")
+    refused = run_recipe("an4", *args, "--an4-url", not_an4.as_uri(), check=False)
+    assert refused.returncode == 1
+    assert "nothing matches *an4/etc/an4_train.transcription" in refused.stderr
+    assert "pass --data-dir" in refused.stderr and not list((data / "download").iterdir())
+
+    result = run_recipe("an4", *args, "--an4-url", an4_tarball.as_uri(), "--stop-stage", "1")
+    assert f"== stage 0 (download {an4_tarball.as_uri()})" in result.stdout
+    assert ran(result.stdout) == [1]
+    downloaded = data / "download" / "an4_sphere.tar.gz"
+    assert downloaded.read_bytes() == an4_tarball.read_bytes()
+    sizes = {s: len(read_manifest(data / f"{s}.jsonl")) for s in ("train", "dev", "test")}
+    lines = _transcript_lines(an4_tarball)
+    assert (sizes["train"] + sizes["dev"], sizes["test"]) == (lines["train"], lines["test"])
+    assert sizes["dev"] == 1
+
+    again = run_recipe("an4", *args, "--an4-url", "file:///nowhere", "--stop-stage", "1")
+    assert f"AN4 found at {downloaded}, skipping" in again.stdout and skipped(again.stdout) == [1]
 
 
 @pytest.mark.needs_corpus

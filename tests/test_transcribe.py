@@ -3,12 +3,14 @@ and `asr align`.
 
 Two real models: a tiny Transformer overfit in memory on four AN4 utterances (it recognises
 them, so timing and segmentation can be checked against what was said), and a tiny
-checkpoint trained through `asr fit` for the command-line tests.
+checkpoint trained through `asr fit` for the command-line tests. The audio is the AN4 fixture
+in tests/fixtures/an4, so these tests need no corpus.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import re
 import subprocess
@@ -23,7 +25,7 @@ import numpy as np
 import pytest
 import soundfile
 import torch
-from conftest import REPO, corpus_path
+from conftest import AN4_FIXTURE, REPO
 from torch import nn
 
 import asr.recognizer
@@ -51,9 +53,8 @@ from asr.timing import Word
 from asr.transcribe import join_segments, transcribe_files, transcribe_sources
 from asr.writers import FORMATS
 
-pytestmark = pytest.mark.needs_corpus
-
-UTTERANCES = {  # AN4 training utterances (etc/an4_train.transcription) the tiny model learns
+WAV = AN4_FIXTURE / "wav"
+UTTERANCES = {  # the fixture's AN4 training utterances (under WAV), which the tiny model learns
     "an4_clstk/fash/an251-fash-b": "YES",
     "an4_clstk/fash/an253-fash-b": "GO",
     "an4_clstk/fash/an254-fash-b": "YES",
@@ -106,7 +107,7 @@ def _overfit_recognizer(wav_root: str) -> tuple[Recognizer, list[torch.Tensor]]:
 
 @pytest.fixture(scope="module")
 def overfit() -> tuple[Recognizer, list[torch.Tensor]]:
-    return _overfit_recognizer(str(corpus_path("an4", "wav")))
+    return _overfit_recognizer(str(WAV))
 
 
 FIT_CONFIG = """
@@ -144,8 +145,7 @@ def fit_tiny_checkpoint(root: Path) -> Path:
     ckpt = root / "checkpoints" / "last.ckpt"
     if ckpt.is_file():
         return ckpt
-    wav = corpus_path("an4", "wav")
-    files = {wav / f"{p}.wav": text for p, text in UTTERANCES.items()}
+    files = {WAV / f"{p}.wav": text for p, text in UTTERANCES.items()}
     utts = [Utterance(str(f), audio_info(f).duration, text, f.stem) for f, text in files.items()]
     write_manifest(root / "train.jsonl", utts)
     write_manifest(root / "dev.jsonl", utts[:2])
@@ -238,12 +238,10 @@ def _concatenate(
 
 @pytest.fixture(scope="module")
 def three_minutes(tmp_path_factory) -> dict:
-    """~3 minutes: consecutive AN4 training utterances with 2 s silences between them."""
-    an4 = corpus_path("an4")
-    ids = (an4 / "etc" / "an4_train.fileids").read_text().split()
+    """~3 minutes: the fixture's six AN4 utterances over and over, 2 s silences between them."""
     waves, total = [], 0.0
-    for utt in ids:
-        waves.append(load_audio(an4 / "wav" / f"{utt}.wav").numpy())
+    for wav in itertools.cycle(sorted(WAV.rglob("*.wav"))):
+        waves.append(load_audio(wav).numpy())
         total += len(waves[-1]) / RATE + 2.0
         if total > 180:
             break
@@ -523,7 +521,7 @@ def test_one_hour_file_keeps_memory_bounded(tmp_path):
     """Transcribing an hour: peak numpy/Python memory stays a few MB and the process's peak
     RSS grows far less than the hour as float32 (230 MB) that a whole read would add."""
     script = MEMORY_SCRIPT.replace("TESTS", str(REPO / "tests"))
-    script = script.replace("WAV", str(corpus_path("an4", "wav")))
+    script = script.replace("WAV", str(WAV))
     proc = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(script), str(tmp_path / "hour.wav")],
         capture_output=True, text=True, timeout=850, cwd=REPO,
@@ -652,8 +650,7 @@ def test_transcribe_files_writes_every_format(overfit, three_minutes, tmp_path, 
 
 
 def test_cli_reports_a_bad_file_and_transcribes_the_others(checkpoint, tmp_path, capsys):
-    wav = corpus_path("an4", "wav")
-    good = [str(wav / f"{p}.wav") for p in list(UTTERANCES)[:2]]
+    good = [str(WAV / f"{p}.wav") for p in list(UTTERANCES)[:2]]
     corrupt = tmp_path / "corrupt.wav"
     corrupt.write_bytes(b"RIFF not really a wave file")
     tiny = tmp_path / "tiny.wav"
@@ -683,7 +680,7 @@ def test_cli_refuses_bad_options(checkpoint, tmp_path, capsys):
 
 def test_cli_warns_of_segments_longer_than_the_training_utterances(checkpoint, tmp_path, capsys):
     trained = load_model(checkpoint).segment_seconds  # what `asr fit` stored
-    audio = str(corpus_path("an4", "wav") / "an4_clstk/fash/an251-fash-b.wav")
+    audio = str(WAV / "an4_clstk/fash/an251-fash-b.wav")
     args = ["transcribe", audio, "--checkpoint", str(checkpoint), "--beam-size", "1",
             "--output-dir", str(tmp_path), "--format", "txt", "--quiet"]  # fmt: skip
     assert main([*args, "--max-segment-seconds", str(trained)]) == 0
@@ -696,7 +693,7 @@ def test_cli_warns_of_segments_longer_than_the_training_utterances(checkpoint, t
 
 def test_cli_shallow_fusion_with_a_language_model(checkpoint, tmp_path, capsys):
     lm = fit_tiny_lm(checkpoint.parents[1] / "lm", checkpoint.parents[1])
-    audio = str(corpus_path("an4", "wav") / "an4_clstk/fash/an251-fash-b.wav")
+    audio = str(WAV / "an4_clstk/fash/an251-fash-b.wav")
     args = ["transcribe", audio, "--checkpoint", str(checkpoint), "--beam-size", "2",
             "--output-dir", str(tmp_path), "--format", "json", "--quiet"]  # fmt: skip
     assert main([*args, "--lm", str(lm), "--lm-weight", "0.5"]) == 0
@@ -735,7 +732,7 @@ def test_align_gives_monotone_word_times(overfit):
 
 
 def test_cli_align_writes_plots_and_prints_word_times(checkpoint, tmp_path, capsys):
-    audio = corpus_path("an4", "wav") / "an4_clstk/fash/an255-fash-b.wav"
+    audio = WAV / "an4_clstk/fash/an255-fash-b.wav"
     out = tmp_path / "plot.png"
     code = main(["align", str(audio), "--checkpoint", str(checkpoint), "--text", "U M N Y H SIX",
                  "--out", str(out)])  # fmt: skip

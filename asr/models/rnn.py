@@ -285,9 +285,10 @@ def _padded_rnn(rnn: nn.RNNBase, x: Tensor, x_lens: Tensor) -> Tensor:
     """What a packed pass of the one-layer `rnn` computes, from padded calls in fp32.
 
     On CPU the packed kernels' backward writes a zero gradient of the whole packed input
-    projection at every time step; unpacked calls run oneDNN's LSTM instead. The forward direction reads the padded batch as it is (frames past
-    a length cannot reach earlier outputs); the reverse one reads each utterance reversed
-    within its length, and its output is reversed back.
+    projection at every time step; unpacked calls run oneDNN's LSTM instead. The forward
+    direction reads the padded batch as it is (frames past a length cannot reach earlier
+    outputs); the reverse one reads each utterance reversed within its length, and its output
+    is reversed back.
     """
     with torch.autocast(x.device.type, enabled=False):  # as the packed kernels ran: fp32
         x = x.to(rnn.weight_ih_l0.dtype)

@@ -2,10 +2,12 @@
 # AN4 recipe: numbered, re-runnable stages over the `asr` package.
 #
 #   bash recipes/an4/run.sh [--quick] [--stage N] [--stop-stage M] [--model transformer|rnn]
-#                           [--data-dir DIR] [--data DIR] [--exp DIR] [--force]
+#                           [--data-dir DIR] [--an4-url URL] [--data DIR] [--exp DIR] [--force]
 #                           [--tokenizer char|bpe|unigram] [--beam-size N] [--ctc-weight W]
 #                           [--average N] [--lm-weight W] [-- ASR-FIT-OPTIONS...]
 #
+#   0  download                only if --data-dir is not found: --an4-url (CMU's
+#                              an4_sphere.tar.gz, 64 MB) to data/an4/download/
 #   1  prepare manifests       data/an4/{train,dev,test}.jsonl
 #   2  train the tokenizer     data/an4/tokenizer/
 #   3  CMVN statistics         data/an4/cmvn.json
@@ -19,9 +21,11 @@
 #   8  train the LM            exp/an4/lm/ on the training transcripts (under a minute)
 #   9  decode with the LM      exp/an4/<model>/decode_{dev,test}_lm/, and the results table
 #
-# A finished stage leaves a marker (<out>/.done-<stage>) and is skipped when re-run; --force
-# re-runs it. A stage that failed halfway left no marker, so it simply runs again.
-# Options after `--` go to `asr fit` (stage 4), e.g. -- --trainer.max_epochs 2.
+# --data-dir: the an4 folder (etc/ and wav/), its parent, or an AN4 .tar.gz (default
+# ../shared/corpora/an4, else the tarball stage 0 downloaded). A finished stage leaves a
+# marker (<out>/.done-<stage>) and is skipped when re-run; --force re-runs it. A stage that
+# failed halfway left no marker, so it simply runs again. Options after `--` go to `asr fit`
+# (stage 4), e.g. -- --trainer.max_epochs 2.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -29,9 +33,11 @@ root=$(cd "$here/../.." && pwd)
 # shellcheck source=recipes/lib/stages.sh
 source "$here/../lib/stages.sh"
 
+stage=0
 quick=false
 model=transformer
 data_dir="$root/../shared/corpora/an4"
+an4_url=http://www.speech.cs.cmu.edu/databases/an4/an4_sphere.tar.gz
 data=data/an4
 exp=exp/an4
 tokenizer_kind=char
@@ -43,6 +49,7 @@ recipe_option() {
     --model) need_value "$@"; model=$2; consumed=2 ;;
     --tokenizer) need_value "$@"; tokenizer_kind=$2; consumed=2 ;;
     --lm-weight) need_value "$@"; lm_weight=$2; consumed=2 ;;
+    --an4-url) need_value "$@"; an4_url=$2; consumed=2 ;;
   esac
 }
 parse_options "$@"
@@ -52,9 +59,21 @@ fi
 
 cd "$root"
 require_asr
-if [ ! -e "$data_dir" ]; then
-  echo "run.sh: AN4 not found at $data_dir. Download http://www.speech.cs.cmu.edu/databases/an4/an4_sphere.tar.gz and pass --data-dir PATH (the .tar.gz works too)." >&2
-  exit 2
+downloaded=$data/download/an4_sphere.tar.gz
+if [ ! -e "$data_dir" ] && [ -f "$downloaded" ]; then data_dir=$downloaded; fi
+# Stage 0 has no marker: the corpus is there or not. CMU publishes no checksum of the
+# tarball, so what is checked is its layout: the transcripts and audio `asr prepare` reads.
+if [ "$stage" -le 1 ] && [ ! -e "$data_dir" ]; then
+  [ "$stage" -le 0 ] || usage_error "AN4 not found at $data_dir: pass --data-dir (the an4 folder or an AN4 .tar.gz) or run stage 0 to download $an4_url"
+  echo "== stage 0 (download $an4_url): AN4 not found at $data_dir"
+  fetch_tarball "$an4_url" "$downloaded" '*an4/etc/an4_train.transcription' \
+    '*an4/etc/an4_test.transcription' '*an4/wav/*' || {
+    echo "$(basename "$0"): no AN4 corpus: fetch $an4_url yourself and pass --data-dir PATH" >&2
+    exit 1
+  }
+  data_dir=$downloaded
+elif [ "$stage" -le 0 ]; then
+  echo "== stage 0 (download): AN4 found at $data_dir, skipping"
 fi
 mkdir -p "$data"
 

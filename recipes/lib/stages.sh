@@ -279,4 +279,41 @@ with tempfile.TemporaryDirectory(dir=dest, prefix=".download-") as tmp:
 PY
 }
 
+# fetch_tarball URL FILE PATTERN...: download a tarball (http(s):// or file://) to FILE as it
+# is, without unpacking it, and check that it holds a member matching each PATTERN (fnmatch,
+# `*` spans folders). It is written to FILE.partial and renamed when checked, so a failed or
+# corrupt download leaves no FILE.
+fetch_tarball() {
+  echo "downloading $1 to $2"
+  $(asr_python) - "$@" <<'PY'
+import fnmatch
+import os
+import sys
+import tarfile
+import urllib.request
+
+url, dest, *patterns = sys.argv[1:]
+os.makedirs(os.path.dirname(os.path.abspath(dest)), exist_ok=True)
+partial = f"{dest}.partial"
+try:
+    try:
+        urllib.request.urlretrieve(url, partial)
+    except (OSError, ValueError) as error:  # URLError and HTTPError are OSErrors
+        sys.exit(f"download of {url} failed: {error}")
+    try:
+        with tarfile.open(partial) as tar:
+            names = tar.getnames()
+    except (OSError, tarfile.TarError) as error:
+        sys.exit(f"{url}: not a readable tarball ({str(error).splitlines()[0]})")
+    absent = [p for p in patterns if not fnmatch.filter(names, p)]
+    if absent:
+        sys.exit(f"{url}: unexpected contents, nothing matches {', '.join(absent)}")
+    os.replace(partial, dest)
+    print(f"{dest}: {os.path.getsize(dest) / 1e6:.1f} MB, {len(names)} members")
+finally:
+    if os.path.exists(partial):
+        os.remove(partial)
+PY
+}
+
 start_dir=$(pwd)
