@@ -19,6 +19,7 @@ from asr.data.dataset import Batch, SpeechDataset, collate, round_up, set_loader
 from asr.data.manifest import format_bad_entries, validate_manifest
 from asr.data.sampler import DynamicBucketSampler, LengthGrid
 from asr.metrics import ErrorCounts, char_errors, word_errors
+from asr.models.dropout import use_fast_dropout
 from asr.models.seq2seq import LossOutput, build_seq2seq
 from asr.recognizer import BF16_STEP_ROWS
 from asr.search import Hypothesis, greedy_search
@@ -54,6 +55,8 @@ class ASRModule(L.LightningModule):
         max_nonfinite_steps: training stops after this many consecutive steps with a
             non-finite loss or gradient; each such step is skipped (weights and optimizer
             moments untouched) and counted in `train/skipped_steps`.
+        fast_dropout: train with `asr.models.dropout.FastDropout`, whose CPU masks cost a
+            quarter of the random numbers (docs/performance.md); the model is unchanged.
     """
 
     def __init__(
@@ -71,6 +74,7 @@ class ASRModule(L.LightningModule):
         plot_utterances: int = 3,
         plot_every_n_epochs: int = 1,
         max_nonfinite_steps: int = 10,
+        fast_dropout: bool = False,
     ):
         super().__init__()
         if plot_every_n_epochs < 1:
@@ -79,6 +83,8 @@ class ASRModule(L.LightningModule):
             ignore=["frontend", "encoder", "decoder", "optimizer", "lr_scheduler"]
         )
         self.model = build_seq2seq(frontend, encoder, decoder, vocab_size, ctc_weight)
+        if fast_dropout:
+            use_fast_dropout(self.model)
         self.tokenizer = Tokenizer.load(tokenizer) if tokenizer else None
         self.optimizer_factory = optimizer
         self.scheduler_factory = lr_scheduler

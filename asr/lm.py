@@ -26,6 +26,7 @@ from asr.checkpoint import LM_KEY, checkpoint_payload
 from asr.data.dataset import set_loader_epoch
 from asr.data.manifest import read_manifest
 from asr.lightning import bucketed_loader, stage_manifests, step_schedule
+from asr.models.dropout import use_fast_dropout
 from asr.models.lm import build_lm
 from asr.text import EOS_ID, PAD_ID, SOS_ID, Tokenizer
 
@@ -79,6 +80,7 @@ class LMModule(L.LightningModule):
         tokenizer: tokenizer directory, linked from the data module; embedded in checkpoints.
         optimizer: optimizer factory over the parameters.
         lr_scheduler: optional schedule factory, stepped every optimizer step.
+        fast_dropout: train with `asr.models.dropout.FastDropout` (see `ASRModule`).
     """
 
     def __init__(
@@ -88,10 +90,13 @@ class LMModule(L.LightningModule):
         tokenizer: str = "",
         optimizer: OptimizerCallable = _adamw,
         lr_scheduler: LRSchedulerCallable | None = None,
+        fast_dropout: bool = False,
     ):
         super().__init__()
         self.save_hyperparameters(ignore=["lm", "optimizer", "lr_scheduler"])
         self.lm = build_lm(lm, vocab_size)
+        if fast_dropout:
+            use_fast_dropout(self.lm)
         self.tokenizer = Tokenizer.load(tokenizer) if tokenizer else None
         self.optimizer_factory = optimizer
         self.scheduler_factory = lr_scheduler

@@ -3,7 +3,6 @@ exactly over their extensions, and batching, padding and reordering change nothi
 
 from __future__ import annotations
 
-import doctest
 import itertools
 
 import pytest
@@ -47,10 +46,6 @@ def extend_all(scorer: CTCPrefixScorer, sequences: list[list[int]], beam: int = 
     for step in range(len(sequences[0])):
         state = scorer.extend(state, torch.tensor([s[step] for s in sequences]))
     return state
-
-
-def test_doctests() -> None:
-    assert doctest.testmod(ctc_prefix).failed == 0
 
 
 def test_linear_recurrence_matches_the_loop() -> None:

@@ -3,7 +3,6 @@ CMVN statistics, SpecAugment bounds."""
 
 from __future__ import annotations
 
-import doctest
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -77,10 +76,6 @@ def frame_geometry(frontend: nn.Module) -> tuple[int, int]:
     if isinstance(features, MFCC):
         features = features.log_mel
     return features.spectrogram.win_length, features.spectrogram.hop_length
-
-
-def test_doctests():
-    assert doctest.testmod(asr.frontends).failed == 0
 
 
 # ----------------------------------------------------------------------------- lengths

@@ -4,7 +4,6 @@ under every scoring option, CTC-only search finds the CTC best, and LM fusion ta
 
 from __future__ import annotations
 
-import doctest
 import functools
 import itertools
 from dataclasses import replace
@@ -148,10 +147,6 @@ def assert_same_nbest(got: list[Hypothesis], expected: list[tuple[float, list[in
         atol=1e-4,
         rtol=0,
     )
-
-
-def test_doctests() -> None:
-    assert doctest.testmod(search).failed == 0
 
 
 @pytest.mark.parametrize("family", ["transformer", "rnn"])

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import doctest
 import functools
 import json
 import random
@@ -13,7 +12,6 @@ from pathlib import Path
 import pytest
 import torch
 
-import asr.text
 from asr.text import (
     BLANK_ID,
     EOS_ID,
@@ -33,10 +31,6 @@ from asr.text import (
 # ESPnet's "BPE 30", which has one special id fewer), a larger BPE, and a unigram model.
 AN4_SPECS = [("char", None), ("bpe", 31), ("bpe", 100), ("unigram", 60)]
 SMALL_TEXTS = ["hello world", "yes no yes", "Don't stop, NOW!", "the quick brown fox"]
-
-
-def test_doctests():
-    assert doctest.testmod(asr.text).failed == 0
 
 
 # --------------------------------------------------------------------------- normaliser

@@ -11,7 +11,6 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from asr.models.dropout import Dropout
 from asr.models.interfaces import lengths_to_mask
 from asr.models.transformer import (
     Conv2dSubsampling,
@@ -47,7 +46,7 @@ class ConvolutionModule(nn.Module):
         )
         self.norm = nn.BatchNorm1d(d_model) if norm == "batch" else nn.LayerNorm(d_model)
         self.pointwise_out = nn.Conv1d(d_model, d_model, 1)
-        self.dropout = Dropout(dropout)
+        self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: Tensor, valid: Tensor) -> Tensor:
         """x `(B, T, D)`, valid `(B, T)` True on real frames -> `(B, T, D)`."""
@@ -71,9 +70,9 @@ class MacaronFeedForward(nn.Sequential):
             nn.LayerNorm(d_model),
             nn.Linear(d_model, ffn_dim),
             nn.SiLU(),
-            Dropout(dropout),
+            nn.Dropout(dropout),
             nn.Linear(ffn_dim, d_model),
-            Dropout(dropout),
+            nn.Dropout(dropout),
         )
 
 
@@ -97,7 +96,7 @@ class ConformerLayer(nn.Module):
         self.conv = ConvolutionModule(d_model, kernel_size, dropout, conv_norm)
         self.ffn2 = MacaronFeedForward(d_model, ffn_dim, dropout)
         self.norm = nn.LayerNorm(d_model)
-        self.dropout = Dropout(dropout)
+        self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: Tensor, pos: Tensor, valid: Tensor) -> Tensor:
         """x `(B, T, D)`, pos `(2T - 1, D)`, valid `(B, T)` -> `(B, T, D)`."""

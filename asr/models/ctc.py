@@ -6,7 +6,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from asr.models.dropout import Dropout
 from asr.text import BLANK_ID
 
 
@@ -22,7 +21,7 @@ class CTCHead(nn.Module):
     def __init__(self, vocab_size: int, encoder_dim: int, dropout: float = 0.0):
         super().__init__()
         self.vocab_size = vocab_size
-        self.dropout = Dropout(dropout)
+        self.dropout = nn.Dropout(dropout)
         self.proj = nn.Linear(encoder_dim, vocab_size)
 
     def forward(self, enc: Tensor) -> Tensor:

@@ -1,10 +1,12 @@
-"""Dropout whose CPU mask costs a quarter of the random numbers of `nn.Dropout`.
+"""Opt-in dropout whose CPU mask costs a quarter of the random numbers of `nn.Dropout`.
 
-On CPU, `nn.Dropout` draws one number per element from the serial generator (`bernoulli_`);
-in a bf16 training step of conf/an4/transformer.yaml that was about a fifth of the step
-(torch.profiler, `python -m bench train`). Here each 64-bit draw gives four 16-bit
+On CPU, `nn.Dropout` draws one number per element from the serial generator (`bernoulli_`),
+a large share of a small model's training step. Here each 64-bit draw gives four 16-bit
 uniforms, so the drop probability is `p` rounded to a multiple of 1/65536. Elsewhere (CUDA)
 `torch.nn.functional.dropout` runs unchanged.
+
+Models are built with `nn.Dropout`; `use_fast_dropout(model)` swaps each one for
+`FastDropout`. The training modules do so with `fast_dropout: true` (docs/performance.md).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from torch import Tensor, nn
 _LEVELS = 1 << 16  # 16-bit uniforms
 
 
-def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
+def fast_dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
     """Inverted dropout: zero each element with probability `p`, scale the rest by 1/(1-p)."""
     if not training or p == 0.0:
         return x
@@ -36,17 +38,23 @@ def _keep_mask(x: Tensor, p: float) -> Tensor:
     return uniforms >= round(p * _LEVELS) - _LEVELS // 2
 
 
-class Dropout(nn.Module):
-    """Drop-in for `nn.Dropout` using `dropout` above."""
-
-    def __init__(self, p: float = 0.5) -> None:
-        super().__init__()
-        if not 0.0 <= p <= 1.0:
-            raise ValueError(f"dropout probability must be in [0, 1], got {p}")
-        self.p = p
+class FastDropout(nn.Dropout):
+    """`nn.Dropout` with the mask of `fast_dropout`."""
 
     def forward(self, x: Tensor) -> Tensor:
-        return dropout(x, self.p, self.training)
+        return fast_dropout(x, self.p, self.training)
 
-    def extra_repr(self) -> str:
-        return f"p={self.p}"
+
+def use_fast_dropout(model: nn.Module) -> int:
+    """Swap every `nn.Dropout` inside `model` for a `FastDropout` of the same `p`, in place.
+
+    Returns:
+        How many were swapped.
+    """
+    swapped = 0
+    for module in list(model.modules()):
+        for name, child in module.named_children():
+            if type(child) is nn.Dropout:
+                setattr(module, name, FastDropout(child.p))
+                swapped += 1
+    return swapped

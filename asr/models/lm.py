@@ -18,7 +18,6 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from asr.models.dropout import Dropout
 from asr.models.interfaces import State, reorder_batch
 from asr.models.transformer import FeedForward, MultiHeadAttention, PositionalEncoding
 
@@ -69,7 +68,7 @@ class LSTMLM(nn.Module):
         self.rnn = nn.LSTM(
             embed_dim, hidden_size, num_layers, batch_first=True, dropout=between_layers
         )
-        self.dropout = Dropout(dropout)
+        self.dropout = nn.Dropout(dropout)
         self.output = nn.Linear(hidden_size, vocab_size)
         if tie_embeddings:
             self.output.weight = self.embedding.weight
@@ -126,7 +125,7 @@ class CausalBlock(nn.Module):
         self.attn = MultiHeadAttention(d_model, num_heads)
         self.ffn_norm = nn.LayerNorm(d_model)
         self.ffn = FeedForward(d_model, ffn_dim, dropout)
-        self.dropout = Dropout(dropout)
+        self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: Tensor) -> Tensor:
         """x `(B, L, D)` -> `(B, L, D)`; position i sees positions 0..i."""

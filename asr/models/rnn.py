@@ -11,7 +11,6 @@ from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from asr.models.attention import LocationAwareAttention
-from asr.models.dropout import Dropout
 from asr.models.interfaces import State, lengths_to_mask, reorder_batch
 
 _RNN_TYPES = {"lstm": nn.LSTM, "gru": nn.GRU}
@@ -172,6 +171,9 @@ class RNNEncoder(nn.Module):
         conv_front: put a VGG-like conv2d front (x4 subsampling) before the RNN.
         conv_channels: channels of the front's first block (the second has twice as many).
         layer_norm: layer-normalise each projection's output (needs `projection_dim > 0`).
+        unpacked_on_cpu: on CPU, run each direction over the padded batch (oneDNN's LSTM)
+            instead of packed sequences: the same outputs, faster training steps
+            (docs/performance.md).
     """
 
     def __init__(
@@ -188,6 +190,7 @@ class RNNEncoder(nn.Module):
         conv_front: bool = False,
         conv_channels: int = 64,
         layer_norm: bool = True,
+        unpacked_on_cpu: bool = False,
     ) -> None:
         super().__init__()
         if rnn_type not in _RNN_TYPES:
@@ -201,6 +204,7 @@ class RNNEncoder(nn.Module):
         self.input_dim = input_dim
         self.layer_factors = parse_subsample(subsample, num_layers)
         self.subsample_mode = subsample_mode
+        self.unpacked_on_cpu = unpacked_on_cpu
         channels = (conv_channels, 2 * conv_channels)
         self.front = ConvFront(input_dim, channels) if conv_front else None
         directions = 2 if bidirectional else 1
@@ -220,7 +224,7 @@ class RNNEncoder(nn.Module):
                 size = projection_dim
                 if layer_norm:
                     self.norms.append(nn.LayerNorm(size))
-        self.dropout = Dropout(dropout)
+        self.dropout = nn.Dropout(dropout)
         self.output_dim = size
 
     @property
@@ -260,10 +264,9 @@ class RNNEncoder(nn.Module):
         valid = lengths_to_mask(x_lens, x.size(1)).unsqueeze(-1)  # (B, T', 1)
         return x.masked_fill(~valid, 0.0), x_lens
 
-    @staticmethod
-    def _run_rnn(rnn: nn.RNNBase, x: Tensor, x_lens: Tensor) -> Tensor:
+    def _run_rnn(self, rnn: nn.RNNBase, x: Tensor, x_lens: Tensor) -> Tensor:
         """The RNN over each utterance's valid frames; the output is zero past each length."""
-        if x.device.type == "cpu":
+        if self.unpacked_on_cpu and x.device.type == "cpu":
             return _padded_rnn(rnn, x, x_lens)
         packed = pack_padded_sequence(x, x_lens.cpu(), batch_first=True, enforce_sorted=False)
         output, _ = rnn(packed)
@@ -376,7 +379,7 @@ class RNNAttentionDecoder(nn.Module):
         sizes = [embed_dim + (encoder_dim if input_feeding else 0)] + [hidden_size] * num_layers
         cell = _CELL_TYPES[rnn_type]
         self.cells = nn.ModuleList(cell(size, hidden_size) for size in sizes[:-1])
-        self.dropout = Dropout(dropout)
+        self.dropout = nn.Dropout(dropout)
         self.output = nn.Linear(hidden_size + encoder_dim, vocab_size)
 
     def init_state(self, enc: Tensor, enc_lens: Tensor) -> State:

@@ -17,7 +17,6 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from asr.models.dropout import Dropout, dropout
 from asr.models.interfaces import State, lengths_to_mask, reorder_batch
 
 # Time (and frequency) convolutions of each subsampling factor, as (kernel, stride) pairs.
@@ -188,7 +187,7 @@ class PositionalEncoding(nn.Module):
         super().__init__()
         self.d_model = d_model
         self.scale = math.sqrt(d_model)
-        self.dropout = Dropout(dropout)
+        self.dropout = nn.Dropout(dropout)
         self.register_buffer("pe", sinusoid_table(max_len, d_model), persistent=False)
 
     def forward(self, x: Tensor, offset: int = 0) -> Tensor:
@@ -227,9 +226,9 @@ class MultiHeadAttention(nn.Module):
             raise ValueError(f"d_model={d_model} is not divisible by num_heads={num_heads}")
         self.num_heads = num_heads
         self.head_dim = d_model // num_heads
-        self.dropout = dropout
         self.in_proj = nn.Linear(d_model, 3 * d_model)  # rows: query, key, value
         self.out_proj = nn.Linear(d_model, d_model)
+        self.weight_dropout = nn.Dropout(dropout)  # on the attention weights
 
     def _heads(self, x: Tensor) -> Tensor:
         b, length, _ = x.shape
@@ -290,7 +289,7 @@ class MultiHeadAttention(nn.Module):
         if is_causal and (mask is not None or need_weights):
             mask = _with_causal(mask, query.size(2), key.size(2), query.device)
             is_causal = False
-        p = self.dropout if self.training else 0.0
+        p = self.weight_dropout.p if self.training else 0.0
         if not need_weights:
             with _sdpa_backend(query, key):
                 context = F.scaled_dot_product_attention(
@@ -303,7 +302,7 @@ class MultiHeadAttention(nn.Module):
         elif mask is not None:
             scores = scores + mask
         weights = scores.softmax(dim=-1, dtype=torch.float32).to(value.dtype)
-        return dropout(weights, p, self.training) @ value, weights
+        return self.weight_dropout(weights) @ value, weights
 
     def output(self, context: Tensor) -> Tensor:
         """Per-head contexts `(B, H, L, d)` -> `(B, L, D)` through the output projection."""
@@ -389,7 +388,7 @@ class RelativePositionalEncoding(nn.Module):
         super().__init__()
         self.d_model = d_model
         self.scale = math.sqrt(d_model)
-        self.dropout = Dropout(dropout)
+        self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """`(B, T, d_model)` -> the scaled input and `(2T - 1, d_model)` relative positions."""
@@ -503,7 +502,7 @@ class FeedForward(nn.Sequential):
 
     def __init__(self, d_model: int, ffn_dim: int, dropout: float) -> None:
         super().__init__(
-            nn.Linear(d_model, ffn_dim), nn.ReLU(), Dropout(dropout), nn.Linear(ffn_dim, d_model)
+            nn.Linear(d_model, ffn_dim), nn.ReLU(), nn.Dropout(dropout), nn.Linear(ffn_dim, d_model)
         )
 
 
@@ -526,7 +525,7 @@ class EncoderLayer(nn.Module):
         self.attn = attention(d_model, num_heads, attention_dropout)
         self.ffn_norm = nn.LayerNorm(d_model)
         self.ffn = FeedForward(d_model, ffn_dim, dropout)
-        self.dropout = Dropout(dropout)
+        self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: Tensor, mask: Tensor, pos: Tensor | None = None) -> Tensor:
         """x `(B, T, D)`, mask `(B, 1, 1, T)` True on valid frames, and for a relative layer
@@ -624,7 +623,7 @@ class DecoderLayer(nn.Module):
         self.cross_attn = MultiHeadAttention(d_model, num_heads, attention_dropout)
         self.ffn_norm = nn.LayerNorm(d_model)
         self.ffn = FeedForward(d_model, ffn_dim, dropout)
-        self.dropout = Dropout(dropout)
+        self.dropout = nn.Dropout(dropout)
 
     def forward(
         self, x: Tensor, mem_k: Tensor, mem_v: Tensor, mem_mask: Tensor

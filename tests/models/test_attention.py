@@ -3,14 +3,12 @@ Chorowski's formulas, sharpening, location dependence, reordering."""
 
 from __future__ import annotations
 
-import doctest
 import functools
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from asr.models import attention
 from asr.models.attention import (
     AdditiveAttention,
     DotProductAttention,
@@ -70,10 +68,6 @@ def random_alignment(module: torch.nn.Module, mask: torch.Tensor, seed: int = 2)
     weights = torch.rand(shape, generator=generator) * mask[:, None]
     weights = weights / weights.sum(-1, keepdim=True)
     return weights.squeeze(1) if module.num_heads == 1 else weights
-
-
-def test_doctests() -> None:
-    assert doctest.testmod(attention).failed == 0
 
 
 @pytest.mark.parametrize("name", KINDS)

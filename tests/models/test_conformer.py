@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import doctest
 import math
 
 import pytest
 import torch
 
-from asr.models import conformer
 from asr.models.conformer import ConformerEncoder, ConvolutionModule
 from asr.models.interfaces import lengths_to_mask
 from asr.models.transformer import (
@@ -33,10 +31,6 @@ def padded_batch(lens: list[int], dim: int) -> tuple[torch.Tensor, torch.Tensor]
     lens_t = torch.tensor(lens)
     x[~lengths_to_mask(lens_t)] = 1e3
     return x, lens_t
-
-
-def test_doctests() -> None:
-    assert doctest.testmod(conformer).failed == 0
 
 
 @pytest.mark.parametrize("length", [1, 2, 3, 8, 17])

@@ -3,7 +3,6 @@ stepwise == teacher forcing, reordering, scheduled sampling, configs."""
 
 from __future__ import annotations
 
-import doctest
 import functools
 import itertools
 
@@ -29,10 +28,6 @@ def features(lens: torch.Tensor = LENS, dim: int = FEAT_DIM, seed: int = 0) -> t
     generator = torch.Generator().manual_seed(seed)
     x = torch.randn(len(lens), int(lens.max()), dim, generator=generator)
     return torch.where(lengths_to_mask(lens)[..., None], x, 1e3)
-
-
-def test_doctests() -> None:
-    assert doctest.testmod(rnn).failed == 0
 
 
 # ---------------------------------------------------------------- encoder
@@ -132,6 +127,19 @@ def test_conv_front_length_and_padding() -> None:
     for row, length in enumerate(LENS.tolist()):
         alone, _ = front(x[row : row + 1, :length], LENS[row : row + 1])
         torch.testing.assert_close(alone[0], y[row, : alone.size(1)], atol=1e-5, rtol=0)
+
+
+def test_unpacked_cpu_encoder_equals_the_packed_one() -> None:
+    torch.manual_seed(0)
+    packed = make_encoder(mode="concat", proj=0).train()
+    unpacked = make_encoder(mode="concat", proj=0).train()
+    unpacked.load_state_dict(packed.state_dict())
+    unpacked.unpacked_on_cpu = True
+    x = features()
+    out, lens = packed(x, LENS)
+    out_unpacked, lens_unpacked = unpacked(x, LENS)
+    assert torch.equal(lens, lens_unpacked)
+    torch.testing.assert_close(out_unpacked, out, atol=1e-5, rtol=1e-5)
 
 
 def test_concat_mode_concatenates_adjacent_frames() -> None:

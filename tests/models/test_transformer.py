@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import doctest
 import math
 
 import pytest
 import torch
 from torch import nn
 
-from asr.models import transformer
 from asr.models.interfaces import lengths_to_mask
 from asr.models.transformer import (
     Conv2dSubsampling,
@@ -49,10 +47,6 @@ def random_tokens(batch: int, length: int) -> torch.Tensor:
     tokens = torch.randint(0, VOCAB, (batch, length))
     tokens[:, 0] = 3  # sos
     return tokens
-
-
-def test_doctests() -> None:
-    assert doctest.testmod(transformer).failed == 0
 
 
 # ---------------------------------------------------------------- subsampling lengths
