@@ -41,7 +41,7 @@ from asr.data.manifest import (
     read_manifest,
     validate_manifest,
 )
-from asr.metrics import char_errors, word_errors
+from asr.metrics import ErrorCounts, char_errors, word_errors
 from asr.recognizer import Recognizer
 from asr.results import Decoded
 from asr.search import LanguageModel, SearchOptions
@@ -80,7 +80,7 @@ def evaluate(
         recognizer: the model.
         manifest: JSONL manifest with reference texts.
         out_dir: output folder (created).
-        options: search settings; None: `SearchOptions()`.
+        options: search settings; None: the recognizer's `default_options`.
         lm: language model for shallow fusion (`options.lm_weight > 0`).
         batch_size: utterances decoded together.
         plots: attention plots of this many utterances (the manifest's first ones).
@@ -98,7 +98,7 @@ def evaluate(
         ValueError: an unreadable manifest or audio file (unless `skip_bad`), no utterance
             left to score, or an unknown plot id (named).
     """
-    options = options or SearchOptions()
+    options = options or recognizer.default_options
     recognizer.check_options(options, lm)
     utterances, failures = _usable(manifest, skip_bad)
     if not utterances:
@@ -114,6 +114,7 @@ def evaluate(
     decode_seconds, audio_seconds = timing
     refs, hyps = [r.ref for r in results], [r.hyp for r in results]
     words, chars = word_errors(refs, hyps), char_errors(refs, hyps)
+    sentence_errors = sum(r.ref.split() != r.hyp.split() for r in results)
     _write_kaldi(out_dir / "hyp.txt", [(r.utt_id, r.hyp) for r in results])
     _write_kaldi(out_dir / "ref.txt", [(r.utt_id, r.ref) for r in results])
     (out_dir / "errors.txt").write_text(error_report(results), encoding="utf-8")
@@ -128,6 +129,9 @@ def evaluate(
         "reference_words": words.reference_length,
         "reference_characters": chars.reference_length,
         "utterances": len(results),
+        "sentence_errors": sentence_errors,  # utterances whose words differ from the reference
+        "word_counts": _counts(words),
+        "char_counts": _counts(chars),
         "failures": [str(failure) for failure in failures],
         "audio_hours": audio_seconds / 3600,
         "decode_seconds": decode_seconds,
@@ -156,6 +160,16 @@ def _usable(manifest: str | os.PathLike, skip_bad: bool) -> tuple[list[Utterance
 def _nothing_to_score(manifest: str | os.PathLike, failures: Sequence[BadEntry]) -> ValueError:
     listed = f":\n{format_bad_entries(failures)}" if failures else ""
     return ValueError(f"{manifest}: no utterances to evaluate{listed}")
+
+
+def _counts(counts: ErrorCounts) -> dict[str, int]:
+    """Edit counts as metrics.json keeps them (the recipes' RESULTS tables read them)."""
+    return {
+        "reference": counts.reference_length,
+        "substitutions": counts.substitutions,
+        "deletions": counts.deletions,
+        "insertions": counts.insertions,
+    }
 
 
 def _mean(values: Sequence[float]) -> float | None:

@@ -6,6 +6,7 @@ the tokenizer and the vocabulary size flow from the data module to the model."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 import warnings
 from collections.abc import Sequence
@@ -94,6 +95,14 @@ class ASRCLI(LightningCLI):
         parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
         parser.set_defaults(CHECKPOINT_DEFAULTS)
         parser.add_lightning_class_args(StepCheckpoint, "step_checkpoint")
+        parser.add_argument(
+            "--onednn_kernel_cache",
+            type=int | None,
+            default=None,
+            help="compiled oneDNN kernels kept for reuse (its default: 1024). With "
+            "data.shape_grid on a CPU, bf16 training reuses more kernels than that "
+            "(docs/performance.md); None leaves oneDNN's setting alone",
+        )
         # The bucketing sampler shards batches across ranks itself, and its batch count
         # changes from epoch to epoch (speed perturbation repacks the buckets): Lightning
         # counts an epoch's batches when it builds the loader, and with a stale count it
@@ -107,6 +116,7 @@ class ASRCLI(LightningCLI):
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
+        _keep_compiled_kernels(config.onednn_kernel_cache)
         root = config.trainer.default_root_dir or "."
         if config.checkpoint.dirpath is None:
             # One checkpoint folder per experiment, so `--ckpt_path last` resumes a rerun.
@@ -133,6 +143,20 @@ class ASRCLI(LightningCLI):
         model_config["vocab_size"] = self.datamodule.vocab_size
         # Plain JSON types only, so checkpoints load with weights_only=True.
         self.model.model_config = json.loads(json.dumps(model_config))
+
+
+KERNEL_CACHE_VARIABLE = "ONEDNN_PRIMITIVE_CACHE_CAPACITY"
+
+
+def _keep_compiled_kernels(capacity: int | None) -> None:
+    """Ask oneDNN to keep `capacity` compiled kernels, in this `asr fit` process (and the DDP
+    workers it starts), where the user has not set the variable already. It must be set
+    before the first oneDNN kernel is built, which no step before training does."""
+    if capacity is None or KERNEL_CACHE_VARIABLE in os.environ:
+        return
+    if capacity < 1:
+        raise ValueError(f"onednn_kernel_cache must be >= 1, got {capacity}")
+    os.environ[KERNEL_CACHE_VARIABLE] = str(capacity)
 
 
 def _next_version(logs: Path) -> int:

@@ -32,6 +32,7 @@ from asr.models.transformer import TransformerDecoder, TransformerEncoder
 from asr.recognizer import load_model
 from asr.segment import segment_seconds_for
 from asr.text import train_tokenizer
+from asr.train import KERNEL_CACHE_VARIABLE, _keep_compiled_kernels
 
 pytestmark = pytest.mark.needs_corpus
 
@@ -365,9 +366,29 @@ def _tiny_module(tiny_an4: dict[str, str], **options) -> tuple[ASRModule, ASRDat
     return module, data
 
 
-def test_shape_grid_pads_batches_to_grid_points(tiny_an4):
+@pytest.fixture
+def kernel_cache_unset(monkeypatch):
+    """oneDNN's kernel-cache variable absent for the test and restored after it."""
+    monkeypatch.setenv(KERNEL_CACHE_VARIABLE, "")  # records the original value for teardown
+    monkeypatch.delenv(KERNEL_CACHE_VARIABLE)
+
+
+def test_onednn_kernel_cache_is_set_only_when_asked(kernel_cache_unset):
+    _keep_compiled_kernels(None)
+    assert KERNEL_CACHE_VARIABLE not in os.environ
+    _keep_compiled_kernels(2048)
+    assert os.environ[KERNEL_CACHE_VARIABLE] == "2048"
+    _keep_compiled_kernels(4096)
+    assert os.environ[KERNEL_CACHE_VARIABLE] == "2048", "a value already set is kept"
+    del os.environ[KERNEL_CACHE_VARIABLE]
+    with pytest.raises(ValueError, match="onednn_kernel_cache"):
+        _keep_compiled_kernels(0)
+
+
+def test_shape_grid_pads_batches_to_grid_points(tiny_an4, kernel_cache_unset):
     data = ASRDataModule(tiny_an4["train"], tiny_an4["dev"], tiny_an4["tokenizer"],
                          max_batch_seconds=6, speed_perturb=[0.9, 1.1], shape_grid=1.1)  # fmt: skip
+    assert KERNEL_CACHE_VARIABLE not in os.environ, "the library changes no process-wide state"
     data.setup("fit")
     grid, seen = LengthGrid(1.1), set()
     for epoch in range(3):

@@ -155,8 +155,9 @@ def test_yesno_end_to_end_tiny(yesno_dir, tmp_path, repo_outputs):
         metrics = json.loads((model_dir / f"decode_{split}" / "metrics.json").read_text())
         assert (float(wer), float(cer)) == (round(metrics["wer"], 2), round(metrics["cer"], 2))
         assert int(count) == sizes[split]
-        row = f"| conf/yesno/transformer.yaml | {split} | beam 1, ctc 0.3 | {metrics['wer']:.1f} |"
-        assert row in result.stdout and row in (model_dir / "RESULTS.md").read_text()
+        table = (model_dir / "RESULTS.md").read_text()
+        assert table in result.stdout and f"- decode_{split}: beam 1, ctc 0.3;" in table
+        assert results_row(table, f"decode_{split}", metrics["wer"], metrics["cer"], sizes[split])
 
     again = run_recipe("yesno", *args)
     assert skipped(again.stdout) == [1, 2, 3, 4, 5, 6, 7] and ran(again.stdout) == []
@@ -265,6 +266,21 @@ def test_an4_stages_skip_when_done_and_force_reruns(mini_an4_tar, tmp_path):
     assert outputs[2].stat().st_mtime_ns != stamps[2]
 
 
+def results_row(table: str, name: str, wer: float, cer: float, utterances: int) -> bool:
+    """Whether the WER and the CER table of a recipe's RESULTS.md hold `name`'s row, in
+    ESPnet's columns (dataset, Snt, Wrd, Corr, Sub, Del, Ins, Err, S.Err)."""
+    rows = [line.split("|")[1:-1] for line in table.splitlines() if line.startswith(f"| {name} |")]
+    if len(rows) != 2:
+        return False
+    (word, char) = ([cell.strip() for cell in r] for r in rows)
+    corr, sub, dele = (float(x) for x in word[3:6])
+    return (
+        word[1] == char[1] == str(utterances)
+        and word[7] == f"{wer:.1f}" and char[7] == f"{cer:.1f}"
+        and abs(corr + sub + dele - 100) < 0.2
+    )  # fmt: skip
+
+
 @pytest.mark.needs_corpus
 def test_an4_quick_with_language_model(mini_an4_tar, tmp_path):
     """--lm-weight adds stage 8 (train the LM) and 9 (decode with shallow fusion): their
@@ -279,10 +295,10 @@ def test_an4_quick_with_language_model(mini_an4_tar, tmp_path):
     table = (model_dir / "RESULTS.md").read_text()
     for split in ("dev", "test"):  # a Transformer decodes at CTC 0.5 unless told otherwise
         for suffix, decoding in (("", "beam 2, ctc 0.5"), ("_lm", "beam 2, ctc 0.5, LM 0.3")):
-            metrics_file = model_dir / f"decode_{split}{suffix}" / "metrics.json"
-            wer = json.loads(metrics_file.read_text())["wer"]
-            row = f"| conf/an4/transformer_quick.yaml | {split} | {decoding} | {wer:.1f} |"
-            assert row in table and row in result.stdout
+            name = f"decode_{split}{suffix}"
+            metrics = json.loads((model_dir / name / "metrics.json").read_text())
+            assert f"- {name}: {decoding};" in table and table in result.stdout
+            assert results_row(table, name, metrics["wer"], metrics["cer"], metrics["utterances"])
     again = run_recipe("an4", *args)
     assert ran(again.stdout) == [] and skipped(again.stdout) == list(range(1, 10))
 

@@ -209,7 +209,20 @@ import sys
 from pathlib import Path
 
 model_dir, config, *splits = sys.argv[1:]
-rows = []
+header = "| dataset | Snt | Wrd | Corr | Sub | Del | Ins | Err | S.Err |\n" + "|---" * 9 + "|\n"
+
+
+def row(name, m, unit):
+    """An ESPnet-style row: counts of sentences and units, then percentages."""
+    c = m[f"{unit}_counts"]
+    ref, sub, dele, ins = c["reference"], c["substitutions"], c["deletions"], c["insertions"]
+    pct = [100 * x / ref for x in (ref - sub - dele, sub, dele, ins, sub + dele + ins)]
+    pct.append(100 * m["sentence_errors"] / m["utterances"])
+    return f"| {name} | {m['utterances']} | {ref} | " + " | ".join(f"{x:.1f}" for x in pct) + " |"
+
+
+rows = {"word": [], "char": []}
+settings = []
 for split in splits:
     for suffix in ("", "_lm"):
         metrics = Path(model_dir) / f"decode_{split}{suffix}" / "metrics.json"
@@ -220,12 +233,15 @@ for split in splits:
         decoding = f"beam {search['beam_size']}, ctc {search['ctc_weight']}"
         if search.get("lm_weight"):
             decoding += f", LM {search['lm_weight']}"
-        rows.append(f"| {config} | {split} | {decoding} | {m['wer']:.1f} | {m['cer']:.1f} "
-                    f"| {m['real_time_factor']:.3f} |")
-if not rows:
+        name = f"decode_{split}{suffix}"
+        settings.append(f"- {name}: {decoding}; RTF {m['real_time_factor']:.3f}")
+        for unit in rows:
+            rows[unit].append(row(name, m, unit))
+if not settings:
     sys.exit(f"results: no decode_<split>/metrics.json in {model_dir} for {', '.join(splits)}")
-table = "| config | split | decoding | WER % | CER % | RTF |\n|---|---|---|---|---|---|\n"
-text = table + "\n".join(rows) + "\n"
+text = f"# {config}\n\n" + "\n".join(settings) + "\n\n"
+text += "## WER\n\n" + header + "\n".join(rows["word"]) + "\n\n"
+text += "## CER\n\n" + header + "\n".join(rows["char"]) + "\n"
 (Path(model_dir) / "RESULTS.md").write_text(text)
 print(text)
 plots = " and ".join(f"{model_dir}/decode_{split}/alignments/" for split in splits)
