@@ -6,7 +6,7 @@ asr cmvn --manifest M --out stats.json          global CMVN statistics
 asr validate-data --manifest M [--tokenizer DIR] check audio and text up front
 asr fit|validate|test --config conf/...yaml     training (LightningCLI)
 asr average --last exp/.../checkpoints/last.ckpt --best 5 --out avg.ckpt
-asr set-decoding CKPT --beam-size 10 --ctc-weight 0.5   the search settings CKPT decodes with
+asr set-decoding --checkpoint CKPT --beam-size 10 --ctc-weight 0.5   its default search
 asr transcribe AUDIO... --checkpoint CKPT [--format txt json srt vtt] [--output-dir DIR]
 asr evaluate --checkpoint CKPT --manifest test.jsonl --out DIR   WER/CER, reports, plots
 asr align AUDIO --checkpoint CKPT --text "..." --out plot.png      word times of a transcript
@@ -111,7 +111,7 @@ def _average(args: argparse.Namespace) -> int:
 def _set_decoding(args: argparse.Namespace) -> int:
     from asr.checkpoint import store_decoding
 
-    recognizer = load_model_of(args)
+    recognizer = _load_model(args)
     options = _search_options(args, recognizer)
     recognizer.check_options(options)
     stored = {k: v for k, v in asdict(options).items() if k not in ("nbest", "lm_weight")}
@@ -120,7 +120,7 @@ def _set_decoding(args: argparse.Namespace) -> int:
     return 0
 
 
-def load_model_of(args: argparse.Namespace) -> Recognizer:
+def _load_model(args: argparse.Namespace) -> Recognizer:
     """The recognizer `--checkpoint` names, on `--device` in `--precision` where given."""
     from asr.recognizer import load_model
 
@@ -168,7 +168,7 @@ def _language_model(args: argparse.Namespace, recognizer):
 def _transcribe(args: argparse.Namespace) -> int:
     from asr.transcribe import TRANSCRIBE_BATCH_SIZE, transcribe_files
 
-    recognizer = load_model_of(args)
+    recognizer = _load_model(args)
     _warn_if_longer_than_trained(recognizer, args.max_segment_seconds)
     given = {
         "max_segment_seconds": args.max_segment_seconds,
@@ -211,7 +211,7 @@ def _warn_if_longer_than_trained(recognizer: Recognizer, max_segment_seconds: fl
 def _evaluate(args: argparse.Namespace) -> int:
     from asr.evaluate import evaluate
 
-    recognizer = load_model_of(args)
+    recognizer = _load_model(args)
     metrics = evaluate(
         recognizer,
         args.manifest,
@@ -239,7 +239,7 @@ def _evaluate(args: argparse.Namespace) -> int:
 def _align(args: argparse.Namespace) -> int:
     from asr.plotting import save_alignment_plots
 
-    recognizer = load_model_of(args)
+    recognizer = _load_model(args)
     alignment = recognizer.align(args.audio, args.text)
     written = save_alignment_plots(recognizer, alignment, args.out, title=alignment.text)
     ctc = alignment.ctc_words
