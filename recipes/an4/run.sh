@@ -12,11 +12,12 @@
 #   2  train the tokenizer     data/an4/tokenizer/
 #   3  CMVN statistics         data/an4/cmvn.json
 #   4  train                   exp/an4/<model>/            (resumes from last.ckpt if present)
-#   5  average checkpoints     exp/an4/<model>/avg.ckpt    (best 5 by dev WER)
+#   5  average checkpoints     exp/an4/<model>/avg.ckpt    (best 5 by dev WER), which then
+#                              decodes by default as stage 6 does (asr set-decoding)
 #   6  decode dev and test     exp/an4/<model>/decode_{dev,test}/ (metrics, errors, plots);
 #                              beam 10, CTC weight chosen on dev: 0.5 for the Transformers
 #                              (quick or not), 0.3 for the other models (RESULTS.md)
-#   7  results table           exp/an4/<model>/RESULTS.md rows, printed
+#   7  results table           exp/an4/<model>/RESULTS.md: WER and CER tables, printed
 # With --lm-weight W > 0 (shallow fusion of a character LSTM LM, conf/an4/lm.yaml):
 #   8  train the LM            exp/an4/lm/ on the training transcripts (under a minute)
 #   9  decode with the LM      exp/an4/<model>/decode_{dev,test}_lm/, and the results table
