@@ -105,7 +105,7 @@ def read_payload(path: str | os.PathLike, key: str) -> tuple[dict[str, Any], dic
 def payload_tokenizer(payload: dict[str, Any]) -> Tokenizer:
     """The tokenizer whose files the payload embeds."""
     with tempfile.TemporaryDirectory() as tmp:
-        write_embedded_files(payload["tokenizer"], Path(tmp))
+        _write_embedded_files(payload["tokenizer"], Path(tmp))
         return Tokenizer.load(tmp)  # reads everything into memory
 
 
@@ -155,7 +155,7 @@ def instantiate(builder: Callable[..., Any], config: dict[str, Any]) -> Any:
     return arguments if inspect.isclass(builder) else builder(**vars(arguments))
 
 
-def write_embedded_files(files: dict[str, str], folder: Path) -> None:
+def _write_embedded_files(files: dict[str, str], folder: Path) -> None:
     """Write base64 files (as `checkpoint_payload` embeds them) into `folder`."""
     for name, data in files.items():
         (folder / Path(name).name).write_bytes(base64.b64decode(data))

@@ -41,7 +41,7 @@ from asr.data.manifest import (
     read_manifest,
     validate_manifest,
 )
-from asr.metrics import ErrorCounts, char_errors, word_errors
+from asr.metrics import char_errors, word_errors
 from asr.recognizer import Recognizer
 from asr.results import Decoded
 from asr.search import LanguageModel, SearchOptions
@@ -128,10 +128,11 @@ def evaluate(
         "insertions": words.insertions,
         "reference_words": words.reference_length,
         "reference_characters": chars.reference_length,
+        "char_substitutions": chars.substitutions,
+        "char_deletions": chars.deletions,
+        "char_insertions": chars.insertions,
         "utterances": len(results),
         "sentence_errors": sentence_errors,  # utterances whose words differ from the reference
-        "word_counts": _counts(words),
-        "char_counts": _counts(chars),
         "failures": [str(failure) for failure in failures],
         "audio_hours": audio_seconds / 3600,
         "decode_seconds": decode_seconds,
@@ -160,16 +161,6 @@ def _usable(manifest: str | os.PathLike, skip_bad: bool) -> tuple[list[Utterance
 def _nothing_to_score(manifest: str | os.PathLike, failures: Sequence[BadEntry]) -> ValueError:
     listed = f":\n{format_bad_entries(failures)}" if failures else ""
     return ValueError(f"{manifest}: no utterances to evaluate{listed}")
-
-
-def _counts(counts: ErrorCounts) -> dict[str, int]:
-    """Edit counts as metrics.json keeps them (the recipes' RESULTS tables read them)."""
-    return {
-        "reference": counts.reference_length,
-        "substitutions": counts.substitutions,
-        "deletions": counts.deletions,
-        "insertions": counts.insertions,
-    }
 
 
 def _mean(values: Sequence[float]) -> float | None:

@@ -214,8 +214,9 @@ header = "| dataset | Snt | Wrd | Corr | Sub | Del | Ins | Err | S.Err |\n" + "|
 
 def row(name, m, unit):
     """An ESPnet-style row: counts of sentences and units, then percentages."""
-    c = m[f"{unit}_counts"]
-    ref, sub, dele, ins = c["reference"], c["substitutions"], c["deletions"], c["insertions"]
+    prefix = "" if unit == "word" else "char_"
+    ref = m["reference_words" if unit == "word" else "reference_characters"]
+    sub, dele, ins = (m[f"{prefix}{edit}"] for edit in ("substitutions", "deletions", "insertions"))
     pct = [100 * x / ref for x in (ref - sub - dele, sub, dele, ins, sub + dele + ins)]
     pct.append(100 * m["sentence_errors"] / m["utterances"])
     return f"| {name} | {m['utterances']} | {ref} | " + " | ".join(f"{x:.1f}" for x in pct) + " |"
