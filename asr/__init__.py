@@ -8,12 +8,12 @@
 Layers, bottom to top; a module imports only from its own layer or those below, and nothing
 below training imports Lightning (tests/test_layers.py holds the package to this):
 
-    leaves      text (tokenizers, the special ids), audio, frontends, metrics, precision,
+    leaves      text (tokenizers, the special ids), audio, perturb, frontends, metrics, precision,
                 models/ (plain nn.Modules), data/manifest
     format      checkpoint (what a checkpoint holds; building its model)
     algorithms  search, ctc_prefix, timing (DTW, CTC forced alignment), segment (long audio)
     recognizer  results, writers, transcribe, recognizer (`load_model`, `load_lm`)
-    users       evaluate, plotting
+    users       evaluate, robustness, plotting
     training    data/, lightning, lm, optim, train (LightningCLI), cli (the `asr` command)
 
 The public names below are imported on first use, so `import asr` stays light.

@@ -1,4 +1,4 @@
-"""Waveform -> features: log-mel, MFCC, linear spectrogram, Kaldi fbank, CMVN, SpecAugment.
+"""Waveform -> features: level, log-mel, MFCC, linear spectrogram, Kaldi fbank, CMVN, SpecAugment.
 
 Every module here follows one contract, `forward(x, x_lens) -> (y, y_lens)`, batch first with
 absolute lengths. Feature extractors take waves `(B, T)` and give features `(B, T', D)`; the
@@ -652,6 +652,44 @@ class GlobalCMVN(nn.Module):
         return zero_padding(x, x_lens), x_lens
 
 
+class LevelNormalizer(nn.Module):
+    """Scale each utterance to one RMS level, so the model never sees how loud it was recorded.
+
+    The level is measured over valid samples after removing the mean (a DC offset is not
+    speech); the gain is applied to the waveform as it is. A gain ``g`` on the input changes
+    nothing but rounding: ``LevelNormalizer()(g * x) == LevelNormalizer()(x)``. Input quieter
+    than `floor_dbfs` (digital silence) is raised by at most the gain that brings a
+    `floor_dbfs` signal to the target, so silence is not amplified into full-scale noise.
+
+    Args:
+        target_dbfs: RMS level every utterance is brought to, in dB re full scale.
+        floor_dbfs: levels below this count as silence.
+    """
+
+    def __init__(self, target_dbfs: float = -26.0, floor_dbfs: float = -100.0):
+        super().__init__()
+        if floor_dbfs >= target_dbfs:
+            raise ValueError(f"floor_dbfs {floor_dbfs} must be below target_dbfs {target_dbfs}")
+        self.target_dbfs, self.floor_dbfs = target_dbfs, floor_dbfs
+
+    def forward(self, wave: Tensor, wave_lens: Tensor) -> tuple[Tensor, Tensor]:
+        """Bring every utterance to `target_dbfs`.
+
+        Args:
+            wave: `(B, T)` samples.
+            wave_lens: `(B,)` int64 valid samples per utterance.
+
+        Returns:
+            `(B, T)` scaled samples in `wave`'s dtype, zero beyond `wave_lens`; `wave_lens`.
+        """
+        _check_batch(wave, wave_lens, ndim=2)
+        x = zero_padding(wave.double()[:, :, None], wave_lens)[:, :, 0]  # (B, T)
+        mean, var = _masked_mean_var(x[:, :, None], wave_lens)  # (B, 1, 1) each
+        floor = 10 ** (self.floor_dbfs / 10)
+        gain = (10 ** (self.target_dbfs / 10) / var[:, 0].clamp(min=floor)).sqrt()  # (B, 1)
+        return (x * gain).to(wave.dtype), wave_lens
+
+
 # ----------------------------------------------------------------------------- augmentation
 
 
@@ -778,7 +816,7 @@ def _warp_one(x: Tensor, centre: int, new_centre: int) -> Tensor:
 
 
 class Frontend(nn.Module):
-    """Features, then optional normalisation, then optional augmentation.
+    """Optional level normalisation, features, optional normalisation, optional augmentation.
 
     Normalising before augmenting means a masked cell with `mask_value=0` equals the corpus
     mean, as in Park et al. Each part follows `forward(x, x_lens) -> (y, y_lens)`.
@@ -787,6 +825,8 @@ class Frontend(nn.Module):
         features: waves -> features (`LogMelFilterbank`, `MFCC`, `KaldiFbank`, ...).
         normalize: e.g. `GlobalCMVN` or `UtteranceCMVN`.
         augment: e.g. `SpecAugment` (acts in training mode only).
+        level: waves -> waves before the features, e.g. `LevelNormalizer`; its CMVN
+            statistics must then be computed through it (`asr cmvn --target-dbfs`).
     """
 
     def __init__(
@@ -794,9 +834,11 @@ class Frontend(nn.Module):
         features: nn.Module,
         normalize: nn.Module | None = None,
         augment: nn.Module | None = None,
+        level: nn.Module | None = None,
     ):
         super().__init__()
-        self.features, self.normalize, self.augment = features, normalize, augment
+        self.level, self.features = level, features
+        self.normalize, self.augment = normalize, augment
         self.output_dim: int = features.output_dim
 
     def forward(self, wave: Tensor, wave_lens: Tensor) -> tuple[Tensor, Tensor]:
@@ -809,6 +851,8 @@ class Frontend(nn.Module):
         Returns:
             feats `(B, T', output_dim)` float32, zero beyond `feat_lens`; feat_lens `(B,)`.
         """
+        if self.level is not None:
+            wave, wave_lens = self.level(wave, wave_lens)
         feats, feat_lens = self.features(wave, wave_lens)
         if self.normalize is not None:
             feats, feat_lens = self.normalize(feats, feat_lens)

@@ -15,6 +15,7 @@ from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor, nn
 
 from asr.checkpoint import RECOGNIZER_KEY, checkpoint_payload
+from asr.data.augment import WaveAugment, WaveAugmenter
 from asr.data.dataset import Batch, SpeechDataset, collate, round_up, set_loader_epoch
 from asr.data.manifest import format_bad_entries, validate_manifest
 from asr.data.sampler import DynamicBucketSampler, LengthGrid
@@ -428,6 +429,8 @@ class ASRDataModule(L.LightningDataModule):
         cache_audio: keep every loaded (and speed-perturbed) waveform in memory for later
             epochs, in each loading process: 4 bytes per sample per speed factor (AN4 train at
             16 kHz with three factors: ~0.45 GB). For corpora that fit in memory.
+        augment: waveform augmentation of the training set (noise, reverberation, telephone
+            band, gain; `asr.data.augment`), drawn per item from the seed and epoch.
     """
 
     def __init__(
@@ -448,12 +451,18 @@ class ASRDataModule(L.LightningDataModule):
         min_duration: float = 0.1,
         shape_grid: float | None = None,
         cache_audio: bool = False,
+        augment: WaveAugment | None = None,
     ):
         super().__init__()
         if check_audio not in ("header", "full"):
             raise ValueError(f"check_audio must be 'header' or 'full', got {check_audio!r}")
         self.grid = None if shape_grid is None else LengthGrid(shape_grid)
-        self.save_hyperparameters()
+        # The augmentation config is in the saved run config; hparams (and so checkpoints) keep
+        # plain types, which load with weights_only=True.
+        self.save_hyperparameters(ignore=["augment"])
+        self.augmenter = None
+        if augment is not None and augment.active:
+            self.augmenter = WaveAugmenter(augment, sample_rate)
         self.tokenizer = Tokenizer.load(tokenizer)
         self.datasets: dict[str, SpeechDataset] = {}
         self._resume_sampler: dict | None = None
@@ -479,9 +488,15 @@ class ASRDataModule(L.LightningDataModule):
         hp = self.hparams
         for split, manifest in stage_manifests(self, stage):
             utts = self._checked(manifest)
-            perturb = hp.speed_perturb if split == "train" else None
+            train = split == "train"
             self.datasets[split] = SpeechDataset(
-                utts, self.tokenizer, hp.sample_rate, perturb, hp.seed, hp.cache_audio
+                utts,
+                self.tokenizer,
+                hp.sample_rate,
+                hp.speed_perturb if train else None,
+                hp.seed,
+                hp.cache_audio,
+                self.augmenter if train else None,
             )
 
     def _checked(self, path: str) -> list:

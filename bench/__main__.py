@@ -1,4 +1,4 @@
-"""`python -m bench {peak,train,decode,scaling,peer,all,report} [--out DIR] [--quick] ...`
+"""`python -m bench {peak,train,loader,decode,scaling,peer,all,report} [--out DIR] [--quick] ...`
 
 Each part writes `<part>.json` into the results folder; after every run the report
 (results.json, results.md, bench.png) is rebuilt from all the part files there.
@@ -21,13 +21,14 @@ from typing import Any
 
 import torch
 
-from bench import decode, peak, peer, report, scaling, train
+from bench import decode, loader, peak, peer, report, scaling, train
 from bench.common import ROOT, Settings, ensure_data, write_json
 
 EPILOG = """parts:
   peak     matmul GFLOP/s in fp32 and bf16: the machine limit MFU divides by
   train    training step throughput, memory and MFU of conf/an4/{transformer,rnn}.yaml,
            then whole `asr fit` epochs of both
+  loader   seconds per epoch of loading the training set, with and without augmentation
   decode   RTF of greedy / beam 10 / beam 10 + CTC at batch 1, 8, 32 on AN4 test
   scaling  DDP 1 vs 2 CPU processes; decode time vs length; step time vs batch size
   peer     ours vs SpeechBrain's TransformerASR at the same size (pip install -e '.[bench]')
@@ -38,6 +39,7 @@ EPILOG = """parts:
 PARTS: dict[str, Callable[[Settings], dict[str, Any]]] = {
     "peak": peak.run,
     "train": train.run,
+    "loader": loader.run,
     "decode": decode.run,
     "scaling": scaling.run,
     "peer": peer.run,

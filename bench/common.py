@@ -90,12 +90,13 @@ def ensure_data(data: Path, out: Path) -> Path:
             f"no prepared data at {data} and no AN4 corpus at {source} to prepare it from"
         )
     from asr.data.prepare import prepare_corpus
-    from asr.frontends import LogMelFilterbank, compute_cmvn_stats
+    from asr.frontends import Frontend, LevelNormalizer, LogMelFilterbank, compute_cmvn_stats
     from asr.text import train_tokenizer
 
     prepare_corpus("an4", source, target)
     train_tokenizer(target / "train.jsonl", "char", None, target / "tokenizer")
-    compute_cmvn_stats(target / "train.jsonl", LogMelFilterbank(n_mels=80), target / "cmvn.json")
+    features = Frontend(LogMelFilterbank(n_mels=80), level=LevelNormalizer(-26.0))  # as conf/an4
+    compute_cmvn_stats(target / "train.jsonl", features, target / "cmvn.json")
     return target
 
 

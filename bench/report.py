@@ -11,7 +11,7 @@ from typing import Any
 from bench.common import PRECISIONS
 from bench.peak import EXACT
 
-PARTS = ("peak", "train", "decode", "scaling", "peer")
+PARTS = ("peak", "train", "loader", "decode", "scaling", "peer")
 SYSTEMS = ("ours", "speechbrain")  # the peer part's two systems
 LENGTH_COLUMNS = {  # decode-vs-length modes (bench.scaling.LENGTH_MODES) and their headings
     "encoder": "frontend + encoder",
@@ -252,6 +252,25 @@ def _peer_md(res: dict[str, Any], derived: dict[str, Any]) -> list[str]:
     return title + _table(header, rows) + [note, ""]
 
 
+def _loader_md(res: dict[str, Any]) -> list[str]:
+    loader = res.get("loader") or {}
+    if not loader or "error" in loader:
+        return []
+    rows = [
+        [name, r["utterances"], f"{r['plain']:.2f}", f"{r['augmented']:.2f}",
+         f"{r['augmented'] - r['plain']:.2f}"]
+        for name, r in loader.items()
+    ]  # fmt: skip
+    intro = [
+        "## Loading the training set",
+        "",
+        "Seconds per epoch to read every training item in-process (audio cache warm), without "
+        "and with the waveform augmentation of conf/an4/augment.yaml:",
+        "",
+    ]
+    return intro + _table(["config", "utterances", "plain s", "augmented s", "cost s"], rows)
+
+
 def _decode_md(res: dict[str, Any]) -> list[str]:
     decode = res.get("decode") or {}
     if not decode or "error" in decode:
@@ -329,6 +348,7 @@ def markdown(parts: dict[str, Any], derived: dict[str, Any]) -> str:
         lambda: _errors_md(res),
         lambda: _peak_md(res),
         lambda: _train_md(res, derived),
+        lambda: _loader_md(res),
         lambda: _decode_md(res),
         lambda: _scaling_md(res),
         lambda: _peer_md(res, derived),

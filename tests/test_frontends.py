@@ -22,6 +22,7 @@ from asr.frontends import (
     Frontend,
     GlobalCMVN,
     KaldiFbank,
+    LevelNormalizer,
     LinearSpectrogram,
     LogMelFilterbank,
     SpecAugment,
@@ -66,6 +67,9 @@ FRONTENDS: dict[str, Callable[[], nn.Module]] = {
     "kaldi-energy": lambda: KaldiFbank(num_mel_bins=40, use_energy=True, int16_scale=False),
     "logmel+utt-cmvn": lambda: Frontend(LogMelFilterbank(), UtteranceCMVN(norm_vars=True)),
     "kaldi+global-cmvn+specaug": lambda: Frontend(KaldiFbank(), fixed_cmvn(80), SpecAugment()),
+    "level+logmel+global-cmvn": lambda: Frontend(
+        LogMelFilterbank(), fixed_cmvn(80), level=LevelNormalizer()
+    ),
 }
 
 
@@ -611,3 +615,39 @@ def test_frontend_builds_from_a_config(tmp_path):
     assert isinstance(frontend.normalize, GlobalCMVN) and frontend.augment.time_width == 10
     feats, feat_lens = frontend.eval()(*waves([4000]))
     assert feats.shape == (1, num_frames(4000, 400, 160), 4)
+
+
+# ----------------------------------------------------------------------------- level
+
+
+@pytest.mark.parametrize("gain_db", [-30.0, -20.0, -6.0, 6.0, 20.0, 30.0])
+@pytest.mark.parametrize("features", [LogMelFilterbank, MFCC, KaldiFbank])
+def test_level_normalizer_makes_features_independent_of_gain(features, gain_db):
+    frontend = Frontend(features(), level=LevelNormalizer()).eval()
+    wave, lens = waves([16000, 9000])
+    wave[1, 9000:] = 0.0  # padding beyond the shorter utterance, as collate leaves it
+    feats, feat_lens = frontend(wave, lens)
+    louder, louder_lens = frontend(wave * 10 ** (gain_db / 20), lens)
+    assert torch.equal(louder_lens, feat_lens)
+    torch.testing.assert_close(louder, feats, atol=1e-3, rtol=1e-4)
+
+
+def test_level_normalizer_reaches_the_target_on_valid_samples_only():
+    wave, lens = waves([16000, 7000])
+    out, out_lens = LevelNormalizer(target_dbfs=-20.0)(wave, lens)
+    assert torch.equal(out_lens, lens) and out.dtype == wave.dtype
+    for b, n in enumerate(lens.tolist()):
+        valid = out[b, :n].double()
+        level = 10 * torch.log10(((valid - valid.mean()) ** 2).mean())
+        assert float(level) == pytest.approx(-20.0, abs=1e-4)
+        assert not out[b, n:].any(), "padding stays zero"
+
+
+def test_level_normalizer_does_not_blow_up_silence():
+    wave = torch.zeros(2, 4000)
+    wave[1] = 1e-7 * torch.randn(4000)  # about -140 dBFS: below the -100 dBFS floor
+    out, _ = LevelNormalizer(target_dbfs=-26.0, floor_dbfs=-100.0)(wave, torch.tensor([4000, 4000]))
+    assert not out[0].any()
+    assert float(out[1].abs().max()) < 1e-7 * 10 ** (74 / 20) * 10, "gain capped at +74 dB"
+    with pytest.raises(ValueError, match="floor_dbfs"):
+        LevelNormalizer(target_dbfs=-30.0, floor_dbfs=-20.0)

@@ -21,11 +21,11 @@ PACKAGE = REPO / "asr"
 # Layer of each module, bottom (0) to top, as asr/__init__.py draws them. A module may import
 # from its own layer or below.
 LAYERS = {
-    0: {"text", "audio", "frontends", "metrics", "precision", "models", "data.manifest"},
+    0: {"text", "audio", "perturb", "frontends", "metrics", "precision", "models", "data.manifest"},
     1: {"checkpoint"},
     2: {"search", "ctc_prefix", "timing", "segment"},
     3: {"results", "writers", "transcribe", "recognizer"},
-    4: {"evaluate", "plotting"},
+    4: {"evaluate", "robustness", "plotting"},
     5: {"data", "lightning", "lm", "optim", "train", "cli"},
 }
 TRAINING = 5

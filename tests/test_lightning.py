@@ -294,11 +294,21 @@ run_lightning_cli(sys.argv[1:])
 """
 
 
+WAVE_AUGMENT = {
+    "noise": {"prob": 0.6, "kinds": ["pink", "babble"]},
+    "reverb": {"prob": 0.4},
+    "narrowband": {"prob": 0.4},
+    "gain": {"prob": 0.5},
+}
+
+
 def _augmented_args(data: dict[str, str], root: Path) -> list[str]:
-    """Speed perturbation, SpecAugment and dropout on: every RNG consumer must resume."""
+    """Speed perturbation, waveform augmentation (babble included), SpecAugment and dropout
+    on: every RNG consumer must resume."""
     return _fit_args(data, root) + [
         "--trainer.max_epochs", "3",
         "--data.speed_perturb", "[0.9, 1.0, 1.1]",
+        "--data.augment", json.dumps(WAVE_AUGMENT),
         "--model.init_args.frontend.init_args.augment", "asr.frontends.SpecAugment",
         "--step_checkpoint.every_n_steps", "1",
     ]  # fmt: skip

@@ -211,12 +211,30 @@ def test_fit_lm_then_load_it_for_shallow_fusion(tiny_an4_text, tmp_path) -> None
     "config", sorted(str(p.relative_to(REPO / "conf")) for p in (REPO / "conf").glob("*/*.yaml"))
 )
 def test_every_config_parses_with_its_module_classes(config: str, capsys) -> None:
-    """Configs name the model and data modules by class_path; the LM one monitors val/loss."""
+    """Configs name the model and data modules by class_path; the LM one monitors val/loss.
+    A config without a model (an overlay such as conf/an4/augment.yaml) is parsed as a second
+    --config on top of its corpus's Transformer config, and its settings must show."""
+    path = REPO / "conf" / config
+    overlay = "model" not in yaml.safe_load(path.read_text())
+    configs = [path.parent / "transformer.yaml", path] if overlay else [path]
     with pytest.raises(SystemExit) as exit_info:
-        main(["fit", "--config", str(REPO / "conf" / config), "--print_config"])
+        main(["fit", *(a for c in configs for a in ("--config", str(c))), "--print_config"])
     assert exit_info.value.code in (0, None)
     resolved = yaml.safe_load(capsys.readouterr().out)
+    if overlay:
+        data = yaml.safe_load(path.read_text())["data"]["init_args"]
+        for key, value in data.items():
+            assert _subset(value, resolved["data"]["init_args"][key]), key
     family = "lm" if config.endswith("lm.yaml") else "lightning"
     assert resolved["model"]["class_path"].startswith(f"asr.{family}.")
     assert resolved["data"]["class_path"].startswith(f"asr.{family}.")
     assert resolved["checkpoint"]["monitor"] == ("val/loss" if family == "lm" else "val/wer")
+
+
+def _subset(given, resolved) -> bool:
+    """Whether every setting in `given` (YAML values) is in `resolved` (lists may be tuples)."""
+    if isinstance(given, dict):
+        return all(k in resolved and _subset(v, resolved[k]) for k, v in given.items())
+    if isinstance(given, list):
+        return list(resolved) == given
+    return given == resolved

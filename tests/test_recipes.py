@@ -282,16 +282,21 @@ def results_row(table: str, name: str, wer: float, cer: float, utterances: int) 
 
 
 @pytest.mark.needs_corpus
-def test_an4_quick_with_language_model(mini_an4_tar, tmp_path):
+def test_an4_quick_with_language_model_and_robustness(mini_an4_tar, tmp_path):
     """--lm-weight adds stage 8 (train the LM) and 9 (decode with shallow fusion): their
-    rows join the plain ones in RESULTS.md, and a re-run skips them."""
+    rows join the plain ones in RESULTS.md, and a re-run skips them. --robustness adds stage
+    10: the table of the model alone (no LM) under `asr robustness`'s conditions."""
     data, exp = tmp_path / "data", tmp_path / "exp"
     args = ["--data-dir", mini_an4_tar, "--data", data, "--exp", exp, "--quick"]
-    args += ["--beam-size", "2", "--average", "1", "--lm-weight", "0.3"]
+    args += ["--beam-size", "2", "--average", "1", "--lm-weight", "0.3", "--robustness"]
     result = run_recipe("an4", *args, "--", "--trainer.max_epochs", "1")
-    assert ran(result.stdout) == [1, 2, 3, 4, 5, 6, 7, 8, 9]
+    assert ran(result.stdout) == [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]
     model_dir = exp / "transformer_quick"
-    assert markers(exp / "lm") == [8] and markers(model_dir) == [4, 5, 6, 7, 9]
+    assert markers(exp / "lm") == [8] and markers(model_dir) == [4, 5, 6, 7, 9, 10]
+    rows = json.loads((model_dir / "robustness_test" / "robustness.json").read_text())
+    assert [r["condition"] for r in rows][:3] == ["clean", "level -20 dB", "level -30 dB"]
+    assert all(r["search"]["beam_size"] == 2 and r["search"]["lm_weight"] == 0 for r in rows)
+    assert "| clean |" in result.stdout
     table = (model_dir / "RESULTS.md").read_text()
     for split in ("dev", "test"):  # a Transformer decodes at CTC 0.5 unless told otherwise
         for suffix, decoding in (("", "beam 2, ctc 0.5"), ("_lm", "beam 2, ctc 0.5, LM 0.3")):
@@ -300,7 +305,7 @@ def test_an4_quick_with_language_model(mini_an4_tar, tmp_path):
             assert f"- {name}: {decoding};" in table and table in result.stdout
             assert results_row(table, name, metrics["wer"], metrics["cer"], metrics["utterances"])
     again = run_recipe("an4", *args)
-    assert ran(again.stdout) == [] and skipped(again.stdout) == list(range(1, 10))
+    assert ran(again.stdout) == [] and skipped(again.stdout) == list(range(1, 11))
 
 
 @pytest.mark.needs_corpus

@@ -1,9 +1,11 @@
-"""Speech dataset with data-side speed perturbation, the padded `Batch`, collate, DataLoader.
+"""Speech dataset with data-side speed perturbation and waveform augmentation, the padded
+`Batch`, collate, DataLoader.
 
 Speed perturbation follows Kaldi and ESPnet: a factor ``f`` plays the audio ``f`` times
 faster by resampling, changing tempo and pitch together, so the duration becomes ``1/f``
-of the original (0.9 makes an utterance about 11% longer). The factor for an item is drawn
-from ``(seed, epoch, index)`` alone, so it is the same in any worker and after a resume.
+of the original (0.9 makes an utterance about 11% longer). The factor for an item, and its
+augmentation (`asr.data.augment`), are drawn from ``(seed, epoch, index)`` alone, so they
+are the same in any worker and after a resume.
 """
 
 from __future__ import annotations
@@ -11,20 +13,22 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields, replace
-from fractions import Fraction
 from functools import partial
 from typing import Any, Protocol
 
 import numpy as np
 import torch
-import torchaudio.functional
 from torch import Tensor
 from torch.nn.utils.rnn import pad_sequence
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from asr.audio import load_audio
+from asr.data.augment import WaveAugmenter
 from asr.data.manifest import Utterance
+from asr.perturb import change_speed
 from asr.text import PAD_ID
+
+_AUGMENT_STREAM = 1  # keeps augmentation draws apart from the speed-factor draw
 
 
 class TextEncoder(Protocol):
@@ -50,7 +54,10 @@ class SpeechDataset(Dataset[dict[str, Any]]):
         seed: base of the per-item randomness, with the epoch (:meth:`set_epoch`) and index.
         cache_audio: keep each waveform loaded (per speed factor) for later epochs: no file
             reads or resampling once every item has been drawn at every factor, for 4 bytes per
-            sample per factor (64 kB per second at 16 kHz) in each loading process.
+            sample per factor (64 kB per second at 16 kHz) in each loading process. The cache
+            holds waves before augmentation.
+        augment: noise, reverberation, telephone band and gain drawn per item; babble noise
+            mixes other items of this dataset.
     """
 
     def __init__(
@@ -61,6 +68,7 @@ class SpeechDataset(Dataset[dict[str, Any]]):
         speed_perturb: Sequence[float] | None = None,
         seed: int = 0,
         cache_audio: bool = False,
+        augment: WaveAugmenter | None = None,
     ) -> None:
         if sample_rate <= 0:
             raise ValueError(f"sample_rate must be > 0, got {sample_rate}")
@@ -72,6 +80,7 @@ class SpeechDataset(Dataset[dict[str, Any]]):
         self.speed_perturb = _check_factors(speed_perturb)
         self.seed = seed
         self._cache: dict[tuple[int, float], Tensor] | None = {} if cache_audio else None
+        self.augment = augment
         # In shared memory so DataLoader workers (persistent ones too) see set_epoch.
         self._epoch = torch.zeros((), dtype=torch.int64).share_memory_()
 
@@ -82,6 +91,8 @@ class SpeechDataset(Dataset[dict[str, Any]]):
         index = range(len(self))[index]  # IndexError out of range; negative indices resolved
         utterance = self.utterances[index]
         wave = self._wave(index, self.speed_factor(index))
+        if self.augment is not None:
+            wave = self._augmented(wave, index)
         item: dict[str, Any] = {"id": utterance.utt_id, "wave": wave, "text": utterance.text}
         if self.tokenizer is not None:
             item["tokens"] = torch.tensor(self.tokenizer.encode(utterance.text), dtype=torch.long)
@@ -103,6 +114,17 @@ class SpeechDataset(Dataset[dict[str, Any]]):
         if self._cache is not None:
             self._cache[key] = wave
         return wave
+
+    def _augmented(self, wave: Tensor, index: int) -> Tensor:
+        """`wave` of item `index` augmented with this epoch's draws; babble talkers are other
+        items, at speed 1.0."""
+        rng = np.random.default_rng([self.seed, self.epoch, index, _AUGMENT_STREAM])
+
+        def others(rng: np.random.Generator, count: int) -> list[Tensor]:
+            picks = rng.choice(len(self) - 1, size=min(count, len(self) - 1), replace=False)
+            return [self._wave(int(j) + (j >= index), 1.0) for j in picks]  # skips `index`
+
+        return self.augment(wave, rng, others if len(self) > 1 else None)
 
     @property
     def epoch(self) -> int:
@@ -139,29 +161,6 @@ class SpeechDataset(Dataset[dict[str, Any]]):
             utterance.duration / self.speed_factor(index, epoch)
             for index, utterance in enumerate(self.utterances)
         ]
-
-
-def change_speed(wave: Tensor, factor: float) -> Tensor:
-    """Play `wave` `factor` times faster by resampling (tempo and pitch change together).
-
-    The waveform is treated as if recorded at a rate `factor` times its own and resampled
-    back; only that ratio matters, and it is taken as a fraction with a denominator of at
-    most 100 so the resampling kernel stays small (0.9 -> 9/10, 1.1 -> 11/10).
-
-    Args:
-        wave: waveform `(..., T)`.
-        factor: speed factor > 0; 1.0 returns `wave` unchanged.
-
-    Returns:
-        Waveform `(..., T')` with ``T' = ceil(T / factor)``.
-
-    >>> change_speed(torch.zeros(1000), 0.9).shape
-    torch.Size([1112])
-    """
-    ratio = Fraction(factor).limit_denominator(100)
-    if ratio == 1:
-        return wave
-    return torchaudio.functional.resample(wave, ratio.numerator, ratio.denominator)
 
 
 @dataclass

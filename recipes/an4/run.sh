@@ -4,13 +4,15 @@
 #   bash recipes/an4/run.sh [--quick] [--stage N] [--stop-stage M] [--model transformer|rnn]
 #                           [--data-dir DIR] [--an4-url URL] [--data DIR] [--exp DIR] [--force]
 #                           [--tokenizer char|bpe|unigram] [--beam-size N] [--ctc-weight W]
-#                           [--average N] [--lm-weight W] [-- ASR-FIT-OPTIONS...]
+#                           [--average N] [--lm-weight W] [--robustness]
+#                           [-- ASR-FIT-OPTIONS...]
 #
 #   0  download                only if --data-dir is not found: --an4-url (CMU's
 #                              an4_sphere.tar.gz, 64 MB) to data/an4/download/
 #   1  prepare manifests       data/an4/{train,dev,test}.jsonl
 #   2  train the tokenizer     data/an4/tokenizer/
-#   3  CMVN statistics         data/an4/cmvn.json
+#   3  CMVN statistics         data/an4/cmvn.json (of level-normalised audio, as the
+#                              configs' LevelNormalizer gives it: -26 dBFS)
 #   4  train                   exp/an4/<model>/            (resumes from last.ckpt if present)
 #   5  average checkpoints     exp/an4/<model>/avg.ckpt    (best 5 by dev WER), which then
 #                              decodes by default as stage 6 does (asr set-decoding)
@@ -21,6 +23,10 @@
 # With --lm-weight W > 0 (shallow fusion of a character LSTM LM, conf/an4/lm.yaml):
 #   8  train the LM            exp/an4/lm/ on the training transcripts (under a minute)
 #   9  decode with the LM      exp/an4/<model>/decode_{dev,test}_lm/, and the results table
+# With --robustness:
+#  10  robustness table        exp/an4/<model>/robustness_test/robustness.md: test WER under
+#                              level, noise, babble, reverberation, telephone and speed
+#                              changes (asr robustness; about 15 decodes of the test set)
 #
 # --data-dir: the an4 folder (etc/ and wav/), its parent, or an AN4 .tar.gz (default
 # ../shared/corpora/an4, else the tarball stage 0 downloaded). A finished stage leaves a
@@ -36,6 +42,7 @@ source "$here/../lib/stages.sh"
 
 stage=0
 quick=false
+robustness=false
 model=transformer
 data_dir="$root/../shared/corpora/an4"
 an4_url=http://www.speech.cs.cmu.edu/databases/an4/an4_sphere.tar.gz
@@ -47,6 +54,7 @@ ctc_weight="" # default after parsing: it depends on --model
 recipe_option() {
   case "$1" in
     --quick) quick=true; consumed=1 ;;
+    --robustness) robustness=true; consumed=1 ;;
     --model) need_value "$@"; model=$2; consumed=2 ;;
     --tokenizer) need_value "$@"; tokenizer_kind=$2; consumed=2 ;;
     --lm-weight) need_value "$@"; lm_weight=$2; consumed=2 ;;
@@ -83,7 +91,7 @@ run_stage 1 "prepare manifests" "$data" \
 run_stage 2 "tokenizer" "$data" \
   asr tokenizer --manifest "$data/train.jsonl" --kind "$tokenizer_kind" --out "$data/tokenizer"
 run_stage 3 "CMVN statistics" "$data" \
-  asr cmvn --manifest "$data/train.jsonl" --out "$data/cmvn.json"
+  asr cmvn --manifest "$data/train.jsonl" --out "$data/cmvn.json" --target-dbfs -26
 
 if [ "$quick" = true ]; then
   config=conf/an4/${model}_quick.yaml
@@ -112,4 +120,8 @@ if awk "BEGIN { exit !($lm_weight > 0) }"; then
     write_results "$model_dir" "$config" dev test
   }
   run_stage 9 "decode dev and test with the LM (weight $lm_weight)" "$model_dir" decode_with_lm
+fi
+
+if [ "$robustness" = true ]; then
+  robustness_stage 10 "$model_dir" "$data" test
 fi

@@ -192,6 +192,17 @@ decode_splits() {
   done
 }
 
+# robustness_stage N MODEL_DIR DATA SPLIT: `asr robustness` of avg.ckpt on SPLIT under its
+# default conditions (level, noise, babble, reverberation, telephone band, speed), with the
+# recipe's beam and CTC weight; the table goes to MODEL_DIR/robustness_SPLIT/robustness.md.
+robustness_stage() {
+  local n=$1 model_dir=$2 data=$3 split=$4
+  run_stage "$n" "robustness of $split (level, noise, reverberation, telephone, speed)" \
+    "$model_dir" asr robustness --checkpoint "$model_dir/avg.ckpt" \
+    --manifest "$data/$split.jsonl" --out "$model_dir/robustness_$split" \
+    --beam-size "$beam_size" --ctc-weight "$ctc_weight"
+}
+
 # results_stage N MODEL_DIR CONFIG SPLIT...: the WER/CER table, printed and in RESULTS.md;
 # a row per split and decoding (decode_SPLIT, and decode_SPLIT_lm where an LM stage wrote it).
 results_stage() {

@@ -15,7 +15,6 @@ from asr.audio import load_audio
 from asr.data.dataset import (
     Batch,
     SpeechDataset,
-    change_speed,
     collate,
     make_dataloader,
     round_up,
@@ -105,13 +104,6 @@ def test_speed_perturb_scales_length_by_inverse_factor_and_pitch_by_factor(tmp_p
     wave = SpeechDataset([utterance], speed_perturb=[factor])[0]["wave"]
     assert len(wave) == math.ceil(SR / factor)
     assert peak_frequency(wave) == pytest.approx(500.0 * factor, abs=2.0)
-
-
-def test_change_speed_is_identity_at_one_and_exact_in_length():
-    wave = torch.randn(2, 3001)
-    assert change_speed(wave, 1.0) is wave
-    for factor in (0.8, 0.9, 0.95, 1.05, 1.1, 1.2):
-        assert change_speed(wave, factor).shape == (2, math.ceil(3001 / factor))
 
 
 def test_speed_factors_reproducible_from_seed_epoch_index(utterances):

@@ -1,0 +1,202 @@
+"""Waveform degradations: level, speed, noise, reverberation, telephone band.
+
+Pure functions of a mono waveform `(T,)` (float32) and, where random, a numpy `Generator`, so
+a caller that seeds the generator from `(seed, epoch, index)` gets the same result in any
+process and after a resume. Training draws them at random (`asr.data.augment`); the
+robustness evaluation applies them at fixed settings (`asr.robustness`). Every function here
+keeps the length and dtype of its input, except `change_speed`, whose job is the length.
+"""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+import numpy as np
+import torch
+import torchaudio.functional as AF
+from torch import Tensor
+
+NOISE_COLORS = {"white": 0.0, "pink": 1.0, "brown": 2.0}  # power spectrum ~ 1 / f**exponent
+TELEPHONE_RATE = 8000
+TELEPHONE_LOW_HZ = 300.0  # the lower edge of the classic 300-3400 Hz telephone band
+REVERB_ENERGY_PER_SECOND = 8.0  # reverberant tail energy per second of rt60, direct path = 1
+_POWER_FLOOR = 1e-20
+
+
+def power(wave: Tensor) -> Tensor:
+    """Mean square of `wave` after removing its mean (a DC offset is not signal)."""
+    centred = wave.double() - wave.double().mean()
+    return (centred**2).mean()
+
+
+def rms_dbfs(wave: Tensor) -> float:
+    """Root-mean-square level in dB relative to full scale (a full-scale sine is -3 dBFS).
+
+    >>> round(rms_dbfs(torch.full((100,), 0.1) * torch.tensor([1.0, -1.0]).repeat(50)), 1)
+    -20.0
+    """
+    return 10 * math.log10(max(float(power(wave)), _POWER_FLOOR))
+
+
+def change_gain(wave: Tensor, db: float) -> Tensor:
+    """`wave` made `db` decibels louder (negative: quieter)."""
+    return wave * (10 ** (db / 20))
+
+
+def change_speed(wave: Tensor, factor: float) -> Tensor:
+    """Play `wave` `factor` times faster by resampling (tempo and pitch change together).
+
+    The waveform is treated as if recorded at a rate `factor` times its own and resampled
+    back; only that ratio matters, and it is taken as a fraction with a denominator of at
+    most 100 so the resampling kernel stays small (0.9 -> 9/10, 1.1 -> 11/10).
+
+    Args:
+        wave: waveform `(..., T)`.
+        factor: speed factor > 0; 1.0 returns `wave` unchanged.
+
+    Returns:
+        Waveform `(..., T')` with ``T' = ceil(T / factor)``.
+
+    >>> change_speed(torch.zeros(1000), 0.9).shape
+    torch.Size([1112])
+    """
+    ratio = Fraction(factor).limit_denominator(100)
+    if ratio == 1:
+        return wave
+    return AF.resample(wave, ratio.numerator, ratio.denominator)
+
+
+def colored_noise(num_samples: int, color: str, rng: np.random.Generator) -> Tensor:
+    """Gaussian noise `(num_samples,)` float32 with a white, pink or brown spectrum, unit power.
+
+    >>> noise = colored_noise(16000, "pink", np.random.default_rng(0))
+    >>> noise.shape, round(float(power(noise)), 3)
+    (torch.Size([16000]), 1.0)
+    """
+    if color not in NOISE_COLORS:
+        raise ValueError(f"noise color must be one of {sorted(NOISE_COLORS)}, got {color!r}")
+    exponent = NOISE_COLORS[color]
+    size = _fft_size(num_samples) if exponent and num_samples > 1 else num_samples
+    noise = torch.from_numpy(rng.standard_normal(size).astype(np.float32))
+    if size != num_samples or exponent:
+        spectrum = torch.fft.rfft(noise)
+        bins = torch.arange(spectrum.numel(), dtype=torch.float32).clamp(min=1.0)
+        noise = torch.fft.irfft(spectrum / bins ** (exponent / 2), n=size)[:num_samples]
+    return noise / power(noise).sqrt().clamp(min=1e-10).float()
+
+
+def fit_length(noise: Tensor, num_samples: int, rng: np.random.Generator) -> Tensor:
+    """`noise` cut or repeated to `num_samples`, starting at a random offset."""
+    if noise.numel() == 0:
+        raise ValueError("cannot fit an empty noise signal to a length")
+    repeats = -(-(num_samples + noise.numel()) // noise.numel())
+    start = int(rng.integers(noise.numel()))
+    return noise.repeat(repeats)[start : start + num_samples]
+
+
+def add_noise(wave: Tensor, noise: Tensor, snr_db: float) -> Tensor:
+    """`wave` plus `noise` (same length) scaled to a signal-to-noise ratio of `snr_db`.
+
+    A silent `wave` or `noise` is returned unchanged: there is no level to set the ratio by.
+    """
+    if noise.shape != wave.shape:
+        raise ValueError(f"noise {tuple(noise.shape)} and wave {tuple(wave.shape)} differ")
+    signal, noise_power = float(power(wave)), float(power(noise))
+    if signal <= _POWER_FLOOR or noise_power <= _POWER_FLOOR:
+        return wave.clone()
+    scale = math.sqrt(signal / (noise_power * 10 ** (snr_db / 10)))
+    return (wave + scale * noise.to(wave.dtype)).to(wave.dtype)
+
+
+def babble(talkers: list[Tensor], num_samples: int, rng: np.random.Generator) -> Tensor:
+    """Babble noise `(num_samples,)`: other utterances at equal level, each from a random
+    offset (repeated where short), summed.
+    """
+    if not talkers:
+        raise ValueError("babble needs at least one talker")
+    mix = torch.zeros(num_samples)
+    for talker in talkers:
+        talker = fit_length(talker.float(), num_samples, rng)
+        mix += talker / power(talker).sqrt().clamp(min=1e-10).float()
+    return mix
+
+
+def synthetic_rir(rt60: float, sample_rate: int, rng: np.random.Generator) -> Tensor:
+    """A room impulse response: a direct path, then Gaussian reflections whose energy falls by
+    60 dB in `rt60` seconds (the exponential-decay model of a diffuse reverberant field).
+
+    Returns:
+        `(ceil(rt60 * sample_rate),)` float32 with the direct path, 1.0, at sample 0.
+    """
+    if rt60 <= 0:
+        raise ValueError(f"rt60 must be > 0 seconds, got {rt60}")
+    length = max(2, math.ceil(rt60 * sample_rate))
+    t = torch.arange(length, dtype=torch.float32) / sample_rate
+    decay = torch.exp(-3 * math.log(10) * t / rt60)  # amplitude: -60 dB of energy at rt60
+    tail = torch.from_numpy(rng.standard_normal(length).astype(np.float32)) * decay
+    # Reverberant energy grows with rt60 (for a talker at a fixed distance): -6 dB direct to
+    # reverberant ratio at 0.5 s, -9 dB at 1 s.
+    tail *= math.sqrt(REVERB_ENERGY_PER_SECOND * rt60) / tail.norm().clamp(min=1e-10)
+    tail[0] = 1.0
+    return tail
+
+
+def reverberate(wave: Tensor, rir: Tensor) -> Tensor:
+    """`wave` convolved with `rir`, cut to the input's length and set back to its level.
+
+    The response is shifted so its strongest tap (the direct path) lands at time 0, so words
+    keep their timing.
+    """
+    if rir.dim() != 1 or rir.numel() == 0:
+        raise ValueError(
+            f"a room impulse response must be 1-D and non-empty, got {tuple(rir.shape)}"
+        )
+    rir = rir[int(rir.abs().argmax()) :].to(torch.float32)
+    size = _fft_size(wave.numel() + rir.numel() - 1)
+    spectrum = torch.fft.rfft(wave.float(), size) * torch.fft.rfft(rir, size)
+    wet = torch.fft.irfft(spectrum, size)[: wave.numel()]
+    gain = (power(wave) / power(wet).clamp(min=_POWER_FLOOR)).sqrt().float()
+    return (wet * gain).to(wave.dtype)
+
+
+def telephone(wave: Tensor, sample_rate: int, mu_law: bool = True) -> Tensor:
+    """`wave` as a narrowband phone line passes it: resampled to 8 kHz (nothing above 4 kHz
+    survives), high-passed at 300 Hz, optionally G.711-like 8-bit mu-law coded, and resampled
+    back to `sample_rate`.
+    """
+    narrow = AF.resample(wave.float(), sample_rate, TELEPHONE_RATE)
+    # The biquad and the codec clip at full scale: keep louder input whole by scaling it down.
+    scale = max(float(narrow.abs().max()) * 1.1, 1.0)
+    narrow = AF.highpass_biquad(narrow / scale, TELEPHONE_RATE, TELEPHONE_LOW_HZ)
+    if mu_law:
+        narrow = AF.mu_law_decoding(AF.mu_law_encoding(narrow, 256), 256)
+    wide = AF.resample(narrow * scale, TELEPHONE_RATE, sample_rate)
+    return _fit_exactly(wide, wave.numel()).to(wave.dtype)
+
+
+def _fft_size(n: int) -> int:
+    """The smallest 2**a * 3**b * 5**c >= `n`: FFTs of such sizes are fast, where a size with
+    a large prime factor (as `T + L - 1` often has) is many times slower.
+
+    >>> _fft_size(65599), _fft_size(1024)
+    (65610, 1024)
+    """
+    best = 1 << (n - 1).bit_length()
+    power5 = 1
+    while power5 < best:
+        power35 = power5
+        while power35 < best:
+            size = power35
+            while size < n:
+                size *= 2
+            best, power35 = min(best, size), power35 * 3
+        power5 *= 5
+    return best
+
+
+def _fit_exactly(wave: Tensor, num_samples: int) -> Tensor:
+    """Trim or zero-pad the end of `wave` to `num_samples`."""
+    if wave.numel() >= num_samples:
+        return wave[:num_samples]
+    return torch.nn.functional.pad(wave, (0, num_samples - wave.numel()))

@@ -1,0 +1,260 @@
+"""`asr robustness`: WER/CER of a test set under the conditions people record in.
+
+Builds perturbed copies of a manifest (quieter, noisier, reverberant, telephone, faster or
+slower: `DEFAULT_CONDITIONS`), each as 16-bit WAV files with a manifest, from a fixed seed so
+anyone rebuilds the same audio; evaluates the recognizer on each with `asr.evaluate`; and
+writes one table::
+
+    out/
+      robustness.md, robustness.json    the table: WER, CER, error counts per condition
+      <condition>/manifest.jsonl, wav/  the perturbed copy (not for "clean")
+      <condition>/decode/               asr evaluate's reports
+
+Babble is made of other utterances of the same test set (`BABBLE_TALKERS` at equal level);
+an utterance never babbles over itself.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import soundfile
+from torch import Tensor
+from tqdm import tqdm
+
+from asr import perturb
+from asr.audio import load_audio
+from asr.data.manifest import Utterance, read_manifest, write_manifest
+from asr.evaluate import evaluate
+from asr.recognizer import Recognizer
+from asr.search import LanguageModel, SearchOptions
+
+BABBLE_TALKERS = 5  # utterances summed into one babble signal
+CONDITION_KINDS = (
+    "clean",
+    "level",
+    *perturb.NOISE_COLORS,
+    "babble",
+    "reverb",
+    "telephone",
+    "speed",
+)
+DEFAULT_CONDITIONS = (
+    "clean",
+    "level:-20",
+    "level:-30",
+    "white:20",
+    "white:10",
+    "white:5",
+    "babble:20",
+    "babble:10",
+    "babble:5",
+    "reverb:0.3",
+    "reverb:0.6",
+    "reverb:0.9",
+    "telephone",
+    "speed:0.9",
+    "speed:1.1",
+)
+_UNITS = {"level": " dB", "reverb": " s RT60", "speed": "x"} | {
+    kind: " dB SNR" for kind in (*perturb.NOISE_COLORS, "babble")
+}
+
+
+@dataclass(frozen=True)
+class Condition:
+    """One recording condition: a kind and its setting (dB, dB SNR, seconds or factor).
+
+    >>> Condition.parse("babble:10").label, Condition.parse("level:-20").slug
+    ('babble 10 dB SNR', 'level-20')
+    """
+
+    kind: str  # one of CONDITION_KINDS
+    value: float | None = None  # gain dB, SNR dB, RT60 s or speed factor; None for the others
+
+    @classmethod
+    def parse(cls, text: str) -> Condition:
+        """`kind` or `kind:value`, e.g. "clean", "white:10", "reverb:0.6", "telephone"."""
+        kind, _, value = text.partition(":")
+        if kind not in CONDITION_KINDS:
+            raise ValueError(f"unknown condition {text!r}: kinds are {', '.join(CONDITION_KINDS)}")
+        needs_value = kind not in ("clean", "telephone")
+        if needs_value != bool(value):
+            form = f"{kind}:VALUE" if needs_value else kind
+            raise ValueError(f"condition {text!r}: write it as {form}")
+        try:
+            condition = cls(kind, float(value) if value else None)
+        except ValueError:
+            raise ValueError(f"condition {text!r}: {value!r} is not a number") from None
+        if kind in ("reverb", "speed") and condition.value <= 0:
+            raise ValueError(f"condition {text!r}: the value must be > 0")
+        return condition
+
+    @property
+    def label(self) -> str:
+        """Name in tables, e.g. "white 10 dB SNR"."""
+        return self.kind if self.value is None else f"{self.kind} {self.value:g}{_UNITS[self.kind]}"
+
+    @property
+    def slug(self) -> str:
+        """Folder name, e.g. "white10"."""
+        return self.kind if self.value is None else f"{self.kind}{self.value:g}"
+
+    def apply(self, wave: Tensor, sample_rate: int, rng: np.random.Generator, talkers) -> Tensor:
+        """`wave` `(T,)` under this condition; `talkers()` gives babble's other utterances."""
+        if self.kind == "clean":
+            return wave
+        if self.kind == "level":
+            return perturb.change_gain(wave, self.value)
+        if self.kind == "speed":
+            return perturb.change_speed(wave, self.value)
+        if self.kind == "telephone":
+            return perturb.telephone(wave, sample_rate)
+        if self.kind == "reverb":
+            return perturb.reverberate(wave, perturb.synthetic_rir(self.value, sample_rate, rng))
+        if self.kind == "babble":
+            noise = perturb.babble(talkers(), wave.numel(), rng)
+        else:
+            noise = perturb.colored_noise(wave.numel(), self.kind, rng)
+        return perturb.add_noise(wave, noise, self.value)
+
+
+def build_condition(
+    condition: Condition,
+    utterances: Sequence[Utterance],
+    out_dir: str | os.PathLike,
+    sample_rate: int = 16000,
+    seed: int = 0,
+    progress: bool = True,
+) -> Path:
+    """Write `utterances` under `condition` as 16-bit WAVs and a manifest into `out_dir`.
+
+    The draws for an utterance depend only on the seed, the condition and its position, so a
+    rebuild gives the same files.
+
+    Returns:
+        The path of the manifest written.
+    """
+    out_dir = Path(out_dir)
+    (out_dir / "wav").mkdir(parents=True, exist_ok=True)
+    pool = _Talkers(utterances, sample_rate, seed)
+    written = []
+    items = tqdm(utterances, desc=condition.slug, disable=not progress, leave=False)
+    for index, utterance in enumerate(items):
+        rng = np.random.default_rng([seed, zlib.crc32(condition.slug.encode()), index])
+        wave = load_audio(
+            utterance.audio_filepath, sample_rate, utterance.offset, utterance.duration
+        )
+        wave = condition.apply(wave, sample_rate, rng, partial(pool.others, index, rng))
+        path = out_dir / "wav" / f"{index:06d}.wav"
+        soundfile.write(path, wave.clamp(-1.0, 1.0).numpy(), sample_rate, subtype="PCM_16")
+        duration = wave.numel() / sample_rate
+        written.append(replace(utterance, audio_filepath=str(path), offset=0.0, duration=duration))
+    manifest = out_dir / "manifest.jsonl"
+    write_manifest(manifest, written)
+    return manifest
+
+
+class _Talkers:
+    """Other utterances of a set for babble, loaded once each."""
+
+    def __init__(self, utterances: Sequence[Utterance], sample_rate: int, seed: int) -> None:
+        self.utterances, self.sample_rate, self.seed = utterances, sample_rate, seed
+        self._loaded: dict[int, Tensor] = {}
+
+    def others(self, index: int, rng: np.random.Generator) -> list[Tensor]:
+        count = min(BABBLE_TALKERS, len(self.utterances) - 1)
+        if count < 1:
+            raise ValueError("babble needs a test set of at least two utterances")
+        picks = rng.choice(len(self.utterances) - 1, size=count, replace=False)
+        return [self._wave(int(j) + (j >= index)) for j in picks]  # skips `index`
+
+    def _wave(self, index: int) -> Tensor:
+        if index not in self._loaded:
+            u = self.utterances[index]
+            self._loaded[index] = load_audio(
+                u.audio_filepath, self.sample_rate, u.offset, u.duration
+            )
+        return self._loaded[index]
+
+
+def robustness(
+    recognizer: Recognizer,
+    manifest: str | os.PathLike,
+    out_dir: str | os.PathLike,
+    conditions: Sequence[Condition] | None = None,
+    options: SearchOptions | None = None,
+    lm: LanguageModel | None = None,
+    seed: int = 0,
+    batch_size: int = 8,
+    progress: bool = True,
+) -> list[dict[str, Any]]:
+    """Evaluate `recognizer` on `manifest` under each condition and write the table.
+
+    Args:
+        recognizer: the model.
+        manifest: JSONL manifest with references.
+        out_dir: output folder (created); a condition's copy already built there from the
+            same manifest and seed is reused.
+        conditions: default `DEFAULT_CONDITIONS`.
+        options: search settings; None: the recognizer's `default_options`.
+        lm: language model for shallow fusion.
+        seed: seed of the noise, talkers and rooms.
+        batch_size: utterances decoded together.
+        progress: show progress bars.
+
+    Returns:
+        One row per condition: ``condition`` (label) and `asr.evaluate`'s metrics.
+    """
+    conditions = conditions or [Condition.parse(c) for c in DEFAULT_CONDITIONS]
+    out_dir = Path(out_dir)
+    utterances = read_manifest(manifest)
+    rate = recognizer.sample_rate
+    rows = []
+    for condition in conditions:
+        folder = out_dir / condition.slug
+        copy = Path(manifest) if condition.kind == "clean" else folder / "manifest.jsonl"
+        stamp = {"source": str(Path(manifest).resolve()), "seed": seed, "sample_rate": rate}
+        if condition.kind != "clean" and _read_stamp(folder) != stamp:
+            copy = build_condition(condition, utterances, folder, rate, seed, progress)
+            (folder / "built.json").write_text(json.dumps(stamp) + "\n", encoding="utf-8")
+        metrics = evaluate(
+            recognizer, copy, folder / "decode", options, lm, batch_size, plots=0, progress=progress
+        )
+        rows.append({"condition": condition.label, **metrics})
+    (out_dir / "robustness.json").write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
+    (out_dir / "robustness.md").write_text(robustness_table(rows), encoding="utf-8")
+    return rows
+
+
+def _read_stamp(folder: Path) -> dict | None:
+    """What a condition's copy in `folder` was built from, or None where there is none."""
+    try:
+        return json.loads((folder / "built.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def robustness_table(rows: Sequence[dict[str, Any]]) -> str:
+    """A Markdown table of `robustness` rows, with each WER relative to the clean one."""
+    clean = next((r["wer"] for r in rows if r["condition"] == "clean"), None)
+    lines = [
+        "| condition | Snt | Wrd | Sub | Del | Ins | WER | CER | WER / clean |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        ratio = f"{r['wer'] / clean:.2f}" if clean else "-"
+        lines.append(
+            f"| {r['condition']} | {r['utterances']} | {r['reference_words']} | "
+            f"{r['substitutions']} | {r['deletions']} | {r['insertions']} | "
+            f"{r['wer']:.1f} | {r['cer']:.1f} | {ratio} |"
+        )
+    return "\n".join(lines) + "\n"

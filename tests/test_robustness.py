@@ -1,0 +1,205 @@
+"""`asr robustness`: conditions parse, copies rebuild bit for bit, the table adds up, and a
+level-normalising frontend keeps a hypothesis through +-30 dB.
+
+On the AN4 fixture (tests/fixtures/an4): no corpus needed.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import soundfile
+import torch
+from test_transcribe import GREEDY, UTTERANCES, WAV, _overfit_recognizer
+
+from asr.audio import audio_info, load_audio
+from asr.cli import main
+from asr.data.manifest import Utterance, read_manifest, write_manifest
+from asr.frontends import LevelNormalizer
+from asr.perturb import change_gain, rms_dbfs
+from asr.robustness import (
+    DEFAULT_CONDITIONS,
+    Condition,
+    build_condition,
+    robustness,
+    robustness_table,
+)
+
+
+def _manifest(path: Path) -> Path:
+    files = {WAV / f"{p}.wav": text for p, text in UTTERANCES.items()}
+    write_manifest(path, [Utterance(str(f), audio_info(f).duration, text, f.stem)
+                          for f, text in files.items()])  # fmt: skip
+    return path
+
+
+def test_every_default_condition_parses_and_names_itself():
+    conditions = [Condition.parse(text) for text in DEFAULT_CONDITIONS]
+    labels = [c.label for c in conditions]
+    assert len(set(labels)) == len(labels) == len({c.slug for c in conditions})
+    assert Condition.parse("white:10") == Condition("white", 10.0)
+    assert Condition.parse("reverb:0.6").label == "reverb 0.6 s RT60"
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("hum:3", "unknown condition"),
+        ("white", "write it as white:VALUE"),
+        ("telephone:3", "write it as telephone"),
+        ("level:loud", "is not a number"),
+        ("speed:0", "must be > 0"),
+    ],
+)
+def test_bad_conditions_are_named(text, message):
+    with pytest.raises(ValueError, match=message):
+        Condition.parse(text)
+
+
+def test_copies_rebuild_identically_and_keep_lengths(tmp_path):
+    utterances = read_manifest(_manifest(tmp_path / "test.jsonl"))
+    for text in ["babble:5", "reverb:0.6", "telephone", "white:10"]:
+        condition = Condition.parse(text)
+        first = read_manifest(
+            build_condition(condition, utterances, tmp_path / "a", progress=False)
+        )
+        again = read_manifest(
+            build_condition(condition, utterances, tmp_path / "b", progress=False)
+        )
+        for u, copy, twin in zip(utterances, first, again, strict=True):
+            assert Path(copy.audio_filepath).read_bytes() == Path(twin.audio_filepath).read_bytes()
+            assert (
+                audio_info(copy.audio_filepath).num_frames
+                == audio_info(u.audio_filepath).num_frames
+            )
+            assert (copy.text, copy.id) == (u.text, u.id)
+    other_seed = build_condition(Condition.parse("white:10"), utterances, tmp_path / "c", seed=1,
+                                 progress=False)  # fmt: skip
+    a, c = (read_manifest(m)[0].audio_filepath for m in (tmp_path / "a/manifest.jsonl", other_seed))
+    assert Path(a).read_bytes() != Path(c).read_bytes()
+
+
+def test_level_and_noise_copies_measure_what_they_say(tmp_path):
+    utterances = read_manifest(_manifest(tmp_path / "test.jsonl"))
+    quiet = read_manifest(build_condition(Condition("level", -20.0), utterances, tmp_path / "q",
+                                          progress=False))  # fmt: skip
+    noisy = read_manifest(build_condition(Condition("white", 10.0), utterances, tmp_path / "n",
+                                          progress=False))  # fmt: skip
+    for u, q, n in zip(utterances, quiet, noisy, strict=True):
+        clean = load_audio(u.audio_filepath)
+        assert rms_dbfs(load_audio(q.audio_filepath)) == pytest.approx(
+            rms_dbfs(clean) - 20, abs=0.1
+        )
+        noise = load_audio(n.audio_filepath) - clean
+        assert rms_dbfs(clean) - rms_dbfs(noise) == pytest.approx(10.0, abs=0.2)
+
+
+def test_speed_copies_change_duration_in_the_manifest(tmp_path):
+    utterances = read_manifest(_manifest(tmp_path / "test.jsonl"))
+    faster = read_manifest(build_condition(Condition("speed", 1.1), utterances, tmp_path / "s",
+                                           progress=False))  # fmt: skip
+    for u, f in zip(utterances, faster, strict=True):
+        assert f.duration == pytest.approx(audio_info(f.audio_filepath).duration)
+        assert f.duration == pytest.approx(u.duration / 1.1, abs=1e-3)
+
+
+def test_babble_never_contains_the_utterance_itself(tmp_path, monkeypatch):
+    utterances = read_manifest(_manifest(tmp_path / "test.jsonl"))
+    seen: list[tuple[int, list[int]]] = []
+    real_babble = Condition.apply
+
+    def spy(self, wave, sample_rate, rng, talkers):
+        waves = talkers()
+        ids = [next(i for i, u in enumerate(utterances)
+                    if torch.equal(load_audio(u.audio_filepath), w)) for w in waves]  # fmt: skip
+        seen.append((len(seen), ids))
+        return real_babble(self, wave, sample_rate, rng, lambda: waves)
+
+    monkeypatch.setattr(Condition, "apply", spy)
+    build_condition(Condition("babble", 10.0), utterances, tmp_path / "b", progress=False)
+    assert [index for index, _ in seen] == list(range(len(utterances)))
+    for index, talkers in seen:
+        assert index not in talkers and len(talkers) == len(set(talkers)) == len(utterances) - 1
+
+
+def test_robustness_table_reuses_copies_and_rebuilds_for_a_new_seed(tmp_path):
+    recognizer, _ = _overfit_recognizer(str(WAV))
+    manifest = _manifest(tmp_path / "test.jsonl")
+    out = tmp_path / "rob"
+    conditions = [Condition("clean"), Condition("level", -30.0), Condition("white", 30.0)]
+    rows = robustness(recognizer, manifest, out, conditions, GREEDY, progress=False)
+    assert [r["condition"] for r in rows] == ["clean", "level -30 dB", "white 30 dB SNR"]
+    assert rows[0]["wer"] == 0.0 and rows[0]["manifest"] == str(manifest)
+    assert json.loads((out / "robustness.json").read_text()) == rows
+    table = (out / "robustness.md").read_text()
+    assert table == robustness_table(rows) and table.count("\n") == 2 + len(conditions)
+    wav = out / "white30" / "wav" / "000000.wav"
+    built = wav.stat().st_mtime_ns
+    robustness(recognizer, manifest, out, conditions[2:], GREEDY, progress=False)
+    assert wav.stat().st_mtime_ns == built, "same manifest and seed: the copy is reused"
+    robustness(recognizer, manifest, out, conditions[2:], GREEDY, seed=3, progress=False)
+    assert wav.stat().st_mtime_ns != built, "a new seed rebuilds the copy"
+
+
+@pytest.mark.parametrize("gain_db", [-30.0, 30.0])
+def test_a_level_normalising_frontend_keeps_the_hypothesis(gain_db):
+    recognizer, waves = _overfit_recognizer(str(WAV))
+    normalised = replace(recognizer, model=_with_level(recognizer.model))
+    clean = [normalised.transcribe(w, options=GREEDY).text for w in waves]
+    assert clean == list(UTTERANCES.values())
+    louder = [normalised.transcribe(change_gain(w, gain_db), options=GREEDY).text for w in waves]
+    assert louder == clean
+
+
+def _with_level(model: torch.nn.Module) -> torch.nn.Module:
+    import copy
+
+    model = copy.deepcopy(model)
+    model.frontend.level = LevelNormalizer()
+    return model
+
+
+def test_cli_prints_the_table(tmp_path, capsys):
+    pytest.importorskip("lightning")
+    from test_transcribe import fit_tiny_checkpoint
+
+    checkpoint = fit_tiny_checkpoint(tmp_path / "fit")
+    manifest = _manifest(tmp_path / "test.jsonl")
+    code = main(["robustness", "--checkpoint", str(checkpoint), "--manifest", str(manifest),
+                 "--out", str(tmp_path / "rob"), "--conditions", "clean", "telephone",
+                 "--beam-size", "1", "--quiet"])  # fmt: skip
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "| clean | 4 |" in out and "| telephone | 4 |" in out
+    assert sorted(p.name for p in (tmp_path / "rob").iterdir()) == [
+        "clean", "robustness.json", "robustness.md", "telephone"
+    ]  # fmt: skip
+    assert (tmp_path / "rob" / "clean" / "decode" / "metrics.json").is_file()
+    code = main(["robustness", "--checkpoint", str(checkpoint), "--manifest", str(manifest),
+                 "--out", str(tmp_path / "rob"), "--conditions", "hum"])  # fmt: skip
+    assert code == 2 and "unknown condition 'hum'" in capsys.readouterr().err
+
+
+def test_cmvn_cli_measures_level_normalised_features(tmp_path):
+    from asr.frontends import CMVNStats, Frontend, LogMelFilterbank, compute_cmvn_stats
+
+    manifest = _manifest(tmp_path / "train.jsonl")
+    quiet = tmp_path / "quiet.jsonl"
+    rows = read_manifest(manifest)
+    for u in rows:
+        wave = change_gain(load_audio(u.audio_filepath), -25.0).numpy()
+        soundfile.write(tmp_path / f"{u.id}.wav", wave, 16000, subtype="FLOAT")
+    write_manifest(quiet, [replace(u, audio_filepath=str(tmp_path / f"{u.id}.wav")) for u in rows])
+    for path, name in [(manifest, "loud.json"), (quiet, "quiet.json")]:
+        args = ["cmvn", "--manifest", str(path), "--out", str(tmp_path / name), "--n-mels", "40"]
+        assert main([*args, "--target-dbfs", "-26"]) == 0
+    loud, soft = (CMVNStats.load(tmp_path / n) for n in ("loud.json", "quiet.json"))
+    torch.testing.assert_close(loud.mean, soft.mean, atol=1e-3, rtol=0)
+    level = Frontend(LogMelFilterbank(n_mels=40), level=LevelNormalizer(-26.0))
+    direct = compute_cmvn_stats(manifest, level, tmp_path / "direct.json")
+    torch.testing.assert_close(direct.mean, loud.mean)
+    plain = compute_cmvn_stats(quiet, LogMelFilterbank(n_mels=40), tmp_path / "plain.json")
+    assert float((plain.mean - loud.mean).abs().min()) > 1.0, "without it the level shows"
