@@ -1,15 +1,22 @@
-"""Audio loading: every format libsndfile reads, as mono float32, resampled on request.
+"""Audio loading: any format libsndfile or FFmpeg reads, as mono float32, resampled on request.
 
-soundfile (libsndfile) decodes WAV (integer and float), FLAC, NIST SPHERE, OGG and MP3;
-torchaudio resamples. Only the requested frames are read from disk.
+soundfile (libsndfile) decodes WAV (integer and float), FLAC, NIST SPHERE, OGG and MP3, and
+reads only the requested frames. Whatever it cannot read goes to FFmpeg through PyAV: m4a/AAC,
+MP4 and other video files (their first audio stream), WebM/Opus, AMR, WMA... PyAV seeks near
+the offset and decodes from there. torchaudio resamples.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from fractions import Fraction
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import soundfile
@@ -17,8 +24,22 @@ import torch
 import torchaudio.functional
 from torch import Tensor
 
+if TYPE_CHECKING:
+    import av
+
 PathLike = str | os.PathLike
 AudioInput = str | os.PathLike | np.ndarray | Tensor  # a file, or a mono waveform (S,)
+
+# File suffixes searched for when a folder or a glob is transcribed (compared in lower case).
+AUDIO_SUFFIXES = (
+    ".wav", ".flac", ".sph", ".ogg", ".oga", ".opus", ".mp3", ".aiff", ".aif", ".au", ".caf",
+    ".m4a", ".mp4", ".aac", ".webm", ".weba", ".mkv", ".mka", ".mov", ".3gp", ".amr", ".wma",
+)  # fmt: skip
+# Seconds decoded before a seek target and dropped: AAC and Opus frames depend on the previous.
+SEEK_PREROLL_SECONDS = 0.5
+# FFmpeg demuxers whose stream duration is exact (sample tables and edit lists: the encoder's
+# padding excluded). Other containers state an estimate or nothing, so their frames are counted.
+EXACT_DURATION_DEMUXERS = ("mov,mp4,m4a,3gp,3g2,mj2",)
 
 
 class AudioError(ValueError):
@@ -45,23 +66,33 @@ class AudioInfo:
 
 
 def audio_info(path: PathLike) -> AudioInfo:
-    """Read an audio file's header (no decoding).
+    """Read an audio file's header.
+
+    Files libsndfile reads give their header's frame count. For other containers (through
+    FFmpeg) the count is exact too: MP4/m4a state it in their sample tables (the encoder's
+    padding excluded, as players do); containers that state an estimate or nothing (WebM,
+    ADTS .aac, AMR, ...) are decoded once to count the samples (fast: AAC and AMR decode at
+    over 1000x real time, Opus at several hundred).
 
     Args:
-        path: any file libsndfile reads.
+        path: any file libsndfile or FFmpeg reads.
 
     Returns:
-        Its sample rate, frame count and channel count.
+        Its sample rate, frame count and channel count (of the first audio stream).
 
     Raises:
-        AudioError: the file is missing, a directory, unreadable, 0 bytes, or not audio
-            libsndfile knows.
+        AudioError: the file is missing, a directory, unreadable, 0 bytes, corrupt, without an
+            audio stream, or in a format neither libsndfile nor FFmpeg knows.
     """
-    try:
-        info = soundfile.info(str(path))
-    except Exception as error:  # libsndfile reports every failure alike; diagnose it here
-        raise _open_error(path, error) from error
-    return AudioInfo(sample_rate=info.samplerate, num_frames=info.frames, channels=info.channels)
+    info = _libsndfile_info(path)
+    if isinstance(info, AudioInfo):
+        return info
+    with _container(path, info) as (container, stream):
+        rate, channels = stream.codec_context.sample_rate, stream.codec_context.channels
+        frames = _stated_frames(container, stream)
+        if frames is None:
+            frames = sum(frame.samples for frame in container.decode(stream))
+    return AudioInfo(sample_rate=rate, num_frames=frames, channels=channels)
 
 
 def load_audio(
@@ -73,14 +104,17 @@ def load_audio(
     """Load (part of) an audio file as a mono waveform.
 
     Args:
-        path: any file libsndfile reads (WAV, FLAC, NIST SPHERE, OGG, MP3, ...).
+        path: any file libsndfile reads (WAV, FLAC, NIST SPHERE, OGG, MP3, ...) or FFmpeg
+            reads (m4a/AAC, MP4 and other video, WebM/Opus, AMR, ...: the first audio stream).
         sample_rate: resample to this rate; None keeps the file's own rate.
         offset: start, in seconds from the beginning of the file.
         duration: seconds to read from `offset`; None reads to the end.
 
     Returns:
         Waveform `(T,)` float32. Integer formats are scaled to [-1, 1); floating-point files
-        are returned as stored. Channels are averaged.
+        are returned as stored. Channels are averaged. For FFmpeg's formats the frames are
+        those `audio_info` counts, found by timestamps after a seek: exact to the container's
+        time resolution (1 ms in WebM; a sample in MP4).
 
     Raises:
         AudioError: unreadable file, nothing to read (empty, or offset past the end),
@@ -99,7 +133,7 @@ def load_audio_with_rate(
     """Like `load_audio`, also returning the waveform's sample rate.
 
     Args:
-        path: any file libsndfile reads.
+        path: any file libsndfile or FFmpeg reads.
         sample_rate: resample to this rate; None keeps the file's own rate.
         offset: start, in seconds.
         duration: seconds to read; None reads to the end.
@@ -107,56 +141,223 @@ def load_audio_with_rate(
     Returns:
         Waveform `(T,)` float32 and its sample rate.
     """
-    info = audio_info(path)
-    start, stop = _frame_range(path, info, offset, duration)
-    try:
-        frames = soundfile.read(str(path), start=start, stop=stop, dtype="float32", always_2d=True)[
-            0
-        ]
-    except Exception as error:
-        raise _open_error(path, error) from error
-    waveform = torch.from_numpy(frames).mean(dim=1)  # (T, C) -> (T,)
+    info = _libsndfile_info(path)
+    if isinstance(info, AudioInfo):
+        frames, rate = _read_libsndfile(path, info, offset, duration), info.sample_rate
+    else:
+        frames, rate = _read_container(path, info, offset, duration)
+    waveform = torch.from_numpy(frames)
     if waveform.numel() == 0:
         raise AudioError(path, "no samples could be decoded")
     if not bool(torch.isfinite(waveform).all()):
         raise AudioError(path, "contains NaN or infinite samples")
-    if sample_rate is None or sample_rate == info.sample_rate:
-        return waveform, info.sample_rate
-    return torchaudio.functional.resample(waveform, info.sample_rate, sample_rate), sample_rate
+    if sample_rate is None or sample_rate == rate:
+        return waveform, rate
+    return torchaudio.functional.resample(waveform, rate, sample_rate), sample_rate
+
+
+def _libsndfile_info(path: PathLike) -> AudioInfo | str:
+    """The header as libsndfile reads it, or libsndfile's reason for not reading a file that
+    exists and is not empty (then FFmpeg may).
+
+    Raises:
+        AudioError: the file is missing, a directory, unreadable or empty.
+    """
+    try:
+        info = soundfile.info(str(path))
+    except Exception as error:  # libsndfile reports every failure alike; diagnose it here
+        problem = _file_problem(path)
+        if problem:
+            raise AudioError(path, problem) from error
+        return _libsndfile_reason(error)
+    return AudioInfo(sample_rate=info.samplerate, num_frames=info.frames, channels=info.channels)
+
+
+def _read_libsndfile(
+    path: PathLike, info: AudioInfo, offset: float, duration: float | None
+) -> np.ndarray:
+    """Frames `(T,)` of `[offset, offset + duration)`, channels averaged, read from disk alone."""
+    start, stop = _frame_range(path, info.num_frames, info.sample_rate, offset, duration)
+    try:
+        frames = soundfile.read(str(path), start=start, stop=stop, dtype="float32", always_2d=True)
+    except Exception as error:
+        reason = f"unreadable or corrupt audio ({_libsndfile_reason(error)})"
+        raise AudioError(path, reason) from error
+    return torch.from_numpy(frames[0]).mean(dim=1).numpy()  # (T, C) -> (T,)
+
+
+def _libsndfile_reason(error: Exception) -> str:
+    """libsndfile's own words for a failure."""
+    return (getattr(error, "error_string", None) or str(error)).rstrip(".")
+
+
+@contextmanager
+def _container(
+    path: PathLike, libsndfile_reason: str
+) -> Iterator[tuple[av.container.InputContainer, av.AudioStream]]:
+    """The file opened by FFmpeg and its first audio stream; FFmpeg's errors as AudioError."""
+    import av  # imported here: `import asr.audio` stays light
+
+    try:
+        container = av.open(str(path))
+    except av.error.FFmpegError as error:
+        reason = f"libsndfile: {libsndfile_reason}; FFmpeg: {error.strerror or error}"
+        raise AudioError(path, f"unreadable or corrupt audio ({reason})") from error
+    try:
+        if not container.streams.audio:
+            raise AudioError(path, f"no audio stream in this {container.format.name} file")
+        stream = container.streams.audio[0]
+        if not stream.codec_context.sample_rate:
+            raise AudioError(path, "the audio stream states no sample rate")
+        yield container, stream
+    except av.error.FFmpegError as error:
+        reason = f"unreadable or corrupt audio (FFmpeg: {error.strerror or error})"
+        raise AudioError(path, reason) from error
+    finally:
+        container.close()
+
+
+def _stated_frames(container: av.container.InputContainer, stream: av.AudioStream) -> int | None:
+    """The stream's frame count where the container states it exactly, else None."""
+    if container.format.name not in EXACT_DURATION_DEMUXERS or not stream.duration:
+        return None
+    return round(stream.duration * stream.time_base * stream.codec_context.sample_rate)
+
+
+def _read_container(
+    path: PathLike, libsndfile_reason: str, offset: float, duration: float | None
+) -> tuple[np.ndarray, int]:
+    """Frames `(T,)` of `[offset, offset + duration)` decoded by FFmpeg, and their rate."""
+    with _container(path, libsndfile_reason) as (container, stream):
+        rate = stream.codec_context.sample_rate
+        stated = _stated_frames(container, stream)
+        start, stop = _frame_range(path, stated, rate, offset, duration)
+        frames = _decode_range(container, stream, start, stop, seek=True)
+    if frames is None:  # the seek failed or overshot: decode from the start instead
+        with _container(path, libsndfile_reason) as (container, stream):
+            frames = _decode_range(container, stream, start, stop, seek=False)
+    if len(frames):
+        return frames, rate
+    if start > 0:
+        raise AudioError(path, f"offset {offset:.3f} s is at or beyond the end")
+    return np.zeros(0, np.float32), rate
+
+
+def _decode_range(
+    container: av.container.InputContainer,
+    stream: av.AudioStream,
+    start: int,
+    stop: int | None,
+    seek: bool,
+) -> np.ndarray | None:
+    """Mono frames `[start, stop)` of the stream (None: to its end), seeking near `start`
+    where `seek` is true; None where that seek went wrong."""
+    frames = container.decode(stream)
+    head = list(itertools.islice(frames, 2))
+    position = 0
+    preroll = SEEK_PREROLL_SECONDS * stream.codec_context.sample_rate
+    if seek and start > preroll and len(head) == 2 and head[1].pts is not None:
+        sought = _seek(container, stream, head, start - preroll)
+        if sought is None or not 0 <= sought[2] <= start:
+            return None
+        head, frames, position = sought
+    parts = []
+    for frame in itertools.chain(head, frames):
+        samples = _mono(frame)
+        end = position + len(samples)
+        if end > start:
+            parts.append(
+                samples[max(0, start - position) : None if stop is None else stop - position]
+            )
+        position = end
+        if stop is not None and position >= stop:
+            break
+    return np.concatenate(parts) if parts else np.zeros(0, np.float32)
+
+
+def _seek(
+    container: av.container.InputContainer,
+    stream: av.AudioStream,
+    head: list[av.AudioFrame],
+    target: float,
+) -> tuple[list[av.AudioFrame], Iterator[av.AudioFrame], int] | None:
+    """Seek to at most `target` samples: the first two frames decoded there, the rest, and
+    the first one's position in samples; None where the stream cannot seek.
+
+    Position 0 is the first sample decoded from the start (`head` holds the first two frames
+    decoded from there). A decoder may drop samples from the first packet it is given (Opus
+    pre-skip, again after a seek) and WebM rounds timestamps to 1 ms, so positions come from
+    the second frame's timestamp, less the first frame's length.
+    """
+    import av
+
+    origin = _samples_at(head[1].pts, stream) - head[0].samples  # the start, in samples
+    try:
+        container.seek(
+            int((origin + target) / stream.codec_context.sample_rate / stream.time_base),
+            stream=stream,
+        )
+    except av.error.FFmpegError:  # not seekable (no index to seek by)
+        return None
+    frames = container.decode(stream)
+    head = list(itertools.islice(frames, 2))
+    if len(head) < 2 or head[1].pts is None:
+        return None
+    return head, frames, round(_samples_at(head[1].pts, stream) - origin) - head[0].samples
+
+
+def _samples_at(pts: int, stream: av.AudioStream) -> Fraction:
+    """A timestamp of the stream in samples."""
+    return pts * stream.time_base * stream.codec_context.sample_rate
+
+
+def _mono(frame: av.AudioFrame) -> np.ndarray:
+    """A decoded frame's samples `(S,)` float32: channels averaged, integers scaled to [-1, 1)."""
+    samples = frame.to_ndarray()  # planar: (C, S); packed: (1, S * C)
+    if not frame.format.is_planar:
+        samples = samples.reshape(-1, frame.layout.nb_channels).T
+    if samples.dtype == np.uint8:  # 8-bit PCM is offset binary
+        samples = samples.astype(np.float32) - 128
+        return samples.mean(axis=0) / 128
+    if samples.dtype.kind == "i":
+        scale = np.iinfo(samples.dtype).max + 1
+        return (samples.mean(axis=0, dtype=np.float64) / scale).astype(np.float32)
+    return samples.astype(np.float32, copy=False).mean(axis=0)
 
 
 def _frame_range(
-    path: PathLike, info: AudioInfo, offset: float, duration: float | None
+    path: PathLike, num_frames: int | None, rate: int, offset: float, duration: float | None
 ) -> tuple[int, int | None]:
-    """Frame indices [start, stop) for `offset` and `duration` seconds; stop None means end."""
+    """Frame indices [start, stop) for `offset` and `duration` seconds; stop None means the
+    end. `num_frames` None: the length is not known before decoding."""
     if not (math.isfinite(offset) and offset >= 0):
         raise AudioError(path, f"offset must be finite and >= 0, got {offset}")
     if duration is not None and not (math.isfinite(duration) and duration > 0):
         raise AudioError(path, f"duration must be finite and > 0, got {duration}")
-    if info.num_frames == 0:
+    if num_frames == 0:
         raise AudioError(path, "audio is empty (0 samples)")
-    start = round(offset * info.sample_rate)
-    if start >= info.num_frames:
-        reason = f"offset {offset:.3f} s is at or beyond the end ({info.duration:.3f} s)"
+    start = round(offset * rate)
+    if num_frames is not None and start >= num_frames:
+        reason = f"offset {offset:.3f} s is at or beyond the end ({num_frames / rate:.3f} s)"
         raise AudioError(path, reason)
-    if duration is None:
-        return start, None
-    return start, min(info.num_frames, start + max(1, round(duration * info.sample_rate)))
+    stop = None if duration is None else start + max(1, round(duration * rate))
+    if num_frames is not None:
+        stop = num_frames if stop is None else min(stop, num_frames)
+    return start, stop
 
 
-def _open_error(path: PathLike, error: Exception) -> AudioError:
-    """Turn a libsndfile failure into an AudioError that says why."""
+def _file_problem(path: PathLike) -> str | None:
+    """What keeps any reader from a file: missing, a directory, no permission, 0 bytes."""
     file = Path(path)
     if not file.exists():
-        return AudioError(path, "file not found")
+        return "file not found"
     if file.is_dir():
-        return AudioError(path, "is a directory, not an audio file")
+        return "is a directory, not an audio file"
     if not os.access(file, os.R_OK):
-        return AudioError(path, "permission denied")
+        return "permission denied"
     if file.stat().st_size == 0:
-        return AudioError(path, "empty file (0 bytes)")
-    detail = getattr(error, "error_string", None) or str(error)  # libsndfile's own words
-    return AudioError(path, f"unreadable or corrupt audio ({detail})")
+        return "empty file (0 bytes)"
+    return None
 
 
 def as_waveform(audio: np.ndarray | Tensor, sample_rate: int, target_rate: int) -> Tensor:

@@ -10,6 +10,7 @@ its model without the training files, under one key (`RECOGNIZER_KEY` or `LM_KEY
 
 All values are plain strings, numbers and containers, so a checkpoint loads with
 `torch.load(weights_only=True)`: loading one never runs code. Nothing here imports Lightning.
+`asr.package` lays the same contents out as files to share (weights as safetensors).
 """
 
 from __future__ import annotations
@@ -79,7 +80,7 @@ def checkpoint_payload(
     """The self-describing part of a checkpoint: config, tokenizer files, assets, `extra`."""
     with tempfile.TemporaryDirectory() as tmp:
         tokenizer.save(tmp)
-        files = _encoded_files(Path(tmp))
+        files = encoded_files(Path(tmp))
     payload = {"model_config": model_config, "tokenizer": files}
     payload["assets"] = _find_assets(model_config, {})
     payload.update({k: v for k, v in extra.items() if v is not None})
@@ -105,7 +106,7 @@ def read_payload(path: str | os.PathLike, key: str) -> tuple[dict[str, Any], dic
 def payload_tokenizer(payload: dict[str, Any]) -> Tokenizer:
     """The tokenizer whose files the payload embeds."""
     with tempfile.TemporaryDirectory() as tmp:
-        _write_embedded_files(payload["tokenizer"], Path(tmp))
+        write_embedded_files(payload["tokenizer"], Path(tmp))
         return Tokenizer.load(tmp)  # reads everything into memory
 
 
@@ -116,7 +117,7 @@ def build_from_payload(builder: Callable[..., Any], payload: dict[str, Any]) -> 
         for i, (original, data) in enumerate(payload.get("assets", {}).items()):
             assets[original] = str(Path(tmp) / f"asset{i}_{Path(original).name}")
             Path(assets[original]).write_bytes(base64.b64decode(data))
-        return instantiate(builder, _replace_assets(payload["model_config"], assets))
+        return instantiate(builder, replace_assets(payload["model_config"], assets))
 
 
 def store_decoding(path: str | os.PathLike, decoding: dict[str, Any]) -> None:
@@ -126,6 +127,10 @@ def store_decoding(path: str | os.PathLike, decoding: dict[str, Any]) -> None:
         path: the checkpoint, rewritten atomically.
         decoding: `asr.search.SearchOptions` fields (plain values), e.g. those chosen on dev.
     """
+    if Path(path).is_dir():
+        raise CheckpointError(
+            f"{path}: a model package; set the decoding of its checkpoint, then export it again"
+        )
     state, payload = read_payload(path, RECOGNIZER_KEY)
     payload["decoding"] = dict(decoding)
     atomic_save(state, path)
@@ -155,13 +160,14 @@ def instantiate(builder: Callable[..., Any], config: dict[str, Any]) -> Any:
     return arguments if inspect.isclass(builder) else builder(**vars(arguments))
 
 
-def _write_embedded_files(files: dict[str, str], folder: Path) -> None:
+def write_embedded_files(files: dict[str, str], folder: Path) -> None:
     """Write base64 files (as `checkpoint_payload` embeds them) into `folder`."""
     for name, data in files.items():
         (folder / Path(name).name).write_bytes(base64.b64decode(data))
 
 
-def _encoded_files(folder: Path) -> dict[str, str]:
+def encoded_files(folder: Path) -> dict[str, str]:
+    """The files in `folder`, base64, by name: what `write_embedded_files` writes back."""
     return {p.name: base64.b64encode(p.read_bytes()).decode() for p in folder.iterdir()}
 
 
@@ -179,14 +185,15 @@ def _find_assets(config: Any, found: dict[str, str]) -> dict[str, str]:
     return found
 
 
-def _replace_assets(config: Any, paths: dict[str, str]) -> Any:
+def replace_assets(config: Any, paths: dict[str, str]) -> Any:
+    """`config` with the files its ASSET_KEYS name renamed as `paths` maps them."""
     if isinstance(config, dict):
         return {
-            k: paths.get(v, v) if k in ASSET_KEYS else _replace_assets(v, paths)
+            k: paths.get(v, v) if k in ASSET_KEYS else replace_assets(v, paths)
             for k, v in config.items()
         }
     if isinstance(config, list):
-        return [_replace_assets(v, paths) for v in config]
+        return [replace_assets(v, paths) for v in config]
     return config
 
 

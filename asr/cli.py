@@ -7,7 +7,8 @@ asr validate-data --manifest M [--tokenizer DIR] check audio and text up front
 asr fit|validate|test --config conf/...yaml     training (LightningCLI)
 asr average --last exp/.../checkpoints/last.ckpt --best 5 --out avg.ckpt
 asr set-decoding --checkpoint CKPT --beam-size 10 --ctc-weight 0.5   its default search
-asr transcribe AUDIO... --checkpoint CKPT [--format txt json srt vtt] [--output-dir DIR]
+asr export CKPT DIR --format package            a shareable folder (safetensors, model card)
+asr transcribe AUDIO|DIR|GLOB|M.jsonl|-... --checkpoint CKPT [--output-dir DIR --format ...]
 asr evaluate --checkpoint CKPT --manifest test.jsonl --out DIR   WER/CER, reports, plots
 asr robustness --checkpoint CKPT --manifest test.jsonl --out DIR  WER under noise, level...
 asr align AUDIO --checkpoint CKPT --text "..." --out plot.png      word times of a transcript
@@ -28,6 +29,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from asr.recognizer import Recognizer
+    from asr.transcribe import Input
 
 LIGHTNING_COMMANDS = ("fit", "validate", "test", "predict")
 MAX_LISTED = 20  # failures spelled out on stderr by batch commands
@@ -123,8 +125,29 @@ def _set_decoding(args: argparse.Namespace) -> int:
     return 0
 
 
+def _export(args: argparse.Namespace) -> int:
+    from asr.package import ModelCard, write_package
+    from asr.recognizer import load_model
+
+    recognizer = load_model(args.checkpoint)  # builds, and has the default search settings
+    options = asdict(recognizer.default_options)
+    decoding = {k: v for k, v in options.items() if k not in ("nbest", "lm_weight")}
+    card = ModelCard(
+        args.repo_id,
+        args.license,
+        args.data,
+        args.training_command,
+        tuple(args.metrics or ()),
+        sum(p.numel() for p in recognizer.model.parameters()),
+    )
+    written = write_package(args.checkpoint, args.out, decoding, card)
+    print(f"model package written to {args.out}: {' '.join(written)}")
+    return 0
+
+
 def _load_model(args: argparse.Namespace) -> Recognizer:
-    """The recognizer `--checkpoint` names, on `--device` in `--precision` where given."""
+    """The recognizer `--checkpoint` (or `--model`) names, on `--device` in `--precision`
+    where given: a checkpoint, a package folder or `hf://owner/name`."""
     from asr.recognizer import load_model
 
     device = _device(getattr(args, "device", None))
@@ -169,6 +192,28 @@ def _language_model(args: argparse.Namespace, recognizer):
 
 
 def _transcribe(args: argparse.Namespace) -> int:
+    import tempfile
+
+    from asr.transcribe import expand_inputs
+
+    if args.format is not None and args.output_dir is None:
+        raise ValueError("--format chooses the files written to --output-dir: give that too")
+    with tempfile.TemporaryDirectory(prefix="asr-transcribe-") as scratch:
+        inputs, failures = expand_inputs(args.audio, scratch)
+        for failure in failures:
+            print(f"asr transcribe: error: {failure}", file=sys.stderr)
+        failed = _transcribe_inputs(args, inputs) if inputs else []
+    if failures or failed:
+        total = len(failures) + len(inputs)
+        print(
+            f"asr transcribe: {len(failures) + len(failed)} of {total} files failed",
+            file=sys.stderr,
+        )
+    return 1 if failures or failed else 0
+
+
+def _transcribe_inputs(args: argparse.Namespace, inputs: list[Input]) -> list[str]:
+    """`transcribe_files` with the command's options; the names of the inputs that failed."""
     from asr.transcribe import TRANSCRIBE_BATCH_SIZE, transcribe_files
 
     recognizer = _load_model(args)
@@ -178,11 +223,11 @@ def _transcribe(args: argparse.Namespace) -> int:
         "min_silence_seconds": args.min_silence_seconds,
         "silence_threshold_db": args.silence_threshold_db,
     }
-    failed = transcribe_files(
+    return transcribe_files(
         recognizer,
-        args.audio,
+        inputs,
         args.output_dir,
-        formats=args.format,
+        formats=args.format or ["txt", "json"],
         options=_search_options(args, recognizer),
         lm=_language_model(args, recognizer),
         timestamps=args.timestamps,
@@ -193,9 +238,6 @@ def _transcribe(args: argparse.Namespace) -> int:
         words_per_cue=args.words_per_cue,
         progress=not args.quiet,
     )
-    if failed:
-        print(f"asr transcribe: {len(failed)} of {len(args.audio)} files failed", file=sys.stderr)
-    return 1 if failed else 0
 
 
 def _warn_if_longer_than_trained(recognizer: Recognizer, max_segment_seconds: float | None) -> None:
@@ -280,7 +322,15 @@ def _align(args: argparse.Namespace) -> int:
 def _add_search_arguments(p: argparse.ArgumentParser) -> None:
     from asr.search import DEFAULT_CTC_WEIGHT, SearchOptions
 
-    p.add_argument("--checkpoint", required=True, help="a checkpoint of `asr fit` or average")
+    p.add_argument(
+        "--checkpoint",
+        "--model",
+        dest="checkpoint",
+        metavar="MODEL",
+        required=True,
+        help="a checkpoint of `asr fit` or average, a model package folder (asr export), "
+        "or hf://owner/name[@revision]",
+    )
     own = "default: the checkpoint's own (asr set-decoding), else"
     beam, ctc, ratio = SearchOptions.beam_size, DEFAULT_CTC_WEIGHT, SearchOptions.max_len_ratio
     p.add_argument("--beam-size", type=int, help=f"1 = greedy ({own} {beam})")
@@ -314,12 +364,22 @@ def _add_device_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _version() -> str:
+    """The installed distribution's version; a source tree run without installing has none."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("asr")
+    except PackageNotFoundError:
+        return "unknown (not installed: `pip install -e .` records the version)"
+
+
 def _parser() -> argparse.ArgumentParser:
     from asr.data.prepare import CORPORA
     from asr.recognizer import TIMESTAMP_METHODS
     from asr.robustness import DEFAULT_CONDITIONS
     from asr.text import CASES, PUNCTUATION, TOKENIZER_KINDS, TextNormalizer
-    from asr.writers import FORMATS
+    from asr.writers import ALL, FORMATS
 
     parser = argparse.ArgumentParser(
         prog="asr",
@@ -328,6 +388,7 @@ def _parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=__doc__,
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("prepare", help="write train/dev/test JSONL manifests for a corpus")
@@ -377,6 +438,31 @@ def _parser() -> argparse.ArgumentParser:
     p.set_defaults(run=_average)
 
     p = sub.add_parser(
+        "export",
+        help="write a shareable model package (safetensors, config, tokenizer, model card)",
+        description="Write a recognizer checkpoint as a folder that huggingface_hub's "
+        "upload_folder pushes as it is: model.safetensors (loading it runs no code), "
+        "config.json (model config, decoding defaults), tokenizer/, CMVN statistics and a "
+        "README.md model card. asr.load_model(DIR) and `asr transcribe --model DIR` read it; "
+        "after an upload, so do hf://owner/name.",
+    )
+    p.add_argument("checkpoint", help="a recognizer checkpoint of `asr fit` or average")
+    p.add_argument("out", help="the package folder (files a package does not name are kept)")
+    p.add_argument("--format", choices=["package"], default="package", help="the folder above")
+    p.add_argument(
+        "--metrics",
+        action="append",
+        metavar="METRICS_JSON",
+        help="an `asr evaluate` metrics.json: a row of the card's WER/CER tables, named by its "
+        "folder (decode_test); repeatable",
+    )
+    p.add_argument("--repo-id", help="owner/name on the Hub: the card's title and examples")
+    p.add_argument("--license", default="other", help="Hub licence id, e.g. apache-2.0 (other)")
+    p.add_argument("--data", help="the training data, in words (default: its manifests)")
+    p.add_argument("--training-command", help="the command that trained the model")
+    p.set_defaults(run=_export)
+
+    p = sub.add_parser(
         "set-decoding",
         help="store the search settings a checkpoint decodes with when none are given",
         description="Record beam, CTC weight and length settings in a recognizer checkpoint, "
@@ -386,13 +472,29 @@ def _parser() -> argparse.ArgumentParser:
     _add_search_arguments(p)
     p.set_defaults(run=_set_decoding)
 
-    p = sub.add_parser("transcribe", help="transcribe audio files of any length")
-    p.add_argument("audio", nargs="+", help="audio files (any format and rate soundfile reads)")
+    p = sub.add_parser(
+        "transcribe",
+        help="transcribe audio of any length, format and container",
+        description="Transcribe audio files (any format libsndfile or FFmpeg reads: WAV, FLAC, "
+        "MP3, m4a/AAC, MP4 video, WebM/Opus, AMR...). Without --output-dir, each input's "
+        "segments are printed as `[MM:SS.mmm --> MM:SS.mmm] text` (after its name where there "
+        "are several) and nothing is written. With it, --format files are written there, "
+        "mirroring the inputs' paths below the deepest folder they share (alice/001.wav and "
+        "bob/001.wav give alice/001.txt and bob/001.txt), and `path<TAB>text` is printed. "
+        "Inputs that fail are named with the reason; the others go on (exit status 1).",
+    )
+    p.add_argument(
+        "audio",
+        nargs="+",
+        help="audio files; folders (searched recursively for audio suffixes); glob patterns, "
+        "quoted ('data/**/*.m4a'); .jsonl manifests (audio_filepath, optional offset and "
+        "duration); - for audio bytes on stdin",
+    )
     _add_decoding_arguments(p)
     p.set_defaults(batch_size=None)  # asr.transcribe.TRANSCRIBE_BATCH_SIZE
-    p.add_argument("--format", nargs="+", choices=FORMATS,
-                   default=["txt", "json"], help="output formats (txt json)")  # fmt: skip
-    p.add_argument("--output-dir", default=".", help="where <stem>.<format> files go (.)")
+    p.add_argument("--format", nargs="+", choices=[*FORMATS, ALL],
+                   help="files to write to --output-dir (txt json); all: every one")  # fmt: skip
+    p.add_argument("--output-dir", help="write <path>.<format> files here (default: print)")
     p.add_argument("--timestamps", choices=TIMESTAMP_METHODS, default=TIMESTAMP_METHODS[0])
     p.add_argument(
         "--max-segment-seconds",
@@ -402,7 +504,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--min-silence-seconds", type=float, help="shortest silence cut (0.3)")
     p.add_argument("--silence-threshold-db", type=float, help="silence: dB below peak (-35)")
-    p.add_argument("--words-per-cue", type=int, default=0, help="srt/vtt: 0 = one per segment")
+    p.add_argument("--words-per-cue", type=int, default=0, help="srt/vtt/tsv: 0 = one per segment")
     p.set_defaults(run=_transcribe)
 
     p = sub.add_parser("evaluate", help="WER/CER of a manifest, error reports, attention plots")

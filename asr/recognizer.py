@@ -1,12 +1,13 @@
 """`load_model` -> `Recognizer`: decoding, timestamps and alignment with a trained model.
 
     recognizer = asr.load_model("exp/an4/transformer/avg.ckpt")
-    transcript = recognizer.transcribe("utt.wav", options=SearchOptions(beam_size=10))
+    transcript = recognizer.transcribe("utt.wav", beam_size=10, ctc_weight=0.5)
     transcript.text, transcript.words  # words with start/end seconds
 
 `Recognizer.search` decodes a batch of waveforms; `transcript` turns a result into text and
 token/word times (cross-attention DTW, or CTC forced alignment); `transcribe` and
-`transcribe_batch` add file reading and long-audio segmentation (`asr.transcribe`);
+`transcribe_batch` add file reading and long-audio segmentation (`asr.transcribe`), and take
+their settings as keywords (`SearchOptions` fields among them, merged by `search_options`);
 `align` aligns a known transcript by teacher forcing. `load_lm` reads a language model for
 shallow fusion. Models are built directly from the checkpoint (`asr.checkpoint`): nothing
 here imports Lightning.
@@ -14,10 +15,12 @@ here imports Lightning.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
+from difflib import get_close_matches
 from functools import cached_property, partial
 from typing import Any
 
@@ -28,7 +31,6 @@ from torch import Tensor, nn
 from asr.audio import AudioInput, as_waveform, load_audio
 from asr.checkpoint import (
     LM_KEY,
-    RECOGNIZER_KEY,
     build_from_payload,
     payload_tokenizer,
     read_payload,
@@ -36,8 +38,9 @@ from asr.checkpoint import (
 )
 from asr.models.lm import build_lm
 from asr.models.seq2seq import Seq2Seq, build_seq2seq
+from asr.package import read_recognizer
 from asr.precision import autocast, check_precision
-from asr.results import Alignment, Decoded, Segment, Transcript
+from asr.results import Alignment, BatchResult, Decoded, Segment, Transcript
 from asr.search import (
     DEFAULT_CTC_WEIGHT,
     Hypothesis,
@@ -60,6 +63,9 @@ from asr.transcribe import TRANSCRIBE_BATCH_SIZE, transcribe_sources
 log = logging.getLogger(__name__)
 
 TIMESTAMP_METHODS = ("attention", "ctc")
+# The `SearchOptions` fields `transcribe` takes as keywords: all but nbest, since search keeps
+# only the best hypothesis.
+SEARCH_KEYWORDS = tuple(f.name for f in fields(SearchOptions) if f.name != "nbest")
 MEASURE_SECONDS = 12  # extra audio `frame_seconds` measures over (divisible by common hops)
 
 # Search steps run in bf16 from this many rows (batch x beam) on: below it, small bf16 matmuls
@@ -143,67 +149,116 @@ class Recognizer:
     def transcribe(
         self,
         audio: AudioInput,
+        *,
         sample_rate: int | None = None,
+        word_timestamps: str = "attention",
         options: SearchOptions | None = None,
         lm: LanguageModel | None = None,
-        timestamps: str = "attention",
         batch_size: int = TRANSCRIBE_BATCH_SIZE,
         segmenter: SegmenterOptions | None = None,
+        **search: Any,
     ) -> Transcript:
         """Transcribe one recording of any length.
 
         Audio longer than `segmenter.max_segment_seconds` is split on silence and decoded in
         batches of segments (files are read a segment at a time; see `asr.transcribe`).
 
+            recognizer.transcribe("talk.m4a", beam_size=10, ctc_weight=0.5)
+            recognizer.transcribe(wave, sample_rate=8000, word_timestamps="ctc")
+
         Args:
-            audio: a file path (any format and rate soundfile reads), or a mono waveform
-                `(S,)` as a numpy array or tensor.
+            audio: a file path (any rate, any format libsndfile or FFmpeg reads: WAV, FLAC,
+                MP3, m4a, MP4, WebM, ...), or a mono waveform `(S,)` as a numpy array or tensor.
             sample_rate: the rate of an array `audio`; None means the model's rate. Files
                 carry their own.
-            options: search settings; None uses `default_options`. A beam of 1
-                without CTC or LM weight runs greedy search.
-            lm: language model for shallow fusion (`options.lm_weight > 0`).
-            timestamps: "attention" (DTW over cross-attention) or "ctc" (forced alignment of
-                the hypothesis with the CTC head).
+            word_timestamps: how token and word times are found: "attention" (DTW over
+                cross-attention) or "ctc" (forced alignment of the hypothesis with the CTC
+                head; `TIMESTAMP_METHODS`).
+            options: search settings; None uses `default_options`. A beam of 1 without CTC
+                or LM weight runs greedy search.
+            lm: language model for shallow fusion (with `lm_weight > 0`).
             batch_size: segments of long audio decoded together.
             segmenter: how long audio is split; None uses `self.segmenter()`.
+            **search: `SearchOptions` fields (`SEARCH_KEYWORDS`: beam_size, ctc_weight,
+                lm_weight, length_bonus, max_len_ratio, ...) set over `options`.
 
         Returns:
             The `Transcript`, times in seconds of the input.
 
         Raises:
-            AudioError: the file cannot be read; the message names it and says why.
+            AudioError: the input cannot be read or decoded; the message names it and says
+                why (a ValueError).
+            ValueError: settings out of range, or that the model cannot decode with.
+            TypeError: an unknown keyword (named).
         """
-        return self.transcribe_batch(
-            [audio], sample_rate, options, lm, timestamps, batch_size, segmenter
-        )[0]
+        [result] = self.transcribe_batch(
+            [audio],
+            sample_rate=sample_rate,
+            word_timestamps=word_timestamps,
+            options=options,
+            lm=lm,
+            batch_size=batch_size,
+            segmenter=segmenter,
+            **search,
+        )
+        return result.transcript_or_raise()
 
     def transcribe_batch(
         self,
         audios: Sequence[AudioInput],
+        *,
         sample_rate: int | None = None,
+        word_timestamps: str = "attention",
         options: SearchOptions | None = None,
         lm: LanguageModel | None = None,
-        timestamps: str = "attention",
         batch_size: int = TRANSCRIBE_BATCH_SIZE,
         segmenter: SegmenterOptions | None = None,
-    ) -> list[Transcript]:
+        **search: Any,
+    ) -> list[BatchResult]:
         """Transcribe several recordings, decoding up to `batch_size` segments together
-        (sorted by length). Arguments as `transcribe`.
+        (sorted by length). Arguments as `transcribe`; an input that cannot be read or
+        decoded fails alone.
+
+            results = recognizer.transcribe_batch(paths, beam_size=4)
+            texts = [r.transcript.text for r in results if r.error is None]
+            transcripts = [r.transcript_or_raise() for r in results]  # raise at the first failure
 
         Returns:
-            One `Transcript` per input, in input order.
+            One `BatchResult` per input, in input order: its `name` (the path, or
+            `<waveform i>`) and its `transcript`, or where it failed, its `error` (an
+            `AudioError` naming it, with the `reason`).
 
         Raises:
-            AudioError: an input cannot be read; the message names it.
+            ValueError: settings out of range, or that the model cannot decode with (before
+                any input is read).
+            TypeError: an unknown keyword (named).
         """
-        results = transcribe_sources(
-            self, audios, sample_rate, options, lm, timestamps, batch_size, segmenter
+        if word_timestamps not in TIMESTAMP_METHODS:
+            raise ValueError(
+                f"word_timestamps must be one of {TIMESTAMP_METHODS}, got {word_timestamps!r}"
+            )
+        return transcribe_sources(
+            self,
+            audios,
+            sample_rate=sample_rate,
+            options=self.search_options(options, **search),
+            lm=lm,
+            timestamps=word_timestamps,
+            batch_size=batch_size,
+            segmenter=segmenter,
         )
-        for result in results:
-            if isinstance(result, Exception):
-                raise result
-        return results
+
+    def search_options(self, options: SearchOptions | None = None, **changes: Any) -> SearchOptions:
+        """`options` (None: `default_options`) with the fields named in `changes` set.
+
+        Raises:
+            TypeError: a keyword that is not among `SEARCH_KEYWORDS` (named).
+            ValueError: a value out of range (`SearchOptions` says which).
+        """
+        unknown = sorted(set(changes) - set(SEARCH_KEYWORDS))
+        if unknown:
+            raise _unknown_keywords(unknown)
+        return replace(options or self.default_options, **changes)
 
     @torch.no_grad()
     def search(
@@ -402,6 +457,24 @@ class Recognizer:
         return as_waveform(audio, sample_rate or self.sample_rate, self.sample_rate)
 
 
+def _unknown_keywords(names: Sequence[str]) -> TypeError:
+    """The error for keywords `transcribe` does not take: each named, with a close match where
+    there is one, then what it does take."""
+    own = [
+        p.name
+        for p in inspect.signature(Recognizer.transcribe_batch).parameters.values()
+        if p.kind is inspect.Parameter.KEYWORD_ONLY
+    ]
+    named = []
+    for name in names:
+        close = get_close_matches(name, [*own, *SEARCH_KEYWORDS], n=1)
+        named.append(f"{name!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+    return TypeError(
+        f"unknown keyword argument {', '.join(named)}; transcribe takes {', '.join(own)} "
+        f"and the search settings {', '.join(SEARCH_KEYWORDS)}"
+    )
+
+
 def _empty_hypothesis(decoder: nn.Module, num_frames: int) -> Hypothesis:
     """What an utterance gets when no hypothesis ended (eos step only, flat attention)."""
     attention = torch.full((decoder.num_attention_maps, 1, num_frames), 1.0 / num_frames)
@@ -421,17 +494,19 @@ def _clamped(word: Word, duration: float) -> Word:
 def load_model(
     path: str | os.PathLike, device: str | torch.device = "cpu", precision: str = "fp32"
 ) -> Recognizer:
-    """Rebuild the recognizer of an `asr fit` checkpoint (or an `asr average` output), to run
-    in `precision` ("fp32" or "bf16": see `Recognizer.precision`).
+    """Rebuild a recognizer, to run in `precision` ("fp32" or "bf16": see
+    `Recognizer.precision`), from `path`: an `asr fit` checkpoint (or an `asr average`
+    output), a model package folder (`asr export`), or `hf://owner/name[@revision]`, a package
+    on the Hugging Face Hub (fetched once into its cache; found there with `HF_HUB_OFFLINE=1`).
 
     Raises:
-        CheckpointError: the file is not a recognizer checkpoint written by `asr fit`, or
-            refuses to load safely; the message names it.
+        CheckpointError: the file is not a recognizer checkpoint written by `asr fit`, or not
+            a model package, or refuses to load safely (a pickle); the message names it.
     """
     check_precision(precision)
-    state, payload = read_payload(path, RECOGNIZER_KEY)
+    weights, payload = read_recognizer(path)
     model = build_from_payload(build_seq2seq, payload)
-    model.load_state_dict(submodule_weights(state, "model."))
+    model.load_state_dict(weights)
     model = model.to(device).eval()
     return Recognizer(
         model,

@@ -8,6 +8,7 @@ from typing import Any
 
 from torch import Tensor
 
+from asr.audio import AudioError
 from asr.search import Hypothesis
 from asr.timing import Word
 
@@ -65,6 +66,32 @@ class Transcript:
                 for i, p, start, end in spans
             ],
         }
+
+
+@dataclass(frozen=True)
+class BatchResult:
+    """One input's outcome in `Recognizer.transcribe_batch`: its transcript, or the error that
+    stopped it while the other inputs went on.
+
+        for result in recognizer.transcribe_batch(["a.wav", "b.m4a"]):
+            if result.error is None:
+                print(result.name, result.transcript.text)
+            else:
+                print(result.name, "failed:", result.error.reason)
+    """
+
+    name: str  # the input: its path, or `<waveform i>` for the i-th input (from 0) as an array
+    transcript: Transcript | None  # None where the input failed
+    # Why it failed (unreadable, corrupt, not a mono waveform, too short to encode): `reason`
+    # says why, and its message names the input. None where it was transcribed.
+    error: AudioError | None = None
+
+    def transcript_or_raise(self) -> Transcript:
+        """The transcript; raises `error` where the input failed."""
+        if self.error is not None:
+            raise self.error
+        assert self.transcript is not None
+        return self.transcript
 
 
 def _ms(seconds: float) -> float:

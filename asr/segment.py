@@ -108,29 +108,61 @@ class AudioSource(Protocol):
         ...
 
 
-class FileSource:
-    """An audio file, read a stretch at a time (never whole)."""
+@dataclass(frozen=True)
+class Clip:
+    """A stretch of an audio file: `duration` seconds from `offset` (a manifest line)."""
 
-    def __init__(self, path: str | os.PathLike, sample_rate: int) -> None:
+    path: str | os.PathLike
+    offset: float = 0.0  # seconds into the file
+    duration: float | None = None  # seconds from `offset`; None: to the end
+
+
+class FileSource:
+    """An audio file, or a stretch of one, read a stretch at a time (never whole). Times are
+    measured from `offset`."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        sample_rate: int,
+        offset: float = 0.0,
+        duration: float | None = None,
+    ) -> None:
         self.path, self.name, self.sample_rate = Path(path), str(path), sample_rate
         self.info = audio_info(path)
         if self.info.num_frames == 0:
             raise AudioError(path, "audio is empty (0 samples)")
+        if not (math.isfinite(offset) and 0 <= offset < self.info.duration):
+            reason = f"offset {offset} s is not within the audio (0 to {self.info.duration:.3f} s)"
+            raise AudioError(path, reason)
+        if duration is not None and not (math.isfinite(duration) and duration > 0):
+            raise AudioError(path, f"duration must be finite and > 0, got {duration}")
+        self.offset = offset
+        self._duration = self.info.duration - offset
+        if duration is not None:
+            self._duration = min(self._duration, duration)
 
     @property
     def duration(self) -> float:
-        return self.info.duration
+        return self._duration
 
     def read(self, start: float, end: float) -> Tensor:
-        return load_audio(self.path, self.sample_rate, offset=start, duration=end - start)
+        return load_audio(
+            self.path, self.sample_rate, offset=self.offset + start, duration=end - start
+        )
 
     def energy_db(self, frame_seconds: float, read_seconds: float) -> tuple[np.ndarray, float]:
         rate = self.info.sample_rate  # the file's own: no resampling for the analysis
         frame = max(1, round(rate * frame_seconds))
         chunk = frame * max(1, round(read_seconds / frame_seconds))  # whole frames per read
+        first = round(self.offset * rate)
+        stop = min(self.info.num_frames, first + round(self.duration * rate))
         parts = [
-            frame_energy_db(load_audio(self.path, None, start / rate, chunk / rate).numpy(), frame)
-            for start in range(0, self.info.num_frames, chunk)
+            frame_energy_db(
+                load_audio(self.path, None, start / rate, min(chunk, stop - start) / rate).numpy(),
+                frame,
+            )
+            for start in range(first, stop, chunk)
         ]
         return np.concatenate(parts), frame / rate
 
@@ -153,12 +185,17 @@ class ArraySource:
         return frame_energy_db(self.wave.numpy(), frame), frame / self.sample_rate
 
 
-def open_source(audio: AudioInput, target_rate: int, sample_rate: int | None = None) -> AudioSource:
-    """An `AudioSource` for a path or a waveform at `sample_rate` (None: `target_rate`).
+def open_source(
+    audio: AudioInput | Clip, target_rate: int, sample_rate: int | None = None
+) -> AudioSource:
+    """An `AudioSource` for a path, a `Clip` or a waveform at `sample_rate` (None:
+    `target_rate`).
 
     Raises:
         AudioError: the file cannot be read or is empty; the message names it.
     """
+    if isinstance(audio, Clip):
+        return FileSource(audio.path, target_rate, audio.offset, audio.duration)
     if isinstance(audio, (str, os.PathLike)):
         return FileSource(audio, target_rate)
     return ArraySource(as_waveform(audio, sample_rate or target_rate, target_rate), target_rate)

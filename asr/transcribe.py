@@ -6,30 +6,45 @@ segment's times are shifted by its start, and where two fixed windows overlap, e
 words whose centre lies on its side of the overlap's midpoint.
 
 `Recognizer.transcribe` runs this for the Python API and `transcribe_files` for
-`asr transcribe`, which writes `<stem>.<format>` per input and format (`asr.writers`). The
-recognizer is named here only for type checking: `asr.recognizer` binds these functions as
-its methods, so the import points one way.
+`asr transcribe`, whose arguments `expand_inputs` turns into files (folders searched, globs
+expanded, manifest lines read, stdin saved); it writes `<stem>.<format>` per input and format
+(`asr.writers`), or prints timed lines. The recognizer is named here only for type checking:
+`asr.recognizer` binds these functions as its methods, so the import points one way.
 """
 
 from __future__ import annotations
 
+import glob
+import itertools
+import json
 import math
 import os
+import shutil
 import sys
+from collections import Counter
 from collections.abc import Iterator, Sequence
-from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from dataclasses import dataclass
+from pathlib import Path, PurePath
+from typing import IO, TYPE_CHECKING, TypeVar
 
 from torch import Tensor
 from tqdm import tqdm
 
-from asr.audio import AudioError, AudioInput
-from asr.results import Decoded, Segment, Transcript
+from asr.audio import AUDIO_SUFFIXES, AudioError, AudioInput, as_waveform
+from asr.results import BatchResult, Decoded, Segment, Transcript
 from asr.search import LanguageModel, SearchOptions
-from asr.segment import AudioSource, SegmenterOptions, Span, open_source, segment_source
+from asr.segment import (
+    ArraySource,
+    AudioSource,
+    Clip,
+    SegmenterOptions,
+    Span,
+    open_source,
+    segment_source,
+)
 from asr.text import SPACE_PIECE, SPECIAL_PIECES, Tokenizer
 from asr.timing import Word
-from asr.writers import FORMATS, output_stems, render
+from asr.writers import expand_formats, output_stems, timed_lines, write_transcript
 
 if TYPE_CHECKING:
     from asr.recognizer import Recognizer
@@ -47,7 +62,8 @@ def _batches(items: Sequence[T], size: int) -> Iterator[Sequence[T]]:
 
 def transcribe_sources(
     recognizer: Recognizer,
-    audios: Sequence[AudioInput],
+    audios: Sequence[AudioInput | Clip],
+    *,
     sample_rate: int | None = None,
     options: SearchOptions | None = None,
     lm: LanguageModel | None = None,
@@ -55,34 +71,38 @@ def transcribe_sources(
     batch_size: int = TRANSCRIBE_BATCH_SIZE,
     segmenter: SegmenterOptions | None = None,
     progress: bool = False,
-) -> list[Transcript | AudioError]:
+) -> list[BatchResult]:
     """Segment every input, decode all segments in length-sorted batches, join per input.
 
     Args:
         recognizer: the model.
-        audios: file paths, or mono waveforms `(S,)` at `sample_rate`.
+        audios: file paths, `Clip`s of files, or mono waveforms `(S,)` at `sample_rate`.
         sample_rate: rate of waveform inputs; None: the recognizer's.
-        options: search settings (see `Recognizer.transcribe`).
+        options: search settings; None: `recognizer.default_options`.
         lm: language model for shallow fusion.
-        timestamps: "attention" or "ctc".
+        timestamps: "attention" or "ctc" (`Recognizer.transcribe`'s `word_timestamps`).
         batch_size: segments decoded together.
         segmenter: how long audio is split; None: `recognizer.segmenter()`.
         progress: show a tqdm bar over segments.
 
     Returns:
-        Per input, in order, its `Transcript`, or the `AudioError` that stopped it (the other
-        inputs still decode).
+        Per input, in order, a `BatchResult`: its `Transcript`, or the `AudioError` that
+        stopped it (the other inputs still decode).
+
+    Raises:
+        ValueError: settings the recognizer cannot decode with (before any input is read).
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     segmenter = segmenter or recognizer.segmenter()
     recognizer.check_options(options, lm, timestamps)  # before any file, not once per file
+    names = [_input_name(audio, i) for i, audio in enumerate(audios)]
     results: list[Transcript | AudioError | None] = [None] * len(audios)
     sources: dict[int, AudioSource] = {}
     work: list[tuple[int, Span]] = []
     for i, audio in enumerate(audios):
         try:
-            sources[i] = open_source(audio, recognizer.sample_rate, sample_rate)
+            sources[i] = _open(audio, names[i], recognizer.sample_rate, sample_rate)
             work.extend((i, span) for span in segment_source(sources[i], segmenter))
         except AudioError as err:
             results[i] = err
@@ -107,7 +127,33 @@ def transcribe_sources(
     for i, source in sources.items():
         if results[i] is None:
             results[i] = join_segments(recognizer.tokenizer, parts[i], source.duration)
-    return results
+    return [
+        BatchResult(name, None, r) if isinstance(r, AudioError) else BatchResult(name, r)
+        for name, r in zip(names, results)
+    ]
+
+
+def _input_name(audio: AudioInput | Clip, index: int) -> str:
+    """How an input is named in its result and errors: its path, or `<waveform i>`."""
+    if isinstance(audio, Clip):
+        return audio.path
+    if isinstance(audio, (str, os.PathLike)):
+        return str(audio)
+    return f"<waveform {index}>"
+
+
+def _open(audio: AudioInput | Clip, name: str, rate: int, sample_rate: int | None) -> AudioSource:
+    """`open_source`, a waveform named `name` and refused by an `AudioError` naming it.
+
+    Raises:
+        AudioError: the file cannot be read, or the array is no mono waveform of finite samples.
+    """
+    if isinstance(audio, (Clip, str, os.PathLike)):
+        return open_source(audio, rate)
+    try:
+        return ArraySource(as_waveform(audio, sample_rate or rate, rate), rate, name)
+    except ValueError as err:
+        raise AudioError(name, str(err)) from None
 
 
 def search_or_errors(
@@ -218,10 +264,195 @@ def _kept_tokens(part: Transcript, offset: float, low: float, high: float) -> li
     return keep
 
 
+@dataclass(frozen=True)
+class Input:
+    """One recording to transcribe: a file, a line of a manifest, or what came on stdin."""
+
+    audio: Clip  # what to read
+    name: str  # how it is reported: its path, "-" for stdin, "path@start-end" (ms) for a clip
+    stem: PurePath  # where its outputs go under the output directory, without suffix
+
+
+# What an argument yields: (audio, name, path its output stem is taken from, base folder of
+# that path; None: the stem alone).
+Found = tuple[Clip, str, str, str | None]
+
+
+def expand_inputs(
+    arguments: Sequence[str], scratch: str | os.PathLike, stdin: IO[bytes] | None = None
+) -> tuple[list[Input], list[str]]:
+    """The recordings that `asr transcribe` arguments name, and what is wrong with the others.
+
+    An argument is a file; a folder (searched recursively for files with `AUDIO_SUFFIXES`); a
+    glob pattern, which we expand (`**` too), keeping audio files; a `.jsonl` manifest, whose
+    lines give `audio_filepath` (relative: to the manifest's folder) and optionally `offset`
+    and `duration` in seconds; or "-", audio bytes on stdin, saved under `scratch`. Outputs
+    mirror the inputs' paths below the deepest folder the arguments share
+    (`asr.writers.output_stems`); manifest lines that share a file are told apart by their
+    span in milliseconds (`talk@12000-15500`). A file found twice is transcribed once.
+
+    Returns:
+        The inputs in argument order, and one "name: reason" per argument or manifest line
+        that gives nothing (a folder without audio, a glob without matches, a bad line).
+        Files that are missing or unreadable are found to be so when they are read.
+
+    Raises:
+        ValueError: two inputs would write the same output files.
+    """
+    found: list[Found] = []
+    failures: list[str] = []
+    for argument in arguments:
+        found += _expand(argument, Path(scratch), stdin, failures)
+    seen, kept = set(), []
+    for item in found:
+        key = (os.path.abspath(item[0].path), item[0].offset, item[0].duration)
+        if key not in seen:
+            seen.add(key)
+            kept.append(item)
+    stems = output_stems([path for _, _, path, _ in kept], [base for *_, base in kept])
+    return [Input(clip, name, stem) for (clip, name, *_), stem in zip(kept, stems)], failures
+
+
+def _expand(
+    argument: str, scratch: Path, stdin: IO[bytes] | None, failures: list[str]
+) -> list[Found]:
+    """What one argument names (see `expand_inputs`); its problems go to `failures`."""
+    if argument == "-":
+        return _stdin_input(scratch, stdin or sys.stdin.buffer, failures)
+    if os.path.isdir(argument):
+        files = _audio_files(Path(argument))
+        if not files:
+            failures.append(f"{argument}: no audio files in this folder ({_suffixes()})")
+        return [(Clip(f), f, f, argument) for f in files]
+    if _is_pattern(argument) and not os.path.exists(argument):
+        return _glob_inputs(argument, failures)
+    if argument.lower().endswith(".jsonl") and os.path.isfile(argument):
+        return _manifest_inputs(Path(argument), failures)
+    return [(Clip(argument), argument, argument, os.path.dirname(argument))]
+
+
+def _suffixes() -> str:
+    return "suffixes " + " ".join(AUDIO_SUFFIXES)
+
+
+def _audio_files(folder: Path) -> list[str]:
+    """Files under `folder` with an audio suffix (in any case), sorted."""
+    return sorted(
+        str(p) for p in folder.rglob("*") if p.suffix.lower() in AUDIO_SUFFIXES and p.is_file()
+    )
+
+
+def _is_pattern(argument: str) -> bool:
+    return any(char in argument for char in "*?[")
+
+
+def _glob_inputs(pattern: str, failures: list[str]) -> list[Found]:
+    """Audio files matching `pattern` (and in folders it matches), named below its fixed
+    leading folders."""
+    parts = Path(pattern).parts
+    fixed = list(itertools.takewhile(lambda part: not _is_pattern(part), parts[:-1]))
+    base = str(Path(*fixed)) if fixed else "."
+    files = []
+    for match in sorted(glob.glob(pattern, recursive=True)):
+        if os.path.isdir(match):
+            files += _audio_files(Path(match))
+        elif Path(match).suffix.lower() in AUDIO_SUFFIXES:
+            files.append(match)
+    if not files:
+        failures.append(f"{pattern}: no audio files match ({_suffixes()})")
+    return [(Clip(f), f, f, base) for f in files]
+
+
+def _manifest_inputs(manifest: Path, failures: list[str]) -> list[Found]:
+    """The clips a manifest's lines name; its bad lines go to `failures` as `file:line: why`."""
+    try:
+        lines = manifest.read_text(encoding="utf-8-sig").splitlines()
+    except (OSError, UnicodeDecodeError) as error:
+        failures.append(f"{manifest}: cannot read manifest ({error})")
+        return []
+    clips, bad = [], 0
+    for number, line in enumerate(lines, 1):
+        if line.strip():
+            try:
+                clips.append(_manifest_clip(line, manifest.parent))
+            except ValueError as error:
+                failures.append(f"{manifest}:{number}: {error}")
+                bad += 1
+    if not clips and not bad:
+        failures.append(f"{manifest}: no lines")
+    lines_of = Counter(clip.path for clip in clips)
+    found: list[Found] = []
+    for clip in clips:
+        path = Path(clip.path)
+        if lines_of[clip.path] == 1:
+            found.append((clip, str(path), str(path), str(path.parent)))
+        else:  # told apart by their spans
+            span = _span(clip)
+            named = path.with_name(f"{path.stem}{span}{path.suffix}")
+            found.append((clip, f"{path}{span}", str(named), str(path.parent)))
+    return found
+
+
+def _span(clip: Clip) -> str:
+    """`@start-end` of a clip in milliseconds.
+
+    >>> _span(Clip("a.wav", 1.5, 2.0)), _span(Clip("a.wav", 3.0))
+    ('@1500-3500', '@3000-end')
+    """
+    end = "end" if clip.duration is None else round(1000 * (clip.offset + clip.duration))
+    return f"@{round(1000 * clip.offset)}-{end}"
+
+
+def _manifest_clip(line: str, folder: Path) -> Clip:
+    """The clip one manifest line names.
+
+    Raises:
+        ValueError: the line is not a JSON object with an `audio_filepath` string, or its
+            `offset` or `duration` is not a number in range.
+    """
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"invalid JSON: {error.msg} (column {error.colno})") from None
+    path = record.get("audio_filepath") if isinstance(record, dict) else None
+    if not (isinstance(path, str) and path.strip()):
+        raise ValueError("needs an 'audio_filepath' string")
+    offset, duration = record.get("offset", 0.0), record.get("duration")
+    if not (_is_number(offset) and offset >= 0):
+        raise ValueError(f"'offset' must be a number >= 0, got {json.dumps(offset)}")
+    if duration is not None and not (_is_number(duration) and duration > 0):
+        raise ValueError(f"'duration' must be a number > 0, got {json.dumps(duration)}")
+    duration = None if duration is None else float(duration)
+    return Clip(os.path.normpath(folder / path), float(offset), duration)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _stdin_input(scratch: Path, stdin: IO[bytes], failures: list[str]) -> list[Found]:
+    """Audio bytes on stdin, saved as `scratch/stdin` (read once, however often "-" is given)."""
+    path = scratch / "stdin"
+    if not path.exists():
+        if stdin.isatty():
+            failures.append("-: stdin is a terminal; pipe audio in (asr transcribe - < talk.m4a)")
+            return []
+        with open(path, "wb") as file:
+            shutil.copyfileobj(stdin, file)
+    return [(Clip(str(path)), "-", str(path), None)]
+
+
+def file_inputs(paths: Sequence[str | os.PathLike]) -> list[Input]:
+    """Files as `Input`s, their outputs named by `asr.writers.output_stems`."""
+    stems = output_stems(paths)
+    return [Input(Clip(path), str(path), stem) for path, stem in zip(paths, stems)]
+
+
 def transcribe_files(
     recognizer: Recognizer,
-    paths: Sequence[str | os.PathLike],
-    out_dir: str | os.PathLike,
+    inputs: Sequence[str | os.PathLike] | Sequence[Input],
+    out_dir: str | os.PathLike | None = None,
+    *,
     formats: Sequence[str] = ("txt",),
     options: SearchOptions | None = None,
     lm: LanguageModel | None = None,
@@ -231,35 +462,61 @@ def transcribe_files(
     words_per_cue: int = 0,
     progress: bool = True,
 ) -> list[str]:
-    """Transcribe files into `out_dir/<stem>.<format>`, `batch_size` files at a time.
+    """Transcribe files `batch_size` at a time, into `out_dir/<stem>.<format>` per format
+    ("all": every one), printing `name<TAB>text` per input; or, without `out_dir`, printing
+    each input's segments as `[MM:SS.mmm --> MM:SS.mmm] text` lines (after its name where
+    there are several inputs). Plain paths are named by `asr.writers.output_stems`. The
+    decoding arguments are `transcribe_sources`'.
 
-    Each transcript's text goes to stdout as `path<TAB>text`; a file that cannot be read is
-    reported on stderr (named, with the reason) and the others go on.
+    An input that cannot be read or decoded is reported on stderr (named, with the reason)
+    and the others go on.
 
     Returns:
-        The paths that failed.
+        The names of the inputs that failed.
     """
-    unknown = sorted(set(formats) - set(FORMATS))
-    if unknown:
-        raise ValueError(f"unknown output formats {unknown}; choose from {FORMATS}")
-    out_dir = Path(out_dir)
-    stems = output_stems(paths, out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    formats = expand_formats(formats)
+    items = list(inputs) if all(isinstance(i, Input) for i in inputs) else file_inputs(inputs)
     failed = []
-    with tqdm(total=len(paths), desc="files", unit="file", disable=not progress) as bar:
-        for first in range(0, len(paths), batch_size):
-            group = list(paths[first : first + batch_size])
+    with tqdm(total=len(items), desc="files", unit="file", disable=not progress) as bar:
+        for group in _batches(items, batch_size):
+            audios = [item.audio for item in group]
             results = transcribe_sources(
-                recognizer, group, None, options, lm, timestamps, batch_size, segmenter, progress
+                recognizer,
+                audios,
+                options=options,
+                lm=lm,
+                timestamps=timestamps,
+                batch_size=batch_size,
+                segmenter=segmenter,
+                progress=progress,
             )
-            for path, stem, result in zip(group, stems[first:], results):
-                if isinstance(result, AudioError):
-                    print(f"asr transcribe: error: {result}", file=sys.stderr)
-                    failed.append(str(path))
-                    continue
-                for fmt in formats:
-                    text = render(result, fmt, str(path), words_per_cue)
-                    stem.with_name(f"{stem.name}.{fmt}").write_text(text, encoding="utf-8")
-                print(f"{path}\t{result.text}", flush=True)
+            for item, result in zip(group, results):
+                if result.error is not None:
+                    _say(f"asr transcribe: error: {item.name}: {result.error.reason}\n", sys.stderr)
+                    failed.append(item.name)
+                elif out_dir is None:
+                    text = timed_lines(result.transcript)
+                    _say((f"{item.name}\n" if len(items) > 1 else "") + text)
+                else:
+                    _write(result.transcript, item, Path(out_dir), formats, words_per_cue)
+                    _say(f"{item.name}\t{result.transcript.text}\n")
             bar.update(len(group))
     return failed
+
+
+def _write(
+    result: Transcript, item: Input, out_dir: Path, formats: Sequence[str], words_per_cue: int
+) -> None:
+    """`out_dir/<stem>.<format>` for each format."""
+    stem = out_dir / item.stem
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    for fmt in formats:
+        path = stem.with_name(f"{stem.name}.{fmt}")
+        write_transcript(result, path, fmt, audio=item.name, words_per_cue=words_per_cue)
+
+
+def _say(text: str, file: IO[str] | None = None) -> None:
+    """Write `text` now (to stdout by default), above any progress bar."""
+    file = file or sys.stdout
+    tqdm.write(text, file=file, end="")
+    file.flush()

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import math
 import os
+from fractions import Fraction
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -102,3 +105,30 @@ def tiny_checkpoint(tmp_path_factory) -> dict[str, Path]:
     payload = checkpoint_payload(config, tokenizer)
     torch.save({"state_dict": state, "asr": payload}, root / "tiny.ckpt")
     return {"checkpoint": root / "tiny.ckpt", "tokenizer": root / "tokenizer"}
+
+
+def encode_audio(
+    path: Path, wave: np.ndarray, rate: int, codec: str = "aac", video: bool = False
+) -> Path:
+    """Write a mono float waveform `(S,)` with PyAV (FFmpeg) in the container `path`'s suffix
+    names, encoded with `codec`; `video` adds a small black MPEG-4 picture stream (a film)."""
+    import av
+
+    with av.open(str(path), "w") as container:
+        stream = container.add_stream(codec, rate=rate, layout="mono")
+        film = container.add_stream("mpeg4", rate=10) if video else None
+        if film is not None:  # every stream is added before the first packet is written
+            film.width, film.height, film.pix_fmt = 16, 16, "yuv420p"
+            for i in range(math.ceil(len(wave) / rate * 10)):
+                picture = av.VideoFrame.from_ndarray(np.zeros((16, 16, 3), np.uint8), "rgb24")
+                picture.pts = i
+                container.mux(film.encode(picture))
+            container.mux(film.encode(None))
+        supported = [f.name for f in stream.codec_context.codec.audio_formats]
+        fmt = next(f for f in ("fltp", "flt", "s16") if f in supported)
+        samples = (wave * 32767).astype(np.int16) if fmt == "s16" else wave.astype(np.float32)
+        frame = av.AudioFrame.from_ndarray(samples[None, :], format=fmt, layout="mono")
+        frame.sample_rate, frame.pts, frame.time_base = rate, 0, Fraction(1, rate)
+        container.mux(stream.encode(frame))
+        container.mux(stream.encode(None))
+    return path

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import os
 import tarfile
+from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +13,7 @@ import pytest
 import soundfile
 import torch
 import torchaudio.functional
+from conftest import AN4_FIXTURE, encode_audio
 
 from asr.audio import AudioError, AudioInfo, audio_info, load_audio, load_audio_with_rate
 
@@ -210,3 +212,108 @@ def test_bad_offset_or_duration_names_the_file(tmp_path, offset, duration, reaso
     with pytest.raises(AudioError, match=reason) as caught:
         load_audio(path, offset=offset, duration=duration)
     assert "short_4711.wav" in str(caught.value)
+
+
+# --------------------------------------------------------------------------- FFmpeg's containers
+
+SPEECH = AN4_FIXTURE / "wav/an4_clstk/fash/an255-fash-b.wav"  # 2.6 s, 16 kHz
+# (suffix, codec, its rate, with a video stream): what soundfile cannot read
+CONTAINERS = [
+    ("m4a", "aac", 16000, False),
+    ("mp4", "aac", 16000, True),
+    ("webm", "libopus", 48000, False),
+]
+
+
+def encoded(tmp_path: Path, suffix: str, codec: str, rate: int, video: bool = False) -> Path:
+    """The fixture's speech encoded by FFmpeg into `tmp_path/speech.<suffix>`."""
+    path = tmp_path / f"speech.{suffix}"
+    return encode_audio(path, load_audio(SPEECH, rate).numpy(), rate, codec, video)
+
+
+def correlation(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float(np.corrcoef(a.numpy(), b.numpy())[0, 1])
+
+
+@pytest.mark.parametrize(("suffix", "codec", "rate", "video"), CONTAINERS, ids=lambda v: str(v))
+def test_containers_ffmpeg_reads_load_as_the_wav_did(tmp_path, suffix, codec, rate, video):
+    path = encoded(tmp_path, suffix, codec, rate, video)
+    with pytest.raises(soundfile.LibsndfileError):
+        soundfile.info(path)  # the fallback is what reads it
+    wav = load_audio(SPEECH)
+    info = audio_info(path)
+    assert (info.sample_rate, info.channels) == (rate, 1)
+    assert info.num_frames == len(wav) * rate // 16000  # encoder delay and padding dropped
+    waveform = load_audio(path)
+    assert waveform.dtype == torch.float32 and waveform.shape == wav.shape
+    assert correlation(waveform, wav) > 0.99  # the codec's error is small
+
+
+@pytest.mark.parametrize(("suffix", "codec", "rate", "video"), CONTAINERS, ids=lambda v: str(v))
+def test_offsets_into_containers_select_the_same_samples(tmp_path, suffix, codec, rate, video):
+    whole = load_audio(encoded(tmp_path, suffix, codec, rate, video), None)
+    path = tmp_path / f"speech.{suffix}"
+    for offset, duration in [(0.1, 0.3), (1.2, 0.8), (2.0, None)]:  # past 0.5 s: a seek
+        part = load_audio(path, None, offset, duration)
+        first = round(offset * rate)
+        expected = whole[first : len(whole) if duration is None else first + len(part)]
+        assert len(part) == (len(expected) if duration is None else round(duration * rate))
+        assert correlation(part, expected) > 0.999  # AAC adds its own noise after a seek
+    with pytest.raises(AudioError, match="beyond the end") as caught:
+        load_audio(path, offset=3.0)
+    assert f"speech.{suffix}" in str(caught.value)
+
+
+def test_stereo_m4a_is_the_channel_mean(tmp_path):
+    import av
+
+    left, right = sine(300.0, 16000, 1.0), sine(700.0, 16000, 1.0, amplitude=0.2)
+    path = tmp_path / "stereo.m4a"
+    with av.open(str(path), "w") as container:
+        stream = container.add_stream("aac", rate=16000, layout="stereo")
+        frame = av.AudioFrame.from_ndarray(np.stack([left, right]), format="fltp", layout="stereo")
+        frame.sample_rate, frame.pts, frame.time_base = 16000, 0, Fraction(1, 16000)
+        container.mux(stream.encode(frame))
+        container.mux(stream.encode(None))
+    assert audio_info(path).channels == 2
+    mean = torch.from_numpy((left + right) / 2)
+    assert correlation(load_audio(path), mean) > 0.99
+
+
+def write_video_only(path: Path) -> None:
+    import av
+
+    with av.open(str(path), "w") as container:
+        film = container.add_stream("mpeg4", rate=10)
+        film.width, film.height, film.pix_fmt = 16, 16, "yuv420p"
+        picture = av.VideoFrame.from_ndarray(np.zeros((16, 16, 3), np.uint8), "rgb24")
+        container.mux(film.encode(picture))
+        container.mux(film.encode(None))
+
+
+def write_truncated_m4a(path: Path) -> None:
+    encoded(path.parent, "m4a", "aac", 16000).rename(path)
+    path.write_bytes(path.read_bytes()[:1500])  # the index at the end is gone
+
+
+@pytest.mark.parametrize(
+    ("make", "reason"),
+    [
+        (write_random_bytes, r"unreadable or corrupt audio \(libsndfile: .+; FFmpeg: .+\)"),
+        (write_truncated_m4a, "unreadable or corrupt audio"),
+        (write_video_only, "no audio stream in this mov,mp4"),
+    ],
+    ids=["random-bytes", "truncated", "video-only"],
+)
+def test_bad_containers_raise_audio_error_naming_the_file(tmp_path, make, reason):
+    path = tmp_path / "bad_4711.m4a"
+    make(path)
+    for read in (audio_info, load_audio):
+        with pytest.raises(AudioError, match=reason) as caught:
+            read(path)
+        assert "bad_4711.m4a" in str(caught.value)
+
+
+def test_lengths_that_a_container_only_estimates_are_counted(tmp_path):
+    path = encoded(tmp_path, "webm", "libopus", 48000)  # WebM's duration is rounded, if any
+    assert audio_info(path).num_frames == len(load_audio(path, None))

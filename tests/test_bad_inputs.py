@@ -217,7 +217,14 @@ CASES = [
     unreadable_audio(
         "random-bytes", raw("random-bytes", lambda _: np.random.default_rng(0).bytes(4096)), CORRUPT
     ),
-    unreadable_audio("directory", directory, "is a directory, not an audio file"),
+    Case(  # transcribe searches a folder for audio
+        "directory",
+        directory,
+        prepare=failed(r"{audio}: is a directory, not an audio file"),
+        validate=failed(r"{line}: audio {audio}: is a directory, not an audio file"),
+        transcribe=failed(r"{audio}: no audio files in this folder"),
+        evaluate=failed(r"{line}: audio {audio}: is a directory, not an audio file"),
+    ),
     unreadable_audio("unreadable", unreadable, "permission denied", marks=(AS_ROOT,)),
     Case(  # the header's data size is larger than the file: libsndfile reads what is there
         "truncated-data",

@@ -22,11 +22,11 @@ PACKAGE = REPO / "asr"
 # from its own layer or below.
 LAYERS = {
     0: {"text", "audio", "perturb", "frontends", "metrics", "precision", "models", "data.manifest"},
-    1: {"checkpoint"},
+    1: {"checkpoint", "package"},
     2: {"search", "ctc_prefix", "timing", "segment"},
     3: {"results", "writers", "transcribe", "recognizer"},
     4: {"evaluate", "robustness", "plotting"},
-    5: {"data", "lightning", "lm", "optim", "train", "cli"},
+    5: {"data", "lightning", "lm", "optim", "train", "cli", "__main__"},
 }
 TRAINING = 5
 
@@ -142,7 +142,7 @@ import os, sys
 sys.modules["lightning"] = None  # any `import lightning` now raises ImportError
 environ = dict(os.environ)
 import asr
-asr.load_model, asr.load_lm, asr.SearchOptions, asr.SegmenterOptions
+[getattr(asr, name) for name in asr.__all__]  # every public name resolves
 import asr.evaluate, asr.plotting, asr.writers
 assert dict(os.environ) == environ, "importing asr changed the environment"
 assert "matplotlib.pyplot" not in sys.modules, "pyplot holds process-wide state"

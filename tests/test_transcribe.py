@@ -10,9 +10,12 @@ in tests/fixtures/an4, so these tests need no corpus.
 from __future__ import annotations
 
 import dataclasses
+import io
 import itertools
 import json
+import os
 import re
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -25,7 +28,7 @@ import numpy as np
 import pytest
 import soundfile
 import torch
-from conftest import AN4_FIXTURE, REPO
+from conftest import AN4_FIXTURE, REPO, encode_audio
 from torch import nn
 
 import asr.recognizer
@@ -291,7 +294,8 @@ def test_frame_seconds_are_measured_from_the_model(encoder, frame_seconds):
 def test_recognises_and_batched_equals_one_at_a_time(overfit):
     recognizer, waves = overfit
     for options in (GREEDY, JOINT):
-        batched = recognizer.transcribe_batch(waves, options=options, batch_size=3)
+        results = recognizer.transcribe_batch(waves, options=options, batch_size=3)
+        batched = [r.transcript for r in results]
         alone = [recognizer.transcribe(w, options=options) for w in waves]
         assert [t.text for t in batched] == list(UTTERANCES.values())
         assert [t.text for t in alone] == [t.text for t in batched]
@@ -317,7 +321,7 @@ def test_bf16_runs_the_model_in_bf16_and_returns_float32_results(overfit, monkey
         for options in (GREEDY, JOINT):
             for seen in dtypes.values():
                 seen.clear()
-            exact = recognizer.transcribe_batch(waves, options=options)
+            exact = [r.transcript for r in recognizer.transcribe_batch(waves, options=options)]
             for seen in dtypes.values():
                 assert set(seen) == {torch.float32}
                 seen.clear()
@@ -351,7 +355,8 @@ def test_unknown_precision_is_refused(overfit, tmp_path):
 @pytest.mark.parametrize("timestamps", ["attention", "ctc"])
 def test_timestamps_are_monotone_and_inside_the_audio(overfit, timestamps):
     recognizer, waves = overfit
-    for wave, transcript in zip(waves, recognizer.transcribe_batch(waves, timestamps=timestamps)):
+    results = recognizer.transcribe_batch(waves, word_timestamps=timestamps)
+    for wave, transcript in zip(waves, [r.transcript for r in results]):
         duration = len(wave) / RATE
         starts, ends = np.array(transcript.token_starts), np.array(transcript.token_ends)
         assert len(starts) == len(ends) == len(transcript.tokens) > 0
@@ -361,7 +366,7 @@ def test_timestamps_are_monotone_and_inside_the_audio(overfit, timestamps):
         times = [t for w in transcript.words for t in (w.start, w.end)]
         assert times == sorted(times) and 0 <= times[0] and times[-1] <= duration
     if timestamps == "ctc":  # CTC spans hold the emitting frames: the speech, not the margins
-        yes = recognizer.transcribe(waves[0], timestamps="ctc").words[0]
+        yes = recognizer.transcribe(waves[0], word_timestamps="ctc").words[0]
         assert 0.1 < yes.start < yes.end < len(waves[0]) / RATE - 0.1
 
 
@@ -373,9 +378,16 @@ def test_files_of_any_format_and_rate_and_arrays_agree(overfit, tmp_path):
     soundfile.write(tmp_path / "a22k.wav", load_audio(tmp_path / "a.wav", 22050).numpy(), 22050)
     int16 = (wave * 32768).round().astype(np.int16)
     expected = UTTERANCES["an4_clstk/fash/an255-fash-b"]
-    results = recognizer.transcribe_batch(
+    batch = recognizer.transcribe_batch(
         [tmp_path / "a.wav", str(tmp_path / "a.flac"), wave, torch.from_numpy(wave), int16]
     )
+    names = [
+        str(tmp_path / "a.wav"),
+        str(tmp_path / "a.flac"),
+        *(f"<waveform {i}>" for i in (2, 3, 4)),
+    ]
+    assert [r.name for r in batch] == names
+    results = [r.transcript for r in batch]
     assert [r.text for r in results] == [expected] * 5
     assert results[0].token_starts == results[2].token_starts  # same samples, same times
     resampled = recognizer.transcribe(tmp_path / "a22k.wav")
@@ -394,7 +406,7 @@ def test_bad_inputs_raise_naming_the_problem(overfit, tmp_path):
     with pytest.raises(ValueError, match="needs a CTC head"):
         _untrained(
             lambda d: RNNEncoder(d, hidden_size=8, num_layers=1, projection_dim=8, subsample="2")
-        ).transcribe(np.zeros(RATE, dtype=np.float32), timestamps="ctc")
+        ).transcribe(np.zeros(RATE, dtype=np.float32), word_timestamps="ctc")
     with pytest.raises(ValueError, match="no CTC head"):
         _untrained(
             lambda d: RNNEncoder(d, hidden_size=8, num_layers=1, projection_dim=8, subsample="2")
@@ -436,7 +448,7 @@ def test_long_audio_maps_words_onto_the_original_timeline(overfit, tmp_path):
     segmenter = SegmenterOptions(max_segment_seconds=5)  # 4.6 s fits one utterance, not two
     references = list(UTTERANCES.values()) * 3
     for timestamps, slack in (("ctc", 0.05), ("attention", 1.0)):
-        transcript = recognizer.transcribe(path, options=GREEDY, timestamps=timestamps,
+        transcript = recognizer.transcribe(path, options=GREEDY, word_timestamps=timestamps,
                                            segmenter=segmenter)  # fmt: skip
         assert transcript.duration == pytest.approx(len(audio) / RATE)
         assert len(transcript.segments) == len(spans)
@@ -479,14 +491,14 @@ def test_long_audio_reads_in_pieces(overfit, three_minutes):
     whole = len(three_minutes["audio"]) * 4
     tracemalloc.start()
     try:
-        [transcript] = transcribe_sources(
+        [result] = transcribe_sources(
             recognizer, [three_minutes["path"]], options=GREEDY,
             segmenter=SegmenterOptions(read_seconds=10), batch_size=2,
         )  # fmt: skip
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
-    assert isinstance(transcript, Transcript) and len(transcript.segments) >= 9
+    assert isinstance(result.transcript, Transcript) and len(result.transcript.segments) >= 9
     assert peak < whole / 3, f"peak {peak / 1e6:.1f} MB for a {whole / 1e6:.1f} MB file"
 
 
@@ -508,7 +520,8 @@ with soundfile.SoundFile(path, "w", 16000, 1, subtype="PCM_16") as out:
         out.write(np.resize(minute, 60 * 16000))
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 tracemalloc.start()
-[t] = transcribe_sources(recognizer, [path], options=SearchOptions(beam_size=1), batch_size=2)
+[r] = transcribe_sources(recognizer, [path], options=SearchOptions(beam_size=1), batch_size=2)
+t = r.transcript
 traced = tracemalloc.get_traced_memory()[1]
 after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 print(len(t.segments), t.duration, traced, (after - before) * 1024)
@@ -633,10 +646,11 @@ def _check_outputs(stem: Path, audio_duration: float) -> dict:
 
 def test_transcribe_files_writes_every_format(overfit, three_minutes, tmp_path, capsys):
     recognizer, waves = overfit
-    short = tmp_path / "yes.wav"
+    short, minutes = tmp_path / "yes.wav", tmp_path / "three_minutes.wav"
     soundfile.write(short, waves[0].numpy(), RATE)
+    minutes.symlink_to(three_minutes["path"])  # one folder: the outputs are named by stem
     failed = transcribe_files(
-        recognizer, [short, three_minutes["path"]], tmp_path / "out", FORMATS, GREEDY,
+        recognizer, [short, minutes], tmp_path / "out", formats=FORMATS, options=GREEDY,
         words_per_cue=5, progress=False,
     )  # fmt: skip
     assert failed == []
@@ -646,11 +660,13 @@ def test_transcribe_files_writes_every_format(overfit, three_minutes, tmp_path, 
     cues = _cues((tmp_path / "out" / "three_minutes.srt").read_text(), ",")
     assert len(cues) >= len(long["segments"]) and max(len(c[2].split()) for c in cues) <= 5
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0] == f"{short}\tYES" and lines[1].startswith(f"{three_minutes['path']}\t")
+    assert lines[0] == f"{short}\tYES" and lines[1].startswith(f"{minutes}\t")
 
 
 def test_cli_reports_a_bad_file_and_transcribes_the_others(checkpoint, tmp_path, capsys):
-    good = [str(WAV / f"{p}.wav") for p in list(UTTERANCES)[:2]]
+    good = [str(tmp_path / f"{Path(p).name}.wav") for p in list(UTTERANCES)[:2]]
+    for path, utterance in zip(good, UTTERANCES):  # one folder: the outputs are named by stem
+        Path(path).symlink_to(WAV / f"{utterance}.wav")
     corrupt = tmp_path / "corrupt.wav"
     corrupt.write_bytes(b"RIFF not really a wave file")
     tiny = tmp_path / "tiny.wav"
@@ -714,6 +730,121 @@ def _with_tokenizer(data: Path, tokenizer: Path) -> Path:
         (out / name).write_text((data / name).read_text())
     (out / "tokenizer").symlink_to(tokenizer)
     return out
+
+
+# --------------------------------------------------------------------------- inputs and containers
+
+SPEECH = {utterance.split("/")[-1]: WAV / f"{utterance}.wav" for utterance in UTTERANCES}
+
+
+@pytest.fixture
+def transcribe_cli(overfit, monkeypatch, capsys):
+    """`asr transcribe ARGS`, greedy, with the overfit recognizer (which knows what was said):
+    returns (exit status, stdout, stderr); `stdin` is the bytes piped in."""
+    monkeypatch.setattr("asr.cli._load_model", lambda args: overfit[0])
+
+    def run(*args, stdin: bytes | None = None) -> tuple[int, str, str]:
+        if stdin is not None:
+            monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin)))
+        argv = ["transcribe", *map(str, args), "--checkpoint", "-", "--beam-size", "1", "--quiet"]
+        code = main(argv)
+        captured = capsys.readouterr()
+        return code, captured.out, captured.err
+
+    return run
+
+
+def test_m4a_and_mp4_transcribe_as_the_wav_does(overfit, tmp_path):
+    recognizer, _ = overfit
+    wav = SPEECH["an255-fash-b"]
+    wave = load_audio(wav).numpy()
+    m4a = encode_audio(tmp_path / "speech.m4a", wave, RATE)  # AAC
+    mp4 = encode_audio(tmp_path / "film.mp4", wave, RATE, video=True)  # AAC beside a video
+    results = [r.transcript for r in recognizer.transcribe_batch([wav, m4a, mp4], options=GREEDY)]
+    assert [r.text for r in results] == [UTTERANCES["an4_clstk/fash/an255-fash-b"]] * 3
+    assert results[1].duration == results[2].duration == pytest.approx(len(wave) / RATE)
+
+
+def test_cli_mirrors_a_folder_and_a_glob_under_the_output_dir(transcribe_cli, tmp_path):
+    data = tmp_path / "data"
+    for speaker, utterance in (("a", "an251-fash-b"), ("b", "an253-fash-b")):
+        (data / speaker).mkdir(parents=True)
+        shutil.copy(SPEECH[utterance], data / speaker / "1.wav")  # the same name twice
+    (data / "a" / "notes.txt").write_text("not audio")
+    out = tmp_path / "out"
+    code, stdout, _ = transcribe_cli(data, "--output-dir", out, "--format", "txt", "tsv")
+    assert code == 0
+    written = sorted(p.relative_to(out).as_posix() for p in out.rglob("*.*"))
+    assert written == ["a/1.tsv", "a/1.txt", "b/1.tsv", "b/1.txt"]
+    assert [(out / f"{s}/1.txt").read_text() for s in "ab"] == ["YES\n", "GO\n"]
+    rows = [row.split("\t") for row in (out / "a/1.tsv").read_text().splitlines()]
+    assert rows[0] == ["start", "end", "text"] and [r[2] for r in rows[1:]] == ["YES"]
+    assert 0 <= int(rows[1][0]) < int(rows[1][1]) <= 1000 * audio_info(data / "a/1.wav").duration
+    assert stdout.splitlines() == [f"{data / 'a/1.wav'}\tYES", f"{data / 'b/1.wav'}\tGO"]
+    code, _, _ = transcribe_cli(f"{data}/*/1.wav", "--output-dir", tmp_path / "glob")
+    assert code == 0 and (tmp_path / "glob/b/1.txt").read_text() == "GO\n"
+    assert (tmp_path / "glob/b/1.json").is_file()  # txt and json by default
+
+
+def test_cli_reads_a_manifest_with_offsets_and_names_its_bad_lines(transcribe_cli, tmp_path):
+    yes, go = (load_audio(SPEECH[u]).numpy() for u in ("an251-fash-b", "an253-fash-b"))
+    soundfile.write(tmp_path / "two.wav", np.concatenate([yes, np.zeros(RATE // 2), go]), RATE)
+    cut = len(yes) / RATE
+    lines = [
+        json.dumps({"audio_filepath": "two.wav", "duration": cut}),  # relative to the manifest
+        json.dumps({"audio_filepath": "two.wav", "offset": cut + 0.5, "text": "ignored"}),
+        "{not json",
+        json.dumps({"audio_filepath": "missing.wav"}),
+    ]
+    manifest = tmp_path / "talks.jsonl"
+    manifest.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "out"
+    code, stdout, stderr = transcribe_cli(manifest, "--output-dir", out, "--format", "txt")
+    assert code == 1
+    first, second = f"two@0-{round(1000 * cut)}", f"two@{round(1000 * (cut + 0.5))}-end"
+    assert (out / f"{first}.txt").read_text() == "YES\n"
+    assert (out / f"{second}.txt").read_text() == "GO\n"
+    two = tmp_path / "two.wav"
+    assert stdout.splitlines() == [f"{two}{first[3:]}\tYES", f"{two}{second[3:]}\tGO"]
+    assert f"error: {manifest}:3: invalid JSON" in stderr
+    assert f"error: {tmp_path / 'missing.wav'}: file not found" in stderr
+    assert "2 of 4 files failed" in stderr
+
+
+def test_cli_reads_stdin_and_prints_timed_lines_without_an_output_dir(
+    transcribe_cli, tmp_path, monkeypatch
+):
+    m4a = encode_audio(tmp_path / "speech.m4a", load_audio(SPEECH["an255-fash-b"]).numpy(), RATE)
+    monkeypatch.chdir(tmp_path)
+    code, stdout, _ = transcribe_cli("-", stdin=m4a.read_bytes())
+    assert code == 0
+    assert re.fullmatch(r"\[00:00\.\d{3} --> 00:02\.\d{3}\] U M N Y H SIX\n", stdout), stdout
+    assert os.listdir(tmp_path) == ["speech.m4a"], "nothing is written without --output-dir"
+    code, stdout, _ = transcribe_cli(SPEECH["an251-fash-b"], "-", stdin=m4a.read_bytes())
+    lines = stdout.splitlines()
+    assert code == 0 and len(lines) == 4 and lines[0] == str(SPEECH["an251-fash-b"])
+    assert lines[1].endswith("] YES") and lines[2] == "-" and lines[3].endswith("] U M N Y H SIX")
+    code, stdout, _ = transcribe_cli("-", "--output-dir", "out", stdin=m4a.read_bytes())
+    assert code == 0 and stdout == "-\tU M N Y H SIX\n"
+    assert (tmp_path / "out/stdin.txt").read_text() == "U M N Y H SIX\n"
+    assert json.loads((tmp_path / "out/stdin.json").read_text())["audio"] == "-"
+
+
+def test_cli_names_each_input_that_fails_and_transcribes_the_others(transcribe_cli, tmp_path):
+    good = encode_audio(tmp_path / "good.m4a", load_audio(SPEECH["an251-fash-b"]).numpy(), RATE)
+    corrupt = tmp_path / "corrupt.m4a"
+    corrupt.write_bytes(good.read_bytes()[:1500])  # cut off before the index
+    (tmp_path / "empty").mkdir()
+    pattern = f"{tmp_path}/*.ogg"
+    code, stdout, stderr = transcribe_cli(corrupt, tmp_path / "empty", pattern, good)
+    assert code == 1
+    assert f"error: {corrupt}: unreadable or corrupt audio (" in stderr
+    assert f"error: {tmp_path / 'empty'}: no audio files in this folder" in stderr
+    assert f"error: {pattern}: no audio files match" in stderr
+    assert "3 of 4 files failed" in stderr
+    assert stdout.splitlines()[0] == str(good) and stdout.splitlines()[1].endswith("] YES")
+    code, _, stderr = transcribe_cli(good, "--format", "srt")  # files, but where?
+    assert code == 2 and "--format chooses the files written to --output-dir" in stderr
 
 
 # --------------------------------------------------------------------------- align

@@ -25,12 +25,10 @@ import numpy as np
 from torch import Tensor
 
 from asr import perturb
-from asr.audio import AudioError, audio_info, load_audio
+from asr.audio import AUDIO_SUFFIXES, AudioError, audio_info, load_audio
 
 NOISE_KINDS = (*perturb.NOISE_COLORS, "babble", "files")
 
-# Suffixes of noise and impulse-response files (soundfile's formats).
-AUDIO_SUFFIXES = (".wav", ".flac", ".ogg", ".opus", ".sph", ".mp3")
 # Babble talkers are other items of the dataset: `others(rng, count)` returns that many.
 OtherWaves = Callable[[np.random.Generator, int], list[Tensor]]
 

@@ -1,0 +1,478 @@
+"""The model package: a recognizer checkpoint laid out as files to share.
+
+`write_package` turns an `asr fit` checkpoint into a folder that `huggingface_hub.upload_folder`
+can push as it is:
+
+    model.safetensors   the weights (safetensors: reading them never runs code)
+    config.json         the model config, the default search settings, and every other plain
+                        setting the checkpoint holds (segment length; alignment heads, if any)
+    tokenizer/          the tokenizer's files (`tokenizer.json`, `tokenizer.model` for BPE)
+    cmvn.json           files the config names (`ASSET_KEYS`: CMVN statistics), by file name
+    README.md           the model card: use, decoding defaults, data, WER/CER, training, licence
+
+`read_recognizer` reads either form (a `.ckpt`, a package folder, or `hf://owner/name[@rev]`,
+which `huggingface_hub` fetches into its cache or finds there offline) as the weights and the
+payload `asr.checkpoint` defines, so one builder serves both. A package is never unpickled;
+a `.ckpt` is read only with `torch.load(weights_only=True)`.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from asr.checkpoint import (
+    RECOGNIZER_KEY,
+    CheckpointError,
+    encoded_files,
+    payload_tokenizer,
+    read_payload,
+    replace_assets,
+    submodule_weights,
+    write_embedded_files,
+)
+
+PACKAGE_FORMAT = "asr-model-package"  # config.json's "format"
+PACKAGE_VERSION = 1  # config.json's "format_version"; readers refuse newer ones
+WEIGHTS_FILE = "model.safetensors"
+CONFIG_FILE = "config.json"
+TOKENIZER_DIR = "tokenizer"
+CARD_FILE = "README.md"
+RESERVED = (WEIGHTS_FILE, CONFIG_FILE, TOKENIZER_DIR, CARD_FILE)
+# Weights in these files are pickles: loading one can run code, so packages never hold them.
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
+# Payload entries that config.json keeps in a form of its own (files, not base64).
+FILE_ENTRIES = ("model_config", "tokenizer", "assets")
+HF_PREFIX = "hf://"
+HF_ADDRESS = re.compile(r"hf://([\w.-]+/[\w.-]+)(?:@([\w./-]+))?")
+ALIASES = "asr.aliases"  # safetensors metadata: {name: kept name} of tied weights
+
+
+def is_package(path: str | os.PathLike) -> bool:
+    """Whether `path` names a package (a folder, or `hf://...`) rather than a checkpoint file."""
+    return str(path).startswith(HF_PREFIX) or Path(path).is_dir()
+
+
+def read_recognizer(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """The `Seq2Seq` weights and the payload (as `asr.checkpoint.checkpoint_payload` makes it)
+    of a recognizer checkpoint, a package folder, or `hf://owner/name[@revision]`.
+
+    Raises:
+        CheckpointError: the model is malformed, or holds anything that could run code when
+            loaded (a pickle); the message names the file.
+    """
+    if is_package(path):
+        return read_package(path)
+    state, payload = read_payload(path, RECOGNIZER_KEY)
+    return submodule_weights(state, "model."), payload
+
+
+# --------------------------------------------------------------------------- writing
+
+
+@dataclass(frozen=True)
+class ModelCard:
+    """What the model card says beyond what the checkpoint holds."""
+
+    repo_id: str | None = None  # "owner/name" on the Hub: the title and the `hf://` examples
+    license: str = "other"  # the Hub's licence identifier (apache-2.0, cc-by-4.0, ...)
+    data: str | None = None  # the training data, in words; None: the manifests the run read
+    training_command: str | None = None  # how the model was trained; None: "not recorded"
+    metrics: Sequence[str | os.PathLike] = ()  # `asr evaluate` metrics.json files: the tables
+    parameters: int | None = None  # trainable parameters, where the caller counted them
+
+
+def write_package(
+    checkpoint: str | os.PathLike,
+    out_dir: str | os.PathLike,
+    decoding: dict[str, Any] | None = None,
+    card: ModelCard | None = None,
+) -> list[str]:
+    """Write the recognizer checkpoint `checkpoint` as a package into `out_dir`.
+
+    Files already in `out_dir` that a package does not name (a `.git`) are left alone.
+
+    Args:
+        checkpoint: a recognizer checkpoint of `asr fit` or `asr average`.
+        out_dir: the package folder, made where missing.
+        decoding: the default `SearchOptions` fields to record (plain values); None: the
+            checkpoint's own (`asr set-decoding`), if any.
+        card: what the model card adds; None: `ModelCard()`.
+
+    Returns:
+        The names of the files written, `out_dir` relative.
+    """
+    state, payload = read_payload(checkpoint, RECOGNIZER_KEY)
+    if decoding is not None:
+        payload = payload | {"decoding": dict(decoding)}
+    out = Path(out_dir)
+    assets = _asset_names(payload.get("assets", {}))
+    config = _package_config(payload, assets)
+    # Everything that can fail (a bad metrics file, shared weights) fails before a file is written.
+    card_text = model_card(config, payload, state, card or ModelCard(), out.resolve().name)
+    weights = _safetensors_bytes(submodule_weights(state, "model."))
+    out.mkdir(parents=True, exist_ok=True)
+    for original, name in assets.items():
+        _write_atomic(out / name, base64.b64decode(payload["assets"][original]))
+    tokenizer_dir = out / TOKENIZER_DIR
+    tokenizer_dir.mkdir(exist_ok=True)
+    for stale in tokenizer_dir.iterdir():
+        stale.unlink()
+    write_embedded_files(payload["tokenizer"], tokenizer_dir)
+    _write_atomic(out / CONFIG_FILE, (json.dumps(config, indent=1) + "\n").encode())
+    _write_atomic(out / WEIGHTS_FILE, weights)
+    _write_atomic(out / CARD_FILE, card_text.encode())
+    tokenizer_files = sorted(f"{TOKENIZER_DIR}/{p.name}" for p in tokenizer_dir.iterdir())
+    return [WEIGHTS_FILE, CONFIG_FILE, *tokenizer_files, *assets.values(), CARD_FILE]
+
+
+def _asset_names(assets: dict[str, str]) -> dict[str, str]:
+    """Original path -> the file name in the package: its base name, made unique."""
+    names: dict[str, str] = {}
+    for i, original in enumerate(assets):
+        name = Path(original).name
+        if name in RESERVED or name in names.values():
+            name = f"asset{i}_{name}"
+        names[original] = name
+    return names
+
+
+def _package_config(payload: dict[str, Any], assets: dict[str, str]) -> dict[str, Any]:
+    config = {"format": PACKAGE_FORMAT, "format_version": PACKAGE_VERSION}
+    config["model_config"] = replace_assets(payload["model_config"], assets)
+    config["assets"] = list(assets.values())
+    config.update({k: v for k, v in payload.items() if k not in FILE_ENTRIES})
+    return config
+
+
+def _safetensors_bytes(weights: dict[str, torch.Tensor]) -> bytes:
+    """The weights as safetensors; tied tensors (one storage) are stored once, with aliases."""
+    from safetensors.torch import save
+
+    kept: dict[str, torch.Tensor] = {}
+    aliases: dict[str, str] = {}
+    seen: dict[tuple, str] = {}
+    for name, tensor in weights.items():
+        view = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tensor.shape)
+        view += (tensor.stride(), tensor.dtype)
+        if view in seen:
+            aliases[name] = seen[view]
+            continue
+        seen[view] = name
+        kept[name] = tensor
+    # Tensors that overlap without being the same view are copied: safetensors shares nothing.
+    storages = [t.untyped_storage().data_ptr() for t in kept.values()]
+    kept = {
+        k: t.clone() if storages.count(s) > 1 else t.contiguous()
+        for (k, t), s in zip(kept.items(), storages)
+    }
+    return save(kept, metadata={"format": "pt", ALIASES: json.dumps(aliases)})
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def read_package(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """The weights and payload of a package folder or `hf://owner/name[@revision]`.
+
+    Raises:
+        CheckpointError: no package there, or pickled weights instead of `model.safetensors`.
+    """
+    folder = resolve_package(path)
+    config = _read_config(folder)
+    tokenizer = folder / TOKENIZER_DIR
+    if not tokenizer.is_dir():
+        raise CheckpointError(f"{folder}: no {TOKENIZER_DIR}/ folder in the model package")
+    payload = {k: v for k, v in config.items() if k not in ("format", "format_version")}
+    payload["tokenizer"] = encoded_files(tokenizer)
+    payload["assets"] = {name: _encoded_asset(folder, name) for name in config.get("assets", [])}
+    return read_safetensors(_weights_file(folder)), payload
+
+
+def resolve_package(path: str | os.PathLike) -> Path:
+    """The local folder of a package: `path` itself, or for `hf://owner/name[@revision]` the
+    snapshot `huggingface_hub` downloads or, offline (`HF_HUB_OFFLINE=1`), finds in its cache.
+    """
+    text = str(path)
+    if not text.startswith(HF_PREFIX):
+        folder = Path(path).expanduser()
+        if not folder.is_dir():
+            raise FileNotFoundError(f"{path}: no such model package folder")
+        return folder
+    match = HF_ADDRESS.fullmatch(text)
+    if not match:
+        raise ValueError(
+            f"{text}: a Hub model is named hf://owner/name or hf://owner/name@revision"
+        )
+    from huggingface_hub import snapshot_download
+
+    repo_id, revision = match.groups()
+    try:  # pickled weights are never fetched
+        folder = snapshot_download(repo_id, revision=revision, ignore_patterns=_pickle_patterns())
+    except OSError as err:  # not cached while offline, no such repository, no network...
+        raise CheckpointError(f"{text}: cannot fetch the model package ({err})") from None
+    return Path(folder)
+
+
+def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
+    """The tensors of a safetensors file, tied names restored.
+
+    Raises:
+        CheckpointError: the file is a pickle or `torch.save` archive, or not safetensors.
+    """
+    from safetensors import SafetensorError, safe_open
+
+    with open(path, "rb") as f:
+        head = f.read(4)
+    if head[:1] == b"\x80" or head == b"PK\x03\x04":  # pickle protocol >= 2; torch.save's zip
+        raise CheckpointError(
+            f"{path}: refused to load: it is a pickle (torch.save) file, not safetensors, and "
+            "loading a pickle can run code"
+        )
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            aliases = json.loads((f.metadata() or {}).get(ALIASES, "{}"))
+            weights = {name: f.get_tensor(name) for name in f.keys()}
+    except (SafetensorError, ValueError) as err:
+        raise CheckpointError(f"{path}: not a readable safetensors file ({err})") from None
+    weights.update({name: weights[kept] for name, kept in aliases.items()})
+    return weights
+
+
+def _read_config(folder: Path) -> dict[str, Any]:
+    path = folder / CONFIG_FILE
+    if not path.is_file():
+        raise CheckpointError(
+            f"{folder}: no {CONFIG_FILE}, so not a model package (`asr export CKPT DIR` "
+            "writes one); a checkpoint is given as its .ckpt file"
+        )
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise CheckpointError(f"{path}: not valid JSON ({err})") from None
+    if not isinstance(config, dict) or config.get("format") != PACKAGE_FORMAT:
+        raise CheckpointError(
+            f"{path}: not an asr model package config (no format: asr-model-package)"
+        )
+    if config.get("format_version", 0) > PACKAGE_VERSION:
+        raise CheckpointError(
+            f"{path}: package format {config['format_version']} is newer than this asr reads "
+            f"({PACKAGE_VERSION}): upgrade asr"
+        )
+    return config
+
+
+def _weights_file(folder: Path) -> Path:
+    path = folder / WEIGHTS_FILE
+    if path.is_file():
+        return path
+    pickles = sorted(p.name for p in folder.iterdir() if p.suffix in PICKLE_SUFFIXES)
+    if pickles:
+        raise CheckpointError(
+            f"{folder}: refused to load {', '.join(pickles)}: pickled weights can run code when "
+            f"loaded; a model package holds its weights as {WEIGHTS_FILE} only"
+        )
+    raise CheckpointError(f"{folder}: no {WEIGHTS_FILE} in the model package")
+
+
+def _encoded_asset(folder: Path, name: str) -> str:
+    """The asset file `name` (a file name, never a path) of the package, base64."""
+    if not isinstance(name, str) or Path(name).name != name or name in RESERVED + ("", ".."):
+        raise CheckpointError(f"{folder / CONFIG_FILE}: {name!r} is not an asset file name")
+    path = folder / name
+    if not path.is_file():
+        raise CheckpointError(f"{path}: missing from the model package (config.json names it)")
+    return base64.b64encode(path.read_bytes()).decode()
+
+
+def _pickle_patterns() -> list[str]:
+    return [f"*{suffix}" for suffix in PICKLE_SUFFIXES]
+
+
+# --------------------------------------------------------------------------- model card
+
+
+def model_card(
+    config: dict[str, Any],
+    payload: dict[str, Any],
+    state: dict[str, Any],
+    card: ModelCard,
+    folder_name: str,
+) -> str:
+    """The package's README.md: Hub metadata, then use, decoding, data, results, training."""
+    where = f"hf://{card.repo_id}" if card.repo_id else f"{folder_name}/"
+    sections = [
+        _front_matter(card.license),
+        f"# {card.repo_id or folder_name}\n\n{_summary(config, payload, card.parameters)}",
+        _usage(where),
+        _decoding_section(config),
+        "## Data\n\n" + (card.data or _recorded_data(state)),
+        "## Results\n\n" + _results(card.metrics),
+        "## Training\n\n" + _training(card.training_command, state),
+        f"## Licence\n\n`{card.license}`. The licence of the training data applies too.",
+        _files_section(config),
+    ]
+    return "\n\n".join(sections) + "\n"
+
+
+def _front_matter(licence: str) -> str:
+    tags = "\n".join(f"- {tag}" for tag in ("automatic-speech-recognition", "asr", "pytorch"))
+    return (
+        f"---\nlicense: {licence}\nlibrary_name: asr\npipeline_tag: automatic-speech-recognition"
+        f"\ntags:\n{tags}\n---"
+    )
+
+
+def _summary(config: dict[str, Any], payload: dict[str, Any], parameters: int | None) -> str:
+    model = config["model_config"]
+    parts = [_class_name(model.get(k)) for k in ("encoder", "decoder")]
+    ctc = " with joint CTC" if model.get("ctc_weight", 0) > 0 else ""
+    tokenizer = payload_tokenizer(payload)
+    size = f" ({parameters / 1e6:.2f} M parameters)" if parameters is not None else ""
+    return (
+        f"An attention-based speech recognizer trained with the `asr` toolkit: a {parts[0]} "
+        f"and a {parts[1]}{ctc}{size}, and a {tokenizer.kind} tokenizer of "
+        f"{tokenizer.vocab_size} tokens."
+    )
+
+
+def _class_name(part: Any) -> str:
+    """The class name of a config part: `{"class_path": "a.b.Name"}` -> `Name`."""
+    if isinstance(part, dict) and "class_path" in part:
+        return str(part["class_path"]).rsplit(".", 1)[-1]
+    return "custom"
+
+
+def _usage(where: str) -> str:
+    return (
+        "## Use\n\n```bash\n"
+        f"asr transcribe audio.wav --model {where}   # prints [start --> end] text\n"
+        "```\n\n```python\nimport asr\n\n"
+        f'model = asr.load_model("{where}")\nprint(model.transcribe("audio.wav").text)\n```'
+    )
+
+
+def _decoding_section(config: dict[str, Any]) -> str:
+    decoding = config.get("decoding")
+    text = "## Decoding defaults\n\n"
+    if decoding is None:
+        text += "None stored: those of `asr.SearchOptions` and `asr.Recognizer.default_options`."
+    else:
+        rows = "\n".join(f"| {k} | {json.dumps(v)} |" for k, v in decoding.items())
+        text += "| setting | value |\n|---|---|\n" + rows
+    if config.get("segment_seconds") is not None:
+        text += (
+            f"\n\nLong audio is cut at silences into segments of at most "
+            f"{config['segment_seconds']:g} s (95% of the training utterances are shorter)."
+        )
+    return text
+
+
+def _recorded_data(state: dict[str, Any]) -> str:
+    data = state.get("datamodule_hyper_parameters") or {}
+    manifests = {k: data.get(f"{k}_manifest") for k in ("train", "val")}
+    listed = [f"- {k}: `{v}`" for k, v in manifests.items() if v]
+    if not listed:
+        return "Not recorded (`asr export --data`)."
+    return "The manifests the training run read:\n\n" + "\n".join(listed)
+
+
+def _training(command: str | None, state: dict[str, Any]) -> str:
+    text = f"```bash\n{command}\n```" if command else "Command not recorded."
+    if state.get("averaged_from"):  # its step count is that of the first one averaged
+        count = len(state["averaged_from"])
+        return text + f"\n\nThe weights are the average of {count} checkpoints."
+    if "global_step" in state:
+        return text + f"\n\nThe checkpoint was saved after {state['global_step']} optimizer steps."
+    return text
+
+
+def _files_section(config: dict[str, Any]) -> str:
+    files = [
+        f"- `{WEIGHTS_FILE}`: the weights (safetensors: loading them runs no code)",
+        f"- `{CONFIG_FILE}`: model config, decoding defaults",
+        f"- `{TOKENIZER_DIR}/`: the tokenizer",
+        *(
+            f"- `{name}`: a file the model config names (CMVN statistics)"
+            for name in config["assets"]
+        ),
+    ]
+    return "## Files\n\n" + "\n".join(files)
+
+
+# --------------------------------------------------------------------------- results
+
+
+RESULTS_HEADER = (
+    "| dataset | Snt | Wrd | Corr | Sub | Del | Ins | Err | S.Err |\n" + "|---" * 9 + "|"
+)
+
+
+def results_row(name: str, metrics: dict[str, Any], unit: str) -> str:
+    """An ESPnet results row from `asr evaluate`'s metrics: sentence and `unit` ("word" or
+    "char") counts, then percentages of the reference units (S.Err: of the sentences).
+
+    >>> m = {"utterances": 4, "sentence_errors": 1, "reference_words": 20, "substitutions": 1,
+    ...      "deletions": 1, "insertions": 2}
+    >>> results_row("decode_test", m, "word")
+    '| decode_test | 4 | 20 | 90.0 | 5.0 | 5.0 | 10.0 | 20.0 | 25.0 |'
+    """
+    prefix = "" if unit == "word" else "char_"
+    ref = metrics["reference_words" if unit == "word" else "reference_characters"]
+    sub, dele, ins = (metrics[f"{prefix}{e}"] for e in ("substitutions", "deletions", "insertions"))
+    pct = [100 * x / ref for x in (ref - sub - dele, sub, dele, ins, sub + dele + ins)]
+    pct.append(100 * metrics["sentence_errors"] / metrics["utterances"])
+    return (
+        f"| {name} | {metrics['utterances']} | {ref} | "
+        + " | ".join(f"{x:.1f}" for x in pct)
+        + " |"
+    )
+
+
+def results_tables(paths: Sequence[str | os.PathLike]) -> str:
+    """The decoding settings and the WER and CER tables of `asr evaluate` metrics.json files,
+    a row each, named by their folder (`decode_test`), as recipes' RESULTS.md has them."""
+    settings, rows = [], {"word": [], "char": []}
+    for path in map(Path, paths):
+        try:
+            metrics = json.loads(path.read_text(encoding="utf-8"))
+            name = path.parent.name
+            search = metrics["search"]
+            decoding = f"beam {search['beam_size']}, ctc {search['ctc_weight']}"
+            if search.get("lm_weight"):
+                decoding += f", LM {search['lm_weight']}"
+            settings.append(f"- {name}: {decoding}; `{metrics.get('manifest', '?')}`")
+            for unit in rows:
+                rows[unit].append(results_row(name, metrics, unit))
+        except (OSError, json.JSONDecodeError, KeyError, TypeError) as err:
+            raise ValueError(f"{path}: not an `asr evaluate` metrics.json ({err!r})") from None
+    return (
+        "\n".join(settings)
+        + f"\n\n### WER\n\n{RESULTS_HEADER}\n"
+        + "\n".join(rows["word"])
+        + f"\n\n### CER\n\n{RESULTS_HEADER}\n"
+        + "\n".join(rows["char"])
+    )
+
+
+def _results(metrics: Sequence[str | os.PathLike]) -> str:
+    if not metrics:
+        return "None given (`asr export --metrics exp/.../decode_test/metrics.json`)."
+    return results_tables(metrics)

@@ -1,0 +1,386 @@
+"""The model package (`asr export`, `asr.package`): a checkpoint and its package decode
+identically, weights are read only from safetensors (a pickle is refused, naming the file),
+`hf://owner/name` resolves offline from a Hugging Face cache, and the model card.
+
+Two models: the tiny Transformer overfit in memory on four AN4 utterances (it recognises them,
+so "same hypotheses" means the same right transcripts), saved as `asr fit` saves a checkpoint;
+and a checkpoint written by `asr fit` itself (GlobalCMVN statistics as an asset, tied decoder
+embeddings), for the command line. No test touches the network.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pickle
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import REPO
+from test_transcribe import UTTERANCES, WAV, _overfit_recognizer, fit_tiny_checkpoint
+
+import asr
+from asr.audio import audio_info
+from asr.checkpoint import RECOGNIZER_KEY, CheckpointError, checkpoint_payload, load_checkpoint
+from asr.cli import main
+from asr.data.manifest import Utterance, write_manifest
+from asr.evaluate import evaluate
+from asr.package import (
+    CONFIG_FILE,
+    RESULTS_HEADER,
+    WEIGHTS_FILE,
+    ModelCard,
+    read_safetensors,
+    results_row,
+    write_package,
+)
+from asr.search import SearchOptions
+
+OVERFIT_CONFIG = {  # the architecture `_overfit_recognizer` trains, as `asr fit` records it
+    "frontend": {
+        "class_path": "asr.frontends.Frontend",
+        "init_args": {
+            "features": {"class_path": "asr.frontends.LogMelFilterbank",
+                         "init_args": {"n_mels": 40}},
+            "normalize": {"class_path": "asr.frontends.UtteranceCMVN",
+                          "init_args": {"norm_vars": True}},
+        },
+    },
+    "encoder": {
+        "class_path": "asr.models.transformer.TransformerEncoder",
+        "init_args": {"d_model": 64, "num_heads": 4, "ffn_dim": 128, "num_layers": 2, "dropout": 0},
+    },
+    "decoder": {
+        "class_path": "asr.models.transformer.TransformerDecoder",
+        "init_args": {"d_model": 64, "num_heads": 4, "ffn_dim": 128, "num_layers": 1, "dropout": 0},
+    },
+    "ctc_weight": 0.3,
+}  # fmt: skip
+DECODING = {"beam_size": 3, "ctc_weight": 0.3}  # as `asr set-decoding` stores them
+
+
+@pytest.fixture(scope="module")
+def overfit_checkpoint(tmp_path_factory) -> Path:
+    """The overfit recognizer saved as `asr fit` saves a checkpoint, decoding defaults set."""
+    recognizer, _ = _overfit_recognizer(str(WAV))
+    config = OVERFIT_CONFIG | {"vocab_size": recognizer.tokenizer.vocab_size}
+    state = {f"model.{k}": v for k, v in recognizer.model.state_dict().items()}
+    payload = checkpoint_payload(config, recognizer.tokenizer, decoding=DECODING)
+    path = tmp_path_factory.mktemp("overfit") / "overfit.ckpt"
+    torch.save({"state_dict": state, RECOGNIZER_KEY: payload}, path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def fit_checkpoint(tmp_path_factory) -> Path:
+    return fit_tiny_checkpoint(tmp_path_factory.getbasetemp() / "tiny_fit")
+
+
+def _waves() -> list[Path]:
+    return [WAV / f"{p}.wav" for p in UTTERANCES]
+
+
+def _assert_same_weights(a: torch.nn.Module, b: torch.nn.Module) -> None:
+    sa, sb = a.state_dict(), b.state_dict()
+    assert sa.keys() == sb.keys()
+    for name in sa:
+        assert torch.equal(sa[name], sb[name]), name
+
+
+# --------------------------------------------------------------------------- round trip
+
+
+def test_a_package_decodes_as_its_checkpoint(overfit_checkpoint, tmp_path):
+    written = write_package(overfit_checkpoint, tmp_path / "pkg")
+    assert sorted(written) == sorted(
+        ["model.safetensors", "config.json", "tokenizer/tokenizer.json", "README.md"]
+    )
+    from_ckpt, from_package = asr.load_model(overfit_checkpoint), asr.load_model(tmp_path / "pkg")
+    _assert_same_weights(from_ckpt.model, from_package.model)
+    assert from_package.default_options == from_ckpt.default_options
+    assert (from_package.default_options.beam_size, from_package.default_options.ctc_weight) == (
+        3,
+        0.3,
+    )
+    texts = []
+    for wav in _waves():  # the default (joint CTC beam) search and word times
+        ours, theirs = from_ckpt.transcribe(wav), from_package.transcribe(wav)
+        assert ours == theirs
+        texts.append(theirs.text)
+    assert texts == list(UTTERANCES.values()), "the package recognises what the model learnt"
+    greedy = [from_package.transcribe(w, beam_size=1, ctc_weight=0.0).text for w in _waves()]
+    assert greedy == texts
+
+
+def test_the_weights_file_holds_the_checkpoints_weights_once(overfit_checkpoint, tmp_path):
+    write_package(overfit_checkpoint, tmp_path / "pkg")
+    stored = read_safetensors(tmp_path / "pkg" / WEIGHTS_FILE)
+    state = load_checkpoint(overfit_checkpoint)["state_dict"]
+    assert stored.keys() == {k.removeprefix("model.") for k in state}
+    for name, tensor in stored.items():
+        assert torch.equal(tensor, state[f"model.{name}"]), name
+    from safetensors import safe_open
+
+    with safe_open(str(tmp_path / "pkg" / WEIGHTS_FILE), framework="pt") as f:
+        on_disk = set(f.keys())
+    tied = "decoder.output.weight"  # the output projection shares the embedding's storage
+    assert tied in stored and tied not in on_disk
+
+
+def test_the_cli_exports_a_fit_checkpoint_with_its_cmvn_statistics(fit_checkpoint, tmp_path):
+    pkg = tmp_path / "pkg"
+    assert main(["export", str(fit_checkpoint), str(pkg), "--format", "package"]) == 0
+    config = json.loads((pkg / CONFIG_FILE).read_text())
+    stats = config["model_config"]["frontend"]["init_args"]["normalize"]["init_args"]
+    assert stats["stats_path"] == "cmvn.json" and config["assets"] == ["cmvn.json"]
+    original = fit_checkpoint.parents[1] / "cmvn.json"
+    assert (pkg / "cmvn.json").read_bytes() == original.read_bytes()
+    assert config["segment_seconds"] == load_checkpoint(fit_checkpoint)["asr"]["segment_seconds"]
+    assert config["decoding"]["beam_size"] == 10, "the effective defaults are written down"
+    from_ckpt, from_package = asr.load_model(fit_checkpoint), asr.load_model(pkg)
+    _assert_same_weights(from_ckpt.model, from_package.model)
+    for wav in _waves():
+        a, b = (
+            from_ckpt.search([from_ckpt.load(wav)]),
+            from_package.search([from_package.load(wav)]),
+        )
+        assert a[0].hypothesis.tokens == b[0].hypothesis.tokens
+        assert a[0].hypothesis.score == b[0].hypothesis.score
+        assert torch.equal(a[0].hypothesis.attention, b[0].hypothesis.attention)
+
+
+def test_transcribe_takes_a_package_as_model(fit_checkpoint, tmp_path, capsys):
+    write_package(fit_checkpoint, tmp_path / "pkg")
+    wavs = [str(w) for w in _waves()]
+    args = ["transcribe", *wavs, "--quiet", "--beam-size", "2", "--length-bonus", "1"]
+    assert main([*args, "--checkpoint", str(fit_checkpoint)]) == 0
+    from_ckpt = capsys.readouterr().out
+    assert main([*args, "--model", str(tmp_path / "pkg")]) == 0
+    assert capsys.readouterr().out == from_ckpt
+    assert all(wav in from_ckpt for wav in wavs) and "-->" in from_ckpt
+
+
+def test_exporting_again_replaces_the_package_and_keeps_other_files(overfit_checkpoint, tmp_path):
+    pkg = tmp_path / "pkg"
+    (pkg / ".git").mkdir(parents=True)
+    (pkg / "tokenizer").mkdir()
+    (pkg / "tokenizer" / "tokenizer.model").write_bytes(b"a stale SentencePiece model")
+    write_package(overfit_checkpoint, pkg)
+    write_package(overfit_checkpoint, pkg)
+    assert sorted(p.name for p in pkg.iterdir()) == [
+        ".git",
+        "README.md",
+        "config.json",
+        "model.safetensors",
+        "tokenizer",
+    ], "no temporary file left behind"
+    assert [p.name for p in (pkg / "tokenizer").iterdir()] == ["tokenizer.json"]
+
+
+# --------------------------------------------------------------------------- no pickles
+
+
+class _RunsCode:
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.touch, (self.marker,))
+
+
+@pytest.fixture
+def package(overfit_checkpoint, tmp_path) -> Path:
+    write_package(overfit_checkpoint, tmp_path / "pkg")
+    return tmp_path / "pkg"
+
+
+def test_a_pickle_named_model_safetensors_is_refused_unread(package, tmp_path):
+    marker = tmp_path / "code-ran"
+    with open(package / WEIGHTS_FILE, "wb") as f:
+        pickle.dump({"decoder.embedding.weight": _RunsCode(marker)}, f)
+    with pytest.raises(
+        CheckpointError, match=r"model\.safetensors: refused to load: it is a pickle"
+    ):
+        asr.load_model(package)
+    assert not marker.exists()
+
+
+def test_a_torch_save_file_named_model_safetensors_is_refused(package):
+    torch.save({"w": torch.zeros(2)}, package / WEIGHTS_FILE)  # a zip of pickles
+    with pytest.raises(
+        CheckpointError, match=r"model\.safetensors: refused to load: it is a pickle"
+    ):
+        asr.load_model(package)
+
+
+def test_a_package_with_pickled_weights_instead_is_refused(package):
+    (package / WEIGHTS_FILE).unlink()
+    torch.save({"w": torch.zeros(2)}, package / "pytorch_model.bin")
+    with pytest.raises(CheckpointError, match=r"refused to load pytorch_model\.bin: pickled"):
+        asr.load_model(package)
+
+
+def test_damaged_or_missing_package_files_are_named(package, tmp_path):
+    (package / WEIGHTS_FILE).write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{garbage")
+    with pytest.raises(CheckpointError, match=r"model\.safetensors: not a readable safetensors"):
+        asr.load_model(package)
+    config = json.loads((package / CONFIG_FILE).read_text())
+    (package / CONFIG_FILE).write_text(json.dumps(config | {"assets": ["../secret.json"]}))
+    with pytest.raises(CheckpointError, match=r"'\.\./secret\.json' is not an asset file name"):
+        asr.load_model(package)
+    (package / CONFIG_FILE).unlink()
+    with pytest.raises(CheckpointError, match=r"no config\.json, so not a model package"):
+        asr.load_model(package)
+    with pytest.raises(FileNotFoundError, match="no-such-folder"):
+        asr.load_model(tmp_path / "no-such-folder" / "")
+
+
+def test_set_decoding_on_a_package_says_what_to_do(package, capsys):
+    assert main(["set-decoding", "--model", str(package), "--beam-size", "2"]) == 2
+    assert "a model package; set the decoding of its checkpoint" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- hf://
+
+
+def _hf_cache(package: Path, cache: Path, repo_id: str) -> str:
+    """Lay `package` out in a Hugging Face cache as `huggingface_hub` downloads a repository:
+    content-addressed blobs, a snapshot of symlinks per commit, and `refs/main`."""
+    from huggingface_hub.file_download import repo_folder_name
+
+    repo = cache / repo_folder_name(repo_id=repo_id, repo_type="model")
+    commit = hashlib.sha1(repo_id.encode()).hexdigest()
+    snapshot = repo / "snapshots" / commit
+    for path in sorted(p for p in package.rglob("*") if p.is_file()):
+        data = path.read_bytes()
+        blob = repo / "blobs" / hashlib.sha256(data).hexdigest()
+        blob.parent.mkdir(parents=True, exist_ok=True)
+        blob.write_bytes(data)
+        link = snapshot / path.relative_to(package)
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(os.path.relpath(blob, link.parent))
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    return commit
+
+
+@pytest.fixture
+def offline_hub(package, tmp_path, monkeypatch) -> tuple[Path, str]:
+    """A Hugging Face cache holding `package` as me/tiny-an4; the Hub offline, sockets shut."""
+    import huggingface_hub
+
+    cache = tmp_path / "hub"
+    commit = _hf_cache(package, cache, "me/tiny-an4")
+    cached = huggingface_hub.scan_cache_dir(cache)
+    assert [r.repo_id for r in cached.repos] == ["me/tiny-an4"], "a layout the hub reads"
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+
+    def no_network(*args, **kwargs):
+        raise AssertionError("a test tried to reach the network")
+
+    monkeypatch.setattr(socket.socket, "connect", no_network)
+    monkeypatch.setattr(socket, "getaddrinfo", no_network)
+    return cache, commit
+
+
+def test_hf_addresses_resolve_offline_from_the_cache(offline_hub, overfit_checkpoint):
+    _, commit = offline_hub
+    from_ckpt = asr.load_model(overfit_checkpoint)
+    for address in ("hf://me/tiny-an4", f"hf://me/tiny-an4@{commit}"):
+        recognizer = asr.load_model(address)
+        _assert_same_weights(from_ckpt.model, recognizer.model)
+        assert recognizer.checkpoint == address
+    wav = _waves()[-1]
+    assert recognizer.transcribe(wav) == from_ckpt.transcribe(wav)
+
+
+def test_an_uncached_hf_model_offline_is_named(offline_hub):
+    with pytest.raises(CheckpointError, match="hf://me/elsewhere: cannot fetch the model package"):
+        asr.load_model("hf://me/elsewhere")
+    with pytest.raises(ValueError, match="hf://owner/name"):
+        asr.load_model("hf://just-a-name")
+
+
+def test_the_command_finds_an_hf_model_with_hf_hub_offline(package, tmp_path):
+    """The user's way: HF_HUB_OFFLINE=1 and HF_HUB_CACHE in the environment."""
+    _hf_cache(package, tmp_path / "hub", "me/tiny-an4")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(tmp_path / "hub")}
+    env["PYTHONPATH"] = str(REPO)
+    wav = str(_waves()[1])
+    command = [sys.executable, "-m", "asr.cli", "transcribe", wav, "--quiet"]
+    out = subprocess.run(
+        [*command, "--model", "hf://me/tiny-an4"], capture_output=True, text=True, env=env
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().endswith("GO")
+
+
+# --------------------------------------------------------------------------- model card
+
+
+def _metrics(overfit_checkpoint: Path, out: Path, beam_size: int) -> Path:
+    manifest = out.parent / "test.jsonl"
+    utterances = zip(_waves(), UTTERANCES.values())
+    write_manifest(manifest, [Utterance(str(w), audio_info(w).duration, t) for w, t in utterances])
+    options = SearchOptions(beam_size=beam_size, ctc_weight=0.3)
+    recognizer = asr.load_model(overfit_checkpoint)
+    evaluate(recognizer, manifest, out, options=options, plots=0, progress=False)
+    return out / "metrics.json"
+
+
+def test_the_model_card_has_decoding_results_training_and_licence(overfit_checkpoint, tmp_path):
+    from huggingface_hub import ModelCard as HubCard
+
+    beams = {"decode_dev": 1, "decode_test": 3}
+    metrics = [_metrics(overfit_checkpoint, tmp_path / name, b) for name, b in beams.items()]
+    pkg = tmp_path / "pkg"
+    command = "asr fit --config conf/an4/transformer.yaml"
+    args = ["export", str(overfit_checkpoint), str(pkg), "--repo-id", "me/tiny-an4"]
+    args += ["--license", "cc-by-4.0", "--training-command", command, "--data", "AN4 (848 utts)"]
+    assert main([*args, "--metrics", str(metrics[0]), "--metrics", str(metrics[1])]) == 0
+    card = (pkg / "README.md").read_text()
+    assert HubCard.load(pkg / "README.md").data.to_dict()["license"] == "cc-by-4.0"
+    assert "| beam_size | 3 |" in card and "| ctc_weight | 0.3 |" in card
+    assert 'asr.load_model("hf://me/tiny-an4")' in card
+    assert f"```bash\n{command}\n```" in card and "AN4 (848 utts)" in card
+    assert card.count(RESULTS_HEADER) == 2, "a WER and a CER table in ESPnet's columns"
+    for path in metrics:
+        m = json.loads(path.read_text())
+        name = path.parent.name
+        assert results_row(name, m, "word") in card and results_row(name, m, "char") in card
+        assert f"- {name}: beam {m['search']['beam_size']}, ctc 0.3" in card
+    assert "| decode_test | 4 | 9 | 100.0 | 0.0 | 0.0 | 0.0 | 0.0 | 0.0 |" in card
+
+
+def test_a_card_without_metrics_says_so_and_a_bad_metrics_file_is_named(
+    overfit_checkpoint, tmp_path
+):
+    write_package(overfit_checkpoint, tmp_path / "pkg", card=ModelCard(license="apache-2.0"))
+    card = (tmp_path / "pkg" / "README.md").read_text()
+    assert "None given (`asr export --metrics" in card and "license: apache-2.0" in card
+    bad = tmp_path / "decode_x" / "metrics.json"
+    bad.parent.mkdir()
+    bad.write_text('{"wer": 1.0}')
+    with pytest.raises(ValueError, match=r"decode_x/metrics\.json: not an `asr evaluate`"):
+        write_package(overfit_checkpoint, tmp_path / "pkg2", card=ModelCard(metrics=[bad]))
+    assert not (tmp_path / "pkg2").exists(), "nothing written"
+
+
+def test_importing_the_recognizer_leaves_safetensors_and_the_hub_unimported():
+    lazy = "{'safetensors', 'huggingface_hub'}"
+    code = f"import sys, asr.recognizer; print(sorted({lazy} & set(sys.modules)))"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert out.stdout.strip() == "[]", out.stderr[-2000:]
+
+
+def test_a_package_folder_copies_and_loads_anywhere(package, tmp_path):
+    moved = shutil.copytree(package, tmp_path / "elsewhere" / "model")
+    assert asr.load_model(moved).transcribe(_waves()[0]).text == "YES"

@@ -1,0 +1,69 @@
+"""asr.writers: where outputs go (mirrored paths, no collisions), tsv, timed lines, formats."""
+
+from __future__ import annotations
+
+from pathlib import PurePath
+
+import pytest
+
+import asr
+from asr.results import Segment, Transcript
+from asr.timing import Word
+from asr.writers import FORMATS, expand_formats, output_stems, render, timed_lines
+
+
+def transcript() -> Transcript:
+    """Two segments of two words each, the second past an hour."""
+    words = [Word("YES", 0.5, 0.9), Word("NO", 1.0, 1.25), Word("GO", 3600.0, 3600.4),
+             Word("U\tM", 3600.5, 3601.0)]  # fmt: skip
+    segments = [Segment(0.4, 1.3, "YES NO", -1.0), Segment(3599.9, 3601.2, "GO U\tM", -2.0)]
+    return Transcript("YES NO GO U\tM", [], [], [], [], words, -3.0, 3602.0, segments)
+
+
+def test_outputs_mirror_paths_below_the_shared_folder(tmp_path):
+    paths = [tmp_path / "d/alice/001.wav", tmp_path / "d/bob/001.wav", tmp_path / "d/x.flac"]
+    assert output_stems(paths) == [PurePath("alice/001"), PurePath("bob/001"), PurePath("x")]
+    folder = tmp_path / "d"  # a folder argument: its files mirrored below it
+    assert output_stems(paths[:1], [folder]) == [PurePath("alice/001")]
+    assert output_stems([tmp_path / "a/talk.m4a"], [None]) == [PurePath("talk")]
+
+
+def test_two_inputs_writing_the_same_files_are_refused_by_name(tmp_path):
+    with pytest.raises(ValueError, match=r"a\.wav and .*a\.flac would write the same output"):
+        output_stems([tmp_path / "a.wav", tmp_path / "a.flac"])
+
+
+def test_tsv_has_whispers_columns_per_segment_or_word():
+    rows = [line.split("\t") for line in render(transcript(), "tsv").splitlines()]
+    assert rows == [["start", "end", "text"], ["500", "1250", "YES NO"],
+                    ["3600000", "3601000", "GO U M"]]  # fmt: skip
+    per_word = render(transcript(), "tsv", words_per_cue=1).splitlines()
+    assert per_word[1:3] == ["500\t900\tYES", "1000\t1250\tNO"]
+
+
+def test_timed_lines_are_whispers_and_show_hours_only_past_one():
+    assert timed_lines(transcript()).splitlines() == [
+        "[00:00.400 --> 00:01.300] YES NO",
+        "[59:59.900 --> 01:00:01.200] GO U\tM",
+    ]
+
+
+def test_all_formats_and_unknown_ones():
+    assert expand_formats(["all"]) == list(FORMATS)
+    assert expand_formats(["tsv", "txt", "tsv"]) == ["tsv", "txt"]
+    with pytest.raises(ValueError, match="unknown output formats \\['doc'\\]"):
+        expand_formats(["txt", "doc"])
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_public_writers_write_what_render_gives(fmt, tmp_path):
+    path = tmp_path / f"talk.{fmt}"
+    getattr(asr, f"write_{fmt}")(transcript(), path)
+    assert path.read_text(encoding="utf-8") == render(transcript(), fmt)
+
+
+def test_public_writers_pass_their_options_on(tmp_path):
+    asr.write_srt(transcript(), tmp_path / "a.srt", words_per_cue=1)
+    assert (tmp_path / "a.srt").read_text() == render(transcript(), "srt", words_per_cue=1)
+    asr.write_json(transcript(), tmp_path / "a.json", audio="talk.wav")
+    assert (tmp_path / "a.json").read_text() == render(transcript(), "json", "talk.wav")
