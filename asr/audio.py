@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 PathLike = str | os.PathLike
 AudioInput = str | os.PathLike | np.ndarray | Tensor  # a file, or a mono waveform (S,)
 
-# File suffixes searched for when a folder or a glob is transcribed (compared in lower case).
+# File suffixes searched for in folders and globs (compared in lower case): `audio_files`.
 AUDIO_SUFFIXES = (
     ".wav", ".flac", ".sph", ".ogg", ".oga", ".opus", ".mp3", ".aiff", ".aif", ".au", ".caf",
     ".m4a", ".mp4", ".aac", ".webm", ".weba", ".mkv", ".mka", ".mov", ".3gp", ".amr", ".wma",
@@ -40,6 +40,12 @@ SEEK_PREROLL_SECONDS = 0.5
 # FFmpeg demuxers whose stream duration is exact (sample tables and edit lists: the encoder's
 # padding excluded). Other containers state an estimate or nothing, so their frames are counted.
 EXACT_DURATION_DEMUXERS = ("mov,mp4,m4a,3gp,3g2,mj2",)
+
+
+def audio_files(folder: PathLike, suffixes: tuple[str, ...] = AUDIO_SUFFIXES) -> list[Path]:
+    """Every path below `folder` (recursively) whose suffix, in any case, is in `suffixes`,
+    sorted."""
+    return sorted(p for p in Path(folder).rglob("*") if p.suffix.lower() in suffixes)
 
 
 class AudioError(ValueError):

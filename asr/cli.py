@@ -119,10 +119,16 @@ def _set_decoding(args: argparse.Namespace) -> int:
     recognizer = _load_model(args)
     options = _search_options(args, recognizer)
     recognizer.check_options(options)
-    stored = {k: v for k, v in asdict(options).items() if k not in ("nbest", "lm_weight")}
+    stored = _stored_decoding(options)
     store_decoding(args.checkpoint, stored)
     print(f"{args.checkpoint} now decodes by default with: {stored}")
     return 0
+
+
+def _stored_decoding(options) -> dict:
+    """The search settings a checkpoint or package keeps as its default: all but the n-best
+    size and the LM weight, which depend on the call and on an LM given with it."""
+    return {k: v for k, v in asdict(options).items() if k not in ("nbest", "lm_weight")}
 
 
 def _export(args: argparse.Namespace) -> int:
@@ -130,8 +136,7 @@ def _export(args: argparse.Namespace) -> int:
     from asr.recognizer import load_model
 
     recognizer = load_model(args.checkpoint)  # builds, and has the default search settings
-    options = asdict(recognizer.default_options)
-    decoding = {k: v for k, v in options.items() if k not in ("nbest", "lm_weight")}
+    decoding = _stored_decoding(recognizer.default_options)
     card = ModelCard(
         args.repo_id,
         args.license,

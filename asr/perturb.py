@@ -122,6 +122,17 @@ def babble(talkers: list[Tensor], num_samples: int, rng: np.random.Generator) ->
     return mix
 
 
+def other_indices(rng: np.random.Generator, size: int, count: int, index: int) -> list[int]:
+    """`count` (at most `size - 1`) distinct indices of `range(size)` drawn by `rng`, never
+    `index`: the other utterances babble is made of.
+
+    >>> 2 in other_indices(np.random.default_rng(0), 5, 4, 2)
+    False
+    """
+    picks = rng.choice(size - 1, size=min(count, size - 1), replace=False)
+    return [int(j) + (j >= index) for j in picks]  # skips `index`
+
+
 def synthetic_rir(rt60: float, sample_rate: int, rng: np.random.Generator) -> Tensor:
     """A room impulse response: a direct path, then Gaussian reflections whose energy falls by
     60 dB in `rt60` seconds (the exponential-decay model of a diffuse reverberant field).

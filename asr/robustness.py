@@ -171,11 +171,10 @@ class _Talkers:
         self._loaded: dict[int, Tensor] = {}
 
     def others(self, index: int, rng: np.random.Generator) -> list[Tensor]:
-        count = min(BABBLE_TALKERS, len(self.utterances) - 1)
-        if count < 1:
+        if len(self.utterances) < 2:
             raise ValueError("babble needs a test set of at least two utterances")
-        picks = rng.choice(len(self.utterances) - 1, size=count, replace=False)
-        return [self._wave(int(j) + (j >= index)) for j in picks]  # skips `index`
+        picks = perturb.other_indices(rng, len(self.utterances), BABBLE_TALKERS, index)
+        return [self._wave(j) for j in picks]
 
     def _wave(self, index: int) -> Tensor:
         if index not in self._loaded:

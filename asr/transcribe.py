@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import glob
 import itertools
-import json
 import math
 import os
 import shutil
@@ -30,7 +29,8 @@ from typing import IO, TYPE_CHECKING, TypeVar
 from torch import Tensor
 from tqdm import tqdm
 
-from asr.audio import AUDIO_SUFFIXES, AudioError, AudioInput, as_waveform
+from asr.audio import AUDIO_SUFFIXES, AudioError, AudioInput, as_waveform, audio_files
+from asr.data.manifest import read_clip
 from asr.results import BatchResult, Decoded, Segment, Transcript
 from asr.search import LanguageModel, SearchOptions
 from asr.segment import (
@@ -336,10 +336,8 @@ def _suffixes() -> str:
 
 
 def _audio_files(folder: Path) -> list[str]:
-    """Files under `folder` with an audio suffix (in any case), sorted."""
-    return sorted(
-        str(p) for p in folder.rglob("*") if p.suffix.lower() in AUDIO_SUFFIXES and p.is_file()
-    )
+    """The audio files under `folder` (folders named like audio left out), sorted."""
+    return [str(p) for p in audio_files(folder) if p.is_file()]
 
 
 def _is_pattern(argument: str) -> bool:
@@ -374,7 +372,7 @@ def _manifest_inputs(manifest: Path, failures: list[str]) -> list[Found]:
     for number, line in enumerate(lines, 1):
         if line.strip():
             try:
-                clips.append(_manifest_clip(line, manifest.parent))
+                clips.append(Clip(*read_clip(line, manifest.parent)))
             except ValueError as error:
                 failures.append(f"{manifest}:{number}: {error}")
                 bad += 1
@@ -401,33 +399,6 @@ def _span(clip: Clip) -> str:
     """
     end = "end" if clip.duration is None else round(1000 * (clip.offset + clip.duration))
     return f"@{round(1000 * clip.offset)}-{end}"
-
-
-def _manifest_clip(line: str, folder: Path) -> Clip:
-    """The clip one manifest line names.
-
-    Raises:
-        ValueError: the line is not a JSON object with an `audio_filepath` string, or its
-            `offset` or `duration` is not a number in range.
-    """
-    try:
-        record = json.loads(line)
-    except json.JSONDecodeError as error:
-        raise ValueError(f"invalid JSON: {error.msg} (column {error.colno})") from None
-    path = record.get("audio_filepath") if isinstance(record, dict) else None
-    if not (isinstance(path, str) and path.strip()):
-        raise ValueError("needs an 'audio_filepath' string")
-    offset, duration = record.get("offset", 0.0), record.get("duration")
-    if not (_is_number(offset) and offset >= 0):
-        raise ValueError(f"'offset' must be a number >= 0, got {json.dumps(offset)}")
-    if duration is not None and not (_is_number(duration) and duration > 0):
-        raise ValueError(f"'duration' must be a number > 0, got {json.dumps(duration)}")
-    duration = None if duration is None else float(duration)
-    return Clip(os.path.normpath(folder / path), float(offset), duration)
-
-
-def _is_number(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _stdin_input(scratch: Path, stdin: IO[bytes], failures: list[str]) -> list[Found]:

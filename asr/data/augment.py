@@ -25,7 +25,7 @@ import numpy as np
 from torch import Tensor
 
 from asr import perturb
-from asr.audio import AUDIO_SUFFIXES, AudioError, audio_info, load_audio
+from asr.audio import AudioError, audio_files, audio_info, load_audio
 
 NOISE_KINDS = (*perturb.NOISE_COLORS, "babble", "files")
 
@@ -204,7 +204,7 @@ def _audio_files(folder: str | None, key: str) -> list[tuple[str, float]]:
     root = Path(folder)
     if not root.is_dir():
         raise ValueError(f"{key}: {folder} is not a directory")
-    paths = sorted(p for p in root.rglob("*") if p.suffix.lower() in AUDIO_SUFFIXES)
+    paths = audio_files(root)
     if not paths:
         raise ValueError(f"{key}: no audio files under {folder}")
     files = []

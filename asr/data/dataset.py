@@ -25,7 +25,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from asr.audio import load_audio
 from asr.data.augment import WaveAugmenter
 from asr.data.manifest import Utterance
-from asr.perturb import change_speed
+from asr.perturb import change_speed, other_indices
 from asr.text import PAD_ID
 
 _AUGMENT_STREAM = 1  # keeps augmentation draws apart from the speed-factor draw
@@ -121,8 +121,7 @@ class SpeechDataset(Dataset[dict[str, Any]]):
         rng = np.random.default_rng([self.seed, self.epoch, index, _AUGMENT_STREAM])
 
         def others(rng: np.random.Generator, count: int) -> list[Tensor]:
-            picks = rng.choice(len(self) - 1, size=min(count, len(self) - 1), replace=False)
-            return [self._wave(int(j) + (j >= index), 1.0) for j in picks]  # skips `index`
+            return [self._wave(j, 1.0) for j in other_indices(rng, len(self), count, index)]
 
         return self.augment(wave, rng, others if len(self) > 1 else None)
 

@@ -254,11 +254,47 @@ def _parse_line(line: bytes, base: Path, strip_bom: bool) -> Utterance:
     except UnicodeDecodeError as error:
         reason = f"not valid UTF-8 (byte 0x{line[error.start]:02x} at column {error.start + 1})"
         raise _LineError(reason) from None
+    return _utterance_from(_json_record(text), base)
+
+
+def _json_record(text: str) -> Any:
     try:
-        record = json.loads(text)
+        return json.loads(text)
     except json.JSONDecodeError as error:
         raise _LineError(f"invalid JSON: {error.msg} (column {error.colno})") from None
-    return _utterance_from(record, base)
+
+
+def read_clip(line: str, base: str | os.PathLike) -> tuple[str, float, float | None]:
+    """The audio one manifest line names, for transcription: `text` and `duration` may be
+    absent.
+
+    Args:
+        line: one line of a JSON Lines manifest.
+        base: folder a relative `audio_filepath` resolves against (the manifest's).
+
+    Returns:
+        The audio path, the offset in seconds, and the duration (None: to the end).
+
+    Raises:
+        ValueError: why the line is bad, in `read_manifest`'s words.
+    """
+    try:
+        record = _json_record(line)
+        if not isinstance(record, dict):
+            raise _LineError(f"expected a JSON object, got {_json_type(record)}")
+        duration = record.get("duration")
+        problems = [
+            _path_problem(record.get("audio_filepath")),
+            _number_problem("offset", record.get("offset", 0.0), allow_zero=True),
+            None if duration is None else _number_problem("duration", duration, allow_zero=False),
+        ]
+    except _LineError as error:
+        raise ValueError(str(error)) from None
+    problems = [problem for problem in problems if problem]
+    if problems:
+        raise ValueError("; ".join(problems))
+    path = os.path.normpath(os.path.join(base, record["audio_filepath"]))
+    return path, float(record.get("offset", 0.0)), None if duration is None else float(duration)
 
 
 def _utterance_from(record: Any, base: Path) -> Utterance:

@@ -24,7 +24,7 @@ from typing import Any, NamedTuple
 
 from tqdm import tqdm
 
-from asr.audio import AudioError, audio_info
+from asr.audio import AudioError, audio_files, audio_info
 from asr.data.manifest import Utterance, write_manifest
 
 logger = logging.getLogger(__name__)
@@ -413,7 +413,7 @@ def prepare_folder(
     data_dir, out_dir = _absolute(data_dir), _absolute(out_dir)
     if not data_dir.is_dir():
         raise ValueError(f"{data_dir}: expected a directory with {FOLDER_LAYOUT}")
-    audio = sorted(p for p in data_dir.rglob("*") if p.suffix.lower() in AUDIO_SUFFIXES)
+    audio = audio_files(data_dir, AUDIO_SUFFIXES)
     if not audio:
         raise ValueError(f"{data_dir}: expected {FOLDER_LAYOUT}; found no audio")
     entries, missing, bad_text = _folder_entries(data_dir, audio)
