@@ -13,8 +13,10 @@ below training imports Lightning (tests/test_layers.py holds the package to this
     leaves      text (tokenizers, the special ids), audio, perturb, frontends, metrics, precision,
                 models/ (plain nn.Modules), data/manifest
     format      checkpoint (what a checkpoint holds; building its model), package (the
-                shareable folder: safetensors, config.json, model card; hf://)
-    algorithms  search, ctc_prefix, timing (DTW, CTC forced alignment), segment (long audio)
+                shareable folder: safetensors, config.json, model card; hf://), finetune
+                (a new model's weights from a trained one)
+    algorithms  search, ctc_prefix, timing (DTW, CTC forced alignment), segment (long audio),
+                vad (Silero speech probabilities for segment), guard (attention failures)
     recognizer  results, writers, transcribe, recognizer (`load_model`, `load_lm`)
     users       evaluate, robustness, plotting
     training    data/, lightning, lm, optim, train (LightningCLI), cli (the `asr` command;

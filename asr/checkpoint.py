@@ -7,6 +7,7 @@ its model without the training files, under one key (`RECOGNIZER_KEY` or `LM_KEY
     tokenizer      the tokenizer's files, base64
     assets         files the config names (CMVN statistics), base64, keyed by their path
     segment_seconds, decoding   optional: how `transcribe` cuts and decodes by default
+    tokens_per_second    optional: the training set's fastest speech; bounds output length
 
 All values are plain strings, numbers and containers, so a checkpoint loads with
 `torch.load(weights_only=True)`: loading one never runs code. Nothing here imports Lightning.

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 LIGHTNING_COMMANDS = ("fit", "validate", "test", "predict")
 MAX_LISTED = 20  # failures spelled out on stderr by batch commands
 # `SearchOptions` fields that the decoding commands take as --options (None: not given).
-DECODING_ARGUMENTS = ("beam_size", "ctc_weight", "length_bonus", "max_len_ratio")
+DECODING_ARGUMENTS = ("beam_size", "ctc_weight", "length_bonus", "max_len_ratio", "repair")
 
 
 def _prepare(args: argparse.Namespace) -> int:
@@ -227,13 +227,14 @@ def _transcribe_inputs(args: argparse.Namespace, inputs: list[Input]) -> list[st
         "max_segment_seconds": args.max_segment_seconds,
         "min_silence_seconds": args.min_silence_seconds,
         "silence_threshold_db": args.silence_threshold_db,
+        "vad": args.vad,
     }
     return transcribe_files(
         recognizer,
         inputs,
         args.output_dir,
         formats=args.format or ["txt", "json"],
-        options=_search_options(args, recognizer),
+        options=replace(_search_options(args, recognizer), nbest=args.nbest),
         lm=_language_model(args, recognizer),
         timestamps=args.timestamps,
         batch_size=args.batch_size or TRANSCRIBE_BATCH_SIZE,
@@ -342,6 +343,14 @@ def _add_search_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ctc-weight", type=float, help=f"CTC weight ({own} {ctc} with a CTC head)")
     p.add_argument("--length-bonus", type=float, help=f"score per output token ({own} 0)")
     p.add_argument("--max-len-ratio", type=float, help=f"tokens per encoder frame ({own} {ratio})")
+    p.add_argument(
+        "--no-repair",
+        dest="repair",
+        action="store_false",
+        default=None,
+        help="keep hypotheses that loop, reach the length bound or disagree with the CTC head in "
+        "length (default: decode those again, CTC-weighted; json marks them `repaired`)",
+    )
 
 
 def _add_decoding_arguments(p: argparse.ArgumentParser) -> None:
@@ -502,6 +511,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--output-dir", help="write <path>.<format> files here (default: print)")
     p.add_argument("--timestamps", choices=TIMESTAMP_METHODS, default=TIMESTAMP_METHODS[0])
     p.add_argument(
+        "--nbest",
+        type=int,
+        metavar="N",
+        help="keep the N best hypotheses of each segment, at most --beam-size: the json file "
+        "lists the others, with their scores, under segments[].alternatives",
+    )
+    p.add_argument(
         "--max-segment-seconds",
         type=float,
         help="longer audio is split on silence (default: the model's training utterance length, "
@@ -509,6 +525,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--min-silence-seconds", type=float, help="shortest silence cut (0.3)")
     p.add_argument("--silence-threshold-db", type=float, help="silence: dB below peak (-35)")
+    p.add_argument(
+        "--vad",
+        choices=["energy", "silero"],
+        help="what finds speech to cut long audio at: frame energy (default), or Silero VAD, "
+        "which also skips inputs without speech",
+    )
     p.add_argument("--words-per-cue", type=int, default=0, help="srt/vtt/tsv: 0 = one per segment")
     p.set_defaults(run=_transcribe)
 

@@ -3,7 +3,8 @@
 Into the output folder:
 
     metrics.json         WER/CER (%), word error counts, audio hours, decode seconds and
-                         real-time factor, search options, checkpoint; with a CTC head, the
+                         real-time factor, search options, checkpoint, repaired attention
+                         failures by kind (`asr.guard`); with a CTC head, the
                          mean word boundary difference (ms) between attention and CTC timing;
                          with `skip_bad`, the `failures` left out (`file:line: reason`, or
                          `audio (id): reason` for audio that fails to load or decode)
@@ -13,6 +14,9 @@ Into the output folder:
                          insertions
     alignments/<id>.png  spectrogram + cross-attention of chosen utterances, word boundaries
                          overlaid; `<id>_heads.png` per layer and head for Transformers
+    reliability.png      word confidence against the share of words right, per bin; its
+                         figures (ECE, ROC AUC of right against wrong words, the bins) are
+                         under `confidence` in metrics.json
 
 Utterances are decoded in batches sorted by length; the decode time counts the encoder and
 the search, not reading audio.
@@ -41,12 +45,12 @@ from asr.data.manifest import (
     read_manifest,
     validate_manifest,
 )
-from asr.metrics import char_errors, word_errors
+from asr.metrics import char_errors, hypothesis_word_correct, word_calibration, word_errors
 from asr.recognizer import Recognizer
 from asr.results import Decoded
 from asr.search import LanguageModel, SearchOptions
 from asr.timing import boundary_error_ms
-from asr.transcribe import search_or_errors
+from asr.transcribe import search_or_errors, word_index
 
 TOP_ERRORS = 30  # entries per list of frequent errors in errors.txt
 
@@ -59,6 +63,8 @@ class ScoredUtterance:
     ref: str  # normalised reference
     hyp: str
     tokens: list[int]  # the hypothesis's ids, for plots
+    word_probs: list[float] | None = None  # per hypothesis word; None where not computed
+    repaired: str | None = None  # the attention failure repaired (`asr.guard`), if any
 
 
 def evaluate(
@@ -120,6 +126,7 @@ def evaluate(
     (out_dir / "errors.txt").write_text(error_report(results), encoding="utf-8")
     scored = {r.utt_id for r in results}
     _plot(recognizer, [u for u in utterances if u.utt_id in chosen & scored], results, out_dir)
+    confidence = _confidence_report(results, out_dir)
     metrics = {
         "wer": 100 * words.rate,
         "cer": 100 * chars.rate,
@@ -139,6 +146,9 @@ def evaluate(
         "real_time_factor": decode_seconds / audio_seconds,
         "boundary_error_ms": _mean(boundary_errors),
         "boundary_error_utterances": len(boundary_errors),
+        "confidence": confidence,
+        # utterances whose attention failure (`asr.guard`) was repaired, by failure
+        "repaired": dict(Counter(r.repaired for r in results if r.repaired)),
         "search": asdict(options),
         "precision": recognizer.precision,
         "checkpoint": recognizer.checkpoint,
@@ -220,7 +230,10 @@ def _decode_all(
                 audio_seconds += len(wave) / recognizer.sample_rate
                 hyp = recognizer.tokenizer.decode(item.hypothesis.tokens)
                 ref = normalize(utterances[i].text)
-                results[i] = ScoredUtterance(utterances[i].utt_id, ref, hyp, item.hypothesis.tokens)
+                probs = _word_probs(recognizer, item, hyp)
+                results[i] = ScoredUtterance(
+                    utterances[i].utt_id, ref, hyp, item.hypothesis.tokens, probs, item.repaired
+                )
                 error = _boundary_error(recognizer, item) if hyp == ref and hyp else None
                 if error is not None:
                     boundary_errors.append(error)
@@ -263,6 +276,38 @@ def _boundary_error(recognizer: Recognizer, decoded: Decoded) -> float | None:
     except ValueError:
         return None
     return boundary_error_ms(recognizer.words(decoded, "attention"), ctc)
+
+
+def _word_probs(recognizer: Recognizer, decoded: Decoded, hyp: str) -> list[float] | None:
+    """The probability of each word of `hyp` (`asr.timing.Word.probability`); None where
+    the decoder's token probabilities are missing or the words do not match `hyp`'s."""
+    if decoded.token_log_probs is None:
+        return None
+    pieces = recognizer.tokenizer.pieces(decoded.hypothesis.tokens)
+    probs: dict[int, float] = {}
+    for word, prob in zip(word_index(pieces), decoded.token_probs, strict=True):
+        if word is not None:
+            probs[word] = probs.get(word, 1.0) * prob
+    return [probs[k] for k in sorted(probs)] if len(probs) == len(hyp.split()) else None
+
+
+def _confidence_report(results: Sequence[ScoredUtterance], out_dir: Path) -> dict[str, Any] | None:
+    """Word confidence calibration over `results`, as metrics.json holds it, and its
+    reliability diagram in `out_dir/reliability.png`; None without word probabilities."""
+    confidences, correct, left_out = [], [], 0
+    for r in results:
+        if r.word_probs is None:
+            left_out += bool(r.hyp.split())
+            continue
+        confidences += r.word_probs
+        correct += hypothesis_word_correct(r.ref, r.hyp)
+    if not confidences:
+        return None
+    calibration = word_calibration(confidences, correct)
+    from asr.plotting import plot_reliability, save_figure  # matplotlib: only when plotting
+
+    save_figure(plot_reliability(calibration), str(out_dir / "reliability.png"))
+    return asdict(calibration) | {"utterances_left_out": left_out}
 
 
 def _write_kaldi(path: Path, rows: Sequence[tuple[str, str]]) -> None:

@@ -12,6 +12,7 @@ from typing import Literal
 import lightning as L
 import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
+from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor, nn
 
 from asr.checkpoint import RECOGNIZER_KEY, checkpoint_payload
@@ -19,11 +20,12 @@ from asr.data.augment import WaveAugment, WaveAugmenter
 from asr.data.dataset import Batch, SpeechDataset, collate, round_up, set_loader_epoch
 from asr.data.manifest import format_bad_entries, validate_manifest
 from asr.data.sampler import DynamicBucketSampler, LengthGrid
+from asr.finetune import init_from as init_model_from
 from asr.metrics import ErrorCounts, char_errors, word_errors
 from asr.models.dropout import use_fast_dropout
 from asr.models.seq2seq import LossOutput, build_seq2seq
-from asr.recognizer import BF16_STEP_ROWS
-from asr.search import Hypothesis, greedy_search
+from asr.recognizer import BF16_STEP_ROWS, frame_timing, model_sample_rate
+from asr.search import Hypothesis, fastest_speech, greedy_search, length_bound
 from asr.segment import segment_seconds_for
 from asr.text import Tokenizer
 
@@ -49,7 +51,9 @@ class ASRModule(L.LightningModule):
         label_smoothing: label smoothing of the attention cross-entropy.
         optimizer: optimizer factory over the parameters.
         lr_scheduler: optional schedule factory, stepped every optimizer step.
-        max_len_ratio: greedy validation emits at most `ratio * encoder frames` tokens.
+        max_len_ratio: greedy validation emits at most `ratio * encoder frames` tokens, or
+            what the training set's fastest speech needs where that is more
+            (`asr.search.length_bound`; the rate is stored in checkpoints for decoding).
         plot_utterances: cross-attention plots of this many fixed validation utterances.
         plot_every_n_epochs: plot after every n-th epoch (epochs n - 1, 2n - 1, ...: with
             n = 10 and 210 epochs, the last epoch is plotted).
@@ -58,6 +62,11 @@ class ASRModule(L.LightningModule):
             moments untouched) and counted in `train/skipped_steps`.
         fast_dropout: train with `asr.models.dropout.FastDropout`, whose CPU masks cost a
             quarter of the random numbers (docs/performance.md); the model is unchanged.
+        init_from: start from this trained recognizer (checkpoint, package or hf://owner/name)
+            instead of random weights: `asr.finetune` copies what matches, remaps the
+            vocabulary layers to a different tokenizer, and logs what it re-initialised.
+        freeze_encoder_steps: the frontend and encoder stay as they are for this many
+            optimizer steps (fine-tuning: the new output layers settle first).
     """
 
     def __init__(
@@ -76,8 +85,12 @@ class ASRModule(L.LightningModule):
         plot_every_n_epochs: int = 1,
         max_nonfinite_steps: int = 10,
         fast_dropout: bool = False,
+        init_from: str | None = None,
+        freeze_encoder_steps: int = 0,
     ):
         super().__init__()
+        if freeze_encoder_steps < 0:
+            raise ValueError(f"freeze_encoder_steps must be >= 0, got {freeze_encoder_steps}")
         if plot_every_n_epochs < 1:
             raise ValueError(f"plot_every_n_epochs must be >= 1, got {plot_every_n_epochs}")
         self.save_hyperparameters(
@@ -87,6 +100,10 @@ class ASRModule(L.LightningModule):
         if fast_dropout:
             use_fast_dropout(self.model)
         self.tokenizer = Tokenizer.load(tokenizer) if tokenizer else None
+        if init_from:
+            if self.tokenizer is None:
+                raise ValueError("init_from needs the tokenizer (linked from the data module)")
+            rank_zero_info(init_model_from(self.model, init_from, self.tokenizer).summary())
         self.optimizer_factory = optimizer
         self.scheduler_factory = lr_scheduler
         self.model_config: dict | None = None  # set by the CLI; embedded in checkpoints
@@ -96,11 +113,13 @@ class ASRModule(L.LightningModule):
         self._nonfinite_streak = 0
         self._grad_norm: Tensor | None = None  # this step's, for clipping to reuse
         self._resume_rng: dict | None = None  # RNG state to restore at the next train batch
+        self._tokens_per_second: float | None = None  # the training set's fastest speech
+        self._encoder_timing: tuple[float, float] | None = None  # `frame_timing`, measured once
 
     def forward(self, waves: Tensor, wave_lens: Tensor) -> list[list[int]]:
         """Greedy transcription of a padded batch: token ids per utterance."""
         enc, enc_lens = self.model.encode(waves, wave_lens)
-        hyps = greedy_search(self.model.decoder, enc, enc_lens, self.hparams.max_len_ratio)
+        hyps = greedy_search(self.model.decoder, enc, enc_lens, *self._length_bound())
         return [h.tokens for h in hyps]
 
     def batch_loss(self, batch: Batch) -> LossOutput:
@@ -126,6 +145,10 @@ class ASRModule(L.LightningModule):
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         self._grad_norm = None
+        if self.global_step < self.hparams.freeze_encoder_steps:
+            # Gradients dropped, not switched off: DDP needs the same parameters every step.
+            for p in (*self.model.frontend.parameters(), *self.model.encoder.parameters()):
+                p.grad = None  # optimizers skip parameters without gradients
         if _uses_grad_scaler(self.trainer):
             return  # fp16: the GradScaler skips inf steps and adapts its scale itself
         grads = [p.grad for p in _parameters(optimizer) if p.grad is not None]
@@ -199,11 +222,38 @@ class ASRModule(L.LightningModule):
         `BF16_STEP_ROWS` utterances, as `Recognizer.search` runs them: small bf16 steps cost
         more than they save."""
         device = enc.device.type
-        ratio = self.hparams.max_len_ratio
+        bound = self._length_bound()
         if not torch.is_autocast_enabled(device) or len(enc) >= BF16_STEP_ROWS:
-            return greedy_search(self.model.decoder, enc, enc_lens, ratio)
+            return greedy_search(self.model.decoder, enc, enc_lens, *bound)
         with torch.autocast(device, enabled=False):
-            return greedy_search(self.model.decoder, enc.float(), enc_lens, ratio)
+            return greedy_search(self.model.decoder, enc.float(), enc_lens, *bound)
+
+    def _length_bound(self) -> tuple[float, int]:
+        """Validation's output bound: `max_len_ratio`, raised to what the fastest training
+        speech needs (`length_bound`)."""
+        rate = self._fastest_speech()
+        if rate is None:
+            return self.hparams.max_len_ratio, 0
+        if self._encoder_timing is None:
+            rate_hz = model_sample_rate(self.model)
+            self._encoder_timing = frame_timing(self.model.encode, rate_hz, self.device)
+        return length_bound(self.hparams.max_len_ratio, 0, rate, *self._encoder_timing)
+
+    def _fastest_speech(self) -> float | None:
+        """`fastest_speech` of the training set at its fastest speed factor; None without one."""
+        if self._tokens_per_second is None:
+            train = self._train_dataset()
+            if train is not None:
+                counts = [len(self.tokenizer.encode(u.text)) for u in train.utterances]
+                speed = max(train.speed_perturb, default=1.0)
+                self._tokens_per_second = fastest_speech(counts, train.durations, speed)
+        return self._tokens_per_second
+
+    def _train_dataset(self) -> SpeechDataset | None:
+        """The data module's training set, or None (no trainer, data module or set)."""
+        trainer = self._trainer
+        train = getattr(getattr(trainer, "datamodule", None), "datasets", {}).get("train")
+        return train if train is not None and len(train) else None
 
     @property
     def _eval_stage(self) -> str:
@@ -292,7 +342,10 @@ class ASRModule(L.LightningModule):
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         if self.model_config is not None and self.tokenizer is not None:
             checkpoint[RECOGNIZER_KEY] = checkpoint_payload(
-                self.model_config, self.tokenizer, segment_seconds=self._segment_seconds()
+                self.model_config,
+                self.tokenizer,
+                segment_seconds=self._segment_seconds(),
+                tokens_per_second=self._fastest_speech(),
             )
         if self.trainer.state.fn == "fit":
             checkpoint["rng"] = {"torch": torch.get_rng_state()}
@@ -302,9 +355,8 @@ class ASRModule(L.LightningModule):
 
     def _segment_seconds(self) -> float | None:
         """`segment_seconds_for` the training set, or None without one (no datamodule)."""
-        datasets = getattr(self.trainer.datamodule, "datasets", {})
-        train = datasets.get("train")
-        return None if train is None or not len(train) else segment_seconds_for(train.durations)
+        train = self._train_dataset()
+        return None if train is None else segment_seconds_for(train.durations)
 
     def on_train_batch_start(self, batch: Batch, batch_idx: int) -> None:
         # Dropout and SpecAugment continue exactly where the saved run stopped. (Loaders draw

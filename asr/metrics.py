@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -65,3 +66,96 @@ def word_errors(refs: Sequence[str], hyps: Sequence[str]) -> ErrorCounts:
 def char_errors(refs: Sequence[str], hyps: Sequence[str]) -> ErrorCounts:
     """Character-level edit counts, spaces included as jiwer does (CER = `.rate`)."""
     return _counts(refs, hyps, chars=True)
+
+
+# --------------------------------------------------------------------------- confidence
+
+
+@dataclass(frozen=True)
+class ConfidenceBin:
+    """Words whose confidence lies in `[lower, upper)` (the last bin includes 1)."""
+
+    lower: float
+    upper: float
+    words: int
+    mean_confidence: float | None  # None for an empty bin
+    accuracy: float | None  # the share of them that are right
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """How well word confidences predict which words are right (`word_calibration`)."""
+
+    words: int
+    accuracy: float  # the share of all words that are right
+    ece: float  # expected calibration error: |accuracy - confidence| per bin, word-weighted
+    auc: float | None  # ROC area telling right words from wrong; None without both kinds
+    bins: list[ConfidenceBin]
+
+
+def hypothesis_word_correct(ref: str, hyp: str) -> list[bool]:
+    """Per hypothesis word, whether the word alignment with `ref` matches it to an equal
+    reference word (substitutions and insertions are wrong).
+
+    >>> hypothesis_word_correct("a b c", "a x c d")
+    [True, False, True, False]
+    """
+    words = hyp.split()
+    if not words:
+        return []
+    if not ref.split():
+        return [False] * len(words)
+    correct = [False] * len(words)
+    for chunk in jiwer.process_words(ref, hyp).alignments[0]:
+        if chunk.type == "equal":
+            correct[chunk.hyp_start_idx : chunk.hyp_end_idx] = [True] * (
+                chunk.hyp_end_idx - chunk.hyp_start_idx
+            )
+    return correct
+
+
+def roc_auc(scores: Sequence[float], positive: Sequence[bool]) -> float | None:
+    """Area under the ROC curve: the probability that a random positive scores above a
+    random negative (ties count half). None without both positives and negatives.
+
+    >>> roc_auc([0.9, 0.8, 0.3, 0.8], [True, True, False, False])
+    0.875
+    """
+    pos = [s for s, p in zip(scores, positive, strict=True) if p]
+    neg = [s for s, p in zip(scores, positive, strict=True) if not p]
+    if not pos or not neg:
+        return None
+    ranked = sorted(neg)
+    wins = 0.0
+    for s in pos:
+        below = bisect.bisect_left(ranked, s)
+        ties = bisect.bisect_right(ranked, s) - below
+        wins += below + 0.5 * ties
+    return wins / (len(pos) * len(neg))
+
+
+def word_calibration(
+    confidences: Sequence[float], correct: Sequence[bool], num_bins: int = 10
+) -> Calibration:
+    """Reliability of word confidences in `num_bins` equal-width bins over [0, 1].
+
+    >>> c = word_calibration([0.95, 0.9, 0.2, 0.1], [True, True, False, True], num_bins=2)
+    >>> (c.accuracy, round(c.ece, 3), c.auc, [b.words for b in c.bins])
+    (0.75, 0.212, 0.6666666666666666, [2, 2])
+    """
+    if len(confidences) != len(correct):
+        raise ValueError(f"{len(confidences)} confidences but {len(correct)} labels")
+    if num_bins < 1:
+        raise ValueError(f"num_bins must be >= 1, got {num_bins}")
+    members: list[list[int]] = [[] for _ in range(num_bins)]
+    for i, c in enumerate(confidences):
+        members[min(int(c * num_bins), num_bins - 1)].append(i)
+    bins, ece, total = [], 0.0, len(confidences)
+    for k, idx in enumerate(members):
+        conf = sum(confidences[i] for i in idx) / len(idx) if idx else None
+        acc = sum(bool(correct[i]) for i in idx) / len(idx) if idx else None
+        if idx:
+            ece += len(idx) / total * abs(acc - conf)
+        bins.append(ConfidenceBin(k / num_bins, (k + 1) / num_bins, len(idx), conf, acc))
+    accuracy = sum(map(bool, correct)) / total if total else 0.0
+    return Calibration(total, accuracy, ece, roc_auc(confidences, correct), bins)

@@ -86,6 +86,19 @@ def colored_noise(num_samples: int, color: str, rng: np.random.Generator) -> Ten
     return noise / power(noise).sqrt().clamp(min=1e-10).float()
 
 
+def pad_silence(wave: Tensor, seconds: float, sample_rate: int, rng: np.random.Generator) -> Tensor:
+    """`wave` with digital silence around it: a random total of 0 to `seconds`, split at
+    random between before and after.
+
+    >>> padded = pad_silence(torch.ones(10), 1.0, 100, np.random.default_rng(0))
+    >>> padded.numel() >= 10, float(padded.sum())
+    (True, 10.0)
+    """
+    total = round(float(rng.uniform(0.0, seconds)) * sample_rate)
+    before = round(float(rng.uniform(0.0, 1.0)) * total)
+    return torch.nn.functional.pad(wave, (before, total - before))
+
+
 def fit_length(noise: Tensor, num_samples: int, rng: np.random.Generator) -> Tensor:
     """`noise` cut or repeated to `num_samples`, starting at a random offset."""
     if noise.numel() == 0:
@@ -95,14 +108,19 @@ def fit_length(noise: Tensor, num_samples: int, rng: np.random.Generator) -> Ten
     return noise.repeat(repeats)[start : start + num_samples]
 
 
-def add_noise(wave: Tensor, noise: Tensor, snr_db: float) -> Tensor:
-    """`wave` plus `noise` (same length) scaled to a signal-to-noise ratio of `snr_db`.
+def add_noise(
+    wave: Tensor, noise: Tensor, snr_db: float, reference: Tensor | None = None
+) -> Tensor:
+    """`wave` plus `noise` (same length) scaled to a signal-to-noise ratio of `snr_db`,
+    the signal's power being `reference`'s (default: `wave`'s; e.g. the speech before
+    silence was added around it).
 
-    A silent `wave` or `noise` is returned unchanged: there is no level to set the ratio by.
+    A silent signal or `noise` is returned unchanged: there is no level to set the ratio by.
     """
     if noise.shape != wave.shape:
         raise ValueError(f"noise {tuple(noise.shape)} and wave {tuple(wave.shape)} differ")
-    signal, noise_power = float(power(wave)), float(power(noise))
+    signal = float(power(wave if reference is None else reference))
+    noise_power = float(power(noise))
     if signal <= _POWER_FLOOR or noise_power <= _POWER_FLOOR:
         return wave.clone()
     scale = math.sqrt(signal / (noise_power * 10 ** (snr_db / 10)))

@@ -17,6 +17,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from torch import Tensor
 
+from asr.metrics import Calibration
 from asr.models.transformer import TransformerDecoder
 from asr.timing import Word, check_seconds_per_frame
 
@@ -160,6 +161,31 @@ def _draw_words(ax: Axes, words: Sequence[Word], label: bool) -> None:
             middle = 0.5 * (word.start + word.end)
             ax.text(middle, 1.01, word.text, transform=ax.get_xaxis_transform(),
                     ha="center", va="bottom", fontsize=7)  # fmt: skip
+
+
+def plot_reliability(calibration: Calibration, title: str = "") -> Figure:
+    """Reliability diagram: per confidence bin, the share of its words that are right (bars)
+    against the diagonal of perfect calibration, with the words per bin below."""
+    fig = Figure(figsize=(5, 6))
+    top, bottom = fig.subplots(2, 1, height_ratios=[3, 1], sharex=True)
+    width = 1.0 / len(calibration.bins)
+    filled = [b for b in calibration.bins if b.words]
+    top.bar([b.lower for b in filled], [b.accuracy for b in filled], width=width, align="edge",
+            edgecolor="black", label="share right")  # fmt: skip
+    top.plot([0, 1], [0, 1], "k--", label="calibrated")
+    top.set_ylabel("words right")
+    top.set_ylim(0, 1)
+    auc = "n/a" if calibration.auc is None else f"{calibration.auc:.3f}"
+    top.set_title(title or f"ECE {calibration.ece:.3f}, ROC AUC {auc}, {calibration.words} words")
+    top.legend(loc="upper left")
+    bottom.bar([b.lower for b in calibration.bins], [b.words for b in calibration.bins],
+               width=width, align="edge", edgecolor="black")  # fmt: skip
+    bottom.set_yscale("symlog")
+    bottom.set_xlabel("word confidence")
+    bottom.set_ylabel("words")
+    bottom.set_xlim(0, 1)
+    fig.tight_layout()
+    return fig
 
 
 def save_figure(fig: Figure, path: str) -> None:

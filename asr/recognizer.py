@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import math
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields, replace
@@ -36,11 +37,12 @@ from asr.checkpoint import (
     read_payload,
     submodule_weights,
 )
+from asr.guard import REPAIR_CTC_WEIGHT, ctc_greedy_length, cut_loop, failure
 from asr.models.lm import build_lm
 from asr.models.seq2seq import Seq2Seq, build_seq2seq
 from asr.package import read_recognizer
 from asr.precision import autocast, check_precision
-from asr.results import Alignment, BatchResult, Decoded, Segment, Transcript
+from asr.results import Alignment, Alternative, BatchResult, Decoded, Segment, Transcript
 from asr.search import (
     DEFAULT_CTC_WEIGHT,
     Hypothesis,
@@ -48,9 +50,11 @@ from asr.search import (
     SearchOptions,
     beam_search,
     greedy_search,
+    length_bound,
+    max_output_length,
 )
 from asr.segment import SegmenterOptions
-from asr.text import SOS_EOS_ID, SPECIAL_PIECES, Tokenizer
+from asr.text import BLANK_ID, PAD_ID, SOS_EOS_ID, SPECIAL_PIECES, Tokenizer
 from asr.timing import (
     TokenTimes,
     Word,
@@ -63,9 +67,9 @@ from asr.transcribe import TRANSCRIBE_BATCH_SIZE, transcribe_sources
 log = logging.getLogger(__name__)
 
 TIMESTAMP_METHODS = ("attention", "ctc")
-# The `SearchOptions` fields `transcribe` takes as keywords: all but nbest, since search keeps
-# only the best hypothesis.
-SEARCH_KEYWORDS = tuple(f.name for f in fields(SearchOptions) if f.name != "nbest")
+# The `SearchOptions` fields `transcribe` takes as keywords. A recognizer keeps `nbest`
+# hypotheses per segment, the best and `nbest - 1` alternatives; None: the best alone.
+SEARCH_KEYWORDS = tuple(f.name for f in fields(SearchOptions))
 MEASURE_SECONDS = 12  # extra audio `frame_seconds` measures over (divisible by common hops)
 
 # Search steps run in bf16 from this many rows (batch x beam) on: below it, small bf16 matmuls
@@ -96,6 +100,10 @@ class Recognizer:
     # in the checkpoint (`asr set-decoding`); None: `SearchOptions()`, with CTC weight
     # `DEFAULT_CTC_WEIGHT` where the model has a CTC head.
     decoding: SearchOptions | None = None
+    # Tokens per second (eos included) of the fastest training utterance, speed perturbation
+    # included (`asr.search.fastest_speech`, stored by `asr fit`): searches may emit
+    # `RATE_MARGIN` times this whatever `max_len_ratio` says. None: `max_len_ratio` alone.
+    tokens_per_second: float | None = None
 
     def __post_init__(self) -> None:
         check_precision(self.precision)
@@ -120,29 +128,28 @@ class Recognizer:
 
     @cached_property
     def frame_seconds(self) -> float:
-        """Seconds per encoder frame, measured: the frames `encode` adds for 12 s more audio.
+        """Seconds per encoder frame, measured (`frame_timing`)."""
+        return self._encoder_timing[0]
 
-        Exact for every frontend hop and encoder subsampling that divide 12 s of frames,
-        and needs no knowledge of either.
-        """
-        return self._measure_seconds_per_frame(self.model.encode)
+    @cached_property
+    def _encoder_timing(self) -> tuple[float, float]:
+        return frame_timing(self.model.encode, self.sample_rate, self.device, self.checkpoint)
 
     @cached_property
     def feature_seconds(self) -> float:
         """Seconds per feature frame (the frontend's hop), measured like `frame_seconds`."""
-        return self._measure_seconds_per_frame(self.model.frontend)
+        return frame_timing(self.model.frontend, self.sample_rate, self.device, self.checkpoint)[0]
 
-    @torch.inference_mode()
-    def _measure_seconds_per_frame(self, module: Callable[[Tensor, Tensor], Any]) -> float:
-        short, extra = self.sample_rate, MEASURE_SECONDS * self.sample_rate
-        lens = torch.tensor([short, short + extra], device=self.device)
-        _, out_lens = module(torch.zeros(2, short + extra, device=self.device), lens)
-        frames = int(out_lens[1] - out_lens[0])
-        if frames <= 0:
-            raise ValueError(
-                f"{self.checkpoint}: the model's output length does not grow with audio"
-            )
-        return round(MEASURE_SECONDS / frames, 9)
+    def bounded(self, options: SearchOptions) -> SearchOptions:
+        """`options` with the output bound raised to what the fastest training speech needs
+        (`asr.search.length_bound`)."""
+        if self.tokens_per_second is None:
+            return options
+        asked = (options.max_len_ratio, options.max_len_extra)
+        bound = length_bound(*asked, self.tokens_per_second, *self._encoder_timing)
+        if bound == asked:
+            return options
+        return replace(options, max_len_ratio=bound[0], max_len_extra=bound[1])
 
     # ------------------------------------------------------------------ decoding
 
@@ -156,6 +163,7 @@ class Recognizer:
         lm: LanguageModel | None = None,
         batch_size: int = TRANSCRIBE_BATCH_SIZE,
         segmenter: SegmenterOptions | None = None,
+        vad: str | None = None,
         **search: Any,
     ) -> Transcript:
         """Transcribe one recording of any length.
@@ -179,6 +187,8 @@ class Recognizer:
             lm: language model for shallow fusion (with `lm_weight > 0`).
             batch_size: segments of long audio decoded together.
             segmenter: how long audio is split; None uses `self.segmenter()`.
+            vad: what finds the speech to cut long audio at: "energy" or "silero" (Silero VAD,
+                which also drops inputs without speech); None: `segmenter`'s ("energy").
             **search: `SearchOptions` fields (`SEARCH_KEYWORDS`: beam_size, ctc_weight,
                 lm_weight, length_bonus, max_len_ratio, ...) set over `options`.
 
@@ -199,6 +209,7 @@ class Recognizer:
             lm=lm,
             batch_size=batch_size,
             segmenter=segmenter,
+            vad=vad,
             **search,
         )
         return result.transcript_or_raise()
@@ -213,6 +224,7 @@ class Recognizer:
         lm: LanguageModel | None = None,
         batch_size: int = TRANSCRIBE_BATCH_SIZE,
         segmenter: SegmenterOptions | None = None,
+        vad: str | None = None,
         **search: Any,
     ) -> list[BatchResult]:
         """Transcribe several recordings, decoding up to `batch_size` segments together
@@ -245,7 +257,7 @@ class Recognizer:
             lm=lm,
             timestamps=word_timestamps,
             batch_size=batch_size,
-            segmenter=segmenter,
+            segmenter=_with_vad(segmenter or self.segmenter(), vad),
         )
 
     def search_options(self, options: SearchOptions | None = None, **changes: Any) -> SearchOptions:
@@ -281,27 +293,113 @@ class Recognizer:
         self.check_options(options, lm)
         if not waves:
             return []
+        options = self.bounded(options)
         with torch.inference_mode(), autocast(self.device, self.precision):
             enc, enc_lens = self.model.encode(*self._pad(waves))
             ctc = self.model.ctc(enc).float() if self.model.ctc is not None else None  # (B, T, V)
+        nbests, token_logp, eos_first = self._decode(enc, enc_lens, ctc, options, lm)
+        repaired: list[str | None] = [None] * len(waves)
+        if options.repair:
+            self._repair(nbests, token_logp, repaired, (enc, enc_lens, ctc), options, lm)
+        no_speech = eos_first if ctc is None else _empty_ctc_log_prob(ctc, enc_lens)
+        return [
+            Decoded(
+                nbest[0],
+                None if ctc is None else ctc[b, : int(enc_lens[b])].cpu(),
+                len(waves[b]),
+                token_logp[b],
+                float(no_speech[b].exp()),
+                nbest[1:],
+                repaired[b],
+            )
+            for b, nbest in enumerate(nbests)
+        ]
+
+    def _decode(
+        self,
+        enc: Tensor,
+        enc_lens: Tensor,
+        ctc: Tensor | None,
+        options: SearchOptions,
+        lm: LanguageModel | None,
+    ) -> tuple[list[list[Hypothesis]], list[Tensor], Tensor]:
+        """The n-best lists of a batch, the best's token log-probabilities and the log-
+        probability of eos first (`_token_log_probs`)."""
         greedy = options.beam_size == 1 and options.ctc_weight == 0 and options.lm_weight == 0
-        rows = len(waves) * (1 if greedy else options.beam_size)
+        rows = len(enc) * (1 if greedy else options.beam_size)
         bf16_steps = self.precision == "bf16" and rows >= BF16_STEP_ROWS
         # In bf16, autocast reuses its bf16 copies of the weights from step to step only
         # outside inference mode.
         with autocast(self.device, "bf16") if bf16_steps else torch.inference_mode():
             enc = enc if bf16_steps else enc.float()
             if greedy:
-                hyps = greedy_search(self.model.decoder, enc, enc_lens, options.max_len_ratio)
+                bound = options.max_len_ratio, options.max_len_extra
+                nbests = [[h] for h in greedy_search(self.model.decoder, enc, enc_lens, *bound)]
             else:
-                best = replace(options, nbest=1)  # only the best is kept: backtrack only it
-                nbest = beam_search(self.model.decoder, enc, enc_lens, best, ctc, lm)
+                kept = replace(options, nbest=options.nbest or 1)  # backtrack only those kept
+                nbests = beam_search(self.model.decoder, enc, enc_lens, kept, ctc, lm)
                 empty = partial(_empty_hypothesis, self.model.decoder)
-                hyps = [n[0] if n else empty(int(t)) for n, t in zip(nbest, enc_lens)]
-        return [
-            Decoded(hyp, None if ctc is None else ctc[b, : int(enc_lens[b])].cpu(), len(waves[b]))
-            for b, hyp in enumerate(hyps)
-        ]
+                nbests = [n or [empty(int(t))] for n, t in zip(nbests, enc_lens)]
+            best = [n[0] for n in nbests]
+            token_logp, eos_first = self._token_log_probs(enc, enc_lens, best)  # as the steps
+        return nbests, token_logp, eos_first
+
+    def _repair(
+        self,
+        nbests: list[list[Hypothesis]],
+        token_logp: list[Tensor],
+        repaired: list[str | None],
+        encoded: tuple[Tensor, Tensor, Tensor | None],
+        options: SearchOptions,
+        lm: LanguageModel | None,
+    ) -> None:
+        """Decode again the utterances whose best hypothesis shows an attention failure
+        (`asr.guard.failure`), with the CTC head weighted `REPAIR_CTC_WEIGHT`; without one,
+        cut loops after their first copy. Where that changes the hypothesis, it replaces the
+        n-best list and the failure is named in `repaired` (all three lists in place)."""
+        enc, enc_lens, ctc = encoded
+        limits = max_output_length(enc_lens, options.max_len_ratio, options.max_len_extra)
+        failed = {}
+        for b, nbest in enumerate(nbests):
+            ctc_length = None if ctc is None else ctc_greedy_length(ctc[b, : int(enc_lens[b])])
+            why = failure(nbest[0].tokens, int(limits[b]), ctc_length)
+            if why is not None:
+                failed[b] = why
+        if not failed:
+            return
+        rows = torch.tensor(sorted(failed), device=enc_lens.device)
+        if ctc is not None:
+            # Every token is CTC-scored: a pre-beam by attention would keep the loop's.
+            weight = max(options.ctc_weight, REPAIR_CTC_WEIGHT)
+            again = replace(options, ctc_weight=weight, pre_beam_ratio=None)
+            fixed, fixed_logp, _ = self._decode(enc[rows], enc_lens[rows], ctc[rows], again, lm)
+        else:
+            cut = [_cut_loop(nbests[b][0]) for b in rows.tolist()]
+            fixed = [[h] for h in cut]
+            fixed_logp, _ = self._token_log_probs(enc[rows], enc_lens[rows], cut)
+        for k, b in enumerate(rows.tolist()):
+            ended = math.isfinite(fixed[k][0].score)  # not the empty stand-in of no hypothesis
+            if ended and fixed[k][0].tokens != nbests[b][0].tokens:
+                nbests[b], token_logp[b], repaired[b] = fixed[k], fixed_logp[k], failed[b]
+
+    @torch.inference_mode()
+    def _token_log_probs(
+        self, enc: Tensor, enc_lens: Tensor, hyps: Sequence[Hypothesis]
+    ) -> tuple[list[Tensor], Tensor]:
+        """The decoder's log-probability of each hypothesis's tokens and eos, by teacher
+        forcing, `(L_b + 1,)` each on the CPU, and of eos as the first token `(B,)`."""
+        lens = [len(h.tokens) for h in hyps]
+        ys = torch.full((len(hyps), max(lens) + 1), PAD_ID, device=enc.device)
+        ys[:, 0] = SOS_EOS_ID
+        targets = torch.full_like(ys, PAD_ID)
+        for b, hyp in enumerate(hyps):
+            ys[b, 1 : lens[b] + 1] = torch.tensor(hyp.tokens, device=enc.device)
+            targets[b, : lens[b]] = ys[b, 1 : lens[b] + 1]
+            targets[b, lens[b]] = SOS_EOS_ID
+        logits, _ = self.model.decoder(enc, enc_lens, ys)
+        logp = logits.float().log_softmax(-1)
+        picked = logp.gather(2, targets[..., None]).squeeze(2).cpu()
+        return [picked[b, : n + 1] for b, n in enumerate(lens)], logp[:, 0, SOS_EOS_ID].cpu()
 
     def check_options(
         self,
@@ -341,16 +439,33 @@ class Recognizer:
         times = self.token_times(decoded, timestamps)
         pieces = self.tokenizer.pieces(hyp.tokens)
         text = self.tokenizer.decode(hyp.tokens)
+        probs = decoded.token_probs
+        alternatives = [
+            Alternative(self.tokenizer.decode(h.tokens), list(h.tokens), h.score)
+            for h in decoded.alternatives
+        ]
+        segment = Segment(
+            0.0,
+            duration,
+            text,
+            hyp.score,
+            decoded.avg_logprob,
+            decoded.no_speech_prob,
+            alternatives,
+            decoded.repaired,
+        )
         return Transcript(
             text=text,
             tokens=list(hyp.tokens),
             pieces=pieces,
             token_starts=np.minimum(times.start, duration).tolist(),
             token_ends=np.minimum(times.end, duration).tolist(),
-            words=self._words(pieces, times, duration),
+            words=self._words(pieces, times, duration, probs or None),
             score=hyp.score,
             duration=duration,
-            segments=[Segment(0.0, duration, text, hyp.score)],
+            segments=[segment],
+            token_probs=probs,
+            avg_logprob=decoded.avg_logprob,
         )
 
     def words(
@@ -359,7 +474,8 @@ class Recognizer:
         """Word times of a decoded hypothesis (arguments as `token_times`)."""
         pieces = self.tokenizer.pieces(decoded.hypothesis.tokens)
         times = self.token_times(decoded, timestamps, fallback)
-        return self._words(pieces, times, decoded.num_samples / self.sample_rate)
+        duration = decoded.num_samples / self.sample_rate
+        return self._words(pieces, times, duration, decoded.token_probs or None)
 
     def token_times(
         self, decoded: Decoded, timestamps: str = "attention", fallback: bool = True
@@ -447,8 +563,15 @@ class Recognizer:
             feature_seconds=self.feature_seconds,
         )
 
-    def _words(self, pieces: list[str], times: TokenTimes, duration: float) -> list[Word]:
-        return [_clamped(w, duration) for w in word_timestamps(_word_pieces(pieces), times)]
+    def _words(
+        self,
+        pieces: list[str],
+        times: TokenTimes,
+        duration: float,
+        probs: Sequence[float] | None = None,
+    ) -> list[Word]:
+        words = word_timestamps(_word_pieces(pieces), times, probs)
+        return [_clamped(w, duration) for w in words]
 
     def load(self, audio: AudioInput, sample_rate: int | None = None) -> Tensor:
         """A file path or a waveform as a mono float32 tensor `(S,)` at `sample_rate`."""
@@ -481,6 +604,27 @@ def _empty_hypothesis(decoder: nn.Module, num_frames: int) -> Hypothesis:
     return Hypothesis([], float("-inf"), attention)
 
 
+def _with_vad(segmenter: SegmenterOptions, vad: str | None) -> SegmenterOptions:
+    return segmenter if vad is None else replace(segmenter, vad=vad)
+
+
+def _cut_loop(hyp: Hypothesis) -> Hypothesis:
+    """`hyp` with its loop cut after the first copy (`asr.guard.cut_loop`); its attention
+    keeps the steps of the tokens kept and the last step's, as eos."""
+    tokens = cut_loop(hyp.tokens)
+    if len(tokens) == len(hyp.tokens):
+        return hyp
+    attention = torch.cat([hyp.attention[:, : len(tokens)], hyp.attention[:, -1:]], dim=1)
+    return Hypothesis(tokens, hyp.score, attention)
+
+
+def _empty_ctc_log_prob(ctc_log_probs: Tensor, enc_lens: Tensor) -> Tensor:
+    """`(B,)` the CTC log-probability of the empty transcript: blank at every valid frame."""
+    blank = ctc_log_probs[..., BLANK_ID]  # (B, T)
+    valid = torch.arange(blank.size(1), device=blank.device)[None, :] < enc_lens[:, None]
+    return (blank * valid).sum(1).cpu()
+
+
 def _word_pieces(pieces: Sequence[str]) -> list[str]:
     """Pieces for `word_timestamps`: special tokens (`<unk>`) belong to no word."""
     return ["" if p in SPECIAL_PIECES else p for p in pieces]
@@ -488,7 +632,7 @@ def _word_pieces(pieces: Sequence[str]) -> list[str]:
 
 def _clamped(word: Word, duration: float) -> Word:
     """The word with its times cut to `[0, duration]` (the last encoder frame may overhang)."""
-    return Word(word.text, min(word.start, duration), min(word.end, duration))
+    return replace(word, start=min(word.start, duration), end=min(word.end, duration))
 
 
 def load_model(
@@ -511,11 +655,12 @@ def load_model(
     return Recognizer(
         model,
         payload_tokenizer(payload),
-        _sample_rate(model),
+        model_sample_rate(model),
         str(path),
         precision,
         payload.get("segment_seconds"),
         SearchOptions(**payload["decoding"]) if "decoding" in payload else None,
+        payload.get("tokens_per_second"),
     )
 
 
@@ -538,6 +683,32 @@ def load_lm(
     return lm.to(device).eval(), payload_tokenizer(payload)
 
 
-def _sample_rate(model: Seq2Seq) -> int:
+@torch.inference_mode()
+def frame_timing(
+    module: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]],
+    sample_rate: int,
+    device: torch.device | str = "cpu",
+    name: str = "model",
+) -> tuple[float, float]:
+    """Seconds per output frame of `module` (waves, lens) -> (frames, lens), and the seconds of
+    a 1 s input that its frames leave out (window and subsampling edges), measured: the
+    frames it adds for `MEASURE_SECONDS` more audio. Exact for every frontend hop and
+    encoder subsampling that divide them, and needs no knowledge of either.
+
+    Raises:
+        ValueError: the output does not grow with the input; the message names `name`.
+    """
+    short, extra = sample_rate, MEASURE_SECONDS * sample_rate
+    lens = torch.tensor([short, short + extra], device=device)
+    _, out_lens = module(torch.zeros(2, short + extra, device=device), lens)
+    frames = int(out_lens[1] - out_lens[0])
+    if frames <= 0:
+        raise ValueError(f"{name}: the model's output length does not grow with audio")
+    frame_seconds = round(MEASURE_SECONDS / frames, 9)
+    return frame_seconds, round(1.0 - int(out_lens[0]) * frame_seconds, 9)
+
+
+def model_sample_rate(model: Seq2Seq) -> int:
+    """The audio rate `model`'s frontend expects (16 kHz where it does not say)."""
     features = getattr(model.frontend, "features", model.frontend)
     return int(getattr(features, "sample_rate", 16000))

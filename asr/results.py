@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from torch import Tensor
@@ -11,6 +11,15 @@ from torch import Tensor
 from asr.audio import AudioError
 from asr.search import Hypothesis
 from asr.timing import Word
+
+
+@dataclass(frozen=True)
+class Alternative:
+    """A hypothesis of the n-best list other than the best."""
+
+    text: str
+    tokens: list[int]
+    score: float  # the search score, as the best hypothesis's
 
 
 @dataclass
@@ -21,6 +30,11 @@ class Segment:
     end: float
     text: str
     score: float  # the search score of its hypothesis
+    # The mean log-probability the decoder gives its tokens and eos (Whisper's avg_logprob).
+    avg_logprob: float | None = None
+    no_speech_prob: float | None = None  # see `Decoded.no_speech_prob`
+    alternatives: list[Alternative] = field(default_factory=list)  # n-best, after the best
+    repaired: str | None = None  # see `Decoded.repaired`
 
 
 @dataclass
@@ -41,31 +55,51 @@ class Transcript:
     score: float  # the search score, summed over segments
     duration: float  # seconds of audio in the input
     segments: list[Segment]
+    # The decoder's probability of each token given those before it; empty where not computed.
+    token_probs: list[float] = field(default_factory=list)
+    avg_logprob: float | None = None  # over all segments' tokens and eos
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict, times rounded to milliseconds."""
-        spans = zip(self.tokens, self.pieces, self.token_starts, self.token_ends, strict=True)
+        """A JSON-ready dict, times rounded to milliseconds, probabilities to 4 decimals."""
+        probs = self.token_probs or [None] * len(self.tokens)
+        spans = zip(
+            self.tokens, self.pieces, self.token_starts, self.token_ends, probs, strict=True
+        )
         return {
             "text": self.text,
             "duration": _ms(self.duration),
             "score": _finite(self.score),
-            "segments": [
-                {
-                    "start": _ms(s.start),
-                    "end": _ms(s.end),
-                    "text": s.text,
-                    "score": _finite(s.score),
-                }
-                for s in self.segments
-            ],
+            "avg_logprob": _rounded(self.avg_logprob),
+            "segments": [_segment_dict(s) for s in self.segments],
             "words": [
-                {"word": w.text, "start": _ms(w.start), "end": _ms(w.end)} for w in self.words
+                {"word": w.text, "start": _ms(w.start), "end": _ms(w.end)}
+                | {"probability": _rounded(w.probability)}
+                for w in self.words
             ],
             "tokens": [
                 {"id": i, "piece": p, "start": _ms(start), "end": _ms(end)}
-                for i, p, start, end in spans
+                | {"probability": _rounded(prob)}
+                for i, p, start, end, prob in spans
             ],
         }
+
+
+def _segment_dict(segment: Segment) -> dict[str, Any]:
+    out = {
+        "start": _ms(segment.start),
+        "end": _ms(segment.end),
+        "text": segment.text,
+        "score": _finite(segment.score),
+        "avg_logprob": _rounded(segment.avg_logprob),
+        "no_speech_prob": _rounded(segment.no_speech_prob),
+    }
+    if segment.repaired is not None:
+        out["repaired"] = segment.repaired
+    if segment.alternatives:
+        out["alternatives"] = [
+            {"text": a.text, "score": _finite(a.score)} for a in segment.alternatives
+        ]
+    return out
 
 
 @dataclass(frozen=True)
@@ -103,6 +137,10 @@ def _finite(value: float) -> float | None:
     return value if math.isfinite(value) else None
 
 
+def _rounded(value: float | None) -> float | None:
+    return None if value is None or not math.isfinite(value) else round(float(value), 4)
+
+
 @dataclass
 class Decoded:
     """One utterance out of `Recognizer.search`: the best hypothesis and what timing needs."""
@@ -110,6 +148,29 @@ class Decoded:
     hypothesis: Hypothesis  # its attention is `(K, L+1, T_enc)`, cut to the valid frames
     ctc_log_probs: Tensor | None  # `(T_enc, V)` on the CPU, when the model has a CTC head
     num_samples: int  # samples of the decoded audio, at the recognizer's rate
+    # `(L+1,)` the decoder's log-probability of each token given those before it, then of eos
+    # (teacher forced); None where not computed.
+    token_log_probs: Tensor | None = None
+    # The probability that the audio holds no speech: that of the empty transcript, by the
+    # CTC head where the model has one (the product of its blank posteriors), else by the
+    # decoder (eos first). Models learn it only from training data with silence.
+    no_speech_prob: float | None = None
+    alternatives: list[Hypothesis] = field(default_factory=list)  # the n-best after the best
+    # The attention failure (`asr.guard`) found in the first hypothesis and repaired by
+    # decoding again; None where there was none, or decoding again changed nothing.
+    repaired: str | None = None
+
+    @property
+    def avg_logprob(self) -> float | None:
+        """Mean of `token_log_probs` (eos included)."""
+        lp = self.token_log_probs
+        return None if lp is None else float(lp.mean())
+
+    @property
+    def token_probs(self) -> list[float]:
+        """The tokens' probabilities (eos left out); empty without `token_log_probs`."""
+        lp = self.token_log_probs
+        return [] if lp is None else lp[:-1].exp().tolist()
 
 
 @dataclass

@@ -40,6 +40,7 @@ from asr.search import LanguageModel, SearchOptions
 BABBLE_TALKERS = 5  # utterances summed into one babble signal
 CONDITION_KINDS = (
     "clean",
+    "pad",
     "level",
     *perturb.NOISE_COLORS,
     "babble",
@@ -64,25 +65,35 @@ DEFAULT_CONDITIONS = (
     "speed:0.9",
     "speed:1.1",
 )
-_UNITS = {"level": " dB", "reverb": " s RT60", "speed": "x"} | {
+_UNITS = {"level": " dB", "reverb": " s RT60", "speed": "x", "pad": " s"} | {
     kind: " dB SNR" for kind in (*perturb.NOISE_COLORS, "babble")
 }
 
 
 @dataclass(frozen=True)
 class Condition:
-    """One recording condition: a kind and its setting (dB, dB SNR, seconds or factor).
+    """One recording condition: a kind and its setting (dB, dB SNR, seconds or factor),
+    possibly followed by others (`then`): "pad:10+white:10" is up to 10 s of silence around
+    the utterance, then white noise over all of it at 10 dB SNR to the speech.
 
     >>> Condition.parse("babble:10").label, Condition.parse("level:-20").slug
     ('babble 10 dB SNR', 'level-20')
+    >>> Condition.parse("pad:10+white:0").label, Condition.parse("pad:10+white:0").slug
+    ('pad 0-10 s + white 0 dB SNR', 'pad10+white0')
     """
 
     kind: str  # one of CONDITION_KINDS
-    value: float | None = None  # gain dB, SNR dB, RT60 s or speed factor; None for the others
+    # Gain dB, SNR dB, RT60 s, speed factor or most seconds of silence; None for the others.
+    value: float | None = None
+    then: Condition | None = None  # applied after this one
 
     @classmethod
     def parse(cls, text: str) -> Condition:
-        """`kind` or `kind:value`, e.g. "clean", "white:10", "reverb:0.6", "telephone"."""
+        """`kind` or `kind:value`, e.g. "clean", "white:10", "reverb:0.6", "telephone",
+        or several joined by "+", applied in order."""
+        first, plus, rest = text.partition("+")
+        if plus:
+            return replace(cls.parse(first), then=cls.parse(rest))
         kind, _, value = text.partition(":")
         if kind not in CONDITION_KINDS:
             raise ValueError(f"unknown condition {text!r}: kinds are {', '.join(CONDITION_KINDS)}")
@@ -94,24 +105,45 @@ class Condition:
             condition = cls(kind, float(value) if value else None)
         except ValueError:
             raise ValueError(f"condition {text!r}: {value!r} is not a number") from None
-        if kind in ("reverb", "speed") and condition.value <= 0:
+        if kind in ("reverb", "speed", "pad") and condition.value <= 0:
             raise ValueError(f"condition {text!r}: the value must be > 0")
         return condition
 
     @property
     def label(self) -> str:
         """Name in tables, e.g. "white 10 dB SNR"."""
-        return self.kind if self.value is None else f"{self.kind} {self.value:g}{_UNITS[self.kind]}"
+        own = self.kind if self.value is None else f"{self.kind} {self.value:g}{_UNITS[self.kind]}"
+        own = own.replace("pad ", "pad 0-")
+        return own if self.then is None else f"{own} + {self.then.label}"
 
     @property
     def slug(self) -> str:
         """Folder name, e.g. "white10"."""
-        return self.kind if self.value is None else f"{self.kind}{self.value:g}"
+        own = self.kind if self.value is None else f"{self.kind}{self.value:g}"
+        return own if self.then is None else f"{own}+{self.then.slug}"
 
-    def apply(self, wave: Tensor, sample_rate: int, rng: np.random.Generator, talkers) -> Tensor:
-        """`wave` `(T,)` under this condition; `talkers()` gives babble's other utterances."""
+    def apply(
+        self,
+        wave: Tensor,
+        sample_rate: int,
+        rng: np.random.Generator,
+        talkers,
+        speech: Tensor | None = None,
+    ) -> Tensor:
+        """`wave` `(T,)` under this condition and those after it; `talkers()` gives babble's
+        other utterances; noise is set relative to `speech` (default: `wave`)."""
+        out = self._apply_own(wave, sample_rate, rng, talkers, speech)
+        if self.then is None:
+            return out
+        if self.kind == "pad" and speech is None:
+            speech = wave  # later noise is relative to the speech, not to the silence
+        return self.then.apply(out, sample_rate, rng, talkers, speech)
+
+    def _apply_own(self, wave, sample_rate, rng, talkers, speech) -> Tensor:
         if self.kind == "clean":
             return wave
+        if self.kind == "pad":
+            return perturb.pad_silence(wave, self.value, sample_rate, rng)
         if self.kind == "level":
             return perturb.change_gain(wave, self.value)
         if self.kind == "speed":
@@ -124,7 +156,7 @@ class Condition:
             noise = perturb.babble(talkers(), wave.numel(), rng)
         else:
             noise = perturb.colored_noise(wave.numel(), self.kind, rng)
-        return perturb.add_noise(wave, noise, self.value)
+        return perturb.add_noise(wave, noise, self.value, speech)
 
 
 def build_condition(
@@ -243,17 +275,18 @@ def _read_stamp(folder: Path) -> dict | None:
 
 
 def robustness_table(rows: Sequence[dict[str, Any]]) -> str:
-    """A Markdown table of `robustness` rows, with each WER relative to the clean one."""
+    """A Markdown table of `robustness` rows, with each WER relative to the clean one and the
+    utterances whose attention failure was repaired (Rep, `asr.guard`)."""
     clean = next((r["wer"] for r in rows if r["condition"] == "clean"), None)
     lines = [
-        "| condition | Snt | Wrd | Sub | Del | Ins | WER | CER | WER / clean |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| condition | Snt | Wrd | Sub | Del | Ins | WER | CER | WER / clean | Rep |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         ratio = f"{r['wer'] / clean:.2f}" if clean else "-"
         lines.append(
             f"| {r['condition']} | {r['utterances']} | {r['reference_words']} | "
             f"{r['substitutions']} | {r['deletions']} | {r['insertions']} | "
-            f"{r['wer']:.1f} | {r['cer']:.1f} | {ratio} |"
+            f"{r['wer']:.1f} | {r['cer']:.1f} | {ratio} | {sum(r.get('repaired', {}).values())} |"
         )
     return "\n".join(lines) + "\n"

@@ -9,6 +9,8 @@ prefix scores (joint CTC/attention decoding, Watanabe et al. 2017) and a languag
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -69,7 +71,11 @@ class SearchOptions:
     lm_weight: float = 0.0  # shallow fusion weight; > 0 needs `lm`
     length_bonus: float = 0.0  # added per emitted token, eos included (ESPnet's "penalty")
     length_normalization: bool = False  # rank ended hypotheses by score / (tokens + 1)
-    max_len_ratio: float = 1.0  # at most ceil(ratio * enc_len) tokens, eos included
+    # At most ceil(max_len_ratio * enc_len) + max_len_extra tokens, eos included. A recognizer
+    # raises both to what the training set's fastest speech needs (`length_bound`), so that
+    # outputs are not cut short.
+    max_len_ratio: float = 1.0
+    max_len_extra: int = 0
     min_len_ratio: float = 0.0  # eos is blocked before floor(ratio * enc_len) tokens
     # eos allowed only where log p_att(eos) >= eos_threshold * max_c log p_att(c), a value >= 1
     # (Hannun et al. 2019 use 1.5); None: always allowed. Both yield to max_len_ratio.
@@ -77,6 +83,9 @@ class SearchOptions:
     # With 0 < ctc_weight < 1, CTC scores only the max(beam, int(ratio * beam)) best tokens of
     # each hypothesis by attention (+ LM) score, as ESPnet; None: all tokens (as ctc_weight 1).
     pre_beam_ratio: float | None = 1.5
+    # Recognizers only: decode again, CTC-weighted, an utterance whose hypothesis loops, runs
+    # to the length bound or disagrees with the CTC head in length (`asr.guard`).
+    repair: bool = True
 
     def __post_init__(self) -> None:
         checks = {
@@ -84,6 +93,7 @@ class SearchOptions:
             "ctc_weight must lie in [0, 1]": 0.0 <= self.ctc_weight <= 1.0,
             "lm_weight must be >= 0": self.lm_weight >= 0.0,
             "max_len_ratio must be > 0": self.max_len_ratio > 0.0,
+            "max_len_extra must be >= 0": self.max_len_extra >= 0,
             "min_len_ratio must be >= 0": self.min_len_ratio >= 0.0,
             "eos_threshold must be None or >= 1": self.eos_threshold is None
             or self.eos_threshold >= 1.0,
@@ -110,18 +120,72 @@ class SearchOptions:
         return size if size < vocab_size else None
 
 
-def max_output_length(enc_lens: Tensor, ratio: float, minimum: int = 1) -> Tensor:
-    """Per-utterance step limit: `ceil(ratio * enc_len)`, at least `minimum`.
+# Outputs may run this many times the training set's fastest speech (tokens per second):
+# faster speakers, and clips shorter than the encoder's frames suggest, are not cut short.
+RATE_MARGIN = 1.5
+
+
+def fastest_speech(
+    token_counts: Sequence[int], durations: Sequence[float], speed: float = 1.0
+) -> float | None:
+    """Tokens per second, eos included, of the fastest utterance played at `speed`; None for
+    no utterances.
+
+    >>> fastest_speech([5, 9], [0.3, 2.0])
+    20.0
+    """
+    rates = [(n + 1) / d for n, d in zip(token_counts, durations, strict=True) if d > 0]
+    return max(rates) * speed if rates else None
+
+
+def length_bound(
+    max_len_ratio: float,
+    max_len_extra: int,
+    tokens_per_second: float | None,
+    frame_seconds: float,
+    edge_seconds: float = 0.0,
+) -> tuple[float, int]:
+    """The `(max_len_ratio, max_len_extra)` to search with: those asked for, raised where
+    needed so that every utterance may emit `RATE_MARGIN * tokens_per_second` tokens per
+    second of its audio. `T` encoder frames hold `T * frame_seconds + edge_seconds` of audio:
+    the frontend's window and the encoder's subsampling leave a little out at the edges,
+    which matters for clips of a few frames.
+
+    Args:
+        max_len_ratio, max_len_extra: the bound asked for (`SearchOptions`).
+        tokens_per_second: the training set's `fastest_speech`; None: the bound asked for.
+        frame_seconds: seconds per encoder frame; edge_seconds: audio no frame accounts for.
+
+    >>> length_bound(0.5, 0, 20.0, 0.04, 0.1)
+    (1.2, 3)
+    >>> length_bound(2.0, 5, 20.0, 0.04, 0.1), length_bound(0.5, 0, None, 0.04)
+    ((2.0, 5), (0.5, 0))
+    """
+    if tokens_per_second is None:
+        return max_len_ratio, max_len_extra
+    rate = RATE_MARGIN * tokens_per_second
+    extra = math.ceil(round(rate * max(edge_seconds, 0.0), 6))
+    return max(max_len_ratio, round(rate * frame_seconds, 6)), max(max_len_extra, extra)
+
+
+def max_output_length(enc_lens: Tensor, ratio: float, extra: int = 0) -> Tensor:
+    """Per-utterance step limit: `ceil(ratio * enc_len) + extra`, at least 1.
 
     >>> max_output_length(torch.tensor([10, 3]), 0.5).tolist()
     [5, 2]
+    >>> max_output_length(torch.tensor([10, 0]), 0.5, extra=2).tolist()
+    [7, 2]
     """
-    return torch.clamp(torch.ceil(enc_lens.float() * ratio).long(), min=minimum)
+    return torch.clamp(torch.ceil(enc_lens.float() * ratio).long() + extra, min=1)
 
 
 @torch.no_grad()
 def greedy_search(
-    decoder: nn.Module, enc: Tensor, enc_lens: Tensor, max_len_ratio: float = 1.0
+    decoder: nn.Module,
+    enc: Tensor,
+    enc_lens: Tensor,
+    max_len_ratio: float = 1.0,
+    max_len_extra: int = 0,
 ) -> list[Hypothesis]:
     """Batched greedy decoding: every utterance advances one token per step.
 
@@ -132,13 +196,14 @@ def greedy_search(
     Args:
         decoder: a decoder with the step interface.
         enc: `(B, T, D)` encoder output; enc_lens `(B,)`.
-        max_len_ratio: at most `ceil(ratio * enc_len)` output tokens (eos included).
+        max_len_ratio, max_len_extra: at most `ceil(ratio * enc_len) + extra` output tokens
+            (eos included).
 
     Returns:
         One `Hypothesis` per utterance, in batch order.
     """
     batch = enc.size(0)
-    limits = max_output_length(enc_lens.to(enc.device), max_len_ratio)
+    limits = max_output_length(enc_lens.to(enc.device), max_len_ratio, max_len_extra)
     max_steps = int(limits.max()) if batch else 0
     state = decoder.init_state(enc, enc_lens)
     non_outputs = torch.tensor(NON_OUTPUT_IDS, device=enc.device)
@@ -272,7 +337,8 @@ class _Fusion:
     ) -> None:
         self.options = options
         self.non_outputs = torch.tensor(NON_OUTPUT_IDS, device=rows.device)
-        self.limits = max_output_length(enc_lens, options.max_len_ratio)[rows]  # (N,)
+        limits = max_output_length(enc_lens, options.max_len_ratio, options.max_len_extra)
+        self.limits = limits[rows]  # (N,)
         self.min_lens = torch.floor(enc_lens.float() * options.min_len_ratio).long()[rows]
         self.lm = lm if options.lm_weight > 0 else None
         self.lm_state = self.lm.init_state(rows.numel(), rows.device) if self.lm else None

@@ -54,6 +54,10 @@ class SegmenterOptions:
     # Silence kept at the edges of a segment of split audio; longer edge silence is trimmed
     # (less to decode, and nothing for the decoder to hallucinate on). None: no trimming.
     edge_silence_seconds: float | None = 0.5
+    # What finds speech: "energy" (the frame energy above) or "silero" (Silero VAD's speech
+    # probability, `asr.vad`: audio of any length, short inputs without speech give nothing).
+    vad: str = "energy"
+    vad_threshold: float = 0.5  # silero: frames at least this likely speech are speech
 
     def __post_init__(self) -> None:
         checks = {
@@ -67,6 +71,8 @@ class SegmenterOptions:
             "read_seconds must be >= frame_seconds": self.read_seconds >= self.frame_seconds,
             "edge_silence_seconds must be None or >= 0": self.edge_silence_seconds is None
             or self.edge_silence_seconds >= 0,
+            "vad must be 'energy' or 'silero'": self.vad in ("energy", "silero"),
+            "vad_threshold must lie in (0, 1)": 0.0 < self.vad_threshold < 1.0,
         }
         for message, ok in checks.items():
             if not ok:
@@ -95,6 +101,7 @@ class AudioSource(Protocol):
     """One input to transcribe: a file read in pieces, or a waveform in memory."""
 
     name: str
+    sample_rate: int  # of what `read` returns
 
     @property
     def duration(self) -> float: ...
@@ -362,7 +369,16 @@ def _trimmed(span: Span, loud: np.ndarray, frame_seconds: float, keep: float) ->
 
 
 def segment_source(source: AudioSource, options: SegmenterOptions) -> list[Span]:
-    """The segments of one input (one span for audio no longer than the maximum)."""
+    """The segments of one input: one span for audio no longer than the maximum (by the
+    energy splitter), none for audio in which Silero VAD finds no speech."""
+    if options.vad == "silero":
+        from asr.vad import SPEECH_DB, speech_probabilities, speech_track
+
+        probs, frame_seconds = speech_probabilities(source, options.read_seconds)
+        track = speech_track(probs, options.vad_threshold)
+        if not (track >= SPEECH_DB).any():
+            return []
+        return plan_segments(track, frame_seconds, source.duration, options)
     if source.duration <= options.max_segment_seconds:
         return [(0.0, source.duration)]
     energy, frame_seconds = source.energy_db(options.frame_seconds, options.read_seconds)

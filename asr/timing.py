@@ -109,11 +109,14 @@ class TokenTimes:
 
 @dataclass(frozen=True)
 class Word:
-    """One word and its time span in seconds."""
+    """One word, its time span in seconds, and how sure the recognizer is of it."""
 
     text: str
     start: float
     end: float
+    # The product of its tokens' probabilities (the decoder's, given the tokens before them):
+    # the probability that the whole word is right. None where not computed (alignments).
+    probability: float | None = None
 
 
 # --------------------------------------------------------------------------- attention + DTW
@@ -317,7 +320,11 @@ def _check_ctc_targets(ids: list[int], num_frames: int, vocab: int, blank: int) 
 # --------------------------------------------------------------------------- words
 
 
-def word_timestamps(pieces: Sequence[str], token_times: TokenTimes) -> list[Word]:
+def word_timestamps(
+    pieces: Sequence[str],
+    token_times: TokenTimes,
+    token_probs: Sequence[float] | None = None,
+) -> list[Word]:
     """Group token pieces into words and time each word by its tokens.
 
     A piece starting with `▁` starts a new word (SentencePiece); a bare `▁` piece (the
@@ -327,31 +334,43 @@ def word_timestamps(pieces: Sequence[str], token_times: TokenTimes) -> list[Word
     Args:
         pieces: one piece per token, e.g. `tokenizer.pieces(ids)` (no eos).
         token_times: times of the same tokens.
+        token_probs: probabilities of the same tokens; a word's is the product of its
+            tokens'. None: words without probability.
 
     Returns:
         The words in order.
 
     >>> times = TokenTimes((0, 1, 2, 3), (1, 2, 3, 4), 4, 0.5)
-    >>> word_timestamps(["A", "B", "\u2581", "C"], times)
-    [Word(text='AB', start=0.0, end=1.0), Word(text='C', start=1.5, end=2.0)]
+    >>> [(w.text, w.start, w.end) for w in word_timestamps(["A", "B", "\u2581", "C"], times)]
+    [('AB', 0.0, 1.0), ('C', 1.5, 2.0)]
+    >>> words = word_timestamps(["A", "B", "\u2581", "C"], times, [0.5, 0.5, 1.0, 0.9])
+    >>> [w.probability for w in words]
+    [0.25, 0.9]
     """
     if len(pieces) != len(token_times):
         raise ValueError(f"{len(pieces)} pieces but {len(token_times)} token times")
+    probs = [1.0] * len(pieces) if token_probs is None else list(token_probs)
+    if len(probs) != len(pieces):
+        raise ValueError(f"{len(pieces)} pieces but {len(probs)} token probabilities")
     words: list[Word] = []
-    text, start, end = "", 0.0, 0.0
-    spans = zip(token_times.start, token_times.end, strict=True)
-    for piece, (piece_start, piece_end) in zip(pieces, spans, strict=True):
+    text, start, end, prob = "", 0.0, 0.0, 1.0
+
+    def word() -> Word:
+        return Word(text, start, end, None if token_probs is None else prob)
+
+    spans = zip(token_times.start, token_times.end, probs, strict=True)
+    for piece, (piece_start, piece_end, piece_prob) in zip(pieces, spans, strict=True):
         if piece.startswith(SPACE_PIECE):
             if text:
-                words.append(Word(text, start, end))
+                words.append(word())
             text, piece = "", piece.lstrip(SPACE_PIECE)
         if not piece:
             continue
         if not text:
-            start = float(piece_start)
-        text, end = text + piece, float(piece_end)
+            start, prob = float(piece_start), 1.0
+        text, end, prob = text + piece, float(piece_end), prob * float(piece_prob)
     if text:
-        words.append(Word(text, start, end))
+        words.append(word())
     return words
 
 

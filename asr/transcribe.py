@@ -22,7 +22,7 @@ import shutil
 import sys
 from collections import Counter
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path, PurePath
 from typing import IO, TYPE_CHECKING, TypeVar
 
@@ -31,7 +31,7 @@ from tqdm import tqdm
 
 from asr.audio import AUDIO_SUFFIXES, AudioError, AudioInput, as_waveform, audio_files
 from asr.data.manifest import read_clip
-from asr.results import BatchResult, Decoded, Segment, Transcript
+from asr.results import BatchResult, Decoded, Transcript
 from asr.search import LanguageModel, SearchOptions
 from asr.segment import (
     ArraySource,
@@ -43,7 +43,6 @@ from asr.segment import (
     segment_source,
 )
 from asr.text import SPACE_PIECE, SPECIAL_PIECES, Tokenizer
-from asr.timing import Word
 from asr.writers import expand_formats, output_stems, timed_lines, write_transcript
 
 if TYPE_CHECKING:
@@ -216,6 +215,7 @@ def join_segments(
     parts = sorted(parts, key=lambda part: part[0][0])
     spans = [span for span, _ in parts]
     out = Transcript("", [], [], [], [], [], 0.0, duration, [])
+    logprob_sum, logprob_count = 0.0, 0  # over whole segments: tokens and eos
     for k, (span, part) in enumerate(parts):
         low, high = _kept_range(spans, k)
         keep = _kept_tokens(part, span[0], low, high)
@@ -225,14 +225,21 @@ def join_segments(
         out.pieces += [p for p, kept in zip(part.pieces, keep) if kept]
         out.token_starts += [span[0] + s for s, kept in zip(part.token_starts, keep) if kept]
         out.token_ends += [span[0] + e for e, kept in zip(part.token_ends, keep) if kept]
+        out.token_probs += [p for p, kept in zip(part.token_probs, keep) if kept]
         out.words += [
-            Word(w.text, span[0] + w.start, span[0] + w.end)
+            replace(w, start=span[0] + w.start, end=span[0] + w.end)
             for w in part.words
             if low <= span[0] + (w.start + w.end) / 2 < high
         ]
-        out.segments.append(Segment(max(span[0], low), min(span[1], high), text, part.score))
+        [whole] = part.segments
+        start, end = max(span[0], low), min(span[1], high)
+        out.segments.append(replace(whole, start=start, end=end, text=text))
         out.score += part.score
+        if part.avg_logprob is not None:
+            logprob_sum += part.avg_logprob * (len(part.tokens) + 1)
+            logprob_count += len(part.tokens) + 1
     out.text = " ".join(s.text for s in out.segments if s.text)
+    out.avg_logprob = logprob_sum / logprob_count if logprob_count else None
     return out
 
 

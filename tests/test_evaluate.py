@@ -77,6 +77,12 @@ def test_cli_scores_equal_jiwer_on_the_written_files(checkpoint, tmp_path, capsy
     for utt_id in ids:
         assert f"\n{utt_id}  C=" in report
     assert report.count("\nREF: ") == report.count("\nHYP: ") == 6
+    confidence = metrics["confidence"]  # every hypothesis word has a confidence
+    assert confidence["words"] == sum(len(h.split()) for h in hyps)
+    assert sum(b["words"] for b in confidence["bins"]) == confidence["words"]
+    right = sum(b["accuracy"] * b["words"] for b in confidence["bins"] if b["words"])
+    assert right == pytest.approx(words.hits)  # a word is right where aligned to an equal one
+    assert (out / "reliability.png").stat().st_size > 0
 
 
 def _wavs(utterances: dict[str, str]) -> list[Path]:

@@ -22,8 +22,8 @@ PACKAGE = REPO / "asr"
 # from its own layer or below.
 LAYERS = {
     0: {"text", "audio", "perturb", "frontends", "metrics", "precision", "models", "data.manifest"},
-    1: {"checkpoint", "package"},
-    2: {"search", "ctc_prefix", "timing", "segment"},
+    1: {"checkpoint", "package", "finetune"},
+    2: {"search", "ctc_prefix", "timing", "segment", "guard", "vad"},
     3: {"results", "writers", "transcribe", "recognizer"},
     4: {"evaluate", "robustness", "plotting"},
     5: {"data", "lightning", "lm", "optim", "train", "cli", "__main__"},

@@ -274,6 +274,11 @@ def test_checkpoint_is_self_contained(tiny_an4, tmp_path):
     assert recognizer.sample_rate == 16000 and not recognizer.model.training
     durations = [utt.duration for utt in read_manifest(tiny_an4["train"])]
     assert recognizer.segment_seconds == segment_seconds_for(durations)  # for transcribe
+    rates = [
+        (len(recognizer.tokenizer.encode(utt.text)) + 1) / utt.duration
+        for utt in read_manifest(tiny_an4["train"])
+    ]
+    assert recognizer.tokens_per_second >= max(rates)  # the output bound (speed perturbed)
 
 
 KILL_SCRIPT = """
@@ -418,7 +423,7 @@ def test_validation_greedy_steps_leave_bf16_autocast_below_bf16_step_rows(tiny_a
     module, _ = _tiny_module(tiny_an4)
     seen = []
 
-    def recording_search(decoder, enc, enc_lens, max_len_ratio):
+    def recording_search(decoder, enc, enc_lens, max_len_ratio, max_len_extra=0):
         seen.append((torch.is_autocast_enabled("cpu"), enc.dtype))
         return []
 

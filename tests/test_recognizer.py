@@ -9,14 +9,18 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import soundfile
+import torch
+from conftest import TINY_MODEL_CONFIG
 from test_transcribe import GREEDY, WAV, _overfit_recognizer
 
 import asr.recognizer
 from asr.audio import AudioError
-from asr.checkpoint import CheckpointError, load_checkpoint
+from asr.checkpoint import CheckpointError, instantiate, load_checkpoint
 from asr.cli import main
-from asr.recognizer import load_lm, load_model
-from asr.search import DEFAULT_CTC_WEIGHT, SearchOptions
+from asr.models.seq2seq import build_seq2seq
+from asr.recognizer import Recognizer, load_lm, load_model
+from asr.search import DEFAULT_CTC_WEIGHT, SearchOptions, fastest_speech, max_output_length
+from asr.text import SOS_EOS_ID, CharTokenizer
 
 
 @pytest.fixture
@@ -115,8 +119,6 @@ def test_unknown_keywords_are_named_and_bad_values_refused(overfit):
         recognizer.transcribe(waves[0], beam=3)
     with pytest.raises(TypeError, match=r"'timestamps' \(did you mean 'word_timestamps'\?\)"):
         recognizer.transcribe_batch(waves, timestamps="ctc")
-    with pytest.raises(TypeError, match="unknown keyword argument 'nbest'"):
-        recognizer.transcribe(waves[0], nbest=2)  # search keeps only the best hypothesis
     with pytest.raises(TypeError):  # everything after the audio is a keyword
         recognizer.transcribe(waves[0], 16000)
     with pytest.raises(ValueError, match="word_timestamps must be one of"):
@@ -151,3 +153,105 @@ def test_a_bad_input_of_a_batch_fails_alone_and_named(overfit, tmp_path):
             result.transcript_or_raise()
     with pytest.raises(AudioError, match=f"^{re.escape(str(corrupt))}: unreadable"):
         recognizer.transcribe(corrupt)  # one input: its error is raised
+
+
+# Isolated spoken digits as a folder corpus gives them (0.3-0.8 s at 8 kHz), and read speech at
+# 18 characters a second: (seconds, tokens without eos).
+FAST_CLIPS = [(0.30, 5), (0.35, 5), (0.50, 5), (0.80, 4), (3.0, 54)]
+RNN_ENCODER = {  # 8x subsampling: the fewest frames per second of our encoders
+    "class_path": "asr.models.rnn.RNNEncoder",
+    "init_args": {"hidden_size": 16, "projection_dim": 16, "num_layers": 3, "subsample": "2_2_2"},
+}
+
+
+def _model_at_8khz(encoder: dict | None):
+    config = TINY_MODEL_CONFIG | {"vocab_size": 12}
+    frontend = config["frontend"]["init_args"]["features"]["init_args"]
+    config["frontend"]["init_args"]["features"]["init_args"] = frontend | {"sample_rate": 8000}
+    config |= {"encoder": encoder} if encoder else {}
+    if encoder:
+        config["decoder"] = {"class_path": "asr.models.rnn.RNNAttentionDecoder",
+                             "init_args": {"hidden_size": 16}}  # fmt: skip
+    torch.manual_seed(0)
+    return instantiate(build_seq2seq, config).eval()
+
+
+@pytest.mark.parametrize("encoder", [None, RNN_ENCODER], ids=["transformer", "rnn"])
+def test_outputs_as_fast_as_the_fastest_trained_speech_are_never_cut(encoder):
+    """With the training set's fastest speech stored, the output bound fits every clip of that
+    rate however few encoder frames it has; `max_len_ratio` alone cuts the short ones."""
+    model = _model_at_8khz(encoder)
+    durations, counts = zip(*FAST_CLIPS)
+    rate = fastest_speech(counts, durations)
+    tokenizer = CharTokenizer.train(["ONE TWO"])
+    recognizer = Recognizer(model, tokenizer, 8000, "fast.ckpt", tokens_per_second=rate)
+    lens = torch.tensor([round(d * 8000) for d in durations])
+    _, enc_lens = model.encode(torch.zeros(len(lens), int(lens.max())), lens)
+    needed = torch.tensor(counts) + 1
+    for ratio in (0.5, 1.0):
+        bounded = recognizer.bounded(SearchOptions(max_len_ratio=ratio))
+        limits = max_output_length(enc_lens, bounded.max_len_ratio, bounded.max_len_extra)
+        assert (limits >= needed).all()
+        assert (max_output_length(enc_lens, ratio) < needed).any()  # what the bound fixes
+
+    # Search uses the bound: a decoder that never ends runs to it.
+    with torch.no_grad():
+        model.decoder.output.bias[SOS_EOS_ID] = -1e4
+    clip = torch.zeros(round(0.3 * 8000)).uniform_(-0.1, 0.1)
+    plain = replace(recognizer, tokens_per_second=None)
+    for beam in (1, 3):  # greedy and beam search
+        options = SearchOptions(beam_size=beam, ctc_weight=0.0, repair=False)  # it runs away
+        [decoded] = recognizer.search([clip], options)
+        assert len(decoded.hypothesis.tokens) >= FAST_CLIPS[0][1]
+        [cut] = plain.search([clip], options)
+        assert len(cut.hypothesis.tokens) < FAST_CLIPS[0][1]
+
+
+def test_nbest_keeps_alternatives_best_first(overfit):
+    recognizer, waves = overfit
+    options = {"beam_size": 4, "ctc_weight": 0.0}
+    three = recognizer.transcribe(waves[0], nbest=3, **options)
+    [segment] = three.segments
+    scores = [segment.score] + [a.score for a in segment.alternatives]
+    assert len(scores) == 3 and scores == sorted(scores, reverse=True)
+    tokens = [three.tokens] + [a.tokens for a in segment.alternatives]
+    assert len({tuple(t) for t in tokens}) == 3  # three different hypotheses
+    assert [a.text for a in segment.alternatives] == [
+        recognizer.tokenizer.decode(a.tokens) for a in segment.alternatives
+    ]
+    one = recognizer.transcribe(waves[0], **options)
+    assert one.text == three.text and one.segments[0].alternatives == []
+    as_json = three.to_dict()["segments"][0]["alternatives"]
+    assert [a["text"] for a in as_json] == [a.text for a in segment.alternatives]
+
+
+def test_confidences_are_the_decoders_teacher_forced_probabilities(overfit):
+    """Greedy search scores a hypothesis by the log-probabilities of its steps; the token
+    probabilities, found afterwards by teacher forcing, add up to the same, and a word's is
+    the product of its tokens'."""
+    recognizer, waves = overfit
+    greedy = SearchOptions(beam_size=1, ctc_weight=0.0)
+    for decoded in recognizer.search(waves, greedy):
+        lp = decoded.token_log_probs
+        assert len(lp) == len(decoded.hypothesis.tokens) + 1  # eos last
+        assert float(lp.sum()) == pytest.approx(decoded.hypothesis.score, abs=1e-3)
+        assert decoded.avg_logprob == pytest.approx(float(lp.mean()))
+        transcript = recognizer.transcript(decoded)
+        assert transcript.token_probs == pytest.approx(lp[:-1].exp().tolist())
+        pieces = transcript.pieces
+        for word in transcript.words:
+            assert 0.0 < word.probability <= 1.0
+        product = np.prod([p for p, piece in zip(transcript.token_probs, pieces)
+                           if piece != "\u2581"][: len(transcript.words[0].text)])  # fmt: skip
+        assert transcript.words[0].probability == pytest.approx(product)
+        assert transcript.segments[0].avg_logprob == pytest.approx(decoded.avg_logprob)
+
+
+def test_no_speech_probability_is_high_for_silence_and_low_for_speech(overfit):
+    recognizer, waves = overfit
+    silence = torch.zeros(16000)
+    decoded = recognizer.search([silence, waves[0]], SearchOptions(beam_size=1))
+    quiet, speech = (d.no_speech_prob for d in decoded)
+    assert speech < 0.01 < quiet and quiet <= 1.0
+    as_json = recognizer.transcript(decoded[0]).to_dict()
+    assert as_json["segments"][0]["no_speech_prob"] == pytest.approx(quiet, abs=1e-4)

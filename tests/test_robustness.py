@@ -10,6 +10,7 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 import soundfile
 import torch
@@ -95,6 +96,25 @@ def test_level_and_noise_copies_measure_what_they_say(tmp_path):
         )
         noise = load_audio(n.audio_filepath) - clean
         assert rms_dbfs(clean) - rms_dbfs(noise) == pytest.approx(10.0, abs=0.2)
+
+
+def test_padded_noisy_copies_hold_the_speech_and_set_noise_by_it(tmp_path):
+    """ "pad:3+white:10": the utterance, unchanged, somewhere inside up to 3 s of silence, and
+    white noise over all of it 10 dB below the speech (not below the speech and silence)."""
+    grew = []
+    for k, u in enumerate(read_manifest(_manifest(tmp_path / "test.jsonl"))):
+        clean = load_audio(u.audio_filepath)
+        silent, noisy = (
+            Condition.parse(text).apply(clean, 16000, np.random.default_rng(k), None)
+            for text in ("pad:3", "pad:3+white:10")
+        )
+        assert 0 <= silent.numel() - clean.numel() <= 3 * 16000 and noisy.shape == silent.shape
+        start = int(torch.nonzero(silent).min())  # where the speech begins
+        assert torch.equal(silent[start : start + clean.numel()], clean)
+        assert not silent[:start].any() and not silent[start + clean.numel() :].any()
+        assert rms_dbfs(clean) - rms_dbfs(noisy - silent) == pytest.approx(10.0, abs=0.2)
+        grew.append(silent.numel() - clean.numel())
+    assert max(grew) > 8000  # silence was added (the draws are random, not all near 0)
 
 
 def test_speed_copies_change_duration_in_the_manifest(tmp_path):

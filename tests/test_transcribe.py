@@ -241,7 +241,12 @@ def _concatenate(
 
 @pytest.fixture(scope="module")
 def three_minutes(tmp_path_factory) -> dict:
-    """~3 minutes: the fixture's six AN4 utterances over and over, 2 s silences between them."""
+    return make_three_minutes(tmp_path_factory.mktemp("long"))
+
+
+def make_three_minutes(folder: Path) -> dict:
+    """~3 minutes: the fixture's six AN4 utterances over and over, 2 s silences between them;
+    the file's path, its audio, and the utterances' and gaps' spans in seconds."""
     waves, total = [], 0.0
     for wav in itertools.cycle(sorted(WAV.rglob("*.wav"))):
         waves.append(load_audio(wav).numpy())
@@ -249,7 +254,7 @@ def three_minutes(tmp_path_factory) -> dict:
         if total > 180:
             break
     audio, spans, gaps = _concatenate(waves)
-    path = tmp_path_factory.mktemp("long") / "three_minutes.wav"
+    path = folder / "three_minutes.wav"
     soundfile.write(path, audio, RATE)
     return {"path": path, "audio": audio, "spans": spans, "gaps": gaps}
 
@@ -705,6 +710,21 @@ def test_cli_warns_of_segments_longer_than_the_training_utterances(checkpoint, t
     warning = capsys.readouterr().err
     assert f"--max-segment-seconds {trained + 1:g} is longer than 95% of this model's " in warning
     assert f"training utterances ({trained:g} s, its default)" in warning
+
+
+def test_cli_nbest_lists_alternatives_and_confidences_in_json(checkpoint, tmp_path, capsys):
+    audio = str(WAV / "an4_clstk/fash/an251-fash-b.wav")
+    args = ["transcribe", audio, "--checkpoint", str(checkpoint), "--beam-size", "3",
+            "--output-dir", str(tmp_path), "--format", "json", "--quiet"]  # fmt: skip
+    assert main([*args, "--nbest", "3"]) == 0
+    result = json.loads((tmp_path / "an251-fash-b.json").read_text())
+    [segment] = result["segments"]
+    assert len(segment["alternatives"]) == 2
+    assert segment["score"] >= max(a["score"] for a in segment["alternatives"])
+    assert 0 <= segment["no_speech_prob"] <= 1 and segment["avg_logprob"] < 0
+    assert all(0 <= w["probability"] <= 1 for w in result["words"])
+    assert main([*args, "--nbest", "4"]) == 2  # more than the beam keeps
+    assert "nbest must be None or in [1, beam_size]" in capsys.readouterr().err
 
 
 def test_cli_shallow_fusion_with_a_language_model(checkpoint, tmp_path, capsys):

@@ -5,7 +5,8 @@
 #                              [--split-file FILE] [--tokenizer char|bpe|unigram]
 #                              [--vocab-size N] [--config FILE] [--stage N] [--stop-stage M]
 #                              [--data DIR] [--exp DIR] [--force] [--beam-size N]
-#                              [--ctc-weight W] [--average N] [-- ASR-FIT-OPTIONS...]
+#                              [--ctc-weight W] [--average N] [--init MODEL]
+#                              [-- ASR-FIT-OPTIONS...]
 #
 # DIR holds audio files (.wav .flac .sph .ogg .mp3, any rate, in any subfolders), each with a
 # same-stem transcript beside it: speaker1/utt01.wav + speaker1/utt01.txt. Utterance ids are
@@ -23,7 +24,11 @@
 #   7  results table           exp/folder/<config>/RESULTS.md, printed
 #
 # --config: default conf/folder/transformer.yaml (a small Transformer for a few hours of
-# speech). Use a new --data (and --exp) for another folder. A finished stage leaves a marker
+# speech). --init MODEL fine-tunes a trained recognizer (a checkpoint, a package folder or
+# hf://owner/name) instead of training from scratch: what matches is copied, a different
+# vocabulary's output layers are remapped, and the log lists what was re-initialised; the
+# config must describe the same model (e.g. the one it was trained with). Use a new --data
+# (and --exp) for another folder. A finished stage leaves a marker
 # (<out>/.done-<stage>) and is skipped when re-run; --force re-runs it. A stage that failed
 # halfway left no marker, so it simply runs again. Options after `--` go to `asr fit`, e.g.
 # -- --trainer.max_epochs 30 --trainer.accelerator gpu.
@@ -44,6 +49,7 @@ seed=0
 split_file=""
 tokenizer_kind=char
 vocab_size=""
+init=()
 
 recipe_option() {
   case "$1" in
@@ -54,6 +60,12 @@ recipe_option() {
     --tokenizer) need_value "$@"; tokenizer_kind=$2; consumed=2 ;;
     --vocab-size) need_value "$@"; vocab_size=$2; consumed=2 ;;
     --config) need_value "$@"; config=$(config_path "$2"); consumed=2 ;;
+    --init)
+      need_value "$@"
+      model=$2
+      [[ $model == hf://* ]] || model=$(absolute "$model")
+      init=(--model.init_args.init_from "$model")
+      consumed=2 ;;
   esac
 }
 parse_options "$@"
@@ -104,7 +116,8 @@ model_dir=$exp/$(basename "$config" .yaml)
 fit_stage 4 "$config" "$model_dir" \
   --data.train_manifest "$data/train.jsonl" --data.val_manifest "$data/dev.jsonl" \
   ${test_manifest[@]+"${test_manifest[@]}"} --data.tokenizer "$data/tokenizer" \
-  --model.init_args.frontend.init_args.normalize.init_args.stats_path "$data/cmvn.json"
+  --model.init_args.frontend.init_args.normalize.init_args.stats_path "$data/cmvn.json" \
+  ${init[@]+"${init[@]}"}
 average_stage 5 "$model_dir"
 decode_stage 6 "$model_dir" "$data" "${splits[@]}"
 results_stage 7 "$model_dir" "$config" "${splits[@]}"

@@ -1,0 +1,121 @@
+"""Starting a model from a trained one: `asr fit --model.init_from MODEL`.
+
+Every weight of the new model that the trained one has with the same name and shape is
+copied. Weights with a vocabulary axis (the decoder's embedding and output layer, the CTC
+head) differ in shape when the tokenizers differ: along that axis, the rows of tokens that
+both vocabularies hold (the same piece, special tokens included) are copied and the others
+keep their fresh initialisation. Everything else keeps its initialisation too, and
+`Transfer` lists what happened to each tensor, so a user sees what was not carried over.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor, nn
+
+from asr.checkpoint import payload_tokenizer
+from asr.package import read_recognizer
+from asr.text import Tokenizer
+
+
+@dataclass
+class Transfer:
+    """What `init_from` did with each tensor of the new model (and the trained one's)."""
+
+    copied: list[str] = field(default_factory=list)  # whole, same name and shape
+    # Vocabulary-axis tensors: name -> tokens copied, of the new vocabulary's.
+    remapped: dict[str, tuple[int, int]] = field(default_factory=dict)
+    reinitialised: list[str] = field(default_factory=list)  # nothing to copy: fresh values
+    unused: list[str] = field(default_factory=list)  # in the trained model only
+
+    def summary(self) -> str:
+        """Lines for the log: counts, then every tensor not copied whole."""
+        lines = [
+            f"init_from: {len(self.copied)} tensors copied, {len(self.remapped)} remapped to the "
+            f"new vocabulary, {len(self.reinitialised)} re-initialised, "
+            f"{len(self.unused)} of the trained model unused"
+        ]
+        lines += [f"  remapped {k}: {n} of {total} tokens copied"
+                  for k, (n, total) in self.remapped.items()]  # fmt: skip
+        lines += [f"  re-initialised {k}" for k in self.reinitialised]
+        lines += [f"  unused {k}" for k in self.unused]
+        return "\n".join(lines)
+
+
+def shared_tokens(source: Tokenizer, target: Tokenizer) -> dict[int, int]:
+    """Target id -> source id of every piece both vocabularies hold.
+
+    >>> from asr.text import CharTokenizer
+    >>> shared = shared_tokens(CharTokenizer.train(["AB"]), CharTokenizer.train(["BC"]))
+    >>> {CharTokenizer.train(["BC"]).pieces([t])[0]: s for t, s in shared.items()}["B"] > 0
+    True
+    """
+    ids = {piece: i for i, piece in enumerate(source.pieces(range(source.vocab_size)))}
+    pieces = target.pieces(range(target.vocab_size))
+    return {t: ids[p] for t, p in enumerate(pieces) if p in ids}
+
+
+OUTPUT_LAYERS = ("decoder.output", "ctc.proj")  # `Seq2Seq` layers with one row per token
+
+
+def vocabulary_tensors(model: nn.Module) -> dict[str, int]:
+    """Name -> vocabulary axis of every tensor of a `Seq2Seq` indexed by token: embeddings'
+    weights and the output layers' (`OUTPUT_LAYERS`) weights and biases."""
+    found = {}
+    for name, module in model.named_modules():
+        if isinstance(module, nn.Embedding):
+            found[f"{name}.weight"] = 0
+        elif name in OUTPUT_LAYERS:
+            found |= {f"{name}.{p}": 0 for p, _ in module.named_parameters(recurse=False)}
+    return found
+
+
+@torch.no_grad()
+def transfer_weights(
+    model: nn.Module,
+    weights: dict[str, Tensor],
+    source: Tokenizer,
+    target: Tokenizer,
+) -> Transfer:
+    """Copy `weights` (of a model with tokenizer `source`) into `model` (with `target`), in
+    place, as the module docstring says."""
+    report = Transfer()
+    same_vocabulary = source.pieces(range(source.vocab_size)) == target.pieces(
+        range(target.vocab_size)
+    )
+    shared = shared_tokens(source, target)
+    new_rows, old_rows = torch.tensor(list(shared)), torch.tensor(list(shared.values()))
+    by_token = {} if same_vocabulary else vocabulary_tensors(model)
+    state = model.state_dict()
+    for name, tensor in state.items():
+        old = weights.get(name)
+        axis = by_token.get(name)
+        if old is None:
+            report.reinitialised.append(name)
+        elif axis is not None and _same_but(old, tensor, axis) and len(shared):
+            tensor.index_copy_(axis, new_rows, old.index_select(axis, old_rows).to(tensor.dtype))
+            report.remapped[name] = (len(shared), target.vocab_size)
+        elif axis is None and old.shape == tensor.shape:
+            tensor.copy_(old)
+            report.copied.append(name)
+        else:
+            report.reinitialised.append(name)
+    report.unused = [name for name in weights if name not in state]
+    return report
+
+
+def _same_but(old: Tensor, new: Tensor, axis: int) -> bool:
+    """Whether `old` and `new` have the same shape but for `axis`."""
+    return old.dim() == new.dim() and all(
+        a == b for d, (a, b) in enumerate(zip(old.shape, new.shape)) if d != axis
+    )
+
+
+def init_from(model: nn.Module, path: str | os.PathLike, tokenizer: Tokenizer) -> Transfer:
+    """Initialise the `Seq2Seq` `model`, whose tokenizer is `tokenizer`, from the trained
+    recognizer at `path` (a checkpoint, a model package or `hf://owner/name`)."""
+    weights, payload = read_recognizer(path)
+    return transfer_weights(model, weights, payload_tokenizer(payload), tokenizer)

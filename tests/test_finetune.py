@@ -1,0 +1,102 @@
+"""`init_from`: what a new model takes from a trained one, and fine-tuning with `asr fit`."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+from conftest import TINY_MODEL_CONFIG
+from test_lightning import _fit_args, tiny_an4  # noqa: F401
+
+from asr.checkpoint import instantiate, load_checkpoint, submodule_weights
+from asr.cli import main
+from asr.data.manifest import read_manifest
+from asr.finetune import init_from, shared_tokens, transfer_weights, vocabulary_tensors
+from asr.models.seq2seq import build_seq2seq
+from asr.text import CharTokenizer, Tokenizer
+
+VOCAB_TENSORS = {"decoder.embedding.weight", "decoder.output.weight", "decoder.output.bias",
+                 "ctc.proj.weight", "ctc.proj.bias"}  # fmt: skip
+
+
+def _model(tokenizer, seed: int):
+    torch.manual_seed(seed)
+    return instantiate(build_seq2seq, TINY_MODEL_CONFIG | {"vocab_size": tokenizer.vocab_size})
+
+
+def test_the_same_vocabulary_copies_every_tensor():
+    tokenizer = CharTokenizer.train(["YES NO GO"])
+    trained, fresh = _model(tokenizer, 0), _model(tokenizer, 1)
+    report = transfer_weights(fresh, trained.state_dict(), tokenizer, tokenizer)
+    assert report.copied == list(fresh.state_dict()) and not report.remapped
+    for name, value in fresh.state_dict().items():
+        assert torch.equal(value, trained.state_dict()[name]), name
+
+
+@pytest.mark.parametrize("texts", [["YES NO GOQ"], ["YES NX GX"]], ids=["larger", "same size"])
+def test_a_new_vocabulary_keeps_the_rows_of_shared_tokens(texts):
+    """Output layers, embedding and CTC head are remapped token by token (also where the sizes
+    agree but the tokens do not); the new tokens' rows keep their fresh values."""
+    old, new = CharTokenizer.train(["YES NO GO"]), CharTokenizer.train(texts)
+    trained, fresh = _model(old, 0), _model(new, 1)
+    initial = {k: v.clone() for k, v in fresh.state_dict().items()}
+    report = transfer_weights(fresh, trained.state_dict(), old, new)
+    assert set(report.remapped) == VOCAB_TENSORS == set(vocabulary_tensors(fresh))
+    assert set(report.copied) == set(fresh.state_dict()) - VOCAB_TENSORS
+    shared = shared_tokens(old, new)
+    assert new.pieces(list(shared)) == old.pieces(list(shared.values()))  # same pieces
+    for name in VOCAB_TENSORS:
+        now, was = fresh.state_dict()[name], trained.state_dict()[name]
+        for t in range(new.vocab_size):
+            expected = was[shared[t]] if t in shared else initial[name][t]
+            assert torch.equal(now[t], expected), (name, new.pieces([t]))
+    assert "remapped decoder.output.weight" in report.summary()
+
+
+def test_a_different_architecture_is_reinitialised_and_named():
+    tokenizer = CharTokenizer.train(["YES NO GO"])
+    trained = _model(tokenizer, 0)
+    config = TINY_MODEL_CONFIG | {"vocab_size": tokenizer.vocab_size}
+    wider = config["decoder"]["init_args"] | {"ffn_dim": 48}
+    fresh = instantiate(
+        build_seq2seq, config | {"decoder": config["decoder"] | {"init_args": wider}}
+    )
+    report = transfer_weights(fresh, trained.state_dict(), tokenizer, tokenizer)
+    assert report.reinitialised and all(n.startswith("decoder.") for n in report.reinitialised)
+    assert set(report.copied) >= {n for n in fresh.state_dict() if not n.startswith("decoder.")}
+    assert "re-initialised decoder." in report.summary()
+
+
+def test_fit_from_a_trained_model_with_its_encoder_frozen(tiny_an4, tmp_path, caplog):  # noqa: F811
+    """`--model.init_from` on the command line: the run starts from the trained weights
+    (logged), and with the encoder frozen for all its steps, the encoder ends as it began."""
+    main(_fit_args(tiny_an4, tmp_path / "scratch") + ["--trainer.max_epochs", "1"])
+    trained = tmp_path / "scratch" / "checkpoints" / "last.ckpt"
+    other = tmp_path / "tokenizer"
+    texts = [u.text for u in read_manifest(tiny_an4["train"])]
+    CharTokenizer.train([*texts, "QZ"]).save(other)  # two characters more
+    data = tiny_an4 | {"tokenizer": str(other)}
+    with caplog.at_level(logging.INFO):
+        main(_fit_args(data, tmp_path / "tuned") + [
+            "--trainer.max_epochs", "1", "--model.init_from", str(trained),
+            "--model.freeze_encoder_steps", "1000",
+        ])  # fmt: skip
+    assert "remapped decoder.output.weight" in caplog.text
+    before = submodule_weights(load_checkpoint(trained), "model.")
+    after = submodule_weights(load_checkpoint(tmp_path / "tuned" / "checkpoints" / "last.ckpt"),
+                              "model.")  # fmt: skip
+    for name, value in after.items():
+        if name.startswith(("encoder.", "frontend.")):
+            assert torch.equal(value, before[name]), f"{name} trained while frozen"
+    assert not torch.equal(after["decoder.output.weight"][:4], before["decoder.output.weight"][:4])
+
+
+def test_init_from_reads_packages_too(tiny_checkpoint, tmp_path):
+    from asr.package import write_package
+
+    write_package(tiny_checkpoint["checkpoint"], tmp_path / "package")
+    tokenizer = Tokenizer.load(tiny_checkpoint["tokenizer"])
+    fresh = _model(tokenizer, 3)
+    report = init_from(fresh, tmp_path / "package", tokenizer)
+    assert report.copied == list(fresh.state_dict())

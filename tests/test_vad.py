@@ -1,0 +1,77 @@
+"""`vad="silero"`: segments where Silero VAD hears speech, nothing where it hears none."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import soundfile
+import torch
+from test_transcribe import GREEDY, RATE, WAV, _overfit_recognizer, make_three_minutes
+
+from asr.audio import load_audio
+from asr.segment import ArraySource, FileSource, SegmenterOptions, segment_source
+from asr.vad import speech_probabilities
+
+SILERO = SegmenterOptions(vad="silero")
+
+
+@pytest.fixture(scope="module")
+def three_minutes(tmp_path_factory) -> dict:
+    return make_three_minutes(tmp_path_factory.mktemp("long"))
+
+
+def test_silero_segments_hold_every_utterance_and_cut_in_the_gaps(three_minutes):
+    spans = segment_source(FileSource(three_minutes["path"], RATE), SILERO)
+    assert all(0 < end - start <= SILERO.max_segment_seconds for start, end in spans)
+    for start, end in three_minutes["spans"]:  # each utterance inside one segment
+        assert any(s <= start + 0.1 and end - 0.1 <= e for s, e in spans), (start, end)
+    for s, e in spans:  # segments start and end in the 2 s gaps (or the file's edges)
+        for t in (s, e):
+            assert any(g0 - 0.1 <= t <= g1 + 0.1 for g0, g1 in three_minutes["gaps"]), t
+    assert spans[0][0] > three_minutes["gaps"][0][1] - 0.6  # edge silence trimmed to 0.5 s
+    assert spans[-1][1] < three_minutes["gaps"][-1][0] + 0.6
+
+
+def test_reading_in_pieces_gives_the_probabilities_of_the_whole(three_minutes):
+    source = FileSource(three_minutes["path"], RATE)
+    whole, frame = speech_probabilities(source, read_seconds=1000.0)
+    pieces, _ = speech_probabilities(source, read_seconds=7.3)
+    assert frame == 0.032 and len(whole) == len(pieces)
+    np.testing.assert_allclose(pieces, whole, atol=1e-4)
+
+
+@pytest.mark.parametrize("kind", ["silence", "white noise"])
+def test_no_speech_gives_no_segments(kind):
+    rng = np.random.default_rng(0)
+    wave = (
+        torch.zeros(10 * RATE)
+        if kind == "silence"
+        else torch.from_numpy(0.05 * rng.standard_normal(10 * RATE).astype(np.float32))
+    )
+    assert segment_source(ArraySource(wave, RATE), SILERO) == []
+    assert segment_source(ArraySource(wave, RATE), SegmenterOptions()) != []  # energy keeps it
+
+
+def test_eight_khz_audio_is_read_at_its_rate_and_other_rates_resampled(three_minutes):
+    audio = torch.from_numpy(three_minutes["audio"][: 30 * RATE])
+    spans16 = segment_source(ArraySource(audio, RATE), SILERO)
+    for rate in (8000, 22050):
+        resampled = torch.from_numpy(load_audio(three_minutes["path"], rate).numpy()[: 30 * rate])
+        spans = segment_source(ArraySource(resampled, rate), SILERO)
+        assert len(spans) == len(spans16)
+        for (s, e), (s16, e16) in zip(spans, spans16):
+            assert abs(s - s16) < 0.3 and abs(e - e16) < 0.3
+
+
+def test_transcribe_with_silero_vad(tmp_path):
+    recognizer, _ = _overfit_recognizer(str(WAV))
+    silence = tmp_path / "silence.wav"
+    soundfile.write(silence, np.zeros(3 * RATE, np.float32), RATE)
+    speech = WAV / "an4_clstk/fash/an251-fash-b.wav"
+    energy = recognizer.transcribe(speech, options=GREEDY)
+    assert recognizer.transcribe(speech, options=GREEDY, vad="silero").text == energy.text
+    assert len(recognizer.transcribe(silence, options=GREEDY).segments) == 1  # decoded
+    nothing = recognizer.transcribe(silence, options=GREEDY, vad="silero")
+    assert nothing.text == "" and nothing.segments == []  # not even decoded
+    with pytest.raises(ValueError, match="vad must be 'energy' or 'silero'"):
+        recognizer.transcribe(silence, vad="webrtc")
