@@ -14,7 +14,8 @@ below training imports Lightning (tests/test_layers.py holds the package to this
                 models/ (plain nn.Modules), data/manifest
     format      checkpoint (what a checkpoint holds; building its model), package (the
                 shareable folder: safetensors, config.json, model card; hf://), finetune
-                (a new model's weights from a trained one)
+                (a new model's weights from a trained one), onnx_runtime (ONNX export and
+                the ONNX Runtime backend)
     algorithms  search, ctc_prefix, timing (DTW, CTC forced alignment), segment (long audio),
                 vad (Silero speech probabilities for segment), guard (attention failures)
     recognizer  results, writers, transcribe, recognizer (`load_model`, `load_lm`)

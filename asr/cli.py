@@ -8,6 +8,7 @@ asr fit|validate|test --config conf/...yaml     training (LightningCLI)
 asr average --last exp/.../checkpoints/last.ckpt --best 5 --out avg.ckpt
 asr set-decoding --checkpoint CKPT --beam-size 10 --ctc-weight 0.5   its default search
 asr export CKPT DIR --format package            a shareable folder (safetensors, model card)
+asr export CKPT DIR --format onnx               the same, plus ONNX graphs (--backend onnx)
 asr transcribe AUDIO|DIR|GLOB|M.jsonl|-... --checkpoint CKPT [--output-dir DIR --format ...]
 asr evaluate --checkpoint CKPT --manifest test.jsonl --out DIR   WER/CER, reports, plots
 asr robustness --checkpoint CKPT --manifest test.jsonl --out DIR  WER under noise, level...
@@ -146,6 +147,10 @@ def _export(args: argparse.Namespace) -> int:
         sum(p.numel() for p in recognizer.model.parameters()),
     )
     written = write_package(args.checkpoint, args.out, decoding, card)
+    if args.format == "onnx":
+        from asr.onnx_runtime import export_onnx
+
+        written += export_onnx(recognizer.model, args.out, recognizer.sample_rate)
     print(f"model package written to {args.out}: {' '.join(written)}")
     return 0
 
@@ -156,7 +161,10 @@ def _load_model(args: argparse.Namespace) -> Recognizer:
     from asr.recognizer import load_model
 
     device = _device(getattr(args, "device", None))
-    return load_model(args.checkpoint, device, getattr(args, "precision", "fp32"))
+    precision, backend = getattr(args, "precision", "fp32"), getattr(args, "backend", "torch")
+    if backend != "torch" and getattr(args, "device", None) is None:
+        device = "cpu"  # ONNX Runtime runs here on the CPU
+    return load_model(args.checkpoint, device, precision, backend)
 
 
 def _device(name: str | None) -> str:
@@ -366,7 +374,7 @@ def _add_decoding_arguments(p: argparse.ArgumentParser) -> None:
 
 def _add_device_arguments(p: argparse.ArgumentParser) -> None:
     from asr.precision import PRECISIONS
-    from asr.recognizer import BF16_STEP_ROWS
+    from asr.recognizer import BACKENDS, BF16_STEP_ROWS
 
     p.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda when available")
     p.add_argument(
@@ -375,6 +383,14 @@ def _add_device_arguments(p: argparse.ArgumentParser) -> None:
         default="fp32",
         help=f"bf16: the encoder (and the search steps from {BF16_STEP_ROWS} hypotheses, batch x "
         "beam) under bf16 autocast: faster on GPUs and on CPUs with AVX-512 bf16 or AMX (fp32)",
+    )
+    p.add_argument(
+        "--backend",
+        choices=BACKENDS,
+        default="torch",
+        help="what runs the encoder, CTC head and decoder: PyTorch (torch), or ONNX Runtime on "
+        "the CPU from a package exported with `asr export --format onnx` (onnx; onnx-int8: its "
+        "quantised graphs)",
     )
 
 
@@ -462,7 +478,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("checkpoint", help="a recognizer checkpoint of `asr fit` or average")
     p.add_argument("out", help="the package folder (files a package does not name are kept)")
-    p.add_argument("--format", choices=["package"], default="package", help="the folder above")
+    p.add_argument(
+        "--format",
+        choices=["package", "onnx"],
+        default="package",
+        help="package: the folder above; onnx: the package plus onnx/, the encoder, CTC head and "
+        "decoder step as ONNX graphs and their int8 copies, for --backend onnx / onnx-int8",
+    )
     p.add_argument(
         "--metrics",
         action="append",

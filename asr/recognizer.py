@@ -16,6 +16,7 @@ here imports Lightning.
 from __future__ import annotations
 
 import inspect
+import itertools
 import logging
 import math
 import os
@@ -72,6 +73,8 @@ TIMESTAMP_METHODS = ("attention", "ctc")
 SEARCH_KEYWORDS = tuple(f.name for f in fields(SearchOptions))
 MEASURE_SECONDS = 12  # extra audio `frame_seconds` measures over (divisible by common hops)
 
+BACKENDS = ("torch", "onnx", "onnx-int8")  # what runs the networks (`load_model`)
+
 # Search steps run in bf16 from this many rows (batch x beam) on: below it, small bf16 matmuls
 # cost more than they save on CPUs.
 BF16_STEP_ROWS = 128
@@ -124,7 +127,8 @@ class Recognizer:
 
     @property
     def device(self) -> torch.device:
-        return next(self.model.parameters()).device
+        tensor = next(itertools.chain(self.model.parameters(), self.model.buffers()), None)
+        return torch.device("cpu") if tensor is None else tensor.device
 
     @cached_property
     def frame_seconds(self) -> float:
@@ -636,22 +640,35 @@ def _clamped(word: Word, duration: float) -> Word:
 
 
 def load_model(
-    path: str | os.PathLike, device: str | torch.device = "cpu", precision: str = "fp32"
+    path: str | os.PathLike,
+    device: str | torch.device = "cpu",
+    precision: str = "fp32",
+    backend: str = "torch",
 ) -> Recognizer:
     """Rebuild a recognizer, to run in `precision` ("fp32" or "bf16": see
     `Recognizer.precision`), from `path`: an `asr fit` checkpoint (or an `asr average`
     output), a model package folder (`asr export`), or `hf://owner/name[@revision]`, a package
     on the Hugging Face Hub (fetched once into its cache; found there with `HF_HUB_OFFLINE=1`).
 
+    `backend` "onnx" (or "onnx-int8", the quantised graphs) runs the encoder, CTC head and
+    decoder in ONNX Runtime on the CPU (`asr.onnx_runtime`), from a package folder exported
+    with `asr export --format onnx`; "torch" runs everything in PyTorch.
+
     Raises:
         CheckpointError: the file is not a recognizer checkpoint written by `asr fit`, or not
             a model package, or refuses to load safely (a pickle); the message names it.
+        ValueError: an unknown backend, or ONNX on a device other than the CPU or in bf16.
+        FileNotFoundError: the package has no such ONNX graphs (named).
     """
     check_precision(precision)
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     weights, payload = read_recognizer(path)
     model = build_from_payload(build_seq2seq, payload)
     model.load_state_dict(weights)
     model = model.to(device).eval()
+    if backend != "torch":
+        model = _onnx_model(model, path, backend, device, precision)
     return Recognizer(
         model,
         payload_tokenizer(payload),
@@ -662,6 +679,17 @@ def load_model(
         SearchOptions(**payload["decoding"]) if "decoding" in payload else None,
         payload.get("tokens_per_second"),
     )
+
+
+def _onnx_model(model: Seq2Seq, path, backend: str, device, precision: str) -> nn.Module:
+    from asr.onnx_runtime import onnx_model
+
+    if torch.device(device).type != "cpu" or precision != "fp32":
+        raise ValueError(f"backend {backend!r} runs on the CPU in fp32 (its int8: onnx-int8)")
+    if not os.path.isdir(path):
+        raise ValueError(f"{path}: backend {backend!r} needs a package folder (asr export "
+                         "--format onnx), not a checkpoint")  # fmt: skip
+    return onnx_model(model, path, int8=backend == "onnx-int8")
 
 
 def load_lm(

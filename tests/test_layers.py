@@ -22,7 +22,7 @@ PACKAGE = REPO / "asr"
 # from its own layer or below.
 LAYERS = {
     0: {"text", "audio", "perturb", "frontends", "metrics", "precision", "models", "data.manifest"},
-    1: {"checkpoint", "package", "finetune"},
+    1: {"checkpoint", "package", "finetune", "onnx_runtime"},
     2: {"search", "ctc_prefix", "timing", "segment", "guard", "vad"},
     3: {"results", "writers", "transcribe", "recognizer"},
     4: {"evaluate", "robustness", "plotting"},

@@ -36,7 +36,9 @@ def rnn_output_lengths(lengths: Tensor | int, factors: Sequence[int]) -> Tensor 
     13
     """
     for factor in factors:
-        lengths = -(-lengths // factor)  # ceil division, for ints and tensors alike
+        # ceil division of non-negative lengths, for ints and tensors alike (and in ONNX,
+        # whose integer division truncates)
+        lengths = (lengths + factor - 1) // factor
     return lengths
 
 
@@ -266,7 +268,8 @@ class RNNEncoder(nn.Module):
 
     def _run_rnn(self, rnn: nn.RNNBase, x: Tensor, x_lens: Tensor) -> Tensor:
         """The RNN over each utterance's valid frames; the output is zero past each length."""
-        if self.unpacked_on_cpu and x.device.type == "cpu":
+        unpacked = self.unpacked_on_cpu and x.device.type == "cpu"
+        if unpacked or torch.onnx.is_in_onnx_export():  # ONNX has no packed sequences
             return _padded_rnn(rnn, x, x_lens)
         packed = pack_padded_sequence(x, x_lens.cpu(), batch_first=True, enforce_sorted=False)
         output, _ = rnn(packed)

@@ -362,11 +362,27 @@ def relative_shift(scores: Tensor) -> Tensor:
     [[0, -1], [11, 10]]
     """
     queries, width = scores.shape[-2:]
+    if torch.onnx.is_in_onnx_export():  # strides are not in ONNX: the same values gathered
+        return _relative_shift_gathered(scores)
     if scores.stride(-1) != 1 or scores.stride(-2) != width:
         scores = scores.contiguous()
     size = (*scores.shape[:-1], width - queries + 1)
     stride = (*scores.stride()[:-2], width - 1, 1)
     return scores.as_strided(size, stride, scores.storage_offset() + queries - 1)
+
+
+def _relative_shift_gathered(scores: Tensor) -> Tensor:
+    """`relative_shift` by a gather (a copy), which ONNX export traces with dynamic shapes.
+
+    >>> scores = torch.randn(2, 3, 4, 9)
+    >>> torch.equal(_relative_shift_gathered(scores), relative_shift(scores))
+    True
+    """
+    queries, width = scores.shape[-2], scores.shape[-1]
+    keys = width - queries + 1
+    rows = torch.arange(queries, device=scores.device)[:, None]
+    index = torch.arange(keys, device=scores.device)[None, :] - rows + (queries - 1)  # (Q, K)
+    return scores.gather(-1, index.expand(*scores.shape[:-1], keys))
 
 
 def relative_positions(length: int, d_model: int, device: torch.device) -> Tensor:

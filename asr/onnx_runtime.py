@@ -1,0 +1,265 @@
+"""ONNX export of a recognizer's networks, and ONNX Runtime behind the same interfaces.
+
+`export_onnx` writes, into a model package's `onnx/` folder:
+
+    encoder.onnx        features `(B, T, F)`, lengths -> encoder frames `(B, T', D)`, lengths
+    ctc.onnx            encoder frames -> CTC log-probabilities `(B, T', V)` (with a CTC head)
+    decoder_init.onnx   encoder frames, lengths -> the decoder's search state, flattened
+    decoder_step.onnx   previous tokens `(N,)`, state -> log-probabilities `(N, V)`, attention
+                        `(N, K, T')`, the state tensors that change
+    state.json          how the flat state tensors rebuild the decoder's state (a pytree spec)
+
+and with `int8`, dynamically quantised copies (`*.int8.onnx`, weights in int8).
+
+`onnx_model` returns a model whose encoder, CTC head and decoder run in ONNX Runtime sessions
+behind the interfaces of `asr.models` (the decoder's `init_state`/`step`/`reorder_state`),
+so search, timing and transcription run the same code as with PyTorch. Two parts stay in
+PyTorch, so torch stays on the deploy path: the frontend (its STFT framing depends on the
+lengths of the batch, which tracing would freeze) and the search itself.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+from torch.utils import _pytree as pytree
+
+from asr.models.interfaces import State, reorder_batch
+from asr.models.seq2seq import Seq2Seq
+
+ONNX_DIR = "onnx"
+OPSET = 17
+GRAPHS = ("encoder", "ctc", "decoder_init", "decoder_step")
+STATE_FILE = "state.json"
+
+
+# --------------------------------------------------------------------------- export
+
+
+class _Step(nn.Module):
+    """The decoder's `step` over flat tensors: the state's leaves in, the changed ones out."""
+
+    def __init__(self, decoder: nn.Module, spec: pytree.TreeSpec, changed: list[int]) -> None:
+        super().__init__()
+        self.decoder, self.spec, self.changed = decoder, spec, changed
+
+    def forward(self, tokens: Tensor, *leaves: Tensor) -> tuple[Tensor, ...]:
+        state = pytree.tree_unflatten(list(leaves), self.spec)
+        log_probs, new_state, attention = self.decoder.step(tokens, state)
+        new_leaves = pytree.tree_leaves(new_state)
+        return (log_probs, attention, *(new_leaves[i] for i in self.changed))
+
+
+class _Init(nn.Module):
+    def __init__(self, decoder: nn.Module) -> None:
+        super().__init__()
+        self.decoder = decoder
+
+    def forward(self, enc: Tensor, enc_lens: Tensor) -> tuple[Tensor, ...]:
+        return tuple(pytree.tree_leaves(self.decoder.init_state(enc, enc_lens)))
+
+
+def _dynamic(names: list[str], tensors: list[Tensor]) -> dict[str, dict[int, str]]:
+    """Every axis of every named tensor dynamic (rows, lengths, steps all vary)."""
+    return {n: {d: f"{n}_{d}" for d in range(t.dim())} for n, t in zip(names, tensors)}
+
+
+def _export(module: nn.Module, args: tuple, path: Path, inputs: list[str], outputs: list[str],
+            results: list[Tensor]) -> None:  # fmt: skip
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # tracer warnings about Python values made constant
+        torch.onnx.export(
+            module, args, str(path), input_names=inputs, output_names=outputs,
+            dynamic_axes=_dynamic(inputs, list(args)) | _dynamic(outputs, results),
+            opset_version=OPSET, dynamo=False,
+        )  # fmt: skip
+
+
+@torch.no_grad()
+def export_onnx(
+    model: Seq2Seq, out_dir: str | os.PathLike, sample_rate: int, int8: bool = True
+) -> list[str]:
+    """Export `model`'s encoder, CTC head and decoder (see the module docstring) into
+    `out_dir/onnx/`; the names of the files written, `out_dir` relative."""
+    model = model.eval()
+    folder = Path(out_dir) / ONNX_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    waves = torch.randn(2, 3 * sample_rate) * 0.1
+    wave_lens = torch.tensor([3 * sample_rate, 2 * sample_rate])
+    feats, feat_lens = model.frontend(waves, wave_lens)
+    enc, enc_lens = model.encoder(feats, feat_lens)
+    _export(model.encoder, (feats, feat_lens), folder / "encoder.onnx", ["feats", "feat_lens"],
+            ["enc", "enc_lens"], [enc, enc_lens])  # fmt: skip
+    written = ["encoder.onnx"]
+    if model.ctc is not None:
+        _export(model.ctc, (enc,), folder / "ctc.onnx", ["enc"], ["log_probs"], [model.ctc(enc)])
+        written.append("ctc.onnx")
+    written += _export_decoder(model.decoder, enc, enc_lens, folder)
+    if int8:
+        written += [_quantized(folder / name) for name in written if name.endswith(".onnx")]
+    return [f"{ONNX_DIR}/{name}" for name in written]
+
+
+def _export_decoder(decoder: nn.Module, enc: Tensor, enc_lens: Tensor, folder: Path) -> list[str]:
+    state = decoder.init_state(enc, enc_lens)
+    leaves, spec = pytree.tree_flatten(state)
+    names = [f"state{i}" for i in range(len(leaves))]
+    _export(_Init(decoder), (enc, enc_lens), folder / "decoder_init.onnx", ["enc", "enc_lens"],
+            names, leaves)  # fmt: skip
+    tokens = torch.full((enc.size(0),), 3)
+    for _ in range(2):  # a state with history: every cache has a length to vary
+        _, state, _ = decoder.step(tokens, state)
+    leaves = pytree.tree_leaves(state)
+    log_probs, new_state, attention = decoder.step(tokens, state)
+    new_leaves, new_spec = pytree.tree_flatten(new_state)
+    if new_spec != spec:
+        raise ValueError(f"{type(decoder).__name__}.step changes the state's structure")
+    changed = [i for i, (a, b) in enumerate(zip(leaves, new_leaves)) if a is not b]
+    outputs = ["log_probs", "attention", *(f"new_state{i}" for i in changed)]
+    results = [log_probs, attention, *(new_leaves[i] for i in changed)]
+    _export(_Step(decoder, spec, changed), (tokens, *leaves), folder / "decoder_step.onnx",
+            ["tokens", *names], outputs, results)  # fmt: skip
+    meta = {
+        "spec": pytree.treespec_dumps(spec),
+        "changed": changed,
+        "vocab_size": decoder.vocab_size,
+        "num_attention_maps": decoder.num_attention_maps,
+    }
+    (folder / STATE_FILE).write_text(json.dumps(meta) + "\n")
+    return ["decoder_init.onnx", "decoder_step.onnx", STATE_FILE]
+
+
+def _quantized(path: Path) -> str:
+    """A dynamically quantised copy of the graph at `path` (int8 weights), beside it."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    out = path.with_suffix(".int8.onnx")
+    with tempfile.TemporaryDirectory() as tmp:  # the quantiser writes a pre-processed copy
+        staged = Path(tmp) / path.name
+        staged.write_bytes(path.read_bytes())
+        quantize_dynamic(str(staged), str(out), weight_type=QuantType.QInt8)
+    return out.name
+
+
+# --------------------------------------------------------------------------- runtime
+
+
+class _Session:
+    """An ONNX Runtime session called with and returning torch tensors (CPU)."""
+
+    def __init__(self, path: Path, threads: int | None) -> None:
+        import onnxruntime as ort
+
+        options = ort.SessionOptions()
+        if threads:
+            options.intra_op_num_threads = threads
+        self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        self.inputs = [i.name for i in self.session.get_inputs()]
+
+    def __call__(self, **feeds: Tensor) -> list[Tensor]:
+        given = {k: _numpy(v) for k, v in feeds.items() if k in self.inputs}
+        return [torch.from_numpy(out) for out in self.session.run(None, given)]
+
+
+def _numpy(tensor: Tensor) -> np.ndarray:
+    return tensor.detach().cpu().contiguous().numpy()
+
+
+class OnnxEncoder:
+    def __init__(self, session: _Session) -> None:
+        self.session = session
+
+    def __call__(self, feats: Tensor, feat_lens: Tensor) -> tuple[Tensor, Tensor]:
+        enc, enc_lens = self.session(feats=feats.float(), feat_lens=feat_lens)
+        return enc, enc_lens
+
+
+class OnnxCTC:
+    def __init__(self, session: _Session) -> None:
+        self.session = session
+
+    def __call__(self, enc: Tensor) -> Tensor:
+        return self.session(enc=enc.float())[0]
+
+
+class OnnxDecoder:
+    """`asr.models.interfaces.Decoder` over the decoder_init and decoder_step graphs."""
+
+    def __init__(self, init: _Session, step: _Session, meta: dict[str, Any]) -> None:
+        self.init, self.step_session = init, step
+        self.spec = pytree.treespec_loads(meta["spec"])
+        self.changed = meta["changed"]
+        self.vocab_size = meta["vocab_size"]
+        self.num_attention_maps = meta["num_attention_maps"]
+
+    def init_state(self, enc: Tensor, enc_lens: Tensor) -> State:
+        leaves = self.init(enc=enc.float(), enc_lens=enc_lens)
+        return pytree.tree_unflatten(leaves, self.spec)
+
+    def step(self, tokens: Tensor, state: State) -> tuple[Tensor, State, Tensor]:
+        leaves = pytree.tree_leaves(state)
+        feeds = {f"state{i}": leaf for i, leaf in enumerate(leaves)}
+        log_probs, attention, *changed = self.step_session(tokens=tokens, **feeds)
+        for i, leaf in zip(self.changed, changed):
+            leaves[i] = leaf
+        return log_probs, pytree.tree_unflatten(leaves, self.spec), attention
+
+    def reorder_state(self, state: State, index: Tensor) -> State:
+        return reorder_batch(state, index)
+
+    def __call__(self, enc: Tensor, enc_lens: Tensor, tokens: Tensor) -> tuple[Tensor, Tensor]:
+        """Teacher forcing, step by step: log-probabilities `(B, L, V)` (as logits: a
+        log-softmax leaves them as they are) and attention `(B, K, L, T)`."""
+        state = self.init_state(enc, enc_lens)
+        outputs, maps = [], []
+        for i in range(tokens.size(1)):
+            log_probs, state, attention = self.step(tokens[:, i], state)
+            outputs.append(log_probs)
+            maps.append(attention)
+        return torch.stack(outputs, 1), torch.stack(maps, 2)
+
+
+class OnnxSeq2Seq(nn.Module):
+    """A `Seq2Seq` whose encoder, CTC head and decoder are ONNX Runtime sessions; the frontend
+    is the PyTorch one."""
+
+    def __init__(self, model: Seq2Seq, folder: Path, int8: bool, threads: int | None) -> None:
+        super().__init__()
+        suffix = ".int8.onnx" if int8 else ".onnx"
+
+        def session(name: str) -> _Session:
+            path = folder / f"{name}{suffix}"
+            if not path.is_file():
+                hint = "export it with --int8" if int8 else "export it: asr export --format onnx"
+                raise FileNotFoundError(f"{path}: no such ONNX graph ({hint})")
+            return _Session(path, threads)
+
+        self.frontend = model.frontend
+        self.encoder = OnnxEncoder(session("encoder"))
+        self.ctc = OnnxCTC(session("ctc")) if model.ctc is not None else None
+        meta = json.loads((folder / STATE_FILE).read_text())
+        self.decoder = OnnxDecoder(session("decoder_init"), session("decoder_step"), meta)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.decoder.vocab_size
+
+    def encode(self, waves: Tensor, wave_lens: Tensor) -> tuple[Tensor, Tensor]:
+        feats, feat_lens = self.frontend(waves, wave_lens)
+        return self.encoder(feats, feat_lens)
+
+
+def onnx_model(
+    model: Seq2Seq, folder: str | os.PathLike, int8: bool = False, threads: int | None = None
+) -> OnnxSeq2Seq:
+    """`model` (loaded from a package) running on the graphs of `folder/onnx/`."""
+    return OnnxSeq2Seq(model.eval(), Path(folder) / ONNX_DIR, int8, threads)

@@ -1,0 +1,102 @@
+"""ONNX export and the ONNX Runtime backend: the same hypotheses as PyTorch."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import replace
+
+import pytest
+import torch
+from conftest import TINY_MODEL_CONFIG
+from test_transcribe import GREEDY, JOINT, WAV, _overfit_recognizer
+
+from asr.checkpoint import instantiate
+from asr.cli import main
+from asr.models.seq2seq import build_seq2seq
+from asr.onnx_runtime import export_onnx, onnx_model
+from asr.recognizer import Recognizer, load_model
+from asr.search import SearchOptions
+from asr.text import CharTokenizer
+
+RNN_ENCODER = {"hidden_size": 16, "projection_dim": 16, "num_layers": 2, "subsample": "2_2"}
+RNN_DECODER = "asr.models.rnn.RNNAttentionDecoder"
+RNN = {
+    "encoder": {"class_path": "asr.models.rnn.RNNEncoder", "init_args": RNN_ENCODER},
+    "decoder": {"class_path": RNN_DECODER, "init_args": {"hidden_size": 8}},
+}
+
+
+@pytest.fixture(scope="module")
+def overfit():
+    return _overfit_recognizer(str(WAV))
+
+
+def _tokens(recognizer: Recognizer, waves, options: SearchOptions) -> list[list[int]]:
+    return [d.hypothesis.tokens for d in recognizer.search(waves, options)]
+
+
+def test_a_trained_transformer_decodes_the_same_on_onnx_runtime(overfit, tmp_path):
+    recognizer, waves = overfit
+    written = export_onnx(recognizer.model, tmp_path, recognizer.sample_rate)
+    assert {"onnx/encoder.onnx", "onnx/ctc.onnx", "onnx/decoder_step.int8.onnx"} <= set(written)
+    onnx = replace(recognizer, model=onnx_model(recognizer.model, tmp_path))
+    for options in (GREEDY, JOINT, SearchOptions(beam_size=3, ctc_weight=0.5, nbest=2)):
+        assert _tokens(onnx, waves, options) == _tokens(recognizer, waves, options)
+    # The networks' outputs, not only the argmaxes, agree.
+    lens = torch.tensor([len(w) for w in waves])
+    batch = torch.nn.utils.rnn.pad_sequence(waves, batch_first=True)
+    with torch.no_grad():
+        enc, enc_lens = recognizer.model.encode(batch, lens)
+        state = recognizer.model.decoder.init_state(enc, enc_lens)
+        logp, _, attention = recognizer.model.decoder.step(torch.full((4,), 3), state)
+    got_enc, got_lens = onnx.model.encode(batch, lens)
+    assert torch.equal(got_lens, enc_lens)
+    torch.testing.assert_close(got_enc, enc, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(onnx.model.ctc(got_enc), recognizer.model.ctc(enc), atol=1e-4,
+                               rtol=1e-4)  # fmt: skip
+    got_logp, _, got_attention = onnx.model.decoder.step(
+        torch.full((4,), 3), onnx.model.decoder.init_state(got_enc, got_lens)
+    )
+    torch.testing.assert_close(got_logp, logp, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(got_attention, attention, atol=1e-5, rtol=1e-4)
+
+
+def test_an_rnn_attention_model_decodes_the_same_on_onnx_runtime(tmp_path):
+    """Pyramidal BiLSTM, location-aware attention, CTC head (random weights: the hypotheses
+    mean nothing, but both backends must find the same ones)."""
+    tokenizer = CharTokenizer.train(["YES NO GO"])
+    torch.manual_seed(0)
+    model = instantiate(
+        build_seq2seq, TINY_MODEL_CONFIG | RNN | {"vocab_size": tokenizer.vocab_size}
+    )
+    recognizer = Recognizer(model.eval(), tokenizer, 16000, "rnn")
+    waves = [torch.randn(n) * 0.1 for n in (16000, 9000, 12000)]
+    export_onnx(model, tmp_path, 16000, int8=False)
+    onnx = replace(recognizer, model=onnx_model(model, tmp_path))
+    options = [replace(GREEDY, repair=False), SearchOptions(beam_size=3, ctc_weight=0.3)]
+    for option in options:
+        assert _tokens(onnx, waves, option) == _tokens(recognizer, waves, option)
+    with pytest.raises(FileNotFoundError, match="encoder.int8.onnx: no such ONNX graph"):
+        onnx_model(model, tmp_path, int8=True)
+
+
+def test_cli_exports_and_decodes_with_onnx_backends(overfit, tiny_checkpoint, tmp_path, capsys):
+    checkpoint = tiny_checkpoint["checkpoint"]
+    assert main(["export", str(checkpoint), str(tmp_path / "pkg"), "--format", "onnx"]) == 0
+    assert "onnx/decoder_step.onnx" in capsys.readouterr().out
+    audio = str(WAV / "an4_clstk/fash/an251-fash-b.wav")
+    texts = {}
+    for backend in ("torch", "onnx", "onnx-int8"):
+        args = ["transcribe", audio, "--model", str(tmp_path / "pkg"), "--backend", backend,
+                "--output-dir", str(tmp_path / backend), "--format", "json", "--quiet"]  # fmt: skip
+        assert main(args) == 0
+        texts[backend] = json.loads((tmp_path / backend / "an251-fash-b.json").read_text())["text"]
+    assert texts["onnx"] == texts["torch"]
+    with pytest.raises(ValueError, match="needs a package folder"):
+        load_model(checkpoint, backend="onnx")
+    shutil.rmtree(tmp_path / "pkg" / "onnx")
+    with pytest.raises(FileNotFoundError, match="no such ONNX graph"):
+        load_model(tmp_path / "pkg", backend="onnx")
+    with pytest.raises(ValueError, match="backend must be one of"):
+        load_model(tmp_path / "pkg", backend="tensorrt")
