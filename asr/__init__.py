@@ -19,7 +19,7 @@ below training imports Lightning (tests/test_layers.py holds the package to this
     algorithms  search, ctc_prefix, timing (DTW, CTC forced alignment), segment (long audio),
                 vad (Silero speech probabilities for segment), guard (attention failures)
     recognizer  results, writers, transcribe, recognizer (`load_model`, `load_lm`)
-    users       evaluate, robustness, plotting
+    users       evaluate, robustness, plotting, heads (the attention maps that time words)
     training    data/, lightning, lm, optim, train (LightningCLI), cli (the `asr` command;
                 `python -m asr` through __main__)
 

@@ -8,6 +8,7 @@ its model without the training files, under one key (`RECOGNIZER_KEY` or `LM_KEY
     assets         files the config names (CMVN statistics), base64, keyed by their path
     segment_seconds, decoding   optional: how `transcribe` cuts and decodes by default
     tokens_per_second    optional: the training set's fastest speech; bounds output length
+    alignment_heads      optional: the attention maps that time words (asr choose-heads)
 
 All values are plain strings, numbers and containers, so a checkpoint loads with
 `torch.load(weights_only=True)`: loading one never runs code. Nothing here imports Lightning.
@@ -128,12 +129,18 @@ def store_decoding(path: str | os.PathLike, decoding: dict[str, Any]) -> None:
         path: the checkpoint, rewritten atomically.
         decoding: `asr.search.SearchOptions` fields (plain values), e.g. those chosen on dev.
     """
+    store_in_payload(path, "decoding", dict(decoding))
+
+
+def store_in_payload(path: str | os.PathLike, key: str, value: Any) -> None:
+    """Set `key` of a recognizer checkpoint's payload to `value` (plain values), rewriting
+    the checkpoint atomically (e.g. "decoding", "alignment_heads")."""
     if Path(path).is_dir():
         raise CheckpointError(
-            f"{path}: a model package; set the decoding of its checkpoint, then export it again"
+            f"{path}: a model package; set {key} in its checkpoint, then export it again"
         )
     state, payload = read_payload(path, RECOGNIZER_KEY)
-    payload["decoding"] = dict(decoding)
+    payload[key] = value
     atomic_save(state, path)
 
 

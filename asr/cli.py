@@ -13,6 +13,7 @@ asr transcribe AUDIO|DIR|GLOB|M.jsonl|-... --checkpoint CKPT [--output-dir DIR -
 asr evaluate --checkpoint CKPT --manifest test.jsonl --out DIR   WER/CER, reports, plots
 asr robustness --checkpoint CKPT --manifest test.jsonl --out DIR  WER under noise, level...
 asr align AUDIO --checkpoint CKPT --text "..." --out plot.png      word times of a transcript
+asr choose-heads --checkpoint CKPT --manifest dev.jsonl --store   attention maps for word times
 
 Batch commands (prepare, validate-data, transcribe, evaluate) go on past bad inputs, list
 each with the reason, and exit with status 1 when any failed (2: the command could not run).
@@ -333,6 +334,23 @@ def _align(args: argparse.Namespace) -> int:
     return 0
 
 
+def _choose_heads(args: argparse.Namespace) -> int:
+    from asr.checkpoint import store_in_payload
+    from asr.heads import choose_heads, reference_alignments, score_heads
+
+    recognizer = _load_model(args)
+    alignments = reference_alignments(recognizer, args.manifest, progress=not args.quiet)
+    if args.heads is not None:
+        print(score_heads(recognizer, alignments, args.heads).table(), end="")
+        return 0
+    choice = choose_heads(recognizer, alignments)
+    print(choice.table(), end="")
+    if args.store:
+        store_in_payload(args.checkpoint, "alignment_heads", choice.chosen)
+        print(f"alignment heads {choice.chosen} stored in {args.checkpoint}", file=sys.stderr)
+    return 0
+
+
 def _add_search_arguments(p: argparse.ArgumentParser) -> None:
     from asr.search import DEFAULT_CTC_WEIGHT, SearchOptions
 
@@ -584,6 +602,24 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--seed", type=int, default=0, help="seed of the noise, talkers, rooms (0)")
     p.set_defaults(run=_robustness)
+
+    p = sub.add_parser(
+        "choose-heads",
+        help="choose the cross-attention maps that time words (Transformers)",
+        description="Align each reference of a manifest (dev) by teacher forcing, compare each "
+        "cross-attention map's DTW word boundaries with CTC forced alignment, and choose the "
+        "best maps: a table of the mean and 90th-percentile boundary difference (ms) of all "
+        "maps averaged, the chosen ones, and each map. --store records the choice in the "
+        "checkpoint (word times then use those maps); --heads scores given maps instead "
+        "(e.g. the stored ones on test).",
+    )
+    p.add_argument("--checkpoint", "--model", dest="checkpoint", required=True)
+    p.add_argument("--manifest", required=True, help="JSONL manifest with references (dev)")
+    p.add_argument("--store", action="store_true", help="record the chosen maps in the checkpoint")
+    p.add_argument("--heads", type=int, nargs="+", help="score these maps (layer * heads + head)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    _add_device_arguments(p)
+    p.set_defaults(run=_choose_heads)
 
     p = sub.add_parser("align", help="align a known transcript: word times and a plot")
     p.add_argument("audio", help="an audio file")

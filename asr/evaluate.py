@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import jiwer
+import numpy as np
 from torch import Tensor
 from tqdm import tqdm
 
@@ -145,6 +146,9 @@ def evaluate(
         "decode_seconds": decode_seconds,
         "real_time_factor": decode_seconds / audio_seconds,
         "boundary_error_ms": _mean(boundary_errors),
+        "boundary_error_ms_p90": float(np.percentile(boundary_errors, 90))
+        if boundary_errors
+        else None,
         "boundary_error_utterances": len(boundary_errors),
         "confidence": confidence,
         # utterances whose attention failure (`asr.guard`) was repaired, by failure

@@ -107,6 +107,9 @@ class Recognizer:
     # included (`asr.search.fastest_speech`, stored by `asr fit`): searches may emit
     # `RATE_MARGIN` times this whatever `max_len_ratio` says. None: `max_len_ratio` alone.
     tokens_per_second: float | None = None
+    # The cross-attention maps whose DTW word times agree best with CTC forced alignment on dev
+    # (`asr choose-heads`, stored in the checkpoint); None: all maps, averaged.
+    alignment_heads: list[int] | None = None
 
     def __post_init__(self) -> None:
         check_precision(self.precision)
@@ -464,7 +467,7 @@ class Recognizer:
             pieces=pieces,
             token_starts=np.minimum(times.start, duration).tolist(),
             token_ends=np.minimum(times.end, duration).tolist(),
-            words=self._words(pieces, times, duration, probs or None),
+            words=self.timed_words(pieces, times, duration, probs or None),
             score=hyp.score,
             duration=duration,
             segments=[segment],
@@ -479,7 +482,7 @@ class Recognizer:
         pieces = self.tokenizer.pieces(decoded.hypothesis.tokens)
         times = self.token_times(decoded, timestamps, fallback)
         duration = decoded.num_samples / self.sample_rate
-        return self._words(pieces, times, duration, decoded.token_probs or None)
+        return self.timed_words(pieces, times, duration, decoded.token_probs or None)
 
     def token_times(
         self, decoded: Decoded, timestamps: str = "attention", fallback: bool = True
@@ -504,7 +507,7 @@ class Recognizer:
                 if not fallback:
                     raise
                 log.warning("CTC timestamps failed, using attention instead: %s", err)
-        times = attention_timestamps(hyp.attention, self.frame_seconds)
+        times = attention_timestamps(hyp.attention, self.frame_seconds, self.alignment_heads)
         return times[: len(hyp.tokens)]
 
     # ------------------------------------------------------------------ alignment
@@ -546,12 +549,13 @@ class Recognizer:
         attention = attention[0].float().cpu()
         pieces = self.tokenizer.pieces(tokens)
         duration = len(wave) / self.sample_rate
-        times = attention_timestamps(attention, self.frame_seconds)[: len(tokens)]
+        times = attention_timestamps(attention, self.frame_seconds, self.alignment_heads)
+        times = times[: len(tokens)]
         ctc_words = None
         if ctc is not None:  # (T, V)
             try:
                 ctc_times = ctc_forced_alignment(ctc, tokens, self.frame_seconds)
-                ctc_words = self._words(pieces, ctc_times, duration)
+                ctc_words = self.timed_words(pieces, ctc_times, duration)
             except ValueError as err:  # more tokens than the frames can hold
                 log.warning("no CTC alignment: %s", err)
         return Alignment(
@@ -559,7 +563,7 @@ class Recognizer:
             pieces=pieces,
             attention=attention,
             features=feats[0, : int(feat_lens[0])].float().cpu(),
-            words=self._words(pieces, times, duration),
+            words=self.timed_words(pieces, times, duration),
             ctc_words=ctc_words,
             score=float(logp),
             duration=duration,
@@ -567,13 +571,15 @@ class Recognizer:
             feature_seconds=self.feature_seconds,
         )
 
-    def _words(
+    def timed_words(
         self,
         pieces: list[str],
         times: TokenTimes,
         duration: float,
         probs: Sequence[float] | None = None,
     ) -> list[Word]:
+        """Words of token `pieces` timed by `times` (and `probs`), cut to `duration` seconds;
+        special tokens (`<unk>`) belong to no word."""
         words = word_timestamps(_word_pieces(pieces), times, probs)
         return [_clamped(w, duration) for w in words]
 
@@ -678,6 +684,7 @@ def load_model(
         payload.get("segment_seconds"),
         SearchOptions(**payload["decoding"]) if "decoding" in payload else None,
         payload.get("tokens_per_second"),
+        payload.get("alignment_heads"),
     )
 
 

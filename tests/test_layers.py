@@ -25,7 +25,7 @@ LAYERS = {
     1: {"checkpoint", "package", "finetune", "onnx_runtime"},
     2: {"search", "ctc_prefix", "timing", "segment", "guard", "vad"},
     3: {"results", "writers", "transcribe", "recognizer"},
-    4: {"evaluate", "robustness", "plotting"},
+    4: {"evaluate", "robustness", "plotting", "heads"},
     5: {"data", "lightning", "lm", "optim", "train", "cli", "__main__"},
 }
 TRAINING = 5

@@ -243,7 +243,7 @@ def test_damaged_or_missing_package_files_are_named(package, tmp_path):
 
 def test_set_decoding_on_a_package_says_what_to_do(package, capsys):
     assert main(["set-decoding", "--model", str(package), "--beam-size", "2"]) == 2
-    assert "a model package; set the decoding of its checkpoint" in capsys.readouterr().err
+    assert "a model package; set decoding in its checkpoint" in capsys.readouterr().err
 
 
 # --------------------------------------------------------------------------- hf://

@@ -1,0 +1,103 @@
+"""Choosing the cross-attention maps that time words best (`asr choose-heads`).
+
+Word times from cross-attention come from DTW over the decoder's attention maps. Averaging all
+of a Transformer's maps (layers x heads) mixes maps that follow the audio with maps that attend
+elsewhere (Whisper ships a chosen set of "alignment heads" per model for this reason). Here each
+utterance of a manifest is aligned to its reference by teacher forcing; each map's DTW word
+boundaries are compared with CTC forced alignment of the same words (the CTC head's times
+are monotonic by construction); the maps are ranked by their mean boundary difference, and the
+chosen set is the best `n` of them, `n` the one whose averaged maps differ least.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from tqdm import tqdm
+
+from asr.audio import load_audio
+from asr.data.manifest import read_manifest
+from asr.recognizer import Recognizer
+from asr.results import Alignment
+from asr.timing import attention_timestamps, boundary_error_ms
+
+
+@dataclass(frozen=True)
+class HeadChoice:
+    """Boundary differences (ms) against CTC forced alignment, per utterance."""
+
+    per_head: np.ndarray  # (U, K): each map alone
+    all_heads: np.ndarray  # (U,): all maps averaged
+    chosen: list[int]  # the maps chosen
+    chosen_errors: np.ndarray  # (U,): the chosen maps averaged
+
+    def table(self) -> str:
+        """Markdown: mean and 90th percentile, all maps, the chosen ones, then each map."""
+        rows = [("all maps", self.all_heads), (f"chosen {self.chosen}", self.chosen_errors)]
+        rows += [(f"map {k}", self.per_head[:, k]) for k in range(self.per_head.shape[1])]
+        lines = ["| maps | mean ms | p90 ms |", "|---|---|---|"]
+        lines += [f"| {name} | {e.mean():.1f} | {np.percentile(e, 90):.1f} |" for name, e in rows]
+        return "\n".join(lines) + "\n"
+
+
+def boundary_errors(
+    recognizer: Recognizer, alignment: Alignment, head_sets: Sequence[Sequence[int] | None]
+) -> list[float]:
+    """The boundary difference (ms) of DTW word times from each set of maps (None: all)
+    against the alignment's CTC word times."""
+    out = []
+    for heads in head_sets:
+        times = attention_timestamps(alignment.attention, alignment.frame_seconds, heads)
+        words = recognizer.timed_words(alignment.pieces, times[: len(alignment.tokens)],
+                                       alignment.duration)  # fmt: skip
+        out.append(boundary_error_ms(words, alignment.ctc_words))
+    return out
+
+
+def reference_alignments(
+    recognizer: Recognizer, manifest: str | os.PathLike, progress: bool = True
+) -> list[Alignment]:
+    """Teacher-forced alignments of the manifest's references that CTC can align too."""
+    if recognizer.model.ctc is None:
+        raise ValueError(f"{recognizer.checkpoint}: choosing maps needs a CTC head to compare with")
+    out = []
+    for utterance in tqdm(read_manifest(manifest), desc="align", disable=not progress):
+        tokens = recognizer.tokenizer.encode(utterance.text)
+        if not tokens:
+            continue
+        wave = load_audio(
+            utterance.audio_filepath, recognizer.sample_rate, utterance.offset, utterance.duration
+        )
+        alignment = recognizer.align_tokens(wave, tokens)
+        if alignment.ctc_words and len(alignment.ctc_words) == len(alignment.words):
+            out.append(alignment)
+    if not out:
+        raise ValueError(f"{manifest}: no utterance could be aligned")
+    return out
+
+
+def choose_heads(recognizer: Recognizer, alignments: Sequence[Alignment]) -> HeadChoice:
+    """Rank the maps by mean boundary difference and choose the best prefix of the ranking."""
+    maps = alignments[0].attention.size(0)
+    per_head = np.array([boundary_errors(recognizer, a, [[k] for k in range(maps)])
+                         for a in alignments])  # fmt: skip
+    ranking = [int(k) for k in np.argsort(per_head.mean(0), kind="stable")]
+    prefixes = [ranking[:n] for n in range(1, maps + 1)]
+    by_prefix = np.array([boundary_errors(recognizer, a, prefixes) for a in alignments])
+    best = int(np.argmin(by_prefix.mean(0)))
+    all_heads = np.array([boundary_errors(recognizer, a, [None])[0] for a in alignments])
+    return HeadChoice(per_head, all_heads, sorted(prefixes[best]), by_prefix[:, best])
+
+
+def score_heads(
+    recognizer: Recognizer, alignments: Sequence[Alignment], heads: Sequence[int]
+) -> HeadChoice:
+    """The boundary differences of given maps (e.g. those chosen on dev, on test)."""
+    maps = alignments[0].attention.size(0)
+    per_head = np.array([boundary_errors(recognizer, a, [[k] for k in range(maps)])
+                         for a in alignments])  # fmt: skip
+    both = np.array([boundary_errors(recognizer, a, [None, list(heads)]) for a in alignments])
+    return HeadChoice(per_head, both[:, 0], sorted(heads), both[:, 1])

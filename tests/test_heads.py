@@ -1,0 +1,58 @@
+"""`asr choose-heads`: the attention maps whose word times agree best with CTC alignment."""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from test_evaluate import _manifest
+from test_transcribe import UTTERANCES, WAV, _overfit_recognizer
+
+from asr.cli import main
+from asr.heads import choose_heads, reference_alignments, score_heads
+from asr.recognizer import load_model
+from asr.timing import attention_timestamps
+
+
+@pytest.fixture(scope="module")
+def overfit():
+    return _overfit_recognizer(str(WAV))
+
+
+def test_the_chosen_maps_time_words_closer_to_ctc_than_all_maps(overfit, tmp_path):
+    recognizer, waves = overfit
+    alignments = reference_alignments(recognizer, _manifest(tmp_path / "m.jsonl", UTTERANCES),
+                                      progress=False)  # fmt: skip
+    assert len(alignments) == len(UTTERANCES)
+    choice = choose_heads(recognizer, alignments)
+    maps = alignments[0].attention.size(0)
+    assert choice.per_head.shape == (len(alignments), maps) and choice.chosen
+    assert set(choice.chosen) <= set(range(maps))
+    assert choice.chosen_errors.mean() < choice.all_heads.mean()  # on this model: measured
+    best_single = choice.per_head.mean(0).min()
+    assert choice.chosen_errors.mean() <= best_single + 1e-9  # the best prefix, one map included
+    again = score_heads(recognizer, alignments, choice.chosen)
+    np.testing.assert_allclose(again.chosen_errors, choice.chosen_errors)
+    assert "| all maps |" in choice.table() and f"chosen {choice.chosen}" in choice.table()
+
+    # A recognizer told the maps times words from them.
+    chosen = replace(recognizer, alignment_heads=choice.chosen)
+    [decoded] = chosen.search(waves[:1])
+    expected = attention_timestamps(decoded.hypothesis.attention, chosen.frame_seconds,
+                                    choice.chosen)[: len(decoded.hypothesis.tokens)]  # fmt: skip
+    assert chosen.token_times(decoded) == expected
+
+
+def test_cli_stores_the_choice_that_load_model_reads(tiny_checkpoint, tmp_path, capsys):
+    checkpoint = tmp_path / "model.ckpt"
+    shutil.copy(tiny_checkpoint["checkpoint"], checkpoint)
+    manifest = _manifest(tmp_path / "m.jsonl", UTTERANCES)
+    assert load_model(checkpoint).alignment_heads is None
+    args = ["choose-heads", "--checkpoint", str(checkpoint), "--manifest", str(manifest), "--quiet"]
+    assert main([*args, "--store"]) == 0
+    stored = load_model(checkpoint).alignment_heads
+    assert stored and f"chosen {stored}" in capsys.readouterr().out
+    assert main([*args, "--heads", "0"]) == 0
+    assert "| chosen [0] |" in capsys.readouterr().out
