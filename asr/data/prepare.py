@@ -24,13 +24,12 @@ from typing import Any, NamedTuple
 
 from tqdm import tqdm
 
-from asr.audio import AudioError, audio_files, audio_info
+from asr.audio import AUDIO_SUFFIXES, AudioError, audio_files, audio_info
 from asr.data.manifest import Utterance, write_manifest
 
 logger = logging.getLogger(__name__)
 
 PathLike = str | os.PathLike
-AUDIO_SUFFIXES = (".wav", ".flac", ".sph", ".ogg", ".mp3")  # what `prepare_folder` picks up
 LISTED = 5  # names spelled out in a warning
 BROKEN_KEYS = ("unusable_audio", "bad_transcripts")  # summary.json lists of broken inputs
 
@@ -251,8 +250,9 @@ def _hold_out(train: list[Utterance], dev_size: int) -> tuple[list[Utterance], l
 # ---------------------------------------------------------------------------- LibriSpeech
 
 LIBRISPEECH_LAYOUT = (
-    "LibriSpeech: <split>/<speaker>/<chapter>/<speaker>-<chapter>.trans.txt with .flac "
-    "files beside it, in this directory or in its LibriSpeech/ subdirectory"
+    "LibriSpeech: <split>/<speaker>/<chapter>/<speaker>-<chapter>.trans.txt with the audio "
+    "beside it (.flac, or any suffix the loader reads: Mini LibriSpeech's .opus), in this "
+    "directory or in its LibriSpeech/ subdirectory"
 )
 
 
@@ -315,13 +315,21 @@ def _librispeech_entries(split_dir: Path) -> list[_Entry]:
             utterance_id, _, text = line.strip().partition(" ")
             if not text.strip():
                 raise ValueError(f"{transcripts}:{number}: expected '<utterance-id> <TRANSCRIPT>'")
-            audio = transcripts.parent / f"{utterance_id}.flac"
-            if audio.is_file():
+            audio = _audio_beside(transcripts.parent, utterance_id)
+            if audio is not None:
                 entries.append(_Entry(utterance_id, audio, text.strip(), speaker))
             else:
-                missing.append(str(audio))
+                missing.append(str(transcripts.parent / f"{utterance_id}.flac"))
     _raise_if_any(missing, f"{split_dir}: audio missing for")
     return entries
+
+
+def _audio_beside(folder: Path, stem: str) -> Path | None:
+    """`folder/stem.flac`, else the file of that stem with another audio suffix, if any."""
+    for suffix in (".flac", *AUDIO_SUFFIXES):
+        if (folder / f"{stem}{suffix}").is_file():
+            return folder / f"{stem}{suffix}"
+    return None
 
 
 # ---------------------------------------------------------------------------------- yes/no
@@ -413,7 +421,7 @@ def prepare_folder(
     data_dir, out_dir = _absolute(data_dir), _absolute(out_dir)
     if not data_dir.is_dir():
         raise ValueError(f"{data_dir}: expected a directory with {FOLDER_LAYOUT}")
-    audio = audio_files(data_dir, AUDIO_SUFFIXES)
+    audio = audio_files(data_dir)
     if not audio:
         raise ValueError(f"{data_dir}: expected {FOLDER_LAYOUT}; found no audio")
     entries, missing, bad_text = _folder_entries(data_dir, audio)

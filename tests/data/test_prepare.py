@@ -147,6 +147,18 @@ def test_librispeech_sample(librispeech_dir, tmp_path, level):
 
 
 @pytest.mark.needs_corpus
+def test_mini_librispeech_opus_files_are_found_beside_their_transcripts(tmp_path):
+    """Mini LibriSpeech here is Ogg Opus: the LibriSpeech layout with another audio suffix."""
+    root = corpus_path("mini_librispeech", "LibriSpeech")
+    summaries = prepare_corpus("librispeech", root, tmp_path, splits=["dev-clean-5"])
+    splits = check_outputs(tmp_path, summaries)
+    assert len(splits["dev-clean-5"]) == 82 and summaries["dev"].speakers == 2
+    for utterance in splits["dev-clean-5"]:
+        assert Path(utterance.audio_filepath).name == f"{utterance.utt_id}.opus"
+        assert utterance.duration > 0
+
+
+@pytest.mark.needs_corpus
 def test_librispeech_unknown_split_is_named(librispeech_dir, tmp_path):
     with pytest.raises(ValueError, match=r"dev-clean not found; found train-clean-5"):
         prepare_corpus("librispeech", librispeech_dir, tmp_path, splits=["dev-clean"])
