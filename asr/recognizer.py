@@ -383,7 +383,7 @@ class Recognizer:
         else:
             cut = [_cut_loop(nbests[b][0]) for b in rows.tolist()]
             fixed = [[h] for h in cut]
-            fixed_logp, _ = self._token_log_probs(enc[rows], enc_lens[rows], cut)
+            fixed_logp, _ = self._token_log_probs(enc[rows].float(), enc_lens[rows], cut)
         for k, b in enumerate(rows.tolist()):
             ended = math.isfinite(fixed[k][0].score)  # not the empty stand-in of no hypothesis
             if ended and fixed[k][0].tokens != nbests[b][0].tokens:
