@@ -374,8 +374,9 @@ def _add_search_arguments(p: argparse.ArgumentParser) -> None:
         dest="repair",
         action="store_false",
         default=None,
-        help="keep hypotheses that loop, reach the length bound or disagree with the CTC head in "
-        "length (default: decode those again, CTC-weighted; json marks them `repaired`)",
+        help="in searches without --ctc-weight, keep hypotheses that loop, reach the length "
+        "bound or outrun the CTC head (default: decode those again, CTC-weighted; json marks "
+        "them `repaired`)",
     )
 
 

@@ -2,7 +2,7 @@
 
 Attention decoders fail in three ways on long, noisy or silent input (Chiu et al. 2019;
 Whisper's temperature fallback addresses the same): they loop (an n-gram repeated over and
-over), run away (no eos before the length bound), or hallucinate or drop words that the CTC
+over), run away (no eos before the length bound), or hallucinate words that the CTC
 head, which is monotonic by construction, does not see. `failure` names which one a
 hypothesis shows; `asr.recognizer.Recognizer.search` then decodes that utterance again with
 the CTC head weighted `REPAIR_CTC_WEIGHT` over every token (CTC prefix scores do not let a
@@ -21,8 +21,8 @@ from asr.text import BLANK_ID
 
 MIN_REPEATS = 4  # an n-gram this many times in a row is a loop ("Q Q" in AN4 is 2)
 REPAIR_CTC_WEIGHT = 0.9  # the CTC weight a failed hypothesis is decoded again with
-# The attention hypothesis and the CTC head's greedy output disagree in length where
-# |attention - ctc| > CTC_LENGTH_SLACK + CTC_LENGTH_RATIO * ctc (in tokens).
+# The attention hypothesis outruns the CTC head's greedy output where
+# attention - ctc > CTC_LENGTH_SLACK + CTC_LENGTH_RATIO * ctc (in tokens).
 CTC_LENGTH_RATIO = 0.5
 CTC_LENGTH_SLACK = 3
 
@@ -86,8 +86,8 @@ def failure(tokens: Sequence[int], limit: int, ctc_length: int | None = None) ->
         return REPETITION
     if len(tokens) + 1 >= limit:
         return RUNAWAY
-    if ctc_length is not None:
-        if abs(len(tokens) - ctc_length) > CTC_LENGTH_SLACK + CTC_LENGTH_RATIO * ctc_length:
+    if ctc_length is not None:  # longer only: in noise, the CTC path is the one that runs on
+        if len(tokens) - ctc_length > CTC_LENGTH_SLACK + CTC_LENGTH_RATIO * ctc_length:
             return CTC_MISMATCH
     return None
 

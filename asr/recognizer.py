@@ -306,7 +306,7 @@ class Recognizer:
             ctc = self.model.ctc(enc).float() if self.model.ctc is not None else None  # (B, T, V)
         nbests, token_logp, eos_first = self._decode(enc, enc_lens, ctc, options, lm)
         repaired: list[str | None] = [None] * len(waves)
-        if options.repair:
+        if options.repair and options.ctc_weight == 0:  # joint decoding is CTC-bound already
             self._repair(nbests, token_logp, repaired, (enc, enc_lens, ctc), options, lm)
         no_speech = eos_first if ctc is None else _empty_ctc_log_prob(ctc, enc_lens)
         return [

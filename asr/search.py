@@ -83,8 +83,8 @@ class SearchOptions:
     # With 0 < ctc_weight < 1, CTC scores only the max(beam, int(ratio * beam)) best tokens of
     # each hypothesis by attention (+ LM) score, as ESPnet; None: all tokens (as ctc_weight 1).
     pre_beam_ratio: float | None = 1.5
-    # Recognizers only: decode again, CTC-weighted, an utterance whose hypothesis loops, runs
-    # to the length bound or disagrees with the CTC head in length (`asr.guard`).
+    # Recognizers only, in searches without CTC weight: decode again, CTC-weighted, an utterance
+    # whose hypothesis loops, runs to the length bound or outruns the CTC head (`asr.guard`).
     repair: bool = True
 
     def __post_init__(self) -> None:

@@ -38,7 +38,7 @@ def test_three_copies_are_no_loop_and_bounds_are_checked():
     assert repeated_ngram([1, 2] * 3) is None and failure([1, 2] * 3, NEVER) is None
     assert failure([1, 2, 3], limit=4) == RUNAWAY  # three tokens and eos: the bound
     assert failure([1, 2, 3], limit=5) is None
-    assert failure([], NEVER, ctc_length=12) == CTC_MISMATCH  # attention dropped it all
+    assert failure([], NEVER, ctc_length=12) is None  # shorter: in noise CTC runs on, not it
     assert failure(list(range(1, 30)), NEVER, ctc_length=12) == CTC_MISMATCH  # hallucinated
 
 
