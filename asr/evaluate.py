@@ -33,7 +33,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import jiwer
 import numpy as np
 from torch import Tensor
 from tqdm import tqdm
@@ -46,7 +45,13 @@ from asr.data.manifest import (
     read_manifest,
     validate_manifest,
 )
-from asr.metrics import char_errors, hypothesis_word_correct, word_calibration, word_errors
+from asr.metrics import (
+    char_errors,
+    hypothesis_word_correct,
+    word_alignment,
+    word_calibration,
+    word_errors,
+)
 from asr.recognizer import Recognizer
 from asr.results import Decoded
 from asr.search import LanguageModel, SearchOptions
@@ -325,8 +330,8 @@ def alignment_lines(ref: Sequence[str], hyp: Sequence[str], chunks) -> list[str]
     """sclite-style REF/HYP/mark lines of one utterance from jiwer's alignment chunks;
     `*` fills the side a word is missing from.
 
-    >>> out = jiwer.process_words("A B C", "A X C D")
-    >>> print("\\n".join(alignment_lines(*out.references, *out.hypotheses, out.alignments[0])))
+    >>> print("\\n".join(alignment_lines("A B C".split(), "A X C D".split(),
+    ...                                  word_alignment("A B C", "A X C D"))))
     REF: A B C *
     HYP: A X C D
            S   I
@@ -355,7 +360,7 @@ def error_report(results: Sequence[ScoredUtterance]) -> str:
     substitutions, deletions, insertions = Counter(), Counter(), Counter()
     for result in results:
         ref, hyp = result.ref.split(), result.hyp.split()
-        chunks = _alignment_chunks(result.ref, result.hyp)
+        chunks = word_alignment(result.ref, result.hyp)
         counts = Counter()
         for chunk in chunks:
             refs = ref[chunk.ref_start_idx : chunk.ref_end_idx]
@@ -376,15 +381,6 @@ def error_report(results: Sequence[ScoredUtterance]) -> str:
     lines += _frequent("deletions", deletions, str)
     lines += _frequent("insertions", insertions, str)
     return "\n".join(lines) + "\n"
-
-
-def _alignment_chunks(ref: str, hyp: str) -> list[jiwer.AlignmentChunk]:
-    """jiwer's word alignment of one utterance (which refuses an empty reference: there,
-    every hypothesis word is an insertion)."""
-    if ref.split():
-        return jiwer.process_words(ref, hyp if hyp.split() else " ").alignments[0]
-    words = len(hyp.split())
-    return [jiwer.AlignmentChunk("insert", 0, 0, 0, words)] if words else []
 
 
 def _frequent(title: str, counts: Counter, name) -> list[str]:

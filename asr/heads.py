@@ -81,9 +81,8 @@ def reference_alignments(
 
 def choose_heads(recognizer: Recognizer, alignments: Sequence[Alignment]) -> HeadChoice:
     """Rank the maps by mean boundary difference and choose the best prefix of the ranking."""
-    maps = alignments[0].attention.size(0)
-    per_head = np.array([boundary_errors(recognizer, a, [[k] for k in range(maps)])
-                         for a in alignments])  # fmt: skip
+    per_head = _per_map_errors(recognizer, alignments)
+    maps = per_head.shape[1]
     ranking = [int(k) for k in np.argsort(per_head.mean(0), kind="stable")]
     prefixes = [ranking[:n] for n in range(1, maps + 1)]
     by_prefix = np.array([boundary_errors(recognizer, a, prefixes) for a in alignments])
@@ -96,8 +95,13 @@ def score_heads(
     recognizer: Recognizer, alignments: Sequence[Alignment], heads: Sequence[int]
 ) -> HeadChoice:
     """The boundary differences of given maps (e.g. those chosen on dev, on test)."""
-    maps = alignments[0].attention.size(0)
-    per_head = np.array([boundary_errors(recognizer, a, [[k] for k in range(maps)])
-                         for a in alignments])  # fmt: skip
+    per_head = _per_map_errors(recognizer, alignments)
     both = np.array([boundary_errors(recognizer, a, [None, list(heads)]) for a in alignments])
     return HeadChoice(per_head, both[:, 0], sorted(heads), both[:, 1])
+
+
+def _per_map_errors(recognizer: Recognizer, alignments: Sequence[Alignment]) -> np.ndarray:
+    """`(U, K)` the boundary difference of each map alone, per utterance."""
+    maps = alignments[0].attention.size(0)
+    return np.array([boundary_errors(recognizer, a, [[k] for k in range(maps)])
+                     for a in alignments])  # fmt: skip

@@ -93,20 +93,24 @@ class Calibration:
     bins: list[ConfidenceBin]
 
 
+def word_alignment(ref: str, hyp: str) -> list[jiwer.AlignmentChunk]:
+    """jiwer's word alignment of one utterance (which refuses an empty reference: there,
+    every hypothesis word is an insertion)."""
+    if ref.split():
+        return jiwer.process_words(ref, hyp if hyp.split() else " ").alignments[0]
+    words = len(hyp.split())
+    return [jiwer.AlignmentChunk("insert", 0, 0, 0, words)] if words else []
+
+
 def hypothesis_word_correct(ref: str, hyp: str) -> list[bool]:
     """Per hypothesis word, whether the word alignment with `ref` matches it to an equal
     reference word (substitutions and insertions are wrong).
 
-    >>> hypothesis_word_correct("a b c", "a x c d")
-    [True, False, True, False]
+    >>> hypothesis_word_correct("a b c", "a x c d"), hypothesis_word_correct("", "a b")
+    ([True, False, True, False], [False, False])
     """
-    words = hyp.split()
-    if not words:
-        return []
-    if not ref.split():
-        return [False] * len(words)
-    correct = [False] * len(words)
-    for chunk in jiwer.process_words(ref, hyp).alignments[0]:
+    correct = [False] * len(hyp.split())
+    for chunk in word_alignment(ref, hyp):
         if chunk.type == "equal":
             correct[chunk.hyp_start_idx : chunk.hyp_end_idx] = [True] * (
                 chunk.hyp_end_idx - chunk.hyp_start_idx

@@ -11,7 +11,7 @@
 
 and with `int8`, dynamically quantised copies (`*.int8.onnx`, weights in int8).
 
-`onnx_model` returns a model whose encoder, CTC head and decoder run in ONNX Runtime sessions
+`onnx_model` returns a `Seq2Seq` whose encoder, CTC head and decoder run in ONNX Runtime sessions
 behind the interfaces of `asr.models` (the decoder's `init_state`/`step`/`reorder_state`),
 so search, timing and transcription run the same code as with PyTorch. Two parts stay in
 PyTorch, so torch stays on the deploy path: the frontend (its STFT framing depends on the
@@ -228,38 +228,23 @@ class OnnxDecoder:
         return torch.stack(outputs, 1), torch.stack(maps, 2)
 
 
-class OnnxSeq2Seq(nn.Module):
-    """A `Seq2Seq` whose encoder, CTC head and decoder are ONNX Runtime sessions; the frontend
-    is the PyTorch one."""
-
-    def __init__(self, model: Seq2Seq, folder: Path, int8: bool, threads: int | None) -> None:
-        super().__init__()
-        suffix = ".int8.onnx" if int8 else ".onnx"
-
-        def session(name: str) -> _Session:
-            path = folder / f"{name}{suffix}"
-            if not path.is_file():
-                hint = "export it with --int8" if int8 else "export it: asr export --format onnx"
-                raise FileNotFoundError(f"{path}: no such ONNX graph ({hint})")
-            return _Session(path, threads)
-
-        self.frontend = model.frontend
-        self.encoder = OnnxEncoder(session("encoder"))
-        self.ctc = OnnxCTC(session("ctc")) if model.ctc is not None else None
-        meta = json.loads((folder / STATE_FILE).read_text())
-        self.decoder = OnnxDecoder(session("decoder_init"), session("decoder_step"), meta)
-
-    @property
-    def vocab_size(self) -> int:
-        return self.decoder.vocab_size
-
-    def encode(self, waves: Tensor, wave_lens: Tensor) -> tuple[Tensor, Tensor]:
-        feats, feat_lens = self.frontend(waves, wave_lens)
-        return self.encoder(feats, feat_lens)
-
-
 def onnx_model(
     model: Seq2Seq, folder: str | os.PathLike, int8: bool = False, threads: int | None = None
-) -> OnnxSeq2Seq:
-    """`model` (loaded from a package) running on the graphs of `folder/onnx/`."""
-    return OnnxSeq2Seq(model.eval(), Path(folder) / ONNX_DIR, int8, threads)
+) -> Seq2Seq:
+    """`model` (loaded from a package) as a `Seq2Seq` whose encoder, CTC head and decoder run
+    the graphs of `folder/onnx/` in ONNX Runtime sessions; its frontend stays PyTorch's."""
+    graphs = Path(folder) / ONNX_DIR
+    suffix = ".int8.onnx" if int8 else ".onnx"
+
+    def session(name: str) -> _Session:
+        path = graphs / f"{name}{suffix}"
+        if not path.is_file():
+            hint = "export it with --int8" if int8 else "export it: asr export --format onnx"
+            raise FileNotFoundError(f"{path}: no such ONNX graph ({hint})")
+        return _Session(path, threads)
+
+    encoder = OnnxEncoder(session("encoder"))
+    ctc = OnnxCTC(session("ctc")) if model.ctc is not None else None
+    meta = json.loads((graphs / STATE_FILE).read_text())
+    decoder = OnnxDecoder(session("decoder_init"), session("decoder_step"), meta)
+    return Seq2Seq(model.eval().frontend, encoder, decoder, ctc)

@@ -688,7 +688,7 @@ def load_model(
     )
 
 
-def _onnx_model(model: Seq2Seq, path, backend: str, device, precision: str) -> nn.Module:
+def _onnx_model(model: Seq2Seq, path, backend: str, device, precision: str) -> Seq2Seq:
     from asr.onnx_runtime import onnx_model
 
     if torch.device(device).type != "cpu" or precision != "fp32":
