@@ -40,7 +40,11 @@ __all__ = [  # the asr names the parts take from here
 ]  # fmt: skip
 
 ROOT = Path(__file__).resolve().parents[1]
-CONFIGS = {"transformer": ROOT / "conf/an4/transformer.yaml", "rnn": ROOT / "conf/an4/rnn.yaml"}
+CONFIGS = {
+    "transformer": ROOT / "conf/an4/transformer.yaml",
+    "conformer": ROOT / "conf/an4/conformer.yaml",
+    "rnn": ROOT / "conf/an4/rnn.yaml",
+}
 CORPORA = Path(os.environ.get("ASR_CORPORA", ROOT.parent / "shared" / "corpora"))
 SAMPLE_RATE = 16000
 
@@ -174,7 +178,7 @@ def train_batches(
     args.update(num_workers=0, seed=settings.seed)
     if max_batch_seconds is not None:
         args["max_batch_seconds"] = max_batch_seconds
-    module = ASRDataModule(**args)
+    module = instantiate(ASRDataModule, args)  # builds the nested augmentation config too
     module.setup("fit")
     if count is None:
         return [batch.to(settings.device) for batch in module.train_dataloader()]

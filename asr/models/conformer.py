@@ -2,8 +2,15 @@
 
 Each block is a macaron pair of half-step feed-forward modules around relative-position
 multi-head self-attention (Transformer-XL style, Dai et al. 2019) and a convolution module,
-followed by LayerNorm. The front is the Transformer's `Conv2dSubsampling`, so lengths follow
+each module pre-normalised, and the block followed by LayerNorm as in the paper. The front is
+the Transformer's `Conv2dSubsampling`, so lengths follow
 `asr.models.transformer.subsampled_length`.
+
+`block_norm=False` drops the LayerNorm that ends each block and puts one after the stack, as
+the Transformer encoder does. A LayerNorm after every block rescales the residual stream, so
+the scaled input no longer dominates it and each freshly initialised block weighs as much as
+the input: on small data CTC then stays on its blank plateau for thousands of steps
+(recipes/an4/RESULTS.md, "Conformer").
 """
 
 from __future__ import annotations
@@ -77,7 +84,7 @@ class MacaronFeedForward(nn.Sequential):
 
 
 class ConformerLayer(nn.Module):
-    """`x + FFN/2`, `+ RelMHSA`, `+ Conv`, `+ FFN/2`, then LayerNorm."""
+    """`x + FFN/2`, `+ RelMHSA`, `+ Conv`, `+ FFN/2`, then LayerNorm if `block_norm`."""
 
     def __init__(
         self,
@@ -88,6 +95,7 @@ class ConformerLayer(nn.Module):
         dropout: float,
         attention_dropout: float,
         conv_norm: str,
+        block_norm: bool = True,
     ) -> None:
         super().__init__()
         self.ffn1 = MacaronFeedForward(d_model, ffn_dim, dropout)
@@ -95,7 +103,7 @@ class ConformerLayer(nn.Module):
         self.attn = RelPositionMultiHeadAttention(d_model, num_heads, attention_dropout)
         self.conv = ConvolutionModule(d_model, kernel_size, dropout, conv_norm)
         self.ffn2 = MacaronFeedForward(d_model, ffn_dim, dropout)
-        self.norm = nn.LayerNorm(d_model)
+        self.norm = nn.LayerNorm(d_model) if block_norm else nn.Identity()
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: Tensor, pos: Tensor, valid: Tensor) -> Tensor:
@@ -121,6 +129,8 @@ class ConformerEncoder(nn.Module):
         attention_dropout: dropout on the attention weights.
         conv_norm: "batch" or "layer" normalisation in the convolution modules.
         subsampling_channels: channels of the convolutional front (default `d_model`).
+        block_norm: LayerNorm at the end of every block (the paper's); False: pre-LN blocks
+            and one LayerNorm after the stack, which trains far sooner on small data.
     """
 
     def __init__(
@@ -136,16 +146,25 @@ class ConformerEncoder(nn.Module):
         attention_dropout: float = 0.0,
         conv_norm: str = "batch",
         subsampling_channels: int | None = None,
+        block_norm: bool = True,
     ) -> None:
         super().__init__()
         self.subsampling = Conv2dSubsampling(input_dim, d_model, subsampling, subsampling_channels)
         self.positions = RelativePositionalEncoding(d_model, dropout)
         self.layers = nn.ModuleList(
             ConformerLayer(
-                d_model, num_heads, ffn_dim, kernel_size, dropout, attention_dropout, conv_norm
+                d_model,
+                num_heads,
+                ffn_dim,
+                kernel_size,
+                dropout,
+                attention_dropout,
+                conv_norm,
+                block_norm,
             )
             for _ in range(num_layers)
         )
+        self.norm = nn.Identity() if block_norm else nn.LayerNorm(d_model)
         self.output_dim = d_model
 
     def forward(self, x: Tensor, x_lens: Tensor) -> tuple[Tensor, Tensor]:
@@ -164,4 +183,4 @@ class ConformerEncoder(nn.Module):
         valid = lengths_to_mask(y_lens, x.size(1))  # (B, T')
         for layer in self.layers:
             x = layer(x, pos, valid)
-        return x.masked_fill(~valid[..., None], 0.0), y_lens
+        return self.norm(x).masked_fill(~valid[..., None], 0.0), y_lens

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # AN4 recipe: numbered, re-runnable stages over the `asr` package.
 #
-#   bash recipes/an4/run.sh [--quick] [--stage N] [--stop-stage M] [--model transformer|rnn]
+#   bash recipes/an4/run.sh [--quick] [--stage N] [--stop-stage M]
+#                           [--model transformer|conformer|rnn]
 #                           [--data-dir DIR] [--an4-url URL] [--data DIR] [--exp DIR] [--force]
 #                           [--tokenizer char|bpe|unigram] [--beam-size N] [--ctc-weight W]
 #                           [--average N] [--lm-weight W] [--robustness]
@@ -18,7 +19,7 @@
 #                              decodes by default as stage 6 does (asr set-decoding)
 #   6  decode dev and test     exp/an4/<model>/decode_{dev,test}/ (metrics, errors, plots);
 #                              beam 10, CTC weight chosen on dev: 0.5 for the Transformers
-#                              (quick or not), 0.3 for the other models (RESULTS.md)
+#                              (quick or not) and the Conformer, 0.3 for the RNN (RESULTS.md)
 #   7  results table           exp/an4/<model>/RESULTS.md: WER and CER tables, printed
 # With --lm-weight W > 0 (shallow fusion of a character LSTM LM, conf/an4/lm.yaml):
 #   8  train the LM            exp/an4/lm/ on the training transcripts (under a minute)
@@ -63,7 +64,7 @@ recipe_option() {
 }
 parse_options "$@"
 if [ -z "$ctc_weight" ]; then
-  if [ "$model" = transformer ]; then ctc_weight=0.5; else ctc_weight=0.3; fi
+  if [ "$model" = rnn ]; then ctc_weight=0.3; else ctc_weight=0.5; fi
 fi
 
 cd "$root"

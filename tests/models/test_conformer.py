@@ -104,8 +104,11 @@ def test_bad_configs_raise() -> None:
 
 @pytest.mark.parametrize("factor", [4, 6, 8])
 @pytest.mark.parametrize("conv_norm", ["batch", "layer"])
-def test_encoder_shapes_lengths_backward(factor: int, conv_norm: str) -> None:
-    encoder = ConformerEncoder(20, subsampling=factor, conv_norm=conv_norm, **SMALL)
+@pytest.mark.parametrize("block_norm", [True, False])
+def test_encoder_shapes_lengths_backward(factor: int, conv_norm: str, block_norm: bool) -> None:
+    encoder = ConformerEncoder(
+        20, subsampling=factor, conv_norm=conv_norm, block_norm=block_norm, **SMALL
+    )
     x, x_lens = padded_batch([50, 37, 23], 20)
     y, y_lens = encoder(x, x_lens)
     assert encoder.output_dim == 16
@@ -116,9 +119,11 @@ def test_encoder_shapes_lengths_backward(factor: int, conv_norm: str) -> None:
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in encoder.parameters())
 
 
-@pytest.mark.parametrize("conv_norm", ["batch", "layer"])
-def test_encoder_padding_invariance(conv_norm: str) -> None:
-    encoder = ConformerEncoder(20, conv_norm=conv_norm, **SMALL).eval()
+@pytest.mark.parametrize(
+    ("conv_norm", "block_norm"), [("batch", True), ("layer", True), ("batch", False)]
+)
+def test_encoder_padding_invariance(conv_norm: str, block_norm: bool) -> None:
+    encoder = ConformerEncoder(20, conv_norm=conv_norm, block_norm=block_norm, **SMALL).eval()
     lens = [50, 37, 23]
     x, x_lens = padded_batch(lens, 20)
     with torch.no_grad():
@@ -127,6 +132,20 @@ def test_encoder_padding_invariance(conv_norm: str) -> None:
             alone, _ = encoder(x[b : b + 1, :length], x_lens[b : b + 1])
             assert alone.size(1) == int(y_lens[b])
             torch.testing.assert_close(alone[0], y[b, : alone.size(1)], atol=1e-5, rtol=1e-5)
+
+
+def test_block_norm_places_the_layer_norms() -> None:
+    """The paper's blocks each end in a LayerNorm (the keys older checkpoints hold); pre-LN
+    blocks have none and the stack ends in one, so the output is normalised either way."""
+    paper = ConformerEncoder(20, **SMALL).state_dict()
+    pre_ln = ConformerEncoder(20, block_norm=False, **SMALL).state_dict()
+    assert "layers.0.norm.weight" in paper and "norm.weight" not in paper
+    assert "layers.0.norm.weight" not in pre_ln and "norm.weight" in pre_ln
+    encoder = ConformerEncoder(20, block_norm=False, **SMALL).eval()
+    x, x_lens = padded_batch([50], 20)
+    with torch.no_grad():
+        y, _ = encoder(x, x_lens)
+    torch.testing.assert_close(y.mean(-1), torch.zeros(1, y.size(1)), atol=1e-5, rtol=0)
 
 
 def test_encoder_runs_under_bf16_autocast() -> None:

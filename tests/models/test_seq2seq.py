@@ -24,6 +24,10 @@ ENCODERS = {
     "conformer": partial(
         ConformerEncoder, d_model=DIM, num_heads=2, ffn_dim=32, num_layers=2, kernel_size=5
     ),
+    "conformer_pre_ln": partial(
+        ConformerEncoder, d_model=DIM, num_heads=2, ffn_dim=32, num_layers=2, kernel_size=5,
+        block_norm=False,
+    ),
     "blstmp": partial(RNNEncoder, hidden_size=DIM, num_layers=3, subsample="1_2_2"),
     "vgg_bgru": partial(RNNEncoder, hidden_size=DIM, num_layers=2, rnn_type="gru", subsample="1_1",
                         conv_front=True, conv_channels=4),
