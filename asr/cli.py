@@ -334,6 +334,22 @@ def _align(args: argparse.Namespace) -> int:
     return 0
 
 
+def _curves(args: argparse.Namespace) -> int:
+    from asr.plotting import plot_training_curves, read_training_log, save_figure
+
+    labels = args.labels or [Path(run).name or str(run) for run in args.runs]
+    if len(labels) != len(args.runs) or len(set(labels)) != len(labels):
+        raise ValueError(f"--labels: {len(args.runs)} distinct names needed, got {labels}")
+    runs = {label: read_training_log(run) for label, run in zip(labels, args.runs)}
+    logged = {metric for curves in runs.values() for metric in curves}
+    missing = [m for m in args.metrics if m not in logged]
+    if missing:
+        raise ValueError(f"no run logged {missing}; logged: {sorted(logged)}")
+    save_figure(plot_training_curves(runs, args.metrics), args.out)
+    print(f"curves: {args.out}", file=sys.stderr)
+    return 0
+
+
 def _choose_heads(args: argparse.Namespace) -> int:
     from asr.checkpoint import store_in_payload
     from asr.heads import choose_heads, reference_alignments, score_heads
@@ -621,6 +637,20 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     _add_device_arguments(p)
     p.set_defaults(run=_choose_heads)
+
+    p = sub.add_parser(
+        "curves",
+        help="plot training curves (dev loss, CTC loss, WER...) of one or more runs",
+        description="Read each run's CSV log (an `asr fit` run folder, its logs/version_*/ "
+        "folders in order, or a metrics.csv) and plot the chosen metrics against optimizer "
+        "steps, one panel per metric and one line per run.",
+    )
+    p.add_argument("runs", nargs="+", help="run folders (trainer.default_root_dir) or metrics.csv")
+    p.add_argument("--out", required=True, help="PNG to write")
+    p.add_argument("--metrics", nargs="+", default=["val/loss", "val/ctc_loss", "val/wer"],
+                   help="logged names to plot (default: %(default)s)")  # fmt: skip
+    p.add_argument("--labels", nargs="+", help="legend names, one per run (default: folder names)")
+    p.set_defaults(run=_curves)
 
     p = sub.add_parser("align", help="align a known transcript: word times and a plot")
     p.add_argument("audio", help="an audio file")

@@ -1,5 +1,5 @@
 """Attention plots (after Chorowski et al. 2015, Fig. 1): spectrogram and cross-attention in
-seconds, with word boundaries.
+seconds, with word boundaries; reliability diagrams; training curves from a run's CSV log.
 
 Figures are built with matplotlib's object API (`matplotlib.figure.Figure`), never pyplot, so
 drawing a plot changes no process-wide backend or figure registry. Import this module only
@@ -8,8 +8,10 @@ where a plot is drawn: matplotlib takes a while to import.
 
 from __future__ import annotations
 
+import csv
 import os
-from collections.abc import Sequence
+import re
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -184,6 +186,57 @@ def plot_reliability(calibration: Calibration, title: str = "") -> Figure:
     bottom.set_xlabel("word confidence")
     bottom.set_ylabel("words")
     bottom.set_xlim(0, 1)
+    fig.tight_layout()
+    return fig
+
+
+Curve = list[tuple[int, float]]  # (optimizer step, value)
+
+
+def read_training_log(run: str | os.PathLike) -> dict[str, Curve]:
+    """Every metric a run logged, as (step, value) pairs in step order.
+
+    `run` is a Lightning CSV log (`metrics.csv`) or an `asr fit` run folder (its
+    `default_root_dir`): then every `logs/version_N/metrics.csv` in it is read in version order,
+    so a resumed run's curves continue where they stopped.
+
+    Raises:
+        FileNotFoundError: no metrics.csv at `run`.
+    """
+    path = Path(run)
+    files = [path] if path.is_file() else _csv_logs(path)
+    if not files:
+        raise FileNotFoundError(f"{run}: no metrics.csv (nor logs/version_*/metrics.csv) there")
+    curves: dict[str, dict[int, float]] = {}
+    for file in files:
+        with open(file, newline="") as f:
+            for row in csv.DictReader(f):
+                for name, value in row.items():
+                    if name not in ("epoch", "step") and value:
+                        curves.setdefault(name, {})[int(row["step"])] = float(value)
+    return {name: sorted(points.items()) for name, points in curves.items()}
+
+
+def _csv_logs(folder: Path) -> list[Path]:
+    files = list(folder.glob("logs/version_*/metrics.csv")) or list(folder.glob("metrics.csv"))
+    version = re.compile(r"version_(\d+)")
+    return sorted(files, key=lambda f: int(m[1]) if (m := version.search(str(f))) else 0)
+
+
+def plot_training_curves(runs: Mapping[str, Mapping[str, Curve]], metrics: Sequence[str]) -> Figure:
+    """One panel per metric against optimizer steps, one line per run (labelled by its key);
+    a run that did not log a metric is left out of that panel."""
+    fig = Figure(figsize=(5.5, 2.6 * len(metrics)))
+    axes = fig.subplots(len(metrics), 1, sharex=True, squeeze=False)[:, 0]
+    for ax, metric in zip(axes, metrics):
+        for label, curves in runs.items():
+            if curves.get(metric):
+                steps, values = zip(*curves[metric])
+                ax.plot(steps, values, label=label, linewidth=1.2)
+        ax.set_ylabel(metric)
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=7)
+    axes[-1].set_xlabel("optimizer step")
     fig.tight_layout()
     return fig
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -47,6 +48,101 @@ class AtomicCheckpointIO(CheckpointIO):
 
     def remove_checkpoint(self, path) -> None:
         Path(path).unlink(missing_ok=True)
+
+
+EPOCH_PARTS = ("steps", "data", "validation", "other")  # where a training epoch's time goes
+
+
+class EpochClock(L.Callback):
+    """Each training epoch's wall time and where it went, logged as `time/epoch_s`,
+    `time/steps_s`, `time/data_s`, `time/validation_s`, `time/other_s` and
+    `time/audio_s` (audio seconds trained), with the process's resident memory at the end of
+    the epoch (`memory/rss_gb`, where the OS reports it); with `path` also written to a JSON
+    list.
+
+    Steps run from `on_train_batch_start` to `on_train_batch_end` (forward, backward,
+    optimizer; queued GPU work included); data is the time between batches (loading,
+    augmentation); other is the rest (checkpoints, hooks, the loader rebuilt each epoch). An
+    epoch is closed when the next one starts or the fit ends, so its checkpoints count.
+
+    Args:
+        path: JSON file rewritten after every epoch (None: the loggers only).
+    """
+
+    def __init__(self, path: str | None = None) -> None:
+        self.path = Path(path) if path else None
+        self.epochs: list[dict[str, float]] = []
+        self._epoch: dict[str, float] | None = None
+        self._mark = 0.0  # the end of the last timed span in the epoch
+        self._validation_start = 0.0
+        self._sample_rate: int | None = None
+
+    def on_train_epoch_start(self, trainer: L.Trainer, module: L.LightningModule) -> None:
+        now = time.perf_counter()
+        self._close(trainer, now)
+        self._open(trainer, now)
+
+    def on_train_batch_start(self, trainer: L.Trainer, module: Any, batch: Any, *args) -> None:
+        now = time.perf_counter()
+        if self._epoch is None:  # a run resumed mid-epoch starts without the epoch hook
+            self._open(trainer, now)
+        self._epoch["data"] += now - self._mark
+        self._mark = now
+
+    def _open(self, trainer: L.Trainer, now: float) -> None:
+        self._epoch = {"start": now, "steps": 0.0, "data": 0.0, "validation": 0.0, "audio": 0.0}
+        self._mark = now
+        hparams = getattr(trainer.datamodule, "hparams", None)  # a recognizer's data: audio
+        self._sample_rate = hparams.get("sample_rate") if hparams is not None else None
+
+    def on_train_batch_end(self, trainer: L.Trainer, module: Any, out: Any, batch: Any, *a) -> None:
+        if module.device.type == "cuda":
+            torch.cuda.synchronize(module.device)
+        now = time.perf_counter()
+        self._epoch["steps"] += now - self._mark
+        if self._sample_rate and hasattr(batch, "wave_lens"):
+            self._epoch["audio"] += float(batch.wave_lens.sum()) / self._sample_rate
+        self._mark = now
+
+    def on_validation_start(self, trainer: L.Trainer, module: L.LightningModule) -> None:
+        self._validation_start = time.perf_counter()
+
+    def on_validation_end(self, trainer: L.Trainer, module: L.LightningModule) -> None:
+        if self._epoch is not None and not trainer.sanity_checking:
+            self._epoch["validation"] += time.perf_counter() - self._validation_start
+
+    def on_fit_end(self, trainer: L.Trainer, module: L.LightningModule) -> None:
+        self._close(trainer, time.perf_counter())
+
+    def _close(self, trainer: L.Trainer, now: float) -> None:
+        """Record the running epoch as ending at `now`."""
+        if self._epoch is None:
+            return
+        epoch, self._epoch = self._epoch, None
+        epoch["wall"] = now - epoch.pop("start")
+        epoch["other"] = epoch["wall"] - sum(epoch[part] for part in EPOCH_PARTS[:-1])
+        self.epochs.append(epoch)
+        rss = resident_gb()
+        if rss is not None:
+            epoch["rss_gb"] = rss
+        if trainer.is_global_zero:
+            names = {"wall": "epoch", **{part: part for part in (*EPOCH_PARTS, "audio")}}
+            metrics = {f"time/{names[k]}_s": epoch[k] for k in names}
+            if rss is not None:
+                metrics["memory/rss_gb"] = rss
+            for logger in trainer.loggers:
+                logger.log_metrics(metrics, step=trainer.global_step)
+            if self.path is not None:
+                self.path.write_text(json.dumps(self.epochs, indent=1))
+
+
+def resident_gb() -> float | None:
+    """This process's resident memory in GB (Linux /proc), or None where it cannot be read."""
+    try:
+        pages = int(Path("/proc/self/statm").read_text().split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+    return pages * os.sysconf("SC_PAGE_SIZE") / 1e9
 
 
 class StepCheckpoint(L.Callback):
@@ -95,6 +191,7 @@ class ASRCLI(LightningCLI):
         parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
         parser.set_defaults(CHECKPOINT_DEFAULTS)
         parser.add_lightning_class_args(StepCheckpoint, "step_checkpoint")
+        parser.add_lightning_class_args(EpochClock, "epoch_clock")
         parser.add_argument(
             "--onednn_kernel_cache",
             type=int | None,

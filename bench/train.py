@@ -7,7 +7,7 @@ CTC/attention loss, backward, gradient clipping, optimizer and scheduler, in fp3
 bf16 autocast. Model FLOPs are counted over the same batches, for MFU.
 
 Whole epochs: `asr fit` itself on each config in a child process, as a recipe runs it, with
-`EpochClock` splitting each epoch's wall time into steps, data, validation and the rest.
+`asr.train.EpochClock` splitting each epoch's wall time into steps, data, validation and the rest.
 """
 
 from __future__ import annotations
@@ -17,15 +17,14 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from functools import partial
 from pathlib import Path
 from typing import Any
 
-import lightning as L
 import torch
 import yaml
 
+from asr.train import EPOCH_PARTS
 from bench.common import (
     CONFIGS,
     PRECISIONS,
@@ -44,12 +43,10 @@ from bench.common import (
     model_config,
     profile_ops,
     read_config,
-    synchronize,
     train_batches,
     with_stats_path,
 )
 
-EPOCH_PARTS = ("steps", "data", "validation", "other")  # where an `asr fit` epoch's time goes
 QUICK_BATCH_SECONDS = 8.0  # a smoke run's batch budget, instead of the config's
 
 
@@ -116,61 +113,6 @@ def measure_config(name: str, settings: Settings, batches: list[Batch]) -> dict[
 # ---------------------------------------------------------------- whole `asr fit` epochs
 
 
-class EpochClock(L.Callback):
-    """Per-epoch wall time of a fit, split into `EPOCH_PARTS`, and the audio seconds trained;
-    written to `path` (JSON, one entry per finished epoch) after every epoch.
-
-    Steps are `on_train_batch_start` to `on_train_batch_end` (forward, backward, optimizer);
-    data is the time between batches (fetching, the loop); the rest is epoch-end checkpoints,
-    hooks and the loader rebuilt each epoch.
-    """
-
-    def __init__(self, path: str) -> None:
-        self.path = Path(path)
-        self.epochs: list[dict[str, float]] = []
-        self._epoch: dict[str, float] | None = None
-        self._mark = 0.0  # the end of the last timed span in the epoch
-        self._validation_start = 0.0
-
-    def on_train_epoch_start(self, trainer: L.Trainer, *args: Any) -> None:
-        now = time.perf_counter()
-        self._close(now)
-        self._epoch = {"start": now, "steps": 0.0, "data": 0.0, "validation": 0.0, "audio": 0.0}
-        self._mark = now
-
-    def on_train_batch_start(self, trainer: L.Trainer, module: Any, batch: Any, *args: Any) -> None:
-        now = time.perf_counter()
-        self._epoch["data"] += now - self._mark
-        self._mark = now
-
-    def on_train_batch_end(self, trainer: L.Trainer, module: Any, out: Any, batch: Any, *a) -> None:
-        synchronize(module.device)  # the step's queued GPU work belongs to the step
-        now = time.perf_counter()
-        self._epoch["steps"] += now - self._mark
-        self._epoch["audio"] += audio_seconds(batch.wave_lens)
-        self._mark = now
-
-    def on_validation_start(self, trainer: L.Trainer, *args: Any) -> None:
-        self._validation_start = time.perf_counter()
-
-    def on_validation_end(self, trainer: L.Trainer, *args: Any) -> None:
-        if self._epoch is not None and not trainer.sanity_checking:
-            self._epoch["validation"] += time.perf_counter() - self._validation_start
-
-    def on_fit_end(self, trainer: L.Trainer, *args: Any) -> None:
-        self._close(time.perf_counter())
-
-    def _close(self, now: float) -> None:
-        """Record the running epoch as ending at `now`."""
-        if self._epoch is None:
-            return
-        epoch, self._epoch = self._epoch, None
-        epoch["wall"] = now - epoch.pop("start")
-        epoch["other"] = epoch["wall"] - sum(epoch[part] for part in EPOCH_PARTS[:-1])
-        self.epochs.append(epoch)
-        self.path.write_text(json.dumps(self.epochs, indent=1))
-
-
 def fit_config(name: str, settings: Settings, root: Path, epochs: int) -> dict[str, Any]:
     """Config `name` for `epochs` epochs into `root`, over `settings.data`, with `EpochClock`."""
     config = read_config(name)
@@ -183,11 +125,7 @@ def fit_config(name: str, settings: Settings, root: Path, epochs: int) -> dict[s
         trainer.update(accelerator="gpu", devices=[settings.device.index or 0])
     else:
         trainer["accelerator"] = "cpu"
-    clock = {
-        "class_path": "bench.train.EpochClock",
-        "init_args": {"path": str(root / "epochs.json")},
-    }
-    trainer["callbacks"] = [*trainer.get("callbacks", []), clock]
+    config["epoch_clock"] = {"path": str(root / "epochs.json")}  # asr.train.EpochClock
     if settings.quick:
         trainer.update(limit_train_batches=3, limit_val_batches=2)
         config["data"]["init_args"]["max_batch_seconds"] = QUICK_BATCH_SECONDS

@@ -116,6 +116,15 @@ def test_fit_writes_config_checkpoints_logs_and_plots(tiny_an4, tmp_path):
     assert len(wers) == 2 and all(0 <= w <= 100 * 20 for w in wers)
     assert list((run / "attention").glob("epoch001_*.png")), "attention plots are written"
     assert list(run.glob("events.out.tfevents.*")), "TensorBoard logs are written"
+    clocks = [r for r in rows if r.get("time/epoch_s")]
+    assert len(clocks) == 2, "each epoch's wall time and its parts are logged"
+    for r in clocks:
+        parts = sum(float(r[f"time/{p}_s"]) for p in ("steps", "data", "validation", "other"))
+        assert float(r["time/epoch_s"]) == pytest.approx(parts)
+        assert float(r["time/steps_s"]) > 0 and float(r["time/validation_s"]) > 0
+        assert float(r["time/audio_s"]) > 0
+        if Path("/proc/self/statm").exists():
+            assert 0 < float(r["memory/rss_gb"]) < 1000
 
 
 def test_validation_runs_every_epoch_when_the_batch_count_changes(tiny_an4, tmp_path):

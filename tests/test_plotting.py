@@ -1,0 +1,58 @@
+"""Training curves: reading Lightning CSV logs of a run and plotting them (`asr curves`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from asr.cli import main
+from asr.plotting import plot_training_curves, read_training_log
+
+HEADER = "epoch,step,train/loss_step,val/loss,val/ctc_loss\n"
+
+
+def write_log(run: Path, version: int, rows: list[str]) -> None:
+    folder = run / "logs" / f"version_{version}"
+    folder.mkdir(parents=True)
+    (folder / "metrics.csv").write_text(HEADER + "".join(row + "\n" for row in rows))
+
+
+def test_versions_are_read_in_numeric_order_and_empty_cells_skipped(tmp_path: Path) -> None:
+    write_log(tmp_path, 10, ["3,40,,1.0,0.5"])  # version_10 after version_2, not before
+    write_log(tmp_path, 2, ["2,30,,2.0,1.0"])
+    write_log(tmp_path, 0, ["0,9,4.0,,", "0,10,,3.0,2.0"])
+    curves = read_training_log(tmp_path)
+    assert curves["val/loss"] == [(10, 3.0), (30, 2.0), (40, 1.0)]
+    assert curves["train/loss_step"] == [(9, 4.0)]
+    assert read_training_log(tmp_path / "logs/version_2/metrics.csv")["val/ctc_loss"] == [(30, 1.0)]
+
+
+def test_missing_log_names_the_folder(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match=str(tmp_path)):
+        read_training_log(tmp_path)
+
+
+def test_one_panel_per_metric_one_line_per_run_that_logged_it() -> None:
+    runs = {
+        "a": {"val/loss": [(1, 2.0), (2, 1.0)], "val/ctc_loss": [(1, 3.0)]},
+        "b": {"val/loss": [(1, 2.5)]},
+    }
+    fig = plot_training_curves(runs, ["val/loss", "val/ctc_loss"])
+    loss, ctc = fig.axes
+    assert [line.get_label() for line in loss.lines] == ["a", "b"]
+    assert [line.get_label() for line in ctc.lines] == ["a"]
+    assert list(loss.lines[0].get_xdata()) == [1, 2]
+
+
+def test_cli_writes_the_png_and_rejects_unlogged_metrics(tmp_path: Path, capsys) -> None:
+    write_log(tmp_path / "run1", 0, ["0,10,,3.0,2.0", "1,20,,2.0,1.5"])
+    write_log(tmp_path / "run2", 0, ["0,10,,3.5,2.5"])
+    out = tmp_path / "curves.png"
+    runs = [str(tmp_path / "run1"), str(tmp_path / "run2")]
+    assert main(["curves", *runs, "--out", str(out), "--metrics", "val/loss"]) == 0
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert main(["curves", *runs, "--out", str(out), "--metrics", "val/wer"]) == 2
+    assert "no run logged ['val/wer']" in capsys.readouterr().err
+    assert main(["curves", *runs, "--out", str(out), "--labels", "only-one"]) == 2
+    assert main(["curves", *runs, "--out", str(out), "--labels", "same", "same"]) == 2
