@@ -47,6 +47,7 @@ from asr.data.manifest import (
 )
 from asr.metrics import (
     char_errors,
+    errors_by_length,
     hypothesis_word_correct,
     word_alignment,
     word_calibration,
@@ -69,6 +70,7 @@ class ScoredUtterance:
     ref: str  # normalised reference
     hyp: str
     tokens: list[int]  # the hypothesis's ids, for plots
+    duration: float = 0.0  # seconds of audio
     word_probs: list[float] | None = None  # per hypothesis word; None where not computed
     repaired: str | None = None  # the attention failure repaired (`asr.guard`), if any
 
@@ -156,6 +158,7 @@ def evaluate(
         else None,
         "boundary_error_utterances": len(boundary_errors),
         "confidence": confidence,
+        "by_length": _length_report(results),
         # utterances whose attention failure (`asr.guard`) was repaired, by failure
         "repaired": dict(Counter(r.repaired for r in results if r.repaired)),
         "search": asdict(options),
@@ -241,7 +244,13 @@ def _decode_all(
                 ref = normalize(utterances[i].text)
                 probs = _word_probs(recognizer, item, hyp)
                 results[i] = ScoredUtterance(
-                    utterances[i].utt_id, ref, hyp, item.hypothesis.tokens, probs, item.repaired
+                    utterances[i].utt_id,
+                    ref,
+                    hyp,
+                    item.hypothesis.tokens,
+                    len(wave) / recognizer.sample_rate,
+                    probs,
+                    item.repaired,
                 )
                 error = _boundary_error(recognizer, item) if hyp == ref and hyp else None
                 if error is not None:
@@ -317,6 +326,25 @@ def _confidence_report(results: Sequence[ScoredUtterance], out_dir: Path) -> dic
 
     save_figure(plot_reliability(calibration), str(out_dir / "reliability.png"))
     return asdict(calibration) | {"utterances_left_out": left_out}
+
+
+def _length_report(results: Sequence[ScoredUtterance]) -> list[dict[str, Any]]:
+    """WER per duration bucket, and the deletion rate of the last words against all words:
+    where attention decoders stop early on long utterances."""
+    buckets = errors_by_length(
+        [r.duration for r in results], [r.ref for r in results], [r.hyp for r in results]
+    )
+    return [
+        {
+            "bucket": b.name,
+            "utterances": b.utterances,
+            "reference_words": b.errors.reference_length,
+            "wer": 100 * b.errors.rate,
+            "deletion_rate": 100 * b.deletion_rate,
+            "tail_deletion_rate": 100 * b.tail_deletion_rate,
+        }
+        for b in buckets
+    ]
 
 
 def _write_kaldi(path: Path, rows: Sequence[tuple[str, str]]) -> None:

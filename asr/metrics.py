@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import bisect
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -102,6 +103,84 @@ def word_alignment(ref: str, hyp: str) -> list[jiwer.AlignmentChunk]:
     return [jiwer.AlignmentChunk("insert", 0, 0, 0, words)] if words else []
 
 
+def reference_word_deleted(ref: str, hyp: str) -> list[bool]:
+    """Per reference word, whether the word alignment with `hyp` deletes it.
+
+    >>> reference_word_deleted("a b c d", "a c")
+    [False, True, False, True]
+    """
+    return _aligned_as(ref, hyp, "delete", on_reference=True)
+
+
+def _aligned_as(ref: str, hyp: str, kind: str, on_reference: bool) -> list[bool]:
+    """Per reference (or hypothesis) word, whether the word alignment puts it in a chunk of
+    `kind` ("equal", "substitute", "delete", "insert")."""
+    marks = [False] * len((ref if on_reference else hyp).split())
+    for chunk in word_alignment(ref, hyp):
+        if chunk.type == kind:
+            if on_reference:
+                start, end = chunk.ref_start_idx, chunk.ref_end_idx
+            else:
+                start, end = chunk.hyp_start_idx, chunk.hyp_end_idx
+            marks[start:end] = [True] * (end - start)
+    return marks
+
+
+LENGTH_EDGES = (8.0, 14.0)  # seconds: buckets < 8 s, 8-14 s, >= 14 s
+TAIL_SHARE = 0.2  # "the end of an utterance": its last fifth of reference words
+
+
+@dataclass(frozen=True)
+class LengthBucket:
+    """Errors of the utterances in one duration range, and where their deletions fall."""
+
+    name: str  # e.g. "8-14 s"
+    utterances: int
+    errors: ErrorCounts
+    tail_words: int  # reference words in the last `TAIL_SHARE` of each utterance
+    tail_deletions: int  # of those, deleted
+
+    @property
+    def tail_deletion_rate(self) -> float:
+        """Share of the final words deleted: well above `deletion_rate`, the decoder stops
+        early on these utterances."""
+        return self.tail_deletions / self.tail_words if self.tail_words else 0.0
+
+    @property
+    def deletion_rate(self) -> float:
+        return self.errors.deletions / max(self.errors.reference_length, 1)
+
+
+def errors_by_length(
+    durations: Sequence[float],
+    refs: Sequence[str],
+    hyps: Sequence[str],
+    edges: Sequence[float] = LENGTH_EDGES,
+) -> list[LengthBucket]:
+    """Word errors per utterance duration bucket (`edges` in seconds, ascending), with the
+    deletions among each utterance's last `TAIL_SHARE` of reference words; empty buckets too.
+
+    >>> [b.name for b in errors_by_length([3.0, 9.0], ["a", "b c"], ["a", "b"])]
+    ['< 8 s', '8-14 s', '>= 14 s']
+    """
+    names = [f"< {edges[0]:g} s"]
+    names += [f"{lo:g}-{hi:g} s" for lo, hi in zip(edges, edges[1:])]
+    names += [f">= {edges[-1]:g} s"]
+    members: list[list[int]] = [[] for _ in names]
+    for i, duration in enumerate(durations):
+        members[bisect.bisect_right(edges, duration)].append(i)
+    buckets = []
+    for name, chosen in zip(names, members):
+        tail_words = tail_deletions = 0
+        for i in chosen:
+            deleted = reference_word_deleted(refs[i], hyps[i])
+            tail = deleted[len(deleted) - math.ceil(TAIL_SHARE * len(deleted)) :]
+            tail_words, tail_deletions = tail_words + len(tail), tail_deletions + sum(tail)
+        errors = word_errors([refs[i] for i in chosen], [hyps[i] for i in chosen])
+        buckets.append(LengthBucket(name, len(chosen), errors, tail_words, tail_deletions))
+    return buckets
+
+
 def hypothesis_word_correct(ref: str, hyp: str) -> list[bool]:
     """Per hypothesis word, whether the word alignment with `ref` matches it to an equal
     reference word (substitutions and insertions are wrong).
@@ -109,13 +188,7 @@ def hypothesis_word_correct(ref: str, hyp: str) -> list[bool]:
     >>> hypothesis_word_correct("a b c", "a x c d"), hypothesis_word_correct("", "a b")
     ([True, False, True, False], [False, False])
     """
-    correct = [False] * len(hyp.split())
-    for chunk in word_alignment(ref, hyp):
-        if chunk.type == "equal":
-            correct[chunk.hyp_start_idx : chunk.hyp_end_idx] = [True] * (
-                chunk.hyp_end_idx - chunk.hyp_start_idx
-            )
-    return correct
+    return _aligned_as(ref, hyp, "equal", on_reference=False)
 
 
 def roc_auc(scores: Sequence[float], positive: Sequence[bool]) -> float | None:

@@ -3,7 +3,13 @@ import random
 import jiwer
 import pytest
 
-from asr.metrics import ErrorCounts, char_errors, word_errors
+from asr.metrics import (
+    ErrorCounts,
+    char_errors,
+    errors_by_length,
+    reference_word_deleted,
+    word_errors,
+)
 
 WORDS = ["A", "B", "C", "FOUR", "TWO", "YES"]
 
@@ -37,3 +43,27 @@ def test_empty_hypothesis_and_reference():
 def test_length_mismatch_is_an_error():
     with pytest.raises(ValueError, match="2 references but 1"):
         word_errors(["A", "B"], ["A"])
+
+
+def test_length_buckets_add_up_and_find_deletions_at_the_end() -> None:
+    durations = [2.0, 7.99, 8.0, 13.0, 15.0]
+    refs = ["a b", "c", "d e f g h", "i j", "k l m n o p q r s t"]
+    hyps = ["a b", "x", "d e f g h", "i j k", "k l m n o p q r"]  # the last one stops early
+    buckets = errors_by_length(durations, refs, hyps)
+    assert [b.utterances for b in buckets] == [2, 2, 1]
+    total = buckets[0].errors + buckets[1].errors + buckets[2].errors
+    assert total == word_errors(refs, hyps)
+    long = buckets[2]
+    assert (long.tail_words, long.tail_deletions) == (2, 2)  # the last fifth of 10 words
+    assert long.tail_deletion_rate == 1.0 and long.deletion_rate == 0.2
+    assert buckets[1].tail_deletion_rate == 0.0
+    assert [b.name for b in errors_by_length([1.0], ["a"], ["a"], edges=[5.0])] == [
+        "< 5 s",
+        ">= 5 s",
+    ]
+
+
+def test_reference_word_deleted_marks_only_deletions() -> None:
+    assert reference_word_deleted("a b c", "a x") == [False, False, True]
+    assert reference_word_deleted("a b", "") == [True, True]
+    assert reference_word_deleted("", "a") == []

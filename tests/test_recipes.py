@@ -64,7 +64,7 @@ def ran(stdout: str) -> list[int]:
 @pytest.fixture(scope="module")
 def repo_outputs():
     """Fails a test that wrote into the repository's data/ or exp/ (recipe defaults)."""
-    corpora = ("an4", "yesno", "folder", "librispeech")
+    corpora = ("an4", "yesno", "folder", "librispeech", "mini_librispeech")
     watched = [REPO / d / c for d in ("data", "exp") for c in corpora]
     before = {p for p in watched if p.exists()}
     yield
@@ -75,7 +75,7 @@ def repo_outputs():
 # ------------------------------------------------------------------------------ options
 
 
-@pytest.mark.parametrize("corpus", ["an4", "yesno", "folder", "librispeech"])
+@pytest.mark.parametrize("corpus", ["an4", "yesno", "folder", "librispeech", "mini_librispeech"])
 def test_help_and_usage_errors(corpus):
     result = run_recipe(corpus, "--help")
     assert "stage" in result.stdout and f"recipes/{corpus}/run.sh" in result.stdout
@@ -452,3 +452,52 @@ def test_librispeech_smoke_all_stages(librispeech_dir, tmp_path, repo_outputs):
     assert ran(result.stdout) == [1, 2, 3, 4, 5, 6, 7]
     row = "| conf/librispeech/transformer_smoke.yaml | train-clean-5 | beam 2, ctc 0.3 |"
     assert row in result.stdout
+
+
+# ---------------------------------------------------------------------- Mini LibriSpeech
+
+
+def few_mini_librispeech_files(root: Path, out: Path, per_set: dict[str, int]) -> Path:
+    """A copy of the first `per_set[set]` utterances of each set of Mini LibriSpeech (Opus), in
+    the LibriSpeech layout, under out/LibriSpeech."""
+    for name, count in per_set.items():
+        transcripts = sorted((root / name).glob("*/*/*.trans.txt"))
+        for trans in transcripts:
+            if count <= 0:
+                break
+            lines = trans.read_text().splitlines()[:count]
+            count -= len(lines)
+            chapter = out / "LibriSpeech" / name / trans.parent.parent.name / trans.parent.name
+            chapter.mkdir(parents=True)
+            (chapter / trans.name).write_text("".join(line + "\n" for line in lines))
+            for line in lines:
+                audio = trans.parent / f"{line.split()[0]}.opus"
+                (chapter / audio.name).write_bytes(audio.read_bytes())
+    return out
+
+
+@pytest.mark.needs_corpus
+def test_mini_librispeech_stages_and_one_epoch_of_each_model(tmp_path, repo_outputs):
+    """Stages 1-3 on a few Opus files, then one epoch of every config and a decode of dev."""
+    root = corpus_path("mini_librispeech", "LibriSpeech")
+    corpus = few_mini_librispeech_files(root, tmp_path / "corpus", {"train-clean-5": 8,
+                                                                     "dev-clean-5": 2})  # fmt: skip
+    args = ["--data-dir", corpus, "--data", tmp_path / "d", "--exp", tmp_path / "e"]
+    args += ["--dev-set", "dev-clean-5", "--test-sets", "dev-clean-5"]
+    args += ["--vocab-size", "60", "--beam-size", "2"]
+    first = run_recipe("mini_librispeech", *args, "--stop-stage", "3")
+    assert ran(first.stdout) == [1, 2, 3]
+    assert len(read_manifest(tmp_path / "d" / "train.jsonl")) == 8
+    assert len(read_manifest(tmp_path / "d" / "dev-clean-5.jsonl")) == 2
+    assert Tokenizer.load(tmp_path / "d" / "bpe60").vocab_size == 60
+    for model in ("transformer", "conformer", "rnn"):
+        result = run_recipe("mini_librispeech", "--model", model, *args, "--stage", "4",
+                            "--", "--trainer.max_epochs", "1")  # fmt: skip
+        assert ran(result.stdout) == [4, 5, 6, 7], model
+        assert f"# conf/mini_librispeech/{model}.yaml" in result.stdout
+        assert "| decode_dev-clean-5 | 2 |" in result.stdout
+
+
+def test_mini_librispeech_rejects_an_unknown_model():
+    result = run_recipe("mini_librispeech", "--model", "lstm", check=False)
+    assert result.returncode == 2 and "no config" in result.stderr

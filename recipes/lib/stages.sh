@@ -234,7 +234,7 @@ def row(name, m, unit):
 
 
 rows = {"word": [], "char": []}
-settings = []
+settings, by_length = [], []
 for split in splits:
     for suffix in ("", "_lm"):
         metrics = Path(model_dir) / f"decode_{split}{suffix}" / "metrics.json"
@@ -249,11 +249,21 @@ for split in splits:
         settings.append(f"- {name}: {decoding}; RTF {m['real_time_factor']:.3f}")
         for unit in rows:
             rows[unit].append(row(name, m, unit))
+        buckets = [b for b in m.get("by_length") or [] if b["utterances"]]
+        if len(buckets) > 1:  # utterances of several lengths: where the errors are
+            by_length.append(f"\n## WER by utterance length ({name})\n\n")
+            by_length.append("| length | Snt | Wrd | WER | Del | Del, last 20 % of words |\n")
+            by_length.append("|---" * 6 + "|\n")
+            by_length += [
+                f"| {b['bucket']} | {b['utterances']} | {b['reference_words']} | {b['wer']:.1f} "
+                f"| {b['deletion_rate']:.1f} | {b['tail_deletion_rate']:.1f} |\n"
+                for b in buckets
+            ]
 if not settings:
     sys.exit(f"results: no decode_<split>/metrics.json in {model_dir} for {', '.join(splits)}")
 text = f"# {config}\n\n" + "\n".join(settings) + "\n\n"
 text += "## WER\n\n" + header + "\n".join(rows["word"]) + "\n\n"
-text += "## CER\n\n" + header + "\n".join(rows["char"]) + "\n"
+text += "## CER\n\n" + header + "\n".join(rows["char"]) + "\n" + "".join(by_length)
 (Path(model_dir) / "RESULTS.md").write_text(text)
 print(text)
 plots = " and ".join(f"{model_dir}/decode_{split}/alignments/" for split in splits)

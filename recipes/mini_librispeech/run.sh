@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Mini LibriSpeech recipe: the LibriSpeech recipe (recipes/librispeech/run.sh, same stages and
+# options) on 4-5 hours of read English, with configs sized for a 2-core CPU.
+#
+#   bash recipes/mini_librispeech/run.sh [--model transformer|conformer|rnn] [LIBRISPEECH-OPTIONS...]
+#
+# Data: ../shared/corpora/mini_librispeech when present (train-clean-5, 22 speakers, 4.4 h;
+# dev-clean-5, 2 other speakers; Ogg Opus), else the official Mini LibriSpeech from OpenSLR 31
+# (train-clean-5, dev-clean-2), downloaded by stage 0 to data/mini_librispeech/download.
+# Defaults: BPE 256 (stage 2), conf/mini_librispeech/<model>.yaml (stage 4), dev decoded with
+# beam 10 and CTC weight 0.3 (stage 6). Any LibriSpeech option after these overrides them,
+# e.g. --vocab-size 512, --stage 4, --ctc-weight 0.5, or `-- --trainer.max_epochs 1`.
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+shared=$root/../shared/corpora/mini_librispeech
+
+for arg in "$@"; do
+  if [ "$arg" = -h ] || [ "$arg" = --help ]; then
+    awk 'NR == 1 { next } /^#/ { sub(/^# ?/, ""); print; next } { exit }' "$0"
+    echo; echo "LibriSpeech options (recipes/librispeech/run.sh):"
+    exec bash "$root/recipes/librispeech/run.sh" --help
+  fi
+done
+
+model=transformer
+if [ "${1-}" = --model ]; then
+  [ $# -ge 2 ] || { echo "$(basename "$0"): --model needs a value" >&2; exit 2; }
+  model=$2
+  shift 2
+fi
+config=conf/mini_librispeech/$model.yaml
+[ -f "$root/$config" ] || { echo "$(basename "$0"): no config $config (--model transformer|conformer|rnn)" >&2; exit 2; }
+
+if [ -d "$shared/LibriSpeech/dev-clean-5" ]; then
+  sets=(--data-dir "$shared" --train-sets train-clean-5 --dev-set dev-clean-5
+    --test-sets dev-clean-5)
+else
+  sets=(--data-dir "$root/data/mini_librispeech/download" --train-sets train-clean-5
+    --dev-set dev-clean-2 --test-sets dev-clean-2 --url-base https://www.openslr.org/resources/31)
+fi
+exec bash "$root/recipes/librispeech/run.sh" "${sets[@]}" --vocab-size 256 \
+  --data "$root/data/mini_librispeech" --exp "$root/exp/mini_librispeech" --config "$config" "$@"
