@@ -5,7 +5,7 @@ PYTHON ?= python3
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint install clean
+.PHONY: demo test lint install clean espnet-env
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,9 +21,24 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest --durations=15
 
+# ESPnet for `python -m bench espnet`, in its own environment: its requirements pin versions
+# that clash with ours and pull speech-enhancement and TTS packages that do not install from
+# the registry. It gets ESPnet without them, the few packages its ASR models and beam search
+# import, and this project's .venv (torch and the rest) through a path file.
+ESPNET_VENV ?= .venv-espnet
+ESPNET_PACKAGES := espnet==202511 configargparse typeguard humanfriendly torch_complex kaldiio \
+	jamo hydra-core omegaconf antlr4-python3-runtime editdistance nltk
+
+espnet-env: $(STAMP)
+	$(PY) -m venv $(ESPNET_VENV)
+	$(PY) -c "import sysconfig; print(sysconfig.get_paths()['purelib'])" > \
+		"$$($(ESPNET_VENV)/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")/asr_venv.pth"
+	$(ESPNET_VENV)/bin/pip install --quiet --no-deps $(ESPNET_PACKAGES)
+	$(ESPNET_VENV)/bin/python -c "import espnet2.asr.espnet_model, espnet.nets.batch_beam_search"
+
 lint: $(STAMP)
 	$(VENV)/bin/ruff check asr tests bench recipes
 	$(VENV)/bin/ruff format --check asr tests
 
 clean:
-	rm -rf $(VENV) exp data
+	rm -rf $(VENV) $(ESPNET_VENV) exp data

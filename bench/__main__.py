@@ -1,4 +1,4 @@
-"""`python -m bench {peak,train,loader,decode,scaling,peer,all,report} [--out DIR] [--quick] ...`
+"""`python -m bench {peak,train,loader,decode,scaling,peer,espnet,all,report} [options]`
 
 Each part writes `<part>.json` into the results folder; after every run the report
 (results.json, results.md, bench.png) is rebuilt from all the part files there.
@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from bench import decode, loader, peak, peer, report, scaling, train
+from bench import decode, espnet, loader, peak, peer, report, scaling, train
 from bench.common import ROOT, Settings, ensure_data, write_json
 
 EPILOG = """parts:
@@ -32,6 +32,8 @@ EPILOG = """parts:
   decode   RTF of greedy / beam 10 / beam 10 + CTC at batch 1, 8, 32 on AN4 test
   scaling  DDP 1 vs 2 CPU processes; decode time vs length; step time vs batch size
   peer     ours vs SpeechBrain's TransformerASR at the same size (pip install -e '.[bench]')
+  espnet   ours vs ESPnet's Transformer ASR at its size (make espnet-env, then run with
+           .venv-espnet/bin/python -m bench espnet)
   all      every part, each in a fresh process, then the report
   report   rebuild results.json, results.md and bench.png from the part files
 """
@@ -43,8 +45,10 @@ PARTS: dict[str, Callable[[Settings], dict[str, Any]]] = {
     "decode": decode.run,
     "scaling": scaling.run,
     "peer": peer.run,
+    "espnet": espnet.run,
 }
 DEFAULT_CHECKPOINT = ROOT / "exp/an4/transformer/avg.ckpt"
+ESPNET_PYTHON = ROOT / ".venv-espnet/bin/python"  # `make espnet-env`
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -144,6 +148,13 @@ def run_part(name: str, settings: Settings, meta: dict[str, Any]) -> bool:
     return ok
 
 
+def python_for(part: str) -> str:
+    """The interpreter of a part: ESPnet's environment for `espnet` where it exists."""
+    if part == "espnet" and ESPNET_PYTHON.exists():
+        return str(ESPNET_PYTHON)
+    return sys.executable
+
+
 def run_isolated(names: Sequence[str], argv: Sequence[str], out: Path) -> bool:
     """Run each part as its own `python -m bench PART` process with the options of `argv` (an
     `all` command), so that no part runs on the heap, caches or threads an earlier part left
@@ -155,7 +166,7 @@ def run_isolated(names: Sequence[str], argv: Sequence[str], out: Path) -> bool:
     for name in names:
         saved = out / f"{name}.json"
         saved.unlink(missing_ok=True)
-        command = [sys.executable, "-m", "bench", name, *options]
+        command = [python_for(name), "-m", "bench", name, *options]
         code = subprocess.run(command, stdout=subprocess.DEVNULL).returncode
         if not saved.exists():
             error = f"`python -m bench {name}` exited with {code} and saved no result"

@@ -312,13 +312,21 @@ def similar_lengths(utts: Utterances, count: int) -> Utterances:
     return Utterances(utts.texts[start : start + count], utts.waves[start : start + count])
 
 
+def build_ours(
+    settings: Settings, overrides: dict[str, Any] = OUR_OVERRIDES
+) -> tuple[Ours, nn.Module, int]:
+    """Our model at the peer's size (conf/an4/transformer.yaml with `overrides`), its frontend
+    for the features, and the vocabulary size."""
+    module = build_module(model_config("transformer", settings.data, overrides), settings.seed)
+    ours = Ours(module.model.to(settings.device))
+    return ours, module.model.frontend, module.hparams.vocab_size
+
+
 def build_systems(settings: Settings) -> tuple[Ours, SpeechBrainASR, nn.Module]:
     """Both models from the same seed, and our frontend for the features."""
-    module = build_module(model_config("transformer", settings.data, OUR_OVERRIDES), settings.seed)
-    ours = Ours(module.model.to(settings.device))
+    ours, frontend, vocab_size = build_ours(settings)
     torch.manual_seed(settings.seed)
-    frontend = module.model.frontend
-    peer = SpeechBrainASR(module.hparams.vocab_size, frontend.output_dim).to(settings.device)
+    peer = SpeechBrainASR(vocab_size, frontend.output_dim).to(settings.device)
     return ours, peer, frontend
 
 
@@ -334,16 +342,19 @@ def run(settings: Settings) -> dict[str, Any]:
         return {"available": False, "reason": f"unavailable: {type(err).__name__}: {err}"}
     with warnings.catch_warnings():  # SpeechBrain's masks: a deprecation notice per step
         warnings.filterwarnings("ignore", "Support for mismatched key_padding_mask")
-        return compare(settings, version)
+        ours, peer, frontend = build_systems(settings)
+        return compare(settings, ours, peer, frontend, {"speechbrain_version": version})
 
 
-def compare(settings: Settings, version: str) -> dict[str, Any]:
-    """Both systems: parameters, FLOPs, training throughput, decode speed."""
-    ours, peer, frontend = build_systems(settings)
+def compare(
+    settings: Settings, ours: Ours, peer: nn.Module, frontend: nn.Module, versions: dict[str, str]
+) -> dict[str, Any]:
+    """Ours and `peer` (a system with `name`, `loss` and `decode`, as `SpeechBrainASR`):
+    parameters, FLOPs, training throughput and decode speed, with `versions` recorded."""
     steps = settings.pick(2, 8)
     raw = train_batches("transformer", settings, steps, settings.pick(8.0, None))
     batches = [features(frontend, b.waves, b.wave_lens, b.tokens, b.token_lens) for b in raw]
-    results: dict[str, Any] = {"available": True, "speechbrain_version": version}
+    results: dict[str, Any] = {"available": True, **versions}
     for system in (ours, peer):
         flops = model_flops(system, batches[0], settings.device)
         results[system.name] = {

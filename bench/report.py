@@ -11,8 +11,13 @@ from typing import Any
 from bench.common import PRECISIONS
 from bench.peak import EXACT
 
-PARTS = ("peak", "train", "loader", "decode", "scaling", "peer")
-SYSTEMS = ("ours", "speechbrain")  # the peer part's two systems
+PARTS = ("peak", "train", "loader", "decode", "scaling", "peer", "espnet")
+PEERS = {"peer": "speechbrain", "espnet": "espnet"}  # part -> the peer system it measures
+PEER_NAMES = {"speechbrain": "SpeechBrain", "espnet": "ESPnet"}
+PEER_SEARCH = {  # how each peer decodes the batch
+    "speechbrain": "SpeechBrain's in one batch too",
+    "espnet": "ESPnet's one utterance at a time, as its inference runs",
+}
 LENGTH_COLUMNS = {  # decode-vs-length modes (bench.scaling.LENGTH_MODES) and their headings
     "encoder": "frontend + encoder",
     "greedy": "greedy",
@@ -56,15 +61,15 @@ def _get(data: Any, *keys: Any) -> Any:
 
 
 def derive(parts: dict[str, Any]) -> dict[str, Any]:
-    """MFU of the training configs and of the peer part's systems, and ours / peer ratios."""
+    """MFU of the training configs and of the peer parts' systems, and ours / peer ratios."""
     res = {name: part.get("result", {}) for name, part in parts.items()}
     peaks = _get(res, "peak", "peak_gflops") or {}
-    peer = res.get("peer") or {}
-    return {
-        "mfu": mfu(res.get("train") or {}, peaks),
-        "peer_mfu": mfu({name: peer[name] for name in SYSTEMS if name in peer}, peaks),
-        "peer": _peer_ratios(peer),
-    }
+    derived = {"mfu": mfu(res.get("train") or {}, peaks)}
+    for part, system in PEERS.items():
+        found = res.get(part) or {}
+        derived[f"{part}_mfu"] = mfu({n: found[n] for n in ("ours", system) if n in found}, peaks)
+        derived[part] = _peer_ratios(found, system)
+    return derived
 
 
 def mfu(trained: dict[str, Any], peaks: dict[str, float]) -> dict[str, Any]:
@@ -88,17 +93,17 @@ def mfu(trained: dict[str, Any], peaks: dict[str, float]) -> dict[str, Any]:
     return out
 
 
-def _peer_ratios(peer: dict[str, Any]) -> dict[str, float]:
+def _peer_ratios(peer: dict[str, Any], system: str) -> dict[str, float]:
     """Training throughput ours / peer; decoding speed-up (peer time / our time)."""
     out = {}
     for precision in PRECISIONS:
         ours = _get(peer, "ours", precision, "audio_seconds_per_second")
-        theirs = _get(peer, "speechbrain", precision, "audio_seconds_per_second")
+        theirs = _get(peer, system, precision, "audio_seconds_per_second")
         if ours and theirs:
             out[f"train_{precision}"] = ours / theirs
     for mode in ("beam10", "beam10_ctc"):
         ours = _get(peer, "ours", "decode", mode, "seconds")
-        theirs = _get(peer, "speechbrain", "decode", mode, "seconds")
+        theirs = _get(peer, system, "decode", mode, "seconds")
         if ours and theirs:
             out[f"decode_{mode}"] = theirs / ours
     return out
@@ -213,28 +218,29 @@ def _train_md(res: dict[str, Any], derived: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _peer_md(res: dict[str, Any], derived: dict[str, Any]) -> list[str]:
-    peer = res.get("peer")
+def _peer_md(res: dict[str, Any], derived: dict[str, Any], part: str) -> list[str]:
+    peer, system = res.get(part), PEERS[part]
     if not peer:
         return []
-    title = ["## Ours vs SpeechBrain, same model (12/6 blocks, d 256, 4 heads, FFN 2048)", ""]
+    label = PEER_NAMES[system]
+    title = [f"## Ours vs {label}, same model (12/6 blocks, d 256, 4 heads, FFN 2048)", ""]
     if not peer.get("available", False):
         return title + [peer.get("reason") or peer.get("error", "unavailable"), ""]
     rows = []
-    for name in SYSTEMS:
+    for name in ("ours", system):
         d = peer[name]
         rows.append([
             name, f"{d['parameters'] / 1e6:.1f} M",
             _num(d["flops_per_audio_second"] / 1e9, "{:.2f}"),
             _num(d["fp32"]["audio_seconds_per_second"], "{:.2f}"),
             _num(d["bf16"]["audio_seconds_per_second"], "{:.2f}"),
-            _percent(_get(derived, "peer_mfu", f"{name}_bf16", "mfu")),
+            _percent(_get(derived, f"{part}_mfu", f"{name}_bf16", "mfu")),
             _num(d["decode"]["beam10"]["seconds"], "{:.2f}"),
             _num(d["decode"]["beam10_ctc"]["seconds"], "{:.2f}"),
         ])  # fmt: skip
-    ratio = derived["peer"]
+    ratio = derived[part]
     rows.append([
-        "ours / SpeechBrain", "", "", _num(ratio.get("train_fp32"), "{:.2f}x"),
+        f"ours / {label}", "", "", _num(ratio.get("train_fp32"), "{:.2f}x"),
         _num(ratio.get("train_bf16"), "{:.2f}x"), "",
         _num(ratio.get("decode_beam10"), "{:.1f}x faster"),
         _num(ratio.get("decode_beam10_ctc"), "{:.1f}x faster"),
@@ -245,9 +251,9 @@ def _peer_md(res: dict[str, Any], derived: dict[str, Any]) -> list[str]:
     ]  # fmt: skip
     batch = peer["decode_batch"]
     note = (
-        f"SpeechBrain {peer['speechbrain_version']}. Decoding: {batch['utterances']} AN4 test "
-        f"utterances ({batch['audio_seconds']:.1f} s) in one batch, fp32, eos blocked so that "
-        "both searches run the same number of steps."
+        f"{label} {peer[f'{system}_version']}. Decoding: {batch['utterances']} AN4 test "
+        f"utterances ({batch['audio_seconds']:.1f} s), fp32, eos blocked so that both searches "
+        f"run the same number of steps; ours in one batch, {PEER_SEARCH[system]}."
     )
     return title + _table(header, rows) + [note, ""]
 
@@ -351,7 +357,8 @@ def markdown(parts: dict[str, Any], derived: dict[str, Any]) -> str:
         lambda: _loader_md(res),
         lambda: _decode_md(res),
         lambda: _scaling_md(res),
-        lambda: _peer_md(res, derived),
+        lambda: _peer_md(res, derived, "peer"),
+        lambda: _peer_md(res, derived, "espnet"),
     ]
     lines = ["# asr benchmark", ""]
     for section in sections:
@@ -384,7 +391,9 @@ def plot(parts: dict[str, Any], path: Path) -> None:
 def _plot_train(ax, res: dict[str, Any]) -> None:
     labels, values = [], []
     sources = [(name, data) for name, data in (res.get("train") or {}).items()]
-    sources += [(f"12/6 d256 {name}", _get(res, "peer", name)) for name in SYSTEMS]
+    for part, system in PEERS.items():
+        found = res.get(part) or {}
+        sources += [(f"12/6 d256 {n} ({part})", found.get(n)) for n in ("ours", system)]
     for label, data in sources:
         for precision in PRECISIONS:
             value = _get(data, precision, "audio_seconds_per_second")
