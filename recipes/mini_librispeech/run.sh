@@ -7,7 +7,8 @@
 # Data: ../shared/corpora/mini_librispeech when present (train-clean-5, 22 speakers, 4.4 h;
 # dev-clean-5, 2 other speakers; Ogg Opus), else the official Mini LibriSpeech from OpenSLR 31
 # (train-clean-5, dev-clean-2), downloaded by stage 0 to data/mini_librispeech/download.
-# Defaults: BPE 256 (stage 2), conf/mini_librispeech/<model>.yaml (stage 4), dev decoded with
+# Defaults: BPE 256 (stage 2), CMVN of audio at -26 dBFS as the configs' LevelNormalizer
+# gives it (stage 3), conf/mini_librispeech/<model>.yaml (stage 4), dev decoded with
 # beam 10 and CTC weight 0.3 (stage 6). Any LibriSpeech option after these overrides them,
 # e.g. --vocab-size 512, --stage 4, --ctc-weight 0.5, or `-- --trainer.max_epochs 1`.
 set -euo pipefail
@@ -40,5 +41,5 @@ else
   sets=(--data-dir "$root/data/mini_librispeech/download" --train-sets train-clean-5
     --dev-set dev-clean-2 --test-sets dev-clean-2 --url-base https://www.openslr.org/resources/31)
 fi
-exec bash "$root/recipes/librispeech/run.sh" "${sets[@]}" --vocab-size 256 \
+exec bash "$root/recipes/librispeech/run.sh" "${sets[@]}" --vocab-size 256 --level-dbfs -26 \
   --data "$root/data/mini_librispeech" --exp "$root/exp/mini_librispeech" --config "$config" "$@"
