@@ -121,10 +121,10 @@ class EpochClock(L.Callback):
         epoch, self._epoch = self._epoch, None
         epoch["wall"] = now - epoch.pop("start")
         epoch["other"] = epoch["wall"] - sum(epoch[part] for part in EPOCH_PARTS[:-1])
-        self.epochs.append(epoch)
         rss = resident_gb()
         if rss is not None:
             epoch["rss_gb"] = rss
+        self.epochs.append(epoch)
         if trainer.is_global_zero:
             names = {"wall": "epoch", **{part: part for part in (*EPOCH_PARTS, "audio")}}
             metrics = {f"time/{names[k]}_s": epoch[k] for k in names}

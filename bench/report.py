@@ -6,17 +6,25 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from bench.common import PRECISIONS
 from bench.peak import EXACT
 
 PARTS = ("peak", "train", "loader", "decode", "scaling", "peer", "espnet")
-PEERS = {"peer": "speechbrain", "espnet": "espnet"}  # part -> the peer system it measures
-PEER_NAMES = {"speechbrain": "SpeechBrain", "espnet": "ESPnet"}
-PEER_SEARCH = {  # how each peer decodes the batch
-    "speechbrain": "SpeechBrain's in one batch too",
-    "espnet": "ESPnet's one utterance at a time, as its inference runs",
+
+
+class Peer(NamedTuple):
+    """The peer system a part measures against ours."""
+
+    system: str  # its key in the part's results
+    label: str  # its name in the report
+    search: str  # how it decodes the test batch
+
+
+PEERS = {
+    "peer": Peer("speechbrain", "SpeechBrain", "SpeechBrain's in one batch too"),
+    "espnet": Peer("espnet", "ESPnet", "ESPnet's one utterance at a time, as its inference runs"),
 }
 LENGTH_COLUMNS = {  # decode-vs-length modes (bench.scaling.LENGTH_MODES) and their headings
     "encoder": "frontend + encoder",
@@ -65,8 +73,8 @@ def derive(parts: dict[str, Any]) -> dict[str, Any]:
     res = {name: part.get("result", {}) for name, part in parts.items()}
     peaks = _get(res, "peak", "peak_gflops") or {}
     derived = {"mfu": mfu(res.get("train") or {}, peaks)}
-    for part, system in PEERS.items():
-        found = res.get(part) or {}
+    for part, peer in PEERS.items():
+        found, system = res.get(part) or {}, peer.system
         derived[f"{part}_mfu"] = mfu({n: found[n] for n in ("ours", system) if n in found}, peaks)
         derived[part] = _peer_ratios(found, system)
     return derived
@@ -219,10 +227,9 @@ def _train_md(res: dict[str, Any], derived: dict[str, Any]) -> list[str]:
 
 
 def _peer_md(res: dict[str, Any], derived: dict[str, Any], part: str) -> list[str]:
-    peer, system = res.get(part), PEERS[part]
+    peer, (system, label, search) = res.get(part), PEERS[part]
     if not peer:
         return []
-    label = PEER_NAMES[system]
     title = [f"## Ours vs {label}, same model (12/6 blocks, d 256, 4 heads, FFN 2048)", ""]
     if not peer.get("available", False):
         return title + [peer.get("reason") or peer.get("error", "unavailable"), ""]
@@ -253,7 +260,7 @@ def _peer_md(res: dict[str, Any], derived: dict[str, Any], part: str) -> list[st
     note = (
         f"{label} {peer[f'{system}_version']}. Decoding: {batch['utterances']} AN4 test "
         f"utterances ({batch['audio_seconds']:.1f} s), fp32, eos blocked so that both searches "
-        f"run the same number of steps; ours in one batch, {PEER_SEARCH[system]}."
+        f"run the same number of steps; ours in one batch, {search}."
     )
     return title + _table(header, rows) + [note, ""]
 
@@ -391,9 +398,9 @@ def plot(parts: dict[str, Any], path: Path) -> None:
 def _plot_train(ax, res: dict[str, Any]) -> None:
     labels, values = [], []
     sources = [(name, data) for name, data in (res.get("train") or {}).items()]
-    for part, system in PEERS.items():
+    for part, peer in PEERS.items():
         found = res.get(part) or {}
-        sources += [(f"12/6 d256 {n} ({part})", found.get(n)) for n in ("ours", system)]
+        sources += [(f"12/6 d256 {n} ({part})", found.get(n)) for n in ("ours", peer.system)]
     for label, data in sources:
         for precision in PRECISIONS:
             value = _get(data, precision, "audio_seconds_per_second")
