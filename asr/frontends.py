@@ -78,6 +78,12 @@ def _window_fn(name: str) -> Callable[..., Tensor]:
     return WINDOWS[name]
 
 
+def _padded_frames(wave: Tensor, win_length: int, hop_length: int) -> int:
+    """Frames of the whole padded batch `(B, T)`, not of its longest wave: a batch padded to
+    a fixed length (a shape grid) keeps one feature shape, so compiled kernels are reused."""
+    return max(num_frames(wave.size(1), win_length, hop_length), 0)
+
+
 class _SnipEdgesSpectrogram(nn.Module):
     """Power (or magnitude) spectrum `(B, F, T')` framed as `num_frames(T, win, hop)`.
 
@@ -109,9 +115,10 @@ class _SnipEdgesSpectrogram(nn.Module):
     def forward(self, wave: Tensor, wave_lens: Tensor) -> tuple[Tensor, Tensor]:
         _check_batch(wave, wave_lens, ndim=2)
         lens = num_frames(wave_lens, self.win_length, self.hop_length)
-        max_frames = int(lens.max()) if lens.numel() else 0
-        if max_frames == 0:
-            return wave.new_zeros(wave.size(0), self.n_freqs, 0, dtype=torch.float32), lens
+        max_frames = _padded_frames(wave, self.win_length, self.hop_length)
+        if max_frames == 0 or wave.size(0) == 0:
+            empty = wave.new_zeros(wave.size(0), self.n_freqs, max_frames, dtype=torch.float32)
+            return empty, lens
         used = (max_frames - 1) * self.hop_length + self.win_length  # samples the frames cover
         with torch.autocast(device_type=wave.device.type, enabled=False):
             wave = F.pad(wave[:, :used].float(), (self.pad_left, self.pad_right))
@@ -374,8 +381,12 @@ class KaldiFbank(nn.Module):
         with torch.autocast(device_type=wave.device.type, enabled=False):
             wave = wave.float() * self.scale
             feats = [self._fbank(wave[b, :n]) for b, n in enumerate(wave_lens.tolist())]
-        lens = num_frames(wave_lens, self.win_length, self.hop_length)
-        return nn.utils.rnn.pad_sequence(feats, batch_first=True), lens
+        out = wave.new_zeros(
+            len(feats), _padded_frames(wave, self.win_length, self.hop_length), self.output_dim
+        )
+        for b, utterance_feats in enumerate(feats):
+            out[b, : len(utterance_feats)] = utterance_feats
+        return out, num_frames(wave_lens, self.win_length, self.hop_length)
 
     def _fbank(self, wave: Tensor) -> Tensor:
         """`(T,)` -> `(frames, output_dim)`."""

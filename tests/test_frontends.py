@@ -126,6 +126,22 @@ def test_padding_invariance(name):
 
 
 @pytest.mark.parametrize("name", FRONTENDS)
+def test_frames_follow_the_padded_batch_not_its_longest_wave(name):
+    """A shape grid pads waves past the longest one: the features keep that fixed shape (so
+    compiled kernels are reused), with the extra frames as padding."""
+    frontend = FRONTENDS[name]().eval()
+    wave, lens = waves(ODD_LENGTHS)
+    win, hop = frame_geometry(frontend)
+    padded = torch.nn.functional.pad(wave, (0, 5 * hop + 7))
+    feats, feat_lens = frontend(wave, lens)
+    grid_feats, grid_lens = frontend(padded, lens)
+    assert grid_feats.size(1) == num_frames(padded.size(1), win, hop) > feats.size(1)
+    assert torch.equal(grid_lens, feat_lens)
+    torch.testing.assert_close(grid_feats[:, : feats.size(1)], feats)
+    assert grid_feats[:, feats.size(1) :].abs().sum() == 0, "padding frames must be zero"
+
+
+@pytest.mark.parametrize("name", FRONTENDS)
 def test_all_utterances_shorter_than_a_window_give_no_frames(name):
     frontend = FRONTENDS[name]().eval()
     win, _ = frame_geometry(frontend)
