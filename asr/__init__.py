@@ -16,8 +16,9 @@ below training imports Lightning (tests/test_layers.py holds the package to this
                 shareable folder: safetensors, config.json, model card; hf://), finetune
                 (a new model's weights from a trained one), onnx_runtime (ONNX export and
                 the ONNX Runtime backend)
-    algorithms  search, ctc_prefix, timing (DTW, CTC forced alignment), segment (long audio),
-                vad (Silero speech probabilities for segment), guard (attention failures)
+    algorithms  search, ctc_prefix, timing (DTW, CTC forced alignment), confidence (word
+                probabilities made calibrated), segment (long audio), vad (Silero speech
+                probabilities for segment), guard (attention failures)
     recognizer  results, writers, transcribe, recognizer (`load_model`, `load_lm`)
     users       evaluate, robustness, plotting, heads (the attention maps that time words)
     training    data/, lightning, lm, optim, train (LightningCLI), cli (the `asr` command;

@@ -9,6 +9,7 @@ its model without the training files, under one key (`RECOGNIZER_KEY` or `LM_KEY
     segment_seconds, decoding   optional: how `transcribe` cuts and decodes by default
     tokens_per_second    optional: the training set's fastest speech; bounds output length
     alignment_heads      optional: the attention maps that time words (asr choose-heads)
+    confidence_scaling   optional: word probability -> confidence, fitted on dev (asr calibrate)
 
 All values are plain strings, numbers and containers, so a checkpoint loads with
 `torch.load(weights_only=True)`: loading one never runs code. Nothing here imports Lightning.

@@ -14,6 +14,7 @@ asr evaluate --checkpoint CKPT --manifest test.jsonl --out DIR   WER/CER, report
 asr robustness --checkpoint CKPT --manifest test.jsonl --out DIR  WER under noise, level...
 asr align AUDIO --checkpoint CKPT --text "..." --out plot.png      word times of a transcript
 asr choose-heads --checkpoint CKPT --manifest dev.jsonl --store   attention maps for word times
+asr calibrate --checkpoint CKPT --manifest dev.jsonl --store    word confidence fitted on dev
 
 Batch commands (prepare, validate-data, transcribe, evaluate) go on past bad inputs, list
 each with the reason, and exit with status 1 when any failed (2: the command could not run).
@@ -367,6 +368,31 @@ def _choose_heads(args: argparse.Namespace) -> int:
     return 0
 
 
+def _calibrate(args: argparse.Namespace) -> int:
+    from asr.checkpoint import store_in_payload
+    from asr.evaluate import fit_confidence
+
+    recognizer = _load_model(args)
+    options = _search_options(args, recognizer)
+    fit = fit_confidence(
+        recognizer, args.manifest, options, _language_model(args, recognizer),
+        args.batch_size, progress=not args.quiet,
+    )  # fmt: skip
+    scaling = fit.scaling
+    print(f"confidence = sigmoid({scaling.scale:.4f} * log(probability) + {scaling.bias:.4f})")
+    for name, c in (("probability", fit.before), ("confidence", fit.after)):
+        auc = "n/a" if c.auc is None else f"{c.auc:.3f}"
+        print(f"{name:>11}: ECE {c.ece:.3f}, ROC AUC {auc} over {c.words} words "
+              f"({100 * c.accuracy:.1f} % right)")  # fmt: skip
+    if args.store:
+        if options != recognizer.default_options:
+            print("note: fitted under other search settings than the checkpoint's default",
+                  file=sys.stderr)  # fmt: skip
+        store_in_payload(args.checkpoint, "confidence_scaling", scaling.as_dict())
+        print(f"confidence scaling stored in {args.checkpoint}", file=sys.stderr)
+    return 0
+
+
 def _add_search_arguments(p: argparse.ArgumentParser) -> None:
     from asr.search import DEFAULT_CTC_WEIGHT, SearchOptions
 
@@ -637,6 +663,22 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     _add_device_arguments(p)
     p.set_defaults(run=_choose_heads)
+
+    p = sub.add_parser(
+        "calibrate",
+        help="fit word confidences to the share of words right on a dev set",
+        description="Decode a manifest (dev) with the given search settings (default: the "
+        "checkpoint's own), label each hypothesis word right or wrong by its alignment with "
+        "the reference, and fit confidence = sigmoid(scale * log(probability) + bias) by "
+        "logistic regression. Prints the expected calibration error (ECE) and ROC area before "
+        "and after on those words; --store records the scaling in the checkpoint, and its "
+        "words then carry it as `confidence` (transcribe's JSON, asr evaluate's "
+        "reliability.png). The map keeps the words' order, so the ROC area does not change.",
+    )
+    _add_decoding_arguments(p)
+    p.add_argument("--manifest", required=True, help="JSONL manifest with references (dev)")
+    p.add_argument("--store", action="store_true", help="record the scaling in the checkpoint")
+    p.set_defaults(run=_calibrate)
 
     p = sub.add_parser(
         "curves",

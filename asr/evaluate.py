@@ -30,6 +30,7 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,7 @@ from torch import Tensor
 from tqdm import tqdm
 
 from asr.audio import AudioError, load_audio
+from asr.confidence import PlattScaling
 from asr.data.manifest import (
     BadEntry,
     Utterance,
@@ -46,18 +48,18 @@ from asr.data.manifest import (
     validate_manifest,
 )
 from asr.metrics import (
+    Calibration,
+    ErrorCounts,
+    WordAlignment,
     char_errors,
     errors_by_length,
-    hypothesis_word_correct,
-    word_alignment,
     word_calibration,
-    word_errors,
 )
 from asr.recognizer import Recognizer
 from asr.results import Decoded
 from asr.search import LanguageModel, SearchOptions
-from asr.timing import boundary_error_ms
-from asr.transcribe import search_or_errors, word_index
+from asr.timing import boundary_error_ms, word_index
+from asr.transcribe import search_or_errors
 
 TOP_ERRORS = 30  # entries per list of frequent errors in errors.txt
 
@@ -73,6 +75,11 @@ class ScoredUtterance:
     duration: float = 0.0  # seconds of audio
     word_probs: list[float] | None = None  # per hypothesis word; None where not computed
     repaired: str | None = None  # the attention failure repaired (`asr.guard`), if any
+
+    @cached_property
+    def alignment(self) -> WordAlignment:
+        """The word alignment of `hyp` with `ref`, made once for every report."""
+        return WordAlignment.of(self.ref, self.hyp)
 
 
 def evaluate(
@@ -127,14 +134,15 @@ def evaluate(
         raise _nothing_to_score(manifest, failures)
     decode_seconds, audio_seconds = timing
     refs, hyps = [r.ref for r in results], [r.hyp for r in results]
-    words, chars = word_errors(refs, hyps), char_errors(refs, hyps)
+    words = sum((r.alignment.errors for r in results), ErrorCounts())
+    chars = char_errors(refs, hyps)
     sentence_errors = sum(r.ref.split() != r.hyp.split() for r in results)
     _write_kaldi(out_dir / "hyp.txt", [(r.utt_id, r.hyp) for r in results])
     _write_kaldi(out_dir / "ref.txt", [(r.utt_id, r.ref) for r in results])
     (out_dir / "errors.txt").write_text(error_report(results), encoding="utf-8")
     scored = {r.utt_id for r in results}
     _plot(recognizer, [u for u in utterances if u.utt_id in chosen & scored], results, out_dir)
-    confidence = _confidence_report(results, out_dir)
+    confidence = _confidence_report(results, out_dir, recognizer.confidence_scaling)
     metrics = {
         "wer": 100 * words.rate,
         "cer": 100 * chars.rate,
@@ -309,31 +317,91 @@ def _word_probs(recognizer: Recognizer, decoded: Decoded, hyp: str) -> list[floa
     return [probs[k] for k in sorted(probs)] if len(probs) == len(hyp.split()) else None
 
 
-def _confidence_report(results: Sequence[ScoredUtterance], out_dir: Path) -> dict[str, Any] | None:
-    """Word confidence calibration over `results`, as metrics.json holds it, and its
-    reliability diagram in `out_dir/reliability.png`; None without word probabilities."""
-    confidences, correct, left_out = [], [], 0
+def _confidence_report(
+    results: Sequence[ScoredUtterance], out_dir: Path, scaling: PlattScaling | None
+) -> dict[str, Any] | None:
+    """Word confidence calibration over `results` (the probabilities through `scaling`,
+    where given), as metrics.json holds it, and its reliability diagram in
+    `out_dir/reliability.png`; None without word probabilities."""
+    probs, correct, left_out = _labelled_words(results)
+    if not probs:
+        return None
+    calibration = word_calibration(_scaled(probs, scaling), correct)
+    from asr.plotting import plot_reliability, save_figure  # matplotlib: only when plotting
+
+    save_figure(plot_reliability(calibration), str(out_dir / "reliability.png"))
+    report = asdict(calibration) | {"utterances_left_out": left_out}
+    if scaling is not None:
+        report |= {
+            "scaling": scaling.as_dict(),
+            "unscaled_ece": word_calibration(probs, correct).ece,
+        }
+    return report
+
+
+def _labelled_words(results: Sequence[ScoredUtterance]) -> tuple[list[float], list[bool], int]:
+    """Every hypothesis word's probability and whether it is right, and how many non-empty
+    hypotheses had no word probabilities."""
+    probs: list[float] = []
+    correct: list[bool] = []
+    left_out = 0
     for r in results:
         if r.word_probs is None:
             left_out += bool(r.hyp.split())
             continue
-        confidences += r.word_probs
-        correct += hypothesis_word_correct(r.ref, r.hyp)
-    if not confidences:
-        return None
-    calibration = word_calibration(confidences, correct)
-    from asr.plotting import plot_reliability, save_figure  # matplotlib: only when plotting
+        probs += r.word_probs
+        correct += r.alignment.hypothesis_correct
+    return probs, correct, left_out
 
-    save_figure(plot_reliability(calibration), str(out_dir / "reliability.png"))
-    return asdict(calibration) | {"utterances_left_out": left_out}
+
+def _scaled(probs: Sequence[float], scaling: PlattScaling | None) -> list[float]:
+    return list(probs) if scaling is None else [scaling(p) for p in probs]
+
+
+@dataclass(frozen=True)
+class ConfidenceFit:
+    """A word confidence scaling fitted on a manifest, and how calibrated the words of that
+    manifest are before and after it."""
+
+    scaling: PlattScaling
+    before: Calibration
+    after: Calibration
+
+
+def fit_confidence(
+    recognizer: Recognizer,
+    manifest: str | os.PathLike,
+    options: SearchOptions | None = None,
+    lm: LanguageModel | None = None,
+    batch_size: int = 8,
+    progress: bool = True,
+) -> ConfidenceFit:
+    """Decode `manifest` (a dev set) and fit `PlattScaling` to its hypothesis words, each
+    labelled right or wrong by its word alignment with the reference.
+
+    Raises:
+        ValueError: an unreadable manifest or audio file, a model without word probabilities,
+            or not both right and wrong words to fit.
+    """
+    options = options or recognizer.default_options
+    recognizer.check_options(options, lm)
+    utterances = read_manifest(manifest)
+    results, _, _ = _decode_all(recognizer, utterances, options, lm, batch_size, progress)
+    probs, correct, _ = _labelled_words(results)
+    if not probs:
+        raise ValueError(f"{manifest}: no hypothesis word has a probability to calibrate")
+    scaling = PlattScaling.fit(probs, correct)
+    before, after = (
+        word_calibration(probs, correct),
+        word_calibration(_scaled(probs, scaling), correct),
+    )
+    return ConfidenceFit(scaling, before, after)
 
 
 def _length_report(results: Sequence[ScoredUtterance]) -> list[dict[str, Any]]:
     """WER per duration bucket, and the deletion rate of the last words against all words:
     where attention decoders stop early on long utterances."""
-    buckets = errors_by_length(
-        [r.duration for r in results], [r.ref for r in results], [r.hyp for r in results]
-    )
+    buckets = errors_by_length([r.duration for r in results], [r.alignment for r in results])
     return [
         {
             "bucket": b.name,
@@ -358,8 +426,8 @@ def alignment_lines(ref: Sequence[str], hyp: Sequence[str], chunks) -> list[str]
     """sclite-style REF/HYP/mark lines of one utterance from jiwer's alignment chunks;
     `*` fills the side a word is missing from.
 
-    >>> print("\\n".join(alignment_lines("A B C".split(), "A X C D".split(),
-    ...                                  word_alignment("A B C", "A X C D"))))
+    >>> a = WordAlignment.of("A B C", "A X C D")
+    >>> print("\\n".join(alignment_lines(a.ref, a.hyp, a.chunks)))
     REF: A B C *
     HYP: A X C D
            S   I
@@ -387,8 +455,7 @@ def error_report(results: Sequence[ScoredUtterance]) -> str:
     lines = ["# Per utterance: REF/HYP word alignment, S substitution, D deletion, I insertion", ""]
     substitutions, deletions, insertions = Counter(), Counter(), Counter()
     for result in results:
-        ref, hyp = result.ref.split(), result.hyp.split()
-        chunks = word_alignment(result.ref, result.hyp)
+        ref, hyp, chunks = result.alignment.ref, result.alignment.hyp, result.alignment.chunks
         counts = Counter()
         for chunk in chunks:
             refs = ref[chunk.ref_start_idx : chunk.ref_end_idx]

@@ -103,27 +103,69 @@ def word_alignment(ref: str, hyp: str) -> list[jiwer.AlignmentChunk]:
     return [jiwer.AlignmentChunk("insert", 0, 0, 0, words)] if words else []
 
 
+@dataclass(frozen=True)
+class WordAlignment:
+    """One utterance's word alignment, and what the reports read from it: its edit counts,
+    the reference words deleted, the hypothesis words right.
+
+    >>> a = WordAlignment.of("a b c d e f", "a x c e f g")
+    >>> (a.errors.substitutions, a.errors.deletions, a.errors.insertions)
+    (1, 1, 1)
+    >>> a.reference_deleted
+    [False, False, False, True, False, False]
+    >>> a.hypothesis_correct
+    [True, False, True, True, True, False]
+    """
+
+    ref: list[str]
+    hyp: list[str]
+    chunks: list[jiwer.AlignmentChunk]
+
+    @classmethod
+    def of(cls, ref: str, hyp: str) -> WordAlignment:
+        return cls(ref.split(), hyp.split(), word_alignment(ref, hyp))
+
+    @property
+    def errors(self) -> ErrorCounts:
+        edits = {"substitute": 0, "delete": 0, "insert": 0, "equal": 0}
+        for chunk in self.chunks:
+            if chunk.type == "insert":
+                edits["insert"] += chunk.hyp_end_idx - chunk.hyp_start_idx
+            else:
+                edits[chunk.type] += chunk.ref_end_idx - chunk.ref_start_idx
+        return ErrorCounts(edits["substitute"], edits["delete"], edits["insert"], len(self.ref))
+
+    @property
+    def reference_deleted(self) -> list[bool]:
+        """Per reference word, whether the alignment deletes it."""
+        return self._marks("delete", on_reference=True)
+
+    @property
+    def hypothesis_correct(self) -> list[bool]:
+        """Per hypothesis word, whether it is matched to an equal reference word
+        (substitutions and insertions are wrong)."""
+        return self._marks("equal", on_reference=False)
+
+    def _marks(self, kind: str, on_reference: bool) -> list[bool]:
+        """Per reference (or hypothesis) word, whether it lies in a chunk of `kind`."""
+        marks = [False] * len(self.ref if on_reference else self.hyp)
+        for chunk in self.chunks:
+            if chunk.type == kind:
+                if on_reference:
+                    start, end = chunk.ref_start_idx, chunk.ref_end_idx
+                else:
+                    start, end = chunk.hyp_start_idx, chunk.hyp_end_idx
+                marks[start:end] = [True] * (end - start)
+        return marks
+
+
 def reference_word_deleted(ref: str, hyp: str) -> list[bool]:
     """Per reference word, whether the word alignment with `hyp` deletes it.
 
     >>> reference_word_deleted("a b c d", "a c")
     [False, True, False, True]
     """
-    return _aligned_as(ref, hyp, "delete", on_reference=True)
-
-
-def _aligned_as(ref: str, hyp: str, kind: str, on_reference: bool) -> list[bool]:
-    """Per reference (or hypothesis) word, whether the word alignment puts it in a chunk of
-    `kind` ("equal", "substitute", "delete", "insert")."""
-    marks = [False] * len((ref if on_reference else hyp).split())
-    for chunk in word_alignment(ref, hyp):
-        if chunk.type == kind:
-            if on_reference:
-                start, end = chunk.ref_start_idx, chunk.ref_end_idx
-            else:
-                start, end = chunk.hyp_start_idx, chunk.hyp_end_idx
-            marks[start:end] = [True] * (end - start)
-    return marks
+    return WordAlignment.of(ref, hyp).reference_deleted
 
 
 LENGTH_EDGES = (8.0, 14.0)  # seconds: buckets < 8 s, 8-14 s, >= 14 s
@@ -153,30 +195,33 @@ class LengthBucket:
 
 def errors_by_length(
     durations: Sequence[float],
-    refs: Sequence[str],
-    hyps: Sequence[str],
+    alignments: Sequence[WordAlignment],
     edges: Sequence[float] = LENGTH_EDGES,
 ) -> list[LengthBucket]:
     """Word errors per utterance duration bucket (`edges` in seconds, ascending), with the
     deletions among each utterance's last `TAIL_SHARE` of reference words; empty buckets too.
 
-    >>> [b.name for b in errors_by_length([3.0, 9.0], ["a", "b c"], ["a", "b"])]
+    >>> aligned = [WordAlignment.of("a", "a"), WordAlignment.of("b c", "b")]
+    >>> [b.name for b in errors_by_length([3.0, 9.0], aligned)]
     ['< 8 s', '8-14 s', '>= 14 s']
     """
+    if len(durations) != len(alignments):
+        raise ValueError(f"{len(durations)} durations but {len(alignments)} alignments")
     names = [f"< {edges[0]:g} s"]
     names += [f"{lo:g}-{hi:g} s" for lo, hi in zip(edges, edges[1:])]
     names += [f">= {edges[-1]:g} s"]
-    members: list[list[int]] = [[] for _ in names]
-    for i, duration in enumerate(durations):
-        members[bisect.bisect_right(edges, duration)].append(i)
+    members: list[list[WordAlignment]] = [[] for _ in names]
+    for duration, alignment in zip(durations, alignments):
+        members[bisect.bisect_right(edges, duration)].append(alignment)
     buckets = []
     for name, chosen in zip(names, members):
         tail_words = tail_deletions = 0
-        for i in chosen:
-            deleted = reference_word_deleted(refs[i], hyps[i])
+        errors = ErrorCounts()
+        for alignment in chosen:
+            deleted = alignment.reference_deleted
             tail = deleted[len(deleted) - math.ceil(TAIL_SHARE * len(deleted)) :]
             tail_words, tail_deletions = tail_words + len(tail), tail_deletions + sum(tail)
-        errors = word_errors([refs[i] for i in chosen], [hyps[i] for i in chosen])
+            errors += alignment.errors
         buckets.append(LengthBucket(name, len(chosen), errors, tail_words, tail_deletions))
     return buckets
 
@@ -188,7 +233,7 @@ def hypothesis_word_correct(ref: str, hyp: str) -> list[bool]:
     >>> hypothesis_word_correct("a b c", "a x c d"), hypothesis_word_correct("", "a b")
     ([True, False, True, False], [False, False])
     """
-    return _aligned_as(ref, hyp, "equal", on_reference=False)
+    return WordAlignment.of(ref, hyp).hypothesis_correct
 
 
 def roc_auc(scores: Sequence[float], positive: Sequence[bool]) -> float | None:

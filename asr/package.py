@@ -5,7 +5,8 @@ can push as it is:
 
     model.safetensors   the weights (safetensors: reading them never runs code)
     config.json         the model config, the default search settings, and every other plain
-                        setting the checkpoint holds (segment length; alignment heads, if any)
+                        setting the checkpoint holds (segment length; alignment heads and
+                        confidence scaling, if any)
     tokenizer/          the tokenizer's files (`tokenizer.json`, `tokenizer.model` for BPE)
     cmvn.json           files the config names (`ASSET_KEYS`: CMVN statistics), by file name
     README.md           the model card: use, decoding defaults, data, WER/CER, training, licence

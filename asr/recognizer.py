@@ -38,6 +38,7 @@ from asr.checkpoint import (
     read_payload,
     submodule_weights,
 )
+from asr.confidence import PlattScaling
 from asr.guard import REPAIR_CTC_WEIGHT, ctc_greedy_length, cut_loop, failure
 from asr.models.lm import build_lm
 from asr.models.seq2seq import Seq2Seq, build_seq2seq
@@ -55,7 +56,7 @@ from asr.search import (
     max_output_length,
 )
 from asr.segment import SegmenterOptions
-from asr.text import BLANK_ID, PAD_ID, SOS_EOS_ID, SPECIAL_PIECES, Tokenizer
+from asr.text import BLANK_ID, PAD_ID, SOS_EOS_ID, Tokenizer
 from asr.timing import (
     TokenTimes,
     Word,
@@ -110,6 +111,9 @@ class Recognizer:
     # The cross-attention maps whose DTW word times agree best with CTC forced alignment on dev
     # (`asr choose-heads`, stored in the checkpoint); None: all maps, averaged.
     alignment_heads: list[int] | None = None
+    # Maps word probabilities to confidences that match the share of words right on dev
+    # (`asr calibrate`, stored in the checkpoint); None: confidence = probability.
+    confidence_scaling: PlattScaling | None = None
 
     def __post_init__(self) -> None:
         check_precision(self.precision)
@@ -395,18 +399,29 @@ class Recognizer:
     ) -> tuple[list[Tensor], Tensor]:
         """The decoder's log-probability of each hypothesis's tokens and eos, by teacher
         forcing, `(L_b + 1,)` each on the CPU, and of eos as the first token `(B,)`."""
-        lens = [len(h.tokens) for h in hyps]
-        ys = torch.full((len(hyps), max(lens) + 1), PAD_ID, device=enc.device)
+        token_logp, eos_first, _ = self._teacher_forced(enc, enc_lens, [h.tokens for h in hyps])
+        return token_logp, eos_first
+
+    def _teacher_forced(
+        self, enc: Tensor, enc_lens: Tensor, token_lists: Sequence[Sequence[int]]
+    ) -> tuple[list[Tensor], Tensor, Tensor]:
+        """The decoder run on each token list after sos: the log-probability of its tokens
+        and eos `(L_b + 1,)` each on the CPU, that of eos as the first token `(B,)`, and the
+        cross-attention `(B, K, L + 1, T)`."""
+        lens = [len(tokens) for tokens in token_lists]
+        ys = torch.full((len(token_lists), max(lens) + 1), PAD_ID, device=enc.device)
         ys[:, 0] = SOS_EOS_ID
         targets = torch.full_like(ys, PAD_ID)
-        for b, hyp in enumerate(hyps):
-            ys[b, 1 : lens[b] + 1] = torch.tensor(hyp.tokens, device=enc.device)
-            targets[b, : lens[b]] = ys[b, 1 : lens[b] + 1]
+        for b, tokens in enumerate(token_lists):
+            ids = torch.tensor(list(tokens), dtype=torch.long, device=enc.device)
+            ys[b, 1 : lens[b] + 1] = ids
+            targets[b, : lens[b]] = ids
             targets[b, lens[b]] = SOS_EOS_ID
-        logits, _ = self.model.decoder(enc, enc_lens, ys)
+        logits, attention = self.model.decoder(enc, enc_lens, ys)
         logp = logits.float().log_softmax(-1)
         picked = logp.gather(2, targets[..., None]).squeeze(2).cpu()
-        return [picked[b, : n + 1] for b, n in enumerate(lens)], logp[:, 0, SOS_EOS_ID].cpu()
+        token_logp = [picked[b, : n + 1] for b, n in enumerate(lens)]
+        return token_logp, logp[:, 0, SOS_EOS_ID].cpu(), attention
 
     def check_options(
         self,
@@ -538,15 +553,13 @@ class Recognizer:
     def align_tokens(self, wave: Tensor, tokens: Sequence[int]) -> Alignment:
         """Teacher-forced alignment of token ids to a waveform `(S,)` at `sample_rate`."""
         waves, lens = self._pad([wave])
-        ys = torch.tensor([[SOS_EOS_ID, *tokens]], device=self.device)
         with autocast(self.device, self.precision):
             feats, feat_lens = self.model.frontend(waves, lens)
             enc, enc_lens = self.model.encoder(feats, feat_lens)
-            logits, attention = self.model.decoder(enc, enc_lens, ys)  # (1, L+1, V), (1, K, L+1, T)
+            token_logp, _, attention = self._teacher_forced(enc, enc_lens, [tokens])
             ctc = self.model.ctc(enc)[0].float().cpu() if self.model.ctc is not None else None
-        targets = torch.tensor([*tokens, SOS_EOS_ID], device=self.device)
-        logp = logits[0].float().log_softmax(-1).gather(1, targets[:, None]).sum()
-        attention = attention[0].float().cpu()
+        logp = token_logp[0].sum()
+        attention = attention[0].float().cpu()  # (K, L + 1, T)
         pieces = self.tokenizer.pieces(tokens)
         duration = len(wave) / self.sample_rate
         times = attention_timestamps(attention, self.frame_seconds, self.alignment_heads)
@@ -580,8 +593,13 @@ class Recognizer:
     ) -> list[Word]:
         """Words of token `pieces` timed by `times` (and `probs`), cut to `duration` seconds;
         special tokens (`<unk>`) belong to no word."""
-        words = word_timestamps(_word_pieces(pieces), times, probs)
-        return [_clamped(w, duration) for w in words]
+        words = word_timestamps(pieces, times, probs)
+        return [self._confident(_clamped(w, duration)) for w in words]
+
+    def _confident(self, word: Word) -> Word:
+        if self.confidence_scaling is None or word.probability is None:
+            return word
+        return replace(word, confidence=self.confidence_scaling(word.probability))
 
     def load(self, audio: AudioInput, sample_rate: int | None = None) -> Tensor:
         """A file path or a waveform as a mono float32 tensor `(S,)` at `sample_rate`."""
@@ -635,11 +653,6 @@ def _empty_ctc_log_prob(ctc_log_probs: Tensor, enc_lens: Tensor) -> Tensor:
     return (blank * valid).sum(1).cpu()
 
 
-def _word_pieces(pieces: Sequence[str]) -> list[str]:
-    """Pieces for `word_timestamps`: special tokens (`<unk>`) belong to no word."""
-    return ["" if p in SPECIAL_PIECES else p for p in pieces]
-
-
 def _clamped(word: Word, duration: float) -> Word:
     """The word with its times cut to `[0, duration]` (the last encoder frame may overhang)."""
     return replace(word, start=min(word.start, duration), end=min(word.end, duration))
@@ -685,7 +698,12 @@ def load_model(
         SearchOptions(**payload["decoding"]) if "decoding" in payload else None,
         payload.get("tokens_per_second"),
         payload.get("alignment_heads"),
+        _scaling(payload.get("confidence_scaling")),
     )
+
+
+def _scaling(stored: dict[str, float] | None) -> PlattScaling | None:
+    return None if stored is None else PlattScaling(stored["scale"], stored["bias"])
 
 
 def _onnx_model(model: Seq2Seq, path, backend: str, device, precision: str) -> Seq2Seq:

@@ -73,7 +73,7 @@ class Transcript:
             "segments": [_segment_dict(s) for s in self.segments],
             "words": [
                 {"word": w.text, "start": _ms(w.start), "end": _ms(w.end)}
-                | {"probability": _rounded(w.probability)}
+                | {"probability": _rounded(w.probability), "confidence": _rounded(w.confidence)}
                 for w in self.words
             ],
             "tokens": [

@@ -31,7 +31,7 @@ import torch.nn.functional as F
 import torchaudio.functional as AF
 from torch import Tensor
 
-from asr.text import SPACE_PIECE
+from asr.text import SPACE_PIECE, SPECIAL_PIECES
 
 # --------------------------------------------------------------------------- frame times
 
@@ -117,6 +117,9 @@ class Word:
     # The product of its tokens' probabilities (the decoder's, given the tokens before them):
     # the probability that the whole word is right. None where not computed (alignments).
     probability: float | None = None
+    # `probability` read as the chance the word is right: mapped by the recognizer's
+    # `asr.confidence.PlattScaling` where it has one (`asr calibrate`), else the same.
+    confidence: float | None = None
 
 
 # --------------------------------------------------------------------------- attention + DTW
@@ -320,16 +323,36 @@ def _check_ctc_targets(ids: list[int], num_frames: int, vocab: int, blank: int) 
 # --------------------------------------------------------------------------- words
 
 
+def word_index(pieces: Sequence[str]) -> list[int | None]:
+    """The word each token piece belongs to; None for bare spaces and special tokens.
+
+    A piece starting with `▁` starts a new word (SentencePiece); a bare `▁` piece (the char
+    tokenizer's space) only separates words; special pieces (`<unk>`) belong to no word.
+
+    >>> word_index(["A", "B", "\u2581", "C", "<unk>", "\u2581D"])
+    [0, 0, None, 1, None, 2]
+    """
+    index: list[int | None] = []
+    current, in_word = -1, False
+    for piece in pieces:
+        if piece.startswith(SPACE_PIECE):
+            in_word, piece = False, piece.lstrip(SPACE_PIECE)
+        if not piece or piece in SPECIAL_PIECES:
+            index.append(None)
+            continue
+        if not in_word:
+            current, in_word = current + 1, True
+        index.append(current)
+    return index
+
+
 def word_timestamps(
     pieces: Sequence[str],
     token_times: TokenTimes,
     token_probs: Sequence[float] | None = None,
 ) -> list[Word]:
-    """Group token pieces into words and time each word by its tokens.
-
-    A piece starting with `▁` starts a new word (SentencePiece); a bare `▁` piece (the
-    char tokenizer's space) only separates words and times none. A word spans from its
-    first token's start to its last token's end.
+    """Group token pieces into words (`word_index`) and time each word by its tokens: from
+    its first token's start to its last token's end.
 
     Args:
         pieces: one piece per token, e.g. `tokenizer.pieces(ids)` (no eos).
@@ -349,29 +372,26 @@ def word_timestamps(
     """
     if len(pieces) != len(token_times):
         raise ValueError(f"{len(pieces)} pieces but {len(token_times)} token times")
-    probs = [1.0] * len(pieces) if token_probs is None else list(token_probs)
-    if len(probs) != len(pieces):
-        raise ValueError(f"{len(pieces)} pieces but {len(probs)} token probabilities")
-    words: list[Word] = []
-    text, start, end, prob = "", 0.0, 0.0, 1.0
+    if token_probs is not None and len(token_probs) != len(pieces):
+        raise ValueError(f"{len(pieces)} pieces but {len(token_probs)} token probabilities")
+    groups: dict[int, list[int]] = {}
+    for token, word in enumerate(word_index(pieces)):
+        if word is not None:
+            groups.setdefault(word, []).append(token)
+    return [_word(pieces, token_times, token_probs, tokens) for tokens in groups.values()]
 
-    def word() -> Word:
-        return Word(text, start, end, None if token_probs is None else prob)
 
-    spans = zip(token_times.start, token_times.end, probs, strict=True)
-    for piece, (piece_start, piece_end, piece_prob) in zip(pieces, spans, strict=True):
-        if piece.startswith(SPACE_PIECE):
-            if text:
-                words.append(word())
-            text, piece = "", piece.lstrip(SPACE_PIECE)
-        if not piece:
-            continue
-        if not text:
-            start, prob = float(piece_start), 1.0
-        text, end, prob = text + piece, float(piece_end), prob * float(piece_prob)
-    if text:
-        words.append(word())
-    return words
+def _word(
+    pieces: Sequence[str],
+    times: TokenTimes,
+    probs: Sequence[float] | None,
+    tokens: list[int],
+) -> Word:
+    """The word of `tokens` (indices of consecutive pieces of one word)."""
+    text = "".join(pieces[t].lstrip(SPACE_PIECE) for t in tokens)
+    start, end = float(times.start[tokens[0]]), float(times.end[tokens[-1]])
+    probability = None if probs is None else math.prod(float(probs[t]) for t in tokens)
+    return Word(text, start, end, probability, probability)
 
 
 def boundary_error_ms(words_a: Sequence[Word], words_b: Sequence[Word]) -> float:

@@ -42,7 +42,8 @@ from asr.segment import (
     open_source,
     segment_source,
 )
-from asr.text import SPACE_PIECE, SPECIAL_PIECES, Tokenizer
+from asr.text import Tokenizer
+from asr.timing import word_index
 from asr.writers import expand_formats, output_stems, timed_lines, write_transcript
 
 if TYPE_CHECKING:
@@ -175,27 +176,6 @@ def search_or_errors(
         except ValueError as err:
             results.append(err)
     return results
-
-
-def word_index(pieces: Sequence[str]) -> list[int | None]:
-    """The word each piece belongs to, as `asr.timing.word_timestamps` groups them; None
-    for bare spaces and special tokens.
-
-    >>> word_index(["A", "B", "\u2581", "C", "<unk>", "\u2581D"])
-    [0, 0, None, 1, None, 2]
-    """
-    index: list[int | None] = []
-    current, in_word = -1, False
-    for piece in pieces:
-        if piece.startswith(SPACE_PIECE):
-            in_word, piece = False, piece.lstrip(SPACE_PIECE)
-        if not piece or piece in SPECIAL_PIECES:
-            index.append(None)
-            continue
-        if not in_word:
-            current, in_word = current + 1, True
-        index.append(current)
-    return index
 
 
 def join_segments(

@@ -23,7 +23,7 @@ PACKAGE = REPO / "asr"
 LAYERS = {
     0: {"text", "audio", "perturb", "frontends", "metrics", "precision", "models", "data.manifest"},
     1: {"checkpoint", "package", "finetune", "onnx_runtime"},
-    2: {"search", "ctc_prefix", "timing", "segment", "guard", "vad"},
+    2: {"search", "ctc_prefix", "timing", "confidence", "segment", "guard", "vad"},
     3: {"results", "writers", "transcribe", "recognizer"},
     4: {"evaluate", "robustness", "plotting", "heads"},
     5: {"data", "lightning", "lm", "optim", "train", "cli", "__main__"},

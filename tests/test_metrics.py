@@ -5,6 +5,7 @@ import pytest
 
 from asr.metrics import (
     ErrorCounts,
+    WordAlignment,
     char_errors,
     errors_by_length,
     reference_word_deleted,
@@ -49,7 +50,7 @@ def test_length_buckets_add_up_and_find_deletions_at_the_end() -> None:
     durations = [2.0, 7.99, 8.0, 13.0, 15.0]
     refs = ["a b", "c", "d e f g h", "i j", "k l m n o p q r s t"]
     hyps = ["a b", "x", "d e f g h", "i j k", "k l m n o p q r"]  # the last one stops early
-    buckets = errors_by_length(durations, refs, hyps)
+    buckets = errors_by_length(durations, [WordAlignment.of(r, h) for r, h in zip(refs, hyps)])
     assert [b.utterances for b in buckets] == [2, 2, 1]
     total = buckets[0].errors + buckets[1].errors + buckets[2].errors
     assert total == word_errors(refs, hyps)
@@ -57,7 +58,8 @@ def test_length_buckets_add_up_and_find_deletions_at_the_end() -> None:
     assert (long.tail_words, long.tail_deletions) == (2, 2)  # the last fifth of 10 words
     assert long.tail_deletion_rate == 1.0 and long.deletion_rate == 0.2
     assert buckets[1].tail_deletion_rate == 0.0
-    assert [b.name for b in errors_by_length([1.0], ["a"], ["a"], edges=[5.0])] == [
+    one = [WordAlignment.of("a", "a")]
+    assert [b.name for b in errors_by_length([1.0], one, edges=[5.0])] == [
         "< 5 s",
         ">= 5 s",
     ]
@@ -67,3 +69,18 @@ def test_reference_word_deleted_marks_only_deletions() -> None:
     assert reference_word_deleted("a b c", "a x") == [False, False, True]
     assert reference_word_deleted("a b", "") == [True, True]
     assert reference_word_deleted("", "a") == []
+
+
+def test_one_alignment_gives_the_counts_jiwer_gives_the_set() -> None:
+    rng = random.Random(3)
+    pairs = [(_random_text(rng, 6), _random_text(rng, 6)) for _ in range(200)]
+    pairs += [("", "A B"), ("A B", ""), ("", "")]
+    summed = sum((WordAlignment.of(r, h).errors for r, h in pairs), ErrorCounts())
+    assert summed == word_errors([r for r, _ in pairs], [h for _, h in pairs])
+    for ref, hyp in pairs:
+        aligned = WordAlignment.of(ref, hyp)
+        assert sum(aligned.reference_deleted) == aligned.errors.deletions
+        right = sum(aligned.hypothesis_correct)
+        assert right == aligned.errors.reference_length - aligned.errors.substitutions - (
+            aligned.errors.deletions
+        )

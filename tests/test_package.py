@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import REPO
+from test_evaluate import TEST_UTTERANCES
 from test_transcribe import UTTERANCES, WAV, _overfit_recognizer, fit_tiny_checkpoint
 
 import asr
@@ -153,6 +154,36 @@ def test_the_cli_exports_a_fit_checkpoint_with_its_cmvn_statistics(fit_checkpoin
         assert a[0].hypothesis.tokens == b[0].hypothesis.tokens
         assert a[0].hypothesis.score == b[0].hypothesis.score
         assert torch.equal(a[0].hypothesis.attention, b[0].hypothesis.attention)
+
+
+def test_calibrate_stores_a_scaling_that_checkpoint_and_package_words_carry(
+    overfit_checkpoint, tmp_path, capsys
+):
+    ckpt = tmp_path / "model.ckpt"
+    shutil.copy(overfit_checkpoint, ckpt)
+    files = {WAV / f"{p}.wav": t for p, t in {**UTTERANCES, **TEST_UTTERANCES}.items()}
+    manifest = tmp_path / "dev.jsonl"  # learnt utterances (right words) and unseen ones (wrong)
+    write_manifest(manifest, [Utterance(str(f), audio_info(f).duration, t, f.stem)
+                              for f, t in files.items()])  # fmt: skip
+    assert main(["calibrate", "--checkpoint", str(ckpt), "--manifest", str(manifest), "--quiet",
+                 "--store"]) == 0  # fmt: skip
+    printed = capsys.readouterr().out
+    assert "probability: ECE" in printed and "confidence: ECE" in printed
+    recognizer = asr.load_model(ckpt)
+    scaling = recognizer.confidence_scaling
+    assert scaling is not None and f"{scaling.scale:.4f} * log(probability)" in printed
+    write_package(ckpt, tmp_path / "pkg")
+    assert asr.load_model(tmp_path / "pkg").confidence_scaling == scaling
+    words = recognizer.transcribe(_waves()[-1]).words
+    assert words and all(w.confidence == scaling(w.probability) for w in words)
+
+    metrics = evaluate(recognizer, manifest, tmp_path / "eval", plots=0, progress=False)
+    report = metrics["confidence"]
+    assert report["scaling"] == scaling.as_dict()
+    mean_confidence = sum(b["mean_confidence"] * b["words"] for b in report["bins"] if b["words"])
+    assert mean_confidence / report["words"] == pytest.approx(report["accuracy"], abs=1e-6), (
+        "fitted on these very words, the confidences average to the share right"
+    )
 
 
 def test_transcribe_takes_a_package_as_model(fit_checkpoint, tmp_path, capsys):

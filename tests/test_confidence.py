@@ -1,0 +1,65 @@
+import math
+
+import numpy as np
+import pytest
+
+from asr.confidence import PlattScaling
+
+
+def _labelled(scale: float, bias: float, count: int, seed: int = 0):
+    """Word probabilities, and labels drawn with P(right) = sigmoid(scale log p + bias)."""
+    rng = np.random.default_rng(seed)
+    probs = np.exp(rng.uniform(-8.0, 0.0, count))
+    chance = 1 / (1 + np.exp(-(scale * np.log(probs) + bias)))
+    return probs.tolist(), (rng.random(count) < chance).tolist()
+
+
+def test_fit_recovers_the_scaling_that_made_the_labels():
+    probs, correct = _labelled(scale=0.6, bias=1.5, count=20000)
+    fitted = PlattScaling.fit(probs, correct)
+    assert fitted.scale == pytest.approx(0.6, abs=0.05)
+    assert fitted.bias == pytest.approx(1.5, abs=0.1)
+
+
+def test_fitted_confidences_average_to_the_share_of_words_right():
+    """The bias's likelihood equation: at the fit, the mean confidence is the accuracy,
+    however far the raw probabilities were from it."""
+    probs, correct = _labelled(scale=0.3, bias=2.0, count=500, seed=1)
+    assert np.mean(probs) < np.mean(correct) - 0.3, "raw probabilities far too low"
+    fitted = PlattScaling.fit(probs, correct)
+    confidences = [fitted(p) for p in probs]
+    assert np.mean(confidences) == pytest.approx(np.mean(correct), abs=1e-6)
+
+
+def test_the_map_keeps_the_order_and_stays_a_probability():
+    scaling = PlattScaling(scale=0.8, bias=0.5)
+    probs = [0.0, 1e-30, 1e-6, 0.01, 0.3, 0.9, 1.0]
+    confidences = [scaling(p) for p in probs]
+    assert all(0.0 < c < 1.0 for c in confidences)
+    assert confidences == sorted(confidences)
+    assert confidences[0] == confidences[1], "below the floor, log p is the floor's"
+    assert PlattScaling(scale=0.0, bias=0.0)(0.01) == 0.5
+
+
+def test_a_decreasing_or_non_finite_map_is_refused():
+    with pytest.raises(ValueError, match="scale must be >= 0"):
+        PlattScaling(scale=-1.0, bias=0.0)
+    with pytest.raises(ValueError, match="finite"):
+        PlattScaling(scale=math.nan, bias=0.0)
+
+
+@pytest.mark.parametrize("correct", [[True, True, True], [False, False], []])
+def test_fit_needs_right_and_wrong_words(correct):
+    with pytest.raises(ValueError, match="both right and wrong words"):
+        PlattScaling.fit([0.5] * len(correct), correct)
+
+
+def test_fit_refuses_mismatched_lengths():
+    with pytest.raises(ValueError, match="2 probabilities but 1 labels"):
+        PlattScaling.fit([0.5, 0.2], [True])
+
+
+def test_separable_words_give_a_finite_steep_map():
+    fitted = PlattScaling.fit([0.9, 0.8, 0.01, 0.02], [True, True, False, False])
+    assert math.isfinite(fitted.scale) and fitted.scale > 0
+    assert fitted(0.9) > 0.9 and fitted(0.01) < 0.1
