@@ -25,6 +25,7 @@ the search, not reading audio.
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from collections import Counter
@@ -58,7 +59,7 @@ from asr.metrics import (
 from asr.recognizer import Recognizer
 from asr.results import Decoded
 from asr.search import LanguageModel, SearchOptions
-from asr.timing import boundary_error_ms, word_index
+from asr.timing import boundary_error_ms, word_tokens
 from asr.transcribe import search_or_errors
 
 TOP_ERRORS = 30  # entries per list of frequent errors in errors.txt
@@ -226,9 +227,11 @@ def _decode_all(
     batch_size: int,
     progress: bool,
     failures: list[BadEntry] | None = None,
+    boundaries: bool = True,
 ) -> tuple[list[ScoredUtterance], tuple[float, float], list[float]]:
     """Results in manifest order, (decode seconds, audio seconds), and the boundary errors
-    (ms) of the utterances recognised exactly, where the model has a CTC head.
+    (ms) of the utterances recognised exactly, where the model has a CTC head (none without
+    `boundaries`).
 
     An utterance whose audio fails to load or decode (too short for the encoder) raises a
     ValueError naming it, or with `failures` given, is appended there and left out."""
@@ -260,7 +263,8 @@ def _decode_all(
                     probs,
                     item.repaired,
                 )
-                error = _boundary_error(recognizer, item) if hyp == ref and hyp else None
+                exact = boundaries and hyp == ref and hyp
+                error = _boundary_error(recognizer, item) if exact else None
                 if error is not None:
                     boundary_errors.append(error)
             bar.update(len(chosen))
@@ -309,12 +313,11 @@ def _word_probs(recognizer: Recognizer, decoded: Decoded, hyp: str) -> list[floa
     the decoder's token probabilities are missing or the words do not match `hyp`'s."""
     if decoded.token_log_probs is None:
         return None
-    pieces = recognizer.tokenizer.pieces(decoded.hypothesis.tokens)
-    probs: dict[int, float] = {}
-    for word, prob in zip(word_index(pieces), decoded.token_probs, strict=True):
-        if word is not None:
-            probs[word] = probs.get(word, 1.0) * prob
-    return [probs[k] for k in sorted(probs)] if len(probs) == len(hyp.split()) else None
+    words = word_tokens(recognizer.tokenizer.pieces(decoded.hypothesis.tokens))
+    if len(words) != len(hyp.split()):
+        return None
+    token_probs = decoded.token_probs
+    return [math.prod(token_probs[t] for t in tokens) for tokens in words]
 
 
 def _confidence_report(
@@ -386,7 +389,9 @@ def fit_confidence(
     options = options or recognizer.default_options
     recognizer.check_options(options, lm)
     utterances = read_manifest(manifest)
-    results, _, _ = _decode_all(recognizer, utterances, options, lm, batch_size, progress)
+    results, _, _ = _decode_all(
+        recognizer, utterances, options, lm, batch_size, progress, boundaries=False
+    )
     probs, correct, _ = _labelled_words(results)
     if not probs:
         raise ValueError(f"{manifest}: no hypothesis word has a probability to calibrate")

@@ -159,15 +159,6 @@ class WordAlignment:
         return marks
 
 
-def reference_word_deleted(ref: str, hyp: str) -> list[bool]:
-    """Per reference word, whether the word alignment with `hyp` deletes it.
-
-    >>> reference_word_deleted("a b c d", "a c")
-    [False, True, False, True]
-    """
-    return WordAlignment.of(ref, hyp).reference_deleted
-
-
 LENGTH_EDGES = (8.0, 14.0)  # seconds: buckets < 8 s, 8-14 s, >= 14 s
 TAIL_SHARE = 0.2  # "the end of an utterance": its last fifth of reference words
 
@@ -224,16 +215,6 @@ def errors_by_length(
             errors += alignment.errors
         buckets.append(LengthBucket(name, len(chosen), errors, tail_words, tail_deletions))
     return buckets
-
-
-def hypothesis_word_correct(ref: str, hyp: str) -> list[bool]:
-    """Per hypothesis word, whether the word alignment with `ref` matches it to an equal
-    reference word (substitutions and insertions are wrong).
-
-    >>> hypothesis_word_correct("a b c", "a x c d"), hypothesis_word_correct("", "a b")
-    ([True, False, True, False], [False, False])
-    """
-    return WordAlignment.of(ref, hyp).hypothesis_correct
 
 
 def roc_auc(scores: Sequence[float], positive: Sequence[bool]) -> float | None:

@@ -374,11 +374,20 @@ def word_timestamps(
         raise ValueError(f"{len(pieces)} pieces but {len(token_times)} token times")
     if token_probs is not None and len(token_probs) != len(pieces):
         raise ValueError(f"{len(pieces)} pieces but {len(token_probs)} token probabilities")
+    return [_word(pieces, token_times, token_probs, tokens) for tokens in word_tokens(pieces)]
+
+
+def word_tokens(pieces: Sequence[str]) -> list[list[int]]:
+    """The token indices of each word, in order (`word_index`'s grouping).
+
+    >>> word_tokens(["A", "B", "\u2581", "C", "<unk>", "\u2581D"])
+    [[0, 1], [3], [5]]
+    """
     groups: dict[int, list[int]] = {}
     for token, word in enumerate(word_index(pieces)):
         if word is not None:
             groups.setdefault(word, []).append(token)
-    return [_word(pieces, token_times, token_probs, tokens) for tokens in groups.values()]
+    return list(groups.values())
 
 
 def _word(

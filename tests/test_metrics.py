@@ -8,7 +8,6 @@ from asr.metrics import (
     WordAlignment,
     char_errors,
     errors_by_length,
-    reference_word_deleted,
     word_errors,
 )
 
@@ -66,9 +65,14 @@ def test_length_buckets_add_up_and_find_deletions_at_the_end() -> None:
 
 
 def test_reference_word_deleted_marks_only_deletions() -> None:
-    assert reference_word_deleted("a b c", "a x") == [False, False, True]
-    assert reference_word_deleted("a b", "") == [True, True]
-    assert reference_word_deleted("", "a") == []
+    assert WordAlignment.of("a b c", "a x").reference_deleted == [False, False, True]
+    assert WordAlignment.of("a b", "").reference_deleted == [True, True]
+    assert WordAlignment.of("", "a").reference_deleted == []
+
+
+def test_hypothesis_correct_marks_only_equal_words() -> None:
+    assert WordAlignment.of("a b c", "a x c d").hypothesis_correct == [True, False, True, False]
+    assert WordAlignment.of("", "a b").hypothesis_correct == [False, False]
 
 
 def test_one_alignment_gives_the_counts_jiwer_gives_the_set() -> None:
