@@ -370,14 +370,22 @@ def _choose_heads(args: argparse.Namespace) -> int:
 
 def _calibrate(args: argparse.Namespace) -> int:
     from asr.checkpoint import store_in_payload
+    from asr.confidence import UnfittableWords
     from asr.evaluate import fit_confidence
 
     recognizer = _load_model(args)
     options = _search_options(args, recognizer)
-    fit = fit_confidence(
-        recognizer, args.manifest, options, _language_model(args, recognizer),
-        args.batch_size, progress=not args.quiet,
-    )  # fmt: skip
+    try:
+        fit = fit_confidence(
+            recognizer, args.manifest, options, _language_model(args, recognizer),
+            args.batch_size, progress=not args.quiet,
+        )  # fmt: skip
+    except UnfittableWords as err:
+        if not args.if_fittable:
+            raise
+        print(f"asr calibrate: nothing fitted, {args.checkpoint} left as it is: {err}",
+              file=sys.stderr)  # fmt: skip
+        return 0
     scaling = fit.scaling
     print(f"confidence = sigmoid({scaling.scale:.4f} * log(probability) + {scaling.bias:.4f})")
     for name, c in (("probability", fit.before), ("confidence", fit.after)):
@@ -678,6 +686,13 @@ def _parser() -> argparse.ArgumentParser:
     _add_decoding_arguments(p)
     p.add_argument("--manifest", required=True, help="JSONL manifest with references (dev)")
     p.add_argument("--store", action="store_true", help="record the scaling in the checkpoint")
+    p.add_argument(
+        "--if-fittable",
+        action="store_true",
+        help="when the words are all right or all wrong (nothing to fit), say so and exit 0 "
+        "with the checkpoint unchanged instead of failing (recipes use this: a tiny model may "
+        "get dev all wrong)",
+    )
     p.set_defaults(run=_calibrate)
 
     p = sub.add_parser(

@@ -24,6 +24,12 @@ import numpy as np
 LOG_FLOOR = 1e-12  # probabilities below this count as this (log 0 is undefined)
 
 
+class UnfittableWords(ValueError):
+    """The words are all right or all wrong (or there are none): nothing tells them apart, so
+    no scaling can be fitted. A model that makes no mistakes on dev, or only mistakes, meets
+    this; it is a fact about the data, not a fault."""
+
+
 @dataclass(frozen=True)
 class PlattScaling:
     """`confidence = sigmoid(scale * log(probability) + bias)`.
@@ -49,14 +55,14 @@ class PlattScaling:
         """The scaling that maximises the likelihood of `correct` given `probabilities`.
 
         Raises:
-            ValueError: mismatched lengths, or not both right and wrong words (nothing to
-                tell apart).
+            ValueError: mismatched lengths.
+            UnfittableWords: not both right and wrong words (nothing to tell apart).
         """
         if len(probabilities) != len(correct):
             raise ValueError(f"{len(probabilities)} probabilities but {len(correct)} labels")
         y = np.asarray(correct, dtype=np.float64)
         if y.size == 0 or y.min() == y.max():
-            raise ValueError(
+            raise UnfittableWords(
                 f"fitting a confidence scaling needs both right and wrong words; got "
                 f"{int(y.sum())} right of {y.size}"
             )

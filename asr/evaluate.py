@@ -40,7 +40,7 @@ from torch import Tensor
 from tqdm import tqdm
 
 from asr.audio import AudioError, load_audio
-from asr.confidence import PlattScaling
+from asr.confidence import PlattScaling, UnfittableWords
 from asr.data.manifest import (
     BadEntry,
     Utterance,
@@ -383,8 +383,9 @@ def fit_confidence(
     labelled right or wrong by its word alignment with the reference.
 
     Raises:
-        ValueError: an unreadable manifest or audio file, a model without word probabilities,
-            or not both right and wrong words to fit.
+        ValueError: an unreadable manifest or audio file, or a model without word
+            probabilities.
+        UnfittableWords: no hypothesis words, or not both right and wrong ones.
     """
     options = options or recognizer.default_options
     recognizer.check_options(options, lm)
@@ -392,9 +393,11 @@ def fit_confidence(
     results, _, _ = _decode_all(
         recognizer, utterances, options, lm, batch_size, progress, boundaries=False
     )
-    probs, correct, _ = _labelled_words(results)
-    if not probs:
+    probs, correct, left_out = _labelled_words(results)
+    if left_out and not probs:
         raise ValueError(f"{manifest}: no hypothesis word has a probability to calibrate")
+    if not probs:
+        raise UnfittableWords(f"{manifest}: every hypothesis is empty; no word to calibrate")
     scaling = PlattScaling.fit(probs, correct)
     before, after = (
         word_calibration(probs, correct),

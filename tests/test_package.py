@@ -186,6 +186,25 @@ def test_calibrate_stores_a_scaling_that_checkpoint_and_package_words_carry(
     )
 
 
+def test_calibrate_on_words_all_right_fails_or_with_if_fittable_changes_nothing(
+    overfit_checkpoint, tmp_path, capsys
+):
+    ckpt = tmp_path / "model.ckpt"
+    shutil.copy(overfit_checkpoint, ckpt)
+    files = {WAV / f"{p}.wav": t for p, t in UTTERANCES.items()}
+    manifest = tmp_path / "dev.jsonl"  # only learnt utterances: every word is right
+    write_manifest(manifest, [Utterance(str(f), audio_info(f).duration, t, f.stem)
+                              for f, t in files.items()])  # fmt: skip
+    args = ["calibrate", "--checkpoint", str(ckpt), "--manifest", str(manifest), "--quiet",
+            "--store"]  # fmt: skip
+    assert main(args) == 2
+    assert "both right and wrong words" in capsys.readouterr().err
+    before = ckpt.read_bytes()
+    assert main([*args, "--if-fittable"]) == 0
+    assert "nothing fitted" in capsys.readouterr().err
+    assert ckpt.read_bytes() == before and asr.load_model(ckpt).confidence_scaling is None
+
+
 def test_transcribe_takes_a_package_as_model(fit_checkpoint, tmp_path, capsys):
     write_package(fit_checkpoint, tmp_path / "pkg")
     wavs = [str(w) for w in _waves()]

@@ -16,7 +16,8 @@
 #                              configs' LevelNormalizer gives it: -26 dBFS)
 #   4  train                   exp/an4/<model>/            (resumes from last.ckpt if present)
 #   5  average checkpoints     exp/an4/<model>/avg.ckpt    (best 5 by dev WER), which then
-#                              decodes by default as stage 6 does (asr set-decoding)
+#                              decodes by default as stage 6 does (asr set-decoding), with
+#                              word confidences fitted on dev (asr calibrate)
 #   6  decode dev and test     exp/an4/<model>/decode_{dev,test}/ (metrics, errors, plots);
 #                              beam 10, CTC weight chosen on dev: 0.5 for the Transformers
 #                              (quick or not) and the Conformer, 0.3 for the RNN (RESULTS.md)
@@ -105,7 +106,7 @@ fit_stage 4 "$config" "$model_dir" \
   --data.train_manifest "$data/train.jsonl" --data.val_manifest "$data/dev.jsonl" \
   --data.test_manifest "$data/test.jsonl" --data.tokenizer "$data/tokenizer" \
   --model.init_args.frontend.init_args.normalize.init_args.stats_path "$data/cmvn.json"
-average_stage 5 "$model_dir"
+average_stage 5 "$model_dir" "$data/dev.jsonl"
 decode_stage 6 "$model_dir" "$data" dev test
 results_stage 7 "$model_dir" "$config" dev test
 

@@ -19,7 +19,8 @@
 #                              for large vocabularies)
 #   3  CMVN statistics         data/folder/cmvn.json (16 kHz, 80 mel bands, as the config)
 #   4  train                   exp/folder/<config>/        (resumes from last.ckpt if present)
-#   5  average checkpoints     exp/folder/<config>/avg.ckpt (best 5 by dev WER)
+#   5  average checkpoints     exp/folder/<config>/avg.ckpt (best 5 by dev WER), word
+#                              confidences fitted on dev (asr calibrate)
 #   6  decode dev and test     exp/folder/<config>/decode_{dev,test}/ (test only if it has data)
 #   7  results table           exp/folder/<config>/RESULTS.md, printed
 #
@@ -118,6 +119,6 @@ fit_stage 4 "$config" "$model_dir" \
   ${test_manifest[@]+"${test_manifest[@]}"} --data.tokenizer "$data/tokenizer" \
   --model.init_args.frontend.init_args.normalize.init_args.stats_path "$data/cmvn.json" \
   ${init[@]+"${init[@]}"}
-average_stage 5 "$model_dir"
+average_stage 5 "$model_dir" "$data/dev.jsonl"
 decode_stage 6 "$model_dir" "$data" "${splits[@]}"
 results_stage 7 "$model_dir" "$config" "${splits[@]}"

@@ -153,21 +153,25 @@ fit_stage() {
     ${resume[@]+"${resume[@]}"} ${fit_args[@]+"${fit_args[@]}"}
 }
 
-# average_stage N MODEL_DIR: average the best $average checkpoints into MODEL_DIR/avg.ckpt,
-# which then decodes by default as the recipe decodes (beam, CTC weight): `asr transcribe`
-# and `asr.load_model(...).transcribe` without options give the RESULTS rows' setting.
+# average_stage N MODEL_DIR DEV_MANIFEST: average the best $average checkpoints into
+# MODEL_DIR/avg.ckpt, which then decodes by default as the recipe decodes (beam, CTC weight):
+# `asr transcribe` and `asr.load_model(...).transcribe` without options give the RESULTS rows'
+# setting. Its word confidences are then fitted on DEV_MANIFEST under that setting (asr
+# calibrate), unless dev's words are all right or all wrong, as a tiny model's may be.
 average_stage() {
-  local n=$1 model_dir=$2
-  run_stage "$n" "average the best $average checkpoints" "$model_dir" \
-    average_and_set_decoding "$model_dir"
+  local n=$1 model_dir=$2 dev_manifest=$3
+  run_stage "$n" "average the best $average checkpoints, calibrate on $(basename "$dev_manifest")" \
+    "$model_dir" average_and_set_decoding "$model_dir" "$dev_manifest"
 }
 
 average_and_set_decoding() {
-  local model_dir=$1
+  local model_dir=$1 dev_manifest=$2
   asr average --last "$model_dir/checkpoints/last.ckpt" --best "$average" \
     --out "$model_dir/avg.ckpt"
   asr set-decoding --checkpoint "$model_dir/avg.ckpt" --beam-size "$beam_size" \
     --ctc-weight "$ctc_weight"
+  asr calibrate --checkpoint "$model_dir/avg.ckpt" --manifest "$dev_manifest" --store \
+    --if-fittable
 }
 
 # decode_stage N MODEL_DIR DATA SPLIT...: decode DATA/SPLIT.jsonl into MODEL_DIR/decode_SPLIT.

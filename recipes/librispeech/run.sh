@@ -17,7 +17,8 @@
 #                              of audio brought to --level-dbfs first, for configs whose
 #                              frontend has that LevelNormalizer)
 #   4  train                   exp/librispeech/<config>/   (resumes from last.ckpt if present)
-#   5  average checkpoints     exp/librispeech/<config>/avg.ckpt (best 5 by dev WER)
+#   5  average checkpoints     exp/librispeech/<config>/avg.ckpt (best 5 by dev WER),
+#                              word confidences fitted on the dev set (asr calibrate)
 #   6  decode the test sets    exp/librispeech/<config>/decode_<set>/ (metrics, errors, plots)
 #   7  results table           exp/librispeech/<config>/RESULTS.md, printed
 #
@@ -106,6 +107,6 @@ fit_stage 4 "$config" "$model_dir" \
   --data.train_manifest "$data/train.jsonl" --data.val_manifest "$data/$dev_set.jsonl" \
   --data.test_manifest "$data/${test_list[0]}.jsonl" --data.tokenizer "$tokenizer" \
   --model.init_args.frontend.init_args.normalize.init_args.stats_path "$data/cmvn.json"
-average_stage 5 "$model_dir"
+average_stage 5 "$model_dir" "$data/$dev_set.jsonl"
 decode_stage 6 "$model_dir" "$data" "${test_list[@]}"
 results_stage 7 "$model_dir" "$config" "${test_list[@]}"

@@ -14,7 +14,8 @@
 #   2  train the tokenizer     data/yesno/tokenizer/ (characters)
 #   3  CMVN statistics         data/yesno/cmvn.json (8 kHz, 40 mel bands, as the config)
 #   4  train                   exp/yesno/<config>/         (resumes from last.ckpt if present)
-#   5  average checkpoints     exp/yesno/<config>/avg.ckpt (best 5 by dev WER)
+#   5  average checkpoints     exp/yesno/<config>/avg.ckpt (best 5 by dev WER), word
+#                              confidences fitted on dev (asr calibrate)
 #   6  decode dev and test     exp/yesno/<config>/decode_{dev,test}/ (metrics, errors, plots)
 #   7  results table           exp/yesno/<config>/RESULTS.md, printed
 #
@@ -74,6 +75,6 @@ fit_stage 4 "$config" "$model_dir" \
   --data.train_manifest "$data/train_shifted.jsonl" --data.val_manifest "$data/dev.jsonl" \
   --data.test_manifest "$data/test.jsonl" --data.tokenizer "$data/tokenizer" \
   --model.init_args.frontend.init_args.normalize.init_args.stats_path "$data/cmvn.json"
-average_stage 5 "$model_dir"
+average_stage 5 "$model_dir" "$data/dev.jsonl"
 decode_stage 6 "$model_dir" "$data" dev test
 results_stage 7 "$model_dir" "$config" dev test
