@@ -387,7 +387,9 @@ def _calibrate(args: argparse.Namespace) -> int:
               file=sys.stderr)  # fmt: skip
         return 0
     scaling = fit.scaling
-    print(f"confidence = sigmoid({scaling.scale:.4f} * log(probability) + {scaling.bias:.4f})")
+    ctc = f" + {scaling.ctc_scale:.4f} * log(ctc_probability)" if scaling.ctc_scale else ""
+    print(f"confidence = sigmoid({scaling.scale:.4f} * log(probability){ctc} "
+          f"+ {scaling.bias:.4f})")  # fmt: skip
     for name, c in (("probability", fit.before), ("confidence", fit.after)):
         auc = "n/a" if c.auc is None else f"{c.auc:.3f}"
         print(f"{name:>11}: ECE {c.ece:.3f}, ROC AUC {auc} over {c.words} words "
@@ -677,11 +679,13 @@ def _parser() -> argparse.ArgumentParser:
         help="fit word confidences to the share of words right on a dev set",
         description="Decode a manifest (dev) with the given search settings (default: the "
         "checkpoint's own), label each hypothesis word right or wrong by its alignment with "
-        "the reference, and fit confidence = sigmoid(scale * log(probability) + bias) by "
-        "logistic regression. Prints the expected calibration error (ECE) and ROC area before "
-        "and after on those words; --store records the scaling in the checkpoint, and its "
+        "the reference, and fit confidence = sigmoid(scale * log(probability) + ctc_scale * "
+        "log(ctc_probability) + bias) by logistic regression (ctc_scale 0 without a CTC "
+        "head). Prints the expected calibration error (ECE) and ROC area before and after on "
+        "those words; --store records the scaling in the checkpoint, and its "
         "words then carry it as `confidence` (transcribe's JSON, asr evaluate's "
-        "reliability.png). The map keeps the words' order, so the ROC area does not change.",
+        "reliability.png). With one probability the map keeps the words' order (the ROC area "
+        "stays); with both, it ranks the words anew.",
     )
     _add_decoding_arguments(p)
     p.add_argument("--manifest", required=True, help="JSONL manifest with references (dev)")

@@ -40,7 +40,7 @@ from torch import Tensor
 from tqdm import tqdm
 
 from asr.audio import AudioError, load_audio
-from asr.confidence import PlattScaling, UnfittableWords
+from asr.confidence import LOG_FLOOR, PlattScaling, UnfittableWords
 from asr.data.manifest import (
     BadEntry,
     Utterance,
@@ -75,6 +75,9 @@ class ScoredUtterance:
     tokens: list[int]  # the hypothesis's ids, for plots
     duration: float = 0.0  # seconds of audio
     word_probs: list[float] | None = None  # per hypothesis word; None where not computed
+    # Per hypothesis word, its CTC probability (None where CTC could not align the
+    # hypothesis); the list is None without a CTC head or without `word_probs`.
+    word_ctc_probs: list[float | None] | None = None
     repaired: str | None = None  # the attention failure repaired (`asr.guard`), if any
 
     @cached_property
@@ -253,15 +256,16 @@ def _decode_all(
                 audio_seconds += len(wave) / recognizer.sample_rate
                 hyp = recognizer.tokenizer.decode(item.hypothesis.tokens)
                 ref = normalize(utterances[i].text)
-                probs = _word_probs(recognizer, item, hyp)
+                probs, ctc_probs = _word_probs(recognizer, item, hyp)
                 results[i] = ScoredUtterance(
                     utterances[i].utt_id,
                     ref,
                     hyp,
                     item.hypothesis.tokens,
-                    len(wave) / recognizer.sample_rate,
-                    probs,
-                    item.repaired,
+                    duration=len(wave) / recognizer.sample_rate,
+                    word_probs=probs,
+                    word_ctc_probs=ctc_probs,
+                    repaired=item.repaired,
                 )
                 exact = boundaries and hyp == ref and hyp
                 error = _boundary_error(recognizer, item) if exact else None
@@ -308,16 +312,26 @@ def _boundary_error(recognizer: Recognizer, decoded: Decoded) -> float | None:
     return boundary_error_ms(recognizer.words(decoded, "attention"), ctc)
 
 
-def _word_probs(recognizer: Recognizer, decoded: Decoded, hyp: str) -> list[float] | None:
-    """The probability of each word of `hyp` (`asr.timing.Word.probability`); None where
-    the decoder's token probabilities are missing or the words do not match `hyp`'s."""
+def _word_probs(
+    recognizer: Recognizer, decoded: Decoded, hyp: str
+) -> tuple[list[float] | None, list[float | None] | None]:
+    """The decoder's and the CTC head's probability of each word of `hyp`
+    (`asr.timing.Word.probability` and `.ctc_probability`): (None, None) where the decoder's
+    token probabilities are missing or the words do not match `hyp`'s; the CTC list is None
+    without a CTC head, its entries None where CTC cannot align the hypothesis."""
     if decoded.token_log_probs is None:
-        return None
+        return None, None
     words = word_tokens(recognizer.tokenizer.pieces(decoded.hypothesis.tokens))
     if len(words) != len(hyp.split()):
-        return None
+        return None, None
     token_probs = decoded.token_probs
-    return [math.prod(token_probs[t] for t in tokens) for tokens in words]
+    probs = [math.prod(token_probs[t] for t in tokens) for tokens in words]
+    if decoded.ctc_log_probs is None:
+        return probs, None
+    ctc = decoded.token_ctc_probs
+    if ctc is None:
+        return probs, [None] * len(words)
+    return probs, [math.prod(ctc[t] for t in tokens) for tokens in words]
 
 
 def _confidence_report(
@@ -326,39 +340,60 @@ def _confidence_report(
     """Word confidence calibration over `results` (the probabilities through `scaling`,
     where given), as metrics.json holds it, and its reliability diagram in
     `out_dir/reliability.png`; None without word probabilities."""
-    probs, correct, left_out = _labelled_words(results)
-    if not probs:
+    words = LabelledWords.of(results)
+    if not words.probs:
         return None
-    calibration = word_calibration(_scaled(probs, scaling), correct)
+    calibration = word_calibration(words.confidences(scaling), words.correct)
     from asr.plotting import plot_reliability, save_figure  # matplotlib: only when plotting
 
     save_figure(plot_reliability(calibration), str(out_dir / "reliability.png"))
-    report = asdict(calibration) | {"utterances_left_out": left_out}
+    report = asdict(calibration) | {"utterances_left_out": words.left_out}
     if scaling is not None:
         report |= {
             "scaling": scaling.as_dict(),
-            "unscaled_ece": word_calibration(probs, correct).ece,
+            "unscaled_ece": word_calibration(words.probs, words.correct).ece,
         }
     return report
 
 
-def _labelled_words(results: Sequence[ScoredUtterance]) -> tuple[list[float], list[bool], int]:
-    """Every hypothesis word's probability and whether it is right, and how many non-empty
-    hypotheses had no word probabilities."""
-    probs: list[float] = []
-    correct: list[bool] = []
-    left_out = 0
-    for r in results:
-        if r.word_probs is None:
-            left_out += bool(r.hyp.split())
-            continue
-        probs += r.word_probs
-        correct += r.alignment.hypothesis_correct
-    return probs, correct, left_out
+@dataclass(frozen=True)
+class LabelledWords:
+    """The hypothesis words of decoded utterances: their probabilities and whether each is
+    right (by its word alignment with the reference)."""
 
+    probs: list[float]
+    ctc_probs: list[float | None] | None  # None: no CTC head
+    correct: list[bool]
+    left_out: int  # non-empty hypotheses without word probabilities
 
-def _scaled(probs: Sequence[float], scaling: PlattScaling | None) -> list[float]:
-    return list(probs) if scaling is None else [scaling(p) for p in probs]
+    @classmethod
+    def of(cls, results: Sequence[ScoredUtterance]) -> LabelledWords:
+        probs: list[float] = []
+        ctc: list[float | None] | None = []
+        correct: list[bool] = []
+        left_out = 0
+        for r in results:
+            if r.word_probs is None:
+                left_out += bool(r.hyp.split())
+                continue
+            probs += r.word_probs
+            correct += r.alignment.hypothesis_correct
+            ctc = None if ctc is None or r.word_ctc_probs is None else ctc + r.word_ctc_probs
+        return cls(probs, ctc, correct, left_out)
+
+    def confidences(self, scaling: PlattScaling | None) -> list[float]:
+        """The words' confidences under `scaling`; their probabilities without one."""
+        if scaling is None:
+            return list(self.probs)
+        ctc = self.ctc_probs or [None] * len(self.probs)
+        return [scaling(p, c) for p, c in zip(self.probs, ctc, strict=True)]
+
+    def fit(self) -> PlattScaling:
+        """`PlattScaling.fit` to these words, with their CTC probabilities where there are
+        (one CTC could not align counts at the floor, as `PlattScaling` reads it)."""
+        ctc = self.ctc_probs
+        floored = None if ctc is None else [LOG_FLOOR if c is None else c for c in ctc]
+        return PlattScaling.fit(self.probs, self.correct, floored)
 
 
 @dataclass(frozen=True)
@@ -393,16 +428,14 @@ def fit_confidence(
     results, _, _ = _decode_all(
         recognizer, utterances, options, lm, batch_size, progress, boundaries=False
     )
-    probs, correct, left_out = _labelled_words(results)
-    if left_out and not probs:
+    words = LabelledWords.of(results)
+    if words.left_out and not words.probs:
         raise ValueError(f"{manifest}: no hypothesis word has a probability to calibrate")
-    if not probs:
+    if not words.probs:
         raise UnfittableWords(f"{manifest}: every hypothesis is empty; no word to calibrate")
-    scaling = PlattScaling.fit(probs, correct)
-    before, after = (
-        word_calibration(probs, correct),
-        word_calibration(_scaled(probs, scaling), correct),
-    )
+    scaling = words.fit()
+    before = word_calibration(words.probs, words.correct)
+    after = word_calibration(words.confidences(scaling), words.correct)
     return ConfidenceFit(scaling, before, after)
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils import _pytree as pytree
 
-from asr.models.interfaces import State, reorder_batch
+from asr.models.interfaces import State
 from asr.models.seq2seq import Seq2Seq
 
 ONNX_DIR = "onnx"
@@ -115,7 +116,12 @@ def _export_decoder(decoder: nn.Module, enc: Tensor, enc_lens: Tensor, folder: P
     names = [f"state{i}" for i in range(len(leaves))]
     _export(_Init(decoder), (enc, enc_lens), folder / "decoder_init.onnx", ["enc", "enc_lens"],
             names, leaves)  # fmt: skip
-    tokens = torch.full((enc.size(0),), 3)
+    # Traced with 2 rows per utterance (beam search's layout, where a Transformer keeps the
+    # encoder memory once per utterance), so the graph reads the rows per utterance from the
+    # shapes instead of freezing one beam size.
+    rows = torch.arange(enc.size(0)).repeat_interleave(2)
+    state = decoder.reorder_state(state, rows)
+    tokens = torch.full((rows.numel(),), 3)
     for _ in range(2):  # a state with history: every cache has a length to vary
         _, state, _ = decoder.step(tokens, state)
     leaves = pytree.tree_leaves(state)
@@ -194,8 +200,12 @@ class OnnxCTC:
 class OnnxDecoder:
     """`asr.models.interfaces.Decoder` over the decoder_init and decoder_step graphs."""
 
-    def __init__(self, init: _Session, step: _Session, meta: dict[str, Any]) -> None:
+    def __init__(
+        self, init: _Session, step: _Session, meta: dict[str, Any],
+        reorder_state: Callable[[State, Tensor], State],
+    ) -> None:  # fmt: skip
         self.init, self.step_session = init, step
+        self.reorder_state = reorder_state  # the PyTorch decoder's: it shares what it can
         self.spec = pytree.treespec_loads(meta["spec"])
         self.changed = meta["changed"]
         self.vocab_size = meta["vocab_size"]
@@ -212,9 +222,6 @@ class OnnxDecoder:
         for i, leaf in zip(self.changed, changed):
             leaves[i] = leaf
         return log_probs, pytree.tree_unflatten(leaves, self.spec), attention
-
-    def reorder_state(self, state: State, index: Tensor) -> State:
-        return reorder_batch(state, index)
 
     def __call__(self, enc: Tensor, enc_lens: Tensor, tokens: Tensor) -> tuple[Tensor, Tensor]:
         """Teacher forcing, step by step: log-probabilities `(B, L, V)` (as logits: a
@@ -246,5 +253,7 @@ def onnx_model(
     encoder = OnnxEncoder(session("encoder"))
     ctc = OnnxCTC(session("ctc")) if model.ctc is not None else None
     meta = json.loads((graphs / STATE_FILE).read_text())
-    decoder = OnnxDecoder(session("decoder_init"), session("decoder_step"), meta)
+    decoder = OnnxDecoder(
+        session("decoder_init"), session("decoder_step"), meta, model.decoder.reorder_state
+    )
     return Seq2Seq(model.eval().frontend, encoder, decoder, ctc)

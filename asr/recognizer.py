@@ -482,7 +482,9 @@ class Recognizer:
             pieces=pieces,
             token_starts=np.minimum(times.start, duration).tolist(),
             token_ends=np.minimum(times.end, duration).tolist(),
-            words=self.timed_words(pieces, times, duration, probs or None),
+            words=self.timed_words(
+                pieces, times, duration, probs or None, decoded.token_ctc_probs
+            ),  # fmt: skip
             score=hyp.score,
             duration=duration,
             segments=[segment],
@@ -497,7 +499,8 @@ class Recognizer:
         pieces = self.tokenizer.pieces(decoded.hypothesis.tokens)
         times = self.token_times(decoded, timestamps, fallback)
         duration = decoded.num_samples / self.sample_rate
-        return self.timed_words(pieces, times, duration, decoded.token_probs or None)
+        probs = decoded.token_probs or None
+        return self.timed_words(pieces, times, duration, probs, decoded.token_ctc_probs)
 
     def token_times(
         self, decoded: Decoded, timestamps: str = "attention", fallback: bool = True
@@ -590,16 +593,19 @@ class Recognizer:
         times: TokenTimes,
         duration: float,
         probs: Sequence[float] | None = None,
+        ctc_probs: Sequence[float] | None = None,
     ) -> list[Word]:
-        """Words of token `pieces` timed by `times` (and `probs`), cut to `duration` seconds;
-        special tokens (`<unk>`) belong to no word."""
-        words = word_timestamps(pieces, times, probs)
+        """Words of token `pieces` timed by `times` (with the tokens' decoder and CTC
+        probabilities, where given), cut to `duration` seconds; special tokens (`<unk>`)
+        belong to no word."""
+        words = word_timestamps(pieces, times, probs, ctc_probs)
         return [self._confident(_clamped(w, duration)) for w in words]
 
     def _confident(self, word: Word) -> Word:
         if self.confidence_scaling is None or word.probability is None:
             return word
-        return replace(word, confidence=self.confidence_scaling(word.probability))
+        confidence = self.confidence_scaling(word.probability, word.ctc_probability)
+        return replace(word, confidence=confidence)
 
     def load(self, audio: AudioInput, sample_rate: int | None = None) -> Tensor:
         """A file path or a waveform as a mono float32 tensor `(S,)` at `sample_rate`."""
@@ -703,7 +709,7 @@ def load_model(
 
 
 def _scaling(stored: dict[str, float] | None) -> PlattScaling | None:
-    return None if stored is None else PlattScaling(stored["scale"], stored["bias"])
+    return None if stored is None else PlattScaling.from_dict(stored)
 
 
 def _onnx_model(model: Seq2Seq, path, backend: str, device, precision: str) -> Seq2Seq:

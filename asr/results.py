@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from torch import Tensor
 
 from asr.audio import AudioError
 from asr.search import Hypothesis
-from asr.timing import Word
+from asr.timing import Word, ctc_token_probabilities
 
 
 @dataclass(frozen=True)
@@ -74,6 +75,7 @@ class Transcript:
             "words": [
                 {"word": w.text, "start": _ms(w.start), "end": _ms(w.end)}
                 | {"probability": _rounded(w.probability), "confidence": _rounded(w.confidence)}
+                | {"ctc_probability": _rounded(w.ctc_probability)}
                 for w in self.words
             ],
             "tokens": [
@@ -171,6 +173,18 @@ class Decoded:
         """The tokens' probabilities (eos left out); empty without `token_log_probs`."""
         lp = self.token_log_probs
         return [] if lp is None else lp[:-1].exp().tolist()
+
+    @cached_property
+    def token_ctc_probs(self) -> list[float] | None:
+        """The tokens' CTC posteriors on the CTC path of the hypothesis
+        (`asr.timing.ctc_token_probabilities`); None without a CTC head or where CTC cannot
+        align the hypothesis (more tokens than its frames hold)."""
+        if self.ctc_log_probs is None:
+            return None
+        try:
+            return ctc_token_probabilities(self.ctc_log_probs, self.hypothesis.tokens)
+        except ValueError:
+            return None
 
 
 @dataclass

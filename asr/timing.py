@@ -4,8 +4,10 @@ Times come from encoder frames: frame `j` covers `[j, j + 1) * seconds_per_frame
 `seconds_per_frame = encoder_frame_seconds(frame_shift, subsampling)`. Two aligners give
 `TokenTimes` (integer frame spans per token), which `word_timestamps` groups into words:
 
-- `attention_timestamps`: cross-attention maps -> monotonic DTW path (as Whisper's timing).
-  Its token spans tile the utterance: each token ends where the next one starts.
+- `attention_timestamps`: cross-attention maps -> monotonic DTW path (as Whisper's timing)
+  that gives each token a run of frames, the runs covering the utterance; a token's span is
+  the part of its run where its attention is at least half its peak there, so the pause
+  before a word, which the tiling hands to it, is not counted as the word.
 - `ctc_forced_alignment`: CTC posteriors -> Viterbi path (torchaudio). Its spans hold only
   the frames that emit the token; blank frames between tokens belong to none.
 
@@ -120,6 +122,9 @@ class Word:
     # `probability` read as the chance the word is right: mapped by the recognizer's
     # `asr.confidence.PlattScaling` where it has one (`asr calibrate`), else the same.
     confidence: float | None = None
+    # The product of its tokens' CTC posteriors on the CTC path of the hypothesis
+    # (`ctc_token_probabilities`); None without a CTC head or where CTC cannot align it.
+    ctc_probability: float | None = None
 
 
 # --------------------------------------------------------------------------- attention + DTW
@@ -182,13 +187,17 @@ def _backtrack(acc: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def attention_matrix(
-    attention: Tensor, heads: Sequence[int] | None = None, median_filter_width: int = 7
+    attention: Tensor, heads: Sequence[int] | None = None, median_filter_width: int = 1
 ) -> Tensor:
-    """The `(L, T)` alignment score that `attention_timestamps` runs DTW on (higher = aligned).
+    """The `(L, T)` alignment score that `attention_timestamps` runs DTW on (higher = aligned):
+    the selected maps' attention weights averaged, optionally median-filtered along time.
 
-    Each selected map is z-scored per frame over tokens (as Whisper), so a frame scores
-    the tokens it favours relative to the others; the maps are averaged, then
-    median-filtered along time, which removes one-frame spikes but keeps steps.
+    The weights are used as they are. Whisper z-scores each frame over the tokens, which
+    here made word boundaries worse on every model measured (recipes/an4/RESULTS.md, "Word
+    times"): at frames no token attends to (pauses, silence), the z-score blows noise up to
+    the size of real peaks, and a token whose attention is spread thin drags the path.
+    For the same reason there is no median filter by default: with 40 ms encoder frames, one
+    of 7 frames blurs word edges by more than it removes.
 
     Args:
         attention: `(K, L, T)` cross-attention maps (or one `(L, T)` map).
@@ -199,10 +208,7 @@ def attention_matrix(
     Returns:
         `(L, T)` float32 scores.
     """
-    maps = _selected_maps(attention, heads)  # (K', L, T)
-    std, mean = torch.std_mean(maps, dim=1, correction=0, keepdim=True)  # (K', 1, T)
-    scores = ((maps - mean) / std.clamp(min=1e-8)).mean(0)  # (L, T)
-    return median_filter(scores, median_filter_width)
+    return median_filter(_selected_maps(attention, heads).mean(0), median_filter_width)
 
 
 def _selected_maps(attention: Tensor, heads: Sequence[int] | None) -> Tensor:
@@ -241,13 +247,16 @@ def attention_timestamps(
     attention: Tensor,
     seconds_per_frame: float,
     heads: Sequence[int] | None = None,
-    median_filter_width: int = 7,
+    median_filter_width: int = 1,
 ) -> TokenTimes:
-    """Token times from cross-attention: DTW on the negated `attention_matrix`.
+    """Token times from cross-attention: DTW on the negated `attention_matrix` gives each
+    token the run of frames the path spends on it (the runs cover `[0, T)`; neighbours share
+    a frame where the path steps to the next token without moving on); the token's span is
+    then the part of its run from the first to the last frame where its score is at least
+    half the run's peak.
 
-    Token `i` starts at the first frame where the path reaches it and ends where token
-    `i + 1` starts (the last token at the end), so the spans tile `[0, T)`; a token the path
-    passes at a frame it shares with the next one gets zero duration.
+    The runs alone hand each word the pause before it (and the first word the leading
+    silence); the half-peak span keeps the frames the token is attended on.
 
     Args:
         attention: `(K, L, T)` maps of one utterance (or `(L, T)`), cut to its valid frames.
@@ -263,9 +272,30 @@ def attention_timestamps(
     tokens, frames = dtw(-scores.double().numpy())
     num_tokens, num_frames = scores.shape
     first = np.full(num_tokens, num_frames, dtype=np.int64)
-    np.minimum.at(first, tokens, frames)  # first frame of each token on the path
-    ends = np.append(first[1:], num_frames)
-    return TokenTimes(tuple(first.tolist()), tuple(ends.tolist()), num_frames, seconds_per_frame)
+    last = np.zeros(num_tokens, dtype=np.int64)
+    np.minimum.at(first, tokens, frames)  # each token's frames on the path
+    np.maximum.at(last, tokens, frames)
+    starts, ends = _half_peak_spans(scores.numpy(), first, last + 1)
+    return TokenTimes(tuple(starts), tuple(ends), num_frames, seconds_per_frame)
+
+
+def _half_peak_spans(
+    scores: np.ndarray, run_starts: np.ndarray, run_ends: np.ndarray
+) -> tuple[list[int], list[int]]:
+    """Within each token's run `[run_starts[i], run_ends[i])`, the frames from the first to
+    the last where its score is at least half the run's maximum. Neighbouring runs share a
+    frame where the path steps down; a span that still starts inside the one before it
+    starts where that one ends, so one-frame tokens keep their frame."""
+    starts, ends = run_starts.tolist(), run_ends.tolist()
+    for i, (start, end) in enumerate(zip(starts, ends)):
+        if end - start > 1:
+            run = scores[i, start:end]
+            strong = np.flatnonzero(run >= 0.5 * run.max())
+            starts[i], ends[i] = start + int(strong[0]), start + int(strong[-1]) + 1
+    for i in range(1, len(starts)):
+        starts[i] = max(starts[i], ends[i - 1])
+        ends[i] = max(ends[i], starts[i])
+    return starts, ends
 
 
 def check_seconds_per_frame(seconds_per_frame: float) -> None:
@@ -293,19 +323,42 @@ def ctc_forced_alignment(
         `TokenTimes`: each token's span of emitting frames (blanks excluded).
     """
     check_seconds_per_frame(seconds_per_frame)
+    spans, num_frames = _ctc_spans(ctc_log_probs, token_ids, blank)
+    return TokenTimes(
+        tuple(s.start for s in spans), tuple(s.end for s in spans), num_frames, seconds_per_frame
+    )
+
+
+def ctc_token_probabilities(
+    ctc_log_probs: Tensor, token_ids: Sequence[int], blank: int = 0
+) -> list[float]:
+    """Each token's CTC posterior: the mean probability of the frames that emit it on the
+    Viterbi CTC path of `token_ids` (as `ctc_forced_alignment` finds it). A word's product
+    of these tells right words from wrong ones about as well as the decoder's probability,
+    and partly independently of it (`asr.confidence`).
+
+    >>> logp = torch.tensor([[0.1, 0.9], [0.6, 0.4], [0.2, 0.8]]).log()  # blank 0, token 1
+    >>> [round(p, 2) for p in ctc_token_probabilities(logp, [1, 1])]
+    [0.9, 0.8]
+    """
+    spans, _ = _ctc_spans(ctc_log_probs, token_ids, blank)
+    return [float(s.score) for s in spans]
+
+
+def _ctc_spans(
+    ctc_log_probs: Tensor, token_ids: Sequence[int], blank: int
+) -> tuple[list[AF.TokenSpan], int]:
+    """The Viterbi path's token spans (frames, mean posterior) and the number of frames."""
     if ctc_log_probs.dim() != 2 or ctc_log_probs.size(0) == 0:
         raise ValueError(f"ctc_log_probs: expected (T, V), got {tuple(ctc_log_probs.shape)}")
     num_frames, vocab = ctc_log_probs.shape
     ids = [int(i) for i in token_ids]
     _check_ctc_targets(ids, num_frames, vocab, blank)
     if not ids:
-        return TokenTimes((), (), num_frames, seconds_per_frame)
+        return [], num_frames
     log_probs = ctc_log_probs.detach().float().cpu()[None]  # (1, T, V)
     path, scores = AF.forced_align(log_probs, torch.tensor([ids]), blank=blank)  # (1, T) each
-    spans = AF.merge_tokens(path[0], scores[0].exp(), blank=blank)
-    return TokenTimes(
-        tuple(s.start for s in spans), tuple(s.end for s in spans), num_frames, seconds_per_frame
-    )
+    return AF.merge_tokens(path[0], scores[0].exp(), blank=blank), num_frames
 
 
 def _check_ctc_targets(ids: list[int], num_frames: int, vocab: int, blank: int) -> None:
@@ -350,6 +403,7 @@ def word_timestamps(
     pieces: Sequence[str],
     token_times: TokenTimes,
     token_probs: Sequence[float] | None = None,
+    token_ctc_probs: Sequence[float] | None = None,
 ) -> list[Word]:
     """Group token pieces into words (`word_index`) and time each word by its tokens: from
     its first token's start to its last token's end.
@@ -359,6 +413,8 @@ def word_timestamps(
         token_times: times of the same tokens.
         token_probs: probabilities of the same tokens; a word's is the product of its
             tokens'. None: words without probability.
+        token_ctc_probs: the same tokens' CTC posteriors (`ctc_token_probabilities`),
+            multiplied likewise into `Word.ctc_probability`; None: without.
 
     Returns:
         The words in order.
@@ -372,9 +428,13 @@ def word_timestamps(
     """
     if len(pieces) != len(token_times):
         raise ValueError(f"{len(pieces)} pieces but {len(token_times)} token times")
-    if token_probs is not None and len(token_probs) != len(pieces):
-        raise ValueError(f"{len(pieces)} pieces but {len(token_probs)} token probabilities")
-    return [_word(pieces, token_times, token_probs, tokens) for tokens in word_tokens(pieces)]
+    for probs in (token_probs, token_ctc_probs):
+        if probs is not None and len(probs) != len(pieces):
+            raise ValueError(f"{len(pieces)} pieces but {len(probs)} token probabilities")
+    return [
+        _word(pieces, token_times, token_probs, token_ctc_probs, tokens)
+        for tokens in word_tokens(pieces)
+    ]
 
 
 def word_tokens(pieces: Sequence[str]) -> list[list[int]]:
@@ -394,13 +454,16 @@ def _word(
     pieces: Sequence[str],
     times: TokenTimes,
     probs: Sequence[float] | None,
+    ctc_probs: Sequence[float] | None,
     tokens: list[int],
 ) -> Word:
     """The word of `tokens` (indices of consecutive pieces of one word)."""
     text = "".join(pieces[t].lstrip(SPACE_PIECE) for t in tokens)
     start, end = float(times.start[tokens[0]]), float(times.end[tokens[-1]])
-    probability = None if probs is None else math.prod(float(probs[t]) for t in tokens)
-    return Word(text, start, end, probability, probability)
+    probability, ctc_probability = (
+        None if p is None else math.prod(float(p[t]) for t in tokens) for p in (probs, ctc_probs)
+    )
+    return Word(text, start, end, probability, probability, ctc_probability)
 
 
 def boundary_error_ms(words_a: Sequence[Word], words_b: Sequence[Word]) -> float:

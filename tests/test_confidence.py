@@ -63,3 +63,41 @@ def test_separable_words_give_a_finite_steep_map():
     fitted = PlattScaling.fit([0.9, 0.8, 0.01, 0.02], [True, True, False, False])
     assert math.isfinite(fitted.scale) and fitted.scale > 0
     assert fitted(0.9) > 0.9 and fitted(0.01) < 0.1
+
+
+def _two_opinions(count: int, seed: int = 0):
+    """Decoder and CTC probabilities, labels drawn from both:
+    P(right) = sigmoid(0.3 log p + 0.8 log p_ctc + 2)."""
+    rng = np.random.default_rng(seed)
+    probs, ctc = np.exp(rng.uniform(-8.0, 0.0, (2, count)))
+    chance = 1 / (1 + np.exp(-(0.3 * np.log(probs) + 0.8 * np.log(ctc) + 2.0)))
+    return probs.tolist(), ctc.tolist(), (rng.random(count) < chance).tolist()
+
+
+def test_fit_with_ctc_probabilities_recovers_both_weights():
+    probs, ctc, correct = _two_opinions(20000)
+    fitted = PlattScaling.fit(probs, correct, ctc)
+    assert fitted.scale == pytest.approx(0.3, abs=0.05)
+    assert fitted.ctc_scale == pytest.approx(0.8, abs=0.05)
+    assert fitted.bias == pytest.approx(2.0, abs=0.15)
+    assert fitted(0.5, 0.5) > fitted(0.5, 0.01), "confidence grows with the CTC probability"
+
+
+def test_a_ctc_probability_that_would_lower_confidence_is_dropped():
+    probs, ctc, correct = _two_opinions(5000, seed=2)
+    reversed_ctc = [1.0 - c for c in ctc]  # higher now means more often wrong
+    fitted = PlattScaling.fit(probs, correct, reversed_ctc)
+    assert fitted.ctc_scale == 0.0 and fitted.scale > 0
+    assert fitted == PlattScaling.fit(probs, correct), "refitted on the decoder's alone"
+
+
+def test_a_missing_ctc_probability_counts_at_the_floor():
+    scaling = PlattScaling(scale=0.5, bias=3.0, ctc_scale=0.2)
+    assert scaling(0.5, None) == scaling(0.5, 0.0) < scaling(0.5, 1e-3)
+    assert PlattScaling(scale=0.5, bias=3.0)(0.5, None) == PlattScaling(0.5, 3.0)(0.5)
+
+
+def test_a_stored_scaling_round_trips_and_old_ones_load():
+    scaling = PlattScaling(scale=0.5, bias=3.0, ctc_scale=0.2)
+    assert PlattScaling.from_dict(scaling.as_dict()) == scaling
+    assert PlattScaling.from_dict({"scale": 0.5, "bias": 3.0}) == PlattScaling(0.5, 3.0)

@@ -21,7 +21,7 @@ def overfit():
     return _overfit_recognizer(str(WAV))
 
 
-def test_the_chosen_maps_time_words_closer_to_ctc_than_all_maps(overfit, tmp_path):
+def test_the_chosen_maps_time_words_no_farther_from_ctc_than_all_maps(overfit, tmp_path):
     recognizer, waves = overfit
     alignments = reference_alignments(recognizer, _manifest(tmp_path / "m.jsonl", UTTERANCES),
                                       progress=False)  # fmt: skip
@@ -30,7 +30,9 @@ def test_the_chosen_maps_time_words_closer_to_ctc_than_all_maps(overfit, tmp_pat
     maps = alignments[0].attention.size(0)
     assert choice.per_head.shape == (len(alignments), maps) and choice.chosen
     assert set(choice.chosen) <= set(range(maps))
-    assert choice.chosen_errors.mean() < choice.all_heads.mean()  # on this model: measured
+    # The best prefix of the ranking, all maps among them (here all 4 were best; on the AN4
+    # Transformer 4 of 8 beat all 8: recipes/an4/RESULTS.md, "Word times").
+    assert choice.chosen_errors.mean() <= choice.all_heads.mean()
     best_single = choice.per_head.mean(0).min()
     assert choice.chosen_errors.mean() <= best_single + 1e-9  # the best prefix, one map included
     again = score_heads(recognizer, alignments, choice.chosen)

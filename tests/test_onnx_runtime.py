@@ -60,6 +60,13 @@ def test_a_trained_transformer_decodes_the_same_on_onnx_runtime(overfit, tmp_pat
     )
     torch.testing.assert_close(got_logp, logp, atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(got_attention, attention, atol=1e-5, rtol=1e-4)
+    # Beams: 3 rows per utterance (the graph was traced with 2) read one shared memory entry.
+    beams = torch.arange(len(waves)).repeat_interleave(3)
+    state = onnx.model.decoder.reorder_state(onnx.model.decoder.init_state(got_enc, got_lens),
+                                             beams)  # fmt: skip
+    assert state["memory_keys"][0].size(0) == len(waves), "the memory is not copied per beam"
+    got_logp, _, _ = onnx.model.decoder.step(torch.full((beams.numel(),), 3), state)
+    torch.testing.assert_close(got_logp, logp.index_select(0, beams), atol=1e-4, rtol=1e-4)
 
 
 def test_an_rnn_attention_model_decodes_the_same_on_onnx_runtime(tmp_path):

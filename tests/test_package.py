@@ -175,13 +175,14 @@ def test_calibrate_stores_a_scaling_that_checkpoint_and_package_words_carry(
     write_package(ckpt, tmp_path / "pkg")
     assert asr.load_model(tmp_path / "pkg").confidence_scaling == scaling
     words = recognizer.transcribe(_waves()[-1]).words
-    assert words and all(w.confidence == scaling(w.probability) for w in words)
+    assert words and all(w.ctc_probability is not None for w in words)
+    assert all(w.confidence == scaling(w.probability, w.ctc_probability) for w in words)
 
     metrics = evaluate(recognizer, manifest, tmp_path / "eval", plots=0, progress=False)
     report = metrics["confidence"]
     assert report["scaling"] == scaling.as_dict()
     mean_confidence = sum(b["mean_confidence"] * b["words"] for b in report["bins"] if b["words"])
-    assert mean_confidence / report["words"] == pytest.approx(report["accuracy"], abs=1e-6), (
+    assert mean_confidence / report["words"] == pytest.approx(report["accuracy"], abs=1e-4), (
         "fitted on these very words, the confidences average to the share right"
     )
 

@@ -17,6 +17,7 @@ from asr.timing import (
     attention_timestamps,
     boundary_error_ms,
     ctc_forced_alignment,
+    ctc_token_probabilities,
     dtw,
     encoder_frame_seconds,
     median_filter,
@@ -130,12 +131,12 @@ def test_median_filter_width_must_be_odd():
             median_filter(torch.zeros(1, 5), width)
 
 
-def test_attention_matrix_is_the_per_frame_z_score_averaged():
+def test_attention_matrix_is_the_selected_maps_averaged():
     att = torch.rand(3, 5, 11)
-    z = (att - att.mean(1, keepdim=True)) / att.std(1, correction=0, keepdim=True)
-    torch.testing.assert_close(attention_matrix(att, median_filter_width=1), z.mean(0))
+    torch.testing.assert_close(attention_matrix(att), att.mean(0))
+    torch.testing.assert_close(attention_matrix(att, heads=[2]), att[2])
     torch.testing.assert_close(
-        attention_matrix(att, heads=[2], median_filter_width=1), z[2], rtol=1e-5, atol=1e-5
+        attention_matrix(att, median_filter_width=3), median_filter(att.mean(0), 3)
     )
 
 
@@ -171,24 +172,36 @@ def test_head_selection_ignores_unaligned_heads():
     assert times == attention_timestamps(aligned, SPF)
 
 
-def test_per_frame_scale_does_not_change_timestamps():
-    att = torch.rand(2, 6, 30, generator=torch.Generator().manual_seed(1)).softmax(-1)
-    scale = torch.rand(1, 1, 30) + 0.5
-    assert attention_timestamps(att * scale, SPF) == attention_timestamps(att, SPF)
+def test_words_in_silence_with_weak_rows_keep_the_sharp_rows_times():
+    """Speech in frames 30-90 of 120, silence around it; the tokens of frames 40-62 attend
+    weakly (a low peak on their frames and the rest spread over the whole speech), as an RNN
+    decoder's attention does on the later letters of a word. The sharp tokens' spans must be
+    their frames exactly: neither the silence nor the weak rows may drag them."""
+    bounds = [30, 40, 48, 55, 62, 75, 82, 90]
+    att = torch.full((1, len(bounds) - 1, 120), 1e-4)
+    weak = (1, 2, 3)
+    for i, (start, end) in enumerate(itertools.pairwise(bounds)):
+        att[0, i, start:end] += 0.02 if i in weak else 1.0
+        if i in weak:
+            att[0, i, 30:90] += 0.01
+    times = attention_timestamps(att / att.sum(-1, keepdim=True), SPF)
+    sharp = [i for i in range(len(bounds) - 1) if i not in weak]
+    assert [times.start_frames[i] for i in sharp] == [bounds[i] for i in sharp]
+    assert [times.end_frames[i] for i in sharp] == [bounds[i + 1] for i in sharp]
 
 
 @pytest.mark.parametrize(
     "shape", [(1, 1, 1), (2, 1, 9), (3, 8, 40), (4, 30, 12), (1, 25, 25), (8, 17, 200)]
 )
-def test_random_attention_gives_monotone_tiling_times(shape):
+def test_random_attention_gives_monotone_disjoint_times(shape):
     att = torch.rand(shape, generator=torch.Generator().manual_seed(sum(shape))).softmax(-1)
     times = attention_timestamps(att, SPF)
     duration = shape[-1] * SPF
     assert len(times) == shape[1]
     assert np.all(np.diff(times.start) >= 0) and np.all(np.diff(times.end) >= 0)
-    assert times.start[0] == 0.0 and times.end[-1] == pytest.approx(duration)
     assert np.all(times.start >= 0) and np.all(times.end <= duration + 1e-12)
-    np.testing.assert_array_equal(times.start[1:], times.end[:-1])
+    assert np.all(times.start <= times.end)
+    assert np.all(times.start[1:] >= times.end[:-1]), "a token's span ends before the next's"
 
 
 def test_two_dimensional_attention_is_one_map():
@@ -246,6 +259,19 @@ def test_ctc_forced_alignment_finds_the_spikes():
     assert list(times.end_frames) == [end for _, _, end in spans]
     assert times.num_frames == 24
     np.testing.assert_allclose(times.end, [5 * SPF, 9 * SPF, 13 * SPF, 16 * SPF, 20 * SPF])
+
+
+def test_ctc_token_probabilities_are_the_mean_posterior_of_each_tokens_frames():
+    spans = [(4, 3, 5), (6, 8, 9), (5, 13, 16)]
+    log_probs = _spiky_log_probs(spans, num_frames=20)
+    log_probs[4] = torch.tensor([0.2, 0, 0, 0, 0.8, 0, 0, 0]).clamp(min=1e-9).log()
+    probs = ctc_token_probabilities(log_probs, [4, 6, 5])
+    peak = float(log_probs[3, 4].exp())  # the spiky frames' posterior
+    assert probs == pytest.approx([(peak + 0.8) / 2, peak, peak])
+    # The transcript decides, not the argmax: a token CTC never emits scores low.
+    assert ctc_token_probabilities(log_probs, [4, 7, 5])[1] < 0.01
+    with pytest.raises(ValueError, match="CTC alignment impossible"):
+        ctc_token_probabilities(log_probs[:2], [4, 6, 5])
 
 
 def test_ctc_forced_alignment_follows_the_transcript_not_the_argmax():
@@ -310,6 +336,17 @@ def test_leading_trailing_and_repeated_spaces():
     assert [w.text for w in word_timestamps(pieces, _unit_times(6))] == ["A", "B"]
     assert word_timestamps([SPACE], _unit_times(1)) == []
     assert word_timestamps([], _unit_times(0)) == []
+
+
+def test_word_ctc_probability_is_the_product_of_its_tokens():
+    times = TokenTimes((0, 1, 2, 3), (1, 2, 3, 4), 4, 0.5)
+    words = word_timestamps(["A", "B", SPACE, "C"], times, [0.5, 0.5, 1.0, 0.9],
+                            [0.8, 0.5, 1.0, 0.7])  # fmt: skip
+    assert [w.ctc_probability for w in words] == pytest.approx([0.4, 0.7])
+    assert [w.probability for w in words] == pytest.approx([0.25, 0.9])
+    assert word_timestamps(["A"], times[:1], [0.5])[0].ctc_probability is None
+    with pytest.raises(ValueError, match="1 pieces but 2 token probabilities"):
+        word_timestamps(["A"], times[:1], None, [0.5, 0.5])
 
 
 def test_word_timestamps_needs_one_time_per_piece():

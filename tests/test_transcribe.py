@@ -723,6 +723,7 @@ def test_cli_nbest_lists_alternatives_and_confidences_in_json(checkpoint, tmp_pa
     assert segment["score"] >= max(a["score"] for a in segment["alternatives"])
     assert 0 <= segment["no_speech_prob"] <= 1 and segment["avg_logprob"] < 0
     assert all(0 <= w["probability"] <= 1 for w in result["words"])
+    assert all(0 <= w["ctc_probability"] <= 1 for w in result["words"]), "it has a CTC head"
     assert main([*args, "--nbest", "4"]) == 2  # more than the beam keeps
     assert "nbest must be None or in [1, beam_size]" in capsys.readouterr().err
 

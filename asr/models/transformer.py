@@ -651,41 +651,27 @@ class DecoderLayer(nn.Module):
         return self._cross_and_ffn(x, mem_k, mem_v, mem_mask)
 
     def step(
-        self,
-        x: Tensor,
-        past_k: Tensor,
-        past_v: Tensor,
-        mem_k: Tensor,
-        mem_v: Tensor,
+        self, x: Tensor, past_k: Tensor, past_v: Tensor, mem_k: Tensor, mem_v: Tensor,
         mem_mask: Tensor,
-        group: int | None = None,
-    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        """One position: x `(B, 1, D)`, past self-attention keys/values `(B, H, t, d)` ->
-        output `(B, 1, D)`, cross-attention `(B, H, 1, T)`, keys/values `(B, H, t + 1, d)`.
-        With `group` G, the memory holds one entry per G rows (see `_grouped_cross_and_ffn`)."""
-        q, k, v = self.self_attn.project_self(self.self_norm(x))
-        k, v = torch.cat([past_k, k], dim=2), torch.cat([past_v, v], dim=2)  # (B, H, t+1, d)
-        x = x + self.dropout(self.self_attn.attend(q, k, v)[0])
-        if group is None:
-            x, attn = self._cross_and_ffn(x, mem_k, mem_v, mem_mask)
-        else:
-            x, attn = self._grouped_cross_and_ffn(x, mem_k, mem_v, mem_mask, group)
-        return x, attn, k, v
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
+        """One position: x `(N, 1, D)`, past self-attention keys/values `(N, H, t, d)` ->
+        output `(N, 1, D)`, cross-attention `(N, H, 1, T)`, keys/values `(N, H, t + 1, d)`.
 
-    def _grouped_cross_and_ffn(
-        self, x: Tensor, mem_k: Tensor, mem_v: Tensor, mem_mask: Tensor, group: int
-    ) -> tuple[Tensor, Tensor]:
-        """Cross-attention of N rows against the memory of U utterances, stored once each:
-        row r belongs to utterance r // `group` (the beam-search layout), so the `group` rows
-        of an utterance attend as that many queries, with no copy of the memory."""
-        n, _, dim = x.shape
+        The memory (`(U, H, T, d)`, mask `(U, 1, 1, T)`) holds one entry per utterance, and
+        the N = U * G rows are each utterance's G rows in turn (the beam-search layout): the
+        G rows of an utterance attend as that many queries, with no copy of the memory. G
+        comes from the shapes, so a traced (ONNX) step serves any beam size."""
+        q, k, v = self.self_attn.project_self(self.self_norm(x))
+        k, v = torch.cat([past_k, k], dim=2), torch.cat([past_v, v], dim=2)  # (N, H, t+1, d)
+        x = x + self.dropout(self.self_attn.attend(q, k, v)[0])
+        rows, _, dim = x.shape
         q = self.cross_attn.project_query(self.cross_norm(x))  # (N, H, 1, d)
         heads, d = q.size(1), q.size(3)
-        q = q.reshape(n // group, group, heads, d).transpose(1, 2)  # (U, H, G, d)
+        q = q.reshape(mem_k.size(0), -1, heads, d).transpose(1, 2)  # (U, H, G, d)
         out, attn = self.cross_attn.attend(q, mem_k, mem_v, mem_mask, need_weights=True)
-        x = x + self.dropout(out.reshape(n, 1, dim))
-        attn = attn.transpose(1, 2).reshape(n, heads, 1, -1)  # (N, H, 1, T)
-        return x + self.dropout(self.ffn(self.ffn_norm(x))), attn
+        x = x + self.dropout(out.reshape(rows, 1, dim))  # (U, G, D) -> (N, 1, D)
+        attn = attn.transpose(1, 2).reshape(rows, heads, 1, -1)  # (N, H, 1, T)
+        return x + self.dropout(self.ffn(self.ffn_norm(x))), attn, k, v
 
     def _cross_and_ffn(
         self, x: Tensor, mem_k: Tensor, mem_v: Tensor, mem_mask: Tensor
@@ -811,8 +797,7 @@ class TransformerDecoder(nn.Module):
         """
         t = state["self_keys"][0].size(2)
         x = self.positions(self.embedding(tokens[:, None]), offset=t)  # (B, 1, D)
-        group = _row_groups(state["memory_rows"], state["memory_mask"].size(0))
-        if group is None:
+        if _row_groups(state["memory_rows"], state["memory_mask"].size(0)) is None:
             raise ValueError(
                 "TransformerDecoder.step: build the state with init_state/reorder_state"
             )
@@ -825,7 +810,6 @@ class TransformerDecoder(nn.Module):
                 state["memory_keys"][i],
                 state["memory_values"][i],
                 state["memory_mask"],
-                None if group == 1 else group,
             )
             self_keys.append(k)
             self_values.append(v)
