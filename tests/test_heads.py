@@ -7,6 +7,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+import torch
 from test_evaluate import _manifest
 from test_transcribe import UTTERANCES, WAV, _overfit_recognizer
 
@@ -45,6 +46,25 @@ def test_the_chosen_maps_time_words_no_farther_from_ctc_than_all_maps(overfit, t
     expected = attention_timestamps(decoded.hypothesis.attention, chosen.frame_seconds,
                                     choice.chosen)[: len(decoded.hypothesis.tokens)]  # fmt: skip
     assert chosen.token_times(decoded) == expected
+
+
+def test_a_map_that_does_not_follow_the_audio_is_left_out_and_boundaries_improve(overfit, tmp_path):
+    """The trained tiny model's maps all follow the audio; map 0 replaced by one that runs
+    backwards (token i attends to the frame as far from the end as it should be from the
+    start) does not. Choosing must leave it out, and beat averaging all maps."""
+    recognizer, _ = overfit
+    alignments = reference_alignments(recognizer, _manifest(tmp_path / "m.jsonl", UTTERANCES),
+                                      progress=False)  # fmt: skip
+    flipped = []
+    for a in alignments:
+        attention = a.attention.clone()
+        rows, frames = attention.shape[1:]
+        backwards = torch.linspace(frames - 1, 0, rows).round().long()
+        attention[0] = torch.nn.functional.one_hot(backwards, frames).float()
+        flipped.append(replace(a, attention=attention))
+    choice = choose_heads(recognizer, flipped)
+    assert 0 not in choice.chosen
+    assert choice.chosen_errors.mean() < choice.all_heads.mean()
 
 
 def test_cli_stores_the_choice_that_load_model_reads(tiny_checkpoint, tmp_path, capsys):
