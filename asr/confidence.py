@@ -68,18 +68,20 @@ class PlattScaling:
         cls,
         probabilities: Sequence[float],
         correct: Sequence[bool],
-        ctc_probabilities: Sequence[float] | None = None,
+        ctc_probabilities: Sequence[float | None] | None = None,
     ) -> PlattScaling:
         """The scaling that maximises the likelihood of `correct` given the probabilities
-        (and the CTC probabilities, where given). A weight that comes out negative (the
-        feature adds nothing in the direction that keeps the map increasing) is dropped and
-        the rest fitted again.
+        (and the CTC probabilities, where given; a missing one counts at the floor, as in
+        `__call__`). A weight that comes out negative (the feature adds nothing in the
+        direction that keeps the map increasing) is dropped and the rest fitted again.
 
         Raises:
             ValueError: mismatched lengths.
             UnfittableWords: not both right and wrong words (nothing to tell apart).
         """
-        features = [probabilities] + ([] if ctc_probabilities is None else [ctc_probabilities])
+        features = [list(probabilities)]
+        if ctc_probabilities is not None:
+            features.append([LOG_FLOOR if p is None else p for p in ctc_probabilities])
         if any(len(f) != len(correct) for f in features):
             lengths = " and ".join(str(len(f)) for f in features)
             raise ValueError(f"{lengths} probabilities but {len(correct)} labels")

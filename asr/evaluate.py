@@ -25,7 +25,6 @@ the search, not reading audio.
 from __future__ import annotations
 
 import json
-import math
 import os
 import time
 from collections import Counter
@@ -40,7 +39,7 @@ from torch import Tensor
 from tqdm import tqdm
 
 from asr.audio import AudioError, load_audio
-from asr.confidence import LOG_FLOOR, PlattScaling, UnfittableWords
+from asr.confidence import PlattScaling, UnfittableWords
 from asr.data.manifest import (
     BadEntry,
     Utterance,
@@ -59,7 +58,7 @@ from asr.metrics import (
 from asr.recognizer import Recognizer
 from asr.results import Decoded
 from asr.search import LanguageModel, SearchOptions
-from asr.timing import boundary_error_ms, word_tokens
+from asr.timing import boundary_error_ms, word_products, word_tokens
 from asr.transcribe import search_or_errors
 
 TOP_ERRORS = 30  # entries per list of frequent errors in errors.txt
@@ -324,14 +323,11 @@ def _word_probs(
     words = word_tokens(recognizer.tokenizer.pieces(decoded.hypothesis.tokens))
     if len(words) != len(hyp.split()):
         return None, None
-    token_probs = decoded.token_probs
-    probs = [math.prod(token_probs[t] for t in tokens) for tokens in words]
+    probs = word_products(words, decoded.token_probs)
     if decoded.ctc_log_probs is None:
         return probs, None
     ctc = decoded.token_ctc_probs
-    if ctc is None:
-        return probs, [None] * len(words)
-    return probs, [math.prod(ctc[t] for t in tokens) for tokens in words]
+    return probs, [None] * len(words) if ctc is None else word_products(words, ctc)
 
 
 def _confidence_report(
@@ -368,17 +364,12 @@ class LabelledWords:
 
     @classmethod
     def of(cls, results: Sequence[ScoredUtterance]) -> LabelledWords:
-        probs: list[float] = []
-        ctc: list[float | None] | None = []
-        correct: list[bool] = []
-        left_out = 0
-        for r in results:
-            if r.word_probs is None:
-                left_out += bool(r.hyp.split())
-                continue
-            probs += r.word_probs
-            correct += r.alignment.hypothesis_correct
-            ctc = None if ctc is None or r.word_ctc_probs is None else ctc + r.word_ctc_probs
+        scored = [r for r in results if r.word_probs is not None]
+        left_out = sum(bool(r.hyp.split()) for r in results if r.word_probs is None)
+        probs = [p for r in scored for p in r.word_probs]
+        correct = [c for r in scored for c in r.alignment.hypothesis_correct]
+        with_ctc = all(r.word_ctc_probs is not None for r in scored)
+        ctc = [c for r in scored for c in r.word_ctc_probs] if with_ctc else None
         return cls(probs, ctc, correct, left_out)
 
     def confidences(self, scaling: PlattScaling | None) -> list[float]:
@@ -389,11 +380,8 @@ class LabelledWords:
         return [scaling(p, c) for p, c in zip(self.probs, ctc, strict=True)]
 
     def fit(self) -> PlattScaling:
-        """`PlattScaling.fit` to these words, with their CTC probabilities where there are
-        (one CTC could not align counts at the floor, as `PlattScaling` reads it)."""
-        ctc = self.ctc_probs
-        floored = None if ctc is None else [LOG_FLOOR if c is None else c for c in ctc]
-        return PlattScaling.fit(self.probs, self.correct, floored)
+        """`PlattScaling.fit` to these words, with their CTC probabilities where there are."""
+        return PlattScaling.fit(self.probs, self.correct, self.ctc_probs)
 
 
 @dataclass(frozen=True)

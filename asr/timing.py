@@ -431,9 +431,14 @@ def word_timestamps(
     for probs in (token_probs, token_ctc_probs):
         if probs is not None and len(probs) != len(pieces):
             raise ValueError(f"{len(pieces)} pieces but {len(probs)} token probabilities")
+    words = word_tokens(pieces)
+    probs, ctc_probs = (
+        [None] * len(words) if p is None else word_products(words, p)
+        for p in (token_probs, token_ctc_probs)
+    )
     return [
-        _word(pieces, token_times, token_probs, token_ctc_probs, tokens)
-        for tokens in word_tokens(pieces)
+        _word(pieces, token_times, tokens, prob, ctc_prob)
+        for tokens, prob, ctc_prob in zip(words, probs, ctc_probs, strict=True)
     ]
 
 
@@ -450,19 +455,26 @@ def word_tokens(pieces: Sequence[str]) -> list[list[int]]:
     return list(groups.values())
 
 
+def word_products(words: Sequence[Sequence[int]], token_values: Sequence[float]) -> list[float]:
+    """Per word (its token indices, as `word_tokens` gives them), the product of its tokens'
+    values: how a word's probability follows from its tokens'.
+
+    >>> word_products([[0, 1], [3]], [0.5, 0.5, 1.0, 0.9])
+    [0.25, 0.9]
+    """
+    return [math.prod(float(token_values[t]) for t in tokens) for tokens in words]
+
+
 def _word(
     pieces: Sequence[str],
     times: TokenTimes,
-    probs: Sequence[float] | None,
-    ctc_probs: Sequence[float] | None,
-    tokens: list[int],
+    tokens: Sequence[int],
+    probability: float | None,
+    ctc_probability: float | None,
 ) -> Word:
     """The word of `tokens` (indices of consecutive pieces of one word)."""
     text = "".join(pieces[t].lstrip(SPACE_PIECE) for t in tokens)
     start, end = float(times.start[tokens[0]]), float(times.end[tokens[-1]])
-    probability, ctc_probability = (
-        None if p is None else math.prod(float(p[t]) for t in tokens) for p in (probs, ctc_probs)
-    )
     return Word(text, start, end, probability, probability, ctc_probability)
 
 

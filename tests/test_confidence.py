@@ -95,6 +95,10 @@ def test_a_missing_ctc_probability_counts_at_the_floor():
     scaling = PlattScaling(scale=0.5, bias=3.0, ctc_scale=0.2)
     assert scaling(0.5, None) == scaling(0.5, 0.0) < scaling(0.5, 1e-3)
     assert PlattScaling(scale=0.5, bias=3.0)(0.5, None) == PlattScaling(0.5, 3.0)(0.5)
+    probs, ctc, correct = _two_opinions(500, seed=3)
+    missing = [None if i % 7 == 0 else c for i, c in enumerate(ctc)]
+    floored = [1e-12 if c is None else c for c in missing]
+    assert PlattScaling.fit(probs, correct, missing) == PlattScaling.fit(probs, correct, floored)
 
 
 def test_a_stored_scaling_round_trips_and_old_ones_load():
