@@ -146,14 +146,36 @@ def _export_decoder(decoder: nn.Module, enc: Tensor, enc_lens: Tensor, folder: P
 
 def _quantized(path: Path) -> str:
     """A dynamically quantised copy of the graph at `path` (int8 weights), beside it."""
+    import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     out = path.with_suffix(".int8.onnx")
     with tempfile.TemporaryDirectory() as tmp:  # the quantiser writes a pre-processed copy
         staged = Path(tmp) / path.name
-        staged.write_bytes(path.read_bytes())
+        onnx.save(_untied(onnx.load(str(path))), str(staged))
         quantize_dynamic(str(staged), str(out), weight_type=QuantType.QInt8)
     return out.name
+
+
+def _untied(model: Any) -> Any:
+    """`model` with one copy of each initializer per node that reads it. Tied weights (the
+    decoder's embedding and output layer) are one initializer; some onnxruntime quantisers
+    (1.30) transpose it for the output layer's matmul and leave the embedding reading that."""
+    graph = model.graph
+    initializers = {init.name: init for init in graph.initializer}
+    seen: set[str] = set()
+    for node in graph.node:
+        for i, name in enumerate(node.input):
+            if name not in initializers:
+                continue
+            if name in seen:
+                copy = type(initializers[name])()
+                copy.CopyFrom(initializers[name])
+                copy.name = f"{name}__{node.name or len(graph.initializer)}_{i}"
+                graph.initializer.append(copy)
+                node.input[i] = copy.name
+            seen.add(name)
+    return model
 
 
 # --------------------------------------------------------------------------- runtime

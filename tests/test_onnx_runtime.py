@@ -14,7 +14,7 @@ from test_transcribe import GREEDY, JOINT, WAV, _overfit_recognizer
 from asr.checkpoint import instantiate
 from asr.cli import main
 from asr.models.seq2seq import build_seq2seq
-from asr.onnx_runtime import export_onnx, onnx_model
+from asr.onnx_runtime import _untied, export_onnx, onnx_model
 from asr.recognizer import Recognizer, load_model
 from asr.search import SearchOptions
 from asr.text import CharTokenizer
@@ -107,3 +107,26 @@ def test_cli_exports_and_decodes_with_onnx_backends(overfit, tiny_checkpoint, tm
         load_model(tmp_path / "pkg", backend="onnx")
     with pytest.raises(ValueError, match="backend must be one of"):
         load_model(tmp_path / "pkg", backend="tensorrt")
+
+
+def test_tied_weights_are_copied_per_reader_before_quantising(tmp_path):
+    """The decoder's tied embedding/output weight is one initializer read by a Gather and a
+    Gemm; the quantiser gets one copy per reader, so the int8 embedding keeps its shape."""
+    import onnx
+    import onnxruntime as ort
+
+    torch.manual_seed(0)
+    model = instantiate(build_seq2seq, TINY_MODEL_CONFIG | {"vocab_size": 11})
+    export_onnx(model, tmp_path, 16000)
+    graph = onnx.load(str(tmp_path / "onnx/decoder_step.onnx")).graph
+    readers = [n.op_type for n in graph.node if "decoder.embedding.weight" in n.input]
+    assert sorted(readers) == ["Gather", "Gemm"], "the exported graph ties the weight"
+    untied = _untied(onnx.load(str(tmp_path / "onnx/decoder_step.onnx"))).graph
+    names = {i.name for i in untied.initializer}
+    read = [name for node in untied.node for name in node.input if name in names]
+    assert len(read) == len(set(read)), "an initializer still has two readers"
+    int8 = onnx.load(str(tmp_path / "onnx/decoder_step.int8.onnx")).graph
+    shapes = {i.name: list(i.dims) for i in int8.initializer}
+    (gather,) = [n for n in int8.node if n.op_type == "Gather" and "embedding" in n.input[0]]
+    assert shapes[gather.input[0]] == [11, 16], "the embedding reads a (vocab, d_model) table"
+    ort.InferenceSession(str(tmp_path / "onnx/decoder_step.int8.onnx"))  # loads
