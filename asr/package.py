@@ -25,6 +25,7 @@ import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -225,11 +226,16 @@ def resolve_package(path: str | os.PathLike) -> Path:
     from huggingface_hub import snapshot_download
 
     repo_id, revision = match.groups()
+    pickles = _pickle_patterns()
+    fetch = partial(snapshot_download, repo_id, revision=revision, ignore_patterns=pickles)
     try:  # pickled weights are never fetched
-        folder = snapshot_download(repo_id, revision=revision, ignore_patterns=_pickle_patterns())
+        return Path(fetch())
     except OSError as err:  # not cached while offline, no such repository, no network...
-        raise CheckpointError(f"{text}: cannot fetch the model package ({err})") from None
-    return Path(folder)
+        error = err
+    try:  # some huggingface_hub 1.x releases list a pinned commit's files even when offline
+        return Path(fetch(local_files_only=True))
+    except OSError:
+        raise CheckpointError(f"{text}: cannot fetch the model package ({error})") from None
 
 
 def read_safetensors(path: Path) -> dict[str, torch.Tensor]:

@@ -352,6 +352,26 @@ def test_hf_addresses_resolve_offline_from_the_cache(offline_hub, overfit_checkp
     assert recognizer.transcribe(wav) == from_ckpt.transcribe(wav)
 
 
+def test_a_cached_hf_model_loads_where_the_hub_tries_the_network_first(offline_hub, monkeypatch):
+    """Some huggingface_hub releases list a pinned commit's files even offline and fail: the
+    cached snapshot is then used (local_files_only)."""
+    import huggingface_hub
+
+    _, commit = offline_hub
+    download = huggingface_hub.snapshot_download
+    asked = []
+
+    def network_first(*args, local_files_only=False, **kwargs):
+        asked.append(local_files_only)
+        if not local_files_only:
+            raise huggingface_hub.errors.OfflineModeIsEnabled("offline mode is enabled")
+        return download(*args, local_files_only=True, **kwargs)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", network_first)
+    asr.load_model(f"hf://me/tiny-an4@{commit}")
+    assert asked == [False, True]
+
+
 def test_an_uncached_hf_model_offline_is_named(offline_hub):
     with pytest.raises(CheckpointError, match="hf://me/elsewhere: cannot fetch the model package"):
         asr.load_model("hf://me/elsewhere")
