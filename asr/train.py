@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import time
 import warnings
@@ -20,6 +21,7 @@ from jsonargparse import Namespace
 from lightning.fabric.plugins import CheckpointIO
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from asr.checkpoint import atomic_save, load_checkpoint
 
@@ -266,12 +268,22 @@ def run_lightning_cli(argv: Sequence[str]) -> ASRCLI:
     torch.set_float32_matmul_precision("high")
     # ASRDataModule checkpoints the sampler position itself (Lightning cannot see it).
     warnings.filterwarnings("ignore", "You're resuming from a checkpoint that ended before")
-    return ASRCLI(
-        L.LightningModule,
-        L.LightningDataModule,
-        subclass_mode_model=True,
-        subclass_mode_data=True,
-        args=None if list(argv) == sys.argv[1:] else list(argv),
-        save_config_kwargs={"overwrite": True},
-        trainer_defaults={"plugins": [{"class_path": "asr.train.AtomicCheckpointIO"}]},
-    )
+    try:
+        return ASRCLI(
+            L.LightningModule,
+            L.LightningDataModule,
+            subclass_mode_model=True,
+            subclass_mode_data=True,
+            args=None if list(argv) == sys.argv[1:] else list(argv),
+            save_config_kwargs={"overwrite": True},
+            trainer_defaults={"plugins": [{"class_path": "asr.train.AtomicCheckpointIO"}]},
+        )
+    except SIGTERMException:
+        # Lightning leaves on SIGTERM with exit status 0, as if training had ended: a recipe
+        # or a scheduler would go on to average and decode an unfinished model.
+        print(
+            "asr: training stopped by SIGTERM; the same command with --ckpt_path last resumes "
+            "it from the last checkpoint",
+            file=sys.stderr,
+        )
+        raise SystemExit(128 + signal.SIGTERM) from None

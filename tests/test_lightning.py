@@ -7,6 +7,7 @@ import dataclasses
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import textwrap
@@ -298,10 +299,12 @@ from asr.train import run_lightning_cli
 kill_at = int(os.environ["KILL_AT_STEP"])
 save = L.Trainer.save_checkpoint
 
-def save_then_die(self, *args, **kwargs):  # SIGKILL right after the step checkpoint is written
+kill_with = getattr(signal, os.environ.get("KILL_SIGNAL", "SIGKILL"))
+
+def save_then_die(self, *args, **kwargs):  # the signal right after the step checkpoint is written
     save(self, *args, **kwargs)
     if self.global_step >= kill_at:
-        os.kill(os.getpid(), signal.SIGKILL)
+        os.kill(os.getpid(), kill_with)
 
 L.Trainer.save_checkpoint = save_then_die
 run_lightning_cli(sys.argv[1:])
@@ -356,6 +359,22 @@ def test_sigkill_mid_epoch_then_resume_equals_uninterrupted_run(tiny_an4, tmp_pa
     assert resumed["global_step"] == full["global_step"]
     for name, value in full["state_dict"].items():
         assert torch.equal(resumed["state_dict"][name], value), f"{name} differs after resume"
+
+
+def test_sigterm_stops_fit_with_a_failing_status_that_says_how_to_resume(tiny_an4, tmp_path):
+    """Lightning leaves on SIGTERM with status 0; `asr fit` must fail, or a recipe would go
+    on to average and decode an unfinished model."""
+    script = tmp_path / "kill.py"
+    script.write_text(textwrap.dedent(KILL_SCRIPT))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), "KILL_AT_STEP": "2",
+           "KILL_SIGNAL": "SIGTERM"}  # fmt: skip
+    args = _fit_args(tiny_an4, tmp_path) + ["--step_checkpoint.every_n_steps", "1"]
+    proc = subprocess.run([sys.executable, str(script), *args], env=env, capture_output=True,
+                          text=True, timeout=300)  # fmt: skip
+    assert proc.returncode == 128 + signal.SIGTERM, proc.stderr[-3000:]
+    assert "stopped by SIGTERM" in proc.stderr and "--ckpt_path last" in proc.stderr
+    last = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)
+    assert last["global_step"] == 2, "stopped at the step the signal came"
 
 
 class _PoisonedLoss(L.Callback):
