@@ -797,7 +797,7 @@ class TransformerDecoder(nn.Module):
         """
         t = state["self_keys"][0].size(2)
         x = self.positions(self.embedding(tokens[:, None]), offset=t)  # (B, 1, D)
-        if _row_groups(state["memory_rows"], state["memory_mask"].size(0)) is None:
+        if not _rows_grouped(state["memory_rows"], state["memory_mask"].size(0)):
             raise ValueError(
                 "TransformerDecoder.step: build the state with init_state/reorder_state"
             )
@@ -828,19 +828,18 @@ class TransformerDecoder(nn.Module):
         rows = {key: state[key] for key in ("memory_rows", "self_keys", "self_values")}
         shared = {key: value for key, value in state.items() if key not in rows}
         reordered = {**shared, **reorder_batch(rows, index)}
-        if _row_groups(reordered["memory_rows"], state["memory_mask"].size(0)) is None:
+        if not _rows_grouped(reordered["memory_rows"], state["memory_mask"].size(0)):
             return _memory_regrouped(reordered)
         return reordered
 
 
-def _row_groups(rows: Tensor, utterances: int) -> int | None:
-    """G when search row r reads the memory of utterance r // G (1: row i is utterance i),
-    None for any other row-to-utterance map."""
+def _rows_grouped(rows: Tensor, utterances: int) -> bool:
+    """Whether search row r reads the memory of utterance r // G for one G, each utterance's
+    G rows in turn (G = 1: row i is utterance i), the layout `DecoderLayer.step` reads."""
     n = rows.numel()
     if n % utterances:
-        return None
-    group = n // utterances
-    return group if torch.equal(rows, _grouped_rows(utterances, group, rows.device)) else None
+        return False
+    return torch.equal(rows, _grouped_rows(utterances, n // utterances, rows.device))
 
 
 def _grouped_rows(utterances: int, group: int, device: torch.device) -> Tensor:
