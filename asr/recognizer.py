@@ -520,7 +520,7 @@ class Recognizer:
             if decoded.ctc_log_probs is None:
                 raise ValueError(f"{self.checkpoint}: timestamps='ctc' needs a CTC head")
             try:
-                return ctc_forced_alignment(decoded.ctc_log_probs, hyp.tokens, self.frame_seconds)
+                return decoded.ctc_path().times(self.frame_seconds)
             except ValueError as err:
                 if not fallback:
                     raise

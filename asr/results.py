@@ -11,7 +11,7 @@ from torch import Tensor
 
 from asr.audio import AudioError
 from asr.search import Hypothesis
-from asr.timing import Word, ctc_token_probabilities
+from asr.timing import CtcPath, Word, ctc_path
 
 
 @dataclass(frozen=True)
@@ -175,16 +175,32 @@ class Decoded:
         return [] if lp is None else lp[:-1].exp().tolist()
 
     @cached_property
-    def token_ctc_probs(self) -> list[float] | None:
-        """The tokens' CTC posteriors on the CTC path of the hypothesis
-        (`asr.timing.ctc_token_probabilities`); None without a CTC head or where CTC cannot
-        align the hypothesis (more tokens than its frames hold)."""
+    def _ctc_path_or_reason(self) -> tuple[CtcPath | None, str]:
         if self.ctc_log_probs is None:
-            return None
+            return None, "the model has no CTC head"
         try:
-            return ctc_token_probabilities(self.ctc_log_probs, self.hypothesis.tokens)
-        except ValueError:
-            return None
+            return ctc_path(self.ctc_log_probs, self.hypothesis.tokens), ""
+        except ValueError as err:  # more tokens than the frames hold
+            return None, str(err)
+
+    def ctc_path(self) -> CtcPath:
+        """The hypothesis' Viterbi CTC path (`asr.timing.ctc_path`), aligned once and kept
+        for both CTC times and `token_ctc_probs`.
+
+        Raises:
+            ValueError: without a CTC head, or where CTC cannot align the hypothesis.
+        """
+        path, reason = self._ctc_path_or_reason
+        if path is None:
+            raise ValueError(reason)
+        return path
+
+    @property
+    def token_ctc_probs(self) -> list[float] | None:
+        """The tokens' CTC posteriors on the CTC path of the hypothesis (`ctc_path`); None
+        without a CTC head or where CTC cannot align the hypothesis."""
+        path, _ = self._ctc_path_or_reason
+        return None if path is None else list(path.probs)
 
 
 @dataclass

@@ -8,7 +8,8 @@ Times come from encoder frames: frame `j` covers `[j, j + 1) * seconds_per_frame
   that gives each token a run of frames, the runs covering the utterance; a token's span is
   the part of its run where its attention is at least half its peak there, so the pause
   before a word, which the tiling hands to it, is not counted as the word.
-- `ctc_forced_alignment`: CTC posteriors -> Viterbi path (torchaudio). Its spans hold only
+- `ctc_forced_alignment`: CTC posteriors -> Viterbi path (`ctc_path`, torchaudio), whose
+  token probabilities also serve as a confidence. Its spans hold only
   the frames that emit the token; blank frames between tokens belong to none.
 
 A decoded `Hypothesis` has one
@@ -307,58 +308,76 @@ def check_seconds_per_frame(seconds_per_frame: float) -> None:
 # --------------------------------------------------------------------------- CTC
 
 
-def ctc_forced_alignment(
-    ctc_log_probs: Tensor, token_ids: Sequence[int], seconds_per_frame: float, blank: int = 0
-) -> TokenTimes:
-    """Token times from the Viterbi CTC path of a known transcript
-    (`torchaudio.functional.forced_align`, then `merge_tokens`).
+@dataclass(frozen=True)
+class CtcPath:
+    """The Viterbi CTC path of a known transcript: the frames that emit each token (blanks
+    excluded) and their mean posterior. One forced alignment serves both times and
+    confidences."""
+
+    start_frames: tuple[int, ...]
+    end_frames: tuple[int, ...]
+    probs: tuple[float, ...]  # each token's mean posterior over its emitting frames
+    num_frames: int
+
+    def times(self, seconds_per_frame: float) -> TokenTimes:
+        """The tokens' `TokenTimes` on a grid of `seconds_per_frame`."""
+        check_seconds_per_frame(seconds_per_frame)
+        return TokenTimes(self.start_frames, self.end_frames, self.num_frames, seconds_per_frame)
+
+
+def ctc_path(ctc_log_probs: Tensor, token_ids: Sequence[int], blank: int = 0) -> CtcPath:
+    """The Viterbi CTC path of `token_ids` (`torchaudio.functional.forced_align`, then
+    `merge_tokens`).
 
     Args:
         ctc_log_probs: `(T, V)` log-probabilities of one utterance, cut to its valid frames.
         token_ids: the transcript's ids (no blank, sos or eos).
-        seconds_per_frame: seconds per encoder frame.
         blank: the blank id.
 
-    Returns:
-        `TokenTimes`: each token's span of emitting frames (blanks excluded).
+    Raises:
+        ValueError: a shape or id the alignment cannot take, or more tokens (and repeats)
+            than frames.
     """
-    check_seconds_per_frame(seconds_per_frame)
-    spans, num_frames = _ctc_spans(ctc_log_probs, token_ids, blank)
-    return TokenTimes(
-        tuple(s.start for s in spans), tuple(s.end for s in spans), num_frames, seconds_per_frame
-    )
-
-
-def ctc_token_probabilities(
-    ctc_log_probs: Tensor, token_ids: Sequence[int], blank: int = 0
-) -> list[float]:
-    """Each token's CTC posterior: the mean probability of the frames that emit it on the
-    Viterbi CTC path of `token_ids` (as `ctc_forced_alignment` finds it). A word's product
-    of these tells right words from wrong ones about as well as the decoder's probability,
-    and partly independently of it (`asr.confidence`).
-
-    >>> logp = torch.tensor([[0.1, 0.9], [0.6, 0.4], [0.2, 0.8]]).log()  # blank 0, token 1
-    >>> [round(p, 2) for p in ctc_token_probabilities(logp, [1, 1])]
-    [0.9, 0.8]
-    """
-    spans, _ = _ctc_spans(ctc_log_probs, token_ids, blank)
-    return [float(s.score) for s in spans]
-
-
-def _ctc_spans(
-    ctc_log_probs: Tensor, token_ids: Sequence[int], blank: int
-) -> tuple[list[AF.TokenSpan], int]:
-    """The Viterbi path's token spans (frames, mean posterior) and the number of frames."""
     if ctc_log_probs.dim() != 2 or ctc_log_probs.size(0) == 0:
         raise ValueError(f"ctc_log_probs: expected (T, V), got {tuple(ctc_log_probs.shape)}")
     num_frames, vocab = ctc_log_probs.shape
     ids = [int(i) for i in token_ids]
     _check_ctc_targets(ids, num_frames, vocab, blank)
     if not ids:
-        return [], num_frames
+        return CtcPath((), (), (), num_frames)
     log_probs = ctc_log_probs.detach().float().cpu()[None]  # (1, T, V)
     path, scores = AF.forced_align(log_probs, torch.tensor([ids]), blank=blank)  # (1, T) each
-    return AF.merge_tokens(path[0], scores[0].exp(), blank=blank), num_frames
+    spans = AF.merge_tokens(path[0], scores[0].exp(), blank=blank)
+    return CtcPath(
+        tuple(s.start for s in spans),
+        tuple(s.end for s in spans),
+        tuple(float(s.score) for s in spans),
+        num_frames,
+    )
+
+
+def ctc_forced_alignment(
+    ctc_log_probs: Tensor, token_ids: Sequence[int], seconds_per_frame: float, blank: int = 0
+) -> TokenTimes:
+    """Token times from the Viterbi CTC path of a known transcript (`ctc_path`): each
+    token's span of emitting frames (blanks excluded), on a grid of `seconds_per_frame`."""
+    check_seconds_per_frame(seconds_per_frame)
+    return ctc_path(ctc_log_probs, token_ids, blank).times(seconds_per_frame)
+
+
+def ctc_token_probabilities(
+    ctc_log_probs: Tensor, token_ids: Sequence[int], blank: int = 0
+) -> list[float]:
+    """Each token's CTC posterior: the mean probability of the frames that emit it on the
+    Viterbi CTC path of `token_ids` (`ctc_path`). A word's product of these tells right
+    words from wrong ones about as well as the decoder's probability, and partly
+    independently of it (`asr.confidence`).
+
+    >>> logp = torch.tensor([[0.1, 0.9], [0.6, 0.4], [0.2, 0.8]]).log()  # blank 0, token 1
+    >>> [round(p, 2) for p in ctc_token_probabilities(logp, [1, 1])]
+    [0.9, 0.8]
+    """
+    return list(ctc_path(ctc_log_probs, token_ids, blank).probs)
 
 
 def _check_ctc_targets(ids: list[int], num_frames: int, vocab: int, blank: int) -> None:

@@ -14,6 +14,7 @@ from conftest import TINY_MODEL_CONFIG
 from test_transcribe import GREEDY, WAV, _overfit_recognizer
 
 import asr.recognizer
+import asr.timing
 from asr.audio import AudioError
 from asr.checkpoint import CheckpointError, instantiate, load_checkpoint
 from asr.cli import main
@@ -134,6 +135,21 @@ def test_word_timestamps_choose_how_words_are_timed(overfit):
     decoded = recognizer.search([waves[0]], GREEDY)[0]
     assert ctc.words == recognizer.words(decoded, "ctc")
     assert attention.words == recognizer.words(decoded, "attention") != ctc.words
+
+
+def test_ctc_times_and_ctc_confidences_share_one_forced_alignment(overfit, monkeypatch):
+    recognizer, waves = overfit
+    calls = []
+    forced_align = asr.timing.AF.forced_align
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return forced_align(*args, **kwargs)
+
+    monkeypatch.setattr(asr.timing.AF, "forced_align", counted)
+    transcript = recognizer.transcribe(waves[0], options=GREEDY, word_timestamps="ctc")
+    assert len(calls) == 1
+    assert all(w.ctc_probability is not None for w in transcript.words)
 
 
 def test_a_bad_input_of_a_batch_fails_alone_and_named(overfit, tmp_path):
