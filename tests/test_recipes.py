@@ -329,6 +329,10 @@ def test_an4_stage_failing_halfway_reruns_cleanly(mini_an4_tar, tmp_path):
     failed = run_recipe("an4", *args, "--stop-stage", "3", bin_dir=fake, check=False)
     assert failed.returncode == 3
     assert "stage 2 (tokenizer) failed (exit 3)" in failed.stderr
+    (fake / "asr").write_text((fake / "asr").read_text().replace("exit 3", "exit 143"))
+    stopped = run_recipe("an4", *args, "--stop-stage", "3", bin_dir=fake, check=False)
+    assert stopped.returncode == 143 and "stage 2 (tokenizer) stopped by SIGTERM" in stopped.stderr
+    assert "failed" not in stopped.stderr
     assert markers(data) == [1] and not (data / "cmvn.json").exists()
 
     rerun = run_recipe("an4", *args, "--stop-stage", "3")

@@ -134,7 +134,10 @@ run_stage() {
 # On failure, say which stage failed and that a re-run carries on from it.
 on_exit() {
   local status=$?
-  if [ "$status" -ne 0 ] && [ -n "$current_stage" ]; then
+  if [ "$status" -eq 143 ] && [ -n "$current_stage" ]; then
+    echo "== stage $current_stage stopped by SIGTERM (exit 143); re-run to carry on:" \
+      "finished stages are skipped, training resumes from its last.ckpt" >&2
+  elif [ "$status" -ne 0 ] && [ -n "$current_stage" ]; then
     echo "== stage $current_stage failed (exit $status); fix the cause and re-run:" \
       "finished stages are skipped, this one starts again" >&2
   fi
