@@ -8,9 +8,9 @@ Times come from encoder frames: frame `j` covers `[j, j + 1) * seconds_per_frame
   that gives each token a run of frames, the runs covering the utterance; a token's span is
   the part of its run where its attention is at least half its peak there, so the pause
   before a word, which the tiling hands to it, is not counted as the word.
-- `ctc_forced_alignment`: CTC posteriors -> Viterbi path (`ctc_path`, torchaudio), whose
-  token probabilities also serve as a confidence. Its spans hold only
-  the frames that emit the token; blank frames between tokens belong to none.
+- `ctc_forced_alignment`: CTC posteriors -> Viterbi path (`ctc_path`, torchaudio). Its spans
+  hold only the frames that emit the token; blank frames between tokens belong to none. The
+  same path gives each token's mean posterior, a confidence (`ctc_token_probabilities`).
 
 A decoded `Hypothesis` has one
 attention row per token plus the eos step; keep the eos row in the DTW (it bounds the last
