@@ -361,7 +361,6 @@ def ctc_forced_alignment(
 ) -> TokenTimes:
     """Token times from the Viterbi CTC path of a known transcript (`ctc_path`): each
     token's span of emitting frames (blanks excluded), on a grid of `seconds_per_frame`."""
-    check_seconds_per_frame(seconds_per_frame)
     return ctc_path(ctc_log_probs, token_ids, blank).times(seconds_per_frame)
 
 
