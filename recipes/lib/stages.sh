@@ -131,13 +131,14 @@ run_stage() {
   echo "== stage $n ($name): done in $((SECONDS - started)) s"
 }
 
-# On failure, say which stage failed and that a re-run carries on from it.
+# On failure or SIGTERM, say which stage ended and that a re-run carries on from it.
 on_exit() {
   local status=$?
-  if [ "$status" -eq 143 ] && [ -n "$current_stage" ]; then
+  { [ "$status" -ne 0 ] && [ -n "$current_stage" ]; } || return 0  # the script's status stays
+  if [ "$status" -eq 143 ]; then
     echo "== stage $current_stage stopped by SIGTERM (exit 143); re-run to carry on:" \
       "finished stages are skipped, training resumes from its last.ckpt" >&2
-  elif [ "$status" -ne 0 ] && [ -n "$current_stage" ]; then
+  else
     echo "== stage $current_stage failed (exit $status); fix the cause and re-run:" \
       "finished stages are skipped, this one starts again" >&2
   fi
