@@ -278,7 +278,7 @@ def _loader_md(res: dict[str, Any]) -> list[str]:
         "## Loading the training set",
         "",
         "Seconds per epoch to read every training item in-process (audio cache warm), without "
-        "and with the waveform augmentation of conf/an4/augment.yaml:",
+        "and with the waveform augmentation of conf/an4/augment_strong.yaml:",
         "",
     ]
     return intro + _table(["config", "utterances", "plain s", "augmented s", "cost s"], rows)
