@@ -500,6 +500,16 @@ def test_mini_librispeech_stages_and_one_epoch_of_each_model(tmp_path, repo_outp
         assert ran(result.stdout) == [4, 5, 6, 7], model
         assert f"# conf/mini_librispeech/{model}.yaml" in result.stdout
         assert "| decode_dev-clean-5 | 2 |" in result.stdout
+    fused = run_recipe("mini_librispeech", "--model", "rnn", *args, "--stage", "8",
+                       "--lm-weight", "0.3")  # fmt: skip
+    assert ran(fused.stdout) == [8, 9] and markers(tmp_path / "e" / "lm") == [8]
+    assert "- decode_dev-clean-5_lm: beam 2, ctc 0.5, LM 0.3;" in fused.stdout
+    assert "| decode_dev-clean-5 | 2 |" in fused.stdout  # the plain row stays in the table
+
+
+def test_librispeech_lm_weight_needs_an_lm_config(tmp_path):
+    result = run_recipe("librispeech", "--data", tmp_path, "--lm-weight", "0.3", check=False)
+    assert result.returncode == 2 and "--lm-weight needs --lm-config" in result.stderr
 
 
 def test_mini_librispeech_rejects_an_unknown_model():

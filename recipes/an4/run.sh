@@ -111,19 +111,7 @@ average_stage 5 "$model_dir" "$data/dev.jsonl"
 decode_stage 6 "$model_dir" "$data" dev test
 results_stage 7 "$model_dir" "$config" dev test
 
-if awk "BEGIN { exit !($lm_weight > 0) }"; then
-  lm_dir=$exp/lm
-  run_stage 8 "language model (conf/an4/lm.yaml)" "$lm_dir" \
-    asr fit --config conf/an4/lm.yaml --data.train_manifest "$data/train.jsonl" \
-    --data.val_manifest "$data/dev.jsonl" --data.test_manifest "$data/test.jsonl" \
-    --data.tokenizer "$data/tokenizer" --trainer.default_root_dir "$lm_dir"
-  lm_checkpoint=$lm_dir/checkpoints/last.ckpt
-  decode_with_lm() {
-    decode_splits "$model_dir" "$data" dev test
-    write_results "$model_dir" "$config" dev test
-  }
-  run_stage 9 "decode dev and test with the LM (weight $lm_weight)" "$model_dir" decode_with_lm
-fi
+lm_stages 8 conf/an4/lm.yaml "$exp/lm" "$model_dir" "$config" "$data" "$data/tokenizer" dev dev test
 
 if [ "$robustness" = true ]; then
   robustness_stage 10 "$model_dir" "$data" test

@@ -200,6 +200,30 @@ decode_splits() {
   done
 }
 
+# lm_stages N LM_CONFIG LM_DIR MODEL_DIR CONFIG DATA TOKENIZER DEV SPLIT...: nothing unless
+# --lm-weight > 0. Then stage N trains the LM of LM_CONFIG on DATA/train.jsonl (validated on
+# DATA/DEV.jsonl) into LM_DIR, and stage N+1 decodes each SPLIT with shallow fusion of its
+# last checkpoint into MODEL_DIR/decode_<SPLIT>_lm and rewrites the results table of CONFIG.
+lm_stages() {
+  local n=$1 lm_config=$2 lm_dir=$3 model_dir=$4 config=$5 data=$6 tokenizer=$7 dev=$8
+  shift 8
+  awk "BEGIN { exit !($lm_weight > 0) }" || return 0
+  run_stage "$n" "language model ($lm_config)" "$lm_dir" \
+    asr fit --config "$lm_config" --data.train_manifest "$data/train.jsonl" \
+    --data.val_manifest "$data/$dev.jsonl" --data.test_manifest "$data/${!#}.jsonl" \
+    --data.tokenizer "$tokenizer" --trainer.default_root_dir "$lm_dir"
+  lm_checkpoint=$lm_dir/checkpoints/last.ckpt
+  run_stage $((n + 1)) "decode $(join_and "$@") with the LM (weight $lm_weight)" "$model_dir" \
+    decode_with_lm "$model_dir" "$config" "$data" "$@"
+}
+
+decode_with_lm() {
+  local model_dir=$1 config=$2 data=$3
+  shift 3
+  decode_splits "$model_dir" "$data" "$@"
+  write_results "$model_dir" "$config" "$@"
+}
+
 # robustness_stage N MODEL_DIR DATA SPLIT: `asr robustness` of avg.ckpt on SPLIT under its
 # default conditions (level, noise, babble, reverberation, telephone band, speed), with the
 # recipe's beam and CTC weight; the table goes to MODEL_DIR/robustness_SPLIT/robustness.md.

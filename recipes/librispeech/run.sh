@@ -7,7 +7,7 @@
 #                                   [--stage N]
 #                                   [--stop-stage M] [--data DIR] [--exp DIR] [--force]
 #                                   [--beam-size N] [--ctc-weight W] [--average N]
-#                                   [-- ASR-FIT-OPTIONS...]
+#                                   [--lm-weight W --lm-config FILE] [-- ASR-FIT-OPTIONS...]
 #
 #   0  download                sets not found under --data-dir: <url-base>/<set>.tar.gz
 #   1  prepare manifests       data/librispeech/<set>.jsonl per set, train.jsonl (the train
@@ -21,6 +21,9 @@
 #                              word confidences fitted on the dev set (asr calibrate)
 #   6  decode the test sets    exp/librispeech/<config>/decode_<set>/ (metrics, errors, plots)
 #   7  results table           exp/librispeech/<config>/RESULTS.md, printed
+# With --lm-weight W > 0 and --lm-config FILE (an LM config, e.g. conf/mini_librispeech/lm.yaml):
+#   8  train the LM            exp/librispeech/lm/ on the training transcripts, in the BPE units
+#   9  decode with the LM      exp/librispeech/<config>/decode_<set>_lm/, and the results table
 #
 # Sets: train-clean-100, train-clean-360, train-other-500 (default: all three, 960 h),
 # dev-clean (validation, default), dev-other, test-clean, test-other (decoded by default:
@@ -50,6 +53,7 @@ vocab_size=5000
 cmvn_utterances=20000
 level_dbfs=""  # the config's LevelNormalizer target, if it has one
 url_base=https://www.openslr.org/resources/12
+lm_config=""
 
 recipe_option() {
   case "$1" in
@@ -61,9 +65,14 @@ recipe_option() {
     --level-dbfs) need_value "$@"; level_dbfs=$2; consumed=2 ;;
     --config) need_value "$@"; config=$(config_path "$2"); consumed=2 ;;
     --url-base) need_value "$@"; url_base=$2; consumed=2 ;;
+    --lm-weight) need_value "$@"; lm_weight=$2; consumed=2 ;;
+    --lm-config) need_value "$@"; lm_config=$(config_path "$2"); consumed=2 ;;
   esac
 }
 parse_options "$@"
+if awk "BEGIN { exit !($lm_weight > 0) }" && [ -z "$lm_config" ]; then
+  usage_error "--lm-weight needs --lm-config (e.g. conf/mini_librispeech/lm.yaml)"
+fi
 
 cd "$root"
 require_asr
@@ -110,3 +119,5 @@ fit_stage 4 "$config" "$model_dir" \
 average_stage 5 "$model_dir" "$data/$dev_set.jsonl"
 decode_stage 6 "$model_dir" "$data" "${test_list[@]}"
 results_stage 7 "$model_dir" "$config" "${test_list[@]}"
+lm_stages 8 "$lm_config" "$exp/lm" "$model_dir" "$config" "$data" "$tokenizer" "$dev_set" \
+  "${test_list[@]}"
