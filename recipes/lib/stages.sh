@@ -207,7 +207,7 @@ decode_splits() {
 lm_stages() {
   local n=$1 lm_config=$2 lm_dir=$3 model_dir=$4 config=$5 data=$6 tokenizer=$7 dev=$8
   shift 8
-  awk "BEGIN { exit !($lm_weight > 0) }" || return 0
+  lm_wanted || return 0
   run_stage "$n" "language model ($lm_config)" "$lm_dir" \
     asr fit --config "$lm_config" --data.train_manifest "$data/train.jsonl" \
     --data.val_manifest "$data/$dev.jsonl" --data.test_manifest "$data/${!#}.jsonl" \
@@ -215,6 +215,11 @@ lm_stages() {
   lm_checkpoint=$lm_dir/checkpoints/last.ckpt
   run_stage $((n + 1)) "decode $(join_and "$@") with the LM (weight $lm_weight)" "$model_dir" \
     decode_with_lm "$model_dir" "$config" "$data" "$@"
+}
+
+# lm_wanted: whether --lm-weight asks for shallow fusion (a weight above 0, as awk compares).
+lm_wanted() {
+  awk "BEGIN { exit !($lm_weight > 0) }"
 }
 
 decode_with_lm() {

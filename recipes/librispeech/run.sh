@@ -70,7 +70,7 @@ recipe_option() {
   esac
 }
 parse_options "$@"
-if awk "BEGIN { exit !($lm_weight > 0) }" && [ -z "$lm_config" ]; then
+if lm_wanted && [ -z "$lm_config" ]; then
   usage_error "--lm-weight needs --lm-config (e.g. conf/mini_librispeech/lm.yaml)"
 fi
 

@@ -44,4 +44,5 @@ else
     --dev-set dev-clean-2 --test-sets dev-clean-2 --url-base https://www.openslr.org/resources/31)
 fi
 exec bash "$root/recipes/librispeech/run.sh" "${sets[@]}" --vocab-size 256 --level-dbfs -26 \
-  --ctc-weight 0.5 --lm-config conf/mini_librispeech/lm.yaml --data "$root/data/mini_librispeech" --exp "$root/exp/mini_librispeech" --config "$config" "$@"
+  --ctc-weight 0.5 --lm-config conf/mini_librispeech/lm.yaml --data "$root/data/mini_librispeech" \
+  --exp "$root/exp/mini_librispeech" --config "$config" "$@"
