@@ -408,14 +408,15 @@ def test_folder_all_stages(yesno_dir, tmp_path, repo_outputs):
     result = run_recipe("folder", *args, "--test-fraction", "0.2", "--beam-size", "2", "--", *fit)
     assert ran(result.stdout) == [1, 2, 3, 4, 5, 6, 7]
     assert len(WER_LINE.findall(result.stdout)) == 2
-    assert "| conf/folder/transformer.yaml | test |" in result.stdout
+    assert "# conf/folder/transformer.yaml" in result.stdout
+    assert "- decode_test: beam 2, ctc " in result.stdout and "| decode_test | " in result.stdout
 
 
 # -------------------------------------------------------------------------- LibriSpeech
 
 SMOKE = ["--train-sets", "train-clean-5", "--dev-set", "train-clean-5"]
-SMOKE += ["--test-sets", "train-clean-5", "--vocab-size", "100"]
-SMOKE += ["--config", "conf/librispeech/transformer_smoke.yaml"]
+SMOKE += ["--test-sets", "train-clean-5"]
+SMOKE += ["--config", "conf/librispeech/transformer_smoke.yaml"]  # BPE 100, its tokenizer path
 
 
 @pytest.fixture
@@ -442,10 +443,13 @@ def test_librispeech_download_prepare_and_bpe(librispeech_mirror, tmp_path, repo
     assert not list(corpus.glob(".download-*"))  # the unpacking folder is gone
     train = read_manifest(data / "train.jsonl")
     assert len(train) == 38 and train == read_manifest(data / "train-clean-5.jsonl")
-    assert Tokenizer.load(data / "bpe100").vocab_size == 100
+    assert Tokenizer.load(data / "bpe100").vocab_size == 100  # the config's size by default
 
     again = run_recipe("librispeech", *args, "--url-base", "file:///nowhere", "--stop-stage", "2")
     assert "every set found" in again.stdout and skipped(again.stdout) == [1, 2]
+    other_size = run_recipe("librispeech", *args, "--vocab-size", "90", "--stop-stage", "2")
+    assert skipped(other_size.stdout) == [1] and ran(other_size.stdout) == [2]
+    assert Tokenizer.load(data / "bpe90").vocab_size == 90
 
 
 @pytest.mark.slow
@@ -454,8 +458,8 @@ def test_librispeech_smoke_all_stages(librispeech_dir, tmp_path, repo_outputs):
     args = ["--data-dir", librispeech_dir.parent, "--data", tmp_path / "d", "--exp", tmp_path / "e"]
     result = run_recipe("librispeech", *args, *SMOKE, "--beam-size", "2")
     assert ran(result.stdout) == [1, 2, 3, 4, 5, 6, 7]
-    row = "| conf/librispeech/transformer_smoke.yaml | train-clean-5 | beam 2, ctc 0.3 |"
-    assert row in result.stdout
+    assert "# conf/librispeech/transformer_smoke.yaml" in result.stdout
+    assert "- decode_train-clean-5: beam 2, ctc 0.3;" in result.stdout
 
 
 # ---------------------------------------------------------------------- Mini LibriSpeech
@@ -502,7 +506,7 @@ def test_mini_librispeech_stages_and_one_epoch_of_each_model(tmp_path, repo_outp
         assert "| decode_dev-clean-5 | 2 |" in result.stdout
     fused = run_recipe("mini_librispeech", "--model", "rnn", *args, "--stage", "8",
                        "--lm-weight", "0.3")  # fmt: skip
-    assert ran(fused.stdout) == [8, 9] and markers(tmp_path / "e" / "lm") == [8]
+    assert ran(fused.stdout) == [8, 9] and markers(tmp_path / "e" / "lm_bpe60") == [8]
     assert "- decode_dev-clean-5_lm: beam 2, ctc 0.5, LM 0.3;" in fused.stdout
     assert "| decode_dev-clean-5 | 2 |" in fused.stdout  # the plain row stays in the table
 

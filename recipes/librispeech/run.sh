@@ -12,7 +12,8 @@
 #   0  download                sets not found under --data-dir: <url-base>/<set>.tar.gz
 #   1  prepare manifests       data/librispeech/<set>.jsonl per set, train.jsonl (the train
 #                              sets pooled)
-#   2  train the tokenizer     data/librispeech/bpe<N>/ (BPE, N = --vocab-size, 5000)
+#   2  train the tokenizer     data/librispeech/bpe<N>/ (BPE, N = --vocab-size; default: the
+#                              N of the config's `tokenizer: .../bpeN`, else 5000)
 #   3  CMVN statistics         data/librispeech/cmvn.json (first --cmvn-utterances, 20000;
 #                              of audio brought to --level-dbfs first, for configs whose
 #                              frontend has that LevelNormalizer)
@@ -22,7 +23,8 @@
 #   6  decode the test sets    exp/librispeech/<config>/decode_<set>/ (metrics, errors, plots)
 #   7  results table           exp/librispeech/<config>/RESULTS.md, printed
 # With --lm-weight W > 0 and --lm-config FILE (an LM config, e.g. conf/mini_librispeech/lm.yaml):
-#   8  train the LM            exp/librispeech/lm/ on the training transcripts, in the BPE units
+#   8  train the LM            exp/librispeech/lm_bpe<N>/ on the training transcripts, in the
+#                              BPE units
 #   9  decode with the LM      exp/librispeech/<config>/decode_<set>_lm/, and the results table
 #
 # Sets: train-clean-100, train-clean-360, train-other-500 (default: all three, 960 h),
@@ -49,11 +51,19 @@ config=conf/librispeech/transformer.yaml
 train_sets="train-clean-100 train-clean-360 train-other-500"
 dev_set=dev-clean
 test_sets="dev-clean dev-other test-clean test-other"
-vocab_size=5000
+vocab_size=""  # --vocab-size, else the config's (config_bpe_size)
 cmvn_utterances=20000
 level_dbfs=""  # the config's LevelNormalizer target, if it has one
 url_base=https://www.openslr.org/resources/12
 lm_config=""
+
+# config_bpe_size CONFIG: the N of its `tokenizer: .../bpeN`, the size its results were
+# measured with, else 5000.
+config_bpe_size() {
+  local n=""
+  [ -f "$1" ] && n=$(sed -n 's|^ *tokenizer: .*/bpe\([0-9][0-9]*\) *$|\1|p' "$1" | head -n 1)
+  echo "${n:-5000}"
+}
 
 recipe_option() {
   case "$1" in
@@ -76,6 +86,7 @@ fi
 
 cd "$root"
 require_asr
+vocab_size=${vocab_size:-$(config_bpe_size "$config")}
 data_dir=${data_dir:-$data/download}
 read -r -a train_list <<<"$train_sets"
 read -r -a test_list <<<"$test_sets"
@@ -104,7 +115,7 @@ fi
 run_stage 1 "prepare manifests" "$data" \
   asr prepare librispeech --data-dir "$data_dir" --out "$data" --splits "${sets[@]}"
 tokenizer=$data/bpe$vocab_size
-run_stage 2 "BPE tokenizer ($vocab_size)" "$data" \
+run_stage 2 "BPE tokenizer ($vocab_size)" "$tokenizer" \
   asr tokenizer --manifest "$data/train.jsonl" --kind bpe --vocab-size "$vocab_size" \
   --out "$tokenizer"
 run_stage 3 "CMVN statistics" "$data" \
@@ -119,5 +130,5 @@ fit_stage 4 "$config" "$model_dir" \
 average_stage 5 "$model_dir" "$data/$dev_set.jsonl"
 decode_stage 6 "$model_dir" "$data" "${test_list[@]}"
 results_stage 7 "$model_dir" "$config" "${test_list[@]}"
-lm_stages 8 "$lm_config" "$exp/lm" "$model_dir" "$config" "$data" "$tokenizer" "$dev_set" \
-  "${test_list[@]}"
+lm_stages 8 "$lm_config" "$exp/lm_bpe$vocab_size" "$model_dir" "$config" "$data" "$tokenizer" \
+  "$dev_set" "${test_list[@]}"

@@ -7,11 +7,12 @@
 # Data: ../shared/corpora/mini_librispeech when present (train-clean-5, 22 speakers, 4.4 h;
 # dev-clean-5, 2 other speakers; Ogg Opus), else the official Mini LibriSpeech from OpenSLR 31
 # (train-clean-5, dev-clean-2), downloaded by stage 0 to data/mini_librispeech/download.
-# Defaults: BPE 256 (stage 2), CMVN of audio at -26 dBFS as the configs' LevelNormalizer
-# gives it (stage 3), conf/mini_librispeech/<model>.yaml (stage 4), dev decoded with
-# beam 10 and CTC weight 0.5, chosen on dev (stage 6); with --lm-weight W (0.4 chosen on
-# dev), stages 8-9 train conf/mini_librispeech/lm.yaml and decode with it. Any LibriSpeech
-# option after these overrides them, e.g. --vocab-size 512, --stage 4, --ctc-weight 0.3, or
+# Defaults: the BPE size of the model's config (stage 2: 128 for the Conformer, chosen on dev;
+# 256 for the others), CMVN of audio at -26 dBFS as the configs' LevelNormalizer gives it
+# (stage 3), conf/mini_librispeech/<model>.yaml (stage 4), dev decoded with beam 10 and CTC
+# weight 0.5, chosen on dev (stage 6); with --lm-weight W (0.4 chosen on dev), stages 8-9
+# train conf/mini_librispeech/lm.yaml and decode with it. Any LibriSpeech option after these
+# overrides them, e.g. --vocab-size 512, --stage 4, --ctc-weight 0.3, or
 # `-- --trainer.max_epochs 1`.
 set -euo pipefail
 
@@ -43,6 +44,6 @@ else
   sets=(--data-dir "$root/data/mini_librispeech/download" --train-sets train-clean-5
     --dev-set dev-clean-2 --test-sets dev-clean-2 --url-base https://www.openslr.org/resources/31)
 fi
-exec bash "$root/recipes/librispeech/run.sh" "${sets[@]}" --vocab-size 256 --level-dbfs -26 \
+exec bash "$root/recipes/librispeech/run.sh" "${sets[@]}" --level-dbfs -26 \
   --ctc-weight 0.5 --lm-config conf/mini_librispeech/lm.yaml --data "$root/data/mini_librispeech" \
   --exp "$root/exp/mini_librispeech" --config "$config" "$@"
