@@ -8,11 +8,13 @@ Each kind is switched on by a probability in YAML (all 0 by default) under the d
       reverb: {prob: 0.25, rt60: [0.2, 0.9]}
       narrowband: {prob: 0.2}
       gain: {prob: 0.5, db: [-30, 10]}
+      start_epoch: 0
 
 They are applied in the order a recording meets them: the room, then the noise in it, then
 the channel, then the recording level. Every draw comes from the generator the dataset seeds
 with ``(seed, epoch, index)``, so an item is augmented identically in any loader process and
-after a resume. Lengths and dtypes are kept.
+after a resume. Lengths and dtypes are kept. Epochs before ``start_epoch`` see the audio
+unaugmented: a small model first learns clean speech, then becomes robust.
 """
 
 from __future__ import annotations
@@ -77,8 +79,11 @@ class WaveAugment:
     reverb: ReverbAugment = field(default_factory=ReverbAugment)
     narrowband: NarrowbandAugment = field(default_factory=NarrowbandAugment)
     gain: GainAugment = field(default_factory=GainAugment)
+    start_epoch: int = 0  # the first epoch (from 0) whose items are augmented
 
     def __post_init__(self) -> None:
+        if self.start_epoch < 0:
+            raise ValueError(f"augment.start_epoch must be >= 0, got {self.start_epoch}")
         for name in ("noise", "reverb", "narrowband", "gain"):
             prob = getattr(self, name).prob
             if not 0.0 <= prob <= 1.0:
@@ -97,15 +102,18 @@ class WaveAugment:
         {"noise": {"prob": 0.5, "snr_db": [0, 30]}})`)."""
         parts = {"noise": NoiseAugment, "reverb": ReverbAugment,
                  "narrowband": NarrowbandAugment, "gain": GainAugment}  # fmt: skip
-        unknown = sorted(set(config) - set(parts))
+        unknown = sorted(set(config) - set(parts) - {"start_epoch"})
         if unknown:
-            raise ValueError(f"augment: unknown parts {unknown}; known: {sorted(parts)}")
+            raise ValueError(
+                f"augment: unknown parts {unknown}; known: {sorted(parts)} and start_epoch"
+            )
 
         def build(name: str, fields: dict):
             values = {k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()}
             return parts[name](**values)
 
-        return cls(**{name: build(name, fields) for name, fields in config.items()})
+        built = {name: build(name, fields) for name, fields in config.items() if name in parts}
+        return cls(**built, start_epoch=config.get("start_epoch", 0))
 
     @property
     def active(self) -> bool:
@@ -130,6 +138,10 @@ class WaveAugmenter:
         self.noise_files = _audio_files(config.noise.folder, "augment.noise.folder")
         rir_files = _audio_files(config.reverb.folder, "augment.reverb.folder")
         self.rirs = [_load_rir(path, sample_rate) for path in rir_files]
+
+    def applies_in(self, epoch: int) -> bool:
+        """Whether items of `epoch` are augmented (not before the config's `start_epoch`)."""
+        return epoch >= self.config.start_epoch
 
     def __call__(
         self, wave: Tensor, rng: np.random.Generator, others: OtherWaves | None = None

@@ -91,7 +91,7 @@ class SpeechDataset(Dataset[dict[str, Any]]):
         index = range(len(self))[index]  # IndexError out of range; negative indices resolved
         utterance = self.utterances[index]
         wave = self._wave(index, self.speed_factor(index))
-        if self.augment is not None:
+        if self.augment is not None and self.augment.applies_in(self.epoch):
             wave = self._augmented(wave, index)
         item: dict[str, Any] = {"id": utterance.utt_id, "wave": wave, "text": utterance.text}
         if self.tokenizer is not None:

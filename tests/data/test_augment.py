@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import re
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -102,6 +103,7 @@ BAD_CONFIGS = [
     ("folder-no-files", {"noise": NoiseAugment(kinds=("white",), folder="/noise")}, "folder"),
     ("no-talkers", {"noise": NoiseAugment(babble_talkers=(0, 3))}, "babble_talkers"),
     ("talkers-reversed", {"noise": NoiseAugment(babble_talkers=(5, 3))}, "babble_talkers"),
+    ("start-epoch-negative", {"start_epoch": -1}, "augment.start_epoch"),
 ]
 
 
@@ -392,6 +394,31 @@ def test_dataset_epochs_draw_different_augmentations_of_the_same_audio(tones):
         assert not torch.equal(wave, clean)
         assert all(not torch.equal(wave, earlier) for earlier in seen), epoch
         seen.append(wave)
+
+
+def test_epochs_before_start_epoch_are_clean_and_later_ones_as_without_it(tones):
+    """A clean start changes nothing but the epochs it covers: from `start_epoch` on, every
+    item gets the draws the same config without it gives (so resumes stay exact)."""
+    late = make_dataset(tones, replace(DATASET_AUGMENT, start_epoch=2), speed_perturb=(0.9, 1.1))
+    always = make_dataset(tones, DATASET_AUGMENT, speed_perturb=(0.9, 1.1))
+    for epoch in range(4):
+        late.set_epoch(epoch)
+        always.set_epoch(epoch)
+        for index in range(len(tones)):
+            clean = change_speed(load_audio(tones[index].audio_filepath), late.speed_factor(index))
+            wave = late[index]["wave"]
+            if epoch < 2:
+                assert torch.equal(wave, clean), (epoch, index)
+            else:
+                assert torch.equal(wave, always[index]["wave"]), (epoch, index)
+
+
+def test_from_dict_reads_start_epoch_and_rejects_unknown_keys():
+    config = WaveAugment.from_dict({"noise": {"prob": 0.5, "snr_db": [0, 30]}, "start_epoch": 7})
+    assert config.start_epoch == 7 and config.noise == NoiseAugment(prob=0.5, snr_db=(0, 30))
+    assert WaveAugment.from_dict({}).start_epoch == 0
+    with pytest.raises(ValueError, match="start_epoch"):
+        WaveAugment.from_dict({"nosie": {"prob": 0.5}})
 
 
 def test_dataset_items_with_the_same_audio_get_different_augmentations(tones):
