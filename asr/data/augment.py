@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from dataclasses import fields as dataclass_fields
 from pathlib import Path
 
 import numpy as np
@@ -102,18 +103,18 @@ class WaveAugment:
         {"noise": {"prob": 0.5, "snr_db": [0, 30]}})`)."""
         parts = {"noise": NoiseAugment, "reverb": ReverbAugment,
                  "narrowband": NarrowbandAugment, "gain": GainAugment}  # fmt: skip
-        unknown = sorted(set(config) - set(parts) - {"start_epoch"})
+        known = [f.name for f in dataclass_fields(cls)]
+        unknown = sorted(set(config) - set(known))
         if unknown:
-            raise ValueError(
-                f"augment: unknown parts {unknown}; known: {sorted(parts)} and start_epoch"
-            )
+            raise ValueError(f"augment: unknown keys {unknown}; known: {known}")
 
-        def build(name: str, fields: dict):
-            values = {k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()}
-            return parts[name](**values)
+        def build(name: str, value):
+            if name not in parts:  # a plain value such as start_epoch
+                return value
+            return parts[name](**{k: tuple(v) if isinstance(v, list) else v
+                                  for k, v in value.items()})  # fmt: skip
 
-        built = {name: build(name, fields) for name, fields in config.items() if name in parts}
-        return cls(**built, start_epoch=config.get("start_epoch", 0))
+        return cls(**{name: build(name, value) for name, value in config.items()})
 
     @property
     def active(self) -> bool:
