@@ -34,8 +34,9 @@
 # ../shared/corpora/an4, else the tarball stage 0 downloaded). A finished stage leaves a
 # marker (<out>/.done-<stage>) and is skipped when re-run; --force re-runs it. A stage that
 # failed halfway left no marker, so it simply runs again. Options after `--` go to `asr fit`
-# (stage 4), e.g. -- --trainer.max_epochs 2, or -- --config conf/an4/augment.yaml to train
-# with waveform augmentation (noise, rooms, telephone band; off in the configs).
+# (stage 4), e.g. -- --trainer.max_epochs 2, or -- --config conf/an4/augment_late.yaml to
+# train the Transformer robust to noise, rooms and the telephone band (waveform augmentation
+# from epoch 120 of 300; off in the configs; conf/an4/augment.yaml: from epoch 0, any model).
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
