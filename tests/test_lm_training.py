@@ -216,20 +216,20 @@ def test_every_config_parses_with_its_module_classes(config: str, capsys) -> Non
     A config without a model (an overlay such as conf/an4/augment.yaml) is parsed as a second
     --config on top of its corpus's Transformer config, and all its settings must show."""
     path = REPO / "conf" / config
-    overlay = "model" not in yaml.safe_load(path.read_text())
+    own = yaml.safe_load(path.read_text()) or {}
+    overlay = "model" not in own
     configs = [path.parent / "transformer.yaml", path] if overlay else [path]
     with pytest.raises(SystemExit) as exit_info:
         main(["fit", *(a for c in configs for a in ("--config", str(c))), "--print_config"])
     assert exit_info.value.code in (0, None)
     resolved = yaml.safe_load(capsys.readouterr().out)
     if overlay:
-        for section, settings in yaml.safe_load(path.read_text()).items():
+        for section, settings in own.items():
             assert _subset(settings, resolved[section]), section
     family = "lm" if config.endswith("lm.yaml") else "lightning"
     assert resolved["model"]["class_path"].startswith(f"asr.{family}.")
     assert resolved["data"]["class_path"].startswith(f"asr.{family}.")
-    own = (yaml.safe_load(path.read_text()) or {}).get("checkpoint", {})
-    monitor = own.get("monitor", "val/loss" if family == "lm" else "val/wer")
+    monitor = own.get("checkpoint", {}).get("monitor", "val/loss" if family == "lm" else "val/wer")
     assert resolved["checkpoint"]["monitor"] == monitor
     assert "{" + monitor in resolved["checkpoint"]["filename"], "names show the monitored value"
 
