@@ -52,6 +52,44 @@ class AtomicCheckpointIO(CheckpointIO):
         Path(path).unlink(missing_ok=True)
 
 
+class RunCheckpoint(ModelCheckpoint):
+    """Lightning's ModelCheckpoint that follows its run folder when it is moved or copied.
+
+    Lightning drops the best-k record of a checkpoint written in another folder, so a moved
+    run resumed there would forget its best epochs (`asr average` picks from that record)
+    and write `last-v1.ckpt` beside `last.ckpt`. Where every file the record names sits in
+    the new folder under the same name, the record is remapped to that folder instead.
+    """
+
+    @property
+    def state_key(self) -> str:
+        # ModelCheckpoint's key, so checkpoints load both ways and `best_checkpoints` finds it.
+        return super().state_key.replace(type(self).__qualname__, "ModelCheckpoint", 1)
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        recorded = state_dict.get("dirpath")
+        if self.dirpath and recorded and recorded != self.dirpath:
+            state_dict = _moved_record(state_dict, Path(self.dirpath)) or state_dict
+        super().load_state_dict(state_dict)
+
+
+PATH_KEYS = ("best_model_path", "kth_best_model_path", "last_model_path")
+
+
+def _moved_record(state: dict[str, Any], folder: Path) -> dict[str, Any] | None:
+    """`state` with its paths moved into `folder`, or None unless every named file is there."""
+    named = [p for p in (*state.get("best_k_models", {}), *map(state.get, PATH_KEYS)) if p]
+    if not named or not all((folder / Path(p).name).is_file() for p in named):
+        return None
+
+    def moved(path: str) -> str:
+        return str(folder / Path(path).name) if path else path
+
+    best_k = {moved(p): score for p, score in state.get("best_k_models", {}).items()}
+    paths = {key: moved(state.get(key, "")) for key in PATH_KEYS}
+    return {**state, **paths, "dirpath": str(folder), "best_k_models": best_k}
+
+
 EPOCH_PARTS = ("steps", "data", "validation", "other")  # where a training epoch's time goes
 
 
@@ -190,7 +228,7 @@ class ASRCLI(LightningCLI):
         parser.link_arguments(
             "data.vocab_size", "model.init_args.vocab_size", apply_on="instantiate"
         )
-        parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
+        parser.add_lightning_class_args(RunCheckpoint, "checkpoint")
         parser.set_defaults(CHECKPOINT_DEFAULTS)
         parser.add_lightning_class_args(StepCheckpoint, "step_checkpoint")
         parser.add_lightning_class_args(EpochClock, "epoch_clock")

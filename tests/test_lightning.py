@@ -20,6 +20,7 @@ import pytest
 import soundfile
 import torch
 from conftest import REPO, corpus_path
+from lightning.pytorch.callbacks import ModelCheckpoint
 
 import asr.lightning
 from asr.cli import main
@@ -33,7 +34,7 @@ from asr.models.transformer import TransformerDecoder, TransformerEncoder
 from asr.recognizer import load_model
 from asr.segment import segment_seconds_for
 from asr.text import train_tokenizer
-from asr.train import KERNEL_CACHE_VARIABLE, _keep_compiled_kernels
+from asr.train import KERNEL_CACHE_VARIABLE, RunCheckpoint, _keep_compiled_kernels
 
 pytestmark = pytest.mark.needs_corpus
 
@@ -226,6 +227,44 @@ def test_resume_from_last_and_average(tiny_an4, tmp_path):
     assert [r for r in rows if r.get("test/wer")], "asr test reports the test WER"
 
 
+def test_a_moved_run_folder_resumes_as_its_own(tiny_an4, tmp_path):
+    """A run folder copied or moved elsewhere and resumed there keeps its best-k record
+    (remapped to the new folder) and its single `last.ckpt`."""
+    main(_fit_args(tiny_an4, tmp_path / "old") + ["--trainer.max_epochs", "1"])
+    shutil.copytree(tmp_path / "old", tmp_path / "new")
+    shutil.rmtree(tmp_path / "old")
+    main(
+        _fit_args(tiny_an4, tmp_path / "new") + ["--trainer.max_epochs", "2", "--ckpt_path", "last"]
+    )
+    folder = tmp_path / "new" / "checkpoints"
+    assert sorted(p.name for p in folder.glob("last*")) == ["last.ckpt"]
+    state = torch.load(folder / "last.ckpt", weights_only=True)
+    assert state["epoch"] == 1
+    (record,) = [v for k, v in state["callbacks"].items() if k.startswith("ModelCheckpoint")]
+    assert record["dirpath"] == str(folder)
+    kept = sorted(Path(p).name for p in record["best_k_models"])
+    assert kept == sorted(p.name for p in folder.glob("epoch*.ckpt")) and len(kept) == 2
+    assert all(Path(p).parent == folder for p in record["best_k_models"])
+    assert Path(record["last_model_path"]) == folder / "last.ckpt"
+
+
+def test_run_checkpoint_keeps_a_record_whose_files_are_elsewhere(tmp_path):
+    """Resuming another run's checkpoint into a new folder starts a fresh best-k record there
+    (Lightning's rule); the state key is ModelCheckpoint's, so either class loads the other's."""
+    (tmp_path / "new").mkdir()
+    (tmp_path / "new" / "epoch000.ckpt").touch()  # one of the two recorded files
+    record = {
+        "dirpath": str(tmp_path / "old"),
+        "best_model_path": str(tmp_path / "old" / "epoch000.ckpt"),
+        "best_model_score": torch.tensor(50.0),
+        "best_k_models": {str(tmp_path / "old" / f"epoch00{i}.ckpt"): 50.0 for i in (0, 1)},
+    }
+    callback = RunCheckpoint(dirpath=tmp_path / "new", monitor="val/wer")
+    callback.load_state_dict(record)
+    assert callback.best_k_models == {}
+    assert callback.state_key == ModelCheckpoint(monitor="val/wer").state_key
+
+
 def test_bad_manifest_fails_up_front_or_is_skipped(tiny_an4, tmp_path):
     lines = Path(tiny_an4["train"]).read_text().splitlines()
     missing = json.loads(lines[1]) | {"audio_filepath": str(tmp_path / "gone.wav")}
@@ -294,6 +333,7 @@ def test_checkpoint_is_self_contained(tiny_an4, tmp_path):
 KILL_SCRIPT = """
 import os, signal, sys
 import lightning as L
+from lightning.pytorch.callbacks import ModelCheckpoint
 from asr.train import run_lightning_cli
 
 kill_at = int(os.environ["KILL_AT_STEP"])
