@@ -39,6 +39,7 @@ ONNX_DIR = "onnx"
 OPSET = 17
 GRAPHS = ("encoder", "ctc", "decoder_init", "decoder_step")
 STATE_FILE = "state.json"
+SPIN_WAIT_ENTRY = "session.intra_op.allow_spinning"
 
 
 # --------------------------------------------------------------------------- export
@@ -182,12 +183,18 @@ def _untied(model: Any) -> Any:
 
 
 class _Session:
-    """An ONNX Runtime session called with and returning torch tensors (CPU)."""
+    """An ONNX Runtime session called with and returning torch tensors (CPU).
 
-    def __init__(self, path: Path, threads: int | None) -> None:
+    `spin_wait`: ONNX Runtime's default, in which its threads keep polling for work after
+    each run. Off here: between runs PyTorch computes the frontend and the search on the
+    same cores, and polling threads starve it (decoding about 2x slower, docs/performance.md).
+    """
+
+    def __init__(self, path: Path, threads: int | None, spin_wait: bool = False) -> None:
         import onnxruntime as ort
 
         options = ort.SessionOptions()
+        options.add_session_config_entry(SPIN_WAIT_ENTRY, "1" if spin_wait else "0")
         if threads:
             options.intra_op_num_threads = threads
         self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
@@ -258,10 +265,16 @@ class OnnxDecoder:
 
 
 def onnx_model(
-    model: Seq2Seq, folder: str | os.PathLike, int8: bool = False, threads: int | None = None
+    model: Seq2Seq,
+    folder: str | os.PathLike,
+    int8: bool = False,
+    threads: int | None = None,
+    spin_wait: bool = False,
 ) -> Seq2Seq:
     """`model` (loaded from a package) as a `Seq2Seq` whose encoder, CTC head and decoder run
-    the graphs of `folder/onnx/` in ONNX Runtime sessions; its frontend stays PyTorch's."""
+    the graphs of `folder/onnx/` in ONNX Runtime sessions; its frontend stays PyTorch's.
+    `threads`: ONNX Runtime's intra-op threads (None: its default); `spin_wait`: see
+    `_Session`."""
     graphs = Path(folder) / ONNX_DIR
     suffix = ".int8.onnx" if int8 else ".onnx"
 
@@ -270,7 +283,7 @@ def onnx_model(
         if not path.is_file():
             hint = "export it with --int8" if int8 else "export it: asr export --format onnx"
             raise FileNotFoundError(f"{path}: no such ONNX graph ({hint})")
-        return _Session(path, threads)
+        return _Session(path, threads, spin_wait)
 
     encoder = OnnxEncoder(session("encoder"))
     ctc = OnnxCTC(session("ctc")) if model.ctc is not None else None

@@ -14,7 +14,7 @@ from test_transcribe import GREEDY, JOINT, WAV, _overfit_recognizer
 from asr.checkpoint import instantiate
 from asr.cli import main
 from asr.models.seq2seq import build_seq2seq
-from asr.onnx_runtime import _untied, export_onnx, onnx_model
+from asr.onnx_runtime import SPIN_WAIT_ENTRY, _untied, export_onnx, onnx_model
 from asr.recognizer import Recognizer, load_model
 from asr.search import SearchOptions
 from asr.text import CharTokenizer
@@ -67,6 +67,17 @@ def test_a_trained_transformer_decodes_the_same_on_onnx_runtime(overfit, tmp_pat
     assert state["memory_keys"][0].size(0) == len(waves), "the memory is not copied per beam"
     got_logp, _, _ = onnx.model.decoder.step(torch.full((beams.numel(),), 3), state)
     torch.testing.assert_close(got_logp, logp.index_select(0, beams), atol=1e-4, rtol=1e-4)
+
+
+def test_sessions_do_not_spin_wait_unless_asked(overfit, tmp_path):
+    """ONNX Runtime's polling threads would take the cores PyTorch searches on between runs."""
+    recognizer, _ = overfit
+    export_onnx(recognizer.model, tmp_path, recognizer.sample_rate, int8=False)
+    for spin_wait, entry in ((False, "0"), (True, "1")):
+        model = onnx_model(recognizer.model, tmp_path, spin_wait=spin_wait)
+        for session in (model.encoder.session, model.decoder.step_session):
+            options = session.session.get_session_options()
+            assert options.get_session_config_entry(SPIN_WAIT_ENTRY) == entry
 
 
 def test_an_rnn_attention_model_decodes_the_same_on_onnx_runtime(tmp_path):
