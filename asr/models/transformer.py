@@ -663,7 +663,9 @@ class DecoderLayer(nn.Module):
         comes from the shapes, so a traced (ONNX) step serves any beam size."""
         q, k, v = self.self_attn.project_self(self.self_norm(x))
         k, v = torch.cat([past_k, k], dim=2), torch.cat([past_v, v], dim=2)  # (N, H, t+1, d)
-        x = x + self.dropout(self.self_attn.attend(q, k, v)[0])
+        # The explicit product (need_weights): traced to ONNX it becomes one fused matmul,
+        # where scaled_dot_product_attention's graph transposes the whole key cache each step.
+        x = x + self.dropout(self.self_attn.attend(q, k, v, need_weights=True)[0])
         rows, _, dim = x.shape
         q = self.cross_attn.project_query(self.cross_norm(x))  # (N, H, 1, d)
         heads, d = q.size(1), q.size(3)
