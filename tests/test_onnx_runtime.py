@@ -69,6 +69,17 @@ def test_a_trained_transformer_decodes_the_same_on_onnx_runtime(overfit, tmp_pat
     torch.testing.assert_close(got_logp, logp.index_select(0, beams), atol=1e-4, rtol=1e-4)
 
 
+def test_int8_graphs_quantise_matmuls_and_keep_convolutions_fp32(overfit, tmp_path):
+    import onnx
+
+    recognizer, _ = overfit
+    export_onnx(recognizer.model, tmp_path, recognizer.sample_rate)
+    graph = onnx.load(str(tmp_path / "onnx" / "encoder.int8.onnx")).graph
+    ops = {node.op_type for node in graph.node}
+    assert "Conv" in ops and "ConvInteger" not in ops
+    assert ops & {"MatMulInteger", "DynamicQuantizeMatMul"}, ops
+
+
 def test_sessions_do_not_spin_wait_unless_asked(overfit, tmp_path):
     """ONNX Runtime's polling threads would take the cores PyTorch searches on between runs."""
     recognizer, _ = overfit
