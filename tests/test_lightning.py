@@ -333,7 +333,6 @@ def test_checkpoint_is_self_contained(tiny_an4, tmp_path):
 KILL_SCRIPT = """
 import os, signal, sys
 import lightning as L
-from lightning.pytorch.callbacks import ModelCheckpoint
 from asr.train import run_lightning_cli
 
 kill_at = int(os.environ["KILL_AT_STEP"])
