@@ -193,7 +193,7 @@ class _Session:
 
     `spin_wait`: ONNX Runtime's default, in which its threads keep polling for work after
     each run. Off here: between runs PyTorch computes the frontend and the search on the
-    same cores, and polling threads starve it (decoding about 2x slower, docs/performance.md).
+    same cores, and polling threads starve it (docs/performance.md).
     """
 
     def __init__(self, path: Path, threads: int | None, spin_wait: bool = False) -> None:
