@@ -418,13 +418,15 @@ def bucketed_loader(
     collate_fn: Callable,
     shuffle: bool,
     grid: LengthGrid | None = None,
+    shortest_first_epochs: int = 0,
 ) -> torch.utils.data.DataLoader:
     """A DataLoader over length-bucketed batches, sharded over the trainer's ranks.
 
     Reads `num_buckets`, `max_batch_size`, `seed` and `num_workers` from the data module's
     hyperparameters; `lengths` (a list, or a function of the epoch) and `max_batch_length`
     share one unit (seconds, tokens). With `grid`, batches come from its fixed menu of
-    shapes, and `collate_fn` must pad to the same grid.
+    shapes, and `collate_fn` must pad to the same grid. The first `shortest_first_epochs`
+    epochs yield their batches shortest first.
     """
     hp, trainer = module.hparams, module.trainer
     sampler = DynamicBucketSampler(
@@ -437,6 +439,7 @@ def bucketed_loader(
         num_replicas=trainer.world_size if trainer else 1,
         rank=trainer.global_rank if trainer else 0,
         grid=grid,
+        shortest_first_epochs=shortest_first_epochs,
     )
     loader = torch.utils.data.DataLoader(
         dataset,
@@ -483,6 +486,9 @@ class ASRDataModule(L.LightningDataModule):
             16 kHz with three factors: ~0.45 GB). For corpora that fit in memory.
         augment: waveform augmentation of the training set (noise, reverberation, telephone
             band, gain; `asr.data.augment`), drawn per item from the seed and epoch.
+        shortest_first_epochs: the first this many training epochs take their batches
+            shortest first instead of shuffled (SortaGrad), so alignments are learnt on short
+            utterances before long ones.
     """
 
     def __init__(
@@ -504,6 +510,7 @@ class ASRDataModule(L.LightningDataModule):
         shape_grid: float | None = None,
         cache_audio: bool = False,
         augment: WaveAugment | None = None,
+        shortest_first_epochs: int = 0,
     ):
         super().__init__()
         if check_audio not in ("header", "full"):
@@ -580,8 +587,17 @@ class ASRDataModule(L.LightningDataModule):
         # The grid packs each epoch's perturbed lengths; without one the sampler packs nominal
         # durations (packing perturbed lengths there gave worse AN4 dev WERs).
         lengths = dataset.durations if self.grid is None else dataset.lengths
-        budget = self.hparams.max_batch_seconds
-        return bucketed_loader(self, dataset, lengths, budget, collate_fn, shuffle, grid=self.grid)
+        hp = self.hparams
+        return bucketed_loader(
+            self,
+            dataset,
+            lengths,
+            hp.max_batch_seconds,
+            collate_fn,
+            shuffle,
+            grid=self.grid,
+            shortest_first_epochs=hp.shortest_first_epochs,
+        )
 
     def train_dataloader(self):
         loader = self._loader("train", shuffle=True)

@@ -486,6 +486,20 @@ def test_shape_grid_pads_batches_to_grid_points(tiny_an4, kernel_cache_unset):
     assert len(seen) == len(data.datasets["train"])
 
 
+@pytest.mark.parametrize("grid", [None, 1.1])
+def test_shortest_first_epochs_reach_the_training_sampler(tiny_an4, grid):
+    data = ASRDataModule(tiny_an4["train"], tiny_an4["dev"], tiny_an4["tokenizer"],
+                         max_batch_seconds=3, shortest_first_epochs=1, shape_grid=grid)  # fmt: skip
+    data.setup("fit")
+    longest = []
+    for epoch in range(2):
+        loader = data.train_dataloader()
+        set_loader_epoch(loader, epoch)
+        longest.append([int(batch.wave_lens.max()) for batch in loader])
+    assert longest[0] == sorted(longest[0])
+    assert longest[1] != sorted(longest[1]), "later epochs are shuffled"
+
+
 def test_validation_greedy_steps_leave_bf16_autocast_below_bf16_step_rows(tiny_an4, monkeypatch):
     module, _ = _tiny_module(tiny_an4)
     seen = []

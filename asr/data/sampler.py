@@ -80,7 +80,9 @@ class DynamicBucketSampler(Sampler[list[int]]):
     2. shuffle within each bucket and pack greedily: a batch closes when adding the next
        utterance would push ``len(batch) * max(length)`` above ``max_batch_length`` or the
        batch already holds ``max_batch_size`` utterances;
-    3. shuffle the batch order;
+    3. shuffle the batch order; in the first ``shortest_first_epochs`` epochs, order the
+       batches by their (padded) longest utterance instead (SortaGrad, Amodei et al. 2016:
+       short utterances first, while attention and CTC alignments are still being learnt);
     4. while the batch count is not a multiple of ``num_replicas``, split the costliest
        multi-utterance batch in two (shorter half, longer half; both stay within budget);
     5. if every batch is a single utterance (nothing left to split), merge the shortest
@@ -130,6 +132,8 @@ class DynamicBucketSampler(Sampler[list[int]]):
         drop_last: in step 6, drop the remainder instead of repeating utterances.
         grid: pack to this grid's fixed menu of shapes (see above); the collate function must
             pad to the same grid (:func:`asr.data.dataset.collate`'s ``wave_length``).
+        shortest_first_epochs: epochs (from 0) whose batches come shortest first instead of
+            in shuffled order (step 3).
     """
 
     def __init__(
@@ -144,11 +148,12 @@ class DynamicBucketSampler(Sampler[list[int]]):
         rank: int | None = None,
         drop_last: bool = False,
         grid: LengthGrid | None = None,
+        shortest_first_epochs: int = 0,
     ) -> None:
         self._length_source = lengths
         self._cached_lengths: tuple[int, list[float]] | None = None
         self._lengths_of(0)  # checks them now, not at the first epoch
-        _check_options(max_batch_length, num_buckets, max_batch_size)
+        _check_options(max_batch_length, num_buckets, max_batch_size, shortest_first_epochs)
         self.num_replicas, self.rank = _resolve_ranks(num_replicas, rank)
         self.max_batch_length = float(max_batch_length)
         self.num_buckets = num_buckets
@@ -157,6 +162,7 @@ class DynamicBucketSampler(Sampler[list[int]]):
         self.seed = seed
         self.drop_last = drop_last
         self.grid = grid
+        self.shortest_first_epochs = shortest_first_epochs
         self.epoch = 0
         self._batches_yielded = 0  # position within the current epoch
         self._resume_at = 0  # batches to skip on the next __iter__ (set by load_state_dict)
@@ -256,9 +262,12 @@ class DynamicBucketSampler(Sampler[list[int]]):
     def _plan_rank(self) -> list[_Indices]:
         generator = torch.Generator().manual_seed(self.seed + self.epoch)
         batches = self._pack(generator)
-        if self.shuffle:
+        shortest_first = self.epoch < self.shortest_first_epochs
+        if self.shuffle and not shortest_first:
             batches = [batches[i] for i in torch.randperm(len(batches), generator=generator)]
         batches = self._make_divisible(batches)
+        if shortest_first:
+            batches.sort(key=self._longest)
         return [batches[i] for i in self._assign_ranks(batches)[self.rank]]
 
     def _pack(self, generator: torch.Generator) -> list[_Indices]:
@@ -318,8 +327,11 @@ class DynamicBucketSampler(Sampler[list[int]]):
         size = max(1, math.floor(self.max_batch_length / edge)) if edge > 0 else len(self.lengths)
         return size if self.max_batch_size is None else min(size, self.max_batch_size)
 
+    def _longest(self, batch: _Indices) -> float:
+        return self._padded(max(self.lengths[i] for i in batch))
+
     def _cost(self, batch: _Indices) -> float:
-        return len(batch) * self._padded(max(self.lengths[i] for i in batch))
+        return len(batch) * self._longest(batch)
 
     def _make_divisible(self, batches: list[_Indices]) -> list[_Indices]:
         """Split (or, failing that, pad or drop) until the count divides by num_replicas."""
@@ -405,13 +417,17 @@ def _check_lengths(lengths: Sequence[float], epoch: int | None = None) -> list[f
     return values
 
 
-def _check_options(max_batch_length: float, num_buckets: int, max_batch_size: int | None) -> None:
+def _check_options(
+    max_batch_length: float, num_buckets: int, max_batch_size: int | None, shortest_first: int
+) -> None:
     if not max_batch_length > 0:
         raise ValueError(f"max_batch_length must be > 0, got {max_batch_length}")
     if num_buckets < 1:
         raise ValueError(f"num_buckets must be >= 1, got {num_buckets}")
     if max_batch_size is not None and max_batch_size < 1:
         raise ValueError(f"max_batch_size must be >= 1 or None, got {max_batch_size}")
+    if shortest_first < 0:
+        raise ValueError(f"shortest_first_epochs must be >= 0, got {shortest_first}")
 
 
 def _resolve_ranks(num_replicas: int | None, rank: int | None) -> tuple[int, int]:

@@ -252,6 +252,36 @@ def test_defaults_without_torch_distributed_are_one_replica_rank_zero():
     assert (sampler.num_replicas, sampler.rank) == (1, 0)
 
 
+@pytest.mark.parametrize("grid", GRIDS)
+@pytest.mark.parametrize("num_replicas", [1, 2, 3])
+def test_shortest_first_epochs_yield_batches_shortest_first(num_replicas, grid):
+    """SortaGrad: in the first epochs each rank's batches come in ascending order of their
+    (padded) longest utterance, every utterance still once."""
+    for case in range(15):
+        config = random_config(case) | {"grid": grid}
+        lengths = config["lengths"]
+        for epoch in (0, 1):
+            per_rank = rank_batches(config, num_replicas, epoch, shortest_first_epochs=2)
+            seen = Counter(i for batches in per_rank for batch in batches for i in batch)
+            if len(lengths) >= num_replicas:
+                assert seen == Counter(range(len(lengths)))
+            for batches in per_rank:
+                longest = [
+                    cost([max(batch, key=lengths.__getitem__)], lengths, grid) for batch in batches
+                ]
+                assert longest == sorted(longest), (case, epoch)
+
+
+def test_shortest_first_epochs_end_and_shuffled_order_returns():
+    lengths = [float(n % 37 + 1) for n in range(300)]
+    sampler = DynamicBucketSampler(lengths, 60.0, num_buckets=10, shortest_first_epochs=1)
+    longest = [max(lengths[i] for i in batch) for batch in sampler]
+    assert longest == sorted(longest)
+    sampler.set_epoch(1)
+    longest = [max(lengths[i] for i in batch) for batch in sampler]
+    assert longest != sorted(longest)
+
+
 @pytest.mark.parametrize(
     "kwargs",
     [
@@ -260,6 +290,7 @@ def test_defaults_without_torch_distributed_are_one_replica_rank_zero():
         {"max_batch_length": 0.0},
         {"num_buckets": 0},
         {"max_batch_size": 0},
+        {"shortest_first_epochs": -1},
         {"num_replicas": 2, "rank": 2},
         {"num_replicas": 0, "rank": 0},
     ],
