@@ -189,7 +189,8 @@ class StepCheckpoint(L.Callback):
     """Writes `<dirpath>/last.ckpt` every `every_n_steps` optimizer steps, mid-epoch included,
     so a killed run resumed with `--ckpt_path last` loses at most that many steps. The
     checkpoint holds the sampler position and RNG state (see `asr.lightning`), so the resumed
-    run continues the same batches and random draws.
+    run continues the same batches and random draws. A run that `trainer.max_time` stopped
+    mid-epoch resumes inside that epoch too (`reopen_cut_epoch`).
 
     Args:
         every_n_steps: steps between saves; 0 disables (epoch-end checkpoints remain).
@@ -211,6 +212,33 @@ class StepCheckpoint(L.Callback):
         self._saved_at = step
         dirpath = Path(self.dirpath or Path(trainer.default_root_dir) / "checkpoints")
         trainer.save_checkpoint(dirpath / "last.ckpt")
+
+    def on_load_checkpoint(self, trainer: L.Trainer, module: Any, checkpoint: dict) -> None:
+        reopen_cut_epoch(checkpoint)
+
+
+def reopen_cut_epoch(checkpoint: dict[str, Any]) -> None:
+    """Make a checkpoint of an epoch cut short resume inside that epoch.
+
+    When `trainer.should_stop` is set mid-epoch (the `max_time` limit, `max_steps`, a guard),
+    Lightning ends the epoch as if its batches had run out and saves it from
+    `on_train_epoch_end`, so a resumed fit would start the next epoch and never train on the
+    rest. Its progress counters are put back to those of a save at the cut batch's end, where
+    a step checkpoint resumes, and the data module's sampler state skips the batches done.
+    """
+    fit = checkpoint.get("loops", {}).get("fit_loop")
+    if not fit:
+        return
+    epochs, batches = fit["epoch_progress"], fit["epoch_loop.batch_progress"]
+    saved_at_epoch_end = epochs["current"]["processed"] == epochs["current"]["completed"] + 1
+    if not saved_at_epoch_end or batches["is_last_batch"]:
+        return
+    for progress in (epochs["total"], epochs["current"]):
+        progress["processed"] -= 1
+    for progress in (batches["total"], batches["current"]):
+        progress["completed"] -= 1
+    # Counted for the cut batch already; a batch-end save counts it on resume.
+    fit["epoch_loop.state_dict"]["_batches_that_stepped"] -= 1
 
 
 class ASRCLI(LightningCLI):

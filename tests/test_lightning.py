@@ -20,7 +20,7 @@ import pytest
 import soundfile
 import torch
 from conftest import REPO, corpus_path
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import ModelCheckpoint, Timer
 
 import asr.lightning
 from asr.cli import main
@@ -396,6 +396,34 @@ def test_sigkill_mid_epoch_then_resume_equals_uninterrupted_run(tiny_an4, tmp_pa
     main(args + ["--ckpt_path", "last"])  # the same command, resumed
     resumed = torch.load(last, weights_only=True)
     assert resumed["global_step"] == full["global_step"]
+    for name, value in full["state_dict"].items():
+        assert torch.equal(resumed["state_dict"][name], value), f"{name} differs after resume"
+
+
+@pytest.mark.timeout(600)
+def test_time_limit_mid_epoch_then_longer_limit_resumes_that_epoch(tiny_an4, tmp_path, monkeypatch):
+    """`--trainer.max_time` ends the fit in the middle of an epoch and Lightning saves that
+    epoch as finished; the resumed run must still train on the epoch's remaining batches."""
+    full_root, stopped_root = tmp_path / "full", tmp_path / "stopped"
+    main(_augmented_args(tiny_an4, full_root))
+    full = torch.load(full_root / "checkpoints" / "last.ckpt", weights_only=True)
+    steps_per_epoch = full["global_step"] // 3
+    stop_at = steps_per_epoch + steps_per_epoch // 2
+    assert steps_per_epoch >= 2 and stop_at % steps_per_epoch
+
+    def out_of_time_at_step(timer, trainer):  # the Timer's check, with the clock made a step count
+        trainer.should_stop = trainer.should_stop or trainer.global_step >= stop_at
+
+    args = _augmented_args(tiny_an4, stopped_root) + ["--step_checkpoint.every_n_steps", "0"]
+    with monkeypatch.context() as patch:
+        patch.setattr(Timer, "_check_time_remaining", out_of_time_at_step)
+        main(args + ["--trainer.max_time", "00:00:01:00"])
+    last = stopped_root / "checkpoints" / "last.ckpt"
+    assert torch.load(last, weights_only=True)["global_step"] == stop_at
+
+    main(args + ["--trainer.max_time", "00:01:00:00", "--ckpt_path", "last"])
+    resumed = torch.load(last, weights_only=True)
+    assert resumed["global_step"] == full["global_step"], "the cut epoch's batches were skipped"
     for name, value in full["state_dict"].items():
         assert torch.equal(resumed["state_dict"][name], value), f"{name} differs after resume"
 
