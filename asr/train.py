@@ -220,16 +220,17 @@ class StepCheckpoint(L.Callback):
 def reopen_cut_epoch(checkpoint: dict[str, Any]) -> None:
     """Make a checkpoint of an epoch cut short resume inside that epoch.
 
-    When `trainer.should_stop` is set mid-epoch (the `max_time` limit, `max_steps`, a guard),
-    Lightning ends the epoch as if its batches had run out and saves it from
-    `on_train_epoch_end`, so a resumed fit would start the next epoch and never train on the
+    When a fit stops mid-epoch (the `max_time` limit, or any callback that sets
+    `trainer.should_stop`), Lightning ends the epoch as if its batches had run out, saves it from
+    `on_train_epoch_end`, and a resumed fit would start the next epoch, never training on the
     rest. Its progress counters are put back to those of a save at the cut batch's end, where
     a step checkpoint resumes, and the data module's sampler state skips the batches done.
     """
-    fit = checkpoint.get("loops", {}).get("fit_loop")
-    if not fit:
-        return
-    epochs, batches = fit["epoch_progress"], fit["epoch_loop.batch_progress"]
+    fit = checkpoint.get("loops", {}).get("fit_loop", {})
+    epochs, batches = fit.get("epoch_progress"), fit.get("epoch_loop.batch_progress")
+    epoch_loop = fit.get("epoch_loop.state_dict", {})
+    if epochs is None or batches is None or "_batches_that_stepped" not in epoch_loop:
+        return  # a layout this code does not know: resumed as Lightning decides
     saved_at_epoch_end = epochs["current"]["processed"] == epochs["current"]["completed"] + 1
     if not saved_at_epoch_end or batches["is_last_batch"]:
         return
@@ -238,7 +239,7 @@ def reopen_cut_epoch(checkpoint: dict[str, Any]) -> None:
     for progress in (batches["total"], batches["current"]):
         progress["completed"] -= 1
     # Counted for the cut batch already; a batch-end save counts it on resume.
-    fit["epoch_loop.state_dict"]["_batches_that_stepped"] -= 1
+    epoch_loop["_batches_that_stepped"] -= 1
 
 
 class ASRCLI(LightningCLI):

@@ -1,0 +1,65 @@
+"""`asr.train` helpers that need no training run (the runs are in test_lightning.py)."""
+
+from __future__ import annotations
+
+import copy
+
+from asr.train import reopen_cut_epoch
+
+
+def _counts(ready: int, processed: int, completed: int) -> dict[str, int]:
+    return {"ready": ready, "started": ready, "processed": processed, "completed": completed}
+
+
+def _epoch_end_save(epoch: int, batches_done: int, last_batch: bool) -> dict:
+    """The loop state Lightning saves from `on_train_epoch_end` of epoch `epoch` (0-based),
+    after `batches_done` batches of it and 10 a finished epoch before."""
+    total_batches = 10 * epoch + batches_done
+    return {
+        "loops": {
+            "fit_loop": {
+                "epoch_progress": {
+                    "total": _counts(epoch + 1, epoch + 1, epoch),
+                    "current": _counts(epoch + 1, epoch + 1, epoch),
+                },
+                "epoch_loop.batch_progress": {
+                    "total": _counts(total_batches, total_batches, total_batches),
+                    "current": _counts(batches_done, batches_done, batches_done),
+                    "is_last_batch": last_batch,
+                },
+                "epoch_loop.state_dict": {"_batches_that_stepped": total_batches},
+            }
+        }
+    }
+
+
+def test_a_cut_epoch_gets_the_counters_of_a_save_at_its_last_batch_end():
+    checkpoint = _epoch_end_save(epoch=1, batches_done=4, last_batch=False)
+    reopen_cut_epoch(checkpoint)
+    fit = checkpoint["loops"]["fit_loop"]
+    for scope in ("total", "current"):
+        epochs = fit["epoch_progress"][scope]
+        assert (epochs["started"], epochs["processed"], epochs["completed"]) == (2, 1, 1)
+    batches = fit["epoch_loop.batch_progress"]
+    assert batches["current"] == {"ready": 4, "started": 4, "processed": 4, "completed": 3}
+    assert batches["total"]["processed"] == 14 and batches["total"]["completed"] == 13
+    assert fit["epoch_loop.state_dict"]["_batches_that_stepped"] == 13
+
+
+def test_an_epoch_that_ran_out_of_batches_stays_finished():
+    checkpoint = _epoch_end_save(epoch=1, batches_done=10, last_batch=True)
+    saved = copy.deepcopy(checkpoint)
+    reopen_cut_epoch(checkpoint)
+    assert checkpoint == saved
+
+
+def test_a_mid_epoch_save_and_an_unknown_layout_are_left_alone():
+    mid_epoch = _epoch_end_save(epoch=1, batches_done=4, last_batch=False)
+    for scope in ("total", "current"):  # saved at a batch end: the epoch not yet processed
+        mid_epoch["loops"]["fit_loop"]["epoch_progress"][scope]["processed"] -= 1
+    unknown = _epoch_end_save(epoch=1, batches_done=4, last_batch=False)
+    del unknown["loops"]["fit_loop"]["epoch_loop.state_dict"]
+    for checkpoint in (mid_epoch, unknown, {"state_dict": {}}):
+        saved = copy.deepcopy(checkpoint)
+        reopen_cut_epoch(checkpoint)
+        assert checkpoint == saved
