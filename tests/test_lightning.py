@@ -370,15 +370,43 @@ def _augmented_args(data: dict[str, str], root: Path) -> list[str]:
     ]  # fmt: skip
 
 
+@pytest.fixture(scope="module")
+def uninterrupted(tiny_an4, tmp_path_factory):
+    """`uninterrupted(grid)`: last.ckpt of the 3-epoch `_augmented_args` run that an
+    interrupted one must match, trained once per batch-shape option."""
+    runs: dict[tuple[str, ...], dict] = {}
+
+    def run(grid: list[str]) -> dict:
+        if tuple(grid) not in runs:
+            root = tmp_path_factory.mktemp("uninterrupted")
+            main(_augmented_args(tiny_an4, root) + grid)
+            runs[tuple(grid)] = torch.load(root / "checkpoints" / "last.ckpt", weights_only=True)
+        return runs[tuple(grid)]
+
+    return run
+
+
+def _middle_of_second_epoch(full: dict) -> tuple[int, int]:
+    """(steps per epoch, a step in the middle of the second epoch) of a 3-epoch run."""
+    steps_per_epoch = full["global_step"] // 3
+    middle = steps_per_epoch + steps_per_epoch // 2
+    assert steps_per_epoch >= 2 and middle % steps_per_epoch
+    return steps_per_epoch, middle
+
+
+def _assert_same_end(full: dict, resumed: dict) -> None:
+    assert resumed["global_step"] == full["global_step"], "steps were skipped or repeated"
+    for name, value in full["state_dict"].items():
+        assert torch.equal(resumed["state_dict"][name], value), f"{name} differs after resume"
+
+
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("grid", [[], SHAPE_GRID], ids=["longest", "grid"])
-def test_sigkill_mid_epoch_then_resume_equals_uninterrupted_run(tiny_an4, tmp_path, grid):
-    full_root, killed_root = tmp_path / "full", tmp_path / "killed"
-    main(_augmented_args(tiny_an4, full_root) + grid)
-    full = torch.load(full_root / "checkpoints" / "last.ckpt", weights_only=True)
-    steps_per_epoch = full["global_step"] // 3
-    kill_at = steps_per_epoch + steps_per_epoch // 2  # in the middle of the second epoch
-    assert steps_per_epoch >= 2 and kill_at % steps_per_epoch
+def test_sigkill_mid_epoch_then_resume_equals_uninterrupted_run(
+    tiny_an4, tmp_path, grid, uninterrupted
+):
+    full, killed_root = uninterrupted(grid), tmp_path / "killed"
+    steps_per_epoch, kill_at = _middle_of_second_epoch(full)
 
     script = tmp_path / "kill.py"
     script.write_text(textwrap.dedent(KILL_SCRIPT))
@@ -394,22 +422,17 @@ def test_sigkill_mid_epoch_then_resume_equals_uninterrupted_run(tiny_an4, tmp_pa
     assert killed["ASRDataModule"]["train_sampler"]["batches_yielded"] == kill_at % steps_per_epoch
 
     main(args + ["--ckpt_path", "last"])  # the same command, resumed
-    resumed = torch.load(last, weights_only=True)
-    assert resumed["global_step"] == full["global_step"]
-    for name, value in full["state_dict"].items():
-        assert torch.equal(resumed["state_dict"][name], value), f"{name} differs after resume"
+    _assert_same_end(full, torch.load(last, weights_only=True))
 
 
 @pytest.mark.timeout(600)
-def test_time_limit_mid_epoch_then_longer_limit_resumes_that_epoch(tiny_an4, tmp_path, monkeypatch):
+def test_time_limit_mid_epoch_then_longer_limit_resumes_that_epoch(
+    tiny_an4, tmp_path, monkeypatch, uninterrupted
+):
     """`--trainer.max_time` ends the fit in the middle of an epoch and Lightning saves that
     epoch as finished; the resumed run must still train on the epoch's remaining batches."""
-    full_root, stopped_root = tmp_path / "full", tmp_path / "stopped"
-    main(_augmented_args(tiny_an4, full_root))
-    full = torch.load(full_root / "checkpoints" / "last.ckpt", weights_only=True)
-    steps_per_epoch = full["global_step"] // 3
-    stop_at = steps_per_epoch + steps_per_epoch // 2
-    assert steps_per_epoch >= 2 and stop_at % steps_per_epoch
+    full, stopped_root = uninterrupted([]), tmp_path / "stopped"
+    _, stop_at = _middle_of_second_epoch(full)
 
     def out_of_time_at_step(timer, trainer):  # the Timer's check, with the clock made a step count
         trainer.should_stop = trainer.should_stop or trainer.global_step >= stop_at
@@ -422,10 +445,7 @@ def test_time_limit_mid_epoch_then_longer_limit_resumes_that_epoch(tiny_an4, tmp
     assert torch.load(last, weights_only=True)["global_step"] == stop_at
 
     main(args + ["--trainer.max_time", "00:01:00:00", "--ckpt_path", "last"])
-    resumed = torch.load(last, weights_only=True)
-    assert resumed["global_step"] == full["global_step"], "the cut epoch's batches were skipped"
-    for name, value in full["state_dict"].items():
-        assert torch.equal(resumed["state_dict"][name], value), f"{name} differs after resume"
+    _assert_same_end(full, torch.load(last, weights_only=True))  # the cut epoch's rest trained
 
 
 def test_sigterm_stops_fit_with_a_failing_status_that_says_how_to_resume(tiny_an4, tmp_path):
