@@ -72,6 +72,24 @@ class RunCheckpoint(ModelCheckpoint):
             state_dict = _moved_record(state_dict, Path(self.dirpath)) or state_dict
         super().load_state_dict(state_dict)
 
+    # Lightning writes last.ckpt only at a step where it also wrote a best-k checkpoint, so
+    # after an epoch outside the best k, last.ckpt would hold an older state: a resumed run
+    # would repeat epochs and `--ckpt_path last` would not be the last model.
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_train_epoch_end(trainer, pl_module)
+        if self._should_save_on_train_epoch_end(trainer):
+            self._refresh_last(trainer)
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_validation_end(trainer, pl_module)
+        if not self._should_save_on_train_epoch_end(trainer):
+            self._refresh_last(trainer)
+
+    def _refresh_last(self, trainer: L.Trainer) -> None:
+        # The skip test is also true where this step was saved already.
+        if self.save_last is True and not self._should_skip_saving_checkpoint(trainer):
+            self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
+
 
 PATH_KEYS = ("best_model_path", "kth_best_model_path", "last_model_path")
 

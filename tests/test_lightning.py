@@ -200,6 +200,22 @@ def test_the_same_seed_twice_gives_identical_weights(tiny_an4, tmp_path, precisi
     assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
 
 
+def test_last_ckpt_is_the_final_state_when_that_epoch_is_not_among_the_best(tiny_an4, tmp_path):
+    """Lightning writes last.ckpt only beside a best-k save; a later epoch outside the best k
+    must still refresh it, or a resumed run repeats epochs and `last.ckpt` is not the last."""
+    never_better = ["--checkpoint.monitor", "step", "--checkpoint.mode", "min"]
+    main(_fit_args(tiny_an4, tmp_path) + never_better + ["--checkpoint.save_top_k", "1"])
+    folder = tmp_path / "checkpoints"
+    assert len(list(folder.glob("epoch*.ckpt"))) == 1, "only the first epoch is the best 1"
+    last = torch.load(folder / "last.ckpt", weights_only=True)
+    assert last["epoch"] == 1 and last["global_step"] == 2 * _steps_per_epoch(tmp_path)
+
+
+def _steps_per_epoch(root: Path) -> int:
+    first = torch.load(next((root / "checkpoints").glob("epoch000*.ckpt")), weights_only=True)
+    return first["global_step"]
+
+
 def test_resume_from_last_and_average(tiny_an4, tmp_path):
     """A rerun with `--ckpt_path last` continues the same experiment; `asr average` writes a
     checkpoint whose weights are the mean of the best ones."""
