@@ -243,6 +243,24 @@ def test_resume_from_last_and_average(tiny_an4, tmp_path):
     assert [r for r in rows if r.get("test/wer")], "asr test reports the test WER"
 
 
+@pytest.mark.gpu
+def test_fit_resume_and_decode_on_a_gpu(tiny_an4, tmp_path):
+    """The user path on CUDA in bf16: fit, resume with `--ckpt_path last`, decode on the GPU,
+    and load the GPU-trained checkpoint on a CPU."""
+    args = _fit_args(tiny_an4, tmp_path) + ["--trainer.accelerator", "gpu"]
+    args += ["--trainer.devices", "1", "--trainer.precision", "bf16-mixed"]
+    main(args + ["--trainer.max_epochs", "1"])
+    main(args + ["--trainer.max_epochs", "2", "--ckpt_path", "last"])
+    last = tmp_path / "checkpoints" / "last.ckpt"
+    assert torch.load(last, map_location="cpu", weights_only=True)["epoch"] == 1
+
+    out = tmp_path / "decode"
+    decode = ["--manifest", tiny_an4["dev"], "--out", str(out), "--beam-size", "2"]
+    assert main(["evaluate", "--checkpoint", str(last), "--device", "cuda", *decode]) == 0
+    assert json.loads((out / "metrics.json").read_text())["utterances"] == 3
+    assert load_model(last, "cpu").device.type == "cpu"
+
+
 def test_a_moved_run_folder_resumes_as_its_own(tiny_an4, tmp_path):
     """A run folder copied or moved elsewhere and resumed there keeps its best-k record
     (remapped to the new folder) and its single `last.ckpt`."""
