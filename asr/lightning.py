@@ -22,8 +22,9 @@ from asr.data.manifest import format_bad_entries, validate_manifest
 from asr.data.sampler import DynamicBucketSampler, LengthGrid
 from asr.finetune import init_from as init_model_from
 from asr.metrics import ErrorCounts, char_errors, word_errors
+from asr.models.ctc import InterCTC
 from asr.models.dropout import use_fast_dropout
-from asr.models.seq2seq import LossOutput, build_seq2seq
+from asr.models.seq2seq import LossOutput, Seq2Seq, build_seq2seq
 from asr.recognizer import BF16_STEP_ROWS, frame_timing, model_sample_rate
 from asr.search import Hypothesis, fastest_speech, greedy_search, length_bound
 from asr.segment import segment_seconds_for
@@ -67,6 +68,9 @@ class ASRModule(L.LightningModule):
             vocabulary layers to a different tokenizer, and logs what it re-initialised.
         freeze_encoder_steps: the frontend and encoder stay as they are for this many
             optimizer steps (fine-tuning: the new output layers settle first).
+        inter_ctc_layers: encoder blocks (1-based) the CTC head also reads in training
+            (intermediate CTC, `asr.models.ctc.InterCTC`); e.g. [3] of 6 blocks.
+        inter_ctc_weight: share of those blocks' losses in the CTC loss (0: off).
     """
 
     def __init__(
@@ -87,6 +91,8 @@ class ASRModule(L.LightningModule):
         fast_dropout: bool = False,
         init_from: str | None = None,
         freeze_encoder_steps: int = 0,
+        inter_ctc_layers: list[int] | None = None,
+        inter_ctc_weight: float = 0.0,
     ):
         super().__init__()
         if freeze_encoder_steps < 0:
@@ -97,6 +103,7 @@ class ASRModule(L.LightningModule):
             ignore=["frontend", "encoder", "decoder", "optimizer", "lr_scheduler"]
         )
         self.model = build_seq2seq(frontend, encoder, decoder, vocab_size, ctc_weight)
+        self._inter_ctc = _inter_ctc(self.model, inter_ctc_layers, inter_ctc_weight)
         if fast_dropout:
             use_fast_dropout(self.model)
         self.tokenizer = Tokenizer.load(tokenizer) if tokenizer else None
@@ -131,6 +138,7 @@ class ASRModule(L.LightningModule):
             batch.token_lens,
             self.hparams.ctc_weight,
             self.hparams.label_smoothing,
+            self._inter_ctc,
         )
 
     def training_step(self, batch: Batch, batch_idx: int) -> Tensor:
@@ -204,10 +212,13 @@ class ASRModule(L.LightningModule):
         set_loader_epoch(self.trainer.train_dataloader, self.current_epoch)
 
     def validation_step(self, batch: Batch, batch_idx: int) -> None:
-        enc, enc_lens = self.model.encode(batch.waves, batch.wave_lens)
+        with self.model.tap_encoder(self._inter_ctc) as intermediate:
+            enc, enc_lens = self.model.encode(batch.waves, batch.wave_lens)
+        inter_weight = self._inter_ctc.weight if self._inter_ctc else 0.0
         out = self.model.loss_from_encoder(
-            enc, enc_lens, batch.tokens, batch.token_lens, self.hparams.ctc_weight, 0.0
-        )
+            enc, enc_lens, batch.tokens, batch.token_lens, self.hparams.ctc_weight, 0.0,
+            intermediate, inter_weight,
+        )  # fmt: skip
         self._log_losses(self._eval_stage, out, len(batch))
         hyps = self._greedy(enc, enc_lens)
         texts = [self.tokenizer.decode(h.tokens) for h in hyps]
@@ -296,9 +307,10 @@ class ASRModule(L.LightningModule):
             "att_loss": out.attention_loss,
             "acc": out.token_accuracy,
             "ctc_loss": out.ctc_loss,
+            "inter_ctc_loss": out.inter_ctc_loss,
         }
         for name, value in values.items():
-            if value is None:  # no CTC head
+            if value is None:  # no CTC head or no intermediate CTC
                 continue
             self.log(
                 f"{stage}/{name}",
@@ -381,6 +393,17 @@ def step_schedule(
         return optimizer
     scheduler = scheduler_factory(optimizer)
     return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+
+def _inter_ctc(model: Seq2Seq, layers: list[int] | None, weight: float) -> InterCTC | None:
+    """The intermediate CTC of `ASRModule`'s arguments, checked against the model."""
+    if not weight:
+        return None
+    if model.ctc is None:
+        raise ValueError(f"inter_ctc_weight={weight} needs the CTC head (ctc_weight > 0)")
+    inter = InterCTC(tuple(layers or ()), weight)
+    inter.blocks(model.encoder)  # raises now, not at the first training step
+    return inter
 
 
 def _parameters(optimizer: torch.optim.Optimizer) -> list[Tensor]:

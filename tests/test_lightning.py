@@ -514,11 +514,13 @@ class _PoisonedLoss(L.Callback):
         del module.model.loss  # back to the class's method
 
 
-def _tiny_module(tiny_an4: dict[str, str], **options) -> tuple[ASRModule, ASRDataModule]:
-    """A one-layer d=32 Transformer `ASRModule` (with `options`) and its AN4 data module."""
+def _tiny_module(
+    tiny_an4: dict[str, str], num_layers: int = 1, **options
+) -> tuple[ASRModule, ASRDataModule]:
+    """A d=32 Transformer `ASRModule` (with `options`) and its AN4 data module."""
     data = ASRDataModule(tiny_an4["train"], tiny_an4["dev"], tiny_an4["tokenizer"],
                          max_batch_seconds=12, num_workers=0)  # fmt: skip
-    layers = {"d_model": 32, "num_heads": 2, "ffn_dim": 64, "num_layers": 1}
+    layers = {"d_model": 32, "num_heads": 2, "ffn_dim": 64, "num_layers": num_layers}
     module = ASRModule(
         Frontend(LogMelFilterbank(n_mels=40)),
         partial(TransformerEncoder, **layers),
@@ -626,6 +628,27 @@ def test_nonfinite_loss_skips_the_step_and_stops_after_a_streak(tiny_an4):
 
     with pytest.raises(FloatingPointError, match="3 consecutive training steps"):
         _tiny_fit(module, data, steps=20, callbacks=[_PoisonedLoss()])
+
+
+def test_intermediate_ctc_is_trained_and_logged(tiny_an4):
+    module, data = _tiny_module(tiny_an4, num_layers=2, inter_ctc_layers=[1], inter_ctc_weight=0.3)
+    _tiny_fit(module, data, steps=2)
+    logged = module.trainer.callback_metrics
+    assert torch.isfinite(logged["train/inter_ctc_loss_epoch"])
+    assert logged["train/inter_ctc_loss_epoch"] != logged["train/ctc_loss_epoch"]
+
+
+@pytest.mark.parametrize(
+    "options,message",
+    [
+        ({"ctc_weight": 0.0, "inter_ctc_layers": [1], "inter_ctc_weight": 0.3}, "CTC head"),
+        ({"inter_ctc_layers": [2], "inter_ctc_weight": 0.3}, "has 2 blocks"),
+        ({"inter_ctc_weight": 0.3}, "1-based"),
+    ],
+)
+def test_intermediate_ctc_settings_are_checked_when_the_module_is_built(tiny_an4, options, message):
+    with pytest.raises(ValueError, match=message):
+        _tiny_module(tiny_an4, num_layers=2, **options)
 
 
 class _GradientNorm(L.Callback):

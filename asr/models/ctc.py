@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -58,3 +62,58 @@ class CTCHead(nn.Module):
             ids = torch.unique_consecutive(row[:n]).tolist()
             out.append([i for i in ids if i != BLANK_ID])
         return out
+
+
+@dataclass(frozen=True)
+class InterCTC:
+    """Intermediate CTC (Lee & Watanabe 2021): the CTC head also reads chosen encoder blocks.
+
+    The CTC part of the loss becomes `(1 - weight) * final + weight * mean(intermediate)`,
+    each intermediate output passed through the encoder's final `norm` first (as the last
+    block's is). It regularises the lower blocks and adds no parameter, so checkpoints and
+    decoding are unchanged.
+
+    Args:
+        layers: 1-based indices of the tapped blocks of `encoder.layers`, before the last one.
+        weight: share of the intermediate losses in the CTC loss, in (0, 1).
+    """
+
+    layers: tuple[int, ...]
+    weight: float
+
+    def __post_init__(self) -> None:
+        if not self.layers or min(self.layers) < 1:
+            raise ValueError(f"inter_ctc_layers must be 1-based block indices, got {self.layers}")
+        if not 0.0 < self.weight < 1.0:
+            raise ValueError(f"inter_ctc_weight must lie in (0, 1), got {self.weight}")
+
+    def blocks(self, encoder: nn.Module) -> list[nn.Module]:
+        """The tapped blocks; a ValueError names what the encoder lacks."""
+        layers = getattr(encoder, "layers", None)
+        if not isinstance(layers, nn.ModuleList):
+            raise ValueError(
+                f"intermediate CTC needs an encoder with a `layers` ModuleList of blocks; "
+                f"{type(encoder).__name__} has none"
+            )
+        if max(self.layers) >= len(layers):
+            raise ValueError(
+                f"inter_ctc_layers {list(self.layers)}: {type(encoder).__name__} has "
+                f"{len(layers)} blocks, so an intermediate one is 1..{len(layers) - 1}"
+            )
+        return [layers[i - 1] for i in sorted(set(self.layers))]
+
+    @contextmanager
+    def tap(self, encoder: nn.Module) -> Iterator[list[Tensor]]:
+        """Collect the tapped blocks' normalised outputs `(B, T, D)` while the body runs."""
+        norm = getattr(encoder, "norm", None)
+        norm = norm if isinstance(norm, nn.Module) else nn.Identity()
+        outputs: list[Tensor] = []
+        handles = [
+            block.register_forward_hook(lambda _m, _args, out: outputs.append(norm(out)))
+            for block in self.blocks(encoder)
+        ]
+        try:
+            yield outputs
+        finally:
+            for handle in handles:
+                handle.remove()

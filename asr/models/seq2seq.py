@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from asr.models.ctc import CTCHead
+from asr.models.ctc import CTCHead, InterCTC
 from asr.text import PAD_ID, SOS_EOS_ID
 
 
@@ -22,6 +23,7 @@ class LossOutput:
     ctc_loss: Tensor | None  # CTC loss per target token, when a CTC head is present
     token_accuracy: Tensor  # teacher-forced next-token accuracy over real tokens
     attention: Tensor  # (B, K, L+1, T_enc) cross-attention weights
+    inter_ctc_loss: Tensor | None = None  # mean CTC loss of the tapped blocks (`InterCTC`)
 
 
 def add_sos_eos(tokens: Tensor, token_lens: Tensor) -> tuple[Tensor, Tensor]:
@@ -98,12 +100,19 @@ class Seq2Seq(nn.Module):
         token_lens: Tensor,
         ctc_weight: float = 0.0,
         label_smoothing: float = 0.0,
+        inter_ctc: InterCTC | None = None,
     ) -> LossOutput:
         """Joint CTC/attention loss from audio; see `loss_from_encoder`."""
-        enc, enc_lens = self.encode(waves, wave_lens)
+        with self.tap_encoder(inter_ctc) as intermediate:
+            enc, enc_lens = self.encode(waves, wave_lens)
         return self.loss_from_encoder(
-            enc, enc_lens, tokens, token_lens, ctc_weight, label_smoothing
-        )
+            enc, enc_lens, tokens, token_lens, ctc_weight, label_smoothing,
+            intermediate, inter_ctc.weight if inter_ctc else 0.0,
+        )  # fmt: skip
+
+    def tap_encoder(self, inter_ctc: InterCTC | None) -> AbstractContextManager[list[Tensor]]:
+        """Context collecting the encoder blocks `inter_ctc` taps (an empty list without)."""
+        return inter_ctc.tap(self.encoder) if inter_ctc else nullcontext([])
 
     def loss_from_encoder(
         self,
@@ -113,15 +122,20 @@ class Seq2Seq(nn.Module):
         token_lens: Tensor,
         ctc_weight: float = 0.0,
         label_smoothing: float = 0.0,
+        intermediate: Sequence[Tensor] = (),
+        inter_ctc_weight: float = 0.0,
     ) -> LossOutput:
         """Joint CTC/attention loss: `ctc_weight * ctc + (1 - ctc_weight) * attention`.
 
         Both are per target token: the attention loss is the mean label-smoothed
         cross-entropy (eos included), the CTC loss is summed and divided by the token count.
+        With intermediate encoder outputs, the CTC term is
+        `(1 - inter_ctc_weight) * ctc + inter_ctc_weight * mean(their CTC losses)`.
 
         Args:
             enc: `(B, T, D)` encoder output; enc_lens `(B,)`.
             tokens: `(B, L)` target ids (no sos/eos), padded; token_lens `(B,)`.
+            intermediate: `(B, T, D)` outputs of earlier encoder blocks (`tap_encoder`).
         """
         if ctc_weight > 0 and self.ctc is None:
             raise ValueError(f"ctc_weight={ctc_weight} but the model has no CTC head")
@@ -135,12 +149,21 @@ class Seq2Seq(nn.Module):
         )
         valid = ys_out != PAD_ID
         accuracy = ((logits.argmax(-1) == ys_out) & valid).sum() / valid.sum()
-        ctc_loss = None
+        ctc_loss = inter_loss = None
         total = att_loss
         if self.ctc is not None and ctc_weight > 0:
-            ctc_loss = self.ctc.loss(self.ctc(enc), enc_lens, tokens, token_lens)
-            total = ctc_weight * ctc_loss + (1 - ctc_weight) * att_loss
-        return LossOutput(total, att_loss, ctc_loss, accuracy, attn)
+            ctc_loss = ctc_term = self._ctc_loss(enc, enc_lens, tokens, token_lens)
+            if intermediate:
+                inter = [self._ctc_loss(h, enc_lens, tokens, token_lens) for h in intermediate]
+                inter_loss = torch.stack(inter).mean()
+                ctc_term = (1 - inter_ctc_weight) * ctc_loss + inter_ctc_weight * inter_loss
+            total = ctc_weight * ctc_term + (1 - ctc_weight) * att_loss
+        return LossOutput(total, att_loss, ctc_loss, accuracy, attn, inter_loss)
+
+    def _ctc_loss(
+        self, enc: Tensor, enc_lens: Tensor, tokens: Tensor, token_lens: Tensor
+    ) -> Tensor:
+        return self.ctc.loss(self.ctc(enc), enc_lens, tokens, token_lens)
 
 
 def build_seq2seq(
