@@ -212,12 +212,11 @@ class ASRModule(L.LightningModule):
         set_loader_epoch(self.trainer.train_dataloader, self.current_epoch)
 
     def validation_step(self, batch: Batch, batch_idx: int) -> None:
-        with self.model.tap_encoder(self._inter_ctc) as intermediate:
-            enc, enc_lens = self.model.encode(batch.waves, batch.wave_lens)
-        inter_weight = self._inter_ctc.weight if self._inter_ctc else 0.0
+        encoded = self.model.encode_tapped(batch.waves, batch.wave_lens, self._inter_ctc)
+        enc, enc_lens, intermediate = encoded
         out = self.model.loss_from_encoder(
             enc, enc_lens, batch.tokens, batch.token_lens, self.hparams.ctc_weight, 0.0,
-            intermediate, inter_weight,
+            intermediate, self._inter_ctc,
         )  # fmt: skip
         self._log_losses(self._eval_stage, out, len(batch))
         hyps = self._greedy(enc, enc_lens)

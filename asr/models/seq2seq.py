@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -103,16 +102,21 @@ class Seq2Seq(nn.Module):
         inter_ctc: InterCTC | None = None,
     ) -> LossOutput:
         """Joint CTC/attention loss from audio; see `loss_from_encoder`."""
-        with self.tap_encoder(inter_ctc) as intermediate:
-            enc, enc_lens = self.encode(waves, wave_lens)
+        enc, enc_lens, intermediate = self.encode_tapped(waves, wave_lens, inter_ctc)
         return self.loss_from_encoder(
             enc, enc_lens, tokens, token_lens, ctc_weight, label_smoothing,
-            intermediate, inter_ctc.weight if inter_ctc else 0.0,
+            intermediate, inter_ctc,
         )  # fmt: skip
 
-    def tap_encoder(self, inter_ctc: InterCTC | None) -> AbstractContextManager[list[Tensor]]:
-        """Context collecting the encoder blocks `inter_ctc` taps (an empty list without)."""
-        return inter_ctc.tap(self.encoder) if inter_ctc else nullcontext([])
+    def encode_tapped(
+        self, waves: Tensor, wave_lens: Tensor, inter_ctc: InterCTC | None
+    ) -> tuple[Tensor, Tensor, list[Tensor]]:
+        """`encode`, plus the outputs of the blocks `inter_ctc` taps (none without it)."""
+        if inter_ctc is None:
+            return (*self.encode(waves, wave_lens), [])
+        with inter_ctc.tap(self.encoder) as intermediate:
+            enc, enc_lens = self.encode(waves, wave_lens)
+        return enc, enc_lens, intermediate
 
     def loss_from_encoder(
         self,
@@ -123,19 +127,19 @@ class Seq2Seq(nn.Module):
         ctc_weight: float = 0.0,
         label_smoothing: float = 0.0,
         intermediate: Sequence[Tensor] = (),
-        inter_ctc_weight: float = 0.0,
+        inter_ctc: InterCTC | None = None,
     ) -> LossOutput:
         """Joint CTC/attention loss: `ctc_weight * ctc + (1 - ctc_weight) * attention`.
 
         Both are per target token: the attention loss is the mean label-smoothed
         cross-entropy (eos included), the CTC loss is summed and divided by the token count.
         With intermediate encoder outputs, the CTC term is
-        `(1 - inter_ctc_weight) * ctc + inter_ctc_weight * mean(their CTC losses)`.
+        `(1 - w) * ctc + w * mean(their CTC losses)`, `w` the weight of `inter_ctc`.
 
         Args:
             enc: `(B, T, D)` encoder output; enc_lens `(B,)`.
             tokens: `(B, L)` target ids (no sos/eos), padded; token_lens `(B,)`.
-            intermediate: `(B, T, D)` outputs of earlier encoder blocks (`tap_encoder`).
+            intermediate: `(B, T, D)` outputs of the blocks `inter_ctc` taps (`encode_tapped`).
         """
         if ctc_weight > 0 and self.ctc is None:
             raise ValueError(f"ctc_weight={ctc_weight} but the model has no CTC head")
@@ -153,10 +157,10 @@ class Seq2Seq(nn.Module):
         total = att_loss
         if self.ctc is not None and ctc_weight > 0:
             ctc_loss = ctc_term = self._ctc_loss(enc, enc_lens, tokens, token_lens)
-            if intermediate:
+            if intermediate and inter_ctc is not None:
                 inter = [self._ctc_loss(h, enc_lens, tokens, token_lens) for h in intermediate]
                 inter_loss = torch.stack(inter).mean()
-                ctc_term = (1 - inter_ctc_weight) * ctc_loss + inter_ctc_weight * inter_loss
+                ctc_term = (1 - inter_ctc.weight) * ctc_loss + inter_ctc.weight * inter_loss
             total = ctc_weight * ctc_term + (1 - ctc_weight) * att_loss
         return LossOutput(total, att_loss, ctc_loss, accuracy, attn, inter_loss)
 

@@ -61,7 +61,12 @@ def test_tap_leaves_no_hook_behind_even_when_the_body_raises():
 
 @pytest.mark.parametrize(
     "layers,weight,message",
-    [((), 0.3, "1-based"), ((0,), 0.3, "1-based"), ((1,), 0.0, r"\(0, 1\)"), ((1,), 1.0, "(0, 1)")],
+    [
+        ((), 0.3, "1-based"),
+        ((0,), 0.3, "1-based"),
+        ((1,), 0.0, r"\(0, 1\)"),
+        ((1,), 1.0, r"\(0, 1\)"),
+    ],
 )
 def test_bad_settings_are_refused(layers, weight, message):
     with pytest.raises(ValueError, match=message):
