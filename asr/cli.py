@@ -76,7 +76,8 @@ def _tokenizer(args: argparse.Namespace) -> int:
 
 
 def _cmvn(args: argparse.Namespace) -> int:
-    from asr.frontends import Frontend, LevelNormalizer, LogMelFilterbank, compute_cmvn_stats
+    from asr.data.cmvn import compute_cmvn_stats
+    from asr.frontends import Frontend, LevelNormalizer, LogMelFilterbank
 
     frontend = LogMelFilterbank(sample_rate=args.sample_rate, n_mels=args.n_mels)
     if args.target_dbfs is not None:

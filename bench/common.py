@@ -93,8 +93,9 @@ def ensure_data(data: Path, out: Path) -> Path:
         raise FileNotFoundError(
             f"no prepared data at {data} and no AN4 corpus at {source} to prepare it from"
         )
+    from asr.data.cmvn import compute_cmvn_stats
     from asr.data.prepare import prepare_corpus
-    from asr.frontends import Frontend, LevelNormalizer, LogMelFilterbank, compute_cmvn_stats
+    from asr.frontends import Frontend, LevelNormalizer, LogMelFilterbank
     from asr.text import train_tokenizer
 
     prepare_corpus("an4", source, target)

@@ -28,9 +28,9 @@ from asr.frontends import (
     SpecAugment,
     UtteranceCMVN,
     accumulate_cmvn_stats,
-    compute_cmvn_stats,
     num_frames,
 )
+from asr.models.interfaces import lengths_to_mask
 
 ODD_LENGTHS = [16001, 399, 400, 401, 12345]
 PAD_LEFT = (512 - 400) // 2  # where torch.stft and librosa centre a 400-sample window in 512
@@ -322,7 +322,7 @@ def padded_features(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     gen = torch.Generator().manual_seed(seed)
     lens = torch.tensor([7, 2, 5])
     feats = 3 + 2 * torch.randn(3, 7, 4, generator=gen, dtype=torch.float64)
-    valid = asr.frontends.lengths_to_mask(lens, 7)
+    valid = lengths_to_mask(lens, 7)
     return feats.masked_fill(~valid[:, :, None], 1e6), lens
 
 
@@ -432,39 +432,6 @@ def test_utterance_cmvn_uses_valid_frames_only(norm_vars):
         assert out[b, n:].abs().sum() == 0
 
 
-def write_corpus(tmp_path: Path, lengths: list[int]) -> Path:
-    """WAV files of noisy sines and a JSON Lines manifest over them."""
-    wave, _ = waves(lengths, extra=0)
-    lines = []
-    for i, n in enumerate(lengths):
-        sf.write(tmp_path / f"u{i}.wav", wave[i, :n].numpy(), 16000, subtype="FLOAT")
-        lines.append({"audio_filepath": f"u{i}.wav", "duration": n / 16000, "text": "x"})
-    manifest = tmp_path / "manifest.jsonl"
-    manifest.write_text("".join(json.dumps(line) + "\n" for line in lines))
-    return manifest
-
-
-def test_compute_cmvn_stats_over_a_manifest(tmp_path):
-    lengths = [16000, 4000, 12345, 8000, 399]
-    manifest = write_corpus(tmp_path, lengths)
-    frontend = LogMelFilterbank(n_mels=20)
-    stats = compute_cmvn_stats(manifest, frontend, tmp_path / "cmvn.json", batch_size=2)
-    wave, lens = waves(lengths, extra=0)
-    expected = accumulate_cmvn_stats(*frontend(wave, lens))
-    assert stats.count == expected.count == sum(num_frames(n, 400, 160) for n in lengths)
-    torch.testing.assert_close(stats.mean, expected.mean)
-    torch.testing.assert_close(stats.std, expected.std)
-    assert torch.equal(CMVNStats.load(tmp_path / "cmvn.json").sum, stats.sum)
-    first = compute_cmvn_stats(manifest, frontend, tmp_path / "two.json", max_utterances=2)
-    assert first.count == num_frames(16000, 400, 160) + num_frames(4000, 400, 160)
-
-
-def test_compute_cmvn_stats_without_frames_raises(tmp_path):
-    manifest = write_corpus(tmp_path, [300])
-    with pytest.raises(ValueError, match="manifest.jsonl"):
-        compute_cmvn_stats(manifest, LogMelFilterbank(), tmp_path / "cmvn.json")
-
-
 # ----------------------------------------------------------------------------- SpecAugment
 
 
@@ -537,7 +504,7 @@ def test_time_masks_fit_whole_inside_each_length():
     for seed in range(50):
         torch.manual_seed(seed)
         mask = augment._time_mask(feats, lens)
-        assert not (mask & ~asr.frontends.lengths_to_mask(lens, 50)).any()
+        assert not (mask & ~lengths_to_mask(lens, 50)).any()
 
 
 def test_max_time_width_fraction_and_frames():

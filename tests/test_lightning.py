@@ -24,11 +24,12 @@ from lightning.pytorch.callbacks import ModelCheckpoint, Timer
 
 import asr.lightning
 from asr.cli import main
+from asr.data.cmvn import compute_cmvn_stats
 from asr.data.dataset import set_loader_epoch
 from asr.data.manifest import read_manifest, write_manifest
 from asr.data.prepare import prepare_corpus
 from asr.data.sampler import LengthGrid
-from asr.frontends import Frontend, LogMelFilterbank, compute_cmvn_stats
+from asr.frontends import Frontend, LogMelFilterbank
 from asr.lightning import TOKEN_MULTIPLE, ASRDataModule, ASRModule
 from asr.models.transformer import TransformerDecoder, TransformerEncoder
 from asr.recognizer import load_model

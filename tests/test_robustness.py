@@ -204,7 +204,8 @@ def test_cli_prints_the_table(tmp_path, capsys):
 
 
 def test_cmvn_cli_measures_level_normalised_features(tmp_path):
-    from asr.frontends import CMVNStats, Frontend, LogMelFilterbank, compute_cmvn_stats
+    from asr.data.cmvn import compute_cmvn_stats
+    from asr.frontends import CMVNStats, Frontend, LogMelFilterbank
 
     manifest = _manifest(tmp_path / "train.jsonl")
     quiet = tmp_path / "quiet.jsonl"

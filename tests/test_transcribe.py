@@ -34,9 +34,10 @@ from torch import nn
 import asr.recognizer
 from asr.audio import audio_info, load_audio
 from asr.cli import main
+from asr.data.cmvn import compute_cmvn_stats
 from asr.data.dataset import collate
 from asr.data.manifest import Utterance, write_manifest
-from asr.frontends import Frontend, LogMelFilterbank, UtteranceCMVN, compute_cmvn_stats
+from asr.frontends import Frontend, LogMelFilterbank, UtteranceCMVN
 from asr.models.ctc import CTCHead
 from asr.models.rnn import RNNEncoder
 from asr.models.seq2seq import Seq2Seq

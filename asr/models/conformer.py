@@ -4,7 +4,7 @@ Each block is a macaron pair of half-step feed-forward modules around relative-p
 multi-head self-attention (Transformer-XL style, Dai et al. 2019) and a convolution module,
 each module pre-normalised, and the block followed by LayerNorm as in the paper. The front is
 the Transformer's `Conv2dSubsampling`, so lengths follow
-`asr.models.transformer.subsampled_length`.
+`asr.models.blocks.subsampled_length`.
 
 `block_norm=False` drops the LayerNorm that ends each block and puts one after the stack, as
 the Transformer encoder does. A LayerNorm after every block rescales the residual stream, so
@@ -18,12 +18,12 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from asr.models.interfaces import lengths_to_mask
-from asr.models.transformer import (
+from asr.models.blocks import (
     Conv2dSubsampling,
     RelativePositionalEncoding,
     RelPositionMultiHeadAttention,
 )
+from asr.models.interfaces import lengths_to_mask
 
 
 class ConvolutionModule(nn.Module):

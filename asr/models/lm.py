@@ -18,8 +18,8 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
+from asr.models.blocks import FeedForward, MultiHeadAttention, PositionalEncoding
 from asr.models.interfaces import State, reorder_batch
-from asr.models.transformer import FeedForward, MultiHeadAttention, PositionalEncoding
 
 
 def _check_tokens(name: str, tokens: Tensor, dim: int) -> None:

@@ -7,15 +7,15 @@ import math
 import pytest
 import torch
 
-from asr.models.conformer import ConformerEncoder, ConvolutionModule
-from asr.models.interfaces import lengths_to_mask
-from asr.models.transformer import (
+from asr.models.blocks import (
     RelPositionMultiHeadAttention,
     relative_positions,
     relative_shift,
     sinusoid_embedding,
     subsampled_length,
 )
+from asr.models.conformer import ConformerEncoder, ConvolutionModule
+from asr.models.interfaces import lengths_to_mask
 
 SMALL = dict(d_model=16, num_heads=4, ffn_dim=32, num_layers=2, kernel_size=5)
 

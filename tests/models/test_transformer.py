@@ -8,17 +8,16 @@ import pytest
 import torch
 from torch import nn
 
-from asr.models.interfaces import lengths_to_mask
-from asr.models.transformer import (
+from asr.models.blocks import (
     Conv2dSubsampling,
     MultiHeadAttention,
     PositionalEncoding,
-    TransformerDecoder,
-    TransformerEncoder,
     key_padding_mask,
     min_input_length,
     subsampled_length,
 )
+from asr.models.interfaces import lengths_to_mask
+from asr.models.transformer import TransformerDecoder, TransformerEncoder
 
 FACTORS = (4, 6, 8)
 SMALL = dict(d_model=16, num_heads=4, ffn_dim=32, num_layers=2)

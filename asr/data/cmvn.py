@@ -1,0 +1,74 @@
+"""Global CMVN statistics of a manifest's features (`asr cmvn`)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+from tqdm import tqdm
+
+from asr.audio import load_audio
+from asr.data.manifest import read_manifest
+from asr.frontends import CMVNStats, Frontend, LevelNormalizer, accumulate_cmvn_stats
+
+
+def _load_batch(utterances: list, sample_rate: int, device: torch.device) -> tuple[Tensor, Tensor]:
+    """Manifest entries -> `(B, T)` zero-padded waves and `(B,)` lengths on `device`."""
+    waves = [load_audio(u.audio_filepath, sample_rate, u.offset, u.duration) for u in utterances]
+    lens = torch.tensor([w.numel() for w in waves], dtype=torch.int64)
+    return nn.utils.rnn.pad_sequence(waves, batch_first=True).to(device), lens.to(device)
+
+
+def _module_device(module: nn.Module) -> torch.device:
+    tensor = next(module.parameters(), None)
+    tensor = next(module.buffers(), None) if tensor is None else tensor
+    return torch.device("cpu") if tensor is None else tensor.device
+
+
+def compute_cmvn_stats(
+    manifest_path: str | Path,
+    frontend: nn.Module,
+    out_path: str | Path,
+    sample_rate: int = 16000,
+    max_utterances: int | None = None,
+    batch_size: int = 16,
+) -> CMVNStats:
+    """Global CMVN statistics of `frontend` features over a manifest, saved as JSON.
+
+    Pass the feature extractor alone (e.g. `LogMelFilterbank`), or in a `Frontend` with only a
+    `level`, whose target the file records. It runs in eval mode without gradients.
+
+    Args:
+        manifest_path: JSON Lines manifest (`asr.data.manifest`).
+        frontend: `forward(wave, wave_lens) -> (feats, feat_lens)`.
+        out_path: where to write the statistics (`CMVNStats.save`).
+        sample_rate: rate the audio is loaded (and resampled) at.
+        max_utterances: use only the first this many utterances.
+        batch_size: utterances per forward pass.
+
+    Returns:
+        The statistics written to `out_path`.
+    """
+    utterances = read_manifest(manifest_path)[:max_utterances]
+    device, was_training = _module_device(frontend), frontend.training
+    stats = None
+    frontend.eval()
+    try:
+        with torch.no_grad():
+            for start in tqdm(range(0, len(utterances), batch_size), desc="cmvn stats"):
+                batch = utterances[start : start + batch_size]
+                wave, wave_lens = _load_batch(batch, sample_rate, device)
+                feats, feat_lens = frontend(wave, wave_lens)
+                stats = accumulate_cmvn_stats(feats, feat_lens, stats)
+    finally:
+        frontend.train(was_training)
+    if stats is None or stats.count == 0:
+        raise ValueError(f"{manifest_path}: no feature frames to compute CMVN statistics from")
+    level = frontend.level if isinstance(frontend, Frontend) else None
+    stats = replace(
+        stats, level_dbfs=level.target_dbfs if isinstance(level, LevelNormalizer) else None
+    )
+    stats.save(out_path)
+    return stats

@@ -1,0 +1,393 @@
+"""Waveform -> features: level, log-mel, MFCC, linear spectrogram, Kaldi fbank, CMVN, SpecAugment.
+
+Every module here follows one contract, `forward(x, x_lens) -> (y, y_lens)`, batch first with
+absolute lengths. Feature extractors take waves `(B, T)` and give features `(B, T', D)`; the
+normalisers and SpecAugment take features and keep their shape and lengths.
+
+Framing is Kaldi's `snip_edges`: no centre padding, frame `i` covers samples
+`[i * hop, i * hop + win)`, so an utterance of `T` samples gives `num_frames(T, win, hop)`
+frames and every frame depends only on that utterance's own samples. Hence *padding
+invariance*: `feats[b, :feat_lens[b]]` of a padded batch equals the features of utterance `b`
+alone, and frames beyond `feat_lens[b]` are zero. An utterance shorter than one window gives
+zero frames (not an error), so one short clip never breaks a batch. The output is trimmed to
+`T' = max(feat_lens)`.
+
+Spectra are computed in float32 with autocast disabled, so half-precision inputs and
+`torch.autocast` regions give float32 features.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torchaudio
+from torch import Tensor, nn
+from torch.nn import functional as F
+
+from asr.models.interfaces import lengths_to_mask
+
+# Window names accepted by the STFT frontends; all are periodic (as librosa's `fftbins=True`).
+WINDOWS: dict[str, Callable[..., Tensor]] = {
+    "hann": torch.hann_window,
+    "hamming": torch.hamming_window,
+    "blackman": torch.blackman_window,
+    "bartlett": torch.bartlett_window,
+    "rectangular": torch.ones,
+}
+
+
+def num_frames(num_samples: int | Tensor, win_length: int, hop_length: int) -> int | Tensor:
+    """Frames from `num_samples` samples without centre padding (Kaldi `snip_edges`).
+
+    Works on ints and on integer tensors of lengths; fewer samples than one window give 0.
+
+    >>> [num_frames(n, 400, 160) for n in (0, 399, 400, 559, 560, 16000)]
+    [0, 0, 1, 1, 2, 98]
+    >>> num_frames(torch.tensor([399, 401, 16001]), 400, 160).tolist()
+    [0, 1, 98]
+    """
+    if win_length <= 0 or hop_length <= 0:
+        raise ValueError(f"win_length ({win_length}) and hop_length ({hop_length}) must be > 0")
+    frames = (num_samples - win_length) // hop_length + 1
+    return frames.clamp(min=0) if isinstance(frames, Tensor) else max(frames, 0)
+
+
+def zero_padding(x: Tensor, x_lens: Tensor) -> Tensor:
+    """`x` `(B, T, D)` with every frame at or beyond `x_lens[b]` set to zero."""
+    valid = lengths_to_mask(x_lens, x.size(1))  # (B, T)
+    return x.masked_fill(~valid[:, :, None], 0.0)
+
+
+def check_batch(x: Tensor, x_lens: Tensor, ndim: int) -> None:
+    """Raise ValueError unless `x` has `ndim` dims and `x_lens` `(B,)` fits inside it."""
+    if x.dim() != ndim:
+        raise ValueError(f"expected a {ndim}-D batch, got shape {tuple(x.shape)}")
+    if x_lens.shape != (x.size(0),):
+        raise ValueError(f"lengths of shape {tuple(x_lens.shape)} for a batch of {x.size(0)}")
+    if x_lens.numel() and (int(x_lens.min()) < 0 or int(x_lens.max()) > x.size(1)):
+        raise ValueError(f"lengths {x_lens.tolist()} outside [0, {x.size(1)}]")
+
+
+def _window_fn(name: str) -> Callable[..., Tensor]:
+    if name not in WINDOWS:
+        raise ValueError(f"unknown window {name!r}; choose one of {sorted(WINDOWS)}")
+    return WINDOWS[name]
+
+
+def _padded_frames(wave: Tensor, win_length: int, hop_length: int) -> int:
+    """Frames of the whole padded batch `(B, T)`, not of its longest wave: a batch padded to
+    a fixed length (a shape grid) keeps one feature shape, so compiled kernels are reused."""
+    return max(num_frames(wave.size(1), win_length, hop_length), 0)
+
+
+class _SnipEdgesSpectrogram(nn.Module):
+    """Power (or magnitude) spectrum `(B, F, T')` framed as `num_frames(T, win, hop)`.
+
+    `torch.stft` frames `n_fft` samples and centres the `win_length` window inside them. Padding
+    the wave by the window's offset on the left (and the rest of `n_fft - win_length` on the
+    right) makes frame `i` window exactly samples `[i * hop, i * hop + win)`; the padded and
+    neighbouring samples meet zero window weight, so they never leak into a frame.
+    The power spectrum is `re^2 + im^2` of the complex STFT, which skips the square root (and
+    square) that `|z|^2` through `abs` would take.
+    """
+
+    def __init__(self, n_fft: int, win_length: int, hop_length: int, window: str, power: float):
+        super().__init__()
+        if win_length > n_fft:
+            raise ValueError(f"win_length ({win_length}) must not exceed n_fft ({n_fft})")
+        self.win_length, self.hop_length = win_length, hop_length
+        self.pad_left = (n_fft - win_length) // 2  # where torch.stft places the window
+        self.pad_right = n_fft - win_length - self.pad_left
+        self.n_freqs = n_fft // 2 + 1
+        self.stft = torchaudio.transforms.Spectrogram(
+            n_fft=n_fft,
+            win_length=win_length,
+            hop_length=hop_length,
+            window_fn=_window_fn(window),
+            power=None if power == 2 else power,  # None: the complex STFT
+            center=False,
+        )
+
+    def forward(self, wave: Tensor, wave_lens: Tensor) -> tuple[Tensor, Tensor]:
+        check_batch(wave, wave_lens, ndim=2)
+        lens = num_frames(wave_lens, self.win_length, self.hop_length)
+        max_frames = _padded_frames(wave, self.win_length, self.hop_length)
+        if max_frames == 0 or wave.size(0) == 0:
+            empty = wave.new_zeros(wave.size(0), self.n_freqs, max_frames, dtype=torch.float32)
+            return empty, lens
+        used = (max_frames - 1) * self.hop_length + self.win_length  # samples the frames cover
+        with torch.autocast(device_type=wave.device.type, enabled=False):
+            wave = F.pad(wave[:, :used].float(), (self.pad_left, self.pad_right))
+            spec = self.stft(wave)  # (B, F, T')
+        if spec.is_complex():
+            spec = spec.real.square() + spec.imag.square()
+        return spec, lens
+
+
+class LogMelFilterbank(nn.Module):
+    """Log mel filterbank energies, `log(max(mel_power, log_floor))`.
+
+    The default mel scale (HTK, unnormalised triangles) is torchaudio's; `mel_scale="slaney",
+    mel_norm="slaney"` gives librosa's default filters instead.
+
+    Args:
+        sample_rate: sampling rate of the input in Hz.
+        n_fft: FFT size; the `win_length`-sample frame is zero-padded to it.
+        win_length: window (frame) length in samples, 400 = 25 ms at 16 kHz.
+        hop_length: frame shift in samples, 160 = 10 ms at 16 kHz.
+        n_mels: number of mel bands (`output_dim`).
+        f_min: lowest filter edge in Hz.
+        f_max: highest filter edge in Hz; None means `sample_rate / 2`.
+        window: one of `WINDOWS`.
+        power: exponent of the magnitude (2 for power, 1 for magnitude).
+        log_floor: values are clamped to at least this before the log.
+        mel_scale: "htk" or "slaney".
+        mel_norm: None or "slaney" (area normalisation of the triangles).
+    """
+
+    def __init__(
+        self,
+        sample_rate: int = 16000,
+        n_fft: int = 512,
+        win_length: int = 400,
+        hop_length: int = 160,
+        n_mels: int = 80,
+        f_min: float = 0.0,
+        f_max: float | None = None,
+        window: str = "hann",
+        power: float = 2.0,
+        log_floor: float = 1e-10,
+        mel_scale: str = "htk",
+        mel_norm: str | None = None,
+    ):
+        super().__init__()
+        self.sample_rate = sample_rate
+        self.spectrogram = _SnipEdgesSpectrogram(n_fft, win_length, hop_length, window, power)
+        self.mel = torchaudio.transforms.MelScale(
+            n_mels=n_mels,
+            sample_rate=sample_rate,
+            f_min=f_min,
+            f_max=f_max,
+            n_stft=n_fft // 2 + 1,
+            norm=mel_norm,
+            mel_scale=mel_scale,
+        )
+        self.log_floor = log_floor
+        self.output_dim = n_mels
+
+    def forward(self, wave: Tensor, wave_lens: Tensor) -> tuple[Tensor, Tensor]:
+        """Log-mel features of a padded batch of waves.
+
+        Args:
+            wave: `(B, T)` samples, any float dtype.
+            wave_lens: `(B,)` int64 valid samples per utterance.
+
+        Returns:
+            feats `(B, T', n_mels)` float32, zero beyond `feat_lens`; feat_lens `(B,)` int64,
+            `num_frames(wave_lens, win_length, hop_length)`.
+        """
+        spec, lens = self.spectrogram(wave, wave_lens)  # (B, F, T')
+        with torch.autocast(device_type=spec.device.type, enabled=False):
+            mel = self.mel(spec).clamp(min=self.log_floor).log()  # (B, n_mels, T')
+        return zero_padding(mel.transpose(1, 2), lens), lens
+
+
+class MFCC(nn.Module):
+    """Mel-frequency cepstral coefficients: orthonormal DCT-II of `LogMelFilterbank` output.
+
+    This is librosa's `mfcc(S=log_mel, dct_type=2, norm="ortho")` convention with a natural
+    log (not dB) and no liftering.
+
+    Args:
+        n_mfcc: number of coefficients kept (`output_dim`), at most `n_mels`.
+        **log-mel options: as `LogMelFilterbank`.
+    """
+
+    def __init__(
+        self,
+        n_mfcc: int = 40,
+        sample_rate: int = 16000,
+        n_fft: int = 512,
+        win_length: int = 400,
+        hop_length: int = 160,
+        n_mels: int = 80,
+        f_min: float = 0.0,
+        f_max: float | None = None,
+        window: str = "hann",
+        power: float = 2.0,
+        log_floor: float = 1e-10,
+        mel_scale: str = "htk",
+        mel_norm: str | None = None,
+    ):
+        super().__init__()
+        if not 0 < n_mfcc <= n_mels:
+            raise ValueError(f"n_mfcc ({n_mfcc}) must be in [1, n_mels = {n_mels}]")
+        self.sample_rate = sample_rate
+        self.log_mel = LogMelFilterbank(
+            sample_rate=sample_rate,
+            n_fft=n_fft,
+            win_length=win_length,
+            hop_length=hop_length,
+            n_mels=n_mels,
+            f_min=f_min,
+            f_max=f_max,
+            window=window,
+            power=power,
+            log_floor=log_floor,
+            mel_scale=mel_scale,
+            mel_norm=mel_norm,
+        )
+        dct = torchaudio.functional.create_dct(n_mfcc, n_mels, norm="ortho")  # (n_mels, n_mfcc)
+        self.register_buffer("dct", dct, persistent=False)
+        self.output_dim = n_mfcc
+
+    def forward(self, wave: Tensor, wave_lens: Tensor) -> tuple[Tensor, Tensor]:
+        """MFCCs of a padded batch of waves.
+
+        Args:
+            wave: `(B, T)` samples.
+            wave_lens: `(B,)` int64 valid samples per utterance.
+
+        Returns:
+            feats `(B, T', n_mfcc)` float32, zero beyond `feat_lens`; feat_lens `(B,)`.
+        """
+        log_mel, lens = self.log_mel(wave, wave_lens)  # (B, T', n_mels)
+        with torch.autocast(device_type=log_mel.device.type, enabled=False):
+            return log_mel @ self.dct, lens  # padded frames stay zero
+
+
+class LinearSpectrogram(nn.Module):
+    """(Log-)magnitude STFT, `output_dim = n_fft // 2 + 1`.
+
+    Args:
+        n_fft: FFT size.
+        win_length: window length in samples.
+        hop_length: frame shift in samples.
+        window: one of `WINDOWS`.
+        power: 1 for magnitude, 2 for power.
+        log: take `log(max(spec, log_floor))`.
+        log_floor: floor applied before the log.
+    """
+
+    def __init__(
+        self,
+        n_fft: int = 512,
+        win_length: int = 400,
+        hop_length: int = 160,
+        window: str = "hann",
+        power: float = 1.0,
+        log: bool = True,
+        log_floor: float = 1e-10,
+    ):
+        super().__init__()
+        self.spectrogram = _SnipEdgesSpectrogram(n_fft, win_length, hop_length, window, power)
+        self.log, self.log_floor = log, log_floor
+        self.output_dim = n_fft // 2 + 1
+
+    def forward(self, wave: Tensor, wave_lens: Tensor) -> tuple[Tensor, Tensor]:
+        """Spectrogram of a padded batch of waves.
+
+        Args:
+            wave: `(B, T)` samples.
+            wave_lens: `(B,)` int64 valid samples per utterance.
+
+        Returns:
+            feats `(B, T', n_fft // 2 + 1)` float32, zero beyond `feat_lens`; feat_lens `(B,)`.
+        """
+        spec, lens = self.spectrogram(wave, wave_lens)  # (B, F, T')
+        if self.log:
+            spec = spec.clamp(min=self.log_floor).log()
+        return zero_padding(spec.transpose(1, 2), lens), lens
+
+
+class KaldiFbank(nn.Module):
+    """Kaldi-compatible log mel filterbank (`torchaudio.compliance.kaldi.fbank`) per utterance.
+
+    Kaldi works on 16-bit sample values, so with `int16_scale` the [-1, 1] input is multiplied
+    by 32768 first; this shifts every log energy by log(32768^2) and keeps Kaldi's
+    `energy_floor` and dither on their intended scale. Dither is applied in training mode only.
+    Utterances shorter than one frame give zero frames.
+
+    Args:
+        sample_rate: sampling rate in Hz.
+        num_mel_bins: mel bands (`output_dim`, plus one with `use_energy`).
+        frame_length_ms: window length in milliseconds.
+        frame_shift_ms: frame shift in milliseconds.
+        dither: Gaussian dither amplitude (training only); 0 disables.
+        low_freq: lowest mel filter edge in Hz.
+        high_freq: highest edge in Hz; <= 0 means offset from Nyquist, as in Kaldi.
+        preemphasis_coefficient: pre-emphasis factor.
+        window_type: Kaldi window ("povey", "hamming", "hanning", "rectangular", "blackman").
+        energy_floor: floor on the energy term.
+        use_energy: append log energy as an extra first coefficient.
+        remove_dc_offset: subtract each frame's mean.
+        int16_scale: multiply the waveform by 32768 (see above).
+    """
+
+    def __init__(
+        self,
+        sample_rate: int = 16000,
+        num_mel_bins: int = 80,
+        frame_length_ms: float = 25.0,
+        frame_shift_ms: float = 10.0,
+        dither: float = 0.0,
+        low_freq: float = 20.0,
+        high_freq: float = 0.0,
+        preemphasis_coefficient: float = 0.97,
+        window_type: str = "povey",
+        energy_floor: float = 1.0,
+        use_energy: bool = False,
+        remove_dc_offset: bool = True,
+        int16_scale: bool = True,
+    ):
+        super().__init__()
+        self.sample_rate = sample_rate
+        self.options = dict(
+            sample_frequency=float(sample_rate),
+            num_mel_bins=num_mel_bins,
+            frame_length=frame_length_ms,
+            frame_shift=frame_shift_ms,
+            low_freq=low_freq,
+            high_freq=high_freq,
+            preemphasis_coefficient=preemphasis_coefficient,
+            window_type=window_type,
+            energy_floor=energy_floor,
+            use_energy=use_energy,
+            remove_dc_offset=remove_dc_offset,
+            snip_edges=True,
+        )
+        # The same rounding as torchaudio's kaldi compliance code.
+        self.win_length = int(sample_rate * frame_length_ms * 0.001)
+        self.hop_length = int(sample_rate * frame_shift_ms * 0.001)
+        self.dither = dither
+        self.scale = 32768.0 if int16_scale else 1.0
+        self.output_dim = num_mel_bins + int(use_energy)
+
+    def forward(self, wave: Tensor, wave_lens: Tensor) -> tuple[Tensor, Tensor]:
+        """Kaldi fbank features of a padded batch of waves.
+
+        Args:
+            wave: `(B, T)` samples in [-1, 1] (or int16 range with `int16_scale=False`).
+            wave_lens: `(B,)` int64 valid samples per utterance.
+
+        Returns:
+            feats `(B, T', output_dim)` float32, zero beyond `feat_lens`; feat_lens `(B,)`.
+        """
+        check_batch(wave, wave_lens, ndim=2)
+        with torch.autocast(device_type=wave.device.type, enabled=False):
+            wave = wave.float() * self.scale
+            feats = [self._fbank(wave[b, :n]) for b, n in enumerate(wave_lens.tolist())]
+        out = wave.new_zeros(
+            len(feats), _padded_frames(wave, self.win_length, self.hop_length), self.output_dim
+        )
+        for b, utterance_feats in enumerate(feats):
+            out[b, : len(utterance_feats)] = utterance_feats
+        return out, num_frames(wave_lens, self.win_length, self.hop_length)
+
+    def _fbank(self, wave: Tensor) -> Tensor:
+        """`(T,)` -> `(frames, output_dim)`."""
+        if wave.numel() < self.win_length:
+            return wave.new_zeros(0, self.output_dim)
+        dither = self.dither if self.training else 0.0
+        return torchaudio.compliance.kaldi.fbank(wave[None], dither=dither, **self.options)

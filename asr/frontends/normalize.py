@@ -1,0 +1,282 @@
+"""Normalisation: the recording level of waves, and feature means and variances (CMVN)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+from asr.frontends.features import check_batch, zero_padding
+from asr.models.interfaces import lengths_to_mask
+
+
+def _masked_mean_var(x: Tensor, x_lens: Tensor) -> tuple[Tensor, Tensor]:
+    """Per-utterance mean and (population) variance over valid frames, each `(B, 1, D)`."""
+    valid = lengths_to_mask(x_lens, x.size(1))[:, :, None]  # (B, T, 1)
+    count = x_lens.clamp(min=1)[:, None, None].to(x.dtype)
+    mean = (x * valid).sum(1, keepdim=True) / count
+    var = (((x - mean) * valid) ** 2).sum(1, keepdim=True) / count
+    return mean, var
+
+
+class UtteranceCMVN(nn.Module):
+    """Per-utterance mean (and optionally variance) normalisation over valid frames only.
+
+    Args:
+        norm_means: subtract each utterance's mean.
+        norm_vars: divide by each utterance's standard deviation (floored at `std_floor`).
+        std_floor: smallest standard deviation divided by.
+    """
+
+    def __init__(self, norm_means: bool = True, norm_vars: bool = False, std_floor: float = 1e-5):
+        super().__init__()
+        self.norm_means, self.norm_vars, self.std_floor = norm_means, norm_vars, std_floor
+
+    def forward(self, x: Tensor, x_lens: Tensor) -> tuple[Tensor, Tensor]:
+        """Normalise each utterance by its own statistics.
+
+        Args:
+            x: `(B, T, D)` features.
+            x_lens: `(B,)` valid frames.
+
+        Returns:
+            `(B, T, D)` normalised features, zero beyond `x_lens`; `x_lens` unchanged.
+        """
+        check_batch(x, x_lens, ndim=3)
+        mean, var = _masked_mean_var(x, x_lens)  # (B, 1, D) each
+        if self.norm_means:
+            x = x - mean
+        if self.norm_vars:
+            x = x / var.sqrt().clamp(min=self.std_floor)
+        return zero_padding(x, x_lens), x_lens
+
+
+UNKNOWN_LEVEL = "unknown"
+
+
+@dataclass(frozen=True, eq=False)
+class CMVNStats:
+    """Feature statistics accumulated over frames; `+` merges two accumulations.
+
+    >>> s = accumulate_cmvn_stats(torch.tensor([[[1.0], [3.0], [9.0]]]), torch.tensor([2]))
+    >>> s.count, s.mean.tolist(), s.std.tolist()
+    (2, [2.0], [1.0])
+    """
+
+    count: int  # number of frames accumulated
+    sum: Tensor  # (D,) float64 per-dimension sum of the frames
+    sum_sq: Tensor  # (D,) float64 per-dimension sum of squares
+    std_floor: float = 1e-5  # smallest standard deviation reported by `std`
+    # The LevelNormalizer target the audio was brought to (None: as recorded); UNKNOWN_LEVEL in
+    # files written before it was recorded.
+    level_dbfs: float | None | str = UNKNOWN_LEVEL
+
+    def __post_init__(self) -> None:
+        if self.sum.dim() != 1 or self.sum.shape != self.sum_sq.shape:
+            raise ValueError(
+                f"sum {tuple(self.sum.shape)} and sum_sq {tuple(self.sum_sq.shape)} must be (D,)"
+            )
+        if self.count < 0:
+            raise ValueError(f"negative frame count {self.count}")
+
+    @property
+    def dim(self) -> int:
+        return self.sum.numel()
+
+    @property
+    def mean(self) -> Tensor:
+        """`(D,)` float64 mean per dimension."""
+        if self.count == 0:
+            raise ValueError("no frames accumulated: the mean is undefined")
+        return self.sum / self.count
+
+    @property
+    def std(self) -> Tensor:
+        """`(D,)` float64 population standard deviation, at least `std_floor`."""
+        var = self.sum_sq / self.count - self.mean**2
+        return var.clamp(min=self.std_floor**2).sqrt()
+
+    def __add__(self, other: CMVNStats) -> CMVNStats:
+        if other.dim != self.dim:
+            raise ValueError(f"cannot add stats of dimension {self.dim} and {other.dim}")
+        total, total_sq = self.sum + other.sum, self.sum_sq + other.sum_sq
+        count = self.count + other.count
+        return CMVNStats(count, total, total_sq, self.std_floor, self.level_dbfs)
+
+    def save(self, path: str | Path) -> None:
+        """Write the statistics as JSON (exact float64 round trip)."""
+        data = {
+            "count": self.count,
+            "sum": self.sum.double().tolist(),
+            "sum_sq": self.sum_sq.double().tolist(),
+            "std_floor": self.std_floor,
+            "level_dbfs": self.level_dbfs,
+        }
+        Path(path).write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+
+    @classmethod
+    def load(cls, path: str | Path) -> CMVNStats:
+        """Read statistics written by `save`; a malformed file raises ValueError naming it."""
+        text = Path(path).read_text(encoding="utf-8")
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}:{e.lineno}: not valid JSON CMVN stats ({e.msg})") from e
+        try:
+            return cls._from_json(data)
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"{path}: bad CMVN stats: {e}") from e
+
+    @classmethod
+    def _from_json(cls, data: object) -> CMVNStats:
+        if not isinstance(data, dict):
+            raise TypeError(f"expected a JSON object, got {type(data).__name__}")
+        count, std_floor = data["count"], data.get("std_floor", 1e-5)
+        level = data.get("level_dbfs", UNKNOWN_LEVEL)
+        if not isinstance(count, int) or isinstance(count, bool):
+            raise TypeError(f"'count' must be an integer, got {count!r}")
+        total = torch.tensor(data["sum"], dtype=torch.float64)
+        total_sq = torch.tensor(data["sum_sq"], dtype=torch.float64)
+        if not (total.isfinite().all() and total_sq.isfinite().all()):
+            raise ValueError("non-finite values in 'sum' or 'sum_sq'")
+        level = level if level in (None, UNKNOWN_LEVEL) else float(level)
+        return cls(count, total, total_sq, float(std_floor), level)
+
+
+def accumulate_cmvn_stats(
+    feats: Tensor, feat_lens: Tensor, stats: CMVNStats | None = None
+) -> CMVNStats:
+    """Add the valid frames of a batch to `stats` (padding frames are not counted).
+
+    Args:
+        feats: `(B, T, D)` features.
+        feat_lens: `(B,)` valid frames per utterance.
+        stats: statistics so far, or None to start.
+
+    Returns:
+        New statistics including this batch.
+    """
+    check_batch(feats, feat_lens, ndim=3)
+    valid = lengths_to_mask(feat_lens, feats.size(1))  # (B, T)
+    frames = feats[valid].double()  # (N, D)
+    batch = CMVNStats(int(valid.sum()), frames.sum(0).cpu(), (frames**2).sum(0).cpu())
+    return batch if stats is None else stats + batch
+
+
+class GlobalCMVN(nn.Module):
+    """Normalise with fixed corpus statistics: `(x - mean) / std` on valid frames.
+
+    Built either from a stats file (`stats_path`, what YAML configs use) or from `mean`/`std`
+    tensors. The statistics are buffers, so they follow the module's device and are saved in
+    checkpoints.
+
+    Args:
+        stats_path: JSON file written by `CMVNStats.save` / `compute_cmvn_stats`.
+        mean: `(D,)` mean, instead of `stats_path`.
+        std: `(D,)` standard deviation, instead of `stats_path` (default ones).
+        norm_means: subtract the mean.
+        norm_vars: divide by the standard deviation.
+    """
+
+    def __init__(
+        self,
+        stats_path: str | None = None,
+        mean: Tensor | None = None,
+        std: Tensor | None = None,
+        norm_means: bool = True,
+        norm_vars: bool = True,
+    ):
+        super().__init__()
+        if (stats_path is None) == (mean is None):
+            raise ValueError("give exactly one of stats_path or mean (and std)")
+        self.stats_path, self.level_dbfs = stats_path, UNKNOWN_LEVEL
+        if stats_path is not None:
+            stats = CMVNStats.load(stats_path)
+            mean, std, self.level_dbfs = stats.mean, stats.std, stats.level_dbfs
+        std = torch.ones_like(mean) if std is None else std
+        if mean.dim() != 1 or std.shape != mean.shape:
+            raise ValueError(f"mean {tuple(mean.shape)} and std {tuple(std.shape)} must be (D,)")
+        if not bool((std > 0).all()):
+            raise ValueError(f"std must be positive ({stats_path or 'std tensor'})")
+        self.register_buffer("mean", mean.float().clone())
+        self.register_buffer("std", std.float().clone())
+        self.norm_means, self.norm_vars = norm_means, norm_vars
+        self.output_dim = mean.numel()
+
+    def forward(self, x: Tensor, x_lens: Tensor) -> tuple[Tensor, Tensor]:
+        """Apply the global statistics.
+
+        Args:
+            x: `(B, T, D)` features.
+            x_lens: `(B,)` valid frames.
+
+        Returns:
+            `(B, T, D)` normalised features, zero beyond `x_lens`; `x_lens` unchanged.
+        """
+        check_batch(x, x_lens, ndim=3)
+        if x.size(2) != self.output_dim:
+            raise ValueError(f"features have dimension {x.size(2)}, stats {self.output_dim}")
+        if self.norm_means:
+            x = x - self.mean
+        if self.norm_vars:
+            x = x / self.std
+        return zero_padding(x, x_lens), x_lens
+
+
+class LevelNormalizer(nn.Module):
+    """Scale each utterance to one RMS level, so the model never sees how loud it was recorded.
+
+    The level is measured over valid samples after removing the mean (a DC offset is not
+    speech); the gain is applied to the waveform as it is. A gain ``g`` on the input changes
+    nothing but rounding: ``LevelNormalizer()(g * x) == LevelNormalizer()(x)``. Input quieter
+    than `floor_dbfs` (digital silence) is raised by at most the gain that brings a
+    `floor_dbfs` signal to the target, so silence is not amplified into full-scale noise.
+
+    Args:
+        target_dbfs: RMS level every utterance is brought to, in dB re full scale.
+        floor_dbfs: levels below this count as silence.
+    """
+
+    def __init__(self, target_dbfs: float = -26.0, floor_dbfs: float = -100.0):
+        super().__init__()
+        if floor_dbfs >= target_dbfs:
+            raise ValueError(f"floor_dbfs {floor_dbfs} must be below target_dbfs {target_dbfs}")
+        self.target_dbfs, self.floor_dbfs = target_dbfs, floor_dbfs
+
+    def forward(self, wave: Tensor, wave_lens: Tensor) -> tuple[Tensor, Tensor]:
+        """Bring every utterance to `target_dbfs`.
+
+        Args:
+            wave: `(B, T)` samples.
+            wave_lens: `(B,)` int64 valid samples per utterance.
+
+        Returns:
+            `(B, T)` scaled samples in `wave`'s dtype, zero beyond `wave_lens`; `wave_lens`.
+        """
+        check_batch(wave, wave_lens, ndim=2)
+        x = zero_padding(wave.double()[:, :, None], wave_lens)[:, :, 0]  # (B, T)
+        mean, var = _masked_mean_var(x[:, :, None], wave_lens)  # (B, 1, 1) each
+        floor = 10 ** (self.floor_dbfs / 10)
+        gain = (10 ** (self.target_dbfs / 10) / var[:, 0].clamp(min=floor)).sqrt()  # (B, 1)
+        return (x * gain).to(wave.dtype), wave_lens
+
+
+def check_cmvn_level(level: nn.Module | None, normalize: nn.Module | None) -> None:
+    """Raise ValueError where `normalize`'s statistics were taken at another level than the one
+    `level` brings audio to (files that do not record it are not checked)."""
+    if not isinstance(normalize, GlobalCMVN) or normalize.level_dbfs == UNKNOWN_LEVEL:
+        return
+    target = level.target_dbfs if isinstance(level, LevelNormalizer) else None
+    if normalize.level_dbfs != target:
+
+        def said(dbfs: float | None) -> str:
+            return "audio as recorded" if dbfs is None else f"audio at {dbfs:g} dBFS"
+
+        flag = "" if target is None else f" --target-dbfs {target:g}"
+        raise ValueError(
+            f"{normalize.stats_path}: CMVN statistics of {said(normalize.level_dbfs)}, but the "
+            f"frontend gives {said(target)}: recompute them with `asr cmvn{flag}`"
+        )

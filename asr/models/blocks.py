@@ -1,0 +1,519 @@
+"""Layers shared by the Transformer and Conformer encoders, the decoder and the Transformer LM.
+
+Convolutional subsampling and its length formula, sinusoidal and relative positions,
+multi-head attention (absolute and relative-position), and the position-wise feed-forward.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from asr.models.interfaces import lengths_to_mask
+
+# Time (and frequency) convolutions of each subsampling factor, as (kernel, stride) pairs.
+SUBSAMPLING_LAYERS: dict[int, tuple[tuple[int, int], ...]] = {
+    4: ((3, 2), (3, 2)),
+    6: ((3, 2), (5, 3)),
+    8: ((3, 2), (3, 2), (3, 2)),
+}
+
+
+def _subsampling_layers(factor: int) -> tuple[tuple[int, int], ...]:
+    if factor not in SUBSAMPLING_LAYERS:
+        raise ValueError(
+            f"subsampling factor {factor} is not supported; choose one of "
+            f"{sorted(SUBSAMPLING_LAYERS)}"
+        )
+    return SUBSAMPLING_LAYERS[factor]
+
+
+def min_input_length(factor: int) -> int:
+    """Fewest frames (or feature bins) that give one output of `Conv2dSubsampling(factor)`.
+
+    >>> [min_input_length(f) for f in (4, 6, 8)]
+    [7, 11, 15]
+    """
+    need = 1
+    for kernel, stride in reversed(_subsampling_layers(factor)):
+        need = (need - 1) * stride + kernel
+    return need
+
+
+def subsampled_length(lengths: Tensor | int, factor: int) -> Tensor | int:
+    """Output length of `Conv2dSubsampling(factor)`: `(L - k) // s + 1` per unpadded conv,
+    which for 4, 6 and 8 equals `(L - min_input_length(factor)) // factor + 1`.
+
+    Args:
+        lengths: input lengths, an int or an int64 tensor of any shape.
+        factor: 4, 6 or 8.
+
+    Returns:
+        The subsampled lengths, of the same type and shape.
+
+    Raises:
+        ValueError: if a length is below `min_input_length(factor)`.
+
+    >>> subsampled_length(torch.tensor([7, 8, 100]), 4).tolist()
+    [1, 1, 24]
+    >>> subsampled_length(100, 6), subsampled_length(100, 8)
+    (15, 11)
+    """
+    if isinstance(lengths, Tensor):
+        shortest = int(lengths.min()) if lengths.numel() else min_input_length(factor)
+    else:
+        shortest = lengths
+    if shortest < min_input_length(factor):
+        raise ValueError(
+            f"an input of {shortest} frames is too short for subsampling by {factor}: "
+            f"it needs at least {min_input_length(factor)} frames"
+        )
+    for kernel, stride in _subsampling_layers(factor):
+        lengths = (lengths - kernel) // stride + 1
+    return lengths
+
+
+class Conv2dSubsampling(nn.Module):
+    """Strided 2-D convolutions over (time, feature), then a linear layer to `d_model`.
+
+    Factor 4: two 3x3 convolutions with stride 2; 6: 3x3 stride 2 then 5x5 stride 3;
+    8: three 3x3 stride 2. Each is followed by ReLU and uses no padding, so a valid output
+    frame sees only valid input frames (padding cannot leak in).
+
+    Args:
+        input_dim: feature dimension D_in (at least `min_input_length(factor)`).
+        d_model: output dimension.
+        factor: time subsampling factor, 4, 6 or 8.
+        channels: convolution channels (default `d_model`, as in ESPnet). The second
+            convolution costs `channels**2` per output position; fewer channels make a
+            small encoder much cheaper on CPU.
+    """
+
+    def __init__(
+        self, input_dim: int, d_model: int, factor: int = 4, channels: int | None = None
+    ) -> None:
+        super().__init__()
+        layers = _subsampling_layers(factor)
+        if input_dim < min_input_length(factor):
+            raise ValueError(
+                f"Conv2dSubsampling: input_dim={input_dim} is too small for factor {factor}; "
+                f"it needs at least {min_input_length(factor)} feature bins"
+            )
+        channels = channels or d_model
+        convs: list[nn.Module] = []
+        for i, (kernel, stride) in enumerate(layers):
+            convs += [nn.Conv2d(1 if i == 0 else channels, channels, kernel, stride), nn.ReLU()]
+        self.conv = nn.Sequential(*convs)
+        self.out = nn.Linear(channels * subsampled_length(input_dim, factor), d_model)
+        self.input_dim = input_dim
+        self.factor = factor
+        self.output_dim = d_model
+
+    def forward(self, x: Tensor, x_lens: Tensor) -> tuple[Tensor, Tensor]:
+        """Subsample in time.
+
+        Args:
+            x: `(B, T, D_in)` features.
+            x_lens: `(B,)` int64 valid lengths.
+
+        Returns:
+            `(B, T', d_model)` and the `(B,)` lengths `subsampled_length(x_lens, factor)`.
+        """
+        if x.dim() != 3 or x.size(2) != self.input_dim:
+            raise ValueError(
+                f"Conv2dSubsampling: expected input (B, T, {self.input_dim}), got {tuple(x.shape)}"
+            )
+        if x_lens.numel() and int(x_lens.max()) > x.size(1):
+            raise ValueError(
+                f"Conv2dSubsampling: a length {int(x_lens.max())} exceeds the {x.size(1)} frames"
+            )
+        y_lens = subsampled_length(x_lens, self.factor)  # raises if an utterance is too short
+        y = self.conv(x.unsqueeze(1))  # (B, C, T', F')
+        y = y.transpose(1, 2).flatten(2)  # (B, T', C * F')
+        return self.out(y), y_lens
+
+
+def sinusoid_embedding(positions: Tensor, d_model: int) -> Tensor:
+    """Sinusoids of (possibly negative) positions `(N,)` -> `(N, d_model)`: channel `2i` holds
+    `sin(p / 10000^(2i / d_model))`, channel `2i + 1` the matching cosine.
+
+    >>> [round(v, 4) for v in sinusoid_embedding(torch.tensor([0.0, 1.0, -1.0]), 4)[:, 0].tolist()]
+    [0.0, 0.8415, -0.8415]
+    """
+    inv_freq = torch.exp(
+        torch.arange(0, d_model, 2, dtype=torch.float32, device=positions.device)
+        * (-math.log(1e4) / d_model)
+    )
+    angles = positions.float()[:, None] * inv_freq  # (N, ceil(d_model / 2))
+    table = torch.zeros(positions.numel(), d_model, device=positions.device)
+    table[:, 0::2] = torch.sin(angles)
+    table[:, 1::2] = torch.cos(angles)[:, : d_model // 2]
+    return table
+
+
+def sinusoid_table(length: int, d_model: int) -> Tensor:
+    """Sinusoidal positions `0 .. length - 1` as a `(length, d_model)` table.
+
+    >>> [round(v, 4) for v in sinusoid_table(3, 4)[:, 0].tolist()]  # sin(position)
+    [0.0, 0.8415, 0.9093]
+    """
+    return sinusoid_embedding(torch.arange(length), d_model)
+
+
+class PositionalEncoding(nn.Module):
+    """`dropout(x * sqrt(d_model) + pe)` with sinusoidal `pe` (Vaswani et al. 2017, sec. 3.5).
+
+    Scaling: the inputs (token embeddings, initialised with std `d_model ** -0.5`, or the
+    subsampling output) are multiplied by `sqrt(d_model)` before the unit-amplitude positions
+    are added, so content and position have comparable magnitude, as in the paper and ESPnet.
+    The table covers `max_len` positions and grows itself when a longer input arrives; it is
+    a non-persistent buffer, so checkpoints do not depend on it.
+
+    Args:
+        d_model: model dimension.
+        max_len: positions precomputed up front.
+        dropout: dropout probability applied to the sum.
+    """
+
+    def __init__(self, d_model: int, max_len: int = 5000, dropout: float = 0.1) -> None:
+        super().__init__()
+        self.d_model = d_model
+        self.scale = math.sqrt(d_model)
+        self.dropout = nn.Dropout(dropout)
+        self.register_buffer("pe", sinusoid_table(max_len, d_model), persistent=False)
+
+    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
+        """Add positions `offset .. offset + T - 1`.
+
+        Args:
+            x: `(B, T, d_model)`.
+            offset: position of the first frame (the step index when decoding).
+
+        Returns:
+            `(B, T, d_model)`.
+        """
+        end = offset + x.size(1)
+        if end > self.pe.size(0):
+            self.pe = sinusoid_table(max(end, 2 * self.pe.size(0)), self.d_model).to(self.pe)
+        return self.dropout(x * self.scale + self.pe[offset:end])
+
+
+class MultiHeadAttention(nn.Module):
+    """Scaled dot-product attention with `num_heads` heads and one fused input projection.
+
+    Masks are broadcastable to `(B, H, L_q, L_k)`: boolean, True where a query may attend, or
+    float, added to the scaled scores (`-inf` blocks a key; used for relative-position biases).
+    Without `need_weights` the fused `scaled_dot_product_attention` kernel runs; with it the
+    weights are computed explicitly and returned (before dropout, so rows sum to 1).
+
+    Args:
+        d_model: model dimension, divisible by `num_heads`.
+        num_heads: number of heads H.
+        dropout: dropout on the attention weights.
+    """
+
+    def __init__(self, d_model: int, num_heads: int, dropout: float = 0.0) -> None:
+        super().__init__()
+        if d_model % num_heads:
+            raise ValueError(f"d_model={d_model} is not divisible by num_heads={num_heads}")
+        self.num_heads = num_heads
+        self.head_dim = d_model // num_heads
+        self.in_proj = nn.Linear(d_model, 3 * d_model)  # rows: query, key, value
+        self.out_proj = nn.Linear(d_model, d_model)
+        self.weight_dropout = nn.Dropout(dropout)  # on the attention weights
+
+    def _heads(self, x: Tensor) -> Tensor:
+        b, length, _ = x.shape
+        return x.view(b, length, self.num_heads, self.head_dim).transpose(1, 2)  # (B, H, L, d)
+
+    def project_query(self, x: Tensor) -> Tensor:
+        """`(B, L, D)` -> queries `(B, H, L, d)`."""
+        d = self.in_proj.out_features // 3
+        return self._heads(F.linear(x, self.in_proj.weight[:d], self.in_proj.bias[:d]))
+
+    def project_key_value(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """`(B, L, D)` -> keys and values, each `(B, H, L, d)`."""
+        d = self.in_proj.out_features // 3
+        kv = F.linear(x, self.in_proj.weight[d:], self.in_proj.bias[d:])
+        key, value = kv.chunk(2, dim=-1)
+        return self._heads(key), self._heads(value)
+
+    def project_self(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Self-attention projections in one matmul: `(B, L, D)` -> q, k, v `(B, H, L, d)`."""
+        query, key, value = self.in_proj(x).chunk(3, dim=-1)
+        return self._heads(query), self._heads(key), self._heads(value)
+
+    def attend(
+        self,
+        query: Tensor,
+        key: Tensor,
+        value: Tensor,
+        mask: Tensor | None = None,
+        need_weights: bool = False,
+        is_causal: bool = False,
+    ) -> tuple[Tensor, Tensor | None]:
+        """Attention over already projected heads, then the output projection.
+
+        Args:
+            query: `(B, H, L_q, d)`; key, value: `(B, H, L_k, d)`.
+            mask: broadcastable to `(B, H, L_q, L_k)`; boolean (True = may attend) or an
+                additive float bias of the query's dtype.
+            need_weights: also return the attention weights.
+            is_causal: query i attends to keys 0..i only (combined with `mask`).
+
+        Returns:
+            `(B, L_q, D)` and the weights `(B, H, L_q, L_k)` (or None).
+        """
+        context, weights = self.head_contexts(query, key, value, mask, need_weights, is_causal)
+        return self.output(context), weights
+
+    def head_contexts(
+        self,
+        query: Tensor,
+        key: Tensor,
+        value: Tensor,
+        mask: Tensor | None = None,
+        need_weights: bool = False,
+        is_causal: bool = False,
+    ) -> tuple[Tensor, Tensor | None]:
+        """`attend` before the output projection: per-head contexts `(B, H, L_q, d)` and the
+        weights (or None)."""
+        if is_causal and (mask is not None or need_weights):
+            mask = _with_causal(mask, query.size(2), key.size(2), query.device)
+            is_causal = False
+        p = self.weight_dropout.p if self.training else 0.0
+        if not need_weights:
+            with _sdpa_backend(query, key):
+                context = F.scaled_dot_product_attention(
+                    query, key, value, attn_mask=mask, dropout_p=p, is_causal=is_causal
+                )
+            return context, None
+        scores = query @ key.transpose(-2, -1) / math.sqrt(self.head_dim)  # (B, H, Lq, Lk)
+        if mask is not None and mask.dtype == torch.bool:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        elif mask is not None:
+            scores = scores + mask
+        weights = scores.softmax(dim=-1, dtype=torch.float32).to(value.dtype)
+        return self.weight_dropout(weights) @ value, weights
+
+    def output(self, context: Tensor) -> Tensor:
+        """Per-head contexts `(B, H, L, d)` -> `(B, L, D)` through the output projection."""
+        return self.out_proj(context.transpose(1, 2).flatten(2))
+
+    def forward(
+        self,
+        query: Tensor,
+        key: Tensor,
+        value: Tensor,
+        mask: Tensor | None = None,
+        need_weights: bool = False,
+        is_causal: bool = False,
+    ) -> tuple[Tensor, Tensor | None]:
+        """Multi-head attention.
+
+        Args:
+            query: `(B, L_q, D)`; key, value: `(B, L_k, D)` (pass the same tensor three times
+                for self-attention: the projections then run as one matmul).
+            mask: boolean, broadcastable to `(B, H, L_q, L_k)`, True = may attend.
+            need_weights: also return the attention weights.
+            is_causal: query i attends to keys 0..i only.
+
+        Returns:
+            `(B, L_q, D)` and the weights `(B, H, L_q, L_k)` (or None).
+        """
+        if query is key and key is value:
+            q, k, v = self.project_self(query)
+        elif key is value:
+            q, (k, v) = self.project_query(query), self.project_key_value(key)
+        else:
+            q = self.project_query(query)
+            k, _ = self.project_key_value(key)
+            _, v = self.project_key_value(value)
+        return self.attend(q, k, v, mask, need_weights, is_causal)
+
+
+def relative_shift(scores: Tensor) -> Tensor:
+    """Turn scores over relative positions into scores over key positions.
+
+    For Q queries and K keys, column `c` of the input holds relative position
+    `Q - 1 - c` (from `Q - 1` down to `-(K - 1)`); the output has
+    `out[..., i, j] = scores[..., i, Q - 1 - i + j]`, the score for relative position `i - j`.
+    Queries that start at `s > 0` of a longer sequence get the right positions when the input
+    columns run from `s + Q - 1` down to `s - (K - 1)`. The output is a strided view of the
+    input (no copy): element `(i, j)` of a row-major `(Q, W)` matrix sits at
+    `(Q - 1) + (W - 1) i + j`.
+
+    Args:
+        scores: `(..., Q, K + Q - 1)`; for self-attention over T frames, `(..., T, 2T - 1)`.
+
+    Returns:
+        `(..., Q, K)`.
+
+    >>> scores = torch.tensor([[1, 0, -1], [11, 10, 9]])  # row i, column c: 10 i + (Q - 1 - c)
+    >>> relative_shift(scores).tolist()  # 10 i + (i - j)
+    [[0, -1], [11, 10]]
+    """
+    queries, width = scores.shape[-2:]
+    if torch.onnx.is_in_onnx_export():  # strides are not in ONNX: the same values gathered
+        return _relative_shift_gathered(scores)
+    if scores.stride(-1) != 1 or scores.stride(-2) != width:
+        scores = scores.contiguous()
+    size = (*scores.shape[:-1], width - queries + 1)
+    stride = (*scores.stride()[:-2], width - 1, 1)
+    return scores.as_strided(size, stride, scores.storage_offset() + queries - 1)
+
+
+def _relative_shift_gathered(scores: Tensor) -> Tensor:
+    """`relative_shift` by a gather (a copy), which ONNX export traces with dynamic shapes.
+
+    >>> scores = torch.randn(2, 3, 4, 9)
+    >>> torch.equal(_relative_shift_gathered(scores), relative_shift(scores))
+    True
+    """
+    queries, width = scores.shape[-2], scores.shape[-1]
+    keys = width - queries + 1
+    rows = torch.arange(queries, device=scores.device)[:, None]
+    index = torch.arange(keys, device=scores.device)[None, :] - rows + (queries - 1)  # (Q, K)
+    return scores.gather(-1, index.expand(*scores.shape[:-1], keys))
+
+
+def relative_positions(length: int, d_model: int, device: torch.device) -> Tensor:
+    """Sinusoids of relative positions `T - 1, ..., -(T - 1)`: `(2T - 1, d_model)`."""
+    return sinusoid_embedding(torch.arange(length - 1, -length, -1, device=device), d_model)
+
+
+class RelativePositionalEncoding(nn.Module):
+    """Input side of relative-position attention: `dropout(x * sqrt(d_model))` (the same input
+    scale as `PositionalEncoding`, with no positions added) and the sinusoids of the relative
+    positions that each `RelPositionMultiHeadAttention` then scores.
+
+    Args:
+        d_model: model dimension.
+        dropout: dropout probability applied to the scaled input.
+    """
+
+    def __init__(self, d_model: int, dropout: float = 0.1) -> None:
+        super().__init__()
+        self.d_model = d_model
+        self.scale = math.sqrt(d_model)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """`(B, T, d_model)` -> the scaled input and `(2T - 1, d_model)` relative positions."""
+        return self.dropout(x * self.scale), relative_positions(x.size(1), self.d_model, x.device)
+
+
+class RelPositionMultiHeadAttention(MultiHeadAttention):
+    """Self-attention with relative positions: for query i and key j the score is
+    `((q_i + u) . k_j + (q_i + v) . W p_(i-j)) / sqrt(d)` with learned per-head biases `u`, `v`
+    and sinusoids `p`. The positional term enters the fused attention kernel as an additive
+    float mask, so weights are only materialised when asked for.
+
+    Long inputs are attended `query_block` queries at a time: a block of Q queries needs only
+    the `T + Q - 1` relative positions it spans, so its positional scores are `(Q, T + Q - 1)`
+    rather than a slice of `(T, 2T - 1)`, which halves the positional matmul and keeps each
+    block's scores in cache; the result is the same to the bit.
+
+    Args:
+        d_model: model dimension, divisible by `num_heads`.
+        num_heads: number of heads H.
+        dropout: dropout on the attention weights.
+        query_block: queries attended at a time.
+    """
+
+    def __init__(
+        self, d_model: int, num_heads: int, dropout: float = 0.0, query_block: int = 256
+    ) -> None:
+        super().__init__(d_model, num_heads, dropout)
+        if query_block < 1:
+            raise ValueError(f"query_block must be >= 1, got {query_block}")
+        self.query_block = query_block
+        self.pos_proj = nn.Linear(d_model, d_model, bias=False)
+        self.pos_bias_u = nn.Parameter(torch.zeros(num_heads, self.head_dim))
+        self.pos_bias_v = nn.Parameter(torch.zeros(num_heads, self.head_dim))
+        nn.init.xavier_uniform_(self.pos_bias_u)
+        nn.init.xavier_uniform_(self.pos_bias_v)
+
+    def forward(  # type: ignore[override]
+        self, x: Tensor, pos: Tensor, mask: Tensor, need_weights: bool = False
+    ) -> tuple[Tensor, Tensor | None]:
+        """Relative-position self-attention.
+
+        Args:
+            x: `(B, T, D)`.
+            pos: `(2T - 1, D)` from `relative_positions(T, D)`.
+            mask: boolean `(B, 1, 1, T)`, True on valid keys.
+            need_weights: also return the attention weights.
+
+        Returns:
+            `(B, T, D)` and the weights `(B, H, T, T)` (or None).
+        """
+        q, k, v = self.project_self(x)  # (B, H, T, d) each
+        p = self._heads(self.pos_proj(pos.to(x.dtype))[None])  # (1, H, 2T-1, d)
+        q_u = (q + self.pos_bias_u[:, None]).to(q.dtype)
+        q_v = (q + self.pos_bias_v[:, None]).to(q.dtype)
+        length = x.size(1)
+        contexts, weights = [], []
+        for start in range(0, length, self.query_block):
+            stop = min(start + self.query_block, length)
+            # Relative positions of these queries: stop - 1 down to start - (T - 1).
+            p_block = p[:, :, length - stop : 2 * length - 1 - start]
+            scores = relative_shift(q_v[:, :, start:stop] @ p_block.transpose(-2, -1))
+            bias = (scores / math.sqrt(self.head_dim)).masked_fill_(~mask, float("-inf"))
+            context, weight = self.head_contexts(
+                q_u[:, :, start:stop],
+                k,
+                v,
+                bias.to(q.dtype),
+                need_weights,  # bias (B, H, Q, T)
+            )
+            contexts.append(context)
+            weights.append(weight)
+        if len(contexts) == 1:
+            return self.output(contexts[0]), weights[0]
+        return self.output(torch.cat(contexts, 2)), torch.cat(weights, 2) if need_weights else None
+
+
+def _with_causal(mask: Tensor | None, len_q: int, len_k: int, device: torch.device) -> Tensor:
+    """Combine `mask` (boolean, float or None) with the causal mask `key <= query`."""
+    causal = torch.ones(len_q, len_k, dtype=torch.bool, device=device).tril()
+    if mask is None or mask.dtype == torch.bool:
+        return causal if mask is None else mask & causal
+    return mask.masked_fill(~causal, float("-inf"))
+
+
+_MATH_MAX_KEYS = 192  # keys up to which CPU bf16 attention uses the math kernel
+# On CUDA every SDPA kernel but cuDNN's, which builds a plan for each new batch shape: with
+# lengths that vary from batch to batch, training steps wait on plans (docs/performance.md).
+_CUDA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+
+def _sdpa_backend(query: Tensor, key: Tensor) -> contextlib.AbstractContextManager[None]:
+    """Short bf16 attention on CPU runs the math kernel (in fp32, and faster than flash below
+    ~200 keys); on CUDA, any kernel but cuDNN's (`_CUDA_BACKENDS`); else torch's choice.
+    Scores computed in bf16 would be faster still but trained worse AN4 models."""
+    if query.device.type == "cuda":
+        return sdpa_kernel(_CUDA_BACKENDS)
+    short = key.size(-2) <= _MATH_MAX_KEYS
+    if short and query.device.type == "cpu" and query.dtype == torch.bfloat16:
+        return sdpa_kernel(SDPBackend.MATH)
+    return contextlib.nullcontext()
+
+
+def key_padding_mask(lens: Tensor, max_len: int) -> Tensor:
+    """Boolean `(B, 1, 1, T)`, True on valid keys, for `MultiHeadAttention` masks."""
+    return lengths_to_mask(lens, max_len)[:, None, None, :]
+
+
+class FeedForward(nn.Sequential):
+    """Position-wise `Linear(d_model, ffn_dim) -> ReLU -> Dropout -> Linear(ffn_dim, d_model)`."""
+
+    def __init__(self, d_model: int, ffn_dim: int, dropout: float) -> None:
+        super().__init__(
+            nn.Linear(d_model, ffn_dim), nn.ReLU(), nn.Dropout(dropout), nn.Linear(ffn_dim, d_model)
+        )

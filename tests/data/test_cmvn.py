@@ -1,0 +1,81 @@
+"""`asr.data.cmvn`: global CMVN statistics over a manifest, and the level they were taken at."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import soundfile as sf
+import torch
+
+from asr.data.cmvn import compute_cmvn_stats
+from asr.frontends import (
+    CMVNStats,
+    Frontend,
+    GlobalCMVN,
+    LevelNormalizer,
+    LogMelFilterbank,
+    accumulate_cmvn_stats,
+    num_frames,
+)
+from tests.test_frontends import waves
+
+
+def write_corpus(tmp_path: Path, lengths: list[int]) -> Path:
+    """WAV files of noisy sines and a JSON Lines manifest over them."""
+    wave, _ = waves(lengths, extra=0)
+    lines = []
+    for i, n in enumerate(lengths):
+        sf.write(tmp_path / f"u{i}.wav", wave[i, :n].numpy(), 16000, subtype="FLOAT")
+        lines.append({"audio_filepath": f"u{i}.wav", "duration": n / 16000, "text": "x"})
+    manifest = tmp_path / "manifest.jsonl"
+    manifest.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return manifest
+
+
+def test_compute_cmvn_stats_over_a_manifest(tmp_path):
+    lengths = [16000, 4000, 12345, 8000, 399]
+    manifest = write_corpus(tmp_path, lengths)
+    frontend = LogMelFilterbank(n_mels=20)
+    stats = compute_cmvn_stats(manifest, frontend, tmp_path / "cmvn.json", batch_size=2)
+    wave, lens = waves(lengths, extra=0)
+    expected = accumulate_cmvn_stats(*frontend(wave, lens))
+    assert stats.count == expected.count == sum(num_frames(n, 400, 160) for n in lengths)
+    torch.testing.assert_close(stats.mean, expected.mean)
+    torch.testing.assert_close(stats.std, expected.std)
+    assert torch.equal(CMVNStats.load(tmp_path / "cmvn.json").sum, stats.sum)
+    first = compute_cmvn_stats(manifest, frontend, tmp_path / "two.json", max_utterances=2)
+    assert first.count == num_frames(16000, 400, 160) + num_frames(4000, 400, 160)
+
+
+def test_compute_cmvn_stats_without_frames_raises(tmp_path):
+    manifest = write_corpus(tmp_path, [300])
+    with pytest.raises(ValueError, match="manifest.jsonl"):
+        compute_cmvn_stats(manifest, LogMelFilterbank(), tmp_path / "cmvn.json")
+
+
+@pytest.mark.parametrize("target", [None, -26.0])
+def test_the_file_records_the_level_and_a_frontend_at_another_level_is_refused(tmp_path, target):
+    manifest = write_corpus(tmp_path, [16000, 8000])
+    features = LogMelFilterbank(n_mels=20)
+    frontend = features if target is None else Frontend(features, level=LevelNormalizer(target))
+    compute_cmvn_stats(manifest, frontend, tmp_path / "cmvn.json")
+    assert json.loads((tmp_path / "cmvn.json").read_text())["level_dbfs"] == target
+    stats_path = str(tmp_path / "cmvn.json")
+    same = None if target is None else LevelNormalizer(target)
+    Frontend(LogMelFilterbank(n_mels=20), GlobalCMVN(stats_path), level=same)  # agrees
+    other = LevelNormalizer(-30.0) if target is None else None
+    with pytest.raises(ValueError, match=r"cmvn\.json: CMVN statistics of audio .*`asr cmvn"):
+        Frontend(LogMelFilterbank(n_mels=20), GlobalCMVN(stats_path), level=other)
+
+
+def test_files_without_a_recorded_level_are_not_checked(tmp_path):
+    feats, lens = torch.randn(1, 5, 3), torch.tensor([5])
+    accumulate_cmvn_stats(feats, lens).save(tmp_path / "cmvn.json")
+    data = json.loads((tmp_path / "cmvn.json").read_text())
+    del data["level_dbfs"]
+    (tmp_path / "cmvn.json").write_text(json.dumps(data))
+    assert CMVNStats.load(tmp_path / "cmvn.json").level_dbfs == "unknown"
+    cmvn = GlobalCMVN(str(tmp_path / "cmvn.json"))
+    Frontend(LogMelFilterbank(n_mels=3), cmvn, level=LevelNormalizer(-26.0))
