@@ -2,27 +2,13 @@
 
     import asr
 
-    recognizer = asr.load_model("exp/an4/transformer/avg.ckpt")
+    recognizer = asr.load_model("exp/an4/conformer/avg.ckpt")
     transcript = recognizer.transcribe("speech.wav", beam_size=10)
     print(transcript.text)
     asr.write_srt(transcript, "speech.srt")
 
-Layers, bottom to top; a module imports only from its own layer or those below, and nothing
-below training imports Lightning (tests/test_layers.py holds the package to this):
-
-    leaves      text (tokenizers, the special ids), audio, perturb, frontends, metrics, precision,
-                models/ (plain nn.Modules), data/manifest
-    format      checkpoint (what a checkpoint holds; building its model), package (the
-                shareable folder: safetensors, config.json, model card; hf://), finetune
-                (a new model's weights from a trained one), onnx_runtime (ONNX export and
-                the ONNX Runtime backend)
-    algorithms  search, ctc_prefix, timing (DTW, CTC forced alignment), confidence (word
-                probabilities made calibrated), segment (long audio), vad (Silero speech
-                probabilities for segment), guard (attention failures)
-    recognizer  results, writers, transcribe, recognizer (`load_model`, `load_lm`)
-    users       evaluate, robustness, plotting, heads (the attention maps that time words)
-    training    data/, lightning, lm, optim, train (LightningCLI), cli (the `asr` command;
-                `python -m asr` through __main__)
+The modules form layers that import one way; tests/test_layers.py states the map and holds
+the package to it.
 
 The public names below are imported on first use, so `import asr` stays light.
 """
@@ -32,7 +18,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from asr.recognizer import Recognizer, load_lm, load_model
+    from asr.loading import load_lm
+    from asr.recognizer import Recognizer, load_model
     from asr.results import BatchResult, Transcript
     from asr.search import SearchOptions
     from asr.segment import SegmenterOptions
@@ -56,7 +43,7 @@ __all__ = [
 _HOMES = {
     "Recognizer": "asr.recognizer",
     "load_model": "asr.recognizer",
-    "load_lm": "asr.recognizer",
+    "load_lm": "asr.loading",
     "Transcript": "asr.results",
     "BatchResult": "asr.results",
     "SearchOptions": "asr.search",

@@ -4,7 +4,7 @@ Attention decoders fail in three ways on long, noisy or silent input (Chiu et al
 Whisper's temperature fallback addresses the same): they loop (an n-gram repeated over and
 over), run away (no eos before the length bound), or hallucinate words that the CTC
 head, which is monotonic by construction, does not see. `failure` names which one a
-hypothesis shows; `asr.recognizer.Recognizer.search` then decodes that utterance again with
+hypothesis shows; `asr.decoding.decode_batch` then decodes that utterance again with
 the CTC head weighted `REPAIR_CTC_WEIGHT` over every token (CTC prefix scores do not let a
 hypothesis loop or outrun the audio; a pre-beam chosen by the failing attention would keep the
 loop's tokens), or, without a CTC head, cuts a loop after its first copy.

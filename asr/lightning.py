@@ -25,7 +25,7 @@ from asr.metrics import ErrorCounts, char_errors, word_errors
 from asr.models.ctc import InterCTC
 from asr.models.dropout import use_fast_dropout
 from asr.models.seq2seq import LossOutput, Seq2Seq, build_seq2seq
-from asr.recognizer import BF16_STEP_ROWS, frame_timing, model_sample_rate
+from asr.precision import BF16_STEP_ROWS
 from asr.search import Hypothesis, fastest_speech, greedy_search, length_bound
 from asr.segment import segment_seconds_for
 from asr.text import Tokenizer
@@ -121,7 +121,7 @@ class ASRModule(L.LightningModule):
         self._grad_norm: Tensor | None = None  # this step's, for clipping to reuse
         self._resume_rng: dict | None = None  # RNG state to restore at the next train batch
         self._tokens_per_second: float | None = None  # the training set's fastest speech
-        self._encoder_timing: tuple[float, float] | None = None  # `frame_timing`, measured once
+        self._encoder_timing: tuple[float, float] | None = None  # measured once
 
     def forward(self, waves: Tensor, wave_lens: Tensor) -> list[list[int]]:
         """Greedy transcription of a padded batch: token ids per utterance."""
@@ -245,8 +245,7 @@ class ASRModule(L.LightningModule):
         if rate is None:
             return self.hparams.max_len_ratio, 0
         if self._encoder_timing is None:
-            rate_hz = model_sample_rate(self.model)
-            self._encoder_timing = frame_timing(self.model.encode, rate_hz, self.device)
+            self._encoder_timing = self.model.encoder_timing()
         return length_bound(self.hparams.max_len_ratio, 0, rate, *self._encoder_timing)
 
     def _fastest_speech(self) -> float | None:

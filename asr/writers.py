@@ -149,6 +149,21 @@ def write_transcript(
     Path(path).write_text(text, encoding="utf-8")
 
 
+def write_outputs(
+    transcript: Transcript,
+    stem: str | os.PathLike,
+    formats: Sequence[str],
+    audio: str = "",
+    words_per_cue: int = 0,
+) -> None:
+    """`<stem>.<format>` for each of `formats`, its folder made where missing."""
+    stem = Path(stem)
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    for fmt in formats:
+        path = stem.with_name(f"{stem.name}.{fmt}")
+        write_transcript(transcript, path, fmt, audio=audio, words_per_cue=words_per_cue)
+
+
 def write_txt(transcript: Transcript, path: str | os.PathLike) -> None:
     """The text, one line."""
     write_transcript(transcript, path, "txt")

@@ -19,9 +19,9 @@ from asr.cli import main
 from asr.data.manifest import Utterance, read_manifest, write_manifest
 from asr.data.prepare import prepare_corpus
 from asr.lm import LMModule, TextDataModule, collate_text
+from asr.loading import load_lm
 from asr.models.lm import LSTMLM
 from asr.models.transformer import TransformerDecoder
-from asr.recognizer import load_lm
 from asr.search import SearchOptions, beam_search
 from asr.text import SOS_EOS_ID, CharTokenizer, train_tokenizer
 

@@ -18,8 +18,9 @@ import asr.timing
 from asr.audio import AudioError
 from asr.checkpoint import CheckpointError, instantiate, load_checkpoint
 from asr.cli import main
+from asr.loading import load_lm
 from asr.models.seq2seq import build_seq2seq
-from asr.recognizer import Recognizer, load_lm, load_model
+from asr.recognizer import Recognizer, load_model
 from asr.search import DEFAULT_CTC_WEIGHT, SearchOptions, fastest_speech, max_output_length
 from asr.text import SOS_EOS_ID, CharTokenizer
 

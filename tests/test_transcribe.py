@@ -31,9 +31,10 @@ import torch
 from conftest import AN4_FIXTURE, REPO, encode_audio
 from torch import nn
 
-import asr.recognizer
+import asr.decoding
 from asr.audio import audio_info, load_audio
 from asr.cli import main
+from asr.cli.inputs import transcribe_files
 from asr.data.cmvn import compute_cmvn_stats
 from asr.data.dataset import collate
 from asr.data.manifest import Utterance, write_manifest
@@ -54,7 +55,7 @@ from asr.segment import (
 )
 from asr.text import CharTokenizer, train_tokenizer
 from asr.timing import Word
-from asr.transcribe import join_segments, transcribe_files, transcribe_sources
+from asr.transcribe import join_segments, transcribe_sources
 from asr.writers import FORMATS
 
 WAV = AN4_FIXTURE / "wav"
@@ -312,7 +313,7 @@ def test_recognises_and_batched_equals_one_at_a_time(overfit):
 
 @pytest.mark.parametrize("step_rows", [1, 10**6])  # decoder steps in bf16 / in fp32
 def test_bf16_runs_the_model_in_bf16_and_returns_float32_results(overfit, monkeypatch, step_rows):
-    monkeypatch.setattr(asr.recognizer, "BF16_STEP_ROWS", step_rows)
+    monkeypatch.setattr(asr.decoding, "BF16_STEP_ROWS", step_rows)
     recognizer, waves = overfit
     bf16 = dataclasses.replace(recognizer, precision="bf16")
     dtypes = {"encoder": [], "decoder": []}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -41,6 +42,38 @@ def add_sos_eos(tokens: Tensor, token_lens: Tensor) -> tuple[Tensor, Tensor]:
     return ys_in, ys_out
 
 
+MEASURE_SECONDS = 12  # extra audio `frame_timing` measures over (divisible by common hops)
+
+
+@torch.inference_mode()
+def frame_timing(
+    module: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]],
+    sample_rate: int,
+    device: torch.device | str = "cpu",
+) -> tuple[float, float]:
+    """Seconds per output frame of `module` (waves, lens) -> (frames, lens), and the seconds of
+    a 1 s input that its frames leave out (window and subsampling edges), measured: the
+    frames it adds for `MEASURE_SECONDS` more audio. Exact for every frontend hop and
+    encoder subsampling that divide them, and needs no knowledge of either.
+
+    Raises:
+        ValueError: the output does not grow with the input.
+    """
+    short, extra = sample_rate, MEASURE_SECONDS * sample_rate
+    lens = torch.tensor([short, short + extra], device=device)
+    _, out_lens = module(torch.zeros(2, short + extra, device=device), lens)
+    frames = int(out_lens[1] - out_lens[0])
+    if frames <= 0:
+        raise ValueError("the model's output length does not grow with audio")
+    frame_seconds = round(MEASURE_SECONDS / frames, 9)
+    return frame_seconds, round(1.0 - int(out_lens[0]) * frame_seconds, 9)
+
+
+def _device(module: nn.Module) -> torch.device:
+    tensor = next(itertools.chain(module.parameters(), module.buffers()), None)
+    return torch.device("cpu") if tensor is None else tensor.device
+
+
 class Seq2Seq(nn.Module):
     """Frontend -> encoder -> attention decoder, with an optional CTC head on the encoder.
 
@@ -69,6 +102,21 @@ class Seq2Seq(nn.Module):
     @property
     def vocab_size(self) -> int:
         return self.decoder.vocab_size
+
+    @property
+    def sample_rate(self) -> int:
+        """The audio rate the frontend expects (16 kHz where it does not say)."""
+        features = getattr(self.frontend, "features", self.frontend)
+        return int(getattr(features, "sample_rate", 16000))
+
+    def encoder_timing(self) -> tuple[float, float]:
+        """Seconds per encoder frame, and the seconds of 1 s of audio that the frames leave
+        out, measured (`frame_timing`)."""
+        return frame_timing(self.encode, self.sample_rate, _device(self))
+
+    def feature_seconds(self) -> float:
+        """Seconds per feature frame (the frontend's hop), measured."""
+        return frame_timing(self.frontend, self.sample_rate, _device(self))[0]
 
     def encode(self, waves: Tensor, wave_lens: Tensor) -> tuple[Tensor, Tensor]:
         """Args: waves `(B, S)`, wave_lens `(B,)`. Returns: enc `(B, T, D)`, enc_lens `(B,)`."""

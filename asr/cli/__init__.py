@@ -31,8 +31,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from asr.cli.inputs import Input
     from asr.recognizer import Recognizer
-    from asr.transcribe import Input
 
 LIGHTNING_COMMANDS = ("fit", "validate", "test", "predict")
 MAX_LISTED = 20  # failures spelled out on stderr by batch commands
@@ -198,7 +198,7 @@ def _language_model(args: argparse.Namespace, recognizer):
     """The `--lm` checkpoint, checked to share the recognizer's vocabulary; None without."""
     if not args.lm:
         return None
-    from asr.recognizer import load_lm
+    from asr.loading import load_lm
 
     lm, tokenizer = load_lm(args.lm, recognizer.device)
     ours = recognizer.tokenizer
@@ -210,7 +210,7 @@ def _language_model(args: argparse.Namespace, recognizer):
 def _transcribe(args: argparse.Namespace) -> int:
     import tempfile
 
-    from asr.transcribe import expand_inputs
+    from asr.cli.inputs import expand_inputs
 
     if args.format is not None and args.output_dir is None:
         raise ValueError("--format chooses the files written to --output-dir: give that too")
@@ -230,7 +230,8 @@ def _transcribe(args: argparse.Namespace) -> int:
 
 def _transcribe_inputs(args: argparse.Namespace, inputs: list[Input]) -> list[str]:
     """`transcribe_files` with the command's options; the names of the inputs that failed."""
-    from asr.transcribe import TRANSCRIBE_BATCH_SIZE, transcribe_files
+    from asr.cli.inputs import transcribe_files
+    from asr.transcribe import TRANSCRIBE_BATCH_SIZE
 
     recognizer = _load_model(args)
     _warn_if_longer_than_trained(recognizer, args.max_segment_seconds)
@@ -445,8 +446,8 @@ def _add_decoding_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _add_device_arguments(p: argparse.ArgumentParser) -> None:
-    from asr.precision import PRECISIONS
-    from asr.recognizer import BACKENDS, BF16_STEP_ROWS
+    from asr.loading import BACKENDS
+    from asr.precision import BF16_STEP_ROWS, PRECISIONS
 
     p.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda when available")
     p.add_argument(
@@ -477,8 +478,8 @@ def _version() -> str:
 
 
 def _parser() -> argparse.ArgumentParser:
+    from asr.alignment import TIMESTAMP_METHODS
     from asr.data.prepare import CORPORA
-    from asr.recognizer import TIMESTAMP_METHODS
     from asr.robustness import DEFAULT_CONDITIONS
     from asr.text import CASES, PUNCTUATION, TOKENIZER_KINDS, TextNormalizer
     from asr.writers import ALL, FORMATS

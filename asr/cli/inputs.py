@@ -1,0 +1,251 @@
+"""What `asr transcribe` reads and writes: the recordings its arguments name, and the loop that
+transcribes them into files or onto the terminal.
+
+An argument is a file; a folder (searched recursively for audio files); a glob pattern, which
+we expand; a `.jsonl` manifest; or "-", audio bytes on stdin. Outputs mirror the inputs' paths
+below the deepest folder the arguments share (`asr.writers.output_stems`).
+"""
+
+from __future__ import annotations
+
+import glob
+import itertools
+import os
+import shutil
+import sys
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path, PurePath
+from typing import IO, TYPE_CHECKING
+
+from tqdm import tqdm
+
+from asr.audio import AUDIO_SUFFIXES, audio_files
+from asr.data.manifest import read_clip
+from asr.search import LanguageModel, SearchOptions
+from asr.segment import Clip, SegmenterOptions
+from asr.transcribe import TRANSCRIBE_BATCH_SIZE, batches, transcribe_sources
+from asr.writers import expand_formats, output_stems, timed_lines, write_outputs
+
+if TYPE_CHECKING:
+    from asr.recognizer import Recognizer
+
+
+@dataclass(frozen=True)
+class Input:
+    """One recording to transcribe: a file, a line of a manifest, or what came on stdin."""
+
+    audio: Clip  # what to read
+    name: str  # how it is reported: its path, "-" for stdin, "path@start-end" (ms) for a clip
+    stem: PurePath  # where its outputs go under the output directory, without suffix
+
+
+# What an argument yields: (audio, name, path its output stem is taken from, base folder of
+# that path; None: the stem alone).
+Found = tuple[Clip, str, str, str | None]
+
+
+def expand_inputs(
+    arguments: Sequence[str], scratch: str | os.PathLike, stdin: IO[bytes] | None = None
+) -> tuple[list[Input], list[str]]:
+    """The recordings that `asr transcribe` arguments name, and what is wrong with the others.
+
+    An argument is a file; a folder (searched recursively for files with `AUDIO_SUFFIXES`); a
+    glob pattern, which we expand (`**` too), keeping audio files; a `.jsonl` manifest, whose
+    lines give `audio_filepath` (relative: to the manifest's folder) and optionally `offset`
+    and `duration` in seconds; or "-", audio bytes on stdin, saved under `scratch`. Outputs
+    mirror the inputs' paths below the deepest folder the arguments share
+    (`asr.writers.output_stems`); manifest lines that share a file are told apart by their
+    span in milliseconds (`talk@12000-15500`). A file found twice is transcribed once.
+
+    Returns:
+        The inputs in argument order, and one "name: reason" per argument or manifest line
+        that gives nothing (a folder without audio, a glob without matches, a bad line).
+        Files that are missing or unreadable are found to be so when they are read.
+
+    Raises:
+        ValueError: two inputs would write the same output files.
+    """
+    found: list[Found] = []
+    failures: list[str] = []
+    for argument in arguments:
+        found += _expand(argument, Path(scratch), stdin, failures)
+    seen, kept = set(), []
+    for item in found:
+        key = (os.path.abspath(item[0].path), item[0].offset, item[0].duration)
+        if key not in seen:
+            seen.add(key)
+            kept.append(item)
+    stems = output_stems([path for _, _, path, _ in kept], [base for *_, base in kept])
+    return [Input(clip, name, stem) for (clip, name, *_), stem in zip(kept, stems)], failures
+
+
+def _expand(
+    argument: str, scratch: Path, stdin: IO[bytes] | None, failures: list[str]
+) -> list[Found]:
+    """What one argument names (see `expand_inputs`); its problems go to `failures`."""
+    if argument == "-":
+        return _stdin_input(scratch, stdin or sys.stdin.buffer, failures)
+    if os.path.isdir(argument):
+        files = _audio_files(Path(argument))
+        if not files:
+            failures.append(f"{argument}: no audio files in this folder ({_suffixes()})")
+        return [(Clip(f), f, f, argument) for f in files]
+    if _is_pattern(argument) and not os.path.exists(argument):
+        return _glob_inputs(argument, failures)
+    if argument.lower().endswith(".jsonl") and os.path.isfile(argument):
+        return _manifest_inputs(Path(argument), failures)
+    return [(Clip(argument), argument, argument, os.path.dirname(argument))]
+
+
+def _suffixes() -> str:
+    return "suffixes " + " ".join(AUDIO_SUFFIXES)
+
+
+def _audio_files(folder: Path) -> list[str]:
+    """The audio files under `folder` (folders named like audio left out), sorted."""
+    return [str(p) for p in audio_files(folder) if p.is_file()]
+
+
+def _is_pattern(argument: str) -> bool:
+    return any(char in argument for char in "*?[")
+
+
+def _glob_inputs(pattern: str, failures: list[str]) -> list[Found]:
+    """Audio files matching `pattern` (and in folders it matches), named below its fixed
+    leading folders."""
+    parts = Path(pattern).parts
+    fixed = list(itertools.takewhile(lambda part: not _is_pattern(part), parts[:-1]))
+    base = str(Path(*fixed)) if fixed else "."
+    files = []
+    for match in sorted(glob.glob(pattern, recursive=True)):
+        if os.path.isdir(match):
+            files += _audio_files(Path(match))
+        elif Path(match).suffix.lower() in AUDIO_SUFFIXES:
+            files.append(match)
+    if not files:
+        failures.append(f"{pattern}: no audio files match ({_suffixes()})")
+    return [(Clip(f), f, f, base) for f in files]
+
+
+def _manifest_inputs(manifest: Path, failures: list[str]) -> list[Found]:
+    """The clips a manifest's lines name; its bad lines go to `failures` as `file:line: why`."""
+    try:
+        lines = manifest.read_text(encoding="utf-8-sig").splitlines()
+    except (OSError, UnicodeDecodeError) as error:
+        failures.append(f"{manifest}: cannot read manifest ({error})")
+        return []
+    clips, bad = [], 0
+    for number, line in enumerate(lines, 1):
+        if line.strip():
+            try:
+                clips.append(Clip(*read_clip(line, manifest.parent)))
+            except ValueError as error:
+                failures.append(f"{manifest}:{number}: {error}")
+                bad += 1
+    if not clips and not bad:
+        failures.append(f"{manifest}: no lines")
+    lines_of = Counter(clip.path for clip in clips)
+    found: list[Found] = []
+    for clip in clips:
+        path = Path(clip.path)
+        if lines_of[clip.path] == 1:
+            found.append((clip, str(path), str(path), str(path.parent)))
+        else:  # told apart by their spans
+            span = _span(clip)
+            named = path.with_name(f"{path.stem}{span}{path.suffix}")
+            found.append((clip, f"{path}{span}", str(named), str(path.parent)))
+    return found
+
+
+def _span(clip: Clip) -> str:
+    """`@start-end` of a clip in milliseconds.
+
+    >>> _span(Clip("a.wav", 1.5, 2.0)), _span(Clip("a.wav", 3.0))
+    ('@1500-3500', '@3000-end')
+    """
+    end = "end" if clip.duration is None else round(1000 * (clip.offset + clip.duration))
+    return f"@{round(1000 * clip.offset)}-{end}"
+
+
+def _stdin_input(scratch: Path, stdin: IO[bytes], failures: list[str]) -> list[Found]:
+    """Audio bytes on stdin, saved as `scratch/stdin` (read once, however often "-" is given)."""
+    path = scratch / "stdin"
+    if not path.exists():
+        if stdin.isatty():
+            failures.append("-: stdin is a terminal; pipe audio in (asr transcribe - < talk.m4a)")
+            return []
+        with open(path, "wb") as file:
+            shutil.copyfileobj(stdin, file)
+    return [(Clip(str(path)), "-", str(path), None)]
+
+
+def file_inputs(paths: Sequence[str | os.PathLike]) -> list[Input]:
+    """Files as `Input`s, their outputs named by `asr.writers.output_stems`."""
+    stems = output_stems(paths)
+    return [Input(Clip(path), str(path), stem) for path, stem in zip(paths, stems)]
+
+
+def transcribe_files(
+    recognizer: Recognizer,
+    inputs: Sequence[str | os.PathLike] | Sequence[Input],
+    out_dir: str | os.PathLike | None = None,
+    *,
+    formats: Sequence[str] = ("txt",),
+    options: SearchOptions | None = None,
+    lm: LanguageModel | None = None,
+    timestamps: str = "attention",
+    batch_size: int = TRANSCRIBE_BATCH_SIZE,
+    segmenter: SegmenterOptions | None = None,
+    words_per_cue: int = 0,
+    progress: bool = True,
+) -> list[str]:
+    """Transcribe files `batch_size` at a time, into `out_dir/<stem>.<format>` per format
+    ("all": every one), printing `name<TAB>text` per input; or, without `out_dir`, printing
+    each input's segments as `[MM:SS.mmm --> MM:SS.mmm] text` lines (after its name where
+    there are several inputs). Plain paths are named by `asr.writers.output_stems`. The
+    decoding arguments are `transcribe_sources`'.
+
+    An input that cannot be read or decoded is reported on stderr (named, with the reason)
+    and the others go on.
+
+    Returns:
+        The names of the inputs that failed.
+    """
+    formats = expand_formats(formats)
+    items = list(inputs) if all(isinstance(i, Input) for i in inputs) else file_inputs(inputs)
+    failed = []
+    with tqdm(total=len(items), desc="files", unit="file", disable=not progress) as bar:
+        for group in batches(items, batch_size):
+            audios = [item.audio for item in group]
+            results = transcribe_sources(
+                recognizer,
+                audios,
+                options=options,
+                lm=lm,
+                timestamps=timestamps,
+                batch_size=batch_size,
+                segmenter=segmenter,
+                progress=progress,
+            )
+            for item, result in zip(group, results):
+                if result.error is not None:
+                    _say(f"asr transcribe: error: {item.name}: {result.error.reason}\n", sys.stderr)
+                    failed.append(item.name)
+                elif out_dir is None:
+                    text = timed_lines(result.transcript)
+                    _say((f"{item.name}\n" if len(items) > 1 else "") + text)
+                else:
+                    stem = Path(out_dir) / item.stem
+                    write_outputs(result.transcript, stem, formats, item.name, words_per_cue)
+                    _say(f"{item.name}\t{result.transcript.text}\n")
+            bar.update(len(group))
+    return failed
+
+
+def _say(text: str, file: IO[str] | None = None) -> None:
+    """Write `text` now (to stdout by default), above any progress bar."""
+    file = file or sys.stdout
+    tqdm.write(text, file=file, end="")
+    file.flush()

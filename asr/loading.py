@@ -1,0 +1,83 @@
+"""Loading trained models: a recognizer's network from a checkpoint, package or hf:// name, and
+a language model from its checkpoint. `asr.load_model` wraps the first in a `Recognizer`."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+from torch import nn
+
+from asr.checkpoint import (
+    LM_KEY,
+    build_from_payload,
+    payload_tokenizer,
+    read_payload,
+    submodule_weights,
+)
+from asr.models.lm import build_lm
+from asr.models.seq2seq import Seq2Seq, build_seq2seq
+from asr.package import read_recognizer
+from asr.text import Tokenizer
+
+BACKENDS = ("torch", "onnx", "onnx-int8")  # what runs the networks
+
+
+def load_seq2seq(
+    path: str | os.PathLike,
+    device: str | torch.device = "cpu",
+    backend: str = "torch",
+    precision: str = "fp32",
+) -> tuple[Seq2Seq, Tokenizer, dict[str, Any]]:
+    """The network of a checkpoint, package folder or `hf://owner/name[@revision]` (in eval
+    mode, on `device`), its tokenizer, and the payload with what `asr fit` and
+    `asr finalize` stored (decoding settings, calibration, alignment heads...).
+
+    Raises:
+        CheckpointError: not a recognizer checkpoint or package, or a pickle; the message
+            names it.
+        ValueError: an unknown backend, or ONNX on a device other than the CPU or in bf16.
+        FileNotFoundError: the package has no such ONNX graphs (named).
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    weights, payload = read_recognizer(path)
+    model = build_from_payload(build_seq2seq, payload)
+    model.load_state_dict(weights)
+    model = model.to(device).eval()
+    if backend != "torch":
+        model = _onnx_model(model, path, backend, device, precision)
+    return model, payload_tokenizer(payload), payload
+
+
+def _onnx_model(model: Seq2Seq, path, backend: str, device, precision: str) -> Seq2Seq:
+    from asr.onnx_runtime import onnx_model
+
+    if torch.device(device).type != "cpu" or precision != "fp32":
+        raise ValueError(f"backend {backend!r} runs on the CPU in fp32 (its int8: onnx-int8)")
+    if not os.path.isdir(path):
+        raise ValueError(
+            f"{path}: backend {backend!r} needs a package folder (asr export --format onnx), "
+            "not a checkpoint"
+        )
+    return onnx_model(model, path, int8=backend == "onnx-int8")
+
+
+def load_lm(
+    path: str | os.PathLike, device: str | torch.device = "cpu"
+) -> tuple[nn.Module, Tokenizer]:
+    """Rebuild the language model of an `asr fit` LM checkpoint (or an `asr average` output).
+
+    Returns:
+        The LM (the plain module, in eval mode, on `device`), which follows the search
+        interface `asr.search.LanguageModel`, and its tokenizer.
+
+    Raises:
+        CheckpointError: the file holds no LM written by `asr fit`, or refuses to load
+            safely; the message names it.
+    """
+    state, payload = read_payload(path, LM_KEY)
+    lm = build_from_payload(build_lm, payload)
+    lm.load_state_dict(submodule_weights(state, "lm."))
+    return lm.to(device).eval(), payload_tokenizer(payload)
