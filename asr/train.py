@@ -280,6 +280,13 @@ class ASRCLI(LightningCLI):
         parser.add_lightning_class_args(StepCheckpoint, "step_checkpoint")
         parser.add_lightning_class_args(EpochClock, "epoch_clock")
         parser.add_argument(
+            "--bf16_fallback",
+            type=bool,
+            default=True,
+            help="train a bf16-mixed config in fp32 on a CPU without bf16 instructions "
+            "(AVX-512 bf16 or AMX), where bf16 is emulated and several times slower",
+        )
+        parser.add_argument(
             "--onednn_kernel_cache",
             type=int | None,
             default=None,
@@ -301,6 +308,13 @@ class ASRCLI(LightningCLI):
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
         _keep_compiled_kernels(config.onednn_kernel_cache)
+        if config.bf16_fallback and _emulates_bf16(config.trainer):
+            print(
+                "asr: this CPU has no bf16 instructions (AVX-512 bf16, AMX): training in fp32 "
+                "instead of bf16-mixed (--bf16_fallback false keeps bf16)",
+                file=sys.stderr,
+            )
+            config.trainer.precision = "32-true"
         root = config.trainer.default_root_dir or "."
         if config.checkpoint.dirpath is None:
             # One checkpoint folder per experiment, so `--ckpt_path last` resumes a rerun.
@@ -327,6 +341,18 @@ class ASRCLI(LightningCLI):
         model_config["vocab_size"] = self.datamodule.vocab_size
         # Plain JSON types only, so checkpoints load with weights_only=True.
         self.model.model_config = json.loads(json.dumps(model_config))
+
+
+def _emulates_bf16(trainer: Namespace) -> bool:
+    """Whether `trainer` would run bf16 on a CPU that has no bf16 instructions."""
+    if str(trainer.precision) not in ("bf16-mixed", "bf16"):
+        return False
+    on_cpu = trainer.accelerator == "cpu" or (
+        trainer.accelerator == "auto" and not torch.cuda.is_available()
+    )
+    return on_cpu and not (
+        torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+    )
 
 
 KERNEL_CACHE_VARIABLE = "ONEDNN_PRIMITIVE_CACHE_CAPACITY"

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import copy
 
-from asr.train import reopen_cut_epoch
+import pytest
+import torch
+from jsonargparse import Namespace
+
+from asr.train import _emulates_bf16, reopen_cut_epoch
 
 
 def _counts(ready: int, processed: int, completed: int) -> dict[str, int]:
@@ -63,3 +67,22 @@ def test_a_mid_epoch_save_and_an_unknown_layout_are_left_alone():
         saved = copy.deepcopy(checkpoint)
         reopen_cut_epoch(checkpoint)
         assert checkpoint == saved
+
+
+@pytest.mark.parametrize(
+    ("precision", "accelerator", "bf16_cpu", "emulated"),
+    [
+        ("bf16-mixed", "cpu", False, True),
+        ("bf16-mixed", "auto", False, True),  # no CUDA here
+        ("bf16-mixed", "cpu", True, False),
+        ("32-true", "cpu", False, False),
+    ],
+)
+def test_bf16_on_a_cpu_without_bf16_instructions_is_emulated(
+    monkeypatch, precision, accelerator, bf16_cpu, emulated
+):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: bf16_cpu)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+    trainer = Namespace(precision=precision, accelerator=accelerator)
+    assert _emulates_bf16(trainer) is emulated
