@@ -123,25 +123,15 @@ def build_from_payload(builder: Callable[..., Any], payload: dict[str, Any]) -> 
         return instantiate(builder, replace_assets(payload["model_config"], assets))
 
 
-def store_decoding(path: str | os.PathLike, decoding: dict[str, Any]) -> None:
-    """Record in a recognizer checkpoint the search settings its users get by default.
-
-    Args:
-        path: the checkpoint, rewritten atomically.
-        decoding: `asr.search.SearchOptions` fields (plain values), e.g. those chosen on dev.
-    """
-    store_in_payload(path, "decoding", dict(decoding))
-
-
-def store_in_payload(path: str | os.PathLike, key: str, value: Any) -> None:
-    """Set `key` of a recognizer checkpoint's payload to `value` (plain values), rewriting
-    the checkpoint atomically (e.g. "decoding", "alignment_heads")."""
+def store_in_payload(path: str | os.PathLike, values: dict[str, Any]) -> None:
+    """Set keys of a recognizer checkpoint's payload (plain values, e.g. "decoding",
+    "alignment_heads"), rewriting the checkpoint atomically once."""
     if Path(path).is_dir():
         raise CheckpointError(
-            f"{path}: a model package; set {key} in its checkpoint, then export it again"
+            f"{path}: a model package; finalize its checkpoint, then export it again"
         )
     state, payload = read_payload(path, RECOGNIZER_KEY)
-    payload[key] = value
+    payload.update(values)
     atomic_save(state, path)
 
 

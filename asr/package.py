@@ -106,7 +106,7 @@ def write_package(
         checkpoint: a recognizer checkpoint of `asr fit` or `asr average`.
         out_dir: the package folder, made where missing.
         decoding: the default `SearchOptions` fields to record (plain values); None: the
-            checkpoint's own (`asr set-decoding`), if any.
+            checkpoint's own (`asr finalize`), if any.
         card: what the model card adds; None: `ModelCard()`.
 
     Returns:

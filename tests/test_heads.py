@@ -67,14 +67,14 @@ def test_a_map_that_does_not_follow_the_audio_is_left_out_and_boundaries_improve
     assert choice.chosen_errors.mean() < choice.all_heads.mean()
 
 
-def test_cli_stores_the_choice_that_load_model_reads(tiny_checkpoint, tmp_path, capsys):
+def test_finalize_stores_the_choice_that_load_model_reads(tiny_checkpoint, tmp_path, capsys):
     checkpoint = tmp_path / "model.ckpt"
     shutil.copy(tiny_checkpoint["checkpoint"], checkpoint)
     manifest = _manifest(tmp_path / "m.jsonl", UTTERANCES)
     assert load_model(checkpoint).alignment_heads is None
-    args = ["choose-heads", "--checkpoint", str(checkpoint), "--manifest", str(manifest), "--quiet"]
-    assert main([*args, "--store"]) == 0
+    args = ["--checkpoint", str(checkpoint), "--manifest", str(manifest), "--quiet"]
+    assert main(["finalize", *args]) == 0
     stored = load_model(checkpoint).alignment_heads
-    assert stored and f"chosen {stored}" in capsys.readouterr().out
-    assert main([*args, "--heads", "0"]) == 0
+    assert stored and f"alignment maps {stored}:" in capsys.readouterr().out
+    assert main(["choose-heads", *args, "--heads", "0"]) == 0
     assert "| chosen [0] |" in capsys.readouterr().out

@@ -29,8 +29,8 @@ LAYERS = {
     2: {"search", "ctc_prefix", "timing", "confidence", "segment", "guard", "vad"},
     # the recognizer: decoding, times and words, results, long-audio transcription, writers
     3: {"results", "decoding", "alignment", "writers", "transcribe", "recognizer"},
-    # its users: evaluation, robustness, plots, alignment-head choice
-    4: {"evaluate", "robustness", "plotting", "heads"},
+    # its users: evaluation, robustness, plots, alignment-map choice, finishing a model
+    4: {"evaluate", "robustness", "plotting", "heads", "finalize"},
     # training and the command line
     5: {"data", "lightning", "lm", "optim", "train", "cli", "__main__"},
 }

@@ -156,7 +156,7 @@ def test_the_cli_exports_a_fit_checkpoint_with_its_cmvn_statistics(fit_checkpoin
         assert torch.equal(a[0].hypothesis.attention, b[0].hypothesis.attention)
 
 
-def test_calibrate_stores_a_scaling_that_checkpoint_and_package_words_carry(
+def test_finalize_stores_a_scaling_that_checkpoint_and_package_words_carry(
     overfit_checkpoint, tmp_path, capsys
 ):
     ckpt = tmp_path / "model.ckpt"
@@ -165,8 +165,8 @@ def test_calibrate_stores_a_scaling_that_checkpoint_and_package_words_carry(
     manifest = tmp_path / "dev.jsonl"  # learnt utterances (right words) and unseen ones (wrong)
     write_manifest(manifest, [Utterance(str(f), audio_info(f).duration, t, f.stem)
                               for f, t in files.items()])  # fmt: skip
-    assert main(["calibrate", "--checkpoint", str(ckpt), "--manifest", str(manifest), "--quiet",
-                 "--store"]) == 0  # fmt: skip
+    assert main(["finalize", "--checkpoint", str(ckpt), "--manifest", str(manifest),
+                 "--quiet"]) == 0  # fmt: skip
     printed = capsys.readouterr().out
     assert "probability: ECE" in printed and "confidence: ECE" in printed
     recognizer = asr.load_model(ckpt)
@@ -187,7 +187,7 @@ def test_calibrate_stores_a_scaling_that_checkpoint_and_package_words_carry(
     )
 
 
-def test_calibrate_on_words_all_right_fails_or_with_if_fittable_changes_nothing(
+def test_on_words_all_right_calibrate_fails_and_finalize_stores_no_scaling(
     overfit_checkpoint, tmp_path, capsys
 ):
     ckpt = tmp_path / "model.ckpt"
@@ -196,14 +196,13 @@ def test_calibrate_on_words_all_right_fails_or_with_if_fittable_changes_nothing(
     manifest = tmp_path / "dev.jsonl"  # only learnt utterances: every word is right
     write_manifest(manifest, [Utterance(str(f), audio_info(f).duration, t, f.stem)
                               for f, t in files.items()])  # fmt: skip
-    args = ["calibrate", "--checkpoint", str(ckpt), "--manifest", str(manifest), "--quiet",
-            "--store"]  # fmt: skip
-    assert main(args) == 2
+    args = ["--checkpoint", str(ckpt), "--manifest", str(manifest), "--quiet"]
+    assert main(["calibrate", *args]) == 2
     assert "both right and wrong words" in capsys.readouterr().err
-    before = ckpt.read_bytes()
-    assert main([*args, "--if-fittable"]) == 0
-    assert "nothing fitted" in capsys.readouterr().err
-    assert ckpt.read_bytes() == before and asr.load_model(ckpt).confidence_scaling is None
+    assert main(["finalize", *args, "--beam-size", "2"]) == 0
+    assert "confidence: not fitted (" in capsys.readouterr().out
+    recognizer = asr.load_model(ckpt)
+    assert recognizer.confidence_scaling is None and recognizer.default_options.beam_size == 2
 
 
 def test_transcribe_takes_a_package_as_model(fit_checkpoint, tmp_path, capsys):
@@ -292,9 +291,10 @@ def test_damaged_or_missing_package_files_are_named(package, tmp_path):
         asr.load_model(tmp_path / "no-such-folder" / "")
 
 
-def test_set_decoding_on_a_package_says_what_to_do(package, capsys):
-    assert main(["set-decoding", "--model", str(package), "--beam-size", "2"]) == 2
-    assert "a model package; set decoding in its checkpoint" in capsys.readouterr().err
+def test_finalize_on_a_package_says_what_to_do(package, tmp_path, capsys):
+    args = ["--model", str(package), "--manifest", str(tmp_path / "dev.jsonl")]
+    assert main(["finalize", *args, "--beam-size", "2"]) == 2
+    assert "a model package; finalize its checkpoint" in capsys.readouterr().err
 
 
 # --------------------------------------------------------------------------- hf://

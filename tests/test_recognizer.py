@@ -18,6 +18,7 @@ import asr.timing
 from asr.audio import AudioError
 from asr.checkpoint import CheckpointError, instantiate, load_checkpoint
 from asr.cli import main
+from asr.data.manifest import Utterance, write_manifest
 from asr.loading import load_lm
 from asr.models.seq2seq import build_seq2seq
 from asr.recognizer import Recognizer, load_model
@@ -38,9 +39,15 @@ def test_without_stored_settings_the_api_decodes_as_search_options_say(checkpoin
     assert recognizer.default_options == SearchOptions(ctc_weight=DEFAULT_CTC_WEIGHT)
 
 
-def test_set_decoding_stores_settings_that_api_and_cli_decode_with(checkpoint, monkeypatch):
-    assert main(["set-decoding", "--checkpoint", str(checkpoint), "--beam-size", "3",
-                 "--ctc-weight", "0.6", "--max-len-ratio", "2"]) == 0  # fmt: skip
+def test_finalize_stores_settings_that_api_and_cli_decode_with(checkpoint, monkeypatch):
+    wave = np.random.default_rng(0).standard_normal(16000).astype(np.float32) * 0.1
+    audio = checkpoint.parent / "a.wav"
+    soundfile.write(audio, wave, 16000)
+    dev = checkpoint.parent / "dev.jsonl"
+    write_manifest(dev, [Utterance(str(audio), 1.0, "YES", "a")])
+    assert main(["finalize", "--checkpoint", str(checkpoint), "--manifest", str(dev),
+                 "--beam-size", "3", "--ctc-weight", "0.6", "--max-len-ratio", "2",
+                 "--quiet"]) == 0  # fmt: skip
     expected = replace(SearchOptions(), beam_size=3, ctc_weight=0.6, max_len_ratio=2.0)
     assert load_model(checkpoint).default_options == expected
 
@@ -52,9 +59,6 @@ def test_set_decoding_stores_settings_that_api_and_cli_decode_with(checkpoint, m
         return search(self, waves, options, lm)
 
     monkeypatch.setattr(asr.recognizer.Recognizer, "search", spy)
-    wave = np.random.default_rng(0).standard_normal(16000).astype(np.float32) * 0.1
-    audio = checkpoint.parent / "a.wav"
-    soundfile.write(audio, wave, 16000)
     load_model(checkpoint).transcribe(str(audio))
     out = checkpoint.parent / "out"
     assert main(["transcribe", str(audio), "--checkpoint", str(checkpoint),
@@ -64,15 +68,15 @@ def test_set_decoding_stores_settings_that_api_and_cli_decode_with(checkpoint, m
     assert used == [expected, expected, replace(expected, beam_size=2)]
 
 
-def test_set_decoding_refuses_settings_the_model_cannot_decode_with(checkpoint, tmp_path):
+def test_finalize_refuses_settings_the_model_cannot_decode_with(checkpoint, tmp_path):
     state = load_checkpoint(checkpoint)
     state["asr"]["model_config"]["ctc_weight"] = 0.0  # a model without a CTC head
     state["state_dict"] = {k: v for k, v in state["state_dict"].items() if ".ctc." not in k}
     import torch
 
     torch.save(state, tmp_path / "no_ctc.ckpt")
-    assert main(["set-decoding", "--checkpoint", str(tmp_path / "no_ctc.ckpt"),
-                 "--ctc-weight", "0.5"]) == 2  # fmt: skip
+    args = ["--manifest", str(tmp_path / "dev.jsonl"), "--ctc-weight", "0.5"]
+    assert main(["finalize", "--checkpoint", str(tmp_path / "no_ctc.ckpt"), *args]) == 2
 
 
 def test_load_lm_names_a_recognizer_checkpoint_for_what_it_is(checkpoint):

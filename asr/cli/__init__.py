@@ -6,15 +6,16 @@ asr cmvn --manifest M --out stats.json          global CMVN statistics
 asr validate-data --manifest M [--tokenizer DIR] check audio and text up front
 asr fit|validate|test --config conf/...yaml     training (LightningCLI)
 asr average --last exp/.../checkpoints/last.ckpt --best 5 --out avg.ckpt
-asr set-decoding --checkpoint CKPT --beam-size 10 --ctc-weight 0.5   its default search
+asr finalize --checkpoint CKPT --manifest dev.jsonl --beam-size 10 --ctc-weight 0.5
+                                                its default search, confidence, alignment maps
 asr export CKPT DIR --format package            a shareable folder (safetensors, model card)
 asr export CKPT DIR --format onnx               the same, plus ONNX graphs (--backend onnx)
 asr transcribe AUDIO|DIR|GLOB|M.jsonl|-... --checkpoint CKPT [--output-dir DIR --format ...]
 asr evaluate --checkpoint CKPT --manifest test.jsonl --out DIR   WER/CER, reports, plots
 asr robustness --checkpoint CKPT --manifest test.jsonl --out DIR  WER under noise, level...
 asr align AUDIO --checkpoint CKPT --text "..." --out plot.png      word times of a transcript
-asr choose-heads --checkpoint CKPT --manifest dev.jsonl --store   attention maps for word times
-asr calibrate --checkpoint CKPT --manifest dev.jsonl --store    word confidence fitted on dev
+asr choose-heads --checkpoint CKPT --manifest dev.jsonl   how well attention maps time words
+asr calibrate --checkpoint CKPT --manifest dev.jsonl      how well word confidences fit dev
 
 Batch commands (prepare, validate-data, transcribe, evaluate) go on past bad inputs, list
 each with the reason, and exit with status 1 when any failed (2: the command could not run).
@@ -26,7 +27,7 @@ import argparse
 import logging
 import sys
 from collections.abc import Sequence
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -117,30 +118,42 @@ def _average(args: argparse.Namespace) -> int:
     return 0
 
 
-def _set_decoding(args: argparse.Namespace) -> int:
-    from asr.checkpoint import store_decoding
+def _finalize(args: argparse.Namespace) -> int:
+    from asr.checkpoint import CheckpointError
+    from asr.finalize import finalize, store
 
+    if Path(args.checkpoint).is_dir():
+        raise CheckpointError(
+            f"{args.checkpoint}: a model package; finalize its checkpoint, then export it again"
+        )
     recognizer = _load_model(args)
-    options = _search_options(args, recognizer)
-    recognizer.check_options(options)
-    stored = _stored_decoding(options)
-    store_decoding(args.checkpoint, stored)
-    print(f"{args.checkpoint} now decodes by default with: {stored}")
+    finished = finalize(
+        recognizer,
+        args.manifest,
+        _search_options(args, recognizer),
+        _language_model(args, recognizer),
+        args.batch_size,
+        progress=not args.quiet,
+    )
+    print(f"decoding: {finished.decoding}")
+    if finished.confidence is not None:
+        print(_calibration_report(finished.confidence))
+    if finished.heads is not None:
+        print(f"alignment maps {finished.heads.chosen}:\n{finished.heads.table()}", end="")
+    for part, why in finished.skipped.items():
+        print(f"{part}: not fitted ({why})")
+    store(args.checkpoint, finished)
+    print(f"{args.checkpoint}: decoding, confidence and alignment maps stored", file=sys.stderr)
     return 0
 
 
-def _stored_decoding(options) -> dict:
-    """The search settings a checkpoint or package keeps as its default: all but the n-best
-    size and the LM weight, which depend on the call and on an LM given with it."""
-    return {k: v for k, v in asdict(options).items() if k not in ("nbest", "lm_weight")}
-
-
 def _export(args: argparse.Namespace) -> int:
+    from asr.finalize import stored_decoding
     from asr.package import ModelCard, write_package
     from asr.recognizer import load_model
 
     recognizer = load_model(args.checkpoint)  # builds, and has the default search settings
-    decoding = _stored_decoding(recognizer.default_options)
+    decoding = stored_decoding(recognizer.default_options)
     card = ModelCard(
         args.repo_id,
         args.license,
@@ -354,7 +367,6 @@ def _curves(args: argparse.Namespace) -> int:
 
 
 def _choose_heads(args: argparse.Namespace) -> int:
-    from asr.checkpoint import store_in_payload
     from asr.heads import choose_heads, reference_alignments, score_heads
 
     recognizer = _load_model(args)
@@ -362,47 +374,37 @@ def _choose_heads(args: argparse.Namespace) -> int:
     if args.heads is not None:
         print(score_heads(recognizer, alignments, args.heads).table(), end="")
         return 0
-    choice = choose_heads(recognizer, alignments)
-    print(choice.table(), end="")
-    if args.store:
-        store_in_payload(args.checkpoint, "alignment_heads", choice.chosen)
-        print(f"alignment heads {choice.chosen} stored in {args.checkpoint}", file=sys.stderr)
+    print(choose_heads(recognizer, alignments).table(), end="")
     return 0
 
 
 def _calibrate(args: argparse.Namespace) -> int:
-    from asr.checkpoint import store_in_payload
-    from asr.confidence import UnfittableWords
     from asr.evaluate import fit_confidence
 
     recognizer = _load_model(args)
-    options = _search_options(args, recognizer)
-    try:
-        fit = fit_confidence(
-            recognizer, args.manifest, options, _language_model(args, recognizer),
-            args.batch_size, progress=not args.quiet,
-        )  # fmt: skip
-    except UnfittableWords as err:
-        if not args.if_fittable:
-            raise
-        print(f"asr calibrate: nothing fitted, {args.checkpoint} left as it is: {err}",
-              file=sys.stderr)  # fmt: skip
-        return 0
+    fit = fit_confidence(
+        recognizer,
+        args.manifest,
+        _search_options(args, recognizer),
+        _language_model(args, recognizer),
+        args.batch_size,
+        progress=not args.quiet,
+    )
+    print(_calibration_report(fit))
+    return 0
+
+
+def _calibration_report(fit) -> str:
+    """The fitted map, and ECE and ROC area before and after it."""
     scaling = fit.scaling
     ctc = f" + {scaling.ctc_scale:.4f} * log(ctc_probability)" if scaling.ctc_scale else ""
-    print(f"confidence = sigmoid({scaling.scale:.4f} * log(probability){ctc} "
-          f"+ {scaling.bias:.4f})")  # fmt: skip
+    lines = [f"confidence = sigmoid({scaling.scale:.4f} * log(probability){ctc} "
+             f"+ {scaling.bias:.4f})"]  # fmt: skip
     for name, c in (("probability", fit.before), ("confidence", fit.after)):
         auc = "n/a" if c.auc is None else f"{c.auc:.3f}"
-        print(f"{name:>11}: ECE {c.ece:.3f}, ROC AUC {auc} over {c.words} words "
-              f"({100 * c.accuracy:.1f} % right)")  # fmt: skip
-    if args.store:
-        if options != recognizer.default_options:
-            print("note: fitted under other search settings than the checkpoint's default",
-                  file=sys.stderr)  # fmt: skip
-        store_in_payload(args.checkpoint, "confidence_scaling", scaling.as_dict())
-        print(f"confidence scaling stored in {args.checkpoint}", file=sys.stderr)
-    return 0
+        lines.append(f"{name:>11}: ECE {c.ece:.3f}, ROC AUC {auc} over {c.words} words "
+                     f"({100 * c.accuracy:.1f} % right)")  # fmt: skip
+    return "\n".join(lines)
 
 
 def _add_search_arguments(p: argparse.ArgumentParser) -> None:
@@ -417,7 +419,7 @@ def _add_search_arguments(p: argparse.ArgumentParser) -> None:
         help="a checkpoint of `asr fit` or average, a model package folder (asr export), "
         "or hf://owner/name[@revision]",
     )
-    own = "default: the checkpoint's own (asr set-decoding), else"
+    own = "default: the checkpoint's own (asr finalize), else"
     beam, ctc, ratio = SearchOptions.beam_size, DEFAULT_CTC_WEIGHT, SearchOptions.max_len_ratio
     p.add_argument("--beam-size", type=int, help=f"1 = greedy ({own} {beam})")
     p.add_argument("--ctc-weight", type=float, help=f"CTC weight ({own} {ctc} with a CTC head)")
@@ -572,14 +574,18 @@ def _parser() -> argparse.ArgumentParser:
     p.set_defaults(run=_export)
 
     p = sub.add_parser(
-        "set-decoding",
-        help="store the search settings a checkpoint decodes with when none are given",
-        description="Record beam, CTC weight and length settings in a recognizer checkpoint, "
-        "so asr.load_model(CKPT).transcribe(...) and asr transcribe/evaluate decode with them "
-        "by default (recipes store those they chose on dev). Unset options keep the current.",
+        "finalize",
+        help="store a model's default search, word confidences and alignment maps",
+        description="Finish a trained model on a dev set, in one rewrite of the checkpoint: "
+        "the search settings asr.load_model(CKPT).transcribe(...) and asr transcribe/evaluate "
+        "decode with by default (unset options keep the checkpoint's own), the word-confidence "
+        "scaling fitted under them (as asr calibrate reports it), and the cross-attention maps "
+        "that time words best (as asr choose-heads reports them; Transformer decoders with a "
+        "CTC head). A part the model or data cannot give is said and left out.",
     )
-    _add_search_arguments(p)
-    p.set_defaults(run=_set_decoding)
+    _add_decoding_arguments(p)
+    p.add_argument("--manifest", required=True, help="JSONL manifest with references (dev)")
+    p.set_defaults(run=_finalize)
 
     p = sub.add_parser(
         "transcribe",
@@ -664,13 +670,11 @@ def _parser() -> argparse.ArgumentParser:
         description="Align each reference of a manifest (dev) by teacher forcing, compare each "
         "cross-attention map's DTW word boundaries with CTC forced alignment, and choose the "
         "best maps: a table of the mean and 90th-percentile boundary difference (ms) of all "
-        "maps averaged, the chosen ones, and each map. --store records the choice in the "
-        "checkpoint (word times then use those maps); --heads scores given maps instead "
-        "(e.g. the stored ones on test).",
+        "maps averaged, the chosen ones, and each map (asr finalize stores the choice); "
+        "--heads scores given maps instead (e.g. the stored ones on test).",
     )
     p.add_argument("--checkpoint", "--model", dest="checkpoint", required=True)
     p.add_argument("--manifest", required=True, help="JSONL manifest with references (dev)")
-    p.add_argument("--store", action="store_true", help="record the chosen maps in the checkpoint")
     p.add_argument("--heads", type=int, nargs="+", help="score these maps (layer * heads + head)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     _add_device_arguments(p)
@@ -684,21 +688,12 @@ def _parser() -> argparse.ArgumentParser:
         "the reference, and fit confidence = sigmoid(scale * log(probability) + ctc_scale * "
         "log(ctc_probability) + bias) by logistic regression (ctc_scale 0 without a CTC "
         "head). Prints the expected calibration error (ECE) and ROC area before and after on "
-        "those words; --store records the scaling in the checkpoint, and its "
-        "words then carry it as `confidence` (transcribe's JSON, asr evaluate's "
-        "reliability.png). With one probability the map keeps the words' order (the ROC area "
+        "those words (asr finalize stores the scaling: its words then carry it as "
+        "`confidence`). With one probability the map keeps the words' order (the ROC area "
         "stays); with both, it ranks the words anew.",
     )
     _add_decoding_arguments(p)
     p.add_argument("--manifest", required=True, help="JSONL manifest with references (dev)")
-    p.add_argument("--store", action="store_true", help="record the scaling in the checkpoint")
-    p.add_argument(
-        "--if-fittable",
-        action="store_true",
-        help="when the words are all right or all wrong (nothing to fit), say so and exit 0 "
-        "with the checkpoint unchanged instead of failing (recipes use this: a tiny model may "
-        "get dev all wrong)",
-    )
     p.set_defaults(run=_calibrate)
 
     p = sub.add_parser(

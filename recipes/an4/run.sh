@@ -16,8 +16,8 @@
 #                              configs' LevelNormalizer gives it: -26 dBFS)
 #   4  train                   exp/an4/<model>/            (resumes from last.ckpt if present)
 #   5  average checkpoints     exp/an4/<model>/avg.ckpt    (best 5 by dev WER), which then
-#                              decodes by default as stage 6 does (asr set-decoding), with
-#                              word confidences fitted on dev (asr calibrate)
+#                              is finished on dev (asr finalize): it decodes by default as
+#                              stage 6 does, with calibrated confidences and alignment maps
 #   6  decode dev and test     exp/an4/<model>/decode_{dev,test}/ (metrics, errors, plots);
 #                              beam 10, CTC weight chosen on dev: 0.5 for the Transformers
 #                              (quick or not) and the Conformer, 0.3 for the RNN (RESULTS.md)

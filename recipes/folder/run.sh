@@ -19,8 +19,8 @@
 #                              for large vocabularies)
 #   3  CMVN statistics         data/folder/cmvn.json (16 kHz, 80 mel bands, as the config)
 #   4  train                   exp/folder/<config>/        (resumes from last.ckpt if present)
-#   5  average checkpoints     exp/folder/<config>/avg.ckpt (best 5 by dev WER), word
-#                              confidences fitted on dev (asr calibrate)
+#   5  average checkpoints     exp/folder/<config>/avg.ckpt (best 5 by dev WER),
+#                              finished on dev (asr finalize)
 #   6  decode dev and test     exp/folder/<config>/decode_{dev,test}/ (test only if it has data)
 #   7  results table           exp/folder/<config>/RESULTS.md, printed
 #

@@ -158,24 +158,22 @@ fit_stage() {
 }
 
 # average_stage N MODEL_DIR DEV_MANIFEST: average the best $average checkpoints into
-# MODEL_DIR/avg.ckpt, which then decodes by default as the recipe decodes (beam, CTC weight):
-# `asr transcribe` and `asr.load_model(...).transcribe` without options give the RESULTS rows'
-# setting. Its word confidences are then fitted on DEV_MANIFEST under that setting (asr
-# calibrate), unless dev's words are all right or all wrong, as a tiny model's may be.
+# MODEL_DIR/avg.ckpt and finish it on DEV_MANIFEST (asr finalize): it then decodes by default
+# as the recipe decodes (beam, CTC weight), so `asr transcribe` and
+# `asr.load_model(...).transcribe` without options give the RESULTS rows' setting, with word
+# confidences fitted on dev and the attention maps that time words best.
 average_stage() {
   local n=$1 model_dir=$2 dev_manifest=$3
-  run_stage "$n" "average the best $average checkpoints, calibrate on $(basename "$dev_manifest")" \
-    "$model_dir" average_and_set_decoding "$model_dir" "$dev_manifest"
+  run_stage "$n" "average the best $average checkpoints, finalize on $(basename "$dev_manifest")" \
+    "$model_dir" average_and_finalize "$model_dir" "$dev_manifest"
 }
 
-average_and_set_decoding() {
+average_and_finalize() {
   local model_dir=$1 dev_manifest=$2
   asr average --last "$model_dir/checkpoints/last.ckpt" --best "$average" \
     --out "$model_dir/avg.ckpt"
-  asr set-decoding --checkpoint "$model_dir/avg.ckpt" --beam-size "$beam_size" \
-    --ctc-weight "$ctc_weight"
-  asr calibrate --checkpoint "$model_dir/avg.ckpt" --manifest "$dev_manifest" --store \
-    --if-fittable
+  asr finalize --checkpoint "$model_dir/avg.ckpt" --manifest "$dev_manifest" \
+    --beam-size "$beam_size" --ctc-weight "$ctc_weight" --quiet
 }
 
 # decode_stage N MODEL_DIR DATA SPLIT...: decode DATA/SPLIT.jsonl into MODEL_DIR/decode_SPLIT.

@@ -19,7 +19,7 @@
 #                              frontend has that LevelNormalizer)
 #   4  train                   exp/librispeech/<config>/   (resumes from last.ckpt if present)
 #   5  average checkpoints     exp/librispeech/<config>/avg.ckpt (best 5 by dev WER),
-#                              word confidences fitted on the dev set (asr calibrate)
+#                              finished on the dev set (asr finalize)
 #   6  decode the test sets    exp/librispeech/<config>/decode_<set>/ (metrics, errors, plots)
 #   7  results table           exp/librispeech/<config>/RESULTS.md, printed
 # With --lm-weight W > 0 and --lm-config FILE (an LM config, e.g. conf/mini_librispeech/lm.yaml):

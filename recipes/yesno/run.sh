@@ -14,8 +14,8 @@
 #   2  train the tokenizer     data/yesno/tokenizer/ (characters)
 #   3  CMVN statistics         data/yesno/cmvn.json (8 kHz, 40 mel bands, as the config)
 #   4  train                   exp/yesno/<config>/         (resumes from last.ckpt if present)
-#   5  average checkpoints     exp/yesno/<config>/avg.ckpt (best 5 by dev WER), word
-#                              confidences fitted on dev (asr calibrate)
+#   5  average checkpoints     exp/yesno/<config>/avg.ckpt (best 5 by dev WER),
+#                              finished on dev (asr finalize)
 #   6  decode dev and test     exp/yesno/<config>/decode_{dev,test}/ (metrics, errors, plots)
 #   7  results table           exp/yesno/<config>/RESULTS.md, printed
 #
