@@ -71,6 +71,9 @@ class ASRModule(L.LightningModule):
         inter_ctc_layers: encoder blocks (1-based) the CTC head also reads in training
             (intermediate CTC, `asr.models.ctc.InterCTC`); e.g. [3] of 6 blocks.
         inter_ctc_weight: share of those blocks' losses in the CTC loss (0: off).
+        greedy_validation: decode the dev set greedily for `val/wer` and `val/cer`; false
+            logs the teacher-forced losses and `val/acc` only (a short run, whose untrained
+            models decode slowly; its checkpoint callback must then monitor `val/acc`).
     """
 
     def __init__(
@@ -93,6 +96,7 @@ class ASRModule(L.LightningModule):
         freeze_encoder_steps: int = 0,
         inter_ctc_layers: list[int] | None = None,
         inter_ctc_weight: float = 0.0,
+        greedy_validation: bool = True,
     ):
         super().__init__()
         if freeze_encoder_steps < 0:
@@ -219,11 +223,14 @@ class ASRModule(L.LightningModule):
             intermediate, self._inter_ctc,
         )  # fmt: skip
         self._log_losses(self._eval_stage, out, len(batch))
-        hyps = self._greedy(enc, enc_lens)
-        texts = [self.tokenizer.decode(h.tokens) for h in hyps]
-        refs = [self.tokenizer.normalizer(t) for t in batch.texts]
-        self._val_words += word_errors(refs, texts)
-        self._val_chars += char_errors(refs, texts)
+        if self.hparams.greedy_validation:
+            hyps = self._greedy(enc, enc_lens)
+            texts = [self.tokenizer.decode(h.tokens) for h in hyps]
+            refs = [self.tokenizer.normalizer(t) for t in batch.texts]
+            self._val_words += word_errors(refs, texts)
+            self._val_chars += char_errors(refs, texts)
+        else:  # the references' attention, for the plots
+            hyps = _references(batch, out.attention, enc_lens)
         if batch_idx == 0:
             self._plot(batch, hyps)
 
@@ -281,6 +288,8 @@ class ASRModule(L.LightningModule):
         self._val_words, self._val_chars = ErrorCounts(), ErrorCounts()
 
     def on_validation_epoch_end(self) -> None:
+        if not self.hparams.greedy_validation:
+            return
         counts = torch.tensor(
             [
                 self._val_words.errors,
@@ -473,6 +482,15 @@ def bucketed_loader(
     # Lightning builds the first epoch's iterator before any epoch hook runs.
     set_loader_epoch(loader, trainer.current_epoch if trainer else 0)
     return loader
+
+
+def _references(batch: Batch, attention: Tensor, enc_lens: Tensor) -> list[Hypothesis]:
+    """The batch's references as hypotheses with their teacher-forced attention
+    `(K, L + 1, T_enc)`."""
+    return [
+        Hypothesis(batch.tokens[b, :n].tolist(), 0.0, attention[b, :, : n + 1, : int(t)])
+        for b, (n, t) in enumerate(zip(batch.token_lens.tolist(), enc_lens))
+    ]
 
 
 class ASRDataModule(L.LightningDataModule):

@@ -130,6 +130,20 @@ def test_fit_writes_config_checkpoints_logs_and_plots(tiny_an4, tmp_path):
             assert 0 < float(r["memory/rss_gb"]) < 1000
 
 
+def test_validation_without_decoding_keeps_checkpoints_by_accuracy(tiny_an4, tmp_path):
+    args = _fit_args(tiny_an4, tmp_path) + [
+        "--model.init_args.greedy_validation", "false",
+        "--checkpoint.monitor", "val/acc", "--checkpoint.mode", "max",
+        "--checkpoint.filename", "epoch{epoch:03d}-acc{val/acc:.4f}",
+    ]  # fmt: skip
+    main(args)
+    run = tmp_path / "logs" / "version_0"
+    rows = list(csv.DictReader((run / "metrics.csv").open()))
+    assert [r for r in rows if r.get("val/acc")] and not any(r.get("val/wer") for r in rows)
+    assert any(p.name.startswith("epoch001-acc") for p in (tmp_path / "checkpoints").iterdir())
+    assert list((run / "attention").glob("epoch001_*.png")), "the references' attention"
+
+
 def test_validation_runs_every_epoch_when_the_batch_count_changes(tiny_an4, tmp_path):
     """Shuffled buckets pack differently each epoch, so epochs differ in batch count (here
     5, 5, 5, 4, 5, 4); every epoch must still end with a validation (Lightning counts an

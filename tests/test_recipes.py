@@ -366,7 +366,7 @@ def test_folder_random_split_and_one_epoch(yesno_dir, tmp_path, repo_outputs):
     fit = ["--trainer.max_epochs", "1", "--data.num_workers", "0", "--trainer.precision", "32-true"]
     split = ["--dev-fraction", "0.25", "--test-fraction", "0.25", "--seed", "3"]
     args = ["--data-dir", tmp_path / "audio", "--data", data, "--exp", exp, *split]
-    result = run_recipe("folder", *args, "--stop-stage", "4", "--", *fit)
+    result = run_recipe("folder", *args, "--tokenizer", "char", "--stop-stage", "4", "--", *fit)
     assert ran(result.stdout) == [1, 2, 3, 4]
     splits = {s: read_manifest(data / f"{s}.jsonl") for s in ("train", "dev", "test")}
     assert {s: len(u) for s, u in splits.items()} == {"train": 6, "dev": 3, "test": 3}
@@ -375,8 +375,8 @@ def test_folder_random_split_and_one_epoch(yesno_dir, tmp_path, repo_outputs):
     assert all(u.text == texts[u.utt_id] for utterances in splits.values() for u in utterances)
     summary = json.loads((data / "summary.json").read_text())
     assert summary["missing_transcripts"] == ["spk0/untranscribed.wav"]
-    assert (exp / "transformer" / "checkpoints" / "last.ckpt").is_file()
-    assert markers(exp / "transformer") == [4]
+    assert (exp / "conformer" / "checkpoints" / "last.ckpt").is_file()
+    assert markers(exp / "conformer") == [4]
 
 
 @pytest.mark.needs_corpus
@@ -405,10 +405,11 @@ def test_folder_all_stages(yesno_dir, tmp_path, repo_outputs):
     _audio_folder(yesno_dir, tmp_path / "audio")
     fit = ["--trainer.max_epochs", "2", "--data.num_workers", "0", "--trainer.precision", "32-true"]
     args = ["--data-dir", tmp_path / "audio", "--data", tmp_path / "d", "--exp", tmp_path / "e"]
-    result = run_recipe("folder", *args, "--test-fraction", "0.2", "--beam-size", "2", "--", *fit)
+    args += ["--tokenizer", "char", "--test-fraction", "0.2", "--beam-size", "2"]
+    result = run_recipe("folder", *args, "--", *fit)
     assert ran(result.stdout) == [1, 2, 3, 4, 5, 6, 7]
     assert len(WER_LINE.findall(result.stdout)) == 2
-    assert "# conf/folder/transformer.yaml" in result.stdout
+    assert "# conf/folder/conformer.yaml" in result.stdout
     assert "- decode_test: beam 2, ctc " in result.stdout and "| decode_test | " in result.stdout
 
 

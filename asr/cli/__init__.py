@@ -8,8 +8,8 @@ asr fit|validate|test --config conf/...yaml     training (LightningCLI)
 asr average --last exp/.../checkpoints/last.ckpt --best 5 --out avg.ckpt
 asr finalize --checkpoint CKPT --manifest dev.jsonl --beam-size 10 --ctc-weight 0.5
                                                 its default search, confidence, alignment maps
-asr export CKPT DIR --format package            a shareable folder (safetensors, model card)
-asr export CKPT DIR --format onnx               the same, plus ONNX graphs (--backend onnx)
+asr export --checkpoint CKPT --out DIR          a shareable folder (safetensors, model card)
+asr export --checkpoint CKPT --out DIR --format onnx   also ONNX graphs (--backend onnx)
 asr transcribe AUDIO|DIR|GLOB|M.jsonl|-... --checkpoint CKPT [--output-dir DIR --format ...]
 asr evaluate --checkpoint CKPT --manifest test.jsonl --out DIR   WER/CER, reports, plots
 asr robustness --checkpoint CKPT --manifest test.jsonl --out DIR  WER under noise, level...
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from asr.cli.inputs import Input
     from asr.recognizer import Recognizer
 
-LIGHTNING_COMMANDS = ("fit", "validate", "test", "predict")
+LIGHTNING_COMMANDS = ("fit", "validate", "test")
 MAX_LISTED = 20  # failures spelled out on stderr by batch commands
 # `SearchOptions` fields that the decoding commands take as --options (None: not given).
 DECODING_ARGUMENTS = ("beam_size", "ctc_weight", "length_bonus", "max_len_ratio", "repair")
@@ -77,14 +77,18 @@ def _tokenizer(args: argparse.Namespace) -> int:
 
 
 def _cmvn(args: argparse.Namespace) -> int:
-    from asr.data.cmvn import compute_cmvn_stats
+    from asr.data.cmvn import compute_cmvn_stats, config_frontend
     from asr.frontends import Frontend, LevelNormalizer, LogMelFilterbank
 
-    frontend = LogMelFilterbank(sample_rate=args.sample_rate, n_mels=args.n_mels)
-    if args.target_dbfs is not None:
-        frontend = Frontend(frontend, level=LevelNormalizer(args.target_dbfs))
+    if args.config is not None:
+        frontend = config_frontend(args.config)
+    else:
+        features = LogMelFilterbank(sample_rate=args.sample_rate, n_mels=args.n_mels)
+        level = None if args.target_dbfs is None else LevelNormalizer(args.target_dbfs)
+        frontend = Frontend(features, level=level)
+    rate = getattr(frontend.features, "sample_rate", args.sample_rate)
     stats = compute_cmvn_stats(
-        args.manifest, frontend, args.out, args.sample_rate, max_utterances=args.max_utterances
+        args.manifest, frontend, args.out, rate, max_utterances=args.max_utterances
     )
     print(f"CMVN statistics over {int(stats.count)} frames written to {args.out}")
     return 0
@@ -228,7 +232,8 @@ def _transcribe(args: argparse.Namespace) -> int:
     if args.format is not None and args.output_dir is None:
         raise ValueError("--format chooses the files written to --output-dir: give that too")
     with tempfile.TemporaryDirectory(prefix="asr-transcribe-") as scratch:
-        inputs, failures = expand_inputs(args.audio, scratch)
+        written = args.output_dir is not None
+        inputs, failures = expand_inputs(args.audio, scratch, unique_stems=written)
         for failure in failures:
             print(f"asr transcribe: error: {failure}", file=sys.stderr)
         failed = _transcribe_inputs(args, inputs) if inputs else []
@@ -513,9 +518,17 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="output directory")
     p.set_defaults(run=_tokenizer)
 
-    p = sub.add_parser("cmvn", help="global mean/variance statistics of log-mel features")
+    p = sub.add_parser(
+        "cmvn",
+        help="global mean/variance statistics of a frontend's features",
+        description="Statistics for a config's GlobalCMVN. With --config they are taken through "
+        "that config's level normaliser and features, as training sees them; without it, "
+        "through --n-mels log-mel bands at --sample-rate after --target-dbfs. The file records "
+        "the level, and training refuses statistics taken at another level than its config's.",
+    )
     p.add_argument("--manifest", required=True)
     p.add_argument("--out", required=True, help="output JSON file")
+    p.add_argument("--config", help="a training config (conf/...yaml): its frontend's features")
     p.add_argument("--sample-rate", type=int, default=16000)
     p.add_argument("--n-mels", type=int, default=80)
     p.add_argument("--max-utterances", type=int, help="use only the first N utterances")
@@ -551,8 +564,17 @@ def _parser() -> argparse.ArgumentParser:
         "README.md model card. asr.load_model(DIR) and `asr transcribe --model DIR` read it; "
         "after an upload, so do hf://owner/name.",
     )
-    p.add_argument("checkpoint", help="a recognizer checkpoint of `asr fit` or average")
-    p.add_argument("out", help="the package folder (files a package does not name are kept)")
+    p.add_argument(
+        "--checkpoint",
+        "--model",
+        dest="checkpoint",
+        metavar="MODEL",
+        required=True,
+        help="a recognizer checkpoint of `asr fit` or average",
+    )
+    p.add_argument(
+        "--out", required=True, help="the package folder (files a package does not name are kept)"
+    )
     p.add_argument(
         "--format",
         choices=["package", "onnx"],

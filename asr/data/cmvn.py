@@ -6,10 +6,12 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch
+import yaml
 from torch import Tensor, nn
 from tqdm import tqdm
 
 from asr.audio import load_audio
+from asr.checkpoint import instantiate
 from asr.data.manifest import read_manifest
 from asr.frontends import CMVNStats, Frontend, LevelNormalizer, accumulate_cmvn_stats
 
@@ -72,3 +74,22 @@ def compute_cmvn_stats(
     )
     stats.save(out_path)
     return stats
+
+
+def config_frontend(config: str | Path) -> Frontend:
+    """The level normaliser and features of a training config's frontend (its CMVN and
+    augmentation left out): what its CMVN statistics must be taken through.
+
+    Raises:
+        ValueError: the file names no `model.init_args.frontend` (the message names the file).
+    """
+    with open(config, encoding="utf-8") as file:
+        data = yaml.safe_load(file) or {}
+    try:
+        frontend = data["model"]["init_args"]["frontend"]
+        parts = frontend["init_args"]
+    except (KeyError, TypeError):
+        raise ValueError(f"{config}: no model.init_args.frontend to take features from") from None
+    if "features" not in parts:  # a bare feature extractor
+        return Frontend(instantiate(Frontend, {"features": frontend}).features)
+    return instantiate(Frontend, {k: parts[k] for k in ("features", "level") if k in parts})

@@ -15,17 +15,17 @@
 #   1  prepare manifests       data/folder/{train,dev,test}.jsonl: a random split (dev and test
 #                              fractions 0.1, seed 0), or --split-file: lines
 #                              `<utterance-id> train|dev|test` covering every utterance
-#   2  train the tokenizer     data/folder/tokenizer/ (characters; --tokenizer bpe --vocab-size N
-#                              for large vocabularies)
-#   3  CMVN statistics         data/folder/cmvn.json (16 kHz, 80 mel bands, as the config)
+#   2  train the tokenizer     data/folder/tokenizer/ (BPE 128, as the config needs; for
+#                              minutes of audio, --tokenizer char with a 4x config)
+#   3  CMVN statistics         data/folder/cmvn.json (through the config's level and features)
 #   4  train                   exp/folder/<config>/        (resumes from last.ckpt if present)
 #   5  average checkpoints     exp/folder/<config>/avg.ckpt (best 5 by dev WER),
 #                              finished on dev (asr finalize)
 #   6  decode dev and test     exp/folder/<config>/decode_{dev,test}/ (test only if it has data)
 #   7  results table           exp/folder/<config>/RESULTS.md, printed
 #
-# --config: default conf/folder/transformer.yaml (a small Transformer for a few hours of
-# speech). --init MODEL fine-tunes a trained recognizer (a checkpoint, a package folder or
+# --config: default conf/folder/conformer.yaml (the Conformer that learns most from a few
+# hours of speech on a CPU). --init MODEL fine-tunes a trained recognizer (a checkpoint, a package folder or
 # hf://owner/name) instead of training from scratch: what matches is copied, a different
 # vocabulary's output layers are remapped, and the log lists what was re-initialised; the
 # config must describe the same model (e.g. the one it was trained with). Use a new --data
@@ -43,13 +43,13 @@ source "$here/../lib/stages.sh"
 data_dir=""
 data=data/folder
 exp=exp/folder
-config=conf/folder/transformer.yaml
+config=conf/folder/conformer.yaml
 dev_fraction=0.1
 test_fraction=0.1
 seed=0
 split_file=""
-tokenizer_kind=char
-vocab_size=""
+tokenizer_kind=bpe
+vocab_size=128
 init=()
 
 recipe_option() {
@@ -105,7 +105,7 @@ tokenizer_options=(--kind "$tokenizer_kind")
 run_stage 2 "tokenizer" "$data" \
   asr tokenizer --manifest "$data/train.jsonl" "${tokenizer_options[@]}" --out "$data/tokenizer"
 run_stage 3 "CMVN statistics" "$data" \
-  asr cmvn --manifest "$data/train.jsonl" --out "$data/cmvn.json"
+  asr cmvn --manifest "$data/train.jsonl" --out "$data/cmvn.json" --config "$config"
 
 splits=(dev)
 test_manifest=()

@@ -3,7 +3,7 @@
 #
 #   bash recipes/librispeech/run.sh [--data-dir DIR] [--train-sets "SET..."] [--dev-set SET]
 #                                   [--test-sets "SET..."] [--vocab-size N] [--config FILE]
-#                                   [--cmvn-utterances N] [--level-dbfs DB] [--url-base URL]
+#                                   [--cmvn-utterances N] [--url-base URL]
 #                                   [--stage N]
 #                                   [--stop-stage M] [--data DIR] [--exp DIR] [--force]
 #                                   [--beam-size N] [--ctc-weight W] [--average N]
@@ -15,8 +15,7 @@
 #   2  train the tokenizer     data/librispeech/bpe<N>/ (BPE, N = --vocab-size; default: the
 #                              N of the config's `tokenizer: .../bpeN`, else 5000)
 #   3  CMVN statistics         data/librispeech/cmvn.json (first --cmvn-utterances, 20000;
-#                              of audio brought to --level-dbfs first, for configs whose
-#                              frontend has that LevelNormalizer)
+#                              through the config's level normaliser and features)
 #   4  train                   exp/librispeech/<config>/   (resumes from last.ckpt if present)
 #   5  average checkpoints     exp/librispeech/<config>/avg.ckpt (best 5 by dev WER),
 #                              finished on the dev set (asr finalize)
@@ -53,7 +52,6 @@ dev_set=dev-clean
 test_sets="dev-clean dev-other test-clean test-other"
 vocab_size=""  # --vocab-size, else the config's (config_bpe_size)
 cmvn_utterances=20000
-level_dbfs=""  # the config's LevelNormalizer target, if it has one
 url_base=https://www.openslr.org/resources/12
 lm_config=""
 
@@ -72,7 +70,6 @@ recipe_option() {
     --test-sets) need_value "$@"; test_sets=$2; consumed=2 ;;
     --vocab-size) need_value "$@"; vocab_size=$2; consumed=2 ;;
     --cmvn-utterances) need_value "$@"; cmvn_utterances=$2; consumed=2 ;;
-    --level-dbfs) need_value "$@"; level_dbfs=$2; consumed=2 ;;
     --config) need_value "$@"; config=$(config_path "$2"); consumed=2 ;;
     --url-base) need_value "$@"; url_base=$2; consumed=2 ;;
     --lm-weight) need_value "$@"; lm_weight=$2; consumed=2 ;;
@@ -120,7 +117,7 @@ run_stage 2 "BPE tokenizer ($vocab_size)" "$tokenizer" \
   --out "$tokenizer"
 run_stage 3 "CMVN statistics" "$data" \
   asr cmvn --manifest "$data/train.jsonl" --max-utterances "$cmvn_utterances" \
-  --out "$data/cmvn.json" ${level_dbfs:+--target-dbfs "$level_dbfs"}
+  --out "$data/cmvn.json" --config "$config"
 
 model_dir=$exp/$(basename "$config" .yaml)
 fit_stage 4 "$config" "$model_dir" \

@@ -2,14 +2,15 @@
 # Mini LibriSpeech recipe: the LibriSpeech recipe (recipes/librispeech/run.sh, same stages and
 # options) on 4-5 hours of read English, with configs sized for a 2-core CPU.
 #
-#   bash recipes/mini_librispeech/run.sh [--model transformer|conformer|rnn] [LIBRISPEECH-OPTIONS...]
+#   bash recipes/mini_librispeech/run.sh [--model conformer|transformer|rnn] [LIBRISPEECH-OPTIONS...]
 #
 # Data: ../shared/corpora/mini_librispeech when present (train-clean-5, 22 speakers, 4.4 h;
 # dev-clean-5, 2 other speakers; Ogg Opus), else the official Mini LibriSpeech from OpenSLR 31
 # (train-clean-5, dev-clean-2), downloaded by stage 0 to data/mini_librispeech/download.
-# Defaults: the BPE size of the model's config (stage 2: 128 for the Conformer, chosen on dev;
-# 256 for the others), CMVN of audio at -26 dBFS as the configs' LevelNormalizer gives it
-# (stage 3), conf/mini_librispeech/<model>.yaml (stage 4), dev decoded with beam 10 and CTC
+# Defaults: the Conformer (the best of the three here: recipes/mini_librispeech/RESULTS.md),
+# the BPE size of the model's config (stage 2: 128 for the Conformer, chosen on dev; 256 for
+# the others), CMVN through the config's frontend (stage 3), conf/mini_librispeech/<model>.yaml
+# (stage 4), dev decoded with beam 10 and CTC
 # weight 0.5, chosen on dev (stage 6); with --lm-weight W (0.4 chosen on dev), stages 8-9
 # train conf/mini_librispeech/lm.yaml and decode with it. Any LibriSpeech option after these
 # overrides them, e.g. --vocab-size 512, --stage 4, --ctc-weight 0.3, or
@@ -28,14 +29,14 @@ for arg in "$@"; do
   fi
 done
 
-model=transformer
+model=conformer
 if [ "${1-}" = --model ]; then
   [ $# -ge 2 ] || { echo "$(basename "$0"): --model needs a value" >&2; exit 2; }
   model=$2
   shift 2
 fi
 config=conf/mini_librispeech/$model.yaml
-[ -f "$root/$config" ] || { echo "$(basename "$0"): no config $config (--model transformer|conformer|rnn)" >&2; exit 2; }
+[ -f "$root/$config" ] || { echo "$(basename "$0"): no config $config (--model conformer|transformer|rnn)" >&2; exit 2; }
 
 if [ -d "$shared/LibriSpeech/dev-clean-5" ]; then
   sets=(--data-dir "$shared" --train-sets train-clean-5 --dev-set dev-clean-5
@@ -44,6 +45,6 @@ else
   sets=(--data-dir "$root/data/mini_librispeech/download" --train-sets train-clean-5
     --dev-set dev-clean-2 --test-sets dev-clean-2 --url-base https://www.openslr.org/resources/31)
 fi
-exec bash "$root/recipes/librispeech/run.sh" "${sets[@]}" --level-dbfs -26 \
+exec bash "$root/recipes/librispeech/run.sh" "${sets[@]}" \
   --ctc-weight 0.5 --lm-config conf/mini_librispeech/lm.yaml --data "$root/data/mini_librispeech" \
   --exp "$root/exp/mini_librispeech" --config "$config" "$@"

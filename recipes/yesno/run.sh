@@ -68,7 +68,7 @@ run_stage 1 "prepare manifests" "$data" prepare
 run_stage 2 "tokenizer" "$data" \
   asr tokenizer --manifest "$data/train.jsonl" --kind char --out "$data/tokenizer"
 run_stage 3 "CMVN statistics" "$data" \
-  asr cmvn --manifest "$data/train.jsonl" --out "$data/cmvn.json" --sample-rate 8000 --n-mels 40
+  asr cmvn --manifest "$data/train.jsonl" --out "$data/cmvn.json" --config "$config"
 
 model_dir=$exp/$(basename "$config" .yaml)
 fit_stage 4 "$config" "$model_dir" \
