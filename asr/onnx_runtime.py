@@ -216,12 +216,32 @@ def _numpy(tensor: Tensor) -> np.ndarray:
 
 
 class OnnxEncoder:
-    def __init__(self, session: _Session) -> None:
-        self.session = session
+    """The encoder graph; it refuses inputs shorter than `shortest` frames with ValueError, as
+    the PyTorch encoder it was exported from does."""
+
+    def __init__(self, session: _Session, shortest: int) -> None:
+        self.session, self.shortest = session, shortest
 
     def __call__(self, feats: Tensor, feat_lens: Tensor) -> tuple[Tensor, Tensor]:
+        if len(feat_lens) and int(feat_lens.min()) < self.shortest:
+            raise ValueError(
+                f"an input of {int(feat_lens.min())} frames is too short for the encoder: it "
+                f"needs at least {self.shortest} frames"
+            )
         enc, enc_lens = self.session(feats=feats.float(), feat_lens=feat_lens)
         return enc, enc_lens
+
+
+@torch.inference_mode()
+def _shortest_frames(encoder: nn.Module, dim: int) -> int:
+    """The fewest feature frames `encoder` takes without ValueError (at most 64)."""
+    for frames in range(1, 64):
+        try:
+            encoder(torch.zeros(1, frames, dim), torch.tensor([frames]))
+            return frames
+        except ValueError:
+            continue
+    return 64
 
 
 class OnnxCTC:
@@ -291,7 +311,8 @@ def onnx_model(
             raise FileNotFoundError(f"{path}: no such ONNX graph ({hint})")
         return _Session(path, threads, spin_wait)
 
-    encoder = OnnxEncoder(session("encoder"))
+    shortest = _shortest_frames(model.encoder, model.frontend.output_dim)
+    encoder = OnnxEncoder(session("encoder"), shortest)
     ctc = OnnxCTC(session("ctc")) if model.ctc is not None else None
     meta = json.loads((graphs / STATE_FILE).read_text())
     decoder = OnnxDecoder(

@@ -267,8 +267,8 @@ def _read_config(folder: Path) -> dict[str, Any]:
     path = folder / CONFIG_FILE
     if not path.is_file():
         raise CheckpointError(
-            f"{folder}: no {CONFIG_FILE}, so not a model package (`asr export CKPT DIR` "
-            "writes one); a checkpoint is given as its .ckpt file"
+            f"{folder}: no {CONFIG_FILE}, so not a model package (`asr export --checkpoint CKPT "
+            "--out DIR` writes one); a checkpoint is given as its .ckpt file"
         )
     try:
         config = json.loads(path.read_text(encoding="utf-8"))

@@ -113,6 +113,12 @@ class Recognizer:
         return self.model.encoder_timing()
 
     @cached_property
+    def shortest_input(self) -> int:
+        """The fewest samples the model gives a transcript of; `transcribe` gives shorter
+        audio an empty one (`Seq2Seq.shortest_input`)."""
+        return self.model.shortest_input()
+
+    @cached_property
     def feature_seconds(self) -> float:
         """Seconds per feature frame (the frontend's hop), measured like `frame_seconds`."""
         return self.model.feature_seconds()

@@ -20,7 +20,7 @@ from torch import Tensor
 from tqdm import tqdm
 
 from asr.audio import AudioError, AudioInput, as_waveform
-from asr.results import BatchResult, Decoded, Transcript
+from asr.results import BatchResult, Decoded, Segment, Transcript
 from asr.search import LanguageModel, SearchOptions
 from asr.segment import (
     ArraySource,
@@ -102,10 +102,15 @@ def transcribe_sources(
             for i, span in batch:
                 if results[i] is None:
                     try:
-                        waves.append(sources[i].read(*span))
-                        todo.append((i, span))
+                        wave = sources[i].read(*span)
                     except AudioError as err:
                         results[i] = err
+                        continue
+                    if len(wave) < recognizer.shortest_input:  # too short to hold speech
+                        parts[i].append((span, _nothing(len(wave) / recognizer.sample_rate)))
+                    else:
+                        waves.append(wave)
+                        todo.append((i, span))
             for (i, span), decoded in zip(todo, search_or_errors(recognizer, waves, options, lm)):
                 if isinstance(decoded, ValueError):
                     results[i] = AudioError(sources[i].name, f"cannot be decoded: {decoded}")
@@ -119,6 +124,12 @@ def transcribe_sources(
         BatchResult(name, None, r) if isinstance(r, AudioError) else BatchResult(name, r)
         for name, r in zip(names, results)
     ]
+
+
+def _nothing(duration: float) -> Transcript:
+    """The transcript of audio too short to encode: no words."""
+    segment = Segment(0.0, duration, "", 0.0, no_speech_prob=1.0)
+    return Transcript("", [], [], [], [], [], 0.0, duration, [segment])
 
 
 def _input_name(audio: AudioInput | Clip, index: int) -> str:

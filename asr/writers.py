@@ -193,7 +193,9 @@ def write_tsv(transcript: Transcript, path: str | os.PathLike, *, words_per_cue:
 
 
 def output_stems(
-    paths: Sequence[str | os.PathLike], bases: Sequence[str | os.PathLike | None] | None = None
+    paths: Sequence[str | os.PathLike],
+    bases: Sequence[str | os.PathLike | None] | None = None,
+    unique: bool = True,
 ) -> list[PurePath]:
     """Where each input's outputs go, relative to the output directory and without suffix:
     its path below the deepest folder shared by all `bases` (by default each input's own
@@ -206,19 +208,21 @@ def output_stems(
     ['alice/1', '2']
 
     Raises:
-        ValueError: two inputs would write the same files (both are named).
+        ValueError: with `unique`, two inputs would write the same files (both are named).
     """
     bases = [os.path.dirname(p) for p in paths] if bases is None else bases
     root = _common_folder([b for b in bases if b is not None])
-    stems: dict[PurePath, str] = {}
+    stems: list[PurePath] = []
+    owners: dict[PurePath, str] = {}
     for path, base in zip(paths, bases):
         stem = PurePath(Path(path).stem)
         if base is not None and root is not None:
             stem = PurePath(os.path.relpath(os.path.abspath(path), root)).with_suffix("")
-        if stem in stems:
-            raise ValueError(f"{stems[stem]} and {path} would write the same output files")
-        stems[stem] = str(path)
-    return list(stems)
+        if unique and stem in owners:
+            raise ValueError(f"{owners[stem]} and {path} would write the same output files")
+        owners.setdefault(stem, str(path))
+        stems.append(stem)
+    return stems
 
 
 def _common_folder(folders: Sequence[str | os.PathLike]) -> str | None:

@@ -231,7 +231,7 @@ CASES = [
         raw("truncated-data", lambda b: b[:1000]),
         prepare=OK,
         validate=OK,  # 30 ms of audio: the encoder's minimum length is not checked up front
-        transcribe=failed(r"{audio}: cannot be decoded: .*too short"),
+        transcribe=OK,  # too short to hold a word: an empty transcript
         evaluate=failed(r"{audio} \({id}\): .*too short"),
     ),
     bad_samples("nan", float("nan")),

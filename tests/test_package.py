@@ -63,19 +63,22 @@ OVERFIT_CONFIG = {  # the architecture `_overfit_recognizer` trains, as `asr fit
     },
     "ctc_weight": 0.3,
 }  # fmt: skip
-DECODING = {"beam_size": 3, "ctc_weight": 0.3}  # as `asr set-decoding` stores them
+DECODING = {"beam_size": 3, "ctc_weight": 0.3}  # as `asr finalize` stores them
 
 
-@pytest.fixture(scope="module")
-def overfit_checkpoint(tmp_path_factory) -> Path:
+def save_overfit_checkpoint(folder: Path) -> Path:
     """The overfit recognizer saved as `asr fit` saves a checkpoint, decoding defaults set."""
     recognizer, _ = _overfit_recognizer(str(WAV))
     config = OVERFIT_CONFIG | {"vocab_size": recognizer.tokenizer.vocab_size}
     state = {f"model.{k}": v for k, v in recognizer.model.state_dict().items()}
     payload = checkpoint_payload(config, recognizer.tokenizer, decoding=DECODING)
-    path = tmp_path_factory.mktemp("overfit") / "overfit.ckpt"
-    torch.save({"state_dict": state, RECOGNIZER_KEY: payload}, path)
-    return path
+    torch.save({"state_dict": state, RECOGNIZER_KEY: payload}, folder / "overfit.ckpt")
+    return folder / "overfit.ckpt"
+
+
+@pytest.fixture(scope="module")
+def overfit_checkpoint(tmp_path_factory) -> Path:
+    return save_overfit_checkpoint(tmp_path_factory.mktemp("overfit"))
 
 
 @pytest.fixture(scope="module")
@@ -136,7 +139,8 @@ def test_the_weights_file_holds_the_checkpoints_weights_once(overfit_checkpoint,
 
 def test_the_cli_exports_a_fit_checkpoint_with_its_cmvn_statistics(fit_checkpoint, tmp_path):
     pkg = tmp_path / "pkg"
-    assert main(["export", str(fit_checkpoint), str(pkg), "--format", "package"]) == 0
+    args = ["--checkpoint", str(fit_checkpoint), "--out", str(pkg), "--format", "package"]
+    assert main(["export", *args]) == 0
     config = json.loads((pkg / CONFIG_FILE).read_text())
     stats = config["model_config"]["frontend"]["init_args"]["normalize"]["init_args"]
     assert stats["stats_path"] == "cmvn.json" and config["assets"] == ["cmvn.json"]
@@ -413,7 +417,8 @@ def test_the_model_card_has_decoding_results_training_and_licence(overfit_checkp
     metrics = [_metrics(overfit_checkpoint, tmp_path / name, b) for name, b in beams.items()]
     pkg = tmp_path / "pkg"
     command = "asr fit --config conf/an4/transformer.yaml"
-    args = ["export", str(overfit_checkpoint), str(pkg), "--repo-id", "me/tiny-an4"]
+    args = ["export", "--model", str(overfit_checkpoint), "--out", str(pkg),
+            "--repo-id", "me/tiny-an4"]  # fmt: skip
     args += ["--license", "cc-by-4.0", "--training-command", command, "--data", "AN4 (848 utts)"]
     assert main([*args, "--metrics", str(metrics[0]), "--metrics", str(metrics[1])]) == 0
     card = (pkg / "README.md").read_text()

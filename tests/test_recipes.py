@@ -20,6 +20,7 @@ import pytest
 import soundfile as sf
 from conftest import REPO, corpus_path
 
+from asr.cli import main
 from asr.data.manifest import read_manifest
 from asr.text import Tokenizer
 
@@ -486,30 +487,40 @@ def few_mini_librispeech_files(root: Path, out: Path, per_set: dict[str, int]) -
 
 
 @pytest.mark.needs_corpus
-def test_mini_librispeech_stages_and_one_epoch_of_each_model(tmp_path, repo_outputs):
-    """Stages 1-3 on a few Opus files, then one epoch of every config and a decode of dev."""
+def test_mini_librispeech_stages_of_the_default_and_a_step_of_each_other_model(
+    tmp_path, repo_outputs
+):
+    """Stages 1-9 on a few Opus files with the default model (one epoch, dev decoded, then an
+    LM and a fused decode); the other configs train a step on the same data."""
     root = corpus_path("mini_librispeech", "LibriSpeech")
     corpus = few_mini_librispeech_files(root, tmp_path / "corpus", {"train-clean-5": 8,
                                                                      "dev-clean-5": 2})  # fmt: skip
-    args = ["--data-dir", corpus, "--data", tmp_path / "d", "--exp", tmp_path / "e"]
+    data, exp = tmp_path / "d", tmp_path / "e"
+    args = ["--data-dir", corpus, "--data", data, "--exp", exp]
     args += ["--dev-set", "dev-clean-5", "--test-sets", "dev-clean-5"]
     args += ["--vocab-size", "60", "--beam-size", "2"]
-    first = run_recipe("mini_librispeech", *args, "--stop-stage", "3")
-    assert ran(first.stdout) == [1, 2, 3]
-    assert len(read_manifest(tmp_path / "d" / "train.jsonl")) == 8
-    assert len(read_manifest(tmp_path / "d" / "dev-clean-5.jsonl")) == 2
-    assert Tokenizer.load(tmp_path / "d" / "bpe60").vocab_size == 60
-    for model in ("transformer", "conformer", "rnn"):
-        result = run_recipe("mini_librispeech", "--model", model, *args, "--stage", "4",
-                            "--", "--trainer.max_epochs", "1")  # fmt: skip
-        assert ran(result.stdout) == [4, 5, 6, 7], model
-        assert f"# conf/mini_librispeech/{model}.yaml" in result.stdout
-        assert "| decode_dev-clean-5 | 2 |" in result.stdout
-    fused = run_recipe("mini_librispeech", "--model", "rnn", *args, "--stage", "8",
-                       "--lm-weight", "0.3")  # fmt: skip
-    assert ran(fused.stdout) == [8, 9] and markers(tmp_path / "e" / "lm_bpe60") == [8]
+    result = run_recipe("mini_librispeech", *args, "--", "--trainer.max_epochs", "1")
+    assert ran(result.stdout) == [1, 2, 3, 4, 5, 6, 7]
+    assert len(read_manifest(data / "train.jsonl")) == 8
+    assert len(read_manifest(data / "dev-clean-5.jsonl")) == 2
+    assert Tokenizer.load(data / "bpe60").vocab_size == 60
+    assert "# conf/mini_librispeech/conformer.yaml" in result.stdout, "the default model"
+    assert "| decode_dev-clean-5 | 2 |" in result.stdout
+    fused = run_recipe("mini_librispeech", *args, "--stage", "8", "--lm-weight", "0.3")
+    assert ran(fused.stdout) == [8, 9] and markers(exp / "lm_bpe60") == [8]
     assert "- decode_dev-clean-5_lm: beam 2, ctc 0.5, LM 0.3;" in fused.stdout
     assert "| decode_dev-clean-5 | 2 |" in fused.stdout  # the plain row stays in the table
+    for model in ("transformer", "rnn"):
+        root_dir = tmp_path / model
+        main(["fit", "--config", str(REPO / f"conf/mini_librispeech/{model}.yaml"),
+              "--data.train_manifest", str(data / "train.jsonl"),
+              "--data.val_manifest", str(data / "dev-clean-5.jsonl"),
+              "--data.test_manifest", str(data / "dev-clean-5.jsonl"),
+              "--data.tokenizer", str(data / "bpe60"),
+              "--model.init_args.frontend.init_args.normalize.init_args.stats_path",
+              str(data / "cmvn.json"), "--trainer.default_root_dir", str(root_dir),
+              "--trainer.max_steps", "1", "--trainer.limit_val_batches", "1"])  # fmt: skip
+        assert (root_dir / "checkpoints" / "last.ckpt").is_file(), model
 
 
 def test_librispeech_lm_weight_needs_an_lm_config(tmp_path):

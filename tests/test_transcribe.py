@@ -687,10 +687,11 @@ def test_cli_reports_a_bad_file_and_transcribes_the_others(checkpoint, tmp_path,
     assert code == 1
     for path in good:
         _check_outputs(out / Path(path).stem, audio_info(path).duration)
-    assert not list(out.glob("corrupt.*")) and not list(out.glob("tiny.*"))
+    assert not list(out.glob("corrupt.*"))
     assert re.search(rf"{re.escape(str(corrupt))}: unreadable or corrupt audio", captured.err)
-    assert re.search(rf"{re.escape(str(tiny))}: cannot be decoded: .*too short", captured.err)
-    assert [line.split("\t")[0] for line in captured.out.splitlines()] == good
+    assert (out / "tiny.txt").read_text() == "\n", "too short to hold a word: no words"
+    printed = [line.split("\t")[0] for line in captured.out.splitlines()]
+    assert printed == [good[0], str(tiny), good[1]]
 
 
 def test_cli_refuses_bad_options(checkpoint, tmp_path, capsys):
@@ -851,6 +852,32 @@ def test_cli_reads_stdin_and_prints_timed_lines_without_an_output_dir(
     assert code == 0 and stdout == "-\tU M N Y H SIX\n"
     assert (tmp_path / "out/stdin.txt").read_text() == "U M N Y H SIX\n"
     assert json.loads((tmp_path / "out/stdin.json").read_text())["audio"] == "-"
+
+
+def test_cli_prints_two_files_of_one_stem_and_refuses_to_write_them(transcribe_cli, tmp_path):
+    wave = load_audio(SPEECH["an251-fash-b"]).numpy()
+    m4a = encode_audio(tmp_path / "a.m4a", wave, RATE)
+    soundfile.write(tmp_path / "a.wav", wave, RATE)
+    code, stdout, _ = transcribe_cli(m4a, tmp_path / "a.wav")
+    assert code == 0 and stdout.splitlines()[0::2] == [str(m4a), str(tmp_path / "a.wav")]
+    assert all(line.endswith("] YES") for line in stdout.splitlines()[1::2])
+    code, _, stderr = transcribe_cli(m4a, tmp_path / "a.wav", "--output-dir", tmp_path / "out")
+    assert code == 2 and "would write the same output files" in stderr
+
+
+def test_audio_too_short_to_encode_transcribes_to_nothing(overfit, transcribe_cli, tmp_path):
+    recognizer, _ = overfit
+    shortest = recognizer.shortest_input
+    assert 0 < shortest < RATE // 10
+    for samples in (RATE // 100, shortest - 1):  # 10 ms, and one sample short of a frame
+        transcript = recognizer.transcribe(np.zeros(samples, np.float32), beam_size=1)
+        assert transcript.text == "" and transcript.words == []
+        assert transcript.duration == pytest.approx(samples / RATE)
+    assert recognizer.transcribe(np.zeros(shortest, np.float32), beam_size=1).duration > 0
+    soundfile.write(tmp_path / "click.wav", np.zeros(RATE // 100, np.float32), RATE)
+    code, stdout, _ = transcribe_cli(tmp_path / "click.wav", "--output-dir", tmp_path / "out")
+    assert code == 0 and stdout == f"{tmp_path / 'click.wav'}\t\n"
+    assert (tmp_path / "out/click.txt").read_text() == "\n"
 
 
 def test_cli_names_each_input_that_fails_and_transcribes_the_others(transcribe_cli, tmp_path):

@@ -47,7 +47,10 @@ Found = tuple[Clip, str, str, str | None]
 
 
 def expand_inputs(
-    arguments: Sequence[str], scratch: str | os.PathLike, stdin: IO[bytes] | None = None
+    arguments: Sequence[str],
+    scratch: str | os.PathLike,
+    stdin: IO[bytes] | None = None,
+    unique_stems: bool = True,
 ) -> tuple[list[Input], list[str]]:
     """The recordings that `asr transcribe` arguments name, and what is wrong with the others.
 
@@ -65,7 +68,8 @@ def expand_inputs(
         Files that are missing or unreadable are found to be so when they are read.
 
     Raises:
-        ValueError: two inputs would write the same output files.
+        ValueError: two inputs would write the same output files (only with `unique_stems`:
+            where nothing is written, `a.m4a` and `a.webm` may share the stem `a`).
     """
     found: list[Found] = []
     failures: list[str] = []
@@ -77,7 +81,8 @@ def expand_inputs(
         if key not in seen:
             seen.add(key)
             kept.append(item)
-    stems = output_stems([path for _, _, path, _ in kept], [base for *_, base in kept])
+    paths, bases = [path for _, _, path, _ in kept], [base for *_, base in kept]
+    stems = output_stems(paths, bases, unique=unique_stems)
     return [Input(clip, name, stem) for (clip, name, *_), stem in zip(kept, stems)], failures
 
 

@@ -1,4 +1,4 @@
-"""Waveform -> features: level, log-mel, MFCC, linear spectrogram, Kaldi fbank, CMVN, SpecAugment.
+"""Waveform -> features: log-mel, MFCC, linear spectrogram and Kaldi fbank.
 
 Every module here follows one contract, `forward(x, x_lens) -> (y, y_lens)`, batch first with
 absolute lengths. Feature extractors take waves `(B, T)` and give features `(B, T', D)`; the

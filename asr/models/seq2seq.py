@@ -118,6 +118,27 @@ class Seq2Seq(nn.Module):
         """Seconds per feature frame (the frontend's hop), measured."""
         return frame_timing(self.frontend, self.sample_rate, _device(self))[0]
 
+    @torch.inference_mode()
+    def shortest_input(self) -> int:
+        """The fewest samples that give an encoder frame, measured (shorter ones give none,
+        or an error from the subsampling)."""
+        low, high = 1, self.sample_rate
+        while low < high:
+            middle = (low + high) // 2
+            if self._frames(middle) > 0:
+                high = middle
+            else:
+                low = middle + 1
+        return low
+
+    def _frames(self, samples: int) -> int:
+        device = _device(self)
+        lens = torch.tensor([samples], device=device)
+        try:
+            return int(self.encode(torch.zeros(1, samples, device=device), lens)[1][0])
+        except ValueError:  # too short to subsample
+            return 0
+
     def encode(self, waves: Tensor, wave_lens: Tensor) -> tuple[Tensor, Tensor]:
         """Args: waves `(B, S)`, wave_lens `(B,)`. Returns: enc `(B, T, D)`, enc_lens `(B,)`."""
         feats, feat_lens = self.frontend(waves, wave_lens)
