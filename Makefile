@@ -19,7 +19,7 @@ demo: $(STAMP)
 	PATH="$(abspath $(VENV))/bin:$$PATH" bash recipes/an4/run.sh --quick
 
 test: $(STAMP)
-	$(PY) -m pytest --durations=15
+	$(PY) -m pytest -n auto --maxprocesses 4 --dist worksteal --durations=15
 
 # ESPnet for `python -m bench espnet`, in its own environment: its requirements pin versions
 # that clash with ours and pull speech-enhancement and TTS packages that do not install from

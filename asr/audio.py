@@ -20,15 +20,14 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import soundfile
-import torch
-import torchaudio.functional
-from torch import Tensor
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # torch is imported where samples become tensors: `asr prepare` needs none
     import av
+    import torch
+    from torch import Tensor
 
 PathLike = str | os.PathLike
-AudioInput = str | os.PathLike | np.ndarray | Tensor  # a file, or a mono waveform (S,)
+AudioInput = "str | os.PathLike | np.ndarray | Tensor"  # a file, or a mono waveform (S,)
 
 # File suffixes searched for in folders and globs (compared in lower case): `audio_files`.
 AUDIO_SUFFIXES = (
@@ -152,6 +151,8 @@ def load_audio_with_rate(
         frames, rate = _read_libsndfile(path, info, offset, duration), info.sample_rate
     else:
         frames, rate = _read_container(path, info, offset, duration)
+    import torch
+
     waveform = torch.from_numpy(frames)
     if waveform.numel() == 0:
         raise AudioError(path, "no samples could be decoded")
@@ -159,6 +160,8 @@ def load_audio_with_rate(
         raise AudioError(path, "contains NaN or infinite samples")
     if sample_rate is None or sample_rate == rate:
         return waveform, rate
+    import torchaudio.functional
+
     return torchaudio.functional.resample(waveform, rate, sample_rate), sample_rate
 
 
@@ -189,7 +192,7 @@ def _read_libsndfile(
     except Exception as error:
         reason = f"unreadable or corrupt audio ({_libsndfile_reason(error)})"
         raise AudioError(path, reason) from error
-    return torch.from_numpy(frames[0]).mean(dim=1).numpy()  # (T, C) -> (T,)
+    return frames[0].mean(axis=1, dtype=np.float32)  # (T, C) -> (T,)
 
 
 def _libsndfile_reason(error: Exception) -> str:
@@ -373,6 +376,9 @@ def as_waveform(audio: np.ndarray | Tensor, sample_rate: int, target_rate: int) 
     >>> as_waveform(np.array([16384, -32768], dtype=np.int16), 16000, 16000).tolist()
     [0.5, -1.0]
     """
+    import torch
+    import torchaudio.functional
+
     wave = torch.as_tensor(audio).detach().cpu()
     if wave.dim() != 1 or wave.numel() == 0:
         raise ValueError(f"audio must be a non-empty mono waveform (S,), got {tuple(wave.shape)}")

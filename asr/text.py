@@ -22,10 +22,12 @@ import unicodedata
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import sentencepiece as spm
-import torch
+
+if TYPE_CHECKING:
+    import torch
 
 BLANK_ID = 0
 PAD_ID = 1
@@ -226,8 +228,8 @@ class Tokenizer(abc.ABC):
         return _KINDS[kind]._from_json(data, path, normalizer)
 
     def _checked_ids(self, ids: Sequence[int] | torch.Tensor) -> list[int]:
-        if isinstance(ids, torch.Tensor):
-            if ids.dim() != 1:
+        if hasattr(ids, "ndim"):  # a tensor or array: tokenizing needs no torch import
+            if ids.ndim != 1:
                 raise ValueError(f"expected a 1-D tensor of ids, got shape {tuple(ids.shape)}")
             ids = ids.tolist()
         try:

@@ -588,7 +588,8 @@ def test_shape_grid_pads_batches_to_grid_points(tiny_an4, kernel_cache_unset):
 @pytest.mark.parametrize("grid", [None, 1.1])
 def test_shortest_first_epochs_reach_the_training_sampler(tiny_an4, grid):
     data = ASRDataModule(tiny_an4["train"], tiny_an4["dev"], tiny_an4["tokenizer"],
-                         max_batch_seconds=3, shortest_first_epochs=1, shape_grid=grid)  # fmt: skip
+                         max_batch_seconds=3, shortest_first_epochs=1, shape_grid=grid,
+                         num_workers=0)  # fmt: skip
     data.setup("fit")
     longest = []
     for epoch in range(2):

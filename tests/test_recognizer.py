@@ -165,10 +165,10 @@ def test_a_bad_input_of_a_batch_fails_alone_and_named(overfit, tmp_path):
     results = recognizer.transcribe_batch([waves[0], corrupt, stereo, tiny, waves[1]])
     names = ["<waveform 0>", str(corrupt), "<waveform 2>", "<waveform 3>", "<waveform 4>"]
     assert [r.name for r in results] == names
-    assert [r.transcript.text for r in (results[0], results[4])] == ["YES", "GO"]
+    assert [r.transcript.text for r in (results[0], results[3], results[4])] == ["YES", "", "GO"]
     assert results[0].error is None and results[0].transcript_or_raise() is results[0].transcript
-    reasons = ["unreadable or corrupt audio", "mono waveform", "cannot be decoded: .*too short"]
-    for result, reason in zip(results[1:4], reasons):
+    reasons = ["unreadable or corrupt audio", "mono waveform"]  # 5 ms (3): too short for words
+    for result, reason in zip(results[1:3], reasons):
         assert result.transcript is None and re.search(reason, result.error.reason)
         with pytest.raises(AudioError, match=f"^{re.escape(result.name)}: .*{reason}"):
             result.transcript_or_raise()

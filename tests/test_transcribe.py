@@ -9,7 +9,9 @@ in tests/fixtures/an4, so these tests need no corpus.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import functools
 import io
 import itertools
 import json
@@ -76,7 +78,13 @@ GAP_NOISE = 1e-4  # amplitude of the noise filling inserted silences (about -83 
 
 @cache
 def _overfit_recognizer(wav_root: str) -> tuple[Recognizer, list[torch.Tensor]]:
-    """A tiny Transformer + CTC trained until greedy search reproduces all four transcripts."""
+    """A tiny Transformer + CTC trained until greedy search reproduces all four transcripts:
+    trained once per process, each caller getting its own copy."""
+    return copy.deepcopy(_trained_overfit_recognizer(wav_root))
+
+
+@functools.cache
+def _trained_overfit_recognizer(wav_root: str) -> tuple[Recognizer, list[torch.Tensor]]:
     tokenizer = CharTokenizer.train(UTTERANCES.values())
     items = [
         {"id": p, "wave": load_audio(f"{wav_root}/{p}.wav"), "text": text,
