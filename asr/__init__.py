@@ -7,10 +7,7 @@
     print(transcript.text)
     asr.write_srt(transcript, "speech.srt")
 
-The modules form layers that import one way; tests/test_layers.py states the map and holds
-the package to it.
-
-The public names below are imported on first use, so `import asr` stays light.
+The modules form layers that import one way (tests/test_layers.py); public names load lazily.
 """
 
 from __future__ import annotations

@@ -4,5 +4,5 @@ import sys
 
 from asr.cli import main
 
-if __name__ == "__main__":  # pytest's doctest collection imports this module
+if __name__ == "__main__":
     sys.exit(main())

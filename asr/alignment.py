@@ -1,10 +1,5 @@
-"""Times and words of decoded hypotheses, and alignment of known transcripts, for a `Recognizer`.
-
-Token times come from DTW over cross-attention (the maps `recognizer.alignment_heads` names)
-or from CTC forced alignment; words carry their decoder and CTC probabilities and, where the
-recognizer was calibrated, a confidence. `Recognizer` binds these functions as methods; it is
-named here only for type checking, so the import points one way.
-"""
+"""Times and words of decoded hypotheses (DTW over cross-attention or CTC forced alignment),
+and alignment of known transcripts; `Recognizer` binds these functions as methods."""
 
 from __future__ import annotations
 
@@ -95,15 +90,7 @@ def words(
 def token_times(
     recognizer: Recognizer, decoded: Decoded, timestamps: str = "attention", fallback: bool = True
 ) -> TokenTimes:
-    """Frame spans of a decoded hypothesis's tokens (eos excluded).
-
-    Args:
-        recognizer: the recognizer that decoded it.
-        decoded: from `Recognizer.search`.
-        timestamps: "attention" (DTW over cross-attention) or "ctc" (forced alignment).
-        fallback: where CTC cannot align the hypothesis (more tokens than its frames allow),
-            use the attention with a warning instead of raising ValueError.
-    """
+    """Frame spans of a decoded hypothesis's tokens (eos excluded), by attention or CTC."""
     check_timestamps(timestamps)
     hyp = decoded.hypothesis
     if timestamps == "ctc":
@@ -165,9 +152,7 @@ def timed_words(
     probs: Sequence[float] | None = None,
     ctc_probs: Sequence[float] | None = None,
 ) -> list[Word]:
-    """Words of token `pieces` timed by `times` (with the tokens' decoder and CTC
-    probabilities, where given), cut to `duration` seconds, with the recognizer's calibrated
-    confidence; special tokens (`<unk>`) belong to no word."""
+    """Words of token `pieces` timed by `times`, with probabilities and calibrated confidence."""
     scaling = recognizer.confidence_scaling
     out = []
     for word in word_timestamps(pieces, times, probs, ctc_probs):

@@ -1,10 +1,5 @@
-"""Audio loading: any format libsndfile or FFmpeg reads, as mono float32, resampled on request.
-
-soundfile (libsndfile) decodes WAV (integer and float), FLAC, NIST SPHERE, OGG and MP3, and
-reads only the requested frames. Whatever it cannot read goes to FFmpeg through PyAV: m4a/AAC,
-MP4 and other video files (their first audio stream), WebM/Opus, AMR, WMA... PyAV seeks near
-the offset and decodes from there. torchaudio resamples.
-"""
+"""Audio loading as mono float32: libsndfile first, FFmpeg (PyAV) for the rest (m4a, video,
+WebM/Opus, AMR, ...), resampled by torchaudio on request."""
 
 from __future__ import annotations
 
@@ -29,26 +24,23 @@ if TYPE_CHECKING:  # torch is imported where samples become tensors: `asr prepar
 PathLike = str | os.PathLike
 AudioInput = "str | os.PathLike | np.ndarray | Tensor"  # a file, or a mono waveform (S,)
 
-# File suffixes searched for in folders and globs (compared in lower case): `audio_files`.
 AUDIO_SUFFIXES = (
     ".wav", ".flac", ".sph", ".ogg", ".oga", ".opus", ".mp3", ".aiff", ".aif", ".au", ".caf",
     ".m4a", ".mp4", ".aac", ".webm", ".weba", ".mkv", ".mka", ".mov", ".3gp", ".amr", ".wma",
 )  # fmt: skip
 # Seconds decoded before a seek target and dropped: AAC and Opus frames depend on the previous.
 SEEK_PREROLL_SECONDS = 0.5
-# FFmpeg demuxers whose stream duration is exact (sample tables and edit lists: the encoder's
-# padding excluded). Other containers state an estimate or nothing, so their frames are counted.
+# Demuxers stating exact durations; other containers' frames are counted by decoding.
 EXACT_DURATION_DEMUXERS = ("mov,mp4,m4a,3gp,3g2,mj2",)
 
 
 def audio_files(folder: PathLike, suffixes: tuple[str, ...] = AUDIO_SUFFIXES) -> list[Path]:
-    """Every path below `folder` (recursively) whose suffix, in any case, is in `suffixes`,
-    sorted."""
+    """Every path below `folder` whose lower-case suffix is in `suffixes`, sorted."""
     return sorted(p for p in Path(folder).rglob("*") if p.suffix.lower() in suffixes)
 
 
 class AudioError(ValueError):
-    """Audio that cannot be used. The message names the file and the reason."""
+    """Audio that cannot be used; the message names the file and the reason."""
 
     def __init__(self, path: PathLike, reason: str) -> None:
         self.path = str(path)
@@ -60,35 +52,17 @@ class AudioError(ValueError):
 class AudioInfo:
     """What an audio file's header says."""
 
-    sample_rate: int  # frames per second
+    sample_rate: int
     num_frames: int  # samples per channel
     channels: int
 
     @property
     def duration(self) -> float:
-        """Length in seconds."""
         return self.num_frames / self.sample_rate
 
 
 def audio_info(path: PathLike) -> AudioInfo:
-    """Read an audio file's header.
-
-    Files libsndfile reads give their header's frame count. For other containers (through
-    FFmpeg) the count is exact too: MP4/m4a state it in their sample tables (the encoder's
-    padding excluded, as players do); containers that state an estimate or nothing (WebM,
-    ADTS .aac, AMR, ...) are decoded once to count the samples (fast: AAC and AMR decode at
-    over 1000x real time, Opus at several hundred).
-
-    Args:
-        path: any file libsndfile or FFmpeg reads.
-
-    Returns:
-        Its sample rate, frame count and channel count (of the first audio stream).
-
-    Raises:
-        AudioError: the file is missing, a directory, unreadable, 0 bytes, corrupt, without an
-            audio stream, or in a format neither libsndfile nor FFmpeg knows.
-    """
+    """Sample rate, exact frame count and channels of a file's (first) audio stream."""
     info = _libsndfile_info(path)
     if isinstance(info, AudioInfo):
         return info
@@ -106,25 +80,7 @@ def load_audio(
     offset: float = 0.0,
     duration: float | None = None,
 ) -> torch.Tensor:
-    """Load (part of) an audio file as a mono waveform.
-
-    Args:
-        path: any file libsndfile reads (WAV, FLAC, NIST SPHERE, OGG, MP3, ...) or FFmpeg
-            reads (m4a/AAC, MP4 and other video, WebM/Opus, AMR, ...: the first audio stream).
-        sample_rate: resample to this rate; None keeps the file's own rate.
-        offset: start, in seconds from the beginning of the file.
-        duration: seconds to read from `offset`; None reads to the end.
-
-    Returns:
-        Waveform `(T,)` float32. Integer formats are scaled to [-1, 1); floating-point files
-        are returned as stored. Channels are averaged. For FFmpeg's formats the frames are
-        those `audio_info` counts, found by timestamps after a seek: exact to the container's
-        time resolution (1 ms in WebM; a sample in MP4).
-
-    Raises:
-        AudioError: unreadable file, nothing to read (empty, or offset past the end),
-            or non-finite samples.
-    """
+    """`duration` seconds (None: all) from `offset` of a file as mono float32 `(T,)`."""
     waveform, _ = load_audio_with_rate(path, sample_rate, offset, duration)
     return waveform
 
@@ -135,17 +91,7 @@ def load_audio_with_rate(
     offset: float = 0.0,
     duration: float | None = None,
 ) -> tuple[torch.Tensor, int]:
-    """Like `load_audio`, also returning the waveform's sample rate.
-
-    Args:
-        path: any file libsndfile or FFmpeg reads.
-        sample_rate: resample to this rate; None keeps the file's own rate.
-        offset: start, in seconds.
-        duration: seconds to read; None reads to the end.
-
-    Returns:
-        Waveform `(T,)` float32 and its sample rate.
-    """
+    """`load_audio`'s waveform `(T,)` and its sample rate (None: the file's own)."""
     info = _libsndfile_info(path)
     if isinstance(info, AudioInfo):
         frames, rate = _read_libsndfile(path, info, offset, duration), info.sample_rate
@@ -166,12 +112,7 @@ def load_audio_with_rate(
 
 
 def _libsndfile_info(path: PathLike) -> AudioInfo | str:
-    """The header as libsndfile reads it, or libsndfile's reason for not reading a file that
-    exists and is not empty (then FFmpeg may).
-
-    Raises:
-        AudioError: the file is missing, a directory, unreadable or empty.
-    """
+    """The header as libsndfile reads it, or its reason for not reading (then FFmpeg may)."""
     try:
         info = soundfile.info(str(path))
     except Exception as error:  # libsndfile reports every failure alike; diagnose it here
@@ -185,7 +126,6 @@ def _libsndfile_info(path: PathLike) -> AudioInfo | str:
 def _read_libsndfile(
     path: PathLike, info: AudioInfo, offset: float, duration: float | None
 ) -> np.ndarray:
-    """Frames `(T,)` of `[offset, offset + duration)`, channels averaged, read from disk alone."""
     start, stop = _frame_range(path, info.num_frames, info.sample_rate, offset, duration)
     try:
         frames = soundfile.read(str(path), start=start, stop=stop, dtype="float32", always_2d=True)
@@ -196,7 +136,6 @@ def _read_libsndfile(
 
 
 def _libsndfile_reason(error: Exception) -> str:
-    """libsndfile's own words for a failure."""
     return (getattr(error, "error_string", None) or str(error)).rstrip(".")
 
 
@@ -205,7 +144,7 @@ def _container(
     path: PathLike, libsndfile_reason: str
 ) -> Iterator[tuple[av.container.InputContainer, av.AudioStream]]:
     """The file opened by FFmpeg and its first audio stream; FFmpeg's errors as AudioError."""
-    import av  # imported here: `import asr.audio` stays light
+    import av  # here: `import asr.audio` stays light
 
     try:
         container = av.open(str(path))
@@ -227,7 +166,6 @@ def _container(
 
 
 def _stated_frames(container: av.container.InputContainer, stream: av.AudioStream) -> int | None:
-    """The stream's frame count where the container states it exactly, else None."""
     if container.format.name not in EXACT_DURATION_DEMUXERS or not stream.duration:
         return None
     return round(stream.duration * stream.time_base * stream.codec_context.sample_rate)
@@ -236,7 +174,6 @@ def _stated_frames(container: av.container.InputContainer, stream: av.AudioStrea
 def _read_container(
     path: PathLike, libsndfile_reason: str, offset: float, duration: float | None
 ) -> tuple[np.ndarray, int]:
-    """Frames `(T,)` of `[offset, offset + duration)` decoded by FFmpeg, and their rate."""
     with _container(path, libsndfile_reason) as (container, stream):
         rate = stream.codec_context.sample_rate
         stated = _stated_frames(container, stream)
@@ -259,8 +196,7 @@ def _decode_range(
     stop: int | None,
     seek: bool,
 ) -> np.ndarray | None:
-    """Mono frames `[start, stop)` of the stream (None: to its end), seeking near `start`
-    where `seek` is true; None where that seek went wrong."""
+    """Mono frames `[start, stop)` of the stream; None where the seek went wrong."""
     frames = container.decode(stream)
     head = list(itertools.islice(frames, 2))
     position = 0
@@ -290,23 +226,17 @@ def _seek(
     head: list[av.AudioFrame],
     target: float,
 ) -> tuple[list[av.AudioFrame], Iterator[av.AudioFrame], int] | None:
-    """Seek to at most `target` samples: the first two frames decoded there, the rest, and
-    the first one's position in samples; None where the stream cannot seek.
-
-    Position 0 is the first sample decoded from the start (`head` holds the first two frames
-    decoded from there). A decoder may drop samples from the first packet it is given (Opus
-    pre-skip, again after a seek) and WebM rounds timestamps to 1 ms, so positions come from
-    the second frame's timestamp, less the first frame's length.
-    """
+    """Seek to at most `target` samples: two frames decoded there, the rest, and the position."""
     import av
 
-    origin = _samples_at(head[1].pts, stream) - head[0].samples  # the start, in samples
+    # From the second frame: a decoder may drop samples of the first packet (Opus pre-skip).
+    origin = _samples_at(head[1].pts, stream) - head[0].samples
     try:
         container.seek(
             int((origin + target) / stream.codec_context.sample_rate / stream.time_base),
             stream=stream,
         )
-    except av.error.FFmpegError:  # not seekable (no index to seek by)
+    except av.error.FFmpegError:  # no index to seek by
         return None
     frames = container.decode(stream)
     head = list(itertools.islice(frames, 2))
@@ -316,12 +246,11 @@ def _seek(
 
 
 def _samples_at(pts: int, stream: av.AudioStream) -> Fraction:
-    """A timestamp of the stream in samples."""
     return pts * stream.time_base * stream.codec_context.sample_rate
 
 
 def _mono(frame: av.AudioFrame) -> np.ndarray:
-    """A decoded frame's samples `(S,)` float32: channels averaged, integers scaled to [-1, 1)."""
+    """A decoded frame's samples `(S,)` float32: channels averaged, integers scaled."""
     samples = frame.to_ndarray()  # planar: (C, S); packed: (1, S * C)
     if not frame.format.is_planar:
         samples = samples.reshape(-1, frame.layout.nb_channels).T
@@ -337,8 +266,7 @@ def _mono(frame: av.AudioFrame) -> np.ndarray:
 def _frame_range(
     path: PathLike, num_frames: int | None, rate: int, offset: float, duration: float | None
 ) -> tuple[int, int | None]:
-    """Frame indices [start, stop) for `offset` and `duration` seconds; stop None means the
-    end. `num_frames` None: the length is not known before decoding."""
+    """Frame indices [start, stop) for `offset` and `duration` seconds; stop None: the end."""
     if not (math.isfinite(offset) and offset >= 0):
         raise AudioError(path, f"offset must be finite and >= 0, got {offset}")
     if duration is not None and not (math.isfinite(duration) and duration > 0):
@@ -356,7 +284,6 @@ def _frame_range(
 
 
 def _file_problem(path: PathLike) -> str | None:
-    """What keeps any reader from a file: missing, a directory, no permission, 0 bytes."""
     file = Path(path)
     if not file.exists():
         return "file not found"
@@ -370,8 +297,7 @@ def _file_problem(path: PathLike) -> str | None:
 
 
 def as_waveform(audio: np.ndarray | Tensor, sample_rate: int, target_rate: int) -> Tensor:
-    """A mono waveform `(S,)` (numpy or torch) as float32 at `target_rate`; integer samples
-    are scaled to [-1, 1) as soundfile does.
+    """A mono waveform `(S,)` (numpy or torch) as float32 at `target_rate`, integers scaled.
 
     >>> as_waveform(np.array([16384, -32768], dtype=np.int16), 16000, 16000).tolist()
     [0.5, -1.0]

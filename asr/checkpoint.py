@@ -1,20 +1,5 @@
-"""The checkpoint format: what a checkpoint holds, and how to write, read and rebuild it.
-
-A checkpoint written by `asr fit` carries, besides the weights, everything needed to rebuild
-its model without the training files, under one key (`RECOGNIZER_KEY` or `LM_KEY`):
-
-    model_config   the model's init arguments as plain JSON (class paths included)
-    tokenizer      the tokenizer's files, base64
-    assets         files the config names (CMVN statistics), base64, keyed by their path
-    segment_seconds, decoding   optional: how `transcribe` cuts and decodes by default
-    tokens_per_second    optional: the training set's fastest speech; bounds output length
-    alignment_heads      optional: the attention maps that time words (asr choose-heads)
-    confidence_scaling   optional: word probability -> confidence, fitted on dev (asr calibrate)
-
-All values are plain strings, numbers and containers, so a checkpoint loads with
-`torch.load(weights_only=True)`: loading one never runs code. Nothing here imports Lightning.
-`asr.package` lays the same contents out as files to share (weights as safetensors).
-"""
+"""The checkpoint format: a payload of plain values (model config, tokenizer and asset files,
+default settings) beside the weights, so `torch.load(weights_only=True)` rebuilds the model."""
 
 from __future__ import annotations
 
@@ -31,9 +16,9 @@ import torch
 
 from asr.text import Tokenizer
 
-RECOGNIZER_KEY = "asr"  # where recognizer checkpoints keep their payload
-LM_KEY = "lm"  # where language-model checkpoints keep theirs
-ASSET_KEYS = ("stats_path",)  # config arguments naming files that are embedded in checkpoints
+RECOGNIZER_KEY = "asr"
+LM_KEY = "lm"
+ASSET_KEYS = ("stats_path",)  # config arguments naming files embedded in checkpoints
 
 
 class CheckpointError(ValueError):
@@ -57,10 +42,7 @@ def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
 
 
 def atomic_save(obj: Any, path: str | os.PathLike) -> None:
-    """`torch.save` to a temporary file beside `path`, fsync, then rename over `path`.
-
-    A kill at any moment leaves either the old file or the new one, never a torn one.
-    """
+    """`torch.save` atomically: a temporary file, fsync, then rename over `path`."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
@@ -72,9 +54,6 @@ def atomic_save(obj: Any, path: str | os.PathLike) -> None:
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
-
-
-# --------------------------------------------------------------------------- payload
 
 
 def checkpoint_payload(
@@ -91,11 +70,7 @@ def checkpoint_payload(
 
 
 def read_payload(path: str | os.PathLike, key: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    """`(checkpoint, payload)` of the checkpoint at `path`, the payload stored under `key`.
-
-    Raises:
-        CheckpointError: the file holds no such payload; the message names it.
-    """
+    """`(checkpoint, payload)` of the checkpoint at `path`, the payload stored under `key`."""
     state = load_checkpoint(path)
     payload = state.get(key)
     if not isinstance(payload, dict) or "model_config" not in payload:
@@ -124,8 +99,7 @@ def build_from_payload(builder: Callable[..., Any], payload: dict[str, Any]) -> 
 
 
 def store_in_payload(path: str | os.PathLike, values: dict[str, Any]) -> None:
-    """Set keys of a recognizer checkpoint's payload (plain values, e.g. "decoding",
-    "alignment_heads"), rewriting the checkpoint atomically once."""
+    """Set keys of a recognizer checkpoint's payload, rewriting it atomically once."""
     if Path(path).is_dir():
         raise CheckpointError(
             f"{path}: a model package; finalize its checkpoint, then export it again"
@@ -142,10 +116,7 @@ def submodule_weights(state: dict[str, Any], prefix: str) -> dict[str, torch.Ten
 
 
 def instantiate(builder: Callable[..., Any], config: dict[str, Any]) -> Any:
-    """Call `builder` (a class or function) with plain init args, `class_path`s built.
-
-    Keys that `builder` does not take (training-only arguments) are ignored.
-    """
+    """Call `builder` with plain init args, `class_path`s built, unknown keys ignored."""
     from jsonargparse import ArgumentParser
 
     taken = inspect.signature(builder).parameters
@@ -166,7 +137,7 @@ def write_embedded_files(files: dict[str, str], folder: Path) -> None:
 
 
 def encoded_files(folder: Path) -> dict[str, str]:
-    """The files in `folder`, base64, by name: what `write_embedded_files` writes back."""
+    """The files in `folder`, base64, by name."""
     return {p.name: base64.b64encode(p.read_bytes()).decode() for p in folder.iterdir()}
 
 
@@ -196,15 +167,8 @@ def replace_assets(config: Any, paths: dict[str, str]) -> Any:
     return config
 
 
-# --------------------------------------------------------------------------- selection
-
-
 def best_checkpoints(last: str | os.PathLike, count: int) -> list[Path]:
-    """The `count` best checkpoints recorded by the ModelCheckpoint state inside `last`.
-
-    Lightning records absolute paths; where one no longer exists but a file of that name sits
-    beside `last` (the run folder was moved or copied), that file is used.
-    """
+    """The `count` best checkpoints recorded in `last`, found beside it if the run moved."""
     state = load_checkpoint(last)
     scored: dict[str, float] = {}
     mode = "min"
@@ -225,11 +189,7 @@ def _beside(recorded: Path, folder: Path) -> Path:
 
 
 def average_checkpoints(paths: Sequence[str | os.PathLike], out: str | os.PathLike) -> Path:
-    """Average the floating-point weights of several checkpoints of one model.
-
-    Integer buffers come from the first checkpoint; everything else in the written file (hyper-
-    parameters, loops) too, so it loads like any checkpoint of the run.
-    """
+    """Average the floating-point weights of checkpoints; the rest comes from the first."""
     if not paths:
         raise ValueError("no checkpoints to average")
     states = [load_checkpoint(p) for p in paths]

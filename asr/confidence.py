@@ -1,18 +1,5 @@
-"""Word confidence that means what it says: Platt scaling of word probabilities, fitted on dev.
-
-A word's probability (`asr.timing.Word.probability`, the product of its tokens' decoder
-probabilities) ranks words well but is far from the share of words that are right: label
-smoothing and joint CTC/attention search leave it much too low. Where the model has a CTC
-head, the word's CTC probability (`Word.ctc_probability`: its tokens' posteriors on the CTC
-path of the hypothesis) is a second, partly independent opinion. `PlattScaling` maps them to
-
-    confidence = sigmoid(scale * log(probability) + ctc_scale * log(ctc_probability) + bias)
-
-fitted by logistic regression on a dev set's words, labelled right or wrong by their word
-alignment with the reference (`asr calibrate`); `ctc_scale` is 0 without a CTC head. The map
-increases with both probabilities. The fit is stored in the checkpoint (`confidence_scaling`),
-and every `Word` of that recognizer then carries it as `confidence`.
-"""
+"""Word confidence by Platt scaling of word decoder and CTC probabilities, fitted on a dev set
+(`asr calibrate`): the raw probabilities rank words well but sit far too low."""
 
 from __future__ import annotations
 
@@ -22,13 +9,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-LOG_FLOOR = 1e-12  # probabilities below this count as this (log 0 is undefined)
+LOG_FLOOR = 1e-12  # log 0 is undefined
 
 
 class UnfittableWords(ValueError):
-    """The words are all right or all wrong (or there are none): nothing tells them apart, so
-    no scaling can be fitted. A model that makes no mistakes on dev, or only mistakes, meets
-    this; it is a fact about the data, not a fault."""
+    """The words are all right or all wrong (or none): a fact about the data, not a fault."""
 
 
 @dataclass(frozen=True)
@@ -56,8 +41,7 @@ class PlattScaling:
             )
 
     def __call__(self, probability: float, ctc_probability: float | None = None) -> float:
-        """The confidence of a word. Where the scaling uses the CTC probability and it is
-        missing (CTC could not align the hypothesis), the CTC term counts at its floor."""
+        """The confidence of a word; a missing CTC probability counts at the floor."""
         z = self.scale * _log(probability) + self.bias
         if self.ctc_scale:
             z += self.ctc_scale * _log(LOG_FLOOR if ctc_probability is None else ctc_probability)
@@ -70,15 +54,7 @@ class PlattScaling:
         correct: Sequence[bool],
         ctc_probabilities: Sequence[float | None] | None = None,
     ) -> PlattScaling:
-        """The scaling that maximises the likelihood of `correct` given the probabilities
-        (and the CTC probabilities, where given; a missing one counts at the floor, as in
-        `__call__`). A weight that comes out negative (the feature adds nothing in the
-        direction that keeps the map increasing) is dropped and the rest fitted again.
-
-        Raises:
-            ValueError: mismatched lengths.
-            UnfittableWords: not both right and wrong words (nothing to tell apart).
-        """
+        """The maximum-likelihood scaling; a negative weight is dropped so the map increases."""
         features = [list(probabilities)]
         if ctc_probabilities is not None:
             features.append([LOG_FLOOR if p is None else p for p in ctc_probabilities])
@@ -106,7 +82,7 @@ class PlattScaling:
 
     @classmethod
     def from_dict(cls, stored: dict[str, float]) -> PlattScaling:
-        """From `as_dict` (a scaling stored before CTC probabilities had no `ctc_scale`)."""
+        """From `as_dict`; a stored scaling may lack `ctc_scale`."""
         return cls(stored["scale"], stored["bias"], stored.get("ctc_scale", 0.0))
 
 
@@ -121,8 +97,7 @@ def _sigmoid(z: float) -> float:
 def _logistic_regression(
     x: np.ndarray, y: np.ndarray, l2: float = 1e-6, iterations: int = 100
 ) -> list[float]:
-    """Weights of the columns of `x` `(N, F)`, then the bias, of `P(y=1) = sigmoid(x w + b)`
-    by Newton's method; a tiny L2 penalty keeps separable data finite."""
+    """Weights, then bias, of `P(y=1) = sigmoid(x w + b)` by Newton's method; L2 keeps it finite."""
     design = np.concatenate([x, np.ones((len(x), 1))], axis=1)
     theta = np.zeros(design.shape[1])
     for _ in range(iterations):

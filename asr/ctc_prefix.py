@@ -1,38 +1,5 @@
-"""CTC prefix scoring for joint CTC/attention decoding (Watanabe et al. 2017, Algorithm 2).
-
-For a hypothesis prefix `h` the scorer keeps the CTC forward variables in the log domain:
-`r^n_i(h)` and `r^b_i(h)`, the probability that the first `i` frames emit exactly `h` with
-the last of them a non-blank (n) or a blank (b). From them, with `x_t(c)` the CTC posterior
-of token `c` at frame `t` and, in probabilities, `phi_i(h, c) = r^b_i(h) + [last(h) != c]
-r^n_i(h)`:
-
-    psi(h + c)   = sum_{t < T} phi_t(h, c) x_t(c)    prefix probability of h + c
-    psi(h + eos) = r^n_T(h) + r^b_T(h)               = p_ctc(h | x)
-
-The prefix probability sums `p_ctc(y | x)` over every label sequence `y` that starts with the
-prefix, so `psi(h) = p(h) + sum_c psi(h + c)` over the non-blank tokens `c`.
-
-Both forward recursions over time are first-order linear in probabilities,
-`y_{i+1} = (y_i + u_i) a_i`, so instead of a Python loop over frames they are solved in
-closed form with cumulative sums (`log_linear_recurrence`). That subtracts large cumulative
-log-probabilities, so the scorer works in float64 (float32 on MPS, which has no float64) and
-returns float32 scores.
-
-Windowing keeps the work per step independent of the utterance length. `psi(h + c)` sums
-only the frames where `phi(h)` lies within `window` nats of its maximum over time (where `h`
-can end and `c` begin), and each state holds its forward variables only on a band of frames:
-from the first frame of that window, where the recursion for `h + c` starts (the earlier
-terms are below `exp(-window)` of the kept ones), to the last frame where `phi(h + c)` is
-still within `window` nats of its maximum. Past the frames where `h` is significant the
-recursion has no input left, so `phi(h + c)` can only fall there and the band stops; a
-hypothesis whose band ends before the last frame has a negligible whole-sequence probability
-and its eos score is `-inf`. With `window=None` the band is always every frame (exact).
-
-A state covers `N = B * beam` hypotheses, utterance-major, as a dict of batch-first tensors
-(plus the band's first frame, shared by all rows), so `reorder_state` (and
-`asr.models.interfaces.reorder_batch`) reorders it with the same flat indices as a decoder
-state.
-"""
+"""CTC prefix scoring for joint CTC/attention decoding (Watanabe et al. 2017, Algorithm 2),
+vectorised over hypotheses and candidates and windowed to the frames where a prefix can end."""
 
 from __future__ import annotations
 
@@ -42,35 +9,19 @@ from torch import Tensor
 
 from asr.models.interfaces import State, lengths_to_mask, reorder_batch
 
-# Log-posteriors are floored here: exp(-1e4) is 0 in float64, yet cumulative sums of floored
-# values stay small enough for float64 to difference them exactly.
+# exp(-1e4) is 0 in float64, yet cumulative sums of floored values still difference exactly.
 LOG_FLOOR = -1e4
 
 NEG_INF = float("-inf")
 
-# Frames where phi(h) is more than this many nats below its maximum are left out of the
-# prefix scores of h's extensions (exp(-40) ~ 4e-18, below float64 resolution).
-WINDOW_NATS = 40.0
-
-# A band grows past the frames where the previous hypothesis is significant by this many
-# frames at a time, while the new hypothesis is still significant at its end.
-BAND_GROWTH = 16
+WINDOW_NATS = 40.0  # exp(-40) ~ 4e-18 is below float64 resolution
+BAND_GROWTH = 16  # frames a band first grows by while still significant at its end
 
 
 def log_linear_recurrence(
     inputs: Tensor, log_factors: Tensor, initial: Tensor | None = None
 ) -> Tensor:
-    """Solve `y_0 = initial, y_{i+1} = (y_i + u_i) * a_i` (in probabilities) for all `i` at once.
-
-    In logs: `y_{i+1} = C_{i+1} + logsumexp_{j <= i}(u_j - C_j)` with `C_i = sum_{k < i} a_k`.
-
-    Args:
-        inputs: `(..., T)` log `u`.
-        log_factors: `(..., T)` log `a`, finite.
-        initial: `(...)` log `y_0`; None: `-inf`.
-
-    Returns:
-        `(..., T + 1)` log `y`.
+    """Solve `y_{i+1} = (y_i + u_i) * a_i` for all `i` at once, in logs: `(..., T + 1)` log `y`.
 
     >>> u, a = torch.tensor([0.5, 0.25]).log(), torch.tensor([0.5, 0.5]).log()
     >>> log_linear_recurrence(u, a).exp().tolist()  # (0 + .5) * .5, (.25 + .25) * .5
@@ -83,24 +34,13 @@ def log_linear_recurrence(
             [torch.logaddexp(inputs[..., :1], initial[..., None]), inputs[..., 1:]], -1
         )
     cumulative = F.pad(log_factors.cumsum(-1), (1, 0))  # (..., T + 1), C_0 = 0
-    summed = torch.logcumsumexp(inputs - cumulative[..., :-1], dim=-1)  # (..., T)
+    summed = torch.logcumsumexp(inputs - cumulative[..., :-1], dim=-1)
     first = torch.full_like(summed[..., :1], NEG_INF) if initial is None else initial[..., None]
     return torch.cat([first.to(summed.dtype), summed + cumulative[..., 1:]], -1)
 
 
 class CTCPrefixScorer:
-    """Vectorised CTC prefix scores over utterances x beams x candidate tokens.
-
-    Args:
-        log_probs: `(B, T, V)` CTC log-posteriors (`asr.models.ctc.CTCHead` output).
-        lengths: `(B,)` valid frames per utterance.
-        blank: the blank id; it is never a label, so its prefix score is `-inf`.
-        eos: the end-of-sentence id, whose score is the whole-sequence `log p_ctc(h | x)`;
-            None scores every non-blank id as a label.
-        dtype: working precision; None picks float64 (float32 on MPS).
-        window: prefix scores sum, and states keep, the frames where a hypothesis is within
-            this many nats of its maximum; None: all frames.
-    """
+    """CTC prefix scores of `(B, T, V)` log-posteriors for utterances x beams x candidates."""
 
     def __init__(
         self,
@@ -113,11 +53,11 @@ class CTCPrefixScorer:
     ) -> None:
         _check_inputs(log_probs, lengths, blank)
         self.window = window
-        if dtype is None:
+        if dtype is None:  # cumulative log sums need float64; MPS has none
             dtype = torch.float32 if log_probs.device.type == "mps" else torch.float64
         self.dtype = dtype
-        valid = lengths_to_mask(lengths, log_probs.size(1))  # (B, T)
-        frames = log_probs.float().clamp(min=LOG_FLOOR)  # stored in float32, used in dtype
+        valid = lengths_to_mask(lengths, log_probs.size(1))
+        frames = log_probs.float().clamp(min=LOG_FLOOR)
         frames = frames.masked_fill(~valid[..., None], 0.0)  # finite, never scored
         self.frames = frames.transpose(1, 2).contiguous()  # (B, V, T)
         self.num_frames = log_probs.size(1)
@@ -127,17 +67,11 @@ class CTCPrefixScorer:
         self.vocab_size = log_probs.size(2)
 
     def init_state(self, beam: int = 1) -> State:
-        """The empty prefix for `beam` rows per utterance (rows `b * beam + k`).
-
-        Returns:
-            State: "r_nonblank", "r_blank" `(N, W)` forward variables for `i` frames consumed,
-            `i` from "start" (an int) to `start + W - 1`, `-inf` outside; "last" `(N,)` last
-            token (-1: none); "utterance" `(N,)`.
-        """
+        """The empty prefix, `beam` rows per utterance: forward variables `r^n`, `r^b` on a band."""
         utterance = torch.arange(self.frames.size(0), device=self.frames.device)
-        utterance = utterance.repeat_interleave(beam)  # (N,)
+        utterance = utterance.repeat_interleave(beam)
         blanks = self._frames(utterance, self.blank, 0, self.num_frames)
-        r_blank = F.pad(blanks.cumsum(-1), (1, 0))  # (N, T + 1) all blanks
+        r_blank = F.pad(blanks.cumsum(-1), (1, 0))
         state = {
             "r_nonblank": torch.full_like(r_blank, NEG_INF),
             "r_blank": r_blank,
@@ -148,23 +82,13 @@ class CTCPrefixScorer:
         return self._trimmed(state)
 
     def score(self, state: State, tokens: Tensor | None = None) -> Tensor:
-        """Prefix scores `psi(h + c)` of candidate tokens.
-
-        Args:
-            state: N hypotheses `h`.
-            tokens: `(N, C)` candidate ids per hypothesis; None scores all V ids (the work
-                and memory grow as N * C * W, W the width of the scored frame window).
-
-        Returns:
-            `(N, C)` float32 log prefix probabilities; `log p_ctc(h | x)` at eos and `-inf`
-            at blank.
-        """
+        """`(N, C)` log prefix scores `psi(h + c)` of candidates `tokens` (None: all V)."""
         utterance, last = state["utterance"], state["last"]
         if tokens is None:
             tokens = torch.arange(self.vocab_size, device=last.device).expand(last.size(0), -1)
         r_blank = state["r_blank"]
-        phi_other = self._phi(state, consumable=True)  # phi for c != last
-        column, inside = self._window(phi_other)  # (N, K)
+        phi_other = self._phi(state, consumable=True)
+        column, inside = self._window(phi_other)
         frame = (state["start"] + column).clamp(max=self.num_frames - 1)
         x = self.frames[utterance[:, None, None], tokens[..., None], frame[:, None]]  # (N, C, K)
         repeat = (tokens == last[:, None])[..., None]
@@ -177,15 +101,7 @@ class CTCPrefixScorer:
         return psi.masked_fill(tokens == self.blank, NEG_INF)
 
     def extend(self, state: State, tokens: Tensor) -> State:
-        """The state of `h + c` for one token per hypothesis.
-
-        Args:
-            state: N hypotheses `h`.
-            tokens: `(N,)` the token `c` appended to each.
-
-        Returns:
-            The state of the N extended hypotheses.
-        """
+        """The state of `h + c` for one token `c` `(N,)` per hypothesis."""
         utterance, start, width = state["utterance"], state["start"], state["r_blank"].size(1)
         phi_other = self._phi(state, consumable=True)
         repeat = (tokens == state["last"])[:, None]
@@ -195,7 +111,7 @@ class CTCPrefixScorer:
         begin = start + skip  # h + c has nothing significant before h's window
         end = self.num_frames + 1 if self.window is None else start + width + BAND_GROWTH
         end = min(end, self.num_frames + 1)
-        inputs = _fit(phi[:, skip:], end - 1 - begin)  # frames begin .. end - 2
+        inputs = _fit(phi[:, skip:], end - 1 - begin)
         r_nonblank, r_blank = self._recursions(utterance, tokens, inputs, begin)
         new = {
             **state,
@@ -211,9 +127,8 @@ class CTCPrefixScorer:
         return self._trimmed(new)
 
     def _grown(self, state: State, frames: int) -> State:
-        """`state` with its band continued by up to `frames` frames, where `h + c` has no input
-        left (the frames after `h`'s band): only its last token repeats or blanks follow."""
-        end = state["start"] + state["r_blank"].size(1)  # first index past the band
+        """`state` with its band continued by up to `frames` frames of repeats and blanks only."""
+        end = state["start"] + state["r_blank"].size(1)
         more = min(end + frames, self.num_frames + 1)
         utterance, tokens = state["utterance"], state["last"]
         quiet = torch.full(
@@ -230,10 +145,9 @@ class CTCPrefixScorer:
         }
 
     def final_score(self, state: State) -> Tensor:
-        """`(N,)` float32 `log p_ctc(h | x)` of each whole hypothesis (`-inf` where the band
-        ends before the last frame: below `exp(-window)` of the hypothesis' prefix probability)."""
+        """`(N,)` `log p_ctc(h | x)`; -inf where the band ends before the last frame."""
         width = state["r_blank"].size(1)
-        column = (self.lengths[state["utterance"]] - state["start"])[:, None]  # (N, 1)
+        column = (self.lengths[state["utterance"]] - state["start"])[:, None]
         inside = (column >= 0) & (column < width)
         column = column.clamp(0, width - 1)
         last_frame = torch.logaddexp(
@@ -242,35 +156,30 @@ class CTCPrefixScorer:
         return last_frame.masked_fill(~inside, NEG_INF).squeeze(1).float()
 
     def _phi(self, state: State, consumable: bool) -> Tensor:
-        """`(N, W)` `phi(h, c)` for `c != last(h)` on the band; `-inf` past the utterance's
-        last frame (`consumable`: where no frame is left to consume, i.e. from `T` on)."""
+        """`(N, W)` `phi(h, c)` for `c != last(h)` on the band; -inf past the last frame."""
         r_nonblank, r_blank = state["r_nonblank"], state["r_blank"]
         consumed = state["start"] + torch.arange(r_blank.size(1), device=r_blank.device)
         limit = self.lengths[state["utterance"]][:, None] - int(consumable)
         return torch.logaddexp(r_nonblank, r_blank).masked_fill(consumed > limit, NEG_INF)
 
     def _significant(self, phi: Tensor) -> Tensor:
-        """`(N, W)` where `phi` is finite and within `window` nats of its row's maximum."""
         return (phi >= phi.amax(-1, keepdim=True) - self.window) & (phi > NEG_INF)
 
     def _first_significant(self, phi: Tensor) -> int:
-        """The first column significant in any row (0 without a window or when none is)."""
         if self.window is None:
             return 0
         return int(_span(self._significant(phi).any(0))[0])
 
     def _significant_at_end(self, state: State) -> bool:
-        """Whether the band stops before the last frame while some row, with frames left to
-        consume, is still significant at its end."""
+        """Whether some row is still significant where the band stops before the last frame."""
         if self.window is None or state["start"] + state["r_blank"].size(1) > self.num_frames:
             return False
         return bool(self._significant(self._phi(state, consumable=True))[:, -1].any())
 
     def _trimmed(self, state: State) -> State:
-        """`state` with its band cut after the last column significant in any row."""
         if self.window is None:
             return state
-        kept = self._significant(self._phi(state, consumable=False)).any(0)  # (W,)
+        kept = self._significant(self._phi(state, consumable=False)).any(0)
         width = max(int(_span(kept)[1]), 1)
         return {
             **state,
@@ -287,8 +196,7 @@ class CTCPrefixScorer:
         r_nonblank: Tensor | None = None,
         r_blank: Tensor | None = None,
     ) -> tuple[Tensor, Tensor]:
-        """`r^n`, `r^b` `(N, F + 1)` of `h + c` for frames `first .. first + F` consumed, from
-        `inputs` `(N, F)` (`phi(h, c)` at frames `first ..`) and their values at `first`."""
+        """`r^n`, `r^b` `(N, F + 1)` of `h + c` from `phi(h, c)` `(N, F)` at frames `first ..`."""
         stop = first + inputs.size(1)
         label = self._frames(utterance, tokens, first, stop)
         new_nonblank = log_linear_recurrence(inputs, label, r_nonblank)
@@ -296,32 +204,28 @@ class CTCPrefixScorer:
         return new_nonblank, log_linear_recurrence(new_nonblank[:, :-1], blank, r_blank)
 
     def _window(self, phi: Tensor) -> tuple[Tensor, Tensor]:
-        """The columns to score for each row of `phi` `(N, W)`: `(N, K)` indices from the
-        first to the last column within `self.window` nats of the row's maximum, and whether
-        each lies in that span (rows are padded to the widest; an all -inf row has none)."""
+        """`(N, K)` columns to score per row of `phi` and whether each lies in the row's window."""
         columns = phi.size(1)
         if self.window is None:
             span = torch.arange(columns, device=phi.device).expand(phi.size(0), -1)
             return span, phi > NEG_INF
-        start, end = _span(self._significant(phi))  # (N,) each
+        start, end = _span(self._significant(phi))
         width = int((end - start).max()) if phi.size(0) else 0
-        column = start[:, None] + torch.arange(width, device=phi.device)  # (N, K)
+        column = start[:, None] + torch.arange(width, device=phi.device)
         return column.clamp(max=columns - 1), column < end[:, None]
 
     def _frames(self, utterance: Tensor, tokens: Tensor | int, first: int, stop: int) -> Tensor:
-        """`(..., stop - first)` log-posteriors of `tokens` in utterances `utterance`
-        (broadcast) at frames `first .. stop - 1`, in the working precision."""
+        """`(..., stop - first)` log-posteriors of `tokens` at frames `first .. stop - 1`."""
         rows = utterance * self.vocab_size + tokens  # index_select is far cheaper than indexing
         picked = self.frames.flatten(0, 1)[:, first:stop].index_select(0, rows.flatten())
         return picked.view(*rows.shape, -1).to(self.dtype)
 
     def reorder_state(self, state: State, index: Tensor) -> State:
-        """Keep hypotheses `index` (flat row indices)."""
         return reorder_batch(state, index)
 
 
 def _span(kept: Tensor) -> tuple[Tensor, Tensor]:
-    """The first True along the last dim of `kept` and one past the last (both 0 when none).
+    """The first True along the last dim of `kept` and one past the last (0, 0 when none).
 
     >>> [t.tolist() for t in _span(torch.tensor([[False, True, True, False], [False] * 4]))]
     [[1, 0], [3, 0]]
@@ -332,7 +236,6 @@ def _span(kept: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def _fit(values: Tensor, width: int) -> Tensor:
-    """`values` `(N, W)` cut or padded with `-inf` to `width` columns."""
     if values.size(1) >= width:
         return values[:, :width]
     return F.pad(values, (0, width - values.size(1)), value=NEG_INF)

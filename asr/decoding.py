@@ -1,7 +1,4 @@
-"""Decoding a batch of waveforms with a `Seq2Seq`: search, repair, teacher forcing.
-
-`Recognizer.search` calls `decode_batch`; `asr.alignment` uses `teacher_forced`.
-"""
+"""Decoding a batch of waveforms with a `Seq2Seq`: search, repair, teacher forcing."""
 
 from __future__ import annotations
 
@@ -37,12 +34,7 @@ def decode_batch(
     lm: LanguageModel | None = None,
     precision: str = "fp32",
 ) -> list[Decoded]:
-    """Decode padded waveforms `(B, S)` with lengths `(B,)`, each as one utterance.
-
-    The frontend, encoder and CTC head run in `precision`, the decoder steps too from
-    `BF16_STEP_ROWS` hypotheses on. Where `options.repair` is set and CTC does not already
-    bound the search, hypotheses that show an attention failure are decoded again.
-    """
+    """Decode padded waveforms `(B, S)` with lengths `(B,)`, each as one utterance."""
     with torch.inference_mode(), autocast(waves.device, precision):
         enc, enc_lens = model.encode(waves, wave_lens)
         ctc = model.ctc(enc).float() if model.ctc is not None else None  # (B, T, V)
@@ -75,13 +67,11 @@ def _decode(
     lm: LanguageModel | None,
     precision: str,
 ) -> tuple[list[list[Hypothesis]], list[Tensor], Tensor]:
-    """The n-best lists of a batch, the best's token log-probabilities and the log-probability
-    of eos first (`token_log_probs`)."""
+    """The n-best lists of a batch, and the best's `token_log_probs`."""
     greedy = options.beam_size == 1 and options.ctc_weight == 0 and options.lm_weight == 0
     rows = len(enc) * (1 if greedy else options.beam_size)
     bf16_steps = precision == "bf16" and rows >= BF16_STEP_ROWS
-    # In bf16, autocast reuses its bf16 copies of the weights from step to step only outside
-    # inference mode.
+    # Autocast reuses its bf16 weight copies across steps only outside inference mode.
     with autocast(enc.device, "bf16") if bf16_steps else torch.inference_mode():
         enc = enc if bf16_steps else enc.float()
         if greedy:
@@ -103,10 +93,7 @@ def _repair(
     repaired: list[str | None],
     encoded: tuple[Tensor, Tensor, Tensor | None],
 ) -> None:
-    """Decode again the utterances whose best hypothesis shows an attention failure
-    (`asr.guard.failure`), with the CTC head weighted `REPAIR_CTC_WEIGHT`; without one, cut
-    loops after their first copy. Where that changes the hypothesis, it replaces the n-best
-    list and the failure is named in `repaired` (all three lists in place)."""
+    """Decode again, in place, the utterances whose best hypothesis shows an attention failure."""
     enc, enc_lens, ctc = encoded
     options: SearchOptions = search.keywords["options"]
     limits = max_output_length(enc_lens, options.max_len_ratio, options.max_len_extra)
@@ -138,8 +125,7 @@ def _repair(
 def token_log_probs(
     decoder: nn.Module, enc: Tensor, enc_lens: Tensor, hyps: Sequence[Hypothesis]
 ) -> tuple[list[Tensor], Tensor]:
-    """The decoder's log-probability of each hypothesis's tokens and eos, by teacher forcing,
-    `(L_b + 1,)` each on the CPU, and of eos as the first token `(B,)`."""
+    """Teacher-forced log-probabilities of tokens and eos `(L_b + 1,)`, and of eos first `(B,)`."""
     token_logp, eos_first, _ = teacher_forced(decoder, enc, enc_lens, [h.tokens for h in hyps])
     return token_logp, eos_first
 
@@ -147,9 +133,7 @@ def token_log_probs(
 def teacher_forced(
     decoder: nn.Module, enc: Tensor, enc_lens: Tensor, token_lists: Sequence[Sequence[int]]
 ) -> tuple[list[Tensor], Tensor, Tensor]:
-    """The decoder run on each token list after sos: the log-probability of its tokens and eos
-    `(L_b + 1,)` each on the CPU, that of eos as the first token `(B,)`, and the
-    cross-attention `(B, K, L + 1, T)`."""
+    """`token_log_probs` and the cross-attention `(B, K, L + 1, T)`."""
     lens = [len(tokens) for tokens in token_lists]
     ys = torch.full((len(token_lists), max(lens) + 1), PAD_ID, device=enc.device)
     ys[:, 0] = SOS_EOS_ID
@@ -173,8 +157,7 @@ def _empty_hypothesis(decoder: nn.Module, num_frames: int) -> Hypothesis:
 
 
 def _cut_loop(hyp: Hypothesis) -> Hypothesis:
-    """`hyp` with its loop cut after the first copy (`asr.guard.cut_loop`); its attention keeps
-    the steps of the tokens kept and the last step's, as eos."""
+    """`hyp` with its loop cut after the first copy (`asr.guard.cut_loop`)."""
     tokens = cut_loop(hyp.tokens)
     if len(tokens) == len(hyp.tokens):
         return hyp

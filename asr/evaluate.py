@@ -1,26 +1,5 @@
-"""`asr evaluate`: decode a test manifest, score it, and write the reports.
-
-Into the output folder:
-
-    metrics.json         WER/CER (%), word error counts, audio hours, decode seconds and
-                         real-time factor, search options, checkpoint, repaired attention
-                         failures by kind (`asr.guard`); with a CTC head, the
-                         mean word boundary difference (ms) between attention and CTC timing;
-                         with `skip_bad`, the `failures` left out (`file:line: reason`, or
-                         `audio (id): reason` for audio that fails to load or decode)
-    hyp.txt, ref.txt     Kaldi `utt-id text`; references normalised by the tokenizer
-    errors.txt           per-utterance REF/HYP alignments with S/D/I marks (from jiwer's
-                         alignment), then the most frequent substitutions, deletions and
-                         insertions
-    alignments/<id>.png  spectrogram + cross-attention of chosen utterances, word boundaries
-                         overlaid; `<id>_heads.png` per layer and head for Transformers
-    reliability.png      word confidence against the share of words right, per bin; its
-                         figures (ECE, ROC AUC of right against wrong words, the bins) are
-                         under `confidence` in metrics.json
-
-Utterances are decoded in batches sorted by length; the decode time counts the encoder and
-the search, not reading audio.
-"""
+"""`asr evaluate`: decode a test manifest, score it, and write metrics.json, hyp.txt,
+ref.txt, errors.txt, reliability.png and attention plots into the output folder."""
 
 from __future__ import annotations
 
@@ -61,7 +40,7 @@ from asr.search import LanguageModel, SearchOptions
 from asr.timing import boundary_error_ms, word_products, word_tokens
 from asr.transcribe import search_or_errors
 
-TOP_ERRORS = 30  # entries per list of frequent errors in errors.txt
+TOP_ERRORS = 30
 
 
 @dataclass
@@ -69,19 +48,17 @@ class ScoredUtterance:
     """One decoded utterance and its reference."""
 
     utt_id: str
-    ref: str  # normalised reference
+    ref: str  # normalised
     hyp: str
-    tokens: list[int]  # the hypothesis's ids, for plots
-    duration: float = 0.0  # seconds of audio
-    word_probs: list[float] | None = None  # per hypothesis word; None where not computed
-    # Per hypothesis word, its CTC probability (None where CTC could not align the
-    # hypothesis); the list is None without a CTC head or without `word_probs`.
+    tokens: list[int]
+    duration: float = 0.0
+    word_probs: list[float] | None = None
     word_ctc_probs: list[float | None] | None = None
-    repaired: str | None = None  # the attention failure repaired (`asr.guard`), if any
+    repaired: str | None = None
 
     @cached_property
     def alignment(self) -> WordAlignment:
-        """The word alignment of `hyp` with `ref`, made once for every report."""
+        """The word alignment of `hyp` with `ref`."""
         return WordAlignment.of(self.ref, self.hyp)
 
 
@@ -98,30 +75,7 @@ def evaluate(
     extra: dict[str, Any] | None = None,
     skip_bad: bool = False,
 ) -> dict[str, Any]:
-    """Decode every utterance of `manifest` and write the reports into `out_dir`.
-
-    Args:
-        recognizer: the model.
-        manifest: JSONL manifest with reference texts.
-        out_dir: output folder (created).
-        options: search settings; None: the recognizer's `default_options`.
-        lm: language model for shallow fusion (`options.lm_weight > 0`).
-        batch_size: utterances decoded together.
-        plots: attention plots of this many utterances (the manifest's first ones).
-        plot_ids: plot these utterances instead.
-        progress: show a tqdm bar.
-        extra: more entries for metrics.json (e.g. the LM's path).
-        skip_bad: check the manifest up front (lines, audio headers) and score the rest:
-            bad lines, and utterances whose audio fails to load or decode, are left out and
-            listed under `failures` in metrics.json, instead of raising.
-
-    Returns:
-        The metrics written to `metrics.json`.
-
-    Raises:
-        ValueError: an unreadable manifest or audio file (unless `skip_bad`), no utterance
-            left to score, or an unknown plot id (named).
-    """
+    """Decode every utterance of `manifest`, write the reports, and return the metrics."""
     options = options or recognizer.default_options
     recognizer.check_options(options, lm)
     utterances, failures = _usable(manifest, skip_bad)
@@ -158,7 +112,7 @@ def evaluate(
         "char_deletions": chars.deletions,
         "char_insertions": chars.insertions,
         "utterances": len(results),
-        "sentence_errors": sentence_errors,  # utterances whose words differ from the reference
+        "sentence_errors": sentence_errors,
         "failures": [str(failure) for failure in failures],
         "audio_hours": audio_seconds / 3600,
         "decode_seconds": decode_seconds,
@@ -170,7 +124,6 @@ def evaluate(
         "boundary_error_utterances": len(boundary_errors),
         "confidence": confidence,
         "by_length": _length_report(results),
-        # utterances whose attention failure (`asr.guard`) was repaired, by failure
         "repaired": dict(Counter(r.repaired for r in results if r.repaired)),
         "search": asdict(options),
         "precision": recognizer.precision,
@@ -183,8 +136,7 @@ def evaluate(
 
 
 def _usable(manifest: str | os.PathLike, skip_bad: bool) -> tuple[list[Utterance], list[BadEntry]]:
-    """The manifest's utterances; with `skip_bad`, only the good ones and the bad lines
-    (empty references stay: they score as insertions)."""
+    """The manifest's utterances; with `skip_bad`, the good ones and the bad lines."""
     if not skip_bad:
         return read_manifest(manifest), []
     report = validate_manifest(manifest, check_audio=True, require_text=False)
@@ -231,12 +183,7 @@ def _decode_all(
     failures: list[BadEntry] | None = None,
     boundaries: bool = True,
 ) -> tuple[list[ScoredUtterance], tuple[float, float], list[float]]:
-    """Results in manifest order, (decode seconds, audio seconds), and the boundary errors
-    (ms) of the utterances recognised exactly, where the model has a CTC head (none without
-    `boundaries`).
-
-    An utterance whose audio fails to load or decode (too short for the encoder) raises a
-    ValueError naming it, or with `failures` given, is appended there and left out."""
+    """Results in manifest order, (decode seconds, audio seconds), and boundary errors (ms)."""
     order = sorted(range(len(utterances)), key=lambda i: utterances[i].duration, reverse=True)
     results: list[ScoredUtterance | None] = [None] * len(utterances)
     decode_seconds, audio_seconds, boundary_errors = 0.0, 0.0, []
@@ -292,7 +239,7 @@ def _load_batch(
 
 
 def _fail(utterance: Utterance, reason: str, failures: list[BadEntry] | None) -> None:
-    """Raise a ValueError naming the utterance, or with `failures`, record it there."""
+    """Raise a ValueError naming the utterance, or record it in `failures`."""
     entry = BadEntry(f"{utterance.audio_filepath} ({utterance.utt_id})", reason)
     if failures is None:
         raise ValueError(str(entry))
@@ -300,8 +247,7 @@ def _fail(utterance: Utterance, reason: str, failures: list[BadEntry] | None) ->
 
 
 def _boundary_error(recognizer: Recognizer, decoded: Decoded) -> float | None:
-    """Attention vs CTC word boundaries of one hypothesis (ms); None without a CTC head or
-    where CTC cannot align it."""
+    """Attention vs CTC word boundary error of one hypothesis (ms), or None."""
     if decoded.ctc_log_probs is None:
         return None
     try:
@@ -314,10 +260,7 @@ def _boundary_error(recognizer: Recognizer, decoded: Decoded) -> float | None:
 def _word_probs(
     recognizer: Recognizer, decoded: Decoded, hyp: str
 ) -> tuple[list[float] | None, list[float | None] | None]:
-    """The decoder's and the CTC head's probability of each word of `hyp`
-    (`asr.timing.Word.probability` and `.ctc_probability`): (None, None) where the decoder's
-    token probabilities are missing or the words do not match `hyp`'s; the CTC list is None
-    without a CTC head, its entries None where CTC cannot align the hypothesis."""
+    """The decoder's and the CTC head's probability of each word of `hyp`, where known."""
     if decoded.token_log_probs is None:
         return None, None
     words = word_tokens(recognizer.tokenizer.pieces(decoded.hypothesis.tokens))
@@ -333,9 +276,7 @@ def _word_probs(
 def _confidence_report(
     results: Sequence[ScoredUtterance], out_dir: Path, scaling: PlattScaling | None
 ) -> dict[str, Any] | None:
-    """Word confidence calibration over `results` (the probabilities through `scaling`,
-    where given), as metrics.json holds it, and its reliability diagram in
-    `out_dir/reliability.png`; None without word probabilities."""
+    """Word confidence calibration for metrics.json, plotted to `reliability.png`."""
     words = LabelledWords.of(results)
     if not words.probs:
         return None
@@ -354,11 +295,10 @@ def _confidence_report(
 
 @dataclass(frozen=True)
 class LabelledWords:
-    """The hypothesis words of decoded utterances: their probabilities and whether each is
-    right (by its word alignment with the reference)."""
+    """The hypothesis words of decoded utterances: their probabilities and whether each is right."""
 
     probs: list[float]
-    ctc_probs: list[float | None] | None  # None: no CTC head
+    ctc_probs: list[float | None] | None
     correct: list[bool]
     left_out: int  # non-empty hypotheses without word probabilities
 
@@ -380,14 +320,13 @@ class LabelledWords:
         return [scaling(p, c) for p, c in zip(self.probs, ctc, strict=True)]
 
     def fit(self) -> PlattScaling:
-        """`PlattScaling.fit` to these words, with their CTC probabilities where there are."""
+        """`PlattScaling.fit` to these words."""
         return PlattScaling.fit(self.probs, self.correct, self.ctc_probs)
 
 
 @dataclass(frozen=True)
 class ConfidenceFit:
-    """A word confidence scaling fitted on a manifest, and how calibrated the words of that
-    manifest are before and after it."""
+    """A word confidence scaling and the calibration before and after it."""
 
     scaling: PlattScaling
     before: Calibration
@@ -402,14 +341,7 @@ def fit_confidence(
     batch_size: int = 8,
     progress: bool = True,
 ) -> ConfidenceFit:
-    """Decode `manifest` (a dev set) and fit `PlattScaling` to its hypothesis words, each
-    labelled right or wrong by its word alignment with the reference.
-
-    Raises:
-        ValueError: an unreadable manifest or audio file, or a model without word
-            probabilities.
-        UnfittableWords: no hypothesis words, or not both right and wrong ones.
-    """
+    """Decode `manifest` (a dev set) and fit `PlattScaling` to its hypothesis words."""
     options = options or recognizer.default_options
     recognizer.check_options(options, lm)
     utterances = read_manifest(manifest)
@@ -428,8 +360,7 @@ def fit_confidence(
 
 
 def _length_report(results: Sequence[ScoredUtterance]) -> list[dict[str, Any]]:
-    """WER per duration bucket, and the deletion rate of the last words against all words:
-    where attention decoders stop early on long utterances."""
+    """WER and (tail) deletion rates per duration bucket: attention decoders stop early."""
     buckets = errors_by_length([r.duration for r in results], [r.alignment for r in results])
     return [
         {
@@ -448,12 +379,8 @@ def _write_kaldi(path: Path, rows: Sequence[tuple[str, str]]) -> None:
     path.write_text("".join(f"{i} {t}".rstrip() + "\n" for i, t in rows), encoding="utf-8")
 
 
-# --------------------------------------------------------------------------- errors.txt
-
-
 def alignment_lines(ref: Sequence[str], hyp: Sequence[str], chunks) -> list[str]:
-    """sclite-style REF/HYP/mark lines of one utterance from jiwer's alignment chunks;
-    `*` fills the side a word is missing from.
+    """sclite-style REF/HYP/mark lines of one utterance from jiwer's alignment chunks.
 
     >>> a = WordAlignment.of("A B C", "A X C D")
     >>> print("\\n".join(alignment_lines(a.ref, a.hyp, a.chunks)))
@@ -479,8 +406,7 @@ def alignment_lines(ref: Sequence[str], hyp: Sequence[str], chunks) -> list[str]
 
 
 def error_report(results: Sequence[ScoredUtterance]) -> str:
-    """errors.txt: each utterance's alignment with its counts, then the most frequent
-    substitutions, deletions and insertions (single words) over the set."""
+    """errors.txt: each utterance's alignment, then the most frequent errors."""
     lines = ["# Per utterance: REF/HYP word alignment, S substitution, D deletion, I insertion", ""]
     substitutions, deletions, insertions = Counter(), Counter(), Counter()
     for result in results:
@@ -519,7 +445,7 @@ def _plot(
     results: Sequence[ScoredUtterance],
     out_dir: Path,
 ) -> None:
-    """Plots of the hypotheses of `utterances` (teacher forcing reproduces their attention)."""
+    """Attention plots of the hypotheses of `utterances`, by teacher forcing."""
     from asr.plotting import save_alignment_plots  # matplotlib: only when plotting
 
     by_id = {r.utt_id: r for r in results}

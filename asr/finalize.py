@@ -1,9 +1,5 @@
-"""Finishing a trained model on a dev set (`asr finalize`): what its users get by default.
-
-One pass writes into the checkpoint the search settings it decodes with, the word-confidence
-scaling fitted under them (`asr.evaluate.fit_confidence`) and the cross-attention maps that
-time words best (`asr.heads.choose_heads`), each where the model allows it.
-"""
+"""`asr finalize`: store in a checkpoint the defaults chosen on a dev set (search settings,
+confidence scaling, alignment heads)."""
 
 from __future__ import annotations
 
@@ -29,7 +25,7 @@ class Finished:
     skipped: dict[str, str]  # part -> reason
 
     def payload(self) -> dict[str, Any]:
-        """The checkpoint payload entries to store (None clears what an earlier run stored)."""
+        """The checkpoint payload entries to store; None clears an entry."""
         confidence = self.confidence
         return {
             "decoding": self.decoding,
@@ -39,8 +35,7 @@ class Finished:
 
 
 def stored_decoding(options: SearchOptions) -> dict[str, Any]:
-    """The search settings a checkpoint or package keeps as its default: all but the n-best
-    size and the LM weight, which depend on the call and on an LM given with it."""
+    """The search settings a checkpoint keeps: all but `nbest` and `lm_weight`, set per call."""
     return {k: v for k, v in asdict(options).items() if k not in ("nbest", "lm_weight")}
 
 
@@ -52,11 +47,7 @@ def finalize(
     batch_size: int = 8,
     progress: bool = True,
 ) -> Finished:
-    """Decoding settings, confidence scaling and alignment maps of `recognizer` on `manifest`.
-
-    Raises:
-        ValueError: settings the model cannot decode with, or an unreadable manifest.
-    """
+    """Decoding settings, confidence scaling and alignment maps of `recognizer` on `manifest`."""
     recognizer.check_options(options, lm)
     recognizer = replace(
         recognizer, decoding=options, confidence_scaling=None, alignment_heads=None

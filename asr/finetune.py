@@ -1,12 +1,5 @@
-"""Starting a model from a trained one: `asr fit --model.init_from MODEL`.
-
-Every weight of the new model that the trained one has with the same name and shape is
-copied. Weights with a vocabulary axis (the decoder's embedding and output layer, the CTC
-head) differ in shape when the tokenizers differ: along that axis, the rows of tokens that
-both vocabularies hold (the same piece, special tokens included) are copied and the others
-keep their fresh initialisation. Everything else keeps its initialisation too, and
-`Transfer` lists what happened to each tensor, so a user sees what was not carried over.
-"""
+"""Starting a model from a trained one (`asr fit --model.init_from MODEL`): weights of the same
+name and shape are copied, and vocabulary-axis weights keep the rows of shared tokens."""
 
 from __future__ import annotations
 
@@ -25,10 +18,9 @@ from asr.text import Tokenizer
 class Transfer:
     """What `init_from` did with each tensor of the new model (and the trained one's)."""
 
-    copied: list[str] = field(default_factory=list)  # whole, same name and shape
-    # Vocabulary-axis tensors: name -> tokens copied, of the new vocabulary's.
-    remapped: dict[str, tuple[int, int]] = field(default_factory=dict)
-    reinitialised: list[str] = field(default_factory=list)  # nothing to copy: fresh values
+    copied: list[str] = field(default_factory=list)
+    remapped: dict[str, tuple[int, int]] = field(default_factory=dict)  # (copied, total) tokens
+    reinitialised: list[str] = field(default_factory=list)
     unused: list[str] = field(default_factory=list)  # in the trained model only
 
     def summary(self) -> str:
@@ -62,8 +54,7 @@ OUTPUT_LAYERS = ("decoder.output", "ctc.proj")  # `Seq2Seq` layers with one row 
 
 
 def vocabulary_tensors(model: nn.Module) -> dict[str, int]:
-    """Name -> vocabulary axis of every tensor of a `Seq2Seq` indexed by token: embeddings'
-    weights and the output layers' (`OUTPUT_LAYERS`) weights and biases."""
+    """Name -> vocabulary axis of every tensor of a `Seq2Seq` indexed by token."""
     found = {}
     for name, module in model.named_modules():
         if isinstance(module, nn.Embedding):
@@ -80,8 +71,7 @@ def transfer_weights(
     source: Tokenizer,
     target: Tokenizer,
 ) -> Transfer:
-    """Copy `weights` (of a model with tokenizer `source`) into `model` (with `target`), in
-    place, as the module docstring says."""
+    """Copy `weights` (tokenizer `source`) into `model` (tokenizer `target`), in place."""
     report = Transfer()
     same_vocabulary = source.pieces(range(source.vocab_size)) == target.pieces(
         range(target.vocab_size)
@@ -115,7 +105,6 @@ def _same_but(old: Tensor, new: Tensor, axis: int) -> bool:
 
 
 def init_from(model: nn.Module, path: str | os.PathLike, tokenizer: Tokenizer) -> Transfer:
-    """Initialise the `Seq2Seq` `model`, whose tokenizer is `tokenizer`, from the trained
-    recognizer at `path` (a checkpoint, a model package or `hf://owner/name`)."""
+    """Initialise `model` from the trained recognizer at `path` (checkpoint, package, hf://)."""
     weights, payload = read_recognizer(path)
     return transfer_weights(model, weights, payload_tokenizer(payload), tokenizer)

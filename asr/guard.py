@@ -1,14 +1,5 @@
-"""Attention failures a recognizer can see in its own output, and what it does about them.
-
-Attention decoders fail in three ways on long, noisy or silent input (Chiu et al. 2019;
-Whisper's temperature fallback addresses the same): they loop (an n-gram repeated over and
-over), run away (no eos before the length bound), or hallucinate words that the CTC
-head, which is monotonic by construction, does not see. `failure` names which one a
-hypothesis shows; `asr.decoding.decode_batch` then decodes that utterance again with
-the CTC head weighted `REPAIR_CTC_WEIGHT` over every token (CTC prefix scores do not let a
-hypothesis loop or outrun the audio; a pre-beam chosen by the failing attention would keep the
-loop's tokens), or, without a CTC head, cuts a loop after its first copy.
-"""
+"""Attention failures a recognizer sees in its own output (loops, runaways, outrunning CTC;
+Chiu et al. 2019), which it decodes again with CTC weight or cuts."""
 
 from __future__ import annotations
 
@@ -20,9 +11,8 @@ from torch import Tensor
 from asr.text import BLANK_ID
 
 MIN_REPEATS = 4  # an n-gram this many times in a row is a loop ("Q Q" in AN4 is 2)
-REPAIR_CTC_WEIGHT = 0.9  # the CTC weight a failed hypothesis is decoded again with
-# The attention hypothesis outruns the CTC head's greedy output where
-# attention - ctc > CTC_LENGTH_SLACK + CTC_LENGTH_RATIO * ctc (in tokens).
+REPAIR_CTC_WEIGHT = 0.9  # CTC prefix scores let no hypothesis loop or outrun the audio
+# Outrunning CTC: attention - ctc > CTC_LENGTH_SLACK + CTC_LENGTH_RATIO * ctc tokens.
 CTC_LENGTH_RATIO = 0.5
 CTC_LENGTH_SLACK = 3
 
@@ -30,8 +20,7 @@ REPETITION, RUNAWAY, CTC_MISMATCH = "repetition", "runaway", "ctc_length_mismatc
 
 
 def repeated_ngram(tokens: Sequence[int], min_repeats: int = MIN_REPEATS) -> tuple[int, int] | None:
-    """`(start, n)` of the first n-gram that occurs `min_repeats` times in a row, the
-    shortest such n at the earliest end; None where there is none.
+    """`(start, n)` of the earliest-ending n-gram repeated `min_repeats` times in a row, or None.
 
     >>> repeated_ngram([5, 1, 2, 1, 2, 1, 2, 1, 2, 9])
     (1, 2)
@@ -40,7 +29,7 @@ def repeated_ngram(tokens: Sequence[int], min_repeats: int = MIN_REPEATS) -> tup
     """
     size, found = len(tokens), None  # found: (end, n)
     for n in range(1, size // min_repeats + 1):
-        run = 0  # positions in a row that repeat the token n before
+        run = 0
         for i in range(n, size):
             run = run + 1 if tokens[i] == tokens[i - n] else 0
             if run == n * (min_repeats - 1):
@@ -70,12 +59,7 @@ def ctc_greedy_length(log_probs: Tensor) -> int:
 
 
 def failure(tokens: Sequence[int], limit: int, ctc_length: int | None = None) -> str | None:
-    """Which attention failure the hypothesis `tokens` shows, None where it shows none.
-
-    Args:
-        tokens: the hypothesis, without eos.
-        limit: the most tokens (eos included) its search allowed; reaching it is running away.
-        ctc_length: `ctc_greedy_length` of the same audio, where the model has a CTC head.
+    """Which failure `tokens` (no eos) shows, given the search's length `limit`, or None.
 
     >>> failure([7, 7, 7, 7, 7], limit=20), failure([1, 2, 3], limit=4)
     ('repetition', 'runaway')
@@ -95,7 +79,7 @@ def failure(tokens: Sequence[int], limit: int, ctc_length: int | None = None) ->
 
 
 def cut_loop(tokens: Sequence[int]) -> list[int]:
-    """`tokens` up to the end of the first copy of its first loop (`repeated_ngram`).
+    """`tokens` up to the end of the first copy of its first loop.
 
     >>> cut_loop([5, 1, 2, 1, 2, 1, 2, 1, 2, 9])
     [5, 1, 2]

@@ -1,13 +1,5 @@
-"""Choosing the cross-attention maps that time words best (`asr choose-heads`).
-
-Word times from cross-attention come from DTW over the decoder's attention maps. Averaging all
-of a Transformer's maps (layers x heads) mixes maps that follow the audio with maps that attend
-elsewhere (Whisper ships a chosen set of "alignment heads" per model for this reason). Here each
-utterance of a manifest is aligned to its reference by teacher forcing; each map's DTW word
-boundaries are compared with CTC forced alignment of the same words (the CTC head's times
-are monotonic by construction); the maps are ranked by their mean boundary difference, and the
-chosen set is the best `n` of them, `n` the one whose averaged maps differ least.
-"""
+"""Choosing the cross-attention maps whose DTW word times agree best with CTC forced alignment
+(`asr choose-heads`): averaging every map mixes in maps that do not follow the audio."""
 
 from __future__ import annotations
 
@@ -31,11 +23,11 @@ class HeadChoice:
 
     per_head: np.ndarray  # (U, K): each map alone
     all_heads: np.ndarray  # (U,): all maps averaged
-    chosen: list[int]  # the maps chosen
+    chosen: list[int]
     chosen_errors: np.ndarray  # (U,): the chosen maps averaged
 
     def table(self) -> str:
-        """Markdown: mean and 90th percentile, all maps, the chosen ones, then each map."""
+        """Markdown: mean and 90th percentile for all maps, the chosen ones, and each map."""
         rows = [("all maps", self.all_heads), (f"chosen {self.chosen}", self.chosen_errors)]
         rows += [(f"map {k}", self.per_head[:, k]) for k in range(self.per_head.shape[1])]
         lines = ["| maps | mean ms | p90 ms |", "|---|---|---|"]
@@ -46,8 +38,7 @@ class HeadChoice:
 def boundary_errors(
     recognizer: Recognizer, alignment: Alignment, head_sets: Sequence[Sequence[int] | None]
 ) -> list[float]:
-    """The boundary difference (ms) of DTW word times from each set of maps (None: all)
-    against the alignment's CTC word times."""
+    """DTW vs CTC word boundary difference (ms) for each set of maps (None: all)."""
     out = []
     for heads in head_sets:
         times = attention_timestamps(alignment.attention, alignment.frame_seconds, heads)
@@ -94,7 +85,7 @@ def choose_heads(recognizer: Recognizer, alignments: Sequence[Alignment]) -> Hea
 def score_heads(
     recognizer: Recognizer, alignments: Sequence[Alignment], heads: Sequence[int]
 ) -> HeadChoice:
-    """The boundary differences of given maps (e.g. those chosen on dev, on test)."""
+    """The boundary differences of given maps (e.g. chosen on dev, measured on test)."""
     per_head = _per_map_errors(recognizer, alignments)
     both = np.array([boundary_errors(recognizer, a, [None, list(heads)]) for a in alignments])
     return HeadChoice(per_head, both[:, 0], sorted(heads), both[:, 1])

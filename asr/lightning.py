@@ -1,5 +1,4 @@
-"""Lightning wrappers: `ASRModule` (training/validation around a plain `Seq2Seq`) and
-`ASRDataModule` (manifests, tokenizer, length-bucketed DDP-correct batching)."""
+"""Lightning wrappers: `ASRModule` trains a `Seq2Seq`; `ASRDataModule` batches manifests."""
 
 from __future__ import annotations
 
@@ -32,7 +31,7 @@ from asr.text import Tokenizer
 
 log = logging.getLogger(__name__)
 
-TOKEN_MULTIPLE = 16  # token padding with a shape grid
+TOKEN_MULTIPLE = 16
 
 
 def _adamw(params) -> torch.optim.Optimizer:
@@ -52,28 +51,16 @@ class ASRModule(L.LightningModule):
         label_smoothing: label smoothing of the attention cross-entropy.
         optimizer: optimizer factory over the parameters.
         lr_scheduler: optional schedule factory, stepped every optimizer step.
-        max_len_ratio: greedy validation emits at most `ratio * encoder frames` tokens, or
-            what the training set's fastest speech needs where that is more
-            (`asr.search.length_bound`; the rate is stored in checkpoints for decoding).
+        max_len_ratio: validation's tokens per encoder frame (raised for the fastest speech).
         plot_utterances: cross-attention plots of this many fixed validation utterances.
-        plot_every_n_epochs: plot after every n-th epoch (epochs n - 1, 2n - 1, ...: with
-            n = 10 and 210 epochs, the last epoch is plotted).
-        max_nonfinite_steps: training stops after this many consecutive steps with a
-            non-finite loss or gradient; each such step is skipped (weights and optimizer
-            moments untouched) and counted in `train/skipped_steps`.
-        fast_dropout: train with `asr.models.dropout.FastDropout`, whose CPU masks cost a
-            quarter of the random numbers (docs/performance.md); the model is unchanged.
-        init_from: start from this trained recognizer (checkpoint, package or hf://owner/name)
-            instead of random weights: `asr.finetune` copies what matches, remaps the
-            vocabulary layers to a different tokenizer, and logs what it re-initialised.
-        freeze_encoder_steps: the frontend and encoder stay as they are for this many
-            optimizer steps (fine-tuning: the new output layers settle first).
-        inter_ctc_layers: encoder blocks (1-based) the CTC head also reads in training
-            (intermediate CTC, `asr.models.ctc.InterCTC`); e.g. [3] of 6 blocks.
+        plot_every_n_epochs: plot after every n-th epoch.
+        max_nonfinite_steps: stop after this many consecutive non-finite (skipped) steps.
+        fast_dropout: train with `asr.models.dropout.FastDropout` (cheaper CPU masks).
+        init_from: trained recognizer (checkpoint, package or hf://owner/name) to start from.
+        freeze_encoder_steps: frontend and encoder stay frozen for this many optimizer steps.
+        inter_ctc_layers: encoder blocks (1-based) the CTC head also reads in training.
         inter_ctc_weight: share of those blocks' losses in the CTC loss (0: off).
-        greedy_validation: decode the dev set greedily for `val/wer` and `val/cer`; false
-            logs the teacher-forced losses and `val/acc` only (a short run, whose untrained
-            models decode slowly; its checkpoint callback must then monitor `val/acc`).
+        greedy_validation: decode the dev set for `val/wer`; false logs losses and `val/acc`.
     """
 
     def __init__(
@@ -117,15 +104,15 @@ class ASRModule(L.LightningModule):
             rank_zero_info(init_model_from(self.model, init_from, self.tokenizer).summary())
         self.optimizer_factory = optimizer
         self.scheduler_factory = lr_scheduler
-        self.model_config: dict | None = None  # set by the CLI; embedded in checkpoints
+        self.model_config: dict | None = None
         self._val_words = ErrorCounts()
         self._val_chars = ErrorCounts()
-        self._skipped_steps = 0  # non-finite steps skipped in this run
+        self._skipped_steps = 0
         self._nonfinite_streak = 0
-        self._grad_norm: Tensor | None = None  # this step's, for clipping to reuse
-        self._resume_rng: dict | None = None  # RNG state to restore at the next train batch
-        self._tokens_per_second: float | None = None  # the training set's fastest speech
-        self._encoder_timing: tuple[float, float] | None = None  # measured once
+        self._grad_norm: Tensor | None = None
+        self._resume_rng: dict | None = None
+        self._tokens_per_second: float | None = None
+        self._encoder_timing: tuple[float, float] | None = None
 
     def forward(self, waves: Tensor, wave_lens: Tensor) -> list[list[int]]:
         """Greedy transcription of a padded batch: token ids per utterance."""
@@ -147,12 +134,11 @@ class ASRModule(L.LightningModule):
 
     def training_step(self, batch: Batch, batch_idx: int) -> Tensor:
         out = self.batch_loss(batch)
-        if torch.isfinite(out.loss):  # a NaN would poison the epoch means
+        if torch.isfinite(out.loss):
             self._log_losses("train", out, len(batch))
         else:
             log.warning("non-finite training loss on batch %s", ", ".join(batch.ids[:5]))
-        # A non-finite loss still runs backward: its gradients are non-finite on every DDP
-        # rank after the all-reduce, and on_before_optimizer_step skips the step everywhere.
+        # Backward still runs so that every DDP rank sees non-finite gradients and skips.
         return out.loss
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
@@ -160,9 +146,9 @@ class ASRModule(L.LightningModule):
         if self.global_step < self.hparams.freeze_encoder_steps:
             # Gradients dropped, not switched off: DDP needs the same parameters every step.
             for p in (*self.model.frontend.parameters(), *self.model.encoder.parameters()):
-                p.grad = None  # optimizers skip parameters without gradients
+                p.grad = None
         if _uses_grad_scaler(self.trainer):
-            return  # fp16: the GradScaler skips inf steps and adapts its scale itself
+            return
         grads = [p.grad for p in _parameters(optimizer) if p.grad is not None]
         norm = torch.nn.utils.get_total_norm(grads) if grads else None
         if norm is None or torch.isfinite(norm):
@@ -170,7 +156,7 @@ class ASRModule(L.LightningModule):
             self._nonfinite_streak = 0
             return
         for p in self.parameters():
-            p.grad = None  # optimizers skip parameters without gradients
+            p.grad = None
         self._skipped_steps += 1
         self._nonfinite_streak += 1
         self.log("train/skipped_steps", float(self._skipped_steps), on_step=True, on_epoch=False)
@@ -192,13 +178,7 @@ class ASRModule(L.LightningModule):
         gradient_clip_val: float | None = None,
         gradient_clip_algorithm: str | None = None,
     ) -> None:
-        """Clip as Lightning does, also for fused optimizers in bf16-mixed.
-
-        Lightning's mixed-precision plugin refuses to clip for an optimizer that unscales
-        fp16 gradients inside its step (fused AdamW), even when no gradient scaler is in use.
-        Without one (fp32, bf16) the gradients are already unscaled, so they are clipped here,
-        by the norm `on_before_optimizer_step` has just computed.
-        """
+        """Clip as Lightning does, also for fused optimizers, which Lightning refuses in bf16."""
         if not gradient_clip_val or _uses_grad_scaler(self.trainer):
             lightning_clip = super().configure_gradient_clipping
             lightning_clip(optimizer, gradient_clip_val, gradient_clip_algorithm)
@@ -229,15 +209,13 @@ class ASRModule(L.LightningModule):
             refs = [self.tokenizer.normalizer(t) for t in batch.texts]
             self._val_words += word_errors(refs, texts)
             self._val_chars += char_errors(refs, texts)
-        else:  # the references' attention, for the plots
+        else:
             hyps = _references(batch, out.attention, enc_lens)
         if batch_idx == 0:
             self._plot(batch, hyps)
 
     def _greedy(self, enc: Tensor, enc_lens: Tensor) -> list[Hypothesis]:
-        """Validation's greedy search. Under autocast its steps run in fp32 below
-        `BF16_STEP_ROWS` utterances, as `Recognizer.search` runs them: small bf16 steps cost
-        more than they save."""
+        """Validation's greedy search, in fp32 for batches too small to gain from bf16."""
         device = enc.device.type
         bound = self._length_bound()
         if not torch.is_autocast_enabled(device) or len(enc) >= BF16_STEP_ROWS:
@@ -246,8 +224,6 @@ class ASRModule(L.LightningModule):
             return greedy_search(self.model.decoder, enc.float(), enc_lens, *bound)
 
     def _length_bound(self) -> tuple[float, int]:
-        """Validation's output bound: `max_len_ratio`, raised to what the fastest training
-        speech needs (`length_bound`)."""
         rate = self._fastest_speech()
         if rate is None:
             return self.hparams.max_len_ratio, 0
@@ -256,7 +232,6 @@ class ASRModule(L.LightningModule):
         return length_bound(self.hparams.max_len_ratio, 0, rate, *self._encoder_timing)
 
     def _fastest_speech(self) -> float | None:
-        """`fastest_speech` of the training set at its fastest speed factor; None without one."""
         if self._tokens_per_second is None:
             train = self._train_dataset()
             if train is not None:
@@ -266,7 +241,6 @@ class ASRModule(L.LightningModule):
         return self._tokens_per_second
 
     def _train_dataset(self) -> SpeechDataset | None:
-        """The data module's training set, or None (no trainer, data module or set)."""
         trainer = self._trainer
         train = getattr(getattr(trainer, "datamodule", None), "datasets", {}).get("train")
         return train if train is not None and len(train) else None
@@ -300,10 +274,9 @@ class ASRModule(L.LightningModule):
             dtype=torch.float64,
             device=self.device,
         )
-        counts = self.all_gather(counts).reshape(-1, 4).sum(0)  # sum over DDP ranks
+        counts = self.all_gather(counts).reshape(-1, 4).sum(0)
         wer = 100 * counts[0] / counts[1].clamp(min=1)
         cer = 100 * counts[2] / counts[3].clamp(min=1)
-        # Already summed over ranks: the sync averages identical values.
         self.log(f"{self._eval_stage}/wer", wer.float(), prog_bar=True, sync_dist=True)
         self.log(f"{self._eval_stage}/cer", cer.float(), prog_bar=True, sync_dist=True)
 
@@ -317,7 +290,7 @@ class ASRModule(L.LightningModule):
             "inter_ctc_loss": out.inter_ctc_loss,
         }
         for name, value in values.items():
-            if value is None:  # no CTC head or no intermediate CTC
+            if value is None:
                 continue
             self.log(
                 f"{stage}/{name}",
@@ -330,7 +303,6 @@ class ASRModule(L.LightningModule):
             )
 
     def _plot(self, batch: Batch, hyps) -> None:
-        """Save cross-attention plots of the first validation batch (fixed: no shuffling)."""
         if self.trainer.sanity_checking or not self.trainer.is_global_zero:
             return
         if (self.current_epoch + 1) % self.hparams.plot_every_n_epochs:
@@ -341,7 +313,7 @@ class ASRModule(L.LightningModule):
         log_dir.mkdir(parents=True, exist_ok=True)
         n = min(self.hparams.plot_utterances, len(hyps))
         feats, feat_lens = self.model.frontend(batch.waves[:n], batch.wave_lens[:n])
-        from asr.plotting import plot_attention, save_figure  # matplotlib: only when plotting
+        from asr.plotting import plot_attention, save_figure
 
         for i in range(n):
             labels = self.tokenizer.pieces(hyps[i].tokens) + ["<eos>"]
@@ -352,7 +324,7 @@ class ASRModule(L.LightningModule):
                 title=f"{batch.ids[i]} epoch {self.current_epoch}",
             )
             for logger in self.loggers:
-                if hasattr(logger.experiment, "add_figure"):  # TensorBoard
+                if hasattr(logger.experiment, "add_figure"):
                     logger.experiment.add_figure(
                         f"attention/{batch.ids[i]}", fig, self.global_step, close=False
                     )
@@ -373,14 +345,11 @@ class ASRModule(L.LightningModule):
         self._resume_rng = checkpoint.get("rng")
 
     def _segment_seconds(self) -> float | None:
-        """`segment_seconds_for` the training set, or None without one (no datamodule)."""
         train = self._train_dataset()
         return None if train is None else segment_seconds_for(train.durations)
 
     def on_train_batch_start(self, batch: Batch, batch_idx: int) -> None:
-        # Dropout and SpecAugment continue exactly where the saved run stopped. (Loaders draw
-        # worker seeds from their own generator, so nothing between the save and this batch
-        # touches the global RNG.)
+        # Dropout and SpecAugment continue exactly where the saved run stopped.
         if self._resume_rng is not None:
             torch.set_rng_state(self._resume_rng["torch"])
             self._resume_rng = None
@@ -403,13 +372,12 @@ def step_schedule(
 
 
 def _inter_ctc(model: Seq2Seq, layers: list[int] | None, weight: float) -> InterCTC | None:
-    """The intermediate CTC of `ASRModule`'s arguments, checked against the model."""
     if not weight:
         return None
     if model.ctc is None:
         raise ValueError(f"inter_ctc_weight={weight} needs the CTC head (ctc_weight > 0)")
     inter = InterCTC(tuple(layers or ()), weight)
-    inter.blocks(model.encoder)  # raises now, not at the first training step
+    inter.blocks(model.encoder)
     return inter
 
 
@@ -422,11 +390,7 @@ def _uses_grad_scaler(trainer: L.Trainer) -> bool:
 
 
 def stage_manifests(module: L.LightningDataModule, stage: str) -> list[tuple[str, str]]:
-    """The `(split, manifest)` pairs a stage needs that the data module has not loaded yet.
-
-    Reads `train_manifest`, `val_manifest` and `test_manifest` from the hyperparameters and
-    skips splits already in `module.datasets`.
-    """
+    """The `(split, manifest)` pairs `stage` needs that `module.datasets` lacks."""
     hp = module.hparams
     splits = {"train": hp.train_manifest, "val": hp.val_manifest, "test": hp.test_manifest}
     wanted = {"fit": ["train", "val"], "validate": ["val"], "test": ["test"]}.get(stage, [])
@@ -450,14 +414,7 @@ def bucketed_loader(
     grid: LengthGrid | None = None,
     shortest_first_epochs: int = 0,
 ) -> torch.utils.data.DataLoader:
-    """A DataLoader over length-bucketed batches, sharded over the trainer's ranks.
-
-    Reads `num_buckets`, `max_batch_size`, `seed` and `num_workers` from the data module's
-    hyperparameters; `lengths` (a list, or a function of the epoch) and `max_batch_length`
-    share one unit (seconds, tokens). With `grid`, batches come from its fixed menu of
-    shapes, and `collate_fn` must pad to the same grid. The first `shortest_first_epochs`
-    epochs yield their batches shortest first.
-    """
+    """A DataLoader of length-bucketed batches sharded over ranks, set by `module.hparams`."""
     hp, trainer = module.hparams, module.trainer
     sampler = DynamicBucketSampler(
         lengths,
@@ -485,8 +442,6 @@ def bucketed_loader(
 
 
 def _references(batch: Batch, attention: Tensor, enc_lens: Tensor) -> list[Hypothesis]:
-    """The batch's references as hypotheses with their teacher-forced attention
-    `(K, L + 1, T_enc)`."""
     return [
         Hypothesis(batch.tokens[b, :n].tolist(), 0.0, attention[b, :, : n + 1, : int(t)])
         for b, (n, t) in enumerate(zip(batch.token_lens.tolist(), enc_lens))
@@ -506,28 +461,15 @@ class ASRDataModule(L.LightningDataModule):
         max_batch_size: optional cap on utterances per batch.
         num_buckets: length buckets of the sampler.
         speed_perturb: speed factors drawn per training utterance, e.g. [0.9, 1.0, 1.1].
-        shape_grid: pad batches to a fixed menu of shapes: waves to the next point of a
-            geometric grid of lengths with this ratio (e.g. 1.1: under 10 % padding), with as
-            many utterances as `max_batch_seconds` allows at that length, and tokens to a
-            multiple of 16; `num_buckets` is then unused. The same shapes recur every epoch,
-            so kernels compiled for bf16 on CPU are reused (docs/performance.md). None:
-            batches padded to their longest.
+        shape_grid: ratio of a geometric grid of padded lengths (fixed shapes); None: off.
         num_workers: data loader worker processes.
         seed: sampler shuffling and perturbation seed.
         skip_bad: skip (and report) bad manifest lines instead of failing.
-        check_audio: up-front audio check of every manifest line: "header" (exists, readable,
-            long enough; fast) or "full" (also decodes, finding NaN/inf samples and files
-            shorter than their header says; costs one pass over the audio).
-        min_duration: utterances shorter than this (seconds) are bad lines; the default
-            suits x4 subsampling of 10 ms frames (7 frames).
-        cache_audio: keep every loaded (and speed-perturbed) waveform in memory for later
-            epochs, in each loading process: 4 bytes per sample per speed factor (AN4 train at
-            16 kHz with three factors: ~0.45 GB). For corpora that fit in memory.
-        augment: waveform augmentation of the training set (noise, reverberation, telephone
-            band, gain; `asr.data.augment`), drawn per item from the seed and epoch.
-        shortest_first_epochs: the first this many training epochs take their batches
-            shortest first instead of shuffled (SortaGrad), so alignments are learnt on short
-            utterances before long ones.
+        check_audio: up-front audio check: "header" (readable, long enough) or "full" (decode).
+        min_duration: utterances shorter than this (seconds) are bad lines.
+        cache_audio: keep loaded waveforms in memory for later epochs (small corpora).
+        augment: waveform augmentation of the training set (`asr.data.augment`).
+        shortest_first_epochs: the first this many epochs batch shortest first (SortaGrad).
     """
 
     def __init__(
@@ -555,8 +497,7 @@ class ASRDataModule(L.LightningDataModule):
         if check_audio not in ("header", "full"):
             raise ValueError(f"check_audio must be 'header' or 'full', got {check_audio!r}")
         self.grid = None if shape_grid is None else LengthGrid(shape_grid)
-        # The augmentation config is in the saved run config; hparams (and so checkpoints) keep
-        # plain types, which load with weights_only=True.
+        # `augment` stays out of hparams: checkpoints keep plain types, loadable weights_only.
         self.save_hyperparameters(ignore=["augment"])
         self.augmenter = None
         if augment is not None and augment.active:
@@ -570,8 +511,7 @@ class ASRDataModule(L.LightningDataModule):
         return self.tokenizer.vocab_size
 
     def state_dict(self) -> dict:
-        """The training sampler's position for a checkpoint: the epoch and the batches the fit
-        loop has processed in it (the loader's prefetched batches are not counted)."""
+        """The training sampler's position for a checkpoint: its epoch and processed batches."""
         trainer = self.trainer
         if trainer is None or trainer.state.fn != "fit" or trainer.train_dataloader is None:
             return {}
@@ -598,8 +538,7 @@ class ASRDataModule(L.LightningDataModule):
             )
 
     def _checked(self, path: str) -> list:
-        """Validate a manifest up front (JSON, audio headers, text in the vocabulary) instead
-        of failing mid-epoch; with `skip_bad`, drop and list the bad lines."""
+        """Validate a manifest up front; with `skip_bad`, drop and list the bad lines."""
         hp = self.hparams
         check = "full" if hp.check_audio == "full" else True
         report = validate_manifest(path, self.tokenizer, check, min_duration=hp.min_duration)
@@ -623,8 +562,7 @@ class ASRDataModule(L.LightningDataModule):
                 wave_length=partial(self.grid.samples, sample_rate=dataset.sample_rate),
                 token_length=partial(round_up, multiple=TOKEN_MULTIPLE),
             )
-        # The grid packs each epoch's perturbed lengths; without one the sampler packs nominal
-        # durations (packing perturbed lengths there gave worse AN4 dev WERs).
+        # Grid shapes must fit each epoch's perturbed lengths; else nominal durations pack better.
         lengths = dataset.durations if self.grid is None else dataset.lengths
         hp = self.hparams
         return bucketed_loader(
@@ -640,8 +578,6 @@ class ASRDataModule(L.LightningDataModule):
 
     def train_dataloader(self):
         loader = self._loader("train", shuffle=True)
-        # A run resumed mid-epoch skips the batches it had already trained on; a checkpoint
-        # written at the end of an epoch resumes at the next epoch's start.
         state, self._resume_sampler = self._resume_sampler, None
         if state and self.trainer is not None and state["epoch"] == self.trainer.current_epoch:
             loader.batch_sampler.load_state_dict(state)

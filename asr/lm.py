@@ -1,11 +1,4 @@
-"""Training token language models with the same tooling as the recognizer.
-
-`LMModule` (a LightningModule around any LM of `asr.models.lm`) and `TextDataModule`
-(transcripts of manifests, plus optional plain text files, in token-budget length buckets)
-plug into `asr fit` like `ASRModule` and `ASRDataModule`: see conf/an4/lm.yaml. Checkpoints
-carry the LM's config and the tokenizer, so `load_lm` rebuilds the LM from the file alone
-for shallow fusion (`asr.search.beam_search(..., lm=lm)`).
-"""
+"""Token language models for shallow fusion, trained by `asr fit` (`LMModule`, `TextDataModule`)."""
 
 from __future__ import annotations
 
@@ -68,11 +61,7 @@ def collate_text(sequences: Sequence[Sequence[int]], pad_id: int = PAD_ID) -> Te
 
 
 class LMModule(L.LightningModule):
-    """Trains a token LM by cross-entropy over `y + [eos]` (pad ignored).
-
-    Logs `train/loss`, and per validation (test) epoch `val/loss` (`test/loss`), the mean
-    negative log-likelihood per token in nats over all tokens of all ranks, and its
-    exponential `val/ppl` (`test/ppl`).
+    """Trains a token LM by cross-entropy over `y + [eos]`; logs `val/loss` and `val/ppl`.
 
     Args:
         lm: factory called with `vocab_size`, e.g. `asr.models.lm.LSTMLM`.
@@ -80,7 +69,7 @@ class LMModule(L.LightningModule):
         tokenizer: tokenizer directory, linked from the data module; embedded in checkpoints.
         optimizer: optimizer factory over the parameters.
         lr_scheduler: optional schedule factory, stepped every optimizer step.
-        fast_dropout: train with `asr.models.dropout.FastDropout` (see `ASRModule`).
+        fast_dropout: train with `asr.models.dropout.FastDropout`.
     """
 
     def __init__(
@@ -100,18 +89,11 @@ class LMModule(L.LightningModule):
         self.tokenizer = Tokenizer.load(tokenizer) if tokenizer else None
         self.optimizer_factory = optimizer
         self.scheduler_factory = lr_scheduler
-        self.model_config: dict | None = None  # set by the CLI; embedded in checkpoints
-        self._eval_sums = torch.zeros(2, dtype=torch.float64)  # (nll, tokens) this epoch
+        self.model_config: dict | None = None
+        self._eval_sums = torch.zeros(2, dtype=torch.float64)  # (nll, tokens)
 
     def forward(self, tokens: Tensor) -> Tensor:
-        """Teacher forcing through the wrapped LM.
-
-        Args:
-            tokens: `(B, L)` sos-prefixed inputs, right-padded.
-
-        Returns:
-            Logits `(B, L, V)` of the next token at every position.
-        """
+        """Next-token logits `(B, L, V)` of sos-prefixed, right-padded inputs `(B, L)`."""
         return self.lm(tokens)
 
     def token_nll(self, batch: TextBatch) -> tuple[Tensor, int]:
@@ -132,7 +114,6 @@ class LMModule(L.LightningModule):
         return loss
 
     def on_train_epoch_start(self) -> None:
-        # Reshuffle the buckets: Lightning does not reach a batch sampler.
         set_loader_epoch(self.trainer.train_dataloader, self.current_epoch)
 
     def validation_step(self, batch: TextBatch, batch_idx: int) -> None:
@@ -157,9 +138,8 @@ class LMModule(L.LightningModule):
         self._eval_sums += torch.stack([nll.detach().double(), nll.new_tensor(tokens).double()])
 
     def _log_perplexity(self, stage: str) -> None:
-        nll, tokens = self.all_gather(self._eval_sums).reshape(-1, 2).sum(0)  # over DDP ranks
+        nll, tokens = self.all_gather(self._eval_sums).reshape(-1, 2).sum(0)
         loss = nll / tokens.clamp(min=1)
-        # Already summed over ranks: the sync averages identical values.
         self.log(f"{stage}/loss", loss.float(), prog_bar=True, sync_dist=True)
         self.log(f"{stage}/ppl", loss.exp().float(), prog_bar=True, sync_dist=True)
 
@@ -173,7 +153,7 @@ class LMModule(L.LightningModule):
 
 @dataclass(frozen=True)
 class _Sentence:
-    where: str  # "file:line" or "manifest:utterance id", for messages
+    where: str
     text: str
 
 
@@ -185,15 +165,13 @@ class TextDataModule(L.LightningDataModule):
         val_manifest: JSONL manifest for validation perplexity.
         tokenizer: directory written by `asr tokenizer` (the recognizer's, for fusion).
         test_manifest: optional JSONL manifest for `asr test`.
-        extra_text: more training text: plain UTF-8 files, one sentence per line (blank lines
-            are skipped).
+        extra_text: more training text: UTF-8 files of one sentence per line.
         max_batch_tokens: padded tokens per batch (batch size x longest sequence, eos included).
         max_batch_size: optional cap on sentences per batch.
         num_buckets: length buckets of the sampler.
         num_workers: data loader worker processes.
         seed: shuffling seed.
-        skip_bad: skip (and report) sentences with characters outside the tokenizer's
-            vocabulary, and bad manifest lines, instead of failing.
+        skip_bad: skip (and report) bad lines and out-of-vocabulary sentences, not fail.
     """
 
     def __init__(
@@ -234,8 +212,6 @@ class TextDataModule(L.LightningDataModule):
         return [_Sentence(f"{path}:{u.utt_id}", u.text) for u in utts]
 
     def _encode(self, sentences: list[_Sentence]) -> list[list[int]]:
-        """Token ids of every sentence; text the tokenizer cannot represent is rejected up
-        front (or skipped with `skip_bad`)."""
         checked = [(s, self.tokenizer.oov(s.text)) for s in sentences]
         bad = [(s, chars) for s, chars in checked if chars]
         if bad and not self.hparams.skip_bad:
@@ -250,7 +226,7 @@ class TextDataModule(L.LightningDataModule):
 
     def _loader(self, split: str, shuffle: bool) -> torch.utils.data.DataLoader:
         sequences = self.datasets[split]
-        lengths = [len(s) + 1 for s in sequences]  # row length: tokens plus sos (inputs) or eos
+        lengths = [len(s) + 1 for s in sequences]
         collate_fn = partial(collate_text, pad_id=self.tokenizer.pad_id)
         budget = self.hparams.max_batch_tokens
         return bucketed_loader(self, sequences, lengths, budget, collate_fn, shuffle)
@@ -266,7 +242,6 @@ class TextDataModule(L.LightningDataModule):
 
 
 def _read_text_file(path: str | os.PathLike) -> list[_Sentence]:
-    """Non-blank lines of a UTF-8 text file, each tagged `file:line`."""
     try:
         text = Path(path).read_text(encoding="utf-8")
     except UnicodeDecodeError as err:

@@ -1,5 +1,4 @@
-"""Loading trained models: a recognizer's network from a checkpoint, package or hf:// name, and
-a language model from its checkpoint. `asr.load_model` wraps the first in a `Recognizer`."""
+"""Loading trained networks: a recognizer's from a checkpoint, package or hf:// name, and an LM."""
 
 from __future__ import annotations
 
@@ -21,7 +20,7 @@ from asr.models.seq2seq import Seq2Seq, build_seq2seq
 from asr.package import read_recognizer
 from asr.text import Tokenizer
 
-BACKENDS = ("torch", "onnx", "onnx-int8")  # what runs the networks
+BACKENDS = ("torch", "onnx", "onnx-int8")
 
 
 def load_seq2seq(
@@ -30,16 +29,7 @@ def load_seq2seq(
     backend: str = "torch",
     precision: str = "fp32",
 ) -> tuple[Seq2Seq, Tokenizer, dict[str, Any]]:
-    """The network of a checkpoint, package folder or `hf://owner/name[@revision]` (in eval
-    mode, on `device`), its tokenizer, and the payload with what `asr fit` and
-    `asr finalize` stored (decoding settings, calibration, alignment heads...).
-
-    Raises:
-        CheckpointError: not a recognizer checkpoint or package, or a pickle; the message
-            names it.
-        ValueError: an unknown backend, or ONNX on a device other than the CPU or in bf16.
-        FileNotFoundError: the package has no such ONNX graphs (named).
-    """
+    """The network (eval mode, on `device`), tokenizer and payload of a recognizer `path`."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     weights, payload = read_recognizer(path)
@@ -68,6 +58,10 @@ def load_lm(
     path: str | os.PathLike, device: str | torch.device = "cpu"
 ) -> tuple[nn.Module, Tokenizer]:
     """Rebuild the language model of an `asr fit` LM checkpoint (or an `asr average` output).
+
+    Args:
+        path: the LM checkpoint.
+        device: where the LM runs.
 
     Returns:
         The LM (the plain module, in eval mode, on `device`), which follows the search

@@ -30,7 +30,7 @@ class ErrorCounts:
 
     @property
     def rate(self) -> float:
-        """Errors per reference unit (WER or CER as a fraction); 0 for an empty reference set."""
+        """Errors per reference unit (WER or CER as a fraction); 0 without references."""
         return self.errors / self.reference_length if self.reference_length else 0.0
 
     def __add__(self, other: ErrorCounts) -> ErrorCounts:
@@ -52,7 +52,7 @@ def _counts(refs: Sequence[str], hyps: Sequence[str], chars: bool) -> ErrorCount
     if not pairs:
         return ErrorCounts(insertions=extra)
     r, h = zip(*pairs)
-    # jiwer also refuses empty hypotheses in a list of one; a single space behaves as empty.
+    # jiwer refuses an empty hypothesis in a list of one; a space behaves as empty.
     h = [x if x.strip() else " " for x in h]
     out = (jiwer.process_characters if chars else jiwer.process_words)(list(r), list(h))
     ref_len = out.hits + out.substitutions + out.deletions
@@ -69,9 +69,6 @@ def char_errors(refs: Sequence[str], hyps: Sequence[str]) -> ErrorCounts:
     return _counts(refs, hyps, chars=True)
 
 
-# --------------------------------------------------------------------------- confidence
-
-
 @dataclass(frozen=True)
 class ConfidenceBin:
     """Words whose confidence lies in `[lower, upper)` (the last bin includes 1)."""
@@ -79,7 +76,7 @@ class ConfidenceBin:
     lower: float
     upper: float
     words: int
-    mean_confidence: float | None  # None for an empty bin
+    mean_confidence: float | None
     accuracy: float | None  # the share of them that are right
 
 
@@ -95,8 +92,7 @@ class Calibration:
 
 
 def word_alignment(ref: str, hyp: str) -> list[jiwer.AlignmentChunk]:
-    """jiwer's word alignment of one utterance (which refuses an empty reference: there,
-    every hypothesis word is an insertion)."""
+    """jiwer's word alignment of one utterance; with an empty reference, all insertions."""
     if ref.split():
         return jiwer.process_words(ref, hyp if hyp.split() else " ").alignments[0]
     words = len(hyp.split())
@@ -105,8 +101,7 @@ def word_alignment(ref: str, hyp: str) -> list[jiwer.AlignmentChunk]:
 
 @dataclass(frozen=True)
 class WordAlignment:
-    """One utterance's word alignment, and what the reports read from it: its edit counts,
-    the reference words deleted, the hypothesis words right.
+    """One utterance's word alignment: its edit counts, deleted and correct words.
 
     >>> a = WordAlignment.of("a b c d e f", "a x c e f g")
     >>> (a.errors.substitutions, a.errors.deletions, a.errors.insertions)
@@ -137,17 +132,13 @@ class WordAlignment:
 
     @property
     def reference_deleted(self) -> list[bool]:
-        """Per reference word, whether the alignment deletes it."""
         return self._marks("delete", on_reference=True)
 
     @property
     def hypothesis_correct(self) -> list[bool]:
-        """Per hypothesis word, whether it is matched to an equal reference word
-        (substitutions and insertions are wrong)."""
         return self._marks("equal", on_reference=False)
 
     def _marks(self, kind: str, on_reference: bool) -> list[bool]:
-        """Per reference (or hypothesis) word, whether it lies in a chunk of `kind`."""
         marks = [False] * len(self.ref if on_reference else self.hyp)
         for chunk in self.chunks:
             if chunk.type == kind:
@@ -159,7 +150,7 @@ class WordAlignment:
         return marks
 
 
-LENGTH_EDGES = (8.0, 14.0)  # seconds: buckets < 8 s, 8-14 s, >= 14 s
+LENGTH_EDGES = (8.0, 14.0)
 TAIL_SHARE = 0.2  # "the end of an utterance": its last fifth of reference words
 
 
@@ -167,16 +158,15 @@ TAIL_SHARE = 0.2  # "the end of an utterance": its last fifth of reference words
 class LengthBucket:
     """Errors of the utterances in one duration range, and where their deletions fall."""
 
-    name: str  # e.g. "8-14 s"
+    name: str
     utterances: int
     errors: ErrorCounts
     tail_words: int  # reference words in the last `TAIL_SHARE` of each utterance
-    tail_deletions: int  # of those, deleted
+    tail_deletions: int
 
     @property
     def tail_deletion_rate(self) -> float:
-        """Share of the final words deleted: well above `deletion_rate`, the decoder stops
-        early on these utterances."""
+        """Share of the final words deleted; well above `deletion_rate`, decoding stops early."""
         return self.tail_deletions / self.tail_words if self.tail_words else 0.0
 
     @property
@@ -189,8 +179,7 @@ def errors_by_length(
     alignments: Sequence[WordAlignment],
     edges: Sequence[float] = LENGTH_EDGES,
 ) -> list[LengthBucket]:
-    """Word errors per utterance duration bucket (`edges` in seconds, ascending), with the
-    deletions among each utterance's last `TAIL_SHARE` of reference words; empty buckets too.
+    """Word errors and tail deletions per utterance duration bucket (`edges` in seconds).
 
     >>> aligned = [WordAlignment.of("a", "a"), WordAlignment.of("b c", "b")]
     >>> [b.name for b in errors_by_length([3.0, 9.0], aligned)]
@@ -218,8 +207,7 @@ def errors_by_length(
 
 
 def roc_auc(scores: Sequence[float], positive: Sequence[bool]) -> float | None:
-    """Area under the ROC curve: the probability that a random positive scores above a
-    random negative (ties count half). None without both positives and negatives.
+    """Area under the ROC curve (ties count half); None without both classes.
 
     >>> roc_auc([0.9, 0.8, 0.3, 0.8], [True, True, False, False])
     0.875

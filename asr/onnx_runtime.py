@@ -1,22 +1,6 @@
-"""ONNX export of a recognizer's networks, and ONNX Runtime behind the same interfaces.
-
-`export_onnx` writes, into a model package's `onnx/` folder:
-
-    encoder.onnx        features `(B, T, F)`, lengths -> encoder frames `(B, T', D)`, lengths
-    ctc.onnx            encoder frames -> CTC log-probabilities `(B, T', V)` (with a CTC head)
-    decoder_init.onnx   encoder frames, lengths -> the decoder's search state, flattened
-    decoder_step.onnx   previous tokens `(N,)`, state -> log-probabilities `(N, V)`, attention
-                        `(N, K, T')`, the state tensors that change
-    state.json          how the flat state tensors rebuild the decoder's state (a pytree spec)
-
-and with `int8`, dynamically quantised copies (`*.int8.onnx`, weights in int8).
-
-`onnx_model` returns a `Seq2Seq` whose encoder, CTC head and decoder run in ONNX Runtime sessions
-behind the interfaces of `asr.models` (the decoder's `init_state`/`step`/`reorder_state`),
-so search, timing and transcription run the same code as with PyTorch. Two parts stay in
-PyTorch, so torch stays on the deploy path: the frontend (its STFT framing depends on the
-lengths of the batch, which tracing would freeze) and the search itself.
-"""
+"""ONNX export of a recognizer's encoder, CTC head and decoder, and a `Seq2Seq` that runs them
+in ONNX Runtime behind the `asr.models` interfaces. The frontend and the search stay PyTorch:
+STFT framing depends on the batch's lengths, which tracing would freeze."""
 
 from __future__ import annotations
 
@@ -40,9 +24,6 @@ OPSET = 17
 GRAPHS = ("encoder", "ctc", "decoder_init", "decoder_step")
 STATE_FILE = "state.json"
 SPIN_WAIT_ENTRY = "session.intra_op.allow_spinning"
-
-
-# --------------------------------------------------------------------------- export
 
 
 class _Step(nn.Module):
@@ -69,7 +50,7 @@ class _Init(nn.Module):
 
 
 def _dynamic(names: list[str], tensors: list[Tensor]) -> dict[str, dict[int, str]]:
-    """Every axis of every named tensor dynamic (rows, lengths, steps all vary)."""
+    """Every axis of every named tensor dynamic."""
     return {n: {d: f"{n}_{d}" for d in range(t.dim())} for n, t in zip(names, tensors)}
 
 
@@ -90,8 +71,7 @@ def _export(module: nn.Module, args: tuple, path: Path, inputs: list[str], outpu
 def export_onnx(
     model: Seq2Seq, out_dir: str | os.PathLike, sample_rate: int, int8: bool = True
 ) -> list[str]:
-    """Export `model`'s encoder, CTC head and decoder (see the module docstring) into
-    `out_dir/onnx/`; the names of the files written, `out_dir` relative."""
+    """Export `model`'s graphs into `out_dir/onnx/`; return the files written."""
     model = model.eval()
     folder = Path(out_dir) / ONNX_DIR
     folder.mkdir(parents=True, exist_ok=True)
@@ -117,9 +97,7 @@ def _export_decoder(decoder: nn.Module, enc: Tensor, enc_lens: Tensor, folder: P
     names = [f"state{i}" for i in range(len(leaves))]
     _export(_Init(decoder), (enc, enc_lens), folder / "decoder_init.onnx", ["enc", "enc_lens"],
             names, leaves)  # fmt: skip
-    # Traced with 2 rows per utterance (beam search's layout, where a Transformer keeps the
-    # encoder memory once per utterance), so the graph reads the rows per utterance from the
-    # shapes instead of freezing one beam size.
+    # Trace 2 rows per utterance so the graph does not freeze one beam size.
     rows = torch.arange(enc.size(0)).repeat_interleave(2)
     state = decoder.reorder_state(state, rows)
     tokens = torch.full((rows.numel(),), 3)
@@ -146,10 +124,7 @@ def _export_decoder(decoder: nn.Module, enc: Tensor, enc_lens: Tensor, folder: P
 
 
 def _quantized(path: Path) -> str:
-    """A dynamically quantised copy of the graph at `path` (int8 weights), beside it.
-
-    Convolutions stay fp32: ONNX Runtime's integer convolution ran slower than its fp32 one
-    for our conv fronts, and keeping them fp32 changed no dev WER (docs/performance.md)."""
+    """A dynamically quantised copy (int8 weights) of the graph at `path`, beside it."""
     import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
     from onnxruntime.quantization.registry import IntegerOpsRegistry
@@ -165,9 +140,7 @@ def _quantized(path: Path) -> str:
 
 
 def _untied(model: Any) -> Any:
-    """`model` with one copy of each initializer per node that reads it. Tied weights (the
-    decoder's embedding and output layer) are one initializer; some onnxruntime quantisers
-    (1.30) transpose it for the output layer's matmul and leave the embedding reading that."""
+    """`model` with one copy of each initializer per reader: quantisers mangle tied weights."""
     graph = model.graph
     initializers = {init.name: init for init in graph.initializer}
     seen: set[str] = set()
@@ -185,16 +158,8 @@ def _untied(model: Any) -> Any:
     return model
 
 
-# --------------------------------------------------------------------------- runtime
-
-
 class _Session:
-    """An ONNX Runtime session called with and returning torch tensors (CPU).
-
-    `spin_wait`: ONNX Runtime's default, in which its threads keep polling for work after
-    each run. Off here: between runs PyTorch computes the frontend and the search on the
-    same cores, and polling threads starve it (docs/performance.md).
-    """
+    """An ONNX Runtime session on torch tensors (CPU); spin-wait is off: it starves torch."""
 
     def __init__(self, path: Path, threads: int | None, spin_wait: bool = False) -> None:
         import onnxruntime as ort
@@ -216,8 +181,7 @@ def _numpy(tensor: Tensor) -> np.ndarray:
 
 
 class OnnxEncoder:
-    """The encoder graph; it refuses inputs shorter than `shortest` frames with ValueError, as
-    the PyTorch encoder it was exported from does."""
+    """The encoder graph; ValueError for inputs shorter than `shortest` frames."""
 
     def __init__(self, session: _Session, shortest: int) -> None:
         self.session, self.shortest = session, shortest
@@ -279,8 +243,7 @@ class OnnxDecoder:
         return log_probs, pytree.tree_unflatten(leaves, self.spec), attention
 
     def __call__(self, enc: Tensor, enc_lens: Tensor, tokens: Tensor) -> tuple[Tensor, Tensor]:
-        """Teacher forcing, step by step: log-probabilities `(B, L, V)` (as logits: a
-        log-softmax leaves them as they are) and attention `(B, K, L, T)`."""
+        """Teacher forcing step by step: log-probabilities `(B, L, V)`, attention `(B, K, L, T)`."""
         state = self.init_state(enc, enc_lens)
         outputs, maps = [], []
         for i in range(tokens.size(1)):
@@ -297,10 +260,7 @@ def onnx_model(
     threads: int | None = None,
     spin_wait: bool = False,
 ) -> Seq2Seq:
-    """`model` (loaded from a package) as a `Seq2Seq` whose encoder, CTC head and decoder run
-    the graphs of `folder/onnx/` in ONNX Runtime sessions; its frontend stays PyTorch's.
-    `threads`: ONNX Runtime's intra-op threads (None: its default); `spin_wait`: see
-    `_Session`."""
+    """`model` with its encoder, CTC head and decoder running `folder/onnx/` in ONNX Runtime."""
     graphs = Path(folder) / ONNX_DIR
     suffix = ".int8.onnx" if int8 else ".onnx"
 

@@ -9,9 +9,7 @@ from torch.optim.lr_scheduler import LambdaLR
 
 
 def noam_factor(step: int, warmup_steps: int) -> float:
-    """Linear warmup to 1 at `warmup_steps`, then inverse square-root decay (Vaswani et al.).
-
-    The optimizer's lr is the peak (ESPnet's WarmupLR convention).
+    """Linear warmup to a peak of 1, then inverse square-root decay (Vaswani et al. 2017).
 
     >>> [round(noam_factor(s, 4), 3) for s in (0, 1, 3, 15)]
     [0.25, 0.5, 1.0, 0.5]
@@ -33,26 +31,14 @@ def cosine_factor(step: int, warmup_steps: int, total_steps: int, min_ratio: flo
 
 
 class NoamLR(LambdaLR):
-    """Warmup + inverse-sqrt ("Noam") schedule; peak lr = the optimizer's lr.
-
-    Args:
-        optimizer: the wrapped optimizer.
-        warmup_steps: optimizer steps of linear warmup.
-    """
+    """Warmup + inverse-sqrt ("Noam") schedule peaking at the optimizer's lr (as ESPnet)."""
 
     def __init__(self, optimizer: Optimizer, warmup_steps: int = 25000):
         super().__init__(optimizer, lambda s: noam_factor(s, warmup_steps))
 
 
 class WarmupCosineLR(LambdaLR):
-    """Linear warmup then cosine decay.
-
-    Args:
-        optimizer: the wrapped optimizer.
-        warmup_steps: optimizer steps of linear warmup.
-        total_steps: step at which the cosine reaches `min_ratio` (kept after that).
-        min_ratio: final lr as a fraction of the peak.
-    """
+    """Linear warmup, then cosine decay to `min_ratio` of the peak lr at `total_steps`."""
 
     def __init__(
         self,

@@ -1,21 +1,6 @@
-"""The model package: a recognizer checkpoint laid out as files to share.
-
-`write_package` turns an `asr fit` checkpoint into a folder that `huggingface_hub.upload_folder`
-can push as it is:
-
-    model.safetensors   the weights (safetensors: reading them never runs code)
-    config.json         the model config, the default search settings, and every other plain
-                        setting the checkpoint holds (segment length; alignment heads and
-                        confidence scaling, if any)
-    tokenizer/          the tokenizer's files (`tokenizer.json`, `tokenizer.model` for BPE)
-    cmvn.json           files the config names (`ASSET_KEYS`: CMVN statistics), by file name
-    README.md           the model card: use, decoding defaults, data, WER/CER, training, licence
-
-`read_recognizer` reads either form (a `.ckpt`, a package folder, or `hf://owner/name[@rev]`,
-which `huggingface_hub` fetches into its cache or finds there offline) as the weights and the
-payload `asr.checkpoint` defines, so one builder serves both. A package is never unpickled;
-a `.ckpt` is read only with `torch.load(weights_only=True)`.
-"""
+"""The model package: a recognizer checkpoint as a folder of files to share on the Hub
+(model.safetensors, config.json, tokenizer/, assets, README.md), and reading either form
+(`.ckpt`, package folder or `hf://owner/name[@rev]`) without unpickling."""
 
 from __future__ import annotations
 
@@ -42,16 +27,15 @@ from asr.checkpoint import (
     write_embedded_files,
 )
 
-PACKAGE_FORMAT = "asr-model-package"  # config.json's "format"
-PACKAGE_VERSION = 1  # config.json's "format_version"; readers refuse newer ones
+PACKAGE_FORMAT = "asr-model-package"
+PACKAGE_VERSION = 1  # readers refuse newer ones
 WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
 TOKENIZER_DIR = "tokenizer"
 CARD_FILE = "README.md"
 RESERVED = (WEIGHTS_FILE, CONFIG_FILE, TOKENIZER_DIR, CARD_FILE)
-# Weights in these files are pickles: loading one can run code, so packages never hold them.
+# Loading a pickle can run code, so packages never hold these.
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
-# Payload entries that config.json keeps in a form of its own (files, not base64).
 FILE_ENTRIES = ("model_config", "tokenizer", "assets")
 HF_PREFIX = "hf://"
 HF_ADDRESS = re.compile(r"hf://([\w.-]+/[\w.-]+)(?:@([\w./-]+))?")
@@ -64,32 +48,23 @@ def is_package(path: str | os.PathLike) -> bool:
 
 
 def read_recognizer(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """The `Seq2Seq` weights and the payload (as `asr.checkpoint.checkpoint_payload` makes it)
-    of a recognizer checkpoint, a package folder, or `hf://owner/name[@revision]`.
-
-    Raises:
-        CheckpointError: the model is malformed, or holds anything that could run code when
-            loaded (a pickle); the message names the file.
-    """
+    """The `Seq2Seq` weights and the payload of a checkpoint, package folder or `hf://` name."""
     if is_package(path):
         return read_package(path)
     state, payload = read_payload(path, RECOGNIZER_KEY)
     return submodule_weights(state, "model."), payload
 
 
-# --------------------------------------------------------------------------- writing
-
-
 @dataclass(frozen=True)
 class ModelCard:
     """What the model card says beyond what the checkpoint holds."""
 
-    repo_id: str | None = None  # "owner/name" on the Hub: the title and the `hf://` examples
-    license: str = "other"  # the Hub's licence identifier (apache-2.0, cc-by-4.0, ...)
-    data: str | None = None  # the training data, in words; None: the manifests the run read
-    training_command: str | None = None  # how the model was trained; None: "not recorded"
-    metrics: Sequence[str | os.PathLike] = ()  # `asr evaluate` metrics.json files: the tables
-    parameters: int | None = None  # trainable parameters, where the caller counted them
+    repo_id: str | None = None  # "owner/name" on the Hub
+    license: str = "other"
+    data: str | None = None  # None: the manifests the run read
+    training_command: str | None = None
+    metrics: Sequence[str | os.PathLike] = ()  # `asr evaluate` metrics.json files
+    parameters: int | None = None
 
 
 def write_package(
@@ -98,27 +73,14 @@ def write_package(
     decoding: dict[str, Any] | None = None,
     card: ModelCard | None = None,
 ) -> list[str]:
-    """Write the recognizer checkpoint `checkpoint` as a package into `out_dir`.
-
-    Files already in `out_dir` that a package does not name (a `.git`) are left alone.
-
-    Args:
-        checkpoint: a recognizer checkpoint of `asr fit` or `asr average`.
-        out_dir: the package folder, made where missing.
-        decoding: the default `SearchOptions` fields to record (plain values); None: the
-            checkpoint's own (`asr finalize`), if any.
-        card: what the model card adds; None: `ModelCard()`.
-
-    Returns:
-        The names of the files written, `out_dir` relative.
-    """
+    """Write `checkpoint` as a package into `out_dir`; return the files written."""
     state, payload = read_payload(checkpoint, RECOGNIZER_KEY)
     if decoding is not None:
         payload = payload | {"decoding": dict(decoding)}
     out = Path(out_dir)
     assets = _asset_names(payload.get("assets", {}))
     config = _package_config(payload, assets)
-    # Everything that can fail (a bad metrics file, shared weights) fails before a file is written.
+    # Fail (bad metrics file, shared weights) before writing any file.
     card_text = model_card(config, payload, state, card or ModelCard(), out.resolve().name)
     weights = _safetensors_bytes(submodule_weights(state, "model."))
     out.mkdir(parents=True, exist_ok=True)
@@ -156,7 +118,7 @@ def _package_config(payload: dict[str, Any], assets: dict[str, str]) -> dict[str
 
 
 def _safetensors_bytes(weights: dict[str, torch.Tensor]) -> bytes:
-    """The weights as safetensors; tied tensors (one storage) are stored once, with aliases."""
+    """The weights as safetensors; tied tensors are stored once, with aliases."""
     from safetensors.torch import save
 
     kept: dict[str, torch.Tensor] = {}
@@ -188,15 +150,8 @@ def _write_atomic(path: Path, data: bytes) -> None:
         tmp.unlink(missing_ok=True)
 
 
-# --------------------------------------------------------------------------- reading
-
-
 def read_package(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """The weights and payload of a package folder or `hf://owner/name[@revision]`.
-
-    Raises:
-        CheckpointError: no package there, or pickled weights instead of `model.safetensors`.
-    """
+    """The weights and payload of a package folder or `hf://owner/name[@revision]`."""
     folder = resolve_package(path)
     config = _read_config(folder)
     tokenizer = folder / TOKENIZER_DIR
@@ -209,9 +164,7 @@ def read_package(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], dict
 
 
 def resolve_package(path: str | os.PathLike) -> Path:
-    """The local folder of a package: `path` itself, or for `hf://owner/name[@revision]` the
-    snapshot `huggingface_hub` downloads or, offline (`HF_HUB_OFFLINE=1`), finds in its cache.
-    """
+    """The local folder of a package: `path`, or the Hub snapshot (cached when offline)."""
     text = str(path)
     if not text.startswith(HF_PREFIX):
         folder = Path(path).expanduser()
@@ -228,9 +181,9 @@ def resolve_package(path: str | os.PathLike) -> Path:
     repo_id, revision = match.groups()
     pickles = _pickle_patterns()
     fetch = partial(snapshot_download, repo_id, revision=revision, ignore_patterns=pickles)
-    try:  # pickled weights are never fetched
+    try:
         return Path(fetch())
-    except OSError as err:  # not cached while offline, no such repository, no network...
+    except OSError as err:
         error = err
     try:  # some huggingface_hub 1.x releases list a pinned commit's files even when offline
         return Path(fetch(local_files_only=True))
@@ -239,11 +192,7 @@ def resolve_package(path: str | os.PathLike) -> Path:
 
 
 def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
-    """The tensors of a safetensors file, tied names restored.
-
-    Raises:
-        CheckpointError: the file is a pickle or `torch.save` archive, or not safetensors.
-    """
+    """The tensors of a safetensors file, tied names restored; pickles are refused."""
     from safetensors import SafetensorError, safe_open
 
     with open(path, "rb") as f:
@@ -311,9 +260,6 @@ def _encoded_asset(folder: Path, name: str) -> str:
 
 def _pickle_patterns() -> list[str]:
     return [f"*{suffix}" for suffix in PICKLE_SUFFIXES]
-
-
-# --------------------------------------------------------------------------- model card
 
 
 def model_card(
@@ -424,17 +370,13 @@ def _files_section(config: dict[str, Any]) -> str:
     return "## Files\n\n" + "\n".join(files)
 
 
-# --------------------------------------------------------------------------- results
-
-
 RESULTS_HEADER = (
     "| dataset | Snt | Wrd | Corr | Sub | Del | Ins | Err | S.Err |\n" + "|---" * 9 + "|"
 )
 
 
 def results_row(name: str, metrics: dict[str, Any], unit: str) -> str:
-    """An ESPnet results row from `asr evaluate`'s metrics: sentence and `unit` ("word" or
-    "char") counts, then percentages of the reference units (S.Err: of the sentences).
+    """An ESPnet results row of `unit` ("word" or "char") from `asr evaluate`'s metrics.
 
     >>> m = {"utterances": 4, "sentence_errors": 1, "reference_words": 20, "substitutions": 1,
     ...      "deletions": 1, "insertions": 2}
@@ -454,8 +396,7 @@ def results_row(name: str, metrics: dict[str, Any], unit: str) -> str:
 
 
 def results_tables(paths: Sequence[str | os.PathLike]) -> str:
-    """The decoding settings and the WER and CER tables of `asr evaluate` metrics.json files,
-    a row each, named by their folder (`decode_test`), as recipes' RESULTS.md has them."""
+    """The decoding settings and WER/CER tables of `asr evaluate` metrics.json files."""
     settings, rows = [], {"word": [], "char": []}
     for path in map(Path, paths):
         try:

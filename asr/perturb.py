@@ -1,11 +1,5 @@
-"""Waveform degradations: level, speed, noise, reverberation, telephone band.
-
-Pure functions of a mono waveform `(T,)` (float32) and, where random, a numpy `Generator`, so
-a caller that seeds the generator from `(seed, epoch, index)` gets the same result in any
-process and after a resume. Training draws them at random (`asr.data.augment`); the
-robustness evaluation applies them at fixed settings (`asr.robustness`). Every function here
-keeps the length and dtype of its input, except `change_speed`, whose job is the length.
-"""
+"""Waveform degradations (level, speed, noise, reverberation, telephone band) as pure functions
+of a mono waveform and a seeded numpy `Generator`, for training and robustness evaluation."""
 
 from __future__ import annotations
 
@@ -19,7 +13,7 @@ from torch import Tensor
 
 NOISE_COLORS = {"white": 0.0, "pink": 1.0, "brown": 2.0}  # power spectrum ~ 1 / f**exponent
 TELEPHONE_RATE = 8000
-TELEPHONE_LOW_HZ = 300.0  # the lower edge of the classic 300-3400 Hz telephone band
+TELEPHONE_LOW_HZ = 300.0
 REVERB_ENERGY_PER_SECOND = 8.0  # reverberant tail energy per second of rt60, direct path = 1
 _POWER_FLOOR = 1e-20
 
@@ -31,7 +25,7 @@ def power(wave: Tensor) -> Tensor:
 
 
 def rms_dbfs(wave: Tensor) -> float:
-    """Root-mean-square level in dB relative to full scale (a full-scale sine is -3 dBFS).
+    """Root-mean-square level in dBFS (a full-scale sine is -3 dBFS).
 
     >>> round(rms_dbfs(torch.full((100,), 0.1) * torch.tensor([1.0, -1.0]).repeat(50)), 1)
     -20.0
@@ -40,28 +34,16 @@ def rms_dbfs(wave: Tensor) -> float:
 
 
 def change_gain(wave: Tensor, db: float) -> Tensor:
-    """`wave` made `db` decibels louder (negative: quieter)."""
     return wave * (10 ** (db / 20))
 
 
 def change_speed(wave: Tensor, factor: float) -> Tensor:
-    """Play `wave` `factor` times faster by resampling (tempo and pitch change together).
-
-    The waveform is treated as if recorded at a rate `factor` times its own and resampled
-    back; only that ratio matters, and it is taken as a fraction with a denominator of at
-    most 100 so the resampling kernel stays small (0.9 -> 9/10, 1.1 -> 11/10).
-
-    Args:
-        wave: waveform `(..., T)`.
-        factor: speed factor > 0; 1.0 returns `wave` unchanged.
-
-    Returns:
-        Waveform `(..., T')` with ``T' = ceil(T / factor)``.
+    """`wave` `(..., T)` played `factor` times faster by resampling: `(..., ceil(T / factor))`.
 
     >>> change_speed(torch.zeros(1000), 0.9).shape
     torch.Size([1112])
     """
-    ratio = Fraction(factor).limit_denominator(100)
+    ratio = Fraction(factor).limit_denominator(100)  # a small denominator keeps the kernel small
     if ratio == 1:
         return wave
     return AF.resample(wave, ratio.numerator, ratio.denominator)
@@ -87,8 +69,7 @@ def colored_noise(num_samples: int, color: str, rng: np.random.Generator) -> Ten
 
 
 def pad_silence(wave: Tensor, seconds: float, sample_rate: int, rng: np.random.Generator) -> Tensor:
-    """`wave` with digital silence around it: a random total of 0 to `seconds`, split at
-    random between before and after.
+    """`wave` with 0 to `seconds` of digital silence, split at random between its two ends.
 
     >>> padded = pad_silence(torch.ones(10), 1.0, 100, np.random.default_rng(0))
     >>> padded.numel() >= 10, float(padded.sum())
@@ -111,26 +92,19 @@ def fit_length(noise: Tensor, num_samples: int, rng: np.random.Generator) -> Ten
 def add_noise(
     wave: Tensor, noise: Tensor, snr_db: float, reference: Tensor | None = None
 ) -> Tensor:
-    """`wave` plus `noise` (same length) scaled to a signal-to-noise ratio of `snr_db`,
-    the signal's power being `reference`'s (default: `wave`'s; e.g. the speech before
-    silence was added around it).
-
-    A silent signal or `noise` is returned unchanged: there is no level to set the ratio by.
-    """
+    """`wave` plus `noise` at `snr_db` relative to `reference`'s power (default `wave`'s)."""
     if noise.shape != wave.shape:
         raise ValueError(f"noise {tuple(noise.shape)} and wave {tuple(wave.shape)} differ")
     signal = float(power(wave if reference is None else reference))
     noise_power = float(power(noise))
     if signal <= _POWER_FLOOR or noise_power <= _POWER_FLOOR:
-        return wave.clone()
+        return wave.clone()  # no level to set the ratio by
     scale = math.sqrt(signal / (noise_power * 10 ** (snr_db / 10)))
     return (wave + scale * noise.to(wave.dtype)).to(wave.dtype)
 
 
 def babble(talkers: list[Tensor], num_samples: int, rng: np.random.Generator) -> Tensor:
-    """Babble noise `(num_samples,)`: other utterances at equal level, each from a random
-    offset (repeated where short), summed.
-    """
+    """Babble noise `(num_samples,)`: other utterances at equal level and random offsets, summed."""
     if not talkers:
         raise ValueError("babble needs at least one talker")
     mix = torch.zeros(num_samples)
@@ -141,47 +115,36 @@ def babble(talkers: list[Tensor], num_samples: int, rng: np.random.Generator) ->
 
 
 def other_indices(rng: np.random.Generator, size: int, count: int, index: int) -> list[int]:
-    """`count` (at most `size - 1`) distinct indices of `range(size)` drawn by `rng`, never
-    `index`: the other utterances babble is made of.
+    """Up to `count` distinct indices of `range(size)` other than `index`, for babble.
 
     >>> 2 in other_indices(np.random.default_rng(0), 5, 4, 2)
     False
     """
     picks = rng.choice(size - 1, size=min(count, size - 1), replace=False)
-    return [int(j) + (j >= index) for j in picks]  # skips `index`
+    return [int(j) + (j >= index) for j in picks]
 
 
 def synthetic_rir(rt60: float, sample_rate: int, rng: np.random.Generator) -> Tensor:
-    """A room impulse response: a direct path, then Gaussian reflections whose energy falls by
-    60 dB in `rt60` seconds (the exponential-decay model of a diffuse reverberant field).
-
-    Returns:
-        `(ceil(rt60 * sample_rate),)` float32 with the direct path, 1.0, at sample 0.
-    """
+    """Room impulse response: direct path 1.0, then Gaussian reflections fading 60 dB by `rt60`."""
     if rt60 <= 0:
         raise ValueError(f"rt60 must be > 0 seconds, got {rt60}")
     length = max(2, math.ceil(rt60 * sample_rate))
     t = torch.arange(length, dtype=torch.float32) / sample_rate
-    decay = torch.exp(-3 * math.log(10) * t / rt60)  # amplitude: -60 dB of energy at rt60
+    decay = torch.exp(-3 * math.log(10) * t / rt60)
     tail = torch.from_numpy(rng.standard_normal(length).astype(np.float32)) * decay
-    # Reverberant energy grows with rt60 (for a talker at a fixed distance): -6 dB direct to
-    # reverberant ratio at 0.5 s, -9 dB at 1 s.
+    # Reverberant energy grows with rt60, as for a talker at a fixed distance.
     tail *= math.sqrt(REVERB_ENERGY_PER_SECOND * rt60) / tail.norm().clamp(min=1e-10)
     tail[0] = 1.0
     return tail
 
 
 def reverberate(wave: Tensor, rir: Tensor) -> Tensor:
-    """`wave` convolved with `rir`, cut to the input's length and set back to its level.
-
-    The response is shifted so its strongest tap (the direct path) lands at time 0, so words
-    keep their timing.
-    """
+    """`wave` convolved with `rir`, cut to its length and level; words keep their timing."""
     if rir.dim() != 1 or rir.numel() == 0:
         raise ValueError(
             f"a room impulse response must be 1-D and non-empty, got {tuple(rir.shape)}"
         )
-    rir = rir[int(rir.abs().argmax()) :].to(torch.float32)
+    rir = rir[int(rir.abs().argmax()) :].to(torch.float32)  # the direct path at time 0
     size = _fft_size(wave.numel() + rir.numel() - 1)
     spectrum = torch.fft.rfft(wave.float(), size) * torch.fft.rfft(rir, size)
     wet = torch.fft.irfft(spectrum, size)[: wave.numel()]
@@ -190,12 +153,9 @@ def reverberate(wave: Tensor, rir: Tensor) -> Tensor:
 
 
 def telephone(wave: Tensor, sample_rate: int, mu_law: bool = True) -> Tensor:
-    """`wave` as a narrowband phone line passes it: resampled to 8 kHz (nothing above 4 kHz
-    survives), high-passed at 300 Hz, optionally G.711-like 8-bit mu-law coded, and resampled
-    back to `sample_rate`.
-    """
+    """`wave` through a phone line: 8 kHz, high-passed at 300 Hz, optionally mu-law coded."""
     narrow = AF.resample(wave.float(), sample_rate, TELEPHONE_RATE)
-    # The biquad and the codec clip at full scale: keep louder input whole by scaling it down.
+    # The biquad and the codec clip at full scale.
     scale = max(float(narrow.abs().max()) * 1.1, 1.0)
     narrow = AF.highpass_biquad(narrow / scale, TELEPHONE_RATE, TELEPHONE_LOW_HZ)
     if mu_law:
@@ -205,8 +165,7 @@ def telephone(wave: Tensor, sample_rate: int, mu_law: bool = True) -> Tensor:
 
 
 def _fft_size(n: int) -> int:
-    """The smallest 2**a * 3**b * 5**c >= `n`: FFTs of such sizes are fast, where a size with
-    a large prime factor (as `T + L - 1` often has) is many times slower.
+    """The smallest 2**a * 3**b * 5**c >= `n`: large prime factors make FFTs slow.
 
     >>> _fft_size(65599), _fft_size(1024)
     (65610, 1024)
@@ -225,7 +184,6 @@ def _fft_size(n: int) -> int:
 
 
 def _fit_exactly(wave: Tensor, num_samples: int) -> Tensor:
-    """Trim or zero-pad the end of `wave` to `num_samples`."""
     if wave.numel() >= num_samples:
         return wave[:num_samples]
     return torch.nn.functional.pad(wave, (0, num_samples - wave.numel()))

@@ -1,10 +1,5 @@
-"""Attention plots (after Chorowski et al. 2015, Fig. 1): spectrogram and cross-attention in
-seconds, with word boundaries; reliability diagrams; training curves from a run's CSV log.
-
-Figures are built with matplotlib's object API (`matplotlib.figure.Figure`), never pyplot, so
-drawing a plot changes no process-wide backend or figure registry. Import this module only
-where a plot is drawn: matplotlib takes a while to import.
-"""
+"""Attention plots, reliability diagrams and training curves, built with matplotlib's object
+API (never pyplot, so no global state). Import it only where a plot is drawn: it is slow."""
 
 from __future__ import annotations
 
@@ -37,22 +32,7 @@ def plot_attention(
     seconds_per_frame: float | None = None,
     words: Sequence[Word] | None = None,
 ) -> Figure:
-    """Spectrogram on top, head-averaged attention heatmap below, both in seconds.
-
-    Args:
-        attention: `(K, L, T_enc)` or `(L, T_enc)` weights; K maps are averaged.
-        labels: one label per decoder step (the y-axis), e.g. token pieces plus `<eos>`.
-        features: optional `(T_feat, D)` features of the same utterance for the top panel.
-        frame_shift: seconds per feature frame.
-        title: figure title.
-        seconds_per_frame: seconds per encoder frame. When None, the encoder frames are
-            stretched over the features' duration, or, without features, take
-            `frame_shift` each.
-        words: optional word times, drawn as boundaries with the word above.
-
-    Returns:
-        A matplotlib Figure (the caller saves or logs it).
-    """
+    """Spectrogram `(T_feat, D)` on top, attention `(K, L, T_enc)` averaged below, in seconds."""
     att = attention.detach().float().cpu()
     att = att.mean(0) if att.dim() == 3 else att  # (L, T_enc)
     num_steps, enc_frames = att.shape
@@ -98,19 +78,7 @@ def plot_attention_grid(
     title: str = "",
     words: Sequence[Word] | None = None,
 ) -> Figure:
-    """One heatmap per layer (rows) and head (columns) of a Transformer decoder.
-
-    Args:
-        attention: `(layers * heads, L, T_enc)` maps, layer-major.
-        num_layers: decoder layers; K must be a multiple of it.
-        labels: one label per decoder step, shown on the first column.
-        seconds_per_frame: seconds per encoder frame, for the x-axis.
-        title: figure title.
-        words: optional word times, drawn as boundaries.
-
-    Returns:
-        A matplotlib Figure.
-    """
+    """One heatmap per layer (rows) and head (columns) of `(layers * heads, L, T_enc)` maps."""
     if attention.dim() != 3 or num_layers < 1 or attention.size(0) % num_layers:
         raise ValueError(
             f"plot_attention_grid: attention {tuple(attention.shape)} is not "
@@ -155,7 +123,7 @@ def _heatmap(ax: Axes, att: Tensor, duration: float) -> None:
 
 
 def _draw_words(ax: Axes, words: Sequence[Word], label: bool) -> None:
-    """Word boundaries as vertical lines; the words themselves above the axes if `label`."""
+    """Word boundaries as vertical lines, the words above the axes if `label`."""
     for word in words:
         ax.axvline(word.start, color="tab:red", linewidth=0.8)
         ax.axvline(word.end, color="tab:blue", linewidth=0.8, linestyle="--")
@@ -166,8 +134,7 @@ def _draw_words(ax: Axes, words: Sequence[Word], label: bool) -> None:
 
 
 def plot_reliability(calibration: Calibration, title: str = "") -> Figure:
-    """Reliability diagram: per confidence bin, the share of its words that are right (bars)
-    against the diagonal of perfect calibration, with the words per bin below."""
+    """Reliability diagram: the share of right words per confidence bin, words per bin below."""
     fig = Figure(figsize=(5, 6))
     top, bottom = fig.subplots(2, 1, height_ratios=[3, 1], sharex=True)
     width = 1.0 / len(calibration.bins)
@@ -194,15 +161,7 @@ Curve = list[tuple[int, float]]  # (optimizer step, value)
 
 
 def read_training_log(run: str | os.PathLike) -> dict[str, Curve]:
-    """Every metric a run logged, as (step, value) pairs in step order.
-
-    `run` is a Lightning CSV log (`metrics.csv`) or an `asr fit` run folder (its
-    `default_root_dir`): then every `logs/version_N/metrics.csv` in it is read in version order,
-    so a resumed run's curves continue where they stopped.
-
-    Raises:
-        FileNotFoundError: no metrics.csv at `run`.
-    """
+    """Every metric of a `metrics.csv` or run folder (all versions), as (step, value) pairs."""
     path = Path(run)
     files = [path] if path.is_file() else _csv_logs(path)
     if not files:
@@ -224,8 +183,7 @@ def _csv_logs(folder: Path) -> list[Path]:
 
 
 def plot_training_curves(runs: Mapping[str, Mapping[str, Curve]], metrics: Sequence[str]) -> Figure:
-    """One panel per metric against optimizer steps, one line per run (labelled by its key);
-    a run that did not log a metric is left out of that panel."""
+    """One panel per metric against optimizer steps, one line per run."""
     fig = Figure(figsize=(5.5, 2.6 * len(metrics)))
     axes = fig.subplots(len(metrics), 1, sharex=True, squeeze=False)[:, 0]
     for ax, metric in zip(axes, metrics):
@@ -242,19 +200,14 @@ def plot_training_curves(runs: Mapping[str, Mapping[str, Curve]], metrics: Seque
 
 
 def save_figure(fig: Figure, path: str) -> None:
-    """Write a PNG (the figure belongs to no pyplot state, so nothing needs closing)."""
+    """Write a PNG; the figure needs no closing."""
     fig.savefig(path, dpi=100)
 
 
 def save_alignment_plots(
     recognizer: Recognizer, alignment: Alignment, path: str | os.PathLike, title: str = ""
 ) -> list[Path]:
-    """Write the spectrogram + head-averaged attention plot with word boundaries to `path`
-    and, for a Transformer decoder, one map per layer and head to `<stem>_heads.png`.
-
-    Returns:
-        The files written.
-    """
+    """Write the attention plot to `path` (and per-head maps to `<stem>_heads.png`)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     labels = alignment.pieces + ["<eos>"]

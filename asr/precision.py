@@ -1,9 +1,4 @@
-"""Numeric precision of a model's forward pass: fp32, or bf16 autocast.
-
-bf16 autocast runs matmuls and convolutions in bfloat16 and keeps reductions (softmax,
-log-softmax, normalisation) in float32, as `--trainer.precision bf16-mixed` does in training.
-On CPUs with AVX-512 bf16 (or AMX) and on recent GPUs its matmuls run several times faster.
-"""
+"""Numeric precision of a model's forward pass: fp32, or bf16 autocast."""
 
 from __future__ import annotations
 
@@ -14,8 +9,7 @@ if TYPE_CHECKING:
     import torch
 
 PRECISIONS = ("fp32", "bf16")
-# Search steps run in bf16 from this many rows (batch x beam) on: below it, small bf16 matmuls
-# cost more than they save on CPUs.
+# Below this many rows (batch x beam), small bf16 matmuls cost more than they save on CPUs.
 BF16_STEP_ROWS = 128
 
 

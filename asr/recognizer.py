@@ -1,14 +1,4 @@
-"""`load_model` -> `Recognizer`: the facade for inference with a trained model.
-
-    recognizer = asr.load_model("exp/an4/conformer/avg.ckpt")
-    transcript = recognizer.transcribe("utt.wav", beam_size=10, ctc_weight=0.5)
-    transcript.text, transcript.words  # words with start/end seconds
-
-`transcribe` and `transcribe_batch` take their settings as keywords (`SearchOptions` fields
-among them, merged by `search_options`) and run `asr.transcribe`; `search` decodes a batch of
-waveforms (`asr.decoding`); times, words and alignment are `asr.alignment`'s. Nothing here
-imports Lightning.
-"""
+"""`load_model` and `Recognizer`: the inference facade over a trained model."""
 
 from __future__ import annotations
 
@@ -42,51 +32,29 @@ from asr.segment import SegmenterOptions
 from asr.text import Tokenizer
 from asr.transcribe import TRANSCRIBE_BATCH_SIZE, transcribe_sources
 
-# The `SearchOptions` fields `transcribe` takes as keywords. A recognizer keeps `nbest`
-# hypotheses per segment, the best and `nbest - 1` alternatives; None: the best alone.
 SEARCH_KEYWORDS = tuple(f.name for f in fields(SearchOptions))
 
 
 @dataclass
 class Recognizer:
-    """A trained recognizer ready for inference.
-
-    Build one with `load_model`, or wrap an in-memory model (in eval mode) directly.
-    """
+    """A trained recognizer ready for inference: from `load_model`, or wrapping a model."""
 
     model: Seq2Seq  # the plain module, in eval mode
-    tokenizer: Tokenizer
+    tokenizer: Tokenizer  # maps text to token ids and back
     sample_rate: int  # audio rate the frontend expects
     checkpoint: str  # where it was loaded from
-    # "bf16": `search` runs the frontend, encoder and CTC head, and `align` the whole model,
-    # under bf16 autocast (asr.precision); the decoder steps of a search too when they hold at
-    # least `BF16_STEP_ROWS` hypotheses (batch x beam). What they return stays float32.
-    precision: str = "fp32"
-    # The longest segment `transcribe` cuts long audio into by default: about the length of
-    # the training utterances (`asr.segment.segment_seconds_for`, stored by `asr fit`).
-    # None: `SegmenterOptions`' 20 s.
-    segment_seconds: float | None = None
-    # The search settings used where none are given: those the recipe chose on dev and stored
-    # in the checkpoint (`asr finalize`); None: `SearchOptions()`, with CTC weight
-    # `DEFAULT_CTC_WEIGHT` where the model has a CTC head.
-    decoding: SearchOptions | None = None
-    # Tokens per second (eos included) of the fastest training utterance, speed perturbation
-    # included (`asr.search.fastest_speech`, stored by `asr fit`): searches may emit
-    # `RATE_MARGIN` times this whatever `max_len_ratio` says. None: `max_len_ratio` alone.
-    tokens_per_second: float | None = None
-    # The cross-attention maps whose DTW word times agree best with CTC forced alignment on dev
-    # (`asr finalize`); None: all maps, averaged.
-    alignment_heads: list[int] | None = None
-    # Maps word probabilities to confidences that match the share of words right on dev
-    # (`asr finalize`); None: confidence = probability.
-    confidence_scaling: PlattScaling | None = None
+    precision: str = "fp32"  # "bf16": search and align under bf16 autocast (asr.precision)
+    segment_seconds: float | None = None  # default longest segment; None: SegmenterOptions'
+    decoding: SearchOptions | None = None  # default search settings (`asr finalize`)
+    tokens_per_second: float | None = None  # fastest training speech; raises the length bound
+    alignment_heads: list[int] | None = None  # cross-attention maps for DTW; None: all
+    confidence_scaling: PlattScaling | None = None  # word probability -> confidence; None: same
 
     def __post_init__(self) -> None:
         check_precision(self.precision)
 
     def segmenter(self) -> SegmenterOptions:
-        """How `transcribe` splits long audio when not told: segments of at most
-        `segment_seconds`."""
+        """How `transcribe` splits long audio when not told."""
         if self.segment_seconds is None:
             return SegmenterOptions()
         return SegmenterOptions(max_segment_seconds=self.segment_seconds)
@@ -114,18 +82,16 @@ class Recognizer:
 
     @cached_property
     def shortest_input(self) -> int:
-        """The fewest samples the model gives a transcript of; `transcribe` gives shorter
-        audio an empty one (`Seq2Seq.shortest_input`)."""
+        """The fewest samples the model gives a transcript of."""
         return self.model.shortest_input()
 
     @cached_property
     def feature_seconds(self) -> float:
-        """Seconds per feature frame (the frontend's hop), measured like `frame_seconds`."""
+        """Seconds per feature frame (the frontend's hop)."""
         return self.model.feature_seconds()
 
     def bounded(self, options: SearchOptions) -> SearchOptions:
-        """`options` with the output bound raised to what the fastest training speech needs
-        (`asr.search.length_bound`)."""
+        """`options` with the output bound raised to what the fastest training speech needs."""
         if self.tokens_per_second is None:
             return options
         asked = (options.max_len_ratio, options.max_len_extra)
@@ -133,8 +99,6 @@ class Recognizer:
         if bound == asked:
             return options
         return replace(options, max_len_ratio=bound[0], max_len_extra=bound[1])
-
-    # ------------------------------------------------------------------ decoding
 
     def transcribe(
         self,
@@ -149,38 +113,25 @@ class Recognizer:
         vad: str | None = None,
         **search: Any,
     ) -> Transcript:
-        """Transcribe one recording of any length.
-
-        Audio longer than `segmenter.max_segment_seconds` is split on silence and decoded in
-        batches of segments (files are read a segment at a time; see `asr.transcribe`).
-
-            recognizer.transcribe("talk.m4a", beam_size=10, ctc_weight=0.5)
-            recognizer.transcribe(wave, sample_rate=8000, word_timestamps="ctc")
+        """Transcribe one recording of any length, split on silence into segments.
 
         Args:
-            audio: a file path (any rate, any format libsndfile or FFmpeg reads: WAV, FLAC,
-                MP3, m4a, MP4, WebM, ...), or a mono waveform `(S,)` as a numpy array or tensor.
-            sample_rate: the rate of an array `audio`; None means the model's rate. Files
-                carry their own.
-            word_timestamps: how token and word times are found: "attention" (DTW over
-                cross-attention) or "ctc" (forced alignment of the hypothesis with the CTC
-                head; `TIMESTAMP_METHODS`).
-            options: search settings; None uses `default_options`. A beam of 1 without CTC
-                or LM weight runs greedy search.
+            audio: a file path (any format libsndfile or FFmpeg reads), or a mono waveform
+                `(S,)` as a numpy array or tensor.
+            sample_rate: the rate of an array `audio`; None means the model's rate.
+            word_timestamps: "attention" (DTW over cross-attention) or "ctc" (CTC alignment).
+            options: search settings; None uses `default_options`.
             lm: language model for shallow fusion (with `lm_weight > 0`).
             batch_size: segments of long audio decoded together.
             segmenter: how long audio is split; None uses `self.segmenter()`.
-            vad: what finds the speech to cut long audio at: "energy" or "silero" (Silero VAD,
-                which also drops inputs without speech); None: `segmenter`'s ("energy").
-            **search: `SearchOptions` fields (`SEARCH_KEYWORDS`: beam_size, ctc_weight,
-                lm_weight, length_bonus, max_len_ratio, ...) set over `options`.
+            vad: "energy" or "silero" speech detection for cutting; None: `segmenter`'s.
+            **search: `SearchOptions` fields (`SEARCH_KEYWORDS`) set over `options`.
 
         Returns:
             The `Transcript`, times in seconds of the input.
 
         Raises:
-            AudioError: the input cannot be read or decoded; the message names it and says
-                why (a ValueError).
+            AudioError: the input cannot be read or decoded (a ValueError naming it).
             ValueError: settings out of range, or that the model cannot decode with.
             TypeError: an unknown keyword (named).
         """
@@ -210,22 +161,18 @@ class Recognizer:
         vad: str | None = None,
         **search: Any,
     ) -> list[BatchResult]:
-        """Transcribe several recordings, decoding up to `batch_size` segments together
-        (sorted by length). Arguments as `transcribe`; an input that cannot be read or
-        decoded fails alone.
+        """Transcribe several recordings; one that cannot be read or decoded fails alone.
 
-            results = recognizer.transcribe_batch(paths, beam_size=4)
-            texts = [r.transcript.text for r in results if r.error is None]
-            transcripts = [r.transcript_or_raise() for r in results]  # raise at the first failure
+        Args:
+            audios: file paths or mono waveforms `(S,)`.
+            sample_rate, word_timestamps, options, lm, batch_size, segmenter, vad, **search:
+                as in `transcribe`.
 
         Returns:
-            One `BatchResult` per input, in input order: its `name` (the path, or
-            `<waveform i>`) and its `transcript`, or where it failed, its `error` (an
-            `AudioError` naming it, with the `reason`).
+            One `BatchResult` per input, in input order: its `transcript`, or its `error`.
 
         Raises:
-            ValueError: settings out of range, or that the model cannot decode with (before
-                any input is read).
+            ValueError: settings out of range, or that the model cannot decode with.
             TypeError: an unknown keyword (named).
         """
         alignment.check_timestamps(word_timestamps, "word_timestamps")
@@ -241,7 +188,14 @@ class Recognizer:
         )
 
     def search_options(self, options: SearchOptions | None = None, **changes: Any) -> SearchOptions:
-        """`options` (None: `default_options`) with the fields named in `changes` set.
+        """Merge search settings.
+
+        Args:
+            options: the base settings; None uses `default_options`.
+            **changes: `SearchOptions` fields to set.
+
+        Returns:
+            `options` with `changes` applied.
 
         Raises:
             TypeError: a keyword that is not among `SEARCH_KEYWORDS` (named).
@@ -259,7 +213,7 @@ class Recognizer:
         options: SearchOptions | None = None,
         lm: LanguageModel | None = None,
     ) -> list[Decoded]:
-        """Decode one batch of waveforms, each as one utterance (`asr.decoding.decode_batch`).
+        """Decode one batch of waveforms, each as one utterance.
 
         Args:
             waves: mono waveforms `(S_i,)` at `sample_rate`.
@@ -301,7 +255,6 @@ class Recognizer:
             batch[row, : len(wave)] = wave
         return batch.to(self.device), lens.to(self.device)
 
-    # Times, words and alignment (`asr.alignment`).
     transcript = alignment.transcript
     words = alignment.words
     token_times = alignment.token_times
@@ -338,8 +291,7 @@ class Recognizer:
 
 
 def _unknown_keywords(names: Sequence[str]) -> TypeError:
-    """The error for keywords `transcribe` does not take: each named, with a close match where
-    there is one, then what it does take."""
+    """The TypeError for unknown keywords, with close matches."""
     own = [
         p.name
         for p in inspect.signature(Recognizer.transcribe_batch).parameters.values()
@@ -365,18 +317,20 @@ def load_model(
     precision: str = "fp32",
     backend: str = "torch",
 ) -> Recognizer:
-    """Rebuild a recognizer, to run in `precision` ("fp32" or "bf16": see
-    `Recognizer.precision`), from `path`: an `asr fit` checkpoint (or an `asr average`
-    output), a model package folder (`asr export`), or `hf://owner/name[@revision]`, a package
-    on the Hugging Face Hub (fetched once into its cache; found there with `HF_HUB_OFFLINE=1`).
+    """Rebuild a recognizer from a checkpoint, package folder or Hugging Face Hub name.
 
-    `backend` "onnx" (or "onnx-int8", the quantised graphs) runs the encoder, CTC head and
-    decoder in ONNX Runtime on the CPU (`asr.onnx_runtime`), from a package folder exported
-    with `asr export --format onnx`; "torch" runs everything in PyTorch.
+    Args:
+        path: an `asr fit` checkpoint (or `asr average` output), a package folder
+            (`asr export`), or `hf://owner/name[@revision]`.
+        device: where the model runs.
+        precision: "fp32" or "bf16" (see `Recognizer.precision`).
+        backend: "torch", or "onnx" / "onnx-int8" (ONNX Runtime on the CPU, from a package).
+
+    Returns:
+        The `Recognizer`, with the settings the checkpoint stores.
 
     Raises:
-        CheckpointError: the file is not a recognizer checkpoint written by `asr fit`, or not
-            a model package, or refuses to load safely (a pickle); the message names it.
+        CheckpointError: not a recognizer checkpoint or package, or unsafe to load (named).
         ValueError: an unknown backend, or ONNX on a device other than the CPU or in bf16.
         FileNotFoundError: the package has no such ONNX graphs (named).
     """

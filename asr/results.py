@@ -20,7 +20,7 @@ class Alternative:
 
     text: str
     tokens: list[int]
-    score: float  # the search score, as the best hypothesis's
+    score: float
 
 
 @dataclass
@@ -30,34 +30,27 @@ class Segment:
     start: float
     end: float
     text: str
-    score: float  # the search score of its hypothesis
-    # The mean log-probability the decoder gives its tokens and eos (Whisper's avg_logprob).
+    score: float
     avg_logprob: float | None = None
-    no_speech_prob: float | None = None  # see `Decoded.no_speech_prob`
-    alternatives: list[Alternative] = field(default_factory=list)  # n-best, after the best
-    repaired: str | None = None  # see `Decoded.repaired`
+    no_speech_prob: float | None = None
+    alternatives: list[Alternative] = field(default_factory=list)
+    repaired: str | None = None
 
 
 @dataclass
 class Transcript:
-    """What `Recognizer.transcribe` returns for one input.
+    """What `Recognizer.transcribe` returns for one input, times in seconds from its start."""
 
-    Times are seconds from the start of the input. Long inputs are decoded in segments
-    (`asr.segment`); `tokens` then lists every segment's tokens in order, with no
-    separator between segments, while `text` joins the segment texts with a space.
-    """
-
-    text: str
-    tokens: list[int]  # output ids, without sos/eos
+    text: str  # the segment texts joined by spaces
+    tokens: list[int]  # output ids of all segments, without sos/eos
     pieces: list[str]  # the tokens' pieces, `▁` marking a space
     token_starts: list[float]  # one per token, non-decreasing
-    token_ends: list[float]
+    token_ends: list[float]  # one per token
     words: list[Word]  # word spans, from `token_starts`/`token_ends`
     score: float  # the search score, summed over segments
     duration: float  # seconds of audio in the input
-    segments: list[Segment]
-    # The decoder's probability of each token given those before it; empty where not computed.
-    token_probs: list[float] = field(default_factory=list)
+    segments: list[Segment]  # the decoded stretches, in order
+    token_probs: list[float] = field(default_factory=list)  # decoder probabilities; may be empty
     avg_logprob: float | None = None  # over all segments' tokens and eos
 
     def to_dict(self) -> dict[str, Any]:
@@ -106,21 +99,11 @@ def _segment_dict(segment: Segment) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class BatchResult:
-    """One input's outcome in `Recognizer.transcribe_batch`: its transcript, or the error that
-    stopped it while the other inputs went on.
+    """One input's outcome in `Recognizer.transcribe_batch`: its transcript, or its error."""
 
-        for result in recognizer.transcribe_batch(["a.wav", "b.m4a"]):
-            if result.error is None:
-                print(result.name, result.transcript.text)
-            else:
-                print(result.name, "failed:", result.error.reason)
-    """
-
-    name: str  # the input: its path, or `<waveform i>` for the i-th input (from 0) as an array
+    name: str  # the input's path, or `<waveform i>` for the i-th array input
     transcript: Transcript | None  # None where the input failed
-    # Why it failed (unreadable, corrupt, not a mono waveform, too short to encode): `reason`
-    # says why, and its message names the input. None where it was transcribed.
-    error: AudioError | None = None
+    error: AudioError | None = None  # why it failed (see `reason`); None on success
 
     def transcript_or_raise(self) -> Transcript:
         """The transcript; raises `error` where the input failed."""
@@ -135,7 +118,7 @@ def _ms(seconds: float) -> float:
 
 
 def _finite(value: float) -> float | None:
-    """JSON has no infinities (a hypothesis that never ended scores -inf)."""
+    """JSON has no infinities (an unfinished hypothesis scores -inf)."""
     return value if math.isfinite(value) else None
 
 
@@ -147,20 +130,13 @@ def _rounded(value: float | None) -> float | None:
 class Decoded:
     """One utterance out of `Recognizer.search`: the best hypothesis and what timing needs."""
 
-    hypothesis: Hypothesis  # its attention is `(K, L+1, T_enc)`, cut to the valid frames
-    ctc_log_probs: Tensor | None  # `(T_enc, V)` on the CPU, when the model has a CTC head
-    num_samples: int  # samples of the decoded audio, at the recognizer's rate
-    # `(L+1,)` the decoder's log-probability of each token given those before it, then of eos
-    # (teacher forced); None where not computed.
-    token_log_probs: Tensor | None = None
-    # The probability that the audio holds no speech: that of the empty transcript, by the
-    # CTC head where the model has one (the product of its blank posteriors), else by the
-    # decoder (eos first). Models learn it only from training data with silence.
+    hypothesis: Hypothesis  # attention `(K, L+1, T_enc)`, cut to the valid frames
+    ctc_log_probs: Tensor | None  # `(T_enc, V)`
+    num_samples: int
+    token_log_probs: Tensor | None = None  # `(L+1,)` teacher-forced, eos last
     no_speech_prob: float | None = None
-    alternatives: list[Hypothesis] = field(default_factory=list)  # the n-best after the best
-    # The attention failure (`asr.guard`) found in the first hypothesis and repaired by
-    # decoding again; None where there was none, or decoding again changed nothing.
-    repaired: str | None = None
+    alternatives: list[Hypothesis] = field(default_factory=list)
+    repaired: str | None = None  # the attention failure (`asr.guard`) decoding again fixed
 
     @property
     def avg_logprob(self) -> float | None:
@@ -184,12 +160,7 @@ class Decoded:
             return None, str(err)
 
     def ctc_path(self) -> CtcPath:
-        """The hypothesis' Viterbi CTC path (`asr.timing.ctc_path`), aligned once and kept
-        for both CTC times and `token_ctc_probs`.
-
-        Raises:
-            ValueError: without a CTC head, or where CTC cannot align the hypothesis.
-        """
+        """The hypothesis' Viterbi CTC path; ValueError where there is none."""
         path, reason = self._ctc_path_or_reason
         if path is None:
             raise ValueError(reason)
@@ -197,8 +168,7 @@ class Decoded:
 
     @property
     def token_ctc_probs(self) -> list[float] | None:
-        """The tokens' CTC posteriors on the CTC path of the hypothesis (`ctc_path`); None
-        without a CTC head or where CTC cannot align the hypothesis."""
+        """The tokens' CTC posteriors on `ctc_path`; None where there is no path."""
         path, _ = self._ctc_path_or_reason
         return None if path is None else list(path.probs)
 
@@ -210,13 +180,13 @@ class Alignment:
     tokens: list[int]
     pieces: list[str]
     attention: Tensor  # (K, L+1, T_enc) cross-attention, the eos step last
-    features: Tensor  # (T_feat, D) the frontend's features, for plots
+    features: Tensor  # (T_feat, D)
     words: list[Word]  # from the attention (DTW)
-    ctc_words: list[Word] | None  # from CTC forced alignment, when the model has a CTC head
+    ctc_words: list[Word] | None
     score: float  # teacher-forced log-probability of `tokens + [eos]`
-    duration: float  # seconds of audio
-    frame_seconds: float  # seconds per encoder frame
-    feature_seconds: float  # seconds per feature frame
+    duration: float
+    frame_seconds: float
+    feature_seconds: float
 
     @property
     def text(self) -> str:

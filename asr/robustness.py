@@ -1,18 +1,5 @@
-"""`asr robustness`: WER/CER of a test set under the conditions people record in.
-
-Builds perturbed copies of a manifest (quieter, noisier, reverberant, telephone, faster or
-slower: `DEFAULT_CONDITIONS`), each as 16-bit WAV files with a manifest, from a fixed seed so
-anyone rebuilds the same audio; evaluates the recognizer on each with `asr.evaluate`; and
-writes one table::
-
-    out/
-      robustness.md, robustness.json    the table: WER, CER, error counts per condition
-      <condition>/manifest.jsonl, wav/  the perturbed copy (not for "clean")
-      <condition>/decode/               asr evaluate's reports
-
-Babble is made of other utterances of the same test set (`BABBLE_TALKERS` at equal level);
-an utterance never babbles over itself.
-"""
+"""`asr robustness`: WER/CER of a test set under perturbed recording conditions, from seeded
+copies of its audio (`DEFAULT_CONDITIONS`), as robustness.md and robustness.json."""
 
 from __future__ import annotations
 
@@ -37,7 +24,7 @@ from asr.evaluate import evaluate
 from asr.recognizer import Recognizer
 from asr.search import LanguageModel, SearchOptions
 
-BABBLE_TALKERS = 5  # utterances summed into one babble signal
+BABBLE_TALKERS = 5
 CONDITION_KINDS = (
     "clean",
     "pad",
@@ -72,9 +59,7 @@ _UNITS = {"level": " dB", "reverb": " s RT60", "speed": "x", "pad": " s"} | {
 
 @dataclass(frozen=True)
 class Condition:
-    """One recording condition: a kind and its setting (dB, dB SNR, seconds or factor),
-    possibly followed by others (`then`): "pad:10+white:10" is up to 10 s of silence around
-    the utterance, then white noise over all of it at 10 dB SNR to the speech.
+    """One recording condition, possibly followed by others (`then`).
 
     >>> Condition.parse("babble:10").label, Condition.parse("level:-20").slug
     ('babble 10 dB SNR', 'level-20')
@@ -83,14 +68,12 @@ class Condition:
     """
 
     kind: str  # one of CONDITION_KINDS
-    # Gain dB, SNR dB, RT60 s, speed factor or most seconds of silence; None for the others.
-    value: float | None = None
-    then: Condition | None = None  # applied after this one
+    value: float | None = None  # gain dB, SNR dB, RT60 s, speed factor or seconds of silence
+    then: Condition | None = None
 
     @classmethod
     def parse(cls, text: str) -> Condition:
-        """`kind` or `kind:value`, e.g. "clean", "white:10", "reverb:0.6", "telephone",
-        or several joined by "+", applied in order."""
+        """`kind` or `kind:value` ("white:10"), or several joined by "+", applied in order."""
         first, plus, rest = text.partition("+")
         if plus:
             return replace(cls.parse(first), then=cls.parse(rest))
@@ -130,8 +113,7 @@ class Condition:
         talkers,
         speech: Tensor | None = None,
     ) -> Tensor:
-        """`wave` `(T,)` under this condition and those after it; `talkers()` gives babble's
-        other utterances; noise is set relative to `speech` (default: `wave`)."""
+        """`wave` `(T,)` under this condition and those after it."""
         out = self._apply_own(wave, sample_rate, rng, talkers, speech)
         if self.then is None:
             return out
@@ -167,14 +149,7 @@ def build_condition(
     seed: int = 0,
     progress: bool = True,
 ) -> Path:
-    """Write `utterances` under `condition` as 16-bit WAVs and a manifest into `out_dir`.
-
-    The draws for an utterance depend only on the seed, the condition and its position, so a
-    rebuild gives the same files.
-
-    Returns:
-        The path of the manifest written.
-    """
+    """Write `utterances` under `condition` as 16-bit WAVs and a manifest; return its path."""
     out_dir = Path(out_dir)
     (out_dir / "wav").mkdir(parents=True, exist_ok=True)
     pool = _Talkers(utterances, sample_rate, seed)
@@ -228,23 +203,7 @@ def robustness(
     batch_size: int = 8,
     progress: bool = True,
 ) -> list[dict[str, Any]]:
-    """Evaluate `recognizer` on `manifest` under each condition and write the table.
-
-    Args:
-        recognizer: the model.
-        manifest: JSONL manifest with references.
-        out_dir: output folder (created); a condition's copy already built there from the
-            same manifest and seed is reused.
-        conditions: default `DEFAULT_CONDITIONS`.
-        options: search settings; None: the recognizer's `default_options`.
-        lm: language model for shallow fusion.
-        seed: seed of the noise, talkers and rooms.
-        batch_size: utterances decoded together.
-        progress: show progress bars.
-
-    Returns:
-        One row per condition: ``condition`` (label) and `asr.evaluate`'s metrics.
-    """
+    """Evaluate `recognizer` on `manifest` under each condition; one row of metrics each."""
     conditions = conditions or [Condition.parse(c) for c in DEFAULT_CONDITIONS]
     out_dir = Path(out_dir)
     utterances = read_manifest(manifest)
@@ -267,7 +226,7 @@ def robustness(
 
 
 def _read_stamp(folder: Path) -> dict | None:
-    """What a condition's copy in `folder` was built from, or None where there is none."""
+    """What a condition's copy in `folder` was built from, or None."""
     try:
         return json.loads((folder / "built.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -275,8 +234,7 @@ def _read_stamp(folder: Path) -> dict | None:
 
 
 def robustness_table(rows: Sequence[dict[str, Any]]) -> str:
-    """A Markdown table of `robustness` rows, with each WER relative to the clean one and the
-    utterances whose attention failure was repaired (Rep, `asr.guard`)."""
+    """A Markdown table of `robustness` rows, WER relative to the clean one."""
     clean = next((r["wer"] for r in rows if r["condition"] == "clean"), None)
     lines = [
         "| condition | Snt | Wrd | Sub | Del | Ins | WER | CER | WER / clean | Rep |",

@@ -1,11 +1,5 @@
-"""Search written once for every decoder, through the step interface
-(`init_state`, `step`, `reorder_state`) of `asr.models.interfaces.Decoder`.
-
-`greedy_search` is the fast path; `beam_search` keeps `beam` hypotheses per utterance for all
-utterances at once (one decoder state of `B * beam` rows, utterance-major) and can add CTC
-prefix scores (joint CTC/attention decoding, Watanabe et al. 2017) and a language model
-(shallow fusion).
-"""
+"""Greedy and beam search over the decoder step interface, with joint CTC/attention decoding
+(Watanabe et al. 2017) and LM shallow fusion."""
 
 from __future__ import annotations
 
@@ -21,10 +15,11 @@ from asr.ctc_prefix import CTCPrefixScorer
 from asr.models.interfaces import State
 from asr.text import BLANK_ID, PAD_ID, SOS_EOS_ID
 
-NON_OUTPUT_IDS = (BLANK_ID, PAD_ID)  # never emitted by search
+NON_OUTPUT_IDS = (BLANK_ID, PAD_ID)
 NEG_INF = float("-inf")
-DEFAULT_CTC_WEIGHT = 0.3  # joint decoding weight where the model has a CTC head and none is set
-DEFAULT_LM_WEIGHT = 0.3  # shallow fusion weight where an LM is given and none is set
+# Weights where the model has a CTC head, or an LM is given, and none is set.
+DEFAULT_CTC_WEIGHT = 0.3
+DEFAULT_LM_WEIGHT = 0.3
 COMPACT_FINISHED = 0.25  # searches drop ended utterances once they are this share of the batch
 
 
@@ -40,52 +35,38 @@ class Hypothesis:
 class LanguageModel(Protocol):
     """What shallow fusion needs from a token-level language model (ids as the decoder's)."""
 
-    def init_state(self, batch_size: int, device: torch.device) -> State:
-        """The state before the first step (which is given the sos token)."""
-        ...
+    def init_state(self, batch_size: int, device: torch.device) -> State: ...
 
     def step(self, tokens: Tensor, state: State) -> tuple[Tensor, State]:
         """tokens `(B,)` -> next-token log-probs `(B, V)` and the new state."""
         ...
 
-    def reorder_state(self, state: State, index: Tensor) -> State:
-        """Keep batch rows `index`."""
-        ...
+    def reorder_state(self, state: State, index: Tensor) -> State: ...
 
 
 @dataclass(frozen=True)
 class SearchOptions:
-    """Beam search settings. A hypothesis `y` of `n` tokens plus eos scores
+    """Beam search settings.
 
-        (1 - ctc_weight) log p_att(y) + ctc_weight log p_ctc(y) + lm_weight log p_lm(y)
-        + length_bonus * (n + 1),
-
-    divided by `n + 1` when `length_normalization` is set.
+    A hypothesis `y` of `n` tokens plus eos scores `(1 - ctc_weight) log p_att(y) +
+    ctc_weight log p_ctc(y) + lm_weight log p_lm(y) + length_bonus * (n + 1)`, divided by
+    `n + 1` when `length_normalization` is set.
     """
 
     beam_size: int = 10  # hypotheses kept per utterance; 1 = greedy
-    # Hypotheses returned per utterance, best first (at most beam_size); None: beam_size. Each
-    # carries its attention, (K, steps, T) floats, so ask only for what is used.
-    nbest: int | None = None
+    nbest: int | None = None  # hypotheses returned per utterance, best first; None: beam_size
     ctc_weight: float = 0.0  # in [0, 1]; > 0 needs `ctc_log_probs` (prefix-scored on the fly)
     lm_weight: float = 0.0  # shallow fusion weight; > 0 needs `lm`
     length_bonus: float = 0.0  # added per emitted token, eos included (ESPnet's "penalty")
     length_normalization: bool = False  # rank ended hypotheses by score / (tokens + 1)
-    # At most ceil(max_len_ratio * enc_len) + max_len_extra tokens, eos included. A recognizer
-    # raises both to what the training set's fastest speech needs (`length_bound`), so that
-    # outputs are not cut short.
-    max_len_ratio: float = 1.0
-    max_len_extra: int = 0
+    max_len_ratio: float = 1.0  # at most ceil(ratio * enc_len) + max_len_extra tokens, eos too
+    max_len_extra: int = 0  # raised by a recognizer to fit its fastest speech (`length_bound`)
     min_len_ratio: float = 0.0  # eos is blocked before floor(ratio * enc_len) tokens
-    # eos allowed only where log p_att(eos) >= eos_threshold * max_c log p_att(c), a value >= 1
-    # (Hannun et al. 2019 use 1.5); None: always allowed. Both yield to max_len_ratio.
+    # eos only where log p_att(eos) >= eos_threshold * max_c log p_att(c) (Hannun et al. 2019)
     eos_threshold: float | None = None
-    # With 0 < ctc_weight < 1, CTC scores only the max(beam, int(ratio * beam)) best tokens of
-    # each hypothesis by attention (+ LM) score, as ESPnet; None: all tokens (as ctc_weight 1).
+    # CTC scores only the max(beam, ratio * beam) best tokens by attention; None: all tokens
     pre_beam_ratio: float | None = 1.5
-    # Recognizers only, in searches without CTC weight: decode again, CTC-weighted, an utterance
-    # whose hypothesis loops, runs to the length bound or outruns the CTC head (`asr.guard`).
-    repair: bool = True
+    repair: bool = True  # decode failed hypotheses again with CTC weight (`asr.guard`)
 
     def __post_init__(self) -> None:
         checks = {
@@ -120,16 +101,14 @@ class SearchOptions:
         return size if size < vocab_size else None
 
 
-# Outputs may run this many times the training set's fastest speech (tokens per second):
-# faster speakers, and clips shorter than the encoder's frames suggest, are not cut short.
+# Outputs may run this many times the training set's fastest speech, so none is cut short.
 RATE_MARGIN = 1.5
 
 
 def fastest_speech(
     token_counts: Sequence[int], durations: Sequence[float], speed: float = 1.0
 ) -> float | None:
-    """Tokens per second, eos included, of the fastest utterance played at `speed`; None for
-    no utterances.
+    """Tokens per second, eos included, of the fastest utterance played at `speed`.
 
     >>> fastest_speech([5, 9], [0.3, 2.0])
     20.0
@@ -145,16 +124,7 @@ def length_bound(
     frame_seconds: float,
     edge_seconds: float = 0.0,
 ) -> tuple[float, int]:
-    """The `(max_len_ratio, max_len_extra)` to search with: those asked for, raised where
-    needed so that every utterance may emit `RATE_MARGIN * tokens_per_second` tokens per
-    second of its audio. `T` encoder frames hold `T * frame_seconds + edge_seconds` of audio:
-    the frontend's window and the encoder's subsampling leave a little out at the edges,
-    which matters for clips of a few frames.
-
-    Args:
-        max_len_ratio, max_len_extra: the bound asked for (`SearchOptions`).
-        tokens_per_second: the training set's `fastest_speech`; None: the bound asked for.
-        frame_seconds: seconds per encoder frame; edge_seconds: audio no frame accounts for.
+    """The length bound raised to allow `RATE_MARGIN * tokens_per_second` tokens per second.
 
     >>> length_bound(0.5, 0, 20.0, 0.04, 0.1)
     (1.2, 3)
@@ -187,29 +157,15 @@ def greedy_search(
     max_len_ratio: float = 1.0,
     max_len_extra: int = 0,
 ) -> list[Hypothesis]:
-    """Batched greedy decoding: every utterance advances one token per step.
-
-    Blank and pad are never emitted. Utterances that have ended (eos) leave the decoder's
-    batch (`reorder_state`) once they are a `COMPACT_FINISHED` share of it, so that the
-    last steps cost what the longest outputs need.
-
-    Args:
-        decoder: a decoder with the step interface.
-        enc: `(B, T, D)` encoder output; enc_lens `(B,)`.
-        max_len_ratio, max_len_extra: at most `ceil(ratio * enc_len) + extra` output tokens
-            (eos included).
-
-    Returns:
-        One `Hypothesis` per utterance, in batch order.
-    """
+    """Batched greedy decoding of `(B, T, D)` encoder output: one `Hypothesis` per utterance."""
     batch = enc.size(0)
     limits = max_output_length(enc_lens.to(enc.device), max_len_ratio, max_len_extra)
     max_steps = int(limits.max()) if batch else 0
     state = decoder.init_state(enc, enc_lens)
     non_outputs = torch.tensor(NON_OUTPUT_IDS, device=enc.device)
-    rows = torch.arange(batch, device=enc.device)  # the utterance of each decoder row
+    rows = torch.arange(batch, device=enc.device)
     prev = torch.full((batch,), SOS_EOS_ID, dtype=torch.long, device=enc.device)
-    done = torch.zeros(batch, dtype=torch.bool, device=enc.device)  # per decoder row
+    done = torch.zeros(batch, dtype=torch.bool, device=enc.device)
     tokens = torch.full((batch, max_steps), SOS_EOS_ID, dtype=torch.long, device=enc.device)
     scores = torch.zeros(batch, device=enc.device)
     attns: list[tuple[Tensor, Tensor]] = []  # per step: its rows and their attention
@@ -234,7 +190,6 @@ def greedy_search(
 
 
 def _compact_now(finished: int, searched: int) -> bool:
-    """Whether a search drops its `finished` ended utterances (of `searched`) now."""
     return finished > 0 and finished >= COMPACT_FINISHED * searched
 
 
@@ -268,29 +223,7 @@ def beam_search(
     ctc_log_probs: Tensor | None = None,
     lm: LanguageModel | None = None,
 ) -> list[list[Hypothesis]]:
-    """Batched beam search with optional joint CTC prefix scoring and LM shallow fusion.
-
-    All utterances advance together: one decoder state of `B * beam` rows, one `step` per
-    output position, a top-k over (beam x candidates) per utterance. A hypothesis that emits
-    eos leaves the beam for the ended list and its slot is refilled at the next step (ESPnet
-    style); an utterance stops at its length limit, or, when scores can only fall (no
-    length bonus or normalisation), once no running hypothesis can still enter its n-best.
-    Stopped utterances leave the decoder state (`reorder_state`) once they are a
-    `COMPACT_FINISHED` share of those still searched.
-
-    Args:
-        decoder: a decoder with the step interface.
-        enc: `(B, T, D)` encoder output; enc_lens `(B,)`.
-        options: see `SearchOptions` (defaults when None).
-        ctc_log_probs: `(B, T, V)` CTC log-posteriors of the same frames, used when
-            `options.ctc_weight > 0`.
-        lm: a `LanguageModel` over the same vocabulary, used when `options.lm_weight > 0`.
-
-    Returns:
-        Per utterance, in batch order, up to `nbest` hypotheses, best first. Their
-        `score` is the search score of `SearchOptions`; the attention is the decoder's at the
-        steps that built the hypothesis.
-    """
+    """Batched beam search with optional CTC prefix scores `(B, T, V)` and LM: n-best lists."""
     options = options or SearchOptions()
     _check_search_inputs(decoder, enc, enc_lens, options, ctc_log_probs, lm)
     batch, beam = enc.size(0), options.beam_size
@@ -324,8 +257,7 @@ def _can_prune(options: SearchOptions) -> bool:
 
 
 class _Fusion:
-    """Per-token scores of `B * beam` hypotheses (rows of utterances `rows`): attention, LM
-    and CTC, weighted, with the length and eos rules of `SearchOptions` applied."""
+    """Weighted attention, LM and CTC scores of `B * beam` hypotheses, with the length rules."""
 
     def __init__(
         self,
@@ -338,7 +270,7 @@ class _Fusion:
         self.options = options
         self.non_outputs = torch.tensor(NON_OUTPUT_IDS, device=rows.device)
         limits = max_output_length(enc_lens, options.max_len_ratio, options.max_len_extra)
-        self.limits = limits[rows]  # (N,)
+        self.limits = limits[rows]
         self.min_lens = torch.floor(enc_lens.float() * options.min_len_ratio).long()[rows]
         self.lm = lm if options.lm_weight > 0 else None
         self.lm_state = self.lm.init_state(rows.numel(), rows.device) if self.lm else None
@@ -348,10 +280,7 @@ class _Fusion:
             self.ctc_state = self.ctc.init_state(options.beam_size)
 
     def token_scores(self, prev: Tensor, att: Tensor, t: int) -> Tensor:
-        """`(N, V)` weighted attention + LM log-probs + length bonus of each next token after
-        `prev` `(N,)`, given attention log-probs `att` `(N, V)` at step `t`; -inf where a token
-        may not follow (blank, pad; eos by the length and threshold rules; all but eos at the
-        length limit)."""
+        """`(N, V)` fused scores of the next tokens; -inf where the rules forbid a token."""
         weight = 1.0 - self.options.ctc_weight
         scores = weight * att if weight > 0 else torch.zeros_like(att)
         if self.lm is not None:
@@ -362,7 +291,7 @@ class _Fusion:
                 )
             scores = scores + self.options.lm_weight * lm_logp.float()
         scores = (scores + self.options.length_bonus).index_fill(1, self.non_outputs, NEG_INF)
-        forced = t + 1 >= self.limits  # (N,) only eos remains
+        forced = t + 1 >= self.limits  # only eos remains
         eos_ok = (t >= self.min_lens) & self._eos_threshold_ok(att)
         eos = scores[:, SOS_EOS_ID].masked_fill(~(eos_ok | forced), NEG_INF)
         scores = scores.masked_fill(forced[:, None], NEG_INF)
@@ -370,7 +299,6 @@ class _Fusion:
         return scores
 
     def _eos_threshold_ok(self, att: Tensor) -> Tensor:
-        """`(N,)` whether eos passes `eos_threshold` (all True without one)."""
         threshold = self.options.eos_threshold
         if threshold is None:
             return torch.ones(att.size(0), dtype=torch.bool, device=att.device)
@@ -378,22 +306,19 @@ class _Fusion:
         return att[:, SOS_EOS_ID] >= threshold * best
 
     def candidates(self, scores: Tensor) -> Tensor | None:
-        """`(N, C)` token ids CTC scores (the pre-beam), or None for the whole vocabulary."""
+        """`(N, C)` token ids CTC scores (the pre-beam); None: all."""
         size = self.options.pre_beam_size(scores.size(1)) if self.ctc is not None else None
         return None if size is None else scores.topk(size, dim=-1).indices
 
     def ctc_scores(self, candidates: Tensor | None) -> Tensor | None:
-        """`(N, C)` weighted CTC prefix scores `ctc_weight * psi(h + c)`, or None without CTC."""
         if self.ctc is None:
             return None
         return self.options.ctc_weight * self.ctc.score(self.ctc_state, candidates)
 
     def keep_rows(self, rows: Tensor) -> None:
-        """Keep the length rules of rows `rows` (`_Beams.drop_ended`); `reorder` follows."""
         self.limits, self.min_lens = self.limits[rows], self.min_lens[rows]
 
     def reorder(self, source: Tensor, tokens: Tensor) -> None:
-        """Follow the beam: keep rows `source`, then append `tokens` `(N,)`."""
         if self.lm is not None:
             self.lm_state = self.lm.reorder_state(self.lm_state, source)
         if self.ctc is not None:
@@ -401,30 +326,20 @@ class _Fusion:
 
 
 class _Beams:
-    """Running scores and the history of the live utterances x `beam` rows (row `u * beam + k`
-    of live utterance u); utterances whose hypotheses have all ended can be dropped
-    (`drop_ended`), and the history still backtracks every utterance.
-
-    A row's score splits into `partial` (the attention, LM and length terms, accumulated) and
-    `ctc` (the weighted CTC prefix score of the whole prefix, not a sum); a row without a
-    running hypothesis has `partial = -inf`.
-    """
+    """Scores and history of live utterances x `beam` rows (row `u * beam + k`)."""
 
     def __init__(self, batch: int, beam: int, options: SearchOptions, device: torch.device):
         self.utterances, self.beam = batch, beam
-        self.live = torch.arange(batch, device=device)  # (U,) the utterances still searched
-        self.returned = options.nbest or beam  # hypotheses returned per utterance
+        self.live = torch.arange(batch, device=device)
+        self.returned = options.nbest or beam
         self.prune = _can_prune(options)
         self.normalise = options.length_normalization
         start = torch.full((batch, beam), NEG_INF, device=device)
         start[:, 0] = 0.0  # one hypothesis, sos, per utterance
-        self.partial = start.flatten()  # (N,)
-        self.ctc = torch.zeros_like(self.partial)  # (N,)
-        self.best_ended = torch.full((batch, beam), NEG_INF, device=device)  # for pruning
-        # Per step, over the rows of its live utterances (`lives`): the token each row
-        # appended, the row it extended (`parents`, in the rows the decoder stepped) and the
-        # decoder's attention; `ended` over all B * beam rows: the final score where that
-        # token is eos.
+        self.partial = start.flatten()  # (N,) summed attention, LM and length terms
+        self.ctc = torch.zeros_like(self.partial)  # (N,) CTC score of the whole prefix, not a sum
+        self.best_ended = torch.full((batch, beam), NEG_INF, device=device)
+        # Per step over its live rows; `ended` covers all B * beam rows (final score at eos).
         self.lives: list[Tensor] = []
         self.tokens: list[Tensor] = []
         self.parents: list[Tensor] = []
@@ -433,27 +348,15 @@ class _Beams:
 
     @property
     def running(self) -> Tensor:
-        """`(N,)` rows holding a running hypothesis."""
         return self.partial > NEG_INF
 
     def advance(
         self, scores: Tensor, candidates: Tensor | None, ctc: Tensor | None, attn: Tensor, t: int
     ) -> tuple[Tensor, Tensor]:
-        """Keep the `beam` best extensions per live utterance.
-
-        Args:
-            scores: `(N, V)` token scores from `_Fusion.token_scores`.
-            candidates: `(N, C)` candidate ids, or None for all V.
-            ctc: `(N, C)` weighted CTC prefix scores of the candidates, or None.
-            attn: `(N, K, T)` the decoder's attention at this step.
-            t: the step (tokens emitted so far).
-
-        Returns:
-            `(N,)` source rows and `(N,)` appended tokens of the new beam.
-        """
+        """Keep the `beam` best extensions per live utterance: `(N,)` source rows and tokens."""
         if candidates is not None:
-            scores = scores.gather(1, candidates)  # (N, C)
-        partial = self.partial[:, None] + scores  # (N, C)
+            scores = scores.gather(1, candidates)
+        partial = self.partial[:, None] + scores
         total = partial + (ctc if ctc is not None else self.ctc[:, None])
         width = total.size(1)
         best, index = total.view(self.live.numel(), -1).topk(self.beam, dim=1)  # of beam * C
@@ -468,13 +371,11 @@ class _Beams:
         return source, tokens
 
     def _offsets(self, utterances: int, stride: int) -> Tensor:
-        """`(U, 1)` start of each utterance's block of `stride` entries."""
         return torch.arange(utterances, device=self.partial.device)[:, None] * stride
 
     def _record(
         self, tokens: Tensor, source: Tensor, total: Tensor, attn: Tensor, t: int
     ) -> Tensor:
-        """Append this step to the history; returns the `(N,)` final scores of rows ending."""
         final = total / (t + 1) if self.normalise else total  # t tokens + eos
         ended = final.masked_fill(tokens != SOS_EOS_ID, NEG_INF)
         every_row = torch.full((self.utterances, self.beam), NEG_INF, device=ended.device)
@@ -487,9 +388,8 @@ class _Beams:
         return ended
 
     def _keep(self, tokens: Tensor, total: Tensor, ended: Tensor) -> Tensor:
-        """`(N,)` which new rows keep running: not ended, not -inf and, when pruning, still
-        above the `beam`-th best ended score of their utterance. total `(U, beam)`."""
-        threshold = torch.full_like(total[:, :1], NEG_INF)  # (U, 1)
+        """`(N,)` rows still running: not ended and, when pruning, above the `beam`-th ended."""
+        threshold = torch.full_like(total[:, :1], NEG_INF)
         if self.prune:
             ended = ended.view(-1, self.beam)
             self.best_ended = torch.cat([self.best_ended, ended], 1).topk(self.beam, dim=1).values
@@ -497,10 +397,8 @@ class _Beams:
         return (total > threshold).flatten() & (tokens != SOS_EOS_ID)
 
     def drop_ended(self) -> Tensor | None:
-        """Stop searching the utterances without a running hypothesis once they are a
-        `COMPACT_FINISHED` share of the live ones; returns the `(N',)` rows kept (None when
-        nothing was dropped)."""
-        running = self.running.view(-1, self.beam).any(1)  # (U,)
+        """Drop finished utterances once they are a `COMPACT_FINISHED` share; rows kept or None."""
+        running = self.running.view(-1, self.beam).any(1)
         if not _compact_now(running.numel() - int(running.sum()), running.numel()):
             return None
         utterances = running.nonzero().squeeze(1)
@@ -512,11 +410,10 @@ class _Beams:
         return rows
 
     def nbest(self, enc_lens: Tensor) -> list[list[Hypothesis]]:
-        """Up to `nbest` ended hypotheses per utterance, best first."""
         steps, batch = len(self.ended), self.utterances
         ended = torch.stack(self.ended).view(steps, batch, self.beam)
         ended = ended.transpose(0, 1).reshape(batch, steps * self.beam)  # (B, S * beam)
-        scores, index = ended.topk(self.returned, dim=1)  # (B, nbest)
+        scores, index = ended.topk(self.returned, dim=1)
         end_step = index // self.beam
         slot = index % self.beam + self._offsets(batch, self.beam)
         tokens, attention = self._backtrack(end_step.flatten(), slot.flatten())
@@ -531,8 +428,7 @@ class _Beams:
         return hyps
 
     def _backtrack(self, end_step: Tensor, slot: Tensor) -> tuple[list[list[int]], Tensor]:
-        """Tokens (eos last) and attention `(M, K, S, T)` of the M hypotheses that ended at
-        `end_step` `(M,)` in row `slot` `(M,)` of all B * beam; entries past each end are junk."""
+        """Tokens and attention `(M, K, S, T)` of hypotheses ending at `end_step` in `slot`."""
         row = torch.zeros_like(slot)
         tokens, attention = [], []
         for s in reversed(range(len(self.tokens))):
@@ -545,15 +441,13 @@ class _Beams:
         return torch.stack(tokens[::-1], 1).tolist(), torch.stack(attention[::-1], 2)
 
     def _live_row(self, step: int, slot: Tensor) -> Tensor:
-        """Rows of step `step`'s history for rows `slot` of all B * beam (junk for an
-        utterance no longer searched then)."""
+        """Rows of step `step`'s history for rows `slot` of all B * beam."""
         live = self.lives[step]
         position = torch.zeros(self.utterances, dtype=torch.long, device=live.device)
         position[live] = torch.arange(live.numel(), device=live.device)
         return position[slot // self.beam] * self.beam + slot % self.beam
 
     def _every_row(self, step: int, row: Tensor) -> Tensor:
-        """Rows of all B * beam for rows `row` of step `step`'s history (`_live_row`'s inverse)."""
         return self.lives[step][row // self.beam] * self.beam + row % self.beam
 
 

@@ -1,20 +1,5 @@
-"""Cutting long audio into segments that an attention decoder decodes as utterances.
-
-An attention decoder trained on utterances of seconds loses its place over minutes, so long
-audio is split on silence:
-
-1. analysis: RMS energy in dB of 10 ms frames, read `read_seconds` at a time, so an
-   hour-long file is never held whole (`frame_energy_db`);
-2. planning (`plan_segments`): a frame quieter than the loudest frame by more than
-   `silence_threshold_db` is silent; runs of at least `min_silence_seconds` are silences
-   (`silences`). A segment grows up to `max_segment_seconds` and ends inside the silence with
-   the most frames in that window, preferring the window's second half, at the silence's
-   quietest stretch (`quietest_point`); where there is none, fixed windows overlap by
-   `window_overlap_seconds`. Segments without a frame above the threshold are dropped and
-   edge silence beyond `edge_silence_seconds` is trimmed.
-
-`asr.transcribe` decodes the segments and joins their transcripts.
-"""
+"""Cutting long audio on silence into segments an attention decoder decodes as utterances:
+trained on seconds, it loses its place over minutes."""
 
 from __future__ import annotations
 
@@ -40,23 +25,22 @@ Run = tuple[int, int]  # [start, stop) energy frames
 
 @dataclass(frozen=True)
 class SegmenterOptions:
-    """How long audio is split before decoding (see the module docstring)."""
+    """How long audio is split on silence before decoding.
 
-    # Audio up to this long is one segment; none is longer. `Recognizer.segmenter()` sets it to
-    # the length of the model's training utterances (`segment_seconds_for`) where known.
-    max_segment_seconds: float = 20.0
+    A segment grows up to `max_segment_seconds` and ends at the quietest point of the longest
+    silence in it, preferring its second half; without a silence, fixed windows overlap.
+    """
+
+    max_segment_seconds: float = 20.0  # no segment is longer (`segment_seconds_for`)
     min_silence_seconds: float = 0.3  # quieter stretches shorter than this are never cut
     silence_threshold_db: float = -35.0  # silent: frame RMS this many dB below the loudest
     window_overlap_seconds: float = 1.0  # overlap of fixed windows where no silence is found
     frame_seconds: float = 0.01  # energy analysis frame (frames do not overlap)
     read_seconds: float = 60.0  # audio read at a time during analysis
     drop_silent: bool = True  # skip segments with no frame above the threshold
-    # Silence kept at the edges of a segment of split audio; longer edge silence is trimmed
-    # (less to decode, and nothing for the decoder to hallucinate on). None: no trimming.
+    # Edge silence kept; more is trimmed, leaving nothing to hallucinate on. None: no trimming
     edge_silence_seconds: float | None = 0.5
-    # What finds speech: "energy" (the frame energy above) or "silero" (Silero VAD's speech
-    # probability, `asr.vad`: audio of any length, short inputs without speech give nothing).
-    vad: str = "energy"
+    vad: str = "energy"  # what finds speech: frame "energy" or "silero" (`asr.vad`)
     vad_threshold: float = 0.5  # silero: frames at least this likely speech are speech
 
     def __post_init__(self) -> None:
@@ -79,12 +63,8 @@ class SegmenterOptions:
                 raise ValueError(f"SegmenterOptions: {message}: {self}")
 
 
-# --------------------------------------------------------------------------- analysis
-
-
 def frame_energy_db(wave: np.ndarray, frame_samples: int) -> np.ndarray:
-    """RMS energy in dB (re full scale 1.0) of consecutive non-overlapping frames; a short
-    last frame counts too. Digital silence gives `ENERGY_FLOOR_DB`.
+    """RMS energy in dBFS of non-overlapping frames, a short last frame included.
 
     >>> frame_energy_db(np.array([1.0, -1.0, 0.1, 0.1, 0.0]), 2).round(1).tolist()
     [0.0, -20.0, -100.0]
@@ -101,7 +81,7 @@ class AudioSource(Protocol):
     """One input to transcribe: a file read in pieces, or a waveform in memory."""
 
     name: str
-    sample_rate: int  # of what `read` returns
+    sample_rate: int
 
     @property
     def duration(self) -> float: ...
@@ -120,13 +100,12 @@ class Clip:
     """A stretch of an audio file: `duration` seconds from `offset` (a manifest line)."""
 
     path: str | os.PathLike
-    offset: float = 0.0  # seconds into the file
+    offset: float = 0.0
     duration: float | None = None  # seconds from `offset`; None: to the end
 
 
 class FileSource:
-    """An audio file, or a stretch of one, read a stretch at a time (never whole). Times are
-    measured from `offset`."""
+    """An audio file, or a stretch of one from `offset`, read a stretch at a time."""
 
     def __init__(
         self,
@@ -161,7 +140,7 @@ class FileSource:
     def energy_db(self, frame_seconds: float, read_seconds: float) -> tuple[np.ndarray, float]:
         rate = self.info.sample_rate  # the file's own: no resampling for the analysis
         frame = max(1, round(rate * frame_seconds))
-        chunk = frame * max(1, round(read_seconds / frame_seconds))  # whole frames per read
+        chunk = frame * max(1, round(read_seconds / frame_seconds))
         first = round(self.offset * rate)
         stop = min(self.info.num_frames, first + round(self.duration * rate))
         parts = [
@@ -195,20 +174,12 @@ class ArraySource:
 def open_source(
     audio: AudioInput | Clip, target_rate: int, sample_rate: int | None = None
 ) -> AudioSource:
-    """An `AudioSource` for a path, a `Clip` or a waveform at `sample_rate` (None:
-    `target_rate`).
-
-    Raises:
-        AudioError: the file cannot be read or is empty; the message names it.
-    """
+    """An `AudioSource` for a path, a `Clip`, or a waveform at `sample_rate` or `target_rate`."""
     if isinstance(audio, Clip):
         return FileSource(audio.path, target_rate, audio.offset, audio.duration)
     if isinstance(audio, (str, os.PathLike)):
         return FileSource(audio, target_rate)
     return ArraySource(as_waveform(audio, sample_rate or target_rate, target_rate), target_rate)
-
-
-# --------------------------------------------------------------------------- planning
 
 
 def _runs(mask: np.ndarray) -> list[Run]:
@@ -222,8 +193,7 @@ def _runs(mask: np.ndarray) -> list[Run]:
 
 
 def silences(energy_db: np.ndarray, options: SegmenterOptions, frame_seconds: float) -> list[Run]:
-    """Frame runs `[start, stop)` of at least `min_silence_seconds` whose frames are more
-    than `silence_threshold_db` below the loudest frame.
+    """Silent frame runs `[start, stop)` of at least `min_silence_seconds`.
 
     >>> energy = np.array([0.0] * 5 + [-60.0, -80.0, -70.0] + [0.0, -90.0] + [0.0] * 5)
     >>> silences(energy, SegmenterOptions(min_silence_seconds=0.2), 0.1)
@@ -235,13 +205,11 @@ def silences(energy_db: np.ndarray, options: SegmenterOptions, frame_seconds: fl
 
 
 def _width(options: SegmenterOptions, frame_seconds: float) -> int:
-    """`min_silence_seconds` in frames (at least one)."""
     return max(1, math.ceil(options.min_silence_seconds / frame_seconds - 1e-9))
 
 
 def quietest_point(energy_db: np.ndarray, start: int, stop: int, width: int) -> float:
-    """Centre, in frames, of the quietest `width` frames (by mean energy) of `[start, stop)`;
-    ties go to the one nearest the middle, which keeps cuts away from the soft edges of words.
+    """Centre of the quietest `width` frames of `[start, stop)`; ties go nearest the middle.
 
     >>> quietest_point(np.array([0.0, -60.0, -80.0, -70.0, 0.0]), 1, 4, 2)
     3.0
@@ -249,16 +217,13 @@ def quietest_point(energy_db: np.ndarray, start: int, stop: int, width: int) -> 
     5.0
     """
     means = np.convolve(energy_db[start:stop], np.ones(width) / width, mode="valid")
-    candidates = np.flatnonzero(means <= means.min() + 1e-9)  # window starts
+    candidates = np.flatnonzero(means <= means.min() + 1e-9)
     middle = (stop - start - width) / 2
     return float(start + candidates[np.argmin(np.abs(candidates - middle))] + width / 2)
 
 
 def segment_seconds_for(durations: Sequence[float]) -> float:
-    """The longest segment to cut for a model trained on utterances of `durations` seconds:
-    their 95th percentile, rounded up to whole seconds, at least `SHORTEST_MAX_SEGMENT`.
-    Attention decoders fail on inputs much longer than they were trained on (bench/RESULTS.md,
-    decoding against length: whole utterances against segments).
+    """The longest segment for a model trained on `durations`: their 95th percentile, rounded up.
 
     >>> segment_seconds_for([1.0, 2.0, 2.5, 3.2, 4.8] * 4)
     5.0
@@ -272,17 +237,7 @@ def segment_seconds_for(durations: Sequence[float]) -> float:
 def plan_segments(
     energy_db: np.ndarray, frame_seconds: float, duration: float, options: SegmenterOptions
 ) -> list[Span]:
-    """Split `[0, duration]` seconds into segments of at most `max_segment_seconds`.
-
-    Args:
-        energy_db: `(F,)` frame energies from `frame_energy_db`.
-        frame_seconds: seconds per energy frame.
-        duration: seconds of audio.
-        options: the segmenter's settings.
-
-    Returns:
-        `(start, end)` spans in order. They meet at silence cuts (less trimmed edge
-        silence) and overlap by `window_overlap_seconds` where fixed windows were used.
+    """`(start, end)` spans of at most `max_segment_seconds` covering `[0, duration]` seconds.
 
     >>> energy = np.zeros(400)
     >>> energy[180:200] = -80.0  # 0.2 s of silence at 1.8 s
@@ -329,16 +284,14 @@ def _best_cut(
     limit: float,
     options: SegmenterOptions,
 ) -> float | None:
-    """Where to end a segment starting at `start`: the quietest point of the silence with
-    the most frames inside `(start, limit]`, preferring silences in the window's second half
-    (then the latest); None if no silence fits."""
+    """Where to end a segment starting at `start`, or None where no silence fits."""
     width = _width(options, frame_seconds)
     low = math.ceil((start + MIN_SEGMENT_SECONDS) / frame_seconds - 1e-9)
     high = math.floor(limit / frame_seconds + 1e-9)
     half = start + options.max_segment_seconds / 2
     best: tuple[bool, int, float] | None = None  # (in the second half, frames, cut time)
     for run_start, run_stop in runs:
-        a, b = max(run_start, low), min(run_stop, high)  # the part inside the window
+        a, b = max(run_start, low), min(run_stop, high)
         if b - a < width:
             continue
         cut = round(quietest_point(energy_db, a, b, width) * frame_seconds, 6)
@@ -348,7 +301,6 @@ def _best_cut(
 
 
 def _frames(span: Span, frame_seconds: float) -> slice:
-    """The energy frames a span overlaps."""
     first = int(span[0] / frame_seconds + 1e-9)
     return slice(first, max(first + 1, math.ceil(span[1] / frame_seconds - 1e-9)))
 
@@ -369,8 +321,7 @@ def _trimmed(span: Span, loud: np.ndarray, frame_seconds: float, keep: float) ->
 
 
 def segment_source(source: AudioSource, options: SegmenterOptions) -> list[Span]:
-    """The segments of one input: one span for audio no longer than the maximum (by the
-    energy splitter), none for audio in which Silero VAD finds no speech."""
+    """The segments of one input; none where Silero VAD finds no speech."""
     if options.vad == "silero":
         from asr.vad import SPEECH_DB, speech_probabilities, speech_track
 

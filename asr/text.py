@@ -1,14 +1,5 @@
-"""Text normalisation and tokenizers (characters, SentencePiece BPE/unigram).
-
-Every tokenizer shares the same special ids, so models, losses and search never ask
-which tokenizer made the targets:
-
-    0 `<blank>` (CTC blank), 1 `<pad>`, 2 `<unk>`, 3 `<sos/eos>` (one token, as ESPnet).
-
-Regular tokens start at 4 and the vocabulary is contiguous `0..vocab_size-1`. A trained
-tokenizer is saved as `tokenizer.json` (plus `tokenizer.model` for SentencePiece) and read
-back with `Tokenizer.load`, which only parses JSON and the SentencePiece model file.
-"""
+"""Text normalisation and tokenizers (characters, SentencePiece BPE/unigram), all sharing the
+special ids 0 `<blank>`, 1 `<pad>`, 2 `<unk>`, 3 `<sos/eos>`."""
 
 from __future__ import annotations
 
@@ -32,29 +23,22 @@ if TYPE_CHECKING:
 BLANK_ID = 0
 PAD_ID = 1
 UNK_ID = 2
-SOS_EOS_ID = 3  # one token starts and ends every sequence
+SOS_EOS_ID = 3
 SOS_ID = EOS_ID = SOS_EOS_ID
-NUM_SPECIAL = 4  # regular tokens start here
-SPECIAL_PIECES = ("<blank>", "<pad>", "<unk>", "<sos/eos>")  # indexed by id
-SPACE_PIECE = "\u2581"  # `▁`, how the space shows in pieces (as SentencePiece)
-CASES = ("upper", "lower", "keep")  # `TextNormalizer.case`
-PUNCTUATION = ("remove", "keep")  # `TextNormalizer.punctuation`
+NUM_SPECIAL = 4
+SPECIAL_PIECES = ("<blank>", "<pad>", "<unk>", "<sos/eos>")
+SPACE_PIECE = "\u2581"  # `▁`
+CASES = ("upper", "lower", "keep")
+PUNCTUATION = ("remove", "keep")
 TOKENIZER_JSON = "tokenizer.json"
 SENTENCEPIECE_MODEL = "tokenizer.model"
 
 _APOSTROPHES = frozenset("'\u2019\u02bc")  # ', right single quote, modifier apostrophe
 
 
-# --------------------------------------------------------------------------- normaliser
-
-
 @dataclass(frozen=True)
 class TextNormalizer:
     r"""Unicode NFKC, case folding, punctuation removal and whitespace collapsing.
-
-    Punctuation is every Unicode `P*` character; in "remove" mode each becomes a space
-    (so "yes,no" gives two words), except an apostrophe between two letters or digits,
-    which is kept as `'`. Symbols such as `$` or `+` are not punctuation and stay.
 
     >>> TextNormalizer()("  Don\u2019t   stop, \u201cNOW\u201d! ")
     "DON'T STOP NOW"
@@ -64,8 +48,8 @@ class TextNormalizer:
     'Abc, def'
     """
 
-    case: str = "upper"  # "upper" | "lower" | "keep"
-    punctuation: str = "remove"  # "remove" (keep in-word apostrophes) | "keep"
+    case: str = "upper"
+    punctuation: str = "remove"
 
     def __post_init__(self) -> None:
         if self.case not in CASES:
@@ -121,17 +105,10 @@ def _inside_word(text: str, i: int) -> bool:
     return 0 < i < len(text) - 1 and text[i - 1].isalnum() and text[i + 1].isalnum()
 
 
-# --------------------------------------------------------------------------- tokenizers
-
-
 class Tokenizer(abc.ABC):
-    """Text <-> token ids with the fixed special ids of this module.
+    """Text <-> token ids with the fixed special ids; subclasses map the regular tokens."""
 
-    Subclasses implement the regular-token part; this class owns normalisation, the
-    special ids, id checking and the `tokenizer.json` file.
-    """
-
-    kind: str  # "char" | "bpe" | "unigram", written to tokenizer.json
+    kind: str
     blank_id: ClassVar[int] = BLANK_ID
     pad_id: ClassVar[int] = PAD_ID
     unk_id: ClassVar[int] = UNK_ID
@@ -207,11 +184,7 @@ class Tokenizer(abc.ABC):
 
     @staticmethod
     def load(path: str | os.PathLike) -> Tokenizer:
-        """Read a tokenizer saved by `save`, from its directory or its `tokenizer.json`.
-
-        Raises:
-            ValueError: the file is malformed; the message names it.
-        """
+        """Read a tokenizer saved by `save`; ValueError names a malformed file."""
         path = Path(path)
         if path.is_dir():
             path = path / TOKENIZER_JSON
@@ -246,12 +219,7 @@ class Tokenizer(abc.ABC):
 
 
 class CharTokenizer(Tokenizer):
-    """One token per character; the space is a token (piece `▁`).
-
-    Args:
-        chars: the regular tokens, one character each; `chars[k]` gets id `4 + k`.
-        normalizer: applied to every text before encoding.
-    """
+    """One token per character; `chars[k]` gets id `4 + k` and the space is a token."""
 
     kind = "char"
 
@@ -306,18 +274,7 @@ class CharTokenizer(Tokenizer):
 
 
 class SentencePieceTokenizer(Tokenizer):
-    """SentencePiece BPE or unigram pieces, with this module's special ids built into the model.
-
-    The SentencePiece model itself holds `<blank>` (a control symbol), `<pad>`, `<unk>` and
-    `<sos/eos>` (its bos piece) at ids 0..3, so its ids are ours without any offset.
-    SentencePiece normalisation is off ("identity"): `normalizer` is the only one.
-
-    Args:
-        model: a serialised SentencePiece model (`.model` file contents).
-        kind: "bpe" or "unigram", as trained.
-        normalizer: applied to every text before encoding.
-        source: where the model came from, for error messages.
-    """
+    """SentencePiece BPE or unigram pieces, with the special ids built into the model."""
 
     def __init__(
         self,
@@ -348,18 +305,7 @@ class SentencePieceTokenizer(Tokenizer):
         vocab_size: int,
         normalizer: TextNormalizer = TextNormalizer(),
     ) -> SentencePieceTokenizer:
-        """Train deterministically on the normalised `texts`.
-
-        Args:
-            texts: training sentences (normalised here).
-            kind: "bpe" or "unigram".
-            vocab_size: the total number of ids, the 4 special ids included. It must be at least
-                4 + the number of distinct characters (with the space); too large a value for
-                the texts raises `ValueError` naming SentencePiece's maximum (no silent fallback).
-
-        Returns:
-            A tokenizer with exactly `vocab_size` ids.
-        """
+        """Train deterministically to exactly `vocab_size` ids, the special ones included."""
         sentences = [s for s in map(normalizer, texts) if s]
         if not sentences:
             raise ValueError("no non-empty training text for the tokenizer")
@@ -423,7 +369,7 @@ _KINDS: dict[str, type[Tokenizer]] = {
     "bpe": SentencePieceTokenizer,
     "unigram": SentencePieceTokenizer,
 }
-TOKENIZER_KINDS = tuple(_KINDS)  # what `train_tokenizer` trains
+TOKENIZER_KINDS = tuple(_KINDS)
 
 
 def _sentencepiece_options(kind: str, vocab_size: int) -> dict[str, Any]:
@@ -460,9 +406,6 @@ def _training_error(kind: str, vocab_size: int, err: RuntimeError) -> ValueError
     return ValueError(f"SentencePiece {kind} training failed: {err}")
 
 
-# --------------------------------------------------------------------------- training
-
-
 def train_tokenizer(
     texts_or_manifests: str | os.PathLike | Iterable[str | os.PathLike],
     kind: str,
@@ -470,21 +413,7 @@ def train_tokenizer(
     out_dir: str | os.PathLike | None,
     normalizer: TextNormalizer = TextNormalizer(),
 ) -> Tokenizer:
-    """Train a tokenizer and save it to `out_dir` (unless None).
-
-    Args:
-        texts_or_manifests: a manifest path, or an iterable of texts (`str`) and manifest
-            paths (`os.PathLike`: wrap a path given as `str` in `Path`). A manifest is a JSON
-            Lines file whose objects have a "text" key.
-        kind: "char", "bpe" or "unigram".
-        vocab_size: total ids, the 4 special ids included (see `SentencePieceTokenizer.train`);
-            ignored for "char".
-        out_dir: where `tokenizer.json` (and `tokenizer.model`) are written.
-        normalizer: text normalisation, saved with the tokenizer.
-
-    Returns:
-        The trained tokenizer.
-    """
+    """Train a tokenizer on texts (`str`) or manifests (`os.PathLike`); save it unless None."""
     if kind not in _KINDS:
         raise ValueError(f"tokenizer kind must be one of {sorted(_KINDS)}, got {kind!r}")
     texts = list(_iter_texts(texts_or_manifests))
@@ -512,11 +441,7 @@ def _iter_texts(source: str | os.PathLike | Iterable[str | os.PathLike]) -> Iter
 
 
 def read_manifest_texts(path: str | os.PathLike) -> list[str]:
-    """The "text" field of every line of a JSON Lines manifest (blank lines skipped).
-
-    Raises:
-        ValueError: a line is not a JSON object with a string "text"; names file and line.
-    """
+    """The "text" field of every line of a JSON Lines manifest."""
     texts = []
     with open(path, encoding="utf-8") as f:
         for lineno, line in enumerate(f, 1):
@@ -534,7 +459,7 @@ def read_manifest_texts(path: str | os.PathLike) -> list[str]:
 
 def _read_json_object(path: Path) -> dict[str, Any]:
     try:
-        text = path.read_text(encoding="utf-8")  # a missing file raises FileNotFoundError
+        text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as err:
         raise ValueError(f"{path}: not UTF-8 text") from err
     try:

@@ -1,25 +1,4 @@
-"""Token and word timestamps: DTW over cross-attention, CTC forced alignment.
-
-Times come from encoder frames: frame `j` covers `[j, j + 1) * seconds_per_frame`, where
-`seconds_per_frame = encoder_frame_seconds(frame_shift, subsampling)`. Two aligners give
-`TokenTimes` (integer frame spans per token), which `word_timestamps` groups into words:
-
-- `attention_timestamps`: cross-attention maps -> monotonic DTW path (as Whisper's timing)
-  that gives each token a run of frames, the runs covering the utterance; a token's span is
-  the part of its run where its attention is at least half its peak there, so the pause
-  before a word, which the tiling hands to it, is not counted as the word.
-- `ctc_forced_alignment`: CTC posteriors -> Viterbi path (`ctc_path`, torchaudio). Its spans
-  hold only the frames that emit the token; blank frames between tokens belong to none. The
-  same path gives each token's mean posterior, a confidence (`ctc_token_probabilities`).
-
-A decoded `Hypothesis` has one
-attention row per token plus the eos step; keep the eos row in the DTW (it bounds the last
-token) and drop it before grouping words:
-
-    times = attention_timestamps(hyp.attention, encoder_frame_seconds(0.01, 4))
-    pieces = tokenizer.pieces(hyp.tokens)
-    words = word_timestamps(pieces, times[: len(pieces)])
-"""
+"""Token and word timestamps: DTW over cross-attention (as Whisper) and CTC forced alignment."""
 
 from __future__ import annotations
 
@@ -36,16 +15,9 @@ from torch import Tensor
 
 from asr.text import SPACE_PIECE, SPECIAL_PIECES
 
-# --------------------------------------------------------------------------- frame times
-
 
 def encoder_frame_seconds(frame_shift: float, subsampling: int | Sequence[int] = 1) -> float:
-    """Seconds per encoder frame: the feature frame shift times the encoder's subsampling.
-
-    Args:
-        frame_shift: seconds between feature frames, e.g. 0.01.
-        subsampling: the encoder's total factor (4 for the Transformer's conv x4) or its
-            per-stage factors (e.g. an RNN encoder's `subsampling_factors`), multiplied.
+    """Seconds per encoder frame: the feature frame shift times the total subsampling.
 
     >>> round(encoder_frame_seconds(0.01, 4), 6)
     0.04
@@ -63,15 +35,11 @@ def encoder_frame_seconds(frame_shift: float, subsampling: int | Sequence[int] =
 
 @dataclass(frozen=True)
 class TokenTimes:
-    """Per-token frame spans `[start_frames[i], end_frames[i])` of one utterance.
-
-    Starts and ends are each non-decreasing and lie in `[0, num_frames]`; `start`/`end`
-    give seconds. Slicing (`times[:n]`) keeps the frame grid.
-    """
+    """Monotone per-token frame spans `[start_frames[i], end_frames[i])` of one utterance."""
 
     start_frames: tuple[int, ...]
     end_frames: tuple[int, ...]
-    num_frames: int  # encoder frames of the utterance; the duration is num_frames * spf
+    num_frames: int
     seconds_per_frame: float
 
     def __post_init__(self) -> None:
@@ -97,12 +65,10 @@ class TokenTimes:
 
     @property
     def start(self) -> np.ndarray:
-        """`(L,)` start times in seconds."""
         return np.asarray(self.start_frames, dtype=np.float64) * self.seconds_per_frame
 
     @property
     def end(self) -> np.ndarray:
-        """`(L,)` end times in seconds."""
         return np.asarray(self.end_frames, dtype=np.float64) * self.seconds_per_frame
 
     @property
@@ -117,33 +83,13 @@ class Word:
     text: str
     start: float
     end: float
-    # The product of its tokens' probabilities (the decoder's, given the tokens before them):
-    # the probability that the whole word is right. None where not computed (alignments).
-    probability: float | None = None
-    # `probability` read as the chance the word is right: mapped by the recognizer's
-    # `asr.confidence.PlattScaling` where it has one (`asr calibrate`), else the same.
-    confidence: float | None = None
-    # The product of its tokens' CTC posteriors on the CTC path of the hypothesis
-    # (`ctc_token_probabilities`); None without a CTC head or where CTC cannot align it.
-    ctc_probability: float | None = None
-
-
-# --------------------------------------------------------------------------- attention + DTW
+    probability: float | None = None  # product of its tokens' decoder probabilities
+    confidence: float | None = None  # `probability` calibrated (`asr.confidence`)
+    ctc_probability: float | None = None  # product of its tokens' CTC posteriors
 
 
 def dtw(cost: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Cheapest monotone path through a `(L, T)` cost matrix, from `(0, 0)` to `(L-1, T-1)`.
-
-    Steps are diagonal `(+1, +1)`, down `(+1, 0)` (next token, same frame) or right `(0, +1)`
-    (same token, next frame); a path's cost is the sum of the cells it visits. Row `i` of the
-    accumulated cost is `D[i, j] = C[i, j] + min(D[i-1, j-1], D[i-1, j], D[i, j-1])`; the
-    in-row term is a running minimum over prefix sums, so each row is one numpy pass.
-
-    Args:
-        cost: `(L, T)` finite costs.
-
-    Returns:
-        `(token_index, frame_index)`, each `(N,)` int64 with `max(L, T) <= N <= L + T - 1`.
+    """Cheapest monotone path `(token_index, frame_index)` through a `(L, T)` cost matrix.
 
     >>> dtw(np.array([[0.0, 0.0, 9.0], [9.0, 9.0, 0.0]]))
     (array([0, 0, 1]), array([0, 1, 2]))
@@ -156,22 +102,20 @@ def dtw(cost: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _accumulated_cost(cost: np.ndarray) -> np.ndarray:
-    """`(L, T)` accumulated costs `D` of `dtw`."""
     num_tokens, num_frames = cost.shape
     acc = np.empty_like(cost)
     entry = np.full(num_frames, np.inf)  # best cost of entering row i at frame j from above
     entry[0] = 0.0
     for i in range(num_tokens):
-        prefix = np.cumsum(cost[i])  # prefix[j] = C[i, 0] + ... + C[i, j]
-        before = np.concatenate(([0.0], prefix[:-1]))  # prefix[j - 1]
-        # D[i, j] = min over entry frames k <= j of entry[k] + C[i, k] + ... + C[i, j]
+        prefix = np.cumsum(cost[i])
+        before = np.concatenate(([0.0], prefix[:-1]))
+        # The in-row minimum is a running minimum over prefix sums: one numpy pass per row.
         acc[i] = prefix + np.minimum.accumulate(entry - before)
         entry = np.concatenate(([acc[i, 0]], np.minimum(acc[i, :-1], acc[i, 1:])))
     return acc
 
 
 def _backtrack(acc: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Walk back from the last cell to `(0, 0)`, taking the cheapest predecessor."""
     i, j = acc.shape[0] - 1, acc.shape[1] - 1
     tokens, frames = [i], [j]
     while i > 0 or j > 0:
@@ -190,25 +134,8 @@ def _backtrack(acc: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def attention_matrix(
     attention: Tensor, heads: Sequence[int] | None = None, median_filter_width: int = 1
 ) -> Tensor:
-    """The `(L, T)` alignment score that `attention_timestamps` runs DTW on (higher = aligned):
-    the selected maps' attention weights averaged, optionally median-filtered along time.
-
-    The weights are used as they are. Whisper z-scores each frame over the tokens, which
-    here made word boundaries worse on every model measured (recipes/an4/RESULTS.md, "Word
-    times"): at frames no token attends to (pauses, silence), the z-score blows noise up to
-    the size of real peaks, and a token whose attention is spread thin drags the path.
-    For the same reason there is no median filter by default: with 40 ms encoder frames, one
-    of 7 frames blurs word edges by more than it removes.
-
-    Args:
-        attention: `(K, L, T)` cross-attention maps (or one `(L, T)` map).
-        heads: indices into K of the maps to use (e.g. `layer * num_heads + head`);
-            None uses all.
-        median_filter_width: odd filter width in frames; 1 disables filtering.
-
-    Returns:
-        `(L, T)` float32 scores.
-    """
+    """`(L, T)` mean of the selected `(K, L, T)` attention maps, optionally median-filtered."""
+    # No z-scoring per frame (as Whisper does): it blows noise at pauses up to peak size.
     return median_filter(_selected_maps(attention, heads).mean(0), median_filter_width)
 
 
@@ -229,8 +156,7 @@ def _selected_maps(attention: Tensor, heads: Sequence[int] | None) -> Tensor:
 
 
 def median_filter(x: Tensor, width: int) -> Tensor:
-    """Median over a sliding window of `width` frames along the last dimension, the edges
-    padded by repeating the end frames.
+    """Median over `width` frames along the last dimension, edges padded by repetition.
 
     >>> median_filter(torch.tensor([[0.0, 9.0, 0.0, 1.0, 1.0]]), 3).tolist()
     [[0.0, 0.0, 1.0, 1.0, 1.0]]
@@ -250,31 +176,14 @@ def attention_timestamps(
     heads: Sequence[int] | None = None,
     median_filter_width: int = 1,
 ) -> TokenTimes:
-    """Token times from cross-attention: DTW on the negated `attention_matrix` gives each
-    token the run of frames the path spends on it (the runs cover `[0, T)`; neighbours share
-    a frame where the path steps to the next token without moving on); the token's span is
-    then the part of its run from the first to the last frame where its score is at least
-    half the run's peak.
-
-    The runs alone hand each word the pause before it (and the first word the leading
-    silence); the half-peak span keeps the frames the token is attended on.
-
-    Args:
-        attention: `(K, L, T)` maps of one utterance (or `(L, T)`), cut to its valid frames.
-        seconds_per_frame: seconds per encoder frame (`encoder_frame_seconds`).
-        heads: maps to use, as in `attention_matrix`; None uses all.
-        median_filter_width: odd width in frames, as in `attention_matrix`.
-
-    Returns:
-        `TokenTimes` with L spans over `T` frames.
-    """
+    """Token times from `(K, L, T)` cross-attention, eos row included: DTW runs cut at half peak."""
     check_seconds_per_frame(seconds_per_frame)
-    scores = attention_matrix(attention, heads, median_filter_width)  # (L, T)
+    scores = attention_matrix(attention, heads, median_filter_width)
     tokens, frames = dtw(-scores.double().numpy())
     num_tokens, num_frames = scores.shape
     first = np.full(num_tokens, num_frames, dtype=np.int64)
     last = np.zeros(num_tokens, dtype=np.int64)
-    np.minimum.at(first, tokens, frames)  # each token's frames on the path
+    np.minimum.at(first, tokens, frames)
     np.maximum.at(last, tokens, frames)
     starts, ends = _half_peak_spans(scores.numpy(), first, last + 1)
     return TokenTimes(tuple(starts), tuple(ends), num_frames, seconds_per_frame)
@@ -283,61 +192,40 @@ def attention_timestamps(
 def _half_peak_spans(
     scores: np.ndarray, run_starts: np.ndarray, run_ends: np.ndarray
 ) -> tuple[list[int], list[int]]:
-    """Within each token's run `[run_starts[i], run_ends[i])`, the frames from the first to
-    the last where its score is at least half the run's maximum. Neighbouring runs share a
-    frame where the path steps down; a span that still starts inside the one before it
-    starts where that one ends, so one-frame tokens keep their frame."""
+    """Each run cut to the frames scoring at least half its peak, so pauses go to no word."""
     starts, ends = run_starts.tolist(), run_ends.tolist()
     for i, (start, end) in enumerate(zip(starts, ends)):
         if end - start > 1:
             run = scores[i, start:end]
             strong = np.flatnonzero(run >= 0.5 * run.max())
             starts[i], ends[i] = start + int(strong[0]), start + int(strong[-1]) + 1
-    for i in range(1, len(starts)):
+    for i in range(1, len(starts)):  # runs share a frame where the path steps down
         starts[i] = max(starts[i], ends[i - 1])
         ends[i] = max(ends[i], starts[i])
     return starts, ends
 
 
 def check_seconds_per_frame(seconds_per_frame: float) -> None:
-    """ValueError unless `seconds_per_frame` is positive."""
     if not seconds_per_frame > 0:
         raise ValueError(f"seconds_per_frame must be > 0, got {seconds_per_frame}")
 
 
-# --------------------------------------------------------------------------- CTC
-
-
 @dataclass(frozen=True)
 class CtcPath:
-    """The Viterbi CTC path of a known transcript: the frames that emit each token (blanks
-    excluded) and their mean posterior. One forced alignment serves both times and
-    confidences."""
+    """The Viterbi CTC path of a transcript: each token's emitting frames and mean posterior."""
 
     start_frames: tuple[int, ...]
     end_frames: tuple[int, ...]
-    probs: tuple[float, ...]  # each token's mean posterior over its emitting frames
+    probs: tuple[float, ...]
     num_frames: int
 
     def times(self, seconds_per_frame: float) -> TokenTimes:
-        """The tokens' `TokenTimes` on a grid of `seconds_per_frame`."""
         check_seconds_per_frame(seconds_per_frame)
         return TokenTimes(self.start_frames, self.end_frames, self.num_frames, seconds_per_frame)
 
 
 def ctc_path(ctc_log_probs: Tensor, token_ids: Sequence[int], blank: int = 0) -> CtcPath:
-    """The Viterbi CTC path of `token_ids` (`torchaudio.functional.forced_align`, then
-    `merge_tokens`).
-
-    Args:
-        ctc_log_probs: `(T, V)` log-probabilities of one utterance, cut to its valid frames.
-        token_ids: the transcript's ids (no blank, sos or eos).
-        blank: the blank id.
-
-    Raises:
-        ValueError: a shape or id the alignment cannot take, or more tokens (and repeats)
-            than frames.
-    """
+    """The Viterbi CTC path of `token_ids` through `(T, V)` log-probabilities (torchaudio)."""
     if ctc_log_probs.dim() != 2 or ctc_log_probs.size(0) == 0:
         raise ValueError(f"ctc_log_probs: expected (T, V), got {tuple(ctc_log_probs.shape)}")
     num_frames, vocab = ctc_log_probs.shape
@@ -346,7 +234,7 @@ def ctc_path(ctc_log_probs: Tensor, token_ids: Sequence[int], blank: int = 0) ->
     if not ids:
         return CtcPath((), (), (), num_frames)
     log_probs = ctc_log_probs.detach().float().cpu()[None]  # (1, T, V)
-    path, scores = AF.forced_align(log_probs, torch.tensor([ids]), blank=blank)  # (1, T) each
+    path, scores = AF.forced_align(log_probs, torch.tensor([ids]), blank=blank)
     spans = AF.merge_tokens(path[0], scores[0].exp(), blank=blank)
     return CtcPath(
         tuple(s.start for s in spans),
@@ -359,18 +247,14 @@ def ctc_path(ctc_log_probs: Tensor, token_ids: Sequence[int], blank: int = 0) ->
 def ctc_forced_alignment(
     ctc_log_probs: Tensor, token_ids: Sequence[int], seconds_per_frame: float, blank: int = 0
 ) -> TokenTimes:
-    """Token times from the Viterbi CTC path of a known transcript (`ctc_path`): each
-    token's span of emitting frames (blanks excluded), on a grid of `seconds_per_frame`."""
+    """Token times from the Viterbi CTC path of a known transcript (blank frames excluded)."""
     return ctc_path(ctc_log_probs, token_ids, blank).times(seconds_per_frame)
 
 
 def ctc_token_probabilities(
     ctc_log_probs: Tensor, token_ids: Sequence[int], blank: int = 0
 ) -> list[float]:
-    """Each token's CTC posterior: the mean probability of the frames that emit it on the
-    Viterbi CTC path of `token_ids` (`ctc_path`). A word's product of these tells right
-    words from wrong ones about as well as the decoder's probability, and partly
-    independently of it (`asr.confidence`).
+    """Each token's mean posterior over its emitting frames on the Viterbi CTC path.
 
     >>> logp = torch.tensor([[0.1, 0.9], [0.6, 0.4], [0.2, 0.8]]).log()  # blank 0, token 1
     >>> [round(p, 2) for p in ctc_token_probabilities(logp, [1, 1])]
@@ -391,14 +275,8 @@ def _check_ctc_targets(ids: list[int], num_frames: int, vocab: int, blank: int) 
         )
 
 
-# --------------------------------------------------------------------------- words
-
-
 def word_index(pieces: Sequence[str]) -> list[int | None]:
-    """The word each token piece belongs to; None for bare spaces and special tokens.
-
-    A piece starting with `▁` starts a new word (SentencePiece); a bare `▁` piece (the char
-    tokenizer's space) only separates words; special pieces (`<unk>`) belong to no word.
+    """The word of each piece (`▁` starts one); None for bare spaces and special pieces.
 
     >>> word_index(["A", "B", "\u2581", "C", "<unk>", "\u2581D"])
     [0, 0, None, 1, None, 2]
@@ -423,19 +301,7 @@ def word_timestamps(
     token_probs: Sequence[float] | None = None,
     token_ctc_probs: Sequence[float] | None = None,
 ) -> list[Word]:
-    """Group token pieces into words (`word_index`) and time each word by its tokens: from
-    its first token's start to its last token's end.
-
-    Args:
-        pieces: one piece per token, e.g. `tokenizer.pieces(ids)` (no eos).
-        token_times: times of the same tokens.
-        token_probs: probabilities of the same tokens; a word's is the product of its
-            tokens'. None: words without probability.
-        token_ctc_probs: the same tokens' CTC posteriors (`ctc_token_probabilities`),
-            multiplied likewise into `Word.ctc_probability`; None: without.
-
-    Returns:
-        The words in order.
+    """Words of `pieces` (no eos), timed from their first token's start to last token's end.
 
     >>> times = TokenTimes((0, 1, 2, 3), (1, 2, 3, 4), 4, 0.5)
     >>> [(w.text, w.start, w.end) for w in word_timestamps(["A", "B", "\u2581", "C"], times)]
@@ -461,7 +327,7 @@ def word_timestamps(
 
 
 def word_tokens(pieces: Sequence[str]) -> list[list[int]]:
-    """The token indices of each word, in order (`word_index`'s grouping).
+    """The token indices of each word, in order.
 
     >>> word_tokens(["A", "B", "\u2581", "C", "<unk>", "\u2581D"])
     [[0, 1], [3], [5]]
@@ -474,8 +340,7 @@ def word_tokens(pieces: Sequence[str]) -> list[list[int]]:
 
 
 def word_products(words: Sequence[Sequence[int]], token_values: Sequence[float]) -> list[float]:
-    """Per word (its token indices, as `word_tokens` gives them), the product of its tokens'
-    values: how a word's probability follows from its tokens'.
+    """Per word (its token indices), the product of its tokens' values.
 
     >>> word_products([[0, 1], [3]], [0.5, 0.5, 1.0, 0.9])
     [0.25, 0.9]
@@ -490,15 +355,13 @@ def _word(
     probability: float | None,
     ctc_probability: float | None,
 ) -> Word:
-    """The word of `tokens` (indices of consecutive pieces of one word)."""
     text = "".join(pieces[t].lstrip(SPACE_PIECE) for t in tokens)
     start, end = float(times.start[tokens[0]]), float(times.end[tokens[-1]])
     return Word(text, start, end, probability, probability, ctc_probability)
 
 
 def boundary_error_ms(words_a: Sequence[Word], words_b: Sequence[Word]) -> float:
-    """Mean absolute difference of word starts and ends, in milliseconds, between two
-    alignments of the same words (the mean over all 2N boundaries).
+    """Mean absolute difference in ms of the starts and ends of two alignments of the same words.
 
     >>> boundary_error_ms([Word("A", 0.0, 0.5)], [Word("A", 0.25, 0.5)])
     125.0

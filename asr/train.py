@@ -1,7 +1,5 @@
-"""LightningCLI for `asr fit|validate|test`: YAML configs under conf/ pick every part by
-`class_path`, the model and data modules included (`asr.lightning.ASRModule` +
-`ASRDataModule` train a recognizer, `asr.lm.LMModule` + `TextDataModule` a language model);
-the tokenizer and the vocabulary size flow from the data module to the model."""
+"""LightningCLI for `asr fit|validate|test`: YAML configs pick model and data modules by
+`class_path`; the tokenizer and vocabulary size flow from the data module to the model."""
 
 from __future__ import annotations
 
@@ -29,7 +27,7 @@ DEFAULT_LOGGERS = (  # CSV first: it warns about a run folder another logger mad
     "lightning.pytorch.loggers.CSVLogger",
     "lightning.pytorch.loggers.TensorBoardLogger",
 )
-CHECKPOINT_DEFAULTS = {  # recognizers; an LM config overrides monitor and filename (val/loss)
+CHECKPOINT_DEFAULTS = {
     "checkpoint.monitor": "val/wer",
     "checkpoint.mode": "min",
     "checkpoint.save_top_k": 5,
@@ -53,13 +51,7 @@ class AtomicCheckpointIO(CheckpointIO):
 
 
 class RunCheckpoint(ModelCheckpoint):
-    """Lightning's ModelCheckpoint that follows its run folder when it is moved or copied.
-
-    Lightning drops the best-k record of a checkpoint written in another folder, so a moved
-    run resumed there would forget its best epochs (`asr average` picks from that record)
-    and write `last-v1.ckpt` beside `last.ckpt`. Where every file the record names sits in
-    the new folder under the same name, the record is remapped to that folder instead.
-    """
+    """ModelCheckpoint that keeps its best-k record when its run folder is moved or copied."""
 
     @property
     def state_key(self) -> str:
@@ -72,9 +64,7 @@ class RunCheckpoint(ModelCheckpoint):
             state_dict = _moved_record(state_dict, Path(self.dirpath)) or state_dict
         super().load_state_dict(state_dict)
 
-    # Lightning writes last.ckpt only at a step where it also wrote a best-k checkpoint, so
-    # after an epoch outside the best k, last.ckpt would hold an older state: a resumed run
-    # would repeat epochs and `--ckpt_path last` would not be the last model.
+    # Lightning writes last.ckpt only beside a new best-k checkpoint; refresh it every epoch.
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         super().on_train_epoch_end(trainer, pl_module)
         if self._should_save_on_train_epoch_end(trainer):
@@ -86,7 +76,6 @@ class RunCheckpoint(ModelCheckpoint):
             self._refresh_last(trainer)
 
     def _refresh_last(self, trainer: L.Trainer) -> None:
-        # The skip test is also true where this step was saved already.
         if self.save_last is True and not self._should_skip_saving_checkpoint(trainer):
             self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
 
@@ -108,20 +97,11 @@ def _moved_record(state: dict[str, Any], folder: Path) -> dict[str, Any] | None:
     return {**state, **paths, "dirpath": str(folder), "best_k_models": best_k}
 
 
-EPOCH_PARTS = ("steps", "data", "validation", "other")  # where a training epoch's time goes
+EPOCH_PARTS = ("steps", "data", "validation", "other")
 
 
 class EpochClock(L.Callback):
-    """Each training epoch's wall time and where it went, logged as `time/epoch_s`,
-    `time/steps_s`, `time/data_s`, `time/validation_s`, `time/other_s` and
-    `time/audio_s` (audio seconds trained), with the process's resident memory at the end of
-    the epoch (`memory/rss_gb`, where the OS reports it); with `path` also written to a JSON
-    list.
-
-    Steps run from `on_train_batch_start` to `on_train_batch_end` (forward, backward,
-    optimizer; queued GPU work included); data is the time between batches (loading,
-    augmentation); other is the rest (checkpoints, hooks, the loader rebuilt each epoch). An
-    epoch is closed when the next one starts or the fit ends, so its checkpoints count.
+    """Logs each training epoch's wall time split into `EPOCH_PARTS`, and resident memory.
 
     Args:
         path: JSON file rewritten after every epoch (None: the loggers only).
@@ -131,7 +111,7 @@ class EpochClock(L.Callback):
         self.path = Path(path) if path else None
         self.epochs: list[dict[str, float]] = []
         self._epoch: dict[str, float] | None = None
-        self._mark = 0.0  # the end of the last timed span in the epoch
+        self._mark = 0.0
         self._validation_start = 0.0
         self._sample_rate: int | None = None
 
@@ -150,7 +130,7 @@ class EpochClock(L.Callback):
     def _open(self, trainer: L.Trainer, now: float) -> None:
         self._epoch = {"start": now, "steps": 0.0, "data": 0.0, "validation": 0.0, "audio": 0.0}
         self._mark = now
-        hparams = getattr(trainer.datamodule, "hparams", None)  # a recognizer's data: audio
+        hparams = getattr(trainer.datamodule, "hparams", None)
         self._sample_rate = hparams.get("sample_rate") if hparams is not None else None
 
     def on_train_batch_end(self, trainer: L.Trainer, module: Any, out: Any, batch: Any, *a) -> None:
@@ -173,7 +153,6 @@ class EpochClock(L.Callback):
         self._close(trainer, time.perf_counter())
 
     def _close(self, trainer: L.Trainer, now: float) -> None:
-        """Record the running epoch as ending at `now`."""
         if self._epoch is None:
             return
         epoch, self._epoch = self._epoch, None
@@ -204,11 +183,7 @@ def resident_gb() -> float | None:
 
 
 class StepCheckpoint(L.Callback):
-    """Writes `<dirpath>/last.ckpt` every `every_n_steps` optimizer steps, mid-epoch included,
-    so a killed run resumed with `--ckpt_path last` loses at most that many steps. The
-    checkpoint holds the sampler position and RNG state (see `asr.lightning`), so the resumed
-    run continues the same batches and random draws. A run that `trainer.max_time` stopped
-    mid-epoch resumes inside that epoch too (`reopen_cut_epoch`).
+    """Writes `<dirpath>/last.ckpt` every `every_n_steps` optimizer steps, mid-epoch included.
 
     Args:
         every_n_steps: steps between saves; 0 disables (epoch-end checkpoints remain).
@@ -236,19 +211,12 @@ class StepCheckpoint(L.Callback):
 
 
 def reopen_cut_epoch(checkpoint: dict[str, Any]) -> None:
-    """Make a checkpoint of an epoch cut short resume inside that epoch.
-
-    When a fit stops mid-epoch (the `max_time` limit, or any callback that sets
-    `trainer.should_stop`), Lightning ends the epoch as if its batches had run out, saves it from
-    `on_train_epoch_end`, and a resumed fit would start the next epoch, never training on the
-    rest. Its progress counters are put back to those of a save at the cut batch's end, where
-    a step checkpoint resumes, and the data module's sampler state skips the batches done.
-    """
+    """Make a checkpoint of an epoch cut short (e.g. by `max_time`) resume inside that epoch."""
     fit = checkpoint.get("loops", {}).get("fit_loop", {})
     epochs, batches = fit.get("epoch_progress"), fit.get("epoch_loop.batch_progress")
     epoch_loop = fit.get("epoch_loop.state_dict", {})
     if epochs is None or batches is None or "_batches_that_stepped" not in epoch_loop:
-        return  # a layout this code does not know: resumed as Lightning decides
+        return
     saved_at_epoch_end = epochs["current"]["processed"] == epochs["current"]["completed"] + 1
     if not saved_at_epoch_end or batches["is_last_batch"]:
         return
@@ -261,14 +229,7 @@ def reopen_cut_epoch(checkpoint: dict[str, Any]) -> None:
 
 
 class ASRCLI(LightningCLI):
-    """Adds argument links, a best-k + last checkpoint callback (by WER unless the config
-    says otherwise), a mid-epoch `last.ckpt` every `--step_checkpoint.every_n_steps`, and
-    (unless the config names loggers) TensorBoard and CSV logs under
-    `trainer.default_root_dir`.
-
-    Model and data modules are picked by `class_path` (subclass mode); every pair must take
-    `tokenizer` (model and data) and `vocab_size` (model; a property of the data module).
-    """
+    """LightningCLI with argument links, checkpoint callbacks and default loggers."""
 
     def add_arguments_to_parser(self, parser) -> None:
         parser.link_arguments("data.init_args.tokenizer", "model.init_args.tokenizer")
@@ -294,10 +255,7 @@ class ASRCLI(LightningCLI):
             "data.shape_grid on a CPU, bf16 training reuses more kernels than that "
             "(docs/performance.md); None leaves oneDNN's setting alone",
         )
-        # The bucketing sampler shards batches across ranks itself, and its batch count
-        # changes from epoch to epoch (speed perturbation repacks the buckets): Lightning
-        # counts an epoch's batches when it builds the loader, and with a stale count it
-        # skips the epoch-end validation, so the loader is rebuilt every epoch.
+        # The sampler shards by rank itself, and its batch count changes from epoch to epoch.
         parser.set_defaults(
             {
                 "trainer.use_distributed_sampler": False,
@@ -322,7 +280,7 @@ class ASRCLI(LightningCLI):
         if config.step_checkpoint.dirpath is None:
             config.step_checkpoint.dirpath = config.checkpoint.dirpath
         if config.trainer.logger in (None, True):
-            version = _next_version(Path(root) / "logs")  # one run directory for both loggers
+            version = _next_version(Path(root) / "logs")
             config.trainer.logger = [
                 Namespace(
                     class_path=cls,
@@ -359,9 +317,7 @@ KERNEL_CACHE_VARIABLE = "ONEDNN_PRIMITIVE_CACHE_CAPACITY"
 
 
 def _keep_compiled_kernels(capacity: int | None) -> None:
-    """Ask oneDNN to keep `capacity` compiled kernels, in this `asr fit` process (and the DDP
-    workers it starts), where the user has not set the variable already. It must be set
-    before the first oneDNN kernel is built, which no step before training does."""
+    """Ask oneDNN to keep `capacity` compiled kernels unless the user has set the variable."""
     if capacity is None or KERNEL_CACHE_VARIABLE in os.environ:
         return
     if capacity < 1:
@@ -390,8 +346,7 @@ def run_lightning_cli(argv: Sequence[str]) -> ASRCLI:
             trainer_defaults={"plugins": [{"class_path": "asr.train.AtomicCheckpointIO"}]},
         )
     except SIGTERMException:
-        # Lightning leaves on SIGTERM with exit status 0, as if training had ended: a recipe
-        # or a scheduler would go on to average and decode an unfinished model.
+        # Lightning exits 0 on SIGTERM; a recipe would then average an unfinished model.
         print(
             "asr: training stopped by SIGTERM; the same command with --ckpt_path last resumes "
             "it from the last checkpoint",

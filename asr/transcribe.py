@@ -1,12 +1,5 @@
-"""Transcribing recordings of any length with a `Recognizer`.
-
-Each input is cut into segments (`asr.segment`); segments are read one at a time with
-`load_audio(offset=, duration=)`, sorted by length and decoded `batch_size` at a time; each
-segment's times are shifted by its start, and where two fixed windows overlap, each keeps the
-words whose centre lies on its side of the overlap's midpoint. `Recognizer.transcribe` runs
-this; `asr transcribe` runs it over files (`asr.cli.inputs`). The recognizer is named here
-only for type checking, so the import points one way.
-"""
+"""Transcribing recordings of any length with a `Recognizer`: cut into segments, decode them in
+length-sorted batches, and join each input's segments on its timeline."""
 
 from __future__ import annotations
 
@@ -37,7 +30,7 @@ from asr.timing import word_index
 if TYPE_CHECKING:
     from asr.recognizer import Recognizer
 
-# Segments decoded together by `transcribe`: more costs memory faster than it saves time.
+# More costs memory faster than it saves time.
 TRANSCRIBE_BATCH_SIZE = 4
 
 T = TypeVar("T")
@@ -60,26 +53,7 @@ def transcribe_sources(
     segmenter: SegmenterOptions | None = None,
     progress: bool = False,
 ) -> list[BatchResult]:
-    """Segment every input, decode all segments in length-sorted batches, join per input.
-
-    Args:
-        recognizer: the model.
-        audios: file paths, `Clip`s of files, or mono waveforms `(S,)` at `sample_rate`.
-        sample_rate: rate of waveform inputs; None: the recognizer's.
-        options: search settings; None: `recognizer.default_options`.
-        lm: language model for shallow fusion.
-        timestamps: "attention" or "ctc" (`Recognizer.transcribe`'s `word_timestamps`).
-        batch_size: segments decoded together.
-        segmenter: how long audio is split; None: `recognizer.segmenter()`.
-        progress: show a tqdm bar over segments.
-
-    Returns:
-        Per input, in order, a `BatchResult`: its `Transcript`, or the `AudioError` that
-        stopped it (the other inputs still decode).
-
-    Raises:
-        ValueError: settings the recognizer cannot decode with (before any input is read).
-    """
+    """Segment every input, decode all segments in batches, and join them per input."""
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     segmenter = segmenter or recognizer.segmenter()
@@ -142,11 +116,7 @@ def _input_name(audio: AudioInput | Clip, index: int) -> str:
 
 
 def _open(audio: AudioInput | Clip, name: str, rate: int, sample_rate: int | None) -> AudioSource:
-    """`open_source`, a waveform named `name` and refused by an `AudioError` naming it.
-
-    Raises:
-        AudioError: the file cannot be read, or the array is no mono waveform of finite samples.
-    """
+    """`open_source`, with an `AudioError` naming `name` for bad audio."""
     if isinstance(audio, (Clip, str, os.PathLike)):
         return open_source(audio, rate)
     try:
@@ -161,8 +131,7 @@ def search_or_errors(
     options: SearchOptions | None,
     lm: LanguageModel | None,
 ) -> list[Decoded | ValueError]:
-    """`recognizer.search`, or where the batch fails on its input (audio shorter than the
-    encoder needs), each wave alone: the result holds the ValueError of each bad one."""
+    """`recognizer.search`, or where the batch fails, each wave alone, a ValueError per bad one."""
     try:
         return recognizer.search(waves, options, lm)
     except ValueError as err:
@@ -180,17 +149,7 @@ def search_or_errors(
 def join_segments(
     tokenizer: Tokenizer, parts: Sequence[tuple[Span, Transcript]], duration: float
 ) -> Transcript:
-    """One `Transcript` from segment transcripts (times relative to their span's start).
-
-    Times are shifted into the input's timeline. Where two spans overlap, the earlier one
-    keeps the words whose centre lies before the overlap's midpoint and the later one the
-    rest; the segments reported are cut at that midpoint too.
-
-    Args:
-        tokenizer: decodes the tokens a segment keeps.
-        parts: `(span, transcript)` per segment, in any order.
-        duration: seconds of the whole input.
-    """
+    """One `Transcript` from `(span, transcript)` parts; overlaps are cut at their midpoint."""
     parts = sorted(parts, key=lambda part: part[0][0])
     spans = [span for span, _ in parts]
     out = Transcript("", [], [], [], [], [], 0.0, duration, [])
@@ -233,8 +192,7 @@ def _kept_range(spans: Sequence[Span], k: int) -> tuple[float, float]:
 
 
 def _kept_tokens(part: Transcript, offset: float, low: float, high: float) -> list[bool]:
-    """Which tokens stay: those of kept words; a token outside words (a space) stays when the
-    words on both sides of it (where there are any) stay."""
+    """Which tokens stay: those of kept words, and spaces between kept words."""
     if low == -math.inf and high == math.inf:
         return [True] * len(part.tokens)
     kept_words = [low <= offset + (w.start + w.end) / 2 < high for w in part.words]

@@ -1,13 +1,4 @@
-"""Voice activity detection by a model, for cutting long audio where speech really is.
-
-Silero VAD (the `silero-vad` wheel ships its TorchScript model, so it runs offline) gives a
-speech probability per 32 ms of audio at 16 kHz (or 8 kHz). `speech_track` turns those into a
-track that `asr.segment.plan_segments` reads as it reads frame energy: frames at or above the
-threshold are loud (`SPEECH_DB`), the others silent, quieter the less likely they are speech
-(from `NON_SPEECH_TOP_DB` down to `ENERGY_FLOOR_DB`), so cuts fall where speech is least likely.
-Everything else about segmenting (the longest segment, the shortest silence cut, dropping
-segments without speech, trimming edge silence) stays as the energy splitter does it.
-"""
+"""Voice activity detection by Silero VAD, read by the segmenter as a pseudo-energy track."""
 
 from __future__ import annotations
 
@@ -30,10 +21,10 @@ ENERGY_FLOOR_DB = -100.0
 
 @functools.cache
 def _silero_model() -> torch.jit.ScriptModule:
-    """The packaged Silero VAD model, loaded once per process, on first use."""
+    """The packaged Silero VAD model, loaded once per process."""
     try:
         from silero_vad import load_silero_vad
-    except ImportError as err:  # an install without the dependency
+    except ImportError as err:
         raise RuntimeError(
             "--vad silero needs the silero-vad package (pip install silero-vad)"
         ) from err
@@ -44,11 +35,7 @@ def _silero_model() -> torch.jit.ScriptModule:
 def speech_probabilities(
     source: AudioSource, read_seconds: float = 60.0
 ) -> tuple[np.ndarray, float]:
-    """Silero's speech probability of each chunk of `source` and the chunk length in seconds.
-
-    The audio is read `read_seconds` at a time (never whole) and fed in order, so the model's
-    state runs on across reads; rates other than 16 and 8 kHz are resampled to 16 kHz.
-    """
+    """Silero's speech probability per chunk of `source`, read in pieces, and the chunk seconds."""
     rate = source.sample_rate
     vad_rate = rate if rate in SILERO_CHUNKS else 16000
     chunk = SILERO_CHUNKS[vad_rate]
@@ -74,8 +61,7 @@ def speech_probabilities(
 
 
 def speech_track(probabilities: np.ndarray, threshold: float = 0.5) -> np.ndarray:
-    """A pseudo-energy in dB for `asr.segment.plan_segments`: `SPEECH_DB` at or above
-    `threshold`, below it from `NON_SPEECH_TOP_DB` (just under) to `ENERGY_FLOOR_DB` (0).
+    """Pseudo-energy in dB for `plan_segments`: lower the less likely speech, so cuts fall there.
 
     >>> speech_track(np.array([0.9, 0.5, 0.25, 0.0])).tolist()
     [0.0, 0.0, -70.0, -100.0]

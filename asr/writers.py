@@ -1,8 +1,4 @@
-"""Transcripts as files (txt, json, srt, vtt, tsv) or as timed lines, and where they go.
-
-`write_txt`, `write_json`, `write_srt`, `write_vtt` and `write_tsv` are public as
-`asr.write_srt(transcript, "talk.srt")` and so on; each writes what `render` gives.
-"""
+"""Transcripts as files (txt, json, srt, vtt, tsv) or as timed lines, and where they go."""
 
 from __future__ import annotations
 
@@ -17,7 +13,7 @@ from asr.results import Transcript
 from asr.timing import Word
 
 FORMATS = ("txt", "json", "srt", "vtt", "tsv")
-ALL = "all"  # every one of FORMATS
+ALL = "all"
 
 
 def expand_formats(formats: Sequence[str]) -> list[str]:
@@ -34,8 +30,7 @@ def expand_formats(formats: Sequence[str]) -> list[str]:
 
 
 def format_timestamp(seconds: float, decimal_marker: str = ",", hours: bool = True) -> str:
-    """`HH:MM:SS,mmm` (SRT; WebVTT uses "." as the marker); `hours=False` leaves out hours
-    when there are none, as Whisper prints.
+    """`HH:MM:SS,mmm`; `hours=False` leaves out zero hours, as Whisper prints.
 
     >>> format_timestamp(3725.5), format_timestamp(0.0004, "."), format_timestamp(1.2, ".", False)
     ('01:02:05,500', '00:00:00.000', '00:01.200')
@@ -49,9 +44,7 @@ def format_timestamp(seconds: float, decimal_marker: str = ",", hours: bool = Tr
 
 
 def subtitle_cues(transcript: Transcript, words_per_cue: int = 0) -> list[tuple[float, float, str]]:
-    """Subtitle cues `(start, end, text)`: one per segment, or per `words_per_cue` words of a
-    segment when > 0, timed by the first and last word. Segments without words give none.
-    """
+    """Cues `(start, end, text)`: one per segment, or per `words_per_cue` words of one."""
     if words_per_cue < 0:
         raise ValueError(f"words_per_cue must be >= 0, got {words_per_cue}")
     groups: list[list[Word]] = [[] for _ in transcript.segments]
@@ -93,7 +86,7 @@ def to_vtt(cues: Sequence[tuple[float, float, str]]) -> str:
 
 
 def to_tsv(cues: Sequence[tuple[float, float, str]]) -> str:
-    """Tab-separated cues in whole milliseconds, with a header, as Whisper writes them.
+    """Tab-separated cues in whole milliseconds under a header, as Whisper writes them.
 
     >>> to_tsv([(0.5, 1.25, "YES")]).splitlines()
     ['start\\tend\\ttext', '500\\t1250\\tYES']
@@ -122,7 +115,7 @@ def timed_lines(transcript: Transcript) -> str:
 
 
 def render(transcript: Transcript, fmt: str, audio: str = "", words_per_cue: int = 0) -> str:
-    """The transcript as the text of an output file of format `fmt` (one of `FORMATS`)."""
+    """The transcript as the text of an output file of format `fmt`."""
     if fmt == "txt":
         return transcript.text + "\n"
     if fmt == "json":
@@ -144,7 +137,6 @@ def write_transcript(
     audio: str = "",
     words_per_cue: int = 0,
 ) -> None:
-    """Write `render(transcript, fmt, audio, words_per_cue)` to `path` (UTF-8)."""
     text = render(transcript, fmt, audio, words_per_cue)
     Path(path).write_text(text, encoding="utf-8")
 
@@ -156,7 +148,7 @@ def write_outputs(
     audio: str = "",
     words_per_cue: int = 0,
 ) -> None:
-    """`<stem>.<format>` for each of `formats`, its folder made where missing."""
+    """Write `<stem>.<format>` for each of `formats`, making the folder."""
     stem = Path(stem)
     stem.parent.mkdir(parents=True, exist_ok=True)
     for fmt in formats:
@@ -165,30 +157,65 @@ def write_outputs(
 
 
 def write_txt(transcript: Transcript, path: str | os.PathLike) -> None:
-    """The text, one line."""
+    """Write the transcript's text as one line.
+
+    Args:
+        transcript: the transcript to write.
+        path: the file to write (UTF-8).
+    """
     write_transcript(transcript, path, "txt")
 
 
 def write_json(transcript: Transcript, path: str | os.PathLike, *, audio: str = "") -> None:
-    """Text, segments, words and tokens with their times (`Transcript.to_dict`), and `audio`,
-    the recording's name."""
+    """Write text, segments, words and tokens with their times (`Transcript.to_dict`) as JSON.
+
+    Args:
+        transcript: the transcript to write.
+        path: the file to write (UTF-8).
+        audio: the recording's name, stored under "audio".
+    """
     write_transcript(transcript, path, "json", audio=audio)
 
 
 def write_srt(transcript: Transcript, path: str | os.PathLike, *, words_per_cue: int = 0) -> None:
-    """SubRip subtitles: a cue per segment, or per `words_per_cue` words of one
-    (`subtitle_cues`)."""
+    """Write SubRip subtitles.
+
+    Args:
+        transcript: the transcript to write.
+        path: the file to write (UTF-8).
+        words_per_cue: words per cue; 0 gives a cue per segment.
+
+    Raises:
+        ValueError: `words_per_cue` is negative.
+    """
     write_transcript(transcript, path, "srt", words_per_cue=words_per_cue)
 
 
 def write_vtt(transcript: Transcript, path: str | os.PathLike, *, words_per_cue: int = 0) -> None:
-    """WebVTT subtitles, cues as `write_srt`'s."""
+    """Write WebVTT subtitles.
+
+    Args:
+        transcript: the transcript to write.
+        path: the file to write (UTF-8).
+        words_per_cue: words per cue; 0 gives a cue per segment.
+
+    Raises:
+        ValueError: `words_per_cue` is negative.
+    """
     write_transcript(transcript, path, "vtt", words_per_cue=words_per_cue)
 
 
 def write_tsv(transcript: Transcript, path: str | os.PathLike, *, words_per_cue: int = 0) -> None:
-    """`start<TAB>end<TAB>text` rows in milliseconds under a header (Whisper's), cues as
-    `write_srt`'s."""
+    """Write `start<TAB>end<TAB>text` rows in milliseconds under a header, as Whisper does.
+
+    Args:
+        transcript: the transcript to write.
+        path: the file to write (UTF-8).
+        words_per_cue: words per row; 0 gives a row per segment.
+
+    Raises:
+        ValueError: `words_per_cue` is negative.
+    """
     write_transcript(transcript, path, "tsv", words_per_cue=words_per_cue)
 
 
@@ -197,18 +224,10 @@ def output_stems(
     bases: Sequence[str | os.PathLike | None] | None = None,
     unique: bool = True,
 ) -> list[PurePath]:
-    """Where each input's outputs go, relative to the output directory and without suffix:
-    its path below the deepest folder shared by all `bases` (by default each input's own
-    folder), so `alice/001.wav` and `bob/001.wav` give `alice/001` and `bob/001`, and files of
-    one folder their stems. An input whose base is None gives its stem alone.
+    """Each input's output path without suffix, below the deepest folder shared by `bases`.
 
     >>> [s.as_posix() for s in output_stems(["d/alice/1.wav", "d/bob/1.wav"], ["d", "d"])]
     ['alice/1', 'bob/1']
-    >>> [s.as_posix() for s in output_stems(["d/alice/1.wav", "d/2.flac"])]
-    ['alice/1', '2']
-
-    Raises:
-        ValueError: with `unique`, two inputs would write the same files (both are named).
     """
     bases = [os.path.dirname(p) for p in paths] if bases is None else bases
     root = _common_folder([b for b in bases if b is not None])
@@ -226,8 +245,7 @@ def output_stems(
 
 
 def _common_folder(folders: Sequence[str | os.PathLike]) -> str | None:
-    """The deepest folder holding all of `folders` (absolute); None if there is none (no
-    folders, or Windows drives that differ)."""
+    """The deepest folder holding all of `folders`; None if there is none."""
     try:
         return os.path.commonpath([os.path.abspath(f) for f in folders]) if folders else None
     except ValueError:

@@ -49,7 +49,7 @@ def _prepare(args: argparse.Namespace) -> int:
         options["splits"] = args.splits
     if args.dev_size is not None:
         options["dev_size"] = args.dev_size
-    prepare_corpus(args.corpus, args.data_dir, args.out, **options)  # logs its summary
+    prepare_corpus(args.corpus, args.data_dir, args.out, **options)
     broken = left_out(args.out)
     if broken:
         summary = Path(args.out) / "summary.json"
@@ -156,7 +156,7 @@ def _export(args: argparse.Namespace) -> int:
     from asr.package import ModelCard, write_package
     from asr.recognizer import load_model
 
-    recognizer = load_model(args.checkpoint)  # builds, and has the default search settings
+    recognizer = load_model(args.checkpoint)
     decoding = stored_decoding(recognizer.default_options)
     card = ModelCard(
         args.repo_id,
@@ -176,8 +176,7 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _load_model(args: argparse.Namespace) -> Recognizer:
-    """The recognizer `--checkpoint` (or `--model`) names, on `--device` in `--precision`
-    where given: a checkpoint, a package folder or `hf://owner/name`."""
+    """The recognizer `--checkpoint` names (checkpoint, package or hf://), on `--device`."""
     from asr.recognizer import load_model
 
     device = _device(getattr(args, "device", None))
@@ -277,8 +276,7 @@ def _transcribe_inputs(args: argparse.Namespace, inputs: list[Input]) -> list[st
 
 
 def _warn_if_longer_than_trained(recognizer: Recognizer, max_segment_seconds: float | None) -> None:
-    """Warn when segments may be longer than the model's training utterances: attention
-    decoders lose their place past them."""
+    """Warn when segments may be longer than the model's training utterances."""
     trained = recognizer.segment_seconds
     if max_segment_seconds is not None and trained is not None and max_segment_seconds > trained:
         print(

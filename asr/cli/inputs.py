@@ -1,10 +1,5 @@
-"""What `asr transcribe` reads and writes: the recordings its arguments name, and the loop that
-transcribes them into files or onto the terminal.
-
-An argument is a file; a folder (searched recursively for audio files); a glob pattern, which
-we expand; a `.jsonl` manifest; or "-", audio bytes on stdin. Outputs mirror the inputs' paths
-below the deepest folder the arguments share (`asr.writers.output_stems`).
-"""
+"""What `asr transcribe` reads and writes: the recordings its arguments name (files, folders,
+globs, manifests, stdin) and the loop that transcribes them into files or onto the terminal."""
 
 from __future__ import annotations
 
@@ -37,12 +32,11 @@ class Input:
     """One recording to transcribe: a file, a line of a manifest, or what came on stdin."""
 
     audio: Clip  # what to read
-    name: str  # how it is reported: its path, "-" for stdin, "path@start-end" (ms) for a clip
-    stem: PurePath  # where its outputs go under the output directory, without suffix
+    name: str  # its path, "-" for stdin, "path@start-end" (ms) for a clip
+    stem: PurePath  # its outputs' path under the output directory, without suffix
 
 
-# What an argument yields: (audio, name, path its output stem is taken from, base folder of
-# that path; None: the stem alone).
+# (audio, name, path its output stem comes from, that path's base folder or None)
 Found = tuple[Clip, str, str, str | None]
 
 
@@ -52,25 +46,7 @@ def expand_inputs(
     stdin: IO[bytes] | None = None,
     unique_stems: bool = True,
 ) -> tuple[list[Input], list[str]]:
-    """The recordings that `asr transcribe` arguments name, and what is wrong with the others.
-
-    An argument is a file; a folder (searched recursively for files with `AUDIO_SUFFIXES`); a
-    glob pattern, which we expand (`**` too), keeping audio files; a `.jsonl` manifest, whose
-    lines give `audio_filepath` (relative: to the manifest's folder) and optionally `offset`
-    and `duration` in seconds; or "-", audio bytes on stdin, saved under `scratch`. Outputs
-    mirror the inputs' paths below the deepest folder the arguments share
-    (`asr.writers.output_stems`); manifest lines that share a file are told apart by their
-    span in milliseconds (`talk@12000-15500`). A file found twice is transcribed once.
-
-    Returns:
-        The inputs in argument order, and one "name: reason" per argument or manifest line
-        that gives nothing (a folder without audio, a glob without matches, a bad line).
-        Files that are missing or unreadable are found to be so when they are read.
-
-    Raises:
-        ValueError: two inputs would write the same output files (only with `unique_stems`:
-            where nothing is written, `a.m4a` and `a.webm` may share the stem `a`).
-    """
+    """The `Input`s that `asr transcribe` arguments name, and a `name: reason` per bad one."""
     found: list[Found] = []
     failures: list[str] = []
     for argument in arguments:
@@ -118,8 +94,7 @@ def _is_pattern(argument: str) -> bool:
 
 
 def _glob_inputs(pattern: str, failures: list[str]) -> list[Found]:
-    """Audio files matching `pattern` (and in folders it matches), named below its fixed
-    leading folders."""
+    """Audio files matching `pattern` (and in folders it matches), named below its fixed part."""
     parts = Path(pattern).parts
     fixed = list(itertools.takewhile(lambda part: not _is_pattern(part), parts[:-1]))
     base = str(Path(*fixed)) if fixed else "."
@@ -206,18 +181,7 @@ def transcribe_files(
     words_per_cue: int = 0,
     progress: bool = True,
 ) -> list[str]:
-    """Transcribe files `batch_size` at a time, into `out_dir/<stem>.<format>` per format
-    ("all": every one), printing `name<TAB>text` per input; or, without `out_dir`, printing
-    each input's segments as `[MM:SS.mmm --> MM:SS.mmm] text` lines (after its name where
-    there are several inputs). Plain paths are named by `asr.writers.output_stems`. The
-    decoding arguments are `transcribe_sources`'.
-
-    An input that cannot be read or decoded is reported on stderr (named, with the reason)
-    and the others go on.
-
-    Returns:
-        The names of the inputs that failed.
-    """
+    """Transcribe inputs into `out_dir/<stem>.<format>` files, or onto stdout; the failed names."""
     formats = expand_formats(formats)
     items = list(inputs) if all(isinstance(i, Input) for i in inputs) else file_inputs(inputs)
     failed = []

@@ -1,21 +1,5 @@
-"""Waveform augmentation for training: reverberation, additive noise, telephone band, gain.
-
-Each kind is switched on by a probability in YAML (all 0 by default) under the data module's
-``augment``::
-
-    augment:
-      noise: {prob: 0.6, snr_db: [0, 25], kinds: [white, pink, brown, babble]}
-      reverb: {prob: 0.25, rt60: [0.2, 0.9]}
-      narrowband: {prob: 0.2}
-      gain: {prob: 0.5, db: [-30, 10]}
-      start_epoch: 0
-
-They are applied in the order a recording meets them: the room, then the noise in it, then
-the channel, then the recording level. Every draw comes from the generator the dataset seeds
-with ``(seed, epoch, index)``, so an item is augmented identically in any loader process and
-after a resume. Lengths and dtypes are kept. Epochs before ``start_epoch`` see the audio
-unaugmented: a small model first learns clean speech, then becomes robust.
-"""
+"""Waveform augmentation for training (reverberation, noise, telephone band, gain), configured
+under the data module's ``augment`` and drawn per item from ``(seed, epoch, index)``."""
 
 from __future__ import annotations
 
@@ -44,7 +28,7 @@ class NoiseAugment:
     snr_db: tuple[float, float] = (0.0, 30.0)  # range of the SNR drawn, dB
     kinds: tuple[str, ...] = ("white", "pink", "brown", "babble")  # drawn uniformly per item
     babble_talkers: tuple[int, int] = (3, 7)  # range (inclusive) of utterances mixed as babble
-    folder: str | None = None  # noise files, searched recursively (MUSAN's noise/ works); "files"
+    folder: str | None = None  # noise files (searched recursively) for the kind "files"
 
 
 @dataclass(frozen=True)
@@ -99,8 +83,7 @@ class WaveAugment:
 
     @classmethod
     def from_dict(cls, config: dict) -> WaveAugment:
-        """From plain dicts and lists, as a YAML file holds them (`WaveAugment.from_dict(
-        {"noise": {"prob": 0.5, "snr_db": [0, 30]}})`)."""
+        """From plain dicts and lists, as a YAML file holds them."""
         parts = {"noise": NoiseAugment, "reverb": ReverbAugment,
                  "narrowband": NarrowbandAugment, "gain": GainAugment}  # fmt: skip
         known = [f.name for f in dataclass_fields(cls)]
@@ -109,7 +92,7 @@ class WaveAugment:
             raise ValueError(f"augment: unknown keys {unknown}; known: {known}")
 
         def build(name: str, value):
-            if name not in parts:  # a plain value such as start_epoch
+            if name not in parts:
                 return value
             return parts[name](**{k: tuple(v) if isinstance(v, list) else v
                                   for k, v in value.items()})  # fmt: skip
@@ -122,17 +105,7 @@ class WaveAugment:
 
 
 class WaveAugmenter:
-    """Applies a `WaveAugment` to waveforms, with its noise and impulse-response files found
-    (and their headers checked) once, up front.
-
-    Args:
-        config: what to apply.
-        sample_rate: rate of the waveforms it gets (files are resampled to it).
-
-    Raises:
-        ValueError: a folder is missing, holds no audio, or holds a file that cannot be read
-            (the message names the file).
-    """
+    """Applies a `WaveAugment` to waveforms; its noise and impulse-response files load up front."""
 
     def __init__(self, config: WaveAugment, sample_rate: int) -> None:
         self.config, self.sample_rate = config, sample_rate
@@ -147,8 +120,7 @@ class WaveAugmenter:
     def __call__(
         self, wave: Tensor, rng: np.random.Generator, others: OtherWaves | None = None
     ) -> Tensor:
-        """`wave` `(T,)` augmented: the same length and dtype, and never modified in place
-        (with nothing drawn, `wave` itself is returned)."""
+        """`wave` `(T,)` augmented, same length and dtype, never modified in place."""
         c = self.config
         if rng.random() < c.reverb.prob:
             wave = perturb.reverberate(wave, self._rir(rng))

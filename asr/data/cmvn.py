@@ -37,22 +37,7 @@ def compute_cmvn_stats(
     max_utterances: int | None = None,
     batch_size: int = 16,
 ) -> CMVNStats:
-    """Global CMVN statistics of `frontend` features over a manifest, saved as JSON.
-
-    Pass the feature extractor alone (e.g. `LogMelFilterbank`), or in a `Frontend` with only a
-    `level`, whose target the file records. It runs in eval mode without gradients.
-
-    Args:
-        manifest_path: JSON Lines manifest (`asr.data.manifest`).
-        frontend: `forward(wave, wave_lens) -> (feats, feat_lens)`.
-        out_path: where to write the statistics (`CMVNStats.save`).
-        sample_rate: rate the audio is loaded (and resampled) at.
-        max_utterances: use only the first this many utterances.
-        batch_size: utterances per forward pass.
-
-    Returns:
-        The statistics written to `out_path`.
-    """
+    """Global CMVN statistics of `frontend` features (eval mode) over a manifest, saved as JSON."""
     utterances = read_manifest(manifest_path)[:max_utterances]
     device, was_training = _module_device(frontend), frontend.training
     stats = None
@@ -77,12 +62,7 @@ def compute_cmvn_stats(
 
 
 def config_frontend(config: str | Path) -> Frontend:
-    """The level normaliser and features of a training config's frontend (its CMVN and
-    augmentation left out): what its CMVN statistics must be taken through.
-
-    Raises:
-        ValueError: the file names no `model.init_args.frontend` (the message names the file).
-    """
+    """A training config's frontend without CMVN and augmentation: what CMVN statistics need."""
     with open(config, encoding="utf-8") as file:
         data = yaml.safe_load(file) or {}
     try:

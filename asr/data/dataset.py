@@ -1,12 +1,5 @@
-"""Speech dataset with data-side speed perturbation and waveform augmentation, the padded
-`Batch`, collate, DataLoader.
-
-Speed perturbation follows Kaldi and ESPnet: a factor ``f`` plays the audio ``f`` times
-faster by resampling, changing tempo and pitch together, so the duration becomes ``1/f``
-of the original (0.9 makes an utterance about 11% longer). The factor for an item, and its
-augmentation (`asr.data.augment`), are drawn from ``(seed, epoch, index)`` alone, so they
-are the same in any worker and after a resume.
-"""
+"""Speech dataset with speed perturbation and augmentation drawn from (seed, epoch, index), the
+padded `Batch`, collate and DataLoader helpers."""
 
 from __future__ import annotations
 
@@ -40,25 +33,7 @@ class TextEncoder(Protocol):
 
 
 class SpeechDataset(Dataset[dict[str, Any]]):
-    """Utterances from a manifest, loaded as mono waveforms, optionally speed-perturbed.
-
-    Items are dicts: ``id`` (str), ``wave`` (`(T,)` float32 at ``sample_rate``), ``text``
-    (str) and, when a tokenizer is given, ``tokens`` (`(L,)` int64, no sos/eos).
-
-    Args:
-        utterances: manifest entries (see :func:`asr.data.manifest.read_manifest`).
-        tokenizer: anything with ``encode(text) -> list[int]``; None leaves out ``tokens``.
-        sample_rate: rate every waveform is resampled to.
-        speed_perturb: speed factors to draw from per item (e.g. ``(0.9, 1.0, 1.1)``);
-            None or a single 1.0 disables perturbation.
-        seed: base of the per-item randomness, with the epoch (:meth:`set_epoch`) and index.
-        cache_audio: keep each waveform loaded (per speed factor) for later epochs: no file
-            reads or resampling once every item has been drawn at every factor, for 4 bytes per
-            sample per factor (64 kB per second at 16 kHz) in each loading process. The cache
-            holds waves before augmentation.
-        augment: noise, reverberation, telephone band and gain drawn per item; babble noise
-            mixes other items of this dataset.
-    """
+    """Manifest utterances as ``id``/``wave``/``text``/``tokens`` dicts, optionally perturbed."""
 
     def __init__(
         self,
@@ -116,8 +91,7 @@ class SpeechDataset(Dataset[dict[str, Any]]):
         return wave
 
     def _augmented(self, wave: Tensor, index: int) -> Tensor:
-        """`wave` of item `index` augmented with this epoch's draws; babble talkers are other
-        items, at speed 1.0."""
+        """`wave` of item `index` augmented with this epoch's draws (babble: other items)."""
         rng = np.random.default_rng([self.seed, self.epoch, index, _AUGMENT_STREAM])
 
         def others(rng: np.random.Generator, count: int) -> list[Tensor]:
@@ -136,8 +110,7 @@ class SpeechDataset(Dataset[dict[str, Any]]):
         self._epoch.fill_(epoch)
 
     def speed_factor(self, index: int, epoch: int | None = None) -> float:
-        """The speed factor item `index` gets in `epoch` (default: the current one); 1.0
-        without perturbation."""
+        """The speed factor of item `index` in `epoch` (default: the current one)."""
         if not self.speed_perturb:
             return 1.0
         epoch = self.epoch if epoch is None else epoch
@@ -146,15 +119,11 @@ class SpeechDataset(Dataset[dict[str, Any]]):
 
     @property
     def durations(self) -> list[float]:
-        """Nominal durations in seconds, from the manifest (before speed perturbation: an item
-        drawn with factor ``f`` lasts ``duration / f``, 0.9 giving ~11 % more)."""
+        """Manifest durations in seconds, before speed perturbation."""
         return [utterance.duration for utterance in self.utterances]
 
     def lengths(self, epoch: int | None = None) -> list[float]:
-        """Seconds each item lasts in `epoch` (default: the current one), after speed
-        perturbation: ``duration / factor``. :class:`asr.data.sampler.DynamicBucketSampler`
-        takes this method as its ``lengths`` (the data module passes it with a shape grid,
-        and the nominal :attr:`durations` without one)."""
+        """Seconds each item lasts in `epoch` after speed perturbation: ``duration / factor``."""
         epoch = self.epoch if epoch is None else epoch
         return [
             utterance.duration / self.speed_factor(index, epoch)
@@ -199,21 +168,7 @@ def collate(
     wave_length: Callable[[int], int] | None = None,
     token_length: Callable[[int], int] | None = None,
 ) -> Batch:
-    """Pad dataset items into a `Batch`.
-
-    Waves are padded with zeros and tokens with `pad_id`; lengths are absolute int64.
-    Items without ``tokens`` (inference) give a batch with ``tokens = token_lens = None``.
-
-    Args:
-        items: dicts with ``id``, ``text``, ``wave`` `(T,)` and optionally ``tokens`` `(L,)`.
-        pad_id: token padding id.
-        wave_length: the padded length for the longest wave, e.g. a grid point
-            (:class:`asr.data.sampler.LengthGrid`); the longest wave's length by default.
-        token_length: likewise for tokens, e.g. :func:`round_up` to a multiple of 16.
-
-    Returns:
-        Batch with waves `(B, T)`, wave_lens `(B,)`, tokens `(B, L)`, token_lens `(B,)`.
-    """
+    """Pad items into a `Batch` (waves with zeros, tokens with `pad_id`), to the given lengths."""
     if not items:
         raise ValueError("collate got an empty list of items")
     ids = [item["id"] for item in items]
@@ -267,18 +222,7 @@ def make_dataloader(
     pin_memory: bool = False,
     pad_id: int | None = None,
 ) -> DataLoader:
-    """DataLoader over `dataset` with `sampler` as its batch sampler and `collate`.
-
-    Args:
-        dataset: the dataset.
-        sampler: yields lists of indices, e.g. a DynamicBucketSampler.
-        num_workers: loader processes; workers persist across epochs when > 0.
-        pin_memory: pin batches for faster host-to-GPU copies.
-        pad_id: token padding id; defaults to the dataset tokenizer's, else 1.
-
-    Returns:
-        DataLoader yielding `Batch` objects.
-    """
+    """DataLoader over `dataset` with `sampler` as its batch sampler and `collate`."""
     if pad_id is None:
         pad_id = getattr(dataset.tokenizer, "pad_id", PAD_ID)
     return DataLoader(
@@ -292,12 +236,7 @@ def make_dataloader(
 
 
 def set_loader_epoch(loader: DataLoader, epoch: int) -> None:
-    """Call ``set_epoch(epoch)`` on the loader's batch sampler and dataset where they have it.
-
-    Lightning's own epoch hook reaches only ``loader.sampler`` and
-    ``loader.batch_sampler.sampler``, neither of which is a custom batch sampler, and never
-    the dataset. Call this before the epoch's iterator is created.
-    """
+    """Call ``set_epoch(epoch)`` on the loader's batch sampler and dataset (Lightning does not)."""
     for part in (loader.batch_sampler, loader.dataset):
         set_epoch = getattr(part, "set_epoch", None)
         if callable(set_epoch):

@@ -1,11 +1,5 @@
-"""JSON Lines manifests, one utterance per line, with NeMo's keys:
-
-    {"audio_filepath": "/corpora/an4/wav/an4_clstk/fash/an251-fash-b.wav", "duration": 1.6,
-     "text": "YES", "id": "fash-an251-b", "speaker": "fash"}
-
-Every line is validated. Bad lines are reported as `file:line: reason`, all of them at once,
-and never dropped silently.
-"""
+"""JSON Lines manifests with NeMo's keys (`audio_filepath`, `duration`, `text`, optional `id`,
+`speaker`, `offset`); every line is validated and bad lines are reported, never dropped."""
 
 from __future__ import annotations
 
@@ -24,7 +18,7 @@ from asr.audio import AudioError, audio_info, load_audio
 logger = logging.getLogger(__name__)
 
 REQUIRED_KEYS = ("audio_filepath", "duration", "text")
-MAX_LISTED = 20  # bad entries spelled out in an error message or warning
+MAX_LISTED = 20
 DURATION_TOLERANCE = 0.1  # seconds a manifest's duration may exceed the audio's length
 
 
@@ -34,7 +28,7 @@ class Utterance:
 
     audio_filepath: str  # absolute once read (relative paths resolve against the manifest)
     duration: float  # seconds of audio used, from `offset`
-    text: str  # transcript
+    text: str
     id: str | None = None  # unique utterance id; `utt_id` derives one when absent
     speaker: str | None = None
     offset: float = 0.0  # start of the segment in the audio file, seconds
@@ -126,22 +120,7 @@ class ValidationReport:
 
 
 def read_manifest(path: str | os.PathLike, skip_bad: bool = False) -> list[Utterance]:
-    """Read and validate a JSON Lines manifest.
-
-    Blank lines are skipped and unknown keys ignored. Relative `audio_filepath`s resolve
-    against the manifest's directory.
-
-    Args:
-        path: the manifest.
-        skip_bad: return the good lines and log a warning listing the bad ones, instead of
-            raising.
-
-    Returns:
-        The utterances, in file order.
-
-    Raises:
-        ManifestError: listing every bad line (unless `skip_bad`), or the file is unreadable.
-    """
+    """Read and validate a manifest; bad lines raise a ManifestError (`skip_bad`: a warning)."""
     numbered, bad = _parse_manifest(Path(path))
     entries = [entry for _, entry in bad]
     if entries and not skip_bad:
@@ -152,10 +131,7 @@ def read_manifest(path: str | os.PathLike, skip_bad: bool = False) -> list[Utter
 
 
 def write_manifest(path: str | os.PathLike, utterances: Iterable[Utterance]) -> None:
-    """Write utterances as JSON Lines (UTF-8, one object per line, None fields left out).
-
-    Paths are written as given; `read_manifest` returns absolute paths unchanged.
-    """
+    """Write utterances as JSON Lines (UTF-8, one object per line, None fields left out)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(path.name + ".partial")
@@ -173,23 +149,7 @@ def validate_manifest(
     require_text: bool = True,
     min_duration: float = 0.0,
 ) -> ValidationReport:
-    """Check a manifest line by line, and the audio and text each line refers to.
-
-    Args:
-        path: the manifest.
-        tokenizer: if given, text with `tokenizer.oov(text)` non-empty is reported.
-        check_audio: False: skip the audio; True: read each file's header (exists, readable,
-            non-empty, long enough); "full": also decode the segment and check its samples.
-        require_text: report empty transcripts; False accepts them (references of silence).
-        min_duration: report utterances shorter than this many seconds (by their manifest
-            duration), e.g. too short for the encoder's subsampling.
-
-    Returns:
-        The good utterances and a `BadEntry` for each bad line, in file order.
-
-    Raises:
-        ManifestError: the manifest itself is missing or unreadable.
-    """
+    """Check every line, its text and (headers, or with "full" samples) its audio."""
     if check_audio not in (True, False, "full"):
         raise ValueError(f"check_audio must be True, False or 'full', got {check_audio!r}")
     path = Path(path)
@@ -265,19 +225,7 @@ def _json_record(text: str) -> Any:
 
 
 def read_clip(line: str, base: str | os.PathLike) -> tuple[str, float, float | None]:
-    """The audio one manifest line names, for transcription: `text` and `duration` may be
-    absent.
-
-    Args:
-        line: one line of a JSON Lines manifest.
-        base: folder a relative `audio_filepath` resolves against (the manifest's).
-
-    Returns:
-        The audio path, the offset in seconds, and the duration (None: to the end).
-
-    Raises:
-        ValueError: why the line is bad, in `read_manifest`'s words.
-    """
+    """(path, offset, duration or None) of a line to transcribe; ValueError says what is bad."""
     try:
         record = _json_record(line)
         if not isinstance(record, dict):

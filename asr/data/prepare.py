@@ -1,13 +1,5 @@
-"""Corpus preparation: a corpus on disk -> `<out>/<split>.jsonl` manifests and `summary.json`.
-
-    summaries = prepare_corpus("an4", "../shared/corpora/an4", "data/an4")
-    print(format_summary(summaries))
-
-Durations come from the audio files' headers; manifests hold absolute audio paths. A
-`data_dir` that does not look like the corpus raises a ValueError saying what was expected.
-Nothing is dropped silently: audio without a transcript, unusable transcripts and unreadable
-audio are listed in a warning and in `summary.json` (`left_out` reads back the broken ones).
-"""
+"""Corpus preparation: a corpus on disk -> `<out>/<split>.jsonl` manifests and `summary.json`,
+which lists every input left out (`left_out` reads back the broken ones)."""
 
 from __future__ import annotations
 
@@ -30,7 +22,7 @@ from asr.data.manifest import Utterance, write_manifest
 logger = logging.getLogger(__name__)
 
 PathLike = str | os.PathLike
-LISTED = 5  # names spelled out in a warning
+LISTED = 5
 BROKEN_KEYS = ("unusable_audio", "bad_transcripts")  # summary.json lists of broken inputs
 
 
@@ -74,32 +66,18 @@ def format_summary(summaries: dict[str, SplitSummary]) -> str:
 def prepare_corpus(
     corpus: str, data_dir: PathLike, out_dir: PathLike, **options: Any
 ) -> dict[str, SplitSummary]:
-    """Prepare a corpus by name: see `CORPORA` and each preparer for its layout and options.
-
-    Args:
-        corpus: a key of `CORPORA` ("an4", "librispeech", "yesno", "folder").
-        data_dir: where the corpus is.
-        out_dir: where `<split>.jsonl` and `summary.json` go.
-        **options: passed to the corpus' preparer.
-
-    Returns:
-        Split name -> its summary.
-    """
+    """Prepare the corpus `CORPORA[corpus]` from `data_dir` into `out_dir`; split -> summary."""
     if corpus not in CORPORA:
         raise ValueError(f"unknown corpus {corpus!r}; known: {', '.join(sorted(CORPORA))}")
     return CORPORA[corpus](data_dir, out_dir, **options)
 
 
 class _Entry(NamedTuple):
-    """An utterance before its duration is known."""
-
     id: str
     audio: Path
     text: str
     speaker: str
 
-
-# ----------------------------------------------------------------------------------- AN4
 
 AN4_LAYOUT = (
     "the CMU AN4 corpus: a directory with etc/an4_train.transcription, "
@@ -115,23 +93,7 @@ AN4_SPLITS = {  # split -> (transcription file in etc/, audio directory in wav/)
 def prepare_an4(
     data_dir: PathLike, out_dir: PathLike, dev_size: int = 100
 ) -> dict[str, SplitSummary]:
-    """CMU AN4, split as ESPnet's egs2/an4 recipe does.
-
-    Utterance ids are speaker-first (`an251-fash-b` -> `fash-an251-b`). The training
-    utterances sorted by id give the first `dev_size` to `dev` and the rest to `train`
-    (848 / 100 on the full corpus); `test` is an4_test (130). When the training set is not
-    larger than `dev_size` (the 8-utterance sample tarball), 10% (at least 1) is held out.
-
-    Args:
-        data_dir: the `an4` directory (with `etc/` and `wav/`), its parent, an AN4 `.tar.gz`
-            (as distributed, audio in `.sph`), or a folder holding one such tarball; a tarball
-            is extracted into `<out_dir>/raw/` once.
-        out_dir: output directory.
-        dev_size: training utterances held out as `dev`.
-
-    Returns:
-        Summaries of `train`, `dev` and `test`.
-    """
+    """CMU AN4 (a directory or tarball), split into train, dev and test as ESPnet's recipe does."""
     if dev_size < 0:
         raise ValueError(f"dev_size must be >= 0, got {dev_size}")
     data_dir, out_dir = _absolute(data_dir), _absolute(out_dir)
@@ -198,7 +160,7 @@ def _extract_an4(tarball: Path, raw: Path) -> Path:
 def _extract_all(archive: tarfile.TarFile, destination: Path) -> None:
     if hasattr(tarfile, "data_filter"):  # refuses absolute paths, links out of the tree, ...
         archive.extractall(destination, filter="data")
-    else:  # Python without extraction filters
+    else:
         archive.extractall(destination)
 
 
@@ -247,8 +209,6 @@ def _hold_out(train: list[Utterance], dev_size: int) -> tuple[list[Utterance], l
     return train[:dev_size], train[dev_size:]
 
 
-# ---------------------------------------------------------------------------- LibriSpeech
-
 LIBRISPEECH_LAYOUT = (
     "LibriSpeech: <split>/<speaker>/<chapter>/<speaker>-<chapter>.trans.txt with the audio "
     "beside it (.flac, or any suffix the loader reads: Mini LibriSpeech's .opus), in this "
@@ -259,20 +219,7 @@ LIBRISPEECH_LAYOUT = (
 def prepare_librispeech(
     data_dir: PathLike, out_dir: PathLike, splits: Sequence[str] | None = None
 ) -> dict[str, SplitSummary]:
-    """LibriSpeech (or Mini LibriSpeech) in its distributed layout.
-
-    Each split directory (`train-clean-100`, `dev-clean`, ...) becomes `<split>.jsonl`; the
-    `train-*`, `dev-*` and `test-*` splits prepared are also pooled into `train.jsonl`,
-    `dev.jsonl` and `test.jsonl`. Ids are the utterance ids, speakers the speaker directories.
-
-    Args:
-        data_dir: the `LibriSpeech` directory or its parent.
-        out_dir: output directory.
-        splits: split directories to prepare; None: every one found.
-
-    Returns:
-        Summaries of every split written.
-    """
+    """LibriSpeech: a manifest per split directory, also pooled into train, dev and test."""
     data_dir, out_dir = _absolute(data_dir), _absolute(out_dir)
     root = data_dir / "LibriSpeech" if (data_dir / "LibriSpeech").is_dir() else data_dir
     found = _librispeech_splits(root)
@@ -332,28 +279,13 @@ def _audio_beside(folder: Path, stem: str) -> Path | None:
     return None
 
 
-# ---------------------------------------------------------------------------------- yes/no
-
 YESNO_NAME = re.compile(r"[01](?:_[01])*")  # one label per word: 1 = "ken" (yes), 0 = "lo" (no)
 YESNO_TRAIN = 31  # the first 31 recordings (sorted by name) train, the rest test
 YESNO_DEV = 5  # the last 5 of the training recordings
 
 
 def prepare_yesno(data_dir: PathLike, out_dir: PathLike) -> dict[str, SplitSummary]:
-    """The yes/no corpus (60 recordings of 8 Hebrew words, labels in the file name).
-
-    Recordings sorted by file name: the first 31 are training data, of which the last 5
-    are `dev` (so `train` has 26), and the remaining 29 are `test`, as in Kaldi's yesno
-    example. The text of `0_1_1_0_1_0_0_1.wav` is `NO YES YES NO YES NO NO YES`; every
-    recording has the one speaker "yesno".
-
-    Args:
-        data_dir: the `waves_yesno` directory or its parent.
-        out_dir: output directory.
-
-    Returns:
-        Summaries of `train`, `dev` and `test`.
-    """
+    """The yes/no corpus (labels in the file names), split as Kaldi's yesno example does."""
     data_dir, out_dir = _absolute(data_dir), _absolute(out_dir)
     directory = data_dir / "waves_yesno" if (data_dir / "waves_yesno").is_dir() else data_dir
     waves = sorted(directory.glob("*.wav")) if directory.is_dir() else []
@@ -383,8 +315,6 @@ def _yesno_text(stem: str) -> str:
     return " ".join("YES" if label == "1" else "NO" for label in stem.split("_"))
 
 
-# ---------------------------------------------------------------------------------- folder
-
 FOLDER_LAYOUT = (
     f"audio files ({', '.join(AUDIO_SUFFIXES)}) anywhere below it, each with a same-stem .txt "
     "transcript beside it"
@@ -399,25 +329,7 @@ def prepare_folder(
     seed: int = 0,
     split_file: PathLike | None = None,
 ) -> dict[str, SplitSummary]:
-    """Any folder of audio files with same-stem `.txt` transcripts (`a/b.wav` + `a/b.txt`).
-
-    Ids are relative path stems with `/` -> `-` (`a-b`); speakers are parent directory names.
-    Audio without a transcript file is left out and listed in a warning and under
-    `missing_transcripts` in `summary.json`; an empty, non-UTF-8 or unreadable transcript
-    under `bad_transcripts`, and unusable audio under `unusable_audio` (with the reason).
-
-    Args:
-        data_dir: the folder, scanned recursively.
-        out_dir: output directory.
-        dev_fraction: share of utterances drawn at random for `dev`.
-        test_fraction: share drawn for `test`; the rest is `train`.
-        seed: seed of the random split.
-        split_file: instead of a random split, a text file of `<utterance-id> <split>` lines
-            assigning every utterance to a split of that name.
-
-    Returns:
-        Summaries of the splits written (empty splits are not written).
-    """
+    """Audio files with same-stem `.txt` transcripts, split at random or by `split_file`."""
     data_dir, out_dir = _absolute(data_dir), _absolute(out_dir)
     if not data_dir.is_dir():
         raise ValueError(f"{data_dir}: expected a directory with {FOLDER_LAYOUT}")
@@ -454,12 +366,7 @@ def prepare_folder(
 
 
 def _folder_entries(root: Path, audio: list[Path]) -> tuple[list[_Entry], list[str], list[str]]:
-    """Entries for audio with a usable transcript, the relative paths of audio without a
-    transcript file, and `transcript: reason` for transcripts that cannot be used.
-
-    Audio paths need not be files (a directory or a dangling link named `.wav`): measuring
-    them reports why they are unusable instead of dropping them silently.
-    """
+    """Entries with a usable transcript, audio without one, and `transcript: reason` lines."""
     entries, missing, bad_text, first_path_of = [], [], [], {}
     for path in audio:
         transcript = path.with_suffix(".txt")
@@ -480,11 +387,7 @@ def _folder_entries(root: Path, audio: list[Path]) -> tuple[list[_Entry], list[s
 
 
 def _read_transcript(path: Path) -> str:
-    """A transcript file's words on one line.
-
-    Raises:
-        ValueError: the file is unreadable, not UTF-8, or holds no words (named, with why).
-    """
+    """A transcript file's words on one line; ValueError says why a file is unusable."""
     try:
         data = path.read_bytes()
     except OSError as error:
@@ -550,9 +453,6 @@ def _read_split_file(path: Path) -> dict[str, str]:
     return assignment
 
 
-# ---------------------------------------------------------------------------------- shared
-
-
 def _measure(entries: Sequence[_Entry], description: str) -> tuple[list[Utterance], list[str]]:
     """Utterances with durations from the audio headers, and `path: reason` for unusable audio."""
     utterances, unusable = [], []
@@ -607,8 +507,7 @@ def _write_splits(
 
 
 def left_out(out_dir: PathLike) -> list[str]:
-    """`path: reason` of every broken input (unusable audio or transcript) that the last
-    `prepare_corpus` into `out_dir` left out, as its `summary.json` lists them."""
+    """`path: reason` of every broken input the last preparation into `out_dir` left out."""
     record = json.loads((Path(out_dir) / "summary.json").read_text(encoding="utf-8"))
     return [problem for key in BROKEN_KEYS for problem in record.get(key, [])]
 

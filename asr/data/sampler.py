@@ -1,20 +1,5 @@
-"""Length-bucketed dynamic batch sampler that is correct under DDP.
-
-A batch's cost is its padded size, ``len(batch) * max(length in batch)``, which is what
-memory really pays for. Utterances are sorted by length, cut into quantile buckets, shuffled
-within each bucket and packed greedily under a cost budget, so batches hold utterances of
-similar length and the number of utterances per batch adapts to their length.
-
-Every rank computes the same plan from ``torch.Generator().manual_seed(seed + epoch)`` and
-keeps its own share of it. Under DDP every rank must run the same number of steps (a rank
-that runs out early leaves the others waiting forever in an all-reduce), so the plan is
-adjusted until the batch count is a multiple of the number of replicas; see
-:class:`DynamicBucketSampler`.
-
-With a :class:`LengthGrid`, batches come from a fixed menu of shapes instead: every batch is
-padded to a grid length and holds as many utterances as the budget allows at that length, so
-the same few shapes recur every epoch (bf16 kernels compiled for one batch serve the next).
-"""
+"""Length-bucketed dynamic batch sampler that is correct under DDP: every rank plans the same
+batches from the seed and epoch and keeps an equal share of them."""
 
 from __future__ import annotations
 
@@ -37,10 +22,6 @@ Lengths = Sequence[float] | Callable[[int], Sequence[float]]
 @dataclass(frozen=True)
 class LengthGrid:
     """Lengths rounded up to the geometric grid ``ratio ** k`` (k an integer).
-
-    A batch padded to the grid point above its longest item wastes less than ``ratio - 1``
-    of its length, and lengths from 1 to 60 take ``log(60) / log(ratio)`` grid points
-    (43 for a ratio of 1.1).
 
     >>> LengthGrid(2.0).edge(3.0), LengthGrid(2.0).edge(4.0), LengthGrid(2.0).edge(0.3)
     (4.0, 4.0, 0.5)
@@ -68,72 +49,23 @@ class LengthGrid:
 
 
 class DynamicBucketSampler(Sampler[list[int]]):
-    """Yields lists of dataset indices whose padded cost stays within a budget.
+    """Yields index lists whose padded cost ``len(batch) * max(length)`` stays within a budget.
 
-    Lengths are unit-agnostic (seconds, frames, samples): the caller picks the unit and
-    ``max_batch_length`` is in the same unit. They may change from epoch to epoch (speed
-    perturbation): pass a function of the epoch that returns them.
-
-    Per epoch, with ``g = torch.Generator().manual_seed(seed + epoch)``:
-
-    1. sort by length and split into ``num_buckets`` quantile (equal-count) buckets;
-    2. shuffle within each bucket and pack greedily: a batch closes when adding the next
-       utterance would push ``len(batch) * max(length)`` above ``max_batch_length`` or the
-       batch already holds ``max_batch_size`` utterances;
-    3. shuffle the batch order; in the first ``shortest_first_epochs`` epochs, order the
-       batches by their (padded) longest utterance instead (SortaGrad, Amodei et al. 2016:
-       short utterances first, while attention and CTC alignments are still being learnt);
-    4. while the batch count is not a multiple of ``num_replicas``, split the costliest
-       multi-utterance batch in two (shorter half, longer half; both stay within budget);
-    5. if every batch is a single utterance (nothing left to split), merge the shortest
-       utterances in pairs instead, as far as the budget and ``max_batch_size`` allow;
-    6. only if that too is impossible (fewer utterances than replicas, ``max_batch_size=1``,
-       or pairs that would exceed the budget), either drop the remainder (``drop_last=True``)
-       or repeat the shortest utterances as extra batches; both are logged as warnings;
-    7. deal batches to ranks costliest first, in rounds of ``num_replicas``, the costlier
-       to the less-loaded rank: ranks get the same number of batches and total costs that
-       differ by at most one batch's cost; each rank keeps its batches in the order of step 3.
-
-    Every utterance is thus seen exactly once per epoch across ranks (except in step 6),
-    ranks get disjoint batches, and all ranks the same number.
-
-    With ``grid``, step 2 packs to a fixed menu of shapes instead: utterances are grouped by
-    the grid point above their length, in ascending order; each group is shuffled and cut
-    into batches of ``floor(max_batch_length / grid point)`` utterances (at most
-    ``max_batch_size``), the batch's cost being that size times the grid point it is padded
-    to; the group's remainder (fewer than a batch) goes after the next group's utterances,
-    sharing a batch with the last of them (and padded to their longer grid point), and the
-    last remainder forms one smaller batch. ``num_buckets`` is unused. Every epoch thus draws
-    its batches from the same menu of shapes: one per grid point, plus the rare batch of
-    carried utterances only (a later grid point's size, an earlier point's length), the last
-    remainder and the batches split in step 4.
-
-    An utterance whose (padded) length exceeds the budget forms a batch of its own; such
-    utterances are reported once, at construction (from epoch 0's lengths), and listed in
-    ``self.oversized``.
-
-    Mid-epoch resume: save :meth:`state_dict`, and after :meth:`load_state_dict` the next
-    iteration yields only the batches not yet handed out. Under Lightning, pass
-    ``use_distributed_sampler=False`` to the Trainer so it does not replace this sampler.
+    Each epoch sorts items into quantile buckets, packs each greedily, then splits, merges or
+    repeats batches until every DDP rank gets the same number of them.
 
     Args:
-        lengths: length of every dataset item, in any unit, or a function from the epoch to
-            them (the number of items must not change).
-        max_batch_length: budget for ``len(batch) * max(length in batch)`` (with ``grid``,
-            ``len(batch) * grid.edge(max(length in batch))``).
-        num_buckets: number of quantile buckets (capped at the number of utterances).
-        max_batch_size: optional cap on utterances per batch.
-        shuffle: shuffle within buckets and the batch order; if False, batches come in
-            ascending length order and no randomness is used.
+        lengths: every item's length (any unit), or a function from the epoch to them.
+        max_batch_length: budget for ``len(batch) * max(length in batch)``.
+        num_buckets: number of quantile buckets.
+        max_batch_size: optional cap on items per batch.
+        shuffle: shuffle within buckets and the batch order; False: ascending length.
         seed: base seed; epoch ``e`` uses ``seed + e``.
-        num_replicas: number of DDP ranks; defaults to the world size when
-            ``torch.distributed`` is initialised, else 1.
-        rank: this process's rank; defaults likewise, else 0.
-        drop_last: in step 6, drop the remainder instead of repeating utterances.
-        grid: pack to this grid's fixed menu of shapes (see above); the collate function must
-            pad to the same grid (:func:`asr.data.dataset.collate`'s ``wave_length``).
-        shortest_first_epochs: epochs (from 0) whose batches come shortest first instead of
-            in shuffled order (step 3).
+        num_replicas: number of DDP ranks (default: the world size, else 1).
+        rank: this process's rank (default: from torch.distributed, else 0).
+        drop_last: drop a remainder that cannot be split instead of repeating utterances.
+        grid: pack to this grid's fixed menu of shapes; the collate function must pad to it.
+        shortest_first_epochs: the first this many epochs yield batches shortest first.
     """
 
     def __init__(
@@ -152,7 +84,7 @@ class DynamicBucketSampler(Sampler[list[int]]):
     ) -> None:
         self._length_source = lengths
         self._cached_lengths: tuple[int, list[float]] | None = None
-        self._lengths_of(0)  # checks them now, not at the first epoch
+        self._lengths_of(0)
         _check_options(max_batch_length, num_buckets, max_batch_size, shortest_first_epochs)
         self.num_replicas, self.rank = _resolve_ranks(num_replicas, rank)
         self.max_batch_length = float(max_batch_length)
@@ -164,8 +96,8 @@ class DynamicBucketSampler(Sampler[list[int]]):
         self.grid = grid
         self.shortest_first_epochs = shortest_first_epochs
         self.epoch = 0
-        self._batches_yielded = 0  # position within the current epoch
-        self._resume_at = 0  # batches to skip on the next __iter__ (set by load_state_dict)
+        self._batches_yielded = 0
+        self._resume_at = 0
         self._cached_plan: tuple[tuple[int, int], list[_Indices]] | None = None
         self.oversized = [
             i for i, n in enumerate(self.lengths) if self._padded(n) > self.max_batch_length
@@ -180,11 +112,7 @@ class DynamicBucketSampler(Sampler[list[int]]):
             )
 
     def set_epoch(self, epoch: int) -> None:
-        """Select the epoch whose plan the next iteration follows.
-
-        A pending resume point (from :meth:`load_state_dict`) is kept only if ``epoch`` is
-        the epoch it belongs to, so Lightning's ``set_epoch`` call after a restore is harmless.
-        """
+        """Select the next iteration's epoch; a pending resume point holds for its own epoch."""
         if epoch != self.epoch:
             self._resume_at = 0
             self._batches_yielded = 0
@@ -203,17 +131,11 @@ class DynamicBucketSampler(Sampler[list[int]]):
             yield list(batch)
 
     def __len__(self) -> int:
-        """Number of batches in this rank's epoch. A resumed iteration yields fewer (the rest
-        of the epoch), but training loops count the epoch from its start."""
+        """Batches in this rank's whole epoch (a resumed iteration yields fewer)."""
         return len(self._rank_batches())
 
     def state_dict(self) -> dict[str, Any]:
-        """Position for mid-epoch resume.
-
-        ``batches_yielded`` counts batches this sampler has handed out in the current epoch.
-        A DataLoader with workers prefetches, so the training loop may have consumed fewer;
-        a caller tracking consumption itself can overwrite the count before saving.
-        """
+        """Position for mid-epoch resume; ``batches_yielded`` includes prefetched batches."""
         return {"epoch": self.epoch, "batches_yielded": self._batches_yielded, "seed": self.seed}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -249,8 +171,6 @@ class DynamicBucketSampler(Sampler[list[int]]):
 
     def _padded(self, length: float) -> float:
         return length if self.grid is None else self.grid.edge(length)
-
-    # -- planning ---------------------------------------------------------------------
 
     def _rank_batches(self) -> list[_Indices]:
         """This rank's batches for the current (seed, epoch), cached."""
@@ -303,8 +223,7 @@ class DynamicBucketSampler(Sampler[list[int]]):
         return batches
 
     def _pack_on_grid(self, grid: LengthGrid, generator: torch.Generator) -> list[_Indices]:
-        """Groups by grid point, shuffled within, cut into that point's batch size; each
-        group's remainder is appended to the next group."""
+        """Groups by grid point, cut into that point's batch size; remainders carry over."""
         groups: dict[float, _Indices] = {}
         for index, length in enumerate(self.lengths):
             groups.setdefault(grid.edge(length), []).append(index)
@@ -347,11 +266,7 @@ class DynamicBucketSampler(Sampler[list[int]]):
         return batches
 
     def _merge_singletons(self, batches: list[_Indices]) -> list[_Indices] | None:
-        """Pair up the shortest single-utterance batches to lose `count % R` batches.
-
-        Returns None when the pairs would break the budget or ``max_batch_size``, or there
-        are fewer utterances than replicas.
-        """
+        """Pair up the shortest single-utterance batches to lose `count % R`; None if impossible."""
         merges = len(batches) % self.num_replicas
         if len(batches) < self.num_replicas or self.max_batch_size == 1:
             return None
@@ -388,13 +303,7 @@ class DynamicBucketSampler(Sampler[list[int]]):
         return batches + repeats
 
     def _assign_ranks(self, batches: list[_Indices]) -> list[list[int]]:
-        """Positions of the batches each rank gets: equal counts, balanced total cost.
-
-        Batches are dealt costliest first in rounds of ``num_replicas``; within a round the
-        costlier batch goes to the less-loaded rank. Every rank gets one batch per round, and
-        rank loads never differ by more than the costliest batch. Each rank's positions are
-        returned in ascending (shuffled-plan) order.
-        """
+        """Positions of the batches each rank gets: equal counts, balanced total cost."""
         costs = [self._cost(batch) for batch in batches]
         loads = [0.0] * self.num_replicas
         assigned: list[list[int]] = [[] for _ in range(self.num_replicas)]

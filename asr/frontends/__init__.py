@@ -1,9 +1,4 @@
-"""Waveform -> features: level, log-mel, MFCC, linear spectrogram, Kaldi fbank, CMVN, SpecAugment.
-
-Every module follows `forward(x, x_lens) -> (y, y_lens)`, batch first with absolute lengths:
-`features` (waves -> features), `normalize` (level and CMVN), `specaugment`; `Frontend` chains
-them. Configs name the classes from here (`asr.frontends.LogMelFilterbank`).
-"""
+"""Waveform -> features: level, log-mel, MFCC, spectrogram, Kaldi fbank, CMVN, SpecAugment."""
 
 from __future__ import annotations
 
@@ -49,15 +44,11 @@ __all__ = [
 class Frontend(nn.Module):
     """Optional level normalisation, features, optional normalisation, optional augmentation.
 
-    Normalising before augmenting means a masked cell with `mask_value=0` equals the corpus
-    mean, as in Park et al. Each part follows `forward(x, x_lens) -> (y, y_lens)`.
-
     Args:
         features: waves -> features (`LogMelFilterbank`, `MFCC`, `KaldiFbank`, ...).
-        normalize: e.g. `GlobalCMVN` or `UtteranceCMVN`.
+        normalize: e.g. `GlobalCMVN`; before `augment`, so a 0 mask is the corpus mean.
         augment: e.g. `SpecAugment` (acts in training mode only).
-        level: waves -> waves before the features, e.g. `LevelNormalizer`; its CMVN
-            statistics must then be computed through it (`asr cmvn --target-dbfs`).
+        level: waves -> waves, e.g. `LevelNormalizer` (CMVN stats via `asr cmvn --target-dbfs`).
     """
 
     def __init__(
@@ -74,15 +65,7 @@ class Frontend(nn.Module):
         self.output_dim: int = features.output_dim
 
     def forward(self, wave: Tensor, wave_lens: Tensor) -> tuple[Tensor, Tensor]:
-        """Waves to (normalised, augmented) features.
-
-        Args:
-            wave: `(B, T)` samples.
-            wave_lens: `(B,)` int64 valid samples per utterance.
-
-        Returns:
-            feats `(B, T', output_dim)` float32, zero beyond `feat_lens`; feat_lens `(B,)`.
-        """
+        """Args: wave `(B, T)`, wave_lens `(B,)`. Returns: feats `(B, T', output_dim)`, lengths."""
         if self.level is not None:
             wave, wave_lens = self.level(wave, wave_lens)
         feats, feat_lens = self.features(wave, wave_lens)

@@ -1,20 +1,4 @@
-"""Waveform -> features: log-mel, MFCC, linear spectrogram and Kaldi fbank.
-
-Every module here follows one contract, `forward(x, x_lens) -> (y, y_lens)`, batch first with
-absolute lengths. Feature extractors take waves `(B, T)` and give features `(B, T', D)`; the
-normalisers and SpecAugment take features and keep their shape and lengths.
-
-Framing is Kaldi's `snip_edges`: no centre padding, frame `i` covers samples
-`[i * hop, i * hop + win)`, so an utterance of `T` samples gives `num_frames(T, win, hop)`
-frames and every frame depends only on that utterance's own samples. Hence *padding
-invariance*: `feats[b, :feat_lens[b]]` of a padded batch equals the features of utterance `b`
-alone, and frames beyond `feat_lens[b]` are zero. An utterance shorter than one window gives
-zero frames (not an error), so one short clip never breaks a batch. The output is trimmed to
-`T' = max(feat_lens)`.
-
-Spectra are computed in float32 with autocast disabled, so half-precision inputs and
-`torch.autocast` regions give float32 features.
-"""
+"""Waveform -> float32 features, framed as Kaldi's `snip_edges` so padding changes nothing."""
 
 from __future__ import annotations
 
@@ -27,7 +11,7 @@ from torch.nn import functional as F
 
 from asr.models.interfaces import lengths_to_mask
 
-# Window names accepted by the STFT frontends; all are periodic (as librosa's `fftbins=True`).
+# Periodic windows, as librosa's `fftbins=True`.
 WINDOWS: dict[str, Callable[..., Tensor]] = {
     "hann": torch.hann_window,
     "hamming": torch.hamming_window,
@@ -38,9 +22,7 @@ WINDOWS: dict[str, Callable[..., Tensor]] = {
 
 
 def num_frames(num_samples: int | Tensor, win_length: int, hop_length: int) -> int | Tensor:
-    """Frames from `num_samples` samples without centre padding (Kaldi `snip_edges`).
-
-    Works on ints and on integer tensors of lengths; fewer samples than one window give 0.
+    """Frames from `num_samples` samples (int or tensor) without centre padding; 0 if too few.
 
     >>> [num_frames(n, 400, 160) for n in (0, 399, 400, 559, 560, 16000)]
     [0, 0, 1, 1, 2, 98]
@@ -55,7 +37,7 @@ def num_frames(num_samples: int | Tensor, win_length: int, hop_length: int) -> i
 
 def zero_padding(x: Tensor, x_lens: Tensor) -> Tensor:
     """`x` `(B, T, D)` with every frame at or beyond `x_lens[b]` set to zero."""
-    valid = lengths_to_mask(x_lens, x.size(1))  # (B, T)
+    valid = lengths_to_mask(x_lens, x.size(1))
     return x.masked_fill(~valid[:, :, None], 0.0)
 
 
@@ -76,21 +58,12 @@ def _window_fn(name: str) -> Callable[..., Tensor]:
 
 
 def _padded_frames(wave: Tensor, win_length: int, hop_length: int) -> int:
-    """Frames of the whole padded batch `(B, T)`, not of its longest wave: a batch padded to
-    a fixed length (a shape grid) keeps one feature shape, so compiled kernels are reused."""
+    """Frames of the whole padded batch, so a fixed padded length keeps one feature shape."""
     return max(num_frames(wave.size(1), win_length, hop_length), 0)
 
 
 class _SnipEdgesSpectrogram(nn.Module):
-    """Power (or magnitude) spectrum `(B, F, T')` framed as `num_frames(T, win, hop)`.
-
-    `torch.stft` frames `n_fft` samples and centres the `win_length` window inside them. Padding
-    the wave by the window's offset on the left (and the rest of `n_fft - win_length` on the
-    right) makes frame `i` window exactly samples `[i * hop, i * hop + win)`; the padded and
-    neighbouring samples meet zero window weight, so they never leak into a frame.
-    The power spectrum is `re^2 + im^2` of the complex STFT, which skips the square root (and
-    square) that `|z|^2` through `abs` would take.
-    """
+    """Power (or magnitude) spectrum `(B, F, T')`; frame `i` windows `[i * hop, i * hop + win)`."""
 
     def __init__(self, n_fft: int, win_length: int, hop_length: int, window: str, power: float):
         super().__init__()
@@ -119,7 +92,7 @@ class _SnipEdgesSpectrogram(nn.Module):
         used = (max_frames - 1) * self.hop_length + self.win_length  # samples the frames cover
         with torch.autocast(device_type=wave.device.type, enabled=False):
             wave = F.pad(wave[:, :used].float(), (self.pad_left, self.pad_right))
-            spec = self.stft(wave)  # (B, F, T')
+            spec = self.stft(wave)
         if spec.is_complex():
             spec = spec.real.square() + spec.imag.square()
         return spec, lens
@@ -127,9 +100,6 @@ class _SnipEdgesSpectrogram(nn.Module):
 
 class LogMelFilterbank(nn.Module):
     """Log mel filterbank energies, `log(max(mel_power, log_floor))`.
-
-    The default mel scale (HTK, unnormalised triangles) is torchaudio's; `mel_scale="slaney",
-    mel_norm="slaney"` gives librosa's default filters instead.
 
     Args:
         sample_rate: sampling rate of the input in Hz.
@@ -142,7 +112,7 @@ class LogMelFilterbank(nn.Module):
         window: one of `WINDOWS`.
         power: exponent of the magnitude (2 for power, 1 for magnitude).
         log_floor: values are clamped to at least this before the log.
-        mel_scale: "htk" or "slaney".
+        mel_scale: "htk" (torchaudio's) or "slaney" (librosa's, with `mel_norm="slaney"`).
         mel_norm: None or "slaney" (area normalisation of the triangles).
     """
 
@@ -177,27 +147,15 @@ class LogMelFilterbank(nn.Module):
         self.output_dim = n_mels
 
     def forward(self, wave: Tensor, wave_lens: Tensor) -> tuple[Tensor, Tensor]:
-        """Log-mel features of a padded batch of waves.
-
-        Args:
-            wave: `(B, T)` samples, any float dtype.
-            wave_lens: `(B,)` int64 valid samples per utterance.
-
-        Returns:
-            feats `(B, T', n_mels)` float32, zero beyond `feat_lens`; feat_lens `(B,)` int64,
-            `num_frames(wave_lens, win_length, hop_length)`.
-        """
-        spec, lens = self.spectrogram(wave, wave_lens)  # (B, F, T')
+        """Args: wave `(B, T)`, wave_lens `(B,)`. Returns: `(B, T', n_mels)`, lengths `(B,)`."""
+        spec, lens = self.spectrogram(wave, wave_lens)
         with torch.autocast(device_type=spec.device.type, enabled=False):
             mel = self.mel(spec).clamp(min=self.log_floor).log()  # (B, n_mels, T')
         return zero_padding(mel.transpose(1, 2), lens), lens
 
 
 class MFCC(nn.Module):
-    """Mel-frequency cepstral coefficients: orthonormal DCT-II of `LogMelFilterbank` output.
-
-    This is librosa's `mfcc(S=log_mel, dct_type=2, norm="ortho")` convention with a natural
-    log (not dB) and no liftering.
+    """MFCCs: orthonormal DCT-II of `LogMelFilterbank` output (natural log, no liftering).
 
     Args:
         n_mfcc: number of coefficients kept (`output_dim`), at most `n_mels`.
@@ -243,16 +201,8 @@ class MFCC(nn.Module):
         self.output_dim = n_mfcc
 
     def forward(self, wave: Tensor, wave_lens: Tensor) -> tuple[Tensor, Tensor]:
-        """MFCCs of a padded batch of waves.
-
-        Args:
-            wave: `(B, T)` samples.
-            wave_lens: `(B,)` int64 valid samples per utterance.
-
-        Returns:
-            feats `(B, T', n_mfcc)` float32, zero beyond `feat_lens`; feat_lens `(B,)`.
-        """
-        log_mel, lens = self.log_mel(wave, wave_lens)  # (B, T', n_mels)
+        """Args: wave `(B, T)`, wave_lens `(B,)`. Returns: `(B, T', n_mfcc)`, lengths `(B,)`."""
+        log_mel, lens = self.log_mel(wave, wave_lens)
         with torch.autocast(device_type=log_mel.device.type, enabled=False):
             return log_mel @ self.dct, lens  # padded frames stay zero
 
@@ -261,13 +211,9 @@ class LinearSpectrogram(nn.Module):
     """(Log-)magnitude STFT, `output_dim = n_fft // 2 + 1`.
 
     Args:
-        n_fft: FFT size.
-        win_length: window length in samples.
-        hop_length: frame shift in samples.
-        window: one of `WINDOWS`.
         power: 1 for magnitude, 2 for power.
         log: take `log(max(spec, log_floor))`.
-        log_floor: floor applied before the log.
+        others: as `LogMelFilterbank`.
     """
 
     def __init__(
@@ -286,16 +232,8 @@ class LinearSpectrogram(nn.Module):
         self.output_dim = n_fft // 2 + 1
 
     def forward(self, wave: Tensor, wave_lens: Tensor) -> tuple[Tensor, Tensor]:
-        """Spectrogram of a padded batch of waves.
-
-        Args:
-            wave: `(B, T)` samples.
-            wave_lens: `(B,)` int64 valid samples per utterance.
-
-        Returns:
-            feats `(B, T', n_fft // 2 + 1)` float32, zero beyond `feat_lens`; feat_lens `(B,)`.
-        """
-        spec, lens = self.spectrogram(wave, wave_lens)  # (B, F, T')
+        """Args: wave `(B, T)`, wave_lens `(B,)`. Returns: `(B, T', F)`, lengths `(B,)`."""
+        spec, lens = self.spectrogram(wave, wave_lens)
         if self.log:
             spec = spec.clamp(min=self.log_floor).log()
         return zero_padding(spec.transpose(1, 2), lens), lens
@@ -303,11 +241,6 @@ class LinearSpectrogram(nn.Module):
 
 class KaldiFbank(nn.Module):
     """Kaldi-compatible log mel filterbank (`torchaudio.compliance.kaldi.fbank`) per utterance.
-
-    Kaldi works on 16-bit sample values, so with `int16_scale` the [-1, 1] input is multiplied
-    by 32768 first; this shifts every log energy by log(32768^2) and keeps Kaldi's
-    `energy_floor` and dither on their intended scale. Dither is applied in training mode only.
-    Utterances shorter than one frame give zero frames.
 
     Args:
         sample_rate: sampling rate in Hz.
@@ -322,7 +255,7 @@ class KaldiFbank(nn.Module):
         energy_floor: floor on the energy term.
         use_energy: append log energy as an extra first coefficient.
         remove_dc_offset: subtract each frame's mean.
-        int16_scale: multiply the waveform by 32768 (see above).
+        int16_scale: scale [-1, 1] input to Kaldi's 16-bit range (keeps `energy_floor` meaning).
     """
 
     def __init__(
@@ -357,7 +290,7 @@ class KaldiFbank(nn.Module):
             remove_dc_offset=remove_dc_offset,
             snip_edges=True,
         )
-        # The same rounding as torchaudio's kaldi compliance code.
+        # the same rounding as torchaudio's kaldi compliance code
         self.win_length = int(sample_rate * frame_length_ms * 0.001)
         self.hop_length = int(sample_rate * frame_shift_ms * 0.001)
         self.dither = dither
@@ -365,15 +298,7 @@ class KaldiFbank(nn.Module):
         self.output_dim = num_mel_bins + int(use_energy)
 
     def forward(self, wave: Tensor, wave_lens: Tensor) -> tuple[Tensor, Tensor]:
-        """Kaldi fbank features of a padded batch of waves.
-
-        Args:
-            wave: `(B, T)` samples in [-1, 1] (or int16 range with `int16_scale=False`).
-            wave_lens: `(B,)` int64 valid samples per utterance.
-
-        Returns:
-            feats `(B, T', output_dim)` float32, zero beyond `feat_lens`; feat_lens `(B,)`.
-        """
+        """Args: wave `(B, T)` in [-1, 1], wave_lens `(B,)`. Returns: `(B, T', D)`, lengths."""
         check_batch(wave, wave_lens, ndim=2)
         with torch.autocast(device_type=wave.device.type, enabled=False):
             wave = wave.float() * self.scale
@@ -386,7 +311,6 @@ class KaldiFbank(nn.Module):
         return out, num_frames(wave_lens, self.win_length, self.hop_length)
 
     def _fbank(self, wave: Tensor) -> Tensor:
-        """`(T,)` -> `(frames, output_dim)`."""
         if wave.numel() < self.win_length:
             return wave.new_zeros(0, self.output_dim)
         dither = self.dither if self.training else 0.0

@@ -27,7 +27,7 @@ class UtteranceCMVN(nn.Module):
 
     Args:
         norm_means: subtract each utterance's mean.
-        norm_vars: divide by each utterance's standard deviation (floored at `std_floor`).
+        norm_vars: divide by each utterance's standard deviation.
         std_floor: smallest standard deviation divided by.
     """
 
@@ -36,17 +36,9 @@ class UtteranceCMVN(nn.Module):
         self.norm_means, self.norm_vars, self.std_floor = norm_means, norm_vars, std_floor
 
     def forward(self, x: Tensor, x_lens: Tensor) -> tuple[Tensor, Tensor]:
-        """Normalise each utterance by its own statistics.
-
-        Args:
-            x: `(B, T, D)` features.
-            x_lens: `(B,)` valid frames.
-
-        Returns:
-            `(B, T, D)` normalised features, zero beyond `x_lens`; `x_lens` unchanged.
-        """
+        """Args: x `(B, T, D)`, x_lens `(B,)`. Returns: normalised `(B, T, D)` and `x_lens`."""
         check_batch(x, x_lens, ndim=3)
-        mean, var = _masked_mean_var(x, x_lens)  # (B, 1, D) each
+        mean, var = _masked_mean_var(x, x_lens)
         if self.norm_means:
             x = x - mean
         if self.norm_vars:
@@ -70,8 +62,7 @@ class CMVNStats:
     sum: Tensor  # (D,) float64 per-dimension sum of the frames
     sum_sq: Tensor  # (D,) float64 per-dimension sum of squares
     std_floor: float = 1e-5  # smallest standard deviation reported by `std`
-    # The LevelNormalizer target the audio was brought to (None: as recorded); UNKNOWN_LEVEL in
-    # files written before it was recorded.
+    # LevelNormalizer target of the audio (None: as recorded); UNKNOWN_LEVEL where not stored
     level_dbfs: float | None | str = UNKNOWN_LEVEL
 
     def __post_init__(self) -> None:
@@ -149,18 +140,9 @@ class CMVNStats:
 def accumulate_cmvn_stats(
     feats: Tensor, feat_lens: Tensor, stats: CMVNStats | None = None
 ) -> CMVNStats:
-    """Add the valid frames of a batch to `stats` (padding frames are not counted).
-
-    Args:
-        feats: `(B, T, D)` features.
-        feat_lens: `(B,)` valid frames per utterance.
-        stats: statistics so far, or None to start.
-
-    Returns:
-        New statistics including this batch.
-    """
+    """`stats` (or None) plus the valid frames of feats `(B, T, D)`, feat_lens `(B,)`."""
     check_batch(feats, feat_lens, ndim=3)
-    valid = lengths_to_mask(feat_lens, feats.size(1))  # (B, T)
+    valid = lengths_to_mask(feat_lens, feats.size(1))
     frames = feats[valid].double()  # (N, D)
     batch = CMVNStats(int(valid.sum()), frames.sum(0).cpu(), (frames**2).sum(0).cpu())
     return batch if stats is None else stats + batch
@@ -168,10 +150,6 @@ def accumulate_cmvn_stats(
 
 class GlobalCMVN(nn.Module):
     """Normalise with fixed corpus statistics: `(x - mean) / std` on valid frames.
-
-    Built either from a stats file (`stats_path`, what YAML configs use) or from `mean`/`std`
-    tensors. The statistics are buffers, so they follow the module's device and are saved in
-    checkpoints.
 
     Args:
         stats_path: JSON file written by `CMVNStats.save` / `compute_cmvn_stats`.
@@ -207,15 +185,7 @@ class GlobalCMVN(nn.Module):
         self.output_dim = mean.numel()
 
     def forward(self, x: Tensor, x_lens: Tensor) -> tuple[Tensor, Tensor]:
-        """Apply the global statistics.
-
-        Args:
-            x: `(B, T, D)` features.
-            x_lens: `(B,)` valid frames.
-
-        Returns:
-            `(B, T, D)` normalised features, zero beyond `x_lens`; `x_lens` unchanged.
-        """
+        """Args: x `(B, T, D)`, x_lens `(B,)`. Returns: normalised `(B, T, D)` and `x_lens`."""
         check_batch(x, x_lens, ndim=3)
         if x.size(2) != self.output_dim:
             raise ValueError(f"features have dimension {x.size(2)}, stats {self.output_dim}")
@@ -227,17 +197,11 @@ class GlobalCMVN(nn.Module):
 
 
 class LevelNormalizer(nn.Module):
-    """Scale each utterance to one RMS level, so the model never sees how loud it was recorded.
-
-    The level is measured over valid samples after removing the mean (a DC offset is not
-    speech); the gain is applied to the waveform as it is. A gain ``g`` on the input changes
-    nothing but rounding: ``LevelNormalizer()(g * x) == LevelNormalizer()(x)``. Input quieter
-    than `floor_dbfs` (digital silence) is raised by at most the gain that brings a
-    `floor_dbfs` signal to the target, so silence is not amplified into full-scale noise.
+    """Scale each utterance to one RMS level (mean removed), so recording loudness is unseen.
 
     Args:
         target_dbfs: RMS level every utterance is brought to, in dB re full scale.
-        floor_dbfs: levels below this count as silence.
+        floor_dbfs: levels below this count as silence and are not amplified to the target.
     """
 
     def __init__(self, target_dbfs: float = -26.0, floor_dbfs: float = -100.0):
@@ -247,15 +211,7 @@ class LevelNormalizer(nn.Module):
         self.target_dbfs, self.floor_dbfs = target_dbfs, floor_dbfs
 
     def forward(self, wave: Tensor, wave_lens: Tensor) -> tuple[Tensor, Tensor]:
-        """Bring every utterance to `target_dbfs`.
-
-        Args:
-            wave: `(B, T)` samples.
-            wave_lens: `(B,)` int64 valid samples per utterance.
-
-        Returns:
-            `(B, T)` scaled samples in `wave`'s dtype, zero beyond `wave_lens`; `wave_lens`.
-        """
+        """Args: wave `(B, T)`, wave_lens `(B,)`. Returns: scaled `(B, T)` and `wave_lens`."""
         check_batch(wave, wave_lens, ndim=2)
         x = zero_padding(wave.double()[:, :, None], wave_lens)[:, :, 0]  # (B, T)
         mean, var = _masked_mean_var(x[:, :, None], wave_lens)  # (B, 1, 1) each
@@ -265,8 +221,7 @@ class LevelNormalizer(nn.Module):
 
 
 def check_cmvn_level(level: nn.Module | None, normalize: nn.Module | None) -> None:
-    """Raise ValueError where `normalize`'s statistics were taken at another level than the one
-    `level` brings audio to (files that do not record it are not checked)."""
+    """Raise ValueError if `normalize`'s statistics were taken at another level than `level`'s."""
     if not isinstance(normalize, GlobalCMVN) or normalize.level_dbfs == UNKNOWN_LEVEL:
         return
     target = level.target_dbfs if isinstance(level, LevelNormalizer) else None

@@ -23,22 +23,14 @@ def _band_mask(starts: Tensor, widths: Tensor, size: int) -> Tensor:
 
 
 class SpecAugment(nn.Module):
-    """SpecAugment (Park et al., 2019): time warp, frequency masks and time masks.
-
-    Active only in training mode; the identity in eval mode. Everything is drawn per
-    utterance within its own valid length, so padding frames are never touched (they stay
-    zero) and lengths are unchanged. Randomness comes from torch's generator on the input's
-    device, so `torch.manual_seed` makes it reproducible.
+    """Time warp, frequency and time masks within each utterance's length, in training only.
 
     Args:
-        time_warp: maximum warp distance W in frames; 0 disables. The valid part is split at a
-            random frame c in (W, L - W) and the two sides are linearly resized so the split
-            moves to c + w, w uniform in [-W, W].
+        time_warp: maximum warp distance W in frames; 0 disables.
         freq_masks: number of frequency masks.
         freq_width: maximum width F of a frequency mask (width uniform in [0, F]).
         time_masks: number of time masks.
-        time_width: maximum width of a time mask: a fraction of the utterance's length if a
-            float below 1, else a number of frames (capped at the length).
+        time_width: maximum time-mask width, a fraction of the length if below 1, else frames.
         mask_value: value written into masked cells (0 is the mean of normalised features).
     """
 
@@ -59,15 +51,7 @@ class SpecAugment(nn.Module):
         self.time_masks, self.time_width = time_masks, time_width
 
     def forward(self, x: Tensor, x_lens: Tensor) -> tuple[Tensor, Tensor]:
-        """Augment a batch in training mode; return it unchanged in eval mode.
-
-        Args:
-            x: `(B, T, D)` features, zero beyond `x_lens`.
-            x_lens: `(B,)` valid frames.
-
-        Returns:
-            `(B, T, D)` augmented features; `x_lens` unchanged.
-        """
+        """Args: x `(B, T, D)`, x_lens `(B,)`. Returns: augmented `(B, T, D)` and `x_lens`."""
         if not self.training:
             return x, x_lens
         check_batch(x, x_lens, ndim=3)
@@ -117,7 +101,6 @@ class SpecAugment(nn.Module):
 
 
 def _resize_time(x: Tensor, length: int) -> Tensor:
-    """Linear resampling of `(T, D)` frames to `(length, D)`."""
     y = F.interpolate(x.t()[None], size=length, mode="linear", align_corners=False)  # (1, D, L)
     return y[0].t()
 

@@ -1,17 +1,4 @@
-"""Per-step attention for the RNN decoder (Chorowski et al. 2015; Bahdanau et al. 2015).
-
-Every module is `Cls(query_dim, key_dim, ...)` and works in two phases:
-
-- `prepare(keys, mask)` runs once per utterance and returns an `AttentionMemory`, a dict of
-  batch-first tensors (the encoder output, its projections and the mask). Being a plain dict,
-  `interfaces.reorder_batch` reorders it for beam search.
-- `forward(query, memory, prev_weights)` runs once per decoder step and returns the context
-  `(B, key_dim)` and the weights, `(B, T)` for single-head modules and `(B, H, T)` for
-  `MultiHeadAttention`. `prev_weights=None` means the first step; `initial_weights(memory)`
-  gives the alignment that stands in for it.
-
-Padded frames get exactly zero weight, so they never reach the context.
-"""
+"""Per-step attention for the RNN decoder (Chorowski et al. 2015; Bahdanau et al. 2015)."""
 
 from __future__ import annotations
 
@@ -20,7 +7,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-# Keys: "values" `(B, T, Dk)` or `(B, H, T, dv)`, "keys" (projected keys), "mask" `(B, T)` bool.
+# A plain dict of batch-first tensors, so `reorder_batch` reorders it for beam search.
 AttentionMemory = dict[str, Tensor]
 
 _INIT_ALIGNMENTS = ("uniform", "first")
@@ -29,22 +16,7 @@ _INIT_ALIGNMENTS = ("uniform", "first")
 def normalise_scores(
     scores: Tensor, mask: Tensor, sharpening: float = 1.0, smoothing: bool = False
 ) -> Tensor:
-    """Attention weights from scores, exactly zero where `mask` is False.
-
-    `alpha = exp(beta e) / sum exp(beta e)`, or with smoothing
-    `alpha = sigmoid(beta e) / sum sigmoid(beta e)` (Chorowski et al. 2015, Sec. 2.3).
-    Half-precision scores are normalised in float32, so the weights sum to 1 under bf16
-    autocast too.
-
-    Args:
-        scores: `(..., T)` energies.
-        mask: `(..., T)` bool (broadcastable to `scores`), True on valid frames; every row
-            needs at least one valid frame.
-        sharpening: inverse temperature beta.
-        smoothing: sigmoid instead of exponent.
-
-    Returns:
-        `(..., T)` weights (float32 at least) summing to 1 over the valid frames.
+    """Softmax (or normalised sigmoid) of `sharpening * scores`, in float32, zero off `mask`.
 
     >>> w = normalise_scores(torch.tensor([[0.0, 0.0, 5.0]]), torch.tensor([[True, True, False]]))
     >>> w.tolist()
@@ -91,12 +63,7 @@ def _check_prepare(module: nn.Module, keys: Tensor, mask: Tensor, key_dim: int) 
 class DotProductAttention(nn.Module):
     """Scaled dot-product attention, `e_j = (W_q s) . (W_k h_j) / sqrt(attention_dim)`.
 
-    Content-based only: `prev_weights` is accepted for the common interface and ignored.
-
-    Args:
-        query_dim: size of the decoder state `s`.
-        key_dim: size of the encoder output `h` (and of the context).
-        attention_dim: size both are projected to.
+    Args: as `LocationAwareAttention`; `attention_dim` is the size both are projected to.
     """
 
     num_heads = 1
@@ -121,16 +88,8 @@ class DotProductAttention(nn.Module):
     def forward(
         self, query: Tensor, memory: AttentionMemory, prev_weights: Tensor | None = None
     ) -> tuple[Tensor, Tensor]:
-        """One step.
-
-        Args:
-            query: `(B, Dq)` decoder state.
-            memory: from `prepare`.
-            prev_weights: ignored (content-based attention).
-
-        Returns:
-            context `(B, Dk)` and weights `(B, T)`.
-        """
+        """Args: query `(B, Dq)`, memory from `prepare`, prev_weights ignored.
+        Returns: context `(B, Dk)` and weights `(B, T)`."""
         query = self.query_proj(query).unsqueeze(-1)  # (B, A, 1)
         scores = torch.bmm(memory["keys"], query).squeeze(-1)  # (B, T)
         weights = normalise_scores(scores, memory["mask"])
@@ -140,14 +99,7 @@ class DotProductAttention(nn.Module):
 class AdditiveAttention(nn.Module):
     """Content-based additive attention (Bahdanau): `e_j = w^T tanh(W s + V h_j + b)`.
 
-    `prev_weights` is accepted for the common interface and ignored.
-
-    Args:
-        query_dim: size of the decoder state `s`.
-        key_dim: size of the encoder output `h` (and of the context).
-        attention_dim: size of the hidden layer inside the tanh.
-        sharpening: inverse temperature beta on the scores.
-        smoothing: normalise `sigmoid(e)` instead of `exp(e)`.
+    Args: as `LocationAwareAttention`, less the location ones.
     """
 
     num_heads = 1
@@ -181,16 +133,8 @@ class AdditiveAttention(nn.Module):
     def forward(
         self, query: Tensor, memory: AttentionMemory, prev_weights: Tensor | None = None
     ) -> tuple[Tensor, Tensor]:
-        """One step.
-
-        Args:
-            query: `(B, Dq)` decoder state.
-            memory: from `prepare`.
-            prev_weights: ignored (content-based attention).
-
-        Returns:
-            context `(B, Dk)` and weights `(B, T)`.
-        """
+        """Args: query `(B, Dq)`, memory from `prepare`, prev_weights ignored.
+        Returns: context `(B, Dk)` and weights `(B, T)`."""
         hidden = memory["keys"] + self.query_proj(query).unsqueeze(1)  # (B, T, A)
         return self._attend(hidden, memory)
 
@@ -201,10 +145,7 @@ class AdditiveAttention(nn.Module):
 
 
 class LocationAwareAttention(AdditiveAttention):
-    """Hybrid attention of Chorowski et al. (2015), eq. 5-9.
-
-    `f = F * alpha_{i-1}` convolves the previous alignment with `conv_channels` filters of width
-    `2 * conv_kernel + 1` (centred), and `e_j = w^T tanh(W s + V h_j + U f_j + b)`.
+    """Hybrid attention (Chorowski et al. 2015): `e_j = w^T tanh(W s + V h_j + U f_j + b)`.
 
     Args:
         query_dim: size of the decoder state `s`.
@@ -214,9 +155,7 @@ class LocationAwareAttention(AdditiveAttention):
         conv_kernel: half-width K of the location filters (width 2K+1).
         sharpening: inverse temperature beta on the scores.
         smoothing: normalise `sigmoid(e)` instead of `exp(e)`.
-        init_alignment: the previous alignment assumed at the first step: "uniform" over the
-            valid frames (the default: no location prior) or "first" (all weight on frame 0,
-            a prior that the alignment starts at the beginning).
+        init_alignment: alignment before the first step, "uniform" or "first" (frame 0).
     """
 
     def __init__(
@@ -244,16 +183,8 @@ class LocationAwareAttention(AdditiveAttention):
     def forward(
         self, query: Tensor, memory: AttentionMemory, prev_weights: Tensor | None = None
     ) -> tuple[Tensor, Tensor]:
-        """One step.
-
-        Args:
-            query: `(B, Dq)` decoder state.
-            memory: from `prepare`.
-            prev_weights: `(B, T)` previous alignment, or None at the first step.
-
-        Returns:
-            context `(B, Dk)` and weights `(B, T)`.
-        """
+        """Args: query `(B, Dq)`, memory from `prepare`, prev_weights `(B, T)` or None.
+        Returns: context `(B, Dk)` and weights `(B, T)`."""
         if prev_weights is None:
             prev_weights = self.initial_weights(memory)
         prev = prev_weights.to(memory["keys"].dtype).unsqueeze(1)  # (B, 1, T)
@@ -267,24 +198,13 @@ class LocationAwareAttention(AdditiveAttention):
 
 
 class MultiHeadAttention(nn.Module):
-    """Multi-head additive attention, optionally location-aware per head (as ESPnet's
-    AttMultiHeadLoc, with per-head sizes `attention_dim // num_heads`).
-
-    Head h scores `e_hj = w_h^T tanh(W_h s + V_h h_j + U_h f_hj + b_h)`, where `f_h` convolves
-    head h's own previous alignment. Each head reads its own value projection; the head
-    contexts are concatenated and projected back to `key_dim`.
+    """Multi-head additive attention, optionally location-aware per head (ESPnet AttMultiHeadLoc).
 
     Args:
-        query_dim: size of the decoder state `s`.
-        key_dim: size of the encoder output `h` (and of the context).
         num_heads: number of heads H; must divide `attention_dim`.
         attention_dim: total size of the per-head hidden layers and value projections.
         location: add the location term (otherwise content-based heads).
-        conv_channels: number of location filters per head.
-        conv_kernel: half-width K of the location filters (width 2K+1).
-        sharpening: inverse temperature beta on the scores.
-        smoothing: normalise `sigmoid(e)` instead of `exp(e)`.
-        init_alignment: "uniform" or "first", as in `LocationAwareAttention`.
+        others: as `LocationAwareAttention`, per head.
     """
 
     def __init__(
@@ -353,16 +273,8 @@ class MultiHeadAttention(nn.Module):
     def forward(
         self, query: Tensor, memory: AttentionMemory, prev_weights: Tensor | None = None
     ) -> tuple[Tensor, Tensor]:
-        """One step.
-
-        Args:
-            query: `(B, Dq)` decoder state.
-            memory: from `prepare`.
-            prev_weights: `(B, H, T)` previous alignments, or None at the first step.
-
-        Returns:
-            context `(B, Dk)` and weights `(B, H, T)`.
-        """
+        """Args: query `(B, Dq)`, memory from `prepare`, prev_weights `(B, H, T)` or None.
+        Returns: context `(B, Dk)` and weights `(B, H, T)`."""
         keys = memory["keys"]
         batch, heads, time, head_dim = keys.shape
         query = self.query_proj(query).view(batch, heads, 1, head_dim)  # (B, H, 1, d)
@@ -383,5 +295,4 @@ class MultiHeadAttention(nn.Module):
 
 
 def _weighted_sum(weights: Tensor, values: Tensor) -> Tensor:
-    """Context `(B, D)` from weights `(B, T)` and values `(B, T, D)`."""
     return torch.bmm(weights.to(values.dtype).unsqueeze(1), values).squeeze(1)

@@ -1,8 +1,4 @@
-"""Layers shared by the Transformer and Conformer encoders, the decoder and the Transformer LM.
-
-Convolutional subsampling and its length formula, sinusoidal and relative positions,
-multi-head attention (absolute and relative-position), and the position-wise feed-forward.
-"""
+"""Layers shared by the Transformer and Conformer encoders, the decoder and the Transformer LM."""
 
 from __future__ import annotations
 
@@ -16,7 +12,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from asr.models.interfaces import lengths_to_mask
 
-# Time (and frequency) convolutions of each subsampling factor, as (kernel, stride) pairs.
+# (kernel, stride) of the time and frequency convolutions of each subsampling factor.
 SUBSAMPLING_LAYERS: dict[int, tuple[tuple[int, int], ...]] = {
     4: ((3, 2), (3, 2)),
     6: ((3, 2), (5, 3)),
@@ -46,18 +42,7 @@ def min_input_length(factor: int) -> int:
 
 
 def subsampled_length(lengths: Tensor | int, factor: int) -> Tensor | int:
-    """Output length of `Conv2dSubsampling(factor)`: `(L - k) // s + 1` per unpadded conv,
-    which for 4, 6 and 8 equals `(L - min_input_length(factor)) // factor + 1`.
-
-    Args:
-        lengths: input lengths, an int or an int64 tensor of any shape.
-        factor: 4, 6 or 8.
-
-    Returns:
-        The subsampled lengths, of the same type and shape.
-
-    Raises:
-        ValueError: if a length is below `min_input_length(factor)`.
+    """Lengths after `Conv2dSubsampling(factor)`; ValueError below `min_input_length(factor)`.
 
     >>> subsampled_length(torch.tensor([7, 8, 100]), 4).tolist()
     [1, 1, 24]
@@ -79,20 +64,7 @@ def subsampled_length(lengths: Tensor | int, factor: int) -> Tensor | int:
 
 
 class Conv2dSubsampling(nn.Module):
-    """Strided 2-D convolutions over (time, feature), then a linear layer to `d_model`.
-
-    Factor 4: two 3x3 convolutions with stride 2; 6: 3x3 stride 2 then 5x5 stride 3;
-    8: three 3x3 stride 2. Each is followed by ReLU and uses no padding, so a valid output
-    frame sees only valid input frames (padding cannot leak in).
-
-    Args:
-        input_dim: feature dimension D_in (at least `min_input_length(factor)`).
-        d_model: output dimension.
-        factor: time subsampling factor, 4, 6 or 8.
-        channels: convolution channels (default `d_model`, as in ESPnet). The second
-            convolution costs `channels**2` per output position; fewer channels make a
-            small encoder much cheaper on CPU.
-    """
+    """Unpadded strided conv2d + ReLU over (time, feature), then linear; padding cannot leak in."""
 
     def __init__(
         self, input_dim: int, d_model: int, factor: int = 4, channels: int | None = None
@@ -115,15 +87,7 @@ class Conv2dSubsampling(nn.Module):
         self.output_dim = d_model
 
     def forward(self, x: Tensor, x_lens: Tensor) -> tuple[Tensor, Tensor]:
-        """Subsample in time.
-
-        Args:
-            x: `(B, T, D_in)` features.
-            x_lens: `(B,)` int64 valid lengths.
-
-        Returns:
-            `(B, T', d_model)` and the `(B,)` lengths `subsampled_length(x_lens, factor)`.
-        """
+        """Args: x `(B, T, D_in)`, x_lens `(B,)`. Returns: `(B, T', d_model)`, lengths `(B,)`."""
         if x.dim() != 3 or x.size(2) != self.input_dim:
             raise ValueError(
                 f"Conv2dSubsampling: expected input (B, T, {self.input_dim}), got {tuple(x.shape)}"
@@ -132,15 +96,14 @@ class Conv2dSubsampling(nn.Module):
             raise ValueError(
                 f"Conv2dSubsampling: a length {int(x_lens.max())} exceeds the {x.size(1)} frames"
             )
-        y_lens = subsampled_length(x_lens, self.factor)  # raises if an utterance is too short
+        y_lens = subsampled_length(x_lens, self.factor)
         y = self.conv(x.unsqueeze(1))  # (B, C, T', F')
         y = y.transpose(1, 2).flatten(2)  # (B, T', C * F')
         return self.out(y), y_lens
 
 
 def sinusoid_embedding(positions: Tensor, d_model: int) -> Tensor:
-    """Sinusoids of (possibly negative) positions `(N,)` -> `(N, d_model)`: channel `2i` holds
-    `sin(p / 10000^(2i / d_model))`, channel `2i + 1` the matching cosine.
+    """Sinusoids `(N, d_model)` of (possibly negative) positions `(N,)`: sin on even channels.
 
     >>> [round(v, 4) for v in sinusoid_embedding(torch.tensor([0.0, 1.0, -1.0]), 4)[:, 0].tolist()]
     [0.0, 0.8415, -0.8415]
@@ -166,19 +129,7 @@ def sinusoid_table(length: int, d_model: int) -> Tensor:
 
 
 class PositionalEncoding(nn.Module):
-    """`dropout(x * sqrt(d_model) + pe)` with sinusoidal `pe` (Vaswani et al. 2017, sec. 3.5).
-
-    Scaling: the inputs (token embeddings, initialised with std `d_model ** -0.5`, or the
-    subsampling output) are multiplied by `sqrt(d_model)` before the unit-amplitude positions
-    are added, so content and position have comparable magnitude, as in the paper and ESPnet.
-    The table covers `max_len` positions and grows itself when a longer input arrives; it is
-    a non-persistent buffer, so checkpoints do not depend on it.
-
-    Args:
-        d_model: model dimension.
-        max_len: positions precomputed up front.
-        dropout: dropout probability applied to the sum.
-    """
+    """`dropout(x * sqrt(d_model) + pe)`, sinusoidal `pe` (Vaswani et al. 2017); grows as needed."""
 
     def __init__(self, d_model: int, max_len: int = 5000, dropout: float = 0.1) -> None:
         super().__init__()
@@ -188,15 +139,7 @@ class PositionalEncoding(nn.Module):
         self.register_buffer("pe", sinusoid_table(max_len, d_model), persistent=False)
 
     def forward(self, x: Tensor, offset: int = 0) -> Tensor:
-        """Add positions `offset .. offset + T - 1`.
-
-        Args:
-            x: `(B, T, d_model)`.
-            offset: position of the first frame (the step index when decoding).
-
-        Returns:
-            `(B, T, d_model)`.
-        """
+        """Args: x `(B, T, d_model)`, offset of the first position. Returns: `(B, T, d_model)`."""
         end = offset + x.size(1)
         if end > self.pe.size(0):
             self.pe = sinusoid_table(max(end, 2 * self.pe.size(0)), self.d_model).to(self.pe)
@@ -204,18 +147,7 @@ class PositionalEncoding(nn.Module):
 
 
 class MultiHeadAttention(nn.Module):
-    """Scaled dot-product attention with `num_heads` heads and one fused input projection.
-
-    Masks are broadcastable to `(B, H, L_q, L_k)`: boolean, True where a query may attend, or
-    float, added to the scaled scores (`-inf` blocks a key; used for relative-position biases).
-    Without `need_weights` the fused `scaled_dot_product_attention` kernel runs; with it the
-    weights are computed explicitly and returned (before dropout, so rows sum to 1).
-
-    Args:
-        d_model: model dimension, divisible by `num_heads`.
-        num_heads: number of heads H.
-        dropout: dropout on the attention weights.
-    """
+    """Multi-head scaled dot-product attention; weights are returned before dropout."""
 
     def __init__(self, d_model: int, num_heads: int, dropout: float = 0.0) -> None:
         super().__init__()
@@ -225,7 +157,7 @@ class MultiHeadAttention(nn.Module):
         self.head_dim = d_model // num_heads
         self.in_proj = nn.Linear(d_model, 3 * d_model)  # rows: query, key, value
         self.out_proj = nn.Linear(d_model, d_model)
-        self.weight_dropout = nn.Dropout(dropout)  # on the attention weights
+        self.weight_dropout = nn.Dropout(dropout)
 
     def _heads(self, x: Tensor) -> Tensor:
         b, length, _ = x.shape
@@ -257,18 +189,7 @@ class MultiHeadAttention(nn.Module):
         need_weights: bool = False,
         is_causal: bool = False,
     ) -> tuple[Tensor, Tensor | None]:
-        """Attention over already projected heads, then the output projection.
-
-        Args:
-            query: `(B, H, L_q, d)`; key, value: `(B, H, L_k, d)`.
-            mask: broadcastable to `(B, H, L_q, L_k)`; boolean (True = may attend) or an
-                additive float bias of the query's dtype.
-            need_weights: also return the attention weights.
-            is_causal: query i attends to keys 0..i only (combined with `mask`).
-
-        Returns:
-            `(B, L_q, D)` and the weights `(B, H, L_q, L_k)` (or None).
-        """
+        """Heads `(B, H, L, d)` -> `(B, L_q, D)` and weights `(B, H, L_q, L_k)` or None."""
         context, weights = self.head_contexts(query, key, value, mask, need_weights, is_causal)
         return self.output(context), weights
 
@@ -281,8 +202,7 @@ class MultiHeadAttention(nn.Module):
         need_weights: bool = False,
         is_causal: bool = False,
     ) -> tuple[Tensor, Tensor | None]:
-        """`attend` before the output projection: per-head contexts `(B, H, L_q, d)` and the
-        weights (or None)."""
+        """`attend` without the output projection: contexts `(B, H, L_q, d)` and weights or None."""
         if is_causal and (mask is not None or need_weights):
             mask = _with_causal(mask, query.size(2), key.size(2), query.device)
             is_causal = False
@@ -314,18 +234,8 @@ class MultiHeadAttention(nn.Module):
         need_weights: bool = False,
         is_causal: bool = False,
     ) -> tuple[Tensor, Tensor | None]:
-        """Multi-head attention.
-
-        Args:
-            query: `(B, L_q, D)`; key, value: `(B, L_k, D)` (pass the same tensor three times
-                for self-attention: the projections then run as one matmul).
-            mask: boolean, broadcastable to `(B, H, L_q, L_k)`, True = may attend.
-            need_weights: also return the attention weights.
-            is_causal: query i attends to keys 0..i only.
-
-        Returns:
-            `(B, L_q, D)` and the weights `(B, H, L_q, L_k)` (or None).
-        """
+        """Args: query `(B, L_q, D)`, key/value `(B, L_k, D)`, mask `(B, H, L_q, L_k)` bool.
+        Returns: `(B, L_q, D)` and weights `(B, H, L_q, L_k)` or None."""
         if query is key and key is value:
             q, k, v = self.project_self(query)
         elif key is value:
@@ -338,21 +248,7 @@ class MultiHeadAttention(nn.Module):
 
 
 def relative_shift(scores: Tensor) -> Tensor:
-    """Turn scores over relative positions into scores over key positions.
-
-    For Q queries and K keys, column `c` of the input holds relative position
-    `Q - 1 - c` (from `Q - 1` down to `-(K - 1)`); the output has
-    `out[..., i, j] = scores[..., i, Q - 1 - i + j]`, the score for relative position `i - j`.
-    Queries that start at `s > 0` of a longer sequence get the right positions when the input
-    columns run from `s + Q - 1` down to `s - (K - 1)`. The output is a strided view of the
-    input (no copy): element `(i, j)` of a row-major `(Q, W)` matrix sits at
-    `(Q - 1) + (W - 1) i + j`.
-
-    Args:
-        scores: `(..., Q, K + Q - 1)`; for self-attention over T frames, `(..., T, 2T - 1)`.
-
-    Returns:
-        `(..., Q, K)`.
+    """Scores `(..., Q, K + Q - 1)` at relative positions `Q-1 .. -(K-1)` -> a view `(..., Q, K)`.
 
     >>> scores = torch.tensor([[1, 0, -1], [11, 10, 9]])  # row i, column c: 10 i + (Q - 1 - c)
     >>> relative_shift(scores).tolist()  # 10 i + (i - j)
@@ -369,7 +265,7 @@ def relative_shift(scores: Tensor) -> Tensor:
 
 
 def _relative_shift_gathered(scores: Tensor) -> Tensor:
-    """`relative_shift` by a gather (a copy), which ONNX export traces with dynamic shapes.
+    """`relative_shift` as a gather, which ONNX export traces with dynamic shapes.
 
     >>> scores = torch.randn(2, 3, 4, 9)
     >>> torch.equal(_relative_shift_gathered(scores), relative_shift(scores))
@@ -388,14 +284,7 @@ def relative_positions(length: int, d_model: int, device: torch.device) -> Tenso
 
 
 class RelativePositionalEncoding(nn.Module):
-    """Input side of relative-position attention: `dropout(x * sqrt(d_model))` (the same input
-    scale as `PositionalEncoding`, with no positions added) and the sinusoids of the relative
-    positions that each `RelPositionMultiHeadAttention` then scores.
-
-    Args:
-        d_model: model dimension.
-        dropout: dropout probability applied to the scaled input.
-    """
+    """`dropout(x * sqrt(d_model))` and the relative-position sinusoids the attention scores."""
 
     def __init__(self, d_model: int, dropout: float = 0.1) -> None:
         super().__init__()
@@ -409,22 +298,7 @@ class RelativePositionalEncoding(nn.Module):
 
 
 class RelPositionMultiHeadAttention(MultiHeadAttention):
-    """Self-attention with relative positions: for query i and key j the score is
-    `((q_i + u) . k_j + (q_i + v) . W p_(i-j)) / sqrt(d)` with learned per-head biases `u`, `v`
-    and sinusoids `p`. The positional term enters the fused attention kernel as an additive
-    float mask, so weights are only materialised when asked for.
-
-    Long inputs are attended `query_block` queries at a time: a block of Q queries needs only
-    the `T + Q - 1` relative positions it spans, so its positional scores are `(Q, T + Q - 1)`
-    rather than a slice of `(T, 2T - 1)`, which halves the positional matmul and keeps each
-    block's scores in cache; the result is the same to the bit.
-
-    Args:
-        d_model: model dimension, divisible by `num_heads`.
-        num_heads: number of heads H.
-        dropout: dropout on the attention weights.
-        query_block: queries attended at a time.
-    """
+    """Self-attention scoring `((q + u) . k + (q + v) . W p) / sqrt(d)` (Dai et al. 2019)."""
 
     def __init__(
         self, d_model: int, num_heads: int, dropout: float = 0.0, query_block: int = 256
@@ -442,18 +316,9 @@ class RelPositionMultiHeadAttention(MultiHeadAttention):
     def forward(  # type: ignore[override]
         self, x: Tensor, pos: Tensor, mask: Tensor, need_weights: bool = False
     ) -> tuple[Tensor, Tensor | None]:
-        """Relative-position self-attention.
-
-        Args:
-            x: `(B, T, D)`.
-            pos: `(2T - 1, D)` from `relative_positions(T, D)`.
-            mask: boolean `(B, 1, 1, T)`, True on valid keys.
-            need_weights: also return the attention weights.
-
-        Returns:
-            `(B, T, D)` and the weights `(B, H, T, T)` (or None).
-        """
-        q, k, v = self.project_self(x)  # (B, H, T, d) each
+        """Args: x `(B, T, D)`, pos `(2T - 1, D)`, mask `(B, 1, 1, T)` True on valid keys.
+        Returns: `(B, T, D)` and weights `(B, H, T, T)` or None."""
+        q, k, v = self.project_self(x)
         p = self._heads(self.pos_proj(pos.to(x.dtype))[None])  # (1, H, 2T-1, d)
         q_u = (q + self.pos_bias_u[:, None]).to(q.dtype)
         q_v = (q + self.pos_bias_v[:, None]).to(q.dtype)
@@ -461,7 +326,6 @@ class RelPositionMultiHeadAttention(MultiHeadAttention):
         contexts, weights = [], []
         for start in range(0, length, self.query_block):
             stop = min(start + self.query_block, length)
-            # Relative positions of these queries: stop - 1 down to start - (T - 1).
             p_block = p[:, :, length - stop : 2 * length - 1 - start]
             scores = relative_shift(q_v[:, :, start:stop] @ p_block.transpose(-2, -1))
             bias = (scores / math.sqrt(self.head_dim)).masked_fill_(~mask, float("-inf"))
@@ -488,15 +352,12 @@ def _with_causal(mask: Tensor | None, len_q: int, len_k: int, device: torch.devi
 
 
 _MATH_MAX_KEYS = 192  # keys up to which CPU bf16 attention uses the math kernel
-# On CUDA every SDPA kernel but cuDNN's, which builds a plan for each new batch shape: with
-# lengths that vary from batch to batch, training steps wait on plans (docs/performance.md).
+# Not cuDNN: it builds a plan for every new batch shape, and lengths vary from batch to batch.
 _CUDA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 def _sdpa_backend(query: Tensor, key: Tensor) -> contextlib.AbstractContextManager[None]:
-    """Short bf16 attention on CPU runs the math kernel (in fp32, and faster than flash below
-    ~200 keys); on CUDA, any kernel but cuDNN's (`_CUDA_BACKENDS`); else torch's choice.
-    Scores computed in bf16 would be faster still but trained worse AN4 models."""
+    """The math kernel for short bf16 attention on CPU (fp32 scores), `_CUDA_BACKENDS` on CUDA."""
     if query.device.type == "cuda":
         return sdpa_kernel(_CUDA_BACKENDS)
     short = key.size(-2) <= _MATH_MAX_KEYS

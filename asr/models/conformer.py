@@ -1,17 +1,4 @@
-"""Conformer encoder (Gulati et al. 2020): convolution-augmented Transformer blocks.
-
-Each block is a macaron pair of half-step feed-forward modules around relative-position
-multi-head self-attention (Transformer-XL style, Dai et al. 2019) and a convolution module,
-each module pre-normalised, and the block followed by LayerNorm as in the paper. The front is
-the Transformer's `Conv2dSubsampling`, so lengths follow
-`asr.models.blocks.subsampled_length`.
-
-`block_norm=False` drops the LayerNorm that ends each block and puts one after the stack, as
-the Transformer encoder does. A LayerNorm after every block rescales the residual stream, so
-the scaled input no longer dominates it and each freshly initialised block weighs as much as
-the input: on small data CTC then stays on its blank plateau for thousands of steps
-(recipes/an4/RESULTS.md, "Conformer").
-"""
+"""Conformer encoder (Gulati et al. 2020): convolution-augmented Transformer blocks."""
 
 from __future__ import annotations
 
@@ -27,18 +14,7 @@ from asr.models.interfaces import lengths_to_mask
 
 
 class ConvolutionModule(nn.Module):
-    """Pointwise conv + GLU, depthwise conv over time, norm, SiLU, pointwise conv.
-
-    Padded frames are zeroed before the depthwise convolution, so valid frames see the same
-    zero padding as an utterance on its own. With `norm="batch"` the training-time statistics
-    include those zeros; `norm="layer"` normalises each frame alone.
-
-    Args:
-        d_model: channels.
-        kernel_size: odd depthwise kernel width (in frames).
-        dropout: dropout on the output.
-        norm: "batch" (BatchNorm1d, as in the paper) or "layer" (LayerNorm over channels).
-    """
+    """Pointwise conv + GLU, depthwise conv over zeroed padding, norm, SiLU, pointwise conv."""
 
     def __init__(self, d_model: int, kernel_size: int, dropout: float, norm: str) -> None:
         super().__init__()
@@ -56,7 +32,7 @@ class ConvolutionModule(nn.Module):
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: Tensor, valid: Tensor) -> Tensor:
-        """x `(B, T, D)`, valid `(B, T)` True on real frames -> `(B, T, D)`."""
+        """Args: x `(B, T, D)`, valid `(B, T)` True on real frames. Returns: `(B, T, D)`."""
         h = self.pointwise_in(self.layer_norm(x).transpose(1, 2))  # (B, 2D, T)
         h = F.glu(h, dim=1).masked_fill(~valid[:, None, :], 0.0)  # (B, D, T)
         h = self.depthwise(h)
@@ -69,8 +45,7 @@ class ConvolutionModule(nn.Module):
 
 
 class MacaronFeedForward(nn.Sequential):
-    """`LayerNorm -> Linear -> SiLU -> Dropout -> Linear -> Dropout` (half-weighted by the
-    block)."""
+    """`LayerNorm -> Linear -> SiLU -> Dropout -> Linear -> Dropout`, half-weighted by the block."""
 
     def __init__(self, d_model: int, ffn_dim: int, dropout: float) -> None:
         super().__init__(
@@ -107,7 +82,7 @@ class ConformerLayer(nn.Module):
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: Tensor, pos: Tensor, valid: Tensor) -> Tensor:
-        """x `(B, T, D)`, pos `(2T - 1, D)`, valid `(B, T)` -> `(B, T, D)`."""
+        """Args: x `(B, T, D)`, pos `(2T - 1, D)`, valid `(B, T)`. Returns: `(B, T, D)`."""
         x = x + 0.5 * self.ffn1(x)
         x = x + self.dropout(self.attn(self.attn_norm(x), pos, valid[:, None, None, :])[0])
         x = x + self.conv(x, valid)
@@ -129,8 +104,7 @@ class ConformerEncoder(nn.Module):
         attention_dropout: dropout on the attention weights.
         conv_norm: "batch" or "layer" normalisation in the convolution modules.
         subsampling_channels: channels of the convolutional front (default `d_model`).
-        block_norm: LayerNorm at the end of every block (the paper's); False: pre-LN blocks
-            and one LayerNorm after the stack, which trains far sooner on small data.
+        block_norm: LayerNorm ending each block (the paper's); False: one after the stack.
     """
 
     def __init__(
@@ -168,19 +142,10 @@ class ConformerEncoder(nn.Module):
         self.output_dim = d_model
 
     def forward(self, x: Tensor, x_lens: Tensor) -> tuple[Tensor, Tensor]:
-        """Encode.
-
-        Args:
-            x: `(B, T, input_dim)` features.
-            x_lens: `(B,)` int64 valid lengths, each at least `min_input_length(subsampling)`.
-
-        Returns:
-            `(B, T', d_model)` with zeros past each length, and `(B,)` lengths
-            `subsampled_length(x_lens, subsampling)`.
-        """
+        """Args: x `(B, T, D_in)`, x_lens `(B,)`. Returns: `(B, T', d_model)`, lengths `(B,)`."""
         x, y_lens = self.subsampling(x, x_lens)
         x, pos = self.positions(x)  # pos: (2T' - 1, D)
-        valid = lengths_to_mask(y_lens, x.size(1))  # (B, T')
+        valid = lengths_to_mask(y_lens, x.size(1))
         for layer in self.layers:
             x = layer(x, pos, valid)
         return self.norm(x).masked_fill(~valid[..., None], 0.0), y_lens

@@ -14,13 +14,7 @@ from asr.text import BLANK_ID
 
 
 class CTCHead(nn.Module):
-    """Linear projection of encoder frames to token log-probabilities, blank at id 0.
-
-    Args:
-        vocab_size: output vocabulary, blank included.
-        encoder_dim: size of the encoder frames.
-        dropout: dropout on the encoder output before the projection.
-    """
+    """Linear projection of encoder frames to token log-probabilities, blank at id 0."""
 
     def __init__(self, vocab_size: int, encoder_dim: int, dropout: float = 0.0):
         super().__init__()
@@ -35,14 +29,7 @@ class CTCHead(nn.Module):
     def loss(
         self, log_probs: Tensor, enc_lens: Tensor, targets: Tensor, target_lens: Tensor
     ) -> Tensor:
-        """Summed CTC loss divided by the number of target tokens (the attention loss's scale).
-
-        Args:
-            log_probs: `(B, T, V)` from `forward`.
-            enc_lens: `(B,)` valid frames.
-            targets: `(B, L)` token ids without blank/sos/eos (padding ignored past target_lens).
-            target_lens: `(B,)`.
-        """
+        """Summed CTC loss per target token, the attention loss's scale."""
         loss = F.ctc_loss(
             log_probs.transpose(0, 1),  # (T, B, V)
             targets,
@@ -66,20 +53,10 @@ class CTCHead(nn.Module):
 
 @dataclass(frozen=True)
 class InterCTC:
-    """Intermediate CTC (Lee & Watanabe 2021): the CTC head also reads chosen encoder blocks.
+    """Intermediate CTC (Lee & Watanabe 2021): the CTC head also reads chosen encoder blocks."""
 
-    The CTC part of the loss becomes `(1 - weight) * final + weight * mean(intermediate)`,
-    each intermediate output passed through the encoder's final `norm` first (as the last
-    block's is). It regularises the lower blocks and adds no parameter, so checkpoints and
-    decoding are unchanged.
-
-    Args:
-        layers: 1-based indices of the tapped blocks of `encoder.layers`, before the last one.
-        weight: share of the intermediate losses in the CTC loss, in (0, 1).
-    """
-
-    layers: tuple[int, ...]
-    weight: float
+    layers: tuple[int, ...]  # 1-based indices into `encoder.layers`, before the last block
+    weight: float  # share of the intermediate losses in the CTC loss, in (0, 1)
 
     def __post_init__(self) -> None:
         if not self.layers or min(self.layers) < 1:

@@ -1,13 +1,4 @@
-"""Opt-in dropout whose CPU mask costs a quarter of the random numbers of `nn.Dropout`.
-
-On CPU, `nn.Dropout` draws one number per element from the serial generator (`bernoulli_`),
-a large share of a small model's training step. Here each 64-bit draw gives four 16-bit
-uniforms, so the drop probability is `p` rounded to a multiple of 1/65536. Elsewhere (CUDA)
-`torch.nn.functional.dropout` runs unchanged.
-
-Models are built with `nn.Dropout`; `use_fast_dropout(model)` swaps each one for
-`FastDropout`. The training modules do so with `fast_dropout: true` (docs/performance.md).
-"""
+"""Opt-in dropout whose CPU mask costs a quarter of the random numbers of `nn.Dropout`."""
 
 from __future__ import annotations
 
@@ -24,8 +15,7 @@ def fast_dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
         return x
     if x.device.type != "cpu" or not 0.0 < p < 1.0:
         return F.dropout(x, p, training)
-    # The mask as 0/1 in x's dtype (through uint8: a bool -> bf16 cast or a `where` is far
-    # slower on CPU), so that forward and backward are plain multiplications.
+    # via uint8: a bool -> bf16 cast or a `where` is far slower on CPU
     keep = _keep_mask(x, p).view(torch.uint8).to(x.dtype)
     return x * (1.0 / (1.0 - p)) * keep
 
@@ -46,11 +36,7 @@ class FastDropout(nn.Dropout):
 
 
 def use_fast_dropout(model: nn.Module) -> int:
-    """Swap every `nn.Dropout` inside `model` for a `FastDropout` of the same `p`, in place.
-
-    Returns:
-        How many were swapped.
-    """
+    """Swap every `nn.Dropout` in `model` for a `FastDropout` in place; returns how many."""
     swapped = 0
     for module in list(model.modules()):
         for name, child in module.named_children():

@@ -1,11 +1,4 @@
-"""The contracts every frontend, encoder and decoder follows.
-
-Batch first, absolute lengths. Attention weights are always returned as one tensor
-shape, `(B, K, L_dec, L_enc)` from teacher forcing and `(B, K, L_enc)` from a step,
-where K is the number of attention maps: 1 for an RNN decoder with single-head
-attention, heads for multi-head attention, layers * heads (layer-major) for a
-Transformer decoder. Plotting and timing code therefore sees one shape.
-"""
+"""The contracts every frontend, encoder and decoder follows: batch first, absolute lengths."""
 
 from __future__ import annotations
 
@@ -14,8 +7,7 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
-# A decoder's search state: a dict of tensors whose first dimension is the batch
-# (or batch x beam) dimension, so `reorder_state` can index it uniformly.
+# Search state: tensors with batch (or batch x beam) first, so `reorder_state` can index it.
 State = dict[str, Any]
 
 
@@ -28,14 +20,13 @@ class SequenceModule(Protocol):
 
 
 class Decoder(Protocol):
-    """Attention decoders. Token ids: 0 blank, 1 pad, 2 unk, 3 sos/eos (see asr.text)."""
+    """Attention decoders over the token ids of `asr.text`."""
 
     vocab_size: int
-    num_attention_maps: int  # K in the attention shapes above
+    num_attention_maps: int  # K in the attention shapes
 
     def __call__(self, enc: Tensor, enc_lens: Tensor, tokens: Tensor) -> tuple[Tensor, Tensor]:
-        """Teacher forcing: tokens `(B, L)` (sos-prefixed inputs) -> logits `(B, L, V)`,
-        attention `(B, K, L, T_enc)`."""
+        """Teacher forcing: tokens `(B, L)` -> logits `(B, L, V)`, attention `(B, K, L, T_enc)`."""
         ...
 
     def init_state(self, enc: Tensor, enc_lens: Tensor) -> State: ...

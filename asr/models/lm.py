@@ -1,15 +1,4 @@
-"""Token-level language models for shallow fusion: an LSTM LM and a causal Transformer LM.
-
-Both read the decoder's vocabulary (0 blank, 1 pad, 2 unk, 3 sos/eos, see asr.text) and offer
-two equivalent views of one distribution:
-
-- teacher forcing, `forward(tokens) -> logits`, over sos-prefixed inputs `[sos] + y`, where
-  position `i` predicts token `i + 1` of `y + [eos]` and sees only positions `0..i`, so
-  right padding never changes the logits of the real positions;
-- the search interface of `asr.search.LanguageModel`: `init_state`, `step`, `reorder_state`,
-  with batch-first states, so `beam_search` can follow the beams. The Transformer LM caches
-  each layer's self-attention keys and values, so a step costs O(t), not O(t^2).
-"""
+"""Token-level LSTM and causal Transformer language models for shallow fusion."""
 
 from __future__ import annotations
 
@@ -44,8 +33,7 @@ class LSTMLM(nn.Module):
         hidden_size: LSTM hidden size.
         num_layers: stacked LSTM layers.
         dropout: dropout on the embeddings, between LSTM layers and before the output layer.
-        tie_embeddings: share the output weight with the embedding (Press & Wolf 2017); needs
-            `embed_dim == hidden_size`.
+        tie_embeddings: share the output weight with the embedding (needs equal sizes).
     """
 
     def __init__(
@@ -75,16 +63,9 @@ class LSTMLM(nn.Module):
         self.vocab_size = vocab_size
 
     def forward(self, tokens: Tensor) -> Tensor:
-        """Teacher forcing.
-
-        Args:
-            tokens: `(B, L)` sos-prefixed inputs (pad after the end is harmless: causal).
-
-        Returns:
-            Logits `(B, L, V)` of the next token at every position.
-        """
+        """Args: tokens `(B, L)` sos-prefixed. Returns: next-token logits `(B, L, V)`."""
         _check_tokens("LSTMLM", tokens, 2)
-        out, _ = self.rnn(self.dropout(self.embedding(tokens)))  # (B, L, H)
+        out, _ = self.rnn(self.dropout(self.embedding(tokens)))
         return self.output(self.dropout(out))
 
     def init_state(self, batch_size: int, device: torch.device | str) -> State:
@@ -94,15 +75,7 @@ class LSTMLM(nn.Module):
         return {"hidden": zeros, "cell": zeros}
 
     def step(self, tokens: Tensor, state: State) -> tuple[Tensor, State]:
-        """One token per row.
-
-        Args:
-            tokens: `(B,)` the previous tokens (sos first).
-            state: from `init_state` or the previous `step`; not modified.
-
-        Returns:
-            Next-token log-probabilities `(B, V)` and the new state.
-        """
+        """Tokens `(B,)` -> next-token log-probs `(B, V)` and the new state."""
         _check_tokens("LSTMLM.step", tokens, 1)
         h0 = state["hidden"].transpose(0, 1).contiguous()  # (layers, B, H), as nn.LSTM wants
         c0 = state["cell"].transpose(0, 1).contiguous()
@@ -111,13 +84,12 @@ class LSTMLM(nn.Module):
         return _log_softmax(logits), {"hidden": h.transpose(0, 1), "cell": c.transpose(0, 1)}
 
     def reorder_state(self, state: State, index: Tensor) -> State:
-        """Keep batch rows `index` (e.g. the surviving beams)."""
+        """Keep batch rows `index`."""
         return reorder_batch(state, index)
 
 
 class CausalBlock(nn.Module):
-    """Pre-LN Transformer block with causal self-attention: `x + SelfAttn(LN(x))`, then
-    `x + FFN(LN(x))`; `step` extends cached keys and values by one position."""
+    """Pre-LN Transformer block with causal self-attention; `step` extends the cache by one."""
 
     def __init__(self, d_model: int, num_heads: int, ffn_dim: int, dropout: float) -> None:
         super().__init__()
@@ -128,13 +100,12 @@ class CausalBlock(nn.Module):
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: Tensor) -> Tensor:
-        """x `(B, L, D)` -> `(B, L, D)`; position i sees positions 0..i."""
-        q, k, v = self.attn.project_self(self.attn_norm(x))  # (B, H, L, d) each
+        """Args: x `(B, L, D)`; position i sees 0..i. Returns: `(B, L, D)`."""
+        q, k, v = self.attn.project_self(self.attn_norm(x))
         return self._ffn(x + self.dropout(self.attn.attend(q, k, v, is_causal=True)[0]))
 
     def step(self, x: Tensor, past_k: Tensor, past_v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """x `(B, 1, D)`, cached keys/values `(B, H, t, d)` -> `(B, 1, D)` and the keys/values
-        `(B, H, t + 1, d)`."""
+        """x `(B, 1, D)`, cache `(B, H, t, d)` -> `(B, 1, D)` and the cache `(B, H, t + 1, d)`."""
         q, k, v = self.attn.project_self(self.attn_norm(x))
         k, v = torch.cat([past_k, k], dim=2), torch.cat([past_v, v], dim=2)  # (B, H, t+1, d)
         return self._ffn(x + self.dropout(self.attn.attend(q, k, v)[0])), k, v
@@ -144,8 +115,7 @@ class CausalBlock(nn.Module):
 
 
 class TransformerLM(nn.Module):
-    """Causal Transformer LM: scaled embeddings plus sinusoidal positions, pre-LN blocks of
-    causal self-attention and FFN, a final LayerNorm and a linear output layer.
+    """Causal pre-LN Transformer LM with sinusoidal positions.
 
     Args:
         vocab_size: vocabulary size V.
@@ -184,38 +154,22 @@ class TransformerLM(nn.Module):
         self.num_heads = num_heads
 
     def forward(self, tokens: Tensor) -> Tensor:
-        """Teacher forcing.
-
-        Args:
-            tokens: `(B, L)` sos-prefixed inputs (pad after the end is harmless: causal).
-
-        Returns:
-            Logits `(B, L, V)` of the next token at every position.
-        """
+        """Args: tokens `(B, L)` sos-prefixed. Returns: next-token logits `(B, L, V)`."""
         _check_tokens("TransformerLM", tokens, 2)
-        x = self.positions(self.embedding(tokens))  # (B, L, D)
+        x = self.positions(self.embedding(tokens))
         for layer in self.layers:
             x = layer(x)
         return self.output(self.norm(x))
 
     def init_state(self, batch_size: int, device: torch.device | str) -> State:
-        """Empty self-attention caches, batch first: "keys" and "values", one `(B, H, 0, d)`
-        tensor per layer."""
+        """Empty caches: "keys" and "values", one `(B, H, 0, d)` per layer."""
         d_model = self.embedding.embedding_dim
         shape = (batch_size, self.num_heads, 0, d_model // self.num_heads)
         empty = torch.zeros(shape, device=device, dtype=self.embedding.weight.dtype)
         return {"keys": [empty] * len(self.layers), "values": [empty] * len(self.layers)}
 
     def step(self, tokens: Tensor, state: State) -> tuple[Tensor, State]:
-        """One token per row, reusing the cached keys/values of the earlier positions.
-
-        Args:
-            tokens: `(B,)` the previous tokens (sos first).
-            state: from `init_state` or the previous `step`; not modified.
-
-        Returns:
-            Next-token log-probabilities `(B, V)` and the new state.
-        """
+        """Tokens `(B,)` -> next-token log-probs `(B, V)` and the new state."""
         _check_tokens("TransformerLM.step", tokens, 1)
         t = state["keys"][0].size(2)
         x = self.positions(self.embedding(tokens[:, None]), offset=t)  # (B, 1, D)
@@ -228,7 +182,7 @@ class TransformerLM(nn.Module):
         return _log_softmax(logits), {"keys": keys, "values": values}
 
     def reorder_state(self, state: State, index: Tensor) -> State:
-        """Keep batch rows `index` (e.g. the surviving beams)."""
+        """Keep batch rows `index`."""
         return reorder_batch(state, index)
 
 

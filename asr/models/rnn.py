@@ -1,5 +1,4 @@
-"""The RNN-attention family (Chorowski et al. 2015): a pyramidal RNN encoder and an
-attention decoder built on the per-step modules of `asr.models.attention`."""
+"""Pyramidal RNN encoder and RNN attention decoder (Chorowski et al. 2015)."""
 
 from __future__ import annotations
 
@@ -20,15 +19,7 @@ _CONV_FRONT_FACTORS = (2, 2)
 
 
 def rnn_output_lengths(lengths: Tensor | int, factors: Sequence[int]) -> Tensor | int:
-    """Lengths after subsampling by each factor in turn; every factor keeps `ceil(T / f)`
-    frames (the last, partial group of frames is kept).
-
-    Args:
-        lengths: input lengths, an int or a `(B,)` integer tensor.
-        factors: per-stage subsampling factors, e.g. `[1, 2, 2, 1]`.
-
-    Returns:
-        Output lengths of the same type.
+    """Lengths after subsampling by each factor in turn, `ceil(T / f)` each.
 
     >>> rnn_output_lengths(torch.tensor([1, 7, 8, 9]), [1, 2, 2, 1]).tolist()
     [1, 2, 2, 3]
@@ -36,8 +27,7 @@ def rnn_output_lengths(lengths: Tensor | int, factors: Sequence[int]) -> Tensor 
     13
     """
     for factor in factors:
-        # ceil division of non-negative lengths, for ints and tensors alike (and in ONNX,
-        # whose integer division truncates)
+        # ceil division that also holds in ONNX, whose integer division truncates
         lengths = (lengths + factor - 1) // factor
     return lengths
 
@@ -76,19 +66,12 @@ def _check_lengths(name: str, x: Tensor, x_lens: Tensor, input_dim: int, arg: st
 
 
 def _time_mask(x: Tensor, lens: Tensor) -> Tensor:
-    """Zero the frames past each length of a `(B, C, T, F)` tensor."""
-    valid = lengths_to_mask(lens, x.size(2))  # (B, T)
+    valid = lengths_to_mask(lens, x.size(2))
     return x * valid[:, None, :, None].to(x.dtype)
 
 
 class ConvFront(nn.Module):
-    """VGG-like front: two blocks of 3x3 conv2d + ReLU + 2x2 max-pool, subsampling time and
-    frequency by 4. Padded frames are zeroed before every convolution, so they never leak.
-
-    Args:
-        input_dim: feature size D.
-        channels: output channels of the two blocks.
-    """
+    """VGG-like front: two 3x3 conv + ReLU + 2x2 max-pool blocks; padding zeroed before each."""
 
     def __init__(self, input_dim: int, channels: tuple[int, int] = (64, 128)) -> None:
         super().__init__()
@@ -104,10 +87,7 @@ class ConvFront(nn.Module):
 
     def forward(self, x: Tensor, x_lens: Tensor) -> tuple[Tensor, Tensor]:
         """Args: x `(B, T, D)`, x_lens `(B,)`.
-
-        Returns:
-            y `(B, ceil(ceil(T/2)/2), output_dim)` and its lengths `(B,)`.
-        """
+        Returns: y `(B, ceil(ceil(T/2)/2), output_dim)` and its lengths `(B,)`."""
         x = _time_mask(x.unsqueeze(1), x_lens)  # (B, 1, T, D)
         for conv in self.convs:
             # ReLU output is >= 0, so the zeroed padding never wins a max-pool.
@@ -119,14 +99,12 @@ class ConvFront(nn.Module):
 
 
 def _lecun_normal_(weight: Tensor) -> None:
-    """Draw `(out, in)` weights with std `1 / sqrt(in)`: unit-variance inputs give unit-variance
-    outputs."""
+    """LeCun normal: std `1 / sqrt(in)` keeps unit variance from inputs to outputs."""
     nn.init.normal_(weight, std=1.0 / math.sqrt(weight.size(1)))
 
 
 def _init_rnn(rnn: nn.RNNBase) -> None:
-    """LeCun-normal input weights, orthogonal recurrent weights per gate, zero biases and,
-    for LSTMs, a forget-gate bias of 1 (Jozefowicz et al. 2015)."""
+    """Variance-preserving init; LSTM forget-gate bias 1 (Jozefowicz et al. 2015)."""
     hidden = rnn.hidden_size
     for name, param in rnn.named_parameters():
         if name.startswith("weight_ih"):
@@ -141,7 +119,6 @@ def _init_rnn(rnn: nn.RNNBase) -> None:
 
 
 def _lecun_linear(in_features: int, out_features: int) -> nn.Linear:
-    """A linear layer whose outputs keep the variance of its inputs."""
     linear = nn.Linear(in_features, out_features)
     _lecun_normal_(linear.weight)
     nn.init.zeros_(linear.bias)
@@ -151,13 +128,6 @@ def _lecun_linear(in_features: int, out_features: int) -> nn.Linear:
 class RNNEncoder(nn.Module):
     """Pyramidal (bi)LSTM/GRU encoder with projections (Listen-Attend-Spell, ESPnet BLSTMP).
 
-    Each layer is a packed (bi)RNN, so padding never reaches valid frames, followed by
-    subsampling and a linear projection (with tanh between layers, none after the last).
-    Weights start variance-preserving (see `_init_rnn`) and, with `layer_norm`, every projection
-    is layer-normalised: PyTorch's default initialisation shrinks the signal several-fold per
-    layer, so the output barely varies over time and CTC sits on its all-blank plateau for
-    thousands of steps.
-
     Args:
         input_dim: feature size D.
         hidden_size: RNN units per direction.
@@ -165,17 +135,13 @@ class RNNEncoder(nn.Module):
         rnn_type: "lstm" or "gru".
         bidirectional: run each layer in both directions.
         projection_dim: size of the projection after each layer (0: no projections).
-        subsample: per-layer subsampling factors, applied after that layer's RNN, as
-            `"1_2_2_1"` or a list with one entry per layer.
-        subsample_mode: "stride" keeps every f-th frame; "concat" concatenates f adjacent
-            frames (zero-filling the last group) as in Listen-Attend-Spell.
+        subsample: per-layer factors after each RNN, `"1_2_2_1"` or a list.
+        subsample_mode: "stride" keeps every f-th frame; "concat" joins f adjacent frames.
         dropout: dropout after every projection but the last.
         conv_front: put a VGG-like conv2d front (x4 subsampling) before the RNN.
         conv_channels: channels of the front's first block (the second has twice as many).
         layer_norm: layer-normalise each projection's output (needs `projection_dim > 0`).
-        unpacked_on_cpu: on CPU, run each direction over the padded batch (oneDNN's LSTM)
-            instead of packed sequences: the same outputs, faster training steps
-            (docs/performance.md).
+        unpacked_on_cpu: on CPU, run oneDNN's LSTM over the padded batch, not packed sequences.
     """
 
     def __init__(
@@ -231,7 +197,7 @@ class RNNEncoder(nn.Module):
 
     @property
     def subsampling_factors(self) -> list[int]:
-        """All factors from input frames to output frames (conv front first)."""
+        """All factors from input to output frames, conv front first."""
         front = list(_CONV_FRONT_FACTORS) if self.front is not None else []
         return front + self.layer_factors
 
@@ -240,16 +206,8 @@ class RNNEncoder(nn.Module):
         return rnn_output_lengths(x_lens, self.subsampling_factors)
 
     def forward(self, x: Tensor, x_lens: Tensor) -> tuple[Tensor, Tensor]:
-        """Encode a padded batch.
-
-        Args:
-            x: `(B, T, input_dim)` features.
-            x_lens: `(B,)` int64 valid lengths, each in `[1, T]`.
-
-        Returns:
-            y `(B, T', output_dim)` with `T' = output_lengths(T)`, zero past each length, and
-            y_lens `(B,)` = `output_lengths(x_lens)`.
-        """
+        """Args: x `(B, T, input_dim)`, x_lens `(B,)` each in `[1, T]`.
+        Returns: y `(B, T', output_dim)`, zero past each length, and y_lens `(B,)`."""
         _check_lengths(type(self).__name__, x, x_lens, self.input_dim)
         if self.front is not None:
             x, x_lens = self.front(x, x_lens)
@@ -267,7 +225,6 @@ class RNNEncoder(nn.Module):
         return x.masked_fill(~valid, 0.0), x_lens
 
     def _run_rnn(self, rnn: nn.RNNBase, x: Tensor, x_lens: Tensor) -> Tensor:
-        """The RNN over each utterance's valid frames; the output is zero past each length."""
         unpacked = self.unpacked_on_cpu and x.device.type == "cpu"
         if unpacked or torch.onnx.is_in_onnx_export():  # ONNX has no packed sequences
             return _padded_rnn(rnn, x, x_lens)
@@ -283,19 +240,12 @@ class RNNEncoder(nn.Module):
             return x[:, ::factor], rnn_output_lengths(x_lens, (factor,))
         batch, time, dim = x.shape
         groups = rnn_output_lengths(time, (factor,))
-        x = nn.functional.pad(x, (0, 0, 0, groups * factor - time))  # zero frames at the end
+        x = nn.functional.pad(x, (0, 0, 0, groups * factor - time))
         return x.reshape(batch, groups, factor * dim), rnn_output_lengths(x_lens, (factor,))
 
 
 def _padded_rnn(rnn: nn.RNNBase, x: Tensor, x_lens: Tensor) -> Tensor:
-    """What a packed pass of the one-layer `rnn` computes, from padded calls in fp32.
-
-    On CPU the packed kernels' backward writes a zero gradient of the whole packed input
-    projection at every time step; unpacked calls run oneDNN's LSTM instead. The forward
-    direction reads the padded batch as it is (frames past a length cannot reach earlier
-    outputs); the reverse one reads each utterance reversed within its length, and its output
-    is reversed back.
-    """
+    """What a packed pass of the one-layer `rnn` computes, from padded fp32 calls."""
     with torch.autocast(x.device.type, enabled=False):  # as the packed kernels ran: fp32
         x = x.to(rnn.weight_ih_l0.dtype)
         outputs = [_one_direction(rnn, x, "")]
@@ -308,7 +258,6 @@ def _padded_rnn(rnn: nn.RNNBase, x: Tensor, x_lens: Tensor) -> Tensor:
 
 def _one_direction(rnn: nn.RNNBase, x: Tensor, suffix: str) -> Tensor:
     """Output `(B, T, H)` of one direction (`suffix` "" or "_reverse") of `rnn` from zeros."""
-    # weight_ih, weight_hh (and bias_ih, bias_hh): the order the RNN functions take
     weights = [p for name, p in rnn.named_parameters() if name.endswith(f"_l0{suffix}")]
     h0 = x.new_zeros(1, x.size(0), rnn.hidden_size)
     args = (weights, rnn.bias, 1, 0.0, rnn.training, False, True)  # 1 layer, uni-, batch first
@@ -326,25 +275,19 @@ def _reverse_within(x: Tensor, x_lens: Tensor) -> Tensor:
 
 
 class RNNAttentionDecoder(nn.Module):
-    """Attention decoder with an RNN (Chorowski et al. 2015; Luong-style input feeding).
-
-    At step i, with previous token y, previous context c and state s:
-    `s_i = RNN([embed(y); c_{i-1}], s_{i-1})` (c only with input feeding),
-    `c_i, alpha_i = Attend(s_i, alpha_{i-1}, h)` and `logits_i = Out([s_i; c_i])`.
+    """RNN attention decoder (Chorowski et al. 2015) with Luong-style input feeding.
 
     Args:
         vocab_size: output vocabulary size V.
         encoder_dim: size of the encoder output (keys and context).
-        attention: factory `attention(query_dim=hidden_size, key_dim=encoder_dim)` of a module
-            from `asr.models.attention` (location-aware by default).
+        attention: factory `(query_dim, key_dim)` of an `asr.models.attention` module.
         embed_dim: token embedding size.
         hidden_size: RNN units per layer.
         num_layers: stacked RNN cells.
         rnn_type: "lstm" or "gru".
         input_feeding: feed the previous context to the RNN with the embedding.
         dropout: dropout on the embedding, between cells and before the output layer.
-        scheduled_sampling: in training, probability of feeding back the previous step's argmax
-            instead of the reference token (Bengio et al. 2015); never used in eval.
+        scheduled_sampling: training probability of feeding back the argmax (Bengio et al. 2015).
     """
 
     def __init__(
@@ -386,17 +329,7 @@ class RNNAttentionDecoder(nn.Module):
         self.output = nn.Linear(hidden_size + encoder_dim, vocab_size)
 
     def init_state(self, enc: Tensor, enc_lens: Tensor) -> State:
-        """The state before the first step: zero RNN states and context, the initial
-        alignment and the attention memory.
-
-        Args:
-            enc: `(B, T, encoder_dim)` encoder output.
-            enc_lens: `(B,)` valid lengths.
-
-        Returns:
-            State dict (batch first): "hidden" (and "cell" for LSTM) lists of `(B, H)` per layer,
-            "context" `(B, encoder_dim)`, "weights" `(B, T)` or `(B, K, T)`, "memory", "enc_lens".
-        """
+        """The batch-first search state for enc `(B, T, encoder_dim)`, enc_lens `(B,)`."""
         _check_lengths(type(self).__name__, enc, enc_lens, self.encoder_dim, "enc")
         memory = self.attention.prepare(enc, lengths_to_mask(enc_lens, enc.size(1)))
         dtype = self.output.weight.dtype
@@ -413,8 +346,7 @@ class RNNAttentionDecoder(nn.Module):
         return state
 
     def _advance(self, embedded: Tensor, state: State) -> tuple[Tensor, State, Tensor]:
-        """One recurrence + attention step from embedded inputs `(B, E)`; returns the output
-        layer's input `(B, H + encoder_dim)`, the new state and the weights."""
+        """Embedded inputs `(B, E)` -> output-layer input `(B, H + encoder_dim)`, state, weights."""
         inputs = torch.cat([embedded, state["context"]], -1) if self.input_feeding else embedded
         hidden, cell = [], []
         for index, rnn_cell in enumerate(self.cells):
@@ -436,41 +368,25 @@ class RNNAttentionDecoder(nn.Module):
         return weights.unsqueeze(1) if weights.dim() == 2 else weights
 
     def step(self, tokens: Tensor, state: State) -> tuple[Tensor, State, Tensor]:
-        """One decoding step.
-
-        Args:
-            tokens: `(B,)` previous tokens (sos at the first step).
-            state: from `init_state` or the previous step.
-
-        Returns:
-            log-probs `(B, V)`, the new state and attention `(B, K, T_enc)`.
-        """
+        """Tokens `(B,)` -> log-probs `(B, V)`, the new state and attention `(B, K, T_enc)`."""
         features, state, weights = self._advance(self.dropout(self.embed(tokens)), state)
         log_probs = torch.log_softmax(self.output(features).float(), -1)
         return log_probs, state, self._as_maps(weights)
 
     def reorder_state(self, state: State, index: Tensor) -> State:
-        """Select batch rows `index` (e.g. surviving beam hypotheses) of the state."""
+        """Keep batch rows `index` of the state."""
         return reorder_batch(state, index)
 
     def forward(self, enc: Tensor, enc_lens: Tensor, tokens: Tensor) -> tuple[Tensor, Tensor]:
-        """Teacher forcing (with scheduled sampling in training when enabled).
-
-        Args:
-            enc: `(B, T, encoder_dim)` encoder output.
-            enc_lens: `(B,)` valid lengths.
-            tokens: `(B, L)` sos-prefixed decoder inputs.
-
-        Returns:
-            logits `(B, L, V)` and attention `(B, K, L, T)`.
-        """
+        """Args: enc `(B, T, encoder_dim)`, enc_lens `(B,)`, tokens `(B, L)` sos-prefixed.
+        Returns: logits `(B, L, V)` and attention `(B, K, L, T)`."""
         if tokens.dim() != 2 or tokens.size(0) != enc.size(0):
             shape = tuple(tokens.shape)
             raise ValueError(
                 f"RNNAttentionDecoder: tokens must be (B={enc.size(0)}, L), got {shape}"
             )
         state = self.init_state(enc, enc_lens)
-        embedded = self.dropout(self.embed(tokens))  # (B, L, E)
+        embedded = self.dropout(self.embed(tokens))
         sampling = self.training and self.scheduled_sampling > 0.0
         outputs, maps = [], []
         for index in range(tokens.size(1)):
@@ -485,8 +401,7 @@ class RNNAttentionDecoder(nn.Module):
         return logits, torch.stack(maps, 2)  # (B, K, L, T)
 
     def _sampled_input(self, reference: Tensor, prev_logits: Tensor) -> Tensor:
-        """Embedded inputs `(B, E)`: the previous argmax with probability `scheduled_sampling`,
-        else the reference tokens."""
+        """Embedded previous argmax with probability `scheduled_sampling`, else the reference."""
         use_model = torch.rand(reference.shape, device=reference.device) < self.scheduled_sampling
         tokens = torch.where(use_model, prev_logits.argmax(-1), reference)
         return self.dropout(self.embed(tokens))

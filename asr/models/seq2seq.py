@@ -51,14 +51,7 @@ def frame_timing(
     sample_rate: int,
     device: torch.device | str = "cpu",
 ) -> tuple[float, float]:
-    """Seconds per output frame of `module` (waves, lens) -> (frames, lens), and the seconds of
-    a 1 s input that its frames leave out (window and subsampling edges), measured: the
-    frames it adds for `MEASURE_SECONDS` more audio. Exact for every frontend hop and
-    encoder subsampling that divide them, and needs no knowledge of either.
-
-    Raises:
-        ValueError: the output does not grow with the input.
-    """
+    """Measured seconds per output frame of `module`, and the seconds of 1 s its frames omit."""
     short, extra = sample_rate, MEASURE_SECONDS * sample_rate
     lens = torch.tensor([short, short + extra], device=device)
     _, out_lens = module(torch.zeros(2, short + extra, device=device), lens)
@@ -75,16 +68,7 @@ def _device(module: nn.Module) -> torch.device:
 
 
 class Seq2Seq(nn.Module):
-    """Frontend -> encoder -> attention decoder, with an optional CTC head on the encoder.
-
-    A plain `nn.Module`, usable without Lightning. Parts are injected, already built.
-
-    Args:
-        frontend: waveform -> features, `forward(wave, wave_lens) -> (feats, feat_lens)`.
-        encoder: features -> encoder frames, `forward(x, x_lens) -> (enc, enc_lens)`.
-        decoder: an attention decoder following `asr.models.interfaces.Decoder`.
-        ctc: optional CTC head on the encoder output.
-    """
+    """Frontend -> encoder -> attention decoder, with an optional CTC head on the encoder."""
 
     def __init__(
         self,
@@ -110,8 +94,7 @@ class Seq2Seq(nn.Module):
         return int(getattr(features, "sample_rate", 16000))
 
     def encoder_timing(self) -> tuple[float, float]:
-        """Seconds per encoder frame, and the seconds of 1 s of audio that the frames leave
-        out, measured (`frame_timing`)."""
+        """`frame_timing` of the encoder."""
         return frame_timing(self.encode, self.sample_rate, _device(self))
 
     def feature_seconds(self) -> float:
@@ -120,8 +103,7 @@ class Seq2Seq(nn.Module):
 
     @torch.inference_mode()
     def shortest_input(self) -> int:
-        """The fewest samples that give an encoder frame, measured (shorter ones give none,
-        or an error from the subsampling)."""
+        """The fewest samples that give an encoder frame, measured."""
         low, high = 1, self.sample_rate
         while low < high:
             middle = (low + high) // 2
@@ -147,15 +129,8 @@ class Seq2Seq(nn.Module):
     def forward(
         self, waves: Tensor, wave_lens: Tensor, tokens: Tensor, token_lens: Tensor
     ) -> tuple[Tensor, Tensor]:
-        """Teacher-forced logits for `[sos] + tokens`.
-
-        Args:
-            waves: `(B, S)` float audio; wave_lens `(B,)` samples.
-            tokens: `(B, L)` target ids (no sos/eos), padded; token_lens `(B,)`.
-
-        Returns:
-            logits `(B, L+1, V)` predicting `tokens + [eos]`; attention `(B, K, L+1, T_enc)`.
-        """
+        """Args: waves `(B, S)`, wave_lens `(B,)`, tokens `(B, L)` (no sos/eos), token_lens `(B,)`.
+        Returns: logits `(B, L+1, V)` for `tokens + [eos]`, attention `(B, K, L+1, T_enc)`."""
         enc, enc_lens = self.encode(waves, wave_lens)
         ys_in, _ = add_sos_eos(tokens, token_lens)
         return self.decoder(enc, enc_lens, ys_in)
@@ -198,18 +173,7 @@ class Seq2Seq(nn.Module):
         intermediate: Sequence[Tensor] = (),
         inter_ctc: InterCTC | None = None,
     ) -> LossOutput:
-        """Joint CTC/attention loss: `ctc_weight * ctc + (1 - ctc_weight) * attention`.
-
-        Both are per target token: the attention loss is the mean label-smoothed
-        cross-entropy (eos included), the CTC loss is summed and divided by the token count.
-        With intermediate encoder outputs, the CTC term is
-        `(1 - w) * ctc + w * mean(their CTC losses)`, `w` the weight of `inter_ctc`.
-
-        Args:
-            enc: `(B, T, D)` encoder output; enc_lens `(B,)`.
-            tokens: `(B, L)` target ids (no sos/eos), padded; token_lens `(B,)`.
-            intermediate: `(B, T, D)` outputs of the blocks `inter_ctc` taps (`encode_tapped`).
-        """
+        """`ctc_weight * ctc + (1 - ctc_weight) * attention`, both per target token."""
         if ctc_weight > 0 and self.ctc is None:
             raise ValueError(f"ctc_weight={ctc_weight} but the model has no CTC head")
         ys_in, ys_out = add_sos_eos(tokens, token_lens)
@@ -246,15 +210,7 @@ def build_seq2seq(
     vocab_size: int,
     ctc_weight: float = 0.3,
 ) -> Seq2Seq:
-    """Wire a `Seq2Seq` from part factories, passing each the sizes of the one before.
-
-    Args:
-        frontend: waveform -> features module, built.
-        encoder: factory called with the frontend's `output_dim`.
-        decoder: factory called with `(vocab_size, encoder.output_dim)`.
-        vocab_size: output vocabulary, special tokens included.
-        ctc_weight: a CTC head is built when it is positive.
-    """
+    """A `Seq2Seq` from part factories, each given the sizes of the one before."""
     if vocab_size <= 0:
         raise ValueError("vocab_size must be positive (link it from data.vocab_size)")
     enc = encoder(frontend.output_dim)

@@ -1,11 +1,4 @@
-"""Transformer encoder and decoder for speech (Vaswani et al. 2017, as used in ESPnet).
-
-The encoder subsamples the features in time with strided 2-D convolutions, adds sinusoidal
-positions and runs pre-LayerNorm self-attention blocks. The decoder runs pre-LayerNorm blocks of
-causal self-attention, cross-attention over the encoder output and a feed-forward network; its
-step interface caches each layer's self-attention keys/values and the projected encoder
-keys/values, so one step costs O(t) instead of recomputing the whole prefix.
-"""
+"""Transformer encoder and decoder for speech (Vaswani et al. 2017, as used in ESPnet)."""
 
 from __future__ import annotations
 
@@ -25,8 +18,7 @@ from asr.models.interfaces import State, lengths_to_mask, reorder_batch
 
 
 class EncoderLayer(nn.Module):
-    """Pre-LN block: `x + SelfAttn(LN(x))`, then `x + FFN(LN(x))`; with `relative=True` the
-    self-attention scores relative positions (`RelPositionMultiHeadAttention`)."""
+    """Pre-LN block: `x + SelfAttn(LN(x))`, then `x + FFN(LN(x))`; optionally relative."""
 
     def __init__(
         self,
@@ -46,8 +38,8 @@ class EncoderLayer(nn.Module):
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: Tensor, mask: Tensor, pos: Tensor | None = None) -> Tensor:
-        """x `(B, T, D)`, mask `(B, 1, 1, T)` True on valid frames, and for a relative layer
-        pos `(2T - 1, D)` from `relative_positions` -> `(B, T, D)`."""
+        """Args: x `(B, T, D)`, mask `(B, 1, 1, T)`, pos `(2T - 1, D)` for a relative layer.
+        Returns: `(B, T, D)`."""
         h = self.attn_norm(x)
         if pos is None:
             context = self.attn(h, h, h, mask)[0]
@@ -71,9 +63,7 @@ class TransformerEncoder(nn.Module):
         attention_dropout: dropout on the attention weights.
         max_len: positions precomputed by the positional encoding (it grows when needed).
         subsampling_channels: channels of the convolutional front (default `d_model`).
-        relative_positions: score relative positions inside each self-attention
-            (Transformer-XL style, as ESPnet's `rel_pos`) instead of adding absolute
-            sinusoids to the input; attention then depends on frame distances only.
+        relative_positions: score relative positions in attention (ESPnet `rel_pos`).
     """
 
     def __init__(
@@ -106,22 +96,13 @@ class TransformerEncoder(nn.Module):
         self.output_dim = d_model
 
     def forward(self, x: Tensor, x_lens: Tensor) -> tuple[Tensor, Tensor]:
-        """Encode.
-
-        Args:
-            x: `(B, T, input_dim)` features.
-            x_lens: `(B,)` int64 valid lengths, each at least `min_input_length(subsampling)`.
-
-        Returns:
-            `(B, T', d_model)` with zeros past each length, and `(B,)` lengths
-            `subsampled_length(x_lens, subsampling)`.
-        """
+        """Args: x `(B, T, D_in)`, x_lens `(B,)`. Returns: `(B, T', d_model)`, lengths `(B,)`."""
         x, y_lens = self.subsampling(x, x_lens)
-        if self.relative:  # positions enter each attention instead of the input
+        if self.relative:
             x, pos = self.positions(x)  # pos: (2T' - 1, D)
         else:
             x, pos = self.positions(x), None
-        valid = lengths_to_mask(y_lens, x.size(1))  # (B, T')
+        valid = lengths_to_mask(y_lens, x.size(1))
         mask = valid[:, None, None, :]  # (B, 1, 1, T')
         for layer in self.layers:
             x = layer(x, mask, pos)
@@ -146,8 +127,8 @@ class DecoderLayer(nn.Module):
     def forward(
         self, x: Tensor, mem_k: Tensor, mem_v: Tensor, mem_mask: Tensor
     ) -> tuple[Tensor, Tensor]:
-        """Teacher forcing: x `(B, L, D)`, memory keys/values `(B, H, T, d)`,
-        mem_mask `(B, 1, 1, T)` -> `(B, L, D)` and cross-attention `(B, H, L, T)`."""
+        """Args: x `(B, L, D)`, mem_k/mem_v `(B, H, T, d)`, mem_mask `(B, 1, 1, T)`.
+        Returns: `(B, L, D)` and cross-attention `(B, H, L, T)`."""
         q, k, v = self.self_attn.project_self(self.self_norm(x))
         x = x + self.dropout(self.self_attn.attend(q, k, v, is_causal=True)[0])
         return self._cross_and_ffn(x, mem_k, mem_v, mem_mask)
@@ -156,17 +137,10 @@ class DecoderLayer(nn.Module):
         self, x: Tensor, past_k: Tensor, past_v: Tensor, mem_k: Tensor, mem_v: Tensor,
         mem_mask: Tensor,
     ) -> tuple[Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
-        """One position: x `(N, 1, D)`, past self-attention keys/values `(N, H, t, d)` ->
-        output `(N, 1, D)`, cross-attention `(N, H, 1, T)`, keys/values `(N, H, t + 1, d)`.
-
-        The memory (`(U, H, T, d)`, mask `(U, 1, 1, T)`) holds one entry per utterance, and
-        the N = U * G rows are each utterance's G rows in turn (the beam-search layout): the
-        G rows of an utterance attend as that many queries, with no copy of the memory. G
-        comes from the shapes, so a traced (ONNX) step serves any beam size."""
+        """One position of N = U * G rows; each utterance's G rows share its memory, uncopied."""
         q, k, v = self.self_attn.project_self(self.self_norm(x))
         k, v = torch.cat([past_k, k], dim=2), torch.cat([past_v, v], dim=2)  # (N, H, t+1, d)
-        # The explicit product (need_weights): traced to ONNX it becomes one fused matmul,
-        # where scaled_dot_product_attention's graph transposes the whole key cache each step.
+        # need_weights: in ONNX the explicit product does not transpose the key cache each step
         x = x + self.dropout(self.self_attn.attend(q, k, v, need_weights=True)[0])
         rows, _, dim = x.shape
         q = self.cross_attn.project_query(self.cross_norm(x))  # (N, H, 1, d)
@@ -187,12 +161,7 @@ class DecoderLayer(nn.Module):
 
 
 class TransformerDecoder(nn.Module):
-    """Transformer decoder with teacher forcing and cached incremental stepping.
-
-    Token embeddings (scaled by `sqrt(d_model)`) plus sinusoidal positions feed pre-LN blocks
-    of causal self-attention, cross-attention and FFN; a final LayerNorm and a linear output
-    layer (sharing the embedding matrix when `tie_embeddings`) give the logits. Attention maps
-    are all layers' cross-attention heads, layer-major: `num_attention_maps = layers * heads`.
+    """Pre-LN Transformer decoder; its attention maps are all cross-attention heads, layer-major.
 
     Args:
         vocab_size: output vocabulary size V.
@@ -242,22 +211,13 @@ class TransformerDecoder(nn.Module):
         """Per-layer cross-attention keys and values `(B, H, T, d)` and the mask `(B,1,1,T)`."""
         memory = self.memory_proj(enc)
         pairs = [layer.cross_attn.project_key_value(memory) for layer in self.layers]
-        # Contiguous once here: as head views, each search step's matmul would copy them.
+        # contiguous once here, or each search step's matmul copies the head views
         keys, values = [k.contiguous() for k, _ in pairs], [v.contiguous() for _, v in pairs]
         return keys, values, key_padding_mask(enc_lens, enc.size(1))
 
     def forward(self, enc: Tensor, enc_lens: Tensor, tokens: Tensor) -> tuple[Tensor, Tensor]:
-        """Teacher forcing.
-
-        Args:
-            enc: `(B, T, encoder_dim)` encoder output.
-            enc_lens: `(B,)` int64 valid encoder lengths.
-            tokens: `(B, L)` sos-prefixed decoder inputs; each position sees only itself and
-                earlier ones.
-
-        Returns:
-            Logits `(B, L, V)` and cross-attention `(B, layers * heads, L, T)`.
-        """
+        """Args: enc `(B, T, encoder_dim)`, enc_lens `(B,)`, tokens `(B, L)` sos-prefixed.
+        Returns: logits `(B, L, V)` and cross-attention `(B, layers * heads, L, T)`."""
         keys, values, mask = self._memory(enc, enc_lens)
         x = self.positions(self.embedding(tokens))
         attns = []
@@ -267,20 +227,11 @@ class TransformerDecoder(nn.Module):
         return self.output(self.norm(x)), torch.cat(attns, dim=1)
 
     def init_state(self, enc: Tensor, enc_lens: Tensor) -> State:
-        """Search state: projected encoder keys/values per layer, the encoder mask and empty
-        self-attention caches, all batch first.
-
-        Args:
-            enc: `(B, T, encoder_dim)`; enc_lens: `(B,)`.
-
-        Returns:
-            The state for the first `step` (which should be given the sos token).
-        """
+        """The search state for enc `(B, T, encoder_dim)`, enc_lens `(B,)`, with empty caches."""
         keys, values, mask = self._memory(enc, enc_lens)
         empty = keys[0][:, :, :0]  # (B, H, 0, d)
         return {
-            # Encoder memory is kept once per utterance; `memory_rows` maps search rows to it,
-            # so reordering beams never copies it.
+            # one memory entry per utterance; `memory_rows` maps search rows to it
             "memory_keys": keys,
             "memory_values": values,
             "memory_mask": mask,
@@ -290,15 +241,7 @@ class TransformerDecoder(nn.Module):
         }
 
     def step(self, tokens: Tensor, state: State) -> tuple[Tensor, State, Tensor]:
-        """Decode one position, reusing the cached keys/values of the earlier ones.
-
-        Args:
-            tokens: `(B,)` the previous output tokens (sos first).
-            state: from `init_state` or the previous `step`; not modified.
-
-        Returns:
-            Log-probabilities `(B, V)`, the new state, cross-attention `(B, layers * heads, T)`.
-        """
+        """Tokens `(B,)` -> log-probs `(B, V)`, new state, cross-attention `(B, K, T)`."""
         t = state["self_keys"][0].size(2)
         x = self.positions(self.embedding(tokens[:, None]), offset=t)  # (B, 1, D)
         if not _rows_grouped(state["memory_rows"], state["memory_mask"].size(0)):
@@ -324,11 +267,7 @@ class TransformerDecoder(nn.Module):
         return log_probs, new_state, torch.cat(attns, dim=1)[:, :, 0]
 
     def reorder_state(self, state: State, index: Tensor) -> State:
-        """Keep rows `index`: the self-attention caches and the row-to-utterance map. While
-        each utterance's rows stay together and in utterance order (beam search's surviving
-        beams), the per-utterance encoder memory is shared, not copied; any other selection
-        (e.g. a search dropping ended utterances) gathers it here, once, so that no step has
-        to."""
+        """Keep rows `index`; the memory is gathered only when rows leave utterance order."""
         rows = {key: state[key] for key in ("memory_rows", "self_keys", "self_values")}
         shared = {key: value for key, value in state.items() if key not in rows}
         reordered = {**shared, **reorder_batch(rows, index)}
@@ -338,8 +277,7 @@ class TransformerDecoder(nn.Module):
 
 
 def _rows_grouped(rows: Tensor, utterances: int) -> bool:
-    """Whether search row r reads the memory of utterance r // G for one G, each utterance's
-    G rows in turn (G = 1: row i is utterance i), the layout `DecoderLayer.step` reads."""
+    """Whether row r reads utterance r // G for one G, the layout `DecoderLayer.step` reads."""
     n = rows.numel()
     if n % utterances:
         return False
@@ -347,14 +285,11 @@ def _rows_grouped(rows: Tensor, utterances: int) -> bool:
 
 
 def _grouped_rows(utterances: int, group: int, device: torch.device) -> Tensor:
-    """`(utterances * group,)` the utterance of each row when each has `group` rows in turn."""
     return torch.arange(utterances, device=device).repeat_interleave(group)
 
 
 def _memory_regrouped(state: State) -> State:
-    """`state` with the encoder memory gathered to one entry per run of consecutive rows
-    that read the same utterance when the runs are all as long (beams of the utterances
-    still searched), else to one entry per row."""
+    """The memory gathered to one entry per run of rows if all runs are as long, else per row."""
     rows = state["memory_rows"]
     entries, runs = torch.unique_consecutive(rows, return_counts=True)
     group = int(runs[0]) if runs.numel() and bool((runs == runs[0]).all()) else 1
