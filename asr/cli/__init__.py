@@ -482,13 +482,9 @@ def _version() -> str:
         return "unknown (not installed: `pip install -e .` records the version)"
 
 
-def _parser() -> argparse.ArgumentParser:
-    from asr.alignment import TIMESTAMP_METHODS
-    from asr.data.prepare import CORPORA
-    from asr.robustness import DEFAULT_CONDITIONS
-    from asr.text import CASES, PUNCTUATION, TOKENIZER_KINDS, TextNormalizer
-    from asr.writers import ALL, FORMATS
-
+def _parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The `asr` parser; only `command`'s arguments are added, so a command imports what it
+    needs alone (`asr prepare` no torch) and `asr --help` lists the commands."""
     parser = argparse.ArgumentParser(
         prog="asr",
         description="Attention-based speech recognition. Training commands "
@@ -500,20 +496,26 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("prepare", help="write train/dev/test JSONL manifests for a corpus")
-    p.add_argument("corpus", choices=sorted(CORPORA))
-    p.add_argument("--data-dir", required=True, help="corpus root (or .tar.gz for an4)")
-    p.add_argument("--out", required=True, help="output directory for the manifests")
-    p.add_argument("--splits", nargs="+", help="librispeech: split names (default: all found)")
-    p.add_argument("--dev-size", type=int, help="an4: training utterances held out (100)")
+    if command == "prepare":
+        from asr.data.prepare import CORPORA
+
+        p.add_argument("corpus", choices=sorted(CORPORA))
+        p.add_argument("--data-dir", required=True, help="corpus root (or .tar.gz for an4)")
+        p.add_argument("--out", required=True, help="output directory for the manifests")
+        p.add_argument("--splits", nargs="+", help="librispeech: split names (default: all found)")
+        p.add_argument("--dev-size", type=int, help="an4: training utterances held out (100)")
     p.set_defaults(run=_prepare)
 
     p = sub.add_parser("tokenizer", help="train a character or SentencePiece tokenizer")
-    p.add_argument("--manifest", nargs="+", required=True, help="training manifest(s)")
-    p.add_argument("--kind", choices=TOKENIZER_KINDS, default="char")
-    p.add_argument("--vocab-size", type=int, help="bpe/unigram vocabulary size")
-    p.add_argument("--case", choices=CASES, default=TextNormalizer.case)
-    p.add_argument("--punctuation", choices=PUNCTUATION, default=TextNormalizer.punctuation)
-    p.add_argument("--out", required=True, help="output directory")
+    if command == "tokenizer":
+        from asr.text import CASES, PUNCTUATION, TOKENIZER_KINDS, TextNormalizer
+
+        p.add_argument("--manifest", nargs="+", required=True, help="training manifest(s)")
+        p.add_argument("--kind", choices=TOKENIZER_KINDS, default="char")
+        p.add_argument("--vocab-size", type=int, help="bpe/unigram vocabulary size")
+        p.add_argument("--case", choices=CASES, default=TextNormalizer.case)
+        p.add_argument("--punctuation", choices=PUNCTUATION, default=TextNormalizer.punctuation)
+        p.add_argument("--out", required=True, help="output directory")
     p.set_defaults(run=_tokenizer)
 
     p = sub.add_parser(
@@ -524,33 +526,36 @@ def _parser() -> argparse.ArgumentParser:
         "through --n-mels log-mel bands at --sample-rate after --target-dbfs. The file records "
         "the level, and training refuses statistics taken at another level than its config's.",
     )
-    p.add_argument("--manifest", required=True)
-    p.add_argument("--out", required=True, help="output JSON file")
-    p.add_argument("--config", help="a training config (conf/...yaml): its frontend's features")
-    p.add_argument("--sample-rate", type=int, default=16000)
-    p.add_argument("--n-mels", type=int, default=80)
-    p.add_argument("--max-utterances", type=int, help="use only the first N utterances")
-    p.add_argument(
-        "--target-dbfs",
-        type=float,
-        help="bring each utterance to this RMS level first, as a frontend with "
-        "`level: LevelNormalizer` does (the config's target_dbfs; default: no level change)",
-    )
+    if command == "cmvn":
+        p.add_argument("--manifest", required=True)
+        p.add_argument("--out", required=True, help="output JSON file")
+        p.add_argument("--config", help="a training config (conf/...yaml): its frontend's features")
+        p.add_argument("--sample-rate", type=int, default=16000)
+        p.add_argument("--n-mels", type=int, default=80)
+        p.add_argument("--max-utterances", type=int, help="use only the first N utterances")
+        p.add_argument(
+            "--target-dbfs",
+            type=float,
+            help="bring each utterance to this RMS level first, as a frontend with "
+            "`level: LevelNormalizer` does (the config's target_dbfs; default: no level change)",
+        )
     p.set_defaults(run=_cmvn)
 
     p = sub.add_parser("validate-data", help="check manifests: audio readable, text in vocab")
-    p.add_argument("--manifest", nargs="+", required=True)
-    p.add_argument("--tokenizer", help="tokenizer directory: also check out-of-vocabulary text")
-    p.add_argument("--full", action="store_true", help="decode all audio (checks NaN/inf too)")
-    p.add_argument("--report", help="write the list of bad entries to this file")
+    if command == "validate-data":
+        p.add_argument("--manifest", nargs="+", required=True)
+        p.add_argument("--tokenizer", help="tokenizer directory: also check out-of-vocabulary text")
+        p.add_argument("--full", action="store_true", help="decode all audio (checks NaN/inf too)")
+        p.add_argument("--report", help="write the list of bad entries to this file")
     p.set_defaults(run=_validate_data)
 
     p = sub.add_parser("average", help="average the weights of several checkpoints")
-    group = p.add_mutually_exclusive_group(required=True)
-    group.add_argument("--checkpoints", nargs="+", help="checkpoint files to average")
-    group.add_argument("--last", help="a run's last.ckpt: average the best ones it records")
-    p.add_argument("--best", type=int, default=5, help="with --last: how many best (5)")
-    p.add_argument("--out", required=True, help="output checkpoint")
+    if command == "average":
+        group = p.add_mutually_exclusive_group(required=True)
+        group.add_argument("--checkpoints", nargs="+", help="checkpoint files to average")
+        group.add_argument("--last", help="a run's last.ckpt: average the best ones it records")
+        p.add_argument("--best", type=int, default=5, help="with --last: how many best (5)")
+        p.add_argument("--out", required=True, help="output checkpoint")
     p.set_defaults(run=_average)
 
     p = sub.add_parser(
@@ -562,35 +567,38 @@ def _parser() -> argparse.ArgumentParser:
         "README.md model card. asr.load_model(DIR) and `asr transcribe --model DIR` read it; "
         "after an upload, so do hf://owner/name.",
     )
-    p.add_argument(
-        "--checkpoint",
-        "--model",
-        dest="checkpoint",
-        metavar="MODEL",
-        required=True,
-        help="a recognizer checkpoint of `asr fit` or average",
-    )
-    p.add_argument(
-        "--out", required=True, help="the package folder (files a package does not name are kept)"
-    )
-    p.add_argument(
-        "--format",
-        choices=["package", "onnx"],
-        default="package",
-        help="package: the folder above; onnx: the package plus onnx/, the encoder, CTC head and "
-        "decoder step as ONNX graphs and their int8 copies, for --backend onnx / onnx-int8",
-    )
-    p.add_argument(
-        "--metrics",
-        action="append",
-        metavar="METRICS_JSON",
-        help="an `asr evaluate` metrics.json: a row of the card's WER/CER tables, named by its "
-        "folder (decode_test); repeatable",
-    )
-    p.add_argument("--repo-id", help="owner/name on the Hub: the card's title and examples")
-    p.add_argument("--license", default="other", help="Hub licence id, e.g. apache-2.0 (other)")
-    p.add_argument("--data", help="the training data, in words (default: its manifests)")
-    p.add_argument("--training-command", help="the command that trained the model")
+    if command == "export":
+        p.add_argument(
+            "--checkpoint",
+            "--model",
+            dest="checkpoint",
+            metavar="MODEL",
+            required=True,
+            help="a recognizer checkpoint of `asr fit` or average",
+        )
+        p.add_argument(
+            "--out",
+            required=True,
+            help="the package folder (files a package does not name are kept)",
+        )
+        p.add_argument(
+            "--format",
+            choices=["package", "onnx"],
+            default="package",
+            help="package: the folder above; onnx: the package plus onnx/, the encoder, CTC head "
+            "and decoder step as ONNX graphs and their int8 copies, for --backend onnx / onnx-int8",
+        )
+        p.add_argument(
+            "--metrics",
+            action="append",
+            metavar="METRICS_JSON",
+            help="an `asr evaluate` metrics.json: a row of the card's WER/CER tables, named by its "
+            "folder (decode_test); repeatable",
+        )
+        p.add_argument("--repo-id", help="owner/name on the Hub: the card's title and examples")
+        p.add_argument("--license", default="other", help="Hub licence id, e.g. apache-2.0 (other)")
+        p.add_argument("--data", help="the training data, in words (default: its manifests)")
+        p.add_argument("--training-command", help="the command that trained the model")
     p.set_defaults(run=_export)
 
     p = sub.add_parser(
@@ -603,8 +611,9 @@ def _parser() -> argparse.ArgumentParser:
         "that time words best (as asr choose-heads reports them; Transformer decoders with a "
         "CTC head). A part the model or data cannot give is said and left out.",
     )
-    _add_decoding_arguments(p)
-    p.add_argument("--manifest", required=True, help="JSONL manifest with references (dev)")
+    if command == "finalize":
+        _add_decoding_arguments(p)
+        p.add_argument("--manifest", required=True, help="JSONL manifest with references (dev)")
     p.set_defaults(run=_finalize)
 
     p = sub.add_parser(
@@ -618,49 +627,60 @@ def _parser() -> argparse.ArgumentParser:
         "bob/001.wav give alice/001.txt and bob/001.txt), and `path<TAB>text` is printed. "
         "Inputs that fail are named with the reason; the others go on (exit status 1).",
     )
-    p.add_argument(
-        "audio",
-        nargs="+",
-        help="audio files; folders (searched recursively for audio suffixes); glob patterns, "
-        "quoted ('data/**/*.m4a'); .jsonl manifests (audio_filepath, optional offset and "
-        "duration); - for audio bytes on stdin",
-    )
-    _add_decoding_arguments(p)
-    p.set_defaults(batch_size=None)  # asr.transcribe.TRANSCRIBE_BATCH_SIZE
-    p.add_argument("--format", nargs="+", choices=[*FORMATS, ALL],
-                   help="files to write to --output-dir (txt json); all: every one")  # fmt: skip
-    p.add_argument("--output-dir", help="write <path>.<format> files here (default: print)")
-    p.add_argument("--timestamps", choices=TIMESTAMP_METHODS, default=TIMESTAMP_METHODS[0])
-    p.add_argument(
-        "--nbest",
-        type=int,
-        metavar="N",
-        help="keep the N best hypotheses of each segment, at most --beam-size: the json file "
-        "lists the others, with their scores, under segments[].alternatives",
-    )
-    p.add_argument(
-        "--max-segment-seconds",
-        type=float,
-        help="longer audio is split on silence (default: the model's training utterance length, "
-        "95th percentile rounded up, as stored by asr fit; 20 for older checkpoints)",
-    )
-    p.add_argument("--min-silence-seconds", type=float, help="shortest silence cut (0.3)")
-    p.add_argument("--silence-threshold-db", type=float, help="silence: dB below peak (-35)")
-    p.add_argument(
-        "--vad",
-        choices=["energy", "silero"],
-        help="what finds speech to cut long audio at: frame energy (default), or Silero VAD, "
-        "which also skips inputs without speech",
-    )
-    p.add_argument("--words-per-cue", type=int, default=0, help="srt/vtt/tsv: 0 = one per segment")
+    if command == "transcribe":
+        from asr.alignment import TIMESTAMP_METHODS
+        from asr.writers import ALL, FORMATS
+
+        p.add_argument(
+            "audio",
+            nargs="+",
+            help="audio files; folders (searched recursively for audio suffixes); glob patterns, "
+            "quoted ('data/**/*.m4a'); .jsonl manifests (audio_filepath, optional offset and "
+            "duration); - for audio bytes on stdin",
+        )
+        _add_decoding_arguments(p)
+        p.set_defaults(batch_size=None)  # asr.transcribe.TRANSCRIBE_BATCH_SIZE
+        p.add_argument(
+            "--format",
+            nargs="+",
+            choices=[*FORMATS, ALL],
+            help="files to write to --output-dir (txt json); all: every one",
+        )
+        p.add_argument("--output-dir", help="write <path>.<format> files here (default: print)")
+        p.add_argument("--timestamps", choices=TIMESTAMP_METHODS, default=TIMESTAMP_METHODS[0])
+        p.add_argument(
+            "--nbest",
+            type=int,
+            metavar="N",
+            help="keep the N best hypotheses of each segment, at most --beam-size: the json file "
+            "lists the others, with their scores, under segments[].alternatives",
+        )
+        p.add_argument(
+            "--max-segment-seconds",
+            type=float,
+            help="longer audio is split on silence (default: the model's training utterance "
+            "length, 95th percentile rounded up, as stored by asr fit; 20 for older checkpoints)",
+        )
+        p.add_argument("--min-silence-seconds", type=float, help="shortest silence cut (0.3)")
+        p.add_argument("--silence-threshold-db", type=float, help="silence: dB below peak (-35)")
+        p.add_argument(
+            "--vad",
+            choices=["energy", "silero"],
+            help="what finds speech to cut long audio at: frame energy (default), or Silero VAD, "
+            "which also skips inputs without speech",
+        )
+        p.add_argument(
+            "--words-per-cue", type=int, default=0, help="srt/vtt/tsv: 0 = one per segment"
+        )
     p.set_defaults(run=_transcribe)
 
     p = sub.add_parser("evaluate", help="WER/CER of a manifest, error reports, attention plots")
-    _add_decoding_arguments(p)
-    p.add_argument("--manifest", required=True, help="JSONL manifest with references")
-    p.add_argument("--out", required=True, help="output directory")
-    p.add_argument("--plots", type=int, default=5, help="plot the first N utterances (5)")
-    p.add_argument("--plot-ids", nargs="+", help="plot these utterance ids instead")
+    if command == "evaluate":
+        _add_decoding_arguments(p)
+        p.add_argument("--manifest", required=True, help="JSONL manifest with references")
+        p.add_argument("--out", required=True, help="output directory")
+        p.add_argument("--plots", type=int, default=5, help="plot the first N utterances (5)")
+        p.add_argument("--plot-ids", nargs="+", help="plot these utterance ids instead")
     p.set_defaults(run=_evaluate)
 
     p = sub.add_parser(
@@ -671,17 +691,20 @@ def _parser() -> argparse.ArgumentParser:
         "Babble is made of other utterances of the same manifest; reverberation uses "
         "simulated rooms of the given RT60.",
     )
-    _add_decoding_arguments(p)
-    p.add_argument("--manifest", required=True, help="JSONL manifest with references")
-    p.add_argument("--out", required=True, help="output directory (copies, reports, table)")
-    p.add_argument(
-        "--conditions",
-        nargs="+",
-        default=list(DEFAULT_CONDITIONS),
-        help="KIND or KIND:VALUE among clean, level:DB, white|pink|brown|babble:SNR_DB, "
-        "reverb:RT60_S, telephone, speed:FACTOR (default: all of %(default)s)",
-    )
-    p.add_argument("--seed", type=int, default=0, help="seed of the noise, talkers, rooms (0)")
+    if command == "robustness":
+        from asr.robustness import DEFAULT_CONDITIONS
+
+        _add_decoding_arguments(p)
+        p.add_argument("--manifest", required=True, help="JSONL manifest with references")
+        p.add_argument("--out", required=True, help="output directory (copies, reports, table)")
+        p.add_argument(
+            "--conditions",
+            nargs="+",
+            default=list(DEFAULT_CONDITIONS),
+            help="KIND or KIND:VALUE among clean, level:DB, white|pink|brown|babble:SNR_DB, "
+            "reverb:RT60_S, telephone, speed:FACTOR (default: all of %(default)s)",
+        )
+        p.add_argument("--seed", type=int, default=0, help="seed of the noise, talkers, rooms (0)")
     p.set_defaults(run=_robustness)
 
     p = sub.add_parser(
@@ -693,11 +716,14 @@ def _parser() -> argparse.ArgumentParser:
         "maps averaged, the chosen ones, and each map (asr finalize stores the choice); "
         "--heads scores given maps instead (e.g. the stored ones on test).",
     )
-    p.add_argument("--checkpoint", "--model", dest="checkpoint", required=True)
-    p.add_argument("--manifest", required=True, help="JSONL manifest with references (dev)")
-    p.add_argument("--heads", type=int, nargs="+", help="score these maps (layer * heads + head)")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
-    _add_device_arguments(p)
+    if command == "choose-heads":
+        p.add_argument("--checkpoint", "--model", dest="checkpoint", required=True)
+        p.add_argument("--manifest", required=True, help="JSONL manifest with references (dev)")
+        p.add_argument(
+            "--heads", type=int, nargs="+", help="score these maps (layer * heads + head)"
+        )
+        p.add_argument("--quiet", action="store_true", help="no progress bar")
+        _add_device_arguments(p)
     p.set_defaults(run=_choose_heads)
 
     p = sub.add_parser(
@@ -712,8 +738,9 @@ def _parser() -> argparse.ArgumentParser:
         "`confidence`). With one probability the map keeps the words' order (the ROC area "
         "stays); with both, it ranks the words anew.",
     )
-    _add_decoding_arguments(p)
-    p.add_argument("--manifest", required=True, help="JSONL manifest with references (dev)")
+    if command == "calibrate":
+        _add_decoding_arguments(p)
+        p.add_argument("--manifest", required=True, help="JSONL manifest with references (dev)")
     p.set_defaults(run=_calibrate)
 
     p = sub.add_parser(
@@ -723,19 +750,25 @@ def _parser() -> argparse.ArgumentParser:
         "folders in order, or a metrics.csv) and plot the chosen metrics against optimizer "
         "steps, one panel per metric and one line per run.",
     )
-    p.add_argument("runs", nargs="+", help="run folders (trainer.default_root_dir) or metrics.csv")
-    p.add_argument("--out", required=True, help="PNG to write")
-    p.add_argument("--metrics", nargs="+", default=["val/loss", "val/ctc_loss", "val/wer"],
-                   help="logged names to plot (default: %(default)s)")  # fmt: skip
-    p.add_argument("--labels", nargs="+", help="legend names, one per run (default: folder names)")
+    if command == "curves":
+        p.add_argument(
+            "runs", nargs="+", help="run folders (trainer.default_root_dir) or metrics.csv"
+        )
+        p.add_argument("--out", required=True, help="PNG to write")
+        p.add_argument("--metrics", nargs="+", default=["val/loss", "val/ctc_loss", "val/wer"],
+                       help="logged names to plot (default: %(default)s)")  # fmt: skip
+        p.add_argument(
+            "--labels", nargs="+", help="legend names, one per run (default: folder names)"
+        )
     p.set_defaults(run=_curves)
 
     p = sub.add_parser("align", help="align a known transcript: word times and a plot")
-    p.add_argument("audio", help="an audio file")
-    p.add_argument("--checkpoint", required=True)
-    p.add_argument("--text", required=True, help="the transcript")
-    p.add_argument("--out", required=True, help="plot file (PNG); Transformers add _heads.png")
-    _add_device_arguments(p)
+    if command == "align":
+        p.add_argument("audio", help="an audio file")
+        p.add_argument("--checkpoint", "--model", dest="checkpoint", required=True)
+        p.add_argument("--text", required=True, help="the transcript")
+        p.add_argument("--out", required=True, help="plot file (PNG); Transformers add _heads.png")
+        _add_device_arguments(p)
     p.set_defaults(run=_align)
     return parser
 
@@ -748,7 +781,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         run_lightning_cli(argv)
         return 0
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    args = _parser().parse_args(argv)
+    command = next((a for a in argv if not a.startswith("-")), None)
+    args = _parser(command).parse_args(argv)
     try:
         return args.run(args)
     except (ValueError, FileNotFoundError) as err:
