@@ -60,7 +60,12 @@ def an4_fixture() -> Path:
     return AN4_FIXTURE
 
 
+# Modules whose tests run recipes or training processes, tens of seconds each.
+LONG_MODULES = ("test_recipes.py", "test_lightning.py", "test_overfit.py")
+
+
 def pytest_collection_modifyitems(config, items):
+    _spread_long_tests(items)
     if torch.cuda.is_available():
         return
     skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU")
@@ -132,3 +137,13 @@ def encode_audio(
         container.mux(stream.encode(frame))
         container.mux(stream.encode(None))
     return path
+
+
+def _spread_long_tests(items: list[pytest.Item]) -> None:
+    """Order the tests so that each half of the list starts with half of the long ones:
+    `pytest -n 2 --dist worksteal` gives each worker a half, so both begin with long tests
+    and the short ones fill the gaps, rather than one worker ending the run alone."""
+    long = [item for item in items if item.path.name in LONG_MODULES]
+    rest = [item for item in items if item.path.name not in LONG_MODULES]
+    middle = len(rest) // 2
+    items[:] = long[0::2] + rest[:middle] + long[1::2] + rest[middle:]

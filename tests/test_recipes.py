@@ -283,30 +283,73 @@ def results_row(table: str, name: str, wer: float, cer: float, utterances: int) 
 
 
 @pytest.mark.needs_corpus
-def test_an4_quick_with_language_model_and_robustness(mini_an4_tar, tmp_path):
-    """--lm-weight adds stage 8 (train the LM) and 9 (decode with shallow fusion): their
-    rows join the plain ones in RESULTS.md, and a re-run skips them. --robustness adds stage
-    10: the table of the model alone (no LM) under `asr robustness`'s conditions."""
+def test_an4_quick_with_robustness(mini_an4_tar, tmp_path):
+    """--robustness adds stage 10: the table of the model under `asr robustness`'s conditions,
+    with the recipe's search settings; a re-run skips every stage. (The LM stages run in the
+    Mini LibriSpeech test, and their AN4 wiring in the next one.)"""
     data, exp = tmp_path / "data", tmp_path / "exp"
     args = ["--data-dir", mini_an4_tar, "--data", data, "--exp", exp, "--quick"]
-    args += ["--beam-size", "2", "--average", "1", "--lm-weight", "0.3", "--robustness"]
+    args += ["--beam-size", "2", "--average", "1", "--robustness"]
     result = run_recipe("an4", *args, "--", "--trainer.max_epochs", "1")
-    assert ran(result.stdout) == [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]
+    assert ran(result.stdout) == [1, 2, 3, 4, 5, 6, 7, 10]
     model_dir = exp / "transformer_quick"
-    assert markers(exp / "lm") == [8] and markers(model_dir) == [4, 5, 6, 7, 9, 10]
+    assert markers(model_dir) == [4, 5, 6, 7, 10]
     rows = json.loads((model_dir / "robustness_test" / "robustness.json").read_text())
     assert [r["condition"] for r in rows][:3] == ["clean", "level -20 dB", "level -30 dB"]
     assert all(r["search"]["beam_size"] == 2 and r["search"]["lm_weight"] == 0 for r in rows)
     assert "| clean |" in result.stdout
     table = (model_dir / "RESULTS.md").read_text()
     for split in ("dev", "test"):  # a Transformer decodes at CTC 0.5 unless told otherwise
-        for suffix, decoding in (("", "beam 2, ctc 0.5"), ("_lm", "beam 2, ctc 0.5, LM 0.3")):
-            name = f"decode_{split}{suffix}"
-            metrics = json.loads((model_dir / name / "metrics.json").read_text())
-            assert f"- {name}: {decoding};" in table and table in result.stdout
-            assert results_row(table, name, metrics["wer"], metrics["cer"], metrics["utterances"])
+        metrics = json.loads((model_dir / f"decode_{split}" / "metrics.json").read_text())
+        assert f"- decode_{split}: beam 2, ctc 0.5;" in table and table in result.stdout
+        assert results_row(table, f"decode_{split}", metrics["wer"], metrics["cer"],
+                           metrics["utterances"])  # fmt: skip
     again = run_recipe("an4", *args)
-    assert ran(again.stdout) == [] and skipped(again.stdout) == list(range(1, 11))
+    assert ran(again.stdout) == [] and skipped(again.stdout) == [1, 2, 3, 4, 5, 6, 7, 10]
+
+
+RECORDING_ASR = """#!{python}
+# Records its arguments; `evaluate` writes a metrics.json for the results stage.
+import json, os, sys
+with open("{log}", "a") as f:
+    f.write(" ".join(sys.argv[1:]) + "\\n")
+if sys.argv[1] == "evaluate":
+    out = sys.argv[sys.argv.index("--out") + 1]
+    os.makedirs(out, exist_ok=True)
+    counts = dict(reference_words=1, reference_characters=1, substitutions=0, deletions=0,
+                  insertions=0, char_substitutions=0, char_deletions=0, char_insertions=0,
+                  sentence_errors=0, utterances=1, real_time_factor=0.1,
+                  search=dict(beam_size=10, ctc_weight=0.5, lm_weight=0.3))
+    with open(os.path.join(out, "metrics.json"), "w") as f:
+        json.dump(counts, f)
+"""
+
+
+def test_an4_language_model_stages_train_and_fuse_the_recipe_lm(tmp_path):
+    """--lm-weight W: stage 8 trains conf/an4/lm.yaml on the training transcripts into
+    exp/lm, stage 9 decodes dev and test with it fused at W and rewrites the results table
+    (asr replaced by a recorder: the stages' commands, not their work)."""
+    fake, log = tmp_path / "bin", tmp_path / "calls.txt"
+    fake.mkdir()
+    (fake / "asr").write_text(RECORDING_ASR.format(python=sys.executable, log=log))
+    (fake / "asr").chmod(0o755)
+    data, exp = tmp_path / "data", tmp_path / "exp"
+    for stage in range(1, 8):  # stages 1-7 done already
+        (data if stage < 4 else exp / "transformer_quick").mkdir(parents=True, exist_ok=True)
+        ((data if stage < 4 else exp / "transformer_quick") / f".done-{stage}").write_text("")
+    args = ["--data-dir", tmp_path, "--data", data, "--exp", exp, "--quick"]
+    result = run_recipe("an4", *args, "--lm-weight", "0.3", bin_dir=fake)
+    assert ran(result.stdout) == [8, 9]
+    fit, *decodes = log.read_text().splitlines()
+    assert fit.startswith("fit --config conf/an4/lm.yaml")
+    assert f"--data.train_manifest {data}/train.jsonl" in fit
+    assert f"--trainer.default_root_dir {exp}/lm" in fit
+    lm = f"--lm {exp}/lm/checkpoints/last.ckpt --lm-weight 0.3"
+    assert [d.split(" --out ")[1].split()[0] for d in decodes] == [
+        f"{exp}/transformer_quick/decode_{split}_lm" for split in ("dev", "test")
+    ]
+    assert all(d.startswith("evaluate --checkpoint") and d.endswith(lm) for d in decodes)
+    assert "| decode_dev_lm | 1 |" in result.stdout, "stage 9 rewrote the results table"
 
 
 @pytest.mark.needs_corpus
@@ -365,6 +408,7 @@ def test_folder_random_split_and_one_epoch(yesno_dir, tmp_path, repo_outputs):
     texts = _audio_folder(yesno_dir, tmp_path / "audio")
     data, exp = tmp_path / "data", tmp_path / "exp"
     fit = ["--trainer.max_epochs", "1", "--data.num_workers", "0", "--trainer.precision", "32-true"]
+    fit += ["--model.init_args.greedy_validation", "false"]  # it keeps checkpoints by val/acc
     split = ["--dev-fraction", "0.25", "--test-fraction", "0.25", "--seed", "3"]
     args = ["--data-dir", tmp_path / "audio", "--data", data, "--exp", exp, *split]
     result = run_recipe("folder", *args, "--tokenizer", "char", "--stop-stage", "4", "--", *fit)
@@ -521,7 +565,8 @@ def test_mini_librispeech_stages_of_the_default_and_a_step_of_each_other_model(
               "--data.tokenizer", str(data / "bpe60"),
               "--model.init_args.frontend.init_args.normalize.init_args.stats_path",
               str(data / "cmvn.json"), "--trainer.default_root_dir", str(root_dir),
-              "--trainer.max_steps", "1", "--trainer.limit_val_batches", "0"])  # fmt: skip
+              "--trainer.max_steps", "1", "--trainer.limit_val_batches", "0",
+              "--data.max_batch_seconds", "20"])  # fmt: skip
         assert (root_dir / "checkpoints" / "last.ckpt").is_file(), model
 
 
