@@ -552,7 +552,11 @@ def test_mini_librispeech_stages_of_the_default_and_a_step_of_each_other_model(
     assert Tokenizer.load(data / "bpe60").vocab_size == 60
     assert "# conf/mini_librispeech/conformer.yaml" in result.stdout, "the default model"
     assert "| decode_dev-clean-5 | 2 |" in result.stdout
-    fused = run_recipe("mini_librispeech", *args, "--stage", "8", "--lm-weight", "0.3")
+    lm_config = tmp_path / "lm.yaml"  # the recipe's LM, trained for two epochs
+    lm_yaml = (REPO / "conf/mini_librispeech/lm.yaml").read_text()
+    lm_config.write_text(lm_yaml.replace("max_epochs: 20", "max_epochs: 2"))
+    fused = run_recipe("mini_librispeech", *args, "--stage", "8", "--lm-weight", "0.3",
+                       "--lm-config", lm_config)  # fmt: skip
     assert ran(fused.stdout) == [8, 9] and markers(exp / "lm_bpe60") == [8]
     assert "- decode_dev-clean-5_lm: beam 2, ctc 0.5, LM 0.3;" in fused.stdout
     assert "| decode_dev-clean-5 | 2 |" in fused.stdout  # the plain row stays in the table
