@@ -7,15 +7,10 @@ STAMP := $(VENV)/.installed
 
 .PHONY: demo test lint install clean espnet-env
 
-# BYTECODE=1 compiles every installed module at install time; by default Python compiles
-# only what it imports, when first imported (docs/performance.md).
-BYTECODE ?= 0
-PIP_COMPILE := $(if $(filter 1,$(BYTECODE)),--compile,--no-compile)
-
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --upgrade pip
-	$(VENV)/bin/pip install --quiet $(PIP_COMPILE) -e '.[dev]'
+	$(VENV)/bin/pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
 install: $(STAMP)
