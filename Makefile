@@ -5,7 +5,7 @@ PYTHON ?= python3
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint install clean espnet-env
+.PHONY: demo test lint install clean espnet-env browser
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -20,6 +20,16 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -n auto --maxprocesses 4 --dist worksteal --durations=15
+
+# Chromium and its WebDriver for the browser tests (tests/explore), from Debian, as root.
+# Without them those tests skip and say so.
+browser:
+	@if command -v chromium >/dev/null && command -v chromedriver >/dev/null; then \
+		echo "chromium and chromedriver are installed"; \
+	else \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+			--no-install-recommends chromium chromium-driver; \
+	fi
 
 # ESPnet for `python -m bench espnet`, in its own environment: its requirements pin versions
 # that clash with ours and pull speech-enhancement and TTS packages that do not install from

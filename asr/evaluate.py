@@ -1,5 +1,6 @@
 """`asr evaluate`: decode a test manifest, score it, and write metrics.json, hyp.txt,
-ref.txt, errors.txt, reliability.png and attention plots into the output folder."""
+ref.txt, errors.txt, reliability.png, attention plots and the explorer's records
+(`asr.explore.records`) into the output folder."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import os
 import time
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ from asr.data.manifest import (
     read_manifest,
     validate_manifest,
 )
+from asr.explore.records import RecordWriter
 from asr.metrics import (
     Calibration,
     ErrorCounts,
@@ -41,6 +43,7 @@ from asr.timing import boundary_error_ms, word_products, word_tokens
 from asr.transcribe import search_or_errors
 
 TOP_ERRORS = 30
+RECORDED_NBEST = 5  # hypotheses per utterance kept for the explorer
 
 
 @dataclass
@@ -74,8 +77,12 @@ def evaluate(
     progress: bool = True,
     extra: dict[str, Any] | None = None,
     skip_bad: bool = False,
+    records: bool = True,
 ) -> dict[str, Any]:
-    """Decode every utterance of `manifest`, write the reports, and return the metrics."""
+    """Decode every utterance of `manifest`, write the reports, and return the metrics.
+
+    With `records`, also keep each utterance's words, times, n-best, CTC path and
+    cross-attention for `asr explore`."""
     options = options or recognizer.default_options
     recognizer.check_options(options, lm)
     utterances, failures = _usable(manifest, skip_bad)
@@ -84,8 +91,13 @@ def evaluate(
     chosen = _chosen_for_plots(utterances, plots, plot_ids, manifest)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    writer = RecordWriter(out_dir, record_layout(recognizer)) if records else None
+    search = options
+    if writer is not None and options.nbest is None:  # the explorer lists the n-best
+        search = replace(options, nbest=min(options.beam_size, RECORDED_NBEST))
+    skipped = failures if skip_bad else None
     results, timing, boundary_errors = _decode_all(
-        recognizer, utterances, options, lm, batch_size, progress, failures if skip_bad else None
+        recognizer, utterances, search, lm, batch_size, progress, skipped, writer=writer
     )
     if not results:
         raise _nothing_to_score(manifest, failures)
@@ -132,6 +144,8 @@ def evaluate(
         **(extra or {}),
     }
     (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=1) + "\n", encoding="utf-8")
+    if writer is not None:
+        writer.write(u.utt_id for u in utterances)
     return metrics
 
 
@@ -182,6 +196,7 @@ def _decode_all(
     progress: bool,
     failures: list[BadEntry] | None = None,
     boundaries: bool = True,
+    writer: RecordWriter | None = None,
 ) -> tuple[list[ScoredUtterance], tuple[float, float], list[float]]:
     """Results in manifest order, (decode seconds, audio seconds), and boundary errors (ms)."""
     order = sorted(range(len(utterances)), key=lambda i: utterances[i].duration, reverse=True)
@@ -213,12 +228,61 @@ def _decode_all(
                     word_ctc_probs=ctc_probs,
                     repaired=item.repaired,
                 )
+                if writer is not None:
+                    writer.add(*_record(recognizer, utterances[i], item, results[i]))
                 exact = boundaries and hyp == ref and hyp
                 error = _boundary_error(recognizer, item) if exact else None
                 if error is not None:
                     boundary_errors.append(error)
             bar.update(len(chosen))
     return [r for r in results if r is not None], (decode_seconds, audio_seconds), boundary_errors
+
+
+def record_layout(recognizer: Recognizer) -> dict[str, Any]:
+    """How to read the records' attention maps and times (`asr.explore.records.LAYOUT`)."""
+    decoder = recognizer.model.decoder
+    maps = getattr(decoder, "num_attention_maps", 1)
+    layers = len(decoder.layers) if hasattr(decoder, "layers") else 1
+    return {
+        "layers": layers,
+        "heads": maps // layers,
+        "timing_heads": recognizer.alignment_heads,
+        "frame_seconds": recognizer.frame_seconds,
+        "sample_rate": recognizer.sample_rate,
+        "checkpoint": recognizer.checkpoint,
+    }
+
+
+def _record(
+    recognizer: Recognizer, utterance: Utterance, decoded: Decoded, result: ScoredUtterance
+) -> tuple[dict[str, Any], np.ndarray | None]:
+    """The explorer's record of one decoded utterance, and its cross-attention `(K, L+1, T)`."""
+    shown = recognizer.transcript(decoded, "attention").to_dict()
+    nbest = [{"text": result.hyp, "score": shown["score"]}]
+    nbest += shown["segments"][0].get("alternatives", [])
+    try:
+        path = decoded.ctc_path()
+        ctc = {"starts": list(path.start_frames), "ends": list(path.end_frames),
+               "frames": path.num_frames}  # fmt: skip
+    except ValueError:
+        ctc = None
+    record = {
+        "id": utterance.utt_id,
+        "speaker": utterance.speaker,
+        "audio": utterance.audio_filepath,
+        "offset": utterance.offset,
+        "duration": result.duration,
+        "ref": result.ref,
+        "hyp": result.hyp,
+        "words": shown["words"],
+        "tokens": shown["tokens"],
+        "nbest": nbest,
+        "repaired": decoded.repaired,
+        "finished": shown["score"] is not None,
+        "ctc": ctc,
+    }
+    attention = decoded.hypothesis.attention
+    return record, None if attention is None else attention.float().cpu().numpy()
 
 
 def _load_batch(

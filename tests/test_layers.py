@@ -29,8 +29,9 @@ LAYERS = {
     2: {"search", "ctc_prefix", "timing", "confidence", "segment", "guard", "vad"},
     # the recognizer: decoding, times and words, results, long-audio transcription, writers
     3: {"results", "decoding", "alignment", "writers", "transcribe", "recognizer"},
-    # its users: evaluation, robustness, plots, alignment-map choice, finishing a model
-    4: {"evaluate", "robustness", "plotting", "heads", "finalize"},
+    # its users: evaluation, robustness, plots, alignment-map choice, finishing a model, the
+    # explorer page
+    4: {"evaluate", "robustness", "plotting", "heads", "finalize", "explore"},
     # training and the command line
     5: {"data", "lightning", "lm", "optim", "train", "cli", "__main__"},
 }

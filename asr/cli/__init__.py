@@ -14,6 +14,7 @@ asr transcribe AUDIO|DIR|GLOB|M.jsonl|-... --checkpoint CKPT [--output-dir DIR -
 asr evaluate --checkpoint CKPT --manifest test.jsonl --out DIR   WER/CER, reports, plots
 asr robustness --checkpoint CKPT --manifest test.jsonl --out DIR  WER under noise, level...
 asr align AUDIO --checkpoint CKPT --text "..." --out plot.png      word times of a transcript
+asr explore DIR [--out FILE.html]    an interactive page of a decode, transcription or run folder
 asr choose-heads --checkpoint CKPT --manifest dev.jsonl   how well attention maps time words
 asr calibrate --checkpoint CKPT --manifest dev.jsonl      how well word confidences fit dev
 
@@ -308,6 +309,10 @@ def _evaluate(args: argparse.Namespace) -> int:
         f"WER {metrics['wer']:.2f}%  CER {metrics['cer']:.2f}%  over {metrics['utterances']} "
         f"utterances, RTF {metrics['real_time_factor']:.3f}; reports in {args.out}"
     )
+    if args.explorer:
+        from asr.explore.build import explore
+
+        print(f"explorer: {explore(args.out, progress=not args.quiet)}")
     failures = metrics["failures"]
     if failures:
         title = f"asr evaluate: {len(failures)} manifest line(s) or utterance(s) not scored"
@@ -333,6 +338,15 @@ def _robustness(args: argparse.Namespace) -> int:
     )
     print(robustness_table(rows), end="")
     print(f"reports in {args.out} (robustness.md, robustness.json, <condition>/decode/)")
+    return 0
+
+
+def _explore(args: argparse.Namespace) -> int:
+    from asr.explore.build import explore
+
+    out = explore(args.folder, args.out, link_audio=args.link_audio, progress=not args.quiet)
+    size = out.stat().st_size / 1e6
+    print(f"explorer: {out} ({size:.1f} MB)")
     return 0
 
 
@@ -681,6 +695,12 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
         p.add_argument("--out", required=True, help="output directory")
         p.add_argument("--plots", type=int, default=5, help="plot the first N utterances (5)")
         p.add_argument("--plot-ids", nargs="+", help="plot these utterance ids instead")
+        p.add_argument(
+            "--no-explorer",
+            dest="explorer",
+            action="store_false",
+            help="do not write OUT/explorer.html (`asr explore OUT` writes it later)",
+        )
     p.set_defaults(run=_evaluate)
 
     p = sub.add_parser(
@@ -770,6 +790,27 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
         p.add_argument("--out", required=True, help="plot file (PNG); Transformers add _heads.png")
         _add_device_arguments(p)
     p.set_defaults(run=_align)
+
+    p = sub.add_parser(
+        "explore",
+        help="one self-contained HTML page of a decode, transcription or training run folder",
+        description="Write an interactive page (no network needed to open it): for a decode "
+        "folder of `asr evaluate`, the WER table of its utterances, each with its audio, "
+        "spectrogram, words against the reference and cross-attention of every head; for an "
+        "output folder of `asr transcribe`, its transcripts; for a training run folder, the "
+        "curves by epoch and the attention plots forming over epochs.",
+    )
+    if command == "explore":
+        p.add_argument("folder", help="decode, transcription or training run folder")
+        p.add_argument("--out", help="the HTML file (default: FOLDER/explorer.html)")
+        p.add_argument(
+            "--link-audio",
+            action="store_true",
+            help="link the audio files by relative path instead of embedding them as Opus "
+            "(a smaller page that plays while the files stay where they are)",
+        )
+        p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(run=_explore)
     return parser
 
 

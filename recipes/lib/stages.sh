@@ -303,6 +303,10 @@ text += "## CER\n\n" + header + "\n".join(rows["char"]) + "\n" + "".join(by_leng
 print(text)
 plots = " and ".join(f"{model_dir}/decode_{split}/alignments/" for split in splits)
 print(f"alignment plots: {plots}")
+pages = [Path(model_dir) / f"decode_{split}" / "explorer.html" for split in splits]
+pages = " and ".join(str(page) for page in pages if page.exists())
+if pages:
+    print(f"explorers (open in a browser): {pages}")
 PY
 }
 

@@ -1,0 +1,442 @@
+"""Gather what the explorer page shows from a decode folder of `asr evaluate`, an output
+folder of `asr transcribe`, or a training run folder, and write the page."""
+
+from __future__ import annotations
+
+import base64
+import csv
+import io
+import json
+import logging
+import os
+import re
+import zlib
+from collections import defaultdict
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from asr.audio import AudioError, load_audio
+from asr.explore.page import build_page
+from asr.explore.records import read_attention, read_layout, read_records
+from asr.metrics import WordAlignment
+
+log = logging.getLogger(__name__)
+
+ENVELOPE_COLUMNS = 1000
+MAX_SPECTROGRAM_FRAMES = 6000  # longer audio is pooled in time to this many columns
+SPECTROGRAM_RANGE_DB = 80.0
+MAX_EMBEDDED_SECONDS = 1800.0
+OPUS_RATES = (8000, 12000, 16000, 24000, 48000)
+OPUS_BITRATE = 24000  # longer recordings are linked, not embedded
+# What browsers play from a link; other files (e.g. NIST SPHERE) are embedded as Opus.
+PLAYABLE = {".wav", ".ogg", ".oga", ".opus", ".mp3", ".flac", ".m4a", ".webm", ".weba", ".mp4"}
+SUMMARY_KEYS = ("wer", "cer", "substitutions", "deletions", "insertions", "reference_words",
+                "utterances", "sentence_errors")  # fmt: skip
+CURVES = ("train/loss_epoch", "val/loss", "val/att_loss", "val/ctc_loss", "val/acc", "val/wer",
+          "val/cer")  # fmt: skip
+
+
+def folder_kind(folder: Path) -> str:
+    """ "decode", "transcribe" or "training"; ValueError says what a folder of each holds."""
+    if (folder / "utterances.jsonl").is_file() or (folder / "metrics.json").is_file():
+        return "decode"
+    if _run_logs(folder) is not None:
+        return "training"
+    if any(_transcript_files(folder)):
+        return "transcribe"
+    raise ValueError(
+        f"{folder}: not a decode folder (utterances.jsonl of `asr evaluate`), a transcription "
+        "folder (<name>.json of `asr transcribe --output-dir`) or a training run (metrics.csv)"
+    )
+
+
+def explore(
+    folder: str | os.PathLike,
+    out: str | os.PathLike | None = None,
+    link_audio: bool = False,
+    progress: bool = True,
+) -> Path:
+    """Write the explorer page of `folder` (default `folder/explorer.html`); returns its path.
+
+    Args:
+        folder: a decode folder of `asr evaluate`, an output folder of `asr transcribe`, or a
+            training run folder (its `default_root_dir`, or a `logs/version_N` inside).
+        out: the HTML file to write.
+        link_audio: link the audio files by relative path instead of embedding them as Opus.
+        progress: show a progress bar.
+
+    Raises:
+        ValueError: `folder` is none of the three, or its records cannot be read.
+    """
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise ValueError(f"{folder}: no such folder")
+    out = Path(out) if out is not None else folder / "explorer.html"
+    kind = folder_kind(folder)
+    gather = {"decode": decode_data, "transcribe": transcribe_data, "training": training_data}
+    data = gather[kind](folder, out.parent, link_audio, progress)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(build_page(data), encoding="utf-8")
+    return out
+
+
+def decode_data(folder: Path, page_dir: Path, link_audio: bool, progress: bool) -> dict[str, Any]:
+    notes: list[str] = []
+    metrics_path = folder / "metrics.json"
+    metrics = json.loads(metrics_path.read_text()) if metrics_path.is_file() else {}
+    summary = {k: metrics[k] for k in SUMMARY_KEYS if k in metrics} or None
+    if not (folder / "utterances.jsonl").is_file():
+        notes.append("no utterances.jsonl: decoded by an `asr evaluate` that kept no records")
+        return _page("decode", folder, notes, summary, [])
+    layout = read_layout(folder)
+    maps = read_attention(folder)
+    records = list(read_records(folder))
+    if maps is None and records:
+        notes.append("no attention saved (a CTC-only model, or the ONNX backend)")
+    media = _Media(page_dir, link_audio, layout.get("sample_rate", 16000))
+    utterances = [
+        _decode_utterance(r, layout, maps, media) for r in _bar(records, progress, "explore")
+    ]
+    notes += media.notes()
+    return _page("decode", folder, notes, summary, utterances)
+
+
+def _decode_utterance(
+    record: dict[str, Any],
+    layout: dict[str, Any],
+    maps: dict[str, np.ndarray] | None,
+    media: _Media,
+) -> dict[str, Any]:
+    ref, hyp = record.get("ref"), record.get("hyp", "")
+    words = [_word(w) for w in record.get("words", [])]
+    utterance = {
+        "id": str(record.get("id", "")),
+        "speaker": record.get("speaker"),
+        "duration": record.get("duration"),
+        "ref": ref,
+        "hyp": hyp,
+        "words": words,
+        "nbest": record.get("nbest", []),
+        "tokens": [
+            {"piece": t["piece"], "start": t.get("start"), "end": t.get("end")}
+            for t in record.get("tokens", [])
+        ],
+        "flags": _flags(record),
+        "timing_heads": layout.get("timing_heads"),
+        "layers": layout.get("layers"),
+        "heads": layout.get("heads"),
+        "confidence": _mean_confidence(words),
+    } | _scores(ref, hyp)
+    arrays: dict[str, tuple[np.ndarray, dict[str, Any]]] = {}
+    key = record.get("attention")
+    if maps is not None and key in maps:
+        arrays["attention"] = (maps[key], {"seconds": layout.get("frame_seconds")})
+    ctc = record.get("ctc")
+    if ctc:
+        frames = _ctc_frames(ctc["starts"], ctc["ends"], ctc["frames"])
+        arrays["ctc"] = (frames, {"seconds": layout.get("frame_seconds")})
+    audio = media.add(record.get("audio"), record.get("offset", 0.0), record.get("duration"))
+    arrays |= audio.arrays
+    return utterance | {"audio": audio.src, "audio_note": audio.note} | _pack(arrays)
+
+
+def transcribe_data(folder: Path, page_dir: Path, link_audio: bool, progress: bool):
+    """One row per transcript `<name>.json`; no reference, no attention."""
+    notes = ["transcripts without references: no WER; no attention saved by `asr transcribe`"]
+    media = _Media(page_dir, link_audio, 16000)
+    utterances = []
+    for path in _bar(sorted(_transcript_files(folder)), progress, "explore"):
+        try:
+            transcript = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as err:
+            notes.append(f"{path.name}: not readable ({err})")
+            continue
+        words = [_word(w) for w in transcript.get("words", [])]
+        source = transcript.get("audio") or ""
+        # as given to `asr transcribe`: relative to where it ran, or else to the folder
+        audio_path = source if not source or Path(source).exists() else str(folder / source)
+        audio = media.add(audio_path, 0.0, transcript.get("duration"))
+        segments = transcript.get("segments", [])
+        utterances.append(
+            {
+                "id": path.stem,
+                "speaker": None,
+                "duration": transcript.get("duration"),
+                "ref": None,
+                "hyp": transcript.get("text", ""),
+                "words": words,
+                "nbest": [{"text": transcript.get("text", ""), "score": transcript.get("score")}],
+                "tokens": [],
+                "flags": sorted({s["repaired"] for s in segments if s.get("repaired")})
+                + ([f"{len(segments)} segments"] if len(segments) > 1 else []),
+                "confidence": _mean_confidence(words),
+                "wer": None,
+                "errors": None,
+                "ops": None,
+                "ref_words": None,
+                "audio": audio.src,
+                "audio_note": audio.note,
+            }
+            | _pack(audio.arrays)
+        )
+    return _page("transcribe", folder, notes + media.notes(), None, utterances)
+
+
+def training_data(folder: Path, page_dir: Path, link_audio: bool, progress: bool):
+    """Curves by epoch from metrics.csv, and the attention plots of each epoch."""
+    logs = _run_logs(folder)
+    assert logs is not None
+    notes: list[str] = []
+    plots: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for png in sorted((logs / "attention").glob("epoch*_*.png")):
+        match = re.fullmatch(r"epoch(\d+)_(.+)", png.stem)
+        if match and not match.group(2).endswith("_heads"):
+            image = "data:image/png;base64," + base64.b64encode(png.read_bytes()).decode()
+            plots[match.group(2)].append({"epoch": int(match.group(1)), "image": image})
+    if not plots:
+        notes.append(f"no attention plots in {logs / 'attention'}")
+    training = {
+        "curves": _curves(logs / "metrics.csv"),
+        "plots": [{"utterance": u, "epochs": e} for u, e in sorted(plots.items())],
+    }
+    return _page("training", folder, notes, None, []) | {"training": training}
+
+
+def _page(kind, folder, notes, summary, utterances) -> dict[str, Any]:
+    return {
+        "title": f"asr explore: {folder.resolve().name}",
+        "kind": kind,
+        "notes": notes,
+        "summary": summary,
+        "utterances": utterances,
+        "training": None,
+    }
+
+
+def _bar(items: list, progress: bool, desc: str) -> Iterable:
+    from tqdm import tqdm
+
+    return tqdm(items, desc=desc, unit="utt", disable=not progress or len(items) < 20)
+
+
+def _word(word: dict[str, Any]) -> dict[str, Any]:
+    confidence = word.get("confidence")
+    return {
+        "w": word.get("word", ""),
+        "start": word.get("start"),
+        "end": word.get("end"),
+        "conf": confidence if confidence is not None else word.get("probability"),
+    }
+
+
+def _mean_confidence(words: list[dict[str, Any]]) -> float | None:
+    values = [w["conf"] for w in words if w["conf"] is not None]
+    return round(sum(values) / len(values), 4) if values else None
+
+
+def _flags(record: dict[str, Any]) -> list[str]:
+    flags = [f"repaired: {record['repaired']}"] if record.get("repaired") else []
+    if record.get("finished") is False:
+        flags.append("length-bounded")
+    if not record.get("hyp"):
+        flags.append("empty")
+    return flags
+
+
+def _scores(ref: str | None, hyp: str) -> dict[str, Any]:
+    """Per-utterance WER, S/D/I and the word alignment ops for the page."""
+    if ref is None:
+        return {"wer": None, "errors": None, "ops": None, "ref_words": None}
+    alignment = WordAlignment.of(ref, hyp)
+    ops: list[list[Any]] = []
+    kinds = {"equal": "C", "substitute": "S", "delete": "D", "insert": "I"}
+    for chunk in alignment.chunks:
+        refs = range(chunk.ref_start_idx, chunk.ref_end_idx)
+        hyps = range(chunk.hyp_start_idx, chunk.hyp_end_idx)
+        kind = kinds[chunk.type]
+        if kind == "D":
+            ops += [["D", alignment.ref[r], None] for r in refs]
+        elif kind == "I":
+            ops += [["I", None, h] for h in hyps]
+        else:
+            ops += [[kind, alignment.ref[r], h] for r, h in zip(refs, hyps)]
+    errors = alignment.errors
+    words = max(errors.reference_length, 1)
+    return {
+        "wer": round(
+            100 * (errors.substitutions + errors.deletions + errors.insertions) / words, 2
+        ),
+        "errors": {"sub": errors.substitutions, "del": errors.deletions, "ins": errors.insertions},
+        "ops": ops,
+        "ref_words": [{"w": w, "start": None, "end": None} for w in alignment.ref],
+    }
+
+
+def _ctc_frames(starts: list[int], ends: list[int], frames: int) -> np.ndarray:
+    from asr.explore.records import ctc_frames
+
+    return ctc_frames(starts, ends, frames)
+
+
+def _pack(arrays: dict[str, tuple[np.ndarray, dict[str, Any]]]) -> dict[str, Any]:
+    """The arrays as one deflated, base64 blob and their offsets (uint8 or little-endian int16)."""
+    if not arrays:
+        return {"blob": None, "arrays": {}}
+    chunks, index, offset = [], {}, 0
+    for name, (array, extra) in arrays.items():
+        dtype = "int16" if array.dtype == np.int16 else "uint8"
+        raw = np.ascontiguousarray(array, dtype="<i2" if dtype == "int16" else np.uint8).tobytes()
+        index[name] = {"offset": offset, "shape": list(array.shape), "dtype": dtype} | extra
+        chunks.append(raw)
+        offset += len(raw) + (-len(raw)) % 2  # int16 views need even offsets
+        chunks.append(b"\0" * ((-len(raw)) % 2))
+    blob = base64.b64encode(zlib.compress(b"".join(chunks), 6)).decode("ascii")
+    return {"blob": blob, "arrays": index}
+
+
+class _Audio:
+    def __init__(self, src=None, note=None, arrays=None):
+        self.src, self.note, self.arrays = src, note, arrays or {}
+
+
+class _Media:
+    """Audio for the page: embedded as Opus or linked, with its envelope and log-mel picture."""
+
+    def __init__(self, page_dir: Path, link: bool, sample_rate: int) -> None:
+        self.page_dir, self.link, self.sample_rate = page_dir, link, sample_rate
+        self.missing: list[str] = []
+        self._mel = None
+
+    def add(self, path: str | None, offset: float, duration: float | None) -> _Audio:
+        if not path:
+            return _Audio(note="no audio file recorded")
+        try:
+            wave = load_audio(path, self.sample_rate, offset or 0.0, duration).numpy()
+        except (AudioError, OSError) as err:
+            self.missing.append(path)
+            return _Audio(note=f"audio not found or unreadable: {path} ({err})")
+        arrays = {"envelope": (_envelope(wave), {})}
+        arrays["spectrogram"] = self._spectrogram(wave)
+        seconds = len(wave) / self.sample_rate
+        if self.link or seconds > MAX_EMBEDDED_SECONDS:
+            return self._linked(path, offset, arrays)
+        return _Audio(src=_opus_uri(wave, self.sample_rate), arrays=arrays)
+
+    def _linked(self, path: str, offset: float, arrays) -> _Audio:
+        if Path(path).suffix.lower() not in PLAYABLE:
+            return _Audio(note=f"{path}: a browser cannot play this format", arrays=arrays)
+        src = Path(os.path.relpath(Path(path).resolve(), self.page_dir.resolve())).as_posix()
+        src = "/".join(_quote(part) for part in src.split("/"))
+        if offset:
+            src += f"#t={offset:.3f}"
+        return _Audio(src=src, arrays=arrays)
+
+    def _spectrogram(self, wave: np.ndarray) -> tuple[np.ndarray, dict[str, Any]]:
+        import torch
+
+        from asr.frontends import LogMelFilterbank
+
+        if self._mel is None:
+            self._mel = LogMelFilterbank(sample_rate=self.sample_rate, n_mels=80)
+        hop = 160 * self.sample_rate / 16000
+        x = torch.from_numpy(np.pad(wave, (0, max(0, 400 - len(wave)))))[None]
+        with torch.inference_mode():
+            mel, _ = self._mel(x, torch.tensor([x.shape[1]]))
+        db = 10 / np.log(10) * mel[0].numpy().T  # (n_mels, T)
+        pool = max(1, -(-db.shape[1] // MAX_SPECTROGRAM_FRAMES))
+        if pool > 1:
+            cut = db.shape[1] // pool * pool
+            db = db[:, :cut].reshape(db.shape[0], -1, pool).mean(axis=2)
+        top = db.max() if db.size else 0.0
+        scaled = np.clip((db - top + SPECTROGRAM_RANGE_DB) / SPECTROGRAM_RANGE_DB, 0, 1)
+        image = np.rint(255 * scaled).astype(np.uint8)
+        return image, {"seconds": pool * hop / self.sample_rate}
+
+    def notes(self) -> list[str]:
+        if not self.missing:
+            return []
+        shown = ", ".join(self.missing[:3]) + (" ..." if len(self.missing) > 3 else "")
+        return [f"{len(self.missing)} audio file(s) missing or unreadable: {shown}"]
+
+
+def _quote(part: str) -> str:
+    from urllib.parse import quote
+
+    return quote(part)
+
+
+def _envelope(wave: np.ndarray, columns: int = ENVELOPE_COLUMNS) -> np.ndarray:
+    """`(columns, 2)` uint8 minimum and maximum of each stretch of `wave`, 128 = zero."""
+    if len(wave) == 0:
+        return np.full((1, 2), 128, dtype=np.uint8)
+    columns = min(columns, len(wave))
+    edges = np.linspace(0, len(wave), columns + 1).astype(int)
+    low = np.minimum.reduceat(wave, edges[:-1])
+    high = np.maximum.reduceat(wave, edges[:-1])
+    peak = max(float(np.abs(wave).max()), 1e-6)
+    pairs = np.stack([low, high], axis=1) / peak
+    return np.rint(127.5 + 127.5 * np.clip(pairs, -1, 1)).astype(np.uint8)
+
+
+def _opus_uri(wave: np.ndarray, sample_rate: int) -> str:
+    """`wave` as an Ogg Opus data URI (FFmpeg's libopus, 24 kbit/s, complexity 5: a fifth of
+    the encoding time of its default for the same size)."""
+    from fractions import Fraction
+
+    import av
+
+    rate = sample_rate if sample_rate in OPUS_RATES else 48000
+    if rate != sample_rate:
+        from asr.audio import as_waveform
+
+        wave = as_waveform(wave, sample_rate, rate).numpy()
+    buffer = io.BytesIO()
+    with av.open(buffer, "w", format="ogg") as container:
+        stream = container.add_stream("libopus", rate=rate, layout="mono")
+        stream.bit_rate = OPUS_BITRATE
+        stream.codec_context.options = {"compression_level": "5"}
+        frame = av.AudioFrame.from_ndarray(
+            np.ascontiguousarray(wave, dtype=np.float32)[None], format="flt", layout="mono"
+        )
+        frame.sample_rate, frame.pts, frame.time_base = rate, 0, Fraction(1, rate)
+        for packet in [*stream.encode(frame), *stream.encode(None)]:
+            container.mux(packet)
+    return "data:audio/ogg;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+def _transcript_files(folder: Path):
+    for path in folder.glob("*.json"):
+        if path.name not in ("metrics.json", "explore.json"):
+            yield path
+
+
+def _run_logs(folder: Path) -> Path | None:
+    """The logs/version_N folder of a run folder (the newest with metrics.csv), or None."""
+    if (folder / "metrics.csv").is_file():
+        return folder
+    versions = [p.parent for p in (folder / "logs").glob("version_*/metrics.csv")]
+    return max(versions, key=lambda p: int(p.name.split("_")[-1])) if versions else None
+
+
+def _curves(path: Path) -> dict[str, Any]:
+    """Per epoch, the last value of each series of `CURVES` logged in it."""
+    if not path.is_file():
+        return {"epoch": [], "series": {}}
+    values: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
+    with open(path, newline="") as f:
+        for row in csv.DictReader(f):
+            if not row.get("epoch"):
+                continue
+            epoch = int(float(row["epoch"]))
+            for name in CURVES:
+                if row.get(name):
+                    values[name][epoch].append(float(row[name]))
+    epochs = sorted({e for series in values.values() for e in series})
+    series = {
+        name.removesuffix("_epoch"): [by_epoch[e][-1] if by_epoch.get(e) else None for e in epochs]
+        for name, by_epoch in values.items()
+    }
+    return {"epoch": epochs, "series": series}

@@ -1,0 +1,101 @@
+"""What `asr evaluate` keeps of each decoded utterance for the explorer: `utterances.jsonl`
+(texts, word and token times, n-best, CTC path) and `attention.npz` (every decoder layer and
+head's cross-attention, 8 bits), beside its metrics.json."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+RECORDS = "utterances.jsonl"
+ATTENTION = "attention.npz"
+LAYOUT = "explore.json"
+
+
+def quantized_attention(attention: np.ndarray) -> np.ndarray:
+    """`(K, L, T)` attention as uint8, each row scaled so that its largest value is 255.
+
+    >>> quantized_attention(np.array([[[0.1, 0.4], [0.0, 0.0]]])).tolist()
+    [[[64, 255], [0, 0]]]
+    """
+    attention = np.asarray(attention, dtype=np.float32)
+    peak = attention.max(axis=-1, keepdims=True)
+    scaled = np.divide(attention, peak, out=np.zeros_like(attention), where=peak > 0)
+    return np.rint(255 * np.clip(scaled, 0, 1)).astype(np.uint8)
+
+
+def ctc_frames(starts: Iterable[int], ends: Iterable[int], num_frames: int) -> np.ndarray:
+    """Per encoder frame the index of the token emitted there, -1 for blank.
+
+    >>> ctc_frames([1, 3], [2, 5], 6).tolist()
+    [-1, 0, -1, 1, 1, -1]
+    """
+    frames = np.full(num_frames, -1, dtype=np.int16)
+    for index, (start, end) in enumerate(zip(starts, ends, strict=True)):
+        frames[start : max(end, start + 1)] = index
+    return frames
+
+
+@dataclass
+class RecordWriter:
+    """Collects utterance records and attention maps, then writes them into a decode folder."""
+
+    out_dir: Path
+    layout: dict[str, Any]  # decoder layers and heads, timing heads, frame periods
+    records: list[dict[str, Any]] = field(default_factory=list)
+    maps: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def add(self, record: dict[str, Any], attention: np.ndarray | None) -> None:
+        if attention is not None and attention.size:
+            self.maps[str(len(self.records))] = quantized_attention(attention)
+            record = record | {"attention": str(len(self.records))}
+        self.records.append(record)
+
+    def write(self, order: Iterable[str] | None = None) -> None:
+        """Write the records (in the order of the ids `order`, else as added)."""
+        records = self.records
+        if order is not None:
+            rank = {utt_id: i for i, utt_id in enumerate(order)}
+            records = sorted(records, key=lambda r: rank.get(r["id"], len(rank)))
+        with open(self.out_dir / RECORDS, "w", encoding="utf-8") as f:
+            for record in records:
+                f.write(json.dumps(record, ensure_ascii=False) + "\n")
+        path = self.out_dir / ATTENTION
+        if self.maps:
+            np.savez_compressed(path, **self.maps)
+        elif path.exists():
+            path.unlink()  # a stale file from an earlier decode with attention
+        (self.out_dir / LAYOUT).write_text(json.dumps(self.layout, indent=1) + "\n")
+
+
+def read_records(folder: str | os.PathLike) -> Iterator[dict[str, Any]]:
+    """The records of a decode folder, in order; ValueError names the file and line."""
+    path = Path(folder) / RECORDS
+    with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                yield json.loads(line)
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{path}:{number}: not JSON ({err.msg})") from None
+
+
+def read_layout(folder: str | os.PathLike) -> dict[str, Any]:
+    path = Path(folder) / LAYOUT
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def read_attention(folder: str | os.PathLike) -> dict[str, np.ndarray] | None:
+    """The attention maps of a decode folder by record key, or None when it has none."""
+    path = Path(folder) / ATTENTION
+    if not path.is_file():
+        return None
+    with np.load(path) as archive:
+        return {key: archive[key] for key in archive.files}

@@ -1,0 +1,179 @@
+"""The explorer's build time and size for decode folders, and how soon a large page is ready.
+
+    python -m bench.explorer exp/an4/transformer_quick/decode_test [MORE_DECODE_DIRS...]
+        [--synthetic 3000] [--out bench/results/explorer]
+    python -m bench.explorer DECODE_DIR --training RUN_DIR --screenshots docs/
+
+For each decode folder: seconds to build its explorer (audio embedded) and the page's size.
+With --synthetic N, a decode folder of N utterances made by repeating the first folder's
+records (attention included) is built with --link-audio, and, where Chromium is installed,
+opened headless: seconds from navigation until the overview is rendered (best of 3).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+
+from asr.explore.build import explore
+from asr.explore.records import ATTENTION, LAYOUT, read_attention, read_records
+
+
+def build(folder: Path, out: Path, link_audio: bool = False) -> dict:
+    start = time.perf_counter()
+    page = explore(folder, out, link_audio=link_audio, progress=False)
+    seconds = time.perf_counter() - start
+    return {"folder": str(folder), "seconds": round(seconds, 2),
+            "megabytes": round(page.stat().st_size / 1e6, 2), "page": str(page)}  # fmt: skip
+
+
+def synthetic(source: Path, count: int, out: Path) -> Path:
+    """A decode folder of `count` utterances cycling through `source`'s records."""
+    records, maps = list(read_records(source)), read_attention(source) or {}
+    folder = out / f"synthetic_{count}"
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    lines, arrays = [], {}
+    for i in range(count):
+        record = dict(records[i % len(records)])
+        record["id"] = f"{record['id']}-{i:05d}"
+        record["speaker"] = f"spk{i % 40:02d}"
+        key = record.pop("attention", None)
+        if key in maps:
+            arrays[str(i)] = maps[key]
+            record["attention"] = str(i)
+        lines.append(json.dumps(record))
+    (folder / "utterances.jsonl").write_text("\n".join(lines) + "\n")
+    np.savez_compressed(folder / ATTENTION, **arrays)
+    shutil.copy(source / LAYOUT, folder / LAYOUT)
+    shutil.copy(source / "metrics.json", folder / "metrics.json")
+    return folder
+
+
+def chromium(width: int = 1400, height: int = 900):
+    """A headless Chromium WebDriver, or None where Chromium or selenium is missing."""
+    driver_path = shutil.which("chromedriver")
+    try:
+        from selenium import webdriver
+        from selenium.webdriver.chrome.service import Service
+    except ImportError:
+        return None
+    if driver_path is None or shutil.which("chromium") is None:
+        return None
+    options = webdriver.ChromeOptions()
+    for flag in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        f"--window-size={width},{height}",
+    ):
+        options.add_argument(flag)
+    return webdriver.Chrome(service=Service(driver_path), options=options)
+
+
+def screenshots(decode_page: Path, training_page: Path | None, out: Path) -> list[Path]:
+    """PNGs of the overview sorted by WER, the worst utterance with its attention, and the
+    training view, for the docs."""
+    from selenium.webdriver.common.by import By
+
+    driver = chromium()
+    if driver is None:
+        raise SystemExit("screenshots need Chromium and chromedriver (make browser)")
+    wait = _waiter(driver)
+    shots = []
+    try:
+        driver.get(decode_page.resolve().as_uri())
+        wait("return document.body.dataset.ready === '1'")
+        driver.find_element(By.CSS_SELECTOR, 'th[data-key="wer"]').click()
+        shots.append(out / "explorer_overview.png")
+        driver.save_screenshot(str(shots[-1]))
+        driver.find_element(By.CSS_SELECTOR, "#utterances tbody tr").click()
+        wait("return document.querySelector('#utterance').dataset.ready === '1'")
+        driver.execute_script("document.querySelector('#utterance').scrollIntoView()")
+        shots.append(out / "explorer_utterance.png")
+        driver.save_screenshot(str(shots[-1]))
+        if training_page is not None:
+            driver.get(training_page.resolve().as_uri())
+            wait("return document.body.dataset.ready === '1'")
+            slider = driver.find_element(By.CSS_SELECTOR, "input.epoch-slider")
+            driver.execute_script("arguments[0].scrollIntoView({block: 'center'})", slider)
+            shots.append(out / "explorer_training.png")
+            driver.save_screenshot(str(shots[-1]))
+    finally:
+        driver.quit()
+    return shots
+
+
+def _waiter(driver):
+    def wait(script: str, seconds: float = 30.0) -> None:
+        start = time.perf_counter()
+        while not driver.execute_script(script):
+            if time.perf_counter() - start > seconds:
+                raise TimeoutError(script)
+            time.sleep(0.05)
+
+    return wait
+
+
+def ready_seconds(page: Path, tries: int = 3) -> float | None:
+    """Seconds from navigation until the page marks its overview rendered; None: no Chromium."""
+    driver = chromium()
+    if driver is None:
+        return None
+    try:
+        best = None
+        for _ in range(tries):
+            start = time.perf_counter()
+            driver.get(page.resolve().as_uri())
+            while driver.execute_script("return document.body.dataset.ready") != "1":
+                if time.perf_counter() - start > 60:
+                    raise TimeoutError(f"{page}: not ready after 60 s")
+                time.sleep(0.02)
+            seconds = time.perf_counter() - start
+            best = seconds if best is None else min(best, seconds)
+        return round(best, 2)
+    finally:
+        driver.quit()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("folders", nargs="+", type=Path, help="decode folders of asr evaluate")
+    parser.add_argument("--synthetic", type=int, default=3000, help="0: none")
+    parser.add_argument("--out", type=Path, default=Path("bench/results/explorer"))
+    parser.add_argument(
+        "--screenshots",
+        type=Path,
+        help="also save screenshots of the first folder's page (and of --training) here",
+    )
+    parser.add_argument("--training", type=Path, help="a training run folder, for a screenshot")
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    if args.screenshots:
+        training = None
+        if args.training:
+            training = explore(args.training, args.out / "training.html", progress=False)
+        page = explore(args.folders[0], args.out / "page0.html", progress=False)
+        for shot in screenshots(page, training, args.screenshots):
+            print(f"screenshot: {shot}")
+        return
+    rows = []
+    for i, folder in enumerate(args.folders):
+        rows.append(build(folder, args.out / f"page{i}.html"))
+        print(json.dumps(rows[-1]))
+    if args.synthetic:
+        folder = synthetic(args.folders[0], args.synthetic, args.out)
+        row = build(folder, folder / "explorer.html", link_audio=True)
+        row["ready_seconds"] = ready_seconds(Path(row["page"]))
+        rows.append(row)
+        print(json.dumps(row))
+    (args.out / "explorer.json").write_text(json.dumps(rows, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,579 @@
+"""The explorer page in a real headless Chromium: what a person sees and clicks.
+
+Pages are built from synthetic data with `build_page`; one browser serves the whole module.
+"""
+
+from __future__ import annotations
+
+import base64
+import difflib
+import io
+import shutil
+import struct
+import time
+import zlib
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+from asr.explore.page import build_page
+
+NEEDS = "needs Chromium and chromedriver (make browser installs them)"
+pytest.importorskip("selenium", reason=NEEDS)
+
+from selenium import webdriver  # noqa: E402
+from selenium.webdriver.chrome.service import Service  # noqa: E402
+from selenium.webdriver.common.action_chains import ActionChains  # noqa: E402
+from selenium.webdriver.common.by import By  # noqa: E402
+from selenium.webdriver.common.keys import Keys  # noqa: E402
+from selenium.webdriver.support.ui import Select, WebDriverWait  # noqa: E402
+
+CHROMEDRIVER = shutil.which("chromedriver") or shutil.which("chromium.chromedriver")
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+pytestmark = pytest.mark.skipif(not (CHROMEDRIVER and CHROMIUM), reason=NEEDS)
+
+EVIL_ID = "<script>window.pwned=1</script>"
+EVIL_TEXT = '"><img src=x onerror="window.pwned=1">'
+
+
+# ---- synthetic data ----
+def _ops(ref: list[str], hyp: list[str]) -> list[list]:
+    """Word alignment in the page's form: [op, ref word, hyp index]."""
+    ops: list[list] = []
+    matcher = difflib.SequenceMatcher(a=ref, b=hyp, autojunk=False)
+    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+        pairs = list(zip(range(i1, i2), range(j1, j2)))
+        kind = "C" if tag == "equal" else "S"
+        ops += [[kind, ref[i], j] for i, j in pairs]
+        ops += [["D", ref[i], None] for i in range(i1 + len(pairs), i2)]
+        ops += [["I", None, j] for j in range(j1 + len(pairs), j2)]
+    return ops
+
+
+def _opus_uri(seconds: float, freq: float, sr: int = 16000) -> tuple[str, np.ndarray]:
+    t = np.arange(int(seconds * sr)) / sr
+    rng = np.random.default_rng(int(freq))
+    audio = (0.3 * np.sin(2 * np.pi * freq * t) + 0.02 * rng.standard_normal(t.size)).astype(
+        np.float32
+    )
+    buf = io.BytesIO()
+    sf.write(buf, audio, sr, format="OGG", subtype="OPUS")
+    return "data:audio/ogg;base64," + base64.b64encode(buf.getvalue()).decode(), audio
+
+
+def utterance(
+    uid: str,
+    hyp: str,
+    ref: str | None = None,
+    *,
+    speaker: str | None = "spk1",
+    seconds: float = 2.0,
+    layers: int = 2,
+    heads: int = 2,
+    timing_heads: list[int] | None = None,
+    freq: float = 220.0,
+) -> dict:
+    """One utterance with audio, envelope, spectrogram, a diagonal attention per head (head k
+    wider than head k-1, so each head's map differs), a CTC path, timed words and ops."""
+    words = hyp.split()
+    n = len(words)
+    step = (seconds - 0.4) / max(n, 1)
+    times = [(round(0.2 + i * step, 3), round(0.2 + i * step + 0.8 * step, 3)) for i in range(n)]
+    uri, audio = _opus_uri(seconds, freq)
+
+    columns = 400
+    chunks = audio[: audio.size // columns * columns].reshape(columns, -1)
+    envelope = np.stack([chunks.min(1), chunks.max(1)], 1)
+    envelope = np.clip(np.round((envelope + 1) * 127.5), 0, 255).astype(np.uint8)
+    rng = np.random.default_rng(0)
+    spectrogram = rng.integers(0, 120, size=(40, int(seconds / 0.01)), dtype=np.uint8)
+    spectrogram[8:12] = 230  # the tone's band
+
+    frame = 0.04
+    frames = int(seconds / frame)
+    centres = [int((s + e) / 2 / frame) for s, e in times] + [frames - 1]  # eos last
+    t = np.arange(frames)
+    attention = np.stack(
+        [
+            np.stack([np.exp(-(((t - c) / (1 + k)) ** 2)) for c in centres])
+            for k in range(layers * heads)
+        ]
+    )  # (K, L+1, T_enc)
+    attention = np.round(255 * attention / attention.max(-1, keepdims=True)).astype(np.uint8)
+    ctc = np.full(frames, -1, dtype="<i2")
+    ctc[centres[:-1]] = np.arange(n)
+
+    blob, arrays = b"", {}
+    for name, array, extra in (
+        ("envelope", envelope, {}),
+        ("spectrogram", spectrogram, {"seconds": 0.01}),
+        ("attention", attention, {"seconds": frame}),
+        ("ctc", ctc, {"seconds": frame}),
+    ):
+        dtype = "int16" if array.dtype.kind == "i" else "uint8"
+        arrays[name] = {"offset": len(blob), "shape": list(array.shape), "dtype": dtype, **extra}
+        blob += array.tobytes()
+
+    ref_words = ref.split() if ref is not None else []
+    ops = _ops(ref_words, words) if ref is not None else []
+    counts = {k: sum(op[0] == k for op in ops) for k in "SDI"}
+    return {
+        "id": uid,
+        "speaker": speaker,
+        "duration": seconds,
+        "ref": ref,
+        "hyp": hyp,
+        "wer": 100 * sum(counts.values()) / len(ref_words) if ref_words else None,
+        "errors": {"sub": counts["S"], "del": counts["D"], "ins": counts["I"]}
+        if ref is not None
+        else None,
+        "confidence": 0.8,
+        "flags": [],
+        "words": [
+            {"w": w, "start": s, "end": e, "conf": 0.5 + 0.1 * (i % 5)}
+            for i, (w, (s, e)) in enumerate(zip(words, times))
+        ],
+        "ops": ops,
+        "ref_words": [{"w": w, "start": None, "end": None} for w in ref_words]
+        if ref is not None
+        else None,
+        "nbest": [{"text": hyp, "score": -1.5}, {"text": hyp + " uh", "score": -3.25}],
+        "tokens": [{"piece": "▁" + w, "start": s, "end": e} for w, (s, e) in zip(words, times)],
+        "timing_heads": timing_heads,
+        "layers": layers,
+        "heads": heads,
+        "audio": uri,
+        "audio_note": None,
+        "blob": base64.b64encode(zlib.compress(blob)).decode(),
+        "arrays": arrays,
+    }
+
+
+def bare_utterance(uid: str, **keys) -> dict:
+    """An utterance with nothing saved but its id and text."""
+    return {
+        "id": uid,
+        "speaker": None,
+        "duration": None,
+        "ref": None,
+        "hyp": "",
+        "wer": None,
+        "errors": None,
+        "confidence": None,
+        "flags": [],
+        "words": [],
+        "ops": [],
+        "ref_words": None,
+        "nbest": [],
+        "tokens": [],
+        "timing_heads": None,
+        "layers": None,
+        "heads": None,
+        "audio": None,
+        "audio_note": None,
+        "blob": None,
+        "arrays": {},
+        **keys,
+    }
+
+
+def page_data(utterances: list[dict], **keys) -> dict:
+    return {
+        "title": "test run",
+        "kind": "decode",
+        "notes": [],
+        "summary": None,
+        "utterances": utterances,
+        "training": None,
+        **keys,
+    }
+
+
+def png(rgb: tuple[int, int, int]) -> str:
+    """A 1x1 PNG as a data: URI."""
+
+    def chunk(tag: bytes, body: bytes) -> bytes:
+        return struct.pack(">I", len(body)) + tag + body + struct.pack(">I", zlib.crc32(tag + body))
+
+    data = (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", struct.pack(">IIBBBBB", 1, 1, 8, 2, 0, 0, 0))
+        + chunk(b"IDAT", zlib.compress(b"\x00" + bytes(rgb)))
+        + chunk(b"IEND", b"")
+    )
+    return "data:image/png;base64," + base64.b64encode(data).decode()
+
+
+# ---- the browser ----
+@pytest.fixture(scope="module")
+def driver():
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for arg in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--window-size=1280,1000",
+        "--autoplay-policy=no-user-gesture-required",
+        "--mute-audio",
+    ):
+        options.add_argument(arg)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    browser = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    yield browser
+    browser.quit()
+
+
+@pytest.fixture(autouse=True)
+def no_console_errors(driver):
+    driver.get_log("browser")  # drop what earlier tests left
+    yield
+    severe = [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+    assert not severe, severe
+
+
+def wait(driver, condition, seconds: float = 5):
+    return WebDriverWait(driver, seconds, poll_frequency=0.02).until(lambda d: condition(d))
+
+
+def js(driver, script: str, *args):
+    return driver.execute_script(script, *args)
+
+
+def open_page(driver, tmp_path, data: dict) -> float:
+    """Loads the page built from `data`; returns the seconds until the overview was ready."""
+    path = tmp_path / "x.html"
+    path.write_text(build_page(data), encoding="utf-8")
+    start = time.perf_counter()
+    driver.get(path.as_uri())
+    wait(driver, lambda d: js(d, "return document.body.dataset.ready") == "1")
+    return time.perf_counter() - start
+
+
+def row_ids(driver) -> list[str]:
+    return js(
+        driver,
+        "return [...document.querySelectorAll('#utterances tbody tr')].map(r => r.dataset.id)",
+    )
+
+
+def open_utterance(driver, uid: str) -> None:
+    row = js(
+        driver,
+        "return [...document.querySelectorAll('#utterances tbody tr')]"
+        ".find(r => r.dataset.id === arguments[0])",
+        uid,
+    )
+    row.click()
+    wait(
+        driver, lambda d: js(d, "return document.querySelector('#utterance').dataset.ready") == "1"
+    )
+
+
+@pytest.fixture
+def three(driver, tmp_path) -> dict:
+    """A page of three utterances; "bad" has the highest WER and timing heads 1 and 3."""
+    utts = [
+        utterance("good", "the cat sat on the mat", "the cat sat on the mat", freq=220),
+        utterance(
+            "bad",
+            "a cat sat in hat now",
+            "the cat sat on the mat",
+            speaker="spk2",
+            timing_heads=[1, 3],
+            freq=330,
+        ),
+        utterance("fair", "the cat sat on a mat", "the cat sat on the mat", freq=440),
+    ]
+    summary = {
+        "wer": 33.3,
+        "cer": 20.0,
+        "substitutions": 5,
+        "deletions": 0,
+        "insertions": 1,
+        "reference_words": 18,
+        "utterances": 3,
+        "sentence_errors": 2,
+    }
+    open_page(driver, tmp_path, page_data(utts, summary=summary, notes=["no LM used"]))
+    return {u["id"]: u for u in utts}
+
+
+# ---- overview ----
+def test_overview_sorts_and_filters(driver, three):
+    assert row_ids(driver) == ["good", "bad", "fair"]
+    wer = driver.find_element(By.CSS_SELECTOR, "#utterances th[data-key=wer]")
+    wer.click()
+    assert row_ids(driver) == ["bad", "fair", "good"]  # worst first
+    wer.click()
+    assert row_ids(driver) == ["good", "fair", "bad"]
+    driver.find_element(By.CSS_SELECTOR, "#utterances th[data-key=id]").click()
+    assert row_ids(driver) == ["bad", "fair", "good"]
+    driver.find_element(By.CSS_SELECTOR, "#filter").send_keys("spk2")
+    assert row_ids(driver) == ["bad"]
+    assert [li.text for li in driver.find_elements(By.CSS_SELECTOR, "#notes li")] == ["no LM used"]
+    speakers = [
+        r.text.split()[:2] for r in driver.find_elements(By.CSS_SELECTOR, "#speakers tbody tr")
+    ]
+    assert speakers == [["spk1", "2"], ["spk2", "1"]]
+
+
+# ---- the utterance view ----
+def test_worst_row_opens_its_attention(driver, three):
+    driver.find_element(By.CSS_SELECTOR, "#utterances th[data-key=wer]").click()
+    assert js(driver, "return document.querySelector('#utterance').hidden")
+    driver.find_element(By.CSS_SELECTOR, "#utterances tbody tr").click()
+    wait(
+        driver, lambda d: js(d, "return document.querySelector('#utterance').dataset.ready") == "1"
+    )
+    assert driver.find_element(By.ID, "utt-title").text == "bad"
+    canvas = driver.find_element(By.ID, "attention-canvas")
+    assert int(canvas.get_attribute("data-checksum")) > 0
+    assert canvas.get_attribute("data-head") == "avg"  # timing heads given: their average first
+    strip = js(
+        driver, "return [...document.querySelectorAll('#ctc-strip span')].map(s => s.textContent)"
+    )
+    assert strip == ["▁" + w for w in three["bad"]["hyp"].split()]
+    assert len(driver.find_elements(By.CSS_SELECTOR, "#nbest li")) == 2
+    kinds = js(
+        driver, "return [...document.querySelectorAll('#alignment .pair')].map(p => p.className)"
+    )
+    assert kinds.count("pair op-s") == 4 and kinds.count("pair op-c") == 2
+
+    label = driver.find_elements(By.CSS_SELECTOR, "#token-labels div")[2]
+    ActionChains(driver).move_to_element(label).perform()
+    assert not js(driver, "return document.querySelector('#span-highlight').hidden")
+    ActionChains(driver).move_to_element(canvas).perform()
+    assert "frame" in driver.find_element(By.ID, "attention-hover").text
+
+
+def test_playback_time_highlights_its_word(driver, three):
+    open_utterance(driver, "good")
+    wait(driver, lambda d: js(d, "return document.querySelector('#player').readyState") >= 1)
+    for word in three["good"]["words"][:4]:
+        t = (word["start"] + word["end"]) / 2
+        js(driver, "document.querySelector('#player').currentTime = arguments[0]", t)
+        wait(
+            driver,
+            lambda d, w=word["w"]: (
+                [e.text for e in d.find_elements(By.CSS_SELECTOR, "#hyp .word.current")] == [w]
+            ),
+        )
+        current = driver.find_element(By.CSS_SELECTOR, "#hyp .word.current")
+        assert (
+            float(current.get_attribute("data-start"))
+            <= t
+            < float(current.get_attribute("data-end"))
+        )
+    gap = three["good"]["words"][0]["end"] + 0.01  # between two words: none is current
+    js(driver, "document.querySelector('#player').currentTime = arguments[0]", gap)
+    wait(driver, lambda d: not d.find_elements(By.CSS_SELECTOR, "#hyp .word.current"))
+
+
+def test_clicking_a_word_seeks_there(driver, three):
+    open_utterance(driver, "fair")
+    wait(driver, lambda d: js(d, "return document.querySelector('#player').readyState") >= 1)
+    js(
+        driver,
+        "window.seeks = []; const p = document.querySelector('#player');"
+        "p.addEventListener('seeked', () => window.seeks.push(p.currentTime))",
+    )
+    for selector in ("#hyp .word", "#ref .word"):
+        word = driver.find_elements(By.CSS_SELECTOR, selector)[3]
+        start = float(word.get_attribute("data-start"))
+        word.click()
+        seek = wait(driver, lambda d: js(d, "return window.seeks.shift()"))
+        assert abs(seek - start) < 0.05
+    js(driver, "document.querySelector('#player').pause()")
+
+
+def test_switching_head_changes_the_heatmap(driver, three):
+    open_utterance(driver, "bad")
+    canvas = driver.find_element(By.ID, "attention-canvas")
+    heads = Select(driver.find_element(By.ID, "head"))
+    assert [o.text for o in heads.options] == ["average of timing heads *", "0", "1 *"]
+    seen = {canvas.get_attribute("data-checksum")}
+    for head in ("1", "0"):
+        heads.select_by_value(head)
+        wait(driver, lambda d, head=head: canvas.get_attribute("data-head") == head)
+        seen.add(canvas.get_attribute("data-checksum"))
+    Select(driver.find_element(By.ID, "layer")).select_by_value("1")
+    wait(driver, lambda d: canvas.get_attribute("data-layer") == "1")
+    seen.add(canvas.get_attribute("data-checksum"))
+    assert len(seen) == 4
+
+
+# ---- awkward data ----
+def test_data_renders_as_text(driver, tmp_path):
+    evil = utterance(EVIL_ID, f"hello {EVIL_TEXT}", EVIL_TEXT, speaker=EVIL_TEXT)
+    evil["flags"] = [EVIL_ID]
+    evil["nbest"] = [{"text": EVIL_ID, "score": None}]
+    evil["tokens"][0]["piece"] = EVIL_TEXT
+    notes = [EVIL_TEXT, "{{SCRIPT}} {{DATA}}"]  # a placeholder's text must not take its place
+    open_page(driver, tmp_path, page_data([evil], title=EVIL_ID, notes=notes))
+    assert driver.title == EVIL_ID
+    assert driver.find_element(By.ID, "title").text == EVIL_ID
+    assert [li.text for li in driver.find_elements(By.CSS_SELECTOR, "#notes li")] == notes
+    assert driver.find_element(By.CSS_SELECTOR, "#utterances tbody td").text == EVIL_ID
+    open_utterance(driver, EVIL_ID)
+    assert driver.find_element(By.ID, "ref").text == EVIL_TEXT
+    assert driver.find_element(By.CSS_SELECTOR, "#nbest li").text.startswith(EVIL_ID)
+    assert js(driver, "return window.pwned") is None
+    code = "script:not([type='text/plain'])"  # the arrays' elements hold base64 only
+    assert (
+        js(driver, f'return document.images.length + document.querySelectorAll("{code}").length')
+        == 2
+    )
+
+
+def test_missing_parts_are_said_not_thrown(driver, tmp_path):
+    short = {"offset": 0, "shape": [1, 2, 100], "dtype": "uint8"}  # more than the blob holds
+    data = {
+        "utterances": [
+            bare_utterance("nothing", audio_note="file not found: a/b.wav"),
+            {"id": "only-id"},
+            {},
+            bare_utterance(
+                "short",
+                blob=base64.b64encode(zlib.compress(bytes(10))).decode(),
+                arrays={"attention": short},
+            ),
+            bare_utterance("garbled", blob="bm90IHpsaWI=", arrays={"attention": short}),
+        ]
+    }
+    open_page(driver, tmp_path, data)
+    assert row_ids(driver) == ["nothing", "only-id", "", "short", "garbled"]
+    for uid in ("nothing", "only-id", "short", "garbled"):
+        open_utterance(driver, uid)
+        assert not driver.find_elements(By.CSS_SELECTOR, "#nbest li")
+        missing = driver.find_element(By.CSS_SELECTOR, "#attention-plot .missing")
+        assert missing.text == "no attention saved"
+        notes = driver.find_element(By.ID, "utt-notes").text
+        assert ("does not fit" in notes) == (uid == "short")
+        assert ("could not be inflated" in notes) == (uid == "garbled")
+    open_utterance(driver, "nothing")
+    assert driver.find_element(By.ID, "audio-note").text == "file not found: a/b.wav"
+
+
+def test_no_utterances(driver, tmp_path):
+    open_page(driver, tmp_path, page_data([]))
+    assert driver.find_element(By.ID, "empty").text == "no utterances"
+    assert not driver.find_elements(By.CSS_SELECTOR, "#utterances tbody tr")
+
+
+def test_right_to_left_text(driver, tmp_path):
+    arabic, hebrew = "مرحبا بالعالم", "שלום עולם"
+    utt = utterance("عربي", arabic, hebrew, speaker="דובר")
+    open_page(driver, tmp_path, page_data([utt]))
+    open_utterance(driver, "عربي")
+    assert [w.text for w in driver.find_elements(By.CSS_SELECTOR, "#hyp .word")] == arabic.split()
+    assert [w.text for w in driver.find_elements(By.CSS_SELECTOR, "#ref .word")] == hebrew.split()
+    assert js(driver, "return getComputedStyle(document.querySelector('#hyp')).direction") == "rtl"
+
+
+def test_three_thousand_utterances(driver, tmp_path):
+    utts = []
+    for i in range(3000):
+        words = ["word", f"w{i % 7}", "more"]
+        utts.append(
+            bare_utterance(
+                f"utt{i:04d}",
+                speaker=f"spk{i % 20}",
+                duration=1 + i % 9,
+                ref="word w0 more",
+                hyp=" ".join(words),
+                wer=(i * 37) % 1000 / 10,
+                confidence=(i % 100) / 100,
+                errors={"sub": i % 3, "del": 0, "ins": 0},
+                flags=["repaired"] if i % 50 == 0 else [],
+                words=[
+                    {"w": w, "start": j * 0.3, "end": j * 0.3 + 0.25, "conf": 0.9}
+                    for j, w in enumerate(words)
+                ],
+                ops=[["C", "word", 0], ["S", "w0", 1], ["C", "more", 2]],
+            )
+        )
+    utts[1234]["wer"] = 150.0
+    assert open_page(driver, tmp_path, page_data(utts)) < 3
+    assert len(row_ids(driver)) == 3000
+    driver.find_element(By.CSS_SELECTOR, "#utterances th[data-key=wer]").click()
+    assert row_ids(driver)[0] == "utt1234"
+    driver.find_element(By.CSS_SELECTOR, "#utterances th[data-key=confidence]").click()
+    confidences = js(
+        driver,
+        "return [...document.querySelectorAll('#utterances tbody tr td:nth-child(6)')]"
+        ".map(td => Number(td.textContent))",
+    )
+    assert confidences == sorted(confidences)
+    driver.find_element(By.ID, "filter").send_keys("utt12")
+    assert len(row_ids(driver)) == 100
+    assert len(driver.find_elements(By.CSS_SELECTOR, "#speakers tbody tr")) == 20
+
+
+# ---- training ----
+def test_training_slider_swaps_the_image(driver, tmp_path):
+    images = [png((255, 0, 0)), png((0, 255, 0)), png((0, 0, 255))]
+    training = {
+        "curves": {
+            "epoch": [1, 2, 3],
+            "series": {
+                "train/loss": [3.0, 2.0, 1.5],
+                "val/loss": [3.2, None, 1.8],
+                "val/acc": [0.2, 0.4, 0.6],
+                "val/wer": [None, None, None],
+            },
+        },
+        "plots": [
+            {
+                "utterance": "an4/u1",
+                "epochs": [{"epoch": e + 1, "image": im} for e, im in enumerate(images)],
+            }
+        ],
+    }
+    open_page(driver, tmp_path, page_data([], kind="training", training=training))
+    assert driver.find_element(By.ID, "training").is_displayed()
+    assert [c.text for c in driver.find_elements(By.CSS_SELECTOR, "#curves figcaption")] == [
+        "loss",
+        "acc",
+    ]
+    image = driver.find_element(By.CSS_SELECTOR, "#training img.epoch-image")
+    slider = driver.find_element(By.CSS_SELECTOR, "#training input[type=range].epoch-slider")
+    assert image.get_attribute("src") == images[2]
+    slider.send_keys(Keys.ARROW_LEFT)
+    assert image.get_attribute("src") == images[1]
+    slider.send_keys(Keys.HOME)
+    assert image.get_attribute("src") == images[0]
+
+
+def test_the_page_of_a_real_decode(driver, tmp_path):
+    """`asr evaluate` on the AN4 fixture (two test utterances the overfit model gets partly
+    wrong), then `explore`: the worst utterance sorts first and shows its attention; playback
+    lights the word being spoken; another head draws another map."""
+    from explore_fixtures import TEST_UTTERANCES, decode
+    from test_transcribe import UTTERANCES
+
+    from asr.explore.build import explore
+
+    folder = decode(tmp_path, UTTERANCES | TEST_UTTERANCES)
+    page = explore(folder, progress=False)
+    driver.get(page.as_uri())
+    wait(driver, lambda d: js(d, "return document.body.dataset.ready") == "1")
+    wers = js(driver, "return [...document.querySelectorAll('#utterances tbody tr')].length")
+    assert wers == 6
+    driver.find_element(By.CSS_SELECTOR, 'th[data-key="wer"]').click()
+    worst = row_ids(driver)[0]
+    assert worst in {"an406-fcaw-b", "an407-fcaw-b"}
+    open_utterance(driver, worst)
+    canvas = driver.find_element(By.ID, "attention-canvas")
+    assert float(canvas.get_attribute("data-checksum")) > 0
+    before = canvas.get_attribute("data-checksum")
+    Select(driver.find_element(By.ID, "head")).select_by_index(1)
+    wait(driver, lambda d: canvas.get_attribute("data-checksum") != before)
+
+    wait(driver, lambda d: js(d, "return document.querySelector('#player').readyState") >= 1)
+    word = driver.find_elements(By.CSS_SELECTOR, "#hyp .word")[0]
+    start, end = (float(word.get_attribute(f"data-{k}")) for k in ("start", "end"))
+    js(driver, "document.querySelector('#player').currentTime = arguments[0]", (start + end) / 2)
+    wait(driver, lambda d: d.find_elements(By.CSS_SELECTOR, "#hyp .word.current"))
+    assert driver.find_element(By.CSS_SELECTOR, "#hyp .word.current").text == word.text

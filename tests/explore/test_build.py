@@ -1,0 +1,168 @@
+"""`asr explore`: what evaluate keeps for the page, the data the page gets, bad folders.
+
+The page's behaviour in a browser is tested in test_browser.py.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import shutil
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+from explore_fixtures import decode
+from test_transcribe import UTTERANCES, WAV
+
+from asr.cli import main
+from asr.explore.build import explore
+from asr.explore.page import build_page
+from asr.explore.records import read_records
+
+HOSTILE = ["<script>window.pwned=1</script>", '"><img src=x onerror="window.pwned=1">']
+
+
+def page_data(html: str) -> dict:
+    """The data embedded in an explorer page, each blob read from the element it names."""
+    match = re.search(r'<script type="application/json" id="explorer-data">(.*?)</script>', html,
+                      re.S)  # fmt: skip
+    assert match, "the page embeds its data"
+    data = json.loads(match.group(1))
+    blobs = dict(re.findall(r'<script type="text/plain" id="([\w-]+)">([A-Za-z0-9+/=]*)</script>',
+                            html))  # fmt: skip
+    for utterance in data.get("utterances", []):
+        if (utterance.get("blob") or "").startswith("#"):
+            utterance["blob"] = blobs[utterance["blob"][1:]]
+    return data
+
+
+def arrays(utterance: dict) -> dict[str, np.ndarray]:
+    """The arrays of an utterance's blob, as the page reads them."""
+    raw = zlib.decompress(base64.b64decode(utterance["blob"]))
+    out = {}
+    for name, spec in utterance["arrays"].items():
+        dtype = np.dtype("<i2") if spec["dtype"] == "int16" else np.uint8
+        count = int(np.prod(spec["shape"]))
+        out[name] = np.frombuffer(raw, dtype, count, spec["offset"]).reshape(spec["shape"])
+    return out
+
+
+@pytest.fixture(scope="module")
+def decoded(tmp_path_factory) -> Path:
+    """A decode of the four utterances the overfit recognizer gets exactly right."""
+    return decode(tmp_path_factory.mktemp("explore"), UTTERANCES)
+
+
+def test_evaluate_keeps_what_the_page_needs(decoded):
+    records = list(read_records(decoded))
+    layout = json.loads((decoded / "explore.json").read_text())
+    assert [r["id"] for r in records] == [Path(p).name for p in UTTERANCES], "manifest order"
+    with np.load(decoded / "attention.npz") as maps:
+        for record in records:
+            attention = maps[record["attention"]]
+            tokens = len(record["tokens"])
+            assert attention.dtype == np.uint8 and attention.shape[:2] == (
+                layout["layers"] * layout["heads"], tokens + 1)  # fmt: skip
+            assert (attention.max(axis=-1) == 255).all(), "each row scaled to its peak"
+            ctc = record["ctc"]
+            assert ctc["frames"] == attention.shape[2] and len(ctc["starts"]) == tokens
+    for record in records:
+        assert record["hyp"] == record["ref"] == " ".join(w["word"] for w in record["words"])
+        assert all(0 <= w["start"] <= w["end"] <= record["duration"] for w in record["words"])
+        assert record["nbest"][0]["text"] == record["hyp"] and len(record["nbest"]) == 3
+        assert record["speaker"] == "fash" and record["finished"] and not record["repaired"]
+
+
+def test_decode_page_holds_scores_audio_spectrogram_attention_and_ctc(decoded, tmp_path):
+    out = explore(decoded, tmp_path / "page.html", progress=False)
+    data = page_data(out.read_text())
+    assert data["kind"] == "decode" and data["summary"]["wer"] == 0 and data["notes"] == []
+    assert len(data["utterances"]) == len(UTTERANCES)
+    for utterance in data["utterances"]:
+        assert utterance["wer"] == 0 and utterance["errors"] == {"sub": 0, "del": 0, "ins": 0}
+        assert [op[0] for op in utterance["ops"]] == ["C"] * len(utterance["ref"].split())
+        assert utterance["audio"].startswith("data:audio/ogg;base64,")
+        got = arrays(utterance)
+        attention = got["attention"]
+        assert attention.shape[0] == utterance["layers"] * utterance["heads"]
+        assert got["ctc"].shape == (attention.shape[2],) and got["ctc"].max() == len(
+            utterance["tokens"]) - 1  # fmt: skip
+        mels, frames = got["spectrogram"].shape
+        seconds = utterance["arrays"]["spectrogram"]["seconds"]
+        assert mels == 80 and frames * seconds == pytest.approx(utterance["duration"], abs=0.05)
+        assert (
+            got["envelope"].shape[1] == 2 and (got["envelope"][:, 0] <= got["envelope"][:, 1]).all()
+        )
+
+
+def test_linked_audio_is_a_relative_path_and_missing_audio_is_said(decoded, tmp_path):
+    folder = tmp_path / "decode"
+    shutil.copytree(decoded, folder)
+    out = explore(folder, tmp_path / "pages" / "linked.html", link_audio=True, progress=False)
+    first = page_data(out.read_text())["utterances"][0]
+    assert (out.parent / first["audio"]).resolve().samefile(next(WAV.rglob(f"{first['id']}.wav")))
+
+    records = (folder / "utterances.jsonl").read_text().splitlines()
+    moved = json.loads(records[0]) | {"audio": str(tmp_path / "moved.wav")}
+    (folder / "utterances.jsonl").write_text("\n".join([json.dumps(moved), *records[1:]]) + "\n")
+    (folder / "attention.npz").unlink()
+    data = page_data(explore(folder, progress=False).read_text())
+    lost = data["utterances"][0]
+    assert lost["audio"] is None and "moved.wav" in lost["audio_note"]
+    assert "attention" not in lost["arrays"] and "ctc" in lost["arrays"]
+    assert any("no attention saved" in n for n in data["notes"])
+    assert any("1 audio file(s) missing" in n for n in data["notes"])
+
+
+def test_no_text_can_leave_the_data_element():
+    data = {
+        "title": HOSTILE[0],
+        "utterances": [
+            {"id": HOSTILE[1], "ref": HOSTILE[0], "hyp": "\u05e9\u05dc\u05d5\u05dd {{SCRIPT}}"}
+        ],
+    }
+    html = build_page(data)
+    assert html.count("</script>") == html.count("<script"), "no element closed early"
+    assert "<img" not in html and "{{SCRIPT}}" in html
+    assert page_data(html)["utterances"] == data["utterances"]
+    assert "<title>&lt;script&gt;" in html
+
+
+def test_zero_utterances_transcripts_and_training_runs_build(tmp_path, capsys):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "utterances.jsonl").write_text("")
+    (empty / "metrics.json").write_text("{}")
+    assert page_data(explore(empty, progress=False).read_text())["utterances"] == []
+
+    transcripts = tmp_path / "out"
+    transcripts.mkdir()
+    wav = next(WAV.rglob("*.wav"))
+    words = [{"word": "مرحبا", "start": 0.1, "end": 0.4, "probability": 0.9, "confidence": 0.8}]
+    (transcripts / "a.json").write_text(json.dumps(
+        {"audio": str(wav), "text": "مرحبا", "duration": 1.0, "words": words,
+         "segments": [{"start": 0, "end": 1.0, "text": "مرحبا"}]}))  # fmt: skip
+    assert main(["explore", str(transcripts), "--quiet"]) == 0
+    assert f"explorer: {transcripts / 'explorer.html'}" in capsys.readouterr().out
+    row = page_data((transcripts / "explorer.html").read_text())["utterances"][0]
+    assert row["hyp"] == "مرحبا" and row["words"][0]["conf"] == 0.8 and row["audio"]
+
+    run = tmp_path / "run" / "logs" / "version_0"
+    (run / "attention").mkdir(parents=True)
+    (run / "metrics.csv").write_text(
+        "epoch,step,train/loss_epoch,val/loss,val/wer\n0,9,3.0,,\n0,9,,2.5,90\n1,19,2.0,,\n"
+        "1,19,,1.5,40\n")  # fmt: skip
+    for epoch in (0, 1):
+        (run / "attention" / f"epoch{epoch:03d}_utt1.png").write_bytes(b"\x89PNG")
+    training = page_data(explore(tmp_path / "run", progress=False).read_text())["training"]
+    assert training["curves"] == {"epoch": [0, 1], "series": {
+        "train/loss": [3.0, 2.0], "val/loss": [2.5, 1.5], "val/wer": [90.0, 40.0]}}  # fmt: skip
+    assert [e["epoch"] for e in training["plots"][0]["epochs"]] == [0, 1]
+
+    assert main(["explore", str(tmp_path / "nothing")]) == 2
+    assert "no such folder" in capsys.readouterr().err
+    assert main(["explore", str(tmp_path / "run" / "logs" / "version_0" / "attention")]) == 2
+    assert "not a decode folder" in capsys.readouterr().err
