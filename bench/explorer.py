@@ -85,6 +85,7 @@ def screenshots(decode_page: Path, training_page: Path | None, out: Path) -> lis
     if driver is None:
         raise SystemExit("screenshots need Chromium and chromedriver (make browser)")
     wait = _waiter(driver)
+    out.mkdir(parents=True, exist_ok=True)
     shots = []
     try:
         driver.get(decode_page.resolve().as_uri())

@@ -13,6 +13,7 @@ import re
 import zlib
 from collections import defaultdict
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,7 @@ import numpy as np
 
 from asr.audio import AudioError, load_audio
 from asr.explore.page import build_page
-from asr.explore.records import read_attention, read_layout, read_records
+from asr.explore.records import ctc_frames, read_attention, read_layout, read_records
 from asr.metrics import WordAlignment
 
 log = logging.getLogger(__name__)
@@ -40,7 +41,7 @@ CURVES = ("train/loss_epoch", "val/loss", "val/att_loss", "val/ctc_loss", "val/a
 
 
 def folder_kind(folder: Path) -> str:
-    """ "decode", "transcribe" or "training"; ValueError says what a folder of each holds."""
+    """The kind of `folder`: decode, transcribe or training; ValueError lists what each holds."""
     if (folder / "utterances.jsonl").is_file() or (folder / "metrics.json").is_file():
         return "decode"
     if _run_logs(folder) is not None:
@@ -136,14 +137,16 @@ def _decode_utterance(
         arrays["attention"] = (maps[key], {"seconds": layout.get("frame_seconds")})
     ctc = record.get("ctc")
     if ctc:
-        frames = _ctc_frames(ctc["starts"], ctc["ends"], ctc["frames"])
+        frames = ctc_frames(ctc["starts"], ctc["ends"], ctc["frames"])
         arrays["ctc"] = (frames, {"seconds": layout.get("frame_seconds")})
     audio = media.add(record.get("audio"), record.get("offset", 0.0), record.get("duration"))
     arrays |= audio.arrays
     return utterance | {"audio": audio.src, "audio_note": audio.note} | _pack(arrays)
 
 
-def transcribe_data(folder: Path, page_dir: Path, link_audio: bool, progress: bool):
+def transcribe_data(
+    folder: Path, page_dir: Path, link_audio: bool, progress: bool
+) -> dict[str, Any]:
     """One row per transcript `<name>.json`; no reference, no attention."""
     notes = ["transcripts without references: no WER; no attention saved by `asr transcribe`"]
     media = _Media(page_dir, link_audio, 16000)
@@ -185,7 +188,7 @@ def transcribe_data(folder: Path, page_dir: Path, link_audio: bool, progress: bo
     return _page("transcribe", folder, notes + media.notes(), None, utterances)
 
 
-def training_data(folder: Path, page_dir: Path, link_audio: bool, progress: bool):
+def training_data(folder: Path, page_dir: Path, link_audio: bool, progress: bool) -> dict[str, Any]:
     """Curves by epoch from metrics.csv, and the attention plots of each epoch."""
     logs = _run_logs(folder)
     assert logs is not None
@@ -205,7 +208,9 @@ def training_data(folder: Path, page_dir: Path, link_audio: bool, progress: bool
     return _page("training", folder, notes, None, []) | {"training": training}
 
 
-def _page(kind, folder, notes, summary, utterances) -> dict[str, Any]:
+def _page(
+    kind: str, folder: Path, notes: list[str], summary: dict | None, utterances: list[dict]
+) -> dict[str, Any]:
     return {
         "title": f"asr explore: {folder.resolve().name}",
         "kind": kind,
@@ -275,12 +280,6 @@ def _scores(ref: str | None, hyp: str) -> dict[str, Any]:
     }
 
 
-def _ctc_frames(starts: list[int], ends: list[int], frames: int) -> np.ndarray:
-    from asr.explore.records import ctc_frames
-
-    return ctc_frames(starts, ends, frames)
-
-
 def _pack(arrays: dict[str, tuple[np.ndarray, dict[str, Any]]]) -> dict[str, Any]:
     """The arrays as one deflated, base64 blob and their offsets (uint8 or little-endian int16)."""
     if not arrays:
@@ -297,9 +296,14 @@ def _pack(arrays: dict[str, tuple[np.ndarray, dict[str, Any]]]) -> dict[str, Any
     return {"blob": blob, "arrays": index}
 
 
+@dataclass
 class _Audio:
-    def __init__(self, src=None, note=None, arrays=None):
-        self.src, self.note, self.arrays = src, note, arrays or {}
+    """An utterance's audio on the page: its src (data URI or link), why there is none, and
+    the arrays drawn from it."""
+
+    src: str | None = None
+    note: str | None = None
+    arrays: dict[str, tuple[np.ndarray, dict[str, Any]]] = field(default_factory=dict)
 
 
 class _Media:
