@@ -241,11 +241,9 @@ def _decode_all(
 def record_layout(recognizer: Recognizer) -> dict[str, Any]:
     """How to read the records' attention maps and times (`asr.explore.records.LAYOUT`)."""
     decoder = recognizer.model.decoder
-    maps = getattr(decoder, "num_attention_maps", 1)
-    layers = len(decoder.layers) if hasattr(decoder, "layers") else 1
     return {
-        "layers": layers,
-        "heads": maps // layers,
+        "layers": decoder.attention_layers,
+        "heads": decoder.num_attention_maps // decoder.attention_layers,
         "timing_heads": recognizer.alignment_heads,
         "frame_seconds": recognizer.frame_seconds,
         "sample_rate": recognizer.sample_rate,

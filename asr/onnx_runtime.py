@@ -118,6 +118,7 @@ def _export_decoder(decoder: nn.Module, enc: Tensor, enc_lens: Tensor, folder: P
         "changed": changed,
         "vocab_size": decoder.vocab_size,
         "num_attention_maps": decoder.num_attention_maps,
+        "attention_layers": decoder.attention_layers,
     }
     (folder / STATE_FILE).write_text(json.dumps(meta) + "\n")
     return ["decoder_init.onnx", "decoder_step.onnx", STATE_FILE]
@@ -229,6 +230,7 @@ class OnnxDecoder:
         self.changed = meta["changed"]
         self.vocab_size = meta["vocab_size"]
         self.num_attention_maps = meta["num_attention_maps"]
+        self.attention_layers = meta.get("attention_layers", 1)  # packages that predate it
 
     def init_state(self, enc: Tensor, enc_lens: Tensor) -> State:
         leaves = self.init(enc=enc.float(), enc_lens=enc_lens)

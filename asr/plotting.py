@@ -227,7 +227,7 @@ def save_alignment_plots(
         heads = path.with_name(f"{path.stem}_heads.png")
         grid = plot_attention_grid(
             alignment.attention,
-            len(decoder.layers),
+            decoder.attention_layers,
             labels,
             alignment.frame_seconds,
             title=title,

@@ -66,6 +66,8 @@ def test_a_trained_transformer_decodes_the_same_on_onnx_runtime(overfit, tmp_pat
     )
     torch.testing.assert_close(got_logp, logp, atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(got_attention, attention, atol=1e-5, rtol=1e-4)
+    for layout in ("num_attention_maps", "attention_layers"):  # how the maps split by layer
+        assert getattr(onnx.model.decoder, layout) == getattr(recognizer.model.decoder, layout)
     # Beams: 3 rows per utterance (the graph was traced with 2) read one shared memory entry.
     beams = torch.arange(len(waves)).repeat_interleave(3)
     state = onnx.model.decoder.reorder_state(onnx.model.decoder.init_state(got_enc, got_lens),

@@ -24,6 +24,7 @@ class Decoder(Protocol):
 
     vocab_size: int
     num_attention_maps: int  # K in the attention shapes
+    attention_layers: int  # the layers K splits over evenly: map k is head k % (K / layers)
 
     def __call__(self, enc: Tensor, enc_lens: Tensor, tokens: Tensor) -> tuple[Tensor, Tensor]:
         """Teacher forcing: tokens `(B, L)` -> logits `(B, L, V)`, attention `(B, K, L, T_enc)`."""

@@ -322,6 +322,7 @@ class RNNAttentionDecoder(nn.Module):
         self.embed = nn.Embedding(vocab_size, embed_dim)
         self.attention = attention(hidden_size, encoder_dim)
         self.num_attention_maps = self.attention.num_heads
+        self.attention_layers = 1
         sizes = [embed_dim + (encoder_dim if input_feeding else 0)] + [hidden_size] * num_layers
         cell = _CELL_TYPES[rnn_type]
         self.cells = nn.ModuleList(cell(size, hidden_size) for size in sizes[:-1])

@@ -206,6 +206,7 @@ class TransformerDecoder(nn.Module):
             self.output.weight = self.embedding.weight
         self.vocab_size = vocab_size
         self.num_attention_maps = num_layers * num_heads
+        self.attention_layers = num_layers
 
     def _memory(self, enc: Tensor, enc_lens: Tensor) -> tuple[list[Tensor], list[Tensor], Tensor]:
         """Per-layer cross-attention keys and values `(B, H, T, d)` and the mask `(B,1,1,T)`."""

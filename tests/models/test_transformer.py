@@ -254,7 +254,7 @@ def test_decoder_shapes_and_backward(tie: bool, encoder_dim: int) -> None:
     decoder = make_decoder(encoder_dim, tie)
     enc, enc_lens = encoder_output([12, 9, 5], encoder_dim)
     logits, attn = decoder(enc, enc_lens, random_tokens(3, 7))
-    assert decoder.num_attention_maps == 2 * 4
+    assert decoder.num_attention_maps == 2 * 4 and decoder.attention_layers == 2
     assert logits.shape == (3, 7, VOCAB)
     assert attn.shape == (3, decoder.num_attention_maps, 7, 12)
     logits.logsumexp(-1).sum().backward()
