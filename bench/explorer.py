@@ -116,7 +116,7 @@ def _waiter(driver):
         while not driver.execute_script(script):
             if time.perf_counter() - start > seconds:
                 raise TimeoutError(script)
-            time.sleep(0.05)
+            time.sleep(0.02)
 
     return wait
 
@@ -128,13 +128,11 @@ def ready_seconds(page: Path, tries: int = 3) -> float | None:
         return None
     try:
         best = None
+        wait = _waiter(driver)
         for _ in range(tries):
             start = time.perf_counter()
             driver.get(page.resolve().as_uri())
-            while driver.execute_script("return document.body.dataset.ready") != "1":
-                if time.perf_counter() - start > 60:
-                    raise TimeoutError(f"{page}: not ready after 60 s")
-                time.sleep(0.02)
+            wait("return document.body.dataset.ready === '1'", 60.0)
             seconds = time.perf_counter() - start
             best = seconds if best is None else min(best, seconds)
         return round(best, 2)

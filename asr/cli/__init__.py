@@ -424,18 +424,23 @@ def _calibration_report(fit) -> str:
     return "\n".join(lines)
 
 
+MODEL_HELP = (
+    "a checkpoint of `asr fit` or average, a model package folder (asr export), "
+    "or hf://owner/name[@revision]"
+)
+
+
+def _add_model_argument(p: argparse.ArgumentParser, text: str = MODEL_HELP) -> None:
+    """`--checkpoint` (alias `--model`): the recognizer a command runs."""
+    p.add_argument(
+        "--checkpoint", "--model", dest="checkpoint", metavar="MODEL", required=True, help=text
+    )
+
+
 def _add_search_arguments(p: argparse.ArgumentParser) -> None:
     from asr.search import DEFAULT_CTC_WEIGHT, SearchOptions
 
-    p.add_argument(
-        "--checkpoint",
-        "--model",
-        dest="checkpoint",
-        metavar="MODEL",
-        required=True,
-        help="a checkpoint of `asr fit` or average, a model package folder (asr export), "
-        "or hf://owner/name[@revision]",
-    )
+    _add_model_argument(p)
     own = "default: the checkpoint's own (asr finalize), else"
     beam, ctc, ratio = SearchOptions.beam_size, DEFAULT_CTC_WEIGHT, SearchOptions.max_len_ratio
     p.add_argument("--beam-size", type=int, help=f"1 = greedy ({own} {beam})")
@@ -582,14 +587,7 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
         "after an upload, so do hf://owner/name.",
     )
     if command == "export":
-        p.add_argument(
-            "--checkpoint",
-            "--model",
-            dest="checkpoint",
-            metavar="MODEL",
-            required=True,
-            help="a recognizer checkpoint of `asr fit` or average",
-        )
+        _add_model_argument(p, "a recognizer checkpoint of `asr fit` or average")
         p.add_argument(
             "--out",
             required=True,
@@ -737,7 +735,7 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
         "--heads scores given maps instead (e.g. the stored ones on test).",
     )
     if command == "choose-heads":
-        p.add_argument("--checkpoint", "--model", dest="checkpoint", required=True)
+        _add_model_argument(p)
         p.add_argument("--manifest", required=True, help="JSONL manifest with references (dev)")
         p.add_argument(
             "--heads", type=int, nargs="+", help="score these maps (layer * heads + head)"
@@ -785,7 +783,7 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
     p = sub.add_parser("align", help="align a known transcript: word times and a plot")
     if command == "align":
         p.add_argument("audio", help="an audio file")
-        p.add_argument("--checkpoint", "--model", dest="checkpoint", required=True)
+        _add_model_argument(p)
         p.add_argument("--text", required=True, help="the transcript")
         p.add_argument("--out", required=True, help="plot file (PNG); Transformers add _heads.png")
         _add_device_arguments(p)
