@@ -29,6 +29,7 @@ from asr.search import (
     length_bound,
 )
 from asr.segment import SegmenterOptions
+from asr.streaming import Stream, StreamingEngine, StreamOptions
 from asr.text import Tokenizer
 from asr.transcribe import TRANSCRIBE_BATCH_SIZE, transcribe_sources
 
@@ -260,6 +261,25 @@ class Recognizer:
     token_times = alignment.token_times
     align_tokens = alignment.align_tokens
     timed_words = alignment.timed_words
+
+    def stream(
+        self, options: StreamOptions | None = None, lm: LanguageModel | None = None, **changes: Any
+    ) -> Stream:
+        """A live stream: `accept(samples)` as audio comes, `partial`, then `final()`.
+
+        Args:
+            options: how the stream is decoded; None uses `StreamOptions()`.
+            lm: language model for rescoring finals (with `lm_weight > 0`).
+            **changes: `StreamOptions` fields to set (e.g. `chunk_ms=320`).
+
+        Returns:
+            A `Stream` (`asr.streaming`), its samples mono float at `sample_rate`.
+
+        Raises:
+            ValueError: the model cannot stream (no CTC head, a frontend that needs the whole
+                recording, an encoder that is not chunk-streaming), or options out of range.
+        """
+        return StreamingEngine(self, replace(options or StreamOptions(), **changes), lm).stream()
 
     def align(self, audio: AudioInput, text: str, sample_rate: int | None = None) -> Alignment:
         """Align a known transcript to audio by teacher forcing the decoder.

@@ -26,12 +26,13 @@ LAYERS = {
     # format: what a checkpoint or package holds, and loading it
     1: {"checkpoint", "package", "loading", "finetune", "onnx_runtime"},
     # algorithms: search, timing, confidence, long-audio segmentation, attention-failure guard
-    2: {"search", "ctc_prefix", "timing", "confidence", "segment", "guard", "vad"},
-    # the recognizer: decoding, times and words, results, long-audio transcription, writers
-    3: {"results", "decoding", "alignment", "writers", "transcribe", "recognizer"},
+    2: {"search", "ctc_prefix", "ctc_beam", "timing", "confidence", "segment", "guard", "vad"},
+    # the recognizer: decoding, times and words, results, long-audio transcription, writers,
+    # live streams
+    3: {"results", "decoding", "alignment", "writers", "transcribe", "streaming", "recognizer"},
     # its users: evaluation, robustness, plots, alignment-map choice, finishing a model, the
-    # explorer page
-    4: {"evaluate", "robustness", "plotting", "heads", "finalize", "explore"},
+    # explorer page, the live server
+    4: {"evaluate", "robustness", "plotting", "heads", "finalize", "explore", "serve"},
     # training and the command line
     5: {"data", "lightning", "lm", "optim", "train", "cli", "__main__"},
 }

@@ -229,6 +229,11 @@ def _transcribe(args: argparse.Namespace) -> int:
 
     from asr.cli.inputs import expand_inputs
 
+    if args.streaming:
+        from asr.cli.live import transcribe_streaming
+
+        recognizer = _load_model(args)
+        return transcribe_streaming(args, recognizer, _language_model(args, recognizer))
     if args.format is not None and args.output_dir is None:
         raise ValueError("--format chooses the files written to --output-dir: give that too")
     with tempfile.TemporaryDirectory(prefix="asr-transcribe-") as scratch:
@@ -274,6 +279,13 @@ def _transcribe_inputs(args: argparse.Namespace, inputs: list[Input]) -> list[st
         words_per_cue=args.words_per_cue,
         progress=not args.quiet,
     )
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from asr.cli.live import serve
+
+    recognizer = _load_model(args)
+    return serve(args, recognizer, _language_model(args, recognizer))
 
 
 def _warn_if_longer_than_trained(recognizer: Recognizer, max_segment_seconds: float | None) -> None:
@@ -684,7 +696,52 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
         p.add_argument(
             "--words-per-cue", type=int, default=0, help="srt/vtt/tsv: 0 = one per segment"
         )
+        from asr.cli.live import add_stream_arguments
+
+        live = p.add_argument_group(
+            "live decoding",
+            "--streaming decodes each input as a live stream, chunk by chunk, as `asr serve` "
+            "does (a chunk-streaming model: docs/streaming.md). Finals are printed as lines as "
+            "their utterance ends; on a terminal the partial is rewritten below them. `-` is "
+            "then raw 16-bit mono PCM at the model's rate on stdin, e.g. "
+            "`arecord -f S16_LE -r 16000 -c 1 | asr transcribe --streaming --model M -`.",
+        )
+        live.add_argument("--streaming", action="store_true", help="decode as a live stream")
+        add_stream_arguments(live)
     p.set_defaults(run=_transcribe)
+
+    p = sub.add_parser(
+        "serve",
+        help="live recognition over WebSocket, with a microphone page",
+        description="Serve a chunk-streaming model: a WebSocket endpoint taking 16-bit PCM and "
+        "answering with partial and final transcripts (protocol: docs/streaming.md), and at "
+        "http://HOST:PORT/ a page that streams the microphone to it. The chunks of all "
+        "connected streams go through the model together.",
+    )
+    if command == "serve":
+        from asr.cli.live import add_stream_arguments
+
+        _add_model_argument(p)
+        p.add_argument("--beam-size", type=int, help="CTC prefixes kept and rescored (10)")
+        p.add_argument(
+            "--ctc-weight",
+            type=float,
+            help="CTC share of the rescoring score (0.5; the rest is the attention decoder's)",
+        )
+        p.add_argument("--lm", help="a language model checkpoint that rescores the finals too")
+        p.add_argument("--lm-weight", type=float, help="its weight (0.3 with --lm)")
+        _add_device_arguments(p)
+        add_stream_arguments(p)
+        p.add_argument(
+            "--host",
+            default="127.0.0.1",
+            help="address to listen on (127.0.0.1: this machine only; 0.0.0.0: the network)",
+        )
+        p.add_argument("--port", type=int, default=8765, help="port (8765)")
+        p.add_argument(
+            "--max-connections", type=int, default=32, help="streams at once; more are refused"
+        )
+    p.set_defaults(run=_serve)
 
     p = sub.add_parser("evaluate", help="WER/CER of a manifest, error reports, attention plots")
     if command == "evaluate":

@@ -86,6 +86,15 @@ class Conv2dSubsampling(nn.Module):
         self.factor = factor
         self.output_dim = d_model
 
+    def chunk_window(self, chunk: int) -> int:
+        """Input frames that give `chunk` outputs; consecutive windows start `chunk * factor`
+        frames apart, so each overlaps the next by `min_input_length - factor` frames.
+
+        >>> Conv2dSubsampling(20, 8, 4).chunk_window(16)
+        67
+        """
+        return min_input_length(self.factor) + (chunk - 1) * self.factor
+
     def forward(self, x: Tensor, x_lens: Tensor) -> tuple[Tensor, Tensor]:
         """Args: x `(B, T, D_in)`, x_lens `(B,)`. Returns: `(B, T', d_model)`, lengths `(B,)`."""
         if x.dim() != 3 or x.size(2) != self.input_dim:
@@ -138,12 +147,20 @@ class PositionalEncoding(nn.Module):
         self.dropout = nn.Dropout(dropout)
         self.register_buffer("pe", sinusoid_table(max_len, d_model), persistent=False)
 
-    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
-        """Args: x `(B, T, d_model)`, offset of the first position. Returns: `(B, T, d_model)`."""
+    def forward(self, x: Tensor, offset: int | Tensor = 0) -> Tensor:
+        """Args: x `(B, T, d_model)`, offset of the first position (or one per row `(B,)`).
+        Returns: `(B, T, d_model)`."""
+        if isinstance(offset, Tensor):
+            positions = offset[:, None] + torch.arange(x.size(1), device=x.device)  # (B, T)
+            self._grow(int(positions.max()) + 1 if positions.numel() else 0)
+            return self.dropout(x * self.scale + self.pe[positions])
         end = offset + x.size(1)
+        self._grow(end)
+        return self.dropout(x * self.scale + self.pe[offset:end])
+
+    def _grow(self, end: int) -> None:
         if end > self.pe.size(0):
             self.pe = sinusoid_table(max(end, 2 * self.pe.size(0)), self.d_model).to(self.pe)
-        return self.dropout(x * self.scale + self.pe[offset:end])
 
 
 class MultiHeadAttention(nn.Module):
@@ -278,9 +295,13 @@ def _relative_shift_gathered(scores: Tensor) -> Tensor:
     return scores.gather(-1, index.expand(*scores.shape[:-1], keys))
 
 
-def relative_positions(length: int, d_model: int, device: torch.device) -> Tensor:
-    """Sinusoids of relative positions `T - 1, ..., -(T - 1)`: `(2T - 1, d_model)`."""
-    return sinusoid_embedding(torch.arange(length - 1, -length, -1, device=device), d_model)
+def relative_positions(
+    keys: int, d_model: int, device: torch.device, queries: int | None = None
+) -> Tensor:
+    """Sinusoids of relative positions `keys - 1, ..., -(queries - 1)`: `(keys + queries - 1,
+    d_model)`; `queries` defaults to `keys` (self-attention over the whole sequence)."""
+    queries = keys if queries is None else queries
+    return sinusoid_embedding(torch.arange(keys - 1, -queries, -1, device=device), d_model)
 
 
 class RelativePositionalEncoding(nn.Module):
@@ -292,9 +313,12 @@ class RelativePositionalEncoding(nn.Module):
         self.scale = math.sqrt(d_model)
         self.dropout = nn.Dropout(dropout)
 
-    def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
-        """`(B, T, d_model)` -> the scaled input and `(2T - 1, d_model)` relative positions."""
-        return self.dropout(x * self.scale), relative_positions(x.size(1), self.d_model, x.device)
+    def forward(self, x: Tensor, cached: int = 0) -> tuple[Tensor, Tensor]:
+        """`(B, T, d_model)` -> the scaled input and the relative positions of its T queries
+        over `cached + T` keys: `(cached + 2T - 1, d_model)`."""
+        length = x.size(1)
+        pos = relative_positions(cached + length, self.d_model, x.device, length)
+        return self.dropout(x * self.scale), pos
 
 
 class RelPositionMultiHeadAttention(MultiHeadAttention):
@@ -316,25 +340,44 @@ class RelPositionMultiHeadAttention(MultiHeadAttention):
     def forward(  # type: ignore[override]
         self, x: Tensor, pos: Tensor, mask: Tensor, need_weights: bool = False
     ) -> tuple[Tensor, Tensor | None]:
-        """Args: x `(B, T, D)`, pos `(2T - 1, D)`, mask `(B, 1, 1, T)` True on valid keys.
+        """Args: x `(B, T, D)`, pos `(2T - 1, D)`, mask `(B, 1, 1 or T, T)` True on allowed keys.
         Returns: `(B, T, D)` and weights `(B, H, T, T)` or None."""
         q, k, v = self.project_self(x)
-        p = self._heads(self.pos_proj(pos.to(x.dtype))[None])  # (1, H, 2T-1, d)
+        return self.attend_relative(q, k, v, pos, mask, need_weights)
+
+    def forward_cached(
+        self, x: Tensor, pos: Tensor, mask: Tensor, cache: tuple[Tensor, Tensor]
+    ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+        """A chunk's queries over cached and own keys (the chunk follows the cache).
+
+        Args: x `(B, Q, D)`, pos `(L + 2Q - 1, D)` (`relative_positions(L + Q, ..., Q)`),
+            mask `(B, 1, Q, L + Q)`, cache keys and values `(B, H, L, d)`.
+        Returns: `(B, Q, D)` and the keys and values `(B, H, L + Q, d)` to cache."""
+        q, k, v = self.project_self(x)
+        k, v = torch.cat([cache[0], k], 2), torch.cat([cache[1], v], 2)
+        return self.attend_relative(q, k, v, pos, mask)[0], (k, v)
+
+    def attend_relative(
+        self, q: Tensor, k: Tensor, v: Tensor, pos: Tensor, mask: Tensor, need_weights: bool = False
+    ) -> tuple[Tensor, Tensor | None]:
+        """Queries `(B, H, Q, d)` at the last Q of K key positions; pos `(K + Q - 1, D)`."""
+        p = self._heads(self.pos_proj(pos.to(q.dtype))[None])  # (1, H, K+Q-1, d)
         q_u = (q + self.pos_bias_u[:, None]).to(q.dtype)
         q_v = (q + self.pos_bias_v[:, None]).to(q.dtype)
-        length = x.size(1)
+        queries, keys = q.size(2), k.size(2)
         contexts, weights = [], []
-        for start in range(0, length, self.query_block):
-            stop = min(start + self.query_block, length)
-            p_block = p[:, :, length - stop : 2 * length - 1 - start]
+        for start in range(0, queries, self.query_block):
+            stop = min(start + self.query_block, queries)
+            p_block = p[:, :, queries - stop : keys + queries - 1 - start]
             scores = relative_shift(q_v[:, :, start:stop] @ p_block.transpose(-2, -1))
-            bias = (scores / math.sqrt(self.head_dim)).masked_fill_(~mask, float("-inf"))
+            block_mask = mask if mask.size(-2) == 1 else mask[..., start:stop, :]
+            bias = (scores / math.sqrt(self.head_dim)).masked_fill_(~block_mask, float("-inf"))
             context, weight = self.head_contexts(
                 q_u[:, :, start:stop],
                 k,
                 v,
                 bias.to(q.dtype),
-                need_weights,  # bias (B, H, Q, T)
+                need_weights,  # bias (B, H, Q, K)
             )
             contexts.append(context)
             weights.append(weight)

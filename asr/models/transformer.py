@@ -14,6 +14,14 @@ from asr.models.blocks import (
     RelPositionMultiHeadAttention,
     key_padding_mask,
 )
+from asr.models.chunking import (
+    ChunkTraining,
+    EncoderCache,
+    append_cache,
+    chunk_keys_mask,
+    empty_cache,
+    encoder_mask,
+)
 from asr.models.interfaces import State, lengths_to_mask, reorder_batch
 
 
@@ -38,8 +46,8 @@ class EncoderLayer(nn.Module):
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: Tensor, mask: Tensor, pos: Tensor | None = None) -> Tensor:
-        """Args: x `(B, T, D)`, mask `(B, 1, 1, T)`, pos `(2T - 1, D)` for a relative layer.
-        Returns: `(B, T, D)`."""
+        """Args: x `(B, T, D)`, mask `(B, 1, 1 or T, T)`, pos `(2T - 1, D)` for a relative
+        layer. Returns: `(B, T, D)`."""
         h = self.attn_norm(x)
         if pos is None:
             context = self.attn(h, h, h, mask)[0]
@@ -47,6 +55,21 @@ class EncoderLayer(nn.Module):
             context = self.attn(h, pos, mask)[0]
         x = x + self.dropout(context)
         return x + self.dropout(self.ffn(self.ffn_norm(x)))
+
+    def forward_chunk(
+        self, x: Tensor, mask: Tensor, pos: Tensor | None, cache: tuple[Tensor, Tensor]
+    ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+        """One chunk `(B, Q, D)` after cached keys and values `(B, H, L, d)`; mask
+        `(B, 1, Q, L + Q)`. Returns the output and the keys and values to cache."""
+        h = self.attn_norm(x)
+        if pos is None:
+            q, k, v = self.attn.project_self(h)
+            k, v = torch.cat([cache[0], k], 2), torch.cat([cache[1], v], 2)
+            context, cache = self.attn.attend(q, k, v, mask)[0], (k, v)
+        else:
+            context, cache = self.attn.forward_cached(h, pos, mask, cache)
+        x = x + self.dropout(context)
+        return x + self.dropout(self.ffn(self.ffn_norm(x))), cache
 
 
 class TransformerEncoder(nn.Module):
@@ -64,6 +87,9 @@ class TransformerEncoder(nn.Module):
         max_len: positions precomputed by the positional encoding (it grows when needed).
         subsampling_channels: channels of the convolutional front (default `d_model`).
         relative_positions: score relative positions in attention (ESPnet `rel_pos`).
+        dynamic_chunk: the largest attention chunk (encoder frames) a training batch draws, for
+            a model that streams at any chunk size (`ChunkTraining`); 0: full context only.
+        full_context_prob: with `dynamic_chunk`, the share of batches trained at full context.
     """
 
     def __init__(
@@ -79,8 +105,14 @@ class TransformerEncoder(nn.Module):
         max_len: int = 5000,
         subsampling_channels: int | None = None,
         relative_positions: bool = False,
+        dynamic_chunk: int = 0,
+        full_context_prob: float = 0.5,
     ) -> None:
         super().__init__()
+        self.chunk_training = (
+            ChunkTraining(dynamic_chunk, full_context_prob) if dynamic_chunk else None
+        )
+        self.chunk: int | None = None  # attention chunk (frames) at inference; None: full context
         self.subsampling = Conv2dSubsampling(input_dim, d_model, subsampling, subsampling_channels)
         self.relative = relative_positions
         self.positions = (
@@ -103,10 +135,40 @@ class TransformerEncoder(nn.Module):
         else:
             x, pos = self.positions(x), None
         valid = lengths_to_mask(y_lens, x.size(1))
-        mask = valid[:, None, None, :]  # (B, 1, 1, T')
+        mask = encoder_mask(valid, self.attention_chunk())  # (B, 1, 1 or T', T')
         for layer in self.layers:
             x = layer(x, mask, pos)
         return self.norm(x).masked_fill(~valid[..., None], 0.0), y_lens
+
+    def attention_chunk(self) -> int | None:
+        """The attention chunk of the next forward pass (None: full context)."""
+        if self.training:
+            return None if self.chunk_training is None else self.chunk_training.draw()
+        return self.chunk
+
+    def empty_cache(self, batch: int, like: Tensor) -> EncoderCache:
+        """The cache of `batch` streams before their first chunk."""
+        attn = self.layers[0].attn
+        return empty_cache(len(self.layers), batch, attn.num_heads, attn.head_dim, None, like)
+
+    def forward_chunk(
+        self, x: Tensor, x_lens: Tensor, cache: EncoderCache, max_cache: int | None = None
+    ) -> tuple[Tensor, Tensor, EncoderCache]:
+        """One chunk of B streams; arguments and results as `ConformerEncoder.forward_chunk`."""
+        x, y_lens = self.subsampling(x, x_lens)
+        if self.relative:
+            x, pos = self.positions(x, cached=cache.valid.size(1))
+        else:
+            x, pos = self.positions(x, cache.offset), None
+        valid = lengths_to_mask(y_lens, x.size(1))
+        mask = chunk_keys_mask(cache, valid)
+        keys, values = [], []
+        for i, layer in enumerate(self.layers):
+            x, (k, v) = layer.forward_chunk(x, mask, pos, cache.layer(i))
+            keys.append(k)
+            values.append(v)
+        x = self.norm(x).masked_fill(~valid[..., None], 0.0)
+        return x, y_lens, append_cache(cache, keys, values, None, valid, max_cache)
 
 
 class DecoderLayer(nn.Module):

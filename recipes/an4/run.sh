@@ -2,7 +2,7 @@
 # AN4 recipe: numbered, re-runnable stages over the `asr` package.
 #
 #   bash recipes/an4/run.sh [--quick] [--stage N] [--stop-stage M]
-#                           [--model transformer_robust|conformer|transformer|rnn]
+#                           [--model transformer_robust|conformer|conformer_streaming|transformer|rnn]
 #                           [--data-dir DIR] [--an4-url URL] [--data DIR] [--exp DIR] [--force]
 #                           [--tokenizer char|bpe|unigram] [--beam-size N] [--ctc-weight W]
 #                           [--average N] [--lm-weight W] [--robustness]
@@ -13,7 +13,8 @@
 #   1  prepare manifests       data/an4/{train,dev,test}.jsonl
 #   2  train the tokenizer     data/an4/tokenizer/
 #   3  CMVN statistics         data/an4/cmvn.json (through the config's level normaliser
-#                              and features: asr cmvn --config)
+#                              and features: asr cmvn --config); data/an4/as_recorded/cmvn.json
+#                              for a config without one (conformer_streaming)
 #   4  train                   exp/an4/<model>/            (resumes from last.ckpt if present)
 #   5  average checkpoints     exp/an4/<model>/avg.ckpt    (best 5 by dev WER), which then
 #                              is finished on dev (asr finalize): it decodes by default as
@@ -107,13 +108,14 @@ run_stage 1 "prepare manifests" "$data" \
   asr prepare an4 --data-dir "$data_dir" --out "$data"
 run_stage 2 "tokenizer" "$data" \
   asr tokenizer --manifest "$data/train.jsonl" --kind "$tokenizer_kind" --out "$data/tokenizer"
-run_stage 3 "CMVN statistics" "$data" \
-  asr cmvn --manifest "$data/train.jsonl" --out "$data/cmvn.json" --config "$config"
+cmvn_dir=$(cmvn_dir "$config" "$data")
+run_stage 3 "CMVN statistics" "$cmvn_dir" \
+  asr cmvn --manifest "$data/train.jsonl" --out "$cmvn_dir/cmvn.json" --config "$config"
 
 fit_stage 4 "$config" "$model_dir" \
   --data.train_manifest "$data/train.jsonl" --data.val_manifest "$data/dev.jsonl" \
   --data.test_manifest "$data/test.jsonl" --data.tokenizer "$data/tokenizer" \
-  --model.init_args.frontend.init_args.normalize.init_args.stats_path "$data/cmvn.json"
+  --model.init_args.frontend.init_args.normalize.init_args.stats_path "$cmvn_dir/cmvn.json"
 average_stage 5 "$model_dir" "$data/dev.jsonl"
 decode_stage 6 "$model_dir" "$data" dev test
 results_stage 7 "$model_dir" "$config" dev test

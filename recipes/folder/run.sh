@@ -104,8 +104,9 @@ tokenizer_options=(--kind "$tokenizer_kind")
 [ -z "$vocab_size" ] || tokenizer_options+=(--vocab-size "$vocab_size")
 run_stage 2 "tokenizer" "$data" \
   asr tokenizer --manifest "$data/train.jsonl" "${tokenizer_options[@]}" --out "$data/tokenizer"
-run_stage 3 "CMVN statistics" "$data" \
-  asr cmvn --manifest "$data/train.jsonl" --out "$data/cmvn.json" --config "$config"
+cmvn_dir=$(cmvn_dir "$config" "$data")
+run_stage 3 "CMVN statistics" "$cmvn_dir" \
+  asr cmvn --manifest "$data/train.jsonl" --out "$cmvn_dir/cmvn.json" --config "$config"
 
 splits=(dev)
 test_manifest=()
@@ -117,7 +118,7 @@ model_dir=$exp/$(basename "$config" .yaml)
 fit_stage 4 "$config" "$model_dir" \
   --data.train_manifest "$data/train.jsonl" --data.val_manifest "$data/dev.jsonl" \
   ${test_manifest[@]+"${test_manifest[@]}"} --data.tokenizer "$data/tokenizer" \
-  --model.init_args.frontend.init_args.normalize.init_args.stats_path "$data/cmvn.json" \
+  --model.init_args.frontend.init_args.normalize.init_args.stats_path "$cmvn_dir/cmvn.json" \
   ${init[@]+"${init[@]}"}
 average_stage 5 "$model_dir" "$data/dev.jsonl"
 decode_stage 6 "$model_dir" "$data" "${splits[@]}"

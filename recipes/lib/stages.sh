@@ -145,6 +145,13 @@ on_exit() {
 }
 trap on_exit EXIT
 
+# cmvn_dir CONFIG DATA: where the CMVN statistics of CONFIG's frontend live. A config without
+# the level normaliser (the streaming ones: it needs whole utterances) takes statistics of the
+# audio as recorded, kept apart from those at the normaliser's level.
+cmvn_dir() {
+  if grep -q LevelNormalizer "$1"; then echo "$2"; else echo "$2/as_recorded"; fi
+}
+
 # fit_stage N CONFIG MODEL_DIR OVERRIDES...: `asr fit` into MODEL_DIR, resuming from its
 # last.ckpt when a previous run stopped halfway; `--` options of the recipe come last.
 fit_stage() {

@@ -115,15 +115,16 @@ tokenizer=$data/bpe$vocab_size
 run_stage 2 "BPE tokenizer ($vocab_size)" "$tokenizer" \
   asr tokenizer --manifest "$data/train.jsonl" --kind bpe --vocab-size "$vocab_size" \
   --out "$tokenizer"
-run_stage 3 "CMVN statistics" "$data" \
+cmvn_dir=$(cmvn_dir "$config" "$data")
+run_stage 3 "CMVN statistics" "$cmvn_dir" \
   asr cmvn --manifest "$data/train.jsonl" --max-utterances "$cmvn_utterances" \
-  --out "$data/cmvn.json" --config "$config"
+  --out "$cmvn_dir/cmvn.json" --config "$config"
 
 model_dir=$exp/$(basename "$config" .yaml)
 fit_stage 4 "$config" "$model_dir" \
   --data.train_manifest "$data/train.jsonl" --data.val_manifest "$data/$dev_set.jsonl" \
   --data.test_manifest "$data/${test_list[0]}.jsonl" --data.tokenizer "$tokenizer" \
-  --model.init_args.frontend.init_args.normalize.init_args.stats_path "$data/cmvn.json"
+  --model.init_args.frontend.init_args.normalize.init_args.stats_path "$cmvn_dir/cmvn.json"
 average_stage 5 "$model_dir" "$data/$dev_set.jsonl"
 decode_stage 6 "$model_dir" "$data" "${test_list[@]}"
 results_stage 7 "$model_dir" "$config" "${test_list[@]}"

@@ -8,7 +8,6 @@ from __future__ import annotations
 import base64
 import difflib
 import io
-import shutil
 import struct
 import time
 import zlib
@@ -16,22 +15,18 @@ import zlib
 import numpy as np
 import pytest
 import soundfile as sf
+from real_browser import MISSING, NEEDS, chromium, severe_errors
 
 from asr.explore.page import build_page
 
-NEEDS = "needs Chromium and chromedriver (make browser installs them)"
 pytest.importorskip("selenium", reason=NEEDS)
 
-from selenium import webdriver  # noqa: E402
-from selenium.webdriver.chrome.service import Service  # noqa: E402
 from selenium.webdriver.common.action_chains import ActionChains  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.common.keys import Keys  # noqa: E402
 from selenium.webdriver.support.ui import Select, WebDriverWait  # noqa: E402
 
-CHROMEDRIVER = shutil.which("chromedriver") or shutil.which("chromium.chromedriver")
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-pytestmark = pytest.mark.skipif(not (CHROMEDRIVER and CHROMIUM), reason=NEEDS)
+pytestmark = pytest.mark.skipif(MISSING, reason=NEEDS)
 
 EVIL_ID = "<script>window.pwned=1</script>"
 EVIL_TEXT = '"><img src=x onerror="window.pwned=1">'
@@ -208,19 +203,7 @@ def png(rgb: tuple[int, int, int]) -> str:
 # ---- the browser ----
 @pytest.fixture(scope="module")
 def driver():
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for arg in (
-        "--headless=new",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--window-size=1280,1000",
-        "--autoplay-policy=no-user-gesture-required",
-        "--mute-audio",
-    ):
-        options.add_argument(arg)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    browser = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    browser = chromium()
     yield browser
     browser.quit()
 
@@ -229,7 +212,7 @@ def driver():
 def no_console_errors(driver):
     driver.get_log("browser")  # drop what earlier tests left
     yield
-    severe = [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+    severe = severe_errors(driver)
     assert not severe, severe
 
 

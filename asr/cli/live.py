@@ -1,0 +1,136 @@
+"""The live commands: `asr transcribe --streaming` and `asr serve`."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+from typing import IO
+
+import numpy as np
+
+from asr.ctc_beam import EndpointOptions
+from asr.streaming import StreamOptions
+
+PCM_BLOCK_SECONDS = 0.1  # stdin is read, and files fed, in pieces of this much audio
+
+
+def add_stream_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of a live stream (`StreamOptions`)."""
+    p.add_argument(
+        "--chunk-ms",
+        type=float,
+        default=640.0,
+        help="audio per encoder chunk, in ms: the latency of partial results (640); 0 decodes "
+        "at full context, finals only",
+    )
+    p.add_argument(
+        "--endpoint-silence",
+        type=float,
+        default=EndpointOptions.trailing_silence,
+        help="seconds of silence (CTC blanks) after speech that end an utterance "
+        f"({EndpointOptions.trailing_silence:g}); 0: one utterance until the audio ends",
+    )
+    p.add_argument(
+        "--max-context-ms",
+        type=float,
+        help="left context attention keeps, in ms (default: the whole utterance)",
+    )
+
+
+def stream_options(args: argparse.Namespace) -> StreamOptions:
+    endpoint = None
+    if args.endpoint_silence > 0:
+        endpoint = EndpointOptions(trailing_silence=args.endpoint_silence)
+    lm_weight = args.lm_weight if args.lm_weight is not None else (0.3 if args.lm else None)
+    given = {"beam": args.beam_size, "ctc_weight": args.ctc_weight, "lm_weight": lm_weight}
+    return StreamOptions(
+        chunk_ms=args.chunk_ms or None,
+        max_context_ms=args.max_context_ms,
+        endpoint=endpoint,
+        **{k: v for k, v in given.items() if v is not None},
+    )
+
+
+def transcribe_streaming(
+    args: argparse.Namespace, recognizer, lm=None, out: IO[str] = sys.stdout
+) -> int:
+    """Decode each input as a live stream; `-` is raw 16-bit mono PCM on stdin. Each final is
+    printed as a line; on a terminal the partial is rewritten in place below them."""
+    from asr.audio import load_audio
+
+    options = stream_options(args)
+    live = out.isatty() and not args.quiet
+    rate = recognizer.sample_rate
+    for name in args.audio:
+        stream = recognizer.stream(options, lm)
+        if len(args.audio) > 1:
+            print(name, file=out)
+        if name == "-":
+            pieces = _stdin_pcm(rate)
+        else:
+            pieces = _pieces(load_audio(name, rate).numpy(), rate)
+        for piece in pieces:
+            for final in stream.accept(piece):
+                _print_final(final, out, live)
+            if live:
+                out.write("\r\x1b[K" + stream.partial[-200:])
+                out.flush()
+        stream.final()
+        for final in stream.take_finals():
+            _print_final(final, out, live)
+        if live:
+            out.write("\r\x1b[K")
+            out.flush()
+    return 0
+
+
+def _print_final(final, out: IO[str], live: bool) -> None:
+    from asr.writers import timed_lines
+
+    out.write(("\r\x1b[K" if live else "") + timed_lines(final))
+    out.flush()
+
+
+def _pieces(wave: np.ndarray, rate: int):
+    step = int(PCM_BLOCK_SECONDS * rate)
+    for start in range(0, len(wave), step):
+        yield wave[start : start + step]
+
+
+def _stdin_pcm(rate: int):
+    """Raw s16le mono PCM from stdin, as it arrives."""
+    fd = sys.stdin.fileno()
+    block = int(PCM_BLOCK_SECONDS * rate) * 2
+    carry = b""
+    while True:
+        data = os.read(fd, block)
+        if not data:
+            break
+        data = carry + data
+        whole = len(data) - len(data) % 2
+        carry = data[whole:]
+        yield np.frombuffer(data[:whole], dtype="<i2").astype(np.float32) / 32768.0
+
+
+def serve(args: argparse.Namespace, recognizer, lm=None) -> int:
+    """Run `asr serve` until interrupted."""
+    from asr.serve.server import ServeOptions, serve_forever
+
+    options = ServeOptions(host=args.host, port=args.port, max_connections=args.max_connections)
+
+    def ready(live) -> None:
+        chunk = live.engine.chunk_seconds
+        print(
+            f"asr serve: http://{args.host}:{args.port}/ (the microphone page); WebSocket on "
+            f"ws://{args.host}:{args.port}/, {recognizer.sample_rate} Hz, chunks of "
+            f"{'full context' if chunk is None else f'{chunk * 1000:.0f} ms'}; Ctrl-C stops",
+            flush=True,
+        )
+
+    try:
+        asyncio.run(serve_forever(recognizer, stream_options(args), options, lm, ready))
+    except KeyboardInterrupt:
+        pass
+    return 0

@@ -1,0 +1,1 @@
+"""`asr serve`: live recognition over WebSocket (`server.LiveServer`) and its microphone page."""

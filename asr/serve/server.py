@@ -1,0 +1,416 @@
+"""`asr serve`: live recognition over WebSocket, and a page that streams the microphone to it.
+
+Protocol (one recording per connection; docs/serving.md):
+
+- client: a text message `{"type": "start", "sample_rate": 16000, "format": "s16le"}` (format
+  `s16le`, little-endian 16-bit PCM, or `f32le`), then binary messages of mono PCM, then
+  `{"type": "end"}`;
+- server: `{"type": "ready", ...}`, then `{"type": "partial", "text", "utterance",
+  "audio_seconds"}` after each chunk that changes the live text, `{"type": "final", "text",
+  "start", "end", "words", "utterance"}` at each endpoint, and after "end" the last final and
+  `{"type": "done", "text", "duration"}`; `{"type": "error", "message"}` and a close on bad input.
+
+One worker thread runs the model: the chunks of all connected streams that are ready go through
+the encoder as one batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import socket
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from importlib import resources
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from websockets.exceptions import ConnectionClosed
+
+from asr.streaming import Stream, StreamingEngine, StreamOptions
+
+if TYPE_CHECKING:
+    from websockets.asyncio.server import Server, ServerConnection
+    from websockets.http11 import Request, Response
+
+    from asr.recognizer import Recognizer
+    from asr.results import Transcript
+    from asr.search import LanguageModel
+
+log = logging.getLogger(__name__)
+
+FORMATS = {"s16le": (np.int16, 32768.0), "f32le": (np.float32, 1.0)}
+PAGES = {
+    "/": ("live.html", "text/html"),
+    "/live.js": ("live.js", "text/javascript"),
+    "/worklet.js": ("worklet.js", "text/javascript"),
+}
+
+# Close codes (RFC 6455): unsupported data, policy, too big, try again later.
+UNSUPPORTED, POLICY, TOO_BIG, TRY_LATER = 1003, 1008, 1009, 1013
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    """Where and how `asr serve` listens."""
+
+    host: str = "127.0.0.1"  # only this machine by default; 0.0.0.0 serves the network
+    port: int = 8765
+    max_connections: int = 32  # more are refused with an error message
+    max_message_bytes: int = 1 << 20  # a larger audio message is refused
+    max_queued_messages: int = 1024  # results a client has not taken: more, and it is dropped
+    send_timeout: float = 5.0  # seconds one result may wait for the client to read
+    start_timeout: float = 10.0  # seconds a new connection has to send its start message
+    write_limit_bytes: int = 1 << 15  # unsent bytes a connection buffers before it waits
+    send_buffer_bytes: int | None = None  # the sockets' kernel send buffer; None: the system's
+    batch_wait_ms: float = 5.0  # wait this long for other streams' chunks before a batch
+
+
+class ClientError(Exception):
+    """Bad input from a client: sent to it as an error message before the close `code`."""
+
+    def __init__(self, message: str, code: int = POLICY) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class _Client:
+    """One connection's stream, its audio inbox and its outbox."""
+
+    def __init__(
+        self, ws: ServerConnection, stream: Stream, dtype: type, scale: float, limit: int
+    ) -> None:
+        self.ws, self.stream, self.dtype, self.scale = ws, stream, dtype, scale
+        self.inbox: list[np.ndarray] = []  # audio not yet fed (the worker feeds it)
+        self.outbox: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
+        self.limit = limit
+        self.utterances = 0
+        self.ending = False
+        self.too_slow = False
+
+    def put(self, messages: list[dict[str, Any]]) -> None:
+        """Queue one batch's results; a client still holding more than `limit` unsent results
+        from earlier batches is too slow (a batch may itself be long: a backlog's chunks)."""
+        if self.outbox.qsize() > self.limit:
+            self.too_slow = True
+            return
+        for message in messages:
+            self.outbox.put_nowait(message)
+
+
+class LiveServer:
+    """The WebSocket server: connections, the batching worker, the page."""
+
+    def __init__(
+        self,
+        recognizer: Recognizer,
+        stream_options: StreamOptions | None = None,
+        options: ServeOptions | None = None,
+        lm: LanguageModel | None = None,
+    ) -> None:
+        self.options = options or ServeOptions()
+        self.engine = StreamingEngine(recognizer, stream_options, lm)
+        self.sample_rate = recognizer.sample_rate
+        self.clients: set[_Client] = set()
+        self.open_connections = 0  # connected, started or not
+        self._work = asyncio.Event()
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="asr-serve-model")
+        self.chunks_run = 0  # chunks decoded, all streams
+        self.largest_batch = 0  # most streams' chunks decoded together
+        self.dropped_slow = 0  # clients cut off for not reading their results
+
+    @property
+    def active_streams(self) -> int:
+        return len(self.clients)
+
+    async def start(self) -> Server:
+        """Listen (returns once bound; `Server.serve_forever()` or `close()` after)."""
+        from websockets.asyncio.server import serve
+
+        self._worker = asyncio.create_task(self._run_batches())
+        return await serve(
+            self._connection,
+            self.options.host,
+            self.options.port,
+            process_request=self._page,
+            max_size=8 * self.options.max_message_bytes,  # beyond our own, clearer limit
+            max_queue=64,
+            write_limit=self.options.write_limit_bytes,
+        )
+
+    def _page(self, connection: ServerConnection, request: Request) -> Response | None:
+        """Plain HTTP requests get the live page; WebSocket upgrades go through."""
+        if request.headers.get("Upgrade", "").lower() == "websocket":
+            return None
+        path = request.path.split("?")[0]
+        if path == "/favicon.ico":
+            return connection.respond(204, "")
+        page = PAGES.get(path)
+        if page is None:
+            return connection.respond(404, "not found\n")
+        name, kind = page
+        body = resources.files("asr.serve").joinpath("static", name).read_text(encoding="utf-8")
+        response = connection.respond(200, body)
+        del response.headers["Content-Type"]  # respond() says text/plain
+        response.headers["Content-Type"] = f"{kind}; charset=utf-8"
+        return response
+
+    async def _connection(self, ws: ServerConnection) -> None:
+        client = None
+        if self.options.send_buffer_bytes is not None:
+            sock = ws.transport.get_extra_info("socket")
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, self.options.send_buffer_bytes)
+        if self.open_connections >= self.options.max_connections:
+            await _refuse(
+                ws,
+                f"the server is full ({self.options.max_connections} streams): try later",
+                TRY_LATER,
+            )
+            return
+        self.open_connections += 1
+        try:
+            try:
+                client = await asyncio.wait_for(self._start(ws), self.options.start_timeout)
+            except TimeoutError:
+                raise ClientError("no start message came", POLICY) from None
+            self.clients.add(client)
+            sender = asyncio.create_task(self._send(ws, client))
+            try:
+                await self._receive(ws, client)
+                await sender
+            finally:
+                sender.cancel()
+        except ClientError as err:
+            await _refuse(ws, str(err), err.code)
+        except ConnectionClosed:
+            return
+        except Exception as err:  # noqa: BLE001 - the connection closes; the server goes on
+            log.exception("stream failed")
+            await _refuse(ws, f"server error: {err}", 1011)
+        finally:
+            self.open_connections -= 1
+            if client is not None:
+                self.clients.discard(client)
+
+    async def _start(self, ws: ServerConnection) -> _Client:
+        message = await ws.recv()
+        start = _json(message, "expected the start message first")
+        if start.get("type") != "start":
+            raise ClientError('expected {"type": "start", "sample_rate": ...} first')
+        rate, kind = start.get("sample_rate"), start.get("format", "s16le")
+        if rate != self.sample_rate:
+            raise ClientError(
+                f"sample_rate {rate} is not supported: send {self.sample_rate} Hz mono",
+                UNSUPPORTED,
+            )
+        if kind not in FORMATS:
+            raise ClientError(f"format {kind!r} is not one of {sorted(FORMATS)}", UNSUPPORTED)
+        dtype, scale = FORMATS[kind]
+        client = _Client(ws, self.engine.stream(), dtype, scale, self.options.max_queued_messages)
+        chunk = self.engine.chunk_seconds
+        await ws.send(
+            json.dumps(
+                {
+                    "type": "ready",
+                    "sample_rate": self.sample_rate,
+                    "format": kind,
+                    "chunk_ms": None if chunk is None else round(chunk * 1000),
+                }
+            )
+        )
+        return client
+
+    async def _receive(self, ws: ServerConnection, client: _Client) -> None:
+        async for message in ws:
+            if isinstance(message, str):
+                if _json(message, "a text message must be JSON").get("type") != "end":
+                    raise ClientError('expected audio, or {"type": "end"}', UNSUPPORTED)
+                client.ending = True
+                self._work.set()
+                return
+            client.inbox.append(self._samples(message, client))
+            self._work.set()
+            if client.too_slow:
+                raise ClientError("the client reads its results too slowly", POLICY)
+        client.outbox.put_nowait(None)  # the client left without "end": nothing more to send
+
+    def _samples(self, message: bytes, client: _Client) -> np.ndarray:
+        if len(message) > self.options.max_message_bytes:
+            raise ClientError(
+                f"an audio message of {len(message)} bytes is over the "
+                f"{self.options.max_message_bytes}-byte limit",
+                TOO_BIG,
+            )
+        width = np.dtype(client.dtype).itemsize
+        if len(message) % width:
+            raise ClientError(
+                f"an audio message of {len(message)} bytes is not whole {width}-byte samples",
+                UNSUPPORTED,
+            )
+        return np.frombuffer(message, dtype=client.dtype).astype(np.float32) / client.scale
+
+    async def _send(self, ws: ServerConnection, client: _Client) -> None:
+        while True:
+            message = await client.outbox.get()
+            if message is None or client.too_slow:
+                return
+            try:
+                await asyncio.wait_for(ws.send(json.dumps(message)), self.options.send_timeout)
+            except TimeoutError:
+                client.too_slow = True
+                self.dropped_slow += 1
+                await _refuse(ws, "the client reads its results too slowly", POLICY)
+                return
+            if message["type"] == "done":
+                await ws.close()
+                return
+
+    async def _run_batches(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await self._work.wait()
+            self._work.clear()
+            if self.options.batch_wait_ms > 0:
+                await asyncio.sleep(self.options.batch_wait_ms / 1000)
+            clients = list(self.clients)
+            try:
+                messages, more = await loop.run_in_executor(self._executor, self._decode, clients)
+            except Exception:  # noqa: BLE001 - one failed batch must not stop the server
+                log.exception("a batch failed")
+                continue
+            if more:  # chunks still ready: the next batch at once
+                self._work.set()
+            for client in clients:
+                mine = [m for c, m in messages if c is client]
+                if not mine or client.too_slow:
+                    continue
+                client.put(mine)
+                if client.too_slow:  # it neither reads nor may fall further behind
+                    self.dropped_slow += 1
+                    asyncio.create_task(
+                        _refuse(client.ws, "the client reads its results too slowly", POLICY)
+                    )
+
+    def _decode(self, clients: list[_Client]) -> tuple[list[tuple[_Client, dict[str, Any]]], bool]:
+        """In the model's thread: feed the inboxes, run one batch of the ready chunks (one chunk
+        a stream, so results go out between batches), finish the streams that ended; what each
+        client should be sent, and whether chunks are still ready."""
+        out: list[tuple[_Client, dict[str, Any]]] = []
+        # "end" is marked after the last audio is queued: read it first, then take the audio
+        ending = {client for client in clients if client.ending}
+        for client in clients:
+            audio, client.inbox = client.inbox, []
+            for piece in audio:
+                client.stream.feed(piece)
+        ready = [c for c in clients if c.stream.ready]
+        if ready:
+            self.engine.step([c.stream for c in ready])
+            self.chunks_run += len(ready)
+            self.largest_batch = max(self.largest_batch, len(ready))
+            for client in ready:
+                out += self._results(client)
+        for client in ending:
+            if not client.stream.closed and not client.stream.ready:
+                whole = client.stream.final()
+                out += self._results(client, chunk=False)
+                out.append(
+                    (
+                        client,
+                        {
+                            "type": "done",
+                            "text": whole.text,
+                            "duration": round(whole.duration, 3),
+                        },
+                    )
+                )
+        return out, any(c.stream.ready for c in clients)
+
+    def _results(self, client: _Client, chunk: bool = True) -> list[tuple[_Client, dict[str, Any]]]:
+        """The finals a chunk closed, then the partial after it (one per chunk, even when the
+        text did not change, so a client can time every chunk)."""
+        out = [
+            (client, _final(t, client.utterances + i))
+            for i, t in enumerate(client.stream.take_finals())
+        ]
+        client.utterances += len(out)
+        if chunk and not client.stream.closed:
+            out.append(
+                (
+                    client,
+                    {
+                        "type": "partial",
+                        "text": client.stream.partial,
+                        "utterance": client.utterances,
+                        "audio_seconds": round(client.stream.decoded_seconds, 3),
+                    },
+                )
+            )
+        return out
+
+    def close(self) -> None:
+        self._worker.cancel()
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+def _final(transcript: Transcript, utterance: int) -> dict[str, Any]:
+    return {
+        "type": "final",
+        "utterance": utterance,
+        "text": transcript.text,
+        "start": round(transcript.segments[0].start, 3),
+        "end": round(transcript.segments[-1].end, 3),
+        "words": [
+            {
+                "word": w.text,
+                "start": round(w.start, 3),
+                "end": round(w.end, 3),
+                **({} if w.confidence is None else {"confidence": round(w.confidence, 4)}),
+                **({} if w.probability is None else {"probability": round(w.probability, 4)}),
+            }
+            for w in transcript.words
+        ],
+    }
+
+
+def _json(message: str | bytes, problem: str) -> dict[str, Any]:
+    if isinstance(message, bytes):
+        raise ClientError(f"{problem}, not audio: send the start message first", POLICY)
+    try:
+        value = json.loads(message)
+    except json.JSONDecodeError:
+        raise ClientError(f"{problem}: not JSON", UNSUPPORTED) from None
+    if not isinstance(value, dict):
+        raise ClientError(f"{problem}: a JSON object", UNSUPPORTED)
+    return value
+
+
+async def _refuse(ws: ServerConnection, message: str, code: int) -> None:
+    """Send the error and close; a client that does not take them within 2 s is cut off."""
+
+    async def say_and_close() -> None:
+        await ws.send(json.dumps({"type": "error", "message": message}))
+        await ws.close(code, message[:120])
+
+    try:
+        await asyncio.wait_for(say_and_close(), 2)
+    except Exception:  # noqa: BLE001 - the client is gone or not reading
+        ws.transport.abort()
+
+
+async def serve_forever(
+    recognizer: Recognizer,
+    stream_options: StreamOptions | None,
+    options: ServeOptions,
+    lm: LanguageModel | None = None,
+    ready: Any = None,
+) -> None:
+    """Run the server until cancelled; `ready(server)` is called once it listens."""
+    live = LiveServer(recognizer, stream_options, options, lm)
+    server = await live.start()
+    if ready is not None:
+        ready(live)
+    try:
+        await server.serve_forever()
+    finally:
+        live.close()

@@ -1,0 +1,419 @@
+"""Live recognition: audio in as it comes, partial transcripts chunk by chunk, finals at endpoints.
+
+`Recognizer.stream()` gives a `Stream`: `accept(samples)` feeds audio and returns the utterances
+an endpoint closed, `partial` is the live text, `final()` ends the audio. A chunk-streaming
+encoder (`ConformerEncoder(causal=True)` or `TransformerEncoder`, best trained with
+`dynamic_chunk`) runs chunk by chunk over a cache of its left context, and a CTC prefix beam
+search reads each chunk; at an endpoint the attention decoder rescores the n-best and the final
+gets word times and confidences as `Recognizer.transcribe`'s do. Several streams step through
+the model together (`StreamingEngine.run`), as a server batches its clients.
+
+Chunking is fixed by the model's frames, never by how the audio arrives, so a stream's results
+do not depend on how its audio is split.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from asr import alignment
+from asr.ctc_beam import CTCPrefixBeam, EndpointOptions
+from asr.decoding import teacher_forced
+from asr.frontends import GlobalCMVN
+from asr.frontends.features import num_frames
+from asr.models.blocks import min_input_length
+from asr.models.chunking import EncoderCache
+from asr.results import Decoded, Transcript
+from asr.search import Hypothesis, LanguageModel
+from asr.text import PAD_ID, SOS_EOS_ID
+from asr.transcribe import join_segments
+
+if TYPE_CHECKING:
+    from asr.recognizer import Recognizer
+
+
+@dataclass(frozen=True)
+class StreamOptions:
+    """How a live stream is decoded."""
+
+    chunk_ms: float | None = 640.0  # audio per encoder chunk; None: full context, final only
+    beam: int = 10  # CTC prefixes kept, and rescored at an endpoint
+    ctc_weight: float = 0.5  # rescoring: ctc_weight * CTC + (1 - ctc_weight) * attention
+    lm_weight: float = 0.0  # and + lm_weight * the language model's score (given an LM)
+    max_context_ms: float | None = None  # left context attention keeps; None: the utterance
+    endpoint: EndpointOptions | None = field(default_factory=EndpointOptions)  # None: at the end
+
+    def __post_init__(self) -> None:
+        if self.chunk_ms is not None and self.chunk_ms <= 0:
+            raise ValueError(f"chunk_ms must be positive (or None), got {self.chunk_ms}")
+        if not 0.0 <= self.ctc_weight <= 1.0:
+            raise ValueError(f"ctc_weight must be in [0, 1], got {self.ctc_weight}")
+        if self.beam < 1:
+            raise ValueError(f"beam must be at least 1, got {self.beam}")
+        if self.lm_weight < 0:
+            raise ValueError(f"lm_weight must be at least 0, got {self.lm_weight}")
+
+
+def _framing(features: torch.nn.Module) -> tuple[int, int]:
+    """The frame length and shift (samples) of a snip-edges feature module."""
+    for part in (
+        features,
+        getattr(features, "spectrogram", None),
+        getattr(features, "log_mel", None),
+    ):
+        part = getattr(part, "spectrogram", part)
+        if hasattr(part, "win_length") and hasattr(part, "hop_length"):
+            return int(part.win_length), int(part.hop_length)
+    raise ValueError(f"{type(features).__name__}: no win_length/hop_length, so it cannot stream")
+
+
+class FeatureStream:
+    """The frontend's features and normalisation on audio that arrives in pieces: each frame
+    is computed once, as soon as its window is complete, equal to the whole-file frames."""
+
+    def __init__(self, frontend: torch.nn.Module) -> None:
+        if getattr(frontend, "level", None) is not None:
+            raise ValueError(
+                "the model's frontend normalises each utterance's level, which needs the whole "
+                "recording: it cannot stream (train a config without `level`)"
+            )
+        normalize = getattr(frontend, "normalize", None)
+        if normalize is not None and not isinstance(normalize, GlobalCMVN):
+            raise ValueError(f"{type(normalize).__name__} needs the whole utterance: cannot stream")
+        self.features, self.normalize = frontend.features, normalize
+        self.win, self.hop = _framing(self.features)
+        self.buffer = torch.zeros(0)
+        tensors = [*frontend.parameters(), *frontend.buffers()]
+        self.device = tensors[0].device if tensors else torch.device("cpu")
+
+    @torch.inference_mode()
+    def push(self, samples: Tensor) -> Tensor:
+        """Samples `(S,)` in, the feature frames they complete out `(N, D)`."""
+        buffer = torch.cat([self.buffer, samples.to(self.buffer)])
+        frames = int(num_frames(buffer.numel(), self.win, self.hop))
+        if frames <= 0:
+            self.buffer = buffer
+            return torch.zeros(0, self.features.output_dim)
+        used = (frames - 1) * self.hop + self.win
+        wave = buffer[None, :used].to(self.device)
+        lens = torch.tensor([used], device=self.device)
+        feats, lens = self.features(wave, lens)
+        if self.normalize is not None:
+            feats, lens = self.normalize(feats, lens)
+        self.buffer = buffer[frames * self.hop :]
+        return feats[0, :frames].float().cpu()
+
+
+class StreamingEngine:
+    """A recognizer set up for live streams; steps the chunks of many streams together."""
+
+    def __init__(
+        self,
+        recognizer: Recognizer,
+        options: StreamOptions | None = None,
+        lm: LanguageModel | None = None,
+    ) -> None:
+        self.recognizer = recognizer
+        self.options = options or StreamOptions()
+        if self.options.lm_weight > 0 and lm is None:
+            raise ValueError(f"lm_weight={self.options.lm_weight} but no language model was given")
+        self.lm = lm if self.options.lm_weight > 0 else None
+        model = recognizer.model
+        if model.ctc is None:
+            raise ValueError(f"{recognizer.checkpoint}: streaming needs a CTC head")
+        if not hasattr(model.encoder, "forward_chunk"):
+            raise ValueError(
+                f"{recognizer.checkpoint}: {type(model.encoder).__name__} cannot run chunk by chunk"
+            )
+        self.encoder = model.encoder
+        self.factor = self.encoder.subsampling.factor
+        self.frame_seconds = recognizer.frame_seconds
+        FeatureStream(model.frontend)  # the frontend must stream: fail here, not per stream
+        self.chunk = self._frames(self.options.chunk_ms)
+        self.max_cache = self._frames(self.options.max_context_ms)
+        self.window = (
+            None if self.chunk is None else self.encoder.subsampling.chunk_window(self.chunk)
+        )
+        self.min_window = min_input_length(self.factor)
+        if self.chunk is not None:
+            self.encoder.empty_cache(1, torch.zeros(1))  # raises where the encoder cannot stream
+
+    def _frames(self, ms: float | None) -> int | None:
+        """Encoder frames in `ms` milliseconds, at least one (None stays None)."""
+        if ms is None:
+            return None
+        return max(1, round(ms / 1000 / self.frame_seconds))
+
+    @property
+    def chunk_seconds(self) -> float | None:
+        return None if self.chunk is None else self.chunk * self.frame_seconds
+
+    def stream(self) -> Stream:
+        """A new stream, sharing this engine's model."""
+        return Stream(self)
+
+    @torch.inference_mode()
+    def run(self, streams: Sequence[Stream]) -> None:
+        """Step every stream through all the chunks its audio completes, ready ones batched."""
+        while True:
+            ready = [s for s in streams if s.ready]
+            if not ready:
+                return
+            self.step(ready)
+
+    @torch.inference_mode()
+    def step(self, streams: Sequence[Stream]) -> None:
+        """One chunk of each stream in `streams` (all `ready`), through the encoder at once."""
+        windows = [s.take_window(self.window) for s in streams]
+        self._encode(streams, windows)
+
+    def _encode(self, streams: Sequence[Stream], windows: list[Tensor]) -> None:
+        device = self.recognizer.device
+        lens = torch.tensor([w.size(0) for w in windows], device=device)
+        x = torch.zeros(len(windows), int(lens.max()), windows[0].size(1), device=device)
+        for row, window in enumerate(windows):
+            x[row, : window.size(0)] = window
+        cache = EncoderCache.merge([s.cache_or_empty(x) for s in streams])
+        enc, enc_lens, cache = self.encoder.forward_chunk(x, lens, cache, self.max_cache)
+        log_probs = self.recognizer.model.ctc(enc)
+        for row, (stream, kept) in enumerate(zip(streams, cache.split())):
+            n = int(enc_lens[row])
+            stream.after_chunk(enc[row, :n], log_probs[row, :n], kept)
+
+    @torch.inference_mode()
+    def finish(self, stream: Stream) -> None:
+        """The end of a stream's audio: its last frames, then its last utterance's final."""
+        if self.chunk is None:
+            feats = stream.take_all()
+            if feats.size(0) >= self.min_window:
+                device = self.recognizer.device
+                enc, enc_lens = self.encoder(
+                    feats[None].to(device), torch.tensor([feats.size(0)], device=device)
+                )
+                log_probs = self.recognizer.model.ctc(enc)
+                stream.after_chunk(enc[0], log_probs[0], None, endpoint=False)
+        else:
+            self.run([stream])
+            rest = stream.take_all()
+            if rest.size(0) >= self.min_window:
+                self._encode([stream], [rest])
+        stream.close_utterance()
+
+    def rescore(
+        self,
+        enc: Tensor,
+        ctc_log_probs: Tensor,
+        nbest: list[tuple[list[int], float]],
+        num_samples: int,
+    ) -> Decoded:
+        """The attention decoder's choice among the CTC n-best of one utterance `enc (T, D)`."""
+        decoder = self.recognizer.model.decoder
+        frames = enc.size(0)
+        tokens = [t for t, _ in nbest]
+        enc_b = enc[None].expand(len(tokens), -1, -1)
+        lens = torch.full((len(tokens),), frames, device=enc.device)
+        token_logp, _, attention = teacher_forced(decoder, enc_b, lens, tokens)
+        w = self.options.ctc_weight
+        scores = [w * ctc + (1 - w) * float(lp.sum()) for (_, ctc), lp in zip(nbest, token_logp)]
+        if self.lm is not None:
+            lm_scores = _lm_scores(self.lm, tokens, enc.device)
+            scores = [s + self.options.lm_weight * lm for s, lm in zip(scores, lm_scores)]
+        order = sorted(range(len(tokens)), key=lambda i: -scores[i])
+        hyps = [
+            Hypothesis(tokens[i], scores[i], attention[i, :, : len(tokens[i]) + 1].float().cpu())
+            for i in order
+        ]
+        return Decoded(
+            hyps[0],
+            ctc_log_probs.float().cpu(),
+            num_samples,
+            token_log_probs=token_logp[order[0]],
+            alternatives=hyps[1:5],
+        )
+
+
+class Stream:
+    """One live audio stream (see the module's docstring); made by `Recognizer.stream()`."""
+
+    def __init__(self, engine: StreamingEngine) -> None:
+        self.engine = engine
+        self.recognizer = engine.recognizer
+        self.features = FeatureStream(self.recognizer.model.frontend)
+        self.pending = torch.zeros(0, self.features.features.output_dim)  # frames not consumed
+        self.consumed = 0  # feature frames whose encoder outputs are done
+        self.samples = 0
+        self.decoded_samples = 0  # audio the decoded chunks have read, to their last sample
+        self.utterances: list[Transcript] = []  # closed utterances, times from the stream start
+        self.spans: list[tuple[float, float]] = []
+        self.closed = False
+        self._new: list[Transcript] = []
+        self._start_utterance()
+
+    def _start_utterance(self) -> None:
+        self.search = CTCPrefixBeam(self.engine.options.beam)
+        self.cache: EncoderCache | None = None
+        self.enc: list[Tensor] = []
+        self.ctc: list[Tensor] = []
+        self.start_frame = self.consumed
+
+    @property
+    def sample_rate(self) -> int:
+        return self.recognizer.sample_rate
+
+    def accept(self, samples: Tensor | np.ndarray) -> list[Transcript]:
+        """Feed audio (mono float samples at `sample_rate`) and decode the chunks it completes.
+
+        Returns:
+            The utterances an endpoint closed meanwhile, times from the stream's start.
+        """
+        self.feed(samples)
+        self.engine.run([self])
+        return self.take_finals()
+
+    def feed(self, samples: Tensor | np.ndarray) -> None:
+        """Add audio without decoding (a server then steps many streams at once)."""
+        if self.closed:
+            raise ValueError("the stream has ended: start a new one")
+        wave = torch.as_tensor(np.asarray(samples, dtype=np.float32)).reshape(-1)
+        self.samples += wave.numel()
+        frames = self.features.push(wave)
+        if frames.numel():
+            self.pending = torch.cat([self.pending, frames])
+
+    def final(self) -> Transcript:
+        """End the audio: decode what is left and return the whole stream's transcript."""
+        if not self.closed:
+            self.engine.finish(self)
+            self.closed = True
+        duration = self.samples / self.sample_rate
+        parts = list(zip(self.spans, self.utterances))
+        return join_segments(self.recognizer.tokenizer, parts, duration)
+
+    def take_finals(self) -> list[Transcript]:
+        """The utterances closed since the last call."""
+        new, self._new = self._new, []
+        return new
+
+    @property
+    def partial(self) -> str:
+        """The live text of the open utterance (its best CTC prefix)."""
+        return self.recognizer.tokenizer.decode(self.search.best)
+
+    @property
+    def ready(self) -> bool:
+        window = self.engine.window
+        return window is not None and not self.closed and self.pending.size(0) >= window
+
+    @property
+    def seconds(self) -> float:
+        """Audio received, in seconds."""
+        return self.samples / self.sample_rate
+
+    @property
+    def decoded_seconds(self) -> float:
+        """Audio the latest chunk read, to its last sample, in seconds."""
+        return self.decoded_samples / self.sample_rate
+
+    def take_window(self, window: int) -> Tensor:
+        """The next chunk's input frames; the overlap with the next window stays pending."""
+        out = self.pending[:window]
+        self.decoded_samples = (
+            self.consumed + out.size(0) - 1
+        ) * self.features.hop + self.features.win
+        step = self.engine.chunk * self.engine.factor
+        self.pending = self.pending[step:]
+        self.consumed += step
+        return out
+
+    def take_all(self) -> Tensor:
+        """Every pending frame (the stream's end)."""
+        out, self.pending = self.pending, self.pending[:0]
+        self.consumed += out.size(0)
+        self.decoded_samples = self.samples
+        return out
+
+    def cache_or_empty(self, like: Tensor) -> EncoderCache:
+        return self.cache if self.cache is not None else self.engine.encoder.empty_cache(1, like)
+
+    def after_chunk(
+        self, enc: Tensor, log_probs: Tensor, cache: EncoderCache | None, endpoint: bool = True
+    ) -> None:
+        """Take one chunk's encoder frames `(Q, D)` and CTC log-probabilities `(Q, V)`."""
+        self.cache = cache
+        self.enc.append(enc)
+        self.ctc.append(log_probs)
+        self.search.advance(log_probs.float().cpu().numpy())
+        rule = self.engine.options.endpoint
+        if endpoint and rule is not None and rule.reached(self.search, self.engine.frame_seconds):
+            self.close_utterance()
+
+    def close_utterance(self) -> None:
+        """Decode the open utterance's final (if it said anything) and start the next."""
+        hop = self.features.hop
+        start = self.start_frame * hop / self.sample_rate
+        end = max(start, min(self.consumed * hop / self.sample_rate, self.seconds))
+        nbest = self.search.nbest(self.engine.options.beam)
+        if self.enc and any(tokens for tokens, _ in nbest):
+            enc, ctc = torch.cat(self.enc), torch.cat(self.ctc)
+            num_samples = max(1, round((end - start) * self.sample_rate))
+            decoded = self.engine.rescore(enc, ctc, nbest, num_samples)
+            transcript = alignment.transcript(self.recognizer, decoded)
+            if transcript.tokens:
+                self.spans.append((start, end))
+                self.utterances.append(transcript)
+                self._new.append(_shifted(transcript, start))
+        self._start_utterance()
+
+
+def _lm_scores(
+    lm: LanguageModel, token_lists: list[list[int]], device: torch.device
+) -> list[float]:
+    """Each token list's language-model log-probability, eos included."""
+    steps = max(len(t) for t in token_lists) + 1
+    inputs = torch.full((len(token_lists), steps), SOS_EOS_ID, device=device)
+    targets = torch.full_like(inputs, PAD_ID)
+    for row, tokens in enumerate(token_lists):
+        inputs[row, 1 : len(tokens) + 1] = torch.tensor(tokens, device=device)
+        targets[row, : len(tokens) + 1] = torch.tensor([*tokens, SOS_EOS_ID], device=device)
+    state = lm.init_state(len(token_lists), device)
+    total = torch.zeros(len(token_lists), device=device)
+    for t in range(steps):
+        logp, state = lm.step(inputs[:, t], state)
+        picked = logp.float().gather(1, targets[:, t : t + 1].clamp(min=0))[:, 0]
+        total += picked.masked_fill(targets[:, t] == PAD_ID, 0.0)
+    return total.tolist()
+
+
+def _shifted(transcript: Transcript, offset: float) -> Transcript:
+    """`transcript` with its times moved `offset` seconds later."""
+    return replace(
+        transcript,
+        token_starts=[offset + t for t in transcript.token_starts],
+        token_ends=[offset + t for t in transcript.token_ends],
+        words=[replace(w, start=offset + w.start, end=offset + w.end) for w in transcript.words],
+        segments=[
+            replace(s, start=offset + s.start, end=offset + s.end) for s in transcript.segments
+        ],
+    )
+
+
+def stream_transcript(
+    recognizer: Recognizer,
+    wave: Tensor,
+    options: StreamOptions | None = None,
+    packet_seconds: float | None = None,
+    lm: LanguageModel | None = None,
+) -> Transcript:
+    """Decode a whole waveform `(S,)` as a live stream would (fed in packets of
+    `packet_seconds`, or at once): the streaming decoder's offline result."""
+    stream = StreamingEngine(recognizer, options, lm).stream()
+    step = wave.numel() if not packet_seconds else max(1, int(packet_seconds * stream.sample_rate))
+    for start in range(0, wave.numel(), step):
+        stream.accept(wave[start : start + step])
+    return stream.final()

@@ -1,0 +1,292 @@
+"""Live recognition benchmarks (a chunk-streaming model, e.g. conf/an4/conformer_streaming.yaml).
+
+    python -m bench.streaming wer --model M --manifest data/an4/test.jsonl [--chunk-ms 0 320 ...]
+        WER and CER of the streaming decoder (CTC prefix beam search over chunks, attention
+        rescoring at the end of each recording) at each chunk size (0: full context), beside
+        the offline joint beam search; Snt/Wrd/Corr/Sub/Del/Ins/Err/S.Err rows.
+    python -m bench.streaming load --model M --manifest data/an4/test.jsonl [--streams 1 8 16]
+        `asr serve` in a child process on 127.0.0.1; N WebSocket clients each play recordings in
+        real time (100 ms packets), one connection per recording, for --seconds. Per N: the
+        partial latency (from the sending of the last sample a chunk needs to the arrival of its
+        partial; p50/p95), the final latency (from the end of the audio to the final), chunks
+        lost or out of order, and whether each final equals the offline streaming decode of the
+        same audio. The most streams with p95 partial latency <= --budget-ms is reported.
+Results go to --out (default bench/results/streaming_{wer,load}.json) and are printed as tables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from asr.audio import load_audio
+from asr.data.manifest import read_manifest
+from asr.metrics import char_errors, word_errors
+from asr.recognizer import load_model
+from asr.streaming import StreamOptions, stream_transcript
+
+PACKET_SECONDS = 0.1
+RATE = 16000
+
+
+def error_row(name: str, refs: list[str], hyps: list[str], chars: bool = False) -> dict:
+    """One Snt/Wrd/Corr/Sub/Del/Ins/Err/S.Err row, percentages."""
+    c = (char_errors if chars else word_errors)(refs, hyps)
+    n = c.reference_length
+    wrong = sum(r != h for r, h in zip(refs, hyps))
+
+    def pct(x: int, total: int = n) -> float:
+        return round(100 * x / total, 1)
+
+    return {
+        "dataset": name, "Snt": len(refs), "Wrd": n, "Corr": pct(n - c.substitutions - c.deletions),
+        "Sub": pct(c.substitutions), "Del": pct(c.deletions), "Ins": pct(c.insertions),
+        "Err": pct(c.errors), "S.Err": pct(wrong, len(refs)),
+    }  # fmt: skip
+
+
+def table(rows: list[dict]) -> str:
+    keys = list(rows[0])
+    lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
+    lines += ["| " + " | ".join(str(r[k]) for k in keys) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def wer(args: argparse.Namespace) -> dict:
+    recognizer = load_model(args.model)
+    utterances = read_manifest(args.manifest)
+    waves = [load_audio(u.audio_filepath, RATE) for u in utterances]
+    norm = recognizer.tokenizer.normalizer
+    refs = [norm(u.text) for u in utterances]
+    out: dict = {"model": args.model, "manifest": args.manifest, "rows": {}, "seconds": {}}
+    audio_seconds = sum(w.numel() for w in waves) / RATE
+    for chunk in args.chunk_ms:
+        name = f"{Path(args.manifest).stem}, {f'{chunk:g} ms chunks' if chunk else 'full context'}"
+        options = StreamOptions(chunk_ms=chunk or None, beam=args.beam, endpoint=None)
+        started = time.perf_counter()
+        hyps = [stream_transcript(recognizer, w, options).text for w in waves]
+        out["seconds"][name] = round(time.perf_counter() - started, 1)
+        out["rows"][name] = {
+            "wer": error_row(name, refs, hyps),
+            "cer": error_row(name, refs, hyps, True),
+        }
+        print(
+            f"{name}: WER {out['rows'][name]['wer']['Err']} CER {out['rows'][name]['cer']['Err']} "
+            f"({out['seconds'][name]} s for {audio_seconds:.0f} s of audio)",
+            flush=True,
+        )
+    for unit in ("wer", "cer"):
+        print(f"\n{unit.upper()}\n\n" + table([r[unit] for r in out["rows"].values()]))
+    return out
+
+
+@dataclass
+class Connection:
+    """What one client saw of one recording."""
+
+    uid: str
+    pcm: bytes
+    sent_at: list[float] = field(default_factory=list)  # time each packet left
+    partials: list[tuple[float, float]] = field(default_factory=list)  # (audio s, arrival)
+    finals: list[str] = field(default_factory=list)
+    end_sent: float = 0.0
+    done_at: float = 0.0
+    done_text: str | None = None
+    error: str | None = None
+
+    def sent_time(self, audio_seconds: float) -> float:
+        """When the packet holding the sample at `audio_seconds` (its last needed) was sent."""
+        index = max(0, math.ceil(audio_seconds / PACKET_SECONDS - 1e-9) - 1)
+        return self.sent_at[min(index, len(self.sent_at) - 1)]
+
+
+async def play(url: str, uid: str, pcm: bytes) -> Connection:
+    from websockets.asyncio.client import connect
+
+    seen = Connection(uid, pcm)
+    packet = int(PACKET_SECONDS * RATE) * 2
+    async with connect(url, max_size=None) as ws:
+        await ws.send(json.dumps({"type": "start", "sample_rate": RATE, "format": "s16le"}))
+        json.loads(await ws.recv())
+
+        async def reader() -> None:
+            async for message in ws:
+                m = json.loads(message)
+                now = time.perf_counter()
+                if m["type"] == "partial":
+                    seen.partials.append((m["audio_seconds"], now))
+                elif m["type"] == "final":
+                    seen.finals.append(m["text"])
+                elif m["type"] == "done":
+                    seen.done_at, seen.done_text = now, m["text"]
+                elif m["type"] == "error":
+                    seen.error = m["message"]
+
+        task = asyncio.create_task(reader())
+        start = time.perf_counter()
+        for k, offset in enumerate(range(0, len(pcm), packet)):
+            delay = start + k * PACKET_SECONDS - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            # a packet leaves once its audio has been "recorded": at the end of its 100 ms
+            await asyncio.sleep(max(0.0, start + (k + 1) * PACKET_SECONDS - time.perf_counter()))
+            await ws.send(pcm[offset : offset + packet])
+            seen.sent_at.append(time.perf_counter())
+        seen.end_sent = time.perf_counter()
+        await ws.send(json.dumps({"type": "end"}))
+        await task
+    return seen
+
+
+async def client(
+    url: str, items: list[tuple[str, bytes]], until: float, first: int
+) -> list[Connection]:
+    out, k = [], first
+    while time.perf_counter() < until:
+        uid, pcm = items[k % len(items)]
+        out.append(await play(url, uid, pcm))
+        k += 1
+    return out
+
+
+async def everyone(url: str, items: list, until: float, n: int) -> list[list[Connection]]:
+    """N clients at once, each starting at another recording."""
+    return await asyncio.gather(*[client(url, items, until, 7 * k) for k in range(n)])
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def start_server(args: argparse.Namespace, port: int, streams: int) -> subprocess.Popen:
+    command = [sys.executable, "-m", "asr", "serve", "--model", args.model, "--port", str(port),
+               "--chunk-ms", str(args.chunk), "--endpoint-silence", "0",
+               "--max-connections", str(max(streams, 1))]  # fmt: skip
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    while True:
+        line = process.stdout.readline()
+        if not line:
+            raise RuntimeError("asr serve ended before listening")
+        if f"127.0.0.1:{port}/ (" in line:
+            return process
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    return None if not values else round(float(np.percentile(values, q)) * 1000, 1)
+
+
+def summarise(connections: list[Connection], chunk_s: float) -> dict:
+    partial_ms, final_ms, bad_order = [], [], 0
+    for c in connections:
+        times = [a for a, _ in c.partials]
+        steps = np.diff(times)
+        # every chunk once, in order: steps of one chunk (partials come from whole chunks)
+        if any(abs(s - chunk_s) > 0.002 for s in steps):
+            bad_order += 1
+        partial_ms += [arrived - c.sent_time(a) for a, arrived in c.partials]
+        if c.done_at:
+            final_ms.append(c.done_at - c.end_sent)
+    return {
+        "connections": len(connections),
+        "errors": sum(c.error is not None for c in connections),
+        "unfinished": sum(c.done_text is None for c in connections),
+        "chunks": len(partial_ms),
+        "streams with a chunk lost or out of order": bad_order,
+        "partial p50 ms": percentile(partial_ms, 50),
+        "partial p95 ms": percentile(partial_ms, 95),
+        "final p50 ms": percentile(final_ms, 50),
+        "final p95 ms": percentile(final_ms, 95),
+    }
+
+
+def load(args: argparse.Namespace) -> dict:
+    utterances = read_manifest(args.manifest)[: args.recordings]
+    items = []
+    for u in utterances:
+        wave = load_audio(u.audio_filepath, RATE)
+        items.append(
+            (u.id, (wave.clamp(-1, 1) * 32767).round().short().numpy().astype("<i2").tobytes())
+        )
+    recognizer = load_model(args.model)
+    options = StreamOptions(chunk_ms=args.chunk, endpoint=None)
+    offline = {}
+    out = {"model": args.model, "chunk_ms": args.chunk, "seconds": args.seconds, "runs": []}
+    for n in args.streams:
+        port = free_port()
+        server = start_server(args, port, n)
+        try:
+            until = time.perf_counter() + args.seconds
+            url = f"ws://127.0.0.1:{port}/"
+            groups = asyncio.run(everyone(url, items, until, n))
+            connections = [c for group in groups for c in group]
+        finally:
+            server.terminate()
+            server.wait(10)
+        row = {"streams": n, **summarise(connections, args.chunk / 1000)}
+        mismatched = 0
+        for c in connections:
+            if c.uid not in offline:
+                heard = torch.from_numpy(
+                    np.frombuffer(c.pcm, dtype="<i2").astype(np.float32) / 32768
+                )
+                offline[c.uid] = stream_transcript(recognizer, heard, options).text
+            mismatched += c.done_text != offline[c.uid]
+        row["finals unlike the offline stream"] = mismatched
+        out["runs"].append(row)
+        print(json.dumps(row), flush=True)
+    held = [r["streams"] for r in out["runs"]
+            if r["partial p95 ms"] is not None and r["partial p95 ms"] <= args.budget_ms
+            and not r["errors"] and not r["unfinished"]]  # fmt: skip
+    out["most streams within budget"] = max(held) if held else 0
+    print("\n" + table(out["runs"]))
+    most = out["most streams within budget"]
+    print(f"\nmost streams with p95 partial latency <= {args.budget_ms:g} ms: {most}")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.streaming",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="part", required=True)
+    p = sub.add_parser("wer")
+    p.add_argument("--model", required=True)
+    p.add_argument("--manifest", required=True)
+    p.add_argument("--chunk-ms", type=float, nargs="+", default=[0, 320, 640, 1280])
+    p.add_argument("--beam", type=int, default=10)
+    p = sub.add_parser("load")
+    p.add_argument("--model", required=True)
+    p.add_argument("--manifest", required=True)
+    p.add_argument("--streams", type=int, nargs="+", default=[1, 4, 8, 16, 24])
+    p.add_argument("--seconds", type=float, default=30.0, help="each run's length")
+    p.add_argument("--chunk", type=float, default=640.0, help="chunk ms")
+    p.add_argument("--recordings", type=int, default=40, help="recordings the clients play")
+    p.add_argument("--budget-ms", type=float, default=300.0)
+    for p in sub.choices.values():
+        p.add_argument("--out", help="JSON results (default bench/results/streaming_PART.json)")
+    args = parser.parse_args(argv)
+    result = wer(args) if args.part == "wer" else load(args)
+    path = Path(args.out or f"bench/results/streaming_{args.part}.json")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=1))
+    print(f"\n{path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

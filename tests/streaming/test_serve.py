@@ -1,0 +1,236 @@
+"""`asr serve`'s WebSocket protocol, its batching, and what it does with bad or slow clients:
+each gets an error message and a close, and the server goes on serving the others."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+
+import pytest
+import torch
+from streaming_fixtures import from_pcm16, pcm16, running_server, streaming_recognizer
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import connect
+
+from asr.streaming import StreamOptions, stream_transcript
+
+UID = "an4_clstk/fash/an255-fash-b"
+OPTIONS = StreamOptions(chunk_ms=160, endpoint=None)
+START = json.dumps({"type": "start", "sample_rate": 16000, "format": "s16le"})
+END = json.dumps({"type": "end"})
+
+
+@pytest.fixture(scope="module")
+def trained():
+    return streaming_recognizer()
+
+
+@pytest.fixture(scope="module")
+def server(trained):
+    with running_server(trained[0], OPTIONS, max_connections=6) as (live, port):
+        yield live, f"ws://127.0.0.1:{port}/"
+
+
+def session(url: str, data: bytes, packet: int = 3200, pause: float = 0.0) -> list[dict]:
+    """Send `data` as one recording; every message the server sent, in order."""
+    with connect(url) as ws:
+        ws.send(START)
+        messages = [json.loads(ws.recv(10))]
+        for start in range(0, len(data), packet):
+            ws.send(data[start : start + packet])
+            time.sleep(pause)
+        ws.send(END)
+        for message in ws:
+            messages.append(json.loads(message))
+    return messages
+
+
+def refused(url: str, *sends, start: bool = True) -> tuple[dict, int]:
+    """The error message and close code after `sends`."""
+    with connect(url, max_size=None) as ws:
+        if start:
+            ws.send(START)
+            assert json.loads(ws.recv(10))["type"] == "ready"
+        for message in sends:
+            ws.send(message)
+        error = json.loads(ws.recv(10))
+        with pytest.raises(ConnectionClosed):  # the server closes
+            ws.recv(10)
+        return error, ws.protocol.close_code
+
+
+def test_a_recording_gets_partials_then_the_final_of_the_offline_stream(server, trained) -> None:
+    (_, url), (recognizer, waves) = server, trained
+    data = pcm16(waves[UID])
+    messages = session(url, data)
+    assert messages[0] == {
+        "type": "ready",
+        "sample_rate": 16000,
+        "format": "s16le",
+        "chunk_ms": 160,
+    }
+    partials = [m for m in messages if m["type"] == "partial"]
+    times = [m["audio_seconds"] for m in partials]
+    assert times == sorted(times) and len(partials) >= 10  # one per 160 ms chunk
+    offline = stream_transcript(recognizer, from_pcm16(data), OPTIONS)
+    [final] = [m for m in messages if m["type"] == "final"]
+    assert final["text"] == offline.text == "U M N Y H SIX"
+    assert [w["word"] for w in final["words"]] == offline.text.split()
+    assert messages[-1] == {"type": "done", "text": offline.text, "duration": 2.6}
+
+
+def test_concurrent_streams_are_batched_and_each_gets_its_own(server, trained) -> None:
+    (live, url), (recognizer, waves) = server, trained
+    datas = [pcm16(w) for w in waves.values()]
+    results: list = [None] * len(datas)
+
+    def run(k: int) -> None:
+        results[k] = session(url, datas[k], pause=0.01)
+
+    threads = [threading.Thread(target=run, args=(k,)) for k in range(len(datas))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    for data, messages in zip(datas, results):
+        offline = stream_transcript(recognizer, from_pcm16(data), OPTIONS)
+        assert messages[-1]["text"] == offline.text
+    assert live.largest_batch > 1
+
+
+def wait_until(condition, seconds: float = 10.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def test_a_client_that_leaves_mid_stream_is_freed(server, trained) -> None:
+    (live, url), (_, waves) = server, trained
+    wait_until(lambda: live.active_streams == 0)
+    with contextlib.suppress(ConnectionClosed, OSError), connect(url) as ws:
+        ws.send(START)
+        ws.recv(10)
+        ws.send(pcm16(waves[UID])[:16000])
+        wait_until(lambda: live.active_streams == 1)
+        ws.socket.shutdown(socket.SHUT_RDWR)  # gone without a close frame
+        ws.socket.close()
+        wait_until(lambda: live.active_streams == 0)
+    assert session(url, pcm16(waves[UID]))[-1]["type"] == "done"  # still serving
+
+
+@pytest.mark.parametrize(
+    ("sends", "start", "code", "says"),
+    [
+        ((b"\x00\x01\x02",), True, 1003, "not whole 2-byte samples"),
+        (("hello",), True, 1003, "not JSON"),
+        ((json.dumps({"type": "pause"}),), True, 1003, "expected audio"),
+        ((b"\x00" * (1 << 20 + 1),), True, 1009, "over the 1048576-byte limit"),
+        ((json.dumps({"type": "start", "sample_rate": 8000}),), False, 1003, "sample_rate 8000"),
+        ((json.dumps({"type": "start", "sample_rate": 16000, "format": "mp3"}),), False, 1003,
+         "format 'mp3'"),
+        ((b"\x00\x00" * 100,), False, 1008, "start message first"),
+    ],
+)  # fmt: skip
+def test_bad_input_gets_an_error_and_a_close(server, trained, sends, start, code, says) -> None:
+    (_, url), (_, waves) = server, trained
+    error, close_code = refused(url, *sends, start=start)
+    assert error["type"] == "error" and says in error["message"]
+    assert close_code == code
+    assert session(url, pcm16(waves[UID]))[-1]["type"] == "done"  # the others are served
+
+
+def test_connections_over_the_maximum_are_refused(trained) -> None:
+    recognizer, waves = trained
+    with running_server(recognizer, OPTIONS, max_connections=1) as (live, port):
+        url = f"ws://127.0.0.1:{port}/"
+        with connect(url) as first:
+            first.send(START)
+            first.recv(10)
+            error, code = refused(url, start=False)
+            assert "full (1 streams)" in error["message"] and code == 1013
+        wait_until(lambda: live.active_streams == 0)
+        assert session(url, pcm16(waves[UID]))[-1]["type"] == "done"
+
+
+class NonReadingClient:
+    """A WebSocket client that, after the handshake, only writes: its socket's buffers fill."""
+
+    def __init__(self, port: int) -> None:
+        from websockets.client import ClientProtocol
+        from websockets.uri import parse_uri
+
+        self.protocol = ClientProtocol(parse_uri(f"ws://127.0.0.1:{port}/"))
+        self.sock = socket.socket()
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 2048)
+        self.sock.connect(("127.0.0.1", port))
+        self.protocol.send_request(self.protocol.connect())
+        self._flush()
+        while self.protocol.handshake_exc is None and not self.protocol.events_received():
+            self.protocol.receive_data(self.sock.recv(1024))
+            if self.protocol.state.name == "OPEN":
+                break
+
+    def _flush(self) -> None:
+        for data in self.protocol.data_to_send():
+            self.sock.sendall(data)
+
+    def send(self, message: str | bytes) -> None:
+        if isinstance(message, str):
+            self.protocol.send_text(message.encode())
+        else:
+            self.protocol.send_binary(message)
+        self._flush()
+
+
+def test_a_client_too_slow_to_read_is_dropped(trained) -> None:
+    recognizer, waves = trained
+    tight = dict(send_timeout=0.5, write_limit_bytes=256, send_buffer_bytes=4096)
+    with running_server(recognizer, StreamOptions(chunk_ms=40, endpoint=None), **tight) as (
+        live,
+        port,
+    ):
+        client = NonReadingClient(port)
+        client.send(START)
+        data = pcm16(torch.cat([waves[UID]] * 8))  # 20 s: 500 chunks, a partial each
+        try:
+            for start in range(0, len(data), 3200):
+                client.send(data[start : start + 3200])
+        except OSError:  # the server cut us off: what this test wants
+            pass
+        wait_until(lambda: live.active_streams == 0, 10)  # its state is freed
+        assert live.dropped_slow == 1
+        client.sock.close()
+        assert session(f"ws://127.0.0.1:{port}/", pcm16(waves[UID]))[-1]["type"] == "done"
+
+
+def test_asr_serve_serves_the_page_and_the_socket(tiny_checkpoint, an4_fixture) -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    command = [sys.executable, "-m", "asr", "serve", "--model", str(tiny_checkpoint["checkpoint"]),
+               "--port", str(port), "--chunk-ms", "320"]  # fmt: skip
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        lines = []  # log lines may come first
+        while not any(f"http://127.0.0.1:{port}/" in line for line in lines):
+            lines.append(process.stdout.readline())
+            assert lines[-1], lines  # the server ended
+        page = urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=10).read().decode()
+        assert "<title>asr live</title>" in page
+        worklet = urllib.request.urlopen(f"http://127.0.0.1:{port}/worklet.js", timeout=10).read()
+        assert b"registerProcessor" in worklet
+        from asr.audio import load_audio
+
+        wave = load_audio(an4_fixture / "wav/an4_clstk/fash/an255-fash-b.wav", 16000)
+        messages = session(f"ws://127.0.0.1:{port}/", pcm16(wave))
+        assert messages[0]["chunk_ms"] == 320 and messages[-1]["type"] == "done"
+    finally:
+        process.terminate()
+        process.wait(10)

@@ -1,0 +1,210 @@
+"""Live streams (`Recognizer.stream`) of a tiny chunk-streaming recognizer trained on four AN4
+fixture utterances: what they decode, and that how audio arrives changes nothing."""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import sys
+
+import pytest
+import torch
+from streaming_fixtures import UTTERANCES, streaming_recognizer
+
+from asr.ctc_beam import CTCPrefixBeam, EndpointOptions
+from asr.frontends import Frontend, LevelNormalizer, LogMelFilterbank
+from asr.streaming import FeatureStream, StreamingEngine, StreamOptions, stream_transcript
+
+WHOLE = StreamOptions(endpoint=None)
+
+
+@pytest.fixture(scope="module")
+def trained():
+    return streaming_recognizer()
+
+
+@pytest.mark.parametrize("chunk_ms", [None, 160, 640])
+def test_streams_transcribe_what_the_model_learnt(trained, chunk_ms) -> None:
+    recognizer, waves = trained
+    for uid, text in UTTERANCES.items():
+        transcript = stream_transcript(recognizer, waves[uid], StreamOptions(chunk_ms=chunk_ms))
+        assert transcript.text == text
+        assert [w.text for w in transcript.words] == text.split()
+        assert all(0 <= w.start <= w.end <= transcript.duration for w in transcript.words)
+
+
+@pytest.mark.parametrize("packet", [0.01, 0.13, 0.5])
+def test_how_audio_arrives_changes_nothing(trained, packet) -> None:
+    recognizer, waves = trained
+    wave = waves["an4_clstk/fash/an255-fash-b"]
+    once = stream_transcript(recognizer, wave, StreamOptions(chunk_ms=320))
+    pieces = stream_transcript(recognizer, wave, StreamOptions(chunk_ms=320), packet)
+    assert pieces.tokens == once.tokens
+    assert pieces.score == pytest.approx(once.score, abs=1e-4)
+
+
+def test_features_arrive_as_the_whole_file_gives_them(trained) -> None:
+    recognizer, waves = trained
+    wave = waves["an4_clstk/fash/an255-fash-b"]
+    frontend = recognizer.model.frontend
+    whole = frontend(wave[None], torch.tensor([wave.numel()]))[0][0]
+    stream = FeatureStream(frontend)
+    parts = torch.cat([stream.push(wave[i : i + 777]) for i in range(0, wave.numel(), 777)])
+    torch.testing.assert_close(parts, whole, atol=1e-4, rtol=1e-4)
+
+
+def test_the_live_pass_reads_the_chunk_masked_encoder(trained) -> None:
+    """Partial results are the CTC prefix search over the encoder under the chunk mask."""
+    recognizer, waves = trained
+    wave = waves["an4_clstk/fash/an255-fash-b"]
+    stream = recognizer.stream(chunk_ms=160, endpoint=None)
+    partials = []
+    for start in range(0, wave.numel(), 1600):
+        stream.accept(wave[start : start + 1600])
+        partials.append(stream.partial)
+    streamed_enc = torch.cat(stream.enc)
+    model = recognizer.model
+    model.encoder.chunk = stream.engine.chunk
+    try:
+        enc, _ = model.encode(wave[None], torch.tensor([wave.numel()]))
+    finally:
+        model.encoder.chunk = None
+    torch.testing.assert_close(streamed_enc, enc[0, : streamed_enc.size(0)], atol=1e-4, rtol=1e-4)
+    search = CTCPrefixBeam(10)
+    search.advance(model.ctc(enc)[0, : streamed_enc.size(0)].detach().numpy())
+    assert stream.partial == recognizer.tokenizer.decode(search.best)
+    assert partials[-1] and len(set(partials)) > 2  # the text grew as the audio came
+    assert stream.final().text == UTTERANCES["an4_clstk/fash/an255-fash-b"]
+
+
+def test_streams_stepped_together_equal_each_alone(trained) -> None:
+    recognizer, waves = trained
+    engine = StreamingEngine(recognizer, StreamOptions(chunk_ms=160, endpoint=None))
+    streams = [engine.stream() for _ in waves]
+    for k, (stream, wave) in enumerate(zip(streams, waves.values())):
+        stream.feed(torch.zeros(1600 * k))  # each stream at another point
+        stream.feed(wave)
+    engine.run(streams)
+    for k, (stream, wave) in enumerate(zip(streams, waves.values())):
+        audio = torch.cat([torch.zeros(1600 * k), wave])
+        alone = stream_transcript(recognizer, audio, StreamOptions(chunk_ms=160, endpoint=None))
+        final = stream.final()
+        assert final.tokens == alone.tokens
+        assert final.score == pytest.approx(alone.score, abs=1e-4)
+
+
+def test_an_endpoint_closes_each_utterance_and_the_next_starts_afresh(trained) -> None:
+    recognizer, waves = trained
+    silence = 1e-4 * torch.randn(16000 * 2, generator=torch.Generator().manual_seed(0))
+    first, second = waves["an4_clstk/fash/an253-fash-b"], waves["an4_clstk/fash/an255-fash-b"]
+    audio = torch.cat([first, silence, second, silence])
+    options = StreamOptions(chunk_ms=160, endpoint=EndpointOptions(trailing_silence=1.2))
+    stream = recognizer.stream(options)
+    finals = []
+    for start in range(0, audio.numel(), 1600):
+        finals += stream.accept(audio[start : start + 1600])
+    assert len(finals) >= 2 and finals[0].text == "GO"  # closed before the audio ended
+    gap_start, second_start = first.numel() / 16000, first.numel() / 16000 + 2.0
+    spans = [(f.segments[0].start, f.segments[0].end) for f in finals]
+    assert spans[0][0] == 0.0 and gap_start < spans[0][1] < second_start
+    assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))  # in order, not overlapping
+    # each utterance after an endpoint decodes as a stream that starts where it starts
+    for final in finals[1:]:
+        begin = final.segments[0].start
+        again = recognizer.stream(options)
+        rest = audio[round(begin * 16000) :]
+        first_final = next(f for start in range(0, rest.numel(), 1600)
+                           for f in again.accept(rest[start : start + 1600]))  # fmt: skip
+        assert first_final.tokens == final.tokens
+        assert [begin + w.start for w in first_final.words] == pytest.approx(
+            [w.start for w in final.words], abs=1e-3
+        )
+    whole = stream.final()
+    finals += stream.take_finals()  # what the end of the audio closed
+    assert whole.text == " ".join(f.text for f in finals)
+    assert stream.take_finals() == []
+
+
+class BigramLM:
+    """A language model whose next-token log-probabilities depend on the last token only."""
+
+    def __init__(self, table: torch.Tensor) -> None:
+        self.table = table.log_softmax(-1)  # (V, V)
+
+    def init_state(self, batch_size: int, device: torch.device) -> dict:
+        return {}
+
+    def step(self, tokens: torch.Tensor, state: dict) -> tuple[torch.Tensor, dict]:
+        return self.table[tokens], state
+
+    def reorder_state(self, state: dict, index: torch.Tensor) -> dict:
+        return state
+
+
+def test_a_language_model_rescores_the_finals(trained) -> None:
+    from asr.streaming import _lm_scores
+    from asr.text import SOS_EOS_ID
+
+    recognizer, waves = trained
+    vocab = recognizer.tokenizer.vocab_size
+    lm = BigramLM(torch.randn(vocab, vocab, generator=torch.Generator().manual_seed(0)))
+    tokens = [[5, 6, 7], [], [8]]
+    expected = [
+        sum(float(lm.table[a, b]) for a, b in zip([SOS_EOS_ID, *t], [*t, SOS_EOS_ID]))
+        for t in tokens
+    ]
+    assert _lm_scores(lm, tokens, torch.device("cpu")) == pytest.approx(expected, abs=1e-5)
+    wave = waves["an4_clstk/fash/an255-fash-b"]
+    with pytest.raises(ValueError, match="no language model"):
+        recognizer.stream(lm_weight=0.5)
+    fused = stream_transcript(recognizer, wave, StreamOptions(lm_weight=0.5), lm=lm)
+    plain = stream_transcript(recognizer, wave, StreamOptions())
+    assert fused.segments[0].score != pytest.approx(plain.segments[0].score)
+
+
+def test_models_that_cannot_stream_are_refused(trained) -> None:
+    recognizer, _ = trained
+    frontend = Frontend(LogMelFilterbank(n_mels=40), level=LevelNormalizer())
+    with pytest.raises(ValueError, match="whole recording"):
+        FeatureStream(frontend)
+    with pytest.raises(ValueError, match="chunk_ms"):
+        StreamOptions(chunk_ms=0)
+    stream = recognizer.stream()
+    stream.final()
+    with pytest.raises(ValueError, match="ended"):
+        stream.accept(torch.zeros(10))
+
+
+def test_transcribe_streaming_reads_files_and_raw_pcm(
+    tiny_checkpoint, an4_fixture, tmp_path
+) -> None:
+    from asr.audio import load_audio
+    from asr.cli import main
+    from asr.recognizer import load_model
+
+    wav = an4_fixture / "wav/an4_clstk/fash/an255-fash-b.wav"
+    recognizer = load_model(tiny_checkpoint["checkpoint"])
+    expected = stream_transcript(recognizer, load_audio(wav, 16000), StreamOptions(chunk_ms=320))
+    args = [
+        "transcribe",
+        "--streaming",
+        "--chunk-ms",
+        "320",
+        "--model",
+        str(tiny_checkpoint["checkpoint"]),
+    ]
+    out = io.StringIO()
+    sys_stdout, sys.stdout = sys.stdout, out
+    try:
+        assert main([*args, str(wav)]) == 0
+    finally:
+        sys.stdout = sys_stdout
+    lines = [line for line in out.getvalue().splitlines() if line]
+    assert " ".join(line.split("] ", 1)[1] for line in lines) == expected.text
+    pcm = (load_audio(wav, 16000) * 32767).round().short().numpy().tobytes()
+    run = subprocess.run(
+        [sys.executable, "-m", "asr", *args, "-"], input=pcm, capture_output=True, timeout=120
+    )
+    assert run.returncode == 0, run.stderr.decode()
+    piped = [line for line in run.stdout.decode().splitlines() if line]
+    assert len(piped) == len(lines)
