@@ -11,6 +11,7 @@ from typing import IO
 import numpy as np
 
 from asr.ctc_beam import EndpointOptions
+from asr.search import DEFAULT_LM_WEIGHT
 from asr.streaming import StreamOptions
 
 PCM_BLOCK_SECONDS = 0.1  # stdin is read, and files fed, in pieces of this much audio
@@ -43,7 +44,9 @@ def stream_options(args: argparse.Namespace) -> StreamOptions:
     endpoint = None
     if args.endpoint_silence > 0:
         endpoint = EndpointOptions(trailing_silence=args.endpoint_silence)
-    lm_weight = args.lm_weight if args.lm_weight is not None else (0.3 if args.lm else None)
+    lm_weight = args.lm_weight
+    if lm_weight is None and args.lm:
+        lm_weight = DEFAULT_LM_WEIGHT
     given = {"beam": args.beam_size, "ctc_weight": args.ctc_weight, "lm_weight": lm_weight}
     return StreamOptions(
         chunk_ms=args.chunk_ms or None,
@@ -54,12 +57,13 @@ def stream_options(args: argparse.Namespace) -> StreamOptions:
 
 
 def transcribe_streaming(
-    args: argparse.Namespace, recognizer, lm=None, out: IO[str] = sys.stdout
+    args: argparse.Namespace, recognizer, lm=None, out: IO[str] | None = None
 ) -> int:
     """Decode each input as a live stream; `-` is raw 16-bit mono PCM on stdin. Each final is
     printed as a line; on a terminal the partial is rewritten in place below them."""
     from asr.audio import load_audio
 
+    out = out or sys.stdout
     options = stream_options(args)
     live = out.isatty() and not args.quiet
     rate = recognizer.sample_rate

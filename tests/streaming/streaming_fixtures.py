@@ -6,12 +6,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import fcntl
 import functools
+import hashlib
+import tempfile
 import threading
+from pathlib import Path
 
 import torch
 from conftest import AN4_FIXTURE
 
+import asr
 from asr.audio import load_audio
 from asr.data.dataset import collate
 from asr.frontends import Frontend, GlobalCMVN, LogMelFilterbank
@@ -39,6 +44,24 @@ def streaming_recognizer() -> tuple[Recognizer, dict[str, torch.Tensor]]:
 
 @functools.cache
 def _trained() -> tuple[Recognizer, dict[str, torch.Tensor]]:
+    """Trained once per machine and code: the test workers share the weights through a file
+    named by a hash of the code that shapes them (the first worker trains, the others wait)."""
+    package = Path(asr.__file__).parent
+    sources = [Path(__file__), package / "data" / "dataset.py"]
+    sources += [*(package / "models").glob("*.py"), *(package / "frontends").glob("*.py")]
+    key = hashlib.sha256(b"".join(p.read_bytes() for p in sorted(sources)))
+    key.update(torch.__version__.encode())
+    path = Path(tempfile.gettempdir()) / f"asr-streaming-fixture-{key.hexdigest()[:16]}.pt"
+    with open(path.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        recognizer, waves = _train(None if not path.exists() else torch.load(path))
+        if not path.exists():
+            torch.save(recognizer.model.state_dict(), path.with_suffix(".tmp"))
+            path.with_suffix(".tmp").rename(path)
+    return recognizer, waves
+
+
+def _train(weights: dict | None) -> tuple[Recognizer, dict[str, torch.Tensor]]:
     tokenizer = CharTokenizer.train(UTTERANCES.values())
     waves = {p: load_audio(WAV / f"{p}.wav", RATE) for p in UTTERANCES}
     items = [
@@ -59,6 +82,9 @@ def _trained() -> tuple[Recognizer, dict[str, torch.Tensor]]:
         tokenizer.vocab_size, 64, d_model=64, num_heads=4, ffn_dim=128, num_layers=1, dropout=0
     )
     model = Seq2Seq(frontend, encoder, decoder, CTCHead(tokenizer.vocab_size, 64))
+    if weights is not None:
+        model.load_state_dict(weights)
+        return Recognizer(model.eval(), tokenizer, RATE, "<in memory>"), waves
     optimizer = torch.optim.Adam(model.parameters(), lr=2e-3)
     args = (batch.waves, batch.wave_lens, batch.tokens, batch.token_lens)
     for _ in range(300):
