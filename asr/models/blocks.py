@@ -150,7 +150,7 @@ class PositionalEncoding(nn.Module):
     def forward(self, x: Tensor, offset: int | Tensor = 0) -> Tensor:
         """Args: x `(B, T, d_model)`, offset of the first position (or one per row `(B,)`).
         Returns: `(B, T, d_model)`."""
-        if isinstance(offset, Tensor):
+        if isinstance(offset, Tensor) and offset.dim() == 1:
             positions = offset[:, None] + torch.arange(x.size(1), device=x.device)  # (B, T)
             self._grow(int(positions.max()) + 1 if positions.numel() else 0)
             return self.dropout(x * self.scale + self.pe[positions])
