@@ -71,6 +71,16 @@ class ChunkTraining:
         return int(torch.randint(1, self.max_chunk + 1, ()))
 
 
+def next_attention_chunk(
+    training: bool, chunk_training: ChunkTraining | None, chunk: int | None
+) -> int | None:
+    """An encoder's attention chunk for its next pass: drawn in training (`chunk_training`),
+    else the inference `chunk`; None is full context."""
+    if training:
+        return None if chunk_training is None else chunk_training.draw()
+    return chunk
+
+
 @dataclass
 class EncoderCache:
     """What B streams carry from one chunk to the next, at every layer of an encoder.

@@ -21,6 +21,7 @@ from asr.models.chunking import (
     chunk_keys_mask,
     empty_cache,
     encoder_mask,
+    next_attention_chunk,
 )
 from asr.models.interfaces import State, lengths_to_mask, reorder_batch
 
@@ -142,9 +143,7 @@ class TransformerEncoder(nn.Module):
 
     def attention_chunk(self) -> int | None:
         """The attention chunk of the next forward pass (None: full context)."""
-        if self.training:
-            return None if self.chunk_training is None else self.chunk_training.draw()
-        return self.chunk
+        return next_attention_chunk(self.training, self.chunk_training, self.chunk)
 
     def empty_cache(self, batch: int, like: Tensor) -> EncoderCache:
         """The cache of `batch` streams before their first chunk."""

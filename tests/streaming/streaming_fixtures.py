@@ -54,7 +54,9 @@ def _trained() -> tuple[Recognizer, dict[str, torch.Tensor]]:
     path = Path(tempfile.gettempdir()) / f"asr-streaming-fixture-{key.hexdigest()[:16]}.pt"
     with open(path.with_suffix(".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        recognizer, waves = _train(None if not path.exists() else torch.load(path))
+        recognizer, waves = _train(
+            None if not path.exists() else torch.load(path, weights_only=True)
+        )
         if not path.exists():
             torch.save(recognizer.model.state_dict(), path.with_suffix(".tmp"))
             path.with_suffix(".tmp").rename(path)
