@@ -340,6 +340,11 @@ class ASRModule(L.LightningModule):
             )
         if self.trainer.state.fn == "fit":
             checkpoint["rng"] = {"torch": torch.get_rng_state()}
+            if self.trainer.world_size > 1:  # every rank saves; rank 0 writes all ranks' states
+                state = torch.get_rng_state()
+                states = [torch.empty_like(state) for _ in range(self.trainer.world_size)]
+                torch.distributed.all_gather(states, state)
+                checkpoint["rng"]["ranks"] = states
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         self._resume_rng = checkpoint.get("rng")
@@ -351,7 +356,11 @@ class ASRModule(L.LightningModule):
     def on_train_batch_start(self, batch: Batch, batch_idx: int) -> None:
         # Dropout and SpecAugment continue exactly where the saved run stopped.
         if self._resume_rng is not None:
-            torch.set_rng_state(self._resume_rng["torch"])
+            ranks = self._resume_rng.get("ranks")
+            same_world = ranks is not None and len(ranks) == self.trainer.world_size
+            torch.set_rng_state(
+                ranks[self.global_rank] if same_world else self._resume_rng["torch"]
+            )
             self._resume_rng = None
 
     def configure_optimizers(self):

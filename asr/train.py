@@ -228,6 +228,34 @@ def reopen_cut_epoch(checkpoint: dict[str, Any]) -> None:
     epoch_loop["_batches_that_stepped"] -= 1
 
 
+class LostRank(L.Callback):
+    """Names the local ranks that have ended when a distributed fit fails on a lost peer."""
+
+    def on_exception(self, trainer: L.Trainer, module: Any, exception: BaseException) -> None:
+        if not lost_peer(exception):
+            return
+        # Lightning's launcher starts local ranks 1..N-1 as children of rank 0.
+        for rank, proc in enumerate(getattr(trainer.strategy.launcher, "procs", None) or [], 1):
+            status = proc.poll()
+            if status:
+                how = (
+                    f"was killed by {signal.Signals(-status).name}"
+                    if status < 0
+                    else (f"exited with status {status}")
+                )
+                exception.add_note(f"local rank {rank} (PID {proc.pid}) {how}")
+
+
+LOST_PEER_MESSAGES = ("Connection reset by peer", "Connection closed by peer", "Broken pipe")
+
+
+def lost_peer(error: BaseException) -> bool:
+    """Whether `error` is a collective failing because another process of the job is gone."""
+    if isinstance(error, torch.distributed.DistNetworkError):
+        return True
+    return isinstance(error, RuntimeError) and any(m in str(error) for m in LOST_PEER_MESSAGES)
+
+
 class ASRCLI(LightningCLI):
     """LightningCLI with argument links, checkpoint callbacks and default loggers."""
 
@@ -291,6 +319,7 @@ class ASRCLI(LightningCLI):
 
     def instantiate_classes(self) -> None:
         super().instantiate_classes()
+        self.trainer.callbacks.append(LostRank())
         config = self.config[self.subcommand] if self.subcommand else self.config
         # The init args alone: checkpoint loaders know their module class (ASRModule, LMModule).
         model_config = config.model.init_args.as_dict()
@@ -345,6 +374,17 @@ def run_lightning_cli(argv: Sequence[str]) -> ASRCLI:
             save_config_kwargs={"overwrite": True},
             trainer_defaults={"plugins": [{"class_path": "asr.train.AtomicCheckpointIO"}]},
         )
+    except Exception as error:
+        if not lost_peer(error):
+            raise
+        ended = "; ".join(getattr(error, "__notes__", [])) or "another process of the job ended"
+        reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+        print(
+            f"asr: training stopped: {ended} ({reason}). The same command with --ckpt_path last "
+            "resumes from the last checkpoint",
+            file=sys.stderr,
+        )
+        raise SystemExit(1) from None
     except SIGTERMException:
         # Lightning exits 0 on SIGTERM; a recipe would then average an unfinished model.
         print(
