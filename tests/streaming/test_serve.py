@@ -198,6 +198,7 @@ def test_a_client_too_slow_to_read_is_dropped(trained) -> None:
     ):
         client = NonReadingClient(port)
         client.send(START)
+        wait_until(lambda: live.active_streams == 1)  # started, or a slow server reads 0 below
         data = pcm16(torch.cat([waves[UID]] * 8))  # 20 s: 500 chunks, a partial each
         try:
             for start in range(0, len(data), 3200):
