@@ -19,6 +19,15 @@ from asr.data.augment import WaveAugment, WaveAugmenter
 from asr.data.dataset import Batch, SpeechDataset, collate, round_up, set_loader_epoch
 from asr.data.manifest import format_bad_entries, validate_manifest
 from asr.data.sampler import DynamicBucketSampler, LengthGrid
+from asr.data.shards import (
+    DEFAULT_SHUFFLE_BUFFER,
+    ShardedSpeechDataset,
+    StreamOptions,
+    check_characters,
+    is_shard_folder,
+    read_index,
+    stream_loader,
+)
 from asr.finetune import init_from as init_model_from
 from asr.metrics import ErrorCounts, char_errors, word_errors
 from asr.models.ctc import InterCTC
@@ -236,8 +245,9 @@ class ASRModule(L.LightningModule):
             train = self._train_dataset()
             if train is not None:
                 counts = [len(self.tokenizer.encode(u.text)) for u in train.utterances]
+                durations = [u.duration for u in train.utterances]
                 speed = max(train.speed_perturb, default=1.0)
-                self._tokens_per_second = fastest_speech(counts, train.durations, speed)
+                self._tokens_per_second = fastest_speech(counts, durations, speed)
         return self._tokens_per_second
 
     def _train_dataset(self) -> SpeechDataset | None:
@@ -461,7 +471,8 @@ class ASRDataModule(L.LightningDataModule):
     """Manifests -> length-bucketed batches of padded audio and tokens.
 
     Args:
-        train_manifest: JSONL manifest for training.
+        train_manifest: JSONL manifest for training, or a folder of `asr shard` shards
+            (streamed: `asr.data.shards`).
         val_manifest: JSONL manifest for validation.
         tokenizer: directory written by `asr tokenizer`.
         test_manifest: optional JSONL manifest for `asr test`.
@@ -479,6 +490,7 @@ class ASRDataModule(L.LightningDataModule):
         cache_audio: keep loaded waveforms in memory for later epochs (small corpora).
         augment: waveform augmentation of the training set (`asr.data.augment`).
         shortest_first_epochs: the first this many epochs batch shortest first (SortaGrad).
+        shuffle_buffer: sharded training data: utterances each stream holds to shuffle.
     """
 
     def __init__(
@@ -501,6 +513,7 @@ class ASRDataModule(L.LightningDataModule):
         cache_audio: bool = False,
         augment: WaveAugment | None = None,
         shortest_first_epochs: int = 0,
+        shuffle_buffer: int = DEFAULT_SHUFFLE_BUFFER,
     ):
         super().__init__()
         if check_audio not in ("header", "full"):
@@ -512,7 +525,7 @@ class ASRDataModule(L.LightningDataModule):
         if augment is not None and augment.active:
             self.augmenter = WaveAugmenter(augment, sample_rate)
         self.tokenizer = Tokenizer.load(tokenizer)
-        self.datasets: dict[str, SpeechDataset] = {}
+        self.datasets: dict[str, SpeechDataset | ShardedSpeechDataset] = {}
         self._resume_sampler: dict | None = None
 
     @property
@@ -524,7 +537,7 @@ class ASRDataModule(L.LightningDataModule):
         trainer = self.trainer
         if trainer is None or trainer.state.fn != "fit" or trainer.train_dataloader is None:
             return {}
-        sampler = trainer.train_dataloader.batch_sampler
+        sampler = _position_keeper(trainer.train_dataloader)
         done = trainer.fit_loop.epoch_loop.batch_progress.current.processed
         return {"train_sampler": sampler.state_dict() | {"batches_yielded": done}}
 
@@ -534,8 +547,11 @@ class ASRDataModule(L.LightningDataModule):
     def setup(self, stage: str) -> None:
         hp = self.hparams
         for split, manifest in stage_manifests(self, stage):
-            utts = self._checked(manifest)
             train = split == "train"
+            if train and is_shard_folder(manifest):
+                self.datasets[split] = self._stream(manifest)
+                continue
+            utts = self._checked(manifest)
             self.datasets[split] = SpeechDataset(
                 utts,
                 self.tokenizer,
@@ -545,6 +561,24 @@ class ASRDataModule(L.LightningDataModule):
                 hp.cache_audio,
                 self.augmenter if train else None,
             )
+
+    def _stream(self, folder: str) -> ShardedSpeechDataset:
+        """The training stream over a shard folder, its index and files checked up front."""
+        hp, trainer = self.hparams, self.trainer
+        if hp.shortest_first_epochs:
+            raise ValueError("data.shortest_first_epochs needs a manifest, not shards: set it to 0")
+        index = read_index(folder)
+        check_characters(index, self.tokenizer)
+        options = StreamOptions(
+            hp.max_batch_seconds, hp.max_batch_size, hp.num_buckets, hp.shuffle_buffer,
+            hp.speed_perturb, hp.seed,
+        )  # fmt: skip
+        return ShardedSpeechDataset(
+            index, self.tokenizer, options, hp.sample_rate,
+            num_replicas=trainer.world_size if trainer else 1,
+            rank=trainer.global_rank if trainer else 0,
+            num_workers=hp.num_workers, augment=self.augmenter, grid=self.grid,
+        )  # fmt: skip
 
     def _checked(self, path: str) -> list:
         """Validate a manifest up front; with `skip_bad`, drop and list the bad lines."""
@@ -571,6 +605,10 @@ class ASRDataModule(L.LightningDataModule):
                 wave_length=partial(self.grid.samples, sample_rate=dataset.sample_rate),
                 token_length=partial(round_up, multiple=TOKEN_MULTIPLE),
             )
+        if isinstance(dataset, ShardedSpeechDataset):
+            loader = stream_loader(dataset, collate_fn, self.hparams.seed)
+            set_loader_epoch(loader, self.trainer.current_epoch if self.trainer else 0)
+            return loader
         # Grid shapes must fit each epoch's perturbed lengths; else nominal durations pack better.
         lengths = dataset.durations if self.grid is None else dataset.lengths
         hp = self.hparams
@@ -589,7 +627,7 @@ class ASRDataModule(L.LightningDataModule):
         loader = self._loader("train", shuffle=True)
         state, self._resume_sampler = self._resume_sampler, None
         if state and self.trainer is not None and state["epoch"] == self.trainer.current_epoch:
-            loader.batch_sampler.load_state_dict(state)
+            _position_keeper(loader).load_state_dict(state)
         return loader
 
     def val_dataloader(self):
@@ -597,3 +635,8 @@ class ASRDataModule(L.LightningDataModule):
 
     def test_dataloader(self):
         return self._loader("test", shuffle=False)
+
+
+def _position_keeper(loader: torch.utils.data.DataLoader):
+    """What holds a training loader's position: its batch sampler, or its stream of batches."""
+    return loader.dataset if loader.batch_sampler is None else loader.batch_sampler

@@ -23,6 +23,7 @@ from asr.audio import load_audio
 from asr.checkpoint import instantiate
 from asr.data.dataset import Batch, SpeechDataset, collate
 from asr.data.manifest import read_manifest
+from asr.frontends.normalize import CMVNStats
 from asr.lightning import ASRDataModule, ASRModule
 from asr.metrics import word_errors
 from asr.models.seq2seq import Seq2Seq, add_sos_eos
@@ -33,9 +34,9 @@ from asr.segment import SegmenterOptions, segment_seconds_for
 from asr.text import BLANK_ID, PAD_ID, SOS_EOS_ID, Tokenizer
 
 __all__ = [  # the asr names the parts take from here
-    "BLANK_ID", "PAD_ID", "PRECISIONS", "SOS_EOS_ID", "Batch", "Recognizer", "SearchOptions",
-    "SegmenterOptions", "Seq2Seq", "SpeechDataset", "Tokenizer", "add_sos_eos", "autocast",
-    "beam_search", "collate", "load_audio", "load_model", "read_manifest",
+    "BLANK_ID", "PAD_ID", "PRECISIONS", "SOS_EOS_ID", "Batch", "CMVNStats", "Recognizer",
+    "SearchOptions", "SegmenterOptions", "Seq2Seq", "SpeechDataset", "Tokenizer", "add_sos_eos",
+    "autocast", "beam_search", "collate", "load_audio", "load_model", "read_manifest",
     "segment_seconds_for", "word_errors",
 ]  # fmt: skip
 

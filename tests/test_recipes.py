@@ -460,9 +460,9 @@ def test_folder_all_stages(yesno_dir, tmp_path, repo_outputs):
 
 # -------------------------------------------------------------------------- LibriSpeech
 
-SMOKE = ["--train-sets", "train-clean-5", "--dev-set", "train-clean-5"]
-SMOKE += ["--test-sets", "train-clean-5"]
-SMOKE += ["--config", "conf/librispeech/transformer_smoke.yaml"]  # BPE 100, its tokenizer path
+SAMPLE_SETS = ["--train-sets", "train-clean-5", "--dev-set", "train-clean-5"]
+SAMPLE_SETS += ["--test-sets", "train-clean-5"]
+SMOKE = [*SAMPLE_SETS, "--config", "conf/librispeech/transformer_smoke.yaml"]  # BPE 100
 
 
 @pytest.fixture
@@ -496,6 +496,21 @@ def test_librispeech_download_prepare_and_bpe(librispeech_mirror, tmp_path, repo
     other_size = run_recipe("librispeech", *args, "--vocab-size", "90", "--stop-stage", "2")
     assert skipped(other_size.stdout) == [1] and ran(other_size.stdout) == [2]
     assert Tokenizer.load(data / "bpe90").vocab_size == 90
+
+
+@pytest.mark.needs_corpus
+def test_librispeech_default_config_trains_on_shards_written_by_stage_1(
+    librispeech_dir, tmp_path, repo_outputs
+):
+    data = tmp_path / "data"
+    args = ["--data-dir", librispeech_dir.parent, "--data", data, "--exp", tmp_path / "e"]
+    args += SAMPLE_SETS
+    result = run_recipe("librispeech", *args, "--stop-stage", "1")
+    assert "== stage 1 (write shards)" in result.stdout and ran(result.stdout) == [1, 1]
+    index = json.loads((data / "shards" / "train" / "shards.json").read_text())
+    assert index["utterances"] == 38
+    again = run_recipe("librispeech", *args, "--stop-stage", "1")
+    assert skipped(again.stdout) == [1, 1]
 
 
 @pytest.mark.slow

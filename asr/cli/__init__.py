@@ -4,6 +4,7 @@ asr prepare CORPUS --data-dir DIR --out DIR     manifests (JSONL) + summary
 asr tokenizer --manifest M --kind char|bpe|unigram [--vocab-size N] --out DIR
 asr cmvn --manifest M --out stats.json          global CMVN statistics
 asr validate-data --manifest M [--tokenizer DIR] check audio and text up front
+asr shard --manifest M --out DIR [--shard-hours H]   WebDataset shards that training streams
 asr fit|validate|test --config conf/...yaml     training (LightningCLI)
 asr average --last exp/.../checkpoints/last.ckpt --best 5 --out avg.ckpt
 asr finalize --checkpoint CKPT --manifest dev.jsonl --beam-size 10 --ctc-weight 0.5
@@ -110,6 +111,18 @@ def _validate_data(args: argparse.Namespace) -> int:
             report.write(args.report)
         failed += len(report.bad)
     return 1 if failed else 0
+
+
+def _shard(args: argparse.Namespace) -> int:
+    from asr.data.shards import INDEX_NAME, write_shards
+
+    index = write_shards(args.manifest, args.out, args.shard_hours, progress=not args.quiet)
+    hours = sum(shard.seconds for shard in index.shards) / 3600
+    count = sum(shard.count for shard in index.shards)
+    print(f"{count} utterances ({hours:.2f} h) in {len(index.shards)} shards written to "
+          f"{args.out}; train on them with data.train_manifest: {args.out}")  # fmt: skip
+    print(f"index: {Path(args.out) / INDEX_NAME}", file=sys.stderr)
+    return 0
 
 
 def _average(args: argparse.Namespace) -> int:
@@ -579,6 +592,33 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
         p.add_argument("--full", action="store_true", help="decode all audio (checks NaN/inf too)")
         p.add_argument("--report", help="write the list of bad entries to this file")
     p.set_defaults(run=_validate_data)
+
+    p = sub.add_parser(
+        "shard",
+        help="write a manifest's audio as WebDataset tar shards, streamed in training",
+        description="Write the utterances of a manifest, in its order, into WebDataset tar "
+        "shards of at most --shard-hours of audio: each utterance is <key>.<suffix>, its audio "
+        "file's bytes unchanged (FLAC, Opus, WAV, SPHERE...; a segment with an offset is cut "
+        "and stored as FLAC), and <key>.json (id, text, duration, speaker). OUT/shards.json "
+        "indexes them (files, sizes, durations). Name the folder as the training data, "
+        "`data.train_manifest: OUT`, and `asr fit` streams it: shards split over ranks and "
+        "loader workers, a shuffle buffer (data.shuffle_buffer), length-bucketed batches, "
+        "exact resume (docs/training.md, Sharded data).",
+    )
+    if command == "shard":
+        from asr.data.shards import DEFAULT_SHARD_HOURS
+
+        p.add_argument("--manifest", required=True, help="JSONL manifest of the training set")
+        p.add_argument("--out", required=True, help="shard folder (shard-NNNNNN.tar, shards.json)")
+        p.add_argument(
+            "--shard-hours",
+            type=float,
+            default=DEFAULT_SHARD_HOURS,
+            help="most audio per shard, hours (%(default)s); write at least one shard per "
+            "rank, better several per loader worker",
+        )
+        p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(run=_shard)
 
     p = sub.add_parser("average", help="average the weights of several checkpoints")
     if command == "average":

@@ -52,7 +52,7 @@ class SpeechDataset(Dataset[dict[str, Any]]):
         self.utterances = list(utterances)
         self.tokenizer = tokenizer
         self.sample_rate = sample_rate
-        self.speed_perturb = _check_factors(speed_perturb)
+        self.speed_perturb = check_speed_factors(speed_perturb)
         self.seed = seed
         self._cache: dict[tuple[int, float], Tensor] | None = {} if cache_audio else None
         self.augment = augment
@@ -243,7 +243,7 @@ def set_loader_epoch(loader: DataLoader, epoch: int) -> None:
             set_epoch(epoch)
 
 
-def _check_factors(factors: Sequence[float] | None) -> tuple[float, ...]:
+def check_speed_factors(factors: Sequence[float] | None) -> tuple[float, ...]:
     """Speed factors as a tuple; empty when perturbation is off."""
     if factors is None:
         return ()

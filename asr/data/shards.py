@@ -1,0 +1,884 @@
+"""Training data as WebDataset tar shards, read as a stream.
+
+`write_shards` stores a manifest's audio files unchanged (segments with an `offset` are cut
+and stored as FLAC) beside a `<key>.json` of each utterance's text, duration, speaker and id,
+and writes `shards.json`: per shard its file, size and utterance durations.
+
+`ShardedSpeechDataset` streams them: each epoch permutes the shards from (seed, epoch), splits
+them over ranks and then DataLoader workers, and passes each (rank, worker) stream through a
+seeded shuffle buffer and a length bucketer. The same pipeline run on the index alone plans
+every stream's batches, so every stream yields the same number of batches (the longest
+plan's; shorter streams start over) and a resume skips exactly the batches already trained.
+Audio is decoded only for batches that are yielded.
+"""
+
+from __future__ import annotations
+
+import bisect
+import io
+import json
+import logging
+import os
+import re
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, TypeVar
+
+import numpy as np
+import soundfile
+import torch
+from torch import Tensor
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+from tqdm import tqdm
+
+from asr.audio import load_audio_with_rate
+from asr.data.augment import WaveAugmenter
+from asr.data.dataset import TextEncoder, check_speed_factors
+from asr.data.manifest import Utterance, read_manifest
+from asr.data.sampler import LengthGrid
+from asr.perturb import change_speed, other_indices
+
+logger = logging.getLogger(__name__)
+
+INDEX_NAME = "shards.json"
+INDEX_FORMAT = "asr-shards"
+INDEX_VERSION = 1
+SHARD_NAME = "shard-{:06d}.tar"
+DEFAULT_SHARD_HOURS = 1.0
+DEFAULT_SHUFFLE_BUFFER = 500
+FASTEST_KEPT = 32  # fastest-spoken utterances kept in the index for the output length bound
+# Draws of one epoch: kept apart by the last element of their seeds.
+_SHARD_ORDER, _SHUFFLE, _SPEED, _AUGMENT = 0, 1, 2, 3
+
+T = TypeVar("T")
+# (shard's position in the index, utterance's position in the shard, its tar sample or None)
+Member = tuple[int, int, "dict[str, bytes] | None"]
+Role = tuple[int, int]  # (rank, worker)
+
+
+class ShardError(ValueError):
+    """Shards that cannot be read as their index says; the message names the file."""
+
+
+# ----------------------------------------------------------------------------- the index
+
+
+@dataclass(frozen=True)
+class ShardInfo:
+    """One shard as the index lists it."""
+
+    file: str  # name inside the shard folder
+    bytes: int  # size of the tar file
+    durations: np.ndarray  # (N,) seconds of each utterance, in tar order, rounded to ms
+
+    @property
+    def count(self) -> int:
+        return len(self.durations)
+
+    @property
+    def seconds(self) -> float:
+        return float(self.durations.sum())
+
+
+@dataclass(frozen=True)
+class ShardIndex:
+    """`shards.json` of a shard folder: what planning an epoch needs, no audio."""
+
+    folder: Path
+    shards: tuple[ShardInfo, ...]
+    sample_rates: tuple[int, ...]  # the rates of the stored audio
+    characters: str  # every character of the texts, for the tokenizer's vocabulary check
+    fastest: tuple[Utterance, ...]  # the highest characters per second (text and duration)
+
+    @property
+    def offsets(self) -> np.ndarray:
+        """`(S + 1,)` global index of each shard's first utterance, then the total."""
+        return np.cumsum([0] + [shard.count for shard in self.shards])
+
+    @property
+    def durations(self) -> np.ndarray:
+        """`(N,)` every utterance's duration in seconds, shard after shard."""
+        if not self.shards:
+            return np.zeros(0)
+        return np.concatenate([shard.durations for shard in self.shards])
+
+    def path(self, shard: int) -> Path:
+        return self.folder / self.shards[shard].file
+
+    def check_files(self) -> None:
+        """Raise a ShardError naming every shard file that is missing or not the indexed size."""
+        problems = []
+        for k, shard in enumerate(self.shards):
+            path = self.path(k)
+            if not path.is_file():
+                problems.append(f"{path}: shard file not found")
+            elif path.stat().st_size != shard.bytes:
+                size = path.stat().st_size
+                problems.append(f"{path}: {size} bytes, the index says {shard.bytes}")
+        if problems:
+            raise ShardError(
+                "\n".join(problems) + f"\n(index {self.folder / INDEX_NAME}; rewrite the shards "
+                "with `asr shard`)"
+            )
+
+
+def is_shard_folder(path: str | os.PathLike) -> bool:
+    """Whether a data path names shards rather than a manifest: a folder, its shards.json, or
+    a path not yet written that does not end in .jsonl (its error then speaks of shards).
+
+    Args:
+        path: `data.train_manifest` as configured.
+
+    Returns:
+        True for shards, False for a JSONL manifest.
+
+    >>> is_shard_folder("data/missing/train.jsonl"), is_shard_folder("data/missing/shards")
+    (False, True)
+    """
+    path = Path(path)
+    if path.is_dir() or path.name == INDEX_NAME:
+        return True
+    return not path.exists() and path.suffix.lower() != ".jsonl"
+
+
+def read_index(path: str | os.PathLike) -> ShardIndex:
+    """Read a shard folder's index.
+
+    Args:
+        path: the shard folder, or its shards.json.
+
+    Returns:
+        The index: shard files, sizes and durations (no audio is read).
+
+    Raises:
+        ShardError: the index is missing or unreadable.
+    """
+    path = Path(path)
+    folder = path.parent if path.name == INDEX_NAME else path
+    index_path = folder / INDEX_NAME
+    try:
+        record = json.loads(index_path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ShardError(
+            f"{index_path}: shard index not found (write shards with `asr shard --manifest M "
+            f"--out {folder}`)"
+        ) from None
+    except (OSError, ValueError) as error:
+        raise ShardError(f"{index_path}: unreadable shard index ({error})") from None
+    if not isinstance(record, dict) or record.get("format") != INDEX_FORMAT:
+        raise ShardError(f"{index_path}: not a shard index of `asr shard`")
+    shards = tuple(
+        ShardInfo(s["file"], int(s["bytes"]), np.asarray(s["durations"], dtype=np.float64))
+        for s in record["shards"]
+    )
+    fastest = tuple(Utterance("", float(d), t) for t, d in record.get("fastest", []))
+    return ShardIndex(
+        folder, shards, tuple(record["sample_rates"]), record.get("characters", ""), fastest
+    )
+
+
+# ----------------------------------------------------------------------------- writing
+
+
+def write_shards(
+    manifest: str | os.PathLike,
+    out: str | os.PathLike,
+    shard_hours: float = DEFAULT_SHARD_HOURS,
+    progress: bool = False,
+) -> ShardIndex:
+    """Write a manifest's utterances as WebDataset tar shards and their index.
+
+    Each utterance is `<key>.<suffix>` (the audio file's bytes unchanged; a segment with an
+    offset, or a format libsndfile cannot read, decoded and stored as FLAC) and `<key>.json`
+    (id, text, duration, speaker). Shards follow the manifest's order and hold at most
+    `shard_hours` of audio each (an utterance longer than that has a shard of its own).
+
+    Args:
+        manifest: JSONL manifest (validated as `read_manifest` does).
+        out: shard folder; `shards.json` is written last, so a reader never sees a partial set.
+        shard_hours: most audio per shard, hours.
+        progress: a progress bar on stderr.
+
+    Returns:
+        The index written.
+    """
+    if not shard_hours > 0:
+        raise ValueError(f"shard_hours must be > 0, got {shard_hours}")
+    import webdataset
+
+    utterances = read_manifest(manifest)
+    if not utterances:
+        raise ValueError(f"{manifest}: no utterances to shard")
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    groups = _group_by_seconds([u.duration for u in utterances], shard_hours * 3600)
+    keys = _member_keys([u.utt_id for u in utterances])
+    records, rates = [], set()
+    bar = tqdm(total=len(utterances), desc="shards", unit="utt", disable=not progress)
+    for number, (start, stop) in enumerate(groups):
+        name = SHARD_NAME.format(number)
+        partial = out / (name + ".partial")
+        with webdataset.TarWriter(str(partial), encoder=False, mtime=0) as writer:
+            for utterance, key in zip(utterances[start:stop], keys[start:stop]):
+                suffix, data, rate = _stored_audio(utterance)
+                rates.add(rate)
+                writer.write({"__key__": key, suffix: data, "json": _member_json(utterance)})
+                bar.update()
+        os.replace(partial, out / name)
+        durations = [round(u.duration, 3) for u in utterances[start:stop]]
+        size = (out / name).stat().st_size
+        records.append({"file": name, "bytes": size, "utterances": stop - start,
+                        "seconds": round(sum(durations), 3), "durations": durations})  # fmt: skip
+    bar.close()
+    _write_index(out, manifest, records, sorted(rates), utterances)
+    return read_index(out)
+
+
+def _group_by_seconds(durations: Sequence[float], limit: float) -> list[tuple[int, int]]:
+    """Consecutive `[start, stop)` runs of at most `limit` seconds (at least one item each).
+
+    >>> _group_by_seconds([2, 2, 3, 5, 1], 4)
+    [(0, 2), (2, 3), (3, 4), (4, 5)]
+    """
+    groups, start, total = [], 0, 0.0
+    for k, duration in enumerate(durations):
+        if k > start and total + duration > limit:
+            groups.append((start, k))
+            start, total = k, 0.0
+        total += duration
+    groups.append((start, len(durations)))
+    return groups
+
+
+def _member_keys(ids: Sequence[str]) -> list[str]:
+    """Tar keys from utterance ids: no dots (WebDataset splits the suffix at the first), unique.
+
+    >>> _member_keys(["a.b", "a_b", "c/d"])
+    ['a_b', 'a_b-1', 'c_d']
+    """
+    keys, seen = [], set()
+    for k, utt_id in enumerate(ids):
+        key = re.sub(r"[^\w-]", "_", utt_id) or "utt"
+        if key in seen:
+            key = f"{key}-{k}"
+        seen.add(key)
+        keys.append(key)
+    return keys
+
+
+def _member_json(utterance: Utterance) -> bytes:
+    record = {"id": utterance.utt_id, "text": utterance.text, "duration": utterance.duration}
+    if utterance.speaker is not None:
+        record["speaker"] = utterance.speaker
+    return json.dumps(record, ensure_ascii=False).encode("utf-8")
+
+
+def _stored_audio(utterance: Utterance) -> tuple[str, bytes, int]:
+    """(member suffix, bytes, sample rate): the file as it is, or the segment as FLAC."""
+    path = Path(utterance.audio_filepath)
+    if utterance.offset == 0:
+        data = path.read_bytes()
+        try:
+            info = soundfile.info(io.BytesIO(data))
+        except Exception:  # libsndfile cannot read this format from bytes: stored as FLAC
+            pass
+        else:
+            return path.suffix.lower().lstrip(".") or "wav", data, info.samplerate
+    wave, rate = load_audio_with_rate(path, None, utterance.offset, utterance.duration)
+    buffer = io.BytesIO()
+    soundfile.write(buffer, wave.numpy(), rate, format="FLAC", subtype="PCM_16")
+    return "flac", buffer.getvalue(), rate
+
+
+def _write_index(
+    out: Path, manifest: str | os.PathLike, records: list, rates: list, utterances: list
+) -> None:
+    characters = "".join(sorted({ch for u in utterances for ch in u.text}))
+    fastest = sorted(utterances, key=lambda u: (-len(u.text) / u.duration, u.utt_id))
+    index = {
+        "format": INDEX_FORMAT,
+        "version": INDEX_VERSION,
+        "manifest": str(manifest),
+        "sample_rates": rates,
+        "utterances": len(utterances),
+        "seconds": round(sum(r["seconds"] for r in records), 3),
+        "characters": characters,
+        "fastest": [[u.text, u.duration] for u in fastest[:FASTEST_KEPT]],
+        "shards": records,
+    }
+    partial = out / (INDEX_NAME + ".partial")
+    partial.write_text(json.dumps(index, ensure_ascii=False) + "\n", encoding="utf-8")
+    os.replace(partial, out / INDEX_NAME)
+
+
+# ----------------------------------------------------------------------------- the pipeline
+
+
+def epoch_shard_order(num_shards: int, seed: int, epoch: int) -> list[int]:
+    """The shards' order in `epoch`: a permutation drawn from (seed, epoch).
+
+    Args:
+        num_shards: shards in the index.
+        seed: the data seed.
+        epoch: the epoch.
+
+    Returns:
+        The shards' positions in the index, in the order the epoch reads them.
+    """
+    rng = np.random.default_rng([seed, epoch, _SHARD_ORDER])
+    return [int(k) for k in rng.permutation(num_shards)]
+
+
+def role_shards(order: Sequence[int], role: Role, world: int, workers: int) -> list[int]:
+    """The shards a (rank, worker) stream reads: `order[rank::world][worker::workers]`.
+
+    A worker left without a shard of its own reads a sibling's (the rank's shard `worker`
+    modulo their count), so that it still has batches to give.
+
+    Args:
+        order: the epoch's shard order (`epoch_shard_order`).
+        role: (rank, worker).
+        world: ranks.
+        workers: streams per rank (DataLoader workers, at least 1).
+
+    Returns:
+        The stream's shards, in reading order.
+
+    >>> role_shards([5, 2, 7], (1, 1), world=2, workers=2)
+    [2]
+    """
+    rank, worker = role
+    of_rank = list(order[rank::world])
+    own = of_rank[worker::workers]
+    return own if own or not of_rank else of_rank[worker % len(of_rank) :: workers]
+
+
+def shuffled(items: Iterable[T], size: int, rng: np.random.Generator) -> Iterator[T]:
+    """`items` through a shuffle buffer of `size`: each new item takes a random held one's
+    place, which is yielded; the rest come out shuffled at the end.
+
+    Args:
+        items: the stream.
+        size: items held (0 or 1: no shuffling).
+        rng: the stream's generator; the same draws give the same order.
+
+    Returns:
+        The items, each once, shuffled within about `size` of their place.
+
+    >>> sorted(shuffled(range(10), 4, np.random.default_rng(0))) == list(range(10))
+    True
+    >>> list(shuffled(range(4), 0, np.random.default_rng(0)))
+    [0, 1, 2, 3]
+    """
+    if size <= 1:
+        yield from items
+        return
+    buffer: list[T] = []
+    for item in items:
+        if len(buffer) < size:
+            buffer.append(item)
+            continue
+        k = int(rng.integers(size))
+        buffer[k], item = item, buffer[k]
+        yield item
+    rng.shuffle(buffer)
+    yield from buffer
+
+
+def bucketed(
+    items: Iterable[T],
+    length: Callable[[T], float],
+    edges: Sequence[float],
+    max_batch_length: float,
+    max_batch_size: int | None = None,
+) -> Iterator[list[T]]:
+    """Batches of items of similar length: each bucket (bounded by `edges`) is yielded when
+    one more item would make its padded cost `count x longest` exceed `max_batch_length`
+    (or its count exceed `max_batch_size`); partial buckets are flushed at the end, in order.
+
+    Args:
+        items: the stream.
+        length: an item's length as the budget counts it (seconds, padded).
+        edges: increasing upper bounds of the buckets but the last.
+        max_batch_length: budget of `count x longest` per batch.
+        max_batch_size: most items per batch (None: no limit).
+
+    Returns:
+        Batches (lists of items); every item in exactly one.
+
+    >>> list(bucketed([1, 9, 2, 8, 1], float, [5], max_batch_length=16))
+    [[9], [1, 2, 1], [8]]
+    """
+    buckets: list[list[T]] = [[] for _ in range(len(edges) + 1)]
+    longest = [0.0] * len(buckets)
+    for item in items:
+        n = length(item)
+        b = bisect.bisect_left(edges, n)
+        full = max_batch_size is not None and len(buckets[b]) >= max_batch_size
+        if buckets[b] and (full or (len(buckets[b]) + 1) * max(longest[b], n) > max_batch_length):
+            yield buckets[b]
+            buckets[b], longest[b] = [], 0.0
+        buckets[b].append(item)
+        longest[b] = max(longest[b], n)
+    yield from (bucket for bucket in buckets if bucket)
+
+
+def bucket_edges(durations: np.ndarray, num_buckets: int) -> list[float]:
+    """Upper edges of `num_buckets` duration quantiles (fewer where durations repeat).
+
+    Args:
+        durations: `(N,)` seconds.
+        num_buckets: buckets wanted.
+
+    Returns:
+        Increasing edges, at most `num_buckets - 1`.
+
+    >>> bucket_edges(np.array([1.0, 2.0, 3.0, 4.0]), 2)
+    [2.5]
+    """
+    if len(durations) == 0 or num_buckets <= 1:
+        return []
+    quantiles = np.quantile(durations, np.arange(1, num_buckets) / num_buckets)
+    return sorted({float(q) for q in quantiles})
+
+
+# ----------------------------------------------------------------------------- the stream
+
+
+@dataclass(frozen=True)
+class StreamOptions:
+    """How the training stream batches the shards."""
+
+    max_batch_seconds: float  # padded seconds per batch: count x longest (speed-perturbed)
+    max_batch_size: int | None = None  # most utterances per batch
+    num_buckets: int = 20  # duration buckets: quantiles of the index's durations
+    shuffle_buffer: int = DEFAULT_SHUFFLE_BUFFER  # utterances held (as bytes) per stream
+    speed_perturb: Sequence[float] | None = None  # speed factors drawn per utterance and epoch
+    seed: int = 0  # shard order, shuffle buffers, speed factors and augmentation
+
+
+class ShardedSpeechDataset(IterableDataset):
+    """Batches of ``id``/``wave``/``text``/``tokens`` item dicts streamed from shards, for a
+    DataLoader with ``batch_size=None`` and `collate` as its collate function.
+
+    Args:
+        index: the shard index (`read_index`); its files are checked here.
+        tokenizer: encodes the texts into ``tokens``; None: items without tokens.
+        options: batching, shuffling and perturbation settings.
+        sample_rate: audio is resampled to this rate.
+        num_replicas: DDP world size.
+        rank: this process's rank.
+        num_workers: the DataLoader's worker processes (0: in this process).
+        augment: waveform augmentation (babble talkers: the other utterances of the batch).
+        grid: batch cost at the grid's padded lengths (the collate function pads to it).
+    """
+
+    def __init__(
+        self,
+        index: ShardIndex,
+        tokenizer: TextEncoder | None,
+        options: StreamOptions,
+        sample_rate: int = 16000,
+        num_replicas: int = 1,
+        rank: int = 0,
+        num_workers: int = 0,
+        augment: WaveAugmenter | None = None,
+        grid: LengthGrid | None = None,
+    ) -> None:
+        _check_stream(index, options, num_replicas, rank, num_workers)
+        index.check_files()
+        self.index = index
+        self.tokenizer = tokenizer
+        self.options = options
+        self.speed_perturb = check_speed_factors(options.speed_perturb)
+        self.sample_rate = sample_rate
+        self.num_replicas, self.rank = num_replicas, rank
+        self.num_workers = num_workers
+        self.augment = augment
+        self.grid = grid
+        self._offsets = index.offsets
+        self._durations = index.durations
+        self._edges = bucket_edges(self._durations, options.num_buckets)
+        self._counts: tuple[int, dict[Role, int]] | None = None
+        self._factors: tuple[int, np.ndarray, np.ndarray] | None = None  # epoch, factors, lengths
+        self._logged_repeats = False
+        # Shared memory, so DataLoader workers see the epoch and resume point set here:
+        # [epoch, batches to skip, then batches yielded per worker].
+        self._state = torch.zeros(2 + self.streams, dtype=torch.int64).share_memory_()
+        if rank == 0 and self.borrowing_streams():
+            logger.warning(
+                "%d shards over %d rank(s) x %d stream(s): streams %s have no shard of their own "
+                "and read a sibling's (their utterances come twice an epoch); write at least "
+                "%d shards (a smaller `asr shard --shard-hours`)",
+                len(index.shards), num_replicas, self.streams, self.borrowing_streams(),
+                num_replicas * self.streams,
+            )  # fmt: skip
+
+    # ------------------------------------------------------------------ epoch and position
+
+    @property
+    def streams(self) -> int:
+        """Streams of this rank: one per DataLoader worker (one without workers)."""
+        return max(self.num_workers, 1)
+
+    @property
+    def epoch(self) -> int:
+        return int(self._state[0])
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch to stream; a pending resume point holds for its own epoch."""
+        if epoch < 0:
+            raise ValueError(f"epoch must be >= 0, got {epoch}")
+        if epoch != self.epoch:
+            self._state[1:] = 0
+        self._state[0] = epoch
+
+    def state_dict(self) -> dict[str, Any]:
+        """Position for mid-epoch resume: the epoch and the batches yielded (prefetched too)."""
+        yielded = int(self._state[1] + self._state[2:].sum())
+        return {"epoch": self.epoch, "batches_yielded": yielded, "seed": self.options.seed}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a position (and the seed): the next iteration skips the batches yielded."""
+        missing = {"epoch", "batches_yielded", "seed"} - set(state)
+        if missing:
+            raise ValueError(f"stream state_dict lacks keys {sorted(missing)}")
+        if int(state["seed"]) != self.options.seed:
+            self.options = replace(self.options, seed=int(state["seed"]))
+            self._counts = self._factors = None
+        self._state[0] = int(state["epoch"])
+        self._state[1] = int(state["batches_yielded"])
+        self._state[2:] = 0
+
+    def __len__(self) -> int:
+        """Batches this rank yields in the whole epoch (a resumed iteration yields fewer)."""
+        return self.streams * self.batches_per_stream()
+
+    # ------------------------------------------------------------------ planning
+
+    def batches_per_stream(self, epoch: int | None = None) -> int:
+        """M: the most batches any (rank, worker) stream plans; every stream yields M."""
+        return max(self.plan_counts(epoch).values())
+
+    def plan_counts(self, epoch: int | None = None) -> dict[Role, int]:
+        """Batches of every (rank, worker) stream's own pass over its shards, from the index."""
+        epoch = self.epoch if epoch is None else epoch
+        if self._counts is None or self._counts[0] != epoch:
+            counts = {
+                role: sum(1 for _ in self._batches(epoch, role, read=False))
+                for role in self._roles()
+            }
+            self._counts = (epoch, counts)
+            self._log_repeats(epoch, counts)
+        return self._counts[1]
+
+    def planned_batches(self, epoch: int, role: Role) -> list[list[tuple[int, int]]]:
+        """The (shard, position) members of each batch of a stream's own pass, from the index."""
+        return [[m[:2] for m in batch] for batch in self._batches(epoch, role, read=False)]
+
+    def global_index(self, shard: int, position: int) -> int:
+        """The utterance's position in the whole index (its speed and augmentation draws)."""
+        return int(self._offsets[shard]) + position
+
+    def borrowing_streams(self) -> list[Role]:
+        """The (rank, worker) streams that have no shard of their own (see `role_shards`)."""
+        shards = len(self.index.shards)
+        per_rank = [
+            len(range(rank, shards, self.num_replicas)) for rank in range(self.num_replicas)
+        ]
+        return [(r, w) for r, w in self._roles() if w >= per_rank[r]]
+
+    def _roles(self) -> list[Role]:
+        return [(r, w) for r in range(self.num_replicas) for w in range(self.streams)]
+
+    def _batches(self, epoch: int, role: Role, read: bool) -> Iterator[list[Member]]:
+        """A stream's pipeline: its shards' members, shuffled, bucketed. Without `read`, the
+        members carry no sample: the plan, from the index alone."""
+        order = epoch_shard_order(len(self.index.shards), self.options.seed, epoch)
+        shards = role_shards(order, role, self.num_replicas, self.streams)
+        members = self._read(shards) if read else self._members(shards)
+        rng = np.random.default_rng([self.options.seed, epoch, *role, _SHUFFLE])
+        lengths = self._lengths(epoch)
+        o = self.options
+
+        def length(member: Member) -> float:
+            seconds = lengths[self.global_index(member[0], member[1])]
+            return seconds if self.grid is None else self.grid.edge(seconds)
+
+        stream = shuffled(members, o.shuffle_buffer, rng)
+        return bucketed(stream, length, self._edges, o.max_batch_seconds, o.max_batch_size)
+
+    def _members(self, shards: list[int]) -> Iterator[Member]:
+        for shard in shards:
+            for position in range(self.index.shards[shard].count):
+                yield shard, position, None
+
+    def _read(self, shards: list[int]) -> Iterator[Member]:
+        """Members with their tar samples; those the tar file cannot give come with None."""
+        for shard in shards:
+            samples, path = tar_samples(self.index.path(shard)), self.index.path(shard)
+            count = self.index.shards[shard].count
+            for position in range(count):
+                try:
+                    sample = next(samples, None)
+                except Exception as error:  # a corrupt tar header: the rest of the file is lost
+                    sample, samples = None, iter(())
+                    logger.warning("%s: unreadable after member %d (%s)", path, position, error)
+                yield shard, position, sample
+
+    def _lengths(self, epoch: int) -> np.ndarray:
+        """`(N,)` seconds of every utterance in `epoch`, after its speed factor."""
+        return self._draws(epoch)[1]
+
+    def _speed_factors(self, epoch: int) -> np.ndarray:
+        """`(N,)` every utterance's speed factor in `epoch`."""
+        return self._draws(epoch)[0]
+
+    def _draws(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
+        if self._factors is None or self._factors[0] != epoch:
+            factors = np.ones(len(self._durations))
+            if self.speed_perturb:
+                rng = np.random.default_rng([self.options.seed, epoch, _SPEED])
+                drawn = rng.integers(len(self.speed_perturb), size=len(factors))
+                factors = np.asarray(self.speed_perturb)[drawn]
+            self._factors = (epoch, factors, self._durations / factors)
+        return self._factors[1], self._factors[2]
+
+    def _log_repeats(self, epoch: int, counts: dict[Role, int]) -> None:
+        """Say once (rank 0, main process) how many batches streams repeat to even out."""
+        if self.rank != 0 or get_worker_info() is not None:
+            return
+        most = max(counts.values())
+        repeated = sum(most - n for n in counts.values())
+        if not repeated:
+            return
+        log = logger.debug if self._logged_repeats else logger.warning
+        self._logged_repeats = True
+        log(
+            "epoch %d: the %d (rank, worker) streams plan %d to %d batches; shorter streams "
+            "start over to give %d each (%d repeated batches in all; more, smaller or more "
+            "even shards repeat fewer)",
+            epoch, len(counts), min(counts.values()), most, most, repeated,
+        )  # fmt: skip
+
+    # ------------------------------------------------------------------ iteration
+
+    def __iter__(self) -> Iterator[list[dict[str, Any]]]:
+        info = get_worker_info()
+        worker = 0 if info is None else info.id
+        if info is not None and info.num_workers != self.streams:
+            raise ValueError(
+                f"the DataLoader has {info.num_workers} workers; this dataset was planned "
+                f"for num_workers={self.num_workers}"
+            )
+        epoch, resume_at = self.epoch, int(self._state[1])
+        # The DataLoader takes batches from its workers in turn: worker w now plays the
+        # stream whose turn the resumed position k + w was, from that stream's batch.
+        role = (self.rank, (resume_at + worker) % self.streams)
+        start = (resume_at + worker) // self.streams
+        return self._yield(epoch, role, start, worker)
+
+    def _yield(self, epoch: int, role: Role, start: int, slot: int) -> Iterator[list[dict]]:
+        """Batches `start` to M - 1 of a stream that starts over after its own pass."""
+        total, own = self.batches_per_stream(epoch), self.plan_counts(epoch)[role]
+        if not own:
+            return
+        # Whole passes before the one holding batch `start - 1` (the fallback) are not read.
+        position = (start - 1) // own * own if start else 0
+        previous: list[Member] = []
+        while position < total:
+            for batch in self._batches(epoch, role, read=True):
+                if position >= total:
+                    return
+                if position >= start:
+                    self._state[2 + slot] += 1
+                    yield self._decoded(epoch, batch, previous)
+                previous = batch
+                position += 1
+
+    def _decoded(self, epoch: int, batch: list[Member], previous: list[Member]) -> list[dict]:
+        """The items of `batch` that decode; if none does, the previous batch's again."""
+        items = self._items(epoch, batch)
+        if items:
+            return items
+        items = self._items(epoch, previous)
+        if not items:
+            names = sorted({str(self.index.path(m[0])) for m in batch + previous})
+            raise ShardError(
+                f"no utterance of two successive batches could be decoded (shards {names}); "
+                "check the shards or write them again"
+            )
+        logger.warning("a batch lost every utterance: the previous batch is trained again")
+        return items
+
+    def _items(self, epoch: int, batch: list[Member]) -> list[dict[str, Any]]:
+        """The batch's items that decode, speed-changed, then augmented."""
+        decoded = [(member, self._decode(member)) for member in batch]
+        decoded = [(member, item) for member, item in decoded if item is not None]
+        # Babble talkers are the batch's other waves at speed 1, as SpeechDataset's are.
+        raw = [item["wave"] for _, item in decoded]
+        factors = self._speed_factors(epoch)
+        augment = self.augment is not None and self.augment.applies_in(epoch)
+        for k, (member, item) in enumerate(decoded):
+            index = self.global_index(member[0], member[1])
+            item["wave"] = change_speed(item["wave"], float(factors[index]))
+            if augment:
+                item["wave"] = self._augmented(epoch, index, item["wave"], raw, k)
+        return [item for _, item in decoded]
+
+    def _decode(self, member: Member) -> dict[str, Any] | None:
+        """The item of one member (its waveform as stored), or None, logged, if it fails."""
+        shard, position, sample = member
+        if sample is None:
+            logger.warning(
+                "%s: member %d is missing (the tar file ended early); utterance skipped",
+                self.index.path(shard), position,
+            )  # fmt: skip
+            return None
+        try:
+            meta = json.loads(sample["json"])
+            suffix = next((k for k in sample if not k.startswith("_") and k != "json"), None)
+            if suffix is None:
+                raise ValueError("no audio member")
+            wave = decode_audio(sample[suffix], float(meta["duration"]), self.sample_rate)
+            item = {"id": meta["id"], "wave": wave, "text": meta["text"]}
+            if self.tokenizer is not None:
+                item["tokens"] = torch.tensor(self.tokenizer.encode(item["text"]), dtype=torch.long)
+        except Exception as error:  # whatever a corrupt member raises, it costs one utterance
+            logger.warning(
+                "%s: %s cannot be decoded (%s); utterance skipped",
+                self.index.path(shard), sample.get("__key__"), error,
+            )  # fmt: skip
+            return None
+        return item
+
+    def _augmented(self, epoch: int, index: int, wave: Tensor, raw: list[Tensor], k: int) -> Tensor:
+        """`wave` augmented with its (seed, epoch, index) draws; babble: the batch's others."""
+        rng = np.random.default_rng([self.options.seed, epoch, index, _AUGMENT])
+
+        def others(rng: np.random.Generator, count: int) -> list[Tensor]:
+            # An utterance alone in its batch babbles over itself, at other offsets.
+            picks = other_indices(rng, len(raw), count, k) if len(raw) > 1 else [k]
+            return [raw[j] for j in picks]
+
+        return self.augment(wave, rng, others)
+
+    # ------------------------------------------------------------------ size for Lightning
+
+    @property
+    def durations(self) -> list[float]:
+        """Every utterance's duration in seconds (from the index)."""
+        return self._durations.tolist()
+
+    @property
+    def utterances(self) -> list[Utterance]:
+        """The only utterances held in memory: the index's fastest-spoken, for the output
+        length bound (`asr.search.fastest_speech`)."""
+        return list(self.index.fastest)
+
+
+def _check_stream(
+    index: ShardIndex, options: StreamOptions, world: int, rank: int, workers: int
+) -> None:
+    if not options.max_batch_seconds > 0:
+        raise ValueError(f"max_batch_seconds must be > 0, got {options.max_batch_seconds}")
+    if options.shuffle_buffer < 0:
+        raise ValueError(f"shuffle_buffer must be >= 0, got {options.shuffle_buffer}")
+    if not 0 <= rank < world:
+        raise ValueError(f"rank must be in [0, {world}), got {rank}")
+    if workers < 0:
+        raise ValueError(f"num_workers must be >= 0, got {workers}")
+    if len(index.shards) < world:
+        raise ShardError(
+            f"{index.folder}: {len(index.shards)} shard(s) cannot feed {world} ranks; write "
+            "at least one per rank (a smaller `asr shard --shard-hours`)"
+        )
+
+
+def tar_samples(path: str | os.PathLike) -> Iterator[dict[str, Any]]:
+    """The samples of a WebDataset tar file, read as a stream (WebDataset's tar iteration).
+
+    Args:
+        path: a tar file written by `write_shards` (or any WebDataset tar).
+
+    Returns:
+        `{"__key__": key, "__url__": path, suffix: bytes, ...}` per sample, in tar order.
+    """
+    from webdataset.tariterators import group_by_keys, tar_file_expander
+
+    with open(path, "rb") as stream:
+        files = tar_file_expander([{"url": str(path), "stream": stream}])
+        yield from group_by_keys(files)
+
+
+def decode_audio(data: bytes, duration: float, sample_rate: int | None) -> Tensor:
+    """`duration` seconds from the start of an audio file's bytes, as `asr.audio.load_audio`
+    reads the file.
+
+    Args:
+        data: the file's bytes (any format libsndfile reads: WAV, FLAC, Ogg Opus, SPHERE...).
+        duration: seconds to read from the start (the manifest's duration).
+        sample_rate: resample to this rate; None: the file's own.
+
+    Returns:
+        Mono float32 `(T,)`.
+
+    Raises:
+        ValueError: the bytes do not decode, or decode to nothing or to NaN/inf.
+    """
+    try:
+        with soundfile.SoundFile(io.BytesIO(data)) as file:
+            rate = file.samplerate
+            frames = file.read(max(1, round(duration * rate)), dtype="float32", always_2d=True)
+    except soundfile.LibsndfileError as error:
+        raise ValueError(f"unreadable or corrupt audio ({error})") from error
+    wave = torch.from_numpy(frames.mean(axis=1, dtype=np.float32))
+    if wave.numel() == 0:
+        raise ValueError("no samples could be decoded")
+    if not bool(torch.isfinite(wave).all()):
+        raise ValueError("contains NaN or infinite samples")
+    if sample_rate is None or sample_rate == rate:
+        return wave
+    import torchaudio.functional
+
+    return torchaudio.functional.resample(wave, rate, sample_rate)
+
+
+def stream_loader(
+    dataset: ShardedSpeechDataset, collate_fn: Callable[[list], Any], seed: int = 0
+) -> DataLoader:
+    """A DataLoader over the stream's batches, with as many workers as the stream plans for.
+
+    Args:
+        dataset: the stream.
+        collate_fn: pads a list of items into a batch (`asr.data.dataset.collate`).
+        seed: seeds the workers' base seed (the global RNG is left alone).
+
+    Returns:
+        The DataLoader; `len()` is the rank's batches in the epoch.
+    """
+    workers = dataset.num_workers
+    return DataLoader(
+        dataset,
+        batch_size=None,
+        collate_fn=collate_fn,
+        num_workers=workers,
+        persistent_workers=workers > 0,
+        generator=torch.Generator().manual_seed(seed),
+    )
+
+
+def check_characters(index: ShardIndex, tokenizer: Any) -> None:
+    """Raise a ShardError naming the texts' characters that the tokenizer cannot encode.
+
+    Args:
+        index: the shard index (its `characters`).
+        tokenizer: has `oov(text) -> list[str]` (asr.text.Tokenizer).
+    """
+    unknown = tokenizer.oov(index.characters)
+    if unknown:
+        raise ShardError(
+            f"{index.folder}: texts hold characters outside the tokenizer's vocabulary: "
+            + " ".join(repr(ch) for ch in unknown)
+        )

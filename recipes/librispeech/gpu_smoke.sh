@@ -1,0 +1,112 @@
+#!/usr/bin/env bash
+# GPU smoke test of the LibriSpeech Conformer (conf/librispeech/conformer.yaml) on every GPU of
+# this machine, in under 10 minutes: a LibriSpeech-layout folder (default: Mini LibriSpeech from
+# ../shared/corpora) made into manifests and shards, a BPE tokenizer and CMVN statistics, a few
+# hundred DDP steps reading the shards, 20 dev utterances decoded. It prints the measured
+# training throughput (audio seconds per second per GPU, from the epoch clock of rank 0):
+# the figure docs/scaling.md estimates where no GPU was at hand.
+#
+#   bash recipes/librispeech/gpu_smoke.sh [--data-dir DIR] [--out DIR] [--steps N]
+#                                         [--batch-seconds S] [--workers N] [--vocab-size N]
+#                                         [--accelerator gpu|cpu] [-- ASR-FIT-OPTIONS...]
+#
+# --data-dir: a folder with a train-* and a dev-* set in the LibriSpeech layout (default
+# ../shared/corpora/mini_librispeech/LibriSpeech, else ../shared/corpora/librispeech_sample).
+# --out: scratch folder (default exp/librispeech_gpu_smoke; data/ and model/ below it).
+# --steps: optimizer steps (300). --batch-seconds: padded audio per GPU and batch (600).
+# --workers: loader workers per GPU (4). --accelerator cpu runs the same path on the CPU
+# (with --steps 5, a check of the script, not a measurement).
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+data_dir=""
+out=$root/exp/librispeech_gpu_smoke
+steps=300
+batch_seconds=600
+workers=4
+vocab_size=256
+accelerator=gpu
+fit_args=()
+
+usage() { awk 'NR == 1 { next } /^#/ { sub(/^# ?/, ""); print; next } { exit }' "$0"; }
+while [ $# -gt 0 ]; do
+  case "$1" in
+    -h | --help) usage; exit 0 ;;
+    --data-dir) data_dir=$2; shift 2 ;;
+    --out) out=$2; shift 2 ;;
+    --steps) steps=$2; shift 2 ;;
+    --batch-seconds) batch_seconds=$2; shift 2 ;;
+    --workers) workers=$2; shift 2 ;;
+    --vocab-size) vocab_size=$2; shift 2 ;;
+    --accelerator) accelerator=$2; shift 2 ;;
+    --) shift; fit_args=("$@"); break ;;
+    *) echo "$(basename "$0"): unknown option $1 (--help)" >&2; exit 2 ;;
+  esac
+done
+if [ -z "$data_dir" ]; then
+  for candidate in "$root/../shared/corpora/mini_librispeech/LibriSpeech" \
+    "$root/../shared/corpora/librispeech_sample/LibriSpeech"; do
+    [ -d "$candidate" ] && { data_dir=$candidate; break; }
+  done
+fi
+[ -n "$data_dir" ] && [ -d "$data_dir" ] || {
+  echo "$(basename "$0"): no LibriSpeech-layout folder: pass --data-dir" >&2
+  exit 2
+}
+command -v asr >/dev/null || { echo "$(basename "$0"): asr is not on PATH (make install)" >&2; exit 2; }
+first_set() {  # the first folder named $1-* under $data_dir, or nothing
+  local d
+  for d in "$data_dir"/"$1"-*/; do
+    if [ -d "$d" ]; then basename "$d"; return 0; fi
+  done
+}
+train_set=$(first_set train)
+dev_set=$(first_set dev)
+[ -n "$dev_set" ] || dev_set=$train_set  # a one-set sample: a smoke test, not a result
+[ -n "$train_set" ] || { echo "$(basename "$0"): no train-* set in $data_dir" >&2; exit 2; }
+
+cd "$root"
+data=$out/data
+model=$out/model
+started=$SECONDS
+echo "== data: $train_set (train), $dev_set (dev) from $data_dir"
+rm -rf "$out"
+asr prepare librispeech --data-dir "$data_dir" --out "$data" --splits $(printf '%s\n' "$train_set" "$dev_set" | sort -u)
+asr shard --manifest "$data/$train_set.jsonl" --out "$data/shards" --shard-hours 0.1 --quiet
+asr tokenizer --manifest "$data/$train_set.jsonl" --kind bpe --vocab-size "$vocab_size" \
+  --out "$data/bpe$vocab_size"
+asr cmvn --manifest "$data/$train_set.jsonl" --max-utterances 500 --out "$data/cmvn.json" \
+  --config conf/librispeech/conformer.yaml
+head -n 20 "$data/$dev_set.jsonl" >"$data/dev20.jsonl"
+echo "== data ready in $((SECONDS - started)) s"
+
+devices=-1 device=cuda  # every GPU
+[ "$accelerator" = cpu ] && devices=1 device=cpu
+fit_started=$SECONDS
+asr fit --config conf/librispeech/conformer.yaml \
+  --data.train_manifest "$data/shards" --data.val_manifest "$data/dev20.jsonl" \
+  --data.test_manifest "$data/dev20.jsonl" --data.tokenizer "$data/bpe$vocab_size" \
+  --model.init_args.frontend.init_args.normalize.init_args.stats_path "$data/cmvn.json" \
+  --data.max_batch_seconds "$batch_seconds" --data.num_workers "$workers" \
+  --model.init_args.lr_scheduler.init_args.warmup_steps $((steps / 2 + 1)) \
+  --trainer.accelerator "$accelerator" --trainer.devices "$devices" --trainer.max_steps "$steps" --trainer.max_epochs -1 \
+  --trainer.enable_progress_bar false --trainer.log_every_n_steps 10 \
+  --epoch_clock.path "$model/epochs.json" --trainer.default_root_dir "$model" \
+  ${fit_args[@]+"${fit_args[@]}"}
+echo "== training: $((SECONDS - fit_started)) s"
+
+asr evaluate --checkpoint "$model/checkpoints/last.ckpt" --manifest "$data/dev20.jsonl" \
+  --out "$model/decode_dev20" --beam-size 10 --ctc-weight 0.3 --device "$device" --quiet \
+  --no-explorer
+"$(head -n 1 "$(command -v asr)" | sed 's/^#! *//')" - "$model/epochs.json" <<'EOF'
+import json, sys
+
+epochs = json.load(open(sys.argv[1]))
+later = epochs[1:] or epochs  # the first epoch pays for compilation and worker start-up
+audio, steps = sum(e["audio"] for e in later), sum(e["steps"] for e in later)
+print(f"== throughput (rank 0, epochs {len(epochs) - len(later) + 1}-{len(epochs)}): "
+      f"{audio / steps:,.0f} audio seconds per second of training steps per GPU; "
+      f"{audio / sum(e['wall'] for e in later):,.0f} per second of epoch wall time")
+EOF
+echo "== done in $((SECONDS - started)) s"
