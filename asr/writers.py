@@ -137,8 +137,24 @@ def write_transcript(
     audio: str = "",
     words_per_cue: int = 0,
 ) -> None:
-    text = render(transcript, fmt, audio, words_per_cue)
-    Path(path).write_text(text, encoding="utf-8")
+    """Write the transcript as a `fmt` file (see `render`), whole or not at all."""
+    write_text_atomically(path, render(transcript, fmt, audio, words_per_cue))
+
+
+def write_text_atomically(path: str | os.PathLike, text: str) -> None:
+    """Write `text` to a hidden `.<name>.partial` beside `path`, then rename it onto `path`.
+
+    A process killed while writing leaves at most the partial file, never half of `path`, so
+    whoever finds `path` finds all of it (a re-run that skips written files relies on this).
+
+    Args:
+        path: the file to write (UTF-8); its folder must exist.
+        text: its whole content.
+    """
+    path = Path(path)
+    partial = path.with_name(f".{path.name}.partial")
+    partial.write_text(text, encoding="utf-8")
+    os.replace(partial, path)
 
 
 def write_outputs(

@@ -9,7 +9,14 @@ import pytest
 import asr
 from asr.results import Segment, Transcript
 from asr.timing import Word
-from asr.writers import FORMATS, expand_formats, output_stems, render, timed_lines
+from asr.writers import (
+    FORMATS,
+    expand_formats,
+    output_stems,
+    render,
+    timed_lines,
+    write_text_atomically,
+)
 
 
 def transcript() -> Transcript:
@@ -67,3 +74,13 @@ def test_public_writers_pass_their_options_on(tmp_path):
     assert (tmp_path / "a.srt").read_text() == render(transcript(), "srt", words_per_cue=1)
     asr.write_json(transcript(), tmp_path / "a.json", audio="talk.wav")
     assert (tmp_path / "a.json").read_text() == render(transcript(), "json", "talk.wav")
+
+
+def test_files_are_written_whole_through_a_partial_file(tmp_path):
+    path = tmp_path / "talk.txt"
+    partial = tmp_path / ".talk.txt.partial"
+    partial.write_text("YE")  # left by a killed run
+    write_text_atomically(path, "YES\n")
+    assert path.read_text() == "YES\n" and not partial.exists()
+    asr.write_txt(transcript(), path)
+    assert path.read_text() == "YES NO GO U\tM\n" and sorted(tmp_path.iterdir()) == [path]

@@ -12,12 +12,15 @@ asr finalize --checkpoint CKPT --manifest dev.jsonl --beam-size 10 --ctc-weight 
 asr export --checkpoint CKPT --out DIR          a shareable folder (safetensors, model card)
 asr export --checkpoint CKPT --out DIR --format onnx   also ONNX graphs (--backend onnx)
 asr transcribe AUDIO|DIR|GLOB|M.jsonl|-... --checkpoint CKPT [--output-dir DIR --format ...]
+                                                [--workers N]: spread over processes (or torchrun)
+asr serve --model CKPT [--port 8765]            live recognition: WebSocket and microphone page
 asr evaluate --checkpoint CKPT --manifest test.jsonl --out DIR   WER/CER, reports, plots
 asr robustness --checkpoint CKPT --manifest test.jsonl --out DIR  WER under noise, level...
 asr align AUDIO --checkpoint CKPT --text "..." --out plot.png      word times of a transcript
 asr explore DIR [--out FILE.html]    an interactive page of a decode, transcription or run folder
 asr choose-heads --checkpoint CKPT --manifest dev.jsonl   how well attention maps time words
 asr calibrate --checkpoint CKPT --manifest dev.jsonl      how well word confidences fit dev
+asr curves RUN_DIR                               training curves of a run
 
 Batch commands (prepare, validate-data, transcribe, evaluate) go on past bad inputs, list
 each with the reason, and exit with status 1 when any failed (2: the command could not run).
@@ -241,17 +244,30 @@ def _transcribe(args: argparse.Namespace) -> int:
     import tempfile
 
     from asr.cli.inputs import expand_inputs
+    from asr.cli.parallel import spreads, transcribe_spread
 
+    if not args.audio and not args.manifest:
+        raise ValueError("nothing to transcribe: give audio, folders, globs, or --manifest")
     if args.streaming:
         from asr.cli.live import transcribe_streaming
 
+        if args.manifest or args.workers is not None:
+            raise ValueError("--streaming reads files or -: no --manifest or --workers")
         recognizer = _load_model(args)
         return transcribe_streaming(args, recognizer, _language_model(args, recognizer))
     if args.format is not None and args.output_dir is None:
         raise ValueError("--format chooses the files written to --output-dir: give that too")
+    if spreads(args):
+        outcome = transcribe_spread(args, _transcribe_inputs)
+        if outcome.failures:
+            title = f"asr transcribe: {len(outcome.failures)} of {outcome.total} files failed"
+            _print_failures(title, outcome.failures)
+        return outcome.status or (1 if outcome.failures else 0)
     with tempfile.TemporaryDirectory(prefix="asr-transcribe-") as scratch:
         written = args.output_dir is not None
-        inputs, failures = expand_inputs(args.audio, scratch, unique_stems=written)
+        inputs, failures = expand_inputs(
+            args.audio, scratch, unique_stems=written, manifests=args.manifest
+        )
         for failure in failures:
             print(f"asr transcribe: error: {failure}", file=sys.stderr)
         failed = _transcribe_inputs(args, inputs) if inputs else []
@@ -264,11 +280,15 @@ def _transcribe(args: argparse.Namespace) -> int:
     return 1 if failures or failed else 0
 
 
-def _transcribe_inputs(args: argparse.Namespace, inputs: list[Input]) -> list[str]:
+def _transcribe_inputs(args: argparse.Namespace, inputs: list[Input], on_result=None) -> list[str]:
     """`transcribe_files` with the command's options; the names of the inputs that failed."""
-    from asr.cli.inputs import transcribe_files
+    import torch
+
+    from asr.cli.inputs import DEFAULT_FORMATS, transcribe_files
     from asr.transcribe import TRANSCRIBE_BATCH_SIZE
 
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     recognizer = _load_model(args)
     _warn_if_longer_than_trained(recognizer, args.max_segment_seconds)
     given = {
@@ -281,7 +301,7 @@ def _transcribe_inputs(args: argparse.Namespace, inputs: list[Input]) -> list[st
         recognizer,
         inputs,
         args.output_dir,
-        formats=args.format or ["txt", "json"],
+        formats=args.format or DEFAULT_FORMATS,
         options=replace(_search_options(args, recognizer), nbest=args.nbest),
         lm=_language_model(args, recognizer),
         timestamps=args.timestamps,
@@ -291,6 +311,7 @@ def _transcribe_inputs(args: argparse.Namespace, inputs: list[Input]) -> list[st
         ),
         words_per_cue=args.words_per_cue,
         progress=not args.quiet,
+        on_result=on_result,
     )
 
 
@@ -697,10 +718,18 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
 
         p.add_argument(
             "audio",
-            nargs="+",
+            nargs="*",
             help="audio files; folders (searched recursively for audio suffixes); glob patterns, "
             "quoted ('data/**/*.m4a'); .jsonl manifests (audio_filepath, optional offset and "
             "duration); - for audio bytes on stdin",
+        )
+        p.add_argument(
+            "--manifest",
+            action="append",
+            default=[],
+            metavar="M.jsonl",
+            help="a JSONL manifest to transcribe, whatever its suffix (as a .jsonl input is); "
+            "repeatable; after the positional inputs",
         )
         _add_decoding_arguments(p)
         p.set_defaults(batch_size=None)  # asr.transcribe.TRANSCRIBE_BATCH_SIZE
@@ -735,6 +764,33 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
         )
         p.add_argument(
             "--words-per-cue", type=int, default=0, help="srt/vtt/tsv: 0 = one per segment"
+        )
+        spread = p.add_argument_group(
+            "several processes",
+            "With --workers N, or under `torchrun --standalone --nproc-per-node N -m asr "
+            "transcribe ...`, the inputs are dealt to N processes, balanced by duration, and "
+            "--output-dir is needed. Each input's files are written whole or not at all, and "
+            "OUT/transcripts.jsonl lists every input written there: its manifest fields, "
+            "audio_filepath, offset, duration, id, the hypothesis as pred_text, and its files. "
+            "A re-run skips the inputs whose files and line are there (and says how many), so "
+            "an interrupted run is finished by running it again; use a new --output-dir to "
+            "transcribe again with another model. Failures on every process are listed at the "
+            "end (exit status 1).",
+        )
+        spread.add_argument(
+            "--workers",
+            type=int,
+            metavar="N",
+            help="start N processes here and share the inputs out to them; this one shows "
+            "the progress and writes transcripts.jsonl",
+        )
+        spread.add_argument(
+            "--threads",
+            type=int,
+            metavar="N",
+            help="intra-op threads per process (default: PyTorch's, OMP_NUM_THREADS where set, "
+            "and with --workers the cores shared out; torchrun sets OMP_NUM_THREADS=1 unless "
+            "it is set)",
         )
         from asr.cli.live import add_stream_arguments
 

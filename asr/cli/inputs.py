@@ -5,19 +5,21 @@ from __future__ import annotations
 
 import glob
 import itertools
+import json
 import os
 import shutil
 import sys
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePath
-from typing import IO, TYPE_CHECKING
+from typing import IO, TYPE_CHECKING, Any, NamedTuple
 
 from tqdm import tqdm
 
 from asr.audio import AUDIO_SUFFIXES, audio_files
 from asr.data.manifest import read_clip
+from asr.results import BatchResult
 from asr.search import LanguageModel, SearchOptions
 from asr.segment import Clip, SegmenterOptions
 from asr.transcribe import TRANSCRIBE_BATCH_SIZE, batches, transcribe_sources
@@ -25,6 +27,8 @@ from asr.writers import expand_formats, output_stems, timed_lines, write_outputs
 
 if TYPE_CHECKING:
     from asr.recognizer import Recognizer
+
+DEFAULT_FORMATS = ("txt", "json")  # what --output-dir gets without --format
 
 
 @dataclass(frozen=True)
@@ -34,10 +38,17 @@ class Input:
     audio: Clip  # what to read
     name: str  # its path, "-" for stdin, "path@start-end" (ms) for a clip
     stem: PurePath  # its outputs' path under the output directory, without suffix
+    fields: Mapping[str, Any] | None = None  # a manifest line's own fields (id, text...)
 
 
-# (audio, name, path its output stem comes from, that path's base folder or None)
-Found = tuple[Clip, str, str, str | None]
+class Found(NamedTuple):
+    """What an argument names, before output stems are given."""
+
+    audio: Clip
+    name: str
+    path: str  # the path its output stem comes from
+    base: str | None  # that path's base folder, or None
+    fields: Mapping[str, Any] | None = None  # a manifest line's own fields
 
 
 def expand_inputs(
@@ -45,21 +56,36 @@ def expand_inputs(
     scratch: str | os.PathLike,
     stdin: IO[bytes] | None = None,
     unique_stems: bool = True,
+    manifests: Sequence[str] = (),
 ) -> tuple[list[Input], list[str]]:
-    """The `Input`s that `asr transcribe` arguments name, and a `name: reason` per bad one."""
+    """The `Input`s that `asr transcribe` arguments name, and a `name: reason` per bad one.
+
+    Args:
+        arguments: files, folders, glob patterns, `.jsonl` manifests and `-` (stdin).
+        scratch: a folder for what comes on stdin.
+        stdin: where `-` reads (default: the process's stdin).
+        unique_stems: refuse two inputs whose output files would be the same.
+        manifests: manifests named by `--manifest` (read as manifests whatever their suffix),
+            after `arguments`.
+
+    Returns:
+        The inputs in order, each once, and the failures.
+    """
     found: list[Found] = []
     failures: list[str] = []
     for argument in arguments:
         found += _expand(argument, Path(scratch), stdin, failures)
+    for manifest in manifests:
+        found += _manifest_inputs(Path(manifest), failures)
     seen, kept = set(), []
     for item in found:
         key = (os.path.abspath(item[0].path), item[0].offset, item[0].duration)
         if key not in seen:
             seen.add(key)
             kept.append(item)
-    paths, bases = [path for _, _, path, _ in kept], [base for *_, base in kept]
-    stems = output_stems(paths, bases, unique=unique_stems)
-    return [Input(clip, name, stem) for (clip, name, *_), stem in zip(kept, stems)], failures
+    stems = output_stems([f.path for f in kept], [f.base for f in kept], unique=unique_stems)
+    inputs = [Input(f.audio, f.name, stem, f.fields) for f, stem in zip(kept, stems)]
+    return inputs, failures
 
 
 def _expand(
@@ -72,12 +98,12 @@ def _expand(
         files = _audio_files(Path(argument))
         if not files:
             failures.append(f"{argument}: no audio files in this folder ({_suffixes()})")
-        return [(Clip(f), f, f, argument) for f in files]
+        return [Found(Clip(f), f, f, argument) for f in files]
     if _is_pattern(argument) and not os.path.exists(argument):
         return _glob_inputs(argument, failures)
     if argument.lower().endswith(".jsonl") and os.path.isfile(argument):
         return _manifest_inputs(Path(argument), failures)
-    return [(Clip(argument), argument, argument, os.path.dirname(argument))]
+    return [Found(Clip(argument), argument, argument, os.path.dirname(argument))]
 
 
 def _suffixes() -> str:
@@ -106,7 +132,7 @@ def _glob_inputs(pattern: str, failures: list[str]) -> list[Found]:
             files.append(match)
     if not files:
         failures.append(f"{pattern}: no audio files match ({_suffixes()})")
-    return [(Clip(f), f, f, base) for f in files]
+    return [Found(Clip(f), f, f, base) for f in files]
 
 
 def _manifest_inputs(manifest: Path, failures: list[str]) -> list[Found]:
@@ -116,7 +142,7 @@ def _manifest_inputs(manifest: Path, failures: list[str]) -> list[Found]:
     except (OSError, UnicodeDecodeError) as error:
         failures.append(f"{manifest}: cannot read manifest ({error})")
         return []
-    clips, bad = [], 0
+    clips, fields, bad = [], [], 0
     for number, line in enumerate(lines, 1):
         if line.strip():
             try:
@@ -124,18 +150,20 @@ def _manifest_inputs(manifest: Path, failures: list[str]) -> list[Found]:
             except ValueError as error:
                 failures.append(f"{manifest}:{number}: {error}")
                 bad += 1
+            else:
+                fields.append(json.loads(line))  # read_clip found it an object
     if not clips and not bad:
         failures.append(f"{manifest}: no lines")
     lines_of = Counter(clip.path for clip in clips)
     found: list[Found] = []
-    for clip in clips:
+    for clip, own in zip(clips, fields):
         path = Path(clip.path)
         if lines_of[clip.path] == 1:
-            found.append((clip, str(path), str(path), str(path.parent)))
+            found.append(Found(clip, str(path), str(path), str(path.parent), own))
         else:  # told apart by their spans
             span = _span(clip)
             named = path.with_name(f"{path.stem}{span}{path.suffix}")
-            found.append((clip, f"{path}{span}", str(named), str(path.parent)))
+            found.append(Found(clip, f"{path}{span}", str(named), str(path.parent), own))
     return found
 
 
@@ -158,7 +186,7 @@ def _stdin_input(scratch: Path, stdin: IO[bytes], failures: list[str]) -> list[F
             return []
         with open(path, "wb") as file:
             shutil.copyfileobj(stdin, file)
-    return [(Clip(str(path)), "-", str(path), None)]
+    return [Found(Clip(str(path)), "-", str(path), None)]
 
 
 def file_inputs(paths: Sequence[str | os.PathLike]) -> list[Input]:
@@ -180,8 +208,13 @@ def transcribe_files(
     segmenter: SegmenterOptions | None = None,
     words_per_cue: int = 0,
     progress: bool = True,
+    on_result: Callable[[Input, BatchResult], None] | None = None,
 ) -> list[str]:
-    """Transcribe inputs into `out_dir/<stem>.<format>` files, or onto stdout; the failed names."""
+    """Transcribe inputs into `out_dir/<stem>.<format>` files, or onto stdout; the failed names.
+
+    `on_result(input, result)` is called for each input once its files are written (or its
+    failure is reported).
+    """
     formats = expand_formats(formats)
     items = list(inputs) if all(isinstance(i, Input) for i in inputs) else file_inputs(inputs)
     failed = []
@@ -209,6 +242,8 @@ def transcribe_files(
                     stem = Path(out_dir) / item.stem
                     write_outputs(result.transcript, stem, formats, item.name, words_per_cue)
                     _say(f"{item.name}\t{result.transcript.text}\n")
+                if on_result is not None:
+                    on_result(item, result)
             bar.update(len(group))
     return failed
 

@@ -1,0 +1,260 @@
+"""`asr transcribe` spread over processes (asr.cli.parallel): the split, `--workers`, torchrun,
+re-runs that skip what is written, and failures from every rank listed at the end.
+
+The model is test_transcribe's tiny Transformer overfit on four AN4 fixture utterances, saved
+as a checkpoint so that child processes can load it; it says YES, GO, YES and U M N Y H SIX.
+Every run decodes one input at a time on one thread, so any two runs compute alike.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import REPO
+from test_package import save_overfit_checkpoint
+from test_transcribe import UTTERANCES, WAV
+
+from asr.audio import audio_info
+from asr.cli import _parser, main
+from asr.cli.parallel import (
+    MERGED,
+    World,
+    launched_world,
+    read_records,
+    split_by_duration,
+    spreads,
+)
+
+# Alike in every run: greedy, one input per batch, one thread per process.
+SAME_WORK = ["--beam-size", "1", "--batch-size", "1", "--threads", "1", "--quiet"]
+GOOD = {  # output stem -> the fixture utterance copied there
+    "a/yes": "an4_clstk/fash/an251-fash-b",
+    "a/go": "an4_clstk/fash/an253-fash-b",
+    "a/yes2": "an4_clstk/fash/an254-fash-b",
+    "b/letters": "an4_clstk/fash/an255-fash-b",
+    "b/test1": "an4test_clstk/fcaw/an406-fcaw-b",
+    "b/test2": "an4test_clstk/fcaw/an407-fcaw-b",
+}
+SAID = {stem: UTTERANCES.get(utterance) for stem, utterance in GOOD.items()}
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory) -> Path:
+    """The overfit recognizer as a checkpoint file."""
+    return save_overfit_checkpoint(tmp_path_factory.mktemp("overfit"))
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> dict[str, Path]:
+    """audio/a and audio/b hold the six good recordings, audio/bad a corrupt one;
+    good.jsonl lists the good ones (with an id and a reference), all.jsonl also the corrupt
+    one and one that is missing."""
+    root = tmp_path_factory.mktemp("corpus")
+    lines = []
+    for stem, utterance in GOOD.items():
+        path = root / "audio" / f"{stem}.wav"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(WAV / f"{utterance}.wav", path)
+        duration = audio_info(path).duration
+        line = {"audio_filepath": str(path), "duration": duration, "id": f"utt-{path.stem}"}
+        lines.append(line | {"text": SAID[stem] or ""})
+    corrupt = root / "audio" / "bad" / "corrupt.wav"
+    corrupt.parent.mkdir()
+    corrupt.write_bytes(b"RIFF\x00\x00\x00\x00WAVEfmt " + bytes(range(256)) * 8)
+    bad = [{"audio_filepath": str(corrupt)}, {"audio_filepath": str(root / "audio/missing.wav")}]
+    for name, records in (("good", lines), ("all", lines[:3] + bad + lines[3:])):
+        (root / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    return {"root": root, "good": root / "good.jsonl", "all": root / "all.jsonl"}
+
+
+def transcribe(*args) -> tuple[int, str, str]:
+    """`asr transcribe ARGS` in this process: exit status, stdout, stderr."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(["transcribe", *map(str, args)])
+    return code, out.getvalue(), err.getvalue()
+
+
+@pytest.fixture(scope="module")
+def workers_run(checkpoint, corpus, tmp_path_factory) -> dict:
+    """`--workers 2` over all.jsonl: its exit status, output and folder."""
+    out = tmp_path_factory.mktemp("workers") / "out"
+    code, stdout, stderr = transcribe(
+        "--manifest", corpus["all"], "--checkpoint", checkpoint, "--output-dir", out,
+        "--workers", "2", *SAME_WORK,
+    )  # fmt: skip
+    return {"code": code, "stdout": stdout, "stderr": stderr, "out": out}
+
+
+def files_of(folder: Path) -> dict[str, bytes]:
+    """Every file below `folder` but the merged manifest, by relative path."""
+    return {
+        p.relative_to(folder).as_posix(): p.read_bytes()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() and p.name != MERGED
+    }
+
+
+def merged(folder: Path) -> list[dict]:
+    return [json.loads(line) for line in (folder / MERGED).read_text().splitlines()]
+
+
+# --------------------------------------------------------------------------- the split
+
+
+@pytest.mark.parametrize("parts", [1, 2, 3, 5])
+def test_the_split_is_a_deterministic_partition_balanced_by_duration(parts):
+    rng = random.Random(parts)
+    durations = [rng.uniform(0.5, 20.0) for _ in range(101)]
+    shares = split_by_duration(durations, parts)
+    assert sorted(i for share in shares for i in share) == list(range(len(durations)))
+    assert all(share == sorted(share) for share in shares)
+    assert split_by_duration(durations, parts) == shares
+    loads = [sum(durations[i] for i in share) for share in shares]
+    assert max(loads) - min(loads) <= max(durations)  # the greedy deal's bound
+    assert max(loads) - min(loads) < 0.05 * sum(loads) / parts  # ranks finish together
+    assert split_by_duration([], parts) == [[] for _ in range(parts)]
+    with pytest.raises(ValueError, match="at least 1"):
+        split_by_duration(durations, 0)
+
+
+def test_the_world_comes_from_torchrun_and_several_processes_need_an_output_dir():
+    env = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"}
+    assert launched_world(env) == World(rank=1, size=2, local_rank=1, local_size=2)
+    assert launched_world({}) is None
+    with pytest.raises(ValueError, match="RANK 2 is outside WORLD_SIZE 2"):
+        launched_world({"RANK": "2", "WORLD_SIZE": "2"})
+    parse = _parser("transcribe").parse_args
+    base = ["transcribe", "a.wav", "--checkpoint", "m.ckpt"]
+    assert not spreads(parse(base), {})
+    assert not spreads(parse(base), {"RANK": "0", "WORLD_SIZE": "1"})  # one process printing
+    assert spreads(parse([*base, "--output-dir", "out"]), {"RANK": "0", "WORLD_SIZE": "1"})
+    assert spreads(parse([*base, "--output-dir", "out", "--workers", "1"]), {})
+    with pytest.raises(ValueError, match="2 processes share the inputs through --output-dir"):
+        spreads(parse(base), env)
+    with pytest.raises(ValueError, match="2 processes share the inputs through --output-dir"):
+        spreads(parse([*base, "--workers", "2"]), {})
+    with pytest.raises(ValueError, match="under torchrun .* leave it out"):
+        spreads(parse([*base, "--output-dir", "out", "--workers", "2"]), env)
+    with pytest.raises(ValueError, match="-: audio on stdin cannot be shared out"):
+        spreads(parse([*base[:2], "-", *base[2:], "--output-dir", "out", "--workers", "2"]), {})
+
+
+def test_the_command_says_what_is_wrong(capsys):
+    assert main(["transcribe", "a.wav", "--checkpoint", "m.ckpt", "--workers", "2"]) == 2
+    assert "2 processes share the inputs through --output-dir" in capsys.readouterr().err
+    assert main(["transcribe", "--checkpoint", "m.ckpt"]) == 2
+    assert "nothing to transcribe" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- runs
+
+
+def test_workers_write_the_good_files_and_list_the_bad_ones_at_the_end(workers_run, corpus):
+    assert workers_run["code"] == 1
+    audio = corpus["root"] / "audio"
+    tail = workers_run["stderr"].split("asr transcribe: 2 of 8 files failed:\n")[-1]
+    assert f"  {audio / 'bad/corrupt.wav'}: unreadable or corrupt audio (" in tail
+    assert f"  {audio / 'missing.wav'}: file not found" in tail
+    out = workers_run["out"]
+    written = sorted(files_of(out))
+    assert written == sorted(f"{stem}.{fmt}" for stem in GOOD for fmt in ("json", "txt"))
+    for stem, said in SAID.items():
+        assert said is None or (out / f"{stem}.txt").read_text() == said + "\n"
+    records = merged(out)
+    assert [r["id"] for r in records] == [f"utt-{Path(stem).name}" for stem in GOOD]
+    for record, (stem, said) in zip(records, SAID.items()):
+        assert record["files"] == [f"{stem}.txt", f"{stem}.json"]
+        assert record["audio_filepath"] == str(audio / f"{stem}.wav")
+        assert record["text"] == (said or "")  # the manifest's reference stays
+        assert record["pred_text"] == (out / f"{stem}.txt").read_text().strip()
+        assert record["offset"] == 0.0 and record["duration"] > 0
+    assert not list(out.rglob("*.partial")) and not list(out.glob("transcripts.rank*"))
+
+
+def test_workers_write_what_one_process_writes(workers_run, checkpoint, corpus, tmp_path):
+    out = tmp_path / "one"
+    code, stdout, stderr = transcribe(
+        "--manifest", corpus["all"], "--checkpoint", checkpoint, "--output-dir", out, *SAME_WORK
+    )
+    assert code == 1 and "2 of 8 files failed" in stderr
+    assert files_of(out) == files_of(workers_run["out"])
+    assert sorted(stdout.splitlines()) == sorted(workers_run["stdout"].splitlines())
+
+
+def test_a_rerun_skips_everything_written(workers_run, checkpoint, corpus, tmp_path):
+    out = tmp_path / "out"
+    shutil.copytree(workers_run["out"], out)
+    before = files_of(out), merged(out)
+    code, stdout, stderr = transcribe(
+        "--manifest", corpus["good"], "--checkpoint", checkpoint, "--output-dir", out,
+        "--workers", "2", *SAME_WORK,
+    )  # fmt: skip
+    assert code == 0 and stdout == ""
+    assert f"6 of 6 inputs already written in {out}: skipped" in stderr
+    assert (files_of(out), merged(out)) == before
+
+
+def test_a_rerun_finishes_an_interrupted_run(workers_run, checkpoint, corpus, tmp_path):
+    out = tmp_path / "out"
+    shutil.copytree(workers_run["out"], out)
+    complete = files_of(out), merged(out)
+    (out / "a/yes.json").unlink()  # killed between an input's files
+    (out / "a/go.txt").replace(out / "a/.go.txt.partial")  # killed while writing one
+    (out / "a/.go.txt.partial").write_text("YE")
+    lines = (out / MERGED).read_text().splitlines(keepends=True)
+    (out / MERGED).write_text("".join(lines[:3] + lines[4:]))  # killed before its line...
+    stale = {"run": "0", "stem": "b/letters", "name": "x", "error": "an old failure"}
+    (out / "transcripts.rank1.jsonl").write_text(json.dumps(stale) + '\n{"run": "0", "st')
+    code, stdout, stderr = transcribe(
+        "--manifest", corpus["good"], "--checkpoint", checkpoint, "--output-dir", out,
+        "--workers", "2", *SAME_WORK,
+    )  # fmt: skip
+    assert code == 0, stderr
+    assert f"3 of 6 inputs already written in {out}: skipped" in stderr
+    audio = corpus["root"] / "audio"
+    assert sorted(stdout.splitlines()) == sorted(
+        f"{audio / stem}.wav\t{SAID[stem]}" for stem in ("a/yes", "a/go", "b/letters")
+    )
+    assert (files_of(out), merged(out)) == complete
+    assert not list(out.rglob("*.partial")) and not list(out.glob("transcripts.rank*"))
+
+
+def test_records_of_a_later_run_replace_earlier_ones(tmp_path):
+    def line(run, stem, text=None):
+        if text is None:
+            return {"run": run, "stem": stem, "name": stem, "error": "bad"}
+        return {"run": run, "stem": stem, "record": {"pred_text": text, "files": [f"{stem}.txt"]}}
+
+    (tmp_path / MERGED).write_text(json.dumps({"pred_text": "old", "files": ["x.txt"]}) + "\n")
+    parts = [[line("2", "x", "new"), line("2", "y")], [line("1", "x", "older"), line("1", "z")]]
+    for rank, lines in enumerate(parts):
+        part = tmp_path / f"transcripts.rank{rank}.jsonl"
+        part.write_text("".join(json.dumps(x) + "\n" for x in lines) + '{"torn')
+    records = read_records(tmp_path, run="2")
+    assert records.written["x"]["pred_text"] == "new"
+    assert records.fresh == {"x"} and records.errors == {"y": "y: bad"}
+
+
+def test_torchrun_writes_the_merged_manifest_of_workers(workers_run, checkpoint, corpus, tmp_path):
+    out = tmp_path / "out"
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+        "-m", "asr", "transcribe", "--manifest", str(corpus["good"]),
+        "--checkpoint", str(checkpoint), "--output-dir", str(out), *SAME_WORK,
+    ]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert merged(out) == merged(workers_run["out"])
+    assert files_of(out) == files_of(workers_run["out"])
+    assert len(done.stdout.splitlines()) == len(GOOD)  # each input once, from its rank
