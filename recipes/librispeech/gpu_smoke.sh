@@ -108,5 +108,7 @@ audio, steps = sum(e["audio"] for e in later), sum(e["steps"] for e in later)
 print(f"== throughput (rank 0, epochs {len(epochs) - len(later) + 1}-{len(epochs)}): "
       f"{audio / steps:,.0f} audio seconds per second of training steps per GPU; "
       f"{audio / sum(e['wall'] for e in later):,.0f} per second of epoch wall time")
+wall, waited = sum(e["wall"] for e in later), sum(e["data"] for e in later)
+print(f"== waiting for data: {waited:.1f} s of {wall:.1f} s (more than a few %: more workers)")
 EOF
 echo "== done in $((SECONDS - started)) s"
