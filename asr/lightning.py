@@ -250,7 +250,7 @@ class ASRModule(L.LightningModule):
                 self._tokens_per_second = fastest_speech(counts, durations, speed)
         return self._tokens_per_second
 
-    def _train_dataset(self) -> SpeechDataset | None:
+    def _train_dataset(self) -> SpeechDataset | ShardedSpeechDataset | None:
         trainer = self._trainer
         train = getattr(getattr(trainer, "datamodule", None), "datasets", {}).get("train")
         return train if train is not None and len(train) else None
