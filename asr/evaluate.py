@@ -244,6 +244,7 @@ def record_layout(recognizer: Recognizer) -> dict[str, Any]:
     return {
         "layers": decoder.attention_layers,
         "heads": decoder.num_attention_maps // decoder.attention_layers,
+        "attention": getattr(getattr(decoder, "attention", None), "kind", "cross-attention"),
         "timing_heads": recognizer.alignment_heads,
         "frame_seconds": recognizer.frame_seconds,
         "sample_rate": recognizer.sample_rate,

@@ -129,6 +129,7 @@ def _decode_utterance(
         "timing_heads": layout.get("timing_heads"),
         "layers": layout.get("layers"),
         "heads": layout.get("heads"),
+        "attention_kind": layout.get("attention"),
         "confidence": _mean_confidence(words),
     } | _scores(ref, hyp)
     arrays: dict[str, tuple[np.ndarray, dict[str, Any]]] = {}

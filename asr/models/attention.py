@@ -67,6 +67,7 @@ class DotProductAttention(nn.Module):
     """
 
     num_heads = 1
+    kind = "dot-product attention"  # how plots and the explorer name its maps
 
     def __init__(self, query_dim: int, key_dim: int, attention_dim: int = 320) -> None:
         super().__init__()
@@ -103,6 +104,7 @@ class AdditiveAttention(nn.Module):
     """
 
     num_heads = 1
+    kind = "additive attention"
 
     def __init__(
         self,
@@ -157,6 +159,8 @@ class LocationAwareAttention(AdditiveAttention):
         smoothing: normalise `sigmoid(e)` instead of `exp(e)`.
         init_alignment: alignment before the first step, "uniform" or "first" (frame 0).
     """
+
+    kind = "location-aware attention"
 
     def __init__(
         self,

@@ -560,3 +560,21 @@ def test_the_page_of_a_real_decode(driver, tmp_path):
     js(driver, "document.querySelector('#player').currentTime = arguments[0]", (start + end) / 2)
     wait(driver, lambda d: d.find_elements(By.CSS_SELECTOR, "#hyp .word.current"))
     assert driver.find_element(By.CSS_SELECTOR, "#hyp .word.current").text == word.text
+
+
+def test_the_page_of_an_rnn_decode(driver, tmp_path):
+    """An RNN-attention decode: its one location-aware map is drawn and named, with no layer
+    or head to choose."""
+    from explore_fixtures import TEST_UTTERANCES, decode, rnn_recognizer
+
+    from asr.explore.build import explore
+
+    folder = decode(tmp_path, TEST_UTTERANCES, rnn_recognizer(TEST_UTTERANCES.values()))
+    driver.get(explore(folder, progress=False).as_uri())
+    wait(driver, lambda d: js(d, "return document.body.dataset.ready") == "1")
+    open_utterance(driver, row_ids(driver)[0])
+    canvas = driver.find_element(By.ID, "attention-canvas")
+    wait(driver, lambda d: float(canvas.get_attribute("data-checksum") or 0) > 0)
+    assert driver.find_element(By.ID, "attention-kind").text == "location-aware attention"
+    assert not driver.find_element(By.ID, "head").is_displayed()
+    assert not driver.find_element(By.ID, "layer").is_displayed()

@@ -582,12 +582,15 @@
     const a = view.arrays.attention;
     const ok = !!a && a.shape.length === 3 && a.shape.every((n) => n > 0);
     $("#layer").disabled = $("#head").disabled = !ok;
+    $("#attention-kind").textContent = ok ? text(u.attention_kind) || "cross-attention" : "";
     if (!ok) {
       $("#layer").replaceChildren();
       $("#head").replaceChildren();
       return;
     }
     const [maps, rows, frames] = a.shape;
+    // One map (an RNN decoder's attention): nothing to choose between.
+    for (const id of ["#layer", "#head"]) $(id).parentElement.hidden = maps === 1;
     let layers = num(u.layers);
     let heads = num(u.heads);
     if (!(Number.isInteger(layers) && Number.isInteger(heads) && layers * heads === maps)) {
