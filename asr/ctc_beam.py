@@ -93,23 +93,31 @@ class CTCPrefixBeam:
 
 @dataclass(frozen=True)
 class EndpointOptions:
-    """When a live stream's utterance ends (WeNet's rules, from the CTC blanks).
+    """When a live stream's utterance ends (WeNet's rules), silence heard as CTC blanks or by
+    Silero VAD.
 
     An endpoint closes the utterance: its final is decoded and the next starts afresh.
     """
 
-    trailing_silence: float = 0.8  # seconds of blank frames after some speech
-    leading_silence: float = 5.0  # seconds of blank frames with no speech yet: dropped
+    trailing_silence: float = 0.8  # seconds of silence after some speech
+    leading_silence: float = 5.0  # seconds of silence with no speech yet: dropped
     max_utterance: float = 20.0  # seconds of one utterance at most
+    silence_from: str = "ctc"  # "ctc": the blank frames; "silero": Silero VAD's probabilities
 
     def __post_init__(self) -> None:
         for name in ("trailing_silence", "leading_silence", "max_utterance"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"EndpointOptions.{name} must be positive")
+        if self.silence_from not in ("ctc", "silero"):
+            raise ValueError(f"silence_from must be 'ctc' or 'silero', got {self.silence_from!r}")
 
-    def reached(self, search: CTCPrefixBeam, frame_seconds: float) -> bool:
-        """Whether the utterance `search` has read ends here."""
-        silence = search.trailing_blanks * frame_seconds
+    def reached(
+        self, search: CTCPrefixBeam, frame_seconds: float, silence: float | None = None
+    ) -> bool:
+        """Whether the utterance `search` has read ends here; `silence` (seconds, the VAD's)
+        replaces the trailing blanks where given."""
+        if silence is None:
+            silence = search.trailing_blanks * frame_seconds
         if search.frames * frame_seconds >= self.max_utterance:
             return True
         if search.best:

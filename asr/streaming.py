@@ -33,6 +33,7 @@ from asr.results import Decoded, Transcript
 from asr.search import Hypothesis, LanguageModel
 from asr.text import PAD_ID, SOS_EOS_ID
 from asr.transcribe import join_segments
+from asr.vad import StreamingVAD
 
 if TYPE_CHECKING:
     from asr.recognizer import Recognizer
@@ -253,6 +254,10 @@ class Stream:
         self.spans: list[tuple[float, float]] = []
         self.closed = False
         self._new: list[Transcript] = []
+        endpoint = engine.options.endpoint
+        self.vad = None
+        if endpoint is not None and endpoint.silence_from == "silero":
+            self.vad = StreamingVAD(self.sample_rate)
         self._start_utterance()
 
     def _start_utterance(self) -> None:
@@ -282,6 +287,8 @@ class Stream:
             raise ValueError("the stream has ended: start a new one")
         wave = torch.as_tensor(np.asarray(samples, dtype=np.float32)).reshape(-1)
         self.samples += wave.numel()
+        if self.vad is not None:
+            self.vad.push(wave.numpy())
         frames = self.features.push(wave)
         if frames.numel():
             self.pending = torch.cat([self.pending, frames])
@@ -350,7 +357,13 @@ class Stream:
         self.ctc.append(log_probs)
         self.search.advance(log_probs.float().cpu().numpy())
         rule = self.engine.options.endpoint
-        if endpoint and rule is not None and rule.reached(self.search, self.engine.frame_seconds):
+        if not endpoint or rule is None:
+            return
+        silence = None
+        if self.vad is not None:
+            start = self.start_frame * self.features.hop / self.sample_rate
+            silence = self.vad.silence(self.decoded_seconds, since=start)
+        if rule.reached(self.search, self.engine.frame_seconds, silence):
             self.close_utterance()
 
     def close_utterance(self) -> None:

@@ -1,8 +1,10 @@
-"""Voice activity detection by Silero VAD, read by the segmenter as a pseudo-energy track."""
+"""Voice activity detection by Silero VAD: a pseudo-energy track for the segmenter, and the
+silence that ends a live utterance."""
 
 from __future__ import annotations
 
 import functools
+from importlib import resources
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -20,15 +22,78 @@ ENERGY_FLOOR_DB = -100.0
 
 
 @functools.cache
-def _silero_model() -> torch.jit.ScriptModule:
-    """The packaged Silero VAD model, loaded once per process."""
+def _silero_graph():
+    """Silero's ONNX graph, whose recurrent state is an input: one session serves every stream."""
+    import onnxruntime
+
     try:
-        from silero_vad import load_silero_vad
+        from silero_vad import data
     except ImportError as err:
         raise RuntimeError(
-            "--vad silero needs the silero-vad package (pip install silero-vad)"
+            "Silero VAD needs the silero-vad package (pip install silero-vad)"
         ) from err
-    return load_silero_vad(onnx=False)
+    options = onnxruntime.SessionOptions()
+    options.inter_op_num_threads = options.intra_op_num_threads = 1
+    path = str(resources.files(data) / "silero_vad.onnx")
+    return onnxruntime.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+
+
+class StreamingVAD:
+    """Silero VAD over audio that arrives in pieces: a speech probability per 32 ms as it comes.
+
+    Pieces of any size give the same probabilities. `speech_end` is where the last chunk judged
+    speech ended, in seconds from the first sample.
+
+    Args:
+        sample_rate: 16000 or 8000, the rates Silero takes.
+        threshold: the probability from which a chunk is speech.
+    """
+
+    def __init__(self, sample_rate: int, threshold: float = 0.5) -> None:
+        if sample_rate not in SILERO_CHUNKS:
+            raise ValueError(f"Silero VAD takes 16000 or 8000 Hz audio, not {sample_rate} Hz")
+        if not 0.0 < threshold < 1.0:
+            raise ValueError(f"the VAD threshold must lie in (0, 1), got {threshold}")
+        self.sample_rate, self.threshold = sample_rate, threshold
+        self.chunk = SILERO_CHUNKS[sample_rate]
+        self._graph = _silero_graph()
+        self._rate = np.array(sample_rate, dtype=np.int64)
+        self._state = np.zeros((2, 1, 128), dtype=np.float32)
+        self._context = np.zeros((1, self.chunk // 8), dtype=np.float32)  # the graph's overlap
+        self._pending = np.zeros(0, dtype=np.float32)
+        self.chunks = 0
+        self.speech_end = 0.0
+
+    def push(self, samples: np.ndarray) -> np.ndarray:
+        """Add mono float samples; returns the probabilities of the chunks they complete."""
+        pending = np.concatenate([self._pending, np.asarray(samples, np.float32).reshape(-1)])
+        whole = len(pending) // self.chunk
+        probs = np.empty(whole, dtype=np.float32)
+        for i in range(whole):
+            x = np.concatenate(
+                [self._context, pending[None, i * self.chunk : (i + 1) * self.chunk]], 1
+            )
+            out, self._state = self._graph.run(
+                None, {"input": x, "state": self._state, "sr": self._rate}
+            )
+            self._context = x[:, -self._context.shape[1] :]
+            probs[i] = out.reshape(-1)[0]
+            self.chunks += 1
+            if probs[i] >= self.threshold:
+                self.speech_end = self.chunks * self.chunk / self.sample_rate
+        self._pending = pending[whole * self.chunk :]
+        return probs
+
+    def flush(self) -> np.ndarray:
+        """The probability of the incomplete last chunk, padded with silence (none if empty)."""
+        if not len(self._pending):
+            return np.zeros(0, dtype=np.float32)
+        return self.push(np.zeros(self.chunk - len(self._pending), dtype=np.float32))
+
+    def silence(self, until: float, since: float = 0.0) -> float:
+        """Seconds without speech before `until`, counted from `since` at the earliest; 0 where
+        speech was heard after `until` (audio the VAD has read ahead)."""
+        return max(0.0, until - max(self.speech_end, since))
 
 
 @torch.inference_mode()
@@ -37,27 +102,18 @@ def speech_probabilities(
 ) -> tuple[np.ndarray, float]:
     """Silero's speech probability per chunk of `source`, read in pieces, and the chunk seconds."""
     rate = source.sample_rate
-    vad_rate = rate if rate in SILERO_CHUNKS else 16000
-    chunk = SILERO_CHUNKS[vad_rate]
-    model = _silero_model()
-    model.reset_states()
-    probs: list[float] = []
-    pending = torch.zeros(0)
+    vad = StreamingVAD(rate if rate in SILERO_CHUNKS else 16000)
+    probs = []
     start = 0.0
     while start < source.duration:
         end = min(source.duration, start + read_seconds)
         wave = source.read(start, end).float()
-        if vad_rate != rate:
-            wave = AF.resample(wave, rate, vad_rate)
-        pending = torch.cat([pending, wave])
-        whole = len(pending) // chunk * chunk
-        for i in range(0, whole, chunk):
-            probs.append(float(model(pending[i : i + chunk], vad_rate)))
-        pending, start = pending[whole:], end
-    if len(pending):
-        last = torch.nn.functional.pad(pending, (0, chunk - len(pending)))
-        probs.append(float(model(last, vad_rate)))
-    return np.asarray(probs), chunk / vad_rate
+        if vad.sample_rate != rate:
+            wave = AF.resample(wave, rate, vad.sample_rate)
+        probs.append(vad.push(wave.numpy()))
+        start = end
+    probs.append(vad.flush())
+    return np.concatenate(probs), vad.chunk / vad.sample_rate
 
 
 def speech_track(probabilities: np.ndarray, threshold: float = 0.5) -> np.ndarray:

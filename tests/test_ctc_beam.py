@@ -82,8 +82,18 @@ def test_endpoints_after_trailing_silence_following_speech() -> None:
     assert EndpointOptions(max_utterance=0.5).reached(blanks(20, [18]), 0.04)  # 0.8 s long
 
 
+def test_a_vads_silence_decides_where_given() -> None:
+    rule = EndpointOptions(trailing_silence=0.4, leading_silence=2.0, silence_from="silero")
+    assert not rule.reached(blanks(20, [5]), 0.04, silence=0.2)  # 0.56 s of blanks, in speech
+    assert rule.reached(blanks(8, [7]), 0.04, silence=0.5)  # no blank yet, 0.5 s without speech
+    assert not rule.reached(blanks(40), 0.04, silence=1.9)  # nothing said: the leading rule
+    assert rule.reached(blanks(40), 0.04, silence=2.0)
+
+
 def test_endpoint_options_are_checked() -> None:
     with pytest.raises(ValueError, match="trailing_silence"):
         EndpointOptions(trailing_silence=0)
+    with pytest.raises(ValueError, match="silence_from must be 'ctc' or 'silero'"):
+        EndpointOptions(silence_from="webrtc")
     with pytest.raises(ValueError, match="beam"):
         CTCPrefixBeam(beam=0)

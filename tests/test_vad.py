@@ -10,7 +10,7 @@ from test_transcribe import GREEDY, RATE, WAV, _overfit_recognizer, make_three_m
 
 from asr.audio import load_audio
 from asr.segment import ArraySource, FileSource, SegmenterOptions, segment_source
-from asr.vad import speech_probabilities
+from asr.vad import StreamingVAD, speech_probabilities
 
 SILERO = SegmenterOptions(vad="silero")
 
@@ -75,3 +75,31 @@ def test_transcribe_with_silero_vad(tmp_path):
     assert nothing.text == "" and nothing.segments == []  # not even decoded
     with pytest.raises(ValueError, match="vad must be 'energy' or 'silero'"):
         recognizer.transcribe(silence, vad="webrtc")
+
+
+def test_a_live_vad_hears_the_same_in_any_pieces_as_the_offline_track(three_minutes):
+    audio = three_minutes["audio"][: 20 * RATE + 300]
+    whole = StreamingVAD(RATE).push(audio)
+    vad, parts, start = StreamingVAD(RATE), [], 0
+    for size in np.random.default_rng(0).integers(1, 4000, size=len(audio)):
+        parts.append(vad.push(audio[start : start + size]))
+        start += size
+        if start >= len(audio):
+            break
+    np.testing.assert_array_equal(np.concatenate(parts), whole)
+    offline, frame = speech_probabilities(ArraySource(torch.from_numpy(audio), RATE))
+    assert len(offline) == len(whole) + 1  # the last, incomplete chunk padded
+    np.testing.assert_array_equal(offline[: len(whole)], whole)
+    assert frame == 0.032
+
+
+def test_a_live_vad_times_the_silence_since_speech(three_minutes):
+    (start, end), (gap_start, gap_end) = three_minutes["spans"][0], three_minutes["gaps"][1]
+    vad = StreamingVAD(RATE)
+    vad.push(three_minutes["audio"][: round(gap_end * RATE)])
+    assert start < vad.speech_end <= end + 0.1 and gap_start == end
+    assert vad.silence(gap_end) >= 1.9  # the 2 s gap after the utterance
+    assert vad.silence(gap_end, since=gap_end - 0.5) == pytest.approx(0.5)
+    assert vad.silence(start + 0.3) == 0.0  # speech heard after that time
+    with pytest.raises(ValueError, match="16000 or 8000 Hz"):
+        StreamingVAD(22050)

@@ -30,8 +30,16 @@ def add_stream_arguments(p: argparse.ArgumentParser) -> None:
         "--endpoint-silence",
         type=float,
         default=EndpointOptions.trailing_silence,
-        help="seconds of silence (CTC blanks) after speech that end an utterance "
+        help="seconds of silence after speech that end an utterance "
         f"({EndpointOptions.trailing_silence:g}); 0: one utterance until the audio ends",
+    )
+    p.add_argument(
+        "--silence-from",
+        choices=["ctc", "silero"],
+        default=EndpointOptions.silence_from,
+        help="what hears that silence: the model's CTC blank frames (ctc, the default), or "
+        "Silero VAD (silero), which does not end an utterance in speech the model gives no "
+        "tokens for",
     )
     p.add_argument(
         "--max-context-ms",
@@ -43,7 +51,9 @@ def add_stream_arguments(p: argparse.ArgumentParser) -> None:
 def stream_options(args: argparse.Namespace) -> StreamOptions:
     endpoint = None
     if args.endpoint_silence > 0:
-        endpoint = EndpointOptions(trailing_silence=args.endpoint_silence)
+        endpoint = EndpointOptions(
+            trailing_silence=args.endpoint_silence, silence_from=args.silence_from
+        )
     lm_weight = args.lm_weight
     if lm_weight is None and args.lm:
         lm_weight = DEFAULT_LM_WEIGHT

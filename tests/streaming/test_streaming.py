@@ -93,12 +93,16 @@ def test_streams_stepped_together_equal_each_alone(trained) -> None:
         assert final.score == pytest.approx(alone.score, abs=1e-4)
 
 
-def test_an_endpoint_closes_each_utterance_and_the_next_starts_afresh(trained) -> None:
+@pytest.mark.parametrize("silence_from", ["ctc", "silero"])
+def test_an_endpoint_closes_each_utterance_and_the_next_starts_afresh(
+    trained, silence_from
+) -> None:
     recognizer, waves = trained
     silence = 1e-4 * torch.randn(16000 * 2, generator=torch.Generator().manual_seed(0))
     first, second = waves["an4_clstk/fash/an253-fash-b"], waves["an4_clstk/fash/an255-fash-b"]
     audio = torch.cat([first, silence, second, silence])
-    options = StreamOptions(chunk_ms=160, endpoint=EndpointOptions(trailing_silence=1.2))
+    endpoint = EndpointOptions(trailing_silence=1.2, silence_from=silence_from)
+    options = StreamOptions(chunk_ms=160, endpoint=endpoint)
     stream = recognizer.stream(options)
     finals = []
     for start in range(0, audio.numel(), 1600):
@@ -193,14 +197,22 @@ def test_transcribe_streaming_reads_files_and_raw_pcm(
         "--model",
         str(tiny_checkpoint["checkpoint"]),
     ]
-    out = io.StringIO()
-    sys_stdout, sys.stdout = sys.stdout, out
-    try:
-        assert main([*args, str(wav)]) == 0
-    finally:
-        sys.stdout = sys_stdout
-    lines = [line for line in out.getvalue().splitlines() if line]
+
+    def printed(*extra: str) -> list[str]:
+        out = io.StringIO()
+        sys_stdout, sys.stdout = sys.stdout, out
+        try:
+            assert main([*args, *extra, str(wav)]) == 0
+        finally:
+            sys.stdout = sys_stdout
+        return [line for line in out.getvalue().splitlines() if line]
+
+    lines = printed()
     assert " ".join(line.split("] ", 1)[1] for line in lines) == expected.text
+    vad = StreamOptions(chunk_ms=320, endpoint=EndpointOptions(silence_from="silero"))
+    expected_vad = stream_transcript(recognizer, load_audio(wav, 16000), vad)
+    by_vad = printed("--silence-from", "silero")
+    assert " ".join(line.split("] ", 1)[1] for line in by_vad) == expected_vad.text
     pcm = (load_audio(wav, 16000) * 32767).round().short().numpy().tobytes()
     run = subprocess.run(
         [sys.executable, "-m", "asr", *args, "-"], input=pcm, capture_output=True, timeout=120
