@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import glob
 import itertools
-import json
 import os
 import shutil
 import sys
@@ -146,12 +145,13 @@ def _manifest_inputs(manifest: Path, failures: list[str]) -> list[Found]:
     for number, line in enumerate(lines, 1):
         if line.strip():
             try:
-                clips.append(Clip(*read_clip(line, manifest.parent)))
+                path, offset, duration, record = read_clip(line, manifest.parent)
             except ValueError as error:
                 failures.append(f"{manifest}:{number}: {error}")
                 bad += 1
             else:
-                fields.append(json.loads(line))  # read_clip found it an object
+                clips.append(Clip(path, offset, duration))
+                fields.append(record)
     if not clips and not bad:
         failures.append(f"{manifest}: no lines")
     lines_of = Counter(clip.path for clip in clips)

@@ -224,8 +224,11 @@ def _json_record(text: str) -> Any:
         raise _LineError(f"invalid JSON: {error.msg} (column {error.colno})") from None
 
 
-def read_clip(line: str, base: str | os.PathLike) -> tuple[str, float, float | None]:
-    """(path, offset, duration or None) of a line to transcribe; ValueError says what is bad."""
+def read_clip(
+    line: str, base: str | os.PathLike
+) -> tuple[str, float, float | None, dict[str, Any]]:
+    """(path, offset, duration or None, all its fields) of a line to transcribe; ValueError
+    says what is bad."""
     try:
         record = _json_record(line)
         if not isinstance(record, dict):
@@ -242,7 +245,8 @@ def read_clip(line: str, base: str | os.PathLike) -> tuple[str, float, float | N
     if problems:
         raise ValueError("; ".join(problems))
     path = os.path.normpath(os.path.join(base, record["audio_filepath"]))
-    return path, float(record.get("offset", 0.0)), None if duration is None else float(duration)
+    offset = float(record.get("offset", 0.0))
+    return path, offset, None if duration is None else float(duration), record
 
 
 def _utterance_from(record: Any, base: Path) -> Utterance:
