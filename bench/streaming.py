@@ -20,6 +20,7 @@ import argparse
 import asyncio
 import json
 import math
+import shlex
 import socket
 import subprocess
 import sys
@@ -188,7 +189,8 @@ def free_port() -> int:
 def start_server(args: argparse.Namespace, port: int, streams: int) -> subprocess.Popen:
     command = [sys.executable, "-m", "asr", "serve", "--model", args.model, "--port", str(port),
                "--chunk-ms", str(args.chunk), "--endpoint-silence", "0",
-               "--max-connections", str(max(streams, 1))]  # fmt: skip
+               "--max-connections", str(max(streams, 1)),
+               *shlex.split(args.server_args)]  # fmt: skip
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     while True:
         line = process.stdout.readline()
@@ -237,7 +239,8 @@ def load(args: argparse.Namespace) -> dict:
     recognizer = load_model(args.model)
     options = StreamOptions(chunk_ms=args.chunk, endpoint=None)
     offline = {}
-    out = {"model": args.model, "chunk_ms": args.chunk, "seconds": args.seconds, "runs": []}
+    out = {"model": args.model, "chunk_ms": args.chunk, "seconds": args.seconds,
+           "server_args": args.server_args, "runs": []}  # fmt: skip
     for n in args.streams:
         port = free_port()
         server = start_server(args, port, n)
@@ -291,6 +294,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--chunk", type=float, default=640.0, help="chunk ms")
     p.add_argument("--recordings", type=int, default=40, help="recordings the clients play")
     p.add_argument("--budget-ms", type=float, default=300.0)
+    p.add_argument("--server-args", default="", help="more options for asr serve, one string")
     for p in sub.choices.values():
         p.add_argument("--out", help="JSON results (default bench/results/streaming_PART.json)")
     args = parser.parse_args(argv)

@@ -67,7 +67,7 @@ class DotProductAttention(nn.Module):
     """
 
     num_heads = 1
-    kind = "dot-product attention"  # how plots and the explorer name its maps
+    kind = "dot-product attention"  # how the explorer names its maps
 
     def __init__(self, query_dim: int, key_dim: int, attention_dim: int = 320) -> None:
         super().__init__()
