@@ -316,8 +316,13 @@ def _transcribe_inputs(args: argparse.Namespace, inputs: list[Input], on_result=
 
 
 def _serve(args: argparse.Namespace) -> int:
+    import torch
+
     from asr.cli.live import serve
 
+    if args.threads < 1:
+        raise ValueError(f"--threads must be at least 1, got {args.threads}")
+    torch.set_num_threads(args.threads)
     recognizer = _load_model(args)
     return serve(args, recognizer, _language_model(args, recognizer))
 
@@ -836,6 +841,14 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
         p.add_argument("--port", type=int, default=8765, help="port (8765)")
         p.add_argument(
             "--max-connections", type=int, default=32, help="streams at once; more are refused"
+        )
+        p.add_argument(
+            "--threads",
+            type=int,
+            default=1,
+            metavar="N",
+            help="intra-op threads of the model (1): the other cores are left to the network "
+            "and the streams' audio, which more model threads starve (docs/streaming.md)",
         )
     p.set_defaults(run=_serve)
 

@@ -130,16 +130,20 @@ def _stdin_pcm(rate: int):
 
 def serve(args: argparse.Namespace, recognizer, lm=None) -> int:
     """Run `asr serve` until interrupted."""
+    import torch
+
     from asr.serve.server import ServeOptions, serve_forever
 
     options = ServeOptions(host=args.host, port=args.port, max_connections=args.max_connections)
 
     def ready(live) -> None:
         chunk = live.engine.chunk_seconds
+        threads = torch.get_num_threads()
         print(
             f"asr serve: http://{args.host}:{args.port}/ (the microphone page); WebSocket on "
             f"ws://{args.host}:{args.port}/, {recognizer.sample_rate} Hz, chunks of "
-            f"{'full context' if chunk is None else f'{chunk * 1000:.0f} ms'}; Ctrl-C stops",
+            f"{'full context' if chunk is None else f'{chunk * 1000:.0f} ms'}, {threads} model "
+            f"thread{'s' if threads > 1 else ''}; Ctrl-C stops",
             flush=True,
         )
 

@@ -223,6 +223,7 @@ def test_asr_serve_serves_the_page_and_the_socket(tiny_checkpoint, an4_fixture) 
         while not any(f"http://127.0.0.1:{port}/" in line for line in lines):
             lines.append(process.stdout.readline())
             assert lines[-1], lines  # the server ended
+        assert "1 model thread;" in lines[-1]  # the default: the other core serves the network
         page = urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=10).read().decode()
         assert "<title>asr live</title>" in page
         worklet = urllib.request.urlopen(f"http://127.0.0.1:{port}/worklet.js", timeout=10).read()
@@ -235,3 +236,5 @@ def test_asr_serve_serves_the_page_and_the_socket(tiny_checkpoint, an4_fixture) 
     finally:
         process.terminate()
         process.wait(10)
+    refused = subprocess.run([*command, "--threads", "0"], capture_output=True, text=True)
+    assert refused.returncode == 2 and "--threads must be at least 1" in refused.stderr
