@@ -8,11 +8,12 @@ STAMP := $(VENV)/.installed
 .PHONY: demo test lint install clean espnet-env browser
 
 # uv installs the same packages as pip, fetching and unpacking them in parallel: the
-# 5.7 GB environment (torch's CUDA wheels) takes a quarter of pip's time.
+# 5.7 GB environment (torch's CUDA wheels) takes a quarter of pip's time. Bytecode is compiled
+# at install, as pip does, so the first test run does not compile it in every process.
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet uv
-	$(VENV)/bin/uv pip install --quiet --python $(PY) -e '.[dev]'
+	$(VENV)/bin/uv pip install --quiet --compile-bytecode --python $(PY) -e '.[dev]'
 	touch $(STAMP)
 
 install: $(STAMP)
