@@ -323,6 +323,11 @@ class Stream:
         return self.samples / self.sample_rate
 
     @property
+    def utterance_start(self) -> float:
+        """Where the open utterance starts, in seconds from the stream's start."""
+        return self.start_frame * self.features.hop / self.sample_rate
+
+    @property
     def decoded_seconds(self) -> float:
         """Audio the latest chunk read, to its last sample, in seconds."""
         return self.decoded_samples / self.sample_rate
@@ -361,16 +366,14 @@ class Stream:
             return
         silence = None
         if self.vad is not None:
-            start = self.start_frame * self.features.hop / self.sample_rate
-            silence = self.vad.silence(self.decoded_seconds, since=start)
+            silence = self.vad.silence(self.decoded_seconds, since=self.utterance_start)
         if rule.reached(self.search, self.engine.frame_seconds, silence):
             self.close_utterance()
 
     def close_utterance(self) -> None:
         """Decode the open utterance's final (if it said anything) and start the next."""
-        hop = self.features.hop
-        start = self.start_frame * hop / self.sample_rate
-        end = max(start, min(self.consumed * hop / self.sample_rate, self.seconds))
+        start = self.utterance_start
+        end = max(start, min(self.consumed * self.features.hop / self.sample_rate, self.seconds))
         nbest = self.search.nbest(self.engine.options.beam)
         if self.enc and any(tokens for tokens, _ in nbest):
             enc, ctc = torch.cat(self.enc), torch.cat(self.ctc)
