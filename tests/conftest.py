@@ -94,6 +94,15 @@ TINY_MODEL_CONFIG = {  # the init args `asr fit` stores in a checkpoint; vocab_s
     },
     "ctc_weight": 0.3,
 }
+TINY_RNN = {  # TINY_MODEL_CONFIG's encoder and decoder as RNN-attention (location-aware)
+    "encoder": {
+        "class_path": "asr.models.rnn.RNNEncoder",
+        "init_args": {"hidden_size": 16, "projection_dim": 16, "num_layers": 2,
+                      "subsample": "2_2"},
+    },
+    "decoder": {"class_path": "asr.models.rnn.RNNAttentionDecoder",
+                "init_args": {"hidden_size": 8}},
+}  # fmt: skip
 
 
 @pytest.fixture(scope="session")

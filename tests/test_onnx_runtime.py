@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 import torch
-from conftest import TINY_MODEL_CONFIG
+from conftest import TINY_MODEL_CONFIG, TINY_RNN
 from test_package import save_overfit_checkpoint
 from test_transcribe import GREEDY, JOINT, UTTERANCES, WAV, _overfit_recognizer
 
@@ -19,13 +19,6 @@ from asr.onnx_runtime import SPIN_WAIT_ENTRY, _untied, export_onnx, onnx_model
 from asr.recognizer import Recognizer, load_model
 from asr.search import SearchOptions
 from asr.text import CharTokenizer
-
-RNN_ENCODER = {"hidden_size": 16, "projection_dim": 16, "num_layers": 2, "subsample": "2_2"}
-RNN_DECODER = "asr.models.rnn.RNNAttentionDecoder"
-RNN = {
-    "encoder": {"class_path": "asr.models.rnn.RNNEncoder", "init_args": RNN_ENCODER},
-    "decoder": {"class_path": RNN_DECODER, "init_args": {"hidden_size": 8}},
-}
 
 
 @pytest.fixture(scope="module")
@@ -105,7 +98,7 @@ def test_an_rnn_attention_model_decodes_the_same_on_onnx_runtime(tmp_path):
     tokenizer = CharTokenizer.train(["YES NO GO"])
     torch.manual_seed(0)
     model = instantiate(
-        build_seq2seq, TINY_MODEL_CONFIG | RNN | {"vocab_size": tokenizer.vocab_size}
+        build_seq2seq, TINY_MODEL_CONFIG | TINY_RNN | {"vocab_size": tokenizer.vocab_size}
     )
     recognizer = Recognizer(model.eval(), tokenizer, 16000, "rnn")
     waves = [torch.randn(n) * 0.1 for n in (16000, 9000, 12000)]

@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import torch
-from conftest import TINY_MODEL_CONFIG
+from conftest import TINY_MODEL_CONFIG, TINY_RNN
 from test_transcribe import JOINT, WAV, _overfit_recognizer
 
 from asr.audio import audio_info
@@ -43,12 +43,6 @@ def rnn_recognizer(texts: Iterable[str]) -> Recognizer:
     its maps are what the page shows, not what it recognises."""
     tokenizer = CharTokenizer.train(texts)
     torch.manual_seed(0)
-    rnn = {
-        "encoder": {"class_path": "asr.models.rnn.RNNEncoder",
-                    "init_args": {"hidden_size": 16, "projection_dim": 16, "num_layers": 2,
-                                  "subsample": "2_2"}},
-        "decoder": {"class_path": "asr.models.rnn.RNNAttentionDecoder",
-                    "init_args": {"hidden_size": 8}},
-    }  # fmt: skip
-    model = instantiate(build_seq2seq, TINY_MODEL_CONFIG | rnn | {"vocab_size": tokenizer.vocab_size})
+    config = TINY_MODEL_CONFIG | TINY_RNN | {"vocab_size": tokenizer.vocab_size}
+    model = instantiate(build_seq2seq, config)
     return Recognizer(model.eval(), tokenizer, 16000, "rnn")
