@@ -9,8 +9,10 @@
         real time (100 ms packets), one connection per recording, for --seconds. Per N: the
         partial latency (from the sending of the last sample a chunk needs to the arrival of its
         partial; p50/p95), the final latency (from the end of the audio to the final), chunks
-        lost or out of order, and whether each final equals the offline streaming decode of the
-        same audio. The most streams with p95 partial latency <= --budget-ms is reported.
+        lost or out of order, audio that arrived short (the server's duration against the sent),
+        and whether each final equals the offline streaming decode of the same audio (those
+        unlike it named in the JSON). The most streams with p95 partial latency <= --budget-ms
+        is reported.
 Results go to --out (default bench/results/streaming_{wer,load}.json) and are printed as tables.
 """
 
@@ -70,11 +72,14 @@ def wer(args: argparse.Namespace) -> dict:
     waves = [load_audio(u.audio_filepath, RATE) for u in utterances]
     norm = recognizer.tokenizer.normalizer
     refs = [norm(u.text) for u in utterances]
-    out: dict = {"model": args.model, "manifest": args.manifest, "rows": {}, "seconds": {}}
+    out: dict = {"model": args.model, "manifest": args.manifest, "beam": args.beam,
+                 "ctc_weight": args.ctc_weight, "rows": {}, "seconds": {}}  # fmt: skip
     audio_seconds = sum(w.numel() for w in waves) / RATE
     for chunk in args.chunk_ms:
         name = f"{Path(args.manifest).stem}, {f'{chunk:g} ms chunks' if chunk else 'full context'}"
-        options = StreamOptions(chunk_ms=chunk or None, beam=args.beam, endpoint=None)
+        options = StreamOptions(
+            chunk_ms=chunk or None, beam=args.beam, ctc_weight=args.ctc_weight, endpoint=None
+        )
         started = time.perf_counter()
         hyps = decode_streams(recognizer, waves, options)
         out["seconds"][name] = round(time.perf_counter() - started, 1)
@@ -118,6 +123,7 @@ class Connection:
     end_sent: float = 0.0
     done_at: float = 0.0
     done_text: str | None = None
+    done_duration: float | None = None  # the audio the server says it heard
     error: str | None = None
 
     def sent_time(self, audio_seconds: float) -> float:
@@ -145,6 +151,7 @@ async def play(url: str, uid: str, pcm: bytes) -> Connection:
                     seen.finals.append(m["text"])
                 elif m["type"] == "done":
                     seen.done_at, seen.done_text = now, m["text"]
+                    seen.done_duration = m["duration"]
                 elif m["type"] == "error":
                     seen.error = m["message"]
 
@@ -221,6 +228,10 @@ def summarise(connections: list[Connection], chunk_s: float) -> dict:
         "unfinished": sum(c.done_text is None for c in connections),
         "chunks": len(partial_ms),
         "streams with a chunk lost or out of order": bad_order,
+        "streams whose audio arrived short": sum(
+            c.done_duration is not None and c.done_duration < len(c.pcm) / 2 / RATE - 0.001
+            for c in connections
+        ),
         "partial p50 ms": percentile(partial_ms, 50),
         "partial p95 ms": percentile(partial_ms, 95),
         "final p50 ms": percentile(final_ms, 50),
@@ -253,17 +264,19 @@ def load(args: argparse.Namespace) -> dict:
             server.terminate()
             server.wait(10)
         row = {"streams": n, **summarise(connections, args.chunk / 1000)}
-        mismatched = 0
+        unlike = []
         for c in connections:
             if c.uid not in offline:
                 heard = torch.from_numpy(
                     np.frombuffer(c.pcm, dtype="<i2").astype(np.float32) / 32768
                 )
                 offline[c.uid] = stream_transcript(recognizer, heard, options).text
-            mismatched += c.done_text != offline[c.uid]
-        row["finals unlike the offline stream"] = mismatched
+            if c.done_text != offline[c.uid]:
+                unlike.append({"uid": c.uid, "live": c.done_text, "offline": offline[c.uid]})
+        row["finals unlike the offline stream"] = len(unlike)
         out["runs"].append(row)
         print(json.dumps(row), flush=True)
+        out.setdefault("unlike", {})[n] = unlike  # which, to look into (JSON only)
     held = [r["streams"] for r in out["runs"]
             if r["partial p95 ms"] is not None and r["partial p95 ms"] <= args.budget_ms
             and not r["errors"] and not r["unfinished"]]  # fmt: skip
@@ -286,6 +299,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--manifest", required=True)
     p.add_argument("--chunk-ms", type=float, nargs="+", default=[0, 320, 640, 1280])
     p.add_argument("--beam", type=int, default=10)
+    p.add_argument("--ctc-weight", type=float, default=0.5, help="CTC's share in rescoring")
     p = sub.add_parser("load")
     p.add_argument("--model", required=True)
     p.add_argument("--manifest", required=True)

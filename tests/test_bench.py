@@ -153,10 +153,12 @@ def test_streaming_load_times_chunks_from_their_last_sample_and_finds_gaps() -> 
     ok = streaming.Connection("a", b"", sent_at=[1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6, 1.7])
     # 640 ms chunks read to 0.685 s and 1.325 s: packets 7 (0.6-0.7 s) and 14 -> clamped
     ok.partials = [(0.685, 1.75), (1.325, 1.9)]
-    ok.end_sent, ok.done_at, ok.done_text = 1.8, 2.0, "x"
-    gap = streaming.Connection("b", b"", sent_at=[0.0] * 30)
+    ok.end_sent, ok.done_at, ok.done_text, ok.done_duration = 1.8, 2.0, "x", 0.0
+    gap = streaming.Connection("b", bytes(3200), sent_at=[0.0] * 30)
     gap.partials = [(0.685, 1.0), (1.965, 1.1)]  # a chunk missing between them
+    gap.done_duration = 0.05  # the server heard half of the 0.1 s sent
     row = streaming.summarise([ok, gap], chunk_s=0.64)
+    assert row["streams whose audio arrived short"] == 1
     assert ok.sent_time(0.685) == 1.6 and ok.sent_time(0.6) == 1.5
     assert row["streams with a chunk lost or out of order"] == 1
     assert row["final p50 ms"] == pytest.approx(200.0)
