@@ -20,6 +20,7 @@ import asyncio
 import json
 import logging
 import socket
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from importlib import resources
@@ -82,7 +83,9 @@ class _Client:
         self, ws: ServerConnection, stream: Stream, dtype: type, scale: float, limit: int
     ) -> None:
         self.ws, self.stream, self.dtype, self.scale = ws, stream, dtype, scale
-        self.inbox: list[np.ndarray] = []  # audio not yet fed (the worker feeds it)
+        # audio not yet fed: the event loop appends, the model's thread pops (both atomic, so no
+        # piece can land in a list the other thread has already taken)
+        self.inbox: deque[np.ndarray] = deque()
         self.outbox: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
         self.limit = limit
         self.utterances = 0
@@ -300,9 +303,8 @@ class LiveServer:
         # "end" is marked after the last audio is queued: read it first, then take the audio
         ending = {client for client in clients if client.ending}
         for client in clients:
-            audio, client.inbox = client.inbox, []
-            for piece in audio:
-                client.stream.feed(piece)
+            while client.inbox:
+                client.stream.feed(client.inbox.popleft())
         ready = [c for c in clients if c.stream.ready]
         if ready:
             self.engine.step([c.stream for c in ready])

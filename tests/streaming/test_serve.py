@@ -238,3 +238,19 @@ def test_asr_serve_serves_the_page_and_the_socket(tiny_checkpoint, an4_fixture) 
         process.wait(10)
     refused = subprocess.run([*command, "--threads", "0"], capture_output=True, text=True)
     assert refused.returncode == 2 and "--threads must be at least 1" in refused.stderr
+
+
+def test_audio_queued_while_the_model_takes_the_inbox_is_not_lost(trained) -> None:
+    """The event loop binds a client's inbox, converts the message, then appends; the model's
+    thread may drain the inbox in between. The piece must still reach the stream."""
+    from asr.serve.server import LiveServer, _Client
+
+    recognizer, _ = trained
+    live = LiveServer(recognizer, OPTIONS)
+    client = _Client(None, live.engine.stream(), "int16", 32768.0, limit=8)
+    client.inbox.append(torch.zeros(800).numpy())
+    held = client.inbox  # what `client.inbox.append(...)` has bound before its argument is ready
+    live._decode([client])  # the model's thread takes the queued audio meanwhile
+    held.append(torch.zeros(800).numpy())
+    live._decode([client])
+    assert client.stream.samples == 1600
