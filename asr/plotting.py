@@ -91,12 +91,18 @@ def plot_attention_grid(
     num_steps, enc_frames = maps.shape[-2:]
     duration = enc_frames * seconds_per_frame
     fig = Figure(figsize=(2.6 * num_heads + 0.8, (1.2 + 0.08 * num_steps) * num_layers + 0.6))
-    axes = fig.subplots(num_layers, num_heads, sharex=True, sharey=True, squeeze=False)
+    # Ticks only on the first column (tokens) and the last row (time): shared axes would give
+    # every one of the layers * heads panels its own tick objects, the bulk of the drawing time.
+    axes = fig.subplots(num_layers, num_heads, squeeze=False)
     for layer in range(num_layers):
         for head in range(num_heads):
             ax = axes[layer, head]
             _heatmap(ax, maps[layer, head], duration)
             ax.set_title(f"layer {layer} head {head}", fontsize=8)
+            if head:
+                ax.set_yticks([])
+            if layer < num_layers - 1:
+                ax.set_xticks([])
             if words:
                 _draw_words(ax, words, label=False)
         axes[layer, 0].set_ylabel("output token", fontsize=8)
