@@ -134,7 +134,10 @@ def test_two_processes_train_as_one_process_accumulating_both_ranks_batches(tiny
         np.testing.assert_allclose(rank0["weights"][name], value, 1e-4, 1e-6, err_msg=name)
 
 
-@pytest.mark.parametrize("grid", [[], SHAPE_GRID], ids=["longest", "grid"])
+# The grid's equal shares per rank are asserted in tests/data/test_sampler.py, in-process.
+@pytest.mark.parametrize(
+    "grid", [[], pytest.param(SHAPE_GRID, marks=pytest.mark.slow)], ids=["longest", "grid"]
+)
 def test_ranks_get_equal_batch_counts_from_an_odd_count_of_utterances(tiny_an4, tmp_path, grid):
     """Nine utterances cannot be shared equally: a rank with fewer batches would leave the
     other waiting at the epoch's end. Both ranks finish each epoch with the same weights."""

@@ -416,7 +416,10 @@ def _assert_same_end(full: dict, resumed: dict) -> None:
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("grid", [[], SHAPE_GRID], ids=["longest", "grid"])
+# The grid sampler's exact resume is asserted in tests/data/test_sampler.py, in-process.
+@pytest.mark.parametrize(
+    "grid", [[], pytest.param(SHAPE_GRID, marks=pytest.mark.slow)], ids=["longest", "grid"]
+)
 def test_sigkill_mid_epoch_then_resume_equals_uninterrupted_run(
     tiny_an4, tmp_path, grid, uninterrupted
 ):
