@@ -38,7 +38,7 @@ def decode_batch(
     with torch.inference_mode(), autocast(waves.device, precision):
         enc, enc_lens = model.encode(waves, wave_lens)
         ctc = model.ctc(enc).float() if model.ctc is not None else None  # (B, T, V)
-    search = partial(_decode, model.decoder, options=options, lm=lm, precision=precision)
+    search = partial(search_encoded, model.decoder, options=options, lm=lm, precision=precision)
     nbests, token_logp, eos_first = search(enc, enc_lens, ctc)
     repaired: list[str | None] = [None] * len(waves)
     if options.repair and options.ctc_weight == 0:  # joint decoding is CTC-bound already
@@ -58,16 +58,17 @@ def decode_batch(
     ]
 
 
-def _decode(
+def search_encoded(
     decoder: nn.Module,
     enc: Tensor,
     enc_lens: Tensor,
     ctc: Tensor | None,
     options: SearchOptions,
-    lm: LanguageModel | None,
-    precision: str,
+    lm: LanguageModel | None = None,
+    precision: str = "fp32",
 ) -> tuple[list[list[Hypothesis]], list[Tensor], Tensor]:
-    """The n-best lists of a batch, and the best's `token_log_probs`."""
+    """The n-best lists of encoded utterances `(B, T, D)` (CTC log-probabilities `(B, T, V)`
+    where `ctc_weight` > 0), the best's `token_log_probs`, and log p(eos first)."""
     greedy = options.beam_size == 1 and options.ctc_weight == 0 and options.lm_weight == 0
     rows = len(enc) * (1 if greedy else options.beam_size)
     bf16_steps = precision == "bf16" and rows >= BF16_STEP_ROWS

@@ -4,9 +4,11 @@
 an endpoint closed, `partial` is the live text, `final()` ends the audio. A chunk-streaming
 encoder (`ConformerEncoder(causal=True)` or `TransformerEncoder`, best trained with
 `dynamic_chunk`) runs chunk by chunk over a cache of its left context, and a CTC prefix beam
-search reads each chunk; at an endpoint the attention decoder rescores the n-best and the final
-gets word times and confidences as `Recognizer.transcribe`'s do. Several streams step through
-the model together (`StreamingEngine.run`), as a server batches its clients.
+search reads each chunk; at an endpoint the attention decoder rescores the n-best (or, with
+`final_search="beam"`, a joint CTC/attention beam search runs over the utterance's frames, as
+`transcribe` searches) and the final gets word times and confidences as `transcribe`'s do.
+Several streams step through the model together (`StreamingEngine.run`), as a server batches
+its clients.
 
 Chunking is fixed by the model's frames, never by how the audio arrives, so a stream's results
 do not depend on how its audio is split.
@@ -24,7 +26,7 @@ from torch import Tensor
 
 from asr import alignment
 from asr.ctc_beam import CTCPrefixBeam, EndpointOptions
-from asr.decoding import teacher_forced
+from asr.decoding import search_encoded, teacher_forced
 from asr.frontends import GlobalCMVN
 from asr.frontends.features import num_frames
 from asr.models.blocks import min_input_length
@@ -39,6 +41,9 @@ if TYPE_CHECKING:
     from asr.recognizer import Recognizer
 
 
+FINAL_SEARCHES = ("rescore", "beam")
+
+
 @dataclass(frozen=True)
 class StreamOptions:
     """How a live stream is decoded."""
@@ -49,8 +54,13 @@ class StreamOptions:
     lm_weight: float = 0.0  # and + lm_weight * the language model's score (given an LM)
     max_context_ms: float | None = None  # left context attention keeps; None: the utterance
     endpoint: EndpointOptions | None = field(default_factory=EndpointOptions)  # None: at the end
+    final_search: str = "rescore"  # the CTC n-best rescored, or "beam": a joint beam search
 
     def __post_init__(self) -> None:
+        if self.final_search not in FINAL_SEARCHES:
+            raise ValueError(
+                f"final_search must be one of {FINAL_SEARCHES}, got {self.final_search!r}"
+            )
         if self.chunk_ms is not None and self.chunk_ms <= 0:
             raise ValueError(f"chunk_ms must be positive (or None), got {self.chunk_ms}")
         if not 0.0 <= self.ctc_weight <= 1.0:
@@ -144,6 +154,14 @@ class StreamingEngine:
         self.min_window = min_input_length(self.factor)
         if self.chunk is not None:
             self.encoder.empty_cache(1, torch.zeros(1))  # raises where the encoder cannot stream
+        self.search_options = recognizer.bounded(  # final_search="beam": the model's defaults
+            recognizer.search_options(
+                beam_size=self.options.beam,
+                nbest=min(5, self.options.beam),  # the best and 4 alternatives, as rescoring gives
+                ctc_weight=self.options.ctc_weight,
+                lm_weight=self.options.lm_weight,
+            )
+        )
 
     def _frames(self, ms: float | None) -> int | None:
         """Encoder frames in `ms` milliseconds, at least one (None stays None)."""
@@ -205,6 +223,35 @@ class StreamingEngine:
             if rest.size(0) >= self.min_window:
                 self._encode([stream], [rest])
         stream.close_utterance()
+
+    def final(
+        self,
+        enc: Tensor,
+        ctc_log_probs: Tensor,
+        nbest: list[tuple[list[int], float]],
+        num_samples: int,
+    ) -> Decoded:
+        """One utterance's final from its encoder frames `enc (T, D)` and CTC n-best."""
+        if self.options.final_search == "beam":
+            return self.search(enc, ctc_log_probs, num_samples)
+        return self.rescore(enc, ctc_log_probs, nbest, num_samples)
+
+    def search(self, enc: Tensor, ctc_log_probs: Tensor, num_samples: int) -> Decoded:
+        """A joint CTC/attention beam search over one utterance's encoder frames `enc (T, D)`,
+        as `transcribe` searches: its hypotheses are not bound to the CTC n-best."""
+        lens = torch.tensor([enc.size(0)], device=enc.device)
+        ctc = ctc_log_probs[None].float()
+        decoder = self.recognizer.model.decoder
+        options = self.search_options
+        nbests, token_logp, _ = search_encoded(decoder, enc[None], lens, ctc, options, self.lm)
+        best = nbests[0]
+        return Decoded(
+            best[0],
+            ctc_log_probs.float().cpu(),
+            num_samples,
+            token_log_probs=token_logp[0],
+            alternatives=best[1:5],
+        )
 
     def rescore(
         self,
@@ -378,7 +425,7 @@ class Stream:
         if self.enc and any(tokens for tokens, _ in nbest):
             enc, ctc = torch.cat(self.enc), torch.cat(self.ctc)
             num_samples = max(1, round((end - start) * self.sample_rate))
-            decoded = self.engine.rescore(enc, ctc, nbest, num_samples)
+            decoded = self.engine.final(enc, ctc, nbest, num_samples)
             transcript = alignment.transcript(self.recognizer, decoded)
             if transcript.tokens:
                 self.spans.append((start, end))

@@ -2,8 +2,9 @@
 
     python -m bench.streaming wer --model M --manifest data/an4/test.jsonl [--chunk-ms 0 320 ...]
         WER and CER of the streaming decoder (CTC prefix beam search over chunks, attention
-        rescoring at the end of each recording) at each chunk size (0: full context), beside
-        the offline joint beam search; Snt/Wrd/Corr/Sub/Del/Ins/Err/S.Err rows.
+        rescoring at the end of each recording, or with --final-search beam a joint beam
+        search over its frames) at each chunk size (0: full context);
+        Snt/Wrd/Corr/Sub/Del/Ins/Err/S.Err rows.
     python -m bench.streaming load --model M --manifest data/an4/test.jsonl [--streams 1 8 16]
         `asr serve` in a child process on 127.0.0.1; N WebSocket clients each play recordings in
         real time (100 ms packets), one connection per recording, for --seconds. Per N: the
@@ -37,7 +38,7 @@ from asr.audio import load_audio
 from asr.data.manifest import read_manifest
 from asr.metrics import char_errors, word_errors
 from asr.recognizer import load_model
-from asr.streaming import StreamingEngine, StreamOptions, stream_transcript
+from asr.streaming import FINAL_SEARCHES, StreamingEngine, StreamOptions, stream_transcript
 
 PACKET_SECONDS = 0.1
 RATE = 16000
@@ -73,12 +74,17 @@ def wer(args: argparse.Namespace) -> dict:
     norm = recognizer.tokenizer.normalizer
     refs = [norm(u.text) for u in utterances]
     out: dict = {"model": args.model, "manifest": args.manifest, "beam": args.beam,
-                 "ctc_weight": args.ctc_weight, "rows": {}, "seconds": {}}  # fmt: skip
+                 "ctc_weight": args.ctc_weight, "final_search": args.final_search,
+                 "rows": {}, "seconds": {}}  # fmt: skip
     audio_seconds = sum(w.numel() for w in waves) / RATE
     for chunk in args.chunk_ms:
         name = f"{Path(args.manifest).stem}, {f'{chunk:g} ms chunks' if chunk else 'full context'}"
         options = StreamOptions(
-            chunk_ms=chunk or None, beam=args.beam, ctc_weight=args.ctc_weight, endpoint=None
+            chunk_ms=chunk or None,
+            beam=args.beam,
+            ctc_weight=args.ctc_weight,
+            endpoint=None,
+            final_search=args.final_search,
         )
         started = time.perf_counter()
         hyps = decode_streams(recognizer, waves, options)
@@ -196,7 +202,7 @@ def free_port() -> int:
 def start_server(args: argparse.Namespace, port: int, streams: int) -> subprocess.Popen:
     command = [sys.executable, "-m", "asr", "serve", "--model", args.model, "--port", str(port),
                "--chunk-ms", str(args.chunk), "--endpoint-silence", "0",
-               "--max-connections", str(max(streams, 1)),
+               "--final-search", args.final_search, "--max-connections", str(max(streams, 1)),
                *shlex.split(args.server_args)]  # fmt: skip
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     while True:
@@ -248,10 +254,11 @@ def load(args: argparse.Namespace) -> dict:
             (u.id, (wave.clamp(-1, 1) * 32767).round().short().numpy().astype("<i2").tobytes())
         )
     recognizer = load_model(args.model)
-    options = StreamOptions(chunk_ms=args.chunk, endpoint=None)
+    options = StreamOptions(chunk_ms=args.chunk, endpoint=None, final_search=args.final_search)
     offline = {}
     out = {"model": args.model, "chunk_ms": args.chunk, "seconds": args.seconds,
-           "server_args": args.server_args, "runs": []}  # fmt: skip
+           "final_search": args.final_search, "server_args": args.server_args,
+           "runs": []}  # fmt: skip
     for n in args.streams:
         port = free_port()
         server = start_server(args, port, n)
@@ -311,6 +318,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--server-args", default="", help="more options for asr serve, one string")
     for p in sub.choices.values():
         p.add_argument("--out", help="JSON results (default bench/results/streaming_PART.json)")
+        p.add_argument("--final-search", choices=FINAL_SEARCHES, default="rescore",
+                       help="the final: the CTC n-best rescored, or a joint beam search (beam)")
     args = parser.parse_args(argv)
     result = wer(args) if args.part == "wer" else load(args)
     path = Path(args.out or f"bench/results/streaming_{args.part}.json")

@@ -12,7 +12,7 @@ import numpy as np
 
 from asr.ctc_beam import EndpointOptions
 from asr.search import DEFAULT_LM_WEIGHT
-from asr.streaming import StreamOptions
+from asr.streaming import FINAL_SEARCHES, StreamOptions
 
 PCM_BLOCK_SECONDS = 0.1  # stdin is read, and files fed, in pieces of this much audio
 
@@ -42,6 +42,15 @@ def add_stream_arguments(p: argparse.ArgumentParser) -> None:
         "tokens for",
     )
     p.add_argument(
+        "--final-search",
+        choices=FINAL_SEARCHES,
+        default=StreamOptions.final_search,
+        help="how each utterance's final is found at its endpoint: the CTC prefix beam's n-best "
+        "rescored by the attention decoder (rescore, the default), or a joint CTC/attention beam "
+        "search over the utterance's encoder frames, as offline decoding searches (beam: more "
+        "accurate, and a search's time added to each final)",
+    )
+    p.add_argument(
         "--max-context-ms",
         type=float,
         help="left context attention keeps, in ms (default: the whole utterance)",
@@ -62,6 +71,7 @@ def stream_options(args: argparse.Namespace) -> StreamOptions:
         chunk_ms=args.chunk_ms or None,
         max_context_ms=args.max_context_ms,
         endpoint=endpoint,
+        final_search=args.final_search,
         **{k: v for k, v in given.items() if v is not None},
     )
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 import torch
@@ -129,6 +130,42 @@ def test_an_endpoint_closes_each_utterance_and_the_next_starts_afresh(
     assert stream.take_finals() == []
 
 
+@pytest.mark.parametrize("chunk_ms", [None, 160])
+def test_a_beam_final_is_the_offline_search_over_the_same_frames(
+    trained, chunk_ms, monkeypatch
+) -> None:
+    """final_search="beam": the final is the joint beam search `Recognizer.search` runs, over the
+    stream's frames (at full context the offline frames, over chunks the chunk-masked ones),
+    whatever the CTC prefix beam's n-best holds."""
+    from asr.decoding import search_encoded
+
+    recognizer, waves = trained
+    options = StreamOptions(chunk_ms=chunk_ms, beam=4, endpoint=None, final_search="beam")
+    offline = recognizer.bounded(recognizer.search_options(beam_size=4, ctc_weight=0.5))
+    model = recognizer.model
+    chunk = StreamingEngine(recognizer, options).chunk
+    expected = {}
+    for uid, wave in waves.items():
+        rescored = stream_transcript(recognizer, wave, replace(options, final_search="rescore"))
+        assert rescored.text == UTTERANCES[uid]  # this model: the same words either way
+        model.encoder.chunk = chunk
+        try:
+            with torch.inference_mode():
+                enc, lens = model.encode(wave[None], torch.tensor([wave.numel()]))
+                nbests, _, _ = search_encoded(model.decoder, enc, lens, model.ctc(enc), offline)
+        finally:
+            model.encoder.chunk = None
+        expected[uid] = nbests[0][0]
+        if chunk is None:
+            assert recognizer.search([wave], offline)[0].hypothesis.tokens == nbests[0][0].tokens
+    # A wrong n-best: rescoring would return it; the search does not read it.
+    monkeypatch.setattr(CTCPrefixBeam, "nbest", lambda self, n: [([4], 0.0)])
+    for uid, wave in waves.items():
+        live = stream_transcript(recognizer, wave, options)
+        assert live.tokens == expected[uid].tokens, uid
+        assert live.segments[0].score == pytest.approx(expected[uid].score, abs=1e-3), uid
+
+
 class BigramLM:
     """A language model whose next-token log-probabilities depend on the last token only."""
 
@@ -173,6 +210,8 @@ def test_models_that_cannot_stream_are_refused(trained) -> None:
         FeatureStream(frontend)
     with pytest.raises(ValueError, match="chunk_ms"):
         StreamOptions(chunk_ms=0)
+    with pytest.raises(ValueError, match="final_search"):
+        StreamOptions(final_search="greedy")
     stream = recognizer.stream()
     stream.final()
     with pytest.raises(ValueError, match="ended"):
@@ -213,6 +252,10 @@ def test_transcribe_streaming_reads_files_and_raw_pcm(
     expected_vad = stream_transcript(recognizer, load_audio(wav, 16000), vad)
     by_vad = printed("--silence-from", "silero")
     assert " ".join(line.split("] ", 1)[1] for line in by_vad) == expected_vad.text
+    beam = StreamOptions(chunk_ms=320, final_search="beam")
+    expected_beam = stream_transcript(recognizer, load_audio(wav, 16000), beam)
+    by_beam = printed("--final-search", "beam")
+    assert " ".join(line.split("] ", 1)[1] for line in by_beam) == expected_beam.text
     pcm = (load_audio(wav, 16000) * 32767).round().short().numpy().tobytes()
     run = subprocess.run(
         [sys.executable, "-m", "asr", *args, "-"], input=pcm, capture_output=True, timeout=120
