@@ -808,7 +808,7 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
             "`arecord -f S16_LE -r 16000 -c 1 | asr transcribe --streaming --model M -`.",
         )
         live.add_argument("--streaming", action="store_true", help="decode as a live stream")
-        add_stream_arguments(live)
+        add_stream_arguments(live, final_search="beam")  # one stream: the most accurate final
     p.set_defaults(run=_transcribe)
 
     p = sub.add_parser(
@@ -832,7 +832,7 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
         p.add_argument("--lm", help="a language model checkpoint that rescores the finals too")
         p.add_argument("--lm-weight", type=float, help="its weight (0.3 with --lm)")
         _add_device_arguments(p)
-        add_stream_arguments(p)
+        add_stream_arguments(p, final_search="rescore")  # many streams share the model's thread
         p.add_argument(
             "--host",
             default="127.0.0.1",

@@ -17,8 +17,8 @@ from asr.streaming import FINAL_SEARCHES, StreamOptions
 PCM_BLOCK_SECONDS = 0.1  # stdin is read, and files fed, in pieces of this much audio
 
 
-def add_stream_arguments(p: argparse.ArgumentParser) -> None:
-    """The options of a live stream (`StreamOptions`)."""
+def add_stream_arguments(p: argparse.ArgumentParser, final_search: str) -> None:
+    """The options of a live stream (`StreamOptions`); `final_search` is the command's default."""
     p.add_argument(
         "--chunk-ms",
         type=float,
@@ -44,11 +44,11 @@ def add_stream_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--final-search",
         choices=FINAL_SEARCHES,
-        default=StreamOptions.final_search,
+        default=final_search,
         help="how each utterance's final is found at its endpoint: the CTC prefix beam's n-best "
-        "rescored by the attention decoder (rescore, the default), or a joint CTC/attention beam "
-        "search over the utterance's encoder frames, as offline decoding searches (beam: more "
-        "accurate, and a search's time added to each final)",
+        "rescored by the attention decoder (rescore), or a joint CTC/attention beam search over "
+        "the utterance's encoder frames, as offline decoding searches (beam: more accurate, a "
+        f"search's time added to each final, fewer streams a server holds); default {final_search}",
     )
     p.add_argument(
         "--max-context-ms",

@@ -227,7 +227,8 @@ def test_transcribe_streaming_reads_files_and_raw_pcm(
 
     wav = an4_fixture / "wav/an4_clstk/fash/an255-fash-b.wav"
     recognizer = load_model(tiny_checkpoint["checkpoint"])
-    expected = stream_transcript(recognizer, load_audio(wav, 16000), StreamOptions(chunk_ms=320))
+    default = StreamOptions(chunk_ms=320, final_search="beam")  # the command's default
+    expected = stream_transcript(recognizer, load_audio(wav, 16000), default)
     args = [
         "transcribe",
         "--streaming",
@@ -248,14 +249,14 @@ def test_transcribe_streaming_reads_files_and_raw_pcm(
 
     lines = printed()
     assert " ".join(line.split("] ", 1)[1] for line in lines) == expected.text
-    vad = StreamOptions(chunk_ms=320, endpoint=EndpointOptions(silence_from="silero"))
+    vad = replace(default, endpoint=EndpointOptions(silence_from="silero"))
     expected_vad = stream_transcript(recognizer, load_audio(wav, 16000), vad)
     by_vad = printed("--silence-from", "silero")
     assert " ".join(line.split("] ", 1)[1] for line in by_vad) == expected_vad.text
-    beam = StreamOptions(chunk_ms=320, final_search="beam")
-    expected_beam = stream_transcript(recognizer, load_audio(wav, 16000), beam)
-    by_beam = printed("--final-search", "beam")
-    assert " ".join(line.split("] ", 1)[1] for line in by_beam) == expected_beam.text
+    rescore = replace(default, final_search="rescore")
+    expected_rescore = stream_transcript(recognizer, load_audio(wav, 16000), rescore)
+    by_rescore = printed("--final-search", "rescore")
+    assert " ".join(line.split("] ", 1)[1] for line in by_rescore) == expected_rescore.text
     pcm = (load_audio(wav, 16000) * 32767).round().short().numpy().tobytes()
     run = subprocess.run(
         [sys.executable, "-m", "asr", *args, "-"], input=pcm, capture_output=True, timeout=120
