@@ -823,11 +823,15 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
         from asr.cli.live import add_stream_arguments
 
         _add_model_argument(p)
-        p.add_argument("--beam-size", type=int, help="CTC prefixes kept and rescored (10)")
+        p.add_argument(
+            "--beam-size",
+            type=int,
+            help="CTC prefixes kept and rescored, or the final search's (10)",
+        )
         p.add_argument(
             "--ctc-weight",
             type=float,
-            help="CTC share of the rescoring score (0.5; the rest is the attention decoder's)",
+            help="CTC share of a final's score (0.5; the rest is the attention decoder's)",
         )
         p.add_argument("--lm", help="a language model checkpoint that rescores the finals too")
         p.add_argument("--lm-weight", type=float, help="its weight (0.3 with --lm)")
