@@ -224,18 +224,6 @@ class StreamingEngine:
                 self._encode([stream], [rest])
         stream.close_utterance()
 
-    def final(
-        self,
-        enc: Tensor,
-        ctc_log_probs: Tensor,
-        nbest: list[tuple[list[int], float]],
-        num_samples: int,
-    ) -> Decoded:
-        """One utterance's final from its encoder frames `enc (T, D)` and CTC n-best."""
-        if self.options.final_search == "beam":
-            return self.search(enc, ctc_log_probs, num_samples)
-        return self.rescore(enc, ctc_log_probs, nbest, num_samples)
-
     def search(self, enc: Tensor, ctc_log_probs: Tensor, num_samples: int) -> Decoded:
         """A joint CTC/attention beam search over one utterance's encoder frames `enc (T, D)`,
         as `transcribe` searches: its hypotheses are not bound to the CTC n-best."""
@@ -425,7 +413,10 @@ class Stream:
         if self.enc and any(tokens for tokens, _ in nbest):
             enc, ctc = torch.cat(self.enc), torch.cat(self.ctc)
             num_samples = max(1, round((end - start) * self.sample_rate))
-            decoded = self.engine.final(enc, ctc, nbest, num_samples)
+            if self.engine.options.final_search == "beam":
+                decoded = self.engine.search(enc, ctc, num_samples)
+            else:
+                decoded = self.engine.rescore(enc, ctc, nbest, num_samples)
             transcript = alignment.transcript(self.recognizer, decoded)
             if transcript.tokens:
                 self.spans.append((start, end))
