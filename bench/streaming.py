@@ -4,7 +4,8 @@
         WER and CER of the streaming decoder (CTC prefix beam search over chunks, attention
         rescoring at the end of each recording, or with --final-search beam a joint beam
         search over its frames) at each chunk size (0: full context);
-        Snt/Wrd/Corr/Sub/Del/Ins/Err/S.Err rows.
+        Snt/Wrd/Corr/Sub/Del/Ins/Err/S.Err rows. With 0 among the sizes, each chunk size's word
+        errors against full context's, with a 95 % paired bootstrap interval over utterances.
     python -m bench.streaming load --model M --manifest data/an4/test.jsonl [--streams 1 8 16]
         `asr serve` in a child process on 127.0.0.1; N WebSocket clients each play recordings in
         real time (100 ms packets), one connection per recording, for --seconds. Per N: the
@@ -60,6 +61,18 @@ def error_row(name: str, refs: list[str], hyps: list[str], chars: bool = False) 
     }  # fmt: skip
 
 
+def ratio_interval(
+    full: np.ndarray, chunked: np.ndarray, resamples: int = 5000, seed: int = 0
+) -> tuple[float, float]:
+    """95 % interval of sum(chunked) / sum(full), the per-utterance word errors of the same
+    utterances, by a paired bootstrap: utterances drawn with replacement, both sums from each
+    draw, so what is common to both decodes cancels."""
+    draws = np.random.default_rng(seed).integers(0, len(full), (resamples, len(full)))
+    ratios = chunked[draws].sum(1) / np.maximum(full[draws].sum(1), 1)
+    low, high = np.percentile(ratios, [2.5, 97.5])
+    return float(low), float(high)
+
+
 def table(rows: list[dict]) -> str:
     keys = list(rows[0])
     lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
@@ -75,8 +88,9 @@ def wer(args: argparse.Namespace) -> dict:
     refs = [norm(u.text) for u in utterances]
     out: dict = {"model": args.model, "manifest": args.manifest, "beam": args.beam,
                  "ctc_weight": args.ctc_weight, "final_search": args.final_search,
-                 "rows": {}, "seconds": {}}  # fmt: skip
+                 "rows": {}, "seconds": {}, "against full context": {}}  # fmt: skip
     audio_seconds = sum(w.numel() for w in waves) / RATE
+    errors = {}  # chunk ms: word errors per utterance
     for chunk in args.chunk_ms:
         name = f"{Path(args.manifest).stem}, {f'{chunk:g} ms chunks' if chunk else 'full context'}"
         options = StreamOptions(
@@ -89,6 +103,7 @@ def wer(args: argparse.Namespace) -> dict:
         started = time.perf_counter()
         hyps = decode_streams(recognizer, waves, options)
         out["seconds"][name] = round(time.perf_counter() - started, 1)
+        errors[chunk] = np.array([word_errors([r], [h]).errors for r, h in zip(refs, hyps)])
         out["rows"][name] = {
             "wer": error_row(name, refs, hyps),
             "cer": error_row(name, refs, hyps, True),
@@ -100,6 +115,15 @@ def wer(args: argparse.Namespace) -> dict:
         )
     for unit in ("wer", "cer"):
         print(f"\n{unit.upper()}\n\n" + table([r[unit] for r in out["rows"].values()]))
+    if 0 in errors:
+        print("\nword errors against full context (95 % paired bootstrap interval):")
+    for chunk in [c for c in errors if c and 0 in errors]:
+        low, high = ratio_interval(errors[0], errors[chunk])
+        ratio = errors[chunk].sum() / max(errors[0].sum(), 1)
+        out["against full context"][f"{chunk:g} ms"] = {
+            "ratio": round(float(ratio), 3), "low": round(low, 3), "high": round(high, 3)
+        }  # fmt: skip
+        print(f"{chunk:g} ms chunks: {ratio:.2f}x [{low:.2f}, {high:.2f}]")
     return out
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import doctest
 import json
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -164,3 +165,15 @@ def test_streaming_load_times_chunks_from_their_last_sample_and_finds_gaps() -> 
     assert row["final p50 ms"] == pytest.approx(200.0)
     assert row["chunks"] == 4
     assert streaming.error_row("x", ["a b c"], ["a x c d"])["Err"] == pytest.approx(66.7)
+
+
+def test_streaming_ratio_interval_is_paired_and_holds_the_ratio() -> None:
+    from bench.streaming import ratio_interval
+
+    full = np.array([0, 1, 2, 0, 3, 1, 0, 2])
+    assert ratio_interval(full, full) == (1.0, 1.0)  # each draw's sums are equal
+    assert ratio_interval(full, 2 * full) == (2.0, 2.0)
+    chunked = full + np.array([1, 0, 0, 0, 1, 0, 0, 0])
+    low, high = ratio_interval(full, chunked)
+    assert 1.0 <= low < chunked.sum() / full.sum() < high  # never below: no utterance got better
+    assert ratio_interval(full, chunked) == (low, high)  # seeded: the same interval again
