@@ -11,7 +11,9 @@ Several streams step through the model together (`StreamingEngine.run`), as a se
 its clients.
 
 Chunking is fixed by the model's frames, never by how the audio arrives, so a stream's results
-do not depend on how its audio is split.
+do not depend on how its audio is split. Each utterance starts afresh (no left context), and
+`first_chunk_ms` can make its first chunk longer than the rest: the opening word, which has no
+context before it, then sees more of itself, for a later first partial.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ class StreamOptions:
     """How a live stream is decoded."""
 
     chunk_ms: float | None = 640.0  # audio per encoder chunk; None: full context, final only
+    first_chunk_ms: float | None = None  # each utterance's first chunk; None: chunk_ms
     beam: int = 10  # CTC prefixes kept, and rescored at an endpoint
     ctc_weight: float = 0.5  # rescoring: ctc_weight * CTC + (1 - ctc_weight) * attention
     lm_weight: float = 0.0  # and + lm_weight * the language model's score (given an LM)
@@ -61,8 +64,14 @@ class StreamOptions:
             raise ValueError(
                 f"final_search must be one of {FINAL_SEARCHES}, got {self.final_search!r}"
             )
-        if self.chunk_ms is not None and self.chunk_ms <= 0:
-            raise ValueError(f"chunk_ms must be positive (or None), got {self.chunk_ms}")
+        for name in ("chunk_ms", "first_chunk_ms"):
+            if getattr(self, name) is not None and getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive (or None), got {getattr(self, name)}")
+        if None not in (self.chunk_ms, self.first_chunk_ms) and self.first_chunk_ms < self.chunk_ms:
+            raise ValueError(
+                f"first_chunk_ms ({self.first_chunk_ms:g}) must be at least chunk_ms "
+                f"({self.chunk_ms:g})"
+            )
         if not 0.0 <= self.ctc_weight <= 1.0:
             raise ValueError(f"ctc_weight must be in [0, 1], got {self.ctc_weight}")
         if self.beam < 1:
@@ -147,10 +156,10 @@ class StreamingEngine:
         self.frame_seconds = recognizer.frame_seconds
         FeatureStream(model.frontend)  # the frontend must stream: fail here, not per stream
         self.chunk = self._frames(self.options.chunk_ms)
+        self.first_chunk = self.chunk  # each utterance's first chunk (frames)
+        if self.chunk is not None and self.options.first_chunk_ms is not None:
+            self.first_chunk = self._frames(self.options.first_chunk_ms)
         self.max_cache = self._frames(self.options.max_context_ms)
-        self.window = (
-            None if self.chunk is None else self.encoder.subsampling.chunk_window(self.chunk)
-        )
         self.min_window = min_input_length(self.factor)
         if self.chunk is not None:
             self.encoder.empty_cache(1, torch.zeros(1))  # raises where the encoder cannot stream
@@ -173,6 +182,14 @@ class StreamingEngine:
     def chunk_seconds(self) -> float | None:
         return None if self.chunk is None else self.chunk * self.frame_seconds
 
+    @property
+    def first_chunk_seconds(self) -> float | None:
+        return None if self.first_chunk is None else self.first_chunk * self.frame_seconds
+
+    def window(self, chunk: int) -> int:
+        """Input frames a chunk of `chunk` encoder frames reads."""
+        return self.encoder.subsampling.chunk_window(chunk)
+
     def stream(self) -> Stream:
         """A new stream, sharing this engine's model."""
         return Stream(self)
@@ -188,9 +205,14 @@ class StreamingEngine:
 
     @torch.inference_mode()
     def step(self, streams: Sequence[Stream]) -> None:
-        """One chunk of each stream in `streams` (all `ready`), through the encoder at once."""
-        windows = [s.take_window(self.window) for s in streams]
-        self._encode(streams, windows)
+        """One chunk of each stream in `streams` (all `ready`), through the encoder at once, or
+        in two batches where some start an utterance with a longer first chunk (a batch's rows
+        must not be padded: causal convolutions cache their last inputs)."""
+        sizes: dict[int, list[Stream]] = {}
+        for stream in streams:
+            sizes.setdefault(stream.next_chunk, []).append(stream)
+        for chunk, group in sizes.items():
+            self._encode(group, [s.take_window(chunk) for s in group])
 
     def _encode(self, streams: Sequence[Stream], windows: list[Tensor]) -> None:
         device = self.recognizer.device
@@ -348,9 +370,16 @@ class Stream:
         return self.recognizer.tokenizer.decode(self.search.best)
 
     @property
+    def next_chunk(self) -> int | None:
+        """Encoder frames of the next chunk: an utterance's first, or the others' size."""
+        return self.engine.chunk if self.enc else self.engine.first_chunk
+
+    @property
     def ready(self) -> bool:
-        window = self.engine.window
-        return window is not None and not self.closed and self.pending.size(0) >= window
+        chunk = self.next_chunk
+        if chunk is None or self.closed:
+            return False
+        return self.pending.size(0) >= self.engine.window(chunk)
 
     @property
     def seconds(self) -> float:
@@ -367,13 +396,14 @@ class Stream:
         """Audio the latest chunk read, to its last sample, in seconds."""
         return self.decoded_samples / self.sample_rate
 
-    def take_window(self, window: int) -> Tensor:
-        """The next chunk's input frames; the overlap with the next window stays pending."""
-        out = self.pending[:window]
+    def take_window(self, chunk: int) -> Tensor:
+        """The input frames of a chunk of `chunk` encoder frames; the overlap with the next
+        window stays pending."""
+        out = self.pending[: self.engine.window(chunk)]
         self.decoded_samples = (
             self.consumed + out.size(0) - 1
         ) * self.features.hop + self.features.win
-        step = self.engine.chunk * self.engine.factor
+        step = chunk * self.engine.factor
         self.pending = self.pending[step:]
         self.consumed += step
         return out

@@ -88,13 +88,17 @@ def wer(args: argparse.Namespace) -> dict:
     refs = [norm(u.text) for u in utterances]
     out: dict = {"model": args.model, "manifest": args.manifest, "beam": args.beam,
                  "ctc_weight": args.ctc_weight, "final_search": args.final_search,
+                 "first_chunk_ms": args.first_chunk_ms,
                  "rows": {}, "seconds": {}, "against full context": {}}  # fmt: skip
     audio_seconds = sum(w.numel() for w in waves) / RATE
     errors = {}  # chunk ms: word errors per utterance
+    first = f" (the first {args.first_chunk_ms:g} ms)" if args.first_chunk_ms else ""
     for chunk in args.chunk_ms:
-        name = f"{Path(args.manifest).stem}, {f'{chunk:g} ms chunks' if chunk else 'full context'}"
+        size = f"{chunk:g} ms chunks{first}" if chunk else "full context"
+        name = f"{Path(args.manifest).stem}, {size}"
         options = StreamOptions(
             chunk_ms=chunk or None,
+            first_chunk_ms=args.first_chunk_ms,
             beam=args.beam,
             ctc_weight=args.ctc_weight,
             endpoint=None,
@@ -227,6 +231,7 @@ def start_server(args: argparse.Namespace, port: int, streams: int) -> subproces
     command = [sys.executable, "-m", "asr", "serve", "--model", args.model, "--port", str(port),
                "--chunk-ms", str(args.chunk), "--endpoint-silence", "0",
                "--final-search", args.final_search, "--max-connections", str(max(streams, 1)),
+               *(["--first-chunk-ms", str(args.first_chunk_ms)] if args.first_chunk_ms else []),
                *shlex.split(args.server_args)]  # fmt: skip
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     while True:
@@ -278,11 +283,16 @@ def load(args: argparse.Namespace) -> dict:
             (u.id, (wave.clamp(-1, 1) * 32767).round().short().numpy().astype("<i2").tobytes())
         )
     recognizer = load_model(args.model)
-    options = StreamOptions(chunk_ms=args.chunk, endpoint=None, final_search=args.final_search)
+    options = StreamOptions(
+        chunk_ms=args.chunk,
+        first_chunk_ms=args.first_chunk_ms,
+        endpoint=None,
+        final_search=args.final_search,
+    )
     offline = {}
     out = {"model": args.model, "chunk_ms": args.chunk, "seconds": args.seconds,
-           "final_search": args.final_search, "server_args": args.server_args,
-           "runs": []}  # fmt: skip
+           "final_search": args.final_search, "first_chunk_ms": args.first_chunk_ms,
+           "server_args": args.server_args, "runs": []}  # fmt: skip
     for n in args.streams:
         port = free_port()
         server = start_server(args, port, n)
@@ -344,6 +354,8 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--out", help="JSON results (default bench/results/streaming_PART.json)")
         p.add_argument("--final-search", choices=FINAL_SEARCHES, default="rescore",
                        help="the final: the CTC n-best rescored, or a joint beam search (beam)")
+        p.add_argument("--first-chunk-ms", type=float,
+                       help="each utterance's first chunk, ms (default: as the others)")
     args = parser.parse_args(argv)
     result = wer(args) if args.part == "wer" else load(args)
     path = Path(args.out or f"bench/results/streaming_{args.part}.json")

@@ -27,6 +27,13 @@ def add_stream_arguments(p: argparse.ArgumentParser, final_search: str) -> None:
         "at full context, finals only",
     )
     p.add_argument(
+        "--first-chunk-ms",
+        type=float,
+        help="audio in each utterance's first chunk, in ms (default: --chunk-ms); longer, the "
+        "opening word is read with more of itself (fewer errors on it), and the utterance's "
+        "first partial comes that much later",
+    )
+    p.add_argument(
         "--endpoint-silence",
         type=float,
         default=EndpointOptions.trailing_silence,
@@ -69,6 +76,7 @@ def stream_options(args: argparse.Namespace) -> StreamOptions:
     given = {"beam": args.beam_size, "ctc_weight": args.ctc_weight, "lm_weight": lm_weight}
     return StreamOptions(
         chunk_ms=args.chunk_ms or None,
+        first_chunk_ms=args.first_chunk_ms,
         max_context_ms=args.max_context_ms,
         endpoint=endpoint,
         final_search=args.final_search,

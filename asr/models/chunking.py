@@ -17,19 +17,30 @@ from torch import Tensor
 
 
 def chunk_attention_mask(
-    length: int, chunk: int, left_chunks: int = -1, device: torch.device | None = None
+    length: int,
+    chunk: int,
+    left_chunks: int = -1,
+    device: torch.device | None = None,
+    first: int | None = None,
 ) -> Tensor:
     """`(T, T)` True where query frame `i` may attend key frame `j`: `j` is in `i`'s chunk or
-    in one of the `left_chunks` chunks before it (all of them when negative).
+    in one of the `left_chunks` chunks before it (all of them when negative). The first chunk
+    holds `first` frames (None: `chunk`), the others `chunk`.
 
     >>> chunk_attention_mask(4, 2).int().tolist()
     [[1, 1, 0, 0], [1, 1, 0, 0], [1, 1, 1, 1], [1, 1, 1, 1]]
     >>> chunk_attention_mask(3, 1, left_chunks=1).int().tolist()
     [[1, 0, 0], [1, 1, 0], [0, 1, 1]]
+    >>> chunk_attention_mask(4, 1, first=3).int().tolist()
+    [[1, 1, 1, 0], [1, 1, 1, 0], [1, 1, 1, 0], [1, 1, 1, 1]]
     """
-    if chunk < 1:
-        raise ValueError(f"chunk must be at least 1 frame, got {chunk}")
-    index = torch.arange(length, device=device) // chunk
+    if chunk < 1 or (first is not None and first < 1):
+        raise ValueError(f"chunks must be at least 1 frame, got {chunk} (first: {first})")
+    index = torch.arange(length, device=device)
+    if first is None:
+        index = index // chunk
+    else:
+        index = torch.where(index < first, 0, (index - first) // chunk + 1)
     query, key = index[:, None], index[None, :]
     allowed = key <= query
     if left_chunks >= 0:
@@ -37,12 +48,15 @@ def chunk_attention_mask(
     return allowed
 
 
-def encoder_mask(valid: Tensor, chunk: int | None, left_chunks: int = -1) -> Tensor:
-    """Self-attention mask `(B, 1, 1 or T, T)` from valid frames `(B, T)`, chunked or not."""
+def encoder_mask(
+    valid: Tensor, chunk: int | None, left_chunks: int = -1, first: int | None = None
+) -> Tensor:
+    """Self-attention mask `(B, 1, 1 or T, T)` from valid frames `(B, T)`, chunked or not
+    (`first`: the first chunk's frames, as `chunk_attention_mask`)."""
     mask = valid[:, None, None, :]
     if chunk is None:
         return mask
-    return mask & chunk_attention_mask(valid.size(1), chunk, left_chunks, valid.device)
+    return mask & chunk_attention_mask(valid.size(1), chunk, left_chunks, valid.device, first)
 
 
 @dataclass(frozen=True)

@@ -188,6 +188,7 @@ class ConformerEncoder(nn.Module):
         )
         self.causal = causal
         self.chunk: int | None = None  # attention chunk (frames) at inference; None: full context
+        self.first_chunk: int | None = None  # at inference, the first chunk's frames if not `chunk`
         self.subsampling = Conv2dSubsampling(input_dim, d_model, subsampling, subsampling_channels)
         self.positions = RelativePositionalEncoding(d_model, dropout)
         self.layers = nn.ModuleList(
@@ -215,7 +216,7 @@ class ConformerEncoder(nn.Module):
         x, y_lens = self.subsampling(x, x_lens)
         x, pos = self.positions(x)  # pos: (2T' - 1, D)
         valid = lengths_to_mask(y_lens, x.size(1))
-        mask = encoder_mask(valid, self.attention_chunk())
+        mask = encoder_mask(valid, self.attention_chunk(), first=self.inference_first_chunk())
         for layer in self.layers:
             x = layer(x, pos, valid, mask)
         return self.norm(x).masked_fill(~valid[..., None], 0.0), y_lens
@@ -223,6 +224,10 @@ class ConformerEncoder(nn.Module):
     def attention_chunk(self) -> int | None:
         """The attention chunk of the next forward pass (None: full context)."""
         return next_attention_chunk(self.training, self.chunk_training, self.chunk)
+
+    def inference_first_chunk(self) -> int | None:
+        """The first attention chunk's frames at inference (None: as the others)."""
+        return None if self.training else self.first_chunk
 
     def empty_cache(self, batch: int, like: Tensor) -> EncoderCache:
         """The cache of `batch` streams before their first chunk."""

@@ -114,6 +114,7 @@ class TransformerEncoder(nn.Module):
             ChunkTraining(dynamic_chunk, full_context_prob) if dynamic_chunk else None
         )
         self.chunk: int | None = None  # attention chunk (frames) at inference; None: full context
+        self.first_chunk: int | None = None  # at inference, the first chunk's frames if not `chunk`
         self.subsampling = Conv2dSubsampling(input_dim, d_model, subsampling, subsampling_channels)
         self.relative = relative_positions
         self.positions = (
@@ -136,7 +137,8 @@ class TransformerEncoder(nn.Module):
         else:
             x, pos = self.positions(x), None
         valid = lengths_to_mask(y_lens, x.size(1))
-        mask = encoder_mask(valid, self.attention_chunk())  # (B, 1, 1 or T', T')
+        # mask: (B, 1, 1 or T', T')
+        mask = encoder_mask(valid, self.attention_chunk(), first=self.inference_first_chunk())
         for layer in self.layers:
             x = layer(x, mask, pos)
         return self.norm(x).masked_fill(~valid[..., None], 0.0), y_lens
@@ -144,6 +146,10 @@ class TransformerEncoder(nn.Module):
     def attention_chunk(self) -> int | None:
         """The attention chunk of the next forward pass (None: full context)."""
         return next_attention_chunk(self.training, self.chunk_training, self.chunk)
+
+    def inference_first_chunk(self) -> int | None:
+        """The first attention chunk's frames at inference (None: as the others)."""
+        return None if self.training else self.first_chunk
 
     def empty_cache(self, batch: int, like: Tensor) -> EncoderCache:
         """The cache of `batch` streams before their first chunk."""

@@ -211,7 +211,7 @@ class LiveServer:
             raise ClientError(f"format {kind!r} is not one of {sorted(FORMATS)}", UNSUPPORTED)
         dtype, scale = FORMATS[kind]
         client = _Client(ws, self.engine.stream(), dtype, scale, self.options.max_queued_messages)
-        chunk = self.engine.chunk_seconds
+        chunk, first = self.engine.chunk_seconds, self.engine.first_chunk_seconds
         await ws.send(
             json.dumps(
                 {
@@ -219,6 +219,7 @@ class LiveServer:
                     "sample_rate": self.sample_rate,
                     "format": kind,
                     "chunk_ms": None if chunk is None else round(chunk * 1000),
+                    "first_chunk_ms": None if first is None else round(first * 1000),
                 }
             )
         )

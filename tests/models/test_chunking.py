@@ -25,13 +25,16 @@ def _seed() -> None:
     torch.manual_seed(0)
 
 
-def chunked(encoder, x: torch.Tensor, chunk: int, max_cache: int | None = None) -> torch.Tensor:
-    """`x (T, D_in)` through `forward_chunk`, `chunk` output frames at a time: `(T', D)`."""
+def chunked(
+    encoder, x: torch.Tensor, chunk: int, max_cache: int | None = None, first: int | None = None
+) -> torch.Tensor:
+    """`x (T, D_in)` through `forward_chunk`, `chunk` output frames at a time (`first` the
+    first time): `(T', D)`."""
     sub = encoder.subsampling
     total = int(encoder.subsampling(x[None], torch.tensor([x.size(0)]))[1])
     cache, outs, start = encoder.empty_cache(1, x), [], 0
     while start < total:
-        q = min(chunk, total - start)
+        q = min(first if first and not start else chunk, total - start)
         window = x[start * sub.factor : start * sub.factor + sub.chunk_window(q)][None]
         y, _, cache = encoder.forward_chunk(
             window, torch.tensor([window.size(1)]), cache, max_cache
@@ -41,12 +44,14 @@ def chunked(encoder, x: torch.Tensor, chunk: int, max_cache: int | None = None) 
     return torch.cat(outs)
 
 
-def masked(encoder, x: torch.Tensor, lens: torch.Tensor, chunk: int | None) -> torch.Tensor:
-    encoder.chunk = chunk
+def masked(
+    encoder, x: torch.Tensor, lens: torch.Tensor, chunk: int | None, first: int | None = None
+) -> torch.Tensor:
+    encoder.chunk, encoder.first_chunk = chunk, first
     try:
         return encoder(x, lens)[0]
     finally:
-        encoder.chunk = None
+        encoder.chunk = encoder.first_chunk = None
 
 
 @pytest.mark.parametrize("name", sorted(ENCODERS))
@@ -60,6 +65,33 @@ def test_chunk_by_chunk_equals_the_chunk_masked_sequence(name: str, chunk: int) 
         out = chunked(encoder, x[b, :n], chunk)
         torch.testing.assert_close(out, full[b, : out.size(0)], atol=1e-5, rtol=1e-5)
         assert out.size(0) == int(encoder.subsampling(x[b : b + 1, :n], lens[b : b + 1])[1])
+
+
+@pytest.mark.parametrize("name", sorted(ENCODERS))
+@pytest.mark.parametrize(("first", "chunk"), [(3, 2), (12, 4), (30, 7)])
+def test_a_longer_first_chunk_equals_the_mask_whose_first_chunk_is_as_long(
+    name: str, first: int, chunk: int
+) -> None:
+    encoder = ENCODERS[name]().eval()
+    lens = torch.tensor([101, 67])
+    x = torch.randn(2, 101, 20)
+    full = masked(encoder, x, lens, chunk, first)
+    for b, n in enumerate(lens.tolist()):
+        out = chunked(encoder, x[b, :n], chunk, first=first)
+        torch.testing.assert_close(out, full[b, : out.size(0)], atol=1e-5, rtol=1e-5)
+    plain = masked(encoder, x, lens, chunk)
+    assert not torch.allclose(plain[:, :first], full[:, :first], atol=1e-3)  # it sees more
+
+
+def test_training_draws_its_chunks_whatever_the_first_chunk_at_inference() -> None:
+    encoder = ConformerEncoder(20, ffn_dim=32, kernel_size=5, causal=True, dynamic_chunk=4, **SMALL)
+    x, lens = torch.randn(2, 101, 20), torch.tensor([101, 67])
+    outs = []
+    for first in (None, 12):
+        encoder.first_chunk = first
+        torch.manual_seed(1)  # the same drawn chunks
+        outs.append(encoder.train()(x, lens)[0])
+    torch.testing.assert_close(outs[0], outs[1])
 
 
 @pytest.mark.parametrize("name", sorted(ENCODERS))
@@ -120,6 +152,10 @@ def test_chunk_mask_sees_its_own_chunk_and_those_before() -> None:
     for i in range(10):
         for j in range(10):
             assert bool(mask[i, j]) == (j // 3 <= i // 3)
+    mask = chunk_attention_mask(10, 3, first=4)  # chunks 0-3, 4-6, 7-9
+    for i in range(10):
+        for j in range(10):
+            assert bool(mask[i, j]) == (max(j - 1, 0) // 3 <= max(i - 1, 0) // 3)
 
 
 def test_dynamic_chunk_training_draws_chunks_and_full_context() -> None:

@@ -74,6 +74,7 @@ def test_a_recording_gets_partials_then_the_final_of_the_offline_stream(server, 
         "sample_rate": 16000,
         "format": "s16le",
         "chunk_ms": 160,
+        "first_chunk_ms": 160,
     }
     partials = [m for m in messages if m["type"] == "partial"]
     times = [m["audio_seconds"] for m in partials]

@@ -54,23 +54,33 @@ def test_features_arrive_as_the_whole_file_gives_them(trained) -> None:
     torch.testing.assert_close(parts, whole, atol=1e-4, rtol=1e-4)
 
 
-def test_the_live_pass_reads_the_chunk_masked_encoder(trained) -> None:
-    """Partial results are the CTC prefix search over the encoder under the chunk mask."""
+@pytest.mark.parametrize("first_chunk_ms", [None, 480])
+def test_the_live_pass_reads_the_chunk_masked_encoder(trained, first_chunk_ms) -> None:
+    """Partial results are the CTC prefix search over the encoder under the chunk mask (with
+    a longer first chunk, the mask whose first chunk is as long)."""
     recognizer, waves = trained
     wave = waves["an4_clstk/fash/an255-fash-b"]
-    stream = recognizer.stream(chunk_ms=160, endpoint=None)
+    stream = recognizer.stream(chunk_ms=160, first_chunk_ms=first_chunk_ms, endpoint=None)
     partials = []
     for start in range(0, wave.numel(), 1600):
         stream.accept(wave[start : start + 1600])
         partials.append(stream.partial)
     streamed_enc = torch.cat(stream.enc)
     model = recognizer.model
-    model.encoder.chunk = stream.engine.chunk
+    assert stream.engine.first_chunk == (12 if first_chunk_ms else 4)  # encoder frames of 40 ms
+    model.encoder.chunk, model.encoder.first_chunk = stream.engine.chunk, stream.engine.first_chunk
     try:
         enc, _ = model.encode(wave[None], torch.tensor([wave.numel()]))
     finally:
-        model.encoder.chunk = None
+        model.encoder.chunk = model.encoder.first_chunk = None
     torch.testing.assert_close(streamed_enc, enc[0, : streamed_enc.size(0)], atol=1e-4, rtol=1e-4)
+    model.encoder.chunk = stream.engine.chunk  # the plain chunk mask: other frames
+    try:
+        plain, _ = model.encode(wave[None], torch.tensor([wave.numel()]))
+    finally:
+        model.encoder.chunk = None
+    same = torch.allclose(streamed_enc, plain[0, : streamed_enc.size(0)], atol=1e-4, rtol=1e-4)
+    assert same == (first_chunk_ms is None)
     search = CTCPrefixBeam(10)
     search.advance(model.ctc(enc)[0, : streamed_enc.size(0)].detach().numpy())
     assert stream.partial == recognizer.tokenizer.decode(search.best)
@@ -94,16 +104,42 @@ def test_streams_stepped_together_equal_each_alone(trained) -> None:
         assert final.score == pytest.approx(alone.score, abs=1e-4)
 
 
-@pytest.mark.parametrize("silence_from", ["ctc", "silero"])
+def test_streams_at_their_first_chunk_and_the_others_step_together(trained) -> None:
+    """With a longer first chunk, one step holds streams at both sizes (two batches): each
+    stream still gives what it gives alone."""
+    recognizer, waves = trained
+    options = StreamOptions(chunk_ms=160, first_chunk_ms=480, endpoint=None)
+    engine = StreamingEngine(recognizer, options)
+    streams, sizes = [], []
+    steps = engine.step
+    engine.step = lambda ready: (sizes.append({s.next_chunk for s in ready}), steps(ready))
+    for wave in waves.values():  # each new stream joins those already past their first chunk
+        streams.append(engine.stream())
+        streams[-1].feed(wave)
+        engine.step([s for s in streams if s.ready])
+    engine.run(streams)
+    assert {4, 12} in sizes
+    for stream, wave in zip(streams, waves.values()):
+        alone = stream_transcript(recognizer, wave, options)
+        final = stream.final()
+        assert final.tokens == alone.tokens
+        assert final.score == pytest.approx(alone.score, abs=1e-4)
+
+
+@pytest.mark.parametrize(
+    ("silence_from", "first_chunk_ms"), [("ctc", None), ("silero", None), ("ctc", 480)]
+)
 def test_an_endpoint_closes_each_utterance_and_the_next_starts_afresh(
-    trained, silence_from
+    trained, silence_from, first_chunk_ms
 ) -> None:
+    """Each utterance starts as a new stream would: without left context, and with the first
+    chunk's size."""
     recognizer, waves = trained
     silence = 1e-4 * torch.randn(16000 * 2, generator=torch.Generator().manual_seed(0))
     first, second = waves["an4_clstk/fash/an253-fash-b"], waves["an4_clstk/fash/an255-fash-b"]
     audio = torch.cat([first, silence, second, silence])
     endpoint = EndpointOptions(trailing_silence=1.2, silence_from=silence_from)
-    options = StreamOptions(chunk_ms=160, endpoint=endpoint)
+    options = StreamOptions(chunk_ms=160, first_chunk_ms=first_chunk_ms, endpoint=endpoint)
     stream = recognizer.stream(options)
     finals = []
     for start in range(0, audio.numel(), 1600):
@@ -210,12 +246,31 @@ def test_models_that_cannot_stream_are_refused(trained) -> None:
         FeatureStream(frontend)
     with pytest.raises(ValueError, match="chunk_ms"):
         StreamOptions(chunk_ms=0)
+    with pytest.raises(ValueError, match="first_chunk_ms"):
+        StreamOptions(first_chunk_ms=-640)
+    with pytest.raises(ValueError, match="at least chunk_ms"):
+        StreamOptions(chunk_ms=640, first_chunk_ms=320)
     with pytest.raises(ValueError, match="final_search"):
         StreamOptions(final_search="greedy")
     stream = recognizer.stream()
     stream.final()
     with pytest.raises(ValueError, match="ended"):
         stream.accept(torch.zeros(10))
+
+
+@pytest.mark.parametrize("command", ["transcribe", "serve"])
+def test_the_live_commands_pass_their_stream_options(command) -> None:
+    from asr.cli import _parser
+    from asr.cli.live import stream_options
+
+    model = ["--model", "m.ckpt", *(["--streaming", "x.wav"] if command == "transcribe" else [])]
+    line = [command, *model, "--chunk-ms", "320", "--first-chunk-ms", "960"]
+    line += ["--max-context-ms", "5000", "--endpoint-silence", "0.5", "--final-search", "beam"]
+    options = stream_options(_parser(command).parse_args(line))
+    assert (options.chunk_ms, options.first_chunk_ms, options.max_context_ms) == (320, 960, 5000)
+    assert options.endpoint.trailing_silence == 0.5 and options.final_search == "beam"
+    plain = stream_options(_parser(command).parse_args([command, *model]))
+    assert (plain.chunk_ms, plain.first_chunk_ms) == (640, None)
 
 
 def test_transcribe_streaming_reads_files_and_raw_pcm(

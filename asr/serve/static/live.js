@@ -78,7 +78,10 @@
       const message = JSON.parse(event.data);
       if (message.type === "ready") {
         s.ready = true;
-        say(`Listening (chunks of ${message.chunk_ms} ms)…`);
+        const first = message.first_chunk_ms !== message.chunk_ms
+          ? `, each utterance's first ${message.first_chunk_ms} ms` : "";
+        say(message.chunk_ms === null ? "Listening (full context: finals only)…"
+          : `Listening (chunks of ${message.chunk_ms} ms${first})…`);
       } else if (message.type === "partial") {
         partial.textContent = message.text;
       } else if (message.type === "final") {
