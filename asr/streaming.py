@@ -65,8 +65,9 @@ class StreamOptions:
                 f"final_search must be one of {FINAL_SEARCHES}, got {self.final_search!r}"
             )
         for name in ("chunk_ms", "first_chunk_ms"):
-            if getattr(self, name) is not None and getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be positive (or None), got {getattr(self, name)}")
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise ValueError(f"{name} must be positive (or None), got {value}")
         if None not in (self.chunk_ms, self.first_chunk_ms) and self.first_chunk_ms < self.chunk_ms:
             raise ValueError(
                 f"first_chunk_ms ({self.first_chunk_ms:g}) must be at least chunk_ms "

@@ -121,13 +121,13 @@ def wer(args: argparse.Namespace) -> dict:
         print(f"\n{unit.upper()}\n\n" + table([r[unit] for r in out["rows"].values()]))
     if 0 in errors:
         print("\nword errors against full context (95 % paired bootstrap interval):")
-    for chunk in [c for c in errors if c and 0 in errors]:
-        low, high = ratio_interval(errors[0], errors[chunk])
-        ratio = errors[chunk].sum() / max(errors[0].sum(), 1)
-        out["against full context"][f"{chunk:g} ms"] = {
-            "ratio": round(float(ratio), 3), "low": round(low, 3), "high": round(high, 3)
-        }  # fmt: skip
-        print(f"{chunk:g} ms chunks: {ratio:.2f}x [{low:.2f}, {high:.2f}]")
+        for chunk in [c for c in errors if c]:
+            low, high = ratio_interval(errors[0], errors[chunk])
+            ratio = errors[chunk].sum() / max(errors[0].sum(), 1)
+            out["against full context"][f"{chunk:g} ms"] = {
+                "ratio": round(float(ratio), 3), "low": round(low, 3), "high": round(high, 3)
+            }  # fmt: skip
+            print(f"{chunk:g} ms chunks: {ratio:.2f}x [{low:.2f}, {high:.2f}]")
     return out
 
 

@@ -138,7 +138,8 @@ class TransformerEncoder(nn.Module):
             x, pos = self.positions(x), None
         valid = lengths_to_mask(y_lens, x.size(1))
         # mask: (B, 1, 1 or T', T')
-        mask = encoder_mask(valid, self.attention_chunk(), first=self.inference_first_chunk())
+        first = None if self.training else self.first_chunk  # inference only
+        mask = encoder_mask(valid, self.attention_chunk(), first=first)
         for layer in self.layers:
             x = layer(x, mask, pos)
         return self.norm(x).masked_fill(~valid[..., None], 0.0), y_lens
@@ -146,10 +147,6 @@ class TransformerEncoder(nn.Module):
     def attention_chunk(self) -> int | None:
         """The attention chunk of the next forward pass (None: full context)."""
         return next_attention_chunk(self.training, self.chunk_training, self.chunk)
-
-    def inference_first_chunk(self) -> int | None:
-        """The first attention chunk's frames at inference (None: as the others)."""
-        return None if self.training else self.first_chunk
 
     def empty_cache(self, batch: int, like: Tensor) -> EncoderCache:
         """The cache of `batch` streams before their first chunk."""
