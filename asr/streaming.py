@@ -94,6 +94,28 @@ def _framing(features: torch.nn.Module) -> tuple[int, int]:
     raise ValueError(f"{type(features).__name__}: no win_length/hop_length, so it cannot stream")
 
 
+def encoder_frames(ms: float | None, frame_seconds: float) -> int | None:
+    """Encoder frames in `ms` milliseconds, at least one (None stays None)."""
+    if ms is None:
+        return None
+    return max(1, round(ms / 1000 / frame_seconds))
+
+
+def mask_chunks(recognizer: Recognizer, chunk_ms: float | None) -> None:
+    """Decode offline as the model streams: its encoder's self-attention under the mask of
+    chunks of `chunk_ms`, every chunk before in view (None: full context again). The joint beam
+    search over it gives the live `final_search="beam"` finals (one utterance a recording)."""
+    if chunk_ms is not None and chunk_ms <= 0:
+        raise ValueError(f"chunk_ms must be positive, got {chunk_ms}")
+    encoder = recognizer.model.encoder
+    if not hasattr(encoder, "forward_chunk"):
+        raise ValueError(
+            f"{recognizer.checkpoint}: {type(encoder).__name__} cannot run chunk by chunk"
+        )
+    encoder.empty_cache(1, torch.zeros(1))  # raises where the encoder cannot stream
+    encoder.chunk = encoder_frames(chunk_ms, recognizer.frame_seconds)
+
+
 class FeatureStream:
     """The frontend's features and normalisation on audio that arrives in pieces: each frame
     is computed once, as soon as its window is complete, equal to the whole-file frames."""
@@ -174,10 +196,7 @@ class StreamingEngine:
         )
 
     def _frames(self, ms: float | None) -> int | None:
-        """Encoder frames in `ms` milliseconds, at least one (None stays None)."""
-        if ms is None:
-            return None
-        return max(1, round(ms / 1000 / self.frame_seconds))
+        return encoder_frames(ms, self.frame_seconds)
 
     @property
     def chunk_seconds(self) -> float | None:

@@ -43,6 +43,27 @@ def checkpoint(tmp_path_factory) -> Path:
     return fit_tiny_checkpoint(tmp_path_factory.getbasetemp() / "tiny_fit")
 
 
+def test_cli_chunk_ms_decodes_under_the_chunk_mask(checkpoint, tmp_path, monkeypatch):
+    import asr.evaluate
+
+    seen = []
+
+    def spy(recognizer, *args, **kwargs):
+        seen.append(recognizer.model.encoder.chunk)
+        return evaluate(recognizer, *args, **kwargs)
+
+    monkeypatch.setattr(asr.evaluate, "evaluate", spy)
+    manifest = _manifest(tmp_path / "test.jsonl", UTTERANCES)
+    out = tmp_path / "eval"
+    code = main([
+        "evaluate", "--checkpoint", str(checkpoint), "--manifest", str(manifest), "--out",
+        str(out), "--beam-size", "2", "--plots", "0", "--quiet", "--no-explorer",
+        "--chunk-ms", "160",
+    ])  # fmt: skip
+    assert code == 0 and len(seen) == 1 and seen[0] >= 1
+    assert json.loads((out / "metrics.json").read_text())["chunk_ms"] == 160.0
+
+
 def test_cli_scores_equal_jiwer_on_the_written_files(checkpoint, tmp_path, capsys):
     manifest = _manifest(tmp_path / "test.jsonl", {**UTTERANCES, **TEST_UTTERANCES})
     out = tmp_path / "eval"

@@ -343,6 +343,10 @@ def _evaluate(args: argparse.Namespace) -> int:
     from asr.evaluate import evaluate
 
     recognizer = _load_model(args)
+    if args.chunk_ms is not None:
+        from asr.streaming import mask_chunks
+
+        mask_chunks(recognizer, args.chunk_ms)
     metrics = evaluate(
         recognizer,
         args.manifest,
@@ -353,7 +357,7 @@ def _evaluate(args: argparse.Namespace) -> int:
         plots=args.plots,
         plot_ids=args.plot_ids,
         progress=not args.quiet,
-        extra={"lm": args.lm},
+        extra={"lm": args.lm, "chunk_ms": args.chunk_ms},
         skip_bad=True,
     )
     print(
@@ -863,6 +867,13 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
         p.add_argument("--out", required=True, help="output directory")
         p.add_argument("--plots", type=int, default=5, help="plot the first N utterances (5)")
         p.add_argument("--plot-ids", nargs="+", help="plot these utterance ids instead")
+        p.add_argument(
+            "--chunk-ms",
+            type=float,
+            help="a chunk-streaming model decoded as it streams: self-attention in chunks of "
+            "this many ms, every chunk before in view; the search gives the finals of "
+            "`asr transcribe --streaming --final-search beam` (default: full context)",
+        )
         p.add_argument(
             "--no-explorer",
             dest="explorer",

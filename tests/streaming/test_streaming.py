@@ -14,7 +14,13 @@ from streaming_fixtures import UTTERANCES, streaming_recognizer
 
 from asr.ctc_beam import CTCPrefixBeam, EndpointOptions
 from asr.frontends import Frontend, LevelNormalizer, LogMelFilterbank
-from asr.streaming import FeatureStream, StreamingEngine, StreamOptions, stream_transcript
+from asr.streaming import (
+    FeatureStream,
+    StreamingEngine,
+    StreamOptions,
+    mask_chunks,
+    stream_transcript,
+)
 
 WHOLE = StreamOptions(endpoint=None)
 
@@ -22,6 +28,32 @@ WHOLE = StreamOptions(endpoint=None)
 @pytest.fixture(scope="module")
 def trained():
     return streaming_recognizer()
+
+
+@pytest.mark.parametrize("chunk_ms", [160, 640])
+def test_masked_chunks_decode_offline_as_the_live_beam_final(trained, chunk_ms) -> None:
+    """`mask_chunks` (asr evaluate --chunk-ms): a batch decoded offline gives each recording's
+    live beam final; None brings full context back."""
+    recognizer, waves = trained
+    options = StreamOptions(chunk_ms=chunk_ms, beam=4, endpoint=None, final_search="beam")
+    live = {uid: stream_transcript(recognizer, wave, options) for uid, wave in waves.items()}
+    search = recognizer.bounded(recognizer.search_options(beam_size=4, ctc_weight=0.5))
+    mask_chunks(recognizer, chunk_ms)
+    try:
+        assert recognizer.model.encoder.chunk == StreamingEngine(recognizer, options).chunk
+        decoded = recognizer.search(list(waves.values()), search)
+    finally:
+        mask_chunks(recognizer, None)
+    assert recognizer.model.encoder.chunk is None
+    for (uid, transcript), d in zip(live.items(), decoded):
+        assert transcript.tokens and d.hypothesis.tokens == transcript.tokens, uid
+        assert d.hypothesis.score == pytest.approx(transcript.score, abs=1e-3)
+
+
+def test_masked_chunks_need_a_positive_size(trained) -> None:
+    recognizer, _ = trained
+    with pytest.raises(ValueError, match="positive"):
+        mask_chunks(recognizer, 0)
 
 
 @pytest.mark.parametrize("chunk_ms", [None, 160, 640])
