@@ -101,18 +101,26 @@ def encoder_frames(ms: float | None, frame_seconds: float) -> int | None:
     return max(1, round(ms / 1000 / frame_seconds))
 
 
+def streaming_encoder(recognizer: Recognizer, chunked: bool) -> torch.nn.Module:
+    """The recognizer's encoder; ValueError where it cannot run chunk by chunk, or (`chunked`)
+    cannot stream in chunks (e.g. convolutions that see the next frames)."""
+    encoder = recognizer.model.encoder
+    if not hasattr(encoder, "forward_chunk"):
+        raise ValueError(
+            f"{recognizer.checkpoint}: {type(encoder).__name__} cannot run chunk by chunk"
+        )
+    if chunked:
+        encoder.empty_cache(1, torch.zeros(1))  # raises where the encoder cannot stream
+    return encoder
+
+
 def mask_chunks(recognizer: Recognizer, chunk_ms: float | None) -> None:
     """Decode offline as the model streams: its encoder's self-attention under the mask of
     chunks of `chunk_ms`, every chunk before in view (None: full context again). The joint beam
     search over it gives the live `final_search="beam"` finals (one utterance a recording)."""
     if chunk_ms is not None and chunk_ms <= 0:
         raise ValueError(f"chunk_ms must be positive, got {chunk_ms}")
-    encoder = recognizer.model.encoder
-    if not hasattr(encoder, "forward_chunk"):
-        raise ValueError(
-            f"{recognizer.checkpoint}: {type(encoder).__name__} cannot run chunk by chunk"
-        )
-    encoder.empty_cache(1, torch.zeros(1))  # raises where the encoder cannot stream
+    encoder = streaming_encoder(recognizer, chunked=True)
     encoder.chunk = encoder_frames(chunk_ms, recognizer.frame_seconds)
 
 
@@ -170,11 +178,7 @@ class StreamingEngine:
         model = recognizer.model
         if model.ctc is None:
             raise ValueError(f"{recognizer.checkpoint}: streaming needs a CTC head")
-        if not hasattr(model.encoder, "forward_chunk"):
-            raise ValueError(
-                f"{recognizer.checkpoint}: {type(model.encoder).__name__} cannot run chunk by chunk"
-            )
-        self.encoder = model.encoder
+        self.encoder = streaming_encoder(recognizer, chunked=self.options.chunk_ms is not None)
         self.factor = self.encoder.subsampling.factor
         self.frame_seconds = recognizer.frame_seconds
         FeatureStream(model.frontend)  # the frontend must stream: fail here, not per stream
@@ -184,8 +188,6 @@ class StreamingEngine:
             self.first_chunk = self._frames(self.options.first_chunk_ms)
         self.max_cache = self._frames(self.options.max_context_ms)
         self.min_window = min_input_length(self.factor)
-        if self.chunk is not None:
-            self.encoder.empty_cache(1, torch.zeros(1))  # raises where the encoder cannot stream
         self.search_options = recognizer.bounded(  # final_search="beam": the model's defaults
             recognizer.search_options(
                 beam_size=self.options.beam,
