@@ -6,7 +6,9 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import sys
+import threading
 import time
 import warnings
 from collections.abc import Sequence
@@ -17,8 +19,10 @@ import lightning as L
 import torch
 from jsonargparse import Namespace
 from lightning.fabric.plugins import CheckpointIO
+from lightning.fabric.utilities.distributed import _set_num_threads_if_needed
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from asr.checkpoint import atomic_save, load_checkpoint
@@ -232,18 +236,97 @@ class LostRank(L.Callback):
     """Names the local ranks that have ended when a distributed fit fails on a lost peer."""
 
     def on_exception(self, trainer: L.Trainer, module: Any, exception: BaseException) -> None:
-        if not lost_peer(exception):
-            return
-        # Lightning's launcher starts local ranks 1..N-1 as children of rank 0.
-        for rank, proc in enumerate(getattr(trainer.strategy.launcher, "procs", None) or [], 1):
-            status = proc.poll()
-            if status:
-                how = (
-                    f"was killed by {signal.Signals(-status).name}"
-                    if status < 0
-                    else (f"exited with status {status}")
-                )
-                exception.add_note(f"local rank {rank} (PID {proc.pid}) {how}")
+        launcher = trainer.strategy.launcher
+        if isinstance(launcher, WatchedLauncher):
+            launcher.reporting.set()  # rank 0 ends the job itself, with this exception
+        if lost_peer(exception):
+            for note in ended_ranks(getattr(launcher, "procs", None) or []):
+                exception.add_note(note)
+
+
+def ended_ranks(procs: Sequence[subprocess.Popen]) -> list[str]:
+    """How each of the local ranks 1..N-1 (Lightning starts them as children of rank 0) that
+    has ended badly ended, e.g. "local rank 1 (PID 4242) was killed by SIGKILL"."""
+    notes = []
+    for rank, proc in enumerate(procs, 1):
+        status = proc.poll()
+        if status:
+            how = (
+                f"was killed by {signal.Signals(-status).name}"
+                if status < 0
+                else f"exited with status {status}"
+            )
+            notes.append(f"local rank {rank} (PID {proc.pid}) {how}")
+    return notes
+
+
+def stopped_message(ended: Sequence[str], reason: str) -> str:
+    """The one line a fit stopped by a lost rank ends with, whichever process noticed."""
+    what = "; ".join(ended) or "another process of the job ended"
+    return (
+        f"asr: training stopped: {what} ({reason}). The same command with --ckpt_path last "
+        "resumes from the last checkpoint"
+    )
+
+
+class WatchedLauncher(_SubprocessScriptLauncher):
+    """Lightning's launcher of local ranks 1..N-1, with a watch over them that names a lost one.
+
+    Lightning's own watch SIGKILLs every process, rank 0 included, within 5 s of a child's
+    end: when rank 0 is slow to reach the collective that fails and reports it (`LostRank`),
+    the job ends with -9 and no word of which rank ended or how to resume. This watch leaves
+    rank 0 `grace` seconds to do so, then reports it itself, kills the other children and
+    exits 1.
+    """
+
+    def __init__(self, *args: Any, grace: float = 10.0, period: float = 1.0, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.grace, self.period = grace, period
+        self.reporting = threading.Event()  # set once rank 0 handles an exception itself
+
+    def launch(self, function: Any, *args: Any, trainer: L.Trainer | None = None, **kwargs: Any):
+        # Lightning's `launch`, with this watch in place of its own.
+        self.cluster_environment.validate_settings(
+            num_devices=self.num_processes, num_nodes=self.num_nodes
+        )
+        if not self.cluster_environment.creates_processes_externally:
+            self._call_children_scripts()
+            threading.Thread(target=self.watch, name="asr-rank-watch", daemon=True).start()
+        _set_num_threads_if_needed(num_processes=self.num_processes)
+        return function(*args, **kwargs)
+
+    def kill(self, signum: Any) -> None:
+        self.reporting.set()
+        super().kill(signum)
+
+    def watch(self) -> None:
+        """Returns when every child has ended well or rank 0 reports; ends the job when a child
+        has ended badly and rank 0 has not reported it within `grace` seconds."""
+        ended_at = None
+        while not self.reporting.wait(self.period):
+            statuses = [proc.poll() for proc in self.procs]
+            if all(status == 0 for status in statuses):
+                return
+            if not any(statuses):
+                continue
+            ended_at = ended_at or time.monotonic()
+            if time.monotonic() - ended_at < self.grace:
+                continue
+            reason = f"rank 0 did not notice within {self.grace:g} s"
+            print(stopped_message(ended_ranks(self.procs), reason), file=sys.stderr, flush=True)
+            for proc in self.procs:
+                if proc.poll() is None:
+                    proc.kill()
+            os._exit(1)
+
+
+def watch_ranks(trainer: L.Trainer) -> None:
+    """Give `trainer` a `WatchedLauncher` where it would start local ranks with Lightning's."""
+    launcher = trainer.strategy.launcher
+    if type(launcher) is _SubprocessScriptLauncher:
+        trainer.strategy._launcher = WatchedLauncher(
+            launcher.cluster_environment, launcher.num_processes, launcher.num_nodes
+        )
 
 
 LOST_PEER_MESSAGES = ("Connection reset by peer", "Connection closed by peer", "Broken pipe")
@@ -319,6 +402,7 @@ class ASRCLI(LightningCLI):
 
     def instantiate_classes(self) -> None:
         super().instantiate_classes()
+        watch_ranks(self.trainer)
         self.trainer.callbacks.append(LostRank())
         config = self.config[self.subcommand] if self.subcommand else self.config
         # The init args alone: checkpoint loaders know their module class (ASRModule, LMModule).
@@ -377,13 +461,8 @@ def run_lightning_cli(argv: Sequence[str]) -> ASRCLI:
     except Exception as error:
         if not lost_peer(error):
             raise
-        ended = "; ".join(getattr(error, "__notes__", [])) or "another process of the job ended"
         reason = str(error).splitlines()[0] if str(error) else type(error).__name__
-        print(
-            f"asr: training stopped: {ended} ({reason}). The same command with --ckpt_path last "
-            "resumes from the last checkpoint",
-            file=sys.stderr,
-        )
+        print(stopped_message(getattr(error, "__notes__", []), reason), file=sys.stderr)
         raise SystemExit(1) from None
     except SIGTERMException:
         # Lightning exits 0 on SIGTERM; a recipe would then average an unfinished model.

@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import copy
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
+from conftest import REPO
 from jsonargparse import Namespace
 
 from asr.train import _emulates_bf16, reopen_cut_epoch
@@ -86,3 +91,57 @@ def test_bf16_on_a_cpu_without_bf16_instructions_is_emulated(
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
     trainer = Namespace(precision=precision, accelerator=accelerator)
     assert _emulates_bf16(trainer) is emulated
+
+
+# Runs `WatchedLauncher.watch` over children given as shell commands (local ranks 1, 2, ...),
+# in a process of its own: the watch may end its process.
+WATCH = """
+import subprocess, sys
+from lightning.fabric.plugins.environments import LightningEnvironment
+from asr.train import WatchedLauncher
+
+launcher = WatchedLauncher(LightningEnvironment(), 4, 1, grace=0.5, period=0.05)
+launcher.procs = [subprocess.Popen(["sh", "-c", command]) for command in sys.argv[2:]]
+print(" ".join(str(proc.pid) for proc in launcher.procs), flush=True)
+if sys.argv[1] == "reporting":
+    launcher.reporting.set()
+launcher.watch()
+print("returned")
+"""
+
+
+def _watch(mode: str, *children: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.run(
+        [sys.executable, "-c", WATCH, mode, *children],
+        env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+
+
+def _running(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state not in ("Z", "X")
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
+def test_the_rank_watch_names_the_ranks_ended_and_ends_the_job_when_rank_0_does_not():
+    proc = _watch("alone", "kill -9 $$", "exit 3", "exec sleep 60")
+    assert proc.returncode == 1, proc.stderr
+    killed, failed, sleeper = (int(pid) for pid in proc.stdout.split()[:3])
+    assert "returned" not in proc.stdout
+    assert proc.stderr.startswith(
+        f"asr: training stopped: local rank 1 (PID {killed}) was killed by SIGKILL; local rank "
+        f"2 (PID {failed}) exited with status 3 (rank 0 did not notice within 0.5 s). The same "
+        "command with --ckpt_path last resumes"
+    ), proc.stderr
+    assert not _running(sleeper), "the other local rank was left running"
+
+
+def test_the_rank_watch_ends_quietly_when_every_rank_ends_well_or_rank_0_reports():
+    proc = _watch("alone", "exit 0", "sleep 0.2")
+    assert (proc.returncode, proc.stdout.split()[-1], proc.stderr) == (0, "returned", "")
+    proc = _watch("reporting", "exit 3")
+    assert (proc.returncode, proc.stdout.split()[-1], proc.stderr) == (0, "returned", "")
