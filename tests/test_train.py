@@ -93,27 +93,29 @@ def test_bf16_on_a_cpu_without_bf16_instructions_is_emulated(
     assert _emulates_bf16(trainer) is emulated
 
 
-# Runs `WatchedLauncher.watch` over children given as shell commands (local ranks 1, 2, ...),
-# in a process of its own: the watch may end its process.
+# Runs `WatchedLauncher.watch` once per case "MODE;COMMAND;COMMAND...", the commands as its
+# children (local ranks 1, 2, ...), in a process of its own: the watch may end its process.
 WATCH = """
 import subprocess, sys
 from lightning.fabric.plugins.environments import LightningEnvironment
 from asr.train import WatchedLauncher
 
-launcher = WatchedLauncher(LightningEnvironment(), 4, 1, grace=0.5, period=0.05)
-launcher.procs = [subprocess.Popen(["sh", "-c", command]) for command in sys.argv[2:]]
-print(" ".join(str(proc.pid) for proc in launcher.procs), flush=True)
-if sys.argv[1] == "reporting":
-    launcher.reporting.set()
-launcher.watch()
-print("returned")
+for case in sys.argv[1:]:
+    mode, *commands = case.split(";")
+    launcher = WatchedLauncher(LightningEnvironment(), 4, 1, grace=0.5, period=0.05)
+    launcher.procs = [subprocess.Popen(["sh", "-c", command]) for command in commands]
+    print(" ".join(str(proc.pid) for proc in launcher.procs), flush=True)
+    if mode == "reporting":
+        launcher.reporting.set()
+    launcher.watch()
+    print("returned", flush=True)
 """
 
 
-def _watch(mode: str, *children: str) -> subprocess.CompletedProcess:
+def _watch(*cases: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     return subprocess.run(
-        [sys.executable, "-c", WATCH, mode, *children],
+        [sys.executable, "-c", WATCH, *cases],
         env=env, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
 
@@ -128,7 +130,7 @@ def _running(pid: int) -> bool:
 
 @pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
 def test_the_rank_watch_names_the_ranks_ended_and_ends_the_job_when_rank_0_does_not():
-    proc = _watch("alone", "kill -9 $$", "exit 3", "exec sleep 60")
+    proc = _watch("alone;kill -9 $$;exit 3;exec sleep 60")
     assert proc.returncode == 1, proc.stderr
     killed, failed, sleeper = (int(pid) for pid in proc.stdout.split()[:3])
     assert "returned" not in proc.stdout
@@ -141,7 +143,6 @@ def test_the_rank_watch_names_the_ranks_ended_and_ends_the_job_when_rank_0_does_
 
 
 def test_the_rank_watch_ends_quietly_when_every_rank_ends_well_or_rank_0_reports():
-    proc = _watch("alone", "exit 0", "sleep 0.2")
-    assert (proc.returncode, proc.stdout.split()[-1], proc.stderr) == (0, "returned", "")
-    proc = _watch("reporting", "exit 3")
-    assert (proc.returncode, proc.stdout.split()[-1], proc.stderr) == (0, "returned", "")
+    proc = _watch("alone;exit 0;sleep 0.2", "reporting;exit 3")
+    assert (proc.returncode, proc.stderr) == (0, "")
+    assert proc.stdout.splitlines()[1::2] == ["returned", "returned"]
