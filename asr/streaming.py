@@ -182,11 +182,11 @@ class StreamingEngine:
         self.factor = self.encoder.subsampling.factor
         self.frame_seconds = recognizer.frame_seconds
         FeatureStream(model.frontend)  # the frontend must stream: fail here, not per stream
-        self.chunk = self._frames(self.options.chunk_ms)
+        self.chunk = encoder_frames(self.options.chunk_ms, self.frame_seconds)
         self.first_chunk = self.chunk  # each utterance's first chunk (frames)
         if self.chunk is not None and self.options.first_chunk_ms is not None:
-            self.first_chunk = self._frames(self.options.first_chunk_ms)
-        self.max_cache = self._frames(self.options.max_context_ms)
+            self.first_chunk = encoder_frames(self.options.first_chunk_ms, self.frame_seconds)
+        self.max_cache = encoder_frames(self.options.max_context_ms, self.frame_seconds)
         self.min_window = min_input_length(self.factor)
         self.search_options = recognizer.bounded(  # final_search="beam": the model's defaults
             recognizer.search_options(
@@ -196,9 +196,6 @@ class StreamingEngine:
                 lm_weight=self.options.lm_weight,
             )
         )
-
-    def _frames(self, ms: float | None) -> int | None:
-        return encoder_frames(ms, self.frame_seconds)
 
     @property
     def chunk_seconds(self) -> float | None:
