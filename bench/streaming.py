@@ -336,14 +336,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     sub = parser.add_subparsers(dest="part", required=True)
     p = sub.add_parser("wer", help="WER at full context and at each chunk size")
-    p.add_argument("--model", required=True, help="a streaming model's checkpoint or package")
     p.add_argument("--manifest", required=True, help="JSONL manifest with references")
     p.add_argument("--chunk-ms", type=float, nargs="+", default=[0, 320, 640, 1280],
                    help="chunk sizes, ms (0: full context)")
     p.add_argument("--beam", type=int, default=10, help="CTC prefix beam (and the final's beam)")
     p.add_argument("--ctc-weight", type=float, default=0.5, help="CTC's share in rescoring")
     p = sub.add_parser("load", help="latency and streams held by `asr serve` under load")
-    p.add_argument("--model", required=True, help="a streaming model's checkpoint or package")
     p.add_argument("--manifest", required=True, help="JSONL manifest of the recordings to play")
     p.add_argument("--streams", type=int, nargs="+", default=[1, 4, 8, 16, 24],
                    help="concurrent real-time clients, one run each")
@@ -354,6 +352,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="p95 partial latency a stream count must keep to count as held")
     p.add_argument("--server-args", default="", help="more options for asr serve, one string")
     for p in sub.choices.values():
+        p.add_argument("--model", required=True, help="a streaming model's checkpoint or package")
         p.add_argument("--out", help="JSON results (default bench/results/streaming_PART.json)")
         p.add_argument("--final-search", choices=FINAL_SEARCHES, default="rescore",
                        help="the final: the CTC n-best rescored, or a joint beam search (beam)")
