@@ -61,7 +61,13 @@ def an4_fixture() -> Path:
 
 
 # Modules whose tests run recipes or training processes, tens of seconds each.
-LONG_MODULES = ("test_recipes.py", "test_lightning.py", "test_overfit.py")
+LONG_MODULES = (
+    "test_ddp.py",
+    "test_recipes.py",
+    "test_lightning.py",
+    "test_overfit.py",
+    "test_parallel.py",
+)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -132,15 +132,9 @@ def test_shifted_copies_start_in_the_gaps(tmp_path):
     assert shift.shifted(shift.Utterance(utterance.audio_filepath, 1.0, "NO YES", "b"), rate) == []
 
 
-@pytest.mark.needs_corpus
-def test_yesno_end_to_end_tiny(yesno_dir, tmp_path, repo_outputs):
-    """All stages with a 1-epoch training: printed WER/CER match the written metrics."""
-    data, exp = tmp_path / "data", tmp_path / "exp"
-    args = ["--data-dir", yesno_dir, "--data", data, "--exp", exp, "--beam-size", "1"]
-    result = run_recipe("yesno", *args, "--average", "1", "--", "--trainer.max_epochs", "1")
-    assert ran(result.stdout) == [1, 2, 3, 4, 5, 6, 7]
-    model_dir = exp / "transformer"
-    assert markers(data) == [1, 2, 3] and markers(model_dir) == [4, 5, 6, 7]
+def _assert_yesno_data(data: Path) -> dict[str, int]:
+    """Stages 1-3 of the yesno recipe wrote the splits, the shifted copies, tokenizer and CMVN."""
+    assert markers(data) == [1, 2, 3]
     sizes = {
         split: len(read_manifest(data / f"{split}.jsonl")) for split in ("train", "dev", "test")
     }
@@ -150,6 +144,32 @@ def test_yesno_end_to_end_tiny(yesno_dir, tmp_path, repo_outputs):
     assert shifted[: len(train)] == train and len(shifted) > 4 * len(train)
     assert any(u.text.startswith("YES") for u in shifted)  # what the copies are for
     assert Tokenizer.load(data / "tokenizer").vocab_size > 5 and (data / "cmvn.json").is_file()
+    return sizes
+
+
+@pytest.mark.needs_corpus
+def test_yesno_data_stages(yesno_dir, tmp_path, repo_outputs):
+    """Stages 1-3 on the real corpus; a re-run skips them. (Training and decoding run end to
+    end in the AN4 test; on yesno, in the slow tests below.)"""
+    args = ["--data-dir", yesno_dir, "--data", tmp_path / "data", "--exp", tmp_path / "exp"]
+    result = run_recipe("yesno", *args, "--stop-stage", "3")
+    assert ran(result.stdout) == [1, 2, 3]
+    _assert_yesno_data(tmp_path / "data")
+    again = run_recipe("yesno", *args, "--stop-stage", "3")
+    assert skipped(again.stdout) == [1, 2, 3] and ran(again.stdout) == []
+
+
+@pytest.mark.slow
+@pytest.mark.needs_corpus
+def test_yesno_end_to_end_tiny(yesno_dir, tmp_path, repo_outputs):
+    """All stages with a 1-epoch training: printed WER/CER match the written metrics."""
+    data, exp = tmp_path / "data", tmp_path / "exp"
+    args = ["--data-dir", yesno_dir, "--data", data, "--exp", exp, "--beam-size", "1"]
+    result = run_recipe("yesno", *args, "--average", "1", "--", "--trainer.max_epochs", "1")
+    assert ran(result.stdout) == [1, 2, 3, 4, 5, 6, 7]
+    model_dir = exp / "transformer"
+    assert markers(model_dir) == [4, 5, 6, 7]
+    sizes = _assert_yesno_data(data)
     assert (model_dir / "avg.ckpt").is_file()
     printed = WER_LINE.findall(result.stdout)
     for (wer, cer, count), split in zip(printed, ("dev", "test"), strict=True):
@@ -285,8 +305,8 @@ def results_row(table: str, name: str, wer: float, cer: float, utterances: int) 
 @pytest.mark.needs_corpus
 def test_an4_quick_with_robustness(mini_an4_tar, tmp_path):
     """--robustness adds stage 10: the table of the model under `asr robustness`'s conditions,
-    with the recipe's search settings; a re-run skips every stage. (The LM stages run in the
-    Mini LibriSpeech test, and their AN4 wiring in the next one.)"""
+    with the recipe's search settings; a re-run skips every stage. (The LM stages' AN4 wiring
+    is the next test; they run for real in the slow Mini LibriSpeech one.)"""
     data, exp = tmp_path / "data", tmp_path / "exp"
     args = ["--data-dir", mini_an4_tar, "--data", data, "--exp", exp, "--quick"]
     args += ["--beam-size", "2", "--average", "1", "--robustness"]
@@ -404,15 +424,14 @@ def _audio_folder(yesno_dir: Path, root: Path, count: int = 12) -> dict[str, str
 
 
 @pytest.mark.needs_corpus
-def test_folder_random_split_and_one_epoch(yesno_dir, tmp_path, repo_outputs):
+def test_folder_random_split(yesno_dir, tmp_path, repo_outputs):
+    """Stages 1-3 (its training and decoding: test_folder_all_stages, slow)."""
     texts = _audio_folder(yesno_dir, tmp_path / "audio")
     data, exp = tmp_path / "data", tmp_path / "exp"
-    fit = ["--trainer.max_epochs", "1", "--data.num_workers", "0", "--trainer.precision", "32-true"]
-    fit += ["--model.init_args.greedy_validation", "false"]  # it keeps checkpoints by val/acc
     split = ["--dev-fraction", "0.25", "--test-fraction", "0.25", "--seed", "3"]
     args = ["--data-dir", tmp_path / "audio", "--data", data, "--exp", exp, *split]
-    result = run_recipe("folder", *args, "--tokenizer", "char", "--stop-stage", "4", "--", *fit)
-    assert ran(result.stdout) == [1, 2, 3, 4]
+    result = run_recipe("folder", *args, "--tokenizer", "char", "--stop-stage", "3")
+    assert ran(result.stdout) == [1, 2, 3]
     splits = {s: read_manifest(data / f"{s}.jsonl") for s in ("train", "dev", "test")}
     assert {s: len(u) for s, u in splits.items()} == {"train": 6, "dev": 3, "test": 3}
     ids = [u.utt_id for utterances in splits.values() for u in utterances]
@@ -420,8 +439,7 @@ def test_folder_random_split_and_one_epoch(yesno_dir, tmp_path, repo_outputs):
     assert all(u.text == texts[u.utt_id] for utterances in splits.values() for u in utterances)
     summary = json.loads((data / "summary.json").read_text())
     assert summary["missing_transcripts"] == ["spk0/untranscribed.wav"]
-    assert (exp / "conformer" / "checkpoints" / "last.ckpt").is_file()
-    assert markers(exp / "conformer") == [4]
+    assert markers(data) == [1, 2, 3] and (data / "cmvn.json").is_file()
 
 
 @pytest.mark.needs_corpus
@@ -545,12 +563,9 @@ def few_mini_librispeech_files(root: Path, out: Path, per_set: dict[str, int]) -
     return out
 
 
-@pytest.mark.needs_corpus
-def test_mini_librispeech_stages_of_the_default_and_a_step_of_each_other_model(
-    tmp_path, repo_outputs
-):
-    """Stages 1-9 on a few Opus files with the default model (one epoch, dev decoded, then an
-    LM and a fused decode); the other configs train a step on the same data."""
+def _mini_librispeech_default_stages(tmp_path: Path) -> tuple[list, Path, Path]:
+    """Stages 1-7 on a few Opus files with the default model (one batch, dev decoded); the
+    recipe's arguments, its data and its exp folder."""
     root = corpus_path("mini_librispeech", "LibriSpeech")
     corpus = few_mini_librispeech_files(root, tmp_path / "corpus", {"train-clean-5": 8,
                                                                      "dev-clean-5": 2})  # fmt: skip
@@ -567,14 +582,14 @@ def test_mini_librispeech_stages_of_the_default_and_a_step_of_each_other_model(
     assert Tokenizer.load(data / "bpe60").vocab_size == 60
     assert "# conf/mini_librispeech/conformer.yaml" in result.stdout, "the default model"
     assert "| decode_dev-clean-5 | 2 |" in result.stdout
-    lm_config = tmp_path / "lm.yaml"  # the recipe's LM, trained for two epochs
-    lm_yaml = (REPO / "conf/mini_librispeech/lm.yaml").read_text()
-    lm_config.write_text(lm_yaml.replace("max_epochs: 20", "max_epochs: 2"))
-    fused = run_recipe("mini_librispeech", *args, "--stage", "8", "--lm-weight", "0.3",
-                       "--lm-config", lm_config)  # fmt: skip
-    assert ran(fused.stdout) == [8, 9] and markers(exp / "lm_bpe60") == [8]
-    assert "- decode_dev-clean-5_lm: beam 2, ctc 0.5, LM 0.3;" in fused.stdout
-    assert "| decode_dev-clean-5 | 2 |" in fused.stdout  # the plain row stays in the table
+    return args, data, exp
+
+
+@pytest.mark.needs_corpus
+def test_mini_librispeech_stages_of_the_default_and_a_step_of_each_other_model(
+    tmp_path, repo_outputs
+):
+    _, data, _ = _mini_librispeech_default_stages(tmp_path)
     for model in ("transformer", "rnn"):
         root_dir = tmp_path / model
         main(["fit", "--config", str(REPO / f"conf/mini_librispeech/{model}.yaml"),
@@ -587,6 +602,21 @@ def test_mini_librispeech_stages_of_the_default_and_a_step_of_each_other_model(
               "--trainer.max_steps", "1", "--trainer.limit_val_batches", "0",
               "--data.max_batch_seconds", "20"])  # fmt: skip
         assert (root_dir / "checkpoints" / "last.ckpt").is_file(), model
+
+
+@pytest.mark.slow
+@pytest.mark.needs_corpus
+def test_mini_librispeech_lm_stages(tmp_path, repo_outputs):
+    """After stages 1-7, the recipe's LM (two epochs) and a decode fused with it (stages 8-9)."""
+    args, _, exp = _mini_librispeech_default_stages(tmp_path)
+    lm_config = tmp_path / "lm.yaml"
+    lm_yaml = (REPO / "conf/mini_librispeech/lm.yaml").read_text()
+    lm_config.write_text(lm_yaml.replace("max_epochs: 20", "max_epochs: 2"))
+    fused = run_recipe("mini_librispeech", *args, "--stage", "8", "--lm-weight", "0.3",
+                       "--lm-config", lm_config)  # fmt: skip
+    assert ran(fused.stdout) == [8, 9] and markers(exp / "lm_bpe60") == [8]
+    assert "- decode_dev-clean-5_lm: beam 2, ctc 0.5, LM 0.3;" in fused.stdout
+    assert "| decode_dev-clean-5 | 2 |" in fused.stdout  # the plain row stays in the table
 
 
 def test_librispeech_lm_weight_needs_an_lm_config(tmp_path):
