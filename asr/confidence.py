@@ -101,7 +101,7 @@ def _logistic_regression(
     design = np.concatenate([x, np.ones((len(x), 1))], axis=1)
     theta = np.zeros(design.shape[1])
     for _ in range(iterations):
-        p = 1.0 / (1.0 + np.exp(-(design @ theta)))
+        p = np.exp(-np.logaddexp(0.0, -(design @ theta)))  # the sigmoid, without overflow
         gradient = design.T @ (p - y) + l2 * theta
         hessian = (design * (p * (1 - p))[:, None]).T @ design + l2 * np.eye(len(theta))
         step = np.linalg.solve(hessian, gradient)
