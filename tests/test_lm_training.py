@@ -187,7 +187,7 @@ def test_fit_lm_then_load_it_for_shallow_fusion(tiny_an4_text, tmp_path) -> None
     # The loaded LM scores the dev text exactly as the last validation did.
     module = LMModule(lambda v: lm, vocab_size=lm.vocab_size)
     nll, tokens = module.token_nll(collate_text([tokenizer.encode(t) for t in dev_texts]))
-    assert float(nll) / tokens == pytest.approx(val[-1][0], rel=1e-4)
+    assert float(nll.detach()) / tokens == pytest.approx(val[-1][0], rel=1e-4)
 
     # It drives shallow fusion: each hypothesis scores log p_att + lm_weight * log p_lm.
     torch.manual_seed(0)

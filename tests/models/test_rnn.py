@@ -80,7 +80,7 @@ def test_encoder_contract(rnn_type, bidirectional, mode, conv_front, proj) -> No
 
 
 @pytest.mark.parametrize(
-    "rnn_type,bidirectional", itertools.product(["lstm", "gru"], [True, False])
+    "rnn_type,bidirectional", list(itertools.product(["lstm", "gru"], [True, False]))
 )
 def test_cpu_padded_rnn_equals_a_packed_pass(rnn_type: str, bidirectional: bool) -> None:
     """The unpacked CPU path (`_padded_rnn`) against PyTorch's packed pass: outputs and every
