@@ -61,15 +61,10 @@ def an4_fixture() -> Path:
 
 
 # Modules whose tests run recipes or training processes, tens of seconds each.
-LONG_MODULES = (
-    "test_ddp.py",
-    "test_recipes.py",
-    "test_lightning.py",
-    "test_overfit.py",
-    "test_parallel.py",
-)
+LONG_MODULES = ("test_ddp.py", "test_recipes.py", "test_lightning.py", "test_overfit.py")
 
 
+@pytest.hookimpl(trylast=True)  # after `-m` has deselected: the halves are of what runs
 def pytest_collection_modifyitems(config, items):
     _spread_long_tests(items)
     if torch.cuda.is_available():
@@ -155,10 +150,13 @@ def encode_audio(
 
 
 def _spread_long_tests(items: list[pytest.Item]) -> None:
-    """Order the tests so that each half of the list starts with half of the long ones:
-    `pytest -n 2 --dist worksteal` gives each worker a half, so both begin with long tests
-    and the short ones fill the gaps, rather than one worker ending the run alone."""
-    long = [item for item in items if item.path.name in LONG_MODULES]
+    """Order the tests so that each half of the list starts with long modules, alternately:
+    `pytest -n 2 --dist worksteal` gives each worker a half, so both begin with long tests and
+    the short ones fill the gaps, rather than one worker ending the run alone. A module stays
+    whole, so its module-scoped fixtures are built on one worker only."""
+    halves: tuple[list, list] = ([], [])
+    for k, module in enumerate(LONG_MODULES):
+        halves[k % 2].extend(item for item in items if item.path.name == module)
     rest = [item for item in items if item.path.name not in LONG_MODULES]
-    middle = len(rest) // 2
-    items[:] = long[0::2] + rest[:middle] + long[1::2] + rest[middle:]
+    first = max(0, len(items) // 2 - len(halves[0]))
+    items[:] = halves[0] + rest[:first] + halves[1] + rest[first:]
