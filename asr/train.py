@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -443,11 +444,25 @@ def _next_version(logs: Path) -> int:
     return max(versions, default=-1) + 1
 
 
+class _NoAdverts(logging.Filter):
+    """Drops Lightning's tips that advertise its cloud services in every training log."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("💡 Tip:")
+
+
+_NO_ADVERTS = _NoAdverts()
+
+
 def run_lightning_cli(argv: Sequence[str]) -> ASRCLI:
     """Run `asr fit|validate|test ...` (argv without the program name)."""
     torch.set_float32_matmul_precision("high")
     # ASRDataModule checkpoints the sampler position itself (Lightning cannot see it).
     warnings.filterwarnings("ignore", "You're resuming from a checkpoint that ended before")
+    # Lightning's own use of a torch API deprecated in torch 2.11: nothing a user can change.
+    warnings.filterwarnings("ignore", r"`isinstance\(treespec, LeafSpec\)` is deprecated")
+    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
+        logging.getLogger(name).addFilter(_NO_ADVERTS)
     try:
         return ASRCLI(
             L.LightningModule,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import json
+import logging
 import os
 import shutil
 import signal
@@ -106,8 +107,12 @@ def _fit_args(data: dict[str, str], root: Path) -> list[str]:
     ]  # fmt: skip
 
 
-def test_fit_writes_config_checkpoints_logs_and_plots(tiny_an4, tmp_path):
-    main(_fit_args(tiny_an4, tmp_path))
+def test_fit_writes_config_checkpoints_logs_and_plots(tiny_an4, tmp_path, caplog, recwarn):
+    with caplog.at_level(logging.INFO):
+        main(_fit_args(tiny_an4, tmp_path))
+    assert "Trainer.fit` stopped" in caplog.text, "Lightning's own log is kept"
+    assert "Tip:" not in caplog.text, "no advertisement in the training log"
+    assert not [w for w in recwarn if "LeafSpec" in str(w.message)]
     run = tmp_path / "logs" / "version_0"
     assert (run / "config.yaml").is_file(), "the resolved config is saved with the run"
     ckpts = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
