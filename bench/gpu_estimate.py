@@ -5,7 +5,9 @@ utterances of LibriSpeech's mean length, times that step on this machine (fp32),
 both into an estimate of a GPU's training throughput at an assumed model FLOPs utilisation:
 audio seconds per second per GPU, the hours N epochs of a corpus take on G GPUs, and the
 loading rate each GPU needs from its workers. An estimate, not a measurement: a lent GPU
-runs recipes/librispeech/gpu_smoke.sh for the measured figure.
+runs recipes/librispeech/gpu_smoke.sh for the measured figure, and `--device cuda` times the
+same synthetic step there (bf16; no loader, no padding), which gives the model's own
+throughput and MFU on that GPU.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from bench.common import (
     build_module,
     count_flops,
     count_parameters,
+    synchronize,
     with_stats_path,
 )
 from bench.peak import matmul_gflops
@@ -66,6 +69,43 @@ def module_of(config_path: Path, vocab_size: int, scratch: Path):
     return build_module({**init, "vocab_size": vocab_size, "tokenizer": ""})
 
 
+def measure_device(
+    config: Path, vocab_size: int, device: torch.device, utterances: int, steps: int,
+    flops: float,
+) -> dict[str, Any]:  # fmt: skip
+    """Training steps of `config` on `device` (bf16 on a GPU, fp32 elsewhere, as `asr fit`
+    runs them): audio s/s, and MFU against the device's measured matmul rate in that precision
+    and, for a GPU named in GPU_PEAKS, its bf16 data-sheet peak."""
+    gpu = device.type == "cuda"
+    with tempfile.TemporaryDirectory() as scratch:
+        module = module_of(config, vocab_size, Path(scratch)).to(device)
+    trainer = Trainer(module, "bf16" if gpu else "fp32", 5.0)  # the configs' gradient clip
+    batch = synthetic_batch(utterances, LIBRISPEECH_MEAN_SECONDS, vocab_size).to(device)
+    for _ in range(3):  # warm-up: kernels chosen, the allocator's pool filled
+        trainer.step(batch)
+    synchronize(device)
+    start = time.perf_counter()
+    for _ in range(steps):
+        trainer.step(batch)
+    synchronize(device)
+    rate = steps * utterances * LIBRISPEECH_MEAN_SECONDS / (time.perf_counter() - start)
+    dtype, sizes = (torch.bfloat16, (4096, 8192)) if gpu else (torch.float32, (1024, 2048))
+    matmul = max(matmul_gflops(n, dtype, device, 1.0) for n in sizes)
+    name = torch.cuda.get_device_name(device) if gpu else str(device)
+    sheet = next((peak for key, peak in GPU_PEAKS.items() if key.split()[0] in name), None)
+    return {
+        "device": name,
+        "batch": f"{utterances} x {LIBRISPEECH_MEAN_SECONDS} s",
+        "precision": trainer.precision,
+        "audio_s_per_s": rate,
+        "matmul_tflops": matmul / 1e3,
+        "mfu_of_matmul": rate * flops / (matmul * 1e9),
+        "mfu_of_sheet": rate * flops / (sheet * 1e12) if sheet else None,
+        "peak_memory_gb": torch.cuda.max_memory_allocated(device) / 1e9
+        if gpu else None,
+    }  # fmt: skip
+
+
 def estimate(
     config: Path,
     vocab_size: int,
@@ -75,8 +115,11 @@ def estimate(
     corpus_hours: float,
     epochs: int,
     gpus: int,
+    device: torch.device | None = None,
+    device_utterances: int = 48,
 ) -> dict[str, Any]:
-    """FLOPs per audio second, this machine's fp32 step rate and MFU, and the GPU estimates."""
+    """FLOPs per audio second, this machine's fp32 step rate and MFU, and the GPU estimates;
+    with `device`, also the step measured there."""
     with tempfile.TemporaryDirectory() as scratch:
         module = module_of(config, vocab_size, Path(scratch))
     batch = synthetic_batch(utterances, LIBRISPEECH_MEAN_SECONDS, vocab_size)
@@ -97,6 +140,9 @@ def estimate(
             rate = peak * 1e12 * mfu / flops
             hours = epochs * epoch_audio / (gpus * rate) / 3600
             gpu_rows.append({"gpu": name, "mfu": mfu, "audio_s_per_s": rate, "hours": hours})
+    measured = None
+    if device is not None:
+        measured = measure_device(config, vocab_size, device, device_utterances, 20, flops)
     return {
         "config": str(config),
         "parameters": count_parameters(module),
@@ -112,6 +158,7 @@ def estimate(
         "epochs": epochs,
         "gpus": gpus,
         "gpu": gpu_rows,
+        "measured": measured,
     }
 
 
@@ -135,6 +182,18 @@ def markdown(result: dict[str, Any]) -> str:
             f"| {row['gpu']} ({peak:g} TFLOP/s) | {row['mfu']:.2f} | {row['audio_s_per_s']:,.0f} "
             f"| {row['hours']:,.1f} |"
         )
+    measured = result.get("measured")
+    if measured:
+        sheet = measured["mfu_of_sheet"]
+        lines += [
+            "",
+            f"Measured on {measured['device']} ({measured['precision']}, synthetic batch "
+            f"{measured['batch']}): {measured['audio_s_per_s']:,.0f} audio s/s; matmul "
+            f"{measured['matmul_tflops']:.2f} TFLOP/s, MFU {measured['mfu_of_matmul']:.3f} "
+            f"of it" + (f", {sheet:.3f} of the data-sheet peak" if sheet else "")
+            + (f"; peak memory {measured['peak_memory_gb']:.1f} GB"
+               if measured["peak_memory_gb"] else ""),
+        ]  # fmt: skip
     return "\n".join(lines)
 
 
@@ -148,11 +207,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--corpus-hours", type=float, default=960.9)
     parser.add_argument("--epochs", type=int, default=60)
     parser.add_argument("--gpus", type=int, default=8)
+    parser.add_argument(
+        "--device",
+        type=torch.device,
+        help="also time training steps on this device (cuda: bf16): a measurement",
+    )
+    parser.add_argument(
+        "--device-utterances", type=int, default=48,
+        help="batch of the timed device steps (48 x 12.3 s: gpu_smoke.sh's 600 s per GPU)",
+    )  # fmt: skip
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args(argv)
     result = estimate(
         args.config, args.vocab_size, args.utterances, args.steps, args.mfu,
-        args.corpus_hours, args.epochs, args.gpus,
+        args.corpus_hours, args.epochs, args.gpus, args.device, args.device_utterances,
     )  # fmt: skip
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))
