@@ -461,6 +461,8 @@ def run_lightning_cli(argv: Sequence[str]) -> ASRCLI:
     warnings.filterwarnings("ignore", "You're resuming from a checkpoint that ended before")
     # Lightning's own use of a torch API deprecated in torch 2.11: nothing a user can change.
     warnings.filterwarnings("ignore", r"`isinstance\(treespec, LeafSpec\)` is deprecated")
+    # A shard stream plans every (rank, worker) stream's batches, so its length is exact.
+    warnings.filterwarnings("ignore", "Your `IterableDataset` has `__len__` defined")
     for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
         logging.getLogger(name).addFilter(_NO_ADVERTS)
     try:
