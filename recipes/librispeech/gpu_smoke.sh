@@ -3,8 +3,9 @@
 # this machine, in under 10 minutes: a LibriSpeech-layout folder (default: Mini LibriSpeech from
 # ../shared/corpora) made into manifests and shards, a BPE tokenizer and CMVN statistics, a few
 # hundred DDP steps reading the shards, 20 dev utterances decoded. It prints the measured
-# training throughput (audio seconds per second per GPU, from the epoch clock of rank 0):
-# the figure docs/scaling.md estimates where no GPU was at hand.
+# training throughput (audio seconds per second per GPU, from the epoch clock of rank 0), the
+# time the steps waited for data and each GPU's mean utilisation: the figures docs/scaling.md
+# estimates where no GPU was at hand.
 #
 #   bash recipes/librispeech/gpu_smoke.sh [--data-dir DIR] [--out DIR] [--steps N]
 #                                         [--batch-seconds S] [--workers N] [--vocab-size N]
@@ -84,6 +85,14 @@ echo "== data ready in $((SECONDS - started)) s"
 devices=-1 device=cuda  # every GPU
 [ "$accelerator" = cpu ] && devices=1 device=cpu
 fit_started=$SECONDS
+sampler=""
+if [ "$accelerator" = gpu ] && command -v nvidia-smi >/dev/null; then
+  mkdir -p "$model"  # every GPU's utilisation each second of asr fit, for the mean below
+  nvidia-smi --query-gpu=index,utilization.gpu,memory.used --format=csv,noheader,nounits -l 1 \
+    >"$model/gpu_utilisation.csv" &
+  sampler=$!
+  trap 'kill "$sampler" 2>/dev/null || true' EXIT
+fi
 asr fit --config conf/librispeech/conformer.yaml \
   --data.train_manifest "$data/shards" --data.val_manifest "$data/dev20.jsonl" \
   --data.test_manifest "$data/dev20.jsonl" --data.tokenizer "$data/bpe$vocab_size" \
@@ -94,6 +103,7 @@ asr fit --config conf/librispeech/conformer.yaml \
   --trainer.enable_progress_bar false --trainer.log_every_n_steps 10 \
   --epoch_clock.path "$model/epochs.json" --trainer.default_root_dir "$model" \
   ${fit_args[@]+"${fit_args[@]}"}
+[ -z "$sampler" ] || kill "$sampler" 2>/dev/null || true
 echo "== training: $((SECONDS - fit_started)) s"
 
 asr evaluate --checkpoint "$model/checkpoints/last.ckpt" --manifest "$data/dev20.jsonl" \
@@ -111,4 +121,9 @@ print(f"== throughput (rank 0, epochs {len(epochs) - len(later) + 1}-{len(epochs
 wall, waited = sum(e["wall"] for e in later), sum(e["data"] for e in later)
 print(f"== waiting for data: {waited:.1f} s of {wall:.1f} s (more than a few %: more workers)")
 EOF
+if [ -s "$model/gpu_utilisation.csv" ]; then
+  awk -F', ' '{ n[$1]++; u[$1] += $2; if ($3 > m[$1]) m[$1] = $3 }
+    END { for (g in n) printf "== GPU %s: %.0f %% busy on average during asr fit, %d MiB at most\n", g, u[g] / n[g], m[g] }' \
+    "$model/gpu_utilisation.csv" | sort
+fi
 echo "== done in $((SECONDS - started)) s"
