@@ -385,6 +385,9 @@ class ASRCLI(LightningCLI):
                 file=sys.stderr,
             )
             config.trainer.precision = "32-true"
+        if self.subcommand == "fit" and config.ckpt_path:
+            # A resumed run writes into its own checkpoint folder: no caution that it is in use.
+            warnings.filterwarnings("ignore", "Checkpoint directory .* exists and is not empty")
         root = config.trainer.default_root_dir or "."
         if config.checkpoint.dirpath is None:
             # One checkpoint folder per experiment, so `--ckpt_path last` resumes a rerun.
@@ -457,24 +460,28 @@ _NO_ADVERTS = _NoAdverts()
 def run_lightning_cli(argv: Sequence[str]) -> ASRCLI:
     """Run `asr fit|validate|test ...` (argv without the program name)."""
     torch.set_float32_matmul_precision("high")
-    # ASRDataModule checkpoints the sampler position itself (Lightning cannot see it).
-    warnings.filterwarnings("ignore", "You're resuming from a checkpoint that ended before")
-    # Lightning's own use of a torch API deprecated in torch 2.11: nothing a user can change.
-    warnings.filterwarnings("ignore", r"`isinstance\(treespec, LeafSpec\)` is deprecated")
-    # A shard stream plans every (rank, worker) stream's batches, so its length is exact.
-    warnings.filterwarnings("ignore", "Your `IterableDataset` has `__len__` defined")
-    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
-        logging.getLogger(name).addFilter(_NO_ADVERTS)
+    loggers = [
+        logging.getLogger(f"lightning.{p}.utilities.rank_zero") for p in ("pytorch", "fabric")
+    ]
+    for logger in loggers:
+        logger.addFilter(_NO_ADVERTS)
     try:
-        return ASRCLI(
-            L.LightningModule,
-            L.LightningDataModule,
-            subclass_mode_model=True,
-            subclass_mode_data=True,
-            args=None if list(argv) == sys.argv[1:] else list(argv),
-            save_config_kwargs={"overwrite": True},
-            trainer_defaults={"plugins": [{"class_path": "asr.train.AtomicCheckpointIO"}]},
-        )
+        with warnings.catch_warnings():  # the filters last as long as the run
+            # ASRDataModule checkpoints the sampler position itself (Lightning cannot see it).
+            warnings.filterwarnings("ignore", "You're resuming from a checkpoint that ended before")
+            # Lightning's use of a torch API deprecated in torch 2.11: nothing a user can change.
+            warnings.filterwarnings("ignore", r"`isinstance\(treespec, LeafSpec\)` is deprecated")
+            # A shard stream plans every (rank, worker) stream's batches: its length is exact.
+            warnings.filterwarnings("ignore", "Your `IterableDataset` has `__len__` defined")
+            return ASRCLI(
+                L.LightningModule,
+                L.LightningDataModule,
+                subclass_mode_model=True,
+                subclass_mode_data=True,
+                args=None if list(argv) == sys.argv[1:] else list(argv),
+                save_config_kwargs={"overwrite": True},
+                trainer_defaults={"plugins": [{"class_path": "asr.train.AtomicCheckpointIO"}]},
+            )
     except Exception as error:
         if not lost_peer(error):
             raise
@@ -489,3 +496,6 @@ def run_lightning_cli(argv: Sequence[str]) -> ASRCLI:
             file=sys.stderr,
         )
         raise SystemExit(128 + signal.SIGTERM) from None
+    finally:
+        for logger in loggers:
+            logger.removeFilter(_NO_ADVERTS)

@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import warnings
 from functools import partial
 from pathlib import Path
 
@@ -205,10 +206,17 @@ def _steps_per_epoch(root: Path) -> int:
 def test_resume_from_last_and_average(tiny_an4, tmp_path):
     """A rerun with `--ckpt_path last` continues the same experiment; `asr average` writes a
     checkpoint whose weights are the mean of the best ones."""
+    filters = list(warnings.filters)
     main(_fit_args(tiny_an4, tmp_path) + ["--trainer.max_epochs", "1"])
+    assert warnings.filters == filters, "a fit's warning filters end with it"
+    assert not logging.getLogger("lightning.pytorch.utilities.rank_zero").filters
     last = tmp_path / "checkpoints" / "last.ckpt"
     assert torch.load(last, weights_only=True)["epoch"] == 0
-    main(_fit_args(tiny_an4, tmp_path) + ["--trainer.max_epochs", "2", "--ckpt_path", "last"])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        main(_fit_args(tiny_an4, tmp_path) + ["--trainer.max_epochs", "2", "--ckpt_path", "last"])
+    # resuming writes into the run's own checkpoint folder by design: no caution about it
+    assert not [w for w in caught if "exists and is not empty" in str(w.message)]
     resumed = torch.load(last, weights_only=True)
     assert resumed["epoch"] == 1 and resumed["global_step"] > 0
     assert (tmp_path / "logs" / "version_1").is_dir(), "the resumed run logs to a new version"
