@@ -69,6 +69,29 @@ def module_of(config_path: Path, vocab_size: int, scratch: Path):
     return build_module({**init, "vocab_size": vocab_size, "tokenizer": ""})
 
 
+def audio_rate(trainer: Trainer, batch: Batch, steps: int, warmup: int) -> float:
+    """Audio seconds per second of `steps` training steps on `batch`, after `warmup` steps
+    (kernels chosen, the allocator's pool filled)."""
+    device = batch.waves.device
+    for _ in range(warmup):
+        trainer.step(batch)
+    synchronize(device)
+    start = time.perf_counter()
+    for _ in range(steps):
+        trainer.step(batch)
+    synchronize(device)
+    audio = float(batch.wave_lens.sum()) / SAMPLE_RATE
+    return steps * audio / (time.perf_counter() - start)
+
+
+def matmul_peak(device: torch.device) -> float:
+    """GFLOP/s of the device's matmuls in the precision `asr fit` trains in there (bf16 on a
+    GPU, fp32 elsewhere), the best of two sizes."""
+    if device.type == "cuda":
+        return max(matmul_gflops(n, torch.bfloat16, device, 1.0) for n in (4096, 8192))
+    return max(matmul_gflops(n, torch.float32, device, 1.0) for n in (1024, 2048))
+
+
 def measure_device(
     config: Path, vocab_size: int, device: torch.device, utterances: int, steps: int,
     flops: float,
@@ -81,16 +104,8 @@ def measure_device(
         module = module_of(config, vocab_size, Path(scratch)).to(device)
     trainer = Trainer(module, "bf16" if gpu else "fp32", 5.0)  # the configs' gradient clip
     batch = synthetic_batch(utterances, LIBRISPEECH_MEAN_SECONDS, vocab_size).to(device)
-    for _ in range(3):  # warm-up: kernels chosen, the allocator's pool filled
-        trainer.step(batch)
-    synchronize(device)
-    start = time.perf_counter()
-    for _ in range(steps):
-        trainer.step(batch)
-    synchronize(device)
-    rate = steps * utterances * LIBRISPEECH_MEAN_SECONDS / (time.perf_counter() - start)
-    dtype, sizes = (torch.bfloat16, (4096, 8192)) if gpu else (torch.float32, (1024, 2048))
-    matmul = max(matmul_gflops(n, dtype, device, 1.0) for n in sizes)
+    rate = audio_rate(trainer, batch, steps, warmup=3)
+    matmul = matmul_peak(device)
     name = torch.cuda.get_device_name(device) if gpu else str(device)
     sheet = next((peak for key, peak in GPU_PEAKS.items() if key.split()[0] in name), None)
     return {
@@ -126,12 +141,8 @@ def estimate(
     audio = utterances * LIBRISPEECH_MEAN_SECONDS
     trainer = Trainer(module, "fp32", None)
     flops = count_flops(partial(trainer.forward_backward, batch)) / audio
-    trainer.step(batch)  # warm-up
-    start = time.perf_counter()
-    for _ in range(steps):
-        trainer.step(batch)
-    cpu_rate = steps * audio / (time.perf_counter() - start)
-    cpu_peak = max(matmul_gflops(n, torch.float32, torch.device("cpu"), 1.0) for n in (1024, 2048))
+    cpu_rate = audio_rate(trainer, batch, steps, warmup=1)
+    cpu_peak = matmul_peak(torch.device("cpu"))
     cpu_mfu = cpu_rate * flops / (cpu_peak * 1e9)
     epoch_audio = corpus_hours * 3600
     gpu_rows = []
