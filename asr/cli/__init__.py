@@ -322,6 +322,12 @@ def _serve(args: argparse.Namespace) -> int:
 
     if args.threads < 1:
         raise ValueError(f"--threads must be at least 1, got {args.threads}")
+    if args.keyfile and not args.certfile:
+        raise ValueError("--keyfile needs --certfile")
+    if args.certfile:  # before the model loads: a bad certificate fails at once
+        from asr.serve.server import tls_context
+
+        tls_context(args.certfile, args.keyfile)
     torch.set_num_threads(args.threads)
     recognizer = _load_model(args)
     return serve(args, recognizer, _language_model(args, recognizer))
@@ -820,8 +826,8 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
         help="live recognition over WebSocket, with a microphone page",
         description="Serve a chunk-streaming model: a WebSocket endpoint taking 16-bit PCM and "
         "answering with partial and final transcripts (protocol: docs/streaming.md), and at "
-        "http://HOST:PORT/ a page that streams the microphone to it. The chunks of all "
-        "connected streams go through the model together.",
+        "http://HOST:PORT/ (https with --certfile) a page that streams the microphone to it. "
+        "The chunks of all connected streams go through the model together.",
     )
     if command == "serve":
         from asr.cli.live import add_stream_arguments
@@ -847,6 +853,14 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
             help="address to listen on (127.0.0.1: this machine only; 0.0.0.0: the network)",
         )
         p.add_argument("--port", type=int, default=8765, help="port (8765)")
+        p.add_argument(
+            "--certfile",
+            metavar="PEM",
+            help="serve https and wss with this certificate (chain): browsers give the "
+            "microphone only to https pages and to localhost, so the page opened on other "
+            "machines needs it, or an ssh -L tunnel (docs/streaming.md)",
+        )
+        p.add_argument("--keyfile", metavar="PEM", help="its private key, if not in --certfile")
         p.add_argument(
             "--max-connections", type=int, default=32, help="streams at once; more are refused"
         )

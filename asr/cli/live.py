@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import ipaddress
 import os
 import sys
 from typing import IO
@@ -146,24 +147,46 @@ def _stdin_pcm(rate: int):
         yield np.frombuffer(data[:whole], dtype="<i2").astype(np.float32) / 32768.0
 
 
+def _loopback(host: str) -> bool:
+    try:
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name
+        return False
+
+
 def serve(args: argparse.Namespace, recognizer, lm=None) -> int:
     """Run `asr serve` until interrupted."""
     import torch
 
     from asr.serve.server import ServeOptions, serve_forever
 
-    options = ServeOptions(host=args.host, port=args.port, max_connections=args.max_connections)
+    options = ServeOptions(
+        host=args.host,
+        port=args.port,
+        max_connections=args.max_connections,
+        certfile=args.certfile,
+        keyfile=args.keyfile,
+    )
+    secure = "s" if args.certfile else ""
+    where = f"[{args.host}]:{args.port}" if ":" in args.host else f"{args.host}:{args.port}"
 
     def ready(live) -> None:
         chunk = live.engine.chunk_seconds
         threads = torch.get_num_threads()
         print(
-            f"asr serve: http://{args.host}:{args.port}/ (the microphone page); WebSocket on "
-            f"ws://{args.host}:{args.port}/, {recognizer.sample_rate} Hz, chunks of "
+            f"asr serve: http{secure}://{where}/ (the microphone page); WebSocket on "
+            f"ws{secure}://{where}/, {recognizer.sample_rate} Hz, chunks of "
             f"{'full context' if chunk is None else f'{chunk * 1000:.0f} ms'}, {threads} model "
             f"thread{'s' if threads > 1 else ''}; Ctrl-C stops",
             flush=True,
         )
+        if not secure and not _loopback(args.host):
+            print(
+                "asr serve: browsers give the microphone only to https pages and to localhost: "
+                "for the page on other machines give --certfile (and --keyfile), or open it "
+                f"there through `ssh -L {args.port}:localhost:{args.port} THIS_HOST`",
+                flush=True,
+            )
 
     try:
         asyncio.run(serve_forever(recognizer, stream_options(args), options, lm, ready))

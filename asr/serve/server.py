@@ -1,6 +1,6 @@
 """`asr serve`: live recognition over WebSocket, and a page that streams the microphone to it.
 
-Protocol (one recording per connection; docs/serving.md):
+Protocol (one recording per connection; docs/streaming.md):
 
 - client: a text message `{"type": "start", "sample_rate": 16000, "format": "s16le"}` (format
   `s16le`, little-endian 16-bit PCM, or `f32le`), then binary messages of mono PCM, then
@@ -20,10 +20,12 @@ import asyncio
 import json
 import logging
 import socket
+import ssl
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from importlib import resources
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -66,6 +68,25 @@ class ServeOptions:
     write_limit_bytes: int = 1 << 15  # unsent bytes a connection buffers before it waits
     send_buffer_bytes: int | None = None  # the sockets' kernel send buffer; None: the system's
     batch_wait_ms: float = 5.0  # wait this long for other streams' chunks before a batch
+    certfile: str | None = None  # a PEM certificate (chain): https and wss instead of http and ws
+    keyfile: str | None = None  # its private key, when not in certfile
+
+
+def tls_context(certfile: str, keyfile: str | None = None) -> ssl.SSLContext:
+    """The server's TLS from a PEM certificate chain and its private key (in `certfile` when
+    `keyfile` is None); errors name the file that does not load."""
+    for path in (certfile, keyfile):
+        if path is not None and not Path(path).is_file():
+            raise FileNotFoundError(f"{path}: no such file")
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    try:
+        context.load_cert_chain(certfile, keyfile)
+    except ssl.SSLError as err:
+        files = certfile if keyfile is None else f"{certfile} and {keyfile}"
+        raise ValueError(
+            f"{files}: not a PEM certificate and its private key ({err.reason or err})"
+        ) from None
+    return context
 
 
 class ClientError(Exception):
@@ -113,6 +134,11 @@ class LiveServer:
         lm: LanguageModel | None = None,
     ) -> None:
         self.options = options or ServeOptions()
+        self.tls = (
+            tls_context(self.options.certfile, self.options.keyfile)
+            if self.options.certfile
+            else None
+        )
         self.engine = StreamingEngine(recognizer, stream_options, lm)
         self.sample_rate = recognizer.sample_rate
         self.clients: set[_Client] = set()
@@ -140,6 +166,7 @@ class LiveServer:
             max_size=8 * self.options.max_message_bytes,  # beyond our own, clearer limit
             max_queue=64,
             write_limit=self.options.write_limit_bytes,
+            ssl=self.tls,
         )
 
     def _page(self, connection: ServerConnection, request: Request) -> Response | None:

@@ -9,10 +9,15 @@ import copy
 import fcntl
 import functools
 import hashlib
+import ipaddress
+import shutil
+import socket
+import subprocess
 import tempfile
 import threading
 from pathlib import Path
 
+import pytest
 import torch
 from conftest import AN4_FIXTURE
 
@@ -138,3 +143,29 @@ def from_pcm16(data: bytes) -> torch.Tensor:
     import numpy as np
 
     return torch.from_numpy(np.frombuffer(data, dtype="<i2").astype(np.float32) / 32768.0)
+
+
+def self_signed_certificate(folder: Path, *addresses: str) -> tuple[Path, Path]:
+    """A certificate for 127.0.0.1 and `addresses`, and its key: cert.pem, key.pem in `folder`."""
+    if shutil.which("openssl") is None:
+        pytest.skip("needs the openssl command to make a test certificate")
+    names = ",".join(f"IP:{a}" for a in ("127.0.0.1", *addresses))
+    cert, key = folder / "cert.pem", folder / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+         "-nodes", "-days", "2", "-subj", "/CN=asr test", "-addext", f"subjectAltName={names}",
+         "-keyout", key, "-out", cert],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    return cert, key
+
+
+def network_address() -> str | None:
+    """This machine's address on its network (not loopback), or None without one."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:  # a UDP connect sends nothing: it only picks the interface a route would use
+            probe.connect(("192.0.2.1", 9))
+        except OSError:
+            return None
+        address = probe.getsockname()[0]
+    return None if ipaddress.ip_address(address).is_loopback else address

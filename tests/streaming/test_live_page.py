@@ -9,48 +9,96 @@ import numpy as np
 import pytest
 import torch
 from real_browser import MISSING, NEEDS, chromium, severe_errors
-from streaming_fixtures import WAV, running_server, streaming_recognizer
+from streaming_fixtures import (
+    WAV,
+    network_address,
+    running_server,
+    self_signed_certificate,
+    streaming_recognizer,
+)
 
 from asr.audio import load_audio
 from asr.streaming import Stream, StreamOptions, stream_transcript
 
 pytestmark = pytest.mark.skipif(MISSING, reason=NEEDS)
 UID = "an4_clstk/fash/an255-fash-b"
+OPTIONS = StreamOptions(chunk_ms=320, endpoint=None)
+FAKE_MICROPHONE = (
+    "--use-fake-ui-for-media-stream",
+    "--use-fake-device-for-media-stream",
+    f"--use-file-for-fake-audio-capture={WAV / UID}.wav%noloop",
+)
 
 
-def test_the_page_streams_the_microphone_and_shows_the_final(monkeypatch) -> None:
+def _shows_the_offline_final(driver, url: str, live, recognizer, received: list) -> None:
+    """The page at `url` streams 3.2 s of the fake microphone; it shows as final what the audio
+    the server received gives decoded offline as a stream."""
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
-    recognizer, _ = streaming_recognizer()
-    options = StreamOptions(chunk_ms=320, endpoint=None)
-    wav = WAV / f"{UID}.wav"
-    received = []
+    driver.get(f"{url}?autostart=1&seconds=3.2")
+    WebDriverWait(driver, 30, 0.05).until(lambda d: d.execute_script(
+        "return document.body.dataset.done !== undefined"
+    ))  # fmt: skip
+    heard = torch.from_numpy(np.concatenate(received))
+    assert 3.1 < heard.numel() / 16000 < 3.4  # what the page was told to send
+    wave = load_audio(WAV / f"{UID}.wav", 16000)
+    assert heard.abs().max() > 0.5 * wave.abs().max()  # the file's speech, not silence
+    expected = stream_transcript(recognizer, heard, OPTIONS).text
+    assert driver.execute_script("return document.body.dataset.done") == expected
+    finals = driver.find_elements(By.CSS_SELECTOR, "#finals .final")
+    words = [[w.text.strip() for w in f.find_elements(By.CSS_SELECTOR, ".word")] for f in finals]
+    assert words == [expected.split()]
+    assert live.chunks_run >= 8  # it came chunk by chunk
+    assert not severe_errors(driver)
+
+
+@pytest.fixture
+def received(monkeypatch) -> list:
+    """The audio every stream is fed, in order."""
+    heard = []
     feed = Stream.feed
-    monkeypatch.setattr(Stream, "feed", lambda self, s: received.append(s) or feed(self, s))
-    with running_server(recognizer, options) as (live, port):
-        driver = chromium(
-            "--use-fake-ui-for-media-stream",
-            "--use-fake-device-for-media-stream",
-            f"--use-file-for-fake-audio-capture={wav}%noloop",
-        )
+    monkeypatch.setattr(Stream, "feed", lambda self, s: heard.append(s) or feed(self, s))
+    return heard
+
+
+def test_the_page_streams_the_microphone_and_shows_the_final(received) -> None:
+    recognizer, _ = streaming_recognizer()
+    with running_server(recognizer, OPTIONS) as (live, port):
+        driver = chromium(*FAKE_MICROPHONE)
         try:
-            driver.get(f"http://127.0.0.1:{port}/?autostart=1&seconds=3.2")
-            WebDriverWait(driver, 30, 0.05).until(lambda d: d.execute_script(
-                "return document.body.dataset.done !== undefined"
-            ))  # fmt: skip
-            heard = torch.from_numpy(np.concatenate(received))
-            assert 3.1 < heard.numel() / 16000 < 3.4  # what the page was told to send
-            wave = load_audio(wav, 16000)
-            assert heard.abs().max() > 0.5 * wave.abs().max()  # the file's speech, not silence
-            expected = stream_transcript(recognizer, heard, options).text
-            assert driver.execute_script("return document.body.dataset.done") == expected
-            finals = driver.find_elements(By.CSS_SELECTOR, "#finals .final")
-            words = [
-                [w.text.strip() for w in f.find_elements(By.CSS_SELECTOR, ".word")] for f in finals
-            ]
-            assert words == [expected.split()]
-            assert live.chunks_run >= 8  # it came chunk by chunk
-            assert not severe_errors(driver)
+            _shows_the_offline_final(
+                driver, f"http://127.0.0.1:{port}/", live, recognizer, received
+            )
+        finally:
+            driver.quit()
+
+
+def test_from_another_machine_the_page_needs_https_and_says_so(received, tmp_path) -> None:
+    """Browsers give the microphone only to secure pages (https, or localhost): over http at
+    the machine's network address the page says what to do; over https it streams."""
+    from selenium.webdriver.common.by import By
+
+    address = network_address()
+    if address is None:
+        pytest.skip("needs a network address besides loopback")
+    cert, key = self_signed_certificate(tmp_path, address)
+    recognizer, _ = streaming_recognizer()
+    tls = {"certfile": str(cert), "keyfile": str(key)}
+    with (
+        running_server(recognizer, OPTIONS, host=address) as (_, plain),
+        running_server(recognizer, OPTIONS, host=address, **tls) as (live, port),
+    ):
+        driver = chromium(*FAKE_MICROPHONE, "--ignore-certificate-errors")  # self-signed
+        try:
+            driver.get(f"http://{address}:{plain}/?autostart=1")
+            status = driver.find_element(By.ID, "status")
+            assert "only to https pages and to localhost" in status.text
+            assert f"ssh -L {plain}:localhost:{plain}" in status.text
+            assert not driver.find_element(By.ID, "toggle").is_enabled()
+            assert not severe_errors(driver) and not received
+            _shows_the_offline_final(
+                driver, f"https://{address}:{port}/", live, recognizer, received
+            )
         finally:
             driver.quit()

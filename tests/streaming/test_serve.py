@@ -6,18 +6,28 @@ from __future__ import annotations
 import contextlib
 import json
 import socket
+import ssl
 import subprocess
 import sys
 import threading
 import time
 import urllib.request
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
-from streaming_fixtures import from_pcm16, pcm16, running_server, streaming_recognizer
+from streaming_fixtures import (
+    from_pcm16,
+    pcm16,
+    running_server,
+    self_signed_certificate,
+    streaming_recognizer,
+)
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
+from asr.cli import main
 from asr.streaming import StreamOptions, stream_transcript
 
 UID = "an4_clstk/fash/an255-fash-b"
@@ -37,9 +47,11 @@ def server(trained):
         yield live, f"ws://127.0.0.1:{port}/"
 
 
-def session(url: str, data: bytes, packet: int = 3200, pause: float = 0.0) -> list[dict]:
+def session(
+    url: str, data: bytes, packet: int = 3200, pause: float = 0.0, **connect_args
+) -> list[dict]:
     """Send `data` as one recording; every message the server sent, in order."""
-    with connect(url) as ws:
+    with connect(url, **connect_args) as ws:
         ws.send(START)
         messages = [json.loads(ws.recv(10))]
         for start in range(0, len(data), packet):
@@ -239,6 +251,72 @@ def test_asr_serve_serves_the_page_and_the_socket(tiny_checkpoint, an4_fixture) 
         process.wait(10)
     refused = subprocess.run([*command, "--threads", "0"], capture_output=True, text=True)
     assert refused.returncode == 2 and "--threads must be at least 1" in refused.stderr
+
+
+@pytest.fixture(scope="module")
+def certificate(tmp_path_factory) -> tuple[Path, Path]:
+    return self_signed_certificate(tmp_path_factory.mktemp("tls"))
+
+
+def test_with_a_certificate_the_page_is_https_and_the_socket_wss(trained, certificate) -> None:
+    (recognizer, waves), (cert, key) = trained, certificate
+    trust = ssl.create_default_context(cafile=cert)
+    data = pcm16(waves[UID])
+    with running_server(recognizer, OPTIONS, certfile=str(cert), keyfile=str(key)) as (_, port):
+        page = urllib.request.urlopen(f"https://127.0.0.1:{port}/", context=trust, timeout=10)
+        assert b"<title>asr live</title>" in page.read()
+        messages = session(f"wss://127.0.0.1:{port}/", data, ssl=trust)
+    offline = stream_transcript(recognizer, from_pcm16(data), OPTIONS)
+    assert messages[-1] == {"type": "done", "text": offline.text, "duration": 2.6}
+
+
+def test_a_certificate_that_does_not_load_is_named_before_the_model_loads(
+    certificate, tmp_path, capsys
+) -> None:
+    (cert, key), not_pem = certificate, tmp_path / "not.pem"
+    not_pem.write_text("not a certificate\n")
+    serve = ["serve", "--model", str(tmp_path / "absent.ckpt")]
+    for options, says in [
+        (["--certfile", str(tmp_path / "gone.pem")], f"{tmp_path / 'gone.pem'}: no such file"),
+        (["--certfile", str(not_pem)], f"{not_pem}: not a PEM certificate and its private key"),
+        (["--certfile", str(cert)], f"{cert}: not a PEM certificate and its private key"),
+        (["--certfile", str(cert), "--keyfile", str(not_pem)], f"{cert} and {not_pem}: not a"),
+        (["--keyfile", str(key)], "--keyfile needs --certfile"),
+        (["--certfile", str(cert), "--keyfile", str(key)], "absent.ckpt"),  # loaded: the model next
+    ]:
+        assert main([*serve, *options]) == 2, options
+        assert says in capsys.readouterr().err, options
+
+
+@pytest.mark.parametrize(
+    "options, url, hint",
+    [
+        ([], "http://127.0.0.1:8765/", False),
+        (["--host", "::1"], "http://[::1]:8765/", False),
+        (["--host", "0.0.0.0"], "http://0.0.0.0:8765/", True),
+        (["--host", "0.0.0.0", "--certfile", "c.pem"], "https://0.0.0.0:8765/", False),
+    ],
+)
+def test_serve_says_where_it_listens_and_how_other_machines_get_the_microphone(
+    trained, monkeypatch, capsys, options, url, hint
+) -> None:
+    import asr.serve.server
+    from asr.cli import _parser
+    from asr.cli.live import serve
+
+    served = []
+
+    async def ready_at_once(recognizer, stream_options, serve_options, lm, ready) -> None:
+        served.append(serve_options)
+        ready(SimpleNamespace(engine=SimpleNamespace(chunk_seconds=0.64)))
+
+    monkeypatch.setattr(asr.serve.server, "serve_forever", ready_at_once)
+    assert serve(_parser("serve").parse_args(["serve", "--model", "M", *options]), trained[0]) == 0
+    said = capsys.readouterr().out
+    socket_url = url.replace("http", "ws")
+    assert f"asr serve: {url} (the microphone page); WebSocket on {socket_url}," in said
+    assert ("give --certfile (and --keyfile), or open it there through `ssh -L" in said) == hint
+    assert served[0].certfile == ("c.pem" if "--certfile" in options else None)
 
 
 def test_audio_queued_while_the_model_takes_the_inbox_is_not_lost(trained) -> None:

@@ -118,6 +118,14 @@
     finish(s);
   }
 
+  // Without a secure context (http from another machine) the browser hides the microphone.
+  if (!window.isSecureContext || !navigator.mediaDevices) {
+    say("This browser gives the microphone only to https pages and to localhost: start " +
+      "asr serve with --certfile (and --keyfile), or open this page through ssh -L " +
+      `${location.port || 80}:localhost:${location.port || 80}.`, true);
+    toggle.disabled = true;
+    return;
+  }
   toggle.addEventListener("click", () => {
     if (session) stop();
     else start().catch((err) => say(`Cannot start: ${err.message}`, true));
