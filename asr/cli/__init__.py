@@ -815,7 +815,8 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
             "does (a chunk-streaming model: docs/streaming.md). Finals are printed as lines as "
             "their utterance ends; on a terminal the partial is rewritten below them. `-` is "
             "then raw 16-bit mono PCM at the model's rate on stdin, e.g. "
-            "`arecord -f S16_LE -r 16000 -c 1 | asr transcribe --streaming --model M -`.",
+            "`arecord -f S16_LE -r 16000 -c 1 | asr transcribe --streaming --model M -`; Ctrl-C "
+            "ends the input there, and what was heard still gets its final.",
         )
         live.add_argument("--streaming", action="store_true", help="decode as a live stream")
         add_stream_arguments(live, final_search="beam")  # one stream: the most accurate final

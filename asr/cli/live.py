@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import ipaddress
 import os
+import select
+import signal
 import sys
+import threading
 from typing import IO
 
 import numpy as np
@@ -96,27 +100,57 @@ def transcribe_streaming(
     options = stream_options(args)
     live = out.isatty() and not args.quiet
     rate = recognizer.sample_rate
-    for name in args.audio:
-        stream = recognizer.stream(options, lm)
-        if len(args.audio) > 1:
-            print(name, file=out)
-        if name == "-":
-            pieces = _stdin_pcm(rate)
-        else:
-            pieces = _pieces(load_audio(name, rate).numpy(), rate)
-        for piece in pieces:
-            for final in stream.accept(piece):
+    with _ctrl_c_ends_the_input() as interrupted:
+        for name in args.audio:
+            stream = recognizer.stream(options, lm)
+            if len(args.audio) > 1:
+                print(name, file=out)
+            if name == "-":
+                pieces = _stdin_pcm(rate, interrupted)
+            else:
+                pieces = _pieces(load_audio(name, rate).numpy(), rate)
+            for piece in pieces:
+                for final in stream.accept(piece):
+                    _print_final(final, out, live)
+                if live:
+                    out.write("\r\x1b[K" + stream.partial[-200:])
+                    out.flush()
+                if interrupted:
+                    break
+            stream.final()
+            for final in stream.take_finals():
                 _print_final(final, out, live)
             if live:
-                out.write("\r\x1b[K" + stream.partial[-200:])
+                out.write("\r\x1b[K")
                 out.flush()
-        stream.final()
-        for final in stream.take_finals():
-            _print_final(final, out, live)
-        if live:
-            out.write("\r\x1b[K")
-            out.flush()
+            if interrupted:
+                return 130
     return 0
+
+
+@contextlib.contextmanager
+def _ctrl_c_ends_the_input():
+    """A first Ctrl-C ends the input where it is, so what was heard still gets its final (as
+    `arecord | asr transcribe --streaming -` is stopped); a second one stops at once. Yields a
+    list that is non-empty once interrupted."""
+    interrupted: list[int] = []
+    if threading.current_thread() is not threading.main_thread():  # signals reach only it
+        yield interrupted
+        return
+    previous = signal.getsignal(signal.SIGINT)
+    if previous is signal.SIG_IGN:  # started with Ctrl-C ignored (nohup, a background job)
+        yield interrupted
+        return
+
+    def first(signum, frame) -> None:
+        interrupted.append(signum)
+        signal.signal(signal.SIGINT, previous)
+
+    signal.signal(signal.SIGINT, first)
+    try:
+        yield interrupted
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _print_final(final, out: IO[str], live: bool) -> None:
@@ -132,12 +166,16 @@ def _pieces(wave: np.ndarray, rate: int):
         yield wave[start : start + step]
 
 
-def _stdin_pcm(rate: int):
-    """Raw s16le mono PCM from stdin, as it arrives."""
+def _stdin_pcm(rate: int, interrupted: list[int]):
+    """Raw s16le mono PCM from stdin, as it arrives, until it ends or `interrupted` is not
+    empty (a source that outlives Ctrl-C, or sends nothing, does not hold the command)."""
     fd = sys.stdin.fileno()
     block = int(PCM_BLOCK_SECONDS * rate) * 2
     carry = b""
     while True:
+        while not select.select([fd], [], [], PCM_BLOCK_SECONDS)[0]:
+            if interrupted:
+                return
         data = os.read(fd, block)
         if not data:
             break
@@ -188,8 +226,31 @@ def serve(args: argparse.Namespace, recognizer, lm=None) -> int:
                 flush=True,
             )
 
+    async def until_stopped() -> None:
+        # Ctrl-C or SIGTERM (a service manager's stop) finishes the open streams; again, at once
+        stop, loop = asyncio.Event(), asyncio.get_running_loop()
+
+        # a signal started ignored (SIGINT of a background job) stays so
+        signals = [
+            s for s in (signal.SIGINT, signal.SIGTERM) if signal.getsignal(s) != signal.SIG_IGN
+        ]
+
+        def stopping() -> None:
+            for sig in signals:
+                loop.remove_signal_handler(sig)
+            print(
+                "asr serve: stopping: the open streams get their finals (Ctrl-C again: at once)",
+                flush=True,
+            )
+            stop.set()
+
+        for sig in signals:
+            loop.add_signal_handler(sig, stopping)
+        await serve_forever(recognizer, stream_options(args), options, lm, ready, stop)
+
     try:
-        asyncio.run(serve_forever(recognizer, stream_options(args), options, lm, ready))
+        asyncio.run(until_stopped())
     except KeyboardInterrupt:
-        pass
+        return 130
+    print("asr serve: stopped", flush=True)
     return 0

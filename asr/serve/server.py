@@ -9,6 +9,8 @@ Protocol (one recording per connection; docs/streaming.md):
   "audio_seconds"}` after each chunk that changes the live text, `{"type": "final", "text",
   "start", "end", "words", "utterance"}` at each endpoint, and after "end" the last final and
   `{"type": "done", "text", "duration"}`; `{"type": "error", "message"}` and a close on bad input.
+  A server told to stop sends each open stream the finals of the audio it has, its "done", and
+  a close with 1001 (going away).
 
 One worker thread runs the model: the chunks of all connected streams that are ready go through
 the encoder as one batch.
@@ -50,8 +52,9 @@ PAGES = {
     "/worklet.js": ("worklet.js", "text/javascript"),
 }
 
-# Close codes (RFC 6455): unsupported data, policy, too big, try again later.
-UNSUPPORTED, POLICY, TOO_BIG, TRY_LATER = 1003, 1008, 1009, 1013
+# Close codes (RFC 6455): going away, unsupported data, policy, too big, try again later.
+GOING_AWAY, UNSUPPORTED, POLICY, TOO_BIG, TRY_LATER = 1001, 1003, 1008, 1009, 1013
+STOPPING = "the server is stopping"
 
 
 @dataclass(frozen=True)
@@ -112,6 +115,7 @@ class _Client:
         self.utterances = 0
         self.ending = False
         self.too_slow = False
+        self.stopped = False  # ended by the server's stop, not by the client's "end"
 
     def put(self, messages: list[dict[str, Any]]) -> None:
         """Queue one batch's results; a client still holding more than `limit` unsent results
@@ -142,7 +146,8 @@ class LiveServer:
         self.engine = StreamingEngine(recognizer, stream_options, lm)
         self.sample_rate = recognizer.sample_rate
         self.clients: set[_Client] = set()
-        self.open_connections = 0  # connected, started or not
+        self.connections: set[ServerConnection] = set()  # started or not
+        self.stopping = False
         self._work = asyncio.Event()
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="asr-serve-model")
         self.chunks_run = 0  # chunks decoded, all streams
@@ -154,11 +159,11 @@ class LiveServer:
         return len(self.clients)
 
     async def start(self) -> Server:
-        """Listen (returns once bound; `Server.serve_forever()` or `close()` after)."""
+        """Listen (returns once bound; `Server.serve_forever()`, `stop()` or `close()` after)."""
         from websockets.asyncio.server import serve
 
         self._worker = asyncio.create_task(self._run_batches())
-        return await serve(
+        self.server = await serve(
             self._connection,
             self.options.host,
             self.options.port,
@@ -168,6 +173,26 @@ class LiveServer:
             write_limit=self.options.write_limit_bytes,
             ssl=self.tls,
         )
+        return self.server
+
+    async def stop(self, timeout: float = 10.0) -> None:
+        """Stop gracefully: no new connections, and each open stream ends as if its client had
+        sent "end" (the finals of the audio received, its "done"), then closes with 1001. Streams
+        not done within `timeout` seconds, and connections not yet started, are closed."""
+        self.stopping = True
+        self.server.close(close_connections=False)  # stop listening
+        for client in self.clients:
+            if not client.ending:
+                client.ending = client.stopped = True
+        self._work.set()
+        started = {client.ws for client in self.clients}
+        await _close_all([ws for ws in self.connections if ws not in started])
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while self.clients and loop.time() < deadline:
+            await asyncio.sleep(0.02)
+        await _close_all(list(self.connections))
+        await self.server.wait_closed()
 
     def _page(self, connection: ServerConnection, request: Request) -> Response | None:
         """Plain HTTP requests get the live page; WebSocket upgrades go through."""
@@ -191,14 +216,17 @@ class LiveServer:
         if self.options.send_buffer_bytes is not None:
             sock = ws.transport.get_extra_info("socket")
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, self.options.send_buffer_bytes)
-        if self.open_connections >= self.options.max_connections:
+        if self.stopping:
+            await _refuse(ws, STOPPING, GOING_AWAY)
+            return
+        if len(self.connections) >= self.options.max_connections:
             await _refuse(
                 ws,
                 f"the server is full ({self.options.max_connections} streams): try later",
                 TRY_LATER,
             )
             return
-        self.open_connections += 1
+        self.connections.add(ws)
         try:
             try:
                 client = await asyncio.wait_for(self._start(ws), self.options.start_timeout)
@@ -219,7 +247,7 @@ class LiveServer:
             log.exception("stream failed")
             await _refuse(ws, f"server error: {err}", 1011)
         finally:
-            self.open_connections -= 1
+            self.connections.discard(ws)
             if client is not None:
                 self.clients.discard(client)
 
@@ -228,6 +256,8 @@ class LiveServer:
         start = _json(message, "expected the start message first")
         if start.get("type") != "start":
             raise ClientError('expected {"type": "start", "sample_rate": ...} first')
+        if self.stopping:
+            raise ClientError(STOPPING, GOING_AWAY)
         rate, kind = start.get("sample_rate"), start.get("format", "s16le")
         if rate != self.sample_rate:
             raise ClientError(
@@ -260,6 +290,8 @@ class LiveServer:
                 client.ending = True
                 self._work.set()
                 return
+            if client.stopped:  # its stream is ending: later audio would find it closed
+                continue
             client.inbox.append(self._samples(message, client))
             self._work.set()
             if client.too_slow:
@@ -294,7 +326,7 @@ class LiveServer:
                 await _refuse(ws, "the client reads its results too slowly", POLICY)
                 return
             if message["type"] == "done":
-                await ws.close()
+                await (ws.close(GOING_AWAY, STOPPING) if client.stopped else ws.close())
                 return
 
     async def _run_batches(self) -> None:
@@ -415,6 +447,18 @@ def _json(message: str | bytes, problem: str) -> dict[str, Any]:
     return value
 
 
+async def _close_all(connections: list[ServerConnection]) -> None:
+    """Close with 1001; a client that does not answer within 2 s is cut off."""
+
+    async def close(ws: ServerConnection) -> None:
+        try:
+            await asyncio.wait_for(ws.close(GOING_AWAY, STOPPING), 2)
+        except Exception:  # noqa: BLE001 - the client is gone or not reading
+            ws.transport.abort()
+
+    await asyncio.gather(*(close(ws) for ws in connections))
+
+
 async def _refuse(ws: ServerConnection, message: str, code: int) -> None:
     """Send the error and close; a client that does not take them within 2 s is cut off."""
 
@@ -434,13 +478,20 @@ async def serve_forever(
     options: ServeOptions,
     lm: LanguageModel | None = None,
     ready: Any = None,
+    stop: asyncio.Event | None = None,
+    drain_seconds: float = 10.0,
 ) -> None:
-    """Run the server until cancelled; `ready(server)` is called once it listens."""
+    """Run the server until cancelled, or until `stop` is set: then it stops gracefully
+    (`LiveServer.stop`). `ready(server)` is called once it listens."""
     live = LiveServer(recognizer, stream_options, options, lm)
     server = await live.start()
     if ready is not None:
         ready(live)
     try:
-        await server.serve_forever()
+        if stop is None:
+            await server.serve_forever()
+        else:
+            await stop.wait()
+            await live.stop(drain_seconds)
     finally:
         live.close()

@@ -3,6 +3,7 @@ each gets an error message and a close, and the server goes on serving the other
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import socket
@@ -246,8 +247,19 @@ def test_asr_serve_serves_the_page_and_the_socket(tiny_checkpoint, an4_fixture) 
         wave = load_audio(an4_fixture / "wav/an4_clstk/fash/an255-fash-b.wav", 16000)
         messages = session(f"ws://127.0.0.1:{port}/", pcm16(wave))
         assert messages[0]["chunk_ms"] == 320 and messages[-1]["type"] == "done"
+        # SIGTERM, as a service manager stops it: the open stream still gets its "done"
+        with connect(f"ws://127.0.0.1:{port}/") as ws:
+            ws.send(START)
+            ws.recv(10)
+            ws.send(pcm16(wave)[:16000])
+            assert json.loads(ws.recv(10))["type"] == "partial"
+            process.terminate()
+            messages = [json.loads(m) for m in ws]
+        assert messages[-1]["type"] == "done" and ws.close_code == 1001
+        assert process.wait(10) == 0
+        assert "asr serve: stopped" in process.stdout.read()
     finally:
-        process.terminate()
+        process.kill()
         process.wait(10)
     refused = subprocess.run([*command, "--threads", "0"], capture_output=True, text=True)
     assert refused.returncode == 2 and "--threads must be at least 1" in refused.stderr
@@ -306,7 +318,7 @@ def test_serve_says_where_it_listens_and_how_other_machines_get_the_microphone(
 
     served = []
 
-    async def ready_at_once(recognizer, stream_options, serve_options, lm, ready) -> None:
+    async def ready_at_once(recognizer, stream_options, serve_options, lm, ready, stop) -> None:
         served.append(serve_options)
         ready(SimpleNamespace(engine=SimpleNamespace(chunk_seconds=0.64)))
 
@@ -317,6 +329,34 @@ def test_serve_says_where_it_listens_and_how_other_machines_get_the_microphone(
     assert f"asr serve: {url} (the microphone page); WebSocket on {socket_url}," in said
     assert ("give --certfile (and --keyfile), or open it there through `ssh -L" in said) == hint
     assert served[0].certfile == ("c.pem" if "--certfile" in options else None)
+
+
+def test_a_stopping_server_ends_each_open_stream_with_the_finals_of_its_audio(trained) -> None:
+    """Stopped mid-recording: the stream gets the finals of all the audio it sent (the last
+    part chunk included), its "done" and a close with 1001; connections not started are closed
+    at once; no new ones are taken."""
+    recognizer, waves = trained
+    sent = pcm16(waves[UID])[: 2 * 16000 * 13 // 10]  # 1.3 s: eight 160 ms chunks and a part
+    with running_server(recognizer, OPTIONS) as (live, port):
+        url = f"ws://127.0.0.1:{port}/"
+        with connect(url) as idle, connect(url) as ws:
+            ws.send(START)
+            ws.recv(10)
+            ws.send(sent)  # one message: once a partial comes, the server has all of it
+            assert json.loads(ws.recv(10))["type"] == "partial"
+            stopping = asyncio.run_coroutine_threadsafe(live.stop(10), live.server.get_loop())
+            messages = [json.loads(m) for m in ws]
+            stopping.result(10)
+            with pytest.raises(ConnectionClosed):
+                idle.recv(1)
+        assert (ws.close_code, ws.close_reason) == (1001, "the server is stopping")
+        assert idle.close_code == 1001
+        with pytest.raises(OSError):
+            connect(url, open_timeout=5)
+    offline = stream_transcript(recognizer, from_pcm16(sent), OPTIONS)
+    assert [m["text"] for m in messages if m["type"] == "final"] == [offline.text]
+    assert messages[-1] == {"type": "done", "text": offline.text, "duration": 1.3}
+    assert live.active_streams == 0 and not live.connections
 
 
 def test_audio_queued_while_the_model_takes_the_inbox_is_not_lost(trained) -> None:

@@ -3,11 +3,16 @@ fixture utterances: what they decode, and that how audio arrives changes nothing
 
 from __future__ import annotations
 
+import functools
 import io
+import os
+import signal
 import subprocess
 import sys
+import time
 from dataclasses import replace
 
+import numpy as np
 import pytest
 import torch
 from streaming_fixtures import UTTERANCES, streaming_recognizer
@@ -288,6 +293,85 @@ def test_models_that_cannot_stream_are_refused(trained) -> None:
     stream.final()
     with pytest.raises(ValueError, match="ended"):
         stream.accept(torch.zeros(10))
+
+
+@pytest.fixture
+def ctrl_c():
+    """SIGINT as at a terminal (a background job, such as a test run started with `&`, starts
+    with it ignored), and as it was after."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
+
+
+# A child process that takes Ctrl-C as at a terminal, whatever the test run's SIGINT.
+AT_A_TERMINAL = (
+    "import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+    "from asr.cli import main; sys.exit(main(sys.argv[1:]))"
+)
+
+
+def test_ctrl_c_ends_the_input_with_the_finals_of_what_was_heard(
+    tiny_checkpoint, an4_fixture, monkeypatch, capsys, ctrl_c
+) -> None:
+    """`arecord | asr transcribe --streaming -` stopped with Ctrl-C: the audio read so far gets
+    its final, the command exits 130 and gives SIGINT back; a second Ctrl-C stops at once; an
+    ignored SIGINT stays ignored."""
+    import asr.cli.live
+    from asr.audio import load_audio
+    from asr.cli import main
+    from asr.recognizer import load_model
+
+    wave = load_audio(an4_fixture / "wav/an4_clstk/fash/an255-fash-b.wav", 16000).numpy()
+    heard, silence = wave[:24000], np.zeros(1600, dtype=np.float32)
+
+    def microphone(rate: int, interrupted: list, presses: int = 1, then: int = 50):
+        yield from asr.cli.live._pieces(heard, rate)
+        for _ in range(presses):
+            os.kill(os.getpid(), signal.SIGINT)
+        for _ in range(then):  # a source that does not end by itself
+            yield silence
+        assert then < 50, "Ctrl-C did not end the input"
+
+    command = ["transcribe", "--streaming", "--chunk-ms", "320", "--model",
+               str(tiny_checkpoint["checkpoint"]), "-"]  # fmt: skip
+    monkeypatch.setattr(asr.cli.live, "_stdin_pcm", microphone)
+    assert main(command) == 130
+    lines = [line for line in capsys.readouterr().out.splitlines() if line]
+    recognizer = load_model(tiny_checkpoint["checkpoint"])
+    audio = torch.from_numpy(np.concatenate([heard, silence]))  # what came before the check
+    default = StreamOptions(chunk_ms=320, final_search="beam")  # the command's
+    expected = stream_transcript(recognizer, audio, default)
+    assert " ".join(line.split("] ", 1)[1] for line in lines) == expected.text
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+    twice = functools.partial(microphone, presses=2)
+    monkeypatch.setattr(asr.cli.live, "_stdin_pcm", twice)
+    with pytest.raises(KeyboardInterrupt):
+        main(command)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    monkeypatch.setattr(asr.cli.live, "_stdin_pcm", functools.partial(microphone, then=3))
+    assert main(command) == 0  # the whole input
+    assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    # For real, from a source that neither ends nor sends more: more than a pipe holds is
+    # written, so the command is reading (Ctrl-C is its to handle) before the SIGINT.
+    pcm = (torch.from_numpy(wave) * 32767).round().short().numpy().tobytes()
+    run = subprocess.Popen([sys.executable, "-c", AT_A_TERMINAL, *command], stdin=subprocess.PIPE,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    try:
+        run.stdin.write(pcm + bytes(2 * 65536))
+        run.stdin.flush()
+        time.sleep(1)
+        run.send_signal(signal.SIGINT)
+        assert run.wait(30) == 130, run.stderr.read().decode()  # stdin open: Ctrl-C ended it
+        assert b"Traceback" not in run.stderr.read() and run.stdout.read().strip()
+    finally:
+        run.kill()
+        run.stdin.close()
 
 
 @pytest.mark.parametrize("command", ["transcribe", "serve"])
