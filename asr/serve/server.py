@@ -195,21 +195,27 @@ class LiveServer:
         await self.server.wait_closed()
 
     def _page(self, connection: ServerConnection, request: Request) -> Response | None:
-        """Plain HTTP requests get the live page; WebSocket upgrades go through."""
+        """Plain HTTP requests get the live page, or /health; WebSocket upgrades go through."""
         if request.headers.get("Upgrade", "").lower() == "websocket":
             return None
         path = request.path.split("?")[0]
         if path == "/favicon.ico":
             return connection.respond(204, "")
+        if path == "/health":  # for load balancers and monitoring
+            health = {
+                "status": "ok",
+                "streams": len(self.clients),
+                "connections": len(self.connections),
+                "max_connections": self.options.max_connections,
+                "chunks_run": self.chunks_run,
+            }
+            return _respond(connection, json.dumps(health) + "\n", "application/json")
         page = PAGES.get(path)
         if page is None:
             return connection.respond(404, "not found\n")
         name, kind = page
         body = resources.files("asr.serve").joinpath("static", name).read_text(encoding="utf-8")
-        response = connection.respond(200, body)
-        del response.headers["Content-Type"]  # respond() says text/plain
-        response.headers["Content-Type"] = f"{kind}; charset=utf-8"
-        return response
+        return _respond(connection, body, f"{kind}; charset=utf-8")
 
     async def _connection(self, ws: ServerConnection) -> None:
         client = None
@@ -445,6 +451,13 @@ def _json(message: str | bytes, problem: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise ClientError(f"{problem}: a JSON object", UNSUPPORTED)
     return value
+
+
+def _respond(connection: ServerConnection, body: str, kind: str) -> Response:
+    response = connection.respond(200, body)
+    del response.headers["Content-Type"]  # respond() says text/plain
+    response.headers["Content-Type"] = kind
+    return response
 
 
 async def _close_all(connections: list[ServerConnection]) -> None:

@@ -334,7 +334,7 @@ def test_serve_says_where_it_listens_and_how_other_machines_get_the_microphone(
 def test_a_stopping_server_ends_each_open_stream_with_the_finals_of_its_audio(trained) -> None:
     """Stopped mid-recording: the stream gets the finals of all the audio it sent (the last
     part chunk included), its "done" and a close with 1001; connections not started are closed
-    at once; no new ones are taken."""
+    at once; no new ones are taken. (Before, /health counts them.)"""
     recognizer, waves = trained
     sent = pcm16(waves[UID])[: 2 * 16000 * 13 // 10]  # 1.3 s: eight 160 ms chunks and a part
     with running_server(recognizer, OPTIONS) as (live, port):
@@ -344,6 +344,11 @@ def test_a_stopping_server_ends_each_open_stream_with_the_finals_of_its_audio(tr
             ws.recv(10)
             ws.send(sent)  # one message: once a partial comes, the server has all of it
             assert json.loads(ws.recv(10))["type"] == "partial"
+            health = urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=10)
+            assert health.headers["Content-Type"] == "application/json"
+            counts = json.loads(health.read())
+            assert 0 < counts.pop("chunks_run") <= live.chunks_run  # the model may run on
+            assert counts == {"status": "ok", "streams": 1, "connections": 2, "max_connections": 32}
             stopping = asyncio.run_coroutine_threadsafe(live.stop(10), live.server.get_loop())
             messages = [json.loads(m) for m in ws]
             stopping.result(10)
