@@ -196,7 +196,7 @@ def serve(args: argparse.Namespace, recognizer, lm=None) -> int:
     """Run `asr serve` until interrupted."""
     import torch
 
-    from asr.serve.server import ServeOptions, serve_forever
+    from asr.serve.server import CannotListen, ServeOptions, serve_forever
 
     options = ServeOptions(
         host=args.host,
@@ -252,5 +252,7 @@ def serve(args: argparse.Namespace, recognizer, lm=None) -> int:
         asyncio.run(until_stopped())
     except KeyboardInterrupt:
         return 130
+    except CannotListen as err:
+        raise ValueError(f"{err.strerror} (--host, --port)") from None
     print("asr serve: stopped", flush=True)
     return 0

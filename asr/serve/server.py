@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import socket
 import ssl
 from collections import deque
@@ -90,6 +91,10 @@ def tls_context(certfile: str, keyfile: str | None = None) -> ssl.SSLContext:
             f"{files}: not a PEM certificate and its private key ({err.reason or err})"
         ) from None
     return context
+
+
+class CannotListen(OSError):
+    """The server's address is taken, or not one of this machine's."""
 
 
 class ClientError(Exception):
@@ -163,16 +168,22 @@ class LiveServer:
         from websockets.asyncio.server import serve
 
         self._worker = asyncio.create_task(self._run_batches())
-        self.server = await serve(
-            self._connection,
-            self.options.host,
-            self.options.port,
-            process_request=self._page,
-            max_size=8 * self.options.max_message_bytes,  # beyond our own, clearer limit
-            max_queue=64,
-            write_limit=self.options.write_limit_bytes,
-            ssl=self.tls,
-        )
+        try:
+            self.server = await serve(
+                self._connection,
+                self.options.host,
+                self.options.port,
+                process_request=self._page,
+                max_size=8 * self.options.max_message_bytes,  # beyond our own, clearer limit
+                max_queue=64,
+                write_limit=self.options.write_limit_bytes,
+                ssl=self.tls,
+            )
+        except OSError as err:
+            self._worker.cancel()
+            why = os.strerror(err.errno) if err.errno else str(err)
+            where = f"{self.options.host}:{self.options.port}"
+            raise CannotListen(err.errno, f"cannot listen on {where}: {why}") from None
         return self.server
 
     async def stop(self, timeout: float = 10.0) -> None:

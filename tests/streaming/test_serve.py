@@ -300,6 +300,17 @@ def test_a_certificate_that_does_not_load_is_named_before_the_model_loads(
         assert says in capsys.readouterr().err, options
 
 
+def test_a_taken_port_is_named(tiny_checkpoint, capsys) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        serve = ["serve", "--model", str(tiny_checkpoint["checkpoint"]), "--port", str(port)]
+        assert main(serve) == 2
+    said = capsys.readouterr().err
+    assert f"cannot listen on 127.0.0.1:{port}: Address already in use (--host, --port)" in said
+
+
 @pytest.mark.parametrize(
     "options, url, hint",
     [
