@@ -1023,6 +1023,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, FileNotFoundError) as err:
         print(f"asr {args.command}: error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C: no traceback, the shell's status for SIGINT
+        print(f"asr {args.command}: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -77,7 +77,7 @@ class Outcome:
 
     failures: list[str] = field(default_factory=list)  # `name: reason`, from every rank
     total: int = 0  # inputs named, good and bad
-    status: int = 0  # 2 where a process stopped short (its error is printed above)
+    status: int = 0  # 2 where a process stopped short (its error is printed above); 130: Ctrl-C
 
 
 def launched_world(environ: Mapping[str, str] = os.environ) -> World | None:
@@ -557,12 +557,15 @@ def _parent(
     ]
     children: list[subprocess.Popen] = []
     relays: list[threading.Thread] = []
+    interrupted = False
     try:
         for rank, job in jobs:
             child = _start_child(rank, job, threads)
             children.append(child)
             relays += [_relay(child.stdout, sys.stdout), _relay(child.stderr, sys.stderr)]
         _follow(children, out, sum(len(s) for s in plan.shares), args.quiet)
+    except KeyboardInterrupt:  # the children stop too: what they finished stays written
+        interrupted = True
     finally:
         for child in children:
             if child.poll() is None:
@@ -570,10 +573,17 @@ def _parent(
             child.wait()
         for relay in relays:
             relay.join()
+    failures, total = merge(plan, out), len(plan.inputs) + len(plan.failures)
+    if interrupted:
+        print(
+            f"asr transcribe: interrupted: the same command transcribes the rest into {out}",
+            file=sys.stderr,
+        )
+        return Outcome(status=130)  # the unfinished are not failures; a re-run lists those
     stopped = [(rank, c.returncode) for (rank, _), c in zip(jobs, children) if c.returncode]
     for rank, code in stopped:
         print(f"asr transcribe: error: worker {rank} exited with status {code}", file=sys.stderr)
-    return Outcome(merge(plan, out), len(plan.inputs) + len(plan.failures), 2 if stopped else 0)
+    return Outcome(failures, total, 2 if stopped else 0)
 
 
 def _start_child(rank: int, job: tuple, threads: int | None) -> subprocess.Popen:
@@ -640,6 +650,8 @@ def worker_main(stdin: IO[bytes] | None = None) -> int:
     except (ValueError, FileNotFoundError) as error:
         print(f"asr transcribe: error: {error}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C reaches the whole group: the parent says what to do
+        return 130
     return 0
 
 

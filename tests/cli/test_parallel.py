@@ -8,14 +8,17 @@ Every run decodes one input at a time on one thread, so any two runs compute ali
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import io
 import json
 import os
+import pickle
 import random
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -32,6 +35,7 @@ from asr.cli.parallel import (
     read_records,
     split_by_duration,
     spreads,
+    worker_main,
 )
 
 # Alike in every run: greedy, one input per batch, one thread per process.
@@ -80,7 +84,10 @@ def transcribe(*args) -> tuple[int, str, str]:
     """`asr transcribe ARGS` in this process: exit status, stdout, stderr."""
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = main(["transcribe", *map(str, args)])
+        try:
+            code = main(["transcribe", *map(str, args)])
+        except KeyboardInterrupt:  # would stop the whole test run
+            pytest.fail("a Ctrl-C escaped the command")
     return code, out.getvalue(), err.getvalue()
 
 
@@ -227,6 +234,62 @@ def test_a_rerun_finishes_an_interrupted_run(workers_run, checkpoint, corpus, tm
     )
     assert (files_of(out), merged(out)) == complete
     assert not list(out.rglob("*.partial")) and not list(out.glob("transcripts.rank*"))
+
+
+def test_ctrl_c_stops_the_workers_quietly_and_a_rerun_finishes(
+    checkpoint, corpus, tmp_path, monkeypatch
+):
+    """Ctrl-C while the workers run (here once the first input is written): they stop, no
+    input is called failed, status 130 and what to do; the same command then does the rest."""
+    import asr.cli.parallel
+
+    out = tmp_path / "out"
+    follow = asr.cli.parallel._follow
+
+    def ctrl_c_after_the_first(children, out, total, quiet):
+        deadline = time.monotonic() + 60
+        while not any(p.read_text().strip() for p in out.glob("transcripts.rank*.jsonl")):
+            assert time.monotonic() < deadline and all(c.poll() is None for c in children)
+            time.sleep(0.02)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(asr.cli.parallel, "_follow", ctrl_c_after_the_first)
+    run = ["--manifest", corpus["good"], "--checkpoint", checkpoint, "--output-dir", out,
+           "--workers", "2", *SAME_WORK]  # fmt: skip
+    code, stdout, stderr = transcribe(*run)
+    assert code == 130, stderr
+    assert f"asr transcribe: interrupted: the same command transcribes the rest into {out}" in (
+        stderr
+    )
+    assert "failed" not in stderr and "exited with status" not in stderr
+    first = set(stdout.splitlines())
+    monkeypatch.setattr(asr.cli.parallel, "_follow", follow)
+    code, stdout, stderr = transcribe(*run)
+    assert code == 0, stderr
+    audio = corpus["root"] / "audio"
+    both = first | set(stdout.splitlines())
+    assert both == {f"{audio / stem}.wav\t{SAID[stem] or ''}" for stem in GOOD}
+    assert sorted(r["pred_text"] for r in merged(out)) == sorted(t or "" for t in SAID.values())
+
+
+def test_an_interrupted_worker_leaves_the_word_to_its_parent(tmp_path, capsys):
+    job = (_interrupted, argparse.Namespace(output_dir=tmp_path), ["an input"], "0", 0, ["txt"])
+    try:
+        assert worker_main(io.BytesIO(pickle.dumps(job))) == 130
+    except KeyboardInterrupt:  # would stop the whole test run
+        pytest.fail("a Ctrl-C escaped the worker")
+    assert capsys.readouterr() == ("", "")
+
+
+def _interrupted(*args):
+    raise KeyboardInterrupt
+
+
+def test_ctrl_c_in_one_process_is_a_line_and_status_130(monkeypatch):
+    import asr.cli
+
+    monkeypatch.setattr(asr.cli, "_transcribe", _interrupted)
+    assert transcribe("x.wav", "--model", "m.ckpt") == (130, "", "asr transcribe: interrupted\n")
 
 
 def test_records_of_a_later_run_replace_earlier_ones(tmp_path):
