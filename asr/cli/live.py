@@ -249,9 +249,7 @@ def serve(args: argparse.Namespace, recognizer, lm=None) -> int:
         await serve_forever(recognizer, stream_options(args), options, lm, ready, stop)
 
     try:
-        asyncio.run(until_stopped())
-    except KeyboardInterrupt:
-        return 130
+        asyncio.run(until_stopped())  # a second Ctrl-C raises: main says "interrupted"
     except CannotListen as err:
         raise ValueError(f"{err.strerror} (--host, --port)") from None
     print("asr serve: stopped", flush=True)
