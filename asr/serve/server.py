@@ -47,10 +47,12 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 FORMATS = {"s16le": (np.int16, 32768.0), "f32le": (np.float32, 1.0)}
+# By the last part of the path, so that the page works under any prefix a reverse proxy
+# gives it (its own URLs are relative, and its socket is the page's address).
 PAGES = {
-    "/": ("live.html", "text/html"),
-    "/live.js": ("live.js", "text/javascript"),
-    "/worklet.js": ("worklet.js", "text/javascript"),
+    "": ("live.html", "text/html"),
+    "live.js": ("live.js", "text/javascript"),
+    "worklet.js": ("worklet.js", "text/javascript"),
 }
 
 # Close codes (RFC 6455): going away, unsupported data, policy, too big, try again later.
@@ -209,10 +211,10 @@ class LiveServer:
         """Plain HTTP requests get the live page, or /health; WebSocket upgrades go through."""
         if request.headers.get("Upgrade", "").lower() == "websocket":
             return None
-        path = request.path.split("?")[0]
-        if path == "/favicon.ico":
+        name = request.path.split("?")[0].rsplit("/", 1)[-1]
+        if name == "favicon.ico":
             return connection.respond(204, "")
-        if path == "/health":  # for load balancers and monitoring
+        if name == "health":  # for load balancers and monitoring
             health = {
                 "status": "ok",
                 "streams": len(self.clients),
@@ -221,11 +223,11 @@ class LiveServer:
                 "chunks_run": self.chunks_run,
             }
             return _respond(connection, json.dumps(health) + "\n", "application/json")
-        page = PAGES.get(path)
+        page = PAGES.get(name)
         if page is None:
             return connection.respond(404, "not found\n")
-        name, kind = page
-        body = resources.files("asr.serve").joinpath("static", name).read_text(encoding="utf-8")
+        file, kind = page
+        body = resources.files("asr.serve").joinpath("static", file).read_text(encoding="utf-8")
         return _respond(connection, body, f"{kind}; charset=utf-8")
 
     async def _connection(self, ws: ServerConnection) -> None:

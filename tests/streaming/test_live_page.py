@@ -62,14 +62,28 @@ def received(monkeypatch) -> list:
     return heard
 
 
-def test_the_page_streams_the_microphone_and_shows_the_final(received) -> None:
+def test_the_page_streams_the_microphone_and_shows_the_final(received, monkeypatch) -> None:
+    """Here under a path prefix, as a reverse proxy would serve the page: everything it asks
+    for (its scripts, its socket) is below its own address, so a proxy that strips the prefix
+    works too. The next test serves it at the root."""
+    from asr.serve.server import LiveServer
+
+    asked = []
+    page = LiveServer._page
+    monkeypatch.setattr(
+        LiveServer,
+        "_page",
+        lambda self, c, request: asked.append(request.path) or page(self, c, request),
+    )
     recognizer, _ = streaming_recognizer()
     with running_server(recognizer, OPTIONS) as (live, port):
         driver = chromium(*FAKE_MICROPHONE)
         try:
             _shows_the_offline_final(
-                driver, f"http://127.0.0.1:{port}/", live, recognizer, received
+                driver, f"http://127.0.0.1:{port}/asr/live/", live, recognizer, received
             )
+            paths = {path.split("?")[0] for path in asked}
+            assert paths == {"/asr/live/", "/asr/live/live.js", "/asr/live/worklet.js"}, paths
         finally:
             driver.quit()
 

@@ -51,13 +51,14 @@
       audio: { channelCount: 1, echoCancellation: false, noiseSuppression: false, autoGainControl: false },
     });
     const context = new AudioContext();
-    await context.audioWorklet.addModule("/worklet.js");
+    await context.audioWorklet.addModule("worklet.js");  // relative: under a proxy's prefix too
     const source = context.createMediaStreamSource(media);
     const node = new AudioWorkletNode(context, "pcm-resampler", {
       processorOptions: { targetRate: rate, packetMs: 100 },
     });
     // The socket opens after the audio is set up, with its handlers attached at once.
-    const ws = new WebSocket(`${location.protocol === "https:" ? "wss" : "ws"}://${location.host}/`);
+    const scheme = location.protocol === "https:" ? "wss" : "ws";
+    const ws = new WebSocket(`${scheme}://${location.host}${location.pathname}`);  // this page's address
     ws.binaryType = "arraybuffer";
     const s = { ws, media, context, node, sent: 0, ended: false };
     session = s;
