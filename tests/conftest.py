@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import signal
 from fractions import Fraction
 from pathlib import Path
 
@@ -58,6 +59,15 @@ AN4_FIXTURE = REPO / "tests" / "fixtures" / "an4"
 @pytest.fixture
 def an4_fixture() -> Path:
     return AN4_FIXTURE
+
+
+@pytest.fixture
+def ctrl_c():
+    """SIGINT as at a terminal (a background job, such as a test run started with `&`, starts
+    with it ignored), and as it was after."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
 
 
 # Modules whose tests run recipes or training processes, tens of seconds each.

@@ -14,6 +14,7 @@ asr export --checkpoint CKPT --out DIR --format onnx   also ONNX graphs (--backe
 asr transcribe AUDIO|DIR|GLOB|M.jsonl|-... --checkpoint CKPT [--output-dir DIR --format ...]
                                                 [--workers N]: spread over processes (or torchrun)
 asr serve --model CKPT [--port 8765]            live recognition: WebSocket and microphone page
+asr connect ws://HOST:8765/ AUDIO|-             stream audio to an asr serve, print its results
 asr evaluate --checkpoint CKPT --manifest test.jsonl --out DIR   WER/CER, reports, plots
 asr robustness --checkpoint CKPT --manifest test.jsonl --out DIR  WER under noise, level...
 asr align AUDIO --checkpoint CKPT --text "..." --out plot.png      word times of a transcript
@@ -313,6 +314,12 @@ def _transcribe_inputs(args: argparse.Namespace, inputs: list[Input], on_result=
         progress=not args.quiet,
         on_result=on_result,
     )
+
+
+def _connect(args: argparse.Namespace) -> int:
+    from asr.cli.live import connect
+
+    return connect(args)
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -874,6 +881,31 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
             "and the streams' audio, which more model threads starve (docs/streaming.md)",
         )
     p.set_defaults(run=_serve)
+
+    p = sub.add_parser(
+        "connect",
+        help="stream audio to a running asr serve and print its results",
+        description="A client of `asr serve` (docs/streaming.md): each input is streamed to it "
+        "as a recording of its own, and its finals are printed as lines as their utterance "
+        "ends, as `asr transcribe --streaming` prints them; on a terminal the partial is "
+        "rewritten below them. `-` is raw 16-bit mono PCM at --sample-rate on stdin, e.g. "
+        "`arecord -f S16_LE -r 16000 -c 1 | asr connect ws://SERVER:8765/ -`; Ctrl-C ends "
+        "the input there, and what was sent still gets its final. Exit status 1 where the "
+        "server refused or dropped a stream (its reason is printed).",
+    )
+    if command == "connect":
+        p.add_argument("url", help="the server's WebSocket address: ws://HOST:PORT/ or wss://")
+        p.add_argument("audio", nargs="+", help="audio files (any format asr reads), or -")
+        p.add_argument(
+            "--sample-rate",
+            type=int,
+            default=16000,
+            help="the rate the server's model takes (16000): files are resampled to it",
+        )
+        p.add_argument("--cafile", metavar="PEM", help="trust this certificate for wss://")
+        p.add_argument("--timeout", type=float, default=10.0, help="seconds to connect (10)")
+        p.add_argument("--quiet", action="store_true", help="no partial line on a terminal")
+    p.set_defaults(run=_connect)
 
     p = sub.add_parser("evaluate", help="WER/CER of a manifest, error reports, attention plots")
     if command == "evaluate":

@@ -1,4 +1,4 @@
-"""The live commands: `asr transcribe --streaming` and `asr serve`."""
+"""The live commands: `asr transcribe --streaming`, `asr serve` and its client `asr connect`."""
 
 from __future__ import annotations
 
@@ -6,9 +6,11 @@ import argparse
 import asyncio
 import contextlib
 import ipaddress
+import json
 import os
 import select
 import signal
+import ssl
 import sys
 import threading
 from typing import IO
@@ -167,8 +169,15 @@ def _pieces(wave: np.ndarray, rate: int):
 
 
 def _stdin_pcm(rate: int, interrupted: list[int]):
-    """Raw s16le mono PCM from stdin, as it arrives, until it ends or `interrupted` is not
-    empty (a source that outlives Ctrl-C, or sends nothing, does not hold the command)."""
+    """Raw s16le mono PCM from stdin as samples, as it arrives (`_stdin_bytes`)."""
+    for data in _stdin_bytes(rate, interrupted):
+        yield np.frombuffer(data, dtype="<i2").astype(np.float32) / 32768.0
+
+
+def _stdin_bytes(rate: int, interrupted: list[int]):
+    """Raw s16le PCM from stdin in whole samples, as it arrives, until it ends or
+    `interrupted` is not empty (a source that outlives Ctrl-C, or sends nothing, does not hold
+    the command)."""
     fd = sys.stdin.fileno()
     block = int(PCM_BLOCK_SECONDS * rate) * 2
     carry = b""
@@ -182,7 +191,104 @@ def _stdin_pcm(rate: int, interrupted: list[int]):
         data = carry + data
         whole = len(data) - len(data) % 2
         carry = data[whole:]
-        yield np.frombuffer(data[:whole], dtype="<i2").astype(np.float32) / 32768.0
+        if whole:
+            yield data[:whole]
+
+
+def connect(args: argparse.Namespace, out: IO[str] | None = None) -> int:
+    """`asr connect`: stream each input to a running `asr serve` and print its results as
+    `asr transcribe --streaming` prints its own. Files go as float samples (the server hears
+    them exactly), stdin as the 16-bit PCM it is."""
+    from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
+    from websockets.sync.client import connect as open_socket
+
+    from asr.audio import AudioError, load_audio
+
+    out = out or sys.stdout
+    live = out.isatty() and not args.quiet
+    rate = args.sample_rate
+    tls = None
+    if args.url.startswith("wss:"):
+        tls = ssl.create_default_context(cafile=args.cafile)
+    failed = 0
+    with _ctrl_c_ends_the_input() as interrupted:
+        for name in args.audio:
+            if len(args.audio) > 1:
+                print(name, file=out)
+            if name == "-":
+                start, pieces = {"format": "s16le"}, _stdin_bytes(rate, interrupted)
+            else:
+                try:
+                    wave = load_audio(name, rate).numpy().astype("<f4")
+                except AudioError as err:  # the other inputs go on
+                    print(f"asr connect: error: {err}", file=sys.stderr)
+                    failed += 1
+                    continue
+                start, pieces = {"format": "f32le"}, (p.tobytes() for p in _pieces(wave, rate))
+            try:
+                ws = open_socket(args.url, ssl=tls, open_timeout=args.timeout)
+            except (OSError, InvalidURI, InvalidHandshake) as err:
+                hint = (
+                    " (--cafile trusts it)" if isinstance(err, ssl.SSLCertVerificationError) else ""
+                )
+                raise ValueError(f"cannot connect to {args.url}: {err}{hint}") from None
+            with ws:
+                ws.send(json.dumps({"type": "start", "sample_rate": rate, **start}))
+                reader = _Results(ws, out, live, name)
+                reader.start()
+                try:
+                    for piece in pieces:
+                        ws.send(piece)
+                        if interrupted:
+                            break
+                    ws.send(json.dumps({"type": "end"}))
+                except ConnectionClosed:  # the server said why: the reader prints it
+                    pass
+                reader.join()
+            if ws.close_code != 1000:
+                failed += 1
+                if not reader.said_why:
+                    why = f"{ws.close_code} {ws.close_reason}".strip() if ws.close_code else "cut"
+                    print(
+                        f"asr connect: error: {name}: the connection closed ({why})",
+                        file=sys.stderr,
+                    )
+            if interrupted:
+                return 130
+    return 1 if failed else 0
+
+
+class _Results(threading.Thread):
+    """A connection's messages as they come: finals as lines, the partial rewritten below."""
+
+    def __init__(self, ws, out: IO[str], live: bool, name: str) -> None:
+        super().__init__(daemon=True)
+        self.ws, self.out, self.live, self.name = ws, out, live, name
+        self.said_why = False  # the server sent an error message
+
+    def run(self) -> None:
+        from websockets.exceptions import ConnectionClosed
+
+        from asr.writers import format_timestamp
+
+        out = self.out
+        with contextlib.suppress(ConnectionClosed):  # the close is reported by `connect`
+            for message in self.ws:
+                result = json.loads(message)
+                kind = result["type"]
+                if kind == "partial" and self.live:
+                    out.write("\r\x1b[K" + result["text"][-200:])
+                elif kind == "final" and result["text"]:
+                    start, end = (format_timestamp(result[k], ".", False) for k in ("start", "end"))
+                    out.write(("\r\x1b[K" if self.live else "") + f"[{start} --> {end}] ")
+                    out.write(result["text"] + "\n")
+                elif kind == "error":
+                    self.said_why = True
+                    print(f"asr connect: error: {self.name}: {result['message']}", file=sys.stderr)
+                out.flush()
+        if self.live:
+            out.write("\r\x1b[K")
+            out.flush()
 
 
 def _loopback(host: str) -> bool:

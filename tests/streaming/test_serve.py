@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
+import signal
 import socket
 import ssl
 import subprocess
@@ -19,6 +21,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from streaming_fixtures import (
+    WAV,
     from_pcm16,
     pcm16,
     running_server,
@@ -270,14 +273,23 @@ def certificate(tmp_path_factory) -> tuple[Path, Path]:
     return self_signed_certificate(tmp_path_factory.mktemp("tls"))
 
 
-def test_with_a_certificate_the_page_is_https_and_the_socket_wss(trained, certificate) -> None:
+def test_with_a_certificate_the_page_is_https_and_the_socket_wss(
+    trained, certificate, capsys
+) -> None:
     (recognizer, waves), (cert, key) = trained, certificate
     trust = ssl.create_default_context(cafile=cert)
     data = pcm16(waves[UID])
+    wav = str(WAV / f"{UID}.wav")
     with running_server(recognizer, OPTIONS, certfile=str(cert), keyfile=str(key)) as (_, port):
         page = urllib.request.urlopen(f"https://127.0.0.1:{port}/", context=trust, timeout=10)
         assert b"<title>asr live</title>" in page.read()
         messages = session(f"wss://127.0.0.1:{port}/", data, ssl=trust)
+        url = f"wss://127.0.0.1:{port}/"
+        assert main(["connect", url, wav, "--cafile", str(cert)]) == 0
+        assert printed_texts(capsys.readouterr().out) == ["U M N Y H SIX"]
+        assert main(["connect", url, wav]) == 2  # self-signed: not trusted unless told
+        assert "certificate verify failed" in (err := capsys.readouterr().err)
+        assert err.rstrip().endswith("(--cafile trusts it)")
     offline = stream_transcript(recognizer, from_pcm16(data), OPTIONS)
     assert messages[-1] == {"type": "done", "text": offline.text, "duration": 2.6}
 
@@ -373,6 +385,66 @@ def test_a_stopping_server_ends_each_open_stream_with_the_finals_of_its_audio(tr
     assert [m["text"] for m in messages if m["type"] == "final"] == [offline.text]
     assert messages[-1] == {"type": "done", "text": offline.text, "duration": 1.3}
     assert live.active_streams == 0 and not live.connections
+
+
+def printed_texts(out: str) -> list[str]:
+    """The text of each `[start --> end] text` line."""
+    return [line.split("] ", 1)[1] for line in out.splitlines() if line.startswith("[")]
+
+
+def test_connect_prints_what_the_server_finds_in_each_file(server, trained, tmp_path, capsys):
+    """`asr connect URL FILES`: each file a stream of its own, its finals printed as lines
+    (the server hears the file's samples exactly); a bad file is named and the rest go on."""
+    (_, url), (recognizer, waves) = server, trained
+    bad = tmp_path / "bad.wav"
+    bad.write_bytes(b"RIFF\x00\x00\x00\x00WAVEfmt " + bytes(64))
+    files = [WAV / "an4_clstk/fash/an255-fash-b.wav", bad, WAV / "an4_clstk/fash/an253-fash-b.wav"]
+    assert main(["connect", url, *map(str, files)]) == 1
+    out, err = capsys.readouterr()
+    expected = [
+        stream_transcript(recognizer, waves[uid], OPTIONS).text
+        for uid in ("an4_clstk/fash/an255-fash-b", "an4_clstk/fash/an253-fash-b")
+    ]
+    assert printed_texts(out) == expected and expected[0] == "U M N Y H SIX"
+    assert [line for line in out.splitlines() if not line.startswith("[")] == list(map(str, files))
+    assert f"asr connect: error: {bad}:" in err
+
+
+@pytest.mark.usefixtures("ctrl_c")
+def test_connect_streams_stdin_until_ctrl_c(server, trained, monkeypatch, capsys):
+    """`arecord | asr connect URL -` stopped with Ctrl-C: what was sent gets its final."""
+    import asr.cli.live
+
+    (_, url), (recognizer, waves) = server, trained
+    data = pcm16(waves[UID])
+    sent = []
+
+    def microphone(rate: int, interrupted: list):
+        for start in range(0, 16000, 3200):  # 0.5 s, then Ctrl-C
+            sent.append(data[start : start + 3200])
+            yield sent[-1]
+        os.kill(os.getpid(), signal.SIGINT)
+        sent.append(data[16000:19200])
+        yield sent[-1]  # the piece on its way; then the command stops reading
+        raise AssertionError("Ctrl-C did not end the input")
+
+    monkeypatch.setattr(asr.cli.live, "_stdin_bytes", microphone)
+    assert main(["connect", url, "-"]) == 130
+    offline = stream_transcript(recognizer, from_pcm16(b"".join(sent)), OPTIONS)
+    assert printed_texts(capsys.readouterr().out) == [offline.text]
+
+
+def test_connect_says_why_the_server_refused_or_cannot_be_reached(server, capsys) -> None:
+    (_, url) = server
+    wav = str(WAV / "an4_clstk/fash/an253-fash-b.wav")
+    assert main(["connect", url, wav, "--sample-rate", "8000"]) == 1
+    said = capsys.readouterr().err
+    assert f"asr connect: error: {wav}: sample_rate 8000 is not supported: send 16000 Hz" in said
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        closed = f"ws://127.0.0.1:{probe.getsockname()[1]}/"
+    assert main(["connect", closed, wav]) == 2
+    assert f"asr connect: error: cannot connect to {closed}:" in capsys.readouterr().err
 
 
 def test_audio_queued_while_the_model_takes_the_inbox_is_not_lost(trained) -> None:

@@ -295,15 +295,6 @@ def test_models_that_cannot_stream_are_refused(trained) -> None:
         stream.accept(torch.zeros(10))
 
 
-@pytest.fixture
-def ctrl_c():
-    """SIGINT as at a terminal (a background job, such as a test run started with `&`, starts
-    with it ignored), and as it was after."""
-    before = signal.signal(signal.SIGINT, signal.default_int_handler)
-    yield
-    signal.signal(signal.SIGINT, before)
-
-
 # A child process that takes Ctrl-C as at a terminal, whatever the test run's SIGINT.
 AT_A_TERMINAL = (
     "import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
@@ -311,8 +302,9 @@ AT_A_TERMINAL = (
 )
 
 
+@pytest.mark.usefixtures("ctrl_c")
 def test_ctrl_c_ends_the_input_with_the_finals_of_what_was_heard(
-    tiny_checkpoint, an4_fixture, monkeypatch, capsys, ctrl_c
+    tiny_checkpoint, an4_fixture, monkeypatch, capsys
 ) -> None:
     """`arecord | asr transcribe --streaming -` stopped with Ctrl-C: the audio read so far gets
     its final, the command exits 130 and gives SIGINT back; a second Ctrl-C stops at once; an
