@@ -18,7 +18,6 @@ import random
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -236,40 +235,29 @@ def test_a_rerun_finishes_an_interrupted_run(workers_run, checkpoint, corpus, tm
     assert not list(out.rglob("*.partial")) and not list(out.glob("transcripts.rank*"))
 
 
-def test_ctrl_c_stops_the_workers_quietly_and_a_rerun_finishes(
-    checkpoint, corpus, tmp_path, monkeypatch
-):
-    """Ctrl-C while the workers run (here once the first input is written): they stop, no
-    input is called failed, status 130 and what to do; the same command then does the rest."""
+def test_ctrl_c_stops_the_workers_quietly(checkpoint, corpus, tmp_path, monkeypatch):
+    """Ctrl-C while the workers run: they stop, no input is called failed, status 130 and
+    what to do. (A re-run after an interruption: the test above.)"""
     import asr.cli.parallel
 
-    out = tmp_path / "out"
-    follow = asr.cli.parallel._follow
+    started = []
 
-    def ctrl_c_after_the_first(children, out, total, quiet):
-        deadline = time.monotonic() + 60
-        while not any(p.read_text().strip() for p in out.glob("transcripts.rank*.jsonl")):
-            assert time.monotonic() < deadline and all(c.poll() is None for c in children)
-            time.sleep(0.02)
+    def ctrl_c(children, out, total, quiet):
+        started.extend(children)
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(asr.cli.parallel, "_follow", ctrl_c_after_the_first)
-    run = ["--manifest", corpus["good"], "--checkpoint", checkpoint, "--output-dir", out,
-           "--workers", "2", *SAME_WORK]  # fmt: skip
-    code, stdout, stderr = transcribe(*run)
+    monkeypatch.setattr(asr.cli.parallel, "_follow", ctrl_c)
+    out = tmp_path / "out"
+    code, stdout, stderr = transcribe(
+        "--manifest", corpus["good"], "--checkpoint", checkpoint, "--output-dir", out,
+        "--workers", "2", *SAME_WORK,
+    )  # fmt: skip
     assert code == 130, stderr
     assert f"asr transcribe: interrupted: the same command transcribes the rest into {out}" in (
         stderr
     )
     assert "failed" not in stderr and "exited with status" not in stderr
-    first = set(stdout.splitlines())
-    monkeypatch.setattr(asr.cli.parallel, "_follow", follow)
-    code, stdout, stderr = transcribe(*run)
-    assert code == 0, stderr
-    audio = corpus["root"] / "audio"
-    both = first | set(stdout.splitlines())
-    assert both == {f"{audio / stem}.wav\t{SAID[stem] or ''}" for stem in GOOD}
-    assert sorted(r["pred_text"] for r in merged(out)) == sorted(t or "" for t in SAID.values())
+    assert len(started) == 2 and all(child.returncode is not None for child in started)
 
 
 def test_an_interrupted_worker_leaves_the_word_to_its_parent(tmp_path, capsys):
