@@ -5,6 +5,8 @@ close to the file, not equal to it)."""
 
 from __future__ import annotations
 
+import asyncio
+
 import numpy as np
 import pytest
 import torch
@@ -65,7 +67,10 @@ def received(monkeypatch) -> list:
 def test_the_page_streams_the_microphone_and_shows_the_final(received, monkeypatch) -> None:
     """Here under a path prefix, as a reverse proxy would serve the page: everything it asks
     for (its scripts, its socket) is below its own address, so a proxy that strips the prefix
-    works too. The next test serves it at the root."""
+    works too. The next test serves it at the root. Then the server stops mid-recording."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
     from asr.serve.server import LiveServer
 
     asked = []
@@ -84,6 +89,16 @@ def test_the_page_streams_the_microphone_and_shows_the_final(received, monkeypat
             )
             paths = {path.split("?")[0] for path in asked}
             assert paths == {"/asr/live/", "/asr/live/live.js", "/asr/live/worklet.js"}, paths
+            # The server stopped mid-recording: the page shows the final it sends, and why
+            received.clear()
+            driver.get(f"http://127.0.0.1:{port}/asr/live/?autostart=1")
+            WebDriverWait(driver, 30, 0.05).until(lambda d: len(received) >= 5)  # 0.5 s
+            asyncio.run_coroutine_threadsafe(live.stop(10), live.server.get_loop()).result(20)
+            status = driver.find_element(By.ID, "status")
+            WebDriverWait(driver, 10, 0.05).until(lambda d: "server stopped" in status.text)
+            heard = torch.from_numpy(np.concatenate(received))
+            expected = stream_transcript(recognizer, heard, OPTIONS).text
+            assert driver.execute_script("return document.body.dataset.done") == expected
         finally:
             driver.quit()
 

@@ -97,7 +97,10 @@
       }
     };
     ws.onerror = () => say("Cannot reach the server.", true);
-    ws.onclose = () => { if (session === s) finish(s); };
+    ws.onclose = (event) => {
+      if (event.code === 1001) say("The server stopped; the finals of what it heard are above.", true);
+      if (session === s) finish(s);
+    };
     toggle.textContent = "Stop";
     toggle.classList.add("recording");
   }
