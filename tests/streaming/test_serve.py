@@ -264,8 +264,12 @@ def test_asr_serve_serves_the_page_and_the_socket(tiny_checkpoint, an4_fixture) 
     finally:
         process.kill()
         process.wait(10)
-    refused = subprocess.run([*command, "--threads", "0"], capture_output=True, text=True)
-    assert refused.returncode == 2 and "--threads must be at least 1" in refused.stderr
+
+
+def test_serve_refuses_no_model_thread(tiny_checkpoint, capsys) -> None:
+    serve = ["serve", "--model", str(tiny_checkpoint["checkpoint"]), "--threads", "0"]
+    assert main(serve) == 2
+    assert "--threads must be at least 1" in capsys.readouterr().err
 
 
 @pytest.fixture(scope="module")
