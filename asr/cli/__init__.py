@@ -903,6 +903,11 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
             help="the rate the server's model takes (16000): files are resampled to it",
         )
         p.add_argument("--cafile", metavar="PEM", help="trust this certificate for wss://")
+        p.add_argument(
+            "--realtime",
+            action="store_true",
+            help="send files at the pace of speech, as a microphone would (default: at once)",
+        )
         p.add_argument("--timeout", type=float, default=10.0, help="seconds to connect (10)")
         p.add_argument("--quiet", action="store_true", help="no partial line on a terminal")
     p.set_defaults(run=_connect)

@@ -13,6 +13,7 @@ import signal
 import ssl
 import sys
 import threading
+import time
 from typing import IO
 
 import numpy as np
@@ -237,6 +238,8 @@ def connect(args: argparse.Namespace, out: IO[str] | None = None) -> int:
                 reader = _Results(ws, out, live, name)
                 reader.start()
                 try:
+                    if args.realtime and name != "-":  # stdin comes at its own pace
+                        pieces = _in_real_time(pieces)
                     for piece in pieces:
                         ws.send(piece)
                         if interrupted:
@@ -256,6 +259,14 @@ def connect(args: argparse.Namespace, out: IO[str] | None = None) -> int:
             if interrupted:
                 return 130
     return 1 if failed else 0
+
+
+def _in_real_time(pieces):
+    """Each piece of `PCM_BLOCK_SECONDS` when a microphone would have given it."""
+    start = time.monotonic()
+    for i, piece in enumerate(pieces):
+        time.sleep(max(0.0, start + (i + 1) * PCM_BLOCK_SECONDS - time.monotonic()))
+        yield piece
 
 
 class _Results(threading.Thread):

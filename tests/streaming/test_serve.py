@@ -414,6 +414,20 @@ def test_connect_prints_what_the_server_finds_in_each_file(server, trained, tmp_
     assert f"asr connect: error: {bad}:" in err
 
 
+def test_connect_in_real_time_sends_at_the_pace_of_speech(server, trained, monkeypatch, capsys):
+    import asr.cli.live
+
+    (_, url), (recognizer, waves) = server, trained
+    clock = SimpleNamespace(now=0.0)
+    fake = SimpleNamespace(monotonic=lambda: clock.now)
+    fake.sleep = lambda seconds: setattr(clock, "now", clock.now + seconds)
+    monkeypatch.setattr(asr.cli.live, "time", fake)
+    assert main(["connect", url, str(WAV / f"{UID}.wav"), "--realtime"]) == 0
+    assert clock.now == pytest.approx(2.6)  # the recording's length: its last piece at its end
+    offline = stream_transcript(recognizer, waves[UID], OPTIONS)
+    assert printed_texts(capsys.readouterr().out) == [offline.text]
+
+
 @pytest.mark.usefixtures("ctrl_c")
 def test_connect_streams_stdin_until_ctrl_c(server, trained, monkeypatch, capsys):
     """`arecord | asr connect URL -` stopped with Ctrl-C: what was sent gets its final."""
