@@ -106,11 +106,13 @@ def timed_lines(transcript: Transcript) -> str:
     >>> print(timed_lines(t), end="")
     [00:00.500 --> 00:01.250] YES
     """
-    return "".join(
-        f"[{format_timestamp(s.start, '.', False)} --> {format_timestamp(s.end, '.', False)}] "
-        f"{s.text}\n"
-        for s in transcript.segments
-        if s.text
+    return "".join(timed_line(s.start, s.end, s.text) for s in transcript.segments if s.text)
+
+
+def timed_line(start: float, end: float, text: str) -> str:
+    """`[MM:SS.mmm --> MM:SS.mmm] text` and a newline."""
+    return (
+        f"[{format_timestamp(start, '.', False)} --> {format_timestamp(end, '.', False)}] {text}\n"
     )
 
 

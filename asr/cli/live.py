@@ -98,10 +98,11 @@ def transcribe_streaming(
     """Decode each input as a live stream; `-` is raw 16-bit mono PCM on stdin. Each final is
     printed as a line; on a terminal the partial is rewritten in place below them."""
     from asr.audio import load_audio
+    from asr.writers import timed_lines
 
     out = out or sys.stdout
     options = stream_options(args)
-    live = out.isatty() and not args.quiet
+    lines = _Lines(out, out.isatty() and not args.quiet)
     rate = recognizer.sample_rate
     with _ctrl_c_ends_the_input() as interrupted:
         for name in args.audio:
@@ -114,21 +115,38 @@ def transcribe_streaming(
                 pieces = _pieces(load_audio(name, rate).numpy(), rate)
             for piece in pieces:
                 for final in stream.accept(piece):
-                    _print_final(final, out, live)
-                if live:
-                    out.write("\r\x1b[K" + stream.partial[-200:])
-                    out.flush()
+                    lines.final(timed_lines(final))
+                lines.partial(stream.partial)
                 if interrupted:
                     break
             stream.final()
             for final in stream.take_finals():
-                _print_final(final, out, live)
-            if live:
-                out.write("\r\x1b[K")
-                out.flush()
+                lines.final(timed_lines(final))
+            lines.clear()
             if interrupted:
                 return 130
     return 0
+
+
+class _Lines:
+    """Finals as lines on `out`; on a terminal (`live`), the partial rewritten below them."""
+
+    def __init__(self, out: IO[str], live: bool) -> None:
+        self.out, self.live = out, live
+
+    def partial(self, text: str) -> None:
+        if self.live:
+            self.out.write("\r\x1b[K" + text[-200:])
+            self.out.flush()
+
+    def final(self, text: str) -> None:
+        self.out.write(("\r\x1b[K" if self.live else "") + text)
+        self.out.flush()
+
+    def clear(self) -> None:
+        if self.live:
+            self.out.write("\r\x1b[K")
+            self.out.flush()
 
 
 @contextlib.contextmanager
@@ -137,11 +155,10 @@ def _ctrl_c_ends_the_input():
     `arecord | asr transcribe --streaming -` is stopped); a second one stops at once. Yields a
     list that is non-empty once interrupted."""
     interrupted: list[int] = []
-    if threading.current_thread() is not threading.main_thread():  # signals reach only it
-        yield interrupted
-        return
     previous = signal.getsignal(signal.SIGINT)
-    if previous is signal.SIG_IGN:  # started with Ctrl-C ignored (nohup, a background job)
+    # Signals reach only the main thread; a process started with Ctrl-C ignored (nohup, a
+    # background job) keeps it so.
+    if threading.current_thread() is not threading.main_thread() or previous is signal.SIG_IGN:
         yield interrupted
         return
 
@@ -154,13 +171,6 @@ def _ctrl_c_ends_the_input():
         yield interrupted
     finally:
         signal.signal(signal.SIGINT, previous)
-
-
-def _print_final(final, out: IO[str], live: bool) -> None:
-    from asr.writers import timed_lines
-
-    out.write(("\r\x1b[K" if live else "") + timed_lines(final))
-    out.flush()
 
 
 def _pieces(wave: np.ndarray, rate: int):
@@ -206,7 +216,7 @@ def connect(args: argparse.Namespace, out: IO[str] | None = None) -> int:
     from asr.audio import AudioError, load_audio
 
     out = out or sys.stdout
-    live = out.isatty() and not args.quiet
+    lines = _Lines(out, out.isatty() and not args.quiet)
     rate = args.sample_rate
     tls = None
     if args.url.startswith("wss:"):
@@ -235,7 +245,7 @@ def connect(args: argparse.Namespace, out: IO[str] | None = None) -> int:
                 raise ValueError(f"cannot connect to {args.url}: {err}{hint}") from None
             with ws:
                 ws.send(json.dumps({"type": "start", "sample_rate": rate, **start}))
-                reader = _Results(ws, out, live, name)
+                reader = _Results(ws, lines, name)
                 reader.start()
                 try:
                     if args.realtime and name != "-":  # stdin comes at its own pace
@@ -272,34 +282,28 @@ def _in_real_time(pieces):
 class _Results(threading.Thread):
     """A connection's messages as they come: finals as lines, the partial rewritten below."""
 
-    def __init__(self, ws, out: IO[str], live: bool, name: str) -> None:
+    def __init__(self, ws, lines: _Lines, name: str) -> None:
         super().__init__(daemon=True)
-        self.ws, self.out, self.live, self.name = ws, out, live, name
+        self.ws, self.lines, self.name = ws, lines, name
         self.said_why = False  # the server sent an error message
 
     def run(self) -> None:
         from websockets.exceptions import ConnectionClosed
 
-        from asr.writers import format_timestamp
+        from asr.writers import timed_line
 
-        out = self.out
         with contextlib.suppress(ConnectionClosed):  # the close is reported by `connect`
             for message in self.ws:
                 result = json.loads(message)
                 kind = result["type"]
-                if kind == "partial" and self.live:
-                    out.write("\r\x1b[K" + result["text"][-200:])
+                if kind == "partial":
+                    self.lines.partial(result["text"])
                 elif kind == "final" and result["text"]:
-                    start, end = (format_timestamp(result[k], ".", False) for k in ("start", "end"))
-                    out.write(("\r\x1b[K" if self.live else "") + f"[{start} --> {end}] ")
-                    out.write(result["text"] + "\n")
+                    self.lines.final(timed_line(result["start"], result["end"], result["text"]))
                 elif kind == "error":
                     self.said_why = True
                     print(f"asr connect: error: {self.name}: {result['message']}", file=sys.stderr)
-                out.flush()
-        if self.live:
-            out.write("\r\x1b[K")
-            out.flush()
+        self.lines.clear()
 
 
 def _loopback(host: str) -> bool:

@@ -573,7 +573,7 @@ def _parent(
             child.wait()
         for relay in relays:
             relay.join()
-    failures, total = merge(plan, out), len(plan.inputs) + len(plan.failures)
+    failures = merge(plan, out)  # what was written, interrupted or not
     if interrupted:
         print(
             f"asr transcribe: interrupted: the same command transcribes the rest into {out}",
@@ -583,7 +583,7 @@ def _parent(
     stopped = [(rank, c.returncode) for (rank, _), c in zip(jobs, children) if c.returncode]
     for rank, code in stopped:
         print(f"asr transcribe: error: worker {rank} exited with status {code}", file=sys.stderr)
-    return Outcome(failures, total, 2 if stopped else 0)
+    return Outcome(failures, len(plan.inputs) + len(plan.failures), 2 if stopped else 0)
 
 
 def _start_child(rank: int, job: tuple, threads: int | None) -> subprocess.Popen:

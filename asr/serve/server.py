@@ -475,14 +475,7 @@ def _respond(connection: ServerConnection, body: str, kind: str) -> Response:
 
 async def _close_all(connections: list[ServerConnection]) -> None:
     """Close with 1001; a client that does not answer within 2 s is cut off."""
-
-    async def close(ws: ServerConnection) -> None:
-        try:
-            await asyncio.wait_for(ws.close(GOING_AWAY, STOPPING), 2)
-        except Exception:  # noqa: BLE001 - the client is gone or not reading
-            ws.transport.abort()
-
-    await asyncio.gather(*(close(ws) for ws in connections))
+    await asyncio.gather(*(_within(ws, ws.close(GOING_AWAY, STOPPING)) for ws in connections))
 
 
 async def _refuse(ws: ServerConnection, message: str, code: int) -> None:
@@ -492,8 +485,14 @@ async def _refuse(ws: ServerConnection, message: str, code: int) -> None:
         await ws.send(json.dumps({"type": "error", "message": message}))
         await ws.close(code, message[:120])
 
+    await _within(ws, say_and_close())
+
+
+async def _within(ws: ServerConnection, goodbye, seconds: float = 2.0) -> None:
+    """Await `goodbye` (a send or close on `ws`); a client that does not take it within
+    `seconds` is cut off."""
     try:
-        await asyncio.wait_for(say_and_close(), 2)
+        await asyncio.wait_for(goodbye, seconds)
     except Exception:  # noqa: BLE001 - the client is gone or not reading
         ws.transport.abort()
 
