@@ -51,7 +51,8 @@ def _onnx_model(model: Seq2Seq, path, backend: str, device, precision: str) -> S
             f"{path}: backend {backend!r} needs a package folder (asr export --format onnx), "
             "not a checkpoint"
         )
-    return onnx_model(model, path, int8=backend == "onnx-int8")
+    # As many threads as PyTorch's (`--threads`), where ONNX Runtime would take every core.
+    return onnx_model(model, path, int8=backend == "onnx-int8", threads=torch.get_num_threads())
 
 
 def load_lm(

@@ -254,6 +254,7 @@ def _transcribe(args: argparse.Namespace) -> int:
 
         if args.manifest or args.workers is not None:
             raise ValueError("--streaming reads files or -: no --manifest or --workers")
+        _set_threads(args.threads)
         recognizer = _load_model(args)
         return transcribe_streaming(args, recognizer, _language_model(args, recognizer))
     if args.format is not None and args.output_dir is None:
@@ -283,13 +284,10 @@ def _transcribe(args: argparse.Namespace) -> int:
 
 def _transcribe_inputs(args: argparse.Namespace, inputs: list[Input], on_result=None) -> list[str]:
     """`transcribe_files` with the command's options; the names of the inputs that failed."""
-    import torch
-
     from asr.cli.inputs import DEFAULT_FORMATS, transcribe_files
     from asr.transcribe import TRANSCRIBE_BATCH_SIZE
 
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
+    _set_threads(args.threads)
     recognizer = _load_model(args)
     _warn_if_longer_than_trained(recognizer, args.max_segment_seconds)
     given = {
@@ -314,6 +312,14 @@ def _transcribe_inputs(args: argparse.Namespace, inputs: list[Input], on_result=
         progress=not args.quiet,
         on_result=on_result,
     )
+
+
+def _set_threads(threads: int | None) -> None:
+    """PyTorch's intra-op threads, and so ONNX Runtime's (None: as they are)."""
+    import torch
+
+    if threads is not None:
+        torch.set_num_threads(threads)
 
 
 def _connect(args: argparse.Namespace) -> int:
