@@ -1,10 +1,13 @@
 """ONNX export of a recognizer's encoder, CTC head and decoder, and a `Seq2Seq` that runs them
 in ONNX Runtime behind the `asr.models` interfaces. The frontend and the search stay PyTorch:
-STFT framing depends on the batch's lengths, which tracing would freeze."""
+STFT framing depends on the batch's lengths, which tracing would freeze. A chunk-streaming
+encoder also gets its chunk step (`forward_chunk` over flat cache tensors), so live streams
+run on ONNX Runtime too."""
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import tempfile
 from collections.abc import Callable
@@ -16,12 +19,13 @@ import torch
 from torch import Tensor, nn
 from torch.utils import _pytree as pytree
 
+from asr.models.chunking import EncoderCache
 from asr.models.interfaces import State
 from asr.models.seq2seq import Seq2Seq
 
 ONNX_DIR = "onnx"
 OPSET = 17
-GRAPHS = ("encoder", "ctc", "decoder_init", "decoder_step")
+CACHE = ["keys", "values", "valid", "conv", "offset"]  # EncoderCache's fields, in order
 STATE_FILE = "state.json"
 SPIN_WAIT_ENTRY = "session.intra_op.allow_spinning"
 
@@ -38,6 +42,40 @@ class _Step(nn.Module):
         log_probs, new_state, attention = self.decoder.step(tokens, state)
         new_leaves = pytree.tree_leaves(new_state)
         return (log_probs, attention, *(new_leaves[i] for i in self.changed))
+
+
+class _Chunk(nn.Module):
+    """The encoder's `forward_chunk` over flat tensors: input and cache in, output and the
+    whole new cache out (trimming to a context limit is left to the caller)."""
+
+    def __init__(self, encoder: nn.Module) -> None:
+        super().__init__()
+        self.encoder = encoder
+        self.names = _cache_names(encoder.empty_cache(1, torch.zeros(1)))
+
+    def forward(self, x: Tensor, x_lens: Tensor, *cache: Tensor) -> tuple[Tensor, ...]:
+        enc, enc_lens, after = self.encoder.forward_chunk(x, x_lens, _cache(self.names, cache))
+        return (enc, enc_lens, *(getattr(after, name) for name in self.names))
+
+
+def _cache_names(cache: EncoderCache) -> list[str]:
+    """The fields a cache carries: no convolution states without convolutions."""
+    return [name for name in CACHE if getattr(cache, name) is not None]
+
+
+def _cache(names: list[str], tensors: Any) -> EncoderCache:
+    fields = dict(zip(names, tensors))
+    return EncoderCache(**{name: fields.get(name) for name in CACHE})
+
+
+def _can_stream(encoder: nn.Module) -> bool:
+    if not hasattr(encoder, "forward_chunk"):
+        return False
+    try:
+        encoder.empty_cache(1, torch.zeros(1))
+    except ValueError:  # e.g. a Conformer whose convolutions see the next frames
+        return False
+    return True
 
 
 class _Init(nn.Module):
@@ -60,8 +98,10 @@ def _export(module: nn.Module, args: tuple, path: Path, inputs: list[str], outpu
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # tracer warnings about Python values made constant
+        # A wrapper made here is in training mode, which the exporter restores afterwards,
+        # recursively: the model inside would be left training (dropout, batch statistics).
         torch.onnx.export(
-            module, args, str(path), input_names=inputs, output_names=outputs,
+            module.eval(), args, str(path), input_names=inputs, output_names=outputs,
             dynamic_axes=_dynamic(inputs, list(args)) | _dynamic(outputs, results),
             opset_version=OPSET, dynamo=False,
         )  # fmt: skip
@@ -82,6 +122,8 @@ def export_onnx(
     _export(model.encoder, (feats, feat_lens), folder / "encoder.onnx", ["feats", "feat_lens"],
             ["enc", "enc_lens"], [enc, enc_lens])  # fmt: skip
     written = ["encoder.onnx"]
+    if _can_stream(model.encoder):
+        written.append(_export_chunk(model.encoder, feats, folder))
     if model.ctc is not None:
         _export(model.ctc, (enc,), folder / "ctc.onnx", ["enc"], ["log_probs"], [model.ctc(enc)])
         written.append("ctc.onnx")
@@ -89,6 +131,24 @@ def export_onnx(
     if int8:
         written += [_quantized(folder / name) for name in written if name.endswith(".onnx")]
     return [f"{ONNX_DIR}/{name}" for name in written]
+
+
+def _export_chunk(encoder: nn.Module, feats: Tensor, folder: Path) -> str:
+    """The chunk step, traced on 2 streams after a first chunk, one with a shorter context
+    (left padding), so no cache length, chunk size or batch size is frozen."""
+    chunk = 4
+    window = encoder.subsampling.chunk_window(chunk)
+    x = feats[:, :window]
+    x_lens = torch.full((2,), window)
+    _, _, cache = encoder.forward_chunk(x, x_lens, encoder.empty_cache(2, x))
+    cache.valid[1, :1] = False
+    names = _cache_names(cache)
+    tensors = [getattr(cache, name) for name in names]
+    results = _Chunk(encoder)(x, x_lens, *tensors)
+    outputs = ["enc", "enc_lens", *(f"new_{name}" for name in names)]
+    _export(_Chunk(encoder), (x, x_lens, *tensors), folder / "encoder_chunk.onnx",
+            ["x", "x_lens", *names], outputs, list(results))  # fmt: skip
+    return "encoder_chunk.onnx"
 
 
 def _export_decoder(decoder: nn.Module, enc: Tensor, enc_lens: Tensor, folder: Path) -> list[str]:
@@ -131,12 +191,22 @@ def _quantized(path: Path) -> str:
     from onnxruntime.quantization.registry import IntegerOpsRegistry
 
     out = path.with_suffix(".int8.onnx")
-    with tempfile.TemporaryDirectory() as tmp:  # the quantiser writes a pre-processed copy
-        staged = Path(tmp) / path.name
-        onnx.save(_untied(onnx.load(str(path))), str(staged))
-        ops = sorted(set(IntegerOpsRegistry) - {"Conv"})
-        quantize_dynamic(str(staged), str(out), op_types_to_quantize=ops,
-                         weight_type=QuantType.QInt8)  # fmt: skip
+    # The quantiser logs each tensor it leaves alone, and a hint, to the root logger.
+    root = logging.getLogger()
+
+    def quiet(record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.ERROR
+
+    root.addFilter(quiet)
+    try:
+        with tempfile.TemporaryDirectory() as tmp:  # the quantiser writes a pre-processed copy
+            staged = Path(tmp) / path.name
+            onnx.save(_untied(onnx.load(str(path))), str(staged))
+            ops = sorted(set(IntegerOpsRegistry) - {"Conv"})
+            quantize_dynamic(str(staged), str(out), op_types_to_quantize=ops,
+                             weight_type=QuantType.QInt8)  # fmt: skip
+    finally:
+        root.removeFilter(quiet)
     return out.name
 
 
@@ -195,6 +265,39 @@ class OnnxEncoder:
             )
         enc, enc_lens = self.session(feats=feats.float(), feat_lens=feat_lens)
         return enc, enc_lens
+
+
+class OnnxStreamingEncoder(OnnxEncoder):
+    """`OnnxEncoder` with the chunk step of a streaming encoder (`forward_chunk`, as the
+    PyTorch encoder's); the PyTorch encoder's subsampling front gives the chunks' windows."""
+
+    def __init__(
+        self, session: _Session, shortest: int, chunk: _Session, encoder: nn.Module
+    ) -> None:
+        super().__init__(session, shortest)
+        self.chunk_session = chunk
+        self.subsampling = encoder.subsampling
+        self._empty = encoder.empty_cache(1, torch.zeros(1))
+        self.names = _cache_names(self._empty)
+
+    def empty_cache(self, batch: int, like: Tensor) -> EncoderCache:
+        """The cache of `batch` streams before their first chunk."""
+        empty = self._empty
+        return EncoderCache(
+            empty.keys.expand(-1, batch, -1, -1, -1),
+            empty.values.expand(-1, batch, -1, -1, -1),
+            empty.valid.expand(batch, -1),
+            None if empty.conv is None else empty.conv.expand(-1, batch, -1, -1),
+            empty.offset.expand(batch),
+        )
+
+    def forward_chunk(
+        self, x: Tensor, x_lens: Tensor, cache: EncoderCache, max_cache: int | None = None
+    ) -> tuple[Tensor, Tensor, EncoderCache]:
+        """One chunk of B streams: arguments and results as `ConformerEncoder.forward_chunk`."""
+        feeds = {name: getattr(cache, name) for name in self.names}
+        enc, enc_lens, *after = self.chunk_session(x=x.float(), x_lens=x_lens, **feeds)
+        return enc, enc_lens, _cache(self.names, after).trimmed(max_cache)
 
 
 @torch.inference_mode()
@@ -274,7 +377,12 @@ def onnx_model(
         return _Session(path, threads, spin_wait)
 
     shortest = _shortest_frames(model.encoder, model.frontend.output_dim)
-    encoder = OnnxEncoder(session("encoder"), shortest)
+    if (graphs / f"encoder_chunk{suffix}").is_file():  # exported where the encoder streams
+        encoder = OnnxStreamingEncoder(
+            session("encoder"), shortest, session("encoder_chunk"), model.encoder
+        )
+    else:
+        encoder = OnnxEncoder(session("encoder"), shortest)
     ctc = OnnxCTC(session("ctc")) if model.ctc is not None else None
     meta = json.loads((graphs / STATE_FILE).read_text())
     decoder = OnnxDecoder(

@@ -121,6 +121,11 @@ def mask_chunks(recognizer: Recognizer, chunk_ms: float | None) -> None:
     if chunk_ms is not None and chunk_ms <= 0:
         raise ValueError(f"chunk_ms must be positive, got {chunk_ms}")
     encoder = streaming_encoder(recognizer, chunked=True)
+    if not hasattr(encoder, "chunk"):  # an ONNX graph, traced at full context
+        raise ValueError(
+            f"{recognizer.checkpoint}: {type(encoder).__name__} cannot mask chunks: decode "
+            "with the PyTorch backend, or stream"
+        )
     encoder.chunk = encoder_frames(chunk_ms, recognizer.frame_seconds)
 
 

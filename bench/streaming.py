@@ -15,7 +15,10 @@
         and whether each final equals the offline streaming decode of the same audio (those
         unlike it named in the JSON). The most streams with p95 partial latency <= --budget-ms
         is reported.
-Results go to --out (default bench/results/streaming_{wer,load}.json) and are printed as tables.
+Both take --backend onnx or onnx-int8 with a package folder (`asr export --format onnx`) as
+--model. Results go to --out (default bench/results/streaming_{wer,load}.json) and are printed
+as tables; the wer JSON also holds each decode's hypotheses, to compare two runs utterance by
+utterance.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ import torch
 
 from asr.audio import load_audio
 from asr.data.manifest import read_manifest
+from asr.loading import BACKENDS
 from asr.metrics import char_errors, word_errors
 from asr.recognizer import load_model
 from asr.streaming import FINAL_SEARCHES, StreamingEngine, StreamOptions, stream_transcript
@@ -81,15 +85,16 @@ def table(rows: list[dict]) -> str:
 
 
 def wer(args: argparse.Namespace) -> dict:
-    recognizer = load_model(args.model)
+    recognizer = load_model(args.model, backend=args.backend)
     utterances = read_manifest(args.manifest)
     waves = [load_audio(u.audio_filepath, RATE) for u in utterances]
     norm = recognizer.tokenizer.normalizer
     refs = [norm(u.text) for u in utterances]
-    out: dict = {"model": args.model, "manifest": args.manifest, "beam": args.beam,
+    out: dict = {"model": args.model, "backend": args.backend, "manifest": args.manifest,
+                 "beam": args.beam,
                  "ctc_weight": args.ctc_weight, "final_search": args.final_search,
                  "first_chunk_ms": args.first_chunk_ms,
-                 "rows": {}, "seconds": {}, "against full context": {}}  # fmt: skip
+                 "rows": {}, "seconds": {}, "against full context": {}, "hyps": {}}  # fmt: skip
     audio_seconds = sum(w.numel() for w in waves) / RATE
     errors = {}  # chunk ms: word errors per utterance
     first = f" (the first {args.first_chunk_ms:g} ms)" if args.first_chunk_ms else ""
@@ -107,6 +112,7 @@ def wer(args: argparse.Namespace) -> dict:
         started = time.perf_counter()
         hyps = decode_streams(recognizer, waves, options)
         out["seconds"][name] = round(time.perf_counter() - started, 1)
+        out["hyps"][name] = hyps  # to compare decodes (backends, options) utterance by utterance
         errors[chunk] = np.array([word_errors([r], [h]).errors for r, h in zip(refs, hyps)])
         out["rows"][name] = {
             "wer": error_row(name, refs, hyps),
@@ -231,6 +237,7 @@ def start_server(args: argparse.Namespace, port: int, streams: int) -> subproces
     command = [sys.executable, "-m", "asr", "serve", "--model", args.model, "--port", str(port),
                "--chunk-ms", str(args.chunk), "--endpoint-silence", "0",
                "--final-search", args.final_search, "--max-connections", str(max(streams, 1)),
+               "--backend", args.backend,
                *(["--first-chunk-ms", str(args.first_chunk_ms)] if args.first_chunk_ms else []),
                *shlex.split(args.server_args)]  # fmt: skip
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -282,7 +289,7 @@ def load(args: argparse.Namespace) -> dict:
         items.append(
             (u.id, (wave.clamp(-1, 1) * 32767).round().short().numpy().astype("<i2").tobytes())
         )
-    recognizer = load_model(args.model)
+    recognizer = load_model(args.model, backend=args.backend)
     options = StreamOptions(
         chunk_ms=args.chunk,
         first_chunk_ms=args.first_chunk_ms,
@@ -290,8 +297,9 @@ def load(args: argparse.Namespace) -> dict:
         final_search=args.final_search,
     )
     offline = {}
-    out = {"model": args.model, "chunk_ms": args.chunk, "seconds": args.seconds,
-           "final_search": args.final_search, "first_chunk_ms": args.first_chunk_ms,
+    out = {"model": args.model, "backend": args.backend, "chunk_ms": args.chunk,
+           "seconds": args.seconds, "final_search": args.final_search,
+           "first_chunk_ms": args.first_chunk_ms,
            "server_args": args.server_args, "runs": []}  # fmt: skip
     for n in args.streams:
         port = free_port()
@@ -358,6 +366,9 @@ def main(argv: list[str] | None = None) -> int:
                        help="the final: the CTC n-best rescored, or a joint beam search (beam)")
         p.add_argument("--first-chunk-ms", type=float,
                        help="each utterance's first chunk, ms (default: as the others)")
+        p.add_argument("--backend", choices=BACKENDS, default="torch",
+                       help="what runs the networks: onnx and onnx-int8 need a package folder "
+                       "exported with `asr export --format onnx`")
     args = parser.parse_args(argv)
     result = wer(args) if args.part == "wer" else load(args)
     path = Path(args.out or f"bench/results/streaming_{args.part}.json")

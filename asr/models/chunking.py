@@ -129,6 +129,13 @@ class EncoderCache:
             torch.cat([c.offset for c in caches]),
         )
 
+    def trimmed(self, max_frames: int | None) -> EncoderCache:
+        """The cache of the newest `max_frames` frames of attention context (None: all)."""
+        if max_frames is None or self.valid.size(1) <= max_frames:
+            return self
+        k, v = self.keys[:, :, :, -max_frames:], self.values[:, :, :, -max_frames:]
+        return EncoderCache(k, v, self.valid[:, -max_frames:], self.conv, self.offset)
+
     def split(self) -> list[EncoderCache]:
         """The batch's caches one stream at a time, each without left padding."""
         out = []
@@ -187,15 +194,11 @@ def append_cache(
 ) -> EncoderCache:
     """The cache after a chunk: layer keys/values `(B, H, L + Q, d)` (cache and chunk), the
     chunk's valid frames `(B, Q)`, trimmed to the newest `max_frames` (None: all)."""
-    both = torch.cat([cache.valid, valid], 1)
-    k, v = torch.stack(keys), torch.stack(values)
     # Padding inside a chunk only happens at a stream's end, after which nothing is cached.
-    if max_frames is not None and both.size(1) > max_frames:
-        k, v, both = k[:, :, :, -max_frames:], v[:, :, :, -max_frames:], both[:, -max_frames:]
     return EncoderCache(
-        k,
-        v,
-        both,
+        torch.stack(keys),
+        torch.stack(values),
+        torch.cat([cache.valid, valid], 1),
         None if conv is None else torch.stack(conv),
         cache.offset + valid.sum(1),
-    )
+    ).trimmed(max_frames)
