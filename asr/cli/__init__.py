@@ -249,6 +249,8 @@ def _transcribe(args: argparse.Namespace) -> int:
 
     if not args.audio and not args.manifest:
         raise ValueError("nothing to transcribe: give audio, folders, globs, or --manifest")
+    if args.format is not None and args.output_dir is None:
+        raise ValueError("--format chooses the files written to --output-dir: give that too")
     if args.streaming:
         from asr.cli.live import transcribe_streaming
 
@@ -257,8 +259,6 @@ def _transcribe(args: argparse.Namespace) -> int:
         _set_threads(args.threads)
         recognizer = _load_model(args)
         return transcribe_streaming(args, recognizer, _language_model(args, recognizer))
-    if args.format is not None and args.output_dir is None:
-        raise ValueError("--format chooses the files written to --output-dir: give that too")
     if spreads(args):
         outcome = transcribe_spread(args, _transcribe_inputs)
         if outcome.failures:
@@ -829,7 +829,9 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
             "their utterance ends; on a terminal the partial is rewritten below them. `-` is "
             "then raw 16-bit mono PCM at the model's rate on stdin, e.g. "
             "`arecord -f S16_LE -r 16000 -c 1 | asr transcribe --streaming --model M -`; Ctrl-C "
-            "ends the input there, and what was heard still gets its final.",
+            "ends the input there, and what was heard still gets its final. With --output-dir, "
+            "each input's transcript is also written there in the --format files when it ends, "
+            "and the audio of - as stdin.wav beside stdin.json (for `asr explore`).",
         )
         live.add_argument("--streaming", action="store_true", help="decode as a live stream")
         add_stream_arguments(live, final_search="beam")  # one stream: the most accurate final

@@ -96,7 +96,9 @@ def transcribe_streaming(
     args: argparse.Namespace, recognizer, lm=None, out: IO[str] | None = None
 ) -> int:
     """Decode each input as a live stream; `-` is raw 16-bit mono PCM on stdin. Each final is
-    printed as a line; on a terminal the partial is rewritten in place below them."""
+    printed as a line; on a terminal the partial is rewritten in place below them. With
+    `--output-dir`, each input's whole transcript is also written there when it ends (and the
+    audio of `-`, as `stdin.wav`, for the explorer to play)."""
     from asr.audio import load_audio
     from asr.writers import timed_lines
 
@@ -104,28 +106,77 @@ def transcribe_streaming(
     options = stream_options(args)
     lines = _Lines(out, out.isatty() and not args.quiet)
     rate = recognizer.sample_rate
+    stems = _output_stems(args.audio) if args.output_dir else {}
     with _ctrl_c_ends_the_input() as interrupted:
         for name in args.audio:
             stream = recognizer.stream(options, lm)
             if len(args.audio) > 1:
                 print(name, file=out)
-            if name == "-":
-                pieces = _stdin_pcm(rate, interrupted)
-            else:
-                pieces = _pieces(load_audio(name, rate).numpy(), rate)
-            for piece in pieces:
-                for final in stream.accept(piece):
-                    lines.final(timed_lines(final))
-                lines.partial(stream.partial)
-                if interrupted:
-                    break
-            stream.final()
+            audio = name  # what the written transcript names as its audio
+            with contextlib.ExitStack() as recording:
+                if name == "-":
+                    pieces = _stdin_pcm(rate, interrupted)
+                    if args.output_dir:
+                        audio = os.path.join(args.output_dir, f"{stems[name]}.wav")
+                        pieces = recording.enter_context(_recorded(pieces, audio, rate))
+                else:
+                    pieces = _pieces(load_audio(name, rate).numpy(), rate)
+                for piece in pieces:
+                    for final in stream.accept(piece):
+                        lines.final(timed_lines(final))
+                    lines.partial(stream.partial)
+                    if interrupted:
+                        break
+            transcript = stream.final()
             for final in stream.take_finals():
                 lines.final(timed_lines(final))
             lines.clear()
+            if args.output_dir:
+                _write_streamed(args, transcript, stems[name], audio)
             if interrupted:
                 return 130
     return 0
+
+
+def _output_stems(names: list[str]) -> dict[str, str]:
+    """Each input's output path without suffix: files as `asr transcribe` names them, and
+    `stdin` for `-`."""
+    from asr.writers import output_stems
+
+    files = [n for n in names if n != "-"]
+    stems = {name: str(stem) for name, stem in zip(files, output_stems(files))}
+    if "-" in names:
+        if "stdin" in stems.values():
+            raise ValueError("- and a file named stdin would write the same output files")
+        stems["-"] = "stdin"
+    return stems
+
+
+@contextlib.contextmanager
+def _recorded(pieces, path: str, rate: int):
+    """`pieces` (float samples from 16-bit PCM), written to the WAV file `path` as they pass."""
+    import soundfile as sf
+
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with sf.SoundFile(path, "w", samplerate=rate, channels=1, subtype="PCM_16") as wav:
+
+        def passing():
+            for piece in pieces:
+                wav.write(np.round(piece * 32768.0).astype(np.int16))
+                yield piece
+
+        yield passing()
+
+
+def _write_streamed(args: argparse.Namespace, transcript, stem: str, audio: str) -> None:
+    from asr.cli.inputs import DEFAULT_FORMATS
+    from asr.writers import expand_formats, write_outputs
+
+    formats = expand_formats(args.format or DEFAULT_FORMATS)
+    path = os.path.join(args.output_dir, stem)
+    write_outputs(transcript, path, formats, audio, args.words_per_cue)
+    suffixes = formats[0] if len(formats) == 1 else "{" + ",".join(formats) + "}"
+    print(f"asr transcribe: {audio}: wrote {path}.{suffixes}", file=sys.stderr)
 
 
 class _Lines:

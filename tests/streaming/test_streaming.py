@@ -297,11 +297,13 @@ def test_models_that_cannot_stream_are_refused(trained) -> None:
 
 @pytest.mark.usefixtures("ctrl_c")
 def test_ctrl_c_ends_the_input_with_the_finals_of_what_was_heard(
-    tiny_checkpoint, an4_fixture, monkeypatch, capsys
+    tiny_checkpoint, an4_fixture, monkeypatch, capsys, tmp_path
 ) -> None:
     """`arecord | asr transcribe --streaming -` stopped with Ctrl-C: the audio read so far gets
-    its final, the command exits 130 and gives SIGINT back; a second Ctrl-C stops at once; an
-    ignored SIGINT stays ignored."""
+    its final (and its files, with --output-dir), the command exits 130 and gives SIGINT back;
+    a second Ctrl-C stops at once; an ignored SIGINT stays ignored."""
+    import soundfile as sf
+
     import asr.cli.live
     from asr.audio import load_audio
     from asr.cli import main
@@ -321,13 +323,15 @@ def test_ctrl_c_ends_the_input_with_the_finals_of_what_was_heard(
     command = ["transcribe", "--streaming", "--chunk-ms", "320", "--model",
                str(tiny_checkpoint["checkpoint"]), "-"]  # fmt: skip
     monkeypatch.setattr(asr.cli.live, "_stdin_pcm", microphone)
-    assert main(command) == 130
+    assert main([*command, "--output-dir", str(tmp_path)]) == 130
     lines = [line for line in capsys.readouterr().out.splitlines() if line]
     recognizer = load_model(tiny_checkpoint["checkpoint"])
     audio = torch.from_numpy(np.concatenate([heard, silence]))  # what came before the check
     default = StreamOptions(chunk_ms=320, final_search="beam")  # the command's
     expected = stream_transcript(recognizer, audio, default)
     assert " ".join(line.split("] ", 1)[1] for line in lines) == expected.text
+    assert (tmp_path / "stdin.txt").read_text().strip() == expected.text
+    assert sf.info(tmp_path / "stdin.wav").frames == len(audio)
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
     twice = functools.partial(microphone, presses=2)
@@ -378,6 +382,49 @@ def test_the_live_commands_pass_their_stream_options(command) -> None:
     assert options.endpoint.trailing_silence == 0.5 and options.final_search == "beam"
     plain = stream_options(_parser(command).parse_args([command, *model]))
     assert (plain.chunk_ms, plain.first_chunk_ms) == (640, None)
+
+
+def test_transcribe_streaming_writes_each_input_to_the_output_dir(
+    tiny_checkpoint, an4_fixture, tmp_path, monkeypatch, capsys
+) -> None:
+    """--output-dir: each input's whole transcript in the --format files offline transcribe
+    writes, once it ends; the audio of `-` kept as stdin.wav (the samples received) and named
+    in stdin.json, so that the explorer plays it."""
+    import json
+
+    import soundfile as sf
+
+    from asr.audio import load_audio
+    from asr.cli import main
+    from asr.explore.build import transcribe_data
+    from asr.recognizer import load_model
+
+    wav = an4_fixture / "wav/an4_clstk/fash/an255-fash-b.wav"
+    checkpoint = str(tiny_checkpoint["checkpoint"])
+    default = StreamOptions(chunk_ms=320, final_search="beam")  # the command's default
+    expected = stream_transcript(load_model(checkpoint), load_audio(wav, 16000), default)
+    samples = sf.read(wav, dtype="int16")[0]
+    (tmp_path / "pcm").write_bytes(samples.astype("<i2").tobytes())
+    monkeypatch.setattr(sys, "stdin", open(tmp_path / "pcm", "rb"))  # noqa: SIM115
+    out = tmp_path / "out"
+    args = ["transcribe", "--streaming", "--chunk-ms", "320", "--model", checkpoint]
+    assert main([*args, str(wav), "-", "--output-dir", str(out), "--format", "json", "srt"]) == 0
+    assert capsys.readouterr().err.splitlines() == [
+        f"asr transcribe: {wav}: wrote {out / 'an255-fash-b'}.{{json,srt}}",
+        f"asr transcribe: {out / 'stdin.wav'}: wrote {out / 'stdin'}.{{json,srt}}",
+    ]
+    assert sorted(p.name for p in out.iterdir()) == [
+        "an255-fash-b.json", "an255-fash-b.srt", "stdin.json", "stdin.srt", "stdin.wav"
+    ]  # fmt: skip
+    for stem, audio in (("an255-fash-b", str(wav)), ("stdin", str(out / "stdin.wav"))):
+        written = json.loads((out / f"{stem}.json").read_text())
+        assert (written["text"], written["audio"]) == (expected.text, audio)
+        assert [w["end"] for w in written["words"]] == [w.end for w in expected.words]
+    np.testing.assert_array_equal(sf.read(out / "stdin.wav", dtype="int16")[0], samples)
+    page = transcribe_data(out, tmp_path, link_audio=True, progress=False)
+    assert [u["audio"] is not None for u in page["utterances"]] == [True, True]
+    assert main([*args, str(wav), "--format", "json"]) == 2
+    assert "--format chooses the files written to --output-dir" in capsys.readouterr().err
 
 
 def test_transcribe_streaming_reads_files_and_raw_pcm(
