@@ -20,6 +20,7 @@ from streaming_fixtures import (
 )
 
 from asr.audio import load_audio
+from asr.results import Transcript
 from asr.streaming import Stream, StreamOptions, stream_transcript
 
 pytestmark = pytest.mark.skipif(MISSING, reason=NEEDS)
@@ -32,9 +33,9 @@ FAKE_MICROPHONE = (
 )
 
 
-def _shows_the_offline_final(driver, url: str, live, recognizer, received: list) -> None:
+def _shows_the_offline_final(driver, url: str, live, recognizer, received: list) -> Transcript:
     """The page at `url` streams 3.2 s of the fake microphone; it shows as final what the audio
-    the server received gives decoded offline as a stream."""
+    the server received gives decoded offline as a stream (returned)."""
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
@@ -46,13 +47,33 @@ def _shows_the_offline_final(driver, url: str, live, recognizer, received: list)
     assert 3.1 < heard.numel() / 16000 < 3.4  # what the page was told to send
     wave = load_audio(WAV / f"{UID}.wav", 16000)
     assert heard.abs().max() > 0.5 * wave.abs().max()  # the file's speech, not silence
-    expected = stream_transcript(recognizer, heard, OPTIONS).text
+    transcript = stream_transcript(recognizer, heard, OPTIONS)
+    expected = transcript.text
     assert driver.execute_script("return document.body.dataset.done") == expected
     finals = driver.find_elements(By.CSS_SELECTOR, "#finals .final")
     words = [[w.text.strip() for w in f.find_elements(By.CSS_SELECTOR, ".word")] for f in finals]
     assert words == [expected.split()]
     assert live.chunks_run >= 8  # it came chunk by chunk
     assert not severe_errors(driver)
+    return transcript
+
+
+def _saved(driver, folder) -> list[str]:
+    """What the page's Save buttons write: transcript.txt and transcript.srt."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    driver.execute_cdp_cmd(
+        "Page.setDownloadBehavior", {"behavior": "allow", "downloadPath": str(folder)}
+    )
+    texts = []
+    for fmt in ("txt", "srt"):
+        file = folder / f"transcript.{fmt}"
+        file.unlink(missing_ok=True)
+        driver.find_element(By.ID, f"save-{fmt}").click()
+        WebDriverWait(driver, 10, 0.05).until(lambda d, f=file: f.exists())
+        texts.append(file.read_text())
+    return texts
 
 
 @pytest.fixture
@@ -64,14 +85,18 @@ def received(monkeypatch) -> list:
     return heard
 
 
-def test_the_page_streams_the_microphone_and_shows_the_final(received, monkeypatch) -> None:
+def test_the_page_streams_the_microphone_and_shows_the_final(
+    received, monkeypatch, tmp_path
+) -> None:
     """Here under a path prefix, as a reverse proxy would serve the page: everything it asks
     for (its scripts, its socket) is below its own address, so a proxy that strips the prefix
-    works too. The next test serves it at the root. Then the server stops mid-recording."""
+    works too. The next test serves it at the root. Save writes the finals as `asr transcribe`
+    writes txt and srt files. Then the server stops mid-recording."""
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
     from asr.serve.server import LiveServer
+    from asr.writers import render, subtitle_cues, to_srt
 
     asked = []
     page = LiveServer._page
@@ -84,11 +109,27 @@ def test_the_page_streams_the_microphone_and_shows_the_final(received, monkeypat
     with running_server(recognizer, OPTIONS) as (live, port):
         driver = chromium(*FAKE_MICROPHONE)
         try:
-            _shows_the_offline_final(
+            transcript = _shows_the_offline_final(
                 driver, f"http://127.0.0.1:{port}/asr/live/", live, recognizer, received
             )
             paths = {path.split("?")[0] for path in asked}
             assert paths == {"/asr/live/", "/asr/live/live.js", "/asr/live/worklet.js"}, paths
+            assert _saved(driver, tmp_path) == [render(transcript, f) for f in ("txt", "srt")]
+            # A second recording's times continue the first's, on the page and in the files.
+            received.clear()
+            driver.execute_script("delete document.body.dataset.done")
+            driver.find_element(By.ID, "toggle").click()
+            WebDriverWait(driver, 30, 0.05).until(lambda d: d.execute_script(
+                "return document.body.dataset.done !== undefined"
+            ))  # fmt: skip
+            second = stream_transcript(recognizer, torch.from_numpy(np.concatenate(received)),
+                                       OPTIONS)  # fmt: skip
+            late = [(a + transcript.duration, b + transcript.duration, text)
+                    for a, b, text in subtitle_cues(second)]  # fmt: skip
+            both = f"{transcript.text} {second.text}\n", to_srt(subtitle_cues(transcript) + late)
+            assert _saved(driver, tmp_path) == list(both)
+            times = [t.text for t in driver.find_elements(By.CSS_SELECTOR, "#finals .time")]
+            assert times[1].startswith(f"0:0{transcript.duration:.1f}–"), times
             # The server stopped mid-recording: the page shows the final it sends, and why
             received.clear()
             driver.get(f"http://127.0.0.1:{port}/asr/live/?autostart=1")

@@ -1,5 +1,7 @@
 // The live page: microphone -> AudioWorklet (16 kHz PCM) -> WebSocket -> partials and finals.
 // ?autostart=1 starts at once; ?seconds=N ends the recording after N seconds of audio.
+// Each recording's times continue the one before; Save writes the finals as asr transcribe's
+// txt and srt files do.
 (() => {
   "use strict";
   const params = new URLSearchParams(location.search);
@@ -8,6 +10,11 @@
   const finals = document.getElementById("finals");
   const partial = document.getElementById("partial");
   const level = document.getElementById("level");
+  const saveTxt = document.getElementById("save-txt");
+  const saveSrt = document.getElementById("save-srt");
+  const rate = 16000;
+  const cues = [];  // {start, end, text} of every final, in seconds from the first recording
+  let recorded = 0;  // seconds of audio the recordings before this one sent
   let session = null;
 
   function say(text, error = false) {
@@ -20,21 +27,26 @@
     return `${m}:${(seconds - 60 * m).toFixed(1).padStart(4, "0")}`;
   }
 
-  function addFinal(message) {
+  function addFinal(message, offset) {
     const line = document.createElement("div");
     line.className = "final";
     const time = document.createElement("span");
     time.className = "time";
-    time.textContent = `${clock(message.start)}–${clock(message.end)}`;
+    time.textContent = `${clock(offset + message.start)}–${clock(offset + message.end)}`;
     line.appendChild(time);
     const words = message.words && message.words.length ? message.words : null;
+    // A subtitle cue spans the words, as asr.writers.subtitle_cues makes them.
+    cues.push(words
+      ? { start: offset + words[0].start, end: offset + words[words.length - 1].end, text: message.text }
+      : { start: offset + message.start, end: offset + message.end, text: message.text });
+    saveTxt.disabled = saveSrt.disabled = false;
     if (words) {
       words.forEach((w, i) => {
         const span = document.createElement("span");
         span.className = "word";
         const sure = w.confidence ?? w.probability;
         if (sure !== undefined && sure < 0.5) span.classList.add("low");
-        span.title = `${w.start.toFixed(2)}–${w.end.toFixed(2)} s` +
+        span.title = `${(offset + w.start).toFixed(2)}–${(offset + w.end).toFixed(2)} s` +
           (sure !== undefined ? `, confidence ${sure.toFixed(2)}` : "");
         span.textContent = (i ? " " : "") + w.word;
         line.appendChild(span);
@@ -45,8 +57,33 @@
     finals.appendChild(line);
   }
 
+  function stamp(seconds) {  // SubRip's HH:MM:SS,mmm
+    const ms = Math.round(Math.max(seconds, 0) * 1000);
+    const pad = (n, width) => String(n).padStart(width, "0");
+    return `${pad(Math.floor(ms / 3600000), 2)}:${pad(Math.floor(ms / 60000) % 60, 2)}:` +
+      `${pad(Math.floor(ms / 1000) % 60, 2)},${pad(ms % 1000, 3)}`;
+  }
+
+  function save(name, text) {
+    const link = document.createElement("a");
+    link.href = URL.createObjectURL(new Blob([text], { type: "text/plain;charset=utf-8" }));
+    link.download = name;
+    document.body.appendChild(link);
+    link.click();
+    link.remove();
+    setTimeout(() => URL.revokeObjectURL(link.href), 10000);
+  }
+
+  function ordered() {
+    return [...cues].sort((a, b) => a.start - b.start);
+  }
+
+  saveTxt.addEventListener("click", () =>
+    save("transcript.txt", ordered().map((c) => c.text).join(" ") + "\n"));
+  saveSrt.addEventListener("click", () => save("transcript.srt", ordered()
+    .map((c, i) => `${i + 1}\n${stamp(c.start)} --> ${stamp(c.end)}\n${c.text}\n\n`).join("")));
+
   async function start() {
-    const rate = 16000;
     const media = await navigator.mediaDevices.getUserMedia({
       audio: { channelCount: 1, echoCancellation: false, noiseSuppression: false, autoGainControl: false },
     });
@@ -60,7 +97,7 @@
     const scheme = location.protocol === "https:" ? "wss" : "ws";
     const ws = new WebSocket(`${scheme}://${location.host}${location.pathname}`);  // this page's address
     ws.binaryType = "arraybuffer";
-    const s = { ws, media, context, node, sent: 0, ended: false };
+    const s = { ws, media, context, node, sent: 0, ended: false, offset: recorded };
     session = s;
     const limit = Number(params.get("seconds") || 0);
     node.port.onmessage = (event) => {
@@ -87,7 +124,7 @@
         partial.textContent = message.text;
       } else if (message.type === "final") {
         partial.textContent = "";
-        addFinal(message);
+        addFinal(message, s.offset);
       } else if (message.type === "done") {
         partial.textContent = "";
         document.body.dataset.done = message.text;
@@ -107,6 +144,7 @@
 
   function finish(s) {
     s.ended = true;
+    recorded = s.offset + s.sent / rate;
     s.media.getTracks().forEach((t) => t.stop());
     s.context.close();
     toggle.textContent = "Start";
