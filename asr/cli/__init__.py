@@ -251,6 +251,11 @@ def _transcribe(args: argparse.Namespace) -> int:
         raise ValueError("nothing to transcribe: give audio, folders, globs, or --manifest")
     if args.format is not None and args.output_dir is None:
         raise ValueError("--format chooses the files written to --output-dir: give that too")
+    if args.explorer and (args.output_dir is None or args.streaming or spreads(args)):
+        raise ValueError(
+            "--explorer keeps its maps in --output-dir, in one process and not --streaming: "
+            "give --output-dir (`asr explore OUT` builds the page of any output folder)"
+        )
     if args.streaming:
         from asr.cli.live import transcribe_streaming
 
@@ -273,6 +278,10 @@ def _transcribe(args: argparse.Namespace) -> int:
         for failure in failures:
             print(f"asr transcribe: error: {failure}", file=sys.stderr)
         failed = _transcribe_inputs(args, inputs) if inputs else []
+    if args.explorer:
+        from asr.explore.build import explore
+
+        print(f"explorer: {explore(args.output_dir, progress=not args.quiet)}", file=sys.stderr)
     if failures or failed:
         total = len(failures) + len(inputs)
         print(
@@ -300,7 +309,7 @@ def _transcribe_inputs(args: argparse.Namespace, inputs: list[Input], on_result=
         recognizer,
         inputs,
         args.output_dir,
-        formats=args.format or DEFAULT_FORMATS,
+        formats=[*(args.format or DEFAULT_FORMATS), *(["json"] if args.explorer else [])],
         options=replace(_search_options(args, recognizer), nbest=args.nbest),
         lm=_language_model(args, recognizer),
         timestamps=args.timestamps,
@@ -311,6 +320,7 @@ def _transcribe_inputs(args: argparse.Namespace, inputs: list[Input], on_result=
         words_per_cue=args.words_per_cue,
         progress=not args.quiet,
         on_result=on_result,
+        explorer=args.explorer,
     )
 
 
@@ -768,6 +778,13 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
             help="files to write to --output-dir (txt json); all: every one",
         )
         p.add_argument("--output-dir", help="write <path>.<format> files here (default: print)")
+        p.add_argument(
+            "--explorer",
+            action="store_true",
+            help="also keep each input's cross-attention and CTC path (inputs decoded in one "
+            "segment, up to --max-segment-seconds) beside its json, and write "
+            "OUTPUT_DIR/explorer.html: the page of `asr explore` (docs/explorer.md)",
+        )
         p.add_argument("--timestamps", choices=TIMESTAMP_METHODS, default=TIMESTAMP_METHODS[0])
         p.add_argument(
             "--nbest",

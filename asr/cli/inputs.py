@@ -209,12 +209,21 @@ def transcribe_files(
     words_per_cue: int = 0,
     progress: bool = True,
     on_result: Callable[[Input, BatchResult], None] | None = None,
+    explorer: bool = False,
 ) -> list[str]:
     """Transcribe inputs into `out_dir/<stem>.<format>` files, or onto stdout; the failed names.
 
     `on_result(input, result)` is called for each input once its files are written (or its
-    failure is reported).
+    failure is reported). `explorer`: also keep, for `asr explore out_dir`, the cross-attention
+    and CTC path of each input decoded in one segment (`<stem>.explore.npz`).
     """
+    if explorer:
+        from asr.evaluate import record_layout
+        from asr.explore.records import write_layout, write_maps
+
+        if out_dir is None:
+            raise ValueError("the explorer's maps are kept in an output folder: give out_dir")
+        write_layout(out_dir, record_layout(recognizer))
     formats = expand_formats(formats)
     items = list(inputs) if all(isinstance(i, Input) for i in inputs) else file_inputs(inputs)
     failed = []
@@ -230,6 +239,7 @@ def transcribe_files(
                 batch_size=batch_size,
                 segmenter=segmenter,
                 progress=progress,
+                keep_decoded=explorer,
             )
             for item, result in zip(group, results):
                 if result.error is not None:
@@ -240,6 +250,9 @@ def transcribe_files(
                     _say((f"{item.name}\n" if len(items) > 1 else "") + text)
                 else:
                     stem = Path(out_dir) / item.stem
+                    if explorer:  # before the files, whose presence means done
+                        stem.parent.mkdir(parents=True, exist_ok=True)
+                        write_maps(stem, result.decoded)
                     write_outputs(result.transcript, stem, formats, item.name, words_per_cue)
                     _say(f"{item.name}\t{result.transcript.text}\n")
                 if on_result is not None:

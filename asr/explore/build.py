@@ -21,7 +21,13 @@ import numpy as np
 
 from asr.audio import AudioError, load_audio
 from asr.explore.page import build_page
-from asr.explore.records import ctc_frames, read_attention, read_layout, read_records
+from asr.explore.records import (
+    ctc_frames,
+    read_attention,
+    read_layout,
+    read_maps,
+    read_records,
+)
 from asr.metrics import WordAlignment
 
 log = logging.getLogger(__name__)
@@ -148,16 +154,26 @@ def _decode_utterance(
 def transcribe_data(
     folder: Path, page_dir: Path, link_audio: bool, progress: bool
 ) -> dict[str, Any]:
-    """One row per transcript `<name>.json`; no reference, no attention."""
-    notes = ["transcripts without references: no WER; no attention saved by `asr transcribe`"]
-    media = _Media(page_dir, link_audio, 16000)
+    """One row per transcript `<name>.json`, no reference; attention and the CTC path where
+    `asr transcribe --explorer` kept them (`<name>.explore.npz`)."""
+    notes = ["transcripts without references: no WER"]
+    layout = read_layout(folder)
+    media = _Media(page_dir, link_audio, layout.get("sample_rate", 16000))
     utterances = []
+    without_maps = 0
     for path in _bar(sorted(_transcript_files(folder)), progress, "explore"):
         try:
             transcript = json.loads(path.read_text(encoding="utf-8"))
+            maps = read_maps(path)
         except (OSError, ValueError) as err:
             notes.append(f"{path.name}: not readable ({err})")
             continue
+        arrays = {}
+        if "attention" in maps:
+            arrays["attention"] = (maps["attention"], {"seconds": layout.get("frame_seconds")})
+        if "ctc" in maps:
+            arrays["ctc"] = (maps["ctc"], {"seconds": layout.get("frame_seconds")})
+        without_maps += not maps
         words = [_word(w) for w in transcript.get("words", [])]
         source = transcript.get("audio") or ""
         # as given to `asr transcribe`: relative to where it ran, or else to the folder
@@ -173,7 +189,14 @@ def transcribe_data(
                 "hyp": transcript.get("text", ""),
                 "words": words,
                 "nbest": [{"text": transcript.get("text", ""), "score": transcript.get("score")}],
-                "tokens": [],
+                "tokens": [
+                    {"piece": t["piece"], "start": t.get("start"), "end": t.get("end")}
+                    for t in transcript.get("tokens", [])
+                ],
+                "timing_heads": layout.get("timing_heads"),
+                "layers": layout.get("layers"),
+                "heads": layout.get("heads"),
+                "attention_kind": layout.get("attention"),
                 "flags": sorted({s["repaired"] for s in segments if s.get("repaired")})
                 + ([f"{len(segments)} segments"] if len(segments) > 1 else []),
                 "confidence": _mean_confidence(words),
@@ -184,7 +207,12 @@ def transcribe_data(
                 "audio": audio.src,
                 "audio_note": audio.note,
             }
-            | _pack(audio.arrays)
+            | _pack(audio.arrays | arrays)
+        )
+    if without_maps:
+        notes.append(
+            f"{without_maps} of {len(utterances)} transcripts without attention: "
+            "`asr transcribe --explorer` keeps it, for inputs decoded in one segment"
         )
     return _page("transcribe", folder, notes + media.notes(), None, utterances)
 

@@ -1,6 +1,7 @@
 """What `asr evaluate` keeps of each decoded utterance for the explorer: `utterances.jsonl`
 (texts, word and token times, n-best, CTC path) and `attention.npz` (every decoder layer and
-head's cross-attention, 8 bits), beside its metrics.json."""
+head's cross-attention, 8 bits), beside its metrics.json. `asr transcribe --explorer` keeps
+each input's maps beside its transcript instead (`<stem>.explore.npz`)."""
 
 from __future__ import annotations
 
@@ -9,13 +10,17 @@ import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from asr.results import Decoded
 
 RECORDS = "utterances.jsonl"
 ATTENTION = "attention.npz"
 LAYOUT = "explore.json"
+MAPS_SUFFIX = ".explore.npz"  # beside a transcript's <stem>.json: its attention and CTC path
 
 
 def quantized_attention(attention: np.ndarray) -> np.ndarray:
@@ -71,7 +76,7 @@ class RecordWriter:
             np.savez_compressed(path, **self.maps)
         elif path.exists():
             path.unlink()  # a stale file from an earlier decode with attention
-        (self.out_dir / LAYOUT).write_text(json.dumps(self.layout, indent=1) + "\n")
+        write_layout(self.out_dir, self.layout)
 
 
 def read_records(folder: str | os.PathLike) -> Iterator[dict[str, Any]]:
@@ -97,5 +102,43 @@ def read_attention(folder: str | os.PathLike) -> dict[str, np.ndarray] | None:
     path = Path(folder) / ATTENTION
     if not path.is_file():
         return None
+    with np.load(path) as archive:
+        return {key: archive[key] for key in archive.files}
+
+
+def write_layout(folder: str | os.PathLike, layout: dict[str, Any]) -> None:
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    (Path(folder) / LAYOUT).write_text(json.dumps(layout, indent=1) + "\n")
+
+
+def write_maps(stem: str | os.PathLike, decoded: Decoded | None) -> None:
+    """A transcript's cross-attention `(K, L+1, T)` (8 bits) and CTC path (`ctc_frames`), from
+    its one segment's search result, as `<stem>.explore.npz`, whole or not at all; without
+    either (or `decoded`), no file, and none left from before."""
+    arrays = {}
+    attention = None if decoded is None else decoded.hypothesis.attention
+    if attention is not None and attention.numel():
+        arrays["attention"] = quantized_attention(attention.float().cpu().numpy())
+    try:
+        if decoded is not None:
+            ctc = decoded.ctc_path()
+            arrays["ctc"] = ctc_frames(ctc.start_frames, ctc.end_frames, ctc.num_frames)
+    except ValueError:  # no CTC head, or more tokens than frames
+        pass
+    path = Path(f"{stem}{MAPS_SUFFIX}")
+    if not arrays:
+        path.unlink(missing_ok=True)
+        return
+    partial = path.with_name(f".{path.name}.partial")
+    with open(partial, "wb") as f:
+        np.savez_compressed(f, **arrays)
+    os.replace(partial, path)
+
+
+def read_maps(transcript: str | os.PathLike) -> dict[str, np.ndarray]:
+    """The maps kept beside a transcript `<stem>.json` (none: empty)."""
+    path = Path(transcript).with_suffix(MAPS_SUFFIX)
+    if not path.is_file():
+        return {}
     with np.load(path) as archive:
         return {key: archive[key] for key in archive.files}

@@ -166,3 +166,36 @@ def test_zero_utterances_transcripts_and_training_runs_build(tmp_path, capsys):
     assert "no such folder" in capsys.readouterr().err
     assert main(["explore", str(tmp_path / "run" / "logs" / "version_0" / "attention")]) == 2
     assert "not a decode folder" in capsys.readouterr().err
+
+
+def test_transcribe_explorer_keeps_the_attention_of_inputs_in_one_segment(
+    tiny_checkpoint, tmp_path, capsys
+):
+    """`asr transcribe --explorer`: an input decoded in one segment keeps its cross-attention
+    `(K, L+1, T)` and CTC path beside its json (written whatever --format says), and the page
+    written at the end shows them; an input cut into segments has none, and the page says so."""
+    short = WAV / "an4_clstk/fash/an251-fash-b.wav"  # 1 s
+    long = WAV / "an4_clstk/fash/an255-fash-b.wav"  # 2.6 s: two segments of at most 2.5 s
+    out = tmp_path / "out"
+    args = ["transcribe", str(short), str(long), "--model", str(tiny_checkpoint["checkpoint"]),
+            "--output-dir", str(out), "--format", "txt", "--explorer",
+            "--max-segment-seconds", "2.5", "--quiet"]  # fmt: skip
+    assert main(args) == 0
+    assert f"explorer: {out / 'explorer.html'}" in capsys.readouterr().err
+    layout = json.loads((out / "explore.json").read_text())
+    transcript = json.loads((out / "an251-fash-b.json").read_text())
+    with np.load(out / "an251-fash-b.explore.npz") as maps:
+        attention, ctc = maps["attention"], maps["ctc"]
+    maps_per_layer = layout["layers"] * layout["heads"]
+    assert attention.dtype == np.uint8 and attention.shape[:2] == (
+        maps_per_layer,
+        len(transcript["tokens"]) + 1,
+    )
+    assert ctc.shape == (attention.shape[2],)  # one entry per encoder frame
+    assert len(json.loads((out / "an255-fash-b.json").read_text())["segments"]) == 2
+    assert not (out / "an255-fash-b.explore.npz").exists()
+    page = page_data((out / "explorer.html").read_text())
+    rows = {u["id"]: u for u in page["utterances"]}
+    assert set(rows["an251-fash-b"]["arrays"]) >= {"attention", "ctc", "envelope"}
+    assert "attention" not in rows["an255-fash-b"]["arrays"]
+    assert any("1 of 2 transcripts without attention" in note for note in page["notes"])
