@@ -278,7 +278,7 @@ def _transcribe(args: argparse.Namespace) -> int:
         for failure in failures:
             print(f"asr transcribe: error: {failure}", file=sys.stderr)
         failed = _transcribe_inputs(args, inputs) if inputs else []
-    if args.explorer:
+    if args.explorer and len(failed) < len(inputs):  # a page of at least one transcript
         from asr.explore.build import explore
 
         print(f"explorer: {explore(args.output_dir, progress=not args.quiet)}", file=sys.stderr)

@@ -164,10 +164,15 @@ def transcribe_data(
     for path in _bar(sorted(_transcript_files(folder)), progress, "explore"):
         try:
             transcript = json.loads(path.read_text(encoding="utf-8"))
-            maps = read_maps(path)
         except (OSError, ValueError) as err:
             notes.append(f"{path.name}: not readable ({err})")
             continue
+        try:
+            maps = read_maps(path)
+        except (OSError, ValueError) as err:
+            notes.append(f"{path.relative_to(folder).with_suffix('')}: its attention is not "
+                         f"readable ({err})")  # fmt: skip
+            maps = {}
         arrays = {}
         if "attention" in maps:
             arrays["attention"] = (maps["attention"], {"seconds": layout.get("frame_seconds")})
@@ -182,7 +187,7 @@ def transcribe_data(
         segments = transcript.get("segments", [])
         utterances.append(
             {
-                "id": path.stem,
+                "id": path.relative_to(folder).with_suffix("").as_posix(),
                 "speaker": None,
                 "duration": transcript.get("duration"),
                 "ref": None,
@@ -441,7 +446,8 @@ def _opus_uri(wave: np.ndarray, sample_rate: int) -> str:
 
 
 def _transcript_files(folder: Path):
-    for path in folder.glob("*.json"):
+    """Transcripts `<name>.json`, in subfolders too: transcribe mirrors the inputs' folders."""
+    for path in folder.rglob("*.json"):
         if path.name not in ("metrics.json", "explore.json"):
             yield path
 

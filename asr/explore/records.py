@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import zipfile
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -116,15 +117,15 @@ def write_maps(stem: str | os.PathLike, decoded: Decoded | None) -> None:
     its one segment's search result, as `<stem>.explore.npz`, whole or not at all; without
     either (or `decoded`), no file, and none left from before."""
     arrays = {}
-    attention = None if decoded is None else decoded.hypothesis.attention
-    if attention is not None and attention.numel():
-        arrays["attention"] = quantized_attention(attention.float().cpu().numpy())
-    try:
-        if decoded is not None:
+    if decoded is not None:
+        attention = decoded.hypothesis.attention
+        if attention is not None and attention.numel():
+            arrays["attention"] = quantized_attention(attention.float().cpu().numpy())
+        try:
             ctc = decoded.ctc_path()
             arrays["ctc"] = ctc_frames(ctc.start_frames, ctc.end_frames, ctc.num_frames)
-    except ValueError:  # no CTC head, or more tokens than frames
-        pass
+        except ValueError:  # no CTC head, or more tokens than frames
+            pass
     path = Path(f"{stem}{MAPS_SUFFIX}")
     if not arrays:
         path.unlink(missing_ok=True)
@@ -136,9 +137,13 @@ def write_maps(stem: str | os.PathLike, decoded: Decoded | None) -> None:
 
 
 def read_maps(transcript: str | os.PathLike) -> dict[str, np.ndarray]:
-    """The maps kept beside a transcript `<stem>.json` (none: empty)."""
+    """The maps kept beside a transcript `<stem>.json` (none: empty); ValueError names a file
+    that is not such an archive."""
     path = Path(transcript).with_suffix(MAPS_SUFFIX)
     if not path.is_file():
         return {}
-    with np.load(path) as archive:
-        return {key: archive[key] for key in archive.files}
+    try:
+        with np.load(path) as archive:
+            return {key: archive[key] for key in archive.files}
+    except (zipfile.BadZipFile, ValueError):  # np.load takes what is not a zip for a pickle
+        raise ValueError(f"{path.name} is not an .npz archive") from None

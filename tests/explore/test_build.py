@@ -162,6 +162,12 @@ def test_zero_utterances_transcripts_and_training_runs_build(tmp_path, capsys):
         "train/loss": [3.0, 2.0], "val/loss": [2.5, 1.5], "val/wer": [90.0, 40.0]}}  # fmt: skip
     assert [e["epoch"] for e in training["plots"][0]["epochs"]] == [0, 1]
 
+    for speaker in ("alice", "bob"):  # as transcribe mirrors alice/001.wav and bob/001.wav
+        (transcripts / speaker).mkdir()
+        shutil.copy(transcripts / "a.json", transcripts / speaker / "001.json")
+    rows = page_data(explore(transcripts, progress=False).read_text())["utterances"]
+    assert [row["id"] for row in rows] == ["a", "alice/001", "bob/001"]
+
     assert main(["explore", str(tmp_path / "nothing")]) == 2
     assert "no such folder" in capsys.readouterr().err
     assert main(["explore", str(tmp_path / "run" / "logs" / "version_0" / "attention")]) == 2
@@ -199,3 +205,8 @@ def test_transcribe_explorer_keeps_the_attention_of_inputs_in_one_segment(
     assert set(rows["an251-fash-b"]["arrays"]) >= {"attention", "ctc", "envelope"}
     assert "attention" not in rows["an255-fash-b"]["arrays"]
     assert any("1 of 2 transcripts without attention" in note for note in page["notes"])
+    (out / "an251-fash-b.explore.npz").write_bytes(b"not an archive")  # the row stays
+    page = page_data(explore(out, progress=False).read_text())
+    assert [u["id"] for u in page["utterances"]] == ["an251-fash-b", "an255-fash-b"]
+    assert "an251-fash-b: its attention is not readable (an251-fash-b.explore.npz is not an " \
+        ".npz archive)" in page["notes"]  # fmt: skip
