@@ -91,9 +91,8 @@ def wer(args: argparse.Namespace) -> dict:
     norm = recognizer.tokenizer.normalizer
     refs = [norm(u.text) for u in utterances]
     out: dict = {"model": args.model, "backend": args.backend, "manifest": args.manifest,
-                 "beam": args.beam,
-                 "ctc_weight": args.ctc_weight, "final_search": args.final_search,
-                 "first_chunk_ms": args.first_chunk_ms,
+                 "beam": args.beam, "ctc_weight": args.ctc_weight,
+                 "final_search": args.final_search, "first_chunk_ms": args.first_chunk_ms,
                  "rows": {}, "seconds": {}, "against full context": {}, "hyps": {}}  # fmt: skip
     audio_seconds = sum(w.numel() for w in waves) / RATE
     errors = {}  # chunk ms: word errors per utterance

@@ -309,7 +309,7 @@ def _transcribe_inputs(args: argparse.Namespace, inputs: list[Input], on_result=
         recognizer,
         inputs,
         args.output_dir,
-        formats=[*(args.format or DEFAULT_FORMATS), *(["json"] if args.explorer else [])],
+        formats=args.format or DEFAULT_FORMATS,
         options=replace(_search_options(args, recognizer), nbest=args.nbest),
         lm=_language_model(args, recognizer),
         timestamps=args.timestamps,

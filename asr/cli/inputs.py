@@ -215,7 +215,8 @@ def transcribe_files(
 
     `on_result(input, result)` is called for each input once its files are written (or its
     failure is reported). `explorer`: also keep, for `asr explore out_dir`, the cross-attention
-    and CTC path of each input decoded in one segment (`<stem>.explore.npz`).
+    and CTC path of each input decoded in one segment (`<stem>.explore.npz`), and the json the
+    page reads whatever `formats` says.
     """
     if explorer:
         from asr.evaluate import record_layout
@@ -224,6 +225,7 @@ def transcribe_files(
         if out_dir is None:
             raise ValueError("the explorer's maps are kept in an output folder: give out_dir")
         write_layout(out_dir, record_layout(recognizer))
+        formats = [*formats, "json"]
     formats = expand_formats(formats)
     items = list(inputs) if all(isinstance(i, Input) for i in inputs) else file_inputs(inputs)
     failed = []

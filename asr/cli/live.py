@@ -115,10 +115,11 @@ def transcribe_streaming(
             audio = name  # what the written transcript names as its audio
             with contextlib.ExitStack() as recording:
                 if name == "-":
-                    pieces = _stdin_pcm(rate, interrupted)
+                    data = _stdin_bytes(rate, interrupted)
                     if args.output_dir:
                         audio = os.path.join(args.output_dir, f"{stems[name]}.wav")
-                        pieces = recording.enter_context(_recorded(pieces, audio, rate))
+                        data = recording.enter_context(_recorded(data, audio, rate))
+                    pieces = _samples(data)
                 else:
                     pieces = _pieces(load_audio(name, rate).numpy(), rate)
                 for piece in pieces:
@@ -153,17 +154,17 @@ def _output_stems(names: list[str]) -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def _recorded(pieces, path: str, rate: int):
-    """`pieces` (float samples from 16-bit PCM), written to the WAV file `path` as they pass."""
+def _recorded(data, path: str, rate: int):
+    """`data` (s16le PCM bytes), written to the WAV file `path` as they pass."""
     import soundfile as sf
 
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     with sf.SoundFile(path, "w", samplerate=rate, channels=1, subtype="PCM_16") as wav:
 
         def passing():
-            for piece in pieces:
-                wav.write(np.round(piece * 32768.0).astype(np.int16))
-                yield piece
+            for block in data:
+                wav.buffer_write(block, dtype="int16")
+                yield block
 
         yield passing()
 
@@ -230,10 +231,10 @@ def _pieces(wave: np.ndarray, rate: int):
         yield wave[start : start + step]
 
 
-def _stdin_pcm(rate: int, interrupted: list[int]):
-    """Raw s16le mono PCM from stdin as samples, as it arrives (`_stdin_bytes`)."""
-    for data in _stdin_bytes(rate, interrupted):
-        yield np.frombuffer(data, dtype="<i2").astype(np.float32) / 32768.0
+def _samples(data):
+    """s16le mono PCM bytes (`_stdin_bytes`) as float samples."""
+    for block in data:
+        yield np.frombuffer(block, dtype="<i2").astype(np.float32) / 32768.0
 
 
 def _stdin_bytes(rate: int, interrupted: list[int]):

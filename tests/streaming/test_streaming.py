@@ -313,16 +313,18 @@ def test_ctrl_c_ends_the_input_with_the_finals_of_what_was_heard(
     heard, silence = wave[:24000], np.zeros(1600, dtype=np.float32)
 
     def microphone(rate: int, interrupted: list, presses: int = 1, then: int = 50):
-        yield from asr.cli.live._pieces(heard, rate)
+        """s16le PCM as `_stdin_bytes` gives it (the samples are 16-bit values already)."""
+        for piece in asr.cli.live._pieces(heard, rate):
+            yield (piece * 32768).astype("<i2").tobytes()
         for _ in range(presses):
             os.kill(os.getpid(), signal.SIGINT)
         for _ in range(then):  # a source that does not end by itself
-            yield silence
+            yield (silence * 32768).astype("<i2").tobytes()
         assert then < 50, "Ctrl-C did not end the input"
 
     command = ["transcribe", "--streaming", "--chunk-ms", "320", "--model",
                str(tiny_checkpoint["checkpoint"]), "-"]  # fmt: skip
-    monkeypatch.setattr(asr.cli.live, "_stdin_pcm", microphone)
+    monkeypatch.setattr(asr.cli.live, "_stdin_bytes", microphone)
     assert main([*command, "--output-dir", str(tmp_path)]) == 130
     lines = [line for line in capsys.readouterr().out.splitlines() if line]
     recognizer = load_model(tiny_checkpoint["checkpoint"])
@@ -335,13 +337,13 @@ def test_ctrl_c_ends_the_input_with_the_finals_of_what_was_heard(
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
     twice = functools.partial(microphone, presses=2)
-    monkeypatch.setattr(asr.cli.live, "_stdin_pcm", twice)
+    monkeypatch.setattr(asr.cli.live, "_stdin_bytes", twice)
     assert main(command) == 130  # at once, with the line of any Ctrl-C
     assert capsys.readouterr().err.endswith("asr transcribe: interrupted\n")
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    monkeypatch.setattr(asr.cli.live, "_stdin_pcm", functools.partial(microphone, then=3))
+    monkeypatch.setattr(asr.cli.live, "_stdin_bytes", functools.partial(microphone, then=3))
     assert main(command) == 0  # the whole input
     assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
     signal.signal(signal.SIGINT, signal.default_int_handler)
