@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections.abc import Callable, Sequence
 from functools import partial
@@ -99,9 +100,7 @@ class ASRModule(L.LightningModule):
             raise ValueError(f"freeze_encoder_steps must be >= 0, got {freeze_encoder_steps}")
         if plot_every_n_epochs < 1:
             raise ValueError(f"plot_every_n_epochs must be >= 1, got {plot_every_n_epochs}")
-        self.save_hyperparameters(
-            ignore=["frontend", "encoder", "decoder", "optimizer", "lr_scheduler"]
-        )
+        save_hyperparameters(self, ["frontend", "encoder", "decoder", "optimizer", "lr_scheduler"])
         self.model = build_seq2seq(frontend, encoder, decoder, vocab_size, ctc_weight)
         self._inter_ctc = _inter_ctc(self.model, inter_ctc_layers, inter_ctc_weight)
         if fast_dropout:
@@ -404,6 +403,16 @@ def _parameters(optimizer: torch.optim.Optimizer) -> list[Tensor]:
     return [p for group in optimizer.param_groups for p in group["params"]]
 
 
+def save_hyperparameters(
+    module: L.LightningModule | L.LightningDataModule, ignore: Sequence[str] = ()
+) -> None:
+    """`module.save_hyperparameters` of its caller's arguments, given the caller's frame. Left to
+    find it, Lightning keeps it in a frame that refers to itself: the callers' locals (their
+    DataLoaders too, whose persistent workers then take 5 s each to stop) wait for the cyclic
+    garbage collector."""
+    module.save_hyperparameters(ignore=list(ignore), frame=inspect.currentframe().f_back)
+
+
 def _uses_grad_scaler(trainer: L.Trainer) -> bool:
     return getattr(trainer.precision_plugin, "scaler", None) is not None
 
@@ -520,7 +529,7 @@ class ASRDataModule(L.LightningDataModule):
             raise ValueError(f"check_audio must be 'header' or 'full', got {check_audio!r}")
         self.grid = None if shape_grid is None else LengthGrid(shape_grid)
         # `augment` stays out of hparams: checkpoints keep plain types, loadable weights_only.
-        self.save_hyperparameters(ignore=["augment"])
+        save_hyperparameters(self, ["augment"])
         self.augmenter = None
         if augment is not None and augment.active:
             self.augmenter = WaveAugmenter(augment, sample_rate)

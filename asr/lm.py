@@ -18,7 +18,7 @@ from torch import Tensor, nn
 from asr.checkpoint import LM_KEY, checkpoint_payload
 from asr.data.dataset import set_loader_epoch
 from asr.data.manifest import read_manifest
-from asr.lightning import bucketed_loader, stage_manifests, step_schedule
+from asr.lightning import bucketed_loader, save_hyperparameters, stage_manifests, step_schedule
 from asr.models.dropout import use_fast_dropout
 from asr.models.lm import build_lm
 from asr.text import EOS_ID, PAD_ID, SOS_ID, Tokenizer
@@ -82,7 +82,7 @@ class LMModule(L.LightningModule):
         fast_dropout: bool = False,
     ):
         super().__init__()
-        self.save_hyperparameters(ignore=["lm", "optimizer", "lr_scheduler"])
+        save_hyperparameters(self, ["lm", "optimizer", "lr_scheduler"])
         self.lm = build_lm(lm, vocab_size)
         if fast_dropout:
             use_fast_dropout(self.lm)
@@ -189,7 +189,7 @@ class TextDataModule(L.LightningDataModule):
         skip_bad: bool = False,
     ):
         super().__init__()
-        self.save_hyperparameters()
+        save_hyperparameters(self)
         self.tokenizer = Tokenizer.load(tokenizer)
         self.datasets: dict[str, list[list[int]]] = {}
 

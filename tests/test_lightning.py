@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import gc
 import json
 import logging
 import os
@@ -13,6 +14,7 @@ import subprocess
 import sys
 import textwrap
 import warnings
+import weakref
 from functools import partial
 from pathlib import Path
 
@@ -33,6 +35,8 @@ from asr.data.prepare import prepare_corpus
 from asr.data.sampler import LengthGrid
 from asr.frontends import Frontend, LogMelFilterbank
 from asr.lightning import TOKEN_MULTIPLE, ASRDataModule, ASRModule
+from asr.lm import LMModule, TextDataModule
+from asr.models.lm import LSTMLM
 from asr.models.transformer import TransformerDecoder, TransformerEncoder
 from asr.recognizer import load_model
 from asr.segment import segment_seconds_for
@@ -580,6 +584,34 @@ def test_shortest_first_epochs_reach_the_training_sampler(tiny_an4, grid):
         longest.append([int(batch.wave_lens.max()) for batch in loader])
     assert longest[0] == sorted(longest[0])
     assert longest[1] != sorted(longest[1]), "later epochs are shuffled"
+
+
+def test_building_the_modules_leaves_the_callers_locals_to_reference_counting(tiny_an4):
+    """No module's hyperparameters keep a frame cycle: held until a garbage collection, a
+    caller's DataLoader stops its persistent workers only after 5 s each."""
+
+    class Local:
+        pass
+
+    def build(make) -> weakref.ref:
+        local = Local()
+        make()
+        return weakref.ref(local)
+
+    makers = {
+        "ASRModule, ASRDataModule": lambda: _tiny_module(tiny_an4),
+        "LMModule": lambda: LMModule(lambda v: LSTMLM(v, 8, 16, 1), vocab_size=12),
+        "TextDataModule": lambda: TextDataModule(
+            tiny_an4["train"], tiny_an4["dev"], tiny_an4["tokenizer"]
+        ),  # fmt: skip
+    }
+    gc.collect()
+    gc.disable()
+    try:
+        alive = [name for name, make in makers.items() if build(make)() is not None]
+    finally:
+        gc.enable()
+    assert alive == []
 
 
 def test_validation_greedy_steps_leave_bf16_autocast_below_bf16_step_rows(tiny_an4, monkeypatch):
