@@ -19,7 +19,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils import _pytree as pytree
 
-from asr.models.chunking import EncoderCache
+from asr.models.chunking import EncoderCache, streaming_problem
 from asr.models.interfaces import State
 from asr.models.seq2seq import Seq2Seq
 
@@ -68,16 +68,6 @@ def _cache(names: list[str], tensors: Any) -> EncoderCache:
     return EncoderCache(**{name: fields.get(name) for name in CACHE})
 
 
-def _can_stream(encoder: nn.Module) -> bool:
-    if not hasattr(encoder, "forward_chunk"):
-        return False
-    try:
-        encoder.empty_cache(1, torch.zeros(1))
-    except ValueError:  # e.g. a Conformer whose convolutions see the next frames
-        return False
-    return True
-
-
 class _Init(nn.Module):
     def __init__(self, decoder: nn.Module) -> None:
         super().__init__()
@@ -122,7 +112,7 @@ def export_onnx(
     _export(model.encoder, (feats, feat_lens), folder / "encoder.onnx", ["feats", "feat_lens"],
             ["enc", "enc_lens"], [enc, enc_lens])  # fmt: skip
     written = ["encoder.onnx"]
-    if _can_stream(model.encoder):
+    if streaming_problem(model.encoder) is None:
         written.append(_export_chunk(model.encoder, feats, folder))
     if model.ctc is not None:
         _export(model.ctc, (enc,), folder / "ctc.onnx", ["enc"], ["log_probs"], [model.ctc(enc)])

@@ -32,7 +32,7 @@ from asr.decoding import search_encoded, teacher_forced
 from asr.frontends import GlobalCMVN
 from asr.frontends.features import num_frames
 from asr.models.blocks import min_input_length
-from asr.models.chunking import EncoderCache
+from asr.models.chunking import EncoderCache, streaming_problem
 from asr.results import Decoded, Transcript
 from asr.search import Hypothesis, LanguageModel
 from asr.text import PAD_ID, SOS_EOS_ID
@@ -109,8 +109,9 @@ def streaming_encoder(recognizer: Recognizer, chunked: bool) -> torch.nn.Module:
         raise ValueError(
             f"{recognizer.checkpoint}: {type(encoder).__name__} cannot run chunk by chunk"
         )
-    if chunked:
-        encoder.empty_cache(1, torch.zeros(1))  # raises where the encoder cannot stream
+    problem = streaming_problem(encoder) if chunked else None
+    if problem is not None:
+        raise ValueError(f"{recognizer.checkpoint}: {problem}")
     return encoder
 
 

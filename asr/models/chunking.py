@@ -177,6 +177,17 @@ def empty_cache(
     )
 
 
+def streaming_problem(encoder: torch.nn.Module) -> str | None:
+    """Why `encoder` cannot run chunk by chunk with a cache, or None where it can."""
+    if not hasattr(encoder, "forward_chunk"):
+        return f"{type(encoder).__name__} cannot run chunk by chunk"
+    try:
+        encoder.empty_cache(1, torch.zeros(1))
+    except ValueError as e:  # e.g. a Conformer whose convolutions see the next frames
+        return str(e)
+    return None
+
+
 def chunk_keys_mask(cache: EncoderCache, valid: Tensor) -> Tensor:
     """Mask `(B, 1, Q, L + Q)` of a chunk's queries over cached and chunk keys: every valid key
     of the cache, and the chunk's own valid frames (the whole chunk is one attention chunk)."""

@@ -6,7 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from asr.models.chunking import ChunkTraining, EncoderCache, chunk_attention_mask
+from asr.models.chunking import (
+    ChunkTraining,
+    EncoderCache,
+    chunk_attention_mask,
+    streaming_problem,
+)
 from asr.models.conformer import ConformerEncoder
 from asr.models.transformer import TransformerEncoder
 
@@ -191,3 +196,10 @@ def test_streaming_needs_causal_convolutions() -> None:
         ConformerEncoder(20, ffn_dim=32, kernel_size=5, **SMALL).empty_cache(1, torch.zeros(1))
     with pytest.raises(ValueError, match="max_chunk"):
         ChunkTraining(max_chunk=0)
+
+
+def test_streaming_problem_says_why_an_encoder_cannot_stream() -> None:
+    assert all(streaming_problem(make()) is None for make in ENCODERS.values())
+    lookahead = ConformerEncoder(20, ffn_dim=32, kernel_size=5, **SMALL)
+    assert "convolutions are not causal" in streaming_problem(lookahead)
+    assert streaming_problem(torch.nn.LSTM(4, 4)) == "LSTM cannot run chunk by chunk"
