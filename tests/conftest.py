@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import math
 import os
 import signal
+import tempfile
+from collections.abc import Callable, Iterable
 from fractions import Fraction
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 import pytest
 import torch
 
+import asr
 from asr.checkpoint import checkpoint_payload, instantiate
 from asr.models.seq2seq import build_seq2seq
 from asr.text import CharTokenizer
@@ -114,6 +120,28 @@ TINY_RNN = {  # TINY_MODEL_CONFIG's encoder and decoder as RNN-attention (locati
     "decoder": {"class_path": "asr.models.rnn.RNNAttentionDecoder",
                 "init_args": {"hidden_size": 8}},
 }  # fmt: skip
+
+
+Trained = TypeVar("Trained", bound=tuple)
+
+
+def trained_once(name: str, sources: Iterable[Path], train: Callable[[dict | None], Trained]):
+    """`train(weights)`'s `(recognizer, ...)`, trained once per machine and code: the test
+    workers share the weights through a file named by a hash of `sources` (the code that
+    shapes them, with asr/models, asr/frontends and torch's version); the first worker trains,
+    the others wait and call `train` with the weights, to load them."""
+    package = Path(asr.__file__).parent
+    files = [*sources, *(package / "models").glob("*.py"), *(package / "frontends").glob("*.py")]
+    key = hashlib.sha256(b"".join(p.read_bytes() for p in sorted(set(files))))
+    key.update(torch.__version__.encode())
+    path = Path(tempfile.gettempdir()) / f"asr-{name}-{key.hexdigest()[:16]}.pt"
+    with open(path.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        trained = train(torch.load(path, weights_only=True) if path.exists() else None)
+        if not path.exists():
+            torch.save(trained[0].model.state_dict(), path.with_suffix(".tmp"))
+            path.with_suffix(".tmp").rename(path)
+    return trained
 
 
 @pytest.fixture(scope="session")

@@ -147,18 +147,6 @@ def _assert_yesno_data(data: Path) -> dict[str, int]:
     return sizes
 
 
-@pytest.mark.needs_corpus
-def test_yesno_data_stages(yesno_dir, tmp_path, repo_outputs):
-    """Stages 1-3 on the real corpus; a re-run skips them. (Training and decoding run end to
-    end in the AN4 test; on yesno, in the slow tests below.)"""
-    args = ["--data-dir", yesno_dir, "--data", tmp_path / "data", "--exp", tmp_path / "exp"]
-    result = run_recipe("yesno", *args, "--stop-stage", "3")
-    assert ran(result.stdout) == [1, 2, 3]
-    _assert_yesno_data(tmp_path / "data")
-    again = run_recipe("yesno", *args, "--stop-stage", "3")
-    assert skipped(again.stdout) == [1, 2, 3] and ran(again.stdout) == []
-
-
 @pytest.mark.slow
 @pytest.mark.needs_corpus
 def test_yesno_end_to_end_tiny(yesno_dir, tmp_path, repo_outputs):
@@ -186,7 +174,9 @@ def test_yesno_end_to_end_tiny(yesno_dir, tmp_path, repo_outputs):
 
 @pytest.mark.needs_corpus
 def test_yesno_download_when_absent(yesno_dir, tmp_path, repo_outputs):
-    """Stage 0 fetches the tarball (a file:// URL here) when --data-dir has no corpus."""
+    """Stage 0 fetches the tarball (a file:// URL here) when --data-dir has no corpus; stages
+    1-3 then prepare the real corpus, and a re-run finds the downloaded copy and skips them.
+    (Training and decoding run end to end in the AN4 test; on yesno, in the slow tests.)"""
     tarball = tmp_path / "waves_yesno.tar.gz"
     with tarfile.open(tarball, "w:gz", compresslevel=1) as archive:
         archive.add(yesno_dir, arcname="waves_yesno")
@@ -194,12 +184,14 @@ def test_yesno_download_when_absent(yesno_dir, tmp_path, repo_outputs):
     args = ["--data-dir", tmp_path / "absent", "--data", data, "--exp", tmp_path / "exp"]
     missing = run_recipe("yesno", *args, "--stage", "1", check=False)
     assert missing.returncode == 2 and "not found" in missing.stderr
-    result = run_recipe("yesno", *args, "--url", tarball.as_uri(), "--stop-stage", "1")
+    result = run_recipe("yesno", *args, "--url", tarball.as_uri(), "--stop-stage", "3")
     assert f"== stage 0 (download {tarball.as_uri()})" in result.stdout
+    assert ran(result.stdout) == [1, 2, 3]
     assert len(list((data / "download" / "waves_yesno").glob("*.wav"))) == 60
-    assert len(read_manifest(data / "test.jsonl")) == 29
-    again = run_recipe("yesno", *args, "--stop-stage", "1")  # finds the downloaded copy
-    assert "corpus found at" in again.stdout and skipped(again.stdout) == [1]
+    _assert_yesno_data(data)
+    again = run_recipe("yesno", *args, "--stop-stage", "3")
+    assert "corpus found at" in again.stdout
+    assert skipped(again.stdout) == [1, 2, 3] and ran(again.stdout) == []
 
 
 @pytest.mark.slow
@@ -268,25 +260,6 @@ def test_an4_download_when_absent(an4_tarball, an4_fixture, tmp_path, repo_outpu
     assert f"AN4 found at {downloaded}, skipping" in again.stdout and skipped(again.stdout) == [1]
 
 
-@pytest.mark.needs_corpus
-def test_an4_stages_skip_when_done_and_force_reruns(mini_an4_tar, tmp_path):
-    data = tmp_path / "data"
-    args = ["--data-dir", mini_an4_tar, "--data", data, "--exp", tmp_path / "exp"]
-    first = run_recipe("an4", *args, "--stop-stage", "3")
-    assert ran(first.stdout) == [1, 2, 3] and markers(data) == [1, 2, 3]
-    outputs = [data / "train.jsonl", data / "tokenizer" / "tokenizer.json", data / "cmvn.json"]
-    stamps = [p.stat().st_mtime_ns for p in outputs]
-
-    second = run_recipe("an4", *args, "--stop-stage", "3")
-    assert skipped(second.stdout) == [1, 2, 3] and ran(second.stdout) == []
-    assert [p.stat().st_mtime_ns for p in outputs] == stamps
-
-    forced = run_recipe("an4", *args, "--stage", "3", "--stop-stage", "3", "--force")
-    assert ran(forced.stdout) == [3]
-    assert [p.stat().st_mtime_ns for p in outputs][:2] == stamps[:2]
-    assert outputs[2].stat().st_mtime_ns != stamps[2]
-
-
 def results_row(table: str, name: str, wer: float, cer: float, utterances: int) -> bool:
     """Whether the WER and the CER table of a recipe's RESULTS.md hold `name`'s row, in
     ESPnet's columns (dataset, Snt, Wrd, Corr, Sub, Del, Ins, Err, S.Err)."""
@@ -305,13 +278,15 @@ def results_row(table: str, name: str, wer: float, cer: float, utterances: int) 
 @pytest.mark.needs_corpus
 def test_an4_quick_with_robustness(mini_an4_tar, tmp_path):
     """--robustness adds stage 10: the table of the model under `asr robustness`'s conditions,
-    with the recipe's search settings; a re-run skips every stage. (The LM stages' AN4 wiring
-    is the next test; they run for real in the slow Mini LibriSpeech one.)"""
+    with the recipe's search settings; a re-run skips every stage, and --force reruns the
+    stages asked for alone. (The LM stages' AN4 wiring is the next test; they run for real in
+    the slow Mini LibriSpeech one.)"""
     data, exp = tmp_path / "data", tmp_path / "exp"
     args = ["--data-dir", mini_an4_tar, "--data", data, "--exp", exp, "--quick"]
     args += ["--beam-size", "2", "--average", "1", "--robustness"]
     result = run_recipe("an4", *args, "--", "--trainer.max_epochs", "1")
     assert ran(result.stdout) == [1, 2, 3, 4, 5, 6, 7, 10]
+    assert markers(data) == [1, 2, 3]
     model_dir = exp / "transformer_quick"
     assert markers(model_dir) == [4, 5, 6, 7, 10]
     rows = json.loads((model_dir / "robustness_test" / "robustness.json").read_text())
@@ -324,8 +299,16 @@ def test_an4_quick_with_robustness(mini_an4_tar, tmp_path):
         assert f"- decode_{split}: beam 2, ctc 0.5;" in table and table in result.stdout
         assert results_row(table, f"decode_{split}", metrics["wer"], metrics["cer"],
                            metrics["utterances"])  # fmt: skip
+    outputs = [data / "train.jsonl", data / "tokenizer" / "tokenizer.json", data / "cmvn.json"]
+    stamps = [p.stat().st_mtime_ns for p in outputs]
     again = run_recipe("an4", *args)
     assert ran(again.stdout) == [] and skipped(again.stdout) == [1, 2, 3, 4, 5, 6, 7, 10]
+    assert [p.stat().st_mtime_ns for p in outputs] == stamps
+
+    forced = run_recipe("an4", *args, "--stage", "3", "--stop-stage", "3", "--force")
+    assert ran(forced.stdout) == [3]
+    assert [p.stat().st_mtime_ns for p in outputs][:2] == stamps[:2]
+    assert outputs[2].stat().st_mtime_ns != stamps[2]
 
 
 RECORDING_ASR = """#!{python}

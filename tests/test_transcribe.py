@@ -30,7 +30,7 @@ import numpy as np
 import pytest
 import soundfile
 import torch
-from conftest import AN4_FIXTURE, REPO, encode_audio
+from conftest import AN4_FIXTURE, REPO, encode_audio, trained_once
 from torch import nn
 
 import asr.decoding
@@ -85,6 +85,11 @@ def _overfit_recognizer(wav_root: str) -> tuple[Recognizer, list[torch.Tensor]]:
 
 @functools.cache
 def _trained_overfit_recognizer(wav_root: str) -> tuple[Recognizer, list[torch.Tensor]]:
+    sources = [Path(__file__), Path(asr.__file__).parent / "search.py"]
+    return trained_once("overfit-fixture", sources, partial(_train_overfit, wav_root))
+
+
+def _train_overfit(wav_root: str, weights: dict | None) -> tuple[Recognizer, list[torch.Tensor]]:
     tokenizer = CharTokenizer.train(UTTERANCES.values())
     items = [
         {"id": p, "wave": load_audio(f"{wav_root}/{p}.wav"), "text": text,
@@ -99,6 +104,10 @@ def _trained_overfit_recognizer(wav_root: str) -> tuple[Recognizer, list[torch.T
         tokenizer.vocab_size, 64, d_model=64, num_heads=4, ffn_dim=128, num_layers=1, dropout=0
     )
     model = Seq2Seq(frontend, encoder, decoder, CTCHead(tokenizer.vocab_size, 64))
+    waves = [i["wave"] for i in items]
+    if weights is not None:
+        model.load_state_dict(weights)
+        return Recognizer(model.eval(), tokenizer, RATE, "<in memory>"), waves
     optimizer = torch.optim.Adam(model.parameters(), lr=2e-3)
     args = (batch.waves, batch.wave_lens, batch.tokens, batch.token_lens)
     for step in range(1, 401):
@@ -115,7 +124,7 @@ def _trained_overfit_recognizer(wav_root: str) -> tuple[Recognizer, list[torch.T
             if hyps == batch.texts:
                 break
     model.eval()
-    return Recognizer(model, tokenizer, RATE, "<in memory>"), [i["wave"] for i in items]
+    return Recognizer(model, tokenizer, RATE, "<in memory>"), waves
 
 
 @pytest.fixture(scope="module")

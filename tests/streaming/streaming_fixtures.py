@@ -6,20 +6,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
-import fcntl
 import functools
-import hashlib
 import ipaddress
 import shutil
 import socket
 import subprocess
-import tempfile
 import threading
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import AN4_FIXTURE
+from conftest import AN4_FIXTURE, trained_once
 
 import asr
 from asr.audio import load_audio
@@ -49,23 +46,8 @@ def streaming_recognizer() -> tuple[Recognizer, dict[str, torch.Tensor]]:
 
 @functools.cache
 def _trained() -> tuple[Recognizer, dict[str, torch.Tensor]]:
-    """Trained once per machine and code: the test workers share the weights through a file
-    named by a hash of the code that shapes them (the first worker trains, the others wait)."""
-    package = Path(asr.__file__).parent
-    sources = [Path(__file__), package / "data" / "dataset.py"]
-    sources += [*(package / "models").glob("*.py"), *(package / "frontends").glob("*.py")]
-    key = hashlib.sha256(b"".join(p.read_bytes() for p in sorted(sources)))
-    key.update(torch.__version__.encode())
-    path = Path(tempfile.gettempdir()) / f"asr-streaming-fixture-{key.hexdigest()[:16]}.pt"
-    with open(path.with_suffix(".lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        recognizer, waves = _train(
-            None if not path.exists() else torch.load(path, weights_only=True)
-        )
-        if not path.exists():
-            torch.save(recognizer.model.state_dict(), path.with_suffix(".tmp"))
-            path.with_suffix(".tmp").rename(path)
-    return recognizer, waves
+    sources = [Path(__file__), Path(asr.__file__).parent / "data" / "dataset.py"]
+    return trained_once("streaming-fixture", sources, _train)
 
 
 def _train(weights: dict | None) -> tuple[Recognizer, dict[str, torch.Tensor]]:
