@@ -22,6 +22,7 @@ from torch.utils import _pytree as pytree
 from asr.models.chunking import EncoderCache, streaming_problem
 from asr.models.interfaces import State
 from asr.models.seq2seq import Seq2Seq
+from asr.models.transformer import TransformerDecoder
 
 ONNX_DIR = "onnx"
 OPSET = 17
@@ -42,6 +43,18 @@ class _Step(nn.Module):
         log_probs, new_state, attention = self.decoder.step(tokens, state)
         new_leaves = pytree.tree_leaves(new_state)
         return (log_probs, attention, *(new_leaves[i] for i in self.changed))
+
+
+class _Forced(nn.Module):
+    """The decoder over whole token sequences (teacher forcing): log-probabilities out."""
+
+    def __init__(self, decoder: nn.Module) -> None:
+        super().__init__()
+        self.decoder = decoder
+
+    def forward(self, enc: Tensor, enc_lens: Tensor, tokens: Tensor) -> tuple[Tensor, Tensor]:
+        logits, attention = self.decoder(enc, enc_lens, tokens)
+        return logits.float().log_softmax(-1), attention
 
 
 class _Chunk(nn.Module):
@@ -171,7 +184,16 @@ def _export_decoder(decoder: nn.Module, enc: Tensor, enc_lens: Tensor, folder: P
         "attention_layers": decoder.attention_layers,
     }
     (folder / STATE_FILE).write_text(json.dumps(meta) + "\n")
-    return ["decoder_init.onnx", "decoder_step.onnx", STATE_FILE]
+    written = ["decoder_init.onnx", "decoder_step.onnx", STATE_FILE]
+    # Rescoring and alignment teacher-force whole hypotheses: one run instead of a run per
+    # token, where the decoder has no loop over tokens for the tracer to freeze.
+    if isinstance(decoder, TransformerDecoder):
+        ys = torch.full((enc.size(0), 4), 3)
+        results = list(_Forced(decoder)(enc, enc_lens, ys))
+        _export(_Forced(decoder), (enc, enc_lens, ys), folder / "decoder_forced.onnx",
+                ["enc", "enc_lens", "tokens"], ["log_probs", "attention"], results)  # fmt: skip
+        written.append("decoder_forced.onnx")
+    return written
 
 
 def _quantized(path: Path) -> str:
@@ -315,9 +337,9 @@ class OnnxDecoder:
 
     def __init__(
         self, init: _Session, step: _Session, meta: dict[str, Any],
-        reorder_state: Callable[[State, Tensor], State],
+        reorder_state: Callable[[State, Tensor], State], forced: _Session | None = None,
     ) -> None:  # fmt: skip
-        self.init, self.step_session = init, step
+        self.init, self.step_session, self.forced = init, step, forced
         self.reorder_state = reorder_state  # the PyTorch decoder's: it shares what it can
         self.spec = pytree.treespec_loads(meta["spec"])
         self.changed = meta["changed"]
@@ -338,7 +360,11 @@ class OnnxDecoder:
         return log_probs, pytree.tree_unflatten(leaves, self.spec), attention
 
     def __call__(self, enc: Tensor, enc_lens: Tensor, tokens: Tensor) -> tuple[Tensor, Tensor]:
-        """Teacher forcing step by step: log-probabilities `(B, L, V)`, attention `(B, K, L, T)`."""
+        """Teacher forcing: log-probabilities `(B, L, V)`, attention `(B, K, L, T)`; step by
+        step where the package has no decoder_forced graph."""
+        if self.forced is not None:
+            log_probs, attention = self.forced(enc=enc.float(), enc_lens=enc_lens, tokens=tokens)
+            return log_probs, attention
         state = self.init_state(enc, enc_lens)
         outputs, maps = [], []
         for i in range(tokens.size(1)):
@@ -375,7 +401,9 @@ def onnx_model(
         encoder = OnnxEncoder(session("encoder"), shortest)
     ctc = OnnxCTC(session("ctc")) if model.ctc is not None else None
     meta = json.loads((graphs / STATE_FILE).read_text())
+    forced = graphs / f"decoder_forced{suffix}"
     decoder = OnnxDecoder(
-        session("decoder_init"), session("decoder_step"), meta, model.decoder.reorder_state
-    )
+        session("decoder_init"), session("decoder_step"), meta, model.decoder.reorder_state,
+        session("decoder_forced") if forced.is_file() else None,
+    )  # fmt: skip
     return Seq2Seq(model.eval().frontend, encoder, decoder, ctc)

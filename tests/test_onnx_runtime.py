@@ -15,6 +15,7 @@ from test_transcribe import GREEDY, JOINT, UTTERANCES, WAV, _overfit_recognizer
 
 from asr.checkpoint import instantiate
 from asr.cli import main
+from asr.decoding import teacher_forced
 from asr.models.seq2seq import build_seq2seq
 from asr.onnx_runtime import SPIN_WAIT_ENTRY, _untied, export_onnx, onnx_model
 from asr.recognizer import Recognizer, load_model
@@ -72,6 +73,31 @@ def test_a_trained_transformer_decodes_the_same_on_onnx_runtime(overfit, tmp_pat
     torch.testing.assert_close(got_logp, logp.index_select(0, beams), atol=1e-4, rtol=1e-4)
 
 
+def test_the_forced_graph_teacher_forces_as_pytorch_at_any_length(overfit, tmp_path):
+    """decoder_forced.onnx scores whole hypotheses in one run (rescoring, alignment) as the
+    PyTorch decoder does, at lengths other than the one it was traced at; packages without it
+    step token by token to the same scores."""
+    recognizer, waves = overfit
+    written = export_onnx(recognizer.model, tmp_path, recognizer.sample_rate, int8=False)
+    assert "onnx/decoder_forced.onnx" in written
+    onnx = onnx_model(recognizer.model, tmp_path)
+    assert onnx.decoder.forced is not None
+    lens = torch.tensor([len(w) for w in waves])
+    batch = torch.nn.utils.rnn.pad_sequence(waves, batch_first=True)
+    with torch.no_grad():
+        enc, enc_lens = recognizer.model.encode(batch, lens)
+    hypotheses = [[3, 4], [5], [3, 4, 5, 6, 7, 8, 9], []]
+    expected = teacher_forced(recognizer.model.decoder, enc, enc_lens, hypotheses)
+    stepped = onnx_model(recognizer.model, tmp_path).decoder
+    stepped.forced = None
+    for decoder in (onnx.decoder, stepped):
+        got = teacher_forced(decoder, enc, enc_lens, hypotheses)
+        for g, e in zip(got[0], expected[0], strict=True):
+            torch.testing.assert_close(g, e, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(got[1], expected[1], atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(got[2], expected[2], atol=1e-5, rtol=1e-4)
+
+
 def test_int8_graphs_quantise_matmuls_and_keep_convolutions_fp32(overfit, tmp_path):
     import onnx
 
@@ -104,7 +130,8 @@ def test_an_rnn_attention_model_decodes_the_same_on_onnx_runtime(tmp_path):
     )
     recognizer = Recognizer(model.eval(), tokenizer, 16000, "rnn")
     waves = [torch.randn(n) * 0.1 for n in (16000, 9000, 12000)]
-    export_onnx(model, tmp_path, 16000, int8=False)
+    written = export_onnx(model, tmp_path, 16000, int8=False)
+    assert "onnx/decoder_forced.onnx" not in written, "its loop over tokens would be frozen"
     onnx = replace(recognizer, model=onnx_model(model, tmp_path))
     options = [replace(GREEDY, repair=False), SearchOptions(beam_size=3, ctc_weight=0.3)]
     for option in options:
