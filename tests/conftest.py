@@ -127,11 +127,10 @@ Trained = TypeVar("Trained", bound=tuple)
 
 def trained_once(name: str, sources: Iterable[Path], train: Callable[[dict | None], Trained]):
     """`train(weights)`'s `(recognizer, ...)`, trained once per machine and code: the test
-    workers share the weights through a file named by a hash of `sources` (the code that
-    shapes them, with asr/models, asr/frontends and torch's version); the first worker trains,
-    the others wait and call `train` with the weights, to load them."""
-    package = Path(asr.__file__).parent
-    files = [*sources, *(package / "models").glob("*.py"), *(package / "frontends").glob("*.py")]
+    workers share the weights through a file named by a hash of `sources` (the test code that
+    trains), the asr package and torch's version; the first worker trains, the others wait and
+    call `train` with the weights, to load them."""
+    files = [*sources, *Path(asr.__file__).parent.rglob("*.py")]
     key = hashlib.sha256(b"".join(p.read_bytes() for p in sorted(set(files))))
     key.update(torch.__version__.encode())
     path = Path(tempfile.gettempdir()) / f"asr-{name}-{key.hexdigest()[:16]}.pt"

@@ -78,15 +78,14 @@ GAP_NOISE = 1e-4  # amplitude of the noise filling inserted silences (about -83 
 
 @cache
 def _overfit_recognizer(wav_root: str) -> tuple[Recognizer, list[torch.Tensor]]:
-    """A tiny Transformer + CTC trained until greedy search reproduces all four transcripts:
-    trained once per process, each caller getting its own copy."""
+    """A tiny Transformer + CTC trained until greedy search reproduces all four transcripts,
+    once per machine and code (`conftest.trained_once`); each caller gets its own copy."""
     return copy.deepcopy(_trained_overfit_recognizer(wav_root))
 
 
 @functools.cache
 def _trained_overfit_recognizer(wav_root: str) -> tuple[Recognizer, list[torch.Tensor]]:
-    sources = [Path(__file__), Path(asr.__file__).parent / "search.py"]
-    return trained_once("overfit-fixture", sources, partial(_train_overfit, wav_root))
+    return trained_once("overfit-fixture", [Path(__file__)], partial(_train_overfit, wav_root))
 
 
 def _train_overfit(wav_root: str, weights: dict | None) -> tuple[Recognizer, list[torch.Tensor]]:

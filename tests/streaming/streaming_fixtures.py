@@ -1,5 +1,5 @@
 """A tiny chunk-streaming recognizer that has learnt four AN4 fixture utterances, trained once
-per process (each caller gets its own copy)."""
+per machine and code (`conftest.trained_once`; each caller gets its own copy)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,6 @@ import pytest
 import torch
 from conftest import AN4_FIXTURE, trained_once
 
-import asr
 from asr.audio import load_audio
 from asr.data.dataset import collate
 from asr.frontends import Frontend, GlobalCMVN, LogMelFilterbank
@@ -46,8 +45,7 @@ def streaming_recognizer() -> tuple[Recognizer, dict[str, torch.Tensor]]:
 
 @functools.cache
 def _trained() -> tuple[Recognizer, dict[str, torch.Tensor]]:
-    sources = [Path(__file__), Path(asr.__file__).parent / "data" / "dataset.py"]
-    return trained_once("streaming-fixture", sources, _train)
+    return trained_once("streaming-fixture", [Path(__file__)], _train)
 
 
 def _train(weights: dict | None) -> tuple[Recognizer, dict[str, torch.Tensor]]:
