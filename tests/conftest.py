@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import json
 import math
 import os
+import re
 import signal
 import tempfile
 from collections.abc import Callable, Iterable
@@ -120,6 +122,20 @@ TINY_RNN = {  # TINY_MODEL_CONFIG's encoder and decoder as RNN-attention (locati
     "decoder": {"class_path": "asr.models.rnn.RNNAttentionDecoder",
                 "init_args": {"hidden_size": 8}},
 }  # fmt: skip
+
+
+def page_data(html: str) -> dict:
+    """The data embedded in an explorer page, each blob read from the element it names."""
+    match = re.search(r'<script type="application/json" id="explorer-data">(.*?)</script>', html,
+                      re.S)  # fmt: skip
+    assert match, "the page embeds its data"
+    data = json.loads(match.group(1))
+    blobs = dict(re.findall(r'<script type="text/plain" id="([\w-]+)">([A-Za-z0-9+/=]*)</script>',
+                            html))  # fmt: skip
+    for utterance in data.get("utterances", []):
+        if (utterance.get("blob") or "").startswith("#"):
+            utterance["blob"] = blobs[utterance["blob"][1:]]
+    return data
 
 
 Trained = TypeVar("Trained", bound=tuple)

@@ -251,10 +251,10 @@ def _transcribe(args: argparse.Namespace) -> int:
         raise ValueError("nothing to transcribe: give audio, folders, globs, or --manifest")
     if args.format is not None and args.output_dir is None:
         raise ValueError("--format chooses the files written to --output-dir: give that too")
-    if args.explorer and (args.output_dir is None or args.streaming or spreads(args)):
+    if args.explorer and (args.output_dir is None or args.streaming):
         raise ValueError(
-            "--explorer keeps its maps in --output-dir, in one process and not --streaming: "
-            "give --output-dir (`asr explore OUT` builds the page of any output folder)"
+            "--explorer keeps its maps in --output-dir, and not under --streaming: give "
+            "--output-dir (`asr explore OUT` builds the page of any output folder)"
         )
     if args.streaming:
         from asr.cli.live import transcribe_streaming
@@ -266,6 +266,9 @@ def _transcribe(args: argparse.Namespace) -> int:
         return transcribe_streaming(args, recognizer, _language_model(args, recognizer))
     if spreads(args):
         outcome = transcribe_spread(args, _transcribe_inputs)
+        # Rank 0 or the --workers parent, once every share is written; other ranks count none.
+        if args.explorer and not outcome.status and outcome.total > len(outcome.failures):
+            _write_explorer(args)
         if outcome.failures:
             title = f"asr transcribe: {len(outcome.failures)} of {outcome.total} files failed"
             _print_failures(title, outcome.failures)
@@ -279,9 +282,7 @@ def _transcribe(args: argparse.Namespace) -> int:
             print(f"asr transcribe: error: {failure}", file=sys.stderr)
         failed = _transcribe_inputs(args, inputs) if inputs else []
     if args.explorer and len(failed) < len(inputs):  # a page of at least one transcript
-        from asr.explore.build import explore
-
-        print(f"explorer: {explore(args.output_dir, progress=not args.quiet)}", file=sys.stderr)
+        _write_explorer(args)
     if failures or failed:
         total = len(failures) + len(inputs)
         print(
@@ -289,6 +290,12 @@ def _transcribe(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     return 1 if failures or failed else 0
+
+
+def _write_explorer(args: argparse.Namespace) -> None:
+    from asr.explore.build import explore
+
+    print(f"explorer: {explore(args.output_dir, progress=not args.quiet)}", file=sys.stderr)
 
 
 def _transcribe_inputs(args: argparse.Namespace, inputs: list[Input], on_result=None) -> list[str]:

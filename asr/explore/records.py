@@ -108,8 +108,13 @@ def read_attention(folder: str | os.PathLike) -> dict[str, np.ndarray] | None:
 
 
 def write_layout(folder: str | os.PathLike, layout: dict[str, Any]) -> None:
-    Path(folder).mkdir(parents=True, exist_ok=True)
-    (Path(folder) / LAYOUT).write_text(json.dumps(layout, indent=1) + "\n")
+    """`folder/explore.json`, replaced whole: the processes of a spread transcription each
+    write it."""
+    path = Path(folder) / LAYOUT
+    path.parent.mkdir(parents=True, exist_ok=True)
+    scratch = path.with_name(f".{LAYOUT}.{os.getpid()}")
+    scratch.write_text(json.dumps(layout, indent=1) + "\n")
+    os.replace(scratch, path)
 
 
 def write_maps(stem: str | os.PathLike, decoded: Decoded | None) -> None:

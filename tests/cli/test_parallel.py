@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO
+from conftest import REPO, page_data
 from test_package import save_overfit_checkpoint
 from test_transcribe import UTTERANCES, WAV
 
@@ -96,17 +96,21 @@ def workers_run(checkpoint, corpus, tmp_path_factory) -> dict:
     out = tmp_path_factory.mktemp("workers") / "out"
     code, stdout, stderr = transcribe(
         "--manifest", corpus["all"], "--checkpoint", checkpoint, "--output-dir", out,
-        "--workers", "2", *SAME_WORK,
+        "--workers", "2", "--explorer", *SAME_WORK,
     )  # fmt: skip
     return {"code": code, "stdout": stdout, "stderr": stderr, "out": out}
 
 
+PAGE = "explorer.html"
+
+
 def files_of(folder: Path) -> dict[str, bytes]:
-    """Every file below `folder` but the merged manifest, by relative path."""
+    """Every file below `folder` but the merged manifest and the explorer's page (whose
+    embedded audio is encoded anew each time), by relative path."""
     return {
         p.relative_to(folder).as_posix(): p.read_bytes()
         for p in sorted(folder.rglob("*"))
-        if p.is_file() and p.name != MERGED
+        if p.is_file() and p.name not in (MERGED, PAGE)
     }
 
 
@@ -173,7 +177,12 @@ def test_workers_write_the_good_files_and_list_the_bad_ones_at_the_end(workers_r
     assert f"  {audio / 'missing.wav'}: file not found" in tail
     out = workers_run["out"]
     written = sorted(files_of(out))
-    assert written == sorted(f"{stem}.{fmt}" for stem in GOOD for fmt in ("json", "txt"))
+    kept = ("json", "txt", "explore.npz")  # the npz: the explorer's maps (--explorer)
+    assert written == sorted(["explore.json", *(f"{stem}.{end}" for stem in GOOD for end in kept)])
+    assert f"explorer: {out / PAGE}" in workers_run["stderr"], "the page, once all is written"
+    page = page_data((out / PAGE).read_text())
+    assert sorted(u["id"] for u in page["utterances"]) == sorted(GOOD)
+    assert all("attention" in u["arrays"] for u in page["utterances"])
     for stem, said in SAID.items():
         assert said is None or (out / f"{stem}.txt").read_text() == said + "\n"
     records = merged(out)
@@ -190,8 +199,9 @@ def test_workers_write_the_good_files_and_list_the_bad_ones_at_the_end(workers_r
 def test_workers_write_what_one_process_writes(workers_run, checkpoint, corpus, tmp_path):
     out = tmp_path / "one"
     code, stdout, stderr = transcribe(
-        "--manifest", corpus["all"], "--checkpoint", checkpoint, "--output-dir", out, *SAME_WORK
-    )
+        "--manifest", corpus["all"], "--checkpoint", checkpoint, "--output-dir", out,
+        "--explorer", *SAME_WORK,
+    )  # fmt: skip
     assert code == 1 and "2 of 8 files failed" in stderr
     assert files_of(out) == files_of(workers_run["out"])
     assert sorted(stdout.splitlines()) == sorted(workers_run["stdout"].splitlines())
@@ -301,7 +311,7 @@ def test_torchrun_writes_the_merged_manifest_of_workers(workers_run, checkpoint,
     command = [
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
         "-m", "asr", "transcribe", "--manifest", str(corpus["good"]),
-        "--checkpoint", str(checkpoint), "--output-dir", str(out), *SAME_WORK,
+        "--checkpoint", str(checkpoint), "--output-dir", str(out), "--explorer", *SAME_WORK,
     ]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
@@ -309,3 +319,4 @@ def test_torchrun_writes_the_merged_manifest_of_workers(workers_run, checkpoint,
     assert merged(out) == merged(workers_run["out"])
     assert files_of(out) == files_of(workers_run["out"])
     assert len(done.stdout.splitlines()) == len(GOOD)  # each input once, from its rank
+    assert done.stderr.count(f"explorer: {out / PAGE}") == 1, "rank 0 writes the page"

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import base64
 import json
-import re
 import shutil
 import zlib
 from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import page_data
 from explore_fixtures import decode
 from test_transcribe import UTTERANCES, WAV
 
@@ -23,20 +23,6 @@ from asr.explore.page import build_page
 from asr.explore.records import read_records
 
 HOSTILE = ["<script>window.pwned=1</script>", '"><img src=x onerror="window.pwned=1">']
-
-
-def page_data(html: str) -> dict:
-    """The data embedded in an explorer page, each blob read from the element it names."""
-    match = re.search(r'<script type="application/json" id="explorer-data">(.*?)</script>', html,
-                      re.S)  # fmt: skip
-    assert match, "the page embeds its data"
-    data = json.loads(match.group(1))
-    blobs = dict(re.findall(r'<script type="text/plain" id="([\w-]+)">([A-Za-z0-9+/=]*)</script>',
-                            html))  # fmt: skip
-    for utterance in data.get("utterances", []):
-        if (utterance.get("blob") or "").startswith("#"):
-            utterance["blob"] = blobs[utterance["blob"][1:]]
-    return data
 
 
 def arrays(utterance: dict) -> dict[str, np.ndarray]:
@@ -172,6 +158,15 @@ def test_zero_utterances_transcripts_and_training_runs_build(tmp_path, capsys):
     assert "no such folder" in capsys.readouterr().err
     assert main(["explore", str(tmp_path / "run" / "logs" / "version_0" / "attention")]) == 2
     assert "not a decode folder" in capsys.readouterr().err
+
+
+def test_transcribe_explorer_needs_an_output_folder_and_no_streaming(capsys):
+    base = ["transcribe", "a.wav", "--checkpoint", "m.ckpt", "--explorer"]
+    for extra in ([], ["--output-dir", "out", "--streaming"]):
+        assert main([*base, *extra]) == 2
+        assert "--explorer keeps its maps in --output-dir, and not under --streaming" in (
+            capsys.readouterr().err
+        )
 
 
 def test_transcribe_explorer_keeps_the_attention_of_inputs_in_one_segment(
