@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import test_lightning
-from conftest import REPO
+from conftest import REPO, run_forked
 from test_lightning import SHAPE_GRID, _fit_args
 
 pytestmark = [pytest.mark.needs_corpus, pytest.mark.timeout(600)]
@@ -126,7 +126,9 @@ def test_two_processes_train_as_one_process_accumulating_both_ranks_batches(tiny
     proc = _fit(tmp_path, _steps_args(tiny_an4, two, 200) + no_dropout + DDP)
     assert proc.returncode == 0, proc.stderr[-3000:]
     accumulate = ["--trainer.accumulate_grad_batches", "2"]
-    proc = _fit(tmp_path, _steps_args(tiny_an4, one, 200) + no_dropout + accumulate, AS_RANKS="2")
+    # Forked from this process, the one-process run need not import Lightning again.
+    args = _steps_args(tiny_an4, one, 200) + no_dropout + accumulate
+    proc = run_forked(textwrap.dedent(SCRIPT), args, {"AS_RANKS": "2"})
     assert proc.returncode == 0, proc.stderr[-3000:]
 
     (rank0, rank1), (alone,) = _reports(two, 2), _reports(one, 1)

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import copy
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO
+from conftest import run_forked
 from jsonargparse import Namespace
 
 from asr.train import _emulates_bf16, reopen_cut_epoch
@@ -115,15 +114,11 @@ for case in sys.argv[1:]:
 
 @pytest.fixture(scope="module")
 def watched() -> subprocess.CompletedProcess:
-    """One process (Lightning's import costs seconds) watches three cases in turn: all ranks end
-    well; rank 0 reports a failure itself; ranks die and rank 0 does not notice (the watch then
-    ends the process)."""
+    """One process, forked from this one (Lightning's import costs seconds), watches three cases
+    in turn: all ranks end well; rank 0 reports a failure itself; ranks die and rank 0 does not
+    notice (the watch then ends the process)."""
     cases = ["alone;exit 0;sleep 0.2", "reporting;exit 3", "alone;kill -9 $$;exit 3;exec sleep 60"]
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.run(
-        [sys.executable, "-c", WATCH, *cases],
-        env=env, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+    return run_forked(WATCH, cases)
 
 
 def _running(pid: int) -> bool:
