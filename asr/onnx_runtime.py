@@ -294,14 +294,7 @@ class OnnxStreamingEncoder(OnnxEncoder):
 
     def empty_cache(self, batch: int, like: Tensor) -> EncoderCache:
         """The cache of `batch` streams before their first chunk."""
-        empty = self._empty
-        return EncoderCache(
-            empty.keys.expand(-1, batch, -1, -1, -1),
-            empty.values.expand(-1, batch, -1, -1, -1),
-            empty.valid.expand(batch, -1),
-            None if empty.conv is None else empty.conv.expand(-1, batch, -1, -1),
-            empty.offset.expand(batch),
-        )
+        return EncoderCache.merge([self._empty] * batch)
 
     def forward_chunk(
         self, x: Tensor, x_lens: Tensor, cache: EncoderCache, max_cache: int | None = None
@@ -392,18 +385,20 @@ def onnx_model(
             raise FileNotFoundError(f"{path}: no such ONNX graph ({hint})")
         return _Session(path, threads, spin_wait)
 
+    def optional(name: str) -> _Session | None:
+        """A graph that only some models have (None where the package has none)."""
+        return session(name) if (graphs / f"{name}{suffix}").is_file() else None
+
     shortest = _shortest_frames(model.encoder, model.frontend.output_dim)
-    if (graphs / f"encoder_chunk{suffix}").is_file():  # exported where the encoder streams
-        encoder = OnnxStreamingEncoder(
-            session("encoder"), shortest, session("encoder_chunk"), model.encoder
-        )
+    chunk = optional("encoder_chunk")  # where the encoder streams
+    if chunk is not None:
+        encoder = OnnxStreamingEncoder(session("encoder"), shortest, chunk, model.encoder)
     else:
         encoder = OnnxEncoder(session("encoder"), shortest)
     ctc = OnnxCTC(session("ctc")) if model.ctc is not None else None
     meta = json.loads((graphs / STATE_FILE).read_text())
-    forced = graphs / f"decoder_forced{suffix}"
     decoder = OnnxDecoder(
         session("decoder_init"), session("decoder_step"), meta, model.decoder.reorder_state,
-        session("decoder_forced") if forced.is_file() else None,
+        optional("decoder_forced"),
     )  # fmt: skip
     return Seq2Seq(model.eval().frontend, encoder, decoder, ctc)
