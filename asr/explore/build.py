@@ -119,36 +119,52 @@ def _decode_utterance(
 ) -> dict[str, Any]:
     ref, hyp = record.get("ref"), record.get("hyp", "")
     words = [_word(w) for w in record.get("words", [])]
-    utterance = {
-        "id": str(record.get("id", "")),
-        "speaker": record.get("speaker"),
-        "duration": record.get("duration"),
-        "ref": ref,
-        "hyp": hyp,
-        "words": words,
-        "nbest": record.get("nbest", []),
+    utterance = (
+        {
+            "id": str(record.get("id", "")),
+            "speaker": record.get("speaker"),
+            "duration": record.get("duration"),
+            "ref": ref,
+            "hyp": hyp,
+            "words": words,
+            "nbest": record.get("nbest", []),
+            "flags": _flags(record),
+            "confidence": _mean_confidence(words),
+        }
+        | _alignment_fields(record.get("tokens", []), layout)
+        | _scores(ref, hyp)
+    )
+    key, ctc = record.get("attention"), record.get("ctc")
+    arrays = _map_arrays(
+        maps[key] if maps is not None and key in maps else None,
+        ctc_frames(ctc["starts"], ctc["ends"], ctc["frames"]) if ctc else None,
+        layout,
+    )
+    audio = media.add(record.get("audio"), record.get("offset", 0.0), record.get("duration"))
+    arrays |= audio.arrays
+    return utterance | {"audio": audio.src, "audio_note": audio.note} | _pack(arrays)
+
+
+def _alignment_fields(tokens: list[dict[str, Any]], layout: dict[str, Any]) -> dict[str, Any]:
+    """An utterance's token times and how its attention maps split by layer and head."""
+    return {
         "tokens": [
-            {"piece": t["piece"], "start": t.get("start"), "end": t.get("end")}
-            for t in record.get("tokens", [])
+            {"piece": t["piece"], "start": t.get("start"), "end": t.get("end")} for t in tokens
         ],
-        "flags": _flags(record),
         "timing_heads": layout.get("timing_heads"),
         "layers": layout.get("layers"),
         "heads": layout.get("heads"),
         "attention_kind": layout.get("attention"),
-        "confidence": _mean_confidence(words),
-    } | _scores(ref, hyp)
-    arrays: dict[str, tuple[np.ndarray, dict[str, Any]]] = {}
-    key = record.get("attention")
-    if maps is not None and key in maps:
-        arrays["attention"] = (maps[key], {"seconds": layout.get("frame_seconds")})
-    ctc = record.get("ctc")
-    if ctc:
-        frames = ctc_frames(ctc["starts"], ctc["ends"], ctc["frames"])
-        arrays["ctc"] = (frames, {"seconds": layout.get("frame_seconds")})
-    audio = media.add(record.get("audio"), record.get("offset", 0.0), record.get("duration"))
-    arrays |= audio.arrays
-    return utterance | {"audio": audio.src, "audio_note": audio.note} | _pack(arrays)
+    }
+
+
+def _map_arrays(
+    attention: np.ndarray | None, ctc: np.ndarray | None, layout: dict[str, Any]
+) -> dict[str, tuple[np.ndarray, dict[str, Any]]]:
+    """The cross-attention and CTC path arrays of an utterance, on encoder frames."""
+    per_frame = {"seconds": layout.get("frame_seconds")}
+    named = {"attention": attention, "ctc": ctc}
+    return {name: (array, per_frame) for name, array in named.items() if array is not None}
 
 
 def transcribe_data(
@@ -173,11 +189,7 @@ def transcribe_data(
             notes.append(f"{path.relative_to(folder).with_suffix('')}: its attention is not "
                          f"readable ({err})")  # fmt: skip
             maps = {}
-        arrays = {}
-        if "attention" in maps:
-            arrays["attention"] = (maps["attention"], {"seconds": layout.get("frame_seconds")})
-        if "ctc" in maps:
-            arrays["ctc"] = (maps["ctc"], {"seconds": layout.get("frame_seconds")})
+        arrays = _map_arrays(maps.get("attention"), maps.get("ctc"), layout)
         without_maps += not maps
         words = [_word(w) for w in transcript.get("words", [])]
         source = transcript.get("audio") or ""
@@ -194,14 +206,6 @@ def transcribe_data(
                 "hyp": transcript.get("text", ""),
                 "words": words,
                 "nbest": [{"text": transcript.get("text", ""), "score": transcript.get("score")}],
-                "tokens": [
-                    {"piece": t["piece"], "start": t.get("start"), "end": t.get("end")}
-                    for t in transcript.get("tokens", [])
-                ],
-                "timing_heads": layout.get("timing_heads"),
-                "layers": layout.get("layers"),
-                "heads": layout.get("heads"),
-                "attention_kind": layout.get("attention"),
                 "flags": sorted({s["repaired"] for s in segments if s.get("repaired")})
                 + ([f"{len(segments)} segments"] if len(segments) > 1 else []),
                 "confidence": _mean_confidence(words),
@@ -212,6 +216,7 @@ def transcribe_data(
                 "audio": audio.src,
                 "audio_note": audio.note,
             }
+            | _alignment_fields(transcript.get("tokens", []), layout)
             | _pack(audio.arrays | arrays)
         )
     if without_maps:
