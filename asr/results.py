@@ -104,7 +104,6 @@ class BatchResult:
     name: str  # the input's path, or `<waveform i>` for the i-th array input
     transcript: Transcript | None  # None where the input failed
     error: AudioError | None = None  # why it failed (see `reason`); None on success
-    decoded: Decoded | None = None  # its one segment's search result, where it was kept
 
     def transcript_or_raise(self) -> Transcript:
         """The transcript; raises `error` where the input failed."""

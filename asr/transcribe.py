@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, TypeVar
 
@@ -53,13 +52,14 @@ def transcribe_sources(
     batch_size: int = TRANSCRIBE_BATCH_SIZE,
     segmenter: SegmenterOptions | None = None,
     progress: bool = False,
-    keep_decoded: bool = False,
+    on_decoded: Callable[[int, Span, Transcript, Decoded], None] | None = None,
 ) -> list[BatchResult]:
     """Segment every input, decode all segments in batches, and join them per input.
 
-    `keep_decoded`: an input decoded in one segment from its start keeps that segment's search
-    result (its cross-attention, CTC posteriors) in `BatchResult.decoded`, for the explorer;
-    longer inputs do not, which bounds the memory it takes."""
+    `on_decoded(index, span, transcript, decoded)` is called for each decoded segment of input
+    `index`, in no set order, with its own transcript (times from the span's start) and search
+    result (cross-attention, CTC posteriors), which the joined results do not keep: the
+    explorer keeps their maps."""
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     segmenter = segmenter or recognizer.segmenter()
@@ -74,11 +74,6 @@ def transcribe_sources(
             work.extend((i, span) for span in segment_source(sources[i], segmenter))
         except AudioError as err:
             results[i] = err
-    whole = set()  # inputs that are one segment from their start: their Decoded is kept
-    if keep_decoded:
-        counts = Counter(i for i, _ in work)
-        whole = {i for i, span in work if counts[i] == 1 and span[0] == 0}
-    kept: dict[int, Decoded] = {}
     work.sort(key=lambda item: item[1][1] - item[1][0], reverse=True)  # less padding
     parts: dict[int, list[tuple[Span, Transcript]]] = {i: [] for i in sources}
     with tqdm(total=len(work), desc="segments", disable=not progress, leave=False) as bar:
@@ -100,18 +95,17 @@ def transcribe_sources(
                 if isinstance(decoded, ValueError):
                     results[i] = AudioError(sources[i].name, f"cannot be decoded: {decoded}")
                 else:
-                    parts[i].append((span, recognizer.transcript(decoded, timestamps)))
-                    if i in whole:
-                        kept[i] = decoded
+                    part = recognizer.transcript(decoded, timestamps)
+                    parts[i].append((span, part))
+                    if on_decoded is not None:
+                        on_decoded(i, span, part, decoded)
             bar.update(len(batch))
     for i, source in sources.items():
         if results[i] is None:
             results[i] = join_segments(recognizer.tokenizer, parts[i], source.duration)
     return [
-        BatchResult(name, None, r)
-        if isinstance(r, AudioError)
-        else BatchResult(name, r, decoded=kept.get(i))
-        for i, (name, r) in enumerate(zip(names, results))
+        BatchResult(name, None, r) if isinstance(r, AudioError) else BatchResult(name, r)
+        for name, r in zip(names, results)
     ]
 
 

@@ -788,9 +788,9 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
         p.add_argument(
             "--explorer",
             action="store_true",
-            help="also keep each input's cross-attention and CTC path (inputs decoded in one "
-            "segment, up to --max-segment-seconds) beside its json, and write "
-            "OUTPUT_DIR/explorer.html: the page of `asr explore` (docs/explorer.md)",
+            help="also keep the cross-attention and CTC path of each input's segments beside "
+            "its json, and write OUTPUT_DIR/explorer.html: the page of `asr explore`, a row per "
+            "segment of long recordings (docs/explorer.md)",
         )
         p.add_argument("--timestamps", choices=TIMESTAMP_METHODS, default=TIMESTAMP_METHODS[0])
         p.add_argument(

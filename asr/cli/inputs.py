@@ -8,7 +8,7 @@ import itertools
 import os
 import shutil
 import sys
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePath
@@ -18,9 +18,9 @@ from tqdm import tqdm
 
 from asr.audio import AUDIO_SUFFIXES, audio_files
 from asr.data.manifest import read_clip
-from asr.results import BatchResult
+from asr.results import BatchResult, Decoded, Transcript
 from asr.search import LanguageModel, SearchOptions
-from asr.segment import Clip, SegmenterOptions
+from asr.segment import Clip, SegmenterOptions, Span
 from asr.transcribe import TRANSCRIBE_BATCH_SIZE, batches, transcribe_sources
 from asr.writers import expand_formats, output_stems, timed_lines, write_outputs
 
@@ -215,12 +215,12 @@ def transcribe_files(
 
     `on_result(input, result)` is called for each input once its files are written (or its
     failure is reported). `explorer`: also keep, for `asr explore out_dir`, the cross-attention
-    and CTC path of each input decoded in one segment (`<stem>.explore.npz`), and the json the
-    page reads whatever `formats` says.
+    and CTC path of each decoded segment (`<stem>.explore.npz`), and the json the page reads
+    whatever `formats` says.
     """
     if explorer:
         from asr.evaluate import record_layout
-        from asr.explore.records import write_layout, write_maps
+        from asr.explore.records import segment_maps, write_layout, write_maps
 
         if out_dir is None:
             raise ValueError("the explorer's maps are kept in an output folder: give out_dir")
@@ -229,9 +229,15 @@ def transcribe_files(
     formats = expand_formats(formats)
     items = list(inputs) if all(isinstance(i, Input) for i in inputs) else file_inputs(inputs)
     failed = []
+    maps: dict[int, list] = defaultdict(list)  # the segments' maps of the group's inputs
+
+    def keep(index: int, span: Span, transcript: Transcript, decoded: Decoded) -> None:
+        maps[index].append((span, segment_maps(transcript, decoded)))
+
     with tqdm(total=len(items), desc="files", unit="file", disable=not progress) as bar:
         for group in batches(items, batch_size):
             audios = [item.audio for item in group]
+            maps.clear()
             results = transcribe_sources(
                 recognizer,
                 audios,
@@ -241,9 +247,9 @@ def transcribe_files(
                 batch_size=batch_size,
                 segmenter=segmenter,
                 progress=progress,
-                keep_decoded=explorer,
+                on_decoded=keep if explorer else None,
             )
-            for item, result in zip(group, results):
+            for index, (item, result) in enumerate(zip(group, results)):
                 if result.error is not None:
                     _say(f"asr transcribe: error: {item.name}: {result.error.reason}\n", sys.stderr)
                     failed.append(item.name)
@@ -254,7 +260,7 @@ def transcribe_files(
                     stem = Path(out_dir) / item.stem
                     if explorer:  # before the files, whose presence means done
                         stem.parent.mkdir(parents=True, exist_ok=True)
-                        write_maps(stem, result.decoded)
+                        write_maps(stem, maps.pop(index, []))
                     write_outputs(result.transcript, stem, formats, item.name, words_per_cue)
                     _say(f"{item.name}\t{result.transcript.text}\n")
                 if on_result is not None:

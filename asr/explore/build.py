@@ -142,7 +142,7 @@ def _decode_utterance(
     )
     audio = media.add(record.get("audio"), record.get("offset", 0.0), record.get("duration"))
     arrays |= audio.arrays
-    return utterance | {"audio": audio.src, "audio_note": audio.note} | _pack(arrays)
+    return utterance | audio.fields() | _pack(arrays)
 
 
 def _alignment_fields(tokens: list[dict[str, Any]], layout: dict[str, Any]) -> dict[str, Any]:
@@ -170,14 +170,16 @@ def _map_arrays(
 def transcribe_data(
     folder: Path, page_dir: Path, link_audio: bool, progress: bool
 ) -> dict[str, Any]:
-    """One row per transcript `<name>.json`, no reference; attention and the CTC path where
-    `asr transcribe --explorer` kept them (`<name>.explore.npz`)."""
+    """One row per transcript `<name>.json`, or per segment (`<name>#k`) of one decoded in
+    several, no reference; attention and the CTC path where `asr transcribe --explorer` kept
+    them (`<name>.explore.npz`)."""
     notes = ["transcripts without references: no WER"]
     layout = read_layout(folder)
     media = _Media(page_dir, link_audio, layout.get("sample_rate", 16000))
-    utterances = []
+    utterances: list[dict[str, Any]] = []
     without_maps = 0
     for path in _bar(sorted(_transcript_files(folder)), progress, "explore"):
+        name = path.relative_to(folder).with_suffix("").as_posix()
         try:
             transcript = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError) as err:
@@ -186,45 +188,124 @@ def transcribe_data(
         try:
             maps = read_maps(path)
         except (OSError, ValueError) as err:
-            notes.append(f"{path.relative_to(folder).with_suffix('')}: its attention is not "
-                         f"readable ({err})")  # fmt: skip
-            maps = {}
-        arrays = _map_arrays(maps.get("attention"), maps.get("ctc"), layout)
-        without_maps += not maps
-        words = [_word(w) for w in transcript.get("words", [])]
+            notes.append(f"{name}: its attention is not readable ({err})")
+            maps = []
         source = transcript.get("audio") or ""
         # as given to `asr transcribe`: relative to where it ran, or else to the folder
         audio_path = source if not source or Path(source).exists() else str(folder / source)
-        audio = media.add(audio_path, 0.0, transcript.get("duration"))
-        segments = transcript.get("segments", [])
-        utterances.append(
-            {
-                "id": path.relative_to(folder).with_suffix("").as_posix(),
-                "speaker": None,
-                "duration": transcript.get("duration"),
-                "ref": None,
-                "hyp": transcript.get("text", ""),
-                "words": words,
-                "nbest": [{"text": transcript.get("text", ""), "score": transcript.get("score")}],
-                "flags": sorted({s["repaired"] for s in segments if s.get("repaired")})
-                + ([f"{len(segments)} segments"] if len(segments) > 1 else []),
-                "confidence": _mean_confidence(words),
-                "wer": None,
-                "errors": None,
-                "ops": None,
-                "ref_words": None,
-                "audio": audio.src,
-                "audio_note": audio.note,
-            }
-            | _alignment_fields(transcript.get("tokens", []), layout)
-            | _pack(audio.arrays | arrays)
-        )
+        rows = _transcript_rows(name, transcript, maps)
+        without_maps += sum(not row.maps for row in rows)
+        for row in rows:
+            audio = media.add(audio_path, row.offset, row.duration)
+            arrays = _map_arrays(row.maps.get("attention"), row.maps.get("ctc"), layout)
+            utterances.append(
+                row.fields
+                | _alignment_fields(row.tokens, layout)
+                | audio.fields()
+                | _pack(audio.arrays | arrays)
+            )
     if without_maps:
         notes.append(
-            f"{without_maps} of {len(utterances)} transcripts without attention: "
-            "`asr transcribe --explorer` keeps it, for inputs decoded in one segment"
+            f"{without_maps} of {len(utterances)} transcripts or segments without attention: "
+            "`asr transcribe --explorer` keeps it"
         )
     return _page("transcribe", folder, notes + media.notes(), None, utterances)
+
+
+@dataclass
+class _Row:
+    """A row of a transcription folder's page: a transcript, or one segment of it."""
+
+    fields: dict[str, Any]
+    tokens: list[dict[str, Any]]  # times from `offset`
+    offset: float  # where its audio starts in the input (seconds)
+    duration: float | None
+    maps: dict[str, Any]  # its `segment_maps` (`asr.explore.records`), or none
+
+
+def _transcript_rows(
+    name: str, transcript: dict[str, Any], maps: list[dict[str, Any]]
+) -> list[_Row]:
+    """The rows of a transcript: itself where it is one segment, else one per segment, each on
+    its decoded span's audio (its maps' span where kept, else its own bounds), its tokens those
+    its maps hold (the attention's rows) or else the transcript's within its bounds."""
+    segments = transcript.get("segments") or []
+    words = [_word(w) for w in transcript.get("words", [])]
+    tokens = transcript.get("tokens", [])
+    if len(segments) <= 1 and all(m["span"][0] == 0 for m in maps):
+        kept = maps[0] if len(maps) == 1 else {}
+        duration = transcript.get("duration")
+        whole = segments[0] if segments else {}
+        fields = _transcript_fields(name, duration, transcript.get("text", ""), words, whole)
+        return [_Row(fields, tokens, 0.0, duration, kept)]
+    rows = []
+    width = len(str(len(segments)))
+    for k, segment in enumerate(segments):
+        low, high = segment["start"], segment["end"]
+        kept = max(maps, key=lambda m: _overlap(m["span"], (low, high)), default={})
+        if kept and _overlap(kept["span"], (low, high)) <= 0:
+            kept = {}
+        start, end = kept["span"] if kept else (low, high)
+        if kept and "pieces" in kept:
+            own = [
+                {"piece": str(piece), "start": float(a), "end": float(b)}
+                for piece, (a, b) in zip(kept["pieces"], kept["times"])
+            ]
+        else:
+            own = [_shifted(t, start) for t in tokens if _within(t, low, high)]
+        inside = [_shifted(w, start) for w in words if _within(w, low, high)]
+        row_id = f"{name}#{k + 1:0{width}d}"
+        fields = _transcript_fields(row_id, end - start, segment.get("text", ""), inside, segment)
+        rows.append(_Row(fields, own, start, end - start, kept))
+    return rows
+
+
+def _transcript_fields(
+    utt_id: str,
+    duration: float | None,
+    text: str,
+    words: list[dict[str, Any]],
+    segment: dict[str, Any],
+) -> dict[str, Any]:
+    """A row's fields but its tokens and audio: `text` and `words`, the score, alternatives
+    and repair of `segment` (the transcript's one segment, if any, for a whole transcript)."""
+    flags = [f"repaired: {segment['repaired']}"] if segment.get("repaired") else []
+    alternatives = [
+        {"text": a.get("text", ""), "score": a.get("score")}
+        for a in segment.get("alternatives", [])
+    ]
+    return {
+        "id": utt_id,
+        "speaker": None,
+        "duration": duration,
+        "ref": None,
+        "hyp": text,
+        "words": words,
+        "nbest": [{"text": text, "score": segment.get("score")}, *alternatives],
+        "flags": flags + ([] if text else ["empty"]),
+        "confidence": _mean_confidence(words),
+        "wer": None,
+        "errors": None,
+        "ops": None,
+        "ref_words": None,
+    }
+
+
+def _overlap(a: tuple[float, float], b: tuple[float, float]) -> float:
+    return min(a[1], b[1]) - max(a[0], b[0])
+
+
+def _within(item: dict[str, Any], low: float, high: float) -> bool:
+    """Whether a word or token (times in the input) lies in [low, high) by its midpoint."""
+    start, end = item.get("start"), item.get("end")
+    return start is not None and end is not None and low <= (start + end) / 2 < high
+
+
+def _shifted(item: dict[str, Any], offset: float) -> dict[str, Any]:
+    """A word or token with its times from `offset`."""
+    return item | {
+        key: round(item[key] - offset, 3) for key in ("start", "end") if item.get(key) is not None
+    }
 
 
 def training_data(folder: Path, page_dir: Path, link_audio: bool, progress: bool) -> dict[str, Any]:
@@ -343,6 +424,10 @@ class _Audio:
     src: str | None = None
     note: str | None = None
     arrays: dict[str, tuple[np.ndarray, dict[str, Any]]] = field(default_factory=dict)
+    offset: float = 0.0  # where the utterance starts in a linked file, for the player's clock
+
+    def fields(self) -> dict[str, Any]:
+        return {"audio": self.src, "audio_note": self.note, "audio_offset": self.offset}
 
 
 class _Media:
@@ -375,7 +460,7 @@ class _Media:
         src = "/".join(_quote(part) for part in src.split("/"))
         if offset:
             src += f"#t={offset:.3f}"
-        return _Audio(src=src, arrays=arrays)
+        return _Audio(src=src, arrays=arrays, offset=offset or 0.0)
 
     def _spectrogram(self, wave: np.ndarray) -> tuple[np.ndarray, dict[str, Any]]:
         import torch

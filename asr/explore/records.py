@@ -1,7 +1,7 @@
 """What `asr evaluate` keeps of each decoded utterance for the explorer: `utterances.jsonl`
 (texts, word and token times, n-best, CTC path) and `attention.npz` (every decoder layer and
 head's cross-attention, 8 bits), beside its metrics.json. `asr transcribe --explorer` keeps
-each input's maps beside its transcript instead (`<stem>.explore.npz`)."""
+each input's maps beside its transcript instead, per decoded segment (`<stem>.explore.npz`)."""
 
 from __future__ import annotations
 
@@ -16,12 +16,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 if TYPE_CHECKING:
-    from asr.results import Decoded
+    from asr.results import Decoded, Transcript
 
 RECORDS = "utterances.jsonl"
 ATTENTION = "attention.npz"
 LAYOUT = "explore.json"
-MAPS_SUFFIX = ".explore.npz"  # beside a transcript's <stem>.json: its attention and CTC path
+MAPS_SUFFIX = ".explore.npz"  # beside a transcript's <stem>.json: its segments' maps
+MAP_NAMES = {"attention", "ctc"}
 
 
 def quantized_attention(attention: np.ndarray) -> np.ndarray:
@@ -117,38 +118,63 @@ def write_layout(folder: str | os.PathLike, layout: dict[str, Any]) -> None:
     os.replace(scratch, path)
 
 
-def write_maps(stem: str | os.PathLike, decoded: Decoded | None) -> None:
-    """A transcript's cross-attention `(K, L+1, T)` (8 bits) and CTC path (`ctc_frames`), from
-    its one segment's search result, as `<stem>.explore.npz`, whole or not at all; without
-    either (or `decoded`), no file, and none left from before."""
-    arrays = {}
-    if decoded is not None:
-        attention = decoded.hypothesis.attention
-        if attention is not None and attention.numel():
-            arrays["attention"] = quantized_attention(attention.float().cpu().numpy())
-        try:
-            ctc = decoded.ctc_path()
-            arrays["ctc"] = ctc_frames(ctc.start_frames, ctc.end_frames, ctc.num_frames)
-        except ValueError:  # no CTC head, or more tokens than frames
-            pass
+def segment_maps(transcript: Transcript, decoded: Decoded) -> dict[str, np.ndarray]:
+    """A decoded segment's maps, small: its cross-attention `(K, L+1, T)` in 8 bits, its CTC
+    path (`ctc_frames`), and its tokens' pieces and `(L, 2)` times from the segment's start
+    (the rows of the attention, which the joined transcript may have cut at an overlap)."""
+    arrays = {
+        "pieces": np.array(transcript.pieces, dtype=str),
+        "times": np.array([transcript.token_starts, transcript.token_ends], np.float32).T,
+    }
+    attention = decoded.hypothesis.attention
+    if attention is not None and attention.numel():
+        arrays["attention"] = quantized_attention(attention.float().cpu().numpy())
+    try:
+        ctc = decoded.ctc_path()
+        arrays["ctc"] = ctc_frames(ctc.start_frames, ctc.end_frames, ctc.num_frames)
+    except ValueError:  # no CTC head, or more tokens than frames
+        pass
+    return arrays
+
+
+def write_maps(
+    stem: str | os.PathLike, segments: Iterable[tuple[tuple[float, float], dict[str, np.ndarray]]]
+) -> None:
+    """An input's maps as `<stem>.explore.npz`, whole or not at all: `spans` `(S, 2)` (each
+    decoded segment's start and end in the input, seconds, in order) and the `segment_maps`
+    of segment k as `<name>_<k>`; without attention or a CTC path in any, no file, and none
+    left from before."""
+    segments = sorted(segments, key=lambda item: item[0][0])
     path = Path(f"{stem}{MAPS_SUFFIX}")
-    if not arrays:
+    if not any(MAP_NAMES & maps.keys() for _, maps in segments):
         path.unlink(missing_ok=True)
         return
+    arrays = {"spans": np.array([span for span, _ in segments], np.float64).reshape(-1, 2)}
+    for k, (_, maps) in enumerate(segments):
+        arrays |= {f"{name}_{k}": array for name, array in maps.items()}
     partial = path.with_name(f".{path.name}.partial")
     with open(partial, "wb") as f:
         np.savez_compressed(f, **arrays)
     os.replace(partial, path)
 
 
-def read_maps(transcript: str | os.PathLike) -> dict[str, np.ndarray]:
-    """The maps kept beside a transcript `<stem>.json` (none: empty); ValueError names a file
+def read_maps(transcript: str | os.PathLike) -> list[dict[str, Any]]:
+    """The maps kept beside a transcript `<stem>.json`, one dict per decoded segment in order:
+    its `span` and the arrays of `segment_maps` (none kept: empty); ValueError names a file
     that is not such an archive."""
     path = Path(transcript).with_suffix(MAPS_SUFFIX)
     if not path.is_file():
-        return {}
+        return []
     try:
         with np.load(path) as archive:
-            return {key: archive[key] for key in archive.files}
+            arrays = {key: archive[key] for key in archive.files}
     except (zipfile.BadZipFile, ValueError):  # np.load takes what is not a zip for a pickle
         raise ValueError(f"{path.name} is not an .npz archive") from None
+    if "spans" not in arrays:
+        raise ValueError(f"{path.name} has no spans: not written by `asr transcribe --explorer`")
+    segments = [{"span": tuple(map(float, span))} for span in arrays.pop("spans")]
+    for key, array in arrays.items():
+        name, _, k = key.rpartition("_")
+        if k.isdigit() and int(k) < len(segments):
+            segments[int(k)][name] = array
+    return segments

@@ -371,6 +371,37 @@ def test_clicking_a_word_seeks_there(driver, three):
     js(driver, "document.querySelector('#player').pause()")
 
 
+def test_a_segment_linked_mid_file_plays_on_its_own_clock(driver, tmp_path):
+    """A linked file's player counts from the file's start: a segment 2 s in seeks to 2 s plus
+    its word's time, and the player at 2 s plus a time lights the word spoken then."""
+    _, audio = _opus_uri(4.0, 220.0)
+    sf.write(tmp_path / "long.wav", audio, 16000)
+    segment = utterance("long#2", "one two three", seconds=1.5)
+    segment |= {"audio": "long.wav#t=2.000", "audio_offset": 2.0}
+    open_page(driver, tmp_path, page_data([segment]))
+    open_utterance(driver, "long#2")
+    wait(driver, lambda d: js(d, "return document.querySelector('#player').readyState") >= 1)
+    js(
+        driver,
+        "window.seeks = []; const p = document.querySelector('#player');"
+        "p.addEventListener('seeked', () => window.seeks.push(p.currentTime))",
+    )
+    word = driver.find_elements(By.CSS_SELECTOR, "#hyp .word")[1]
+    word.click()
+    seek = wait(driver, lambda d: js(d, "return window.seeks.shift()"))
+    assert abs(seek - (2.0 + float(word.get_attribute("data-start")))) < 0.05
+    js(driver, "document.querySelector('#player').pause()")
+    third = segment["words"][2]
+    at = 2.0 + (third["start"] + third["end"]) / 2
+    js(driver, "document.querySelector('#player').currentTime = arguments[0]", at)
+    wait(
+        driver,
+        lambda d: (
+            [e.text for e in d.find_elements(By.CSS_SELECTOR, "#hyp .word.current")] == ["three"]
+        ),
+    )
+
+
 def test_switching_head_changes_the_heatmap(driver, three):
     open_utterance(driver, "bad")
     canvas = driver.find_element(By.ID, "attention-canvas")

@@ -20,7 +20,7 @@ from test_transcribe import UTTERANCES, WAV
 from asr.cli import main
 from asr.explore.build import explore
 from asr.explore.page import build_page
-from asr.explore.records import read_records
+from asr.explore.records import read_maps, read_records
 
 HOSTILE = ["<script>window.pwned=1</script>", '"><img src=x onerror="window.pwned=1">']
 
@@ -169,12 +169,13 @@ def test_transcribe_explorer_needs_an_output_folder_and_no_streaming(capsys):
         )
 
 
-def test_transcribe_explorer_keeps_the_attention_of_inputs_in_one_segment(
+def test_transcribe_explorer_keeps_the_attention_of_every_segment(
     tiny_checkpoint, tmp_path, capsys
 ):
-    """`asr transcribe --explorer`: an input decoded in one segment keeps its cross-attention
-    `(K, L+1, T)` and CTC path beside its json (written whatever --format says), and the page
-    written at the end shows them; an input cut into segments has none, and the page says so."""
+    """`asr transcribe --explorer`: each decoded segment keeps its cross-attention `(K, L+1, T)`,
+    CTC path, pieces and span beside the json (written whatever --format says); the page
+    written at the end has a row per transcript in one segment and per segment of the others,
+    each on its span's audio with the tokens its attention rows are for."""
     short = WAV / "an4_clstk/fash/an251-fash-b.wav"  # 1 s
     long = WAV / "an4_clstk/fash/an255-fash-b.wav"  # 2.6 s: two segments of at most 2.5 s
     out = tmp_path / "out"
@@ -185,23 +186,61 @@ def test_transcribe_explorer_keeps_the_attention_of_inputs_in_one_segment(
     assert f"explorer: {out / 'explorer.html'}" in capsys.readouterr().err
     layout = json.loads((out / "explore.json").read_text())
     transcript = json.loads((out / "an251-fash-b.json").read_text())
-    with np.load(out / "an251-fash-b.explore.npz") as maps:
-        attention, ctc = maps["attention"], maps["ctc"]
+    [one] = read_maps(out / "an251-fash-b.json")
+    attention, ctc = one["attention"], one["ctc"]
     maps_per_layer = layout["layers"] * layout["heads"]
     assert attention.dtype == np.uint8 and attention.shape[:2] == (
         maps_per_layer,
         len(transcript["tokens"]) + 1,
     )
     assert ctc.shape == (attention.shape[2],)  # one entry per encoder frame
-    assert len(json.loads((out / "an255-fash-b.json").read_text())["segments"]) == 2
-    assert not (out / "an255-fash-b.explore.npz").exists()
+    assert one["pieces"].tolist() == [t["piece"] for t in transcript["tokens"]]
+    assert one["span"] == (0.0, pytest.approx(transcript["duration"], abs=0.01))
+
+    cut = json.loads((out / "an255-fash-b.json").read_text())
+    segments = read_maps(out / "an255-fash-b.json")
+    assert len(cut["segments"]) == len(segments) == 2
+    assert segments[0]["span"][0] == 0 and segments[0]["span"][1] <= segments[1]["span"][0] + 1
+    for maps in segments:
+        assert maps["attention"].shape[:2] == (maps_per_layer, len(maps["pieces"]) + 1)
+        assert maps["times"].shape == (len(maps["pieces"]), 2)
+
     page = page_data((out / "explorer.html").read_text())
     rows = {u["id"]: u for u in page["utterances"]}
+    assert list(rows) == ["an251-fash-b", "an255-fash-b#1", "an255-fash-b#2"]
     assert set(rows["an251-fash-b"]["arrays"]) >= {"attention", "ctc", "envelope"}
-    assert "attention" not in rows["an255-fash-b"]["arrays"]
-    assert any("1 of 2 transcripts without attention" in note for note in page["notes"])
+    assert not any("without attention" in note for note in page["notes"])
+    for k, maps in enumerate(segments):
+        row = rows[f"an255-fash-b#{k + 1}"]
+        start, end = maps["span"]
+        assert (
+            row["duration"] == pytest.approx(end - start)
+            and row["hyp"] == cut["segments"][k]["text"]
+        )
+        got = arrays(row)
+        assert got["attention"].shape == maps["attention"].shape
+        assert [t["piece"] for t in row["tokens"]] == maps["pieces"].tolist()
+        assert all(0 <= w["start"] <= w["end"] <= row["duration"] + 0.01 for w in row["words"])
+        mels, frames = got["spectrogram"].shape  # the span's audio, not the whole file's
+        seconds = row["arrays"]["spectrogram"]["seconds"]
+        assert frames * seconds == pytest.approx(end - start, abs=0.05)
+    assert " ".join(rows[f"an255-fash-b#{k}"]["hyp"] for k in (1, 2)).strip() == cut["text"]
+
+    linked = page_data(explore(out, tmp_path / "linked.html", True, False).read_text())
+    second = {u["id"]: u for u in linked["utterances"]}["an255-fash-b#2"]
+    assert second["audio"].endswith(f"#t={segments[1]['span'][0]:.3f}")
+    assert second["audio_offset"] == pytest.approx(segments[1]["span"][0])
+
     (out / "an251-fash-b.explore.npz").write_bytes(b"not an archive")  # the row stays
+    (out / "an255-fash-b.explore.npz").unlink()  # as without --explorer: rows, no attention
     page = page_data(explore(out, progress=False).read_text())
-    assert [u["id"] for u in page["utterances"]] == ["an251-fash-b", "an255-fash-b"]
+    assert [u["id"] for u in page["utterances"]] == list(rows)
     assert "an251-fash-b: its attention is not readable (an251-fash-b.explore.npz is not an " \
         ".npz archive)" in page["notes"]  # fmt: skip
+    assert "3 of 3 transcripts or segments without attention: `asr transcribe --explorer` " \
+        "keeps it" in page["notes"]  # fmt: skip
+    second = {u["id"]: u for u in page["utterances"]}["an255-fash-b#2"]
+    low, high = cut["segments"][1]["start"], cut["segments"][1]["end"]
+    within = [t for t in cut["tokens"] if low <= (t["start"] + t["end"]) / 2 < high]
+    assert [t["piece"] for t in second["tokens"]] == [t["piece"] for t in within]
+    assert [t["start"] for t in second["tokens"]] == [round(t["start"] - low, 3) for t in within]

@@ -226,7 +226,7 @@
   const player = $("#player");
   const view = {
     row: null, u: null, seq: 0, duration: 1, arrays: {}, attn: null, words: [],
-    current: null, time: 0, raf: 0, hasAudio: false, rowHeight: 14, loading: false,
+    current: null, time: 0, raf: 0, hasAudio: false, offset: 0, rowHeight: 14, loading: false,
   };
   const blobs = new Map(); // utterance index -> Promise<ArrayBuffer>, the few last opened
 
@@ -353,6 +353,7 @@
     player.pause();
     const src = typeof u.audio === "string" && u.audio ? u.audio : null;
     view.hasAudio = src !== null;
+    view.offset = Math.max(0, num(u.audio_offset) || 0); // a linked file's clock runs from its start
     const note = $("#audio-note");
     if (src) {
       player.src = src;
@@ -453,7 +454,7 @@
   // ---- playback: one time drives the cursor and the current word ----
   function seek(t) {
     if (view.hasAudio) {
-      player.currentTime = t;
+      player.currentTime = view.offset + t;
       player.play().catch(() => {}); // playback refused (policy, codec): the seek still stands
     } else {
       setTime(t);
@@ -478,7 +479,11 @@
   }
 
   function tick() {
-    if (view.hasAudio) setTime(player.currentTime);
+    if (view.hasAudio) {
+      const t = player.currentTime - view.offset;
+      if (view.offset > 0 && t >= view.duration && !player.paused) player.pause(); // ends mid-file
+      setTime(t);
+    }
   }
 
   function loop() {
@@ -933,8 +938,9 @@
       seek(clamp((e.clientX - rect.left) / rect.width, 0, 1) * view.duration);
     });
     $("#play").addEventListener("click", () => {
-      if (player.paused) player.play().catch(() => {});
-      else player.pause();
+      if (!player.paused) player.pause();
+      else if (view.offset > 0 && player.currentTime - view.offset >= view.duration) seek(0);
+      else player.play().catch(() => {});
     });
     for (const type of ["timeupdate", "seeked", "seeking", "pause", "ended"]) {
       player.addEventListener(type, tick);
