@@ -18,7 +18,7 @@ context before it, then sees more of itself, for a later first partial.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
@@ -35,6 +35,7 @@ from asr.models.blocks import min_input_length
 from asr.models.chunking import EncoderCache, streaming_problem
 from asr.results import Decoded, Transcript
 from asr.search import Hypothesis, LanguageModel
+from asr.segment import Span
 from asr.text import PAD_ID, SOS_EOS_ID
 from asr.transcribe import join_segments
 from asr.vad import StreamingVAD
@@ -336,6 +337,9 @@ class Stream:
         self.spans: list[tuple[float, float]] = []
         self.closed = False
         self._new: list[Transcript] = []
+        # Called with each final's span (seconds from the stream's start), its transcript
+        # (times from the span's start) and its search result: the explorer keeps its maps.
+        self.on_decoded: Callable[[Span, Transcript, Decoded], None] | None = None
         endpoint = engine.options.endpoint
         self.vad = None
         if endpoint is not None and endpoint.silence_from == "silero":
@@ -477,6 +481,8 @@ class Stream:
                 self.spans.append((start, end))
                 self.utterances.append(transcript)
                 self._new.append(_shifted(transcript, start))
+                if self.on_decoded is not None:
+                    self.on_decoded((start, end), transcript, decoded)
         self._start_utterance()
 
 

@@ -251,10 +251,10 @@ def _transcribe(args: argparse.Namespace) -> int:
         raise ValueError("nothing to transcribe: give audio, folders, globs, or --manifest")
     if args.format is not None and args.output_dir is None:
         raise ValueError("--format chooses the files written to --output-dir: give that too")
-    if args.explorer and (args.output_dir is None or args.streaming):
+    if args.explorer and args.output_dir is None:
         raise ValueError(
-            "--explorer keeps its maps in --output-dir, and not under --streaming: give "
-            "--output-dir (`asr explore OUT` builds the page of any output folder)"
+            "--explorer keeps its maps in --output-dir: give that too (`asr explore OUT` "
+            "builds the page of any output folder)"
         )
     if args.streaming:
         from asr.cli.live import transcribe_streaming
@@ -788,9 +788,9 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
         p.add_argument(
             "--explorer",
             action="store_true",
-            help="also keep the cross-attention and CTC path of each input's segments beside "
-            "its json, and write OUTPUT_DIR/explorer.html: the page of `asr explore`, a row per "
-            "segment of long recordings (docs/explorer.md)",
+            help="also keep the cross-attention and CTC path of each segment (each final "
+            "under --streaming) beside its input's json, and write OUTPUT_DIR/explorer.html: the "
+            "page of `asr explore`, a row per segment of long recordings (docs/explorer.md)",
         )
         p.add_argument("--timestamps", choices=TIMESTAMP_METHODS, default=TIMESTAMP_METHODS[0])
         p.add_argument(

@@ -107,9 +107,15 @@ def transcribe_streaming(
     lines = _Lines(out, out.isatty() and not args.quiet)
     rate = recognizer.sample_rate
     stems = _output_stems(args.audio) if args.output_dir else {}
+    if args.explorer:
+        from asr.evaluate import record_layout
+        from asr.explore.records import write_layout
+
+        write_layout(args.output_dir, record_layout(recognizer))
     with _ctrl_c_ends_the_input() as interrupted:
         for name in args.audio:
             stream = recognizer.stream(options, lm)
+            maps = _kept_maps(stream) if args.explorer else []
             if len(args.audio) > 1:
                 print(name, file=out)
             audio = name  # what the written transcript names as its audio
@@ -133,10 +139,23 @@ def transcribe_streaming(
                 lines.final(timed_lines(final))
             lines.clear()
             if args.output_dir:
-                _write_streamed(args, transcript, stems[name], audio)
+                _write_streamed(args, transcript, stems[name], audio, maps)
             if interrupted:
-                return 130
-    return 0
+                break
+    if args.explorer:  # Ctrl-C too: it is how a session from the microphone ends
+        from asr.explore.build import explore
+
+        print(f"explorer: {explore(args.output_dir, progress=False)}", file=sys.stderr)
+    return 130 if interrupted else 0
+
+
+def _kept_maps(stream) -> list:
+    """The list `stream` now adds each final's span and maps to (`segment_maps`)."""
+    from asr.explore.records import segment_maps
+
+    maps = []
+    stream.on_decoded = lambda span, part, decoded: maps.append((span, segment_maps(part, decoded)))
+    return maps
 
 
 def _output_stems(names: list[str]) -> dict[str, str]:
@@ -169,12 +188,22 @@ def _recorded(data, path: str, rate: int):
         yield passing()
 
 
-def _write_streamed(args: argparse.Namespace, transcript, stem: str, audio: str) -> None:
+def _write_streamed(
+    args: argparse.Namespace, transcript, stem: str, audio: str, maps: list
+) -> None:
+    """The outputs of a stream; with --explorer its finals' maps first, and json whatever
+    --format says."""
     from asr.cli.inputs import DEFAULT_FORMATS
     from asr.writers import expand_formats, write_outputs
 
-    formats = expand_formats(args.format or DEFAULT_FORMATS)
+    formats = expand_formats(
+        [*(args.format or DEFAULT_FORMATS), *(["json"] if args.explorer else [])]
+    )
     path = os.path.join(args.output_dir, stem)
+    if args.explorer:
+        from asr.explore.records import write_maps
+
+        write_maps(path, maps)
     write_outputs(transcript, path, formats, audio, args.words_per_cue)
     suffixes = formats[0] if len(formats) == 1 else "{" + ",".join(formats) + "}"
     print(f"asr transcribe: {audio}: wrote {path}.{suffixes}", file=sys.stderr)

@@ -15,7 +15,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
-from streaming_fixtures import UTTERANCES, streaming_recognizer
+from conftest import page_data
+from streaming_fixtures import RATE, UTTERANCES, streaming_recognizer
 
 from asr.ctc_beam import CTCPrefixBeam, EndpointOptions
 from asr.frontends import Frontend, LevelNormalizer, LogMelFilterbank
@@ -325,8 +326,10 @@ def test_ctrl_c_ends_the_input_with_the_finals_of_what_was_heard(
     command = ["transcribe", "--streaming", "--chunk-ms", "320", "--model",
                str(tiny_checkpoint["checkpoint"]), "-"]  # fmt: skip
     monkeypatch.setattr(asr.cli.live, "_stdin_bytes", microphone)
-    assert main([*command, "--output-dir", str(tmp_path)]) == 130
-    lines = [line for line in capsys.readouterr().out.splitlines() if line]
+    assert main([*command, "--output-dir", str(tmp_path), "--explorer"]) == 130
+    printed = capsys.readouterr()
+    assert f"explorer: {tmp_path / 'explorer.html'}" in printed.err  # Ctrl-C too
+    lines = [line for line in printed.out.splitlines() if line]
     recognizer = load_model(tiny_checkpoint["checkpoint"])
     audio = torch.from_numpy(np.concatenate([heard, silence]))  # what came before the check
     default = StreamOptions(chunk_ms=320, final_search="beam")  # the command's
@@ -384,6 +387,49 @@ def test_the_live_commands_pass_their_stream_options(command) -> None:
     assert options.endpoint.trailing_silence == 0.5 and options.final_search == "beam"
     plain = stream_options(_parser(command).parse_args([command, *model]))
     assert (plain.chunk_ms, plain.first_chunk_ms) == (640, None)
+
+
+def test_transcribe_streaming_explorer_keeps_each_finals_attention(tmp_path, capsys) -> None:
+    """--explorer under --streaming: each final's cross-attention and CTC path, over the
+    chunked encoder frames its decoder saw, beside the json, and the page with a row per
+    final on its stretch of the audio."""
+    import json
+
+    import soundfile as sf
+
+    from asr.cli import _parser
+    from asr.cli.live import transcribe_streaming
+    from asr.explore.records import read_maps
+
+    recognizer, waves = streaming_recognizer()
+    gap = torch.zeros(RATE)  # a pause the endpoint closes the first final at
+    two = torch.cat(
+        [waves["an4_clstk/fash/an251-fash-b"], gap, waves["an4_clstk/fash/an253-fash-b"]]
+    )
+    sf.write(tmp_path / "two.wav", two.numpy(), RATE)
+    out = tmp_path / "out"
+    args = ["transcribe", "--streaming", "--chunk-ms", "320", "--model", "in-memory",
+            str(tmp_path / "two.wav"), "--output-dir", str(out), "--format", "txt",
+            "--explorer"]  # fmt: skip
+    parsed = _parser("transcribe").parse_args(args)
+    assert transcribe_streaming(parsed, recognizer, out=io.StringIO()) == 0
+    assert f"explorer: {out / 'explorer.html'}" in capsys.readouterr().err
+    written = json.loads((out / "two.json").read_text())  # json whatever --format says
+    assert written["text"] == "YES GO"
+    finals = read_maps(out / "two.json")
+    assert len(finals) == len(written["segments"]) == 2
+    layout = json.loads((out / "explore.json").read_text())
+    for maps, segment in zip(finals, written["segments"], strict=True):
+        assert maps["span"] == pytest.approx((segment["start"], segment["end"]), abs=1e-3)
+        rows = (layout["layers"] * layout["heads"], len(maps["pieces"]) + 1)
+        assert maps["attention"].shape[:2] == rows
+        assert maps["ctc"].shape == maps["attention"].shape[2:]
+    pieces = [str(p) for maps in finals for p in maps["pieces"]]
+    assert pieces == [t["piece"] for t in written["tokens"]], "the finals' own tokens"
+    page = page_data((out / "explorer.html").read_text())
+    assert [u["id"] for u in page["utterances"]] == ["two#1", "two#2"]
+    assert [u["hyp"] for u in page["utterances"]] == ["YES", "GO"]
+    assert all("attention" in u["arrays"] for u in page["utterances"])
 
 
 def test_transcribe_streaming_writes_each_input_to_the_output_dir(
