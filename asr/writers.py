@@ -116,12 +116,20 @@ def timed_line(start: float, end: float, text: str) -> str:
     )
 
 
-def render(transcript: Transcript, fmt: str, audio: str = "", words_per_cue: int = 0) -> str:
-    """The transcript as the text of an output file of format `fmt`."""
+def render(
+    transcript: Transcript,
+    fmt: str,
+    audio: str = "",
+    words_per_cue: int = 0,
+    offset: float = 0.0,
+) -> str:
+    """The transcript as the text of an output file of format `fmt`; `offset`: where in `audio`
+    its times start (a manifest line's), kept in json where not 0."""
     if fmt == "txt":
         return transcript.text + "\n"
     if fmt == "json":
-        return json.dumps({"audio": audio, **transcript.to_dict()}, indent=1, ensure_ascii=False)
+        where = {"audio": audio} | ({"offset": round(offset, 3)} if offset else {})
+        return json.dumps(where | transcript.to_dict(), indent=1, ensure_ascii=False)
     if fmt == "srt":
         return to_srt(subtitle_cues(transcript, words_per_cue))
     if fmt == "vtt":
@@ -138,9 +146,10 @@ def write_transcript(
     *,
     audio: str = "",
     words_per_cue: int = 0,
+    offset: float = 0.0,
 ) -> None:
     """Write the transcript as a `fmt` file (see `render`), whole or not at all."""
-    write_text_atomically(path, render(transcript, fmt, audio, words_per_cue))
+    write_text_atomically(path, render(transcript, fmt, audio, words_per_cue, offset))
 
 
 def write_text_atomically(path: str | os.PathLike, text: str) -> None:
@@ -165,13 +174,16 @@ def write_outputs(
     formats: Sequence[str],
     audio: str = "",
     words_per_cue: int = 0,
+    offset: float = 0.0,
 ) -> None:
     """Write `<stem>.<format>` for each of `formats`, making the folder."""
     stem = Path(stem)
     stem.parent.mkdir(parents=True, exist_ok=True)
     for fmt in formats:
         path = stem.with_name(f"{stem.name}.{fmt}")
-        write_transcript(transcript, path, fmt, audio=audio, words_per_cue=words_per_cue)
+        write_transcript(
+            transcript, path, fmt, audio=audio, words_per_cue=words_per_cue, offset=offset
+        )
 
 
 def write_txt(transcript: Transcript, path: str | os.PathLike) -> None:

@@ -261,7 +261,10 @@ def transcribe_files(
                     if explorer:  # before the files, whose presence means done
                         stem.parent.mkdir(parents=True, exist_ok=True)
                         write_maps(stem, maps.pop(index, []))
-                    write_outputs(result.transcript, stem, formats, item.name, words_per_cue)
+                    # a manifest line's json names its file and offset, for the explorer
+                    audio = item.name if item.fields is None else item.audio.path
+                    offset = item.audio.offset
+                    write_outputs(result.transcript, stem, formats, audio, words_per_cue, offset)
                     _say(f"{item.name}\t{result.transcript.text}\n")
                 if on_result is not None:
                     on_result(item, result)

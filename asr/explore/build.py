@@ -193,10 +193,11 @@ def transcribe_data(
         source = transcript.get("audio") or ""
         # as given to `asr transcribe`: relative to where it ran, or else to the folder
         audio_path = source if not source or Path(source).exists() else str(folder / source)
+        start = transcript.get("offset") or 0.0  # a manifest line's, where its times start
         rows = _transcript_rows(name, transcript, maps)
         without_maps += sum(not row.maps for row in rows)
         for row in rows:
-            audio = media.add(audio_path, row.offset, row.duration)
+            audio = media.add(audio_path, start + row.offset, row.duration)
             arrays = _map_arrays(row.maps.get("attention"), row.maps.get("ctc"), layout)
             utterances.append(
                 row.fields

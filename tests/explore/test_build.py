@@ -228,6 +228,18 @@ def test_transcribe_explorer_keeps_the_attention_of_every_segment(
     assert second["audio"].endswith(f"#t={segments[1]['span'][0]:.3f}")
     assert second["audio_offset"] == pytest.approx(segments[1]["span"][0])
 
+    lines = tmp_path / "lines.jsonl"  # a manifest line: its json names the file and offset
+    lines.write_text(json.dumps({"audio_filepath": str(long), "offset": 1.2, "duration": 1.4}))
+    clipped = tmp_path / "clipped"
+    model = ["--model", str(tiny_checkpoint["checkpoint"])]
+    assert main(["transcribe", "--manifest", str(lines), *model, "--output-dir", str(clipped),
+                 "--explorer", "--quiet"]) == 0  # fmt: skip
+    written = json.loads((clipped / "an255-fash-b.json").read_text())
+    assert (written["audio"], written["offset"]) == (str(long), 1.2)
+    linked = page_data(explore(clipped, tmp_path / "clip.html", True, False).read_text())
+    [row] = linked["utterances"]
+    assert row["audio"].endswith("#t=1.200") and row["audio_offset"] == pytest.approx(1.2)
+
     (out / "an251-fash-b.explore.npz").write_bytes(b"not an archive")  # the row stays
     (out / "an255-fash-b.explore.npz").unlink()  # as without --explorer: rows, no attention
     page = page_data(explore(out, progress=False).read_text())
