@@ -201,6 +201,7 @@ def transcribe_data(
             arrays = _map_arrays(row.maps.get("attention"), row.maps.get("ctc"), layout)
             utterances.append(
                 row.fields
+                | {"start": round(start + row.offset, 3) if row.segment else None}
                 | _alignment_fields(row.tokens, layout)
                 | audio.fields()
                 | _pack(audio.arrays | arrays)
@@ -222,6 +223,7 @@ class _Row:
     offset: float  # where its audio starts in the input (seconds)
     duration: float | None
     maps: dict[str, Any]  # its `segment_maps` (`asr.explore.records`), or none
+    segment: bool = True  # one of several rows of its transcript, or one on part of it
 
 
 def _transcript_rows(
@@ -238,7 +240,7 @@ def _transcript_rows(
         duration = transcript.get("duration")
         whole = segments[0] if segments else {}
         fields = _transcript_fields(name, duration, transcript.get("text", ""), words, whole)
-        return [_Row(fields, tokens, 0.0, duration, kept)]
+        return [_Row(fields, tokens, 0.0, duration, kept, segment=False)]
     rows = []
     width = len(str(len(segments)))
     for k, segment in enumerate(segments):

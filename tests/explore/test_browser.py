@@ -377,9 +377,10 @@ def test_a_segment_linked_mid_file_plays_on_its_own_clock(driver, tmp_path):
     _, audio = _opus_uri(4.0, 220.0)
     sf.write(tmp_path / "long.wav", audio, 16000)
     segment = utterance("long#2", "one two three", seconds=1.5)
-    segment |= {"audio": "long.wav#t=2.000", "audio_offset": 2.0}
+    segment |= {"audio": "long.wav#t=2.000", "audio_offset": 2.0, "start": 2.0}
     open_page(driver, tmp_path, page_data([segment]))
     open_utterance(driver, "long#2")
+    assert "from\n0:02.0" in driver.find_element(By.ID, "utt-meta").text  # where in the recording
     wait(driver, lambda d: js(d, "return document.querySelector('#player').readyState") >= 1)
     js(
         driver,

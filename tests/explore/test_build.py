@@ -206,14 +206,13 @@ def test_transcribe_explorer_keeps_the_attention_of_every_segment(
     rows = {u["id"]: u for u in page["utterances"]}
     assert list(rows) == ["an251-fash-b", "an255-fash-b#1", "an255-fash-b#2"]
     assert set(rows["an251-fash-b"]["arrays"]) >= {"attention", "ctc", "envelope"}
+    assert rows["an251-fash-b"]["start"] is None  # the whole recording
     assert not any("without attention" in note for note in page["notes"])
     for k, maps in enumerate(segments):
         row = rows[f"an255-fash-b#{k + 1}"]
         start, end = maps["span"]
-        assert (
-            row["duration"] == pytest.approx(end - start)
-            and row["hyp"] == cut["segments"][k]["text"]
-        )
+        assert row["duration"] == pytest.approx(end - start) and row["start"] == round(start, 3)
+        assert row["hyp"] == cut["segments"][k]["text"]
         got = arrays(row)
         assert got["attention"].shape == maps["attention"].shape
         assert [t["piece"] for t in row["tokens"]] == maps["pieces"].tolist()
@@ -239,6 +238,7 @@ def test_transcribe_explorer_keeps_the_attention_of_every_segment(
     linked = page_data(explore(clipped, tmp_path / "clip.html", True, False).read_text())
     [row] = linked["utterances"]
     assert row["audio"].endswith("#t=1.200") and row["audio_offset"] == pytest.approx(1.2)
+    assert row["start"] is None or row["start"] >= 1.2  # in the file
 
     (out / "an251-fash-b.explore.npz").write_bytes(b"not an archive")  # the row stays
     (out / "an255-fash-b.explore.npz").unlink()  # as without --explorer: rows, no attention

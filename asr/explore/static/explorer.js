@@ -11,6 +11,7 @@
   const text = (x) => (x == null ? "" : String(x));
   const obj = (x) => (x && typeof x === "object" && !Array.isArray(x) ? x : {});
   const fixed = (x, digits) => (num(x) === null ? "–" : x.toFixed(digits));
+  const clock = (x) => `${Math.floor(x / 60)}:${(x % 60).toFixed(1).padStart(4, "0")}`; // m:ss.s
   const count = (x) => (num(x) === null ? "–" : String(x));
   const clamp = (x, lo, hi) => Math.min(hi, Math.max(lo, x));
 
@@ -337,6 +338,7 @@
     const items = [
       ["speaker", u.speaker == null ? "–" : text(u.speaker)],
       ["duration", `${fixed(num(u.duration), 2)} s`],
+      ...(num(u.start) === null ? [] : [["from", clock(u.start)]]), // a segment of a recording
       ["WER", u.wer == null ? "–" : `${fixed(num(u.wer), 1)} %`],
       ["S/D/I", sdi(u)],
       ["confidence", fixed(num(u.confidence), 2)],
