@@ -3,11 +3,14 @@
 Protocol (one recording per connection; docs/streaming.md):
 
 - client: a text message `{"type": "start", "sample_rate": 16000, "format": "s16le"}` (format
-  `s16le`, little-endian 16-bit PCM, or `f32le`), then binary messages of mono PCM, then
-  `{"type": "end"}`;
+  `s16le`, little-endian 16-bit PCM, or `f32le`; `"alignment": true` asks for each final's
+  cross-attention), then binary messages of mono PCM, then `{"type": "end"}`;
 - server: `{"type": "ready", ...}`, then `{"type": "partial", "text", "utterance",
   "audio_seconds"}` after each chunk that changes the live text, `{"type": "final", "text",
-  "start", "end", "words", "utterance"}` at each endpoint, and after "end" the last final and
+  "start", "end", "words", "utterance"}` at each endpoint (and `"alignment": {"tokens",
+  "frame_seconds", "shape", "data"}` where asked: `shape` `(tokens, frames)` of the timing
+  heads' mean attention, each row scaled to its peak, as base64 bytes; null for a model
+  without), and after "end" the last final and
   `{"type": "done", "text", "duration"}`; `{"type": "error", "message"}` and a close on bad input.
   A server told to stop sends each open stream the finals of the audio it has, its "done", and
   a close with 1001 (going away).
@@ -19,6 +22,7 @@ the encoder as one batch.
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import logging
 import os
@@ -34,14 +38,16 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from websockets.exceptions import ConnectionClosed
 
+from asr.explore.records import quantized_attention
 from asr.streaming import Stream, StreamingEngine, StreamOptions
+from asr.timing import attention_matrix
 
 if TYPE_CHECKING:
     from websockets.asyncio.server import Server, ServerConnection
     from websockets.http11 import Request, Response
 
     from asr.recognizer import Recognizer
-    from asr.results import Transcript
+    from asr.results import Decoded, Transcript
     from asr.search import LanguageModel
 
 log = logging.getLogger(__name__)
@@ -123,6 +129,7 @@ class _Client:
         self.ending = False
         self.too_slow = False
         self.stopped = False  # ended by the server's stop, not by the client's "end"
+        self.alignments: deque[dict[str, Any] | None] | None = None  # the finals', if asked
 
     def put(self, messages: list[dict[str, Any]]) -> None:
         """Queue one batch's results; a client still holding more than `limit` unsent results
@@ -287,6 +294,12 @@ class LiveServer:
             raise ClientError(f"format {kind!r} is not one of {sorted(FORMATS)}", UNSUPPORTED)
         dtype, scale = FORMATS[kind]
         client = _Client(ws, self.engine.stream(), dtype, scale, self.options.max_queued_messages)
+        if start.get("alignment"):
+            client.alignments = deque()
+            recognizer = self.engine.recognizer
+            client.stream.on_decoded = lambda span, part, decoded: client.alignments.append(
+                _alignment(part, decoded, recognizer.alignment_heads, recognizer.frame_seconds)
+            )
         chunk, first = self.engine.chunk_seconds, self.engine.first_chunk_seconds
         await ws.send(
             json.dumps(
@@ -411,7 +424,7 @@ class LiveServer:
         """The finals a chunk closed, then the partial after it (one per chunk, even when the
         text did not change, so a client can time every chunk)."""
         out = [
-            (client, _final(t, client.utterances + i))
+            (client, _final(t, client.utterances + i, client.alignments))
             for i, t in enumerate(client.stream.take_finals())
         ]
         client.utterances += len(out)
@@ -434,8 +447,11 @@ class LiveServer:
         self._executor.shutdown(wait=False, cancel_futures=True)
 
 
-def _final(transcript: Transcript, utterance: int) -> dict[str, Any]:
-    return {
+def _final(
+    transcript: Transcript, utterance: int, alignments: deque[dict[str, Any] | None] | None
+) -> dict[str, Any]:
+    """A final's message; with its alignment, the next of `alignments` (made in order)."""
+    message = {
         "type": "final",
         "utterance": utterance,
         "text": transcript.text,
@@ -451,6 +467,25 @@ def _final(transcript: Transcript, utterance: int) -> dict[str, Any]:
             }
             for w in transcript.words
         ],
+    }
+    return message if alignments is None else message | {"alignment": alignments.popleft()}
+
+
+def _alignment(
+    transcript: Transcript, decoded: Decoded, heads: list[int] | None, frame_seconds: float
+) -> dict[str, Any] | None:
+    """A final's cross-attention for the page: the mean of the timing heads' maps, a row per
+    token (eos left out), each scaled to its peak in 8 bits; None without attention."""
+    attention = decoded.hypothesis.attention
+    if attention is None or not attention.numel() or not transcript.tokens:
+        return None
+    matrix = attention_matrix(attention, heads)[: len(transcript.tokens)]
+    data = quantized_attention(matrix.numpy()[None])[0]
+    return {
+        "tokens": transcript.pieces,
+        "frame_seconds": frame_seconds,
+        "shape": list(data.shape),
+        "data": base64.b64encode(data.tobytes()).decode("ascii"),
     }
 
 

@@ -53,9 +53,29 @@ def _shows_the_offline_final(driver, url: str, live, recognizer, received: list)
     finals = driver.find_elements(By.CSS_SELECTOR, "#finals .final")
     words = [[w.text.strip() for w in f.find_elements(By.CSS_SELECTOR, ".word")] for f in finals]
     assert words == [expected.split()]
+    # Folded under the final, its cross-attention as the server made it from that audio.
+    canvas = finals[0].find_element(By.CSS_SELECTOR, "details.alignment canvas")
+    assert _alignment_sum(recognizer, heard) == int(canvas.get_attribute("data-checksum")) > 0
     assert live.chunks_run >= 8  # it came chunk by chunk
     assert not severe_errors(driver)
     return transcript
+
+
+def _alignment_sum(recognizer, wave: torch.Tensor) -> int:
+    """The sum of the 8-bit cross-attention `asr serve` sends with the final of `wave`."""
+    import base64
+
+    from asr.serve.server import _alignment
+
+    maps = []
+    stream = recognizer.stream(OPTIONS)
+    stream.on_decoded = lambda span, part, decoded: maps.append(
+        _alignment(part, decoded, recognizer.alignment_heads, recognizer.frame_seconds)
+    )
+    stream.accept(wave)
+    stream.final()
+    [alignment] = maps
+    return sum(base64.b64decode(alignment["data"]))
 
 
 def _saved(driver, folder) -> list[str]:

@@ -52,11 +52,11 @@ def server(trained):
 
 
 def session(
-    url: str, data: bytes, packet: int = 3200, pause: float = 0.0, **connect_args
+    url: str, data: bytes, packet: int = 3200, pause: float = 0.0, start=START, **connect_args
 ) -> list[dict]:
     """Send `data` as one recording; every message the server sent, in order."""
     with connect(url, **connect_args) as ws:
-        ws.send(START)
+        ws.send(start)
         messages = [json.loads(ws.recv(10))]
         for start in range(0, len(data), packet):
             ws.send(data[start : start + packet])
@@ -100,6 +100,39 @@ def test_a_recording_gets_partials_then_the_final_of_the_offline_stream(server, 
     assert final["text"] == offline.text == "U M N Y H SIX"
     assert [w["word"] for w in final["words"]] == offline.text.split()
     assert messages[-1] == {"type": "done", "text": offline.text, "duration": 2.6}
+
+
+def test_a_final_brings_its_cross_attention_where_asked(server, trained) -> None:
+    """ "alignment": true in the start message: each final carries the timing heads' mean
+    cross-attention of its tokens (8 bits, each row's peak 255), the map the page draws."""
+    import base64
+
+    import numpy as np
+
+    from asr.results import Decoded
+    from asr.timing import attention_matrix
+
+    (_, url), (recognizer, waves) = server, trained
+    asked = json.dumps(json.loads(START) | {"alignment": True})
+    [final] = [m for m in session(url, pcm16(waves[UID]), start=asked) if m["type"] == "final"]
+    alignment = final["alignment"]
+    pieces = recognizer.tokenizer.pieces(recognizer.tokenizer.encode(final["text"]))
+    assert alignment["tokens"] == pieces and alignment["frame_seconds"] == recognizer.frame_seconds
+    rows, frames = alignment["shape"]
+    data = np.frombuffer(base64.b64decode(alignment["data"]), np.uint8).reshape(rows, frames)
+    assert rows == len(pieces) and (data.max(axis=1) == 255).all()
+
+    captured: list[Decoded] = []  # the same final, offline, to compare with
+    stream = recognizer.stream(OPTIONS)
+    stream.on_decoded = lambda span, part, decoded: captured.append(decoded)
+    stream.accept(from_pcm16(pcm16(waves[UID])))
+    stream.final()
+    [decoded] = captured
+    expected = attention_matrix(decoded.hypothesis.attention, recognizer.alignment_heads)[:rows]
+    expected = (255 * expected / expected.max(dim=1, keepdim=True).values).round().numpy()
+    assert np.abs(data.astype(float) - expected).max() <= 1
+    [plain] = [m for m in session(url, pcm16(waves[UID])) if m["type"] == "final"]
+    assert "alignment" not in plain, "only where asked"
 
 
 def test_concurrent_streams_are_batched_and_each_gets_its_own(server, trained) -> None:

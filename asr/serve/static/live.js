@@ -1,7 +1,7 @@
 // The live page: microphone -> AudioWorklet (16 kHz PCM) -> WebSocket -> partials and finals.
 // ?autostart=1 starts at once; ?seconds=N ends the recording after N seconds of audio.
 // Each recording's times continue the one before; Save writes the finals as asr transcribe's
-// txt and srt files do.
+// txt and srt files do; each final's cross-attention folds out beneath it.
 (() => {
   "use strict";
   const params = new URLSearchParams(location.search);
@@ -54,7 +54,41 @@
     } else {
       line.appendChild(document.createTextNode(message.text));
     }
+    if (message.alignment) line.appendChild(alignmentView(message.alignment));
     finals.appendChild(line);
+  }
+
+  // A final's cross-attention, folded under it: a row per token, a column per encoder frame.
+  function alignmentView(a) {
+    const [rows, cols] = a.shape;
+    const view = document.createElement("details");
+    view.className = "alignment";
+    const summary = document.createElement("summary");
+    const ms = Math.round(1000 * a.frame_seconds);
+    summary.textContent = `cross-attention: ${rows} tokens × ${cols} frames of ${ms} ms`;
+    const canvas = document.createElement("canvas");
+    view.append(summary, canvas);
+    const bytes = Uint8Array.from(atob(a.data), (c) => c.charCodeAt(0));
+    const label = 40, row = 14, cell = Math.max(1, Math.min(8, Math.floor(640 / Math.max(cols, 1))));
+    canvas.width = label + cols * cell;
+    canvas.height = rows * row;
+    const ctx = canvas.getContext("2d");
+    ctx.font = "11px system-ui, sans-serif";
+    ctx.textBaseline = "middle";
+    let sum = 0;
+    for (let i = 0; i < rows; i++) {
+      ctx.fillStyle = "#5b6478";
+      ctx.fillText(String(a.tokens[i] ?? ""), 2, i * row + row / 2, label - 4);
+      for (let j = 0; j < cols; j++) {
+        const v = bytes[i * cols + j];
+        if (!v) continue;
+        sum += v;
+        ctx.fillStyle = `rgba(31, 78, 140, ${(v / 255).toFixed(3)})`;
+        ctx.fillRect(label + j * cell, i * row, cell, row - 1);
+      }
+    }
+    canvas.dataset.checksum = String(sum);  // what a test compares with the message's bytes
+    return view;
   }
 
   function stamp(seconds) {  // SubRip's HH:MM:SS,mmm
@@ -111,7 +145,7 @@
       if (limit && s.sent >= limit * rate) stop();
     };
     source.connect(node);
-    ws.onopen = () => ws.send(JSON.stringify({ type: "start", sample_rate: rate, format: "s16le" }));
+    ws.onopen = () => ws.send(JSON.stringify({ type: "start", sample_rate: rate, format: "s16le", alignment: true }));
     ws.onmessage = (event) => {
       const message = JSON.parse(event.data);
       if (message.type === "ready") {
