@@ -55,8 +55,9 @@ def synthetic(source: Path, count: int, out: Path) -> Path:
     return folder
 
 
-def chromium(width: int = 1400, height: int = 900):
-    """A headless Chromium WebDriver, or None where Chromium or selenium is missing."""
+def chromium(width: int = 1400, height: int = 900, *flags: str):
+    """A headless Chromium WebDriver (with more command-line `flags`), or None where Chromium
+    or selenium is missing."""
     driver_path = shutil.which("chromedriver")
     try:
         from selenium import webdriver
@@ -71,6 +72,7 @@ def chromium(width: int = 1400, height: int = 900):
         "--no-sandbox",
         "--disable-gpu",
         f"--window-size={width},{height}",
+        *flags,
     ):
         options.add_argument(flag)
     return webdriver.Chrome(service=Service(driver_path), options=options)

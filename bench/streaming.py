@@ -15,7 +15,11 @@
         and whether each final equals the offline streaming decode of the same audio (those
         unlike it named in the JSON). The most streams with p95 partial latency <= --budget-ms
         is reported.
-Both take --backend onnx or onnx-int8 with a package folder (`asr export --format onnx`) as
+    python -m bench.streaming screenshot --model M --manifest data/an4/test.jsonl
+        The live page in headless Chromium, its microphone the manifest's first two recordings
+        with a pause after each, the first final's cross-attention folded out: --png
+        (default docs/live_page.png).
+All take --backend onnx or onnx-int8 with a package folder (`asr export --format onnx`) as
 --model. Results go to --out (default bench/results/streaming_{wer,load}.json) and are printed
 as tables; the wer JSON also holds each decode's hypotheses, to compare two runs utterance by
 utterance.
@@ -232,9 +236,13 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def start_server(args: argparse.Namespace, port: int, streams: int) -> subprocess.Popen:
+def start_server(
+    args: argparse.Namespace, port: int, streams: int, endpoints: bool = False
+) -> subprocess.Popen:
+    """`asr serve` on 127.0.0.1:`port`, once it listens; without `endpoints`, a final only at
+    each recording's end."""
     command = [sys.executable, "-m", "asr", "serve", "--model", args.model, "--port", str(port),
-               "--chunk-ms", str(args.chunk), "--endpoint-silence", "0",
+               "--chunk-ms", str(args.chunk), *([] if endpoints else ["--endpoint-silence", "0"]),
                "--final-search", args.final_search, "--max-connections", str(max(streams, 1)),
                "--backend", args.backend,
                *(["--first-chunk-ms", str(args.first_chunk_ms)] if args.first_chunk_ms else []),
@@ -335,6 +343,54 @@ def load(args: argparse.Namespace) -> dict:
     return out
 
 
+def screenshot(args: argparse.Namespace) -> Path:
+    """The live page with two finals, the first's cross-attention folded out, as --png."""
+    import base64
+    import tempfile
+
+    import soundfile as sf
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from bench.explorer import chromium
+
+    pause = np.zeros(RATE, dtype=np.float32)
+    items = read_manifest(args.manifest)[:2]
+    wave = np.concatenate(
+        [part for item in items for part in (load_audio(item.audio_filepath, RATE).numpy(), pause)]
+    )
+    out = Path(args.png)
+    with tempfile.TemporaryDirectory() as scratch:
+        microphone = Path(scratch) / "microphone.wav"
+        sf.write(microphone, wave, RATE, subtype="PCM_16")
+        port = free_port()
+        server = start_server(args, port, 1, endpoints=True)
+        driver = chromium(900, 640, "--use-fake-ui-for-media-stream",
+                          "--use-fake-device-for-media-stream",
+                          f"--use-file-for-fake-audio-capture={microphone}%noloop")  # fmt: skip
+        if driver is None:
+            server.terminate()
+            raise SystemExit("the screenshot needs Chromium and chromedriver (make browser)")
+        try:
+            seconds = len(wave) / RATE
+            driver.get(f"http://127.0.0.1:{port}/?autostart=1&seconds={seconds:.2f}")
+            WebDriverWait(driver, 120, 0.1).until(
+                lambda d: d.execute_script("return document.body.dataset.done !== undefined")
+            )
+            driver.find_element(By.CSS_SELECTOR, "details.alignment summary").click()
+            height = driver.execute_script("return document.documentElement.scrollHeight")
+            metrics = {"width": 900, "height": height, "deviceScaleFactor": 1, "mobile": False}
+            driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride", metrics)
+            shot = driver.execute_cdp_cmd("Page.captureScreenshot", {"format": "png"})
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_bytes(base64.b64decode(shot["data"]))
+        finally:
+            driver.quit()
+            server.terminate()
+            server.wait()
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m bench.streaming",
@@ -358,6 +414,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--budget-ms", type=float, default=300.0,
                    help="p95 partial latency a stream count must keep to count as held")
     p.add_argument("--server-args", default="", help="more options for asr serve, one string")
+    p = sub.add_parser("screenshot", help="the live page with two finals, for the docs")
+    p.add_argument("--manifest", required=True, help="JSONL manifest: its first two recordings")
+    p.add_argument("--png", default="docs/live_page.png", help="where the screenshot goes")
+    p.add_argument("--chunk", type=float, default=640.0, help="chunk ms")
+    p.add_argument("--server-args", default="", help="more options for asr serve, one string")
     for p in sub.choices.values():
         p.add_argument("--model", required=True, help="a streaming model's checkpoint or package")
         p.add_argument("--out", help="JSON results (default bench/results/streaming_PART.json)")
@@ -369,6 +430,9 @@ def main(argv: list[str] | None = None) -> int:
                        help="what runs the networks: onnx and onnx-int8 need a package folder "
                        "exported with `asr export --format onnx`")
     args = parser.parse_args(argv)
+    if args.part == "screenshot":
+        print(screenshot(args))
+        return 0
     result = wer(args) if args.part == "wer" else load(args)
     path = Path(args.out or f"bench/results/streaming_{args.part}.json")
     path.parent.mkdir(parents=True, exist_ok=True)
