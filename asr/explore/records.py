@@ -171,7 +171,7 @@ def read_maps(transcript: str | os.PathLike) -> list[dict[str, Any]]:
     except (zipfile.BadZipFile, ValueError):  # np.load takes what is not a zip for a pickle
         raise ValueError(f"{path.name} is not an .npz archive") from None
     if "spans" not in arrays:
-        raise ValueError(f"{path.name} has no spans: not written by `asr transcribe --explorer`")
+        raise ValueError(f"{path.name} has no segment spans: `asr transcribe --explorer` again")
     segments = [{"span": tuple(map(float, span))} for span in arrays.pop("spans")]
     for key, array in arrays.items():
         name, _, k = key.rpartition("_")

@@ -253,3 +253,7 @@ def test_transcribe_explorer_keeps_the_attention_of_every_segment(
     within = [t for t in cut["tokens"] if low <= (t["start"] + t["end"]) / 2 < high]
     assert [t["piece"] for t in second["tokens"]] == [t["piece"] for t in within]
     assert [t["start"] for t in second["tokens"]] == [round(t["start"] - low, 3) for t in within]
+    np.savez(out / "an251-fash-b.explore.npz", attention=np.zeros((1, 2, 3), np.uint8))
+    notes = page_data(explore(out, progress=False).read_text())["notes"]
+    assert "an251-fash-b: its attention is not readable (an251-fash-b.explore.npz has no " \
+        "segment spans: `asr transcribe --explorer` again)" in notes  # fmt: skip
