@@ -1060,7 +1060,8 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
         description="Write an interactive page (no network needed to open it): for a decode "
         "folder of `asr evaluate`, the WER table of its utterances, each with its audio, "
         "spectrogram, words against the reference and cross-attention of every head; for an "
-        "output folder of `asr transcribe`, its transcripts; for a training run folder, the "
+        "output folder of `asr transcribe`, its transcripts, a row per segment of long "
+        "recordings (with attention where --explorer kept it); for a training run folder, the "
         "curves by epoch and the attention plots forming over epochs.",
     )
     if command == "explore":
