@@ -244,7 +244,7 @@ def _language_model(args: argparse.Namespace, recognizer):
 def _transcribe(args: argparse.Namespace) -> int:
     import tempfile
 
-    from asr.cli.inputs import expand_inputs
+    from asr.cli.inputs import expand_inputs, write_explorer
     from asr.cli.parallel import spreads, transcribe_spread
 
     if not args.audio and not args.manifest:
@@ -268,7 +268,7 @@ def _transcribe(args: argparse.Namespace) -> int:
         outcome = transcribe_spread(args, _transcribe_inputs)
         # Rank 0 or the --workers parent, once every share is written; other ranks count none.
         if args.explorer and not outcome.status and outcome.total > len(outcome.failures):
-            _write_explorer(args)
+            write_explorer(args.output_dir, not args.quiet)
         if outcome.failures:
             title = f"asr transcribe: {len(outcome.failures)} of {outcome.total} files failed"
             _print_failures(title, outcome.failures)
@@ -282,7 +282,7 @@ def _transcribe(args: argparse.Namespace) -> int:
             print(f"asr transcribe: error: {failure}", file=sys.stderr)
         failed = _transcribe_inputs(args, inputs) if inputs else []
     if args.explorer and len(failed) < len(inputs):  # a page of at least one transcript
-        _write_explorer(args)
+        write_explorer(args.output_dir, not args.quiet)
     if failures or failed:
         total = len(failures) + len(inputs)
         print(
@@ -290,12 +290,6 @@ def _transcribe(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     return 1 if failures or failed else 0
-
-
-def _write_explorer(args: argparse.Namespace) -> None:
-    from asr.explore.build import explore
-
-    print(f"explorer: {explore(args.output_dir, progress=not args.quiet)}", file=sys.stderr)
 
 
 def _transcribe_inputs(args: argparse.Namespace, inputs: list[Input], on_result=None) -> list[str]:

@@ -219,13 +219,11 @@ def transcribe_files(
     whatever `formats` says.
     """
     if explorer:
-        from asr.evaluate import record_layout
-        from asr.explore.records import segment_maps, write_layout, write_maps
+        from asr.explore.records import segment_maps, write_maps
 
         if out_dir is None:
             raise ValueError("the explorer's maps are kept in an output folder: give out_dir")
-        write_layout(out_dir, record_layout(recognizer))
-        formats = [*formats, "json"]
+        formats = start_explorer(out_dir, recognizer, formats)
     formats = expand_formats(formats)
     items = list(inputs) if all(isinstance(i, Input) for i in inputs) else file_inputs(inputs)
     failed = []
@@ -270,6 +268,25 @@ def transcribe_files(
                     on_result(item, result)
             bar.update(len(group))
     return failed
+
+
+def start_explorer(
+    out_dir: str | os.PathLike, recognizer: Recognizer, formats: Sequence[str]
+) -> list[str]:
+    """Ready `out_dir` for `asr explore`: the model's layout of its maps (explore.json); the
+    formats to write, with the json the page reads."""
+    from asr.evaluate import record_layout
+    from asr.explore.records import write_layout
+
+    write_layout(out_dir, record_layout(recognizer))
+    return [*formats, "json"]
+
+
+def write_explorer(out_dir: str | os.PathLike, progress: bool) -> None:
+    """Write `out_dir/explorer.html` and say where."""
+    from asr.explore.build import explore
+
+    print(f"explorer: {explore(out_dir, progress=progress)}", file=sys.stderr)
 
 
 def _say(text: str, file: IO[str] | None = None) -> None:

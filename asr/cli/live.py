@@ -100,18 +100,18 @@ def transcribe_streaming(
     `--output-dir`, each input's whole transcript is also written there when it ends (and the
     audio of `-`, as `stdin.wav`, for the explorer to play)."""
     from asr.audio import load_audio
-    from asr.writers import timed_lines
+    from asr.cli.inputs import DEFAULT_FORMATS, start_explorer, write_explorer
+    from asr.writers import expand_formats, timed_lines
 
     out = out or sys.stdout
     options = stream_options(args)
     lines = _Lines(out, out.isatty() and not args.quiet)
     rate = recognizer.sample_rate
     stems = _output_stems(args.audio) if args.output_dir else {}
+    formats = args.format or DEFAULT_FORMATS
     if args.explorer:
-        from asr.evaluate import record_layout
-        from asr.explore.records import write_layout
-
-        write_layout(args.output_dir, record_layout(recognizer))
+        formats = start_explorer(args.output_dir, recognizer, formats)
+    formats = expand_formats(formats)
     with _ctrl_c_ends_the_input() as interrupted:
         for name in args.audio:
             stream = recognizer.stream(options, lm)
@@ -139,13 +139,11 @@ def transcribe_streaming(
                 lines.final(timed_lines(final))
             lines.clear()
             if args.output_dir:
-                _write_streamed(args, transcript, stems[name], audio, maps)
+                _write_streamed(args, transcript, stems[name], audio, formats, maps)
             if interrupted:
                 break
     if args.explorer:  # Ctrl-C too: it is how a session from the microphone ends
-        from asr.explore.build import explore
-
-        print(f"explorer: {explore(args.output_dir, progress=False)}", file=sys.stderr)
+        write_explorer(args.output_dir, progress=False)
     return 130 if interrupted else 0
 
 
@@ -189,16 +187,11 @@ def _recorded(data, path: str, rate: int):
 
 
 def _write_streamed(
-    args: argparse.Namespace, transcript, stem: str, audio: str, maps: list
+    args: argparse.Namespace, transcript, stem: str, audio: str, formats: list[str], maps: list
 ) -> None:
-    """The outputs of a stream; with --explorer its finals' maps first, and json whatever
-    --format says."""
-    from asr.cli.inputs import DEFAULT_FORMATS
-    from asr.writers import expand_formats, write_outputs
+    """The `formats` files of a stream; with --explorer its finals' maps first."""
+    from asr.writers import write_outputs
 
-    formats = expand_formats(
-        [*(args.format or DEFAULT_FORMATS), *(["json"] if args.explorer else [])]
-    )
     path = os.path.join(args.output_dir, stem)
     if args.explorer:
         from asr.explore.records import write_maps

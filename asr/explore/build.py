@@ -197,11 +197,12 @@ def transcribe_data(
         rows = _transcript_rows(name, transcript, maps)
         without_maps += sum(not row.maps for row in rows)
         for row in rows:
-            audio = media.add(audio_path, start + row.offset, row.duration)
+            at = start + row.offset  # in the file
+            audio = media.add(audio_path, at, row.duration)
             arrays = _map_arrays(row.maps.get("attention"), row.maps.get("ctc"), layout)
             utterances.append(
                 row.fields
-                | {"start": round(start + row.offset, 3) if row.segment else None}
+                | {"start": round(at, 3) if row.segment else None}
                 | _alignment_fields(row.tokens, layout)
                 | audio.fields()
                 | _pack(audio.arrays | arrays)
