@@ -35,9 +35,13 @@ log = logging.getLogger(__name__)
 ENVELOPE_COLUMNS = 1000
 MAX_SPECTROGRAM_FRAMES = 6000  # longer audio is pooled in time to this many columns
 SPECTROGRAM_RANGE_DB = 80.0
-MAX_EMBEDDED_SECONDS = 1800.0
+# Lossy WebP keeps a spectrogram within a level or two of 255 in a fraction of its deflated
+# bytes: most of a page's weight otherwise. Browsers decode it natively.
+SPECTROGRAM_WEBP_QUALITY = 90
+WEBP_MAX_SIDE = 16383
+MAX_EMBEDDED_SECONDS = 1800.0  # recordings longer than this are linked, where browsers play them
 OPUS_RATES = (8000, 12000, 16000, 24000, 48000)
-OPUS_BITRATE = 24000  # longer recordings are linked, not embedded
+OPUS_BITRATE = 24000
 # What browsers play from a link; other files (e.g. NIST SPHERE) are embedded as Opus.
 PLAYABLE = {".wav", ".ogg", ".oga", ".opus", ".mp3", ".flac", ".m4a", ".webm", ".weba", ".mp4"}
 SUMMARY_KEYS = ("wer", "cer", "substitutions", "deletions", "insertions", "reference_words",
@@ -198,7 +202,7 @@ def transcribe_data(
         without_maps += sum(not row.maps for row in rows)
         for row in rows:
             at = start + row.offset  # in the file
-            audio = media.add(audio_path, at, row.duration)
+            audio = media.add(audio_path, at, row.duration, transcript.get("duration"))
             arrays = _map_arrays(row.maps.get("attention"), row.maps.get("ctc"), layout)
             utterances.append(
                 row.fields
@@ -404,15 +408,21 @@ def _scores(ref: str | None, hyp: str) -> dict[str, Any]:
     }
 
 
-def _pack(arrays: dict[str, tuple[np.ndarray, dict[str, Any]]]) -> dict[str, Any]:
-    """The arrays as one deflated, base64 blob and their offsets (uint8 or little-endian int16)."""
+def _pack(arrays: dict[str, tuple[np.ndarray | _Picture, dict[str, Any]]]) -> dict[str, Any]:
+    """The arrays as one deflated, base64 blob and their offsets (uint8 or little-endian int16;
+    a picture: its WebP file, of `bytes` bytes)."""
     if not arrays:
         return {"blob": None, "arrays": {}}
     chunks, index, offset = [], {}, 0
     for name, (array, extra) in arrays.items():
-        dtype = "int16" if array.dtype == np.int16 else "uint8"
-        raw = np.ascontiguousarray(array, dtype="<i2" if dtype == "int16" else np.uint8).tobytes()
-        index[name] = {"offset": offset, "shape": list(array.shape), "dtype": dtype} | extra
+        if isinstance(array, _Picture):
+            raw, shape, dtype = array.data, array.shape, "uint8"
+            extra = extra | {"encoding": "webp", "bytes": len(raw)}
+        else:
+            dtype = "int16" if array.dtype == np.int16 else "uint8"
+            raw = np.ascontiguousarray(array, "<i2" if dtype == "int16" else np.uint8).tobytes()
+            shape = array.shape
+        index[name] = {"offset": offset, "shape": list(shape), "dtype": dtype} | extra
         chunks.append(raw)
         offset += len(raw) + (-len(raw)) % 2  # int16 views need even offsets
         chunks.append(b"\0" * ((-len(raw)) % 2))
@@ -427,7 +437,7 @@ class _Audio:
 
     src: str | None = None
     note: str | None = None
-    arrays: dict[str, tuple[np.ndarray, dict[str, Any]]] = field(default_factory=dict)
+    arrays: dict[str, tuple[np.ndarray | _Picture, dict[str, Any]]] = field(default_factory=dict)
     offset: float = 0.0  # where the utterance starts in a linked file, for the player's clock
 
     def fields(self) -> dict[str, Any]:
@@ -442,7 +452,15 @@ class _Media:
         self.missing: list[str] = []
         self._mel = None
 
-    def add(self, path: str | None, offset: float, duration: float | None) -> _Audio:
+    def add(
+        self,
+        path: str | None,
+        offset: float,
+        duration: float | None,
+        recording: float | None = None,
+    ) -> _Audio:
+        """The audio of `path` from `offset` for `duration` (to its end if None), part of a
+        recording `recording` seconds long (the same stretch if None)."""
         if not path:
             return _Audio(note="no audio file recorded")
         try:
@@ -453,12 +471,14 @@ class _Media:
         arrays = {"envelope": (_envelope(wave), {})}
         arrays["spectrogram"] = self._spectrogram(wave)
         seconds = len(wave) / self.sample_rate
-        if self.link or seconds > MAX_EMBEDDED_SECONDS:
+        long = max(seconds, recording or 0.0) > MAX_EMBEDDED_SECONDS
+        # A short stretch of a long recording in a format no browser plays is embedded.
+        if self.link or seconds > MAX_EMBEDDED_SECONDS or (long and _playable(path)):
             return self._linked(path, offset, arrays)
         return _Audio(src=_opus_uri(wave, self.sample_rate), arrays=arrays)
 
     def _linked(self, path: str, offset: float, arrays) -> _Audio:
-        if Path(path).suffix.lower() not in PLAYABLE:
+        if not _playable(path):
             return _Audio(note=f"{path}: a browser cannot play this format", arrays=arrays)
         src = Path(os.path.relpath(Path(path).resolve(), self.page_dir.resolve())).as_posix()
         src = "/".join(_quote(part) for part in src.split("/"))
@@ -485,13 +505,37 @@ class _Media:
         top = db.max() if db.size else 0.0
         scaled = np.clip((db - top + SPECTROGRAM_RANGE_DB) / SPECTROGRAM_RANGE_DB, 0, 1)
         image = np.rint(255 * scaled).astype(np.uint8)
-        return image, {"seconds": pool * hop / self.sample_rate}
+        return _picture(image), {"seconds": pool * hop / self.sample_rate}
 
     def notes(self) -> list[str]:
         if not self.missing:
             return []
         shown = ", ".join(self.missing[:3]) + (" ..." if len(self.missing) > 3 else "")
         return [f"{len(self.missing)} audio file(s) missing or unreadable: {shown}"]
+
+
+def _playable(path: str) -> bool:
+    return Path(path).suffix.lower() in PLAYABLE
+
+
+@dataclass
+class _Picture:
+    """A 2-D uint8 array (rows x columns) stored as a grey WebP picture."""
+
+    data: bytes
+    shape: tuple[int, int]
+
+
+def _picture(image: np.ndarray) -> np.ndarray | _Picture:
+    """`image` as a lossy WebP picture, or itself where WebP cannot hold it."""
+    from PIL import Image, features
+
+    if not all(0 < n <= WEBP_MAX_SIDE for n in image.shape) or not features.check("webp"):
+        return image
+    out = io.BytesIO()
+    # method 0: the encoder's fastest; its slower methods make spectrograms hardly smaller
+    Image.fromarray(image).save(out, "WEBP", quality=SPECTROGRAM_WEBP_QUALITY, method=0)
+    return _Picture(out.getvalue(), image.shape)
 
 
 def _quote(part: str) -> str:

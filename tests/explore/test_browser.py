@@ -455,11 +455,24 @@ def test_missing_parts_are_said_not_thrown(driver, tmp_path):
                 arrays={"attention": short},
             ),
             bare_utterance("garbled", blob="bm90IHpsaWI=", arrays={"attention": short}),
+            bare_utterance(
+                "bad-picture",
+                blob=base64.b64encode(zlib.compress(b"RIFF not a picture")).decode(),
+                arrays={
+                    "spectrogram": {
+                        "offset": 0,
+                        "shape": [2, 3],
+                        "dtype": "uint8",
+                        "encoding": "webp",
+                        "bytes": 18,
+                    }
+                },  # fmt: skip
+            ),
         ]
     }
     open_page(driver, tmp_path, data)
-    assert row_ids(driver) == ["nothing", "only-id", "", "short", "garbled"]
-    for uid in ("nothing", "only-id", "short", "garbled"):
+    assert row_ids(driver) == ["nothing", "only-id", "", "short", "garbled", "bad-picture"]
+    for uid in ("nothing", "only-id", "short", "garbled", "bad-picture"):
         open_utterance(driver, uid)
         assert not driver.find_elements(By.CSS_SELECTOR, "#nbest li")
         missing = driver.find_element(By.CSS_SELECTOR, "#attention-plot .missing")
@@ -467,8 +480,37 @@ def test_missing_parts_are_said_not_thrown(driver, tmp_path):
         notes = driver.find_element(By.ID, "utt-notes").text
         assert ("does not fit" in notes) == (uid == "short")
         assert ("could not be inflated" in notes) == (uid == "garbled")
+        assert ('"spectrogram" could not be decoded' in notes) == (uid == "bad-picture")
     open_utterance(driver, "nothing")
     assert driver.find_element(By.ID, "audio-note").text == "file not found: a/b.wav"
+
+
+def test_a_spectrogram_kept_as_a_picture_is_read_from_its_grey_levels(driver, tmp_path):
+    """The page draws a spectrogram the builder keeps as WebP from the grey levels the browser
+    decodes, Pillow's decode of the same file within a level; a raw one from its own bytes."""
+    from PIL import Image
+
+    from asr.explore.build import _pack, _picture
+
+    rng = np.random.default_rng(1)
+    ramp = np.add.outer(np.linspace(10, 200, 80), 30 * np.sin(np.arange(300) / 9))
+    levels = np.clip(ramp + rng.normal(0, 8, ramp.shape), 0, 255).astype(np.uint8)
+    picture = _picture(levels)
+    decoded = np.asarray(Image.open(io.BytesIO(picture.data)).convert("L"), dtype=np.int64)
+    rows = {
+        "raw": (levels, int(levels.sum()), 0),
+        "picture": (picture, int(decoded.sum()), levels.size),
+    }
+    utts = [
+        utterance(uid, "a b", seconds=3.0) | _pack({"spectrogram": (stored, {"seconds": 0.01})})
+        for uid, (stored, _, _) in rows.items()
+    ]
+    open_page(driver, tmp_path, page_data(utts))
+    for uid, (_, expected, tolerance) in rows.items():
+        open_utterance(driver, uid)
+        canvas = driver.find_element(By.ID, "spectrogram")
+        assert abs(int(canvas.get_attribute("data-checksum")) - expected) <= tolerance, uid
+        assert not driver.find_element(By.ID, "utt-notes").text
 
 
 def test_no_utterances(driver, tmp_path):

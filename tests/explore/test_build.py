@@ -6,6 +6,7 @@ The page's behaviour in a browser is tested in test_browser.py.
 from __future__ import annotations
 
 import base64
+import io
 import json
 import shutil
 import zlib
@@ -13,12 +14,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import soundfile as sf
 from conftest import page_data
 from explore_fixtures import decode
+from PIL import Image
 from test_transcribe import UTTERANCES, WAV
 
 from asr.cli import main
-from asr.explore.build import explore
+from asr.explore import build
+from asr.explore.build import MAX_EMBEDDED_SECONDS, _Media, explore
 from asr.explore.page import build_page
 from asr.explore.records import read_maps, read_records
 
@@ -30,6 +34,11 @@ def arrays(utterance: dict) -> dict[str, np.ndarray]:
     raw = zlib.decompress(base64.b64decode(utterance["blob"]))
     out = {}
     for name, spec in utterance["arrays"].items():
+        if spec.get("encoding") == "webp":
+            picture = raw[spec["offset"] : spec["offset"] + spec["bytes"]]
+            out[name] = np.asarray(Image.open(io.BytesIO(picture)).convert("L"))
+            assert list(out[name].shape) == spec["shape"]
+            continue
         dtype = np.dtype("<i2") if spec["dtype"] == "int16" else np.uint8
         count = int(np.prod(spec["shape"]))
         out[name] = np.frombuffer(raw, dtype, count, spec["offset"]).reshape(spec["shape"])
@@ -101,6 +110,41 @@ def test_linked_audio_is_a_relative_path_and_missing_audio_is_said(decoded, tmp_
     assert "attention" not in lost["arrays"] and "ctc" in lost["arrays"]
     assert any("no attention saved" in n for n in data["notes"])
     assert any("1 audio file(s) missing" in n for n in data["notes"])
+
+
+def test_a_stretch_of_a_long_recording_is_linked_where_browsers_play_it(tmp_path):
+    """Audio over MAX_EMBEDDED_SECONDS is linked, and so is a segment of a recording that long
+    (a page of its segments would embed all of it); in a format no browser plays, a segment is
+    embedded, a short stretch."""
+    wav = next(WAV.rglob("*.wav"))
+    aiff = tmp_path / "same.aiff"
+    sf.write(aiff, *sf.read(wav))
+    media = _Media(tmp_path, link=False, sample_rate=16000)
+    long = MAX_EMBEDDED_SECONDS + 1
+    linked = media.add(str(wav), 0.5, 1.0, recording=long)
+    assert (tmp_path / linked.src.split("#")[0]).resolve().samefile(wav)
+    assert linked.src.endswith("#t=0.500") and linked.offset == 0.5
+    for path, recording in ((wav, None), (wav, 1.0), (aiff, long)):
+        audio = media.add(str(path), 0.5, 1.0, recording=recording)
+        assert audio.src.startswith("data:audio/ogg;base64,") and audio.offset == 0, path
+
+
+def test_a_spectrogram_is_kept_as_a_picture_within_a_few_levels(monkeypatch):
+    """Spectrograms travel as lossy WebP: on average within two of their 255 levels, in well
+    under the bytes deflate makes of them; a picture WebP cannot hold stays raw."""
+    wave = sf.read(next(WAV.rglob("*.wav")), dtype="float32")[0]
+    with monkeypatch.context() as raw:
+        raw.setattr(build, "_picture", lambda image: image)
+        levels, extra = _Media(Path("."), False, 16000)._spectrogram(wave)
+    picture, same = _Media(Path("."), False, 16000)._spectrogram(wave)
+    assert extra == same and isinstance(picture, build._Picture)
+    assert picture.shape == levels.shape and levels.shape[0] == 80
+    got = np.asarray(Image.open(io.BytesIO(picture.data)).convert("L"), dtype=np.int16)
+    assert got.shape == levels.shape and np.abs(got - levels).mean() < 2
+    assert len(picture.data) < 0.6 * len(zlib.compress(levels.tobytes(), 6))
+    for shape in ((80, 0), (80, build.WEBP_MAX_SIDE + 1)):
+        kept = np.zeros(shape, np.uint8)
+        assert build._picture(kept) is kept
 
 
 def test_no_text_can_leave_the_data_element():
@@ -226,6 +270,11 @@ def test_transcribe_explorer_keeps_the_attention_of_every_segment(
     second = {u["id"]: u for u in linked["utterances"]}["an255-fash-b#2"]
     assert second["audio"].endswith(f"#t={segments[1]['span'][0]:.3f}")
     assert second["audio_offset"] == pytest.approx(segments[1]["span"][0])
+    transcript = out / "an255-fash-b.json"
+    transcript.write_text(json.dumps(cut | {"duration": MAX_EMBEDDED_SECONDS + 1}))
+    as_long = page_data(explore(out, tmp_path / "as_long.html", progress=False).read_text())
+    assert {u["id"]: u for u in as_long["utterances"]}["an255-fash-b#2"]["audio"] == second["audio"]
+    transcript.write_text(json.dumps(cut))
 
     lines = tmp_path / "lines.jsonl"  # a manifest line: its json names the file and offset
     lines.write_text(json.dumps({"audio_filepath": str(long), "offset": 1.2, "duration": 1.4}))

@@ -263,6 +263,7 @@
   function arrayView(buffer, spec) {
     const shape = list(spec.shape);
     const offset = spec.offset;
+    if (spec.encoding != null) return null;
     if (!shape.length || !shape.every((n) => Number.isInteger(n) && n >= 0)) return null;
     if (!Number.isInteger(offset) || offset < 0) return null;
     const n = shape.reduce((a, b) => a * b, 1);
@@ -280,17 +281,49 @@
     return null;
   }
 
-  function readArrays(u, buffer) {
+  // A picture (a spectrogram, stored as WebP): its grey levels, as the browser decodes them.
+  async function pictureView(buffer, spec) {
+    const shape = list(spec.shape);
+    const { offset, bytes } = spec;
+    if (shape.length !== 2 || !shape.every((n) => Number.isInteger(n) && n > 0)) return null;
+    if (!Number.isInteger(offset) || !Number.isInteger(bytes) || offset < 0) return null;
+    if (offset + bytes > buffer.byteLength) return null;
+    if (typeof createImageBitmap !== "function") throw new Error("this browser cannot decode pictures");
+    const [rows, columns] = shape;
+    const file = new Blob([new Uint8Array(buffer, offset, bytes)], { type: "image/webp" });
+    const bitmap = await createImageBitmap(file, { colorSpaceConversion: "none", premultiplyAlpha: "none" });
+    if (bitmap.width !== columns || bitmap.height !== rows) return null;
+    const canvas = document.createElement("canvas");
+    canvas.width = columns;
+    canvas.height = rows;
+    const ctx = canvas.getContext("2d", { willReadFrequently: true });
+    ctx.drawImage(bitmap, 0, 0);
+    bitmap.close();
+    const px = ctx.getImageData(0, 0, columns, rows).data;
+    const data = new Uint8Array(rows * columns);
+    for (let i = 0; i < data.length; i++) data[i] = px[4 * i + 1]; // grey: R = G = B
+    return { ...spec, shape, data };
+  }
+
+  // The arrays of `u` in its inflated blob, and what went wrong with any of them in `notes`.
+  async function readArrays(u, buffer, notes) {
     const arrays = {};
     const specs = Object.entries(obj(u.arrays));
     if (!buffer) {
-      if (specs.length) uttNote("arrays are listed but no blob holds them");
+      if (specs.length) notes.push("arrays are listed but no blob holds them");
       return arrays;
     }
-    for (const [name, spec] of specs) {
-      const a = arrayView(buffer, obj(spec));
+    for (const [name, value] of specs) {
+      const spec = obj(value);
+      let a = null;
+      try {
+        a = spec.encoding === "webp" ? await pictureView(buffer, spec) : arrayView(buffer, spec);
+      } catch (err) {
+        notes.push(`array "${name}" could not be decoded: ${err && err.message}`);
+        continue;
+      }
       if (a) arrays[name] = a;
-      else uttNote(`array "${name}" does not fit the blob`);
+      else notes.push(`array "${name}" does not fit the blob`);
     }
     return arrays;
   }
@@ -319,15 +352,17 @@
     guard("n-best", () => renderNbest(u));
     view.loading = typeof u.blob === "string" && u.blob !== "";
     guard("timeline", () => drawTimeline()); // empty tracks until the arrays arrive
-    let buffer = null;
+    const notes = [];
+    let arrays = {};
     try {
-      buffer = await loadBlob(row);
+      arrays = await readArrays(u, await loadBlob(row), notes);
     } catch (err) {
-      uttNote(`the arrays could not be inflated: ${err && err.message}`);
+      notes.push(`the arrays could not be inflated: ${err && err.message}`);
     }
     if (seq !== view.seq) return; // another utterance opened meanwhile
+    notes.forEach(uttNote);
     view.loading = false;
-    view.arrays = guard("arrays", () => readArrays(u, buffer)) || {};
+    view.arrays = arrays;
     guard("attention", () => setupAttention(u));
     guard("timeline", () => drawTimeline());
     panel.dataset.ready = "1";
@@ -576,9 +611,11 @@
   function drawSpectrogram() {
     const spec = view.arrays.spectrogram;
     const canvas = $("#spectrogram");
+    delete canvas.dataset.checksum;
     if (!track(canvas, !!spec && spec.shape.length === 2 && spec.shape[0] > 0 && spec.shape[1] > 0,
       "no spectrogram saved")) return;
     const [mels, frames] = spec.shape;
+    canvas.dataset.checksum = String(spec.data.reduce((a, b) => a + b, 0)); // what tests compare
     const seconds = num(spec.seconds) || view.duration / frames;
     const image = heatImage(frames, mels, (x, y) => spec.data[(mels - 1 - y) * frames + x], VIRIDIS);
     const { ctx, width, height } = fitCanvas(canvas, clamp(2 * mels, 64, 160));
