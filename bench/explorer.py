@@ -4,15 +4,24 @@
         [--synthetic 3000] [--out bench/results/explorer]
     python -m bench.explorer DECODE_DIR --training RUN_DIR --screenshots docs/
 
+    python -m bench.explorer exp/an4/transformer_quick/decode_test --synthetic 0 \
+        --recording data/an4/train.jsonl data/an4/test.jsonl \
+        --checkpoint exp/an4/transformer_quick/avg.ckpt
+
 For each decode folder: seconds to build its explorer (audio embedded) and the page's size.
 With --synthetic N, a decode folder of N utterances made by repeating the first folder's
 records (attention included) is built with --link-audio, and, where Chromium is installed,
-opened headless: seconds from navigation until the overview is rendered (best of 3).
+opened headless: seconds from navigation until the overview is rendered (best of 3), and
+until a row's utterance is (the mean over 8 rows). With --recording, the manifests'
+utterances joined into one FLAC recording, a second of silence after each, are transcribed
+with `asr transcribe --explorer` by --checkpoint, and that folder's page is built and opened.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import shutil
 import time
@@ -123,11 +132,13 @@ def _waiter(driver):
     return wait
 
 
-def ready_seconds(page: Path, tries: int = 3) -> float | None:
-    """Seconds from navigation until the page marks its overview rendered; None: no Chromium."""
+def ready_seconds(page: Path, tries: int = 3, rows: int = 8) -> dict:
+    """Seconds from navigation until the page marks its overview rendered (the best of
+    `tries`), and from a click on a row until its utterance is (the mean over `rows` rows
+    spread over the table); none where Chromium is missing."""
     driver = chromium()
     if driver is None:
-        return None
+        return {}
     try:
         best = None
         wait = _waiter(driver)
@@ -137,9 +148,53 @@ def ready_seconds(page: Path, tries: int = 3) -> float | None:
             wait("return document.body.dataset.ready === '1'", 60.0)
             seconds = time.perf_counter() - start
             best = seconds if best is None else min(best, seconds)
-        return round(best, 2)
+        count = driver.execute_script(
+            "return document.querySelectorAll('#utterances tbody tr').length"
+        )
+        opened = []
+        for k in range(0, count, max(1, count // rows))[:rows]:
+            start = time.perf_counter()
+            driver.execute_script(
+                "document.querySelectorAll('#utterances tbody tr')[arguments[0]].click()", k
+            )
+            wait("return document.querySelector('#utterance').dataset.ready === '1'")
+            opened.append(time.perf_counter() - start)
+        row = round(sum(opened) / len(opened), 3) if opened else None
+        return {"ready_seconds": round(best, 2), "row_seconds": row}
     finally:
         driver.quit()
+
+
+def recording(manifests: list[Path], out: Path) -> Path:
+    """The manifests' utterances joined into one FLAC file, a second of silence after each."""
+    import soundfile as sf
+
+    from asr.audio import load_audio
+    from asr.data.manifest import read_manifest
+
+    rate = 16000
+    path = out / "recording.flac"
+    with sf.SoundFile(path, "w", rate, 1, format="FLAC") as flac:
+        for manifest in manifests:
+            for item in read_manifest(manifest):
+                flac.write(load_audio(item.audio_filepath, rate).numpy())
+                flac.write(np.zeros(rate, dtype=np.float32))
+    return path
+
+
+def transcribed(audio: Path, checkpoint: Path, out: Path) -> Path:
+    """`asr transcribe AUDIO --explorer`'s output folder."""
+    from asr.cli import main as asr
+
+    folder = out / "transcribed"
+    shutil.rmtree(folder, ignore_errors=True)
+    command = ["transcribe", str(audio), "--model", str(checkpoint), "--output-dir", str(folder),
+               "--explorer", "--quiet"]  # fmt: skip
+    with contextlib.redirect_stdout(io.StringIO()):  # each input's transcript
+        status = asr(command)
+    if status != 0:
+        raise SystemExit(f"asr {' '.join(command)} failed")
+    return folder
 
 
 def main() -> None:
@@ -153,7 +208,13 @@ def main() -> None:
         help="also save screenshots of the first folder's page (and of --training) here",
     )
     parser.add_argument("--training", type=Path, help="a training run folder, for a screenshot")
+    parser.add_argument(
+        "--recording", type=Path, nargs="+", help="manifests to join into one long recording"
+    )
+    parser.add_argument("--checkpoint", type=Path, help="the model that transcribes --recording")
     args = parser.parse_args()
+    if args.recording and not args.checkpoint:
+        parser.error("--recording needs --checkpoint")
     args.out.mkdir(parents=True, exist_ok=True)
     if args.screenshots:
         training = None
@@ -170,10 +231,20 @@ def main() -> None:
     if args.synthetic:
         folder = synthetic(args.folders[0], args.synthetic, args.out)
         row = build(folder, folder / "explorer.html", link_audio=True)
-        row["ready_seconds"] = ready_seconds(Path(row["page"]))
-        rows.append(row)
-        print(json.dumps(row))
+        rows.append(row | ready_seconds(Path(row["page"])))
+        print(json.dumps(rows[-1]))
+    if args.recording:
+        audio = recording(args.recording, args.out)
+        folder = transcribed(audio, args.checkpoint, args.out)
+        row = build(folder, folder / "explorer.html")
+        rows.append(row | ready_seconds(Path(row["page"])) | _segments(folder))
+        print(json.dumps(rows[-1]))
     (args.out / "explorer.json").write_text(json.dumps(rows, indent=1) + "\n")
+
+
+def _segments(folder: Path) -> dict:
+    record = json.loads((folder / "recording.json").read_text())
+    return {"minutes": round(record["duration"] / 60, 1), "segments": len(record["segments"])}
 
 
 if __name__ == "__main__":
