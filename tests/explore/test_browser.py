@@ -444,6 +444,7 @@ def test_data_renders_as_text(driver, tmp_path):
 
 def test_missing_parts_are_said_not_thrown(driver, tmp_path):
     short = {"offset": 0, "shape": [1, 2, 100], "dtype": "uint8"}  # more than the blob holds
+    picture = {"offset": 0, "shape": [2, 3], "dtype": "uint8"}
     data = {
         "utterances": [
             bare_utterance("nothing", audio_note="file not found: a/b.wav"),
@@ -458,21 +459,19 @@ def test_missing_parts_are_said_not_thrown(driver, tmp_path):
             bare_utterance(
                 "bad-picture",
                 blob=base64.b64encode(zlib.compress(b"RIFF not a picture")).decode(),
-                arrays={
-                    "spectrogram": {
-                        "offset": 0,
-                        "shape": [2, 3],
-                        "dtype": "uint8",
-                        "encoding": "webp",
-                        "bytes": 18,
-                    }
-                },  # fmt: skip
+                arrays={"spectrogram": picture | {"encoding": "webp", "bytes": 18}},
+            ),
+            bare_utterance(
+                "unknown-encoding",
+                blob=base64.b64encode(zlib.compress(bytes(10))).decode(),
+                arrays={"spectrogram": picture | {"encoding": "jxl"}},
             ),
         ]
     }
     open_page(driver, tmp_path, data)
-    assert row_ids(driver) == ["nothing", "only-id", "", "short", "garbled", "bad-picture"]
-    for uid in ("nothing", "only-id", "short", "garbled", "bad-picture"):
+    uids = ["nothing", "only-id", "short", "garbled", "bad-picture", "unknown-encoding"]
+    assert row_ids(driver) == [*uids[:2], "", *uids[2:]]
+    for uid in uids:
         open_utterance(driver, uid)
         assert not driver.find_elements(By.CSS_SELECTOR, "#nbest li")
         missing = driver.find_element(By.CSS_SELECTOR, "#attention-plot .missing")
@@ -481,6 +480,7 @@ def test_missing_parts_are_said_not_thrown(driver, tmp_path):
         assert ("does not fit" in notes) == (uid == "short")
         assert ("could not be inflated" in notes) == (uid == "garbled")
         assert ('"spectrogram" could not be decoded' in notes) == (uid == "bad-picture")
+        assert ("kept as jxl, which this page cannot read" in notes) == (uid == "unknown-encoding")
     open_utterance(driver, "nothing")
     assert driver.find_element(By.ID, "audio-note").text == "file not found: a/b.wav"
 

@@ -263,7 +263,6 @@
   function arrayView(buffer, spec) {
     const shape = list(spec.shape);
     const offset = spec.offset;
-    if (spec.encoding != null) return null;
     if (!shape.length || !shape.every((n) => Number.isInteger(n) && n >= 0)) return null;
     if (!Number.isInteger(offset) || offset < 0) return null;
     const n = shape.reduce((a, b) => a * b, 1);
@@ -315,6 +314,10 @@
     }
     for (const [name, value] of specs) {
       const spec = obj(value);
+      if (spec.encoding != null && spec.encoding !== "webp") {
+        notes.push(`array "${name}" is kept as ${text(spec.encoding)}, which this page cannot read`);
+        continue;
+      }
       let a = null;
       try {
         a = spec.encoding === "webp" ? await pictureView(buffer, spec) : arrayView(buffer, spec);
