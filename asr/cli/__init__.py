@@ -429,7 +429,7 @@ def _robustness(args: argparse.Namespace) -> int:
 def _explore(args: argparse.Namespace) -> int:
     from asr.explore.build import explore
 
-    out = explore(args.folder, args.out, link_audio=args.link_audio, progress=not args.quiet)
+    out = explore(args.folder, args.out, args.link_audio, not args.quiet, args.max_mb)
     size = out.stat().st_size / 1e6
     print(f"explorer: {out} ({size:.1f} MB)")
     return 0
@@ -1059,6 +1059,8 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
         "curves by epoch and the attention plots forming over epochs.",
     )
     if command == "explore":
+        from asr.explore import MAX_MEGABYTES
+
         p.add_argument("folder", help="decode, transcription or training run folder")
         p.add_argument("--out", help="the HTML file (default: FOLDER/explorer.html)")
         p.add_argument(
@@ -1066,6 +1068,15 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
             action="store_true",
             help="link the audio files by relative path instead of embedding them as Opus "
             "(a smaller page that plays while the files stay where they are)",
+        )
+        p.add_argument(
+            "--max-mb",
+            type=float,
+            default=MAX_MEGABYTES,
+            help="megabytes of pictures, cross-attention maps and embedded audio the page may "
+            "hold, given to the worst utterances first (by WER; a transcription folder's rows "
+            "in order): the rows past it keep their text and a link to their audio, flagged "
+            "'maps left out' (default %(default)g; 0: no limit)",
         )
         p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(run=_explore)

@@ -8,18 +8,21 @@ import csv
 import io
 import json
 import logging
+import math
 import os
 import re
 import zlib
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from asr.audio import AudioError, load_audio
+from asr.explore import MAX_MEGABYTES
 from asr.explore.page import build_page
 from asr.explore.records import (
     ctc_frames,
@@ -40,6 +43,7 @@ SPECTROGRAM_RANGE_DB = 80.0
 SPECTROGRAM_WEBP_QUALITY = 90
 WEBP_MAX_SIDE = 16383
 MAX_EMBEDDED_SECONDS = 1800.0  # recordings longer than this are linked, where browsers play them
+LEFT_OUT = "maps left out"  # the flag of a row past that budget
 OPUS_RATES = (8000, 12000, 16000, 24000, 48000)
 OPUS_BITRATE = 24000
 # What browsers play from a link; other files (e.g. NIST SPHERE) are embedded as Opus.
@@ -69,6 +73,7 @@ def explore(
     out: str | os.PathLike | None = None,
     link_audio: bool = False,
     progress: bool = True,
+    max_mb: float | None = MAX_MEGABYTES,
 ) -> Path:
     """Write the explorer page of `folder` (default `folder/explorer.html`); returns its path.
 
@@ -78,6 +83,9 @@ def explore(
         out: the HTML file to write.
         link_audio: link the audio files by relative path instead of embedding them as Opus.
         progress: show a progress bar.
+        max_mb: megabytes of pictures, maps and embedded audio the page may hold (0 or None:
+            no limit). They are kept for the worst utterances first (by WER), else in order;
+            rows past the limit keep their text and a link to their audio, flagged `LEFT_OUT`.
 
     Raises:
         ValueError: `folder` is none of the three, or its records cannot be read.
@@ -88,13 +96,13 @@ def explore(
     out = Path(out) if out is not None else folder / "explorer.html"
     kind = folder_kind(folder)
     gather = {"decode": decode_data, "transcribe": transcribe_data, "training": training_data}
-    data = gather[kind](folder, out.parent, link_audio, progress)
+    data = gather[kind](folder, _Media(out.parent, link_audio, _Budget(max_mb)), progress)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(build_page(data), encoding="utf-8")
     return out
 
 
-def decode_data(folder: Path, page_dir: Path, link_audio: bool, progress: bool) -> dict[str, Any]:
+def decode_data(folder: Path, media: _Media, progress: bool) -> dict[str, Any]:
     notes: list[str] = []
     metrics_path = folder / "metrics.json"
     metrics = json.loads(metrics_path.read_text()) if metrics_path.is_file() else {}
@@ -107,20 +115,20 @@ def decode_data(folder: Path, page_dir: Path, link_audio: bool, progress: bool) 
     records = list(read_records(folder))
     if maps is None and records:
         notes.append("no attention saved (a CTC-only model, or the ONNX backend)")
-    media = _Media(page_dir, link_audio, layout.get("sample_rate", 16000))
-    utterances = [
-        _decode_utterance(r, layout, maps, media) for r in _bar(records, progress, "explore")
-    ]
-    notes += media.notes()
+    media.sample_rate = layout.get("sample_rate", 16000)
+    utterances = [_decode_fields(r, layout) for r in records]
+    worst_first = sorted(range(len(records)), key=lambda i: -(utterances[i]["wer"] or 0))
+    for i in _bar(worst_first, progress, "explore"):
+        record = records[i]
+        where = (record.get("audio"), record.get("offset", 0.0), record.get("duration"))
+        arrays = partial(_record_arrays, record, maps, layout)  # read only if the page has room
+        utterances[i] |= media.row(*where, arrays, utterances[i]["flags"])
+    notes += media.notes(len(utterances), "utterances", "the worst utterances")
     return _page("decode", folder, notes, summary, utterances)
 
 
-def _decode_utterance(
-    record: dict[str, Any],
-    layout: dict[str, Any],
-    maps: dict[str, np.ndarray] | None,
-    media: _Media,
-) -> dict[str, Any]:
+def _decode_fields(record: dict[str, Any], layout: dict[str, Any]) -> dict[str, Any]:
+    """An utterance's row but its audio and arrays."""
     ref, hyp = record.get("ref"), record.get("hyp", "")
     words = [_word(w) for w in record.get("words", [])]
     utterance = (
@@ -138,15 +146,19 @@ def _decode_utterance(
         | _alignment_fields(record.get("tokens", []), layout)
         | _scores(ref, hyp)
     )
+    return utterance
+
+
+def _record_arrays(
+    record: dict[str, Any], maps: dict[str, np.ndarray] | None, layout: dict[str, Any]
+) -> dict[str, tuple[np.ndarray, dict[str, Any]]]:
+    """A decoded utterance's cross-attention and CTC path arrays."""
     key, ctc = record.get("attention"), record.get("ctc")
-    arrays = _map_arrays(
+    return _map_arrays(
         maps[key] if maps is not None and key in maps else None,
         ctc_frames(ctc["starts"], ctc["ends"], ctc["frames"]) if ctc else None,
         layout,
     )
-    audio = media.add(record.get("audio"), record.get("offset", 0.0), record.get("duration"))
-    arrays |= audio.arrays
-    return utterance | audio.fields() | _pack(arrays)
 
 
 def _alignment_fields(tokens: list[dict[str, Any]], layout: dict[str, Any]) -> dict[str, Any]:
@@ -171,15 +183,13 @@ def _map_arrays(
     return {name: (array, per_frame) for name, array in named.items() if array is not None}
 
 
-def transcribe_data(
-    folder: Path, page_dir: Path, link_audio: bool, progress: bool
-) -> dict[str, Any]:
+def transcribe_data(folder: Path, media: _Media, progress: bool) -> dict[str, Any]:
     """One row per transcript `<name>.json`, or per segment (`<name>#k`) of one decoded in
     several, no reference; attention and the CTC path where `asr transcribe --explorer` kept
     them (`<name>.explore.npz`)."""
     notes = ["transcripts without references: no WER"]
     layout = read_layout(folder)
-    media = _Media(page_dir, link_audio, layout.get("sample_rate", 16000))
+    media.sample_rate = layout.get("sample_rate", 16000)
     utterances: list[dict[str, Any]] = []
     without_maps = 0
     for path in _bar(sorted(_transcript_files(folder)), progress, "explore"):
@@ -202,21 +212,19 @@ def transcribe_data(
         without_maps += sum(not row.maps for row in rows)
         for row in rows:
             at = start + row.offset  # in the file
-            audio = media.add(audio_path, at, row.duration, transcript.get("duration"))
-            arrays = _map_arrays(row.maps.get("attention"), row.maps.get("ctc"), layout)
-            utterances.append(
-                row.fields
-                | {"start": round(at, 3) if row.segment else None}
-                | _alignment_fields(row.tokens, layout)
-                | audio.fields()
-                | _pack(audio.arrays | arrays)
-            )
+            fields = row.fields | {"start": round(at, 3) if row.segment else None}
+            fields |= _alignment_fields(row.tokens, layout)
+            arrays = partial(_map_arrays, row.maps.get("attention"), row.maps.get("ctc"), layout)
+            where = (audio_path, at, row.duration)
+            fields |= media.row(*where, arrays, fields["flags"], transcript.get("duration"))
+            utterances.append(fields)
     if without_maps:
         notes.append(
             f"{without_maps} of {len(utterances)} transcripts or segments without attention: "
             "`asr transcribe --explorer` keeps it"
         )
-    return _page("transcribe", folder, notes + media.notes(), None, utterances)
+    notes += media.notes(len(utterances), "transcripts or segments", "the first ones")
+    return _page("transcribe", folder, notes, None, utterances)
 
 
 @dataclass
@@ -316,7 +324,7 @@ def _shifted(item: dict[str, Any], offset: float) -> dict[str, Any]:
     }
 
 
-def training_data(folder: Path, page_dir: Path, link_audio: bool, progress: bool) -> dict[str, Any]:
+def training_data(folder: Path, media: _Media, progress: bool) -> dict[str, Any]:
     """Curves by epoch from metrics.csv, and the attention plots of each epoch."""
     logs = _run_logs(folder)
     assert logs is not None
@@ -444,13 +452,60 @@ class _Audio:
         return {"audio": self.src, "audio_note": self.note, "audio_offset": self.offset}
 
 
-class _Media:
-    """Audio for the page: embedded as Opus or linked, with its envelope and log-mel picture."""
+class _Budget:
+    """The bytes of pictures, maps and embedded audio a page may still take."""
 
-    def __init__(self, page_dir: Path, link: bool, sample_rate: int) -> None:
-        self.page_dir, self.link, self.sample_rate = page_dir, link, sample_rate
+    def __init__(self, megabytes: float | None) -> None:
+        self.megabytes = megabytes or None
+        self.left = megabytes * 1e6 if megabytes else math.inf
+        self.left_out = 0  # rows that found it spent
+
+    def room(self) -> bool:
+        """Whether the next row may embed its own; counts those that may not."""
+        self.left_out += self.left <= 0
+        return self.left > 0
+
+    def spend(self, row: dict[str, Any]) -> dict[str, Any]:
+        """`row`, its blob and embedded audio taken from what is left."""
+        audio = row.get("audio") or ""
+        self.left -= len(row.get("blob") or "") + (len(audio) if audio.startswith("data:") else 0)
+        return row
+
+
+class _Media:
+    """Audio for the page: embedded as Opus or linked, with its envelope and log-mel picture
+    (read at `sample_rate`, which the folder's layout sets), while `budget` lasts."""
+
+    def __init__(self, page_dir: Path, link: bool, budget: _Budget) -> None:
+        self.page_dir, self.link, self.budget = page_dir, link, budget
+        self.sample_rate = 16000
         self.missing: list[str] = []
         self._mel = None
+
+    def row(
+        self,
+        path: str | None,
+        offset: float,
+        duration: float | None,
+        arrays: Callable[[], dict[str, tuple[np.ndarray, dict[str, Any]]]],
+        flags: list[str],
+        recording: float | None = None,
+    ) -> dict[str, Any]:
+        """A row's audio fields and blob: its audio (see `add`), its pictures and `arrays()`;
+        past the budget, a link to its audio alone and `flags` with `LEFT_OUT`."""
+        if not self.budget.room():
+            return self.link_only(path, offset).fields() | _pack({}) | {"flags": [*flags, LEFT_OUT]}
+        audio = self.add(path, offset, duration, recording)
+        return self.budget.spend(audio.fields() | _pack(arrays() | audio.arrays))
+
+    def link_only(self, path: str | None, offset: float) -> _Audio:
+        """A link to the audio, where a browser plays it, without reading it."""
+        if not path:
+            return _Audio(note="no audio file recorded")
+        if not Path(path).is_file():
+            self.missing.append(path)
+            return _Audio(note=f"audio not found: {path}")
+        return self._linked(path, offset, {})
 
     def add(
         self,
@@ -507,11 +562,20 @@ class _Media:
         image = np.rint(255 * scaled).astype(np.uint8)
         return _picture(image), {"seconds": pool * hop / self.sample_rate}
 
-    def notes(self) -> list[str]:
-        if not self.missing:
-            return []
-        shown = ", ".join(self.missing[:3]) + (" ..." if len(self.missing) > 3 else "")
-        return [f"{len(self.missing)} audio file(s) missing or unreadable: {shown}"]
+    def notes(self, total: int, rows: str, kept: str) -> list[str]:
+        """What the page lacks: missing audio, and the `rows` of `total` past its budget (whose
+        arrays went to `kept`)."""
+        notes = []
+        if self.missing:
+            shown = ", ".join(self.missing[:3]) + (" ..." if len(self.missing) > 3 else "")
+            notes.append(f"{len(self.missing)} audio file(s) missing or unreadable: {shown}")
+        if self.budget.left_out:
+            notes.append(
+                f"{self.budget.left_out} of {total} {rows} without their pictures and maps "
+                f"(flagged '{LEFT_OUT}'): the page keeps them for {kept}, up to "
+                f"{self.budget.megabytes:g} MB (`asr explore FOLDER --max-mb 0`: for all)"
+            )
+        return notes
 
 
 def _playable(path: str) -> bool:

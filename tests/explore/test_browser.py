@@ -485,6 +485,16 @@ def test_missing_parts_are_said_not_thrown(driver, tmp_path):
     assert driver.find_element(By.ID, "audio-note").text == "file not found: a/b.wav"
 
 
+def test_a_row_past_the_size_limit_says_why_it_has_no_maps(driver, tmp_path):
+    left_out = bare_utterance("far", hyp="a b", flags=["maps left out"], duration=2.0)
+    open_page(driver, tmp_path, page_data([left_out, bare_utterance("near", duration=2.0)]))
+    said = "[...document.querySelectorAll('#utterance .missing:not([hidden]), #ctc-strip')]"
+    for uid, expected in (("far", "left out to keep the page small"), ("near", "no ")):
+        open_utterance(driver, uid)
+        messages = js(driver, f"return {said}.map(e => e.textContent)")
+        assert len(messages) >= 4 and all(m.startswith(expected) for m in messages), messages
+
+
 def test_a_spectrogram_kept_as_a_picture_is_read_from_its_grey_levels(driver, tmp_path):
     """The page draws a spectrogram the builder keeps as WebP from the grey levels the browser
     decodes, Pillow's decode of the same file within a level; a raw one from its own bytes."""

@@ -22,7 +22,7 @@ from test_transcribe import UTTERANCES, WAV
 
 from asr.cli import main
 from asr.explore import build
-from asr.explore.build import MAX_EMBEDDED_SECONDS, _Media, explore
+from asr.explore.build import LEFT_OUT, MAX_EMBEDDED_SECONDS, _Budget, _Media, explore
 from asr.explore.page import build_page
 from asr.explore.records import read_maps, read_records
 
@@ -112,6 +112,36 @@ def test_linked_audio_is_a_relative_path_and_missing_audio_is_said(decoded, tmp_
     assert any("1 audio file(s) missing" in n for n in data["notes"])
 
 
+def test_past_its_size_limit_a_page_keeps_the_worst_utterances_maps(decoded, tmp_path):
+    """Pictures, maps and embedded audio go to the worst utterances first, while the page has
+    room (the first always): the others keep their text and a link to their audio, flagged, and
+    a note says how to keep them all."""
+    folder = tmp_path / "decode"
+    shutil.copytree(decoded, folder)
+    records = [json.loads(line) for line in (folder / "utterances.jsonl").read_text().splitlines()]
+    records[2]["hyp"] = "WRONG WORDS"
+    (folder / "utterances.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+
+    small = tmp_path / "small.html"
+    assert main(["explore", str(folder), "--out", str(small), "--max-mb", "1e-6", "--quiet"]) == 0
+    data = page_data(small.read_text())
+    rows = data["utterances"]
+    assert [r["id"] for r in rows] == [r["id"] for r in records], "manifest order"
+    assert [LEFT_OUT in r["flags"] for r in rows] == [True, True, False, True]
+    assert rows[2]["wer"] > 0 and rows[2]["audio"].startswith("data:audio/ogg")
+    assert set(rows[2]["arrays"]) == {"attention", "ctc", "envelope", "spectrogram"}
+    for row, record in zip(rows, records):
+        if LEFT_OUT in row["flags"]:
+            assert row["blob"] is None and row["arrays"] == {} and row["hyp"] == record["hyp"]
+            assert (tmp_path / row["audio"]).resolve().samefile(record["audio"])
+    assert "3 of 4 utterances without their pictures and maps (flagged 'maps left out'): the " \
+        "page keeps them for the worst utterances, up to 1e-06 MB (`asr explore FOLDER " \
+        "--max-mb 0`: for all)" in data["notes"]  # fmt: skip
+    for max_mb in (0, None, 100):
+        rows = page_data(explore(folder, progress=False, max_mb=max_mb).read_text())["utterances"]
+        assert all(r["blob"] and LEFT_OUT not in r["flags"] for r in rows), max_mb
+
+
 def test_a_stretch_of_a_long_recording_is_linked_where_browsers_play_it(tmp_path):
     """Audio over MAX_EMBEDDED_SECONDS is linked, and so is a segment of a recording that long
     (a page of its segments would embed all of it); in a format no browser plays, a segment is
@@ -119,7 +149,7 @@ def test_a_stretch_of_a_long_recording_is_linked_where_browsers_play_it(tmp_path
     wav = next(WAV.rglob("*.wav"))
     aiff = tmp_path / "same.aiff"
     sf.write(aiff, *sf.read(wav))
-    media = _Media(tmp_path, link=False, sample_rate=16000)
+    media = _Media(tmp_path, link=False, budget=_Budget(None))
     long = MAX_EMBEDDED_SECONDS + 1
     linked = media.add(str(wav), 0.5, 1.0, recording=long)
     assert (tmp_path / linked.src.split("#")[0]).resolve().samefile(wav)
@@ -135,8 +165,8 @@ def test_a_spectrogram_is_kept_as_a_picture_within_a_few_levels(monkeypatch):
     wave = sf.read(next(WAV.rglob("*.wav")), dtype="float32")[0]
     with monkeypatch.context() as raw:
         raw.setattr(build, "_picture", lambda image: image)
-        levels, extra = _Media(Path("."), False, 16000)._spectrogram(wave)
-    picture, same = _Media(Path("."), False, 16000)._spectrogram(wave)
+        levels, extra = _Media(Path("."), False, _Budget(None))._spectrogram(wave)
+    picture, same = _Media(Path("."), False, _Budget(None))._spectrogram(wave)
     assert extra == same and isinstance(picture, build._Picture)
     assert picture.shape == levels.shape and levels.shape[0] == 80
     got = np.asarray(Image.open(io.BytesIO(picture.data)).convert("L"), dtype=np.int16)
@@ -275,6 +305,12 @@ def test_transcribe_explorer_keeps_the_attention_of_every_segment(
     as_long = page_data(explore(out, tmp_path / "as_long.html", progress=False).read_text())
     assert {u["id"]: u for u in as_long["utterances"]}["an255-fash-b#2"]["audio"] == second["audio"]
     transcript.write_text(json.dumps(cut))
+    small = page_data(
+        explore(out, tmp_path / "small.html", progress=False, max_mb=1e-6).read_text()
+    )
+    assert [LEFT_OUT in u["flags"] for u in small["utterances"]] == [False, True, True]
+    assert small["utterances"][2]["audio"] == second["audio"]  # linked where its span starts
+    assert any(n.startswith("2 of 3 transcripts or segments without") for n in small["notes"])
 
     lines = tmp_path / "lines.jsonl"  # a manifest line: its json names the file and offset
     lines.write_text(json.dumps({"audio_filepath": str(long), "offset": 1.2, "duration": 1.4}))

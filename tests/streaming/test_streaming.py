@@ -441,10 +441,11 @@ def test_transcribe_streaming_writes_each_input_to_the_output_dir(
     import json
 
     import soundfile as sf
+    from conftest import page_data
 
     from asr.audio import load_audio
     from asr.cli import main
-    from asr.explore.build import transcribe_data
+    from asr.explore.build import explore
     from asr.recognizer import load_model
 
     wav = an4_fixture / "wav/an4_clstk/fash/an255-fash-b.wav"
@@ -469,7 +470,7 @@ def test_transcribe_streaming_writes_each_input_to_the_output_dir(
         assert (written["text"], written["audio"]) == (expected.text, audio)
         assert [w["end"] for w in written["words"]] == [w.end for w in expected.words]
     np.testing.assert_array_equal(sf.read(out / "stdin.wav", dtype="int16")[0], samples)
-    page = transcribe_data(out, tmp_path, link_audio=True, progress=False)
+    page = page_data(explore(out, tmp_path / "page.html", True, False).read_text())
     assert [u["audio"] is not None for u in page["utterances"]] == [True, True]
     assert main([*args, str(wav), "--format", "json"]) == 2
     assert "--format chooses the files written to --output-dir" in capsys.readouterr().err

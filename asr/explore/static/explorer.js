@@ -548,10 +548,14 @@
   }
 
   // Shows the canvas when there is something to draw, else the message in its place.
+  // A row past the page's size limit keeps its text and audio link, not its arrays.
+  const leftOut = () => !!view.u && list(view.u.flags).includes("maps left out");
+  const LEFT_OUT = "left out to keep the page small (asr explore --max-mb)";
+
   function track(canvas, ok, message) {
     canvas.hidden = !ok;
     const missing = canvas.parentElement.querySelector(".missing");
-    missing.textContent = view.loading ? "loading…" : message;
+    missing.textContent = view.loading ? "loading…" : leftOut() ? LEFT_OUT : message;
     missing.hidden = ok;
     return ok;
   }
@@ -738,7 +742,8 @@
     const c = view.arrays.ctc;
     const strip = $("#ctc-strip");
     if (!c || c.shape.length !== 1 || !c.shape[0]) {
-      strip.replaceChildren(el("span", { class: "na" }, view.loading ? "" : "no CTC path saved"));
+      const message = view.loading ? "" : leftOut() ? LEFT_OUT : "no CTC path saved";
+      strip.replaceChildren(el("span", { class: "na" }, message));
       return;
     }
     const frames = c.shape[0];
