@@ -250,3 +250,24 @@ def word_calibration(
         bins.append(ConfidenceBin(k / num_bins, (k + 1) / num_bins, len(idx), conf, acc))
     accuracy = sum(map(bool, correct)) / total if total else 0.0
     return Calibration(total, accuracy, ece, roc_auc(confidences, correct), bins)
+
+
+def wer_difference_interval(
+    words: Sequence[int],
+    errors_a: Sequence[int],
+    errors_b: Sequence[int],
+    resamples: int = 2000,
+    seed: int = 0,
+) -> tuple[float, float]:
+    """95 % interval of WER(B) - WER(A) in points, two decodes' word errors on the same
+    utterances (with their reference word counts), by a paired bootstrap: utterances drawn with
+    replacement, both decodes' errors from each draw, so what is hard for both cancels."""
+    import numpy as np
+
+    words_, a, b = (np.asarray(x, dtype=np.float64) for x in (words, errors_a, errors_b))
+    if not len(words_):
+        return (math.nan, math.nan)
+    draws = np.random.default_rng(seed).integers(0, len(words_), (resamples, len(words_)))
+    difference = 100 * (b[draws].sum(1) - a[draws].sum(1)) / np.maximum(words_[draws].sum(1), 1)
+    low, high = np.percentile(difference, [2.5, 97.5])
+    return float(low), float(high)

@@ -1,3 +1,4 @@
+import math
 import random
 
 import jiwer
@@ -8,6 +9,7 @@ from asr.metrics import (
     WordAlignment,
     char_errors,
     errors_by_length,
+    wer_difference_interval,
     word_errors,
 )
 
@@ -88,3 +90,16 @@ def test_one_alignment_gives_the_counts_jiwer_gives_the_set() -> None:
         assert right == aligned.errors.reference_length - aligned.errors.substitutions - (
             aligned.errors.deletions
         )
+
+
+def test_wer_difference_interval_is_paired_and_holds_the_difference():
+    words = [10, 8, 12, 9, 11] * 8
+    a = [1, 0, 2, 1, 0] * 8
+    assert wer_difference_interval(words, a, a) == (0.0, 0.0)  # the same decode: no spread
+    b = [x + 1 for x in a]  # one more error in each utterance
+    low, high = wer_difference_interval(words, a, b)
+    assert 0 < low <= 100 * 40 / sum(words) <= high
+    worse_by_chance = [x + (i % 2) for i, x in enumerate(a)]
+    low, high = wer_difference_interval(words, a, worse_by_chance)
+    assert 0 < low < high  # no utterance better in B: the interval lies above 0
+    assert all(math.isnan(x) for x in wer_difference_interval([], [], []))

@@ -429,7 +429,7 @@ def _robustness(args: argparse.Namespace) -> int:
 def _explore(args: argparse.Namespace) -> int:
     from asr.explore.build import explore
 
-    out = explore(args.folder, args.out, args.link_audio, not args.quiet, args.max_mb)
+    out = explore(args.folder, args.out, args.link_audio, not args.quiet, args.max_mb, args.compare)
     size = out.stat().st_size / 1e6
     print(f"explorer: {out} ({size:.1f} MB)")
     return 0
@@ -1077,6 +1077,14 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
             "hold, given to the worst utterances first (by WER; a transcription folder's rows "
             "in order): the rows past it keep their text and a link to their audio, flagged "
             "'maps left out' (default %(default)g; 0: no limit)",
+        )
+        p.add_argument(
+            "--compare",
+            metavar="DECODE_DIR",
+            help="another decode of the same utterances (B) beside FOLDER's (A): its WER, each "
+            "utterance's WER, difference and hypothesis against the reference, how many "
+            "utterances have fewer or more errors, and WER(B) - WER(A) with a 95 %% paired "
+            "bootstrap interval",
         )
         p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(run=_explore)

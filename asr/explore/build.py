@@ -74,6 +74,7 @@ def explore(
     link_audio: bool = False,
     progress: bool = True,
     max_mb: float | None = MAX_MEGABYTES,
+    compare: str | os.PathLike | None = None,
 ) -> Path:
     """Write the explorer page of `folder` (default `folder/explorer.html`); returns its path.
 
@@ -86,27 +87,90 @@ def explore(
         max_mb: megabytes of pictures, maps and embedded audio the page may hold (0 or None:
             no limit). They are kept for the worst utterances first (by WER), else in order;
             rows past the limit keep their text and a link to their audio, flagged `LEFT_OUT`.
+        compare: another decode folder of the same utterances (B), shown beside this one (A):
+            its WER and CER, each utterance's WER and hypothesis against the reference, and
+            the difference with a paired bootstrap interval.
 
     Raises:
-        ValueError: `folder` is none of the three, or its records cannot be read.
+        ValueError: `folder` is none of the three, or its records cannot be read, or
+            `compare` is given and either folder is not a decode folder.
     """
     folder = Path(folder)
     if not folder.is_dir():
         raise ValueError(f"{folder}: no such folder")
     out = Path(out) if out is not None else folder / "explorer.html"
     kind = folder_kind(folder)
+    other = Path(compare) if compare is not None else None
+    if other is not None and not (kind == "decode" and _is_decode(other)):
+        raise ValueError(f"to compare, {folder} and {other} must both be decode folders")
     gather = {"decode": decode_data, "transcribe": transcribe_data, "training": training_data}
     data = gather[kind](folder, _Media(out.parent, link_audio, _Budget(max_mb)), progress)
+    if other is not None:
+        data = _compared(data, folder, other)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(build_page(data), encoding="utf-8")
     return out
 
 
+def _is_decode(folder: Path) -> bool:
+    try:
+        return folder_kind(folder) == "decode"
+    except ValueError:
+        return False
+
+
+def _compared(data: dict[str, Any], folder: Path, other: Path) -> dict[str, Any]:
+    """The page `data` of `folder` (A) with `other`'s decode of the same utterances (B) beside
+    it: each utterance's `compare` (B's hypothesis and its scores against the utterance's
+    reference, None where B lacks it) and the page's `compare` (both names, B's summary, how
+    many utterances have fewer or more word errors in B, and WER(B) - WER(A) with its 95 %
+    interval)."""
+    from asr.metrics import wer_difference_interval
+
+    theirs = {str(r.get("id", "")): r for r in read_records(other)}
+    both, words, errors_a, errors_b = 0, [], [], []
+    for utterance in data["utterances"]:
+        record = theirs.get(utterance["id"])
+        if record is None:
+            utterance["compare"] = None
+            continue
+        hyp = record.get("hyp", "")
+        scores = _scores(utterance["ref"], hyp)
+        utterance["compare"] = {"hyp": hyp, **{k: scores[k] for k in ("wer", "errors", "ops")}}
+        both += 1
+        if utterance["errors"] is not None:
+            words.append(len(scores["ref_words"]))
+            errors_a.append(sum(utterance["errors"].values()))
+            errors_b.append(sum(scores["errors"].values()))
+    a, b = np.asarray(errors_a, dtype=int), np.asarray(errors_b, dtype=int)
+    difference = 100 * (b.sum() - a.sum()) / max(sum(words), 1)
+    ours = {u["id"] for u in data["utterances"]}
+    missing = [(len(ours) - both, f"of {len(ours)} utterances not in {other}"),
+               (len(set(theirs) - ours), f"utterances of {other} not in this decode")]  # fmt: skip
+    notes = [f"{count} {what}" for count, what in missing if count]
+    compare = {
+        "title_a": "/".join(folder.resolve().parts[-2:]),  # e.g. the model's folder and split
+        "title": "/".join(other.resolve().parts[-2:]),
+        "summary": _summary(other),
+        "fewer_errors": int((b < a).sum()),
+        "more_errors": int((b > a).sum()),
+        "same_errors": int((b == a).sum()),
+        "wer_difference": round(float(difference), 2) if words else None,
+        "interval": [round(x, 2) for x in wer_difference_interval(words, a, b)] if words else None,
+    }
+    return data | {"compare": compare, "notes": data["notes"] + notes}
+
+
+def _summary(folder: Path) -> dict[str, Any] | None:
+    """The WER, CER and counts in a decode folder's metrics.json, if any."""
+    path = folder / "metrics.json"
+    metrics = json.loads(path.read_text()) if path.is_file() else {}
+    return {k: metrics[k] for k in SUMMARY_KEYS if k in metrics} or None
+
+
 def decode_data(folder: Path, media: _Media, progress: bool) -> dict[str, Any]:
     notes: list[str] = []
-    metrics_path = folder / "metrics.json"
-    metrics = json.loads(metrics_path.read_text()) if metrics_path.is_file() else {}
-    summary = {k: metrics[k] for k in SUMMARY_KEYS if k in metrics} or None
+    summary = _summary(folder)
     if not (folder / "utterances.jsonl").is_file():
         notes.append("no utterances.jsonl: decoded by an `asr evaluate` that kept no records")
         return _page("decode", folder, notes, summary, [])
@@ -354,6 +418,7 @@ def _page(
         "summary": summary,
         "utterances": utterances,
         "training": None,
+        "compare": None,
     }
 
 

@@ -485,6 +485,40 @@ def test_missing_parts_are_said_not_thrown(driver, tmp_path):
     assert driver.find_element(By.ID, "audio-note").text == "file not found: a/b.wav"
 
 
+def test_a_compared_decode_adds_its_wer_columns_and_hypothesis(driver, tmp_path):
+    """With B beside A: B's WER and the difference per utterance, sortable; the summary's
+    cards for B; in an utterance, B's words coloured by their alignment, its deletions struck
+    through; an utterance B lacks says so."""
+    utts = [
+        utterance("same", "the cat sat", "the cat sat"),
+        utterance("worse", "the cat sat", "the cat sat"),
+        utterance("absent", "the cat sat", "the cat sat"),
+    ]
+    for u, hyp, wer in ((utts[0], "the cat sat", 0.0), (utts[1], "a cat", 66.7)):
+        u["compare"] = {"hyp": hyp, "wer": wer, "ops": _ops("the cat sat".split(), hyp.split())}
+    compare = {"title": "b/decode", "title_a": "a/decode", "summary": {"wer": 33.3},
+               "fewer_errors": 0, "more_errors": 1, "same_errors": 1, "wer_difference": 33.3,
+               "interval": [0.0, 66.7]}  # fmt: skip
+    open_page(driver, tmp_path, page_data(utts, compare=compare))
+    headers = [th.text for th in driver.find_elements(By.CSS_SELECTOR, "#utterances th")]
+    assert headers[3:5] == ["WER %", "WER B %"] and headers[5].startswith("B − A")
+    driver.find_element(By.CSS_SELECTOR, 'th[data-key="delta"]').click()
+    assert row_ids(driver) == ["worse", "same", "absent"]  # no B: last
+    assert "+33.30 [0.00, +66.70]" in driver.find_element(By.ID, "summary-b").text
+    open_utterance(driver, "worse")
+    assert driver.find_element(By.ID, "hyp-b-title").text == "Hypothesis B (b/decode): WER 66.7 %"
+    words = driver.find_elements(By.CSS_SELECTOR, "#hyp-b .word")
+    assert [(w.text, w.get_attribute("class")) for w in words] == [
+        ("a", "word op-s"), ("cat", "word op-c"), ("sat", "word op-d")]  # fmt: skip
+    open_utterance(driver, "absent")
+    assert driver.find_element(By.ID, "hyp-b").text == "not in decode B"
+
+    open_page(driver, tmp_path, page_data(utts[:1]))  # no B: as before
+    assert "WER B %" not in driver.find_element(By.CSS_SELECTOR, "#utterances thead").text
+    open_utterance(driver, "same")
+    assert not driver.find_element(By.ID, "hyp-b-box").is_displayed()
+
+
 def test_a_row_past_the_size_limit_says_why_it_has_no_maps(driver, tmp_path):
     left_out = bare_utterance("far", hyp="a b", flags=["maps left out"], duration=2.0)
     open_page(driver, tmp_path, page_data([left_out, bare_utterance("near", duration=2.0)]))

@@ -142,6 +142,43 @@ def test_past_its_size_limit_a_page_keeps_the_worst_utterances_maps(decoded, tmp
         assert all(r["blob"] and LEFT_OUT not in r["flags"] for r in rows), max_mb
 
 
+def test_a_page_compares_two_decodes_of_the_same_utterances(decoded, tmp_path, capsys):
+    """B's hypotheses are scored against A's references, utterance by utterance; the page says
+    how many have fewer and more errors in B and WER(B) - WER(A) with an interval holding it;
+    utterances one decode lacks are said; only two decode folders compare."""
+    other = tmp_path / "b" / "decode_test"
+    shutil.copytree(decoded, other)
+    records = [json.loads(line) for line in (other / "utterances.jsonl").read_text().splitlines()]
+    first, second = records[0]["ref"].split(), records[1]["ref"].split()
+    records[0]["hyp"] = " ".join(["WRONG", *first[1:]])  # one substitution
+    records[1]["hyp"] = " ".join(second[:-1])  # one deletion
+    lines = [json.dumps(r) for r in records[:-1]]  # B lacks the last utterance
+    (other / "utterances.jsonl").write_text("\n".join(lines) + "\n")
+    (other / "metrics.json").write_text(json.dumps({"wer": 12.5, "cer": 3.0}))
+    out = tmp_path / "compare.html"
+    command = ["explore", str(decoded), "--compare", str(other), "--out", str(out), "--quiet"]
+    assert main(command) == 0
+    data = page_data(out.read_text())
+    rows = data["utterances"]
+    errors = [r["compare"]["errors"] for r in rows[:3]]
+    assert [(e["sub"], e["del"], e["ins"]) for e in errors] == [(1, 0, 0), (0, 1, 0), (0, 0, 0)]
+    assert rows[0]["compare"]["hyp"] == records[0]["hyp"] and rows[-1]["compare"] is None
+    assert [op[0] for op in rows[1]["compare"]["ops"]] == ["C"] * (len(second) - 1) + ["D"]
+    compare = data["compare"]
+    assert compare["title"] == "b/decode_test" and compare["summary"] == {"wer": 12.5, "cer": 3.0}
+    assert (compare["fewer_errors"], compare["more_errors"], compare["same_errors"]) == (0, 2, 1)
+    words = sum(len(r["ref"].split()) for r in rows[:3])
+    assert compare["wer_difference"] == pytest.approx(100 * 2 / words, abs=0.01)
+    low, high = compare["interval"]
+    assert 0 <= low <= compare["wer_difference"] <= high
+    assert f"1 of 4 utterances not in {other}" in data["notes"]
+    alone = explore(decoded, tmp_path / "alone.html", progress=False)
+    assert page_data(alone.read_text())["compare"] is None
+    capsys.readouterr()
+    assert main(["explore", str(decoded), "--compare", str(tmp_path), "--quiet"]) == 2
+    assert "must both be decode folders" in capsys.readouterr().err
+
+
 def test_a_stretch_of_a_long_recording_is_linked_where_browsers_play_it(tmp_path):
     """Audio over MAX_EMBEDDED_SECONDS is linked, and so is a segment of a recording that long
     (a page of its segments would embed all of it); in a format no browser plays, a segment is

@@ -72,17 +72,40 @@
   const BLUES = colormap([[247, 251, 255], [158, 202, 225], [49, 130, 189], [8, 48, 107]]);
 
   // ---- overview ----
+  const pct = (x) => (num(x) === null ? "–" : `${x.toFixed(2)} %`);
+  const cards = (pairs) => pairs.map(([label, value]) => el("div", { class: "card" },
+    el("span", { class: "label" }, label), el("span", { class: "value" }, value)));
+
   function renderSummary(summary) {
     if (!summary || typeof summary !== "object") return;
-    const pct = (x) => (num(x) === null ? "–" : `${x.toFixed(2)} %`);
-    const cards = [
+    $("#summary").replaceChildren(...cards([
       ["WER", pct(summary.wer)], ["CER", pct(summary.cer)],
       ["Sub", count(summary.substitutions)], ["Del", count(summary.deletions)],
       ["Ins", count(summary.insertions)], ["Ref words", count(summary.reference_words)],
       ["Utterances", count(summary.utterances)], ["Sentence errors", count(summary.sentence_errors)],
-    ];
-    $("#summary").replaceChildren(...cards.map(([label, value]) => el("div", { class: "card" },
-      el("span", { class: "label" }, label), el("span", { class: "value" }, value))));
+    ]));
+    $("#summary").hidden = false;
+  }
+
+  // B: another decode of the same utterances beside this one (asr explore --compare).
+  let compared = null;
+
+  function renderCompare(compare) {
+    if (!compare || typeof compare !== "object") return;
+    compared = compare;
+    const summary = obj(compare.summary);
+    const diff = num(compare.wer_difference);
+    const [low, high] = list(compare.interval).map(num);
+    const signed = (x) => `${x > 0 ? "+" : ""}${x.toFixed(2)}`;
+    const interval = low !== null && high !== null ? ` [${signed(low)}, ${signed(high)}]` : "";
+    $("#summary-b").replaceChildren(...cards([
+      ["B", text(compare.title)], ["WER B", pct(summary.wer)], ["CER B", pct(summary.cer)],
+      ["WER B − A (95 %)", diff === null ? "–" : `${signed(diff)}${interval}`],
+      ["Fewer errors in B", count(compare.fewer_errors)], ["More in B", count(compare.more_errors)],
+      ["Same", count(compare.same_errors)],
+    ]));
+    $("#summary-b").hidden = false;
+    $("#summary").prepend(...cards([["A", text(compare.title_a)]]));
     $("#summary").hidden = false;
   }
 
@@ -140,31 +163,41 @@
     { key: "speaker", label: "speaker", first: 1 },
     { key: "duration", label: "dur (s)", first: -1, num: true },
     { key: "wer", label: "WER %", first: -1, num: true },
+    { key: "wer_b", label: "WER B %", first: -1, num: true, compare: true },
+    { key: "delta", label: "B − A", first: -1, num: true, compare: true },
     { key: "errors", label: "S/D/I", first: -1, num: true },
     { key: "confidence", label: "conf", first: 1, num: true },
     { key: "flags", label: "flags", first: -1 },
   ];
-  const table = { rows: [], visible: [], key: null, dir: 1, order: null, selected: null };
+  const table = { columns: [], rows: [], visible: [], key: null, dir: 1, order: null, selected: null };
 
   function makeRow(u, index) {
     const id = text(u.id);
     const speaker = u.speaker == null ? null : text(u.speaker);
     const flags = list(u.flags).map(text);
     const confidence = num(u.confidence);
+    const b = obj(u.compare);
     const keys = {
       id, speaker, duration: num(u.duration), wer: num(u.wer), errors: errorTotal(u),
-      confidence, flags: flags.length ? flags.join(", ") : null,
+      confidence, flags: flags.length ? flags.join(", ") : null, wer_b: num(b.wer),
     };
+    keys.delta = keys.wer !== null && keys.wer_b !== null ? keys.wer_b - keys.wer : null;
     const td = (value, cls, attrs) => el("td", { class: cls, ...attrs }, value);
+    const cells = {
+      id: td(id, "id", { dir: "auto", title: id }),
+      speaker: td(speaker === null ? "–" : speaker, speaker === null ? "na" : null, { dir: "auto" }),
+      duration: td(fixed(keys.duration, 2), "num"),
+      wer: td(fixed(keys.wer, 1), "num"),
+      wer_b: td(fixed(keys.wer_b, 1), "num"),
+      delta: td(keys.delta === null ? "–" : `${keys.delta > 0 ? "+" : ""}${keys.delta.toFixed(1)}`,
+        keys.delta > 0 ? "num worse" : keys.delta < 0 ? "num better" : "num"),
+      errors: td(sdi(u), "num"),
+      confidence: td(fixed(confidence, 2), confidence !== null && confidence < 0.5 ? "num low" : "num"),
+      flags: td(keys.flags || "", null, { dir: "auto" }),
+    };
     const tr = el("tr", { "data-id": id, "data-index": index, tabindex: 0 },
-      td(id, "id", { dir: "auto", title: id }),
-      td(speaker === null ? "–" : speaker, speaker === null ? "na" : null, { dir: "auto" }),
-      td(fixed(keys.duration, 2), "num"),
-      td(fixed(keys.wer, 1), "num"),
-      td(sdi(u), "num"),
-      td(fixed(confidence, 2), confidence !== null && confidence < 0.5 ? "num low" : "num"),
-      td(keys.flags || "", null, { dir: "auto" }));
-    const haystack = [id, text(speaker), text(u.ref), text(u.hyp)].join("\n").toLowerCase();
+      ...table.columns.map((c) => cells[c.key]));
+    const haystack = [id, text(speaker), text(u.ref), text(u.hyp), text(b.hyp)].join("\n").toLowerCase();
     return { u, index, tr, keys, haystack };
   }
 
@@ -202,7 +235,7 @@
   }
 
   function sortBy(key) {
-    const column = COLUMNS.find((c) => c.key === key);
+    const column = table.columns.find((c) => c.key === key);
     if (!column) return;
     table.dir = table.key === key ? -table.dir : column.first;
     table.key = key;
@@ -214,7 +247,9 @@
   }
 
   function buildTable(utts) {
-    $("#utterances thead tr").replaceChildren(...COLUMNS.map((c) => el("th",
+    table.columns = COLUMNS.filter((c) => !c.compare || compared);
+    $("#utterances").classList.toggle("compared", !!compared);
+    $("#utterances thead tr").replaceChildren(...table.columns.map((c) => el("th",
       { "data-key": c.key, class: c.num ? "num" : null, tabindex: 0, "aria-sort": "none" }, c.label)));
     table.rows = utts.map(makeRow);
     $("#empty").hidden = utts.length > 0;
@@ -352,6 +387,7 @@
     guard("utterance details", () => renderDetails(u));
     guard("audio", () => setAudio(u));
     guard("words", () => renderWords(u));
+    guard("hypothesis B", () => renderHypB(u));
     guard("n-best", () => renderNbest(u));
     view.loading = typeof u.blob === "string" && u.blob !== "";
     guard("timeline", () => drawTimeline()); // empty tracks until the arrays arrive
@@ -480,6 +516,28 @@
     });
     $("#alignment").replaceChildren(...(pairs.length
       ? pairs : [el("span", { class: "na" }, "no alignment (no reference)")]));
+  }
+
+  // B's hypothesis, its words coloured by their alignment with the reference, the reference
+  // words it deletes struck through in their place.
+  function renderHypB(u) {
+    $("#hyp-b-box").hidden = !compared;
+    if (!compared) return;
+    const b = u.compare && typeof u.compare === "object" ? u.compare : null;
+    $("#hyp-b-title").textContent = `Hypothesis B (${text(compared.title)})` +
+      (b && num(b.wer) !== null ? `: WER ${b.wer.toFixed(1)} %` : "");
+    if (!b) {
+      $("#hyp-b").replaceChildren(el("span", { class: "na" }, "not in decode B"));
+      return;
+    }
+    const words = text(b.hyp).split(/\s+/).filter(Boolean);
+    const ops = list(b.ops).map(list).filter((op) => ["C", "S", "D", "I"].includes(op[0]));
+    const nodes = ops.length
+      ? ops.map(([kind, r, h]) => el("span", { class: `word op-${kind.toLowerCase()}` },
+        kind === "D" ? text(r) : text(words[h])))
+      : words.map((w) => el("span", { class: "word" }, w));
+    $("#hyp-b").replaceChildren(...(nodes.length
+      ? spaced(nodes) : [el("span", { class: "na" }, "empty hypothesis")]));
   }
 
   function renderNbest(u) {
@@ -1047,6 +1105,7 @@
   const utterances = list(data.utterances).map(obj);
   guard("events", wire);
   guard("summary", () => renderSummary(data.summary));
+  guard("decode B", () => renderCompare(data.compare));
   guard("speakers", () => renderSpeakers(utterances));
   guard("utterance table", () => buildTable(utterances));
   renderTraining(data.training);
