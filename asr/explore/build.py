@@ -43,7 +43,7 @@ SPECTROGRAM_RANGE_DB = 80.0
 SPECTROGRAM_WEBP_QUALITY = 90
 WEBP_MAX_SIDE = 16383
 MAX_EMBEDDED_SECONDS = 1800.0  # recordings longer than this are linked, where browsers play them
-LEFT_OUT = "maps left out"  # the flag of a row past that budget
+LEFT_OUT = "maps left out"  # the flag of a row past the page's size limit (explorer.js too)
 OPUS_RATES = (8000, 12000, 16000, 24000, 48000)
 OPUS_BITRATE = 24000
 # What browsers play from a link; other files (e.g. NIST SPHERE) are embedded as Opus.
