@@ -2,7 +2,7 @@
 
     python -m bench.explorer exp/an4/transformer_quick/decode_test [MORE_DECODE_DIRS...]
         [--synthetic 3000] [--out bench/results/explorer]
-    python -m bench.explorer DECODE_DIR --training RUN_DIR --screenshots docs/
+    python -m bench.explorer DECODE_DIR [DECODE_DIR_B] --training RUN_DIR --screenshots docs/
 
     python -m bench.explorer exp/an4/transformer_quick/decode_test --synthetic 0 \
         --recording data/an4/train.jsonl data/an4/test.jsonl \
@@ -87,9 +87,11 @@ def chromium(width: int = 1400, height: int = 900, *flags: str):
     return webdriver.Chrome(service=Service(driver_path), options=options)
 
 
-def screenshots(decode_page: Path, training_page: Path | None, out: Path) -> list[Path]:
-    """PNGs of the overview sorted by WER, the worst utterance with its attention, and the
-    training view, for the docs."""
+def screenshots(
+    decode_page: Path, training_page: Path | None, out: Path, compare_page: Path | None = None
+) -> list[Path]:
+    """PNGs of the overview sorted by WER, the worst utterance with its attention, the
+    training view, and two decodes compared, sorted by the difference, for the docs."""
     from selenium.webdriver.common.by import By
 
     driver = chromium()
@@ -115,6 +117,12 @@ def screenshots(decode_page: Path, training_page: Path | None, out: Path) -> lis
             slider = driver.find_element(By.CSS_SELECTOR, "input.epoch-slider")
             driver.execute_script("arguments[0].scrollIntoView({block: 'center'})", slider)
             shots.append(out / "explorer_training.png")
+            driver.save_screenshot(str(shots[-1]))
+        if compare_page is not None:
+            driver.get(compare_page.resolve().as_uri())
+            wait("return document.body.dataset.ready === '1'")
+            driver.find_element(By.CSS_SELECTOR, 'th[data-key="delta"]').click()
+            shots.append(out / "explorer_compare.png")
             driver.save_screenshot(str(shots[-1]))
     finally:
         driver.quit()
@@ -221,7 +229,11 @@ def main() -> None:
         if args.training:
             training = explore(args.training, args.out / "training.html", progress=False)
         page = explore(args.folders[0], args.out / "page0.html", progress=False)
-        for shot in screenshots(page, training, args.screenshots):
+        compare = None
+        if len(args.folders) > 1:  # the first two compared
+            compare = explore(args.folders[0], args.out / "compare.html", progress=False,
+                              compare=args.folders[1])  # fmt: skip
+        for shot in screenshots(page, training, args.screenshots, compare):
             print(f"screenshot: {shot}")
         return
     rows = []
