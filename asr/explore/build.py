@@ -85,8 +85,9 @@ def explore(
         link_audio: link the audio files by relative path instead of embedding them as Opus.
         progress: show a progress bar.
         max_mb: megabytes of pictures, maps and embedded audio the page may hold (0 or None:
-            no limit). They are kept for the worst utterances first (by WER), else in order;
-            rows past the limit keep their text and a link to their audio, flagged `LEFT_OUT`.
+            no limit). They are kept for the worst utterances first (by WER, with `compare`
+            the higher of the two), else in order; rows past the limit keep their text and a
+            link to their audio, flagged `LEFT_OUT`.
         compare: another decode folder of the same utterances (B), shown beside this one (A):
             its WER and CER, each utterance's WER and hypothesis against the reference, and
             the difference with a paired bootstrap interval.
@@ -103,10 +104,13 @@ def explore(
     other = Path(compare) if compare is not None else None
     if other is not None and not (kind == "decode" and _is_decode(other)):
         raise ValueError(f"to compare, {folder} and {other} must both be decode folders")
-    gather = {"decode": decode_data, "transcribe": transcribe_data, "training": training_data}
-    data = gather[kind](folder, _Media(out.parent, link_audio, _Budget(max_mb)), progress)
-    if other is not None:
-        data = _compared(data, folder, other)
+    media = _Media(out.parent, link_audio, _Budget(max_mb))
+    if kind == "decode":
+        data = decode_data(folder, media, progress, other)
+    else:
+        data = {"transcribe": transcribe_data, "training": training_data}[kind](
+            folder, media, progress
+        )
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(build_page(data), encoding="utf-8")
     return out
@@ -119,17 +123,19 @@ def _is_decode(folder: Path) -> bool:
         return False
 
 
-def _compared(data: dict[str, Any], folder: Path, other: Path) -> dict[str, Any]:
-    """The page `data` of `folder` (A) with `other`'s decode of the same utterances (B) beside
-    it: each utterance's `compare` (B's hypothesis and its scores against the utterance's
-    reference, None where B lacks it) and the page's `compare` (both names, B's summary, how
-    many utterances have fewer or more word errors in B, and WER(B) - WER(A) with its 95 %
-    interval)."""
+def _compared(
+    utterances: list[dict[str, Any]], folder: Path, other: Path
+) -> tuple[dict[str, Any], list[str]]:
+    """`other`'s decode of the same utterances (B) beside `folder`'s (A): each utterance's
+    `compare` set (B's hypothesis and its scores against the utterance's reference, None where
+    B lacks it); returns the page's `compare` (both names, B's summary, how many utterances have
+    fewer or more word errors in B, and WER(B) - WER(A) with its 95 % interval) and notes on the
+    utterances either lacks."""
     from asr.metrics import wer_difference_interval
 
     theirs = {str(r.get("id", "")): r for r in read_records(other)}
     both, words, errors_a, errors_b = 0, [], [], []
-    for utterance in data["utterances"]:
+    for utterance in utterances:
         record = theirs.get(utterance["id"])
         if record is None:
             utterance["compare"] = None
@@ -144,7 +150,7 @@ def _compared(data: dict[str, Any], folder: Path, other: Path) -> dict[str, Any]
             errors_b.append(sum(scores["errors"].values()))
     a, b = np.asarray(errors_a, dtype=int), np.asarray(errors_b, dtype=int)
     difference = 100 * (b.sum() - a.sum()) / max(sum(words), 1)
-    ours = {u["id"] for u in data["utterances"]}
+    ours = {u["id"] for u in utterances}
     missing = [(len(ours) - both, f"of {len(ours)} utterances not in {other}"),
                (len(set(theirs) - ours), f"utterances of {other} not in this decode")]  # fmt: skip
     notes = [f"{count} {what}" for count, what in missing if count]
@@ -158,7 +164,7 @@ def _compared(data: dict[str, Any], folder: Path, other: Path) -> dict[str, Any]
         "wer_difference": round(float(difference), 2) if words else None,
         "interval": [round(x, 2) for x in wer_difference_interval(words, a, b)] if words else None,
     }
-    return data | {"compare": compare, "notes": data["notes"] + notes}
+    return compare, notes
 
 
 def _summary(folder: Path) -> dict[str, Any] | None:
@@ -168,7 +174,11 @@ def _summary(folder: Path) -> dict[str, Any] | None:
     return {k: metrics[k] for k in SUMMARY_KEYS if k in metrics} or None
 
 
-def decode_data(folder: Path, media: _Media, progress: bool) -> dict[str, Any]:
+def decode_data(
+    folder: Path, media: _Media, progress: bool, compare: Path | None = None
+) -> dict[str, Any]:
+    """A row per decoded utterance, its arrays for the worst first (by its WER, or B's where
+    `compare` names another decode of them, B, and that is higher) while the page has room."""
     notes: list[str] = []
     summary = _summary(folder)
     if not (folder / "utterances.jsonl").is_file():
@@ -181,14 +191,22 @@ def decode_data(folder: Path, media: _Media, progress: bool) -> dict[str, Any]:
         notes.append("no attention saved (a CTC-only model, or the ONNX backend)")
     media.sample_rate = layout.get("sample_rate", 16000)
     utterances = [_decode_fields(r, layout) for r in records]
-    worst_first = sorted(range(len(records)), key=lambda i: -(utterances[i]["wer"] or 0))
+    compared = None
+    if compare is not None:
+        compared, missing = _compared(utterances, folder, compare)
+        notes += missing
+
+    def worst(u: dict[str, Any]) -> float:
+        return max(u["wer"] or 0, (u.get("compare") or {}).get("wer") or 0)
+
+    worst_first = sorted(range(len(records)), key=lambda i: -worst(utterances[i]))
     for i in _bar(worst_first, progress, "explore"):
         record = records[i]
         where = (record.get("audio"), record.get("offset", 0.0), record.get("duration"))
         arrays = partial(_record_arrays, record, maps, layout)  # read only if the page has room
         utterances[i] |= media.row(*where, arrays, utterances[i]["flags"])
     notes += media.notes(len(utterances), "utterances", "the worst utterances")
-    return _page("decode", folder, notes, summary, utterances)
+    return _page("decode", folder, notes, summary, utterances) | {"compare": compared}
 
 
 def _decode_fields(record: dict[str, Any], layout: dict[str, Any]) -> dict[str, Any]:

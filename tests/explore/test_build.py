@@ -145,13 +145,14 @@ def test_past_its_size_limit_a_page_keeps_the_worst_utterances_maps(decoded, tmp
 def test_a_page_compares_two_decodes_of_the_same_utterances(decoded, tmp_path, capsys):
     """B's hypotheses are scored against A's references, utterance by utterance; the page says
     how many have fewer and more errors in B and WER(B) - WER(A) with an interval holding it;
-    utterances one decode lacks are said; only two decode folders compare."""
+    utterances one decode lacks are said; maps go first to the utterances either decode gets
+    most wrong; only two decode folders compare."""
     other = tmp_path / "b" / "decode_test"
     shutil.copytree(decoded, other)
     records = [json.loads(line) for line in (other / "utterances.jsonl").read_text().splitlines()]
-    first, second = records[0]["ref"].split(), records[1]["ref"].split()
-    records[0]["hyp"] = " ".join(["WRONG", *first[1:]])  # one substitution
+    second, third = records[1]["ref"].split(), records[2]["ref"].split()
     records[1]["hyp"] = " ".join(second[:-1])  # one deletion
+    records[2]["hyp"] = " ".join(["WRONG", *third[1:]])  # one substitution
     lines = [json.dumps(r) for r in records[:-1]]  # B lacks the last utterance
     (other / "utterances.jsonl").write_text("\n".join(lines) + "\n")
     (other / "metrics.json").write_text(json.dumps({"wer": 12.5, "cer": 3.0}))
@@ -161,8 +162,8 @@ def test_a_page_compares_two_decodes_of_the_same_utterances(decoded, tmp_path, c
     data = page_data(out.read_text())
     rows = data["utterances"]
     errors = [r["compare"]["errors"] for r in rows[:3]]
-    assert [(e["sub"], e["del"], e["ins"]) for e in errors] == [(1, 0, 0), (0, 1, 0), (0, 0, 0)]
-    assert rows[0]["compare"]["hyp"] == records[0]["hyp"] and rows[-1]["compare"] is None
+    assert [(e["sub"], e["del"], e["ins"]) for e in errors] == [(0, 0, 0), (0, 1, 0), (1, 0, 0)]
+    assert rows[2]["compare"]["hyp"] == records[2]["hyp"] and rows[-1]["compare"] is None
     assert [op[0] for op in rows[1]["compare"]["ops"]] == ["C"] * (len(second) - 1) + ["D"]
     compare = data["compare"]
     assert compare["title"] == "b/decode_test" and compare["summary"] == {"wer": 12.5, "cer": 3.0}
@@ -172,6 +173,11 @@ def test_a_page_compares_two_decodes_of_the_same_utterances(decoded, tmp_path, c
     low, high = compare["interval"]
     assert 0 <= low <= compare["wer_difference"] <= high
     assert f"1 of 4 utterances not in {other}" in data["notes"]
+    small = explore(decoded, tmp_path / "small.html", False, False, 1e-6, other)
+    small = page_data(small.read_text())["utterances"]
+    worst = max(range(3), key=lambda i: rows[i]["compare"]["wer"])  # A gets all right
+    assert worst > 0 and [LEFT_OUT not in u["flags"] for u in small] == [
+        i == worst for i in range(4)]  # fmt: skip
     alone = explore(decoded, tmp_path / "alone.html", progress=False)
     assert page_data(alone.read_text())["compare"] is None
     capsys.readouterr()
