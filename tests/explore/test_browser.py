@@ -531,7 +531,8 @@ def test_a_row_past_the_size_limit_says_why_it_has_no_maps(driver, tmp_path):
 
 def test_a_spectrogram_kept_as_a_picture_is_read_from_its_grey_levels(driver, tmp_path):
     """The page draws a spectrogram the builder keeps as WebP from the grey levels the browser
-    decodes, Pillow's decode of the same file within a level; a raw one from its own bytes."""
+    decodes, Pillow's decode of the same file within a level, through an image element where the
+    browser has no createImageBitmap; a raw one from its own bytes."""
     from PIL import Image
 
     from asr.explore.build import _pack, _picture
@@ -549,12 +550,26 @@ def test_a_spectrogram_kept_as_a_picture_is_read_from_its_grey_levels(driver, tm
         utterance(uid, "a b", seconds=3.0) | _pack({"spectrogram": (stored, {"seconds": 0.01})})
         for uid, (stored, _, _) in rows.items()
     ]
-    open_page(driver, tmp_path, page_data(utts))
-    for uid, (_, expected, tolerance) in rows.items():
-        open_utterance(driver, uid)
-        canvas = driver.find_element(By.ID, "spectrogram")
-        assert abs(int(canvas.get_attribute("data-checksum")) - expected) <= tolerance, uid
-        assert not driver.find_element(By.ID, "utt-notes").text
+    script = "window.createImageBitmap = undefined;"  # run before the page's own scripts
+    for without_bitmaps in (False, True):
+        added = (
+            driver.execute_cdp_cmd("Page.addScriptToEvaluateOnNewDocument", {"source": script})
+            if without_bitmaps
+            else None
+        )
+        try:
+            open_page(driver, tmp_path, page_data(utts))
+            assert js(driver, "return typeof createImageBitmap") == (
+                "undefined" if without_bitmaps else "function")  # fmt: skip
+            for uid, (_, expected, tolerance) in rows.items():
+                open_utterance(driver, uid)
+                canvas = driver.find_element(By.ID, "spectrogram")
+                got = int(canvas.get_attribute("data-checksum"))
+                assert abs(got - expected) <= tolerance, (uid, without_bitmaps)
+                assert not driver.find_element(By.ID, "utt-notes").text
+        finally:
+            if added is not None:
+                driver.execute_cdp_cmd("Page.removeScriptToEvaluateOnNewDocument", added)
 
 
 def test_no_utterances(driver, tmp_path):

@@ -315,6 +315,26 @@
     return null;
   }
 
+  // A picture file as the browser decodes it: an ImageBitmap where it can, else an image element.
+  async function decodePicture(file) {
+    if (typeof createImageBitmap === "function") {
+      try {
+        return await createImageBitmap(file, { colorSpaceConversion: "none", premultiplyAlpha: "none" });
+      } catch (err) {
+        // options or call refused by this browser: the image element below tells a bad file
+      }
+    }
+    const url = URL.createObjectURL(file);
+    try {
+      const image = new Image();
+      image.src = url;
+      await image.decode();
+      return image;
+    } finally {
+      URL.revokeObjectURL(url);
+    }
+  }
+
   // A picture (a spectrogram, stored as WebP): its grey levels, as the browser decodes them.
   async function pictureView(buffer, spec) {
     const shape = list(spec.shape);
@@ -322,22 +342,26 @@
     if (shape.length !== 2 || !shape.every((n) => Number.isInteger(n) && n > 0)) return null;
     if (!Number.isInteger(offset) || !Number.isInteger(bytes) || offset < 0) return null;
     if (offset + bytes > buffer.byteLength) return null;
-    if (typeof createImageBitmap !== "function") throw new Error("this browser cannot decode pictures");
     const [rows, columns] = shape;
     const file = new Blob([new Uint8Array(buffer, offset, bytes)], { type: "image/webp" });
-    const bitmap = await createImageBitmap(file, { colorSpaceConversion: "none", premultiplyAlpha: "none" });
-    if (bitmap.width !== columns || bitmap.height !== rows) return null;
-    const canvas = document.createElement("canvas");
-    canvas.width = columns;
-    canvas.height = rows;
-    const ctx = canvas.getContext("2d", { willReadFrequently: true });
-    ctx.drawImage(bitmap, 0, 0);
-    bitmap.close();
-    const px = ctx.getImageData(0, 0, columns, rows).data;
-    const data = new Uint8Array(rows * columns);
-    for (let i = 0; i < data.length; i++) data[i] = px[4 * i + 1]; // grey: R = G = B
-    return { ...spec, shape, data };
+    const picture = await decodePicture(file);
+    const width = picture.naturalWidth || picture.width;
+    const height = picture.naturalHeight || picture.height;
+    let data = null;
+    if (width === columns && height === rows) {
+      const canvas = document.createElement("canvas");
+      canvas.width = columns;
+      canvas.height = rows;
+      const ctx = canvas.getContext("2d", { willReadFrequently: true });
+      ctx.drawImage(picture, 0, 0);
+      const px = ctx.getImageData(0, 0, columns, rows).data;
+      data = new Uint8Array(rows * columns);
+      for (let i = 0; i < data.length; i++) data[i] = px[4 * i + 1]; // grey: R = G = B
+    }
+    if (typeof picture.close === "function") picture.close(); // an ImageBitmap's memory, now
+    return data && { ...spec, shape, data };
   }
+
 
   // The arrays of `u` in its inflated blob, and what went wrong with any of them in `notes`.
   async function readArrays(u, buffer, notes) {
