@@ -93,12 +93,14 @@ def explore(
             the difference with a paired bootstrap interval.
 
     Raises:
-        ValueError: `folder` is none of the three, or its records cannot be read, or
-            `compare` is given and either folder is not a decode folder.
+        ValueError: `folder` is none of the three, or its records cannot be read, `max_mb` is
+            negative, or `compare` is given and either folder is not a decode folder.
     """
     folder = Path(folder)
     if not folder.is_dir():
         raise ValueError(f"{folder}: no such folder")
+    if max_mb is not None and not max_mb >= 0:
+        raise ValueError(f"--max-mb is megabytes, 0 for no limit: got {max_mb}")
     out = Path(out) if out is not None else folder / "explorer.html"
     kind = folder_kind(folder)
     other = Path(compare) if compare is not None else None

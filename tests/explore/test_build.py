@@ -112,7 +112,7 @@ def test_linked_audio_is_a_relative_path_and_missing_audio_is_said(decoded, tmp_
     assert any("1 audio file(s) missing" in n for n in data["notes"])
 
 
-def test_past_its_size_limit_a_page_keeps_the_worst_utterances_maps(decoded, tmp_path):
+def test_past_its_size_limit_a_page_keeps_the_worst_utterances_maps(decoded, tmp_path, capsys):
     """Pictures, maps and embedded audio go to the worst utterances first, while the page has
     room (the first always): the others keep their text and a link to their audio, flagged, and
     a note says how to keep them all."""
@@ -137,6 +137,8 @@ def test_past_its_size_limit_a_page_keeps_the_worst_utterances_maps(decoded, tmp
     assert "3 of 4 utterances without their pictures and maps (flagged 'maps left out'): the " \
         "page keeps them for the worst utterances, up to 1e-06 MB (`asr explore FOLDER " \
         "--max-mb 0`: for all)" in data["notes"]  # fmt: skip
+    assert main(["explore", str(folder), "--max-mb", "-1", "--quiet"]) == 2
+    assert "--max-mb is megabytes, 0 for no limit: got -1.0" in capsys.readouterr().err
     for max_mb in (0, None, 100):
         rows = page_data(explore(folder, progress=False, max_mb=max_mb).read_text())["utterances"]
         assert all(r["blob"] and LEFT_OUT not in r["flags"] for r in rows), max_mb
