@@ -78,6 +78,13 @@ def _alignment_sum(recognizer, wave: torch.Tensor) -> int:
     return sum(base64.b64decode(alignment["data"]))
 
 
+def _downloaded(file) -> bool:
+    """Whether Chromium has written `file`: it holds the name with an empty file while the
+    bytes go to `.crdownload` beside it. (The pages' saved files are never empty.)"""
+    partial = file.with_name(file.name + ".crdownload")
+    return file.exists() and file.stat().st_size > 0 and not partial.exists()
+
+
 def _saved(driver, folder) -> list[str]:
     """What the page's Save buttons write: transcript.txt and transcript.srt."""
     from selenium.webdriver.common.by import By
@@ -91,7 +98,7 @@ def _saved(driver, folder) -> list[str]:
         file = folder / f"transcript.{fmt}"
         file.unlink(missing_ok=True)
         driver.find_element(By.ID, f"save-{fmt}").click()
-        WebDriverWait(driver, 10, 0.05).until(lambda d, f=file: f.exists())
+        WebDriverWait(driver, 10, 0.05).until(lambda d, f=file: _downloaded(f))
         texts.append(file.read_text())
     return texts
 
