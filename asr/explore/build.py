@@ -207,7 +207,7 @@ def decode_data(
         where = (record.get("audio"), record.get("offset", 0.0), record.get("duration"))
         arrays = partial(_record_arrays, record, maps, layout)  # read only if the page has room
         utterances[i] |= media.row(*where, arrays, utterances[i]["flags"])
-    notes += media.notes(len(utterances), "utterances", "the worst utterances")
+    notes += media.notes(utterances, "utterances", "the worst utterances")
     return _page("decode", folder, notes, summary, utterances) | {"compare": compared}
 
 
@@ -307,7 +307,7 @@ def transcribe_data(folder: Path, media: _Media, progress: bool) -> dict[str, An
             f"{without_maps} of {len(utterances)} transcripts or segments without attention: "
             "`asr transcribe --explorer` keeps it"
         )
-    notes += media.notes(len(utterances), "transcripts or segments", "the first ones")
+    notes += media.notes(utterances, "transcripts or segments", "the first ones")
     return _page("transcribe", folder, notes, None, utterances)
 
 
@@ -543,11 +543,9 @@ class _Budget:
     def __init__(self, megabytes: float | None) -> None:
         self.megabytes = megabytes or None
         self.left = megabytes * 1e6 if megabytes else math.inf
-        self.left_out = 0  # rows that found it spent
 
     def room(self) -> bool:
-        """Whether the next row may embed its own; counts those that may not."""
-        self.left_out += self.left <= 0
+        """Whether the next row may embed its own."""
         return self.left > 0
 
     def spend(self, row: dict[str, Any]) -> dict[str, Any]:
@@ -647,16 +645,17 @@ class _Media:
         image = np.rint(255 * scaled).astype(np.uint8)
         return _picture(image), {"seconds": pool * hop / self.sample_rate}
 
-    def notes(self, total: int, rows: str, kept: str) -> list[str]:
-        """What the page lacks: missing audio, and the `rows` of `total` past its budget (whose
-        arrays went to `kept`)."""
+    def notes(self, utterances: list[dict[str, Any]], rows: str, kept: str) -> list[str]:
+        """What the page lacks: missing audio, and which of its `rows` (`utterances`) are past
+        its budget (their arrays went to `kept`)."""
         notes = []
         if self.missing:
             shown = ", ".join(self.missing[:3]) + (" ..." if len(self.missing) > 3 else "")
             notes.append(f"{len(self.missing)} audio file(s) missing or unreadable: {shown}")
-        if self.budget.left_out:
+        left_out = sum(LEFT_OUT in u["flags"] for u in utterances)
+        if left_out:
             notes.append(
-                f"{self.budget.left_out} of {total} {rows} without their pictures and maps "
+                f"{left_out} of {len(utterances)} {rows} without their pictures and maps "
                 f"(flagged '{LEFT_OUT}'): the page keeps them for {kept}, up to "
                 f"{self.budget.megabytes:g} MB (`asr explore FOLDER --max-mb 0`: for all)"
             )
