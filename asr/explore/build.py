@@ -106,13 +106,12 @@ def explore(
     other = Path(compare) if compare is not None else None
     if other is not None and not (kind == "decode" and _is_decode(other)):
         raise ValueError(f"to compare, {folder} and {other} must both be decode folders")
-    media = _Media(out.parent, link_audio, _Budget(max_mb))
-    if kind == "decode":
-        data = decode_data(folder, media, progress, other)
-    else:
-        data = {"transcribe": transcribe_data, "training": training_data}[kind](
-            folder, media, progress
-        )
+    gather = {
+        "decode": partial(decode_data, compare=other),
+        "transcribe": transcribe_data,
+        "training": training_data,
+    }
+    data = gather[kind](folder, _Media(out.parent, link_audio, _Budget(max_mb)), progress)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(build_page(data), encoding="utf-8")
     return out
