@@ -73,6 +73,7 @@
 
   // ---- overview ----
   const pct = (x) => (num(x) === null ? "–" : `${x.toFixed(2)} %`);
+  const signed = (x, digits) => `${x > 0 ? "+" : ""}${x.toFixed(digits)}`; // a difference
   const cards = (pairs) => pairs.map(([label, value]) => el("div", { class: "card" },
     el("span", { class: "label" }, label), el("span", { class: "value" }, value)));
 
@@ -96,11 +97,10 @@
     const summary = obj(compare.summary);
     const diff = num(compare.wer_difference);
     const [low, high] = list(compare.interval).map(num);
-    const signed = (x) => `${x > 0 ? "+" : ""}${x.toFixed(2)}`;
-    const interval = low !== null && high !== null ? ` [${signed(low)}, ${signed(high)}]` : "";
+    const interval = low !== null && high !== null ? ` [${signed(low, 2)}, ${signed(high, 2)}]` : "";
     $("#summary-b").replaceChildren(...cards([
       ["B", text(compare.title)], ["WER B", pct(summary.wer)], ["CER B", pct(summary.cer)],
-      ["WER B − A (95 %)", diff === null ? "–" : `${signed(diff)}${interval}`],
+      ["WER B − A (95 %)", diff === null ? "–" : `${signed(diff, 2)}${interval}`],
       ["Fewer errors in B", count(compare.fewer_errors)], ["More in B", count(compare.more_errors)],
       ["Same", count(compare.same_errors)],
     ]));
@@ -189,7 +189,7 @@
       duration: td(fixed(keys.duration, 2), "num"),
       wer: td(fixed(keys.wer, 1), "num"),
       wer_b: td(fixed(keys.wer_b, 1), "num"),
-      delta: td(keys.delta === null ? "–" : `${keys.delta > 0 ? "+" : ""}${keys.delta.toFixed(1)}`,
+      delta: td(keys.delta === null ? "–" : signed(keys.delta, 1),
         keys.delta > 0 ? "num worse" : keys.delta < 0 ? "num better" : "num"),
       errors: td(sdi(u), "num"),
       confidence: td(fixed(confidence, 2), confidence !== null && confidence < 0.5 ? "num low" : "num"),
