@@ -185,7 +185,8 @@ def recording(manifests: list[Path], out: Path) -> Path:
     with sf.SoundFile(path, "w", rate, 1, format="FLAC") as flac:
         for manifest in manifests:
             for item in read_manifest(manifest):
-                flac.write(load_audio(item.audio_filepath, rate).numpy())
+                wave = load_audio(item.audio_filepath, rate, item.offset, item.duration)
+                flac.write(wave.numpy())
                 flac.write(np.zeros(rate, dtype=np.float32))
     return path
 
