@@ -284,65 +284,72 @@ def connect(args: argparse.Namespace, out: IO[str] | None = None) -> int:
     """`asr connect`: stream each input to a running `asr serve` and print its results as
     `asr transcribe --streaming` prints its own. Files go as float samples (the server hears
     them exactly), stdin as the 16-bit PCM it is."""
+    out = out or sys.stdout
+    lines = _Lines(out, out.isatty() and not args.quiet)
+    with _ctrl_c_ends_the_input() as interrupted:
+        return asyncio.run(_connect(args, lines, out, interrupted))
+
+
+async def _connect(args: argparse.Namespace, lines: _Lines, out: IO[str], interrupted) -> int:
+    # asyncio, not websockets' threaded client: that one reads a TLS socket in one thread while
+    # writing it in another, which OpenSSL does not allow (a wss:// handshake could stall)
+    from websockets.asyncio.client import connect as open_socket
     from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
-    from websockets.sync.client import connect as open_socket
 
     from asr.audio import AudioError, load_audio
 
-    out = out or sys.stdout
-    lines = _Lines(out, out.isatty() and not args.quiet)
     rate = args.sample_rate
-    tls = None
-    if args.url.startswith("wss:"):
-        tls = ssl.create_default_context(cafile=args.cafile)
+    tls = ssl.create_default_context(cafile=args.cafile) if args.url.startswith("wss:") else None
     failed = 0
-    with _ctrl_c_ends_the_input() as interrupted:
-        for name in args.audio:
-            if len(args.audio) > 1:
-                print(name, file=out)
-            if name == "-":
-                start, pieces = {"format": "s16le"}, _stdin_bytes(rate, interrupted)
-            else:
-                try:
-                    wave = load_audio(name, rate).numpy().astype("<f4")
-                except AudioError as err:  # the other inputs go on
-                    print(f"asr connect: error: {err}", file=sys.stderr)
-                    failed += 1
-                    continue
-                start, pieces = {"format": "f32le"}, (p.tobytes() for p in _pieces(wave, rate))
+    for name in args.audio:
+        if len(args.audio) > 1:
+            print(name, file=out)
+        if name == "-":  # stdin comes at its own pace
+            start, pieces, waits = {"format": "s16le"}, _stdin_bytes(rate, interrupted), True
+        else:
             try:
-                ws = open_socket(args.url, ssl=tls, open_timeout=args.timeout)
-            except (OSError, InvalidURI, InvalidHandshake) as err:
-                hint = (
-                    " (--cafile trusts it)" if isinstance(err, ssl.SSLCertVerificationError) else ""
-                )
-                raise ValueError(f"cannot connect to {args.url}: {err}{hint}") from None
-            with ws:
-                ws.send(json.dumps({"type": "start", "sample_rate": rate, **start}))
-                reader = _Results(ws, lines, name)
-                reader.start()
-                try:
-                    if args.realtime and name != "-":  # stdin comes at its own pace
-                        pieces = _in_real_time(pieces)
-                    for piece in pieces:
-                        ws.send(piece)
-                        if interrupted:
-                            break
-                    ws.send(json.dumps({"type": "end"}))
-                except ConnectionClosed:  # the server said why: the reader prints it
-                    pass
-                reader.join()
-            if ws.close_code != 1000:
+                wave = load_audio(name, rate).numpy().astype("<f4")
+            except AudioError as err:  # the other inputs go on
+                print(f"asr connect: error: {err}", file=sys.stderr)
                 failed += 1
-                if not reader.said_why:
-                    why = f"{ws.close_code} {ws.close_reason}".strip() if ws.close_code else "cut"
-                    print(
-                        f"asr connect: error: {name}: the connection closed ({why})",
-                        file=sys.stderr,
-                    )
-            if interrupted:
-                return 130
+                continue
+            start, pieces = {"format": "f32le"}, (p.tobytes() for p in _pieces(wave, rate))
+            if waits := args.realtime:
+                pieces = _in_real_time(pieces)
+        try:
+            ws = await open_socket(args.url, ssl=tls, open_timeout=args.timeout)
+        except (OSError, InvalidURI, InvalidHandshake) as err:
+            hint = " (--cafile trusts it)" if isinstance(err, ssl.SSLCertVerificationError) else ""
+            raise ValueError(f"cannot connect to {args.url}: {err}{hint}") from None
+        async with ws:
+            await ws.send(json.dumps({"type": "start", "sample_rate": rate, **start}))
+            reader = asyncio.create_task(_print_results(ws, lines, name))
+            try:
+                while (piece := await _next(pieces, waits)) is not None:
+                    await ws.send(piece)
+                    if interrupted:
+                        break
+                await ws.send(json.dumps({"type": "end"}))
+            except ConnectionClosed:  # the server said why: the reader prints it
+                pass
+            said_why = await reader
+        if ws.close_code != 1000:
+            failed += 1
+            if not said_why:
+                why = f"{ws.close_code} {ws.close_reason}".strip() if ws.close_code else "cut"
+                print(f"asr connect: error: {name}: the connection closed ({why})", file=sys.stderr)
+        if interrupted:
+            return 130
     return 1 if failed else 0
+
+
+async def _next(pieces, waits: bool):
+    """The next piece, or None at the end; a source that `waits` (stdin, real time) is read
+    in a thread, so that results keep printing meanwhile."""
+    if waits:
+        return await asyncio.to_thread(next, pieces, None)
+    await asyncio.sleep(0)  # results are read between pieces, as the server expects
+    return next(pieces, None)
 
 
 def _in_real_time(pieces):
@@ -353,31 +360,27 @@ def _in_real_time(pieces):
         yield piece
 
 
-class _Results(threading.Thread):
-    """A connection's messages as they come: finals as lines, the partial rewritten below."""
+async def _print_results(ws, lines: _Lines, name: str) -> bool:
+    """A connection's messages as they come: finals as lines, the partial rewritten below.
+    True if the server said why it closed (an error message)."""
+    from websockets.exceptions import ConnectionClosed
 
-    def __init__(self, ws, lines: _Lines, name: str) -> None:
-        super().__init__(daemon=True)
-        self.ws, self.lines, self.name = ws, lines, name
-        self.said_why = False  # the server sent an error message
+    from asr.writers import timed_line
 
-    def run(self) -> None:
-        from websockets.exceptions import ConnectionClosed
-
-        from asr.writers import timed_line
-
-        with contextlib.suppress(ConnectionClosed):  # the close is reported by `connect`
-            for message in self.ws:
-                result = json.loads(message)
-                kind = result["type"]
-                if kind == "partial":
-                    self.lines.partial(result["text"])
-                elif kind == "final" and result["text"]:
-                    self.lines.final(timed_line(result["start"], result["end"], result["text"]))
-                elif kind == "error":
-                    self.said_why = True
-                    print(f"asr connect: error: {self.name}: {result['message']}", file=sys.stderr)
-        self.lines.clear()
+    said_why = False
+    with contextlib.suppress(ConnectionClosed):  # the close is reported by `_connect`
+        async for message in ws:
+            result = json.loads(message)
+            kind = result["type"]
+            if kind == "partial":
+                lines.partial(result["text"])
+            elif kind == "final" and result["text"]:
+                lines.final(timed_line(result["start"], result["end"], result["text"]))
+            elif kind == "error":
+                said_why = True
+                print(f"asr connect: error: {name}: {result['message']}", file=sys.stderr)
+    lines.clear()
+    return said_why
 
 
 def _loopback(host: str) -> bool:

@@ -67,6 +67,23 @@ def session(
     return messages
 
 
+def tls_session(url: str, data: bytes, trust: ssl.SSLContext) -> list[dict]:
+    """`session` over wss://, with asyncio's client: websockets' threaded client reads a TLS
+    socket in one thread while writing it in another, which OpenSSL does not allow."""
+    from websockets.asyncio.client import connect as open_socket
+
+    async def run() -> list[dict]:
+        async with open_socket(url, ssl=trust) as ws:
+            await ws.send(START)
+            messages = [json.loads(await ws.recv())]
+            await ws.send(data)
+            await ws.send(END)
+            messages += [json.loads(message) async for message in ws]
+        return messages
+
+    return asyncio.run(run())
+
+
 def refused(url: str, *sends, start: bool = True) -> tuple[dict, int]:
     """The error message and close code after `sends`."""
     with connect(url, max_size=None) as ws:
@@ -320,7 +337,7 @@ def test_with_a_certificate_the_page_is_https_and_the_socket_wss(
     with running_server(recognizer, OPTIONS, certfile=str(cert), keyfile=str(key)) as (_, port):
         page = urllib.request.urlopen(f"https://127.0.0.1:{port}/", context=trust, timeout=10)
         assert b"<title>asr live</title>" in page.read()
-        messages = session(f"wss://127.0.0.1:{port}/", data, ssl=trust)
+        messages = tls_session(f"wss://127.0.0.1:{port}/", data, trust)
         url = f"wss://127.0.0.1:{port}/"
         assert main(["connect", url, wav, "--cafile", str(cert)]) == 0
         assert printed_texts(capsys.readouterr().out) == ["U M N Y H SIX"]
