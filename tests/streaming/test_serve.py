@@ -348,6 +348,36 @@ def test_with_a_certificate_the_page_is_https_and_the_socket_wss(
     assert messages[-1] == {"type": "done", "text": offline.text, "duration": 2.6}
 
 
+def test_connect_uses_each_tls_session_from_one_thread(
+    trained, certificate, monkeypatch, capsys
+) -> None:
+    """OpenSSL forbids using one session from two threads at once: a client that reads in one
+    thread while writing in another can lose its handshake (seen as a wss:// open timeout)."""
+    (recognizer, _), (cert, key) = trained, certificate
+    threads: dict[int, set[int]] = {}
+
+    def recorded(cls, name):
+        method = getattr(cls, name)
+
+        def call(self, *args, **kwargs):
+            threads.setdefault(id(self), set()).add(threading.get_ident())
+            return method(self, *args, **kwargs)
+
+        monkeypatch.setattr(cls, name, call)
+
+    for cls, names in [
+        (ssl.SSLObject, ["read", "write", "do_handshake"]),
+        (ssl.SSLSocket, ["recv", "recv_into", "send", "sendall", "read", "write"]),
+    ]:
+        for name in names:
+            recorded(cls, name)
+    with running_server(recognizer, OPTIONS, certfile=str(cert), keyfile=str(key)) as (_, port):
+        url = f"wss://127.0.0.1:{port}/"
+        assert main(["connect", url, str(WAV / f"{UID}.wav"), "--cafile", str(cert)]) == 0
+    assert printed_texts(capsys.readouterr().out) == ["U M N Y H SIX"]
+    assert len(threads) >= 2 and all(len(used) == 1 for used in threads.values())
+
+
 def test_a_certificate_that_does_not_load_is_named_before_the_model_loads(
     certificate, tmp_path, capsys
 ) -> None:
