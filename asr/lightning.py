@@ -290,7 +290,6 @@ class ASRModule(L.LightningModule):
         self.log(f"{self._eval_stage}/cer", cer.float(), prog_bar=True, sync_dist=True)
 
     def _log_losses(self, stage: str, out, batch_size: int) -> None:
-        on_step = stage == "train"
         values = {
             "loss": out.loss,
             "att_loss": out.attention_loss,
@@ -299,17 +298,9 @@ class ASRModule(L.LightningModule):
             "inter_ctc_loss": out.inter_ctc_loss,
         }
         for name, value in values.items():
-            if value is None:
-                continue
-            self.log(
-                f"{stage}/{name}",
-                value,
-                prog_bar=name == "loss",
-                batch_size=batch_size,
-                on_step=on_step,
-                on_epoch=True,
-                sync_dist=not on_step,
-            )
+            if value is not None:
+                train, bar = stage == "train", name == "loss"
+                log_mean(self, f"{stage}/{name}", value, batch_size, prog_bar=bar, per_step=train)
 
     def _plot(self, batch: Batch, hyps) -> None:
         if self.trainer.sanity_checking or not self.trainer.is_global_zero:
@@ -401,6 +392,26 @@ def _inter_ctc(model: Seq2Seq, layers: list[int] | None, weight: float) -> Inter
 
 def _parameters(optimizer: torch.optim.Optimizer) -> list[Tensor]:
     return [p for group in optimizer.param_groups for p in group["params"]]
+
+
+def log_mean(
+    module: L.LightningModule,
+    name: str,
+    value: Tensor,
+    batch_size: int,
+    prog_bar: bool = False,
+    per_step: bool = False,
+) -> None:
+    """Log `name`: `value`'s mean over the epoch's batches on every rank, weighted by their
+    sizes. With `per_step`, as `name`_epoch, beside `name`_step: each step's value on its own
+    rank (no collective each step)."""
+    # A float size: Lightning mean-reduces the sizes' sum over ranks, which floors an integer
+    # one and inflates the mean (Lightning-AI/pytorch-lightning#21859).
+    common = {"prog_bar": prog_bar, "batch_size": float(batch_size)}
+    if per_step:
+        module.log(f"{name}_step", value, on_step=True, on_epoch=False, **common)
+        name = f"{name}_epoch"
+    module.log(name, value, on_step=False, on_epoch=True, sync_dist=True, **common)
 
 
 def save_hyperparameters(

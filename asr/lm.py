@@ -18,7 +18,13 @@ from torch import Tensor, nn
 from asr.checkpoint import LM_KEY, checkpoint_payload
 from asr.data.dataset import set_loader_epoch
 from asr.data.manifest import read_manifest
-from asr.lightning import bucketed_loader, save_hyperparameters, stage_manifests, step_schedule
+from asr.lightning import (
+    bucketed_loader,
+    log_mean,
+    save_hyperparameters,
+    stage_manifests,
+    step_schedule,
+)
 from asr.models.dropout import use_fast_dropout
 from asr.models.lm import build_lm
 from asr.text import EOS_ID, PAD_ID, SOS_ID, Tokenizer
@@ -110,7 +116,7 @@ class LMModule(L.LightningModule):
     def training_step(self, batch: TextBatch, batch_idx: int) -> Tensor:
         nll, tokens = self.token_nll(batch)
         loss = nll / tokens
-        self.log("train/loss", loss, prog_bar=True, on_step=True, on_epoch=True, batch_size=tokens)
+        log_mean(self, "train/loss", loss, tokens, prog_bar=True, per_step=True)
         return loss
 
     def on_train_epoch_start(self) -> None:

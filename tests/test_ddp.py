@@ -80,6 +80,7 @@ trainer = cli.trainer
 report = {
     "world": trainer.world_size, "steps": trainer.global_step, "losses": losses,
     "batches": trainer.num_training_batches,
+    "epoch_loss": float(trainer.callback_metrics["train/loss_epoch"]),
     "weights": {name: value.tolist() for name, value in cli.model.state_dict().items()},
 }
 with open(f"{trainer.default_root_dir}/rank{trainer.global_rank}.json", "w") as f:
@@ -117,7 +118,8 @@ def _reports(root: Path, world: int) -> list[dict]:
 
 def test_two_processes_train_as_one_process_accumulating_both_ranks_batches(tiny_an4, tmp_path):
     """Same global batch, same seed: DDP's averaged gradients are one process's accumulated
-    ones, so 200 steps give the same loss on every batch and the same weights."""
+    ones, so 200 steps give the same loss on every batch, the same weights and the same logged
+    epoch loss."""
     no_dropout = [
         "--model.init_args.encoder.init_args.dropout", "0",
         "--model.init_args.decoder.init_args.dropout", "0",
@@ -141,6 +143,8 @@ def test_two_processes_train_as_one_process_accumulating_both_ranks_batches(tiny
     in_turn = [loss for pair in zip(rank0["losses"], rank1["losses"]) for loss in pair]
     assert rank0["losses"] != rank1["losses"], "the ranks should train on different batches"
     assert in_turn == pytest.approx(alone["losses"], rel=1e-5, abs=1e-6)
+    # the last epoch's mean loss is over both ranks' batches, as one process logs it
+    assert rank0["epoch_loss"] == rank1["epoch_loss"] == pytest.approx(alone["epoch_loss"], 1e-5)
     for name, value in alone["weights"].items():
         np.testing.assert_allclose(rank0["weights"][name], value, 1e-4, 1e-6, err_msg=name)
 
