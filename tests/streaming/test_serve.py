@@ -354,13 +354,13 @@ def test_connect_uses_each_tls_session_from_one_thread(
     """OpenSSL forbids using one session from two threads at once: a client that reads in one
     thread while writing in another can lose its handshake (seen as a wss:// open timeout)."""
     (recognizer, _), (cert, key) = trained, certificate
-    threads: dict[int, set[int]] = {}
+    threads: dict[object, set[int]] = {}  # held, so that no id is reused
 
     def recorded(cls, name):
         method = getattr(cls, name)
 
         def call(self, *args, **kwargs):
-            threads.setdefault(id(self), set()).add(threading.get_ident())
+            threads.setdefault(self, set()).add(threading.get_ident())
             return method(self, *args, **kwargs)
 
         monkeypatch.setattr(cls, name, call)
