@@ -295,11 +295,7 @@ class LiveServer:
         dtype, scale = FORMATS[kind]
         client = _Client(ws, self.engine.stream(), dtype, scale, self.options.max_queued_messages)
         if start.get("alignment"):
-            client.alignments = deque()
-            recognizer = self.engine.recognizer
-            client.stream.on_decoded = lambda span, part, decoded: client.alignments.append(
-                _alignment(part, decoded, recognizer.alignment_heads, recognizer.frame_seconds)
-            )
+            client.alignments = kept_alignments(client.stream, self.engine.recognizer)
         chunk, first = self.engine.chunk_seconds, self.engine.first_chunk_seconds
         await ws.send(
             json.dumps(
@@ -469,6 +465,15 @@ def _final(
         ],
     }
     return message if alignments is None else message | {"alignment": alignments.popleft()}
+
+
+def kept_alignments(stream: Stream, recognizer: Recognizer) -> deque[dict[str, Any] | None]:
+    """The queue `stream` now adds each final's `_alignment` to, in the finals' order."""
+    alignments: deque[dict[str, Any] | None] = deque()
+    stream.on_decoded = lambda span, part, decoded: alignments.append(
+        _alignment(part, decoded, recognizer.alignment_heads, recognizer.frame_seconds)
+    )
+    return alignments
 
 
 def _alignment(

@@ -65,13 +65,10 @@ def _alignment_sum(recognizer, wave: torch.Tensor) -> int:
     """The sum of the 8-bit cross-attention `asr serve` sends with the final of `wave`."""
     import base64
 
-    from asr.serve.server import _alignment
+    from asr.serve.server import kept_alignments
 
-    maps = []
     stream = recognizer.stream(OPTIONS)
-    stream.on_decoded = lambda span, part, decoded: maps.append(
-        _alignment(part, decoded, recognizer.alignment_heads, recognizer.frame_seconds)
-    )
+    maps = kept_alignments(stream, recognizer)
     stream.accept(wave)
     stream.final()
     [alignment] = maps
