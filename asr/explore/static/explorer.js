@@ -362,7 +362,6 @@
     return data && { ...spec, shape, data };
   }
 
-
   // The arrays of `u` in its inflated blob, and what went wrong with any of them in `notes`.
   async function readArrays(u, buffer, notes) {
     const arrays = {};
@@ -487,11 +486,14 @@
     return out;
   }
 
+  // A hypothesis's alignment with its reference: [kind, reference index, hypothesis index].
+  const editOps = (x) => list(x).map(list).filter((op) => ["C", "S", "D", "I"].includes(op[0]));
+
   function renderWords(u) {
     const words = list(u.words).map((w) => ({
       w: text(obj(w).w), start: num(obj(w).start), end: num(obj(w).end), conf: num(obj(w).conf),
     }));
-    const ops = list(u.ops).map(list).filter((op) => ["C", "S", "D", "I"].includes(op[0]));
+    const ops = editOps(u.ops);
     const hypOp = new Array(words.length).fill(null);
     for (const [kind, , h] of ops) if (Number.isInteger(h) && h >= 0 && h < words.length) hypOp[h] = kind;
 
@@ -555,7 +557,7 @@
       return;
     }
     const words = text(b.hyp).split(/\s+/).filter(Boolean);
-    const ops = list(b.ops).map(list).filter((op) => ["C", "S", "D", "I"].includes(op[0]));
+    const ops = editOps(b.ops);
     const nodes = ops.length
       ? ops.map(([kind, r, h]) => el("span", { class: `word op-${kind.toLowerCase()}` },
         kind === "D" ? text(r) : text(words[h])))
