@@ -6,11 +6,13 @@ import json
 import os
 from collections.abc import Sequence
 from pathlib import Path, PurePath
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from asr.results import Transcript
-from asr.timing import Word
+if TYPE_CHECKING:  # torch comes with them: `asr connect` prints timed lines without it
+    from asr.results import Transcript
+    from asr.timing import Word
 
 FORMATS = ("txt", "json", "srt", "vtt", "tsv")
 ALL = "all"
@@ -101,7 +103,7 @@ def to_tsv(cues: Sequence[tuple[float, float, str]]) -> str:
 def timed_lines(transcript: Transcript) -> str:
     """One `[start --> end] text` line per segment with text, as Whisper prints them.
 
-    >>> from asr.results import Segment
+    >>> from asr.results import Segment, Transcript
     >>> t = Transcript("YES", [], [], [], [], [], 0.0, 2.0, [Segment(0.5, 1.25, "YES", 0.0)])
     >>> print(timed_lines(t), end="")
     [00:00.500 --> 00:01.250] YES

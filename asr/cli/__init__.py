@@ -257,13 +257,16 @@ def _transcribe(args: argparse.Namespace) -> int:
             "builds the page of any output folder)"
         )
     if args.streaming:
+        from asr.cli.console import StdinPcm
         from asr.cli.live import transcribe_streaming
 
         if args.manifest or args.workers is not None:
             raise ValueError("--streaming reads files or -: no --manifest or --workers")
         _set_threads(args.threads)
+        stdin = StdinPcm() if "-" in args.audio else None  # the microphone is heard meanwhile
         recognizer = _load_model(args)
-        return transcribe_streaming(args, recognizer, _language_model(args, recognizer))
+        lm = _language_model(args, recognizer)
+        return transcribe_streaming(args, recognizer, lm, stdin=stdin)
     if spreads(args):
         outcome = transcribe_spread(args, _transcribe_inputs)
         # Rank 0 or the --workers parent, once every share is written; other ranks count none.
@@ -334,7 +337,7 @@ def _set_threads(threads: int | None) -> None:
 
 
 def _connect(args: argparse.Namespace) -> int:
-    from asr.cli.live import connect
+    from asr.cli.connect import connect
 
     return connect(args)
 

@@ -1,4 +1,5 @@
-"""The live commands: `asr transcribe --streaming`, `asr serve` and its client `asr connect`."""
+"""The live commands that run a model: `asr transcribe --streaming` and `asr serve` (its client,
+`asr connect`, is `asr.cli.connect`)."""
 
 from __future__ import annotations
 
@@ -6,23 +7,15 @@ import argparse
 import asyncio
 import contextlib
 import ipaddress
-import json
 import os
-import select
 import signal
-import ssl
 import sys
-import threading
-import time
 from typing import IO
 
-import numpy as np
-
+from asr.cli.console import Lines, StdinPcm, ctrl_c_ends_the_input, pieces, samples
 from asr.ctc_beam import EndpointOptions
 from asr.search import DEFAULT_LM_WEIGHT
 from asr.streaming import FINAL_SEARCHES, StreamOptions
-
-PCM_BLOCK_SECONDS = 0.1  # stdin is read, and files fed, in pieces of this much audio
 
 
 def add_stream_arguments(p: argparse.ArgumentParser, final_search: str) -> None:
@@ -93,10 +86,15 @@ def stream_options(args: argparse.Namespace) -> StreamOptions:
 
 
 def transcribe_streaming(
-    args: argparse.Namespace, recognizer, lm=None, out: IO[str] | None = None
+    args: argparse.Namespace,
+    recognizer,
+    lm=None,
+    out: IO[str] | None = None,
+    stdin: StdinPcm | None = None,
 ) -> int:
-    """Decode each input as a live stream; `-` is raw 16-bit mono PCM on stdin. Each final is
-    printed as a line; on a terminal the partial is rewritten in place below them. With
+    """Decode each input as a live stream; `-` is raw 16-bit mono PCM on stdin (read by
+    `stdin`, made here if not given: the CLI starts reading before the model loads). Each final
+    is printed as a line; on a terminal the partial is rewritten in place below them. With
     `--output-dir`, each input's whole transcript is also written there when it ends (and the
     audio of `-`, as `stdin.wav`, for the explorer to play)."""
     from asr.audio import load_audio
@@ -105,14 +103,16 @@ def transcribe_streaming(
 
     out = out or sys.stdout
     options = stream_options(args)
-    lines = _Lines(out, out.isatty() and not args.quiet)
+    lines = Lines(out, out.isatty() and not args.quiet)
     rate = recognizer.sample_rate
+    if stdin is None and "-" in args.audio:
+        stdin = StdinPcm()
     stems = _output_stems(args.audio) if args.output_dir else {}
     formats = args.format or DEFAULT_FORMATS
     if args.explorer:
         formats = start_explorer(args.output_dir, recognizer, formats)
     formats = expand_formats(formats)
-    with _ctrl_c_ends_the_input() as interrupted:
+    with ctrl_c_ends_the_input() as interrupted:
         for name in args.audio:
             stream = recognizer.stream(options, lm)
             maps = _kept_maps(stream) if args.explorer else []
@@ -121,14 +121,14 @@ def transcribe_streaming(
             audio = name  # what the written transcript names as its audio
             with contextlib.ExitStack() as recording:
                 if name == "-":
-                    data = _stdin_bytes(rate, interrupted)
+                    data = stdin.pieces(rate, interrupted)
                     if args.output_dir:
                         audio = os.path.join(args.output_dir, f"{stems[name]}.wav")
                         data = recording.enter_context(_recorded(data, audio, rate))
-                    pieces = _samples(data)
+                    audio_pieces = samples(data)
                 else:
-                    pieces = _pieces(load_audio(name, rate).numpy(), rate)
-                for piece in pieces:
+                    audio_pieces = pieces(load_audio(name, rate).numpy(), rate)
+                for piece in audio_pieces:
                     for final in stream.accept(piece):
                         lines.final(timed_lines(final))
                     lines.partial(stream.partial)
@@ -200,187 +200,6 @@ def _write_streamed(
     write_outputs(transcript, path, formats, audio, args.words_per_cue)
     suffixes = formats[0] if len(formats) == 1 else "{" + ",".join(formats) + "}"
     print(f"asr transcribe: {audio}: wrote {path}.{suffixes}", file=sys.stderr)
-
-
-class _Lines:
-    """Finals as lines on `out`; on a terminal (`live`), the partial rewritten below them."""
-
-    def __init__(self, out: IO[str], live: bool) -> None:
-        self.out, self.live = out, live
-
-    def partial(self, text: str) -> None:
-        if self.live:
-            self.out.write("\r\x1b[K" + text[-200:])
-            self.out.flush()
-
-    def final(self, text: str) -> None:
-        self.out.write(("\r\x1b[K" if self.live else "") + text)
-        self.out.flush()
-
-    def clear(self) -> None:
-        if self.live:
-            self.out.write("\r\x1b[K")
-            self.out.flush()
-
-
-@contextlib.contextmanager
-def _ctrl_c_ends_the_input():
-    """A first Ctrl-C ends the input where it is, so what was heard still gets its final (as
-    `arecord | asr transcribe --streaming -` is stopped); a second one stops at once. Yields a
-    list that is non-empty once interrupted."""
-    interrupted: list[int] = []
-    previous = signal.getsignal(signal.SIGINT)
-    # Signals reach only the main thread; a process started with Ctrl-C ignored (nohup, a
-    # background job) keeps it so.
-    if threading.current_thread() is not threading.main_thread() or previous is signal.SIG_IGN:
-        yield interrupted
-        return
-
-    def first(signum, frame) -> None:
-        interrupted.append(signum)
-        signal.signal(signal.SIGINT, previous)
-
-    signal.signal(signal.SIGINT, first)
-    try:
-        yield interrupted
-    finally:
-        signal.signal(signal.SIGINT, previous)
-
-
-def _pieces(wave: np.ndarray, rate: int):
-    step = int(PCM_BLOCK_SECONDS * rate)
-    for start in range(0, len(wave), step):
-        yield wave[start : start + step]
-
-
-def _samples(data):
-    """s16le mono PCM bytes (`_stdin_bytes`) as float samples."""
-    for block in data:
-        yield np.frombuffer(block, dtype="<i2").astype(np.float32) / 32768.0
-
-
-def _stdin_bytes(rate: int, interrupted: list[int]):
-    """Raw s16le PCM from stdin in whole samples, as it arrives, until it ends or
-    `interrupted` is not empty (a source that outlives Ctrl-C, or sends nothing, does not hold
-    the command)."""
-    fd = sys.stdin.fileno()
-    block = int(PCM_BLOCK_SECONDS * rate) * 2
-    carry = b""
-    while True:
-        while not select.select([fd], [], [], PCM_BLOCK_SECONDS)[0]:
-            if interrupted:
-                return
-        data = os.read(fd, block)
-        if not data:
-            break
-        data = carry + data
-        whole = len(data) - len(data) % 2
-        carry = data[whole:]
-        if whole:
-            yield data[:whole]
-
-
-def connect(args: argparse.Namespace, out: IO[str] | None = None) -> int:
-    """`asr connect`: stream each input to a running `asr serve` and print its results as
-    `asr transcribe --streaming` prints its own. Files go as float samples (the server hears
-    them exactly), stdin as the 16-bit PCM it is."""
-    out = out or sys.stdout
-    lines = _Lines(out, out.isatty() and not args.quiet)
-    with _ctrl_c_ends_the_input() as interrupted:
-        return asyncio.run(_connect(args, lines, out, interrupted))
-
-
-async def _connect(args: argparse.Namespace, lines: _Lines, out: IO[str], interrupted) -> int:
-    # asyncio, not websockets' threaded client: that one reads a TLS socket in one thread while
-    # writing it in another, which OpenSSL does not allow (a wss:// handshake could stall)
-    from websockets.asyncio.client import connect as open_socket
-    from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
-
-    from asr.audio import AudioError, load_audio
-
-    rate = args.sample_rate
-    tls = ssl.create_default_context(cafile=args.cafile) if args.url.startswith("wss:") else None
-    failed = 0
-    for name in args.audio:
-        if len(args.audio) > 1:
-            print(name, file=out)
-        if name == "-":  # stdin comes at its own pace
-            start, pieces, waits = {"format": "s16le"}, _stdin_bytes(rate, interrupted), True
-        else:
-            try:
-                wave = load_audio(name, rate).numpy().astype("<f4")
-            except AudioError as err:  # the other inputs go on
-                print(f"asr connect: error: {err}", file=sys.stderr)
-                failed += 1
-                continue
-            start, pieces = {"format": "f32le"}, (p.tobytes() for p in _pieces(wave, rate))
-            if waits := args.realtime:
-                pieces = _in_real_time(pieces)
-        try:
-            ws = await open_socket(args.url, ssl=tls, open_timeout=args.timeout)
-        except (OSError, InvalidURI, InvalidHandshake) as err:
-            hint = " (--cafile trusts it)" if isinstance(err, ssl.SSLCertVerificationError) else ""
-            raise ValueError(f"cannot connect to {args.url}: {err}{hint}") from None
-        async with ws:
-            await ws.send(json.dumps({"type": "start", "sample_rate": rate, **start}))
-            reader = asyncio.create_task(_print_results(ws, lines, name))
-            try:
-                while (piece := await _next(pieces, waits)) is not None:
-                    await ws.send(piece)
-                    if interrupted:
-                        break
-                await ws.send(json.dumps({"type": "end"}))
-            except ConnectionClosed:  # the server said why: the reader prints it
-                pass
-            said_why = await reader
-        if ws.close_code != 1000:
-            failed += 1
-            if not said_why:
-                why = f"{ws.close_code} {ws.close_reason}".strip() if ws.close_code else "cut"
-                print(f"asr connect: error: {name}: the connection closed ({why})", file=sys.stderr)
-        if interrupted:
-            return 130
-    return 1 if failed else 0
-
-
-async def _next(pieces, waits: bool):
-    """The next piece, or None at the end; a source that `waits` (stdin, real time) is read
-    in a thread, so that results keep printing meanwhile."""
-    if waits:
-        return await asyncio.to_thread(next, pieces, None)
-    await asyncio.sleep(0)  # results are read between pieces, as the server expects
-    return next(pieces, None)
-
-
-def _in_real_time(pieces):
-    """Each piece of `PCM_BLOCK_SECONDS` when a microphone would have given it."""
-    start = time.monotonic()
-    for i, piece in enumerate(pieces):
-        time.sleep(max(0.0, start + (i + 1) * PCM_BLOCK_SECONDS - time.monotonic()))
-        yield piece
-
-
-async def _print_results(ws, lines: _Lines, name: str) -> bool:
-    """A connection's messages as they come: finals as lines, the partial rewritten below.
-    True if the server said why it closed (an error message)."""
-    from websockets.exceptions import ConnectionClosed
-
-    from asr.writers import timed_line
-
-    said_why = False
-    with contextlib.suppress(ConnectionClosed):  # the close is reported by `_connect`
-        async for message in ws:
-            result = json.loads(message)
-            kind = result["type"]
-            if kind == "partial":
-                lines.partial(result["text"])
-            elif kind == "final" and result["text"]:
-                lines.final(timed_line(result["start"], result["end"], result["text"]))
-            elif kind == "error":
-                said_why = True
-                print(f"asr connect: error: {name}: {result['message']}", file=sys.stderr)
-    lines.clear()
-    return said_why
 
 
 def _loopback(host: str) -> bool:

@@ -495,13 +495,13 @@ def test_connect_prints_what_the_server_finds_in_each_file(server, trained, tmp_
 
 
 def test_connect_in_real_time_sends_at_the_pace_of_speech(server, trained, monkeypatch, capsys):
-    import asr.cli.live
+    import asr.cli.connect
 
     (_, url), (recognizer, waves) = server, trained
     clock = SimpleNamespace(now=0.0)
     fake = SimpleNamespace(monotonic=lambda: clock.now)
     fake.sleep = lambda seconds: setattr(clock, "now", clock.now + seconds)
-    monkeypatch.setattr(asr.cli.live, "time", fake)
+    monkeypatch.setattr(asr.cli.connect, "time", fake)
     assert main(["connect", url, str(WAV / f"{UID}.wav"), "--realtime"]) == 0
     assert clock.now == pytest.approx(2.6)  # the recording's length: its last piece at its end
     offline = stream_transcript(recognizer, waves[UID], OPTIONS)
@@ -511,7 +511,7 @@ def test_connect_in_real_time_sends_at_the_pace_of_speech(server, trained, monke
 @pytest.mark.usefixtures("ctrl_c")
 def test_connect_streams_stdin_until_ctrl_c(server, trained, monkeypatch, capsys):
     """`arecord | asr connect URL -` stopped with Ctrl-C: what was sent gets its final."""
-    import asr.cli.live
+    import asr.cli.connect
 
     (_, url), (recognizer, waves) = server, trained
     data = pcm16(waves[UID])
@@ -526,10 +526,31 @@ def test_connect_streams_stdin_until_ctrl_c(server, trained, monkeypatch, capsys
         yield sent[-1]  # the piece on its way; then the command stops reading
         raise AssertionError("Ctrl-C did not end the input")
 
-    monkeypatch.setattr(asr.cli.live, "_stdin_bytes", microphone)
+    stdin = SimpleNamespace(pieces=microphone)  # `StdinPcm`'s stand-in
+    monkeypatch.setattr(asr.cli.connect, "StdinPcm", lambda: stdin)
     assert main(["connect", url, "-"]) == 130
     offline = stream_transcript(recognizer, from_pcm16(b"".join(sent)), OPTIONS)
     assert printed_texts(capsys.readouterr().out) == [offline.text]
+
+
+def test_connect_streams_a_pipe_without_loading_torch(server, trained) -> None:
+    """`arecord | asr connect URL -` in a process of its own: the pipe is streamed to its end,
+    and the client never imports torch (its start-up would keep the microphone waiting)."""
+    (_, url), (recognizer, waves) = server, trained
+    data = pcm16(waves[UID])
+    client = (
+        "import sys; from asr.cli import main; status = main(sys.argv[1:]); "
+        "assert 'torch' not in sys.modules, 'the client imported torch'; sys.exit(status)"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", client, "connect", url, "-"],
+        input=data,
+        capture_output=True,
+        timeout=60,
+    )
+    assert run.returncode == 0, run.stderr.decode()
+    offline = stream_transcript(recognizer, from_pcm16(data), OPTIONS)
+    assert printed_texts(run.stdout.decode()) == [offline.text]
 
 
 def test_connect_says_why_the_server_refused_or_cannot_be_reached(server, capsys) -> None:

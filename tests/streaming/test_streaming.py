@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from dataclasses import replace
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -305,7 +306,7 @@ def test_ctrl_c_ends_the_input_with_the_finals_of_what_was_heard(
     a second Ctrl-C stops at once; an ignored SIGINT stays ignored."""
     import soundfile as sf
 
-    import asr.cli.live
+    import asr.cli.console
     from asr.audio import load_audio
     from asr.cli import main
     from asr.recognizer import load_model
@@ -314,8 +315,8 @@ def test_ctrl_c_ends_the_input_with_the_finals_of_what_was_heard(
     heard, silence = wave[:24000], np.zeros(1600, dtype=np.float32)
 
     def microphone(rate: int, interrupted: list, presses: int = 1, then: int = 50):
-        """s16le PCM as `_stdin_bytes` gives it (the samples are 16-bit values already)."""
-        for piece in asr.cli.live._pieces(heard, rate):
+        """s16le PCM as `StdinPcm.pieces` gives it (the samples are 16-bit values already)."""
+        for piece in asr.cli.console.pieces(heard, rate):
             yield (piece * 32768).astype("<i2").tobytes()
         for _ in range(presses):
             os.kill(os.getpid(), signal.SIGINT)
@@ -325,7 +326,11 @@ def test_ctrl_c_ends_the_input_with_the_finals_of_what_was_heard(
 
     command = ["transcribe", "--streaming", "--chunk-ms", "320", "--model",
                str(tiny_checkpoint["checkpoint"]), "-"]  # fmt: skip
-    monkeypatch.setattr(asr.cli.live, "_stdin_bytes", microphone)
+
+    def stdin(pieces=microphone):
+        return SimpleNamespace(pieces=pieces)  # `StdinPcm`'s stand-in
+
+    monkeypatch.setattr(asr.cli.console, "StdinPcm", stdin)
     assert main([*command, "--output-dir", str(tmp_path), "--explorer"]) == 130
     printed = capsys.readouterr()
     assert f"explorer: {tmp_path / 'explorer.html'}" in printed.err  # Ctrl-C too
@@ -340,13 +345,14 @@ def test_ctrl_c_ends_the_input_with_the_finals_of_what_was_heard(
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
     twice = functools.partial(microphone, presses=2)
-    monkeypatch.setattr(asr.cli.live, "_stdin_bytes", twice)
+    monkeypatch.setattr(asr.cli.console, "StdinPcm", functools.partial(stdin, twice))
     assert main(command) == 130  # at once, with the line of any Ctrl-C
     assert capsys.readouterr().err.endswith("asr transcribe: interrupted\n")
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    monkeypatch.setattr(asr.cli.live, "_stdin_bytes", functools.partial(microphone, then=3))
+    once = functools.partial(microphone, then=3)
+    monkeypatch.setattr(asr.cli.console, "StdinPcm", functools.partial(stdin, once))
     assert main(command) == 0  # the whole input
     assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
     signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -356,14 +362,14 @@ def test_ctrl_c_ends_the_input_with_the_finals_of_what_was_heard(
 def test_stdin_that_stays_open_ends_at_ctrl_c(monkeypatch) -> None:
     """A source that outlives the Ctrl-C and sends nothing more (its pipe still open) does
     not hold the command: what it sent is read, then the wait ends."""
-    import asr.cli.live
+    from asr.cli.console import StdinPcm
 
     read_end, write_end = os.pipe()
     try:
         os.write(write_end, bytes(range(256)) * 4 + b"\x07")  # 512 samples and half of one
         monkeypatch.setattr(sys, "stdin", open(read_end, "rb", closefd=False))
         interrupted: list[int] = []
-        pieces = asr.cli.live._stdin_bytes(16000, interrupted)
+        pieces = StdinPcm().pieces(16000, interrupted)
         assert next(pieces) == bytes(range(256)) * 4  # whole samples only
         interrupted.append(signal.SIGINT)
         start = time.monotonic()
@@ -372,6 +378,56 @@ def test_stdin_that_stays_open_ends_at_ctrl_c(monkeypatch) -> None:
     finally:
         os.close(read_end)
         os.close(write_end)
+
+
+def test_without_stdin_dash_is_a_clear_error(monkeypatch) -> None:
+    from asr.cli.console import StdinPcm
+
+    monkeypatch.setattr(sys, "stdin", None)  # as Python leaves it when fd 0 is closed (`<&-`)
+    with pytest.raises(ValueError, match="- is audio on stdin, and this process has no stdin"):
+        StdinPcm()
+
+
+def test_stdin_is_read_while_the_model_loads(
+    tiny_checkpoint, an4_fixture, monkeypatch, capsys
+) -> None:
+    """`arecord | asr transcribe --streaming -`: stdin is read from the start, so a source is not
+    held while the model loads (a microphone's capture would overrun and drop audio); what it
+    sent meanwhile is all decoded."""
+    import fcntl
+    import threading
+
+    import asr.cli
+    from asr.audio import load_audio
+    from asr.recognizer import load_model
+
+    wave = load_audio(an4_fixture / "wav/an4_clstk/fash/an255-fash-b.wav", 16000)
+    pcm = (wave * 32767).round().short().numpy().astype("<i2").tobytes()
+    read_end, write_end = os.pipe()
+    fcntl.fcntl(write_end, fcntl.F_SETPIPE_SZ, 4096)  # a page: each write waits for a read
+    written = threading.Event()
+
+    def microphone() -> None:
+        with open(write_end, "wb") as pipe:  # its close is the end of the input
+            pipe.write(pcm)
+        written.set()
+
+    def loading(args):
+        assert written.wait(10), "the source waited for the model to load"
+        return load(args)
+
+    load = asr.cli._load_model
+    monkeypatch.setattr(asr.cli, "_load_model", loading)
+    with open(read_end, "rb") as stdin:
+        monkeypatch.setattr(sys, "stdin", stdin)
+        threading.Thread(target=microphone, daemon=True).start()
+        checkpoint = str(tiny_checkpoint["checkpoint"])
+        assert asr.cli.main(["transcribe", "--streaming", "--model", checkpoint, "-"]) == 0
+    default = StreamOptions(chunk_ms=640, final_search="beam")  # the command's default
+    heard = torch.from_numpy(np.frombuffer(pcm, dtype="<i2") / np.float32(32768))
+    expected = stream_transcript(load_model(checkpoint), heard, default)
+    lines = [line.split("] ", 1)[1] for line in capsys.readouterr().out.splitlines() if line]
+    assert " ".join(lines) == expected.text != ""
 
 
 @pytest.mark.parametrize("command", ["transcribe", "serve"])

@@ -1,0 +1,121 @@
+"""`asr connect`: a client of `asr serve` that prints results as `asr transcribe --streaming`
+does. Streaming stdin, it imports no torch, so a microphone piped into it is read at once."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import ssl
+import sys
+import time
+from typing import IO
+
+from asr.cli.console import PCM_BLOCK_SECONDS, Lines, StdinPcm, ctrl_c_ends_the_input, pieces
+
+
+def connect(args: argparse.Namespace, out: IO[str] | None = None) -> int:
+    """`asr connect`: stream each input to a running `asr serve` and print its results as
+    `asr transcribe --streaming` prints its own. Files go as float samples (the server hears
+    them exactly), stdin as the 16-bit PCM it is."""
+    out = out or sys.stdout
+    lines = Lines(out, out.isatty() and not args.quiet)
+    stdin = StdinPcm() if "-" in args.audio else None
+    with ctrl_c_ends_the_input() as interrupted:
+        return asyncio.run(_connect(args, lines, out, stdin, interrupted))
+
+
+async def _connect(
+    args: argparse.Namespace, lines: Lines, out: IO[str], stdin: StdinPcm | None, interrupted
+) -> int:
+    # asyncio, not websockets' threaded client: that one reads a TLS socket in one thread while
+    # writing it in another, which OpenSSL does not allow (a wss:// handshake could stall)
+    from websockets.asyncio.client import connect as open_socket
+    from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
+
+    from asr.audio import AudioError, load_audio
+
+    rate = args.sample_rate
+    tls = ssl.create_default_context(cafile=args.cafile) if args.url.startswith("wss:") else None
+    failed = 0
+    for name in args.audio:
+        if len(args.audio) > 1:
+            print(name, file=out)
+        if name == "-":  # stdin comes at its own pace
+            start, sent, waits = {"format": "s16le"}, stdin.pieces(rate, interrupted), True
+        else:
+            try:
+                wave = load_audio(name, rate).numpy().astype("<f4")
+            except AudioError as err:  # the other inputs go on
+                print(f"asr connect: error: {err}", file=sys.stderr)
+                failed += 1
+                continue
+            start, sent = {"format": "f32le"}, (p.tobytes() for p in pieces(wave, rate))
+            if waits := args.realtime:
+                sent = _in_real_time(sent)
+        try:
+            ws = await open_socket(args.url, ssl=tls, open_timeout=args.timeout)
+        except (OSError, InvalidURI, InvalidHandshake) as err:
+            hint = " (--cafile trusts it)" if isinstance(err, ssl.SSLCertVerificationError) else ""
+            raise ValueError(f"cannot connect to {args.url}: {err}{hint}") from None
+        async with ws:
+            await ws.send(json.dumps({"type": "start", "sample_rate": rate, **start}))
+            reader = asyncio.create_task(_print_results(ws, lines, name))
+            try:
+                while (piece := await _next(sent, waits)) is not None:
+                    await ws.send(piece)
+                    if interrupted:
+                        break
+                await ws.send(json.dumps({"type": "end"}))
+            except ConnectionClosed:  # the server said why: the reader prints it
+                pass
+            said_why = await reader
+        if ws.close_code != 1000:
+            failed += 1
+            if not said_why:
+                why = f"{ws.close_code} {ws.close_reason}".strip() if ws.close_code else "cut"
+                print(f"asr connect: error: {name}: the connection closed ({why})", file=sys.stderr)
+        if interrupted:
+            return 130
+    return 1 if failed else 0
+
+
+async def _next(sent, waits: bool):
+    """The next piece, or None at the end; a source that `waits` (stdin, real time) is read
+    in a thread, so that results keep printing meanwhile."""
+    if waits:
+        return await asyncio.to_thread(next, sent, None)
+    await asyncio.sleep(0)  # results are read between pieces, as the server expects
+    return next(sent, None)
+
+
+def _in_real_time(sent):
+    """Each piece of `PCM_BLOCK_SECONDS` when a microphone would have given it."""
+    start = time.monotonic()
+    for i, piece in enumerate(sent):
+        time.sleep(max(0.0, start + (i + 1) * PCM_BLOCK_SECONDS - time.monotonic()))
+        yield piece
+
+
+async def _print_results(ws, lines: Lines, name: str) -> bool:
+    """A connection's messages as they come: finals as lines, the partial rewritten below.
+    True if the server said why it closed (an error message)."""
+    from websockets.exceptions import ConnectionClosed
+
+    from asr.writers import timed_line
+
+    said_why = False
+    with contextlib.suppress(ConnectionClosed):  # the close is reported by `_connect`
+        async for message in ws:
+            result = json.loads(message)
+            kind = result["type"]
+            if kind == "partial":
+                lines.partial(result["text"])
+            elif kind == "final" and result["text"]:
+                lines.final(timed_line(result["start"], result["end"], result["text"]))
+            elif kind == "error":
+                said_why = True
+                print(f"asr connect: error: {name}: {result['message']}", file=sys.stderr)
+    lines.clear()
+    return said_why

@@ -1,0 +1,119 @@
+"""The terminal side of the live commands (`asr transcribe --streaming`, `asr connect`): 16-bit
+PCM from stdin, a Ctrl-C that ends the input, finals as lines under a rewritten partial. It
+imports no torch, so `asr connect` is reading its microphone before a model could load."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+import signal
+import sys
+import threading
+from typing import IO
+
+import numpy as np
+
+PCM_BLOCK_SECONDS = 0.1  # stdin is read, and files fed, in pieces of this much audio
+
+
+class StdinPcm:
+    """Raw s16le PCM from stdin, read in a thread from the moment this is made: a microphone's
+    pipe (`arecord`, `ffmpeg`) is never left full while the model loads or a final is searched,
+    which would make the source drop audio (arecord's "overrun!!!")."""
+
+    def __init__(self) -> None:
+        try:
+            fd = sys.stdin.fileno()
+        except (AttributeError, OSError, ValueError):  # closed (`<&-`), or not a file
+            raise ValueError("- is audio on stdin, and this process has no stdin") from None
+        self._blocks: queue.SimpleQueue[bytes] = queue.SimpleQueue()
+        threading.Thread(target=self._read, args=(fd,), name="asr-stdin", daemon=True).start()
+
+    def _read(self, fd: int) -> None:
+        try:
+            while data := os.read(fd, 1 << 16):
+                self._blocks.put(data)
+        except OSError as err:  # a terminal hung up: the input ends there
+            print(f"asr: stdin: {err.strerror}", file=sys.stderr)
+        finally:
+            self._blocks.put(b"")  # the end
+
+    def pieces(self, rate: int, interrupted: list[int]):
+        """What came, in whole samples and pieces of at most `PCM_BLOCK_SECONDS`, until stdin
+        ends or `interrupted` is not empty (a source that outlives Ctrl-C, or sends nothing,
+        does not hold the command)."""
+        block = int(PCM_BLOCK_SECONDS * rate) * 2
+        carry = b""
+        while True:
+            try:
+                data = self._blocks.get(timeout=PCM_BLOCK_SECONDS)
+            except queue.Empty:
+                if interrupted:
+                    return
+                continue
+            if not data:
+                return
+            data = carry + data
+            whole = len(data) - len(data) % 2
+            carry = data[whole:]
+            for start in range(0, whole, block):
+                yield data[start : min(start + block, whole)]
+
+
+@contextlib.contextmanager
+def ctrl_c_ends_the_input():
+    """A first Ctrl-C ends the input where it is, so what was heard still gets its final (as
+    `arecord | asr transcribe --streaming -` is stopped); a second one stops at once. Yields a
+    list that is non-empty once interrupted."""
+    interrupted: list[int] = []
+    previous = signal.getsignal(signal.SIGINT)
+    # Signals reach only the main thread; a process started with Ctrl-C ignored (nohup, a
+    # background job) keeps it so.
+    if threading.current_thread() is not threading.main_thread() or previous is signal.SIG_IGN:
+        yield interrupted
+        return
+
+    def first(signum, frame) -> None:
+        interrupted.append(signum)
+        signal.signal(signal.SIGINT, previous)
+
+    signal.signal(signal.SIGINT, first)
+    try:
+        yield interrupted
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def pieces(wave: np.ndarray, rate: int):
+    """`wave` in pieces of `PCM_BLOCK_SECONDS`, as a microphone gives it."""
+    step = int(PCM_BLOCK_SECONDS * rate)
+    for start in range(0, len(wave), step):
+        yield wave[start : start + step]
+
+
+def samples(data):
+    """s16le mono PCM bytes (`StdinPcm.pieces`) as float samples."""
+    for block in data:
+        yield np.frombuffer(block, dtype="<i2").astype(np.float32) / 32768.0
+
+
+class Lines:
+    """Finals as lines on `out`; on a terminal (`live`), the partial rewritten below them."""
+
+    def __init__(self, out: IO[str], live: bool) -> None:
+        self.out, self.live = out, live
+
+    def partial(self, text: str) -> None:
+        if self.live:
+            self.out.write("\r\x1b[K" + text[-200:])
+            self.out.flush()
+
+    def final(self, text: str) -> None:
+        self.out.write(("\r\x1b[K" if self.live else "") + text)
+        self.out.flush()
+
+    def clear(self) -> None:
+        if self.live:
+            self.out.write("\r\x1b[K")
+            self.out.flush()
