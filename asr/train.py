@@ -27,6 +27,7 @@ from lightning.pytorch.strategies.launchers.subprocess_script import _Subprocess
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from asr.checkpoint import atomic_save, load_checkpoint
+from asr.config_check import config_paths, config_problems
 
 DEFAULT_LOGGERS = (  # CSV first: it warns about a run folder another logger made already
     "lightning.pytorch.loggers.CSVLogger",
@@ -459,6 +460,11 @@ _NO_ADVERTS = _NoAdverts()
 
 def run_lightning_cli(argv: Sequence[str]) -> ASRCLI:
     """Run `asr fit|validate|test ...` (argv without the program name)."""
+    problems = [p for path in config_paths(argv) for p in config_problems(path)]
+    if problems:
+        for problem in problems:
+            print(f"asr {argv[0]}: error: {problem}", file=sys.stderr)
+        raise SystemExit(2)
     torch.set_float32_matmul_precision("high")
     loggers = [
         logging.getLogger(f"lightning.{p}.utilities.rank_zero") for p in ("pytorch", "fabric")

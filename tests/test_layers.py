@@ -34,13 +34,13 @@ LAYERS = {
     # explorer page, the live server
     4: {"evaluate", "robustness", "plotting", "heads", "finalize", "explore", "serve"},
     # training and the command line
-    5: {"data", "lightning", "lm", "optim", "train", "cli", "__main__"},
+    5: {"data", "lightning", "lm", "optim", "train", "config_check", "cli", "__main__"},
 }
 TRAINING = 5
 RECOGNIZER = 3
 # Training: what `asr fit` runs. It shares the models and algorithms with inference but needs
 # nothing from the recognizer layer.
-TRAINING_MODULES = {"lightning", "lm", "optim", "train", "data"}
+TRAINING_MODULES = {"lightning", "lm", "optim", "train", "config_check", "data"}
 
 
 def module_name(path: Path) -> str:

@@ -1,0 +1,119 @@
+"""The `--config` files of `asr fit|validate|test` read before LightningCLI parses them, so that
+the commonest mistakes are named with their file and line: YAML that does not parse, a
+`class_path` that imports nothing, an `init_args` or `trainer` key the class does not take.
+What this passes, jsonargparse still checks in full (types, values, the other keys)."""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import inspect
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import yaml
+
+
+def config_paths(argv: Sequence[str]) -> list[str]:
+    """The files of `--config PATH`, `--config=PATH` and `-c PATH` in `argv`, in order."""
+    paths = []
+    for i, arg in enumerate(argv):
+        if arg in ("--config", "-c") and i + 1 < len(argv):
+            paths.append(argv[i + 1])
+        elif arg.startswith("--config="):
+            paths.append(arg.split("=", 1)[1])
+    return paths
+
+
+def config_problems(path: str | Path) -> list[str]:
+    """Each problem found in the config file `path` as `FILE:LINE: KEY: what is wrong`; none for
+    a file that does not exist or cannot be read (LightningCLI says so itself)."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return []
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.MarkedYAMLError as err:
+        mark = err.problem_mark or err.context_mark
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
+        context = ""
+        if err.context and err.context_mark and err.problem:
+            context = f" ({err.context} from line {err.context_mark.line + 1})"
+        return [f"{where}: not valid YAML: {err.problem or err.context}{context}"]
+    except yaml.YAMLError as err:
+        return [f"{path}: not valid YAML: {err}"]
+    return [f"{path}:{line}: {key}: {problem}" for line, key, problem in _problems(root, "")]
+
+
+def _problems(node: yaml.Node, key: str) -> Iterator[tuple[int, str, str]]:
+    if isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            yield from _problems(item, f"{key}[{i}]")
+        return
+    if not isinstance(node, yaml.MappingNode):
+        return
+    entries = {k.value: (k, v) for k, v in node.value if isinstance(k, yaml.ScalarNode)}
+    if key == "trainer":
+        from lightning.pytorch import Trainer
+
+        yield from _unknown_arguments(Trainer, "the Trainer", node, key)
+    target = entries.get("class_path")
+    if target is not None and isinstance(target[1], yaml.ScalarNode):
+        found = _resolve(target[1].value)
+        if isinstance(found, str):
+            yield target[1].start_mark.line + 1, _join(key, "class_path"), found
+        elif "init_args" in entries and found is not None:
+            arguments = entries["init_args"][1]
+            yield from _unknown_arguments(
+                found, target[1].value, arguments, _join(key, "init_args")
+            )
+    for name, (_, value) in entries.items():
+        yield from _problems(value, _join(key, name))
+
+
+def _unknown_arguments(
+    target, name: str, node: yaml.Node, key: str
+) -> Iterator[tuple[int, str, str]]:
+    """The keys of the mapping `node` that `target`'s signature has no parameter for (none
+    where it takes `**kwargs`: they may go on to a parent class)."""
+    if not isinstance(node, yaml.MappingNode):
+        return
+    try:
+        parameters = inspect.signature(target).parameters.values()
+    except (TypeError, ValueError):  # a builtin without a signature
+        return
+    if any(p.kind is p.VAR_KEYWORD for p in parameters):
+        return
+    known = [p.name for p in parameters if p.kind is not p.VAR_POSITIONAL]
+    for k, _ in node.value:
+        if isinstance(k, yaml.ScalarNode) and k.value not in known:
+            problem = f"{name} takes no argument {k.value!r}{_did_you_mean(k.value, known)}"
+            yield k.start_mark.line + 1, _join(key, k.value), problem
+
+
+def _resolve(class_path: str):
+    """The class or function `class_path` names; a sentence saying why there is none; or None
+    for a name without a module, which jsonargparse looks up among known subclasses."""
+    module_name, _, attribute = class_path.rpartition(".")
+    if not module_name:
+        return None
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as err:
+        if err.name is not None and module_name.startswith(err.name):
+            return f"no module named {err.name!r}"
+        return None  # the module is there, and something it imports is not: jsonargparse says
+    if hasattr(module, attribute):
+        return getattr(module, attribute)
+    names = [n for n in dir(module) if not n.startswith("_")]
+    return f"{module_name} has no {attribute!r}{_did_you_mean(attribute, names)}"
+
+
+def _did_you_mean(name: str, choices: list[str]) -> str:
+    close = difflib.get_close_matches(name, choices, n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _join(key: str, name: str) -> str:
+    return f"{key}.{name}" if key else name

@@ -1,0 +1,94 @@
+"""`asr fit|validate|test` name a config's mistakes with their file and line before LightningCLI
+parses it, and pass every config the project ships."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from asr.config_check import config_paths, config_problems
+
+ROOT = Path(__file__).resolve().parents[1]
+QUICK = ROOT / "conf/an4/rnn_quick.yaml"
+
+
+def line_of(text: str, fragment: str) -> int:
+    return text[: text.index(fragment)].count("\n") + 1
+
+
+def edited(tmp_path: Path, old: str, new: str) -> tuple[Path, int]:
+    """rnn_quick.yaml with `old` replaced by `new` once, and the line it is on."""
+    text = QUICK.read_text()
+    assert old in text
+    path = tmp_path / "edited.yaml"
+    path.write_text(text.replace(old, new, 1))
+    return path, line_of(text, old)
+
+
+@pytest.mark.parametrize(
+    "config", sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "conf").rglob("*.yaml"))
+)
+def test_every_shipped_config_passes(config) -> None:
+    assert config_problems(ROOT / config) == []
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "said"),
+    [
+        ("max_epochs: 8", "max_epoch: 8",
+         "trainer.max_epoch: the Trainer takes no argument 'max_epoch' (did you mean "
+         "'max_epochs'?)"),
+        ("embed_dim: 64", "embed_dims: 64",
+         "model.init_args.decoder.init_args.embed_dims: asr.models.rnn.RNNAttentionDecoder "
+         "takes no argument 'embed_dims' (did you mean 'embed_dim'?)"),
+        ("asr.models.rnn.RNNEncoder", "asr.models.rnn.RNNEncoderX",
+         "model.init_args.encoder.class_path: asr.models.rnn has no 'RNNEncoderX' (did you "
+         "mean 'RNNEncoder'?)"),
+        ("asr.models.rnn.RNNEncoder", "asr.model.rnn.RNNEncoder",
+         "model.init_args.encoder.class_path: no module named 'asr.model'"),
+        ("{lr: 0.002,", "{learning_rate: 0.002,",
+         "model.init_args.optimizer.init_args.learning_rate: torch.optim.AdamW takes no "
+         "argument 'learning_rate'"),
+    ],
+)  # fmt: skip
+def test_a_wrong_key_or_class_is_named_with_its_line(tmp_path, old, new, said) -> None:
+    path, line = edited(tmp_path, old, new)
+    assert config_problems(path) == [f"{path}:{line}: {said}"]
+
+
+def test_yaml_that_does_not_parse_is_named_with_its_line_and_column(tmp_path) -> None:
+    path, line = edited(tmp_path, "init_args: {n_mels: 80}", "init_args: {n_mels: 80")
+    (problem,) = config_problems(path)
+    assert problem.startswith(f"{path}:{line + 1}:")
+    assert "not valid YAML: expected ',' or '}'" in problem
+    assert problem.endswith(f"(while parsing a flow mapping from line {line})")
+
+
+def test_arguments_that_may_go_on_to_a_parent_are_left_to_jsonargparse(tmp_path) -> None:
+    """A class taking **kwargs may pass them to its parent: its keys are not judged here."""
+    path = tmp_path / "kwargs.yaml"
+    path.write_text(
+        "model:\n  class_path: collections.OrderedDict\n  init_args: {anything: 1}\n"
+        "data:\n  class_path: NameWithoutModule\n  init_args: {anything: 1}\n"
+    )
+    assert config_problems(path) == []
+    assert config_problems(tmp_path / "missing.yaml") == []  # LightningCLI says so itself
+
+
+def test_the_config_options_are_found_in_every_spelling() -> None:
+    argv = ["fit", "--config", "a.yaml", "-c", "b.yaml", "--config=c.yaml", "--trainer.x", "1"]
+    assert config_paths(argv) == ["a.yaml", "b.yaml", "c.yaml"]
+
+
+def test_asr_fit_stops_on_them_before_training(tmp_path, capsys) -> None:
+    from asr.cli import main
+
+    path, line = edited(tmp_path, "max_epochs: 8", "max_epoch: 8")
+    with pytest.raises(SystemExit) as stopped:
+        main(["fit", "--config", str(QUICK), "--config", str(path)])
+    assert stopped.value.code == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"asr fit: error: {path}:{line}: trainer.max_epoch: the Trainer takes no argument "
+        "'max_epoch' (did you mean 'max_epochs'?)"
+    ]
