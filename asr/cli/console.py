@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import queue
 import signal
 import sys
 import threading
@@ -15,29 +14,54 @@ from typing import IO
 import numpy as np
 
 PCM_BLOCK_SECONDS = 0.1  # stdin is read, and files fed, in pieces of this much audio
+READ_BYTES = 1 << 16  # one read of stdin at most: what a pipe holds
+BUFFER_BYTES = 1 << 20  # 33 s of 16 kHz PCM may wait to be decoded; then the source waits
 
 
 class StdinPcm:
     """Raw s16le PCM from stdin, read in a thread from the moment this is made: a microphone's
-    pipe (`arecord`, `ffmpeg`) is never left full while the model loads or a final is searched,
-    which would make the source drop audio (arecord's "overrun!!!")."""
+    pipe (`arecord`, `ffmpeg`) is not left full while the model loads or a final is searched,
+    which would make the source drop audio (arecord's "overrun!!!"). A source faster than the
+    decoding (a file piped through ffmpeg) is held back once `BUFFER_BYTES` wait."""
 
     def __init__(self) -> None:
         try:
             fd = sys.stdin.fileno()
         except (AttributeError, OSError, ValueError):  # closed (`<&-`), or not a file
             raise ValueError("- is audio on stdin, and this process has no stdin") from None
-        self._blocks: queue.SimpleQueue[bytes] = queue.SimpleQueue()
+        self._waiting: list[bytes] = []
+        self._size = 0
+        self._ended = False
+        self._change = threading.Condition()
         threading.Thread(target=self._read, args=(fd,), name="asr-stdin", daemon=True).start()
 
     def _read(self, fd: int) -> None:
         try:
-            while data := os.read(fd, 1 << 16):
-                self._blocks.put(data)
+            while data := os.read(fd, READ_BYTES):
+                with self._change:
+                    self._change.wait_for(lambda: self._size < BUFFER_BYTES)
+                    self._waiting.append(data)
+                    self._size += len(data)
+                    self._change.notify_all()
         except OSError as err:  # a terminal hung up: the input ends there
             print(f"asr: stdin: {err.strerror}", file=sys.stderr)
         finally:
-            self._blocks.put(b"")  # the end
+            with self._change:
+                self._ended = True
+                self._change.notify_all()
+
+    def _take(self, timeout: float) -> bytes | None:
+        """All that waits; b"" if nothing came within `timeout`; None once stdin has ended and
+        everything is taken."""
+        with self._change:
+            self._change.wait_for(lambda: self._waiting or self._ended, timeout)
+            if not self._waiting:
+                return None if self._ended else b""
+            data = b"".join(self._waiting)
+            self._waiting.clear()
+            self._size = 0
+            self._change.notify_all()
+            return data
 
     def pieces(self, rate: int, interrupted: list[int]):
         """What came, in whole samples and pieces of at most `PCM_BLOCK_SECONDS`, until stdin
@@ -45,15 +69,11 @@ class StdinPcm:
         does not hold the command)."""
         block = int(PCM_BLOCK_SECONDS * rate) * 2
         carry = b""
-        while True:
-            try:
-                data = self._blocks.get(timeout=PCM_BLOCK_SECONDS)
-            except queue.Empty:
+        while (data := self._take(PCM_BLOCK_SECONDS)) is not None:
+            if not data:
                 if interrupted:
                     return
                 continue
-            if not data:
-                return
             data = carry + data
             whole = len(data) - len(data) % 2
             carry = data[whole:]

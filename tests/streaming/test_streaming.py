@@ -380,6 +380,36 @@ def test_stdin_that_stays_open_ends_at_ctrl_c(monkeypatch) -> None:
         os.close(write_end)
 
 
+@pytest.mark.timeout(60)
+def test_a_source_faster_than_the_decoding_is_held_back(monkeypatch) -> None:
+    """`ffmpeg -i long.mp3 ... | asr transcribe --streaming -`: what waits to be decoded is
+    bounded (the source then waits, as on a pipe), and none of it is lost."""
+    import threading
+
+    from asr.cli.console import BUFFER_BYTES, READ_BYTES, StdinPcm
+
+    data = np.random.default_rng(0).bytes(8 * BUFFER_BYTES)
+    read_end, write_end = os.pipe()
+    written = [0]
+
+    def source() -> None:
+        with open(write_end, "wb", buffering=0) as pipe:
+            for start in range(0, len(data), READ_BYTES):
+                written[0] += pipe.write(data[start : start + READ_BYTES])
+
+    with open(read_end, "rb") as stdin:
+        monkeypatch.setattr(sys, "stdin", stdin)
+        pieces = StdinPcm().pieces(16000, [])
+        threading.Thread(target=source, daemon=True).start()
+        before = -1
+        while written[0] != before:  # until the source waits
+            before = written[0]
+            time.sleep(0.5)
+        # the buffer, a read the thread holds, what the pipe takes: far from all of it
+        assert written[0] <= BUFFER_BYTES + 3 * READ_BYTES < len(data)
+        assert b"".join(pieces) == data
+
+
 def test_without_stdin_dash_is_a_clear_error(monkeypatch) -> None:
     from asr.cli.console import StdinPcm
 
