@@ -29,6 +29,11 @@ class StdinPcm:
             fd = sys.stdin.fileno()
         except (AttributeError, OSError, ValueError):  # closed (`<&-`), or not a file
             raise ValueError("- is audio on stdin, and this process has no stdin") from None
+        if os.isatty(fd):  # keystrokes are not audio: the pipe was forgotten
+            raise ValueError(
+                "- is raw 16-bit mono PCM on stdin, which is a terminal here: pipe audio in, "
+                "e.g. `arecord -f S16_LE -r 16000 -c 1 | asr ... -`"
+            )
         self._waiting: list[bytes] = []
         self._size = 0
         self._ended = False

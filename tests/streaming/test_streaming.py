@@ -410,12 +410,20 @@ def test_a_source_faster_than_the_decoding_is_held_back(monkeypatch) -> None:
         assert b"".join(pieces) == data
 
 
-def test_without_stdin_dash_is_a_clear_error(monkeypatch) -> None:
+def test_without_stdin_or_from_a_terminal_dash_is_a_clear_error(monkeypatch) -> None:
     from asr.cli.console import StdinPcm
 
     monkeypatch.setattr(sys, "stdin", None)  # as Python leaves it when fd 0 is closed (`<&-`)
     with pytest.raises(ValueError, match="- is audio on stdin, and this process has no stdin"):
         StdinPcm()
+    terminal, other_end = os.openpty()  # `asr transcribe --streaming -` with nothing piped
+    try:
+        monkeypatch.setattr(sys, "stdin", open(terminal, "rb", closefd=False))
+        with pytest.raises(ValueError, match="which is a terminal here: pipe audio in"):
+            StdinPcm()
+    finally:
+        os.close(terminal)
+        os.close(other_end)
 
 
 def test_stdin_is_read_while_the_model_loads(
