@@ -7,6 +7,7 @@ import argparse
 import asyncio
 import contextlib
 import ipaddress
+import logging
 import os
 import signal
 import sys
@@ -222,6 +223,9 @@ def serve(args: argparse.Namespace, recognizer, lm=None) -> int:
         certfile=args.certfile,
         keyfile=args.keyfile,
     )
+    # websockets' own line per connection says less than the server's (who, how much audio,
+    # why a stream closed)
+    logging.getLogger("websockets.server").setLevel(logging.WARNING)
     secure = "s" if args.certfile else ""
     where = f"[{args.host}]:{args.port}" if ":" in args.host else f"{args.host}:{args.port}"
 

@@ -259,6 +259,7 @@ class LiveServer:
             except TimeoutError:
                 raise ClientError("no start message came", POLICY) from None
             self.clients.add(client)
+            log.info("%s: stream started", _peer(ws))
             sender = asyncio.create_task(self._send(ws, client))
             try:
                 await self._receive(ws, client)
@@ -270,12 +271,19 @@ class LiveServer:
         except ConnectionClosed:
             return
         except Exception as err:  # noqa: BLE001 - the connection closes; the server goes on
-            log.exception("stream failed")
+            log.exception("%s: stream failed", _peer(ws))
             await _refuse(ws, f"server error: {err}", 1011)
         finally:
             self.connections.discard(ws)
             if client is not None:
                 self.clients.discard(client)
+                log.info(
+                    "%s: stream ended: %.1f s of audio, %d final%s",
+                    _peer(ws),
+                    client.stream.decoded_seconds,
+                    client.utterances,
+                    "" if client.utterances == 1 else "s",
+                )
 
     async def _start(self, ws: ServerConnection) -> _Client:
         message = await ws.recv()
@@ -525,7 +533,17 @@ async def _refuse(ws: ServerConnection, message: str, code: int) -> None:
         await ws.send(json.dumps({"type": "error", "message": message}))
         await ws.close(code, message[:120])
 
+    log.info("%s: closed (%d): %s", _peer(ws), code, message)
     await _within(ws, say_and_close())
+
+
+def _peer(ws: ServerConnection) -> str:
+    """The client's address, as `host:port` (`[host]:port` for IPv6)."""
+    address = ws.remote_address
+    if not address:
+        return "a client"
+    host, port = address[0], address[1]
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 async def _within(ws: ServerConnection, goodbye, seconds: float = 2.0) -> None:

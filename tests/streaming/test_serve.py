@@ -192,6 +192,32 @@ def test_a_client_that_leaves_mid_stream_is_freed(server, trained) -> None:
     assert session(url, pcm16(waves[UID]))[-1]["type"] == "done"  # still serving
 
 
+def test_each_stream_is_logged_with_its_client_and_what_it_sent(server, trained, caplog):
+    """An operator's record: who streamed how much audio, and why a stream was refused."""
+    import logging
+    import re
+
+    recognizer, waves = trained
+    caplog.set_level(logging.INFO, logger="asr.serve.server")
+    with running_server(recognizer, OPTIONS) as (_, port):  # its own: no other test's streams
+        url = f"ws://127.0.0.1:{port}/"
+        session(url, pcm16(waves[UID]))
+        refused(url, json.dumps({"type": "start", "sample_rate": 8000}), start=False)
+        peer = r"127\.0\.0\.1:\d+"
+        expected = [
+            rf"{peer}: stream started",
+            rf"{peer}: stream ended: 2\.6 s of audio, 1 final",
+            rf"{peer}: closed \(1003\): sample_rate 8000 is not supported: send 16000 Hz mono",
+        ]
+
+        def logged() -> list[str]:
+            return [r.getMessage() for r in caplog.records if r.name == "asr.serve.server"]
+
+        wait_until(lambda: len(logged()) >= len(expected))
+    matches = [[m for m in logged() if re.fullmatch(e, m)] for e in expected]
+    assert [len(m) for m in matches] == [1, 1, 1] and len(logged()) == 3, logged()
+
+
 @pytest.mark.parametrize(
     ("sends", "start", "code", "says"),
     [
