@@ -297,22 +297,41 @@ def _file_problem(path: PathLike) -> str | None:
 
 
 def as_waveform(audio: np.ndarray | Tensor, sample_rate: int, target_rate: int) -> Tensor:
-    """A mono waveform `(S,)` (numpy or torch) as float32 at `target_rate`, integers scaled.
+    """A mono waveform (`mono_samples`) as float32 at `target_rate`, integers scaled.
 
     >>> as_waveform(np.array([16384, -32768], dtype=np.int16), 16000, 16000).tolist()
     [0.5, -1.0]
     """
-    import torch
     import torchaudio.functional
 
+    wave = mono_samples(audio)
+    if not wave.numel():
+        raise ValueError("audio must be a non-empty mono waveform, got no samples")
+    if sample_rate == target_rate:
+        return wave
+    return torchaudio.functional.resample(wave, sample_rate, target_rate)
+
+
+def mono_samples(audio: np.ndarray | Tensor) -> Tensor:
+    """Mono samples `(S,)`, or `(S, 1)` as audio APIs give one channel (numpy or torch), as a
+    float32 `(S,)` tensor; integers scaled to [-1, 1).
+
+    >>> mono_samples(np.array([[16384], [-32768]], dtype=np.int16)).tolist()
+    [0.5, -1.0]
+    """
+    import torch
+
     wave = torch.as_tensor(audio).detach().cpu()
-    if wave.dim() != 1 or wave.numel() == 0:
-        raise ValueError(f"audio must be a non-empty mono waveform (S,), got {tuple(wave.shape)}")
+    if wave.dim() == 2 and 1 in wave.shape:
+        wave = wave.reshape(-1)
+    if wave.dim() != 1:
+        raise ValueError(
+            f"audio must be a mono waveform (S,) or (S, 1), got {tuple(wave.shape)}: mix the "
+            "channels or pick one"
+        )
     if not wave.is_floating_point():
         wave = wave.double() / (torch.iinfo(wave.dtype).max + 1)
     wave = wave.float()
     if not bool(torch.isfinite(wave).all()):
         raise ValueError("audio contains NaN or infinite samples")
-    if sample_rate == target_rate:
-        return wave
-    return torchaudio.functional.resample(wave, sample_rate, target_rate)
+    return wave

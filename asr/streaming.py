@@ -27,6 +27,7 @@ import torch
 from torch import Tensor
 
 from asr import alignment
+from asr.audio import mono_samples
 from asr.ctc_beam import CTCPrefixBeam, EndpointOptions
 from asr.decoding import search_encoded, teacher_forced
 from asr.frontends import GlobalCMVN
@@ -358,7 +359,8 @@ class Stream:
         return self.recognizer.sample_rate
 
     def accept(self, samples: Tensor | np.ndarray) -> list[Transcript]:
-        """Feed audio (mono float samples at `sample_rate`) and decode the chunks it completes.
+        """Feed audio (mono samples at `sample_rate`, `(S,)` or `(S, 1)`: floats, or integers
+        such as 16-bit PCM, which are scaled) and decode the chunks it completes.
 
         Returns:
             The utterances an endpoint closed meanwhile, times from the stream's start.
@@ -371,7 +373,7 @@ class Stream:
         """Add audio without decoding (a server then steps many streams at once)."""
         if self.closed:
             raise ValueError("the stream has ended: start a new one")
-        wave = torch.as_tensor(np.asarray(samples, dtype=np.float32)).reshape(-1)
+        wave = mono_samples(samples)
         self.samples += wave.numel()
         if self.vad is not None:
             self.vad.push(wave.numpy())

@@ -347,7 +347,10 @@ class LiveServer:
                 f"an audio message of {len(message)} bytes is not whole {width}-byte samples",
                 UNSUPPORTED,
             )
-        return np.frombuffer(message, dtype=client.dtype).astype(np.float32) / client.scale
+        samples = np.frombuffer(message, dtype=client.dtype).astype(np.float32) / client.scale
+        if not np.isfinite(samples).all():  # f32le: said to its client, not to the model's thread
+            raise ClientError("audio contains NaN or infinite samples", UNSUPPORTED)
+        return samples
 
     async def _send(self, ws: ServerConnection, client: _Client) -> None:
         while True:

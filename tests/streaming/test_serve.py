@@ -18,6 +18,7 @@ import urllib.request
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 from streaming_fixtures import (
@@ -37,6 +38,7 @@ from asr.streaming import StreamOptions, stream_transcript
 UID = "an4_clstk/fash/an255-fash-b"
 OPTIONS = StreamOptions(chunk_ms=160, endpoint=None)
 START = json.dumps({"type": "start", "sample_rate": 16000, "format": "s16le"})
+F32_START = json.dumps({"type": "start", "sample_rate": 16000, "format": "f32le"})
 END = json.dumps({"type": "end"})
 
 
@@ -84,11 +86,12 @@ def tls_session(url: str, data: bytes, trust: ssl.SSLContext) -> list[dict]:
     return asyncio.run(run())
 
 
-def refused(url: str, *sends, start: bool = True) -> tuple[dict, int]:
-    """The error message and close code after `sends`."""
+def refused(url: str, *sends, start: bool | str = True) -> tuple[dict, int]:
+    """The error message and close code after `sends` (after `START`, or the start message
+    `start` names, unless False)."""
     with connect(url, max_size=None) as ws:
         if start:
-            ws.send(START)
+            ws.send(START if start is True else start)
             assert json.loads(ws.recv(10))["type"] == "ready"
         for message in sends:
             ws.send(message)
@@ -229,6 +232,7 @@ def test_each_stream_is_logged_with_its_client_and_what_it_sent(server, trained,
         ((json.dumps({"type": "start", "sample_rate": 16000, "format": "mp3"}),), False, 1003,
          "format 'mp3'"),
         ((b"\x00\x00" * 100,), False, 1008, "start message first"),
+        ((np.full(100, np.nan, dtype="<f4").tobytes(),), F32_START, 1003, "NaN or infinite"),
     ],
 )  # fmt: skip
 def test_bad_input_gets_an_error_and_a_close(server, trained, sends, start, code, says) -> None:

@@ -297,6 +297,33 @@ def test_models_that_cannot_stream_are_refused(trained) -> None:
         stream.accept(torch.zeros(10))
 
 
+def test_16_bit_pcm_and_one_channel_columns_stream_as_their_float_samples(trained) -> None:
+    """`accept` takes what audio APIs give: 16-bit PCM (scaled as offline transcription scales
+    it) and `(S, 1)` columns (sounddevice's one channel); several channels or NaN are refused."""
+    recognizer, waves = trained
+    pcm = (waves["an4_clstk/fash/an255-fash-b"] * 32767).round().short().numpy()
+
+    def streamed(pieces) -> tuple:
+        stream = recognizer.stream(StreamOptions(chunk_ms=320))
+        for piece in pieces:
+            stream.accept(piece)
+        final = stream.final()
+        return final.text, [(w.start, w.end) for w in final.words]
+
+    def cut(samples):
+        return [samples[i : i + 1600] for i in range(0, len(samples), 1600)]
+
+    floats = streamed(cut(pcm / np.float32(32768)))
+    assert floats[0] == "U M N Y H SIX"
+    assert streamed(cut(pcm)) == floats
+    assert streamed(cut((pcm / np.float32(32768))[:, None])) == floats
+    stream = recognizer.stream()
+    with pytest.raises(ValueError, match=r"mono waveform \(S,\) or \(S, 1\), got \(1600, 2\)"):
+        stream.accept(np.zeros((1600, 2), dtype=np.float32))
+    with pytest.raises(ValueError, match="NaN or infinite"):
+        stream.accept(np.full(1600, np.nan, dtype=np.float32))
+
+
 @pytest.mark.usefixtures("ctrl_c")
 def test_ctrl_c_ends_the_input_with_the_finals_of_what_was_heard(
     tiny_checkpoint, an4_fixture, monkeypatch, capsys, tmp_path
