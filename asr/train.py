@@ -477,6 +477,8 @@ def run_lightning_cli(argv: Sequence[str]) -> ASRCLI:
             warnings.filterwarnings("ignore", "You're resuming from a checkpoint that ended before")
             # Lightning's use of a torch API deprecated in torch 2.11: nothing a user can change.
             warnings.filterwarnings("ignore", r"`isinstance\(treespec, LeafSpec\)` is deprecated")
+            # The model summary's size estimate counts 32-bit weights under bf16: nothing to do.
+            warnings.filterwarnings("ignore", "Precision .* is not supported by the model summary")
             # A shard stream plans every (rank, worker) stream's batches: its length is exact.
             warnings.filterwarnings("ignore", "Your `IterableDataset` has `__len__` defined")
             return ASRCLI(
