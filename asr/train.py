@@ -341,6 +341,39 @@ def lost_peer(error: BaseException) -> bool:
     return isinstance(error, RuntimeError) and any(m in str(error) for m in LOST_PEER_MESSAGES)
 
 
+class Trainer(L.Trainer):
+    """Customize every aspect of training via flags (Lightning's Trainer).
+
+    Its batch limits are read as counts where written whole: under Lightning's own annotation
+    (float first) `--trainer.limit_val_batches 1` would parse as 1.0, every batch.
+
+    Args:
+        limit_train_batches: training batches an epoch runs: a count (1 is one batch), or a
+            fraction written with a point (0.25, 1.0). Per device. Default: all.
+        limit_val_batches: validation batches, as `limit_train_batches`.
+        limit_test_batches: test batches, as `limit_train_batches`.
+        limit_predict_batches: prediction batches, as `limit_train_batches`.
+    """
+
+    def __init__(
+        self,
+        *args: Any,
+        limit_train_batches: int | float | None = None,
+        limit_val_batches: int | float | None = None,
+        limit_test_batches: int | float | None = None,
+        limit_predict_batches: int | float | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(
+            *args,
+            limit_train_batches=limit_train_batches,
+            limit_val_batches=limit_val_batches,
+            limit_test_batches=limit_test_batches,
+            limit_predict_batches=limit_predict_batches,
+            **kwargs,
+        )
+
+
 class ASRCLI(LightningCLI):
     """LightningCLI with argument links, checkpoint callbacks and default loggers."""
 
@@ -484,6 +517,7 @@ def run_lightning_cli(argv: Sequence[str]) -> ASRCLI:
             return ASRCLI(
                 L.LightningModule,
                 L.LightningDataModule,
+                trainer_class=Trainer,
                 subclass_mode_model=True,
                 subclass_mode_data=True,
                 args=None if list(argv) == sys.argv[1:] else list(argv),

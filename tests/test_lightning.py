@@ -194,6 +194,20 @@ def test_the_same_seed_twice_gives_identical_weights(tiny_an4, tmp_path, precisi
     assert not [w for w in recwarn if "model summary" in str(w.message)]
 
 
+def test_a_whole_batch_limit_is_a_count_of_batches(tiny_an4, tmp_path):
+    """`--trainer.limit_train_batches 1` runs one batch an epoch, not every batch (1.0, as
+    Lightning's float-first annotation reads it); a fraction stays a fraction."""
+    steps = {}
+    for limit in ("1", "0.5", "1.0"):
+        root = tmp_path / limit
+        main(_fit_args(tiny_an4, root) + ["--trainer.max_epochs", "1",
+                                          "--trainer.limit_train_batches", limit])  # fmt: skip
+        state = torch.load(root / "checkpoints" / "last.ckpt", weights_only=True)
+        steps[limit] = state["global_step"]
+    assert steps["1"] == 1 and steps["1.0"] > 2, steps
+    assert steps["0.5"] == pytest.approx(steps["1.0"] / 2, abs=1)
+
+
 def test_last_ckpt_is_the_final_state_when_that_epoch_is_not_among_the_best(tiny_an4, tmp_path):
     """Lightning writes last.ckpt only beside a best-k save; a later epoch outside the best k
     must still refresh it, or a resumed run repeats epochs and `last.ckpt` is not the last."""
