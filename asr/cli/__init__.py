@@ -347,8 +347,6 @@ def _serve(args: argparse.Namespace) -> int:
 
     from asr.cli.live import serve
 
-    if args.threads < 1:
-        raise ValueError(f"--threads must be at least 1, got {args.threads}")
     if args.keyfile and not args.certfile:
         raise ValueError("--keyfile needs --certfile")
     if args.certfile:  # before the model loads: a bad certificate fails at once
@@ -512,6 +510,28 @@ def _calibration_report(fit) -> str:
     return "\n".join(lines)
 
 
+def _count(text: str) -> int:
+    """An argparse type: a whole number of at least 1 (threads, beams, streams...)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _weight(text: str) -> float:
+    """An argparse type: a weight in [0, 1]."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must lie in [0, 1], got {value:g}")
+    return value
+
+
 MODEL_HELP = (
     "a checkpoint of `asr fit` or average, a model package folder (asr export), "
     "or hf://owner/name[@revision]"
@@ -531,8 +551,8 @@ def _add_search_arguments(p: argparse.ArgumentParser) -> None:
     _add_model_argument(p)
     own = "default: the checkpoint's own (asr finalize), else"
     beam, ctc, ratio = SearchOptions.beam_size, DEFAULT_CTC_WEIGHT, SearchOptions.max_len_ratio
-    p.add_argument("--beam-size", type=int, help=f"1 = greedy ({own} {beam})")
-    p.add_argument("--ctc-weight", type=float, help=f"CTC weight ({own} {ctc} with a CTC head)")
+    p.add_argument("--beam-size", type=_count, help=f"1 = greedy ({own} {beam})")
+    p.add_argument("--ctc-weight", type=_weight, help=f"CTC weight ({own} {ctc} with a CTC head)")
     p.add_argument("--length-bonus", type=float, help=f"score per output token ({own} 0)")
     p.add_argument("--max-len-ratio", type=float, help=f"tokens per encoder frame ({own} {ratio})")
     p.add_argument(
@@ -553,7 +573,7 @@ def _add_decoding_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lm", help="language model checkpoint for shallow fusion")
     p.add_argument("--lm-weight", type=float, help=f"fusion weight ({DEFAULT_LM_WEIGHT} with --lm)")
     _add_device_arguments(p)
-    p.add_argument("--batch-size", type=int, default=8, help="utterances or segments per batch")
+    p.add_argument("--batch-size", type=_count, default=8, help="utterances or segments per batch")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
 
 
@@ -688,7 +708,7 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
         group = p.add_mutually_exclusive_group(required=True)
         group.add_argument("--checkpoints", nargs="+", help="checkpoint files to average")
         group.add_argument("--last", help="a run's last.ckpt: average the best ones it records")
-        p.add_argument("--best", type=int, default=5, help="with --last: how many best (5)")
+        p.add_argument("--best", type=_count, default=5, help="with --last: how many best (5)")
         p.add_argument("--out", required=True, help="output checkpoint")
     p.set_defaults(run=_average)
 
@@ -792,7 +812,7 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
         p.add_argument("--timestamps", choices=TIMESTAMP_METHODS, default=TIMESTAMP_METHODS[0])
         p.add_argument(
             "--nbest",
-            type=int,
+            type=_count,
             metavar="N",
             help="keep the N best hypotheses of each segment, at most --beam-size: the json file "
             "lists the others, with their scores, under segments[].alternatives",
@@ -828,14 +848,14 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
         )
         spread.add_argument(
             "--workers",
-            type=int,
+            type=_count,
             metavar="N",
             help="start N processes here and share the inputs out to them; this one shows "
             "the progress and writes transcripts.jsonl",
         )
         spread.add_argument(
             "--threads",
-            type=int,
+            type=_count,
             metavar="N",
             help="intra-op threads per process (default: PyTorch's, OMP_NUM_THREADS where set, "
             "and with --workers the cores shared out; torchrun sets OMP_NUM_THREADS=1 unless "
@@ -872,12 +892,12 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
         _add_model_argument(p)
         p.add_argument(
             "--beam-size",
-            type=int,
+            type=_count,
             help="CTC prefixes kept and rescored, or the final search's (10)",
         )
         p.add_argument(
             "--ctc-weight",
-            type=float,
+            type=_weight,
             help="CTC share of a final's score (0.5; the rest is the attention decoder's)",
         )
         p.add_argument("--lm", help="a language model checkpoint that rescores the finals too")
@@ -899,11 +919,11 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
         )
         p.add_argument("--keyfile", metavar="PEM", help="its private key, if not in --certfile")
         p.add_argument(
-            "--max-connections", type=int, default=32, help="streams at once; more are refused"
+            "--max-connections", type=_count, default=32, help="streams at once; more are refused"
         )
         p.add_argument(
             "--threads",
-            type=int,
+            type=_count,
             default=1,
             metavar="N",
             help="intra-op threads of the model (1): the other cores are left to the network "

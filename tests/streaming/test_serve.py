@@ -346,12 +346,6 @@ def test_asr_serve_serves_the_page_and_the_socket(tiny_checkpoint, an4_fixture) 
         process.wait(10)
 
 
-def test_serve_refuses_no_model_thread(tiny_checkpoint, capsys) -> None:
-    serve = ["serve", "--model", str(tiny_checkpoint["checkpoint"]), "--threads", "0"]
-    assert main(serve) == 2
-    assert "--threads must be at least 1" in capsys.readouterr().err
-
-
 @pytest.fixture(scope="module")
 def certificate(tmp_path_factory) -> tuple[Path, Path]:
     return self_signed_certificate(tmp_path_factory.mktemp("tls"))

@@ -1,0 +1,42 @@
+"""Numbers out of their range stop `asr` as it parses its arguments, naming the option, before
+a model is loaded."""
+
+from __future__ import annotations
+
+import pytest
+
+from asr.cli import main
+
+TRANSCRIBE = ["transcribe", "a.wav", "--model", "m.ckpt"]
+SERVE = ["serve", "--model", "m.ckpt"]
+AT_LEAST_1 = "must be at least 1, got"
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        ([*TRANSCRIBE, "--threads", "0"], f"{AT_LEAST_1} 0"),
+        ([*TRANSCRIBE, "--beam-size", "0"], f"{AT_LEAST_1} 0"),
+        ([*TRANSCRIBE, "--batch-size", "-2"], f"{AT_LEAST_1} -2"),
+        ([*TRANSCRIBE, "--nbest", "0"], f"{AT_LEAST_1} 0"),
+        ([*TRANSCRIBE, "--workers", "0"], f"{AT_LEAST_1} 0"),
+        ([*TRANSCRIBE, "--ctc-weight", "1.5"], "must lie in [0, 1], got 1.5"),
+        ([*TRANSCRIBE, "--threads", "two"], "must be a whole number, got 'two'"),
+        ([*TRANSCRIBE, "--ctc-weight", "half"], "must be a number, got 'half'"),
+        ([*SERVE, "--threads", "0"], f"{AT_LEAST_1} 0"),
+        ([*SERVE, "--max-connections", "0"], f"{AT_LEAST_1} 0"),
+        ([*SERVE, "--beam-size", "0"], f"{AT_LEAST_1} 0"),
+        ([*SERVE, "--ctc-weight", "-1"], "must lie in [0, 1], got -1"),
+        (["evaluate", "--model", "m.ckpt", "--manifest", "x.jsonl", "--beam-size", "0"],
+         f"{AT_LEAST_1} 0"),
+        (["average", "--last", "last.ckpt", "--best", "0", "--out", "avg.ckpt"],
+         f"{AT_LEAST_1} 0"),
+    ],
+)  # fmt: skip
+def test_an_out_of_range_number_stops_at_parsing(argv, said, capsys) -> None:
+    option = next(a for a in reversed(argv) if a.startswith("--") and a != "--out")
+    with pytest.raises(SystemExit) as stopped:
+        main(argv)
+    assert stopped.value.code == 2
+    expected = f"asr {argv[0]}: error: argument {option}: {said}"
+    assert capsys.readouterr().err.splitlines()[-1] == expected
