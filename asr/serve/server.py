@@ -275,8 +275,7 @@ class LiveServer:
             await _refuse(ws, f"server error: {err}", 1011)
         finally:
             self.connections.discard(ws)
-            if client is not None:
-                self.clients.discard(client)
+            if client is not None:  # its line first: once no stream is open, all are logged
                 log.info(
                     "%s: stream ended: %.1f s of audio, %d final%s",
                     _peer(ws),
@@ -284,6 +283,7 @@ class LiveServer:
                     client.utterances,
                     "" if client.utterances == 1 else "s",
                 )
+                self.clients.discard(client)
 
     async def _start(self, ws: ServerConnection) -> _Client:
         message = await ws.recv()

@@ -200,9 +200,11 @@ def test_each_stream_is_logged_with_its_client_and_what_it_sent(server, trained,
     import logging
     import re
 
-    recognizer, waves = trained
+    (shared, _), (recognizer, waves) = server, trained
     caplog.set_level(logging.INFO, logger="asr.serve.server")
-    with running_server(recognizer, OPTIONS) as (_, port):  # its own: no other test's streams
+    wait_until(lambda: shared.active_streams == 0)  # the other tests' streams have logged
+    caplog.clear()
+    with running_server(recognizer, OPTIONS) as (_, port):  # a server of its own
         url = f"ws://127.0.0.1:{port}/"
         session(url, pcm16(waves[UID]))
         refused(url, json.dumps({"type": "start", "sample_rate": 8000}), start=False)
