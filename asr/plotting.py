@@ -213,8 +213,11 @@ def save_figure(fig: Figure, path: str) -> None:
 def save_alignment_plots(
     recognizer: Recognizer, alignment: Alignment, path: str | os.PathLike, title: str = ""
 ) -> list[Path]:
-    """Write the attention plot to `path` (and per-head maps to `<stem>_heads.png`)."""
+    """Write the attention plot to `path` (`.png` added where it has no suffix, as matplotlib
+    adds it) and per-head maps to `<stem>_heads.png`; the files written."""
     path = Path(path)
+    if not path.suffix:
+        path = path.with_suffix(".png")
     path.parent.mkdir(parents=True, exist_ok=True)
     labels = alignment.pieces + ["<eos>"]
     figure = plot_attention(

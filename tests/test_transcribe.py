@@ -942,3 +942,8 @@ def test_cli_align_writes_plots_and_prints_word_times(checkpoint, tmp_path, caps
     for column in (1, 2, 3, 4):
         times = [float(r[column]) for r in rows[1:]]
         assert times == sorted(times) and 0 <= times[0] and times[-1] <= 2.6
+    bare = tmp_path / "bare"  # no suffix: the PNG it names is the file written
+    main(["align", str(audio), "--checkpoint", str(checkpoint), "--text", "U", "--out", str(bare)])
+    said = f"plots: {tmp_path / 'bare.png'}, {tmp_path / 'bare_heads.png'}"
+    assert capsys.readouterr().err.splitlines()[-1] == said
+    assert (tmp_path / "bare.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
