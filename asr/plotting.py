@@ -205,19 +205,22 @@ def plot_training_curves(runs: Mapping[str, Mapping[str, Curve]], metrics: Seque
     return fig
 
 
-def save_figure(fig: Figure, path: str) -> None:
-    """Write a PNG; the figure needs no closing."""
+def save_figure(fig: Figure, path: str | os.PathLike) -> Path:
+    """Write a PNG (`.png` added to a path without a suffix, as matplotlib adds it); the file
+    written. The figure needs no closing."""
+    path = Path(path)
+    if not path.suffix:
+        path = path.with_suffix(".png")
     fig.savefig(path, dpi=100)
+    return path
 
 
 def save_alignment_plots(
     recognizer: Recognizer, alignment: Alignment, path: str | os.PathLike, title: str = ""
 ) -> list[Path]:
-    """Write the attention plot to `path` (`.png` added where it has no suffix, as matplotlib
-    adds it) and per-head maps to `<stem>_heads.png`; the files written."""
+    """Write the attention plot to `path` (as `save_figure`) and per-head maps to
+    `<stem>_heads.png`; the files written."""
     path = Path(path)
-    if not path.suffix:
-        path = path.with_suffix(".png")
     path.parent.mkdir(parents=True, exist_ok=True)
     labels = alignment.pieces + ["<eos>"]
     figure = plot_attention(
@@ -229,8 +232,7 @@ def save_alignment_plots(
         seconds_per_frame=alignment.frame_seconds,
         words=alignment.words,
     )
-    save_figure(figure, str(path))
-    written = [path]
+    written = [save_figure(figure, path)]
     decoder = recognizer.model.decoder
     if isinstance(decoder, TransformerDecoder):
         heads = path.with_name(f"{path.stem}_heads.png")
@@ -242,6 +244,5 @@ def save_alignment_plots(
             title=title,
             words=alignment.words,
         )
-        save_figure(grid, str(heads))
-        written.append(heads)
+        written.append(save_figure(grid, heads))
     return written

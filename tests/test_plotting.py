@@ -56,3 +56,7 @@ def test_cli_writes_the_png_and_rejects_unlogged_metrics(tmp_path: Path, capsys)
     assert "no run logged ['val/wer']" in capsys.readouterr().err
     assert main(["curves", *runs, "--out", str(out), "--labels", "only-one"]) == 2
     assert main(["curves", *runs, "--out", str(out), "--labels", "same", "same"]) == 2
+    bare = tmp_path / "bare"  # no suffix: matplotlib adds .png, and the command names that file
+    assert main(["curves", *runs, "--out", str(bare), "--metrics", "val/loss"]) == 0
+    assert capsys.readouterr().err.splitlines()[-1] == f"curves: {bare}.png"
+    assert (tmp_path / "bare.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

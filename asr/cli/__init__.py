@@ -464,8 +464,8 @@ def _curves(args: argparse.Namespace) -> int:
     missing = [m for m in args.metrics if m not in logged]
     if missing:
         raise ValueError(f"no run logged {missing}; logged: {sorted(logged)}")
-    save_figure(plot_training_curves(runs, args.metrics), args.out)
-    print(f"curves: {args.out}", file=sys.stderr)
+    written = save_figure(plot_training_curves(runs, args.metrics), args.out)
+    print(f"curves: {written}", file=sys.stderr)
     return 0
 
 
