@@ -342,7 +342,7 @@ def lost_peer(error: BaseException) -> bool:
 
 
 class Trainer(L.Trainer):
-    """Customize every aspect of training via flags (Lightning's Trainer).
+    """The options of the training loop (Lightning's Trainer).
 
     Its batch limits are read as counts where written whole: under Lightning's own annotation
     (float first) `--trainer.limit_val_batches 1` would parse as 1.0, every batch.
