@@ -657,9 +657,9 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
         p.add_argument("--manifest", required=True)
         p.add_argument("--out", required=True, help="output JSON file")
         p.add_argument("--config", help="a training config (conf/...yaml): its frontend's features")
-        p.add_argument("--sample-rate", type=int, default=16000)
-        p.add_argument("--n-mels", type=int, default=80)
-        p.add_argument("--max-utterances", type=int, help="use only the first N utterances")
+        p.add_argument("--sample-rate", type=_count, default=16000)
+        p.add_argument("--n-mels", type=_count, default=80)
+        p.add_argument("--max-utterances", type=_count, help="use only the first N utterances")
         p.add_argument(
             "--target-dbfs",
             type=float,
@@ -947,7 +947,7 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
         p.add_argument("audio", nargs="+", help="audio files (any format asr reads), or -")
         p.add_argument(
             "--sample-rate",
-            type=int,
+            type=_count,
             default=16000,
             help="the rate the server's model takes (16000): files are resampled to it",
         )

@@ -31,6 +31,8 @@ AT_LEAST_1 = "must be at least 1, got"
          f"{AT_LEAST_1} 0"),
         (["average", "--last", "last.ckpt", "--best", "0", "--out", "avg.ckpt"],
          f"{AT_LEAST_1} 0"),
+        (["cmvn", "--manifest", "x.jsonl", "--out", "c.json", "--n-mels", "0"], f"{AT_LEAST_1} 0"),
+        (["connect", "ws://h:1/", "-", "--sample-rate", "0"], f"{AT_LEAST_1} 0"),
     ],
 )  # fmt: skip
 def test_an_out_of_range_number_stops_at_parsing(argv, said, capsys) -> None:
