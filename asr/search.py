@@ -85,7 +85,9 @@ class SearchOptions:
         }
         for message, ok in checks.items():
             if not ok:
-                raise ValueError(f"SearchOptions: {message}: {self}")
+                field = message.split()[0]  # the field it checks
+                got = f", got {getattr(self, field)!r}" if hasattr(self, field) else ""
+                raise ValueError(f"SearchOptions: {message}{got}")
 
     def pre_beam_size(self, vocab_size: int) -> int | None:
         """Candidates per hypothesis given to CTC scoring; None: the whole vocabulary.

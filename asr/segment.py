@@ -60,7 +60,9 @@ class SegmenterOptions:
         }
         for message, ok in checks.items():
             if not ok:
-                raise ValueError(f"SegmenterOptions: {message}: {self}")
+                field = message.split()[0]  # the field it checks
+                got = f", got {getattr(self, field)!r}" if hasattr(self, field) else ""
+                raise ValueError(f"SegmenterOptions: {message}{got}")
 
 
 def frame_energy_db(wave: np.ndarray, frame_samples: int) -> np.ndarray:

@@ -336,7 +336,8 @@ def test_greedy_never_emits_blank_or_pad() -> None:
     ],
 )
 def test_bad_options_raise(field: str, value: float) -> None:
-    with pytest.raises(ValueError, match=field):
+    """The message names the field, its rule and the value given (not the whole options)."""
+    with pytest.raises(ValueError, match=rf"^SearchOptions: {field} must .*, got {value!r}$"):
         SearchOptions(**{field: value})
 
 
