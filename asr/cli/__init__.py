@@ -256,6 +256,8 @@ def _transcribe(args: argparse.Namespace) -> int:
             "--explorer keeps its maps in --output-dir: give that too (`asr explore OUT` "
             "builds the page of any output folder)"
         )
+    if args.jsonl and not args.streaming:
+        raise ValueError("--jsonl prints a live stream's finals: give --streaming too")
     if args.streaming:
         from asr.cli.console import StdinPcm
         from asr.cli.live import transcribe_streaming
@@ -532,6 +534,11 @@ def _weight(text: str) -> float:
     return value
 
 
+JSONL_HELP = (
+    "print each final as a JSON line: the message `asr serve` sends for it (text, start, end, "
+    "words with their times and confidences; docs/streaming.md) and `audio`, the input it "
+    "came from; no partial line"
+)
 MODEL_HELP = (
     "a checkpoint of `asr fit` or average, a model package folder (asr export), "
     "or hf://owner/name[@revision]"
@@ -875,6 +882,7 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
             "and the audio of - as stdin.wav beside stdin.json (for `asr explore`).",
         )
         live.add_argument("--streaming", action="store_true", help="decode as a live stream")
+        live.add_argument("--jsonl", action="store_true", help=JSONL_HELP)
         add_stream_arguments(live, final_search="beam")  # one stream: the most accurate final
     p.set_defaults(run=_transcribe)
 
@@ -959,6 +967,7 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
         )
         p.add_argument("--timeout", type=float, default=10.0, help="seconds to connect (10)")
         p.add_argument("--quiet", action="store_true", help="no partial line on a terminal")
+        p.add_argument("--jsonl", action="store_true", help=JSONL_HELP)
     p.set_defaults(run=_connect)
 
     p = sub.add_parser("evaluate", help="WER/CER of a manifest, error reports, attention plots")

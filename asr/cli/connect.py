@@ -20,7 +20,7 @@ def connect(args: argparse.Namespace, out: IO[str] | None = None) -> int:
     `asr transcribe --streaming` prints its own. Files go as float samples (the server hears
     them exactly), stdin as the 16-bit PCM it is."""
     out = out or sys.stdout
-    lines = Lines(out, out.isatty() and not args.quiet)
+    lines = Lines(out, out.isatty() and not args.quiet and not args.jsonl)
     stdin = StdinPcm() if "-" in args.audio else None
     with ctrl_c_ends_the_input() as interrupted:
         return asyncio.run(_connect(args, lines, out, stdin, interrupted))
@@ -40,7 +40,7 @@ async def _connect(
     tls = ssl.create_default_context(cafile=args.cafile) if args.url.startswith("wss:") else None
     failed = 0
     for name in args.audio:
-        if len(args.audio) > 1:
+        if len(args.audio) > 1 and not args.jsonl:
             print(name, file=out)
         if name == "-":  # stdin comes at its own pace
             start, sent, waits = {"format": "s16le"}, stdin.pieces(rate, interrupted), True
@@ -61,7 +61,7 @@ async def _connect(
             raise ValueError(f"cannot connect to {args.url}: {err}{hint}") from None
         async with ws:
             await ws.send(json.dumps({"type": "start", "sample_rate": rate, **start}))
-            reader = asyncio.create_task(_print_results(ws, lines, name))
+            reader = asyncio.create_task(_print_results(ws, lines, name, args.jsonl))
             try:
                 while (piece := await _next(sent, waits)) is not None:
                     await ws.send(piece)
@@ -98,9 +98,9 @@ def _in_real_time(sent):
         yield piece
 
 
-async def _print_results(ws, lines: Lines, name: str) -> bool:
-    """A connection's messages as they come: finals as lines, the partial rewritten below.
-    True if the server said why it closed (an error message)."""
+async def _print_results(ws, lines: Lines, name: str, jsonl: bool = False) -> bool:
+    """A connection's messages as they come: finals as lines (`jsonl`: as the server sent
+    them), the partial rewritten below. True if the server said why it closed (an error)."""
     from websockets.exceptions import ConnectionClosed
 
     from asr.writers import timed_line
@@ -112,6 +112,8 @@ async def _print_results(ws, lines: Lines, name: str) -> bool:
             kind = result["type"]
             if kind == "partial":
                 lines.partial(result["text"])
+            elif kind == "final" and jsonl:
+                lines.final(json.dumps(result | {"audio": name}) + "\n")
             elif kind == "final" and result["text"]:
                 lines.final(timed_line(result["start"], result["end"], result["text"]))
             elif kind == "error":

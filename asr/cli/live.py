@@ -7,6 +7,8 @@ import argparse
 import asyncio
 import contextlib
 import ipaddress
+import itertools
+import json
 import logging
 import os
 import signal
@@ -104,7 +106,7 @@ def transcribe_streaming(
 
     out = out or sys.stdout
     options = stream_options(args)
-    lines = Lines(out, out.isatty() and not args.quiet)
+    lines = Lines(out, out.isatty() and not args.quiet and not args.jsonl)
     rate = recognizer.sample_rate
     if stdin is None and "-" in args.audio:
         stdin = StdinPcm()
@@ -116,8 +118,9 @@ def transcribe_streaming(
     with ctrl_c_ends_the_input() as interrupted:
         for name in args.audio:
             stream = recognizer.stream(options, lm)
+            said = _finals_as_json_lines(name) if args.jsonl else timed_lines
             maps = _kept_maps(stream) if args.explorer else []
-            if len(args.audio) > 1:
+            if len(args.audio) > 1 and not args.jsonl:
                 print(name, file=out)
             audio = name  # what the written transcript names as its audio
             with contextlib.ExitStack() as recording:
@@ -131,13 +134,13 @@ def transcribe_streaming(
                     audio_pieces = pieces(load_audio(name, rate).numpy(), rate)
                 for piece in audio_pieces:
                     for final in stream.accept(piece):
-                        lines.final(timed_lines(final))
+                        lines.final(said(final))
                     lines.partial(stream.partial)
                     if interrupted:
                         break
             transcript = stream.final()
             for final in stream.take_finals():
-                lines.final(timed_lines(final))
+                lines.final(said(final))
             lines.clear()
             if args.output_dir:
                 _write_streamed(args, transcript, stems[name], audio, formats, maps)
@@ -146,6 +149,15 @@ def transcribe_streaming(
     if args.explorer:  # Ctrl-C too: it is how a session from the microphone ends
         write_explorer(args.output_dir, progress=False)
     return 130 if interrupted else 0
+
+
+def _finals_as_json_lines(audio: str):
+    """The finals of the input `audio` as the JSON lines `asr serve` sends for them (numbered
+    from 0), each with `audio` added."""
+    from asr.serve.server import final_message
+
+    count = itertools.count()
+    return lambda final: json.dumps(final_message(final, next(count)) | {"audio": audio}) + "\n"
 
 
 def _kept_maps(stream) -> list:

@@ -431,7 +431,7 @@ class LiveServer:
         """The finals a chunk closed, then the partial after it (one per chunk, even when the
         text did not change, so a client can time every chunk)."""
         out = [
-            (client, _final(t, client.utterances + i, client.alignments))
+            (client, final_message(t, client.utterances + i, client.alignments))
             for i, t in enumerate(client.stream.take_finals())
         ]
         client.utterances += len(out)
@@ -454,10 +454,11 @@ class LiveServer:
         self._executor.shutdown(wait=False, cancel_futures=True)
 
 
-def _final(
-    transcript: Transcript, utterance: int, alignments: deque[dict[str, Any] | None] | None
+def final_message(
+    transcript: Transcript, utterance: int, alignments: deque[dict[str, Any] | None] | None = None
 ) -> dict[str, Any]:
-    """A final's message; with its alignment, the next of `alignments` (made in order)."""
+    """A final's message (docs/streaming.md), `utterance` its number in the stream; with its
+    alignment, the next of `alignments` (made in order)."""
     message = {
         "type": "final",
         "utterance": utterance,

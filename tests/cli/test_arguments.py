@@ -1,5 +1,5 @@
-"""Numbers out of their range stop `asr` as it parses its arguments, naming the option, before
-a model is loaded."""
+"""Arguments that cannot work stop `asr` before a model is loaded: numbers out of their range (at
+parsing, naming the option), and options given without the one they need."""
 
 from __future__ import annotations
 
@@ -42,3 +42,9 @@ def test_an_out_of_range_number_stops_at_parsing(argv, said, capsys) -> None:
     assert stopped.value.code == 2
     expected = f"asr {argv[0]}: error: argument {option}: {said}"
     assert capsys.readouterr().err.splitlines()[-1] == expected
+
+
+def test_jsonl_is_for_live_streams(capsys) -> None:
+    assert main([*TRANSCRIBE, "--jsonl"]) == 2
+    said = "asr transcribe: error: --jsonl prints a live stream's finals: give --streaming too"
+    assert capsys.readouterr().err.splitlines()[-1] == said

@@ -520,6 +520,28 @@ def test_connect_prints_what_the_server_finds_in_each_file(server, trained, tmp_
     assert f"asr connect: error: {bad}:" in err
 
 
+def test_jsonl_prints_each_final_as_the_server_sends_it(server, trained, capsys) -> None:
+    """`--jsonl` of `asr connect` and of `asr transcribe --streaming`: each final as the message
+    the server sends for it, with the input's name added."""
+    import io
+
+    from asr.cli import _parser
+    from asr.cli.live import transcribe_streaming
+
+    (_, url), (recognizer, waves) = server, trained
+    wav = str(WAV / f"{UID}.wav")
+    sent = session(url, waves[UID].numpy().astype("<f4").tobytes(), start=F32_START)
+    expected = [m | {"audio": wav} for m in sent if m["type"] == "final"]
+    assert [m["text"] for m in expected] == ["U M N Y H SIX"]
+    assert main(["connect", url, wav, "--jsonl"]) == 0
+    assert [json.loads(line) for line in capsys.readouterr().out.splitlines()] == expected
+    live = ["--chunk-ms", "160", "--endpoint-silence", "0", "--final-search", "rescore"]
+    args = ["transcribe", "--streaming", "--jsonl", "--model", "in-memory", *live, wav]
+    out = io.StringIO()
+    assert transcribe_streaming(_parser("transcribe").parse_args(args), recognizer, out=out) == 0
+    assert [json.loads(line) for line in out.getvalue().splitlines()] == expected
+
+
 def test_connect_in_real_time_sends_at_the_pace_of_speech(server, trained, monkeypatch, capsys):
     import asr.cli.connect
 
