@@ -1,17 +1,25 @@
 """The `--config` files of `asr fit|validate|test` read before LightningCLI parses them, so that
 the commonest mistakes are named with their file and line: YAML that does not parse, a
-`class_path` that imports nothing, an `init_args` or `trainer` key the class does not take.
+`class_path` that imports nothing, an `init_args` or `trainer` key the class does not take (in
+a config laid over another, the class that one named), a key a dataclass of options lacks.
 What this passes, jsonargparse still checks in full (types, values, the other keys)."""
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import importlib
 import inspect
+import types
+import typing
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import yaml
+
+Problem = tuple[int, str, str]  # the line, the key, what is wrong
+SPEC_KEYS = ("class_path", "init_args", "dict_kwargs")  # jsonargparse's for a class and its args
 
 
 def config_paths(argv: Sequence[str]) -> list[str]:
@@ -25,9 +33,14 @@ def config_paths(argv: Sequence[str]) -> list[str]:
     return paths
 
 
-def config_problems(path: str | Path) -> list[str]:
+def config_problems(
+    path: str | Path, classes: dict[str, tuple[Any, str]] | None = None
+) -> list[str]:
     """Each problem found in the config file `path` as `FILE:LINE: KEY: what is wrong`; none for
-    a file that does not exist or cannot be read (LightningCLI says so itself)."""
+    a file that does not exist or cannot be read (LightningCLI says so itself). `classes` maps
+    key paths to the classes (and their class_path) earlier configs named there, for a config
+    laid over them that gives `init_args` alone; this file's are added to it."""
+    classes = {} if classes is None else classes
     try:
         text = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError):
@@ -43,13 +56,14 @@ def config_problems(path: str | Path) -> list[str]:
         return [f"{where}: not valid YAML: {err.problem or err.context}{context}"]
     except yaml.YAMLError as err:
         return [f"{path}: not valid YAML: {err}"]
-    return [f"{path}:{line}: {key}: {problem}" for line, key, problem in _problems(root, "")]
+    found = _problems(root, "", classes)
+    return [f"{path}:{line}: {key}: {problem}" for line, key, problem in found]
 
 
-def _problems(node: yaml.Node, key: str) -> Iterator[tuple[int, str, str]]:
+def _problems(node: yaml.Node, key: str, classes: dict[str, tuple[Any, str]]) -> Iterator[Problem]:
     if isinstance(node, yaml.SequenceNode):
         for i, item in enumerate(node.value):
-            yield from _problems(item, f"{key}[{i}]")
+            yield from _problems(item, f"{key}[{i}]", classes)
         return
     if not isinstance(node, yaml.MappingNode):
         return
@@ -57,26 +71,25 @@ def _problems(node: yaml.Node, key: str) -> Iterator[tuple[int, str, str]]:
     if key == "trainer":
         from lightning.pytorch import Trainer
 
-        yield from _unknown_arguments(Trainer, "the Trainer", node, key)
-    target = entries.get("class_path")
+        yield from _arguments(Trainer, "the Trainer", node, key)
+    target, named = entries.get("class_path"), classes.get(key)
     if target is not None and isinstance(target[1], yaml.ScalarNode):
-        found = _resolve(target[1].value)
+        found, named = _resolve(target[1].value), None
         if isinstance(found, str):
             yield target[1].start_mark.line + 1, _join(key, "class_path"), found
-        elif "init_args" in entries and found is not None:
-            arguments = entries["init_args"][1]
-            yield from _unknown_arguments(
-                found, target[1].value, arguments, _join(key, "init_args")
-            )
+        elif found is not None:
+            named = classes[key] = (found, target[1].value)
+    if named is not None and "init_args" in entries:
+        found, name = named
+        yield from _arguments(found, name, entries["init_args"][1], _join(key, "init_args"))
     for name, (_, value) in entries.items():
-        yield from _problems(value, _join(key, name))
+        yield from _problems(value, _join(key, name), classes)
 
 
-def _unknown_arguments(
-    target, name: str, node: yaml.Node, key: str
-) -> Iterator[tuple[int, str, str]]:
+def _arguments(target, name: str, node: yaml.Node, key: str) -> Iterator[Problem]:
     """The keys of the mapping `node` that `target`'s signature has no parameter for (none
-    where it takes `**kwargs`: they may go on to a parent class)."""
+    where it takes `**kwargs`: they may go on to a parent class), and within those it has, the
+    keys of a mapping given for a parameter typed as a dataclass of options."""
     if not isinstance(node, yaml.MappingNode):
         return
     try:
@@ -86,10 +99,39 @@ def _unknown_arguments(
     if any(p.kind is p.VAR_KEYWORD for p in parameters):
         return
     known = [p.name for p in parameters if p.kind is not p.VAR_POSITIONAL]
-    for k, _ in node.value:
-        if isinstance(k, yaml.ScalarNode) and k.value not in known:
+    for k, value in node.value:
+        if not isinstance(k, yaml.ScalarNode):
+            continue
+        if k.value not in known:
             problem = f"{name} takes no argument {k.value!r}{_did_you_mean(k.value, known)}"
             yield k.start_mark.line + 1, _join(key, k.value), problem
+        elif isinstance(value, yaml.MappingNode) and not _subclass_spec(value):
+            typed = _options_class(_hints(target).get(k.value))
+            if typed is not None:
+                yield from _arguments(typed, typed.__qualname__, value, _join(key, k.value))
+
+
+def _subclass_spec(node: yaml.MappingNode) -> bool:
+    """A mapping jsonargparse reads as a class and its arguments (checked where it stands)."""
+    return any(isinstance(k, yaml.ScalarNode) and k.value in SPEC_KEYS for k, _ in node.value)
+
+
+def _hints(target) -> dict[str, Any]:
+    """The resolved annotations of `target`'s parameters; none where they cannot be resolved."""
+    try:
+        return typing.get_type_hints(target.__init__ if inspect.isclass(target) else target)
+    except Exception:  # noqa: BLE001 - names only a type checker sees: nothing to check against
+        return {}
+
+
+def _options_class(annotation) -> type | None:
+    """The dataclass an annotation names, `| None` aside (jsonargparse reads a mapping given
+    for it as its fields); None for anything else."""
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        members = [a for a in typing.get_args(annotation) if a is not type(None)]
+        annotation = members[0] if len(members) == 1 else None
+    is_options = inspect.isclass(annotation) and dataclasses.is_dataclass(annotation)
+    return annotation if is_options else None
 
 
 def _resolve(class_path: str):

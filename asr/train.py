@@ -493,7 +493,8 @@ _NO_ADVERTS = _NoAdverts()
 
 def run_lightning_cli(argv: Sequence[str]) -> ASRCLI:
     """Run `asr fit|validate|test ...` (argv without the program name)."""
-    problems = [p for path in config_paths(argv) for p in config_problems(path)]
+    classes: dict[str, tuple[Any, str]] = {}  # what each config names, for those laid over it
+    problems = [p for path in config_paths(argv) for p in config_problems(path, classes)]
     if problems:
         for problem in problems:
             print(f"asr {argv[0]}: error: {problem}", file=sys.stderr)

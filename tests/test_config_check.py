@@ -76,6 +76,34 @@ def test_arguments_that_may_go_on_to_a_parent_are_left_to_jsonargparse(tmp_path)
     assert config_problems(tmp_path / "missing.yaml") == []  # LightningCLI says so itself
 
 
+@pytest.mark.parametrize(
+    ("base", "overlay"),
+    [("conf/an4/transformer.yaml", "conf/an4/augment.yaml"),
+     ("conf/an4/conformer.yaml", "conf/an4/augment_strong.yaml")],
+)  # fmt: skip
+def test_the_shipped_overlays_pass_over_their_base(base, overlay) -> None:
+    classes: dict = {}
+    assert config_problems(ROOT / base, classes) + config_problems(ROOT / overlay, classes) == []
+
+
+def test_a_config_laid_over_another_is_checked_against_its_classes(tmp_path) -> None:
+    """`--config base --config overlay`: the overlay's init_args alone are checked against the
+    classes the base named, and a dataclass of options (augment) key by key."""
+    overlay = tmp_path / "augment.yaml"
+    overlay.write_text(
+        "data:\n  init_args:\n    augment:\n      nosie: {prob: 0.3}\n      reverb: {porb: 0.1}\n"
+    )
+    classes: dict = {}
+    assert config_problems(QUICK, classes) == []
+    assert config_problems(overlay, classes) == [
+        f"{overlay}:4: data.init_args.augment.nosie: WaveAugment takes no argument 'nosie' "
+        "(did you mean 'noise'?)",
+        f"{overlay}:5: data.init_args.augment.reverb.porb: ReverbAugment takes no argument "
+        "'porb' (did you mean 'prob'?)",
+    ]
+    assert config_problems(overlay) == []  # alone, it does not say what `data` is
+
+
 def test_the_config_options_are_found_in_every_spelling() -> None:
     argv = ["fit", "--config", "a.yaml", "-c", "b.yaml", "--config=c.yaml", "--trainer.x", "1"]
     assert config_paths(argv) == ["a.yaml", "b.yaml", "c.yaml"]
