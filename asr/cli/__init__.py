@@ -512,15 +512,22 @@ def _calibration_report(fit) -> str:
     return "\n".join(lines)
 
 
-def _count(text: str) -> int:
-    """An argparse type: a whole number of at least 1 (threads, beams, streams...)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
+def _whole(low: int):
+    """An argparse type: a whole number of at least `low`."""
+
+    def whole(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be at least {low}, got {value}")
+        return value
+
+    return whole
+
+
+_count = _whole(1)  # threads, beams, streams...
 
 
 def _weight(text: str) -> float:
@@ -839,7 +846,7 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
             "which also skips inputs without speech",
         )
         p.add_argument(
-            "--words-per-cue", type=int, default=0, help="srt/vtt/tsv: 0 = one per segment"
+            "--words-per-cue", type=_whole(0), default=0, help="srt/vtt/tsv: 0 = one per segment"
         )
         spread = p.add_argument_group(
             "several processes",

@@ -21,6 +21,7 @@ AT_LEAST_1 = "must be at least 1, got"
         ([*TRANSCRIBE, "--nbest", "0"], f"{AT_LEAST_1} 0"),
         ([*TRANSCRIBE, "--workers", "0"], f"{AT_LEAST_1} 0"),
         ([*TRANSCRIBE, "--ctc-weight", "1.5"], "must lie in [0, 1], got 1.5"),
+        ([*TRANSCRIBE, "--words-per-cue", "-1"], "must be at least 0, got -1"),
         ([*TRANSCRIBE, "--threads", "two"], "must be a whole number, got 'two'"),
         ([*TRANSCRIBE, "--ctc-weight", "half"], "must be a number, got 'half'"),
         ([*SERVE, "--threads", "0"], f"{AT_LEAST_1} 0"),
