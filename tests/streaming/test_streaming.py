@@ -437,6 +437,51 @@ def test_a_source_faster_than_the_decoding_is_held_back(monkeypatch) -> None:
         assert b"".join(pieces) == data
 
 
+@pytest.mark.timeout(120)
+def test_ctrl_c_to_a_real_process_reading_a_pipe(tiny_checkpoint, an4_fixture) -> None:
+    """`arecord | asr transcribe --streaming -` in a process of its own, its source still open:
+    the first utterance's final comes at its pause, then SIGINT ends the input and the command
+    exits 130 at once (its stdin reader does not hold it)."""
+    import json
+    import select
+
+    from asr.audio import load_audio
+    from asr.recognizer import load_model
+
+    wave = load_audio(an4_fixture / "wav/an4_clstk/fash/an255-fash-b.wav", 16000)
+    heard = torch.cat([wave, torch.zeros(2 * 16000)])  # speech, then a pause that ends it
+    pcm = (heard * 32767).round().short().numpy().astype("<i2").tobytes()
+    checkpoint = str(tiny_checkpoint["checkpoint"])
+    command = [sys.executable, "-m", "asr", "transcribe", "--streaming", "--model", checkpoint,
+               "--silence-from", "silero", "--jsonl", "-"]  # fmt: skip
+    process = subprocess.Popen(  # SIGINT as at a terminal, even under a background test run
+        command,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    try:
+        process.stdin.write(pcm)
+        process.stdin.flush()  # and the pipe stays open, as a microphone's does
+        assert select.select([process.stdout], [], [], 60)[0], "no final came at the pause"
+        first = process.stdout.readline().decode()
+        time.sleep(1.0)  # the rest decoded: the command now waits for more audio
+        os.kill(process.pid, signal.SIGINT)
+        start = time.monotonic()
+        process.wait(timeout=10)  # stdin still open: communicate() would close it
+        stopped = time.monotonic() - start
+    finally:
+        process.kill()
+        process.stdin.close()
+    assert process.returncode == 130, process.stderr.read().decode()
+    assert stopped < 5, "the command waited for its source"
+    silero = EndpointOptions(silence_from="silero")  # hears the pause whatever the model says
+    options = StreamOptions(final_search="beam", endpoint=silero)
+    expected = stream_transcript(load_model(checkpoint), heard, options)
+    assert json.loads(first)["text"] == expected.segments[0].text
+
+
 def test_without_stdin_or_from_a_terminal_dash_is_a_clear_error(monkeypatch) -> None:
     from asr.cli.console import StdinPcm
 
