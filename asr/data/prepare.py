@@ -3,12 +3,15 @@ which lists every input left out (`left_out` reads back the broken ones)."""
 
 from __future__ import annotations
 
+import gzip
+import inspect
 import json
 import logging
 import os
 import random
 import re
 import tarfile
+import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -23,7 +26,8 @@ logger = logging.getLogger(__name__)
 
 PathLike = str | os.PathLike
 LISTED = 5
-BROKEN_KEYS = ("unusable_audio", "bad_transcripts")  # summary.json lists of broken inputs
+# summary.json lists of broken inputs
+BROKEN_KEYS = ("unusable_audio", "missing_audio", "bad_transcripts")
 
 
 @dataclass(frozen=True)
@@ -69,6 +73,12 @@ def prepare_corpus(
     """Prepare the corpus `CORPORA[corpus]` from `data_dir` into `out_dir`; split -> summary."""
     if corpus not in CORPORA:
         raise ValueError(f"unknown corpus {corpus!r}; known: {', '.join(sorted(CORPORA))}")
+    for option in options:
+        if option not in inspect.signature(CORPORA[corpus]).parameters:
+            takers = [name for name, prepare in sorted(CORPORA.items())
+                      if option in inspect.signature(prepare).parameters]  # fmt: skip
+            of = f"; it is an option of {' and '.join(takers)}" if takers else ""
+            raise ValueError(f"{corpus} takes no option {option!r}{of}")
     return CORPORA[corpus](data_dir, out_dir, **options)
 
 
@@ -98,11 +108,18 @@ def prepare_an4(
         raise ValueError(f"dev_size must be >= 0, got {dev_size}")
     data_dir, out_dir = _absolute(data_dir), _absolute(out_dir)
     root = _an4_root(data_dir, out_dir)
-    train, unusable = _measure(_an4_entries(root, "train"), "an4 train")
-    test, unusable_test = _measure(_an4_entries(root, "test"), "an4 test")
+    missing, bad_text, measured = [], [], {}
+    for split in AN4_SPLITS:
+        entries, missing_here, bad_here = _an4_entries(root, split)
+        measured[split] = _measure(entries, f"an4 {split}")
+        missing, bad_text = missing + missing_here, bad_text + bad_here
+    (train, unusable), (test, unusable_test) = measured["train"], measured["test"]
     dev, train = _hold_out(sorted(train, key=lambda u: u.utt_id), dev_size)
     splits = {"train": train, "dev": dev, "test": sorted(test, key=lambda u: u.utt_id)}
-    return _write_splits(out_dir, "an4", root, splits, unusable_audio=unusable + unusable_test)
+    report = {"missing_audio": missing, "bad_transcripts": bad_text}
+    return _write_splits(
+        out_dir, "an4", root, splits, unusable_audio=unusable + unusable_test, **report
+    )
 
 
 def _an4_root(data_dir: Path, out_dir: Path) -> Path:
@@ -148,7 +165,7 @@ def _extract_an4(tarball: Path, raw: Path) -> Path:
                     f"{tarball}: expected one AN4 distribution inside, found {len(inner)}"
                 )
             _extract_all(archive, raw)
-    except tarfile.TarError as error:
+    except (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile) as error:  # cut short
         raise ValueError(f"{tarball}: cannot read the tarball ({error})") from error
     root_inside = Path(inner[0]).parent.parent.as_posix()
     if not _is_an4_root(raw / root_inside):
@@ -164,22 +181,52 @@ def _extract_all(archive: tarfile.TarFile, destination: Path) -> None:
         archive.extractall(destination)
 
 
-def _an4_entries(root: Path, split: str) -> list[_Entry]:
+def _an4_entries(root: Path, split: str) -> tuple[list[_Entry], list[str], list[str]]:
+    """The split's entries, the audio not found and `file:line: reason` of unusable lines."""
     transcription, audio_dir = AN4_SPLITS[split]
     path = root / "etc" / transcription
-    entries, missing = [], []
+    entries, missing, bad_text, first_line_of = [], [], [], {}
     for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
         if not line.strip():
             continue
-        text, source = _parse_an4_line(line, f"{path}:{number}")
+        location = f"{path}:{number}"
+        try:
+            text, source = _parse_an4_line(line, location)
+        except ValueError as error:
+            bad_text.append(str(error))
+            continue
         first, speaker, last = source.split("-")
+        utterance_id = f"{speaker}-{first}-{last}"
+        problem = _transcript_problem(text, utterance_id, number, first_line_of)
+        if problem:
+            bad_text.append(f"{location}: {problem}")
+            continue
         audio = _existing(root / "wav" / audio_dir / speaker / source, (".wav", ".sph"))
         if audio is None:
             missing.append(f"{root / 'wav' / audio_dir / speaker / source}.{{wav,sph}}")
             continue
-        entries.append(_Entry(f"{speaker}-{first}-{last}", audio, text, audio.parent.name))
-    _raise_if_any(missing, f"{path}: audio missing for")
-    return entries
+        entries.append(_Entry(utterance_id, audio, text, audio.parent.name))
+    _warn_left_out(f"an4 {split}", missing, bad_text)
+    return entries, missing, bad_text
+
+
+def _transcript_problem(
+    text: str, utterance_id: str, number: int, first_line_of: dict[str, int]
+) -> str | None:
+    """Why a transcript line is left out: no words, or an id given on an earlier line."""
+    if not text:
+        return f"{utterance_id}: transcript is empty"
+    first = first_line_of.setdefault(utterance_id, number)
+    return f"{utterance_id} is already on line {first}" if first != number else None
+
+
+def _warn_left_out(description: str, missing: list[str], bad_text: list[str]) -> None:
+    if missing:
+        logger.warning("%s: audio missing for %d: %s", description, len(missing), _some(missing))
+    if bad_text:
+        logger.warning(
+            "%s: %d unusable transcript(s): %s", description, len(bad_text), _some(bad_text)
+        )
 
 
 def _parse_an4_line(line: str, location: str) -> tuple[str, str]:
@@ -225,21 +272,27 @@ def prepare_librispeech(
     found = _librispeech_splits(root)
     if not found:
         raise ValueError(f"{data_dir}: expected {LIBRISPEECH_LAYOUT}; found no split directory")
-    chosen = list(found) if splits is None else list(splits)
+    chosen = list(found) if splits is None else list(dict.fromkeys(splits))
     unknown = [name for name in chosen if name not in found]
     if unknown:
         raise ValueError(
             f"{root}: split(s) {', '.join(unknown)} not found; found {', '.join(found)}"
         )
-    prepared, unusable = {}, []
+    prepared, unusable, missing, bad_text = {}, [], [], []
     for name in chosen:
-        prepared[name], bad = _measure(_librispeech_entries(found[name]), f"librispeech {name}")
-        unusable += bad
+        entries, missing_here, bad_here = _librispeech_entries(found[name])
+        prepared[name], unusable_here = _measure(entries, f"librispeech {name}")
+        unusable, missing, bad_text = (
+            unusable + unusable_here,
+            missing + missing_here,
+            bad_text + bad_here,
+        )
     for pool in ("train", "dev", "test"):
         members = [name for name in chosen if name.startswith(f"{pool}-")]
         if members and pool not in prepared:
             prepared[pool] = [utterance for name in members for utterance in prepared[name]]
-    return _write_splits(out_dir, "librispeech", root, prepared, unusable_audio=unusable)
+    report = {"unusable_audio": unusable, "missing_audio": missing, "bad_transcripts": bad_text}
+    return _write_splits(out_dir, "librispeech", root, prepared, **report)
 
 
 def _librispeech_splits(root: Path) -> dict[str, Path]:
@@ -252,23 +305,26 @@ def _librispeech_splits(root: Path) -> dict[str, Path]:
     }
 
 
-def _librispeech_entries(split_dir: Path) -> list[_Entry]:
-    entries, missing = [], []
+def _librispeech_entries(split_dir: Path) -> tuple[list[_Entry], list[str], list[str]]:
+    """The split's entries, the audio not found and `file:line: reason` of unusable lines."""
+    entries, missing, bad_text = [], [], []
     for transcripts in sorted(split_dir.glob("*/*/*.trans.txt")):
-        speaker = transcripts.parent.parent.name
+        speaker, first_line_of = transcripts.parent.parent.name, {}
         for number, line in enumerate(transcripts.read_text(encoding="utf-8").splitlines(), 1):
             if not line.strip():
                 continue
             utterance_id, _, text = line.strip().partition(" ")
-            if not text.strip():
-                raise ValueError(f"{transcripts}:{number}: expected '<utterance-id> <TRANSCRIPT>'")
+            problem = _transcript_problem(text.strip(), utterance_id, number, first_line_of)
+            if problem:
+                bad_text.append(f"{transcripts}:{number}: {problem}")
+                continue
             audio = _audio_beside(transcripts.parent, utterance_id)
             if audio is not None:
                 entries.append(_Entry(utterance_id, audio, text.strip(), speaker))
             else:
                 missing.append(str(transcripts.parent / f"{utterance_id}.flac"))
-    _raise_if_any(missing, f"{split_dir}: audio missing for")
-    return entries
+    _warn_left_out(split_dir.name, missing, bad_text)
+    return entries, missing, bad_text
 
 
 def _audio_beside(folder: Path, stem: str) -> Path | None:
@@ -344,10 +400,7 @@ def prepare_folder(
             len(missing),
             _some(missing),
         )
-    if bad_text:
-        logger.warning(
-            "%s: %d unusable transcript(s): %s", data_dir, len(bad_text), _some(bad_text)
-        )
+    _warn_left_out(str(data_dir), [], bad_text)
     if not entries:
         raise ValueError(
             f"{data_dir}: expected {FOLDER_LAYOUT}; no audio file has a usable transcript"
@@ -485,13 +538,26 @@ def _write_splits(
     splits: dict[str, list[Utterance]],
     **report: Any,
 ) -> dict[str, SplitSummary]:
-    """Write each non-empty split's manifest and `summary.json`; return the summaries."""
+    """Write each non-empty split's manifest and `summary.json`; return the summaries.
+
+    The manifests of splits an earlier preparation into `out_dir` wrote and this one does not
+    are removed, so that no old dev or test set is left beside a train set that now holds it."""
+    if not any(splits.values()):
+        left = [f"{key}: {_some(value)}" for key, value in report.items() if value]
+        raise ValueError(f"{source}: no usable utterance ({'; '.join(left) or 'none found'})")
     out_dir.mkdir(parents=True, exist_ok=True)
+    earlier = _earlier_splits(out_dir)
     summaries = {}
     for name, utterances in splits.items():
         if utterances:
             write_manifest(out_dir / f"{name}.jsonl", utterances)
             summaries[name] = SplitSummary.of(utterances)
+    for name in earlier - set(summaries):
+        if (out_dir / f"{name}.jsonl").is_file():
+            logger.warning(
+                "removing %s, a split of the earlier preparation", out_dir / f"{name}.jsonl"
+            )
+            (out_dir / f"{name}.jsonl").unlink()
     record = {
         "corpus": corpus,
         "source": str(source),
@@ -504,6 +570,15 @@ def _write_splits(
     )
     logger.info("prepared %s in %s:\n%s", corpus, out_dir, format_summary(summaries))
     return summaries
+
+
+def _earlier_splits(out_dir: Path) -> set[str]:
+    """The splits `summary.json` in `out_dir` lists (none when it is absent or unreadable)."""
+    try:
+        record = json.loads((out_dir / "summary.json").read_text(encoding="utf-8"))
+        return {str(name) for name in record["splits"]}
+    except (OSError, ValueError, KeyError, TypeError):
+        return set()
 
 
 def left_out(out_dir: PathLike) -> list[str]:

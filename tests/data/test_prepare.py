@@ -14,7 +14,7 @@ import soundfile
 from conftest import corpus_path
 
 from asr.data.manifest import Utterance, read_manifest
-from asr.data.prepare import CORPORA, SplitSummary, format_summary, prepare_corpus
+from asr.data.prepare import CORPORA, SplitSummary, format_summary, left_out, prepare_corpus
 
 
 def read_splits(out_dir: Path) -> dict[str, list[Utterance]]:
@@ -292,3 +292,94 @@ def test_format_summary_aligns_columns():
         "split            utterances   hours  speakers",
         "train-clean-100       28539  100.59       251",
     ]
+
+
+def fake_an4(root: Path, train: list[str], test: list[str]) -> Path:
+    """An AN4 layout whose transcript lines are `train` and `test`, with a tone for each id
+    named in them (ids given with a `!` after them get no audio)."""
+    for split, lines, audio_dir in (("train", train, "an4_clstk"), ("test", test, "an4test_clstk")):
+        (root / "etc").mkdir(parents=True, exist_ok=True)
+        text = "\n".join(line.replace("!", "") for line in lines) + "\n"
+        (root / "etc" / f"an4_{split}.transcription").write_text(text)
+        for line in lines:
+            found = re.search(r"\((\w+)-(\w+)-(\w+)(!?)\)", line)
+            if found and not found.group(4):
+                source = "-".join(found.groups()[:3])
+                write_tone(root / "wav" / audio_dir / found.group(2) / f"{source}.wav", 0.1)
+    (root / "wav").mkdir(exist_ok=True)
+    return root
+
+
+def test_an4_leaves_out_and_lists_bad_lines_and_missing_audio(tmp_path):
+    root = fake_an4(
+        tmp_path / "an4",
+        train=[f"<s> WORD {n} </s> (a{n}-spk-b)" for n in range(4)]
+        + ["<s> </s> (a7-spk-b)", "<s> AGAIN </s> (a1-spk-b)", "<s> GONE </s> (a8-spk-b!)"],
+        test=["<s> TEST </s> (t1-tsp-b)", "no parenthesis here"],
+    )
+    summaries = prepare_corpus("an4", root, tmp_path / "out", dev_size=1)
+    splits = check_outputs(tmp_path / "out", summaries)
+    assert {name: len(u) for name, u in splits.items()} == {"train": 3, "dev": 1, "test": 1}
+    assert [u.text for u in splits["train"] + splits["dev"]].count("WORD 1") == 1
+    problems = "\n".join(left_out(tmp_path / "out"))
+    train, test = root / "etc" / "an4_train.transcription", root / "etc" / "an4_test.transcription"
+    assert f"{train}:5: spk-a7-b: transcript is empty" in problems
+    assert f"{train}:6: spk-a1-b is already on line 2" in problems
+    assert "an4_clstk/spk/a8-spk-b.{wav,sph}" in problems
+    assert f"{test}:2: expected '<s> WORDS </s> (an251-fash-b)'" in problems
+
+
+def test_a_corpus_with_no_usable_utterance_is_refused(tmp_path):
+    root = fake_an4(tmp_path / "an4", ["<s> A </s> (a1-spk-b!)"], ["<s> B </s> (t1-tsp-b!)"])
+    with pytest.raises(ValueError, match=r"no usable utterance \(missing_audio: .*a1-spk-b"):
+        prepare_corpus("an4", root, tmp_path / "out")
+
+
+def test_splits_of_an_earlier_preparation_are_removed(tmp_path, caplog):
+    """Preparing again without dev must not leave the old dev set, now in train, beside it."""
+    root = fake_an4(
+        tmp_path / "an4", [f"<s> W </s> (a{n}-spk-b)" for n in range(5)], ["<s> T </s> (t-s-b)"]
+    )
+    out = tmp_path / "out"
+    prepare_corpus("an4", root, out, dev_size=2)
+    (out / "notes.jsonl").write_text("{}\n")  # not a split of ours: kept
+    with caplog.at_level(logging.WARNING, logger="asr.data.prepare"):
+        summaries = prepare_corpus("an4", root, out, dev_size=0)
+    assert sorted(p.name for p in out.glob("*.jsonl")) == [
+        "notes.jsonl",
+        "test.jsonl",
+        "train.jsonl",
+    ]
+    assert f"removing {out / 'dev.jsonl'}" in caplog.text
+    assert set(summaries) == {"train", "test"} and summaries["train"].utterances == 5
+
+
+def test_an_option_of_another_corpus_is_named(tmp_path):
+    with pytest.raises(
+        ValueError, match="yesno takes no option 'dev_size'; it is an option of an4"
+    ):
+        prepare_corpus("yesno", tmp_path, tmp_path / "out", dev_size=3)
+    with pytest.raises(ValueError, match="an4 takes no option 'splits'; it is an option of libri"):
+        prepare_corpus("an4", tmp_path, tmp_path / "out", splits=["train"])
+
+
+def test_an4_tarball_cut_short_is_named(tmp_path):
+    root = fake_an4(tmp_path / "an4", ["<s> A </s> (a1-spk-b)"], ["<s> B </s> (t1-tsp-b)"])
+    for n in range(20):  # incompressible audio, so that the cut lands inside the archive
+        path = root / "wav" / "an4_clstk" / "spk" / f"noise{n}.wav"
+        soundfile.write(path, np.random.default_rng(n).uniform(-1, 1, 8000), 8000)
+    whole = tmp_path / "an4.tar.gz"
+    with tarfile.open(whole, "w:gz") as archive:
+        archive.add(root, arcname="an4")
+    cut = tmp_path / "an4_cut.tar.gz"
+    cut.write_bytes(whole.read_bytes()[: whole.stat().st_size // 2])
+    with pytest.raises(ValueError, match="an4_cut.tar.gz: cannot read the tarball"):
+        prepare_corpus("an4", cut, tmp_path / "out")
+
+
+@pytest.mark.needs_corpus
+def test_a_librispeech_split_named_twice_is_prepared_once(librispeech_dir, tmp_path):
+    summaries = prepare_corpus(
+        "librispeech", librispeech_dir, tmp_path, splits=["train-clean-5", "train-clean-5"]
+    )
+    assert summaries["train"].utterances == summaries["train-clean-5"].utterances == 38
