@@ -417,6 +417,13 @@ def train_tokenizer(
     if kind not in _KINDS:
         raise ValueError(f"tokenizer kind must be one of {sorted(_KINDS)}, got {kind!r}")
     texts = list(_iter_texts(texts_or_manifests))
+    if not any(normalizer(text).strip() for text in texts):
+        sources = texts_or_manifests
+        if isinstance(sources, (str, os.PathLike)):  # one manifest, as `_iter_texts` reads it
+            sources = [Path(sources)]
+        names = [str(item) for item in sources if isinstance(item, os.PathLike)]
+        where = f"{', '.join(names)}: " if names else ""
+        raise ValueError(f"{where}no text left after normalisation to train a tokenizer on")
     if kind == "char":
         tokenizer: Tokenizer = CharTokenizer.train(texts, normalizer)
     elif vocab_size is None:
@@ -443,8 +450,12 @@ def _iter_texts(source: str | os.PathLike | Iterable[str | os.PathLike]) -> Iter
 def read_manifest_texts(path: str | os.PathLike) -> list[str]:
     """The "text" field of every line of a JSON Lines manifest."""
     texts = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8-sig" if lineno == 1 else "utf-8")
+            except UnicodeDecodeError as err:
+                raise ValueError(f"{path}:{lineno}: not valid UTF-8 ({err.reason})") from None
             if not line.strip():
                 continue
             try:

@@ -267,6 +267,13 @@ CASES = [
         validate=r"{line}: outside the tokenizer's vocabulary: '日' '本'",
         evaluate=OK,  # references are scored as they are
     ),
+    bad_text(
+        "punctuation-only",
+        b"!!! ...",
+        prepare="",  # the words are the tokenizer's to judge
+        validate=r"{line}: no tokens left after the tokenizer's normalisation",
+        evaluate=OK,
+    ),
     Case(
         "invalid-json",
         wav("invalid-json"),

@@ -253,8 +253,26 @@ def test_train_tokenizer_bad_arguments():
         train_tokenizer(SMALL_TEXTS, "wordpiece", 40, out_dir=None)
     with pytest.raises(ValueError, match="vocab_size"):
         train_tokenizer(SMALL_TEXTS, "unigram", None, out_dir=None)
-    with pytest.raises(ValueError, match="no non-empty"):
-        train_tokenizer(["", " ,"], "bpe", 40, out_dir=None)
+    for kind in ("char", "bpe"):
+        with pytest.raises(ValueError, match="^no text left after normalisation"):
+            train_tokenizer(["", " ,"], kind, 40, out_dir=None)
+
+
+def test_a_manifest_without_words_is_named(tmp_path):
+    empty = write_manifest(tmp_path / "empty.jsonl", ["!!! ...", ""])
+    for kind in ("char", "unigram"):
+        with pytest.raises(ValueError, match=f"^{re.escape(str(empty))}: no text left"):
+            train_tokenizer(empty, kind, 40, out_dir=None)
+
+
+def test_manifest_texts_read_as_validation_does(tmp_path):
+    """A byte-order mark is read past; a line that is not UTF-8 is named by file and line."""
+    path = tmp_path / "m.jsonl"
+    path.write_bytes(b'\xef\xbb\xbf{"text": "yes"}\n{"text": "no"}\n')
+    assert read_manifest_texts(path) == ["yes", "no"]
+    path.write_bytes(b'{"text": "yes"}\n{"text": "caf\xe9"}\n')
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(path))}:2: not valid UTF-8"):
+        read_manifest_texts(path)
 
 
 def write_manifest(path: Path, texts: list[str]) -> Path:

@@ -87,6 +87,11 @@ def _cmvn(args: argparse.Namespace) -> int:
     from asr.frontends import Frontend, LevelNormalizer, LogMelFilterbank
 
     if args.config is not None:
+        from asr.config_check import config_problems
+
+        problems = config_problems(args.config)
+        if problems:
+            raise ValueError("\n".join(problems))
         frontend = config_frontend(args.config)
     else:
         features = LogMelFilterbank(sample_rate=args.sample_rate, n_mels=args.n_mels)
@@ -105,15 +110,17 @@ def _validate_data(args: argparse.Namespace) -> int:
     from asr.text import Tokenizer
 
     tokenizer = Tokenizer.load(args.tokenizer) if args.tokenizer else None
-    failed = 0
+    failed, lines = 0, []
     for manifest in args.manifest:
         report = validate_manifest(manifest, tokenizer, check_audio="full" if args.full else True)
         print(f"{manifest}: {len(report.good)} good, {len(report.bad)} bad")
         for entry in report.bad:
             print(f"  {entry.location}: {entry.reason}")
-        if args.report:
-            report.write(args.report)
+        lines += report.lines()
         failed += len(report.bad)
+    if args.report:
+        Path(args.report).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.report).write_text("\n".join(lines) + "\n", encoding="utf-8")
     return 1 if failed else 0
 
 
@@ -1142,7 +1149,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser(command).parse_args(argv)
     try:
         return args.run(args)
-    except (ValueError, FileNotFoundError) as err:
+    except (ValueError, OSError) as err:  # OSError: a path that is missing, a folder, ...
         print(f"asr {args.command}: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # Ctrl-C: no traceback, the shell's status for SIGINT

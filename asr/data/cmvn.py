@@ -38,6 +38,8 @@ def compute_cmvn_stats(
     batch_size: int = 16,
 ) -> CMVNStats:
     """Global CMVN statistics of `frontend` features (eval mode) over a manifest, saved as JSON."""
+    if Path(out_path).is_dir():  # found before the features are computed, not after
+        raise IsADirectoryError(f"{out_path}: is a directory, not a file to write statistics to")
     utterances = read_manifest(manifest_path)[:max_utterances]
     device, was_training = _module_device(frontend), frontend.training
     stats = None
@@ -67,8 +69,8 @@ def config_frontend(config: str | Path) -> Frontend:
         data = yaml.safe_load(file) or {}
     try:
         frontend = data["model"]["init_args"]["frontend"]
-        parts = frontend["init_args"]
-    except (KeyError, TypeError):
+        parts = frontend.get("init_args") or {}
+    except (KeyError, TypeError, AttributeError):
         raise ValueError(f"{config}: no model.init_args.frontend to take features from") from None
     if "features" not in parts:  # a bare feature extractor
         return Frontend(instantiate(Frontend, {"features": frontend}).features)

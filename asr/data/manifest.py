@@ -91,6 +91,8 @@ class Tokenizer(Protocol):
 
     def oov(self, text: str) -> list[str]: ...
 
+    def encode(self, text: str) -> list[int]: ...
+
 
 @dataclass
 class ValidationReport:
@@ -112,11 +114,9 @@ class ValidationReport:
         if self.bad:
             raise ManifestError(self.bad)
 
-    def write(self, path: str | os.PathLike) -> None:
-        """Write the summary and every problem, one per line, to a text file."""
-        lines = [self.summary()] + [str(entry) for entry in self.bad]
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        Path(path).write_text("\n".join(lines) + "\n", encoding="utf-8")
+    def lines(self) -> list[str]:
+        """The summary and every problem, a line each (as `asr validate-data --report` writes)."""
+        return [self.summary()] + [str(entry) for entry in self.bad]
 
 
 def read_manifest(path: str | os.PathLike, skip_bad: bool = False) -> list[Utterance]:
@@ -321,6 +321,8 @@ def _text_problems(
     unknown = list(dict.fromkeys(tokenizer.oov(utterance.text))) if tokenizer else []
     if unknown:
         return ["outside the tokenizer's vocabulary: " + " ".join(repr(c) for c in unknown)]
+    if require_text and tokenizer and not tokenizer.encode(utterance.text):
+        return ["no tokens left after the tokenizer's normalisation (an empty target)"]
     return []
 
 

@@ -35,7 +35,7 @@ from tqdm import tqdm
 from asr.audio import load_audio_with_rate
 from asr.data.augment import WaveAugmenter
 from asr.data.dataset import TextEncoder, check_speed_factors
-from asr.data.manifest import Utterance, read_manifest
+from asr.data.manifest import Utterance, format_bad_entries, validate_manifest
 from asr.data.sampler import LengthGrid
 from asr.perturb import change_speed, other_indices
 
@@ -195,7 +195,8 @@ def write_shards(
     `shard_hours` of audio each (an utterance longer than that has a shard of its own).
 
     Args:
-        manifest: JSONL manifest (validated as `read_manifest` does).
+        manifest: JSONL manifest; its lines and audio headers are checked first (as
+            `validate_manifest` does), and a bad one stops it before a shard is written.
         out: shard folder; `shards.json` is written last, so a reader never sees a partial set.
         shard_hours: most audio per shard, hours.
         progress: a progress bar on stderr.
@@ -207,7 +208,13 @@ def write_shards(
         raise ValueError(f"shard_hours must be > 0, got {shard_hours}")
     import webdataset
 
-    utterances = read_manifest(manifest)
+    report = validate_manifest(manifest, check_audio=True)
+    if report.bad:
+        raise ValueError(
+            f"{format_bad_entries(report.bad)}\n{report.summary()}: fix or leave out these lines "
+            "(`asr validate-data` lists them)"
+        )
+    utterances = report.good
     if not utterances:
         raise ValueError(f"{manifest}: no utterances to shard")
     out = Path(out)
@@ -219,12 +226,16 @@ def write_shards(
     for number, (start, stop) in enumerate(groups):
         name = SHARD_NAME.format(number)
         partial = out / (name + ".partial")
-        with webdataset.TarWriter(str(partial), encoder=False, mtime=0) as writer:
-            for utterance, key in zip(utterances[start:stop], keys[start:stop]):
-                suffix, data, rate = _stored_audio(utterance)
-                rates.add(rate)
-                writer.write({"__key__": key, suffix: data, "json": _member_json(utterance)})
-                bar.update()
+        try:
+            with webdataset.TarWriter(str(partial), encoder=False, mtime=0) as writer:
+                for utterance, key in zip(utterances[start:stop], keys[start:stop]):
+                    suffix, data, rate = _stored_audio(utterance)
+                    rates.add(rate)
+                    writer.write({"__key__": key, suffix: data, "json": _member_json(utterance)})
+                    bar.update()
+        except BaseException:
+            partial.unlink(missing_ok=True)
+            raise
         os.replace(partial, out / name)
         durations = [round(u.duration, 3) for u in utterances[start:stop]]
         size = (out / name).stat().st_size

@@ -513,3 +513,15 @@ def test_shard_sizes_follow_the_utterances(corpus, shards):
     record = json.loads((shards / INDEX_NAME).read_text())
     assert record["utterances"] == sum(s.count for s in index.shards) == 30
     assert math.isclose(record["seconds"], sum(s.seconds for s in index.shards), abs_tol=1e-6)
+
+
+def test_bad_audio_stops_it_before_a_shard_is_written(corpus, tmp_path, capsys):
+    lines = corpus["manifest"].read_text().splitlines()
+    record = json.loads(lines[2])
+    lines[2] = json.dumps({**record, "audio_filepath": str(tmp_path / "gone.wav")})
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "shards"
+    assert main(["shard", "--manifest", str(manifest), "--out", str(out), "--quiet"]) == 2
+    assert f"{manifest}:3: audio {tmp_path / 'gone.wav'}: file not found" in capsys.readouterr().err
+    assert not out.exists() or not any(out.iterdir())

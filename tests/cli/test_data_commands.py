@@ -1,0 +1,62 @@
+"""The data commands (prepare, tokenizer, cmvn, validate-data, shard) on paths and configs that
+cannot work: a one-line error naming what is wrong and exit 2, never a traceback."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import soundfile
+
+from asr.cli import main
+
+
+@pytest.fixture
+def manifest(tmp_path):
+    soundfile.write(tmp_path / "a.wav", np.zeros(1600, dtype=np.float32), 16000)
+    path = tmp_path / "m.jsonl"
+    record = {"audio_filepath": str(tmp_path / "a.wav"), "duration": 0.1, "text": "yes"}
+    path.write_text(json.dumps(record) + "\n")
+    return path
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["tokenizer", "--manifest", "{m}", "--out", "{file}"], "File exists"),
+        (["tokenizer", "--manifest", "{dir}", "--out", "{tmp}/tok"], "Is a directory"),
+        (["cmvn", "--manifest", "{m}", "--out", "{dir}"], "dir: is a directory, not a file"),
+        (["validate-data", "--manifest", "{m}", "--report", "{dir}"], "Is a directory"),
+        (["prepare", "yesno", "--data-dir", "{dir}", "--out", "{file}", "--dev-size", "3"],
+         "yesno takes no option 'dev_size'; it is an option of an4"),
+        (["cmvn", "--manifest", "{m}", "--out", "{tmp}/c.json", "--config", "{bad_yaml}"],
+         "bad.yaml:3:1: not valid YAML"),
+        (["cmvn", "--manifest", "{m}", "--out", "{tmp}/c.json", "--config", "{bad_class}"],
+         "class.yaml:4: model.init_args.frontend.class_path: "),
+    ],
+)  # fmt: skip
+def test_a_path_or_config_that_cannot_work_is_named(argv, said, manifest, tmp_path, capsys):
+    (tmp_path / "dir").mkdir()
+    (tmp_path / "file").write_text("")
+    (tmp_path / "bad.yaml").write_text("model:\n  a: [1, 2\n")
+    (tmp_path / "class.yaml").write_text(
+        "model:\n  init_args:\n    frontend:\n      class_path: asr.frontends.NoSuchFrontend\n"
+    )
+    places = {"m": manifest, "dir": tmp_path / "dir", "file": tmp_path / "file", "tmp": tmp_path,
+              "bad_yaml": tmp_path / "bad.yaml", "bad_class": tmp_path / "class.yaml"}  # fmt: skip
+    assert main([arg.format(**places) for arg in argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"asr {argv[0]}: error: ") and said in err
+    assert "Traceback" not in err
+
+
+def test_validate_data_reports_every_manifest(manifest, tmp_path, capsys):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"audio_filepath": "gone.wav", "duration": 1, "text": "no"}\n')
+    report = tmp_path / "reports" / "report.txt"
+    argv = ["validate-data", "--manifest", str(bad), str(manifest), "--report", str(report)]
+    assert main(argv) == 1
+    lines = report.read_text().splitlines()
+    assert lines[0] == f"{bad}: 0 good, 1 bad" and lines[1].startswith(f"{bad}:1: audio ")
+    assert lines[2:] == [f"{manifest}: 1 good, 0 bad"]
