@@ -17,6 +17,7 @@ from torch import Tensor
 from asr import alignment
 from asr.audio import AudioInput, as_waveform, load_audio
 from asr.confidence import PlattScaling
+from asr.ctc_beam import EndpointOptions
 from asr.decoding import decode_batch
 from asr.loading import load_seq2seq
 from asr.models.seq2seq import Seq2Seq
@@ -270,16 +271,19 @@ class Recognizer:
         Args:
             options: how the stream is decoded; None uses `StreamOptions()`.
             lm: language model for rescoring finals (with `lm_weight > 0`).
-            **changes: `StreamOptions` fields to set (e.g. `chunk_ms=320`).
+            **changes: `StreamOptions` fields to set (e.g. `chunk_ms=320`), and its
+                `EndpointOptions` fields (e.g. `silence_from="silero"`).
 
         Returns:
             A `Stream` (`asr.streaming`), its samples mono float at `sample_rate`.
 
         Raises:
+            TypeError: a keyword that is neither (named).
             ValueError: the model cannot stream (no CTC head, a frontend that needs the whole
-                recording, an encoder that is not chunk-streaming), or options out of range.
+                recording, an encoder that is not chunk-streaming), options out of range, or
+                endpoint settings with `endpoint=None` (no endpoints).
         """
-        return StreamingEngine(self, replace(options or StreamOptions(), **changes), lm).stream()
+        return StreamingEngine(self, _stream_options(options, changes), lm).stream()
 
     def align(self, audio: AudioInput, text: str, sample_rate: int | None = None) -> Alignment:
         """Align a known transcript to audio by teacher forcing the decoder.
@@ -317,14 +321,37 @@ def _unknown_keywords(names: Sequence[str]) -> TypeError:
         for p in inspect.signature(Recognizer.transcribe_batch).parameters.values()
         if p.kind is inspect.Parameter.KEYWORD_ONLY
     ]
+    return TypeError(
+        f"unknown keyword argument {_named(names, [*own, *SEARCH_KEYWORDS])}; transcribe takes "
+        f"{', '.join(own)} and the search settings {', '.join(SEARCH_KEYWORDS)}"
+    )
+
+
+def _named(names: Sequence[str], choices: Sequence[str]) -> str:
+    """`'name' (did you mean 'close'?), ...` for unknown keywords."""
     named = []
     for name in names:
-        close = get_close_matches(name, [*own, *SEARCH_KEYWORDS], n=1)
+        close = get_close_matches(name, choices, n=1)
         named.append(f"{name!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
-    return TypeError(
-        f"unknown keyword argument {', '.join(named)}; transcribe takes {', '.join(own)} "
-        f"and the search settings {', '.join(SEARCH_KEYWORDS)}"
-    )
+    return ", ".join(named)
+
+
+def _stream_options(options: StreamOptions | None, changes: dict[str, Any]) -> StreamOptions:
+    """`options` with `changes` to its fields and its endpoint's fields applied."""
+    own = [f.name for f in fields(StreamOptions)]
+    endpoint_fields = [f.name for f in fields(EndpointOptions)]
+    unknown = sorted(set(changes) - {*own, *endpoint_fields})
+    if unknown:
+        raise TypeError(
+            f"unknown keyword argument {_named(unknown, [*own, *endpoint_fields])}; stream takes "
+            f"the StreamOptions fields {', '.join(own)} and the EndpointOptions fields "
+            f"{', '.join(endpoint_fields)}"
+        )
+    options = replace(options or StreamOptions(), **{k: changes[k] for k in own if k in changes})
+    endpoint = {k: changes[k] for k in endpoint_fields if k in changes}
+    if endpoint and options.endpoint is None:
+        raise ValueError(f"{', '.join(endpoint)} given with endpoint=None (no endpoints)")
+    return replace(options, endpoint=replace(options.endpoint, **endpoint)) if endpoint else options
 
 
 def _with_vad(segmenter: SegmenterOptions, vad: str | None) -> SegmenterOptions:

@@ -297,6 +297,19 @@ def test_models_that_cannot_stream_are_refused(trained) -> None:
         stream.accept(torch.zeros(10))
 
 
+def test_stream_takes_the_endpoint_settings_as_keywords(trained) -> None:
+    recognizer, _ = trained
+    options = recognizer.stream(
+        chunk_ms=320, silence_from="silero", trailing_silence=0.5
+    ).engine.options
+    assert options.chunk_ms == 320
+    assert options.endpoint == EndpointOptions(trailing_silence=0.5, silence_from="silero")
+    with pytest.raises(TypeError, match=r"'silence_form' \(did you mean 'silence_from'\?\)"):
+        recognizer.stream(silence_form="silero")
+    with pytest.raises(ValueError, match="silence_from given with endpoint=None"):
+        recognizer.stream(endpoint=None, silence_from="silero")
+
+
 def test_16_bit_pcm_and_one_channel_columns_stream_as_their_float_samples(trained) -> None:
     """`accept` takes what audio APIs give: 16-bit PCM (scaled as offline transcription scales
     it) and `(S, 1)` columns (sounddevice's one channel); several channels or NaN are refused."""
