@@ -196,8 +196,12 @@ def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
     from safetensors import SafetensorError, safe_open
 
     with open(path, "rb") as f:
-        head = f.read(4)
-    if head[:1] == b"\x80" or head == b"PK\x03\x04":  # pickle protocol >= 2; torch.save's zip
+        head = f.read(9)
+    # safetensors: an 8-byte little-endian header length, then the JSON header. Only when the
+    # file is not that are its first bytes read as pickle protocol >= 2 or torch.save's zip
+    # (the length's low byte can be 0x80 too). safe_open never unpickles; this names the file.
+    safetensors = len(head) == 9 and head[8:] == b"{"
+    if not safetensors and (head[:1] == b"\x80" or head[:4] == b"PK\x03\x04"):
         raise CheckpointError(
             f"{path}: refused to load: it is a pickle (torch.save) file, not safetensors, and "
             "loading a pickle can run code"

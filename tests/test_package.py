@@ -265,6 +265,19 @@ def test_a_pickle_named_model_safetensors_is_refused_unread(package, tmp_path):
     assert not marker.exists()
 
 
+def test_safetensors_whose_header_length_starts_like_a_pickle_load(tmp_path):
+    """The header length's low byte is the file's first: 0x80, pickle's, in one file of 256."""
+    from safetensors.torch import save_file
+
+    for size in range(300):
+        weights = {"w": torch.arange(3.0), "name" + "x" * size: torch.zeros(1)}
+        save_file(weights, tmp_path / "m.safetensors")
+        if (tmp_path / "m.safetensors").read_bytes()[0] == 0x80:
+            break
+    loaded = read_safetensors(tmp_path / "m.safetensors")
+    assert torch.equal(loaded["w"], weights["w"]) and set(loaded) == set(weights)
+
+
 def test_a_torch_save_file_named_model_safetensors_is_refused(package):
     torch.save({"w": torch.zeros(2)}, package / WEIGHTS_FILE)  # a zip of pickles
     with pytest.raises(
