@@ -408,6 +408,8 @@ def fit_confidence(
     options = options or recognizer.default_options
     recognizer.check_options(options, lm)
     utterances = read_manifest(manifest)
+    if not utterances:
+        raise ValueError(f"{manifest}: no utterances to fit word confidences on")
     results, _, _ = _decode_all(
         recognizer, utterances, options, lm, batch_size, progress, boundaries=False
     )

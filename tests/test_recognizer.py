@@ -79,6 +79,16 @@ def test_finalize_refuses_settings_the_model_cannot_decode_with(checkpoint, tmp_
     assert main(["finalize", "--checkpoint", str(tmp_path / "no_ctc.ckpt"), *args]) == 2
 
 
+def test_finalize_on_an_empty_manifest_keeps_what_was_stored(checkpoint, tmp_path, capsys):
+    (tmp_path / "empty.jsonl").write_text("")
+    before = checkpoint.read_bytes()
+    argv = ["--checkpoint", str(checkpoint), "--manifest", str(tmp_path / "empty.jsonl")]
+    for command in ("finalize", "calibrate"):
+        assert main([command, *argv, "--quiet"]) == 2
+        assert "empty.jsonl: no utterances to fit word confidences on" in capsys.readouterr().err
+    assert checkpoint.read_bytes() == before
+
+
 def test_load_lm_names_a_recognizer_checkpoint_for_what_it_is(checkpoint):
     with pytest.raises(CheckpointError, match="recognizer checkpoint"):
         load_lm(checkpoint)
