@@ -29,7 +29,12 @@ def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
     """Load a checkpoint with `weights_only=True`: tensors and plain containers, never code."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"{path}: no such checkpoint")
+        what = "a folder, not a checkpoint file" if path.is_dir() else "no such checkpoint"
+        raise FileNotFoundError(f"{path}: {what}")
+    with open(path, "rb") as f:
+        head = f.read(4)
+    if head != b"PK\x03\x04" and head[:1] != b"\x80":  # torch.save's zip; its older pickle
+        raise CheckpointError(f"{path}: not a checkpoint (torch.save writes a zip archive)")
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as err:
@@ -37,7 +42,7 @@ def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
             f"{path}: refused to load: it holds objects other than tensors and plain "
             f"containers, which could run code ({str(err).splitlines()[0]})"
         ) from None
-    except (RuntimeError, EOFError) as err:
+    except (RuntimeError, EOFError, IndexError, KeyError, ValueError) as err:  # a torn file
         raise CheckpointError(f"{path}: not a readable checkpoint ({err})") from None
 
 
@@ -192,6 +197,8 @@ def average_checkpoints(paths: Sequence[str | os.PathLike], out: str | os.PathLi
     """Average the floating-point weights of checkpoints; the rest comes from the first."""
     if not paths:
         raise ValueError("no checkpoints to average")
+    if Path(out).resolve() in {Path(p).resolve() for p in paths}:
+        raise ValueError(f"{out} is one of the checkpoints averaged: write the average elsewhere")
     states = [load_checkpoint(p) for p in paths]
     first = states[0]["state_dict"]
     for path, state in zip(paths[1:], states[1:]):

@@ -175,17 +175,27 @@ def read_training_log(run: str | os.PathLike) -> dict[str, Curve]:
     curves: dict[str, dict[int, float]] = {}
     for file in files:
         with open(file, newline="") as f:
-            for row in csv.DictReader(f):
-                for name, value in row.items():
-                    if name not in ("epoch", "step") and value:
-                        curves.setdefault(name, {})[int(row["step"])] = float(value)
+            for number, row in enumerate(csv.DictReader(f), start=2):
+                try:
+                    for name, value in row.items():
+                        if name not in ("epoch", "step") and value:
+                            curves.setdefault(name, {})[int(row["step"])] = float(value)
+                except (KeyError, TypeError, ValueError):
+                    raise ValueError(
+                        f"{file}:{number}: not a training log (a metrics.csv with a step column "
+                        "and numbers)"
+                    ) from None
     return {name: sorted(points.items()) for name, points in curves.items()}
 
 
 def _csv_logs(folder: Path) -> list[Path]:
-    files = list(folder.glob("logs/version_*/metrics.csv")) or list(folder.glob("metrics.csv"))
+    """A run folder's logs/version_*/metrics.csv (in version order), a logs folder's, or its own."""
     version = re.compile(r"version_(\d+)")
-    return sorted(files, key=lambda f: int(m[1]) if (m := version.search(str(f))) else 0)
+    for pattern in ("logs/version_*/", "version_*/", ""):
+        files = list(folder.glob(f"{pattern}metrics.csv"))
+        if files:
+            return sorted(files, key=lambda f: int(m[1]) if (m := version.search(str(f))) else 0)
+    return []
 
 
 def plot_training_curves(runs: Mapping[str, Mapping[str, Curve]], metrics: Sequence[str]) -> Figure:
@@ -211,6 +221,7 @@ def save_figure(fig: Figure, path: str | os.PathLike) -> Path:
     path = Path(path)
     if not path.suffix:
         path = path.with_suffix(".png")
+    path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100)
     return path
 

@@ -4,6 +4,7 @@ copies of its audio (`DEFAULT_CONDITIONS`), as robustness.md and robustness.json
 from __future__ import annotations
 
 import json
+import math
 import os
 import zlib
 from collections.abc import Sequence
@@ -88,6 +89,8 @@ class Condition:
             condition = cls(kind, float(value) if value else None)
         except ValueError:
             raise ValueError(f"condition {text!r}: {value!r} is not a number") from None
+        if value and not math.isfinite(condition.value):
+            raise ValueError(f"condition {text!r}: the value must be a finite number")
         if kind in ("reverb", "speed", "pad") and condition.value <= 0:
             raise ValueError(f"condition {text!r}: the value must be > 0")
         return condition

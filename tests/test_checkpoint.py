@@ -11,6 +11,7 @@ from asr.checkpoint import (
     best_checkpoints,
     load_checkpoint,
 )
+from asr.cli import main
 
 
 class _RunsCode:
@@ -31,6 +32,16 @@ def test_garbage_file_names_the_file(tmp_path):
     path.write_bytes(b"\x00not a checkpoint")
     with pytest.raises(CheckpointError, match="bad.ckpt"):
         load_checkpoint(path)
+
+
+@pytest.mark.parametrize("content", [b"RIFF\x24\x00\x00\x00WAVEfmt ", b"epoch,step\n1,2\n", b""])
+def test_a_file_that_is_no_checkpoint_is_named_as_such(content, tmp_path):
+    path = tmp_path / "recording.wav"
+    path.write_bytes(content)
+    with pytest.raises(CheckpointError, match=r"recording.wav: not a checkpoint"):
+        load_checkpoint(path)
+    with pytest.raises(FileNotFoundError, match=r": a folder, not a checkpoint file"):
+        load_checkpoint(tmp_path)
 
 
 def test_atomic_save_keeps_the_old_file_when_writing_fails(tmp_path, monkeypatch):
@@ -90,3 +101,17 @@ def test_best_checkpoints_follow_a_moved_run_folder(tmp_path):
     moved = tmp_path / "elsewhere"
     last.parent.rename(moved)
     assert best_checkpoints(moved / "last.ckpt", 2) == [moved / "b.ckpt", moved / "a.ckpt"]
+
+
+def test_average_never_writes_over_what_it_reads(tmp_path, capsys):
+    last = _run_with_best(tmp_path / "run", {"a.ckpt": 30.0, "b.ckpt": 10.0})
+    a = last.parent / "a.ckpt"
+    with pytest.raises(ValueError, match="a.ckpt is one of the checkpoints averaged"):
+        average_checkpoints([a, last.parent / "b.ckpt"], last.parent / "." / "a.ckpt")
+    before = last.read_bytes()
+    assert main(["average", "--last", str(last), "--out", str(last)]) == 2
+    assert "averaging would overwrite the run's state" in capsys.readouterr().err
+    assert main(["average", "--checkpoints", str(a), str(a), "--best", "2", "--out", "x"]) == 2
+    assert last.read_bytes() == before
+    assert main(["average", "--last", str(last), "--best", "4", "--out", str(tmp_path / "o")]) == 0
+    assert "records 2 best checkpoints, not 4" in capsys.readouterr().err

@@ -60,3 +60,24 @@ def test_cli_writes_the_png_and_rejects_unlogged_metrics(tmp_path: Path, capsys)
     assert main(["curves", *runs, "--out", str(bare), "--metrics", "val/loss"]) == 0
     assert capsys.readouterr().err.splitlines()[-1] == f"curves: {bare}.png"
     assert (tmp_path / "bare.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_defaults_plot_what_was_logged_named_by_run(tmp_path: Path, capsys, monkeypatch) -> None:
+    """No --metrics: the default curves the runs logged (no val/wer here); logs/ and metrics.csv
+    paths are named by their run folder; --out's folder is made."""
+    write_log(tmp_path / "a", 0, ["0,10,,3.0,2.0"])
+    write_log(tmp_path / "b", 0, ["0,10,,3.5,2.5"])
+    seen = {}
+    monkeypatch.setattr("asr.plotting.plot_training_curves",
+                        lambda runs, metrics: seen.update(runs=list(runs), metrics=metrics)
+                        or plot_training_curves(runs, metrics))  # fmt: skip
+    runs = [str(tmp_path / "a" / "logs"), str(tmp_path / "b/logs/version_0/metrics.csv")]
+    assert main(["curves", *runs, "--out", str(tmp_path / "new" / "c.png")]) == 0
+    assert seen == {"runs": ["a", "b"], "metrics": ["val/loss", "val/ctc_loss"]}
+    assert (tmp_path / "new" / "c.png").is_file()
+
+
+def test_a_file_that_is_no_training_log_is_named_with_its_line(tmp_path: Path) -> None:
+    (tmp_path / "m.jsonl").write_text('{"audio_filepath": "a.wav", "duration": 1.0}\n{}\n')
+    with pytest.raises(ValueError, match=r"m.jsonl:2: not a training log"):
+        read_training_log(tmp_path / "m.jsonl")

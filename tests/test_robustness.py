@@ -53,6 +53,8 @@ def test_every_default_condition_parses_and_names_itself():
         ("telephone:3", "write it as telephone"),
         ("level:loud", "is not a number"),
         ("speed:0", "must be > 0"),
+        ("white:nan", "must be a finite number"),
+        ("clean+white:-inf", "'white:-inf': the value must be a finite number"),
     ],
 )
 def test_bad_conditions_are_named(text, message):

@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from asr.recognizer import Recognizer
 
 LIGHTNING_COMMANDS = ("fit", "validate", "test")
+CURVES = ("val/loss", "val/ctc_loss", "val/wer")  # `asr curves` plots those logged
 MAX_LISTED = 20  # failures spelled out on stderr by batch commands
 # `SearchOptions` fields that the decoding commands take as --options (None: not given).
 DECODING_ARGUMENTS = ("beam_size", "ctc_weight", "length_bonus", "max_len_ratio", "repair")
@@ -139,7 +140,15 @@ def _shard(args: argparse.Namespace) -> int:
 def _average(args: argparse.Namespace) -> int:
     from asr.checkpoint import average_checkpoints, best_checkpoints
 
-    paths = args.checkpoints or best_checkpoints(args.last, args.best)
+    if args.checkpoints and args.best is not None:
+        raise ValueError("--best chooses among what --last records; with --checkpoints, name them")
+    if args.last and Path(args.out).resolve() == Path(args.last).resolve():
+        raise ValueError(f"--out {args.out} is --last: averaging would overwrite the run's state")
+    paths = args.checkpoints or best_checkpoints(args.last, args.best or 5)
+    if args.best is not None and len(paths) < args.best:
+        print(
+            f"{args.last} records {len(paths)} best checkpoints, not {args.best}", file=sys.stderr
+        )
     average_checkpoints(paths, args.out)
     print(f"averaged {len(paths)} checkpoints into {args.out}:")
     for path in paths:
@@ -465,17 +474,30 @@ def _align(args: argparse.Namespace) -> int:
 def _curves(args: argparse.Namespace) -> int:
     from asr.plotting import plot_training_curves, read_training_log, save_figure
 
-    labels = args.labels or [Path(run).name or str(run) for run in args.runs]
+    labels = args.labels or _run_names(args.runs)
     if len(labels) != len(args.runs) or len(set(labels)) != len(labels):
         raise ValueError(f"--labels: {len(args.runs)} distinct names needed, got {labels}")
     runs = {label: read_training_log(run) for label, run in zip(labels, args.runs)}
     logged = {metric for curves in runs.values() for metric in curves}
-    missing = [m for m in args.metrics if m not in logged]
-    if missing:
-        raise ValueError(f"no run logged {missing}; logged: {sorted(logged)}")
-    written = save_figure(plot_training_curves(runs, args.metrics), args.out)
+    metrics = args.metrics or [m for m in CURVES if m in logged]
+    missing = [m for m in metrics if m not in logged]
+    if missing or not metrics:
+        raise ValueError(f"no run logged {missing or CURVES}; logged: {sorted(logged)}")
+    written = save_figure(plot_training_curves(runs, metrics), args.out)
     print(f"curves: {written}", file=sys.stderr)
     return 0
+
+
+def _run_names(runs: Sequence[str]) -> list[str]:
+    """Legend names: each run folder's name, past its logs/, version_N/ and metrics.csv (the
+    whole paths where those names repeat)."""
+    names = []
+    for run in runs:
+        parts = [p for p in Path(run).resolve().parts if p != "metrics.csv"]
+        while len(parts) > 1 and (parts[-1] == "logs" or parts[-1].startswith("version_")):
+            parts.pop()
+        names.append(parts[-1])
+    return names if len(set(names)) == len(names) else list(runs)
 
 
 def _choose_heads(args: argparse.Namespace) -> int:
@@ -729,7 +751,7 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
         group = p.add_mutually_exclusive_group(required=True)
         group.add_argument("--checkpoints", nargs="+", help="checkpoint files to average")
         group.add_argument("--last", help="a run's last.ckpt: average the best ones it records")
-        p.add_argument("--best", type=_count, default=5, help="with --last: how many best (5)")
+        p.add_argument("--best", type=_count, help="with --last: how many best (5)")
         p.add_argument("--out", required=True, help="output checkpoint")
     p.set_defaults(run=_average)
 
@@ -989,7 +1011,7 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
         _add_decoding_arguments(p)
         p.add_argument("--manifest", required=True, help="JSONL manifest with references")
         p.add_argument("--out", required=True, help="output directory")
-        p.add_argument("--plots", type=int, default=5, help="plot the first N utterances (5)")
+        p.add_argument("--plots", type=_whole(0), default=5, help="plot the first N utterances (5)")
         p.add_argument("--plot-ids", nargs="+", help="plot these utterance ids instead")
         p.add_argument(
             "--chunk-ms",
@@ -1027,7 +1049,9 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
             help="KIND or KIND:VALUE among clean, level:DB, white|pink|brown|babble:SNR_DB, "
             "reverb:RT60_S, telephone, speed:FACTOR (default: all of %(default)s)",
         )
-        p.add_argument("--seed", type=int, default=0, help="seed of the noise, talkers, rooms (0)")
+        p.add_argument(
+            "--seed", type=_whole(0), default=0, help="seed of the noise, talkers, rooms (0)"
+        )
     p.set_defaults(run=_robustness)
 
     p = sub.add_parser(
@@ -1078,8 +1102,9 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
             "runs", nargs="+", help="run folders (trainer.default_root_dir) or metrics.csv"
         )
         p.add_argument("--out", required=True, help="PNG to write")
-        p.add_argument("--metrics", nargs="+", default=["val/loss", "val/ctc_loss", "val/wer"],
-                       help="logged names to plot (default: %(default)s)")  # fmt: skip
+        p.add_argument(
+            "--metrics", nargs="+", help=f"names to plot (default: those of {CURVES} logged)"
+        )
         p.add_argument(
             "--labels", nargs="+", help="legend names, one per run (default: folder names)"
         )

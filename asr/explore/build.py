@@ -102,6 +102,10 @@ def explore(
     if max_mb is not None and not max_mb >= 0:
         raise ValueError(f"--max-mb is megabytes, 0 for no limit: got {max_mb}")
     out = Path(out) if out is not None else folder / "explorer.html"
+    if out.is_dir():
+        raise ValueError(f"--out {out} is a folder; name the HTML file to write")
+    if out.exists() and out.suffix.lower() not in (".html", ".htm"):
+        raise ValueError(f"--out {out} exists and is not an HTML page: it is left as it is")
     kind = folder_kind(folder)
     other = Path(compare) if compare is not None else None
     if other is not None and not (kind == "decode" and _is_decode(other)):

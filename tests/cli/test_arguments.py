@@ -34,6 +34,10 @@ AT_LEAST_1 = "must be at least 1, got"
          f"{AT_LEAST_1} 0"),
         (["cmvn", "--manifest", "x.jsonl", "--out", "c.json", "--n-mels", "0"], f"{AT_LEAST_1} 0"),
         (["connect", "ws://h:1/", "-", "--sample-rate", "0"], f"{AT_LEAST_1} 0"),
+        (["evaluate", "--model", "m.ckpt", "--manifest", "x.jsonl", "--out", "o", "--plots", "-2"],
+         "must be at least 0, got -2"),
+        (["robustness", "--model", "m.ckpt", "--manifest", "x.jsonl", "--out", "o", "--seed", "-5"],
+         "must be at least 0, got -5"),
     ],
 )  # fmt: skip
 def test_an_out_of_range_number_stops_at_parsing(argv, said, capsys) -> None:

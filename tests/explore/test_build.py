@@ -275,6 +275,10 @@ def test_zero_utterances_transcripts_and_training_runs_build(tmp_path, capsys):
 
     assert main(["explore", str(tmp_path / "nothing")]) == 2
     assert "no such folder" in capsys.readouterr().err
+    for out in (empty / "utterances.jsonl", empty / "metrics.json", empty):
+        assert main(["explore", str(empty), "--out", str(out), "--quiet"]) == 2
+        assert f"--out {out} " in capsys.readouterr().err
+    assert (empty / "utterances.jsonl").read_text() == ""
     assert main(["explore", str(tmp_path / "run" / "logs" / "version_0" / "attention")]) == 2
     assert "not a decode folder" in capsys.readouterr().err
 
