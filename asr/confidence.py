@@ -74,8 +74,11 @@ class PlattScaling:
             if len(used) == 1 or min(weights) >= 0:
                 break
             used = [used[int(np.argmax(weights))]]
+        if min(weights) < 0:  # no feature rises with being right: the share right, for every word
+            share = float(y.mean())
+            return cls(0.0, math.log(share / (1.0 - share)), 0.0)
         full = dict(zip(used, weights))
-        return cls(max(full.get(0, 0.0), 0.0), bias, max(full.get(1, 0.0), 0.0))
+        return cls(full.get(0, 0.0), bias, full.get(1, 0.0))
 
     def as_dict(self) -> dict[str, float]:
         return {"scale": self.scale, "bias": self.bias, "ctc_scale": self.ctc_scale}

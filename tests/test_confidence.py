@@ -91,6 +91,17 @@ def test_a_ctc_probability_that_would_lower_confidence_is_dropped():
     assert fitted == PlattScaling.fit(probs, correct), "refitted on the decoder's alone"
 
 
+def test_probabilities_that_fall_as_words_get_right_give_the_share_right():
+    """A negative weight is dropped; the bias is then refitted alone, so every word's
+    confidence is the share of words right (keeping the bias fitted beside the dropped weight
+    gave a constant far from it)."""
+    probs, correct = _labelled(scale=-0.8, bias=-1.0, count=3000, seed=3)
+    for ctc in (None, probs):
+        fitted = PlattScaling.fit(probs, correct, ctc)
+        assert fitted.scale == fitted.ctc_scale == 0.0
+        assert fitted(0.5) == pytest.approx(np.mean(correct), abs=1e-9)
+
+
 def test_a_missing_ctc_probability_counts_at_the_floor():
     scaling = PlattScaling(scale=0.5, bias=3.0, ctc_scale=0.2)
     assert scaling(0.5, None) == scaling(0.5, 0.0) < scaling(0.5, 1e-3)
