@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -15,6 +16,8 @@ from asr.data.manifest import read_manifest
 from asr.recognizer import Recognizer
 from asr.results import Alignment
 from asr.timing import attention_timestamps, boundary_error_ms
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -54,10 +57,13 @@ def reference_alignments(
     """Teacher-forced alignments of the manifest's references that CTC can align too."""
     if recognizer.model.ctc is None:
         raise ValueError(f"{recognizer.checkpoint}: choosing maps needs a CTC head to compare with")
-    out = []
-    for utterance in tqdm(read_manifest(manifest), desc="align", disable=not progress):
+    out, left_out = [], {}
+    utterances = read_manifest(manifest)
+    for utterance in tqdm(utterances, desc="align", disable=not progress):
         tokens = recognizer.tokenizer.encode(utterance.text)
-        if not tokens:
+        if not tokens or recognizer.tokenizer.unk_id in tokens:
+            reason = "outside the vocabulary" if tokens else "no words"
+            left_out[reason] = left_out.get(reason, 0) + 1
             continue
         wave = load_audio(
             utterance.audio_filepath, recognizer.sample_rate, utterance.offset, utterance.duration
@@ -65,13 +71,21 @@ def reference_alignments(
         alignment = recognizer.align_tokens(wave, tokens)
         if alignment.ctc_words and len(alignment.ctc_words) == len(alignment.words):
             out.append(alignment)
+        else:
+            left_out["CTC could not align"] = left_out.get("CTC could not align", 0) + 1
+    reasons = ", ".join(f"{count} {reason}" for reason, count in left_out.items())
     if not out:
-        raise ValueError(f"{manifest}: no utterance could be aligned")
+        raise ValueError(f"{manifest}: no utterance could be aligned ({reasons or 'none'})")
+    if left_out:
+        logger.warning("%s: %d of %d utterances left out: %s", manifest, len(utterances) -
+                       len(out), len(utterances), reasons)  # fmt: skip
     return out
 
 
 def choose_heads(recognizer: Recognizer, alignments: Sequence[Alignment]) -> HeadChoice:
     """Rank the maps by mean boundary difference and choose the best prefix of the ranking."""
+    if recognizer.model.decoder.num_attention_maps < 2:
+        raise ValueError(f"{recognizer.checkpoint}: one attention map, nothing to choose")
     per_head = _per_map_errors(recognizer, alignments)
     maps = per_head.shape[1]
     ranking = [int(k) for k in np.argsort(per_head.mean(0), kind="stable")]

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import logging
 import shutil
 from dataclasses import replace
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -65,6 +67,27 @@ def test_a_map_that_does_not_follow_the_audio_is_left_out_and_boundaries_improve
     choice = choose_heads(recognizer, flipped)
     assert 0 not in choice.chosen
     assert choice.chosen_errors.mean() < choice.all_heads.mean()
+
+
+def test_references_that_cannot_be_aligned_are_counted(overfit, tmp_path, caplog):
+    recognizer, _ = overfit
+    ids = list(UTTERANCES)
+    texts = {ids[0]: UTTERANCES[ids[0]], ids[1]: "日本", ids[2]: "!!!"}
+    with caplog.at_level(logging.WARNING, logger="asr.heads"):
+        alignments = reference_alignments(recognizer, _manifest(tmp_path / "m.jsonl", texts),
+                                          progress=False)  # fmt: skip
+    assert len(alignments) == 1
+    assert "2 of 3 utterances left out: 1 outside the vocabulary, 1 no words" in caplog.text
+    with pytest.raises(ValueError, match=r"no utterance could be aligned \(1 no words\)"):
+        reference_alignments(recognizer, _manifest(tmp_path / "n.jsonl", {ids[0]: "!!!"}),
+                             progress=False)  # fmt: skip
+
+
+def test_one_attention_map_leaves_nothing_to_choose():
+    rnn = SimpleNamespace(model=SimpleNamespace(decoder=SimpleNamespace(num_attention_maps=1)),
+                          checkpoint="rnn.ckpt")  # fmt: skip
+    with pytest.raises(ValueError, match="rnn.ckpt: one attention map, nothing to choose"):
+        choose_heads(rnn, [])
 
 
 def test_finalize_stores_the_choice_that_load_model_reads(tiny_checkpoint, tmp_path, capsys):
