@@ -219,6 +219,8 @@ def save_figure(fig: Figure, path: str | os.PathLike) -> Path:
     """Write a PNG (`.png` added to a path without a suffix, as matplotlib adds it); the file
     written. The figure needs no closing."""
     path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(f"{path}: a folder; name the picture file to write")
     if not path.suffix:
         path = path.with_suffix(".png")
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -230,7 +232,7 @@ def save_alignment_plots(
     recognizer: Recognizer, alignment: Alignment, path: str | os.PathLike, title: str = ""
 ) -> list[Path]:
     """Write the attention plot to `path` (as `save_figure`) and per-head maps to
-    `<stem>_heads.png`; the files written."""
+    `<stem>_heads<suffix>`; the files written."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     labels = alignment.pieces + ["<eos>"]
@@ -246,7 +248,7 @@ def save_alignment_plots(
     written = [save_figure(figure, path)]
     decoder = recognizer.model.decoder
     if isinstance(decoder, TransformerDecoder):
-        heads = path.with_name(f"{path.stem}_heads.png")
+        heads = path.with_name(f"{path.stem}_heads{path.suffix or '.png'}")
         grid = plot_attention_grid(
             alignment.attention,
             decoder.attention_layers,

@@ -947,3 +947,13 @@ def test_cli_align_writes_plots_and_prints_word_times(checkpoint, tmp_path, caps
     said = f"plots: {tmp_path / 'bare.png'}, {tmp_path / 'bare_heads.png'}"
     assert capsys.readouterr().err.splitlines()[-1] == said
     assert (tmp_path / "bare.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    svg = tmp_path / "plot.svg"  # another format: both plots in it
+    main(["align", str(audio), "--checkpoint", str(checkpoint), "--text", "U", "--out", str(svg)])
+    assert (tmp_path / "plot_heads.svg").read_text().lstrip().startswith("<?xml")
+    capsys.readouterr()
+    folder = tmp_path / "plots"
+    folder.mkdir()
+    argv = ["align", str(audio), "--checkpoint", str(checkpoint), "--text", "U", "--out"]
+    assert main([*argv, str(folder)]) == 2
+    assert f"{folder}: a folder; name the picture file to write" in capsys.readouterr().err
+    assert not (tmp_path / "plots.png").exists()

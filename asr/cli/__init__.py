@@ -1115,7 +1115,11 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
         p.add_argument("audio", help="an audio file")
         _add_model_argument(p)
         p.add_argument("--text", required=True, help="the transcript")
-        p.add_argument("--out", required=True, help="plot file (PNG); Transformers add _heads.png")
+        p.add_argument(
+            "--out",
+            required=True,
+            help="plot file (PNG, or another suffix matplotlib writes); Transformers add _heads",
+        )
         _add_device_arguments(p)
     p.set_defaults(run=_align)
 

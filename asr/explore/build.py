@@ -27,6 +27,7 @@ from asr.explore.page import build_page
 from asr.explore.records import (
     ctc_frames,
     read_attention,
+    read_json,
     read_layout,
     read_maps,
     read_records,
@@ -174,8 +175,7 @@ def _compared(
 
 def _summary(folder: Path) -> dict[str, Any] | None:
     """The WER, CER and counts in a decode folder's metrics.json, if any."""
-    path = folder / "metrics.json"
-    metrics = json.loads(path.read_text()) if path.is_file() else {}
+    metrics = read_json(folder / "metrics.json")
     return {k: metrics[k] for k in SUMMARY_KEYS if k in metrics} or None
 
 

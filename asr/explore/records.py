@@ -95,8 +95,20 @@ def read_records(folder: str | os.PathLike) -> Iterator[dict[str, Any]]:
 
 
 def read_layout(folder: str | os.PathLike) -> dict[str, Any]:
-    path = Path(folder) / LAYOUT
-    return json.loads(path.read_text()) if path.is_file() else {}
+    return read_json(Path(folder) / LAYOUT)
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    """A JSON object file of a decode folder ({} when absent); ValueError names a bad one."""
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(f"{path}: not JSON ({err})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: not a JSON object")
+    return data
 
 
 def read_attention(folder: str | os.PathLike) -> dict[str, np.ndarray] | None:
@@ -104,8 +116,11 @@ def read_attention(folder: str | os.PathLike) -> dict[str, np.ndarray] | None:
     path = Path(folder) / ATTENTION
     if not path.is_file():
         return None
-    with np.load(path) as archive:
-        return {key: archive[key] for key in archive.files}
+    try:
+        with np.load(path) as archive:
+            return {key: archive[key] for key in archive.files}
+    except (zipfile.BadZipFile, ValueError):  # np.load takes what is not a zip for a pickle
+        raise ValueError(f"{path}: not an .npz archive") from None
 
 
 def write_layout(folder: str | os.PathLike, layout: dict[str, Any]) -> None:

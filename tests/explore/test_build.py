@@ -279,6 +279,11 @@ def test_zero_utterances_transcripts_and_training_runs_build(tmp_path, capsys):
         assert main(["explore", str(empty), "--out", str(out), "--quiet"]) == 2
         assert f"--out {out} " in capsys.readouterr().err
     assert (empty / "utterances.jsonl").read_text() == ""
+    for name, content in (("metrics.json", "{'wer': 1}"), ("attention.npz", "not a zip")):
+        (empty / name).write_text(content)
+        assert main(["explore", str(empty), "--quiet"]) == 2
+        assert f"{empty / name}: not " in capsys.readouterr().err
+        (empty / name).unlink()
     assert main(["explore", str(tmp_path / "run" / "logs" / "version_0" / "attention")]) == 2
     assert "not a decode folder" in capsys.readouterr().err
 
