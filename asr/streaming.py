@@ -18,6 +18,7 @@ context before it, then sees more of itself, for a later first partial.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
@@ -114,6 +115,12 @@ def streaming_encoder(recognizer: Recognizer, chunked: bool) -> torch.nn.Module:
     problem = streaming_problem(encoder) if chunked else None
     if problem is not None:
         raise ValueError(f"{recognizer.checkpoint}: {problem}")
+    if chunked and getattr(encoder, "chunk_training", True) is None:
+        warnings.warn(
+            f"{recognizer.checkpoint}: trained at full context only (no dynamic_chunk), so it "
+            "loses accuracy in chunks; a streaming config trains for them (docs/streaming.md)",
+            stacklevel=3,
+        )
     return encoder
 
 

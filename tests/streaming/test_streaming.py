@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 from dataclasses import replace
 from types import SimpleNamespace
 
@@ -295,6 +296,21 @@ def test_models_that_cannot_stream_are_refused(trained) -> None:
     stream.final()
     with pytest.raises(ValueError, match="ended"):
         stream.accept(torch.zeros(10))
+
+
+def test_a_model_trained_at_full_context_only_is_said_to_lose_in_chunks(
+    trained, monkeypatch
+) -> None:
+    recognizer, _ = trained
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        recognizer.stream(chunk_ms=320)  # dynamic chunk training: no warning
+    monkeypatch.setattr(recognizer.model.encoder, "chunk_training", None)
+    with pytest.warns(UserWarning, match="trained at full context only"):
+        recognizer.stream(chunk_ms=320)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        recognizer.stream(chunk_ms=None)  # full context: as trained
 
 
 def test_stream_takes_the_endpoint_settings_as_keywords(trained) -> None:
