@@ -513,6 +513,8 @@ def _plot(
     """Attention plots of the hypotheses of `utterances`, by teacher forcing."""
     from asr.plotting import save_alignment_plots  # matplotlib: only when plotting
 
+    for stale in (out_dir / "alignments").glob("*.png"):  # an earlier decode's into this folder
+        stale.unlink()
     by_id = {r.utt_id: r for r in results}
     for utterance in utterances:
         result = by_id[utterance.utt_id]

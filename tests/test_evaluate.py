@@ -125,6 +125,12 @@ def test_recognised_utterances_give_zero_error_and_boundary_differences(tmp_path
         f"{chosen}.png",
         f"{chosen}_heads.png",
     ]
+    other = "an253-fash-b"  # decoding into the same folder again: only this run's plots
+    evaluate(recognizer, manifest, tmp_path / "eval", plot_ids=[other], progress=False)
+    assert sorted(p.name for p in (tmp_path / "eval" / "alignments").iterdir()) == [
+        f"{other}.png",
+        f"{other}_heads.png",
+    ]
     assert "C=6 S=0 D=0 I=0" in (tmp_path / "eval" / "errors.txt").read_text()
     with pytest.raises(ValueError, match=r"train.jsonl: no utterances with ids \['nope'\]"):
         evaluate(recognizer, manifest, tmp_path / "x", plot_ids=["nope"], progress=False)
