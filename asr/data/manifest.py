@@ -301,11 +301,16 @@ def _label_problem(key: str, value: Any) -> str | None:
     """ids and speakers: non-empty strings; integers are accepted and become strings."""
     if value is None or (isinstance(value, str) and value) or type(value) is int:
         return None
-    return f"{key!r} must be a non-empty string, got {_json_type(value)} {json.dumps(value)}"
+    return f"{key!r} must be a non-empty string, got {_json_value(value)}"
 
 
 def _type_problem(key: str, expected: str, record: dict) -> str:
-    return f"{key!r} must be {expected}, got {_json_type(record[key])} {json.dumps(record[key])}"
+    return f"{key!r} must be {expected}, got {_json_value(record[key])}"
+
+
+def _json_value(value: Any) -> str:
+    """`string "x"`, `number 3`, `null`: a JSON value with its type, once."""
+    return "null" if value is None else f"{_json_type(value)} {json.dumps(value)}"
 
 
 def _json_type(value: Any) -> str:

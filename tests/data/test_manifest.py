@@ -117,8 +117,14 @@ BAD_LINES = [
     ('{"audio_filepath": "/a.wav", "duration": -2.5, "text": "x"}', "'duration' must be > 0"),
     ('{"audio_filepath": "/a.wav", "duration": NaN, "text": "x"}', "'duration' must be finite"),
     ('{"audio_filepath": "/a.wav", "duration": Infinity, "text": "x"}', "must be finite"),
-    ('{"audio_filepath": "/a.wav", "duration": 1, "text": 5}', "'text' must be a string"),
-    ('{"audio_filepath": "/a.wav", "duration": 1, "text": null}', "'text' must be a string"),
+    (
+        '{"audio_filepath": "/a.wav", "duration": 1, "text": 5}',
+        "'text' must be a string, got number 5",
+    ),
+    (
+        '{"audio_filepath": "/a.wav", "duration": 1, "text": null}',
+        "'text' must be a string, got null",
+    ),
     ('{"audio_filepath": "", "duration": 1, "text": "x"}', "'audio_filepath' must be a non-empty"),
     ('{"audio_filepath": 3, "duration": 1, "text": "x"}', "'audio_filepath' must be a non-empty"),
     (
@@ -139,11 +145,13 @@ BAD_LINES = [
 
 @pytest.mark.parametrize(("line", "reason"), BAD_LINES, ids=[r for _, r in BAD_LINES])
 def test_each_kind_of_bad_line_is_reported_with_file_and_line(tmp_path, line, reason):
+    """Each reason is found in the report, and the value is named once (`got null`)."""
     path = write_lines(tmp_path / "bad_lines.jsonl", [GOOD % 1, "", GOOD % 2, line, GOOD % 3])
     with pytest.raises(ManifestError) as caught:
         read_manifest(path)
     assert [entry.location for entry in caught.value.entries] == [f"{path}:4"]
     assert reason in caught.value.entries[0].reason
+    assert "null null" not in caught.value.entries[0].reason
     assert f"{path}:4: " in str(caught.value)
     assert isinstance(caught.value, ValueError)
 
