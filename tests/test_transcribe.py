@@ -957,3 +957,7 @@ def test_cli_align_writes_plots_and_prints_word_times(checkpoint, tmp_path, caps
     assert main([*argv, str(folder)]) == 2
     assert f"{folder}: a folder; name the picture file to write" in capsys.readouterr().err
     assert not (tmp_path / "plots.png").exists()
+    short = tmp_path / "short.wav"
+    soundfile.write(short, np.zeros(160, dtype=np.float32), 16000)
+    assert main(["align", str(short), *argv[2:], str(tmp_path / "s.png")]) == 2
+    assert f"error: {short}: an input of " in capsys.readouterr().err

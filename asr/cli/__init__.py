@@ -458,7 +458,10 @@ def _align(args: argparse.Namespace) -> int:
     from asr.plotting import save_alignment_plots
 
     recognizer = _load_model(args)
-    alignment = recognizer.align(args.audio, args.text)
+    try:
+        alignment = recognizer.align(args.audio, args.text)
+    except ValueError as err:  # too short, text outside the vocabulary...: name the recording
+        raise ValueError(str(err) if args.audio in str(err) else f"{args.audio}: {err}") from None
     written = save_alignment_plots(recognizer, alignment, args.out, title=alignment.text)
     ctc = alignment.ctc_words
     print("# word\tattention_start\tattention_end" + ("\tctc_start\tctc_end" if ctc else ""))
