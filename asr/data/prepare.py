@@ -112,7 +112,8 @@ def prepare_an4(
     for split in AN4_SPLITS:
         entries, missing_here, bad_here = _an4_entries(root, split)
         measured[split] = _measure(entries, f"an4 {split}")
-        missing, bad_text = missing + missing_here, bad_text + bad_here
+        missing += missing_here
+        bad_text += bad_here
     (train, unusable), (test, unusable_test) = measured["train"], measured["test"]
     dev, train = _hold_out(sorted(train, key=lambda u: u.utt_id), dev_size)
     splits = {"train": train, "dev": dev, "test": sorted(test, key=lambda u: u.utt_id)}
@@ -282,11 +283,9 @@ def prepare_librispeech(
     for name in chosen:
         entries, missing_here, bad_here = _librispeech_entries(found[name])
         prepared[name], unusable_here = _measure(entries, f"librispeech {name}")
-        unusable, missing, bad_text = (
-            unusable + unusable_here,
-            missing + missing_here,
-            bad_text + bad_here,
-        )
+        unusable += unusable_here
+        missing += missing_here
+        bad_text += bad_here
     for pool in ("train", "dev", "test"):
         members = [name for name in chosen if name.startswith(f"{pool}-")]
         if members and pool not in prepared:
