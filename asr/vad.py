@@ -3,7 +3,9 @@ silence that ends a live utterance."""
 
 from __future__ import annotations
 
+import bisect
 import functools
+from array import array
 from importlib import resources
 from typing import TYPE_CHECKING
 
@@ -41,8 +43,8 @@ def _silero_graph():
 class StreamingVAD:
     """Silero VAD over audio that arrives in pieces: a speech probability per 32 ms as it comes.
 
-    Pieces of any size give the same probabilities. `speech_end` is where the last chunk judged
-    speech ended, in seconds from the first sample.
+    Pieces of any size give the same probabilities, and the same `silence`. `speech_end` is
+    where the last chunk judged speech ended, in seconds from the first sample.
 
     Args:
         sample_rate: 16000 or 8000, the rates Silero takes.
@@ -63,6 +65,7 @@ class StreamingVAD:
         self._pending = np.zeros(0, dtype=np.float32)
         self.chunks = 0
         self.speech_end = 0.0
+        self._speech = array("I")  # the indices of the chunks judged speech, in order
 
     def push(self, samples: np.ndarray) -> np.ndarray:
         """Add mono float samples; returns the probabilities of the chunks they complete."""
@@ -81,6 +84,7 @@ class StreamingVAD:
             self.chunks += 1
             if probs[i] >= self.threshold:
                 self.speech_end = self.chunks * self.chunk / self.sample_rate
+                self._speech.append(self.chunks - 1)
         self._pending = pending[whole * self.chunk :]
         return probs
 
@@ -91,9 +95,13 @@ class StreamingVAD:
         return self.push(np.zeros(self.chunk - len(self._pending), dtype=np.float32))
 
     def silence(self, until: float, since: float = 0.0) -> float:
-        """Seconds without speech before `until`, counted from `since` at the earliest; 0 where
-        speech was heard after `until` (audio the VAD has read ahead)."""
-        return max(0.0, until - max(self.speech_end, since))
+        """Seconds without speech before `until`, counted from `since` at the earliest: from the
+        end of the last speech chunk that ended by `until`. Chunks past `until` (audio the VAD
+        read ahead of the decoder, more of it in bigger pieces) do not count."""
+        done = int(until * self.sample_rate // self.chunk)  # chunks that ended by `until`
+        last = bisect.bisect_left(self._speech, done) - 1
+        end = (self._speech[last] + 1) * self.chunk / self.sample_rate if last >= 0 else 0.0
+        return max(0.0, until - max(end, since))
 
 
 @torch.inference_mode()

@@ -189,6 +189,10 @@ def test_an_endpoint_closes_each_utterance_and_the_next_starts_afresh(
     spans = [(f.segments[0].start, f.segments[0].end) for f in finals]
     assert spans[0][0] == 0.0 and gap_start < spans[0][1] < second_start
     assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))  # in order, not overlapping
+    at_once = recognizer.stream(options).accept(audio)  # the VAD reads far ahead of the decoder
+    assert [(f.text, f.segments[0].start) for f in at_once] == [
+        (f.text, f.segments[0].start) for f in finals
+    ]
     # each utterance after an endpoint decodes as a stream that starts where it starts
     for final in finals[1:]:
         begin = final.segments[0].start
