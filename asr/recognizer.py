@@ -19,7 +19,7 @@ from asr.audio import AudioInput, as_waveform, load_audio
 from asr.confidence import PlattScaling
 from asr.ctc_beam import EndpointOptions
 from asr.decoding import decode_batch
-from asr.loading import load_seq2seq
+from asr.loading import load_lm, load_seq2seq
 from asr.models.seq2seq import Seq2Seq
 from asr.precision import check_precision
 from asr.results import Alignment, BatchResult, Decoded, Transcript
@@ -46,7 +46,7 @@ class Recognizer:
     sample_rate: int  # audio rate the frontend expects
     checkpoint: str  # where it was loaded from
     precision: str = "fp32"  # "bf16": search and align under bf16 autocast (asr.precision)
-    segment_seconds: float | None = None  # default longest segment; None: SegmenterOptions'
+    segment_seconds: float | None = None  # longest segment; None: DEFAULT_SEGMENT_SECONDS
     decoding: SearchOptions | None = None  # default search settings (`asr finalize`)
     tokens_per_second: float | None = None  # fastest training speech; raises the length bound
     alignment_heads: list[int] | None = None  # cross-attention maps for DTW; None: all
@@ -55,11 +55,13 @@ class Recognizer:
     def __post_init__(self) -> None:
         check_precision(self.precision)
 
-    def segmenter(self) -> SegmenterOptions:
-        """How `transcribe` splits long audio when not told."""
-        if self.segment_seconds is None:
-            return SegmenterOptions()
-        return SegmenterOptions(max_segment_seconds=self.segment_seconds)
+    def segmenter(self, given: SegmenterOptions | None = None) -> SegmenterOptions:
+        """How `transcribe` splits long audio: `given` (default `SegmenterOptions()`) with, where
+        its `max_segment_seconds` is None, this model's longest segment."""
+        given = given or SegmenterOptions()
+        if given.max_segment_seconds is not None or self.segment_seconds is None:
+            return given
+        return replace(given, max_segment_seconds=self.segment_seconds)
 
     @property
     def default_options(self) -> SearchOptions:
@@ -125,7 +127,8 @@ class Recognizer:
             options: search settings; None uses `default_options`.
             lm: language model for shallow fusion (with `lm_weight > 0`).
             batch_size: segments of long audio decoded together.
-            segmenter: how long audio is split; None uses `self.segmenter()`.
+            segmenter: how long audio is split; its max_segment_seconds None (the default):
+                the model's own (`self.segmenter`).
             vad: "energy" or "silero" speech detection for cutting; None: `segmenter`'s.
             **search: `SearchOptions` fields (`SEARCH_KEYWORDS`) set over `options`.
 
@@ -186,7 +189,7 @@ class Recognizer:
             lm=lm,
             timestamps=word_timestamps,
             batch_size=batch_size,
-            segmenter=_with_vad(segmenter or self.segmenter(), vad),
+            segmenter=_with_vad(self.segmenter(segmenter), vad),
         )
 
     def search_options(self, options: SearchOptions | None = None, **changes: Any) -> SearchOptions:
@@ -245,9 +248,27 @@ class Recognizer:
             )
         if options.lm_weight > 0 and lm is None:
             raise ValueError(f"lm_weight={options.lm_weight} but no language model was given")
+        if isinstance(lm, tuple):
+            raise TypeError("lm= takes the model alone: recognizer.load_lm(path) gives it")
+        if lm is not None and options.lm_weight == 0:
+            raise ValueError("a language model was given with lm_weight=0: set lm_weight (0.3?)")
         alignment.check_timestamps(timestamps)
         if timestamps == "ctc" and self.model.ctc is None:
             raise ValueError(f"{self.checkpoint}: timestamps='ctc' needs a CTC head")
+
+    def load_lm(self, path: str | os.PathLike) -> torch.nn.Module:
+        """The language model of an LM checkpoint, for `lm=`, on this model's device; its
+        vocabulary must be this model's.
+
+        Raises:
+            CheckpointError: the file holds no LM (named).
+            ValueError: the LM's vocabulary differs from the model's.
+        """
+        lm, tokenizer = load_lm(path, self.device)
+        ours = self.tokenizer
+        if tokenizer.pieces(range(tokenizer.vocab_size)) != ours.pieces(range(ours.vocab_size)):
+            raise ValueError(f"{path}: the language model's vocabulary differs from the model's")
+        return lm
 
     def pad(self, waves: Sequence[Tensor]) -> tuple[Tensor, Tensor]:
         """Waves `(S_i,)` as a zero-padded batch `(B, S)` and lengths `(B,)` on the device."""

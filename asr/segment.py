@@ -18,6 +18,7 @@ from asr.audio import AudioError, AudioInput, as_waveform, audio_info, load_audi
 MIN_SEGMENT_SECONDS = 0.2  # no cut leaves a segment shorter than this
 ENERGY_FLOOR_DB = -100.0  # the energy of digital silence
 SHORTEST_MAX_SEGMENT = 3  # the least `segment_seconds_for` gives (> 2 x the 1 s overlap)
+DEFAULT_SEGMENT_SECONDS = 20.0  # the longest segment of a model that does not know its own
 
 Span = tuple[float, float]  # (start, end) seconds of a segment in its input
 Run = tuple[int, int]  # [start, stop) energy frames
@@ -31,7 +32,9 @@ class SegmenterOptions:
     silence in it, preferring its second half; without a silence, fixed windows overlap.
     """
 
-    max_segment_seconds: float = 20.0  # no segment is longer (`segment_seconds_for`)
+    # No segment is longer. None: the recognizer's own (its training utterances' length,
+    # `segment_seconds_for`), DEFAULT_SEGMENT_SECONDS where it has none.
+    max_segment_seconds: float | None = None
     min_silence_seconds: float = 0.3  # quieter stretches shorter than this are never cut
     silence_threshold_db: float = -35.0  # silent: frame RMS this many dB below the loudest
     window_overlap_seconds: float = 1.0  # overlap of fixed windows where no silence is found
@@ -45,12 +48,13 @@ class SegmenterOptions:
 
     def __post_init__(self) -> None:
         checks = {
-            "max_segment_seconds must be >= 1": self.max_segment_seconds >= 1.0,
+            "max_segment_seconds must be None or >= 1": self.max_segment_seconds is None
+            or self.max_segment_seconds >= 1.0,
             "min_silence_seconds must be >= 0": self.min_silence_seconds >= 0.0,
             "silence_threshold_db must be < 0": self.silence_threshold_db < 0.0,
             "window_overlap_seconds must lie in [0, max_segment_seconds / 2)": 0.0
             <= self.window_overlap_seconds
-            < self.max_segment_seconds / 2,
+            < self.longest / 2,
             "frame_seconds must be > 0": self.frame_seconds > 0.0,
             "read_seconds must be >= frame_seconds": self.read_seconds >= self.frame_seconds,
             "edge_silence_seconds must be None or >= 0": self.edge_silence_seconds is None
@@ -63,6 +67,15 @@ class SegmenterOptions:
                 field = message.split()[0]  # the field it checks
                 got = f", got {getattr(self, field)!r}" if hasattr(self, field) else ""
                 raise ValueError(f"SegmenterOptions: {message}{got}")
+
+    @property
+    def longest(self) -> float:
+        """`max_segment_seconds`, or DEFAULT_SEGMENT_SECONDS when it is None."""
+        return (
+            DEFAULT_SEGMENT_SECONDS
+            if self.max_segment_seconds is None
+            else self.max_segment_seconds
+        )
 
 
 def frame_energy_db(wave: np.ndarray, frame_samples: int) -> np.ndarray:
@@ -248,7 +261,7 @@ def plan_segments(
     >>> plan_segments(np.zeros(400), 0.01, 4.0, SegmenterOptions(max_segment_seconds=3))
     [(0.0, 3.0), (2.0, 4.0)]
     """
-    if duration <= options.max_segment_seconds:
+    if duration <= options.longest:
         return [(0.0, duration)]
     spans = _grow_segments(energy_db, frame_seconds, duration, options)
     loud = energy_db >= energy_db.max() + options.silence_threshold_db
@@ -263,7 +276,7 @@ def _grow_segments(
     energy_db: np.ndarray, frame_seconds: float, duration: float, options: SegmenterOptions
 ) -> list[Span]:
     runs = silences(energy_db, options, frame_seconds)
-    longest, overlap = options.max_segment_seconds, options.window_overlap_seconds
+    longest, overlap = options.longest, options.window_overlap_seconds
     spans, start = [], 0.0
     while duration - start > longest:
         limit = min(start + longest, duration - MIN_SEGMENT_SECONDS)
@@ -290,7 +303,7 @@ def _best_cut(
     width = _width(options, frame_seconds)
     low = math.ceil((start + MIN_SEGMENT_SECONDS) / frame_seconds - 1e-9)
     high = math.floor(limit / frame_seconds + 1e-9)
-    half = start + options.max_segment_seconds / 2
+    half = start + options.longest / 2
     best: tuple[bool, int, float] | None = None  # (in the second half, frames, cut time)
     for run_start, run_stop in runs:
         a, b = max(run_start, low), min(run_stop, high)
@@ -332,7 +345,7 @@ def segment_source(source: AudioSource, options: SegmenterOptions) -> list[Span]
         if not (track >= SPEECH_DB).any():
             return []
         return plan_segments(track, frame_seconds, source.duration, options)
-    if source.duration <= options.max_segment_seconds:
+    if source.duration <= options.longest:
         return [(0.0, source.duration)]
     energy, frame_seconds = source.energy_db(options.frame_seconds, options.read_seconds)
     return plan_segments(energy, frame_seconds, source.duration, options)

@@ -189,7 +189,9 @@ class StreamingEngine:
         self.options = options or StreamOptions()
         if self.options.lm_weight > 0 and lm is None:
             raise ValueError(f"lm_weight={self.options.lm_weight} but no language model was given")
-        self.lm = lm if self.options.lm_weight > 0 else None
+        if lm is not None and self.options.lm_weight == 0:
+            raise ValueError("a language model was given with lm_weight=0: set lm_weight (0.3?)")
+        self.lm = lm
         model = recognizer.model
         if model.ctc is None:
             raise ValueError(f"{recognizer.checkpoint}: streaming needs a CTC head")

@@ -62,7 +62,7 @@ def transcribe_sources(
     explorer keeps their maps."""
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    segmenter = segmenter or recognizer.segmenter()
+    segmenter = recognizer.segmenter(segmenter)
     recognizer.check_options(options, lm, timestamps)  # before any file, not once per file
     names = [_input_name(audio, i) for i, audio in enumerate(audios)]
     results: list[Transcript | AudioError | None] = [None] * len(audios)

@@ -89,6 +89,16 @@ def test_finalize_on_an_empty_manifest_keeps_what_was_stored(checkpoint, tmp_pat
     assert checkpoint.read_bytes() == before
 
 
+def test_a_language_model_is_given_alone_and_with_a_weight(checkpoint):
+    recognizer, lm = load_model(checkpoint), object()
+    with pytest.raises(TypeError, match=r"lm= takes the model alone: recognizer.load_lm"):
+        recognizer.check_options(SearchOptions(lm_weight=0.3), (lm, recognizer.tokenizer))
+    with pytest.raises(ValueError, match="a language model was given with lm_weight=0"):
+        recognizer.check_options(SearchOptions(), lm)
+    with pytest.raises(CheckpointError, match="recognizer checkpoint"):
+        recognizer.load_lm(checkpoint)
+
+
 def test_load_lm_names_a_recognizer_checkpoint_for_what_it_is(checkpoint):
     with pytest.raises(CheckpointError, match="recognizer checkpoint"):
         load_lm(checkpoint)

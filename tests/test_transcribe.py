@@ -503,7 +503,10 @@ def test_transcribe_cuts_at_the_recognizers_segment_length_by_default(overfit, t
 
     told = cuts(recognizer, SegmenterOptions(max_segment_seconds=5))
     assert len(told) == len(spans)  # 5 s holds one utterance
-    assert cuts(dataclasses.replace(recognizer, segment_seconds=5.0)) == told
+    own = dataclasses.replace(recognizer, segment_seconds=5.0)
+    assert cuts(own) == told
+    assert cuts(own, SegmenterOptions(read_seconds=30)) == told, "other settings keep it"
+    assert len(cuts(own, SegmenterOptions(max_segment_seconds=20))) < len(spans)
     assert recognizer.segment_seconds is None and len(cuts(recognizer)) < len(spans)  # 20 s
 
 

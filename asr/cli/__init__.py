@@ -246,15 +246,7 @@ def _search_options(args: argparse.Namespace, recognizer: Recognizer):
 
 def _language_model(args: argparse.Namespace, recognizer):
     """The `--lm` checkpoint, checked to share the recognizer's vocabulary; None without."""
-    if not args.lm:
-        return None
-    from asr.loading import load_lm
-
-    lm, tokenizer = load_lm(args.lm, recognizer.device)
-    ours = recognizer.tokenizer
-    if tokenizer.pieces(range(tokenizer.vocab_size)) != ours.pieces(range(ours.vocab_size)):
-        raise ValueError(f"{args.lm}: the language model's vocabulary differs from the model's")
-    return lm
+    return recognizer.load_lm(args.lm) if args.lm else None
 
 
 def _transcribe(args: argparse.Namespace) -> int:
