@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import numbers
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -29,6 +30,8 @@ AUDIO_SUFFIXES = (
     ".m4a", ".mp4", ".aac", ".webm", ".weba", ".mkv", ".mka", ".mov", ".3gp", ".amr", ".wma",
 )  # fmt: skip
 # Seconds decoded before a seek target and dropped: AAC and Opus frames depend on the previous.
+# PCM integer samples -> [-1, 1): (x - offset) / scale; 8-bit unsigned PCM centres on 128
+PCM_SCALE = {"int8": (0, 2**7), "uint8": (2**7, 2**7), "int16": (0, 2**15), "int32": (0, 2**31)}
 SEEK_PREROLL_SECONDS = 0.5
 # Demuxers stating exact durations; other containers' frames are counted by decoding.
 EXACT_DURATION_DEMUXERS = ("mov,mp4,m4a,3gp,3g2,mj2",)
@@ -304,6 +307,12 @@ def as_waveform(audio: np.ndarray | Tensor, sample_rate: int, target_rate: int) 
     """
     import torchaudio.functional
 
+    if (
+        isinstance(sample_rate, bool)
+        or not isinstance(sample_rate, numbers.Integral)
+        or sample_rate < 1
+    ):
+        raise ValueError(f"sample_rate must be a whole number of Hz, got {sample_rate!r}")
     wave = mono_samples(audio)
     if not wave.numel():
         raise ValueError("audio must be a non-empty mono waveform, got no samples")
@@ -314,14 +323,26 @@ def as_waveform(audio: np.ndarray | Tensor, sample_rate: int, target_rate: int) 
 
 def mono_samples(audio: np.ndarray | Tensor) -> Tensor:
     """Mono samples `(S,)`, or `(S, 1)` as audio APIs give one channel (numpy or torch), as a
-    float32 `(S,)` tensor; integers scaled to [-1, 1).
+    float32 `(S,)` tensor; 8, 16 and 32-bit PCM integers scaled to [-1, 1).
 
     >>> mono_samples(np.array([[16384], [-32768]], dtype=np.int16)).tolist()
     [0.5, -1.0]
     """
     import torch
 
+    if isinstance(audio, np.ndarray):  # torch takes neither a flipped view nor big-endian
+        audio = np.ascontiguousarray(audio, dtype=audio.dtype.newbyteorder("="))
+    elif not isinstance(audio, torch.Tensor):
+        raise ValueError(
+            f"audio must be a file path, a numpy array or a tensor, got {type(audio).__name__}"
+        )
     wave = torch.as_tensor(audio).detach().cpu()
+    kind = str(wave.dtype).removeprefix("torch.")
+    if kind not in PCM_SCALE and not wave.is_floating_point():
+        why = (
+            " (numpy's type for Python ints: make them int16, or floats)" if kind == "int64" else ""
+        )
+        raise ValueError(f"audio samples must be floats or 8/16/32-bit PCM, got {kind}{why}")
     if wave.dim() == 2 and 1 in wave.shape:
         wave = wave.reshape(-1)
     if wave.dim() != 1:
@@ -330,7 +351,8 @@ def mono_samples(audio: np.ndarray | Tensor) -> Tensor:
             "channels or pick one"
         )
     if not wave.is_floating_point():
-        wave = wave.double() / (torch.iinfo(wave.dtype).max + 1)
+        offset, scale = PCM_SCALE[kind]
+        wave = (wave.double() - offset) / scale
     wave = wave.float()
     if not bool(torch.isfinite(wave).all()):
         raise ValueError("audio contains NaN or infinite samples")

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -69,6 +70,11 @@ class SearchOptions:
     repair: bool = True  # decode failed hypotheses again with CTC weight (`asr.guard`)
 
     def __post_init__(self) -> None:
+        whole = ("beam_size", "max_len_extra") + (("nbest",) if self.nbest is not None else ())
+        for name in whole:  # counts: 2.5 would fail deep in the search
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+                raise ValueError(f"SearchOptions: {name} must be a whole number, got {value!r}")
         checks = {
             "beam_size must be >= 1": self.beam_size >= 1,
             "ctc_weight must lie in [0, 1]": 0.0 <= self.ctc_weight <= 1.0,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import tarfile
 from fractions import Fraction
 from pathlib import Path
@@ -15,7 +16,15 @@ import torch
 import torchaudio.functional
 from conftest import AN4_FIXTURE, encode_audio
 
-from asr.audio import AudioError, AudioInfo, audio_info, load_audio, load_audio_with_rate
+from asr.audio import (
+    AudioError,
+    AudioInfo,
+    as_waveform,
+    audio_info,
+    load_audio,
+    load_audio_with_rate,
+    mono_samples,
+)
 
 
 def sine(freq: float, sample_rate: int, seconds: float, amplitude: float = 0.5) -> np.ndarray:
@@ -317,3 +326,44 @@ def test_bad_containers_raise_audio_error_naming_the_file(tmp_path, make, reason
 def test_lengths_that_a_container_only_estimates_are_counted(tmp_path):
     path = encoded(tmp_path, "webm", "libopus", 48000)  # WebM's duration is rounded, if any
     assert audio_info(path).num_frames == len(load_audio(path, None))
+
+
+# --------------------------------------------------------------------------- arrays
+
+
+@pytest.mark.parametrize(
+    ("samples", "expected"),
+    [
+        (np.array([-128, 0, 64], dtype=np.int8), [-1.0, 0.0, 0.5]),
+        (np.array([0, 128, 192], dtype=np.uint8), [-1.0, 0.0, 0.5]),  # offset binary, as WAV
+        (np.array([-32768, 16384], dtype=np.int16), [-1.0, 0.5]),
+        (np.array([-(2**31), 2**30], dtype=np.int32), [-1.0, 0.5]),
+        (np.array([0.5, 0.25], dtype=">f4"), [0.5, 0.25]),  # big-endian
+        (np.array([0.25, 0.5], dtype=np.float64)[::-1], [0.5, 0.25]),  # a reversed view
+        (torch.tensor([[0.5], [0.25]]), [0.5, 0.25]),
+    ],
+)
+def test_arrays_of_every_pcm_and_float_kind_become_float_samples(samples, expected) -> None:
+    assert mono_samples(samples).tolist() == expected
+
+
+@pytest.mark.parametrize(
+    ("samples", "said"),
+    [
+        (np.array([1000, -1000]), "got int64 (numpy's type for Python ints"),
+        (np.array([True, False]), "got bool"),
+        (np.array([1j]), "got complex128"),
+        (None, "a file path, a numpy array or a tensor, got NoneType"),
+        (b"\x00\x01", "got bytes"),
+    ],
+)
+def test_arrays_that_are_no_audio_are_refused_by_kind(samples, said) -> None:
+    with pytest.raises(ValueError, match=re.escape(said)):
+        mono_samples(samples)
+
+
+@pytest.mark.parametrize("rate", [0, -8000, 22050.5, True])
+def test_a_sample_rate_is_a_positive_whole_number(rate) -> None:
+    with pytest.raises(ValueError, match="sample_rate must be a whole number of Hz"):
+        as_waveform(np.zeros(100, dtype=np.float32), rate, 16000)
+    assert as_waveform(np.zeros(100, dtype=np.float32), np.int64(8000), 16000).numel() == 200

@@ -333,6 +333,8 @@ def test_greedy_never_emits_blank_or_pad() -> None:
         ("pre_beam_ratio", 0.5),
         ("nbest", 0),
         ("nbest", 11),  # more than the beam (10)
+        ("beam_size", 2.5),  # a count
+        ("nbest", True),
     ],
 )
 def test_bad_options_raise(field: str, value: float) -> None:

@@ -413,6 +413,9 @@ def test_files_of_any_format_and_rate_and_arrays_agree(overfit, tmp_path):
     results = [r.transcript for r in batch]
     assert [r.text for r in results] == [expected] * 5
     assert results[0].token_starts == results[2].token_starts  # same samples, same times
+    with_none = recognizer.transcribe_batch([wave, None])  # what is no audio fails alone
+    assert with_none[0].transcript.text == expected
+    assert "got NoneType" in str(with_none[1].error)
     resampled = recognizer.transcribe(tmp_path / "a22k.wav")
     assert resampled.duration == pytest.approx(len(wave) / RATE, abs=1e-4)
     assert recognizer.transcribe(wave[::2].copy(), sample_rate=8000).duration == pytest.approx(
