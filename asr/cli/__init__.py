@@ -31,6 +31,8 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
+import signal
 import sys
 from collections.abc import Sequence
 from dataclasses import replace
@@ -1173,6 +1175,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser(command).parse_args(argv)
     try:
         return args.run(args)
+    except BrokenPipeError:  # the reader of stdout went away (`| head`): end quietly, as tools do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error at exit flush
+        return 128 + signal.SIGPIPE
     except (ValueError, OSError) as err:  # OSError: a path that is missing, a folder, ...
         print(f"asr {args.command}: error: {err}", file=sys.stderr)
         return 2

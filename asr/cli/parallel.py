@@ -557,13 +557,14 @@ def _parent(
     ]
     children: list[subprocess.Popen] = []
     relays: list[threading.Thread] = []
-    interrupted = False
+    interrupted, closed = False, threading.Event()  # closed: a reader of our output went away
     try:
         for rank, job in jobs:
             child = _start_child(rank, job, threads)
             children.append(child)
-            relays += [_relay(child.stdout, sys.stdout), _relay(child.stderr, sys.stderr)]
-        _follow(children, out, sum(len(s) for s in plan.shares), args.quiet)
+            relays += [_relay(child.stdout, sys.stdout, closed),
+                       _relay(child.stderr, sys.stderr, closed)]  # fmt: skip
+        _follow(children, out, sum(len(s) for s in plan.shares), args.quiet, closed)
     except KeyboardInterrupt:  # the children stop too: what they finished stays written
         interrupted = True
     finally:
@@ -574,6 +575,8 @@ def _parent(
         for relay in relays:
             relay.join()
     failures = merge(plan, out)  # what was written, interrupted or not
+    if closed.is_set():  # as `| head` ends a command: quietly, what is written kept
+        raise BrokenPipeError
     if interrupted:
         print(
             f"asr transcribe: interrupted: the same command transcribes the rest into {out}",
@@ -604,22 +607,31 @@ def _start_child(rank: int, job: tuple, threads: int | None) -> subprocess.Popen
     return child
 
 
-def _relay(source: IO[bytes] | None, target: IO[str]) -> threading.Thread:
-    """A thread copying a child's lines to `target`, above the progress bar."""
+def _relay(source: IO[bytes] | None, target: IO[str], closed: threading.Event) -> threading.Thread:
+    """A thread copying a child's lines to `target`, above the progress bar. Where `target`
+    is a pipe its reader closed, it sets `closed` and drains the rest, so the child never
+    blocks on a full pipe."""
 
     def copy() -> None:
         assert source is not None
         for line in source:
-            tqdm.write(line.decode("utf-8", "replace"), file=target, end="")
-            target.flush()
+            if closed.is_set():
+                continue
+            try:
+                tqdm.write(line.decode("utf-8", "replace"), file=target, end="")
+                target.flush()
+            except BrokenPipeError:
+                closed.set()
 
     thread = threading.Thread(target=copy, daemon=True)
     thread.start()
     return thread
 
 
-def _follow(children: list[subprocess.Popen], out: Path, total: int, quiet: bool) -> None:
-    """Wait for the children, counting the lines their parts grow by as progress."""
+def _follow(
+    children: list[subprocess.Popen], out: Path, total: int, quiet: bool, stop: threading.Event
+) -> None:
+    """Wait for the children (or `stop`), counting the lines their parts grow by as progress."""
     read = {part: part.stat().st_size for part in out.glob(PARTS)}  # earlier runs' lines
     with tqdm(total=total, desc="files", unit="file", disable=quiet) as bar:
         while True:
@@ -630,7 +642,7 @@ def _follow(children: list[subprocess.Popen], out: Path, total: int, quiet: bool
                     grown = file.read()
                 read[part] = read.get(part, 0) + len(grown)
                 bar.update(min(grown.count(b"\n"), total - bar.n))
-            if not running:
+            if not running or stop.is_set():
                 return
             time.sleep(POLL_SECONDS)
 

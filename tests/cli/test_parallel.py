@@ -252,7 +252,7 @@ def test_ctrl_c_stops_the_workers_quietly(checkpoint, corpus, tmp_path, monkeypa
 
     started = []
 
-    def ctrl_c(children, out, total, quiet):
+    def ctrl_c(children, *_):
         started.extend(children)
         raise KeyboardInterrupt
 
@@ -268,6 +268,30 @@ def test_ctrl_c_stops_the_workers_quietly(checkpoint, corpus, tmp_path, monkeypa
     )
     assert "failed" not in stderr and "exited with status" not in stderr
     assert len(started) == 2 and all(child.returncode is not None for child in started)
+
+
+@pytest.mark.parametrize("workers", [[], ["--workers", "2"]], ids=["one process", "workers"])
+def test_a_reader_that_goes_away_ends_it_quietly(workers, checkpoint, corpus, tmp_path):
+    """`asr transcribe ... | head -1`: the command ends at once with 141, as tools killed by
+    SIGPIPE do, and no traceback (workers whose output was relayed into the closed pipe hung
+    on it once it was full)."""
+    lines = corpus["good"].read_text().splitlines()
+    many = tmp_path / "many.jsonl"
+    many.write_text("".join(
+        json.dumps(json.loads(line) | {"id": f"u{k}-{n}"}) + "\n"
+        for k in range(40) for n, line in enumerate(lines)))  # fmt: skip
+    command = [sys.executable, "-m", "asr", "transcribe", "--manifest", str(many),
+               "--checkpoint", str(checkpoint), "--output-dir", str(tmp_path / "out"),
+               *SAME_WORK, *workers]  # fmt: skip
+    child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO)
+    assert child.stdout.readline()
+    child.stdout.close()
+    try:
+        child.wait(timeout=90)
+    finally:
+        child.kill()
+    assert child.returncode == 141
+    assert "Traceback" not in child.stderr.read().decode()
 
 
 def test_an_interrupted_worker_leaves_the_word_to_its_parent(tmp_path, capsys):
