@@ -333,10 +333,17 @@ def is_written(item: Input, out: Path, formats: Sequence[str], records: Records)
         records: what `read_records(out)` found.
 
     Returns:
-        True where it has a record and every file asked for (files are only ever whole).
+        True where it has a record of the same audio (another recording that maps to the same
+        output name is transcribed over it) and every file asked for (files are only ever
+        whole).
     """
     stem = item.stem.as_posix()
-    return stem in records.written and all((out / f"{stem}.{fmt}").is_file() for fmt in formats)
+    record = records.written.get(stem)
+    same = record is not None and (
+        record.get("audio_filepath") == os.path.abspath(item.audio.path)
+        and record.get("offset", 0.0) == item.audio.offset
+    )
+    return same and all((out / f"{stem}.{fmt}").is_file() for fmt in formats)
 
 
 # --------------------------------------------------------------------------- planner

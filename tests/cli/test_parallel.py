@@ -219,6 +219,14 @@ def test_a_rerun_skips_everything_written(workers_run, checkpoint, corpus, tmp_p
     assert f"6 of 6 inputs already written in {out}: skipped" in stderr
     assert (files_of(out), merged(out)) == before
 
+    other = tmp_path / "other" / "a"  # another recording of the same name: not written yet
+    other.mkdir(parents=True)
+    shutil.copy(corpus["root"] / "audio" / "a" / "go.wav", other / "yes.wav")
+    code, stdout, stderr = transcribe(other.parent, "--checkpoint", checkpoint,
+                                      "--output-dir", out, "--workers", "2", *SAME_WORK)  # fmt: skip
+    assert code == 0 and "already written" not in stderr, stderr
+    assert (out / "a" / "yes.txt").read_text().strip() == SAID["a/go"]
+
 
 def test_a_rerun_finishes_an_interrupted_run(workers_run, checkpoint, corpus, tmp_path):
     out = tmp_path / "out"
