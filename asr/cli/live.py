@@ -100,7 +100,7 @@ def transcribe_streaming(
     is printed as a line; on a terminal the partial is rewritten in place below them. With
     `--output-dir`, each input's whole transcript is also written there when it ends (and the
     audio of `-`, as `stdin.wav`, for the explorer to play)."""
-    from asr.audio import load_audio
+    from asr.audio import AudioError, load_audio
     from asr.cli.inputs import DEFAULT_FORMATS, start_explorer, write_explorer
     from asr.writers import expand_formats, timed_lines
 
@@ -115,8 +115,15 @@ def transcribe_streaming(
     if args.explorer:
         formats = start_explorer(args.output_dir, recognizer, formats)
     formats = expand_formats(formats)
+    failed = []
     with ctrl_c_ends_the_input() as interrupted:
         for name in args.audio:
+            try:  # a bad file is said and the others go on, as offline
+                wave = None if name == "-" else load_audio(name, rate).numpy()
+            except AudioError as error:
+                print(f"asr transcribe: error: {error}", file=sys.stderr)
+                failed.append(name)
+                continue
             stream = recognizer.stream(options, lm)
             said = _finals_as_json_lines(name) if args.jsonl else timed_lines
             maps = _kept_maps(stream) if args.explorer else []
@@ -131,7 +138,7 @@ def transcribe_streaming(
                         data = recording.enter_context(_recorded(data, audio, rate))
                     audio_pieces = samples(data)
                 else:
-                    audio_pieces = pieces(load_audio(name, rate).numpy(), rate)
+                    audio_pieces = pieces(wave, rate)
                 for piece in audio_pieces:
                     for final in stream.accept(piece):
                         lines.final(said(final))
@@ -148,7 +155,9 @@ def transcribe_streaming(
                 break
     if args.explorer:  # Ctrl-C too: it is how a session from the microphone ends
         write_explorer(args.output_dir, progress=False)
-    return 130 if interrupted else 0
+    if failed and not interrupted:
+        print(f"asr transcribe: {len(failed)} of {len(args.audio)} inputs failed", file=sys.stderr)
+    return 130 if interrupted else 1 if failed else 0
 
 
 def _finals_as_json_lines(audio: str):

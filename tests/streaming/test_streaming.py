@@ -721,3 +721,20 @@ def test_transcribe_streaming_reads_files_and_raw_pcm(
     assert run.returncode == 0, run.stderr.decode()
     piped = [line for line in run.stdout.decode().splitlines() if line]
     assert len(piped) == len(lines)
+
+
+def test_transcribe_streaming_says_a_bad_file_and_goes_on(
+    tiny_checkpoint, an4_fixture, tmp_path, capsys
+) -> None:
+    from asr.cli import main
+
+    wav = an4_fixture / "wav/an4_clstk/fash/an255-fash-b.wav"
+    empty = tmp_path / "empty.wav"
+    empty.write_bytes(b"")
+    argv = ["transcribe", "--streaming", "--model", str(tiny_checkpoint["checkpoint"]),
+            str(tmp_path / "missing.wav"), str(empty), str(wav)]  # fmt: skip
+    assert main(argv) == 1
+    out, err = capsys.readouterr()
+    assert out.splitlines()[0] == str(wav)  # the good one is transcribed
+    assert f"error: {tmp_path / 'missing.wav'}: file not found" in err
+    assert f"error: {empty}: " in err and "2 of 3 inputs failed" in err
