@@ -38,8 +38,23 @@ EXACT_DURATION_DEMUXERS = ("mov,mp4,m4a,3gp,3g2,mj2",)
 
 
 def audio_files(folder: PathLike, suffixes: tuple[str, ...] = AUDIO_SUFFIXES) -> list[Path]:
-    """Every path below `folder` whose lower-case suffix is in `suffixes`, sorted."""
-    return sorted(p for p in Path(folder).rglob("*") if p.suffix.lower() in suffixes)
+    """Every file below `folder` whose lower-case suffix is in `suffixes`, sorted. Linked
+    folders are followed (each real folder once); hidden files and folders (`.name`, such as
+    macOS's `._x.wav`) are left out, as shell globs leave them."""
+    found, seen = [], set()
+    for root, folders, files in os.walk(folder, followlinks=True):
+        real = os.path.realpath(root)
+        if real in seen:  # a link back up the tree, or a second link to one folder
+            folders.clear()
+            continue
+        seen.add(real)
+        folders[:] = [name for name in folders if not name.startswith(".")]
+        found += [
+            Path(root, name)
+            for name in files
+            if not name.startswith(".") and os.path.splitext(name)[1].lower() in suffixes
+        ]
+    return sorted(found)
 
 
 class AudioError(ValueError):

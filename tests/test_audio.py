@@ -20,6 +20,7 @@ from asr.audio import (
     AudioError,
     AudioInfo,
     as_waveform,
+    audio_files,
     audio_info,
     load_audio,
     load_audio_with_rate,
@@ -367,3 +368,20 @@ def test_a_sample_rate_is_a_positive_whole_number(rate) -> None:
     with pytest.raises(ValueError, match="sample_rate must be a whole number of Hz"):
         as_waveform(np.zeros(100, dtype=np.float32), rate, 16000)
     assert as_waveform(np.zeros(100, dtype=np.float32), np.int64(8000), 16000).numel() == 200
+
+
+def test_audio_files_follow_linked_folders_once_and_skip_hidden_ones(tmp_path) -> None:
+    real = tmp_path / "recordings" / "alice"
+    real.mkdir(parents=True)
+    for name in ("001.wav", "002.FLAC", "._001.wav", "notes.txt"):
+        (real / name).write_bytes(b"")
+    (real / ".cache").mkdir()
+    (real / ".cache" / "x.wav").write_bytes(b"")
+    (real / "folder.wav").mkdir()  # a folder, not audio
+    scan = tmp_path / "scan"
+    scan.mkdir()
+    (scan / "alice").symlink_to(real)
+    (scan / "again").symlink_to(real)  # a second link to the same folder
+    (real / "up").symlink_to(scan)  # a loop
+    found = [p.relative_to(scan).as_posix() for p in audio_files(scan)]
+    assert sorted(Path(p).name for p in found) == ["001.wav", "002.FLAC"]
