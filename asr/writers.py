@@ -270,6 +270,11 @@ def output_stems(
         if base is not None and root is not None:
             stem = PurePath(os.path.relpath(os.path.abspath(path), root)).with_suffix("")
         if unique and stem in owners:
+            if os.path.abspath(owners[stem]) == os.path.abspath(path):
+                raise ValueError(
+                    f"{path} is named twice with different spans (a file and a manifest line "
+                    "of it?): its outputs would be the same files"
+                )
             raise ValueError(f"{owners[stem]} and {path} would write the same output files")
         owners.setdefault(stem, str(path))
         stems.append(stem)

@@ -830,6 +830,14 @@ def test_cli_mirrors_a_folder_and_a_glob_under_the_output_dir(transcribe_cli, tm
     code, _, _ = transcribe_cli(f"{data}/*/1.wav", "--output-dir", tmp_path / "glob")
     assert code == 0 and (tmp_path / "glob/b/1.txt").read_text() == "GO\n"
     assert (tmp_path / "glob/b/1.json").is_file()  # txt and json by default
+    missing = tmp_path.parent / "elsewhere" / "gone.wav"  # outside data: moves no output
+    code, _, _ = transcribe_cli(data / "a/1.wav", data / "b/1.wav", missing,
+                                "--output-dir", tmp_path / "some", "--format", "txt")  # fmt: skip
+    assert code == 1
+    some = sorted(
+        p.relative_to(tmp_path / "some").as_posix() for p in (tmp_path / "some").rglob("*")
+    )
+    assert some == ["a", "a/1.txt", "b", "b/1.txt"]
 
 
 def test_cli_reads_a_manifest_with_offsets_and_names_its_bad_lines(transcribe_cli, tmp_path):
@@ -885,6 +893,10 @@ def test_cli_prints_two_files_of_one_stem_and_refuses_to_write_them(transcribe_c
     assert all(line.endswith("] YES") for line in stdout.splitlines()[1::2])
     code, _, stderr = transcribe_cli(m4a, tmp_path / "a.wav", "--output-dir", tmp_path / "out")
     assert code == 2 and "would write the same output files" in stderr
+    manifest = tmp_path / "a.jsonl"  # the file again, as a span of it
+    manifest.write_text(json.dumps({"audio_filepath": "a.wav", "duration": 0.5}) + "\n")
+    code, _, stderr = transcribe_cli(tmp_path / "a.wav", manifest, "--output-dir", tmp_path / "o")
+    assert code == 2 and f"{tmp_path / 'a.wav'} is named twice with different spans" in stderr
 
 
 def test_audio_too_short_to_encode_transcribes_to_nothing(overfit, transcribe_cli, tmp_path):

@@ -82,8 +82,15 @@ def expand_inputs(
         if key not in seen:
             seen.add(key)
             kept.append(item)
-    stems = output_stems([f.path for f in kept], [f.base for f in kept], unique=unique_stems)
-    inputs = [Input(f.audio, f.name, stem, f.fields) for f, stem in zip(kept, stems)]
+    # Files that are missing fail later; they must not move the shared folder the others'
+    # outputs mirror their paths below (/missing.wav would put them under out/tmp/...).
+    exists = [os.path.exists(f.path) for f in kept]
+    there = [f for f, ok in zip(kept, exists) if ok]
+    stems = iter(output_stems([f.path for f in there], [f.base for f in there], unique_stems))
+    inputs = [
+        Input(f.audio, f.name, next(stems) if ok else PurePath(Path(f.path).stem), f.fields)
+        for f, ok in zip(kept, exists)
+    ]
     return inputs, failures
 
 
