@@ -38,9 +38,10 @@ EXACT_DURATION_DEMUXERS = ("mov,mp4,m4a,3gp,3g2,mj2",)
 
 
 def audio_files(folder: PathLike, suffixes: tuple[str, ...] = AUDIO_SUFFIXES) -> list[Path]:
-    """Every file below `folder` whose lower-case suffix is in `suffixes`, sorted. Linked
-    folders are followed (each real folder once); hidden files and folders (`.name`, such as
-    macOS's `._x.wav`) are left out, as shell globs leave them."""
+    """Every path below `folder` whose lower-case suffix is in `suffixes` (a folder so named
+    too: callers say it is no audio), sorted. Linked folders are followed (each real folder
+    once); hidden files and folders (`.name`, such as macOS's `._x.wav`) are left out, as
+    shell globs leave them."""
     found, seen = [], set()
     for root, folders, files in os.walk(folder, followlinks=True):
         real = os.path.realpath(root)
@@ -51,7 +52,7 @@ def audio_files(folder: PathLike, suffixes: tuple[str, ...] = AUDIO_SUFFIXES) ->
         folders[:] = [name for name in folders if not name.startswith(".")]
         found += [
             Path(root, name)
-            for name in files
+            for name in files + folders
             if not name.startswith(".") and os.path.splitext(name)[1].lower() in suffixes
         ]
     return sorted(found)

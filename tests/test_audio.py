@@ -377,11 +377,11 @@ def test_audio_files_follow_linked_folders_once_and_skip_hidden_ones(tmp_path) -
         (real / name).write_bytes(b"")
     (real / ".cache").mkdir()
     (real / ".cache" / "x.wav").write_bytes(b"")
-    (real / "folder.wav").mkdir()  # a folder, not audio
+    (real / "folder.wav").mkdir()  # named like audio: listed for callers to refuse
     scan = tmp_path / "scan"
     scan.mkdir()
     (scan / "alice").symlink_to(real)
     (scan / "again").symlink_to(real)  # a second link to the same folder
     (real / "up").symlink_to(scan)  # a loop
     found = [p.relative_to(scan).as_posix() for p in audio_files(scan)]
-    assert sorted(Path(p).name for p in found) == ["001.wav", "002.FLAC"]
+    assert sorted(Path(p).name for p in found) == ["001.wav", "002.FLAC", "folder.wav"]
