@@ -556,6 +556,23 @@ def _whole(low: int):
 _count = _whole(1)  # threads, beams, streams...
 
 
+def _longest_segment(text: str) -> float:
+    """An argparse type: --max-segment-seconds, over twice the overlap of fixed windows."""
+    from asr.segment import SegmenterOptions
+
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+    least = 2 * SegmenterOptions.window_overlap_seconds
+    if not value > least:
+        raise argparse.ArgumentTypeError(
+            f"must be more than {least:g} s (twice the overlap of the windows that cut speech "
+            f"without pauses), got {value:g}"
+        )
+    return value
+
+
 def _weight(text: str) -> float:
     """An argparse type: a weight in [0, 1]."""
     try:
@@ -859,7 +876,7 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
         )
         p.add_argument(
             "--max-segment-seconds",
-            type=float,
+            type=_longest_segment,
             help="longer audio is split on silence (default: the model's training utterance "
             "length, 95th percentile rounded up, as stored by asr fit; 20 for older checkpoints)",
         )

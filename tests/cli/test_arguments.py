@@ -23,6 +23,9 @@ AT_LEAST_1 = "must be at least 1, got"
         ([*TRANSCRIBE, "--ctc-weight", "1.5"], "must lie in [0, 1], got 1.5"),
         ([*TRANSCRIBE, "--words-per-cue", "-1"], "must be at least 0, got -1"),
         ([*TRANSCRIBE, "--threads", "two"], "must be a whole number, got 'two'"),
+        ([*TRANSCRIBE, "--max-segment-seconds", "1.5"],
+         "must be more than 2 s (twice the overlap of the windows that cut speech without "
+         "pauses), got 1.5"),
         ([*TRANSCRIBE, "--ctc-weight", "half"], "must be a number, got 'half'"),
         ([*SERVE, "--threads", "0"], f"{AT_LEAST_1} 0"),
         ([*SERVE, "--max-connections", "0"], f"{AT_LEAST_1} 0"),

@@ -222,8 +222,9 @@ def test_a_rerun_skips_everything_written(workers_run, checkpoint, corpus, tmp_p
     other = tmp_path / "other" / "a"  # another recording of the same name: not written yet
     other.mkdir(parents=True)
     shutil.copy(corpus["root"] / "audio" / "a" / "go.wav", other / "yes.wav")
-    code, stdout, stderr = transcribe(other.parent, "--checkpoint", checkpoint,
-                                      "--output-dir", out, "--workers", "2", *SAME_WORK)  # fmt: skip
+    code, stdout, stderr = transcribe(
+        other.parent, "--checkpoint", checkpoint, "--output-dir", out, "--workers", "2", *SAME_WORK
+    )
     assert code == 0 and "already written" not in stderr, stderr
     assert (out / "a" / "yes.txt").read_text().strip() == SAID["a/go"]
 
