@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import json
 import os
 from collections.abc import Sequence
@@ -54,13 +55,19 @@ def subtitle_cues(transcript: Transcript, words_per_cue: int = 0) -> list[tuple[
     for word in transcript.words:  # to the last segment starting before the word's centre
         k = max(0, int(np.searchsorted(starts, (word.start + word.end) / 2, side="right")) - 1)
         groups[k].append(word)
-    cues = []
-    for words in groups:
+    cues: list[tuple[float, float, str]] = []
+    for segment, words in zip(transcript.segments, groups):
+        if not words and segment.text.strip():  # text without word times: the segment's
+            cues.append((segment.start, segment.end, segment.text))
         size = words_per_cue or len(words)
         for first in range(0, len(words), max(size, 1)):
             chunk = words[first : first + size]
             cues.append((chunk[0].start, chunk[-1].end, " ".join(w.text for w in chunk)))
-    return cues
+    shown = []
+    for start, end, text in cues:  # in order and apart (words of two windows may overlap)
+        start = max(start, shown[-1][1]) if shown else start
+        shown.append((start, max(start, end), " ".join(text.split())))  # one line each
+    return shown
 
 
 def to_srt(cues: Sequence[tuple[float, float, str]]) -> str:
@@ -79,9 +86,18 @@ def to_srt(cues: Sequence[tuple[float, float, str]]) -> str:
 
 
 def to_vtt(cues: Sequence[tuple[float, float, str]]) -> str:
-    """WebVTT text of the cues."""
+    """WebVTT text of the cues, `&`, `<` and `>` escaped as the format asks.
+
+    >>> print(to_vtt([(0.5, 1.25, "R&B <3")]), end="")
+    WEBVTT
+    <BLANKLINE>
+    00:00:00.500 --> 00:00:01.250
+    R&amp;B &lt;3
+    <BLANKLINE>
+    """
     body = "".join(
-        f"{format_timestamp(start, '.')} --> {format_timestamp(end, '.')}\n{text}\n\n"
+        f"{format_timestamp(start, '.')} --> {format_timestamp(end, '.')}\n"
+        f"{html.escape(text, quote=False)}\n\n"
         for start, end, text in cues
     )
     return "WEBVTT\n\n" + body

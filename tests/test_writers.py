@@ -14,6 +14,7 @@ from asr.writers import (
     expand_formats,
     output_stems,
     render,
+    subtitle_cues,
     timed_lines,
     write_text_atomically,
 )
@@ -84,3 +85,15 @@ def test_files_are_written_whole_through_a_partial_file(tmp_path):
     assert path.read_text() == "YES\n" and not partial.exists()
     asr.write_txt(transcript(), path)
     assert path.read_text() == "YES NO GO U\tM\n" and sorted(tmp_path.iterdir()) == [path]
+
+
+def test_cues_are_in_order_apart_on_one_line_and_never_lost():
+    """Words of two overlapping windows may overlap in time; a segment may have text and no
+    word times; text may hold a line break. The srt stays well formed all the same."""
+    words = [Word("U", 4.36, 4.44), Word("ERASE", 4.36, 5.12)]
+    segments = [Segment(0.0, 4.5, "U", -1.0), Segment(4.5, 8.3, "ERASE", -1.0),
+                Segment(9.0, 10.0, "LINE\nBREAK", -1.0)]  # fmt: skip
+    cues = subtitle_cues(Transcript("", [], [], [], [], words, 0.0, 10.0, segments))
+    assert cues == [(4.36, 4.44, "U"), (4.44, 5.12, "ERASE"), (9.0, 10.0, "LINE BREAK")]
+    blocks = render(Transcript("", [], [], [], [], words, 0.0, 10.0, segments), "srt")
+    assert [block.splitlines()[0] for block in blocks.strip().split("\n\n")] == ["1", "2", "3"]
