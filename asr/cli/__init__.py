@@ -272,8 +272,8 @@ def _transcribe(args: argparse.Namespace) -> int:
         from asr.cli.console import StdinPcm
         from asr.cli.live import transcribe_streaming
 
-        if args.manifest or args.workers is not None:
-            raise ValueError("--streaming reads files or -: no --manifest or --workers")
+        if args.workers is not None:
+            raise ValueError("--streaming decodes one input after the other: no --workers")
         _set_threads(args.threads)
         stdin = StdinPcm() if "-" in args.audio else None  # the microphone is heard meanwhile
         recognizer = _load_model(args)

@@ -110,16 +110,18 @@ def transcribe_streaming(
     rate = recognizer.sample_rate
     if stdin is None and "-" in args.audio:
         stdin = StdinPcm()
-    stems = _output_stems(args.audio) if args.output_dir else {}
+    inputs, failed = _streamed_inputs(args.audio, args.manifest or [], bool(args.output_dir))
     formats = args.format or DEFAULT_FORMATS
     if args.explorer:
         formats = start_explorer(args.output_dir, recognizer, formats)
     formats = expand_formats(formats)
-    failed = []
+    for failure in failed:
+        print(f"asr transcribe: error: {failure}", file=sys.stderr)
     with ctrl_c_ends_the_input() as interrupted:
-        for name in args.audio:
+        for name, clip, stem in inputs:
             try:  # a bad file is said and the others go on, as offline
-                wave = None if name == "-" else load_audio(name, rate).numpy()
+                wave = None if clip is None else load_audio(clip.path, rate, clip.offset,
+                                                            clip.duration).numpy()  # fmt: skip
             except AudioError as error:
                 print(f"asr transcribe: error: {error}", file=sys.stderr)
                 failed.append(name)
@@ -127,14 +129,14 @@ def transcribe_streaming(
             stream = recognizer.stream(options, lm)
             said = _finals_as_json_lines(name) if args.jsonl else timed_lines
             maps = _kept_maps(stream) if args.explorer else []
-            if len(args.audio) > 1 and not args.jsonl:
+            if len(inputs) > 1 and not args.jsonl:
                 print(name, file=out)
             audio = name  # what the written transcript names as its audio
             with contextlib.ExitStack() as recording:
                 if name == "-":
                     data = stdin.pieces(rate, interrupted)
                     if args.output_dir:
-                        audio = os.path.join(args.output_dir, f"{stems[name]}.wav")
+                        audio = os.path.join(args.output_dir, f"{stem}.wav")
                         data = recording.enter_context(_recorded(data, audio, rate))
                     audio_pieces = samples(data)
                 else:
@@ -150,13 +152,14 @@ def transcribe_streaming(
                 lines.final(said(final))
             lines.clear()
             if args.output_dir:
-                _write_streamed(args, transcript, stems[name], audio, formats, maps)
+                _write_streamed(args, transcript, stem, audio, formats, maps)
             if interrupted:
                 break
     if args.explorer:  # Ctrl-C too: it is how a session from the microphone ends
         write_explorer(args.output_dir, progress=False)
     if failed and not interrupted:
-        print(f"asr transcribe: {len(failed)} of {len(args.audio)} inputs failed", file=sys.stderr)
+        total = len(inputs) + len(failed) - sum(name in failed for name, _, _ in inputs)
+        print(f"asr transcribe: {len(failed)} of {total} inputs failed", file=sys.stderr)
     return 130 if interrupted else 1 if failed else 0
 
 
@@ -178,18 +181,27 @@ def _kept_maps(stream) -> list:
     return maps
 
 
-def _output_stems(names: list[str]) -> dict[str, str]:
-    """Each input's output path without suffix: files as `asr transcribe` names them, and
-    `stdin` for `-`."""
-    from asr.writers import output_stems
+def _streamed_inputs(
+    arguments: list[str], manifests: list[str], unique: bool
+) -> tuple[list[tuple], list[str]]:
+    """`(name, clip, output stem)` of each input the arguments name, as offline `transcribe`
+    expands them (folders, globs, manifests; each once), `-` (stdin, clip None, stem `stdin`)
+    where it is given; and `name: reason` of what names nothing."""
+    import tempfile
 
-    files = [n for n in names if n != "-"]
-    stems = {name: str(stem) for name, stem in zip(files, output_stems(files))}
-    if "-" in names:
-        if "stdin" in stems.values():
+    from asr.cli.inputs import expand_inputs
+
+    files = [a for a in arguments if a != "-"]
+    with tempfile.TemporaryDirectory() as scratch:  # holds nothing: `-` is not among `files`
+        expanded, failures = expand_inputs(files, scratch, unique_stems=unique, manifests=manifests)
+        before = arguments[: arguments.index("-")] if "-" in arguments else []
+        at = len(expand_inputs(before, scratch, unique_stems=False)[0])  # where `-` was given
+    found = [(item.name, item.audio, str(item.stem)) for item in expanded]
+    if "-" in arguments:
+        if unique and "stdin" in (stem for _, _, stem in found):
             raise ValueError("- and a file named stdin would write the same output files")
-        stems["-"] = "stdin"
-    return stems
+        found.insert(at, ("-", None, "stdin"))
+    return found, failures
 
 
 @contextlib.contextmanager

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import io
+import json
 import os
 import signal
 import subprocess
@@ -738,3 +739,23 @@ def test_transcribe_streaming_says_a_bad_file_and_goes_on(
     assert out.splitlines()[0] == str(wav)  # the good one is transcribed
     assert f"error: {tmp_path / 'missing.wav'}: file not found" in err
     assert f"error: {empty}: " in err and "2 of 3 inputs failed" in err
+
+
+def test_transcribe_streaming_takes_folders_globs_and_manifests_each_once(
+    tiny_checkpoint, an4_fixture, tmp_path, capsys
+) -> None:
+    from asr.cli import main
+
+    folder = tmp_path / "talks" / "alice"
+    folder.mkdir(parents=True)
+    wav = folder / "1.wav"
+    wav.write_bytes((an4_fixture / "wav/an4_clstk/fash/an251-fash-b.wav").read_bytes())
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text(json.dumps({"audio_filepath": str(wav)}) + "\n")
+    argv = ["transcribe", "--streaming", "--model", str(tiny_checkpoint["checkpoint"]),
+            str(tmp_path / "talks"), f"{tmp_path}/talks/*/*.wav", str(manifest),
+            "--output-dir", str(tmp_path / "out"), "--format", "txt"]  # fmt: skip
+    assert main(argv) == 0
+    [written] = (tmp_path / "out").rglob("*.txt")  # one input, named three ways
+    [line] = capsys.readouterr().out.splitlines()  # no name line: one input
+    assert line.startswith("[00:00.000 --> ") and line.endswith(f"] {written.read_text().strip()}")
