@@ -110,13 +110,14 @@ def transcribe_streaming(
     rate = recognizer.sample_rate
     if stdin is None and "-" in args.audio:
         stdin = StdinPcm()
-    inputs, failed = _streamed_inputs(args.audio, args.manifest or [], bool(args.output_dir))
+    inputs, unnamed = _streamed_inputs(args.audio, args.manifest or [], bool(args.output_dir))
     formats = args.format or DEFAULT_FORMATS
     if args.explorer:
         formats = start_explorer(args.output_dir, recognizer, formats)
     formats = expand_formats(formats)
-    for failure in failed:
+    for failure in unnamed:  # arguments that name no audio
         print(f"asr transcribe: error: {failure}", file=sys.stderr)
+    failed = len(unnamed)
     with ctrl_c_ends_the_input() as interrupted:
         for name, clip, stem in inputs:
             try:  # a bad file is said and the others go on, as offline
@@ -124,7 +125,7 @@ def transcribe_streaming(
                                                             clip.duration).numpy()  # fmt: skip
             except AudioError as error:
                 print(f"asr transcribe: error: {error}", file=sys.stderr)
-                failed.append(name)
+                failed += 1
                 continue
             stream = recognizer.stream(options, lm)
             said = _finals_as_json_lines(name) if args.jsonl else timed_lines
@@ -158,8 +159,8 @@ def transcribe_streaming(
     if args.explorer:  # Ctrl-C too: it is how a session from the microphone ends
         write_explorer(args.output_dir, progress=False)
     if failed and not interrupted:
-        total = len(inputs) + len(failed) - sum(name in failed for name, _, _ in inputs)
-        print(f"asr transcribe: {len(failed)} of {total} inputs failed", file=sys.stderr)
+        total = len(inputs) + len(unnamed)
+        print(f"asr transcribe: {failed} of {total} inputs failed", file=sys.stderr)
     return 130 if interrupted else 1 if failed else 0
 
 
