@@ -29,9 +29,9 @@ AUDIO_SUFFIXES = (
     ".wav", ".flac", ".sph", ".ogg", ".oga", ".opus", ".mp3", ".aiff", ".aif", ".au", ".caf",
     ".m4a", ".mp4", ".aac", ".webm", ".weba", ".mkv", ".mka", ".mov", ".3gp", ".amr", ".wma",
 )  # fmt: skip
-# Seconds decoded before a seek target and dropped: AAC and Opus frames depend on the previous.
 # PCM integer samples -> [-1, 1): (x - offset) / scale; 8-bit unsigned PCM centres on 128
 PCM_SCALE = {"int8": (0, 2**7), "uint8": (2**7, 2**7), "int16": (0, 2**15), "int32": (0, 2**31)}
+# Seconds decoded before a seek target and dropped: AAC and Opus frames depend on the previous.
 SEEK_PREROLL_SECONDS = 0.5
 # Demuxers stating exact durations; other containers' frames are counted by decoding.
 EXACT_DURATION_DEMUXERS = ("mov,mp4,m4a,3gp,3g2,mj2",)
