@@ -614,6 +614,8 @@ class ASRDataModule(L.LightningDataModule):
             log.warning(
                 "%s; skipping the bad lines:\n%s", report.summary(), format_bad_entries(report.bad)
             )
+        if not report.good:  # nothing to train on, or to choose checkpoints by
+            raise ValueError(f"{report.summary()}: no utterance to use")
         return report.good
 
     def _loader(self, split: str, shuffle: bool) -> torch.utils.data.DataLoader:

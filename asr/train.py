@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -246,6 +247,17 @@ class LostRank(L.Callback):
                 exception.add_note(note)
 
 
+class CtrlC(L.Callback):
+    """Notes a Ctrl-C, after which Lightning shuts down and exits 1, so that the command can
+    say so and exit 130 as others do."""
+
+    def __init__(self) -> None:
+        self.pressed = False
+
+    def on_exception(self, trainer: L.Trainer, module: Any, exception: BaseException) -> None:
+        self.pressed = self.pressed or isinstance(exception, KeyboardInterrupt)
+
+
 def ended_ranks(procs: Sequence[subprocess.Popen]) -> list[str]:
     """How each of the local ranks 1..N-1 (Lightning starts them as children of rank 0) that
     has ended badly ended, e.g. "local rank 1 (PID 4242) was killed by SIGKILL"."""
@@ -377,6 +389,8 @@ class Trainer(L.Trainer):
 class ASRCLI(LightningCLI):
     """LightningCLI with argument links, checkpoint callbacks and default loggers."""
 
+    ctrl_c = CtrlC()  # `run_lightning_cli` makes a new one per command and reads it after
+
     def add_arguments_to_parser(self, parser) -> None:
         parser.link_arguments("data.init_args.tokenizer", "model.init_args.tokenizer")
         parser.link_arguments(
@@ -426,6 +440,7 @@ class ASRCLI(LightningCLI):
         if config.checkpoint.dirpath is None:
             # One checkpoint folder per experiment, so `--ckpt_path last` resumes a rerun.
             config.checkpoint.dirpath = str(Path(root) / "checkpoints")
+        _check_checkpoint_choice(self.subcommand, config.ckpt_path, Path(config.checkpoint.dirpath))
         if config.step_checkpoint.dirpath is None:
             config.step_checkpoint.dirpath = config.checkpoint.dirpath
         if config.trainer.logger in (None, True):
@@ -441,7 +456,7 @@ class ASRCLI(LightningCLI):
     def instantiate_classes(self) -> None:
         super().instantiate_classes()
         watch_ranks(self.trainer)
-        self.trainer.callbacks.append(LostRank())
+        self.trainer.callbacks += [LostRank(), self.ctrl_c]
         config = self.config[self.subcommand] if self.subcommand else self.config
         # The init args alone: checkpoint loaders know their module class (ASRModule, LMModule).
         model_config = config.model.init_args.as_dict()
@@ -450,6 +465,37 @@ class ASRCLI(LightningCLI):
         model_config["vocab_size"] = self.datamodule.vocab_size
         # Plain JSON types only, so checkpoints load with weights_only=True.
         self.model.model_config = json.loads(json.dumps(model_config))
+
+
+def _check_checkpoint_choice(command: str | None, ckpt_path: str | None, folder: Path) -> None:
+    """Refuse what would silently work on the wrong model: validating or testing no trained
+    one, or a new run writing its checkpoints among an earlier run's (`last.ckpt` stale)."""
+    last = folder / "last.ckpt"
+    if command in ("validate", "test") and not ckpt_path:
+        raise ValueError(
+            f"asr {command} scores a trained model: give --ckpt_path (a file, or last)"
+        )
+    if command in ("validate", "test") and ckpt_path == "last" and not last.is_file():
+        raise ValueError(f"--ckpt_path last: no {last}")
+    if command == "fit" and not ckpt_path and last.is_file():
+        raise ValueError(
+            f"{folder} holds an earlier run's checkpoints: --ckpt_path last resumes it; to "
+            "start afresh, give another --trainer.default_root_dir or remove that folder"
+        )
+
+
+def _said_by_asr(error: BaseException) -> bool:
+    """Whether `error` is a refusal with its own message: a path the system could not open, or
+    a ValueError this package raised (not a library's, whose traceback a bug report needs)."""
+    if isinstance(error, OSError):
+        return True
+    frames = traceback.extract_tb(error.__traceback__)
+    package = Path(__file__).resolve().parent
+    return (
+        isinstance(error, ValueError)
+        and bool(frames)
+        and Path(frames[-1].filename).resolve().is_relative_to(package)
+    )
 
 
 def _emulates_bf16(trainer: Namespace) -> bool:
@@ -500,6 +546,7 @@ def run_lightning_cli(argv: Sequence[str]) -> ASRCLI:
             print(f"asr {argv[0]}: error: {problem}", file=sys.stderr)
         raise SystemExit(2)
     torch.set_float32_matmul_precision("high")
+    ASRCLI.ctrl_c = CtrlC()
     loggers = [
         logging.getLogger(f"lightning.{p}.utilities.rank_zero") for p in ("pytorch", "fabric")
     ]
@@ -526,6 +573,9 @@ def run_lightning_cli(argv: Sequence[str]) -> ASRCLI:
                 trainer_defaults={"plugins": [{"class_path": "asr.train.AtomicCheckpointIO"}]},
             )
     except Exception as error:
+        if _said_by_asr(error) and not lost_peer(error):  # a file, a manifest...: its message
+            print(f"asr {argv[0]}: error: {error}", file=sys.stderr)
+            raise SystemExit(2) from None
         if not lost_peer(error):
             raise
         reason = str(error).splitlines()[0] if str(error) else type(error).__name__
@@ -539,6 +589,15 @@ def run_lightning_cli(argv: Sequence[str]) -> ASRCLI:
             file=sys.stderr,
         )
         raise SystemExit(128 + signal.SIGTERM) from None
+    except SystemExit:  # Lightning's own exit after a Ctrl-C is 1
+        if not ASRCLI.ctrl_c.pressed:
+            raise
+        print(
+            "asr: training interrupted; the same command with --ckpt_path last resumes it from "
+            "the last checkpoint",
+            file=sys.stderr,
+        )
+        raise SystemExit(130) from None
     finally:
         for logger in loggers:
             logger.removeFilter(_NO_ADVERTS)

@@ -8,6 +8,7 @@ import gc
 import json
 import logging
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -314,17 +315,30 @@ def test_run_checkpoint_keeps_a_record_whose_files_are_elsewhere(tmp_path):
     assert callback.state_key == ModelCheckpoint(monitor="val/wer").state_key
 
 
-def test_bad_manifest_fails_up_front_or_is_skipped(tiny_an4, tmp_path):
+def refused(argv: list[str], capsys) -> str:
+    """What `asr fit ARGV` says as it stops with status 2 (a one-line error, no traceback)."""
+    with pytest.raises(SystemExit) as stopped:
+        main(argv)
+    err = capsys.readouterr().err
+    assert stopped.value.code == 2 and "Traceback" not in err, err
+    return err
+
+
+def test_bad_manifest_fails_up_front_or_is_skipped(tiny_an4, tmp_path, capsys):
     lines = Path(tiny_an4["train"]).read_text().splitlines()
     missing = json.loads(lines[1]) | {"audio_filepath": str(tmp_path / "gone.wav")}
     lines[1] = json.dumps(missing)
     bad = tmp_path / "train_bad.jsonl"
     bad.write_text("\n".join(lines) + "\n")
     args = _fit_args(tiny_an4 | {"train": str(bad)}, tmp_path) + ["--trainer.max_epochs", "1"]
-    with pytest.raises(ValueError, match=r"train_bad.jsonl:2: .*gone.wav"):
-        main(args)
+    assert re.search(r"asr fit: error: .*train_bad.jsonl:2: .*gone.wav", refused(args, capsys))
     main(args + ["--data.skip_bad", "true"])
     assert (tmp_path / "checkpoints" / "last.ckpt").is_file()
+    lines[0] = json.dumps(json.loads(lines[0]) | {"audio_filepath": str(tmp_path / "gone.wav")})
+    again = tmp_path / "again"  # every line bad: nothing to train on, even skipping
+    bad.write_text("\n".join(lines[:2]) + "\n")
+    skipped = _fit_args(tiny_an4 | {"train": str(bad)}, again) + ["--data.skip_bad", "true"]
+    assert "0 good, 2 bad: no utterance to use" in refused(skipped, capsys)
 
 
 @pytest.mark.parametrize(
@@ -335,7 +349,7 @@ def test_bad_manifest_fails_up_front_or_is_skipped(tiny_an4, tmp_path):
     ],
     ids=["too-short", "nan-samples"],
 )
-def test_fit_start_rejects_short_and_nan_audio(tiny_an4, tmp_path, edit, options, reason):
+def test_fit_start_rejects_short_and_nan_audio(tiny_an4, tmp_path, edit, options, reason, capsys):
     lines = Path(tiny_an4["train"]).read_text().splitlines()
     entry = json.loads(lines[2])
     if edit == "nan":
@@ -349,8 +363,21 @@ def test_fit_start_rejects_short_and_nan_audio(tiny_an4, tmp_path, edit, options
     bad = tmp_path / "train_bad.jsonl"
     bad.write_text("\n".join(lines) + "\n")
     args = _fit_args(tiny_an4 | {"train": str(bad)}, tmp_path) + ["--trainer.max_epochs", "1"]
-    with pytest.raises(ValueError, match=rf"train_bad.jsonl:3: .*{reason}"):
-        main(args + options)
+    assert re.search(rf"train_bad.jsonl:3: .*{reason}", refused(args + options, capsys))
+
+
+def test_checkpoints_are_never_taken_for_another_runs(tiny_an4, tmp_path, capsys):
+    """Validating or testing no trained model, and a new run among an earlier run's
+    checkpoints (whose stale last.ckpt `asr average --last` would read), are refused."""
+    for command in ("validate", "test"):
+        argv = [command, *_fit_args(tiny_an4, tmp_path)[1:]]
+        assert "give --ckpt_path" in refused(argv, capsys)
+        assert "--ckpt_path last: no " in refused([*argv, "--ckpt_path", "last"], capsys)
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "last.ckpt").write_bytes(b"")
+    assert "holds an earlier run's checkpoints: --ckpt_path last resumes it" in refused(
+        _fit_args(tiny_an4, tmp_path), capsys
+    )
 
 
 def test_checkpoint_is_self_contained(tiny_an4, tmp_path):
@@ -500,18 +527,24 @@ def test_time_limit_mid_epoch_then_longer_limit_resumes_that_epoch(
     _assert_same_end(full, torch.load(last, weights_only=True))  # the cut epoch's rest trained
 
 
-def test_sigterm_stops_fit_with_a_failing_status_that_says_how_to_resume(tiny_an4, tmp_path):
-    """Lightning leaves on SIGTERM with status 0; `asr fit` must fail, or a recipe would go
-    on to average and decode an unfinished model."""
+@pytest.mark.parametrize(
+    ("name", "status", "said"),
+    [("SIGTERM", 128 + signal.SIGTERM, "stopped by SIGTERM"), ("SIGINT", 130, "interrupted")],
+)
+def test_sigterm_stops_fit_with_a_failing_status_that_says_how_to_resume(
+    tiny_an4, tmp_path, name, status, said
+):
+    """Lightning leaves on SIGTERM with status 0 (on Ctrl-C with 1); `asr fit` must fail, or a
+    recipe would go on to average and decode an unfinished model, and say how to go on."""
     script = tmp_path / "kill.py"
     script.write_text(textwrap.dedent(KILL_SCRIPT))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), "KILL_AT_STEP": "2",
-           "KILL_SIGNAL": "SIGTERM"}  # fmt: skip
+           "KILL_SIGNAL": name}  # fmt: skip
     args = _fit_args(tiny_an4, tmp_path) + ["--step_checkpoint.every_n_steps", "1"]
     proc = subprocess.run([sys.executable, str(script), *args], env=env, capture_output=True,
                           text=True, timeout=300)  # fmt: skip
-    assert proc.returncode == 128 + signal.SIGTERM, proc.stderr[-3000:]
-    assert "stopped by SIGTERM" in proc.stderr and "--ckpt_path last" in proc.stderr
+    assert proc.returncode == status, proc.stderr[-3000:]
+    assert said in proc.stderr and "--ckpt_path last" in proc.stderr
     last = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)
     assert last["global_step"] == 2, "stopped at the step the signal came"
 
