@@ -391,6 +391,14 @@ def test_missing_stats_file_names_the_file(tmp_path):
         GlobalCMVN(stats_path=str(tmp_path / "absent.json"))
 
 
+def test_statistics_of_other_features_are_refused_naming_their_file(tmp_path):
+    feats, lens = padded_features()  # 4 features
+    accumulate_cmvn_stats(feats, lens).save(tmp_path / "cmvn80.json")
+    with pytest.raises(ValueError, match=r"cmvn80.json: statistics of 4 features, but the "
+                       r"features have 40"):  # fmt: skip
+        Frontend(LogMelFilterbank(n_mels=40), GlobalCMVN(stats_path=str(tmp_path / "cmvn80.json")))
+
+
 def test_global_cmvn_normalises_to_zero_mean_unit_std(tmp_path):
     feats, lens = padded_features()
     accumulate_cmvn_stats(feats, lens).save(tmp_path / "cmvn.json")

@@ -60,6 +60,13 @@ class Frontend(nn.Module):
     ):
         super().__init__()
         check_cmvn_level(level, normalize)
+        stats_dim = getattr(normalize, "output_dim", None)
+        if stats_dim is not None and stats_dim != features.output_dim:
+            where = getattr(normalize, "stats_path", None) or "the normaliser's statistics"
+            raise ValueError(
+                f"{where}: statistics of {stats_dim} features, but the features have "
+                f"{features.output_dim}: take them through this config (asr cmvn --config)"
+            )
         self.level, self.features = level, features
         self.normalize, self.augment = normalize, augment
         self.output_dim: int = features.output_dim
