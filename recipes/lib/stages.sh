@@ -153,10 +153,15 @@ cmvn_dir() {
 }
 
 # fit_stage N CONFIG MODEL_DIR OVERRIDES...: `asr fit` into MODEL_DIR, resuming from its
-# last.ckpt when a previous run stopped halfway; `--` options of the recipe come last.
+# last.ckpt when a previous run stopped halfway (with --force, a finished run's checkpoints are
+# removed and it trains afresh); `--` options of the recipe come last.
 fit_stage() {
   local n=$1 config=$2 model_dir=$3
   shift 3
+  if [ "$force" = true ] && [ -f "$model_dir/.done-$n" ] && [ "$n" -ge "$stage" ] &&
+    [ "$n" -le "$stop_stage" ]; then
+    rm -rf "$model_dir/checkpoints"
+  fi
   local resume=()
   [ -f "$model_dir/checkpoints/last.ckpt" ] && resume=(--ckpt_path last)
   run_stage "$n" "train ($config)" "$model_dir" \
