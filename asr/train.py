@@ -437,6 +437,7 @@ class ASRCLI(LightningCLI):
             # A resumed run writes into its own checkpoint folder: no caution that it is in use.
             warnings.filterwarnings("ignore", "Checkpoint directory .* exists and is not empty")
         root = config.trainer.default_root_dir or "."
+        _forget_another_runs_folders(config, root)
         if config.checkpoint.dirpath is None:
             # One checkpoint folder per experiment, so `--ckpt_path last` resumes a rerun.
             config.checkpoint.dirpath = str(Path(root) / "checkpoints")
@@ -465,6 +466,29 @@ class ASRCLI(LightningCLI):
         model_config["vocab_size"] = self.datamodule.vocab_size
         # Plain JSON types only, so checkpoints load with weights_only=True.
         self.model.model_config = json.loads(json.dumps(model_config))
+
+
+def _forget_another_runs_folders(config: Namespace, root: str) -> None:
+    """A run's saved config.yaml names its checkpoint folder and logger versions, which this
+    class derives from --trainer.default_root_dir. Given again with another root folder, they
+    would send this run into the saved run's folders (resuming and overwriting it): they are
+    derived anew from the root."""
+    loggers = config.trainer.logger if isinstance(config.trainer.logger, list) else []
+    folders = {str(getattr(getattr(lg, "init_args", None), "save_dir", "")) for lg in loggers}
+    saved = next(iter(folders)) if len(folders) == 1 else None
+    if not saved or os.path.abspath(saved) == os.path.abspath(root):
+        return
+    if config.checkpoint.dirpath != str(Path(saved) / "checkpoints"):
+        return  # not the folders of a saved run: chosen on purpose
+    print(
+        f"asr: the config's run folder {saved} is not --trainer.default_root_dir {root}: "
+        f"checkpoints and logs go below {root}",
+        file=sys.stderr,
+    )
+    if config.step_checkpoint.dirpath == config.checkpoint.dirpath:
+        config.step_checkpoint.dirpath = None
+    config.checkpoint.dirpath = None
+    config.trainer.logger = None
 
 
 def _check_checkpoint_choice(command: str | None, ckpt_path: str | None, folder: Path) -> None:

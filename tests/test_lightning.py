@@ -140,6 +140,16 @@ def test_fit_writes_config_checkpoints_logs_and_plots(tiny_an4, tmp_path, caplog
         if Path("/proc/self/statm").exists():
             assert 0 < float(r["memory/rss_gb"]) < 1000
 
+    # The saved config again, into another folder: the run goes there, the first one is kept.
+    before = (run / "metrics.csv").read_text(), (tmp_path / "checkpoints" / "last.ckpt").stat()
+    other = tmp_path / "again"
+    main(["fit", "--config", str(run / "config.yaml"), "--trainer.default_root_dir", str(other),
+          "--trainer.max_epochs", "1", "--trainer.limit_train_batches", "1"])  # fmt: skip
+    assert (other / "checkpoints" / "last.ckpt").is_file()
+    assert (other / "logs" / "version_0" / "metrics.csv").is_file()
+    after = (run / "metrics.csv").read_text(), (tmp_path / "checkpoints" / "last.ckpt").stat()
+    assert after == before
+
 
 def test_validation_without_decoding_keeps_checkpoints_by_accuracy(tiny_an4, tmp_path):
     args = _fit_args(tiny_an4, tmp_path) + [
