@@ -20,6 +20,12 @@ import yaml
 
 Problem = tuple[int, str, str]  # the line, the key, what is wrong
 SPEC_KEYS = ("class_path", "init_args", "dict_kwargs")  # jsonargparse's for a class and its args
+# The keys of a config's top level: LightningCLI's and `asr.train.ASRCLI`'s (a test compares).
+TOP_LEVEL_KEYS = (
+    "seed_everything", "trainer", "model", "data", "checkpoint", "step_checkpoint",
+    "epoch_clock", "bf16_fallback", "onednn_kernel_cache", "optimizer", "lr_scheduler",
+    "ckpt_path", "weights_only",
+)  # fmt: skip
 
 
 def config_paths(argv: Sequence[str]) -> list[str]:
@@ -56,8 +62,17 @@ def config_problems(
         return [f"{where}: not valid YAML: {err.problem or err.context}{context}"]
     except yaml.YAMLError as err:
         return [f"{path}: not valid YAML: {err}"]
-    found = _problems(root, "", classes)
+    found = [*_top_level_problems(root), *_problems(root, "", classes)]
     return [f"{path}:{line}: {key}: {problem}" for line, key, problem in found]
+
+
+def _top_level_problems(root: yaml.Node | None) -> Iterator[Problem]:
+    if not isinstance(root, yaml.MappingNode):
+        return
+    for k, _ in root.value:
+        if isinstance(k, yaml.ScalarNode) and k.value not in TOP_LEVEL_KEYS:
+            known = list(TOP_LEVEL_KEYS)
+            yield k.start_mark.line + 1, k.value, f"no such key{_did_you_mean(k.value, known)}"
 
 
 def _problems(node: yaml.Node, key: str, classes: dict[str, tuple[Any, str]]) -> Iterator[Problem]:

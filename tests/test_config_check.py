@@ -50,6 +50,8 @@ def test_every_shipped_config_passes(config) -> None:
         ("{lr: 0.002,", "{learning_rate: 0.002,",
          "model.init_args.optimizer.init_args.learning_rate: torch.optim.AdamW takes no "
          "argument 'learning_rate'"),
+        ("seed_everything:", "seed_everyting:",
+         "seed_everyting: no such key (did you mean 'seed_everything'?)"),
     ],
 )  # fmt: skip
 def test_a_wrong_key_or_class_is_named_with_its_line(tmp_path, old, new, said) -> None:
@@ -120,3 +122,14 @@ def test_asr_fit_stops_on_them_before_training(tmp_path, capsys) -> None:
         f"asr fit: error: {path}:{line}: trainer.max_epoch: the Trainer takes no argument "
         "'max_epoch' (did you mean 'max_epochs'?)"
     ]
+
+
+def test_the_top_level_keys_are_those_asr_fit_takes(capsys) -> None:
+    from asr.config_check import TOP_LEVEL_KEYS
+    from asr.train import run_lightning_cli
+
+    with pytest.raises(SystemExit):
+        run_lightning_cli(["fit", "--print_config", "--config", str(QUICK)])
+    printed = capsys.readouterr().out.splitlines()
+    keys = {line.split(":")[0] for line in printed if line[:1].isalpha()}
+    assert keys == set(TOP_LEVEL_KEYS)
