@@ -436,6 +436,13 @@ class ASRCLI(LightningCLI):
         if self.subcommand == "fit" and config.ckpt_path:
             # A resumed run writes into its own checkpoint folder: no caution that it is in use.
             warnings.filterwarnings("ignore", "Checkpoint directory .* exists and is not empty")
+        for name in ("optimizer", "lr_scheduler"):
+            if config.get(name) is not None:  # LightningCLI's: it would replace both, or none
+                raise ValueError(
+                    f"--{name}: the modules here take theirs as model.init_args.{name} "
+                    f"(e.g. --model.init_args.{name}.init_args.lr), the optimizer and its "
+                    "schedule together"
+                )
         root = config.trainer.default_root_dir or "."
         _forget_another_runs_folders(config, root)
         if config.checkpoint.dirpath is None:

@@ -383,6 +383,11 @@ def test_checkpoints_are_never_taken_for_another_runs(tiny_an4, tmp_path, capsys
         argv = [command, *_fit_args(tiny_an4, tmp_path)[1:]]
         assert "give --ckpt_path" in refused(argv, capsys)
         assert "--ckpt_path last: no " in refused([*argv, "--ckpt_path", "last"], capsys)
+    step = ["torch.optim.lr_scheduler.StepLR", "--lr_scheduler.step_size", "1"]
+    optimizers = {"optimizer": ["torch.optim.SGD"], "lr_scheduler": step}
+    for name, value in optimizers.items():  # LightningCLI's own: not this module's
+        argv = [*_fit_args(tiny_an4, tmp_path), f"--{name}", *value]
+        assert f"the modules here take theirs as model.init_args.{name}" in refused(argv, capsys)
     (tmp_path / "checkpoints").mkdir()
     (tmp_path / "checkpoints" / "last.ckpt").write_bytes(b"")
     assert "holds an earlier run's checkpoints: --ckpt_path last resumes it" in refused(
