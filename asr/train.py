@@ -475,6 +475,15 @@ class ASRCLI(LightningCLI):
         self.model.model_config = json.loads(json.dumps(model_config))
 
 
+def _say_where(cli: ASRCLI) -> None:
+    """After a fit, where its checkpoints and logs are (Lightning's last line says neither)."""
+    trainer = cli.trainer
+    if cli.subcommand != "fit" or not trainer.is_global_zero or trainer.checkpoint_callback is None:
+        return
+    logs = f"; logs and config.yaml in {trainer.logger.log_dir}" if trainer.logger else ""
+    print(f"asr fit: checkpoints in {trainer.checkpoint_callback.dirpath}{logs}", file=sys.stderr)
+
+
 def _forget_another_runs_folders(config: Namespace, root: str) -> None:
     """A run's saved config.yaml names its checkpoint folder and logger versions, which this
     class derives from --trainer.default_root_dir. Given again with another root folder, they
@@ -593,7 +602,7 @@ def run_lightning_cli(argv: Sequence[str]) -> ASRCLI:
             warnings.filterwarnings("ignore", "Precision .* is not supported by the model summary")
             # A shard stream plans every (rank, worker) stream's batches: its length is exact.
             warnings.filterwarnings("ignore", "Your `IterableDataset` has `__len__` defined")
-            return ASRCLI(
+            cli = ASRCLI(
                 L.LightningModule,
                 L.LightningDataModule,
                 trainer_class=Trainer,
@@ -603,6 +612,8 @@ def run_lightning_cli(argv: Sequence[str]) -> ASRCLI:
                 save_config_kwargs={"overwrite": True},
                 trainer_defaults={"plugins": [{"class_path": "asr.train.AtomicCheckpointIO"}]},
             )
+            _say_where(cli)
+            return cli
     except Exception as error:
         if _said_by_asr(error) and not lost_peer(error):  # a file, a manifest...: its message
             print(f"asr {argv[0]}: error: {error}", file=sys.stderr)

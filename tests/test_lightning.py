@@ -113,9 +113,11 @@ def _fit_args(data: dict[str, str], root: Path) -> list[str]:
     ]  # fmt: skip
 
 
-def test_fit_writes_config_checkpoints_logs_and_plots(tiny_an4, tmp_path, caplog, recwarn):
+def test_fit_writes_config_checkpoints_logs_and_plots(tiny_an4, tmp_path, caplog, recwarn, capsys):
     with caplog.at_level(logging.INFO):
         main(_fit_args(tiny_an4, tmp_path))
+    said = f"asr fit: checkpoints in {tmp_path / 'checkpoints'}; logs and config.yaml in "
+    assert said + str(tmp_path / "logs" / "version_0") in capsys.readouterr().err
     assert "Trainer.fit` stopped" in caplog.text, "Lightning's own log is kept"
     assert "Tip:" not in caplog.text, "no advertisement in the training log"
     assert not [w for w in recwarn if "LeafSpec" in str(w.message)]
