@@ -87,6 +87,18 @@ def test_help_and_usage_errors(corpus):
     assert no_value.returncode == 2 and "--stage needs a value" in no_value.stderr
     not_a_number = run_recipe(corpus, "--stop-stage", "two", check=False)
     assert not_a_number.returncode == 2 and "needs a whole number" in not_a_number.stderr
+    for option, value, said in [  # found before any stage runs, not when theirs comes
+        ("--average", "zero", "--average needs a whole number, got 'zero'"),
+        ("--ctc-weight", "1.5", "--ctc-weight needs a number in [0, 1], got '1.5'"),
+        ("--stop-stage", "-1", "needs a whole number"),
+    ]:
+        wrong = run_recipe(corpus, option, value, check=False)
+        assert wrong.returncode == 2 and said in wrong.stderr, wrong.stderr
+    backwards = run_recipe(corpus, "--stage", "5", "--stop-stage", "3", check=False)
+    assert "--stage 5 is after --stop-stage 3: no stage to run" in backwards.stderr
+    if corpus in ("yesno", "folder", "librispeech"):  # those with --config
+        missing = run_recipe(corpus, "--config", "conf/none.yaml", check=False)
+        assert missing.returncode == 2 and "no config conf/none.yaml" in missing.stderr
 
 
 def test_folder_needs_data_dir(tmp_path):

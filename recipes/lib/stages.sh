@@ -31,6 +31,13 @@ parse_options() {
     if [ "$consumed" -eq 0 ]; then common_option "$@"; fi
     shift "$consumed"
   done
+  # Found now, not when the stage that uses them comes after hours of training.
+  if [ "$stage" -gt "$stop_stage" ]; then
+    usage_error "--stage $stage is after --stop-stage $stop_stage: no stage to run"
+  fi
+  if [ -n "${config:-}" ] && [ ! -f "$config" ] && [ ! -f "$root/$config" ]; then
+    usage_error "no config $config"
+  fi
 }
 
 common_option() {
@@ -41,9 +48,9 @@ common_option() {
     --data-dir) need_value "$@"; data_dir=$(absolute "$2") ;;
     --data) need_value "$@"; data=$(absolute "$2") ;;
     --exp) need_value "$@"; exp=$(absolute "$2") ;;
-    --beam-size) need_value "$@"; beam_size=$2 ;;
-    --ctc-weight) need_value "$@"; ctc_weight=$2 ;;
-    --average) need_value "$@"; average=$2 ;;
+    --beam-size) need_int "$@"; beam_size=$2 ;;
+    --ctc-weight) need_weight "$@"; ctc_weight=$2 ;;
+    --average) need_int "$@"; average=$2 ;;
     --force) force=true; consumed=1 ;;
     --) shift; fit_args=("$@"); consumed=$(($# + 1)) ;;
     -h|--help) usage; exit 0 ;;
@@ -62,6 +69,14 @@ need_int() {
   case "$2" in
     '' | *[!0-9]*) usage_error "$1 needs a whole number, got '$2'" ;;
   esac
+}
+
+# need_weight OPTION [VALUE...]: a usage error unless the option has a number in [0, 1].
+need_weight() {
+  need_value "$@"
+  if ! awk -v w="$2" 'BEGIN { exit !(w ~ /^[0-9]*\.?[0-9]+$/ && w >= 0 && w <= 1) }'; then
+    usage_error "$1 needs a number in [0, 1], got '$2'"
+  fi
 }
 
 # absolute PATH: PATH against the directory the recipe was started from.
