@@ -365,6 +365,18 @@ def test_an4_language_model_stages_train_and_fuse_the_recipe_lm(tmp_path):
     ]
     assert all(d.startswith("evaluate --checkpoint") and d.endswith(lm) for d in decodes)
     assert "| decode_dev_lm | 1 |" in result.stdout, "stage 9 rewrote the results table"
+    assert "--ckpt_path" not in fit
+
+    (exp / "lm" / "checkpoints").mkdir(parents=True)  # killed during stage 8: it resumes
+    (exp / "lm" / "checkpoints" / "last.ckpt").write_text("")
+    (exp / "lm" / ".done-8").unlink()
+    log.unlink()
+    run_recipe("an4", *args, "--lm-weight", "0.3", "--stop-stage", "8", bin_dir=fake)
+    assert log.read_text().splitlines()[0].endswith("--ckpt_path last")
+    log.unlink()  # --force over the finished stage: afresh, its checkpoints gone
+    run_recipe("an4", *args, "--lm-weight", "0.3", "--stage", "8", "--stop-stage", "8",
+               "--force", bin_dir=fake)  # fmt: skip
+    assert "--ckpt_path" not in log.read_text() and not (exp / "lm" / "checkpoints").exists()
 
 
 @pytest.mark.needs_corpus

@@ -173,15 +173,23 @@ cmvn_dir() {
 fit_stage() {
   local n=$1 config=$2 model_dir=$3
   shift 3
-  if [ "$force" = true ] && [ -f "$model_dir/.done-$n" ] && [ "$n" -ge "$stage" ] &&
-    [ "$n" -le "$stop_stage" ]; then
-    rm -rf "$model_dir/checkpoints"
-  fi
   local resume=()
-  [ -f "$model_dir/checkpoints/last.ckpt" ] && resume=(--ckpt_path last)
+  resume_or_afresh "$n" "$model_dir"
   run_stage "$n" "train ($config)" "$model_dir" \
     asr fit --config "$config" "$@" --trainer.default_root_dir "$model_dir" \
     ${resume[@]+"${resume[@]}"} ${fit_args[@]+"${fit_args[@]}"}
+}
+
+# resume_or_afresh N DIR: sets `resume` (declared by the caller) to `--ckpt_path last` where
+# the fit of stage N into DIR stopped halfway; with --force over a finished stage N, removes
+# its checkpoints so that it trains afresh (asr fit refuses a new run beside them).
+resume_or_afresh() {
+  local n=$1 dir=$2
+  if [ "$force" = true ] && [ -f "$dir/.done-$n" ] && [ "$n" -ge "$stage" ] &&
+    [ "$n" -le "$stop_stage" ]; then
+    rm -rf "$dir/checkpoints"
+  fi
+  if [ -f "$dir/checkpoints/last.ckpt" ]; then resume=(--ckpt_path last); fi
 }
 
 # average_stage N MODEL_DIR DEV_MANIFEST: average the best $average checkpoints into
@@ -233,10 +241,12 @@ lm_stages() {
   local n=$1 lm_config=$2 lm_dir=$3 model_dir=$4 config=$5 data=$6 tokenizer=$7 dev=$8
   shift 8
   lm_wanted || return 0
+  local resume=()
+  resume_or_afresh "$n" "$lm_dir"
   run_stage "$n" "language model ($lm_config)" "$lm_dir" \
     asr fit --config "$lm_config" --data.train_manifest "$data/train.jsonl" \
     --data.val_manifest "$data/$dev.jsonl" --data.test_manifest "$data/${!#}.jsonl" \
-    --data.tokenizer "$tokenizer" --trainer.default_root_dir "$lm_dir"
+    --data.tokenizer "$tokenizer" --trainer.default_root_dir "$lm_dir" ${resume[@]+"${resume[@]}"}
   lm_checkpoint=$lm_dir/checkpoints/last.ckpt
   run_stage $((n + 1)) "decode $(join_and "$@") with the LM (weight $lm_weight)" "$model_dir" \
     decode_with_lm "$model_dir" "$config" "$data" "$@"
