@@ -1199,7 +1199,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"asr {args.command}: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # Ctrl-C: no traceback, the shell's status for SIGINT
-        print(f"asr {args.command}: interrupted", file=sys.stderr)
+        more = ""
+        if args.command == "transcribe" and getattr(args, "output_dir", None):
+            more = (
+                f"; its files stay in {args.output_dir} (a --workers run resumes where it stopped)"
+            )
+        print(f"asr {args.command}: interrupted{more}", file=sys.stderr)
         return 130
 
 
