@@ -3,6 +3,7 @@ CMVN statistics, SpecAugment bounds."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -397,6 +398,25 @@ def test_statistics_of_other_features_are_refused_naming_their_file(tmp_path):
     with pytest.raises(ValueError, match=r"cmvn80.json: statistics of 4 features, but the "
                        r"features have 40"):  # fmt: skip
         Frontend(LogMelFilterbank(n_mels=40), GlobalCMVN(stats_path=str(tmp_path / "cmvn80.json")))
+
+
+def test_statistics_of_audio_at_another_rate_are_refused(tmp_path):
+    """`asr cmvn` records the rate; statistics of 16 kHz audio do not normalise 8 kHz features
+    (nor do older files, without a rate, get refused)."""
+    feats, lens = padded_features()
+    stats = dataclasses.replace(accumulate_cmvn_stats(feats, lens), sample_rate=16000)
+    stats.save(tmp_path / "cmvn.json")
+    assert CMVNStats.load(tmp_path / "cmvn.json").sample_rate == 16000
+    cmvn = GlobalCMVN(stats_path=str(tmp_path / "cmvn.json"))
+    with pytest.raises(ValueError, match=r"cmvn.json: statistics of 16000 Hz audio, but the "
+                       r"features take 8000 Hz"):  # fmt: skip
+        Frontend(LogMelFilterbank(sample_rate=8000, n_mels=4), cmvn)
+    Frontend(LogMelFilterbank(sample_rate=16000, n_mels=4), cmvn)
+    dataclasses.replace(stats, sample_rate=None).save(tmp_path / "old.json")
+    Frontend(
+        LogMelFilterbank(sample_rate=8000, n_mels=4),
+        GlobalCMVN(stats_path=str(tmp_path / "old.json")),
+    )
 
 
 def test_global_cmvn_normalises_to_zero_mean_unit_std(tmp_path):

@@ -56,9 +56,8 @@ def compute_cmvn_stats(
     if stats is None or stats.count == 0:
         raise ValueError(f"{manifest_path}: no feature frames to compute CMVN statistics from")
     level = frontend.level if isinstance(frontend, Frontend) else None
-    stats = replace(
-        stats, level_dbfs=level.target_dbfs if isinstance(level, LevelNormalizer) else None
-    )
+    target = level.target_dbfs if isinstance(level, LevelNormalizer) else None
+    stats = replace(stats, level_dbfs=target, sample_rate=sample_rate)
     stats.save(out_path)
     return stats
 

@@ -64,6 +64,7 @@ class CMVNStats:
     std_floor: float = 1e-5  # smallest standard deviation reported by `std`
     # LevelNormalizer target of the audio (None: as recorded); UNKNOWN_LEVEL where not stored
     level_dbfs: float | None | str = UNKNOWN_LEVEL
+    sample_rate: int | None = None  # of the audio the features were taken from (None: unknown)
 
     def __post_init__(self) -> None:
         if self.sum.dim() != 1 or self.sum.shape != self.sum_sq.shape:
@@ -95,7 +96,7 @@ class CMVNStats:
             raise ValueError(f"cannot add stats of dimension {self.dim} and {other.dim}")
         total, total_sq = self.sum + other.sum, self.sum_sq + other.sum_sq
         count = self.count + other.count
-        return CMVNStats(count, total, total_sq, self.std_floor, self.level_dbfs)
+        return CMVNStats(count, total, total_sq, self.std_floor, self.level_dbfs, self.sample_rate)
 
     def save(self, path: str | Path) -> None:
         """Write the statistics as JSON (exact float64 round trip)."""
@@ -105,6 +106,7 @@ class CMVNStats:
             "sum_sq": self.sum_sq.double().tolist(),
             "std_floor": self.std_floor,
             "level_dbfs": self.level_dbfs,
+            "sample_rate": self.sample_rate,
         }
         Path(path).write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
 
@@ -134,7 +136,10 @@ class CMVNStats:
         if not (total.isfinite().all() and total_sq.isfinite().all()):
             raise ValueError("non-finite values in 'sum' or 'sum_sq'")
         level = level if level in (None, UNKNOWN_LEVEL) else float(level)
-        return cls(count, total, total_sq, float(std_floor), level)
+        rate = data.get("sample_rate")
+        if rate is not None and (not isinstance(rate, int) or isinstance(rate, bool) or rate < 1):
+            raise TypeError(f"'sample_rate' must be a whole number of Hz, got {rate!r}")
+        return cls(count, total, total_sq, float(std_floor), level, rate)
 
 
 def accumulate_cmvn_stats(
@@ -170,10 +175,11 @@ class GlobalCMVN(nn.Module):
         super().__init__()
         if (stats_path is None) == (mean is None):
             raise ValueError("give exactly one of stats_path or mean (and std)")
-        self.stats_path, self.level_dbfs = stats_path, UNKNOWN_LEVEL
+        self.stats_path, self.level_dbfs, self.sample_rate = stats_path, UNKNOWN_LEVEL, None
         if stats_path is not None:
             stats = CMVNStats.load(stats_path)
             mean, std, self.level_dbfs = stats.mean, stats.std, stats.level_dbfs
+            self.sample_rate = stats.sample_rate
         std = torch.ones_like(mean) if std is None else std
         if mean.dim() != 1 or std.shape != mean.shape:
             raise ValueError(f"mean {tuple(mean.shape)} and std {tuple(std.shape)} must be (D,)")
