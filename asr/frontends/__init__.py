@@ -19,7 +19,7 @@ from asr.frontends.normalize import (
     LevelNormalizer,
     UtteranceCMVN,
     accumulate_cmvn_stats,
-    check_cmvn_level,
+    check_cmvn_stats,
 )
 from asr.frontends.specaugment import SpecAugment
 
@@ -59,23 +59,7 @@ class Frontend(nn.Module):
         level: nn.Module | None = None,
     ):
         super().__init__()
-        check_cmvn_level(level, normalize)
-        where = getattr(normalize, "stats_path", None) or "the normaliser's statistics"
-        stats_dim = getattr(normalize, "output_dim", None)
-        if stats_dim is not None and stats_dim != features.output_dim:
-            raise ValueError(
-                f"{where}: statistics of {stats_dim} features, but the features have "
-                f"{features.output_dim}: take them through this config (asr cmvn --config)"
-            )
-        stats_rate, rate = (
-            getattr(normalize, "sample_rate", None),
-            getattr(features, "sample_rate", None),
-        )
-        if None not in (stats_rate, rate) and stats_rate != rate:
-            raise ValueError(
-                f"{where}: statistics of {stats_rate} Hz audio, but the features take {rate} Hz: "
-                "take them through this config (asr cmvn --config)"
-            )
+        check_cmvn_stats(features, level, normalize)
         self.level, self.features = level, features
         self.normalize, self.augment = normalize, augment
         self.output_dim: int = features.output_dim

@@ -226,9 +226,26 @@ class LevelNormalizer(nn.Module):
         return (x * gain).to(wave.dtype), wave_lens
 
 
-def check_cmvn_level(level: nn.Module | None, normalize: nn.Module | None) -> None:
-    """Raise ValueError if `normalize`'s statistics were taken at another level than `level`'s."""
-    if not isinstance(normalize, GlobalCMVN) or normalize.level_dbfs == UNKNOWN_LEVEL:
+def check_cmvn_stats(
+    features: nn.Module, level: nn.Module | None, normalize: nn.Module | None
+) -> None:
+    """Raise ValueError, naming the file, if `normalize`'s statistics are of another feature
+    count or sample rate than `features` give, or were taken at another level than `level`'s."""
+    if not isinstance(normalize, GlobalCMVN):
+        return
+    where = normalize.stats_path or "the normaliser's statistics"
+    if normalize.output_dim != features.output_dim:
+        raise ValueError(
+            f"{where}: statistics of {normalize.output_dim} features, but the features have "
+            f"{features.output_dim}: take them through this config (asr cmvn --config)"
+        )
+    rate = getattr(features, "sample_rate", None)
+    if None not in (normalize.sample_rate, rate) and normalize.sample_rate != rate:
+        raise ValueError(
+            f"{where}: statistics of {normalize.sample_rate} Hz audio, but the features take "
+            f"{rate} Hz: take them through this config (asr cmvn --config)"
+        )
+    if normalize.level_dbfs == UNKNOWN_LEVEL:
         return
     target = level.target_dbfs if isinstance(level, LevelNormalizer) else None
     if normalize.level_dbfs != target:
