@@ -315,14 +315,16 @@ def _file_problem(path: PathLike) -> str | None:
     return None
 
 
-def as_waveform(audio: np.ndarray | Tensor, sample_rate: int, target_rate: int) -> Tensor:
-    """A mono waveform (`mono_samples`) as float32 at `target_rate`, integers scaled.
+def as_waveform(audio: np.ndarray | Tensor, sample_rate: int | None, target_rate: int) -> Tensor:
+    """A mono waveform (`mono_samples`) at `sample_rate` (None: `target_rate`) as float32 at
+    `target_rate`, integers scaled.
 
-    >>> as_waveform(np.array([16384, -32768], dtype=np.int16), 16000, 16000).tolist()
+    >>> as_waveform(np.array([16384, -32768], dtype=np.int16), None, 16000).tolist()
     [0.5, -1.0]
     """
     import torchaudio.functional
 
+    sample_rate = target_rate if sample_rate is None else sample_rate
     if (
         isinstance(sample_rate, bool)
         or not isinstance(sample_rate, numbers.Integral)

@@ -332,9 +332,7 @@ class Recognizer:
         """A file path or a waveform as a mono float32 tensor `(S,)` at `sample_rate`."""
         if isinstance(audio, (str, os.PathLike)):
             return load_audio(audio, self.sample_rate)
-        return as_waveform(
-            audio, self.sample_rate if sample_rate is None else sample_rate, self.sample_rate
-        )
+        return as_waveform(audio, sample_rate, self.sample_rate)
 
 
 def _unknown_keywords(names: Sequence[str]) -> TypeError:

@@ -194,10 +194,7 @@ def open_source(
         return FileSource(audio.path, target_rate, audio.offset, audio.duration)
     if isinstance(audio, (str, os.PathLike)):
         return FileSource(audio, target_rate)
-    return ArraySource(
-        as_waveform(audio, target_rate if sample_rate is None else sample_rate, target_rate),
-        target_rate,
-    )
+    return ArraySource(as_waveform(audio, sample_rate, target_rate), target_rate)
 
 
 def _runs(mask: np.ndarray) -> list[Run]:

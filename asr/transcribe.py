@@ -129,9 +129,7 @@ def _open(audio: AudioInput | Clip, name: str, rate: int, sample_rate: int | Non
     if isinstance(audio, (Clip, str, os.PathLike)):
         return open_source(audio, rate)
     try:
-        return ArraySource(
-            as_waveform(audio, rate if sample_rate is None else sample_rate, rate), rate, name
-        )
+        return ArraySource(as_waveform(audio, sample_rate, rate), rate, name)
     except ValueError as err:
         raise AudioError(name, str(err)) from None
 
