@@ -27,6 +27,7 @@ from asr.search import (
     DEFAULT_CTC_WEIGHT,
     LanguageModel,
     SearchOptions,
+    check_language_model,
     length_bound,
 )
 from asr.segment import SegmenterOptions
@@ -246,12 +247,7 @@ class Recognizer:
             raise ValueError(
                 f"{self.checkpoint}: ctc_weight={options.ctc_weight} but the model has no CTC head"
             )
-        if options.lm_weight > 0 and lm is None:
-            raise ValueError(f"lm_weight={options.lm_weight} but no language model was given")
-        if isinstance(lm, tuple):
-            raise TypeError("lm= takes the model alone: recognizer.load_lm(path) gives it")
-        if lm is not None and options.lm_weight == 0:
-            raise ValueError("a language model was given with lm_weight=0: set lm_weight (0.3?)")
+        check_language_model(options.lm_weight, lm)
         alignment.check_timestamps(timestamps)
         if timestamps == "ctc" and self.model.ctc is None:
             raise ValueError(f"{self.checkpoint}: timestamps='ctc' needs a CTC head")

@@ -36,7 +36,7 @@ from asr.frontends.features import num_frames
 from asr.models.blocks import min_input_length
 from asr.models.chunking import EncoderCache, streaming_problem
 from asr.results import Decoded, Transcript
-from asr.search import Hypothesis, LanguageModel
+from asr.search import Hypothesis, LanguageModel, check_language_model
 from asr.segment import Span
 from asr.text import PAD_ID, SOS_EOS_ID
 from asr.transcribe import join_segments
@@ -187,10 +187,7 @@ class StreamingEngine:
     ) -> None:
         self.recognizer = recognizer
         self.options = options or StreamOptions()
-        if self.options.lm_weight > 0 and lm is None:
-            raise ValueError(f"lm_weight={self.options.lm_weight} but no language model was given")
-        if lm is not None and self.options.lm_weight == 0:
-            raise ValueError("a language model was given with lm_weight=0: set lm_weight (0.3?)")
+        check_language_model(self.options.lm_weight, lm)
         self.lm = lm
         model = recognizer.model
         if model.ctc is None:
