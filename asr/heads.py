@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -57,13 +58,12 @@ def reference_alignments(
     """Teacher-forced alignments of the manifest's references that CTC can align too."""
     if recognizer.model.ctc is None:
         raise ValueError(f"{recognizer.checkpoint}: choosing maps needs a CTC head to compare with")
-    out, left_out = [], {}
+    out, left_out = [], Counter()
     utterances = read_manifest(manifest)
     for utterance in tqdm(utterances, desc="align", disable=not progress):
         tokens = recognizer.tokenizer.encode(utterance.text)
         if not tokens or recognizer.tokenizer.unk_id in tokens:
-            reason = "outside the vocabulary" if tokens else "no words"
-            left_out[reason] = left_out.get(reason, 0) + 1
+            left_out["outside the vocabulary" if tokens else "no words"] += 1
             continue
         wave = load_audio(
             utterance.audio_filepath, recognizer.sample_rate, utterance.offset, utterance.duration
@@ -72,7 +72,7 @@ def reference_alignments(
         if alignment.ctc_words and len(alignment.ctc_words) == len(alignment.words):
             out.append(alignment)
         else:
-            left_out["CTC could not align"] = left_out.get("CTC could not align", 0) + 1
+            left_out["CTC could not align"] += 1
     reasons = ", ".join(f"{count} {reason}" for reason, count in left_out.items())
     if not out:
         raise ValueError(f"{manifest}: no utterance could be aligned ({reasons or 'none'})")
