@@ -416,11 +416,12 @@ def train_tokenizer(
     """Train a tokenizer on texts (`str`) or manifests (`os.PathLike`); save it unless None."""
     if kind not in _KINDS:
         raise ValueError(f"tokenizer kind must be one of {sorted(_KINDS)}, got {kind!r}")
-    texts = list(_iter_texts(texts_or_manifests))
+    if isinstance(texts_or_manifests, (str, os.PathLike)):  # one manifest
+        sources = [Path(texts_or_manifests)]
+    else:
+        sources = list(texts_or_manifests)
+    texts = list(_iter_texts(sources))
     if not any(normalizer(text).strip() for text in texts):
-        sources = texts_or_manifests
-        if isinstance(sources, (str, os.PathLike)):  # one manifest, as `_iter_texts` reads it
-            sources = [Path(sources)]
         names = [str(item) for item in sources if isinstance(item, os.PathLike)]
         where = f"{', '.join(names)}: " if names else ""
         raise ValueError(f"{where}no text left after normalisation to train a tokenizer on")
@@ -435,10 +436,8 @@ def train_tokenizer(
     return tokenizer
 
 
-def _iter_texts(source: str | os.PathLike | Iterable[str | os.PathLike]) -> Iterable[str]:
-    if isinstance(source, (str, os.PathLike)):
-        source = [Path(source)]
-    for item in source:
+def _iter_texts(sources: Iterable[str | os.PathLike]) -> Iterable[str]:
+    for item in sources:
         if isinstance(item, os.PathLike):
             yield from read_manifest_texts(item)
         elif isinstance(item, str):
