@@ -46,6 +46,7 @@ if TYPE_CHECKING:
 LIGHTNING_COMMANDS = ("fit", "validate", "test")
 CURVES = ("val/loss", "val/ctc_loss", "val/wer")  # `asr curves` plots those logged
 MAX_LISTED = 20  # failures spelled out on stderr by batch commands
+DEFAULT_BEST = 5  # checkpoints `asr average --last` averages
 # `SearchOptions` fields that the decoding commands take as --options (None: not given).
 DECODING_ARGUMENTS = ("beam_size", "ctc_weight", "length_bonus", "max_len_ratio", "repair")
 
@@ -146,7 +147,7 @@ def _average(args: argparse.Namespace) -> int:
         raise ValueError("--best chooses among what --last records; with --checkpoints, name them")
     if args.last and Path(args.out).resolve() == Path(args.last).resolve():
         raise ValueError(f"--out {args.out} is --last: averaging would overwrite the run's state")
-    paths = args.checkpoints or best_checkpoints(args.last, args.best or 5)
+    paths = args.checkpoints or best_checkpoints(args.last, args.best or DEFAULT_BEST)
     if args.best is not None and len(paths) < args.best:
         print(
             f"{args.last} records {len(paths)} best checkpoints, not {args.best}", file=sys.stderr
@@ -556,14 +557,18 @@ def _whole(low: int):
 _count = _whole(1)  # threads, beams, streams...
 
 
+def _number(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+
+
 def _longest_segment(text: str) -> float:
     """An argparse type: --max-segment-seconds, over twice the overlap of fixed windows."""
     from asr.segment import SegmenterOptions
 
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+    value = _number(text)
     least = 2 * SegmenterOptions.window_overlap_seconds
     if not value > least:
         raise argparse.ArgumentTypeError(
@@ -575,10 +580,7 @@ def _longest_segment(text: str) -> float:
 
 def _weight(text: str) -> float:
     """An argparse type: a weight in [0, 1]."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+    value = _number(text)
     if not 0.0 <= value <= 1.0:
         raise argparse.ArgumentTypeError(f"must lie in [0, 1], got {value:g}")
     return value
@@ -765,7 +767,7 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
         group = p.add_mutually_exclusive_group(required=True)
         group.add_argument("--checkpoints", nargs="+", help="checkpoint files to average")
         group.add_argument("--last", help="a run's last.ckpt: average the best ones it records")
-        p.add_argument("--best", type=_count, help="with --last: how many best (5)")
+        p.add_argument("--best", type=_count, help=f"with --last: how many best ({DEFAULT_BEST})")
         p.add_argument("--out", required=True, help="output checkpoint")
     p.set_defaults(run=_average)
 
