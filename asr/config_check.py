@@ -105,15 +105,9 @@ def _arguments(target, name: str, node: yaml.Node, key: str) -> Iterator[Problem
     """The keys of the mapping `node` that `target`'s signature has no parameter for (none
     where it takes `**kwargs`: they may go on to a parent class), and within those it has, the
     keys of a mapping given for a parameter typed as a dataclass of options."""
-    if not isinstance(node, yaml.MappingNode):
+    known = _parameters(target)
+    if not isinstance(node, yaml.MappingNode) or known is None:
         return
-    try:
-        parameters = inspect.signature(target).parameters.values()
-    except (TypeError, ValueError):  # a builtin without a signature
-        return
-    if any(p.kind is p.VAR_KEYWORD for p in parameters):
-        return
-    known = [p.name for p in parameters if p.kind is not p.VAR_POSITIONAL]
     for k, value in node.value:
         if not isinstance(k, yaml.ScalarNode):
             continue
@@ -124,6 +118,61 @@ def _arguments(target, name: str, node: yaml.Node, key: str) -> Iterator[Problem
             typed = _options_class(_hints(target).get(k.value))
             if typed is not None:
                 yield from _arguments(typed, typed.__qualname__, value, _join(key, k.value))
+
+
+def _parameters(target) -> list[str] | None:
+    """The names of the arguments `target` takes; None where it takes `**kwargs` (they may go
+    on to a parent class) or has no signature (a builtin)."""
+    try:
+        parameters = inspect.signature(target).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind is p.VAR_KEYWORD for p in parameters):
+        return None
+    return [p.name for p in parameters if p.kind is not p.VAR_POSITIONAL]
+
+
+def option_problems(
+    argv: Sequence[str], classes: dict[str, tuple[Any, str]], groups: dict[str, Any]
+) -> list[str]:
+    """Each `--key.name` option in `argv` whose class takes no argument `name`, as `--option:
+    what is wrong`. `classes` maps key paths to the classes the configs named there (and their
+    class_path); a key whose class the command line names anew is left to jsonargparse.
+    `groups` maps keys to the classes whose arguments are the CLI's own options (the Trainer's),
+    where an abbreviation of an argument's name passes (argparse expands it)."""
+    named = {_plain(key): found for key, found in classes.items()}
+    named.update((key, (found, found.__qualname__)) for key, found in groups.items())
+    options = [a.split("=", 1)[0][2:] for a in argv if a.startswith("--")]
+    given = {_plain(o.removesuffix(".class_path")) for o in options} & set(named)
+    problems = []
+    for option in options:
+        parts = _plain(option.rstrip("+")).split(".")
+        keys = [".".join(parts[:i]) for i in range(1, len(parts))]
+        if "dict_kwargs" in parts or given.intersection(keys):
+            continue
+        at = max((i for i, key in enumerate(keys, 1) if key in named), default=0)
+        if not at:
+            continue
+        target, name = named[keys[at - 1]]
+        for part in parts[at:]:
+            known = _parameters(target)
+            if known is None:
+                break
+            if part not in known:
+                if parts[0] not in groups or not any(k.startswith(part) for k in known):
+                    problem = f"{name} takes no argument {part!r}{_did_you_mean(part, known)}"
+                    problems.append(f"--{option}: {problem}")
+                break
+            target = _options_class(_hints(target).get(part))
+            if target is None:
+                break
+            name = target.__qualname__
+    return problems
+
+
+def _plain(key: str) -> str:
+    """A key path without its `init_args` steps (`model.init_args.x` and `model.x` are one)."""
+    return ".".join(p for p in key.split(".") if p != "init_args")
 
 
 def _subclass_spec(node: yaml.MappingNode) -> bool:

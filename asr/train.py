@@ -28,7 +28,7 @@ from lightning.pytorch.strategies.launchers.subprocess_script import _Subprocess
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from asr.checkpoint import atomic_save, load_checkpoint
-from asr.config_check import config_paths, config_problems
+from asr.config_check import config_paths, config_problems, option_problems
 
 DEFAULT_LOGGERS = (  # CSV first: it warns about a run folder another logger made already
     "lightning.pytorch.loggers.CSVLogger",
@@ -581,6 +581,8 @@ def run_lightning_cli(argv: Sequence[str]) -> ASRCLI:
     """Run `asr fit|validate|test ...` (argv without the program name)."""
     classes: dict[str, tuple[Any, str]] = {}  # what each config names, for those laid over it
     problems = [p for path in config_paths(argv) for p in config_problems(path, classes)]
+    groups = {"trainer": L.Trainer, "checkpoint": RunCheckpoint, "step_checkpoint": StepCheckpoint}
+    problems += option_problems(argv, classes, groups | {"epoch_clock": EpochClock})
     if problems:
         for problem in problems:
             print(f"asr {argv[0]}: error: {problem}", file=sys.stderr)

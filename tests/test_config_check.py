@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from asr.config_check import config_paths, config_problems
+from asr.config_check import config_paths, config_problems, option_problems
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICK = ROOT / "conf/an4/rnn_quick.yaml"
@@ -133,3 +133,60 @@ def test_the_top_level_keys_are_those_asr_fit_takes(capsys) -> None:
     printed = capsys.readouterr().out.splitlines()
     keys = {line.split(":")[0] for line in printed if line[:1].isalpha()}
     assert keys == set(TOP_LEVEL_KEYS)
+
+
+@pytest.mark.parametrize(
+    ("option", "said"),
+    [
+        ("--trainer.max_epohcs", "Trainer takes no argument 'max_epohcs' (did you mean "
+         "'max_epochs'?)"),
+        ("--data.init_args.max_batch_siz=3", "asr.lightning.ASRDataModule takes no argument "
+         "'max_batch_siz' (did you mean 'max_batch_size'?)"),
+        ("--model.optimizer.init_args.lrr", "torch.optim.AdamW takes no argument 'lrr' (did you "
+         "mean 'lr'?)"),
+        ("--data.augment.nosie.prob", "WaveAugment takes no argument 'nosie' (did you mean "
+         "'noise'?)"),
+        ("--model.lr", "asr.lightning.ASRModule takes no argument 'lr'"),
+    ],
+)  # fmt: skip
+def test_a_wrong_option_is_named_against_the_class_it_goes_to(option, said) -> None:
+    from lightning.pytorch import Trainer
+
+    classes: dict = {}
+    assert config_problems(QUICK, classes) == []
+    argv = ["fit", "--config", str(QUICK), option, "1"]
+    assert option_problems(argv, classes, {"trainer": Trainer}) == [
+        f"{option.split('=')[0]}: {said}"
+    ]
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        ["--trainer.max_epochs", "2", "--data.max_batch_size=3", "--model.init_args.ctc_weight"],
+        ["--trainer.max_epoch", "2"],  # argparse expands the Trainer's own options
+        ["--model", "other.Module", "--model.lr", "3"],  # jsonargparse judges a new class
+        ["--model.encoder", "other.Encoder", "--model.encoder.init_args.width", "3"],
+        ["--trainer.callbacks+=x.Y", "--trainer.logger.init_args.save_dir", "d"],
+        ["--model.dict_kwargs.anything", "1", "--unknown.key", "1"],
+    ],
+)
+def test_options_it_cannot_judge_or_that_are_right_pass(options) -> None:
+    from lightning.pytorch import Trainer
+
+    classes: dict = {}
+    config_problems(QUICK, classes)
+    argv = ["fit", "--config", str(QUICK), *options]
+    assert option_problems(argv, classes, {"trainer": Trainer}) == []
+
+
+def test_asr_fit_stops_on_a_wrong_option_before_training(capsys) -> None:
+    from asr.cli import main
+
+    with pytest.raises(SystemExit) as stopped:
+        main(["fit", "--config", str(QUICK), "--checkpoint.monitr", "val/cer"])
+    assert stopped.value.code == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "asr fit: error: --checkpoint.monitr: RunCheckpoint takes no argument 'monitr' (did you "
+        "mean 'monitor'?)"
+    ]
