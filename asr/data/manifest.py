@@ -261,7 +261,7 @@ def _utterance_from(record: Any, base: Path) -> Utterance:
         _number_problem("duration", record["duration"], allow_zero=False),
         None if isinstance(record["text"], str) else _type_problem("text", "a string", record),
         _number_problem("offset", record.get("offset", 0.0), allow_zero=True),
-        _label_problem("id", record.get("id")),
+        _label_problem("id", record.get("id")) or _id_problem(record.get("id")),
         _label_problem("speaker", record.get("speaker")),
     ]
     problems = [problem for problem in problems if problem]
@@ -302,6 +302,13 @@ def _label_problem(key: str, value: Any) -> str | None:
     if value is None or (isinstance(value, str) and value) or type(value) is int:
         return None
     return f"{key!r} must be a non-empty string, got {_json_value(value)}"
+
+
+def _id_problem(value: Any) -> str | None:
+    """An id names files (alignment plots) and starts Kaldi-format lines (hyp.txt)."""
+    if isinstance(value, str) and (any(c.isspace() or c in "/\\" for c in value)):
+        return f"'id' must have no spaces, '/' or '\\' (it names files), got {json.dumps(value)}"
+    return None
 
 
 def _type_problem(key: str, expected: str, record: dict) -> str:
