@@ -9,7 +9,7 @@ import os
 import shutil
 import sys
 from collections import Counter, defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePath
 from typing import IO, TYPE_CHECKING, Any, NamedTuple
@@ -230,9 +230,10 @@ def transcribe_files(
 
         if out_dir is None:
             raise ValueError("the explorer's maps are kept in an output folder: give out_dir")
-        formats = start_explorer(out_dir, recognizer, formats)
-    formats = expand_formats(formats)
     items = list(inputs) if all(isinstance(i, Input) for i in inputs) else file_inputs(inputs)
+    if explorer:
+        formats = start_explorer(out_dir, recognizer, formats, [item.stem for item in items])
+    formats = expand_formats(formats)
     failed = []
     maps: dict[int, list] = defaultdict(list)  # the segments' maps of the group's inputs
 
@@ -278,15 +279,32 @@ def transcribe_files(
 
 
 def start_explorer(
-    out_dir: str | os.PathLike, recognizer: Recognizer, formats: Sequence[str]
+    out_dir: str | os.PathLike,
+    recognizer: Recognizer,
+    formats: Sequence[str],
+    stems: Iterable[str | os.PathLike],
 ) -> list[str]:
     """Ready `out_dir` for `asr explore`: the model's layout of its maps (explore.json); the
-    formats to write, with the json the page reads."""
+    formats to write, with the json the page reads (see `check_layout_free` for `stems`)."""
     from asr.evaluate import record_layout
     from asr.explore.records import write_layout
 
+    check_layout_free(out_dir, stems)
     write_layout(out_dir, record_layout(recognizer))
     return [*formats, "json"]
+
+
+def check_layout_free(out_dir: str | os.PathLike, stems: Iterable[str | os.PathLike]) -> None:
+    """ValueError where an input's transcript, by its output stem among `stems`, would be
+    written over the layout of the explorer's maps in `out_dir`."""
+    from asr.explore.records import LAYOUT
+
+    if PurePath(LAYOUT).with_suffix("") in map(PurePath, stems):
+        raise ValueError(
+            f"an input named {PurePath(LAYOUT).stem}.* would write its transcript over "
+            f"{os.path.join(out_dir, LAYOUT)}, where --explorer keeps the layout of its maps: "
+            "rename the file, or give its folder's parent"
+        )
 
 
 def write_explorer(out_dir: str | os.PathLike, progress: bool) -> None:

@@ -113,7 +113,7 @@ def transcribe_streaming(
     inputs, unnamed = _streamed_inputs(args.audio, args.manifest or [], bool(args.output_dir))
     formats = args.format or DEFAULT_FORMATS
     if args.explorer:
-        formats = start_explorer(args.output_dir, recognizer, formats)
+        formats = start_explorer(args.output_dir, recognizer, formats, [s for *_, s in inputs])
     formats = expand_formats(formats)
     for failure in unnamed:  # arguments that name no audio
         print(f"asr transcribe: error: {failure}", file=sys.stderr)

@@ -31,7 +31,7 @@ from typing import IO, Any
 from tqdm import tqdm
 
 from asr.audio import AudioError, audio_info
-from asr.cli.inputs import DEFAULT_FORMATS, Input, expand_inputs
+from asr.cli.inputs import DEFAULT_FORMATS, Input, check_layout_free, expand_inputs
 from asr.results import BatchResult
 from asr.writers import expand_formats, write_text_atomically
 
@@ -363,6 +363,8 @@ def make_plan(args: argparse.Namespace, size: int) -> Plan:
     formats = expand_formats(args.format or DEFAULT_FORMATS)
     with tempfile.TemporaryDirectory(prefix="asr-transcribe-") as scratch:  # stdin is refused
         inputs, failures = expand_inputs(args.audio, scratch, manifests=args.manifest)
+    if args.explorer:
+        check_layout_free(out, [item.stem for item in inputs])
     records = read_records(out)
     pending = [item for item in inputs if not is_written(item, out, formats, records)]
     shares = split_by_duration([input_seconds(item) for item in pending], size)

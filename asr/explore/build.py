@@ -25,6 +25,10 @@ from asr.audio import AudioError, load_audio
 from asr.explore import MAX_MEGABYTES
 from asr.explore.page import build_page
 from asr.explore.records import (
+    LAYOUT,
+    METRICS,
+    PAGE,
+    RECORDS,
     ctc_frames,
     read_attention,
     read_json,
@@ -57,8 +61,8 @@ CURVES = ("train/loss_epoch", "val/loss", "val/att_loss", "val/ctc_loss", "val/a
 
 def folder_kind(folder: Path) -> str:
     """The kind of `folder`: decode, transcribe or training; ValueError lists what each holds."""
-    if (folder / "utterances.jsonl").is_file() or (folder / "metrics.json").is_file():
-        return "decode"
+    if (folder / RECORDS).is_file() or "wer" in read_json(folder / METRICS):
+        return "decode"  # metrics.json alone: an `asr evaluate` that kept no records
     if _run_logs(folder) is not None:
         return "training"
     if any(_transcript_files(folder)):
@@ -102,7 +106,7 @@ def explore(
         raise ValueError(f"{folder}: no such folder")
     if max_mb is not None and not max_mb >= 0:
         raise ValueError(f"--max-mb is megabytes, 0 for no limit: got {max_mb}")
-    out = Path(out) if out is not None else folder / "explorer.html"
+    out = Path(out) if out is not None else folder / PAGE
     if out.is_dir():
         raise ValueError(f"--out {out} is a folder; name the HTML file to write")
     if out.exists() and out.suffix.lower() not in (".html", ".htm"):
@@ -111,6 +115,10 @@ def explore(
     other = Path(compare) if compare is not None else None
     if other is not None and not (kind == "decode" and _is_decode(other)):
         raise ValueError(f"to compare, {folder} and {other} must both be decode folders")
+    if other is not None and not (other / RECORDS).is_file():
+        raise ValueError(
+            f"{other}: no {RECORDS} (an `asr evaluate` that kept no records) to compare"
+        )
     gather = {
         "decode": partial(decode_data, compare=other),
         "transcribe": transcribe_data,
@@ -168,6 +176,7 @@ def _compared(
         "more_errors": int((b > a).sum()),
         "same_errors": int((b == a).sum()),
         "wer_difference": round(float(difference), 2) if words else None,
+        "shared": both if notes else None,  # the utterances B - A is over, where sets differ
         "interval": [round(x, 2) for x in wer_difference_interval(words, a, b)] if words else None,
     }
     return compare, notes
@@ -175,7 +184,7 @@ def _compared(
 
 def _summary(folder: Path) -> dict[str, Any] | None:
     """The WER, CER and counts in a decode folder's metrics.json, if any."""
-    metrics = read_json(folder / "metrics.json")
+    metrics = read_json(folder / METRICS)
     return {k: metrics[k] for k in SUMMARY_KEYS if k in metrics} or None
 
 
@@ -186,7 +195,7 @@ def decode_data(
     `compare` names another decode of them, B, and that is higher) while the page has room."""
     notes: list[str] = []
     summary = _summary(folder)
-    if not (folder / "utterances.jsonl").is_file():
+    if not (folder / RECORDS).is_file():
         notes.append("no utterances.jsonl: decoded by an `asr evaluate` that kept no records")
         return _page("decode", folder, notes, summary, [])
     layout = read_layout(folder)
@@ -565,7 +574,7 @@ class _Media:
     def __init__(self, page_dir: Path, link: bool, budget: _Budget) -> None:
         self.page_dir, self.link, self.budget = page_dir, link, budget
         self.sample_rate = 16000
-        self.missing: list[str] = []
+        self.missing: dict[str, None] = {}  # each file once, however many rows it has
         self._mel = None
 
     def row(
@@ -589,7 +598,7 @@ class _Media:
         if not path:
             return _Audio(note="no audio file recorded")
         if not Path(path).is_file():
-            self.missing.append(path)
+            self.missing[path] = None
             return _Audio(note=f"audio not found: {path}")
         return self._linked(path, offset, {})
 
@@ -607,7 +616,7 @@ class _Media:
         try:
             wave = load_audio(path, self.sample_rate, offset or 0.0, duration).numpy()
         except (AudioError, OSError) as err:
-            self.missing.append(path)
+            self.missing[path] = None
             return _Audio(note=f"audio not found or unreadable: {path} ({err})")
         arrays = {"envelope": (_envelope(wave), {})}
         arrays["spectrogram"] = self._spectrogram(wave)
@@ -653,7 +662,7 @@ class _Media:
         its budget (their arrays went to `kept`)."""
         notes = []
         if self.missing:
-            shown = ", ".join(self.missing[:3]) + (" ..." if len(self.missing) > 3 else "")
+            shown = ", ".join(list(self.missing)[:3]) + (" ..." if len(self.missing) > 3 else "")
             notes.append(f"{len(self.missing)} audio file(s) missing or unreadable: {shown}")
         left_out = sum(LEFT_OUT in u["flags"] for u in utterances)
         if left_out:
@@ -735,9 +744,10 @@ def _opus_uri(wave: np.ndarray, sample_rate: int) -> str:
 
 
 def _transcript_files(folder: Path):
-    """Transcripts `<name>.json`, in subfolders too: transcribe mirrors the inputs' folders."""
+    """Transcripts `<name>.json`, in subfolders too: transcribe mirrors the inputs' folders.
+    (A metrics.json here is one: asr evaluate's, with its WER, made the folder a decode.)"""
     for path in folder.rglob("*.json"):
-        if path.name not in ("metrics.json", "explore.json"):
+        if path != folder / LAYOUT:
             yield path
 
 

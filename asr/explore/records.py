@@ -21,6 +21,8 @@ if TYPE_CHECKING:
 RECORDS = "utterances.jsonl"
 ATTENTION = "attention.npz"
 LAYOUT = "explore.json"
+METRICS = "metrics.json"  # asr evaluate's scores, beside the records
+PAGE = "explorer.html"  # the page `asr explore` writes into the folder by default
 MAPS_SUFFIX = ".explore.npz"  # beside a transcript's <stem>.json: its segments' maps
 MAP_NAMES = {"attention", "ctc"}
 
@@ -78,6 +80,7 @@ class RecordWriter:
             np.savez_compressed(path, **self.maps)
         elif path.exists():
             path.unlink()  # a stale file from an earlier decode with attention
+        (self.out_dir / PAGE).unlink(missing_ok=True)  # the page of an earlier decode
         write_layout(self.out_dir, self.layout)
 
 

@@ -101,15 +101,16 @@ def test_linked_audio_is_a_relative_path_and_missing_audio_is_said(decoded, tmp_
     assert (out.parent / first["audio"]).resolve().samefile(next(WAV.rglob(f"{first['id']}.wav")))
 
     records = (folder / "utterances.jsonl").read_text().splitlines()
-    moved = json.loads(records[0]) | {"audio": str(tmp_path / "moved.wav")}
-    (folder / "utterances.jsonl").write_text("\n".join([json.dumps(moved), *records[1:]]) + "\n")
+    moved = [json.loads(r) | {"audio": str(tmp_path / "moved.wav")} for r in records[:2]]
+    lines = [*map(json.dumps, moved), *records[2:]]
+    (folder / "utterances.jsonl").write_text("\n".join(lines) + "\n")
     (folder / "attention.npz").unlink()
     data = page_data(explore(folder, progress=False).read_text())
     lost = data["utterances"][0]
     assert lost["audio"] is None and "moved.wav" in lost["audio_note"]
     assert "attention" not in lost["arrays"] and "ctc" in lost["arrays"]
     assert any("no attention saved" in n for n in data["notes"])
-    assert any("1 audio file(s) missing" in n for n in data["notes"])
+    assert any("1 audio file(s) missing" in n for n in data["notes"]), "a file, once"
 
 
 def test_past_its_size_limit_a_page_keeps_the_worst_utterances_maps(decoded, tmp_path, capsys):
@@ -175,6 +176,7 @@ def test_a_page_compares_two_decodes_of_the_same_utterances(decoded, tmp_path, c
     low, high = compare["interval"]
     assert 0 <= low <= compare["wer_difference"] <= high
     assert f"1 of 4 utterances not in {other}" in data["notes"]
+    assert compare["shared"] == 3  # what B - A is over: the page says so
     small = explore(decoded, tmp_path / "small.html", False, False, 1e-6, other)
     small = page_data(small.read_text())["utterances"]
     worst = max(range(3), key=lambda i: rows[i]["compare"]["wer"])  # A gets all right
@@ -182,9 +184,14 @@ def test_a_page_compares_two_decodes_of_the_same_utterances(decoded, tmp_path, c
         i == worst for i in range(4)]  # fmt: skip
     alone = explore(decoded, tmp_path / "alone.html", progress=False)
     assert page_data(alone.read_text())["compare"] is None
+    same = explore(decoded, tmp_path / "same.html", progress=False, compare=decoded)
+    assert page_data(same.read_text())["compare"]["shared"] is None  # the same utterances
     capsys.readouterr()
     assert main(["explore", str(decoded), "--compare", str(tmp_path), "--quiet"]) == 2
     assert "must both be decode folders" in capsys.readouterr().err
+    (other / "utterances.jsonl").unlink()  # metrics.json alone
+    assert main(["explore", str(decoded), "--compare", str(other), "--quiet"]) == 2
+    assert f"{other}: no utterances.jsonl" in capsys.readouterr().err
 
 
 def test_a_stretch_of_a_long_recording_is_linked_where_browsers_play_it(tmp_path):
@@ -272,6 +279,11 @@ def test_zero_utterances_transcripts_and_training_runs_build(tmp_path, capsys):
         shutil.copy(transcripts / "a.json", transcripts / speaker / "001.json")
     rows = page_data(explore(transcripts, progress=False).read_text())["utterances"]
     assert [row["id"] for row in rows] == ["a", "alice/001", "bob/001"]
+    # Transcripts of metrics.wav, and of explore.wav in a subfolder: not the files they name.
+    shutil.copy(transcripts / "a.json", transcripts / "metrics.json")
+    shutil.copy(transcripts / "a.json", transcripts / "alice" / "explore.json")
+    rows = page_data(explore(transcripts, progress=False).read_text())["utterances"]
+    assert [row["id"] for row in rows] == ["a", "alice/001", "alice/explore", "bob/001", "metrics"]
 
     assert main(["explore", str(tmp_path / "nothing")]) == 2
     assert "no such folder" in capsys.readouterr().err
@@ -396,3 +408,25 @@ def test_transcribe_explorer_keeps_the_attention_of_every_segment(
     notes = page_data(explore(out, progress=False).read_text())["notes"]
     assert "an251-fash-b: its attention is not readable (an251-fash-b.explore.npz has no " \
         "segment spans: `asr transcribe --explorer` again)" in notes  # fmt: skip
+
+
+def test_a_new_decode_into_a_folder_removes_the_earlier_page(tmp_path):
+    from asr.explore.records import RecordWriter
+
+    (tmp_path / "explorer.html").write_text("the page of an earlier decode")
+    RecordWriter(tmp_path, {}).write()
+    assert not (tmp_path / "explorer.html").exists()
+
+
+@pytest.mark.parametrize("extra", [[], ["--streaming"], ["--workers", "2"]])
+def test_an_input_whose_transcript_would_replace_the_layout_is_refused(
+    tiny_checkpoint, tmp_path, capsys, extra
+):
+    audio = tmp_path / "explore.wav"
+    shutil.copy(WAV / "an4_clstk/fash/an251-fash-b.wav", audio)
+    out = tmp_path / "out"
+    args = ["transcribe", str(audio), "--model", str(tiny_checkpoint["checkpoint"]),
+            "--output-dir", str(out), "--explorer", "--quiet", *extra]  # fmt: skip
+    assert main(args) == 2
+    assert f"would write its transcript over {out / 'explore.json'}" in capsys.readouterr().err
+    assert not out.exists() or not any(out.iterdir())

@@ -96,11 +96,13 @@
     compared = compare;
     const summary = obj(compare.summary);
     const diff = num(compare.wer_difference);
+    const shared = num(compare.shared);
     const [low, high] = list(compare.interval).map(num);
     const interval = low !== null && high !== null ? ` [${signed(low, 2)}, ${signed(high, 2)}]` : "";
     $("#summary-b").replaceChildren(...cards([
       ["B", text(compare.title)], ["WER B", pct(summary.wer)], ["CER B", pct(summary.cer)],
-      ["WER B − A (95 %)", diff === null ? "–" : `${signed(diff, 2)}${interval}`],
+      [shared === null ? "WER B − A (95 %)" : `WER B − A over the ${count(shared)} shared (95 %)`,
+        diff === null ? "–" : `${signed(diff, 2)}${interval}`],
       ["Fewer errors in B", count(compare.fewer_errors)], ["More in B", count(compare.more_errors)],
       ["Same", count(compare.same_errors)],
     ]));
