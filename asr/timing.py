@@ -192,7 +192,8 @@ def attention_timestamps(
 def _half_peak_spans(
     scores: np.ndarray, run_starts: np.ndarray, run_ends: np.ndarray
 ) -> tuple[list[int], list[int]]:
-    """Each run cut to the frames scoring at least half its peak, so pauses go to no word."""
+    """Each run cut to the frames scoring at least half its peak, so pauses go to no word;
+    a token whose frames all went to the one before takes the next frame, while one is left."""
     starts, ends = run_starts.tolist(), run_ends.tolist()
     for i, (start, end) in enumerate(zip(starts, ends)):
         if end - start > 1:
@@ -202,6 +203,12 @@ def _half_peak_spans(
     for i in range(1, len(starts)):  # runs share a frame where the path steps down
         starts[i] = max(starts[i], ends[i - 1])
         ends[i] = max(ends[i], starts[i])
+    for i, (start, end) in enumerate(zip(starts, ends)):  # a frame for those left none
+        following = starts[i + 1] if i + 1 < len(starts) else scores.shape[1]
+        if start == end and start < following:  # a free frame: taking it moves no other
+            ends[i] = start + 1
+        elif start == end and i and ends[i - 1] == start and ends[i - 1] - starts[i - 1] > 1:
+            ends[i - 1] = starts[i] = start - 1  # the last of the one before, which has more
     return starts, ends
 
 

@@ -202,6 +202,27 @@ def test_random_attention_gives_monotone_disjoint_times(shape):
     assert np.all(times.start >= 0) and np.all(times.end <= duration + 1e-12)
     assert np.all(times.start <= times.end)
     assert np.all(times.start[1:] >= times.end[:-1]), "a token's span ends before the next's"
+    starts, ends = np.array(times.start_frames), np.array(times.end_frames)
+    following = np.append(starts[1:], shape[-1])
+    assert np.all((ends > starts) | (starts == following)), "no free frame left unused"
+
+
+@pytest.mark.parametrize(
+    ("runs", "spans"),
+    [  # (start, end) of each token's DTW run -> its span
+        ([(0, 5), (4, 5), (7, 10)], [(0, 5), (5, 6), (7, 10)]),  # takes the free frame after
+        ([(0, 5), (4, 5), (5, 10)], [(0, 4), (4, 5), (5, 10)]),  # or the last of the one before
+        ([(0, 1), (0, 1), (1, 3)], [(0, 1), (1, 1), (1, 3)]),  # neither: no frame to give
+    ],
+)
+def test_a_token_whose_frames_went_to_the_one_before_gets_one(runs, spans):
+    """Where a token's run lies within the one before, it is pushed past it: it then takes a
+    free frame, else one from the token before if that has more, and moves no other token."""
+    from asr.timing import _half_peak_spans
+
+    starts, ends = zip(*runs)
+    got = _half_peak_spans(np.ones((len(runs), 10)), np.array(starts), np.array(ends))
+    assert list(zip(*got)) == spans
 
 
 def test_two_dimensional_attention_is_one_map():
