@@ -18,6 +18,7 @@ context before it, then sees more of itself, for a later first partial.
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -67,10 +68,10 @@ class StreamOptions:
             raise ValueError(
                 f"final_search must be one of {FINAL_SEARCHES}, got {self.final_search!r}"
             )
-        for name in ("chunk_ms", "first_chunk_ms"):
+        for name in ("chunk_ms", "first_chunk_ms", "max_context_ms"):
             value = getattr(self, name)
-            if value is not None and value <= 0:
-                raise ValueError(f"{name} must be positive (or None), got {value}")
+            if value is not None and not 0 < value < math.inf:
+                raise ValueError(f"{name} must be positive and finite (or None), got {value}")
         if None not in (self.chunk_ms, self.first_chunk_ms) and self.first_chunk_ms < self.chunk_ms:
             raise ValueError(
                 f"first_chunk_ms ({self.first_chunk_ms:g}) must be at least chunk_ms "

@@ -39,6 +39,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from asr.cli.numbers import count, non_negative, number, port, positive, weight, whole
+
 if TYPE_CHECKING:
     from asr.cli.inputs import Input
     from asr.recognizer import Recognizer
@@ -539,50 +541,17 @@ def _calibration_report(fit) -> str:
     return "\n".join(lines)
 
 
-def _whole(low: int):
-    """An argparse type: a whole number of at least `low`."""
-
-    def whole(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
-        if value < low:
-            raise argparse.ArgumentTypeError(f"must be at least {low}, got {value}")
-        return value
-
-    return whole
-
-
-_count = _whole(1)  # threads, beams, streams...
-
-
-def _number(text: str) -> float:
-    try:
-        return float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
-
-
 def _longest_segment(text: str) -> float:
     """An argparse type: --max-segment-seconds, over twice the overlap of fixed windows."""
     from asr.segment import SegmenterOptions
 
-    value = _number(text)
+    value = number(text)
     least = 2 * SegmenterOptions.window_overlap_seconds
     if not value > least:
         raise argparse.ArgumentTypeError(
             f"must be more than {least:g} s (twice the overlap of the windows that cut speech "
             f"without pauses), got {value:g}"
         )
-    return value
-
-
-def _weight(text: str) -> float:
-    """An argparse type: a weight in [0, 1]."""
-    value = _number(text)
-    if not 0.0 <= value <= 1.0:
-        raise argparse.ArgumentTypeError(f"must lie in [0, 1], got {value:g}")
     return value
 
 
@@ -610,10 +579,12 @@ def _add_search_arguments(p: argparse.ArgumentParser) -> None:
     _add_model_argument(p)
     own = "default: the checkpoint's own (asr finalize), else"
     beam, ctc, ratio = SearchOptions.beam_size, DEFAULT_CTC_WEIGHT, SearchOptions.max_len_ratio
-    p.add_argument("--beam-size", type=_count, help=f"1 = greedy ({own} {beam})")
-    p.add_argument("--ctc-weight", type=_weight, help=f"CTC weight ({own} {ctc} with a CTC head)")
-    p.add_argument("--length-bonus", type=float, help=f"score per output token ({own} 0)")
-    p.add_argument("--max-len-ratio", type=float, help=f"tokens per encoder frame ({own} {ratio})")
+    p.add_argument("--beam-size", type=count, help=f"1 = greedy ({own} {beam})")
+    p.add_argument("--ctc-weight", type=weight, help=f"CTC weight ({own} {ctc} with a CTC head)")
+    p.add_argument("--length-bonus", type=number, help=f"score per output token ({own} 0)")
+    p.add_argument(
+        "--max-len-ratio", type=positive, help=f"tokens per encoder frame ({own} {ratio})"
+    )
     p.add_argument(
         "--no-repair",
         dest="repair",
@@ -630,9 +601,11 @@ def _add_decoding_arguments(p: argparse.ArgumentParser) -> None:
 
     _add_search_arguments(p)
     p.add_argument("--lm", help="language model checkpoint for shallow fusion")
-    p.add_argument("--lm-weight", type=float, help=f"fusion weight ({DEFAULT_LM_WEIGHT} with --lm)")
+    p.add_argument(
+        "--lm-weight", type=non_negative, help=f"fusion weight ({DEFAULT_LM_WEIGHT} with --lm)"
+    )
     _add_device_arguments(p)
-    p.add_argument("--batch-size", type=_count, default=8, help="utterances or segments per batch")
+    p.add_argument("--batch-size", type=count, default=8, help="utterances or segments per batch")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
 
 
@@ -716,12 +689,12 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
         p.add_argument("--manifest", required=True)
         p.add_argument("--out", required=True, help="output JSON file")
         p.add_argument("--config", help="a training config (conf/...yaml): its frontend's features")
-        p.add_argument("--sample-rate", type=_count, default=16000)
-        p.add_argument("--n-mels", type=_count, default=80)
-        p.add_argument("--max-utterances", type=_count, help="use only the first N utterances")
+        p.add_argument("--sample-rate", type=count, default=16000)
+        p.add_argument("--n-mels", type=count, default=80)
+        p.add_argument("--max-utterances", type=count, help="use only the first N utterances")
         p.add_argument(
             "--target-dbfs",
-            type=float,
+            type=number,
             help="bring each utterance to this RMS level first, as a frontend with "
             "`level: LevelNormalizer` does (the config's target_dbfs; default: no level change)",
         )
@@ -754,7 +727,7 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
         p.add_argument("--out", required=True, help="shard folder (shard-NNNNNN.tar, shards.json)")
         p.add_argument(
             "--shard-hours",
-            type=float,
+            type=positive,
             default=DEFAULT_SHARD_HOURS,
             help="most audio per shard, hours (%(default)s); write at least one shard per "
             "rank, better several per loader worker",
@@ -767,7 +740,7 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
         group = p.add_mutually_exclusive_group(required=True)
         group.add_argument("--checkpoints", nargs="+", help="checkpoint files to average")
         group.add_argument("--last", help="a run's last.ckpt: average the best ones it records")
-        p.add_argument("--best", type=_count, help=f"with --last: how many best ({DEFAULT_BEST})")
+        p.add_argument("--best", type=count, help=f"with --last: how many best ({DEFAULT_BEST})")
         p.add_argument("--out", required=True, help="output checkpoint")
     p.set_defaults(run=_average)
 
@@ -871,7 +844,7 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
         p.add_argument("--timestamps", choices=TIMESTAMP_METHODS, default=TIMESTAMP_METHODS[0])
         p.add_argument(
             "--nbest",
-            type=_count,
+            type=count,
             metavar="N",
             help="keep the N best hypotheses of each segment, at most --beam-size: the json file "
             "lists the others, with their scores, under segments[].alternatives",
@@ -882,8 +855,10 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
             help="longer audio is split on silence (default: the model's training utterance "
             "length, 95th percentile rounded up, as stored by asr fit; 20 for older checkpoints)",
         )
-        p.add_argument("--min-silence-seconds", type=float, help="shortest silence cut (0.3)")
-        p.add_argument("--silence-threshold-db", type=float, help="silence: dB below peak (-35)")
+        p.add_argument(
+            "--min-silence-seconds", type=non_negative, help="shortest silence cut (0.3)"
+        )
+        p.add_argument("--silence-threshold-db", type=number, help="silence: dB below peak (-35)")
         p.add_argument(
             "--vad",
             choices=["energy", "silero"],
@@ -891,7 +866,7 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
             "which also skips inputs without speech",
         )
         p.add_argument(
-            "--words-per-cue", type=_whole(0), default=0, help="srt/vtt/tsv: 0 = one per segment"
+            "--words-per-cue", type=whole(0), default=0, help="srt/vtt/tsv: 0 = one per segment"
         )
         spread = p.add_argument_group(
             "several processes",
@@ -907,14 +882,14 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
         )
         spread.add_argument(
             "--workers",
-            type=_count,
+            type=count,
             metavar="N",
             help="start N processes here and share the inputs out to them; this one shows "
             "the progress and writes transcripts.jsonl",
         )
         spread.add_argument(
             "--threads",
-            type=_count,
+            type=count,
             metavar="N",
             help="intra-op threads per process (default: PyTorch's, OMP_NUM_THREADS where set, "
             "and with --workers the cores shared out; torchrun sets OMP_NUM_THREADS=1 unless "
@@ -952,16 +927,16 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
         _add_model_argument(p)
         p.add_argument(
             "--beam-size",
-            type=_count,
+            type=count,
             help="CTC prefixes kept and rescored, or the final search's (10)",
         )
         p.add_argument(
             "--ctc-weight",
-            type=_weight,
+            type=weight,
             help="CTC share of a final's score (0.5; the rest is the attention decoder's)",
         )
         p.add_argument("--lm", help="a language model checkpoint that rescores the finals too")
-        p.add_argument("--lm-weight", type=float, help="its weight (0.3 with --lm)")
+        p.add_argument("--lm-weight", type=non_negative, help="its weight (0.3 with --lm)")
         _add_device_arguments(p)
         add_stream_arguments(p, final_search="rescore")  # many streams share the model's thread
         p.add_argument(
@@ -969,7 +944,7 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
             default="127.0.0.1",
             help="address to listen on (127.0.0.1: this machine only; 0.0.0.0: the network)",
         )
-        p.add_argument("--port", type=int, default=8765, help="port (8765)")
+        p.add_argument("--port", type=port, default=8765, help="port (8765)")
         p.add_argument(
             "--certfile",
             metavar="PEM",
@@ -979,11 +954,11 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
         )
         p.add_argument("--keyfile", metavar="PEM", help="its private key, if not in --certfile")
         p.add_argument(
-            "--max-connections", type=_count, default=32, help="streams at once; more are refused"
+            "--max-connections", type=count, default=32, help="streams at once; more are refused"
         )
         p.add_argument(
             "--threads",
-            type=_count,
+            type=count,
             default=1,
             metavar="N",
             help="intra-op threads of the model (1): the other cores are left to the network "
@@ -1007,7 +982,7 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
         p.add_argument("audio", nargs="+", help="audio files (any format asr reads), or -")
         p.add_argument(
             "--sample-rate",
-            type=_count,
+            type=count,
             default=16000,
             help="the rate the server's model takes (16000): files are resampled to it",
         )
@@ -1017,7 +992,7 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
             action="store_true",
             help="send files at the pace of speech, as a microphone would (default: at once)",
         )
-        p.add_argument("--timeout", type=float, default=10.0, help="seconds to connect (10)")
+        p.add_argument("--timeout", type=positive, default=10.0, help="seconds to connect (10)")
         p.add_argument("--quiet", action="store_true", help="no partial line on a terminal")
         p.add_argument("--jsonl", action="store_true", help=JSONL_HELP)
     p.set_defaults(run=_connect)
@@ -1027,11 +1002,11 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
         _add_decoding_arguments(p)
         p.add_argument("--manifest", required=True, help="JSONL manifest with references")
         p.add_argument("--out", required=True, help="output directory")
-        p.add_argument("--plots", type=_whole(0), default=5, help="plot the first N utterances (5)")
+        p.add_argument("--plots", type=whole(0), default=5, help="plot the first N utterances (5)")
         p.add_argument("--plot-ids", nargs="+", help="plot these utterance ids instead")
         p.add_argument(
             "--chunk-ms",
-            type=float,
+            type=positive,
             help="a chunk-streaming model decoded as it streams: self-attention in chunks of "
             "this many ms, every chunk before in view; the search gives the finals of "
             "`asr transcribe --streaming --final-search beam` (default: full context)",
@@ -1066,7 +1041,7 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
             "reverb:RT60_S, telephone, speed:FACTOR (default: all of %(default)s)",
         )
         p.add_argument(
-            "--seed", type=_whole(0), default=0, help="seed of the noise, talkers, rooms (0)"
+            "--seed", type=whole(0), default=0, help="seed of the noise, talkers, rooms (0)"
         )
     p.set_defaults(run=_robustness)
 

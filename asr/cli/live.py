@@ -16,6 +16,7 @@ import sys
 from typing import IO
 
 from asr.cli.console import Lines, StdinPcm, ctrl_c_ends_the_input, pieces, samples
+from asr.cli.numbers import non_negative, positive
 from asr.ctc_beam import EndpointOptions
 from asr.search import DEFAULT_LM_WEIGHT
 from asr.streaming import FINAL_SEARCHES, StreamOptions
@@ -25,21 +26,21 @@ def add_stream_arguments(p: argparse.ArgumentParser, final_search: str) -> None:
     """The options of a live stream (`StreamOptions`); `final_search` is the command's default."""
     p.add_argument(
         "--chunk-ms",
-        type=float,
+        type=non_negative,
         default=640.0,
         help="audio per encoder chunk, in ms: the latency of partial results (640); 0 decodes "
         "at full context, finals only",
     )
     p.add_argument(
         "--first-chunk-ms",
-        type=float,
+        type=positive,
         help="audio in each utterance's first chunk, in ms (default: --chunk-ms); longer, the "
         "opening word is read with more of itself (fewer errors on it), and the utterance's "
         "first partial comes that much later",
     )
     p.add_argument(
         "--endpoint-silence",
-        type=float,
+        type=non_negative,
         default=EndpointOptions.trailing_silence,
         help="seconds of silence after speech that end an utterance "
         f"({EndpointOptions.trailing_silence:g}); 0: one utterance until the audio ends",
@@ -63,7 +64,7 @@ def add_stream_arguments(p: argparse.ArgumentParser, final_search: str) -> None:
     )
     p.add_argument(
         "--max-context-ms",
-        type=float,
+        type=positive,
         help="left context attention keeps, in ms (default: the whole utterance)",
     )
 
@@ -261,10 +262,10 @@ def serve(args: argparse.Namespace, recognizer, lm=None) -> int:
     # why a stream closed)
     logging.getLogger("websockets.server").setLevel(logging.WARNING)
     secure = "s" if args.certfile else ""
-    where = f"[{args.host}]:{args.port}" if ":" in args.host else f"{args.host}:{args.port}"
 
     def ready(live) -> None:
         chunk = live.engine.chunk_seconds
+        where = f"[{args.host}]:{live.port}" if ":" in args.host else f"{args.host}:{live.port}"
         threads = torch.get_num_threads()
         print(
             f"asr serve: http{secure}://{where}/ (the microphone page); WebSocket on "
@@ -277,7 +278,7 @@ def serve(args: argparse.Namespace, recognizer, lm=None) -> int:
             print(
                 "asr serve: browsers give the microphone only to https pages and to localhost: "
                 "for the page on other machines give --certfile (and --keyfile), or open it "
-                f"there through `ssh -L {args.port}:localhost:{args.port} THIS_HOST`",
+                f"there through `ssh -L {live.port}:localhost:{live.port} THIS_HOST`",
                 flush=True,
             )
 

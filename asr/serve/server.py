@@ -126,6 +126,7 @@ class _Client:
         self.outbox: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
         self.limit = limit
         self.utterances = 0
+        self.received = 0  # samples of audio the client sent
         self.ending = False
         self.too_slow = False
         self.stopped = False  # ended by the server's stop, not by the client's "end"
@@ -172,6 +173,11 @@ class LiveServer:
     def active_streams(self) -> int:
         return len(self.clients)
 
+    @property
+    def port(self) -> int:
+        """The port listened on: for port 0, the one the system chose."""
+        return next(iter(self.server.sockets)).getsockname()[1]
+
     async def start(self) -> Server:
         """Listen (returns once bound; `Server.serve_forever()`, `stop()` or `close()` after)."""
         from websockets.asyncio.server import serve
@@ -190,7 +196,10 @@ class LiveServer:
             )
         except OSError as err:
             self._worker.cancel()
-            why = os.strerror(err.errno) if err.errno else str(err)
+            if isinstance(err, socket.gaierror):  # a host name: its errno is getaddrinfo's
+                why = err.strerror or str(err)
+            else:
+                why = os.strerror(err.errno) if err.errno else str(err)
             where = f"{self.options.host}:{self.options.port}"
             raise CannotListen(err.errno, f"cannot listen on {where}: {why}") from None
         return self.server
@@ -238,7 +247,7 @@ class LiveServer:
         return _respond(connection, body, f"{kind}; charset=utf-8")
 
     async def _connection(self, ws: ServerConnection) -> None:
-        client = None
+        client, peer = None, _peer(ws)  # once closed, a TLS connection has no address
         if self.options.send_buffer_bytes is not None:
             sock = ws.transport.get_extra_info("socket")
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, self.options.send_buffer_bytes)
@@ -259,7 +268,7 @@ class LiveServer:
             except TimeoutError:
                 raise ClientError("no start message came", POLICY) from None
             self.clients.add(client)
-            log.info("%s: stream started", _peer(ws))
+            log.info("%s: stream started", peer)
             sender = asyncio.create_task(self._send(ws, client))
             try:
                 await self._receive(ws, client)
@@ -267,19 +276,22 @@ class LiveServer:
             finally:
                 sender.cancel()
         except ClientError as err:
-            await _refuse(ws, str(err), err.code)
-        except ConnectionClosed:
+            await _refuse(ws, str(err), err.code, peer)
+        except ConnectionClosed as closed:
+            if closed.sent is not None and closed.sent.code not in (1000, GOING_AWAY):
+                # websockets' own close, e.g. 1009 for a message past its limit (8x ours)
+                log.info("%s: closed (%d): %s", peer, closed.sent.code, closed.sent.reason)
             return
         except Exception as err:  # noqa: BLE001 - the connection closes; the server goes on
-            log.exception("%s: stream failed", _peer(ws))
-            await _refuse(ws, f"server error: {err}", 1011)
+            log.exception("%s: stream failed", peer)
+            await _refuse(ws, f"server error: {err}", 1011, peer)
         finally:
             self.connections.discard(ws)
             if client is not None:  # its line first: once no stream is open, all are logged
                 log.info(
                     "%s: stream ended: %.1f s of audio, %d final%s",
-                    _peer(ws),
-                    client.stream.decoded_seconds,
+                    peer,
+                    client.received / self.sample_rate,
                     client.utterances,
                     "" if client.utterances == 1 else "s",
                 )
@@ -293,13 +305,18 @@ class LiveServer:
         if self.stopping:
             raise ClientError(STOPPING, GOING_AWAY)
         rate, kind = start.get("sample_rate"), start.get("format", "s16le")
+        if isinstance(rate, bool) or not isinstance(rate, (int, float)):
+            what = "missing" if rate is None else f"{json.dumps(rate)}, not a number"
+            raise ClientError(f"sample_rate {what}: send {self.sample_rate} Hz mono", UNSUPPORTED)
         if rate != self.sample_rate:
             raise ClientError(
                 f"sample_rate {rate} is not supported: send {self.sample_rate} Hz mono",
                 UNSUPPORTED,
             )
-        if kind not in FORMATS:
-            raise ClientError(f"format {kind!r} is not one of {sorted(FORMATS)}", UNSUPPORTED)
+        if not isinstance(kind, str) or kind not in FORMATS:
+            raise ClientError(
+                f"format {json.dumps(kind)} is not one of {sorted(FORMATS)}", UNSUPPORTED
+            )
         dtype, scale = FORMATS[kind]
         client = _Client(ws, self.engine.stream(), dtype, scale, self.options.max_queued_messages)
         if start.get("alignment"):
@@ -328,7 +345,9 @@ class LiveServer:
                 return
             if client.stopped:  # its stream is ending: later audio would find it closed
                 continue
-            client.inbox.append(self._samples(message, client))
+            samples = self._samples(message, client)
+            client.received += len(samples)
+            client.inbox.append(samples)
             self._work.set()
             if client.too_slow:
                 raise ClientError("the client reads its results too slowly", POLICY)
@@ -530,14 +549,14 @@ async def _close_all(connections: list[ServerConnection]) -> None:
     await asyncio.gather(*(_within(ws, ws.close(GOING_AWAY, STOPPING)) for ws in connections))
 
 
-async def _refuse(ws: ServerConnection, message: str, code: int) -> None:
+async def _refuse(ws: ServerConnection, message: str, code: int, peer: str | None = None) -> None:
     """Send the error and close; a client that does not take them within 2 s is cut off."""
 
     async def say_and_close() -> None:
         await ws.send(json.dumps({"type": "error", "message": message}))
         await ws.close(code, message[:120])
 
-    log.info("%s: closed (%d): %s", _peer(ws), code, message)
+    log.info("%s: closed (%d): %s", peer or _peer(ws), code, message)
     await _within(ws, say_and_close())
 
 

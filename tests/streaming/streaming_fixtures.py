@@ -98,7 +98,7 @@ def running_server(recognizer: Recognizer, stream_options=None, **serve_options)
         return await live.start()
 
     server = asyncio.run_coroutine_threadsafe(start(), loop).result(30)
-    port = server.sockets[0].getsockname()[1]
+    port = live.port  # the one port 0 was given
     try:
         yield live, port
     finally:

@@ -204,15 +204,28 @@ def test_each_stream_is_logged_with_its_client_and_what_it_sent(server, trained,
     caplog.set_level(logging.INFO, logger="asr.serve.server")
     wait_until(lambda: shared.active_streams == 0)  # the other tests' streams have logged
     caplog.clear()
-    with running_server(recognizer, OPTIONS) as (_, port):  # a server of its own
+    limit = 1 << 16
+    with running_server(recognizer, OPTIONS, max_message_bytes=limit) as (_, port):
         url = f"ws://127.0.0.1:{port}/"
         session(url, pcm16(waves[UID]))
         refused(url, json.dumps({"type": "start", "sample_rate": 8000}), start=False)
+        with connect(url) as ws:  # a second of audio, then gone without "end"
+            ws.send(START)
+            ws.recv(10)
+            ws.send(pcm16(waves[UID])[: 2 * 16000])
+        with connect(url, max_size=None) as ws, pytest.raises(ConnectionClosed):
+            ws.send(START)  # a message past websockets' own limit: it closes, no error message
+            ws.recv(10)
+            ws.send(b"\x00" * (8 * limit + 2))
+            ws.recv(10)
         peer = r"127\.0\.0\.1:\d+"
         expected = [
             rf"{peer}: stream started",
             rf"{peer}: stream ended: 2\.6 s of audio, 1 final",
             rf"{peer}: closed \(1003\): sample_rate 8000 is not supported: send 16000 Hz mono",
+            rf"{peer}: stream ended: 1\.0 s of audio, 0 finals",  # what it sent, not decoded
+            rf"{peer}: closed \(1009\): frame exceeds limit of {8 * limit} bytes",
+            rf"{peer}: stream ended: 0\.0 s of audio, 0 finals",
         ]
 
         def logged() -> list[str]:
@@ -220,7 +233,7 @@ def test_each_stream_is_logged_with_its_client_and_what_it_sent(server, trained,
 
         wait_until(lambda: len(logged()) >= len(expected))
     matches = [[m for m in logged() if re.fullmatch(e, m)] for e in expected]
-    assert [len(m) for m in matches] == [1, 1, 1] and len(logged()) == 3, logged()
+    assert [len(m) for m in matches] == [3, 1, 1, 1, 1, 1] and len(logged()) == 8, logged()
 
 
 @pytest.mark.parametrize(
@@ -232,7 +245,12 @@ def test_each_stream_is_logged_with_its_client_and_what_it_sent(server, trained,
         ((b"\x00" * (1 << 20 + 1),), True, 1009, "over the 1048576-byte limit"),
         ((json.dumps({"type": "start", "sample_rate": 8000}),), False, 1003, "sample_rate 8000"),
         ((json.dumps({"type": "start", "sample_rate": 16000, "format": "mp3"}),), False, 1003,
-         "format 'mp3'"),
+         'format "mp3" is not one of'),
+        ((json.dumps({"type": "start", "sample_rate": 16000, "format": ["s16le"]}),), False,
+         1003, 'format ["s16le"] is not one of'),
+        ((json.dumps({"type": "start", "sample_rate": "16000"}),), False, 1003,
+         'sample_rate "16000", not a number: send 16000 Hz mono'),
+        ((json.dumps({"type": "start"}),), False, 1003, "sample_rate missing"),
         ((b"\x00\x00" * 100,), False, 1008, "start message first"),
         ((np.full(100, np.nan, dtype="<f4").tobytes(),), F32_START, 1003, "NaN or infinite"),
     ],
@@ -354,9 +372,12 @@ def certificate(tmp_path_factory) -> tuple[Path, Path]:
 
 
 def test_with_a_certificate_the_page_is_https_and_the_socket_wss(
-    trained, certificate, capsys
+    trained, certificate, capsys, caplog
 ) -> None:
+    import logging
+
     (recognizer, waves), (cert, key) = trained, certificate
+    caplog.set_level(logging.INFO, logger="asr.serve.server")
     trust = ssl.create_default_context(cafile=cert)
     data = pcm16(waves[UID])
     wav = str(WAV / f"{UID}.wav")
@@ -372,6 +393,8 @@ def test_with_a_certificate_the_page_is_https_and_the_socket_wss(
         assert err.rstrip().endswith("(--cafile trusts it)")
     offline = stream_transcript(recognizer, from_pcm16(data), OPTIONS)
     assert messages[-1] == {"type": "done", "text": offline.text, "duration": 2.6}
+    ended = [r.getMessage() for r in caplog.records if "stream ended" in r.getMessage()]
+    assert ended and all(m.startswith("127.0.0.1:") for m in ended), ended  # after the close
 
 
 def test_connect_uses_each_tls_session_from_one_thread(
@@ -431,6 +454,10 @@ def test_a_taken_port_is_named(tiny_checkpoint, capsys) -> None:
         assert main(serve) == 2
     said = capsys.readouterr().err
     assert f"cannot listen on 127.0.0.1:{port}: Address already in use (--host, --port)" in said
+    serve = ["serve", "--model", str(tiny_checkpoint["checkpoint"]), "--host", "nohost.invalid"]
+    assert main(serve) == 2
+    said = capsys.readouterr().err  # getaddrinfo's reason, not "Unknown error -2"
+    assert "cannot listen on nohost.invalid:8765: " in said and "Unknown error" not in said
 
 
 @pytest.mark.parametrize(
@@ -440,6 +467,7 @@ def test_a_taken_port_is_named(tiny_checkpoint, capsys) -> None:
         (["--host", "::1"], "http://[::1]:8765/", False),
         (["--host", "0.0.0.0"], "http://0.0.0.0:8765/", True),
         (["--host", "0.0.0.0", "--certfile", "c.pem"], "https://0.0.0.0:8765/", False),
+        (["--port", "0"], "http://127.0.0.1:43210/", False),
     ],
 )
 def test_serve_says_where_it_listens_and_how_other_machines_get_the_microphone(
@@ -453,7 +481,8 @@ def test_serve_says_where_it_listens_and_how_other_machines_get_the_microphone(
 
     async def ready_at_once(recognizer, stream_options, serve_options, lm, ready, stop) -> None:
         served.append(serve_options)
-        ready(SimpleNamespace(engine=SimpleNamespace(chunk_seconds=0.64)))
+        bound = serve_options.port or 43210  # port 0: the one the system chose
+        ready(SimpleNamespace(engine=SimpleNamespace(chunk_seconds=0.64), port=bound))
 
     monkeypatch.setattr(asr.serve.server, "serve_forever", ready_at_once)
     assert serve(_parser("serve").parse_args(["serve", "--model", "M", *options]), trained[0]) == 0

@@ -293,6 +293,12 @@ def test_models_that_cannot_stream_are_refused(trained) -> None:
         StreamOptions(chunk_ms=0)
     with pytest.raises(ValueError, match="first_chunk_ms"):
         StreamOptions(first_chunk_ms=-640)
+    for bad in (0, -5, float("nan"), float("inf")):  # -5 kept one frame, nan failed deep inside
+        with pytest.raises(ValueError, match="max_context_ms must be positive and finite"):
+            StreamOptions(max_context_ms=bad)
+        if bad:
+            with pytest.raises(ValueError, match="chunk_ms must be positive and finite"):
+                StreamOptions(chunk_ms=bad)
     with pytest.raises(ValueError, match="at least chunk_ms"):
         StreamOptions(chunk_ms=640, first_chunk_ms=320)
     with pytest.raises(ValueError, match="final_search"):

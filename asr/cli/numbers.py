@@ -1,0 +1,69 @@
+"""argparse types of the numeric options: each refuses what is not a finite number in its
+range by the option's name (argparse says which), before any model loads."""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+
+def whole(low: int):
+    """A whole number of at least `low`."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be at least {low}, got {value}")
+        return value
+
+    return parse
+
+
+count = whole(1)  # threads, beams, streams...
+
+
+def number(text: str) -> float:
+    """A finite number: nan and inf would pass every range check below, or fail deep inside."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
+    return value
+
+
+def at_least(low: float, strictly: bool = False):
+    """A finite number of at least (more than, `strictly`) `low`."""
+
+    def parse(text: str) -> float:
+        value = number(text)
+        if value < low or (strictly and value == low):
+            least = "more than" if strictly else "at least"
+            raise argparse.ArgumentTypeError(f"must be {least} {low:g}, got {value:g}")
+        return value
+
+    return parse
+
+
+positive = at_least(0.0, strictly=True)
+non_negative = at_least(0.0)
+
+
+def weight(text: str) -> float:
+    """A weight in [0, 1]."""
+    value = number(text)
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must lie in [0, 1], got {value:g}")
+    return value
+
+
+def port(text: str) -> int:
+    """A TCP port: 0 (any free one) to 65535."""
+    value = whole(0)(text)
+    if value > 65535:
+        raise argparse.ArgumentTypeError(f"must be a port, 0 to 65535, got {value}")
+    return value
