@@ -87,6 +87,11 @@ class SearchOptions:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, numbers.Integral):
                 raise ValueError(f"SearchOptions: {name} must be a whole number, got {value!r}")
+        for name in ("ctc_weight", "lm_weight", "length_bonus", "max_len_ratio", "min_len_ratio",
+                     "eos_threshold", "pre_beam_ratio"):  # fmt: skip
+            value = getattr(self, name)
+            if value is not None and not math.isfinite(value):  # inf scores every hypothesis -inf
+                raise ValueError(f"SearchOptions: {name} must be finite, got {value!r}")
         checks = {
             "beam_size must be >= 1": self.beam_size >= 1,
             "ctc_weight must lie in [0, 1]": 0.0 <= self.ctc_weight <= 1.0,

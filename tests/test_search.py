@@ -335,6 +335,10 @@ def test_greedy_never_emits_blank_or_pad() -> None:
         ("nbest", 11),  # more than the beam (10)
         ("beam_size", 2.5),  # a count
         ("nbest", True),
+        ("length_bonus", float("nan")),  # inf and nan scored every hypothesis -inf: text ""
+        ("lm_weight", float("inf")),
+        ("max_len_ratio", float("inf")),
+        ("length_bonus", float("-inf")),
     ],
 )
 def test_bad_options_raise(field: str, value: float) -> None:
