@@ -17,7 +17,7 @@ from asr.checkpoint import (
 )
 from asr.models.lm import build_lm
 from asr.models.seq2seq import Seq2Seq, build_seq2seq
-from asr.package import read_recognizer
+from asr.package import is_package, read_recognizer, resolve_package
 from asr.text import Tokenizer
 
 BACKENDS = ("torch", "onnx", "onnx-int8")
@@ -46,13 +46,14 @@ def _onnx_model(model: Seq2Seq, path, backend: str, device, precision: str) -> S
 
     if torch.device(device).type != "cpu" or precision != "fp32":
         raise ValueError(f"backend {backend!r} runs on the CPU in fp32 (its int8: onnx-int8)")
-    if not os.path.isdir(path):
+    if not is_package(path):
         raise ValueError(
-            f"{path}: backend {backend!r} needs a package folder (asr export --format onnx), "
+            f"{path}: backend {backend!r} needs a package (asr export --format onnx), "
             "not a checkpoint"
         )
+    folder = resolve_package(path)  # hf://: the snapshot read_package found
     # As many threads as PyTorch's (`--threads`), where ONNX Runtime would take every core.
-    return onnx_model(model, path, int8=backend == "onnx-int8", threads=torch.get_num_threads())
+    return onnx_model(model, folder, int8=backend == "onnx-int8", threads=torch.get_num_threads())
 
 
 def load_lm(

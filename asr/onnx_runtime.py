@@ -23,8 +23,8 @@ from asr.models.chunking import EncoderCache, streaming_problem
 from asr.models.interfaces import State
 from asr.models.seq2seq import Seq2Seq
 from asr.models.transformer import TransformerDecoder
+from asr.package import ONNX_DIR
 
-ONNX_DIR = "onnx"
 OPSET = 17
 CACHE = ["keys", "values", "valid", "conv", "offset"]  # EncoderCache's fields, in order
 STATE_FILE = "state.json"
@@ -118,6 +118,8 @@ def export_onnx(
     model = model.eval()
     folder = Path(out_dir) / ONNX_DIR
     folder.mkdir(parents=True, exist_ok=True)
+    for stale in [*folder.glob("*.onnx"), folder / STATE_FILE]:  # of other weights
+        stale.unlink(missing_ok=True)
     waves = torch.randn(2, 3 * sample_rate) * 0.1
     wave_lens = torch.tensor([3 * sample_rate, 2 * sample_rate])
     feats, feat_lens = model.frontend(waves, wave_lens)
@@ -381,7 +383,7 @@ def onnx_model(
     def session(name: str) -> _Session:
         path = graphs / f"{name}{suffix}"
         if not path.is_file():
-            hint = "export it with --int8" if int8 else "export it: asr export --format onnx"
+            hint = "export it again: asr export --format onnx" + (" writes it too" if int8 else "")
             raise FileNotFoundError(f"{path}: no such ONNX graph ({hint})")
         return _Session(path, threads, spin_wait)
 

@@ -8,6 +8,7 @@ import base64
 import json
 import os
 import re
+import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -33,6 +34,8 @@ WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
 TOKENIZER_DIR = "tokenizer"
 CARD_FILE = "README.md"
+ONNX_DIR = "onnx"  # the ONNX Runtime graphs of `asr export --format onnx`
+HUB_TIMEOUT = 10.0  # seconds the Hub has to say which commit a name is, before the cache
 RESERVED = (WEIGHTS_FILE, CONFIG_FILE, TOKENIZER_DIR, CARD_FILE)
 # Loading a pickle can run code, so packages never hold these.
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
@@ -83,7 +86,13 @@ def write_package(
     # Fail (bad metrics file, shared weights) before writing any file.
     card_text = model_card(config, payload, state, card or ModelCard(), out.resolve().name)
     weights = _safetensors_bytes(submodule_weights(state, "model."))
+    graphs = out / ONNX_DIR
+    if graphs.exists() and not (out / CONFIG_FILE).is_file():
+        raise ValueError(
+            f"{graphs} is there and {out} holds no package: export into another folder"
+        )
     out.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(graphs, ignore_errors=True)  # an earlier export's, of other weights
     for original, name in assets.items():
         _write_atomic(out / name, base64.b64decode(payload["assets"][original]))
     tokenizer_dir = out / TOKENIZER_DIR
@@ -176,17 +185,20 @@ def resolve_package(path: str | os.PathLike) -> Path:
         raise ValueError(
             f"{text}: a Hub model is named hf://owner/name or hf://owner/name@revision"
         )
-    from huggingface_hub import snapshot_download
+    from huggingface_hub import HfApi, constants, snapshot_download
 
     repo_id, revision = match.groups()
-    pickles = _pickle_patterns()
-    fetch = partial(snapshot_download, repo_id, revision=revision, ignore_patterns=pickles)
+    fetch = partial(snapshot_download, repo_id, ignore_patterns=_pickle_patterns())
+    if constants.HF_HUB_OFFLINE:
+        error: Exception = OSError("HF_HUB_OFFLINE is set and the cache does not hold it")
+    else:
+        try:  # huggingface_hub asks this with no time limit: a silent network hung for good
+            commit = HfApi().repo_info(repo_id, revision=revision, timeout=HUB_TIMEOUT).sha
+            return Path(fetch(revision=commit))
+        except Exception as err:  # noqa: BLE001 - unreachable, silent or refusing: try the cache
+            error = err
     try:
-        return Path(fetch())
-    except OSError as err:
-        error = err
-    try:  # some huggingface_hub 1.x releases list a pinned commit's files even when offline
-        return Path(fetch(local_files_only=True))
+        return Path(fetch(revision=revision, local_files_only=True))
     except OSError:
         raise CheckpointError(f"{text}: cannot fetch the model package ({error})") from None
 

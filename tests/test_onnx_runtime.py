@@ -140,7 +140,9 @@ def test_an_rnn_attention_model_decodes_the_same_on_onnx_runtime(tmp_path):
         onnx_model(model, tmp_path, int8=True)
 
 
-def test_cli_exports_and_decodes_with_onnx_backends(overfit_checkpoint, tmp_path, capsys, caplog):
+def test_cli_exports_and_decodes_with_onnx_backends(
+    overfit_checkpoint, tmp_path, capsys, caplog, monkeypatch
+):
     """A trained model gives the learnt transcript on every backend, int8 included. The export
     says what it wrote, without the quantiser's notes on each tensor it leaves alone."""
     checkpoint, pkg = overfit_checkpoint, tmp_path / "pkg"
@@ -157,8 +159,16 @@ def test_cli_exports_and_decodes_with_onnx_backends(overfit_checkpoint, tmp_path
         assert main(args) == 0
         texts[backend] = json.loads((tmp_path / backend / "an251-fash-b.json").read_text())["text"]
     assert texts == dict.fromkeys(texts, UTTERANCES["an4_clstk/fash/an251-fash-b"])
-    with pytest.raises(ValueError, match="needs a package folder"):
+    with pytest.raises(ValueError, match=r"needs a package \(asr export --format onnx\)"):
         load_model(checkpoint, backend="onnx")
+    from huggingface_hub import constants
+    from test_package import _hf_cache
+
+    _hf_cache(pkg, tmp_path / "hub", "me/onnx")  # the package on the Hub, cached
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    hub = load_model("hf://me/onnx", backend="onnx")
+    assert hub.transcribe(audio).text == texts["onnx"]
     shutil.rmtree(pkg / "onnx")
     with pytest.raises(FileNotFoundError, match="no such ONNX graph"):
         load_model(pkg, backend="onnx")

@@ -164,8 +164,9 @@ def _average(args: argparse.Namespace) -> int:
 def _finalize(args: argparse.Namespace) -> int:
     from asr.checkpoint import CheckpointError
     from asr.finalize import finalize, store
+    from asr.package import is_package
 
-    if Path(args.checkpoint).is_dir():
+    if is_package(args.checkpoint):  # before decoding the manifest
         raise CheckpointError(
             f"{args.checkpoint}: a model package; finalize its checkpoint, then export it again"
         )
@@ -191,10 +192,13 @@ def _finalize(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
+    from asr.checkpoint import CheckpointError
     from asr.finalize import stored_decoding
-    from asr.package import ModelCard, write_package
+    from asr.package import ModelCard, is_package, write_package
     from asr.recognizer import load_model
 
+    if is_package(args.checkpoint):
+        raise CheckpointError(f"{args.checkpoint}: a model package already; export a checkpoint")
     recognizer = load_model(args.checkpoint)
     decoding = stored_decoding(recognizer.default_options)
     card = ModelCard(
