@@ -354,6 +354,13 @@ class ASRModule(L.LightningModule):
         return None if train is None else segment_seconds_for(train.durations)
 
     def on_train_batch_start(self, batch: Batch, batch_idx: int) -> None:
+        if self.hparams.freeze_encoder_steps:
+            # A frozen encoder's batch statistics (the Conformer's BatchNorm) stay as trained;
+            # set every batch: Lightning turns the whole model to training at each epoch.
+            frozen = self.global_step < self.hparams.freeze_encoder_steps
+            for part in (*self.model.frontend.modules(), *self.model.encoder.modules()):
+                if getattr(part, "track_running_stats", False):
+                    part.train(not frozen)
         # Dropout and SpecAugment continue exactly where the saved run stopped.
         if self._resume_rng is not None:
             ranks = self._resume_rng.get("ranks")

@@ -709,6 +709,24 @@ def _tiny_fit(
     trainer.fit(module, data)
 
 
+def test_a_frozen_encoder_keeps_its_batch_statistics(tiny_an4):
+    """freeze_encoder_steps: the Conformer's BatchNorm running statistics are buffers, not
+    gradients; they too stay as trained while frozen, and learn again after."""
+    from asr.models.conformer import ConformerEncoder
+
+    module, data = _tiny_module(tiny_an4, freeze_encoder_steps=2)
+    layers = {"d_model": 32, "num_heads": 2, "ffn_dim": 64, "num_layers": 1, "kernel_size": 7}
+    module.model.encoder = ConformerEncoder(40, **layers)
+    before = {k: v.clone() for k, v in module.model.encoder.state_dict().items()}
+    assert any("running_mean" in k for k in before)
+    _tiny_fit(module, data, steps=2)
+    after = {k: v.clone() for k, v in module.model.encoder.state_dict().items()}
+    assert all(torch.equal(after[k], v) for k, v in before.items()), "changed while frozen"
+    _tiny_fit(module, data, steps=3)  # a new run: two frozen steps and one not
+    assert any(not torch.equal(after[k], v) for k, v in module.model.encoder.state_dict().items()
+               if "running_mean" in k)  # fmt: skip
+
+
 def test_nonfinite_loss_skips_the_step_and_stops_after_a_streak(tiny_an4):
     module, data = _tiny_module(tiny_an4, max_nonfinite_steps=3)
     _tiny_fit(module, data, steps=1)  # optimizer moments exist from here on

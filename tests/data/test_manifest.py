@@ -134,7 +134,7 @@ BAD_LINES = [
     ('{"audio_filepath": "/a.wav", "duration": 1, "text": "x", "id": [1]}', "'id' must be"),
     (
         '{"audio_filepath": "/a.wav", "duration": 1, "text": "x", "id": "../../plot"}',
-        "(it names files), got \"../../plot\"",
+        '(it names files), got "../../plot"',
     ),
     (
         '{"audio_filepath": "/a.wav", "duration": 1, "text": "x", "id": "utt 1"}',
