@@ -53,6 +53,9 @@ def shared_tokens(source: Tokenizer, target: Tokenizer) -> dict[int, int]:
 OUTPUT_LAYERS = ("decoder.output", "ctc.proj")  # `Seq2Seq` layers with one row per token
 
 
+ENCODER_SIDE = ("frontend.", "encoder.")  # what a fine-tune must start from as trained
+
+
 def vocabulary_tensors(model: nn.Module) -> dict[str, int]:
     """Name -> vocabulary axis of every tensor of a `Seq2Seq` indexed by token."""
     found = {}
@@ -80,6 +83,7 @@ def transfer_weights(
     new_rows, old_rows = torch.tensor(list(shared)), torch.tensor(list(shared.values()))
     by_token = {} if same_vocabulary else vocabulary_tensors(model)
     state = model.state_dict()
+    _check_same_encoder(state, weights)
     for name, tensor in state.items():
         old = weights.get(name)
         axis = by_token.get(name)
@@ -95,6 +99,26 @@ def transfer_weights(
             report.reinitialised.append(name)
     report.unused = [name for name in weights if name not in state]
     return report
+
+
+def _check_same_encoder(state: dict[str, Tensor], weights: dict[str, Tensor]) -> None:
+    """ValueError where the frontend or encoder of the config is not the trained one's: its
+    tensors would be re-initialised, and the fine-tune would start from almost nothing (a
+    decoder of another size may be re-initialised: it learns again from the encoder)."""
+    differ = [
+        f"{name} is {tuple(weights[name].shape)} there, {tuple(tensor.shape)} here"
+        for name, tensor in state.items()
+        if name.startswith(ENCODER_SIDE) and name in weights and weights[name].shape != tensor.shape
+    ]
+    missing = [n for n in state if n.startswith(ENCODER_SIDE) and n not in weights]
+    if differ or missing:
+        first = differ[0] if differ else f"{missing[0]} is not there"
+        more = len(differ) + len(missing) - 1
+        raise ValueError(
+            f"init_from: the trained model's frontend or encoder is not this config's: {first}"
+            + (f" (and {more} more)" if more else "")
+            + "; give the config it was trained with"
+        )
 
 
 def _same_but(old: Tensor, new: Tensor, axis: int) -> bool:

@@ -68,6 +68,27 @@ def test_a_different_architecture_is_reinitialised_and_named():
     assert "re-initialised decoder." in report.summary()
 
 
+def test_a_config_of_another_encoder_is_refused():
+    """A config for another model (a wider encoder, or one without the trained CMVN) re-
+    initialised nearly everything and trained on as a fine-tune: it is refused, named."""
+    tokenizer = CharTokenizer.train(["YES NO GO"])
+    trained = _model(tokenizer, 0)
+    config = TINY_MODEL_CONFIG | {"vocab_size": tokenizer.vocab_size}
+    wider = config["encoder"]["init_args"] | {"ffn_dim": 48}
+    other = instantiate(
+        build_seq2seq, config | {"encoder": config["encoder"] | {"init_args": wider}}
+    )
+    initial = {k: v.clone() for k, v in other.state_dict().items()}
+    with pytest.raises(ValueError, match=r"init_from: the trained model's frontend or encoder is "
+                       r"not this config's: encoder\..* is \(\d+, \d+\) there, \(\d+, \d+\) "
+                       r"here \(and \d+ more\); give the config it was trained with"):  # fmt: skip
+        transfer_weights(other, trained.state_dict(), tokenizer, tokenizer)
+    assert all(torch.equal(v, initial[k]) for k, v in other.state_dict().items()), "untouched"
+    without = {k: v for k, v in trained.state_dict().items() if not k.startswith("encoder.")}
+    with pytest.raises(ValueError, match="is not there"):
+        transfer_weights(_model(tokenizer, 1), without, tokenizer, tokenizer)
+
+
 def test_fit_from_a_trained_model_with_its_encoder_frozen(tiny_an4, tmp_path, caplog):  # noqa: F811
     """`--model.init_from` on the command line: the run starts from the trained weights
     (logged), and with the encoder frozen for all its steps, the encoder ends as it began."""
