@@ -3,6 +3,7 @@ default settings) beside the weights, so `torch.load(weights_only=True)` rebuild
 
 from __future__ import annotations
 
+import argparse
 import base64
 import inspect
 import os
@@ -93,14 +94,22 @@ def payload_tokenizer(payload: dict[str, Any]) -> Tokenizer:
         return Tokenizer.load(tmp)  # reads everything into memory
 
 
-def build_from_payload(builder: Callable[..., Any], payload: dict[str, Any]) -> Any:
-    """Call `builder` with the payload's model config, its asset files unpacked meanwhile."""
+def build_from_payload(
+    builder: Callable[..., Any], payload: dict[str, Any], source: str | os.PathLike = "a model"
+) -> Any:
+    """Call `builder` with the payload's model config, its asset files unpacked meanwhile;
+    CheckpointError names `source` where the config does not build (a newer asr's option, a
+    class that is not there)."""
     with tempfile.TemporaryDirectory() as tmp:
         assets = {}
         for i, (original, data) in enumerate(payload.get("assets", {}).items()):
             assets[original] = str(Path(tmp) / f"asset{i}_{Path(original).name}")
             Path(assets[original]).write_bytes(base64.b64decode(data))
-        return instantiate(builder, replace_assets(payload["model_config"], assets))
+        try:
+            return instantiate(builder, replace_assets(payload["model_config"], assets))
+        except (argparse.ArgumentError, TypeError, ValueError) as err:
+            said = " ".join(str(err).split()).split(" Got value:")[0]  # not the whole config
+            raise CheckpointError(f"{source}: its model config does not build: {said}") from None
 
 
 def store_in_payload(path: str | os.PathLike, values: dict[str, Any]) -> None:

@@ -33,7 +33,7 @@ def load_seq2seq(
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     weights, payload = read_recognizer(path)
-    model = build_from_payload(build_seq2seq, payload)
+    model = build_from_payload(build_seq2seq, payload, path)
     model.load_state_dict(weights)
     model = model.to(device).eval()
     if backend != "torch":
@@ -74,6 +74,6 @@ def load_lm(
             safely; the message names it.
     """
     state, payload = read_payload(path, LM_KEY)
-    lm = build_from_payload(build_lm, payload)
+    lm = build_from_payload(build_lm, payload, path)
     lm.load_state_dict(submodule_weights(state, "lm."))
     return lm.to(device).eval(), payload_tokenizer(payload)

@@ -326,6 +326,23 @@ def test_damaged_or_missing_package_files_are_named(package, tmp_path):
         asr.load_model(tmp_path / "no-such-folder" / "")
 
 
+def test_a_config_this_asr_cannot_build_is_named(package):
+    """A package of a newer asr (an option this one lacks) or a class that is not there: the
+    package and the option are named, not a jsonargparse traceback."""
+    config = json.loads((package / CONFIG_FILE).read_text())
+    encoder = config["model_config"]["encoder"]
+    encoder["init_args"]["future_option"] = 3
+    (package / CONFIG_FILE).write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match=rf"^{package}: its model config does not build: "
+                       r".*Option 'future_option' is not accepted\.$"):  # fmt: skip
+        asr.load_model(package)
+    del encoder["init_args"]["future_option"]
+    encoder["class_path"] = "asr.models.nowhere.Encoder"
+    (package / CONFIG_FILE).write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match=rf"^{package}: its model config does not build"):
+        asr.load_model(package)
+
+
 def test_finalize_on_a_package_says_what_to_do(package, tmp_path, capsys):
     args = ["--model", str(package), "--manifest", str(tmp_path / "dev.jsonl")]
     assert main(["finalize", *args, "--beam-size", "2"]) == 2
