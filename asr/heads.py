@@ -29,10 +29,11 @@ class HeadChoice:
     all_heads: np.ndarray  # (U,): all maps averaged
     chosen: list[int]
     chosen_errors: np.ndarray  # (U,): the chosen maps averaged
+    how: str = "chosen"  # or "given": maps named by the user, scored
 
     def table(self) -> str:
         """Markdown: mean and 90th percentile for all maps, the chosen ones, and each map."""
-        rows = [("all maps", self.all_heads), (f"chosen {self.chosen}", self.chosen_errors)]
+        rows = [("all maps", self.all_heads), (f"{self.how} {self.chosen}", self.chosen_errors)]
         rows += [(f"map {k}", self.per_head[:, k]) for k in range(self.per_head.shape[1])]
         lines = ["| maps | mean ms | p90 ms |", "|---|---|---|"]
         lines += [f"| {name} | {e.mean():.1f} | {np.percentile(e, 90):.1f} |" for name, e in rows]
@@ -100,9 +101,20 @@ def score_heads(
     recognizer: Recognizer, alignments: Sequence[Alignment], heads: Sequence[int]
 ) -> HeadChoice:
     """The boundary differences of given maps (e.g. chosen on dev, measured on test)."""
+    check_maps(recognizer, heads)
     per_head = _per_map_errors(recognizer, alignments)
     both = np.array([boundary_errors(recognizer, a, [None, list(heads)]) for a in alignments])
-    return HeadChoice(per_head, both[:, 0], sorted(heads), both[:, 1])
+    return HeadChoice(per_head, both[:, 0], sorted(heads), both[:, 1], "given")
+
+
+def check_maps(recognizer: Recognizer, heads: Sequence[int]) -> None:
+    """ValueError unless `heads` are distinct maps of the recognizer's decoder."""
+    maps = recognizer.model.decoder.num_attention_maps
+    outside = [h for h in heads if not 0 <= h < maps]
+    if outside:
+        raise ValueError(f"maps {outside}: this model's are 0 to {maps - 1} (layer * heads + head)")
+    if len(set(heads)) < len(heads):
+        raise ValueError(f"maps {list(heads)}: each map once")
 
 
 def _per_map_errors(recognizer: Recognizer, alignments: Sequence[Alignment]) -> np.ndarray:

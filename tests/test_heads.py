@@ -41,6 +41,7 @@ def test_the_chosen_maps_time_words_no_farther_from_ctc_than_all_maps(overfit, t
     again = score_heads(recognizer, alignments, choice.chosen)
     np.testing.assert_allclose(again.chosen_errors, choice.chosen_errors)
     assert "| all maps |" in choice.table() and f"chosen {choice.chosen}" in choice.table()
+    assert f"| given {choice.chosen} |" in again.table()  # named by the user, not chosen
 
     # A recognizer told the maps times words from them.
     chosen = replace(recognizer, alignment_heads=choice.chosen)
@@ -83,6 +84,17 @@ def test_references_that_cannot_be_aligned_are_counted(overfit, tmp_path, caplog
                              progress=False)  # fmt: skip
 
 
+def test_maps_that_are_not_the_models_are_refused_before_aligning(tiny_checkpoint, capsys):
+    """--heads 99, or a map twice, stop before the manifest is aligned (a missing one here)."""
+    model = str(tiny_checkpoint["checkpoint"])
+    maps = load_model(model).model.decoder.num_attention_maps
+    for heads, said in ((["99"], f"maps [99]: this model's are 0 to {maps - 1}"),
+                        (["1", "1"], "maps [1, 1]: each map once")):  # fmt: skip
+        command = ["choose-heads", "--model", model, "--manifest", "missing.jsonl", "--heads"]
+        assert main([*command, *heads]) == 2
+        assert said in capsys.readouterr().err
+
+
 def test_one_attention_map_leaves_nothing_to_choose():
     rnn = SimpleNamespace(model=SimpleNamespace(decoder=SimpleNamespace(num_attention_maps=1)),
                           checkpoint="rnn.ckpt")  # fmt: skip
@@ -100,4 +112,4 @@ def test_finalize_stores_the_choice_that_load_model_reads(tiny_checkpoint, tmp_p
     stored = load_model(checkpoint).alignment_heads
     assert stored and f"alignment maps {stored}:" in capsys.readouterr().out
     assert main(["choose-heads", *args, "--heads", "0"]) == 0
-    assert "| chosen [0] |" in capsys.readouterr().out
+    assert "| given [0] |" in capsys.readouterr().out

@@ -505,9 +505,11 @@ def _run_names(runs: Sequence[str]) -> list[str]:
 
 
 def _choose_heads(args: argparse.Namespace) -> int:
-    from asr.heads import choose_heads, reference_alignments, score_heads
+    from asr.heads import check_maps, choose_heads, reference_alignments, score_heads
 
     recognizer = _load_model(args)
+    if args.heads is not None:  # before aligning the manifest
+        check_maps(recognizer, args.heads)
     alignments = reference_alignments(recognizer, args.manifest, progress=not args.quiet)
     if args.heads is not None:
         print(score_heads(recognizer, alignments, args.heads).table(), end="")
