@@ -231,24 +231,29 @@ def save_figure(fig: Figure, path: str | os.PathLike) -> Path:
 def save_alignment_plots(
     recognizer: Recognizer, alignment: Alignment, path: str | os.PathLike, title: str = ""
 ) -> list[Path]:
-    """Write the attention plot to `path` (as `save_figure`) and per-head maps to
-    `<stem>_heads<suffix>`; the files written."""
+    """Write the attention plot to `path` (as `save_figure`; the mean of the maps that time
+    words, as their boundaries are drawn) and every map to `<stem>_heads<suffix>`; the files
+    written."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     labels = alignment.pieces + ["<eos>"]
+    heads = recognizer.alignment_heads  # the maps the word times come from: drawn with them
+    attention, heading = alignment.attention, title
+    if heads is not None and attention.dim() == 3:
+        attention = attention[list(heads)]
+        heading = "\n".join(filter(None, [title, f"maps {list(heads)}"]))
     figure = plot_attention(
-        alignment.attention,
+        attention,
         labels,
         alignment.features,
         frame_shift=alignment.feature_seconds,
-        title=title,
+        title=heading,
         seconds_per_frame=alignment.frame_seconds,
         words=alignment.words,
     )
     written = [save_figure(figure, path)]
     decoder = recognizer.model.decoder
     if isinstance(decoder, TransformerDecoder):
-        heads = path.with_name(f"{path.stem}_heads{path.suffix or '.png'}")
         grid = plot_attention_grid(
             alignment.attention,
             decoder.attention_layers,
@@ -257,5 +262,7 @@ def save_alignment_plots(
             title=title,
             words=alignment.words,
         )
-        written.append(save_figure(grid, heads))
+        written.append(
+            save_figure(grid, path.with_name(f"{path.stem}_heads{path.suffix or '.png'}"))
+        )
     return written

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
 from asr.cli import main
 from asr.plotting import plot_training_curves, read_training_log
@@ -81,3 +82,27 @@ def test_a_file_that_is_no_training_log_is_named_with_its_line(tmp_path: Path) -
     (tmp_path / "m.jsonl").write_text('{"audio_filepath": "a.wav", "duration": 1.0}\n{}\n')
     with pytest.raises(ValueError, match=r"m.jsonl:2: not a training log"):
         read_training_log(tmp_path / "m.jsonl")
+
+
+def test_the_alignment_plot_draws_the_maps_that_time_the_words(monkeypatch, tmp_path) -> None:
+    """The word boundaries on the plot come from the recognizer's timing maps: the heat map
+    under them is those maps' mean, not every map's; the per-map grid keeps them all."""
+    from dataclasses import replace
+
+    from test_transcribe import WAV, _overfit_recognizer
+
+    import asr.plotting
+
+    recognizer, waves = _overfit_recognizer(str(WAV))
+    alignment = recognizer.align_tokens(waves[0], recognizer.tokenizer.encode("GO"))
+    drawn = []
+    original = asr.plotting.plot_attention
+    monkeypatch.setattr(asr.plotting, "plot_attention",
+                        lambda attention, *a, **k: drawn.append((attention, k["title"]))
+                        or original(attention, *a, **k))  # fmt: skip
+    for heads in (None, [1]):
+        chosen = replace(recognizer, alignment_heads=heads)
+        asr.plotting.save_alignment_plots(chosen, alignment, tmp_path / "plot.png", "utt")
+    (every, title), (timing, timing_title) = drawn
+    assert torch.equal(every, alignment.attention) and title == "utt"
+    assert torch.equal(timing, alignment.attention[[1]]) and timing_title == "utt\nmaps [1]"
