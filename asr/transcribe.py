@@ -158,25 +158,31 @@ def search_or_errors(
 def join_segments(
     tokenizer: Tokenizer, parts: Sequence[tuple[Span, Transcript]], duration: float
 ) -> Transcript:
-    """One `Transcript` from `(span, transcript)` parts; overlaps are cut at their midpoint."""
+    """One `Transcript` from `(span, transcript)` parts; overlaps are cut at their midpoint, and
+    a word both sides of a cut decoded (whole on one side, its onset on the other) kept once."""
     parts = sorted(parts, key=lambda part: part[0][0])
     spans = [span for span, _ in parts]
+    words = [_kept_words(part, span[0], *_kept_range(spans, k)) for k, (span, part) in
+             enumerate(parts)]  # fmt: skip
+    for k in range(len(parts) - 1):
+        if spans[k][1] > spans[k + 1][0]:
+            _keep_once(parts[k], parts[k + 1], words[k], words[k + 1])
     out = Transcript("", [], [], [], [], [], 0.0, duration, [])
     logprob_sum, logprob_count = 0.0, 0  # over whole segments: tokens and eos
     for k, (span, part) in enumerate(parts):
         low, high = _kept_range(spans, k)
-        keep = _kept_tokens(part, span[0], low, high)
-        tokens = [t for t, kept in zip(part.tokens, keep) if kept]
+        keep = _kept_tokens(part, words[k])
+        tokens = [t for t, stays in zip(part.tokens, keep) if stays]
         text = part.text if all(keep) else tokenizer.decode(tokens)
         out.tokens += tokens
-        out.pieces += [p for p, kept in zip(part.pieces, keep) if kept]
-        out.token_starts += [span[0] + s for s, kept in zip(part.token_starts, keep) if kept]
-        out.token_ends += [span[0] + e for e, kept in zip(part.token_ends, keep) if kept]
-        out.token_probs += [p for p, kept in zip(part.token_probs, keep) if kept]
+        out.pieces += [p for p, stays in zip(part.pieces, keep) if stays]
+        out.token_starts += [span[0] + s for s, stays in zip(part.token_starts, keep) if stays]
+        out.token_ends += [span[0] + e for e, stays in zip(part.token_ends, keep) if stays]
+        out.token_probs += [p for p, stays in zip(part.token_probs, keep) if stays]
         out.words += [
             replace(w, start=span[0] + w.start, end=span[0] + w.end)
-            for w in part.words
-            if low <= span[0] + (w.start + w.end) / 2 < high
+            for w, stays in zip(part.words, words[k])
+            if stays
         ]
         [whole] = part.segments
         start, end = max(span[0], low), min(span[1], high)
@@ -200,11 +206,50 @@ def _kept_range(spans: Sequence[Span], k: int) -> tuple[float, float]:
     return low, high
 
 
-def _kept_tokens(part: Transcript, offset: float, low: float, high: float) -> list[bool]:
+def _kept_words(part: Transcript, offset: float, low: float, high: float) -> list[bool]:
+    """Which words of a part starting at `offset` lie (by their middle) in [low, high)."""
+    return [low <= offset + (w.start + w.end) / 2 < high for w in part.words]
+
+
+def _keep_once(
+    before: tuple[Span, Transcript],
+    after: tuple[Span, Transcript],
+    kept_before: list[bool],
+    kept_after: list[bool],
+) -> None:
+    """Where the last word kept before a cut and the first kept after it are one stretch of
+    speech decoded twice (a window cut through a word gave its onset, "U", the next its whole,
+    "ERASE"), the shorter is left out, until the two kept are not."""
+    while True:
+        last = next((i for i in reversed(range(len(kept_before))) if kept_before[i]), None)
+        first = next((i for i, kept in enumerate(kept_after) if kept), None)
+        if last is None or first is None:
+            return
+        a, b = before[1].words[last], after[1].words[first]
+        a = (before[0][0] + a.start, before[0][0] + a.end)
+        b = (after[0][0] + b.start, after[0][0] + b.end)
+        if not _same_speech(a, b):
+            return
+        if a[1] - a[0] <= b[1] - b[0]:
+            kept_before[last] = False
+        else:
+            kept_after[first] = False
+
+
+def _same_speech(a: tuple[float, float], b: tuple[float, float]) -> bool:
+    """Whether two word spans share at least half of the shorter one (a span of no length:
+    whether it lies inside the other); word times are too rough to judge by less."""
+    shared = min(a[1], b[1]) - max(a[0], b[0])
+    shorter = min(a[1] - a[0], b[1] - b[0])
+    if shorter > 0:
+        return shared >= 0.5 * shorter
+    return max(a[0], b[0]) < min(a[1], b[1]) or a == b
+
+
+def _kept_tokens(part: Transcript, kept_words: list[bool]) -> list[bool]:
     """Which tokens stay: those of kept words, and spaces between kept words."""
-    if low == -math.inf and high == math.inf:
+    if all(kept_words):
         return [True] * len(part.tokens)
-    kept_words = [low <= offset + (w.start + w.end) / 2 < high for w in part.words]
     index = word_index(part.pieces)
     keep = []
     for j, word in enumerate(index):

@@ -597,23 +597,27 @@ def test_plan_segments_properties():
                 assert energy[int(end / 0.01)] == -90 or energy[int(end / 0.01) - 1] == -90
 
 
+def _window(tokenizer, span: tuple[float, float], held: list[Word]) -> tuple:
+    """`(span, transcript)` of a window whose decode is the one-letter words `held` (times in
+    the input), a token per letter and per space."""
+    start, end = span
+    text = " ".join(w.text for w in held)
+    pieces = tokenizer.pieces(tokenizer.encode(text))
+    starts = [w.start - start for w in held for _ in range(2)][:-1]  # letter, space, ...
+    ends = [w.end - start for w in held for _ in range(2)][:-1]
+    local = [Word(w.text, w.start - start, w.end - start) for w in held]
+    return span, Transcript(text, tokenizer.encode(text), pieces, starts, ends, local, -1.0,
+                            end - start, [Segment(0, end - start, text, -1.0)])  # fmt: skip
+
+
 def test_overlapping_windows_keep_each_word_once():
     """Two fixed windows overlapping by 1 s, each transcribing the words it holds: the joined
     transcript has every word once, at its time in the input."""
     tokenizer = CharTokenizer.train(["ABCDEFGH"])
     words = [Word(c, 0.5 * k + 0.1, 0.5 * k + 0.4) for k, c in enumerate("ABCDEFGH")]  # 0-4 s
     spans = [(0.0, 2.5), (1.5, 4.0)]
-    parts = []
-    for start, end in spans:
-        held = [w for w in words if start <= w.start and w.end <= end]
-        text = " ".join(w.text for w in held)
-        pieces = tokenizer.pieces(tokenizer.encode(text))
-        starts = [w.start - start for w in held for _ in range(2)][:-1]  # letter, space, ...
-        ends = [w.end - start for w in held for _ in range(2)][:-1]
-        local = [Word(w.text, w.start - start, w.end - start) for w in held]
-        parts.append(((start, end), Transcript(text, tokenizer.encode(text), pieces, starts,
-                                               ends, local, -1.0, end - start,
-                                               [Segment(0, end - start, text, -1.0)])))  # fmt: skip
+    parts = [_window(tokenizer, (start, end), [w for w in words if start <= w.start and
+                                               w.end <= end]) for start, end in spans]  # fmt: skip
     joined = join_segments(tokenizer, parts[::-1], 4.0)
     assert joined.text == "A B C D E F G H"
     assert [(w.text, w.start, w.end) for w in joined.words] == [
@@ -622,6 +626,29 @@ def test_overlapping_windows_keep_each_word_once():
     assert tokenizer.decode(joined.tokens) == "A B C DE F G H"  # segments meet without a space
     assert [(s.start, s.end) for s in joined.segments] == [(0.0, 2.0), (2.0, 4.0)]
     assert joined.score == -2.0
+
+
+@pytest.mark.parametrize(
+    ("first", "second", "kept"),
+    [  # the words either window decoded around the cut at 4.5 s -> what the join keeps
+        ([Word("U", 4.40, 4.48)], [Word("E", 4.36, 5.00)], "N E X"),  # an onset, then whole
+        ([Word("E", 4.00, 4.80)], [Word("U", 4.52, 4.60)], "N E X"),  # whole, then its end
+        ([Word("N", 4.40, 4.44)], [Word("N", 4.42, 4.70)], "N N X"),  # one N twice
+        ([Word("U", 4.30, 4.48)], [Word("E", 4.46, 5.00)], "N U E X"),  # two words that touch
+    ],
+)
+def test_a_word_both_windows_decoded_at_their_cut_is_kept_once(first, second, kept):
+    """A window cut through a word gives its onset ("U"), the next its whole ("ERASE"): both
+    lie on their own side of the midpoint cut, but they are one stretch of speech, so the
+    shorter is left out; words that only touch are both kept."""
+    tokenizer = CharTokenizer.train(["NUEX"])
+    before = [Word("N", 3.90, 4.20) if first[0].start > 4.2 else Word("N", 3.5, 3.8), *first]
+    after = [*second, Word("X", 5.5, 6.0)]
+    parts = [_window(tokenizer, (0.0, 5.0), before), _window(tokenizer, (4.0, 9.0), after)]
+    joined = join_segments(tokenizer, parts, 9.0)
+    assert joined.text == kept and " ".join(w.text for w in joined.words) == kept
+    assert all(a.end <= b.start + 0.1 for a, b in pairwise(joined.words)), "in order"
+    assert len(joined.tokens) == len(joined.pieces) == len(joined.token_starts)
 
 
 def test_frame_energy_matches_chunked_reading(three_minutes):
