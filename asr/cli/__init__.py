@@ -561,6 +561,22 @@ def _longest_segment(text: str) -> float:
     return value
 
 
+def _repo_id(text: str) -> str:
+    """An argparse type: a Hub repository name, owner/name (what hf:// takes)."""
+    import re
+
+    if not re.fullmatch(r"[\w.-]+/[\w.-]+", text):
+        raise argparse.ArgumentTypeError(f"must be owner/name, got {text!r}")
+    return text
+
+
+def _licence(text: str) -> str:
+    """An argparse type: a Hub licence id, one word (apache-2.0, cc-by-4.0, other)."""
+    if not text or any(c.isspace() for c in text):
+        raise argparse.ArgumentTypeError(f"must be a licence id such as apache-2.0, got {text!r}")
+    return text
+
+
 JSONL_HELP = (
     "print each final as a JSON line: the message `asr serve` sends for it (text, start, end, "
     "words with their times and confidences; docs/streaming.md) and `audio`, the input it "
@@ -780,8 +796,15 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
             help="an `asr evaluate` metrics.json: a row of the card's WER/CER tables, named by its "
             "folder (decode_test); repeatable",
         )
-        p.add_argument("--repo-id", help="owner/name on the Hub: the card's title and examples")
-        p.add_argument("--license", default="other", help="Hub licence id, e.g. apache-2.0 (other)")
+        p.add_argument(
+            "--repo-id", type=_repo_id, help="owner/name on the Hub: the card's title and examples"
+        )
+        p.add_argument(
+            "--license",
+            type=_licence,
+            default="other",
+            help="Hub licence id, e.g. apache-2.0 (other)",
+        )
         p.add_argument("--data", help="the training data, in words (default: its manifests)")
         p.add_argument("--training-command", help="the command that trained the model")
     p.set_defaults(run=_export)

@@ -56,6 +56,10 @@ AT_LEAST_1 = "must be at least 1, got"
         (["connect", "ws://h:1/", "-", "--timeout", "0"], "must be more than 0, got 0"),
         (["shard", "--manifest", "x.jsonl", "--out", "o", "--shard-hours", "-1"],
          "must be more than 0, got -1"),
+        (["export", "--checkpoint", "m.ckpt", "--out", "o", "--repo-id", "not a repo"],
+         "must be owner/name, got 'not a repo'"),
+        (["export", "--checkpoint", "m.ckpt", "--out", "o", "--license", ""],
+         "must be a licence id such as apache-2.0, got ''"),
     ],
 )  # fmt: skip
 def test_an_out_of_range_number_stops_at_parsing(argv, said, capsys) -> None:
