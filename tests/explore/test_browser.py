@@ -302,6 +302,25 @@ def test_overview_sorts_and_filters(driver, three):
     assert speakers == [["spk1", "2"], ["spk2", "1"]]
 
 
+def test_previous_and_next_follow_the_table_as_it_is_now(driver, three):
+    """◀ and ▶ step through the rows as sorted and filtered now, not as when the row opened."""
+
+    def steps() -> tuple[bool, bool]:
+        return tuple(driver.find_element(By.ID, b).is_enabled() for b in ("prev", "next"))
+
+    open_utterance(driver, "fair")  # last of good, bad, fair
+    assert steps() == (True, False)
+    driver.find_element(By.CSS_SELECTOR, "#utterances th[data-key=wer]").click()
+    assert row_ids(driver) == ["bad", "fair", "good"] and steps() == (True, True)
+    driver.find_element(By.CSS_SELECTOR, "#filter").send_keys("spk2")  # bad alone
+    assert row_ids(driver) == ["bad"] and steps() == (False, False)
+    driver.find_element(By.CSS_SELECTOR, "#filter").send_keys(Keys.ESCAPE)
+    assert steps() == (True, True)
+    driver.find_element(By.ID, "next").click()
+    wait(driver, lambda d: d.find_element(By.ID, "utt-title").text == "good")
+    assert steps() == (True, False)
+
+
 # ---- the utterance view ----
 def test_worst_row_opens_its_attention(driver, three):
     driver.find_element(By.CSS_SELECTOR, "#utterances th[data-key=wer]").click()
@@ -381,6 +400,11 @@ def test_a_segment_linked_mid_file_plays_on_its_own_clock(driver, tmp_path):
     open_page(driver, tmp_path, page_data([segment]))
     open_utterance(driver, "long#2")
     assert "from\n0:02.0" in driver.find_element(By.ID, "utt-meta").text  # where in the recording
+    late = segment | {"id": "long#3", "start": 119.96}  # rounded whole: 2:00.0, not 1:60.0
+    open_page(driver, tmp_path, page_data([segment, late]))
+    open_utterance(driver, "long#3")
+    assert "from\n2:00.0" in driver.find_element(By.ID, "utt-meta").text
+    open_utterance(driver, "long#2")
     wait(driver, lambda d: js(d, "return document.querySelector('#player').readyState") >= 1)
     js(
         driver,

@@ -196,3 +196,52 @@ def test_from_another_machine_the_page_needs_https_and_says_so(received, tmp_pat
             )
         finally:
             driver.quit()
+
+
+def test_clicks_that_race_the_start_and_a_server_that_vanishes(received) -> None:
+    """Start and Stop in one moment leave no stream behind (a start stopped halfway releases
+    what it got, and opens no socket or closes it on opening); a server that goes away
+    without a word (1006) is said, the unfinished partial cleared; Start then works again.
+    The server takes one connection, so a stream left behind would refuse the next."""
+    import json
+    import urllib.request
+
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    def health() -> dict:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as answer:
+            return json.loads(answer.read())
+
+    recognizer, _ = streaming_recognizer()
+    with running_server(recognizer, OPTIONS, max_connections=1) as (live, port):
+        driver = chromium(*FAKE_MICROPHONE)
+        try:
+            driver.get(f"http://127.0.0.1:{port}/")
+            status, toggle = (
+                driver.find_element(By.ID, "status"),
+                driver.find_element(By.ID, "toggle"),
+            )
+            wait = WebDriverWait(driver, 20, 0.05)
+            for pause in (0, 0, 50, 200):  # ms between Start and Stop
+                driver.execute_script(
+                    "const t = document.getElementById('toggle'); t.click();"
+                    "setTimeout(() => t.click(), arguments[0]);", pause)  # fmt: skip
+                wait.until(lambda d: toggle.text == "Start")
+                wait.until(lambda d: health()["connections"] == 0)
+            toggle.click()
+            wait.until(lambda d: "Listening" in status.text and len(received) >= 5)
+            assert health()["streams"] == 1
+            for ws in list(live.connections):  # gone, no close frame: the page sees 1006
+                live.server.get_loop().call_soon_threadsafe(ws.transport.abort)
+            wait.until(lambda d: "Connection to the server lost (1006)" in status.text)
+            assert toggle.text == "Start" and driver.find_element(By.ID, "partial").text == ""
+            toggle.click()  # the server still serves
+            wait.until(lambda d: "Listening" in status.text)
+            toggle.click()
+            wait.until(
+                lambda d: d.execute_script("return document.body.dataset.done !== undefined")
+            )
+            assert not severe_errors(driver)
+        finally:
+            driver.quit()

@@ -11,7 +11,10 @@
   const text = (x) => (x == null ? "" : String(x));
   const obj = (x) => (x && typeof x === "object" && !Array.isArray(x) ? x : {});
   const fixed = (x, digits) => (num(x) === null ? "–" : x.toFixed(digits));
-  const clock = (x) => `${Math.floor(x / 60)}:${(x % 60).toFixed(1).padStart(4, "0")}`; // m:ss.s
+  const clock = (x) => { // m:ss.s, rounded before the minutes are split off (1:00.0)
+    const tenths = Math.round(x * 10);
+    return `${Math.floor(tenths / 600)}:${((tenths % 600) / 10).toFixed(1).padStart(4, "0")}`;
+  };
   const count = (x) => (num(x) === null ? "–" : String(x));
   const clamp = (x, lo, hi) => Math.min(hi, Math.max(lo, x));
 
@@ -234,6 +237,14 @@
     table.order = order;
     $("#count").textContent = terms.length
       ? `${rows.length} of ${table.rows.length}` : `${table.rows.length} utterances`;
+    updateSteps();
+  }
+
+  // ◀ and ▶ step through the rows as the table shows them now (sorted, filtered).
+  function updateSteps() {
+    const index = table.visible.indexOf(view.row);
+    $("#prev").disabled = index <= 0;
+    $("#next").disabled = index < 0 || index >= table.visible.length - 1;
   }
 
   function sortBy(key) {
@@ -445,9 +456,7 @@
     $("#utt-meta").replaceChildren(...items.map(([k, v]) =>
       el("div", {}, el("dt", {}, k), el("dd", { dir: "auto" }, v))));
     $("#utt-flags").replaceChildren(...list(u.flags).map((f) => el("li", { dir: "auto" }, text(f))));
-    const index = table.visible.indexOf(view.row);
-    $("#prev").disabled = index <= 0;
-    $("#next").disabled = index < 0 || index >= table.visible.length - 1;
+    updateSteps();
   }
 
   function setAudio(u) {

@@ -22,9 +22,10 @@
     status.className = error ? "error" : "";
   }
 
-  function clock(seconds) {
-    const m = Math.floor(seconds / 60);
-    return `${m}:${(seconds - 60 * m).toFixed(1).padStart(4, "0")}`;
+  function clock(seconds) {  // m:ss.s, rounded before the minutes are split off (1:00.0)
+    const tenths = Math.round(seconds * 10);
+    const m = Math.floor(tenths / 600);
+    return `${m}:${((tenths - 600 * m) / 10).toFixed(1).padStart(4, "0")}`;
   }
 
   function addFinal(message, offset) {
@@ -118,21 +119,38 @@
     .map((c, i) => `${i + 1}\n${stamp(c.start)} --> ${stamp(c.end)}\n${c.text}\n\n`).join("")));
 
   async function start() {
-    const media = await navigator.mediaDevices.getUserMedia({
-      audio: { channelCount: 1, echoCancellation: false, noiseSuppression: false, autoGainControl: false },
-    });
-    const context = new AudioContext();
-    await context.audioWorklet.addModule("worklet.js");  // relative: under a proxy's prefix too
-    const source = context.createMediaStreamSource(media);
-    const node = new AudioWorkletNode(context, "pcm-resampler", {
+    // Held from the first await: a second click (or one while the browser asks for the
+    // microphone) starts nothing; Stop before the socket opens ends this start.
+    const s = { sent: 0, ended: false, offset: recorded, said: false };
+    session = s;
+    toggle.textContent = "Stop";
+    toggle.classList.add("recording");
+    try {
+      s.media = await navigator.mediaDevices.getUserMedia({
+        audio: { channelCount: 1, echoCancellation: false, noiseSuppression: false, autoGainControl: false },
+      });
+      if (s.ended) return finish(s);
+      s.context = new AudioContext();
+      await s.context.audioWorklet.addModule("worklet.js");  // relative: under a proxy's prefix too
+      if (s.ended) return finish(s);
+      listen(s);
+    } catch (err) {
+      finish(s);
+      throw err;
+    }
+  }
+
+  function listen(s) {
+    const source = s.context.createMediaStreamSource(s.media);
+    const node = new AudioWorkletNode(s.context, "pcm-resampler", {
       processorOptions: { targetRate: rate, packetMs: 100 },
     });
     // The socket opens after the audio is set up, with its handlers attached at once.
     const scheme = location.protocol === "https:" ? "wss" : "ws";
     const ws = new WebSocket(`${scheme}://${location.host}${location.pathname}`);  // this page's address
     ws.binaryType = "arraybuffer";
-    const s = { ws, media, context, node, sent: 0, ended: false, offset: recorded };
-    session = s;
+    s.ws = ws;
+    const current = () => session === s;  // a later recording's status is not this one's
     const limit = Number(params.get("seconds") || 0);
     node.port.onmessage = (event) => {
       if (s.ended || ws.readyState !== WebSocket.OPEN || !s.ready) return;
@@ -145,52 +163,67 @@
       if (limit && s.sent >= limit * rate) stop();
     };
     source.connect(node);
-    ws.onopen = () => ws.send(JSON.stringify({ type: "start", sample_rate: rate, format: "s16le", alignment: true }));
+    ws.onopen = () => {
+      if (s.ended) ws.close();  // stopped while connecting: no stream to start
+      else ws.send(JSON.stringify({ type: "start", sample_rate: rate, format: "s16le", alignment: true }));
+    };
     ws.onmessage = (event) => {
       const message = JSON.parse(event.data);
       if (message.type === "ready") {
         s.ready = true;
         const first = message.first_chunk_ms !== message.chunk_ms
           ? `, each utterance's first ${message.first_chunk_ms} ms` : "";
-        say(message.chunk_ms === null ? "Listening (full context: finals only)…"
+        if (current()) say(message.chunk_ms === null ? "Listening (full context: finals only)…"
           : `Listening (chunks of ${message.chunk_ms} ms${first})…`);
       } else if (message.type === "partial") {
-        partial.textContent = message.text;
+        if (current() || !session) partial.textContent = message.text;
       } else if (message.type === "final") {
-        partial.textContent = "";
+        if (current() || !session) partial.textContent = "";
         addFinal(message, s.offset);
       } else if (message.type === "done") {
-        partial.textContent = "";
-        document.body.dataset.done = message.text;
-        say(`Done: ${clock(message.duration)} of audio.`);
+        s.said = true;
+        if (current() || !session) {
+          partial.textContent = "";
+          document.body.dataset.done = message.text;
+          say(`Done: ${clock(message.duration)} of audio.`);
+        }
       } else if (message.type === "error") {
-        say(`Error: ${message.message}`, true);
+        s.said = true;
+        if (current() || !session) say(`Error: ${message.message}`, true);
       }
     };
-    ws.onerror = () => say("Cannot reach the server.", true);
+    ws.onerror = () => { if (current() && !s.ready) say("Cannot reach the server.", true); };
     ws.onclose = (event) => {
-      if (event.code === 1001) say("The server stopped; the finals of what it heard are above.", true);
-      if (session === s) finish(s);
+      const mine = current() || !session;
+      if (event.code === 1001) {
+        if (mine) say("The server stopped; the finals of what it heard are above.", true);
+      } else if (!s.said && s.ready && mine) {  // 1006: the server went away without a word
+        say(`Connection to the server lost (${event.code}): the last utterance got no final.`, true);
+        partial.textContent = "";
+      }
+      if (current()) finish(s);
     };
-    toggle.textContent = "Stop";
-    toggle.classList.add("recording");
   }
 
-  function finish(s) {
+  function finish(s) {  // again for a start stopped halfway: what it got since is released
     s.ended = true;
     recorded = s.offset + s.sent / rate;
-    s.media.getTracks().forEach((t) => t.stop());
-    s.context.close();
-    toggle.textContent = "Start";
-    toggle.classList.remove("recording");
-    level.style.width = "0";
-    session = null;
+    if (s.media) s.media.getTracks().forEach((t) => t.stop());
+    if (s.context && !s.closed) s.context.close();
+    s.closed = Boolean(s.context);
+    if (session === s) {
+      toggle.textContent = "Start";
+      toggle.classList.remove("recording");
+      level.style.width = "0";
+      session = null;
+    }
   }
 
   function stop() {
     const s = session;
     if (!s) return;
-    if (s.ws.readyState === WebSocket.OPEN) s.ws.send(JSON.stringify({ type: "end" }));
+    // Still connecting: its onopen closes it.
+    if (s.ws && s.ws.readyState === WebSocket.OPEN) s.ws.send(JSON.stringify({ type: "end" }));
     finish(s);
   }
 
