@@ -167,7 +167,9 @@ def build_condition(
         path = out_dir / "wav" / f"{index:06d}.wav"
         soundfile.write(path, wave.clamp(-1.0, 1.0).numpy(), sample_rate, subtype="PCM_16")
         duration = wave.numel() / sample_rate
-        written.append(replace(utterance, audio_filepath=str(path), offset=0.0, duration=duration))
+        # Relative to the manifest, as manifests are read: wherever out_dir was given from.
+        relative = f"wav/{path.name}"
+        written.append(replace(utterance, audio_filepath=relative, offset=0.0, duration=duration))
     manifest = out_dir / "manifest.jsonl"
     write_manifest(manifest, written)
     return manifest
@@ -214,9 +216,11 @@ def robustness(
     rows = []
     for condition in conditions:
         folder = out_dir / condition.slug
-        copy = Path(manifest) if condition.kind == "clean" else folder / "manifest.jsonl"
-        stamp = {"source": str(Path(manifest).resolve()), "seed": seed, "sample_rate": rate}
-        if condition.kind != "clean" and _read_stamp(folder) != stamp:
+        as_given = condition.kind == "clean" and condition.then is None
+        copy = Path(manifest) if as_given else folder / "manifest.jsonl"
+        stamp = {"source": str(Path(manifest).resolve()), "seed": seed, "sample_rate": rate,
+                 "paths": "relative"}  # fmt: skip
+        if not as_given and _read_stamp(folder) != stamp:
             copy = build_condition(condition, utterances, folder, rate, seed, progress)
             (folder / "built.json").write_text(json.dumps(stamp) + "\n", encoding="utf-8")
         metrics = evaluate(

@@ -166,6 +166,25 @@ def test_robustness_table_reuses_copies_and_rebuilds_for_a_new_seed(tmp_path):
     assert wav.stat().st_mtime_ns != built, "a new seed rebuilds the copy"
 
 
+def test_copies_under_a_relative_folder_and_clean_chains(tmp_path, monkeypatch):
+    """`--out rb/rel` (as the AN4 recipe gives it): the copy's manifest names its audio
+    relative to itself, so it reads from anywhere; "clean+level:-30" is built, not the
+    manifest as given."""
+    recognizer, _ = _overfit_recognizer(str(WAV))
+    manifest = _manifest(tmp_path / "test.jsonl")
+    monkeypatch.chdir(tmp_path)
+    conditions = [Condition.parse(c) for c in ("clean", "clean+level:-30", "level:-30")]
+    rows = robustness(recognizer, manifest, Path("rb/rel"), conditions, GREEDY, progress=False)
+    assert [r["condition"] for r in rows] == ["clean", "clean + level -30 dB", "level -30 dB"]
+    assert rows[1]["manifest"] != str(manifest)
+    chained, alone = (read_manifest(f"rb/rel/{c.slug}/manifest.jsonl") for c in conditions[1:])
+    assert [u.audio_filepath for u in chained] == [
+        str(tmp_path / "rb/rel" / conditions[1].slug / "wav" / f"{i:06d}.wav")
+        for i in range(len(UTTERANCES))]  # fmt: skip
+    assert [load_audio(a.audio_filepath) for a in chained][0].equal(
+        load_audio(alone[0].audio_filepath))  # fmt: skip
+
+
 @pytest.mark.parametrize("gain_db", [-30.0, 30.0])
 def test_a_level_normalising_frontend_keeps_the_hypothesis(gain_db):
     recognizer, waves = _overfit_recognizer(str(WAV))
