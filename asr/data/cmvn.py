@@ -40,6 +40,7 @@ def compute_cmvn_stats(
     """Global CMVN statistics of `frontend` features (eval mode) over a manifest, saved as JSON."""
     if Path(out_path).is_dir():  # found before the features are computed, not after
         raise IsADirectoryError(f"{out_path}: is a directory, not a file to write statistics to")
+    Path(out_path).parent.mkdir(parents=True, exist_ok=True)  # as the other commands' --out
     utterances = read_manifest(manifest_path)[:max_utterances]
     device, was_training = _module_device(frontend), frontend.training
     stats = None

@@ -46,8 +46,9 @@ def test_compute_cmvn_stats_over_a_manifest(tmp_path):
     torch.testing.assert_close(stats.std, expected.std)
     assert torch.equal(CMVNStats.load(tmp_path / "cmvn.json").sum, stats.sum)
     assert CMVNStats.load(tmp_path / "cmvn.json").sample_rate == 16000, "the rate is recorded"
-    first = compute_cmvn_stats(manifest, frontend, tmp_path / "two.json", max_utterances=2)
+    first = compute_cmvn_stats(manifest, frontend, tmp_path / "new/two.json", max_utterances=2)
     assert first.count == num_frames(16000, 400, 160) + num_frames(4000, 400, 160)
+    assert (tmp_path / "new/two.json").is_file(), "its folder made, as other commands' --out"
 
 
 def test_compute_cmvn_stats_without_frames_raises(tmp_path):
