@@ -43,10 +43,27 @@ def change_speed(wave: Tensor, factor: float) -> Tensor:
     >>> change_speed(torch.zeros(1000), 0.9).shape
     torch.Size([1112])
     """
-    ratio = Fraction(factor).limit_denominator(100)  # a small denominator keeps the kernel small
+    ratio = speed_ratio(factor)
     if ratio == 1:
         return wave
     return AF.resample(wave, ratio.numerator, ratio.denominator)
+
+
+def speed_ratio(factor: float) -> Fraction:
+    """`factor` as the ratio of whole numbers a resampler takes, its denominator at most 100
+    (which keeps the kernel small); ValueError for one that is not such a ratio (1.005 would be
+    1) or lies outside [0.1, 10].
+
+    >>> speed_ratio(1.1), speed_ratio(0.95)
+    (Fraction(11, 10), Fraction(19, 20))
+    """
+    ratio = Fraction(factor).limit_denominator(100)
+    if not 0.1 <= factor <= 10 or abs(ratio - Fraction(factor)) > 1e-9:
+        raise ValueError(
+            f"speed factor {factor:g}: give one in [0.1, 10] with at most two decimals (it is "
+            "resampled as a ratio of whole numbers up to 100)"
+        )
+    return ratio
 
 
 def colored_noise(num_samples: int, color: str, rng: np.random.Generator) -> Tensor:

@@ -93,6 +93,11 @@ class Condition:
             raise ValueError(f"condition {text!r}: the value must be a finite number")
         if kind in ("reverb", "speed", "pad") and condition.value <= 0:
             raise ValueError(f"condition {text!r}: the value must be > 0")
+        if kind == "speed":
+            try:
+                perturb.speed_ratio(condition.value)
+            except ValueError as err:
+                raise ValueError(f"condition {text!r}: {err}") from None
         return condition
 
     @property

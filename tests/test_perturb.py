@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from asr.data.dataset import check_speed_factors
 from asr.perturb import (
     NOISE_COLORS,
     _fft_size,
@@ -97,6 +98,16 @@ def test_change_speed_is_identity_at_one_and_exact_in_length():
     assert change_speed(wave, 1.0) is wave
     for factor in (0.8, 0.9, 0.95, 1.05, 1.1, 1.2):
         assert change_speed(wave, factor).shape == (2, math.ceil(3001 / factor))
+
+
+@pytest.mark.parametrize("factor", [1.005, 1.0049, 0.006, 0.004, 11.0, 1.234])
+def test_a_speed_factor_the_resampler_would_round_is_refused(factor):
+    """It is resampled as a ratio of whole numbers up to 100: 1.005 came out unchanged,
+    0.006 at 100x the length, 0.004 failed inside torchaudio."""
+    with pytest.raises(ValueError, match=f"speed factor {factor:g}: give one in"):
+        change_speed(torch.zeros(100), factor)
+    with pytest.raises(ValueError, match="speed factor"):
+        check_speed_factors([0.9, factor])
 
 
 def test_change_speed_length_formula_on_1d_waves():

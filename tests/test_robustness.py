@@ -53,6 +53,8 @@ def test_every_default_condition_parses_and_names_itself():
         ("telephone:3", "write it as telephone"),
         ("level:loud", "is not a number"),
         ("speed:0", "must be > 0"),
+        ("speed:1.005", "speed factor 1.005: give one in \\[0.1, 10\\] with at most two decimals"),
+        ("speed:0.006", "speed factor 0.006: give one in"),
         ("white:nan", "must be a finite number"),
         ("clean+white:-inf", "'white:-inf': the value must be a finite number"),
     ],

@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from asr.audio import load_audio
 from asr.data.augment import WaveAugmenter
 from asr.data.manifest import Utterance
-from asr.perturb import change_speed, other_indices
+from asr.perturb import change_speed, other_indices, speed_ratio
 from asr.text import PAD_ID
 
 _AUGMENT_STREAM = 1  # keeps augmentation draws apart from the speed-factor draw
@@ -253,4 +253,6 @@ def check_speed_factors(factors: Sequence[float] | None) -> tuple[float, ...]:
     bad = [f for f in factors if not (math.isfinite(f) and f > 0)]
     if bad:
         raise ValueError(f"speed_perturb factors must be finite and > 0, got {bad}")
+    for factor in factors:
+        speed_ratio(factor)  # now, not in a loader worker mid-epoch
     return () if factors == (1.0,) else factors
