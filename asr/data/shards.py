@@ -698,30 +698,50 @@ class ShardedSpeechDataset(IterableDataset):
         # Whole passes before the one holding batch `start - 1` (the fallback) are not read.
         position = (start - 1) // own * own if start else 0
         previous: list[Member] = []
+        owed: list[Member] = []  # a stream's first batch, where none of it decoded
         while position < total:
             for batch in self._batches(epoch, role, read=True):
                 if position >= total:
-                    return
+                    break
                 if position >= start:
-                    self._state[2 + slot] += 1
-                    yield self._decoded(epoch, batch, previous)
+                    items = self._decoded(epoch, batch, previous)
+                    if items is None:  # the first: the next batch is trained in its place
+                        owed = batch
+                    else:
+                        for _ in range(2 if owed else 1):
+                            self._state[2 + slot] += 1
+                            yield items
+                        if owed:
+                            logger.warning("a batch lost every utterance: the next batch is "
+                                           "trained in its place too")  # fmt: skip
+                            owed = []
                 previous = batch
                 position += 1
+        if owed:  # a stream of one batch, none of it decoded
+            raise self._undecodable(owed, "the stream's one batch")
 
-    def _decoded(self, epoch: int, batch: list[Member], previous: list[Member]) -> list[dict]:
-        """The items of `batch` that decode; if none does, the previous batch's again."""
+    def _decoded(
+        self, epoch: int, batch: list[Member], previous: list[Member]
+    ) -> list[dict] | None:
+        """The items of `batch` that decode; if none does, the previous batch's again; None
+        for a stream's first batch (no previous) that decodes to nothing."""
         items = self._items(epoch, batch)
         if items:
             return items
+        if not previous:
+            return None
         items = self._items(epoch, previous)
         if not items:
-            names = sorted({str(self.index.path(m[0])) for m in batch + previous})
-            raise ShardError(
-                f"no utterance of two successive batches could be decoded (shards {names}); "
-                "check the shards or write them again"
-            )
+            raise self._undecodable(batch + previous, "two successive batches")
         logger.warning("a batch lost every utterance: the previous batch is trained again")
         return items
+
+    def _undecodable(self, members: list[Member], what: str) -> ShardError:
+        names = sorted({str(self.index.path(m[0])) for m in members})
+        return ShardError(
+            f"no utterance of {what} could be decoded (shards {names}); check the shards or "
+            "write them again"
+        )
 
     def _items(self, epoch: int, batch: list[Member]) -> list[dict[str, Any]]:
         """The batch's items that decode, speed-changed, then augmented."""

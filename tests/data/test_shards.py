@@ -351,6 +351,25 @@ def test_a_batch_that_loses_every_utterance_trains_the_previous_one_again(shards
     assert epoch[3] == full[2] and epoch[:3] + epoch[4:] == full[:3] + full[4:]
 
 
+def test_a_first_batch_that_loses_every_utterance_trains_the_next_in_its_place(
+    shards, tmp_path
+):
+    """With no batch before it, the next is trained twice; the count is as planned, and a
+    resume after the first batch is exact. Two in a row lost: an error naming the shards."""
+    broken = tmp_path / "broken"
+    shutil.copytree(shards, broken)
+    dataset = _stream(shards, max_batch_seconds=0.1)  # one utterance per batch
+    plan = dataset.planned_batches(0, (0, 0))
+    _corrupt(broken, *plan[0][0])
+    full, epoch = _epoch(dataset, 0), _epoch(_stream(broken, max_batch_seconds=0.1), 0)
+    assert epoch[0] == epoch[1] == full[1] and epoch[2:] == full[2:]
+    resumed = _epoch(_stream(broken, max_batch_seconds=0.1), 0, resume_at=1)
+    assert resumed == epoch[1:]
+    _corrupt(broken, *plan[1][0])
+    with pytest.raises(ShardError, match="no utterance of two successive batches could be"):
+        _epoch(_stream(broken, max_batch_seconds=0.1), 0)
+
+
 def test_a_missing_or_resized_shard_or_index_is_an_error_before_training(corpus, shards, tmp_path):
     tokenizer = CharTokenizer.train(WORDS)
     tokenizer.save(tmp_path / "tokenizer")
