@@ -596,6 +596,13 @@ class ASRDataModule(L.LightningDataModule):
             raise ValueError("data.shortest_first_epochs needs a manifest, not shards: set it to 0")
         index = read_index(folder)
         check_characters(index, self.tokenizer)
+        short = int((index.durations < hp.min_duration).sum())
+        if short:  # a manifest's lines are refused for this; a stream would fail mid-epoch
+            raise ValueError(
+                f"{folder}: {short} of its {len(index.durations)} utterances are shorter than "
+                f"data.min_duration ({hp.min_duration:g} s): shard a manifest without them "
+                "(asr validate-data names them), or lower data.min_duration"
+            )
         options = StreamOptions(
             hp.max_batch_seconds, hp.max_batch_size, hp.num_buckets, hp.shuffle_buffer,
             hp.speed_perturb, hp.seed,

@@ -351,9 +351,7 @@ def test_a_batch_that_loses_every_utterance_trains_the_previous_one_again(shards
     assert epoch[3] == full[2] and epoch[:3] + epoch[4:] == full[:3] + full[4:]
 
 
-def test_a_first_batch_that_loses_every_utterance_trains_the_next_in_its_place(
-    shards, tmp_path
-):
+def test_a_first_batch_that_loses_every_utterance_trains_the_next_in_its_place(shards, tmp_path):
     """With no batch before it, the next is trained twice; the count is as planned, and a
     resume after the first batch is exact. Two in a row lost: an error naming the shards."""
     broken = tmp_path / "broken"
@@ -395,6 +393,19 @@ def test_a_missing_or_resized_shard_or_index_is_an_error_before_training(corpus,
         setup(tmp_path / "never_written")
     with pytest.raises(ShardError, match="cannot feed 40 ranks"):
         _stream(shards, world=40)
+
+
+def test_shards_with_utterances_too_short_to_train_on_are_refused(corpus, shards, tmp_path):
+    """As a manifest's lines below data.min_duration are, before training, counted."""
+    tokenizer = CharTokenizer.train(WORDS)
+    tokenizer.save(tmp_path / "tokenizer")
+    data = ASRDataModule(str(shards), str(corpus["manifest"]), str(tmp_path / "tokenizer"),
+                         min_duration=0.5)  # fmt: skip
+    short = int((read_index(shards).durations < 0.5).sum())
+    assert short
+    with pytest.raises(ValueError, match=f"{shards}: {short} of its 30 utterances are shorter "
+                       r"than data.min_duration \(0.5 s\)"):  # fmt: skip
+        data.setup("fit")
 
 
 def test_the_data_module_streams_shards_with_tokens(corpus, shards, tmp_path):
