@@ -243,6 +243,10 @@ def write_shards(
                         "seconds": round(sum(durations), 3), "durations": durations})  # fmt: skip
     bar.close()
     _write_index(out, manifest, records, sorted(rates), utterances)
+    written = {record["file"] for record in records}
+    for stale in out.glob(SHARD_NAME.replace("{:06d}", "*")):  # an earlier, larger set's
+        if stale.name not in written:
+            stale.unlink()
     return read_index(out)
 
 
@@ -265,13 +269,13 @@ def _group_by_seconds(durations: Sequence[float], limit: float) -> list[tuple[in
 def _member_keys(ids: Sequence[str]) -> list[str]:
     """Tar keys from utterance ids: no dots (WebDataset splits the suffix at the first), unique.
 
-    >>> _member_keys(["a.b", "a_b", "c/d"])
-    ['a_b', 'a_b-1', 'c_d']
+    >>> _member_keys(["a.b", "a_b-2", "a_b", "c/d"])
+    ['a_b', 'a_b-2', 'a_b-2-2', 'c_d']
     """
     keys, seen = [], set()
     for k, utt_id in enumerate(ids):
         key = re.sub(r"[^\w-]", "_", utt_id) or "utt"
-        if key in seen:
+        while key in seen:  # a renamed key may be another id's own
             key = f"{key}-{k}"
         seen.add(key)
         keys.append(key)

@@ -395,6 +395,14 @@ def test_a_missing_or_resized_shard_or_index_is_an_error_before_training(corpus,
         _stream(shards, world=40)
 
 
+def test_writing_again_into_the_folder_leaves_no_earlier_shard(corpus, tmp_path):
+    out = tmp_path / "shards"
+    many = write_shards(corpus["manifest"], out, shard_hours=SHARD_SECONDS / 3600)
+    assert len(many.shards) > 1
+    write_shards(corpus["manifest"], out, shard_hours=1.0)
+    assert sorted(p.name for p in out.glob("*.tar")) == ["shard-000000.tar"]
+
+
 def test_shards_with_utterances_too_short_to_train_on_are_refused(corpus, shards, tmp_path):
     """As a manifest's lines below data.min_duration are, before training, counted."""
     tokenizer = CharTokenizer.train(WORDS)
