@@ -81,6 +81,9 @@ def _print_failures(title: str, failures: Sequence[str]) -> None:
 def _tokenizer(args: argparse.Namespace) -> int:
     from asr.text import TextNormalizer, train_tokenizer
 
+    if args.kind == "char" and args.vocab_size is not None:
+        raise ValueError("--vocab-size sizes bpe and unigram vocabularies; char takes each "
+                         "character of the text: leave it out, or give --kind bpe")  # fmt: skip
     normalizer = TextNormalizer(case=args.case, punctuation=args.punctuation)
     manifests = [Path(m) for m in args.manifest]
     tok = train_tokenizer(manifests, args.kind, args.vocab_size, args.out, normalizer)
@@ -1067,7 +1070,8 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
             nargs="+",
             default=list(DEFAULT_CONDITIONS),
             help="KIND or KIND:VALUE among clean, level:DB, white|pink|brown|babble:SNR_DB, "
-            "reverb:RT60_S, telephone, speed:FACTOR (default: all of %(default)s)",
+            "reverb:RT60_S, telephone, speed:FACTOR, pad:SECONDS; + chains them in order, "
+            "e.g. pad:10+white:10 (default: all of %(default)s)",
         )
         p.add_argument(
             "--seed", type=whole(0), default=0, help="seed of the noise, talkers, rooms (0)"

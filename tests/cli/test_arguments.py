@@ -71,6 +71,13 @@ def test_an_out_of_range_number_stops_at_parsing(argv, said, capsys) -> None:
     assert capsys.readouterr().err.splitlines()[-1] == expected
 
 
+def test_a_vocabulary_size_for_characters_is_refused(tmp_path, capsys) -> None:
+    argv = ["tokenizer", "--manifest", "x.jsonl", "--kind", "char", "--vocab-size", "50",
+            "--out", str(tmp_path / "tok")]  # fmt: skip
+    assert main(argv) == 2
+    assert "--vocab-size sizes bpe and unigram vocabularies" in capsys.readouterr().err
+
+
 def test_jsonl_is_for_live_streams(capsys) -> None:
     assert main([*TRANSCRIBE, "--jsonl"]) == 2
     said = "asr transcribe: error: --jsonl prints a live stream's finals: give --streaming too"
