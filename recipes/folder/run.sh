@@ -101,7 +101,7 @@ PY
 run_stage 1 "prepare manifests" "$data" prepare
 
 tokenizer_options=(--kind "$tokenizer_kind")
-[ -z "$vocab_size" ] || tokenizer_options+=(--vocab-size "$vocab_size")
+[ "$tokenizer_kind" = char ] || tokenizer_options+=(--vocab-size "$vocab_size")
 run_stage 2 "tokenizer" "$data" \
   asr tokenizer --manifest "$data/train.jsonl" "${tokenizer_options[@]}" --out "$data/tokenizer"
 cmvn_dir=$(cmvn_dir "$config" "$data")
