@@ -180,7 +180,7 @@ def test_yesno_end_to_end_tiny(yesno_dir, tmp_path, repo_outputs):
         assert table in result.stdout and f"- decode_{split}: beam 1, ctc 0.3;" in table
         assert results_row(table, f"decode_{split}", metrics["wer"], metrics["cer"], sizes[split])
 
-    again = run_recipe("yesno", *args)
+    again = run_recipe("yesno", *args, "--average", "1")  # the `--` options need not be given
     assert skipped(again.stdout) == [1, 2, 3, 4, 5, 6, 7] and ran(again.stdout) == []
 
 
@@ -377,6 +377,37 @@ def test_an4_language_model_stages_train_and_fuse_the_recipe_lm(tmp_path):
     run_recipe("an4", *args, "--lm-weight", "0.3", "--stage", "8", "--stop-stage", "8",
                "--force", bin_dir=fake)  # fmt: skip
     assert "--ckpt_path" not in log.read_text() and not (exp / "lm" / "checkpoints").exists()
+
+
+def test_a_stage_done_with_other_options_is_not_skipped_as_if_done_with_these(tmp_path):
+    """A decode done at beam 10, asked again at beam 3: a usage error showing both commands,
+    not a skip that claims beam 3. --force runs it; a forced run that fails leaves no marker,
+    so the next plain run does not take the old results for done. Bad --lm-weight: refused."""
+    fake, log = tmp_path / "bin", tmp_path / "calls.txt"
+    failing = tmp_path / "failing"
+    for folder, tail in ((fake, ""), (failing, "sys.exit(1)\n")):
+        folder.mkdir()
+        (folder / "asr").write_text(RECORDING_ASR.format(python=sys.executable, log=log) + tail)
+        (folder / "asr").chmod(0o755)
+    data, exp = tmp_path / "data", tmp_path / "exp"
+    for stage in range(1, 6):  # stages 1-5 done already (hand-made markers: any command)
+        folder = data if stage < 4 else exp / "transformer_quick"
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f".done-{stage}").write_text("")
+    args = ["--data-dir", tmp_path, "--data", data, "--exp", exp, "--quick", "--stage", "6",
+            "--stop-stage", "6"]  # fmt: skip
+    assert ran(run_recipe("an4", *args, bin_dir=fake).stdout) == [6]
+    again = run_recipe("an4", *args, bin_dir=fake)
+    assert "stage 6 (decode dev and test (beam 10, CTC weight 0.5)): done already" in again.stdout
+    other = run_recipe("an4", *args, "--beam-size", "3", bin_dir=fake, check=False)
+    assert other.returncode == 2 and "stage 6 was done otherwise" in other.stderr
+    then, now = (line for line in other.stderr.splitlines() if line.startswith(("  then", "  now")))
+    assert "(beam 10, CTC weight 0.5)" in then and "(beam 3, CTC weight 0.5)" in now
+    forced = run_recipe("an4", *args, "--beam-size", "3", "--force", bin_dir=failing, check=False)
+    assert forced.returncode != 0 and not (exp / "transformer_quick" / ".done-6").exists()
+    assert ran(run_recipe("an4", *args, bin_dir=fake).stdout) == [6], "not taken for done"
+    bad = run_recipe("an4", *args, "--lm-weight", "0,4", bin_dir=fake, check=False)
+    assert bad.returncode == 2 and "--lm-weight needs a number >= 0, got '0,4'" in bad.stderr
 
 
 @pytest.mark.needs_corpus

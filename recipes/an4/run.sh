@@ -65,7 +65,7 @@ recipe_option() {
     --robustness) robustness=true; consumed=1 ;;
     --model) need_value "$@"; model=$2; consumed=2 ;;
     --tokenizer) need_value "$@"; tokenizer_kind=$2; consumed=2 ;;
-    --lm-weight) need_value "$@"; lm_weight=$2; consumed=2 ;;
+    --lm-weight) need_number "$@"; lm_weight=$2; consumed=2 ;;
     --an4-url) need_value "$@"; an4_url=$2; consumed=2 ;;
   esac
 }

@@ -71,6 +71,14 @@ need_int() {
   esac
 }
 
+# need_number OPTION [VALUE...]: a usage error unless the option has a number >= 0.
+need_number() {
+  need_value "$@"
+  if ! awk -v w="$2" 'BEGIN { exit !(w ~ /^[0-9]*\.?[0-9]+$/) }'; then
+    usage_error "$1 needs a number >= 0, got '$2'"
+  fi
+}
+
 # need_weight OPTION [VALUE...]: a usage error unless the option has a number in [0, 1].
 need_weight() {
   need_value "$@"
@@ -127,31 +135,69 @@ asr_python() {
   return 2
 }
 
-# run_stage N NAME MARKER_DIR COMMAND...: skip when done, mark when it succeeds.
+# run_stage N NAME MARKER_DIR COMMAND...: skip when done as now (its name, which holds the
+# options its command function reads, e.g. the beam, and its command), mark when it succeeds.
+# Done otherwise (another config, beam, weight into the same folder): a usage error, not a
+# skip that claims the new options.
 run_stage() {
   local n=$1 name=$2 dir=$3
   shift 3
   if [ "$n" -lt "$stage" ] || [ "$n" -gt "$stop_stage" ]; then return 0; fi
-  if [ -f "$dir/.done-$n" ] && [ "$force" = false ]; then
-    echo "== stage $n ($name): done already, skipping ($dir/.done-$n)"
+  local marker=$dir/.done-$n record
+  record="$name: $(stage_command "$@")"
+  if [ -f "$marker" ] && [ "$force" = false ]; then
+    local then
+    then=$(stage_command "$(cat "$marker")")
+    if ! same_stage "$then" "$record" "$(stage_command "$@")"; then
+      usage_error "stage $n was done otherwise ($marker):
+  then: $then
+  now:  $record
+give --force to run it again (and the stages after it), or another --exp/--data"
+    fi
+    echo "== stage $n ($name): done already, skipping ($marker)"
     return 0
   fi
   echo "== stage $n ($name)"
   mkdir -p "$dir"
+  rm -f "$marker" # a forced stage stopped halfway must not pass for done
   current_stage="$n ($name)"
   local started=$SECONDS
   "$@"
   current_stage=""
-  printf '%s\n' "$*" >"$dir/.done-$n" # the command, for the record
+  printf '%s\n' "$record" >"$marker"
   echo "== stage $n ($name): done in $((SECONDS - started)) s"
+}
+
+# stage_command COMMAND...: a stage's command as its marker records it: resuming a fit is
+# the same command as starting it, and the options after `--` (epochs, devices...) do not
+# make another run of it.
+stage_command() {
+  local command="$*" extra=" ${fit_args[*]-}"
+  command=${command// --ckpt_path last/}
+  if [ "$extra" != " " ]; then command=${command%"$extra"}; fi
+  printf '%s\n' "$command"
+}
+
+# same_stage THEN RECORD COMMAND: whether a marker's THEN is this stage's RECORD. An empty
+# marker (made by hand) passes, as do those with `--` options after it, and those that
+# recorded the command alone.
+same_stage() {
+  local then=$1 record=$2 command=$3 now
+  [ -n "$then" ] || return 0
+  for now in "$record" "$command"; do
+    if [ "$then" = "$now" ] || [ "${then#"$now" }" != "$then" ]; then return 0; fi
+  done
+  return 1
 }
 
 # On failure or SIGTERM, say which stage ended and that a re-run carries on from it.
 on_exit() {
   local status=$?
   { [ "$status" -ne 0 ] && [ -n "$current_stage" ]; } || return 0  # the script's status stays
-  if [ "$status" -eq 143 ]; then
-    echo "== stage $current_stage stopped by SIGTERM (exit 143); re-run to carry on:" \
+  if [ "$status" -eq 143 ] || [ "$status" -eq 130 ]; then
+    local by=SIGTERM
+    [ "$status" -eq 143 ] || by=Ctrl-C
+    echo "== stage $current_stage stopped by $by (exit $status); re-run to carry on:" \
       "finished stages are skipped, training resumes from its last.ckpt" >&2
   else
     echo "== stage $current_stage failed (exit $status); fix the cause and re-run:" \
@@ -199,7 +245,8 @@ resume_or_afresh() {
 # confidences fitted on dev and the attention maps that time words best.
 average_stage() {
   local n=$1 model_dir=$2 dev_manifest=$3
-  run_stage "$n" "average the best $average checkpoints, finalize on $(basename "$dev_manifest")" \
+  local search="beam $beam_size, CTC weight $ctc_weight"
+  run_stage "$n" "average the best $average, finalize on $(basename "$dev_manifest") ($search)" \
     "$model_dir" average_and_finalize "$model_dir" "$dev_manifest"
 }
 
@@ -252,9 +299,10 @@ lm_stages() {
     decode_with_lm "$model_dir" "$config" "$data" "$@"
 }
 
-# lm_wanted: whether --lm-weight asks for shallow fusion (a weight above 0, as awk compares).
+# lm_wanted: whether --lm-weight asks for shallow fusion (a weight above 0; need_number
+# checked it is a number).
 lm_wanted() {
-  awk "BEGIN { exit !($lm_weight > 0) }"
+  awk -v w="$lm_weight" 'BEGIN { exit !(w + 0 > 0) }'
 }
 
 decode_with_lm() {

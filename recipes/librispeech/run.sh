@@ -76,7 +76,7 @@ recipe_option() {
     --cmvn-utterances) need_value "$@"; cmvn_utterances=$2; consumed=2 ;;
     --config) need_value "$@"; config=$(config_path "$2"); consumed=2 ;;
     --url-base) need_value "$@"; url_base=$2; consumed=2 ;;
-    --lm-weight) need_value "$@"; lm_weight=$2; consumed=2 ;;
+    --lm-weight) need_number "$@"; lm_weight=$2; consumed=2 ;;
     --lm-config) need_value "$@"; lm_config=$(config_path "$2"); consumed=2 ;;
   esac
 }
