@@ -105,6 +105,22 @@ def test_folder_needs_data_dir(tmp_path):
     result = run_recipe("folder", "--data", tmp_path / "data", check=False)
     assert result.returncode == 2 and "--data-dir DIR is required" in result.stderr
     assert not (tmp_path / "data").exists()
+    result = run_recipe("folder", "--data-dir", tmp_path, "--init", tmp_path / "no.ckpt",
+                        check=False)  # fmt: skip
+    assert result.returncode == 2 and f"--init {tmp_path / 'no.ckpt'}: no such" in result.stderr
+
+
+def test_a_corpus_folder_that_is_not_there_is_named_not_downloaded_over(tmp_path):
+    """yesno: a --data-dir typo was taken for "download it", and without a network ended in a
+    traceback; LibriSpeech downloads into --data-dir, and says so cleanly when it cannot."""
+    args = ["--data", tmp_path / "data", "--exp", tmp_path / "exp"]
+    result = run_recipe("yesno", *args, "--data-dir", tmp_path / "nowhere", check=False)
+    assert result.returncode == 2 and "--data-dir" in result.stderr and "no such folder" in (
+        result.stderr)  # fmt: skip
+    result = run_recipe("librispeech", *args, "--data-dir", tmp_path / "dl", "--url-base",
+                        f"file://{tmp_path}/none", "--stop-stage", "0", check=False)  # fmt: skip
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert f"download of file://{tmp_path}/none/" in result.stderr
 
 
 # -------------------------------------------------------------------------------- yesno
@@ -665,3 +681,5 @@ def test_librispeech_lm_weight_needs_an_lm_config(tmp_path):
 def test_mini_librispeech_rejects_an_unknown_model():
     result = run_recipe("mini_librispeech", "--model", "lstm", check=False)
     assert result.returncode == 2 and "no config" in result.stderr
+    later = run_recipe("mini_librispeech", "--stop-stage", "0", "--model", "lstm", check=False)
+    assert later.returncode == 2 and "no config" in later.stderr, "--model anywhere"

@@ -65,6 +65,7 @@ recipe_option() {
       need_value "$@"
       model=$2
       [[ $model == hf://* ]] || model=$(absolute "$model")
+      [[ $model == hf://* ]] || [ -e "$model" ] || usage_error "--init $2: no such checkpoint or package"
       init=(--model.init_args.init_from "$model")
       consumed=2 ;;
   esac

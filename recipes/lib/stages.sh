@@ -431,12 +431,18 @@ def link(src: str, dst: str) -> None:
 
 with tempfile.TemporaryDirectory(dir=dest, prefix=".download-") as tmp:
     archive, unpacked = os.path.join(tmp, "archive"), os.path.join(tmp, "unpacked")
-    urllib.request.urlretrieve(url, archive)
-    with tarfile.open(archive) as tar:
-        if hasattr(tarfile, "data_filter"):  # refuses absolute paths and links out of the tree
-            tar.extractall(unpacked, filter="data")
-        else:
-            tar.extractall(unpacked)
+    try:
+        urllib.request.urlretrieve(url, archive)
+    except (OSError, ValueError) as error:  # URLError and HTTPError are OSErrors
+        sys.exit(f"download of {url} failed: {error} (or give --data-dir where the corpus is)")
+    try:
+        with tarfile.open(archive) as tar:
+            if hasattr(tarfile, "data_filter"):  # refuses absolute paths and links out of it
+                tar.extractall(unpacked, filter="data")
+            else:
+                tar.extractall(unpacked)
+    except (OSError, tarfile.TarError) as error:
+        sys.exit(f"{url}: not a readable tarball ({str(error).splitlines()[0]})")
     shutil.copytree(unpacked, dest, dirs_exist_ok=True, copy_function=link)
 PY
 }

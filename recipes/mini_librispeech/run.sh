@@ -30,11 +30,18 @@ for arg in "$@"; do
 done
 
 model=conformer
-if [ "${1-}" = --model ]; then
-  [ $# -ge 2 ] || { echo "$(basename "$0"): --model needs a value" >&2; exit 2; }
-  model=$2
-  shift 2
-fi
+rest=() # the options for recipes/librispeech/run.sh; --model anywhere before `--`
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --model)
+      [ $# -ge 2 ] || { echo "$(basename "$0"): --model needs a value" >&2; exit 2; }
+      model=$2
+      shift 2 ;;
+    --) rest+=("$@"); break ;;
+    *) rest+=("$1"); shift ;;
+  esac
+done
+set -- ${rest[@]+"${rest[@]}"}
 config=conf/mini_librispeech/$model.yaml
 [ -f "$root/$config" ] || { echo "$(basename "$0"): no config $config (--model conformer|transformer|rnn)" >&2; exit 2; }
 

@@ -43,7 +43,11 @@ recipe_option() {
     --url) need_value "$@"; url=$2; consumed=2 ;;
   esac
 }
+default_data_dir=$data_dir
 parse_options "$@"
+if [ "$data_dir" != "$default_data_dir" ] && [ ! -d "$data_dir" ]; then
+  usage_error "--data-dir $data_dir: no such folder (leave it out to download the corpus)"
+fi
 
 cd "$root"
 require_asr
