@@ -19,7 +19,7 @@
 #                              minutes of audio, --tokenizer char with a 4x config)
 #   3  CMVN statistics         data/folder/cmvn.json (through the config's level and features)
 #   4  train                   exp/folder/<config>/        (resumes from last.ckpt if present)
-#   5  average checkpoints     exp/folder/<config>/avg.ckpt (best 5 by dev WER),
+#   5  average checkpoints     exp/folder/<config>/avg.ckpt (best 5 as the config keeps them),
 #                              finished on dev (asr finalize)
 #   6  decode dev and test     exp/folder/<config>/decode_{dev,test}/ (test only if it has data)
 #   7  results table           exp/folder/<config>/RESULTS.md, printed

@@ -19,7 +19,7 @@
 #   3  CMVN statistics         data/librispeech/cmvn.json (first --cmvn-utterances, 20000;
 #                              through the config's level normaliser and features)
 #   4  train                   exp/librispeech/<config>/   (resumes from last.ckpt if present)
-#   5  average checkpoints     exp/librispeech/<config>/avg.ckpt (best 5 by dev WER),
+#   5  average checkpoints     exp/librispeech/<config>/avg.ckpt (best 5 as the config keeps them),
 #                              finished on the dev set (asr finalize)
 #   6  decode the test sets    exp/librispeech/<config>/decode_<set>/ (metrics, errors, plots)
 #   7  results table           exp/librispeech/<config>/RESULTS.md, printed
