@@ -111,12 +111,14 @@ def test_folder_needs_data_dir(tmp_path):
 
 
 def test_a_corpus_folder_that_is_not_there_is_named_not_downloaded_over(tmp_path):
-    """yesno: a --data-dir typo was taken for "download it", and without a network ended in a
-    traceback; LibriSpeech downloads into --data-dir, and says so cleanly when it cannot."""
+    """Where --data-dir holds no corpus, stage 0 downloads it; without a network (or a
+    typo'd --data-dir) that ended in a URLError traceback. It says why in a line now."""
     args = ["--data", tmp_path / "data", "--exp", tmp_path / "exp"]
-    result = run_recipe("yesno", *args, "--data-dir", tmp_path / "nowhere", check=False)
-    assert result.returncode == 2 and "--data-dir" in result.stderr and "no such folder" in (
-        result.stderr)  # fmt: skip
+    result = run_recipe("yesno", *args, "--data-dir", tmp_path / "nowhere", "--url",
+                        f"file://{tmp_path}/none.tar.gz", check=False)  # fmt: skip
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert f"no corpus at {tmp_path / 'nowhere'}" in result.stdout
+    assert f"download of file://{tmp_path}/none.tar.gz failed" in result.stderr
     result = run_recipe("librispeech", *args, "--data-dir", tmp_path / "dl", "--url-base",
                         f"file://{tmp_path}/none", "--stop-stage", "0", check=False)  # fmt: skip
     assert result.returncode == 1 and "Traceback" not in result.stderr
@@ -213,7 +215,7 @@ def test_yesno_download_when_absent(yesno_dir, tmp_path, repo_outputs):
     missing = run_recipe("yesno", *args, "--stage", "1", check=False)
     assert missing.returncode == 2 and "not found" in missing.stderr
     result = run_recipe("yesno", *args, "--url", tarball.as_uri(), "--stop-stage", "3")
-    assert f"== stage 0 (download {tarball.as_uri()})" in result.stdout
+    assert f"== stage 0 (download {tarball.as_uri()}): no corpus at" in result.stdout
     assert ran(result.stdout) == [1, 2, 3]
     assert len(list((data / "download" / "waves_yesno").glob("*.wav"))) == 60
     _assert_yesno_data(data)

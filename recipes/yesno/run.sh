@@ -43,11 +43,7 @@ recipe_option() {
     --url) need_value "$@"; url=$2; consumed=2 ;;
   esac
 }
-default_data_dir=$data_dir
 parse_options "$@"
-if [ "$data_dir" != "$default_data_dir" ] && [ ! -d "$data_dir" ]; then
-  usage_error "--data-dir $data_dir: no such folder (leave it out to download the corpus)"
-fi
 
 cd "$root"
 require_asr
@@ -57,7 +53,7 @@ if [ ! -d "$data_dir" ] && [ -d "$downloaded" ]; then data_dir=$downloaded; fi
 # Stage 0 has no marker: the corpus is there or not.
 if [ "$stage" -le 1 ] && [ ! -d "$data_dir" ]; then
   [ "$stage" -le 0 ] || usage_error "yes/no corpus not found at $data_dir: pass --data-dir or run stage 0 (download)"
-  echo "== stage 0 (download $url)"
+  echo "== stage 0 (download $url): no corpus at $data_dir"
   download "$url" "$data/download"
   data_dir=$downloaded
 elif [ "$stage" -le 0 ]; then
