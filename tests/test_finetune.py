@@ -54,14 +54,16 @@ def test_a_new_vocabulary_keeps_the_rows_of_shared_tokens(texts):
     assert "remapped decoder.output.weight" in report.summary()
 
 
+def _wider(tokenizer, part: str):
+    """The tiny model with a wider feed-forward layer in its `part` (encoder or decoder)."""
+    config = TINY_MODEL_CONFIG | {"vocab_size": tokenizer.vocab_size}
+    wider = config[part]["init_args"] | {"ffn_dim": 48}
+    return instantiate(build_seq2seq, config | {part: config[part] | {"init_args": wider}})
+
+
 def test_a_different_architecture_is_reinitialised_and_named():
     tokenizer = CharTokenizer.train(["YES NO GO"])
-    trained = _model(tokenizer, 0)
-    config = TINY_MODEL_CONFIG | {"vocab_size": tokenizer.vocab_size}
-    wider = config["decoder"]["init_args"] | {"ffn_dim": 48}
-    fresh = instantiate(
-        build_seq2seq, config | {"decoder": config["decoder"] | {"init_args": wider}}
-    )
+    trained, fresh = _model(tokenizer, 0), _wider(tokenizer, "decoder")
     report = transfer_weights(fresh, trained.state_dict(), tokenizer, tokenizer)
     assert report.reinitialised and all(n.startswith("decoder.") for n in report.reinitialised)
     assert set(report.copied) >= {n for n in fresh.state_dict() if not n.startswith("decoder.")}
@@ -72,12 +74,7 @@ def test_a_config_of_another_encoder_is_refused():
     """A config for another model (a wider encoder, or one without the trained CMVN) re-
     initialised nearly everything and trained on as a fine-tune: it is refused, named."""
     tokenizer = CharTokenizer.train(["YES NO GO"])
-    trained = _model(tokenizer, 0)
-    config = TINY_MODEL_CONFIG | {"vocab_size": tokenizer.vocab_size}
-    wider = config["encoder"]["init_args"] | {"ffn_dim": 48}
-    other = instantiate(
-        build_seq2seq, config | {"encoder": config["encoder"] | {"init_args": wider}}
-    )
+    trained, other = _model(tokenizer, 0), _wider(tokenizer, "encoder")
     initial = {k: v.clone() for k, v in other.state_dict().items()}
     with pytest.raises(ValueError, match=r"init_from: the trained model's frontend or encoder is "
                        r"not this config's: encoder\..* is \(\d+, \d+\) there, \(\d+, \d+\) "

@@ -407,21 +407,24 @@ join_and() {
   echo "$text"
 }
 
-# download URL DIR: fetch a tarball (http(s):// or file://) and unpack it into DIR, merging
-# with what is there. It is unpacked into a temporary folder inside DIR, then hard-linked into
-# place, so a download that fails halfway adds nothing to DIR.
+# download URL DIR: fetch a tarball (http(s):// or file://, by fetch_tarball) and unpack it
+# into DIR, merging with what is there. It is unpacked into a temporary folder inside DIR, then
+# hard-linked into place, so a download that fails halfway adds nothing to DIR.
 download() {
-  echo "downloading $1 into $2"
-  $(asr_python) - "$1" "$2" <<'PY'
+  mkdir -p "$2"
+  local archive=$2/.download.tar.gz
+  fetch_tarball "$1" "$archive" || {
+    echo "(or give --data-dir where the corpus is)" >&2
+    return 1
+  }
+  $(asr_python) - "$archive" "$2" <<'PY'
 import os
 import shutil
 import sys
 import tarfile
 import tempfile
-import urllib.request
 
-url, dest = sys.argv[1:]
-os.makedirs(dest, exist_ok=True)
+archive, dest = sys.argv[1:]
 
 
 def link(src: str, dst: str) -> None:
@@ -430,20 +433,14 @@ def link(src: str, dst: str) -> None:
 
 
 with tempfile.TemporaryDirectory(dir=dest, prefix=".download-") as tmp:
-    archive, unpacked = os.path.join(tmp, "archive"), os.path.join(tmp, "unpacked")
-    try:
-        urllib.request.urlretrieve(url, archive)
-    except (OSError, ValueError) as error:  # URLError and HTTPError are OSErrors
-        sys.exit(f"download of {url} failed: {error} (or give --data-dir where the corpus is)")
-    try:
-        with tarfile.open(archive) as tar:
-            if hasattr(tarfile, "data_filter"):  # refuses absolute paths and links out of it
-                tar.extractall(unpacked, filter="data")
-            else:
-                tar.extractall(unpacked)
-    except (OSError, tarfile.TarError) as error:
-        sys.exit(f"{url}: not a readable tarball ({str(error).splitlines()[0]})")
+    unpacked = os.path.join(tmp, "unpacked")
+    with tarfile.open(archive) as tar:
+        if hasattr(tarfile, "data_filter"):  # refuses absolute paths and links out of the tree
+            tar.extractall(unpacked, filter="data")
+        else:
+            tar.extractall(unpacked)
     shutil.copytree(unpacked, dest, dirs_exist_ok=True, copy_function=link)
+os.remove(archive)
 PY
 }
 
