@@ -106,8 +106,8 @@ class EndpointOptions:
 
     def __post_init__(self) -> None:
         for name in ("trailing_silence", "leading_silence", "max_utterance"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"EndpointOptions.{name} must be positive")
+            if not 0 < getattr(self, name) < math.inf:  # nan turned the rule off
+                raise ValueError(f"EndpointOptions.{name} must be positive and finite")
         if self.silence_from not in ("ctc", "silero"):
             raise ValueError(f"silence_from must be 'ctc' or 'silero', got {self.silence_from!r}")
 

@@ -37,7 +37,14 @@ async def _connect(
     from asr.audio import AudioError, load_audio
 
     rate = args.sample_rate
-    tls = ssl.create_default_context(cafile=args.cafile) if args.url.startswith("wss:") else None
+    secure = args.url.lower().startswith("wss:")  # a scheme is case-blind: WSS:// too
+    if args.cafile and not secure:
+        raise ValueError(f"--cafile {args.cafile}: trusts a wss:// server's certificate; "
+                         f"{args.url} is not wss://")  # fmt: skip
+    try:
+        tls = ssl.create_default_context(cafile=args.cafile) if secure else None
+    except (OSError, ssl.SSLError) as err:
+        raise ValueError(f"--cafile {args.cafile}: {err.strerror or err}") from None
     failed = 0
     for name in args.audio:
         if len(args.audio) > 1 and not args.jsonl:
@@ -58,6 +65,8 @@ async def _connect(
             ws = await open_socket(args.url, ssl=tls, open_timeout=args.timeout)
         except (OSError, InvalidURI, InvalidHandshake) as err:
             hint = " (--cafile trusts it)" if isinstance(err, ssl.SSLCertVerificationError) else ""
+            if not str(err) and isinstance(err, ConnectionResetError):  # it says nothing itself
+                err = "the server reset the connection" + (" (is it serving TLS?)" if tls else "")
             raise ValueError(f"cannot connect to {args.url}: {err}{hint}") from None
         async with ws:
             await ws.send(json.dumps({"type": "start", "sample_rate": rate, **start}))

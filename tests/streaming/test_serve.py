@@ -372,7 +372,7 @@ def certificate(tmp_path_factory) -> tuple[Path, Path]:
 
 
 def test_with_a_certificate_the_page_is_https_and_the_socket_wss(
-    trained, certificate, capsys, caplog
+    trained, certificate, capsys, caplog, tmp_path
 ) -> None:
     import logging
 
@@ -391,6 +391,15 @@ def test_with_a_certificate_the_page_is_https_and_the_socket_wss(
         assert main(["connect", url, wav]) == 2  # self-signed: not trusted unless told
         assert "certificate verify failed" in (err := capsys.readouterr().err)
         assert err.rstrip().endswith("(--cafile trusts it)")
+        assert main(["connect", url.upper(), wav, "--cafile", str(cert)]) == 0  # WSS:// alike
+        assert printed_texts(capsys.readouterr().out) == ["U M N Y H SIX"]
+        for cafile, said in ((str(tmp_path / "none.pem"), "No such file or directory"),
+                             (str(key), "")):  # fmt: skip
+            assert main(["connect", url, wav, "--cafile", cafile]) == 2
+            assert f"asr connect: error: --cafile {cafile}: {said}" in capsys.readouterr().err
+        plain = url.replace("wss:", "ws:")
+        assert main(["connect", plain, wav, "--cafile", str(cert)]) == 2
+        assert "trusts a wss:// server's certificate" in capsys.readouterr().err
     offline = stream_transcript(recognizer, from_pcm16(data), OPTIONS)
     assert messages[-1] == {"type": "done", "text": offline.text, "duration": 2.6}
     ended = [r.getMessage() for r in caplog.records if "stream ended" in r.getMessage()]

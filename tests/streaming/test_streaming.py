@@ -299,6 +299,9 @@ def test_models_that_cannot_stream_are_refused(trained) -> None:
         if bad:
             with pytest.raises(ValueError, match="chunk_ms must be positive and finite"):
                 StreamOptions(chunk_ms=bad)
+        for name in ("trailing_silence", "leading_silence", "max_utterance"):  # nan: rule off
+            with pytest.raises(ValueError, match=f"{name} must be positive and finite"):
+                EndpointOptions(**{name: bad})
     with pytest.raises(ValueError, match="at least chunk_ms"):
         StreamOptions(chunk_ms=640, first_chunk_ms=320)
     with pytest.raises(ValueError, match="final_search"):
