@@ -119,14 +119,16 @@ class DynamicBucketSampler(Sampler[list[int]]):
         self.epoch = epoch
 
     def __iter__(self) -> Iterator[list[int]]:
-        batches = self._rank_batches()
-        start = self._resume_at
-        self._resume_at = 0
-        self._batches_yielded = start
-        return self._yield_from(batches, start)
+        self._batches_yielded = self._resume_at
+        return self._batches_from_resume()
 
-    def _yield_from(self, batches: list[_Indices], start: int) -> Iterator[list[int]]:
-        for batch in batches[start:]:
+    def _batches_from_resume(self) -> Iterator[list[int]]:
+        # The resume point is taken at the first batch, not by iter(): a DataLoader with
+        # workers calls iter() twice and reads only the second (torch's _reset), which would
+        # otherwise start the epoch again from batch 0.
+        start, self._resume_at = self._resume_at, 0
+        self._batches_yielded = start
+        for batch in self._rank_batches()[start:]:
             self._batches_yielded += 1
             yield list(batch)
 

@@ -237,6 +237,20 @@ def test_resume_from_state_dict_yields_exactly_the_remaining_batches(consumed, g
     assert resumed.state_dict()["batches_yielded"] == len(full)
 
 
+def test_a_loader_with_workers_resumes_where_the_sampler_stopped():
+    """torch's DataLoader with workers calls iter() on its batch sampler twice and reads the
+    second: the resume point must survive the first, or the epoch restarts from batch 0."""
+    config = random_config(4) | {"lengths": [float(n % 13 + 1) for n in range(120)]}
+    sampler = DynamicBucketSampler(**config)
+    full = list(sampler)
+    resumed = DynamicBucketSampler(**config)
+    resumed.load_state_dict({"epoch": 0, "batches_yielded": 3, "seed": config["seed"]})
+    indices = list(range(120))
+    loader = torch.utils.data.DataLoader(indices, batch_sampler=resumed, num_workers=2,
+                                         collate_fn=list)  # fmt: skip
+    assert list(loader) == full[3:]
+
+
 def test_resume_point_cleared_by_moving_to_another_epoch():
     sampler = DynamicBucketSampler([float(n) for n in range(1, 40)], max_batch_length=50.0)
     sampler.load_state_dict({"epoch": 0, "batches_yielded": 3, "seed": 0})
