@@ -211,7 +211,15 @@ class StepCheckpoint(L.Callback):
             return
         self._saved_at = step
         dirpath = Path(self.dirpath or Path(trainer.default_root_dir) / "checkpoints")
-        trainer.save_checkpoint(dirpath / "last.ckpt")
+        path = dirpath / "last.ckpt"
+        for keeper in trainer.checkpoint_callbacks:
+            # The run's ModelCheckpoint takes last.ckpt for its own, to write over at its next
+            # save; a file it did not write would send it to last-v1.ckpt, last.ckpt left stale.
+            if isinstance(keeper, ModelCheckpoint) and keeper.save_last and keeper.dirpath and (
+                Path(keeper.dirpath) == dirpath
+            ):  # fmt: skip
+                keeper.last_model_path = str(path)
+        trainer.save_checkpoint(path)
 
     def on_load_checkpoint(self, trainer: L.Trainer, module: Any, checkpoint: dict) -> None:
         reopen_cut_epoch(checkpoint)

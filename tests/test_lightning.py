@@ -566,6 +566,16 @@ def test_sigterm_stops_fit_with_a_failing_status_that_says_how_to_resume(
     assert last["global_step"] == 2, "stopped at the step the signal came"
 
 
+def test_step_checkpoints_leave_one_last_checkpoint_the_latest(tiny_an4, tmp_path):
+    """A step checkpoint before the first epoch's end wrote last.ckpt behind Lightning's back:
+    it then wrote last-v1.ckpt, and last.ckpt (what average and resume read) stayed stale."""
+    main(_fit_args(tiny_an4, tmp_path) + ["--step_checkpoint.every_n_steps", "1"])
+    names = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
+    assert "last.ckpt" in names and not [n for n in names if n.startswith("last-")], names
+    last = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)
+    assert last["epoch"] == 1, "the end of the run, not a step of the first epoch"
+
+
 class _PoisonedLoss(L.Callback):
     """Makes the training loss NaN on every step."""
 
