@@ -532,6 +532,18 @@ def _check_checkpoint_choice(command: str | None, ckpt_path: str | None, folder:
         )
 
 
+def _refusal_within(error: BaseException) -> BaseException | None:
+    """`error` where `_said_by_asr`; where jsonargparse wrapped the error of building a class
+    (a missing tokenizer or CMVN file, inside a 100-line dump of the config), that error."""
+    if _said_by_asr(error):
+        return error
+    frames = traceback.extract_tb(error.__traceback__)
+    cause = error.__cause__ or error.__context__
+    if frames and "jsonargparse" in Path(frames[-1].filename).parts and cause is not None:
+        return _refusal_within(cause)
+    return None
+
+
 def _said_by_asr(error: BaseException) -> bool:
     """Whether `error` is a refusal with its own message: a path the system could not open, or
     a ValueError this package raised (not a library's, whose traceback a bug report needs)."""
@@ -625,8 +637,9 @@ def run_lightning_cli(argv: Sequence[str]) -> ASRCLI:
             _say_where(cli)
             return cli
     except Exception as error:
-        if _said_by_asr(error) and not lost_peer(error):  # a file, a manifest...: its message
-            print(f"asr {argv[0]}: error: {error}", file=sys.stderr)
+        said = _refusal_within(error)
+        if said is not None and not lost_peer(error):  # a file, a manifest...: its message
+            print(f"asr {argv[0]}: error: {said}", file=sys.stderr)
             raise SystemExit(2) from None
         if not lost_peer(error):
             raise

@@ -336,6 +336,14 @@ def refused(argv: list[str], capsys) -> str:
     return err
 
 
+def test_a_missing_tokenizer_is_one_line_not_the_config_dumped(tiny_an4, tmp_path, capsys):
+    """jsonargparse wraps the error of building the data module in a dump of its config."""
+    args = _fit_args(tiny_an4 | {"tokenizer": str(tmp_path / "no_tokenizer")}, tmp_path)
+    said = refused(args, capsys)
+    missing = f"[Errno 2] No such file or directory: '{tmp_path / 'no_tokenizer'}'"
+    assert f"asr fit: error: {missing}" in said and "Given value" not in said
+
+
 def test_bad_manifest_fails_up_front_or_is_skipped(tiny_an4, tmp_path, capsys):
     lines = Path(tiny_an4["train"]).read_text().splitlines()
     missing = json.loads(lines[1]) | {"audio_filepath": str(tmp_path / "gone.wav")}
