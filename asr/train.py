@@ -451,6 +451,8 @@ class ASRCLI(LightningCLI):
                     f"(e.g. --model.init_args.{name}.init_args.lr), the optimizer and its "
                     "schedule together"
                 )
+        if self.subcommand == "fit":
+            _check_monitor(config)
         root = config.trainer.default_root_dir or "."
         _forget_another_runs_folders(config, root)
         if config.checkpoint.dirpath is None:
@@ -529,6 +531,19 @@ def _check_checkpoint_choice(command: str | None, ckpt_path: str | None, folder:
         raise ValueError(
             f"{folder} holds an earlier run's checkpoints: --ckpt_path last resumes it; to "
             "start afresh, give another --trainer.default_root_dir or remove that folder"
+        )
+
+
+def _check_monitor(config: Namespace) -> None:
+    """ValueError where checkpoints are chosen by a WER that validation will not log: the
+    run stopped with a traceback after its first epoch."""
+    model = config.model.get("init_args", config.model) if config.get("model") else None
+    greedy = model.get("greedy_validation", True) if model is not None else True
+    monitor = config.checkpoint.monitor
+    if not greedy and monitor in ("val/wer", "val/cer"):
+        raise ValueError(
+            f"model.greedy_validation false logs no {monitor} to choose checkpoints by: set "
+            "--checkpoint.monitor val/acc --checkpoint.mode max (or val/loss, min)"
         )
 
 

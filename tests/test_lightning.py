@@ -344,6 +344,16 @@ def test_a_missing_tokenizer_is_one_line_not_the_config_dumped(tiny_an4, tmp_pat
     assert f"asr fit: error: {missing}" in said and "Given value" not in said
 
 
+def test_checkpoints_chosen_by_a_wer_validation_will_not_log_are_refused(tiny_an4, tmp_path,
+                                                                         capsys):  # fmt: skip
+    """greedy_validation false under the default monitor (val/wer) trained an epoch, then
+    stopped with a MisconfigurationException."""
+    args = _fit_args(tiny_an4, tmp_path) + ["--model.init_args.greedy_validation", "false"]
+    assert "logs no val/wer to choose checkpoints by: set --checkpoint.monitor val/acc" in (
+        refused(args, capsys))  # fmt: skip
+    assert not (tmp_path / "checkpoints").exists()
+
+
 def test_bad_manifest_fails_up_front_or_is_skipped(tiny_an4, tmp_path, capsys):
     lines = Path(tiny_an4["train"]).read_text().splitlines()
     missing = json.loads(lines[1]) | {"audio_filepath": str(tmp_path / "gone.wav")}
