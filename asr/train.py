@@ -453,6 +453,11 @@ class ASRCLI(LightningCLI):
                 )
         if self.subcommand == "fit":
             _check_monitor(config)
+        if str(config.trainer.precision) in HALF_WEIGHTS:
+            raise ValueError(
+                f"--trainer.precision {config.trainer.precision}: the frontend makes float32 "
+                "features, which half-precision weights cannot take; use bf16-mixed or 16-mixed"
+            )
         root = config.trainer.default_root_dir or "."
         _forget_another_runs_folders(config, root)
         if config.checkpoint.dirpath is None:
@@ -532,6 +537,9 @@ def _check_checkpoint_choice(command: str | None, ckpt_path: str | None, folder:
             f"{folder} holds an earlier run's checkpoints: --ckpt_path last resumes it; to "
             "start afresh, give another --trainer.default_root_dir or remove that folder"
         )
+
+
+HALF_WEIGHTS = ("bf16-true", "16-true")  # weights, not only the arithmetic, in 16 bits
 
 
 def _check_monitor(config: Namespace) -> None:

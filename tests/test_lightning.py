@@ -354,6 +354,15 @@ def test_checkpoints_chosen_by_a_wer_validation_will_not_log_are_refused(tiny_an
     assert not (tmp_path / "checkpoints").exists()
 
 
+@pytest.mark.parametrize("precision", ["bf16-true", "16-true"])
+def test_half_precision_weights_are_refused_before_training(tiny_an4, tmp_path, capsys,
+                                                            precision):  # fmt: skip
+    """They met the frontend's float32 features with a torch dtype RuntimeError."""
+    args = _fit_args(tiny_an4, tmp_path) + ["--trainer.precision", precision]
+    assert f"--trainer.precision {precision}: the frontend makes float32 features" in (
+        refused(args, capsys))  # fmt: skip
+
+
 def test_bad_manifest_fails_up_front_or_is_skipped(tiny_an4, tmp_path, capsys):
     lines = Path(tiny_an4["train"]).read_text().splitlines()
     missing = json.loads(lines[1]) | {"audio_filepath": str(tmp_path / "gone.wav")}
