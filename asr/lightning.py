@@ -354,7 +354,7 @@ class ASRModule(L.LightningModule):
         return None if train is None else segment_seconds_for(train.durations)
 
     def on_train_batch_start(self, batch: Batch, batch_idx: int) -> None:
-        if self.hparams.freeze_encoder_steps:
+        if self.global_step <= self.hparams.freeze_encoder_steps:  # frozen, or thawed now
             # A frozen encoder's batch statistics (the Conformer's BatchNorm) stay as trained;
             # set every batch: Lightning turns the whole model to training at each epoch.
             frozen = self.global_step < self.hparams.freeze_encoder_steps

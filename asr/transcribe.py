@@ -162,15 +162,15 @@ def join_segments(
     a word both sides of a cut decoded (whole on one side, its onset on the other) kept once."""
     parts = sorted(parts, key=lambda part: part[0][0])
     spans = [span for span, _ in parts]
-    words = [_kept_words(part, span[0], *_kept_range(spans, k)) for k, (span, part) in
-             enumerate(parts)]  # fmt: skip
+    ranges = [_kept_range(spans, k) for k in range(len(spans))]
+    words = [_kept_words(part, span[0], *kept) for (span, part), kept in zip(parts, ranges)]
     for k in range(len(parts) - 1):
         if spans[k][1] > spans[k + 1][0]:
             _keep_once(parts[k], parts[k + 1], words[k], words[k + 1])
     out = Transcript("", [], [], [], [], [], 0.0, duration, [])
     logprob_sum, logprob_count = 0.0, 0  # over whole segments: tokens and eos
     for k, (span, part) in enumerate(parts):
-        low, high = _kept_range(spans, k)
+        low, high = ranges[k]
         keep = _kept_tokens(part, words[k])
         tokens = [t for t, stays in zip(part.tokens, keep) if stays]
         text = part.text if all(keep) else tokenizer.decode(tokens)

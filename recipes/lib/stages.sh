@@ -143,12 +143,13 @@ run_stage() {
   local n=$1 name=$2 dir=$3
   shift 3
   if [ "$n" -lt "$stage" ] || [ "$n" -gt "$stop_stage" ]; then return 0; fi
-  local marker=$dir/.done-$n record
-  record="$name: $(stage_command "$@")"
+  local marker=$dir/.done-$n command record
+  command=$(stage_command "$@")
+  record="$name: $command"
   if [ -f "$marker" ] && [ "$force" = false ]; then
     local then
     then=$(stage_command "$(cat "$marker")")
-    if ! same_stage "$then" "$record" "$(stage_command "$@")"; then
+    if ! same_stage "$then" "$record" "$command"; then
       usage_error "stage $n was done otherwise ($marker):
   then: $then
   now:  $record
