@@ -71,16 +71,32 @@ class RunCheckpoint(ModelCheckpoint):
             state_dict = _moved_record(state_dict, Path(self.dirpath)) or state_dict
         super().load_state_dict(state_dict)
 
+    _validated: tuple[int, Any] | None = None  # (step, monitored score) of the last validation
+
     # Lightning writes last.ckpt only beside a new best-k checkpoint; refresh it every epoch.
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        super().on_train_epoch_end(trainer, pl_module)
+        if not self._stale_score(trainer):
+            super().on_train_epoch_end(trainer, pl_module)
         if self._should_save_on_train_epoch_end(trainer):
             self._refresh_last(trainer)
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not trainer.sanity_checking:
+            score = self._monitor_candidates(trainer).get(self.monitor)
+            self._validated = trainer.global_step, score
         super().on_validation_end(trainer, pl_module)
         if not self._should_save_on_train_epoch_end(trainer):
             self._refresh_last(trainer)
+
+    def _stale_score(self, trainer: L.Trainer) -> bool:
+        """An epoch cut short (max_steps) ends without validating: ranking its weights by the
+        previous validation's score would file them among the best under a score not theirs."""
+        if self._validated is None or self._validated[0] == trainer.global_step:
+            return False
+        then, now = self._validated[1], self._monitor_candidates(trainer).get(self.monitor)
+        if then is None or now is None:
+            return False
+        return bool(torch.equal(torch.as_tensor(now), torch.as_tensor(then)))
 
     def _refresh_last(self, trainer: L.Trainer) -> None:
         if self.save_last is True and not self._should_skip_saving_checkpoint(trainer):

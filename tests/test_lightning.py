@@ -232,6 +232,19 @@ def test_last_ckpt_is_the_final_state_when_that_epoch_is_not_among_the_best(tiny
     assert last["epoch"] == 1 and last["global_step"] == 2 * _steps_per_epoch(tmp_path)
 
 
+def test_an_epoch_cut_short_by_max_steps_is_not_ranked_by_the_last_validation(tiny_an4, tmp_path):
+    """max_steps ends the second epoch before its validation: its weights go to last.ckpt,
+    not among the best under the first epoch's score."""
+    main(_fit_args(tiny_an4, tmp_path) + ["--trainer.limit_train_batches", "2",
+                                          "--trainer.max_steps", "3"])  # fmt: skip
+    folder = tmp_path / "checkpoints"
+    assert [p.name[:8] for p in folder.glob("epoch*.ckpt")] == ["epoch000"]
+    last = torch.load(folder / "last.ckpt", weights_only=True)
+    assert last["global_step"] == 3
+    (record,) = (v for k, v in last["callbacks"].items() if k.startswith("ModelCheckpoint"))
+    assert [Path(p).name[:8] for p in record["best_k_models"]] == ["epoch000"]
+
+
 def _steps_per_epoch(root: Path) -> int:
     first = torch.load(next((root / "checkpoints").glob("epoch000*.ckpt")), weights_only=True)
     return first["global_step"]
