@@ -101,6 +101,10 @@ class Conv2dSubsampling(nn.Module):
             raise ValueError(
                 f"Conv2dSubsampling: expected input (B, T, {self.input_dim}), got {tuple(x.shape)}"
             )
+        if x_lens.shape != (x.size(0),):
+            raise ValueError(
+                f"Conv2dSubsampling: x_lens must be ({x.size(0)},), got {tuple(x_lens.shape)}"
+            )
         if x_lens.numel() and int(x_lens.max()) > x.size(1):
             raise ValueError(
                 f"Conv2dSubsampling: a length {int(x_lens.max())} exceeds the {x.size(1)} frames"

@@ -56,6 +56,24 @@ def reorder_batch(state: State, index: Tensor) -> State:
     return out
 
 
+def check_lengths(name: str, x: Tensor, x_lens: Tensor, input_dim: int, arg: str = "x") -> Tensor:
+    """Validate `(B, T, input_dim)` and its lengths; returns the lengths on the CPU."""
+    if x.dim() != 3 or x.size(-1) != input_dim:
+        raise ValueError(f"{name}: {arg} must be (B, T, {input_dim}), got {tuple(x.shape)}")
+    if x_lens.shape != (x.size(0),):
+        raise ValueError(f"{name}: {arg}_lens must be ({x.size(0)},), got {tuple(x_lens.shape)}")
+    cpu_lens = x_lens.cpu()
+    if cpu_lens.numel() and (cpu_lens.min() < 1 or cpu_lens.max() > x.size(1)):
+        raise ValueError(f"{name}: lengths must lie in [1, {x.size(1)}], got {cpu_lens.tolist()}")
+    return cpu_lens
+
+
+def check_tokens(name: str, tokens: Tensor, batch: int) -> None:
+    """Validate teacher-forcing tokens `(batch, L)`."""
+    if tokens.dim() != 2 or tokens.size(0) != batch:
+        raise ValueError(f"{name}: tokens must be (B={batch}, L), got {tuple(tokens.shape)}")
+
+
 def lengths_to_mask(lens: Tensor, max_len: int | None = None) -> Tensor:
     """Boolean mask `(B, T)`, True on valid positions.
 

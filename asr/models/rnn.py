@@ -10,7 +10,7 @@ from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from asr.models.attention import LocationAwareAttention
-from asr.models.interfaces import State, lengths_to_mask, reorder_batch
+from asr.models.interfaces import State, check_lengths, check_tokens, lengths_to_mask, reorder_batch
 
 _RNN_TYPES = {"lstm": nn.LSTM, "gru": nn.GRU}
 _CELL_TYPES = {"lstm": nn.LSTMCell, "gru": nn.GRUCell}
@@ -51,18 +51,6 @@ def parse_subsample(subsample: str | Sequence[int], num_layers: int) -> list[int
             f"(num_layers={num_layers})"
         )
     return factors
-
-
-def _check_lengths(name: str, x: Tensor, x_lens: Tensor, input_dim: int, arg: str = "x") -> Tensor:
-    """Validate `(B, T, input_dim)` and its lengths; returns the lengths on the CPU."""
-    if x.dim() != 3 or x.size(-1) != input_dim:
-        raise ValueError(f"{name}: {arg} must be (B, T, {input_dim}), got {tuple(x.shape)}")
-    if x_lens.shape != (x.size(0),):
-        raise ValueError(f"{name}: {arg}_lens must be ({x.size(0)},), got {tuple(x_lens.shape)}")
-    cpu_lens = x_lens.cpu()
-    if cpu_lens.numel() and (cpu_lens.min() < 1 or cpu_lens.max() > x.size(1)):
-        raise ValueError(f"{name}: lengths must lie in [1, {x.size(1)}], got {cpu_lens.tolist()}")
-    return cpu_lens
 
 
 def _time_mask(x: Tensor, lens: Tensor) -> Tensor:
@@ -208,7 +196,7 @@ class RNNEncoder(nn.Module):
     def forward(self, x: Tensor, x_lens: Tensor) -> tuple[Tensor, Tensor]:
         """Args: x `(B, T, input_dim)`, x_lens `(B,)` each in `[1, T]`.
         Returns: y `(B, T', output_dim)`, zero past each length, and y_lens `(B,)`."""
-        _check_lengths(type(self).__name__, x, x_lens, self.input_dim)
+        check_lengths(type(self).__name__, x, x_lens, self.input_dim)
         if self.front is not None:
             x, x_lens = self.front(x, x_lens)
         last = len(self.rnns) - 1
@@ -331,7 +319,7 @@ class RNNAttentionDecoder(nn.Module):
 
     def init_state(self, enc: Tensor, enc_lens: Tensor) -> State:
         """The batch-first search state for enc `(B, T, encoder_dim)`, enc_lens `(B,)`."""
-        _check_lengths(type(self).__name__, enc, enc_lens, self.encoder_dim, "enc")
+        check_lengths(type(self).__name__, enc, enc_lens, self.encoder_dim, "enc")
         memory = self.attention.prepare(enc, lengths_to_mask(enc_lens, enc.size(1)))
         dtype = self.output.weight.dtype
         zeros = enc.new_zeros(enc.size(0), self.cells[0].hidden_size, dtype=dtype)
@@ -381,11 +369,7 @@ class RNNAttentionDecoder(nn.Module):
     def forward(self, enc: Tensor, enc_lens: Tensor, tokens: Tensor) -> tuple[Tensor, Tensor]:
         """Args: enc `(B, T, encoder_dim)`, enc_lens `(B,)`, tokens `(B, L)` sos-prefixed.
         Returns: logits `(B, L, V)` and attention `(B, K, L, T)`."""
-        if tokens.dim() != 2 or tokens.size(0) != enc.size(0):
-            shape = tuple(tokens.shape)
-            raise ValueError(
-                f"RNNAttentionDecoder: tokens must be (B={enc.size(0)}, L), got {shape}"
-            )
+        check_tokens(type(self).__name__, tokens, enc.size(0))
         state = self.init_state(enc, enc_lens)
         embedded = self.dropout(self.embed(tokens))
         sampling = self.training and self.scheduled_sampling > 0.0

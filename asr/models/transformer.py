@@ -23,7 +23,7 @@ from asr.models.chunking import (
     encoder_mask,
     next_attention_chunk,
 )
-from asr.models.interfaces import State, lengths_to_mask, reorder_batch
+from asr.models.interfaces import State, check_lengths, check_tokens, lengths_to_mask, reorder_batch
 
 
 class EncoderLayer(nn.Module):
@@ -269,11 +269,13 @@ class TransformerDecoder(nn.Module):
         if tie_embeddings:
             self.output.weight = self.embedding.weight
         self.vocab_size = vocab_size
+        self.encoder_dim = encoder_dim
         self.num_attention_maps = num_layers * num_heads
         self.attention_layers = num_layers
 
     def _memory(self, enc: Tensor, enc_lens: Tensor) -> tuple[list[Tensor], list[Tensor], Tensor]:
         """Per-layer cross-attention keys and values `(B, H, T, d)` and the mask `(B,1,1,T)`."""
+        check_lengths(type(self).__name__, enc, enc_lens, self.encoder_dim, "enc")
         memory = self.memory_proj(enc)
         pairs = [layer.cross_attn.project_key_value(memory) for layer in self.layers]
         # contiguous once here, or each search step's matmul copies the head views
@@ -283,6 +285,7 @@ class TransformerDecoder(nn.Module):
     def forward(self, enc: Tensor, enc_lens: Tensor, tokens: Tensor) -> tuple[Tensor, Tensor]:
         """Args: enc `(B, T, encoder_dim)`, enc_lens `(B,)`, tokens `(B, L)` sos-prefixed.
         Returns: logits `(B, L, V)` and cross-attention `(B, layers * heads, L, T)`."""
+        check_tokens(type(self).__name__, tokens, enc.size(0))
         keys, values, mask = self._memory(enc, enc_lens)
         x = self.positions(self.embedding(tokens))
         attns = []

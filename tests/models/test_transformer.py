@@ -110,6 +110,8 @@ def test_bad_configs_and_inputs_raise() -> None:
         sub(torch.randn(2, 30, 21), torch.tensor([30, 30]))
     with pytest.raises(ValueError, match="exceeds"):
         sub(torch.randn(2, 30, 20), torch.tensor([31, 30]))
+    with pytest.raises(ValueError, match=r"x_lens must be \(2,\)"):
+        sub(torch.randn(2, 30, 20), torch.tensor([30]))
 
 
 # ---------------------------------------------------------------- positional encoding
@@ -246,6 +248,24 @@ def test_encoder_runs_under_bf16_autocast() -> None:
 
 def make_decoder(encoder_dim: int = 16, tie: bool = True, **kwargs) -> TransformerDecoder:
     return TransformerDecoder(VOCAB, encoder_dim, tie_embeddings=tie, **{**SMALL, **kwargs})
+
+
+@pytest.mark.parametrize(
+    ("lens", "tokens", "match"),
+    [
+        ([12, 0], (2, 3), r"lengths must lie in \[1, 12\]"),  # all-NaN logits for the row
+        ([13, 9], (2, 3), r"lengths must lie in \[1, 12\]"),  # read as 12
+        ([12], (2, 3), r"enc_lens must be \(2,\)"),  # broadcast over the batch
+        ([12, 9], (1, 3), r"tokens must be \(B=2, L\)"),  # broadcast over the batch
+    ],
+)
+def test_decoder_refuses_lengths_and_tokens_that_do_not_fit(lens, tokens, match) -> None:
+    decoder, enc = make_decoder(16, True), torch.randn(2, 12, 16)
+    with pytest.raises(ValueError, match=match):
+        decoder(enc, torch.tensor(lens), random_tokens(*tokens))
+    if tokens[0] == 2:
+        with pytest.raises(ValueError, match=match):
+            decoder.init_state(enc, torch.tensor(lens))
 
 
 @pytest.mark.parametrize("tie", [True, False])
