@@ -374,7 +374,8 @@ def test_stats_save_load_round_trip(tmp_path):
         ('{"count": 3, "sum": [1.0, 2.0], "sum_sq": [1.0]}', r"\(D,\)"),
         ('{"count": 3, "sum": ["a"], "sum_sq": [1.0]}', "bad CMVN stats"),
         ('{"count": 3, "sum": [NaN], "sum_sq": [1.0]}', "non-finite"),
-        ('{"count": -1, "sum": [1.0], "sum_sq": [1.0]}', "negative"),
+        ('{"count": -1, "sum": [1.0], "sum_sq": [1.0]}', "positive integer"),
+        ('{"count": 0, "sum": [0.0], "sum_sq": [0.0]}', "positive integer"),
     ],
 )
 def test_corrupt_stats_file_names_the_file(tmp_path, content, reason):
@@ -458,6 +459,51 @@ def test_utterance_cmvn_uses_valid_frames_only(norm_vars):
         alone, _ = UtteranceCMVN(norm_vars=norm_vars)(feats[b : b + 1, :n], lens[b : b + 1])
         torch.testing.assert_close(out[b, :n], alone[0])
         assert out[b, n:].abs().sum() == 0
+
+
+def test_utterance_cmvn_of_a_constant_band_is_zero_alone_or_padded():
+    """Digital silence gives constant bands: float32 rounding of their mean, divided by the
+    std floor, made noise that changed with the padded length."""
+    wave = torch.zeros(2, 16000)
+    frontend = Frontend(LogMelFilterbank(n_mels=8), UtteranceCMVN(norm_vars=True))
+    batched, lens = frontend(wave, torch.tensor([16000, 9000]))
+    alone, _ = frontend(wave[1:, :9000], torch.tensor([9000]))
+    assert batched.abs().max() == 0 and alone.abs().max() == 0
+    assert int(lens[1]) == alone.size(1)
+
+
+@pytest.mark.parametrize(
+    "options, match",
+    [
+        ({"n_mels": 300}, "cover no FFT bin"),  # 257 FFT bins
+        ({"n_fft": 256, "win_length": 256, "n_mels": 80}, "2 of the 80 mel bands"),
+        ({"sample_rate": 8000, "f_max": 8000.0}, r"f_max <= 4000 Hz"),
+        ({"f_min": 500.0, "f_max": 400.0}, "f_min < f_max"),
+        ({"sample_rate": 0}, "must be positive"),
+        ({"n_mels": 0}, "must be positive"),
+        ({"log_floor": 0.0}, "must be positive"),
+    ],
+)
+def test_log_mel_refuses_options_that_give_empty_or_broken_bands(options, match):
+    with pytest.raises(ValueError, match=match):
+        LogMelFilterbank(**options)
+    with pytest.raises(ValueError, match=match):
+        MFCC(n_mfcc=1, **{"n_mels": 1, **options})
+
+
+@pytest.mark.parametrize(
+    "options, match",
+    [
+        ({"window_type": "hann"}, "Invalid window type hann"),
+        ({"high_freq": 9000.0}, "high-freq"),
+        ({"low_freq": 5000.0, "high_freq": 4000.0}, "low-freq"),
+        ({"num_mel_bins": 0}, "must be positive"),
+        ({"frame_length_ms": 0.01}, "at least one sample"),
+    ],
+)
+def test_kaldi_fbank_refuses_bad_options_when_built(options, match):
+    with pytest.raises(ValueError, match=match):
+        KaldiFbank(**options)
 
 
 # ----------------------------------------------------------------------------- SpecAugment

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 
 import torch
@@ -132,17 +133,37 @@ class LogMelFilterbank(nn.Module):
         mel_norm: str | None = None,
     ):
         super().__init__()
+        if sample_rate <= 0 or n_mels < 1 or log_floor <= 0:
+            raise ValueError(
+                f"LogMelFilterbank: sample_rate ({sample_rate}), n_mels ({n_mels}) and "
+                f"log_floor ({log_floor}) must be positive"
+            )
+        nyquist = sample_rate / 2
+        if not 0 <= f_min < (nyquist if f_max is None else f_max) <= nyquist:
+            raise ValueError(
+                f"LogMelFilterbank: need 0 <= f_min < f_max <= {nyquist:g} Hz (half the "
+                f"{sample_rate} Hz sample rate), got f_min={f_min}, f_max={f_max}"
+            )
         self.sample_rate = sample_rate
         self.spectrogram = _SnipEdgesSpectrogram(n_fft, win_length, hop_length, window, power)
-        self.mel = torchaudio.transforms.MelScale(
-            n_mels=n_mels,
-            sample_rate=sample_rate,
-            f_min=f_min,
-            f_max=f_max,
-            n_stft=n_fft // 2 + 1,
-            norm=mel_norm,
-            mel_scale=mel_scale,
-        )
+        with warnings.catch_warnings():  # torchaudio's warning of empty bands: refused below
+            warnings.simplefilter("ignore", UserWarning)
+            self.mel = torchaudio.transforms.MelScale(
+                n_mels=n_mels,
+                sample_rate=sample_rate,
+                f_min=f_min,
+                f_max=f_max,
+                n_stft=n_fft // 2 + 1,
+                norm=mel_norm,
+                mel_scale=mel_scale,
+            )
+        empty = int((self.mel.fb.amax(0) == 0).sum())
+        if empty:
+            raise ValueError(
+                f"LogMelFilterbank: {empty} of the {n_mels} mel bands cover no FFT bin "
+                f"(n_fft={n_fft}, {f_min:g}-{nyquist if f_max is None else f_max:g} Hz): "
+                "use fewer mel bands or a larger n_fft"
+            )
         self.log_floor = log_floor
         self.output_dim = n_mels
 
@@ -179,8 +200,6 @@ class MFCC(nn.Module):
         mel_norm: str | None = None,
     ):
         super().__init__()
-        if not 0 < n_mfcc <= n_mels:
-            raise ValueError(f"n_mfcc ({n_mfcc}) must be in [1, n_mels = {n_mels}]")
         self.sample_rate = sample_rate
         self.log_mel = LogMelFilterbank(
             sample_rate=sample_rate,
@@ -196,6 +215,8 @@ class MFCC(nn.Module):
             mel_scale=mel_scale,
             mel_norm=mel_norm,
         )
+        if not 0 < n_mfcc <= n_mels:
+            raise ValueError(f"n_mfcc ({n_mfcc}) must be in [1, n_mels = {n_mels}]")
         dct = torchaudio.functional.create_dct(n_mfcc, n_mels, norm="ortho")  # (n_mels, n_mfcc)
         self.register_buffer("dct", dct, persistent=False)
         self.output_dim = n_mfcc
@@ -293,6 +314,16 @@ class KaldiFbank(nn.Module):
         # the same rounding as torchaudio's kaldi compliance code
         self.win_length = int(sample_rate * frame_length_ms * 0.001)
         self.hop_length = int(sample_rate * frame_shift_ms * 0.001)
+        if self.win_length < 1 or self.hop_length < 1 or num_mel_bins < 1:
+            raise ValueError(
+                f"KaldiFbank: frame_length_ms ({frame_length_ms}) and frame_shift_ms "
+                f"({frame_shift_ms}) must each give at least one sample at {sample_rate} Hz, "
+                f"and num_mel_bins ({num_mel_bins}) must be positive"
+            )
+        try:  # torchaudio checks its options only on the first wave, with bare assertions
+            torchaudio.compliance.kaldi.fbank(torch.zeros(1, self.win_length), **self.options)
+        except Exception as e:
+            raise ValueError(f"KaldiFbank: {e or type(e).__name__} (options {self.options})") from e
         self.dither = dither
         self.scale = 32768.0 if int16_scale else 1.0
         self.output_dim = num_mel_bins + int(use_energy)

@@ -14,12 +14,17 @@ from asr.models.interfaces import lengths_to_mask
 
 
 def _masked_mean_var(x: Tensor, x_lens: Tensor) -> tuple[Tensor, Tensor]:
-    """Per-utterance mean and (population) variance over valid frames, each `(B, 1, D)`."""
+    """Per-utterance mean and (population) variance over valid frames, each `(B, 1, D)`.
+
+    In float64: a constant band then has exactly its value as mean and no variance, where
+    float32 rounding (which depends on the padded length) would be divided by the std floor.
+    """
     valid = lengths_to_mask(x_lens, x.size(1))[:, :, None]  # (B, T, 1)
-    count = x_lens.clamp(min=1)[:, None, None].to(x.dtype)
-    mean = (x * valid).sum(1, keepdim=True) / count
-    var = (((x - mean) * valid) ** 2).sum(1, keepdim=True) / count
-    return mean, var
+    x64 = x.double()
+    count = x_lens.clamp(min=1)[:, None, None].to(x64.dtype)
+    mean = (x64 * valid).sum(1, keepdim=True) / count
+    var = (((x64 - mean) * valid) ** 2).sum(1, keepdim=True) / count
+    return mean.to(x.dtype), var.to(x.dtype)
 
 
 class UtteranceCMVN(nn.Module):
@@ -129,8 +134,8 @@ class CMVNStats:
             raise TypeError(f"expected a JSON object, got {type(data).__name__}")
         count, std_floor = data["count"], data.get("std_floor", 1e-5)
         level = data.get("level_dbfs", UNKNOWN_LEVEL)
-        if not isinstance(count, int) or isinstance(count, bool):
-            raise TypeError(f"'count' must be an integer, got {count!r}")
+        if not isinstance(count, int) or isinstance(count, bool) or count < 1:
+            raise TypeError(f"'count' must be a positive integer (frames), got {count!r}")
         total = torch.tensor(data["sum"], dtype=torch.float64)
         total_sq = torch.tensor(data["sum_sq"], dtype=torch.float64)
         if not (total.isfinite().all() and total_sq.isfinite().all()):
