@@ -290,6 +290,8 @@ def _transcribe(args: argparse.Namespace) -> int:
         lm = _language_model(args, recognizer)
         return transcribe_streaming(args, recognizer, lm, stdin=stdin)
     if spreads(args):
+        if "://" not in args.checkpoint and not os.path.exists(args.checkpoint):
+            raise FileNotFoundError(f"{args.checkpoint}: no such checkpoint")  # once, not per rank
         outcome = transcribe_spread(args, _transcribe_inputs)
         # Rank 0 or the --workers parent, once every share is written; other ranks count none.
         if args.explorer and not outcome.status and outcome.total > len(outcome.failures):

@@ -84,7 +84,7 @@ def expand_inputs(
             kept.append(item)
     # Files that are missing fail later; they must not move the shared folder the others'
     # outputs mirror their paths below (/missing.wav would put them under out/tmp/...).
-    exists = [os.path.exists(f.path) for f in kept]
+    exists = [os.path.exists(f.audio.path) for f in kept]  # f.path: a span's made-up name
     there = [f for f, ok in zip(kept, exists) if ok]
     stems = iter(output_stems([f.path for f in there], [f.base for f in there], unique_stems))
     inputs = [

@@ -17,6 +17,7 @@ import heapq
 import json
 import os
 import pickle
+import signal
 import subprocess
 import sys
 import tempfile
@@ -289,8 +290,9 @@ class Records:
     """What an output folder's merged manifest and parts say, latest first."""
 
     written: dict[str, dict] = field(default_factory=dict)  # stem -> its record
-    fresh: set[str] = field(default_factory=set)  # stems written by the run asked about
-    errors: dict[str, str] = field(default_factory=dict)  # stem -> its failure in that run
+    # by input name: a missing file may share its stem with another input
+    fresh: set[str] = field(default_factory=set)  # inputs written by the run asked about
+    errors: dict[str, str] = field(default_factory=dict)  # input -> its failure in that run
 
 
 def read_records(out: Path, run: str | None = None) -> Records:
@@ -302,7 +304,7 @@ def read_records(out: Path, run: str | None = None) -> Records:
         run: the run whose failures and fresh stems are wanted (None: none).
 
     Returns:
-        The records by output stem, and `run`'s fresh stems and failures.
+        The records by output stem, and `run`'s fresh inputs and failures, by input name.
     """
     records = Records()
     for record in _json_lines(out / MERGED):
@@ -314,36 +316,43 @@ def read_records(out: Path, run: str | None = None) -> Records:
         stem = line.get("stem")
         if not isinstance(stem, str):
             continue
+        name = str(line.get("name", stem))
         if isinstance(line.get("record"), dict):
             records.written[stem] = line["record"]
             if line.get("run") == run:
-                records.fresh.add(stem)
+                records.fresh.add(name)
         elif line.get("run") == run and run is not None:
-            records.errors[stem] = f"{line.get('name', stem)}: {line.get('error')}"
+            records.errors[name] = f"{name}: {line.get('error')}"
     return records
 
 
-def is_written(item: Input, out: Path, formats: Sequence[str], records: Records) -> bool:
+def is_written(item: Input, out: Path, suffixes: Sequence[str], records: Records) -> bool:
     """Whether an input needs no transcribing.
 
     Args:
         item: the input.
         out: the output folder.
-        formats: the files asked for.
+        suffixes: the files asked for (formats, and the explorer's maps).
         records: what `read_records(out)` found.
 
     Returns:
-        True where it has a record of the same audio (another recording that maps to the same
-        output name is transcribed over it) and every file asked for (files are only ever
-        whole).
+        True where it has a record of the same audio and span (another recording that maps to
+        the same output name is transcribed over it) and every file asked for (files are only
+        ever whole).
     """
     stem = item.stem.as_posix()
     record = records.written.get(stem)
-    same = record is not None and (
-        record.get("audio_filepath") == os.path.abspath(item.audio.path)
-        and record.get("offset", 0.0) == item.audio.offset
+    same = record is not None and _same_audio(record, item)
+    return same and all((out / f"{stem}.{suffix}").is_file() for suffix in suffixes)
+
+
+def _same_audio(record: dict, item: Input) -> bool:
+    clip = item.audio
+    return (
+        record.get("audio_filepath") == os.path.abspath(clip.path)
+        and record.get("offset", 0.0) == clip.offset
+        and (clip.duration is None or record.get("duration") == clip.duration)
     )
-    return same and all((out / f"{stem}.{fmt}").is_file() for fmt in formats)
 
 
 # --------------------------------------------------------------------------- planner
@@ -365,8 +374,11 @@ def make_plan(args: argparse.Namespace, size: int) -> Plan:
         inputs, failures = expand_inputs(args.audio, scratch, manifests=args.manifest)
     if args.explorer:
         check_layout_free(out, [item.stem for item in inputs])
+    from asr.explore.records import MAPS_SUFFIX
+
     records = read_records(out)
-    pending = [item for item in inputs if not is_written(item, out, formats, records)]
+    wanted = [*formats, *([MAPS_SUFFIX.lstrip(".")] if args.explorer else [])]
+    pending = [item for item in inputs if not is_written(item, out, wanted, records)]
     shares = split_by_duration([input_seconds(item) for item in pending], size)
     run = f"{time.time_ns():020d}"  # sorts as the runs happened
     return Plan(run, inputs, [[pending[i] for i in share] for share in shares], failures, formats)
@@ -389,7 +401,9 @@ def merge(plan: Plan, out: Path) -> list[str]:
     """Write `out/transcripts.jsonl` from the parts and earlier records; remove the parts.
 
     The manifest lists the plan's inputs in order, then inputs of earlier runs; a record
-    whose files are all gone is left out, and its missing files are left out of `files`.
+    whose files are all gone is left out, and its missing files are left out of `files`. An
+    input left as written takes its manifest line's fields as they are now (a corrected
+    reference text, say).
 
     Args:
         plan: the run's plan; its ranks are done.
@@ -401,13 +415,16 @@ def merge(plan: Plan, out: Path) -> list[str]:
     """
     parts = sorted(out.glob(PARTS))
     records = read_records(out, plan.run)
-    ordered = {item.stem.as_posix(): None for item in plan.inputs}
-    ordered.update(dict.fromkeys(records.written))
+    ordered: dict[str, Input | None] = {item.stem.as_posix(): item for item in plan.inputs}
+    ordered.update({stem: None for stem in records.written if stem not in ordered})
     lines = []
-    for stem in ordered:
+    for stem, item in ordered.items():
         record = records.written.get(stem)
         if record is None:
             continue
+        if item is not None and item.fields and _same_audio(record, item):
+            own = output_record(item, record.get("pred_text", ""), record.get("duration"), ())
+            record = {**own, "files": record.get("files", [])}
         files = [f for f in record.get("files", []) if (out / f).is_file()]
         if files:
             lines.append(json.dumps({**record, "files": files}, ensure_ascii=False) + "\n")
@@ -416,10 +433,10 @@ def merge(plan: Plan, out: Path) -> list[str]:
     for part in parts:
         part.unlink()
     failed = [
-        records.errors.get(item.stem.as_posix(), f"{item.name}: {NOT_RUN}")
+        records.errors.get(item.name, f"{item.name}: {NOT_RUN}")
         for share in plan.shares
         for item in share
-        if item.stem.as_posix() not in records.fresh
+        if item.name not in records.fresh
     ]
     return plan.failures + failed
 
@@ -457,12 +474,12 @@ def run_share(
             part.write("\n")  # after the line a killed run cut short
 
         def note(item: Input, result: BatchResult) -> None:
-            line: dict[str, Any] = {"run": run, "stem": item.stem.as_posix()}
+            line: dict[str, Any] = {"run": run, "stem": item.stem.as_posix(), "name": item.name}
             if result.transcript is not None:
                 text, seconds = result.transcript.text, result.transcript.duration
                 line["record"] = output_record(item, text, seconds, formats)
             else:
-                line |= {"name": item.name, "error": result.error.reason}
+                line["error"] = result.error.reason
             part.write(json.dumps(line, ensure_ascii=False) + "\n")
             part.flush()  # a killed run keeps what it finished
 
@@ -516,7 +533,7 @@ def _rank(
         if world.rank == 0:
             try:
                 plan = make_plan(args, world.size)
-            except (ValueError, FileNotFoundError) as raised:
+            except (ValueError, OSError) as raised:  # said by rank 0; the others stop quietly
                 error = raised
         if shared:
             box = [plan]
@@ -566,7 +583,10 @@ def _parent(
     ]
     children: list[subprocess.Popen] = []
     relays: list[threading.Thread] = []
-    interrupted, closed = False, threading.Event()  # closed: a reader of our output went away
+    interrupted, closed = 0, threading.Event()  # closed: a reader of our output went away
+    # SIGTERM (timeout, systemd, scancel) stops the children as Ctrl-C does, not orphans them
+    terminating = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _terminated) if terminating else None
     try:
         for rank, job in jobs:
             child = _start_child(rank, job, threads)
@@ -575,8 +595,12 @@ def _parent(
                        _relay(child.stderr, sys.stderr, closed)]  # fmt: skip
         _follow(children, out, sum(len(s) for s in plan.shares), args.quiet, closed)
     except KeyboardInterrupt:  # the children stop too: what they finished stays written
-        interrupted = True
+        interrupted = 130
+    except Terminated:
+        interrupted = 128 + signal.SIGTERM
     finally:
+        if terminating:
+            signal.signal(signal.SIGTERM, previous)
         for child in children:
             if child.poll() is None:
                 child.terminate()
@@ -591,11 +615,19 @@ def _parent(
             f"asr transcribe: interrupted: the same command transcribes the rest into {out}",
             file=sys.stderr,
         )
-        return Outcome(status=130)  # the unfinished are not failures; a re-run lists those
+        return Outcome(status=interrupted)  # the unfinished are not failures; a re-run lists them
     stopped = [(rank, c.returncode) for (rank, _), c in zip(jobs, children) if c.returncode]
     for rank, code in stopped:
         print(f"asr transcribe: error: worker {rank} exited with status {code}", file=sys.stderr)
     return Outcome(failures, len(plan.inputs) + len(plan.failures), 2 if stopped else 0)
+
+
+class Terminated(Exception):
+    """SIGTERM reached the `--workers` parent."""
+
+
+def _terminated(signum: int, frame: object) -> None:
+    raise Terminated
 
 
 def _start_child(rank: int, job: tuple, threads: int | None) -> subprocess.Popen:

@@ -18,7 +18,7 @@ import random
 import shutil
 import subprocess
 import sys
-from pathlib import Path
+from pathlib import Path, PurePath
 
 import pytest
 from conftest import REPO, page_data
@@ -27,15 +27,22 @@ from test_transcribe import UTTERANCES, WAV
 
 from asr.audio import audio_info
 from asr.cli import _parser, main
+from asr.cli.inputs import Input, expand_inputs
 from asr.cli.parallel import (
     MERGED,
+    Plan,
     World,
+    is_written,
     launched_world,
+    make_plan,
+    merge,
+    output_record,
     read_records,
     split_by_duration,
     spreads,
     worker_main,
 )
+from asr.segment import Clip
 
 # Alike in every run: greedy, one input per batch, one thread per process.
 SAME_WORK = ["--beam-size", "1", "--batch-size", "1", "--threads", "1", "--quiet"]
@@ -356,3 +363,104 @@ def test_torchrun_writes_the_merged_manifest_of_workers(workers_run, checkpoint,
     assert files_of(out) == files_of(workers_run["out"])
     assert len(done.stdout.splitlines()) == len(GOOD)  # each input once, from its rank
     assert done.stderr.count(f"explorer: {out / PAGE}") == 1, "rank 0 writes the page"
+
+
+# --------------------------------------------------------------------------- what a re-run reuses
+
+
+def test_spans_of_same_named_files_in_two_folders_keep_their_folders(tmp_path):
+    """The output stem of a span came from a name made up for it, never a file: spans of
+    spk1/utt.wav and spk2/utt.wav all went to utt@... at the top, over each other."""
+    lines = []
+    for speaker in ("spk1", "spk2"):
+        (tmp_path / speaker).mkdir()
+        shutil.copy(WAV / f"{GOOD['a/yes']}.wav", tmp_path / speaker / "utt.wav")
+        lines += [{"audio_filepath": f"{speaker}/utt.wav", "offset": o, "duration": 0.1}
+                  for o in (0.0, 0.1)]  # fmt: skip
+    manifest = tmp_path / "spans.jsonl"
+    manifest.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    inputs, failures = expand_inputs([], tmp_path, manifests=[str(manifest)])
+    assert not failures
+    assert [i.stem.as_posix() for i in inputs] == [
+        "spk1/utt@0-100",
+        "spk1/utt@100-200",
+        "spk2/utt@0-100",
+        "spk2/utt@100-200",
+    ]
+
+
+def _input(path: Path, stem: str, **fields) -> Input:
+    clip = Clip(str(path), fields.get("offset", 0.0), fields.get("duration"))
+    return Input(clip, str(path), PurePath(stem), fields or None)
+
+
+def _part(out: Path, *lines: dict) -> None:
+    (out / "transcripts.rank0.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+
+
+def test_a_missing_file_fails_though_another_input_wrote_its_stem(tmp_path):
+    """Missing files keep their bare stem; their failure must not be taken for the success of
+    another input with that stem."""
+    there, missing = _input(tmp_path / "a" / "x.wav", "x"), _input(tmp_path / "b" / "x.wav", "x")
+    record = output_record(there, "YES", 1.0, ["txt"])
+    (tmp_path / "x.txt").write_text("YES\n")
+    _part(tmp_path, {"run": "1", "stem": "x", "name": there.name, "record": record},
+          {"run": "1", "stem": "x", "name": missing.name, "error": "no such file"})  # fmt: skip
+    plan = Plan("1", [there, missing], [[there, missing]], [], ["txt"])
+    assert merge(plan, tmp_path) == [f"{missing.name}: no such file"]
+
+
+def test_a_rerun_redoes_a_span_made_longer_and_takes_a_corrected_reference(tmp_path):
+    wav = tmp_path / "a.wav"
+    shutil.copy(WAV / f"{GOOD['a/yes']}.wav", wav)
+    old = _input(wav, "a", offset=0.0, duration=0.5, text="OLD REF")
+    (tmp_path / "a.txt").write_text("YES\n")
+    _part(tmp_path, {"run": "1", "stem": "a", "record": output_record(old, "YES", 0.5, ["txt"])})
+    records = read_records(tmp_path)
+    assert is_written(old, tmp_path, ["txt"], records)
+    longer = _input(wav, "a", offset=0.0, duration=0.9, text="OLD REF")
+    assert not is_written(longer, tmp_path, ["txt"], records)
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text(json.dumps({"audio_filepath": str(wav), "offset": 0.0, "duration": 0.5,
+                                    "text": "OLD REF"}) + "\n")  # fmt: skip
+    for explorer, pending in ((False, 0), (True, 1)):  # --explorer needs the maps too
+        args = argparse.Namespace(audio=[], manifest=[str(manifest)], output_dir=str(tmp_path),
+                                  format=["txt"], explorer=explorer)  # fmt: skip
+        assert len(make_plan(args, 1).shares[0]) == pending
+
+    corrected = _input(wav, "a", offset=0.0, duration=0.5, text="NEW REF")
+    merge(Plan("2", [corrected], [[]], [], ["txt"]), tmp_path)
+    (line,) = merged(tmp_path)
+    assert (line["text"], line["pred_text"], line["files"]) == ("NEW REF", "YES", ["a.txt"])
+
+
+def test_sigterm_stops_the_workers_as_ctrl_c_does(checkpoint, corpus, tmp_path, monkeypatch):
+    """`timeout`, systemd and scancel send SIGTERM: the workers stopped running on, orphaned."""
+    import signal
+
+    import asr.cli.parallel
+
+    started = []
+
+    def terminated(children, *_):
+        started.extend(children)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(asr.cli.parallel, "_follow", terminated)
+    handler = signal.getsignal(signal.SIGTERM)
+    code, _, stderr = transcribe(
+        "--manifest", corpus["good"], "--checkpoint", checkpoint, "--output-dir", tmp_path,
+        "--workers", "2", *SAME_WORK,
+    )  # fmt: skip
+    assert code == 143 and "interrupted" in stderr, stderr
+    assert len(started) == 2 and all(child.returncode is not None for child in started)
+    assert signal.getsignal(signal.SIGTERM) == handler, "the handler is the command's only"
+
+
+def test_a_checkpoint_that_is_not_there_is_said_once(corpus, tmp_path):
+    code, _, stderr = transcribe(
+        "--manifest", corpus["good"], "--checkpoint", tmp_path / "none.ckpt",
+        "--output-dir", tmp_path / "out", "--workers", "2", *SAME_WORK,
+    )  # fmt: skip
+    assert code == 2 and stderr.count("no such checkpoint") == 1, stderr
+    assert not (tmp_path / "out").exists()
