@@ -81,8 +81,13 @@ class CTCPrefixScorer:
         }
         return self._trimmed(state)
 
-    def score(self, state: State, tokens: Tensor | None = None) -> Tensor:
-        """`(N, C)` log prefix scores `psi(h + c)` of candidates `tokens` (None: all V)."""
+    def score(self, state: State, tokens: Tensor | None = None, complete: bool = False) -> Tensor:
+        """`(N, C)` log prefix scores `psi(h + c)` of candidates `tokens` (None: all V).
+
+        `complete`: where the band ends before the last frame, score eos by continuing it with
+        blanks and repeats (-inf otherwise), as a hypothesis made to end at the length limit
+        needs. A lower bound: the band was trimmed to where the prefix then could end.
+        """
         utterance, last = state["utterance"], state["last"]
         if tokens is None:
             tokens = torch.arange(self.vocab_size, device=last.device).expand(last.size(0), -1)
@@ -97,7 +102,8 @@ class CTCPrefixScorer:
         terms = (phi + x.to(self.dtype)).masked_fill(~inside[:, None], NEG_INF)
         psi = terms.logsumexp(-1).float()
         if self.eos is not None:
-            psi = torch.where(tokens == self.eos, self.final_score(state)[:, None], psi)
+            ended = self._grown(state, self.num_frames) if complete else state
+            psi = torch.where(tokens == self.eos, self.final_score(ended)[:, None], psi)
         return psi.masked_fill(tokens == self.blank, NEG_INF)
 
     def extend(self, state: State, tokens: Tensor) -> State:
@@ -130,7 +136,8 @@ class CTCPrefixScorer:
         """`state` with its band continued by up to `frames` frames of repeats and blanks only."""
         end = state["start"] + state["r_blank"].size(1)
         more = min(end + frames, self.num_frames + 1)
-        utterance, tokens = state["utterance"], state["last"]
+        # the empty prefix (last -1) has no non-blank paths to continue: any label will do
+        utterance, tokens = state["utterance"], state["last"].clamp(min=0)
         quiet = torch.full(
             (len(tokens), more - end), NEG_INF, dtype=self.dtype, device=tokens.device
         )

@@ -69,7 +69,11 @@ def search_encoded(
 ) -> tuple[list[list[Hypothesis]], list[Tensor], Tensor]:
     """The n-best lists of encoded utterances `(B, T, D)` (CTC log-probabilities `(B, T, V)`
     where `ctc_weight` > 0), the best's `token_log_probs`, and log p(eos first)."""
-    greedy = options.beam_size == 1 and options.ctc_weight == 0 and options.lm_weight == 0
+    # greedy_search knows the length limit only; other rules and score terms need the beam
+    greedy = options.beam_size == 1 and not (
+        options.ctc_weight or options.lm_weight or options.min_len_ratio
+        or options.length_bonus or options.length_normalization
+    )  # fmt: skip
     rows = len(enc) * (1 if greedy else options.beam_size)
     bf16_steps = precision == "bf16" and rows >= BF16_STEP_ROWS
     # Autocast reuses its bf16 weight copies across steps only outside inference mode.

@@ -66,7 +66,7 @@ class SearchOptions:
     `n + 1` when `length_normalization` is set.
     """
 
-    beam_size: int = 10  # hypotheses kept per utterance; 1 = greedy
+    beam_size: int = 10  # hypotheses kept per utterance; 1 without CTC or LM = greedy
     nbest: int | None = None  # hypotheses returned per utterance, best first; None: beam_size
     ctc_weight: float = 0.0  # in [0, 1]; > 0 needs `ctc_log_probs` (prefix-scored on the fly)
     lm_weight: float = 0.0  # shallow fusion weight; > 0 needs `lm`
@@ -294,6 +294,8 @@ class _Fusion:
     ) -> None:
         self.options = options
         self.non_outputs = torch.tensor(NON_OUTPUT_IDS, device=rows.device)
+        self.eos_id = torch.tensor([SOS_EOS_ID], device=rows.device)
+        self.forced = False
         limits = max_output_length(enc_lens, options.max_len_ratio, options.max_len_extra)
         self.limits = limits[rows]
         self.min_lens = torch.floor(enc_lens.float() * options.min_len_ratio).long()[rows]
@@ -317,6 +319,7 @@ class _Fusion:
             scores = scores + self.options.lm_weight * lm_logp.float()
         scores = (scores + self.options.length_bonus).index_fill(1, self.non_outputs, NEG_INF)
         forced = t + 1 >= self.limits  # only eos remains
+        self.forced = bool(forced.any())
         eos_ok = (t >= self.min_lens) & self._eos_threshold_ok(att)
         eos = scores[:, SOS_EOS_ID].masked_fill(~(eos_ok | forced), NEG_INF)
         scores = scores.masked_fill(forced[:, None], NEG_INF)
@@ -331,14 +334,20 @@ class _Fusion:
         return att[:, SOS_EOS_ID] >= threshold * best
 
     def candidates(self, scores: Tensor) -> Tensor | None:
-        """`(N, C)` token ids CTC scores (the pre-beam); None: all."""
+        """`(N, C)` token ids CTC scores (the pre-beam, and eos); None: all."""
         size = self.options.pre_beam_size(scores.size(1)) if self.ctc is not None else None
-        return None if size is None else scores.topk(size, dim=-1).indices
+        if size is None:
+            return None
+        # eos always: unscored by CTC, a hypothesis cannot end, and an utterance whose
+        # attention ranks eos low (beam 1, short audio) would end with no hypothesis at all
+        others = scores.index_fill(1, self.eos_id, NEG_INF).topk(size, dim=-1).indices
+        return torch.cat([others, self.eos_id.expand(len(others), 1)], 1)
 
     def ctc_scores(self, candidates: Tensor | None) -> Tensor | None:
         if self.ctc is None:
             return None
-        return self.options.ctc_weight * self.ctc.score(self.ctc_state, candidates)
+        scores = self.ctc.score(self.ctc_state, candidates, complete=self.forced)
+        return self.options.ctc_weight * scores
 
     def keep_rows(self, rows: Tensor) -> None:
         self.limits, self.min_lens = self.limits[rows], self.min_lens[rows]

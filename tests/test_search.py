@@ -364,3 +364,40 @@ def test_missing_or_mismatched_scorers_raise() -> None:
 def test_empty_batch_gives_no_hypotheses() -> None:
     decoder = make_decoder("rnn")
     assert beam_search(decoder, torch.zeros(0, 5, ENC_DIM), torch.zeros(0, dtype=torch.long)) == []
+
+
+@pytest.mark.parametrize("beam", [1, 2])
+def test_every_utterance_ends_under_ctc_when_attention_ranks_eos_low(beam: int) -> None:
+    """CTC scores the pre-beam by attention only; eos is scored with it always, or an
+    attention decoder that ranks eos low leaves the utterance with no ended hypothesis."""
+    lens = torch.tensor([12, 7, 4])
+    decoder, enc = make_decoder("transformer", vocab=14), encoder_output(lens)
+    with torch.no_grad():
+        decoder.output.bias[EOS] -= 30.0  # eos last by attention at every step
+    ctc = ctc_posteriors(lens, vocab=14)
+    options = SearchOptions(beam_size=beam, ctc_weight=0.5, max_len_ratio=3.0)
+    assert options.pre_beam_size(14) is not None, "the pre-beam must be on for this test"
+    for b, nbest in enumerate(beam_search(decoder, enc, lens, options, ctc)):
+        assert nbest and all(h.score > -1e30 for h in nbest)
+        att, _, joint_ctc = sequence_scores(decoder, enc[b], int(lens[b]), nbest[0].tokens, ctc[b])
+        targets = torch.tensor([*nbest[0].tokens, EOS])[:, None]
+        expected = 0.5 * att.gather(1, targets).sum() + 0.5 * joint_ctc
+        assert nbest[0].score == pytest.approx(float(expected), abs=1e-3)
+
+
+def test_a_hypothesis_made_to_end_at_the_length_limit_keeps_its_ctc_score() -> None:
+    """At the limit eos is forced; its CTC score continues the prefix's trimmed band to the
+    last frame (a lower bound of the exact score) instead of -inf, which ended nothing."""
+    lens = torch.tensor([60, 45])
+    decoder, enc, ctc = make_decoder("rnn"), encoder_output(lens), ctc_posteriors(lens)
+    with torch.no_grad():
+        decoder.output.bias[EOS] -= 30.0  # nothing ends before the limit
+    options = SearchOptions(beam_size=3, ctc_weight=0.3, max_len_ratio=0.05)  # 2-3 tokens + eos
+    for b, nbest in enumerate(beam_search(decoder, enc, lens, options, ctc)):
+        assert nbest, "the cut-off hypotheses are returned"
+        best = nbest[0]
+        assert len(best.tokens) == int(search.max_output_length(lens[b : b + 1], 0.05)) - 1
+        att, _, joint_ctc = sequence_scores(decoder, enc[b], int(lens[b]), best.tokens, ctc[b])
+        targets = torch.tensor([*best.tokens, EOS])[:, None]
+        expected = float(0.7 * att.gather(1, targets).sum() + 0.3 * joint_ctc)
+        assert expected - 0.3 * 10 < best.score <= expected + 1e-3

@@ -606,7 +606,11 @@ def _add_search_arguments(p: argparse.ArgumentParser) -> None:
     _add_model_argument(p)
     own = "default: the checkpoint's own (asr finalize), else"
     beam, ctc, ratio = SearchOptions.beam_size, DEFAULT_CTC_WEIGHT, SearchOptions.max_len_ratio
-    p.add_argument("--beam-size", type=count, help=f"1 = greedy ({own} {beam})")
+    p.add_argument(
+        "--beam-size",
+        type=count,
+        help=f"hypotheses kept; 1 without CTC or LM = greedy ({own} {beam})",
+    )
     p.add_argument("--ctc-weight", type=weight, help=f"CTC weight ({own} {ctc} with a CTC head)")
     p.add_argument("--length-bonus", type=number, help=f"score per output token ({own} 0)")
     p.add_argument(
