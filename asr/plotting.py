@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
 from torch import Tensor
 
 from asr.metrics import Calibration
@@ -190,26 +191,35 @@ def read_training_log(run: str | os.PathLike) -> dict[str, Curve]:
 
 def _csv_logs(folder: Path) -> list[Path]:
     """A run folder's logs/version_*/metrics.csv (in version order), a logs folder's, or its own."""
-    version = re.compile(r"version_(\d+)")
     for pattern in ("logs/version_*/", "version_*/", ""):
         files = list(folder.glob(f"{pattern}metrics.csv"))
         if files:
-            return sorted(files, key=lambda f: int(m[1]) if (m := version.search(str(f))) else 0)
+            # the version folder's own name: a folder above may be named version_N too
+            return sorted(files, key=lambda f: _version(f.parent.name))
     return []
+
+
+def _version(folder: str) -> int:
+    """N of a version_N folder (a folder above may be named so too), else 0."""
+    match = re.fullmatch(r"version_(\d+)", folder)
+    return int(match[1]) if match else 0
 
 
 def plot_training_curves(runs: Mapping[str, Mapping[str, Curve]], metrics: Sequence[str]) -> Figure:
     """One panel per metric against optimizer steps, one line per run."""
     fig = Figure(figsize=(5.5, 2.6 * len(metrics)))
     axes = fig.subplots(len(metrics), 1, sharex=True, squeeze=False)[:, 0]
+    # one colour per run in every panel, though a run may have logged only some metrics
+    colours = [f"C{k % 10}" for k in range(len(runs))]
     for ax, metric in zip(axes, metrics):
-        for label, curves in runs.items():
+        for colour, (label, curves) in zip(colours, runs.items()):
             if curves.get(metric):
                 steps, values = zip(*curves[metric])
-                ax.plot(steps, values, label=label, linewidth=1.2)
+                ax.plot(steps, values, label=label, linewidth=1.2, color=colour)
         ax.set_ylabel(metric)
         ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=7)
+    handles = [Line2D([], [], color=colour, linewidth=1.2) for colour in colours]
+    axes[0].legend(handles, list(runs), fontsize=7)  # every run, drawn in the first panel or not
     axes[-1].set_xlabel("optimizer step")
     fig.tight_layout()
     return fig

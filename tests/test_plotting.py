@@ -29,6 +29,13 @@ def test_versions_are_read_in_numeric_order_and_empty_cells_skipped(tmp_path: Pa
     assert read_training_log(tmp_path / "logs/version_2/metrics.csv")["val/ctc_loss"] == [(30, 1.0)]
 
 
+def test_versions_are_ordered_by_their_own_folder_name(tmp_path: Path) -> None:
+    run = tmp_path / "version_3" / "run"  # a folder above named like a version
+    for version in range(12):
+        write_log(run, version, [f"{version},100,,{version}.0,"])
+    assert read_training_log(run)["val/loss"] == [(100, 11.0)], "the last version's value"
+
+
 def test_missing_log_names_the_folder(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match=str(tmp_path)):
         read_training_log(tmp_path)
@@ -46,6 +53,16 @@ def test_one_panel_per_metric_one_line_per_run_that_logged_it() -> None:
     assert list(loss.lines[0].get_xdata()) == [1, 2]
 
 
+def test_a_run_keeps_its_colour_in_panels_where_an_earlier_run_logged_nothing() -> None:
+    runs = {"a": {"val/loss": [(1, 2.0)]}, "b": {"val/loss": [(1, 2.5)], "val/wer": [(1, 9.0)]}}
+    loss, wer = plot_training_curves(runs, ["val/loss", "val/wer"]).axes
+    assert [line.get_label() for line in wer.lines] == ["b"]
+    assert wer.lines[0].get_color() == loss.lines[1].get_color() != loss.lines[0].get_color()
+    legend = loss.get_legend()
+    assert [text.get_text() for text in legend.get_texts()] == ["a", "b"]
+    assert [h.get_color() for h in legend.legend_handles] == [x.get_color() for x in loss.lines]
+
+
 def test_cli_writes_the_png_and_rejects_unlogged_metrics(tmp_path: Path, capsys) -> None:
     write_log(tmp_path / "run1", 0, ["0,10,,3.0,2.0", "1,20,,2.0,1.5"])
     write_log(tmp_path / "run2", 0, ["0,10,,3.5,2.5"])
@@ -57,6 +74,8 @@ def test_cli_writes_the_png_and_rejects_unlogged_metrics(tmp_path: Path, capsys)
     assert "no run logged ['val/wer']" in capsys.readouterr().err
     assert main(["curves", *runs, "--out", str(out), "--labels", "only-one"]) == 2
     assert main(["curves", *runs, "--out", str(out), "--labels", "same", "same"]) == 2
+    assert main(["curves", runs[0], runs[0], "--out", str(out)]) == 2
+    assert "runs named twice" in capsys.readouterr().err
     bare = tmp_path / "bare"  # no suffix: matplotlib adds .png, and the command names that file
     assert main(["curves", *runs, "--out", str(bare), "--metrics", "val/loss"]) == 0
     assert capsys.readouterr().err.splitlines()[-1] == f"curves: {bare}.png"

@@ -485,6 +485,8 @@ def _curves(args: argparse.Namespace) -> int:
 
     labels = args.labels or _run_names(args.runs)
     if len(labels) != len(args.runs) or len(set(labels)) != len(labels):
+        if not args.labels:
+            raise ValueError(f"runs named twice: {args.runs}")
         raise ValueError(f"--labels: {len(args.runs)} distinct names needed, got {labels}")
     runs = {label: read_training_log(run) for label, run in zip(labels, args.runs)}
     logged = {metric for curves in runs.values() for metric in curves}
