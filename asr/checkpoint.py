@@ -213,6 +213,12 @@ def average_checkpoints(paths: Sequence[str | os.PathLike], out: str | os.PathLi
     for path, state in zip(paths[1:], states[1:]):
         if state["state_dict"].keys() != first.keys():
             raise CheckpointError(f"{path}: parameters differ from {paths[0]}")
+        for name, tensor in state["state_dict"].items():
+            if tensor.shape != first[name].shape:
+                raise CheckpointError(
+                    f"{path}: {name} is {tuple(tensor.shape)}, {tuple(first[name].shape)} in "
+                    f"{paths[0]}: checkpoints of another model"
+                )
     averaged = {}
     for name, tensor in first.items():
         if tensor.is_floating_point():
