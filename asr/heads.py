@@ -83,10 +83,15 @@ def reference_alignments(
     return out
 
 
-def choose_heads(recognizer: Recognizer, alignments: Sequence[Alignment]) -> HeadChoice:
-    """Rank the maps by mean boundary difference and choose the best prefix of the ranking."""
+def check_choosable(recognizer: Recognizer) -> None:
+    """Raise ValueError unless the recognizer has several attention maps to choose from."""
     if recognizer.model.decoder.num_attention_maps < 2:
         raise ValueError(f"{recognizer.checkpoint}: one attention map, nothing to choose")
+
+
+def choose_heads(recognizer: Recognizer, alignments: Sequence[Alignment]) -> HeadChoice:
+    """Rank the maps by mean boundary difference and choose the best prefix of the ranking."""
+    check_choosable(recognizer)
     per_head = _per_map_errors(recognizer, alignments)
     maps = per_head.shape[1]
     ranking = [int(k) for k in np.argsort(per_head.mean(0), kind="stable")]

@@ -95,11 +95,15 @@ def test_maps_that_are_not_the_models_are_refused_before_aligning(tiny_checkpoin
         assert said in capsys.readouterr().err
 
 
-def test_one_attention_map_leaves_nothing_to_choose():
+def test_one_attention_map_leaves_nothing_to_choose(monkeypatch, capsys):
     rnn = SimpleNamespace(model=SimpleNamespace(decoder=SimpleNamespace(num_attention_maps=1)),
                           checkpoint="rnn.ckpt")  # fmt: skip
     with pytest.raises(ValueError, match="rnn.ckpt: one attention map, nothing to choose"):
         choose_heads(rnn, [])
+    # the command says so before aligning the manifest (a missing one here)
+    monkeypatch.setattr("asr.cli._load_model", lambda args: rnn)
+    assert main(["choose-heads", "--model", "rnn.ckpt", "--manifest", "missing.jsonl"]) == 2
+    assert "one attention map, nothing to choose" in capsys.readouterr().err
 
 
 def test_finalize_stores_the_choice_that_load_model_reads(tiny_checkpoint, tmp_path, capsys):

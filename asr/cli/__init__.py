@@ -512,11 +512,17 @@ def _run_names(runs: Sequence[str]) -> list[str]:
 
 
 def _choose_heads(args: argparse.Namespace) -> int:
-    from asr.heads import check_maps, choose_heads, reference_alignments, score_heads
+    from asr.heads import (
+        check_choosable,
+        check_maps,
+        choose_heads,
+        reference_alignments,
+        score_heads,
+    )
 
     recognizer = _load_model(args)
-    if args.heads is not None:  # before aligning the manifest
-        check_maps(recognizer, args.heads)
+    # before aligning the manifest
+    check_maps(recognizer, args.heads) if args.heads is not None else check_choosable(recognizer)
     alignments = reference_alignments(recognizer, args.manifest, progress=not args.quiet)
     if args.heads is not None:
         print(score_heads(recognizer, alignments, args.heads).table(), end="")
