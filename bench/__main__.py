@@ -21,12 +21,13 @@ from typing import Any
 
 import torch
 
+from asr.cli.numbers import count
 from bench import decode, espnet, loader, peak, peer, report, scaling, train
 from bench.common import ROOT, Settings, ensure_data, write_json
 
 EPILOG = """parts:
   peak     matmul GFLOP/s in fp32 and bf16: the machine limit MFU divides by
-  train    training step throughput, memory and MFU of conf/an4/{transformer,rnn}.yaml,
+  train    training step throughput, memory and MFU of conf/an4/{transformer,conformer,rnn}.yaml,
            then whole `asr fit` epochs of both
   loader   seconds per epoch of loading the training set, with and without augmentation
   decode   RTF of greedy / beam 10 / beam 10 + CTC at batch 1, 8, 32 on AN4 test
@@ -61,8 +62,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("command", choices=[*PARTS, "all", "report"], help="part(s) to run")
     parser.add_argument("--out", type=Path, default=ROOT / "bench/results", help="results folder")
     parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run")
-    parser.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
-    parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1 ...")
+    parser.add_argument("--threads", type=count, help="torch threads (default: torch's choice)")
+    parser.add_argument("--device", type=_device, default="cpu", help="cpu, cuda, cuda:1 ...")
     parser.add_argument(
         "--checkpoint",
         help=f"recognizer to decode with (default: {DEFAULT_CHECKPOINT.relative_to(ROOT)} if it "
@@ -74,6 +75,16 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--seed", type=int, default=0)
     return parser.parse_args(argv)
+
+
+def _device(name: str) -> str:
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise argparse.ArgumentTypeError(f"not a torch device: {name!r}") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise argparse.ArgumentTypeError(f"{name}: no CUDA device is available")
+    return name
 
 
 def make_settings(args: argparse.Namespace) -> Settings:

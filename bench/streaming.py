@@ -43,6 +43,7 @@ import numpy as np
 import torch
 
 from asr.audio import load_audio
+from asr.cli.numbers import count, non_negative, positive, weight
 from asr.data.manifest import read_manifest
 from asr.loading import BACKENDS
 from asr.metrics import char_errors, word_errors
@@ -248,12 +249,14 @@ def start_server(
                *(["--first-chunk-ms", str(args.first_chunk_ms)] if args.first_chunk_ms else []),
                *shlex.split(args.server_args)]  # fmt: skip
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    said = []
     while True:
         line = process.stdout.readline()
         if not line:
-            raise RuntimeError("asr serve ended before listening")
+            raise RuntimeError("asr serve ended before listening:\n" + "".join(said[-20:]))
         if f"127.0.0.1:{port}/ (" in line:
             return process
+        said.append(line)
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -400,35 +403,60 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="part", required=True)
     p = sub.add_parser("wer", help="WER at full context and at each chunk size")
     p.add_argument("--manifest", required=True, help="JSONL manifest with references")
-    p.add_argument("--chunk-ms", type=float, nargs="+", default=[0, 320, 640, 1280],
-                   help="chunk sizes, ms (0: full context)")
-    p.add_argument("--beam", type=int, default=10, help="CTC prefix beam (and the final's beam)")
-    p.add_argument("--ctc-weight", type=float, default=0.5, help="CTC's share in rescoring")
+    p.add_argument(
+        "--chunk-ms",
+        type=non_negative,
+        nargs="+",
+        default=[0, 320, 640, 1280],
+        help="chunk sizes, ms (0: full context)",
+    )
+    p.add_argument("--beam", type=count, default=10, help="CTC prefix beam (and the final's beam)")
+    p.add_argument("--ctc-weight", type=weight, default=0.5, help="CTC's share in rescoring")
     p = sub.add_parser("load", help="latency and streams held by `asr serve` under load")
     p.add_argument("--manifest", required=True, help="JSONL manifest of the recordings to play")
-    p.add_argument("--streams", type=int, nargs="+", default=[1, 4, 8, 16, 24],
-                   help="concurrent real-time clients, one run each")
-    p.add_argument("--seconds", type=float, default=30.0, help="each run's length")
-    p.add_argument("--chunk", type=float, default=640.0, help="chunk ms")
-    p.add_argument("--recordings", type=int, default=40, help="recordings the clients play")
-    p.add_argument("--budget-ms", type=float, default=300.0,
-                   help="p95 partial latency a stream count must keep to count as held")
+    p.add_argument(
+        "--streams",
+        type=count,
+        nargs="+",
+        default=[1, 4, 8, 16, 24],
+        help="concurrent real-time clients, one run each",
+    )
+    p.add_argument("--seconds", type=positive, default=30.0, help="each run's length")
+    p.add_argument("--chunk", type=positive, default=640.0, help="chunk ms")
+    p.add_argument("--recordings", type=count, default=40, help="recordings the clients play")
+    p.add_argument(
+        "--budget-ms",
+        type=positive,
+        default=300.0,
+        help="p95 partial latency a stream count must keep to count as held",
+    )
     p.add_argument("--server-args", default="", help="more options for asr serve, one string")
     p = sub.add_parser("screenshot", help="the live page with two finals, for the docs")
     p.add_argument("--manifest", required=True, help="JSONL manifest: its first two recordings")
     p.add_argument("--png", default="docs/live_page.png", help="where the screenshot goes")
-    p.add_argument("--chunk", type=float, default=640.0, help="chunk ms")
+    p.add_argument("--chunk", type=positive, default=640.0, help="chunk ms")
     p.add_argument("--server-args", default="", help="more options for asr serve, one string")
     for p in sub.choices.values():
         p.add_argument("--model", required=True, help="a streaming model's checkpoint or package")
         p.add_argument("--out", help="JSON results (default bench/results/streaming_PART.json)")
-        p.add_argument("--final-search", choices=FINAL_SEARCHES, default="rescore",
-                       help="the final: the CTC n-best rescored, or a joint beam search (beam)")
-        p.add_argument("--first-chunk-ms", type=float,
-                       help="each utterance's first chunk, ms (default: as the others)")
-        p.add_argument("--backend", choices=BACKENDS, default="torch",
-                       help="what runs the networks: onnx and onnx-int8 need a package folder "
-                       "exported with `asr export --format onnx`")
+        p.add_argument(
+            "--final-search",
+            choices=FINAL_SEARCHES,
+            default="rescore",
+            help="the final: the CTC n-best rescored, or a joint beam search (beam)",
+        )
+        p.add_argument(
+            "--first-chunk-ms",
+            type=positive,
+            help="each utterance's first chunk, ms (default: as the others)",
+        )
+        p.add_argument(
+            "--backend",
+            choices=BACKENDS,
+            default="torch",
+            help="what runs the networks: onnx and onnx-int8 need a package folder "
+            "exported with `asr export --format onnx`",
+        )
     args = parser.parse_args(argv)
     if args.part == "screenshot":
         print(screenshot(args))

@@ -1,4 +1,4 @@
-"""Training throughput of the AN4 configs (conf/an4/transformer.yaml, conf/an4/rnn.yaml).
+"""Training throughput of the AN4 configs (conf/an4/{transformer,conformer,rnn}.yaml).
 
 The step: each config's model, optimizer and LR schedule built from its YAML as `asr fit`
 builds them, stepped over every batch of its first epoch (the config's sampler or shape grid,

@@ -177,3 +177,26 @@ def test_streaming_ratio_interval_is_paired_and_holds_the_ratio() -> None:
     low, high = ratio_interval(full, chunked)
     assert 1.0 <= low < chunked.sum() / full.sum() < high  # never below: no utterance got better
     assert ratio_interval(full, chunked) == (low, high)  # seeded: the same interval again
+
+
+def test_a_server_that_ends_before_listening_says_why(tmp_path):
+    import argparse
+
+    from bench.streaming import start_server
+
+    args = argparse.Namespace(model=str(tmp_path / "none.ckpt"), chunk=640, final_search="beam",
+                              backend="torch", first_chunk_ms=None, server_args="")  # fmt: skip
+    with pytest.raises(RuntimeError, match="(?s)ended before listening:.*no such checkpoint"):
+        start_server(args, 0, 1)
+
+
+@pytest.mark.parametrize(
+    "option, said",
+    [(["--threads", "0"], "must be at least 1"), (["--device", "bogus"], "not a torch device")],
+)
+def test_bench_options_are_checked_before_any_folder_is_made(option, said, tmp_path, capsys):
+    from bench.__main__ import main
+
+    with pytest.raises(SystemExit):
+        main(["report", "--out", str(tmp_path / "out"), *option])
+    assert said in capsys.readouterr().err and not (tmp_path / "out").exists()
