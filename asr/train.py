@@ -494,6 +494,7 @@ class ASRCLI(LightningCLI):
 
     def instantiate_classes(self) -> None:
         super().instantiate_classes()
+        _check_sample_rates(self.model, self.datamodule)
         watch_ranks(self.trainer)
         self.trainer.callbacks += [LostRank(), self.ctrl_c]
         config = self.config[self.subcommand] if self.subcommand else self.config
@@ -504,6 +505,18 @@ class ASRCLI(LightningCLI):
         model_config["vocab_size"] = self.datamodule.vocab_size
         # Plain JSON types only, so checkpoints load with weights_only=True.
         self.model.model_config = json.loads(json.dumps(model_config))
+
+
+def _check_sample_rates(module: L.LightningModule, datamodule: Any) -> None:
+    """The data module resamples audio to its rate, the frontend's filters are made for
+    its own: trained on another, the model hears every recording at the wrong speed."""
+    network, hparams = getattr(module, "model", None), getattr(datamodule, "hparams", {})
+    expected, given = getattr(network, "sample_rate", None), hparams.get("sample_rate")
+    if expected is not None and given is not None and expected != given:
+        raise ValueError(
+            f"the data are read at {given} Hz (data.sample_rate), the frontend takes "
+            f"{expected} Hz: give both the same rate"
+        )
 
 
 def _say_where(cli: ASRCLI) -> None:

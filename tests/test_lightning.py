@@ -367,6 +367,13 @@ def test_checkpoints_chosen_by_a_wer_validation_will_not_log_are_refused(tiny_an
     assert not (tmp_path / "checkpoints").exists()
 
 
+def test_data_read_at_another_rate_than_the_frontends_is_refused(tiny_an4, tmp_path, capsys):
+    """16 kHz features of 8 kHz audio: every recording heard at twice its speed, silently."""
+    args = _fit_args(tiny_an4, tmp_path) + ["--data.init_args.sample_rate", "8000"]
+    said = "the data are read at 8000 Hz (data.sample_rate), the frontend takes 16000 Hz"
+    assert said in refused(args, capsys)
+
+
 @pytest.mark.parametrize("precision", ["bf16-true", "16-true"])
 def test_half_precision_weights_are_refused_before_training(tiny_an4, tmp_path, capsys,
                                                             precision):  # fmt: skip

@@ -234,6 +234,7 @@ class LinearSpectrogram(nn.Module):
     Args:
         power: 1 for magnitude, 2 for power.
         log: take `log(max(spec, log_floor))`.
+        sample_rate: the audio's rate in Hz, which recognizers resample their input to.
         others: as `LogMelFilterbank`.
     """
 
@@ -246,8 +247,10 @@ class LinearSpectrogram(nn.Module):
         power: float = 1.0,
         log: bool = True,
         log_floor: float = 1e-10,
+        sample_rate: int = 16000,
     ):
         super().__init__()
+        self.sample_rate = sample_rate
         self.spectrogram = _SnipEdgesSpectrogram(n_fft, win_length, hop_length, window, power)
         self.log, self.log_floor = log, log_floor
         self.output_dim = n_fft // 2 + 1
