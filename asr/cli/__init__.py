@@ -95,18 +95,23 @@ def _cmvn(args: argparse.Namespace) -> int:
     from asr.data.cmvn import compute_cmvn_stats, config_frontend
     from asr.frontends import Frontend, LevelNormalizer, LogMelFilterbank
 
+    own = {"--sample-rate": args.sample_rate, "--n-mels": args.n_mels,
+           "--target-dbfs": args.target_dbfs}  # fmt: skip
     if args.config is not None:
         from asr.config_check import config_problems
 
+        given = [name for name, value in own.items() if value is not None]
+        if given:
+            raise ValueError(f"{' and '.join(given)}: the features are --config's; give either")
         problems = config_problems(args.config)
         if problems:
             raise ValueError("\n".join(problems))
         frontend = config_frontend(args.config)
     else:
-        features = LogMelFilterbank(sample_rate=args.sample_rate, n_mels=args.n_mels)
+        rate, n_mels = args.sample_rate or 16000, args.n_mels or 80
         level = None if args.target_dbfs is None else LevelNormalizer(args.target_dbfs)
-        frontend = Frontend(features, level=level)
-    rate = getattr(frontend.features, "sample_rate", args.sample_rate)
+        frontend = Frontend(LogMelFilterbank(sample_rate=rate, n_mels=n_mels), level=level)
+    rate = frontend.features.sample_rate
     stats = compute_cmvn_stats(
         args.manifest, frontend, args.out, rate, max_utterances=args.max_utterances
     )
@@ -728,14 +733,14 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
         p.add_argument("--manifest", required=True)
         p.add_argument("--out", required=True, help="output JSON file")
         p.add_argument("--config", help="a training config (conf/...yaml): its frontend's features")
-        p.add_argument("--sample-rate", type=count, default=16000)
-        p.add_argument("--n-mels", type=count, default=80)
+        p.add_argument("--sample-rate", type=count, help="without --config (default: 16000)")
+        p.add_argument("--n-mels", type=count, help="without --config (default: 80)")
         p.add_argument("--max-utterances", type=count, help="use only the first N utterances")
         p.add_argument(
             "--target-dbfs",
             type=number,
-            help="bring each utterance to this RMS level first, as a frontend with "
-            "`level: LevelNormalizer` does (the config's target_dbfs; default: no level change)",
+            help="without --config: bring each utterance to this RMS level first, as a "
+            "frontend with `level: LevelNormalizer` does (default: no level change)",
         )
     p.set_defaults(run=_cmvn)
 

@@ -34,6 +34,9 @@ def manifest(tmp_path):
          "bad.yaml:3:1: not valid YAML"),
         (["cmvn", "--manifest", "{m}", "--out", "{tmp}/c.json", "--config", "{bad_class}"],
          "class.yaml:4: model.init_args.frontend.class_path: "),
+        (["cmvn", "--manifest", "{m}", "--out", "{tmp}/c.json", "--config", "{bad_class}",
+          "--n-mels", "40", "--target-dbfs", "-20"],
+         "--n-mels and --target-dbfs: the features are --config's; give either"),
     ],
 )  # fmt: skip
 def test_a_path_or_config_that_cannot_work_is_named(argv, said, manifest, tmp_path, capsys):
