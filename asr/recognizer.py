@@ -314,7 +314,9 @@ class Recognizer:
             The `Alignment`: attention and CTC word times, attention maps, features.
 
         Raises:
-            ValueError: the text is empty or has characters the tokenizer cannot represent.
+            ValueError: the text is empty, has characters the tokenizer cannot represent, or
+                has more tokens (and repeats, which CTC separates by a blank) than the audio
+                has encoder frames: no alignment of it means anything.
         """
         oov = self.tokenizer.oov(text)
         if oov:
@@ -322,7 +324,15 @@ class Recognizer:
         tokens = self.tokenizer.encode(text)
         if not tokens:
             raise ValueError(f"text {text!r} is empty after normalisation")
-        return self.align_tokens(self.load(audio, sample_rate), tokens)
+        alignment = self.align_tokens(self.load(audio, sample_rate), tokens)
+        frames = alignment.attention.size(-1)
+        needed = len(tokens) + sum(a == b for a, b in zip(tokens, tokens[1:]))
+        if needed > frames:
+            raise ValueError(
+                f"text too long for the audio: its {len(tokens)} tokens need at least {needed} "
+                f"encoder frames, {alignment.duration:.2f} s give {frames}"
+            )
+        return alignment
 
     def load(self, audio: AudioInput, sample_rate: int | None = None) -> Tensor:
         """A file path or a waveform as a mono float32 tensor `(S,)` at `sample_rate`."""

@@ -1007,3 +1007,8 @@ def test_cli_align_writes_plots_and_prints_word_times(checkpoint, tmp_path, caps
     soundfile.write(short, np.zeros(160, dtype=np.float32), 16000)
     assert main(["align", str(short), *argv[2:], str(tmp_path / "s.png")]) == 2
     assert f"error: {short}: an input of " in capsys.readouterr().err
+    brief = tmp_path / "brief.wav"  # 0.3 s: fewer encoder frames than the text has letters
+    soundfile.write(brief, soundfile.read(audio, frames=4800)[0], 16000)
+    argv = ["align", str(brief), "--checkpoint", str(checkpoint), "--text", "U M N Y H SIX"]
+    assert main([*argv, "--out", str(tmp_path / "b.png")]) == 2
+    assert f"error: {brief}: text too long for the audio: its " in capsys.readouterr().err
