@@ -63,8 +63,11 @@ def check_lengths(name: str, x: Tensor, x_lens: Tensor, input_dim: int, arg: str
     if x_lens.shape != (x.size(0),):
         raise ValueError(f"{name}: {arg}_lens must be ({x.size(0)},), got {tuple(x_lens.shape)}")
     cpu_lens = x_lens.cpu()
-    if cpu_lens.numel() and (cpu_lens.min() < 1 or cpu_lens.max() > x.size(1)):
-        raise ValueError(f"{name}: lengths must lie in [1, {x.size(1)}], got {cpu_lens.tolist()}")
+    if cpu_lens.numel() and cpu_lens.min() < 1:
+        shortest = int(cpu_lens.min())
+        raise ValueError(f"{name}: an input of {shortest} frames is too short: it needs at least 1")
+    if cpu_lens.numel() and cpu_lens.max() > x.size(1):
+        raise ValueError(f"{name}: lengths {cpu_lens.tolist()} exceed the {x.size(1)} frames")
     return cpu_lens
 
 

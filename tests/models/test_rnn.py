@@ -201,8 +201,10 @@ def test_encoder_bad_arguments_raise() -> None:
     encoder = make_encoder()
     with pytest.raises(ValueError, match="x must be"):
         encoder(features(dim=FEAT_DIM + 1), LENS)
-    with pytest.raises(ValueError, match="lengths must lie"):
+    with pytest.raises(ValueError, match=r"exceed the \d+ frames"):
         encoder(features(), torch.tensor([51, 3, 2]))
+    with pytest.raises(ValueError, match="an input of 0 frames is too short: it needs at least 1"):
+        encoder(features(), torch.tensor([5, 0, 2]))
     assert RNNEncoder(FEAT_DIM, num_layers=2, subsample=[1, 2]).layer_factors == [1, 2]
 
 
