@@ -447,6 +447,21 @@ class ASRCLI(LightningCLI):
             }
         )
 
+    argv: Sequence[str] = ()  # the command's options, set by `run_lightning_cli`
+
+    def _parse_ckpt_path(self) -> None:
+        # Lightning rebuilds the model from a checkpoint file's hyperparameters, over --model
+        # options given on the command line: refuse those rather than drop them silently.
+        subcommand = self.config.get("subcommand")
+        path = self.config[subcommand].get("ckpt_path") if subcommand else None
+        given = [a.split("=")[0] for a in self.argv if a.startswith("--model.")]
+        if path and Path(path).is_file() and given:
+            raise ValueError(
+                f"{', '.join(given)}: --ckpt_path {path} builds the model as it was trained, "
+                "whatever --model options say (asr evaluate decodes with other settings)"
+            )
+        super()._parse_ckpt_path()
+
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
         _keep_compiled_kernels(config.onednn_kernel_cache)
@@ -661,6 +676,7 @@ def run_lightning_cli(argv: Sequence[str]) -> ASRCLI:
         raise SystemExit(2)
     torch.set_float32_matmul_precision("high")
     ASRCLI.ctrl_c = CtrlC()
+    ASRCLI.argv = list(argv)
     loggers = [
         logging.getLogger(f"lightning.{p}.utilities.rank_zero") for p in ("pytorch", "fabric")
     ]

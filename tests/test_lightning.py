@@ -250,7 +250,7 @@ def _steps_per_epoch(root: Path) -> int:
     return first["global_step"]
 
 
-def test_resume_from_last_and_average(tiny_an4, tmp_path):
+def test_resume_from_last_and_average(tiny_an4, tmp_path, capsys):
     """A rerun with `--ckpt_path last` continues the same experiment; `asr average` writes a
     checkpoint whose weights are the mean of the best ones."""
     filters = list(warnings.filters)
@@ -282,6 +282,10 @@ def test_resume_from_last_and_average(tiny_an4, tmp_path):
     latest = max((tmp_path / "logs").glob("version_*"), key=lambda p: int(p.name[8:]))
     rows = list(csv.DictReader((latest / "metrics.csv").open()))
     assert [r for r in rows if r.get("test/wer")], "asr test reports the test WER"
+    # model options the checkpoint's hyperparameters would replace, silently
+    unheard = ["--model.init_args.greedy_validation", "false"]
+    said = "--model.init_args.greedy_validation: --ckpt_path " + str(out) + " builds the model"
+    assert said in refused(["test", *test_args, "--ckpt_path", str(out), *unheard], capsys)
 
 
 @pytest.mark.gpu
