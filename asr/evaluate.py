@@ -88,6 +88,12 @@ def evaluate(
     utterances, failures = _usable(manifest, skip_bad)
     if not utterances:
         raise _nothing_to_score(manifest, failures)
+    normalize = recognizer.tokenizer.normalizer
+    if not any(normalize(u.text).split() for u in utterances):
+        raise ValueError(
+            f"{manifest}: no reference has words to score against (WER is undefined); "
+            "`asr transcribe --manifest` transcribes without scoring"
+        )
     chosen = _chosen_for_plots(utterances, plots, plot_ids, manifest)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

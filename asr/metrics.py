@@ -30,8 +30,11 @@ class ErrorCounts:
 
     @property
     def rate(self) -> float:
-        """Errors per reference unit (WER or CER as a fraction); 0 without references."""
-        return self.errors / self.reference_length if self.reference_length else 0.0
+        """Errors per reference unit (WER or CER as a fraction); without references, 0 or,
+        where something was inserted, inf (no score looks perfect then)."""
+        if not self.reference_length:
+            return math.inf if self.errors else 0.0
+        return self.errors / self.reference_length
 
     def __add__(self, other: ErrorCounts) -> ErrorCounts:
         return ErrorCounts(
@@ -48,7 +51,7 @@ def _counts(refs: Sequence[str], hyps: Sequence[str], chars: bool) -> ErrorCount
     # jiwer refuses empty references: every unit of such a hypothesis is an insertion.
     pairs = [(r, h) for r, h in zip(refs, hyps) if r.strip()]
     empty = [h for r, h in zip(refs, hyps) if not r.strip()]
-    extra = sum(len(h) if chars else len(h.split()) for h in empty)
+    extra = sum(len(" ".join(h.split())) if chars else len(h.split()) for h in empty)
     if not pairs:
         return ErrorCounts(insertions=extra)
     r, h = zip(*pairs)

@@ -401,6 +401,8 @@ def results_row(name: str, metrics: dict[str, Any], unit: str) -> str:
     """
     prefix = "" if unit == "word" else "char_"
     ref = metrics["reference_words" if unit == "word" else "reference_characters"]
+    if not ref or not metrics["utterances"]:
+        raise ValueError(f"{name}: no reference {unit}s scored")
     sub, dele, ins = (metrics[f"{prefix}{e}"] for e in ("substitutions", "deletions", "insertions"))
     pct = [100 * x / ref for x in (ref - sub - dele, sub, dele, ins, sub + dele + ins)]
     pct.append(100 * metrics["sentence_errors"] / metrics["utterances"])
@@ -425,7 +427,7 @@ def results_tables(paths: Sequence[str | os.PathLike]) -> str:
             settings.append(f"- {name}: {decoding}; `{metrics.get('manifest', '?')}`")
             for unit in rows:
                 rows[unit].append(results_row(name, metrics, unit))
-        except (OSError, json.JSONDecodeError, KeyError, TypeError) as err:
+        except (OSError, ValueError, KeyError, TypeError) as err:  # JSONDecodeError included
             raise ValueError(f"{path}: not an `asr evaluate` metrics.json ({err!r})") from None
     return (
         "\n".join(settings)

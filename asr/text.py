@@ -92,7 +92,8 @@ def _remove_punctuation(text: str) -> str:
     """
     out = []
     for i, ch in enumerate(text):
-        if not unicodedata.category(ch).startswith("P"):
+        # U+02BC is a letter (Lm) to unicodedata, an apostrophe to writers
+        if not unicodedata.category(ch).startswith("P") and ch not in _APOSTROPHES:
             out.append(ch)
         elif ch in _APOSTROPHES and _inside_word(text, i):
             out.append("'")
@@ -102,7 +103,10 @@ def _remove_punctuation(text: str) -> str:
 
 
 def _inside_word(text: str, i: int) -> bool:
-    return 0 < i < len(text) - 1 and text[i - 1].isalnum() and text[i + 1].isalnum()
+    def letter(ch: str) -> bool:
+        return ch.isalnum() and ch not in _APOSTROPHES
+
+    return 0 < i < len(text) - 1 and letter(text[i - 1]) and letter(text[i + 1])
 
 
 class Tokenizer(abc.ABC):

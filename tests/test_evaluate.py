@@ -19,6 +19,7 @@ from asr.audio import audio_info
 from asr.cli import main
 from asr.data.manifest import Utterance, write_manifest
 from asr.evaluate import ScoredUtterance, error_report, evaluate
+from asr.package import results_row
 
 TEST_UTTERANCES = {  # the fixture's AN4 test utterances, written as a user might
     "an4test_clstk/fcaw/an406-fcaw-b": "Rubout G M E F three nine.",
@@ -104,6 +105,29 @@ def test_cli_scores_equal_jiwer_on_the_written_files(checkpoint, tmp_path, capsy
     right = sum(b["accuracy"] * b["words"] for b in confidence["bins"] if b["words"])
     assert right == pytest.approx(words.hits)  # a word is right where aligned to an equal one
     assert (out / "reliability.png").stat().st_size > 0
+
+
+def test_a_manifest_without_reference_words_is_not_scored(checkpoint, tmp_path, capsys):
+    """Insertions over no reference words showed as WER 0.00 %."""
+    manifest = _manifest(tmp_path / "m.jsonl", dict.fromkeys(UTTERANCES, "..."))
+    argv = ["evaluate", "--checkpoint", str(checkpoint), "--manifest", str(manifest),
+            "--out", str(tmp_path / "eval"), "--quiet"]  # fmt: skip
+    assert main(argv) == 2
+    assert "no reference has words to score against" in capsys.readouterr().err
+    assert not (tmp_path / "eval").exists(), "refused before decoding"
+    with pytest.raises(ValueError, match="decode_x: no reference words scored"):
+        results_row(
+            "decode_x",
+            {
+                "utterances": 2,
+                "reference_words": 0,
+                "substitutions": 0,
+                "deletions": 0,
+                "insertions": 3,
+                "sentence_errors": 2,
+            },
+            "word",
+        )
 
 
 def _wavs(utterances: dict[str, str]) -> list[Path]:

@@ -40,6 +40,9 @@ def test_counts_add_up_over_batches():
 def test_empty_hypothesis_and_reference():
     assert word_errors(["A B"], [""]) == ErrorCounts(0, 2, 0, 2)
     assert word_errors([""], ["A B"]) == ErrorCounts(0, 0, 2, 0)
+    assert word_errors([""], ["A B"]).rate == math.inf, "insertions alone never score 0"
+    assert word_errors([""], [""]).rate == 0.0
+    assert char_errors([""], [" A  B "]).insertions == len("A B"), "spaces as jiwer counts them"
 
 
 def test_length_mismatch_is_an_error():

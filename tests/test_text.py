@@ -69,6 +69,13 @@ def test_normalizer_removes_punctuation_except_inner_apostrophes():
                 assert ch == "'" and out[i - 1].isalnum() and out[i + 1].isalnum(), repr(out)
 
 
+def test_every_apostrophe_inside_a_word_becomes_one_and_the_rest_go():
+    """U+02BC is a letter to unicodedata: it stayed, and DON\u02bcT did not match DON'T."""
+    normalizer = TextNormalizer()
+    for mark in ("'", "\u2019", "\u02bc"):
+        assert normalizer(f"don{mark}t {mark}quote{mark} dogs{mark}") == "DON'T QUOTE DOGS"
+
+
 def test_normalizer_case():
     text = "MiXeD \u00c9t\u00e9"
     assert TextNormalizer(case="upper")(text) == "MIXED \u00c9T\u00c9"

@@ -8,6 +8,7 @@ import json
 import logging
 import math
 import os
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -45,7 +46,8 @@ class Utterance:
         if self.id is not None:
             return self.id
         key = f"{self.audio_filepath}|{float(self.offset)!r}"
-        return f"{Path(self.audio_filepath).stem}-{hashlib.sha1(key.encode()).hexdigest()[:8]}"
+        stem = re.sub(r"[\s\\]+", "_", Path(self.audio_filepath).stem)  # an id is one word
+        return f"{stem}-{hashlib.sha1(key.encode()).hexdigest()[:8]}"
 
 
 @dataclass(frozen=True)

@@ -340,19 +340,10 @@ import json
 import sys
 from pathlib import Path
 
+from asr.package import RESULTS_HEADER, results_row
+
 model_dir, config, *splits = sys.argv[1:]
-header = "| dataset | Snt | Wrd | Corr | Sub | Del | Ins | Err | S.Err |\n" + "|---" * 9 + "|\n"
-
-
-def row(name, m, unit):
-    """An ESPnet-style row: counts of sentences and units, then percentages."""
-    prefix = "" if unit == "word" else "char_"
-    ref = m["reference_words" if unit == "word" else "reference_characters"]
-    sub, dele, ins = (m[f"{prefix}{edit}"] for edit in ("substitutions", "deletions", "insertions"))
-    pct = [100 * x / ref for x in (ref - sub - dele, sub, dele, ins, sub + dele + ins)]
-    pct.append(100 * m["sentence_errors"] / m["utterances"])
-    return f"| {name} | {m['utterances']} | {ref} | " + " | ".join(f"{x:.1f}" for x in pct) + " |"
-
+header = RESULTS_HEADER + "\n"
 
 rows = {"word": [], "char": []}
 settings, by_length = [], []
@@ -369,7 +360,7 @@ for split in splits:
         name = f"decode_{split}{suffix}"
         settings.append(f"- {name}: {decoding}; RTF {m['real_time_factor']:.3f}")
         for unit in rows:
-            rows[unit].append(row(name, m, unit))
+            rows[unit].append(results_row(name, m, unit))
         buckets = [b for b in m.get("by_length") or [] if b["utterances"]]
         if len(buckets) > 1:  # utterances of several lengths: where the errors are
             by_length.append(f"\n## WER by utterance length ({name})\n\n")

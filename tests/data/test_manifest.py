@@ -103,6 +103,8 @@ def test_utt_id_is_the_id_or_stable_and_distinct_per_path_and_offset():
         Utterance("/a/x.wav", 1.0, "t", offset=2.0).utt_id,
     }
     assert derived not in others and len(others) == 2
+    spaced = Utterance("/a/take 0\tb.wav", 1.0, "t").utt_id  # ids start Kaldi-format lines
+    assert spaced.startswith("take_0_b-") and len(spaced.split()) == 1
 
 
 BAD_LINES = [
