@@ -49,6 +49,21 @@ def change_speed(wave: Tensor, factor: float) -> Tensor:
     return AF.resample(wave, ratio.numerator, ratio.denominator)
 
 
+def speed_seconds(seconds: np.ndarray, factors: np.ndarray, sample_rate: int) -> np.ndarray:
+    """Seconds of audio lasting `seconds` once `change_speed` plays it `factors` times faster,
+    to the sample it rounds up to (a batch shape grid pads by that count).
+
+    >>> speed_seconds(np.array([1.0, 1.0]), np.array([1.1, 1.0]), 16000).tolist()
+    [0.909125, 1.0]
+    """
+    samples = np.round(np.asarray(seconds, dtype=np.float64) * sample_rate).astype(np.int64)
+    out = samples.copy()
+    for factor in np.unique(factors):
+        ratio, chosen = speed_ratio(float(factor)), factors == factor
+        out[chosen] = -(-samples[chosen] * ratio.denominator // ratio.numerator)  # ceil
+    return out / sample_rate
+
+
 def speed_ratio(factor: float) -> Fraction:
     """`factor` as the ratio of whole numbers a resampler takes, its denominator at most 100
     (which keeps the kernel small); ValueError for one that is not such a ratio (1.005 would be

@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from asr.audio import load_audio
 from asr.data.augment import WaveAugmenter
 from asr.data.manifest import Utterance
-from asr.perturb import change_speed, other_indices, speed_ratio
+from asr.perturb import change_speed, other_indices, speed_ratio, speed_seconds
 from asr.text import PAD_ID
 
 _AUGMENT_STREAM = 1  # keeps augmentation draws apart from the speed-factor draw
@@ -123,12 +123,11 @@ class SpeechDataset(Dataset[dict[str, Any]]):
         return [utterance.duration for utterance in self.utterances]
 
     def lengths(self, epoch: int | None = None) -> list[float]:
-        """Seconds each item lasts in `epoch` after speed perturbation: ``duration / factor``."""
+        """Seconds each item lasts in `epoch` after speed perturbation: ``duration / factor``
+        to the sample the resampler rounds up to."""
         epoch = self.epoch if epoch is None else epoch
-        return [
-            utterance.duration / self.speed_factor(index, epoch)
-            for index, utterance in enumerate(self.utterances)
-        ]
+        factors = np.array([self.speed_factor(k, epoch) for k in range(len(self.utterances))])
+        return speed_seconds(np.array(self.durations), factors, self.sample_rate).tolist()
 
 
 @dataclass

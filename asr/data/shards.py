@@ -37,7 +37,7 @@ from asr.data.augment import WaveAugmenter
 from asr.data.dataset import TextEncoder, check_speed_factors
 from asr.data.manifest import Utterance, format_bad_entries, validate_manifest
 from asr.data.sampler import LengthGrid
-from asr.perturb import change_speed, other_indices
+from asr.perturb import change_speed, other_indices, speed_seconds
 
 logger = logging.getLogger(__name__)
 
@@ -657,7 +657,8 @@ class ShardedSpeechDataset(IterableDataset):
                 rng = np.random.default_rng([self.options.seed, epoch, _SPEED])
                 drawn = rng.integers(len(self.speed_perturb), size=len(factors))
                 factors = np.asarray(self.speed_perturb)[drawn]
-            self._factors = (epoch, factors, self._durations / factors)
+            seconds = speed_seconds(self._durations, factors, self.sample_rate)
+            self._factors = (epoch, factors, seconds)
         return self._factors[1], self._factors[2]
 
     def _log_repeats(self, epoch: int, counts: dict[Role, int]) -> None:
