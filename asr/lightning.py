@@ -554,6 +554,7 @@ class ASRDataModule(L.LightningDataModule):
         self.tokenizer = Tokenizer.load(tokenizer)
         self.datasets: dict[str, SpeechDataset | ShardedSpeechDataset] = {}
         self._resume_sampler: dict | None = None
+        self._resume_world: int | None = None  # the world size the resume point was made in
 
     @property
     def vocab_size(self) -> int:
@@ -566,10 +567,12 @@ class ASRDataModule(L.LightningDataModule):
             return {}
         sampler = _position_keeper(trainer.train_dataloader)
         done = trainer.fit_loop.epoch_loop.batch_progress.current.processed
-        return {"train_sampler": sampler.state_dict() | {"batches_yielded": done}}
+        position = sampler.state_dict() | {"batches_yielded": done}
+        return {"train_sampler": position, "world_size": trainer.world_size}
 
     def load_state_dict(self, state: dict) -> None:
         self._resume_sampler = state.get("train_sampler")
+        self._resume_world = state.get("world_size")
 
     def setup(self, stage: str) -> None:
         hp = self.hparams
@@ -663,7 +666,15 @@ class ASRDataModule(L.LightningDataModule):
         loader = self._loader("train", shuffle=True)
         state, self._resume_sampler = self._resume_sampler, None
         if state and self.trainer is not None and state["epoch"] == self.trainer.current_epoch:
-            _position_keeper(loader).load_state_dict(state)
+            world, self._resume_world = self._resume_world, None
+            if world is None or world == self.trainer.world_size:
+                _position_keeper(loader).load_state_dict(state)
+            elif self.trainer.is_global_zero:  # each world size deals out its own batches
+                log.warning(
+                    "resumed on %d processes from a checkpoint of %d: epoch %d starts again "
+                    "from its first batch (its batches depend on the number of processes)",
+                    self.trainer.world_size, world, state["epoch"],
+                )  # fmt: skip
         return loader
 
     def val_dataloader(self):

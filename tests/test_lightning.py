@@ -18,6 +18,7 @@ import warnings
 import weakref
 from functools import partial
 from pathlib import Path
+from types import SimpleNamespace
 
 import lightning as L
 import numpy as np
@@ -570,6 +571,24 @@ def test_sigkill_mid_epoch_then_resume_equals_uninterrupted_run(
 
     main(args + ["--ckpt_path", "last"])  # the same command, resumed
     _assert_same_end(full, torch.load(last, weights_only=True))
+
+
+def test_a_resume_point_of_another_world_size_restarts_its_epoch(tiny_an4, caplog):
+    """Batches are dealt out per world size: skipping the batches of another plan dropped
+    or repeated utterances without a word."""
+    data = ASRDataModule(tiny_an4["train"], tiny_an4["dev"], tiny_an4["tokenizer"],
+                         max_batch_seconds=3, num_workers=0)  # fmt: skip
+    data.setup("fit")
+    data.trainer = SimpleNamespace(
+        current_epoch=1, world_size=1, is_global_zero=True, global_rank=0
+    )
+    whole = len(data.train_dataloader())
+    position = {"epoch": 1, "batches_yielded": 2, "seed": 0}
+    for world, batches in ((1, whole - 2), (2, whole)):
+        data.load_state_dict({"train_sampler": position, "world_size": world})
+        with caplog.at_level(logging.WARNING):
+            assert len(list(data.train_dataloader())) == batches
+    assert "resumed on 1 processes from a checkpoint of 2: epoch 1 starts again" in caplog.text
 
 
 @pytest.mark.timeout(600)
