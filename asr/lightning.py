@@ -576,6 +576,12 @@ class ASRDataModule(L.LightningDataModule):
 
     def setup(self, stage: str) -> None:
         hp = self.hparams
+        if hp.cache_audio and hp.num_workers > 0:
+            log.warning(
+                "data.cache_audio with data.num_workers %d: each loader worker keeps a cache of "
+                "its own, %d copies in memory (num_workers 0 keeps one)",
+                hp.num_workers, hp.num_workers,
+            )  # fmt: skip
         for split, manifest in stage_manifests(self, stage):
             train = split == "train"
             if train and is_shard_folder(manifest):

@@ -573,6 +573,14 @@ def test_sigkill_mid_epoch_then_resume_equals_uninterrupted_run(
     _assert_same_end(full, torch.load(last, weights_only=True))
 
 
+def test_an_audio_cache_per_loader_worker_is_said(tiny_an4, caplog):
+    data = ASRDataModule(tiny_an4["train"], tiny_an4["dev"], tiny_an4["tokenizer"],
+                         cache_audio=True, num_workers=2)  # fmt: skip
+    with caplog.at_level(logging.WARNING):
+        data.setup("fit")
+    assert "each loader worker keeps a cache of its own, 2 copies in memory" in caplog.text
+
+
 def test_a_resume_point_of_another_world_size_restarts_its_epoch(tiny_an4, caplog):
     """Batches are dealt out per world size: skipping the batches of another plan dropped
     or repeated utterances without a word."""

@@ -113,6 +113,11 @@ class WaveAugmenter:
         rir_files = _audio_files(config.reverb.folder, "augment.reverb.folder")
         self.rirs = [_load_rir(path, sample_rate) for path in rir_files]
 
+    @property
+    def mixes_utterances(self) -> bool:
+        """Whether babble noise may mix other utterances of the dataset into one."""
+        return self.config.noise.prob > 0 and "babble" in self.config.noise.kinds
+
     def applies_in(self, epoch: int) -> bool:
         """Whether items of `epoch` are augmented (not before the config's `start_epoch`)."""
         return epoch >= self.config.start_epoch

@@ -56,6 +56,11 @@ class SpeechDataset(Dataset[dict[str, Any]]):
         self.seed = seed
         self._cache: dict[tuple[int, float], Tensor] | None = {} if cache_audio else None
         self.augment = augment
+        if getattr(augment, "mixes_utterances", False) and len(utterances) < 2:
+            raise ValueError(
+                "augment.noise.kinds has babble, which mixes other utterances in: this dataset "
+                "has one (leave babble out of the kinds)"
+            )
         # In shared memory so DataLoader workers (persistent ones too) see set_epoch.
         self._epoch = torch.zeros((), dtype=torch.int64).share_memory_()
 

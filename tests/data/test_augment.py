@@ -488,7 +488,9 @@ def test_babble_noise_holds_every_other_tone_and_not_the_items_own(tones):
         assert band_power(noise, freq) < 1e-4 * min(others), index
 
 
-def test_babble_in_a_one_item_dataset_raises(tones):
-    dataset = make_dataset(tones[:1], EACH_KIND["noise-babble"])
-    with pytest.raises(ValueError, match="babble"):
-        dataset[0]
+def test_babble_over_a_dataset_of_one_utterance_is_refused_when_built():
+    """It failed inside the first epoch, after setup had accepted it."""
+    one = [Utterance("/a/x.wav", 1.0, "X")]
+    with pytest.raises(ValueError, match="babble, which mixes other utterances in"):
+        SpeechDataset(one, augment=WaveAugmenter(EACH_KIND["noise-babble"], SR))
+    SpeechDataset(one, augment=WaveAugmenter(EACH_KIND["noise-white"], SR))
