@@ -33,6 +33,7 @@ from asr.search import (
 from asr.segment import SegmenterOptions
 from asr.streaming import Stream, StreamingEngine, StreamOptions
 from asr.text import Tokenizer
+from asr.timing import ctc_frames_needed
 from asr.transcribe import TRANSCRIBE_BATCH_SIZE, transcribe_sources
 
 SEARCH_KEYWORDS = tuple(f.name for f in fields(SearchOptions))
@@ -325,8 +326,7 @@ class Recognizer:
         if not tokens:
             raise ValueError(f"text {text!r} is empty after normalisation")
         alignment = self.align_tokens(self.load(audio, sample_rate), tokens)
-        frames = alignment.attention.size(-1)
-        needed = len(tokens) + sum(a == b for a, b in zip(tokens, tokens[1:]))
+        frames, needed = alignment.attention.size(-1), ctc_frames_needed(tokens)
         if needed > frames:
             raise ValueError(
                 f"text too long for the audio: its {len(tokens)} tokens need at least {needed} "

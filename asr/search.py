@@ -264,7 +264,8 @@ def beam_search(
         logp, state, attn = decoder.step(prev, state)
         scores = fusion.token_scores(prev, logp.float(), t)
         candidates = fusion.candidates(scores)
-        source, prev = beams.advance(scores, candidates, fusion.ctc_scores(candidates), attn, t)
+        ctc = fusion.ctc_scores(candidates, t)
+        source, prev = beams.advance(scores, candidates, ctc, attn, t)
         if not bool(beams.running.any()):
             break
         kept = beams.drop_ended()
@@ -295,7 +296,6 @@ class _Fusion:
         self.options = options
         self.non_outputs = torch.tensor(NON_OUTPUT_IDS, device=rows.device)
         self.eos_id = torch.tensor([SOS_EOS_ID], device=rows.device)
-        self.forced = False
         limits = max_output_length(enc_lens, options.max_len_ratio, options.max_len_extra)
         self.limits = limits[rows]
         self.min_lens = torch.floor(enc_lens.float() * options.min_len_ratio).long()[rows]
@@ -319,7 +319,6 @@ class _Fusion:
             scores = scores + self.options.lm_weight * lm_logp.float()
         scores = (scores + self.options.length_bonus).index_fill(1, self.non_outputs, NEG_INF)
         forced = t + 1 >= self.limits  # only eos remains
-        self.forced = bool(forced.any())
         eos_ok = (t >= self.min_lens) & self._eos_threshold_ok(att)
         eos = scores[:, SOS_EOS_ID].masked_fill(~(eos_ok | forced), NEG_INF)
         scores = scores.masked_fill(forced[:, None], NEG_INF)
@@ -343,10 +342,11 @@ class _Fusion:
         others = scores.index_fill(1, self.eos_id, NEG_INF).topk(size, dim=-1).indices
         return torch.cat([others, self.eos_id.expand(len(others), 1)], 1)
 
-    def ctc_scores(self, candidates: Tensor | None) -> Tensor | None:
+    def ctc_scores(self, candidates: Tensor | None, t: int) -> Tensor | None:
         if self.ctc is None:
             return None
-        scores = self.ctc.score(self.ctc_state, candidates, complete=self.forced)
+        forced = bool((t + 1 >= self.limits).any())  # eos made to end a hypothesis at step t
+        scores = self.ctc.score(self.ctc_state, candidates, complete=forced)
         return self.options.ctc_weight * scores
 
     def keep_rows(self, rows: Tensor) -> None:

@@ -274,12 +274,21 @@ def _check_ctc_targets(ids: list[int], num_frames: int, vocab: int, blank: int) 
     bad = [i for i in ids if i == blank or not 0 <= i < vocab]
     if bad:
         raise ValueError(f"token_ids: {bad[:5]} are blank ({blank}) or outside 0..{vocab - 1}")
-    repeats = sum(a == b for a, b in pairwise(ids))  # each needs a blank between
-    if len(ids) + repeats > num_frames:
+    needed = ctc_frames_needed(ids)
+    if needed > num_frames:
         raise ValueError(
-            f"CTC alignment impossible: {len(ids)} tokens with {repeats} repeats need at least "
-            f"{len(ids) + repeats} frames, got {num_frames}"
+            f"CTC alignment impossible: {len(ids)} tokens with {needed - len(ids)} repeats need "
+            f"at least {needed} frames, got {num_frames}"
         )
+
+
+def ctc_frames_needed(ids: Sequence[int]) -> int:
+    """The fewest frames a CTC path of `ids` takes: one per token, a blank between repeats.
+
+    >>> ctc_frames_needed([5, 5, 6])
+    4
+    """
+    return len(ids) + sum(a == b for a, b in pairwise(ids))
 
 
 def word_index(pieces: Sequence[str]) -> list[int | None]:

@@ -526,8 +526,10 @@ def _choose_heads(args: argparse.Namespace) -> int:
     )
 
     recognizer = _load_model(args)
-    # before aligning the manifest
-    check_maps(recognizer, args.heads) if args.heads is not None else check_choosable(recognizer)
+    if args.heads is not None:  # before aligning the manifest
+        check_maps(recognizer, args.heads)
+    else:
+        check_choosable(recognizer)
     alignments = reference_alignments(recognizer, args.manifest, progress=not args.quiet)
     if args.heads is not None:
         print(score_heads(recognizer, alignments, args.heads).table(), end="")
