@@ -100,15 +100,28 @@ def _sigmoid(z: float) -> float:
 def _logistic_regression(
     x: np.ndarray, y: np.ndarray, l2: float = 1e-6, iterations: int = 100
 ) -> list[float]:
-    """Weights, then bias, of `P(y=1) = sigmoid(x w + b)` by Newton's method; L2 keeps it finite."""
+    """Weights, then bias, of `P(y=1) = sigmoid(x w + b)` by Newton's method; L2 keeps it finite.
+
+    Each step is halved until the penalised loss falls: on words the features separate, a
+    full step overshoots to weights of millions that put every word at 0 or 1.
+    """
     design = np.concatenate([x, np.ones((len(x), 1))], axis=1)
+
+    def loss(theta: np.ndarray) -> float:
+        z = design @ theta
+        return float(np.sum(np.logaddexp(0.0, z) - y * z) + 0.5 * l2 * theta @ theta)
+
     theta = np.zeros(design.shape[1])
+    current = loss(theta)
     for _ in range(iterations):
         p = np.exp(-np.logaddexp(0.0, -(design @ theta)))  # the sigmoid, without overflow
         gradient = design.T @ (p - y) + l2 * theta
         hessian = (design * (p * (1 - p))[:, None]).T @ design + l2 * np.eye(len(theta))
         step = np.linalg.solve(hessian, gradient)
-        theta -= step
+        while np.abs(step).max() >= 1e-10 and loss(theta - step) > current:
+            step = step / 2
         if np.abs(step).max() < 1e-10:
             break
+        theta = theta - step
+        current = loss(theta)
     return [float(t) for t in theta]

@@ -65,6 +65,16 @@ def test_separable_words_give_a_finite_steep_map():
     assert fitted(0.9) > 0.9 and fitted(0.01) < 0.1
 
 
+def test_words_two_probabilities_separate_get_a_map_that_separates_them():
+    """Full Newton steps ran to weights of millions: every word at confidence 0, the right
+    one too."""
+    probs, ctc = [0.7, 0.45, 0.54, 0.01], [0.01, 0.02, 0.03, 0.05]
+    fitted = PlattScaling.fit(probs, [False, False, True, False], ctc)
+    confidences = [fitted(p, c) for p, c in zip(probs, ctc, strict=True)]
+    assert confidences[2] > 0.99 and max(confidences[:2] + confidences[3:]) < 0.01
+    assert max(abs(fitted.scale), abs(fitted.bias), abs(fitted.ctc_scale)) < 1e3
+
+
 def _two_opinions(count: int, seed: int = 0):
     """Decoder and CTC probabilities, labels drawn from both:
     P(right) = sigmoid(0.3 log p + 0.8 log p_ctc + 2)."""
