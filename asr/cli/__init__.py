@@ -632,13 +632,12 @@ def _add_search_arguments(p: argparse.ArgumentParser) -> None:
         "--max-len-ratio", type=positive, help=f"tokens per encoder frame ({own} {ratio})"
     )
     p.add_argument(
-        "--no-repair",
-        dest="repair",
-        action="store_false",
+        "--repair",
+        action=argparse.BooleanOptionalAction,
         default=None,
-        help="in searches without --ctc-weight, keep hypotheses that loop, reach the length "
-        "bound or outrun the CTC head (default: decode those again, CTC-weighted; json marks "
-        "them `repaired`)",
+        help="in searches without --ctc-weight, decode again, CTC-weighted, hypotheses that "
+        "loop, reach the length bound or outrun the CTC head (json marks them `repaired`); "
+        f"--no-repair keeps them as searched ({own} repair)",
     )
 
 

@@ -82,3 +82,18 @@ def test_jsonl_is_for_live_streams(capsys) -> None:
     assert main([*TRANSCRIBE, "--jsonl"]) == 2
     said = "asr transcribe: error: --jsonl prints a live stream's finals: give --streaming too"
     assert capsys.readouterr().err.splitlines()[-1] == said
+
+
+@pytest.mark.parametrize(("given", "repair"), [([], False), (["--repair"], True),
+                                               (["--no-repair"], False)])  # fmt: skip
+def test_repair_given_on_the_command_line_overrides_the_stored_setting(given, repair):
+    """A finalized model may store repair=False; --repair turns it back on."""
+    from types import SimpleNamespace
+
+    from asr.cli import _parser, _search_options
+    from asr.search import SearchOptions
+
+    args = _parser("evaluate").parse_args(["evaluate", "--model", "m.ckpt", "--manifest", "x.jsonl",
+                                 "--out", "o", *given])  # fmt: skip
+    stored = SimpleNamespace(default_options=SearchOptions(repair=False))
+    assert _search_options(args, stored).repair is repair
