@@ -48,8 +48,9 @@ def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
 
 
 def atomic_save(obj: Any, path: str | os.PathLike) -> None:
-    """`torch.save` atomically: a temporary file, fsync, then rename over `path`."""
-    path = Path(path)
+    """`torch.save` atomically: a temporary file, fsync, then rename over `path`. A symbolic
+    link's target is what is written, and a file written over keeps its permissions."""
+    path = Path(os.path.realpath(path))
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
@@ -57,6 +58,8 @@ def atomic_save(obj: Any, path: str | os.PathLike) -> None:
             torch.save(obj, f)
             f.flush()
             os.fsync(f.fileno())
+        if path.exists():
+            os.chmod(tmp, path.stat().st_mode & 0o7777)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)

@@ -72,6 +72,17 @@ def test_average_is_the_mean_of_float_weights(tmp_path):
     assert avg["state_dict"]["n"] == 0 and avg["epoch"] == 0
 
 
+def test_saving_through_a_link_writes_its_target_and_keeps_the_mode(tmp_path):
+    """asr finalize through link.ckpt made it a file of its own, 0644, the target unchanged."""
+    target, link = tmp_path / "target.ckpt", tmp_path / "link.ckpt"
+    atomic_save({"v": 1}, target)
+    target.chmod(0o600)
+    link.symlink_to(target.name)
+    atomic_save({"v": 2}, link)
+    assert link.is_symlink() and load_checkpoint(target) == {"v": 2}
+    assert target.stat().st_mode & 0o777 == 0o600
+
+
 def test_average_rejects_different_models(tmp_path):
     atomic_save({"state_dict": {"a": torch.zeros(1)}}, tmp_path / "a.ckpt")
     atomic_save({"state_dict": {"b": torch.zeros(1)}}, tmp_path / "b.ckpt")
