@@ -17,6 +17,7 @@ from asr.audio import AudioError, AudioInput, as_waveform, audio_info, load_audi
 
 MIN_SEGMENT_SECONDS = 0.2  # no cut leaves a segment shorter than this
 ENERGY_FLOOR_DB = -100.0  # the energy of digital silence
+TRANSIENT_SECONDS = 0.1  # a louder stretch this short (a click) does not set the level
 SHORTEST_MAX_SEGMENT = 3  # the least `segment_seconds_for` gives (> 2 x the 1 s overlap)
 DEFAULT_SEGMENT_SECONDS = 20.0  # the longest segment of a model that does not know its own
 
@@ -47,11 +48,16 @@ class SegmenterOptions:
     vad_threshold: float = 0.5  # silero: frames at least this likely speech are speech
 
     def __post_init__(self) -> None:
+        for name, value in vars(self).items():
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ValueError(f"SegmenterOptions: {name} must be finite, got {value!r}")
         checks = {
             "max_segment_seconds must be None or >= 1": self.max_segment_seconds is None
             or self.max_segment_seconds >= 1.0,
             "min_silence_seconds must be >= 0": self.min_silence_seconds >= 0.0,
-            "silence_threshold_db must be < 0": self.silence_threshold_db < 0.0,
+            f"silence_threshold_db must lie in ({ENERGY_FLOOR_DB:g}, 0)": ENERGY_FLOOR_DB
+            < self.silence_threshold_db
+            < 0.0,
             "window_overlap_seconds must lie in [0, max_segment_seconds / 2)": 0.0
             <= self.window_overlap_seconds
             < self.longest / 2,
@@ -79,17 +85,31 @@ class SegmenterOptions:
 
 
 def frame_energy_db(wave: np.ndarray, frame_samples: int) -> np.ndarray:
-    """RMS energy in dBFS of non-overlapping frames, a short last frame included.
+    """RMS energy in dBFS of non-overlapping frames around their mean (a DC offset is no
+    sound, and would fill every pause), a short last frame included.
 
-    >>> frame_energy_db(np.array([1.0, -1.0, 0.1, 0.1, 0.0]), 2).round(1).tolist()
+    >>> frame_energy_db(np.array([1.0, -1.0, 0.1, -0.1, 0.5]), 2).round(1).tolist()
     [0.0, -20.0, -100.0]
     """
     whole = len(wave) // frame_samples * frame_samples
     frames = wave[:whole].reshape(-1, frame_samples)
+    frames = frames - frames.mean(axis=1, keepdims=True)
     power = np.einsum("ij,ij->i", frames, frames) / frame_samples  # no squared copy
     if whole < len(wave):
-        power = np.append(power, np.dot(wave[whole:], wave[whole:]) / (len(wave) - whole))
+        power = np.append(power, np.var(wave[whole:]))
     return 10.0 * np.log10(power.astype(np.float64) + 10.0 ** (ENERGY_FLOOR_DB / 10))
+
+
+def loud_level(energy_db: np.ndarray, frame_seconds: float) -> float:
+    """The level thresholds are relative to: the loudest frame but for clicks and pops, that
+    of the loudest `TRANSIENT_SECONDS` (a click at the loudest frame made speech 35 dB below
+    it count as silence, and be cut away).
+
+    >>> loud_level(np.array([-40.0] * 50 + [0.0, 0.0]), 0.01)
+    -40.0
+    """
+    loudest = min(len(energy_db), max(1, round(TRANSIENT_SECONDS / frame_seconds)))
+    return float(np.partition(energy_db, -loudest)[-loudest])
 
 
 class AudioSource(Protocol):
@@ -214,7 +234,7 @@ def silences(energy_db: np.ndarray, options: SegmenterOptions, frame_seconds: fl
     >>> silences(energy, SegmenterOptions(min_silence_seconds=0.2), 0.1)
     [(5, 8)]
     """
-    silent = energy_db < energy_db.max() + options.silence_threshold_db
+    silent = energy_db < loud_level(energy_db, frame_seconds) + options.silence_threshold_db
     width = _width(options, frame_seconds)
     return [(a, b) for a, b in _runs(silent) if b - a >= width]
 
@@ -264,7 +284,7 @@ def plan_segments(
     if duration <= options.longest:
         return [(0.0, duration)]
     spans = _grow_segments(energy_db, frame_seconds, duration, options)
-    loud = energy_db >= energy_db.max() + options.silence_threshold_db
+    loud = energy_db >= loud_level(energy_db, frame_seconds) + options.silence_threshold_db
     if options.drop_silent:
         spans = [s for s in spans if loud[_frames(s, frame_seconds)].any()]
     if options.edge_silence_seconds is not None:

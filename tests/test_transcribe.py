@@ -597,6 +597,23 @@ def test_plan_segments_properties():
                 assert energy[int(end / 0.01)] == -90 or energy[int(end / 0.01) - 1] == -90
 
 
+def test_a_click_sets_no_level_and_a_dc_offset_fills_no_pause():
+    """A 20 ms click 40 dB above quiet speech made all of the speech count as silence, and a
+    1 % DC offset left no frame quiet enough for a pause."""
+    speech = np.random.default_rng(0).normal(0, 0.01, 16000)  # -40 dBFS, 1 s
+    pause = np.zeros(8000)
+    wave = np.concatenate([speech, pause, speech, pause, speech, pause, speech])
+    wave[30000:30320] = 1.0  # a click in the second utterance
+    options = SegmenterOptions(max_segment_seconds=3, min_silence_seconds=0.3)
+    for offset in (0.0, 0.01):
+        energy = frame_energy_db(wave + offset, 160)
+        spans = plan_segments(energy, 0.01, len(wave) / 16000, options)
+        for k in range(4):  # every utterance kept whole, and cuts fall in pauses
+            start, end = 1.5 * k, 1.5 * k + 1.0
+            assert any(a <= start and end <= b for a, b in spans), (offset, k, spans)
+        assert all(int(b * 100) % 150 >= 100 or b == 5.5 for _, b in spans), (offset, spans)
+
+
 def _window(tokenizer, span: tuple[float, float], held: list[Word]) -> tuple:
     """`(span, transcript)` of a window whose decode is the one-letter words `held` (times in
     the input), a token per letter and per space."""

@@ -39,7 +39,16 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from asr.cli.numbers import count, non_negative, number, port, positive, weight, whole
+from asr.cli.numbers import (
+    count,
+    decibels_below,
+    non_negative,
+    number,
+    port,
+    positive,
+    weight,
+    whole,
+)
 
 if TYPE_CHECKING:
     from asr.cli.inputs import Input
@@ -860,6 +869,7 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
     )
     if command == "transcribe":
         from asr.alignment import TIMESTAMP_METHODS
+        from asr.segment import ENERGY_FLOOR_DB
         from asr.writers import ALL, FORMATS
 
         p.add_argument(
@@ -910,7 +920,11 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
         p.add_argument(
             "--min-silence-seconds", type=non_negative, help="shortest silence cut (0.3)"
         )
-        p.add_argument("--silence-threshold-db", type=number, help="silence: dB below peak (-35)")
+        p.add_argument(
+            "--silence-threshold-db",
+            type=decibels_below(ENERGY_FLOOR_DB),
+            help="silence: dB below the loudest 0.1 s (-35; digital silence is -100)",
+        )
         p.add_argument(
             "--vad",
             choices=["energy", "silero"],

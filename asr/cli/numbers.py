@@ -53,6 +53,18 @@ positive = at_least(0.0, strictly=True)
 non_negative = at_least(0.0)
 
 
+def decibels_below(floor: float):
+    """A level in dB below 0 and above `floor`."""
+
+    def parse(text: str) -> float:
+        value = number(text)
+        if not floor < value < 0:
+            raise argparse.ArgumentTypeError(f"must lie in ({floor:g}, 0) dB, got {value:g}")
+        return value
+
+    return parse
+
+
 def weight(text: str) -> float:
     """A weight in [0, 1]."""
     value = number(text)
