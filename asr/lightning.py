@@ -313,6 +313,7 @@ class ASRModule(L.LightningModule):
         log_dir.mkdir(parents=True, exist_ok=True)
         n = min(self.hparams.plot_utterances, len(hyps))
         feats, feat_lens = self.model.frontend(batch.waves[:n], batch.wave_lens[:n])
+        hop = self.model.feature_seconds()  # 20 ms at 8 kHz with a 160-sample hop, not 10
         from asr.plotting import plot_attention, save_figure
 
         for i in range(n):
@@ -321,6 +322,7 @@ class ASRModule(L.LightningModule):
                 hyps[i].attention,
                 labels,
                 feats[i, : feat_lens[i]],
+                frame_shift=hop,
                 title=f"{batch.ids[i]} epoch {self.current_epoch}",
             )
             for logger in self.loggers:

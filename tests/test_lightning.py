@@ -573,6 +573,21 @@ def test_sigkill_mid_epoch_then_resume_equals_uninterrupted_run(
     _assert_same_end(full, torch.load(last, weights_only=True))
 
 
+def test_training_plots_take_the_frontends_hop(tiny_an4, tmp_path, monkeypatch):
+    """A 20 ms hop drew every utterance at half its length (the 10 ms default)."""
+    import asr.plotting
+
+    hops, plot = [], asr.plotting.plot_attention
+    monkeypatch.setattr(
+        asr.plotting,
+        "plot_attention",
+        lambda *args, **kw: hops.append(kw.get("frame_shift")) or plot(*args, **kw),
+    )
+    hop_20ms = ["--model.init_args.frontend.init_args.features.init_args.hop_length", "320"]
+    main(_fit_args(tiny_an4, tmp_path) + hop_20ms + ["--trainer.max_epochs", "1"])
+    assert hops and all(h == pytest.approx(0.02) for h in hops)
+
+
 def test_an_audio_cache_per_loader_worker_is_said(tiny_an4, caplog):
     data = ASRDataModule(tiny_an4["train"], tiny_an4["dev"], tiny_an4["tokenizer"],
                          cache_audio=True, num_workers=2)  # fmt: skip
