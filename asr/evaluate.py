@@ -36,6 +36,7 @@ from asr.metrics import (
     errors_by_length,
     word_calibration,
 )
+from asr.models.interfaces import attention_kind
 from asr.recognizer import Recognizer
 from asr.results import Decoded
 from asr.search import LanguageModel, SearchOptions
@@ -250,7 +251,7 @@ def record_layout(recognizer: Recognizer) -> dict[str, Any]:
     return {
         "layers": decoder.attention_layers,
         "heads": decoder.num_attention_maps // decoder.attention_layers,
-        "attention": getattr(getattr(decoder, "attention", None), "kind", "cross-attention"),
+        "attention": attention_kind(decoder),
         "timing_heads": recognizer.alignment_heads,
         "frame_seconds": recognizer.frame_seconds,
         "sample_rate": recognizer.sample_rate,

@@ -20,7 +20,7 @@ from torch import Tensor, nn
 from torch.utils import _pytree as pytree
 
 from asr.models.chunking import EncoderCache, streaming_problem
-from asr.models.interfaces import State
+from asr.models.interfaces import State, attention_kind
 from asr.models.seq2seq import Seq2Seq
 from asr.models.transformer import TransformerDecoder
 from asr.package import ONNX_DIR
@@ -184,6 +184,7 @@ def _export_decoder(decoder: nn.Module, enc: Tensor, enc_lens: Tensor, folder: P
         "vocab_size": decoder.vocab_size,
         "num_attention_maps": decoder.num_attention_maps,
         "attention_layers": decoder.attention_layers,
+        "attention_kind": attention_kind(decoder),
     }
     (folder / STATE_FILE).write_text(json.dumps(meta) + "\n")
     written = ["decoder_init.onnx", "decoder_step.onnx", STATE_FILE]
@@ -341,6 +342,7 @@ class OnnxDecoder:
         self.vocab_size = meta["vocab_size"]
         self.num_attention_maps = meta["num_attention_maps"]
         self.attention_layers = meta.get("attention_layers", 1)  # packages that predate it
+        self.attention_kind = meta.get("attention_kind")
 
     def init_state(self, enc: Tensor, enc_lens: Tensor) -> State:
         leaves = self.init(enc=enc.float(), enc_lens=enc_lens)

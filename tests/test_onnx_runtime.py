@@ -16,6 +16,7 @@ from test_transcribe import GREEDY, JOINT, UTTERANCES, WAV, _overfit_recognizer
 from asr.checkpoint import instantiate
 from asr.cli import main
 from asr.decoding import teacher_forced
+from asr.models.interfaces import attention_kind
 from asr.models.seq2seq import build_seq2seq
 from asr.onnx_runtime import SPIN_WAIT_ENTRY, _untied, export_onnx, onnx_model
 from asr.recognizer import Recognizer, load_model
@@ -133,6 +134,10 @@ def test_an_rnn_attention_model_decodes_the_same_on_onnx_runtime(tmp_path):
     written = export_onnx(model, tmp_path, 16000, int8=False)
     assert "onnx/decoder_forced.onnx" not in written, "its loop over tokens would be frozen"
     onnx = replace(recognizer, model=onnx_model(model, tmp_path))
+    # the explorer names the maps alike on both backends
+    assert attention_kind(onnx.model.decoder) == attention_kind(model.decoder) == (
+        "location-aware attention"
+    )  # fmt: skip
     options = [replace(GREEDY, repair=False), SearchOptions(beam_size=3, ctc_weight=0.3)]
     for option in options:
         assert _tokens(onnx, waves, option) == _tokens(recognizer, waves, option)

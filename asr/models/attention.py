@@ -240,6 +240,7 @@ class MultiHeadAttention(nn.Module):
         nn.init.normal_(self.score, std=self.head_dim**-0.5)
         self.out_proj = nn.Linear(attention_dim, key_dim)
         self.location = location
+        self.kind = f"multi-head {'location-aware' if location else 'additive'} attention"
         if location:
             width = 2 * conv_kernel + 1
             channels = num_heads * conv_channels

@@ -56,6 +56,13 @@ def reorder_batch(state: State, index: Tensor) -> State:
     return out
 
 
+def attention_kind(decoder: Any) -> str:
+    """How a decoder's maps are named (the explorer's label): its RNN attention's kind, else
+    cross-attention; an ONNX decoder carries the kind its export recorded."""
+    kind = getattr(getattr(decoder, "attention", None), "kind", None)
+    return kind or getattr(decoder, "attention_kind", None) or "cross-attention"
+
+
 def check_lengths(name: str, x: Tensor, x_lens: Tensor, input_dim: int, arg: str = "x") -> Tensor:
     """Validate `(B, T, input_dim)` and its lengths; returns the lengths on the CPU."""
     if x.dim() != 3 or x.size(-1) != input_dim:

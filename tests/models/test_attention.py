@@ -261,3 +261,10 @@ def test_bad_arguments_raise() -> None:
         MultiHeadAttention(QUERY_DIM, KEY_DIM, num_heads=3, attention_dim=8)
     with pytest.raises(ValueError, match="init_alignment"):
         LocationAwareAttention(QUERY_DIM, KEY_DIM, init_alignment="middle")
+
+
+def test_every_attention_names_its_kind_for_the_explorer():
+    kinds = {name: make(QUERY_DIM, KEY_DIM).kind for name, make in KINDS.items()}
+    assert kinds["multihead"] == "multi-head location-aware attention"
+    assert kinds["multihead-content"] == "multi-head additive attention"
+    assert all(kind.endswith("attention") for kind in kinds.values())
