@@ -47,10 +47,12 @@ def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
         raise CheckpointError(f"{path}: not a readable checkpoint ({err})") from None
 
 
-def atomic_save(obj: Any, path: str | os.PathLike) -> None:
-    """`torch.save` atomically: a temporary file, fsync, then rename over `path`. A symbolic
-    link's target is what is written, and a file written over keeps its permissions."""
-    path = Path(os.path.realpath(path))
+def atomic_save(obj: Any, path: str | os.PathLike, follow_link: bool = False) -> None:
+    """`torch.save` atomically: a temporary file, fsync, then rename over `path`; a file
+    written over keeps its permissions. `follow_link`: where `path` is a symbolic link, write
+    its target (a model being updated) instead of replacing the link (Lightning's
+    `save_last: link`, whose target is a kept checkpoint)."""
+    path = Path(os.path.realpath(path) if follow_link else path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
@@ -123,7 +125,7 @@ def store_in_payload(path: str | os.PathLike, values: dict[str, Any]) -> None:
         )
     state, payload = read_payload(path, RECOGNIZER_KEY)
     payload.update(values)
-    atomic_save(state, path)
+    atomic_save(state, path, follow_link=True)
 
 
 def submodule_weights(state: dict[str, Any], prefix: str) -> dict[str, torch.Tensor]:

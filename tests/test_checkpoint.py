@@ -72,15 +72,18 @@ def test_average_is_the_mean_of_float_weights(tmp_path):
     assert avg["state_dict"]["n"] == 0 and avg["epoch"] == 0
 
 
-def test_saving_through_a_link_writes_its_target_and_keeps_the_mode(tmp_path):
-    """asr finalize through link.ckpt made it a file of its own, 0644, the target unchanged."""
+def test_saving_through_a_link_writes_its_target_only_when_asked_and_keeps_the_mode(tmp_path):
+    """asr finalize through link.ckpt made it a file of its own, 0644, the target unchanged;
+    Lightning's last.ckpt link must be replaced, its target (a kept checkpoint) left alone."""
     target, link = tmp_path / "target.ckpt", tmp_path / "link.ckpt"
     atomic_save({"v": 1}, target)
     target.chmod(0o600)
     link.symlink_to(target.name)
-    atomic_save({"v": 2}, link)
+    atomic_save({"v": 2}, link, follow_link=True)
     assert link.is_symlink() and load_checkpoint(target) == {"v": 2}
     assert target.stat().st_mode & 0o777 == 0o600
+    atomic_save({"v": 3}, link)
+    assert not link.is_symlink() and load_checkpoint(target) == {"v": 2}
 
 
 def test_average_rejects_different_models(tmp_path):
