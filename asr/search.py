@@ -339,8 +339,11 @@ class _Fusion:
             return None
         # eos always: unscored by CTC, a hypothesis cannot end, and an utterance whose
         # attention ranks eos low (beam 1, short audio) would end with no hypothesis at all
-        others = scores.index_fill(1, self.eos_id, NEG_INF).topk(size, dim=-1).indices
-        return torch.cat([others, self.eos_id.expand(len(others), 1)], 1)
+        best = scores.topk(size + 1, dim=-1).indices
+        # eos last (a stable sort keeps the rest in order; among -inf ties it may be anywhere),
+        # then cut: each row holds eos once
+        best = best.gather(1, (best == SOS_EOS_ID).to(torch.int8).argsort(dim=1, stable=True))
+        return torch.cat([best[:, :size], self.eos_id.expand(len(best), 1)], 1)
 
     def ctc_scores(self, candidates: Tensor | None, t: int) -> Tensor | None:
         if self.ctc is None:

@@ -401,3 +401,15 @@ def test_a_hypothesis_made_to_end_at_the_length_limit_keeps_its_ctc_score() -> N
         targets = torch.tensor([*best.tokens, EOS])[:, None]
         expected = float(0.7 * att.gather(1, targets).sum() + 0.3 * joint_ctc)
         assert expected - 0.3 * 10 < best.score <= expected + 1e-3
+
+
+def test_hypotheses_made_to_end_at_the_limit_are_listed_once() -> None:
+    """At a forced step every score but eos is -inf, and the pre-beam's ties could take eos
+    besides the eos always added: each ended hypothesis was listed twice."""
+    lens, vocab = torch.tensor([60, 45]), 1000
+    decoder, enc = make_decoder("rnn", vocab=vocab), encoder_output(lens)
+    with torch.no_grad():
+        decoder.output.bias[EOS] -= 30.0  # nothing ends before the limit
+    options = SearchOptions(beam_size=10, ctc_weight=0.3, max_len_ratio=0.05)
+    for nbest in beam_search(decoder, enc, lens, options, ctc_posteriors(lens, vocab=vocab)):
+        assert len(nbest) == 10 and len({tuple(h.tokens) for h in nbest}) == 10
