@@ -456,10 +456,13 @@ class ASRCLI(LightningCLI):
         path = self.config[subcommand].get("ckpt_path") if subcommand else None
         given = [a.split("=")[0] for a in self.argv if a.startswith("--model.")]
         if path and Path(path).is_file() and given:
-            raise ValueError(
-                f"{', '.join(given)}: --ckpt_path {path} builds the model as it was trained, "
-                "whatever --model options say (asr evaluate decodes with other settings)"
-            )
+            saved = load_checkpoint(path).get("hyper_parameters", {})
+            overridden = [g for g in given if _model_argument(g) in saved]
+            if overridden:
+                raise ValueError(
+                    f"{', '.join(overridden)}: --ckpt_path {path} sets it as it was trained, "
+                    "whatever --model options say (asr evaluate decodes with other settings)"
+                )
         super()._parse_ckpt_path()
 
     def before_instantiate_classes(self) -> None:
@@ -520,6 +523,16 @@ class ASRCLI(LightningCLI):
         model_config["vocab_size"] = self.datamodule.vocab_size
         # Plain JSON types only, so checkpoints load with weights_only=True.
         self.model.model_config = json.loads(json.dumps(model_config))
+
+
+def _model_argument(option: str) -> str:
+    """The init argument a --model option sets: `--model.init_args.ctc_weight` -> ctc_weight.
+
+    >>> _model_argument("--model.init_args.frontend.init_args.n_mels")
+    'frontend'
+    """
+    parts = option.removeprefix("--model.").split(".")
+    return parts[1] if parts[0] == "init_args" and len(parts) > 1 else parts[0]
 
 
 def _check_sample_rates(module: L.LightningModule, datamodule: Any) -> None:

@@ -285,8 +285,10 @@ def test_resume_from_last_and_average(tiny_an4, tmp_path, capsys):
     assert [r for r in rows if r.get("test/wer")], "asr test reports the test WER"
     # model options the checkpoint's hyperparameters would replace, silently
     unheard = ["--model.init_args.greedy_validation", "false"]
-    said = "--model.init_args.greedy_validation: --ckpt_path " + str(out) + " builds the model"
+    said = "--model.init_args.greedy_validation: --ckpt_path " + str(out) + " sets it"
     assert said in refused(["test", *test_args, "--ckpt_path", str(out), *unheard], capsys)
+    heard = ["--model.init_args.frontend.init_args.normalize.init_args.stats_path", "moved.json"]
+    assert "moved.json" in refused(["test", *test_args, "--ckpt_path", str(out), *heard], capsys)
 
 
 @pytest.mark.gpu
