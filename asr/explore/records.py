@@ -24,7 +24,6 @@ LAYOUT = "explore.json"
 METRICS = "metrics.json"  # asr evaluate's scores, beside the records
 PAGE = "explorer.html"  # the page `asr explore` writes into the folder by default
 MAPS_SUFFIX = ".explore.npz"  # beside a transcript's <stem>.json: its segments' maps
-MAP_NAMES = {"attention", "ctc"}
 
 
 def quantized_attention(attention: np.ndarray) -> np.ndarray:
@@ -160,13 +159,10 @@ def write_maps(
 ) -> None:
     """An input's maps as `<stem>.explore.npz`, whole or not at all: `spans` `(S, 2)` (each
     decoded segment's start and end in the input, seconds, in order) and the `segment_maps`
-    of segment k as `<name>_<k>`; without attention or a CTC path in any, no file, and none
-    left from before."""
+    of segment k as `<name>_<k>`. Written also where no segment kept a map (spans alone), so
+    a re-run of `--explorer` finds the input done."""
     segments = sorted(segments, key=lambda item: item[0][0])
     path = Path(f"{stem}{MAPS_SUFFIX}")
-    if not any(MAP_NAMES & maps.keys() for _, maps in segments):
-        path.unlink(missing_ok=True)
-        return
     arrays = {"spans": np.array([span for span, _ in segments], np.float64).reshape(-1, 2)}
     for k, (_, maps) in enumerate(segments):
         arrays |= {f"{name}_{k}": array for name, array in maps.items()}

@@ -24,7 +24,7 @@ from asr.cli import main
 from asr.explore import build
 from asr.explore.build import LEFT_OUT, MAX_EMBEDDED_SECONDS, _Budget, _Media, explore
 from asr.explore.page import build_page
-from asr.explore.records import read_maps, read_records
+from asr.explore.records import read_maps, read_records, write_maps
 
 HOSTILE = ["<script>window.pwned=1</script>", '"><img src=x onerror="window.pwned=1">']
 
@@ -430,3 +430,11 @@ def test_an_input_whose_transcript_would_replace_the_layout_is_refused(
     assert main(args) == 2
     assert f"would write its transcript over {out / 'explore.json'}" in capsys.readouterr().err
     assert not out.exists() or not any(out.iterdir())
+
+
+def test_an_input_without_maps_still_gets_its_maps_file(tmp_path):
+    """No file for an input whose segments kept no map (a 10 ms blip) made every re-run of
+    `asr transcribe --explorer` transcribe it again."""
+    write_maps(tmp_path / "blip", [((0.0, 0.01), {})])
+    assert (tmp_path / "blip.explore.npz").is_file()
+    assert read_maps(tmp_path / "blip.json") == [{"span": (0.0, 0.01)}]
