@@ -207,6 +207,12 @@ def _beside(recorded: Path, folder: Path) -> Path:
     return moved if not recorded.exists() and moved.exists() else recorded
 
 
+def _tokenizer_files(state: dict[str, Any]) -> Any:
+    """The tokenizer files a recognizer or LM checkpoint embeds (None where it has none)."""
+    payload = state.get(RECOGNIZER_KEY) or state.get(LM_KEY) or {}
+    return payload.get("tokenizer")
+
+
 def average_checkpoints(paths: Sequence[str | os.PathLike], out: str | os.PathLike) -> Path:
     """Average the floating-point weights of checkpoints; the rest comes from the first."""
     if not paths:
@@ -224,6 +230,8 @@ def average_checkpoints(paths: Sequence[str | os.PathLike], out: str | os.PathLi
                     f"{path}: {name} is {tuple(tensor.shape)}, {tuple(first[name].shape)} in "
                     f"{paths[0]}: checkpoints of another model"
                 )
+        if _tokenizer_files(state) != _tokenizer_files(states[0]):
+            raise CheckpointError(f"{path}: its tokenizer is not that of {paths[0]}")
     averaged = {}
     for name, tensor in first.items():
         if tensor.is_floating_point():
