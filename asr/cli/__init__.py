@@ -304,7 +304,9 @@ def _transcribe(args: argparse.Namespace) -> int:
         lm = _language_model(args, recognizer)
         return transcribe_streaming(args, recognizer, lm, stdin=stdin)
     if spreads(args):
-        if "://" not in args.checkpoint and not os.path.exists(args.checkpoint):
+        from asr.package import is_package
+
+        if not is_package(args.checkpoint) and not os.path.exists(args.checkpoint):
             raise FileNotFoundError(f"{args.checkpoint}: no such checkpoint")  # once, not per rank
         outcome = transcribe_spread(args, _transcribe_inputs)
         # Rank 0 or the --workers parent, once every share is written; other ranks count none.
