@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -62,6 +63,19 @@ def frame_timing(
     return frame_seconds, round(1.0 - int(out_lens[0]) * frame_seconds, 9)
 
 
+@contextlib.contextmanager
+def _measuring(module: nn.Module) -> Iterator[None]:
+    """Eval mode while measuring lengths on zeros, which batch norms in training mode would
+    learn from (and dropout randomise); each submodule's mode restored after."""
+    modes = [(m, m.training) for m in module.modules()]
+    module.eval()
+    try:
+        yield
+    finally:
+        for m, training in modes:
+            m.training = training
+
+
 def _device(module: nn.Module) -> torch.device:
     tensor = next(itertools.chain(module.parameters(), module.buffers()), None)
     return torch.device("cpu") if tensor is None else tensor.device
@@ -95,22 +109,25 @@ class Seq2Seq(nn.Module):
 
     def encoder_timing(self) -> tuple[float, float]:
         """`frame_timing` of the encoder."""
-        return frame_timing(self.encode, self.sample_rate, _device(self))
+        with _measuring(self):
+            return frame_timing(self.encode, self.sample_rate, _device(self))
 
     def feature_seconds(self) -> float:
         """Seconds per feature frame (the frontend's hop), measured."""
-        return frame_timing(self.frontend, self.sample_rate, _device(self))[0]
+        with _measuring(self):
+            return frame_timing(self.frontend, self.sample_rate, _device(self))[0]
 
     @torch.inference_mode()
     def shortest_input(self) -> int:
         """The fewest samples that give an encoder frame, measured."""
         low, high = 1, self.sample_rate
-        while low < high:
-            middle = (low + high) // 2
-            if self._frames(middle) > 0:
-                high = middle
-            else:
-                low = middle + 1
+        with _measuring(self):
+            while low < high:
+                middle = (low + high) // 2
+                if self._frames(middle) > 0:
+                    high = middle
+                else:
+                    low = middle + 1
         return low
 
     def _frames(self, samples: int) -> int:

@@ -135,3 +135,15 @@ def test_ctc_weight_without_head_is_an_error():
     model.ctc = None
     with pytest.raises(ValueError, match="no CTC head"):
         model.loss(*batch(), ctc_weight=0.5)
+
+
+def test_measuring_lengths_leaves_a_training_model_as_it_was():
+    """The zeros `encoder_timing` and `shortest_input` run on would move the Conformer's batch
+    statistics; each submodule keeps its mode (a frozen part stays in eval)."""
+    model = build("conformer", "transformer").train()
+    model.frontend.eval()
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    modes = [m.training for m in model.modules()]
+    model.encoder_timing(), model.feature_seconds(), model.shortest_input()
+    assert all(torch.equal(v, state[k]) for k, v in model.state_dict().items())
+    assert [m.training for m in model.modules()] == modes
