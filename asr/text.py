@@ -38,7 +38,8 @@ _APOSTROPHES = frozenset("'\u2019\u02bc")  # ', right single quote, modifier apo
 
 @dataclass(frozen=True)
 class TextNormalizer:
-    r"""Unicode NFKC, case folding, punctuation removal and whitespace collapsing.
+    r"""Unicode NFKC, case folding, punctuation removal and whitespace collapsing; `▁`
+    (SentencePiece's space) is a space.
 
     >>> TextNormalizer()("  Don\u2019t   stop, \u201cNOW\u201d! ")
     "DON'T STOP NOW"
@@ -60,7 +61,7 @@ class TextNormalizer:
             )
 
     def __call__(self, text: str) -> str:
-        text = unicodedata.normalize("NFKC", text)
+        text = unicodedata.normalize("NFKC", text).replace(SPACE_PIECE, " ")
         if self.case == "upper":
             text = text.upper()
         elif self.case == "lower":
@@ -168,8 +169,9 @@ class Tokenizer(abc.ABC):
         return [self.id_to_piece(i) for i in self._checked_ids(ids)]
 
     def oov(self, text: str) -> list[str]:
-        """Distinct characters of the normalised `text` that encode to `unk_id`, in order."""
-        chars = dict.fromkeys(self.normalizer(text).replace(" ", ""))
+        """Distinct characters of the normalised `text` that encode to `unk_id`, in order (the
+        space too, where the vocabulary has none)."""
+        chars = dict.fromkeys(self.normalizer(text))
         return [ch for ch in chars if not self._can_represent(ch)]
 
     def save(self, out_dir: str | os.PathLike) -> Path:
@@ -183,7 +185,7 @@ class Tokenizer(abc.ABC):
             **self._save_files(out_dir),
         }
         path = out_dir / TOKENIZER_JSON
-        path.write_text(json.dumps(data, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
+        _write_atomically(path, (json.dumps(data, ensure_ascii=False, indent=1) + "\n").encode())
         return path
 
     @staticmethod
@@ -313,6 +315,14 @@ class SentencePieceTokenizer(Tokenizer):
         sentences = [s for s in map(normalizer, texts) if s]
         if not sentences:
             raise ValueError("no non-empty training text for the tokenizer")
+        # SentencePiece drops its reserved pieces from the texts it trains on.
+        reserved = [p for p in SPECIAL_PIECES if any(p in sentence for sentence in sentences)]
+        if reserved:
+            raise ValueError(
+                f"texts hold {', '.join(reserved)}, the name of a special token, which "
+                f"SentencePiece cannot train on: remove or replace it in the texts (or train "
+                "a char tokenizer)"
+            )
         minimum = NUM_SPECIAL + len(set("".join(sentences)) | {" "})
         if vocab_size < minimum:
             raise ValueError(
@@ -348,7 +358,7 @@ class SentencePieceTokenizer(Tokenizer):
         return UNK_ID not in self._sp.encode(ch)
 
     def _save_files(self, out_dir: Path) -> dict[str, Any]:
-        (out_dir / SENTENCEPIECE_MODEL).write_bytes(self.model)
+        _write_atomically(out_dir / SENTENCEPIECE_MODEL, self.model)
         return {"model": SENTENCEPIECE_MODEL, "vocab_size": self.vocab_size}
 
     @classmethod
@@ -454,21 +464,48 @@ def read_manifest_texts(path: str | os.PathLike) -> list[str]:
     """The "text" field of every line of a JSON Lines manifest."""
     texts = []
     with open(path, "rb") as f:
-        for lineno, raw in enumerate(f, 1):
-            try:
-                line = raw.decode("utf-8-sig" if lineno == 1 else "utf-8")
-            except UnicodeDecodeError as err:
-                raise ValueError(f"{path}:{lineno}: not valid UTF-8 ({err.reason})") from None
-            if not line.strip():
-                continue
-            try:
-                entry = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{path}:{lineno}: invalid JSON: {err.msg}") from err
-            if not isinstance(entry, dict) or not isinstance(entry.get("text"), str):
-                raise ValueError(f'{path}:{lineno}: expected an object with a string "text"')
-            texts.append(entry["text"])
+        lines = f.read().splitlines()  # \n, \r\n or \r, as manifests are read for training
+    for lineno, raw in enumerate(lines, 1):
+        try:
+            line = raw.decode("utf-8-sig" if lineno == 1 else "utf-8")
+        except UnicodeDecodeError as err:
+            raise ValueError(f"{path}:{lineno}: not valid UTF-8 ({err.reason})") from None
+        if not line.strip():
+            continue
+        try:
+            entry = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path}:{lineno}: invalid JSON: {err.msg}") from err
+        if not isinstance(entry, dict) or not isinstance(entry.get("text"), str):
+            raise ValueError(f'{path}:{lineno}: expected an object with a string "text"')
+        problem = surrogate_problem(entry["text"])
+        if problem:
+            raise ValueError(f"{path}:{lineno}: {problem}")
+        texts.append(entry["text"])
     return texts
+
+
+def surrogate_problem(text: str) -> str | None:
+    r"""What is wrong with a text holding a lone surrogate (JSON's `"\ud800"` escape), which
+    is no character and cannot be written as UTF-8; None for a good text.
+
+    >>> surrogate_problem("ok"), surrogate_problem("A\ud800")
+    (None, "'text' holds \\ud800 at 2, half of a surrogate pair and not a character")
+    """
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        code = f"\\u{ord(text[err.start]):04x}"
+        where = f"at {err.start + 1}, half of a surrogate pair and not a character"
+        return f"'text' holds {code} {where}"
+    return None
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    """Readers see the old file or the new one, never a partial one (a failed save)."""
+    partial = path.with_name(path.name + ".partial")
+    partial.write_bytes(data)
+    os.replace(partial, path)
 
 
 def _read_json_object(path: Path) -> dict[str, Any]:

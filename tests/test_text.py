@@ -215,6 +215,17 @@ def test_char_unknown_characters_encode_to_unk():
     unknown = [i for i, ch in enumerate(tokenizer.normalizer(text)) if ch in "\u00dc42"]
     assert [k for k, i in enumerate(ids) if i == UNK_ID] == unknown
     assert tokenizer.oov(text) == ["\u00dc", "4", "2"]
+    assert CharTokenizer(["A", "B"]).oov("A B") == [" "]  # the space is a token too
+
+
+@pytest.mark.parametrize("kind, size", [("char", None), ("bpe", 12)])
+def test_sentencepieces_space_in_a_text_is_a_space(kind, size):
+    """`▁` marks spaces in pieces: as a character it would be a second space."""
+    assert TextNormalizer()("A\u2581B \u2581") == "A B"
+    tokenizer = train_tokenizer(["a\u2581b", "ab ba"], kind, size, out_dir=None)
+    assert tokenizer.decode(tokenizer.encode("a\u2581b")) == "A B"
+    pieces = [tokenizer.id_to_piece(i) for i in range(tokenizer.vocab_size)]
+    assert len(set(pieces)) == len(pieces)
 
 
 # --------------------------------------------------------------------------- SentencePiece
@@ -230,6 +241,16 @@ def test_sentencepiece_vocab_size_limits(kind):
     maximum = int(re.search(r"at most (\d+)", str(err.value)).group(1))
     for size in (minimum, maximum):  # both bounds are buildable, exactly
         assert SentencePieceTokenizer.train(SMALL_TEXTS, kind, size).vocab_size == size
+
+
+@pytest.mark.parametrize("piece", SPECIAL_PIECES)
+def test_sentencepiece_refuses_texts_holding_a_special_pieces_name(piece):
+    """SentencePiece would train without them, then meet characters it never saw."""
+    keep = TextNormalizer("keep", "keep")
+    with pytest.raises(ValueError, match=f"texts hold {re.escape(piece)}, the name of a special"):
+        SentencePieceTokenizer.train([f"yes {piece} no", "no"], "bpe", 30, keep)
+    tokenizer = CharTokenizer.train([f"yes {piece} no"], keep)
+    assert tokenizer.decode(tokenizer.encode(f"{piece} no")) == f"{piece} no"
 
 
 def test_sentencepiece_normalizes_once_with_our_normalizer():
@@ -280,6 +301,20 @@ def test_manifest_texts_read_as_validation_does(tmp_path):
     path.write_bytes(b'{"text": "yes"}\n{"text": "caf\xe9"}\n')
     with pytest.raises(ValueError, match=rf"^{re.escape(str(path))}:2: not valid UTF-8"):
         read_manifest_texts(path)
+    path.write_bytes(b'{"text": "yes"}\r{"text": "no"}\r')  # old Mac line ends
+    assert read_manifest_texts(path) == ["yes", "no"]
+    path.write_bytes(b'{"text": "yes"}\n{"text": "yes\\ud800"}\n')  # half a surrogate pair
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(path))}:2: 'text' holds \\ud800"):
+        read_manifest_texts(path)
+
+
+def test_a_failed_save_keeps_the_tokenizer_saved_before(tmp_path):
+    CharTokenizer.train(["yes"]).save(tmp_path)
+    before = (tmp_path / "tokenizer.json").read_bytes()
+    with pytest.raises(UnicodeEncodeError):
+        CharTokenizer(["\ud800"]).save(tmp_path)
+    assert (tmp_path / "tokenizer.json").read_bytes() == before
+    assert [p.name for p in tmp_path.iterdir()] == ["tokenizer.json"]
 
 
 def write_manifest(path: Path, texts: list[str]) -> Path:

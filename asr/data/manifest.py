@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from asr.audio import AudioError, audio_info, load_audio
+from asr.text import surrogate_problem
 
 logger = logging.getLogger(__name__)
 
@@ -261,7 +262,9 @@ def _utterance_from(record: Any, base: Path) -> Utterance:
     problems = [
         _path_problem(record["audio_filepath"]),
         _number_problem("duration", record["duration"], allow_zero=False),
-        None if isinstance(record["text"], str) else _type_problem("text", "a string", record),
+        surrogate_problem(record["text"])
+        if isinstance(record["text"], str)
+        else _type_problem("text", "a string", record),
         _number_problem("offset", record.get("offset", 0.0), allow_zero=True),
         _label_problem("id", record.get("id")) or _id_problem(record.get("id")),
         _label_problem("speaker", record.get("speaker")),

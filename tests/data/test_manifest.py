@@ -251,6 +251,7 @@ def mixed_manifest(tmp_path) -> Path:
         None,
         ("nan.wav", 1.0, "hello", 0.0),
         ("good.wav", 2.5, "hello", 0.0),
+        ("good.wav", 1.0, "hello\ud800", 0.0),  # JSON's escape of half a surrogate pair
     ]
     keys = ("audio_filepath", "duration", "text", "offset")
     lines = [
@@ -264,7 +265,7 @@ def test_validate_reports_audio_text_and_line_problems(mixed_manifest):
     report = validate_manifest(mixed_manifest, tokenizer=CharTokenizer())
     reasons = {int(e.location.rsplit(":", 1)[1]): e.reason for e in report.bad}
     assert all(e.location.startswith(f"{mixed_manifest}:") for e in report.bad)
-    assert sorted(reasons) == [2, 3, 4, 5, 6, 7, 9]
+    assert sorted(reasons) == [2, 3, 4, 5, 6, 7, 9, 10]
     assert "missing.wav: file not found" in reasons[2]
     assert "empty.wav: empty" in reasons[3]
     assert "corrupt.wav: unreadable or corrupt" in reasons[4]
@@ -272,6 +273,7 @@ def test_validate_reports_audio_text_and_line_problems(mixed_manifest):
     assert reasons[6] == "empty transcript"
     assert "invalid JSON" in reasons[7]
     assert "exceeds audio" in reasons[9]
+    assert reasons[10].startswith("'text' holds \\ud800 at 6, half of a surrogate pair")
     assert [u.text for u in report.good] == ["hello there", "hello"]  # lines 1 and 8
     assert not report.ok
 
@@ -285,7 +287,7 @@ def test_full_check_decodes_and_finds_non_finite_samples(mixed_manifest):
 
 def test_without_audio_checks_only_lines_and_text_are_checked(mixed_manifest):
     report = validate_manifest(mixed_manifest, check_audio=False)
-    assert [int(e.location.rsplit(":", 1)[1]) for e in report.bad] == [6, 7]
+    assert [int(e.location.rsplit(":", 1)[1]) for e in report.bad] == [6, 7, 10]
 
 
 def test_report_raises_and_lists_every_problem(mixed_manifest):
