@@ -24,7 +24,7 @@ from asr.data.shards import (
     DEFAULT_SHUFFLE_BUFFER,
     ShardedSpeechDataset,
     StreamOptions,
-    check_characters,
+    check_vocabulary,
     is_shard_folder,
     read_index,
     stream_loader,
@@ -606,7 +606,7 @@ class ASRDataModule(L.LightningDataModule):
         if hp.shortest_first_epochs:
             raise ValueError("data.shortest_first_epochs needs a manifest, not shards: set it to 0")
         index = read_index(folder)
-        check_characters(index, self.tokenizer)
+        check_vocabulary(index, self.tokenizer)
         short = int((index.durations < hp.min_duration).sum())
         if short:  # a manifest's lines are refused for this; a stream would fail mid-epoch
             raise ValueError(

@@ -43,7 +43,7 @@ logger = logging.getLogger(__name__)
 
 INDEX_NAME = "shards.json"
 INDEX_FORMAT = "asr-shards"
-INDEX_VERSION = 1
+INDEX_VERSION = 2
 SHARD_NAME = "shard-{:06d}.tar"
 DEFAULT_SHARD_HOURS = 1.0
 DEFAULT_SHUFFLE_BUFFER = 500
@@ -88,8 +88,9 @@ class ShardIndex:
     folder: Path
     shards: tuple[ShardInfo, ...]
     sample_rates: tuple[int, ...]  # the rates of the stored audio
-    characters: str  # every character of the texts, for the tokenizer's vocabulary check
-    fastest: tuple[Utterance, ...]  # the highest characters per second (text and duration)
+    words: tuple[str, ...]  # the texts' distinct words, for the tokenizer's vocabulary check
+    wordless: tuple[str, ...]  # texts without a letter or digit: maybe empty targets
+    fastest: tuple[Utterance, ...]  # the highest characters per second (text, duration, id)
 
     @property
     def offsets(self) -> np.ndarray:
@@ -168,14 +169,20 @@ def read_index(path: str | os.PathLike) -> ShardIndex:
         raise ShardError(f"{index_path}: unreadable shard index ({error})") from None
     if not isinstance(record, dict) or record.get("format") != INDEX_FORMAT:
         raise ShardError(f"{index_path}: not a shard index of `asr shard`")
+    if record.get("version") != INDEX_VERSION:
+        raise ShardError(
+            f"{index_path}: index version {record.get('version')!r}, this asr reads "
+            f"{INDEX_VERSION}: write the shards again with `asr shard`"
+        )
     shards = tuple(
         ShardInfo(s["file"], int(s["bytes"]), np.asarray(s["durations"], dtype=np.float64))
         for s in record["shards"]
     )
-    fastest = tuple(Utterance("", float(d), t) for t, d in record.get("fastest", []))
+    fastest = tuple(Utterance("", float(d), t, id=i) for t, d, i in record["fastest"])
     return ShardIndex(
-        folder, shards, tuple(record["sample_rates"]), record.get("characters", ""), fastest
-    )
+        folder, shards, tuple(record["sample_rates"]), tuple(record["words"]),
+        tuple(record["wordless"]), fastest,
+    )  # fmt: skip
 
 
 # ----------------------------------------------------------------------------- writing
@@ -309,7 +316,10 @@ def _stored_audio(utterance: Utterance) -> tuple[str, bytes, int]:
 def _write_index(
     out: Path, manifest: str | os.PathLike, records: list, rates: list, utterances: list
 ) -> None:
-    characters = "".join(sorted({ch for u in utterances for ch in u.text}))
+    # Words, not characters: normalising joins a character to its neighbours (a combining
+    # accent, an apostrophe inside a word), and no text ever spans two words.
+    words = sorted({word for u in utterances for word in u.text.split()})
+    wordless = sorted({u.text for u in utterances if not any(ch.isalnum() for ch in u.text)})
     fastest = sorted(utterances, key=lambda u: (-len(u.text) / u.duration, u.utt_id))
     index = {
         "format": INDEX_FORMAT,
@@ -318,8 +328,9 @@ def _write_index(
         "sample_rates": rates,
         "utterances": len(utterances),
         "seconds": round(sum(r["seconds"] for r in records), 3),
-        "characters": characters,
-        "fastest": [[u.text, u.duration] for u in fastest[:FASTEST_KEPT]],
+        "words": words,
+        "wordless": wordless,
+        "fastest": [[u.text, u.duration, u.utt_id] for u in fastest[:FASTEST_KEPT]],
         "shards": records,
     }
     partial = out / (INDEX_NAME + ".partial")
@@ -905,16 +916,25 @@ def stream_loader(
     )
 
 
-def check_characters(index: ShardIndex, tokenizer: Any) -> None:
-    """Raise a ShardError naming the texts' characters that the tokenizer cannot encode.
+def check_vocabulary(index: ShardIndex, tokenizer: Any) -> None:
+    """Raise a ShardError naming what the tokenizer cannot encode: characters outside its
+    vocabulary, and texts it normalises to nothing (empty targets), as validate-data does.
 
     Args:
-        index: the shard index (its `characters`).
-        tokenizer: has `oov(text) -> list[str]` (asr.text.Tokenizer).
+        index: the shard index (its `words` and `wordless` texts).
+        tokenizer: asr.text.Tokenizer.
     """
-    unknown = tokenizer.oov(index.characters)
+    unknown = list(dict.fromkeys(ch for word in index.words for ch in tokenizer.oov(word)))
     if unknown:
         raise ShardError(
             f"{index.folder}: texts hold characters outside the tokenizer's vocabulary: "
             + " ".join(repr(ch) for ch in unknown)
+        )
+    # Only a text without a letter or digit can normalise to nothing.
+    empty = [text for text in index.wordless if not tokenizer.encode(text)]
+    if empty:
+        raise ShardError(
+            f"{index.folder}: {len(empty)} distinct texts leave no tokens after the tokenizer's "
+            f"normalisation (empty targets), e.g. {empty[0]!r}: shard a manifest without them "
+            "(asr validate-data --tokenizer names them)"
         )

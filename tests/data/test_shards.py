@@ -17,6 +17,7 @@ import tarfile
 import textwrap
 import warnings
 from collections import Counter
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
@@ -39,6 +40,7 @@ from asr.data.shards import (
     StreamOptions,
     _group_by_seconds,
     bucketed,
+    check_vocabulary,
     decode_audio,
     read_index,
     role_shards,
@@ -428,6 +430,38 @@ def test_the_data_module_streams_shards_with_tokens(corpus, shards, tmp_path):
     CharTokenizer.train(["YES"]).save(tmp_path / "small")
     with pytest.raises(ShardError, match="outside the tokenizer's vocabulary"):
         ASRDataModule(str(shards), str(corpus["manifest"]), str(tmp_path / "small")).setup("fit")
+
+
+@pytest.mark.parametrize(
+    "texts, error",
+    [
+        # A loose accent on its own would combine with its neighbour in a list of characters.
+        (["CAFE\u0301 ONE", "NAI\u0308VE TWO"], None),
+        # An apostrophe inside a word is kept, and not in the tokenizer's vocabulary.
+        (["NO'NO", "YES"], "outside the tokenizer's vocabulary: \"'\""),
+        (["YES", "..."], r"1 distinct texts leave no tokens .* e\.g\. '\.\.\.'"),
+    ],
+)
+def test_the_vocabulary_check_of_shards_judges_each_text(corpus, tmp_path, texts, error):
+    """As validate-data judges a manifest's lines against the tokenizer."""
+    lines = read_manifest(corpus["manifest"])[: len(texts)]
+    write_manifest(tmp_path / "m.jsonl", [replace(u, text=t) for u, t in zip(lines, texts)])
+    index = write_shards(tmp_path / "m.jsonl", tmp_path / "shards")
+    tokenizer = CharTokenizer.train(["CAFÉ NAÏVE ONE TWO YES NO"])
+    if error is None:
+        check_vocabulary(index, tokenizer)
+        check_vocabulary(read_index(tmp_path / "shards"), tokenizer)
+    else:
+        with pytest.raises(ShardError, match=error):
+            check_vocabulary(read_index(tmp_path / "shards"), tokenizer)
+
+
+def test_an_index_of_another_version_asks_for_the_shards_again(shards, tmp_path):
+    shutil.copytree(shards, tmp_path / "old")
+    record = json.loads((tmp_path / "old" / "shards.json").read_text())
+    (tmp_path / "old" / "shards.json").write_text(json.dumps({**record, "version": 1}))
+    with pytest.raises(ShardError, match="index version 1, .* write the shards again"):
+        read_index(tmp_path / "old")
 
 
 # ----------------------------------------------------------------------------- asr fit
