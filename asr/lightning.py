@@ -38,6 +38,7 @@ from asr.precision import BF16_STEP_ROWS
 from asr.search import Hypothesis, fastest_speech, greedy_search, length_bound
 from asr.segment import segment_seconds_for
 from asr.text import Tokenizer
+from asr.timing import ctc_frames_needed
 
 log = logging.getLogger(__name__)
 
@@ -239,15 +240,46 @@ class ASRModule(L.LightningModule):
             self._encoder_timing = self.model.encoder_timing()
         return length_bound(self.hparams.max_len_ratio, 0, rate, *self._encoder_timing)
 
+    def on_fit_start(self) -> None:
+        self._fastest_speech()  # warns of transcripts too long for their audio up front
+
     def _fastest_speech(self) -> float | None:
+        """Tokens per second of the fastest training speech, of the texts CTC can align."""
         if self._tokens_per_second is None:
             train = self._train_dataset()
             if train is not None:
-                counts = [len(self.tokenizer.encode(u.text)) for u in train.utterances]
-                durations = [u.duration for u in train.utterances]
+                utterances = train.utterances
+                ids = [self.tokenizer.encode(u.text) for u in utterances]
+                kept = self._alignable(utterances, ids)
+                counts = [len(ids[k]) for k in kept]
+                durations = [utterances[k].duration for k in kept]
                 speed = max(train.speed_perturb, default=1.0)
                 self._tokens_per_second = fastest_speech(counts, durations, speed)
         return self._tokens_per_second
+
+    def _alignable(self, utterances: Sequence, ids: list[list[int]]) -> list[int]:
+        """Indices of the utterances whose targets fit their encoder frames; warns of the rest,
+        whose CTC loss is zero (a transcript of another recording, or a wrong duration)."""
+        if not self.hparams.ctc_weight:
+            return list(range(len(utterances)))
+        if self._encoder_timing is None:
+            self._encoder_timing = self.model.encoder_timing()
+        frame_seconds, edge_seconds = self._encoder_timing
+        frames = [(u.duration - edge_seconds) / frame_seconds for u in utterances]
+        needed = [ctc_frames_needed(t) for t in ids]
+        kept = [k for k in range(len(utterances)) if needed[k] <= frames[k]]
+        if len(kept) < len(utterances) and self.global_rank == 0:
+            bad = sorted(set(range(len(utterances))) - set(kept))
+            named = ", ".join(
+                f"{utterances[k].utt_id} ({needed[k]} CTC frames, audio gives {int(frames[k])})"
+                for k in bad[:5]
+            )
+            log.warning(
+                "%d of %d training transcripts are too long for their audio: CTC cannot align "
+                "them and their CTC loss is zero: %s%s. Check their text and duration",
+                len(bad), len(utterances), named, ", ..." if len(bad) > 5 else "",
+            )  # fmt: skip
+        return kept
 
     def _train_dataset(self) -> SpeechDataset | ShardedSpeechDataset | None:
         trainer = self._trainer

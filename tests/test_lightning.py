@@ -477,6 +477,25 @@ def test_checkpoint_is_self_contained(tiny_an4, tmp_path):
     assert recognizer.tokens_per_second >= max(rates)  # the output bound (speed perturbed)
 
 
+def test_a_transcript_too_long_for_its_audio_is_named_and_not_taken_for_fast_speech(
+    tiny_an4, tmp_path, caplog
+):
+    """Its CTC loss is zero (no path fits): the fit says so, and the output bound stored for
+    decoding stays that of the real speech."""
+    utterances = read_manifest(tiny_an4["train"])
+    wrong = dataclasses.replace(utterances[3], text="YES " * 300)
+    write_manifest(tmp_path / "train.jsonl", [*utterances[:3], wrong, *utterances[4:]])
+    args = _fit_args({**tiny_an4, "train": str(tmp_path / "train.jsonl")}, tmp_path)
+    with caplog.at_level(logging.WARNING, logger="asr.lightning"):
+        main([*args, "--trainer.max_epochs", "1"])
+    said = [r.getMessage() for r in caplog.records if "too long for their audio" in r.message]
+    assert len(said) == 1 and said[0].startswith("1 of 9 training transcripts are too long")
+    assert f"{wrong.utt_id} (1199 CTC frames, audio gives " in said[0]
+    recognizer = load_model(tmp_path / "checkpoints" / "last.ckpt")
+    rates = [(len(recognizer.tokenizer.encode(u.text)) + 1) / u.duration for u in utterances]
+    assert max(rates) <= recognizer.tokens_per_second < 2 * max(rates)
+
+
 KILL_SCRIPT = """
 import os, signal, sys
 import lightning as L
