@@ -397,6 +397,25 @@ def test_an4_language_model_stages_train_and_fuse_the_recipe_lm(tmp_path):
     assert "--ckpt_path" not in log.read_text() and not (exp / "lm" / "checkpoints").exists()
 
 
+@pytest.mark.parametrize("options, vocabulary", [((), []), (("--tokenizer", "bpe"), ["100"]),
+                                                  (("--tokenizer", "unigram", "--vocab-size", "60"),
+                                                   ["60"])])  # fmt: skip
+def test_an4_tokenizer_stage_gives_pieces_a_vocabulary_size(tmp_path, options, vocabulary):
+    fake, log = tmp_path / "bin", tmp_path / "calls.txt"
+    fake.mkdir()
+    (fake / "asr").write_text(RECORDING_ASR.format(python=sys.executable, log=log))
+    (fake / "asr").chmod(0o755)
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / ".done-1").write_text("")
+    args = ["--data-dir", tmp_path, "--data", data, "--exp", tmp_path / "exp", "--quick"]
+    run_recipe("an4", *args, *options, "--stage", "2", "--stop-stage", "2", bin_dir=fake)
+    call = log.read_text().split()
+    assert call[0] == "tokenizer" and call[call.index("--kind") + 1] == (options or ["", "char"])[1]
+    given = call[call.index("--vocab-size") + 1 :][:1] if "--vocab-size" in call else []
+    assert given == vocabulary
+
+
 def test_a_stage_done_with_other_options_is_not_skipped_as_if_done_with_these(tmp_path):
     """A decode done at beam 10, asked again at beam 3: a usage error showing both commands,
     not a skip that claims beam 3. --force runs it; a forced run that fails leaves no marker,

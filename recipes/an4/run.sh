@@ -4,14 +4,15 @@
 #   bash recipes/an4/run.sh [--quick] [--stage N] [--stop-stage M]
 #                           [--model transformer_robust|conformer|conformer_streaming|transformer|rnn]
 #                           [--data-dir DIR] [--an4-url URL] [--data DIR] [--exp DIR] [--force]
-#                           [--tokenizer char|bpe|unigram] [--beam-size N] [--ctc-weight W]
+#                           [--tokenizer char|bpe|unigram] [--vocab-size N]
+#                           [--beam-size N] [--ctc-weight W]
 #                           [--average N] [--lm-weight W] [--robustness]
 #                           [-- ASR-FIT-OPTIONS...]
 #
 #   0  download                only if --data-dir is not found: --an4-url (CMU's
 #                              an4_sphere.tar.gz, 64 MB) to data/an4/download/
 #   1  prepare manifests       data/an4/{train,dev,test}.jsonl
-#   2  train the tokenizer     data/an4/tokenizer/
+#   2  train the tokenizer     data/an4/tokenizer/ (bpe or unigram: --vocab-size, default 100)
 #   3  CMVN statistics         data/an4/cmvn.json (through the config's level normaliser
 #                              and features: asr cmvn --config); data/an4/as_recorded/cmvn.json
 #                              for a config without one (conformer_streaming)
@@ -57,6 +58,7 @@ an4_url=http://www.speech.cs.cmu.edu/databases/an4/an4_sphere.tar.gz
 data=data/an4
 exp=exp/an4
 tokenizer_kind=char
+vocab_size=100
 ctc_weight="" # default after parsing: it depends on --model
 
 recipe_option() {
@@ -65,6 +67,7 @@ recipe_option() {
     --robustness) robustness=true; consumed=1 ;;
     --model) need_value "$@"; model=$2; consumed=2 ;;
     --tokenizer) need_value "$@"; tokenizer_kind=$2; consumed=2 ;;
+    --vocab-size) need_value "$@"; vocab_size=$2; consumed=2 ;;
     --lm-weight) need_number "$@"; lm_weight=$2; consumed=2 ;;
     --an4-url) need_value "$@"; an4_url=$2; consumed=2 ;;
   esac
@@ -106,8 +109,10 @@ mkdir -p "$data"
 
 run_stage 1 "prepare manifests" "$data" \
   asr prepare an4 --data-dir "$data_dir" --out "$data"
+tokenizer_options=(--kind "$tokenizer_kind")
+[ "$tokenizer_kind" = char ] || tokenizer_options+=(--vocab-size "$vocab_size")
 run_stage 2 "tokenizer" "$data" \
-  asr tokenizer --manifest "$data/train.jsonl" --kind "$tokenizer_kind" --out "$data/tokenizer"
+  asr tokenizer --manifest "$data/train.jsonl" "${tokenizer_options[@]}" --out "$data/tokenizer"
 cmvn_dir=$(cmvn_dir "$config" "$data")
 run_stage 3 "CMVN statistics" "$cmvn_dir" \
   asr cmvn --manifest "$data/train.jsonl" --out "$cmvn_dir/cmvn.json" --config "$config"
