@@ -24,7 +24,7 @@ SPEC_KEYS = ("class_path", "init_args", "dict_kwargs")  # jsonargparse's for a c
 TOP_LEVEL_KEYS = (
     "seed_everything", "trainer", "model", "data", "checkpoint", "step_checkpoint",
     "epoch_clock", "bf16_fallback", "onednn_kernel_cache", "optimizer", "lr_scheduler",
-    "ckpt_path", "weights_only",
+    "ckpt_path", "weights_only", "verbose",
 )  # fmt: skip
 
 

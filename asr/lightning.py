@@ -101,6 +101,10 @@ class ASRModule(L.LightningModule):
             raise ValueError(f"freeze_encoder_steps must be >= 0, got {freeze_encoder_steps}")
         if plot_every_n_epochs < 1:
             raise ValueError(f"plot_every_n_epochs must be >= 1, got {plot_every_n_epochs}")
+        if not 0 <= ctc_weight <= 1:  # above 1 the attention loss is maximised
+            raise ValueError(f"ctc_weight must lie in [0, 1], got {ctc_weight}")
+        if not 0 <= label_smoothing < 1:
+            raise ValueError(f"label_smoothing must lie in [0, 1), got {label_smoothing}")
         save_hyperparameters(self, ["frontend", "encoder", "decoder", "optimizer", "lr_scheduler"])
         self.model = build_seq2seq(frontend, encoder, decoder, vocab_size, ctc_weight)
         self._inter_ctc = _inter_ctc(self.model, inter_ctc_layers, inter_ctc_weight)
@@ -413,11 +417,15 @@ def step_schedule(
     scheduler_factory: LRSchedulerCallable | None,
     parameters,
 ):
-    """`configure_optimizers` output: the optimizer, and its schedule stepped every step."""
+    """`configure_optimizers` output: the optimizer, and its schedule stepped every step, or
+    a ReduceLROnPlateau stepped on `val/loss` after each epoch's validation."""
     optimizer = optimizer_factory(parameters)
     if scheduler_factory is None:
         return optimizer
     scheduler = scheduler_factory(optimizer)
+    if isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
+        plateau = {"scheduler": scheduler, "interval": "epoch", "monitor": "val/loss"}
+        return {"optimizer": optimizer, "lr_scheduler": plateau}
     return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
 

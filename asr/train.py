@@ -455,6 +455,14 @@ class ASRCLI(LightningCLI):
         subcommand = self.config.get("subcommand")
         path = self.config[subcommand].get("ckpt_path") if subcommand else None
         given = [a.split("=")[0] for a in self.argv if a.startswith("--model.")]
+        schedule = [g for g in given if _model_argument(g) in ("optimizer", "lr_scheduler")]
+        if subcommand == "fit" and path and schedule:
+            # Resuming restores the optimizer's and the schedule's states over any new settings.
+            raise ValueError(
+                f"{', '.join(schedule)}: resuming (--ckpt_path {path}) goes on with the optimizer "
+                "and schedule as saved; to train on with others, start a new run from its "
+                "weights (--model.init_args.init_from CHECKPOINT)"
+            )
         if path and Path(path).is_file() and given:
             saved = load_checkpoint(path).get("hyper_parameters", {})
             overridden = [g for g in given if _model_argument(g) in saved]

@@ -268,6 +268,12 @@ def test_resume_from_last_and_average(tiny_an4, tmp_path, capsys):
     resumed = torch.load(last, weights_only=True)
     assert resumed["epoch"] == 1 and resumed["global_step"] > 0
     assert (tmp_path / "logs" / "version_1").is_dir(), "the resumed run logs to a new version"
+    # the optimizer's and schedule's saved states would override these, or half of them
+    capsys.readouterr()
+    for option, value in (("optimizer", "torch.optim.SGD"), ("lr_scheduler", "asr.optim.NoamLR")):
+        argv = [*_fit_args(tiny_an4, tmp_path), "--ckpt_path", "last"]
+        said = refused([*argv, f"--model.init_args.{option}", value], capsys)
+        assert said.startswith(f"asr fit: error: --model.init_args.{option}: resuming")
 
     out = tmp_path / "avg.ckpt"
     assert main(["average", "--last", str(last), "--best", "2", "--out", str(out)]) == 0
@@ -283,6 +289,7 @@ def test_resume_from_last_and_average(tiny_an4, tmp_path, capsys):
     latest = max((tmp_path / "logs").glob("version_*"), key=lambda p: int(p.name[8:]))
     rows = list(csv.DictReader((latest / "metrics.csv").open()))
     assert [r for r in rows if r.get("test/wer")], "asr test reports the test WER"
+    main(["test", "--config", str(latest / "config.yaml")])  # the config it saved re-runs
     # model options the checkpoint's hyperparameters would replace, silently
     unheard = ["--model.init_args.greedy_validation", "false"]
     said = "--model.init_args.greedy_validation: --ckpt_path " + str(out) + " sets it"
@@ -724,6 +731,20 @@ def _tiny_module(
     return module, data
 
 
+@pytest.mark.parametrize(
+    "option, value, said",
+    [
+        ("ctc_weight", 3.0, r"ctc_weight must lie in \[0, 1\], got 3.0"),  # maximises att. loss
+        ("ctc_weight", -0.5, r"ctc_weight must lie in \[0, 1\], got -0.5"),
+        ("label_smoothing", 1.5, r"label_smoothing must lie in \[0, 1\), got 1.5"),
+        ("freeze_encoder_steps", -1, "freeze_encoder_steps must be >= 0, got -1"),
+    ],
+)
+def test_loss_options_out_of_range_are_refused_up_front(tiny_an4, option, value, said):
+    with pytest.raises(ValueError, match=f"^{said}$"):
+        _tiny_module(tiny_an4, **{option: value})
+
+
 @pytest.fixture
 def kernel_cache_unset(monkeypatch):
     """oneDNN's kernel-cache variable absent for the test and restored after it."""
@@ -831,6 +852,18 @@ def _tiny_fit(
                         enable_model_summary=False, limit_val_batches=0,
                         **trainer_options)  # fmt: skip
     trainer.fit(module, data)
+
+
+def test_a_plateau_schedule_steps_on_the_dev_loss_each_epoch(tiny_an4):
+    """Its threshold never met after the first epoch: the rate halves once per epoch after."""
+    plateau = partial(torch.optim.lr_scheduler.ReduceLROnPlateau, factor=0.5, patience=0,
+                      threshold=1e9, threshold_mode="abs")  # fmt: skip
+    module, data = _tiny_module(tiny_an4, lr_scheduler=plateau, greedy_validation=False)
+    trainer = L.Trainer(accelerator="cpu", max_epochs=3, logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False,
+                        limit_val_batches=1, num_sanity_val_steps=0)  # fmt: skip
+    trainer.fit(module, data)
+    assert trainer.optimizers[0].param_groups[0]["lr"] == pytest.approx(1e-3 / 4)
 
 
 def test_a_frozen_encoder_keeps_its_batch_statistics(tiny_an4):
