@@ -24,8 +24,9 @@ SPEC_KEYS = ("class_path", "init_args", "dict_kwargs")  # jsonargparse's for a c
 TOP_LEVEL_KEYS = (
     "seed_everything", "trainer", "model", "data", "checkpoint", "step_checkpoint",
     "epoch_clock", "bf16_fallback", "onednn_kernel_cache", "optimizer", "lr_scheduler",
-    "ckpt_path", "weights_only", "verbose",
+    "ckpt_path", "weights_only",
 )  # fmt: skip
+EVALUATION_KEYS = ("verbose",)  # what `asr validate` and `asr test` take beside those
 
 
 def config_paths(argv: Sequence[str]) -> list[str]:
@@ -40,12 +41,13 @@ def config_paths(argv: Sequence[str]) -> list[str]:
 
 
 def config_problems(
-    path: str | Path, classes: dict[str, tuple[Any, str]] | None = None
+    path: str | Path, classes: dict[str, tuple[Any, str]] | None = None, subcommand: str = "fit"
 ) -> list[str]:
     """Each problem found in the config file `path` as `FILE:LINE: KEY: what is wrong`; none for
     a file that does not exist or cannot be read (LightningCLI says so itself). `classes` maps
     key paths to the classes (and their class_path) earlier configs named there, for a config
-    laid over them that gives `init_args` alone; this file's are added to it."""
+    laid over them that gives `init_args` alone; this file's are added to it. `subcommand`:
+    fit, validate or test, whose top-level keys differ."""
     classes = {} if classes is None else classes
     try:
         text = Path(path).read_text(encoding="utf-8")
@@ -62,16 +64,17 @@ def config_problems(
         return [f"{where}: not valid YAML: {err.problem or err.context}{context}"]
     except yaml.YAMLError as err:
         return [f"{path}: not valid YAML: {err}"]
-    found = [*_top_level_problems(root), *_problems(root, "", classes)]
+    keys = TOP_LEVEL_KEYS + (EVALUATION_KEYS if subcommand in ("validate", "test") else ())
+    found = [*_top_level_problems(root, keys), *_problems(root, "", classes)]
     return [f"{path}:{line}: {key}: {problem}" for line, key, problem in found]
 
 
-def _top_level_problems(root: yaml.Node | None) -> Iterator[Problem]:
+def _top_level_problems(root: yaml.Node | None, keys: tuple[str, ...]) -> Iterator[Problem]:
     if not isinstance(root, yaml.MappingNode):
         return
     for k, _ in root.value:
-        if isinstance(k, yaml.ScalarNode) and k.value not in TOP_LEVEL_KEYS:
-            known = list(TOP_LEVEL_KEYS)
+        if isinstance(k, yaml.ScalarNode) and k.value not in keys:
+            known = list(keys)
             yield k.start_mark.line + 1, k.value, f"no such key{_did_you_mean(k.value, known)}"
 
 

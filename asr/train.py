@@ -688,7 +688,8 @@ _NO_ADVERTS = _NoAdverts()
 def run_lightning_cli(argv: Sequence[str]) -> ASRCLI:
     """Run `asr fit|validate|test ...` (argv without the program name)."""
     classes: dict[str, tuple[Any, str]] = {}  # what each config names, for those laid over it
-    problems = [p for path in config_paths(argv) for p in config_problems(path, classes)]
+    paths = config_paths(argv)
+    problems = [p for path in paths for p in config_problems(path, classes, argv[0])]
     groups = {"trainer": L.Trainer, "checkpoint": RunCheckpoint, "step_checkpoint": StepCheckpoint}
     problems += option_problems(argv, classes, groups | {"epoch_clock": EpochClock})
     if problems:

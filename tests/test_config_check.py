@@ -124,15 +124,22 @@ def test_asr_fit_stops_on_them_before_training(tmp_path, capsys) -> None:
     ]
 
 
-def test_the_top_level_keys_are_those_asr_fit_takes(capsys) -> None:
-    from asr.config_check import TOP_LEVEL_KEYS
+@pytest.mark.parametrize("subcommand", ["fit", "validate", "test"])
+def test_the_top_level_keys_are_those_each_subcommand_takes(tmp_path, capsys, subcommand) -> None:
+    """As each prints them in the config.yaml it saves, which is given again as a config."""
+    from asr.config_check import EVALUATION_KEYS, TOP_LEVEL_KEYS
     from asr.train import run_lightning_cli
 
     with pytest.raises(SystemExit):
-        run_lightning_cli(["fit", "--print_config", "--config", str(QUICK)])
+        run_lightning_cli([subcommand, "--print_config", "--config", str(QUICK)])
     printed = capsys.readouterr().out.splitlines()
     keys = {line.split(":")[0] for line in printed if line[:1].isalpha()}
-    assert keys == set(TOP_LEVEL_KEYS)
+    assert keys == set(TOP_LEVEL_KEYS + (EVALUATION_KEYS if subcommand != "fit" else ()))
+    (tmp_path / "printed.yaml").write_text("\n".join(printed) + "\n")
+    assert not config_problems(tmp_path / "printed.yaml", subcommand=subcommand)
+    if subcommand == "fit":
+        (tmp_path / "verbose.yaml").write_text("verbose: true\n")
+        assert "verbose: no such key" in config_problems(tmp_path / "verbose.yaml")[0]
 
 
 @pytest.mark.parametrize(
