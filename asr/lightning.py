@@ -124,6 +124,7 @@ class ASRModule(L.LightningModule):
         self._nonfinite_streak = 0
         self._grad_norm: Tensor | None = None
         self._resume_rng: dict | None = None
+        self._repeats: set[int] = set()  # this evaluation's batches that repeat an utterance
         self._tokens_per_second: float | None = None
         self._encoder_timing: tuple[float, float] | None = None
 
@@ -215,8 +216,9 @@ class ASRModule(L.LightningModule):
             enc, enc_lens, batch.tokens, batch.token_lens, self.hparams.ctc_weight, 0.0,
             intermediate, self._inter_ctc,
         )  # fmt: skip
-        self._log_losses(self._eval_stage, out, len(batch))
-        if self.hparams.greedy_validation:
+        repeat = batch_idx in self._repeats  # on another rank already: weighs nothing
+        self._log_losses(self._eval_stage, out, 0 if repeat else len(batch))
+        if self.hparams.greedy_validation and not repeat:
             hyps = self._greedy(enc, enc_lens)
             texts = [self.tokenizer.decode(h.tokens) for h in hyps]
             refs = [self.tokenizer.normalizer(t) for t in batch.texts]
@@ -305,6 +307,10 @@ class ASRModule(L.LightningModule):
 
     def on_validation_epoch_start(self) -> None:
         self._val_words, self._val_chars = ErrorCounts(), ErrorCounts()
+        loaders = self.trainer.test_dataloaders if self.trainer.testing else None
+        loaders = self.trainer.val_dataloaders if loaders is None else loaders
+        sampler = getattr(loaders, "batch_sampler", None)
+        self._repeats = sampler.repeats() if isinstance(sampler, DynamicBucketSampler) else set()
 
     def on_validation_epoch_end(self) -> None:
         if not self.hparams.greedy_validation:

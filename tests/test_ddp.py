@@ -89,6 +89,15 @@ with open(f"{trainer.default_root_dir}/rank{trainer.global_rank}.json", "w") as 
 
 DDP = ["--trainer.strategy", "ddp", "--trainer.devices", "2"]
 
+# Runs `asr validate` and writes each rank's logged metrics.
+VALIDATE_SCRIPT = """
+import json, sys
+from asr.train import run_lightning_cli
+trainer = run_lightning_cli(sys.argv[1:]).trainer
+with open(f"{trainer.default_root_dir}/metrics{trainer.global_rank}.json", "w") as f:
+    json.dump({name: float(value) for name, value in trainer.callback_metrics.items()}, f)
+"""
+
 
 def _steps_args(data: dict[str, str], root: Path, steps: int) -> list[str]:
     """`steps` optimizer steps over epochs of small batches, without validation."""
@@ -119,7 +128,7 @@ def _reports(root: Path, world: int) -> list[dict]:
 def test_two_processes_train_as_one_process_accumulating_both_ranks_batches(tiny_an4, tmp_path):
     """Same global batch, same seed: DDP's averaged gradients are one process's accumulated
     ones, so 200 steps give the same loss on every batch, the same weights and the same logged
-    epoch loss."""
+    epoch loss. Validating the result on two processes gives one process's metrics."""
     no_dropout = [
         "--model.init_args.encoder.init_args.dropout", "0",
         "--model.init_args.decoder.init_args.dropout", "0",
@@ -147,6 +156,25 @@ def test_two_processes_train_as_one_process_accumulating_both_ranks_batches(tiny
     assert rank0["epoch_loss"] == rank1["epoch_loss"] == pytest.approx(alone["epoch_loss"], 1e-5)
     for name, value in alone["weights"].items():
         np.testing.assert_allclose(rank0["weights"][name], value, 1e-4, 1e-6, err_msg=name)
+
+    # Three dev utterances, one a batch: a rank gets a repeat, which its metrics ignore.
+    script = tmp_path / "validate.py"
+    script.write_text(textwrap.dedent(VALIDATE_SCRIPT))
+    metrics, said = [], []
+    for world, root in ((2, tmp_path / "v2"), (1, tmp_path / "v1")):
+        args = ["validate", *_fit_args(tiny_an4, root)[1:], "--ckpt_path",
+                str(two / "checkpoints" / "last.ckpt"), "--data.init_args.max_batch_size", "1",
+                "--trainer.logger", "false", "--trainer.enable_progress_bar", "false"]  # fmt: skip
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+        proc = subprocess.run([sys.executable, str(script), *args, *(DDP if world > 1 else [])],
+                              env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        metrics.append([json.loads((root / f"metrics{r}.json").read_text()) for r in range(world)])
+        said.append(proc.stderr)
+    (first, second), (single,) = metrics
+    assert "repeating utterance(s)" in said[0] and "repeating" not in said[1]
+    assert first == second and set(first) >= {"val/wer", "val/cer", "val/loss", "val/acc"}
+    assert first == pytest.approx(single, rel=1e-5)
 
 
 # The default sampler's equal shares over processes are asserted by the 200-step test above;

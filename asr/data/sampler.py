@@ -16,6 +16,12 @@ from torch.utils.data import Sampler
 logger = logging.getLogger(__name__)
 
 _Indices = list[int]
+
+
+class _Repeat(list):
+    """A batch repeating an utterance to even out the ranks' counts: it counts for nothing."""
+
+
 Lengths = Sequence[float] | Callable[[int], Sequence[float]]
 
 
@@ -135,6 +141,11 @@ class DynamicBucketSampler(Sampler[list[int]]):
     def __len__(self) -> int:
         """Batches in this rank's whole epoch (a resumed iteration yields fewer)."""
         return len(self._rank_batches())
+
+    def repeats(self) -> set[int]:
+        """Positions in this rank's epoch of the batches that repeat an utterance only to give
+        every rank as many batches: a metric counts them for nothing."""
+        return {k for k, batch in enumerate(self._rank_batches()) if isinstance(batch, _Repeat)}
 
     def state_dict(self) -> dict[str, Any]:
         """Position for mid-epoch resume; ``batches_yielded`` includes prefetched batches."""
@@ -294,10 +305,10 @@ class DynamicBucketSampler(Sampler[list[int]]):
             return batches[: len(batches) - remainder]
         needed = self.num_replicas - remainder
         shortest = sorted(range(len(self.lengths)), key=lambda i: (self.lengths[i], i))
-        repeats = [[shortest[k % len(shortest)]] for k in range(needed)]
+        repeats = [_Repeat([shortest[k % len(shortest)]]) for k in range(needed)]
         logger.warning(
             "%d single-utterance batch(es) cannot be shared equally by %d ranks: repeating "
-            "utterance(s) %s this epoch (use drop_last=True to drop instead)",
+            "utterance(s) %s this epoch (validation and test count them once)",
             len(batches),
             self.num_replicas,
             _preview([b[0] for b in repeats]),

@@ -170,6 +170,10 @@ def test_repeat_when_neither_split_nor_merge_fits(config, caplog):
     seen = Counter(i for batches in per_rank for b in batches for i in b)
     assert set(seen) == set(range(5)) and sum(seen.values()) == 8
     assert any("repeating" in r.getMessage() for r in caplog.records)
+    # what the repeats leave out, each utterance once, is what a metric counts
+    samplers = [DynamicBucketSampler(**config, num_replicas=4, rank=r) for r in range(4)]
+    counted = [i for s in samplers for k, b in enumerate(s) if k not in s.repeats() for i in b]
+    assert sorted(counted) == list(range(5))
 
 
 def test_rank_loads_differ_by_at_most_one_batch_cost():
