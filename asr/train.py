@@ -367,6 +367,22 @@ def watch_ranks(trainer: L.Trainer) -> None:
         )
 
 
+def sigterm_without_collective(trainer: L.Trainer) -> None:
+    """Lightning's SIGTERM handler broadcasts from within the signal handler, in whatever
+    collective the other ranks are then in: a deadlock more often than not. Its training
+    loop broadcasts rank 0's flag before every step anyway, so this handler only raises the
+    flag and passes the signal on to the local ranks, as Lightning's does besides."""
+    connector = trainer._signal_connector
+
+    def notify(signum: Any, frame: Any) -> None:
+        launcher = trainer.strategy.launcher
+        if not connector.received_sigterm and launcher is not None:
+            launcher.kill(signum)
+        connector.received_sigterm = True
+
+    connector._sigterm_notifier_fn = notify  # registered as the fit starts
+
+
 LOST_PEER_MESSAGES = ("Connection reset by peer", "Connection closed by peer", "Broken pipe")
 
 
@@ -522,6 +538,7 @@ class ASRCLI(LightningCLI):
         super().instantiate_classes()
         _check_sample_rates(self.model, self.datamodule)
         watch_ranks(self.trainer)
+        sigterm_without_collective(self.trainer)
         self.trainer.callbacks += [LostRank(), self.ctrl_c]
         config = self.config[self.subcommand] if self.subcommand else self.config
         # The init args alone: checkpoint loaders know their module class (ASRModule, LMModule).

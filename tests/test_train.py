@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import copy
+import signal
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
+import lightning as L
 import pytest
 import torch
 from conftest import run_forked
 from jsonargparse import Namespace
 
-from asr.train import _emulates_bf16, reopen_cut_epoch
+from asr.train import _emulates_bf16, reopen_cut_epoch, sigterm_without_collective
 
 
 def _counts(ready: int, processed: int, completed: int) -> dict[str, int]:
@@ -146,3 +149,17 @@ def test_the_rank_watch_names_the_ranks_ended_and_ends_the_job_when_rank_0_does_
 def test_the_rank_watch_ends_quietly_when_every_rank_ends_well_or_rank_0_reports(watched):
     assert watched.stdout.splitlines()[1:4:2] == ["returned", "returned"]
     assert watched.stderr.startswith("asr: training stopped: local rank 1"), "not quiet before"
+
+
+def test_sigterm_under_ddp_raises_the_flag_and_passes_it_on_without_a_collective(monkeypatch):
+    """A broadcast from the handler meets whatever collective the other rank is in (a
+    deadlock); the training loop broadcasts rank 0's flag before each step instead."""
+    trainer = L.Trainer(accelerator="cpu", strategy="ddp", devices=2, logger=False)
+    killed = []
+    monkeypatch.setattr(trainer.strategy, "_launcher", SimpleNamespace(kill=killed.append))
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.distributed, "broadcast", lambda *_, **__: pytest.fail("collective"))
+    sigterm_without_collective(trainer)
+    for _ in range(2):
+        trainer._signal_connector._sigterm_notifier_fn(signal.SIGTERM, None)
+    assert trainer.received_sigterm and killed == [signal.SIGTERM]
