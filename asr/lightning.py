@@ -150,7 +150,9 @@ class ASRModule(L.LightningModule):
         out = self.batch_loss(batch)
         if torch.isfinite(out.loss):
             self._log_losses("train", out, len(batch))
-        else:
+        else:  # the step's own value, not the epoch's mean (Lightning would repeat the last)
+            size = float(len(batch))  # as log_mean gives it: one key, the same arguments
+            self.log("train/loss_step", out.loss.detach(), prog_bar=True, batch_size=size)
             log.warning("non-finite training loss on batch %s", ", ".join(batch.ids[:5]))
         # Backward still runs so that every DDP rank sees non-finite gradients and skips.
         return out.loss

@@ -7,6 +7,7 @@ import dataclasses
 import gc
 import json
 import logging
+import math
 import os
 import re
 import shutil
@@ -847,10 +848,10 @@ def test_validation_greedy_steps_leave_bf16_autocast_below_bf16_step_rows(tiny_a
 def _tiny_fit(
     module: ASRModule, data: ASRDataModule, steps: int, callbacks=(), **trainer_options
 ) -> None:
+    options = dict(logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                   enable_model_summary=False, limit_val_batches=0)  # fmt: skip
     trainer = L.Trainer(accelerator="cpu", max_steps=steps, callbacks=list(callbacks),
-                        logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                        enable_model_summary=False, limit_val_batches=0,
-                        **trainer_options)  # fmt: skip
+                        **options | trainer_options)  # fmt: skip
     trainer.fit(module, data)
 
 
@@ -900,6 +901,30 @@ def test_nonfinite_loss_skips_the_step_and_stops_after_a_streak(tiny_an4):
 
     with pytest.raises(FloatingPointError, match="3 consecutive training steps"):
         _tiny_fit(module, data, steps=20, callbacks=[_PoisonedLoss()])
+
+
+def test_a_skipped_steps_loss_is_logged_as_it_was(tiny_an4, tmp_path):
+    """Not as the step before's, which Lightning would write again; the epoch's mean leaves
+    it out."""
+    module, data = _tiny_module(tiny_an4)
+
+    class SecondStepPoisoned(_PoisonedLoss):
+        def on_train_batch_start(self, trainer, module, batch, batch_idx) -> None:
+            if batch_idx == 1:
+                super().on_train_batch_start(trainer, module, batch, batch_idx)
+            elif batch_idx == 2:
+                super().on_train_end(trainer, module)
+
+        def on_train_end(self, trainer, module) -> None:
+            pass
+
+    poison = SecondStepPoisoned()
+    logger = L.pytorch.loggers.CSVLogger(tmp_path, name="", version="")
+    _tiny_fit(module, data, steps=3, callbacks=[poison], logger=logger, log_every_n_steps=1)
+    rows = list(csv.DictReader((tmp_path / "metrics.csv").open()))
+    losses = [float(r["train/loss_step"]) for r in rows if r.get("train/loss_step")]
+    assert len(losses) == 3 and math.isnan(losses[1]) and not math.isnan(losses[2])
+    assert losses[0] != losses[2] and module._skipped_steps == 1
 
 
 def test_intermediate_ctc_is_trained_and_logged(tiny_an4):
