@@ -68,10 +68,14 @@ class ConvolutionModule(nn.Module):
 
     def _rest(self, h: Tensor) -> Tensor:
         h = self.depthwise(h)
-        if isinstance(self.norm, nn.LayerNorm):
-            h = self.norm(h.transpose(1, 2)).transpose(1, 2)
+        n = self.norm
+        if isinstance(n, nn.LayerNorm):
+            h = n(h.transpose(1, 2)).transpose(1, 2)
+        elif self.training and h.size(0) * h.size(2) == 1:
+            # One value per channel has no batch statistics (a lone utterance of one frame).
+            h = F.batch_norm(h, n.running_mean, n.running_var, n.weight, n.bias, False, 0.0, n.eps)
         else:
-            h = self.norm(h)
+            h = n(h)
         h = self.pointwise_out(F.silu(h))
         return self.dropout(h.transpose(1, 2))  # (B, T, D)
 

@@ -134,6 +134,22 @@ def test_encoder_padding_invariance(conv_norm: str, block_norm: bool) -> None:
             torch.testing.assert_close(alone[0], y[b, : alone.size(1)], atol=1e-5, rtol=1e-5)
 
 
+def test_a_lone_one_frame_utterance_trains_on_the_running_batch_statistics() -> None:
+    """BatchNorm has no statistics of one value per channel: such a batch (0.1 s alone in a
+    bucket) used to stop training; it is normalised as in evaluation."""
+    torch.manual_seed(0)
+    encoder = ConformerEncoder(80, d_model=32, num_heads=2, ffn_dim=64, num_layers=1,
+                               kernel_size=7).train()  # fmt: skip
+    stats = {k: v.clone() for k, v in encoder.state_dict().items() if "running" in k}
+    y, lens = encoder(torch.randn(1, 9, 80), torch.tensor([9]))
+    assert lens.tolist() == [1] and torch.isfinite(y).all()
+    y.sum().backward()
+    assert all(torch.equal(v, encoder.state_dict()[k]) for k, v in stats.items())
+    encoder(torch.randn(2, 9, 80), torch.tensor([9, 9]))  # two frames: batch statistics again
+    assert not torch.equal(stats["layers.0.conv.norm.running_mean"],
+                           encoder.state_dict()["layers.0.conv.norm.running_mean"])  # fmt: skip
+
+
 def test_block_norm_places_the_layer_norms() -> None:
     """The paper's blocks each end in a LayerNorm (the keys older checkpoints hold); pre-LN
     blocks have none and the stack ends in one, so the output is normalised either way."""
