@@ -271,6 +271,82 @@ class LostRank(L.Callback):
                 exception.add_note(note)
 
 
+OPTIMIZATION_KEY = "asr_optimization"
+
+
+class SavedOptimization(L.Callback):
+    """Keeps the optimizer's and schedule's settings in each checkpoint: a resumed run goes on
+    with their saved states, whatever its own settings say, so it compares them first."""
+
+    def __init__(self, settings: dict[str, Any]) -> None:
+        self.settings = settings
+
+    def on_save_checkpoint(self, trainer: L.Trainer, module: Any, checkpoint: dict) -> None:
+        checkpoint[OPTIMIZATION_KEY] = self.settings
+
+
+def _optimization(model: Namespace) -> dict[str, Any]:
+    """The module's `optimizer` and `lr_scheduler` settings as plain JSON (a default function
+    by its dotted name)."""
+    init_args = model.get("init_args", model)
+
+    def plain(value: Any) -> Any:
+        if isinstance(value, Namespace):
+            value = value.as_dict()
+        if isinstance(value, dict):
+            return {key: plain(item) for key, item in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [plain(item) for item in value]
+        if callable(value):
+            return f"{getattr(value, '__module__', '')}.{getattr(value, '__qualname__', value)}"
+        return value
+
+    settings = {name: plain(init_args.get(name)) for name in ("optimizer", "lr_scheduler")}
+    return json.loads(json.dumps(settings, default=str))
+
+
+def _check_resumed_optimization(ckpt_path: str | None, folder: Path, settings: dict) -> None:
+    """Refuse a resume whose optimizer or schedule settings differ from its checkpoint's:
+    Lightning restores their saved states over them (a new lr is ignored, a new warmup takes
+    over from the next step)."""
+    path = folder / "last.ckpt" if ckpt_path == "last" else Path(ckpt_path or "")
+    if not ckpt_path or not path.is_file():
+        return
+    saved = load_checkpoint(path).get(OPTIMIZATION_KEY)
+    if saved is None or saved == settings:
+        return
+    changed = []
+    for name in ("optimizer", "lr_scheduler"):
+        then, now = saved.get(name), settings.get(name)
+        if not (isinstance(then, dict) and isinstance(now, dict)):  # one is None or a function
+            then, now = _class_of(then), _class_of(now)
+        then, now = _flat(then, name), _flat(now, name)
+        changed += [
+            f"--model.init_args.{key}: {now.get(key)!r} now, {then.get(key)!r} when saved"
+            for key in sorted(then.keys() | now.keys())
+            if then.get(key) != now.get(key)
+        ]
+    raise ValueError(
+        f"{'; '.join(changed)}: resuming ({path}) goes on with the optimizer and "
+        "schedule as saved; give their saved settings, or start a new run from its weights "
+        "(--model.init_args.init_from CHECKPOINT)"
+    )
+
+
+def _class_of(setting: Any) -> Any:
+    return setting.get("class_path") if isinstance(setting, dict) else setting
+
+
+def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
+    """`{"a": {"b": 1}}` -> `{"a.b": 1}`."""
+    if not isinstance(tree, dict):
+        return {prefix: tree}
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        flat |= _flat(value, f"{prefix}.{key}" if prefix else key)
+    return flat
+
+
 class CtrlC(L.Callback):
     """Notes a Ctrl-C, after which Lightning shuts down and exits 1, so that the command can
     say so and exit 130 as others do."""
@@ -471,14 +547,6 @@ class ASRCLI(LightningCLI):
         subcommand = self.config.get("subcommand")
         path = self.config[subcommand].get("ckpt_path") if subcommand else None
         given = [a.split("=")[0] for a in self.argv if a.startswith("--model.")]
-        schedule = [g for g in given if _model_argument(g) in ("optimizer", "lr_scheduler")]
-        if subcommand == "fit" and path and schedule:
-            # Resuming restores the optimizer's and the schedule's states over any new settings.
-            raise ValueError(
-                f"{', '.join(schedule)}: resuming (--ckpt_path {path}) goes on with the optimizer "
-                "and schedule as saved; to train on with others, start a new run from its "
-                "weights (--model.init_args.init_from CHECKPOINT)"
-            )
         if path and Path(path).is_file() and given:
             saved = load_checkpoint(path).get("hyper_parameters", {})
             overridden = [g for g in given if _model_argument(g) in saved]
@@ -541,6 +609,10 @@ class ASRCLI(LightningCLI):
         sigterm_without_collective(self.trainer)
         self.trainer.callbacks += [LostRank(), self.ctrl_c]
         config = self.config[self.subcommand] if self.subcommand else self.config
+        if self.subcommand == "fit":
+            settings = _optimization(config.model)
+            _check_resumed_optimization(config.ckpt_path, Path(config.checkpoint.dirpath), settings)
+            self.trainer.callbacks.append(SavedOptimization(settings))
         # The init args alone: checkpoint loaders know their module class (ASRModule, LMModule).
         model_config = config.model.init_args.as_dict()
         for training_only in ("optimizer", "lr_scheduler"):

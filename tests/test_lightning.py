@@ -271,10 +271,14 @@ def test_resume_from_last_and_average(tiny_an4, tmp_path, capsys):
     assert (tmp_path / "logs" / "version_1").is_dir(), "the resumed run logs to a new version"
     # the optimizer's and schedule's saved states would override these, or half of them
     capsys.readouterr()
+    argv = [*_fit_args(tiny_an4, tmp_path), "--ckpt_path", "last"]
     for option, value in (("optimizer", "torch.optim.SGD"), ("lr_scheduler", "asr.optim.NoamLR")):
-        argv = [*_fit_args(tiny_an4, tmp_path), "--ckpt_path", "last"]
         said = refused([*argv, f"--model.init_args.{option}", value], capsys)
-        assert said.startswith(f"asr fit: error: --model.init_args.{option}: resuming")
+        assert said.startswith(f"asr fit: error: --model.init_args.{option}")
+        assert "resuming" in said and "init_from" in said
+    overlay = tmp_path / "schedule.yaml"  # in a config file as on the command line
+    overlay.write_text("model:\n  init_args:\n    lr_scheduler: asr.optim.NoamLR\n")
+    assert "--model.init_args.lr_scheduler: " in refused([*argv, "--config", str(overlay)], capsys)
 
     out = tmp_path / "avg.ckpt"
     assert main(["average", "--last", str(last), "--best", "2", "--out", str(out)]) == 0
@@ -496,8 +500,8 @@ def test_a_transcript_too_long_for_its_audio_is_named_and_not_taken_for_fast_spe
     args = _fit_args({**tiny_an4, "train": str(tmp_path / "train.jsonl")}, tmp_path)
     with caplog.at_level(logging.WARNING, logger="asr.lightning"):
         main([*args, "--trainer.max_epochs", "1"])
-    said = [r.getMessage() for r in caplog.records if "too long for their audio" in r.message]
-    assert len(said) == 1 and said[0].startswith("1 of 9 training transcripts are too long")
+    said = [r.getMessage() for r in caplog.records if "too long for their audio" in r.getMessage()]
+    assert len(said) == 1 and said[0].startswith("1 training transcript(s) too long")
     assert f"{wrong.utt_id} (1199 CTC frames, audio gives " in said[0]
     recognizer = load_model(tmp_path / "checkpoints" / "last.ckpt")
     rates = [(len(recognizer.tokenizer.encode(u.text)) + 1) / u.duration for u in utterances]
@@ -865,6 +869,14 @@ def test_a_plateau_schedule_steps_on_the_dev_loss_each_epoch(tiny_an4):
                         limit_val_batches=1, num_sanity_val_steps=0)  # fmt: skip
     trainer.fit(module, data)
     assert trainer.optimizers[0].param_groups[0]["lr"] == pytest.approx(1e-3 / 4)
+    # validating every other epoch: it steps after those alone (epochs 2 and 4 of 4)
+    module, data = _tiny_module(tiny_an4, lr_scheduler=plateau, greedy_validation=False)
+    trainer = L.Trainer(accelerator="cpu", max_epochs=4, logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False,
+                        limit_val_batches=1, num_sanity_val_steps=0,
+                        check_val_every_n_epoch=2)  # fmt: skip
+    trainer.fit(module, data)
+    assert trainer.optimizers[0].param_groups[0]["lr"] == pytest.approx(1e-3 / 2)
 
 
 def test_a_frozen_encoder_keeps_its_batch_statistics(tiny_an4):
