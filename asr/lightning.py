@@ -267,7 +267,9 @@ class ASRModule(L.LightningModule):
 
     def _alignable(self, utterances: Sequence, ids: list[list[int]]) -> list[int]:
         """Indices of the utterances whose targets fit their encoder frames; warns of the rest,
-        whose CTC loss is zero (a transcript of another recording, or a wrong duration)."""
+        whose CTC loss is zero (a transcript of another recording, or a wrong duration). Of
+        shards, the index's fastest-spoken alone are at hand. Without CTC, frames do not bound
+        a target (a pyramidal encoder's may be fewer than its characters): all are kept."""
         if not self.hparams.ctc_weight:
             return list(range(len(utterances)))
         if self._encoder_timing is None:
@@ -283,9 +285,9 @@ class ASRModule(L.LightningModule):
                 for k in bad[:5]
             )
             log.warning(
-                "%d of %d training transcripts are too long for their audio: CTC cannot align "
-                "them and their CTC loss is zero: %s%s. Check their text and duration",
-                len(bad), len(utterances), named, ", ..." if len(bad) > 5 else "",
+                "%d training transcript(s) too long for their audio: CTC cannot align them "
+                "and their CTC loss is zero: %s%s. Check their text and duration",
+                len(bad), named, ", ..." if len(bad) > 5 else "",
             )  # fmt: skip
         return kept
 
@@ -417,22 +419,28 @@ class ASRModule(L.LightningModule):
             self._resume_rng = None
 
     def configure_optimizers(self):
-        return step_schedule(self.optimizer_factory, self.scheduler_factory, self.parameters())
+        factories = self.optimizer_factory, self.scheduler_factory
+        return step_schedule(*factories, self.parameters(), self._trainer)
 
 
 def step_schedule(
     optimizer_factory: OptimizerCallable,
     scheduler_factory: LRSchedulerCallable | None,
     parameters,
+    trainer: L.Trainer | None = None,
 ):
     """`configure_optimizers` output: the optimizer, and its schedule stepped every step, or
-    a ReduceLROnPlateau stepped on `val/loss` after each epoch's validation."""
+    a ReduceLROnPlateau stepped on `val/loss` after each epoch that validates (every
+    `trainer.check_val_every_n_epoch`-th; where none does, Lightning warns)."""
     optimizer = optimizer_factory(parameters)
     if scheduler_factory is None:
         return optimizer
     scheduler = scheduler_factory(optimizer)
     if isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
         plateau = {"scheduler": scheduler, "interval": "epoch", "monitor": "val/loss"}
+        # Stepped only after validations: between them the logged val/loss is stale.
+        plateau["frequency"] = getattr(trainer, "check_val_every_n_epoch", None) or 1
+        plateau["strict"] = False
         return {"optimizer": optimizer, "lr_scheduler": plateau}
     return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 

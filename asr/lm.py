@@ -154,7 +154,8 @@ class LMModule(L.LightningModule):
             checkpoint[LM_KEY] = checkpoint_payload(self.model_config, self.tokenizer)
 
     def configure_optimizers(self):
-        return step_schedule(self.optimizer_factory, self.scheduler_factory, self.parameters())
+        factories = self.optimizer_factory, self.scheduler_factory
+        return step_schedule(*factories, self.parameters(), self._trainer)
 
 
 @dataclass(frozen=True)

@@ -859,14 +859,15 @@ def _tiny_fit(
     trainer.fit(module, data)
 
 
-def test_a_plateau_schedule_steps_on_the_dev_loss_each_epoch(tiny_an4):
+def test_a_plateau_schedule_steps_on_the_dev_loss_each_epoch(tiny_an4, tmp_path):
     """Its threshold never met after the first epoch: the rate halves once per epoch after."""
     plateau = partial(torch.optim.lr_scheduler.ReduceLROnPlateau, factor=0.5, patience=0,
                       threshold=1e9, threshold_mode="abs")  # fmt: skip
     module, data = _tiny_module(tiny_an4, lr_scheduler=plateau, greedy_validation=False)
     trainer = L.Trainer(accelerator="cpu", max_epochs=3, logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False,
-                        limit_val_batches=1, num_sanity_val_steps=0)  # fmt: skip
+                        limit_val_batches=1, num_sanity_val_steps=0,
+                        default_root_dir=tmp_path)  # fmt: skip
     trainer.fit(module, data)
     assert trainer.optimizers[0].param_groups[0]["lr"] == pytest.approx(1e-3 / 4)
     # validating every other epoch: it steps after those alone (epochs 2 and 4 of 4)
@@ -874,7 +875,7 @@ def test_a_plateau_schedule_steps_on_the_dev_loss_each_epoch(tiny_an4):
     trainer = L.Trainer(accelerator="cpu", max_epochs=4, logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False,
                         limit_val_batches=1, num_sanity_val_steps=0,
-                        check_val_every_n_epoch=2)  # fmt: skip
+                        check_val_every_n_epoch=2, default_root_dir=tmp_path)  # fmt: skip
     trainer.fit(module, data)
     assert trainer.optimizers[0].param_groups[0]["lr"] == pytest.approx(1e-3 / 2)
 
