@@ -85,6 +85,16 @@ class TextNormalizer:
         return cls(**data)
 
 
+def has_word_character(text: str) -> bool:
+    """Whether `text` holds a letter or digit, which normalising never removes (U+02BC, a
+    letter to Unicode, is an apostrophe here).
+
+    >>> has_word_character("...\u02bc"), has_word_character("A.")
+    (False, True)
+    """
+    return any(ch.isalnum() and ch not in _APOSTROPHES for ch in text)
+
+
 def _remove_punctuation(text: str) -> str:
     """Replace punctuation by spaces, keeping apostrophes inside words.
 

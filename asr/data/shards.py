@@ -38,6 +38,7 @@ from asr.data.dataset import TextEncoder, check_speed_factors
 from asr.data.manifest import Utterance, format_bad_entries, validate_manifest
 from asr.data.sampler import LengthGrid
 from asr.perturb import change_speed, other_indices, speed_seconds
+from asr.text import has_word_character
 
 logger = logging.getLogger(__name__)
 
@@ -172,7 +173,8 @@ def read_index(path: str | os.PathLike) -> ShardIndex:
     if record.get("version") != INDEX_VERSION:
         raise ShardError(
             f"{index_path}: index version {record.get('version')!r}, this asr reads "
-            f"{INDEX_VERSION}: write the shards again with `asr shard`"
+            f"{INDEX_VERSION}: write the shards again with `asr shard` (a recipe's shard "
+            "stage: --force)"
         )
     shards = tuple(
         ShardInfo(s["file"], int(s["bytes"]), np.asarray(s["durations"], dtype=np.float64))
@@ -319,7 +321,7 @@ def _write_index(
     # Words, not characters: normalising joins a character to its neighbours (a combining
     # accent, an apostrophe inside a word), and no text ever spans two words.
     words = sorted({word for u in utterances for word in u.text.split()})
-    wordless = sorted({u.text for u in utterances if not any(ch.isalnum() for ch in u.text)})
+    wordless = sorted({u.text for u in utterances if not has_word_character(u.text)})
     fastest = sorted(utterances, key=lambda u: (-len(u.text) / u.duration, u.utt_id))
     index = {
         "format": INDEX_FORMAT,

@@ -440,6 +440,7 @@ def test_the_data_module_streams_shards_with_tokens(corpus, shards, tmp_path):
         # An apostrophe inside a word is kept, and not in the tokenizer's vocabulary.
         (["NO'NO", "YES"], "outside the tokenizer's vocabulary: \"'\""),
         (["YES", "..."], r"1 distinct texts leave no tokens .* e\.g\. '\.\.\.'"),
+        (["YES", "\u02bc"], r"1 distinct texts leave no tokens"),  # a letter to Unicode
     ],
 )
 def test_the_vocabulary_check_of_shards_judges_each_text(corpus, tmp_path, texts, error):
