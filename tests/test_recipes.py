@@ -416,6 +416,38 @@ def test_an4_tokenizer_stage_gives_pieces_a_vocabulary_size(tmp_path, options, v
     assert given == vocabulary
 
 
+def test_models_of_one_frontend_share_the_cmvn_stage(tmp_path):
+    """The statistics depend on the level normaliser and features alone: a second model with
+    the same ones skips stage 3 (a marker naming the first config by path counts too), one
+    with other features is refused as done otherwise."""
+    fake, log = tmp_path / "bin", tmp_path / "calls.txt"
+    fake.mkdir()
+    (fake / "asr").write_text(RECORDING_ASR.format(python=sys.executable, log=log))
+    (fake / "asr").chmod(0o755)
+    data = tmp_path / "data"
+    data.mkdir()
+    for stage in (1, 2):
+        (data / f".done-{stage}").write_text("")
+    args = ["--data-dir", tmp_path, "--data", data, "--exp", tmp_path / "exp", "--stop-stage", "3"]
+    first = run_recipe("folder", *args, "--config", "conf/an4/conformer.yaml", bin_dir=fake)
+    assert ran(first.stdout) == [3] and "--config conf/an4/conformer.yaml" in log.read_text()
+    again = run_recipe("folder", *args, "--config", "conf/an4/transformer.yaml", bin_dir=fake)
+    assert skipped(again.stdout) == [1, 2, 3]
+    command = log.read_text().split()
+    (data / ".done-3").write_text(f"CMVN statistics: asr {' '.join(command)}\n")  # older form
+    older = run_recipe("folder", *args, "--config", "conf/an4/conformer.yaml", bin_dir=fake)
+    assert skipped(older.stdout) == [1, 2, 3]
+    run_recipe("folder", *args, "--config", "conf/an4/conformer.yaml", "--stage", "3", "--force",
+               bin_dir=fake)  # fmt: skip
+    other = tmp_path / "mels40.yaml"
+    other.write_text(
+        Path(REPO / "conf/an4/conformer.yaml").read_text().replace("n_mels: 80", "n_mels: 40")
+    )
+    refused = run_recipe("folder", *args, "--config", other, bin_dir=fake, check=False)
+    assert refused.returncode == 2 and "stage 3 was done otherwise" in refused.stderr
+    assert '"n_mels":40' in refused.stderr and '"n_mels":80' in refused.stderr
+
+
 def test_a_stage_done_with_other_options_is_not_skipped_as_if_done_with_these(tmp_path):
     """A decode done at beam 10, asked again at beam 3: a usage error showing both commands,
     not a skip that claims beam 3. --force runs it; a forced run that fails leaves no marker,

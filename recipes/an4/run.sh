@@ -114,8 +114,7 @@ tokenizer_options=(--kind "$tokenizer_kind")
 run_stage 2 "tokenizer" "$data" \
   asr tokenizer --manifest "$data/train.jsonl" "${tokenizer_options[@]}" --out "$data/tokenizer"
 cmvn_dir=$(cmvn_dir "$config" "$data")
-run_stage 3 "CMVN statistics" "$cmvn_dir" \
-  asr cmvn --manifest "$data/train.jsonl" --out "$cmvn_dir/cmvn.json" --config "$config"
+cmvn_stage 3 "$config" "$cmvn_dir" --manifest "$data/train.jsonl"
 
 fit_stage 4 "$config" "$model_dir" \
   --data.train_manifest "$data/train.jsonl" --data.val_manifest "$data/dev.jsonl" \

@@ -106,8 +106,7 @@ tokenizer_options=(--kind "$tokenizer_kind")
 run_stage 2 "tokenizer" "$data" \
   asr tokenizer --manifest "$data/train.jsonl" "${tokenizer_options[@]}" --out "$data/tokenizer"
 cmvn_dir=$(cmvn_dir "$config" "$data")
-run_stage 3 "CMVN statistics" "$cmvn_dir" \
-  asr cmvn --manifest "$data/train.jsonl" --out "$cmvn_dir/cmvn.json" --config "$config"
+cmvn_stage 3 "$config" "$cmvn_dir" --manifest "$data/train.jsonl"
 
 splits=(dev)
 test_manifest=()

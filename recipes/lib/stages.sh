@@ -145,11 +145,11 @@ run_stage() {
   if [ "$n" -lt "$stage" ] || [ "$n" -gt "$stop_stage" ]; then return 0; fi
   local marker=$dir/.done-$n command record
   command=$(stage_command "$@")
-  record="$name: $command"
+  record="$name: ${stage_record:-$command}" # stage_record: a caller's own identity of it
   if [ -f "$marker" ] && [ "$force" = false ]; then
     local then
     then=$(stage_command "$(cat "$marker")")
-    if ! same_stage "$then" "$record" "$command"; then
+    if ! same_stage "$then" "$record" "$name: $command" "$command"; then
       usage_error "stage $n was done otherwise ($marker):
   then: $then
   now:  $record
@@ -179,13 +179,14 @@ stage_command() {
   printf '%s\n' "$command"
 }
 
-# same_stage THEN RECORD COMMAND: whether a marker's THEN is this stage's RECORD. An empty
-# marker (made by hand) passes, as do those with `--` options after it, and those that
-# recorded the command alone.
+# same_stage THEN RECORD...: whether a marker's THEN is one of this stage's RECORDs (its
+# record, then older forms of it: its name and command, the command alone). An empty marker
+# (made by hand) passes, as do those with `--` options after it.
 same_stage() {
-  local then=$1 record=$2 command=$3 now
+  local then=$1 now
+  shift
   [ -n "$then" ] || return 0
-  for now in "$record" "$command"; do
+  for now in "$@"; do
     if [ "$then" = "$now" ] || [ "${then#"$now" }" != "$then" ]; then return 0; fi
   done
   return 1
@@ -206,6 +207,37 @@ on_exit() {
   fi
 }
 trap on_exit EXIT
+
+# cmvn_stage N CONFIG DIR OPTIONS...: stage N, `asr cmvn OPTIONS... --config CONFIG` into
+# DIR/cmvn.json. Recorded by the config's level normaliser and features, not by its name: the
+# statistics depend on those alone, so the models of one frontend share them.
+cmvn_stage() {
+  local n=$1 config=$2 dir=$3 frontend
+  shift 3
+  frontend=$(frontend_of "$config")
+  stage_record="asr cmvn $* --out $dir/cmvn.json, frontend $frontend" \
+    run_stage "$n" "CMVN statistics" "$dir" asr cmvn "$@" --out "$dir/cmvn.json" --config "$config"
+}
+
+# frontend_of CONFIG: its frontend's level normaliser and features as one line of JSON (the
+# config's file name where it names none: asr cmvn then says what is wrong).
+frontend_of() {
+  $(asr_python) - "$1" <<'PY'
+import json, sys
+
+import yaml
+
+try:
+    with open(sys.argv[1], encoding="utf-8") as file:
+        frontend = yaml.safe_load(file)["model"]["init_args"]["frontend"]
+    parts = frontend.get("init_args") or {}
+    if "features" in parts:  # else a bare feature extractor
+        frontend = {k: parts[k] for k in ("features", "level") if k in parts}
+    print(json.dumps(frontend, sort_keys=True, separators=(",", ":")))
+except Exception:
+    print(sys.argv[1])
+PY
+}
 
 # cmvn_dir CONFIG DATA: where the CMVN statistics of CONFIG's frontend live. A config without
 # the level normaliser (the streaming ones: it needs whole utterances) takes statistics of the

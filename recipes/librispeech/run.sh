@@ -127,9 +127,8 @@ run_stage 2 "BPE tokenizer ($vocab_size)" "$tokenizer" \
   asr tokenizer --manifest "$data/train.jsonl" --kind bpe --vocab-size "$vocab_size" \
   --out "$tokenizer"
 cmvn_dir=$(cmvn_dir "$config" "$data")
-run_stage 3 "CMVN statistics" "$cmvn_dir" \
-  asr cmvn --manifest "$data/train.jsonl" --max-utterances "$cmvn_utterances" \
-  --out "$cmvn_dir/cmvn.json" --config "$config"
+cmvn_stage 3 "$config" "$cmvn_dir" --manifest "$data/train.jsonl" \
+  --max-utterances "$cmvn_utterances"
 
 model_dir=$exp/$(basename "$config" .yaml)
 fit_stage 4 "$config" "$model_dir" \

@@ -67,8 +67,7 @@ prepare() {
 run_stage 1 "prepare manifests" "$data" prepare
 run_stage 2 "tokenizer" "$data" \
   asr tokenizer --manifest "$data/train.jsonl" --kind char --out "$data/tokenizer"
-run_stage 3 "CMVN statistics" "$data" \
-  asr cmvn --manifest "$data/train.jsonl" --out "$data/cmvn.json" --config "$config"
+cmvn_stage 3 "$config" "$data" --manifest "$data/train.jsonl"
 
 model_dir=$exp/$(basename "$config" .yaml)
 fit_stage 4 "$config" "$model_dir" \
