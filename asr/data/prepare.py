@@ -321,7 +321,7 @@ def _librispeech_entries(split_dir: Path) -> tuple[list[_Entry], list[str], list
             if audio is not None:
                 entries.append(_Entry(utterance_id, audio, text.strip(), speaker))
             else:
-                missing.append(str(transcripts.parent / f"{utterance_id}.flac"))
+                missing.append(str(transcripts.parent / f"{utterance_id}.*"))  # any suffix
     _warn_left_out(split_dir.name, missing, bad_text)
     return entries, missing, bad_text
 

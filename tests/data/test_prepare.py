@@ -158,6 +158,19 @@ def test_mini_librispeech_opus_files_are_found_beside_their_transcripts(tmp_path
         assert utterance.duration > 0
 
 
+def test_librispeech_missing_audio_is_named_by_its_stem_of_any_suffix(tmp_path, caplog):
+    """Mini LibriSpeech is Opus: a missing file named as .flac would name one never there."""
+    chapter = tmp_path / "LibriSpeech" / "dev-clean-5" / "19" / "198"
+    chapter.mkdir(parents=True)
+    (chapter / "19-198.trans.txt").write_text("19-198-0001 YES\n19-198-0002 NO\n")
+    write_tone(chapter / "19-198-0001.opus", 0.5, "OGG")
+    with caplog.at_level(logging.WARNING, logger="asr.data.prepare"):
+        prepare_corpus("librispeech", tmp_path, tmp_path / "out")
+    missing = str(chapter / "19-198-0002.*")
+    assert json.loads((tmp_path / "out" / "summary.json").read_text())["missing_audio"] == [missing]
+    assert f"audio missing for 1: {missing}" in caplog.text
+
+
 @pytest.mark.needs_corpus
 def test_librispeech_unknown_split_is_named(librispeech_dir, tmp_path):
     with pytest.raises(ValueError, match=r"dev-clean not found; found train-clean-5"):
