@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import bisect
 import functools
+import importlib.util
 from array import array
-from importlib import resources
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -28,15 +29,13 @@ def _silero_graph():
     """Silero's ONNX graph, whose recurrent state is an input: one session serves every stream."""
     import onnxruntime
 
-    try:
-        from silero_vad import data
-    except ImportError as err:
-        raise RuntimeError(
-            "Silero VAD needs the silero-vad package (pip install silero-vad)"
-        ) from err
+    # The package's file, found without importing it: its import sets torch's threads to 1.
+    spec = importlib.util.find_spec("silero_vad")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("Silero VAD needs the silero-vad package (pip install silero-vad)")
+    path = str(Path(spec.submodule_search_locations[0]) / "data" / "silero_vad.onnx")
     options = onnxruntime.SessionOptions()
     options.inter_op_num_threads = options.intra_op_num_threads = 1
-    path = str(resources.files(data) / "silero_vad.onnx")
     return onnxruntime.InferenceSession(path, options, providers=["CPUExecutionProvider"])
 
 

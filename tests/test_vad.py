@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import soundfile
 import torch
+from conftest import REPO
 from test_transcribe import GREEDY, RATE, WAV, _overfit_recognizer, make_three_minutes
 
 from asr.audio import load_audio
@@ -115,3 +119,16 @@ def test_a_live_vad_times_the_silence_since_speech(three_minutes):
     assert vad.silence((start + end) / 2) <= 0.5  # within the utterance: a word-long pause
     with pytest.raises(ValueError, match="16000 or 8000 Hz"):
         StreamingVAD(22050)
+
+
+def test_loading_silero_leaves_torchs_thread_count_alone():
+    """The silero-vad package sets torch's threads to 1 on import (`--threads` then meant
+    nothing): its graph is loaded without importing it. In a process of its own, where the
+    package is not imported yet."""
+    code = (
+        "import numpy, torch; torch.set_num_threads(2); from asr.vad import StreamingVAD; "
+        "StreamingVAD(16000).push(numpy.zeros(16000, 'float32')); print(torch.get_num_threads())"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["2"]
