@@ -218,7 +218,7 @@ class ASRModule(L.LightningModule):
             enc, enc_lens, batch.tokens, batch.token_lens, self.hparams.ctc_weight, 0.0,
             intermediate, self._inter_ctc,
         )  # fmt: skip
-        repeat = batch_idx in self._repeats  # on another rank already: weighs nothing
+        repeat = batch_idx in self._repeats  # an utterance counted already: weighs nothing
         self._log_losses(self._eval_stage, out, 0 if repeat else len(batch))
         if self.hparams.greedy_validation and not repeat:
             hyps = self._greedy(enc, enc_lens)
