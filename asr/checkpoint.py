@@ -104,8 +104,9 @@ def build_from_payload(
 ) -> Any:
     """Call `builder` with the payload's model config, its asset files unpacked meanwhile;
     CheckpointError names `source` where the config does not build (a newer asr's option, a
-    class that is not there)."""
-    with tempfile.TemporaryDirectory() as tmp:
+    class that is not there). The random initial weights, replaced by the checkpoint's, leave
+    the caller's random numbers alone."""
+    with tempfile.TemporaryDirectory() as tmp, torch.random.fork_rng(devices=[]):
         assets = {}
         for i, (original, data) in enumerate(payload.get("assets", {}).items()):
             assets[original] = str(Path(tmp) / f"asset{i}_{Path(original).name}")

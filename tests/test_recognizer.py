@@ -39,6 +39,15 @@ def test_without_stored_settings_the_api_decodes_as_search_options_say(checkpoin
     assert recognizer.default_options == SearchOptions(ctc_weight=DEFAULT_CTC_WEIGHT)
 
 
+def test_loading_a_model_leaves_the_callers_random_numbers_alone(checkpoint):
+    """Seed, load, sample: as without the load (its initial weights are thrown away)."""
+    torch.manual_seed(0)
+    expected = torch.rand(3)
+    torch.manual_seed(0)
+    load_model(checkpoint)
+    assert torch.equal(torch.rand(3), expected)
+
+
 def test_finalize_stores_settings_that_api_and_cli_decode_with(checkpoint, monkeypatch):
     wave = np.random.default_rng(0).standard_normal(16000).astype(np.float32) * 0.1
     audio = checkpoint.parent / "a.wav"
