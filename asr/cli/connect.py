@@ -69,9 +69,9 @@ async def _connect(
                 err = "the server reset the connection" + (" (is it serving TLS?)" if tls else "")
             raise ValueError(f"cannot connect to {args.url}: {err}{hint}") from None
         async with ws:
-            await ws.send(json.dumps({"type": "start", "sample_rate": rate, **start}))
             reader = asyncio.create_task(_print_results(ws, lines, name, args.jsonl))
-            try:
+            try:  # a full server refuses before the start: the reader prints why
+                await ws.send(json.dumps({"type": "start", "sample_rate": rate, **start}))
                 while (piece := await _next(sent, waits)) is not None:
                     await ws.send(piece)
                     if interrupted:

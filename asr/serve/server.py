@@ -23,12 +23,14 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import logging
 import os
 import socket
 import ssl
 from collections import deque
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from importlib import resources
@@ -62,7 +64,9 @@ PAGES = {
 }
 
 # Close codes (RFC 6455): going away, unsupported data, policy, too big, try again later.
-GOING_AWAY, UNSUPPORTED, POLICY, TOO_BIG, TRY_LATER = 1001, 1003, 1008, 1009, 1013
+GOING_AWAY, UNSUPPORTED, POLICY, TOO_BIG = 1001, 1003, 1008, 1009
+SERVER_ERROR, TRY_LATER = 1011, 1013
+LOUDEST_SAMPLE = 1000.0  # f32le audio lies within ±1; far beyond, features overflow
 STOPPING = "the server is stopping"
 
 
@@ -130,6 +134,7 @@ class _Client:
         self.ending = False
         self.too_slow = False
         self.stopped = False  # ended by the server's stop, not by the client's "end"
+        self.failed: str | None = None  # why recognising its stream failed in the model's thread
         self.alignments: deque[dict[str, Any] | None] | None = None  # the finals', if asked
 
     def put(self, messages: list[dict[str, Any]]) -> None:
@@ -284,7 +289,7 @@ class LiveServer:
             return
         except Exception as err:  # noqa: BLE001 - the connection closes; the server goes on
             log.exception("%s: stream failed", peer)
-            await _refuse(ws, f"server error: {err}", 1011, peer)
+            await _refuse(ws, f"server error: {err}", SERVER_ERROR, peer)
         finally:
             self.connections.discard(ws)
             if client is not None:  # its line first: once no stream is open, all are logged
@@ -369,6 +374,12 @@ class LiveServer:
         samples = np.frombuffer(message, dtype=client.dtype).astype(np.float32) / client.scale
         if not np.isfinite(samples).all():  # f32le: said to its client, not to the model's thread
             raise ClientError("audio contains NaN or infinite samples", UNSUPPORTED)
+        if samples.size and np.abs(samples).max() > LOUDEST_SAMPLE:
+            raise ClientError(
+                f"f32le samples lie within ±1, got {np.abs(samples).max():g} (16-bit values as "
+                "floats: divide them by 32768)",
+                UNSUPPORTED,
+            )
         return samples
 
     async def _send(self, ws: ServerConnection, client: _Client) -> None:
@@ -378,6 +389,8 @@ class LiveServer:
                 return
             try:
                 await asyncio.wait_for(ws.send(json.dumps(message)), self.options.send_timeout)
+            except ConnectionClosed:  # the client left: its receiving side says so
+                return
             except TimeoutError:
                 client.too_slow = True
                 self.dropped_slow += 1
@@ -394,7 +407,7 @@ class LiveServer:
             self._work.clear()
             if self.options.batch_wait_ms > 0:
                 await asyncio.sleep(self.options.batch_wait_ms / 1000)
-            clients = list(self.clients)
+            clients = [client for client in self.clients if client.failed is None]
             try:
                 messages, more = await loop.run_in_executor(self._executor, self._decode, clients)
             except Exception:  # noqa: BLE001 - one failed batch must not stop the server
@@ -403,6 +416,10 @@ class LiveServer:
             if more:  # chunks still ready: the next batch at once
                 self._work.set()
             for client in clients:
+                if client.failed is not None:  # its connection ends; the others go on
+                    client.outbox.put_nowait(None)
+                    asyncio.create_task(_refuse(client.ws, client.failed, SERVER_ERROR))
+                    continue
                 mine = [m for c, m in messages if c is client]
                 if not mine or client.too_slow:
                     continue
@@ -421,18 +438,28 @@ class LiveServer:
         # "end" is marked after the last audio is queued: read it first, then take the audio
         ending = {client for client in clients if client.ending}
         for client in clients:
-            while client.inbox:
-                client.stream.feed(client.inbox.popleft())
-        ready = [c for c in clients if c.stream.ready]
+            with _failing(client):
+                while client.inbox:
+                    client.stream.feed(client.inbox.popleft())
+        ready = [c for c in clients if c.failed is None and c.stream.ready]
         if ready:
-            self.engine.step([c.stream for c in ready])
+            try:
+                self.engine.step([c.stream for c in ready])
+            except Exception as error:  # noqa: BLE001 - which stream broke it is not known
+                log.exception("a batch of %d streams failed: they end", len(ready))
+                for client in ready:
+                    client.failed = f"server error: {error}"
+                ready = []
             self.chunks_run += len(ready)
             self.largest_batch = max(self.largest_batch, len(ready))
             for client in ready:
                 out += self._results(client)
         for client in ending:
-            if not client.stream.closed and not client.stream.ready:
-                whole = client.stream.final()
+            if client.failed is None and not client.stream.closed and not client.stream.ready:
+                with _failing(client):
+                    whole = client.stream.final()
+                if client.failed is not None:
+                    continue
                 out += self._results(client, chunk=False)
                 out.append(
                     (
@@ -444,7 +471,7 @@ class LiveServer:
                         },
                     )
                 )
-        return out, any(c.stream.ready for c in clients)
+        return out, any(c.failed is None and c.stream.ready for c in clients)
 
     def _results(self, client: _Client, chunk: bool = True) -> list[tuple[_Client, dict[str, Any]]]:
         """The finals a chunk closed, then the partial after it (one per chunk, even when the
@@ -547,6 +574,16 @@ def _respond(connection: ServerConnection, body: str, kind: str) -> Response:
 async def _close_all(connections: list[ServerConnection]) -> None:
     """Close with 1001; a client that does not answer within 2 s is cut off."""
     await asyncio.gather(*(_within(ws, ws.close(GOING_AWAY, STOPPING)) for ws in connections))
+
+
+@contextlib.contextmanager
+def _failing(client: _Client) -> Iterator[None]:
+    """In the model's thread: an error of one stream ends that stream alone."""
+    try:
+        yield
+    except Exception as error:  # noqa: BLE001 - its connection closes; the others go on
+        log.exception("a stream failed")
+        client.failed = f"server error: {error}"
 
 
 async def _refuse(ws: ServerConnection, message: str, code: int, peer: str | None = None) -> None:

@@ -253,6 +253,8 @@ def test_each_stream_is_logged_with_its_client_and_what_it_sent(server, trained,
         ((json.dumps({"type": "start"}),), False, 1003, "sample_rate missing"),
         ((b"\x00\x00" * 100,), False, 1008, "start message first"),
         ((np.full(100, np.nan, dtype="<f4").tobytes(),), F32_START, 1003, "NaN or infinite"),
+        ((np.full(100, 1e19, dtype="<f4").tobytes(),), F32_START, 1003,
+         "f32le samples lie within ±1, got 1e+19"),  # its features would overflow
     ],
 )  # fmt: skip
 def test_bad_input_gets_an_error_and_a_close(server, trained, sends, start, code, says) -> None:
@@ -261,6 +263,61 @@ def test_bad_input_gets_an_error_and_a_close(server, trained, sends, start, code
     assert error["type"] == "error" and says in error["message"]
     assert close_code == code
     assert session(url, pcm16(waves[UID]))[-1]["type"] == "done"  # the others are served
+
+
+@pytest.mark.parametrize("where", ["feed", "step"])
+def test_a_stream_whose_recognition_fails_ends_and_the_server_goes_on(trained, monkeypatch, where):
+    """Failing in the model's thread (its audio taken in, or a batch of chunks), a stream is
+    closed with 1011; it is not tried again, and the next streams are served."""
+    from asr.streaming import Stream, StreamingEngine
+
+    recognizer, waves = trained
+    poison = np.full(160, 0.125, "<f4")
+    feed, step = Stream.feed, StreamingEngine.step
+
+    def feed_or_fail(self, samples):
+        if len(samples) == len(poison) and np.array_equal(samples, poison):
+            if where == "feed":
+                raise RuntimeError("feeding failed")
+            self.poisoned = True
+        return feed(self, samples)
+
+    def step_or_fail(self, streams):
+        if any(getattr(stream, "poisoned", False) for stream in streams):
+            raise RuntimeError("the batch failed")
+        return step(self, streams)
+
+    monkeypatch.setattr(Stream, "feed", feed_or_fail)
+    monkeypatch.setattr(StreamingEngine, "step", step_or_fail)
+    with running_server(recognizer, OPTIONS) as (live, port):
+        url = f"ws://127.0.0.1:{port}/"
+        audio = waves[UID].numpy().astype("<f4")
+        error, code = refused(url, poison.tobytes(), audio.tobytes(), start=F32_START)
+        said = "feeding failed" if where == "feed" else "the batch failed"
+        assert error == {"type": "error", "message": f"server error: {said}"} and code == 1011
+        wait_until(lambda: live.active_streams == 0)
+        assert session(url, pcm16(waves[UID]))[-1]["type"] == "done"
+
+
+def test_a_sender_whose_client_left_ends_without_an_error(trained) -> None:
+    """Its exception would go unretrieved (the receiving side ends the connection), and
+    asyncio would log an error for a client that merely left."""
+    from asr.serve.server import LiveServer, ServeOptions, _Client
+
+    class Gone:
+        async def send(self, data) -> None:
+            raise ConnectionClosed(None, None)
+
+    async def run() -> None:
+        live = LiveServer(trained[0], OPTIONS, ServeOptions(port=0))  # not started: no worker
+        client = _Client(Gone(), live.engine.stream(), np.int16, 32768.0, 8)
+        client.outbox.put_nowait({"type": "partial", "text": ""})
+        try:
+            await live._send(Gone(), client)
+        finally:
+            live._executor.shutdown()
+
+    asyncio.run(run())
 
 
 def test_connections_over_the_maximum_are_refused(trained) -> None:
@@ -650,6 +707,30 @@ def test_connect_says_why_the_server_refused_or_cannot_be_reached(server, capsys
         closed = f"ws://127.0.0.1:{probe.getsockname()[1]}/"
     assert main(["connect", closed, wav]) == 2
     assert f"asr connect: error: cannot connect to {closed}:" in capsys.readouterr().err
+
+
+def test_connect_says_why_a_full_server_refused_it(trained, monkeypatch, capsys) -> None:
+    """The server refuses as the connection opens, often before the client's start message:
+    that start's failure is not the news, the server's reason is."""
+    import websockets.asyncio.client
+
+    opened = websockets.asyncio.client.connect
+
+    async def slow_to_start(*args, **kwargs):
+        ws = await opened(*args, **kwargs)
+        await asyncio.sleep(0.5)  # the refusal and close arrive first
+        return ws
+
+    monkeypatch.setattr(websockets.asyncio.client, "connect", slow_to_start)
+    wav = str(WAV / "an4_clstk/fash/an253-fash-b.wav")
+    with running_server(trained[0], OPTIONS, max_connections=1) as (_, port):
+        url = f"ws://127.0.0.1:{port}/"
+        with connect(url) as first:
+            first.send(START)
+            first.recv(10)
+            assert main(["connect", url, wav]) == 1
+    said = capsys.readouterr().err
+    assert said == f"asr connect: error: {wav}: the server is full (1 streams): try later\n"
 
 
 def test_audio_queued_while_the_model_takes_the_inbox_is_not_lost(trained) -> None:
