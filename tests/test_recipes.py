@@ -358,14 +358,20 @@ if sys.argv[1] == "evaluate":
 """
 
 
-def test_an4_language_model_stages_train_and_fuse_the_recipe_lm(tmp_path):
-    """--lm-weight W: stage 8 trains conf/an4/lm.yaml on the training transcripts into
-    exp/lm, stage 9 decodes dev and test with it fused at W and rewrites the results table
-    (asr replaced by a recorder: the stages' commands, not their work)."""
+def recording_asr(tmp_path: Path) -> tuple[Path, Path]:
+    """A folder whose `asr` records its arguments, and the file it writes them to."""
     fake, log = tmp_path / "bin", tmp_path / "calls.txt"
     fake.mkdir()
     (fake / "asr").write_text(RECORDING_ASR.format(python=sys.executable, log=log))
     (fake / "asr").chmod(0o755)
+    return fake, log
+
+
+def test_an4_language_model_stages_train_and_fuse_the_recipe_lm(tmp_path):
+    """--lm-weight W: stage 8 trains conf/an4/lm.yaml on the training transcripts into
+    exp/lm, stage 9 decodes dev and test with it fused at W and rewrites the results table
+    (asr replaced by a recorder: the stages' commands, not their work)."""
+    fake, log = recording_asr(tmp_path)
     data, exp = tmp_path / "data", tmp_path / "exp"
     for stage in range(1, 8):  # stages 1-7 done already
         (data if stage < 4 else exp / "transformer_quick").mkdir(parents=True, exist_ok=True)
@@ -401,10 +407,7 @@ def test_an4_language_model_stages_train_and_fuse_the_recipe_lm(tmp_path):
                                                   (("--tokenizer", "unigram", "--vocab-size", "60"),
                                                    ["60"])])  # fmt: skip
 def test_an4_tokenizer_stage_gives_pieces_a_vocabulary_size(tmp_path, options, vocabulary):
-    fake, log = tmp_path / "bin", tmp_path / "calls.txt"
-    fake.mkdir()
-    (fake / "asr").write_text(RECORDING_ASR.format(python=sys.executable, log=log))
-    (fake / "asr").chmod(0o755)
+    fake, log = recording_asr(tmp_path)
     data = tmp_path / "data"
     data.mkdir()
     (data / ".done-1").write_text("")
@@ -420,10 +423,7 @@ def test_models_of_one_frontend_share_the_cmvn_stage(tmp_path):
     """The statistics depend on the level normaliser and features alone: a second model with
     the same ones skips stage 3 (a marker naming the first config by path counts too), one
     with other features is refused as done otherwise."""
-    fake, log = tmp_path / "bin", tmp_path / "calls.txt"
-    fake.mkdir()
-    (fake / "asr").write_text(RECORDING_ASR.format(python=sys.executable, log=log))
-    (fake / "asr").chmod(0o755)
+    fake, log = recording_asr(tmp_path)
     data = tmp_path / "data"
     data.mkdir()
     for stage in (1, 2):
