@@ -399,6 +399,10 @@ class LiveServer:
             if message["type"] == "done":
                 await (ws.close(GOING_AWAY, STOPPING) if client.stopped else ws.close())
                 return
+            if message["type"] == "error":  # recognising its stream failed
+                log.info("%s: closed (%d): %s", _peer(ws), SERVER_ERROR, message["message"])
+                await ws.close(SERVER_ERROR, message["message"][:120])
+                return
 
     async def _run_batches(self) -> None:
         loop = asyncio.get_running_loop()
@@ -416,9 +420,8 @@ class LiveServer:
             if more:  # chunks still ready: the next batch at once
                 self._work.set()
             for client in clients:
-                if client.failed is not None:  # its connection ends; the others go on
-                    client.outbox.put_nowait(None)
-                    asyncio.create_task(_refuse(client.ws, client.failed, SERVER_ERROR))
+                if client.failed is not None:  # its sender says why and closes; others go on
+                    client.outbox.put_nowait({"type": "error", "message": client.failed})
                     continue
                 mine = [m for c, m in messages if c is client]
                 if not mine or client.too_slow:
@@ -453,24 +456,15 @@ class LiveServer:
             self.chunks_run += len(ready)
             self.largest_batch = max(self.largest_batch, len(ready))
             for client in ready:
-                out += self._results(client)
+                with _failing(client):
+                    out += self._results(client)
         for client in ending:
             if client.failed is None and not client.stream.closed and not client.stream.ready:
                 with _failing(client):
                     whole = client.stream.final()
-                if client.failed is not None:
-                    continue
-                out += self._results(client, chunk=False)
-                out.append(
-                    (
-                        client,
-                        {
-                            "type": "done",
-                            "text": whole.text,
-                            "duration": round(whole.duration, 3),
-                        },
-                    )
-                )
+                    seconds = round(whole.duration, 3)
+                    done = {"type": "done", "text": whole.text, "duration": seconds}
+                    out += [*self._results(client, chunk=False), (client, done)]
         return out, any(c.failed is None and c.stream.ready for c in clients)
 
     def _results(self, client: _Client, chunk: bool = True) -> list[tuple[_Client, dict[str, Any]]]:

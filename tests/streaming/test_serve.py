@@ -265,10 +265,11 @@ def test_bad_input_gets_an_error_and_a_close(server, trained, sends, start, code
     assert session(url, pcm16(waves[UID]))[-1]["type"] == "done"  # the others are served
 
 
-@pytest.mark.parametrize("where", ["feed", "step"])
+@pytest.mark.parametrize("where", ["feed", "step", "take_finals", "final"])
 def test_a_stream_whose_recognition_fails_ends_and_the_server_goes_on(trained, monkeypatch, where):
-    """Failing in the model's thread (its audio taken in, or a batch of chunks), a stream is
-    closed with 1011; it is not tried again, and the next streams are served."""
+    """Failing in the model's thread (its audio taken in, a batch of chunks, its results, its
+    last final after "end"), a stream is closed with 1011 and the reason; it is not tried
+    again, and the next streams are served."""
     from asr.streaming import Stream, StreamingEngine
 
     recognizer, waves = trained
@@ -278,23 +279,40 @@ def test_a_stream_whose_recognition_fails_ends_and_the_server_goes_on(trained, m
     def feed_or_fail(self, samples):
         if len(samples) == len(poison) and np.array_equal(samples, poison):
             if where == "feed":
-                raise RuntimeError("feeding failed")
+                raise RuntimeError("feed failed")
             self.poisoned = True
         return feed(self, samples)
 
     def step_or_fail(self, streams):
-        if any(getattr(stream, "poisoned", False) for stream in streams):
-            raise RuntimeError("the batch failed")
+        if where == "step" and any(getattr(stream, "poisoned", False) for stream in streams):
+            raise RuntimeError("step failed")
         return step(self, streams)
 
     monkeypatch.setattr(Stream, "feed", feed_or_fail)
     monkeypatch.setattr(StreamingEngine, "step", step_or_fail)
+    if where in ("take_finals", "final"):
+        original = getattr(Stream, where)
+
+        def fail_if_poisoned(self, *args, **kwargs):
+            if getattr(self, "poisoned", False):
+                raise RuntimeError(f"{where} failed")
+            return original(self, *args, **kwargs)
+
+        monkeypatch.setattr(Stream, where, fail_if_poisoned)
     with running_server(recognizer, OPTIONS) as (live, port):
         url = f"ws://127.0.0.1:{port}/"
         audio = waves[UID].numpy().astype("<f4")
-        error, code = refused(url, poison.tobytes(), audio.tobytes(), start=F32_START)
-        said = "feeding failed" if where == "feed" else "the batch failed"
-        assert error == {"type": "error", "message": f"server error: {said}"} and code == 1011
+        with connect(url) as ws:
+            ws.send(F32_START)
+            with contextlib.suppress(ConnectionClosed):  # it may close before the rest is sent
+                for message in (poison.tobytes(), audio.tobytes(), END):
+                    ws.send(message)
+            said = []
+            with contextlib.suppress(ConnectionClosed):  # 1011: not a normal close
+                for message in ws:
+                    said.append(json.loads(message))
+        assert said[-1] == {"type": "error", "message": f"server error: {where} failed"}
+        assert ws.protocol.close_code == 1011
         wait_until(lambda: live.active_streams == 0)
         assert session(url, pcm16(waves[UID]))[-1]["type"] == "done"
 
