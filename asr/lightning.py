@@ -437,10 +437,15 @@ def step_schedule(
         return optimizer
     scheduler = scheduler_factory(optimizer)
     if isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
-        plateau = {"scheduler": scheduler, "interval": "epoch", "monitor": "val/loss"}
         # Stepped only after validations: between them the logged val/loss is stale.
-        plateau["frequency"] = getattr(trainer, "check_val_every_n_epoch", None) or 1
-        plateau["strict"] = False
+        every = getattr(trainer, "check_val_every_n_epoch", 1)
+        if every is None:
+            raise ValueError(
+                "ReduceLROnPlateau steps after the epochs that validate, and "
+                "trainer.check_val_every_n_epoch null validates by steps: give it a number"
+            )
+        plateau = {"scheduler": scheduler, "interval": "epoch", "monitor": "val/loss"}
+        plateau |= {"frequency": every, "strict": False}
         return {"optimizer": optimizer, "lr_scheduler": plateau}
     return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 

@@ -305,16 +305,28 @@ def _optimization(model: Namespace) -> dict[str, Any]:
     return json.loads(json.dumps(settings, default=str))
 
 
-def _check_resumed_optimization(ckpt_path: str | None, folder: Path, settings: dict) -> None:
+def _check_resumed_optimization(
+    ckpt_path: str | None, folder: Path, settings: dict, argv: Sequence[str]
+) -> bool:
     """Refuse a resume whose optimizer or schedule settings differ from its checkpoint's:
     Lightning restores their saved states over them (a new lr is ignored, a new warmup takes
-    over from the next step)."""
+    over from the next step). Returns whether `settings` are known to be the run's, to save."""
     path = folder / "last.ckpt" if ckpt_path == "last" else Path(ckpt_path or "")
     if not ckpt_path or not path.is_file():
-        return
+        return True
     saved = load_checkpoint(path).get(OPTIMIZATION_KEY)
-    if saved is None or saved == settings:
-        return
+    if saved is None:  # a checkpoint that does not say: any such option is refused
+        given = [a.split("=")[0] for a in argv if a.startswith("--model.")]
+        given = [g for g in given if _model_argument(g) in ("optimizer", "lr_scheduler")]
+        if given:
+            raise ValueError(
+                f"{', '.join(given)}: resuming ({path}) goes on with the optimizer and schedule "
+                "as saved; start a new run from its weights for others "
+                "(--model.init_args.init_from CHECKPOINT)"
+            )
+        return False
+    if saved == settings:
+        return True
     changed = []
     for name in ("optimizer", "lr_scheduler"):
         then, now = saved.get(name), settings.get(name)
@@ -611,8 +623,9 @@ class ASRCLI(LightningCLI):
         config = self.config[self.subcommand] if self.subcommand else self.config
         if self.subcommand == "fit":
             settings = _optimization(config.model)
-            _check_resumed_optimization(config.ckpt_path, Path(config.checkpoint.dirpath), settings)
-            self.trainer.callbacks.append(SavedOptimization(settings))
+            folder = Path(config.checkpoint.dirpath)
+            if _check_resumed_optimization(config.ckpt_path, folder, settings, self.argv):
+                self.trainer.callbacks.append(SavedOptimization(settings))
         # The init args alone: checkpoint loaders know their module class (ASRModule, LMModule).
         model_config = config.model.init_args.as_dict()
         for training_only in ("optimizer", "lr_scheduler"):

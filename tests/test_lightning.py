@@ -279,6 +279,11 @@ def test_resume_from_last_and_average(tiny_an4, tmp_path, capsys):
     overlay = tmp_path / "schedule.yaml"  # in a config file as on the command line
     overlay.write_text("model:\n  init_args:\n    lr_scheduler: asr.optim.NoamLR\n")
     assert "--model.init_args.lr_scheduler: " in refused([*argv, "--config", str(overlay)], capsys)
+    saved = torch.load(last, weights_only=True)  # a checkpoint that does not say what it ran
+    del saved["asr_optimization"]
+    torch.save(saved, last)
+    said = refused([*argv, "--model.init_args.lr_scheduler", "asr.optim.NoamLR"], capsys)
+    assert said.startswith("asr fit: error: --model.init_args.lr_scheduler: resuming")
 
     out = tmp_path / "avg.ckpt"
     assert main(["average", "--last", str(last), "--best", "2", "--out", str(out)]) == 0
@@ -878,6 +883,10 @@ def test_a_plateau_schedule_steps_on_the_dev_loss_each_epoch(tiny_an4, tmp_path)
                         check_val_every_n_epoch=2, default_root_dir=tmp_path)  # fmt: skip
     trainer.fit(module, data)
     assert trainer.optimizers[0].param_groups[0]["lr"] == pytest.approx(1e-3 / 2)
+    trainer = L.Trainer(accelerator="cpu", max_epochs=4, logger=False, val_check_interval=4,
+                        check_val_every_n_epoch=None)  # fmt: skip
+    with pytest.raises(ValueError, match="check_val_every_n_epoch null validates by steps"):
+        trainer.fit(module, data)
 
 
 def test_a_frozen_encoder_keeps_its_batch_statistics(tiny_an4):
