@@ -212,10 +212,22 @@ trap on_exit EXIT
 # DIR/cmvn.json. Recorded by the config's level normaliser and features, not by its name: the
 # statistics depend on those alone, so the models of one frontend share them.
 cmvn_stage() {
-  local n=$1 config=$2 dir=$3 frontend
+  local n=$1 config=$2 dir=$3 frontend record marker then named
   shift 3
   frontend=$(frontend_of "$config")
-  stage_record="asr cmvn $* --out $dir/cmvn.json, frontend $frontend" \
+  record="asr cmvn $* --out $dir/cmvn.json, frontend $frontend"
+  # Markers of the older forms name the config that ran it: of this frontend, it is this one's.
+  marker=$dir/.done-$n
+  if [ -f "$marker" ]; then
+    then=$(cat "$marker")
+    then=${then#"CMVN statistics: "}
+    named=${then##* --config }
+    if [ "$then" = "asr cmvn $* --out $dir/cmvn.json --config $named" ] \
+      && [ -f "$named" ] && [ "$(frontend_of "$named")" = "$frontend" ]; then
+      printf '%s\n' "CMVN statistics: $record" >"$marker"
+    fi
+  fi
+  stage_record=$record \
     run_stage "$n" "CMVN statistics" "$dir" asr cmvn "$@" --out "$dir/cmvn.json" --config "$config"
 }
 
