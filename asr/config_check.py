@@ -29,6 +29,22 @@ TOP_LEVEL_KEYS = (
 EVALUATION_KEYS = ("verbose",)  # what `asr validate` and `asr test` take beside those
 
 
+def frontend_settings(config: str | Path) -> dict[str, Any]:
+    """What a training config's frontend computes features with, its CMVN and augmentation
+    left out: `features` and `level` (a bare feature extractor as `features`). CMVN statistics
+    depend on these alone (`asr cmvn --config`, and the recipes' CMVN stage)."""
+    with open(config, encoding="utf-8") as file:
+        data = yaml.safe_load(file) or {}
+    try:
+        frontend = data["model"]["init_args"]["frontend"]
+        parts = frontend.get("init_args") or {}
+    except (KeyError, TypeError, AttributeError):
+        raise ValueError(f"{config}: no model.init_args.frontend to take features from") from None
+    if "features" not in parts:  # a bare feature extractor
+        return {"features": frontend}
+    return {k: parts[k] for k in ("features", "level") if k in parts}
+
+
 def config_paths(argv: Sequence[str]) -> list[str]:
     """The files of `--config PATH`, `--config=PATH` and `-c PATH` in `argv`, in order."""
     paths = []

@@ -6,12 +6,12 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch
-import yaml
 from torch import Tensor, nn
 from tqdm import tqdm
 
 from asr.audio import load_audio
 from asr.checkpoint import instantiate
+from asr.config_check import frontend_settings
 from asr.data.manifest import read_manifest
 from asr.frontends import CMVNStats, Frontend, LevelNormalizer, accumulate_cmvn_stats
 
@@ -65,13 +65,4 @@ def compute_cmvn_stats(
 
 def config_frontend(config: str | Path) -> Frontend:
     """A training config's frontend without CMVN and augmentation: what CMVN statistics need."""
-    with open(config, encoding="utf-8") as file:
-        data = yaml.safe_load(file) or {}
-    try:
-        frontend = data["model"]["init_args"]["frontend"]
-        parts = frontend.get("init_args") or {}
-    except (KeyError, TypeError, AttributeError):
-        raise ValueError(f"{config}: no model.init_args.frontend to take features from") from None
-    if "features" not in parts:  # a bare feature extractor
-        return Frontend(instantiate(Frontend, {"features": frontend}).features)
-    return instantiate(Frontend, {k: parts[k] for k in ("features", "level") if k in parts})
+    return instantiate(Frontend, frontend_settings(config))

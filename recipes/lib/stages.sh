@@ -231,22 +231,18 @@ cmvn_stage() {
     run_stage "$n" "CMVN statistics" "$dir" asr cmvn "$@" --out "$dir/cmvn.json" --config "$config"
 }
 
-# frontend_of CONFIG: its frontend's level normaliser and features as one line of JSON (the
-# config's file name where it names none: asr cmvn then says what is wrong).
+# frontend_of CONFIG: its frontend's level normaliser and features as one line of JSON
+# (asr.config_check.frontend_settings; the config's file name where it names none: asr cmvn
+# then says what is wrong).
 frontend_of() {
   $(asr_python) - "$1" <<'PY'
 import json, sys
 
-import yaml
+from asr.config_check import frontend_settings
 
 try:
-    with open(sys.argv[1], encoding="utf-8") as file:
-        frontend = yaml.safe_load(file)["model"]["init_args"]["frontend"]
-    parts = frontend.get("init_args") or {}
-    if "features" in parts:  # else a bare feature extractor
-        frontend = {k: parts[k] for k in ("features", "level") if k in parts}
-    print(json.dumps(frontend, sort_keys=True, separators=(",", ":")))
-except Exception:
+    print(json.dumps(frontend_settings(sys.argv[1]), sort_keys=True, separators=(",", ":")))
+except Exception:  # a broken config: asr cmvn names its fault
     print(sys.argv[1])
 PY
 }
