@@ -244,9 +244,13 @@ class ASRModule(L.LightningModule):
         rate = self._fastest_speech()
         if rate is None:
             return self.hparams.max_len_ratio, 0
+        return length_bound(self.hparams.max_len_ratio, 0, rate, *self._timing())
+
+    def _timing(self) -> tuple[float, float]:
+        """The encoder's `frame_timing`, measured once."""
         if self._encoder_timing is None:
             self._encoder_timing = self.model.encoder_timing()
-        return length_bound(self.hparams.max_len_ratio, 0, rate, *self._encoder_timing)
+        return self._encoder_timing
 
     def on_fit_start(self) -> None:
         self._fastest_speech()  # warns of transcripts too long for their audio up front
@@ -272,14 +276,12 @@ class ASRModule(L.LightningModule):
         a target (a pyramidal encoder's may be fewer than its characters): all are kept."""
         if not self.hparams.ctc_weight:
             return list(range(len(utterances)))
-        if self._encoder_timing is None:
-            self._encoder_timing = self.model.encoder_timing()
-        frame_seconds, edge_seconds = self._encoder_timing
+        frame_seconds, edge_seconds = self._timing()
         frames = [(u.duration - edge_seconds) / frame_seconds for u in utterances]
         needed = [ctc_frames_needed(t) for t in ids]
         kept = [k for k in range(len(utterances)) if needed[k] <= frames[k]]
-        if len(kept) < len(utterances) and self.global_rank == 0:
-            bad = sorted(set(range(len(utterances))) - set(kept))
+        bad = [k for k in range(len(utterances)) if needed[k] > frames[k]]
+        if bad and self.global_rank == 0:
             named = ", ".join(
                 f"{utterances[k].utt_id} ({needed[k]} CTC frames, audio gives {int(frames[k])})"
                 for k in bad[:5]
@@ -311,8 +313,8 @@ class ASRModule(L.LightningModule):
 
     def on_validation_epoch_start(self) -> None:
         self._val_words, self._val_chars = ErrorCounts(), ErrorCounts()
-        loaders = self.trainer.test_dataloaders if self.trainer.testing else None
-        loaders = self.trainer.val_dataloaders if loaders is None else loaders
+        trainer = self.trainer
+        loaders = trainer.test_dataloaders if trainer.testing else trainer.val_dataloaders
         sampler = getattr(loaders, "batch_sampler", None)
         self._repeats = sampler.repeats() if isinstance(sampler, DynamicBucketSampler) else set()
 

@@ -272,6 +272,7 @@ class LostRank(L.Callback):
 
 
 OPTIMIZATION_KEY = "asr_optimization"
+OPTIMIZATION = ("optimizer", "lr_scheduler")  # the module's arguments a resume restores
 
 
 class SavedOptimization(L.Callback):
@@ -301,7 +302,7 @@ def _optimization(model: Namespace) -> dict[str, Any]:
             return f"{getattr(value, '__module__', '')}.{getattr(value, '__qualname__', value)}"
         return value
 
-    settings = {name: plain(init_args.get(name)) for name in ("optimizer", "lr_scheduler")}
+    settings = {name: plain(init_args.get(name)) for name in OPTIMIZATION}
     return json.loads(json.dumps(settings, default=str))
 
 
@@ -316,8 +317,7 @@ def _check_resumed_optimization(
         return True
     saved = load_checkpoint(path).get(OPTIMIZATION_KEY)
     if saved is None:  # a checkpoint that does not say: any such option is refused
-        given = [a.split("=")[0] for a in argv if a.startswith("--model.")]
-        given = [g for g in given if _model_argument(g) in ("optimizer", "lr_scheduler")]
+        given = [g for g in _model_options(argv) if _model_argument(g) in OPTIMIZATION]
         if given:
             raise ValueError(
                 f"{', '.join(given)}: resuming ({path}) goes on with the optimizer and schedule "
@@ -328,7 +328,7 @@ def _check_resumed_optimization(
     if saved == settings:
         return True
     changed = []
-    for name in ("optimizer", "lr_scheduler"):
+    for name in OPTIMIZATION:
         then, now = saved.get(name), settings.get(name)
         if not (isinstance(then, dict) and isinstance(now, dict)):  # one is None or a function
             then, now = _class_of(then), _class_of(now)
@@ -558,7 +558,7 @@ class ASRCLI(LightningCLI):
         # options given on the command line: refuse those rather than drop them silently.
         subcommand = self.config.get("subcommand")
         path = self.config[subcommand].get("ckpt_path") if subcommand else None
-        given = [a.split("=")[0] for a in self.argv if a.startswith("--model.")]
+        given = _model_options(self.argv)
         if path and Path(path).is_file() and given:
             saved = load_checkpoint(path).get("hyper_parameters", {})
             overridden = [g for g in given if _model_argument(g) in saved]
@@ -628,11 +628,20 @@ class ASRCLI(LightningCLI):
                 self.trainer.callbacks.append(SavedOptimization(settings))
         # The init args alone: checkpoint loaders know their module class (ASRModule, LMModule).
         model_config = config.model.init_args.as_dict()
-        for training_only in ("optimizer", "lr_scheduler"):
+        for training_only in OPTIMIZATION:
             model_config.pop(training_only, None)
         model_config["vocab_size"] = self.datamodule.vocab_size
         # Plain JSON types only, so checkpoints load with weights_only=True.
         self.model.model_config = json.loads(json.dumps(model_config))
+
+
+def _model_options(argv: Sequence[str]) -> list[str]:
+    """The `--model.` options given in `argv`, by name.
+
+    >>> _model_options(["--model.init_args.ctc_weight=0.3", "--model.init_args.lr", "1"])
+    ['--model.init_args.ctc_weight', '--model.init_args.lr']
+    """
+    return [a.split("=")[0] for a in argv if a.startswith("--model.")]
 
 
 def _model_argument(option: str) -> str:
