@@ -10,9 +10,11 @@ import importlib.util
 import json
 import os
 import re
+import signal as signal_module
 import subprocess
 import sys
 import tarfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -511,6 +513,43 @@ def test_an4_stage_failing_halfway_reruns_cleanly(mini_an4_tar, tmp_path):
     assert skipped(rerun.stdout) == [1] and ran(rerun.stdout) == [2, 3]
     assert markers(data) == [1, 2, 3]
     assert Tokenizer.load(data / "tokenizer").vocab_size > 4  # the debris was replaced
+
+
+@pytest.mark.parametrize(
+    ("signal", "status", "by"), [("TERM", 143, "SIGTERM"), ("INT", 130, "Ctrl-C")]
+)
+def test_a_signal_to_the_recipe_stops_the_command_of_its_stage(tmp_path, signal, status, by):
+    """`kill` of the recipe's shell (or Ctrl-C to it) ends the stage's command as well: a
+    training left running, orphaned, would race the re-run that resumes it."""
+    fake, pid_file = tmp_path / "bin", tmp_path / "stage.pid"
+    fake.mkdir()
+    (fake / "asr").write_text(f'#!/usr/bin/env bash\necho $$ > "{pid_file}"\nexec sleep 60\n')
+    (fake / "asr").chmod(0o755)
+    env = {**os.environ, "PATH": os.pathsep.join([str(fake), os.environ.get("PATH", "")])}
+    args = ["--data-dir", tmp_path, "--data", tmp_path / "data", "--exp", tmp_path / "exp"]
+    recipe = subprocess.Popen(
+        ["bash", str(REPO / "recipes/an4/run.sh"), *map(str, args)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO,
+    )  # fmt: skip
+    try:
+        for _ in range(200):
+            if pid_file.exists() and pid_file.read_text().strip():
+                break
+            time.sleep(0.05)
+        stage_pid = int(pid_file.read_text())
+        recipe.send_signal(getattr(signal_module, f"SIG{signal}"))
+        _, stderr = recipe.communicate(timeout=20)
+        assert recipe.returncode == status
+        assert f"stage 1 (prepare manifests) stopped by {by}" in stderr
+        with pytest.raises(ProcessLookupError):
+            os.kill(stage_pid, 0)
+    finally:
+        recipe.kill()
+        if pid_file.exists():
+            try:
+                os.kill(int(pid_file.read_text()), signal_module.SIGKILL)
+            except (ProcessLookupError, ValueError):
+                pass
 
 
 # ------------------------------------------------------------------------------- folder

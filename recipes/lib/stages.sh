@@ -162,11 +162,27 @@ give --force to run it again (and the stages after it), or another --exp/--data"
   mkdir -p "$dir"
   rm -f "$marker" # a forced stage stopped halfway must not pass for done
   current_stage="$n ($name)"
-  local started=$SECONDS
-  "$@"
+  local started=$SECONDS job
+  # The stage runs as a job of its own: SIGTERM or Ctrl-C to the recipe then stops its
+  # commands too, where a killed shell would leave them running, orphaned.
+  set -m
+  "$@" &
+  job=$!
+  set +m
+  trap "stop_job $job 143" TERM
+  trap "stop_job $job 130" INT
+  wait "$job"
+  trap - TERM INT
   current_stage=""
   printf '%s\n' "$record" >"$marker"
   echo "== stage $n ($name): done in $((SECONDS - started)) s"
+}
+
+# stop_job PID STATUS: SIGTERM to the job PID's process group, then exit STATUS once it ended.
+stop_job() {
+  kill -TERM -- "-$1" 2>/dev/null || true
+  wait "$1" || true
+  exit "$2"
 }
 
 # stage_command COMMAND...: a stage's command as its marker records it: resuming a fit is
