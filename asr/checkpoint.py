@@ -8,6 +8,7 @@ import base64
 import inspect
 import os
 import pickle
+import re
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -43,7 +44,7 @@ def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
             f"{path}: refused to load: it holds objects other than tensors and plain "
             f"containers, which could run code ({str(err).splitlines()[0]})"
         ) from None
-    except (RuntimeError, EOFError, IndexError, KeyError, ValueError) as err:  # a torn file
+    except (RuntimeError, EOFError, IndexError, KeyError, ValueError, OSError) as err:  # torn
         raise CheckpointError(f"{path}: not a readable checkpoint ({err})") from None
 
 
@@ -106,6 +107,12 @@ def build_from_payload(
     CheckpointError names `source` where the config does not build (a newer asr's option, a
     class that is not there). The random initial weights, replaced by the checkpoint's, leave
     the caller's random numbers alone."""
+    foreign = _foreign_class(payload["model_config"])
+    if foreign is not None:
+        raise CheckpointError(
+            f"{source}: its model config names {foreign!r}, not a class of asr: building it "
+            "would import and run code from elsewhere; refused"
+        )
     with tempfile.TemporaryDirectory() as tmp, torch.random.fork_rng(devices=[]):
         assets = {}
         for i, (original, data) in enumerate(payload.get("assets", {}).items()):
@@ -115,7 +122,30 @@ def build_from_payload(
             return instantiate(builder, replace_assets(payload["model_config"], assets))
         except (argparse.ArgumentError, TypeError, ValueError) as err:
             said = " ".join(str(err).split()).split(" Got value:")[0]  # not the whole config
+            for original, unpacked in assets.items():  # a damaged asset: its own error alone
+                found = re.search(re.escape(unpacked) + r"(:\d+)?: (.+?)(?= - |$)", said)
+                if found:
+                    line, reason = found.group(1) or "", found.group(2)
+                    raise CheckpointError(f"{source}: its {original}{line}: {reason}") from None
             raise CheckpointError(f"{source}: its model config does not build: {said}") from None
+
+
+def _foreign_class(config: Any) -> Any:
+    """The first `class_path` in a nested config that is not in this package, or None: a
+    model file is data, and building a class named by it must not import a stranger's module.
+
+    >>> _foreign_class({"encoder": {"class_path": "asr.models.rnn.RNNEncoder"}})
+    >>> _foreign_class({"a": [{"class_path": "os.system"}]})
+    'os.system'
+    """
+    if isinstance(config, dict):
+        named = config.get("class_path", "asr.")
+        if not (isinstance(named, str) and named.startswith("asr.")):
+            return named
+        config = list(config.values())
+    if isinstance(config, list):
+        return next((f for f in map(_foreign_class, config) if f is not None), None)
+    return None
 
 
 def store_in_payload(path: str | os.PathLike, values: dict[str, Any]) -> None:

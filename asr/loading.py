@@ -10,6 +10,7 @@ from torch import nn
 
 from asr.checkpoint import (
     LM_KEY,
+    CheckpointError,
     build_from_payload,
     payload_tokenizer,
     read_payload,
@@ -33,12 +34,26 @@ def load_seq2seq(
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     weights, payload = read_recognizer(path)
+    tokenizer = _tokenizer(payload, path)
     model = build_from_payload(build_seq2seq, payload, path)
     model.load_state_dict(weights)
     model = model.to(device).eval()
     if backend != "torch":
         model = _onnx_model(model, path, backend, device, precision)
-    return model, payload_tokenizer(payload), payload
+    return model, tokenizer, payload
+
+
+def _tokenizer(payload: dict[str, Any], path: str | os.PathLike) -> Tokenizer:
+    """The payload's tokenizer; CheckpointError where its size is not the model's (a
+    tokenizer folder of a package replaced by another)."""
+    tokenizer = payload_tokenizer(payload)
+    size = payload["model_config"].get("vocab_size")
+    if size is not None and size != tokenizer.vocab_size:
+        raise CheckpointError(
+            f"{path}: its tokenizer has {tokenizer.vocab_size} ids, its model {size}: not the "
+            "tokenizer it was trained with"
+        )
+    return tokenizer
 
 
 def _onnx_model(model: Seq2Seq, path, backend: str, device, precision: str) -> Seq2Seq:
@@ -74,6 +89,7 @@ def load_lm(
             safely; the message names it.
     """
     state, payload = read_payload(path, LM_KEY)
+    tokenizer = _tokenizer(payload, path)
     lm = build_from_payload(build_lm, payload, path)
     lm.load_state_dict(submodule_weights(state, "lm."))
-    return lm.to(device).eval(), payload_tokenizer(payload)
+    return lm.to(device).eval(), tokenizer

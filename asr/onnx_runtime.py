@@ -19,6 +19,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils import _pytree as pytree
 
+from asr.checkpoint import CheckpointError
 from asr.models.chunking import EncoderCache, streaming_problem
 from asr.models.interfaces import State, attention_kind
 from asr.models.seq2seq import Seq2Seq
@@ -28,6 +29,7 @@ from asr.package import ONNX_DIR
 OPSET = 17
 CACHE = ["keys", "values", "valid", "conv", "offset"]  # EncoderCache's fields, in order
 STATE_FILE = "state.json"
+EXPORT_AGAIN = "export it again: asr export --format onnx"
 SPIN_WAIT_ENTRY = "session.intra_op.allow_spinning"
 
 
@@ -254,7 +256,15 @@ class _Session:
         options.add_session_config_entry(SPIN_WAIT_ENTRY, "1" if spin_wait else "0")
         if threads:
             options.intra_op_num_threads = threads
-        self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        try:
+            self.session = ort.InferenceSession(
+                str(path), options, providers=["CPUExecutionProvider"]
+            )
+        except Exception as err:  # onnxruntime's own types, for a torn or foreign file
+            reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+            raise CheckpointError(
+                f"{path}: not a readable ONNX graph ({reason}); {EXPORT_AGAIN}"
+            ) from None
         self.inputs = [i.name for i in self.session.get_inputs()]
 
     def __call__(self, **feeds: Tensor) -> list[Tensor]:
@@ -268,6 +278,8 @@ def _numpy(tensor: Tensor) -> np.ndarray:
 
 class OnnxEncoder:
     """The encoder graph; ValueError for inputs shorter than `shortest` frames."""
+
+    cannot_stream: str | None = None  # why not, where the PyTorch encoder streams
 
     def __init__(self, session: _Session, shortest: int) -> None:
         self.session, self.shortest = session, shortest
@@ -382,11 +394,14 @@ def onnx_model(
     graphs = Path(folder) / ONNX_DIR
     suffix = ".int8.onnx" if int8 else ".onnx"
 
+    def missing(name: str) -> str:
+        hint = EXPORT_AGAIN + (" writes it too" if int8 else "")
+        return f"{graphs / f'{name}{suffix}'}: no such ONNX graph ({hint})"
+
     def session(name: str) -> _Session:
         path = graphs / f"{name}{suffix}"
         if not path.is_file():
-            hint = "export it again: asr export --format onnx" + (" writes it too" if int8 else "")
-            raise FileNotFoundError(f"{path}: no such ONNX graph ({hint})")
+            raise FileNotFoundError(missing(name))
         return _Session(path, threads, spin_wait)
 
     def optional(name: str) -> _Session | None:
@@ -399,8 +414,15 @@ def onnx_model(
         encoder = OnnxStreamingEncoder(session("encoder"), shortest, chunk, model.encoder)
     else:
         encoder = OnnxEncoder(session("encoder"), shortest)
+        if streaming_problem(model.encoder) is None:  # it streams in PyTorch: a graph is gone
+            encoder.cannot_stream = missing("encoder_chunk")
     ctc = OnnxCTC(session("ctc")) if model.ctc is not None else None
-    meta = json.loads((graphs / STATE_FILE).read_text())
+    try:
+        meta = json.loads((graphs / STATE_FILE).read_text())
+    except (OSError, ValueError) as err:
+        raise CheckpointError(
+            f"{graphs / STATE_FILE}: unreadable ({err}); {EXPORT_AGAIN}"
+        ) from None
     decoder = OnnxDecoder(
         session("decoder_init"), session("decoder_step"), meta, model.decoder.reorder_state,
         optional("decoder_forced"),

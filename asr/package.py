@@ -27,6 +27,7 @@ from asr.checkpoint import (
     submodule_weights,
     write_embedded_files,
 )
+from asr.text import Tokenizer
 
 PACKAGE_FORMAT = "asr-model-package"
 PACKAGE_VERSION = 1  # readers refuse newer ones
@@ -86,19 +87,18 @@ def write_package(
     # Fail (bad metrics file, shared weights) before writing any file.
     card_text = model_card(config, payload, state, card or ModelCard(), out.resolve().name)
     weights = _safetensors_bytes(submodule_weights(state, "model."))
-    graphs = out / ONNX_DIR
-    if graphs.exists() and not (out / CONFIG_FILE).is_file():
-        raise ValueError(
-            f"{graphs} is there and {out} holds no package: export into another folder"
-        )
+    graphs, tokenizer_dir = out / ONNX_DIR, out / TOKENIZER_DIR
+    for ours in (graphs, tokenizer_dir):  # an earlier export's, replaced; else someone's
+        if ours.exists() and not (out / CONFIG_FILE).is_file():
+            raise ValueError(
+                f"{ours} is there and {out} holds no package: export into another folder"
+            )
     out.mkdir(parents=True, exist_ok=True)
-    shutil.rmtree(graphs, ignore_errors=True)  # an earlier export's, of other weights
+    shutil.rmtree(graphs, ignore_errors=True)  # of other weights
     for original, name in assets.items():
         _write_atomic(out / name, base64.b64decode(payload["assets"][original]))
-    tokenizer_dir = out / TOKENIZER_DIR
-    tokenizer_dir.mkdir(exist_ok=True)
-    for stale in tokenizer_dir.iterdir():
-        stale.unlink()
+    shutil.rmtree(tokenizer_dir, ignore_errors=True)
+    tokenizer_dir.mkdir()
     write_embedded_files(payload["tokenizer"], tokenizer_dir)
     _write_atomic(out / CONFIG_FILE, (json.dumps(config, indent=1) + "\n").encode())
     _write_atomic(out / WEIGHTS_FILE, weights)
@@ -166,6 +166,7 @@ def read_package(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], dict
     tokenizer = folder / TOKENIZER_DIR
     if not tokenizer.is_dir():
         raise CheckpointError(f"{folder}: no {TOKENIZER_DIR}/ folder in the model package")
+    Tokenizer.load(tokenizer)  # a damaged file named as the package holds it
     payload = {k: v for k, v in config.items() if k not in ("format", "format_version")}
     payload["tokenizer"] = encoded_files(tokenizer)
     payload["assets"] = {name: _encoded_asset(folder, name) for name in config.get("assets", [])}

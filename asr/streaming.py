@@ -111,7 +111,8 @@ def streaming_encoder(recognizer: Recognizer, chunked: bool) -> torch.nn.Module:
     encoder = recognizer.model.encoder
     if not hasattr(encoder, "forward_chunk"):
         raise ValueError(
-            f"{recognizer.checkpoint}: {type(encoder).__name__} cannot run chunk by chunk"
+            getattr(encoder, "cannot_stream", None)
+            or f"{recognizer.checkpoint}: {type(encoder).__name__} cannot run chunk by chunk"
         )
     problem = streaming_problem(encoder) if chunked else None
     if problem is not None:

@@ -13,7 +13,7 @@ from conftest import TINY_MODEL_CONFIG, TINY_RNN
 from test_package import save_overfit_checkpoint
 from test_transcribe import GREEDY, JOINT, UTTERANCES, WAV, _overfit_recognizer
 
-from asr.checkpoint import instantiate
+from asr.checkpoint import CheckpointError, instantiate
 from asr.cli import main
 from asr.decoding import teacher_forced
 from asr.models.interfaces import attention_kind
@@ -143,6 +143,12 @@ def test_an_rnn_attention_model_decodes_the_same_on_onnx_runtime(tmp_path):
         assert _tokens(onnx, waves, option) == _tokens(recognizer, waves, option)
     with pytest.raises(FileNotFoundError, match="encoder.int8.onnx: no such ONNX graph"):
         onnx_model(model, tmp_path, int8=True)
+    (tmp_path / "onnx" / "state.json").write_text("{")  # damaged files: named, not a traceback
+    with pytest.raises(CheckpointError, match=r"state\.json: unreadable \(.+\); export it"):
+        onnx_model(model, tmp_path)
+    (tmp_path / "onnx" / "ctc.onnx").write_bytes(b"\x08torn")
+    with pytest.raises(CheckpointError, match=r"ctc\.onnx: not a readable ONNX graph \(.+\); "):
+        onnx_model(model, tmp_path)
 
 
 def test_cli_exports_and_decodes_with_onnx_backends(

@@ -44,6 +44,7 @@ from asr.package import (
     write_package,
 )
 from asr.search import SearchOptions
+from asr.text import CharTokenizer
 
 OVERFIT_CONFIG = {  # the architecture `_overfit_recognizer` trains, as `asr fit` records it
     "frontend": {
@@ -225,9 +226,9 @@ def test_transcribe_takes_a_package_as_model(fit_checkpoint, tmp_path, capsys):
 def test_exporting_again_replaces_the_package_and_keeps_other_files(overfit_checkpoint, tmp_path):
     pkg = tmp_path / "pkg"
     (pkg / ".git").mkdir(parents=True)
-    (pkg / "tokenizer").mkdir()
-    (pkg / "tokenizer" / "tokenizer.model").write_bytes(b"a stale SentencePiece model")
     write_package(overfit_checkpoint, pkg)
+    (pkg / "tokenizer" / "tokenizer.model").write_bytes(b"a stale SentencePiece model")
+    (pkg / "tokenizer" / "sub").mkdir()
     write_package(overfit_checkpoint, pkg)
     assert sorted(p.name for p in pkg.iterdir()) == [
         ".git",
@@ -248,11 +249,14 @@ def test_exporting_again_removes_the_graphs_of_the_earlier_weights(overfit_check
     (pkg / "onnx" / "encoder.onnx").write_bytes(b"another model's graph")
     write_package(overfit_checkpoint, pkg)
     assert not (pkg / "onnx").exists()
-    mine = tmp_path / "mine"
-    (mine / "onnx").mkdir(parents=True)  # not a package's: left alone, and the export refused
-    with pytest.raises(ValueError, match="holds no package: export into another folder"):
-        write_package(overfit_checkpoint, mine)
-    assert [p.name for p in mine.iterdir()] == ["onnx"]
+    for folder in ("onnx", "tokenizer"):  # not a package's: left alone, the export refused
+        mine = tmp_path / f"mine_{folder}"
+        (mine / folder).mkdir(parents=True)
+        (mine / folder / "notes.txt").write_text("mine")
+        with pytest.raises(ValueError, match="holds no package: export into another folder"):
+            write_package(overfit_checkpoint, mine)
+        assert [p.name for p in mine.iterdir()] == [folder]
+        assert (mine / folder / "notes.txt").read_text() == "mine"
 
 
 # --------------------------------------------------------------------------- no pickles
@@ -326,6 +330,23 @@ def test_damaged_or_missing_package_files_are_named(package, tmp_path):
         asr.load_model(tmp_path / "no-such-folder" / "")
 
 
+def test_damaged_tokenizer_or_cmvn_files_of_a_package_are_named_as_there(fit_checkpoint, tmp_path):
+    """Not as the temporary copies the model is built from, and a tokenizer of another size
+    (a folder replaced by hand) is refused at loading, not at the first decode."""
+    package = tmp_path / "pkg"
+    write_package(fit_checkpoint, package)
+    (package / "cmvn.json").write_text('{"count"')
+    with pytest.raises(CheckpointError, match=rf"^{package}: its cmvn\.json:1: not valid JSON"):
+        asr.load_model(package)
+    tokenizer = package / "tokenizer" / "tokenizer.json"
+    tokenizer.write_text("garbage")
+    with pytest.raises(ValueError, match=rf"^{tokenizer}:1: invalid JSON"):
+        asr.load_model(package)
+    CharTokenizer.train(["ABC"]).save(package / "tokenizer")
+    with pytest.raises(CheckpointError, match=r"its tokenizer has 8 ids, its model \d+: not the "):
+        asr.load_model(package)
+
+
 def test_a_config_this_asr_cannot_build_is_named(package):
     """A package of a newer asr (an option this one lacks) or a class that is not there: the
     package and the option are named, not a jsonargparse traceback."""
@@ -341,6 +362,23 @@ def test_a_config_this_asr_cannot_build_is_named(package):
     (package / CONFIG_FILE).write_text(json.dumps(config))
     with pytest.raises(CheckpointError, match=rf"^{package}: its model config does not build"):
         asr.load_model(package)
+
+
+def test_a_config_naming_a_class_outside_asr_is_refused_before_importing_it(
+    package, tmp_path, monkeypatch
+):
+    """A package is data: a class_path to a module beside it (or anywhere on the path) would
+    run that module's code on loading, which `load_model` must never do."""
+    (tmp_path / "stranger.py").write_text(
+        f"open({str(tmp_path / 'ran')!r}, 'w').close()\nclass Encoder: pass\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    config = json.loads((package / CONFIG_FILE).read_text())
+    config["model_config"]["encoder"]["class_path"] = "stranger.Encoder"
+    (package / CONFIG_FILE).write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match=r"names 'stranger\.Encoder', not a class of asr"):
+        asr.load_model(package)
+    assert not (tmp_path / "ran").exists()
 
 
 def test_finalize_on_a_package_says_what_to_do(package, tmp_path, capsys):

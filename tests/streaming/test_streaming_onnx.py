@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import replace
 
 import pytest
@@ -143,3 +144,15 @@ def test_masked_chunks_need_the_pytorch_encoder(both) -> None:
     _, onnx, _, _ = both
     with pytest.raises(ValueError, match="cannot mask chunks: decode with the PyTorch backend"):
         mask_chunks(onnx, 640)
+
+
+def test_a_missing_chunk_graph_is_named_where_the_model_streams(both, tmp_path) -> None:
+    """The PyTorch encoder streams, so the package lost a file: that file is named, not a
+    claim that the model cannot stream."""
+    recognizer, _, _, folder = both
+    copy = tmp_path / "package"
+    shutil.copytree(folder, copy)
+    (copy / "onnx" / "encoder_chunk.onnx").unlink()
+    offline = replace(recognizer, model=onnx_model(recognizer.model, copy))
+    with pytest.raises(ValueError, match=r"encoder_chunk\.onnx: no such ONNX graph \(export"):
+        StreamingEngine(offline, StreamOptions(chunk_ms=640, endpoint=None))
