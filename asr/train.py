@@ -27,8 +27,16 @@ from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from asr.checkpoint import atomic_save, load_checkpoint
+from asr.checkpoint import (
+    LM_KEY,
+    RECOGNIZER_KEY,
+    CheckpointError,
+    atomic_save,
+    load_checkpoint,
+    payload_tokenizer,
+)
 from asr.config_check import config_paths, config_problems, option_problems
+from asr.text import Tokenizer
 
 DEFAULT_LOGGERS = (  # CSV first: it warns about a run folder another logger made already
     "lightning.pytorch.loggers.CSVLogger",
@@ -307,15 +315,15 @@ def _optimization(model: Namespace) -> dict[str, Any]:
 
 
 def _check_resumed_optimization(
-    ckpt_path: str | None, folder: Path, settings: dict, argv: Sequence[str]
+    checkpoint: dict | None, path: str | None, settings: dict, argv: Sequence[str]
 ) -> bool:
-    """Refuse a resume whose optimizer or schedule settings differ from its checkpoint's:
-    Lightning restores their saved states over them (a new lr is ignored, a new warmup takes
-    over from the next step). Returns whether `settings` are known to be the run's, to save."""
-    path = folder / "last.ckpt" if ckpt_path == "last" else Path(ckpt_path or "")
-    if not ckpt_path or not path.is_file():
+    """Refuse a resume (from `checkpoint`, read from `path`) whose optimizer or schedule
+    settings differ from its checkpoint's: Lightning restores their saved states over them (a
+    new lr is ignored, a new warmup takes over from the next step). Returns whether `settings`
+    are known to be the run's, to save."""
+    if checkpoint is None:
         return True
-    saved = load_checkpoint(path).get(OPTIMIZATION_KEY)
+    saved = checkpoint.get(OPTIMIZATION_KEY)
     if saved is None:  # a checkpoint that does not say: any such option is refused
         given = [g for g in _model_options(argv) if _model_argument(g) in OPTIMIZATION]
         if given:
@@ -552,6 +560,7 @@ class ASRCLI(LightningCLI):
         )
 
     argv: Sequence[str] = ()  # the command's options, set by `run_lightning_cli`
+    _checkpoint: dict | None = None  # --ckpt_path's, read once, until the classes are checked
 
     def _parse_ckpt_path(self) -> None:
         # Lightning rebuilds the model from a checkpoint file's hyperparameters, over --model
@@ -559,8 +568,10 @@ class ASRCLI(LightningCLI):
         subcommand = self.config.get("subcommand")
         path = self.config[subcommand].get("ckpt_path") if subcommand else None
         given = _model_options(self.argv)
-        if path and Path(path).is_file() and given:
-            saved = load_checkpoint(path).get("hyper_parameters", {})
+        if path and Path(path).is_file():
+            self._checkpoint = load_checkpoint(path)  # a file that is none: said in one line
+        if self._checkpoint is not None and given:
+            saved = self._checkpoint.get("hyper_parameters", {})
             overridden = [g for g in given if _model_argument(g) in saved]
             if overridden:
                 raise ValueError(
@@ -602,6 +613,9 @@ class ASRCLI(LightningCLI):
             # One checkpoint folder per experiment, so `--ckpt_path last` resumes a rerun.
             config.checkpoint.dirpath = str(Path(root) / "checkpoints")
         _check_checkpoint_choice(self.subcommand, config.ckpt_path, Path(config.checkpoint.dirpath))
+        last = Path(config.checkpoint.dirpath) / "last.ckpt"
+        if config.ckpt_path == "last" and last.is_file():
+            self._checkpoint = load_checkpoint(last)
         if config.step_checkpoint.dirpath is None:
             config.step_checkpoint.dirpath = config.checkpoint.dirpath
         if config.trainer.logger in (None, True):
@@ -621,10 +635,15 @@ class ASRCLI(LightningCLI):
         sigterm_without_collective(self.trainer)
         self.trainer.callbacks += [LostRank(), self.ctrl_c]
         config = self.config[self.subcommand] if self.subcommand else self.config
+        checkpoint, self._checkpoint = self._checkpoint, None  # not held while training
+        path = config.ckpt_path
+        if path == "last":
+            path = str(Path(config.checkpoint.dirpath) / "last.ckpt")
+        if checkpoint is not None:
+            _check_checkpoint_fits(path, checkpoint, self.model)
         if self.subcommand == "fit":
             settings = _optimization(config.model)
-            folder = Path(config.checkpoint.dirpath)
-            if _check_resumed_optimization(config.ckpt_path, folder, settings, self.argv):
+            if _check_resumed_optimization(checkpoint, path, settings, self.argv):
                 self.trainer.callbacks.append(SavedOptimization(settings))
         # The init args alone: checkpoint loaders know their module class (ASRModule, LMModule).
         model_config = config.model.init_args.as_dict()
@@ -633,6 +652,63 @@ class ASRCLI(LightningCLI):
         model_config["vocab_size"] = self.datamodule.vocab_size
         # Plain JSON types only, so checkpoints load with weights_only=True.
         self.model.model_config = json.loads(json.dumps(model_config))
+
+
+def _check_checkpoint_fits(path: str, checkpoint: dict, module: L.LightningModule) -> None:
+    """CheckpointError where `checkpoint` (--ckpt_path's) is not of this config's model or
+    tokenizer: Lightning would stop in load_state_dict with a page of shapes, or, given a
+    vocabulary of the same size in another order, train on with every label remapped."""
+    weights = checkpoint.get("state_dict")
+    if not isinstance(weights, dict):
+        raise CheckpointError(f"{path}: no weights inside (not written by asr fit?)")
+    own = module.state_dict()
+    differ = [
+        f"{name} is {tuple(weights[name].shape)} there, {tuple(tensor.shape)} here"
+        for name, tensor in own.items()
+        if name in weights and weights[name].shape != tensor.shape
+    ]
+    differ += [f"{name} is not there" for name in own if name not in weights]
+    differ += [f"{name} is not here" for name in weights if name not in own]
+    if differ:
+        more = f" (and {len(differ) - 1} more)" if len(differ) > 1 else ""
+        raise CheckpointError(
+            f"{path}: its weights are not this config's model: {differ[0]}{more}; give the "
+            "config it was trained with (--model.init_args.init_from starts another model "
+            "from its weights)"
+        )
+    tokenizer = getattr(module, "tokenizer", None)
+    payload = checkpoint.get(RECOGNIZER_KEY) or checkpoint.get(LM_KEY) or {}
+    if tokenizer is None or "tokenizer" not in payload:
+        return
+    difference = _tokenizer_difference(payload_tokenizer(payload), tokenizer)
+    if difference:
+        raise CheckpointError(
+            f"{path}: trained with another tokenizer than --data.tokenizer's ({difference}); "
+            "give the one it was trained with (--model.init_args.init_from starts a model of "
+            "this vocabulary from its weights)"
+        )
+
+
+def _tokenizer_difference(saved: Tokenizer, given: Tokenizer) -> str | None:
+    """How `given` encodes otherwise than `saved`, or None where they encode alike.
+
+    >>> from asr.text import CharTokenizer
+    >>> _tokenizer_difference(CharTokenizer.train(["AB"]), CharTokenizer.train(["BA"]))
+    >>> _tokenizer_difference(CharTokenizer.train(["AB"]), CharTokenizer.train(["AC"]))
+    "id 6 is 'B' there, 'C' here"
+    """
+    if saved.kind != given.kind:
+        return f"{saved.kind} there, {given.kind} here"
+    if saved.vocab_size != given.vocab_size:
+        return f"{saved.vocab_size} ids there, {given.vocab_size} here"
+    for i, (then, now) in enumerate(zip(saved.pieces(range(saved.vocab_size)),
+                                        given.pieces(range(given.vocab_size)))):  # fmt: skip
+        if then != now:
+            return f"id {i} is {then!r} there, {now!r} here"
+    then, now = saved.normalizer.to_dict(), given.normalizer.to_dict()
+    if then != now:
+        return f"text normalised as {then} there, {now} here"
+    return None
 
 
 def _model_options(argv: Sequence[str]) -> list[str]:

@@ -284,6 +284,16 @@ def test_resume_from_last_and_average(tiny_an4, tmp_path, capsys):
     torch.save(saved, last)
     said = refused([*argv, "--model.init_args.lr_scheduler", "asr.optim.NoamLR"], capsys)
     assert said.startswith("asr fit: error: --model.init_args.lr_scheduler: resuming")
+    # a vocabulary of the same size in another order would train on with every label remapped
+    spec = json.loads((Path(tiny_an4["tokenizer"]) / "tokenizer.json").read_text())
+    trained = spec["vocab"]
+    spec["vocab"] = trained[::-1]
+    reordered = tmp_path / "reordered"
+    reordered.mkdir()
+    (reordered / "tokenizer.json").write_text(json.dumps(spec))
+    said = refused([*argv, "--data.tokenizer", str(reordered)], capsys)
+    assert said.startswith(f"asr fit: error: {last}: trained with another tokenizer")
+    assert f"id 4 is '▁' there, {trained[-1]!r} here" in said  # pieces show a space as ▁
 
     out = tmp_path / "avg.ckpt"
     assert main(["average", "--last", str(last), "--best", "2", "--out", str(out)]) == 0
@@ -306,6 +316,20 @@ def test_resume_from_last_and_average(tiny_an4, tmp_path, capsys):
     assert said in refused(["test", *test_args, "--ckpt_path", str(out), *unheard], capsys)
     heard = ["--model.init_args.frontend.init_args.normalize.init_args.stats_path", "moved.json"]
     assert "moved.json" in refused(["test", *test_args, "--ckpt_path", str(out), *heard], capsys)
+    # files that are no checkpoint of this model: one line naming the file, no traceback
+    text, torn, other = tmp_path / "notes.ckpt", tmp_path / "torn.ckpt", tmp_path / "other.ckpt"
+    text.write_text("not a checkpoint\n")
+    torn.write_bytes(out.read_bytes()[:5000])
+    averaged["state_dict"]["model.decoder.output.bias"] = torch.zeros(3)
+    torch.save(averaged, other)
+    for path, says in (
+        (text, "not a checkpoint"),
+        (torn, "not a readable checkpoint"),
+        (other, "its weights are not this config's model: model.decoder.output.bias is (3,) "),
+    ):
+        for command in ("validate", "test"):
+            said = refused([command, *test_args, "--ckpt_path", str(path)], capsys)
+            assert said.startswith(f"asr {command}: error: {path}: {says}"), said
 
 
 @pytest.mark.gpu
