@@ -136,6 +136,8 @@ def _validate_data(args: argparse.Namespace) -> int:
     failed, lines = 0, []
     for manifest in args.manifest:
         report = validate_manifest(manifest, tokenizer, check_audio="full" if args.full else True)
+        if not report.good and not report.bad:  # as fit, evaluate, shard and cmvn refuse it
+            raise ValueError(f"{manifest}: no utterances to validate")
         print(f"{manifest}: {len(report.good)} good, {len(report.bad)} bad")
         for entry in report.bad:
             print(f"  {entry.location}: {entry.reason}")
@@ -710,26 +712,64 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("prepare", help="write train/dev/test JSONL manifests for a corpus")
+    p = sub.add_parser(
+        "prepare",
+        help="write train/dev/test JSONL manifests for a corpus",
+        description="Read a corpus from --data-dir and write OUT/<split>.jsonl manifests (train, "
+        "dev, test; LibriSpeech: one per split folder, also pooled into train, dev and test) "
+        "and OUT/summary.json: each split's utterances, hours and speakers, and the inputs left "
+        "out. Broken audio or transcripts are also listed on stderr (exit status 1).",
+        epilog="example: asr prepare an4 --data-dir an4_sphere.tar.gz --out data/an4",
+    )
     if command == "prepare":
         from asr.data.prepare import CORPORA
 
-        p.add_argument("corpus", choices=sorted(CORPORA))
+        p.add_argument(
+            "corpus",
+            choices=sorted(CORPORA),
+            help="an4: CMU AN4 (its folder or .tar.gz); librispeech: a LibriSpeech folder; "
+            "yesno: the 60 yes/no recordings; folder: audio files, each with a same-stem .txt "
+            "transcript, split at random",
+        )
         p.add_argument("--data-dir", required=True, help="corpus root (or .tar.gz for an4)")
         p.add_argument("--out", required=True, help="output directory for the manifests")
         p.add_argument("--splits", nargs="+", help="librispeech: split names (default: all found)")
         p.add_argument("--dev-size", type=int, help="an4: training utterances held out (100)")
     p.set_defaults(run=_prepare)
 
-    p = sub.add_parser("tokenizer", help="train a character or SentencePiece tokenizer")
+    p = sub.add_parser(
+        "tokenizer",
+        help="train a character or SentencePiece tokenizer",
+        description="Train a tokenizer on the texts of one or more manifests and write "
+        "OUT/tokenizer.json (and, for bpe and unigram, SentencePiece's OUT/tokenizer.model). "
+        "The text normalisation (--case, --punctuation) is stored with it and applied to every "
+        "text it encodes.",
+        epilog="example: asr tokenizer --manifest data/an4/train.jsonl --out tokenizer",
+    )
     if command == "tokenizer":
         from asr.text import CASES, PUNCTUATION, TOKENIZER_KINDS, TextNormalizer
 
         p.add_argument("--manifest", nargs="+", required=True, help="training manifest(s)")
-        p.add_argument("--kind", choices=TOKENIZER_KINDS, default="char")
+        p.add_argument(
+            "--kind",
+            choices=TOKENIZER_KINDS,
+            default="char",
+            help="char: the characters of the normalised texts; bpe, unigram: SentencePiece "
+            "subwords, a vocabulary of --vocab-size (%(default)s)",
+        )
         p.add_argument("--vocab-size", type=int, help="bpe/unigram vocabulary size")
-        p.add_argument("--case", choices=CASES, default=TextNormalizer.case)
-        p.add_argument("--punctuation", choices=PUNCTUATION, default=TextNormalizer.punctuation)
+        p.add_argument(
+            "--case",
+            choices=CASES,
+            default=TextNormalizer.case,
+            help="upper-case or lower-case the texts, or keep their case (%(default)s)",
+        )
+        p.add_argument(
+            "--punctuation",
+            choices=PUNCTUATION,
+            default=TextNormalizer.punctuation,
+            help="remove punctuation (apostrophes inside words stay), or keep it (%(default)s)",
+        )
         p.add_argument("--out", required=True, help="output directory")
     p.set_defaults(run=_tokenizer)
 
@@ -742,7 +782,11 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
         "the level, and training refuses statistics taken at another level than its config's.",
     )
     if command == "cmvn":
-        p.add_argument("--manifest", required=True)
+        p.add_argument(
+            "--manifest",
+            required=True,
+            help="JSONL manifest whose audio the statistics are taken over (the training set's)",
+        )
         p.add_argument("--out", required=True, help="output JSON file")
         p.add_argument("--config", help="a training config (conf/...yaml): its frontend's features")
         p.add_argument("--sample-rate", type=count, help="without --config (default: 16000)")
@@ -756,9 +800,20 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
         )
     p.set_defaults(run=_cmvn)
 
-    p = sub.add_parser("validate-data", help="check manifests: audio readable, text in vocab")
+    p = sub.add_parser(
+        "validate-data",
+        help="check manifests: audio readable, text in vocab",
+        description="Check every line of each manifest before training: its JSON, keys and "
+        "types, a unique id, a non-empty text, and an audio file whose header reads and covers "
+        "the line's offset and duration (--full decodes the audio too). Prints each manifest's "
+        "count of good and bad lines, then each bad line with the reason (exit status 1). A "
+        "manifest without utterances is refused.",
+        epilog="example: asr validate-data --manifest data/an4/*.jsonl --full",
+    )
     if command == "validate-data":
-        p.add_argument("--manifest", nargs="+", required=True)
+        p.add_argument(
+            "--manifest", nargs="+", required=True, help="JSONL manifests, each checked on its own"
+        )
         p.add_argument("--tokenizer", help="tokenizer directory: also check out-of-vocabulary text")
         p.add_argument("--full", action="store_true", help="decode all audio (checks NaN/inf too)")
         p.add_argument("--report", help="write the list of bad entries to this file")
@@ -791,7 +846,22 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
         p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(run=_shard)
 
-    p = sub.add_parser("average", help="average the weights of several checkpoints")
+    # `main` hands these to LightningCLI (asr.train); here they are listed in help and errors.
+    for name, text in (
+        ("fit", "train a model from a config (LightningCLI: asr fit --help)"),
+        ("validate", "losses (and greedy WER) of --ckpt_path on data.val_manifest (LightningCLI)"),
+        ("test", "the same on data.test_manifest (LightningCLI)"),
+    ):
+        sub.add_parser(name, help=text, add_help=False)
+
+    p = sub.add_parser(
+        "average",
+        help="average the weights of several checkpoints",
+        description="Average the floating-point weights of checkpoints of one model into --out "
+        "(everything else, the model config and tokenizer among it, comes from the first; no "
+        "optimizer state): the checkpoints named, or the --best N that a run's last.ckpt "
+        "records as best by its monitored metric.",
+    )
     if command == "average":
         group = p.add_mutually_exclusive_group(required=True)
         group.add_argument("--checkpoints", nargs="+", help="checkpoint files to average")
@@ -905,7 +975,14 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
             "under --streaming) beside its input's json, and write OUTPUT_DIR/explorer.html: the "
             "page of `asr explore`, a row per segment of long recordings (docs/explorer.md)",
         )
-        p.add_argument("--timestamps", choices=TIMESTAMP_METHODS, default=TIMESTAMP_METHODS[0])
+        p.add_argument(
+            "--timestamps",
+            choices=TIMESTAMP_METHODS,
+            default=TIMESTAMP_METHODS[0],
+            help="word times: attention, DTW over the decoder's cross-attention (the mean of the "
+            "maps asr finalize chose, else of all); ctc, CTC forced alignment of the hypothesis "
+            "(needs a CTC head; where it fails, attention's, with a warning) (%(default)s)",
+        )
         p.add_argument(
             "--nbest",
             type=count,
@@ -1065,7 +1142,15 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
         p.add_argument("--jsonl", action="store_true", help=JSONL_HELP)
     p.set_defaults(run=_connect)
 
-    p = sub.add_parser("evaluate", help="WER/CER of a manifest, error reports, attention plots")
+    p = sub.add_parser(
+        "evaluate",
+        help="WER/CER of a manifest, error reports, attention plots",
+        description="Decode each utterance of a JSONL manifest and score it against its text. "
+        "OUT gets metrics.json (WER, CER, error counts, real-time factor), hyp.txt and ref.txt "
+        "(`id text` lines), errors.txt (each utterance's word alignment, then the most frequent "
+        "errors), attention plots (--plots) in OUT/alignments/ and explorer.html. Lines and "
+        "audio that cannot be used are listed and left out (exit status 1).",
+    )
     if command == "evaluate":
         _add_decoding_arguments(p)
         p.add_argument("--manifest", required=True, help="JSONL manifest with references")
@@ -1170,7 +1255,14 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
         )
     p.set_defaults(run=_curves)
 
-    p = sub.add_parser("align", help="align a known transcript: word times and a plot")
+    p = sub.add_parser(
+        "align",
+        help="align a known transcript: word times and a plot",
+        description="Align a known transcript to an audio file by teacher forcing the decoder. "
+        "Prints each word's start and end in seconds, from the cross-attention and, with a CTC "
+        "head, from CTC forced alignment, and plots the spectrogram, the attention and the word "
+        "boundaries to --out.",
+    )
     if command == "align":
         p.add_argument("audio", help="an audio file")
         _add_model_argument(p)

@@ -294,7 +294,7 @@ def _path_problem(value: Any) -> str | None:
 
 def _number_problem(key: str, value: Any, allow_zero: bool) -> str | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return f"{key!r} must be a number, got {_json_type(value)} {json.dumps(value)}"
+        return f"{key!r} must be a number, got {_json_value(value)}"
     if not math.isfinite(value):
         return f"{key!r} must be finite, got {value}"
     if value < 0 or (value == 0 and not allow_zero):

@@ -1,5 +1,6 @@
 """Every `asr COMMAND --option` the README, docs/ and the recipes' RESULTS show is an option
-that command takes: documentation that names a removed or misspelt option fails here."""
+that command takes: documentation that names a removed or misspelt option fails here. `--help`
+describes every command and argument, and names the training commands too."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from asr.cli import LIGHTNING_COMMANDS, _parser
+from asr.cli import LIGHTNING_COMMANDS, _parser, main
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCUMENTS = sorted(
@@ -74,3 +75,20 @@ def test_every_documented_option_exists(document: str) -> None:
             and word.split("=")[0] not in known
         ]
     assert not wrong, f"{document} shows options the commands do not take: {wrong}"
+
+
+def test_every_command_and_argument_has_help() -> None:
+    commands = _parser()._subparsers._group_actions[0].choices
+    bare = []
+    for command in sorted(set(commands) - set(LIGHTNING_COMMANDS)):
+        parser = _parser(command)._subparsers._group_actions[0].choices[command]
+        bare += [f"asr {command}"] if not parser.description else []
+        bare += [f"asr {command} {action.dest}" for action in parser._actions if not action.help]
+    assert not bare, f"without help text: {bare}"
+
+
+def test_an_unknown_command_is_told_the_training_commands_too(capsys) -> None:
+    with pytest.raises(SystemExit):
+        main(["trainn"])
+    err = capsys.readouterr().err
+    assert all(f"'{command}'" in err.split("choose from")[1] for command in LIGHTNING_COMMANDS)

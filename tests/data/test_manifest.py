@@ -113,7 +113,18 @@ BAD_LINES = [
     ('{"audio_filepath": "/a.wav", "text": "x"}', "missing key(s): 'duration'"),
     ('{"duration": 1, "text": "x"}', "missing key(s): 'audio_filepath'"),
     ('{"audio_filepath": "/a.wav", "duration": 1}', "missing key(s): 'text'"),
-    ('{"audio_filepath": "/a.wav", "duration": "1.0", "text": "x"}', "'duration' must be a number"),
+    (
+        '{"audio_filepath": "/a.wav", "duration": "1.0", "text": "x"}',
+        "'duration' must be a number, got string \"1.0\"",
+    ),
+    (
+        '{"audio_filepath": "/a.wav", "duration": null, "text": "x"}',
+        "'duration' must be a number, got null",
+    ),
+    (
+        '{"audio_filepath": "/a.wav", "duration": [1], "text": "x"}',
+        "'duration' must be a number, got array [1]",
+    ),
     ('{"audio_filepath": "/a.wav", "duration": true, "text": "x"}', "'duration' must be a number"),
     ('{"audio_filepath": "/a.wav", "duration": 0, "text": "x"}', "'duration' must be > 0"),
     ('{"audio_filepath": "/a.wav", "duration": -2.5, "text": "x"}', "'duration' must be > 0"),
