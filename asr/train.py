@@ -527,6 +527,11 @@ class ASRCLI(LightningCLI):
 
     ctrl_c = CtrlC()  # `run_lightning_cli` makes a new one per command and reads it after
 
+    @staticmethod
+    def subcommands() -> dict[str, set[str]]:
+        """Lightning's, less predict (transcription is `asr transcribe`)."""
+        return {k: v for k, v in LightningCLI.subcommands().items() if k != "predict"}
+
     def add_arguments_to_parser(self, parser) -> None:
         parser.link_arguments("data.init_args.tokenizer", "model.init_args.tokenizer")
         parser.link_arguments(
@@ -909,6 +914,7 @@ def run_lightning_cli(argv: Sequence[str]) -> ASRCLI:
                 subclass_mode_data=True,
                 args=None if list(argv) == sys.argv[1:] else list(argv),
                 save_config_kwargs={"overwrite": True},
+                parser_kwargs={"prog": "asr"},
                 trainer_defaults={"plugins": [{"class_path": "asr.train.AtomicCheckpointIO"}]},
             )
             _say_where(cli)

@@ -92,3 +92,10 @@ def test_an_unknown_command_is_told_the_training_commands_too(capsys) -> None:
         main(["trainn"])
     err = capsys.readouterr().err
     assert all(f"'{command}'" in err.split("choose from")[1] for command in LIGHTNING_COMMANDS)
+
+
+def test_the_training_commands_usage_names_the_program_and_no_predict(capsys) -> None:
+    with pytest.raises(SystemExit):
+        main(["fit"])
+    err = capsys.readouterr().err
+    assert "usage: asr [-c CONFIG] {fit,validate,test} ..." in err
