@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -22,6 +23,7 @@ class Transfer:
     remapped: dict[str, tuple[int, int]] = field(default_factory=dict)  # (copied, total) tokens
     reinitialised: list[str] = field(default_factory=list)
     unused: list[str] = field(default_factory=list)  # in the trained model only
+    trained_config: dict = field(default_factory=dict)  # the trained model's config
 
     def summary(self) -> str:
         """Lines for the log: counts, then every tensor not copied whole."""
@@ -131,4 +133,49 @@ def _same_but(old: Tensor, new: Tensor, axis: int) -> bool:
 def init_from(model: nn.Module, path: str | os.PathLike, tokenizer: Tokenizer) -> Transfer:
     """Initialise `model` from the trained recognizer at `path` (checkpoint, package, hf://)."""
     weights, payload = read_recognizer(path)
-    return transfer_weights(model, weights, payload_tokenizer(payload), tokenizer)
+    report = transfer_weights(model, weights, payload_tokenizer(payload), tokenizer)
+    report.trained_config = payload["model_config"]
+    return report
+
+
+# Settings of training alone: a fine-tune may change them and still compute what was learnt.
+TRAINING_ONLY = {"augment", "dropout", "attention_dropout", "dynamic_chunk", "full_context_prob",
+                 "stats_path", "mean", "std"}  # fmt: skip
+
+
+def check_same_settings(trained: dict, config: dict) -> None:
+    """ValueError where the frontend or encoder settings of `config` (a model config, as the
+    trained one's) compute otherwise than `trained`'s with tensors of the same shapes: the
+    encoder would meet features of another frame rate, or positions of another kind.
+
+    >>> check_same_settings({"frontend": {"hop_length": 160, "dropout": 0.1}},
+    ...                     {"frontend": {"hop_length": 160, "dropout": 0.3}})
+    >>> check_same_settings({"frontend": {"hop_length": 160}}, {"frontend": {"hop_length": 320}})
+    ... # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ValueError: init_from: the trained model's frontend.hop_length is 160, this config's 320; ...
+    """
+    then, now = {}, {}
+    for part in ("frontend", "encoder"):
+        _flatten(trained.get(part), part, then)
+        _flatten(config.get(part), part, now)
+    differ = [k for k in sorted(then.keys() | now.keys()) if then.get(k) != now.get(k)]
+    if differ:
+        first, more = differ[0], len(differ) - 1
+        raise ValueError(
+            f"init_from: the trained model's {first} is {then.get(first)!r}, this config's "
+            f"{now.get(first)!r}"
+            + (f" (and {more} more)" if more else "")
+            + "; give the settings it was trained with"
+        )
+
+
+def _flatten(value: Any, key: str, into: dict[str, Any]) -> None:
+    """`value`'s leaves by dotted key, without `init_args` parts or training-only settings."""
+    if key.rsplit(".", 1)[-1] in TRAINING_ONLY:
+        return
+    if isinstance(value, dict):
+        for name, item in value.items():
+            _flatten(item, key if name == "init_args" else f"{key}.{name}", into)
+    else:
+        into[key] = value

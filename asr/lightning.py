@@ -29,6 +29,7 @@ from asr.data.shards import (
     read_index,
     stream_loader,
 )
+from asr.finetune import Transfer
 from asr.finetune import init_from as init_model_from
 from asr.metrics import ErrorCounts, char_errors, word_errors
 from asr.models.ctc import InterCTC
@@ -111,10 +112,12 @@ class ASRModule(L.LightningModule):
         if fast_dropout:
             use_fast_dropout(self.model)
         self.tokenizer = Tokenizer.load(tokenizer) if tokenizer else None
+        self.transfer: Transfer | None = None  # what init_from copied
         if init_from:
             if self.tokenizer is None:
                 raise ValueError("init_from needs the tokenizer (linked from the data module)")
-            rank_zero_info(init_model_from(self.model, init_from, self.tokenizer).summary())
+            self.transfer = init_model_from(self.model, init_from, self.tokenizer)
+            rank_zero_info(self.transfer.summary())
         self.optimizer_factory = optimizer
         self.scheduler_factory = lr_scheduler
         self.model_config: dict | None = None

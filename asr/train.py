@@ -36,6 +36,7 @@ from asr.checkpoint import (
     payload_tokenizer,
 )
 from asr.config_check import config_paths, config_problems, option_problems
+from asr.finetune import check_same_settings
 from asr.text import Tokenizer
 
 DEFAULT_LOGGERS = (  # CSV first: it warns about a run folder another logger made already
@@ -621,6 +622,9 @@ class ASRCLI(LightningCLI):
         last = Path(config.checkpoint.dirpath) / "last.ckpt"
         if config.ckpt_path == "last" and last.is_file():
             self._checkpoint = load_checkpoint(last)
+        model = config.model.get("init_args") if config.get("model") else None
+        if self._checkpoint is not None and model is not None and model.get("init_from"):
+            model.init_from = None  # the checkpoint's weights replace its: it need not be there
         if config.step_checkpoint.dirpath is None:
             config.step_checkpoint.dirpath = config.checkpoint.dirpath
         if config.trainer.logger in (None, True):
@@ -655,6 +659,9 @@ class ASRCLI(LightningCLI):
         for training_only in OPTIMIZATION:
             model_config.pop(training_only, None)
         model_config["vocab_size"] = self.datamodule.vocab_size
+        transfer = getattr(self.model, "transfer", None)
+        if transfer is not None:
+            check_same_settings(transfer.trained_config, model_config)
         # Plain JSON types only, so checkpoints load with weights_only=True.
         self.model.model_config = json.loads(json.dumps(model_config))
 

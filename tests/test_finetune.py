@@ -7,7 +7,7 @@ import logging
 import pytest
 import torch
 from conftest import TINY_MODEL_CONFIG
-from test_lightning import _fit_args, tiny_an4  # noqa: F401
+from test_lightning import _fit_args, refused, tiny_an4  # noqa: F401
 
 from asr.checkpoint import instantiate, load_checkpoint, submodule_weights
 from asr.cli import main
@@ -86,7 +86,7 @@ def test_a_config_of_another_encoder_is_refused():
         transfer_weights(_model(tokenizer, 1), without, tokenizer, tokenizer)
 
 
-def test_fit_from_a_trained_model_with_its_encoder_frozen(tiny_an4, tmp_path, caplog):  # noqa: F811
+def test_fit_from_a_trained_model_with_its_encoder_frozen(tiny_an4, tmp_path, caplog, capsys):  # noqa: F811
     """`--model.init_from` on the command line: the run starts from the trained weights
     (logged), and with the encoder frozen for all its steps, the encoder ends as it began."""
     main(_fit_args(tiny_an4, tmp_path / "scratch") + ["--trainer.max_epochs", "1"])
@@ -108,6 +108,18 @@ def test_fit_from_a_trained_model_with_its_encoder_frozen(tiny_an4, tmp_path, ca
         if name.startswith(("encoder.", "frontend.")):
             assert torch.equal(value, before[name]), f"{name} trained while frozen"
     assert not torch.equal(after["decoder.output.weight"][:4], before["decoder.output.weight"][:4])
+
+    # resuming takes the weights from its checkpoint: the model it started from may be gone
+    trained.rename(tmp_path / "moved.ckpt")
+    main(_fit_args(data, tmp_path / "tuned") + [
+        "--trainer.max_epochs", "1", "--model.init_from", str(trained), "--ckpt_path", "last",
+    ])  # fmt: skip
+    # tensors of the same shapes that compute otherwise: features of another frame rate
+    hop = "--model.init_args.frontend.init_args.features.init_args.hop_length"
+    said = refused(_fit_args(data, tmp_path / "hop") + [
+        "--model.init_from", str(tmp_path / "moved.ckpt"), hop, "320",
+    ], capsys)  # fmt: skip
+    assert "init_from: the trained model's frontend.features.hop_length is 160, this " in said
 
 
 def test_init_from_reads_packages_too(tiny_checkpoint, tmp_path):
