@@ -121,7 +121,7 @@ def build_from_payload(
         try:
             return instantiate(builder, replace_assets(payload["model_config"], assets))
         except (argparse.ArgumentError, TypeError, ValueError) as err:
-            said = " ".join(str(err).split()).split(" Got value:")[0]  # not the whole config
+            said = build_error(err)
             for original, unpacked in assets.items():  # a damaged asset: its own error alone
                 found = re.search(re.escape(unpacked) + r"(:\d+)?: (.+?)(?= - |$)", said)
                 if found:
@@ -146,6 +146,18 @@ def _foreign_class(config: Any) -> Any:
     if isinstance(config, list):
         return next((f for f in map(_foreign_class, config) if f is not None), None)
     return None
+
+
+def build_error(error: BaseException) -> str:
+    """jsonargparse's error of building a config, on one line, without its dump of the config.
+
+    >>> build_error(ValueError('Parser key "n": Expected int. Got value: forty'))
+    'Parser key "n": Expected int. Got value: forty'
+    >>> build_error(ValueError("Problem with x. Given value: Namespace(a=1,\\n b=2)"))
+    'Problem with x.'
+    """
+    said = " ".join(str(error).split())
+    return re.split(r" G(?:ot|iven) value: (?:Namespace|\{)", said)[0]
 
 
 def store_in_payload(path: str | os.PathLike, values: dict[str, Any]) -> None:

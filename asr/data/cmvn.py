@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import replace
 from pathlib import Path
 
@@ -10,7 +11,7 @@ from torch import Tensor, nn
 from tqdm import tqdm
 
 from asr.audio import load_audio
-from asr.checkpoint import instantiate
+from asr.checkpoint import build_error, instantiate
 from asr.config_check import frontend_settings
 from asr.data.manifest import read_manifest
 from asr.frontends import CMVNStats, Frontend, LevelNormalizer, accumulate_cmvn_stats
@@ -65,4 +66,7 @@ def compute_cmvn_stats(
 
 def config_frontend(config: str | Path) -> Frontend:
     """A training config's frontend without CMVN and augmentation: what CMVN statistics need."""
-    return instantiate(Frontend, frontend_settings(config))
+    try:
+        return instantiate(Frontend, frontend_settings(config))
+    except (argparse.ArgumentError, TypeError, ValueError) as err:
+        raise ValueError(f"{config}: its frontend does not build: {build_error(err)}") from None

@@ -9,7 +9,7 @@ import pytest
 import soundfile as sf
 import torch
 
-from asr.data.cmvn import compute_cmvn_stats
+from asr.data.cmvn import compute_cmvn_stats, config_frontend
 from asr.frontends import (
     CMVNStats,
     Frontend,
@@ -81,3 +81,16 @@ def test_files_without_a_recorded_level_are_not_checked(tmp_path):
     assert CMVNStats.load(tmp_path / "cmvn.json").level_dbfs == "unknown"
     cmvn = GlobalCMVN(str(tmp_path / "cmvn.json"))
     Frontend(LogMelFilterbank(n_mels=3), cmvn, level=LevelNormalizer(-26.0))
+
+
+def test_a_config_whose_frontend_does_not_build_is_named_in_one_line(tmp_path):
+    config = tmp_path / "forty.yaml"
+    config.write_text(
+        "model:\n  init_args:\n    frontend:\n      class_path: asr.frontends.Frontend\n"
+        "      init_args:\n        features:\n"
+        "          class_path: asr.frontends.LogMelFilterbank\n"
+        "          init_args: {n_mels: forty}\n"
+    )
+    with pytest.raises(ValueError, match=r"forty\.yaml: its frontend does not build: .*n_mels.*"
+                       r"Got value: forty$"):  # fmt: skip
+        config_frontend(config)
