@@ -118,6 +118,9 @@ class CMVNStats:
     @classmethod
     def load(cls, path: str | Path) -> CMVNStats:
         """Read statistics written by `save`; a malformed file raises ValueError naming it."""
+        if not Path(path).is_file():
+            what = "a folder, not" if Path(path).is_dir() else "no"
+            raise FileNotFoundError(f"{path}: {what} CMVN statistics file (asr cmvn writes one)")
         text = Path(path).read_text(encoding="utf-8")
         try:
             data = json.loads(text)
@@ -125,7 +128,9 @@ class CMVNStats:
             raise ValueError(f"{path}:{e.lineno}: not valid JSON CMVN stats ({e.msg})") from e
         try:
             return cls._from_json(data)
-        except (KeyError, TypeError, ValueError) as e:
+        except KeyError as e:
+            raise ValueError(f"{path}: bad CMVN stats: no {e} key") from e
+        except (TypeError, ValueError) as e:
             raise ValueError(f"{path}: bad CMVN stats: {e}") from e
 
     @classmethod
