@@ -31,6 +31,7 @@ AUDIO_SUFFIXES = (
 )  # fmt: skip
 # PCM integer samples -> [-1, 1): (x - offset) / scale; 8-bit unsigned PCM centres on 128
 PCM_SCALE = {"int8": (0, 2**7), "uint8": (2**7, 2**7), "int16": (0, 2**15), "int32": (0, 2**31)}
+LOUDEST_SAMPLE = 1000.0  # float audio lies within ±1; far beyond, features overflow
 # Seconds decoded before a seek target and dropped: AAC and Opus frames depend on the previous.
 SEEK_PREROLL_SECONDS = 0.5
 # Demuxers stating exact durations; other containers' frames are counted by decoding.
@@ -374,4 +375,10 @@ def mono_samples(audio: np.ndarray | Tensor) -> Tensor:
     wave = wave.float()
     if not bool(torch.isfinite(wave).all()):
         raise ValueError("audio contains NaN or infinite samples")
+    loudest = float(wave.abs().max()) if wave.numel() else 0.0
+    if loudest > LOUDEST_SAMPLE:
+        raise ValueError(
+            f"float samples lie within ±1, got {loudest:g} (16-bit values as floats: divide "
+            "them by 32768)"
+        )
     return wave

@@ -356,6 +356,9 @@ def test_arrays_of_every_pcm_and_float_kind_become_float_samples(samples, expect
         (np.array([1j]), "got complex128"),
         (None, "a file path, a numpy array or a tensor, got NoneType"),
         (b"\x00\x01", "got bytes"),
+        # features of samples this loud overflow to inf, and decoding stops in attention
+        (np.array([0.5, 1e19]), "float samples lie within ±1, got 1e+19 (16-bit values as"),
+        (np.array([2000.0], dtype=np.float32), "float samples lie within ±1, got 2000"),
     ],
 )
 def test_arrays_that_are_no_audio_are_refused_by_kind(samples, said) -> None:

@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from websockets.exceptions import ConnectionClosed
 
+from asr.audio import LOUDEST_SAMPLE
 from asr.explore.records import quantized_attention
 from asr.streaming import Stream, StreamingEngine, StreamOptions
 from asr.timing import attention_matrix
@@ -66,7 +67,6 @@ PAGES = {
 # Close codes (RFC 6455): going away, unsupported data, policy, too big, try again later.
 GOING_AWAY, UNSUPPORTED, POLICY, TOO_BIG = 1001, 1003, 1008, 1009
 SERVER_ERROR, TRY_LATER = 1011, 1013
-LOUDEST_SAMPLE = 1000.0  # f32le audio lies within ±1; far beyond, features overflow
 STOPPING = "the server is stopping"
 
 
