@@ -170,7 +170,7 @@ Curve = list[tuple[int, float]]  # (optimizer step, value)
 def read_training_log(run: str | os.PathLike) -> dict[str, Curve]:
     """Every metric of a `metrics.csv` or run folder (all versions), as (step, value) pairs."""
     path = Path(run)
-    files = [path] if path.is_file() else _csv_logs(path)
+    files = [path] if path.is_file() else csv_logs(path)
     if not files:
         raise FileNotFoundError(f"{run}: no metrics.csv (nor logs/version_*/metrics.csv) there")
     curves: dict[str, dict[int, float]] = {}
@@ -189,7 +189,7 @@ def read_training_log(run: str | os.PathLike) -> dict[str, Curve]:
     return {name: sorted(points.items()) for name, points in curves.items()}
 
 
-def _csv_logs(folder: Path) -> list[Path]:
+def csv_logs(folder: Path) -> list[Path]:
     """A run folder's logs/version_*/metrics.csv (in version order), a logs folder's, or its own."""
     for pattern in ("logs/version_*/", "version_*/", ""):
         files = list(folder.glob(f"{pattern}metrics.csv"))

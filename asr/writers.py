@@ -146,6 +146,9 @@ def render(
     if fmt == "txt":
         return transcript.text + "\n"
     if fmt == "json":
+        # a file's absolute path leads to it from any folder (the explorer's); "-" is stdin
+        if audio != "-" and os.path.isfile(audio):
+            audio = os.path.abspath(audio)
         where = {"audio": audio} | ({"offset": round(offset, 3)} if offset else {})
         return json.dumps(where | transcript.to_dict(), indent=1, ensure_ascii=False)
     if fmt == "srt":

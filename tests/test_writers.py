@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import PurePath
 
 import pytest
@@ -75,6 +76,17 @@ def test_public_writers_pass_their_options_on(tmp_path):
     assert (tmp_path / "a.srt").read_text() == render(transcript(), "srt", words_per_cue=1)
     asr.write_json(transcript(), tmp_path / "a.json", audio="talk.wav")
     assert (tmp_path / "a.json").read_text() == render(transcript(), "json", "talk.wav")
+
+
+def test_a_json_names_its_audio_file_by_absolute_path(tmp_path, monkeypatch):
+    """A path relative to where `asr transcribe` ran would lead nowhere from elsewhere (the
+    explorer's folder); names of no file ("-": stdin) stay as given."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in/talk.wav").write_bytes(b"")
+    for given, kept in (("in/talk.wav", str(tmp_path / "in/talk.wav")), ("-", "-"),
+                        ("gone.wav", "gone.wav")):  # fmt: skip
+        assert json.loads(render(transcript(), "json", given))["audio"] == kept
 
 
 def test_files_are_written_whole_through_a_partial_file(tmp_path):

@@ -26,6 +26,7 @@ from asr.explore import MAX_MEGABYTES
 from asr.explore.page import build_page
 from asr.explore.records import (
     LAYOUT,
+    MAPS_SUFFIX,
     METRICS,
     PAGE,
     RECORDS,
@@ -63,9 +64,9 @@ def folder_kind(folder: Path) -> str:
     """The kind of `folder`: decode, transcribe or training; ValueError lists what each holds."""
     if (folder / RECORDS).is_file() or "wer" in read_json(folder / METRICS):
         return "decode"  # metrics.json alone: an `asr evaluate` that kept no records
-    if _run_logs(folder) is not None:
+    if _run_logs(folder):
         return "training"
-    if any(_transcript_files(folder)):
+    if any(_is_transcript(_json_or_none(path)) for path in folder.rglob("*.json")):
         return "transcribe"
     raise ValueError(
         f"{folder}: not a decode folder (utterances.jsonl of `asr evaluate`), a transcription "
@@ -87,7 +88,8 @@ def explore(
         folder: a decode folder of `asr evaluate`, an output folder of `asr transcribe`, or a
             training run folder (its `default_root_dir`, or a `logs/version_N` inside).
         out: the HTML file to write.
-        link_audio: link the audio files by relative path instead of embedding them as Opus.
+        link_audio: link the audio files by relative path instead of embedding them as Opus,
+            where a browser plays their format.
         progress: show a progress bar.
         max_mb: megabytes of pictures, maps and embedded audio the page may hold (0 or None:
             no limit). They are kept for the worst utterances first (by WER, with `compare`
@@ -115,10 +117,11 @@ def explore(
     other = Path(compare) if compare is not None else None
     if other is not None and not (kind == "decode" and _is_decode(other)):
         raise ValueError(f"to compare, {folder} and {other} must both be decode folders")
-    if other is not None and not (other / RECORDS).is_file():
-        raise ValueError(
-            f"{other}: no {RECORDS} (an `asr evaluate` that kept no records) to compare"
-        )
+    for side in (folder, other) if other is not None else ():
+        if not (side / RECORDS).is_file():
+            raise ValueError(
+                f"{side}: no {RECORDS} (an `asr evaluate` that kept no records) to compare"
+            )
     gather = {
         "decode": partial(decode_data, compare=other),
         "transcribe": transcribe_data,
@@ -285,27 +288,32 @@ def transcribe_data(folder: Path, media: _Media, progress: bool) -> dict[str, An
     them (`<name>.explore.npz`)."""
     notes = ["transcripts without references: no WER"]
     layout = read_layout(folder)
+    if _is_transcript(layout):  # the transcript of an input named explore.wav, no layout
+        layout = {}
     media.sample_rate = layout.get("sample_rate", 16000)
     utterances: list[dict[str, Any]] = []
     without_maps = 0
-    for path in _bar(sorted(_transcript_files(folder)), progress, "explore"):
+    for path in _bar(sorted(folder.rglob("*.json")), progress, "explore"):
         name = path.relative_to(folder).with_suffix("").as_posix()
         try:
-            transcript = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as err:
-            notes.append(f"{path.name}: not readable ({err})")
+            transcript = _read_transcript(path)
+        except ValueError as err:
+            if path != folder / LAYOUT:
+                notes.append(f"{path.relative_to(folder).as_posix()}: skipped, {err}")
             continue
+        # no maps file: transcribed without --explorer (with it, an empty one keeps none)
+        kept = path.with_suffix(MAPS_SUFFIX).is_file()
         try:
             maps = read_maps(path)
         except (OSError, ValueError) as err:
             notes.append(f"{name}: its attention is not readable ({err})")
-            maps = []
+            maps, kept = [], False
         source = transcript.get("audio") or ""
-        # as given to `asr transcribe`: relative to where it ran, or else to the folder
+        # absolute, or relative to where `asr transcribe` ran (else to this folder)
         audio_path = source if not source or Path(source).exists() else str(folder / source)
         start = transcript.get("offset") or 0.0  # a manifest line's, where its times start
         rows = _transcript_rows(name, transcript, maps)
-        without_maps += sum(not row.maps for row in rows)
+        without_maps += 0 if kept else len(rows)
         for row in rows:
             at = start + row.offset  # in the file
             fields = row.fields | {"start": round(at, 3) if row.segment else None}
@@ -421,23 +429,33 @@ def _shifted(item: dict[str, Any], offset: float) -> dict[str, Any]:
 
 
 def training_data(folder: Path, media: _Media, progress: bool) -> dict[str, Any]:
-    """Curves by epoch from metrics.csv, and the attention plots of each epoch."""
+    """Curves by epoch from metrics.csv, and the attention plots of each epoch, from every
+    version of the run's logs."""
     logs = _run_logs(folder)
-    assert logs is not None
     notes: list[str] = []
-    plots: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for png in sorted((logs / "attention").glob("epoch*_*.png")):
-        match = re.fullmatch(r"epoch(\d+)_(.+)", png.stem)
-        if match and not match.group(2).endswith("_heads"):
-            image = "data:image/png;base64," + base64.b64encode(png.read_bytes()).decode()
-            plots[match.group(2)].append({"epoch": int(match.group(1)), "image": image})
+    plots: dict[str, dict[int, Path]] = defaultdict(dict)  # by epoch: a resumed run's replace
+    for version in logs:
+        for png in sorted(version.glob("attention/epoch*_*.png")):
+            match = re.fullmatch(r"epoch(\d+)_(.+)", png.stem)
+            if match and not match.group(2).endswith("_heads"):
+                plots[match.group(2)][int(match.group(1))] = png
     if not plots:
-        notes.append(f"no attention plots in {logs / 'attention'}")
+        notes.append(f"no attention plots in {', '.join(str(v / 'attention') for v in logs)}")
     training = {
-        "curves": _curves(logs / "metrics.csv"),
-        "plots": [{"utterance": u, "epochs": e} for u, e in sorted(plots.items())],
+        "curves": _curves([version / "metrics.csv" for version in logs]),
+        "plots": [
+            {"utterance": u, "epochs": [_plot(e, by_epoch[e]) for e in sorted(by_epoch)]}
+            for u, by_epoch in sorted(plots.items())
+        ],
     }
     return _page("training", folder, notes, None, []) | {"training": training}
+
+
+def _plot(epoch: int, png: Path) -> dict[str, Any]:
+    return {
+        "epoch": epoch,
+        "image": "data:image/png;base64," + base64.b64encode(png.read_bytes()).decode(),
+    }
 
 
 def _page(
@@ -622,8 +640,8 @@ class _Media:
         arrays["spectrogram"] = self._spectrogram(wave)
         seconds = len(wave) / self.sample_rate
         long = max(seconds, recording or 0.0) > MAX_EMBEDDED_SECONDS
-        # A short stretch of a long recording in a format no browser plays is embedded.
-        if self.link or seconds > MAX_EMBEDDED_SECONDS or (long and _playable(path)):
+        # Audio in a format no browser plays is embedded, unless it is too long to embed.
+        if (self.link or long) and (_playable(path) or seconds > MAX_EMBEDDED_SECONDS):
             return self._linked(path, offset, arrays)
         return _Audio(src=_opus_uri(wave, self.sample_rate), arrays=arrays)
 
@@ -743,35 +761,57 @@ def _opus_uri(wave: np.ndarray, sample_rate: int) -> str:
     return "data:audio/ogg;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
-def _transcript_files(folder: Path):
-    """Transcripts `<name>.json`, in subfolders too: transcribe mirrors the inputs' folders.
-    (A metrics.json here is one: asr evaluate's, with its WER, made the folder a decode.)"""
-    for path in folder.rglob("*.json"):
-        if path != folder / LAYOUT:
-            yield path
+def _is_transcript(data: Any) -> bool:
+    """Whether `data` is what `asr transcribe` writes as `<name>.json`: an object with its text
+    and segments (transcribe mirrors the inputs' folders, so any name, in subfolders too)."""
+    return (
+        isinstance(data, dict)
+        and isinstance(data.get("text"), str)
+        and isinstance(data.get("segments"), list)
+    )
 
 
-def _run_logs(folder: Path) -> Path | None:
-    """The logs/version_N folder of a run folder (the newest with metrics.csv), or None."""
-    if (folder / "metrics.csv").is_file():
-        return folder
-    versions = [p.parent for p in (folder / "logs").glob("version_*/metrics.csv")]
-    return max(versions, key=lambda p: int(p.name.split("_")[-1])) if versions else None
+def _json_or_none(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
 
 
-def _curves(path: Path) -> dict[str, Any]:
-    """Per epoch, the last value of each series of `CURVES` logged in it."""
-    if not path.is_file():
-        return {"epoch": [], "series": {}}
-    values: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
-    with open(path, newline="") as f:
-        for row in csv.DictReader(f):
-            if not row.get("epoch"):
-                continue
-            epoch = int(float(row["epoch"]))
-            for name in CURVES:
-                if row.get(name):
-                    values[name][epoch].append(float(row[name]))
+def _read_transcript(path: Path) -> dict[str, Any]:
+    """The transcript `path`; ValueError says why it is none."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise ValueError(f"not readable ({err})") from None
+    if not _is_transcript(data):
+        what = "no text and segments" if isinstance(data, dict) else "not a JSON object"
+        raise ValueError(f"not a transcript of `asr transcribe` ({what})")
+    return data
+
+
+def _run_logs(folder: Path) -> list[Path]:
+    """The folders of a run's metrics.csv, every logs/version_N in order (a resumed run logs
+    into a new one), or the folder itself; none: empty."""
+    from asr.plotting import csv_logs  # as `asr curves` finds them (matplotlib: not at import)
+
+    return [path.parent for path in csv_logs(folder)]
+
+
+def _curves(paths: list[Path]) -> dict[str, Any]:
+    """Per epoch, the last value of each series of `CURVES` logged in it (in the last of
+    `paths` that logs it), None where it is not finite."""
+    values: dict[str, dict[int, list[float | None]]] = defaultdict(lambda: defaultdict(list))
+    for path in paths:
+        with open(path, newline="") as f:
+            for row in csv.DictReader(f):
+                if not row.get("epoch"):
+                    continue
+                epoch = int(float(row["epoch"]))
+                for name in CURVES:
+                    if row.get(name):
+                        value = float(row[name])
+                        values[name][epoch].append(value if math.isfinite(value) else None)
     epochs = sorted({e for series in values.values() for e in series})
     series = {
         name.removesuffix("_epoch"): [by_epoch[e][-1] if by_epoch.get(e) else None for e in epochs]

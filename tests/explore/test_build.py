@@ -438,3 +438,113 @@ def test_an_input_without_maps_still_gets_its_maps_file(tmp_path):
     write_maps(tmp_path / "blip", [((0.0, 0.01), {})])
     assert (tmp_path / "blip.explore.npz").is_file()
     assert read_maps(tmp_path / "blip.json") == [{"span": (0.0, 0.01)}]
+
+
+def test_a_resumed_run_shows_the_epochs_of_every_version(tmp_path):
+    """`asr fit --ckpt_path last` logs into a new logs/version_N: the page reads them all in
+    order (as `asr curves`), a later version's value or plot of an epoch replacing an earlier."""
+    logs = tmp_path / "run" / "logs"
+    for version, epochs in ((0, (0, 1)), (1, (1, 2)), (10, (3,))):
+        (logs / f"version_{version}" / "attention").mkdir(parents=True)
+        rows = [f"{e},{10 * e + 9},{version}.{e}" for e in epochs]
+        (logs / f"version_{version}" / "metrics.csv").write_text(
+            "epoch,step,val/loss\n" + "\n".join(rows) + "\n"
+        )
+        for epoch in epochs:
+            png = logs / f"version_{version}" / "attention" / f"epoch{epoch:03d}_utt1.png"
+            png.write_bytes(f"v{version}".encode())
+    training = page_data(explore(tmp_path / "run", progress=False).read_text())["training"]
+    assert training["curves"] == {"epoch": [0, 1, 2, 3],
+                                  "series": {"val/loss": [0.0, 1.1, 1.2, 10.3]}}  # fmt: skip
+    [plots] = training["plots"]
+    images = [base64.b64decode(e["image"].split(",")[1]) for e in plots["epochs"]]
+    assert [e["epoch"] for e in plots["epochs"]] == [0, 1, 2, 3]
+    assert images == [b"v0", b"v1", b"v1", b"v10"]
+    alone = page_data(explore(logs / "version_0", progress=False).read_text())["training"]
+    assert alone["curves"]["epoch"] == [0, 1], "a version folder: itself"
+
+
+def test_curves_show_values_that_are_not_finite_as_gaps(tmp_path):
+    (tmp_path / "metrics.csv").write_text(
+        "epoch,step,val/loss,val/wer\n0,10,nan,inf\n1,20,2.5,-inf\n2,30,1.5,40\n"
+    )
+    assert main(["explore", str(tmp_path), "--quiet"]) == 0
+    curves = page_data((tmp_path / "explorer.html").read_text())["training"]["curves"]
+    assert curves["series"] == {"val/loss": [None, 2.5, 1.5], "val/wer": [None, None, 40.0]}
+
+
+def test_linked_audio_a_browser_cannot_play_is_embedded(tmp_path):
+    """--link-audio links what browsers play; NIST SPHERE or AIFF is embedded as Opus."""
+    wav = next(WAV.rglob("*.wav"))
+    aiff = tmp_path / "same.aiff"
+    sf.write(aiff, *sf.read(wav))
+    media = _Media(tmp_path, link=True, budget=_Budget(None))
+    assert (tmp_path / media.add(str(wav), 0.0, None).src).resolve().samefile(wav)
+    embedded = media.add(str(aiff), 0.0, None)
+    assert embedded.src.startswith("data:audio/ogg;base64,") and embedded.note is None
+
+
+def _transcript(wav: Path, text: str = "YES") -> str:
+    return json.dumps({"audio": str(wav), "text": text, "duration": 1.0, "words": [],
+                       "segments": [{"start": 0.0, "end": 1.0, "text": text}]})  # fmt: skip
+
+
+def test_only_transcripts_make_a_transcription_folder(tmp_path, capsys):
+    """Any other .json (a run's config, a tokenizer, a decode's metrics, a JSON list) is no
+    transcript: a folder of them alone is refused, beside transcripts each is skipped, said."""
+    parent = tmp_path / "exp"
+    (parent / "run" / "decode_test").mkdir(parents=True)
+    (parent / "run" / "config.json").write_text('{"vocab_size": 30}')
+    (parent / "run" / "tokenizer.json").write_text('{"model": {"vocab": {"a": 1}}}')
+    (parent / "run" / "decode_test" / "metrics.json").write_text('{"wer": 1.0}')
+    (parent / "run" / "decode_test" / "explore.json").write_text('{"layers": 2}')
+    assert main(["explore", str(parent), "--quiet"]) == 2
+    assert f"{parent}: not a decode folder" in capsys.readouterr().err
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "talk.json").write_text(_transcript(next(WAV.rglob("*.wav"))))
+    (out / "speakers.json").write_text("[1, 2]")
+    (out / "config.json").write_text('{"text": 3}')
+    page = page_data(explore(out, progress=False).read_text())
+    assert [u["id"] for u in page["utterances"]] == ["talk"]
+    assert "speakers.json: skipped, not a transcript of `asr transcribe` (not a JSON object)" \
+        in page["notes"]  # fmt: skip
+    assert "config.json: skipped, not a transcript of `asr transcribe` (no text and segments)" \
+        in page["notes"]  # fmt: skip
+
+
+def test_a_transcript_named_like_the_layout_is_a_row(tmp_path):
+    """explore.json is the transcript of an input explore.wav transcribed without --explorer
+    (with it, such an input is refused)."""
+    wav = next(WAV.rglob("*.wav"))
+    (tmp_path / "explore.json").write_text(_transcript(wav, "EXPLORE"))
+    (tmp_path / "talk.json").write_text(_transcript(wav))
+    page = page_data(explore(tmp_path, progress=False).read_text())
+    assert {u["id"]: u["hyp"] for u in page["utterances"]} == {"explore": "EXPLORE", "talk": "YES"}
+
+
+def test_compare_needs_the_records_of_both_decodes(tmp_path, capsys):
+    """A, like B, must have kept its records: a decode of metrics.json alone has no rows."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    for folder in (a, b):
+        folder.mkdir()
+        (folder / "metrics.json").write_text('{"wer": 10.0}')
+    (b / "utterances.jsonl").write_text('{"id": "u1", "ref": "YES", "hyp": "YES"}\n')
+    assert main(["explore", str(a), "--compare", str(b), "--quiet"]) == 2
+    assert f"{a}: no utterances.jsonl" in capsys.readouterr().err
+    assert not (a / "explorer.html").exists()
+
+
+def test_an_empty_transcript_of_explorer_is_not_said_to_lack_it(tmp_path):
+    """Audio too short to decode keeps no maps though --explorer kept its (empty) maps file:
+    only transcripts without such a file are said to need `asr transcribe --explorer`."""
+    wav = next(WAV.rglob("*.wav"))
+    (tmp_path / "blip.json").write_text(_transcript(wav, ""))
+    write_maps(tmp_path / "blip", [])
+    page = page_data(explore(tmp_path, progress=False).read_text())
+    assert not any("without attention" in note for note in page["notes"]), page["notes"]
+    (tmp_path / "talk.json").write_text(_transcript(wav))  # transcribed without --explorer
+    page = page_data(explore(tmp_path, progress=False).read_text())
+    assert "1 of 2 transcripts or segments without attention: `asr transcribe --explorer` " \
+        "keeps it" in page["notes"]  # fmt: skip
