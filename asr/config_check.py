@@ -1,8 +1,10 @@
 """The `--config` files of `asr fit|validate|test` read before LightningCLI parses them, so that
-the commonest mistakes are named with their file and line: YAML that does not parse, a
-`class_path` that imports nothing, an `init_args` or `trainer` key the class does not take (in
-a config laid over another, the class that one named), a key a dataclass of options lacks.
-What this passes, jsonargparse still checks in full (types, values, the other keys)."""
+the commonest mistakes are named with their file and line: YAML that does not parse, a key
+given twice, a `class_path` that imports nothing, an `init_args`, `trainer` or `checkpoint` key
+the class does not take (in a config laid over another, the class that one named), a key a
+dataclass of options lacks, a value a plain `int`, `float`, `bool` or `str` argument refuses, a
+setting that a link overrides. A top-level key may name a file of its own (`model: m.yaml`),
+checked the same way. What this passes, jsonargparse still checks in full."""
 
 from __future__ import annotations
 
@@ -17,8 +19,9 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from jsonargparse import get_loader
 
-Problem = tuple[int, str, str]  # the line, the key, what is wrong
+Problem = tuple[int, str]  # the line, and `KEY: what is wrong`
 SPEC_KEYS = ("class_path", "init_args", "dict_kwargs")  # jsonargparse's for a class and its args
 # The keys of a config's top level: LightningCLI's and `asr.train.ASRCLI`'s (a test compares).
 TOP_LEVEL_KEYS = (
@@ -27,6 +30,21 @@ TOP_LEVEL_KEYS = (
     "ckpt_path", "weights_only",
 )  # fmt: skip
 EVALUATION_KEYS = ("verbose",)  # what `asr validate` and `asr test` take beside those
+# The top-level keys `asr.train.ASRCLI` reads as one class's arguments, that class and its name.
+GROUPS = {
+    "trainer": ("lightning.pytorch.Trainer", "the Trainer"),
+    "checkpoint": ("asr.train.RunCheckpoint", "RunCheckpoint"),
+    "step_checkpoint": ("asr.train.StepCheckpoint", "StepCheckpoint"),
+    "epoch_clock": ("asr.train.EpochClock", "EpochClock"),
+}
+# The top-level keys whose value may be the path of a file holding it (relative to the config).
+FILE_KEYS = ("model", "data", "optimizer", "lr_scheduler", *GROUPS)
+# `ASRCLI.add_arguments_to_parser`'s links (a test compares): each target, `init_args` left
+# out, and the setting to give instead. jsonargparse overwrites a target given, saying nothing.
+LINKED = {"model.tokenizer": "data.tokenizer", "model.vocab_size": "data.tokenizer"}
+CONFIG_SUFFIXES = (".yaml", ".yml", ".json")
+STR_TAG = "tag:yaml.org,2002:str"
+_RESOLVER = yaml.resolver.Resolver()  # the tag PyYAML gives a plain scalar with none of its own
 
 
 def frontend_settings(config: str | Path) -> dict[str, Any]:
@@ -65,24 +83,54 @@ def config_problems(
     laid over them that gives `init_args` alone; this file's are added to it. `subcommand`:
     fit, validate or test, whose top-level keys differ."""
     classes = {} if classes is None else classes
+    root, problems = _compose(path)
+    if root is None:
+        return problems
+    keys = TOP_LEVEL_KEYS + (EVALUATION_KEYS if subcommand in ("validate", "test") else ())
+    found = [*_top_level_problems(root, keys), *_problems(root, "", classes)]
+    problems = [f"{path}:{line}: {said}" for line, said in found]
+    for key, file in _named_files(root, Path(path).parent):
+        problems += _file_problems(file, key, classes)
+    return problems
+
+
+def _file_problems(path: str | Path, key: str, classes: dict[str, tuple[Any, str]]) -> list[str]:
+    """config_problems for a file that holds the value of the top-level `key` alone (`--model
+    m.yaml`, or `model: m.yaml` in a config)."""
+    root, problems = _compose(path)
+    if isinstance(root, yaml.MappingNode):  # anything else jsonargparse refuses in its words
+        problems += [f"{path}:{line}: {said}" for line, said in _problems(root, key, classes)]
+    return problems
+
+
+def _compose(path: str | Path) -> tuple[yaml.Node | None, list[str]]:
+    """The YAML node tree of the file `path`, or None and why it does not parse (nothing for
+    a file that cannot be read)."""
     try:
         text = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError):
-        return []
+        return None, []
     try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        return yaml.compose(text, Loader=yaml.SafeLoader), []
     except yaml.MarkedYAMLError as err:
         mark = err.problem_mark or err.context_mark
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
         context = ""
         if err.context and err.context_mark and err.problem:
             context = f" ({err.context} from line {err.context_mark.line + 1})"
-        return [f"{where}: not valid YAML: {err.problem or err.context}{context}"]
+        return None, [f"{where}: not valid YAML: {err.problem or err.context}{context}"]
     except yaml.YAMLError as err:
-        return [f"{path}: not valid YAML: {err}"]
-    keys = TOP_LEVEL_KEYS + (EVALUATION_KEYS if subcommand in ("validate", "test") else ())
-    found = [*_top_level_problems(root, keys), *_problems(root, "", classes)]
-    return [f"{path}:{line}: {key}: {problem}" for line, key, problem in found]
+        return None, [f"{path}: not valid YAML: {err}"]
+
+
+def _named_files(root: yaml.Node | None, folder: Path) -> Iterator[tuple[str, Path]]:
+    """The top-level keys of a config whose value names a file that holds it, and that file."""
+    if not isinstance(root, yaml.MappingNode):
+        return
+    for k, v in root.value:
+        if k.value in FILE_KEYS and isinstance(v, yaml.ScalarNode) and v.tag == STR_TAG:
+            if v.value.endswith(CONFIG_SUFFIXES) and (folder / v.value).is_file():
+                yield k.value, folder / v.value
 
 
 def _top_level_problems(root: yaml.Node | None, keys: tuple[str, ...]) -> Iterator[Problem]:
@@ -91,7 +139,7 @@ def _top_level_problems(root: yaml.Node | None, keys: tuple[str, ...]) -> Iterat
     for k, _ in root.value:
         if isinstance(k, yaml.ScalarNode) and k.value not in keys:
             known = list(keys)
-            yield k.start_mark.line + 1, k.value, f"no such key{_did_you_mean(k.value, known)}"
+            yield k.start_mark.line + 1, f"{k.value}: no such key{_did_you_mean(k.value, known)}"
 
 
 def _problems(node: yaml.Node, key: str, classes: dict[str, tuple[Any, str]]) -> Iterator[Problem]:
@@ -101,16 +149,20 @@ def _problems(node: yaml.Node, key: str, classes: dict[str, tuple[Any, str]]) ->
         return
     if not isinstance(node, yaml.MappingNode):
         return
+    yield from _duplicates(node, key)
     entries = {k.value: (k, v) for k, v in node.value if isinstance(k, yaml.ScalarNode)}
-    if key == "trainer":
-        from lightning.pytorch import Trainer
-
-        yield from _arguments(Trainer, "the Trainer", node, key)
+    for name, (k, _) in entries.items():
+        source = LINKED.get(_plain(_join(key, name)))
+        if source is not None:
+            yield k.start_mark.line + 1, f"{_join(key, name)}: {_linked(source)}"
+    group = _group(key)
+    if group is not None:
+        yield from _arguments(*group, node, key)
     target, named = entries.get("class_path"), classes.get(key)
     if target is not None and isinstance(target[1], yaml.ScalarNode):
         found, named = _resolve(target[1].value), None
         if isinstance(found, str):
-            yield target[1].start_mark.line + 1, _join(key, "class_path"), found
+            yield target[1].start_mark.line + 1, f"{_join(key, 'class_path')}: {found}"
         elif found is not None:
             named = classes[key] = (found, target[1].value)
     if named is not None and "init_args" in entries:
@@ -120,73 +172,179 @@ def _problems(node: yaml.Node, key: str, classes: dict[str, tuple[Any, str]]) ->
         yield from _problems(value, _join(key, name), classes)
 
 
+def _duplicates(node: yaml.MappingNode, key: str) -> Iterator[Problem]:
+    """The keys given twice in a mapping: YAML keeps the last value, silently."""
+    first: dict[str, int] = {}
+    for k, _ in node.value:
+        if isinstance(k, yaml.ScalarNode):
+            line = k.start_mark.line + 1
+            if k.value in first:
+                said = f"(first at line {first[k.value]}): YAML keeps only the last"
+                yield line, f"duplicate key {_join(key, k.value)!r} {said}"
+            first.setdefault(k.value, line)
+
+
+def _linked(source: str) -> str:
+    """What to say of a setting that the link from `source` overrides."""
+    return f"set from {source} (a link, which overrides it); set that instead"
+
+
 def _arguments(target, name: str, node: yaml.Node, key: str) -> Iterator[Problem]:
     """The keys of the mapping `node` that `target`'s signature has no parameter for (none
-    where it takes `**kwargs`: they may go on to a parent class), and within those it has, the
-    keys of a mapping given for a parameter typed as a dataclass of options."""
-    known = _parameters(target)
-    if not isinstance(node, yaml.MappingNode) or known is None:
+    where it takes `**kwargs`: they may go on to a parent class), and within those it has, a
+    value its plain type refuses and the keys of a mapping given for a parameter typed as a
+    dataclass of options."""
+    parameters = _signature(target)
+    if not isinstance(node, yaml.MappingNode) or parameters is None:
         return
+    known = list(parameters)
     for k, value in node.value:
         if not isinstance(k, yaml.ScalarNode):
             continue
         if k.value not in known:
             problem = f"{name} takes no argument {k.value!r}{_did_you_mean(k.value, known)}"
-            yield k.start_mark.line + 1, _join(key, k.value), problem
+            yield k.start_mark.line + 1, f"{_join(key, k.value)}: {problem}"
+            continue
+        annotation = _hints(target).get(k.value)
+        problem = _type_problem(annotation, _value(value), parameters[k.value].default)
+        if problem is not None:
+            yield value.start_mark.line + 1, f"{_join(key, k.value)}: {problem}"
         elif isinstance(value, yaml.MappingNode) and not _subclass_spec(value):
-            typed = _options_class(_hints(target).get(k.value))
+            typed = _options_class(annotation)
             if typed is not None:
                 yield from _arguments(typed, typed.__qualname__, value, _join(key, k.value))
 
 
-def _parameters(target) -> list[str] | None:
-    """The names of the arguments `target` takes; None where it takes `**kwargs` (they may go
-    on to a parent class) or has no signature (a builtin)."""
+def _signature(target) -> dict[str, inspect.Parameter] | None:
+    """The arguments `target` takes by name; None where it takes `**kwargs` (they may go on to
+    a parent class) or has no signature (a builtin)."""
     try:
-        parameters = inspect.signature(target).parameters.values()
+        parameters = inspect.signature(target).parameters
     except (TypeError, ValueError):
         return None
-    if any(p.kind is p.VAR_KEYWORD for p in parameters):
+    if any(p.kind is p.VAR_KEYWORD for p in parameters.values()):
         return None
-    return [p.name for p in parameters if p.kind is not p.VAR_POSITIONAL]
+    return {n: p for n, p in parameters.items() if p.kind is not p.VAR_POSITIONAL}
+
+
+def _value(node: yaml.Node) -> Any:
+    """The value jsonargparse reads for a node (its YAML loader resolves `1e3` as a float, which
+    PyYAML's does not), a list or dict standing for a sequence or mapping; None for a scalar
+    with a tag of its own (not judged here)."""
+    if isinstance(node, (yaml.SequenceNode, yaml.MappingNode)):
+        return [] if isinstance(node, yaml.SequenceNode) else {}
+    untagged = _RESOLVER.resolve(yaml.ScalarNode, node.value, (True, False))  # plain, no tag
+    if node.style is None and node.tag == untagged:
+        return _loaded(node.value)
+    return node.value if node.tag == STR_TAG else None
+
+
+def _loaded(text: str) -> Any:
+    """`text` as jsonargparse reads a value given for a plain type other than `str`."""
+    if not text.strip():
+        return text  # jsonargparse's loader keeps a blank string
+    try:
+        return get_loader("yaml")(text)
+    except (yaml.YAMLError, ValueError):
+        return text
+
+
+def _type_problem(annotation, value, default=inspect.Parameter.empty) -> str | None:
+    """What is wrong with `value` (as read from YAML, or a command-line string) for a parameter
+    annotated `annotation` and defaulting to `default`, as jsonargparse judges it; None where it
+    takes it, and for any annotation but a plain `int`, `float`, `bool` or `str`, `| None` aside."""
+    members = [annotation]
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        members = list(typing.get_args(annotation))
+    plain = [a for a in members if a is not type(None)]
+    if len(plain) != 1 or plain[0] not in (int, float, bool, str) or value is None:
+        return None
+    if type(value) in (str, bool, int, float) and value == default:
+        return None  # jsonargparse takes a value equal to the default unchecked
+    expected = plain[0]
+    read = _loaded(value) if isinstance(value, str) and expected is not str else value
+    if read is None or (expected is float and type(read) is int):
+        return None
+    if isinstance(read, expected) and (expected is bool or not isinstance(read, bool)):
+        return None
+    shown = {list: "a list", dict: "a mapping"}.get(type(value), repr(value))
+    return f"expected {expected.__name__}{' or null' if len(members) > 1 else ''}, got {shown}"
 
 
 def option_problems(
     argv: Sequence[str], classes: dict[str, tuple[Any, str]], groups: dict[str, Any]
 ) -> list[str]:
-    """Each `--key.name` option in `argv` whose class takes no argument `name`, as `--option:
-    what is wrong`. `classes` maps key paths to the classes the configs named there (and their
-    class_path); a key whose class the command line names anew is left to jsonargparse.
-    `groups` maps keys to the classes whose arguments are the CLI's own options (the Trainer's),
-    where an abbreviation of an argument's name passes (argparse expands it)."""
+    """Each `--key.name` option in `argv` whose class takes no argument `name`, or whose value
+    the argument's plain type refuses, or that a link overrides, as `--option: what is wrong`;
+    and the problems of a file given for a top-level key (`--model m.yaml`). `classes` maps key
+    paths to the classes the configs named there (and their class_path); a key whose class the
+    command line names anew is left to jsonargparse. `groups` maps keys to the classes whose
+    arguments are the CLI's own options (the Trainer's), where an abbreviation of an argument's
+    name passes (argparse expands it)."""
+    options = list(_options(argv))
+    problems = []
+    for option, value in options:
+        if option in FILE_KEYS and value and value.endswith(CONFIG_SUFFIXES):
+            problems += _file_problems(value, option, classes)
     named = {_plain(key): found for key, found in classes.items()}
     named.update((key, (found, found.__qualname__)) for key, found in groups.items())
-    options = [a.split("=", 1)[0][2:] for a in argv if a.startswith("--")]
-    given = {_plain(o.removesuffix(".class_path")) for o in options} & set(named)
-    problems = []
-    for option in options:
+    given = {_plain(o.removesuffix(".class_path")) for o, _ in options} & set(named)
+    for option, value in options:
         parts = _plain(option.rstrip("+")).split(".")
         keys = [".".join(parts[:i]) for i in range(1, len(parts))]
-        if "dict_kwargs" in parts or given.intersection(keys):
+        source = LINKED.get(".".join(parts))
+        if source is not None:
+            problems.append(f"--{option}: {_linked(source)}")
             continue
+        if "dict_kwargs" in parts or parts[-1] == "help" or given.intersection(keys):
+            continue  # `--model.help CLASS` is jsonargparse's help on a class's arguments
         at = max((i for i, key in enumerate(keys, 1) if key in named), default=0)
-        if not at:
-            continue
-        target, name = named[keys[at - 1]]
-        for part in parts[at:]:
-            known = _parameters(target)
-            if known is None:
-                break
-            if part not in known:
-                if parts[0] not in groups or not any(k.startswith(part) for k in known):
-                    problem = f"{name} takes no argument {part!r}{_did_you_mean(part, known)}"
-                    problems.append(f"--{option}: {problem}")
-                break
-            target = _options_class(_hints(target).get(part))
-            if target is None:
-                break
-            name = target.__qualname__
+        if at:
+            target, name = named[keys[at - 1]]
+            abbreviates = parts[0] in groups
+            problem = _option_problem(target, name, parts[at:], value, abbreviates)
+            if problem is not None:
+                problems.append(f"--{option}: {problem}")
     return problems
+
+
+def _options(argv: Sequence[str]) -> Iterator[tuple[str, str | None]]:
+    """Each `--option` in `argv` without its dashes, and its value where one is plain to see
+    (`--option=VALUE`, or `--option VALUE` with no dash at its start)."""
+    for i, arg in enumerate(argv):
+        if arg.startswith("--"):
+            option, equals, value = arg[2:].partition("=")
+            following = argv[i + 1] if i + 1 < len(argv) else "-"
+            yield option, value if equals else (None if following.startswith("-") else following)
+
+
+def _option_problem(target, name: str, parts: list[str], value, abbreviates: bool) -> str | None:
+    """What is wrong with the option that gives `value` to the argument `parts` of `target`
+    (named `name`), descending into dataclasses of options."""
+    for i, part in enumerate(parts):
+        parameters = _signature(target)
+        if parameters is None:
+            return None
+        if part not in parameters:
+            if abbreviates and any(k.startswith(part) for k in parameters):
+                return None
+            return f"{name} takes no argument {part!r}{_did_you_mean(part, list(parameters))}"
+        annotation = _hints(target).get(part)
+        if i == len(parts) - 1:
+            return _type_problem(annotation, value, parameters[part].default)
+        target = _options_class(annotation)
+        if target is None:
+            return None
+        name = target.__qualname__
+    return None
+
+
+def _group(key: str) -> tuple[Any, str] | None:
+    """The class of the top-level `key` of GROUPS, and its name; None for another key."""
+    if key not in GROUPS:
+        return None
+    found = _resolve(GROUPS[key][0])
+    return (found, GROUPS[key][1]) if found is not None and not isinstance(found, str) else None
 
 
 def _plain(key: str) -> str:

@@ -52,11 +52,127 @@ def test_every_shipped_config_passes(config) -> None:
          "argument 'learning_rate'"),
         ("seed_everything:", "seed_everyting:",
          "seed_everyting: no such key (did you mean 'seed_everything'?)"),
+        ("monitor: val/acc", "monitr: val/acc",
+         "checkpoint.monitr: RunCheckpoint takes no argument 'monitr' (did you mean "
+         "'monitor'?)"),
     ],
 )  # fmt: skip
 def test_a_wrong_key_or_class_is_named_with_its_line(tmp_path, old, new, said) -> None:
     path, line = edited(tmp_path, old, new)
     assert config_problems(path) == [f"{path}:{line}: {said}"]
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "said"),
+    [
+        ("num_layers: 3,", "num_layers: three,",
+         "model.init_args.encoder.init_args.num_layers: expected int, got 'three'"),
+        ("embed_dim: 64", "embed_dim: 64.0",
+         "model.init_args.decoder.init_args.embed_dim: expected int, got 64.0"),
+        ("ctc_weight: 0.3", 'ctc_weight: "0.3x"',
+         "model.init_args.ctc_weight: expected float, got '0.3x'"),
+        ("fast_dropout: true", "fast_dropout: 1", "model.init_args.fast_dropout: expected bool, "
+         "got 1"),
+        ("max_epochs: 8", "max_epochs: eight", "trainer.max_epochs: expected int or null, got "
+         "'eight'"),
+        ("mode: max", "mode: [max]", "checkpoint.mode: expected str, got a list"),
+    ],
+)  # fmt: skip
+def test_a_value_its_plain_type_refuses_is_named_with_its_line(tmp_path, old, new, said) -> None:
+    path, line = edited(tmp_path, old, new)
+    assert config_problems(path) == [f"{path}:{line}: {said}"]
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [("num_layers: 3,", 'num_layers: "3",'),  # jsonargparse reads a number in a string
+     ("ctc_weight: 0.3", "ctc_weight: 1"),  # and an int where a float is asked for
+     ("ctc_weight: 0.3", "ctc_weight: 3e-1"),  # which its YAML loader reads, unlike PyYAML's
+     ("fast_dropout: true", "fast_dropout: yes"),
+     ("max_epochs: 8", "max_epochs: null"),
+     ("mode: max", "mode: !!str 5")],
+)  # fmt: skip
+def test_values_jsonargparse_takes_pass(tmp_path, old, new) -> None:
+    path, _ = edited(tmp_path, old, new)
+    assert config_problems(path) == []
+
+
+def test_a_key_given_twice_is_named_with_both_lines(tmp_path) -> None:
+    """YAML keeps the last value of a key given twice, and says nothing."""
+    (tmp_path / "top").mkdir()
+    (tmp_path / "inner").mkdir()
+    path, line = edited(tmp_path / "top", "trainer:\n", "trainer:\n  max_steps: 1\ntrainer:\n")
+    inner, at = edited(
+        tmp_path / "inner", "embed_dim: 64\n", "embed_dim: 64\n        embed_dim: 32\n"
+    )
+    assert config_problems(path) == [
+        f"{path}:{line + 2}: duplicate key 'trainer' (first at line {line}): YAML keeps only "
+        "the last"
+    ]
+    assert config_problems(inner) == [
+        f"{inner}:{at + 1}: duplicate key 'model.init_args.decoder.init_args.embed_dim' (first "
+        f"at line {at}): YAML keeps only the last"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("new", "key"),
+    [("    tokenizer: data/an4/tokenizer\n", "model.init_args.tokenizer"),
+     ("    vocab_size: 50\n", "model.init_args.vocab_size")],
+)  # fmt: skip
+def test_a_setting_a_link_overrides_is_named(tmp_path, new, key) -> None:
+    path, line = edited(tmp_path, "    ctc_weight: 0.3\n", f"    ctc_weight: 0.3\n{new}")
+    assert config_problems(path) == [
+        f"{path}:{line + 1}: {key}: set from data.tokenizer (a link, which overrides it); set "
+        "that instead"
+    ]
+
+
+def test_the_links_and_groups_are_those_of_the_cli() -> None:
+    """LINKED and GROUPS name what `ASRCLI.add_arguments_to_parser` links and adds."""
+    from asr.config_check import GROUPS, LINKED, _plain, _resolve
+    from asr.train import ASRCLI
+
+    class Recorder:
+        def __init__(self) -> None:
+            self.links: set[str] = set()
+            self.groups: dict[str, type] = {}
+
+        def link_arguments(self, source, target, **kwargs) -> None:
+            self.links.add(_plain(target))
+
+        def add_lightning_class_args(self, target, key, **kwargs) -> None:
+            self.groups[key] = target
+
+        def __getattr__(self, name):
+            return lambda *args, **kwargs: None
+
+    parser = Recorder()
+    ASRCLI.add_arguments_to_parser(ASRCLI.__new__(ASRCLI), parser)
+    assert parser.links == set(LINKED)
+    named = {key: _resolve(path) for key, (path, _) in GROUPS.items() if key != "trainer"}
+    assert parser.groups == named
+
+
+def test_a_file_named_for_a_top_level_key_is_checked_with_its_lines(tmp_path) -> None:
+    """`model: model.yaml` in a config, or `--model model.yaml`: jsonargparse reads that file
+    (relative to the config) as the value of `model`."""
+    from lightning.pytorch import Trainer
+
+    (tmp_path / "model.yaml").write_text(
+        "class_path: asr.lightning.ASRModule\ninit_args:\n  ctc_weigth: 0.3\n"
+    )
+    (tmp_path / "trainer.yaml").write_text("max_steps: two\n")
+    config = tmp_path / "config.yaml"
+    config.write_text("model: model.yaml\ntrainer: trainer.yaml\n")
+    model = (
+        f"{tmp_path}/model.yaml:3: model.init_args.ctc_weigth: asr.lightning.ASRModule takes no "
+        "argument 'ctc_weigth' (did you mean 'ctc_weight'?)"
+    )
+    trainer = f"{tmp_path}/trainer.yaml:1: trainer.max_steps: expected int, got 'two'"
+    assert config_problems(config) == [model, trainer]
+    argv = ["fit", "--config", str(QUICK), "--model", f"{tmp_path}/model.yaml"]
+    assert option_problems(argv, {}, {"trainer": Trainer}) == [model]
 
 
 def test_yaml_that_does_not_parse_is_named_with_its_line_and_column(tmp_path) -> None:
@@ -154,6 +270,13 @@ def test_the_top_level_keys_are_those_each_subcommand_takes(tmp_path, capsys, su
         ("--data.augment.nosie.prob", "WaveAugment takes no argument 'nosie' (did you mean "
          "'noise'?)"),
         ("--model.lr", "asr.lightning.ASRModule takes no argument 'lr'"),
+        ("--trainer.max_steps=abc", "expected int, got 'abc'"),
+        ("--model.encoder.init_args.num_layers=2.5", "expected int, got '2.5'"),
+        ("--data.augment.noise.prob=often", "expected float, got 'often'"),
+        ("--model.init_args.vocab_size=50", "set from data.tokenizer (a link, which overrides "
+         "it); set that instead"),
+        ("--model.tokenizer", "set from data.tokenizer (a link, which overrides it); set that "
+         "instead"),
     ],
 )  # fmt: skip
 def test_a_wrong_option_is_named_against_the_class_it_goes_to(option, said) -> None:
@@ -176,8 +299,12 @@ def test_a_wrong_option_is_named_against_the_class_it_goes_to(option, said) -> N
         ["--model.encoder", "other.Encoder", "--model.encoder.init_args.width", "3"],
         ["--trainer.callbacks+=x.Y", "--trainer.logger.init_args.save_dir", "d"],
         ["--model.dict_kwargs.anything", "1", "--unknown.key", "1"],
+        ["--model.help", "asr.lightning.ASRModule", "--data.help", "asr.lightning.ASRDataModule",
+         "--model.encoder.help", "asr.models.rnn.RNNEncoder"],  # jsonargparse's help on a class
+        ["--trainer.max_steps=3", "--model.ctc_weight", "1", "--trainer.enable_progress_bar",
+         "yes", "--model.encoder.num_layers", " 2", "--trainer.max_epochs", "-1"],
     ],
-)
+)  # fmt: skip
 def test_options_it_cannot_judge_or_that_are_right_pass(options) -> None:
     from lightning.pytorch import Trainer
 
@@ -197,3 +324,12 @@ def test_asr_fit_stops_on_a_wrong_option_before_training(capsys) -> None:
         "asr fit: error: --checkpoint.monitr: RunCheckpoint takes no argument 'monitr' (did you "
         "mean 'monitor'?)"
     ]
+
+
+def test_asr_fit_gives_help_on_a_class_with_a_config(capsys) -> None:
+    from asr.cli import main
+
+    with pytest.raises(SystemExit) as stopped:
+        main(["fit", "--config", str(QUICK), "--model.help", "asr.lightning.ASRModule"])
+    assert stopped.value.code == 0
+    assert "--model.ctc_weight CTC_WEIGHT" in capsys.readouterr().out
