@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import importlib
 import inspect
 import os
 import pickle
@@ -107,7 +108,7 @@ def build_from_payload(
     CheckpointError names `source` where the config does not build (a newer asr's option, a
     class that is not there). The random initial weights, replaced by the checkpoint's, leave
     the caller's random numbers alone."""
-    foreign = _foreign_class(payload["model_config"])
+    foreign = _foreign_name(payload["model_config"])
     if foreign is not None:
         raise CheckpointError(
             f"{source}: its model config names {foreign!r}, not a class of asr: building it "
@@ -130,22 +131,48 @@ def build_from_payload(
             raise CheckpointError(f"{source}: its model config does not build: {said}") from None
 
 
-def _foreign_class(config: Any) -> Any:
-    """The first `class_path` in a nested config that is not in this package, or None: a
-    model file is data, and building a class named by it must not import a stranger's module.
+def _foreign_name(config: Any) -> str | None:
+    """The first string in a nested config that names something to import outside this package
+    (a `class_path`, or any dotted name: jsonargparse imports one given for a class or callable
+    argument), or None. A model file is data: loading it must not import a stranger's module.
 
-    >>> _foreign_class({"encoder": {"class_path": "asr.models.rnn.RNNEncoder"}})
-    >>> _foreign_class({"a": [{"class_path": "os.system"}]})
-    'os.system'
+    >>> _foreign_name({"e": {"class_path": "asr.models.rnn.RNNEncoder"}, "stats_path": "a.json"})
+    >>> _foreign_name({"a": [{"class_path": "os.system"}]}), _foreign_name({"e": "this.s"})
+    ('os.system', 'this.s')
+    >>> _foreign_name({"e": "asr.models.seq2seq.nn.Identity"})  # torch's, by way of asr
+    'asr.models.seq2seq.nn.Identity'
     """
-    if isinstance(config, dict):
-        named = config.get("class_path", "asr.")
-        if not (isinstance(named, str) and named.startswith("asr.")):
-            return named
-        config = list(config.values())
-    if isinstance(config, list):
-        return next((f for f in map(_foreign_class, config) if f is not None), None)
-    return None
+    if isinstance(config, str):
+        return config if _DOTTED.fullmatch(config) and not _in_asr(config) else None
+    if isinstance(config, dict):  # file names (cmvn.json) are no import paths
+        config = [v for k, v in config.items() if k not in ASSET_KEYS]
+    if not isinstance(config, list):
+        return None
+    return next((f for f in map(_foreign_name, config) if f is not None), None)
+
+
+_DOTTED = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+")  # an import path, not a file name
+
+
+def _in_asr(name: str) -> bool:
+    """Whether `name` leads to nothing but this package's own: its longest prefix that imports
+    is a module of asr, and the attributes after it, where they are there, are defined in asr
+    (where one is not, the config does not build, and jsonargparse says so)."""
+    parts = name.split(".")
+    if parts[0] != "asr":
+        return False
+    for end in range(len(parts), 0, -1):
+        try:
+            found: Any = importlib.import_module(".".join(parts[:end]))
+            break
+        except ImportError:
+            continue
+    for attribute in parts[end:]:
+        if not hasattr(found, attribute):
+            return True
+        found = getattr(found, attribute)
+    home = found.__name__ if inspect.ismodule(found) else getattr(found, "__module__", None)
+    return str(home).split(".")[0] == "asr"
 
 
 def build_error(error: BaseException) -> str:

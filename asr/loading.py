@@ -36,11 +36,21 @@ def load_seq2seq(
     weights, payload = read_recognizer(path)
     tokenizer = _tokenizer(payload, path)
     model = build_from_payload(build_seq2seq, payload, path)
-    model.load_state_dict(weights)
+    _load_weights(model, weights, path)
     model = model.to(device).eval()
     if backend != "torch":
         model = _onnx_model(model, path, backend, device, precision)
     return model, tokenizer, payload
+
+
+def _load_weights(model: nn.Module, weights: dict, path: str | os.PathLike) -> None:
+    """`model.load_state_dict(weights)`; CheckpointError names `path` where they differ."""
+    try:
+        model.load_state_dict(weights)
+    except RuntimeError as err:  # torch lists every key: the first difference tells
+        first = next((line.strip() for line in str(err).splitlines()[1:] if line.strip()), "")
+        first = first if len(first) <= 200 else first[:200] + "..."
+        raise CheckpointError(f"{path}: its weights do not fit its config ({first})") from None
 
 
 def _tokenizer(payload: dict[str, Any], path: str | os.PathLike) -> Tokenizer:
@@ -91,5 +101,5 @@ def load_lm(
     state, payload = read_payload(path, LM_KEY)
     tokenizer = _tokenizer(payload, path)
     lm = build_from_payload(build_lm, payload, path)
-    lm.load_state_dict(submodule_weights(state, "lm."))
+    _load_weights(lm, submodule_weights(state, "lm."), path)
     return lm.to(device).eval(), tokenizer

@@ -20,7 +20,6 @@ import torch
 from asr.checkpoint import (
     RECOGNIZER_KEY,
     CheckpointError,
-    encoded_files,
     payload_tokenizer,
     read_payload,
     replace_assets,
@@ -34,6 +33,7 @@ PACKAGE_VERSION = 1  # readers refuse newer ones
 WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
 TOKENIZER_DIR = "tokenizer"
+MAX_SIDE_FILE = 256 * 2**20  # bytes: tokenizers and CMVN statistics are far smaller
 CARD_FILE = "README.md"
 ONNX_DIR = "onnx"  # the ONNX Runtime graphs of `asr export --format onnx`
 HUB_TIMEOUT = 10.0  # seconds the Hub has to say which commit a name is, before the cache
@@ -166,10 +166,10 @@ def read_package(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], dict
     tokenizer = folder / TOKENIZER_DIR
     if not tokenizer.is_dir():
         raise CheckpointError(f"{folder}: no {TOKENIZER_DIR}/ folder in the model package")
-    Tokenizer.load(tokenizer)  # a damaged file named as the package holds it
     payload = {k: v for k, v in config.items() if k not in ("format", "format_version")}
-    payload["tokenizer"] = encoded_files(tokenizer)
+    payload["tokenizer"] = {p.name: _encoded(p) for p in tokenizer.iterdir()}
     payload["assets"] = {name: _encoded_asset(folder, name) for name in config.get("assets", [])}
+    Tokenizer.load(tokenizer)  # a damaged file named as the package holds it
     return read_safetensors(_weights_file(folder)), payload
 
 
@@ -270,8 +270,20 @@ def _encoded_asset(folder: Path, name: str) -> str:
     if not isinstance(name, str) or Path(name).name != name or name in RESERVED + ("", ".."):
         raise CheckpointError(f"{folder / CONFIG_FILE}: {name!r} is not an asset file name")
     path = folder / name
-    if not path.is_file():
+    if not path.exists():
         raise CheckpointError(f"{path}: missing from the model package (config.json names it)")
+    return _encoded(path)
+
+
+def _encoded(path: Path) -> str:
+    """A tokenizer or asset file of a package, base64; CheckpointError where it is no regular
+    file (a pipe would hang the read, a device never end it) or is larger than such files are."""
+    if not path.is_file():  # links are followed: an hf:// snapshot's files link into its cache
+        raise CheckpointError(f"{path}: not a regular file (a folder, pipe or device)")
+    if path.stat().st_size > MAX_SIDE_FILE:
+        raise CheckpointError(
+            f"{path}: {path.stat().st_size} bytes, more than a tokenizer or statistics file holds"
+        )
     return base64.b64encode(path.read_bytes()).decode()
 
 

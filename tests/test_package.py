@@ -14,6 +14,7 @@ import hashlib
 import json
 import os
 import pickle
+import re
 import shutil
 import socket
 import subprocess
@@ -315,6 +316,19 @@ def test_a_package_with_pickled_weights_instead_is_refused(package):
         asr.load_model(package)
 
 
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="named pipes are POSIX")
+def test_a_pipe_or_device_among_the_tokenizer_files_is_refused_unread(package):
+    """Reading a pipe would wait forever, /dev/zero fill the memory."""
+    extra = package / "tokenizer" / "vocab.extra"
+    os.mkfifo(extra)
+    with pytest.raises(CheckpointError, match=r"vocab\.extra: not a regular file"):
+        asr.load_model(package)
+    extra.unlink()
+    extra.symlink_to("/dev/zero")
+    with pytest.raises(CheckpointError, match=r"vocab\.extra: not a regular file"):
+        asr.load_model(package)
+
+
 def test_damaged_or_missing_package_files_are_named(package, tmp_path):
     (package / WEIGHTS_FILE).write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{garbage")
     with pytest.raises(CheckpointError, match=r"model\.safetensors: not a readable safetensors"):
@@ -364,21 +378,41 @@ def test_a_config_this_asr_cannot_build_is_named(package):
         asr.load_model(package)
 
 
-def test_a_config_naming_a_class_outside_asr_is_refused_before_importing_it(
-    package, tmp_path, monkeypatch
+@pytest.mark.parametrize(
+    ("edit", "named"),
+    [
+        (lambda c: c["encoder"].update(class_path="stranger.Encoder"), "stranger.Encoder"),
+        (lambda c: c.update(encoder="stranger.build"), "stranger.build"),  # a callable's path
+        (lambda c: c.update(extra=[{"dict_kwargs": {"x": "stranger.X"}}]), "stranger.X"),
+        # torch's class reached through an asr module: not one of asr's
+        (lambda c: c["encoder"].update(class_path="asr.models.seq2seq.nn.Identity"),
+         "asr.models.seq2seq.nn.Identity"),
+    ],
+)  # fmt: skip
+def test_a_config_naming_code_outside_asr_is_refused_before_importing_it(
+    package, tmp_path, monkeypatch, edit, named
 ):
-    """A package is data: a class_path to a module beside it (or anywhere on the path) would
-    run that module's code on loading, which `load_model` must never do."""
+    """A package is data: a class or callable named by its import path in a module beside it
+    (or anywhere on the path) would run that module's code on loading, which `load_model` must
+    never do."""
     (tmp_path / "stranger.py").write_text(
         f"open({str(tmp_path / 'ran')!r}, 'w').close()\nclass Encoder: pass\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
     config = json.loads((package / CONFIG_FILE).read_text())
-    config["model_config"]["encoder"]["class_path"] = "stranger.Encoder"
+    edit(config["model_config"])
     (package / CONFIG_FILE).write_text(json.dumps(config))
-    with pytest.raises(CheckpointError, match=r"names 'stranger\.Encoder', not a class of asr"):
+    with pytest.raises(CheckpointError, match=rf"names '{re.escape(named)}', not a class of asr"):
         asr.load_model(package)
     assert not (tmp_path / "ran").exists()
+
+
+def test_weights_that_do_not_fit_the_config_are_named(package):
+    config = json.loads((package / CONFIG_FILE).read_text())
+    config["model_config"]["encoder"]["init_args"]["num_layers"] += 1
+    (package / CONFIG_FILE).write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match=rf"^{package}: its weights do not fit its config"):
+        asr.load_model(package)
 
 
 def test_finalize_on_a_package_says_what_to_do(package, tmp_path, capsys):
