@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import os
 import shutil
 import zlib
 from pathlib import Path
@@ -111,6 +112,10 @@ def test_linked_audio_is_a_relative_path_and_missing_audio_is_said(decoded, tmp_
     assert "attention" not in lost["arrays"] and "ctc" in lost["arrays"]
     assert any("no attention saved" in n for n in data["notes"])
     assert any("1 audio file(s) missing" in n for n in data["notes"]), "a file, once"
+    if hasattr(os, "mkfifo"):  # a pipe named as audio would wait for a writer forever
+        os.mkfifo(tmp_path / "moved.wav")
+        lost = page_data(explore(folder, progress=False).read_text())["utterances"][0]
+        assert lost["audio"] is None and "not a regular file" in lost["audio_note"]
 
 
 def test_past_its_size_limit_a_page_keeps_the_worst_utterances_maps(decoded, tmp_path, capsys):
