@@ -1067,7 +1067,7 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
         "The chunks of all connected streams go through the model together.",
     )
     if command == "serve":
-        from asr.cli.live import add_stream_arguments
+        from asr.cli.live import add_stream_arguments, origin
 
         _add_model_argument(p)
         p.add_argument(
@@ -1100,6 +1100,31 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
         p.add_argument("--keyfile", metavar="PEM", help="its private key, if not in --certfile")
         p.add_argument(
             "--max-connections", type=count, default=32, help="streams at once; more are refused"
+        )
+        p.add_argument(
+            "--max-backlog",
+            type=positive,
+            default=30.0,
+            metavar="SECONDS",
+            help="audio a stream may send ahead of the model (30): past it the server waits "
+            "before reading more of it; at full context (--chunk-ms 0) the longest recording",
+        )
+        p.add_argument(
+            "--idle-timeout",
+            type=positive,
+            default=30.0,
+            metavar="SECONDS",
+            help="a stream that sends nothing for this long is closed, freeing its place (30)",
+        )
+        p.add_argument(
+            "--allow-origin",
+            type=origin,
+            action="append",
+            default=[],
+            metavar="ORIGIN",
+            help="browsers may open the socket only from the server's own page, or from a page "
+            "at an ORIGIN given here (https://HOST[:PORT]; repeatable): needed behind a reverse "
+            "proxy or where the page's address is a host name (docs/streaming.md)",
         )
         p.add_argument(
             "--threads",

@@ -69,6 +69,16 @@ def add_stream_arguments(p: argparse.ArgumentParser, final_search: str) -> None:
     )
 
 
+def origin(text: str) -> str:
+    """An `asr serve --allow-origin` value, checked before the model loads."""
+    from asr.serve.server import allowed_origin
+
+    try:
+        return allowed_origin(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
 def stream_options(args: argparse.Namespace) -> StreamOptions:
     endpoint = None
     if args.endpoint_silence > 0:
@@ -255,6 +265,9 @@ def serve(args: argparse.Namespace, recognizer, lm=None) -> int:
         host=args.host,
         port=args.port,
         max_connections=args.max_connections,
+        max_backlog_seconds=args.max_backlog,
+        idle_timeout=args.idle_timeout,
+        allow_origins=tuple(args.allow_origin),
         certfile=args.certfile,
         keyfile=args.keyfile,
     )

@@ -15,6 +15,9 @@ Protocol (one recording per connection; docs/streaming.md):
   A server told to stop sends each open stream the finals of the audio it has, its "done", and
   a close with 1001 (going away).
 
+A browser's handshake (one with an Origin header) is refused with 403 unless it comes from the
+server's own page, or from an origin `ServeOptions.allow_origins` names.
+
 One worker thread runs the model: the chunks of all connected streams that are ready go through
 the encoder as one batch.
 """
@@ -24,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import ipaddress
 import json
 import logging
 import os
@@ -38,7 +42,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from websockets.exceptions import ConnectionClosed
+from websockets.exceptions import ConnectionClosed, ConnectionClosedOK
 
 from asr.audio import LOUDEST_SAMPLE
 from asr.explore.records import quantized_attention
@@ -84,8 +88,26 @@ class ServeOptions:
     write_limit_bytes: int = 1 << 15  # unsent bytes a connection buffers before it waits
     send_buffer_bytes: int | None = None  # the sockets' kernel send buffer; None: the system's
     batch_wait_ms: float = 5.0  # wait this long for other streams' chunks before a batch
+    # audio a stream may hold undecoded: past it, its socket is not read until the model catches
+    # up; at full context, where nothing is decoded before the end, a longer recording is refused
+    max_backlog_seconds: float = 30.0
+    idle_timeout: float = 30.0  # seconds a started stream may send nothing: then it is closed
+    allow_origins: tuple[str, ...] = ()  # other pages' origins (https://host[:port]) let in
     certfile: str | None = None  # a PEM certificate (chain): https and wss instead of http and ws
     keyfile: str | None = None  # its private key, when not in certfile
+
+    def __post_init__(self) -> None:
+        """Checks `allow_origins`, in lower case as browsers send them."""
+        object.__setattr__(self, "allow_origins", tuple(map(allowed_origin, self.allow_origins)))
+
+
+def allowed_origin(origin: str) -> str:
+    """`origin` as a browser sends it in lower case (`http(s)://HOST[:PORT]`), or a ValueError."""
+    scheme, _, host = origin.lower().partition("://")
+    if scheme not in ("http", "https") or not host or "/" in host:
+        form = "http(s)://HOST[:PORT], as a browser sends it"
+        raise ValueError(f"{origin!r} is not an origin: {form}")
+    return origin.lower()
 
 
 def tls_context(certfile: str, keyfile: str | None = None) -> ssl.SSLContext:
@@ -136,6 +158,13 @@ class _Client:
         self.stopped = False  # ended by the server's stop, not by the client's "end"
         self.failed: str | None = None  # why recognising its stream failed in the model's thread
         self.alignments: deque[dict[str, Any] | None] | None = None  # the finals', if asked
+        self.room = asyncio.Event()  # cleared while its backlog is full: its socket is not read
+        self.room.set()
+
+    @property
+    def backlog(self) -> int:
+        """Samples received and not yet read by a decoded chunk."""
+        return self.received - self.stream.decoded_samples
 
     def put(self, messages: list[dict[str, Any]]) -> None:
         """Queue one batch's results; a client still holding more than `limit` unsent results
@@ -195,7 +224,7 @@ class LiveServer:
                 self.options.port,
                 process_request=self._page,
                 max_size=8 * self.options.max_message_bytes,  # beyond our own, clearer limit
-                max_queue=64,
+                max_queue=8,  # frames buffered while a stream's backlog is full: then TCP waits
                 write_limit=self.options.write_limit_bytes,
                 ssl=self.tls,
             )
@@ -229,9 +258,15 @@ class LiveServer:
         await self.server.wait_closed()
 
     def _page(self, connection: ServerConnection, request: Request) -> Response | None:
-        """Plain HTTP requests get the live page, or /health; WebSocket upgrades go through."""
+        """Plain HTTP requests get the live page, or /health; WebSocket upgrades go through,
+        unless a browser opens them from another site's page."""
         if request.headers.get("Upgrade", "").lower() == "websocket":
-            return None
+            origin = self._foreign_origin(request)
+            if origin is None:
+                return None
+            why = f"origin {origin} is not this server's page (asr serve --allow-origin)"
+            log.info("%s: refused (403): %s", _peer(connection), why)
+            return connection.respond(403, why + "\n")
         name = request.path.split("?")[0].rsplit("/", 1)[-1]
         if name == "favicon.ico":
             return connection.respond(204, "")
@@ -250,6 +285,24 @@ class LiveServer:
         file, kind = page
         body = resources.files("asr.serve").joinpath("static", file).read_text(encoding="utf-8")
         return _respond(connection, body, f"{kind}; charset=utf-8")
+
+    def _foreign_origin(self, request: Request) -> str | None:
+        """The Origin of a handshake from a page neither this server's nor allowed; None where
+        it is one of those, or where there is none (a client that is not a browser)."""
+        origins = request.headers.get_all("Origin")
+        if not origins:
+            return None
+        origin = origins[0].lower()
+        if len(origins) > 1:
+            return ", ".join(origins)
+        if origin in self.options.allow_origins:
+            return None
+        hosts = request.headers.get_all("Host")
+        scheme, _, host = origin.partition("://")
+        same = len(hosts) == 1 and host == hosts[0].lower() and scheme in ("http", "https")
+        # a name could be a DNS rebinding of another site to this address: only addresses and
+        # localhost are this server's own without being named in allow_origins
+        return None if same and _is_address(host) else origin
 
     async def _connection(self, ws: ServerConnection) -> None:
         client, peer = None, _peer(ws)  # once closed, a TLS connection has no address
@@ -341,7 +394,16 @@ class LiveServer:
         return client
 
     async def _receive(self, ws: ServerConnection, client: _Client) -> None:
-        async for message in ws:
+        while True:
+            try:
+                message = await asyncio.wait_for(ws.recv(), self.options.idle_timeout)
+            except TimeoutError:
+                if client.stopped:  # the server ends it
+                    continue
+                idle = f"{self.options.idle_timeout:g}"
+                raise ClientError(f"no audio for {idle} s: the stream is closed", POLICY) from None
+            except ConnectionClosedOK:
+                break
             if isinstance(message, str):
                 if _json(message, "a text message must be JSON").get("type") != "end":
                     raise ClientError('expected audio, or {"type": "end"}', UNSUPPORTED)
@@ -356,7 +418,23 @@ class LiveServer:
             self._work.set()
             if client.too_slow:
                 raise ClientError("the client reads its results too slowly", POLICY)
+            await self._wait_for_room(client)
         client.outbox.put_nowait(None)  # the client left without "end": nothing more to send
+
+    async def _wait_for_room(self, client: _Client) -> None:
+        """Back-pressure: while the client's backlog is over the limit, its socket is not read
+        (its sends wait), until the model has decoded enough of it."""
+        limit = self.options.max_backlog_seconds
+        if client.backlog <= limit * self.sample_rate:
+            return
+        if self.engine.chunk is None:  # nothing is decoded before the end: nothing would drain
+            raise ClientError(
+                f"over {limit:g} s of audio: at full context a recording is decoded at its end, "
+                "and one longer is refused (asr serve --max-backlog)",
+                TOO_BIG,
+            )
+        client.room.clear()
+        await client.room.wait()
 
     def _samples(self, message: bytes, client: _Client) -> np.ndarray:
         if len(message) > self.options.max_message_bytes:
@@ -419,7 +497,13 @@ class LiveServer:
                 continue
             if more:  # chunks still ready: the next batch at once
                 self._work.set()
+            limit = self.options.max_backlog_seconds * self.sample_rate
             for client in clients:
+                # its socket is read again once under the limit, or when the model can decode no
+                # more of it (its stream failed or ended, or a limit below a chunk's audio)
+                idle = client not in more and not client.inbox
+                if client.failed is not None or client.backlog <= limit or idle:
+                    client.room.set()
                 if client.failed is not None:  # its sender says why and closes; others go on
                     client.outbox.put_nowait({"type": "error", "message": client.failed})
                     continue
@@ -433,10 +517,12 @@ class LiveServer:
                         _refuse(client.ws, "the client reads its results too slowly", POLICY)
                     )
 
-    def _decode(self, clients: list[_Client]) -> tuple[list[tuple[_Client, dict[str, Any]]], bool]:
+    def _decode(
+        self, clients: list[_Client]
+    ) -> tuple[list[tuple[_Client, dict[str, Any]]], set[_Client]]:
         """In the model's thread: feed the inboxes, run one batch of the ready chunks (one chunk
         a stream, so results go out between batches), finish the streams that ended; what each
-        client should be sent, and whether chunks are still ready."""
+        client should be sent, and the clients with chunks still ready."""
         out: list[tuple[_Client, dict[str, Any]]] = []
         # "end" is marked after the last audio is queued: read it first, then take the audio
         ending = {client for client in clients if client.ending}
@@ -465,7 +551,7 @@ class LiveServer:
                     seconds = round(whole.duration, 3)
                     done = {"type": "done", "text": whole.text, "duration": seconds}
                     out += [*self._results(client, chunk=False), (client, done)]
-        return out, any(c.failed is None and c.stream.ready for c in clients)
+        return out, {c for c in clients if c.failed is None and c.stream.ready}
 
     def _results(self, client: _Client, chunk: bool = True) -> list[tuple[_Client, dict[str, Any]]]:
         """The finals a chunk closed, then the partial after it (one per chunk, even when the
@@ -589,6 +675,18 @@ async def _refuse(ws: ServerConnection, message: str, code: int, peer: str | Non
 
     log.info("%s: closed (%d): %s", peer or _peer(ws), code, message)
     await _within(ws, say_and_close())
+
+
+def _is_address(host: str) -> bool:
+    """Whether a Host header (`name[:port]`) names an IP address or localhost."""
+    name = host[1:].partition("]")[0] if host.startswith("[") else host.partition(":")[0]
+    if name == "localhost" or name.endswith(".localhost"):  # browsers resolve these themselves
+        return True
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return True
 
 
 def _peer(ws: ServerConnection) -> str:

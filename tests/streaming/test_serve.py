@@ -351,6 +351,44 @@ def test_connections_over_the_maximum_are_refused(trained) -> None:
         assert session(url, pcm16(waves[UID]))[-1]["type"] == "done"
 
 
+def test_a_browser_may_open_the_socket_only_from_the_servers_own_page(trained) -> None:
+    """Otherwise any page a browser shows could stream to the server on this machine. Clients
+    that are not browsers send no Origin and are let in; so are pages `allow_origins` names."""
+    from websockets.exceptions import InvalidStatus
+
+    from asr.serve.server import ServeOptions
+
+    recognizer, waves = trained
+    allowed = ("https://ASR.example.org",)
+    with running_server(recognizer, OPTIONS, allow_origins=allowed) as (_, port):
+        url, data = f"ws://127.0.0.1:{port}/", pcm16(waves[UID])[:16000]
+        for origin in (None, f"http://127.0.0.1:{port}", "https://asr.example.org"):
+            assert session(url, data, origin=origin)[-1]["type"] == "done", origin
+        for origin in ("https://evil.example", f"http://127.0.0.1:{port + 1}", "null"):
+            with pytest.raises(InvalidStatus) as refusal:
+                connect(url, origin=origin)
+            assert refusal.value.response.status_code == 403, origin
+            assert b"is not this server's page" in refusal.value.response.body
+        # DNS rebinding: another site's name made to resolve here, so Host and Origin agree
+        rebound = f"evil.example:{port}"
+        with pytest.raises(InvalidStatus):
+            sock = socket.create_connection(("127.0.0.1", port))
+            connect(f"ws://{rebound}/", sock=sock, origin=f"http://{rebound}")
+    with pytest.raises(ValueError, match="'asr.example.org' is not an origin"):
+        ServeOptions(allow_origins=("asr.example.org",))
+
+
+def test_a_stream_that_sends_nothing_is_closed_and_frees_its_place(trained) -> None:
+    recognizer, waves = trained
+    with running_server(recognizer, OPTIONS, max_connections=1, idle_timeout=0.5) as (_, port):
+        url = f"ws://127.0.0.1:{port}/"
+        error, code = refused(url)  # started, then nothing
+        assert (error["message"], code) == ("no audio for 0.5 s: the stream is closed", 1008)
+        error, code = refused(url, pcm16(waves[UID])[:3200])  # some audio, then nothing
+        assert code == 1008
+        assert session(url, pcm16(waves[UID]))[-1]["type"] == "done"  # its place is free
+
+
 class NonReadingClient:
     """A WebSocket client that, after the handshake, only writes: its socket's buffers fill."""
 
@@ -401,6 +439,45 @@ def test_a_client_too_slow_to_read_is_dropped(trained) -> None:
         assert live.dropped_slow == 1
         client.sock.close()
         assert session(f"ws://127.0.0.1:{port}/", pcm16(waves[UID]))[-1]["type"] == "done"
+
+
+def test_a_client_sending_faster_than_the_model_decodes_waits_and_loses_nothing(
+    trained, monkeypatch, capsys
+) -> None:
+    """Past `max_backlog_seconds` of undecoded audio a stream's socket is not read until the
+    model catches up: a flood does not pile up in the server, and a fast sender (`asr connect`
+    sends files so) waits instead of being cut off, and gets every final."""
+    from asr.streaming import Stream
+
+    recognizer, waves = trained
+    held = []  # a stream's audio not yet decoded, as each piece reaches the model's thread
+    feed = Stream.feed
+    monkeypatch.setattr(
+        Stream,
+        "feed",
+        lambda self, s: feed(self, s) or held.append(self.samples - self.decoded_samples),
+    )
+    data = pcm16(torch.cat([waves[UID]] * 4))  # 10.4 s, sent at once in messages of 0.1 s
+    with running_server(recognizer, OPTIONS, max_backlog_seconds=0.5) as (_, port):
+        url = f"ws://127.0.0.1:{port}/"
+        messages = session(url, data)
+        assert main(["connect", url, str(WAV / f"{UID}.wav")]) == 0
+    assert max(held) <= (0.5 + 0.2) * 16000, max(held)  # the limit, and a message or two
+    offline = stream_transcript(recognizer, from_pcm16(data), OPTIONS)
+    assert messages[-1] == {"type": "done", "text": offline.text, "duration": 10.4}
+    assert printed_texts(capsys.readouterr().out) == ["U M N Y H SIX"]
+
+
+def test_at_full_context_a_recording_over_the_backlog_limit_is_refused(trained) -> None:
+    """Nothing is decoded before the end there: the limit is the longest recording."""
+    recognizer, waves = trained
+    full = StreamOptions(chunk_ms=None, endpoint=None)
+    with running_server(recognizer, full, max_backlog_seconds=2.0) as (_, port):
+        url = f"ws://127.0.0.1:{port}/"
+        data = pcm16(waves[UID])  # 2.6 s
+        error, code = refused(url, data[: 2 * 16000], data[2 * 16000 :])
+        assert code == 1009 and error["message"].startswith("over 2 s of audio: at full context")
+        assert session(url, data[: 2 * 16000])[-1]["type"] == "done"
 
 
 def test_asr_serve_serves_the_page_and_the_socket(tiny_checkpoint, an4_fixture) -> None:
