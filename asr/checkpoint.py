@@ -108,7 +108,8 @@ def build_from_payload(
     CheckpointError names `source` where the config does not build (a newer asr's option, a
     class that is not there). The random initial weights, replaced by the checkpoint's, leave
     the caller's random numbers alone."""
-    foreign = _foreign_name(payload["model_config"])
+    taken = inspect.signature(builder).parameters  # the rest (init_from...) is not parsed
+    foreign = _foreign_name({k: v for k, v in payload["model_config"].items() if k in taken})
     if foreign is not None:
         raise CheckpointError(
             f"{source}: its model config names {foreign!r}, not a class of asr: building it "
@@ -143,7 +144,7 @@ def _foreign_name(config: Any) -> str | None:
     'asr.models.seq2seq.nn.Identity'
     """
     if isinstance(config, str):
-        return config if _DOTTED.fullmatch(config) and not _in_asr(config) else None
+        return config if _import_path(config) and not _in_asr(config) else None
     if isinstance(config, dict):  # file names (cmvn.json) are no import paths
         config = [v for k, v in config.items() if k not in ASSET_KEYS]
     if not isinstance(config, list):
@@ -151,7 +152,13 @@ def _foreign_name(config: Any) -> str | None:
     return next((f for f in map(_foreign_name, config) if f is not None), None)
 
 
-_DOTTED = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+")  # an import path, not a file name
+def _import_path(text: str) -> bool:
+    """Whether jsonargparse would take `text` for an import path: dotted Python names.
+
+    >>> _import_path("ñpkg.payload.build"), _import_path("a/b.json"), _import_path("hann")
+    (True, False, False)
+    """
+    return "." in text and all(part.isidentifier() for part in text.split("."))
 
 
 def _in_asr(name: str) -> bool:

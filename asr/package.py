@@ -278,7 +278,9 @@ def _encoded_asset(folder: Path, name: str) -> str:
 def _encoded(path: Path) -> str:
     """A tokenizer or asset file of a package, base64; CheckpointError where it is no regular
     file (a pipe would hang the read, a device never end it) or is larger than such files are."""
-    if not path.is_file():  # links are followed: an hf:// snapshot's files link into its cache
+    if not path.exists():  # links are followed: an hf:// snapshot's files link into its cache
+        raise CheckpointError(f"{path}: missing (a broken link)")
+    if not path.is_file():
         raise CheckpointError(f"{path}: not a regular file (a folder, pipe or device)")
     if path.stat().st_size > MAX_SIDE_FILE:
         raise CheckpointError(

@@ -383,7 +383,8 @@ def test_a_config_this_asr_cannot_build_is_named(package):
     [
         (lambda c: c["encoder"].update(class_path="stranger.Encoder"), "stranger.Encoder"),
         (lambda c: c.update(encoder="stranger.build"), "stranger.build"),  # a callable's path
-        (lambda c: c.update(extra=[{"dict_kwargs": {"x": "stranger.X"}}]), "stranger.X"),
+        (lambda c: c.update(encoder="ñstranger.build"), "ñstranger.build"),  # any identifier
+        (lambda c: c["encoder"].update(dict_kwargs={"x": ["stranger.X"]}), "stranger.X"),
         # torch's class reached through an asr module: not one of asr's
         (lambda c: c["encoder"].update(class_path="asr.models.seq2seq.nn.Identity"),
          "asr.models.seq2seq.nn.Identity"),
@@ -395,7 +396,7 @@ def test_a_config_naming_code_outside_asr_is_refused_before_importing_it(
     """A package is data: a class or callable named by its import path in a module beside it
     (or anywhere on the path) would run that module's code on loading, which `load_model` must
     never do."""
-    (tmp_path / "stranger.py").write_text(
+    (tmp_path / f"{named.split('.')[0]}.py").write_text(
         f"open({str(tmp_path / 'ran')!r}, 'w').close()\nclass Encoder: pass\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -405,6 +406,15 @@ def test_a_config_naming_code_outside_asr_is_refused_before_importing_it(
     with pytest.raises(CheckpointError, match=rf"names '{re.escape(named)}', not a class of asr"):
         asr.load_model(package)
     assert not (tmp_path / "ran").exists()
+
+
+def test_settings_of_training_alone_that_name_files_are_no_import_paths(package):
+    """A fine-tune's config names the model it started from, and every config its tokenizer:
+    file names, not parsed to build the network."""
+    config = json.loads((package / CONFIG_FILE).read_text())
+    config["model_config"] |= {"init_from": "avg.ckpt", "tokenizer": "data.an4"}
+    (package / CONFIG_FILE).write_text(json.dumps(config))
+    assert asr.load_model(package).transcribe(WAV / "an4_clstk/fash/an251-fash-b.wav").text
 
 
 def test_weights_that_do_not_fit_the_config_are_named(package):
