@@ -169,20 +169,22 @@ give --force to run it again (and the stages after it), or another --exp/--data"
   "$@" &
   job=$!
   set +m
-  trap "stop_job $job 143" TERM
-  trap "stop_job $job 130" INT
+  trap "stop_job $job TERM 143" TERM
+  trap "stop_job $job INT 130" INT
+  trap "stop_job $job TERM 129" HUP # the terminal closed (nohup: ignored, no trap)
   wait "$job"
-  trap - TERM INT
+  trap - TERM INT HUP
   current_stage=""
   printf '%s\n' "$record" >"$marker"
   echo "== stage $n ($name): done in $((SECONDS - started)) s"
 }
 
-# stop_job PID STATUS: SIGTERM to the job PID's process group, then exit STATUS once it ended.
+# stop_job PID SIGNAL STATUS: SIGNAL to the job PID's process group, then exit STATUS once it
+# ended.
 stop_job() {
-  kill -TERM -- "-$1" 2>/dev/null || true
+  kill -"$2" -- "-$1" 2>/dev/null || true
   wait "$1" || true
-  exit "$2"
+  exit "$3"
 }
 
 # stage_command COMMAND...: a stage's command as its marker records it: resuming a fit is
@@ -212,9 +214,10 @@ same_stage() {
 on_exit() {
   local status=$?
   { [ "$status" -ne 0 ] && [ -n "$current_stage" ]; } || return 0  # the script's status stays
-  if [ "$status" -eq 143 ] || [ "$status" -eq 130 ]; then
+  if [ "$status" -eq 143 ] || [ "$status" -eq 130 ] || [ "$status" -eq 129 ]; then
     local by=SIGTERM
-    [ "$status" -eq 143 ] || by=Ctrl-C
+    [ "$status" -ne 130 ] || by=Ctrl-C
+    [ "$status" -ne 129 ] || by="SIGHUP (its terminal closed)"
     echo "== stage $current_stage stopped by $by (exit $status); re-run to carry on:" \
       "finished stages are skipped, training resumes from its last.ckpt" >&2
   else
