@@ -138,9 +138,10 @@ def init_from(model: nn.Module, path: str | os.PathLike, tokenizer: Tokenizer) -
     return report
 
 
-# Settings of training alone: a fine-tune may change them and still compute what was learnt.
+# Settings of training or speed alone: a fine-tune may change them and still compute what was
+# learnt (max_len: the positional table grows on demand).
 TRAINING_ONLY = {"augment", "dropout", "attention_dropout", "dynamic_chunk", "full_context_prob",
-                 "stats_path", "mean", "std"}  # fmt: skip
+                 "stats_path", "mean", "std", "dither", "unpacked_on_cpu", "max_len"}  # fmt: skip
 
 
 def check_same_settings(trained: dict, config: dict) -> None:
@@ -159,7 +160,8 @@ def check_same_settings(trained: dict, config: dict) -> None:
     for part in ("frontend", "encoder"):
         _flatten(trained.get(part), part, then)
         _flatten(config.get(part), part, now)
-    differ = [k for k in sorted(then.keys() | now.keys()) if then.get(k) != now.get(k)]
+    # where a setting is in one config alone, the other's asr had it not (its default held)
+    differ = [k for k in sorted(then.keys() & now.keys()) if then[k] != now[k]]
     if differ:
         first, more = differ[0], len(differ) - 1
         raise ValueError(
@@ -171,11 +173,21 @@ def check_same_settings(trained: dict, config: dict) -> None:
 
 
 def _flatten(value: Any, key: str, into: dict[str, Any]) -> None:
-    """`value`'s leaves by dotted key, without `init_args` parts or training-only settings."""
+    """`value`'s leaves by dotted key, without `init_args` parts or training-only settings; a
+    part given as a class, under its own key too (so that one and None differ).
+
+    >>> found = {}
+    >>> _flatten({"level": {"class_path": "L", "init_args": {"dbfs": -20}}}, "f", found)
+    >>> found
+    {'f.level': 'L', 'f.level.dbfs': -20}
+    """
     if key.rsplit(".", 1)[-1] in TRAINING_ONLY:
         return
-    if isinstance(value, dict):
-        for name, item in value.items():
-            _flatten(item, key if name == "init_args" else f"{key}.{name}", into)
-    else:
+    if not isinstance(value, dict):
         into[key] = value
+        return
+    if "class_path" in value:
+        into[key] = value["class_path"]
+    for name, item in value.items():
+        if name != "class_path":
+            _flatten(item, key if name == "init_args" else f"{key}.{name}", into)

@@ -567,6 +567,7 @@ class ASRCLI(LightningCLI):
 
     argv: Sequence[str] = ()  # the command's options, set by `run_lightning_cli`
     _checkpoint: dict | None = None  # --ckpt_path's, read once, until the classes are checked
+    _init_from: str | None = None  # the model a resumed fine-tune started from
 
     def _parse_ckpt_path(self) -> None:
         # Lightning rebuilds the model from a checkpoint file's hyperparameters, over --model
@@ -624,7 +625,9 @@ class ASRCLI(LightningCLI):
             self._checkpoint = load_checkpoint(last)
         model = config.model.get("init_args") if config.get("model") else None
         if self._checkpoint is not None and model is not None and model.get("init_from"):
-            model.init_from = None  # the checkpoint's weights replace its: it need not be there
+            # the checkpoint's weights replace its: it is not read (nor need it be there), and
+            # named again once the model is built, so that the run's records keep it
+            self._init_from, model.init_from = model.init_from, None
         if config.step_checkpoint.dirpath is None:
             config.step_checkpoint.dirpath = config.checkpoint.dirpath
         if config.trainer.logger in (None, True):
@@ -639,6 +642,9 @@ class ASRCLI(LightningCLI):
 
     def instantiate_classes(self) -> None:
         super().instantiate_classes()
+        if self._init_from is not None:
+            config = self.config[self.subcommand] if self.subcommand else self.config
+            config.model.init_args.init_from = self.model.hparams["init_from"] = self._init_from
         _check_sample_rates(self.model, self.datamodule)
         watch_ranks(self.trainer)
         sigterm_without_collective(self.trainer)

@@ -6,13 +6,20 @@ import logging
 
 import pytest
 import torch
+import yaml
 from conftest import TINY_MODEL_CONFIG
 from test_lightning import _fit_args, refused, tiny_an4  # noqa: F401
 
 from asr.checkpoint import instantiate, load_checkpoint, submodule_weights
 from asr.cli import main
 from asr.data.manifest import read_manifest
-from asr.finetune import init_from, shared_tokens, transfer_weights, vocabulary_tensors
+from asr.finetune import (
+    check_same_settings,
+    init_from,
+    shared_tokens,
+    transfer_weights,
+    vocabulary_tensors,
+)
 from asr.models.seq2seq import build_seq2seq
 from asr.text import CharTokenizer, Tokenizer
 
@@ -114,6 +121,8 @@ def test_fit_from_a_trained_model_with_its_encoder_frozen(tiny_an4, tmp_path, ca
     main(_fit_args(data, tmp_path / "tuned") + [
         "--trainer.max_epochs", "1", "--model.init_from", str(trained), "--ckpt_path", "last",
     ])  # fmt: skip
+    saved = yaml.safe_load((tmp_path / "tuned" / "logs" / "version_1" / "config.yaml").read_text())
+    assert saved["model"]["init_args"]["init_from"] == str(trained), "the run's record keeps it"
     # tensors of the same shapes that compute otherwise: features of another frame rate
     hop = "--model.init_args.frontend.init_args.features.init_args.hop_length"
     said = refused(_fit_args(data, tmp_path / "hop") + [
@@ -130,3 +139,18 @@ def test_init_from_reads_packages_too(tiny_checkpoint, tmp_path):
     fresh = _model(tokenizer, 3)
     report = init_from(fresh, tmp_path / "package", tokenizer)
     assert report.copied == list(fresh.state_dict())
+
+
+def test_settings_of_training_alone_or_unknown_to_one_model_may_change():
+    trained = {
+        "frontend": {"class_path": "F", "init_args": {"dither": 1.0, "level": None}},
+        "encoder": {"init_args": {"max_len": 5000, "unpacked_on_cpu": True}},
+    }
+    tuned = {
+        "frontend": {"class_path": "F", "init_args": {"dither": 0.0, "level": None}},
+        "encoder": {"init_args": {"max_len": 9000, "unpacked_on_cpu": False, "new": 1}},
+    }
+    check_same_settings(trained, tuned)  # an asr newer than the model's has a new setting
+    tuned["frontend"]["init_args"]["level"] = {"class_path": "L", "init_args": {"dbfs": -20}}
+    with pytest.raises(ValueError, match="frontend.level is None, this config's 'L'"):
+        check_same_settings(trained, tuned)
