@@ -44,6 +44,7 @@ FILE_KEYS = ("model", "data", "optimizer", "lr_scheduler", *GROUPS)
 LINKED = {"model.tokenizer": "data.tokenizer", "model.vocab_size": "data.tokenizer"}
 CONFIG_SUFFIXES = (".yaml", ".yml", ".json")
 STR_TAG = "tag:yaml.org,2002:str"
+MERGE = "<<"  # YAML's merge key: a mapping's entries taken into another
 _RESOLVER = yaml.resolver.Resolver()  # the tag PyYAML gives a plain scalar with none of its own
 
 
@@ -137,7 +138,7 @@ def _top_level_problems(root: yaml.Node | None, keys: tuple[str, ...]) -> Iterat
     if not isinstance(root, yaml.MappingNode):
         return
     for k, _ in root.value:
-        if isinstance(k, yaml.ScalarNode) and k.value not in keys:
+        if isinstance(k, yaml.ScalarNode) and k.value not in (*keys, MERGE):
             known = list(keys)
             yield k.start_mark.line + 1, f"{k.value}: no such key{_did_you_mean(k.value, known)}"
 
@@ -150,6 +151,7 @@ def _problems(node: yaml.Node, key: str, classes: dict[str, tuple[Any, str]]) ->
     if not isinstance(node, yaml.MappingNode):
         return
     yield from _duplicates(node, key)
+    yaml.SafeLoader("").flatten_mapping(node)  # `<<: *defaults` merged in, as YAML reads it
     entries = {k.value: (k, v) for k, v in node.value if isinstance(k, yaml.ScalarNode)}
     for name, (k, _) in entries.items():
         source = LINKED.get(_plain(_join(key, name)))
@@ -176,7 +178,7 @@ def _duplicates(node: yaml.MappingNode, key: str) -> Iterator[Problem]:
     """The keys given twice in a mapping: YAML keeps the last value, silently."""
     first: dict[str, int] = {}
     for k, _ in node.value:
-        if isinstance(k, yaml.ScalarNode):
+        if isinstance(k, yaml.ScalarNode) and k.value != MERGE:
             line = k.start_mark.line + 1
             if k.value in first:
                 said = f"(first at line {first[k.value]}): YAML keeps only the last"
@@ -272,15 +274,19 @@ def _type_problem(annotation, value, default=inspect.Parameter.empty) -> str | N
 
 
 def option_problems(
-    argv: Sequence[str], classes: dict[str, tuple[Any, str]], groups: dict[str, Any]
+    argv: Sequence[str],
+    classes: dict[str, tuple[Any, str]],
+    groups: dict[str, Any] | None = None,
 ) -> list[str]:
     """Each `--key.name` option in `argv` whose class takes no argument `name`, or whose value
     the argument's plain type refuses, or that a link overrides, as `--option: what is wrong`;
     and the problems of a file given for a top-level key (`--model m.yaml`). `classes` maps key
     paths to the classes the configs named there (and their class_path); a key whose class the
     command line names anew is left to jsonargparse. `groups` maps keys to the classes whose
-    arguments are the CLI's own options (the Trainer's), where an abbreviation of an argument's
-    name passes (argparse expands it)."""
+    arguments are the CLI's own options (None: those of GROUPS), where an abbreviation of an
+    argument's name passes (argparse expands it)."""
+    if groups is None:
+        groups = {key: found[0] for key in GROUPS if (found := _group(key)) is not None}
     options = list(_options(argv))
     problems = []
     for option, value in options:

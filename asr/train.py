@@ -895,8 +895,7 @@ def run_lightning_cli(argv: Sequence[str]) -> ASRCLI:
     classes: dict[str, tuple[Any, str]] = {}  # what each config names, for those laid over it
     paths = config_paths(argv)
     problems = [p for path in paths for p in config_problems(path, classes, argv[0])]
-    groups = {"trainer": L.Trainer, "checkpoint": RunCheckpoint, "step_checkpoint": StepCheckpoint}
-    problems += option_problems(argv, classes, groups | {"epoch_clock": EpochClock})
+    problems += option_problems(argv, classes)
     if problems:
         for problem in problems:
             print(f"asr {argv[0]}: error: {problem}", file=sys.stderr)

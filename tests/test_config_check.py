@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import yaml
 
 from asr.config_check import config_paths, config_problems, option_problems
 
@@ -95,6 +96,47 @@ def test_a_value_its_plain_type_refuses_is_named_with_its_line(tmp_path, old, ne
 def test_values_jsonargparse_takes_pass(tmp_path, old, new) -> None:
     path, _ = edited(tmp_path, old, new)
     assert config_problems(path) == []
+
+
+SCALARS = ["3", '"3"', "3.0", "1e3", "-2", "yes", "true", "null", "abc", '"0.3x"', "''", "[1]",
+           "{a: 1}", "!!str 5"]  # fmt: skip
+
+
+@pytest.mark.parametrize("annotation", [int, float, bool, str, int | None, float | None])
+def test_a_value_refused_before_parsing_is_one_jsonargparse_refuses(annotation) -> None:
+    """Soundness against jsonargparse itself: the pre-check may let a bad value through (then
+    jsonargparse says it), but never refuses one jsonargparse would take."""
+    from jsonargparse import ArgumentParser
+
+    from asr.config_check import _type_problem, _value
+
+    flagged, refused = [], []
+    for text in SCALARS:
+        parser = ArgumentParser(exit_on_error=False)
+        parser.add_argument("--x", type=annotation)
+        try:
+            parser.parse_string(f"x: {text}")
+        except Exception:  # its ArgumentError, or a TypeError on the way
+            refused.append(text)
+        node = yaml.compose(f"x: {text}", Loader=yaml.SafeLoader).value[0][1]
+        if _type_problem(annotation, _value(node)) is not None:
+            flagged.append(text)
+    assert set(flagged) <= set(refused), f"flagged though jsonargparse takes them: {flagged}"
+    assert flagged, "the check refuses nothing of this type at all"
+
+
+def test_merge_keys_are_read_as_yaml_reads_them(tmp_path) -> None:
+    """`<<: *x` takes a mapping's entries: no key of its own, and those it merges in checked."""
+    good = tmp_path / "good.yaml"
+    good.write_text("checkpoint: {<<: {save_top_k: 3}, mode: max}\n"
+                    "trainer:\n  <<: {max_steps: 2}\n  max_steps: 3\n")  # fmt: skip
+    assert config_problems(good) == []
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("trainer:\n  <<: {max_stepz: 2}\n")
+    assert config_problems(bad) == [
+        f"{bad}:2: trainer.max_stepz: the Trainer takes no argument 'max_stepz' (did you mean "
+        "'max_steps'?)"
+    ]
 
 
 def test_a_key_given_twice_is_named_with_both_lines(tmp_path) -> None:
