@@ -28,8 +28,6 @@ def manifest(tmp_path):
         (["tokenizer", "--manifest", "{dir}", "--out", "{tmp}/tok"], "Is a directory"),
         (["cmvn", "--manifest", "{m}", "--out", "{dir}"], "dir: is a directory, not a file"),
         (["validate-data", "--manifest", "{m}", "--report", "{dir}"], "Is a directory"),
-        (["validate-data", "--manifest", "{m}", "{empty}"],
-         "empty.jsonl: no utterances to validate"),
         (["prepare", "yesno", "--data-dir", "{dir}", "--out", "{file}", "--dev-size", "3"],
          "yesno takes no option 'dev_size'; it is an option of an4"),
         (["cmvn", "--manifest", "{m}", "--out", "{tmp}/c.json", "--config", "{bad_yaml}"],
@@ -44,14 +42,12 @@ def manifest(tmp_path):
 def test_a_path_or_config_that_cannot_work_is_named(argv, said, manifest, tmp_path, capsys):
     (tmp_path / "dir").mkdir()
     (tmp_path / "file").write_text("")
-    (tmp_path / "empty.jsonl").write_text("")
     (tmp_path / "bad.yaml").write_text("model:\n  a: [1, 2\n")
     (tmp_path / "class.yaml").write_text(
         "model:\n  init_args:\n    frontend:\n      class_path: asr.frontends.NoSuchFrontend\n"
     )
     places = {"m": manifest, "dir": tmp_path / "dir", "file": tmp_path / "file", "tmp": tmp_path,
-              "empty": tmp_path / "empty.jsonl", "bad_yaml": tmp_path / "bad.yaml",
-              "bad_class": tmp_path / "class.yaml"}  # fmt: skip
+              "bad_yaml": tmp_path / "bad.yaml", "bad_class": tmp_path / "class.yaml"}  # fmt: skip
     assert main([arg.format(**places) for arg in argv]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"asr {argv[0]}: error: ") and said in err
@@ -62,8 +58,12 @@ def test_validate_data_reports_every_manifest(manifest, tmp_path, capsys):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"audio_filepath": "gone.wav", "duration": 1, "text": "no"}\n')
     report = tmp_path / "reports" / "report.txt"
-    argv = ["validate-data", "--manifest", str(bad), str(manifest), "--report", str(report)]
+    empty = tmp_path / "empty.jsonl"  # refused as training refuses it, and the others go on
+    empty.write_text("\n")
+    argv = ["validate-data", "--manifest", str(bad), str(empty), str(manifest),
+            "--report", str(report)]  # fmt: skip
     assert main(argv) == 1
     lines = report.read_text().splitlines()
     assert lines[0] == f"{bad}: 0 good, 1 bad" and lines[1].startswith(f"{bad}:1: audio ")
-    assert lines[2:] == [f"{manifest}: 1 good, 0 bad"]
+    assert lines[2:] == [f"{empty}: no utterances to validate", f"{manifest}: 1 good, 0 bad"]
+    assert f"{empty}: no utterances to validate" in capsys.readouterr().out
