@@ -62,7 +62,8 @@ async def _connect(
             if waits := args.realtime:
                 sent = _in_real_time(sent)
         try:
-            ws = await open_socket(args.url, ssl=tls, open_timeout=args.timeout)
+            # no keepalive pings: a server holding a fast sender back reads no pongs either
+            ws = await open_socket(args.url, ssl=tls, open_timeout=args.timeout, ping_interval=None)
         except (OSError, InvalidURI, InvalidHandshake) as err:
             hint = " (--cafile trusts it)" if isinstance(err, ssl.SSLCertVerificationError) else ""
             if not str(err) and isinstance(err, ConnectionResetError):  # it says nothing itself

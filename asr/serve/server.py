@@ -40,9 +40,11 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 import numpy as np
 from websockets.exceptions import ConnectionClosed, ConnectionClosedOK
+from websockets.protocol import State
 
 from asr.audio import LOUDEST_SAMPLE
 from asr.explore.records import quantized_attention
@@ -102,12 +104,25 @@ class ServeOptions:
 
 
 def allowed_origin(origin: str) -> str:
-    """`origin` as a browser sends it in lower case (`http(s)://HOST[:PORT]`), or a ValueError."""
-    scheme, _, host = origin.lower().partition("://")
-    if scheme not in ("http", "https") or not host or "/" in host:
-        form = "http(s)://HOST[:PORT], as a browser sends it"
+    """`origin` as a browser sends it (`http(s)://HOST[:PORT]`: lower case, the host in IDNA,
+    no default port), or a ValueError.
+
+    >>> allowed_origin("https://Bücher.example:443"), allowed_origin("http://[::1]:8765")
+    ('https://xn--bcher-kva.example', 'http://[::1]:8765')
+    """
+    scheme, _, rest = origin.partition("://")
+    scheme, form = scheme.lower(), "http(s)://HOST[:PORT], as a browser sends it"
+    try:
+        parts = urlsplit(f"{scheme}://{rest}")
+        host, port = parts.hostname, parts.port
+        host = host if host is None or host.isascii() else host.encode("idna").decode()
+    except (ValueError, UnicodeError):
+        host = None
+    if scheme not in ("http", "https") or not host or parts.path or parts.query:
         raise ValueError(f"{origin!r} is not an origin: {form}")
-    return origin.lower()
+    host = f"[{host}]" if ":" in host else host
+    default = {"http": 80, "https": 443}[scheme]
+    return f"{scheme}://{host}" + (f":{port}" if port not in (None, default) else "")
 
 
 def tls_context(certfile: str, keyfile: str | None = None) -> ssl.SSLContext:
@@ -225,6 +240,9 @@ class LiveServer:
                 process_request=self._page,
                 max_size=8 * self.options.max_message_bytes,  # beyond our own, clearer limit
                 max_queue=8,  # frames buffered while a stream's backlog is full: then TCP waits
+                # a stream held back is not read, nor are its pongs: dead peers are found by
+                # --idle-timeout and by the closing of their sockets instead
+                ping_interval=None,
                 write_limit=self.options.write_limit_bytes,
                 ssl=self.tls,
             )
@@ -433,8 +451,21 @@ class LiveServer:
                 "and one longer is refused (asr serve --max-backlog)",
                 TOO_BIG,
             )
+        if client.failed is not None:  # its sender says why and closes
+            return
         client.room.clear()
-        await client.room.wait()
+        room, closed = (
+            asyncio.ensure_future(client.room.wait()),
+            asyncio.ensure_future(client.ws.wait_closed()),
+        )
+        try:  # a client gone while held back is forgotten at once, as one gone otherwise
+            await asyncio.wait({room, closed}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            room.cancel()
+            closed.cancel()
+        if client.ws.state is State.CLOSED:
+            client.inbox.clear()
+            raise ConnectionClosedOK(None, None)
 
     def _samples(self, message: bytes, client: _Client) -> np.ndarray:
         if len(message) > self.options.max_message_bytes:
@@ -498,6 +529,8 @@ class LiveServer:
             if more:  # chunks still ready: the next batch at once
                 self._work.set()
             limit = self.options.max_backlog_seconds * self.sample_rate
+            for client in self.clients - set(clients):  # failed earlier: never held back
+                client.room.set()
             for client in clients:
                 # its socket is read again once under the limit, or when the model can decode no
                 # more of it (its stream failed or ended, or a limit below a chunk's audio)

@@ -359,10 +359,11 @@ def test_a_browser_may_open_the_socket_only_from_the_servers_own_page(trained) -
     from asr.serve.server import ServeOptions
 
     recognizer, waves = trained
-    allowed = ("https://ASR.example.org",)
+    allowed = ("https://ASR.example.org:443", "https://bücher.example")  # as browsers send:
     with running_server(recognizer, OPTIONS, allow_origins=allowed) as (_, port):
         url, data = f"ws://127.0.0.1:{port}/", pcm16(waves[UID])[:16000]
-        for origin in (None, f"http://127.0.0.1:{port}", "https://asr.example.org"):
+        for origin in (None, f"http://127.0.0.1:{port}", "https://asr.example.org",
+                       "https://xn--bcher-kva.example"):  # fmt: skip
             assert session(url, data, origin=origin)[-1]["type"] == "done", origin
         for origin in ("https://evil.example", f"http://127.0.0.1:{port + 1}", "null"):
             with pytest.raises(InvalidStatus) as refusal:
@@ -466,6 +467,49 @@ def test_a_client_sending_faster_than_the_model_decodes_waits_and_loses_nothing(
     offline = stream_transcript(recognizer, from_pcm16(data), OPTIONS)
     assert messages[-1] == {"type": "done", "text": offline.text, "duration": 10.4}
     assert printed_texts(capsys.readouterr().out) == ["U M N Y H SIX"]
+
+
+def _flood(url: str, seconds: int, leave: bool) -> None:
+    """Send `seconds` of audio in messages of 10 s, as fast as the socket takes them, then
+    leave without a close frame (`leave`) or wait for the server to close."""
+    with contextlib.suppress(ConnectionClosed, OSError), connect(url) as ws:
+        ws.send(START)
+        ws.recv(10)
+        for _ in range(seconds // 10):
+            ws.send(bytes(2 * 16000 * 10))
+        if leave:
+            ws.socket.shutdown(socket.SHUT_RDWR)
+            ws.socket.close()
+        else:
+            for _ in ws:
+                pass
+
+
+def test_a_client_held_back_that_leaves_or_fails_is_forgotten(trained, monkeypatch) -> None:
+    """A stream waiting for the model to catch up must still end when its client goes (its
+    queued audio is not decoded for nobody) or its recognition fails (nothing else would wake
+    it: the server could then not stop either)."""
+    from asr.streaming import Stream
+
+    recognizer, _ = trained
+    decoded, feed = [], Stream.feed
+
+    def slow_feed(self, samples):
+        if getattr(self, "fail", False):
+            raise RuntimeError("feed failed")
+        time.sleep(0.05)  # a model slower than the sender
+        decoded.append(len(samples))
+        return feed(self, samples)
+
+    monkeypatch.setattr(Stream, "feed", slow_feed)
+    with running_server(recognizer, OPTIONS, max_backlog_seconds=0.5) as (live, port):
+        url = f"ws://127.0.0.1:{port}/"
+        _flood(url, 60, leave=True)
+        wait_until(lambda: live.active_streams == 0)
+        assert sum(decoded) < 30 * 16000, "the audio of a client gone was decoded"
+        monkeypatch.setattr(Stream, "fail", True, raising=False)
+        _flood(url, 60, leave=False)
+        wait_until(lambda: live.active_streams == 0)
 
 
 def test_at_full_context_a_recording_over_the_backlog_limit_is_refused(trained) -> None:

@@ -192,7 +192,10 @@
         if (current() || !session) say(`Error: ${message.message}`, true);
       }
     };
-    ws.onerror = () => { if (current() && !s.ready) say("Cannot reach the server.", true); };
+    // a refused origin (403) looks like an unreachable server to the page: both are said
+    const why = "Cannot open the socket: is the server running? A page at a host name or behind "
+      + "a proxy needs asr serve --allow-origin.";
+    ws.onerror = () => { if (current() && !s.ready) say(why, true); };
     ws.onclose = (event) => {
       const mine = current() || !session;
       if (event.code === 1001) {
