@@ -642,14 +642,13 @@ class ASRCLI(LightningCLI):
 
     def instantiate_classes(self) -> None:
         super().instantiate_classes()
+        config = self.config[self.subcommand] if self.subcommand else self.config
         if self._init_from is not None:
-            config = self.config[self.subcommand] if self.subcommand else self.config
             config.model.init_args.init_from = self.model.hparams["init_from"] = self._init_from
         _check_sample_rates(self.model, self.datamodule)
         watch_ranks(self.trainer)
         sigterm_without_collective(self.trainer)
         self.trainer.callbacks += [LostRank(), self.ctrl_c]
-        config = self.config[self.subcommand] if self.subcommand else self.config
         checkpoint, self._checkpoint = self._checkpoint, None  # not held while training
         path = config.ckpt_path
         if path == "last":
