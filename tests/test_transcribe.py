@@ -906,7 +906,7 @@ def test_cli_reads_a_manifest_with_offsets_and_names_its_bad_lines(transcribe_cl
     two = tmp_path / "two.wav"
     assert stdout.splitlines() == [f"{two}{first[3:]}\tYES", f"{two}{second[3:]}\tGO"]
     assert f"error: {manifest}:3: invalid JSON" in stderr
-    assert f"error: {tmp_path / 'missing.wav'}: file not found" in stderr
+    assert f"error: {manifest}:4: audio {tmp_path / 'missing.wav'}: file not found" in stderr
     assert "2 of 4 files failed" in stderr
 
 

@@ -38,6 +38,7 @@ class Input:
     name: str  # its path, "-" for stdin, "path@start-end" (ms) for a clip
     stem: PurePath  # its outputs' path under the output directory, without suffix
     fields: Mapping[str, Any] | None = None  # a manifest line's own fields (id, text...)
+    line: str | None = None  # `manifest:line` of a manifest's clip
 
 
 class Found(NamedTuple):
@@ -48,6 +49,7 @@ class Found(NamedTuple):
     path: str  # the path its output stem comes from
     base: str | None  # that path's base folder, or None
     fields: Mapping[str, Any] | None = None  # a manifest line's own fields
+    line: str | None = None  # `manifest:line`
 
 
 def expand_inputs(
@@ -88,7 +90,7 @@ def expand_inputs(
     there = [f for f, ok in zip(kept, exists) if ok]
     stems = iter(output_stems([f.path for f in there], [f.base for f in there], unique_stems))
     inputs = [
-        Input(f.audio, f.name, next(stems) if ok else PurePath(Path(f.path).stem), f.fields)
+        Input(f.audio, f.name, next(stems) if ok else PurePath(Path(f.path).stem), f.fields, f.line)
         for f, ok in zip(kept, exists)
     ]
     return inputs, failures
@@ -148,7 +150,7 @@ def _manifest_inputs(manifest: Path, failures: list[str]) -> list[Found]:
     except (OSError, UnicodeDecodeError) as error:
         failures.append(f"{manifest}: cannot read manifest ({error})")
         return []
-    clips, fields, bad = [], [], 0
+    clips, fields, where, bad = [], [], [], 0
     for number, line in enumerate(lines, 1):
         if line.strip():
             try:
@@ -159,18 +161,19 @@ def _manifest_inputs(manifest: Path, failures: list[str]) -> list[Found]:
             else:
                 clips.append(Clip(path, offset, duration))
                 fields.append(record)
+                where.append(f"{manifest}:{number}")
     if not clips and not bad:
         failures.append(f"{manifest}: no lines")
     lines_of = Counter(clip.path for clip in clips)
     found: list[Found] = []
-    for clip, own in zip(clips, fields):
+    for clip, own, line in zip(clips, fields, where):
         path = Path(clip.path)
         if lines_of[clip.path] == 1:
-            found.append(Found(clip, str(path), str(path), str(path.parent), own))
+            found.append(Found(clip, str(path), str(path), str(path.parent), own, line))
         else:  # told apart by their spans
             span = _span(clip)
             named = path.with_name(f"{path.stem}{span}{path.suffix}")
-            found.append(Found(clip, f"{path}{span}", str(named), str(path.parent), own))
+            found.append(Found(clip, f"{path}{span}", str(named), str(path.parent), own, line))
     return found
 
 
@@ -257,7 +260,8 @@ def transcribe_files(
             )
             for index, (item, result) in enumerate(zip(group, results)):
                 if result.error is not None:
-                    _say(f"asr transcribe: error: {item.name}: {result.error.reason}\n", sys.stderr)
+                    said = f"{item.line}: audio {item.name}" if item.line else item.name
+                    _say(f"asr transcribe: error: {said}: {result.error.reason}\n", sys.stderr)
                     failed.append(item.name)
                 elif out_dir is None:
                     text = timed_lines(result.transcript)
