@@ -14,6 +14,8 @@ from typing import IO
 
 from asr.cli.console import PCM_BLOCK_SECONDS, Lines, StdinPcm, ctrl_c_ends_the_input, pieces
 
+SILENT_SERVER = 60.0  # seconds without a message from a server that decodes in chunks
+
 
 def connect(args: argparse.Namespace, out: IO[str] | None = None) -> int:
     """`asr connect`: stream each input to a running `asr serve` and print its results as
@@ -115,12 +117,21 @@ async def _print_results(ws, lines: Lines, name: str, jsonl: bool = False) -> bo
 
     from asr.writers import timed_line
 
-    said_why = False
+    said_why, chunked = False, False
     with contextlib.suppress(ConnectionClosed):  # the close is reported by `_connect`
-        async for message in ws:
+        while True:
+            try:  # a server decoding in chunks sends a partial for each: silence means stuck
+                message = await asyncio.wait_for(ws.recv(), SILENT_SERVER if chunked else None)
+            except TimeoutError:
+                print(f"asr connect: error: {name}: the server sent nothing for "
+                      f"{SILENT_SERVER:g} s", file=sys.stderr)  # fmt: skip
+                ws.transport.abort()  # a stuck server answers no close: the sends end too
+                return True
             result = json.loads(message)
             kind = result["type"]
-            if kind == "partial":
+            if kind == "ready":
+                chunked = bool(result.get("chunk_ms"))
+            elif kind == "partial":
                 lines.partial(result["text"])
             elif kind == "final" and jsonl:
                 lines.final(json.dumps(result | {"audio": name}) + "\n")

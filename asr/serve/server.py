@@ -31,6 +31,7 @@ import ipaddress
 import json
 import logging
 import os
+import re
 import socket
 import ssl
 from collections import deque
@@ -104,22 +105,32 @@ class ServeOptions:
 
 
 def allowed_origin(origin: str) -> str:
-    """`origin` as a browser sends it (`http(s)://HOST[:PORT]`: lower case, the host in IDNA,
-    no default port), or a ValueError.
+    """`origin` as a browser sends it (`http(s)://HOST[:PORT]`: lower case, an address in its
+    short form, no default port), or a ValueError; a host name beyond ASCII is asked for in the
+    punycode (`xn--`) a browser sends, which only browsers' IDNA rules give reliably.
 
-    >>> allowed_origin("https://Bücher.example:443"), allowed_origin("http://[::1]:8765")
-    ('https://xn--bcher-kva.example', 'http://[::1]:8765')
+    >>> allowed_origin("HTTPS://Asr.Example:443"), allowed_origin("http://[0:0::1]:8765")
+    ('https://asr.example', 'http://[::1]:8765')
     """
+    form = "http(s)://HOST[:PORT], as a browser sends it"
     scheme, _, rest = origin.partition("://")
-    scheme, form = scheme.lower(), "http(s)://HOST[:PORT], as a browser sends it"
+    scheme = scheme.lower()
     try:
         parts = urlsplit(f"{scheme}://{rest}")
         host, port = parts.hostname, parts.port
-        host = host if host is None or host.isascii() else host.encode("idna").decode()
-    except (ValueError, UnicodeError):
-        host = None
-    if scheme not in ("http", "https") or not host or parts.path or parts.query:
+    except ValueError:
+        host = port = None
+    if scheme not in ("http", "https") or not host or port == 0 or re.search(r"[/?#@]", rest):
         raise ValueError(f"{origin!r} is not an origin: {form}")
+    try:
+        host = ipaddress.ip_address(host).compressed
+    except ValueError:
+        if not host.isascii():
+            said = f"{origin!r}: give the host in its xn-- form, as a browser sends it"
+            raise ValueError(said) from None
+        numeric = re.fullmatch(r"[0-9.]+", host)  # 127.1: a browser sends 127.0.0.1
+        if numeric or not re.fullmatch(r"[a-z0-9-]+(\.[a-z0-9-]+)*\.?", host):
+            raise ValueError(f"{origin!r} is not an origin: {form}") from None
     host = f"[{host}]" if ":" in host else host
     default = {"http": 80, "https": 443}[scheme]
     return f"{scheme}://{host}" + (f":{port}" if port not in (None, default) else "")
@@ -428,7 +439,7 @@ class LiveServer:
                 client.ending = True
                 self._work.set()
                 return
-            if client.stopped:  # its stream is ending: later audio would find it closed
+            if client.stopped or client.failed is not None:  # ending or failed: never decoded
                 continue
             samples = self._samples(message, client)
             client.received += len(samples)

@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import ssl
@@ -359,11 +360,11 @@ def test_a_browser_may_open_the_socket_only_from_the_servers_own_page(trained) -
     from asr.serve.server import ServeOptions
 
     recognizer, waves = trained
-    allowed = ("https://ASR.example.org:443", "https://bücher.example")  # as browsers send:
+    allowed = ("https://ASR.example.org:443", "http://[0:0::1]:8765")  # as browsers send:
     with running_server(recognizer, OPTIONS, allow_origins=allowed) as (_, port):
         url, data = f"ws://127.0.0.1:{port}/", pcm16(waves[UID])[:16000]
         for origin in (None, f"http://127.0.0.1:{port}", "https://asr.example.org",
-                       "https://xn--bcher-kva.example"):  # fmt: skip
+                       "http://[::1]:8765"):  # fmt: skip
             assert session(url, data, origin=origin)[-1]["type"] == "done", origin
         for origin in ("https://evil.example", f"http://127.0.0.1:{port + 1}", "null"):
             with pytest.raises(InvalidStatus) as refusal:
@@ -375,8 +376,12 @@ def test_a_browser_may_open_the_socket_only_from_the_servers_own_page(trained) -
         with pytest.raises(InvalidStatus):
             sock = socket.create_connection(("127.0.0.1", port))
             connect(f"ws://{rebound}/", sock=sock, origin=f"http://{rebound}")
-    with pytest.raises(ValueError, match="'asr.example.org' is not an origin"):
-        ServeOptions(allow_origins=("asr.example.org",))
+    for value in ("asr.example.org", "https://user@asr.example.org", "https://a.example/",
+                  "http://127.1", "http://*.example"):  # fmt: skip
+        with pytest.raises(ValueError, match=f"{re.escape(repr(value))} is not an origin"):
+            ServeOptions(allow_origins=(value,))
+    with pytest.raises(ValueError, match="give the host in its xn-- form"):
+        ServeOptions(allow_origins=("https://bücher.example",))
 
 
 def test_a_stream_that_sends_nothing_is_closed_and_frees_its_place(trained) -> None:
@@ -846,6 +851,27 @@ def test_connect_says_why_the_server_refused_or_cannot_be_reached(server, capsys
         closed = f"ws://127.0.0.1:{probe.getsockname()[1]}/"
     assert main(["connect", closed, wav]) == 2
     assert f"asr connect: error: cannot connect to {closed}:" in capsys.readouterr().err
+
+
+def test_connect_gives_up_on_a_server_that_falls_silent(monkeypatch, capsys) -> None:
+    """It sends no pings (a server holding it back would read no pongs): a server decoding in
+    chunks sends a partial for each, so one silent that long is stuck."""
+    from websockets.sync.server import serve
+
+    import asr.cli.connect
+
+    def stuck(ws):
+        ws.recv()
+        ws.send(json.dumps({"type": "ready", "chunk_ms": 320, "sample_rate": 16000}))
+        time.sleep(3)  # then it closes: the client must have given up before
+
+    monkeypatch.setattr(asr.cli.connect, "SILENT_SERVER", 0.5)
+    with serve(stuck, "127.0.0.1", 0, close_timeout=0.1) as server:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        url = f"ws://127.0.0.1:{server.socket.getsockname()[1]}/"
+        assert main(["connect", url, str(WAV / f"{UID}.wav")]) == 1
+        server.shutdown()
+    assert "the server sent nothing for 0.5 s" in capsys.readouterr().err
 
 
 def test_connect_says_why_a_full_server_refused_it(trained, monkeypatch, capsys) -> None:
