@@ -10,16 +10,24 @@ import torch
 from torch import Tensor, nn
 from tqdm import tqdm
 
-from asr.audio import load_audio
+from asr.audio import AudioError, load_audio
 from asr.checkpoint import build_error, instantiate
 from asr.config_check import frontend_settings
 from asr.data.manifest import read_manifest
 from asr.frontends import CMVNStats, Frontend, LevelNormalizer, accumulate_cmvn_stats
 
 
-def _load_batch(utterances: list, sample_rate: int, device: torch.device) -> tuple[Tensor, Tensor]:
-    """Manifest entries -> `(B, T)` zero-padded waves and `(B,)` lengths on `device`."""
-    waves = [load_audio(u.audio_filepath, sample_rate, u.offset, u.duration) for u in utterances]
+def _load_batch(
+    utterances: list, sample_rate: int, device: torch.device, manifest: str | Path
+) -> tuple[Tensor, Tensor]:
+    """Manifest entries -> `(B, T)` zero-padded waves and `(B,)` lengths on `device`; audio
+    that cannot be read is named with its manifest and utterance."""
+    waves = []
+    for u in utterances:
+        try:
+            waves.append(load_audio(u.audio_filepath, sample_rate, u.offset, u.duration))
+        except AudioError as err:
+            raise ValueError(f"{manifest} ({u.utt_id}): audio {err}") from None
     lens = torch.tensor([w.numel() for w in waves], dtype=torch.int64)
     return nn.utils.rnn.pad_sequence(waves, batch_first=True).to(device), lens.to(device)
 
@@ -50,7 +58,7 @@ def compute_cmvn_stats(
         with torch.no_grad():
             for start in tqdm(range(0, len(utterances), batch_size), desc="cmvn stats"):
                 batch = utterances[start : start + batch_size]
-                wave, wave_lens = _load_batch(batch, sample_rate, device)
+                wave, wave_lens = _load_batch(batch, sample_rate, device, manifest_path)
                 feats, feat_lens = frontend(wave, wave_lens)
                 stats = accumulate_cmvn_stats(feats, feat_lens, stats)
     finally:

@@ -94,3 +94,11 @@ def test_a_config_whose_frontend_does_not_build_is_named_in_one_line(tmp_path):
     with pytest.raises(ValueError, match=r"forty\.yaml: its frontend does not build: .*n_mels.*"
                        r"Got value: forty$"):  # fmt: skip
         config_frontend(config)
+
+
+def test_audio_that_cannot_be_read_is_named_with_its_manifest_and_utterance(tmp_path):
+    manifest = write_corpus(tmp_path, [16000, 8000])
+    (tmp_path / "u1.wav").unlink()
+    said = rf"^{manifest} \(u1[^)]*\): audio .*u1\.wav: file not found$"  # its id: u1-<hash>
+    with pytest.raises(ValueError, match=said):
+        compute_cmvn_stats(manifest, LogMelFilterbank(n_mels=20), tmp_path / "cmvn.json")
