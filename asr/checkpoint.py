@@ -194,6 +194,26 @@ def build_error(error: BaseException) -> str:
     return re.split(r" G(?:ot|iven) value: (?:Namespace|\{)", said)[0]
 
 
+def weight_differences(
+    own: dict[str, torch.Tensor], weights: dict[str, torch.Tensor], unexpected: bool = True
+) -> list[str]:
+    """How `weights` ("there") do not fit the state dict `own` ("here"): tensors of another
+    shape, then those missing, then (`unexpected`) those `own` lacks.
+
+    >>> weight_differences({"a": torch.zeros(2), "b": torch.zeros(1)}, {"a": torch.zeros(3)})
+    ['a is (3,) there, (2,) here', 'b is not there']
+    """
+    differ = [
+        f"{name} is {tuple(weights[name].shape)} there, {tuple(tensor.shape)} here"
+        for name, tensor in own.items()
+        if name in weights and weights[name].shape != tensor.shape
+    ]
+    differ += [f"{name} is not there" for name in own if name not in weights]
+    if unexpected:
+        differ += [f"{name} is not here" for name in weights if name not in own]
+    return differ
+
+
 def store_in_payload(path: str | os.PathLike, values: dict[str, Any]) -> None:
     """Set keys of a recognizer checkpoint's payload, rewriting it atomically once."""
     if Path(path).is_dir():

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from asr.checkpoint import payload_tokenizer
+from asr.checkpoint import payload_tokenizer, weight_differences
 from asr.package import read_recognizer
 from asr.text import Tokenizer
 
@@ -107,15 +107,10 @@ def _check_same_encoder(state: dict[str, Tensor], weights: dict[str, Tensor]) ->
     """ValueError where the frontend or encoder of the config is not the trained one's: its
     tensors would be re-initialised, and the fine-tune would start from almost nothing (a
     decoder of another size may be re-initialised: it learns again from the encoder)."""
-    differ = [
-        f"{name} is {tuple(weights[name].shape)} there, {tuple(tensor.shape)} here"
-        for name, tensor in state.items()
-        if name.startswith(ENCODER_SIDE) and name in weights and weights[name].shape != tensor.shape
-    ]
-    missing = [n for n in state if n.startswith(ENCODER_SIDE) and n not in weights]
-    if differ or missing:
-        first = differ[0] if differ else f"{missing[0]} is not there"
-        more = len(differ) + len(missing) - 1
+    encoder_side = {n: t for n, t in state.items() if n.startswith(ENCODER_SIDE)}
+    differ = weight_differences(encoder_side, weights, unexpected=False)
+    if differ:
+        first, more = differ[0], len(differ) - 1
         raise ValueError(
             f"init_from: the trained model's frontend or encoder is not this config's: {first}"
             + (f" (and {more} more)" if more else "")
@@ -165,8 +160,8 @@ def check_same_settings(trained: dict, config: dict) -> None:
     if differ:
         first, more = differ[0], len(differ) - 1
         raise ValueError(
-            f"init_from: the trained model's {first} is {then.get(first)!r}, this config's "
-            f"{now.get(first)!r}"
+            f"init_from: the trained model's {first} is {then[first]!r}, this config's "
+            f"{now[first]!r}"
             + (f" (and {more} more)" if more else "")
             + "; give the settings it was trained with"
         )

@@ -34,6 +34,7 @@ from asr.checkpoint import (
     atomic_save,
     load_checkpoint,
     payload_tokenizer,
+    weight_differences,
 )
 from asr.config_check import config_paths, config_problems, option_problems
 from asr.finetune import check_same_settings
@@ -678,14 +679,7 @@ def _check_checkpoint_fits(path: str, checkpoint: dict, module: L.LightningModul
     weights = checkpoint.get("state_dict")
     if not isinstance(weights, dict):
         raise CheckpointError(f"{path}: no weights inside (not written by asr fit?)")
-    own = module.state_dict()
-    differ = [
-        f"{name} is {tuple(weights[name].shape)} there, {tuple(tensor.shape)} here"
-        for name, tensor in own.items()
-        if name in weights and weights[name].shape != tensor.shape
-    ]
-    differ += [f"{name} is not there" for name in own if name not in weights]
-    differ += [f"{name} is not here" for name in weights if name not in own]
+    differ = weight_differences(module.state_dict(), weights)
     if differ:
         more = f" (and {len(differ) - 1} more)" if len(differ) > 1 else ""
         raise CheckpointError(

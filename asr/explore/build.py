@@ -66,7 +66,7 @@ def folder_kind(folder: Path) -> str:
         return "decode"  # metrics.json alone: an `asr evaluate` that kept no records
     if _run_logs(folder):
         return "training"
-    if any(_is_transcript(_json_or_none(path)) for path in folder.rglob("*.json")):
+    if any(_is_transcript_file(path) for path in folder.rglob("*.json")):
         return "transcribe"
     raise ValueError(
         f"{folder}: not a decode folder (utterances.jsonl of `asr evaluate`), a transcription "
@@ -774,13 +774,6 @@ def _is_transcript(data: Any) -> bool:
     )
 
 
-def _json_or_none(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-
-
 def _read_transcript(path: Path) -> dict[str, Any]:
     """The transcript `path`; ValueError says why it is none."""
     try:
@@ -791,6 +784,14 @@ def _read_transcript(path: Path) -> dict[str, Any]:
         what = "no text and segments" if isinstance(data, dict) else "not a JSON object"
         raise ValueError(f"not a transcript of `asr transcribe` ({what})")
     return data
+
+
+def _is_transcript_file(path: Path) -> bool:
+    try:
+        _read_transcript(path)
+    except ValueError:
+        return False
+    return True
 
 
 def _run_logs(folder: Path) -> list[Path]:
