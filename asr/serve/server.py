@@ -100,7 +100,7 @@ class ServeOptions:
     keyfile: str | None = None  # its private key, when not in certfile
 
     def __post_init__(self) -> None:
-        """Checks `allow_origins`, in lower case as browsers send them."""
+        """Checks `allow_origins`, each kept as a browser sends it."""
         object.__setattr__(self, "allow_origins", tuple(map(allowed_origin, self.allow_origins)))
 
 
