@@ -1105,6 +1105,14 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
             "--max-connections", type=count, default=32, help="streams at once; more are refused"
         )
         p.add_argument(
+            "--max-per-address",
+            type=count,
+            metavar="N",
+            help="streams one client address may hold at once (any, up to --max-connections): "
+            "keeps one machine from taking every place; behind a reverse proxy all streams come "
+            "from the proxy's address",
+        )
+        p.add_argument(
             "--max-backlog",
             type=positive,
             default=30.0,

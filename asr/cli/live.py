@@ -265,6 +265,7 @@ def serve(args: argparse.Namespace, recognizer, lm=None) -> int:
         host=args.host,
         port=args.port,
         max_connections=args.max_connections,
+        max_per_address=args.max_per_address,
         max_backlog_seconds=args.max_backlog,
         idle_timeout=args.idle_timeout,
         allow_origins=tuple(args.allow_origin),

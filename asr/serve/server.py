@@ -84,6 +84,9 @@ class ServeOptions:
     host: str = "127.0.0.1"  # only this machine by default; 0.0.0.0 serves the network
     port: int = 8765
     max_connections: int = 32  # more are refused with an error message
+    # connections one client address may hold; None: any up to max_connections (behind a
+    # reverse proxy every connection comes from the proxy's address)
+    max_per_address: int | None = None
     max_message_bytes: int = 1 << 20  # a larger audio message is refused
     max_queued_messages: int = 1024  # results a client has not taken: more, and it is dropped
     send_timeout: float = 5.0  # seconds one result may wait for the client to read
@@ -348,6 +351,12 @@ class LiveServer:
                 TRY_LATER,
             )
             return
+        limit = self.options.max_per_address
+        if limit is not None and _host(ws) is not None:
+            if sum(_host(other) == _host(ws) for other in self.connections) >= limit:
+                held = f"{limit} stream{'' if limit == 1 else 's'}"
+                await _refuse(ws, f"this address holds {held} already: try later", TRY_LATER, peer)
+                return
         self.connections.add(ws)
         try:
             try:
@@ -731,6 +740,12 @@ def _is_address(host: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+def _host(ws: ServerConnection) -> str | None:
+    """The client's IP address (None once a TLS connection has closed)."""
+    address = ws.remote_address
+    return address[0] if address else None
 
 
 def _peer(ws: ServerConnection) -> str:

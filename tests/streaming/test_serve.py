@@ -352,6 +352,26 @@ def test_connections_over_the_maximum_are_refused(trained) -> None:
         assert session(url, pcm16(waves[UID]))[-1]["type"] == "done"
 
 
+def test_one_address_may_hold_at_most_its_share_of_the_places(trained) -> None:
+    recognizer, waves = trained
+    with running_server(recognizer, OPTIONS, max_connections=4, max_per_address=1) as (live, port):
+        url = f"ws://127.0.0.1:{port}/"
+        with connect(url) as first:
+            first.send(START)
+            first.recv(10)
+            error, code = refused(url, start=False)
+            assert (error["message"], code) == (
+                "this address holds 1 stream already: try later",
+                1013,
+            )
+            # another address is let in meanwhile
+            sock = socket.create_connection(("127.0.0.1", port), source_address=("127.0.0.2", 0))
+            data = pcm16(waves[UID])[:16000]
+            assert session(url, data, sock=sock)[-1]["type"] == "done"
+        wait_until(lambda: not live.connections)
+        assert session(url, data)[-1]["type"] == "done"  # the place is the address's again
+
+
 def test_a_browser_may_open_the_socket_only_from_the_servers_own_page(trained) -> None:
     """Otherwise any page a browser shows could stream to the server on this machine. Clients
     that are not browsers send no Origin and are let in; so are pages `allow_origins` names."""
