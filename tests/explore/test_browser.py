@@ -427,6 +427,24 @@ def test_a_segment_linked_mid_file_plays_on_its_own_clock(driver, tmp_path):
     )
 
 
+def test_a_segment_of_a_linked_file_stops_at_its_end_the_first_too(driver, tmp_path):
+    """A long recording's segments link its one file: each plays to its own end and pauses,
+    the first (which starts at the file's start) as well as the later ones."""
+    _, audio = _opus_uri(4.0, 220.0)
+    sf.write(tmp_path / "long.wav", audio, 16000)
+    first = utterance("long#1", "one two three", seconds=1.5)
+    first |= {"audio": "long.wav", "audio_offset": 0.0, "start": 0.0}
+    later = first | {"id": "long#2", "audio": "long.wav#t=2.000", "audio_offset": 2.0}
+    open_page(driver, tmp_path, page_data([first, later]))
+    for uid, offset in (("long#1", 0.0), ("long#2", 2.0)):
+        open_utterance(driver, uid)
+        wait(driver, lambda d: js(d, "return document.querySelector('#player').readyState") >= 1)
+        driver.find_elements(By.CSS_SELECTOR, "#hyp .word")[-1].click()
+        wait(driver, lambda d: js(d, "return document.querySelector('#player').paused"))
+        stopped = js(driver, "return document.querySelector('#player').currentTime")
+        assert offset + 1.5 <= stopped < offset + 1.8, (uid, stopped)
+
+
 def test_switching_head_changes_the_heatmap(driver, three):
     open_utterance(driver, "bad")
     canvas = driver.find_element(By.ID, "attention-canvas")

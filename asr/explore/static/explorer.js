@@ -274,8 +274,8 @@
   // ---- the utterance view ----
   const player = $("#player");
   const view = {
-    row: null, u: null, seq: 0, duration: 1, arrays: {}, attn: null, words: [],
-    current: null, time: 0, raf: 0, hasAudio: false, offset: 0, rowHeight: 14, loading: false,
+    row: null, u: null, seq: 0, duration: 1, arrays: {}, attn: null, words: [], current: null,
+    time: 0, raf: 0, hasAudio: false, offset: 0, bounded: false, rowHeight: 14, loading: false,
   };
   const blobs = new Map(); // utterance index -> Promise<ArrayBuffer>, the few last opened
 
@@ -464,6 +464,10 @@
     const src = typeof u.audio === "string" && u.audio ? u.audio : null;
     view.hasAudio = src !== null;
     view.offset = Math.max(0, num(u.audio_offset) || 0); // a linked file's clock runs from its start
+    // a linked file may hold more than this utterance (a long recording's segments, the first
+    // at offset 0): playback stops at the utterance's end; an embedded clip ends by itself
+    const linked = src !== null && !src.startsWith("data:");
+    view.bounded = view.offset > 0 || (linked && num(u.duration) > 0);
     const note = $("#audio-note");
     if (src) {
       player.src = src;
@@ -616,7 +620,7 @@
   function tick() {
     if (view.hasAudio) {
       const t = player.currentTime - view.offset;
-      if (view.offset > 0 && t >= view.duration && !player.paused) player.pause(); // ends mid-file
+      if (view.bounded && t >= view.duration && !player.paused) player.pause(); // ends mid-file
       setTime(t);
     }
   }
@@ -1081,7 +1085,7 @@
     });
     $("#play").addEventListener("click", () => {
       if (!player.paused) player.pause();
-      else if (view.offset > 0 && player.currentTime - view.offset >= view.duration) seek(0);
+      else if (view.bounded && player.currentTime - view.offset >= view.duration) seek(0);
       else player.play().catch(() => {});
     });
     for (const type of ["timeupdate", "seeked", "seeking", "pause", "ended"]) {
