@@ -561,6 +561,36 @@ def test_a_compared_decode_adds_its_wer_columns_and_hypothesis(driver, tmp_path)
     assert not driver.find_element(By.ID, "hyp-b-box").is_displayed()
 
 
+@pytest.mark.parametrize("width", [800, 1280])
+def test_a_compared_tables_last_column_can_be_seen_in_any_window(driver, tmp_path, width):
+    """B's columns widen the table past what a narrow window, or one shared with the speakers
+    table, holds: the speakers go below it, and a narrower window scrolls it sideways."""
+    utts = [utterance(f"u{i}", "the cat sat", "the cat sat", speaker=f"s{i}") for i in range(3)]
+    for u in utts:
+        u["compare"] = {
+            "hyp": "a cat",
+            "wer": 66.7,
+            "ops": _ops(["the", "cat", "sat"], ["a", "cat"]),
+        }
+    u["flags"] = ["empty"]
+    compare = {"title": "b", "title_a": "a", "summary": {"wer": 66.7}, "fewer_errors": 0,
+               "more_errors": 3, "same_errors": 0, "wer_difference": 66.7,
+               "interval": [0, 0]}  # fmt: skip
+    driver.set_window_size(width, 1000)
+    try:
+        open_page(driver, tmp_path, page_data(utts, compare=compare))
+        js(driver, "document.querySelector('.table-scroll').scrollLeft = 10000")
+        box, cell = js(
+            driver,
+            "const r = [...document.querySelectorAll('#utterances tbody tr')].at(-1);"
+            "return [document.querySelector('.table-scroll').getBoundingClientRect().right,"
+            "        r.lastElementChild.getBoundingClientRect().right]",
+        )
+        assert cell <= box + 1, (width, cell, box)
+    finally:
+        driver.set_window_size(1280, 1000)
+
+
 def test_a_row_past_the_size_limit_says_why_it_has_no_maps(driver, tmp_path):
     left_out = bare_utterance("far", hyp="a b", flags=["maps left out"], duration=2.0)
     open_page(driver, tmp_path, page_data([left_out, bare_utterance("near", duration=2.0)]))
