@@ -245,3 +245,34 @@ def test_clicks_that_race_the_start_and_a_server_that_vanishes(received) -> None
             assert not severe_errors(driver)
         finally:
             driver.quit()
+
+
+def test_a_page_without_its_server_says_what_to_do(received) -> None:
+    """Opened as a file, the page says to open it at the server's address; served by a server
+    that has since stopped, Start says the server does not answer (not the browser's words
+    about a script that did not load)."""
+    from pathlib import Path
+
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    import asr.serve
+
+    recognizer, _ = streaming_recognizer()
+    driver = chromium(*FAKE_MICROPHONE)
+    try:
+        driver.get((Path(asr.serve.__file__).parent / "static" / "live.html").as_uri())
+        status, toggle = driver.find_element(By.ID, "status"), driver.find_element(By.ID, "toggle")
+        assert "at asr serve's address" in status.text and "not as a file" in status.text
+        assert not toggle.is_enabled() and status.get_attribute("role") == "status"
+        with running_server(recognizer, OPTIONS) as (_, port):
+            driver.get(f"http://127.0.0.1:{port}/")
+        driver.find_element(By.ID, "toggle").click()
+        WebDriverWait(driver, 10, 0.05).until(
+            lambda d: "does not answer" in d.find_element(By.ID, "status").text
+        )
+        status = driver.find_element(By.ID, "status").text
+        assert status == "Cannot start: the server does not answer: is asr serve running?"
+        assert driver.find_element(By.ID, "toggle").text == "Start" and not received
+    finally:
+        driver.quit()

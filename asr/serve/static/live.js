@@ -131,7 +131,11 @@
       });
       if (s.ended) return finish(s);
       s.context = new AudioContext();
-      await s.context.audioWorklet.addModule("worklet.js");  // relative: under a proxy's prefix too
+      try {
+        await s.context.audioWorklet.addModule("worklet.js");  // relative: under a proxy's prefix too
+      } catch {  // the browser's own words name a script, not the cause
+        throw new Error("the server does not answer: is asr serve running?");
+      }
       if (s.ended) return finish(s);
       listen(s);
     } catch (err) {
@@ -230,6 +234,11 @@
     finish(s);
   }
 
+  if (location.protocol === "file:") {  // the recognition, and the audio worklet, are the server's
+    say("Open this page at asr serve's address (http://127.0.0.1:8765/ by default), not as a file.", true);
+    toggle.disabled = true;
+    return;
+  }
   // Without a secure context (http from another machine) the browser hides the microphone.
   if (!window.isSecureContext || !navigator.mediaDevices) {
     say("This browser gives the microphone only to https pages and to localhost: start " +
