@@ -40,7 +40,12 @@ def log_linear_recurrence(
 
 
 class CTCPrefixScorer:
-    """CTC prefix scores of `(B, T, V)` log-posteriors for utterances x beams x candidates."""
+    """CTC prefix scores of `(B, T, V)` log-posteriors for utterances x beams x candidates.
+
+    Each hypothesis keeps its own band of frames (`end`, past which its forward variables are
+    -inf): the rows share storage, never a decision, so a score depends on its prefix and its
+    utterance alone, not on the other hypotheses or utterances batched with it.
+    """
 
     def __init__(
         self,
@@ -75,18 +80,22 @@ class CTCPrefixScorer:
         state = {
             "r_nonblank": torch.full_like(r_blank, NEG_INF),
             "r_blank": r_blank,
-            "start": 0,
+            "start": 0,  # the frame of the stored columns' first
+            "end": torch.full_like(utterance, self.num_frames + 1),  # each row's band: < end
             "last": torch.full_like(utterance, -1),
             "utterance": utterance,
         }
         return self._trimmed(state)
 
-    def score(self, state: State, tokens: Tensor | None = None, complete: bool = False) -> Tensor:
+    def score(
+        self, state: State, tokens: Tensor | None = None, complete: bool | Tensor = False
+    ) -> Tensor:
         """`(N, C)` log prefix scores `psi(h + c)` of candidates `tokens` (None: all V).
 
-        `complete`: where the band ends before the last frame, score eos by continuing it with
-        blanks and repeats (-inf otherwise), as a hypothesis made to end at the length limit
-        needs. A lower bound: the band was trimmed to where the prefix then could end.
+        `complete` (all rows, or an `(N,)` mask): where the band ends before the last frame,
+        score eos by continuing it with blanks and repeats (-inf otherwise), as a hypothesis
+        made to end at the length limit needs. A lower bound: the band was trimmed to where the
+        prefix then could end.
         """
         utterance, last = state["utterance"], state["last"]
         if tokens is None:
@@ -102,54 +111,70 @@ class CTCPrefixScorer:
         terms = (phi + x.to(self.dtype)).masked_fill(~inside[:, None], NEG_INF)
         psi = terms.logsumexp(-1).float()
         if self.eos is not None:
-            ended = self._grown(state, self.num_frames) if complete else state
+            complete = torch.as_tensor(complete, device=last.device).expand(last.size(0))
+            ended = self._grown(state, self.num_frames, complete)
             psi = torch.where(tokens == self.eos, self.final_score(ended)[:, None], psi)
         return psi.masked_fill(tokens == self.blank, NEG_INF)
 
     def extend(self, state: State, tokens: Tensor) -> State:
         """The state of `h + c` for one token `c` `(N,)` per hypothesis."""
-        utterance, start, width = state["utterance"], state["start"], state["r_blank"].size(1)
+        utterance, start = state["utterance"], state["start"]
         phi_other = self._phi(state, consumable=True)
         repeat = (tokens == state["last"])[:, None]
         r_blank = state["r_blank"].masked_fill(phi_other.isneginf(), NEG_INF)
         phi = torch.where(repeat, r_blank, phi_other)
+        # h + c has nothing significant before h's window
         skip = self._first_significant(phi_other)
-        begin = start + skip  # h + c has nothing significant before h's window
-        end = self.num_frames + 1 if self.window is None else start + width + BAND_GROWTH
-        end = min(end, self.num_frames + 1)
-        inputs = _fit(phi[:, skip:], end - 1 - begin)
+        phi = phi.masked_fill(_columns(phi) < skip[:, None], NEG_INF)
+        low = int(skip.min()) if len(skip) else 0
+        begin = start + low
+        end = torch.full_like(tokens, self.num_frames + 1)
+        if self.window is not None:
+            end = (state["end"] + BAND_GROWTH).clamp(max=self.num_frames + 1)
+        inputs = _fit(phi[:, low:], (int(end.max()) if len(end) else begin + 1) - 1 - begin)
         r_nonblank, r_blank = self._recursions(utterance, tokens, inputs, begin)
-        new = {
-            **state,
-            "r_nonblank": r_nonblank,
-            "r_blank": r_blank,
-            "start": begin,
-            "last": tokens,
-        }
+        new = _cut(
+            {**state, "r_nonblank": r_nonblank, "r_blank": r_blank, "start": begin, "end": end},
+        )
+        new["last"] = tokens
         growth = BAND_GROWTH
-        while self._significant_at_end(new):
-            new = self._grown(new, growth)
+        while bool((growing := self._significant_at_end(new)).any()):
+            new = self._grown(new, growth, growing)
             growth *= 2
         return self._trimmed(new)
 
-    def _grown(self, state: State, frames: int) -> State:
-        """`state` with its band continued by up to `frames` frames of repeats and blanks only."""
-        end = state["start"] + state["r_blank"].size(1)
-        more = min(end + frames, self.num_frames + 1)
+    def _grown(self, state: State, frames: int, rows: Tensor) -> State:
+        """`state` with the bands of `rows` `(N,)` continued by up to `frames` frames of
+        repeats and blanks only, each from its own end."""
+        start, end = state["start"], state["end"]
+        wanted = torch.where(rows, (end + frames).clamp(max=self.num_frames + 1), end)
+        changed = wanted > end
+        if not bool(changed.any()):
+            return state
+        first, stop = int(end[changed].min()) - 1, int(wanted.max())  # frames of the new columns
+        width = max(state["r_blank"].size(1), stop - start)
+        # copies: the state given stays as it was (a score's forced end is not kept)
+        # copies: the state given stays as it was (a score's forced end is not kept)
+        r_nonblank, r_blank = (_fit(state[k], width).clone() for k in ("r_nonblank", "r_blank"))
         # the empty prefix (last -1) has no non-blank paths to continue: any label will do
         utterance, tokens = state["utterance"], state["last"].clamp(min=0)
-        quiet = torch.full(
-            (len(tokens), more - end), NEG_INF, dtype=self.dtype, device=tokens.device
-        )
-        r_nonblank, r_blank = state["r_nonblank"], state["r_blank"]
-        tail = self._recursions(
-            utterance, tokens, quiet, end - 1, r_nonblank[:, -1], r_blank[:, -1]
-        )
-        return {
-            **state,
-            "r_nonblank": torch.cat([r_nonblank, tail[0][:, 1:]], 1),
-            "r_blank": torch.cat([r_blank, tail[1][:, 1:]], 1),
-        }
+        label = F.pad(self._frames(utterance, tokens, first, stop - 1).cumsum(-1), (1, 0))
+        blank = F.pad(self._frames(utterance, self.blank, first, stop - 1).cumsum(-1), (1, 0))
+        columns = slice(first - start, stop - start)
+        kept_n, kept_b = r_nonblank[:, columns], r_blank[:, columns]
+        base = (end - 1 - first).clamp(min=0)[:, None]  # each row's last column, continued
+        at = _columns(label)
+        n0, b0 = kept_n.gather(1, base), kept_b.gather(1, base)
+        # r^n loses its label each frame; r^b gathers r^n's paths and keeps its blanks
+        quiet_n = n0 + label - label.gather(1, base)
+        from_n = F.pad((quiet_n - blank)[:, :-1], (1, 0), value=NEG_INF)
+        inflow = torch.where(at == base, b0 - blank.gather(1, base), NEG_INF)
+        inflow = torch.logaddexp(inflow, from_n.masked_fill(at <= base, NEG_INF))
+        quiet_b = inflow.logcumsumexp(-1) + blank
+        new = (at > base) & (at < (wanted - first)[:, None]) & changed[:, None]
+        r_nonblank[:, columns] = torch.where(new, quiet_n, kept_n)
+        r_blank[:, columns] = torch.where(new, quiet_b, kept_b)
+        return {**state, "r_nonblank": r_nonblank, "r_blank": r_blank, "end": wanted}
 
     def final_score(self, state: State) -> Tensor:
         """`(N,)` `log p_ctc(h | x)`; -inf where the band ends before the last frame."""
@@ -172,22 +197,30 @@ class CTCPrefixScorer:
     def _significant(self, phi: Tensor) -> Tensor:
         return (phi >= phi.amax(-1, keepdim=True) - self.window) & (phi > NEG_INF)
 
-    def _first_significant(self, phi: Tensor) -> int:
+    def _first_significant(self, phi: Tensor) -> Tensor:
+        """`(N,)` each row's first significant column (0 where none)."""
         if self.window is None:
-            return 0
-        return int(_span(self._significant(phi).any(0))[0])
+            return torch.zeros(phi.size(0), dtype=torch.long, device=phi.device)
+        return _span(self._significant(phi))[0]
 
-    def _significant_at_end(self, state: State) -> bool:
-        """Whether some row is still significant where the band stops before the last frame."""
-        if self.window is None or state["start"] + state["r_blank"].size(1) > self.num_frames:
-            return False
-        return bool(self._significant(self._phi(state, consumable=True))[:, -1].any())
+    def _significant_at_end(self, state: State) -> Tensor:
+        """`(N,)` whether each row is still significant where its band stops before the last
+        frame."""
+        end = state["end"]
+        if self.window is None:
+            return torch.zeros_like(end, dtype=torch.bool)
+        significant = self._significant(self._phi(state, consumable=True))
+        last = (end - 1 - state["start"]).clamp(min=0)[:, None]
+        return significant.gather(1, last).squeeze(1) & (end <= self.num_frames)
 
     def _trimmed(self, state: State) -> State:
+        """Each row's band cut after its last significant column; storage to the longest."""
         if self.window is None:
             return state
-        kept = self._significant(self._phi(state, consumable=False)).any(0)
-        width = max(int(_span(kept)[1]), 1)
+        kept = self._significant(self._phi(state, consumable=False))
+        width = _span(kept)[1].clamp(min=1)
+        state = _cut({**state, "end": state["start"] + width})
+        width = int(width.max()) if len(width) else 1
         return {
             **state,
             "r_nonblank": state["r_nonblank"][:, :width],
@@ -240,6 +273,21 @@ def _span(kept: Tensor) -> tuple[Tensor, Tensor]:
     start = kept.int().argmax(-1)
     end = torch.where(kept.any(-1), kept.size(-1) - kept.flip(-1).int().argmax(-1), start)
     return start, end
+
+
+def _columns(values: Tensor) -> Tensor:
+    """`(1, W)` the column indices of `(N, W)` `values`."""
+    return torch.arange(values.size(1), device=values.device)[None]
+
+
+def _cut(state: State) -> State:
+    """`state` with each row's forward variables -inf from its band's `end` on."""
+    past = _columns(state["r_blank"]) >= (state["end"] - state["start"])[:, None]
+    return {
+        **state,
+        "r_nonblank": state["r_nonblank"].masked_fill(past, NEG_INF),
+        "r_blank": state["r_blank"].masked_fill(past, NEG_INF),
+    }
 
 
 def _fit(values: Tensor, width: int) -> Tensor:

@@ -348,7 +348,7 @@ class _Fusion:
     def ctc_scores(self, candidates: Tensor | None, t: int) -> Tensor | None:
         if self.ctc is None:
             return None
-        forced = bool((t + 1 >= self.limits).any())  # eos made to end a hypothesis at step t
+        forced = t + 1 >= self.limits  # eos made to end these hypotheses at step t
         scores = self.ctc.score(self.ctc_state, candidates, complete=forced)
         return self.options.ctc_weight * scores
 

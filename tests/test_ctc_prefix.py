@@ -134,6 +134,49 @@ def test_batched_with_beams_equals_each_utterance_alone() -> None:
         torch.testing.assert_close(batched.final_score(state)[rows], alone.final_score(alone_state))
 
 
+def test_a_prefix_scores_the_same_whatever_is_batched_with_it() -> None:
+    """The windowed band is each row's own: a long prefix of peaky posteriors, whose band the
+    window cuts below the exact score, scores the same alone, beside other utterances and
+    beside other hypotheses of its own utterance."""
+    generator = torch.Generator().manual_seed(26)
+    log_probs = (6.0 * torch.randn(3, 40, 7, generator=generator)).log_softmax(-1)
+    lens = torch.tensor([40, 39, 3])
+    prefix = [2, 5, 2, 5, 4] + [5] * 13
+
+    def scores(scorer, rows, last):
+        state = scorer.init_state()
+        for token in prefix:
+            state = scorer.extend(state, torch.full((rows,), token))
+        state = scorer.extend(state, last)
+        return scorer.score(state), scorer.final_score(state)
+
+    alone = CTCPrefixScorer(log_probs[1:2, :39], lens[1:2])
+    expected = scores(alone, 1, torch.tensor([4]))
+    assert expected[1] < ctc_log_likelihood(log_probs[1:2], lens[1:2], [prefix + [4]]) - 1
+    batched = scores(CTCPrefixScorer(log_probs, lens), 3, torch.tensor([4, 4, 4]))
+    for ours, theirs in zip(batched, expected, strict=True):
+        torch.testing.assert_close(ours[1:2], theirs)
+    rivals = scores(CTCPrefixScorer(log_probs[[1, 1]], lens[[1, 1]]), 2, torch.tensor([4, 6]))
+    for ours, theirs in zip(rivals, expected, strict=True):
+        torch.testing.assert_close(ours[:1], theirs)
+    # eos made to end one hypothesis continues that one's band alone
+    quiet = torch.full((40, 7), 0.1 / 6).index_fill(1, torch.tensor([BLANK]), 0.9).log()
+    log_probs[0] = quiet  # mostly blank: the band of the first runs to the last frame
+    scorer = CTCPrefixScorer(log_probs, lens)
+    forced, state = torch.tensor([False, True, False]), extend_all(scorer, [[2, 5, 2]] * 3)
+    assert state["end"][0] == 41 and state["end"][1] < 41
+    untouched = {key: value.clone() for key, value in state.items() if torch.is_tensor(value)}
+    eos = scorer.score(state, complete=forced)[:, EOS]
+    for key, value in untouched.items():  # the state scored is not changed by it
+        torch.testing.assert_close(state[key], value, rtol=0, atol=0)
+    one = CTCPrefixScorer(log_probs[1:2, :39], lens[1:2])
+    unforced = torch.tensor([0, 2])
+    torch.testing.assert_close(eos[unforced], scorer.final_score(state)[unforced])
+    torch.testing.assert_close(
+        eos[1:2], one.score(extend_all(one, [[2, 5, 2]]), complete=True)[:, EOS]
+    )
+
+
 def test_reorder_then_score_equals_score_then_index() -> None:
     scorer = CTCPrefixScorer(log_posteriors(), LENS)
     state = extend_all(scorer, [[2, 4], [4, 1], [1, 1], [2, 2], [4, 4], [1, 2]], beam=2)

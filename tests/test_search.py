@@ -218,6 +218,26 @@ def test_batched_search_equals_one_utterance_at_a_time(family: str) -> None:
             torch.testing.assert_close(ours.attention, theirs.attention, atol=1e-4, rtol=0)
 
 
+def test_batched_search_with_ctc_equals_alone_where_the_length_limit_ends_hypotheses() -> None:
+    """Peaky CTC posteriors and hypotheses made to end at the length limit: the windowed CTC
+    bands and the forced ends are each hypothesis' own, so batching changes nothing."""
+    lens = torch.tensor([17, 35, 35])
+    decoder, enc = make_decoder("transformer", vocab=9, seed=55), encoder_output(lens, seed=55)
+    generator = torch.Generator().manual_seed(55)
+    ctc = (12.0 * torch.randn(3, 35, 9, generator=generator)).log_softmax(-1)
+    options = SearchOptions(
+        beam_size=5, nbest=2, ctc_weight=0.3, length_normalization=True, max_len_ratio=0.3
+    )
+    batched = beam_search(decoder, enc, lens, options, ctc)
+    for b, n in enumerate(lens.tolist()):
+        alone = beam_search(
+            decoder, enc[b : b + 1, :n], lens[b : b + 1], options, ctc[b : b + 1, :n]
+        )
+        assert [h.tokens for h in batched[b]] == [h.tokens for h in alone[0]], b
+        for ours, theirs in zip(batched[b], alone[0], strict=True):
+            assert ours.score == pytest.approx(theirs.score, abs=1e-5)
+
+
 EXHAUSTIVE_OPTIONS = {
     "attention": dict(),
     "ctc": dict(ctc_weight=0.4),
