@@ -248,7 +248,7 @@ class Recognizer:
             raise ValueError(
                 f"{self.checkpoint}: ctc_weight={options.ctc_weight} but the model has no CTC head"
             )
-        check_language_model(options.lm_weight, lm)
+        check_language_model(options.lm_weight, lm, self.model.decoder.vocab_size)
         alignment.check_timestamps(timestamps)
         if timestamps == "ctc" and self.model.ctc is None:
             raise ValueError(f"{self.checkpoint}: timestamps='ctc' needs a CTC head")

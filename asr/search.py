@@ -45,16 +45,24 @@ class LanguageModel(Protocol):
     def reorder_state(self, state: State, index: Tensor) -> State: ...
 
 
-def check_language_model(lm_weight: float, lm: LanguageModel | None) -> None:
+def check_language_model(
+    lm_weight: float, lm: LanguageModel | None, vocab_size: int | None = None
+) -> None:
     """Raise where a fusion weight and a language model do not go together: a weight without
-    a model, a model without a weight (it would go unused), or `asr.load_lm`'s (model,
-    tokenizer) pair given whole."""
+    a model, a model without a weight (it would go unused), `asr.load_lm`'s (model,
+    tokenizer) pair given whole, or a model whose vocabulary is not `vocab_size` tokens."""
     if isinstance(lm, tuple):
         raise TypeError("lm= takes the model alone: recognizer.load_lm(path) gives it")
     if lm_weight > 0 and lm is None:
         raise ValueError(f"lm_weight={lm_weight} but no language model was given")
     if lm is not None and lm_weight == 0:
         raise ValueError("a language model was given with lm_weight=0: set lm_weight (0.3?)")
+    size = getattr(lm, "vocab_size", None)
+    if lm is not None and None not in (size, vocab_size) and size != vocab_size:
+        raise ValueError(
+            f"the language model has {size} tokens and the recognizer {vocab_size}: an LM "
+            "trained with the recognizer's tokenizer is needed (recognizer.load_lm checks it)"
+        )
 
 
 @dataclass(frozen=True)

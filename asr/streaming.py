@@ -189,7 +189,7 @@ class StreamingEngine:
     ) -> None:
         self.recognizer = recognizer
         self.options = options or StreamOptions()
-        check_language_model(self.options.lm_weight, lm)
+        check_language_model(self.options.lm_weight, lm, recognizer.model.decoder.vocab_size)
         self.lm = lm
         model = recognizer.model
         if model.ctc is None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import shutil
 from dataclasses import replace
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -23,6 +24,7 @@ from asr.loading import load_lm
 from asr.models.seq2seq import build_seq2seq
 from asr.recognizer import Recognizer, load_model
 from asr.search import DEFAULT_CTC_WEIGHT, SearchOptions, fastest_speech, max_output_length
+from asr.streaming import StreamingEngine, StreamOptions
 from asr.text import SOS_EOS_ID, CharTokenizer
 
 
@@ -104,6 +106,12 @@ def test_a_language_model_is_given_alone_and_with_a_weight(checkpoint):
         recognizer.check_options(SearchOptions(lm_weight=0.3), (lm, recognizer.tokenizer))
     with pytest.raises(ValueError, match="a language model was given with lm_weight=0"):
         recognizer.check_options(SearchOptions(), lm)
+    other = SimpleNamespace(vocab_size=recognizer.tokenizer.vocab_size + 9)  # another tokenizer
+    said = f"the language model has {other.vocab_size} tokens and the recognizer "
+    with pytest.raises(ValueError, match=said):  # before any audio, not as each file's error
+        recognizer.check_options(SearchOptions(lm_weight=0.3), other)
+    with pytest.raises(ValueError, match=said):  # a stream's finals too, rescored or searched
+        StreamingEngine(recognizer, StreamOptions(lm_weight=0.3), other)
     with pytest.raises(CheckpointError, match="recognizer checkpoint"):
         recognizer.load_lm(checkpoint)
 
