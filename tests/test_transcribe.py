@@ -805,6 +805,10 @@ def test_cli_shallow_fusion_with_a_language_model(checkpoint, tmp_path, capsys):
             "--output-dir", str(tmp_path), "--format", "json", "--quiet"]  # fmt: skip
     assert main([*args, "--lm", str(lm), "--lm-weight", "0.5"]) == 0
     assert json.loads((tmp_path / "an251-fash-b.json").read_text())["audio"] == audio
+    assert main(args) == 0
+    without = json.loads((tmp_path / "an251-fash-b.json").read_text())
+    assert main([*args, "--lm", str(lm), "--lm-weight", "0"]) == 0  # a sweep's first point
+    assert json.loads((tmp_path / "an251-fash-b.json").read_text()) == without
     other = tmp_path / "other_tokenizer"
     CharTokenizer.train([*UTTERANCES.values(), "QZ"]).save(other)  # two more characters
     foreign = fit_tiny_lm(tmp_path / "foreign_lm", _with_tokenizer(checkpoint.parents[1], other))

@@ -276,8 +276,10 @@ def _search_options(args: argparse.Namespace, recognizer: Recognizer):
 
 
 def _language_model(args: argparse.Namespace, recognizer):
-    """The `--lm` checkpoint, checked to share the recognizer's vocabulary; None without."""
-    return recognizer.load_lm(args.lm) if args.lm else None
+    """The `--lm` checkpoint, checked to share the recognizer's vocabulary; None without it
+    and with `--lm-weight 0` (a weight sweep's first point: the same as no LM)."""
+    lm = recognizer.load_lm(args.lm) if args.lm else None
+    return None if args.lm_weight == 0 else lm
 
 
 def _transcribe(args: argparse.Namespace) -> int:
@@ -313,6 +315,8 @@ def _transcribe(args: argparse.Namespace) -> int:
 
         if not is_package(args.checkpoint) and not os.path.exists(args.checkpoint):
             raise FileNotFoundError(f"{args.checkpoint}: no such checkpoint")  # once, not per rank
+        if args.lm and not os.path.exists(args.lm):
+            raise FileNotFoundError(f"{args.lm}: no such checkpoint")
         outcome = transcribe_spread(args, _transcribe_inputs)
         # Rank 0 or the --workers parent, once every share is written; other ranks count none.
         if args.explorer and not outcome.status and outcome.total > len(outcome.failures):
@@ -663,7 +667,9 @@ def _add_decoding_arguments(p: argparse.ArgumentParser) -> None:
     _add_search_arguments(p)
     p.add_argument("--lm", help="language model checkpoint for shallow fusion")
     p.add_argument(
-        "--lm-weight", type=non_negative, help=f"fusion weight ({DEFAULT_LM_WEIGHT} with --lm)"
+        "--lm-weight",
+        type=non_negative,
+        help=f"fusion weight ({DEFAULT_LM_WEIGHT} with --lm; 0 decodes as without it)",
     )
     _add_device_arguments(p)
     p.add_argument("--batch-size", type=count, default=8, help="utterances or segments per batch")
@@ -1084,7 +1090,9 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
             help="CTC share of a final's score (0.5; the rest is the attention decoder's)",
         )
         p.add_argument("--lm", help="a language model checkpoint that rescores the finals too")
-        p.add_argument("--lm-weight", type=non_negative, help="its weight (0.3 with --lm)")
+        p.add_argument(
+            "--lm-weight", type=non_negative, help="its weight (0.3 with --lm; 0: not used)"
+        )
         _add_device_arguments(p)
         add_stream_arguments(p, final_search="rescore")  # many streams share the model's thread
         p.add_argument(

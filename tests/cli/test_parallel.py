@@ -166,9 +166,13 @@ def test_the_world_comes_from_torchrun_and_several_processes_need_an_output_dir(
         spreads(parse([*base[:2], "-", *base[2:], "--output-dir", "out", "--workers", "2"]), {})
 
 
-def test_the_command_says_what_is_wrong(capsys):
+def test_the_command_says_what_is_wrong(capsys, tmp_path):
     assert main(["transcribe", "a.wav", "--checkpoint", "m.ckpt", "--workers", "2"]) == 2
     assert "2 processes share the inputs through --output-dir" in capsys.readouterr().err
+    (tmp_path / "m.ckpt").touch()
+    spread = ["transcribe", "a.wav", "--checkpoint", str(tmp_path / "m.ckpt"), "--workers", "2"]
+    assert main([*spread, "--output-dir", str(tmp_path), "--lm", "typo.ckpt"]) == 2
+    assert capsys.readouterr().err == "asr transcribe: error: typo.ckpt: no such checkpoint\n"
     assert main(["transcribe", "--checkpoint", "m.ckpt"]) == 2
     assert "nothing to transcribe" in capsys.readouterr().err
 
