@@ -578,6 +578,7 @@ class ASRCLI(LightningCLI):
         given = _model_options(self.argv)
         if path and Path(path).is_file():
             self._checkpoint = load_checkpoint(path)  # a file that is none: said in one line
+            _check_checkpoint_kind(path, self._checkpoint, self.config[subcommand].get("model"))
         if self._checkpoint is not None and given:
             saved = self._checkpoint.get("hyper_parameters", {})
             overridden = [g for g in given if _model_argument(g) in saved]
@@ -670,6 +671,19 @@ class ASRCLI(LightningCLI):
             check_same_settings(transfer.trained_config, model_config)
         # Plain JSON types only, so checkpoints load with weights_only=True.
         self.model.model_config = json.loads(json.dumps(model_config))
+
+
+def _check_checkpoint_kind(path: str, checkpoint: dict, model: Any) -> None:
+    """CheckpointError where --ckpt_path holds another kind of model than the config's (a
+    recognizer for an LM config, or the other way): Lightning's parser would print a page."""
+    saved = (checkpoint.get("hyper_parameters") or {}).get("_class_path")
+    wanted = model.get("class_path") if model is not None else None
+    if saved and wanted and saved != wanted:
+        kinds = {"asr.lightning.ASRModule": "recognizer", "asr.lm.LMModule": "language model"}
+        raise CheckpointError(
+            f"{path}: a {kinds.get(saved, saved)} checkpoint, and the config trains a "
+            f"{kinds.get(wanted, wanted)}: give the config it was trained with"
+        )
 
 
 def _check_checkpoint_fits(path: str, checkpoint: dict, module: L.LightningModule) -> None:

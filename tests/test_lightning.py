@@ -322,7 +322,10 @@ def test_resume_from_last_and_average(tiny_an4, tmp_path, capsys):
     torn.write_bytes(out.read_bytes()[:5000])
     averaged["state_dict"]["model.decoder.output.bias"] = torch.zeros(3)
     torch.save(averaged, other)
+    lm = tmp_path / "lm.ckpt"  # another kind: Lightning's parser printed a page, no file named
+    torch.save(averaged | {"hyper_parameters": {"_class_path": "asr.lm.LMModule"}}, lm)
     for path, says in (
+        (lm, "a language model checkpoint, and the config trains a recognizer"),
         (text, "not a checkpoint"),
         (torn, "not a readable checkpoint"),
         (other, "its weights are not this config's model: model.decoder.output.bias is (3,) "),
