@@ -129,6 +129,7 @@ class ASRModule(L.LightningModule):
         self._resume_rng: dict | None = None
         self._repeats: set[int] = set()  # this evaluation's batches that repeat an utterance
         self._tokens_per_second: float | None = None
+        self._saved_tokens_per_second: float | None = None  # --ckpt_path's, without train data
         self._encoder_timing: tuple[float, float] | None = None
 
     def forward(self, waves: Tensor, wave_lens: Tensor) -> list[list[int]]:
@@ -259,17 +260,19 @@ class ASRModule(L.LightningModule):
         self._fastest_speech()  # warns of transcripts too long for their audio up front
 
     def _fastest_speech(self) -> float | None:
-        """Tokens per second of the fastest training speech, of the texts CTC can align."""
+        """Tokens per second of the fastest training speech, of the texts CTC can align (as the
+        checkpoint validated or tested stored it, where no training data is at hand)."""
         if self._tokens_per_second is None:
             train = self._train_dataset()
-            if train is not None:
-                utterances = train.utterances
-                ids = [self.tokenizer.encode(u.text) for u in utterances]
-                kept = self._alignable(utterances, ids)
-                counts = [len(ids[k]) for k in kept]
-                durations = [utterances[k].duration for k in kept]
-                speed = max(train.speed_perturb, default=1.0)
-                self._tokens_per_second = fastest_speech(counts, durations, speed)
+            if train is None:
+                return self._saved_tokens_per_second
+            utterances = train.utterances
+            ids = [self.tokenizer.encode(u.text) for u in utterances]
+            kept = self._alignable(utterances, ids)
+            counts = [len(ids[k]) for k in kept]
+            durations = [utterances[k].duration for k in kept]
+            speed = max(train.speed_perturb, default=1.0)
+            self._tokens_per_second = fastest_speech(counts, durations, speed)
         return self._tokens_per_second
 
     def _alignable(self, utterances: Sequence, ids: list[list[int]]) -> list[int]:
@@ -401,6 +404,9 @@ class ASRModule(L.LightningModule):
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         self._resume_rng = checkpoint.get("rng")
+        payload = checkpoint.get(RECOGNIZER_KEY)
+        if isinstance(payload, dict):  # the length bound greedy validation decoded with
+            self._saved_tokens_per_second = payload.get("tokens_per_second")
 
     def _segment_seconds(self) -> float | None:
         train = self._train_dataset()

@@ -30,6 +30,7 @@ from conftest import REPO, corpus_path
 from lightning.pytorch.callbacks import ModelCheckpoint, Timer
 
 import asr.lightning
+from asr.checkpoint import RECOGNIZER_KEY
 from asr.cli import main
 from asr.data.cmvn import compute_cmvn_stats
 from asr.data.dataset import set_loader_epoch
@@ -42,6 +43,7 @@ from asr.lm import LMModule, TextDataModule
 from asr.models.lm import LSTMLM
 from asr.models.transformer import TransformerDecoder, TransformerEncoder
 from asr.recognizer import load_model
+from asr.search import length_bound
 from asr.segment import segment_seconds_for
 from asr.text import train_tokenizer
 from asr.train import KERNEL_CACHE_VARIABLE, RunCheckpoint, _keep_compiled_kernels
@@ -1016,3 +1018,15 @@ def test_gradient_clipping_with_the_fused_optimizer(tiny_an4, precision):
     _tiny_fit(module, data, steps=2, callbacks=[norms], precision=precision,
               gradient_clip_val=1e-3)  # fmt: skip
     assert norms.norms == pytest.approx([1e-3, 1e-3], rel=1e-3)  # clipped from far above
+
+
+def test_validating_a_checkpoint_bounds_lengths_as_its_training_did(tiny_an4):
+    """Without the training data (asr validate, asr test), greedy validation keeps the length
+    bound the checkpoint stored: the WER it reports is the one its name and fit logged."""
+    module, _ = _tiny_module(tiny_an4)
+    loose = module._length_bound()
+    module.on_load_checkpoint({RECOGNIZER_KEY: {"model_config": {}, "tokens_per_second": 2.0}})
+    assert module._fastest_speech() == 2.0
+    assert module._length_bound() == length_bound(module.hparams.max_len_ratio, 0, 2.0,
+                                                  *module.model.encoder_timing())  # fmt: skip
+    assert module._length_bound() != loose
