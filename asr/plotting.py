@@ -190,13 +190,26 @@ def read_training_log(run: str | os.PathLike) -> dict[str, Curve]:
 
 
 def csv_logs(folder: Path) -> list[Path]:
-    """A run folder's logs/version_*/metrics.csv (in version order), a logs folder's, or its own."""
+    """A run folder's logs/version_*/metrics.csv (in version order), a logs folder's, or its own;
+    of versions, those that trained (`asr validate` and `asr test` of the run's checkpoints log
+    there too, at step 0), unless none did."""
     for pattern in ("logs/version_*/", "version_*/", ""):
         files = list(folder.glob(f"{pattern}metrics.csv"))
         if files:
             # the version folder's own name: a folder above may be named version_N too
-            return sorted(files, key=lambda f: _version(f.parent.name))
+            files.sort(key=lambda f: _version(f.parent.name))
+            return [f for f in files if _of_training(f)] or files
     return []
+
+
+def _of_training(file: Path) -> bool:
+    """Whether a metrics.csv is of training (a train/ value, or a step past 0), not of
+    `asr validate` or `asr test`, which log at step 0."""
+    with open(file, newline="") as f:
+        rows = csv.DictReader(f)
+        train = [name for name in rows.fieldnames or () if name.startswith("train/")]
+        return any(row.get("step") not in ("0", "", None) or any(row[n] for n in train)
+                   for row in rows)  # fmt: skip
 
 
 def _version(folder: str) -> int:

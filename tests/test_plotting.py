@@ -125,3 +125,13 @@ def test_the_alignment_plot_draws_the_maps_that_time_the_words(monkeypatch, tmp_
     (every, title), (timing, timing_title) = drawn
     assert torch.equal(every, alignment.attention) and title == "utt"
     assert torch.equal(timing, alignment.attention[[1]]) and timing_title == "utt\nmaps [1]"
+
+
+def test_validate_and_test_runs_logged_beside_training_are_not_curves(tmp_path: Path) -> None:
+    """`asr validate`/`asr test --ckpt_path` of a run's checkpoint log a version of their own
+    at step 0: not the start of training."""
+    write_log(tmp_path, 0, ["0,9,4.0,,", "0,10,,3.0,2.0", "1,20,,1.0,0.5"])
+    write_log(tmp_path, 1, ["0,0,,1.0,0.5"])  # the best checkpoint, validated after
+    curves = read_training_log(tmp_path)
+    assert curves["val/loss"] == [(10, 3.0), (20, 1.0)]
+    assert read_training_log(tmp_path / "logs/version_1")["val/loss"] == [(0, 1.0)]  # asked for
