@@ -50,7 +50,56 @@ def _adamw(params) -> torch.optim.Optimizer:
     return torch.optim.AdamW(params, lr=1e-3, weight_decay=1e-6, fused=True)
 
 
-class ASRModule(L.LightningModule):
+class PlateauResume(L.LightningModule):
+    """A ReduceLROnPlateau resumed as if never stopped. Lightning steps it after an epoch's
+    checkpoints are written, and a run resumed from one would skip that step: the checkpoint
+    keeps the val/loss it is owed, stepped on when training starts again."""
+
+    OWED_KEY = "asr_plateau_owed"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._plateau_epoch = -1  # the epoch a ReduceLROnPlateau last stepped after
+        self._plateau_owed: float | None = None
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        if self.trainer.state.fn == "fit":
+            owed = self._owed_plateau_step()
+            if owed is not None:
+                checkpoint[self.OWED_KEY] = owed
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        self._plateau_owed = checkpoint.get(self.OWED_KEY)
+
+    def on_train_start(self) -> None:
+        if self._plateau_owed is not None:  # the saved epoch's, not this one's
+            for config in self.trainer.lr_scheduler_configs:
+                if config.reduce_on_plateau:
+                    config.scheduler.step(self._plateau_owed)
+            self._plateau_owed = None
+
+    def lr_scheduler_step(self, scheduler, metric) -> None:
+        super().lr_scheduler_step(scheduler, metric)
+        if isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
+            self._plateau_epoch = self.current_epoch
+
+    def _owed_plateau_step(self) -> float | None:
+        """The val/loss a ReduceLROnPlateau will step on at this epoch's end, when a checkpoint
+        written now comes before that step (as Lightning orders them): None where none is due."""
+        trainer = self.trainer
+        if self._plateau_epoch == self.current_epoch:
+            return None
+        if not trainer.fit_loop.epoch_loop._num_ready_batches_reached():  # mid-epoch
+            return None
+        for config in trainer.lr_scheduler_configs:
+            due = config.interval == "epoch" and (self.current_epoch + 1) % config.frequency == 0
+            value = trainer.callback_metrics.get(config.monitor or "")
+            if config.reduce_on_plateau and due and value is not None:
+                return float(value)
+        return None
+
+
+class ASRModule(PlateauResume):
     """Trains a `Seq2Seq` with joint CTC/attention loss; validates with greedy WER/CER.
 
     Args:
@@ -387,6 +436,7 @@ class ASRModule(L.LightningModule):
             save_figure(fig, str(log_dir / f"epoch{self.current_epoch:03d}_{batch.ids[i]}.png"))
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
+        super().on_save_checkpoint(checkpoint)
         if self.model_config is not None and self.tokenizer is not None:
             checkpoint[RECOGNIZER_KEY] = checkpoint_payload(
                 self.model_config,
@@ -403,6 +453,7 @@ class ASRModule(L.LightningModule):
                 checkpoint["rng"]["ranks"] = states
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
+        super().on_load_checkpoint(checkpoint)
         self._resume_rng = checkpoint.get("rng")
         payload = checkpoint.get(RECOGNIZER_KEY)
         if isinstance(payload, dict):  # the length bound greedy validation decoded with

@@ -19,6 +19,7 @@ from asr.checkpoint import LM_KEY, checkpoint_payload
 from asr.data.dataset import set_loader_epoch
 from asr.data.manifest import read_manifest
 from asr.lightning import (
+    PlateauResume,
     bucketed_loader,
     log_mean,
     save_hyperparameters,
@@ -66,7 +67,7 @@ def collate_text(sequences: Sequence[Sequence[int]], pad_id: int = PAD_ID) -> Te
     return TextBatch(inputs, targets, lens)
 
 
-class LMModule(L.LightningModule):
+class LMModule(PlateauResume):
     """Trains a token LM by cross-entropy over `y + [eos]`; logs `val/loss` and `val/ppl`.
 
     Args:
@@ -150,6 +151,7 @@ class LMModule(L.LightningModule):
         self.log(f"{stage}/ppl", loss.exp().float(), prog_bar=True, sync_dist=True)
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
+        super().on_save_checkpoint(checkpoint)
         if self.model_config is not None and self.tokenizer is not None:
             checkpoint[LM_KEY] = checkpoint_payload(self.model_config, self.tokenizer)
 

@@ -640,6 +640,31 @@ def test_sigkill_mid_epoch_then_resume_equals_uninterrupted_run(
     _assert_same_end(full, torch.load(last, weights_only=True))
 
 
+def test_a_plateau_schedule_resumed_at_an_epoch_end_takes_the_step_it_was_owed(tiny_an4, tmp_path):
+    """Lightning steps ReduceLROnPlateau after the epoch's checkpoints are written: a run
+    resumed from one goes on as the uninterrupted run, its rate halved after epoch 1."""
+    plateau = [
+        "--model.init_args.lr_scheduler", "torch.optim.lr_scheduler.ReduceLROnPlateau",
+        "--model.init_args.lr_scheduler.init_args.patience", "0",
+        "--model.init_args.lr_scheduler.init_args.factor", "0.5",
+        "--model.init_args.lr_scheduler.init_args.threshold", "0.9",  # every epoch a plateau
+        "--trainer.limit_train_batches", "2",
+    ]  # fmt: skip
+    ends = []
+    for root, stops in ((tmp_path / "straight", [3]), (tmp_path / "resumed", [1, 3])):
+        for k, epochs in enumerate(stops):
+            resume = ["--ckpt_path", "last"] if k else []
+            main(
+                _fit_args(tiny_an4, root) + plateau + ["--trainer.max_epochs", str(epochs)] + resume
+            )
+        ends.append(torch.load(root / "checkpoints" / "last.ckpt", weights_only=True))
+    full, resumed = ends
+    assert full["lr_schedulers"] == resumed["lr_schedulers"]
+    # epoch 0's step set the best loss, epoch 1's halved the rate (epoch 2's comes after)
+    assert full["optimizer_states"][0]["param_groups"][0]["lr"] == 0.5e-3
+    _assert_same_end(full, resumed)
+
+
 def test_training_plots_take_the_frontends_hop(tiny_an4, tmp_path, monkeypatch):
     """A 20 ms hop drew every utterance at half its length (the 10 ms default)."""
     import asr.plotting
