@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import math
 from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
@@ -306,7 +307,40 @@ class ASRModule(PlateauResume):
         return self._encoder_timing
 
     def on_fit_start(self) -> None:
+        self._check_long_enough()
         self._fastest_speech()  # warns of transcripts too long for their audio up front
+
+    def _check_long_enough(self) -> None:
+        """ValueError naming the training or dev utterances too short for the encoder (at the
+        fastest speed perturbation): the first batch to hold one would stop the run, epochs in
+        and without its name."""
+        datasets = getattr(getattr(self._trainer, "datamodule", None), "datasets", {})
+        need = self.model.shortest_input() / self.model.sample_rate
+        for split in ("train", "val"):
+            dataset = datasets.get(split)
+            if dataset is None or not len(dataset):
+                continue
+            fastest = max(dataset.speed_perturb or [1.0]) if split == "train" else 1.0
+            durations = [float(d) for d in dataset.durations]
+            short = [k for k, seconds in enumerate(durations) if seconds / fastest < need]
+            if not short:
+                continue
+            utterances = getattr(dataset, "utterances", None)  # a stream's are not at hand
+            if utterances is not None and len(utterances) == len(durations):
+                named = ", ".join(
+                    f"{utterances[k].utt_id} ({durations[k]:.3f} s)" for k in short[:5]
+                )
+                named += ", ..." if len(short) > 5 else ""
+            else:
+                named = f"the shortest {min(durations):.3f} s"
+            at = f" ({need * fastest:.3f} s before speed perturbation by {fastest:g})"
+            floor = math.ceil(need * fastest * 100) / 100
+            raise ValueError(
+                f"{len(short)} {'training' if split == 'train' else 'dev'} utterance(s) too short "
+                f"for the encoder, which needs {need:.3f} s of audio{at if fastest > 1 else ''}: "
+                f"{named}; leave them out with data.min_duration {floor:g} and "
+                "data.skip_bad true, or drop them from the manifest"
+            )
 
     def _fastest_speech(self) -> float | None:
         """Tokens per second of the fastest training speech, of the texts CTC can align (as the

@@ -402,6 +402,30 @@ def refused(argv: list[str], capsys) -> str:
     return err
 
 
+def test_an_utterance_too_short_for_the_encoder_is_named_before_training(
+    tiny_an4, tmp_path, capsys
+):
+    """A clip above data.min_duration that subsampling by 8 (or the fastest speed
+    perturbation) leaves no encoder frame: training stopped at the first batch holding it,
+    perhaps epochs in, with no name."""
+    from asr.data.manifest import Utterance
+
+    wave = tmp_path / "short.wav"
+    soundfile.write(wave, np.random.default_rng(0).normal(0, 0.1, 1920), 16000)  # 0.12 s
+    train = tmp_path / "train.jsonl"
+    write_manifest(
+        train, [*read_manifest(tiny_an4["train"]), Utterance(str(wave), 0.12, "A", "short")]
+    )
+    args = [*_fit_args(tiny_an4 | {"train": str(train)}, tmp_path), "--trainer.max_epochs", "1"]
+    eight = ["--model.init_args.encoder.init_args.subsampling", "8"]
+    said = refused([*args, *eight], capsys)
+    assert "1 training utterance(s) too short for the encoder, which needs 0.1" in said
+    assert "short (0.120 s); leave them out with data.min_duration 0.1" in said
+    fast = ["--data.speed_perturb", "[1.0, 1.5]"]  # 0.08 s at 1.5x: too short for 4x too
+    said = refused([*args, *fast], capsys)
+    assert "before speed perturbation by 1.5): short (0.120 s)" in said
+
+
 def test_a_missing_tokenizer_is_one_line_not_the_config_dumped(tiny_an4, tmp_path, capsys):
     """jsonargparse wraps the error of building the data module in a dump of its config."""
     args = _fit_args(tiny_an4 | {"tokenizer": str(tmp_path / "no_tokenizer")}, tmp_path)
