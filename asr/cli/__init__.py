@@ -833,8 +833,9 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
         help="write a manifest's audio as WebDataset tar shards, streamed in training",
         description="Write the utterances of a manifest, in its order, into WebDataset tar "
         "shards of at most --shard-hours of audio: each utterance is <key>.<suffix>, its audio "
-        "file's bytes unchanged (FLAC, Opus, WAV, SPHERE...; a segment with an offset is cut "
-        "and stored as FLAC), and <key>.json (id, text, duration, speaker). OUT/shards.json "
+        "file's bytes unchanged (FLAC, Opus, WAV, SPHERE...; a segment of a longer file is cut "
+        "and stored as FLAC of its bit depth, float WAV for float samples), and <key>.json "
+        "(id, text, duration, speaker). OUT/shards.json "
         "indexes them (files, sizes, durations). Name the folder as the training data, "
         "`data.train_manifest: OUT`, and `asr fit` streams it: shards split over ranks and "
         "loader workers, a shuffle buffer (data.shuffle_buffer), length-bucketed batches, "

@@ -15,6 +15,7 @@ Audio is decoded only for batches that are yielded.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import io
 import json
 import logging
@@ -48,6 +49,16 @@ INDEX_VERSION = 2
 SHARD_NAME = "shard-{:06d}.tar"
 DEFAULT_SHARD_HOURS = 1.0
 DEFAULT_SHUFFLE_BUFFER = 500
+# a file up to this much longer than its utterance is stored whole; a longer one, the segment
+WHOLE_FILE_SLACK = 0.01
+# (member suffix, format, subtype) of a segment by its file's subtype: its bits kept, floats
+# beyond ±1 too (FLAC holds integers)
+SEGMENT_FORMATS = {
+    "PCM_24": ("flac", "FLAC", "PCM_24"),
+    "PCM_32": ("wav", "WAV", "FLOAT"),
+    "FLOAT": ("wav", "WAV", "FLOAT"),
+    "DOUBLE": ("wav", "WAV", "FLOAT"),
+}
 FASTEST_KEPT = 32  # fastest-spoken utterances kept in the index for the output length bound
 # Draws of one epoch: kept apart by the last element of their seeds.
 _SHARD_ORDER, _SHUFFLE, _SPEED, _AUGMENT = 0, 1, 2, 3
@@ -299,8 +310,10 @@ def _member_json(utterance: Utterance) -> bytes:
 
 
 def _stored_audio(utterance: Utterance) -> tuple[str, bytes, int]:
-    """(member suffix, bytes, sample rate): the file as it is, or the segment as FLAC."""
+    """(member suffix, bytes, sample rate): the file as it is where the utterance is all of it,
+    else the segment as FLAC of the file's bit depth (float samples: as float WAV)."""
     path = Path(utterance.audio_filepath)
+    subtype = "PCM_16"
     if utterance.offset == 0:
         data = path.read_bytes()
         try:
@@ -308,11 +321,17 @@ def _stored_audio(utterance: Utterance) -> tuple[str, bytes, int]:
         except Exception:  # libsndfile cannot read this format from bytes: stored as FLAC
             pass
         else:
-            return path.suffix.lower().lstrip(".") or "wav", data, info.samplerate
+            if info.frames / info.samplerate <= utterance.duration + WHOLE_FILE_SLACK:
+                return path.suffix.lower().lstrip(".") or "wav", data, info.samplerate
+            subtype = info.subtype
+    else:
+        with contextlib.suppress(Exception):  # a format libsndfile cannot read: 16 bits
+            subtype = soundfile.info(str(path)).subtype
     wave, rate = load_audio_with_rate(path, None, utterance.offset, utterance.duration)
+    kind = SEGMENT_FORMATS.get(subtype, ("flac", "FLAC", "PCM_16"))
     buffer = io.BytesIO()
-    soundfile.write(buffer, wave.numpy(), rate, format="FLAC", subtype="PCM_16")
-    return "flac", buffer.getvalue(), rate
+    soundfile.write(buffer, wave.numpy(), rate, format=kind[1], subtype=kind[2])
+    return kind[0], buffer.getvalue(), rate
 
 
 def _write_index(

@@ -170,6 +170,35 @@ def test_each_shard_holds_at_most_shard_hours_in_manifest_order(corpus, shards):
     assert _group_by_seconds([5, 1, 9, 2, 2], 6) == [(0, 2), (2, 3), (3, 5)], "long: alone"
 
 
+def test_a_segment_is_stored_alone_with_its_files_bits(tmp_path):
+    """A segment from the start of a long recording is the segment, not the recording; 24-bit
+    and float samples (beyond ±1 too) are kept as they were."""
+    rng = np.random.default_rng(3)
+    loud = tmp_path / "loud.wav"
+    soundfile.write(loud, 1.5 * _wave(rng, 6.0, SR) / 0.3, SR, subtype="FLOAT")  # peaks ~1.5
+    fine = tmp_path / "fine.wav"
+    soundfile.write(fine, _wave(rng, 3.0, SR), SR, subtype="PCM_24")
+    utterances = [
+        Utterance(str(loud), 1.0, "GO", "loud0"),
+        Utterance(str(fine), 1.0, "GO", "fine1", offset=1.0),
+        Utterance(str(fine), 3.0, "GO", "fine_all"),
+    ]
+    write_manifest(tmp_path / "m.jsonl", utterances)
+    write_shards(tmp_path / "m.jsonl", tmp_path / "shards")
+    samples = {json.loads(s["json"])["id"]: s for s in _all_samples(tmp_path / "shards")}
+    for utterance in utterances:
+        sample = samples[utterance.id]
+        [data] = [v for k, v in sample.items() if k != "json" and not k.startswith("_")]
+        expected = load_audio(utterance.audio_filepath, SR, utterance.offset, utterance.duration)
+        wave = decode_audio(data, utterance.duration, SR)
+        assert torch.equal(wave, expected), utterance.id
+        if utterance.id == "fine_all":
+            assert data == fine.read_bytes()
+        else:
+            assert len(data) < 2 * 4 * SR * utterance.duration, "the segment alone"
+    assert float(decode_audio(samples["loud0"]["wav"], 1.0, SR).abs().max()) > 1.2
+
+
 @pytest.mark.parametrize("k", range(len(FORMATS)))
 def test_a_member_decodes_as_load_audio_reads_its_file(corpus, shards, k):
     utterance = read_manifest(corpus["manifest"])[k]
