@@ -832,13 +832,19 @@ class ASRDataModule(L.LightningDataModule):
         state, self._resume_sampler = self._resume_sampler, None
         if state and self.trainer is not None and state["epoch"] == self.trainer.current_epoch:
             world, self._resume_world = self._resume_world, None
-            if world is None or world == self.trainer.world_size:
-                _position_keeper(loader).load_state_dict(state)
-            elif self.trainer.is_global_zero:  # each world size deals out its own batches
+            keeper = _position_keeper(loader)
+            # each world size deals out its own batches, and a stream's each loader worker count
+            saved = (world, state.get("streams"))
+            now = (self.trainer.world_size, getattr(keeper, "streams", None))
+            if all(s is None or s == n for s, n in zip(saved, now, strict=True)):
+                keeper.load_state_dict(state)
+            elif self.trainer.is_global_zero:
+                what = "processes" if saved[0] not in (None, now[0]) else "loader worker streams"
+                which = 0 if what == "processes" else 1
                 log.warning(
-                    "resumed on %d processes from a checkpoint of %d: epoch %d starts again "
-                    "from its first batch (its batches depend on the number of processes)",
-                    self.trainer.world_size, world, state["epoch"],
+                    "resumed with %d %s from a checkpoint of %d: epoch %d starts again from its "
+                    "first batch (its batches depend on the number of %s)",
+                    now[which], what, saved[which], state["epoch"], what,
                 )  # fmt: skip
         return loader
 

@@ -727,7 +727,7 @@ def test_a_resume_point_of_another_world_size_restarts_its_epoch(tiny_an4, caplo
         data.load_state_dict({"train_sampler": position, "world_size": world})
         with caplog.at_level(logging.WARNING):
             assert len(list(data.train_dataloader())) == batches
-    assert "resumed on 1 processes from a checkpoint of 2: epoch 1 starts again" in caplog.text
+    assert "resumed with 1 processes from a checkpoint of 2: epoch 1 starts again" in caplog.text
 
 
 @pytest.mark.timeout(600)

@@ -582,9 +582,15 @@ class ShardedSpeechDataset(IterableDataset):
         self._state[0] = epoch
 
     def state_dict(self) -> dict[str, Any]:
-        """Position for mid-epoch resume: the epoch and the batches yielded (prefetched too)."""
+        """Position for mid-epoch resume: the epoch, the batches yielded (prefetched too), and
+        the streams they were dealt to (another count deals other batches)."""
         yielded = int(self._state[1] + self._state[2:].sum())
-        return {"epoch": self.epoch, "batches_yielded": yielded, "seed": self.options.seed}
+        return {
+            "epoch": self.epoch,
+            "batches_yielded": yielded,
+            "seed": self.options.seed,
+            "streams": self.streams,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore a position (and the seed): the next iteration skips the batches yielded."""

@@ -426,6 +426,34 @@ def test_a_missing_or_resized_shard_or_index_is_an_error_before_training(corpus,
         _stream(shards, world=40)
 
 
+def test_a_resume_point_of_other_loader_workers_restarts_its_epoch(
+    corpus, shards, tmp_path, caplog
+):
+    """Each loader worker streams batches of its own: skipping the batches another worker
+    count dealt dropped some utterances and repeated others without a word."""
+    from types import SimpleNamespace
+
+    CharTokenizer.train(WORDS).save(tmp_path / "tokenizer")
+    trainer = SimpleNamespace(current_epoch=1, world_size=1, is_global_zero=True, global_rank=0)
+
+    def batches(saved: dict | None) -> int:
+        data = ASRDataModule(str(shards), str(corpus["manifest"]), str(tmp_path / "tokenizer"),
+                             max_batch_seconds=3.0, num_workers=0)  # fmt: skip
+        data.trainer = trainer
+        data.setup("fit")
+        if saved is not None:
+            data.load_state_dict({"train_sampler": saved, "world_size": 1})
+        with caplog.at_level(logging.WARNING):
+            return len(list(data.train_dataloader()))
+
+    whole, position = batches(None), {"epoch": 1, "batches_yielded": 2, "seed": 0}
+    assert batches(position | {"streams": 1}) == whole - 2
+    assert "starts again" not in caplog.text
+    assert batches(position | {"streams": 2}) == whole
+    said = "resumed with 1 loader worker streams from a checkpoint of 2: epoch 1 starts again"
+    assert said in caplog.text
+
+
 def test_writing_again_into_the_folder_leaves_no_earlier_shard(corpus, tmp_path):
     out = tmp_path / "shards"
     many = write_shards(corpus["manifest"], out, shard_hours=SHARD_SECONDS / 3600)
