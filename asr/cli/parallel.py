@@ -639,9 +639,17 @@ def _start_child(rank: int, job: tuple, threads: int | None) -> subprocess.Popen
     if threads is not None:
         env["OMP_NUM_THREADS"] = str(threads)  # also for the libraries below PyTorch
     command = [sys.executable, "-m", "asr.cli.parallel", "--rank", str(rank)]
-    child = subprocess.Popen(
-        command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
-    )
+    # Ctrl-C reaches the whole process group, and the parent stops its children itself: they
+    # ignore it (inherited, Python leaves it so), else each printed a traceback of its imports
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None
+    try:
+        child = subprocess.Popen(
+            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
+        )
+    finally:
+        if main:
+            signal.signal(signal.SIGINT, previous)
     assert child.stdin is not None
     child.stdin.write(pickle.dumps(job))
     child.stdin.close()
@@ -703,7 +711,7 @@ def worker_main(stdin: IO[bytes] | None = None) -> int:
     except (ValueError, FileNotFoundError) as error:
         print(f"asr transcribe: error: {error}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:  # Ctrl-C reaches the whole group: the parent says what to do
+    except KeyboardInterrupt:  # a parent that is not a main thread lets it through
         return 130
     return 0
 

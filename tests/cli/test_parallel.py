@@ -16,8 +16,10 @@ import os
 import pickle
 import random
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path, PurePath
 
 import pytest
@@ -288,6 +290,34 @@ def test_ctrl_c_stops_the_workers_quietly(checkpoint, corpus, tmp_path, monkeypa
     )
     assert "failed" not in stderr and "exited with status" not in stderr
     assert len(started) == 2 and all(child.returncode is not None for child in started)
+
+
+def test_ctrl_c_while_the_workers_start_is_quiet_too(checkpoint, corpus, tmp_path):
+    """A terminal's Ctrl-C reaches the whole process group: children still importing printed
+    a traceback each; they leave it to the parent, which stops them."""
+    command = [sys.executable, "-m", "asr", "transcribe", "--manifest", str(corpus["good"]),
+               "--checkpoint", str(checkpoint), "--output-dir", str(tmp_path / "out"),
+               *SAME_WORK, "--workers", "2"]  # fmt: skip
+    child = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                             cwd=REPO, start_new_session=True, text=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while not _children(child.pid) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.5)  # the children are importing
+        os.killpg(child.pid, signal.SIGINT)  # as the terminal sends it
+        stderr = child.communicate(timeout=60)[1]
+    finally:
+        child.kill()
+    assert child.returncode == 130 and "Traceback" not in stderr, stderr
+    assert "interrupted: the same command transcribes the rest" in stderr
+
+
+def _children(pid: int) -> list[str]:
+    try:
+        return Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    except OSError:
+        return []
 
 
 @pytest.mark.parametrize("workers", [[], ["--workers", "2"]], ids=["one process", "workers"])
