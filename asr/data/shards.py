@@ -191,6 +191,11 @@ def read_index(path: str | os.PathLike) -> ShardIndex:
         ShardInfo(s["file"], int(s["bytes"]), np.asarray(s["durations"], dtype=np.float64))
         for s in record["shards"]
     )
+    empty = [shard.file for shard in shards if not len(shard.durations)]
+    if empty:  # a stream given only it would yield nothing, and its ranks wait on it
+        raise ShardError(
+            f"{index_path}: {empty[0]} holds no utterance: write the shards again with `asr shard`"
+        )
     fastest = tuple(Utterance("", float(d), t, id=i) for t, d, i in record["fastest"])
     return ShardIndex(
         folder, shards, tuple(record["sample_rates"]), tuple(record["words"]),

@@ -417,6 +417,11 @@ def test_a_missing_or_resized_shard_or_index_is_an_error_before_training(corpus,
     shutil.copy(shards / "shard-000001.tar", broken / "shard-000002.tar")
     with pytest.raises(ShardError, match="shard-000002.tar: .* bytes, the index says"):
         setup(broken)
+    record = json.loads((shards / INDEX_NAME).read_text())
+    record["shards"][1] |= {"durations": [], "utterances": 0}  # its rank would wait forever
+    (broken / INDEX_NAME).write_text(json.dumps(record))
+    with pytest.raises(ShardError, match="shard-000001.tar holds no utterance: write the shards"):
+        setup(broken)
     (broken / INDEX_NAME).unlink()
     with pytest.raises(ShardError, match=re.escape(f"{broken / INDEX_NAME}: shard index not")):
         setup(broken)
