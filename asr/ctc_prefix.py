@@ -154,7 +154,6 @@ class CTCPrefixScorer:
         first, stop = int(end[changed].min()) - 1, int(wanted.max())  # frames of the new columns
         width = max(state["r_blank"].size(1), stop - start)
         # copies: the state given stays as it was (a score's forced end is not kept)
-        # copies: the state given stays as it was (a score's forced end is not kept)
         r_nonblank, r_blank = (_fit(state[k], width).clone() for k in ("r_nonblank", "r_blank"))
         # the empty prefix (last -1) has no non-blank paths to continue: any label will do
         utterance, tokens = state["utterance"], state["last"].clamp(min=0)
@@ -165,15 +164,15 @@ class CTCPrefixScorer:
         base = (end - 1 - first).clamp(min=0)[:, None]  # each row's last column, continued
         at = _columns(label)
         n0, b0 = kept_n.gather(1, base), kept_b.gather(1, base)
-        # r^n loses its label each frame; r^b gathers r^n's paths and keeps its blanks
+        # r^n goes on repeating its label; r^b takes r^n's paths in and goes on with blanks
         quiet_n = n0 + label - label.gather(1, base)
         from_n = F.pad((quiet_n - blank)[:, :-1], (1, 0), value=NEG_INF)
         inflow = torch.where(at == base, b0 - blank.gather(1, base), NEG_INF)
         inflow = torch.logaddexp(inflow, from_n.masked_fill(at <= base, NEG_INF))
         quiet_b = inflow.logcumsumexp(-1) + blank
-        new = (at > base) & (at < (wanted - first)[:, None]) & changed[:, None]
-        r_nonblank[:, columns] = torch.where(new, quiet_n, kept_n)
-        r_blank[:, columns] = torch.where(new, quiet_b, kept_b)
+        filled = (at > base) & (at < (wanted - first)[:, None]) & changed[:, None]
+        r_nonblank[:, columns] = torch.where(filled, quiet_n, kept_n)
+        r_blank[:, columns] = torch.where(filled, quiet_b, kept_b)
         return {**state, "r_nonblank": r_nonblank, "r_blank": r_blank, "end": wanted}
 
     def final_score(self, state: State) -> Tensor:
