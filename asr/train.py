@@ -235,6 +235,10 @@ class StepCheckpoint(L.Callback):
         due = self.every_n_steps and step and step % self.every_n_steps == 0
         if not due or step == self._saved_at:  # accumulation repeats a step's batch end
             return
+        if trainer.fit_loop.epoch_loop.batch_progress.is_last_batch:
+            # the epoch's own checkpoint follows its validation; resumed from one written
+            # before it, Lightning would go on without validating the epoch
+            return
         self._saved_at = step
         dirpath = Path(self.dirpath or Path(trainer.default_root_dir) / "checkpoints")
         path = dirpath / "last.ckpt"
