@@ -53,8 +53,10 @@ def _adamw(params) -> torch.optim.Optimizer:
 
 class PlateauResume(L.LightningModule):
     """A ReduceLROnPlateau resumed as if never stopped. Lightning steps it after an epoch's
-    checkpoints are written, and a run resumed from one would skip that step: the checkpoint
-    keeps the val/loss it is owed, stepped on when training starts again."""
+    checkpoints are written, so a run resumed from one skipped that step: the checkpoint keeps
+    the val/loss it is owed, stepped on when training starts again. And Lightning leaves out
+    the step of an epoch resumed mid-way (its metrics are not saved), though the epoch ends
+    with a validation of its own: that step is taken here."""
 
     OWED_KEY = "asr_plateau_owed"
 
@@ -62,6 +64,7 @@ class PlateauResume(L.LightningModule):
         super().__init__()
         self._plateau_epoch = -1  # the epoch a ReduceLROnPlateau last stepped after
         self._plateau_owed: float | None = None
+        self._validated_step = -1  # the step of the last validation (its val/loss is the latest)
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         if self.trainer.state.fn == "fit":
@@ -74,10 +77,24 @@ class PlateauResume(L.LightningModule):
 
     def on_train_start(self) -> None:
         if self._plateau_owed is not None:  # the saved epoch's, not this one's
-            for config in self.trainer.lr_scheduler_configs:
-                if config.reduce_on_plateau:
-                    config.scheduler.step(self._plateau_owed)
+            self._step_plateau(self._plateau_owed)
             self._plateau_owed = None
+
+    def on_validation_start(self) -> None:
+        if not self.trainer.sanity_checking:
+            self._validated_step = self.trainer.global_step
+
+    def on_train_epoch_end(self) -> None:
+        if self.trainer.fit_loop.restarting:  # Lightning then does not step it: we do
+            owed = self._owed_plateau_step()
+            if owed is not None:
+                self._step_plateau(owed)
+                self._plateau_epoch = self.current_epoch
+
+    def _step_plateau(self, value: float) -> None:
+        for config in self.trainer.lr_scheduler_configs:
+            if config.reduce_on_plateau:
+                config.scheduler.step(value)
 
     def lr_scheduler_step(self, scheduler, metric) -> None:
         super().lr_scheduler_step(scheduler, metric)
@@ -91,6 +108,8 @@ class PlateauResume(L.LightningModule):
         if self._plateau_epoch == self.current_epoch:
             return None
         if not trainer.fit_loop.epoch_loop._num_ready_batches_reached():  # mid-epoch
+            return None
+        if self._validated_step != trainer.global_step:  # not yet validated: its val/loss is old
             return None
         for config in trainer.lr_scheduler_configs:
             due = config.interval == "epoch" and (self.current_epoch + 1) % config.frequency == 0
@@ -325,21 +344,25 @@ class ASRModule(PlateauResume):
             short = [k for k, seconds in enumerate(durations) if seconds / fastest < need]
             if not short:
                 continue
+            floor = math.ceil(need * fastest * 100) / 100
             utterances = getattr(dataset, "utterances", None)  # a stream's are not at hand
             if utterances is not None and len(utterances) == len(durations):
                 named = ", ".join(
                     f"{utterances[k].utt_id} ({durations[k]:.3f} s)" for k in short[:5]
                 )
                 named += ", ..." if len(short) > 5 else ""
+                remedy = (
+                    f"leave them out with data.min_duration {floor:g} and data.skip_bad true, "
+                    "or drop them from the manifest"
+                )
             else:
                 named = f"the shortest {min(durations):.3f} s"
+                remedy = f"shard a manifest without those under {floor:g} s"
             at = f" ({need * fastest:.3f} s before speed perturbation by {fastest:g})"
-            floor = math.ceil(need * fastest * 100) / 100
             raise ValueError(
                 f"{len(short)} {'training' if split == 'train' else 'dev'} utterance(s) too short "
                 f"for the encoder, which needs {need:.3f} s of audio{at if fastest > 1 else ''}: "
-                f"{named}; leave them out with data.min_duration {floor:g} and "
-                "data.skip_bad true, or drop them from the manifest"
+                f"{named}; {remedy}"
             )
 
     def _fastest_speech(self) -> float | None:

@@ -664,29 +664,43 @@ def test_sigkill_mid_epoch_then_resume_equals_uninterrupted_run(
     _assert_same_end(full, torch.load(last, weights_only=True))
 
 
-def test_a_plateau_schedule_resumed_at_an_epoch_end_takes_the_step_it_was_owed(tiny_an4, tmp_path):
-    """Lightning steps ReduceLROnPlateau after the epoch's checkpoints are written: a run
-    resumed from one goes on as the uninterrupted run, its rate halved after epoch 1."""
+def test_a_plateau_schedule_resumed_goes_on_as_if_never_stopped(tiny_an4, tmp_path):
+    """Lightning steps ReduceLROnPlateau after the epoch's checkpoints are written, and skips
+    the step of an epoch resumed mid-way: a run resumed at an epoch's end, or killed in the
+    middle of one, goes on as the uninterrupted run, its rate halved after epoch 1."""
     plateau = [
         "--model.init_args.lr_scheduler", "torch.optim.lr_scheduler.ReduceLROnPlateau",
         "--model.init_args.lr_scheduler.init_args.patience", "0",
         "--model.init_args.lr_scheduler.init_args.factor", "0.5",
         "--model.init_args.lr_scheduler.init_args.threshold", "0.9",  # every epoch a plateau
-        "--trainer.limit_train_batches", "2",
+        "--trainer.limit_train_batches", "2", "--step_checkpoint.every_n_steps", "1",
     ]  # fmt: skip
-    ends = []
-    for root, stops in ((tmp_path / "straight", [3]), (tmp_path / "resumed", [1, 3])):
-        for k, epochs in enumerate(stops):
-            resume = ["--ckpt_path", "last"] if k else []
-            main(
-                _fit_args(tiny_an4, root) + plateau + ["--trainer.max_epochs", str(epochs)] + resume
-            )
-        ends.append(torch.load(root / "checkpoints" / "last.ckpt", weights_only=True))
-    full, resumed = ends
-    assert full["lr_schedulers"] == resumed["lr_schedulers"]
+
+    def fit(root: Path, epochs: int, *more: str) -> list[str]:
+        args = [*_fit_args(tiny_an4, root), *plateau, "--trainer.max_epochs", str(epochs), *more]
+        main(args)
+        return args
+
+    fit(tmp_path / "straight", 3)
+    fit(tmp_path / "resumed", 1)
+    fit(tmp_path / "resumed", 3, "--ckpt_path", "last")
+    script = tmp_path / "kill.py"
+    script.write_text(textwrap.dedent(KILL_SCRIPT))
+    killed = [*_fit_args(tiny_an4, tmp_path / "killed"), *plateau, "--trainer.max_epochs", "3"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), "KILL_AT_STEP": "3"}
+    proc = subprocess.run([sys.executable, str(script), *killed], env=env, capture_output=True,
+                          text=True, timeout=300)  # fmt: skip  # in epoch 1, of 2 steps each
+    assert proc.returncode == -9, proc.stderr[-3000:]
+    main([*killed, "--ckpt_path", "last"])
+    full, *resumed = (
+        torch.load(tmp_path / run / "checkpoints" / "last.ckpt", weights_only=True)
+        for run in ("straight", "resumed", "killed")
+    )
     # epoch 0's step set the best loss, epoch 1's halved the rate (epoch 2's comes after)
     assert full["optimizer_states"][0]["param_groups"][0]["lr"] == 0.5e-3
-    _assert_same_end(full, resumed)
+    for run in resumed:
+        assert run["lr_schedulers"] == full["lr_schedulers"]
+        _assert_same_end(full, run)
 
 
 def test_training_plots_take_the_frontends_hop(tiny_an4, tmp_path, monkeypatch):
@@ -773,6 +787,28 @@ def test_sigterm_stops_fit_with_a_failing_status_that_says_how_to_resume(
     assert said in proc.stderr and "--ckpt_path last" in proc.stderr
     last = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)
     assert last["global_step"] == 2, "stopped at the step the signal came"
+
+
+def test_a_run_killed_as_its_first_epoch_validates_validates_it_when_resumed(tiny_an4, tmp_path):
+    """A step checkpoint at an epoch's last batch came before its validation: killed during
+    that validation, the run resumed from it went on without ever validating the epoch (no
+    epoch000 checkpoint, no dev WER for it)."""
+    args = _fit_args(tiny_an4, tmp_path / "whole") + ["--trainer.max_epochs", "1"]
+    main(args)
+    steps = torch.load(tmp_path / "whole" / "checkpoints" / "last.ckpt", weights_only=True)
+    root = tmp_path / "killed"
+    args = _fit_args(tiny_an4, root) + ["--trainer.max_epochs", "1"]
+    args += ["--step_checkpoint.every_n_steps", "1"]
+    script = tmp_path / "kill.py"
+    script.write_text(textwrap.dedent(KILL_SCRIPT))
+    # killed at the first save at the epoch's end
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO),
+           "KILL_AT_STEP": str(steps["global_step"])}  # fmt: skip
+    proc = subprocess.run([sys.executable, str(script), *args], env=env, capture_output=True,
+                          text=True, timeout=300)  # fmt: skip
+    assert proc.returncode == -9, proc.stderr[-3000:]
+    main(args + ["--ckpt_path", "last"])
+    assert list((root / "checkpoints").glob("epoch000-*.ckpt")), "the epoch was validated"
 
 
 def test_step_checkpoints_leave_one_last_checkpoint_the_latest(tiny_an4, tmp_path):
