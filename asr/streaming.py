@@ -279,7 +279,7 @@ class StreamingEngine:
             rest = stream.take_all()
             if rest.size(0) >= self.min_window:
                 self._encode([stream], [rest])
-        stream.close_utterance()
+        stream.close_utterance(stream.trailing_silence())
 
     def search(self, enc: Tensor, ctc_log_probs: Tensor, num_samples: int) -> Decoded:
         """A joint CTC/attention beam search over one utterance's encoder frames `enc (T, D)`,
@@ -331,6 +331,13 @@ class StreamingEngine:
         )
 
 
+# A new utterance starts this far back into the silence that ended the last, less a guard for
+# its last word's tail: CTC spikes come late, and a word begun in the chunk that ended the
+# last utterance was cut (its first letters lost) when the next began after that chunk.
+PREROLL_SECONDS = 0.5
+PREROLL_GUARD = 0.25
+
+
 class Stream:
     """One live audio stream (see the module's docstring); made by `Recognizer.stream()`."""
 
@@ -340,6 +347,7 @@ class Stream:
         self.features = FeatureStream(self.recognizer.model.frontend)
         self.pending = torch.zeros(0, self.features.features.output_dim)  # frames not consumed
         self.consumed = 0  # feature frames whose encoder outputs are done
+        self.recent = self.pending  # the last consumed frames, up to PREROLL_SECONDS
         self.samples = 0
         self.decoded_samples = 0  # audio the decoded chunks have read, to their last sample
         self.utterances: list[Transcript] = []  # closed utterances, times from the stream start
@@ -443,9 +451,14 @@ class Stream:
             self.consumed + out.size(0) - 1
         ) * self.features.hop + self.features.win
         step = chunk * self.engine.factor
+        self._keep_recent(self.pending[:step])
         self.pending = self.pending[step:]
         self.consumed += step
         return out
+
+    def _keep_recent(self, frames: Tensor) -> None:
+        keep = round(PREROLL_SECONDS * self.sample_rate / self.features.hop)
+        self.recent = torch.cat([self.recent, frames])[-keep:]
 
     def take_all(self) -> Tensor:
         """Every pending frame (the stream's end)."""
@@ -468,16 +481,29 @@ class Stream:
         rule = self.engine.options.endpoint
         if not endpoint or rule is None:
             return
-        silence = None
-        if self.vad is not None:
-            silence = self.vad.silence(self.decoded_seconds, since=self.utterance_start)
+        silence = self.trailing_silence()
         if rule.reached(self.search, self.engine.frame_seconds, silence):
-            self.close_utterance()
+            self.close_utterance(silence, more=True)
 
-    def close_utterance(self) -> None:
-        """Decode the open utterance's final (if it said anything) and start the next."""
+    def trailing_silence(self) -> float:
+        """Seconds of silence the open utterance ends with: CTC blanks, or Silero's."""
+        if self.vad is not None:
+            return self.vad.silence(self.decoded_seconds, since=self.utterance_start)
+        return self.search.trailing_blanks * self.engine.frame_seconds
+
+    def close_utterance(self, silence: float = 0.0, more: bool = False) -> None:
+        """Decode the open utterance's final (if it said anything) and start the next.
+
+        Its span ends PREROLL_GUARD into the `silence` (seconds) it ended with, so its last
+        word does not run on through the silence; and where `more` audio follows, the next
+        starts up to PREROLL_SECONDS back into that silence: a word begun in the last chunk,
+        before its first CTC spike, is heard whole."""
+        trim = max(0.0, silence - PREROLL_GUARD)
+        back = int(min(PREROLL_SECONDS, trim) * self.sample_rate / self.features.hop)
+        back = min(back, len(self.recent)) if more else 0
         start = self.utterance_start
-        end = max(start, min(self.consumed * self.features.hop / self.sample_rate, self.seconds))
+        stop = self.consumed * self.features.hop / self.sample_rate - trim
+        end = max(start, min(stop, self.seconds))
         nbest = self.search.nbest(self.engine.options.beam)
         if self.enc and any(tokens for tokens, _ in nbest):
             enc, ctc = torch.cat(self.enc), torch.cat(self.ctc)
@@ -493,6 +519,10 @@ class Stream:
                 self._new.append(_shifted(transcript, start))
                 if self.on_decoded is not None:
                     self.on_decoded((start, end), transcript, decoded)
+        if back:
+            self.pending = torch.cat([self.recent[-back:], self.pending])
+            self.consumed -= back
+            self.recent = self.recent[:-back]
         self._start_utterance()
 
 

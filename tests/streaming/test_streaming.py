@@ -182,14 +182,20 @@ def test_an_endpoint_closes_each_utterance_and_the_next_starts_afresh(
     endpoint = EndpointOptions(trailing_silence=1.2, silence_from=silence_from)
     options = StreamOptions(chunk_ms=160, first_chunk_ms=first_chunk_ms, endpoint=endpoint)
     stream = recognizer.stream(options)
-    finals = []
+    finals, closed_at = [], []
     for start in range(0, audio.numel(), 1600):
         finals += stream.accept(audio[start : start + 1600])
+        closed_at += [stream.decoded_seconds] * (len(finals) - len(closed_at))
     assert len(finals) >= 2 and finals[0].text == "GO"  # closed before the audio ended
     gap_start, second_start = first.numel() / 16000, first.numel() / 16000 + 2.0
     spans = [(f.segments[0].start, f.segments[0].end) for f in finals]
     assert spans[0][0] == 0.0 and gap_start < spans[0][1] < second_start
     assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))  # in order, not overlapping
+    # the next utterance began half a second back into the silence that closed this one: a
+    # word begun in its last chunk, not yet seen by CTC, is heard whole
+    assert spans[0][1] < closed_at[0] - 0.45
+    # and its span (its last word's end with it) ends with its speech, not after the silence
+    assert spans[0][1] < gap_start + 0.35
     at_once = recognizer.stream(options).accept(audio)  # the VAD reads far ahead of the decoder
     assert [(f.text, f.segments[0].start) for f in at_once] == [
         (f.text, f.segments[0].start) for f in finals
