@@ -21,7 +21,7 @@ asr align AUDIO --checkpoint CKPT --text "..." --out plot.png      word times of
 asr explore DIR [--out FILE.html]    an interactive page of a decode, transcription or run folder
 asr choose-heads --checkpoint CKPT --manifest dev.jsonl   how well attention maps time words
 asr calibrate --checkpoint CKPT --manifest dev.jsonl      how well word confidences fit dev
-asr curves RUN_DIR                               training curves of a run
+asr curves RUN_DIR --out curves.png             training curves of a run
 
 Batch commands (prepare, validate-data, transcribe, evaluate) go on past bad inputs, list
 each with the reason, and exit with status 1 when any failed (2: the command could not run).
