@@ -40,7 +40,10 @@ class CTCPrefixBeam:
         # prefix -> [log P(paths ending in blank), log P(paths ending in its last token)]
         self.prefixes: dict[tuple[int, ...], list[float]] = {(): [0.0, NEG_INF]}
         self.frames = 0
-        self.trailing_blanks = 0  # frames since the last one whose best symbol was not blank
+        # frames since the last one whose best symbol was not blank, or that changed the best
+        # prefix (a token the beam's summed paths found, though no frame's best: speech)
+        self.trailing_blanks = 0
+        self._best: tuple[int, ...] = ()
 
     def advance(self, log_probs: np.ndarray) -> None:
         """Extend the beam by frames `(T, V)` of CTC log-probabilities."""
@@ -77,6 +80,8 @@ class CTCPrefixBeam:
         scored = [(-_logaddexp(*scores), prefix) for prefix, scores in nxt.items()]
         ranked = sorted((s, p) for s, p in scored if s != -NEG_INF)[: self.beam]
         self.prefixes = {p: nxt[p] for _, p in ranked}
+        if ranked and ranked[0][1] != self._best:
+            self._best, self.trailing_blanks = ranked[0][1], 0
 
     def nbest(self, n: int | None = None) -> list[tuple[list[int], float]]:
         """The best prefixes and their CTC log-probabilities, best first."""

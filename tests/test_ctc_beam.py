@@ -82,6 +82,17 @@ def test_endpoints_after_trailing_silence_following_speech() -> None:
     assert EndpointOptions(max_utterance=0.5).reached(blanks(20, [18]), 0.04)  # 0.8 s long
 
 
+def test_a_token_no_frame_calls_best_is_speech_not_silence() -> None:
+    """Blank is every frame's best symbol, yet the paths of one token sum to more than the
+    empty prefix's: the beam's best gains that token, and the silence starts after it (an
+    endpoint counted from the utterance's start closed it at once, in the middle of a word)."""
+    search = CTCPrefixBeam(beam=4)
+    search.advance(np.tile(np.log([0.45, 0.4, 0.15]), (5, 1)))
+    assert search.best == [1]  # from the second frame on
+    assert search.trailing_blanks == 3
+    assert not EndpointOptions(trailing_silence=0.8).reached(search, 0.2)  # 0.6 s, not 1.0
+
+
 def test_a_vads_silence_decides_where_given() -> None:
     rule = EndpointOptions(trailing_silence=0.4, leading_silence=2.0, silence_from="silero")
     assert not rule.reached(blanks(20, [5]), 0.04, silence=0.2)  # 0.56 s of blanks, in speech
