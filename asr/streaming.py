@@ -331,11 +331,9 @@ class StreamingEngine:
         )
 
 
-# A new utterance starts this far back into the silence that ended the last, less a guard for
-# its last word's tail: CTC spikes come late, and a word begun in the chunk that ended the
-# last utterance was cut (its first letters lost) when the next began after that chunk.
-PREROLL_SECONDS = 0.5
-PREROLL_GUARD = 0.25
+# An utterance's span (its last word with it) ends this long after its last CTC spike (or
+# Silero's speech): the spike comes before the word's acoustic end
+SPEECH_TAIL = 0.25
 
 
 class Stream:
@@ -347,7 +345,6 @@ class Stream:
         self.features = FeatureStream(self.recognizer.model.frontend)
         self.pending = torch.zeros(0, self.features.features.output_dim)  # frames not consumed
         self.consumed = 0  # feature frames whose encoder outputs are done
-        self.recent = self.pending  # the last consumed frames, up to PREROLL_SECONDS
         self.samples = 0
         self.decoded_samples = 0  # audio the decoded chunks have read, to their last sample
         self.utterances: list[Transcript] = []  # closed utterances, times from the stream start
@@ -451,14 +448,9 @@ class Stream:
             self.consumed + out.size(0) - 1
         ) * self.features.hop + self.features.win
         step = chunk * self.engine.factor
-        self._keep_recent(self.pending[:step])
         self.pending = self.pending[step:]
         self.consumed += step
         return out
-
-    def _keep_recent(self, frames: Tensor) -> None:
-        keep = round(PREROLL_SECONDS * self.sample_rate / self.features.hop)
-        self.recent = torch.cat([self.recent, frames])[-keep:]
 
     def take_all(self) -> Tensor:
         """Every pending frame (the stream's end)."""
@@ -483,7 +475,7 @@ class Stream:
             return
         silence = self.trailing_silence()
         if rule.reached(self.search, self.engine.frame_seconds, silence):
-            self.close_utterance(silence, more=True)
+            self.close_utterance(silence)
 
     def trailing_silence(self) -> float:
         """Seconds of silence the open utterance ends with: CTC blanks, or Silero's."""
@@ -491,16 +483,11 @@ class Stream:
             return self.vad.silence(self.decoded_seconds, since=self.utterance_start)
         return self.search.trailing_blanks * self.engine.frame_seconds
 
-    def close_utterance(self, silence: float = 0.0, more: bool = False) -> None:
-        """Decode the open utterance's final (if it said anything) and start the next.
-
-        Its span ends PREROLL_GUARD into the `silence` (seconds) it ended with, so its last
-        word does not run on through the silence; and where `more` audio follows, the next
-        starts up to PREROLL_SECONDS back into that silence: a word begun in the last chunk,
-        before its first CTC spike, is heard whole."""
-        trim = max(0.0, silence - PREROLL_GUARD)
-        back = int(min(PREROLL_SECONDS, trim) * self.sample_rate / self.features.hop)
-        back = min(back, len(self.recent)) if more else 0
+    def close_utterance(self, silence: float = 0.0) -> None:
+        """Decode the open utterance's final (if it said anything) and start the next. Its
+        span ends SPEECH_TAIL into the `silence` (seconds) it ended with, so its last word
+        does not run on through the silence."""
+        trim = max(0.0, silence - SPEECH_TAIL)
         start = self.utterance_start
         stop = self.consumed * self.features.hop / self.sample_rate - trim
         end = max(start, min(stop, self.seconds))
@@ -519,10 +506,6 @@ class Stream:
                 self._new.append(_shifted(transcript, start))
                 if self.on_decoded is not None:
                     self.on_decoded((start, end), transcript, decoded)
-        if back:
-            self.pending = torch.cat([self.recent[-back:], self.pending])
-            self.consumed -= back
-            self.recent = self.recent[:-back]
         self._start_utterance()
 
 
