@@ -235,11 +235,12 @@ class StepCheckpoint(L.Callback):
         due = self.every_n_steps and step and step % self.every_n_steps == 0
         if not due or step == self._saved_at:  # accumulation repeats a step's batch end
             return
-        if trainer.fit_loop.epoch_loop.batch_progress.is_last_batch:
+        self._saved_at = step
+        loop = trainer.fit_loop.epoch_loop
+        if loop.batch_progress.is_last_batch and loop._should_check_val_epoch():
             # the epoch's own checkpoint follows its validation; resumed from one written
             # before it, Lightning would go on without validating the epoch
             return
-        self._saved_at = step
         dirpath = Path(self.dirpath or Path(trainer.default_root_dir) / "checkpoints")
         path = dirpath / "last.ckpt"
         for keeper in trainer.checkpoint_callbacks:

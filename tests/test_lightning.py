@@ -811,6 +811,27 @@ def test_a_run_killed_as_its_first_epoch_validates_validates_it_when_resumed(tin
     assert list((root / "checkpoints").glob("epoch000-*.ckpt")), "the epoch was validated"
 
 
+@pytest.mark.parametrize("validates", [True, False])
+def test_a_step_checkpoint_at_an_epochs_last_batch_waits_for_its_validation(tmp_path, validates):
+    """Left to the epoch's own checkpoint after its validation; an epoch that does not
+    validate keeps it (no other checkpoint follows), and either way the step counts as saved
+    (the next epoch's first batches, accumulating, share its step)."""
+    from types import SimpleNamespace
+
+    from asr.train import StepCheckpoint
+
+    saved = []
+    loop = SimpleNamespace(batch_progress=SimpleNamespace(is_last_batch=True),
+                           _should_check_val_epoch=lambda: validates)  # fmt: skip
+    trainer = SimpleNamespace(global_step=4, fit_loop=SimpleNamespace(epoch_loop=loop),
+                              checkpoint_callbacks=[], save_checkpoint=saved.append)  # fmt: skip
+    keeper = StepCheckpoint(every_n_steps=2, dirpath=str(tmp_path))
+    keeper.on_train_batch_end(trainer)
+    loop.batch_progress.is_last_batch = False  # the next epoch's first batch, same step
+    keeper.on_train_batch_end(trainer)
+    assert saved == ([] if validates else [tmp_path / "last.ckpt"])
+
+
 def test_step_checkpoints_leave_one_last_checkpoint_the_latest(tiny_an4, tmp_path):
     """A step checkpoint before the first epoch's end wrote last.ckpt behind Lightning's back:
     it then wrote last-v1.ckpt, and last.ckpt (what average and resume read) stayed stale."""
