@@ -857,17 +857,19 @@ class ASRDataModule(L.LightningDataModule):
             world, self._resume_world = self._resume_world, None
             keeper = _position_keeper(loader)
             # each world size deals out its own batches, and a stream's each loader worker count
-            saved = (world, state.get("streams"))
-            now = (self.trainer.world_size, getattr(keeper, "streams", None))
-            if all(s is None or s == n for s, n in zip(saved, now, strict=True)):
+            counts = (
+                ("processes", world, self.trainer.world_size),
+                ("loader worker streams", state.get("streams"), getattr(keeper, "streams", None)),
+            )
+            changed = [(what, then, now) for what, then, now in counts if then not in (None, now)]
+            if not changed:
                 keeper.load_state_dict(state)
             elif self.trainer.is_global_zero:
-                what = "processes" if saved[0] not in (None, now[0]) else "loader worker streams"
-                which = 0 if what == "processes" else 1
+                what, then, now = changed[0]
                 log.warning(
                     "resumed with %d %s from a checkpoint of %d: epoch %d starts again from its "
                     "first batch (its batches depend on the number of %s)",
-                    now[which], what, saved[which], state["epoch"], what,
+                    now, what, then, state["epoch"], what,
                 )  # fmt: skip
         return loader
 

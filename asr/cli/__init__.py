@@ -137,8 +137,9 @@ def _validate_data(args: argparse.Namespace) -> int:
     for manifest in args.manifest:
         report = validate_manifest(manifest, tokenizer, check_audio="full" if args.full else True)
         if not report.good and not report.bad:  # as fit, evaluate, shard and cmvn refuse it
-            print(f"{manifest}: no utterances to validate")
-            lines.append(f"{manifest}: no utterances to validate")
+            said = f"{manifest}: no utterances to validate"
+            print(said)
+            lines.append(said)
             failed += 1
             continue
         print(f"{manifest}: {len(report.good)} good, {len(report.bad)} bad")
