@@ -406,6 +406,9 @@ def test_a_segment_linked_mid_file_plays_on_its_own_clock(driver, tmp_path):
     assert "from\n2:00.0" in driver.find_element(By.ID, "utt-meta").text
     open_utterance(driver, "long#2")
     wait(driver, lambda d: js(d, "return document.querySelector('#player').readyState") >= 1)
+    # the #t=2.000 fragment's own seek is over before the click's is awaited
+    wait(driver, lambda d: js(d, "const p = document.querySelector('#player');"
+                                 "return !p.seeking && p.currentTime >= 2"))  # fmt: skip
     js(
         driver,
         "window.seeks = []; const p = document.querySelector('#player');"
