@@ -430,7 +430,9 @@ def _folder_entries(root: Path, audio: list[Path]) -> tuple[list[_Entry], list[s
         except ValueError as error:
             bad_text.append(str(error))
             continue
-        utterance_id = path.relative_to(root).with_suffix("").as_posix().replace("/", "-")
+        # an id is one word without slashes: "alice smith/Recording 1" -> alice_smith-Recording_1
+        relative = path.relative_to(root).with_suffix("").as_posix()
+        utterance_id = re.sub(r"\s+", "_", relative).replace("/", "-")
         first = first_path_of.setdefault(utterance_id, path)
         if first != path:
             raise ValueError(f"{first} and {path} both give utterance id {utterance_id!r}")
@@ -445,7 +447,8 @@ def _read_transcript(path: Path) -> str:
     except OSError as error:
         raise ValueError(f"{path}: cannot read transcript ({error.strerror})") from error
     try:
-        text = " ".join(data.decode("utf-8").split())
+        # Notepad's "UTF-8 with BOM" too; decoded with it, so an error's offset is the file's
+        text = " ".join(data.decode("utf-8").removeprefix("\ufeff").split())
     except UnicodeDecodeError as error:
         reason = f"byte 0x{data[error.start]:02x} at offset {error.start}"
         raise ValueError(f"{path}: transcript is not valid UTF-8 ({reason})") from error
@@ -492,7 +495,7 @@ def _read_split_file(path: Path) -> dict[str, str]:
     if not path.is_file():
         raise ValueError(f"{path}: split file not found")
     assignment: dict[str, str] = {}
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+    for number, line in enumerate(path.read_text(encoding="utf-8-sig").splitlines(), start=1):
         fields = line.split()
         if not fields or fields[0].startswith("#"):
             continue

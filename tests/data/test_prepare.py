@@ -265,6 +265,27 @@ def test_folder_split_file_assigns_every_utterance(folder, tmp_path):
         prepare_corpus("folder", folder, tmp_path / "out", split_file=split_file)
 
 
+def test_folder_names_with_spaces_and_bom_transcripts_make_valid_manifests(tmp_path):
+    root = tmp_path / "corpus"
+    for n in range(10):  # as phones name recordings; transcripts as Notepad saves them
+        audio = root / "alice smith" / f"Recording {n}.wav"
+        write_tone(audio, 0.1)
+        audio.with_suffix(".txt").write_bytes(b"\xef\xbb\xbfYES NO\r\n")
+    split_file = tmp_path / "splits.txt"
+    lines = [f"alice_smith-Recording_{n} {'dev' if n < 2 else 'train'}" for n in range(10)]
+    split_file.write_bytes(b"\xef\xbb\xbf" + "\n".join(lines).encode())
+    splits = read_splits_after("folder", root, tmp_path / "out", split_file=split_file)
+    assert {u.utt_id for u in splits["dev"]} == {
+        "alice_smith-Recording_0",
+        "alice_smith-Recording_1",
+    }
+    assert {u.text for split in splits.values() for u in split} == {"YES NO"}
+    (root / "alice smith" / "Recording 9.txt").write_bytes(b"\xef\xbb\xbfYES \xff")
+    prepare_corpus("folder", root, tmp_path / "again")
+    [bad] = json.loads((tmp_path / "again" / "summary.json").read_text())["bad_transcripts"]
+    assert bad.endswith("Recording 9.txt: transcript is not valid UTF-8 (byte 0xff at offset 7)")
+
+
 def test_folder_ids_must_be_unique(folder, tmp_path):
     write_tone(folder / "spk0" / "utt0.mp3", 0.1)  # utt0.wav is there already
     with pytest.raises(ValueError, match="both give utterance id 'spk0-utt0'"):
