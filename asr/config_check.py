@@ -144,6 +144,13 @@ def _top_level_problems(root: yaml.Node | None, keys: tuple[str, ...]) -> Iterat
 
 
 def _problems(node: yaml.Node, key: str, classes: dict[str, tuple[Any, str]]) -> Iterator[Problem]:
+    group = _group(key)
+    value = None if isinstance(node, yaml.MappingNode) else _value(node)
+    if group is not None and value is not None and not isinstance(value, str):
+        shown = "a list" if isinstance(value, list) else repr(value)  # a string may name a file
+        said = f"expected a mapping of {group[1]}'s arguments, got {shown}"
+        yield node.start_mark.line + 1, f"{key}: {said}"  # jsonargparse would drop it silently
+        return
     if isinstance(node, yaml.SequenceNode):
         for i, item in enumerate(node.value):
             yield from _problems(item, f"{key}[{i}]", classes)
@@ -157,7 +164,6 @@ def _problems(node: yaml.Node, key: str, classes: dict[str, tuple[Any, str]]) ->
         source = LINKED.get(_plain(_join(key, name)))
         if source is not None:
             yield k.start_mark.line + 1, f"{_join(key, name)}: {_linked(source)}"
-    group = _group(key)
     if group is not None:
         yield from _arguments(*group, node, key)
     target, named = entries.get("class_path"), classes.get(key)

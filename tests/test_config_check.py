@@ -85,6 +85,18 @@ def test_a_value_its_plain_type_refuses_is_named_with_its_line(tmp_path, old, ne
 
 
 @pytest.mark.parametrize(
+    ("value", "line", "said"),
+    [("[{max_epochs: 3}]", 2, "a list"), ("\n  - max_epochs: 3", 3, "a list"), ("5", 2, "5"),
+     ("true", 2, "True")],
+)  # fmt: skip
+def test_a_group_given_as_anything_but_a_mapping_is_named(tmp_path, value, line, said) -> None:
+    path = tmp_path / "overlay.yaml"  # `checkpoint:` with no value gives no arguments: right
+    path.write_text(f"seed_everything: 0\ntrainer: {value}\ncheckpoint:\n")
+    expected = f"{path}:{line}: trainer: expected a mapping of the Trainer's arguments, got {said}"
+    assert config_problems(path) == [expected]
+
+
+@pytest.mark.parametrize(
     ("old", "new"),
     [("num_layers: 3,", 'num_layers: "3",'),  # jsonargparse reads a number in a string
      ("ctc_weight: 0.3", "ctc_weight: 1"),  # and an int where a float is asked for
