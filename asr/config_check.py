@@ -54,8 +54,12 @@ def frontend_settings(config: str | Path) -> dict[str, Any]:
     depend on these alone (`asr cmvn --config`, and the recipes' CMVN stage)."""
     with open(config, encoding="utf-8") as file:
         data = yaml.safe_load(file) or {}
+    model = data.get("model") if isinstance(data, dict) else None
+    if isinstance(model, str) and model.endswith(CONFIG_SUFFIXES):  # `model: m.yaml`
+        with open(Path(config).parent / model, encoding="utf-8") as file:
+            model = yaml.safe_load(file)
     try:
-        frontend = data["model"]["init_args"]["frontend"]
+        frontend = model["init_args"]["frontend"]
         parts = frontend.get("init_args") or {}
     except (KeyError, TypeError, AttributeError):
         raise ValueError(f"{config}: no model.init_args.frontend to take features from") from None

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from asr.config_check import config_paths, config_problems, option_problems
+from asr.config_check import config_paths, config_problems, frontend_settings, option_problems
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICK = ROOT / "conf/an4/rnn_quick.yaml"
@@ -227,6 +227,14 @@ def test_a_file_named_for_a_top_level_key_is_checked_with_its_lines(tmp_path) ->
     assert config_problems(config) == [model, trainer]
     argv = ["fit", "--config", str(QUICK), "--model", f"{tmp_path}/model.yaml"]
     assert option_problems(argv, {}, {"trainer": Trainer}) == [model]
+
+
+def test_the_frontend_of_a_model_in_its_own_file_is_found(tmp_path) -> None:
+    config = yaml.safe_load(QUICK.read_text())
+    (tmp_path / "model.yaml").write_text(yaml.safe_dump(config.pop("model")))
+    (tmp_path / "main.yaml").write_text(yaml.safe_dump({**config, "model": "model.yaml"}))
+    assert frontend_settings(tmp_path / "main.yaml") == frontend_settings(QUICK)
+    assert "features" in frontend_settings(QUICK)
 
 
 def test_yaml_that_does_not_parse_is_named_with_its_line_and_column(tmp_path) -> None:
