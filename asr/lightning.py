@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Literal
@@ -33,6 +34,7 @@ from asr.data.shards import (
 from asr.finetune import Transfer
 from asr.finetune import init_from as init_model_from
 from asr.metrics import ErrorCounts, char_errors, word_errors
+from asr.models.blocks import InputTooShort
 from asr.models.ctc import InterCTC
 from asr.models.dropout import use_fast_dropout
 from asr.models.seq2seq import LossOutput, Seq2Seq, build_seq2seq
@@ -220,7 +222,8 @@ class ASRModule(PlateauResume):
         )
 
     def training_step(self, batch: Batch, batch_idx: int) -> Tensor:
-        out = self.batch_loss(batch)
+        with _naming_the_shortest(batch, self.model.sample_rate):
+            out = self.batch_loss(batch)
         if torch.isfinite(out.loss):
             self._log_losses("train", out, len(batch))
         else:  # the step's own value, not the epoch's mean (Lightning would repeat the last)
@@ -285,7 +288,8 @@ class ASRModule(PlateauResume):
         set_loader_epoch(self.trainer.train_dataloader, self.current_epoch)
 
     def validation_step(self, batch: Batch, batch_idx: int) -> None:
-        encoded = self.model.encode_tapped(batch.waves, batch.wave_lens, self._inter_ctc)
+        with _naming_the_shortest(batch, self.model.sample_rate):
+            encoded = self.model.encode_tapped(batch.waves, batch.wave_lens, self._inter_ctc)
         enc, enc_lens, intermediate = encoded
         out = self.model.loss_from_encoder(
             enc, enc_lens, batch.tokens, batch.token_lens, self.hparams.ctc_weight, 0.0,
@@ -611,6 +615,21 @@ def save_hyperparameters(
     DataLoaders too, whose persistent workers then take 5 s each to stop) wait for the cyclic
     garbage collector."""
     module.save_hyperparameters(ignore=list(ignore), frame=inspect.currentframe().f_back)
+
+
+@contextlib.contextmanager
+def _naming_the_shortest(batch: Batch, sample_rate: int) -> Iterator[None]:
+    """InputTooShort naming the batch's shortest utterance: checked before training by its
+    manifest duration, which may overstate its audio (by less than the manifest check allows)."""
+    try:
+        yield
+    except InputTooShort as err:
+        k = int(batch.wave_lens.argmin())
+        seconds = int(batch.wave_lens[k]) / sample_rate
+        raise InputTooShort(
+            f"utterance {batch.ids[k]} has {seconds:.3f} s of audio (after any speed "
+            f"perturbation): {err}; give its manifest line the audio's duration, or drop it"
+        ) from None
 
 
 def _uses_grad_scaler(trainer: L.Trainer) -> bool:

@@ -426,6 +426,25 @@ def test_an_utterance_too_short_for_the_encoder_is_named_before_training(
     assert "before speed perturbation by 1.5): short (0.120 s)" in said
 
 
+def test_audio_shorter_than_its_manifest_says_is_named_when_its_batch_comes(
+    tiny_an4, tmp_path, capsys
+):
+    """Within the manifest check's tolerance, a duration that overstates the audio passes the
+    check before training; the batch that holds it then names it."""
+    from asr.data.manifest import Utterance
+
+    wave = tmp_path / "short.wav"
+    soundfile.write(wave, np.random.default_rng(0).normal(0, 0.1, 1920), 16000)  # 0.12 s
+    train = tmp_path / "train.jsonl"
+    write_manifest(
+        train, [*read_manifest(tiny_an4["train"]), Utterance(str(wave), 0.2, "A", "short")]
+    )
+    args = [*_fit_args(tiny_an4 | {"train": str(train)}, tmp_path), "--trainer.max_epochs", "1"]
+    said = refused([*args, "--model.init_args.encoder.init_args.subsampling", "8"], capsys)
+    assert "asr fit: error: utterance short has 0.120 s of audio" in said
+    assert "too short for subsampling by 8" in said
+
+
 def test_a_missing_tokenizer_is_one_line_not_the_config_dumped(tiny_an4, tmp_path, capsys):
     """jsonargparse wraps the error of building the data module in a dump of its config."""
     args = _fit_args(tiny_an4 | {"tokenizer": str(tmp_path / "no_tokenizer")}, tmp_path)

@@ -41,6 +41,10 @@ def min_input_length(factor: int) -> int:
     return need
 
 
+class InputTooShort(ValueError):
+    """An input with fewer frames than the encoder's subsampling needs."""
+
+
 def subsampled_length(lengths: Tensor | int, factor: int) -> Tensor | int:
     """Lengths after `Conv2dSubsampling(factor)`; ValueError below `min_input_length(factor)`.
 
@@ -54,7 +58,7 @@ def subsampled_length(lengths: Tensor | int, factor: int) -> Tensor | int:
     else:
         shortest = lengths
     if shortest < min_input_length(factor):
-        raise ValueError(
+        raise InputTooShort(
             f"an input of {shortest} frames is too short for subsampling by {factor}: "
             f"it needs at least {min_input_length(factor)} frames"
         )
