@@ -22,7 +22,7 @@ import torch
 from jsonargparse import Namespace
 from lightning.fabric.plugins import CheckpointIO
 from lightning.fabric.utilities.distributed import _set_num_threads_if_needed
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import ModelCheckpoint, Timer
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
 from lightning.pytorch.utilities.exceptions import SIGTERMException
@@ -779,6 +779,16 @@ def _say_where(cli: ASRCLI) -> None:
         return
     logs = f"; logs and config.yaml in {trainer.logger.log_dir}" if trainer.logger else ""
     print(f"asr fit: checkpoints in {trainer.checkpoint_callback.dirpath}{logs}", file=sys.stderr)
+    timer = next((c for c in trainer.callbacks if isinstance(c, Timer)), None)
+    epochs, done = trainer.max_epochs, trainer.current_epoch  # epochs finished
+    if timer is None or timer.time_remaining() > 0 or epochs in (None, -1) or done >= epochs:
+        return
+    print(
+        f"asr fit: warning: trainer.max_time ended the run with {done} of its {epochs} epochs "
+        "done: the model has not had the training its config plans. The same command with "
+        "--ckpt_path last and a longer --trainer.max_time goes on from there.",
+        file=sys.stderr,
+    )
 
 
 def _forget_another_runs_folders(config: Namespace, root: str) -> None:

@@ -121,7 +121,8 @@ def test_fit_writes_config_checkpoints_logs_and_plots(tiny_an4, tmp_path, caplog
     with caplog.at_level(logging.INFO):
         main(_fit_args(tiny_an4, tmp_path))
     said = f"asr fit: checkpoints in {tmp_path / 'checkpoints'}; logs and config.yaml in "
-    assert said + str(tmp_path / "logs" / "version_0") in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert said + str(tmp_path / "logs" / "version_0") in err and "max_time" not in err
     assert "Trainer.fit` stopped" in caplog.text, "Lightning's own log is kept"
     assert "Tip:" not in caplog.text, "no advertisement in the training log"
     assert not [w for w in recwarn if "LeafSpec" in str(w.message)]
@@ -784,6 +785,16 @@ def test_time_limit_mid_epoch_then_longer_limit_resumes_that_epoch(
 
     main(args + ["--trainer.max_time", "00:01:00:00", "--ckpt_path", "last"])
     _assert_same_end(full, torch.load(last, weights_only=True))  # the cut epoch's rest trained
+
+
+def test_a_run_the_time_limit_cut_short_says_so(tiny_an4, tmp_path, capsys):
+    """A config's max_time is a guard; where it ends the run first (a slower or busy CPU), the
+    recipe would go on to average and decode the half-trained model without a word."""
+    main([*_fit_args(tiny_an4, tmp_path), "--trainer.max_epochs", "1000",
+          "--trainer.max_time", "00:00:00:01"])  # fmt: skip
+    said = capsys.readouterr().err
+    assert "asr fit: warning: trainer.max_time ended the run with " in said
+    assert "of its 1000 epochs done" in said and "--ckpt_path last and a longer" in said
 
 
 @pytest.mark.parametrize(
