@@ -17,6 +17,9 @@ from asr.audio import AudioError, AudioInput, as_waveform, audio_info, load_audi
 
 MIN_SEGMENT_SECONDS = 0.2  # no cut leaves a segment shorter than this
 ENERGY_FLOOR_DB = -100.0  # the energy of digital silence
+# Frames quieter are silent however quiet the loudest is: below a 16-bit recording's dither, no
+# speech (the level alone would make an input of digital silence loud throughout)
+SILENT_DB = -90.0
 TRANSIENT_SECONDS = 0.1  # a louder stretch this short (a click) does not set the level
 SHORTEST_MAX_SEGMENT = 3  # the least `segment_seconds_for` gives (> 2 x the 1 s overlap)
 DEFAULT_SEGMENT_SECONDS = 20.0  # the longest segment of a model that does not know its own
@@ -233,9 +236,23 @@ def silences(energy_db: np.ndarray, options: SegmenterOptions, frame_seconds: fl
     >>> silences(energy, SegmenterOptions(min_silence_seconds=0.2), 0.1)
     [(5, 8)]
     """
-    silent = energy_db < loud_level(energy_db, frame_seconds) + options.silence_threshold_db
+    silent = ~loud_frames(energy_db, frame_seconds, options)
     width = _width(options, frame_seconds)
     return [(a, b) for a, b in _runs(silent) if b - a >= width]
+
+
+def loud_frames(
+    energy_db: np.ndarray, frame_seconds: float, options: SegmenterOptions
+) -> np.ndarray:
+    """The frames at most `silence_threshold_db` below the loudest and above SILENT_DB.
+
+    >>> loud_frames(np.array([-20.0, -60.0, -95.0]), 0.1, SegmenterOptions()).tolist()
+    [True, False, False]
+    >>> loud_frames(np.full(3, -100.0), 0.1, SegmenterOptions()).any()
+    np.False_
+    """
+    threshold = loud_level(energy_db, frame_seconds) + options.silence_threshold_db
+    return energy_db >= max(threshold, SILENT_DB)
 
 
 def _width(options: SegmenterOptions, frame_seconds: float) -> int:
@@ -283,7 +300,7 @@ def plan_segments(
     if duration <= options.longest:
         return [(0.0, duration)]
     spans = _grow_segments(energy_db, frame_seconds, duration, options)
-    loud = energy_db >= loud_level(energy_db, frame_seconds) + options.silence_threshold_db
+    loud = loud_frames(energy_db, frame_seconds, options)
     if options.drop_silent:
         spans = [s for s in spans if loud[_frames(s, frame_seconds)].any()]
     if options.edge_silence_seconds is not None:

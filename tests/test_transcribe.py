@@ -614,6 +614,18 @@ def test_a_click_sets_no_level_and_a_dc_offset_fills_no_pause():
         assert all(int(b * 100) % 150 >= 100 or b == 5.5 for _, b in spans), (offset, spans)
 
 
+def test_digital_silence_is_silent_however_quiet_the_rest():
+    """Levels are relative to the loudest stretch: an input of digital silence alone was all
+    loud, and its windows were decoded into made-up words."""
+    options = SegmenterOptions(max_segment_seconds=3)
+    silence = frame_energy_db(np.zeros(16000 * 30), 160)
+    assert plan_segments(silence, 0.01, 30.0, options) == []
+    quiet = np.random.default_rng(0).normal(0, 10**-3.5, 16000)  # speech-like, at -70 dBFS
+    wave = np.concatenate([np.zeros(16000 * 10), quiet, np.zeros(16000 * 10)])
+    spans = plan_segments(frame_energy_db(wave, 160), 0.01, len(wave) / 16000, options)
+    assert spans == [(9.5, 11.5)], "quiet speech is kept, the silence around it trimmed"
+
+
 def _window(tokenizer, span: tuple[float, float], held: list[Word]) -> tuple:
     """`(span, transcript)` of a window whose decode is the one-letter words `held` (times in
     the input), a token per letter and per space."""
