@@ -121,7 +121,7 @@ def load_audio_with_rate(
 
     waveform = torch.from_numpy(frames)
     if waveform.numel() == 0:
-        raise AudioError(path, "no samples could be decoded")
+        raise AudioError(path, "audio is empty (no samples could be decoded)")
     if not bool(torch.isfinite(waveform).all()):
         raise AudioError(path, "contains NaN or infinite samples")
     if sample_rate is None or sample_rate == rate:
@@ -140,6 +140,8 @@ def _libsndfile_info(path: PathLike) -> AudioInfo | str:
         if problem:
             raise AudioError(path, problem) from error
         return _libsndfile_reason(error)
+    if info.frames == 0:  # or a header never finished (a recorder stopped): FFmpeg reads on
+        return "its header states 0 samples"
     return AudioInfo(sample_rate=info.samplerate, num_frames=info.frames, channels=info.channels)
 
 

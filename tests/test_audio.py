@@ -183,6 +183,19 @@ def test_bad_audio_raises_audio_error_naming_the_file(tmp_path, make, reason):
     assert isinstance(caught.value, ValueError)
 
 
+def test_a_wav_whose_header_was_never_finished_reads_whole(tmp_path):
+    """A recorder stopped before it wrote its sizes leaves RIFF and data sizes of 0: libsndfile
+    reads no sample, FFmpeg the whole."""
+    whole = (np.random.default_rng(0).normal(0, 0.1, 8000) * 32768).astype(np.int16)
+    soundfile.write(tmp_path / "whole.wav", whole, 16000, subtype="PCM_16")
+    data = bytearray((tmp_path / "whole.wav").read_bytes())
+    at = data.index(b"data")
+    data[4:8] = data[at + 4 : at + 8] = bytes(4)
+    (tmp_path / "unfinished.wav").write_bytes(data)
+    assert audio_info(tmp_path / "unfinished.wav").num_frames == len(whole)
+    np.testing.assert_array_equal(load_audio(tmp_path / "unfinished.wav"), whole / 32768)
+
+
 @pytest.mark.parametrize(
     ("make", "reason"),
     [(None, "not found"), (lambda p: p.mkdir(), "directory"), (write_random_bytes, "corrupt")],
