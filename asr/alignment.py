@@ -46,10 +46,12 @@ def transcript(
     pieces = recognizer.tokenizer.pieces(hyp.tokens)
     text = recognizer.tokenizer.decode(hyp.tokens)
     probs = decoded.token_probs
-    alternatives = [
-        Alternative(recognizer.tokenizer.decode(h.tokens), list(h.tokens), h.score)
-        for h in decoded.alternatives
-    ]
+    alternatives, said = [], {text}
+    for h in decoded.alternatives:  # token sequences spelling one text (a leading space): once
+        other = recognizer.tokenizer.decode(h.tokens)
+        if other not in said:
+            said.add(other)
+            alternatives.append(Alternative(other, list(h.tokens), h.score))
     segment = Segment(
         0.0,
         duration,

@@ -283,6 +283,24 @@ def test_nbest_keeps_alternatives_best_first(overfit):
     assert [a["text"] for a in as_json] == [a.text for a in segment.alternatives]
 
 
+def test_alternatives_that_spell_a_text_already_listed_are_left_out(overfit):
+    """A hypothesis with a leading space token decodes to the text of the same one without:
+    the n-best listed the best's text again."""
+    from asr import alignment
+
+    recognizer, waves = overfit
+    [decoded] = recognizer.search([waves[0]], SearchOptions(beam_size=3, nbest=3))
+    best, other = decoded.hypothesis, decoded.alternatives[0]
+    space = recognizer.tokenizer.encode("A B")[1]
+    spaced = [replace(h, tokens=[space, *h.tokens]) for h in (best, other)]
+    decoded = replace(decoded, alternatives=[spaced[0], other, spaced[1], best])
+    segment = alignment.transcript(recognizer, decoded).segments[0]
+    assert [a.tokens for a in segment.alternatives] == [other.tokens]
+    assert recognizer.tokenizer.decode(spaced[1].tokens) == recognizer.tokenizer.decode(
+        other.tokens
+    )
+
+
 def test_confidences_are_the_decoders_teacher_forced_probabilities(overfit):
     """Greedy search scores a hypothesis by the log-probabilities of its steps; the token
     probabilities, found afterwards by teacher forcing, add up to the same, and a word's is
