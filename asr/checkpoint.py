@@ -304,10 +304,17 @@ def _beside(recorded: Path, folder: Path) -> Path:
     return moved if not recorded.exists() and moved.exists() else recorded
 
 
-def _tokenizer_files(state: dict[str, Any]) -> Any:
-    """The tokenizer files a recognizer or LM checkpoint embeds (None where it has none)."""
-    payload = state.get(RECOGNIZER_KEY) or state.get(LM_KEY) or {}
-    return payload.get("tokenizer")
+def _differences(state: dict[str, Any], first: dict[str, Any]) -> str | None:
+    """What makes the recognizer or LM of checkpoint `state` another model than `first`'s: its
+    tokenizer, asset files (CMVN statistics) or config (the keys that differ); None: nothing."""
+    ours, theirs = (s.get(RECOGNIZER_KEY) or s.get(LM_KEY) or {} for s in (state, first))
+    if ours.get("tokenizer") != theirs.get("tokenizer"):
+        return "its tokenizer"
+    if ours.get("assets") != theirs.get("assets"):
+        return "its asset files (CMVN statistics)"
+    config, other = ours.get("model_config") or {}, theirs.get("model_config") or {}
+    keys = [k for k in sorted(config.keys() | other.keys()) if config.get(k) != other.get(k)]
+    return f"its model config ({', '.join(keys)})" if keys else None
 
 
 def average_checkpoints(paths: Sequence[str | os.PathLike], out: str | os.PathLike) -> Path:
@@ -327,8 +334,9 @@ def average_checkpoints(paths: Sequence[str | os.PathLike], out: str | os.PathLi
                     f"{path}: {name} is {tuple(tensor.shape)}, {tuple(first[name].shape)} in "
                     f"{paths[0]}: checkpoints of another model"
                 )
-        if _tokenizer_files(state) != _tokenizer_files(states[0]):
-            raise CheckpointError(f"{path}: its tokenizer is not that of {paths[0]}")
+        different = _differences(state, states[0])
+        if different is not None:
+            raise CheckpointError(f"{path}: {different} is not that of {paths[0]}")
     averaged = {}
     for name, tensor in first.items():
         if tensor.is_floating_point():

@@ -95,6 +95,24 @@ def test_average_rejects_different_models(tmp_path):
     atomic_save(other, tmp_path / "d.ckpt")  # same shapes, another tokenizer
     with pytest.raises(CheckpointError, match=r"d.ckpt: its tokenizer is not that of .*a.ckpt"):
         average_checkpoints([tmp_path / "a.ckpt", tmp_path / "d.ckpt"], tmp_path / "o.ckpt")
+    config = {"encoder": {"num_heads": 4}, "frontend": {"hop": 160}, "ctc": True}
+    for name, change in [("e", {"num_heads": 8}), ("f", {"hop": 320})]:  # same shapes
+        changed = config | {"encoder" if name == "e" else "frontend": change}
+        other = {"state_dict": {"a": torch.zeros(1)}, "asr": {"model_config": changed}}
+        atomic_save(other, tmp_path / f"{name}.ckpt")
+    atomic_save({"state_dict": {"a": torch.zeros(1)}, "asr": {"model_config": config}},
+                tmp_path / "g.ckpt")  # fmt: skip
+    with pytest.raises(CheckpointError, match=r"e.ckpt: its model config \(encoder\) is not"):
+        average_checkpoints([tmp_path / "g.ckpt", tmp_path / "e.ckpt"], tmp_path / "o.ckpt")
+    with pytest.raises(CheckpointError, match=r"f.ckpt: its model config \(encoder, frontend\)"):
+        average_checkpoints([tmp_path / "e.ckpt", tmp_path / "f.ckpt"], tmp_path / "o.ckpt")
+    assets = {
+        "state_dict": {"a": torch.zeros(1)},
+        "asr": {"model_config": config, "assets": {"cmvn.json": "e30="}},
+    }
+    atomic_save(assets, tmp_path / "h.ckpt")  # fmt: skip
+    with pytest.raises(CheckpointError, match=r"h.ckpt: its asset files \(CMVN statistics\)"):
+        average_checkpoints([tmp_path / "g.ckpt", tmp_path / "h.ckpt"], tmp_path / "o.ckpt")
     atomic_save({"state_dict": {"a": torch.zeros(3, 2)}}, tmp_path / "c.ckpt")  # other vocab
     with pytest.raises(CheckpointError, match=r"c.ckpt: a is \(3, 2\), \(1,\) in .*a.ckpt"):
         average_checkpoints([tmp_path / "a.ckpt", tmp_path / "c.ckpt"], tmp_path / "o.ckpt")
