@@ -8,6 +8,7 @@ import base64
 import json
 import os
 import re
+import shlex
 import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -88,8 +89,8 @@ def write_package(
     card_text = model_card(config, payload, state, card or ModelCard(), out.resolve().name)
     weights = _safetensors_bytes(submodule_weights(state, "model."))
     graphs, tokenizer_dir = out / ONNX_DIR, out / TOKENIZER_DIR
-    for ours in (graphs, tokenizer_dir):  # an earlier export's, replaced; else someone's
-        if ours.exists() and not (out / CONFIG_FILE).is_file():
+    for ours in (graphs, tokenizer_dir, out / CONFIG_FILE):  # an earlier export's, replaced
+        if ours.exists() and not _holds_package(out):  # else someone else's
             raise ValueError(
                 f"{ours} is there and {out} holds no package: export into another folder"
             )
@@ -229,6 +230,15 @@ def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
     return weights
 
 
+def _holds_package(folder: Path) -> bool:
+    """Whether `folder` holds a package's config (of any format version)."""
+    try:
+        config = json.loads((folder / CONFIG_FILE).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return False
+    return isinstance(config, dict) and config.get("format") == PACKAGE_FORMAT
+
+
 def _read_config(folder: Path) -> dict[str, Any]:
     path = folder / CONFIG_FILE
     if not path.is_file():
@@ -347,9 +357,10 @@ def _class_name(part: Any) -> str:
 def _usage(where: str) -> str:
     return (
         "## Use\n\n```bash\n"
-        f"asr transcribe audio.wav --model {where}   # prints [start --> end] text\n"
+        f"asr transcribe audio.wav --model {shlex.quote(where)}   # prints [start --> end] text\n"
         "```\n\n```python\nimport asr\n\n"
-        f'model = asr.load_model("{where}")\nprint(model.transcribe("audio.wav").text)\n```'
+        f"model = asr.load_model({json.dumps(where)})\n"
+        'print(model.transcribe("audio.wav").text)\n```'
     )
 
 

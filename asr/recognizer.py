@@ -21,6 +21,7 @@ from asr.ctc_beam import EndpointOptions
 from asr.decoding import decode_batch
 from asr.loading import load_lm, load_seq2seq
 from asr.models.seq2seq import Seq2Seq
+from asr.package import HF_PREFIX
 from asr.precision import check_precision
 from asr.results import Alignment, BatchResult, Decoded, Transcript
 from asr.search import (
@@ -409,6 +410,8 @@ def load_model(
         FileNotFoundError: the package has no such ONNX graphs (named).
     """
     check_precision(precision)
+    if not str(path).startswith(HF_PREFIX):
+        path = os.path.expanduser(path)  # as a shell would: `~/models/an4`
     model, tokenizer, payload = load_seq2seq(path, device, backend, precision)
     scaling = payload.get("confidence_scaling")
     return Recognizer(

@@ -258,6 +258,11 @@ def test_exporting_again_removes_the_graphs_of_the_earlier_weights(overfit_check
             write_package(overfit_checkpoint, mine)
         assert [p.name for p in mine.iterdir()] == [folder]
         assert (mine / folder / "notes.txt").read_text() == "mine"
+        (mine / "config.json").write_text('{"model_type": "bert"}')  # another library's
+        with pytest.raises(ValueError, match="holds no package: export into another folder"):
+            write_package(overfit_checkpoint, mine)
+        assert (mine / "config.json").read_text() == '{"model_type": "bert"}'
+        assert (mine / folder / "notes.txt").read_text() == "mine"
 
 
 # --------------------------------------------------------------------------- no pickles
@@ -577,6 +582,18 @@ def test_the_model_card_has_decoding_results_training_and_licence(overfit_checkp
         assert results_row(name, m, "word") in card and results_row(name, m, "char") in card
         assert f"- {name}: beam {m['search']['beam_size']}, ctc 0.3" in card
     assert "| decode_test | 4 | 9 | 100.0 | 0.0 | 0.0 | 0.0 | 0.0 | 0.0 |" in card
+
+
+def test_a_card_quotes_a_folder_with_a_space_and_a_home_path_loads(
+    overfit_checkpoint, tmp_path, monkeypatch
+):
+    write_package(overfit_checkpoint, tmp_path / "my pkg")
+    card = (tmp_path / "my pkg" / "README.md").read_text()
+    assert "asr transcribe audio.wav --model 'my pkg/'" in card
+    assert 'asr.load_model("my pkg/")' in card
+    monkeypatch.setenv("HOME", str(tmp_path))
+    for path in ("~/my pkg", "~/my pkg/", Path("~") / "my pkg"):  # as a shell expands it
+        assert asr.load_model(path).tokenizer.vocab_size > 0
 
 
 def test_a_card_without_metrics_says_so_and_a_bad_metrics_file_is_named(
