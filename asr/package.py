@@ -259,6 +259,8 @@ def _read_config(folder: Path) -> dict[str, Any]:
             f"{path}: package format {config['format_version']} is newer than this asr reads "
             f"({PACKAGE_VERSION}): upgrade asr"
         )
+    if not isinstance(config.get("model_config"), dict):
+        raise CheckpointError(f"{path}: no model_config, which builds the network")
     return config
 
 

@@ -16,6 +16,7 @@ from torch import Tensor
 
 from asr import alignment
 from asr.audio import AudioInput, as_waveform, load_audio
+from asr.checkpoint import CheckpointError
 from asr.confidence import PlattScaling
 from asr.ctc_beam import EndpointOptions
 from asr.decoding import decode_batch
@@ -414,6 +415,14 @@ def load_model(
         path = os.path.expanduser(path)  # as a shell would: `~/models/an4`
     model, tokenizer, payload = load_seq2seq(path, device, backend, precision)
     scaling = payload.get("confidence_scaling")
+    try:
+        search = SearchOptions(**payload["decoding"]) if "decoding" in payload else None
+        confidence = None if scaling is None else PlattScaling.from_dict(scaling)
+    except (TypeError, KeyError, ValueError) as err:  # a newer asr's option, an edited file
+        raise CheckpointError(
+            f"{path}: its stored decoding or confidence settings do not load "
+            f"({type(err).__name__}: {err}); written by a newer asr?"
+        ) from None
     return Recognizer(
         model,
         tokenizer,
@@ -421,8 +430,8 @@ def load_model(
         str(path),
         precision,
         payload.get("segment_seconds"),
-        SearchOptions(**payload["decoding"]) if "decoding" in payload else None,
+        search,
         payload.get("tokens_per_second"),
         payload.get("alignment_heads"),
-        None if scaling is None else PlattScaling.from_dict(scaling),
+        confidence,
     )

@@ -384,6 +384,25 @@ def test_a_config_this_asr_cannot_build_is_named(package):
 
 
 @pytest.mark.parametrize(
+    ("edit", "said"),
+    [
+        (lambda c: c.setdefault("decoding", {}).update(future_option=1),
+         r"its stored decoding or confidence settings do not load \(TypeError: .*future_option"),
+        (lambda c: c.update(confidence_scaling={"scale": 1.0}),
+         r"its stored decoding or confidence settings do not load \(KeyError: 'bias'\)"),
+        (lambda c: c.pop("model_config"), r"config\.json: no model_config"),
+    ],
+)  # fmt: skip
+def test_package_settings_this_asr_cannot_read_are_named(package, edit, said):
+    """A newer asr's search option or an edited config.json: the package named, no traceback."""
+    config = json.loads((package / CONFIG_FILE).read_text())
+    edit(config)
+    (package / CONFIG_FILE).write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match=rf"^{package}.*{said}"):
+        asr.load_model(package)
+
+
+@pytest.mark.parametrize(
     ("edit", "named"),
     [
         (lambda c: c["encoder"].update(class_path="stranger.Encoder"), "stranger.Encoder"),
