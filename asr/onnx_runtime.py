@@ -6,6 +6,7 @@ run on ONNX Runtime too."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -134,7 +135,7 @@ def export_onnx(
     if model.ctc is not None:
         _export(model.ctc, (enc,), folder / "ctc.onnx", ["enc"], ["log_probs"], [model.ctc(enc)])
         written.append("ctc.onnx")
-    written += _export_decoder(model.decoder, enc, enc_lens, folder)
+    written += _export_decoder(model.decoder, enc, enc_lens, folder, weights_digest(model))
     if int8:
         written += [_quantized(folder / name) for name in written if name.endswith(".onnx")]
     return [f"{ONNX_DIR}/{name}" for name in written]
@@ -158,7 +159,20 @@ def _export_chunk(encoder: nn.Module, feats: Tensor, folder: Path) -> str:
     return "encoder_chunk.onnx"
 
 
-def _export_decoder(decoder: nn.Module, enc: Tensor, enc_lens: Tensor, folder: Path) -> list[str]:
+def weights_digest(model: nn.Module) -> str:
+    """A digest of `model`'s parameters and buffers: the graphs record the weights they hold,
+    so that graphs left beside other weights (a Hub upload of a package without them) are
+    refused, not run."""
+    digest = hashlib.blake2b(digest_size=16)
+    for name, tensor in sorted(model.state_dict().items()):
+        digest.update(name.encode())
+        digest.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy())
+    return digest.hexdigest()
+
+
+def _export_decoder(
+    decoder: nn.Module, enc: Tensor, enc_lens: Tensor, folder: Path, weights: str
+) -> list[str]:
     state = decoder.init_state(enc, enc_lens)
     leaves, spec = pytree.tree_flatten(state)
     names = [f"state{i}" for i in range(len(leaves))]
@@ -187,6 +201,7 @@ def _export_decoder(decoder: nn.Module, enc: Tensor, enc_lens: Tensor, folder: P
         "num_attention_maps": decoder.num_attention_maps,
         "attention_layers": decoder.attention_layers,
         "attention_kind": attention_kind(decoder),
+        "weights": weights,
     }
     (folder / STATE_FILE).write_text(json.dumps(meta) + "\n")
     written = ["decoder_init.onnx", "decoder_step.onnx", STATE_FILE]
@@ -417,14 +432,16 @@ def onnx_model(
         if streaming_problem(model.encoder) is None:  # it streams in PyTorch: a graph is gone
             encoder.cannot_stream = missing("encoder_chunk")
     ctc = OnnxCTC(session("ctc")) if model.ctc is not None else None
+    sessions = session("decoder_init"), session("decoder_step"), optional("decoder_forced")
     try:
         meta = json.loads((graphs / STATE_FILE).read_text())
-    except (OSError, ValueError) as err:
+        decoder = OnnxDecoder(*sessions[:2], meta, model.decoder.reorder_state, sessions[2])
+    except (OSError, ValueError, KeyError, TypeError) as err:
         raise CheckpointError(
-            f"{graphs / STATE_FILE}: unreadable ({err}); {EXPORT_AGAIN}"
+            f"{graphs / STATE_FILE}: unreadable ({type(err).__name__}: {err}); {EXPORT_AGAIN}"
         ) from None
-    decoder = OnnxDecoder(
-        session("decoder_init"), session("decoder_step"), meta, model.decoder.reorder_state,
-        optional("decoder_forced"),
-    )  # fmt: skip
+    if "weights" in meta and meta["weights"] != weights_digest(model):  # older graphs: unsaid
+        raise CheckpointError(
+            f"{graphs}: its graphs hold other weights than the package's; {EXPORT_AGAIN}"
+        )
     return Seq2Seq(model.eval().frontend, encoder, decoder, ctc)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import shutil
@@ -143,6 +144,15 @@ def test_an_rnn_attention_model_decodes_the_same_on_onnx_runtime(tmp_path):
         assert _tokens(onnx, waves, option) == _tokens(recognizer, waves, option)
     with pytest.raises(FileNotFoundError, match="encoder.int8.onnx: no such ONNX graph"):
         onnx_model(model, tmp_path, int8=True)
+    other = copy.deepcopy(model)  # graphs beside other weights (an upload that kept them)
+    with torch.no_grad():
+        next(other.parameters())[0] += 1e-3
+    with pytest.raises(CheckpointError, match=r"onnx: its graphs hold other weights than the"):
+        onnx_model(other, tmp_path)
+    state = json.loads((tmp_path / "onnx" / "state.json").read_text())
+    (tmp_path / "onnx" / "state.json").write_text(json.dumps(state | {"spec": "[1"}))
+    with pytest.raises(CheckpointError, match=r"state\.json: unreadable \(.+\); export it"):
+        onnx_model(model, tmp_path)
     (tmp_path / "onnx" / "state.json").write_text("{")  # damaged files: named, not a traceback
     with pytest.raises(CheckpointError, match=r"state\.json: unreadable \(.+\); export it"):
         onnx_model(model, tmp_path)
