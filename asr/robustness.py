@@ -3,6 +3,7 @@ copies of its audio (`DEFAULT_CONDITIONS`), as robustness.md and robustness.json
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -119,17 +120,18 @@ class Condition:
         sample_rate: int,
         rng: np.random.Generator,
         talkers,
-        speech: Tensor | None = None,
+        speech_share: float = 1.0,
     ) -> Tensor:
-        """`wave` `(T,)` under this condition and those after it."""
-        out = self._apply_own(wave, sample_rate, rng, talkers, speech)
+        """`wave` `(T,)` under this condition and those after it; `speech_share`: the share of
+        its samples that hold speech (the rest, padding, is digital silence)."""
+        out = self._apply_own(wave, sample_rate, rng, talkers, speech_share)
         if self.then is None:
             return out
-        if self.kind == "pad" and speech is None:
-            speech = wave  # later noise is relative to the speech, not to the silence
-        return self.then.apply(out, sample_rate, rng, talkers, speech)
+        if self.kind == "pad" and out.numel():  # later noise is relative to the speech alone
+            speech_share *= max(wave.numel(), 1) / out.numel()
+        return self.then.apply(out, sample_rate, rng, talkers, speech_share)
 
-    def _apply_own(self, wave, sample_rate, rng, talkers, speech) -> Tensor:
+    def _apply_own(self, wave, sample_rate, rng, talkers, speech_share) -> Tensor:
         if self.kind == "clean":
             return wave
         if self.kind == "pad":
@@ -146,7 +148,8 @@ class Condition:
             noise = perturb.babble(talkers(), wave.numel(), rng)
         else:
             noise = perturb.colored_noise(wave.numel(), self.kind, rng)
-        return perturb.add_noise(wave, noise, self.value, speech)
+        # the speech's power is the wave's over its share: the SNR to the wave's, that much lower
+        return perturb.add_noise(wave, noise, self.value + 10 * math.log10(speech_share))
 
 
 def build_condition(
@@ -217,6 +220,7 @@ def robustness(
     conditions = conditions or [Condition.parse(c) for c in DEFAULT_CONDITIONS]
     out_dir = Path(out_dir)
     utterances = read_manifest(manifest)
+    digest = hashlib.sha256(Path(manifest).read_bytes()).hexdigest()  # copies of what it says
     rate = recognizer.sample_rate
     rows = []
     for condition in conditions:
@@ -224,7 +228,7 @@ def robustness(
         as_given = condition.kind == "clean" and condition.then is None
         copy = Path(manifest) if as_given else folder / "manifest.jsonl"
         stamp = {"source": str(Path(manifest).resolve()), "seed": seed, "sample_rate": rate,
-                 "paths": "relative"}  # fmt: skip
+                 "paths": "relative", "manifest_sha256": digest}  # fmt: skip
         if not as_given and _read_stamp(folder) != stamp:
             copy = build_condition(condition, utterances, folder, rate, seed, progress)
             (folder / "built.json").write_text(json.dumps(stamp) + "\n", encoding="utf-8")

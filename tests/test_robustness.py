@@ -118,6 +118,11 @@ def test_padded_noisy_copies_hold_the_speech_and_set_noise_by_it(tmp_path):
         assert not silent[:start].any() and not silent[start + clean.numel() :].any()
         assert rms_dbfs(clean) - rms_dbfs(noisy - silent) == pytest.approx(10.0, abs=0.2)
         grew.append(silent.numel() - clean.numel())
+        quiet, noisy = (  # a level change after the padding: the noise follows the speech
+            Condition.parse(text).apply(clean, 16000, np.random.default_rng(k), None)
+            for text in ("pad:3+level:-20", "pad:3+level:-20+white:10")
+        )
+        assert rms_dbfs(clean) - 20 - rms_dbfs(noisy - quiet) == pytest.approx(10.0, abs=0.2)
     assert max(grew) > 8000  # silence was added (the draws are random, not all near 0)
 
 
@@ -166,6 +171,10 @@ def test_robustness_table_reuses_copies_and_rebuilds_for_a_new_seed(tmp_path):
     assert wav.stat().st_mtime_ns == built, "same manifest and seed: the copy is reused"
     robustness(recognizer, manifest, out, conditions[2:], GREEDY, seed=3, progress=False)
     assert wav.stat().st_mtime_ns != built, "a new seed rebuilds the copy"
+    lines = manifest.read_text().splitlines()
+    manifest.write_text("\n".join(lines[:2]) + "\n")  # other utterances, the same file
+    [row] = robustness(recognizer, manifest, out, conditions[2:], GREEDY, seed=3, progress=False)
+    assert row["utterances"] == 2 and len(read_manifest(out / "white30/manifest.jsonl")) == 2
 
 
 def test_copies_under_a_relative_folder_and_clean_chains(tmp_path, monkeypatch):
