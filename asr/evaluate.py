@@ -349,6 +349,7 @@ def _confidence_report(
     """Word confidence calibration for metrics.json, plotted to `reliability.png`."""
     words = LabelledWords.of(results)
     if not words.probs:
+        (out_dir / "reliability.png").unlink(missing_ok=True)  # an earlier decode's
         return None
     calibration = word_calibration(words.confidences(scaling), words.correct)
     from asr.plotting import plot_reliability, save_figure  # matplotlib: only when plotting

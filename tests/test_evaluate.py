@@ -168,6 +168,16 @@ def test_recognised_utterances_give_zero_error_and_boundary_differences(tmp_path
         evaluate(recognizer, manifest, tmp_path / "y", plots=0, progress=False)
 
 
+def test_a_decode_without_hypothesis_words_leaves_no_earlier_reliability_plot(tmp_path):
+    """Every hypothesis empty: no calibration, and the plot of an earlier decode into the
+    folder must not stay beside this one's metrics."""
+    from asr.evaluate import _confidence_report
+
+    (tmp_path / "reliability.png").write_bytes(b"an earlier decode's")
+    assert _confidence_report([], tmp_path, None) is None
+    assert not (tmp_path / "reliability.png").exists()
+
+
 def test_error_report_alignments_and_frequent_errors():
     results = [
         ScoredUtterance("u1", "A B C", "A X C D", []),
