@@ -11,6 +11,7 @@ from difflib import get_close_matches
 from functools import cached_property
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -182,8 +183,13 @@ class Recognizer:
 
         Raises:
             ValueError: settings out of range, or that the model cannot decode with.
-            TypeError: an unknown keyword (named).
+            TypeError: an unknown keyword (named), or one input rather than a sequence.
         """
+        if isinstance(audios, (str, os.PathLike, np.ndarray, Tensor)):  # not a list of its parts
+            raise TypeError(
+                f"transcribe_batch takes a sequence of inputs, got one {type(audios).__name__}: "
+                "give [it], or use transcribe"
+            )
         alignment.check_timestamps(word_timestamps, "word_timestamps")
         return transcribe_sources(
             self,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import shutil
 from dataclasses import replace
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -281,6 +282,14 @@ def test_nbest_keeps_alternatives_best_first(overfit):
     assert one.text == three.text and one.segments[0].alternatives == []
     as_json = three.to_dict()["segments"][0]["alternatives"]
     assert [a["text"] for a in as_json] == [a.text for a in segment.alternatives]
+
+
+def test_transcribe_batch_refuses_one_input_for_a_sequence(overfit):
+    """A path string is a sequence of characters: each was transcribed, and failed, alone."""
+    recognizer, waves = overfit
+    for one in ("audio.wav", Path("audio.wav"), waves[0], waves[0].numpy()):
+        with pytest.raises(TypeError, match="transcribe_batch takes a sequence of inputs, got"):
+            recognizer.transcribe_batch(one)
 
 
 def test_alternatives_that_spell_a_text_already_listed_are_left_out(overfit):
