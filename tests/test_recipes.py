@@ -110,6 +110,12 @@ def test_folder_needs_data_dir(tmp_path):
     result = run_recipe("folder", "--data-dir", tmp_path, "--init", tmp_path / "no.ckpt",
                         check=False)  # fmt: skip
     assert result.returncode == 2 and f"--init {tmp_path / 'no.ckpt'}: no such" in result.stderr
+    fake, _ = recording_asr(tmp_path)  # a fine-tune trained: its initial model may be gone
+    (tmp_path / "exp" / "conformer").mkdir(parents=True)
+    (tmp_path / "exp" / "conformer" / ".done-4").write_text("")
+    args = ["--data-dir", tmp_path, "--exp", tmp_path / "exp", "--init", tmp_path / "no.ckpt"]
+    resumed = run_recipe("folder", *args, "--stage", "4", "--stop-stage", "4", bin_dir=fake)
+    assert skipped(resumed.stdout) == [4]
 
 
 def test_a_corpus_folder_that_is_not_there_is_named_not_downloaded_over(tmp_path):
@@ -473,6 +479,7 @@ def test_a_stage_done_with_other_options_is_not_skipped_as_if_done_with_these(tm
     assert "stage 6 (decode dev and test (beam 10, CTC weight 0.5)): done already" in again.stdout
     other = run_recipe("an4", *args, "--beam-size", "3", bin_dir=fake, check=False)
     assert other.returncode == 2 and "stage 6 was done otherwise" in other.stderr
+    assert "give --stage 6 --force to run it again" in other.stderr  # not stages 1-5 too
     then, now = (line for line in other.stderr.splitlines() if line.startswith(("  then", "  now")))
     assert "(beam 10, CTC weight 0.5)" in then and "(beam 3, CTC weight 0.5)" in now
     forced = run_recipe("an4", *args, "--beam-size", "3", "--force", bin_dir=failing, check=False)
@@ -480,6 +487,35 @@ def test_a_stage_done_with_other_options_is_not_skipped_as_if_done_with_these(tm
     assert ran(run_recipe("an4", *args, bin_dir=fake).stdout) == [6], "not taken for done"
     bad = run_recipe("an4", *args, "--lm-weight", "0,4", bin_dir=fake, check=False)
     assert bad.returncode == 2 and "--lm-weight needs a number >= 0, got '0,4'" in bad.stderr
+
+
+def test_a_stage_run_again_leaves_the_stages_after_it_to_run_again(tmp_path):
+    """A forced stage 4 that failed kept the markers of 5-7: the re-run trained again, then
+    skipped averaging and decoding, and the old model's results stood for the new one's. One
+    folder spelled otherwise (a trailing slash, a `.`) is the same folder."""
+    fake, _ = recording_asr(tmp_path)
+    failing = tmp_path / "failing"
+    failing.mkdir()
+    (failing / "asr").write_text("#!/usr/bin/env bash\nexit 1\n")
+    (failing / "asr").chmod(0o755)
+    data, exp = tmp_path / "data", tmp_path / "exp"
+    model = exp / "transformer_quick"
+    for stage in range(1, 8):  # stages 1-7 done already (hand-made markers: any command)
+        folder = data if stage < 4 else model
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f".done-{stage}").write_text("")
+    args = ["--data-dir", tmp_path, "--data", data, "--exp", exp, "--quick"]
+    spelled = ["--data-dir", tmp_path, "--data", f"{data}/", "--exp", f"{exp}/./", "--quick"]
+    assert skipped(run_recipe("an4", *spelled, "--stop-stage", "6", bin_dir=fake).stdout) == [
+        1, 2, 3, 4, 5, 6
+    ]  # fmt: skip
+    forced = run_recipe("an4", *args, "--stage", "5", "--stop-stage", "5", "--force",
+                        bin_dir=failing, check=False)  # fmt: skip
+    assert forced.returncode != 0 and markers(model) == [4]
+    for stage in (5, 6, 7):
+        (model / f".done-{stage}").write_text("")
+    run_recipe("an4", *args, "--stage", "4", "--stop-stage", "4", "--force", bin_dir=fake)
+    assert markers(model) == [4] and markers(data) == [1, 2, 3]
 
 
 @pytest.mark.needs_corpus
@@ -590,6 +626,8 @@ def test_folder_random_split(yesno_dir, tmp_path, repo_outputs):
     summary = json.loads((data / "summary.json").read_text())
     assert summary["missing_transcripts"] == ["spk0/untranscribed.wav"]
     assert markers(data) == [1, 2, 3] and (data / "cmvn.json").is_file()
+    other = run_recipe("folder", *args[:-1], "4", "--stop-stage", "1", check=False)  # seed 4
+    assert other.returncode == 2 and "stage 1 was done otherwise" in other.stderr
 
 
 @pytest.mark.needs_corpus

@@ -65,7 +65,6 @@ recipe_option() {
       need_value "$@"
       model=$2
       [[ $model == hf://* ]] || model=$(absolute "$model")
-      [[ $model == hf://* ]] || [ -e "$model" ] || usage_error "--init $2: no such checkpoint or package"
       init=(--model.init_args.init_from "$model")
       consumed=2 ;;
   esac
@@ -74,13 +73,20 @@ parse_options "$@"
 
 cd "$root"
 require_asr
+model_dir=$exp/$(basename "$config" .yaml)
+# A fine-tune that started resumes from its own checkpoints: its initial model may be gone.
+if [ ${#init[@]} -gt 0 ] && [[ ${init[1]} != hf://* ]] && [ ! -e "${init[1]}" ] &&
+  [ ! -e "$model_dir/checkpoints/last.ckpt" ] && [ ! -e "$model_dir/.done-4" ]; then
+  usage_error "--init ${init[1]}: no such checkpoint or package"
+fi
 [ -n "$data_dir" ] || usage_error "--data-dir DIR is required: your folder of audio + .txt files"
 [ -d "$data_dir" ] || usage_error "--data-dir $data_dir is not a directory"
 mkdir -p "$data"
 
-# The random split's fractions and seed, or the split file, go to asr.data.prepare directly.
+# The random split's fractions and seed, or the split file, go to asr.data.prepare directly;
+# given as arguments, they are the stage's record: another split is another stage 1.
 prepare() {
-  $(asr_python) - "$data_dir" "$data" "$dev_fraction" "$test_fraction" "$seed" "$split_file" <<'PY'
+  $(asr_python) - "$@" <<'PY'
 import logging
 import sys
 
@@ -99,7 +105,8 @@ for needed in ("train", "dev"):
 print(format_summary(summaries))
 PY
 }
-run_stage 1 "prepare manifests" "$data" prepare
+run_stage 1 "prepare manifests" "$data" \
+  prepare "$data_dir" "$data" "$dev_fraction" "$test_fraction" "$seed" "$split_file"
 
 tokenizer_options=(--kind "$tokenizer_kind")
 [ "$tokenizer_kind" = char ] || tokenizer_options+=(--vocab-size "$vocab_size")
@@ -114,7 +121,6 @@ if [ -f "$data/test.jsonl" ]; then
   splits+=(test)
   test_manifest=(--data.test_manifest "$data/test.jsonl")
 fi
-model_dir=$exp/$(basename "$config" .yaml)
 fit_stage 4 "$config" "$model_dir" \
   --data.train_manifest "$data/train.jsonl" --data.val_manifest "$data/dev.jsonl" \
   ${test_manifest[@]+"${test_manifest[@]}"} --data.tokenizer "$data/tokenizer" \

@@ -87,12 +87,12 @@ need_weight() {
   fi
 }
 
-# absolute PATH: PATH against the directory the recipe was started from.
+# absolute PATH: PATH against the directory the recipe was started from, without `.`, `..`,
+# doubled or trailing slashes (links kept), so that one folder is one path in stage markers.
 absolute() {
-  case "$1" in
-    /*) printf '%s\n' "$1" ;;
-    *) printf '%s\n' "$start_dir/$1" ;;
-  esac
+  local path=$1
+  [ "${path:0:1}" = / ] || path=$start_dir/$path
+  realpath -m -s -- "$path" 2>/dev/null || printf '%s\n' "$path"
 }
 
 # config_path PATH: a config file as given from the starting directory, or else from the
@@ -153,14 +153,24 @@ run_stage() {
       usage_error "stage $n was done otherwise ($marker):
   then: $then
   now:  $record
-give --force to run it again (and the stages after it), or another --exp/--data"
+give --stage $n --force to run it again (and the stages after it), or another --exp/--data"
     fi
     echo "== stage $n ($name): done already, skipping ($marker)"
     return 0
   fi
   echo "== stage $n ($name)"
   mkdir -p "$dir"
-  rm -f "$marker" # a forced stage stopped halfway must not pass for done
+  # A stage run again (forced) writes anew what those after it read: until they run again,
+  # they no more pass for done than it does, should it stop halfway.
+  local later
+  if [ -f "$marker" ]; then
+    for later in "$dir"/.done-*; do
+      if [[ ${later##*/.done-} =~ ^[0-9]+$ ]] && [ "${later##*/.done-}" -gt "$n" ]; then
+        rm -f "$later"
+      fi
+    done
+  fi
+  rm -f "$marker"
   current_stage="$n ($name)"
   local started=$SECONDS job
   # The stage runs as a job of its own: SIGTERM or Ctrl-C to the recipe then stops its
