@@ -403,21 +403,27 @@ def refused(argv: list[str], capsys) -> str:
     return err
 
 
+def _with_a_short_clip(tiny_an4, tmp_path, stated: float) -> list[str]:
+    """One epoch's `asr fit` arguments, the training manifest with a 0.12 s clip "short" added
+    whose line states `stated` seconds."""
+    from asr.data.manifest import Utterance
+
+    wave = tmp_path / "short.wav"
+    soundfile.write(wave, np.random.default_rng(0).normal(0, 0.1, 1920), 16000)
+    train = tmp_path / "train.jsonl"
+    write_manifest(
+        train, [*read_manifest(tiny_an4["train"]), Utterance(str(wave), stated, "A", "short")]
+    )
+    return [*_fit_args(tiny_an4 | {"train": str(train)}, tmp_path), "--trainer.max_epochs", "1"]
+
+
 def test_an_utterance_too_short_for_the_encoder_is_named_before_training(
     tiny_an4, tmp_path, capsys
 ):
     """A clip above data.min_duration that subsampling by 8 (or the fastest speed
     perturbation) leaves no encoder frame: training stopped at the first batch holding it,
     perhaps epochs in, with no name."""
-    from asr.data.manifest import Utterance
-
-    wave = tmp_path / "short.wav"
-    soundfile.write(wave, np.random.default_rng(0).normal(0, 0.1, 1920), 16000)  # 0.12 s
-    train = tmp_path / "train.jsonl"
-    write_manifest(
-        train, [*read_manifest(tiny_an4["train"]), Utterance(str(wave), 0.12, "A", "short")]
-    )
-    args = [*_fit_args(tiny_an4 | {"train": str(train)}, tmp_path), "--trainer.max_epochs", "1"]
+    args = _with_a_short_clip(tiny_an4, tmp_path, 0.12)
     eight = ["--model.init_args.encoder.init_args.subsampling", "8"]
     said = refused([*args, *eight], capsys)
     assert "1 training utterance(s) too short for the encoder, which needs 0.1" in said
@@ -432,15 +438,7 @@ def test_audio_shorter_than_its_manifest_says_is_named_when_its_batch_comes(
 ):
     """Within the manifest check's tolerance, a duration that overstates the audio passes the
     check before training; the batch that holds it then names it."""
-    from asr.data.manifest import Utterance
-
-    wave = tmp_path / "short.wav"
-    soundfile.write(wave, np.random.default_rng(0).normal(0, 0.1, 1920), 16000)  # 0.12 s
-    train = tmp_path / "train.jsonl"
-    write_manifest(
-        train, [*read_manifest(tiny_an4["train"]), Utterance(str(wave), 0.2, "A", "short")]
-    )
-    args = [*_fit_args(tiny_an4 | {"train": str(train)}, tmp_path), "--trainer.max_epochs", "1"]
+    args = _with_a_short_clip(tiny_an4, tmp_path, 0.2)
     said = refused([*args, "--model.init_args.encoder.init_args.subsampling", "8"], capsys)
     assert "asr fit: error: utterance short has 0.120 s of audio" in said
     assert "too short for subsampling by 8" in said
