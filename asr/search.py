@@ -107,6 +107,9 @@ class SearchOptions:
             "max_len_ratio must be > 0": self.max_len_ratio > 0.0,
             "max_len_extra must be >= 0": self.max_len_extra >= 0,
             "min_len_ratio must be >= 0": self.min_len_ratio >= 0.0,
+            "min_len_ratio must not exceed max_len_ratio (no hypothesis could end)": (
+                self.min_len_ratio <= self.max_len_ratio
+            ),
             "eos_threshold must be None or >= 1": self.eos_threshold is None
             or self.eos_threshold >= 1.0,
             "pre_beam_ratio must be None or >= 1": self.pre_beam_ratio is None

@@ -349,6 +349,7 @@ def test_greedy_never_emits_blank_or_pad() -> None:
         ("lm_weight", -0.1),
         ("max_len_ratio", 0.0),
         ("min_len_ratio", -1.0),
+        ("min_len_ratio", 1.5),  # above the bound (1.0): no hypothesis could end
         ("eos_threshold", 0.5),
         ("pre_beam_ratio", 0.5),
         ("nbest", 0),
