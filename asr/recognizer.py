@@ -185,7 +185,8 @@ class Recognizer:
             ValueError: settings out of range, or that the model cannot decode with.
             TypeError: an unknown keyword (named), or one input rather than a sequence.
         """
-        if isinstance(audios, (str, os.PathLike, np.ndarray, Tensor)):  # not a list of its parts
+        one_wave = isinstance(audios, (np.ndarray, Tensor)) and audios.ndim < 2  # (B, S): rows
+        if isinstance(audios, (str, os.PathLike)) or one_wave:  # not a list of its parts
             raise TypeError(
                 f"transcribe_batch takes a sequence of inputs, got one {type(audios).__name__}: "
                 "give [it], or use transcribe"

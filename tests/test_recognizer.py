@@ -290,6 +290,9 @@ def test_transcribe_batch_refuses_one_input_for_a_sequence(overfit):
     for one in ("audio.wav", Path("audio.wav"), waves[0], waves[0].numpy()):
         with pytest.raises(TypeError, match="transcribe_batch takes a sequence of inputs, got"):
             recognizer.transcribe_batch(one)
+    rows = torch.stack([waves[0], waves[0]])  # a (B, S) batch: one input a row
+    texts = [r.transcript.text for r in recognizer.transcribe_batch(rows, beam_size=1)]
+    assert texts == [recognizer.transcribe(waves[0], beam_size=1).text] * 2
 
 
 def test_alternatives_that_spell_a_text_already_listed_are_left_out(overfit):
