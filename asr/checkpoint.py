@@ -304,17 +304,37 @@ def _beside(recorded: Path, folder: Path) -> Path:
     return moved if not recorded.exists() and moved.exists() else recorded
 
 
+# Settings of a network's config that training alone reads (the CMVN statistics' file is
+# compared by its content): a run resumed with others averages as one model
+TRAINING_ONLY = ("augment", "stats_path", "full_context_prob")
+NETWORK_PARTS = ("frontend", "encoder", "decoder")
+
+
 def _differences(state: dict[str, Any], first: dict[str, Any]) -> str | None:
     """What makes the recognizer or LM of checkpoint `state` another model than `first`'s: its
-    tokenizer, asset files (CMVN statistics) or config (the keys that differ); None: nothing."""
+    tokenizer, asset files (CMVN statistics, by content) or the parts of its config that build
+    the network as it decodes (those that differ); None: nothing."""
     ours, theirs = (s.get(RECOGNIZER_KEY) or s.get(LM_KEY) or {} for s in (state, first))
     if ours.get("tokenizer") != theirs.get("tokenizer"):
         return "its tokenizer"
-    if ours.get("assets") != theirs.get("assets"):
+    if sorted((ours.get("assets") or {}).values()) != sorted((theirs.get("assets") or {}).values()):
         return "its asset files (CMVN statistics)"
-    config, other = ours.get("model_config") or {}, theirs.get("model_config") or {}
-    keys = [k for k in sorted(config.keys() | other.keys()) if config.get(k) != other.get(k)]
-    return f"its model config ({', '.join(keys)})" if keys else None
+    config, other = (_network(p.get("model_config") or {}) for p in (ours, theirs))
+    parts = [k for k in NETWORK_PARTS if config[k] != other[k]]
+    return f"its model config ({', '.join(parts)})" if parts else None
+
+
+def _network(config: dict[str, Any]) -> dict[str, Any]:
+    """The network parts of a model config without what training alone reads (dropout too)."""
+
+    def kept(node: Any) -> Any:
+        if isinstance(node, dict):
+            return {
+                k: kept(v) for k, v in node.items() if k not in TRAINING_ONLY and "dropout" not in k
+            }
+        return [kept(v) for v in node] if isinstance(node, list) else node
+
+    return {part: kept(config.get(part)) for part in NETWORK_PARTS}
 
 
 def average_checkpoints(paths: Sequence[str | os.PathLike], out: str | os.PathLike) -> Path:

@@ -104,8 +104,21 @@ def test_average_rejects_different_models(tmp_path):
                 tmp_path / "g.ckpt")  # fmt: skip
     with pytest.raises(CheckpointError, match=r"e.ckpt: its model config \(encoder\) is not"):
         average_checkpoints([tmp_path / "g.ckpt", tmp_path / "e.ckpt"], tmp_path / "o.ckpt")
-    with pytest.raises(CheckpointError, match=r"f.ckpt: its model config \(encoder, frontend\)"):
+    with pytest.raises(CheckpointError, match=r"f.ckpt: its model config \(frontend, encoder\)"):
         average_checkpoints([tmp_path / "e.ckpt", tmp_path / "f.ckpt"], tmp_path / "o.ckpt")
+    resumed = {  # a run resumed with other training settings and the statistics' path spelt
+        "encoder": {"num_heads": 4, "dropout": 0.2}, "frontend": {"hop": 160},  # otherwise
+        "ctc": False, "plot_every_n_epochs": 5,
+    }  # fmt: skip
+    for name, (settings, path) in {
+        "i": (config, "cmvn.json"),
+        "j": (resumed, "./cmvn.json"),
+    }.items():
+        payload = {"model_config": settings, "assets": {path: "e30="}}
+        atomic_save(
+            {"state_dict": {"a": torch.zeros(1)}, "asr": payload}, tmp_path / f"{name}.ckpt"
+        )
+    average_checkpoints([tmp_path / "i.ckpt", tmp_path / "j.ckpt"], tmp_path / "o.ckpt")
     assets = {
         "state_dict": {"a": torch.zeros(1)},
         "asr": {"model_config": config, "assets": {"cmvn.json": "e30="}},
