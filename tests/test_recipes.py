@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import soundfile as sf
+import yaml
 from conftest import REPO, corpus_path
 
 from asr.cli import main
@@ -441,6 +442,11 @@ def test_models_of_one_frontend_share_the_cmvn_stage(tmp_path):
     assert ran(first.stdout) == [3] and "--config conf/an4/conformer.yaml" in log.read_text()
     again = run_recipe("folder", *args, "--config", "conf/an4/transformer.yaml", bin_dir=fake)
     assert skipped(again.stdout) == [1, 2, 3]
+    config = yaml.safe_load((REPO / "conf/an4/conformer.yaml").read_text())
+    (tmp_path / "model.yaml").write_text(yaml.safe_dump(config.pop("model")))
+    (tmp_path / "split.yaml").write_text(yaml.safe_dump({**config, "model": "model.yaml"}))
+    split = run_recipe("folder", *args, "--config", tmp_path / "split.yaml", bin_dir=fake)
+    assert skipped(split.stdout) == [1, 2, 3]  # its model in a file of its own: one frontend
     command = log.read_text().split()
     for older in (f"CMVN statistics: asr {' '.join(command)}", f"asr {' '.join(command)}"):
         (data / ".done-3").write_text(older + "\n")

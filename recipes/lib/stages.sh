@@ -280,7 +280,7 @@ PY
 # the level normaliser (the streaming ones: it needs whole utterances) takes statistics of the
 # audio as recorded, kept apart from those at the normaliser's level.
 cmvn_dir() {
-  if grep -q LevelNormalizer "$1"; then echo "$2"; else echo "$2/as_recorded"; fi
+  if frontend_of "$1" | grep -q LevelNormalizer; then echo "$2"; else echo "$2/as_recorded"; fi
 }
 
 # fit_stage N CONFIG MODEL_DIR OVERRIDES...: `asr fit` into MODEL_DIR, resuming from its
