@@ -634,6 +634,10 @@ def test_folder_random_split(yesno_dir, tmp_path, repo_outputs):
     assert markers(data) == [1, 2, 3] and (data / "cmvn.json").is_file()
     other = run_recipe("folder", *args[:-1], "4", "--stop-stage", "1", check=False)  # seed 4
     assert other.returncode == 2 and "stage 1 was done otherwise" in other.stderr
+    spelled = ["--data-dir", f"{tmp_path}/./audio/", "--data", f"{data}/", "--exp", exp, *split]
+    assert skipped(run_recipe("folder", *spelled, "--stop-stage", "1").stdout) == [1]
+    (data / ".done-1").write_text("prepare manifests: prepare\n")  # the older form: no options
+    assert skipped(run_recipe("folder", *args, "--stop-stage", "1").stdout) == [1]
 
 
 @pytest.mark.needs_corpus

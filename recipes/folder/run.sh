@@ -105,7 +105,7 @@ for needed in ("train", "dev"):
 print(format_summary(summaries))
 PY
 }
-run_stage 1 "prepare manifests" "$data" \
+stage_older="prepare manifests: prepare" run_stage 1 "prepare manifests" "$data" \
   prepare "$data_dir" "$data" "$dev_fraction" "$test_fraction" "$seed" "$split_file"
 
 tokenizer_options=(--kind "$tokenizer_kind")

@@ -149,7 +149,9 @@ run_stage() {
   if [ -f "$marker" ] && [ "$force" = false ]; then
     local then
     then=$(stage_command "$(cat "$marker")")
-    if ! same_stage "$then" "$record" "$name: $command" "$command"; then
+    # stage_older: a caller's older record of it, as it was (it named no options)
+    if [ "$then" != "${stage_older-}" ] && ! same_stage "$then" "$record" "$name: $command" \
+      "$command"; then
       usage_error "stage $n was done otherwise ($marker):
   then: $then
   now:  $record
@@ -208,16 +210,32 @@ stage_command() {
 }
 
 # same_stage THEN RECORD...: whether a marker's THEN is one of this stage's RECORDs (its
-# record, then older forms of it: its name and command, the command alone). An empty marker
-# (made by hand) passes, as do those with `--` options after it.
+# record, then older forms of it: its name and command, the command alone), paths compared as
+# `absolute` writes them. An empty marker (made by hand) passes, as do those with `--` options
+# after it.
 same_stage() {
-  local then=$1 now
+  local then now
+  then=$(normal_paths "$1")
   shift
   [ -n "$then" ] || return 0
   for now in "$@"; do
+    now=$(normal_paths "$now")
     if [ "$then" = "$now" ] || [ "${then#"$now" }" != "$then" ]; then return 0; fi
   done
   return 1
+}
+
+# normal_paths TEXT: TEXT with each word that is an absolute path as `absolute` writes it, so a
+# marker of `data/` or `x/../data` is one of `data`.
+normal_paths() {
+  local word words=()
+  local -
+  set -f # a word such as `*` is no pattern here
+  for word in $1; do
+    [ "${word:0:1}" != / ] || word=$(realpath -m -s -- "$word" 2>/dev/null || printf '%s' "$word")
+    words+=("$word")
+  done
+  printf '%s\n' "${words[*]-}"
 }
 
 # On failure or SIGTERM, say which stage ended and that a re-run carries on from it.

@@ -64,7 +64,8 @@ prepare() {  # the corpus folder an argument: another folder is another stage 1
   asr prepare yesno --data-dir "$1" --out "$data"
   $(asr_python) "$here/shift.py" "$data/train.jsonl" "$data/train_shifted.jsonl"
 }
-run_stage 1 "prepare manifests" "$data" prepare "$data_dir"
+stage_older="prepare manifests: prepare" run_stage 1 "prepare manifests" "$data" \
+  prepare "$data_dir"
 run_stage 2 "tokenizer" "$data" \
   asr tokenizer --manifest "$data/train.jsonl" --kind char --out "$data/tokenizer"
 cmvn_stage 3 "$config" "$data" --manifest "$data/train.jsonl"
