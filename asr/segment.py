@@ -17,8 +17,8 @@ from asr.audio import AudioError, AudioInput, as_waveform, audio_info, load_audi
 
 MIN_SEGMENT_SECONDS = 0.2  # no cut leaves a segment shorter than this
 ENERGY_FLOOR_DB = -100.0  # the energy of digital silence
-# Frames quieter are silent however quiet the loudest is: below a 16-bit recording's dither, no
-# speech (the level alone would make an input of digital silence loud throughout)
+# An input whose loudest stretch is quieter holds no speech: below a 16-bit recording's
+# dither (levels relative to it would make an input of digital silence loud throughout)
 SILENT_DB = -90.0
 TRANSIENT_SECONDS = 0.1  # a louder stretch this short (a click) does not set the level
 SHORTEST_MAX_SEGMENT = 3  # the least `segment_seconds_for` gives (> 2 x the 1 s overlap)
@@ -244,15 +244,18 @@ def silences(energy_db: np.ndarray, options: SegmenterOptions, frame_seconds: fl
 def loud_frames(
     energy_db: np.ndarray, frame_seconds: float, options: SegmenterOptions
 ) -> np.ndarray:
-    """The frames at most `silence_threshold_db` below the loudest and above SILENT_DB.
+    """The frames at most `silence_threshold_db` below the loudest but for digital silence
+    (within 1 dB of ENERGY_FLOOR_DB); none where the loudest is below SILENT_DB.
 
-    >>> loud_frames(np.array([-20.0, -60.0, -95.0]), 0.1, SegmenterOptions()).tolist()
-    [True, False, False]
-    >>> loud_frames(np.full(3, -100.0), 0.1, SegmenterOptions()).any()
+    >>> loud_frames(np.array([-80.0, -100.0, -95.0]), 0.1, SegmenterOptions()).tolist()
+    [True, False, True]
+    >>> loud_frames(np.full(3, -95.0), 0.1, SegmenterOptions()).any()
     np.False_
     """
-    threshold = loud_level(energy_db, frame_seconds) + options.silence_threshold_db
-    return energy_db >= max(threshold, SILENT_DB)
+    level = loud_level(energy_db, frame_seconds)
+    if level < SILENT_DB:
+        return np.zeros(energy_db.shape, dtype=bool)
+    return (energy_db >= level + options.silence_threshold_db) & (energy_db > ENERGY_FLOOR_DB + 1)
 
 
 def _width(options: SegmenterOptions, frame_seconds: float) -> int:

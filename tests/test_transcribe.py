@@ -620,10 +620,12 @@ def test_digital_silence_is_silent_however_quiet_the_rest():
     options = SegmenterOptions(max_segment_seconds=3)
     silence = frame_energy_db(np.zeros(16000 * 30), 160)
     assert plan_segments(silence, 0.01, 30.0, options) == []
-    quiet = np.random.default_rng(0).normal(0, 10**-3.5, 16000)  # speech-like, at -70 dBFS
-    wave = np.concatenate([np.zeros(16000 * 10), quiet, np.zeros(16000 * 10)])
-    spans = plan_segments(frame_energy_db(wave, 160), 0.01, len(wave) / 16000, options)
-    assert spans == [(9.5, 11.5)], "quiet speech is kept, the silence around it trimmed"
+    for db in (-70, -85):  # speech-like noise however quiet, as float samples keep it
+        quiet = np.random.default_rng(0).normal(0, 10 ** (db / 20), 16000)
+        quiet[4000:8000] *= 10 ** (-15 / 20)  # a softer syllable, 15 dB down
+        wave = np.concatenate([np.zeros(16000 * 10), quiet, np.zeros(16000 * 10)])
+        spans = plan_segments(frame_energy_db(wave, 160), 0.01, len(wave) / 16000, options)
+        assert spans == [(9.5, 11.5)], "quiet speech is kept whole, the silence trimmed"
 
 
 def _window(tokenizer, span: tuple[float, float], held: list[Word]) -> tuple:
