@@ -120,18 +120,22 @@ class Condition:
         sample_rate: int,
         rng: np.random.Generator,
         talkers,
-        speech_share: float = 1.0,
+        speech_power: float | None = None,
     ) -> Tensor:
-        """`wave` `(T,)` under this condition and those after it; `speech_share`: the share of
-        its samples that hold speech (the rest, padding, is digital silence)."""
-        out = self._apply_own(wave, sample_rate, rng, talkers, speech_share)
+        """`wave` `(T,)` under this condition and those after it; `speech_power`: the power of
+        the speech in it over the speech's own samples, which noise is set by (None: `wave` is
+        the speech alone)."""
+        if speech_power is None:
+            speech_power = float(perturb.power(wave))
+        out = self._apply_own(wave, sample_rate, rng, talkers, speech_power)
         if self.then is None:
             return out
-        if self.kind == "pad" and out.numel():  # later noise is relative to the speech alone
-            speech_share *= max(wave.numel(), 1) / out.numel()
-        return self.then.apply(out, sample_rate, rng, talkers, speech_share)
+        before = float(perturb.power(wave))
+        if self.kind in ("level", "telephone", "reverb", "speed") and before > 0:
+            speech_power *= float(perturb.power(out)) / before  # the speech changed with it
+        return self.then.apply(out, sample_rate, rng, talkers, speech_power)
 
-    def _apply_own(self, wave, sample_rate, rng, talkers, speech_share) -> Tensor:
+    def _apply_own(self, wave, sample_rate, rng, talkers, speech_power) -> Tensor:
         if self.kind == "clean":
             return wave
         if self.kind == "pad":
@@ -148,8 +152,11 @@ class Condition:
             noise = perturb.babble(talkers(), wave.numel(), rng)
         else:
             noise = perturb.colored_noise(wave.numel(), self.kind, rng)
-        # the speech's power is the wave's over its share: the SNR to the wave's, that much lower
-        return perturb.add_noise(wave, noise, self.value + 10 * math.log10(speech_share))
+        # noise at the SNR to the speech alone: padding and earlier noise are not speech
+        whole = float(perturb.power(wave))
+        if whole <= 0 or speech_power <= 0:
+            return wave.clone()  # no level to set the ratio by
+        return perturb.add_noise(wave, noise, self.value + 10 * math.log10(whole / speech_power))
 
 
 def build_condition(

@@ -123,6 +123,11 @@ def test_padded_noisy_copies_hold_the_speech_and_set_noise_by_it(tmp_path):
             for text in ("pad:3+level:-20", "pad:3+level:-20+white:10")
         )
         assert rms_dbfs(clean) - 20 - rms_dbfs(noisy - quiet) == pytest.approx(10.0, abs=0.2)
+        once, twice = (  # a second noise is set by the speech too, not by speech and noise
+            Condition.parse(text).apply(clean, 16000, np.random.default_rng(k), None)
+            for text in ("pad:3+white:5", "pad:3+white:5+white:10")
+        )
+        assert rms_dbfs(clean) - rms_dbfs(twice - once) == pytest.approx(10.0, abs=0.2)
     assert max(grew) > 8000  # silence was added (the draws are random, not all near 0)
 
 
