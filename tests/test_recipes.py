@@ -104,7 +104,7 @@ def test_help_and_usage_errors(corpus):
         assert missing.returncode == 2 and "no config conf/none.yaml" in missing.stderr
 
 
-def test_folder_needs_data_dir(tmp_path):
+def test_folder_needs_data_dir(tmp_path, repo_outputs):
     result = run_recipe("folder", "--data", tmp_path / "data", check=False)
     assert result.returncode == 2 and "--data-dir DIR is required" in result.stderr
     assert not (tmp_path / "data").exists()
@@ -114,7 +114,8 @@ def test_folder_needs_data_dir(tmp_path):
     fake, _ = recording_asr(tmp_path)  # a fine-tune trained: its initial model may be gone
     (tmp_path / "exp" / "conformer").mkdir(parents=True)
     (tmp_path / "exp" / "conformer" / ".done-4").write_text("")
-    args = ["--data-dir", tmp_path, "--exp", tmp_path / "exp", "--init", tmp_path / "no.ckpt"]
+    args = ["--data-dir", tmp_path, "--data", tmp_path / "data", "--exp", tmp_path / "exp",
+            "--init", tmp_path / "no.ckpt"]  # fmt: skip
     resumed = run_recipe("folder", *args, "--stage", "4", "--stop-stage", "4", bin_dir=fake)
     assert skipped(resumed.stdout) == [4]
 
