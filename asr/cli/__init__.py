@@ -636,10 +636,10 @@ def _add_model_argument(p: argparse.ArgumentParser, text: str = MODEL_HELP) -> N
     )
 
 
-def _add_search_arguments(p: argparse.ArgumentParser) -> None:
+def _add_search_arguments(p: argparse.ArgumentParser, model_help: str = MODEL_HELP) -> None:
     from asr.search import DEFAULT_CTC_WEIGHT, SearchOptions
 
-    _add_model_argument(p)
+    _add_model_argument(p, model_help)
     own = "default: the checkpoint's own (asr finalize), else"
     beam, ctc, ratio = SearchOptions.beam_size, DEFAULT_CTC_WEIGHT, SearchOptions.max_len_ratio
     p.add_argument(
@@ -662,10 +662,10 @@ def _add_search_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _add_decoding_arguments(p: argparse.ArgumentParser) -> None:
+def _add_decoding_arguments(p: argparse.ArgumentParser, model_help: str = MODEL_HELP) -> None:
     from asr.search import DEFAULT_LM_WEIGHT
 
-    _add_search_arguments(p)
+    _add_search_arguments(p, model_help)
     p.add_argument("--lm", help="language model checkpoint for shallow fusion")
     p.add_argument(
         "--lm-weight",
@@ -935,7 +935,11 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
         "CTC head). A part the model or data cannot give is said and left out.",
     )
     if command == "finalize":
-        _add_decoding_arguments(p)
+        _add_decoding_arguments(
+            p,
+            "a recognizer checkpoint of `asr fit` or average (a package "
+            "is finalized as its checkpoint, then exported again)",
+        )
         p.add_argument("--manifest", required=True, help="JSONL manifest with references (dev)")
     p.set_defaults(run=_finalize)
 
