@@ -8,7 +8,7 @@ import json
 import math
 import os
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
@@ -120,43 +120,41 @@ class Condition:
         sample_rate: int,
         rng: np.random.Generator,
         talkers,
-        speech_power: float | None = None,
+        speech: Tensor | None = None,
     ) -> Tensor:
-        """`wave` `(T,)` under this condition and those after it; `speech_power`: the power of
-        the speech in it over the speech's own samples, which noise is set by (None: `wave` is
-        the speech alone)."""
-        if speech_power is None:
-            speech_power = float(perturb.power(wave))
-        out = self._apply_own(wave, sample_rate, rng, talkers, speech_power)
+        """`wave` `(T,)` under this condition and those after it; `speech`: the speech alone as
+        earlier steps left it, unpadded (None: `wave`), which noise is set by."""
+        speech = wave if speech is None else speech
+        if self.kind in ("babble", *perturb.NOISE_COLORS):
+            if self.kind == "babble":
+                noise = perturb.babble(talkers(), wave.numel(), rng)
+            else:
+                noise = perturb.colored_noise(wave.numel(), self.kind, rng)
+            out = perturb.add_noise(wave, noise, self.value, speech)
+        elif self.kind == "pad":  # silence: the speech alone stays as it was
+            out = perturb.pad_silence(wave, self.value, sample_rate, rng)
+        else:  # the speech alone changes with the wave (a filter, unlike a level, not alike
+            change = self._change(sample_rate, rng)  # on speech and noise)
+            out = change(wave)
+            speech = out if speech is wave else change(speech)
         if self.then is None:
             return out
-        before = float(perturb.power(wave))
-        if self.kind in ("level", "telephone", "reverb", "speed") and before > 0:
-            speech_power *= float(perturb.power(out)) / before  # the speech changed with it
-        return self.then.apply(out, sample_rate, rng, talkers, speech_power)
+        return self.then.apply(out, sample_rate, rng, talkers, speech)
 
-    def _apply_own(self, wave, sample_rate, rng, talkers, speech_power) -> Tensor:
-        if self.kind == "clean":
-            return wave
-        if self.kind == "pad":
-            return perturb.pad_silence(wave, self.value, sample_rate, rng)
+    def _change(self, sample_rate: int, rng: np.random.Generator) -> Callable[[Tensor], Tensor]:
+        """This condition, not a noise nor padding, as a function of a wave (its random draws
+        made once)."""
         if self.kind == "level":
-            return perturb.change_gain(wave, self.value)
+            return partial(perturb.change_gain, db=self.value)
         if self.kind == "speed":
-            return perturb.change_speed(wave, self.value)
+            return partial(perturb.change_speed, factor=self.value)
         if self.kind == "telephone":
-            return perturb.telephone(wave, sample_rate)
+            return partial(perturb.telephone, sample_rate=sample_rate)
         if self.kind == "reverb":
-            return perturb.reverberate(wave, perturb.synthetic_rir(self.value, sample_rate, rng))
-        if self.kind == "babble":
-            noise = perturb.babble(talkers(), wave.numel(), rng)
-        else:
-            noise = perturb.colored_noise(wave.numel(), self.kind, rng)
-        # noise at the SNR to the speech alone: padding and earlier noise are not speech
-        whole = float(perturb.power(wave))
-        if whole <= 0 or speech_power <= 0:
-            return wave.clone()  # no level to set the ratio by
-        return perturb.add_noise(wave, noise, self.value + 10 * math.log10(whole / speech_power))
+            return partial(
+                perturb.reverberate, rir=perturb.synthetic_rir(self.value, sample_rate, rng)
+            )
+        return lambda wave: wave  # clean
 
 
 def build_condition(

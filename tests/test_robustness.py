@@ -20,7 +20,7 @@ from asr.audio import audio_info, load_audio
 from asr.cli import main
 from asr.data.manifest import Utterance, read_manifest, write_manifest
 from asr.frontends import LevelNormalizer
-from asr.perturb import change_gain, rms_dbfs
+from asr.perturb import change_gain, rms_dbfs, telephone
 from asr.robustness import (
     DEFAULT_CONDITIONS,
     Condition,
@@ -128,6 +128,12 @@ def test_padded_noisy_copies_hold_the_speech_and_set_noise_by_it(tmp_path):
             for text in ("pad:3+white:5", "pad:3+white:5+white:10")
         )
         assert rms_dbfs(clean) - rms_dbfs(twice - once) == pytest.approx(10.0, abs=0.2)
+        once, twice = (  # a filter between: it takes more of the brown noise than the speech
+            Condition.parse(text).apply(clean, 16000, np.random.default_rng(k), None)
+            for text in ("pad:3+brown:0+telephone", "pad:3+brown:0+telephone+white:10")
+        )
+        banded = telephone(clean, 16000)
+        assert rms_dbfs(banded) - rms_dbfs(twice - once) == pytest.approx(10.0, abs=0.2)
     assert max(grew) > 8000  # silence was added (the draws are random, not all near 0)
 
 
