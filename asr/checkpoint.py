@@ -307,7 +307,7 @@ def _beside(recorded: Path, folder: Path) -> Path:
 # Settings of a network's config that training alone reads (the CMVN statistics' file is
 # compared by its content): a run resumed with others averages as one model
 TRAINING_ONLY = ("augment", "stats_path", "full_context_prob")
-NETWORK_PARTS = ("frontend", "encoder", "decoder")
+NETWORK_PARTS = ("frontend", "encoder", "decoder", "lm")  # a recognizer's, or an LM's
 
 
 def _differences(state: dict[str, Any], first: dict[str, Any]) -> str | None:

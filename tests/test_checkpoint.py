@@ -119,6 +119,12 @@ def test_average_rejects_different_models(tmp_path):
             {"state_dict": {"a": torch.zeros(1)}, "asr": payload}, tmp_path / f"{name}.ckpt"
         )
     average_checkpoints([tmp_path / "i.ckpt", tmp_path / "j.ckpt"], tmp_path / "o.ckpt")
+    for name, heads in (("k", 4), ("l", 8)):  # language models: their own network part
+        lm = {"lm": {"class_path": "asr.models.lm.TransformerLM", "num_heads": heads}}
+        atomic_save({"state_dict": {"a": torch.zeros(1)}, "lm": {"model_config": lm}},
+                    tmp_path / f"{name}.ckpt")  # fmt: skip
+    with pytest.raises(CheckpointError, match=r"l.ckpt: its model config \(lm\) is not"):
+        average_checkpoints([tmp_path / "k.ckpt", tmp_path / "l.ckpt"], tmp_path / "o.ckpt")
     assets = {
         "state_dict": {"a": torch.zeros(1)},
         "asr": {"model_config": config, "assets": {"cmvn.json": "e30="}},
