@@ -496,6 +496,23 @@ def test_a_stage_done_with_other_options_is_not_skipped_as_if_done_with_these(tm
     assert bad.returncode == 2 and "--lm-weight needs a number >= 0, got '0,4'" in bad.stderr
 
 
+@pytest.mark.parametrize(
+    ("marker", "same"),
+    [
+        ("asr x --data {root}/data/an4/ --out data//tok", "asr x --data data/an4 --out data/tok"),
+        ("prepare /c/my corpus/./a//b/ /c/x/../y", "prepare /c/my corpus/a/b /c/y"),
+    ],
+)  # fmt: skip
+def test_paths_in_markers_compare_as_the_folders_they_name(marker, same):
+    """A marker of `data/`, `./data` or the repository's own `data` by its full path is one of
+    `data`: markers written before the recipes normalised their paths, or a default folder
+    given again by name, are not another run."""
+    script = f'root="{REPO}"; source "{REPO}/recipes/lib/stages.sh"; normal_paths "$1"'
+    said = subprocess.run(["bash", "-c", script, "-", marker.format(root=REPO)],
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    assert said.stdout == same + "\n"
+
+
 def test_a_stage_run_again_leaves_the_stages_after_it_to_run_again(tmp_path):
     """A forced stage 4 that failed kept the markers of 5-7: the re-run trained again, then
     skipped averaging and decoding, and the old model's results stood for the new one's. One

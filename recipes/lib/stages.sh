@@ -225,17 +225,17 @@ same_stage() {
   return 1
 }
 
-# normal_paths TEXT: TEXT with each word that is an absolute path as `absolute` writes it, so a
-# marker of `data/` or `x/../data` is one of `data`.
+# normal_paths TEXT: TEXT with its paths as `absolute` writes them (no `.` or `..` steps,
+# doubled or trailing slashes), and relative to the repository where inside it, as the
+# recipes' defaults are: a marker of `data/`, `./data` or `$root/data` is one of `data`.
 normal_paths() {
-  local word words=()
-  local -
-  set -f # a word such as `*` is no pattern here
-  for word in $1; do
-    [ "${word:0:1}" != / ] || word=$(realpath -m -s -- "$word" 2>/dev/null || printf '%s' "$word")
-    words+=("$word")
-  done
-  printf '%s\n' "${words[*]-}"
+  local text
+  text=$(printf '%s\n' "$1" | sed -E -e ':a' \
+    -e 's#/\./#/#g; s#//+#/#g; s#/\.( |$)#\1#g; s#([^ ])/( |$)#\1\2#g' \
+    -e 's#/([^/ .][^/ ]*|\.[^/ .][^/ ]*)/\.\.(/|( |$))#\2#' -e 'ta')
+  text=" $text"
+  text=${text// "$root"\// }
+  printf '%s\n' "${text# }"
 }
 
 # On failure or SIGTERM, say which stage ended and that a re-run carries on from it.
