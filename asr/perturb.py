@@ -129,7 +129,7 @@ def add_noise(
         raise ValueError(f"noise {tuple(noise.shape)} and wave {tuple(wave.shape)} differ")
     signal = float(power(wave if reference is None else reference))
     noise_power = float(power(noise))
-    if signal <= _POWER_FLOOR or noise_power <= _POWER_FLOOR:
+    if not (signal > _POWER_FLOOR and noise_power > _POWER_FLOOR):  # NaN too: no samples
         return wave.clone()  # no level to set the ratio by
     scale = math.sqrt(signal / (noise_power * 10 ** (snr_db / 10)))
     return (wave + scale * noise.to(wave.dtype)).to(wave.dtype)
@@ -170,8 +170,9 @@ def synthetic_rir(rt60: float, sample_rate: int, rng: np.random.Generator) -> Te
     return tail
 
 
-def reverberate(wave: Tensor, rir: Tensor) -> Tensor:
-    """`wave` convolved with `rir`, cut to its length and level; words keep their timing."""
+def reverberate(wave: Tensor, rir: Tensor, keep_level: bool = True) -> Tensor:
+    """`wave` convolved with `rir`, cut to its length and (`keep_level`) level; words keep
+    their timing."""
     if rir.dim() != 1 or rir.numel() == 0:
         raise ValueError(
             f"a room impulse response must be 1-D and non-empty, got {tuple(rir.shape)}"
@@ -180,8 +181,14 @@ def reverberate(wave: Tensor, rir: Tensor) -> Tensor:
     size = _fft_size(wave.numel() + rir.numel() - 1)
     spectrum = torch.fft.rfft(wave.float(), size) * torch.fft.rfft(rir, size)
     wet = torch.fft.irfft(spectrum, size)[: wave.numel()]
-    gain = (power(wave) / power(wet).clamp(min=_POWER_FLOOR)).sqrt().float()
-    return (wet * gain).to(wave.dtype)
+    if not keep_level:
+        return wet.to(wave.dtype)
+    return (wet * level_gain(wave, wet)).to(wave.dtype)
+
+
+def level_gain(wave: Tensor, changed: Tensor) -> Tensor:
+    """The factor that brings `changed` back to `wave`'s power."""
+    return (power(wave) / power(changed).clamp(min=_POWER_FLOOR)).sqrt().float()
 
 
 def telephone(wave: Tensor, sample_rate: int, mu_law: bool = True) -> Tensor:

@@ -133,27 +133,31 @@ class Condition:
             out = perturb.add_noise(wave, noise, self.value, speech)
         elif self.kind == "pad":  # silence: the speech alone stays as it was
             out = perturb.pad_silence(wave, self.value, sample_rate, rng)
+        elif self.kind == "reverb":  # the same room, and the mixture's level kept for both
+            rir = perturb.synthetic_rir(self.value, sample_rate, rng)
+            wet = perturb.reverberate(wave, rir, keep_level=False)
+            gain = perturb.level_gain(wave, wet)
+            out = (wet * gain).to(wave.dtype)
+            if speech is wave:
+                speech = out
+            elif speech.numel():
+                speech = perturb.reverberate(speech, rir, keep_level=False) * gain
         else:  # the speech alone changes with the wave (a filter, unlike a level, not alike
-            change = self._change(sample_rate, rng)  # on speech and noise)
+            change = self._change(sample_rate)  # on speech and noise)
             out = change(wave)
-            speech = out if speech is wave else change(speech)
+            speech = out if speech is wave else change(speech) if speech.numel() else speech
         if self.then is None:
             return out
         return self.then.apply(out, sample_rate, rng, talkers, speech)
 
-    def _change(self, sample_rate: int, rng: np.random.Generator) -> Callable[[Tensor], Tensor]:
-        """This condition, not a noise nor padding, as a function of a wave (its random draws
-        made once)."""
+    def _change(self, sample_rate: int) -> Callable[[Tensor], Tensor]:
+        """This condition, a level, speed, channel or none, as a function of a wave."""
         if self.kind == "level":
             return partial(perturb.change_gain, db=self.value)
         if self.kind == "speed":
             return partial(perturb.change_speed, factor=self.value)
         if self.kind == "telephone":
             return partial(perturb.telephone, sample_rate=sample_rate)
-        if self.kind == "reverb":
-            return partial(
-                perturb.reverberate, rir=perturb.synthetic_rir(self.value, sample_rate, rng)
-            )
         return lambda wave: wave  # clean
 
 

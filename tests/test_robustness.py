@@ -16,6 +16,7 @@ import soundfile
 import torch
 from test_transcribe import GREEDY, UTTERANCES, WAV, _overfit_recognizer
 
+from asr import perturb
 from asr.audio import audio_info, load_audio
 from asr.cli import main
 from asr.data.manifest import Utterance, read_manifest, write_manifest
@@ -135,6 +136,26 @@ def test_padded_noisy_copies_hold_the_speech_and_set_noise_by_it(tmp_path):
         banded = telephone(clean, 16000)
         assert rms_dbfs(banded) - rms_dbfs(twice - once) == pytest.approx(10.0, abs=0.2)
     assert max(grew) > 8000  # silence was added (the draws are random, not all near 0)
+
+
+def test_noise_after_a_room_is_set_by_the_speech_as_the_room_left_it(tmp_path):
+    """Reverberation keeps the mixture's level, not the speech's: the speech inside the
+    reverberant mixture is what a later noise is set by (3 dB off, before)."""
+    [u, *_] = read_manifest(_manifest(tmp_path / "test.jsonl"))
+    clean = load_audio(u.audio_filepath)
+    noisy, room, then = (
+        Condition.parse(text).apply(clean, 16000, np.random.default_rng(0), None)
+        for text in ("brown:0", "brown:0+reverb:0.8", "brown:0+reverb:0.8+white:10")
+    )
+    rng = np.random.default_rng(0)  # the same draws: the noise's, then the room's
+    perturb.colored_noise(clean.numel(), "brown", rng)
+    rir = perturb.synthetic_rir(0.8, 16000, rng)
+    gain = perturb.level_gain(noisy, perturb.reverberate(noisy, rir, keep_level=False))
+    speech = perturb.reverberate(clean, rir, keep_level=False) * gain
+    assert rms_dbfs(speech) - rms_dbfs(then - room) == pytest.approx(10.0, abs=0.05)
+    for chain in ("pad:1+white:10", "pad:1+speed:1.1+white:10", "pad:1+reverb:0.5+brown:5"):
+        empty = Condition.parse(chain).apply(torch.zeros(0), 16000, rng, None)
+        assert torch.isfinite(empty).all() and not empty.any(), chain  # silence, no NaN
 
 
 def test_speed_copies_change_duration_in_the_manifest(tmp_path):
