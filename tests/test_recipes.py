@@ -501,6 +501,7 @@ def test_a_stage_done_with_other_options_is_not_skipped_as_if_done_with_these(tm
     [
         ("asr x --data {root}/data/an4/ --out data//tok", "asr x --data data/an4 --out data/tok"),
         ("prepare /c/my corpus/./a//b/ /c/x/../y", "prepare /c/my corpus/a/b /c/y"),
+        ("asr fit --config ./conf/x.yaml --data /../d", "asr fit --config conf/x.yaml --data /d"),
     ],
 )  # fmt: skip
 def test_paths_in_markers_compare_as_the_folders_they_name(marker, same):
