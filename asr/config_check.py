@@ -149,8 +149,8 @@ def _top_level_problems(root: yaml.Node | None, keys: tuple[str, ...]) -> Iterat
 
 def _problems(node: yaml.Node, key: str, classes: dict[str, tuple[Any, str]]) -> Iterator[Problem]:
     group = _group(key)
-    value = None if isinstance(node, yaml.MappingNode) else _value(node)
-    if group is not None and value is not None and not isinstance(value, str):
+    value = None if group is None or isinstance(node, yaml.MappingNode) else _value(node)
+    if value is not None and not isinstance(value, str):
         shown = "a list" if isinstance(value, list) else repr(value)  # a string may name a file
         said = f"expected a mapping of {group[1]}'s arguments, got {shown}"
         yield node.start_mark.line + 1, f"{key}: {said}"  # jsonargparse would drop it silently
