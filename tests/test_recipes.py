@@ -413,6 +413,24 @@ def test_an4_language_model_stages_train_and_fuse_the_recipe_lm(tmp_path):
     assert "--ckpt_path" not in log.read_text() and not (exp / "lm" / "checkpoints").exists()
 
 
+def test_a_stage_done_before_an_earlier_one_ran_again_elsewhere_is_named(tmp_path):
+    """Forcing stage 1 drops the later markers of data/ only: training in exp/ was done on
+    the manifests it replaced, and a re-run that skips it says so."""
+    fake, _ = recording_asr(tmp_path)
+    data, exp = tmp_path / "data", tmp_path / "exp"
+    for stage in range(1, 8):
+        (data if stage < 4 else exp / "transformer_quick").mkdir(parents=True, exist_ok=True)
+        ((data if stage < 4 else exp / "transformer_quick") / f".done-{stage}").write_text("")
+    args = ["--data-dir", tmp_path, "--data", data, "--exp", exp, "--quick", "--stop-stage", "7"]
+    quiet = run_recipe("an4", *args, "--stage", "4", bin_dir=fake)
+    assert skipped(quiet.stdout) == [4, 5, 6, 7] and "warning" not in quiet.stderr
+    run_recipe("an4", *args, "--stage", "1", "--stop-stage", "1", "--force", bin_dir=fake)
+    later = run_recipe("an4", *args, "--stage", "4", bin_dir=fake)
+    assert skipped(later.stdout) == [4, 5, 6, 7]
+    assert f"warning: stage 1 ran again ({data}/.done-1) after stage 4 was done" in later.stderr
+    assert "--stage 4 --force" in later.stderr and later.stderr.count("warning") == 1
+
+
 @pytest.mark.parametrize("options, vocabulary", [((), []), (("--tokenizer", "bpe"), ["100"]),
                                                   (("--tokenizer", "unigram", "--vocab-size", "60"),
                                                    ["60"])])  # fmt: skip

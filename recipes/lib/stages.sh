@@ -142,8 +142,9 @@ asr_python() {
 run_stage() {
   local n=$1 name=$2 dir=$3
   shift 3
-  if [ "$n" -lt "$stage" ] || [ "$n" -gt "$stop_stage" ]; then return 0; fi
   local marker=$dir/.done-$n command record
+  seen_dir "$dir"
+  if [ "$n" -lt "$stage" ] || [ "$n" -gt "$stop_stage" ]; then return 0; fi
   command=$(stage_command "$@")
   record="$name: ${stage_record:-$command}" # stage_record: a caller's own identity of it
   if [ -f "$marker" ] && [ "$force" = false ]; then
@@ -158,6 +159,7 @@ run_stage() {
 give --stage $n --force to run it again (and the stages after it), or another --exp/--data"
     fi
     echo "== stage $n ($name): done already, skipping ($marker)"
+    warn_if_older "$n" "$marker"
     return 0
   fi
   echo "== stage $n ($name)"
@@ -189,6 +191,37 @@ give --stage $n --force to run it again (and the stages after it), or another --
   current_stage=""
   printf '%s\n' "$record" >"$marker"
   echo "== stage $n ($name): done in $((SECONDS - started)) s"
+}
+
+# seen_dir DIR: remembers a folder that holds stage markers (see warn_if_older).
+marker_dirs=()
+seen_dir() {
+  local known
+  for known in ${marker_dirs[@]+"${marker_dirs[@]}"}; do
+    if [ "$known" = "$1" ]; then return 0; fi
+  done
+  marker_dirs+=("$1")
+}
+
+# warn_if_older N MARKER: a warning where an earlier stage, in another folder, ran again after
+# stage N was done (e.g. `--stage 1 --stop-stage 1 --force`): N's result may be built on what
+# that stage wrote before. A forced stage drops the later markers of its own folder only.
+# Once: the stages after N are as old.
+warned_older=false
+warn_if_older() {
+  local n=$1 marker=$2 dir other k
+  if [ "$warned_older" = true ]; then return 0; fi
+  for dir in ${marker_dirs[@]+"${marker_dirs[@]}"}; do
+    for other in "$dir"/.done-*; do
+      k=${other##*/.done-}
+      if [[ $k =~ ^[0-9]+$ ]] && [ "$k" -lt "$n" ] && [ "$other" -nt "$marker" ]; then
+        echo "warning: stage $k ran again ($other) after stage $n was done: give" \
+          "--stage $n --force to redo it (and the stages after it) on what stage $k wrote" >&2
+        warned_older=true
+        return 0
+      fi
+    done
+  done
 }
 
 # stop_job PID SIGNAL STATUS: SIGNAL to the job PID's process group, then exit STATUS once it
@@ -272,7 +305,9 @@ cmvn_stage() {
     named=${then##* --config }
     if [ "$then" = "asr cmvn $* --out $dir/cmvn.json --config $named" ] \
       && [ -f "$named" ] && [ "$(frontend_of "$named")" = "$frontend" ]; then
-      printf '%s\n' "CMVN statistics: $record" >"$marker"
+      printf '%s\n' "CMVN statistics: $record" >"$marker.new"
+      touch -r "$marker" "$marker.new" # the same stage, done when it was: not newer
+      mv "$marker.new" "$marker"
     fi
   fi
   stage_record=$record \
