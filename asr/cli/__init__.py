@@ -287,7 +287,7 @@ def _transcribe(args: argparse.Namespace) -> int:
     import tempfile
 
     from asr.cli.inputs import expand_inputs, write_explorer
-    from asr.cli.parallel import spreads, transcribe_spread
+    from asr.cli.parallel import MERGED, rewrite_merged, spreads, transcribe_spread
 
     if not args.audio and not args.manifest:
         raise ValueError("nothing to transcribe: give audio, folders, globs, or --manifest")
@@ -333,15 +333,17 @@ def _transcribe(args: argparse.Namespace) -> int:
         )
         for failure in failures:
             print(f"asr transcribe: error: {failure}", file=sys.stderr)
-        failed = _transcribe_inputs(args, inputs) if inputs else []
-    if args.explorer and len(failed) < len(inputs):  # a page of at least one transcript
+        if not inputs:
+            failed = 0
+        elif written and (Path(args.output_dir) / MERGED).is_file():
+            failed = rewrite_merged(args, _transcribe_inputs, inputs)
+        else:
+            failed = len(_transcribe_inputs(args, inputs))
+    if args.explorer and failed < len(inputs):  # a page of at least one transcript
         write_explorer(args.output_dir, not args.quiet)
     if failures or failed:
         total = len(failures) + len(inputs)
-        print(
-            f"asr transcribe: {len(failures) + len(failed)} of {total} files failed",
-            file=sys.stderr,
-        )
+        print(f"asr transcribe: {len(failures) + failed} of {total} files failed", file=sys.stderr)
     return 1 if failures or failed else 0
 
 

@@ -78,20 +78,27 @@ def expand_inputs(
         found += _expand(argument, Path(scratch), stdin, failures)
     for manifest in manifests:
         found += _manifest_inputs(Path(manifest), failures)
-    seen, kept = set(), []
+    first: dict[tuple, Found] = {}
+    kept = []
     for item in found:
-        key = (os.path.abspath(item[0].path), item[0].offset, item[0].duration)
-        if key not in seen:
-            seen.add(key)
+        key = (os.path.abspath(item.audio.path), item.audio.offset, item.audio.duration)
+        if key not in first:
+            first[key] = item
             kept.append(item)
-    # Files that are missing fail later; they must not move the shared folder the others'
-    # outputs mirror their paths below (/missing.wav would put them under out/tmp/...).
-    exists = [os.path.exists(f.audio.path) for f in kept]  # f.path: a span's made-up name
-    there = [f for f, ok in zip(kept, exists) if ok]
+        elif None not in (item.line, first[key].line) and item.line != first[key].line:
+            failures.append(  # two manifest lines; a file also named otherwise is simply once
+                f"{item.line}: the same audio as {first[key].line}: transcribed once, under "
+                "that line"
+            )
+    # Files named that are missing fail later; they must not move the shared folder the
+    # others' outputs mirror their paths below (/missing.wav would put them under out/tmp/...).
+    # A manifest's lines always count: restoring a file then leaves the others' outputs put.
+    counted = [f.line is not None or os.path.exists(f.audio.path) for f in kept]
+    there = [f for f, ok in zip(kept, counted) if ok]
     stems = iter(output_stems([f.path for f in there], [f.base for f in there], unique_stems))
     inputs = [
         Input(f.audio, f.name, next(stems) if ok else PurePath(Path(f.path).stem), f.fields, f.line)
-        for f, ok in zip(kept, exists)
+        for f, ok in zip(kept, counted)
     ]
     return inputs, failures
 

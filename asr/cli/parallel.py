@@ -416,7 +416,15 @@ def merge(plan: Plan, out: Path) -> list[str]:
     parts = sorted(out.glob(PARTS))
     records = read_records(out, plan.run)
     ordered: dict[str, Input | None] = {item.stem.as_posix(): item for item in plan.inputs}
-    ordered.update({stem: None for stem in records.written if stem not in ordered})
+    # An earlier run's record of an input now written under another name (the folder its
+    # outputs mirror moved) is left out: a line per recording.
+    by_path: dict[str, list[Input]] = {}
+    for item in plan.inputs:
+        by_path.setdefault(os.path.abspath(item.audio.path), []).append(item)
+    for stem, record in records.written.items():
+        now = by_path.get(str(record.get("audio_filepath")), [])
+        if stem not in ordered and not any(_same_audio(record, item) for item in now):
+            ordered[stem] = None
     lines = []
     for stem, item in ordered.items():
         record = records.written.get(stem)
@@ -484,6 +492,27 @@ def run_share(
             part.flush()  # a killed run keeps what it finished
 
         transcribe(args, share, note)
+
+
+def rewrite_merged(
+    args: argparse.Namespace, transcribe: TranscribeInputs, inputs: list[Input]
+) -> int:
+    """One process writing every input again into a folder that has a merged manifest (of
+    a run spread over processes): the manifest's lines of those inputs are replaced, so that
+    it and the files agree, and a later spread run does not skip on stale lines.
+
+    Args:
+        args: the command's arguments (`--output-dir` given).
+        transcribe: `asr.cli._transcribe_inputs`.
+        inputs: the inputs, all transcribed.
+
+    Returns:
+        How many of them failed.
+    """
+    formats = expand_formats(args.format or DEFAULT_FORMATS)
+    plan = Plan(f"{time.time_ns():020d}", inputs, [inputs], [], formats)
+    run_share(transcribe, args, inputs, plan.run, 0, formats)
+    return len(merge(plan, Path(args.output_dir)))
 
 
 def _ends_a_line(path: Path) -> bool:

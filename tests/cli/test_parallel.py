@@ -267,6 +267,23 @@ def test_a_rerun_finishes_an_interrupted_run(workers_run, checkpoint, corpus, tm
     assert not list(out.rglob("*.partial")) and not list(out.glob("transcripts.rank*"))
 
 
+def test_one_process_writing_over_a_merged_folder_keeps_its_manifest_true(
+    workers_run, checkpoint, corpus, tmp_path
+):
+    """One process writes every input again: the merged manifest's lines of them follow, so
+    that a later spread run does not skip on lines another model or search wrote."""
+    out = tmp_path / "out"
+    shutil.copytree(workers_run["out"], out)
+    complete = merged(out)
+    stale = [{**line, "pred_text": "STALE"} for line in complete]
+    (out / MERGED).write_text("".join(json.dumps(line) + "\n" for line in stale))
+    code, _, stderr = transcribe(
+        "--manifest", corpus["good"], "--checkpoint", checkpoint, "--output-dir", out, *SAME_WORK
+    )  # fmt: skip
+    assert code == 0, stderr
+    assert merged(out) == complete and not list(out.glob("transcripts.rank*"))
+
+
 def test_ctrl_c_stops_the_workers_quietly(checkpoint, corpus, tmp_path, monkeypatch):
     """Ctrl-C while the workers run: they stop, no input is called failed, status 130 and
     what to do. (A re-run after an interruption: the test above.)"""
@@ -421,6 +438,55 @@ def test_spans_of_same_named_files_in_two_folders_keep_their_folders(tmp_path):
         "spk2/utt@0-100",
         "spk2/utt@100-200",
     ]
+
+
+def test_a_manifest_keeps_its_layout_when_a_missing_file_comes_back(tmp_path):
+    """Outputs mirror the paths below the folder the manifest's files share, missing ones
+    too: else restoring one moved every other output, and the re-run wrote them again."""
+    (tmp_path / "lay" / "a").mkdir(parents=True)
+    shutil.copy(WAV / f"{GOOD['a/yes']}.wav", tmp_path / "lay" / "a" / "1.wav")
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text("".join(json.dumps({"audio_filepath": f"lay/{p}"}) + "\n"
+                                for p in ("a/1.wav", "b/2.wav")))  # fmt: skip
+    stems = []
+    for _ in range(2):
+        inputs, failures = expand_inputs([], tmp_path, manifests=[str(manifest)])
+        assert not failures  # the missing file fails when read
+        stems.append([i.stem.as_posix() for i in inputs])
+        (tmp_path / "lay" / "b").mkdir(exist_ok=True)
+        shutil.copy(WAV / f"{GOOD['a/go']}.wav", tmp_path / "lay" / "b" / "2.wav")
+    assert stems == [["a/1", "b/2"]] * 2
+
+
+def test_lines_of_one_recording_are_named_once(tmp_path):
+    """Two manifest lines of the same audio and span are transcribed once; the second is
+    named, not dropped without a word."""
+    shutil.copy(WAV / f"{GOOD['a/yes']}.wav", tmp_path / "a.wav")
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text("".join(json.dumps({"audio_filepath": "a.wav", "duration": 0.5, "id": i})
+                                + "\n" for i in ("a1", "a2")))  # fmt: skip
+    inputs, failures = expand_inputs([], tmp_path, manifests=[str(manifest)])
+    assert [i.fields["id"] for i in inputs] == ["a1"]
+    assert failures == [f"{manifest}:2: the same audio as {manifest}:1: transcribed once, "
+                        "under that line"]  # fmt: skip
+    again, failures = expand_inputs([str(tmp_path / "a.wav")] * 2, tmp_path)
+    assert len(again) == 1 and not failures  # a file named twice is simply one input
+
+
+def test_an_earlier_record_of_an_input_now_named_otherwise_is_left_out(tmp_path):
+    """A line per recording: the record an earlier run wrote under another output name (its
+    files still there) gives way to the input's line now."""
+    wav = tmp_path / "a.wav"
+    shutil.copy(WAV / f"{GOOD['a/yes']}.wav", wav)
+    before, now = _input(wav, "a"), _input(wav, "x/a")
+    for stem in ("a", "x/a"):
+        (tmp_path / f"{stem}.txt").parent.mkdir(exist_ok=True)
+        (tmp_path / f"{stem}.txt").write_text("YES\n")
+    _part(tmp_path, *({"run": run, "stem": item.stem.as_posix(),
+                       "record": output_record(item, "YES", 0.5, ["txt"])}
+                      for run, item in (("1", before), ("2", now))))  # fmt: skip
+    merge(Plan("2", [now], [[now]], [], ["txt"]), tmp_path)
+    assert [line["files"] for line in merged(tmp_path)] == [["x/a.txt"]]
 
 
 def _input(path: Path, stem: str, **fields) -> Input:
