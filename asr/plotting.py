@@ -4,12 +4,14 @@ API (never pyplot, so no global state). Import it only where a plot is drawn: it
 from __future__ import annotations
 
 import csv
+import functools
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import matplotlib
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
@@ -24,6 +26,19 @@ if TYPE_CHECKING:
     from asr.results import Alignment
 
 
+def _literal(plot: Callable[..., Figure]) -> Callable[..., Figure]:
+    """`plot` with its text drawn as given: ids, transcripts and run names may hold `$`,
+    which matplotlib would parse as maths (garbled, or a parse error that stops the caller)."""
+
+    @functools.wraps(plot)
+    def literal(*args, **kwargs) -> Figure:
+        with matplotlib.rc_context({"text.parse_math": False}):
+            return plot(*args, **kwargs)
+
+    return literal
+
+
+@_literal
 def plot_attention(
     attention: Tensor,
     labels: Sequence[str],
@@ -71,6 +86,7 @@ def plot_attention(
     return fig
 
 
+@_literal
 def plot_attention_grid(
     attention: Tensor,
     num_layers: int,
@@ -140,6 +156,7 @@ def _draw_words(ax: Axes, words: Sequence[Word], label: bool) -> None:
                     ha="center", va="bottom", fontsize=7)  # fmt: skip
 
 
+@_literal
 def plot_reliability(calibration: Calibration, title: str = "") -> Figure:
     """Reliability diagram: the share of right words per confidence bin, words per bin below."""
     fig = Figure(figsize=(5, 6))
@@ -218,6 +235,7 @@ def _version(folder: str) -> int:
     return int(match[1]) if match else 0
 
 
+@_literal
 def plot_training_curves(runs: Mapping[str, Mapping[str, Curve]], metrics: Sequence[str]) -> Figure:
     """One panel per metric against optimizer steps, one line per run."""
     fig = Figure(figsize=(5.5, 2.6 * len(metrics)))

@@ -1,14 +1,17 @@
-"""Training curves: reading Lightning CSV logs of a run and plotting them (`asr curves`)."""
+"""Training curves: reading Lightning CSV logs of a run and plotting them (`asr curves`);
+attention plots."""
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
+import matplotlib
 import pytest
 import torch
 
 from asr.cli import main
-from asr.plotting import plot_training_curves, read_training_log
+from asr.plotting import plot_attention, plot_training_curves, read_training_log
 
 HEADER = "epoch,step,train/loss_step,val/loss,val/ctc_loss\n"
 
@@ -135,3 +138,15 @@ def test_validate_and_test_runs_logged_beside_training_are_not_curves(tmp_path: 
     curves = read_training_log(tmp_path)
     assert curves["val/loss"] == [(10, 3.0), (20, 1.0)]
     assert read_training_log(tmp_path / "logs/version_1")["val/loss"] == [(0, 1.0)]  # asked for
+
+
+def test_text_with_dollars_is_drawn_as_written_not_as_maths() -> None:
+    """A reference such as `PAY $^$ NOW` made matplotlib's maths parser stop `asr evaluate`
+    after decoding; `$5 AND $10` came out as italic maths."""
+    fig = plot_attention(torch.rand(3, 20), ["$", "^", "$"], title="u1 | ref: PAY $^$ NOW")
+    fig.savefig(io.BytesIO(), format="png")  # where the parse error was raised
+    texts = [fig.get_suptitle(), *(t.get_text() for t in fig.axes[0].get_yticklabels())]
+    assert texts == ["u1 | ref: PAY $^$ NOW", "$", "^", "$"]
+    runs = {"$x$": {"val/loss": [(1, 2.0)]}}
+    plot_training_curves(runs, ["val/loss"]).savefig(io.BytesIO(), format="png")
+    assert matplotlib.rcParams["text.parse_math"], "left as it was"
