@@ -278,6 +278,8 @@ def transcribe_files(
                     if explorer:  # before the files, whose presence means done
                         stem.parent.mkdir(parents=True, exist_ok=True)
                         write_maps(stem, maps.pop(index, []))
+                    else:  # an earlier run's maps, and page, no longer match the transcript
+                        _drop_explorer_of(stem, out_dir)
                     # a manifest line's json names its file and offset, for the explorer
                     audio = item.name if item.fields is None else item.audio.path
                     offset = item.audio.offset
@@ -287,6 +289,16 @@ def transcribe_files(
                     on_result(item, result)
             bar.update(len(group))
     return failed
+
+
+def _drop_explorer_of(stem: Path, out_dir: str | os.PathLike) -> None:
+    """Remove what an earlier `--explorer` run kept of an input written again without it."""
+    from asr.explore.records import MAPS_SUFFIX, PAGE
+
+    maps = Path(f"{stem}{MAPS_SUFFIX}")
+    if maps.is_file():
+        maps.unlink()
+        (Path(out_dir) / PAGE).unlink(missing_ok=True)
 
 
 def start_explorer(

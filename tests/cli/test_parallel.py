@@ -255,7 +255,7 @@ def test_a_rerun_finishes_an_interrupted_run(workers_run, checkpoint, corpus, tm
     (out / "transcripts.rank1.jsonl").write_text(json.dumps(stale) + '\n{"run": "0", "st')
     code, stdout, stderr = transcribe(
         "--manifest", corpus["good"], "--checkpoint", checkpoint, "--output-dir", out,
-        "--workers", "2", *SAME_WORK,
+        "--workers", "2", "--explorer", *SAME_WORK,
     )  # fmt: skip
     assert code == 0, stderr
     assert f"3 of 6 inputs already written in {out}: skipped" in stderr

@@ -437,6 +437,26 @@ def test_an_input_whose_transcript_would_replace_the_layout_is_refused(
     assert not out.exists() or not any(out.iterdir())
 
 
+def test_a_transcript_written_again_without_explorer_loses_its_earlier_maps(
+    tiny_checkpoint, tmp_path
+):
+    """Maps of an earlier decode beside a new transcript gave its rows another decode's
+    attention and token labels; the page of that decode showed the old transcripts."""
+    audio = tmp_path / "in" / "a.wav"
+    audio.parent.mkdir()
+    shutil.copy(WAV / "an4_clstk/fash/an251-fash-b.wav", audio)
+    out = tmp_path / "out"
+    args = ["transcribe", str(audio.parent), "--model", str(tiny_checkpoint["checkpoint"]),
+            "--output-dir", str(out), "--quiet"]  # fmt: skip
+    assert main([*args, "--explorer"]) == 0
+    assert (out / "a.explore.npz").is_file() and (out / "explorer.html").is_file()
+    assert main(args) == 0
+    assert not (out / "a.explore.npz").exists() and not (out / "explorer.html").exists()
+    notes = page_data(explore(out, progress=False).read_text())["notes"]
+    assert "1 of 1 transcripts or segments without attention: `asr transcribe --explorer` " \
+        "keeps it" in notes  # fmt: skip
+
+
 def test_an_input_without_maps_still_gets_its_maps_file(tmp_path):
     """No file for an input whose segments kept no map (a 10 ms blip) made every re-run of
     `asr transcribe --explorer` transcribe it again."""
