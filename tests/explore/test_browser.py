@@ -558,6 +558,12 @@ def test_a_compared_decode_adds_its_wer_columns_and_hypothesis(driver, tmp_path)
     open_utterance(driver, "absent")
     assert driver.find_element(By.ID, "hyp-b").text == "not in decode B"
 
+    apart = {**compare, "wer_difference": None, "interval": None, "shared": 0,
+             "fewer_errors": 0, "more_errors": 0, "same_errors": 0}  # fmt: skip
+    open_page(driver, tmp_path, page_data(utts[2:], compare=apart))  # B shares no utterance
+    cards = driver.find_element(By.ID, "summary-b").text
+    assert "WER B\n33.3" in cards and "WER B − A over the 0 shared (95 %)\n–" in cards
+
     open_page(driver, tmp_path, page_data(utts[:1]))  # no B: as before
     assert "WER B %" not in driver.find_element(By.CSS_SELECTOR, "#utterances thead").text
     open_utterance(driver, "same")

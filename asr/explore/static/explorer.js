@@ -100,7 +100,7 @@
     const summary = obj(compare.summary);
     const diff = num(compare.wer_difference);
     const shared = num(compare.shared);
-    const [low, high] = list(compare.interval).map(num);
+    const [low = null, high = null] = list(compare.interval).map(num); // none: no shared words
     const interval = low !== null && high !== null ? ` [${signed(low, 2)}, ${signed(high, 2)}]` : "";
     $("#summary-b").replaceChildren(...cards([
       ["B", text(compare.title)], ["WER B", pct(summary.wer)], ["CER B", pct(summary.cer)],
