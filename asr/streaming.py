@@ -149,7 +149,9 @@ class FeatureStream:
         if getattr(frontend, "level", None) is not None:
             raise ValueError(
                 "the model's frontend normalises each utterance's level, which needs the whole "
-                "recording: it cannot stream (train a config without `level`)"
+                "recording: it cannot stream, at full context (--chunk-ms 0) neither, as "
+                "features are made while audio arrives; `asr transcribe` decodes it, or train "
+                "a config without `level` (conf/<corpus>/conformer_streaming.yaml)"
             )
         normalize = getattr(frontend, "normalize", None)
         if normalize is not None and not isinstance(normalize, GlobalCMVN):
@@ -194,10 +196,13 @@ class StreamingEngine:
         model = recognizer.model
         if model.ctc is None:
             raise ValueError(f"{recognizer.checkpoint}: streaming needs a CTC head")
+        try:  # the frontend must stream: fail here, not per stream, and before any warning
+            FeatureStream(model.frontend)
+        except ValueError as error:
+            raise ValueError(f"{recognizer.checkpoint}: {error}") from None
         self.encoder = streaming_encoder(recognizer, chunked=self.options.chunk_ms is not None)
         self.factor = self.encoder.subsampling.factor
         self.frame_seconds = recognizer.frame_seconds
-        FeatureStream(model.frontend)  # the frontend must stream: fail here, not per stream
         self.chunk = encoder_frames(self.options.chunk_ms, self.frame_seconds)
         self.first_chunk = self.chunk  # each utterance's first chunk (frames)
         if self.chunk is not None and self.options.first_chunk_ms is not None:

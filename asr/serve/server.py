@@ -413,6 +413,13 @@ class LiveServer:
             raise ClientError(
                 f"format {json.dumps(kind)} is not one of {sorted(FORMATS)}", UNSUPPORTED
             )
+        channels = start.get("channels", 1)
+        if channels != 1 or isinstance(channels, bool):
+            raise ClientError(
+                f"channels {json.dumps(channels)} is not supported: send mono (one channel, "
+                "e.g. the mean of the channels)",
+                UNSUPPORTED,
+            )
         dtype, scale = FORMATS[kind]
         client = _Client(ws, self.engine.stream(), dtype, scale, self.options.max_queued_messages)
         if start.get("alignment"):
@@ -493,6 +500,11 @@ class LiveServer:
                 f"an audio message of {len(message)} bytes is over the "
                 f"{self.options.max_message_bytes}-byte limit",
                 TOO_BIG,
+            )
+        if _control_in_binary(message):  # else read as samples, and the stream never ended
+            raise ClientError(
+                'a JSON message such as {"type": "end"} goes in a text frame, not a binary one',
+                UNSUPPORTED,
             )
         width = np.dtype(client.dtype).itemsize
         if len(message) % width:
@@ -687,6 +699,8 @@ def _alignment(
 
 def _json(message: str | bytes, problem: str) -> dict[str, Any]:
     if isinstance(message, bytes):
+        if _control_in_binary(message):
+            raise ClientError(f"{problem}, in a text frame, not a binary one", UNSUPPORTED)
         raise ClientError(f"{problem}, not audio: send the start message first", POLICY)
     try:
         value = json.loads(message)
@@ -695,6 +709,17 @@ def _json(message: str | bytes, problem: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise ClientError(f"{problem}: a JSON object", UNSUPPORTED)
     return value
+
+
+def _control_in_binary(message: bytes) -> bool:
+    """Whether a binary message is a JSON object (a control message sent as bytes, as
+    `ws.send(json.dumps(m).encode())` does), not audio, which is never valid JSON."""
+    if not message.startswith(b"{") or len(message) > 4096:
+        return False
+    try:
+        return isinstance(json.loads(message), dict)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return False
 
 
 def _respond(connection: ServerConnection, body: str, kind: str) -> Response:

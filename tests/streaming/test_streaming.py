@@ -316,6 +316,22 @@ def test_models_that_cannot_stream_are_refused(trained) -> None:
         stream.accept(torch.zeros(10))
 
 
+def test_a_frontend_that_cannot_stream_is_refused_first_naming_the_model(
+    trained, monkeypatch
+) -> None:
+    """Said before the warning of chunks a full-context model loses in, which misled."""
+    recognizer, _ = trained
+    monkeypatch.setattr(recognizer.model.frontend, "level", LevelNormalizer())
+    monkeypatch.setattr(recognizer.model.encoder, "chunk_training", None)
+    for chunk_ms in (320, None):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            with pytest.raises(ValueError, match="whole recording") as refused:
+                recognizer.stream(chunk_ms=chunk_ms)
+        assert str(refused.value).startswith(f"{recognizer.checkpoint}: ")
+        assert "--chunk-ms 0" in str(refused.value)
+
+
 def test_a_model_trained_at_full_context_only_is_said_to_lose_in_chunks(
     trained, monkeypatch
 ) -> None:
