@@ -102,4 +102,6 @@ def load_lm(
     tokenizer = _tokenizer(payload, path)
     lm = build_from_payload(build_lm, payload, path)
     _load_weights(lm, submodule_weights(state, "lm."), path)
+    # what a recognizer's search checks it against (asr.search.check_language_model)
+    lm.vocabulary = tuple(tokenizer.pieces(range(tokenizer.vocab_size)))
     return lm.to(device).eval(), tokenizer

@@ -257,7 +257,7 @@ class Recognizer:
             raise ValueError(
                 f"{self.checkpoint}: ctc_weight={options.ctc_weight} but the model has no CTC head"
             )
-        check_language_model(options.lm_weight, lm, self.model.decoder.vocab_size)
+        check_language_model(options.lm_weight, lm, self.model.decoder.vocab_size, self.vocabulary)
         alignment.check_timestamps(timestamps)
         if timestamps == "ctc" and self.model.ctc is None:
             raise ValueError(f"{self.checkpoint}: timestamps='ctc' needs a CTC head")
@@ -270,11 +270,17 @@ class Recognizer:
             CheckpointError: the file holds no LM (named).
             ValueError: the LM's vocabulary differs from the model's.
         """
-        lm, tokenizer = load_lm(path, self.device)
-        ours = self.tokenizer
-        if tokenizer.pieces(range(tokenizer.vocab_size)) != ours.pieces(range(ours.vocab_size)):
-            raise ValueError(f"{path}: the language model's vocabulary differs from the model's")
+        lm, _ = load_lm(path, self.device)
+        try:
+            check_language_model(1.0, lm, self.model.decoder.vocab_size, self.vocabulary)
+        except ValueError as error:
+            raise ValueError(f"{path}: {error}") from None
         return lm
+
+    @cached_property
+    def vocabulary(self) -> tuple[str, ...]:
+        """The tokenizer's piece of each token id."""
+        return tuple(self.tokenizer.pieces(range(self.tokenizer.vocab_size)))
 
     def pad(self, waves: Sequence[Tensor]) -> tuple[Tensor, Tensor]:
         """Waves `(S_i,)` as a zero-padded batch `(B, S)` and lengths `(B,)` on the device."""

@@ -46,23 +46,42 @@ class LanguageModel(Protocol):
 
 
 def check_language_model(
-    lm_weight: float, lm: LanguageModel | None, vocab_size: int | None = None
+    lm_weight: float,
+    lm: LanguageModel | None,
+    vocab_size: int | None = None,
+    vocabulary: Sequence[str] | None = None,
 ) -> None:
     """Raise where a fusion weight and a language model do not go together: a weight without
     a model, a model without a weight (it would go unused), `asr.load_lm`'s (model,
-    tokenizer) pair given whole, or a model whose vocabulary is not `vocab_size` tokens."""
+    tokenizer) pair given whole, or a model whose vocabulary is not `vocab_size` tokens, or
+    not the pieces of `vocabulary` (where `asr.load_lm` gave the model its `vocabulary`)."""
     if isinstance(lm, tuple):
         raise TypeError("lm= takes the model alone: recognizer.load_lm(path) gives it")
     if lm_weight > 0 and lm is None:
         raise ValueError(f"lm_weight={lm_weight} but no language model was given")
     if lm is not None and lm_weight == 0:
         raise ValueError("a language model was given with lm_weight=0: set lm_weight (0.3?)")
+    own = getattr(lm, "vocabulary", None)
+    if None not in (own, vocabulary) and tuple(own) != tuple(vocabulary):
+        raise ValueError(
+            "the language model's vocabulary differs from the recognizer's "
+            f"({_first_difference(own, vocabulary)}): an LM trained with the recognizer's "
+            "tokenizer is needed"
+        )
     size = getattr(lm, "vocab_size", None)
     if lm is not None and None not in (size, vocab_size) and size != vocab_size:
         raise ValueError(
             f"the language model has {size} tokens and the recognizer {vocab_size}: an LM "
             "trained with the recognizer's tokenizer is needed (recognizer.load_lm checks it)"
         )
+
+
+def _first_difference(ours: Sequence[str], theirs: Sequence[str]) -> str:
+    """The first token id whose pieces differ, as `id 5: 'a' for 'A'` (the LM's first)."""
+    for index, (a, b) in enumerate(zip(ours, theirs)):
+        if a != b:
+            return f"id {index}: {a!r} for {b!r}"
+    return f"{len(ours)} pieces for {len(theirs)}"
 
 
 @dataclass(frozen=True)
@@ -114,8 +133,9 @@ class SearchOptions:
             or self.eos_threshold >= 1.0,
             "pre_beam_ratio must be None or >= 1": self.pre_beam_ratio is None
             or self.pre_beam_ratio >= 1.0,
-            "nbest must be None or in [1, beam_size]": self.nbest is None
-            or 1 <= self.nbest <= self.beam_size,
+            f"nbest must be None or in [1, beam_size] (beam_size {self.beam_size})": (
+                self.nbest is None or 1 <= self.nbest <= self.beam_size
+            ),
         }
         for message, ok in checks.items():
             if not ok:

@@ -48,6 +48,7 @@ if TYPE_CHECKING:
 
 
 FINAL_SEARCHES = ("rescore", "beam")
+STREAM_BEAM, STREAM_CTC_WEIGHT = 10, 0.5  # of a model that stores no search of its own
 
 
 @dataclass(frozen=True)
@@ -56,8 +57,9 @@ class StreamOptions:
 
     chunk_ms: float | None = 640.0  # audio per encoder chunk; None: full context, final only
     first_chunk_ms: float | None = None  # each utterance's first chunk; None: chunk_ms
-    beam: int = 10  # CTC prefixes kept, and rescored at an endpoint
-    ctc_weight: float = 0.5  # rescoring: ctc_weight * CTC + (1 - ctc_weight) * attention
+    # None: the model's own search (asr finalize), else STREAM_BEAM and STREAM_CTC_WEIGHT
+    beam: int | None = None  # CTC prefixes kept, and rescored at an endpoint
+    ctc_weight: float | None = None  # rescoring: ctc_weight * CTC + (1 - ctc_weight) * attention
     lm_weight: float = 0.0  # and + lm_weight * the language model's score (given an LM)
     max_context_ms: float | None = None  # left context attention keeps; None: the utterance
     endpoint: EndpointOptions | None = field(default_factory=EndpointOptions)  # None: at the end
@@ -77,12 +79,23 @@ class StreamOptions:
                 f"first_chunk_ms ({self.first_chunk_ms:g}) must be at least chunk_ms "
                 f"({self.chunk_ms:g})"
             )
-        if not 0.0 <= self.ctc_weight <= 1.0:
+        if self.ctc_weight is not None and not 0.0 <= self.ctc_weight <= 1.0:
             raise ValueError(f"ctc_weight must be in [0, 1], got {self.ctc_weight}")
-        if self.beam < 1:
+        if self.beam is not None and self.beam < 1:
             raise ValueError(f"beam must be at least 1, got {self.beam}")
         if self.lm_weight < 0:
             raise ValueError(f"lm_weight must be at least 0, got {self.lm_weight}")
+
+
+def _with_model_search(options: StreamOptions, recognizer: Recognizer) -> StreamOptions:
+    """`options` with the beam and CTC weight it leaves open taken from the model's stored
+    search, as offline decoding takes them (a model without one: the streaming defaults)."""
+    stored = recognizer.decoding
+    beam = options.beam or (stored.beam_size if stored is not None else STREAM_BEAM)
+    ctc_weight = options.ctc_weight
+    if ctc_weight is None:
+        ctc_weight = stored.ctc_weight if stored is not None else STREAM_CTC_WEIGHT
+    return replace(options, beam=beam, ctc_weight=ctc_weight)
 
 
 def _framing(features: torch.nn.Module) -> tuple[int, int]:
@@ -190,8 +203,10 @@ class StreamingEngine:
         lm: LanguageModel | None = None,
     ) -> None:
         self.recognizer = recognizer
-        self.options = options or StreamOptions()
-        check_language_model(self.options.lm_weight, lm, recognizer.model.decoder.vocab_size)
+        self.options = _with_model_search(options or StreamOptions(), recognizer)
+        check_language_model(
+            self.options.lm_weight, lm, recognizer.model.decoder.vocab_size, recognizer.vocabulary
+        )
         self.lm = lm
         model = recognizer.model
         if model.ctc is None:

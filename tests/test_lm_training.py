@@ -183,6 +183,7 @@ def test_fit_lm_then_load_it_for_shallow_fusion(tiny_an4_text, tmp_path) -> None
     shutil.rmtree(data)  # the checkpoint alone must do
     lm, tokenizer = load_lm(tmp_path / "checkpoints" / "last.ckpt")
     assert not lm.training and tokenizer.vocab_size == lm.vocab_size
+    assert lm.vocabulary == tuple(tokenizer.pieces(range(tokenizer.vocab_size)))  # checked
 
     # The loaded LM scores the dev text exactly as the last validation did.
     module = LMModule(lambda v: lm, vocab_size=lm.vocab_size)

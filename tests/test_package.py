@@ -453,6 +453,11 @@ def test_finalize_on_a_package_says_what_to_do(package, tmp_path, capsys):
     args = ["--model", str(package), "--manifest", str(tmp_path / "dev.jsonl")]
     assert main(["finalize", *args, "--beam-size", "2"]) == 2
     assert "a model package; finalize its checkpoint" in capsys.readouterr().err
+    # A checkpoint keeps no LM: its stored search, and the confidences fitted to it, had
+    # taken the LM's hypotheses and stored the search without it.
+    with pytest.raises(SystemExit):
+        main(["finalize", *args, "--lm", "lm.ckpt", "--lm-weight", "0.8"])
+    assert "unrecognized arguments: --lm lm.ckpt --lm-weight 0.8" in capsys.readouterr().err
     for model in (str(package), "hf://me/tiny-an4"):  # said before any decoding or download
         assert main(["finalize", "--model", model, "--manifest", "missing.jsonl"]) == 2
         assert f"{model}: a model package; finalize" in capsys.readouterr().err

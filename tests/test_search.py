@@ -434,3 +434,17 @@ def test_hypotheses_made_to_end_at_the_limit_are_listed_once() -> None:
     options = SearchOptions(beam_size=10, ctc_weight=0.3, max_len_ratio=0.05)
     for nbest in beam_search(decoder, enc, lens, options, ctc_posteriors(lens, vocab=vocab)):
         assert len(nbest) == 10 and len({tuple(h.tokens) for h in nbest}) == 10
+
+
+def test_a_language_model_of_other_pieces_is_refused_though_as_many() -> None:
+    """`asr.load_lm` gives the model its vocabulary: one of the same size from a tokenizer of
+    other pieces (lower case) was fused without a word through the Python API."""
+    lm = nn.Module()
+    lm.vocab_size, lm.vocabulary = 3, ("<pad>", "a", "b")
+    search.check_language_model(0.3, lm, 3, ("<pad>", "a", "b"))
+    with pytest.raises(ValueError, match=r"vocabulary differs .*\(id 1: 'a' for 'A'\)"):
+        search.check_language_model(0.3, lm, 3, ("<pad>", "A", "b"))
+    with pytest.raises(ValueError, match=r"\(3 pieces for 4\)"):
+        search.check_language_model(0.3, lm, None, ("<pad>", "a", "b", "c"))
+    del lm.vocabulary  # a module of one's own: its size alone is known
+    search.check_language_model(0.3, lm, 3, ("<pad>", "A", "b"))

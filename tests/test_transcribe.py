@@ -823,6 +823,15 @@ def test_cli_shallow_fusion_with_a_language_model(checkpoint, tmp_path, capsys):
     without = json.loads((tmp_path / "an251-fash-b.json").read_text())
     assert main([*args, "--lm", str(lm), "--lm-weight", "0"]) == 0  # a sweep's first point
     assert json.loads((tmp_path / "an251-fash-b.json").read_text()) == without
+    manifest = tmp_path / "one.jsonl"
+    line = {"audio_filepath": audio, "duration": audio_info(audio).duration, "text": "YES"}
+    manifest.write_text(json.dumps(line) + "\n")
+    for weight, recorded in (("0.5", str(lm)), ("0", None)):  # 0: no LM was used
+        out = tmp_path / f"evaluate{weight}"
+        assert main(["evaluate", "--checkpoint", str(checkpoint), "--manifest", str(manifest),
+                     "--out", str(out), "--lm", str(lm), "--lm-weight", weight, "--plots", "0",
+                     "--quiet", "--beam-size", "2"]) == 0  # fmt: skip
+        assert json.loads((out / "metrics.json").read_text())["lm"] == recorded
     other = tmp_path / "other_tokenizer"
     CharTokenizer.train([*UTTERANCES.values(), "QZ"]).save(other)  # two more characters
     foreign = fit_tiny_lm(tmp_path / "foreign_lm", _with_tokenizer(checkpoint.parents[1], other))

@@ -198,8 +198,7 @@ def _finalize(args: argparse.Namespace) -> int:
         recognizer,
         args.manifest,
         _search_options(args, recognizer),
-        _language_model(args, recognizer),
-        args.batch_size,
+        batch_size=args.batch_size,
         progress=not args.quiet,
     )
     print(f"decoding: {finished.decoding}")
@@ -306,6 +305,14 @@ def _transcribe(args: argparse.Namespace) -> int:
 
         if args.workers is not None:
             raise ValueError("--streaming decodes one input after the other: no --workers")
+        unread = {"nbest": "--nbest", "length_bonus": "--length-bonus",
+                  "max_len_ratio": "--max-len-ratio", "repair": "--[no-]repair"}  # fmt: skip
+        given = [option for name, option in unread.items() if getattr(args, name) is not None]
+        if given:
+            raise ValueError(
+                f"{', '.join(given)}: not taken by --streaming, whose finals keep up to 5 "
+                "alternatives and take the model's own length settings (asr finalize)"
+            )
         _set_threads(args.threads)
         stdin = StdinPcm() if "-" in args.audio else None  # the microphone is heard meanwhile
         recognizer = _load_model(args)
@@ -440,7 +447,7 @@ def _evaluate(args: argparse.Namespace) -> int:
         plots=args.plots,
         plot_ids=args.plot_ids,
         progress=not args.quiet,
-        extra={"lm": args.lm, "chunk_ms": args.chunk_ms},
+        extra={"lm": args.lm if args.lm_weight != 0 else None, "chunk_ms": args.chunk_ms},
         skip_bad=True,
     )
     print(
@@ -664,16 +671,20 @@ def _add_search_arguments(p: argparse.ArgumentParser, model_help: str = MODEL_HE
     )
 
 
-def _add_decoding_arguments(p: argparse.ArgumentParser, model_help: str = MODEL_HELP) -> None:
+def _add_decoding_arguments(
+    p: argparse.ArgumentParser, model_help: str = MODEL_HELP, fusion: bool = True
+) -> None:
+    """The search arguments, with (`fusion`) `--lm` and `--lm-weight`, and the device's."""
     from asr.search import DEFAULT_LM_WEIGHT
 
     _add_search_arguments(p, model_help)
-    p.add_argument("--lm", help="language model checkpoint for shallow fusion")
-    p.add_argument(
-        "--lm-weight",
-        type=non_negative,
-        help=f"fusion weight ({DEFAULT_LM_WEIGHT} with --lm; 0 decodes as without it)",
-    )
+    if fusion:
+        p.add_argument("--lm", help="language model checkpoint for shallow fusion")
+        p.add_argument(
+            "--lm-weight",
+            type=non_negative,
+            help=f"fusion weight ({DEFAULT_LM_WEIGHT} with --lm; 0 decodes as without it)",
+        )
     _add_device_arguments(p)
     p.add_argument("--batch-size", type=count, default=8, help="utterances or segments per batch")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -934,13 +945,16 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
         "decode with by default (unset options keep the checkpoint's own), the word-confidence "
         "scaling fitted under them (as asr calibrate reports it), and the cross-attention maps "
         "that time words best (as asr choose-heads reports them; Transformer decoders with a "
-        "CTC head). A part the model or data cannot give is said and left out.",
+        "CTC head). A part the model or data cannot give is said and left out. The search is "
+        "stored without a language model (a checkpoint keeps none): --lm is given when "
+        "decoding.",
     )
     if command == "finalize":
         _add_decoding_arguments(
             p,
             "a recognizer checkpoint of `asr fit` or average (a package "
             "is finalized as its checkpoint, then exported again)",
+            fusion=False,
         )
         p.add_argument("--manifest", required=True, help="JSONL manifest with references (dev)")
     p.set_defaults(run=_finalize)

@@ -21,8 +21,10 @@ import torch
 from conftest import page_data
 from streaming_fixtures import RATE, UTTERANCES, streaming_recognizer
 
+from asr.cli import main
 from asr.ctc_beam import CTCPrefixBeam, EndpointOptions
 from asr.frontends import Frontend, LevelNormalizer, LogMelFilterbank
+from asr.search import SearchOptions
 from asr.streaming import (
     FeatureStream,
     StreamingEngine,
@@ -616,6 +618,32 @@ def test_the_live_commands_pass_their_stream_options(command) -> None:
     assert options.endpoint.trailing_silence == 0.5 and options.final_search == "beam"
     plain = stream_options(_parser(command).parse_args([command, *model]))
     assert (plain.chunk_ms, plain.first_chunk_ms) == (640, None)
+
+
+def test_a_stream_searches_with_the_models_stored_settings_unless_told(
+    trained, monkeypatch
+) -> None:
+    """As offline decoding: a finalized model's beam and CTC weight, where the options leave
+    them open; the streaming defaults for a model that stores none."""
+    recognizer, _ = trained
+    open_ = recognizer.stream().engine.options
+    assert (open_.beam, open_.ctc_weight) == (10, 0.5)
+    monkeypatch.setattr(recognizer, "decoding", SearchOptions(beam_size=3, ctc_weight=0.2))
+    stored = recognizer.stream().engine
+    assert (stored.options.beam, stored.options.ctc_weight) == (3, 0.2)
+    assert (stored.search_options.beam_size, stored.search_options.ctc_weight) == (3, 0.2)
+    told = recognizer.stream(beam=4, ctc_weight=0.0).engine.options
+    assert (told.beam, told.ctc_weight) == (4, 0.0)
+
+
+def test_search_options_streaming_does_not_take_are_refused(capsys) -> None:
+    refused = ((["--nbest", "3"], "--nbest"), (["--length-bonus", "0"], "--length-bonus"),
+               (["--no-repair"], "--[no-]repair"))  # fmt: skip
+    for option, named in refused:
+        line = ["transcribe", "--model", "m.ckpt", "--streaming", "x.wav", *option]
+        assert main(line) == 2
+        said = capsys.readouterr().err
+        assert f"{named}: not taken by --streaming" in said, said
 
 
 def test_transcribe_streaming_explorer_keeps_each_finals_attention(tmp_path, capsys) -> None:
