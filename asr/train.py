@@ -33,6 +33,7 @@ from asr.checkpoint import (
     CheckpointError,
     atomic_save,
     load_checkpoint,
+    network_differences,
     payload_tokenizer,
     weight_differences,
 )
@@ -676,6 +677,23 @@ class ASRCLI(LightningCLI):
             check_same_settings(transfer.trained_config, model_config)
         # Plain JSON types only, so checkpoints load with weights_only=True.
         self.model.model_config = json.loads(json.dumps(model_config))
+        if checkpoint is not None:
+            _check_same_network(path, checkpoint, self.model.model_config)
+
+
+def _check_same_network(path: str, checkpoint: dict, model_config: dict) -> None:
+    """CheckpointError where --ckpt_path's network was built with other settings than the
+    config's in what holds no weights (a frontend's hop, say): its weights fit, and it would
+    validate, test or train on as another model."""
+    payload = checkpoint.get(RECOGNIZER_KEY) or checkpoint.get(LM_KEY) or {}
+    saved = payload.get("model_config")
+    differ = network_differences(saved, model_config) if isinstance(saved, dict) else []
+    if differ:
+        more = f" (and {len(differ) - 1} more)" if len(differ) > 1 else ""
+        raise CheckpointError(
+            f"{path}: trained with other settings than this config's: {differ[0]} (then, "
+            f"now){more}; give the config it was trained with"
+        )
 
 
 def _check_checkpoint_kind(path: str, checkpoint: dict, model: Any) -> None:

@@ -319,6 +319,12 @@ def test_resume_from_last_and_average(tiny_an4, tmp_path, capsys):
     assert said in refused(["test", *test_args, "--ckpt_path", str(out), *unheard], capsys)
     heard = ["--model.init_args.frontend.init_args.normalize.init_args.stats_path", "moved.json"]
     assert "moved.json" in refused(["test", *test_args, "--ckpt_path", str(out), *heard], capsys)
+    # a setting that holds no weights: the weights fit, and it scored as another model
+    hop = ["--model.init_args.frontend.init_args.features.init_args.hop_length", "320"]
+    said = refused(["test", *test_args, "--ckpt_path", str(out), *hop], capsys)
+    setting = "frontend.init_args.features.init_args.hop_length: 160, 320 (then, now)"
+    expected = f"{out}: trained with other settings than this config's: {setting}; give the "
+    assert said.startswith(f"asr test: error: {expected}config it was trained with"), said
     # files that are no checkpoint of this model: one line naming the file, no traceback
     text, torn, other = tmp_path / "notes.ckpt", tmp_path / "torn.ckpt", tmp_path / "other.ckpt"
     text.write_text("not a checkpoint\n")
