@@ -347,12 +347,28 @@ def _option_problem(target, name: str, parts: list[str], value, abbreviates: boo
             return f"{name} takes no argument {part!r}{_did_you_mean(part, list(parameters))}"
         annotation = _hints(target).get(part)
         if i == len(parts) - 1:
+            if value in ("null", "None") and _optional_module(annotation):
+                return (
+                    "a part is not removed on the command line (jsonargparse takes no null "
+                    f"for it there): lay a config over this one, with `{part}: null` under "
+                    "its place (asr fit --config CONFIG --config WITHOUT.yaml)"
+                )
             return _type_problem(annotation, value, parameters[part].default)
         target = _options_class(annotation)
         if target is None:
             return None
         name = target.__qualname__
     return None
+
+
+def _optional_module(annotation) -> bool:
+    """Whether an annotation is `SomeModule | None` (a part a config may leave out)."""
+    from torch import nn  # loaded already: the configs' classes are torch modules
+
+    if typing.get_origin(annotation) not in (typing.Union, types.UnionType):
+        return False
+    members = [a for a in typing.get_args(annotation) if a is not type(None)]
+    return len(members) == 1 and inspect.isclass(members[0]) and issubclass(members[0], nn.Module)
 
 
 def _group(key: str) -> tuple[Any, str] | None:

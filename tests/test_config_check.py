@@ -339,6 +339,9 @@ def test_the_top_level_keys_are_those_each_subcommand_takes(tmp_path, capsys, su
          "it); set that instead"),
         ("--model.tokenizer", "set from data.tokenizer (a link, which overrides it); set that "
          "instead"),
+        ("--model.init_args.frontend.init_args.augment=null", "a part is not removed on the "
+         "command line (jsonargparse takes no null for it there): lay a config over this one, "
+         "with `augment: null` under its place (asr fit --config CONFIG --config WITHOUT.yaml)"),
     ],
 )  # fmt: skip
 def test_a_wrong_option_is_named_against_the_class_it_goes_to(option, said) -> None:
