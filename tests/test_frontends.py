@@ -169,6 +169,10 @@ def test_bad_options_raise():
         LogMelFilterbank(n_fft=256, win_length=400)
     with pytest.raises(ValueError, match="n_mfcc"):
         MFCC(n_mfcc=81, n_mels=80)
+    for features in (LogMelFilterbank, MFCC, LinearSpectrogram):  # not "too short" at fit
+        for hop in (0, -160):
+            with pytest.raises(ValueError, match=rf"hop_length \({hop}\) must be positive"):
+                features(hop_length=hop)
 
 
 # ----------------------------------------------------------------------------- parity

@@ -70,6 +70,10 @@ class _SnipEdgesSpectrogram(nn.Module):
         super().__init__()
         if win_length > n_fft:
             raise ValueError(f"win_length ({win_length}) must not exceed n_fft ({n_fft})")
+        if win_length < 1 or hop_length < 1:  # else every input read as too short to subsample
+            raise ValueError(
+                f"win_length ({win_length}) and hop_length ({hop_length}) must be positive"
+            )
         self.win_length, self.hop_length = win_length, hop_length
         self.pad_left = (n_fft - win_length) // 2  # where torch.stft places the window
         self.pad_right = n_fft - win_length - self.pad_left
