@@ -130,7 +130,7 @@ class ASRModule(PlateauResume):
         decoder: factory called with `(vocab_size, encoder.output_dim)`.
         vocab_size: linked from the data module's tokenizer.
         tokenizer: tokenizer directory, linked from the data module; used to score WER.
-        ctc_weight: weight of the CTC loss (0 disables the CTC head).
+        ctc_weight: weight of the CTC loss, below 1 (0 disables the CTC head).
         label_smoothing: label smoothing of the attention cross-entropy.
         optimizer: optimizer factory over the parameters.
         lr_scheduler: optional schedule factory, stepped every optimizer step.
@@ -173,8 +173,16 @@ class ASRModule(PlateauResume):
             raise ValueError(f"freeze_encoder_steps must be >= 0, got {freeze_encoder_steps}")
         if plot_every_n_epochs < 1:
             raise ValueError(f"plot_every_n_epochs must be >= 1, got {plot_every_n_epochs}")
-        if not 0 <= ctc_weight <= 1:  # above 1 the attention loss is maximised
-            raise ValueError(f"ctc_weight must lie in [0, 1], got {ctc_weight}")
+        if not 0 <= ctc_weight < 1:  # above 1 the attention loss is maximised
+            raise ValueError(
+                f"ctc_weight must lie in [0, 1), got {ctc_weight}"
+                + (
+                    ": at 1 the attention decoder, which validation and decoding read, would "
+                    "never learn (0.3 trains both; `--ctc-weight 1` decodes with CTC alone)"
+                    if ctc_weight == 1
+                    else ""
+                )
+            )
         if not 0 <= label_smoothing < 1:
             raise ValueError(f"label_smoothing must lie in [0, 1), got {label_smoothing}")
         save_hyperparameters(self, ["frontend", "encoder", "decoder", "optimizer", "lr_scheduler"])

@@ -913,8 +913,15 @@ def _tiny_module(
 @pytest.mark.parametrize(
     "option, value, said",
     [
-        ("ctc_weight", 3.0, r"ctc_weight must lie in \[0, 1\], got 3.0"),  # maximises att. loss
-        ("ctc_weight", -0.5, r"ctc_weight must lie in \[0, 1\], got -0.5"),
+        ("ctc_weight", 3.0, r"ctc_weight must lie in \[0, 1\), got 3.0"),  # maximises att. loss
+        ("ctc_weight", -0.5, r"ctc_weight must lie in \[0, 1\), got -0.5"),
+        (
+            "ctc_weight",
+            1.0,
+            r"ctc_weight must lie in \[0, 1\), got 1.0: at 1 the attention "
+            r"decoder, which validation and decoding read, would never learn \(0.3 trains both; "
+            r"`--ctc-weight 1` decodes with CTC alone\)",
+        ),  # it was ranked by a decoder not trained
         ("label_smoothing", 1.5, r"label_smoothing must lie in \[0, 1\), got 1.5"),
         ("freeze_encoder_steps", -1, "freeze_encoder_steps must be >= 0, got -1"),
     ],
