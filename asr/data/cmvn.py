@@ -15,6 +15,7 @@ from asr.checkpoint import build_error, instantiate
 from asr.config_check import frontend_settings
 from asr.data.manifest import read_manifest
 from asr.frontends import CMVNStats, Frontend, LevelNormalizer, accumulate_cmvn_stats
+from asr.frontends.normalize import features_signature
 
 
 def _load_batch(
@@ -67,7 +68,9 @@ def compute_cmvn_stats(
         raise ValueError(f"{manifest_path}: no feature frames to compute CMVN statistics from")
     level = frontend.level if isinstance(frontend, Frontend) else None
     target = level.target_dbfs if isinstance(level, LevelNormalizer) else None
-    stats = replace(stats, level_dbfs=target, sample_rate=sample_rate)
+    features = frontend.features if isinstance(frontend, Frontend) else frontend
+    signature = features_signature(features, sample_rate)
+    stats = replace(stats, level_dbfs=target, sample_rate=sample_rate, signature=signature)
     stats.save(out_path)
     return stats
 

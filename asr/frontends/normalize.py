@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -70,6 +71,7 @@ class CMVNStats:
     # LevelNormalizer target of the audio (None: as recorded); UNKNOWN_LEVEL where not stored
     level_dbfs: float | None | str = UNKNOWN_LEVEL
     sample_rate: int | None = None  # of the audio the features were taken from (None: unknown)
+    signature: tuple[float, ...] | None = None  # `features_signature` of their features
 
     def __post_init__(self) -> None:
         if self.sum.dim() != 1 or self.sum.shape != self.sum_sq.shape:
@@ -101,7 +103,10 @@ class CMVNStats:
             raise ValueError(f"cannot add stats of dimension {self.dim} and {other.dim}")
         total, total_sq = self.sum + other.sum, self.sum_sq + other.sum_sq
         count = self.count + other.count
-        return CMVNStats(count, total, total_sq, self.std_floor, self.level_dbfs, self.sample_rate)
+        return CMVNStats(
+            count, total, total_sq, self.std_floor, self.level_dbfs, self.sample_rate,
+            self.signature,
+        )  # fmt: skip
 
     def save(self, path: str | Path) -> None:
         """Write the statistics as JSON (exact float64 round trip)."""
@@ -113,6 +118,8 @@ class CMVNStats:
             "level_dbfs": self.level_dbfs,
             "sample_rate": self.sample_rate,
         }
+        if self.signature is not None:
+            data["features_signature"] = list(self.signature)
         Path(path).write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
 
     @classmethod
@@ -149,7 +156,38 @@ class CMVNStats:
         rate = data.get("sample_rate")
         if rate is not None and (not isinstance(rate, int) or isinstance(rate, bool) or rate < 1):
             raise TypeError(f"'sample_rate' must be a whole number of Hz, got {rate!r}")
-        return cls(count, total, total_sq, float(std_floor), level, rate)
+        signature = data.get("features_signature")
+        if signature is not None:
+            signature = tuple(float(x) for x in signature)
+        return cls(count, total, total_sq, float(std_floor), level, rate, signature)
+
+
+SIGNATURE_DECIMALS = 4
+# Mean absolute difference of two signatures past which the features are of another kind or
+# scale (Kaldi fbank against log-mel: 20; magnitude against power: 2); another hop, window or
+# lowest frequency moves them by 0.4 at most, and leaves the statistics fit to use.
+SIGNATURE_TOLERANCE = 1.0
+
+
+def features_signature(features: nn.Module, sample_rate: int) -> tuple[float, ...]:
+    """The mean features of one second of a fixed signal (a tone in noise): what tells apart
+    features of the same count that CMVN statistics are not interchangeable between (log-mel
+    and Kaldi fbank, another log offset or scale), where a hop or window alone changes little."""
+    generator = torch.Generator().manual_seed(0)
+    t = torch.arange(sample_rate, dtype=torch.float64) / sample_rate
+    noise = torch.randn(sample_rate, generator=generator, dtype=torch.float64)
+    wave = (0.1 * torch.sin(2 * math.pi * 440 * t) + 0.01 * noise).float()
+    device = next(iter([*features.parameters(), *features.buffers()]), wave).device
+    training = features.training
+    features.eval()  # no dither
+    try:
+        with torch.no_grad():
+            lens = torch.tensor([sample_rate], device=device)
+            feats, lens = features(wave[None].to(device), lens)
+    finally:
+        features.train(training)
+    mean = feats[0, : int(lens[0])].double().mean(0).cpu()
+    return tuple(round(float(x), SIGNATURE_DECIMALS) for x in mean)
 
 
 def accumulate_cmvn_stats(
@@ -186,10 +224,11 @@ class GlobalCMVN(nn.Module):
         if (stats_path is None) == (mean is None):
             raise ValueError("give exactly one of stats_path or mean (and std)")
         self.stats_path, self.level_dbfs, self.sample_rate = stats_path, UNKNOWN_LEVEL, None
+        self.signature: tuple[float, ...] | None = None
         if stats_path is not None:
             stats = CMVNStats.load(stats_path)
             mean, std, self.level_dbfs = stats.mean, stats.std, stats.level_dbfs
-            self.sample_rate = stats.sample_rate
+            self.sample_rate, self.signature = stats.sample_rate, stats.signature
         std = torch.ones_like(mean) if std is None else std
         if mean.dim() != 1 or std.shape != mean.shape:
             raise ValueError(f"mean {tuple(mean.shape)} and std {tuple(std.shape)} must be (D,)")
@@ -255,6 +294,15 @@ def check_cmvn_stats(
             f"{where}: statistics of {normalize.sample_rate} Hz audio, but the features take "
             f"{rate} Hz: take them through this config (asr cmvn --config)"
         )
+    if normalize.signature is not None and rate is not None:
+        now = torch.tensor(features_signature(features, rate), dtype=torch.float64)
+        apart = float((now - torch.tensor(normalize.signature, dtype=torch.float64)).abs().mean())
+        if apart > SIGNATURE_TOLERANCE:
+            raise ValueError(
+                f"{where}: statistics of other features than this frontend's (their means on a "
+                f"test signal lie {apart:.1f} apart: another kind or scale): take them through "
+                "this config (asr cmvn --config)"
+            )
     if normalize.level_dbfs == UNKNOWN_LEVEL:
         return
     target = level.target_dbfs if isinstance(level, LevelNormalizer) else None

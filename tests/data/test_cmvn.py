@@ -14,6 +14,7 @@ from asr.frontends import (
     CMVNStats,
     Frontend,
     GlobalCMVN,
+    KaldiFbank,
     LevelNormalizer,
     LogMelFilterbank,
     accumulate_cmvn_stats,
@@ -49,6 +50,23 @@ def test_compute_cmvn_stats_over_a_manifest(tmp_path):
     first = compute_cmvn_stats(manifest, frontend, tmp_path / "new/two.json", max_utterances=2)
     assert first.count == num_frames(16000, 400, 160) + num_frames(4000, 400, 160)
     assert (tmp_path / "new/two.json").is_file(), "its folder made, as other commands' --out"
+
+
+def test_statistics_of_other_features_of_the_same_count_are_refused(tmp_path):
+    """Kaldi fbank on log-mel statistics (80 and 80) normalised to a mean near 5: the file
+    records its features' means on a test signal. Another hop leaves them the same."""
+    manifest = write_corpus(tmp_path, [16000, 8000])
+    compute_cmvn_stats(manifest, LogMelFilterbank(n_mels=80), tmp_path / "cmvn.json")
+    stats = str(tmp_path / "cmvn.json")
+    Frontend(LogMelFilterbank(n_mels=80), GlobalCMVN(stats))
+    Frontend(LogMelFilterbank(n_mels=80, hop_length=320), GlobalCMVN(stats))
+    for other in (KaldiFbank(num_mel_bins=80), LogMelFilterbank(n_mels=80, power=1.0)):
+        with pytest.raises(ValueError, match=rf"^{stats}: statistics of other features than "):
+            Frontend(other, GlobalCMVN(stats))
+    old = json.loads(Path(stats).read_text())  # a file of before: not judged
+    del old["features_signature"]
+    Path(stats).write_text(json.dumps(old))
+    Frontend(KaldiFbank(num_mel_bins=80), GlobalCMVN(stats))
 
 
 def test_compute_cmvn_stats_without_frames_raises(tmp_path):
