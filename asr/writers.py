@@ -67,7 +67,34 @@ def subtitle_cues(transcript: Transcript, words_per_cue: int = 0) -> list[tuple[
     for start, end, text in cues:  # in order and apart (words of two windows may overlap)
         start = max(start, shown[-1][1]) if shown else start
         shown.append((start, max(start, end), " ".join(text.split())))  # one line each
-    return shown
+    return _lasting(shown, transcript.duration)
+
+
+LONE_CUE_SECONDS = 0.5  # what a transcript's only cue, of an instant, is shown for
+
+
+def _lasting(
+    cues: list[tuple[float, float, str]], duration: float
+) -> list[tuple[float, float, str]]:
+    """Cues in order that each last a millisecond or more (players skip, and WebVTT forbids,
+    one that ends as it starts: words the timing gave no frames). Such a cue joins the next
+    one, the last one the cue before it; an only one is shown for `LONE_CUE_SECONDS`."""
+    kept: list[tuple[float, float, str]] = []
+    waiting: tuple[float, str] | None = None  # an instant's start and text, for the next cue
+    for start, end, text in cues:
+        if waiting is not None:
+            start, text, waiting = waiting[0], f"{waiting[1]} {text}", None
+        if round(end * 1000) <= round(start * 1000):
+            waiting = (start, text)
+        else:
+            kept.append((start, end, text))
+    if waiting is not None and kept:
+        start, end, text = kept.pop()
+        kept.append((start, max(end, waiting[0]), f"{text} {waiting[1]}"))
+    elif waiting is not None:
+        start = min(waiting[0], max(duration - LONE_CUE_SECONDS, 0.0))
+        kept.append((start, max(start + LONE_CUE_SECONDS, waiting[0]), waiting[1]))
+    return kept
 
 
 def to_srt(cues: Sequence[tuple[float, float, str]]) -> str:

@@ -109,3 +109,18 @@ def test_cues_are_in_order_apart_on_one_line_and_never_lost():
     assert cues == [(4.36, 4.44, "U"), (4.44, 5.12, "ERASE"), (9.0, 10.0, "LINE BREAK")]
     blocks = render(Transcript("", [], [], [], [], words, 0.0, 10.0, segments), "srt")
     assert [block.splitlines()[0] for block in blocks.strip().split("\n\n")] == ["1", "2", "3"]
+
+
+def test_words_of_an_instant_join_a_cue_that_lasts():
+    """Words the timing gave no frames made cues that end as they start (`2.720 --> 2.720`),
+    which players skip and WebVTT forbids: they join the next cue, the last the one before."""
+    words = [Word("A", 1.0, 1.5), Word("E", 2.72, 2.72), Word("S", 2.72, 3.2),
+             Word("THREE", 3.2, 3.2), Word("FIVE", 4.0, 4.0)]  # fmt: skip
+    segments = [Segment(0.0, 5.0, "A E S THREE FIVE", -1.0)]
+    plain = Transcript("", [], [], [], [], words, 0.0, 5.0, segments)
+    assert subtitle_cues(plain, words_per_cue=1) == [
+        (1.0, 1.5, "A"), (2.72, 3.2, "E S"), (3.2, 4.0, "THREE FIVE")]  # fmt: skip
+    lone = Transcript("", [], [], [], [], [Word("YES", 4.9, 4.9)], 0.0, 5.0, segments[:1])
+    assert subtitle_cues(lone) == [(4.5, 5.0, "YES")]
+    for cues in (subtitle_cues(plain, 1), subtitle_cues(plain, 2), subtitle_cues(lone)):
+        assert all(round(end * 1000) > round(start * 1000) for start, end, _ in cues)
