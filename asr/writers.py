@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import html
 import json
 import os
@@ -211,9 +212,19 @@ def write_text_atomically(path: str | os.PathLike, text: str) -> None:
         text: its whole content.
     """
     path = Path(path)
-    partial = path.with_name(f".{path.name}.partial")
+    partial = partial_path(path)
     partial.write_text(text, encoding="utf-8")
     os.replace(partial, path)
+
+
+def partial_path(path: Path) -> Path:
+    """The hidden `.<name>.partial` a file is written to before it is renamed; for a name
+    within 9 bytes of the file system's 255, one made from its digest (else a name that fits
+    would fail to be written)."""
+    name = f".{path.name}.partial"
+    if len(name.encode()) > 255:
+        name = f".{hashlib.blake2b(path.name.encode(), digest_size=16).hexdigest()}.partial"
+    return path.with_name(name)
 
 
 def write_outputs(

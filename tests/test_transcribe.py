@@ -812,6 +812,21 @@ def test_cli_nbest_lists_alternatives_and_confidences_in_json(checkpoint, tmp_pa
     assert "nbest must be None or in [1, beam_size]" in capsys.readouterr().err
 
 
+def test_an_input_whose_files_cannot_be_written_is_named_and_the_others_go_on(
+    checkpoint, tmp_path, capsys
+):
+    (tmp_path / "in").mkdir()
+    for name in ("a", "b"):
+        shutil.copy(WAV / "an4_clstk/fash/an251-fash-b.wav", tmp_path / "in" / f"{name}.wav")
+    (tmp_path / "out" / "a.txt").mkdir(parents=True)  # a folder where a.txt goes
+    args = ["transcribe", str(tmp_path / "in"), "--checkpoint", str(checkpoint),
+            "--output-dir", str(tmp_path / "out"), "--format", "txt", "--quiet"]  # fmt: skip
+    assert main(args) == 1
+    said = capsys.readouterr().err
+    assert f"{tmp_path / 'in' / 'a.wav'}: cannot write its outputs (Is a directory)" in said
+    assert "1 of 2 files failed" in said and (tmp_path / "out" / "b.txt").is_file()
+
+
 def test_cli_shallow_fusion_with_a_language_model(checkpoint, tmp_path, capsys):
     lm = fit_tiny_lm(checkpoint.parents[1] / "lm", checkpoint.parents[1])
     audio = str(WAV / "an4_clstk/fash/an251-fash-b.wav")

@@ -99,6 +99,13 @@ def test_files_are_written_whole_through_a_partial_file(tmp_path):
     assert path.read_text() == "YES NO GO U\tM\n" and sorted(tmp_path.iterdir()) == [path]
 
 
+def test_a_name_near_the_longest_a_folder_takes_is_written(tmp_path):
+    """Its `.<name>.partial` would pass the file system's 255 bytes."""
+    path = tmp_path / ("a" * 245 + ".json")
+    write_text_atomically(path, "{}\n")
+    assert path.read_text() == "{}\n" and sorted(tmp_path.iterdir()) == [path]
+
+
 def test_cues_are_in_order_apart_on_one_line_and_never_lost():
     """Words of two overlapping windows may overlap in time; a segment may have text and no
     word times; text may hold a line break. The srt stays well formed all the same."""

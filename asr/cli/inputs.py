@@ -16,7 +16,7 @@ from typing import IO, TYPE_CHECKING, Any, NamedTuple
 
 from tqdm import tqdm
 
-from asr.audio import AUDIO_SUFFIXES, audio_files
+from asr.audio import AUDIO_SUFFIXES, AudioError, audio_files
 from asr.data.manifest import read_clip
 from asr.results import BatchResult, Decoded, Transcript
 from asr.search import LanguageModel, SearchOptions
@@ -236,7 +236,7 @@ def transcribe_files(
     whatever `formats` says.
     """
     if explorer:
-        from asr.explore.records import segment_maps, write_maps
+        from asr.explore.records import segment_maps
 
         if out_dir is None:
             raise ValueError("the explorer's maps are kept in an output folder: give out_dir")
@@ -266,6 +266,13 @@ def transcribe_files(
                 on_decoded=keep if explorer else None,
             )
             for index, (item, result) in enumerate(zip(group, results)):
+                if result.error is None and out_dir is not None:
+                    try:
+                        _write(item, result.transcript, out_dir, formats, words_per_cue,
+                               maps.pop(index, []) if explorer else None)  # fmt: skip
+                    except OSError as error:  # a name too long, a folder in a file's place...
+                        why = f"cannot write its outputs ({error.strerror or error})"
+                        result = BatchResult(result.name, None, AudioError(item.name, why))
                 if result.error is not None:
                     said = f"{item.line}: audio {item.name}" if item.line else item.name
                     _say(f"asr transcribe: error: {said}: {result.error.reason}\n", sys.stderr)
@@ -274,21 +281,33 @@ def transcribe_files(
                     text = timed_lines(result.transcript)
                     _say((f"{item.name}\n" if len(items) > 1 else "") + text)
                 else:
-                    stem = Path(out_dir) / item.stem
-                    if explorer:  # before the files, whose presence means done
-                        stem.parent.mkdir(parents=True, exist_ok=True)
-                        write_maps(stem, maps.pop(index, []))
-                    else:  # an earlier run's maps, and page, no longer match the transcript
-                        _drop_explorer_of(stem, out_dir)
-                    # a manifest line's json names its file and offset, for the explorer
-                    audio = item.name if item.fields is None else item.audio.path
-                    offset = item.audio.offset
-                    write_outputs(result.transcript, stem, formats, audio, words_per_cue, offset)
                     _say(f"{item.name}\t{result.transcript.text}\n")
                 if on_result is not None:
                     on_result(item, result)
             bar.update(len(group))
     return failed
+
+
+def _write(
+    item: Input,
+    transcript: Transcript,
+    out_dir: str | os.PathLike,
+    formats: Sequence[str],
+    words_per_cue: int,
+    maps: list | None,
+) -> None:
+    """An input's files in `out_dir`, and its explorer maps (None: none are kept)."""
+    from asr.explore.records import write_maps
+
+    stem = Path(out_dir) / item.stem
+    if maps is not None:  # before the files, whose presence means done
+        stem.parent.mkdir(parents=True, exist_ok=True)
+        write_maps(stem, maps)
+    else:  # an earlier run's maps, and page, no longer match the transcript
+        _drop_explorer_of(stem, out_dir)
+    # a manifest line's json names its file and offset, for the explorer
+    audio = item.name if item.fields is None else item.audio.path
+    write_outputs(transcript, stem, formats, audio, words_per_cue, item.audio.offset)
 
 
 def _drop_explorer_of(stem: Path, out_dir: str | os.PathLike) -> None:

@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from asr.writers import partial_path
+
 if TYPE_CHECKING:
     from asr.results import Decoded, Transcript
 
@@ -166,7 +168,7 @@ def write_maps(
     arrays = {"spans": np.array([span for span, _ in segments], np.float64).reshape(-1, 2)}
     for k, (_, maps) in enumerate(segments):
         arrays |= {f"{name}_{k}": array for name, array in maps.items()}
-    partial = path.with_name(f".{path.name}.partial")
+    partial = partial_path(path)
     with open(partial, "wb") as f:
         np.savez_compressed(f, **arrays)
     os.replace(partial, path)
