@@ -3,6 +3,7 @@ length-sorted batches, and join each input's segments on its timeline."""
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from collections.abc import Callable, Iterator, Sequence
@@ -176,16 +177,19 @@ def join_segments(
         text = part.text if all(keep) else tokenizer.decode(tokens)
         out.tokens += tokens
         out.pieces += [p for p, stays in zip(part.pieces, keep) if stays]
-        out.token_starts += [span[0] + s for s, stays in zip(part.token_starts, keep) if stays]
-        out.token_ends += [span[0] + e for e, stays in zip(part.token_ends, keep) if stays]
+        # A word kept by its middle may cross where overlapping windows are cut: its times stay
+        # within its segment's, as the next segment's words start after it.
+        start, end = max(span[0], low), min(span[1], high)
+        within = functools.partial(_within, offset=span[0], start=start, end=end)
+        out.token_starts += [within(s) for s, stays in zip(part.token_starts, keep) if stays]
+        out.token_ends += [within(e) for e, stays in zip(part.token_ends, keep) if stays]
         out.token_probs += [p for p, stays in zip(part.token_probs, keep) if stays]
         out.words += [
-            replace(w, start=span[0] + w.start, end=span[0] + w.end)
+            replace(w, start=within(w.start), end=within(w.end))
             for w, stays in zip(part.words, words[k])
             if stays
         ]
         [whole] = part.segments
-        start, end = max(span[0], low), min(span[1], high)
         out.segments.append(replace(whole, start=start, end=end, text=text))
         out.score += part.score
         if part.avg_logprob is not None:
@@ -194,6 +198,11 @@ def join_segments(
     out.text = " ".join(s.text for s in out.segments if s.text)
     out.avg_logprob = logprob_sum / logprob_count if logprob_count else None
     return out
+
+
+def _within(t: float, offset: float, start: float, end: float) -> float:
+    """Time `t` of a part starting at `offset`, in the input, held to [start, end]."""
+    return min(max(offset + t, start), end)
 
 
 def _kept_range(spans: Sequence[Span], k: int) -> tuple[float, float]:

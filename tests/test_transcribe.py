@@ -680,6 +680,10 @@ def test_a_word_both_windows_decoded_at_their_cut_is_kept_once(first, second, ke
     assert joined.text == kept and " ".join(w.text for w in joined.words) == kept
     assert all(a.end <= b.start + 0.1 for a, b in pairwise(joined.words)), "in order"
     assert len(joined.tokens) == len(joined.pieces) == len(joined.token_starts)
+    for word in joined.words:  # a word crossing the cut is held to its own segment
+        [segment] = [s for s in joined.segments if s.start <= (word.start + word.end) / 2 < s.end]
+        assert segment.start <= word.start <= word.end <= segment.end, (word, segment)
+    assert all(0.0 <= a <= b <= 9.0 for a, b in zip(joined.token_starts, joined.token_ends))
 
 
 def test_frame_energy_matches_chunked_reading(three_minutes):
