@@ -704,6 +704,16 @@ def test_level_normalizer_reaches_the_target_on_valid_samples_only():
         assert not out[b, n:].any(), "padding stays zero"
 
 
+def test_level_normalizer_removes_a_dc_offset():
+    """A DC offset is no sound; kept, it reached the lowest mel bins and changed transcripts."""
+    wave, lens = waves([16000, 7000])
+    plain, _ = LevelNormalizer()(wave, lens)
+    offset, _ = LevelNormalizer()(wave + 0.05, lens)  # the padding too: it stays zero
+    torch.testing.assert_close(offset, plain, atol=1e-5, rtol=1e-4)
+    for b, n in enumerate(lens.tolist()):
+        assert abs(float(offset[b, :n].double().mean())) < 1e-6 and not offset[b, n:].any()
+
+
 def test_level_normalizer_does_not_blow_up_silence():
     wave = torch.zeros(2, 4000)
     wave[1] = 1e-7 * torch.randn(4000)  # about -140 dBFS: below the -100 dBFS floor

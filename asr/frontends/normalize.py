@@ -272,7 +272,8 @@ class LevelNormalizer(nn.Module):
         mean, var = _masked_mean_var(x[:, :, None], wave_lens)  # (B, 1, 1) each
         floor = 10 ** (self.floor_dbfs / 10)
         gain = (10 ** (self.target_dbfs / 10) / var[:, 0].clamp(min=floor)).sqrt()  # (B, 1)
-        return (x * gain).to(wave.dtype), wave_lens
+        scaled = ((x - mean[:, 0]) * gain)[:, :, None]  # a DC offset is no sound: removed
+        return zero_padding(scaled, wave_lens)[:, :, 0].to(wave.dtype), wave_lens
 
 
 def check_cmvn_stats(
