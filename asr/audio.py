@@ -353,6 +353,8 @@ def mono_samples(audio: np.ndarray | Tensor) -> Tensor:
 
     if isinstance(audio, np.ndarray):  # torch takes neither a flipped view nor big-endian
         audio = np.ascontiguousarray(audio, dtype=audio.dtype.newbyteorder("="))
+        if not audio.flags.writeable:  # np.frombuffer(pcm_bytes): torch would warn
+            audio = audio.copy()
     elif not isinstance(audio, torch.Tensor):
         raise ValueError(
             f"audio must be a file path, a numpy array or a tensor, got {type(audio).__name__}"

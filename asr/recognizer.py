@@ -185,12 +185,16 @@ class Recognizer:
             ValueError: settings out of range, or that the model cannot decode with.
             TypeError: an unknown keyword (named), or one input rather than a sequence.
         """
-        one_wave = isinstance(audios, (np.ndarray, Tensor)) and audios.ndim < 2  # (B, S): rows
+        array = isinstance(audios, (np.ndarray, Tensor))
+        # (B, S): rows; (S,) and (S, 1), as audio APIs give one channel, are one recording
+        one_wave = array and (audios.ndim < 2 or (audios.ndim == 2 and audios.shape[1] == 1))
         if isinstance(audios, (str, os.PathLike)) or one_wave:  # not a list of its parts
             raise TypeError(
                 f"transcribe_batch takes a sequence of inputs, got one {type(audios).__name__}: "
                 "give [it], or use transcribe"
             )
+        if not array and not isinstance(audios, Sequence):
+            audios = list(audios)  # a generator: read once
         alignment.check_timestamps(word_timestamps, "word_timestamps")
         return transcribe_sources(
             self,

@@ -212,6 +212,8 @@ def write_text_atomically(path: str | os.PathLike, text: str) -> None:
         text: its whole content.
     """
     path = Path(path)
+    if not path.parent.is_dir():  # said of the file asked for, not of its hidden partial
+        raise FileNotFoundError(f"{path}: no folder {path.parent} to write it in")
     partial = partial_path(path)
     partial.write_text(text, encoding="utf-8")
     os.replace(partial, path)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import shutil
+import warnings
 from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
@@ -287,12 +288,25 @@ def test_nbest_keeps_alternatives_best_first(overfit):
 def test_transcribe_batch_refuses_one_input_for_a_sequence(overfit):
     """A path string is a sequence of characters: each was transcribed, and failed, alone."""
     recognizer, waves = overfit
-    for one in ("audio.wav", Path("audio.wav"), waves[0], waves[0].numpy()):
+    column = waves[0].numpy()[:, None]  # (S, 1), as soundfile reads one channel: S inputs
+    for one in ("audio.wav", Path("audio.wav"), waves[0], waves[0].numpy(), column):
         with pytest.raises(TypeError, match="transcribe_batch takes a sequence of inputs, got"):
             recognizer.transcribe_batch(one)
     rows = torch.stack([waves[0], waves[0]])  # a (B, S) batch: one input a row
     texts = [r.transcript.text for r in recognizer.transcribe_batch(rows, beam_size=1)]
     assert texts == [recognizer.transcribe(waves[0], beam_size=1).text] * 2
+    generated = recognizer.transcribe_batch((w for w in rows), beam_size=1)  # read once
+    assert [r.transcript.text for r in generated] == texts
+
+
+def test_read_only_samples_are_taken_without_a_warning(overfit):
+    """np.frombuffer(pcm_bytes, np.int16), as sockets and stdin give audio, is read-only:
+    torch warned of undefined behaviour."""
+    recognizer, waves = overfit
+    pcm = (waves[0].numpy() * 32767).astype(np.int16).tobytes()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert recognizer.transcribe(np.frombuffer(pcm, np.int16), beam_size=1).text
 
 
 def test_alternatives_that_spell_a_text_already_listed_are_left_out(overfit):

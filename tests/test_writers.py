@@ -106,6 +106,11 @@ def test_a_name_near_the_longest_a_folder_takes_is_written(tmp_path):
     assert path.read_text() == "{}\n" and sorted(tmp_path.iterdir()) == [path]
 
 
+def test_a_file_in_a_folder_that_is_not_there_is_named_not_its_partial(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"speech.srt: no folder .*nodir to write it in"):
+        write_text_atomically(tmp_path / "nodir" / "speech.srt", "")
+
+
 def test_cues_are_in_order_apart_on_one_line_and_never_lost():
     """Words of two overlapping windows may overlap in time; a segment may have text and no
     word times; text may hold a line break. The srt stays well formed all the same."""
