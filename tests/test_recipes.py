@@ -429,6 +429,15 @@ def test_a_stage_done_before_an_earlier_one_ran_again_elsewhere_is_named(tmp_pat
     assert skipped(later.stdout) == [4, 5, 6, 7]
     assert f"warning: stage 1 ran again ({data}/.done-1) after stage 4 was done" in later.stderr
     assert "--stage 4 --force" in later.stderr and later.stderr.count("warning") == 1
+    # The LM (exp/lm) reads the data, not the model: a model trained again leaves it be.
+    (exp / "lm").mkdir()
+    (exp / "lm" / ".done-8").write_text("")
+    lm = ["--lm-weight", "0.3", "--stop-stage", "8"]
+    run_recipe("an4", *args, *lm, "--stage", "4", "--stop-stage", "4", "--force", bin_dir=fake)
+    assert "warning" not in run_recipe("an4", *args, *lm, "--stage", "8", bin_dir=fake).stderr
+    run_recipe("an4", *args, *lm, "--stage", "1", "--stop-stage", "1", "--force", bin_dir=fake)
+    again = run_recipe("an4", *args, *lm, "--stage", "8", bin_dir=fake)
+    assert "warning: stage 1 ran again" in again.stderr, again.stderr
 
 
 @pytest.mark.parametrize("options, vocabulary", [((), []), (("--tokenizer", "bpe"), ["100"]),

@@ -203,15 +203,20 @@ seen_dir() {
   marker_dirs+=("$1")
 }
 
-# warn_if_older N MARKER: a warning where an earlier stage, in another folder, ran again after
-# stage N was done (e.g. `--stage 1 --stop-stage 1 --force`): N's result may be built on what
-# that stage wrote before. A forced stage drops the later markers of its own folder only.
-# Once: the stages after N are as old.
+# warn_if_older N MARKER: a warning where an earlier stage, in a folder stage N reads, ran
+# again after stage N was done (e.g. `--stage 1 --stop-stage 1 --force`): N's result may be
+# built on what that stage wrote before. A forced stage drops the later markers of its own
+# folder only. A stage reads the data folder (and those in it), and folders of its own
+# folder's line (a model's for its decodes, the decodes' for the model's results), not
+# others (the LM's for a model's decodes). Once: the stages after N are as old.
 warned_older=false
 warn_if_older() {
-  local n=$1 marker=$2 dir other k
+  local n=$1 marker=$2 dir other k own=${2%/*}/
   if [ "$warned_older" = true ]; then return 0; fi
   for dir in ${marker_dirs[@]+"${marker_dirs[@]}"}; do
+    if [[ $own != "$dir/"* && $dir/ != "$own"* ]] && [[ -z ${data:-} || $dir/ != "$data/"* ]]; then
+      continue
+    fi
     for other in "$dir"/.done-*; do
       k=${other##*/.done-}
       if [[ $k =~ ^[0-9]+$ ]] && [ "$k" -lt "$n" ] && [ "$other" -nt "$marker" ]; then
