@@ -7,7 +7,6 @@ import argparse
 import base64
 import importlib
 import inspect
-import json
 import os
 import pickle
 import re
@@ -336,28 +335,6 @@ def _network(config: dict[str, Any]) -> dict[str, Any]:
         return [kept(v) for v in node] if isinstance(node, list) else node
 
     return {part: kept(config.get(part)) for part in NETWORK_PARTS}
-
-
-def network_differences(saved: dict[str, Any], now: dict[str, Any]) -> list[str]:
-    """Settings of the network (`NETWORK_PARTS`, less what training alone reads) that two model
-    configs both give, with other values: `path: saved, now` each. A setting only one of them
-    gives is passed over: a checkpoint from before the setting was added keeps loading."""
-    found: list[str] = []
-
-    def walk(a: Any, b: Any, path: str) -> None:
-        if isinstance(a, dict) and isinstance(b, dict):
-            if a.get("class_path", b.get("class_path")) != b.get("class_path", a.get("class_path")):
-                found.append(f"{path}: {a['class_path']}, {b['class_path']}")
-                return
-            for key in a.keys() & b.keys():
-                walk(a[key], b[key], f"{path}.{key}")
-        elif a != b:
-            found.append(f"{path}: {json.dumps(a)}, {json.dumps(b)}")
-
-    ours, theirs = _network(saved), _network(now)
-    for part in NETWORK_PARTS:
-        walk(ours[part], theirs[part], part)
-    return sorted(found)
 
 
 def average_checkpoints(paths: Sequence[str | os.PathLike], out: str | os.PathLike) -> Path:

@@ -4,6 +4,7 @@ name and shape are copied, and vocabulary-axis weights keep the rows of shared t
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -151,20 +152,32 @@ def check_same_settings(trained: dict, config: dict) -> None:
     Traceback (most recent call last):
     ValueError: init_from: the trained model's frontend.hop_length is 160, this config's 320; ...
     """
-    then, now = {}, {}
-    for part in ("frontend", "encoder"):
-        _flatten(trained.get(part), part, then)
-        _flatten(config.get(part), part, now)
-    # where a setting is in one config alone, the other's asr had it not (its default held)
-    differ = [k for k in sorted(then.keys() & now.keys()) if then[k] != now[k]]
+    differ = setting_differences(trained, config, ("frontend", "encoder"))
     if differ:
-        first, more = differ[0], len(differ) - 1
+        (first, then, now), more = differ[0], len(differ) - 1
         raise ValueError(
-            f"init_from: the trained model's {first} is {then[first]!r}, this config's "
-            f"{now[first]!r}"
+            f"init_from: the trained model's {first} is {then!r}, this config's {now!r}"
             + (f" (and {more} more)" if more else "")
             + "; give the settings it was trained with"
         )
+
+
+def setting_differences(
+    trained: dict, config: dict, parts: Sequence[str]
+) -> list[tuple[str, Any, Any]]:
+    """`(key, trained's, config's)` of each setting of the model config `parts` that both give
+    otherwise (training-only ones aside; one given by a single config is passed over: the
+    other's asr had it not, and its default held), by dotted key without `init_args`.
+
+    >>> setting_differences({"e": {"n": 1, "dropout": 0.1}}, {"e": {"n": 2, "dropout": 0}}, ["e"])
+    [('e.n', 1, 2)]
+    """
+    then: dict[str, Any] = {}
+    now: dict[str, Any] = {}
+    for part in parts:
+        _flatten(trained.get(part), part, then)
+        _flatten(config.get(part), part, now)
+    return [(k, then[k], now[k]) for k in sorted(then.keys() & now.keys()) if then[k] != now[k]]
 
 
 def _flatten(value: Any, key: str, into: dict[str, Any]) -> None:
@@ -181,8 +194,8 @@ def _flatten(value: Any, key: str, into: dict[str, Any]) -> None:
     if not isinstance(value, dict):
         into[key] = value
         return
-    if "class_path" in value:
-        into[key] = value["class_path"]
+    if "class_path" in value:  # by its name: asr.frontends.X is asr.frontends.features.X
+        into[key] = str(value["class_path"]).rsplit(".", 1)[-1]
     for name, item in value.items():
         if name != "class_path":
             _flatten(item, key if name == "init_args" else f"{key}.{name}", into)

@@ -33,12 +33,11 @@ from asr.checkpoint import (
     CheckpointError,
     atomic_save,
     load_checkpoint,
-    network_differences,
     payload_tokenizer,
     weight_differences,
 )
 from asr.config_check import config_paths, config_problems, option_problems
-from asr.finetune import check_same_settings
+from asr.finetune import check_same_settings, setting_differences
 from asr.text import Tokenizer
 
 DEFAULT_LOGGERS = (  # CSV first: it warns about a run folder another logger made already
@@ -687,12 +686,14 @@ def _check_same_network(path: str, checkpoint: dict, model_config: dict) -> None
     validate, test or train on as another model."""
     payload = checkpoint.get(RECOGNIZER_KEY) or checkpoint.get(LM_KEY) or {}
     saved = payload.get("model_config")
-    differ = network_differences(saved, model_config) if isinstance(saved, dict) else []
+    parts = ("frontend", "encoder", "decoder", "lm")
+    differ = setting_differences(saved, model_config, parts) if isinstance(saved, dict) else []
     if differ:
-        more = f" (and {len(differ) - 1} more)" if len(differ) > 1 else ""
+        (key, then, now), more = differ[0], len(differ) - 1
         raise CheckpointError(
-            f"{path}: trained with other settings than this config's: {differ[0]} (then, "
-            f"now){more}; give the config it was trained with"
+            f"{path}: trained with other settings than this config's: {key} is {then!r} "
+            f"there, {now!r} here{f' (and {more} more)' if more else ''}; give the config it "
+            "was trained with"
         )
 
 

@@ -322,9 +322,14 @@ def test_resume_from_last_and_average(tiny_an4, tmp_path, capsys):
     # a setting that holds no weights: the weights fit, and it scored as another model
     hop = ["--model.init_args.frontend.init_args.features.init_args.hop_length", "320"]
     said = refused(["test", *test_args, "--ckpt_path", str(out), *hop], capsys)
-    setting = "frontend.init_args.features.init_args.hop_length: 160, 320 (then, now)"
+    setting = "frontend.features.hop_length is 160 there, 320 here"
     expected = f"{out}: trained with other settings than this config's: {setting}; give the "
     assert said.startswith(f"asr test: error: {expected}config it was trained with"), said
+    # settings of training alone, and a class spelled by another module of it, pass
+    same = ["--model.init_args.encoder.init_args.dynamic_chunk", "16",
+            "--model.init_args.frontend.init_args.features",
+            "asr.frontends.features.LogMelFilterbank"]  # fmt: skip
+    assert main(["test", *test_args, "--ckpt_path", str(out), *same]) == 0
     # files that are no checkpoint of this model: one line naming the file, no traceback
     text, torn, other = tmp_path / "notes.ckpt", tmp_path / "torn.ckpt", tmp_path / "other.ckpt"
     text.write_text("not a checkpoint\n")
