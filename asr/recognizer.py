@@ -40,6 +40,7 @@ from asr.timing import ctc_frames_needed
 from asr.transcribe import TRANSCRIBE_BATCH_SIZE, transcribe_sources
 
 SEARCH_KEYWORDS = tuple(f.name for f in fields(SearchOptions))
+MAX_CHANNELS = 8  # an (S, C) array with no more columns, and more rows, is one recording
 
 
 @dataclass
@@ -186,8 +187,9 @@ class Recognizer:
             TypeError: an unknown keyword (named), or one input rather than a sequence.
         """
         array = isinstance(audios, (np.ndarray, Tensor))
-        # (B, S): rows; (S,) and (S, 1), as audio APIs give one channel, are one recording
-        one_wave = array and (audios.ndim < 2 or (audios.ndim == 2 and audios.shape[1] == 1))
+        # (B, S): rows; (S,), and (S, C) as audio APIs give C channels, are one recording
+        columns = array and audios.ndim == 2 and audios.shape[1] <= MAX_CHANNELS < audios.shape[0]
+        one_wave = array and (audios.ndim < 2 or columns)
         if isinstance(audios, (str, os.PathLike)) or one_wave:  # not a list of its parts
             raise TypeError(
                 f"transcribe_batch takes a sequence of inputs, got one {type(audios).__name__}: "

@@ -215,8 +215,12 @@ def write_text_atomically(path: str | os.PathLike, text: str) -> None:
     if not path.parent.is_dir():  # said of the file asked for, not of its hidden partial
         raise FileNotFoundError(f"{path}: no folder {path.parent} to write it in")
     partial = partial_path(path)
-    partial.write_text(text, encoding="utf-8")
-    os.replace(partial, path)
+    try:
+        partial.write_text(text, encoding="utf-8")
+        os.replace(partial, path)
+    except OSError:  # a folder in the file's place, a full disk: no partial left behind
+        partial.unlink(missing_ok=True)
+        raise
 
 
 def partial_path(path: Path) -> Path:

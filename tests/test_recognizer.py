@@ -289,7 +289,8 @@ def test_transcribe_batch_refuses_one_input_for_a_sequence(overfit):
     """A path string is a sequence of characters: each was transcribed, and failed, alone."""
     recognizer, waves = overfit
     column = waves[0].numpy()[:, None]  # (S, 1), as soundfile reads one channel: S inputs
-    for one in ("audio.wav", Path("audio.wav"), waves[0], waves[0].numpy(), column):
+    stereo = np.stack([waves[0].numpy()] * 2, axis=1)  # (S, 2)
+    for one in ("audio.wav", Path("audio.wav"), waves[0], waves[0].numpy(), column, stereo):
         with pytest.raises(TypeError, match="transcribe_batch takes a sequence of inputs, got"):
             recognizer.transcribe_batch(one)
     rows = torch.stack([waves[0], waves[0]])  # a (B, S) batch: one input a row

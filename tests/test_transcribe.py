@@ -829,6 +829,7 @@ def test_an_input_whose_files_cannot_be_written_is_named_and_the_others_go_on(
     said = capsys.readouterr().err
     assert f"{tmp_path / 'in' / 'a.wav'}: cannot write its outputs (Is a directory)" in said
     assert "1 of 2 files failed" in said and (tmp_path / "out" / "b.txt").is_file()
+    assert not list((tmp_path / "out").glob(".*.partial")), "none left behind"
 
 
 def test_cli_shallow_fusion_with_a_language_model(checkpoint, tmp_path, capsys):

@@ -305,6 +305,11 @@ def _transcribe(args: argparse.Namespace) -> int:
 
         if args.workers is not None:
             raise ValueError("--streaming decodes one input after the other: no --workers")
+        if args.output_dir and (Path(args.output_dir) / MERGED).is_file():
+            raise ValueError(
+                f"{args.output_dir} holds the {MERGED} of a run spread over processes, which "
+                "--streaming does not keep true: give another --output-dir"
+            )
         unread = {"nbest": "--nbest", "length_bonus": "--length-bonus",
                   "max_len_ratio": "--max-len-ratio", "repair": "--[no-]repair"}  # fmt: skip
         given = [option for name, option in unread.items() if getattr(args, name) is not None]
@@ -1105,12 +1110,14 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
         p.add_argument(
             "--beam-size",
             type=count,
-            help="CTC prefixes kept and rescored, or the final search's (10)",
+            help="CTC prefixes kept and rescored, or the final search's (default: the model's "
+            "own, asr finalize, else 10)",
         )
         p.add_argument(
             "--ctc-weight",
             type=weight,
-            help="CTC share of a final's score (0.5; the rest is the attention decoder's)",
+            help="CTC share of a final's score, the rest the attention decoder's (default: the "
+            "model's own, else 0.5)",
         )
         p.add_argument("--lm", help="a language model checkpoint that rescores the finals too")
         p.add_argument(

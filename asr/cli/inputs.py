@@ -304,13 +304,13 @@ def _write(
         stem.parent.mkdir(parents=True, exist_ok=True)
         write_maps(stem, maps)
     else:  # an earlier run's maps, and page, no longer match the transcript
-        _drop_explorer_of(stem, out_dir)
+        drop_explorer_of(stem, out_dir)
     # a manifest line's json names its file and offset, for the explorer
     audio = item.name if item.fields is None else item.audio.path
     write_outputs(transcript, stem, formats, audio, words_per_cue, item.audio.offset)
 
 
-def _drop_explorer_of(stem: Path, out_dir: str | os.PathLike) -> None:
+def drop_explorer_of(stem: Path, out_dir: str | os.PathLike) -> None:
     """Remove what an earlier `--explorer` run kept of an input written again without it."""
     from asr.explore.records import MAPS_SUFFIX, PAGE
 

@@ -13,6 +13,7 @@ import logging
 import os
 import signal
 import sys
+from pathlib import Path
 from typing import IO
 
 from asr.cli.console import Lines, StdinPcm, ctrl_c_ends_the_input, pieces, samples
@@ -164,7 +165,13 @@ def transcribe_streaming(
                 lines.final(said(final))
             lines.clear()
             if args.output_dir:
-                _write_streamed(args, transcript, stem, audio, formats, maps)
+                try:
+                    _write_streamed(args, transcript, stem, audio, formats, maps)
+                except OSError as error:  # a name too long, a folder in a file's place...
+                    why = error.strerror or error
+                    print(f"asr transcribe: error: {name}: cannot write its outputs ({why})",
+                          file=sys.stderr)  # fmt: skip
+                    failed += 1
             if interrupted:
                 break
     if args.explorer:  # Ctrl-C too: it is how a session from the microphone ends
@@ -243,6 +250,10 @@ def _write_streamed(
         from asr.explore.records import write_maps
 
         write_maps(path, maps)
+    else:  # an earlier run's maps, and page, no longer match the transcript
+        from asr.cli.inputs import drop_explorer_of
+
+        drop_explorer_of(Path(path), args.output_dir)
     write_outputs(transcript, path, formats, audio, args.words_per_cue)
     suffixes = formats[0] if len(formats) == 1 else "{" + ",".join(formats) + "}"
     print(f"asr transcribe: {audio}: wrote {path}.{suffixes}", file=sys.stderr)

@@ -251,7 +251,7 @@ def output_record(
     clip = item.audio
     return {
         **own,
-        "audio_filepath": os.path.abspath(clip.path),
+        "audio_filepath": "-" if item.name == "-" else os.path.abspath(clip.path),  # stdin
         "offset": clip.offset,
         "duration": clip.duration if clip.duration is not None else duration,
         "id": own.get("id", stem),

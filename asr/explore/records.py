@@ -169,9 +169,13 @@ def write_maps(
     for k, (_, maps) in enumerate(segments):
         arrays |= {f"{name}_{k}": array for name, array in maps.items()}
     partial = partial_path(path)
-    with open(partial, "wb") as f:
-        np.savez_compressed(f, **arrays)
-    os.replace(partial, path)
+    try:
+        with open(partial, "wb") as f:
+            np.savez_compressed(f, **arrays)
+        os.replace(partial, path)
+    except OSError:  # no partial left behind
+        partial.unlink(missing_ok=True)
+        raise
 
 
 def read_maps(transcript: str | os.PathLike) -> list[dict[str, Any]]:

@@ -473,6 +473,13 @@ def test_lines_of_one_recording_are_named_once(tmp_path):
     assert len(again) == 1 and not failures  # a file named twice is simply one input
 
 
+def test_a_record_of_stdin_names_no_scratch_file():
+    """One process writing `-` over a merged folder recorded the scratch copy of stdin, which
+    is gone when the command ends."""
+    stdin = Input(Clip("/tmp/asr-transcribe-x/stdin"), "-", PurePath("stdin"))
+    assert output_record(stdin, "YES", 1.0, ["txt"])["audio_filepath"] == "-"
+
+
 def test_an_earlier_record_of_an_input_now_named_otherwise_is_left_out(tmp_path):
     """A line per recording: the record an earlier run wrote under another output name (its
     files still there) gives way to the input's line now."""

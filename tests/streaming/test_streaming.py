@@ -689,6 +689,33 @@ def test_transcribe_streaming_explorer_keeps_each_finals_attention(tmp_path, cap
     assert all("attention" in u["arrays"] for u in page["utterances"])
 
 
+def test_transcribe_streaming_output_dir_as_offline_writes_it(
+    tiny_checkpoint, an4_fixture, tmp_path, capsys
+) -> None:
+    """As the offline paths: a file it cannot write is named and the others go on; an
+    earlier --explorer run's maps of an input written again go; a spread run's
+    transcripts.jsonl, which it would leave untrue, is refused up front."""
+    import shutil
+
+    for name in ("a", "b"):
+        shutil.copy(an4_fixture / "wav/an4_clstk/fash/an255-fash-b.wav", tmp_path / f"{name}.wav")
+    out = tmp_path / "out"
+    args = ["transcribe", "--streaming", "--chunk-ms", "320", "--model",
+            str(tiny_checkpoint["checkpoint"]), str(tmp_path / "a.wav"), str(tmp_path / "b.wav"),
+            "--output-dir", str(out), "--format", "txt"]  # fmt: skip
+    assert main([*args, "--explorer"]) == 0 and (out / "a.explore.npz").is_file()
+    (out / "b.txt").unlink()
+    (out / "b.txt").mkdir()  # a folder where b.txt goes
+    assert main(args) == 1
+    said = capsys.readouterr().err
+    assert f"{tmp_path / 'b.wav'}: cannot write its outputs (Is a directory)" in said
+    assert not (out / "a.explore.npz").exists() and not (out / "explorer.html").exists()
+    assert not list(out.glob(".*.partial"))
+    (out / "transcripts.jsonl").write_text("")
+    assert main(args) == 2
+    assert "holds the transcripts.jsonl of a run spread over processes" in capsys.readouterr().err
+
+
 def test_transcribe_streaming_writes_each_input_to_the_output_dir(
     tiny_checkpoint, an4_fixture, tmp_path, monkeypatch, capsys
 ) -> None:
