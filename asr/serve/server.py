@@ -185,6 +185,7 @@ class _Client:
         self.ending = False
         self.too_slow = False
         self.stopped = False  # ended by the server's stop, not by the client's "end"
+        self.idle: str | None = None  # ended as silent this long: said after its finals
         self.failed: str | None = None  # why recognising its stream failed in the model's thread
         self.alignments: deque[dict[str, Any] | None] | None = None  # the finals', if asked
         self.room = asyncio.Event()  # cleared while its backlog is full: its socket is not read
@@ -445,8 +446,13 @@ class LiveServer:
             except TimeoutError:
                 if client.stopped:  # the server ends it
                     continue
-                idle = f"{self.options.idle_timeout:g}"
-                raise ClientError(f"no audio for {idle} s: the stream is closed", POLICY) from None
+                idle = f"no audio for {self.options.idle_timeout:g} s: the stream is closed"
+                if not client.received or client.failed is not None:
+                    raise ClientError(idle, POLICY) from None
+                # what it sent is recognised to its end first, as when the server stops
+                client.ending, client.idle = True, f"{idle} after the finals of what came"
+                self._work.set()
+                return
             except ConnectionClosedOK:
                 break
             if isinstance(message, str):
@@ -527,6 +533,9 @@ class LiveServer:
         while True:
             message = await client.outbox.get()
             if message is None or client.too_slow:
+                return
+            if message["type"] == "done" and client.idle is not None:
+                await _refuse(ws, client.idle, POLICY, _peer(ws))  # in place of "done"
                 return
             try:
                 await asyncio.wait_for(ws.send(json.dumps(message)), self.options.send_timeout)

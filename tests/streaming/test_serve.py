@@ -415,9 +415,19 @@ def test_a_stream_that_sends_nothing_is_closed_and_frees_its_place(trained) -> N
         url = f"ws://127.0.0.1:{port}/"
         error, code = refused(url)  # started, then nothing
         assert (error["message"], code) == ("no audio for 0.5 s: the stream is closed", 1008)
-        error, code = refused(url, pcm16(waves[UID])[:3200])  # some audio, then nothing
-        assert code == 1008
-        assert session(url, pcm16(waves[UID]))[-1]["type"] == "done"  # its place is free
+        with connect(url, max_size=None) as ws:  # audio, then nothing: its finals, then closed
+            ws.send(START)
+            assert json.loads(ws.recv(10))["type"] == "ready"
+            ws.send(pcm16(waves[UID]))
+            said = []
+            with pytest.raises(ConnectionClosed):
+                while True:
+                    said.append(json.loads(ws.recv(10)))
+            assert ws.protocol.close_code == 1008
+        ended = [m["text"] for m in session(url, pcm16(waves[UID])) if m["type"] == "final"]
+        assert [m["text"] for m in said if m["type"] == "final"] == ended == ["U M N Y H SIX"]
+        assert said[-1] == {"type": "error", "message": "no audio for 0.5 s: the stream is "
+                            "closed after the finals of what came"}  # fmt: skip
 
 
 class NonReadingClient:
