@@ -12,7 +12,7 @@ import random
 import re
 import tarfile
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -187,7 +187,7 @@ def _an4_entries(root: Path, split: str) -> tuple[list[_Entry], list[str], list[
     transcription, audio_dir = AN4_SPLITS[split]
     path = root / "etc" / transcription
     entries, missing, bad_text, first_line_of = [], [], [], {}
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+    for number, line in _transcript_lines(path, bad_text):
         if not line.strip():
             continue
         location = f"{path}:{number}"
@@ -309,7 +309,7 @@ def _librispeech_entries(split_dir: Path) -> tuple[list[_Entry], list[str], list
     entries, missing, bad_text = [], [], []
     for transcripts in sorted(split_dir.glob("*/*/*.trans.txt")):
         speaker, first_line_of = transcripts.parent.parent.name, {}
-        for number, line in enumerate(transcripts.read_text(encoding="utf-8").splitlines(), 1):
+        for number, line in _transcript_lines(transcripts, bad_text):
             if not line.strip():
                 continue
             utterance_id, _, text = line.strip().partition(" ")
@@ -438,6 +438,18 @@ def _folder_entries(root: Path, audio: list[Path]) -> tuple[list[_Entry], list[s
             raise ValueError(f"{first} and {path} both give utterance id {utterance_id!r}")
         entries.append(_Entry(utterance_id, path, text, path.parent.name))
     return entries, missing, bad_text
+
+
+def _transcript_lines(path: Path, bad_text: list[str]) -> Iterator[tuple[int, str]]:
+    """`(number, line)` of a corpus's transcript file, a leading byte-order mark left out; a
+    line that is not UTF-8 goes to `bad_text` as `file:line: why`, the others on."""
+    data = path.read_bytes().removeprefix(b"\xef\xbb\xbf")
+    for number, raw in enumerate(data.splitlines(), start=1):
+        try:
+            yield number, raw.decode("utf-8")
+        except UnicodeDecodeError as error:
+            where = f"byte 0x{raw[error.start]:02x} at column {error.start + 1}"
+            bad_text.append(f"{path}:{number}: transcript is not valid UTF-8 ({where})")
 
 
 def _read_transcript(path: Path) -> str:

@@ -171,6 +171,24 @@ def test_librispeech_missing_audio_is_named_by_its_stem_of_any_suffix(tmp_path, 
     assert f"audio missing for 1: {missing}" in caplog.text
 
 
+def test_corpus_transcripts_with_a_bom_or_a_line_not_utf8_are_read_line_by_line(tmp_path):
+    """A byte-order mark hid the first id (its audio "missing"); a line not UTF-8 stopped the
+    whole run naming no file. The mark is left out; the line is named, the others go on."""
+    chapter = tmp_path / "LibriSpeech" / "dev-clean-5" / "19" / "198"
+    chapter.mkdir(parents=True)
+    text = "19-198-0001 YES\n19-198-0002 CAF\xe9\n19-198-0003 NO\n".encode("latin-1")
+    (chapter / "19-198.trans.txt").write_bytes(b"\xef\xbb\xbf" + text)
+    for k in (1, 2, 3):
+        write_tone(chapter / f"19-198-000{k}.opus", 0.5, "OGG")
+    prepare_corpus("librispeech", tmp_path, tmp_path / "out")
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["missing_audio"] == []
+    assert summary["bad_transcripts"] == [f"{chapter / '19-198.trans.txt'}:2: transcript is "
+                                          "not valid UTF-8 (byte 0xe9 at column 16)"]  # fmt: skip
+    ids = [json.loads(line)["id"] for line in (tmp_path / "out" / "dev.jsonl").open()]
+    assert sorted(ids) == ["19-198-0001", "19-198-0003"]
+
+
 @pytest.mark.needs_corpus
 def test_librispeech_unknown_split_is_named(librispeech_dir, tmp_path):
     with pytest.raises(ValueError, match=r"dev-clean not found; found train-clean-5"):
