@@ -129,13 +129,20 @@ def _cmvn(args: argparse.Namespace) -> int:
 
 
 def _validate_data(args: argparse.Namespace) -> int:
-    from asr.data.manifest import validate_manifest
+    from asr.data.manifest import ManifestError, validate_manifest
     from asr.text import Tokenizer
 
     tokenizer = Tokenizer.load(args.tokenizer) if args.tokenizer else None
     failed, lines = 0, []
     for manifest in args.manifest:
-        report = validate_manifest(manifest, tokenizer, check_audio="full" if args.full else True)
+        try:  # each on its own: one missing stops neither the others nor the report
+            check = "full" if args.full else True
+            report = validate_manifest(manifest, tokenizer, check_audio=check)
+        except ManifestError as error:
+            print(str(error))
+            lines.append(str(error))
+            failed += 1
+            continue
         if not report.good and not report.bad:  # as fit, evaluate, shard and cmvn refuse it
             said = f"{manifest}: no utterances to validate"
             print(said)

@@ -60,10 +60,12 @@ def test_validate_data_reports_every_manifest(manifest, tmp_path, capsys):
     report = tmp_path / "reports" / "report.txt"
     empty = tmp_path / "empty.jsonl"  # refused as training refuses it, and the others go on
     empty.write_text("\n")
-    argv = ["validate-data", "--manifest", str(bad), str(empty), str(manifest),
+    missing = tmp_path / "missing.jsonl"  # named, and the others still checked
+    argv = ["validate-data", "--manifest", str(bad), str(empty), str(missing), str(manifest),
             "--report", str(report)]  # fmt: skip
     assert main(argv) == 1
     lines = report.read_text().splitlines()
     assert lines[0] == f"{bad}: 0 good, 1 bad" and lines[1].startswith(f"{bad}:1: audio ")
-    assert lines[2:] == [f"{empty}: no utterances to validate", f"{manifest}: 1 good, 0 bad"]
+    assert lines[2:] == [f"{empty}: no utterances to validate", f"{missing}: manifest not found",
+                         f"{manifest}: 1 good, 0 bad"]  # fmt: skip
     assert f"{empty}: no utterances to validate" in capsys.readouterr().out
