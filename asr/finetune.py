@@ -3,6 +3,7 @@ name and shape are copied, and vocabulary-axis weights keep the rows of shared t
 
 from __future__ import annotations
 
+import importlib
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -180,6 +181,17 @@ def setting_differences(
     return [(k, then[k], now[k]) for k in sorted(then.keys() & now.keys()) if then[k] != now[k]]
 
 
+def _class_name(class_path: str) -> str:
+    """The module and name of the class `class_path` imports (a re-export names its home);
+    `class_path` itself where it imports nothing."""
+    module, _, name = class_path.rpartition(".")
+    try:
+        found = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError, ValueError):
+        return class_path
+    return f"{found.__module__}.{found.__qualname__}"
+
+
 def _flatten(value: Any, key: str, into: dict[str, Any]) -> None:
     """`value`'s leaves by dotted key, without `init_args` parts or training-only settings; a
     part given as a class, under its own key too (so that one and None differ).
@@ -194,8 +206,8 @@ def _flatten(value: Any, key: str, into: dict[str, Any]) -> None:
     if not isinstance(value, dict):
         into[key] = value
         return
-    if "class_path" in value:  # by its name: asr.frontends.X is asr.frontends.features.X
-        into[key] = str(value["class_path"]).rsplit(".", 1)[-1]
+    if "class_path" in value:  # as the class it names: asr.frontends.X is ...features.X
+        into[key] = _class_name(str(value["class_path"]))
     for name, item in value.items():
         if name != "class_path":
             _flatten(item, key if name == "init_args" else f"{key}.{name}", into)

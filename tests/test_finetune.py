@@ -16,6 +16,7 @@ from asr.data.manifest import read_manifest
 from asr.finetune import (
     check_same_settings,
     init_from,
+    setting_differences,
     shared_tokens,
     transfer_weights,
     vocabulary_tensors,
@@ -154,3 +155,17 @@ def test_settings_of_training_alone_or_unknown_to_one_model_may_change():
     tuned["frontend"]["init_args"]["level"] = {"class_path": "L", "init_args": {"dbfs": -20}}
     with pytest.raises(ValueError, match="frontend.level is None, this config's 'L'"):
         check_same_settings(trained, tuned)
+
+
+def test_a_class_is_compared_as_the_class_its_path_imports():
+    """A re-export is the same class; another class of the same name is not."""
+
+    def features(path: str) -> dict:
+        return {"frontend": {"class_path": path, "init_args": {"n_mels": 80}}}
+
+    home = features("asr.frontends.features.LogMelFilterbank")
+    assert setting_differences(home, features("asr.frontends.LogMelFilterbank"), ["frontend"]) == []
+    other = features("my_lab.frontends.LogMelFilterbank")
+    assert setting_differences(home, other, ["frontend"]) == [
+        ("frontend", "asr.frontends.features.LogMelFilterbank", "my_lab.frontends.LogMelFilterbank")
+    ]
