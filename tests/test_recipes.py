@@ -438,6 +438,12 @@ def test_a_stage_done_before_an_earlier_one_ran_again_elsewhere_is_named(tmp_pat
     run_recipe("an4", *args, *lm, "--stage", "1", "--stop-stage", "1", "--force", bin_dir=fake)
     again = run_recipe("an4", *args, *lm, "--stage", "8", bin_dir=fake)
     assert "warning: stage 1 ran again" in again.stderr, again.stderr
+    # the decodes with the LM read it: an LM trained again leaves them behind
+    (exp / "transformer_quick" / ".done-9").write_text("")
+    lm[-1] = "9"
+    run_recipe("an4", *args, *lm, "--stage", "8", "--stop-stage", "8", "--force", bin_dir=fake)
+    fused = run_recipe("an4", *args, *lm, "--stage", "9", bin_dir=fake)
+    assert skipped(fused.stdout) == [9] and "warning: stage 8 ran again" in fused.stderr
 
 
 @pytest.mark.parametrize("options, vocabulary", [((), []), (("--tokenizer", "bpe"), ["100"]),

@@ -206,15 +206,17 @@ seen_dir() {
 # warn_if_older N MARKER: a warning where an earlier stage, in a folder stage N reads, ran
 # again after stage N was done (e.g. `--stage 1 --stop-stage 1 --force`): N's result may be
 # built on what that stage wrote before. A forced stage drops the later markers of its own
-# folder only. A stage reads the data folder (and those in it), and folders of its own
-# folder's line (a model's for its decodes, the decodes' for the model's results), not
-# others (the LM's for a model's decodes). Once: the stages after N are as old.
+# folder only. A stage reads the data folder (and those in it), folders of its own folder's
+# line (a model's for its decodes, the decodes' for the model's results), and the folder a
+# caller names in `stage_reads` (the LM's for the decodes with it), not others (the LM's for
+# the model). Once: the stages after N are as old.
 warned_older=false
 warn_if_older() {
   local n=$1 marker=$2 dir other k own=${2%/*}/
   if [ "$warned_older" = true ]; then return 0; fi
   for dir in ${marker_dirs[@]+"${marker_dirs[@]}"}; do
-    if [[ $own != "$dir/"* && $dir/ != "$own"* ]] && [[ -z ${data:-} || $dir/ != "$data/"* ]]; then
+    if [[ $own != "$dir/"* && $dir/ != "$own"* && $dir != "${stage_reads:-}" ]] &&
+      [[ -z ${data:-} || $dir/ != "$data/"* ]]; then
       continue
     fi
     for other in "$dir"/.done-*; do
@@ -424,7 +426,8 @@ lm_stages() {
     --data.val_manifest "$data/$dev.jsonl" --data.test_manifest "$data/${!#}.jsonl" \
     --data.tokenizer "$tokenizer" --trainer.default_root_dir "$lm_dir" ${resume[@]+"${resume[@]}"}
   lm_checkpoint=$lm_dir/checkpoints/last.ckpt
-  run_stage $((n + 1)) "decode $(join_and "$@") with the LM (weight $lm_weight)" "$model_dir" \
+  local name="decode $(join_and "$@") with the LM (weight $lm_weight)"
+  stage_reads=$lm_dir run_stage $((n + 1)) "$name" "$model_dir" \
     decode_with_lm "$model_dir" "$config" "$data" "$@"
 }
 
