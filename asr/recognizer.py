@@ -175,7 +175,9 @@ class Recognizer:
         """Transcribe several recordings; one that cannot be read or decoded fails alone.
 
         Args:
-            audios: file paths or mono waveforms `(S,)`.
+            audios: file paths or mono waveforms `(S,)`, or one array `(B, S)` of B rows (an
+                array of no more than `MAX_CHANNELS` columns and more rows is one recording
+                of that many channels, and refused).
             sample_rate, word_timestamps, options, lm, batch_size, segmenter, vad, **search:
                 as in `transcribe`.
 
@@ -191,9 +193,13 @@ class Recognizer:
         columns = array and audios.ndim == 2 and audios.shape[1] <= MAX_CHANNELS < audios.shape[0]
         one_wave = array and (audios.ndim < 2 or columns)
         if isinstance(audios, (str, os.PathLike)) or one_wave:  # not a list of its parts
+            what = type(audios).__name__
+            if columns and audios.shape[1] > 1:
+                what = f"recording of {audios.shape[1]} channels {tuple(audios.shape)} (mix them "
+                what += "or pick one)"
             raise TypeError(
-                f"transcribe_batch takes a sequence of inputs, got one {type(audios).__name__}: "
-                "give [it], or use transcribe"
+                f"transcribe_batch takes a sequence of inputs, got one {what}: give [it], or "
+                "use transcribe"
             )
         if not array and not isinstance(audios, Sequence):
             audios = list(audios)  # a generator: read once

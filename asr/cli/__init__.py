@@ -293,7 +293,13 @@ def _transcribe(args: argparse.Namespace) -> int:
     import tempfile
 
     from asr.cli.inputs import expand_inputs, write_explorer
-    from asr.cli.parallel import MERGED, rewrite_merged, spreads, transcribe_spread
+    from asr.cli.parallel import (
+        MERGED,
+        holds_records,
+        rewrite_merged,
+        spreads,
+        transcribe_spread,
+    )
 
     if not args.audio and not args.manifest:
         raise ValueError("nothing to transcribe: give audio, folders, globs, or --manifest")
@@ -312,10 +318,10 @@ def _transcribe(args: argparse.Namespace) -> int:
 
         if args.workers is not None:
             raise ValueError("--streaming decodes one input after the other: no --workers")
-        if args.output_dir and (Path(args.output_dir) / MERGED).is_file():
+        if args.output_dir and holds_records(Path(args.output_dir)):
             raise ValueError(
-                f"{args.output_dir} holds the {MERGED} of a run spread over processes, which "
-                "--streaming does not keep true: give another --output-dir"
+                f"{args.output_dir} holds the {MERGED} of a run spread over processes (or its "
+                "parts), which --streaming does not keep true: give another --output-dir"
             )
         unread = {"nbest": "--nbest", "length_bonus": "--length-bonus",
                   "max_len_ratio": "--max-len-ratio", "repair": "--[no-]repair"}  # fmt: skip
@@ -354,7 +360,7 @@ def _transcribe(args: argparse.Namespace) -> int:
             print(f"asr transcribe: error: {failure}", file=sys.stderr)
         if not inputs:
             failed = 0
-        elif written and (Path(args.output_dir) / MERGED).is_file():
+        elif written and holds_records(Path(args.output_dir)):
             failed = rewrite_merged(args, _transcribe_inputs, inputs)
         else:
             failed = len(_transcribe_inputs(args, inputs))

@@ -494,6 +494,12 @@ def run_share(
         transcribe(args, share, note)
 
 
+def holds_records(out: Path) -> bool:
+    """Whether a folder holds the records of a run spread over processes: its merged manifest,
+    or the parts of one that was killed (which the next spread run trusts as well)."""
+    return (out / MERGED).is_file() or any(out.glob(PARTS))
+
+
 def rewrite_merged(
     args: argparse.Namespace, transcribe: TranscribeInputs, inputs: list[Input]
 ) -> int:

@@ -282,6 +282,15 @@ def test_one_process_writing_over_a_merged_folder_keeps_its_manifest_true(
     )  # fmt: skip
     assert code == 0, stderr
     assert merged(out) == complete and not list(out.glob("transcripts.rank*"))
+    # a killed spread run left its parts alone, which the next spread run would trust
+    (out / MERGED).unlink()
+    stale_line = {"run": "0", "stem": "a/yes", "name": "x", "record": stale[0]}
+    (out / "transcripts.rank0.jsonl").write_text(json.dumps(stale_line) + "\n")
+    code, _, stderr = transcribe(
+        "--manifest", corpus["good"], "--checkpoint", checkpoint, "--output-dir", out, *SAME_WORK
+    )  # fmt: skip
+    assert code == 0, stderr
+    assert merged(out) == complete and not list(out.glob("transcripts.rank*"))
 
 
 def test_ctrl_c_stops_the_workers_quietly(checkpoint, corpus, tmp_path, monkeypatch):
