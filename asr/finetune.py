@@ -3,8 +3,8 @@ name and shape are copied, and vocabulary-axis weights keep the rows of shared t
 
 from __future__ import annotations
 
-import importlib
 import os
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -182,12 +182,12 @@ def setting_differences(
 
 
 def _class_name(class_path: str) -> str:
-    """The module and name of the class `class_path` imports (a re-export names its home);
-    `class_path` itself where it imports nothing."""
+    """The module and name of the class `class_path` names (a re-export names its home), where
+    its module is imported already (a model's config, once built); else `class_path` itself:
+    a checkpoint's config is data, and comparing it must not import a stranger's module."""
     module, _, name = class_path.rpartition(".")
-    try:
-        found = getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError, ValueError):
+    found = getattr(sys.modules.get(module), name, None)
+    if not isinstance(found, type):
         return class_path
     return f"{found.__module__}.{found.__qualname__}"
 

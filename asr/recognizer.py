@@ -193,14 +193,13 @@ class Recognizer:
         columns = array and audios.ndim == 2 and audios.shape[1] <= MAX_CHANNELS < audios.shape[0]
         one_wave = array and (audios.ndim < 2 or columns)
         if isinstance(audios, (str, os.PathLike)) or one_wave:  # not a list of its parts
-            what = type(audios).__name__
+            advice = f"{type(audios).__name__}: give [it], or use transcribe"
             if columns and audios.shape[1] > 1:
-                what = f"recording of {audios.shape[1]} channels {tuple(audios.shape)} (mix them "
-                what += "or pick one)"
-            raise TypeError(
-                f"transcribe_batch takes a sequence of inputs, got one {what}: give [it], or "
-                "use transcribe"
-            )
+                advice = (
+                    f"recording of {audios.shape[1]} channels {tuple(audios.shape)}: mix them or "
+                    "pick one, then give [it] or use transcribe"
+                )
+            raise TypeError(f"transcribe_batch takes a sequence of inputs, got one {advice}")
         if not array and not isinstance(audios, Sequence):
             audios = list(audios)  # a generator: read once
         alignment.check_timestamps(word_timestamps, "word_timestamps")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import sys
 
 import pytest
 import torch
@@ -169,3 +170,6 @@ def test_a_class_is_compared_as_the_class_its_path_imports():
     assert setting_differences(home, other, ["frontend"]) == [
         ("frontend", "asr.frontends.features.LogMelFilterbank", "my_lab.frontends.LogMelFilterbank")
     ]
+    assert "this" not in sys.modules  # a module a checkpoint names is not imported to compare
+    assert setting_differences(home, features("this.LogMelFilterbank"), ["frontend"])
+    assert "this" not in sys.modules

@@ -503,9 +503,10 @@ def holds_records(out: Path) -> bool:
 def rewrite_merged(
     args: argparse.Namespace, transcribe: TranscribeInputs, inputs: list[Input]
 ) -> int:
-    """One process writing every input again into a folder that has a merged manifest (of
-    a run spread over processes): the manifest's lines of those inputs are replaced, so that
-    it and the files agree, and a later spread run does not skip on stale lines.
+    """One process writing every input again into a folder that holds the records of a run
+    spread over processes (`holds_records`): the merged manifest's lines of those inputs are
+    replaced, so that it and the files agree, and a later spread run does not skip on stale
+    lines.
 
     Args:
         args: the command's arguments (`--output-dir` given).

@@ -313,13 +313,14 @@ def _librispeech_entries(split_dir: Path) -> tuple[list[_Entry], list[str], list
             if not line.strip():
                 continue
             utterance_id, _, text = line.strip().partition(" ")
-            problem = _transcript_problem(text.strip(), utterance_id, number, first_line_of)
+            text = " ".join(text.split())  # a form feed or other control space: a space
+            problem = _transcript_problem(text, utterance_id, number, first_line_of)
             if problem:
                 bad_text.append(f"{transcripts}:{number}: {problem}")
                 continue
             audio = _audio_beside(transcripts.parent, utterance_id)
             if audio is not None:
-                entries.append(_Entry(utterance_id, audio, text.strip(), speaker))
+                entries.append(_Entry(utterance_id, audio, text, speaker))
             else:
                 missing.append(str(transcripts.parent / f"{utterance_id}.*"))  # any suffix
     _warn_left_out(split_dir.name, missing, bad_text)
