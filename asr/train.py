@@ -646,6 +646,8 @@ class ASRCLI(LightningCLI):
                 )
                 for cls in DEFAULT_LOGGERS
             ]
+        else:
+            _fresh_versions(config.trainer.logger)
 
     def instantiate_classes(self) -> None:
         super().instantiate_classes()
@@ -914,6 +916,25 @@ def _keep_compiled_kernels(capacity: int | None) -> None:
     if capacity < 1:
         raise ValueError(f"onednn_kernel_cache must be >= 1, got {capacity}")
     os.environ[KERNEL_CACHE_VARIABLE] = str(capacity)
+
+
+def _fresh_versions(loggers: Any) -> None:
+    """The default loggers of a run's saved config.yaml name its own version: given again (to
+    test, validate or resume), Lightning would delete that version's logs, the training curves
+    among them. Where it holds files, they log into the next version instead."""
+    ours = (
+        [lg for lg in loggers if getattr(lg, "class_path", None) in DEFAULT_LOGGERS]
+        if isinstance(loggers, list)
+        else []
+    )
+    for logger in ours:
+        args = getattr(logger, "init_args", None)
+        version, save_dir = getattr(args, "version", None), getattr(args, "save_dir", None)
+        if not isinstance(version, int) or save_dir is None:
+            continue
+        logs = Path(save_dir) / str(getattr(args, "name", None) or "lightning_logs")
+        if (logs / f"version_{version}").is_dir() and any((logs / f"version_{version}").iterdir()):
+            args.version = _next_version(logs)
 
 
 def _next_version(logs: Path) -> int:

@@ -312,7 +312,10 @@ def test_resume_from_last_and_average(tiny_an4, tmp_path, capsys):
     latest = max((tmp_path / "logs").glob("version_*"), key=lambda p: int(p.name[8:]))
     rows = list(csv.DictReader((latest / "metrics.csv").open()))
     assert [r for r in rows if r.get("test/wer")], "asr test reports the test WER"
+    logged = (latest / "metrics.csv").read_text()
     main(["test", "--config", str(latest / "config.yaml")])  # the config it saved re-runs
+    assert (latest / "metrics.csv").read_text() == logged, "its logs kept: a version of its own"
+    assert (latest.parent / f"version_{int(latest.name[8:]) + 1}" / "metrics.csv").is_file()
     # model options the checkpoint's hyperparameters would replace, silently
     unheard = ["--model.init_args.greedy_validation", "false"]
     said = "--model.init_args.greedy_validation: --ckpt_path " + str(out) + " sets it"
