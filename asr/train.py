@@ -801,7 +801,10 @@ def _say_where(cli: ASRCLI) -> None:
     logs = f"; logs and config.yaml in {trainer.logger.log_dir}" if trainer.logger else ""
     print(f"asr fit: checkpoints in {trainer.checkpoint_callback.dirpath}{logs}", file=sys.stderr)
     timer = next((c for c in trainer.callbacks if isinstance(c, Timer)), None)
-    epochs, done = trainer.max_epochs, trainer.current_epoch  # epochs finished
+    # Lightning counts an epoch the time limit cut as finished (and it resumes from its rest)
+    progress = getattr(getattr(trainer.fit_loop, "epoch_loop", None), "batch_progress", None)
+    cut = progress is not None and not getattr(progress, "is_last_batch", True)
+    epochs, done = trainer.max_epochs, max(trainer.current_epoch - cut, 0)  # epochs finished
     if timer is None or timer.time_remaining() > 0 or epochs in (None, -1) or done >= epochs:
         return
     print(

@@ -809,6 +809,25 @@ def test_a_run_the_time_limit_cut_short_says_so(tiny_an4, tmp_path, capsys):
     assert "of its 1000 epochs done" in said and "--ckpt_path last and a longer" in said
 
 
+def test_an_epoch_the_time_limit_cut_is_not_counted_as_done(monkeypatch, capsys):
+    """Lightning counts the cut epoch as finished: a run cut in its last epoch said nothing,
+    one cut in its third said three epochs were done."""
+    from asr.train import _say_where
+
+    timer = Timer(duration="00:00:00:01")
+    monkeypatch.setattr(Timer, "time_remaining", lambda self: 0.0)
+    for is_last_batch, said in ((False, "with 2 of its 3 epochs done"), (True, None)):
+        progress = SimpleNamespace(is_last_batch=is_last_batch)
+        trainer = SimpleNamespace(
+            is_global_zero=True, checkpoint_callback=SimpleNamespace(dirpath="ckpts"), logger=None,
+            callbacks=[timer], max_epochs=3, current_epoch=3,
+            fit_loop=SimpleNamespace(epoch_loop=SimpleNamespace(batch_progress=progress)),
+        )  # fmt: skip
+        _say_where(SimpleNamespace(subcommand="fit", trainer=trainer))
+        err = capsys.readouterr().err
+        assert (said in err) if said else "warning" not in err, err
+
+
 @pytest.mark.parametrize(
     ("name", "status", "said"),
     [("SIGTERM", 128 + signal.SIGTERM, "stopped by SIGTERM"), ("SIGINT", 130, "interrupted")],
