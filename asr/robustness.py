@@ -239,6 +239,8 @@ def robustness(
         stamp = {"source": str(Path(manifest).resolve()), "seed": seed, "sample_rate": rate,
                  "paths": "relative", "manifest_sha256": digest}  # fmt: skip
         if not as_given and _read_stamp(folder) != stamp:
+            # gone first: a rebuild that stops halfway must not leave other copies passing
+            (folder / "built.json").unlink(missing_ok=True)
             copy = build_condition(condition, utterances, folder, rate, seed, progress)
             (folder / "built.json").write_text(json.dumps(stamp) + "\n", encoding="utf-8")
         metrics = evaluate(

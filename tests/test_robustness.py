@@ -207,6 +207,13 @@ def test_robustness_table_reuses_copies_and_rebuilds_for_a_new_seed(tmp_path):
     manifest.write_text("\n".join(lines[:2]) + "\n")  # other utterances, the same file
     [row] = robustness(recognizer, manifest, out, conditions[2:], GREEDY, seed=3, progress=False)
     assert row["utterances"] == 2 and len(read_manifest(out / "white30/manifest.jsonl")) == 2
+    # a rebuild that stops halfway (a bad file, Ctrl-C) leaves no copies passing for built
+    gone = tmp_path / "gone.jsonl"
+    gone.write_text(lines[0] + "\n" + json.dumps({"audio_filepath": str(tmp_path / "x.wav"),
+                                                 "duration": 1.0, "text": "X"}) + "\n")  # fmt: skip
+    with pytest.raises(Exception, match="x.wav"):
+        robustness(recognizer, gone, out, conditions[2:], GREEDY, seed=3, progress=False)
+    assert not (out / "white30" / "built.json").exists()
 
 
 def test_copies_under_a_relative_folder_and_clean_chains(tmp_path, monkeypatch):
