@@ -401,6 +401,13 @@ def ended_ranks(procs: Sequence[subprocess.Popen]) -> list[str]:
     return notes
 
 
+def _how_to_go_on() -> str:
+    """How a fit stopped by a signal goes on: from its last.ckpt, where one was saved."""
+    if ASRCLI.last is None or ASRCLI.last.is_file():
+        return "the same command with --ckpt_path last resumes it from the last checkpoint"
+    return f"no checkpoint was saved yet ({ASRCLI.last}): the same command starts it again"
+
+
 def stopped_message(ended: Sequence[str], reason: str) -> str:
     """The one line a fit stopped by a lost rank ends with, whichever process noticed."""
     what = "; ".join(ended) or "another process of the job ended"
@@ -573,6 +580,7 @@ class ASRCLI(LightningCLI):
 
     argv: Sequence[str] = ()  # the command's options, set by `run_lightning_cli`
     _checkpoint: dict | None = None  # --ckpt_path's, read once, until the classes are checked
+    last: Path | None = None  # the run's last.ckpt, for what a stopped run says
     _init_from: str | None = None  # the model a resumed fine-tune started from
 
     def _parse_ckpt_path(self) -> None:
@@ -627,7 +635,7 @@ class ASRCLI(LightningCLI):
             # One checkpoint folder per experiment, so `--ckpt_path last` resumes a rerun.
             config.checkpoint.dirpath = str(Path(root) / "checkpoints")
         _check_checkpoint_choice(self.subcommand, config.ckpt_path, Path(config.checkpoint.dirpath))
-        last = Path(config.checkpoint.dirpath) / "last.ckpt"
+        last = ASRCLI.last = Path(config.checkpoint.dirpath) / "last.ckpt"
         if config.ckpt_path == "last" and last.is_file():
             self._checkpoint = load_checkpoint(last)
         model = config.model.get("init_args") if config.get("model") else None
@@ -966,7 +974,7 @@ def run_lightning_cli(argv: Sequence[str]) -> ASRCLI:
             print(f"asr {argv[0]}: error: {problem}", file=sys.stderr)
         raise SystemExit(2)
     torch.set_float32_matmul_precision("high")
-    ASRCLI.ctrl_c = CtrlC()
+    ASRCLI.ctrl_c, ASRCLI.last = CtrlC(), None
     ASRCLI.argv = list(argv)
     loggers = [
         logging.getLogger(f"lightning.{p}.utilities.rank_zero") for p in ("pytorch", "fabric")
@@ -1008,20 +1016,12 @@ def run_lightning_cli(argv: Sequence[str]) -> ASRCLI:
         raise SystemExit(1) from None
     except SIGTERMException:
         # Lightning exits 0 on SIGTERM; a recipe would then average an unfinished model.
-        print(
-            "asr: training stopped by SIGTERM; the same command with --ckpt_path last resumes "
-            "it from the last checkpoint",
-            file=sys.stderr,
-        )
+        print(f"asr: training stopped by SIGTERM; {_how_to_go_on()}", file=sys.stderr)
         raise SystemExit(128 + signal.SIGTERM) from None
     except SystemExit:  # Lightning's own exit after a Ctrl-C is 1
         if not ASRCLI.ctrl_c.pressed:
             raise
-        print(
-            "asr: training interrupted; the same command with --ckpt_path last resumes it from "
-            "the last checkpoint",
-            file=sys.stderr,
-        )
+        print(f"asr: training interrupted; {_how_to_go_on()}", file=sys.stderr)
         raise SystemExit(130) from None
     finally:
         for logger in loggers:
