@@ -250,7 +250,7 @@ class StepCheckpoint(L.Callback):
                 Path(keeper.dirpath) == dirpath
             ):  # fmt: skip
                 keeper.last_model_path = str(path)
-        trainer.save_checkpoint(path)
+        trainer.save_checkpoint(path, weights_only=False)  # said, else Lightning says it each time
 
     def on_load_checkpoint(self, trainer: L.Trainer, module: Any, checkpoint: dict) -> None:
         reopen_cut_epoch(checkpoint)
@@ -604,6 +604,12 @@ class ASRCLI(LightningCLI):
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
+        if config.checkpoint.save_last == "link":  # Lightning's link: to the last best-k file
+            raise ValueError(
+                "checkpoint.save_last link: last.ckpt would point at the last checkpoint kept "
+                "among the best, not the latest epoch, and --ckpt_path last lose the epochs "
+                "after it; give true"
+            )
         _keep_compiled_kernels(config.onednn_kernel_cache)
         if config.bf16_fallback and _emulates_bf16(config.trainer):
             print(

@@ -809,6 +809,13 @@ def test_a_run_the_time_limit_cut_short_says_so(tiny_an4, tmp_path, capsys):
     assert "of its 1000 epochs done" in said and "--ckpt_path last and a longer" in said
 
 
+def test_a_last_checkpoint_as_a_link_is_refused(tiny_an4, tmp_path, capsys):
+    """Lightning's link points at the last best-k file: after epochs that kept none, last.ckpt
+    was an old epoch, and --ckpt_path last threw the later ones away."""
+    said = refused([*_fit_args(tiny_an4, tmp_path), "--checkpoint.save_last", "link"], capsys)
+    assert "checkpoint.save_last link: last.ckpt would point at the last checkpoint kept" in said
+
+
 def test_an_epoch_the_time_limit_cut_is_not_counted_as_done(monkeypatch, capsys):
     """Lightning counts the cut epoch as finished: a run cut in its last epoch said nothing,
     one cut in its third said three epochs were done."""
