@@ -202,7 +202,11 @@ def resolve_package(path: str | os.PathLike) -> Path:
     try:
         return Path(fetch(revision=revision, local_files_only=True))
     except OSError:
-        raise CheckpointError(f"{text}: cannot fetch the model package ({error})") from None
+        raise CheckpointError(
+            f"{text}: cannot fetch the model package ({error}); fetched once with network access "
+            "it is found in the Hugging Face cache (HF_HUB_OFFLINE=1 too), or give a local "
+            "package folder"
+        ) from None
 
 
 def read_safetensors(path: Path) -> dict[str, torch.Tensor]:

@@ -552,6 +552,9 @@ def test_a_cached_hf_model_loads_where_the_hub_never_answers(hub_cache, monkeypa
 def test_an_uncached_hf_model_offline_is_named(offline_hub):
     with pytest.raises(CheckpointError, match="hf://me/elsewhere: cannot fetch the model package"):
         asr.load_model("hf://me/elsewhere")
+    with pytest.raises(CheckpointError, match=r"fetched once with network access it is found in "
+                       r"the Hugging Face cache .* or give a local package folder"):  # fmt: skip
+        asr.load_model("hf://me/elsewhere")
     with pytest.raises(ValueError, match="hf://owner/name"):
         asr.load_model("hf://just-a-name")
 

@@ -35,6 +35,7 @@ async def _connect(
     # writing it in another, which OpenSSL does not allow (a wss:// handshake could stall)
     from websockets.asyncio.client import connect as open_socket
     from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
+    from websockets.uri import parse_uri
 
     from asr.audio import AudioError, load_audio
 
@@ -47,6 +48,10 @@ async def _connect(
         tls = ssl.create_default_context(cafile=args.cafile) if secure else None
     except (OSError, ssl.SSLError) as err:
         raise ValueError(f"--cafile {args.cafile}: {err.strerror or err}") from None
+    try:  # said once, before any file is read; websockets' port errors name no URL
+        parse_uri(args.url)
+    except (InvalidURI, ValueError) as err:
+        raise ValueError(f"cannot connect to {args.url}: {err}") from None
     failed = 0
     for name in args.audio:
         if len(args.audio) > 1 and not args.jsonl:

@@ -889,6 +889,9 @@ def test_connect_says_why_the_server_refused_or_cannot_be_reached(server, capsys
         closed = f"ws://127.0.0.1:{probe.getsockname()[1]}/"
     assert main(["connect", closed, wav]) == 2
     assert f"asr connect: error: cannot connect to {closed}:" in capsys.readouterr().err
+    for bad in ("ws://127.0.0.1:99999/", "127.0.0.1:8765"):  # said before any file is read
+        assert main(["connect", bad, "missing.wav"]) == 2
+        assert f"asr connect: error: cannot connect to {bad}: " in capsys.readouterr().err
 
 
 def test_connect_gives_up_on_a_server_that_falls_silent(monkeypatch, capsys) -> None:
