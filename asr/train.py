@@ -250,7 +250,7 @@ class StepCheckpoint(L.Callback):
                 Path(keeper.dirpath) == dirpath
             ):  # fmt: skip
                 keeper.last_model_path = str(path)
-        trainer.save_checkpoint(path, weights_only=False)  # said, else Lightning says it each time
+        trainer.save_checkpoint(path)
 
     def on_load_checkpoint(self, trainer: L.Trainer, module: Any, checkpoint: dict) -> None:
         reopen_cut_epoch(checkpoint)
@@ -403,9 +403,11 @@ def ended_ranks(procs: Sequence[subprocess.Popen]) -> list[str]:
 
 def _how_to_go_on() -> str:
     """How a fit stopped by a signal goes on: from its last.ckpt, where one was saved."""
-    if ASRCLI.last is None or ASRCLI.last.is_file():
+    if not ASRCLI.lasts or ASRCLI.lasts[0].is_file():
         return "the same command with --ckpt_path last resumes it from the last checkpoint"
-    return f"no checkpoint was saved yet ({ASRCLI.last}): the same command starts it again"
+    if ASRCLI.lasts[1].is_file():  # step checkpoints kept apart
+        return f"the same command with --ckpt_path {ASRCLI.lasts[1]} resumes it"
+    return f"no last.ckpt was saved yet ({ASRCLI.lasts[0]}): the same command starts it again"
 
 
 def stopped_message(ended: Sequence[str], reason: str) -> str:
@@ -580,7 +582,7 @@ class ASRCLI(LightningCLI):
 
     argv: Sequence[str] = ()  # the command's options, set by `run_lightning_cli`
     _checkpoint: dict | None = None  # --ckpt_path's, read once, until the classes are checked
-    last: Path | None = None  # the run's last.ckpt, for what a stopped run says
+    lasts: tuple[Path, ...] = ()  # where the run's last.ckpt may be, for what a stopped run says
     _init_from: str | None = None  # the model a resumed fine-tune started from
 
     def _parse_ckpt_path(self) -> None:
@@ -604,11 +606,14 @@ class ASRCLI(LightningCLI):
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
-        if config.checkpoint.save_last == "link":  # Lightning's link: to the last best-k file
+        keeps_every = config.checkpoint.save_top_k == -1 or not config.checkpoint.monitor
+        if self.subcommand == "fit" and config.checkpoint.save_last == "link" and not keeps_every:
+            # Lightning links last.ckpt to the last file it kept: an old one, where only the
+            # best are kept
             raise ValueError(
                 "checkpoint.save_last link: last.ckpt would point at the last checkpoint kept "
                 "among the best, not the latest epoch, and --ckpt_path last lose the epochs "
-                "after it; give true"
+                "after it; give true (or keep every checkpoint, checkpoint.save_top_k -1)"
             )
         _keep_compiled_kernels(config.onednn_kernel_cache)
         if config.bf16_fallback and _emulates_bf16(config.trainer):
@@ -641,7 +646,7 @@ class ASRCLI(LightningCLI):
             # One checkpoint folder per experiment, so `--ckpt_path last` resumes a rerun.
             config.checkpoint.dirpath = str(Path(root) / "checkpoints")
         _check_checkpoint_choice(self.subcommand, config.ckpt_path, Path(config.checkpoint.dirpath))
-        last = ASRCLI.last = Path(config.checkpoint.dirpath) / "last.ckpt"
+        last = Path(config.checkpoint.dirpath) / "last.ckpt"
         if config.ckpt_path == "last" and last.is_file():
             self._checkpoint = load_checkpoint(last)
         model = config.model.get("init_args") if config.get("model") else None
@@ -651,6 +656,7 @@ class ASRCLI(LightningCLI):
             self._init_from, model.init_from = model.init_from, None
         if config.step_checkpoint.dirpath is None:
             config.step_checkpoint.dirpath = config.checkpoint.dirpath
+        ASRCLI.lasts = (last, Path(config.step_checkpoint.dirpath) / "last.ckpt")
         if config.trainer.logger in (None, True):
             version = _next_version(Path(root) / "logs")
             config.trainer.logger = [
@@ -661,7 +667,7 @@ class ASRCLI(LightningCLI):
                 for cls in DEFAULT_LOGGERS
             ]
         else:
-            _fresh_versions(config.trainer.logger)
+            _fresh_versions(config.trainer.logger, root)
 
     def instantiate_classes(self) -> None:
         super().instantiate_classes()
@@ -935,10 +941,11 @@ def _keep_compiled_kernels(capacity: int | None) -> None:
     os.environ[KERNEL_CACHE_VARIABLE] = str(capacity)
 
 
-def _fresh_versions(loggers: Any) -> None:
-    """The default loggers of a run's saved config.yaml name its own version: given again (to
-    test, validate or resume), Lightning would delete that version's logs, the training curves
-    among them. Where it holds files, they log into the next version instead."""
+def _fresh_versions(loggers: Any, root: str) -> None:
+    """The default loggers of a run's saved config.yaml (in `root/logs`) name its own version:
+    given again (to test, validate or resume), Lightning would delete that version's logs, the
+    training curves among them. Where it holds files, they log into the next version instead;
+    loggers a user set up otherwise are left as they are."""
     ours = (
         [lg for lg in loggers if getattr(lg, "class_path", None) in DEFAULT_LOGGERS]
         if isinstance(loggers, list)
@@ -947,9 +954,15 @@ def _fresh_versions(loggers: Any) -> None:
     for logger in ours:
         args = getattr(logger, "init_args", None)
         version, save_dir = getattr(args, "version", None), getattr(args, "save_dir", None)
-        if not isinstance(version, int) or save_dir is None:
+        if (
+            not isinstance(version, int)
+            or save_dir is None
+            or getattr(args, "name", None) != "logs"
+        ):
             continue
-        logs = Path(save_dir) / str(getattr(args, "name", None) or "lightning_logs")
+        if os.path.abspath(str(save_dir)) != os.path.abspath(root):
+            continue
+        logs = Path(save_dir) / "logs"
         if (logs / f"version_{version}").is_dir() and any((logs / f"version_{version}").iterdir()):
             args.version = _next_version(logs)
 
@@ -980,7 +993,7 @@ def run_lightning_cli(argv: Sequence[str]) -> ASRCLI:
             print(f"asr {argv[0]}: error: {problem}", file=sys.stderr)
         raise SystemExit(2)
     torch.set_float32_matmul_precision("high")
-    ASRCLI.ctrl_c, ASRCLI.last = CtrlC(), None
+    ASRCLI.ctrl_c, ASRCLI.lasts = CtrlC(), ()
     ASRCLI.argv = list(argv)
     loggers = [
         logging.getLogger(f"lightning.{p}.utilities.rank_zero") for p in ("pytorch", "fabric")

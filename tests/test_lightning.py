@@ -809,11 +809,33 @@ def test_a_run_the_time_limit_cut_short_says_so(tiny_an4, tmp_path, capsys):
     assert "of its 1000 epochs done" in said and "--ckpt_path last and a longer" in said
 
 
+def test_a_saved_configs_version_moves_on_and_a_users_own_stays(tmp_path):
+    from jsonargparse import Namespace
+
+    from asr.train import _fresh_versions
+
+    (tmp_path / "logs" / "version_0").mkdir(parents=True)
+    (tmp_path / "logs" / "version_0" / "metrics.csv").write_text("epoch\n")
+    (tmp_path / "tb" / "mine" / "version_0").mkdir(parents=True)
+    (tmp_path / "tb" / "mine" / "version_0" / "events").write_text("")
+
+    def logger(save_dir, name):
+        args = Namespace(save_dir=str(save_dir), name=name, version=0)
+        return Namespace(class_path="lightning.pytorch.loggers.CSVLogger", init_args=args)
+
+    saved, own = logger(tmp_path, "logs"), logger(tmp_path / "tb", "mine")
+    _fresh_versions([saved, own], str(tmp_path))
+    assert (saved.init_args.version, own.init_args.version) == (1, 0)
+
+
 def test_a_last_checkpoint_as_a_link_is_refused(tiny_an4, tmp_path, capsys):
     """Lightning's link points at the last best-k file: after epochs that kept none, last.ckpt
     was an old epoch, and --ckpt_path last threw the later ones away."""
     said = refused([*_fit_args(tiny_an4, tmp_path), "--checkpoint.save_last", "link"], capsys)
     assert "checkpoint.save_last link: last.ckpt would point at the last checkpoint kept" in said
+    every = ["--checkpoint.save_last", "link", "--checkpoint.save_top_k", "-1",
+             "--trainer.max_steps", "1"]  # fmt: skip
+    main([*_fit_args(tiny_an4, tmp_path / "every"), *every])  # each kept: the link is the last
 
 
 def test_an_epoch_the_time_limit_cut_is_not_counted_as_done(monkeypatch, capsys):
@@ -839,7 +861,7 @@ def test_an_epoch_the_time_limit_cut_is_not_counted_as_done(monkeypatch, capsys)
     ("name", "status", "said", "every"),
     [("SIGTERM", 128 + signal.SIGTERM, "stopped by SIGTERM", "1"),
      ("SIGINT", 130, "interrupted", "1"),
-     ("SIGINT", 130, "interrupted; no checkpoint was saved yet", "0")],  # nothing to resume
+     ("SIGINT", 130, "interrupted; no last.ckpt was saved yet", "0")],  # nothing to resume
 )  # fmt: skip
 def test_sigterm_stops_fit_with_a_failing_status_that_says_how_to_resume(
     tiny_an4, tmp_path, name, status, said, every
