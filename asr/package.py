@@ -79,6 +79,8 @@ def write_package(
     card: ModelCard | None = None,
 ) -> list[str]:
     """Write `checkpoint` as a package into `out_dir`; return the files written."""
+    if Path(out_dir).exists() and not Path(out_dir).is_dir():
+        raise NotADirectoryError(f"{out_dir}: a file; a package is a folder (give a new name)")
     state, payload = read_payload(checkpoint, RECOGNIZER_KEY)
     if decoding is not None:
         payload = payload | {"decoding": dict(decoding)}

@@ -228,6 +228,8 @@ def robustness(
     """Evaluate `recognizer` on `manifest` under each condition; one row of metrics each."""
     conditions = conditions or [Condition.parse(c) for c in DEFAULT_CONDITIONS]
     out_dir = Path(out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise NotADirectoryError(f"{out_dir}: a file; the output is a folder of copies and tables")
     utterances = read_manifest(manifest)
     digest = hashlib.sha256(Path(manifest).read_bytes()).hexdigest()  # copies of what it says
     rate = recognizer.sample_rate

@@ -449,6 +449,12 @@ def test_weights_that_do_not_fit_the_config_are_named(package):
         asr.load_model(package)
 
 
+def test_a_package_over_a_file_is_named(tmp_path):
+    (tmp_path / "pkg").write_text("")
+    with pytest.raises(NotADirectoryError, match=r"pkg: a file; a package is a folder"):
+        write_package(tmp_path / "none.ckpt", tmp_path / "pkg")
+
+
 def test_finalize_on_a_package_says_what_to_do(package, tmp_path, capsys):
     args = ["--model", str(package), "--manifest", str(tmp_path / "dev.jsonl")]
     assert main(["finalize", *args, "--beam-size", "2"]) == 2

@@ -295,3 +295,9 @@ def test_cmvn_cli_measures_level_normalised_features(tmp_path):
     torch.testing.assert_close(direct.mean, loud.mean)
     plain = compute_cmvn_stats(quiet, LogMelFilterbank(n_mels=40), tmp_path / "plain.json")
     assert float((plain.mean - loud.mean).abs().min()) > 1.0, "without it the level shows"
+
+
+def test_an_output_that_is_a_file_is_named(tmp_path):
+    (tmp_path / "out").write_text("")
+    with pytest.raises(NotADirectoryError, match=r"out: a file; the output is a folder"):
+        robustness(None, tmp_path / "m.jsonl", tmp_path / "out", [Condition("white", 20.0)])
