@@ -70,6 +70,7 @@ class ModelCard:
     training_command: str | None = None
     metrics: Sequence[str | os.PathLike] = ()  # `asr evaluate` metrics.json files
     parameters: int | None = None
+    onnx: bool = False  # the package holds ONNX Runtime graphs too (asr export --format onnx)
 
 
 def write_package(
@@ -329,7 +330,7 @@ def model_card(
         "## Results\n\n" + _results(card.metrics),
         "## Training\n\n" + _training(card.training_command, state),
         f"## Licence\n\n`{card.license}`. The licence of the training data applies too.",
-        _files_section(config),
+        _files_section(config, card.onnx),
     ]
     return "\n\n".join(sections) + "\n"
 
@@ -407,7 +408,7 @@ def _training(command: str | None, state: dict[str, Any]) -> str:
     return text
 
 
-def _files_section(config: dict[str, Any]) -> str:
+def _files_section(config: dict[str, Any], onnx: bool = False) -> str:
     files = [
         f"- `{WEIGHTS_FILE}`: the weights (safetensors: loading them runs no code)",
         f"- `{CONFIG_FILE}`: model config, decoding defaults",
@@ -415,6 +416,11 @@ def _files_section(config: dict[str, Any]) -> str:
         *(
             f"- `{name}`: a file the model config names (CMVN statistics)"
             for name in config["assets"]
+        ),
+        *(
+            [f"- `{ONNX_DIR}/`: the ONNX Runtime graphs (`--backend onnx`, `onnx-int8`)"]
+            if onnx
+            else []
         ),
     ]
     return "## Files\n\n" + "\n".join(files)

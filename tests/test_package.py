@@ -617,6 +617,13 @@ def test_the_model_card_has_decoding_results_training_and_licence(overfit_checkp
     assert "| decode_test | 4 | 9 | 100.0 | 0.0 | 0.0 | 0.0 | 0.0 | 0.0 |" in card
 
 
+def test_the_card_of_a_package_with_graphs_lists_them(overfit_checkpoint, tmp_path):
+    for onnx in (False, True):
+        write_package(overfit_checkpoint, tmp_path / str(onnx), card=ModelCard(onnx=onnx))
+        card = (tmp_path / str(onnx) / "README.md").read_text()
+        assert ("- `onnx/`: the ONNX Runtime graphs (`--backend onnx`" in card) == onnx
+
+
 def test_a_card_quotes_a_folder_with_a_space_and_a_home_path_loads(
     overfit_checkpoint, tmp_path, monkeypatch
 ):

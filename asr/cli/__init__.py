@@ -237,6 +237,7 @@ def _export(args: argparse.Namespace) -> int:
         args.training_command,
         tuple(args.metrics or ()),
         sum(p.numel() for p in recognizer.model.parameters()),
+        onnx=args.format == "onnx",
     )
     written = write_package(args.checkpoint, args.out, decoding, card)
     if args.format == "onnx":
