@@ -250,7 +250,7 @@ class StepCheckpoint(L.Callback):
                 Path(keeper.dirpath) == dirpath
             ):  # fmt: skip
                 keeper.last_model_path = str(path)
-        trainer.save_checkpoint(path)
+        trainer.save_checkpoint(path, weights_only=False)  # said, or Lightning says it each time
 
     def on_load_checkpoint(self, trainer: L.Trainer, module: Any, checkpoint: dict) -> None:
         reopen_cut_epoch(checkpoint)
