@@ -85,7 +85,7 @@ class RunCheckpoint(ModelCheckpoint):
 
     # Lightning writes last.ckpt only beside a new best-k checkpoint; refresh it every epoch.
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if not self._stale_score(trainer):
+        if not self._stale_score(trainer) and not _cut_short(trainer):
             super().on_train_epoch_end(trainer, pl_module)
         if self._should_save_on_train_epoch_end(trainer):
             self._refresh_last(trainer)
@@ -94,7 +94,8 @@ class RunCheckpoint(ModelCheckpoint):
         if not trainer.sanity_checking:
             score = self._monitor_candidates(trainer).get(self.monitor)
             self._validated = trainer.global_step, score
-        super().on_validation_end(trainer, pl_module)
+        if not _cut_short(trainer):
+            super().on_validation_end(trainer, pl_module)
         if not self._should_save_on_train_epoch_end(trainer):
             self._refresh_last(trainer)
 
@@ -111,6 +112,16 @@ class RunCheckpoint(ModelCheckpoint):
     def _refresh_last(self, trainer: L.Trainer) -> None:
         if self.save_last is True and not self._should_skip_saving_checkpoint(trainer):
             self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
+
+
+def _cut_short(trainer: L.Trainer) -> bool:
+    """Whether max_time stopped training inside an epoch: its weights are no epoch's to file
+    among the best (the resumed run finishes that epoch and files it), though last.ckpt is.
+    (A validation inside an epoch, or early stopping after one, files as it did.)"""
+    progress = getattr(getattr(trainer.fit_loop, "epoch_loop", None), "batch_progress", None)
+    if not trainer.should_stop or getattr(progress, "is_last_batch", True):
+        return False
+    return any(isinstance(c, Timer) and c.time_remaining() <= 0 for c in trainer.callbacks)
 
 
 PATH_KEYS = ("best_model_path", "kth_best_model_path", "last_model_path")

@@ -785,18 +785,28 @@ def test_time_limit_mid_epoch_then_longer_limit_resumes_that_epoch(
     full, stopped_root = uninterrupted([]), tmp_path / "stopped"
     _, stop_at = _middle_of_second_epoch(full)
 
+    out_of_time = []
+
     def out_of_time_at_step(timer, trainer):  # the Timer's check, with the clock made a step count
-        trainer.should_stop = trainer.should_stop or trainer.global_step >= stop_at
+        if trainer.global_step >= stop_at:
+            trainer.should_stop = True
+            out_of_time.append(True)
 
     args = _augmented_args(tiny_an4, stopped_root) + ["--step_checkpoint.every_n_steps", "0"]
     with monkeypatch.context() as patch:
         patch.setattr(Timer, "_check_time_remaining", out_of_time_at_step)
+        patch.setattr(
+            Timer, "time_remaining", lambda timer, mode="train": 0.0 if out_of_time else 60.0
+        )
         main(args + ["--trainer.max_time", "00:00:01:00"])
     last = stopped_root / "checkpoints" / "last.ckpt"
     assert torch.load(last, weights_only=True)["global_step"] == stop_at
+    # the cut epoch's weights are not filed among the best: its rest is still to train
+    assert not list((stopped_root / "checkpoints").glob("epoch001*"))
 
     main(args + ["--trainer.max_time", "00:01:00:00", "--ckpt_path", "last"])
     _assert_same_end(full, torch.load(last, weights_only=True))  # the cut epoch's rest trained
+    assert len(list((stopped_root / "checkpoints").glob("epoch001*"))) == 1, "filed once, whole"
 
 
 def test_a_run_the_time_limit_cut_short_says_so(tiny_an4, tmp_path, capsys):
