@@ -118,9 +118,18 @@ def _cut_short(trainer: L.Trainer) -> bool:
     """Whether max_time stopped training inside an epoch: its weights are no epoch's to file
     among the best (the resumed run finishes that epoch and files it), though last.ckpt is.
     (A validation inside an epoch, or early stopping after one, files as it did.)"""
+    return bool(trainer.should_stop) and _inside_an_epoch(trainer) and _out_of_time(trainer)
+
+
+def _inside_an_epoch(trainer: L.Trainer) -> bool:
+    """Whether training stopped before its epoch's last batch (Lightning counts that epoch as
+    finished all the same, and resumes from its rest)."""
     progress = getattr(getattr(trainer.fit_loop, "epoch_loop", None), "batch_progress", None)
-    if not trainer.should_stop or getattr(progress, "is_last_batch", True):
-        return False
+    return not getattr(progress, "is_last_batch", True)
+
+
+def _out_of_time(trainer: L.Trainer) -> bool:
+    """Whether the run's `max_time` (its Timer) has run out."""
     return any(isinstance(c, Timer) and c.time_remaining() <= 0 for c in trainer.callbacks)
 
 
@@ -713,12 +722,16 @@ class ASRCLI(LightningCLI):
             _check_same_network(path, checkpoint, self.model.model_config)
 
 
+def _payload(checkpoint: dict) -> dict:
+    """The recognizer's or LM's self-describing part of a checkpoint (none: empty)."""
+    return checkpoint.get(RECOGNIZER_KEY) or checkpoint.get(LM_KEY) or {}
+
+
 def _check_same_network(path: str, checkpoint: dict, model_config: dict) -> None:
     """CheckpointError where --ckpt_path's network was built with other settings than the
     config's in what holds no weights (a frontend's hop, say): its weights fit, and it would
     validate, test or train on as another model."""
-    payload = checkpoint.get(RECOGNIZER_KEY) or checkpoint.get(LM_KEY) or {}
-    saved = payload.get("model_config")
+    saved = _payload(checkpoint).get("model_config")
     parts = ("frontend", "encoder", "decoder", "lm")
     differ = setting_differences(saved, model_config, parts) if isinstance(saved, dict) else []
     if differ:
@@ -759,7 +772,7 @@ def _check_checkpoint_fits(path: str, checkpoint: dict, module: L.LightningModul
             "from its weights)"
         )
     tokenizer = getattr(module, "tokenizer", None)
-    payload = checkpoint.get(RECOGNIZER_KEY) or checkpoint.get(LM_KEY) or {}
+    payload = _payload(checkpoint)
     if tokenizer is None or "tokenizer" not in payload:
         return
     difference = _tokenizer_difference(payload_tokenizer(payload), tokenizer)
@@ -831,12 +844,9 @@ def _say_where(cli: ASRCLI) -> None:
         return
     logs = f"; logs and config.yaml in {trainer.logger.log_dir}" if trainer.logger else ""
     print(f"asr fit: checkpoints in {trainer.checkpoint_callback.dirpath}{logs}", file=sys.stderr)
-    timer = next((c for c in trainer.callbacks if isinstance(c, Timer)), None)
-    # Lightning counts an epoch the time limit cut as finished (and it resumes from its rest)
-    progress = getattr(getattr(trainer.fit_loop, "epoch_loop", None), "batch_progress", None)
-    cut = progress is not None and not getattr(progress, "is_last_batch", True)
-    epochs, done = trainer.max_epochs, max(trainer.current_epoch - cut, 0)  # epochs finished
-    if timer is None or timer.time_remaining() > 0 or epochs in (None, -1) or done >= epochs:
+    epochs = trainer.max_epochs
+    done = max(trainer.current_epoch - _inside_an_epoch(trainer), 0)  # epochs finished
+    if not _out_of_time(trainer) or epochs in (None, -1) or done >= epochs:
         return
     print(
         f"asr fit: warning: trainer.max_time ended the run with {done} of its {epochs} epochs "
