@@ -14,7 +14,7 @@ from torch import Tensor, nn
 
 from asr.ctc_prefix import CTCPrefixScorer
 from asr.models.interfaces import State
-from asr.text import BLANK_ID, PAD_ID, SOS_EOS_ID
+from asr.text import BLANK_ID, PAD_ID, SOS_EOS_ID, first_difference
 
 NON_OUTPUT_IDS = (BLANK_ID, PAD_ID)
 NEG_INF = float("-inf")
@@ -78,10 +78,10 @@ def check_language_model(
 
 def _first_difference(ours: Sequence[str], theirs: Sequence[str]) -> str:
     """The first token id whose pieces differ, as `id 5: 'a' for 'A'` (the LM's first)."""
-    for index, (a, b) in enumerate(zip(ours, theirs)):
-        if a != b:
-            return f"id {index}: {a!r} for {b!r}"
-    return f"{len(ours)} pieces for {len(theirs)}"
+    index = first_difference(ours, theirs)
+    if index is None or index >= min(len(ours), len(theirs)):
+        return f"{len(ours)} pieces for {len(theirs)}"
+    return f"id {index}: {ours[index]!r} for {theirs[index]!r}"
 
 
 @dataclass(frozen=True)

@@ -530,3 +530,16 @@ def _read_json_object(path: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ValueError(f"{path}: expected a JSON object, got {type(data).__name__}")
     return data
+
+
+def first_difference(ours: Sequence[str], theirs: Sequence[str]) -> int | None:
+    """The first token id whose pieces differ in two vocabularies (the shorter one's size where
+    it is the start of the other), or None where they are the same.
+
+    >>> first_difference(["<pad>", "A"], ["<pad>", "a"]), first_difference(["x"], ["x", "y"])
+    (1, 1)
+    """
+    for index, (a, b) in enumerate(zip(ours, theirs)):
+        if a != b:
+            return index
+    return None if len(ours) == len(theirs) else min(len(ours), len(theirs))

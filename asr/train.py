@@ -38,7 +38,7 @@ from asr.checkpoint import (
 )
 from asr.config_check import config_paths, config_problems, option_problems
 from asr.finetune import check_same_settings, setting_differences
-from asr.text import Tokenizer
+from asr.text import Tokenizer, first_difference
 
 DEFAULT_LOGGERS = (  # CSV first: it warns about a run folder another logger made already
     "lightning.pytorch.loggers.CSVLogger",
@@ -796,10 +796,10 @@ def _tokenizer_difference(saved: Tokenizer, given: Tokenizer) -> str | None:
         return f"{saved.kind} there, {given.kind} here"
     if saved.vocab_size != given.vocab_size:
         return f"{saved.vocab_size} ids there, {given.vocab_size} here"
-    for i, (then, now) in enumerate(zip(saved.pieces(range(saved.vocab_size)),
-                                        given.pieces(range(given.vocab_size)))):  # fmt: skip
-        if then != now:
-            return f"id {i} is {then!r} there, {now!r} here"
+    then, now = saved.pieces(range(saved.vocab_size)), given.pieces(range(given.vocab_size))
+    i = first_difference(then, now)  # the sizes are equal
+    if i is not None:
+        return f"id {i} is {then[i]!r} there, {now[i]!r} here"
     then, now = saved.normalizer.to_dict(), given.normalizer.to_dict()
     if then != now:
         return f"text normalised as {then} there, {now} here"
