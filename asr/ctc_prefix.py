@@ -14,7 +14,11 @@ LOG_FLOOR = -1e4
 
 NEG_INF = float("-inf")
 
-WINDOW_NATS = 40.0  # exp(-40) ~ 4e-18 is below float64 resolution
+# A prefix's forward mass more than WINDOW_NATS below its best frame is dropped. Log-probabilities
+# are <= 0, so each cut drops less than frames * exp(-WINDOW_NATS): scores above about
+# -(WINDOW_NATS - log(frames * tokens)) are exact, lower ones (hypotheses no search keeps)
+# lower bounds. The band it keeps grows with it slowly; no window at all is quadratic in length.
+WINDOW_NATS = 200.0
 BAND_GROWTH = 16  # frames a band first grows by while still significant at its end
 
 

@@ -135,9 +135,10 @@ def test_batched_with_beams_equals_each_utterance_alone() -> None:
 
 
 def test_a_prefix_scores_the_same_whatever_is_batched_with_it() -> None:
-    """The windowed band is each row's own: a long prefix of peaky posteriors, whose band the
-    window cuts below the exact score, scores the same alone, beside other utterances and
-    beside other hypotheses of its own utterance."""
+    """The windowed band is each row's own: a long prefix of peaky posteriors, whose band a
+    narrow window cuts below the exact score, scores the same alone, beside other utterances
+    and beside other hypotheses of its own utterance."""
+    narrow = 40.0
     generator = torch.Generator().manual_seed(26)
     log_probs = (6.0 * torch.randn(3, 40, 7, generator=generator)).log_softmax(-1)
     lens = torch.tensor([40, 39, 3])
@@ -150,26 +151,28 @@ def test_a_prefix_scores_the_same_whatever_is_batched_with_it() -> None:
         state = scorer.extend(state, last)
         return scorer.score(state), scorer.final_score(state)
 
-    alone = CTCPrefixScorer(log_probs[1:2, :39], lens[1:2])
+    alone = CTCPrefixScorer(log_probs[1:2, :39], lens[1:2], window=narrow)
     expected = scores(alone, 1, torch.tensor([4]))
     assert expected[1] < ctc_log_likelihood(log_probs[1:2], lens[1:2], [prefix + [4]]) - 1
-    batched = scores(CTCPrefixScorer(log_probs, lens), 3, torch.tensor([4, 4, 4]))
+    batched = scores(CTCPrefixScorer(log_probs, lens, window=narrow), 3, torch.tensor([4, 4, 4]))
     for ours, theirs in zip(batched, expected, strict=True):
         torch.testing.assert_close(ours[1:2], theirs)
-    rivals = scores(CTCPrefixScorer(log_probs[[1, 1]], lens[[1, 1]]), 2, torch.tensor([4, 6]))
+    rivals = scores(
+        CTCPrefixScorer(log_probs[[1, 1]], lens[[1, 1]], window=narrow), 2, torch.tensor([4, 6])
+    )
     for ours, theirs in zip(rivals, expected, strict=True):
         torch.testing.assert_close(ours[:1], theirs)
     # eos made to end one hypothesis continues that one's band alone
     quiet = torch.full((40, 7), 0.1 / 6).index_fill(1, torch.tensor([BLANK]), 0.9).log()
     log_probs[0] = quiet  # mostly blank: the band of the first runs to the last frame
-    scorer = CTCPrefixScorer(log_probs, lens)
+    scorer = CTCPrefixScorer(log_probs, lens, window=narrow)
     forced, state = torch.tensor([False, True, False]), extend_all(scorer, [[2, 5, 2]] * 3)
     assert state["end"][0] == 41 and state["end"][1] < 41
     untouched = {key: value.clone() for key, value in state.items() if torch.is_tensor(value)}
     eos = scorer.score(state, complete=forced)[:, EOS]
     for key, value in untouched.items():  # the state scored is not changed by it
         torch.testing.assert_close(state[key], value, rtol=0, atol=0)
-    one = CTCPrefixScorer(log_probs[1:2, :39], lens[1:2])
+    one = CTCPrefixScorer(log_probs[1:2, :39], lens[1:2], window=narrow)
     unforced = torch.tensor([0, 2])
     torch.testing.assert_close(eos[unforced], scorer.final_score(state)[unforced])
     torch.testing.assert_close(
@@ -250,7 +253,7 @@ def test_windowed_scores_equal_exact_scores_where_they_matter() -> None:
 def test_windowed_final_score_is_exact_on_the_spoken_labels() -> None:
     """Along the true labels of long peaky utterances (one padded), the banded states give
     the exact whole-sequence score; hypotheses missing their last labels score exactly where
-    they are within reach of the best alignment and -inf far below it."""
+    they are within the window's reach of the best alignment and -inf far below it."""
     first, _, labels = peaky_utterance(frames=600, seed=5)
     second, _, other = peaky_utterance(frames=400, seed=6, every=8)
     log_probs = torch.cat([first, F.pad(second, (0, 0, 0, 200), value=50.0)])
@@ -265,23 +268,61 @@ def test_windowed_final_score_is_exact_on_the_spoken_labels() -> None:
         CTCPrefixScorer(log_probs, lens, window=None),
     )
     dropped = []
-    for missing in range(1, 8):  # the best alignment's score is ~0: the band keeps -30 and up
+    reach = -(ctc_prefix.WINDOW_NATS - 20)  # the best alignment's score is ~0
+    for missing in range(1, 31, 3):
         short = [labels[:-missing], other[:-missing]]
         fast = windowed.final_score(extend_all(windowed, short))
         full = exact.final_score(extend_all(exact, short))
         assert (fast <= full + 1e-5).all()
-        torch.testing.assert_close(fast[full > -30], full[full > -30], atol=1e-4, rtol=1e-7)
+        torch.testing.assert_close(fast[full > reach], full[full > reach], atol=1e-4, rtol=1e-7)
         dropped += fast.isneginf().tolist()
     assert any(dropped)
-    assert windowed.init_state()["r_blank"].size(1) < 100
+    assert windowed.init_state()["r_blank"].size(1) < 400
+
+
+def test_windowed_scores_are_exact_for_hypotheses_a_search_can_choose() -> None:
+    """Confident posteriors (labels 40-80 nats above the rest) and hypotheses one edit away from
+    the spoken labels, as a joint search weighs them: every prefix and whole-sequence score
+    above -100 nats is exact, and none exceeds the exact one."""
+    checked = 0
+    for seed in range(60):
+        generator = torch.Generator().manual_seed(seed)
+        frames, vocab, peak = 30, 12, (40.0, 60.0, 80.0)[seed % 3]
+        logits = 3.0 * torch.randn(1, frames, vocab, generator=generator)
+        logits[..., BLANK] += peak
+        spoken = torch.randperm(frames - 2, generator=generator)[: frames // 5] + 1
+        labels = torch.randint(4, vocab, (len(spoken),), generator=generator)
+        logits[0, spoken, BLANK] -= peak
+        logits[0, spoken, labels] += peak
+        hypothesis = labels.tolist()
+        k = seed % len(hypothesis)
+        if seed % 3 == 0:
+            hypothesis.insert(k, hypothesis[k])  # a repeat
+        elif seed % 3 == 1:
+            hypothesis[k] = 4 + (hypothesis[k] - 3) % (vocab - 4)  # a substitution
+        else:
+            del hypothesis[k]  # a deletion
+        scores = []
+        for window in (ctc_prefix.WINDOW_NATS, None):
+            scorer = CTCPrefixScorer(logits.log_softmax(-1), torch.tensor([frames]), window=window)
+            state, row = scorer.init_state(), []
+            for token in hypothesis:
+                row.append(scorer.score(state, torch.tensor([[token]]))[0, 0])
+                state = scorer.extend(state, torch.tensor([token]))
+            scores.append(torch.stack([*row, scorer.final_score(state)[0]]).double())
+        fast, full = scores
+        assert (fast <= full + 1e-4).all()
+        torch.testing.assert_close(fast[full > -100], full[full > -100], atol=1e-4, rtol=1e-6)
+        checked += int((full > -100).sum())
+    assert checked > 100
 
 
 def test_window_width_does_not_grow_with_the_utterance() -> None:
     """The frames scored and kept per step cover the hypothesis' alignment, not the
     utterance: after 40 labels (the 40th at frame 474) the window and the band are the same in
-    a 600- and a 2400-frame utterance."""
+    a 1200- and a 2400-frame utterance."""
     windows, bands = [], []
-    for frames in (600, 2400):
+    for frames in (1200, 2400):
         log_probs, lens, labels = peaky_utterance(frames=frames)
         scorer = CTCPrefixScorer(log_probs, lens)
         state = extend_all(scorer, [labels[:40]])
@@ -289,4 +330,4 @@ def test_window_width_does_not_grow_with_the_utterance() -> None:
         windows.append((state["start"] + column[inside]).tolist())
         bands.append((state["start"], state["r_blank"].size(1)))
     assert windows[0] == windows[1] and bands[0] == bands[1]
-    assert 474 in windows[0] and len(windows[0]) < 200 and bands[0][1] < 200
+    assert 474 in windows[0] and len(windows[0]) < 800 and bands[0][1] < 800

@@ -576,7 +576,8 @@ def test_stdin_is_read_while_the_model_loads(
     from asr.audio import load_audio
     from asr.recognizer import load_model
 
-    wave = load_audio(an4_fixture / "wav/an4_clstk/fash/an255-fash-b.wav", 16000)
+    # a recording the random model says something for
+    wave = load_audio(an4_fixture / "wav/an4test_clstk/fcaw/an406-fcaw-b.wav", 16000)
     pcm = (wave * 32767).round().short().numpy().astype("<i2").tobytes()
     read_end, write_end = os.pipe()
     fcntl.fcntl(write_end, fcntl.F_SETPIPE_SZ, 4096)  # a page: each write waits for a read
@@ -835,7 +836,8 @@ def test_transcribe_streaming_takes_folders_globs_and_manifests_each_once(
     folder = tmp_path / "talks" / "alice"
     folder.mkdir(parents=True)
     wav = folder / "1.wav"
-    wav.write_bytes((an4_fixture / "wav/an4_clstk/fash/an251-fash-b.wav").read_bytes())
+    # a recording the random model says something for
+    wav.write_bytes((an4_fixture / "wav/an4test_clstk/fcaw/an406-fcaw-b.wav").read_bytes())
     manifest = tmp_path / "m.jsonl"
     manifest.write_text(json.dumps({"audio_filepath": str(wav)}) + "\n")
     argv = ["transcribe", "--streaming", "--model", str(tiny_checkpoint["checkpoint"]),
