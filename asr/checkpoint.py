@@ -28,8 +28,9 @@ class CheckpointError(ValueError):
     """A checkpoint that cannot be loaded safely or is malformed; names the file."""
 
 
-def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
-    """Load a checkpoint with `weights_only=True`: tensors and plain containers, never code."""
+def load_checkpoint(path: str | os.PathLike, mmap: bool = False) -> dict[str, Any]:
+    """Load a checkpoint with `weights_only=True`: tensors and plain containers, never code;
+    `mmap` maps its tensors rather than read them (a look at its keys)."""
     path = Path(path)
     if not path.is_file():
         what = "a folder, not a checkpoint file" if path.is_dir() else "no such checkpoint"
@@ -38,8 +39,9 @@ def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
         head = f.read(4)
     if head != b"PK\x03\x04" and head[:1] != b"\x80":  # torch.save's zip; its older pickle
         raise CheckpointError(f"{path}: not a checkpoint (torch.save writes a zip archive)")
+    mmap = mmap and head != b"\x80"  # the older pickle format cannot be mapped
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as err:
         raise CheckpointError(
             f"{path}: refused to load: it holds objects other than tensors and plain "
@@ -299,9 +301,10 @@ def best_checkpoints(last: str | os.PathLike, count: int) -> list[Path]:
 
 
 def _beside(recorded: Path, folder: Path) -> Path:
-    """`recorded` if it exists, else the file of the same name in `folder` if that exists."""
+    """The file of `recorded`'s name in `folder` (where the record is) if that exists, else
+    `recorded`: a run moved or copied reads its own checkpoints, not the original's."""
     moved = folder / recorded.name
-    return moved if not recorded.exists() and moved.exists() else recorded
+    return moved if moved.exists() else recorded
 
 
 # Settings of a network's config that training alone reads (the CMVN statistics' file is
@@ -337,12 +340,30 @@ def _network(config: dict[str, Any]) -> dict[str, Any]:
     return {part: kept(config.get(part)) for part in NETWORK_PARTS}
 
 
+TRAINING_STATE = ("optimizer_states", "lr_schedulers", "loops", "callbacks")
+
+
+def holds_training_state(path: str | os.PathLike) -> bool:
+    """Whether `path` is a checkpoint that `asr fit --ckpt_path` resumes (False for weights
+    alone, an average, or a file that is not a checkpoint)."""
+    if not Path(path).is_file():
+        return False
+    try:
+        return "optimizer_states" in load_checkpoint(path, mmap=True)
+    except (CheckpointError, OSError):
+        return False
+
+
 def average_checkpoints(paths: Sequence[str | os.PathLike], out: str | os.PathLike) -> Path:
     """Average the floating-point weights of checkpoints; the rest comes from the first."""
     if not paths:
         raise ValueError("no checkpoints to average")
     if Path(out).resolve() in {Path(p).resolve() for p in paths}:
         raise ValueError(f"{out} is one of the checkpoints averaged: write the average elsewhere")
+    if holds_training_state(out):
+        raise ValueError(
+            f"{out} holds a training state (asr fit resumes from it): write the average elsewhere"
+        )
     states = [load_checkpoint(p) for p in paths]
     first = states[0]["state_dict"]
     for path, state in zip(paths[1:], states[1:]):
@@ -364,7 +385,8 @@ def average_checkpoints(paths: Sequence[str | os.PathLike], out: str | os.PathLi
             averaged[name] = stacked.mean(0).to(tensor.dtype)
         else:
             averaged[name] = tensor
-    result = {k: v for k, v in states[0].items() if k not in ("optimizer_states", "lr_schedulers")}
+    # weights, not a training state: no optimizer, schedule, loop or best-checkpoint records
+    result = {k: v for k, v in states[0].items() if k not in TRAINING_STATE}
     result["state_dict"] = averaged
     result["averaged_from"] = [str(p) for p in paths]
     atomic_save(result, out)

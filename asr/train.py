@@ -32,6 +32,7 @@ from asr.checkpoint import (
     RECOGNIZER_KEY,
     CheckpointError,
     atomic_save,
+    best_checkpoints,
     load_checkpoint,
     payload_tokenizer,
     weight_differences,
@@ -610,19 +611,31 @@ class ASRCLI(LightningCLI):
         # options given on the command line: refuse those rather than drop them silently.
         subcommand = self.config.get("subcommand")
         path = self.config[subcommand].get("ckpt_path") if subcommand else None
+        if subcommand in ("validate", "test") and path in ("last", "best"):
+            # the file, so that its hyperparameters are set and checked as a file's are
+            config = self.config[subcommand]
+            root = config.trainer.default_root_dir or "."
+            _forget_another_runs_folders(config, root)
+            folder = Path(config.checkpoint.dirpath or Path(root) / "checkpoints")
+            path = config.ckpt_path = str(_named_checkpoint(path, folder / "last.ckpt"))
         given = _model_options(self.argv)
         if path and Path(path).is_file():
             self._checkpoint = load_checkpoint(path)  # a file that is none: said in one line
             _check_checkpoint_kind(path, self._checkpoint, self.config[subcommand].get("model"))
         if self._checkpoint is not None and given:
             saved = self._checkpoint.get("hyper_parameters", {})
-            overridden = [g for g in given if _model_argument(g) in saved]
-            if overridden:
+            refused = [g for g in given if _model_argument(g) in set(saved) - set(REPORTING)]
+            if refused:
                 raise ValueError(
-                    f"{', '.join(overridden)}: --ckpt_path {path} sets it as it was trained, "
+                    f"{', '.join(refused)}: --ckpt_path {path} sets it as it was trained, "
                     "whatever --model options say (asr evaluate decodes with other settings)"
                 )
+        model = self.config[subcommand].get("model") if subcommand else None
+        arguments = model.get("init_args") if model is not None else None
+        reports = {k: arguments[k] for k in REPORTING if arguments is not None and k in arguments}
         super()._parse_ckpt_path()
+        for name, value in reports.items():  # what validation reports, as the config says
+            self.config[subcommand].model.init_args[name] = value
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
@@ -704,6 +717,8 @@ class ASRCLI(LightningCLI):
             path = str(Path(config.checkpoint.dirpath) / "last.ckpt")
         if checkpoint is not None:
             _check_checkpoint_fits(path, checkpoint, self.model)
+        if self.subcommand == "fit" and checkpoint is not None:
+            _check_resumable(path, checkpoint)
         if self.subcommand == "fit":
             settings = _optimization(config.model)
             if _check_resumed_optimization(checkpoint, path, settings, self.argv):
@@ -784,6 +799,29 @@ def _check_checkpoint_fits(path: str, checkpoint: dict, module: L.LightningModul
         )
 
 
+def _check_resumable(path: str, checkpoint: dict) -> None:
+    """CheckpointError where `checkpoint` holds weights without the training state that
+    `fit --ckpt_path` resumes (an average, or a weights-only save)."""
+    if "optimizer_states" not in checkpoint:
+        raise CheckpointError(
+            f"{path}: weights without a training state (optimizer, schedule, epoch) to resume; "
+            f"--model.init_args.init_from {path} starts a new run from its weights"
+        )
+
+
+def _named_checkpoint(name: str, last: Path) -> Path:
+    """`--ckpt_path last` or `best`'s file: the run's `last`, or the best it records (Lightning
+    knows the best only within the run that found it)."""
+    if not last.is_file():
+        raise ValueError(f"--ckpt_path {name}: no {last}")
+    if name == "last":
+        return last
+    best = best_checkpoints(last, 1)[0]
+    if not best.is_file():
+        raise ValueError(f"--ckpt_path best: {best}, the best that {last} records, is gone")
+    return best
+
+
 def _tokenizer_difference(saved: Tokenizer, given: Tokenizer) -> str | None:
     """How `given` encodes otherwise than `saved`, or None where they encode alike.
 
@@ -804,6 +842,10 @@ def _tokenizer_difference(saved: Tokenizer, given: Tokenizer) -> str | None:
     if then != now:
         return f"text normalised as {then} there, {now} here"
     return None
+
+
+# ASRModule arguments that change what validation reports and plots, never the weights
+REPORTING = ("greedy_validation", "plot_utterances", "plot_every_n_epochs")
 
 
 def _model_options(argv: Sequence[str]) -> list[str]:
@@ -885,10 +927,8 @@ def _check_checkpoint_choice(command: str | None, ckpt_path: str | None, folder:
     last = folder / "last.ckpt"
     if command in ("validate", "test") and not ckpt_path:
         raise ValueError(
-            f"asr {command} scores a trained model: give --ckpt_path (a file, or last)"
+            f"asr {command} scores a trained model: give --ckpt_path (a file, last or best)"
         )
-    if command in ("validate", "test") and ckpt_path == "last" and not last.is_file():
-        raise ValueError(f"--ckpt_path last: no {last}")
     if command == "fit" and not ckpt_path and last.is_file():
         raise ValueError(
             f"{folder} holds an earlier run's checkpoints: --ckpt_path last resumes it; to "

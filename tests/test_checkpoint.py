@@ -1,5 +1,6 @@
 import os
 import pickle
+import shutil
 
 import pytest
 import torch
@@ -154,8 +155,11 @@ def test_best_checkpoints_ranks_by_score(tmp_path):
     assert [p.name for p in best_checkpoints(last, 2)] == ["b.ckpt", "c.ckpt"]
 
 
-def test_best_checkpoints_follow_a_moved_run_folder(tmp_path):
+def test_best_checkpoints_follow_a_moved_or_copied_run_folder(tmp_path):
     last = _run_with_best(tmp_path / "run", {"a.ckpt": 30.0, "b.ckpt": 10.0})
+    copy = tmp_path / "copy"  # reads its own, while the originals are still there
+    shutil.copytree(last.parent, copy)
+    assert best_checkpoints(copy / "last.ckpt", 2) == [copy / "b.ckpt", copy / "a.ckpt"]
     moved = tmp_path / "elsewhere"
     last.parent.rename(moved)
     assert best_checkpoints(moved / "last.ckpt", 2) == [moved / "b.ckpt", moved / "a.ckpt"]

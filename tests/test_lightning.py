@@ -30,7 +30,7 @@ from conftest import REPO, corpus_path
 from lightning.pytorch.callbacks import ModelCheckpoint, Timer
 
 import asr.lightning
-from asr.checkpoint import RECOGNIZER_KEY
+from asr.checkpoint import RECOGNIZER_KEY, best_checkpoints
 from asr.cli import main
 from asr.data.cmvn import compute_cmvn_stats
 from asr.data.dataset import set_loader_epoch
@@ -306,19 +306,43 @@ def test_resume_from_last_and_average(tiny_an4, tmp_path, capsys):
     name = "model.decoder.output.bias"
     expected = (sources[0]["state_dict"][name] + sources[1]["state_dict"][name]) / 2
     torch.testing.assert_close(averaged["state_dict"][name], expected)
+    # weights: no state to resume, nor records of a run's best checkpoints
+    assert not {"optimizer_states", "lr_schedulers", "loops", "callbacks"} & set(averaged)
+    said = refused([*_fit_args(tiny_an4, tmp_path), "--ckpt_path", str(out)], capsys)
+    assert f"{out}: weights without a training state" in said and "init_from" in said
+    kept = last.read_bytes()
+    sources = [str(p) for p in averaged["averaged_from"]]
+    assert main(["average", "--checkpoints", *sources, "--out", str(last)]) == 2
+    assert f"{last} holds a training state" in capsys.readouterr().err
+    assert last.read_bytes() == kept
+
+    def latest() -> Path:
+        return max((tmp_path / "logs").glob("version_*"), key=lambda p: int(p.name[8:]))
 
     test_args = _fit_args(tiny_an4, tmp_path)[1:] + ["--data.test_manifest", tiny_an4["dev"]]
     main(["test", *test_args, "--ckpt_path", str(out)])  # the averaged model scores the test set
-    latest = max((tmp_path / "logs").glob("version_*"), key=lambda p: int(p.name[8:]))
-    rows = list(csv.DictReader((latest / "metrics.csv").open()))
+    tested = latest()
+    rows = list(csv.DictReader((tested / "metrics.csv").open()))
     assert [r for r in rows if r.get("test/wer")], "asr test reports the test WER"
-    logged = (latest / "metrics.csv").read_text()
-    main(["test", "--config", str(latest / "config.yaml")])  # the config it saved re-runs
-    assert (latest / "metrics.csv").read_text() == logged, "its logs kept: a version of its own"
-    assert (latest.parent / f"version_{int(latest.name[8:]) + 1}" / "metrics.csv").is_file()
+    logged = (tested / "metrics.csv").read_text()
+    main(["test", "--config", str(tested / "config.yaml")])  # the config it saved re-runs
+    assert (tested / "metrics.csv").read_text() == logged, "its logs kept: a version of its own"
+    assert latest() != tested and (latest() / "metrics.csv").is_file()
+    # `best` in a new process: the best that last.ckpt records
+    main(["test", *test_args, "--ckpt_path", "best"])
+    saved = (latest() / "config.yaml").read_text()
+    assert f"ckpt_path: {best_checkpoints(last, 1)[0]}" in saved
+    said = refused(["test", *test_args, "--ckpt_path", "best", "--model.init_args.ctc_weight",
+                    "0.9"], capsys)  # fmt: skip
+    assert f"--ckpt_path {best_checkpoints(last, 1)[0]} sets it as it was trained" in said
+    # what validation reports is not the model's: as the config (file or options) says
+    overlay = tmp_path / "quiet.yaml"
+    overlay.write_text("model:\n  init_args:\n    greedy_validation: false\n")
+    main(["validate", *test_args, "--ckpt_path", str(out), "--config", str(overlay)])
+    assert "val/wer" not in (latest() / "metrics.csv").read_text().splitlines()[0]
     # model options the checkpoint's hyperparameters would replace, silently
-    unheard = ["--model.init_args.greedy_validation", "false"]
-    said = "--model.init_args.greedy_validation: --ckpt_path " + str(out) + " sets it"
+    unheard = ["--model.init_args.ctc_weight", "0.1"]
+    said = "--model.init_args.ctc_weight: --ckpt_path " + str(out) + " sets it"
     assert said in refused(["test", *test_args, "--ckpt_path", str(out), *unheard], capsys)
     heard = ["--model.init_args.frontend.init_args.normalize.init_args.stats_path", "moved.json"]
     assert "moved.json" in refused(["test", *test_args, "--ckpt_path", str(out), *heard], capsys)
