@@ -16,6 +16,10 @@ class UnfittableWords(ValueError):
     """The words are all right or all wrong (or none): a fact about the data, not a fault."""
 
 
+# Below this many words a fitted map follows its few words (perfectly separated, it is extreme)
+FEWEST_CALIBRATION_WORDS = 200
+
+
 @dataclass(frozen=True)
 class PlattScaling:
     """`confidence = sigmoid(scale * log(p) + ctc_scale * log(p_ctc) + bias)`.

@@ -164,9 +164,11 @@ def _usable(manifest: str | os.PathLike, skip_bad: bool) -> tuple[list[Utterance
     return report.good, report.bad
 
 
-def _nothing_to_score(manifest: str | os.PathLike, failures: Sequence[BadEntry]) -> ValueError:
+def _nothing_to_score(
+    manifest: str | os.PathLike, failures: Sequence[BadEntry], purpose: str = "evaluate"
+) -> ValueError:
     listed = f":\n{format_bad_entries(failures)}" if failures else ""
-    return ValueError(f"{manifest}: no utterances to evaluate{listed}")
+    return ValueError(f"{manifest}: no utterances to {purpose}{listed}")
 
 
 def _mean(values: Sequence[float]) -> float | None:
@@ -411,16 +413,20 @@ def fit_confidence(
     lm: LanguageModel | None = None,
     batch_size: int = 8,
     progress: bool = True,
+    failures: list[str] | None = None,
 ) -> ConfidenceFit:
-    """Decode `manifest` (a dev set) and fit `PlattScaling` to its hypothesis words."""
+    """Decode `manifest` (a dev set) and fit `PlattScaling` to its hypothesis words; manifest
+    lines and audio that cannot be used are left out, and added to `failures`."""
     options = options or recognizer.default_options
     recognizer.check_options(options, lm)
-    utterances = read_manifest(manifest)
-    if not utterances:
-        raise ValueError(f"{manifest}: no utterances to fit word confidences on")
+    utterances, bad = _usable(manifest, skip_bad=True)
     results, _, _ = _decode_all(
-        recognizer, utterances, options, lm, batch_size, progress, boundaries=False
+        recognizer, utterances, options, lm, batch_size, progress, bad, boundaries=False
     )
+    if failures is not None:
+        failures += [str(entry) for entry in bad]
+    if not results:
+        raise _nothing_to_score(manifest, bad, "fit word confidences on")
     words = LabelledWords.of(results)
     if words.left_out and not words.probs:
         raise ValueError(f"{manifest}: no hypothesis word has a probability to calibrate")

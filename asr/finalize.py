@@ -23,6 +23,7 @@ class Finished:
     confidence: ConfidenceFit | None
     heads: HeadChoice | None
     skipped: dict[str, str]  # part -> reason
+    failures: list[str]  # manifest lines and audio left out
 
     def payload(self) -> dict[str, Any]:
         """The checkpoint payload entries to store; None clears an entry."""
@@ -52,9 +53,11 @@ def finalize(
     recognizer = replace(
         recognizer, decoding=options, confidence_scaling=None, alignment_heads=None
     )
-    skipped = {}
+    skipped, failures = {}, []
     try:
-        confidence = fit_confidence(recognizer, manifest, options, lm, batch_size, progress)
+        confidence = fit_confidence(
+            recognizer, manifest, options, lm, batch_size, progress, failures
+        )
     except UnfittableWords as err:
         confidence, skipped["confidence"] = None, str(err)
     heads = None
@@ -64,11 +67,14 @@ def finalize(
         skipped["alignment heads"] = "one attention map: nothing to choose"
     else:
         try:
-            alignments = reference_alignments(recognizer, manifest, progress)
+            alignments = reference_alignments(recognizer, manifest, progress, failures)
             heads = choose_heads(recognizer, alignments)
         except ValueError as err:  # no reference that CTC can align
             skipped["alignment heads"] = str(err)
-    return Finished(stored_decoding(options), confidence, heads, skipped)
+    # each part lists the same bad lines and audio: once
+    return Finished(
+        stored_decoding(options), confidence, heads, skipped, [*dict.fromkeys(failures)]
+    )
 
 
 def store(checkpoint: str | os.PathLike, finished: Finished) -> None:

@@ -13,7 +13,7 @@ import numpy as np
 from tqdm import tqdm
 
 from asr.audio import load_audio
-from asr.data.manifest import read_manifest
+from asr.data.manifest import validate_manifest
 from asr.recognizer import Recognizer
 from asr.results import Alignment
 from asr.timing import attention_timestamps, boundary_error_ms
@@ -54,32 +54,45 @@ def boundary_errors(
 
 
 def reference_alignments(
-    recognizer: Recognizer, manifest: str | os.PathLike, progress: bool = True
+    recognizer: Recognizer,
+    manifest: str | os.PathLike,
+    progress: bool = True,
+    failures: list[str] | None = None,
 ) -> list[Alignment]:
-    """Teacher-forced alignments of the manifest's references that CTC can align too."""
+    """Teacher-forced alignments of the manifest's references that CTC can align too; manifest
+    lines and audio that cannot be used are left out, and added to `failures`."""
     if recognizer.model.ctc is None:
         raise ValueError(f"{recognizer.checkpoint}: choosing maps needs a CTC head to compare with")
     out, left_out = [], Counter()
-    utterances = read_manifest(manifest)
+    report = validate_manifest(manifest, check_audio=True)
+    utterances, unusable = report.good, [str(entry) for entry in report.bad]
     for utterance in tqdm(utterances, desc="align", disable=not progress):
         tokens = recognizer.tokenizer.encode(utterance.text)
         if not tokens or recognizer.tokenizer.unk_id in tokens:
             left_out["outside the vocabulary" if tokens else "no words"] += 1
             continue
-        wave = load_audio(
-            utterance.audio_filepath, recognizer.sample_rate, utterance.offset, utterance.duration
-        )
-        alignment = recognizer.align_tokens(wave, tokens)
+        try:
+            wave = load_audio(utterance.audio_filepath, recognizer.sample_rate,
+                              utterance.offset, utterance.duration)  # fmt: skip
+            alignment = recognizer.align_tokens(wave, tokens)
+        except ValueError as error:  # unreadable, or too short for the encoder
+            unusable.append(f"{utterance.audio_filepath} ({utterance.utt_id}): {error}")
+            continue
         if alignment.ctc_words and len(alignment.ctc_words) == len(alignment.words):
             out.append(alignment)
         else:
             left_out["CTC could not align"] += 1
+    if failures is not None:
+        failures += unusable
+    if unusable:
+        left_out["unusable"] = len(unusable)
     reasons = ", ".join(f"{count} {reason}" for reason, count in left_out.items())
     if not out:
-        raise ValueError(f"{manifest}: no utterance could be aligned ({reasons or 'none'})")
+        named = "".join(f"\n  {line}" for line in unusable)
+        raise ValueError(f"{manifest}: no utterance could be aligned ({reasons or 'none'}){named}")
     if left_out:
-        logger.warning("%s: %d of %d utterances left out: %s", manifest, len(utterances) -
-                       len(out), len(utterances), reasons)  # fmt: skip
+        logger.warning("%s: %d of %d utterances left out: %s", manifest, sum(left_out.values()),
+                       len(out) + sum(left_out.values()), reasons)  # fmt: skip
     return out
 
 

@@ -22,7 +22,9 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
+import soundfile
 import torch
 from conftest import REPO
 from test_evaluate import TEST_UTTERANCES
@@ -171,12 +173,26 @@ def test_finalize_stores_a_scaling_that_checkpoint_and_package_words_carry(
     shutil.copy(overfit_checkpoint, ckpt)
     files = {WAV / f"{p}.wav": t for p, t in {**UTTERANCES, **TEST_UTTERANCES}.items()}
     manifest = tmp_path / "dev.jsonl"  # learnt utterances (right words) and unseen ones (wrong)
+    short = tmp_path / "click.wav"  # too short for the encoder, as a missing file: left out
+    soundfile.write(short, np.zeros(480, np.float32), 16000)
     write_manifest(manifest, [Utterance(str(f), audio_info(f).duration, t, f.stem)
-                              for f, t in files.items()])  # fmt: skip
-    assert main(["finalize", "--checkpoint", str(ckpt), "--manifest", str(manifest),
-                 "--quiet"]) == 0  # fmt: skip
-    printed = capsys.readouterr().out
+                              for f, t in files.items()]
+                   + [Utterance(str(short), 0.03, "YES", "click"),
+                      Utterance(str(tmp_path / "gone.wav"), 1.0, "NO", "gone")])  # fmt: skip
+    args = ["--checkpoint", str(ckpt), "--manifest", str(manifest), "--quiet"]
+    assert main(["calibrate", *args]) == 1
+    printed, said = capsys.readouterr()
+    assert "2 manifest line(s) or utterance(s) left out" in said
+    assert f"{short} (click)" in said and "gone.wav" in said
+    assert main(["choose-heads", *args]) == 1
+    printed, said = capsys.readouterr()
+    assert "chosen" in printed and f"{short} (click)" in said and "gone.wav" in said
+    assert main(["finalize", *args]) == 1
+    printed, said = capsys.readouterr()
     assert "probability: ECE" in printed and "confidence: ECE" in printed
+    assert "caution: fitted on only " in printed, "a few utterances' words"
+    assert "alignment maps [" in printed, "the click is left out of choosing them too"
+    assert f"{short} (click)" in said and said.count("gone.wav") == 1
     recognizer = asr.load_model(ckpt)
     scaling = recognizer.confidence_scaling
     assert scaling is not None and f"{scaling.scale:.4f} * log(probability)" in printed
@@ -186,7 +202,8 @@ def test_finalize_stores_a_scaling_that_checkpoint_and_package_words_carry(
     assert words and all(w.ctc_probability is not None for w in words)
     assert all(w.confidence == scaling(w.probability, w.ctc_probability) for w in words)
 
-    metrics = evaluate(recognizer, manifest, tmp_path / "eval", plots=0, progress=False)
+    metrics = evaluate(recognizer, manifest, tmp_path / "eval", plots=0, progress=False,
+                       skip_bad=True)  # fmt: skip
     report = metrics["confidence"]
     assert report["scaling"] == scaling.as_dict()
     mean_confidence = sum(b["mean_confidence"] * b["words"] for b in report["bins"] if b["words"])
@@ -203,12 +220,14 @@ def test_on_words_all_right_calibrate_fails_and_finalize_stores_no_scaling(
     files = {WAV / f"{p}.wav": t for p, t in UTTERANCES.items()}
     manifest = tmp_path / "dev.jsonl"  # only learnt utterances: every word is right
     write_manifest(manifest, [Utterance(str(f), audio_info(f).duration, t, f.stem)
-                              for f, t in files.items()])  # fmt: skip
+                              for f, t in files.items()]
+                   + [Utterance(str(tmp_path / "gone.wav"), 1.0, "NO", "gone")])  # fmt: skip
     args = ["--checkpoint", str(ckpt), "--manifest", str(manifest), "--quiet"]
     assert main(["calibrate", *args]) == 2
     assert "both right and wrong words" in capsys.readouterr().err
-    assert main(["finalize", *args, "--beam-size", "2"]) == 0
-    assert "confidence: not fitted (" in capsys.readouterr().out
+    assert main(["finalize", *args, "--beam-size", "2"]) == 1  # a file left out, still named
+    printed, said = capsys.readouterr()
+    assert "confidence: not fitted (" in printed and "gone.wav" in said
     recognizer = asr.load_model(ckpt)
     assert recognizer.confidence_scaling is None and recognizer.default_options.beam_size == 2
 

@@ -217,7 +217,7 @@ def _finalize(args: argparse.Namespace) -> int:
         print(f"{part}: not fitted ({why})")
     store(args.checkpoint, finished)
     print(f"{args.checkpoint}: decoding, confidence and alignment maps stored", file=sys.stderr)
-    return 0
+    return _left_out("finalize", finished.failures)
 
 
 def _export(args: argparse.Namespace) -> int:
@@ -579,18 +579,20 @@ def _choose_heads(args: argparse.Namespace) -> int:
         check_maps(recognizer, args.heads)
     else:
         check_choosable(recognizer)
-    alignments = reference_alignments(recognizer, args.manifest, progress=not args.quiet)
+    failures: list[str] = []
+    alignments = reference_alignments(recognizer, args.manifest, not args.quiet, failures)
     if args.heads is not None:
         print(score_heads(recognizer, alignments, args.heads).table(), end="")
-        return 0
-    print(choose_heads(recognizer, alignments).table(), end="")
-    return 0
+    else:
+        print(choose_heads(recognizer, alignments).table(), end="")
+    return _left_out("choose-heads", failures)
 
 
 def _calibrate(args: argparse.Namespace) -> int:
     from asr.evaluate import fit_confidence
 
     recognizer = _load_model(args)
+    failures: list[str] = []
     fit = fit_confidence(
         recognizer,
         args.manifest,
@@ -598,13 +600,26 @@ def _calibrate(args: argparse.Namespace) -> int:
         _language_model(args, recognizer),
         args.batch_size,
         progress=not args.quiet,
+        failures=failures,
     )
     print(_calibration_report(fit))
-    return 0
+    return _left_out("calibrate", failures)
+
+
+def _left_out(command: str, failures: list[str]) -> int:
+    """List the manifest lines and utterances left out: exit status 1."""
+    if not failures:
+        return 0
+    _print_failures(f"asr {command}: {len(failures)} manifest line(s) or utterance(s) left out",
+                    failures)  # fmt: skip
+    return 1
 
 
 def _calibration_report(fit) -> str:
-    """The fitted map, and ECE and ROC area before and after it."""
+    """The fitted map, and ECE and ROC area before and after it; a caution where it was fitted
+    on too few words to trust."""
+    from asr.confidence import FEWEST_CALIBRATION_WORDS
+
     scaling = fit.scaling
     ctc = f" + {scaling.ctc_scale:.4f} * log(ctc_probability)" if scaling.ctc_scale else ""
     lines = [f"confidence = sigmoid({scaling.scale:.4f} * log(probability){ctc} "
@@ -613,6 +628,11 @@ def _calibration_report(fit) -> str:
         auc = "n/a" if c.auc is None else f"{c.auc:.3f}"
         lines.append(f"{name:>11}: ECE {c.ece:.3f}, ROC AUC {auc} over {c.words} words "
                      f"({100 * c.accuracy:.1f} % right)")  # fmt: skip
+    if fit.before.words < FEWEST_CALIBRATION_WORDS:
+        lines.append(
+            f"caution: fitted on only {fit.before.words} words, a map to distrust; calibrate "
+            f"on a dev set of {FEWEST_CALIBRATION_WORDS} words or more"
+        )
     return "\n".join(lines)
 
 
@@ -966,7 +986,7 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
         "that time words best (as asr choose-heads reports them; Transformer decoders with a "
         "CTC head). A part the model or data cannot give is said and left out. The search is "
         "stored without a language model (a checkpoint keeps none): --lm is given when "
-        "decoding.",
+        "decoding. Lines and audio that cannot be used are listed and left out (exit status 1).",
     )
     if command == "finalize":
         _add_decoding_arguments(
@@ -1316,7 +1336,8 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
         "head). Prints the expected calibration error (ECE) and ROC area before and after on "
         "those words (asr finalize stores the scaling: its words then carry it as "
         "`confidence`). With one probability the map keeps the words' order (the ROC area "
-        "stays); with both, it ranks the words anew.",
+        "stays); with both, it ranks the words anew. Lines and audio that cannot be used are "
+        "listed and left out (exit status 1).",
     )
     if command == "calibrate":
         _add_decoding_arguments(p)
