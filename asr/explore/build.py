@@ -808,14 +808,18 @@ def _curves(paths: list[Path]) -> dict[str, Any]:
     values: dict[str, dict[int, list[float | None]]] = defaultdict(lambda: defaultdict(list))
     for path in paths:
         with open(path, newline="") as f:
-            for row in csv.DictReader(f):
+            reader = csv.DictReader(f)
+            for row in reader:
                 if not row.get("epoch"):
                     continue
-                epoch = int(float(row["epoch"]))
-                for name in CURVES:
-                    if row.get(name):
-                        value = float(row[name])
-                        values[name][epoch].append(value if math.isfinite(value) else None)
+                try:
+                    epoch = int(float(row["epoch"]))
+                    logged = {name: float(row[name]) for name in CURVES if row.get(name)}
+                except (TypeError, ValueError):
+                    where = f"{path}:{reader.line_num}"
+                    raise ValueError(f"{where}: a value that is not a number") from None
+                for name, value in logged.items():
+                    values[name][epoch].append(value if math.isfinite(value) else None)
     epochs = sorted({e for series in values.values() for e in series})
     series = {
         name.removesuffix("_epoch"): [by_epoch[e][-1] if by_epoch.get(e) else None for e in epochs]

@@ -489,13 +489,18 @@ def test_a_resumed_run_shows_the_epochs_of_every_version(tmp_path):
     assert alone["curves"]["epoch"] == [0, 1], "a version folder: itself"
 
 
-def test_curves_show_values_that_are_not_finite_as_gaps(tmp_path):
+def test_curves_show_values_that_are_not_finite_as_gaps(tmp_path, capsys):
     (tmp_path / "metrics.csv").write_text(
         "epoch,step,val/loss,val/wer\n0,10,nan,inf\n1,20,2.5,-inf\n2,30,1.5,40\n"
     )
     assert main(["explore", str(tmp_path), "--quiet"]) == 0
     curves = page_data((tmp_path / "explorer.html").read_text())["training"]["curves"]
     assert curves["series"] == {"val/loss": [None, 2.5, 1.5], "val/wer": [None, None, 40.0]}
+    with (tmp_path / "metrics.csv").open("a") as log:
+        log.write("\n3,40,2.9118878841e,\n")  # a log cut off as it was written
+    assert main(["explore", str(tmp_path), "--quiet"]) == 2
+    said = capsys.readouterr().err
+    assert f"{tmp_path / 'metrics.csv'}:6: a value that is not a number" in said
 
 
 def test_linked_audio_a_browser_cannot_play_is_embedded(tmp_path):
