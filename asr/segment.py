@@ -299,11 +299,15 @@ def plan_segments(
     [(0.0, 1.9), (1.9, 4.0)]
     >>> plan_segments(np.zeros(400), 0.01, 4.0, SegmenterOptions(max_segment_seconds=3))
     [(0.0, 3.0), (2.0, 4.0)]
+    >>> plan_segments(np.full(200, -120.0), 0.01, 2.0, SegmenterOptions())  # silent: none
+    []
     """
+    loud = loud_frames(energy_db, frame_seconds, options)
+    if options.drop_silent and not loud.any():
+        return []
     if duration <= options.longest:
         return [(0.0, duration)]
     spans = _grow_segments(energy_db, frame_seconds, duration, options)
-    loud = loud_frames(energy_db, frame_seconds, options)
     if options.drop_silent:
         spans = [s for s in spans if loud[_frames(s, frame_seconds)].any()]
     if options.edge_silence_seconds is not None:
@@ -384,7 +388,5 @@ def segment_source(source: AudioSource, options: SegmenterOptions) -> list[Span]
         if not (track >= SPEECH_DB).any():
             return []
         return plan_segments(track, frame_seconds, source.duration, options)
-    if source.duration <= options.longest:
-        return [(0.0, source.duration)]
     energy, frame_seconds = source.energy_db(options.frame_seconds, options.read_seconds)
     return plan_segments(energy, frame_seconds, source.duration, options)

@@ -49,6 +49,7 @@ from asr.recognizer import Recognizer, load_model
 from asr.results import Segment, Transcript
 from asr.search import SearchOptions, greedy_search
 from asr.segment import (
+    ArraySource,
     FileSource,
     SegmenterOptions,
     frame_energy_db,
@@ -626,6 +627,18 @@ def test_digital_silence_is_silent_however_quiet_the_rest():
         wave = np.concatenate([np.zeros(16000 * 10), quiet, np.zeros(16000 * 10)])
         spans = plan_segments(frame_energy_db(wave, 160), 0.01, len(wave) / 16000, options)
         assert spans == [(9.5, 11.5)], "quiet speech is kept whole, the silence trimmed"
+
+
+@pytest.mark.parametrize("seconds", [2, 8])
+def test_a_silent_input_gives_no_segment_however_short(seconds):
+    """Digital silence, 16-bit noise of one step and float noise at -120 dBFS give no segment
+    to decode (made-up letters) however short, as longer inputs give none."""
+    options = SegmenterOptions(max_segment_seconds=5)
+    rng = np.random.default_rng(0)
+    steps = rng.integers(-1, 2, 16000 * seconds) / 32768
+    for wave in (0 * steps, steps, rng.normal(0, 1e-6, 16000 * seconds)):
+        source = ArraySource(torch.from_numpy(wave).float(), 16000)
+        assert segment_source(source, options) == []
 
 
 def _window(tokenizer, span: tuple[float, float], held: list[Word]) -> tuple:
