@@ -431,10 +431,13 @@ def load_model(
 
     Raises:
         CheckpointError: not a recognizer checkpoint or package, or unsafe to load (named).
-        ValueError: an unknown backend, or ONNX on a device other than the CPU or in bf16.
+        ValueError: an unknown backend, ONNX on a device other than the CPU or in bf16, or
+            a CUDA device where there is none.
         FileNotFoundError: the package has no such ONNX graphs (named).
     """
     check_precision(precision)
+    if torch.device(device).type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device={str(device)!r}: no CUDA device is available (device='cpu')")
     if not str(path).startswith(HF_PREFIX):
         path = os.path.expanduser(path)  # as a shell would: `~/models/an4`
     model, tokenizer, payload = load_seq2seq(path, device, backend, precision)

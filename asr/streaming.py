@@ -139,12 +139,22 @@ def streaming_encoder(recognizer: Recognizer, chunked: bool) -> torch.nn.Module:
     return encoder
 
 
+def check_streamable_frontend(recognizer: Recognizer) -> None:
+    """ValueError naming the checkpoint where the frontend needs the whole recording."""
+    try:
+        FeatureStream(recognizer.model.frontend)
+    except ValueError as error:
+        raise ValueError(f"{recognizer.checkpoint}: {error}") from None
+
+
 def mask_chunks(recognizer: Recognizer, chunk_ms: float | None) -> None:
     """Decode offline as the model streams: its encoder's self-attention under the mask of
-    chunks of `chunk_ms`, every chunk before in view (None: full context again). The joint beam
-    search over it gives the live `final_search="beam"` finals (one utterance a recording)."""
-    if chunk_ms is not None and chunk_ms <= 0:
-        raise ValueError(f"chunk_ms must be positive, got {chunk_ms}")
+    chunks of `chunk_ms`, every chunk before in view (None or 0: full context again). The joint
+    beam search over it gives the live `final_search="beam"` finals (one utterance a recording)."""
+    chunk_ms = chunk_ms or None
+    if chunk_ms is not None and chunk_ms < 0:
+        raise ValueError(f"chunk_ms must be positive (0 or None: full context), got {chunk_ms}")
+    check_streamable_frontend(recognizer)  # else no live decode gives what this measures
     encoder = streaming_encoder(recognizer, chunked=True)
     if not hasattr(encoder, "chunk"):  # an ONNX graph, traced at full context
         raise ValueError(
@@ -211,10 +221,7 @@ class StreamingEngine:
         model = recognizer.model
         if model.ctc is None:
             raise ValueError(f"{recognizer.checkpoint}: streaming needs a CTC head")
-        try:  # the frontend must stream: fail here, not per stream, and before any warning
-            FeatureStream(model.frontend)
-        except ValueError as error:
-            raise ValueError(f"{recognizer.checkpoint}: {error}") from None
+        check_streamable_frontend(recognizer)  # here, not per stream, and before any warning
         self.encoder = streaming_encoder(recognizer, chunked=self.options.chunk_ms is not None)
         self.factor = self.encoder.subsampling.factor
         self.frame_seconds = recognizer.frame_seconds

@@ -5,6 +5,7 @@ On the AN4 fixture (tests/fixtures/an4): no corpus needed.
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 from pathlib import Path
@@ -19,7 +20,9 @@ from asr.audio import audio_info
 from asr.cli import main
 from asr.data.manifest import Utterance, write_manifest
 from asr.evaluate import ScoredUtterance, error_report, evaluate
+from asr.frontends import LevelNormalizer
 from asr.package import results_row
+from asr.streaming import mask_chunks
 
 TEST_UTTERANCES = {  # the fixture's AN4 test utterances, written as a user might
     "an4test_clstk/fcaw/an406-fcaw-b": "Rubout G M E F three nine.",
@@ -63,6 +66,19 @@ def test_cli_chunk_ms_decodes_under_the_chunk_mask(checkpoint, tmp_path, monkeyp
     ])  # fmt: skip
     assert code == 0 and len(seen) == 1 and seen[0] >= 1
     assert json.loads((out / "metrics.json").read_text())["chunk_ms"] == 160.0
+    code = main(["evaluate", "--checkpoint", str(checkpoint), "--manifest", str(manifest),
+                 "--out", str(out), "--plots", "0", "--quiet", "--no-explorer",
+                 "--chunk-ms", "0"])  # fmt: skip
+    assert code == 0 and seen[-1] is None, "0: full context, as the live commands take it"
+    assert json.loads((out / "metrics.json").read_text())["chunk_ms"] is None
+
+
+def test_chunk_masks_refuse_a_model_that_cannot_stream():
+    """Its level normaliser needs the whole recording: no live decode gives such a WER."""
+    recognizer = copy.deepcopy(_overfit_recognizer(str(WAV))[0])
+    recognizer.model.frontend.level = LevelNormalizer()
+    with pytest.raises(ValueError, match="normalises each utterance's level"):
+        mask_chunks(recognizer, 160)
 
 
 def test_cli_scores_equal_jiwer_on_the_written_files(checkpoint, tmp_path, capsys):

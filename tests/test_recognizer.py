@@ -102,6 +102,12 @@ def test_finalize_on_an_empty_manifest_keeps_what_was_stored(checkpoint, tmp_pat
     assert checkpoint.read_bytes() == before
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a machine without a CUDA device")
+def test_a_cuda_device_that_is_not_there_is_said(checkpoint):
+    with pytest.raises(ValueError, match=r"device='cuda:1': no CUDA device is available"):
+        load_model(checkpoint, device="cuda:1")
+
+
 def test_a_language_model_is_given_alone_and_with_a_weight(checkpoint):
     recognizer, lm = load_model(checkpoint), object()
     with pytest.raises(TypeError, match=r"lm= takes the model alone: recognizer.load_lm"):

@@ -313,6 +313,8 @@ def _transcribe(args: argparse.Namespace) -> int:
         )
     if args.jsonl and not args.streaming:
         raise ValueError("--jsonl prints a live stream's finals: give --streaming too")
+    if args.live_options and not args.streaming:
+        raise ValueError(f"{', '.join(args.live_options)}: options of --streaming; give it too")
     if args.streaming:
         from asr.cli.console import StdinPcm
         from asr.cli.live import transcribe_streaming
@@ -466,7 +468,7 @@ def _evaluate(args: argparse.Namespace) -> int:
         plots=args.plots,
         plot_ids=args.plot_ids,
         progress=not args.quiet,
-        extra={"lm": args.lm if args.lm_weight != 0 else None, "chunk_ms": args.chunk_ms},
+        extra={"lm": args.lm if args.lm_weight != 0 else None, "chunk_ms": args.chunk_ms or None},
         skip_bad=True,
     )
     print(
@@ -1063,7 +1065,8 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
         p.add_argument(
             "--max-segment-seconds",
             type=_longest_segment,
-            help="longer audio is split on silence (default: the model's training utterance "
+            help="longer audio is split on silence; more than 2, twice the overlap of the "
+            "fixed windows cut where there is none (default: the model's training utterance "
             "length, 95th percentile rounded up, as stored by asr fit; 20 for older checkpoints)",
         )
         p.add_argument(
@@ -1267,10 +1270,10 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
         p.add_argument("--plot-ids", nargs="+", help="plot these utterance ids instead")
         p.add_argument(
             "--chunk-ms",
-            type=positive,
+            type=non_negative,
             help="a chunk-streaming model decoded as it streams: self-attention in chunks of "
             "this many ms, every chunk before in view; the search gives the finals of "
-            "`asr transcribe --streaming --final-search beam` (default: full context)",
+            "`asr transcribe --streaming --final-search beam` (default, or 0: full context)",
         )
         p.add_argument(
             "--no-explorer",

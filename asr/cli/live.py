@@ -23,10 +23,21 @@ from asr.search import DEFAULT_LM_WEIGHT
 from asr.streaming import FINAL_SEARCHES, StreamOptions
 
 
+class _Noted(argparse.Action):
+    """Stores the value and notes the option in `live_options`: a command where streaming is
+    optional refuses them without it, rather than ignore them."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        setattr(namespace, self.dest, values)
+        namespace.live_options = [*namespace.live_options, option_string]
+
+
 def add_stream_arguments(p: argparse.ArgumentParser, final_search: str) -> None:
     """The options of a live stream (`StreamOptions`); `final_search` is the command's default."""
+    p.set_defaults(live_options=[])
     p.add_argument(
         "--chunk-ms",
+        action=_Noted,
         type=non_negative,
         default=640.0,
         help="audio per encoder chunk, in ms: the latency of partial results (640); 0 decodes "
@@ -34,6 +45,7 @@ def add_stream_arguments(p: argparse.ArgumentParser, final_search: str) -> None:
     )
     p.add_argument(
         "--first-chunk-ms",
+        action=_Noted,
         type=positive,
         help="audio in each utterance's first chunk, in ms (default: --chunk-ms); longer, the "
         "opening word is read with more of itself (fewer errors on it), and the utterance's "
@@ -41,6 +53,7 @@ def add_stream_arguments(p: argparse.ArgumentParser, final_search: str) -> None:
     )
     p.add_argument(
         "--endpoint-silence",
+        action=_Noted,
         type=non_negative,
         default=EndpointOptions.trailing_silence,
         help="seconds of silence after speech that end an utterance "
@@ -48,6 +61,7 @@ def add_stream_arguments(p: argparse.ArgumentParser, final_search: str) -> None:
     )
     p.add_argument(
         "--silence-from",
+        action=_Noted,
         choices=["ctc", "silero"],
         default=EndpointOptions.silence_from,
         help="what hears that silence: the model's CTC blank frames (ctc, the default), or "
@@ -56,6 +70,7 @@ def add_stream_arguments(p: argparse.ArgumentParser, final_search: str) -> None:
     )
     p.add_argument(
         "--final-search",
+        action=_Noted,
         choices=FINAL_SEARCHES,
         default=final_search,
         help="how each utterance's final is found at its endpoint: the CTC prefix beam's n-best "
@@ -65,6 +80,7 @@ def add_stream_arguments(p: argparse.ArgumentParser, final_search: str) -> None:
     )
     p.add_argument(
         "--max-context-ms",
+        action=_Noted,
         type=positive,
         help="left context attention keeps, in ms (default: the whole utterance)",
     )

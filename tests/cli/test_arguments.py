@@ -84,6 +84,13 @@ def test_jsonl_is_for_live_streams(capsys) -> None:
     assert capsys.readouterr().err.splitlines()[-1] == said
 
 
+def test_live_options_are_refused_without_streaming(capsys) -> None:
+    """An offline decode would ignore them: a chunk size given would seem measured."""
+    assert main([*TRANSCRIBE, "--chunk-ms", "320", "--final-search", "rescore"]) == 2
+    said = "asr transcribe: error: --chunk-ms, --final-search: options of --streaming; give it too"
+    assert capsys.readouterr().err.splitlines()[-1] == said
+
+
 @pytest.mark.parametrize(("given", "repair"), [([], False), (["--repair"], True),
                                                (["--no-repair"], False)])  # fmt: skip
 def test_repair_given_on_the_command_line_overrides_the_stored_setting(given, repair):

@@ -61,10 +61,13 @@ def test_masked_chunks_decode_offline_as_the_live_beam_final(trained, chunk_ms) 
         assert d.hypothesis.score == pytest.approx(transcript.score, abs=1e-3)
 
 
-def test_masked_chunks_need_a_positive_size(trained) -> None:
+def test_masked_chunks_need_a_positive_size_or_none(trained) -> None:
     recognizer, _ = trained
     with pytest.raises(ValueError, match="positive"):
-        mask_chunks(recognizer, 0)
+        mask_chunks(recognizer, -160)
+    mask_chunks(recognizer, 160)
+    mask_chunks(recognizer, 0)  # full context, as the live commands' --chunk-ms 0
+    assert recognizer.model.encoder.chunk is None
 
 
 @pytest.mark.parametrize("chunk_ms", [None, 160, 640])
