@@ -20,7 +20,7 @@ from torch import Tensor, nn
 from asr.checkpoint import RECOGNIZER_KEY, checkpoint_payload
 from asr.data.augment import WaveAugment, WaveAugmenter
 from asr.data.dataset import Batch, SpeechDataset, collate, round_up, set_loader_epoch
-from asr.data.manifest import format_bad_entries, validate_manifest
+from asr.data.manifest import MIN_DURATION, format_bad_entries, validate_manifest
 from asr.data.sampler import DynamicBucketSampler, LengthGrid
 from asr.data.shards import (
     DEFAULT_SHUFFLE_BUFFER,
@@ -744,7 +744,7 @@ class ASRDataModule(L.LightningDataModule):
         seed: int = 0,
         skip_bad: bool = False,
         check_audio: Literal["header", "full"] = "header",
-        min_duration: float = 0.1,
+        min_duration: float = MIN_DURATION,
         shape_grid: float | None = None,
         cache_audio: bool = False,
         augment: WaveAugment | None = None,
@@ -819,7 +819,8 @@ class ASRDataModule(L.LightningDataModule):
             raise ValueError(
                 f"{folder}: {short} of its {len(index.durations)} utterances are shorter than "
                 f"data.min_duration ({hp.min_duration:g} s): shard a manifest without them "
-                "(asr validate-data names them), or lower data.min_duration"
+                f"(asr validate-data --min-duration {hp.min_duration:g} names them), or lower "
+                "data.min_duration"
             )
         options = StreamOptions(
             hp.max_batch_seconds, hp.max_batch_size, hp.num_buckets, hp.shuffle_buffer,

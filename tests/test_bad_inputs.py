@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -230,12 +231,20 @@ CASES = [
         "truncated-data",
         raw("truncated-data", lambda b: b[:1000]),
         prepare=OK,
-        validate=OK,  # 30 ms of audio: the encoder's minimum length is not checked up front
+        validate=failed(r"{line}: duration 0\.030 s is below 0\.1 s"),  # as fit refuses it
         transcribe=OK,  # too short to hold a word: an empty transcript
         evaluate=failed(r"{audio} \({id}\): .*too short"),
     ),
     bad_samples("nan", float("nan")),
     bad_samples("inf", float("inf")),
+    Case(  # shorter than `asr fit` takes (data.min_duration): validate-data names it too
+        "too-short",
+        wav("too-short", samples=tone(0.01)),
+        prepare=OK,  # a recording, if a short one: the minimum is training's to apply
+        validate=failed(r"{line}: duration 0\.010 s is below 0\.1 s"),
+        transcribe=None,
+        evaluate=None,
+    ),
     converted("pcm-u8", subtype="PCM_U8"),
     converted("pcm-24", subtype="PCM_24"),
     converted("float-32", subtype="FLOAT"),
@@ -407,6 +416,26 @@ def test_prepare_folder(inputs, tmp_path, capsys):
     assert {u["id"] for u in prepared} == ({"good"} if code else {"good", inputs.bad.stem})
     for u in prepared:
         assert u["duration"] == pytest.approx(audio_info(u["audio_filepath"]).duration)
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="a file name of any bytes is Linux's")
+def test_prepare_folder_lists_a_file_name_not_utf8_and_goes_on(tmp_path, capsys):
+    """A manifest is UTF-8: audio named by other bytes is listed, by its bytes, and left out."""
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    for name in (b"good", b"caf\xe9"):
+        path = Path(os.fsdecode(os.fsencode(folder) + b"/" + name))
+        with open(path.with_suffix(".wav"), "wb") as file:  # libsndfile takes UTF-8 names
+            soundfile.write(file, tone(), RATE, format="WAV")
+        path.with_suffix(".txt").write_text(GOOD_TEXT, encoding="utf-8")
+    out = tmp_path / "prepared"
+    code, output = run(["prepare", "folder", "--data-dir", str(folder), "--out", str(out)], capsys)
+    assert code == 1, output
+    named = re.escape(f"{folder}/caf\\xe9.wav: name is not valid UTF-8 (byte 0xe9)")
+    assert re.search(rf"^  {named}", output, re.MULTILINE), output
+    prepared = [json.loads(line) for path in out.glob("*.jsonl") for line in path.open()]
+    assert [u["id"] for u in prepared] == ["good"]
+    assert not list(out.glob("*.partial"))
 
 
 @pytest.mark.parametrize("inputs", cases_for("validate"), indirect=True)

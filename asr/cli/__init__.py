@@ -137,7 +137,9 @@ def _validate_data(args: argparse.Namespace) -> int:
     for manifest in args.manifest:
         try:  # each on its own: one missing stops neither the others nor the report
             check = "full" if args.full else True
-            report = validate_manifest(manifest, tokenizer, check_audio=check)
+            report = validate_manifest(
+                manifest, tokenizer, check_audio=check, min_duration=args.min_duration
+            )
         except ManifestError as error:
             print(str(error))
             lines.append(str(error))
@@ -161,15 +163,35 @@ def _validate_data(args: argparse.Namespace) -> int:
 
 
 def _shard(args: argparse.Namespace) -> int:
+    import threading
+
     from asr.data.shards import INDEX_NAME, write_shards
 
-    index = write_shards(args.manifest, args.out, args.shard_hours, progress=not args.quiet)
+    # SIGTERM unwinds as Ctrl-C does, so the shard being written is removed, not left .partial
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _raise_terminated) if main_thread else None
+    try:
+        index = write_shards(args.manifest, args.out, args.shard_hours, progress=not args.quiet)
+    except _Terminated:
+        print(f"asr shard: terminated; the same command writes {args.out} again", file=sys.stderr)
+        return 128 + signal.SIGTERM
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous)
     hours = sum(shard.seconds for shard in index.shards) / 3600
     count = sum(shard.count for shard in index.shards)
     print(f"{count} utterances ({hours:.2f} h) in {len(index.shards)} shards written to "
           f"{args.out}; train on them with data.train_manifest: {args.out}")  # fmt: skip
     print(f"index: {Path(args.out) / INDEX_NAME}", file=sys.stderr)
     return 0
+
+
+class _Terminated(BaseException):
+    """SIGTERM as an exception; not an Exception, so that no `except Exception` swallows it."""
+
+
+def _raise_terminated(signum: int, frame: object) -> None:
+    raise _Terminated
 
 
 def _average(args: argparse.Namespace) -> int:
@@ -868,8 +890,9 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
         "validate-data",
         help="check manifests: audio readable, text in vocab",
         description="Check every line of each manifest before training: its JSON, keys and "
-        "types, a unique id, a non-empty text, and an audio file whose header reads and covers "
-        "the line's offset and duration (--full decodes the audio too). Prints each manifest's "
+        "types, a unique id, a non-empty text, a duration `asr fit` takes (--min-duration), "
+        "and an audio file whose header reads and covers the line's offset and duration "
+        "(--full decodes the audio too). Prints each manifest's "
         "count of good and bad lines, then each bad line with the reason (exit status 1). A "
         "manifest without utterances is refused.",
         epilog="example: asr validate-data --manifest data/an4/*.jsonl --full",
@@ -879,7 +902,16 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
             "--manifest", nargs="+", required=True, help="JSONL manifests, each checked on its own"
         )
         p.add_argument("--tokenizer", help="tokenizer directory: also check out-of-vocabulary text")
+        from asr.data.manifest import MIN_DURATION
+
         p.add_argument("--full", action="store_true", help="decode all audio (checks NaN/inf too)")
+        p.add_argument(
+            "--min-duration",
+            type=non_negative,
+            default=MIN_DURATION,
+            help="seconds: shorter utterances are bad lines, as `asr fit` refuses them "
+            "(data.min_duration, %(default)g by default; 0: any length)",
+        )
         p.add_argument("--report", help="write the list of bad entries to this file")
     p.set_defaults(run=_validate_data)
 

@@ -22,6 +22,7 @@ logger = logging.getLogger(__name__)
 REQUIRED_KEYS = ("audio_filepath", "duration", "text")
 MAX_LISTED = 20
 DURATION_TOLERANCE = 0.1  # seconds a manifest's duration may exceed the audio's length
+MIN_DURATION = 0.1  # seconds: shorter utterances are bad lines for training (data.min_duration)
 
 
 @dataclass(frozen=True)
@@ -138,10 +139,19 @@ def write_manifest(path: str | os.PathLike, utterances: Iterable[Utterance]) -> 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(path.name + ".partial")
-    with open(partial, "w", encoding="utf-8") as file:
-        for utterance in utterances:
-            record = {key: value for key, value in asdict(utterance).items() if value is not None}
-            file.write(json.dumps(record, ensure_ascii=False) + "\n")
+    try:
+        with open(partial, "w", encoding="utf-8") as file:
+            for number, utterance in enumerate(utterances, start=1):
+                record = {k: v for k, v in asdict(utterance).items() if v is not None}
+                try:
+                    file.write(json.dumps(record, ensure_ascii=False) + "\n")
+                except UnicodeEncodeError as error:  # a path of other bytes than UTF-8
+                    raise ValueError(
+                        f"{path}:{number}: not valid UTF-8 ({error.reason}): {ascii(record)}"
+                    ) from None
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
     os.replace(partial, path)  # readers never see a half-written manifest
 
 

@@ -10,6 +10,7 @@ import logging
 import os
 import random
 import re
+import shutil
 import tarfile
 import zlib
 from collections.abc import Callable, Iterator, Sequence
@@ -94,6 +95,8 @@ AN4_LAYOUT = (
     "etc/an4_test.transcription and wav/ (or its parent), an AN4 .tar.gz, "
     "or a folder holding exactly one such tarball"
 )
+EXTRACTED = "extracted.json"  # in raw/: the record of the tarball extracted there
+EXTRACTED_DIR = "tarball"  # in raw/: that extraction, replaced by another tarball's
 AN4_SPLITS = {  # split -> (transcription file in etc/, audio directory in wav/)
     "train": ("an4_train.transcription", "an4_clstk"),
     "test": ("an4_test.transcription", "an4test_clstk"),
@@ -148,31 +151,53 @@ def _is_tarball(path: Path) -> bool:
 
 
 def _extract_an4(tarball: Path, raw: Path) -> Path:
-    """Extract an AN4 tarball into `raw` (once) and return the AN4 root inside it."""
-    marker = raw / f"{tarball.name}.extracted"  # holds the AN4 root's path relative to raw
-    if marker.is_file() and _is_an4_root(raw / marker.read_text().strip()):
-        return raw / marker.read_text().strip()
-    logger.info("extracting %s into %s", tarball, raw)
-    raw.mkdir(parents=True, exist_ok=True)
+    """Extract an AN4 tarball into `raw`/EXTRACTED_DIR (once per tarball) and return the AN4
+    root inside it; another tarball (path, size or time) replaces that folder, which is this
+    function's alone."""
+    identity = _file_identity(tarball)
+    marker, target = raw / EXTRACTED, raw / EXTRACTED_DIR
+    earlier = _read_marker(marker)
+    root = earlier.get("root")
+    if earlier.get("tarball") == identity and isinstance(root, str) and _is_an4_root(raw / root):
+        return raw / root
+    if tarball.resolve().is_relative_to(target.resolve()):
+        raise ValueError(f"{tarball}: move it out of {target}, where its extraction goes")
+    logger.info("extracting %s into %s", tarball, target)
+    marker.unlink(missing_ok=True)  # until the extraction is whole
+    if target.exists():
+        shutil.rmtree(target)
+    target.mkdir(parents=True)
     try:
         with tarfile.open(tarball) as archive:
-            inner = [
-                m.name
-                for m in archive.getmembers()
-                if m.name.endswith("etc/an4_train.transcription")
-            ]
+            members = archive.getmembers()
+            inner = [m.name for m in members if m.name.endswith("etc/an4_train.transcription")]
             if len(inner) != 1:
                 raise ValueError(
                     f"{tarball}: expected one AN4 distribution inside, found {len(inner)}"
                 )
-            _extract_all(archive, raw)
+            _extract_all(archive, target)
     except (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile) as error:  # cut short
         raise ValueError(f"{tarball}: cannot read the tarball ({error})") from error
-    root_inside = Path(inner[0]).parent.parent.as_posix()
+    root_inside = (Path(EXTRACTED_DIR) / Path(inner[0]).parent.parent).as_posix()
     if not _is_an4_root(raw / root_inside):
         raise ValueError(f"{tarball}: expected {AN4_LAYOUT}; the tarball's {root_inside} is not")
-    marker.write_text(root_inside + "\n")
+    marker.write_text(json.dumps({"tarball": identity, "root": root_inside}) + "\n")
     return raw / root_inside
+
+
+def _file_identity(path: Path) -> dict[str, Any]:
+    """What tells one tarball from another of the same name: its real path, size and time."""
+    status = path.stat()
+    return {"path": str(path.resolve()), "bytes": status.st_size, "mtime_ns": status.st_mtime_ns}
+
+
+def _read_marker(marker: Path) -> dict[str, Any]:
+    """The record of `_extract_an4` (empty when there is none, or it is unreadable)."""
+    try:
+        record = json.loads(marker.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return record if isinstance(record, dict) else {}
 
 
 def _extract_all(archive: tarfile.TarFile, destination: Path) -> None:
@@ -389,6 +414,9 @@ def prepare_folder(
     data_dir, out_dir = _absolute(data_dir), _absolute(out_dir)
     if not data_dir.is_dir():
         raise ValueError(f"{data_dir}: expected a directory with {FOLDER_LAYOUT}")
+    problem = _name_problem(data_dir)
+    if problem:
+        raise ValueError(problem)
     audio = audio_files(data_dir)
     if not audio:
         raise ValueError(f"{data_dir}: expected {FOLDER_LAYOUT}; found no audio")
@@ -525,6 +553,10 @@ def _measure(entries: Sequence[_Entry], description: str) -> tuple[list[Utteranc
     """Utterances with durations from the audio headers, and `path: reason` for unusable audio."""
     utterances, unusable = [], []
     for entry in tqdm(entries, desc=description, unit="file"):
+        problem = _name_problem(entry.audio)
+        if problem:
+            unusable.append(problem)
+            continue
         try:
             info = audio_info(entry.audio)
         except AudioError as error:
@@ -544,6 +576,19 @@ def _measure(entries: Sequence[_Entry], description: str) -> tuple[list[Utteranc
             _some(unusable),
         )
     return utterances, unusable
+
+
+def _name_problem(path: Path) -> str | None:
+    """Why a manifest (UTF-8) cannot name `path`: a name of other bytes, which Linux allows and
+    Python holds as lone surrogates; the path is shown with those bytes as `\\xe9`."""
+    try:
+        str(path).encode("utf-8")
+    except UnicodeEncodeError as error:
+        shown = os.fsencode(path).decode("utf-8", "backslashreplace")
+        byte = os.fsencode(str(path)[error.start])[0]
+        where = f"byte 0x{byte:02x}"
+        return f"{shown}: name is not valid UTF-8 ({where}), as a manifest needs: rename it"
+    return None
 
 
 def _write_splits(

@@ -36,7 +36,7 @@ from tqdm import tqdm
 from asr.audio import load_audio_with_rate
 from asr.data.augment import WaveAugmenter
 from asr.data.dataset import TextEncoder, check_speed_factors
-from asr.data.manifest import Utterance, format_bad_entries, validate_manifest
+from asr.data.manifest import MIN_DURATION, Utterance, format_bad_entries, validate_manifest
 from asr.data.sampler import LengthGrid
 from asr.perturb import change_speed, other_indices, speed_seconds
 from asr.text import has_word_character
@@ -242,6 +242,13 @@ def write_shards(
     utterances = report.good
     if not utterances:
         raise ValueError(f"{manifest}: no utterances to shard")
+    short = sum(u.duration < MIN_DURATION for u in utterances)
+    if short:  # `asr fit` refuses the folder then, not each of them
+        logger.warning(
+            "%s: %d utterance(s) shorter than %g s, which `asr fit` refuses by default "
+            "(data.min_duration): `asr validate-data --manifest %s` names them",
+            manifest, short, MIN_DURATION, manifest,
+        )  # fmt: skip
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     groups = _group_by_seconds([u.duration for u in utterances], shard_hours * 3600)
@@ -269,7 +276,9 @@ def write_shards(
     bar.close()
     _write_index(out, manifest, records, sorted(rates), utterances)
     written = {record["file"] for record in records}
-    for stale in out.glob(SHARD_NAME.replace("{:06d}", "*")):  # an earlier, larger set's
+    pattern = SHARD_NAME.replace("{:06d}", "*")
+    # an earlier, larger set's shards, and the partial shard of a run killed while writing it
+    for stale in [*out.glob(pattern), *out.glob(pattern + ".partial")]:
         if stale.name not in written:
             stale.unlink()
     return read_index(out)

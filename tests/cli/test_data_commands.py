@@ -3,6 +3,7 @@ cannot work: a one-line error naming what is wrong and exit 2, never a traceback
 
 from __future__ import annotations
 
+import inspect
 import json
 
 import numpy as np
@@ -69,3 +70,20 @@ def test_validate_data_reports_every_manifest(manifest, tmp_path, capsys):
     assert lines[2:] == [f"{empty}: no utterances to validate", f"{missing}: manifest not found",
                          f"{manifest}: 1 good, 0 bad"]  # fmt: skip
     assert f"{empty}: no utterances to validate" in capsys.readouterr().out
+
+
+def test_validate_data_refuses_the_short_utterances_fit_refuses(tmp_path, capsys):
+    """By default, the least duration `asr fit` takes (data.min_duration's default);
+    --min-duration 0 takes any."""
+    from asr.data.manifest import MIN_DURATION
+    from asr.lightning import ASRDataModule
+
+    fits = inspect.signature(ASRDataModule.__init__).parameters["min_duration"].default
+    assert fits == MIN_DURATION
+    soundfile.write(tmp_path / "a.wav", np.zeros(160, dtype=np.float32), 16000)
+    path = tmp_path / "m.jsonl"
+    record = {"audio_filepath": str(tmp_path / "a.wav"), "duration": 0.01, "text": "yes"}
+    path.write_text(json.dumps(record) + "\n")
+    assert main(["validate-data", "--manifest", str(path)]) == 1
+    assert f"{path}:1: duration 0.010 s is below {MIN_DURATION:g} s" in capsys.readouterr().out
+    assert main(["validate-data", "--manifest", str(path), "--min-duration", "0"]) == 0

@@ -60,6 +60,19 @@ def test_written_lines_are_utf8_json_objects_without_none_fields(tmp_path):
     }
 
 
+def test_a_line_that_cannot_be_utf8_is_named_and_the_earlier_manifest_kept(tmp_path):
+    """A path of other bytes (Python's lone surrogates) stops the write, naming the line; no
+    `.partial` file is left behind and the manifest written before stays as it was."""
+    path = tmp_path / "m.jsonl"
+    write_manifest(path, [Utterance("/x/a.wav", 1.0, "old")])
+    before = path.read_bytes()
+    unnamable = Utterance("/x/caf\udce9.wav", 1.0, "new")
+    with pytest.raises(ValueError, match=r"m\.jsonl:2: not valid UTF-8 .*caf\\udce9\.wav"):
+        write_manifest(path, [Utterance("/x/a.wav", 1.0, "new"), unnamable])
+    assert path.read_bytes() == before
+    assert [p.name for p in tmp_path.iterdir()] == ["m.jsonl"]
+
+
 def test_relative_paths_resolve_against_the_manifest_directory(tmp_path):
     (tmp_path / "lists").mkdir()
     path = write_lines(

@@ -435,3 +435,34 @@ def test_a_librispeech_split_named_twice_is_prepared_once(librispeech_dir, tmp_p
         "librispeech", librispeech_dir, tmp_path, splits=["train-clean-5", "train-clean-5"]
     )
     assert summaries["train"].utterances == summaries["train-clean-5"].utterances == 38
+
+
+def an4_tarball(path: Path, train: list[str]) -> Path:
+    """`path`, an AN4 .tar.gz of `fake_an4(train, one test line)`."""
+    root = fake_an4(path.parent / f"{path.parent.name}-an4", train, ["<s> T </s> (t1-tsp-b)"])
+    with tarfile.open(path, "w:gz") as archive:
+        archive.add(root, arcname="an4")
+    return path
+
+
+def test_an4_another_tarball_of_the_same_name_is_extracted_afresh(tmp_path, monkeypatch):
+    """The extraction in raw/ is reused only for the tarball it came from (path, size, time)."""
+    small = an4_tarball(tmp_path / "a" / "an4_sphere.tar.gz", ["<s> A </s> (a1-spk-b)"])
+    full = an4_tarball(
+        tmp_path / "b" / "an4_sphere.tar.gz", [f"<s> B </s> (b{n}-tsp-b)" for n in range(3)]
+    )
+    out = tmp_path / "out"
+    (out / "raw" / "an4").mkdir(parents=True)  # the user's, though named as the tarball's top
+    (out / "raw" / "an4" / "README").write_text("mine")
+    assert prepare_corpus("an4", small, out, dev_size=0)["train"].utterances == 1
+    assert prepare_corpus("an4", full, out, dev_size=0)["train"].utterances == 3
+    assert not list((out / "raw").rglob("a1-spk-b.wav")), "the old extraction was replaced"
+    assert (out / "raw" / "an4" / "README").read_text() == "mine"
+    an4_tarball(full, [f"<s> C </s> (c{n}-tsp-b)" for n in range(5)])  # same path, new content
+    assert prepare_corpus("an4", full, out, dev_size=0)["train"].utterances == 5
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("extracted again")
+
+    monkeypatch.setattr(tarfile, "open", refuse)
+    assert prepare_corpus("an4", full, out, dev_size=0)["train"].utterances == 5

@@ -11,6 +11,7 @@ import math
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tarfile
@@ -26,7 +27,7 @@ import pytest
 import soundfile
 import test_lightning
 import torch
-from conftest import REPO, encode_audio
+from conftest import REPO, encode_audio, run_forked
 
 from asr.audio import audio_info, load_audio
 from asr.cli import main
@@ -465,6 +466,55 @@ def test_writing_again_into_the_folder_leaves_no_earlier_shard(corpus, tmp_path)
     assert len(many.shards) > 1
     write_shards(corpus["manifest"], out, shard_hours=1.0)
     assert sorted(p.name for p in out.glob("*.tar")) == ["shard-000000.tar"]
+
+
+def test_a_partial_shard_of_a_killed_run_is_removed_by_the_next(corpus, tmp_path):
+    out = tmp_path / "shards"
+    out.mkdir()
+    (out / "shard-000004.tar.partial").write_bytes(b"cut short")
+    write_shards(corpus["manifest"], out, shard_hours=1.0)
+    assert sorted(p.name for p in out.iterdir()) == ["shard-000000.tar", INDEX_NAME]
+
+
+TERMINATED_WHILE_WRITING = """
+import os, signal, sys
+import asr.data.shards
+from asr.cli import main
+
+stored, calls = asr.data.shards._stored_audio, []
+
+
+def stored_then_terminated(utterance):
+    calls.append(utterance)
+    if len(calls) == 12:  # inside the third shard
+        os.kill(os.getpid(), signal.SIGTERM)
+    return stored(utterance)
+
+
+asr.data.shards._stored_audio = stored_then_terminated
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_asr_shard_terminated_removes_the_shard_it_was_writing(corpus, tmp_path):
+    out = tmp_path / "shards"
+    args = ["shard", "--manifest", str(corpus["manifest"]), "--out", str(out),
+            "--shard-hours", str(SHARD_SECONDS / 3600), "--quiet"]  # fmt: skip
+    result = run_forked(TERMINATED_WHILE_WRITING, args)
+    assert result.returncode == 128 + signal.SIGTERM, result.stderr
+    assert f"asr shard: terminated; the same command writes {out} again" in result.stderr
+    assert not list(out.glob("*.partial")) and not (out / INDEX_NAME).exists()
+    assert list(out.glob("shard-*.tar")), "the shards written before it stay"
+
+
+def test_asr_shard_warns_of_utterances_fit_refuses_as_too_short(tmp_path, caplog):
+    path = tmp_path / "short.wav"
+    soundfile.write(path, np.zeros(160, dtype=np.float32), SR)
+    write_manifest(tmp_path / "m.jsonl", [Utterance(str(path), 0.01, "YES", "short")])
+    with caplog.at_level(logging.WARNING, logger="asr.data.shards"):
+        write_shards(tmp_path / "m.jsonl", tmp_path / "shards")
+    assert "1 utterance(s) shorter than 0.1 s, which `asr fit` refuses" in caplog.text
+    assert f"`asr validate-data --manifest {tmp_path / 'm.jsonl'}` names them" in caplog.text
 
 
 def test_shards_with_utterances_too_short_to_train_on_are_refused(corpus, shards, tmp_path):
