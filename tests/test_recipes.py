@@ -377,6 +377,48 @@ def recording_asr(tmp_path: Path) -> tuple[Path, Path]:
     return fake, log
 
 
+LEAVING_OUT_ASR = """#!{python}
+# `asr prepare` writes a manifest, lists an input it left out and exits {status}; the other
+# commands record their arguments.
+import os, sys
+if sys.argv[1] == "prepare":
+    out = sys.argv[sys.argv.index("--out") + 1]
+    os.makedirs(out, exist_ok=True)
+    open(os.path.join(out, "train.jsonl"), "w").close()
+    print("asr prepare: 1 input(s) left out:\\n  bad.wav: unreadable", file=sys.stderr)
+    sys.exit({status})
+with open("{log}", "a") as f:
+    f.write(" ".join(sys.argv[1:]) + "\\n")
+"""
+
+
+@pytest.mark.parametrize("corpus", ["an4", "yesno", "librispeech"])
+def test_a_prepare_stage_that_left_inputs_out_warns_and_goes_on(corpus, tmp_path):
+    """`asr prepare`'s exit status 1 (inputs listed and left out, the rest's manifests written)
+    is a warning, as Kaldi's data preparation drops a bad utterance; 2 still stops the recipe."""
+    data, exp, fake, log = tmp_path / "data", tmp_path / "exp", tmp_path / "bin", tmp_path / "log"
+    fake.mkdir()
+    args = ["--data-dir", tmp_path, "--data", data, "--exp", exp, "--stop-stage", "2"]
+    if corpus == "librispeech":
+        (tmp_path / "set").mkdir()
+        args += ["--train-sets", "set", "--dev-set", "set", "--test-sets", "set"]
+    for status in (2, 1):
+        (fake / "asr").write_text(LEAVING_OUT_ASR.format(python=sys.executable, log=log,
+                                                         status=status))  # fmt: skip
+        (fake / "asr").chmod(0o755)
+        result = run_recipe(corpus, *args, bin_dir=fake, check=False)
+        if status == 2:
+            assert result.returncode == 2, result.stderr
+            assert "stage 1 (prepare manifests) failed (exit 2)" in result.stderr
+            assert not log.exists() and 1 not in markers(data)
+    assert result.returncode == 0, result.stderr
+    assert "bad.wav: unreadable" in result.stderr
+    assert "warning: stage 1 (prepare manifests): asr prepare left out" in result.stderr
+    assert "--stage 1 --force" in result.stderr
+    assert ran(result.stdout)[0] == 1 and 2 in ran(result.stdout) and 1 in markers(data)
+    assert "tokenizer --manifest" in log.read_text()
+
+
 def test_an4_language_model_stages_train_and_fuse_the_recipe_lm(tmp_path):
     """--lm-weight W: stage 8 trains conf/an4/lm.yaml on the training transcripts into
     exp/lm, stage 9 decodes dev and test with it fused at W and rewrites the results table

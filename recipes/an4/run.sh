@@ -107,7 +107,7 @@ elif [ "$stage" -le 0 ]; then
 fi
 mkdir -p "$data"
 
-run_stage 1 "prepare manifests" "$data" \
+stage_left_out=true run_stage 1 "prepare manifests" "$data" \
   asr prepare an4 --data-dir "$data_dir" --out "$data"
 tokenizer_options=(--kind "$tokenizer_kind")
 [ "$tokenizer_kind" = char ] || tokenizer_options+=(--vocab-size "$vocab_size")

@@ -6,7 +6,8 @@
 #
 # Stages are numbered. A finished stage leaves a marker `<dir>/.done-<N>` and is skipped when
 # the recipe is re-run; --force re-runs it. A stage that failed (or was killed) halfway left
-# no marker, so it simply runs again; training resumes from its last.ckpt.
+# no marker, so it simply runs again; training resumes from its last.ckpt. A prepare stage
+# whose `asr prepare` left broken inputs out (exit status 1) warns and goes on without them.
 
 # Defaults of the options every recipe has; a recipe may change them after sourcing.
 stage=1
@@ -138,7 +139,8 @@ asr_python() {
 # run_stage N NAME MARKER_DIR COMMAND...: skip when done as now (its name, which holds the
 # options its command function reads, e.g. the beam, and its command), mark when it succeeds.
 # Done otherwise (another config, beam, weight into the same folder): a usage error, not a
-# skip that claims the new options.
+# skip that claims the new options. With `stage_left_out=true`, the command is `asr prepare`
+# and its exit status 1 a warning (see left_out).
 run_stage() {
   local n=$1 name=$2 dir=$3
   shift 3
@@ -186,11 +188,27 @@ give --stage $n --force to run it again (and the stages after it), or another --
   trap "stop_job $job TERM 143" TERM
   trap "stop_job $job INT 130" INT
   trap "stop_job $job TERM 129" HUP # the terminal closed (nohup: ignored, no trap)
-  wait "$job"
+  local status=0
+  wait "$job" || status=$?
   trap - TERM INT HUP
+  if [ "$status" -ne 0 ] && [ "${stage_left_out:-}" = true ]; then
+    left_out "$status" || exit "$status"
+  elif [ "$status" -ne 0 ]; then
+    exit "$status"
+  fi
   current_stage=""
   printf '%s\n' "$record" >"$marker"
   echo "== stage $n ($name): done in $((SECONDS - started)) s"
+}
+
+# left_out STATUS: `asr prepare`'s exit status 1, inputs it listed and left out with the
+# manifests of the rest written, as a warning: Kaldi's data preparation drops a bad utterance
+# and goes on. Another status is returned, a failure still.
+left_out() {
+  [ "$1" -eq 1 ] || return "$1"
+  echo "warning: stage ${current_stage:-1 (prepare manifests)}: asr prepare left out the" \
+    "inputs listed above (${data:+$data/}summary.json); the stages go on without them." \
+    "Mend them, then give --stage 1 --force to prepare them again" >&2
 }
 
 # seen_dir DIR: remembers a folder that holds stage markers (see warn_if_older).

@@ -116,7 +116,7 @@ fi
 # A config whose train_manifest is not a .jsonl file trains on shards of the pooled sets.
 train_data=$data/train.jsonl
 grep -Eq '^ *train_manifest: *[^ ]+\.jsonl' "$config" || train_data=$data/shards/train
-run_stage 1 "prepare manifests" "$data" \
+stage_left_out=true run_stage 1 "prepare manifests" "$data" \
   asr prepare librispeech --data-dir "$data_dir" --out "$data" --splits "${sets[@]}"
 if [ "$train_data" != "$data/train.jsonl" ]; then  # its own marker: a later config may need it
   run_stage 1 "write shards" "$train_data" \
