@@ -180,9 +180,18 @@ give --stage $n --force to run it again (and the stages after it), or another --
   current_stage="$n ($name)"
   local started=$SECONDS job
   # The stage runs as a job of its own: SIGTERM or Ctrl-C to the recipe then stops its
-  # commands too, where a killed shell would leave them running, orphaned.
+  # commands too, where a killed shell would leave them running, orphaned. SIGKILL takes no
+  # trap: a watch in the job's group stops it once the recipe is no longer its parent.
   set -m
-  "$@" &
+  (
+    set +m
+    local stage=$BASHPID
+    if [ "$(parent_of "$stage")" = "$$" ]; then # else no way to tell: no watch
+      while [ "$(parent_of "$stage")" = "$$" ]; do sleep 1; done && kill -TERM 0 &
+      trap "kill $! 2>/dev/null || true" EXIT
+    fi
+    "$@" # not in a condition: a function's failing command still stops it (set -e)
+  ) &
   job=$!
   set +m
   trap "stop_job $job TERM 143" TERM
@@ -199,6 +208,18 @@ give --stage $n --force to run it again (and the stages after it), or another --
   current_stage=""
   printf '%s\n' "$record" >"$marker"
   echo "== stage $n ($name): done in $((SECONDS - started)) s"
+}
+
+# parent_of PID: the parent process id of PID (empty where neither /proc nor ps tells).
+parent_of() {
+  if [ -r "/proc/$1/stat" ]; then
+    local stat
+    stat=$(<"/proc/$1/stat") || return 0
+    set -- ${stat##*) } # after "pid (name) ": state, parent, ...
+    echo "$2"
+  elif command -v ps >/dev/null; then
+    ps -o ppid= -p "$1" | tr -d ' '
+  fi
 }
 
 # left_out STATUS: `asr prepare`'s exit status 1, inputs it listed and left out with the
