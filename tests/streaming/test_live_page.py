@@ -6,6 +6,11 @@ close to the file, not equal to it)."""
 from __future__ import annotations
 
 import asyncio
+import json
+import random
+import shutil
+import subprocess
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -251,7 +256,6 @@ def test_a_page_without_its_server_says_what_to_do(received) -> None:
     """Opened as a file, the page says to open it at the server's address; served by a server
     that has since stopped, Start says the server does not answer (not the browser's words
     about a script that did not load)."""
-    from pathlib import Path
 
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
@@ -276,3 +280,42 @@ def test_a_page_without_its_server_says_what_to_do(received) -> None:
         assert driver.find_element(By.ID, "toggle").text == "Start" and not received
     finally:
         driver.quit()
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="needs Node.js to run the page's script")
+def test_the_page_saves_cues_as_the_writers_do():
+    """The page's `lasting` and `millis` against `asr.writers._lasting` on random cue lists,
+    instants and half milliseconds (which Python's round() gives to the even number) among them."""
+    import asr.serve
+    from asr.writers import _lasting
+
+    script = (Path(asr.serve.__file__).parent / "static" / "live.js").read_text()
+    functions = (
+        script[script.index("  function millis") : script.index("  function stamp")]
+        + script[
+            script.index("  const LONE_CUE_SECONDS") : script.index("  saveTxt.addEventListener")
+        ]
+    )
+    rng = random.Random(0)
+    cases = []
+    for _ in range(1000):
+        cues, t = [], 0.0
+        for k in range(rng.randint(1, 5)):
+            start = round(t + rng.choice([0, 0.04, 0.5, 0.0005, 0.0015]), 4)
+            end = round(start + rng.choice([0, 0, 0.0005, 0.04, 0.3, 0.0025, -0.04]), 4)
+            cues.append((start, end, f"w{k}"))
+            t = max(start, end)
+        cases.append((cues, round(t + rng.choice([0, 0.2, 1.0]), 3)))
+    run = (
+        functions
+        + """
+const cases = JSON.parse(require("fs").readFileSync(0, "utf8"));
+console.log(JSON.stringify(cases.map(([cues, to]) => lasting(
+  cues.map(([start, end, text]) => ({ start, end, text })), 0, to
+).map((c) => [c.start, c.end, c.text]))));
+"""
+    )
+    out = subprocess.run(["node", "-e", run], input=json.dumps(cases), capture_output=True,
+                         text=True, check=True).stdout  # fmt: skip
+    for (cues, to), page in zip(cases, json.loads(out), strict=True):
+        assert [list(cue) for cue in _lasting(cues, to)] == page, cues

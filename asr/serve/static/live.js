@@ -40,6 +40,7 @@
     cues.push(words
       ? { start: offset + words[0].start, end: offset + words[words.length - 1].end, text: message.text }
       : { start: offset + message.start, end: offset + message.end, text: message.text });
+    cues[cues.length - 1].recording = offset;  // where its recording starts
     saveTxt.disabled = saveSrt.disabled = false;
     if (words) {
       words.forEach((w, i) => {
@@ -92,8 +93,14 @@
     return view;
   }
 
+  function millis(seconds) {  // as Python's round(): a tie goes to the even number
+    const exact = seconds * 1000;
+    const near = Math.round(exact);
+    return near - exact === 0.5 && near % 2 ? near - 1 : near;
+  }
+
   function stamp(seconds) {  // SubRip's HH:MM:SS,mmm
-    const ms = Math.round(Math.max(seconds, 0) * 1000);
+    const ms = millis(Math.max(seconds, 0));
     const pad = (n, width) => String(n).padStart(width, "0");
     return `${pad(Math.floor(ms / 3600000), 2)}:${pad(Math.floor(ms / 60000) % 60, 2)}:` +
       `${pad(Math.floor(ms / 1000) % 60, 2)},${pad(ms % 1000, 3)}`;
@@ -113,10 +120,40 @@
     return [...cues].sort((a, b) => a.start - b.start);
   }
 
+  // As asr.writers._lasting writes a recording's files: players skip a cue that ends as it
+  // starts (a final the timing gave no frames), so it joins the next cue of its recording, the
+  // last one the cue before it; an only one is shown for LONE_CUE_SECONDS within [from, to].
+  const LONE_CUE_SECONDS = 0.5;
+  function lasting(list, from, to) {
+    const kept = [];
+    let waiting = null;
+    for (const cue of list) {
+      let { start, text } = cue;
+      if (waiting) [start, text, waiting] = [waiting.start, `${waiting.text} ${text}`, null];
+      if (millis(cue.end) <= millis(start)) waiting = { start, text };
+      else kept.push({ start, end: cue.end, text });
+    }
+    if (waiting && kept.length) {
+      const last = kept.pop();
+      kept.push({ start: last.start, end: Math.max(last.end, waiting.start),
+        text: `${last.text} ${waiting.text}` });
+    } else if (waiting) {
+      const start = Math.min(waiting.start, Math.max(to - LONE_CUE_SECONDS, from));
+      kept.push({ start, end: Math.max(start + LONE_CUE_SECONDS, waiting.start), text: waiting.text });
+    }
+    return kept;
+  }
+
   saveTxt.addEventListener("click", () =>
     save("transcript.txt", ordered().map((c) => c.text).join(" ") + "\n"));
-  saveSrt.addEventListener("click", () => save("transcript.srt", ordered()
-    .map((c, i) => `${i + 1}\n${stamp(c.start)} --> ${stamp(c.end)}\n${c.text}\n\n`).join("")));
+  saveSrt.addEventListener("click", () => {
+    const heard = session ? session.offset + session.sent / rate : recorded;
+    const starts = [...new Set(cues.map((c) => c.recording))].sort((a, b) => a - b);
+    const kept = starts.flatMap((from, k) => lasting(
+      ordered().filter((c) => c.recording === from), from, starts[k + 1] ?? heard));
+    save("transcript.srt", kept
+      .map((c, i) => `${i + 1}\n${stamp(c.start)} --> ${stamp(c.end)}\n${c.text}\n\n`).join(""));
+  });
 
   async function start() {
     // Held from the first await: a second click (or one while the browser asks for the
