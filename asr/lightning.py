@@ -892,13 +892,15 @@ class ASRDataModule(L.LightningDataModule):
             changed = [(what, then, now) for what, then, now in counts if then not in (None, now)]
             if not changed:
                 keeper.load_state_dict(state)
-            elif self.trainer.is_global_zero:
-                what, then, now = changed[0]
-                log.warning(
-                    "resumed with %d %s from a checkpoint of %d: epoch %d starts again from its "
-                    "first batch (its batches depend on the number of %s)",
-                    now, what, then, state["epoch"], what,
-                )  # fmt: skip
+            else:
+                _restart_epoch(self.trainer)
+                if self.trainer.is_global_zero:
+                    what, then, now = changed[0]
+                    log.warning(
+                        "resumed with %d %s from a checkpoint of %d: epoch %d starts again from "
+                        "its first batch (its batches depend on the number of %s)",
+                        now, what, then, state["epoch"], what,
+                    )  # fmt: skip
         return loader
 
     def val_dataloader(self):
@@ -906,6 +908,17 @@ class ASRDataModule(L.LightningDataModule):
 
     def test_dataloader(self):
         return self._loader("test", shuffle=False)
+
+
+def _restart_epoch(trainer: L.Trainer) -> None:
+    """Lightning's count of the resumed epoch's batches set back to its start, as the loader's:
+    else it ends the epoch as many batches short as had been trained."""
+    current = trainer.fit_loop.epoch_loop.batch_progress.current
+    # -1 where the checkpoint was saved at a batch's end: Lightning counts that batch done when
+    # it restores, and so would the restarted epoch's first
+    behind = current.completed - current.processed
+    current.reset()
+    current.completed = behind
 
 
 def _position_keeper(loader: torch.utils.data.DataLoader):

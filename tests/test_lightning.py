@@ -28,6 +28,7 @@ import soundfile
 import torch
 from conftest import REPO, corpus_path
 from lightning.pytorch.callbacks import ModelCheckpoint, Timer
+from lightning.pytorch.loops.progress import _BatchProgress
 
 import asr.lightning
 from asr.checkpoint import RECOGNIZER_KEY, best_checkpoints
@@ -37,6 +38,7 @@ from asr.data.dataset import set_loader_epoch
 from asr.data.manifest import read_manifest, write_manifest
 from asr.data.prepare import prepare_corpus
 from asr.data.sampler import LengthGrid
+from asr.data.shards import write_shards
 from asr.frontends import Frontend, LogMelFilterbank
 from asr.lightning import TOKEN_MULTIPLE, ASRDataModule, ASRModule
 from asr.lm import LMModule, TextDataModule
@@ -720,6 +722,34 @@ def test_sigkill_mid_epoch_then_resume_equals_uninterrupted_run(
     _assert_same_end(full, torch.load(last, weights_only=True))
 
 
+def test_a_resume_with_other_loader_workers_trains_its_restarted_epoch_whole(tiny_an4, tmp_path):
+    """Another count of loader workers (or processes) deals other batches: the resumed epoch
+    starts again from its first batch, and runs to its last, as the same run started afresh;
+    not the batches left after those trained before the stop."""
+    shards = tmp_path / "shards"
+    write_shards(tiny_an4["train"], shards, shard_hours=2 / 3600)
+    quick = ["--data.train_manifest", str(shards), "--data.max_batch_seconds", "3",
+             "--trainer.max_epochs", "1", "--trainer.check_val_every_n_epoch", "100",
+             "--trainer.num_sanity_val_steps", "0",
+             "--step_checkpoint.every_n_steps", "1"]  # fmt: skip
+
+    def batches(root: Path) -> int:  # a step a batch
+        return torch.load(root / "checkpoints" / "last.ckpt", weights_only=True)["global_step"]
+
+    main([*_fit_args(tiny_an4, tmp_path / "afresh"), *quick, "--data.num_workers", "2"])
+    whole = batches(tmp_path / "afresh")
+    script = tmp_path / "kill.py"
+    script.write_text(textwrap.dedent(KILL_SCRIPT))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), "KILL_AT_STEP": "2"}
+    args = [*_fit_args(tiny_an4, tmp_path / "resumed"), *quick]
+    proc = subprocess.run([sys.executable, str(script), *args, "--data.num_workers", "0"],
+                          env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert proc.returncode == -9, proc.stderr[-3000:]
+    assert batches(tmp_path / "resumed") == 2 < whole
+    main([*args, "--data.num_workers", "2", "--ckpt_path", "last"])
+    assert batches(tmp_path / "resumed") == 2 + whole
+
+
 def test_a_plateau_schedule_resumed_goes_on_as_if_never_stopped(tiny_an4, tmp_path):
     """Lightning steps ReduceLROnPlateau after the epoch's checkpoints are written, and skips
     the step of an epoch resumed mid-way: a run resumed at an epoch's end, or killed in the
@@ -788,8 +818,9 @@ def test_a_resume_point_of_another_world_size_restarts_its_epoch(tiny_an4, caplo
     data = ASRDataModule(tiny_an4["train"], tiny_an4["dev"], tiny_an4["tokenizer"],
                          max_batch_seconds=3, num_workers=0)  # fmt: skip
     data.setup("fit")
+    loop = SimpleNamespace(epoch_loop=SimpleNamespace(batch_progress=_BatchProgress()))
     data.trainer = SimpleNamespace(
-        current_epoch=1, world_size=1, is_global_zero=True, global_rank=0
+        current_epoch=1, world_size=1, is_global_zero=True, global_rank=0, fit_loop=loop
     )
     whole = len(data.train_dataloader())
     position = {"epoch": 1, "batches_yielded": 2, "seed": 0}

@@ -439,8 +439,12 @@ def test_a_resume_point_of_other_loader_workers_restarts_its_epoch(
     count dealt dropped some utterances and repeated others without a word."""
     from types import SimpleNamespace
 
+    from lightning.pytorch.loops.progress import _BatchProgress
+
     CharTokenizer.train(WORDS).save(tmp_path / "tokenizer")
-    trainer = SimpleNamespace(current_epoch=1, world_size=1, is_global_zero=True, global_rank=0)
+    loop = SimpleNamespace(epoch_loop=SimpleNamespace(batch_progress=_BatchProgress()))
+    trainer = SimpleNamespace(current_epoch=1, world_size=1, is_global_zero=True, global_rank=0,
+                              fit_loop=loop)  # fmt: skip
 
     def batches(saved: dict | None) -> int:
         data = ASRDataModule(str(shards), str(corpus["manifest"]), str(tmp_path / "tokenizer"),
