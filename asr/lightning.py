@@ -889,17 +889,22 @@ class ASRDataModule(L.LightningDataModule):
                 ("processes", world, self.trainer.world_size),
                 ("loader worker streams", state.get("streams"), getattr(keeper, "streams", None)),
             )
-            changed = [(what, then, now) for what, then, now in counts if then not in (None, now)]
+            changed = [
+                f"resumed with {now} {what} from a checkpoint of {then}"
+                for what, then, now in counts
+                if then not in (None, now)
+            ]
+            index = getattr(getattr(keeper, "index", None), "identity", None)
+            if state.get("index") not in (None, index):
+                changed.append(f"resumed on shards written again since the checkpoint ({index})")
             if not changed:
                 keeper.load_state_dict(state)
             else:
                 _restart_epoch(self.trainer)
                 if self.trainer.is_global_zero:
-                    what, then, now = changed[0]
                     log.warning(
-                        "resumed with %d %s from a checkpoint of %d: epoch %d starts again from "
-                        "its first batch (its batches depend on the number of %s)",
-                        now, what, then, state["epoch"], what,
+                        "%s: epoch %d starts again from its first batch (its batches depend on "
+                        "them)", changed[0], state["epoch"],
                     )  # fmt: skip
         return loader
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import hashlib
 import io
 import json
 import logging
@@ -23,6 +24,7 @@ import os
 import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
+from functools import cached_property
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -118,6 +120,16 @@ class ShardIndex:
 
     def path(self, shard: int) -> Path:
         return self.folder / self.shards[shard].file
+
+    @cached_property  # each step checkpoint records it
+    def identity(self) -> str:
+        """A digest of the shards' files, sizes and durations: a folder written again (other
+        shards, another plan of batches) has another."""
+        digest = hashlib.sha256()
+        for shard in self.shards:
+            digest.update(f"{shard.file}:{shard.bytes}:".encode())
+            digest.update(np.round(shard.durations, 3).tobytes())
+        return digest.hexdigest()[:16]
 
     def check_files(self) -> None:
         """Raise a ShardError naming every shard file that is missing or not the indexed size."""
@@ -604,6 +616,7 @@ class ShardedSpeechDataset(IterableDataset):
             "batches_yielded": yielded,
             "seed": self.options.seed,
             "streams": self.streams,
+            "index": self.index.identity,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

@@ -462,6 +462,9 @@ def test_a_resume_point_of_other_loader_workers_restarts_its_epoch(
     assert batches(position | {"streams": 2}) == whole
     said = "resumed with 1 loader worker streams from a checkpoint of 2: epoch 1 starts again"
     assert said in caplog.text
+    caplog.clear()  # shards written again: other batches, as another worker count deals
+    assert batches(position | {"streams": 1, "index": "0123456789abcdef"}) == whole
+    assert "resumed on shards written again since the checkpoint" in caplog.text
 
 
 def test_writing_again_into_the_folder_leaves_no_earlier_shard(corpus, tmp_path):
