@@ -266,7 +266,11 @@ class DynamicBucketSampler(Sampler[list[int]]):
         return len(batch) * self._longest(batch)
 
     def _make_divisible(self, batches: list[_Indices]) -> list[_Indices]:
-        """Split (or, failing that, pad or drop) until the count divides by num_replicas."""
+        """Split (or, failing that, pad or drop) until the count divides by num_replicas; in
+        evaluation order (no shuffle), pad: a loss averaged per batch then weighs utterances
+        as one process's batches do."""
+        if not self.shuffle and len(batches) % self.num_replicas:
+            return self._pad_or_drop(batches)
         while len(batches) % self.num_replicas:
             splittable = [k for k, b in enumerate(batches) if len(b) > 1]
             if not splittable:
@@ -292,12 +296,11 @@ class DynamicBucketSampler(Sampler[list[int]]):
         return [merged.get(k, batch) for k, batch in enumerate(batches) if k not in dropped]
 
     def _pad_or_drop(self, batches: list[_Indices]) -> list[_Indices]:
-        """Every batch is a single utterance and the count is not a multiple of num_replicas."""
+        """The count is not a multiple of num_replicas, and no batch is to be split or merged."""
         remainder = len(batches) % self.num_replicas
         if self.drop_last:
             logger.warning(
-                "drop_last: dropping %d single-utterance batch(es) so that %d ranks get equal "
-                "counts (epoch %d)",
+                "drop_last: dropping %d batch(es) so that %d ranks get equal counts (epoch %d)",
                 remainder,
                 self.num_replicas,
                 self.epoch,
@@ -307,8 +310,8 @@ class DynamicBucketSampler(Sampler[list[int]]):
         shortest = sorted(range(len(self.lengths)), key=lambda i: (self.lengths[i], i))
         repeats = [_Repeat([shortest[k % len(shortest)]]) for k in range(needed)]
         logger.warning(
-            "%d single-utterance batch(es) cannot be shared equally by %d ranks: repeating "
-            "utterance(s) %s this epoch (validation and test count them once)",
+            "%d batch(es) cannot be shared equally by %d ranks: repeating utterance(s) %s "
+            "this epoch (validation and test count them once)",
             len(batches),
             self.num_replicas,
             _preview([b[0] for b in repeats]),

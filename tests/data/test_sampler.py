@@ -176,6 +176,20 @@ def test_repeat_when_neither_split_nor_merge_fits(config, caplog):
     assert sorted(counted) == list(range(5))
 
 
+@pytest.mark.parametrize("num_replicas", [2, 3])
+def test_evaluation_batches_are_one_processes_shared_out(num_replicas):
+    """Validation and test (no shuffle): the ranks' batches, repeats aside, are one process's,
+    never split or merged, so that a loss averaged per batch weighs utterances alike."""
+    for case in range(15):
+        config = random_config(case) | {"shuffle": False}
+        (alone,) = rank_batches(config, 1)
+        samplers = [DynamicBucketSampler(**config, num_replicas=num_replicas, rank=r)
+                    for r in range(num_replicas)]  # fmt: skip
+        shared = [b for s in samplers for k, b in enumerate(s) if k not in s.repeats()]
+        assert sorted(map(sorted, shared)) == sorted(map(sorted, alone)), case
+        assert len({len(list(s)) for s in samplers}) == 1, "equal batch counts per rank"
+
+
 def test_rank_loads_differ_by_at_most_one_batch_cost():
     for case in range(15):
         config = random_config(case)
