@@ -378,13 +378,17 @@ def recording_asr(tmp_path: Path) -> tuple[Path, Path]:
 
 
 LEAVING_OUT_ASR = """#!{python}
-# `asr prepare` writes a manifest, lists an input it left out and exits {status}; the other
-# commands record their arguments.
-import os, sys
+# `asr prepare` writes a manifest, lists an input it left out and exits {status}, or crashes
+# (exit 1, no summary); the other commands record their arguments.
+import json, os, sys
 if sys.argv[1] == "prepare":
+    if "{status}" == "crash":
+        raise RuntimeError("a bug")
     out = sys.argv[sys.argv.index("--out") + 1]
     os.makedirs(out, exist_ok=True)
     open(os.path.join(out, "train.jsonl"), "w").close()
+    with open(os.path.join(out, "summary.json"), "w") as f:
+        json.dump({{"unusable_audio": ["bad.wav: unreadable"]}}, f)
     print("asr prepare: 1 input(s) left out:\\n  bad.wav: unreadable", file=sys.stderr)
     sys.exit({status})
 with open("{log}", "a") as f:
@@ -402,14 +406,15 @@ def test_a_prepare_stage_that_left_inputs_out_warns_and_goes_on(corpus, tmp_path
     if corpus == "librispeech":
         (tmp_path / "set").mkdir()
         args += ["--train-sets", "set", "--dev-set", "set", "--test-sets", "set"]
-    for status in (2, 1):
+    for status in (2, "crash", 1):  # a crash exits 1 too, but lists nothing left out
         (fake / "asr").write_text(LEAVING_OUT_ASR.format(python=sys.executable, log=log,
                                                          status=status))  # fmt: skip
         (fake / "asr").chmod(0o755)
         result = run_recipe(corpus, *args, bin_dir=fake, check=False)
-        if status == 2:
-            assert result.returncode == 2, result.stderr
-            assert "stage 1 (prepare manifests) failed (exit 2)" in result.stderr
+        if status != 1:
+            code = 2 if status == 2 else 1
+            assert result.returncode == code, result.stderr
+            assert f"stage 1 (prepare manifests) failed (exit {code})" in result.stderr
             assert not log.exists() and 1 not in markers(data)
     assert result.returncode == 0, result.stderr
     assert "bad.wav: unreadable" in result.stderr

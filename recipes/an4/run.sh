@@ -39,7 +39,8 @@
 # --data-dir: the an4 folder (etc/ and wav/), its parent, or an AN4 .tar.gz (default
 # ../shared/corpora/an4, else the tarball stage 0 downloaded). A finished stage leaves a
 # marker (<out>/.done-<stage>) and is skipped when re-run; --force re-runs it. A stage that
-# failed halfway left no marker, so it simply runs again. Options after `--` go to `asr fit`
+# failed halfway left no marker, so it simply runs again; stage 1 goes on past audio it
+# cannot use, with a warning naming it. Options after `--` go to `asr fit`
 # (stage 4), e.g. -- --trainer.max_epochs 2, or -- --config conf/an4/augment.yaml for the
 # waveform augmentation from epoch 0 (any model; it costs clean WER).
 set -euo pipefail

@@ -177,6 +177,8 @@ give --stage $n --force to run it again (and the stages after it), or another --
     done
   fi
   rm -f "$marker"
+  stage_stamp="$dir/.started"  # what the stage writes is newer (see left_out)
+  touch "$stage_stamp"
   current_stage="$n ($name)"
   local started=$SECONDS job
   # The stage runs as a job of its own: SIGTERM or Ctrl-C to the recipe then stops its
@@ -201,7 +203,7 @@ give --stage $n --force to run it again (and the stages after it), or another --
   wait "$job" || status=$?
   trap - TERM INT HUP
   if [ "$status" -ne 0 ] && [ "${stage_left_out:-}" = true ]; then
-    left_out "$status" || exit "$status"
+    left_out "$status" "$dir/summary.json" || exit "$status"
   elif [ "$status" -ne 0 ]; then
     exit "$status"
   fi
@@ -222,14 +224,19 @@ parent_of() {
   fi
 }
 
-# left_out STATUS: `asr prepare`'s exit status 1, inputs it listed and left out with the
-# manifests of the rest written, as a warning: Kaldi's data preparation drops a bad utterance
-# and goes on. Another status is returned, a failure still.
+# left_out STATUS SUMMARY: `asr prepare`'s exit status 1, inputs it listed and left out with
+# the manifests of the rest written, as a warning: Kaldi's data preparation drops a bad
+# utterance and goes on. Only where SUMMARY, written by this run, lists them: a crash exits 1
+# too. Another status is returned, a failure still.
 left_out() {
-  [ "$1" -eq 1 ] || return "$1"
+  [ "$1" -eq 1 ] && [ "$2" -nt "$stage_stamp" ] && $(asr_python) -c '
+import json, sys
+summary = json.load(open(sys.argv[1]))
+sys.exit(not any(summary.get(k) for k in ("unusable_audio", "missing_audio", "bad_transcripts")))
+' "$2" || return "$1"
   echo "warning: stage ${current_stage:-1 (prepare manifests)}: asr prepare left out the" \
-    "inputs listed above (${data:+$data/}summary.json); the stages go on without them." \
-    "Mend them, then give --stage 1 --force to prepare them again" >&2
+    "inputs listed above ($2); the stages go on without them. Mend them, then give" \
+    "--stage 1 --force to prepare them again" >&2
 }
 
 # seen_dir DIR: remembers a folder that holds stage markers (see warn_if_older).

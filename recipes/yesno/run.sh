@@ -61,7 +61,7 @@ elif [ "$stage" -le 0 ]; then
 fi
 
 prepare() {  # the corpus folder an argument: another folder is another stage 1
-  asr prepare yesno --data-dir "$1" --out "$data" || left_out $?
+  asr prepare yesno --data-dir "$1" --out "$data" || left_out $? "$data/summary.json"
   $(asr_python) "$here/shift.py" "$data/train.jsonl" "$data/train_shifted.jsonl"
 }
 stage_older="prepare manifests: prepare" run_stage 1 "prepare manifests" "$data" \
