@@ -6,6 +6,7 @@ import hashlib
 import html
 import json
 import os
+import re
 from collections.abc import Sequence
 from pathlib import Path, PurePath
 from typing import TYPE_CHECKING
@@ -51,15 +52,18 @@ def subtitle_cues(transcript: Transcript, words_per_cue: int = 0) -> list[tuple[
     """Cues `(start, end, text)`: one per segment, or per `words_per_cue` words of one."""
     if words_per_cue < 0:
         raise ValueError(f"words_per_cue must be >= 0, got {words_per_cue}")
-    groups: list[list[Word]] = [[] for _ in transcript.segments]
-    starts = [s.start for s in transcript.segments]
+    spans = [(s.start, s.end, s.text) for s in transcript.segments]
+    if not spans and transcript.words:  # a transcript made by hand: its words are one span
+        spans = [(0.0, transcript.duration, transcript.text)]
+    groups: list[list[Word]] = [[] for _ in spans]
+    starts = [start for start, _, _ in spans]
     for word in transcript.words:  # to the last segment starting before the word's centre
         k = max(0, int(np.searchsorted(starts, (word.start + word.end) / 2, side="right")) - 1)
         groups[k].append(word)
     cues: list[tuple[float, float, str]] = []
-    for segment, words in zip(transcript.segments, groups):
-        if not words and segment.text.strip():  # text without word times: the segment's
-            cues.append((segment.start, segment.end, segment.text))
+    for (start, end, text), words in zip(spans, groups):
+        if not words and text.strip():  # text without word times: the segment's
+            cues.append((start, end, text))
         size = words_per_cue or len(words)
         for first in range(0, len(words), max(size, 1)):
             chunk = words[first : first + size]
@@ -99,16 +103,18 @@ def _lasting(
 
 
 def to_srt(cues: Sequence[tuple[float, float, str]]) -> str:
-    """SubRip text of the cues.
+    """SubRip text of the cues; an arrow in a cue's text, which players read as a timing
+    line, is shortened (SubRip has no escapes).
 
-    >>> print(to_srt([(0.5, 1.25, "YES")]), end="")
+    >>> print(to_srt([(0.5, 1.25, "YES ---> NO")]), end="")
     1
     00:00:00,500 --> 00:00:01,250
-    YES
+    YES -> NO
     <BLANKLINE>
     """
     return "".join(
-        f"{n}\n{format_timestamp(start)} --> {format_timestamp(end)}\n{text}\n\n"
+        f"{n}\n{format_timestamp(start)} --> {format_timestamp(end)}\n"
+        f"{re.sub('-{2,}>', '->', text)}\n\n"
         for n, (start, end, text) in enumerate(cues, 1)
     )
 

@@ -123,6 +123,16 @@ def test_cues_are_in_order_apart_on_one_line_and_never_lost():
     assert [block.splitlines()[0] for block in blocks.strip().split("\n\n")] == ["1", "2", "3"]
 
 
+def test_srt_cues_hold_no_timing_arrow_and_words_without_segments_are_cued():
+    """An arrow in a cue's text reads as a timing line to SubRip players (VTT escapes it);
+    a transcript made by hand with words and no segments gets its words cued."""
+    segments = [Segment(0.0, 1.0, "A --> B ---> C", -1.0)]
+    srt = render(Transcript("A --> B ---> C", [], [], [], [], [], 0.0, 1.0, segments), "srt")
+    assert srt.count("-->") == 1 and "A -> B -> C" in srt
+    alone = Transcript("HI", [], [], [], [], [Word("HI", 0.1, 0.5)], 0.0, 1.0, [])
+    assert subtitle_cues(alone) == [(0.1, 0.5, "HI")]
+
+
 def test_words_of_an_instant_join_a_cue_that_lasts():
     """Words the timing gave no frames made cues that end as they start (`2.720 --> 2.720`),
     which players skip and WebVTT forbids: they join the next cue, the last the one before."""

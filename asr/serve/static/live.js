@@ -152,7 +152,8 @@
     const kept = starts.flatMap((from, k) => lasting(
       ordered().filter((c) => c.recording === from), from, starts[k + 1] ?? heard));
     save("transcript.srt", kept
-      .map((c, i) => `${i + 1}\n${stamp(c.start)} --> ${stamp(c.end)}\n${c.text}\n\n`).join(""));
+      .map((c, i) => `${i + 1}\n${stamp(c.start)} --> ${stamp(c.end)}\n` +
+        `${c.text.replace(/-{2,}>/g, "->")}\n\n`).join(""));  // as asr.writers.to_srt
   });
 
   async function start() {
