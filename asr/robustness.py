@@ -7,6 +7,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -54,6 +55,7 @@ DEFAULT_CONDITIONS = (
     "speed:0.9",
     "speed:1.1",
 )
+LONGEST_PAD_SECONDS = 60.0  # of silence; more stands for no recording
 _UNITS = {"level": " dB", "reverb": " s RT60", "speed": "x", "pad": " s"} | {
     kind: " dB SNR" for kind in (*perturb.NOISE_COLORS, "babble")
 }
@@ -75,10 +77,15 @@ class Condition:
 
     @classmethod
     def parse(cls, text: str) -> Condition:
-        """`kind` or `kind:value` ("white:10"), or several joined by "+", applied in order."""
-        first, plus, rest = text.partition("+")
-        if plus:
-            return replace(cls.parse(first), then=cls.parse(rest))
+        """`kind` or `kind:value` ("white:10"), or several joined by "+", applied in order (a
+        "+" before a kind's name: "level:+6" is a value's sign).
+
+        >>> Condition.parse("level:+6+white:1e+1").label
+        'level 6 dB + white 10 dB SNR'
+        """
+        first, *rest = re.split(rf"\+(?=(?:{'|'.join(CONDITION_KINDS)})\b)", text, maxsplit=1)
+        if rest:
+            return replace(cls.parse(first), then=cls.parse(rest[0]))
         kind, _, value = text.partition(":")
         if kind not in CONDITION_KINDS:
             raise ValueError(f"unknown condition {text!r}: kinds are {', '.join(CONDITION_KINDS)}")
@@ -94,6 +101,8 @@ class Condition:
             raise ValueError(f"condition {text!r}: the value must be a finite number")
         if kind in ("reverb", "speed", "pad") and condition.value <= 0:
             raise ValueError(f"condition {text!r}: the value must be > 0")
+        if kind == "pad" and condition.value > LONGEST_PAD_SECONDS:
+            raise ValueError(f"condition {text!r}: give at most {LONGEST_PAD_SECONDS:g} s")
         if kind == "speed":
             try:
                 perturb.speed_ratio(condition.value)
@@ -111,7 +120,7 @@ class Condition:
     @property
     def slug(self) -> str:
         """Folder name, e.g. "white10"."""
-        own = self.kind if self.value is None else f"{self.kind}{self.value:g}"
+        own = self.kind if self.value is None else f"{self.kind}{self.value:g}".replace("+", "")
         return own if self.then is None else f"{own}+{self.then.slug}"
 
     def apply(
@@ -224,8 +233,10 @@ def robustness(
     seed: int = 0,
     batch_size: int = 8,
     progress: bool = True,
+    extra: dict[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
-    """Evaluate `recognizer` on `manifest` under each condition; one row of metrics each."""
+    """Evaluate `recognizer` on `manifest` under each condition; one row of metrics each;
+    `extra` is recorded in each decode's metrics.json (as `evaluate` records it)."""
     conditions = conditions or [Condition.parse(c) for c in DEFAULT_CONDITIONS]
     out_dir = Path(out_dir)
     if out_dir.exists() and not out_dir.is_dir():
@@ -245,9 +256,8 @@ def robustness(
             (folder / "built.json").unlink(missing_ok=True)
             copy = build_condition(condition, utterances, folder, rate, seed, progress)
             (folder / "built.json").write_text(json.dumps(stamp) + "\n", encoding="utf-8")
-        metrics = evaluate(
-            recognizer, copy, folder / "decode", options, lm, batch_size, plots=0, progress=progress
-        )
+        metrics = evaluate(recognizer, copy, folder / "decode", options, lm, batch_size, plots=0,
+                           progress=progress, extra=extra)  # fmt: skip
         rows.append({"condition": condition.label, **metrics})
     (out_dir / "robustness.json").write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
     (out_dir / "robustness.md").write_text(robustness_table(rows), encoding="utf-8")

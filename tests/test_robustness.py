@@ -44,6 +44,10 @@ def test_every_default_condition_parses_and_names_itself():
     assert len(set(labels)) == len(labels) == len({c.slug for c in conditions})
     assert Condition.parse("white:10") == Condition("white", 10.0)
     assert Condition.parse("reverb:0.6").label == "reverb 0.6 s RT60"
+    # a "+" in a value is its sign or exponent, not a chain's joint; folder names hold none
+    signed = Condition.parse("level:+6+white:1e+1")
+    assert signed == Condition("level", 6.0, Condition("white", 10.0))
+    assert Condition.parse("pad:1e-1").slug == "pad0.1" and "+" not in Condition("pad", 1e6).slug
 
 
 @pytest.mark.parametrize(
@@ -58,6 +62,8 @@ def test_every_default_condition_parses_and_names_itself():
         ("speed:0.006", "speed factor 0.006: give one in"),
         ("white:nan", "must be a finite number"),
         ("clean+white:-inf", "'white:-inf': the value must be a finite number"),
+        ("pad:1e6", "'pad:1e6': give at most 60 s"),
+        ("white:+inf", "'white:\\+inf': the value must be a finite number"),
     ],
 )
 def test_bad_conditions_are_named(text, message):
@@ -268,7 +274,8 @@ def test_cli_prints_the_table(tmp_path, capsys):
     assert sorted(p.name for p in (tmp_path / "rob").iterdir()) == [
         "clean", "robustness.json", "robustness.md", "telephone"
     ]  # fmt: skip
-    assert (tmp_path / "rob" / "clean" / "decode" / "metrics.json").is_file()
+    metrics = json.loads((tmp_path / "rob" / "clean" / "decode" / "metrics.json").read_text())
+    assert "lm" in metrics and metrics["lm"] is None, "the LM fused, named as evaluate names it"
     code = main(["robustness", "--checkpoint", str(checkpoint), "--manifest", str(manifest),
                  "--out", str(tmp_path / "rob"), "--conditions", "hum"])  # fmt: skip
     assert code == 2 and "unknown condition 'hum'" in capsys.readouterr().err

@@ -523,6 +523,7 @@ def _robustness(args: argparse.Namespace) -> int:
         seed=args.seed,
         batch_size=args.batch_size,
         progress=not args.quiet,
+        extra={"lm": args.lm if args.lm_weight != 0 else None},
     )
     print(robustness_table(rows), end="")
     print(f"reports in {args.out} (robustness.md, robustness.json, <condition>/decode/)")
@@ -1334,8 +1335,9 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
             nargs="+",
             default=list(DEFAULT_CONDITIONS),
             help="KIND or KIND:VALUE among clean, level:DB, white|pink|brown|babble:SNR_DB, "
-            "reverb:RT60_S, telephone, speed:FACTOR, pad:SECONDS; + chains them in order, "
-            "e.g. pad:10+white:10 (default: all of %(default)s)",
+            "reverb:RT60_S, telephone, speed:FACTOR, pad:SECONDS (at most 60); + before a "
+            "kind chains them in order, e.g. pad:10+white:10 (level:+6 is a sign) (default: all "
+            "of %(default)s)",
         )
         p.add_argument(
             "--seed", type=whole(0), default=0, help="seed of the noise, talkers, rooms (0)"
