@@ -68,6 +68,8 @@ class TextNormalizer:
             text = text.lower()
         if self.punctuation == "remove":
             text = _remove_punctuation(text)
+        # control characters (NUL...) no tokenizer trains on; those that are spaces split
+        text = "".join(c for c in text if c.isspace() or unicodedata.category(c) != "Cc")
         # Case mapping can decompose a character; recompose so that normalising is idempotent.
         return " ".join(unicodedata.normalize("NFKC", text).split())
 
@@ -333,6 +335,12 @@ class SentencePieceTokenizer(Tokenizer):
                 f"SentencePiece cannot train on: remove or replace it in the texts (or train "
                 "a char tokenizer)"
             )
+        for k, sentence in enumerate(sentences):  # SentencePiece leaves them out unsaid
+            if len(sentence.encode("utf-8")) > LONGEST_SENTENCE_BYTES:
+                raise ValueError(
+                    f"text {k + 1} ({sentence[:20]}...) is over {LONGEST_SENTENCE_BYTES} bytes, "
+                    "more than SentencePiece trains on: split it, or train a char tokenizer"
+                )
         minimum = NUM_SPECIAL + len(set("".join(sentences)) | {" "})
         if vocab_size < minimum:
             raise ValueError(
@@ -396,6 +404,9 @@ _KINDS: dict[str, type[Tokenizer]] = {
 TOKENIZER_KINDS = tuple(_KINDS)
 
 
+LONGEST_SENTENCE_BYTES = 1 << 20  # of one transcript, as SentencePiece trains on them
+
+
 def _sentencepiece_options(kind: str, vocab_size: int) -> dict[str, Any]:
     """SentencePiece trainer options: our special ids, full coverage, deterministic."""
     return {
@@ -413,7 +424,7 @@ def _sentencepiece_options(kind: str, vocab_size: int) -> dict[str, Any]:
         "eos_id": -1,  # sos and eos are one token
         "hard_vocab_limit": True,
         "input_sentence_size": 0,  # use every sentence: no sampling
-        "max_sentence_length": 1 << 20,  # bytes; never drop a long transcript
+        "max_sentence_length": LONGEST_SENTENCE_BYTES,  # longer ones are refused first
         "num_threads": 1,
         "minloglevel": 2,
     }

@@ -243,6 +243,20 @@ def test_sentencepiece_vocab_size_limits(kind):
         assert SentencePieceTokenizer.train(SMALL_TEXTS, kind, size).vocab_size == size
 
 
+@pytest.mark.parametrize("kind", ["bpe", "unigram"])
+def test_sentencepiece_trains_on_every_character_of_every_line(kind):
+    """A control character (NUL) is normalised away rather than left to SentencePiece, which
+    drops it; a transcript over 1 MiB, which it would leave out without a word, is refused."""
+    assert TextNormalizer()("HELLO X\x00QZ\tA") == "HELLO XQZ A"
+    texts = ["HELLO X\x00QZ", "NO"]
+    minimum = 4 + len(set(" ".join(TextNormalizer()(t) for t in texts)))
+    tokenizer = SentencePieceTokenizer.train(texts, kind, minimum)
+    assert tokenizer.oov("XQZ") == []
+    assert tokenizer.decode(tokenizer.encode("HELLO X\x00QZ")) == "HELLO XQZ"
+    with pytest.raises(ValueError, match=r"text 2 \(A B A B .*\) is over 1048576 bytes"):
+        SentencePieceTokenizer.train(["NO", "A B " * (1 << 18) + "\u0416"], kind, minimum)
+
+
 @pytest.mark.parametrize("piece", SPECIAL_PIECES)
 def test_sentencepiece_refuses_texts_holding_a_special_pieces_name(piece):
     """SentencePiece would train without them, then meet characters it never saw."""
