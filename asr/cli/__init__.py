@@ -490,7 +490,7 @@ def _evaluate(args: argparse.Namespace) -> int:
         plots=args.plots,
         plot_ids=args.plot_ids,
         progress=not args.quiet,
-        extra={"lm": args.lm if args.lm_weight != 0 else None, "chunk_ms": args.chunk_ms or None},
+        extra={"lm": _fused_lm(args), "chunk_ms": args.chunk_ms or None},
         skip_bad=True,
     )
     print(
@@ -501,11 +501,7 @@ def _evaluate(args: argparse.Namespace) -> int:
         from asr.explore.build import explore
 
         print(f"explorer: {explore(args.out, progress=not args.quiet)}")
-    failures = metrics["failures"]
-    if failures:
-        title = f"asr evaluate: {len(failures)} manifest line(s) or utterance(s) not scored"
-        _print_failures(title, failures)
-    return 1 if failures else 0
+    return _left_out("evaluate", metrics["failures"], "not scored")
 
 
 def _robustness(args: argparse.Namespace) -> int:
@@ -523,7 +519,7 @@ def _robustness(args: argparse.Namespace) -> int:
         seed=args.seed,
         batch_size=args.batch_size,
         progress=not args.quiet,
-        extra={"lm": args.lm if args.lm_weight != 0 else None},
+        extra={"lm": _fused_lm(args)},
     )
     print(robustness_table(rows), end="")
     print(f"reports in {args.out} (robustness.md, robustness.json, <condition>/decode/)")
@@ -631,13 +627,18 @@ def _calibrate(args: argparse.Namespace) -> int:
     return _left_out("calibrate", failures)
 
 
-def _left_out(command: str, failures: list[str]) -> int:
+def _left_out(command: str, failures: list[str], what: str = "left out") -> int:
     """List the manifest lines and utterances left out: exit status 1."""
     if not failures:
         return 0
-    _print_failures(f"asr {command}: {len(failures)} manifest line(s) or utterance(s) left out",
+    _print_failures(f"asr {command}: {len(failures)} manifest line(s) or utterance(s) {what}",
                     failures)  # fmt: skip
     return 1
+
+
+def _fused_lm(args: argparse.Namespace) -> str | None:
+    """The LM a decode's reports name: --lm, unless --lm-weight 0 leaves it out."""
+    return args.lm if args.lm_weight != 0 else None
 
 
 def _calibration_report(fit) -> str:
