@@ -80,31 +80,41 @@ def config_paths(argv: Sequence[str]) -> list[str]:
 
 
 def config_problems(
-    path: str | Path, classes: dict[str, tuple[Any, str]] | None = None, subcommand: str = "fit"
+    path: str | Path,
+    classes: dict[str, tuple[Any, str]] | None = None,
+    subcommand: str = "fit",
+    within: str = "",
 ) -> list[str]:
     """Each problem found in the config file `path` as `FILE:LINE: KEY: what is wrong`; none for
     a file that does not exist or cannot be read (LightningCLI says so itself). `classes` maps
     key paths to the classes (and their class_path) earlier configs named there, for a config
     laid over them that gives `init_args` alone; this file's are added to it. `subcommand`:
-    fit, validate or test, whose top-level keys differ."""
+    fit, validate or test, whose top-level keys differ. `within`: a key path, to check only
+    what lies under it, for a command that builds that part alone (`asr cmvn`: the frontend);
+    the classes of the keys on the way there are not imported."""
     classes = {} if classes is None else classes
     root, problems = _compose(path)
     if root is None:
         return problems
     keys = TOP_LEVEL_KEYS + (EVALUATION_KEYS if subcommand in ("validate", "test") else ())
-    found = [*_top_level_problems(root, keys), *_problems(root, "", classes)]
+    found = [*([] if within else _top_level_problems(root, keys))]
+    found += _problems(root, "", classes, within)
     problems = [f"{path}:{line}: {said}" for line, said in found]
     for key, file in _named_files(root, Path(path).parent):
-        problems += _file_problems(file, key, classes)
+        if not within or within.startswith(f"{key}."):
+            problems += _file_problems(file, key, classes, within)
     return problems
 
 
-def _file_problems(path: str | Path, key: str, classes: dict[str, tuple[Any, str]]) -> list[str]:
+def _file_problems(
+    path: str | Path, key: str, classes: dict[str, tuple[Any, str]], within: str = ""
+) -> list[str]:
     """config_problems for a file that holds the value of the top-level `key` alone (`--model
     m.yaml`, or `model: m.yaml` in a config)."""
     root, problems = _compose(path)
     if isinstance(root, yaml.MappingNode):  # anything else jsonargparse refuses in its words
-        problems += [f"{path}:{line}: {said}" for line, said in _problems(root, key, classes)]
+        found = _problems(root, key, classes, within)
+        problems += [f"{path}:{line}: {said}" for line, said in found]
     return problems
 
 
@@ -147,7 +157,22 @@ def _top_level_problems(root: yaml.Node | None, keys: tuple[str, ...]) -> Iterat
             yield k.start_mark.line + 1, f"{k.value}: no such key{_did_you_mean(k.value, known)}"
 
 
-def _problems(node: yaml.Node, key: str, classes: dict[str, tuple[Any, str]]) -> Iterator[Problem]:
+def _problems(
+    node: yaml.Node, key: str, classes: dict[str, tuple[Any, str]], within: str = ""
+) -> Iterator[Problem]:
+    if within and not (key == within or key.startswith(f"{within}.")):
+        if key and not within.startswith(f"{key}."):
+            return  # beside the part checked
+        if isinstance(node, yaml.MappingNode):  # on the way to it: its class is not built
+            step = _join(key, (within[len(key) + 1 :] if key else within).split(".")[0])
+            for line, said in _duplicates(node, key):  # of its keys, the one on the way alone
+                if said.startswith(f"duplicate key {step!r}"):
+                    yield line, said
+            yaml.SafeLoader("").flatten_mapping(node)
+            for k, v in node.value:
+                if isinstance(k, yaml.ScalarNode):
+                    yield from _problems(v, _join(key, k.value), classes, within)
+        return
     group = _group(key)
     value = None if group is None or isinstance(node, yaml.MappingNode) else _value(node)
     if value is not None and not isinstance(value, str):
@@ -157,7 +182,7 @@ def _problems(node: yaml.Node, key: str, classes: dict[str, tuple[Any, str]]) ->
         return
     if isinstance(node, yaml.SequenceNode):
         for i, item in enumerate(node.value):
-            yield from _problems(item, f"{key}[{i}]", classes)
+            yield from _problems(item, f"{key}[{i}]", classes, within)
         return
     if not isinstance(node, yaml.MappingNode):
         return
@@ -181,7 +206,7 @@ def _problems(node: yaml.Node, key: str, classes: dict[str, tuple[Any, str]]) ->
         found, name = named
         yield from _arguments(found, name, entries["init_args"][1], _join(key, "init_args"))
     for name, (_, value) in entries.items():
-        yield from _problems(value, _join(key, name), classes)
+        yield from _problems(value, _join(key, name), classes, within)
 
 
 def _duplicates(node: yaml.MappingNode, key: str) -> Iterator[Problem]:

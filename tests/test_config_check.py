@@ -237,6 +237,53 @@ def test_the_frontend_of_a_model_in_its_own_file_is_found(tmp_path) -> None:
     assert "features" in frontend_settings(QUICK)
 
 
+def test_a_check_within_the_frontend_names_its_problems_alone_and_builds_nothing_else(
+    tmp_path,
+) -> None:
+    """`asr cmvn --config` builds the frontend alone: the other parts' classes are neither
+    judged nor imported (the model's would bring in Lightning), merge keys on the way
+    included."""
+    import subprocess
+    import sys
+
+    text = QUICK.read_text()
+    for old, new in (("embed_dim: 64", "embed_dims: 64"), ("n_mels: 80", "n_mel: 80")):
+        assert old in text
+        text = text.replace(old, new, 1)
+    path = tmp_path / "edited.yaml"
+    path.write_text(text)
+    said = (f"{path}:{line_of(text, 'n_mel: 80')}: model.init_args.frontend.init_args."
+            "features.init_args.n_mel: asr.frontends.LogMelFilterbank takes no argument "
+            "'n_mel' (did you mean 'n_mels'?)")  # fmt: skip
+    assert len(config_problems(path)) == 2
+    code = ("import sys; from asr.config_check import config_problems; "
+            f"print(config_problems({str(path)!r}, within='model.init_args.frontend')); "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'lightning'))")  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.splitlines() == [repr([said]), "[]"]
+    merged = tmp_path / "merged.yaml"
+    merged.write_text(
+        "defaults: &d\n  frontend:\n    class_path: asr.frontends.NoSuchFrontend\n"
+        "model:\n  init_args:\n    <<: *d\n"
+    )
+    no_such = (
+        "model.init_args.frontend.class_path: asr.frontends has no 'NoSuchFrontend' (did you "
+        "mean 'Frontend'?)"
+    )
+    assert config_problems(merged, within="model.init_args.frontend") == [f"{merged}:3: {no_such}"]
+    # the keys on the way are read as YAML reads them: a second `frontend` is the one kept
+    twice = tmp_path / "twice.yaml"
+    twice.write_text(
+        "model:\n  init_args:\n    frontend: {}\n    frontend: {}\n    encoder: {}\n"
+        "    encoder: {}\ntrainer: t.yaml\ntrainer: t.yaml\n"  # beside it: fit's to judge
+    )
+    (tmp_path / "t.yaml").write_text("[not: a, trainer")  # beside the frontend: not read
+    assert config_problems(twice, within="model.init_args.frontend") == [
+        f"{twice}:4: duplicate key 'model.init_args.frontend' (first at line 3): YAML keeps only "
+        "the last"
+    ]
+
+
 def test_yaml_that_does_not_parse_is_named_with_its_line_and_column(tmp_path) -> None:
     path, line = edited(tmp_path, "init_args: {n_mels: 80}", "init_args: {n_mels: 80")
     (problem,) = config_problems(path)

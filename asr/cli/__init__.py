@@ -112,7 +112,7 @@ def _cmvn(args: argparse.Namespace) -> int:
         given = [name for name, value in own.items() if value is not None]
         if given:
             raise ValueError(f"{' and '.join(given)}: the features are --config's; give either")
-        problems = config_problems(args.config)
+        problems = config_problems(args.config, within="model.init_args.frontend")
         if problems:
             raise ValueError("\n".join(problems))
         frontend = config_frontend(args.config)
