@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 import traceback
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from fractions import Fraction
@@ -143,11 +144,15 @@ def page_data(html: str) -> dict:
 
 
 def run_forked(
-    code: str, args: Sequence[str] = (), env: Mapping[str, str] | None = None
+    code: str,
+    args: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
+    timeout: float = 600.0,
 ) -> subprocess.CompletedProcess:
     """`python -c code *args` as a child forked from this process: the imports done here
     (Lightning's take seconds) it need not repeat, and what it changes stays its own. Its
-    stdout and stderr are captured; it never returns into pytest."""
+    stdout and stderr are captured; it never returns into pytest. Killed past `timeout`
+    seconds (subprocess.TimeoutExpired), as a hung run must fail the test, not hang it."""
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         pid = os.fork()
         if pid == 0:
@@ -167,11 +172,18 @@ def run_forked(
                 traceback.print_exc()
             finally:
                 os._exit(status)
-        status = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+        deadline = time.monotonic() + timeout
+        while not (ended := os.waitpid(pid, os.WNOHANG))[0] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if not ended[0]:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
         out.seek(0)
         err.seek(0)
         text = [f.read().decode("utf-8", "replace") for f in (out, err)]
-    return subprocess.CompletedProcess(["-c", *args], status, *text)
+    if not ended[0]:
+        raise subprocess.TimeoutExpired(["-c", *args], timeout, *text)
+    return subprocess.CompletedProcess(["-c", *args], os.waitstatus_to_exitcode(ended[1]), *text)
 
 
 Trained = TypeVar("Trained", bound=tuple)

@@ -165,9 +165,12 @@ def test_two_processes_train_as_one_process_accumulating_both_ranks_batches(tiny
         args = ["validate", *_fit_args(tiny_an4, root)[1:], "--ckpt_path",
                 str(two / "checkpoints" / "last.ckpt"), "--data.init_args.max_batch_size", "1",
                 "--trainer.logger", "false", "--trainer.enable_progress_bar", "false"]  # fmt: skip
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-        proc = subprocess.run([sys.executable, str(script), *args, *(DDP if world > 1 else [])],
-                              env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+        if world > 1:  # Lightning starts the other rank as this script again
+            env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+            proc = subprocess.run([sys.executable, str(script), *args, *DDP], env=env,
+                                  capture_output=True, text=True, timeout=300)  # fmt: skip
+        else:
+            proc = run_forked(textwrap.dedent(VALIDATE_SCRIPT), args)
         assert proc.returncode == 0, proc.stderr[-3000:]
         metrics.append([json.loads((root / f"metrics{r}.json").read_text()) for r in range(world)])
         said.append(proc.stderr)

@@ -12,8 +12,6 @@ import os
 import re
 import shutil
 import signal
-import subprocess
-import sys
 import textwrap
 import warnings
 import weakref
@@ -26,7 +24,7 @@ import numpy as np
 import pytest
 import soundfile
 import torch
-from conftest import REPO, corpus_path
+from conftest import corpus_path, run_forked
 from lightning.pytorch.callbacks import ModelCheckpoint, Timer
 from lightning.pytorch.loops.progress import _BatchProgress
 
@@ -644,6 +642,13 @@ run_lightning_cli(sys.argv[1:])
 """
 
 
+def fit_then_signal(args: list[str], at_step: int, signal: str = "SIGKILL"):
+    """`asr fit args` that sends itself `signal` right after the first checkpoint at or past
+    `at_step`: KILL_SCRIPT forked from this process, which has imported Lightning already."""
+    env = {"KILL_AT_STEP": str(at_step), "KILL_SIGNAL": signal}
+    return run_forked(textwrap.dedent(KILL_SCRIPT), args, env)
+
+
 WAVE_AUGMENT = {
     "noise": {"prob": 0.6, "kinds": ["pink", "babble"]},
     "reverb": {"prob": 0.4},
@@ -705,13 +710,8 @@ def test_sigkill_mid_epoch_then_resume_equals_uninterrupted_run(
     full, killed_root = uninterrupted(grid), tmp_path / "killed"
     steps_per_epoch, kill_at = _middle_of_second_epoch(full)
 
-    script = tmp_path / "kill.py"
-    script.write_text(textwrap.dedent(KILL_SCRIPT))
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO),
-           "KILL_AT_STEP": str(kill_at)}  # fmt: skip
     args = _augmented_args(tiny_an4, killed_root) + grid
-    proc = subprocess.run([sys.executable, str(script), *args], env=env, capture_output=True,
-                          text=True, timeout=500)  # fmt: skip
+    proc = fit_then_signal(args, kill_at)
     assert proc.returncode == -9, proc.stderr[-3000:]
     last = killed_root / "checkpoints" / "last.ckpt"
     killed = torch.load(last, weights_only=True)
@@ -738,12 +738,8 @@ def test_a_resume_with_other_loader_workers_trains_its_restarted_epoch_whole(tin
 
     main([*_fit_args(tiny_an4, tmp_path / "afresh"), *quick, "--data.num_workers", "2"])
     whole = batches(tmp_path / "afresh")
-    script = tmp_path / "kill.py"
-    script.write_text(textwrap.dedent(KILL_SCRIPT))
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), "KILL_AT_STEP": "2"}
     args = [*_fit_args(tiny_an4, tmp_path / "resumed"), *quick]
-    proc = subprocess.run([sys.executable, str(script), *args, "--data.num_workers", "0"],
-                          env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+    proc = fit_then_signal([*args, "--data.num_workers", "0"], 2)
     assert proc.returncode == -9, proc.stderr[-3000:]
     assert batches(tmp_path / "resumed") == 2 < whole
     main([*args, "--data.num_workers", "2", "--ckpt_path", "last"])
@@ -770,12 +766,8 @@ def test_a_plateau_schedule_resumed_goes_on_as_if_never_stopped(tiny_an4, tmp_pa
     fit(tmp_path / "straight", 3)
     fit(tmp_path / "resumed", 1)
     fit(tmp_path / "resumed", 3, "--ckpt_path", "last")
-    script = tmp_path / "kill.py"
-    script.write_text(textwrap.dedent(KILL_SCRIPT))
     killed = [*_fit_args(tiny_an4, tmp_path / "killed"), *plateau, "--trainer.max_epochs", "3"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), "KILL_AT_STEP": "3"}
-    proc = subprocess.run([sys.executable, str(script), *killed], env=env, capture_output=True,
-                          text=True, timeout=300)  # fmt: skip  # in epoch 1, of 2 steps each
+    proc = fit_then_signal(killed, 3)  # in epoch 1, of 2 steps each
     assert proc.returncode == -9, proc.stderr[-3000:]
     main([*killed, "--ckpt_path", "last"])
     full, *resumed = (
@@ -933,13 +925,8 @@ def test_sigterm_stops_fit_with_a_failing_status_that_says_how_to_resume(
 ):
     """Lightning leaves on SIGTERM with status 0 (on Ctrl-C with 1); `asr fit` must fail, or a
     recipe would go on to average and decode an unfinished model, and say how to go on."""
-    script = tmp_path / "kill.py"
-    script.write_text(textwrap.dedent(KILL_SCRIPT))
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), "KILL_AT_STEP": "2",
-           "KILL_SIGNAL": name}  # fmt: skip
     args = _fit_args(tiny_an4, tmp_path) + ["--step_checkpoint.every_n_steps", every]
-    proc = subprocess.run([sys.executable, str(script), *args], env=env, capture_output=True,
-                          text=True, timeout=300)  # fmt: skip
+    proc = fit_then_signal(args, 2, name)
     assert proc.returncode == status, proc.stderr[-3000:]
     assert said in proc.stderr and ("--ckpt_path last" in proc.stderr) == (every == "1")
     if every == "1":
@@ -957,13 +944,7 @@ def test_a_run_killed_as_its_first_epoch_validates_validates_it_when_resumed(tin
     root = tmp_path / "killed"
     args = _fit_args(tiny_an4, root) + ["--trainer.max_epochs", "1"]
     args += ["--step_checkpoint.every_n_steps", "1"]
-    script = tmp_path / "kill.py"
-    script.write_text(textwrap.dedent(KILL_SCRIPT))
-    # killed at the first save at the epoch's end
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO),
-           "KILL_AT_STEP": str(steps["global_step"])}  # fmt: skip
-    proc = subprocess.run([sys.executable, str(script), *args], env=env, capture_output=True,
-                          text=True, timeout=300)  # fmt: skip
+    proc = fit_then_signal(args, steps["global_step"])  # at the first save at the epoch's end
     assert proc.returncode == -9, proc.stderr[-3000:]
     main(args + ["--ckpt_path", "last"])
     assert list((root / "checkpoints").glob("epoch000-*.ckpt")), "the epoch was validated"

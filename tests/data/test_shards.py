@@ -680,12 +680,7 @@ def test_sigkill_mid_epoch_then_resume_on_shards_equals_the_uninterrupted_run(an
     assert kill_at < ends[1], "the kill must fall inside the second epoch"
 
     killed_root = tmp_path / "killed"
-    script = tmp_path / "kill.py"
-    script.write_text(textwrap.dedent(test_lightning.KILL_SCRIPT))
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO),
-           "KILL_AT_STEP": str(kill_at)}  # fmt: skip
-    proc = subprocess.run([sys.executable, str(script), *args(killed_root)], env=env,
-                          capture_output=True, text=True, timeout=500)  # fmt: skip
+    proc = test_lightning.fit_then_signal(args(killed_root), kill_at)
     assert proc.returncode == -9, proc.stderr[-3000:]
     last = killed_root / "checkpoints" / "last.ckpt"
     killed = torch.load(last, weights_only=True)
