@@ -38,6 +38,7 @@ from asr.cli import main
 from asr.data.manifest import Utterance, write_manifest
 from asr.evaluate import evaluate
 from asr.package import (
+    CARD_FILE,
     CONFIG_FILE,
     RESULTS_HEADER,
     WEIGHTS_FILE,
@@ -47,6 +48,7 @@ from asr.package import (
     write_package,
 )
 from asr.search import SearchOptions
+from asr.streaming import StreamOptions, _with_model_search
 from asr.text import CharTokenizer
 
 OVERFIT_CONFIG = {  # the architecture `_overfit_recognizer` trains, as `asr fit` records it
@@ -153,8 +155,12 @@ def test_the_cli_exports_a_fit_checkpoint_with_its_cmvn_statistics(fit_checkpoin
     original = fit_checkpoint.parents[1] / "cmvn.json"
     assert (pkg / "cmvn.json").read_bytes() == original.read_bytes()
     assert config["segment_seconds"] == load_checkpoint(fit_checkpoint)["asr"]["segment_seconds"]
-    assert config["decoding"]["beam_size"] == 10, "the effective defaults are written down"
+    # None stored, none written: the live search's defaults are not the offline ones
+    assert "decoding" not in config and "None stored" in (pkg / CARD_FILE).read_text()
     from_ckpt, from_package = asr.load_model(fit_checkpoint), asr.load_model(pkg)
+    assert from_package.default_options == from_ckpt.default_options
+    live = [_with_model_search(StreamOptions(), r) for r in (from_ckpt, from_package)]
+    assert live[0] == live[1]
     _assert_same_weights(from_ckpt.model, from_package.model)
     for wav in _waves():
         a, b = (

@@ -251,7 +251,8 @@ def _export(args: argparse.Namespace) -> int:
     if is_package(args.checkpoint):
         raise CheckpointError(f"{args.checkpoint}: a model package already; export a checkpoint")
     recognizer = load_model(args.checkpoint)
-    decoding = stored_decoding(recognizer.default_options)
+    # None stays None: the library's defaults, offline and live, as the checkpoint decodes
+    decoding = None if recognizer.decoding is None else stored_decoding(recognizer.decoding)
     card = ModelCard(
         args.repo_id,
         args.license,
