@@ -58,6 +58,7 @@ class StreamOptions:
     chunk_ms: float | None = 640.0  # audio per encoder chunk; None: full context, final only
     first_chunk_ms: float | None = None  # each utterance's first chunk; None: chunk_ms
     # None: the model's own search (asr finalize), else STREAM_BEAM and STREAM_CTC_WEIGHT
+    # (a beam final: offline's defaults, Recognizer.default_options)
     beam: int | None = None  # CTC prefixes kept, and rescored at an endpoint
     ctc_weight: float | None = None  # rescoring: ctc_weight * CTC + (1 - ctc_weight) * attention
     lm_weight: float = 0.0  # and + lm_weight * the language model's score (given an LM)
@@ -89,8 +90,11 @@ class StreamOptions:
 
 def _with_model_search(options: StreamOptions, recognizer: Recognizer) -> StreamOptions:
     """`options` with the beam and CTC weight it leaves open taken from the model's stored
-    search, as offline decoding takes them (a model without one: the streaming defaults)."""
+    search, as offline decoding takes them. A model without one: the streaming defaults for
+    rescoring, the offline ones for a beam final (offline's own search)."""
     stored = recognizer.decoding
+    if stored is None and options.final_search == "beam":
+        stored = recognizer.default_options
     beam = options.beam or (stored.beam_size if stored is not None else STREAM_BEAM)
     ctc_weight = options.ctc_weight
     if ctc_weight is None:

@@ -1189,7 +1189,7 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
             "--ctc-weight",
             type=weight,
             help="CTC share of a final's score, the rest the attention decoder's (default: the "
-            "model's own, else 0.5)",
+            "model's own, else 0.5 rescoring, 0.3 with --final-search beam as offline)",
         )
         p.add_argument("--lm", help="a language model checkpoint that rescores the finals too")
         p.add_argument(

@@ -46,7 +46,9 @@ def test_masked_chunks_decode_offline_as_the_live_beam_final(trained, chunk_ms) 
     """`mask_chunks` (asr evaluate --chunk-ms): a batch decoded offline gives each recording's
     live beam final; None brings full context back."""
     recognizer, waves = trained
-    options = StreamOptions(chunk_ms=chunk_ms, beam=4, endpoint=None, final_search="beam")
+    options = StreamOptions(
+        chunk_ms=chunk_ms, beam=4, ctc_weight=0.5, endpoint=None, final_search="beam"
+    )
     live = {uid: stream_transcript(recognizer, wave, options) for uid, wave in waves.items()}
     search = recognizer.bounded(recognizer.search_options(beam_size=4, ctc_weight=0.5))
     mask_chunks(recognizer, chunk_ms)
@@ -230,7 +232,9 @@ def test_a_beam_final_is_the_offline_search_over_the_same_frames(
     from asr.decoding import search_encoded
 
     recognizer, waves = trained
-    options = StreamOptions(chunk_ms=chunk_ms, beam=4, endpoint=None, final_search="beam")
+    options = StreamOptions(
+        chunk_ms=chunk_ms, beam=4, ctc_weight=0.5, endpoint=None, final_search="beam"
+    )
     offline = recognizer.bounded(recognizer.search_options(beam_size=4, ctc_weight=0.5))
     model = recognizer.model
     chunk = StreamingEngine(recognizer, options).chunk
@@ -628,10 +632,14 @@ def test_a_stream_searches_with_the_models_stored_settings_unless_told(
     trained, monkeypatch
 ) -> None:
     """As offline decoding: a finalized model's beam and CTC weight, where the options leave
-    them open; the streaming defaults for a model that stores none."""
+    them open; for a model that stores none, the streaming defaults, or with a beam final
+    (offline's search) offline's."""
     recognizer, _ = trained
     open_ = recognizer.stream().engine.options
     assert (open_.beam, open_.ctc_weight) == (10, 0.5)
+    offline = recognizer.default_options
+    beam_final = recognizer.stream(final_search="beam").engine.options
+    assert (beam_final.beam, beam_final.ctc_weight) == (offline.beam_size, offline.ctc_weight)
     monkeypatch.setattr(recognizer, "decoding", SearchOptions(beam_size=3, ctc_weight=0.2))
     stored = recognizer.stream().engine
     assert (stored.options.beam, stored.options.ctc_weight) == (3, 0.2)
