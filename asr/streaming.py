@@ -55,7 +55,9 @@ STREAM_BEAM, STREAM_CTC_WEIGHT = 10, 0.5  # of a model that stores no search of 
 class StreamOptions:
     """How a live stream is decoded."""
 
-    chunk_ms: float | None = 640.0  # audio per encoder chunk; None: full context, final only
+    # audio per encoder chunk; None: full context, each utterance decoded at its end (the
+    # endpoint's max_utterance at most: silence is not heard before that)
+    chunk_ms: float | None = 640.0
     first_chunk_ms: float | None = None  # each utterance's first chunk; None: chunk_ms
     # None: the model's own search (asr finalize), else STREAM_BEAM and STREAM_CTC_WEIGHT
     # (a beam final: offline's defaults, Recognizer.default_options)
@@ -235,6 +237,14 @@ class StreamingEngine:
             self.first_chunk = encoder_frames(self.options.first_chunk_ms, self.frame_seconds)
         self.max_cache = encoder_frames(self.options.max_context_ms, self.frame_seconds)
         self.min_window = min_input_length(self.factor)
+        # At full context nothing is decoded before an utterance ends, and its memory grows as
+        # the square of its length: an utterance is cut at the endpoint's longest (input frames).
+        self.longest = None
+        endpoint = self.options.endpoint
+        if self.chunk is None and endpoint is not None:
+            hop = _framing(model.frontend.features)[1]
+            longest = math.ceil(endpoint.max_utterance * recognizer.sample_rate / hop)
+            self.longest = max(self.min_window, longest)
         self.search_options = recognizer.bounded(  # final_search="beam": the model's defaults
             recognizer.search_options(
                 beam_size=self.options.beam,
@@ -274,6 +284,11 @@ class StreamingEngine:
         """One chunk of each stream in `streams` (all `ready`), through the encoder at once, or
         in two batches where some start an utterance with a longer first chunk (a batch's rows
         must not be padded: causal convolutions cache their last inputs)."""
+        if self.chunk is None:  # full context: each an utterance at its longest
+            for stream in streams:
+                self._encode_whole(stream, stream.take_all(self.longest))
+                stream.close_utterance(stream.trailing_silence())
+            return
         sizes: dict[int, list[Stream]] = {}
         for stream in streams:
             sizes.setdefault(stream.next_chunk, []).append(stream)
@@ -296,21 +311,22 @@ class StreamingEngine:
     @torch.inference_mode()
     def finish(self, stream: Stream) -> None:
         """The end of a stream's audio: its last frames, then its last utterance's final."""
+        self.run([stream])
+        rest = stream.take_all()
         if self.chunk is None:
-            feats = stream.take_all()
-            if feats.size(0) >= self.min_window:
-                device = self.recognizer.device
-                enc, enc_lens = self.encoder(
-                    feats[None].to(device), torch.tensor([feats.size(0)], device=device)
-                )
-                log_probs = self.recognizer.model.ctc(enc)
-                stream.after_chunk(enc[0], log_probs[0], None, endpoint=False)
-        else:
-            self.run([stream])
-            rest = stream.take_all()
-            if rest.size(0) >= self.min_window:
-                self._encode([stream], [rest])
+            self._encode_whole(stream, rest)
+        elif rest.size(0) >= self.min_window:
+            self._encode([stream], [rest])
         stream.close_utterance(stream.trailing_silence())
+
+    def _encode_whole(self, stream: Stream, feats: Tensor) -> None:
+        """An utterance's input frames `(T, D)` through the whole-sequence encoder."""
+        if feats.size(0) >= self.min_window:
+            device = self.recognizer.device
+            lens = torch.tensor([feats.size(0)], device=device)
+            enc, _ = self.encoder(feats[None].to(device), lens)
+            log_probs = self.recognizer.model.ctc(enc)
+            stream.after_chunk(enc[0], log_probs[0], None, endpoint=False)
 
     def search(self, enc: Tensor, ctc_log_probs: Tensor, num_samples: int) -> Decoded:
         """A joint CTC/attention beam search over one utterance's encoder frames `enc (T, D)`,
@@ -451,9 +467,12 @@ class Stream:
 
     @property
     def ready(self) -> bool:
-        chunk = self.next_chunk
-        if chunk is None or self.closed:
+        if self.closed:
             return False
+        chunk = self.next_chunk
+        if chunk is None:  # full context: an utterance at its longest
+            longest = self.engine.longest
+            return longest is not None and self.pending.size(0) >= longest
         return self.pending.size(0) >= self.engine.window(chunk)
 
     @property
@@ -483,11 +502,16 @@ class Stream:
         self.consumed += step
         return out
 
-    def take_all(self) -> Tensor:
-        """Every pending frame (the stream's end)."""
-        out, self.pending = self.pending, self.pending[:0]
+    def take_all(self, frames: int | None = None) -> Tensor:
+        """Every pending frame (the stream's end), or the first `frames` (a full-context
+        utterance at its longest)."""
+        if frames is None:
+            out, self.pending = self.pending, self.pending[:0]
+        else:
+            out, self.pending = self.pending[:frames], self.pending[frames:]
         self.consumed += out.size(0)
-        self.decoded_samples = self.samples
+        last = (self.consumed - 1) * self.features.hop + self.features.win  # its last sample's
+        self.decoded_samples = self.samples if frames is None else last
         return out
 
     def cache_or_empty(self, like: Tensor) -> EncoderCache:

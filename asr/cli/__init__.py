@@ -1228,7 +1228,8 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
             default=30.0,
             metavar="SECONDS",
             help="audio a stream may send ahead of the model (30): past it the server waits "
-            "before reading more of it; at full context (--chunk-ms 0) the longest recording",
+            "before reading more of it; at full context (--chunk-ms 0) without endpoints "
+            "(--endpoint-silence 0) the longest recording",
         )
         p.add_argument(
             "--idle-timeout",

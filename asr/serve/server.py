@@ -478,10 +478,10 @@ class LiveServer:
         limit = self.options.max_backlog_seconds
         if client.backlog <= limit * self.sample_rate:
             return
-        if self.engine.chunk is None:  # nothing is decoded before the end: nothing would drain
+        if self.engine.chunk is None and self.engine.longest is None:  # nothing would drain
             raise ClientError(
-                f"over {limit:g} s of audio: at full context a recording is decoded at its end, "
-                "and one longer is refused (asr serve --max-backlog)",
+                f"over {limit:g} s of audio: at full context without endpoints a recording is "
+                "decoded at its end, and one longer is refused (asr serve --max-backlog)",
                 TOO_BIG,
             )
         if client.failed is not None:  # its sender says why and closes

@@ -34,6 +34,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
 from asr.cli import main
+from asr.ctc_beam import EndpointOptions
 from asr.streaming import StreamOptions, stream_transcript
 
 UID = "an4_clstk/fash/an255-fash-b"
@@ -555,8 +556,9 @@ def test_a_client_held_back_that_leaves_or_fails_is_forgotten(trained, monkeypat
         wait_until(lambda: live.active_streams == 0)
 
 
-def test_at_full_context_a_recording_over_the_backlog_limit_is_refused(trained) -> None:
-    """Nothing is decoded before the end there: the limit is the longest recording."""
+def test_at_full_context_without_endpoints_a_recording_over_the_backlog_is_refused(trained) -> None:
+    """Nothing is decoded before the end there (without endpoints): the limit is the longest
+    recording."""
     recognizer, waves = trained
     full = StreamOptions(chunk_ms=None, endpoint=None)
     with running_server(recognizer, full, max_backlog_seconds=2.0) as (_, port):
@@ -565,6 +567,11 @@ def test_at_full_context_a_recording_over_the_backlog_limit_is_refused(trained) 
         error, code = refused(url, data[: 2 * 16000], data[2 * 16000 :])
         assert code == 1009 and error["message"].startswith("over 2 s of audio: at full context")
         assert session(url, data[: 2 * 16000])[-1]["type"] == "done"
+    # with endpoints an utterance is decoded at its longest: the backlog drains
+    cut = StreamOptions(chunk_ms=None, endpoint=EndpointOptions(max_utterance=1.0))
+    with running_server(recognizer, cut, max_backlog_seconds=2.0) as (_, port):
+        messages = session(f"ws://127.0.0.1:{port}/", pcm16(torch.cat([waves[UID]] * 3)))
+        assert messages[-1]["type"] == "done", messages[-1]
 
 
 def test_asr_serve_serves_the_page_and_the_socket(tiny_checkpoint, an4_fixture) -> None:

@@ -222,6 +222,39 @@ def test_an_endpoint_closes_each_utterance_and_the_next_starts_afresh(
     assert stream.take_finals() == []
 
 
+def test_at_full_context_an_utterance_is_cut_at_the_endpoints_longest(trained) -> None:
+    """Nothing is decoded before an utterance ends there, and its memory grows as the square
+    of its length: with endpoints, each is decoded once it holds `max_utterance` of audio, as
+    a stream of that audio alone decodes it; without, the recording is one utterance."""
+    recognizer, waves = trained
+    audio = torch.cat([waves[uid] for uid in UTTERANCES])  # 8.7 s
+    endpoint = EndpointOptions(max_utterance=2.0)
+    options = StreamOptions(chunk_ms=None, endpoint=endpoint)
+    stream = recognizer.stream(options)
+    finals, held = [], 0
+    for start in range(0, audio.numel(), 1600):
+        finals += stream.accept(audio[start : start + 1600])
+        held = max(held, stream.pending.size(0))
+    longest = stream.engine.longest
+    assert longest == 200 and held < longest, "10 ms frames: 2 s, and never more held"
+    assert len(finals) >= 2, [f.text for f in finals]  # those of 4 cuts that say something
+    spans = [(f.segments[0].start, f.segments[0].end) for f in finals]
+    assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))
+    hop, win = stream.features.hop, stream.features.win
+    cuts = [start / (longest * hop / RATE) for start, _ in spans]
+    assert cuts == pytest.approx([round(cut) for cut in cuts]), "each starts at a cut"
+    # the first: the frames of its 2 s alone, at full context, as one utterance
+    alone = recognizer.stream(replace(options, endpoint=None))
+    alone.accept(audio[: (longest - 1) * hop + win])
+    assert alone.final().tokens == finals[0].tokens and finals[0].segments[0].start == 0.0
+    whole = stream.final()
+    finals += stream.take_finals()
+    assert whole.text == " ".join(f.text for f in finals)
+    one = recognizer.stream(replace(options, endpoint=None))
+    assert one.accept(audio) == [] and one.engine.longest is None
+    assert len(one.final().segments) == 1
+
+
 @pytest.mark.parametrize("chunk_ms", [None, 160])
 def test_a_beam_final_is_the_offline_search_over_the_same_frames(
     trained, chunk_ms, monkeypatch
