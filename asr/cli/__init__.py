@@ -1452,7 +1452,8 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
             help="megabytes of pictures, cross-attention maps and embedded audio the page may "
             "hold, given to the worst utterances first (by WER; a transcription folder's rows "
             "in order): the rows past it keep their text and a link to their audio, flagged "
-            "'maps left out' (default %(default)g; 0: no limit)",
+            "'maps left out'; a training run's page keeps the attention plots of evenly "
+            "spread epochs (default %(default)g; 0: no limit)",
         )
         p.add_argument(
             "--compare",

@@ -6,11 +6,11 @@ from __future__ import annotations
 import base64
 import csv
 import io
-import json
 import logging
 import math
 import os
 import re
+import tempfile
 import zlib
 from collections import defaultdict
 from collections.abc import Callable, Iterable
@@ -31,6 +31,7 @@ from asr.explore.records import (
     PAGE,
     RECORDS,
     ctc_frames,
+    loads,
     read_attention,
     read_json,
     read_layout,
@@ -50,6 +51,9 @@ SPECTROGRAM_WEBP_QUALITY = 90
 WEBP_MAX_SIDE = 16383
 MAX_EMBEDDED_SECONDS = 1800.0  # recordings longer than this are linked, where browsers play them
 LEFT_OUT = "maps left out"  # the flag of a row past the page's size limit (explorer.js too)
+PNG_URI = "data:image/png;base64,"  # an attention plot's, on a training run's page
+STDIN = "-"  # the audio of `asr transcribe -`, which keeps no copy of it
+STDIN_NOTE = "audio from standard input: not kept"
 OPUS_RATES = (8000, 12000, 16000, 24000, 48000)
 OPUS_BITRATE = 24000
 # What browsers play from a link; other files (e.g. NIST SPHERE) are embedded as Opus.
@@ -94,16 +98,23 @@ def explore(
         max_mb: megabytes of pictures, maps and embedded audio the page may hold (0 or None:
             no limit). They are kept for the worst utterances first (by WER, with `compare`
             the higher of the two), else in order; rows past the limit keep their text and a
-            link to their audio, flagged `LEFT_OUT`.
+            link to their audio, flagged `LEFT_OUT`. A training run's page keeps the attention
+            plots of as many epochs as fit, spread evenly from the first to the last.
         compare: another decode folder of the same utterances (B), shown beside this one (A):
             its WER and CER, each utterance's WER and hypothesis against the reference, and
             the difference with a paired bootstrap interval.
 
     Raises:
         ValueError: `folder` is none of the three, or its records cannot be read, `max_mb` is
-            negative, or `compare` is given and either folder is not a decode folder.
+            negative, `out` cannot be written, or `compare` is given and either folder is not a
+            decode folder.
     """
     folder = Path(folder)
+    if folder.exists() and not folder.is_dir():
+        raise ValueError(
+            f"{folder} is a file, not a folder: give a decode folder of `asr evaluate`, an "
+            "output folder of `asr transcribe --output-dir` or a training run folder"
+        )
     if not folder.is_dir():
         raise ValueError(f"{folder}: no such folder")
     if max_mb is not None and not max_mb >= 0:
@@ -114,6 +125,7 @@ def explore(
     if out.exists() and out.suffix.lower() not in (".html", ".htm"):
         raise ValueError(f"--out {out} exists and is not an HTML page: it is left as it is")
     kind = folder_kind(folder)
+    _check_writable(out, given=out != folder / PAGE)
     other = Path(compare) if compare is not None else None
     if other is not None and not (kind == "decode" and _is_decode(other)):
         raise ValueError(f"to compare, {folder} and {other} must both be decode folders")
@@ -131,6 +143,28 @@ def explore(
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(build_page(data), encoding="utf-8")
     return out
+
+
+def _check_writable(out: Path, given: bool = True) -> None:
+    """ValueError, before the page is built, where `out` (`given` as --out, else the folder's
+    own page) cannot be written: a page there takes no writing, or its nearest existing folder
+    is a file or takes no new file."""
+    named, hint = (f"--out {out}", "") if given else (str(out), ": give --out elsewhere")
+    if out.is_file():  # written over in place
+        try:
+            with open(out, "ab"):
+                pass
+        except OSError as err:
+            raise ValueError(f"{named}: cannot write it ({err.strerror}){hint}") from None
+        return
+    here = next(p for p in (out.parent, *out.parent.parents) if p.exists() or p == p.parent)
+    if not here.is_dir():
+        raise ValueError(f"{named}: {here} is a file, not a folder")
+    try:  # as the page will be written: permissions alone miss read-only places, even as root
+        with tempfile.NamedTemporaryFile(dir=here, prefix=".explorer-", suffix=".html"):
+            pass
+    except OSError as err:
+        raise ValueError(f"{named}: cannot write in {here} ({err.strerror}){hint}") from None
 
 
 def _is_decode(folder: Path) -> bool:
@@ -310,7 +344,9 @@ def transcribe_data(folder: Path, media: _Media, progress: bool) -> dict[str, An
             maps, kept = [], False
         source = transcript.get("audio") or ""
         # absolute, or relative to where `asr transcribe` ran (else to this folder)
-        audio_path = source if not source or Path(source).exists() else str(folder / source)
+        audio_path = source
+        if source not in ("", STDIN) and not Path(source).exists():
+            audio_path = str(folder / source)
         start = transcript.get("offset") or 0.0  # a manifest line's, where its times start
         rows = _transcript_rows(name, transcript, maps)
         without_maps += 0 if kept else len(rows)
@@ -429,8 +465,8 @@ def _shifted(item: dict[str, Any], offset: float) -> dict[str, Any]:
 
 
 def training_data(folder: Path, media: _Media, progress: bool) -> dict[str, Any]:
-    """Curves by epoch from metrics.csv, and the attention plots of each epoch, from every
-    version of the run's logs."""
+    """Curves by epoch from metrics.csv, and the attention plots of each epoch (of as many
+    epochs as the page has room for), from every version of the run's logs."""
     logs = _run_logs(folder)
     notes: list[str] = []
     plots: dict[str, dict[int, Path]] = defaultdict(dict)  # by epoch: a resumed run's replace
@@ -441,21 +477,59 @@ def training_data(folder: Path, media: _Media, progress: bool) -> dict[str, Any]
                 plots[match.group(2)][int(match.group(1))] = png
     if not plots:
         notes.append(f"no attention plots in {', '.join(str(v / 'attention') for v in logs)}")
+    kept, left_out = _epochs_within(plots, media.budget)
+    notes += left_out
     training = {
         "curves": _curves([version / "metrics.csv" for version in logs]),
         "plots": [
-            {"utterance": u, "epochs": [_plot(e, by_epoch[e]) for e in sorted(by_epoch)]}
+            {"utterance": u, "epochs": [_plot(e, by_epoch[e]) for e in kept if e in by_epoch]}
             for u, by_epoch in sorted(plots.items())
         ],
     }
     return _page("training", folder, notes, None, []) | {"training": training}
 
 
+def _epochs_within(
+    plots: dict[str, dict[int, Path]], budget: _Budget
+) -> tuple[list[int], list[str]]:
+    """The epochs whose plots the page keeps: all where `budget` holds them, else as many as
+    it holds spread evenly over the run (the first and last always); and a note on the rest."""
+    size: dict[int, int] = defaultdict(int)  # an epoch's plots as the page's data URIs
+    for by_epoch in plots.values():
+        for epoch, png in by_epoch.items():
+            size[epoch] += len(PNG_URI) + 4 * -(-png.stat().st_size // 3)
+    epochs, total = sorted(size), sum(size.values())
+    if len(epochs) <= 2 or total <= budget.left:
+        budget.left -= total
+        return epochs, []
+    fits, over = 2, len(epochs)  # `over` epochs' plots do not fit; 2 are kept whatever they take
+    while over - fits > 1:
+        middle = (fits + over) // 2
+        if sum(size[e] for e in _spread(epochs, middle)) <= budget.left:
+            fits = middle
+        else:
+            over = middle
+    kept = _spread(epochs, fits)
+    budget.left -= sum(size[e] for e in kept)
+    return kept, [
+        f"{len(epochs) - len(kept)} of {len(epochs)} epochs' attention plots left out: the page "
+        f"keeps those of {len(kept)} epochs spread evenly from the first to the last, up to "
+        f"{budget.megabytes:g} MB (`asr explore FOLDER --max-mb {math.ceil(total / 1e6)}`, or "
+        "0: for all)"
+    ]
+
+
+def _spread(items: list[int], count: int) -> list[int]:
+    """`count` (at least 2) of `items`, evenly spread from the first to the last.
+
+    >>> _spread([0, 1, 2, 3, 4, 5, 6, 7, 8, 9], 4)
+    [0, 3, 6, 9]
+    """
+    return [items[i] for i in np.linspace(0, len(items) - 1, count).round().astype(int)]
+
+
 def _plot(epoch: int, png: Path) -> dict[str, Any]:
-    return {
-        "epoch": epoch,
-        "image": "data:image/png;base64," + base64.b64encode(png.read_bytes()).decode(),
-    }
+    return {"epoch": epoch, "image": PNG_URI + base64.b64encode(png.read_bytes()).decode()}
 
 
 def _page(
@@ -613,8 +687,8 @@ class _Media:
 
     def link_only(self, path: str | None, offset: float) -> _Audio:
         """A link to the audio, where a browser plays it, without reading it."""
-        if not path:
-            return _Audio(note="no audio file recorded")
+        if not path or path == STDIN:
+            return _Audio(note=STDIN_NOTE if path == STDIN else "no audio file recorded")
         if not Path(path).is_file():
             self.missing[path] = None
             return _Audio(note=f"audio not found: {path}")
@@ -629,8 +703,8 @@ class _Media:
     ) -> _Audio:
         """The audio of `path` from `offset` for `duration` (to its end if None), part of a
         recording `recording` seconds long (the same stretch if None)."""
-        if not path:
-            return _Audio(note="no audio file recorded")
+        if not path or path == STDIN:
+            return _Audio(note=STDIN_NOTE if path == STDIN else "no audio file recorded")
         if Path(path).exists() and not Path(path).is_file():  # a pipe of the folder's maker
             self.missing[path] = None
             return _Audio(note=f"audio not a regular file: {path}")
@@ -651,8 +725,9 @@ class _Media:
     def _linked(self, path: str, offset: float, arrays) -> _Audio:
         if not _playable(path):
             return _Audio(note=f"{path}: a browser cannot play this format", arrays=arrays)
-        src = Path(os.path.relpath(Path(path).resolve(), self.page_dir.resolve())).as_posix()
-        src = "/".join(_quote(part) for part in src.split("/"))
+        # from the folders as given, not their symlinks' targets: the page is opened as given
+        src = os.path.relpath(os.path.abspath(path), os.path.abspath(self.page_dir))
+        src = "/".join(_quote(part) for part in Path(src).as_posix().split("/"))
         if offset:
             src += f"#t={offset:.3f}"
         return _Audio(src=src, arrays=arrays, offset=offset or 0.0)
@@ -679,9 +754,15 @@ class _Media:
         return _picture(image), {"seconds": pool * hop / self.sample_rate}
 
     def notes(self, utterances: list[dict[str, Any]], rows: str, kept: str) -> list[str]:
-        """What the page lacks: missing audio, and which of its `rows` (`utterances`) are past
-        its budget (their arrays went to `kept`)."""
+        """What the page lacks: audio of standard input or missing, and which of its `rows`
+        (`utterances`) are past its budget (their arrays went to `kept`)."""
         notes = []
+        from_stdin = sum(u["audio_note"] == STDIN_NOTE for u in utterances)
+        if from_stdin:
+            notes.append(
+                f"{from_stdin} of {len(utterances)} {rows} transcribed from standard input "
+                "(`-`): its audio was not kept"
+            )
         if self.missing:
             shown = ", ".join(list(self.missing)[:3]) + (" ..." if len(self.missing) > 3 else "")
             notes.append(f"{len(self.missing)} audio file(s) missing or unreadable: {shown}")
@@ -777,7 +858,7 @@ def _is_transcript(data: Any) -> bool:
 def _read_transcript(path: Path) -> dict[str, Any]:
     """The transcript `path`; ValueError says why it is none."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as err:
         raise ValueError(f"not readable ({err})") from None
     if not _is_transcript(data):
@@ -804,8 +885,9 @@ def _run_logs(folder: Path) -> list[Path]:
 
 def _curves(paths: list[Path]) -> dict[str, Any]:
     """Per epoch, the last value of each series of `CURVES` logged in it (in the last of
-    `paths` that logs it), None where it is not finite."""
-    values: dict[str, dict[int, list[float | None]]] = defaultdict(lambda: defaultdict(list))
+    `paths` that logs it): None where it logged none (the page's line passes over it, as
+    validation every n epochs leaves), "nan", "inf" or "-inf" where it is not finite (a gap)."""
+    values: dict[str, dict[int, list[float | str]]] = defaultdict(lambda: defaultdict(list))
     for path in paths:
         with open(path, newline="") as f:
             reader = csv.DictReader(f)
@@ -819,7 +901,7 @@ def _curves(paths: list[Path]) -> dict[str, Any]:
                     where = f"{path}:{reader.line_num}"
                     raise ValueError(f"{where}: a value that is not a number") from None
                 for name, value in logged.items():
-                    values[name][epoch].append(value if math.isfinite(value) else None)
+                    values[name][epoch].append(value if math.isfinite(value) else str(value))
     epochs = sorted({e for series in values.values() for e in series})
     series = {
         name.removesuffix("_epoch"): [by_epoch[e][-1] if by_epoch.get(e) else None for e in epochs]

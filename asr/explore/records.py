@@ -85,6 +85,12 @@ class RecordWriter:
         write_layout(self.out_dir, self.layout)
 
 
+def loads(text: str) -> Any:
+    """JSON `text` with NaN and infinities (which Python's json writes) read as None: absent,
+    and no number a page's JSON can hold."""
+    return json.loads(text, parse_constant=lambda _: None)
+
+
 def read_records(folder: str | os.PathLike) -> Iterator[dict[str, Any]]:
     """The records of a decode folder, in order; ValueError names the file and line."""
     path = Path(folder) / RECORDS
@@ -93,7 +99,7 @@ def read_records(folder: str | os.PathLike) -> Iterator[dict[str, Any]]:
             if not line.strip():
                 continue
             try:
-                yield json.loads(line)
+                yield loads(line)
             except json.JSONDecodeError as err:
                 raise ValueError(f"{path}:{number}: not JSON ({err.msg})") from None
 
@@ -103,11 +109,12 @@ def read_layout(folder: str | os.PathLike) -> dict[str, Any]:
 
 
 def read_json(path: Path) -> dict[str, Any]:
-    """A JSON object file of a decode folder ({} when absent); ValueError names a bad one."""
+    """A JSON object file of a decode folder ({} when absent, NaN as None); ValueError names
+    a bad one."""
     if not path.is_file():
         return {}
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = loads(path.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
         raise ValueError(f"{path}: not JSON ({err})") from None
     if not isinstance(data, dict):

@@ -743,6 +743,24 @@ def test_training_slider_swaps_the_image(driver, tmp_path):
     assert image.get_attribute("src") == images[0]
 
 
+def test_a_curve_passes_over_epochs_not_logged_and_breaks_where_not_finite(driver, tmp_path):
+    """Validation every other epoch leaves nulls between its values: one line through them;
+    a value that is not finite ("nan") lifts the pen, a gap."""
+    training = {
+        "curves": {
+            "epoch": [0, 1, 2, 3, 4],
+            "series": {"val/acc": [None, 0.2, None, 0.4, 0.5], "val/loss": [2, "nan", 1.5, 1, 0.5]},
+        },
+        "plots": [],
+    }
+    open_page(driver, tmp_path, page_data([], kind="training", training=training))
+    paths = js(driver, "return [...document.querySelectorAll('#curves figure')].map((f) => "
+               "[f.querySelector('figcaption').textContent, f.querySelector('path').getAttribute("
+               "'d')])")  # fmt: skip
+    moves = {title: (d.count("M"), d.count("L")) for title, d in paths}
+    assert moves == {"acc": (1, 2), "loss": (2, 2)}
+
+
 def test_the_page_of_a_real_decode(driver, tmp_path):
     """`asr evaluate` on the AN4 fixture (two test utterances the overfit model gets partly
     wrong), then `explore`: the worst utterance sorts first and shows its attention; playback

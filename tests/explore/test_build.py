@@ -495,7 +495,7 @@ def test_curves_show_values_that_are_not_finite_as_gaps(tmp_path, capsys):
     )
     assert main(["explore", str(tmp_path), "--quiet"]) == 0
     curves = page_data((tmp_path / "explorer.html").read_text())["training"]["curves"]
-    assert curves["series"] == {"val/loss": [None, 2.5, 1.5], "val/wer": [None, None, 40.0]}
+    assert curves["series"] == {"val/loss": ["nan", 2.5, 1.5], "val/wer": ["inf", "-inf", 40.0]}
     with (tmp_path / "metrics.csv").open("a") as log:
         log.write("\n3,40,2.9118878841e,\n")  # a log cut off as it was written
     assert main(["explore", str(tmp_path), "--quiet"]) == 2
@@ -578,3 +578,116 @@ def test_an_empty_transcript_of_explorer_is_not_said_to_lack_it(tmp_path):
     page = page_data(explore(tmp_path, progress=False).read_text())
     assert "1 of 2 transcripts or segments without attention: `asr transcribe --explorer` " \
         "keeps it" in page["notes"]  # fmt: skip
+
+
+def test_linked_audio_leads_from_the_page_folder_as_given_through_a_symlink(tmp_path, monkeypatch):
+    """A decode folder reached through a symlink (exp -> another disk): its links, with
+    --link-audio and past --max-mb, lead from the page opened by the path given, not from
+    the symlink's target."""
+    recipe = tmp_path / "recipe"
+    (recipe / "data").mkdir(parents=True)
+    (tmp_path / "disk2" / "dec").mkdir(parents=True)
+    (recipe / "exp").symlink_to(tmp_path / "disk2")
+    shutil.copy(next(WAV.rglob("*.wav")), recipe / "data" / "x.wav")
+    monkeypatch.chdir(recipe)
+    page_dir = Path("exp/dec")
+    linked = _Media(page_dir, link=True, budget=_Budget(None)).add("data/x.wav", 0.0, None)
+    left_out = _Media(page_dir, link=False, budget=_Budget(None)).link_only("data/x.wav", 0.5)
+    assert linked.src == "../../data/x.wav" and left_out.src == "../../data/x.wav#t=0.500"
+
+
+def test_a_training_page_keeps_evenly_spread_epochs_plots_within_its_size_limit(tmp_path):
+    """Past --max-mb a run's page keeps the attention plots of as many epochs as fit, spread
+    evenly from the first to the last, and says how many it left out and how to keep them."""
+    run = tmp_path / "run"
+    (run / "attention").mkdir(parents=True)
+    (run / "metrics.csv").write_text("epoch,step,val/loss\n" + "".join(
+        f"{e},{e},1.0\n" for e in range(10)))  # fmt: skip
+    for epoch in range(10):  # a data URI of 4022 characters each
+        (run / "attention" / f"epoch{epoch:03d}_utt1.png").write_bytes(bytes(3000))
+    data = page_data(explore(run, progress=False, max_mb=0.0165).read_text())
+    [plots] = data["training"]["plots"]
+    assert [e["epoch"] for e in plots["epochs"]] == [0, 3, 6, 9]
+    assert sum(len(e["image"]) for e in plots["epochs"]) <= 16500
+    assert "6 of 10 epochs' attention plots left out: the page keeps those of 4 epochs spread " \
+        "evenly from the first to the last, up to 0.0165 MB (`asr explore FOLDER --max-mb 1`, " \
+        "or 0: for all)" in data["notes"]  # fmt: skip
+    tiny = page_data(explore(run, progress=False, max_mb=1e-6).read_text())["training"]
+    assert [e["epoch"] for e in tiny["plots"][0]["epochs"]] == [0, 9], "the first and last"
+    for max_mb in (0, 1):
+        data = page_data(explore(run, progress=False, max_mb=max_mb).read_text())
+        assert len(data["training"]["plots"][0]["epochs"]) == 10 and data["notes"] == []
+
+
+def test_a_metric_logged_every_other_epoch_has_no_gaps_between(tmp_path):
+    """Validation every n epochs (`check_val_every_n_epoch`) leaves the epochs between without
+    a value: null, which the page's line passes over; a value that is not finite is a gap."""
+    (tmp_path / "metrics.csv").write_text(
+        "epoch,step,train/loss_epoch,val/acc,val/loss\n0,9,3.0,,\n1,19,2.0,,\n1,19,,0.2,nan\n"
+        "2,29,1.5,,\n3,39,1.0,,\n3,39,,0.4,-inf\n"
+    )
+    curves = page_data(explore(tmp_path, progress=False).read_text())["training"]["curves"]
+    assert curves == {"epoch": [0, 1, 2, 3], "series": {
+        "train/loss": [3.0, 2.0, 1.5, 1.0], "val/acc": [None, 0.2, None, 0.4],
+        "val/loss": [None, "nan", None, "-inf"]}}  # fmt: skip
+
+
+def test_numbers_that_are_not_finite_in_a_decode_are_shown_as_absent(tmp_path):
+    """NaN or infinity in metrics.json or utterances.jsonl (JSON that Python writes) is no
+    number the page can hold: it reads as absent."""
+    (tmp_path / "metrics.json").write_text('{"wer": 0.0, "cer": NaN, "utterances": 1}')
+    (tmp_path / "utterances.jsonl").write_text(
+        '{"id": "u1", "ref": "YES", "hyp": "YES", "duration": Infinity, "words": [{"word": '
+        '"YES", "start": 0.1, "end": NaN, "confidence": -Infinity}]}\n'
+    )
+    data = page_data(explore(tmp_path, progress=False).read_text())
+    assert data["summary"] == {"wer": 0.0, "cer": None, "utterances": 1}
+    [row] = data["utterances"]
+    assert row["duration"] is None and row["words"] == [
+        {"w": "YES", "start": 0.1, "end": None, "conf": None}]  # fmt: skip
+
+
+def test_a_file_or_an_out_that_cannot_be_written_is_refused_before_the_page_is_built(
+    tmp_path, capsys, monkeypatch
+):
+    """A file given as the folder is said to be a file; an --out whose folder cannot be made
+    or written in is refused, naming it and why, before any work."""
+    manifest = tmp_path / "test.jsonl"
+    manifest.write_text("")
+    assert main(["explore", str(manifest), "--quiet"]) == 2
+    assert f"{manifest} is a file, not a folder: give a decode folder" in capsys.readouterr().err
+    folder = tmp_path / "decode"
+    folder.mkdir()
+    (folder / "utterances.jsonl").write_text("")
+    monkeypatch.setattr(build, "decode_data", lambda *_: pytest.fail("built the page"))
+    out = manifest / "page.html"
+    assert main(["explore", str(folder), "--out", str(out), "--quiet"]) == 2
+    assert f"--out {out}: {manifest} is a file, not a folder" in capsys.readouterr().err
+    if Path("/sys/kernel").is_dir():  # sysfs: no one can make a file there, root neither
+        assert main(["explore", str(folder), "--out", "/sys/x.html", "--quiet"]) == 2
+        assert "--out /sys/x.html: cannot write in /sys (" in capsys.readouterr().err
+    # a page already there is written over in place: its folder need take no new file
+    monkeypatch.undo()
+    monkeypatch.setattr(build, "decode_data", lambda *_: pytest.fail("built the page"))
+    monkeypatch.setattr(build.tempfile, "NamedTemporaryFile", lambda **_: open("/sys/x", "w"))
+    assert main(["explore", str(folder), "--quiet"]) == 2  # the folder's own page: not --out
+    said = capsys.readouterr().err
+    assert f"error: {folder / 'explorer.html'}: cannot write in {folder} (" in said
+    assert said.rstrip().endswith(": give --out elsewhere"), said
+    monkeypatch.undo()
+    (folder / "explorer.html").write_text("an earlier page")
+    monkeypatch.setattr(build.tempfile, "NamedTemporaryFile", lambda **_: open("/sys/x", "w"))
+    assert main(["explore", str(folder), "--quiet"]) == 0
+    assert (folder / "explorer.html").read_text() != "an earlier page"
+
+
+def test_a_transcript_of_standard_input_is_said_to_have_no_audio_kept(tmp_path):
+    """`asr transcribe -` keeps no audio ("audio": "-"): the page says so, not that a file
+    named - is missing."""
+    (tmp_path / "stdin.json").write_text(_transcript(Path("-")))
+    data = page_data(explore(tmp_path, progress=False).read_text())
+    [row] = data["utterances"]
+    assert row["audio"] is None and row["audio_note"] == "audio from standard input: not kept"
+    assert not any("missing" in note for note in data["notes"]), data["notes"]
+    assert "1 of 1 transcripts or segments transcribed from standard input (`-`): its audio " \
+        "was not kept" in data["notes"]  # fmt: skip

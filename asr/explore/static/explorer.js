@@ -942,7 +942,7 @@
 
   function chart(title, series, epochs) {
     const W = 420, H = 220, left = 48, right = 12, top = 12, bottom = 28;
-    const values = series.flatMap(([, v]) => v).filter((v) => v !== null);
+    const values = series.flatMap(([, v]) => v).filter(Number.isFinite);
     let lo = Math.min(...values);
     let hi = Math.max(...values);
     if (lo === hi) [lo, hi] = [lo - 1, hi + 1];
@@ -971,8 +971,8 @@
       let d = "";
       let pen = "M";
       vals.forEach((v, i) => {
-        if (v === null) pen = "M"; // a gap where the value is missing
-        else {
+        if (Number.isNaN(v)) pen = "M"; // a gap where the value is not finite
+        else if (v !== null) { // null: not logged that epoch (validation every n), no gap
           d += `${pen}${x(epochs[i]).toFixed(1)},${y(v).toFixed(1)} `;
           pen = "L";
           const dot = svg("circle", { cx: x(epochs[i]), cy: y(v), r: 2.5, fill: colour });
@@ -994,8 +994,10 @@
     const epochs = list(curves.epoch).map(num);
     const groups = new Map(); // "train/loss" and "val/loss" share the chart "loss"
     for (const [name, raw] of Object.entries(obj(curves.series))) {
-      const values = list(raw).map(num).slice(0, epochs.length);
-      const usable = values.filter((v, i) => v !== null && epochs[i] !== null);
+      // a string ("nan", "inf", "-inf") is a value that is not finite: NaN, a gap
+      const values = list(raw).map((v) => (typeof v === "string" ? NaN : num(v)))
+        .slice(0, epochs.length);
+      const usable = values.filter((v, i) => Number.isFinite(v) && epochs[i] !== null);
       if (!usable.length) continue;
       const group = name.split("/").pop();
       if (!groups.has(group)) groups.set(group, []);
