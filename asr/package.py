@@ -92,11 +92,13 @@ def write_package(
     card_text = model_card(config, payload, state, card or ModelCard(), out.resolve().name)
     weights = _safetensors_bytes(submodule_weights(state, "model."))
     graphs, tokenizer_dir = out / ONNX_DIR, out / TOKENIZER_DIR
-    for ours in (graphs, tokenizer_dir, out / CONFIG_FILE):  # an earlier export's, replaced
-        if ours.exists() and not _holds_package(out):  # else someone else's
-            raise ValueError(
-                f"{ours} is there and {out} holds no package: export into another folder"
-            )
+    written = [graphs, tokenizer_dir, *(out / name for name in (*assets.values(), *RESERVED))]
+    there = [path for path in dict.fromkeys(written) if path.exists() or path.is_symlink()]
+    if there and not _holds_package(out):  # an earlier export's are replaced, others' kept
+        raise ValueError(
+            f"{', '.join(map(str, there))} there, and {out} holds no package: export into "
+            "another folder"
+        )
     out.mkdir(parents=True, exist_ok=True)
     shutil.rmtree(graphs, ignore_errors=True)  # of other weights
     for original, name in assets.items():

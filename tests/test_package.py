@@ -288,6 +288,13 @@ def test_exporting_again_removes_the_graphs_of_the_earlier_weights(overfit_check
             write_package(overfit_checkpoint, mine)
         assert (mine / "config.json").read_text() == '{"model_type": "bert"}'
         assert (mine / folder / "notes.txt").read_text() == "mine"
+    for name in ("README.md", "model.safetensors"):  # a project's own, not a package's
+        mine = tmp_path / f"mine_{name}"
+        mine.mkdir()
+        (mine / name).write_text("mine")
+        with pytest.raises(ValueError, match=f"{name} there, and .* holds no package: export"):
+            write_package(overfit_checkpoint, mine)
+        assert [p.name for p in mine.iterdir()] == [name] and (mine / name).read_text() == "mine"
 
 
 # --------------------------------------------------------------------------- no pickles
