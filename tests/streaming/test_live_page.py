@@ -284,14 +284,15 @@ def test_a_page_without_its_server_says_what_to_do(received) -> None:
 
 @pytest.mark.skipif(shutil.which("node") is None, reason="needs Node.js to run the page's script")
 def test_the_page_saves_cues_as_the_writers_do():
-    """The page's `lasting` and `millis` against `asr.writers._lasting` on random cue lists,
-    instants and half milliseconds (which Python's round() gives to the even number) among them."""
+    """The page's SubRip file of a recording's finals against `asr.writers`' on random cue
+    lists: instants and half milliseconds (which Python's round() gives to the even number),
+    and timing arrows in the text, among them."""
     import asr.serve
-    from asr.writers import _lasting
+    from asr.writers import _lasting, to_srt
 
     script = (Path(asr.serve.__file__).parent / "static" / "live.js").read_text()
     functions = (
-        script[script.index("  function millis") : script.index("  function stamp")]
+        script[script.index("  function millis") : script.index("  function save")]
         + script[
             script.index("  const LONE_CUE_SECONDS") : script.index("  saveTxt.addEventListener")
         ]
@@ -303,19 +304,20 @@ def test_the_page_saves_cues_as_the_writers_do():
         for k in range(rng.randint(1, 5)):
             start = round(t + rng.choice([0, 0.04, 0.5, 0.0005, 0.0015]), 4)
             end = round(start + rng.choice([0, 0, 0.0005, 0.04, 0.3, 0.0025, -0.04]), 4)
-            cues.append((start, end, f"w{k}"))
+            text = rng.choice(["w", "a --> b", "-->", "x --->", "<-->", "- ->", "->"])
+            cues.append((start, end, f"{text}{k}"))
             t = max(start, end)
         cases.append((cues, round(t + rng.choice([0, 0.2, 1.0]), 3)))
     run = (
         functions
         + """
 const cases = JSON.parse(require("fs").readFileSync(0, "utf8"));
-console.log(JSON.stringify(cases.map(([cues, to]) => lasting(
+console.log(JSON.stringify(cases.map(([cues, to]) => srt(lasting(
   cues.map(([start, end, text]) => ({ start, end, text })), 0, to
-).map((c) => [c.start, c.end, c.text]))));
+)))));
 """
     )
     out = subprocess.run(["node", "-e", run], input=json.dumps(cases), capture_output=True,
                          text=True, check=True).stdout  # fmt: skip
     for (cues, to), page in zip(cases, json.loads(out), strict=True):
-        assert [list(cue) for cue in _lasting(cues, to)] == page, cues
+        assert to_srt(_lasting(cues, to)) == page, cues

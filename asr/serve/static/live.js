@@ -106,6 +106,11 @@
       `${pad(Math.floor(ms / 1000) % 60, 2)},${pad(ms % 1000, 3)}`;
   }
 
+  function srt(list) {  // as asr.writers.to_srt: SubRip has no escapes, and "-->" is a timing
+    return list.map((c, i) => `${i + 1}\n${stamp(c.start)} --> ${stamp(c.end)}\n` +
+      `${c.text.replace(/-{2,}>/g, "->")}\n\n`).join("");
+  }
+
   function save(name, text) {
     const link = document.createElement("a");
     link.href = URL.createObjectURL(new Blob([text], { type: "text/plain;charset=utf-8" }));
@@ -151,9 +156,7 @@
     const starts = [...new Set(cues.map((c) => c.recording))].sort((a, b) => a - b);
     const kept = starts.flatMap((from, k) => lasting(
       ordered().filter((c) => c.recording === from), from, starts[k + 1] ?? heard));
-    save("transcript.srt", kept
-      .map((c, i) => `${i + 1}\n${stamp(c.start)} --> ${stamp(c.end)}\n` +
-        `${c.text.replace(/-{2,}>/g, "->")}\n\n`).join(""));  // as asr.writers.to_srt
+    save("transcript.srt", srt(kept));
   });
 
   async function start() {
