@@ -406,6 +406,9 @@ class CtrlC(L.Callback):
         self.pressed = self.pressed or isinstance(exception, KeyboardInterrupt)
 
 
+EXITED = "exited with status"  # maybe a rank's own error, printed: a resume would repeat it
+
+
 def ended_ranks(procs: Sequence[subprocess.Popen]) -> list[str]:
     """How each of the local ranks 1..N-1 (Lightning starts them as children of rank 0) that
     has ended badly ended, e.g. "local rank 1 (PID 4242) was killed by SIGKILL"."""
@@ -413,11 +416,15 @@ def ended_ranks(procs: Sequence[subprocess.Popen]) -> list[str]:
     for rank, proc in enumerate(procs, 1):
         status = proc.poll()
         if status:
-            how = (
-                f"was killed by {signal.Signals(-status).name}"
-                if status < 0
-                else f"exited with status {status}"
-            )
+            if status < 0:
+                try:
+                    how = f"was killed by {signal.Signals(-status).name}"
+                except ValueError:  # a real-time signal has no name
+                    how = f"was killed by signal {-status}"
+            elif status > 128:  # a signal's exit status (asr's own handlers: 143, 130, 129)
+                how = f"stopped with status {status}"
+            else:
+                how = f"{EXITED} {status}"
             notes.append(f"local rank {rank} (PID {proc.pid}) {how}")
     return notes
 
@@ -434,10 +441,10 @@ def _how_to_go_on() -> str:
 def stopped_message(ended: Sequence[str], reason: str) -> str:
     """The one line a fit stopped by a lost rank ends with, whichever process noticed."""
     what = "; ".join(ended) or "another process of the job ended"
-    return (
-        f"asr: training stopped: {what} ({reason}). The same command with --ckpt_path last "
-        "resumes from the last checkpoint"
-    )
+    resume = "the same command with --ckpt_path last resumes from the last checkpoint"
+    if any(EXITED in note for note in ended):  # its error, or that it lost a peer too
+        resume = f"where a rank that exited printed an error above, put it right first: {resume}"
+    return f"asr: training stopped: {what} ({reason}). {resume[0].upper()}{resume[1:]}"
 
 
 class WatchedLauncher(_SubprocessScriptLauncher):

@@ -140,10 +140,31 @@ def test_the_rank_watch_names_the_ranks_ended_and_ends_the_job_when_rank_0_does_
     assert watched.stdout.splitlines()[5:] == [], "the watch returned"
     assert watched.stderr.startswith(
         f"asr: training stopped: local rank 1 (PID {killed}) was killed by SIGKILL; local rank "
-        f"2 (PID {failed}) exited with status 3 (rank 0 did not notice within 2 s). The same "
-        "command with --ckpt_path last resumes"
+        f"2 (PID {failed}) exited with status 3 (rank 0 did not notice within 2 s). Where a "
+        "rank that exited printed an error above, put it right first: the same command with "
+        "--ckpt_path last resumes"
     ), watched.stderr
     assert not _running(sleeper), "the other local rank was left running"
+
+
+def test_only_a_rank_that_exited_with_an_error_of_its_own_is_to_be_put_right_first() -> None:
+    """A rank killed by a signal, or stopped by one through asr's handlers (143, 130), left no
+    error that a resume would meet again; one that exited with 1..127 may have."""
+    from asr.train import ended_ranks, stopped_message
+
+    def said(*statuses: int) -> str:
+        procs = [SimpleNamespace(poll=lambda s=s: s, pid=100 + s) for s in statuses]
+        return stopped_message(ended_ranks(procs), "lost peer")
+
+    plain = "The same command with --ckpt_path last resumes from the last checkpoint"
+    for statuses in ((-9,), (143, 0), (-9, 130)):
+        assert said(*statuses).endswith(f"(lost peer). {plain}"), statuses
+    assert "local rank 1 (PID 243) stopped with status 143" in said(143)
+    assert "local rank 1 (PID 65) was killed by signal 35;" in said(-35, -9)
+    assert said(-9, 1).endswith(
+        "(lost peer). Where a rank that exited printed an error above, put it right first: the "
+        "same command with --ckpt_path last resumes from the last checkpoint"
+    )
 
 
 def test_the_rank_watch_ends_quietly_when_every_rank_ends_well_or_rank_0_reports(watched):
