@@ -156,7 +156,9 @@ def check_streamable_frontend(recognizer: Recognizer) -> None:
 def mask_chunks(recognizer: Recognizer, chunk_ms: float | None) -> None:
     """Decode offline as the model streams: its encoder's self-attention under the mask of
     chunks of `chunk_ms`, every chunk before in view (None or 0: full context again). The joint
-    beam search over it gives the live `final_search="beam"` finals (one utterance a recording)."""
+    beam search over it gives the live `final_search="beam"` finals (one utterance a recording).
+    It sets the recognizer's encoder: every whole-sequence pass of it takes the mask, those of
+    its full-context streams (`chunk_ms=None`) too."""
     chunk_ms = chunk_ms or None
     if chunk_ms is not None and chunk_ms < 0:
         raise ValueError(f"chunk_ms must be positive (0 or None: full context), got {chunk_ms}")
