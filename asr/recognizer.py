@@ -299,7 +299,9 @@ class Recognizer:
         batch = torch.zeros(len(waves), int(lens.max()))
         for row, wave in enumerate(waves):
             batch[row, : len(wave)] = wave
-        return batch.to(self.device), lens.to(self.device)
+        weights = next((p for p in self.model.parameters() if p.is_floating_point()), batch)
+        dtype = torch.promote_types(weights.dtype, batch.dtype)  # a float64 model's: float64
+        return batch.to(self.device, dtype), lens.to(self.device)
 
     transcript = alignment.transcript
     words = alignment.words

@@ -189,9 +189,11 @@ class FeatureStream:
             raise ValueError(f"{type(normalize).__name__} needs the whole utterance: cannot stream")
         self.features, self.normalize = frontend.features, normalize
         self.win, self.hop = _framing(self.features)
-        self.buffer = torch.zeros(0)
         tensors = [*frontend.parameters(), *frontend.buffers()]
         self.device = tensors[0].device if tensors else torch.device("cpu")
+        weights = next((t for t in tensors if t.is_floating_point()), torch.zeros(0))
+        self.dtype = torch.promote_types(weights.dtype, torch.float32)  # a float64 model's too
+        self.buffer = torch.zeros(0, dtype=self.dtype)
 
     @torch.inference_mode()
     def push(self, samples: Tensor) -> Tensor:
@@ -200,7 +202,7 @@ class FeatureStream:
         frames = int(num_frames(buffer.numel(), self.win, self.hop))
         if frames <= 0:
             self.buffer = buffer
-            return torch.zeros(0, self.features.output_dim)
+            return torch.zeros(0, self.features.output_dim, dtype=self.dtype)
         used = (frames - 1) * self.hop + self.win
         wave = buffer[None, :used].to(self.device)
         lens = torch.tensor([used], device=self.device)
@@ -208,7 +210,7 @@ class FeatureStream:
         if self.normalize is not None:
             feats, lens = self.normalize(feats, lens)
         self.buffer = buffer[frames * self.hop :]
-        return feats[0, :frames].float().cpu()
+        return feats[0, :frames].to(self.dtype).cpu()
 
 
 class StreamingEngine:
@@ -300,7 +302,7 @@ class StreamingEngine:
     def _encode(self, streams: Sequence[Stream], windows: list[Tensor]) -> None:
         device = self.recognizer.device
         lens = torch.tensor([w.size(0) for w in windows], device=device)
-        x = torch.zeros(len(windows), int(lens.max()), windows[0].size(1), device=device)
+        x = windows[0].new_zeros(len(windows), int(lens.max()), windows[0].size(1)).to(device)
         for row, window in enumerate(windows):
             x[row, : window.size(0)] = window
         cache = EncoderCache.merge([s.cache_or_empty(x) for s in streams])
@@ -392,7 +394,9 @@ class Stream:
         self.engine = engine
         self.recognizer = engine.recognizer
         self.features = FeatureStream(self.recognizer.model.frontend)
-        self.pending = torch.zeros(0, self.features.features.output_dim)  # frames not consumed
+        self.pending = torch.zeros(  # frames not consumed
+            0, self.features.features.output_dim, dtype=self.features.dtype
+        )
         self.consumed = 0  # feature frames whose encoder outputs are done
         self.samples = 0
         self.decoded_samples = 0  # audio the decoded chunks have read, to their last sample

@@ -164,6 +164,25 @@ def test_search_keywords_decode_as_the_search_options_they_set(overfit, monkeypa
     assert used[-1] == replace(recognizer.default_options, beam_size=3)  # over the defaults
 
 
+def test_a_float64_model_decodes_as_its_float32_self(overfit):
+    """`model.double()` (exact checks, property tests): the waves and the decoder's steps
+    follow the weights' precision, not float32's."""
+    import copy
+
+    recognizer, waves = overfit
+    wide = copy.deepcopy(recognizer)
+    wide.model.double()
+    assert wide.pad(waves)[0].dtype == torch.float64, "a frontend's float64 filters take them"
+    for options in (GREEDY, SearchOptions(beam_size=3, ctc_weight=0.3, length_bonus=0.5)):
+        narrow = recognizer.transcribe_batch(waves, options=options)
+        for a, b in zip(narrow, wide.transcribe_batch(waves, options=options), strict=True):
+            assert b.transcript.tokens == a.transcript.tokens
+            assert b.transcript.score == pytest.approx(a.transcript.score, abs=1e-4)
+            assert [w.start for w in b.transcript.words] == pytest.approx(
+                [w.start for w in a.transcript.words], abs=1e-3
+            )
+
+
 def test_unknown_keywords_are_named_and_bad_values_refused(overfit):
     recognizer, waves = overfit
     with pytest.raises(TypeError, match=r"'beam' \(did you mean 'beam_size'\?\)"):

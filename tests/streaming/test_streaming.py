@@ -222,6 +222,21 @@ def test_an_endpoint_closes_each_utterance_and_the_next_starts_afresh(
     assert stream.take_finals() == []
 
 
+@pytest.mark.parametrize("chunk_ms", [None, 160])
+def test_a_float64_model_streams_as_its_float32_self(trained, chunk_ms) -> None:
+    """`model.double()`: features, chunks and the final's search follow the weights."""
+    import copy
+
+    recognizer, waves = trained
+    wide = copy.deepcopy(recognizer)
+    wide.model.double()
+    options = StreamOptions(chunk_ms=chunk_ms, endpoint=None)
+    for uid, wave in waves.items():
+        narrow, double = (stream_transcript(r, wave, options) for r in (recognizer, wide))
+        assert double.tokens == narrow.tokens, uid
+        assert double.score == pytest.approx(narrow.score, abs=1e-4)
+
+
 def test_at_full_context_an_utterance_is_cut_at_the_endpoints_longest(trained) -> None:
     """Nothing is decoded before an utterance ends there, and its memory grows as the square
     of its length: with endpoints, each is decoded once it holds `max_utterance` of audio, as
