@@ -22,7 +22,7 @@ import torch
 from jsonargparse import Namespace
 from lightning.fabric.plugins import CheckpointIO
 from lightning.fabric.utilities.distributed import _set_num_threads_if_needed
-from lightning.pytorch.callbacks import ModelCheckpoint, Timer
+from lightning.pytorch.callbacks import ModelCheckpoint, Timer, TQDMProgressBar
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
 from lightning.pytorch.utilities.exceptions import SIGTERMException
@@ -305,6 +305,32 @@ class LostRank(L.Callback):
         if lost_peer(exception):
             for note in ended_ranks(getattr(launcher, "procs", None) or []):
                 exception.add_note(note)
+
+
+class ResumedEpochBar(L.Callback):
+    """Lightning skips `on_train_epoch_start` in an epoch resumed mid-way, where the progress
+    bar takes the epoch's number and length: it showed "Training: 27/?". The bar gets them at
+    the resumed epoch's first batch instead."""
+
+    def __init__(self) -> None:
+        self.resumed = False
+
+    def on_train_start(self, trainer: L.Trainer, module: Any) -> None:
+        self.resumed = bool(getattr(trainer.fit_loop, "restarted_mid_epoch", False))
+
+    def on_train_batch_start(self, trainer: L.Trainer, module: Any, batch: Any, index: int) -> None:
+        bar = trainer.progress_bar_callback
+        if self.resumed and isinstance(bar, TQDMProgressBar) and bar.is_enabled:
+            bar.on_train_epoch_start(trainer, module)
+            progress = bar.train_progress_bar
+            progress.n = progress.initial = index  # done before the stop: not in the rate
+            progress.refresh()
+        self.resumed = False
+
+    def on_train_epoch_end(self, trainer: L.Trainer, module: Any) -> None:
+        bar = trainer.progress_bar_callback
+        if isinstance(bar, TQDMProgressBar) and bar.is_enabled:
+            bar.train_progress_bar.initial = 0  # else the next epoch's reset shows a rate < 0
 
 
 OPTIMIZATION_KEY = "asr_optimization"
@@ -717,7 +743,7 @@ class ASRCLI(LightningCLI):
         _check_sample_rates(self.model, self.datamodule)
         watch_ranks(self.trainer)
         sigterm_without_collective(self.trainer)
-        self.trainer.callbacks += [LostRank(), self.ctrl_c]
+        self.trainer.callbacks += [LostRank(), self.ctrl_c, ResumedEpochBar()]
         checkpoint, self._checkpoint = self._checkpoint, None  # not held while training
         path = config.ckpt_path
         if path == "last":

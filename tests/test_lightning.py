@@ -746,6 +746,23 @@ def test_a_resume_with_other_loader_workers_trains_its_restarted_epoch_whole(tin
     assert batches(tmp_path / "resumed") == 2 + whole
 
 
+def test_an_epoch_resumed_mid_way_shows_its_number_and_length(tiny_an4, tmp_path, capfd):
+    """Lightning skips the epoch-start hook where the bar takes them: "Training: 2/?"."""
+    args = [*_fit_args(tiny_an4, tmp_path), "--trainer.max_epochs", "2",
+            "--trainer.limit_train_batches", "4", "--trainer.num_sanity_val_steps", "0",
+            "--trainer.limit_val_batches", "0", "--step_checkpoint.every_n_steps", "1",
+            "--data.max_batch_seconds", "3", "--trainer.enable_progress_bar", "true"]  # fmt: skip
+    assert fit_then_signal(args, 2).returncode == -9
+    capfd.readouterr()
+    main([*args, "--ckpt_path", "last"])
+    bar = capfd.readouterr().out.replace("\r", "\n")  # Lightning's bar writes to stdout
+    assert re.search(r"^Epoch 0: +50%.* 2/4 ", bar, re.M), bar
+    assert re.search(r"^Epoch 0: +100%.* 4/4 ", bar, re.M), bar
+    assert re.search(r"^Epoch 1: +100%.* 4/4 ", bar, re.M), bar
+    assert set(re.findall(r"(\d+)/\?", bar)) <= {"0"}, bar
+    assert not re.search(r"<-|-[\d.]+it/s", bar), "no rate < 0 as the next epoch starts"
+
+
 def test_a_plateau_schedule_resumed_goes_on_as_if_never_stopped(tiny_an4, tmp_path):
     """Lightning steps ReduceLROnPlateau after the epoch's checkpoints are written, and skips
     the step of an epoch resumed mid-way: a run resumed at an epoch's end, or killed in the
