@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import sys
 import threading
+import unicodedata
 from typing import IO
 
 import numpy as np
@@ -123,6 +125,24 @@ def samples(data):
         yield np.frombuffer(block, dtype="<i2").astype(np.float32) / 32768.0
 
 
+def _last_columns(text: str, width: int) -> str:
+    """The end of `text` that takes at most `width` terminal columns: East Asian wide and
+    full-width characters take two, combining marks none.
+
+    >>> _last_columns("ab漢字", 5), _last_columns("ab漢字", 4)
+    ('b漢字', '漢字')
+    """
+    used, start = 0, len(text)
+    while start > 0:
+        char = text[start - 1]
+        wide = unicodedata.east_asian_width(char) in ("W", "F")
+        size = 0 if unicodedata.combining(char) else 1 + wide
+        if used + size > width:
+            break
+        used, start = used + size, start - 1
+    return text[start:]
+
+
 class Lines:
     """Finals as lines on `out`; on a terminal (`live`), the partial rewritten below them."""
 
@@ -130,8 +150,11 @@ class Lines:
         self.out, self.live = out, live
 
     def partial(self, text: str) -> None:
+        """The partial's end on one row: a longer one wraps, and erasing its row leaves the
+        rows above it on the screen."""
         if self.live:
-            self.out.write("\r\x1b[K" + text[-200:])
+            width = shutil.get_terminal_size().columns - 1  # the cursor's column kept free
+            self.out.write("\r\x1b[K" + _last_columns(text, width))
             self.out.flush()
 
     def final(self, text: str) -> None:
