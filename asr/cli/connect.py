@@ -15,6 +15,31 @@ from typing import IO
 from asr.cli.console import PCM_BLOCK_SECONDS, Lines, StdinPcm, ctrl_c_ends_the_input, pieces
 
 SILENT_SERVER = 60.0  # seconds without a message from a server that decodes in chunks
+# Audio a file is sent ahead of what a server decoding in chunks has decoded: a Ctrl-C ends
+# the input where it is, not after all that the socket's buffers took.
+AHEAD_SECONDS = 5.0
+
+
+class _Heard:
+    """How far the server has decoded the audio sent: its partials' and finals' times."""
+
+    def __init__(self) -> None:
+        # paced until "ready" says the server decodes at full context (it sends no partials)
+        self.seconds, self.chunked, self.ended = 0.0, True, False
+        self.news = asyncio.Event()
+
+    def hear(self, seconds: float) -> None:
+        self.seconds = max(self.seconds, seconds)
+        self.news.set()
+
+    async def wait_until_within(self, sent: float, interrupted: list) -> None:
+        """Until `sent` seconds are within AHEAD_SECONDS of the decoded, where that is known."""
+        while self.chunked and not (self.ended or interrupted):
+            if sent - self.seconds <= AHEAD_SECONDS:
+                return
+            self.news.clear()
+            with contextlib.suppress(TimeoutError):  # a Ctrl-C wakes no event: looked at often
+                await asyncio.wait_for(self.news.wait(), 0.1)
 
 
 def connect(args: argparse.Namespace, out: IO[str] | None = None) -> int:
@@ -77,17 +102,26 @@ async def _connect(
                 err = "the server reset the connection" + (" (is it serving TLS?)" if tls else "")
             raise ValueError(f"cannot connect to {args.url}: {err}{hint}") from None
         async with ws:
-            reader = asyncio.create_task(_print_results(ws, lines, name, args.jsonl))
-            try:  # a full server refuses before the start: the reader prints why
-                await ws.send(json.dumps({"type": "start", "sample_rate": rate, **start}))
-                while (piece := await _next(sent, waits)) is not None:
-                    await ws.send(piece)
-                    if interrupted:
-                        break
-                await ws.send(json.dumps({"type": "end"}))
-            except ConnectionClosed:  # the server said why: the reader prints it
-                pass
-            said_why = await reader
+            heard = _Heard()
+            reader = asyncio.create_task(_print_results(ws, lines, name, args.jsonl, heard))
+            bytes_per_second = rate * (2 if start["format"] == "s16le" else 4)
+            try:
+                try:  # a full server refuses before the start: the reader prints why
+                    await ws.send(json.dumps({"type": "start", "sample_rate": rate, **start}))
+                    sent_seconds = 0.0
+                    while (piece := await _next(sent, waits)) is not None:
+                        await heard.wait_until_within(sent_seconds, interrupted)
+                        await ws.send(piece)
+                        sent_seconds += len(piece) / bytes_per_second
+                        if interrupted:
+                            break
+                    await ws.send(json.dumps({"type": "end"}))
+                except ConnectionClosed:  # the server said why: the reader prints it
+                    pass
+                said_why = await reader
+            except (asyncio.CancelledError, KeyboardInterrupt):  # a second Ctrl-C: no handshake
+                ws.transport.abort()
+                raise
         if ws.close_code != 1000:
             failed += 1
             if not said_why:
@@ -115,35 +149,45 @@ def _in_real_time(sent):
         yield piece
 
 
-async def _print_results(ws, lines: Lines, name: str, jsonl: bool = False) -> bool:
+async def _print_results(
+    ws, lines: Lines, name: str, jsonl: bool = False, heard: _Heard | None = None
+) -> bool:
     """A connection's messages as they come: finals as lines (`jsonl`: as the server sent
-    them), the partial rewritten below. True if the server said why it closed (an error)."""
+    them), the partial rewritten below; how far they say the audio was decoded goes to
+    `heard`. True if the server said why it closed (an error)."""
     from websockets.exceptions import ConnectionClosed
 
     from asr.writers import timed_line
 
-    said_why, chunked = False, False
-    with contextlib.suppress(ConnectionClosed):  # the close is reported by `_connect`
-        while True:
-            try:  # a server decoding in chunks sends a partial for each: silence means stuck
-                message = await asyncio.wait_for(ws.recv(), SILENT_SERVER if chunked else None)
-            except TimeoutError:
-                print(f"asr connect: error: {name}: the server sent nothing for "
-                      f"{SILENT_SERVER:g} s", file=sys.stderr)  # fmt: skip
-                ws.transport.abort()  # a stuck server answers no close: the sends end too
-                return True
-            result = json.loads(message)
-            kind = result["type"]
-            if kind == "ready":
-                chunked = bool(result.get("chunk_ms"))
-            elif kind == "partial":
-                lines.partial(result["text"])
-            elif kind == "final" and jsonl:
-                lines.final(json.dumps(result | {"audio": name}) + "\n")
-            elif kind == "final" and result["text"]:
-                lines.final(timed_line(result["start"], result["end"], result["text"]))
-            elif kind == "error":
-                said_why = True
-                print(f"asr connect: error: {name}: {result['message']}", file=sys.stderr)
+    heard, said_why = heard or _Heard(), False
+    try:
+        with contextlib.suppress(ConnectionClosed):  # the close is reported by `_connect`
+            while True:
+                try:  # a server decoding in chunks sends a partial for each: silence: stuck
+                    wait = SILENT_SERVER if heard.chunked else None
+                    message = await asyncio.wait_for(ws.recv(), wait)
+                except TimeoutError:
+                    print(f"asr connect: error: {name}: the server sent nothing for "
+                          f"{SILENT_SERVER:g} s", file=sys.stderr)  # fmt: skip
+                    ws.transport.abort()  # a stuck server answers no close: the sends end too
+                    return True
+                result = json.loads(message)
+                kind = result["type"]
+                if kind == "ready":
+                    heard.chunked = bool(result.get("chunk_ms"))
+                elif kind == "partial":
+                    heard.hear(result["audio_seconds"])
+                    lines.partial(result["text"])
+                elif kind == "final":
+                    heard.hear(result["end"])
+                if kind == "final" and jsonl:
+                    lines.final(json.dumps(result | {"audio": name}) + "\n")
+                elif kind == "final" and result["text"]:
+                    lines.final(timed_line(result["start"], result["end"], result["text"]))
+                elif kind == "error":
+                    said_why = True
+                    print(f"asr connect: error: {name}: {result['message']}", file=sys.stderr)
+    finally:
+        heard.ended = True  # the sender waits no more
     lines.clear()
     return said_why

@@ -1,0 +1,125 @@
+"""`asr connect` against a running `asr serve` of the tiny streaming recognizer: how far
+ahead of the server it sends, and how it stops."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+import soundfile
+from streaming_fixtures import RATE, running_server, streaming_recognizer
+from websockets.asyncio.server import serve
+
+import asr.cli.connect
+from asr.cli import main
+from asr.streaming import StreamOptions
+
+
+@pytest.mark.usefixtures("ctrl_c")
+def test_a_file_is_sent_little_ahead_of_the_decoding_so_ctrl_c_ends_it_there(
+    tmp_path, monkeypatch, capsys
+):
+    """A file goes as fast as the server decodes, AHEAD_SECONDS ahead at most: before, the
+    socket's buffers took all of it at once, and a Ctrl-C still had every minute decoded."""
+    recognizer, waves = streaming_recognizer()
+    audio = np.concatenate([w.numpy() for w in waves.values()] * 4)  # 35 s
+    path = tmp_path / "long.wav"
+    soundfile.write(path, audio, RATE)
+    monkeypatch.setattr(asr.cli.connect, "AHEAD_SECONDS", 2.0)
+    partials = []
+
+    def ctrl_c_at_the_seventh(self, text: str) -> None:  # 160 ms chunks: after 1.1 s
+        partials.append(text)
+        if len(partials) == 7:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr(asr.cli.connect.Lines, "partial", ctrl_c_at_the_seventh)
+    with running_server(recognizer, StreamOptions(chunk_ms=160)) as (_, port):
+        assert main(["connect", f"ws://127.0.0.1:{port}/", str(path), "--jsonl"]) == 130
+    finals = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert finals, "what was sent gets its finals"
+    assert finals[-1]["end"] <= 1.2 + 2.0 + 1.0, "sent past AHEAD_SECONDS (and a piece)"
+
+
+@contextlib.contextmanager
+def fake_server(handler):
+    """A WebSocket server of `handler` on a thread of its own; yields its URL. The clients'
+    sockets close with this process: it waits for no closing handshake of theirs."""
+    loop, ready, stop, port = asyncio.new_event_loop(), threading.Event(), asyncio.Event(), []
+
+    async def run() -> None:
+        async with serve(handler, "127.0.0.1", 0, close_timeout=0.1) as server:
+            port.append(server.sockets[0].getsockname()[1])
+            ready.set()
+            await stop.wait()
+
+    thread = threading.Thread(target=loop.run_until_complete, args=(run(),))
+    thread.start()
+    ready.wait(10)
+    try:
+        yield f"ws://127.0.0.1:{port[0]}/"
+    finally:
+        loop.call_soon_threadsafe(stop.set)
+        thread.join(10)
+
+
+def test_a_file_waits_for_the_server_before_it_says_it_is_ready(tmp_path):
+    """Its partials pace a file; before its "ready" none has come, and a server slow to say
+    it took the whole file then, as one that decodes at full context does."""
+    path = tmp_path / "a.wav"
+    soundfile.write(path, np.zeros(RATE * 60, dtype=np.float32), RATE)
+    received = []
+
+    async def slow(ws):  # ready late, then no partial: the file waits for them
+        await ws.recv()
+        await asyncio.sleep(0.3)
+        await ws.send(json.dumps({"type": "ready", "chunk_ms": 160}))
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(1.0):
+                async for message in ws:
+                    received.append(len(message) if isinstance(message, bytes) else 0)
+        await ws.close()
+
+    with fake_server(slow) as url:
+        main(["connect", url, str(path)])
+    seconds = sum(received) / 4 / RATE  # float samples
+    assert 0 < seconds <= asr.cli.connect.AHEAD_SECONDS + 0.5, seconds
+
+
+@pytest.mark.usefixtures("ctrl_c")
+def test_a_second_ctrl_c_stops_at_once_when_the_server_answers_nothing(tmp_path):
+    """The first ends the input and waits for the last finals; the second leaves without the
+    closing handshake, which a server that reads nothing more would keep for 10 s."""
+    path = tmp_path / "a.wav"
+    soundfile.write(path, np.zeros(RATE * 20, dtype=np.float32), RATE)
+    started = threading.Event()
+
+    async def deaf(ws):  # reads the start, says it is ready, then nothing
+        await ws.recv()
+        await ws.send(json.dumps({"type": "ready", "chunk_ms": 160}))
+        started.set()
+        await ws.wait_closed()
+
+    def press_twice() -> None:
+        started.wait(10)
+        for _ in range(2):
+            time.sleep(0.3)
+            os.kill(os.getpid(), signal.SIGINT)
+
+    with fake_server(deaf) as url:
+        presser = threading.Thread(target=press_twice)
+        presser.start()
+        begun = time.monotonic()
+        try:
+            assert main(["connect", url, str(path)]) == 130
+            took = time.monotonic() - begun
+        finally:
+            presser.join()
+    assert took < 5.0
