@@ -48,6 +48,7 @@ from websockets.exceptions import ConnectionClosed, ConnectionClosedOK
 from websockets.protocol import State
 
 from asr.audio import LOUDEST_SAMPLE
+from asr.explore.page import embedded_json
 from asr.explore.records import quantized_attention
 from asr.streaming import Stream, StreamingEngine, StreamOptions
 from asr.timing import attention_matrix
@@ -70,6 +71,7 @@ PAGES = {
     "live.js": ("live.js", "text/javascript"),
     "worklet.js": ("worklet.js", "text/javascript"),
 }
+MODEL = "{{MODEL}}"  # where live.html holds what the page needs to know of the model, as JSON
 
 # Close codes (RFC 6455): going away, unsupported data, policy, too big, try again later.
 GOING_AWAY, UNSUPPORTED, POLICY, TOO_BIG = 1001, 1003, 1008, 1009
@@ -317,6 +319,8 @@ class LiveServer:
             return connection.respond(404, "not found\n")
         file, kind = page
         body = resources.files("asr.serve").joinpath("static", file).read_text(encoding="utf-8")
+        if file == "live.html":  # the page sends the microphone's audio at the model's rate
+            body = body.replace(MODEL, embedded_json({"sample_rate": self.sample_rate}))
         return _respond(connection, body, f"{kind}; charset=utf-8")
 
     def _foreign_origin(self, request: Request) -> str | None:
@@ -345,12 +349,10 @@ class LiveServer:
         if self.stopping:
             await _refuse(ws, STOPPING, GOING_AWAY)
             return
-        if len(self.connections) >= self.options.max_connections:
-            await _refuse(
-                ws,
-                f"the server is full ({self.options.max_connections} streams): try later",
-                TRY_LATER,
-            )
+        most = self.options.max_connections
+        if len(self.connections) >= most:
+            full = f"the server is full ({most} stream{'' if most == 1 else 's'}): try later"
+            await _refuse(ws, full, TRY_LATER)
             return
         limit = self.options.max_per_address
         if limit is not None and _host(ws) is not None:

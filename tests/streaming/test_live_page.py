@@ -252,6 +252,88 @@ def test_clicks_that_race_the_start_and_a_server_that_vanishes(received) -> None
             driver.quit()
 
 
+# Each socket the page opens, in window.sockets, with the types of the messages it got.
+SOCKETS = """
+window.sockets = [];
+window.WebSocket = class extends WebSocket {
+  constructor(...args) {
+    super(...args);
+    this.heard = [];
+    this.addEventListener("message", (event) => this.heard.push(JSON.parse(event.data).type));
+    window.sockets.push(this);
+  }
+};
+"""
+
+
+def test_a_new_recording_shows_nothing_of_the_last_ones_partial(received) -> None:
+    """Stop, then Start at once: the new recording starts with an empty partial line, and a
+    partial the stopped recording's socket still brings is not shown, then or once the new one
+    has stopped too."""
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    late = (
+        "window.sockets[0].dispatchEvent(new MessageEvent('message', {data: JSON.stringify("
+        "{type: 'partial', text: 'LATE', utterance: 0, audio_seconds: 9})}));"
+        "return document.getElementById('partial').textContent;"
+    )
+    recognizer, _ = streaming_recognizer()
+    with running_server(recognizer, OPTIONS) as (_, port):
+        driver = chromium(*FAKE_MICROPHONE)
+        try:
+            driver.execute_cdp_cmd("Page.addScriptToEvaluateOnNewDocument", {"source": SOCKETS})
+            driver.get(f"http://127.0.0.1:{port}/?autostart=1")
+            wait = WebDriverWait(driver, 30, 0.05)
+            before, after = wait.until(lambda d: d.execute_script(
+                "const partial = document.getElementById('partial').textContent;"
+                "if (!partial) return null;"
+                "const toggle = document.getElementById('toggle');"
+                "toggle.click(); toggle.click();"  # Stop, Start
+                "return [partial, document.getElementById('partial').textContent];"
+            ))  # fmt: skip
+            assert before and after == ""
+            assert driver.execute_script(late) != "LATE"
+            wait.until(lambda d: d.execute_script(
+                "return window.sockets.length === 2 && window.sockets[1].heard.includes('ready')"
+            ))  # fmt: skip
+            driver.execute_script("document.getElementById('toggle').click()")  # Stop
+            assert driver.execute_script(late) != "LATE"
+            wait.until(
+                lambda d: d.execute_script("return window.sockets[1].heard.includes('done')")
+            )
+            assert driver.execute_script("return document.body.dataset.done !== undefined")
+            assert not severe_errors(driver)
+        finally:
+            driver.quit()
+
+
+def test_the_page_sends_the_audio_at_the_models_rate(received) -> None:
+    """For a model at 8 kHz the server writes its rate into the page, and the page resamples the
+    microphone to it: the server takes the stream and the page shows its "done"."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    recognizer, _ = streaming_recognizer()
+    recognizer.sample_rate = 8000  # as an 8 kHz model (conf/yesno trains one) is
+    with running_server(recognizer, OPTIONS) as (live, port):
+        driver = chromium(*FAKE_MICROPHONE)
+        try:
+            driver.get(f"http://127.0.0.1:{port}/?autostart=1&seconds=1.6")
+            status = driver.find_element(By.ID, "status")
+            WebDriverWait(driver, 30, 0.05).until(
+                lambda d: "Done" in status.text or "rror" in status.text
+            )
+            assert status.text == "Done: 0:01.6 of audio.", status.text
+            model = driver.execute_script("return document.getElementById('model').textContent")
+            assert json.loads(model) == {"sample_rate": 8000}
+            heard = np.concatenate(received)
+            wave = load_audio(WAV / f"{UID}.wav", 8000)
+            assert 1.5 < heard.size / 8000 < 1.7 and np.abs(heard).max() > 0.5 * wave.abs().max()
+            assert live.chunks_run >= 2 and not severe_errors(driver)  # chunk by chunk
+        finally:
+            driver.quit()
+
+
 def test_a_page_without_its_server_says_what_to_do(received) -> None:
     """Opened as a file, the page says to open it at the server's address; served by a server
     that has since stopped, Start says the server does not answer (not the browser's words
@@ -321,3 +403,58 @@ console.log(JSON.stringify(cases.map(([cues, to]) => srt(lasting(
                          text=True, check=True).stdout  # fmt: skip
     for (cues, to), page in zip(cases, json.loads(out), strict=True):
         assert to_srt(_lasting(cues, to)) == page, cues
+
+
+# The worklet's script under Node, its AudioWorklet globals stubbed: each case's signal goes in
+# 128-sample blocks, as a browser gives them, and what it posts comes out.
+WORKLET = """
+const [script, cases] = JSON.parse(require("fs").readFileSync(0, "utf8"));
+console.log(JSON.stringify(cases.map(({ rate, target, tone, step }) => {
+  const posted = [];
+  let Processor;
+  globalThis.sampleRate = rate;
+  globalThis.registerProcessor = (name, processor) => { Processor = processor; };
+  globalThis.AudioWorkletProcessor = class {
+    constructor() { this.port = { postMessage: (data) => posted.push(...new Int16Array(data)) }; }
+  };
+  new Function(script)();
+  const node = new Processor({ processorOptions: { targetRate: target, packetMs: 100 } });
+  const block = new Float32Array(128);
+  for (let start = 0; start < 1.05 * rate; start += block.length) {
+    for (let i = 0; i < block.length; i++) {
+      const t = (start + i) / rate;
+      block[i] = tone ? 0.3 * Math.sin(2 * Math.PI * tone * t) : t >= step ? 0.5 : 0;
+    }
+    node.process([[block]]);
+  }
+  return posted;
+})));
+"""
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="needs Node.js to run the page's script")
+@pytest.mark.parametrize("rate, target", [(48000, 16000), (44100, 16000), (48000, 8000)])
+def test_the_page_resamples_without_folding_high_tones_back(rate, target) -> None:
+    """The microphone's rate down to the model's: a tone below the target's Nyquist frequency
+    passes within 1 dB (3 kHz for 16 kHz), one above it is filtered out at least 30 dB rather
+    than folded back (12 kHz, which would come out as 4 kHz), and a step comes within 5 ms."""
+    import asr.serve
+
+    script = (Path(asr.serve.__file__).parent / "static" / "worklet.js").read_text()
+    scale = target / 16000
+    cases = [
+        {"rate": rate, "target": target, "tone": 3000 * scale},
+        {"rate": rate, "target": target, "tone": 12000 * scale},
+        {"rate": rate, "target": target, "step": 0.1},
+    ]
+    out = subprocess.run(["node", "-e", WORKLET], input=json.dumps([script, cases]),
+                         capture_output=True, text=True, check=True).stdout  # fmt: skip
+    passed, folded, step = (np.array(samples) / 32767 for samples in json.loads(out))
+    assert len(passed) == len(folded) == len(step) == target  # 1 s in whole 100 ms packets
+
+    def level(wave: np.ndarray) -> float:  # in dB against the tone put in, after 0.1 s
+        rms = np.sqrt(np.mean(wave[target // 10 :] ** 2))
+        return 20 * np.log10(max(rms, 1e-9) / (0.3 / np.sqrt(2)))  # 16-bit zeros: -inf
+
+    assert abs(level(passed)) < 1 and level(folded) < -30, (level(passed), level(folded))
+    assert 0.099 < np.argmax(step >= 0.25) / target < 0.105

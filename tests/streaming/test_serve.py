@@ -353,7 +353,7 @@ def test_connections_over_the_maximum_are_refused(trained) -> None:
             first.send(START)
             first.recv(10)
             error, code = refused(url, start=False)
-            assert "full (1 streams)" in error["message"] and code == 1013
+            assert error["message"] == "the server is full (1 stream): try later" and code == 1013
         wait_until(lambda: live.active_streams == 0)
         assert session(url, pcm16(waves[UID]))[-1]["type"] == "done"
 
@@ -943,7 +943,7 @@ def test_connect_says_why_a_full_server_refused_it(trained, monkeypatch, capsys)
             first.recv(10)
             assert main(["connect", url, wav]) == 1
     said = capsys.readouterr().err
-    assert said == f"asr connect: error: {wav}: the server is full (1 streams): try later\n"
+    assert said == f"asr connect: error: {wav}: the server is full (1 stream): try later\n"
 
 
 def test_audio_queued_while_the_model_takes_the_inbox_is_not_lost(trained) -> None:

@@ -1,4 +1,5 @@
-// The live page: microphone -> AudioWorklet (16 kHz PCM) -> WebSocket -> partials and finals.
+// The live page: microphone -> AudioWorklet (PCM at the model's rate) -> WebSocket -> partials
+// and finals.
 // ?autostart=1 starts at once; ?seconds=N ends the recording after N seconds of audio.
 // Each recording's times continue the one before; Save writes the finals as asr transcribe's
 // txt and srt files do; each final's cross-attention folds out beneath it.
@@ -12,10 +13,11 @@
   const level = document.getElementById("level");
   const saveTxt = document.getElementById("save-txt");
   const saveSrt = document.getElementById("save-srt");
-  const rate = 16000;
+  let rate;  // the model's, which the server writes into the page: the audio is sent at it
   const cues = [];  // {start, end, text} of every final, in seconds from the first recording
   let recorded = 0;  // seconds of audio the recordings before this one sent
-  let session = null;
+  let session = null;  // the recording in progress
+  let latest = null;  // the last one started: only its partial and status are shown
 
   function say(text, error = false) {
     status.textContent = text;
@@ -163,7 +165,8 @@
     // Held from the first await: a second click (or one while the browser asks for the
     // microphone) starts nothing; Stop before the socket opens ends this start.
     const s = { sent: 0, ended: false, offset: recorded, said: false };
-    session = s;
+    session = latest = s;
+    partial.textContent = "";  // the last recording's unfinished words are not this one's
     toggle.textContent = "Stop";
     toggle.classList.add("recording");
     try {
@@ -196,6 +199,7 @@
     ws.binaryType = "arraybuffer";
     s.ws = ws;
     const current = () => session === s;  // a later recording's status is not this one's
+    const shown = () => latest === s;  // stopped, it still shows its last words until a new one
     const limit = Number(params.get("seconds") || 0);
     node.port.onmessage = (event) => {
       if (s.ended || ws.readyState !== WebSocket.OPEN || !s.ready) return;
@@ -221,20 +225,20 @@
         if (current()) say(message.chunk_ms === null ? "Listening (full context: finals only)…"
           : `Listening (chunks of ${message.chunk_ms} ms${first})…`);
       } else if (message.type === "partial") {
-        if (current() || !session) partial.textContent = message.text;
+        if (shown()) partial.textContent = message.text;
       } else if (message.type === "final") {
-        if (current() || !session) partial.textContent = "";
+        if (shown()) partial.textContent = "";
         addFinal(message, s.offset);
       } else if (message.type === "done") {
         s.said = true;
-        if (current() || !session) {
+        if (shown()) {
           partial.textContent = "";
           document.body.dataset.done = message.text;
           say(`Done: ${clock(message.duration)} of audio.`);
         }
       } else if (message.type === "error") {
         s.said = true;
-        if (current() || !session) say(`Error: ${message.message}`, true);
+        if (shown()) say(`Error: ${message.message}`, true);
       }
     };
     // a refused origin (403) looks like an unreachable server to the page: both are said
@@ -242,10 +246,9 @@
       + "a proxy needs asr serve --allow-origin.";
     ws.onerror = () => { if (current() && !s.ready) say(why, true); };
     ws.onclose = (event) => {
-      const mine = current() || !session;
       if (event.code === 1001) {
-        if (mine) say("The server stopped; the finals of what it heard are above.", true);
-      } else if (!s.said && s.ready && mine) {  // 1006: the server went away without a word
+        if (shown()) say("The server stopped; the finals of what it heard are above.", true);
+      } else if (!s.said && s.ready && shown()) {  // 1006: the server went away without a word
         say(`Connection to the server lost (${event.code}): the last utterance got no final.`, true);
         partial.textContent = "";
       }
@@ -280,6 +283,7 @@
     toggle.disabled = true;
     return;
   }
+  rate = JSON.parse(document.getElementById("model").textContent).sample_rate;
   // Without a secure context (http from another machine) the browser hides the microphone.
   if (!window.isSecureContext || !navigator.mediaDevices) {
     say("This browser gives the microphone only to https pages and to localhost: start " +
