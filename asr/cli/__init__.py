@@ -323,6 +323,7 @@ def _transcribe(args: argparse.Namespace) -> int:
         rewrite_merged,
         spreads,
         transcribe_spread,
+        writing,
     )
 
     if not args.audio and not args.manifest:
@@ -386,8 +387,12 @@ def _transcribe(args: argparse.Namespace) -> int:
             print(f"asr transcribe: error: {failure}", file=sys.stderr)
         if not inputs:
             failed = 0
-        elif written and holds_records(Path(args.output_dir)):
-            failed = rewrite_merged(args, _transcribe_inputs, inputs)
+        elif written:
+            with writing(Path(args.output_dir)):  # another run into it meanwhile is refused
+                if holds_records(Path(args.output_dir)):
+                    failed = rewrite_merged(args, _transcribe_inputs, inputs)
+                else:
+                    failed = len(_transcribe_inputs(args, inputs))
         else:
             failed = len(_transcribe_inputs(args, inputs))
     if args.explorer and failed < len(inputs):  # a page of at least one transcript

@@ -78,6 +78,7 @@ def expand_inputs(
         found += _expand(argument, Path(scratch), stdin, failures)
     for manifest in manifests:
         found += _manifest_inputs(Path(manifest), failures)
+    found = _name_spans(found)
     first: dict[tuple, Found] = {}
     kept = []
     for item in found:
@@ -171,17 +172,26 @@ def _manifest_inputs(manifest: Path, failures: list[str]) -> list[Found]:
                 where.append(f"{manifest}:{number}")
     if not clips and not bad:
         failures.append(f"{manifest}: no lines")
-    lines_of = Counter(clip.path for clip in clips)
-    found: list[Found] = []
-    for clip, own, line in zip(clips, fields, where):
-        path = Path(clip.path)
-        if lines_of[clip.path] == 1:
-            found.append(Found(clip, str(path), str(path), str(path.parent), own, line))
-        else:  # told apart by their spans
-            span = _span(clip)
-            named = path.with_name(f"{path.stem}{span}{path.suffix}")
-            found.append(Found(clip, f"{path}{span}", str(named), str(path.parent), own, line))
-    return found
+    paths = [Path(clip.path) for clip in clips]
+    return [
+        Found(clip, str(path), str(path), str(path.parent), own, line)
+        for clip, path, own, line in zip(clips, paths, fields, where)
+    ]
+
+
+def _name_spans(found: list[Found]) -> list[Found]:
+    """`found`, with the manifest lines of a recording that several lines name, in any of the
+    manifests, told apart by their spans (`a.wav` -> `a@1500-3500.wav`)."""
+    lines_of = Counter(os.path.abspath(f.audio.path) for f in found if f.line is not None)
+    named = []
+    for item in found:
+        if item.line is None or lines_of[os.path.abspath(item.audio.path)] == 1:
+            named.append(item)
+            continue
+        path, span = Path(item.audio.path), _span(item.audio)
+        own = path.with_name(f"{path.stem}{span}{path.suffix}")
+        named.append(item._replace(name=f"{path}{span}", path=str(own)))
+    return named
 
 
 def _span(clip: Clip) -> str:

@@ -5,7 +5,8 @@ written in the output folder, and deals the rest to the ranks, balanced by durat
 writes its inputs' files (whole or not at all: `asr.writers.write_text_atomically`) and appends
 one line per input to its part, `OUT/transcripts.rank<R>.jsonl`. When all ranks are done the
 planner merges the parts and what earlier runs recorded into `OUT/transcripts.jsonl`, and lists
-every input that failed, on whichever rank.
+every input that failed, on whichever rank. The planner holds `OUT/transcripts.lock` meanwhile,
+so that a second run into the same folder is refused rather than mixed into the parts.
 
 `python -m asr.cli.parallel` is a `--workers` child: it reads its share from stdin.
 """
@@ -13,6 +14,8 @@ every input that failed, on whichever rank.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import heapq
 import json
 import os
@@ -23,7 +26,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -34,11 +37,12 @@ from tqdm import tqdm
 from asr.audio import AudioError, audio_info
 from asr.cli.inputs import DEFAULT_FORMATS, Input, check_layout_free, expand_inputs
 from asr.results import BatchResult
-from asr.writers import expand_formats, write_text_atomically
+from asr.writers import FORMATS, expand_formats, write_text_atomically
 
 MERGED = "transcripts.jsonl"  # a manifest of what the output folder holds, one line per input
 PART = "transcripts.rank{rank}.jsonl"  # one rank's lines, until they are merged
 PARTS = "transcripts.rank*.jsonl"
+LOCK = "transcripts.lock"  # held by the run writing the folder's records
 NOT_RUN = "not transcribed: its process stopped before it (see the errors above)"
 # Ranks that finish early wait at the barrier for the others; a rank that dies makes torchrun
 # stop the group, so the wait needs no tighter bound.
@@ -70,6 +74,8 @@ class Plan:
     shares: list[list[Input]]  # per rank, the inputs not yet written, in input order
     failures: list[str]  # `name: reason` of arguments that named no usable input
     formats: list[str]  # the files each input gets
+    # of the shares, inputs whose files are there but not all listed by their records
+    unlisted: int = 0
 
 
 @dataclass
@@ -263,7 +269,7 @@ def output_record(
 def _json_lines(path: Path) -> list[dict]:
     """The JSON objects of a JSONL file; lines cut short by a killed process are left out."""
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")  # a BOM of an editor's saving
     except FileNotFoundError:
         return []
     objects = []
@@ -318,12 +324,29 @@ def read_records(out: Path, run: str | None = None) -> Records:
             continue
         name = str(line.get("name", stem))
         if isinstance(line.get("record"), dict):
-            records.written[stem] = line["record"]
+            records.written[stem] = _with_earlier_files(line["record"], records.written.get(stem))
             if line.get("run") == run:
                 records.fresh.add(name)
         elif line.get("run") == run and run is not None:
             records.errors[name] = f"{name}: {line.get('error')}"
     return records
+
+
+def _with_earlier_files(record: dict, earlier: dict | None) -> dict:
+    """A later record of an output stem, listing too the files an earlier record of the same
+    recording listed (a run with other formats leaves them there)."""
+    if earlier is None or not _same_record_audio(record, earlier):
+        return record
+    files = [*earlier.get("files", []), *record.get("files", [])]
+    return {**record, "files": list(dict.fromkeys(files))}
+
+
+def _same_record_audio(one: Mapping[str, Any], other: Mapping[str, Any]) -> bool:
+    """Whether two records are of the same recording and span (standard input's, "-", are
+    never known to be)."""
+    keys = ("audio_filepath", "offset", "duration")
+    known = one.get("audio_filepath") != "-"
+    return known and all(one.get(key) == other.get(key) for key in keys)
 
 
 def is_written(item: Input, out: Path, suffixes: Sequence[str], records: Records) -> bool:
@@ -338,12 +361,26 @@ def is_written(item: Input, out: Path, suffixes: Sequence[str], records: Records
     Returns:
         True where it has a record of the same audio and span (another recording that maps to
         the same output name is transcribed over it) and every file asked for (files are only
-        ever whole).
+        ever whole), each format's listed by the record (not another recording's file).
     """
+    return _files_there(item, out, suffixes, records, listed=True)
+
+
+def _files_there(
+    item: Input, out: Path, suffixes: Sequence[str], records: Records, listed: bool
+) -> bool:
+    """Whether an input has a record of the same audio and span and every file asked for; with
+    `listed`, each format's file listed by that record too."""
     stem = item.stem.as_posix()
     record = records.written.get(stem)
-    same = record is not None and _same_audio(record, item)
-    return same and all((out / f"{stem}.{suffix}").is_file() for suffix in suffixes)
+    if record is None or not _same_audio(record, item):
+        return False
+    names = set(record.get("files") or ()) if listed else None
+    return all(
+        (out / f"{stem}.{suffix}").is_file()
+        and (names is None or suffix not in FORMATS or f"{stem}.{suffix}" in names)
+        for suffix in suffixes
+    )
 
 
 def _same_audio(record: dict, item: Input) -> bool:
@@ -369,7 +406,8 @@ def make_plan(args: argparse.Namespace, size: int) -> Plan:
         The plan, with a new run id.
     """
     out = Path(args.output_dir)
-    formats = expand_formats(args.format or DEFAULT_FORMATS)
+    _check_ours(out)
+    formats = _formats(args)
     with tempfile.TemporaryDirectory(prefix="asr-transcribe-") as scratch:  # stdin is refused
         inputs, failures = expand_inputs(args.audio, scratch, manifests=args.manifest)
     if args.explorer:
@@ -379,13 +417,81 @@ def make_plan(args: argparse.Namespace, size: int) -> Plan:
     records = read_records(out)
     wanted = [*formats, *([MAPS_SUFFIX.lstrip(".")] if args.explorer else [])]
     pending = [item for item in inputs if not is_written(item, out, wanted, records)]
+    unlisted = sum(_files_there(item, out, wanted, records, listed=False) for item in pending)
     shares = split_by_duration([input_seconds(item) for item in pending], size)
     run = f"{time.time_ns():020d}"  # sorts as the runs happened
-    return Plan(run, inputs, [[pending[i] for i in share] for share in shares], failures, formats)
+    plan = [[pending[i] for i in share] for share in shares]
+    return Plan(run, inputs, plan, failures, formats, unlisted)
+
+
+def _formats(args: argparse.Namespace) -> list[str]:
+    """The files each input gets: `--format`'s, and the json that `--explorer` reads."""
+    return expand_formats([*(args.format or DEFAULT_FORMATS), *(["json"] if args.explorer else [])])
+
+
+def check_search_options(args: argparse.Namespace) -> None:
+    """ValueError for search options given that refuse each other, said once by the planner
+    rather than by every process as it loads the model.
+
+    Args:
+        args: the command's arguments.
+    """
+    from asr.search import SearchOptions
+
+    if getattr(args, "lm_weight", None) is not None and not getattr(args, "lm", None):
+        raise ValueError("--lm-weight needs --lm")
+    nbest, beam = getattr(args, "nbest", None), getattr(args, "beam_size", None)
+    if nbest is not None and beam is not None:  # else the model's own beam decides
+        SearchOptions(beam_size=beam, nbest=nbest)
+
+
+@contextlib.contextmanager
+def writing(out: Path) -> Iterator[int]:
+    """Hold an output folder for one run: another run into it is refused, naming it. The lock
+    (`fcntl.flock` on `out/transcripts.lock`) ends with the processes that hold it, so a
+    killed run leaves the folder free.
+
+    Args:
+        out: the output folder, made where missing.
+
+    Yields:
+        The lock's file descriptor, for the processes writing the parts to hold too.
+    """
+    made = not out.exists()
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / LOCK
+    while True:
+        lock = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(lock)
+            raise ValueError(
+                f"{out}: another `asr transcribe` is writing into this folder: wait for it to "
+                "end, or give another --output-dir"
+            ) from None
+        if _is_file_of(lock, path):  # not one a run that ended meanwhile removed
+            break
+        os.close(lock)
+    try:
+        yield lock
+    finally:
+        path.unlink(missing_ok=True)  # while held: a run that opened it finds it gone, retries
+        os.close(lock)
+        if made and not any(out.iterdir()):  # a run refused before writing leaves no folder
+            out.rmdir()
+
+
+def _is_file_of(descriptor: int, path: Path) -> bool:
+    try:
+        return os.path.samestat(os.fstat(descriptor), os.stat(path))
+    except FileNotFoundError:
+        return False
 
 
 def _announce(plan: Plan, out: Path) -> None:
-    """Say on stderr which arguments failed and how many inputs are already written."""
+    """Say on stderr which arguments failed, how many inputs are already written, and how
+    many are written again though their files are there."""
     for failure in plan.failures:
         print(f"asr transcribe: error: {failure}", file=sys.stderr)
     skipped = len(plan.inputs) - sum(len(share) for share in plan.shares)
@@ -393,6 +499,13 @@ def _announce(plan: Plan, out: Path) -> None:
         print(
             f"asr transcribe: {skipped} of {len(plan.inputs)} inputs already written in {out}: "
             "skipped",
+            file=sys.stderr,
+        )
+    if plan.unlisted:
+        print(
+            f"asr transcribe: {plan.unlisted} inputs whose files are in {out} are transcribed "
+            f"again: their lines in {MERGED} do not list every file asked for (an older "
+            "asr's, or another recording's of the same name)",
             file=sys.stderr,
         )
 
@@ -496,8 +609,44 @@ def run_share(
 
 def holds_records(out: Path) -> bool:
     """Whether a folder holds the records of a run spread over processes: its merged manifest,
-    or the parts of one that was killed (which the next spread run trusts as well)."""
+    or the parts of one that was killed (which the next spread run trusts as well).
+
+    Raises:
+        ValueError: its `transcripts.jsonl` is not one this command wrote.
+    """
+    _check_ours(out)
     return (out / MERGED).is_file() or any(out.glob(PARTS))
+
+
+def _check_ours(out: Path) -> None:
+    """ValueError where `out/transcripts.jsonl` holds lines other than this command's records
+    (someone's manifest of that name), which merging would write over."""
+    path = out / MERGED
+    try:
+        text: str | None = path.read_text(encoding="utf-8-sig")
+    except FileNotFoundError:
+        return
+    except UnicodeDecodeError:
+        text = None  # not a manifest at all
+    if text is None or not all(_is_record(line) for line in text.splitlines() if line.strip()):
+        raise ValueError(
+            f"{path}: not a manifest this command wrote (a line without pred_text and files), "
+            "and the command keeps its own there: move it, or give another --output-dir"
+        )
+
+
+def _is_record(line: str) -> bool:
+    """Whether a JSON line is a merged manifest's record (see `output_record`)."""
+    try:
+        value = json.loads(line)
+    except ValueError:
+        return False
+    files = value.get("files") if isinstance(value, dict) else None
+    return (
+        isinstance(files, list)
+        and all(isinstance(name, str) for name in files)
+        and isinstance(value.get("pred_text"), str)
+    )
 
 
 def rewrite_merged(
@@ -506,7 +655,7 @@ def rewrite_merged(
     """One process writing every input again into a folder that holds the records of a run
     spread over processes (`holds_records`): the merged manifest's lines of those inputs are
     replaced, so that it and the files agree, and a later spread run does not skip on stale
-    lines.
+    lines. The caller holds the folder (`writing`).
 
     Args:
         args: the command's arguments (`--output-dir` given).
@@ -516,10 +665,11 @@ def rewrite_merged(
     Returns:
         How many of them failed.
     """
-    formats = expand_formats(args.format or DEFAULT_FORMATS)
+    out = Path(args.output_dir)
+    formats = _formats(args)
     plan = Plan(f"{time.time_ns():020d}", inputs, [inputs], [], formats)
     run_share(transcribe, args, inputs, plan.run, 0, formats)
-    return len(merge(plan, Path(args.output_dir)))
+    return len(merge(plan, out))
 
 
 def _ends_a_line(path: Path) -> bool:
@@ -563,11 +713,15 @@ def _rank(
     shared = world.size > 1
     if shared:
         dist.init_process_group("gloo", timeout=BARRIER_TIMEOUT)
+    out = Path(args.output_dir)
+    held = contextlib.ExitStack()  # rank 0 holds the folder until it has merged
     try:
         plan: Plan | None = None
         error: Exception | None = None
         if world.rank == 0:
             try:
+                check_search_options(args)
+                held.enter_context(writing(out))
                 plan = make_plan(args, world.size)
             except (ValueError, OSError) as raised:  # said by rank 0; the others stop quietly
                 error = raised
@@ -579,7 +733,6 @@ def _rank(
             raise error
         if plan is None:
             return Outcome(status=2)  # rank 0 could not plan, and says why
-        out = Path(args.output_dir)
         if world.rank == 0:
             _announce(plan, out)
         if torch.cuda.is_available():
@@ -594,6 +747,7 @@ def _rank(
             return Outcome()
         return Outcome(merge(plan, out), len(plan.inputs) + len(plan.failures))
     finally:
+        held.close()
         if shared:
             dist.destroy_process_group()
 
@@ -604,7 +758,20 @@ def _rank(
 def _parent(
     args: argparse.Namespace, transcribe: TranscribeInputs, environ: Mapping[str, str]
 ) -> Outcome:
-    """Plan, start a child per non-empty share, relay its output, show progress, merge."""
+    """Check the options, hold the output folder, and run the workers."""
+    check_search_options(args)
+    with writing(Path(args.output_dir)) as lock:
+        return _workers(args, transcribe, environ, lock)
+
+
+def _workers(
+    args: argparse.Namespace,
+    transcribe: TranscribeInputs,
+    environ: Mapping[str, str],
+    lock: int,
+) -> Outcome:
+    """Plan, start a child per non-empty share, relay its output, show progress, merge. The
+    children hold `lock` too: a parent killed leaves the folder held while they write."""
     out = Path(args.output_dir)
     plan = make_plan(args, args.workers)
     _announce(plan, out)
@@ -625,7 +792,7 @@ def _parent(
     previous = signal.signal(signal.SIGTERM, _terminated) if terminating else None
     try:
         for rank, job in jobs:
-            child = _start_child(rank, job, threads)
+            child = _start_child(rank, job, threads, lock)
             children.append(child)
             relays += [_relay(child.stdout, sys.stdout, closed),
                        _relay(child.stderr, sys.stderr, closed)]  # fmt: skip
@@ -666,8 +833,9 @@ def _terminated(signum: int, frame: object) -> None:
     raise Terminated
 
 
-def _start_child(rank: int, job: tuple, threads: int | None) -> subprocess.Popen:
-    """`python -m asr.cli.parallel` with its job pickled on stdin, importing this same asr."""
+def _start_child(rank: int, job: tuple, threads: int | None, lock: int) -> subprocess.Popen:
+    """`python -m asr.cli.parallel` with its job pickled on stdin, importing this same asr,
+    holding the output folder's `lock` (a file descriptor) with its parent."""
     env = dict(os.environ)
     root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
@@ -680,8 +848,9 @@ def _start_child(rank: int, job: tuple, threads: int | None) -> subprocess.Popen
     main = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None
     try:
+        pipe = subprocess.PIPE
         child = subprocess.Popen(
-            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
+            command, stdin=pipe, stdout=pipe, stderr=pipe, env=env, pass_fds=(lock,)
         )
     finally:
         if main:

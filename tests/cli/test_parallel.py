@@ -31,9 +31,12 @@ from asr.audio import audio_info
 from asr.cli import _parser, main
 from asr.cli.inputs import Input, expand_inputs
 from asr.cli.parallel import (
+    LOCK,
     MERGED,
     Plan,
     World,
+    _announce,
+    holds_records,
     is_written,
     launched_world,
     make_plan,
@@ -43,6 +46,7 @@ from asr.cli.parallel import (
     split_by_duration,
     spreads,
     worker_main,
+    writing,
 )
 from asr.segment import Clip
 
@@ -293,6 +297,65 @@ def test_one_process_writing_over_a_merged_folder_keeps_its_manifest_true(
     assert merged(out) == complete and not list(out.glob("transcripts.rank*"))
 
 
+def test_a_second_run_into_a_folder_being_written_is_refused(
+    checkpoint, corpus, tmp_path, monkeypatch
+):
+    """Two runs into one folder appended to the same parts, and the first to merge removed
+    them all: the other's lines were lost and its inputs called failed. The second is refused
+    (spread or one process); a killed run's folder is free for the next."""
+    import asr.cli.parallel
+
+    follow, out, others, started = asr.cli.parallel._follow, tmp_path / "out", [], []
+    one = corpus["root"] / "audio" / "a" / "yes.wav"
+    command = ["--checkpoint", checkpoint, "--output-dir", out, *SAME_WORK]
+
+    def then_others(*args):
+        follow(*args)  # the first run's parts are all written, not yet merged
+        if not started:
+            started.append(True)
+            others.append(transcribe(one, *command, "--workers", "1"))
+            others.append(transcribe("--manifest", corpus["good"], *command))  # one process
+            monkeypatch.setenv("WORLD_SIZE", "1")  # rank 0 of torchrun's
+            others.append(transcribe(one, *command))
+            monkeypatch.delenv("WORLD_SIZE")
+
+    monkeypatch.setattr(asr.cli.parallel, "_follow", then_others)
+    code, _, stderr = transcribe("--manifest", corpus["good"], *command, "--workers", "2")
+    assert code == 0, stderr
+    assert [line["files"][0] for line in merged(out)] == [f"{stem}.txt" for stem in GOOD]
+    for code, stdout, stderr in others:
+        assert code == 2 and stdout == "", stderr
+        assert stderr == (
+            f"asr transcribe: error: {out}: another `asr transcribe` is writing into this "
+            "folder: wait for it to end, or give another --output-dir\n"
+        )
+    assert not (out / LOCK).exists()
+    plain = tmp_path / "plain"  # one process into a folder of no manifest holds it too
+    with writing(plain):
+        code, _, stderr = transcribe(one, "--checkpoint", checkpoint, "--output-dir", plain)
+    assert code == 2 and "another `asr transcribe` is writing into this folder" in stderr
+    (out / LOCK).touch()  # as a killed run leaves it: its lock went with its process
+    code, _, stderr = transcribe("--manifest", corpus["good"], *command, "--workers", "2")
+    assert code == 0 and f"6 of 6 inputs already written in {out}" in stderr, stderr
+
+
+@pytest.mark.parametrize("workers", [[], ["--workers", "2"]], ids=["one process", "workers"])
+def test_a_transcripts_jsonl_of_someone_else_is_not_written_over(
+    workers, checkpoint, corpus, tmp_path
+):
+    out = tmp_path / "out"
+    out.mkdir()
+    theirs = corpus["good"].read_bytes()  # a manifest of that name
+    (out / MERGED).write_bytes(theirs)
+    code, stdout, stderr = transcribe(
+        "--manifest", corpus["good"], "--checkpoint", checkpoint, "--output-dir", out,
+        *SAME_WORK, *workers,
+    )  # fmt: skip
+    assert code == 2 and stdout == "", stderr
+    assert f"error: {out / MERGED}: not a manifest this command wrote" in stderr
+    assert (out / MERGED).read_bytes() == theirs and [p.name for p in out.iterdir()] == [MERGED]
+
+
 def test_ctrl_c_stops_the_workers_quietly(checkpoint, corpus, tmp_path, monkeypatch):
     """Ctrl-C while the workers run: they stop, no input is called failed, status 130 and
     what to do. (A re-run after an interruption: the test above.)"""
@@ -482,6 +545,23 @@ def test_lines_of_one_recording_are_named_once(tmp_path):
     assert len(again) == 1 and not failures  # a file named twice is simply one input
 
 
+def test_spans_of_one_recording_in_two_manifests_are_named_as_in_one(tmp_path):
+    """Lines of a recording are counted across manifests: split over two, its spans stopped
+    the command as named twice."""
+    shutil.copy(WAV / f"{GOOD['a/yes']}.wav", tmp_path / "a.wav")
+    lines = [{"audio_filepath": "a.wav"}, {"audio_filepath": "a.wav", "offset": 0.2}]
+    for name, chosen in (("1", lines[:1]), ("2", lines[1:]), ("both", lines)):
+        (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps(x) + "\n" for x in chosen))
+    named = []
+    for manifests in (["1", "2"], ["both"]):
+        paths = [str(tmp_path / f"{name}.jsonl") for name in manifests]
+        inputs, failures = expand_inputs([], tmp_path, manifests=paths)
+        assert not failures
+        named.append([(i.name, i.stem.as_posix()) for i in inputs])
+    wav = tmp_path / "a.wav"
+    assert named == [[(f"{wav}@0-end", "a@0-end"), (f"{wav}@200-end", "a@200-end")]] * 2
+
+
 def test_a_record_of_stdin_names_no_scratch_file():
     """One process writing `-` over a merged folder recorded the scratch copy of stdin, which
     is gone when the command ends."""
@@ -512,6 +592,56 @@ def _input(path: Path, stem: str, **fields) -> Input:
 
 def _part(out: Path, *lines: dict) -> None:
     (out / "transcripts.rank0.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+
+
+def test_the_manifest_lists_every_file_of_an_input_and_a_rerun_needs_them_listed(tmp_path):
+    """A re-run with another --format listed only its own files, and a later run skipped an
+    input on files its line did not list (another recording's, of the same name)."""
+    wav = tmp_path / "a.wav"
+    shutil.copy(WAV / f"{GOOD['a/yes']}.wav", wav)
+    item = _input(wav, "a")
+    for suffix in ("txt", "json", "srt"):
+        (tmp_path / f"a.{suffix}").write_text("YES\n")
+    first = output_record(item, "YES", 0.5, ["txt", "json"])
+    (tmp_path / MERGED).write_text(json.dumps(first) + "\n")
+    _part(tmp_path, {"run": "2", "stem": "a", "record": output_record(item, "YES", 0.5, ["srt"])})
+    merge(Plan("2", [item], [[item]], [], ["srt"]), tmp_path)
+    assert [line["files"] for line in merged(tmp_path)] == [["a.txt", "a.json", "a.srt"]]
+    assert is_written(item, tmp_path, ["txt"], read_records(tmp_path))
+
+    other = _input(tmp_path / "b.wav", "a")  # another recording, written over as srt alone
+    shutil.copy(wav, tmp_path / "b.wav")
+    _part(tmp_path, {"run": "3", "stem": "a", "record": output_record(other, "GO", 0.5, ["srt"])})
+    merge(Plan("3", [other], [[other]], [], ["srt"]), tmp_path)
+    assert [line["files"] for line in merged(tmp_path)] == [["a.srt"]]
+    records = read_records(tmp_path)
+    assert is_written(other, tmp_path, ["srt"], records)
+    assert not is_written(other, tmp_path, ["txt"], records), "a.txt is the other recording's"
+    # written again, and said so: a file there that its line does not list
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        _announce(Plan("4", [other], [[other]], [], ["txt"], unlisted=1), tmp_path)
+    assert "1 inputs whose files are in" in err.getvalue() and "an older asr's" in err.getvalue()
+
+
+def test_records_of_standard_input_never_take_each_others_files(tmp_path):
+    """Two recordings piped in turn are both "-", of the same length maybe."""
+    first = {"audio_filepath": "-", "offset": 0.0, "duration": 1.0, "pred_text": "YES",
+             "files": ["stdin.srt"]}  # fmt: skip
+    second = {**first, "pred_text": "NO", "files": ["stdin.txt"]}
+    (tmp_path / MERGED).write_text(json.dumps(first) + "\n")
+    _part(tmp_path, {"run": "2", "stem": "stdin", "record": second})
+    assert read_records(tmp_path).written["stdin"]["files"] == ["stdin.txt"]
+
+
+def test_a_manifest_saved_with_a_bom_is_still_ours_and_a_refused_run_leaves_no_folder(tmp_path):
+    record = output_record(_input(tmp_path / "a.wav", "a"), "YES", 1.0, ["txt"])
+    (tmp_path / MERGED).write_text("\ufeff" + json.dumps(record) + "\n", encoding="utf-8")
+    assert holds_records(tmp_path)
+    fresh = tmp_path / "fresh"
+    with pytest.raises(ValueError, match="refused"), writing(fresh):
+        raise ValueError("refused")
+    assert not fresh.exists()
 
 
 def test_a_missing_file_fails_though_another_input_wrote_its_stem(tmp_path):
@@ -579,4 +709,17 @@ def test_a_checkpoint_that_is_not_there_is_said_once(corpus, tmp_path):
         "--output-dir", tmp_path / "out", "--workers", "2", *SAME_WORK,
     )  # fmt: skip
     assert code == 2 and stderr.count("no such checkpoint") == 1, stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_search_options_every_process_refuses_are_said_once(checkpoint, corpus, tmp_path):
+    code, stdout, stderr = transcribe(
+        "--manifest", corpus["good"], "--checkpoint", checkpoint,
+        "--output-dir", tmp_path / "out", "--workers", "2", *SAME_WORK, "--nbest", "5",
+    )  # fmt: skip
+    assert (code, stdout) == (2, "")
+    assert stderr == (
+        "asr transcribe: error: SearchOptions: nbest must be None or in [1, beam_size] "
+        "(beam_size 1), got 5\n"
+    )
     assert not (tmp_path / "out").exists()
