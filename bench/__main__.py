@@ -23,7 +23,7 @@ import torch
 
 from asr.cli.numbers import count
 from bench import decode, espnet, loader, peak, peer, report, scaling, train
-from bench.common import ROOT, Settings, ensure_data, write_json
+from bench.common import ROOT, Settings, device_option, ensure_data, write_json
 
 EPILOG = """parts:
   peak     matmul GFLOP/s in fp32 and bf16: the machine limit MFU divides by
@@ -63,7 +63,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=ROOT / "bench/results", help="results folder")
     parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run")
     parser.add_argument("--threads", type=count, help="torch threads (default: torch's choice)")
-    parser.add_argument("--device", type=_device, default="cpu", help="cpu, cuda, cuda:1 ...")
+    parser.add_argument("--device", type=device_option, default="cpu", help="cpu, cuda, cuda:1 ...")
     parser.add_argument(
         "--checkpoint",
         help=f"recognizer to decode with (default: {DEFAULT_CHECKPOINT.relative_to(ROOT)} if it "
@@ -75,16 +75,6 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--seed", type=int, default=0)
     return parser.parse_args(argv)
-
-
-def _device(name: str) -> str:
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise argparse.ArgumentTypeError(f"not a torch device: {name!r}") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise argparse.ArgumentTypeError(f"{name}: no CUDA device is available")
-    return name
 
 
 def make_settings(args: argparse.Namespace) -> Settings:

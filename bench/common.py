@@ -3,11 +3,13 @@ from the YAML configs, timing, peak memory, FLOP counting and profiles."""
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import copy
 import json
 import math
 import os
+import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -78,22 +80,39 @@ class Settings:
         return 1 if self.quick or self.on_gpu else cpu
 
 
+def device_option(name: str) -> str:
+    """An argparse type: a torch device name, refused up front where it names CUDA and no
+    CUDA device is available (rather than after minutes of CPU work)."""
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise argparse.ArgumentTypeError(f"not a torch device: {name!r}") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise argparse.ArgumentTypeError(f"{name}: no CUDA device is available")
+    return name
+
+
 # ---------------------------------------------------------------- data and models
 
 
 def ensure_data(data: Path, out: Path) -> Path:
     """`data` when it holds manifests, tokenizer and CMVN statistics; else prepare AN4 from
-    ../shared/corpora/an4 into `out/data` (once) and return that."""
-    if _prepared(data):
+    ../shared/corpora/an4 into `out/data` (once) and return that, saying so on stderr."""
+    missing = _missing(data)
+    if not missing:
         return data
     target = out / "data"
-    if _prepared(target):
+    lacks = f"lacks {', '.join(missing)}" if data.exists() else "does not exist"
+    why = f"bench: --data {data} {lacks}; using {target}"
+    if not _missing(target):
+        print(f"{why} (AN4, prepared there by an earlier run)", file=sys.stderr, flush=True)
         return target
     source = CORPORA / "an4"
     if not source.exists():
         raise FileNotFoundError(
             f"no prepared data at {data} and no AN4 corpus at {source} to prepare it from"
         )
+    print(f"{why}, preparing AN4 there from {source}", file=sys.stderr, flush=True)
     from asr.data.cmvn import compute_cmvn_stats
     from asr.data.prepare import prepare_corpus
     from asr.frontends import Frontend, LevelNormalizer, LogMelFilterbank
@@ -106,9 +125,10 @@ def ensure_data(data: Path, out: Path) -> Path:
     return target
 
 
-def _prepared(data: Path) -> bool:
+def _missing(data: Path) -> list[str]:
+    """What a prepared data folder needs and `data` lacks."""
     needed = ("train.jsonl", "dev.jsonl", "test.jsonl", "tokenizer", "cmvn.json")
-    return all((data / name).exists() for name in needed)
+    return [name for name in needed if not (data / name).exists()]
 
 
 def read_config(name: str) -> dict[str, Any]:

@@ -14,26 +14,35 @@ import io
 import tokenize
 from pathlib import Path
 
+# what can hold a docstring: its first statement, when a string
+DOCUMENTED = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+
 
 def line_kinds(source: str) -> tuple[int, int]:
-    """(documentation lines, code lines) of one Python source."""
+    """(documentation lines, code lines) of one Python source.
+
+    >>> line_kinds('x = 1  # c\\ny = 2\\n')
+    (0, 2)
+    >>> line_kinds("'Doc.'\\nif x:\\n    'not a docstring'\\n# note\\n")
+    (2, 2)
+    """
     doc_lines: set[int] = set()
     for node in ast.walk(ast.parse(source)):
-        body = getattr(node, "body", None)
-        if isinstance(body, list) and body and isinstance(body[0], ast.Expr):
-            value = body[0].value
-            if isinstance(value, ast.Constant) and isinstance(value.value, str):
-                doc_lines.update(range(body[0].lineno, body[0].end_lineno + 1))
+        if isinstance(node, DOCUMENTED) and node.body and isinstance(node.body[0], ast.Expr):
+            first = node.body[0]
+            if isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+                doc_lines.update(range(first.lineno, first.end_lineno + 1))
     code_lines: set[int] = set()
+    comment_lines: set[int] = set()
     for token in tokenize.generate_tokens(io.StringIO(source).readline):
         if token.type == tokenize.COMMENT:
-            doc_lines.add(token.start[0])
+            comment_lines.add(token.start[0])
         elif token.type not in (tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT,
                                 tokenize.ENDMARKER):  # fmt: skip
             code_lines.update(range(token.start[0], token.end[0] + 1))
     code_lines -= doc_lines
-    comment_only = {n for n in doc_lines if n not in code_lines}
-    return len(comment_only), len(code_lines)
+    doc_lines |= comment_lines - code_lines  # a comment after code leaves its line code
+    return len(doc_lines), len(code_lines)
 
 
 def main() -> None:

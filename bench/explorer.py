@@ -8,7 +8,8 @@
         --recording data/an4/train.jsonl data/an4/test.jsonl \
         --checkpoint exp/an4/transformer_quick/avg.ckpt
 
-For each decode folder: seconds to build its explorer (audio embedded) and the page's size.
+For each decode folder: seconds to build its explorer (audio embedded) and the page's size,
+after an untimed build of the first folder (the process's one-off imports and first calls).
 With --synthetic N, a decode folder of N utterances made by repeating the first folder's
 records (attention included) is built with --link-audio, and, where Chromium is installed,
 opened headless: seconds from navigation until the overview is rendered (best of 3), and
@@ -237,6 +238,7 @@ def main() -> None:
         for shot in screenshots(page, training, args.screenshots, compare):
             print(f"screenshot: {shot}")
         return
+    build(args.folders[0], args.out / "warmup.html")  # untimed: imports and first calls
     rows = []
     for i, folder in enumerate(args.folders):
         rows.append(build(folder, args.out / f"page{i}.html"))

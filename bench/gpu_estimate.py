@@ -30,6 +30,7 @@ from bench.common import (
     build_module,
     count_flops,
     count_parameters,
+    device_option,
     synchronize,
     with_stats_path,
 )
@@ -220,7 +221,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--gpus", type=int, default=8)
     parser.add_argument(
         "--device",
-        type=torch.device,
+        type=device_option,
         help="also time training steps on this device (cuda: bf16): a measurement",
     )
     parser.add_argument(
@@ -229,9 +230,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     )  # fmt: skip
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args(argv)
+    device = torch.device(args.device) if args.device else None
     result = estimate(
         args.config, args.vocab_size, args.utterances, args.steps, args.mfu,
-        args.corpus_hours, args.epochs, args.gpus, args.device, args.device_utterances,
+        args.corpus_hours, args.epochs, args.gpus, device, args.device_utterances,
     )  # fmt: skip
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))

@@ -189,7 +189,7 @@ def _peak_md(res: dict[str, Any]) -> list[str]:
     return title + _table(["dtype", *(f"n={n}" for n in sizes)], rows) + [note, ""]
 
 
-def _train_md(res: dict[str, Any], derived: dict[str, Any]) -> list[str]:
+def _train_md(res: dict[str, Any], derived: dict[str, Any], device: str | None = None) -> list[str]:
     train = res.get("train") or {}
     if not train or "error" in train:
         return []
@@ -206,7 +206,7 @@ def _train_md(res: dict[str, Any], derived: dict[str, Any]) -> list[str]:
                 _num(found.get("gflops"), "{:.1f}"), _percent(found.get("mfu")),
             ])  # fmt: skip
     header = [
-        "config", "precision", "batches", "audio s / s", "s / step", "peak MiB",
+        "config", "precision", "batches", "audio s / s", "s / step", _memory_label(train, device),
         "GFLOP / audio s", "GFLOP/s", "MFU",
     ]  # fmt: skip
     lines = ["## Training step (first epoch's batches, loaded beforehand)", ""]
@@ -224,6 +224,17 @@ def _train_md(res: dict[str, Any], derived: dict[str, Any]) -> list[str]:
         lines += ["## Whole `asr fit` epochs (after the first)", ""]
         lines += _table(header + shares, rows)
     return lines
+
+
+def _memory_label(train: dict[str, Any], device: str | None = None) -> str:
+    """The train table's memory column: as the rows label it (each in its own process), else
+    (part files of an older harness) the one process all rows ran in, on `device`."""
+    labels = {data[p]["memory"].get("label") for data in train.values() for p in PRECISIONS}
+    if len(labels) == 1 and None not in labels:
+        return labels.pop()
+    if device is not None and device.startswith("cuda"):  # the allocator's, not the process's
+        return "peak CUDA MiB allocated (earlier rows' live tensors included)"
+    return "process peak MiB (earlier rows' memory included)"
 
 
 def _peer_md(res: dict[str, Any], derived: dict[str, Any], part: str) -> list[str]:
@@ -360,7 +371,7 @@ def markdown(parts: dict[str, Any], derived: dict[str, Any]) -> str:
         lambda: _environment_md(parts),
         lambda: _errors_md(res),
         lambda: _peak_md(res),
-        lambda: _train_md(res, derived),
+        lambda: _train_md(res, derived, _get(parts, "train", "machine", "device")),
         lambda: _loader_md(res),
         lambda: _decode_md(res),
         lambda: _scaling_md(res),

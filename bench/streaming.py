@@ -10,11 +10,11 @@
         `asr serve` in a child process on 127.0.0.1; N WebSocket clients each play recordings in
         real time (100 ms packets), one connection per recording, for --seconds. Per N: the
         partial latency (from the sending of the last sample a chunk needs to the arrival of its
-        partial; p50/p95), the final latency (from the end of the audio to the final), chunks
-        lost or out of order, audio that arrived short (the server's duration against the sent),
-        and whether each final equals the offline streaming decode of the same audio (those
-        unlike it named in the JSON). The most streams with p95 partial latency <= --budget-ms
-        is reported.
+        partial; p50/p95), the final latency (from the end of the audio to the final), streams
+        with a chunk lost or out of order, streams whose audio arrived short (the server's
+        duration against the sent), and whether each final equals the offline streaming decode
+        of the same audio (those unlike it named in the JSON). The most streams with p95 partial
+        latency <= --budget-ms is reported.
     python -m bench.streaming screenshot --model M --manifest data/an4/test.jsonl
         The live page in headless Chromium, its microphone the manifest's first two recordings
         with a pause after each, the first final's cross-attention folded out: --png
@@ -44,7 +44,7 @@ import torch
 
 from asr.audio import load_audio
 from asr.cli.numbers import count, non_negative, positive, weight
-from asr.data.manifest import read_manifest
+from asr.data.manifest import Utterance, read_manifest
 from asr.loading import BACKENDS
 from asr.metrics import char_errors, word_errors
 from asr.recognizer import load_model
@@ -89,10 +89,15 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def load_waves(utterances: list[Utterance]) -> list[torch.Tensor]:
+    """Each manifest line's span of its file (`offset`, `duration`), mono at RATE, `(S,)`."""
+    return [load_audio(u.audio_filepath, RATE, u.offset, u.duration) for u in utterances]
+
+
 def wer(args: argparse.Namespace) -> dict:
     recognizer = load_model(args.model, backend=args.backend)
     utterances = read_manifest(args.manifest)
-    waves = [load_audio(u.audio_filepath, RATE) for u in utterances]
+    waves = load_waves(utterances)
     norm = recognizer.tokenizer.normalizer
     refs = [norm(u.text) for u in utterances]
     out: dict = {"model": args.model, "backend": args.backend, "manifest": args.manifest,
@@ -294,11 +299,9 @@ def summarise(connections: list[Connection], chunk_s: float) -> dict:
 def load(args: argparse.Namespace) -> dict:
     utterances = read_manifest(args.manifest)[: args.recordings]
     items = []
-    for u in utterances:
-        wave = load_audio(u.audio_filepath, RATE)
-        items.append(
-            (u.id, (wave.clamp(-1, 1) * 32767).round().short().numpy().astype("<i2").tobytes())
-        )
+    for u, wave in zip(utterances, load_waves(utterances)):
+        pcm = (wave.clamp(-1, 1) * 32767).round().short().numpy().astype("<i2").tobytes()
+        items.append((u.utt_id, pcm))  # an id per segment, also where the manifest has none
     recognizer = load_model(args.model, backend=args.backend)
     options = StreamOptions(
         chunk_ms=args.chunk,
@@ -358,10 +361,8 @@ def screenshot(args: argparse.Namespace) -> Path:
     from bench.explorer import chromium
 
     pause = np.zeros(RATE, dtype=np.float32)
-    items = read_manifest(args.manifest)[:2]
-    wave = np.concatenate(
-        [part for item in items for part in (load_audio(item.audio_filepath, RATE).numpy(), pause)]
-    )
+    waves = load_waves(read_manifest(args.manifest)[:2])
+    wave = np.concatenate([part for w in waves for part in (w.numpy(), pause)])
     out = Path(args.png)
     with tempfile.TemporaryDirectory() as scratch:
         microphone = Path(scratch) / "microphone.wav"

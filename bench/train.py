@@ -4,7 +4,9 @@ The step: each config's model, optimizer and LR schedule built from its YAML as 
 builds them, stepped over every batch of its first epoch (the config's sampler or shape grid,
 speed perturbation, batch budget), loaded beforehand: frontend with SpecAugment, joint
 CTC/attention loss, backward, gradient clipping, optimizer and scheduler, in fp32 and under
-bf16 autocast. Model FLOPs are counted over the same batches, for MFU.
+bf16 autocast, each in a fresh process of its own, so that its peak memory (RSS on a CPU, the
+CUDA allocator's on a GPU) holds nothing an earlier measurement left. Model FLOPs are counted
+over the same batches, for MFU.
 
 Whole epochs: `asr fit` itself on each config in a child process, as a recipe runs it, with
 `asr.train.EpochClock` splitting each epoch's wall time into steps, data, validation and the rest.
@@ -13,10 +15,13 @@ Whole epochs: `asr fit` itself on each config in a child process, as a recipe ru
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -88,26 +93,48 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
 
 
-def measure_config(name: str, settings: Settings, batches: list[Batch]) -> dict[str, Any]:
-    """fp32 and bf16 step throughput of config `name`, its model FLOPs and a bf16 profile."""
-    config = model_config(name, settings.data)
-    audio = [audio_seconds(b.wave_lens) for b in batches]
+def measure_config(name: str, settings: Settings) -> dict[str, Any]:
+    """fp32 and bf16 step throughput of config `name`, each precision in a fresh process of its
+    own (so that its peak memory is its own), and its model FLOPs and a bf16 profile."""
     results: dict[str, Any] = {"config": f"conf/an4/{CONFIGS[name].name}"}
-    trainers = {}
     for precision in PRECISIONS:  # each from the same initial weights
-        module = build_module(config, settings.seed).to(settings.device)
-        trainers[precision] = trainer = Trainer(module, precision, clip_value(name))
-        results[precision] = measure_steps(
-            trainer.step, batches, audio, settings.pick(1, 2), settings.device, settings.pick(1, 3)
-        )
-    bf16, first = trainers["bf16"], batches[0]
-    results["parameters"] = count_parameters(bf16.module)
-    flops = sum(count_flops(partial(bf16.forward_backward, b)) for b in batches)  # = fp32's
-    results["flops_per_audio_second"] = flops / sum(audio)
-    title = f"one bf16 training step of {results['config']} ({audio[0]:.1f} s of audio)"
-    path = settings.out / f"profile_train_{name}_bf16.txt"
-    results["profile_file"] = profile_ops(lambda: bf16.step(first), settings.device, path, title)
+        results.update(in_own_process(measure_precision, name, precision, settings))
     return results
+
+
+def measure_precision(name: str, precision: str, settings: Settings) -> dict[str, Any]:
+    """Config `name`'s step in `precision` over its batches; with bf16 also the parameters,
+    model FLOPs (= fp32's) and a profile of one step."""
+    torch.set_num_threads(settings.threads)  # a spawned process starts with torch's default
+    budget = settings.pick(QUICK_BATCH_SECONDS, None)
+    batches = train_batches(name, settings, settings.pick(2, None), budget)
+    audio = [audio_seconds(b.wave_lens) for b in batches]
+    module = build_module(model_config(name, settings.data), settings.seed).to(settings.device)
+    trainer = Trainer(module, precision, clip_value(name))
+    warmup, passes = settings.pick(1, 2), settings.pick(1, 3)
+    step = measure_steps(trainer.step, batches, audio, warmup, settings.device, passes)
+    kind = "CUDA allocated" if settings.on_gpu else "RSS"
+    step["memory"]["label"] = f"peak {kind} MiB (own process)"  # the report's column
+    results: dict[str, Any] = {precision: step}
+    if precision != "bf16":
+        return results
+    results["parameters"] = count_parameters(module)
+    flops = sum(count_flops(partial(trainer.forward_backward, b)) for b in batches)
+    results["flops_per_audio_second"] = flops / sum(audio)
+    config = f"conf/an4/{CONFIGS[name].name}"
+    title = f"one bf16 training step of {config} ({audio[0]:.1f} s of audio)"
+    path = settings.out / f"profile_train_{name}_bf16.txt"
+    first = batches[0]
+    results["profile_file"] = profile_ops(lambda: trainer.step(first), settings.device, path, title)
+    return results
+
+
+def in_own_process(fn: Callable[..., Any], *args: Any) -> Any:
+    """`fn(*args)` in a fresh (spawned) Python process: nothing an earlier measurement left in
+    this one counts towards its memory."""
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(1, mp_context=context) as pool:
+        return pool.submit(fn, *args).result()
 
 
 # ---------------------------------------------------------------- whole `asr fit` epochs
@@ -172,9 +199,6 @@ def run(settings: Settings) -> dict[str, Any]:
     """Both configs: the step (throughput, memory, model FLOPs), then whole `asr fit` epochs."""
     results: dict[str, Any] = {}
     for name in CONFIGS:
-        budget = settings.pick(QUICK_BATCH_SECONDS, None)
-        batches = train_batches(name, settings, settings.pick(2, None), budget)
-        results[name] = measure_config(name, settings, batches)
-        del batches
+        results[name] = measure_config(name, settings)
         results[name]["epochs"] = summarise(run_fit(name, settings, settings.pick(2, 4)))
     return results

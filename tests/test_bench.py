@@ -200,3 +200,108 @@ def test_bench_options_are_checked_before_any_folder_is_made(option, said, tmp_p
     with pytest.raises(SystemExit):
         main(["report", "--out", str(tmp_path / "out"), *option])
     assert said in capsys.readouterr().err and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    "source, kinds",
+    [
+        ("x = 1  # c\ny = 2\n", (0, 2)),  # a comment after code leaves the line code
+        ("# a note\nx = 1\n", (1, 1)),
+        ('"""Module."""\nimport os\n', (1, 1)),
+        ('def f():\n    """Doc,\n    two lines."""\n    return 1\n', (2, 2)),
+        ('class A:\n    "Doc."\n\n    async def f(self):\n        "Doc."\n', (2, 2)),
+        ('if x:\n    "no docstring"\nfor i in x:\n    "nor"\nwith y:\n    "nor"\n', (0, 6)),
+    ],
+)
+def test_doc_ratio_counts_docstrings_and_comment_only_lines_as_documentation(source, kinds):
+    from bench.doc_ratio import line_kinds
+
+    assert line_kinds(source) == kinds
+
+
+def test_streaming_bench_reads_each_manifest_line_s_span(tmp_path) -> None:
+    import soundfile as sf
+
+    from bench.streaming import RATE, load_waves, read_manifest
+
+    wave = np.linspace(-0.5, 0.5, 3 * RATE, dtype=np.float32)
+    sf.write(tmp_path / "joined.wav", wave, RATE, subtype="FLOAT")
+    spans = [(0.0, 1.0), (1.5, 0.5)]  # two segments of one file, as a segmented corpus has
+    lines = [
+        {"audio_filepath": "joined.wav", "offset": o, "duration": d, "text": "A"} for o, d in spans
+    ]
+    (tmp_path / "m.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    first, second = load_waves(read_manifest(tmp_path / "m.jsonl"))
+    assert np.array_equal(first.numpy(), wave[:RATE])
+    assert np.array_equal(second.numpy(), wave[RATE + RATE // 2 : 2 * RATE])
+
+
+def test_each_training_step_row_is_measured_in_a_fresh_process(monkeypatch) -> None:
+    import os
+
+    assert train.in_own_process(os.getpid) != os.getpid()
+    calls = []
+
+    def own_process(fn, name, precision, settings):
+        calls.append((fn, precision))
+        return {precision: {}}
+
+    monkeypatch.setattr(train, "in_own_process", own_process)
+    result = train.measure_config("transformer", None)
+    assert calls == [(train.measure_precision, p) for p in common.PRECISIONS]
+    assert set(result) == {"config", *common.PRECISIONS}
+
+
+@pytest.mark.parametrize(
+    "memory, device, label",
+    [({"label": "peak RSS MiB (own process)"}, "cpu", "peak RSS MiB (own process)"),
+     ({}, "cpu", "process peak MiB (earlier rows' memory included)"),
+     ({}, "cuda", "peak CUDA MiB allocated (earlier rows' live tensors included)")],
+)  # fmt: skip
+def test_report_labels_the_training_memory_by_how_it_was_measured(memory, device, label) -> None:
+    steps = {"steps": 1, "seconds": 1.0, "audio_seconds_per_second": 1.0, "memory": memory}
+    data = {"config": "c", "flops_per_audio_second": 1.0, "fp32": steps, "bf16": steps}
+    header = report._train_md({"train": {"transformer": data}}, {"mfu": {}}, device)[2]
+    assert f"| s / step | {label} |" in header
+
+
+def test_explorer_builds_its_first_folder_once_untimed(monkeypatch, tmp_path) -> None:
+    import sys
+
+    import bench.explorer as explorer
+
+    built = []
+
+    def build(folder, out, link_audio=False):
+        built.append(out.name)
+        return {"folder": str(folder)}
+
+    monkeypatch.setattr(explorer, "build", build)
+    argv = ["explorer", "a", "b", "--synthetic", "0", "--out", str(tmp_path)]
+    monkeypatch.setattr(sys, "argv", argv)
+    explorer.main()
+    assert built == ["warmup.html", "page0.html", "page1.html"]
+    assert len(json.loads((tmp_path / "explorer.json").read_text())) == 2
+
+
+def test_bench_says_which_data_folder_it_uses_and_why(tmp_path, capsys) -> None:
+    prepared = tmp_path / "out" / "data"
+    prepared.mkdir(parents=True)
+    for name in ("train.jsonl", "dev.jsonl", "test.jsonl", "cmvn.json"):
+        (prepared / name).write_text("")
+    (prepared / "tokenizer").mkdir()
+    assert common.ensure_data(prepared, tmp_path / "x") == prepared
+    assert capsys.readouterr().err == ""
+    assert common.ensure_data(tmp_path / "none", tmp_path / "out") == prepared
+    said = capsys.readouterr().err.splitlines()
+    assert len(said) == 1 and "none does not exist; using" in said[0] and str(prepared) in said[0]
+
+
+def test_gpu_estimate_refuses_cuda_up_front_where_there_is_none(monkeypatch, capsys) -> None:
+    import bench.gpu_estimate as gpu_estimate
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(gpu_estimate, "estimate", lambda *args: pytest.fail("measured first"))
+    with pytest.raises(SystemExit):
+        gpu_estimate.main(["--device", "cuda"])
+    assert "cuda: no CUDA device is available" in capsys.readouterr().err
