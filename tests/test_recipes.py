@@ -850,20 +850,25 @@ def test_librispeech_smoke_all_stages(librispeech_dir, tmp_path, repo_outputs):
 # ---------------------------------------------------------------------- Mini LibriSpeech
 
 
-def few_mini_librispeech_files(root: Path, out: Path, per_set: dict[str, int]) -> Path:
-    """A copy of the first `per_set[set]` utterances of each set of Mini LibriSpeech (Opus), in
-    the LibriSpeech layout, under out/LibriSpeech."""
+def few_mini_librispeech_files(
+    root: Path, out: Path, per_set: dict[str, int], shortest: tuple[str, ...] = ()
+) -> Path:
+    """A copy of the first `per_set[set]` utterances of each set of Mini LibriSpeech (Opus), of
+    those in `shortest` the ones with the shortest transcripts (an untrained model decodes a
+    long one slowly), in the LibriSpeech layout, under out/LibriSpeech."""
     for name, count in per_set.items():
-        transcripts = sorted((root / name).glob("*/*/*.trans.txt"))
-        for trans in transcripts:
-            if count <= 0:
-                break
-            lines = trans.read_text().splitlines()[:count]
-            count -= len(lines)
+        lines = [(trans, line) for trans in sorted((root / name).glob("*/*/*.trans.txt"))
+                 for line in trans.read_text().splitlines()]  # fmt: skip
+        if name in shortest:
+            lines.sort(key=lambda found: (len(found[1]), found[1]))
+        chosen: dict[Path, list[str]] = {}
+        for trans, line in lines[:count]:
+            chosen.setdefault(trans, []).append(line)
+        for trans, kept in chosen.items():
             chapter = out / "LibriSpeech" / name / trans.parent.parent.name / trans.parent.name
             chapter.mkdir(parents=True)
-            (chapter / trans.name).write_text("".join(line + "\n" for line in lines))
-            for line in lines:
+            (chapter / trans.name).write_text("".join(line + "\n" for line in sorted(kept)))
+            for line in kept:
                 audio = trans.parent / f"{line.split()[0]}.opus"
                 (chapter / audio.name).write_bytes(audio.read_bytes())
     return out
@@ -873,8 +878,8 @@ def _mini_librispeech_default_stages(tmp_path: Path) -> tuple[list, Path, Path]:
     """Stages 1-7 on a few Opus files with the default model (one batch, dev decoded); the
     recipe's arguments, its data and its exp folder."""
     root = corpus_path("mini_librispeech", "LibriSpeech")
-    corpus = few_mini_librispeech_files(root, tmp_path / "corpus", {"train-clean-5": 8,
-                                                                     "dev-clean-5": 2})  # fmt: skip
+    sets = {"train-clean-5": 8, "dev-clean-5": 2}
+    corpus = few_mini_librispeech_files(root, tmp_path / "corpus", sets, ("dev-clean-5",))
     data, exp = tmp_path / "d", tmp_path / "e"
     args = ["--data-dir", corpus, "--data", data, "--exp", exp]
     args += ["--dev-set", "dev-clean-5", "--test-sets", "dev-clean-5"]
