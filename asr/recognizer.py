@@ -24,7 +24,7 @@ from asr.decoding import decode_batch
 from asr.loading import load_lm, load_seq2seq
 from asr.models.seq2seq import Seq2Seq
 from asr.package import HF_PREFIX
-from asr.precision import check_precision
+from asr.precision import check_precision, input_dtype
 from asr.results import Alignment, BatchResult, Decoded, Transcript
 from asr.search import (
     DEFAULT_CTC_WEIGHT,
@@ -299,9 +299,7 @@ class Recognizer:
         batch = torch.zeros(len(waves), int(lens.max()))
         for row, wave in enumerate(waves):
             batch[row, : len(wave)] = wave
-        weights = next((p for p in self.model.parameters() if p.is_floating_point()), batch)
-        dtype = torch.promote_types(weights.dtype, batch.dtype)  # a float64 model's: float64
-        return batch.to(self.device, dtype), lens.to(self.device)
+        return batch.to(self.device, input_dtype(self.model)), lens.to(self.device)
 
     transcript = alignment.transcript
     words = alignment.words

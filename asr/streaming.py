@@ -36,6 +36,7 @@ from asr.frontends import GlobalCMVN
 from asr.frontends.features import num_frames
 from asr.models.blocks import min_input_length
 from asr.models.chunking import EncoderCache, streaming_problem
+from asr.precision import input_dtype
 from asr.results import Decoded, Transcript
 from asr.search import Hypothesis, LanguageModel, check_language_model
 from asr.segment import Span
@@ -191,8 +192,7 @@ class FeatureStream:
         self.win, self.hop = _framing(self.features)
         tensors = [*frontend.parameters(), *frontend.buffers()]
         self.device = tensors[0].device if tensors else torch.device("cpu")
-        weights = next((t for t in tensors if t.is_floating_point()), torch.zeros(0))
-        self.dtype = torch.promote_types(weights.dtype, torch.float32)  # a float64 model's too
+        self.dtype = input_dtype(frontend)  # a float64 model's too
         self.buffer = torch.zeros(0, dtype=self.dtype)
 
     @torch.inference_mode()
