@@ -294,11 +294,11 @@ def _device(name: str | None) -> str:
 
 def _search_options(args: argparse.Namespace, recognizer: Recognizer):
     """The recognizer's default search settings, with the decoding arguments given on top."""
+    from asr.cli.numbers import check_search_arguments
     from asr.search import DEFAULT_LM_WEIGHT
 
+    check_search_arguments(args)
     lm = getattr(args, "lm", None)
-    if getattr(args, "lm_weight", None) is not None and not lm:
-        raise ValueError("--lm-weight needs --lm")
     given = {name: getattr(args, name, None) for name in DECODING_ARGUMENTS}
     if lm:
         given["lm_weight"] = DEFAULT_LM_WEIGHT if args.lm_weight is None else args.lm_weight

@@ -1,5 +1,6 @@
 """argparse types of the numeric options: each refuses what is not a finite number in its
-range by the option's name (argparse says which), before any model loads."""
+range by the option's name (argparse says which), before any model loads; and the search
+options that refuse each other as given."""
 
 from __future__ import annotations
 
@@ -79,3 +80,15 @@ def port(text: str) -> int:
     if value > 65535:
         raise argparse.ArgumentTypeError(f"must be a port, 0 to 65535, got {value}")
     return value
+
+
+def check_search_arguments(args: argparse.Namespace) -> None:
+    """ValueError for decoding arguments that refuse each other as given (`--nbest` above
+    `--beam-size`, `--lm-weight` without `--lm`), before any model's defaults are known."""
+    from asr.search import SearchOptions
+
+    if getattr(args, "lm_weight", None) is not None and not getattr(args, "lm", None):
+        raise ValueError("--lm-weight needs --lm")
+    nbest, beam = getattr(args, "nbest", None), getattr(args, "beam_size", None)
+    if nbest is not None and beam is not None:  # else the model's own beam decides
+        SearchOptions(beam_size=beam, nbest=nbest)

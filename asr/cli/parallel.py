@@ -36,6 +36,7 @@ from tqdm import tqdm
 
 from asr.audio import AudioError, audio_info
 from asr.cli.inputs import DEFAULT_FORMATS, Input, check_layout_free, expand_inputs
+from asr.cli.numbers import check_search_arguments
 from asr.results import BatchResult
 from asr.writers import FORMATS, expand_formats, write_text_atomically
 
@@ -429,22 +430,6 @@ def _formats(args: argparse.Namespace) -> list[str]:
     return expand_formats([*(args.format or DEFAULT_FORMATS), *(["json"] if args.explorer else [])])
 
 
-def check_search_options(args: argparse.Namespace) -> None:
-    """ValueError for search options given that refuse each other, said once by the planner
-    rather than by every process as it loads the model.
-
-    Args:
-        args: the command's arguments.
-    """
-    from asr.search import SearchOptions
-
-    if getattr(args, "lm_weight", None) is not None and not getattr(args, "lm", None):
-        raise ValueError("--lm-weight needs --lm")
-    nbest, beam = getattr(args, "nbest", None), getattr(args, "beam_size", None)
-    if nbest is not None and beam is not None:  # else the model's own beam decides
-        SearchOptions(beam_size=beam, nbest=nbest)
-
-
 @contextlib.contextmanager
 def writing(out: Path) -> Iterator[int]:
     """Hold an output folder for one run: another run into it is refused, naming it. The lock
@@ -720,7 +705,7 @@ def _rank(
         error: Exception | None = None
         if world.rank == 0:
             try:
-                check_search_options(args)
+                check_search_arguments(args)  # said once, not by every rank
                 held.enter_context(writing(out))
                 plan = make_plan(args, world.size)
             except (ValueError, OSError) as raised:  # said by rank 0; the others stop quietly
@@ -759,7 +744,7 @@ def _parent(
     args: argparse.Namespace, transcribe: TranscribeInputs, environ: Mapping[str, str]
 ) -> Outcome:
     """Check the options, hold the output folder, and run the workers."""
-    check_search_options(args)
+    check_search_arguments(args)  # said once, not by every worker
     with writing(Path(args.output_dir)) as lock:
         return _workers(args, transcribe, environ, lock)
 
