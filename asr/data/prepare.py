@@ -460,8 +460,9 @@ def _folder_entries(root: Path, audio: list[Path]) -> tuple[list[_Entry], list[s
             bad_text.append(str(error))
             continue
         # an id is one word without slashes: "alice smith/Recording 1" -> alice_smith-Recording_1
+        # (a backslash in a file's name too: it would name files)
         relative = path.relative_to(root).with_suffix("").as_posix()
-        utterance_id = re.sub(r"\s+", "_", relative).replace("/", "-")
+        utterance_id = re.sub(r"\s+", "_", relative).replace("/", "-").replace("\\", "-")
         first = first_path_of.setdefault(utterance_id, path)
         if first != path:
             raise ValueError(f"{first} and {path} both give utterance id {utterance_id!r}")

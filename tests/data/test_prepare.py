@@ -283,14 +283,16 @@ def test_folder_split_file_assigns_every_utterance(folder, tmp_path):
         prepare_corpus("folder", folder, tmp_path / "out", split_file=split_file)
 
 
-def test_folder_names_with_spaces_and_bom_transcripts_make_valid_manifests(tmp_path):
+def test_folder_names_with_spaces_backslashes_and_bom_transcripts_make_valid_manifests(tmp_path):
     root = tmp_path / "corpus"
     for n in range(10):  # as phones name recordings; transcripts as Notepad saves them
-        audio = root / "alice smith" / f"Recording {n}.wav"
+        gap = "\\" if n == 8 else " "  # a backslash in a name must not reach its id
+        audio = root / "alice smith" / f"Recording{gap}{n}.wav"
         write_tone(audio, 0.1)
         audio.with_suffix(".txt").write_bytes(b"\xef\xbb\xbfYES NO\r\n")
     split_file = tmp_path / "splits.txt"
-    lines = [f"alice_smith-Recording_{n} {'dev' if n < 2 else 'train'}" for n in range(10)]
+    lines = [f"alice_smith-Recording{'-' if n == 8 else '_'}{n} {'dev' if n < 2 else 'train'}"
+             for n in range(10)]  # fmt: skip
     split_file.write_bytes(b"\xef\xbb\xbf" + "\n".join(lines).encode())
     splits = read_splits_after("folder", root, tmp_path / "out", split_file=split_file)
     assert {u.utt_id for u in splits["dev"]} == {
