@@ -36,6 +36,7 @@ LOUDEST_SAMPLE = 1000.0  # float audio lies within ±1; far beyond, features ove
 SEEK_PREROLL_SECONDS = 0.5
 # Demuxers stating exact durations; other containers' frames are counted by decoding.
 EXACT_DURATION_DEMUXERS = ("mov,mp4,m4a,3gp,3g2,mj2",)
+SF_COUNT_MAX = 2**63 - 1  # libsndfile's sample count of a header that does not give one
 
 
 def audio_files(folder: PathLike, suffixes: tuple[str, ...] = AUDIO_SUFFIXES) -> list[Path]:
@@ -140,9 +141,17 @@ def _libsndfile_info(path: PathLike) -> AudioInfo | str:
         if problem:
             raise AudioError(path, problem) from error
         return _libsndfile_reason(error)
-    if info.frames == 0:  # or a header never finished (a recorder stopped): FFmpeg reads on
-        return "its header states 0 samples"
+    if not states_frames(
+        info.frames
+    ):  # a recorder stopped, or FLAC written to a pipe: FFmpeg reads on
+        return "its header states no sample count"
     return AudioInfo(sample_rate=info.samplerate, num_frames=info.frames, channels=info.channels)
+
+
+def states_frames(frames: int) -> bool:
+    """Whether a sample count libsndfile read from a header is one: 0 where the header was
+    never finished, SF_COUNT_MAX where it says "unknown" (FLAC written to a pipe)."""
+    return 0 < frames < SF_COUNT_MAX
 
 
 def _read_libsndfile(

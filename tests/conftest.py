@@ -10,6 +10,7 @@ import math
 import os
 import re
 import signal
+import struct
 import subprocess
 import sys
 import tempfile
@@ -221,6 +222,20 @@ def tiny_checkpoint(tmp_path_factory) -> dict[str, Path]:
     payload = checkpoint_payload(config, tokenizer)
     torch.save({"state_dict": state, "asr": payload}, root / "tiny.ckpt")
     return {"checkpoint": root / "tiny.ckpt", "tokenizer": root / "tokenizer"}
+
+
+def without_sample_count(path: Path) -> bytes:
+    """A WAV or FLAC file's bytes with a header that gives no sample count: a WAV's sizes of 0
+    (a recorder stopped before writing them), a FLAC's total of 0 ("unknown": written to a
+    pipe)."""
+    data = bytearray(path.read_bytes())
+    if data[:4] == b"fLaC":  # STREAMINFO's 36-bit total ends the 8 bytes at offset 18
+        (field,) = struct.unpack(">Q", data[18:26])
+        data[18:26] = struct.pack(">Q", field & ~(2**36 - 1))
+    else:
+        at = data.index(b"data")
+        data[4:8] = data[at + 4 : at + 8] = bytes(4)
+    return bytes(data)
 
 
 def encode_audio(

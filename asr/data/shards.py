@@ -35,7 +35,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from tqdm import tqdm
 
-from asr.audio import load_audio_with_rate
+from asr.audio import load_audio_with_rate, states_frames
 from asr.data.augment import WaveAugmenter
 from asr.data.dataset import TextEncoder, check_speed_factors
 from asr.data.manifest import MIN_DURATION, Utterance, format_bad_entries, validate_manifest
@@ -347,7 +347,8 @@ def _stored_audio(utterance: Utterance) -> tuple[str, bytes, int]:
         except Exception:  # libsndfile cannot read this format from bytes: stored as FLAC
             pass
         else:
-            if info.frames / info.samplerate <= utterance.duration + WHOLE_FILE_SLACK:
+            stated = states_frames(info.frames)  # else read whole and stored as FLAC
+            if stated and info.frames / info.samplerate <= utterance.duration + WHOLE_FILE_SLACK:
                 return path.suffix.lower().lstrip(".") or "wav", data, info.samplerate
             subtype = info.subtype
     else:

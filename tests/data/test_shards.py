@@ -27,7 +27,7 @@ import pytest
 import soundfile
 import test_lightning
 import torch
-from conftest import REPO, encode_audio, run_forked
+from conftest import REPO, encode_audio, run_forked, without_sample_count
 
 from asr.audio import audio_info, load_audio
 from asr.cli import main
@@ -198,6 +198,21 @@ def test_a_segment_is_stored_alone_with_its_files_bits(tmp_path):
         else:
             assert len(data) < 2 * 4 * SR * utterance.duration, "the segment alone"
     assert float(decode_audio(samples["loud0"]["wav"], 1.0, SR).abs().max()) > 1.2
+
+
+@pytest.mark.parametrize("suffix", ["wav", "flac"])
+def test_a_file_whose_header_gives_no_sample_count_is_stored_decodable(tmp_path, suffix):
+    """libsndfile reads no samples of such a file, which the stream decodes with: its copy is
+    written whole as FLAC."""
+    soundfile.write(tmp_path / f"whole.{suffix}", _wave(np.random.default_rng(4), 1.5, SR), SR)
+    unstated = tmp_path / f"unstated.{suffix}"
+    unstated.write_bytes(without_sample_count(tmp_path / f"whole.{suffix}"))
+    write_manifest(tmp_path / "m.jsonl", [Utterance(str(unstated), 1.5, "GO", "unstated")])
+    write_shards(tmp_path / "m.jsonl", tmp_path / "shards")
+    [sample] = _all_samples(tmp_path / "shards")
+    assert set(sample) - {"json", "__key__", "__url__"} == {"flac"}
+    expected = load_audio(unstated, SR)
+    assert torch.equal(decode_audio(sample["flac"], 1.5, SR), expected)
 
 
 @pytest.mark.parametrize("k", range(len(FORMATS)))
