@@ -446,7 +446,8 @@ def _length_report(results: Sequence[ScoredUtterance]) -> list[dict[str, Any]]:
             "bucket": b.name,
             "utterances": b.utterances,
             "reference_words": b.errors.reference_length,
-            "wer": 100 * b.errors.rate,
+            # None without reference words: no number says how wrong inserted words are
+            "wer": 100 * b.errors.rate if b.errors.reference_length else None,
             "deletion_rate": 100 * b.deletion_rate,
             "tail_deletion_rate": 100 * b.tail_deletion_rate,
         }

@@ -146,6 +146,17 @@ def test_a_manifest_without_reference_words_is_not_scored(checkpoint, tmp_path, 
         )
 
 
+def test_a_length_bucket_without_reference_words_has_no_wer():
+    """Inserted words over no reference words made a WER of Infinity, which strict JSON
+    readers refuse; an empty bucket read as 0 %."""
+    from asr.evaluate import ScoredUtterance, _length_report
+
+    report = _length_report([ScoredUtterance("a", "YES", "YES NO", [], 3.0),
+                             ScoredUtterance("b", "", "NO", [], 9.0)])  # fmt: skip
+    assert [(b["utterances"], b["wer"]) for b in report] == [(1, 100.0), (1, None), (0, None)]
+    json.dumps(report, allow_nan=False)
+
+
 def _wavs(utterances: dict[str, str]) -> list[Path]:
     return [WAV / f"{p}.wav" for p in utterances]
 

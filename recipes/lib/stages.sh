@@ -544,7 +544,8 @@ for split in splits:
             by_length.append("| length | Snt | Wrd | WER | Del | Del, last 20 % of words |\n")
             by_length.append("|---" * 6 + "|\n")
             by_length += [
-                f"| {b['bucket']} | {b['utterances']} | {b['reference_words']} | {b['wer']:.1f} "
+                f"| {b['bucket']} | {b['utterances']} | {b['reference_words']} "
+                f"| {'–' if b['wer'] is None else format(b['wer'], '.1f')} "
                 f"| {b['deletion_rate']:.1f} | {b['tail_deletion_rate']:.1f} |\n"
                 for b in buckets
             ]
