@@ -86,7 +86,7 @@ def evaluate(
     cross-attention for `asr explore`."""
     options = options or recognizer.default_options
     recognizer.check_options(options, lm)
-    utterances, failures = _usable(manifest, skip_bad)
+    utterances, failures = usable_utterances(manifest, skip_bad)
     if not utterances:
         raise _nothing_to_score(manifest, failures)
     normalize = recognizer.tokenizer.normalizer
@@ -156,7 +156,9 @@ def evaluate(
     return metrics
 
 
-def _usable(manifest: str | os.PathLike, skip_bad: bool) -> tuple[list[Utterance], list[BadEntry]]:
+def usable_utterances(
+    manifest: str | os.PathLike, skip_bad: bool
+) -> tuple[list[Utterance], list[BadEntry]]:
     """The manifest's utterances; with `skip_bad`, the good ones and the bad lines."""
     if not skip_bad:
         return read_manifest(manifest), []
@@ -419,7 +421,7 @@ def fit_confidence(
     lines and audio that cannot be used are left out, and added to `failures`."""
     options = options or recognizer.default_options
     recognizer.check_options(options, lm)
-    utterances, bad = _usable(manifest, skip_bad=True)
+    utterances, bad = usable_utterances(manifest, skip_bad=True)
     results, _, _ = _decode_all(
         recognizer, utterances, options, lm, batch_size, progress, bad, boundaries=False
     )

@@ -22,8 +22,8 @@ from tqdm import tqdm
 
 from asr import perturb
 from asr.audio import load_audio
-from asr.data.manifest import Utterance, read_manifest, write_manifest
-from asr.evaluate import evaluate
+from asr.data.manifest import Utterance, write_manifest
+from asr.evaluate import evaluate, usable_utterances
 from asr.recognizer import Recognizer
 from asr.search import LanguageModel, SearchOptions
 
@@ -195,7 +195,9 @@ def build_condition(
         duration = wave.numel() / sample_rate
         # Relative to the manifest, as manifests are read: wherever out_dir was given from.
         relative = f"wav/{path.name}"
-        written.append(replace(utterance, audio_filepath=relative, offset=0.0, duration=duration))
+        # with its source's id: decodes under two conditions compare utterance by utterance
+        written.append(replace(utterance, id=utterance.utt_id, audio_filepath=relative,
+                               offset=0.0, duration=duration))  # fmt: skip
     manifest = out_dir / "manifest.jsonl"
     write_manifest(manifest, written)
     return manifest
@@ -234,14 +236,17 @@ def robustness(
     batch_size: int = 8,
     progress: bool = True,
     extra: dict[str, Any] | None = None,
+    skip_bad: bool = False,
 ) -> list[dict[str, Any]]:
     """Evaluate `recognizer` on `manifest` under each condition; one row of metrics each;
-    `extra` is recorded in each decode's metrics.json (as `evaluate` records it)."""
+    `extra` is recorded in each decode's metrics.json (as `evaluate` records it). With
+    `skip_bad`, a manifest line or utterance that cannot be scored is left out and listed in
+    the row's "failures", as `evaluate` leaves it out, instead of stopping the run."""
     conditions = conditions or [Condition.parse(c) for c in DEFAULT_CONDITIONS]
     out_dir = Path(out_dir)
     if out_dir.exists() and not out_dir.is_dir():
         raise NotADirectoryError(f"{out_dir}: a file; the output is a folder of copies and tables")
-    utterances = read_manifest(manifest)
+    utterances, bad = usable_utterances(manifest, skip_bad)
     digest = hashlib.sha256(Path(manifest).read_bytes()).hexdigest()  # copies of what it says
     rate = recognizer.sample_rate
     rows = []
@@ -250,15 +255,17 @@ def robustness(
         as_given = condition.kind == "clean" and condition.then is None
         copy = Path(manifest) if as_given else folder / "manifest.jsonl"
         stamp = {"source": str(Path(manifest).resolve()), "seed": seed, "sample_rate": rate,
-                 "paths": "relative", "manifest_sha256": digest}  # fmt: skip
+                 "paths": "relative", "ids": "source", "manifest_sha256": digest}  # fmt: skip
         if not as_given and _read_stamp(folder) != stamp:
             # gone first: a rebuild that stops halfway must not leave other copies passing
             (folder / "built.json").unlink(missing_ok=True)
             copy = build_condition(condition, utterances, folder, rate, seed, progress)
             (folder / "built.json").write_text(json.dumps(stamp) + "\n", encoding="utf-8")
         metrics = evaluate(recognizer, copy, folder / "decode", options, lm, batch_size, plots=0,
-                           progress=progress, extra=extra)  # fmt: skip
-        rows.append({"condition": condition.label, **metrics})
+                           progress=progress, extra=extra, skip_bad=skip_bad)  # fmt: skip
+        # a copy holds the manifest's usable lines: its own failures are not all of them
+        failures = list(dict.fromkeys([*map(str, bad), *metrics["failures"]]))
+        rows.append({"condition": condition.label, **metrics, "failures": failures})
     (out_dir / "robustness.json").write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
     (out_dir / "robustness.md").write_text(robustness_table(rows), encoding="utf-8")
     return rows

@@ -94,6 +94,15 @@ def test_copies_rebuild_identically_and_keep_lengths(tmp_path):
     assert Path(a).read_bytes() != Path(c).read_bytes()
 
 
+def test_copies_keep_the_ids_of_a_manifest_that_names_none(tmp_path):
+    """NeMo manifests give no ids: a copy keeps its source's derived id (not its own file's),
+    so decodes under two conditions compare utterance by utterance."""
+    utterances = [replace(u, id=None) for u in read_manifest(_manifest(tmp_path / "m.jsonl"))]
+    built = build_condition(Condition.parse("level:-6"), utterances, tmp_path / "c",
+                            progress=False)  # fmt: skip
+    assert [u.utt_id for u in read_manifest(built)] == [u.utt_id for u in utterances]
+
+
 def test_level_and_noise_copies_measure_what_they_say(tmp_path):
     utterances = read_manifest(_manifest(tmp_path / "test.jsonl"))
     quiet = read_manifest(build_condition(Condition("level", -20.0), utterances, tmp_path / "q",
@@ -276,6 +285,19 @@ def test_cli_prints_the_table(tmp_path, capsys):
     ]  # fmt: skip
     metrics = json.loads((tmp_path / "rob" / "clean" / "decode" / "metrics.json").read_text())
     assert "lm" in metrics and metrics["lm"] is None, "the LM fused, named as evaluate names it"
+    # one utterance it cannot score is left out and listed, as `asr evaluate` does
+    short = tmp_path / "short.wav"
+    soundfile.write(short, np.zeros(80, dtype=np.float32), 16000)  # 5 ms: too short to encode
+    lines = manifest.read_text().splitlines()
+    lines[1] = json.dumps(json.loads(lines[1]) | {"audio_filepath": str(short), "duration": 0.005})
+    manifest.write_text("\n".join(lines) + "\n")
+    code = main(["robustness", "--checkpoint", str(checkpoint), "--manifest", str(manifest),
+                 "--out", str(tmp_path / "rob"), "--conditions", "clean", "level:-6",
+                 "--beam-size", "1", "--quiet"])  # fmt: skip
+    said = capsys.readouterr()
+    assert code == 1 and "| clean | 3 |" in said.out and "| level -6 dB | 3 |" in said.out
+    assert "2 manifest line(s) or utterance(s) not scored" in said.err
+    assert f"{short} (" in said.err and "rob/level-6/wav/000001.wav (" in said.err
     code = main(["robustness", "--checkpoint", str(checkpoint), "--manifest", str(manifest),
                  "--out", str(tmp_path / "rob"), "--conditions", "hum"])  # fmt: skip
     assert code == 2 and "unknown condition 'hum'" in capsys.readouterr().err

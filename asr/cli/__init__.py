@@ -526,10 +526,12 @@ def _robustness(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         progress=not args.quiet,
         extra={"lm": _fused_lm(args)},
+        skip_bad=True,
     )
     print(robustness_table(rows), end="")
     print(f"reports in {args.out} (robustness.md, robustness.json, <condition>/decode/)")
-    return 0
+    return _left_out("robustness", list(dict.fromkeys(f for r in rows for f in r["failures"])),
+                     "not scored")  # fmt: skip
 
 
 def _explore(args: argparse.Namespace) -> int:
