@@ -18,7 +18,6 @@ from matplotlib.lines import Line2D
 from torch import Tensor
 
 from asr.metrics import Calibration
-from asr.models.transformer import TransformerDecoder
 from asr.timing import Word, check_seconds_per_frame
 
 if TYPE_CHECKING:
@@ -294,7 +293,7 @@ def save_alignment_plots(
     )
     written = [save_figure(figure, path)]
     decoder = recognizer.model.decoder
-    if isinstance(decoder, TransformerDecoder):
+    if decoder.num_attention_maps > 1:  # a Transformer's heads, on PyTorch or ONNX Runtime
         grid = plot_attention_grid(
             alignment.attention,
             decoder.attention_layers,

@@ -20,6 +20,7 @@ from asr.decoding import teacher_forced
 from asr.models.interfaces import attention_kind
 from asr.models.seq2seq import build_seq2seq
 from asr.onnx_runtime import SPIN_WAIT_ENTRY, _untied, export_onnx, onnx_model
+from asr.plotting import save_alignment_plots
 from asr.recognizer import Recognizer, load_model
 from asr.search import SearchOptions
 from asr.text import CharTokenizer
@@ -66,6 +67,10 @@ def test_a_trained_transformer_decodes_the_same_on_onnx_runtime(overfit, tmp_pat
     torch.testing.assert_close(got_attention, attention, atol=1e-5, rtol=1e-4)
     for layout in ("num_attention_maps", "attention_layers"):  # how the maps split by layer
         assert getattr(onnx.model.decoder, layout) == getattr(recognizer.model.decoder, layout)
+    text = recognizer.transcribe(waves[0], options=GREEDY).text
+    for model, name in ((recognizer, "torch.png"), (onnx, "onnx.png")):  # with a map per head
+        written = save_alignment_plots(model, model.align(waves[0], text), tmp_path / name)
+        assert [p.name for p in written] == [name, name.replace(".png", "_heads.png")]
     # Beams: 3 rows per utterance (the graph was traced with 2) read one shared memory entry.
     beams = torch.arange(len(waves)).repeat_interleave(3)
     state = onnx.model.decoder.reorder_state(onnx.model.decoder.init_state(got_enc, got_lens),
