@@ -167,6 +167,7 @@ def join_segments(
     words = [_kept_words(part, span[0], *kept) for (span, part), kept in zip(parts, ranges)]
     for k in range(len(parts) - 1):
         if spans[k][1] > spans[k + 1][0]:
+            _keep_lost(parts[k], parts[k + 1], words[k], words[k + 1])
             _keep_once(parts[k], parts[k + 1], words[k], words[k + 1])
     out = Transcript("", [], [], [], [], [], 0.0, duration, [])
     logprob_sum, logprob_count = 0.0, 0  # over whole segments: tokens and eos
@@ -218,6 +219,52 @@ def _kept_range(spans: Sequence[Span], k: int) -> tuple[float, float]:
 def _kept_words(part: Transcript, offset: float, low: float, high: float) -> list[bool]:
     """Which words of a part starting at `offset` lie (by their middle) in [low, high)."""
     return [low <= offset + (w.start + w.end) / 2 < high for w in part.words]
+
+
+def _keep_lost(
+    before: tuple[Span, Transcript],
+    after: tuple[Span, Transcript],
+    kept_before: list[bool],
+    kept_after: list[bool],
+) -> None:
+    """Speech at a cut that each window timed on the other's side ("ERASE" at 4.3-4.6 s in one
+    window, "N AS" at 4.6-4.9 s in the other, cut at 4.5 s) is in neither's kept words: where
+    no word the other side kept lies there, one side's words for it are kept, the longer."""
+    times_before, times_after = _input_times(before), _input_times(after)
+    last = max((i for i, kept in enumerate(kept_before) if kept), default=-1)
+    first = min((i for i, kept in enumerate(kept_after) if kept), default=len(kept_after))
+    held_before = [t for t, kept in zip(times_before, kept_before) if kept]
+    held_after = [t for t, kept in zip(times_after, kept_after) if kept]
+    kept_until = times_before[last][1] if last >= 0 else -math.inf
+    kept_from = times_after[first][0] if first < len(times_after) else math.inf
+    lost_before, lost_after = [], []
+    for i in range(last + 1, len(times_before)):  # its words after the cut, nearest first
+        if sum(times_before[i]) / 2 >= kept_from or not _free(times_before[i], held_after):
+            break
+        lost_before.append(i)
+    for i in reversed(range(first)):  # the other's before the cut, nearest first
+        if sum(times_after[i]) / 2 <= kept_until or not _free(times_after[i], held_before):
+            break
+        lost_after.append(i)
+    lasting_before = sum(times_before[i][1] - times_before[i][0] for i in lost_before)
+    lasting_after = sum(times_after[i][1] - times_after[i][0] for i in lost_after)
+    if lost_before and lasting_before >= lasting_after:
+        for i in lost_before:
+            kept_before[i] = True
+    else:
+        for i in lost_after:
+            kept_after[i] = True
+
+
+def _input_times(part: tuple[Span, Transcript]) -> list[tuple[float, float]]:
+    """Each word's (start, end) in the input."""
+    (offset, _), transcript = part
+    return [(offset + w.start, offset + w.end) for w in transcript.words]
+
+
+def _free(span: tuple[float, float], held: Sequence[tuple[float, float]]) -> bool:
+    """Whether `span` overlaps none of the `held` spans."""
+    return all(min(span[1], end) <= max(span[0], start) for start, end in held)
 
 
 def _keep_once(

@@ -679,6 +679,10 @@ def test_overlapping_windows_keep_each_word_once():
         ([Word("E", 4.00, 4.80)], [Word("U", 4.52, 4.60)], "N E X"),  # whole, then its end
         ([Word("N", 4.40, 4.44)], [Word("N", 4.42, 4.70)], "N N X"),  # one N twice
         ([Word("U", 4.30, 4.48)], [Word("E", 4.46, 5.00)], "N U E X"),  # two words that touch
+        # each window timed the word on the other's side of the cut: the longer is kept
+        ([Word("U", 4.60, 4.76)], [Word("E", 4.32, 4.56)], "N E X"),
+        ([Word("E", 4.56, 4.90)], [Word("U", 4.40, 4.48)], "N E X"),
+        ([Word("E", 4.56, 4.90)], [Word("X", 5.00, 5.30)], "N E X X"),  # one side: kept
     ],
 )
 def test_a_word_both_windows_decoded_at_their_cut_is_kept_once(first, second, kept):
