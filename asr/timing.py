@@ -193,7 +193,9 @@ def _half_peak_spans(
     scores: np.ndarray, run_starts: np.ndarray, run_ends: np.ndarray
 ) -> tuple[list[int], list[int]]:
     """Each run cut to the frames scoring at least half its peak, so pauses go to no word;
-    a token whose frames all went to the one before takes the next frame, while one is left."""
+    a token whose frames all went to the one before takes the next frame while one is free,
+    else the last of the one before; tokens still without one (several on one frame) push
+    those after them on, into the first with frames to spare."""
     starts, ends = run_starts.tolist(), run_ends.tolist()
     for i, (start, end) in enumerate(zip(starts, ends)):
         if end - start > 1:
@@ -209,7 +211,22 @@ def _half_peak_spans(
             ends[i] = start + 1
         elif start == end and i and ends[i - 1] == start and ends[i - 1] - starts[i - 1] > 1:
             ends[i - 1] = starts[i] = start - 1  # the last of the one before, which has more
+    if any(start == end for start, end in zip(starts, ends)):
+        _spread(starts, ends, scores.shape[1])
     return starts, ends
+
+
+def _spread(starts: list[int], ends: list[int], num_frames: int) -> None:
+    """A frame for each token, in place, as far as there are frames: each pushes the next on,
+    and where that runs past the last frame, the tokens are pulled back from the end."""
+    for i in range(len(starts)):
+        starts[i] = max(starts[i], ends[i - 1]) if i else starts[i]
+        ends[i] = max(ends[i], starts[i] + 1)
+    limit = num_frames
+    for i in reversed(range(len(starts))):
+        ends[i] = min(ends[i], limit)
+        starts[i] = max(min(starts[i], ends[i] - 1), 0)
+        limit = starts[i]
 
 
 def check_seconds_per_frame(seconds_per_frame: float) -> None:

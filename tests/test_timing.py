@@ -212,12 +212,20 @@ def test_random_attention_gives_monotone_disjoint_times(shape):
     [  # (start, end) of each token's DTW run -> its span
         ([(0, 5), (4, 5), (7, 10)], [(0, 5), (5, 6), (7, 10)]),  # takes the free frame after
         ([(0, 5), (4, 5), (5, 10)], [(0, 4), (4, 5), (5, 10)]),  # or the last of the one before
-        ([(0, 1), (0, 1), (1, 3)], [(0, 1), (1, 1), (1, 3)]),  # neither: no frame to give
+        ([(0, 1), (0, 1), (1, 3)], [(0, 1), (1, 2), (2, 3)]),  # or the first of the one after
+        # several on one frame push on into the first with frames to spare
+        (
+            [(2, 3), (2, 3), (2, 3), (2, 3), (2, 8), (8, 10)],
+            [(2, 3), (3, 4), (4, 5), (5, 6), (6, 8), (8, 10)],
+        ),  # fmt: skip
+        ([(0, 8), (8, 9), (8, 9), (9, 10)], [(0, 7), (7, 8), (8, 9), (9, 10)]),  # or back
+        ([(0, 1), (0, 1), (0, 1)], [(0, 1), (1, 2), (2, 3)]),
     ],
 )
 def test_a_token_whose_frames_went_to_the_one_before_gets_one(runs, spans):
     """Where a token's run lies within the one before, it is pushed past it: it then takes a
-    free frame, else one from the token before if that has more, and moves no other token."""
+    free frame, else one from the token before if that has more, else tokens move on (or back
+    from the last frame) into those with frames to spare."""
     from asr.timing import _half_peak_spans
 
     starts, ends = zip(*runs)
