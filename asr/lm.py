@@ -13,9 +13,10 @@ import lightning as L
 import torch
 import torch.nn.functional as F
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
+from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor, nn
 
-from asr.checkpoint import LM_KEY, checkpoint_payload
+from asr.checkpoint import LM_KEY, checkpoint_payload, weight_differences
 from asr.data.dataset import set_loader_epoch
 from asr.data.manifest import read_manifest
 from asr.lightning import (
@@ -26,9 +27,10 @@ from asr.lightning import (
     stage_manifests,
     step_schedule,
 )
+from asr.loading import load_lm
 from asr.models.dropout import use_fast_dropout
 from asr.models.lm import build_lm
-from asr.text import EOS_ID, PAD_ID, SOS_ID, Tokenizer
+from asr.text import EOS_ID, PAD_ID, SOS_ID, Tokenizer, tokenizer_difference
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +79,8 @@ class LMModule(PlateauResume):
         optimizer: optimizer factory over the parameters.
         lr_scheduler: optional schedule factory, stepped every optimizer step.
         fast_dropout: train with `asr.models.dropout.FastDropout`.
+        init_from: an LM checkpoint (a run's, or `asr average`'s) of this architecture and
+            tokenizer to start from: a new run (other settings, more text) from its weights.
     """
 
     def __init__(
@@ -87,6 +91,7 @@ class LMModule(PlateauResume):
         optimizer: OptimizerCallable = _adamw,
         lr_scheduler: LRSchedulerCallable | None = None,
         fast_dropout: bool = False,
+        init_from: str | None = None,
     ):
         super().__init__()
         save_hyperparameters(self, ["lm", "optimizer", "lr_scheduler"])
@@ -94,10 +99,27 @@ class LMModule(PlateauResume):
         if fast_dropout:
             use_fast_dropout(self.lm)
         self.tokenizer = Tokenizer.load(tokenizer) if tokenizer else None
+        if init_from:
+            self._start_from(init_from)
         self.optimizer_factory = optimizer
         self.scheduler_factory = lr_scheduler
         self.model_config: dict | None = None
         self._eval_sums = torch.zeros(2, dtype=torch.float64)  # (nll, tokens)
+
+    def _start_from(self, path: str) -> None:
+        if self.tokenizer is None:
+            raise ValueError("init_from needs the tokenizer (linked from the data module)")
+        trained, tokenizer = load_lm(path)
+        difference = tokenizer_difference(tokenizer, self.tokenizer)
+        if difference:
+            raise ValueError(f"init_from: {path}: trained with another tokenizer than "
+                             f"--data.tokenizer's ({difference})")  # fmt: skip
+        differ = weight_differences(self.lm.state_dict(), trained.state_dict())
+        if differ:
+            raise ValueError(f"init_from: {path}: its weights are not this config's LM: "
+                             f"{differ[0]}; give the settings it was trained with")  # fmt: skip
+        self.lm.load_state_dict(trained.state_dict())
+        rank_zero_info(f"init_from: the LM starts from the weights of {path}")
 
     def forward(self, tokens: Tensor) -> Tensor:
         """Next-token logits `(B, L, V)` of sos-prefixed, right-padded inputs `(B, L)`."""

@@ -554,3 +554,24 @@ def first_difference(ours: Sequence[str], theirs: Sequence[str]) -> int | None:
         if a != b:
             return index
     return None if len(ours) == len(theirs) else min(len(ours), len(theirs))
+
+
+def tokenizer_difference(saved: Tokenizer, given: Tokenizer) -> str | None:
+    """How `given` encodes otherwise than `saved`, or None where they encode alike.
+
+    >>> tokenizer_difference(CharTokenizer.train(["AB"]), CharTokenizer.train(["BA"]))
+    >>> tokenizer_difference(CharTokenizer.train(["AB"]), CharTokenizer.train(["AC"]))
+    "id 6 is 'B' there, 'C' here"
+    """
+    if saved.kind != given.kind:
+        return f"{saved.kind} there, {given.kind} here"
+    if saved.vocab_size != given.vocab_size:
+        return f"{saved.vocab_size} ids there, {given.vocab_size} here"
+    then, now = saved.pieces(range(saved.vocab_size)), given.pieces(range(given.vocab_size))
+    i = first_difference(then, now)  # the sizes are equal
+    if i is not None:
+        return f"id {i} is {then[i]!r} there, {now[i]!r} here"
+    then, now = saved.normalizer.to_dict(), given.normalizer.to_dict()
+    if then != now:
+        return f"text normalised as {then} there, {now} here"
+    return None

@@ -39,7 +39,7 @@ from asr.checkpoint import (
 )
 from asr.config_check import config_paths, config_problems, option_problems
 from asr.finetune import check_same_settings, setting_differences
-from asr.text import Tokenizer, first_difference
+from asr.text import tokenizer_difference
 
 DEFAULT_LOGGERS = (  # CSV first: it warns about a run folder another logger made already
     "lightning.pytorch.loggers.CSVLogger",
@@ -823,7 +823,7 @@ def _check_checkpoint_fits(path: str, checkpoint: dict, module: L.LightningModul
     payload = _payload(checkpoint)
     if tokenizer is None or "tokenizer" not in payload:
         return
-    difference = _tokenizer_difference(payload_tokenizer(payload), tokenizer)
+    difference = tokenizer_difference(payload_tokenizer(payload), tokenizer)
     if difference:
         raise CheckpointError(
             f"{path}: trained with another tokenizer than --data.tokenizer's ({difference}); "
@@ -853,28 +853,6 @@ def _named_checkpoint(name: str, last: Path) -> Path:
     if not best.is_file():
         raise ValueError(f"--ckpt_path best: {best}, the best that {last} records, is gone")
     return best
-
-
-def _tokenizer_difference(saved: Tokenizer, given: Tokenizer) -> str | None:
-    """How `given` encodes otherwise than `saved`, or None where they encode alike.
-
-    >>> from asr.text import CharTokenizer
-    >>> _tokenizer_difference(CharTokenizer.train(["AB"]), CharTokenizer.train(["BA"]))
-    >>> _tokenizer_difference(CharTokenizer.train(["AB"]), CharTokenizer.train(["AC"]))
-    "id 6 is 'B' there, 'C' here"
-    """
-    if saved.kind != given.kind:
-        return f"{saved.kind} there, {given.kind} here"
-    if saved.vocab_size != given.vocab_size:
-        return f"{saved.vocab_size} ids there, {given.vocab_size} here"
-    then, now = saved.pieces(range(saved.vocab_size)), given.pieces(range(given.vocab_size))
-    i = first_difference(then, now)  # the sizes are equal
-    if i is not None:
-        return f"id {i} is {then[i]!r} there, {now[i]!r} here"
-    then, now = saved.normalizer.to_dict(), given.normalizer.to_dict()
-    if then != now:
-        return f"text normalised as {then} there, {now} here"
-    return None
 
 
 # ASRModule arguments that change what validation reports and plots, never the weights

@@ -7,6 +7,7 @@ import csv
 import math
 import shutil
 from collections import Counter
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -178,6 +179,21 @@ def test_fit_lm_then_load_it_for_shallow_fusion(tiny_an4_text, tmp_path) -> None
     assert all(ppl == pytest.approx(math.exp(loss), rel=1e-5) for loss, ppl in val)
     ckpts = {p.name for p in (tmp_path / "checkpoints").iterdir()}
     assert "last.ckpt" in ckpts and any(n.startswith("epoch002-loss") for n in ckpts)
+
+    # A new run (another lr, more text) starts from its weights, of this LM and tokenizer.
+    last, vocab = tmp_path / "checkpoints" / "last.ckpt", CharTokenizer.load(data / "tokenizer")
+    tiny = partial(LSTMLM, embed_dim=16, hidden_size=32, num_layers=1, dropout=0.0)
+    started = LMModule(tiny, vocab.vocab_size, str(data / "tokenizer"), init_from=str(last))
+    trained, _ = load_lm(last)
+    assert started.lm.state_dict().keys() == trained.state_dict().keys()
+    assert all(map(torch.equal, started.lm.state_dict().values(), trained.state_dict().values()))
+    wider = partial(LSTMLM, embed_dim=16, hidden_size=48, num_layers=1)
+    with pytest.raises(ValueError, match=r"last.ckpt: its weights are not this config's LM"):
+        LMModule(wider, vocab.vocab_size, str(data / "tokenizer"), init_from=str(last))
+    other = CharTokenizer.train(["ABC"])
+    other.save(tmp_path / "other")
+    with pytest.raises(ValueError, match=r"last.ckpt: trained with another tokenizer"):
+        LMModule(tiny, other.vocab_size, str(tmp_path / "other"), init_from=str(last))
 
     dev_texts = [u.text for u in read_manifest(data / "dev.jsonl")]
     shutil.rmtree(data)  # the checkpoint alone must do
