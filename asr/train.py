@@ -940,6 +940,11 @@ def _check_checkpoint_choice(command: str | None, ckpt_path: str | None, folder:
         raise ValueError(
             f"asr {command} scores a trained model: give --ckpt_path (a file, last or best)"
         )
+    if command == "fit" and ckpt_path == "best":  # Lightning's error names a wrong cause
+        raise ValueError(
+            "--ckpt_path best: asr fit resumes a run from last (or a checkpoint file); best "
+            "is for validate and test, and asr average --best N averages the best"
+        )
     if command == "fit" and not ckpt_path and last.is_file():
         raise ValueError(
             f"{folder} holds an earlier run's checkpoints: --ckpt_path last resumes it; to "

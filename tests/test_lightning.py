@@ -570,6 +570,8 @@ def test_checkpoints_are_never_taken_for_another_runs(tiny_an4, tmp_path, capsys
     for name, value in optimizers.items():  # LightningCLI's own: not this module's
         argv = [*_fit_args(tiny_an4, tmp_path), f"--{name}", *value]
         assert f"the modules here take theirs as model.init_args.{name}" in refused(argv, capsys)
+    said = refused([*_fit_args(tiny_an4, tmp_path), "--ckpt_path", "best"], capsys)
+    assert "--ckpt_path best: asr fit resumes a run from last" in said
     (tmp_path / "checkpoints").mkdir()
     (tmp_path / "checkpoints" / "last.ckpt").write_bytes(b"")
     assert "holds an earlier run's checkpoints: --ckpt_path last resumes it" in refused(
