@@ -18,6 +18,7 @@ if TYPE_CHECKING:  # torch comes with them: `asr connect` prints timed lines wit
     from asr.timing import Word
 
 FORMATS = ("txt", "json", "srt", "vtt", "tsv")
+CUE_FORMATS = ("srt", "vtt", "tsv")  # those of subtitle cues (`subtitle_cues`)
 ALL = "all"
 
 

@@ -1038,6 +1038,10 @@ def test_cli_names_each_input_that_fails_and_transcribes_the_others(transcribe_c
     assert stdout.splitlines()[0] == str(good) and stdout.splitlines()[1].endswith("] YES")
     code, _, stderr = transcribe_cli(good, "--format", "srt")  # files, but where?
     assert code == 2 and "--format chooses the files written to --output-dir" in stderr
+    for formats in ([], ["--output-dir", str(tmp_path / "o"), "--format", "txt", "json"]):
+        code, _, stderr = transcribe_cli(good, "--words-per-cue", "1", *formats)  # no cues
+        assert code == 2 and "--words-per-cue sets the cues of srt, vtt, tsv files" in stderr
+    assert not (tmp_path / "o").exists()
 
 
 # --------------------------------------------------------------------------- align
@@ -1093,3 +1097,10 @@ def test_cli_align_writes_plots_and_prints_word_times(checkpoint, tmp_path, caps
     argv = ["align", str(brief), "--checkpoint", str(checkpoint), "--text", "U M N Y H SIX"]
     assert main([*argv, "--out", str(tmp_path / "b.png")]) == 2
     assert f"error: {brief}: text too long for the audio: its " in capsys.readouterr().err
+    long = tmp_path / "long.wav"  # four times over: longer than the model was trained on
+    wave, rate = soundfile.read(audio)
+    soundfile.write(long, np.tile(wave, 4), rate)
+    argv = ["align", str(long), "--checkpoint", str(checkpoint), "--text", "U M N Y H SIX " * 4]
+    assert main([*argv, "--out", str(tmp_path / "l.png")]) == 0
+    said = capsys.readouterr().err
+    assert f"warning: {long} lasts 10.4 s, longer than 95% of this model's training" in said

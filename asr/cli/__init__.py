@@ -325,11 +325,17 @@ def _transcribe(args: argparse.Namespace) -> int:
         transcribe_spread,
         writing,
     )
+    from asr.writers import CUE_FORMATS, expand_formats
 
     if not args.audio and not args.manifest:
         raise ValueError("nothing to transcribe: give audio, folders, globs, or --manifest")
     if args.format is not None and args.output_dir is None:
         raise ValueError("--format chooses the files written to --output-dir: give that too")
+    if args.words_per_cue and not set(expand_formats(args.format or [])) & set(CUE_FORMATS):
+        raise ValueError(
+            f"--words-per-cue sets the cues of {', '.join(CUE_FORMATS)} files: give --output-dir "
+            "and --format with one of them"
+        )
     if args.explorer and args.output_dir is None:
         raise ValueError(
             "--explorer keeps its maps in --output-dir: give that too (`asr explore OUT` "
@@ -551,6 +557,12 @@ def _align(args: argparse.Namespace) -> int:
         alignment = recognizer.align(args.audio, args.text)
     except ValueError as err:  # too short, text outside the vocabulary...: name the recording
         raise ValueError(str(err) if args.audio in str(err) else f"{args.audio}: {err}") from None
+    trained = recognizer.segment_seconds
+    if trained is not None and alignment.duration > trained:
+        ctc = "; the CTC columns do not rely on attention" if alignment.ctc_words else ""
+        print(f"asr align: warning: {args.audio} lasts {alignment.duration:.1f} s, longer than "
+              f"95% of this model's training utterances ({trained:g} s): attention decoders "
+              f"often lose their place on longer input{ctc}", file=sys.stderr)  # fmt: skip
     written = save_alignment_plots(recognizer, alignment, args.out, title=alignment.text)
     ctc = alignment.ctc_words
     print("# word\tattention_start\tattention_end" + ("\tctc_start\tctc_end" if ctc else ""))
