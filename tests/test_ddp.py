@@ -128,7 +128,7 @@ def _reports(root: Path, world: int) -> list[dict]:
 def test_two_processes_train_as_one_process_accumulating_both_ranks_batches(tiny_an4, tmp_path):
     """Same global batch, same seed: DDP's averaged gradients are one process's accumulated
     ones, so 200 steps give the same loss on every batch, the same weights and the same logged
-    epoch loss. Validating the result on two processes gives one process's metrics."""
+    epoch loss."""
     no_dropout = [
         "--model.init_args.encoder.init_args.dropout", "0",
         "--model.init_args.decoder.init_args.dropout", "0",
@@ -157,35 +157,14 @@ def test_two_processes_train_as_one_process_accumulating_both_ranks_batches(tiny
     for name, value in alone["weights"].items():
         np.testing.assert_allclose(rank0["weights"][name], value, 1e-4, 1e-6, err_msg=name)
 
-    # Three dev utterances, one a batch: a rank gets a repeat, which its metrics ignore.
-    script = tmp_path / "validate.py"
-    script.write_text(textwrap.dedent(VALIDATE_SCRIPT))
-    metrics, said = [], []
-    for world, root in ((2, tmp_path / "v2"), (1, tmp_path / "v1")):
-        args = ["validate", *_fit_args(tiny_an4, root)[1:], "--ckpt_path",
-                str(two / "checkpoints" / "last.ckpt"), "--data.init_args.max_batch_size", "1",
-                "--trainer.logger", "false", "--trainer.enable_progress_bar", "false"]  # fmt: skip
-        if world > 1:  # Lightning starts the other rank as this script again
-            env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-            proc = subprocess.run([sys.executable, str(script), *args, *DDP], env=env,
-                                  capture_output=True, text=True, timeout=300)  # fmt: skip
-        else:
-            proc = run_forked(textwrap.dedent(VALIDATE_SCRIPT), args)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        metrics.append([json.loads((root / f"metrics{r}.json").read_text()) for r in range(world)])
-        said.append(proc.stderr)
-    (first, second), (single,) = metrics
-    assert "repeating utterance(s)" in said[0] and "repeating" not in said[1]
-    assert first == second and set(first) >= {"val/wer", "val/cer", "val/loss", "val/acc"}
-    assert first == pytest.approx(single, rel=1e-5)
-
 
 # The default sampler's equal shares over processes are asserted by the 200-step test above;
 # the grid's in-process in tests/data/test_sampler.py.
 @pytest.mark.slow
 def test_ranks_get_equal_batch_counts_from_an_odd_count_on_the_shape_grid(tiny_an4, tmp_path):
     """Nine utterances cannot be shared equally: a rank with fewer batches would leave the
-    other waiting at the epoch's end. Both ranks finish each epoch with the same weights."""
+    other waiting at the epoch's end. Both ranks finish each epoch with the same weights, and
+    validating the result on two processes gives one process's metrics."""
     quiet = [
         "--trainer.check_val_every_n_epoch", "100000",  # epochs end on both ranks: no decoding
         "--trainer.num_sanity_val_steps", "0",
@@ -199,6 +178,31 @@ def test_ranks_get_equal_batch_counts_from_an_odd_count_on_the_shape_grid(tiny_a
     assert reports[0]["batches"] == reports[1]["batches"] > 0, "equal batch counts per rank"
     assert reports[0]["steps"] == reports[1]["steps"]
     assert reports[0]["weights"] == reports[1]["weights"], "ranks hold the same weights"
+    _validating_on_two_processes_gives_one_processs_metrics(tiny_an4, tmp_path)
+
+
+def _validating_on_two_processes_gives_one_processs_metrics(tiny_an4, tmp_path: Path) -> None:
+    """Three dev utterances, one a batch: a rank gets a repeat, which its metrics ignore."""
+    script, last = tmp_path / "validate.py", tmp_path / "checkpoints" / "last.ckpt"
+    script.write_text(textwrap.dedent(VALIDATE_SCRIPT))
+    metrics, said = [], []
+    for world, root in ((2, tmp_path / "v2"), (1, tmp_path / "v1")):
+        args = ["validate", *_fit_args(tiny_an4, root)[1:], "--ckpt_path", str(last),
+                "--data.init_args.max_batch_size", "1", "--trainer.logger", "false",
+                "--trainer.enable_progress_bar", "false"]  # fmt: skip
+        if world > 1:  # Lightning starts the other rank as this script again
+            env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+            proc = subprocess.run([sys.executable, str(script), *args, *DDP], env=env,
+                                  capture_output=True, text=True, timeout=300)  # fmt: skip
+        else:
+            proc = run_forked(textwrap.dedent(VALIDATE_SCRIPT), args)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        metrics.append([json.loads((root / f"metrics{r}.json").read_text()) for r in range(world)])
+        said.append(proc.stderr)
+    (first, second), (single,) = metrics
+    assert "repeating utterance(s)" in said[0] and "repeating" not in said[1]
+    assert first == second and set(first) >= {"val/wer", "val/cer", "val/loss", "val/acc"}
+    assert first == pytest.approx(single, rel=1e-5)
 
 
 def test_a_killed_rank_stops_the_job_clearly_and_the_resumed_run_is_exact(tiny_an4, tmp_path):
