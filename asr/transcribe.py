@@ -6,7 +6,7 @@ from __future__ import annotations
 import functools
 import math
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, TypeVar
 
@@ -14,7 +14,7 @@ from torch import Tensor
 from tqdm import tqdm
 
 from asr.audio import AudioError, AudioInput, as_waveform
-from asr.results import BatchResult, Decoded, Segment, Transcript
+from asr.results import BatchResult, Decoded, Segment, Transcript, Word
 from asr.search import LanguageModel, SearchOptions
 from asr.segment import (
     ArraySource,
@@ -167,7 +167,8 @@ def join_segments(
     words = [_kept_words(part, span[0], *kept) for (span, part), kept in zip(parts, ranges)]
     for k in range(len(parts) - 1):
         if spans[k][1] > spans[k + 1][0]:
-            _keep_lost(parts[k], parts[k + 1], words[k], words[k + 1])
+            cut = _keep_lost(parts[k], parts[k + 1], words[k], words[k + 1], ranges[k][1])
+            ranges[k], ranges[k + 1] = (ranges[k][0], cut), (cut, ranges[k + 1][1])
             _keep_once(parts[k], parts[k + 1], words[k], words[k + 1])
     out = Transcript("", [], [], [], [], [], 0.0, duration, [])
     logprob_sum, logprob_count = 0.0, 0  # over whole segments: tokens and eos
@@ -226,34 +227,68 @@ def _keep_lost(
     after: tuple[Span, Transcript],
     kept_before: list[bool],
     kept_after: list[bool],
-) -> None:
+    cut: float,
+) -> float:
     """Speech at a cut that each window timed on the other's side ("ERASE" at 4.3-4.6 s in one
     window, "N AS" at 4.6-4.9 s in the other, cut at 4.5 s) is in neither's kept words: where
-    no word the other side kept lies there, one side's words for it are kept, the longer."""
+    no word the other side kept lies there, nor one of the same text, one side's words for it
+    are kept, the longer. Returns the cut, moved past the words kept so that they keep their
+    times."""
+    overlap = (after[0][0], before[0][1])
     times_before, times_after = _input_times(before), _input_times(after)
-    last = max((i for i, kept in enumerate(kept_before) if kept), default=-1)
-    first = min((i for i, kept in enumerate(kept_after) if kept), default=len(kept_after))
-    held_before = [t for t, kept in zip(times_before, kept_before) if kept]
-    held_after = [t for t, kept in zip(times_after, kept_after) if kept]
-    kept_until = times_before[last][1] if last >= 0 else -math.inf
-    kept_from = times_after[first][0] if first < len(times_after) else math.inf
-    lost_before, lost_after = [], []
-    for i in range(last + 1, len(times_before)):  # its words after the cut, nearest first
-        if sum(times_before[i]) / 2 >= kept_from or not _free(times_before[i], held_after):
-            break
-        lost_before.append(i)
-    for i in reversed(range(first)):  # the other's before the cut, nearest first
-        if sum(times_after[i]) / 2 <= kept_until or not _free(times_after[i], held_before):
-            break
-        lost_after.append(i)
+    held_before = [i for i, kept in enumerate(kept_before) if kept]
+    held_after = [i for i, kept in enumerate(kept_after) if kept]
+    kept_until = times_before[held_before[-1]][1] if held_before else overlap[0]
+    kept_from = times_after[held_after[0]][0] if held_after else overlap[1]
+    lost_before = _lost(before[1].words, times_before, range(len(times_before)),
+                        (max(cut, overlap[0]), min(kept_from, overlap[1])),
+                        _held(after, times_after, held_after, overlap))  # fmt: skip
+    lost_after = _lost(after[1].words, times_after, reversed(range(len(times_after))),
+                       (max(kept_until, overlap[0]), min(cut, overlap[1])),
+                       _held(before, times_before, held_before, overlap))  # fmt: skip
     lasting_before = sum(times_before[i][1] - times_before[i][0] for i in lost_before)
     lasting_after = sum(times_after[i][1] - times_after[i][0] for i in lost_after)
     if lost_before and lasting_before >= lasting_after:
         for i in lost_before:
             kept_before[i] = True
-    else:
-        for i in lost_after:
-            kept_after[i] = True
+        return max([cut, *(times_before[i][1] for i in lost_before)])
+    for i in lost_after:
+        kept_after[i] = True
+    return min([cut, *(times_after[i][0] for i in lost_after)])
+
+
+def _held(
+    part: tuple[Span, Transcript],
+    times: Sequence[tuple[float, float]],
+    held: Sequence[int],
+    overlap: tuple[float, float],
+) -> tuple[set[str], list[tuple[float, float]]]:
+    """The texts of a side's kept words in the overlap, and the spans of all it kept."""
+    near = {part[1].words[i].text for i in held if overlap[0] <= sum(times[i]) / 2 < overlap[1]}
+    return near, [times[i] for i in held]
+
+
+def _lost(
+    words: Sequence[Word],
+    times: Sequence[tuple[float, float]],
+    order: Iterable[int],
+    within: tuple[float, float],
+    held: tuple[set[str], list[tuple[float, float]]],
+) -> list[int]:
+    """The words of one side in `order` (nearest the cut first) whose middles lie `within`,
+    up to the first that overlaps a word the other side `held` or shares the text of one it
+    held in the overlap (one word, timed apart)."""
+    texts, spans = held
+    lost = []
+    for i in order:
+        if not within[0] <= sum(times[i]) / 2 < within[1]:
+            if lost:
+                break
+            continue  # kept already, or beyond the overlap
+        if words[i].text in texts or not _free(times[i], spans):
+            break
+        lost.append(i)
+    return lost
 
 
 def _input_times(part: tuple[Span, Transcript]) -> list[tuple[float, float]]:

@@ -683,6 +683,7 @@ def test_overlapping_windows_keep_each_word_once():
         ([Word("U", 4.60, 4.76)], [Word("E", 4.32, 4.56)], "N E X"),
         ([Word("E", 4.56, 4.90)], [Word("U", 4.40, 4.48)], "N E X"),
         ([Word("E", 4.56, 4.90)], [Word("X", 5.00, 5.30)], "N E X X"),  # one side: kept
+        ([Word("E", 4.46, 4.70)], [Word("E", 4.75, 5.00)], "N E X"),  # one word timed apart
     ],
 )
 def test_a_word_both_windows_decoded_at_their_cut_is_kept_once(first, second, kept):
@@ -701,6 +702,19 @@ def test_a_word_both_windows_decoded_at_their_cut_is_kept_once(first, second, ke
         [segment] = [s for s in joined.segments if s.start <= (word.start + word.end) / 2 < s.end]
         assert segment.start <= word.start <= word.end <= segment.end, (word, segment)
     assert all(0.0 <= a <= b <= 9.0 for a, b in zip(joined.token_starts, joined.token_ends))
+    assert all(w.start < w.end for w in joined.words), "a word kept keeps its times"
+
+
+def test_a_window_without_words_of_its_own_takes_none_from_its_other_overlap():
+    """Nothing is said between the cuts at 4.5 and 8.5 s: the middle window keeps no word, and
+    its word of the first overlap, kept there from the first window, is not taken again at the
+    second cut."""
+    tokenizer = CharTokenizer.train(["AC"])
+    spans, held = [(0.0, 5.0), (4.0, 9.0), (8.0, 13.0)], [["A"], ["A"], ["C"]]
+    times = {"A": (4.30, 4.45), "C": (10.0, 10.5)}
+    parts = [_window(tokenizer, span, [Word(c, *times[c]) for c in letters])
+             for span, letters in zip(spans, held)]  # fmt: skip
+    assert join_segments(tokenizer, parts, 13.0).text == "A C"
 
 
 def test_frame_energy_matches_chunked_reading(three_minutes):
