@@ -211,14 +211,22 @@ def _half_peak_spans(
             ends[i] = start + 1
         elif start == end and i and ends[i - 1] == start and ends[i - 1] - starts[i - 1] > 1:
             ends[i - 1] = starts[i] = start - 1  # the last of the one before, which has more
-    if any(start == end for start, end in zip(starts, ends)):
-        _spread(starts, ends, scores.shape[1])
-    return starts, ends
+    if all(start < end for start, end in zip(starts, ends)):
+        return starts, ends
+    # the way that moves the tokens with frames least: on into the frames after, or back (the
+    # same on the mirrored spans) into those before
+    frames = scores.shape[1]
+    on = _pushed_on(starts, ends, frames)
+    back_ends, back_starts = _pushed_on([frames - e for e in ends[::-1]],
+                                        [frames - s for s in starts[::-1]], frames)  # fmt: skip
+    back = [frames - e for e in back_starts[::-1]], [frames - s for s in back_ends[::-1]]
+    return min(on, back, key=lambda spans: _moved(spans, (starts, ends)))
 
 
-def _spread(starts: list[int], ends: list[int], num_frames: int) -> None:
-    """A frame for each token, in place, as far as there are frames: each pushes the next on,
-    and where that runs past the last frame, the tokens are pulled back from the end."""
+def _pushed_on(starts: list[int], ends: list[int], num_frames: int) -> tuple[list[int], list[int]]:
+    """A frame for each token, as far as there are frames: each pushes the next on, and where
+    that runs past the last frame, the tokens are pulled back from the end."""
+    starts, ends = list(starts), list(ends)
     for i in range(len(starts)):
         starts[i] = max(starts[i], ends[i - 1]) if i else starts[i]
         ends[i] = max(ends[i], starts[i] + 1)
@@ -227,6 +235,13 @@ def _spread(starts: list[int], ends: list[int], num_frames: int) -> None:
         ends[i] = min(ends[i], limit)
         starts[i] = max(min(starts[i], ends[i] - 1), 0)
         limit = starts[i]
+    return starts, ends
+
+
+def _moved(spans: tuple[list[int], list[int]], was: tuple[list[int], list[int]]) -> int:
+    """How far the bounds of the tokens that had frames moved, in frames."""
+    moves = zip(*spans, *was)
+    return sum(abs(s - s0) + abs(e - e0) for s, e, s0, e0 in moves if s0 < e0)
 
 
 def check_seconds_per_frame(seconds_per_frame: float) -> None:
