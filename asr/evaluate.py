@@ -441,20 +441,21 @@ def fit_confidence(
 
 
 def _length_report(results: Sequence[ScoredUtterance]) -> list[dict[str, Any]]:
-    """WER and (tail) deletion rates per duration bucket: attention decoders stop early."""
+    """WER and (tail) deletion rates per duration bucket: attention decoders stop early. None
+    for a bucket without reference words: no number says how wrong inserted words are."""
     buckets = errors_by_length([r.duration for r in results], [r.alignment for r in results])
-    return [
-        {
+    rows = []
+    for b in buckets:
+        scored = b.errors.reference_length > 0
+        rows.append({
             "bucket": b.name,
             "utterances": b.utterances,
             "reference_words": b.errors.reference_length,
-            # None without reference words: no number says how wrong inserted words are
-            "wer": 100 * b.errors.rate if b.errors.reference_length else None,
-            "deletion_rate": 100 * b.deletion_rate,
-            "tail_deletion_rate": 100 * b.tail_deletion_rate,
-        }
-        for b in buckets
-    ]
+            "wer": 100 * b.errors.rate if scored else None,
+            "deletion_rate": 100 * b.deletion_rate if scored else None,
+            "tail_deletion_rate": 100 * b.tail_deletion_rate if scored else None,
+        })  # fmt: skip
+    return rows
 
 
 def _write_kaldi(path: Path, rows: Sequence[tuple[str, str]]) -> None:

@@ -255,7 +255,8 @@ def robustness(
         as_given = condition.kind == "clean" and condition.then is None
         copy = Path(manifest) if as_given else folder / "manifest.jsonl"
         stamp = {"source": str(Path(manifest).resolve()), "seed": seed, "sample_rate": rate,
-                 "paths": "relative", "ids": "source", "manifest_sha256": digest}  # fmt: skip
+                 "paths": "relative", "ids": "source", "manifest_sha256": digest,
+                 "left_out": [str(entry) for entry in bad]}  # fmt: skip
         if not as_given and _read_stamp(folder) != stamp:
             # gone first: a rebuild that stops halfway must not leave other copies passing
             (folder / "built.json").unlink(missing_ok=True)
@@ -263,12 +264,23 @@ def robustness(
             (folder / "built.json").write_text(json.dumps(stamp) + "\n", encoding="utf-8")
         metrics = evaluate(recognizer, copy, folder / "decode", options, lm, batch_size, plots=0,
                            progress=progress, extra=extra, skip_bad=skip_bad)  # fmt: skip
-        # a copy holds the manifest's usable lines: its own failures are not all of them
-        failures = list(dict.fromkeys([*map(str, bad), *metrics["failures"]]))
+        # a copy holds the manifest's usable lines: its own failures are not all of them, and
+        # name its files, which are the source's
+        failures = [*map(str, bad), *(_as_source(f, utterances) for f in metrics["failures"])]
+        failures = list(dict.fromkeys(failures))
         rows.append({"condition": condition.label, **metrics, "failures": failures})
     (out_dir / "robustness.json").write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
     (out_dir / "robustness.md").write_text(robustness_table(rows), encoding="utf-8")
     return rows
+
+
+def _as_source(failure: str, utterances: Sequence[Utterance]) -> str:
+    """An evaluation failure of a copy ("COPY (ID): reason"), naming the source's audio."""
+    for utterance in utterances:
+        named = f" ({utterance.utt_id}): "
+        if named in failure:
+            return f"{utterance.audio_filepath}{named}{failure.split(named, 1)[1]}"
+    return failure
 
 
 def _read_stamp(folder: Path) -> dict | None:

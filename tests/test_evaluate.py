@@ -154,6 +154,7 @@ def test_a_length_bucket_without_reference_words_has_no_wer():
     report = _length_report([ScoredUtterance("a", "YES", "YES NO", [], 3.0),
                              ScoredUtterance("b", "", "NO", [], 9.0)])  # fmt: skip
     assert [(b["utterances"], b["wer"]) for b in report] == [(1, 100.0), (1, None), (0, None)]
+    assert [b["deletion_rate"] for b in report] == [0.0, None, None]
     json.dumps(report, allow_nan=False)
 
 

@@ -543,10 +543,10 @@ for split in splits:
             by_length.append(f"\n## WER by utterance length ({name})\n\n")
             by_length.append("| length | Snt | Wrd | WER | Del | Del, last 20 % of words |\n")
             by_length.append("|---" * 6 + "|\n")
+            rates = ("wer", "deletion_rate", "tail_deletion_rate")  # None: no reference words
             by_length += [
-                f"| {b['bucket']} | {b['utterances']} | {b['reference_words']} "
-                f"| {'–' if b['wer'] is None else format(b['wer'], '.1f')} "
-                f"| {b['deletion_rate']:.1f} | {b['tail_deletion_rate']:.1f} |\n"
+                f"| {b['bucket']} | {b['utterances']} | {b['reference_words']} | "
+                + " | ".join("–" if b[r] is None else f"{b[r]:.1f}" for r in rates) + " |\n"
                 for b in buckets
             ]
 if not settings:
