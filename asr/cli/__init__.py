@@ -1438,7 +1438,8 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
         p.add_argument(
             "--out",
             required=True,
-            help="plot file (PNG, or another suffix matplotlib writes); Transformers add _heads",
+            help="plot file (PNG, or another suffix matplotlib writes); decoders of several "
+            "attention maps (Transformers) add _heads, one map per layer and head",
         )
         _add_device_arguments(p)
     p.set_defaults(run=_align)
