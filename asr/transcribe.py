@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, TypeVar
@@ -167,7 +168,8 @@ def join_segments(
     words = [_kept_words(part, span[0], *kept) for (span, part), kept in zip(parts, ranges)]
     for k in range(len(parts) - 1):
         if spans[k][1] > spans[k + 1][0]:
-            cut = _keep_lost(parts[k], parts[k + 1], words[k], words[k + 1], ranges[k][1])
+            between = (ranges[k][0], ranges[k][1], ranges[k + 1][1])  # where the cut may go
+            cut = _keep_lost(parts[k], parts[k + 1], words[k], words[k + 1], between)
             ranges[k], ranges[k + 1] = (ranges[k][0], cut), (cut, ranges[k + 1][1])
             _keep_once(parts[k], parts[k + 1], words[k], words[k + 1])
     out = Transcript("", [], [], [], [], [], 0.0, duration, [])
@@ -208,12 +210,13 @@ def _within(t: float, offset: float, start: float, end: float) -> float:
 
 
 def _kept_range(spans: Sequence[Span], k: int) -> tuple[float, float]:
-    """Where span `k`'s words may lie: its overlaps with its neighbours cut at the middle."""
+    """Where span `k`'s words may lie: its overlaps with its neighbours cut at the middle, or at
+    the end of a span that lies within the one before (a silence cut short a window)."""
     low, high = -math.inf, math.inf
     if k > 0 and spans[k - 1][1] > spans[k][0]:
-        low = (spans[k - 1][1] + spans[k][0]) / 2
+        low = min((spans[k - 1][1] + spans[k][0]) / 2, spans[k][1])
     if k + 1 < len(spans) and spans[k + 1][0] < spans[k][1]:
-        high = (spans[k][1] + spans[k + 1][0]) / 2
+        high = min((spans[k][1] + spans[k + 1][0]) / 2, spans[k + 1][1])
     return low, high
 
 
@@ -227,45 +230,47 @@ def _keep_lost(
     after: tuple[Span, Transcript],
     kept_before: list[bool],
     kept_after: list[bool],
-    cut: float,
+    between: tuple[float, float, float],
 ) -> float:
     """Speech at a cut that each window timed on the other's side ("ERASE" at 4.3-4.6 s in one
     window, "N AS" at 4.6-4.9 s in the other, cut at 4.5 s) is in neither's kept words: where
-    no word the other side kept lies there, nor one of the same text, one side's words for it
-    are kept, the longer. Returns the cut, moved past the words kept so that they keep their
-    times."""
-    overlap = (after[0][0], before[0][1])
+    no word the other side kept lies there, and fewer of a text are kept about the overlap
+    than either side decoded, one side's words for it are kept, the longer. `between`: the
+    cut before the first window, this cut, and the one after the second. Returns this cut,
+    moved past the words kept (within the two windows' ranges) so that they keep their times."""
+    low, cut, high = between
+    overlap = (max(after[0][0], low), min(before[0][1], after[0][1], high))
     times_before, times_after = _input_times(before), _input_times(after)
-    held_before = [i for i, kept in enumerate(kept_before) if kept]
-    held_after = [i for i, kept in enumerate(kept_after) if kept]
-    kept_until = times_before[held_before[-1]][1] if held_before else overlap[0]
-    kept_from = times_after[held_after[0]][0] if held_after else overlap[1]
+    said: Counter[str] = Counter()  # of each text, the most either side decoded about the overlap
+    kept: Counter[str] = Counter()
+    for part, times, keep in (
+        (before, times_before, kept_before),
+        (after, times_after, kept_after),
+    ):
+        about = [
+            i for i, (start, end) in enumerate(times) if start <= overlap[1] and end >= overlap[0]
+        ]
+        said |= Counter(part[1].words[i].text for i in about)
+        kept += Counter(part[1].words[i].text for i in about if keep[i])
+    held_before = [times_before[i] for i, keep in enumerate(kept_before) if keep]
+    held_after = [times_after[i] for i, keep in enumerate(kept_after) if keep]
+    kept_until = held_before[-1][1] if held_before else overlap[0]
+    kept_from = held_after[0][0] if held_after else overlap[1]
     lost_before = _lost(before[1].words, times_before, range(len(times_before)),
-                        (max(cut, overlap[0]), min(kept_from, overlap[1])),
-                        _held(after, times_after, held_after, overlap))  # fmt: skip
+                        (max(cut, overlap[0]), min(kept_from, overlap[1])), held_after,
+                        said - kept)  # fmt: skip
     lost_after = _lost(after[1].words, times_after, reversed(range(len(times_after))),
-                       (max(kept_until, overlap[0]), min(cut, overlap[1])),
-                       _held(before, times_before, held_before, overlap))  # fmt: skip
+                       (max(kept_until, overlap[0]), min(cut, overlap[1])), held_before,
+                       said - kept)  # fmt: skip
     lasting_before = sum(times_before[i][1] - times_before[i][0] for i in lost_before)
     lasting_after = sum(times_after[i][1] - times_after[i][0] for i in lost_after)
     if lost_before and lasting_before >= lasting_after:
         for i in lost_before:
             kept_before[i] = True
-        return max([cut, *(times_before[i][1] for i in lost_before)])
+        return min(max([cut, *(times_before[i][1] for i in lost_before)]), overlap[1])
     for i in lost_after:
         kept_after[i] = True
-    return min([cut, *(times_after[i][0] for i in lost_after)])
-
-
-def _held(
-    part: tuple[Span, Transcript],
-    times: Sequence[tuple[float, float]],
-    held: Sequence[int],
-    overlap: tuple[float, float],
-) -> tuple[set[str], list[tuple[float, float]]]:
-    """The texts of a side's kept words in the overlap, and the spans of all it kept."""
-    near = {part[1].words[i].text for i in held if overlap[0] <= sum(times[i]) / 2 < overlap[1]}
-    return near, [times[i] for i in held]
+    return max(min([cut, *(times_after[i][0] for i in lost_after)]), overlap[0])
 
 
 def _lost(
@@ -273,20 +278,22 @@ def _lost(
     times: Sequence[tuple[float, float]],
     order: Iterable[int],
     within: tuple[float, float],
-    held: tuple[set[str], list[tuple[float, float]]],
+    held: Sequence[tuple[float, float]],
+    missing: Counter[str],
 ) -> list[int]:
-    """The words of one side in `order` (nearest the cut first) whose middles lie `within`,
-    up to the first that overlaps a word the other side `held` or shares the text of one it
-    held in the overlap (one word, timed apart)."""
-    texts, spans = held
+    """The words of one side in `order` (nearest the cut first) whose middles lie `within`, up
+    to the first that overlaps a word the other side `held`, or whose text is not `missing`
+    (as many kept already as either side decoded: one word, timed apart)."""
+    missing = Counter(missing)
     lost = []
     for i in order:
         if not within[0] <= sum(times[i]) / 2 < within[1]:
             if lost:
                 break
             continue  # kept already, or beyond the overlap
-        if words[i].text in texts or not _free(times[i], spans):
+        if missing[words[i].text] <= 0 or not _free(times[i], held):
             break
+        missing[words[i].text] -= 1
         lost.append(i)
     return lost
 

@@ -684,6 +684,11 @@ def test_overlapping_windows_keep_each_word_once():
         ([Word("E", 4.56, 4.90)], [Word("U", 4.40, 4.48)], "N E X"),
         ([Word("E", 4.56, 4.90)], [Word("X", 5.00, 5.30)], "N E X X"),  # one side: kept
         ([Word("E", 4.46, 4.70)], [Word("E", 4.75, 5.00)], "N E X"),  # one word timed apart
+        (
+            [Word("N", 4.46, 4.62), Word("N", 4.70, 4.90)],  # N said thrice, the middle one timed
+            [Word("N", 4.36, 4.49), Word("N", 4.68, 4.88)],
+            "N N N X",
+        ),  # across by both
     ],
 )
 def test_a_word_both_windows_decoded_at_their_cut_is_kept_once(first, second, kept):
@@ -703,6 +708,28 @@ def test_a_word_both_windows_decoded_at_their_cut_is_kept_once(first, second, ke
         assert segment.start <= word.start <= word.end <= segment.end, (word, segment)
     assert all(0.0 <= a <= b <= 9.0 for a, b in zip(joined.token_starts, joined.token_ends))
     assert all(w.start < w.end for w in joined.words), "a word kept keeps its times"
+
+
+def test_a_word_timed_apart_before_the_overlap_is_kept_once():
+    tokenizer = CharTokenizer.train(["ADX"])
+    before = [Word("A", 1.0, 1.4), Word("D", 3.90, 4.05)]  # its middle before the overlap
+    after = [Word("D", 4.06, 4.20), Word("X", 6.0, 6.4)]
+    parts = [_window(tokenizer, (0.0, 5.0), before), _window(tokenizer, (4.0, 9.0), after)]
+    assert join_segments(tokenizer, parts, 9.0).text == "A D X"
+
+
+def test_a_window_within_the_one_before_leaves_the_segments_in_order():
+    """A silence cut a window short within the one before: segments still tile the input in
+    order, and a word at the first cut keeps its time within its segment."""
+    tokenizer = CharTokenizer.train(["ABC"])
+    parts = [_window(tokenizer, (0.0, 5.0), [Word("B", 1.0, 1.4), Word("A", 4.55, 4.95)]),
+             _window(tokenizer, (4.0, 4.9), []),
+             _window(tokenizer, (4.9, 9.9), [Word("C", 5.3, 5.6)])]  # fmt: skip
+    joined = join_segments(tokenizer, parts, 9.9)
+    assert joined.text == "B A C"
+    bounds = [t for segment in joined.segments for t in (segment.start, segment.end)]
+    assert bounds == sorted(bounds) and bounds[0] == 0.0 and bounds[-1] == 9.9
+    assert [(w.start, w.end) for w in joined.words] == [(1.0, 1.4), (4.55, 4.9), (5.3, 5.6)]
 
 
 def test_a_window_without_words_of_its_own_takes_none_from_its_other_overlap():
