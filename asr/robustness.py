@@ -22,7 +22,7 @@ from tqdm import tqdm
 
 from asr import perturb
 from asr.audio import load_audio
-from asr.data.manifest import Utterance, write_manifest
+from asr.data.manifest import Utterance, read_manifest, write_manifest
 from asr.evaluate import evaluate, usable_utterances
 from asr.recognizer import Recognizer
 from asr.search import LanguageModel, SearchOptions
@@ -248,6 +248,8 @@ def robustness(
         raise NotADirectoryError(f"{out_dir}: a file; the output is a folder of copies and tables")
     utterances, bad = usable_utterances(manifest, skip_bad)
     digest = hashlib.sha256(Path(manifest).read_bytes()).hexdigest()  # copies of what it says
+    # the lines a copy holds (others may be left out): a stamp as the manifest is spelt apart
+    usable = hashlib.sha256("\n".join(u.utt_id for u in utterances).encode()).hexdigest()
     rate = recognizer.sample_rate
     rows = []
     for condition in conditions:
@@ -256,7 +258,7 @@ def robustness(
         copy = Path(manifest) if as_given else folder / "manifest.jsonl"
         stamp = {"source": str(Path(manifest).resolve()), "seed": seed, "sample_rate": rate,
                  "paths": "relative", "ids": "source", "manifest_sha256": digest,
-                 "left_out": [str(entry) for entry in bad]}  # fmt: skip
+                 "utterances_sha256": usable}  # fmt: skip
         if not as_given and _read_stamp(folder) != stamp:
             # gone first: a rebuild that stops halfway must not leave other copies passing
             (folder / "built.json").unlink(missing_ok=True)
@@ -266,7 +268,8 @@ def robustness(
                            progress=progress, extra=extra, skip_bad=skip_bad)  # fmt: skip
         # a copy holds the manifest's usable lines: its own failures are not all of them, and
         # name its files, which are the source's
-        failures = [*map(str, bad), *(_as_source(f, utterances) for f in metrics["failures"])]
+        named = {} if as_given else _source_names(copy, utterances)
+        failures = [*map(str, bad), *(_as_source(f, named) for f in metrics["failures"])]
         failures = list(dict.fromkeys(failures))
         rows.append({"condition": condition.label, **metrics, "failures": failures})
     (out_dir / "robustness.json").write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
@@ -274,12 +277,19 @@ def robustness(
     return rows
 
 
-def _as_source(failure: str, utterances: Sequence[Utterance]) -> str:
-    """An evaluation failure of a copy ("COPY (ID): reason"), naming the source's audio."""
-    for utterance in utterances:
-        named = f" ({utterance.utt_id}): "
-        if named in failure:
-            return f"{utterance.audio_filepath}{named}{failure.split(named, 1)[1]}"
+def _source_names(copy: Path, utterances: Sequence[Utterance]) -> dict[str, str]:
+    """How a copy's utterances are named in failures ("PATH (ID): "), and their sources'."""
+    return {
+        f"{c.audio_filepath} ({c.utt_id}): ": f"{u.audio_filepath} ({u.utt_id}): "
+        for c, u in zip(read_manifest(copy), utterances, strict=True)
+    }
+
+
+def _as_source(failure: str, named: dict[str, str]) -> str:
+    """An evaluation failure of a copy, naming its source's audio instead."""
+    for copied, source in named.items():
+        if failure.startswith(copied):
+            return source + failure[len(copied) :]
     return failure
 
 

@@ -231,9 +231,10 @@ def test_robustness_table_reuses_copies_and_rebuilds_for_a_new_seed(tmp_path):
     assert not (out / "white30" / "built.json").exists()
 
 
-def test_a_line_left_out_then_readable_rebuilds_the_copies(tmp_path):
+def test_a_line_left_out_then_readable_rebuilds_the_copies(tmp_path, monkeypatch):
     """A copy built without a line whose audio was missing is not reused once it is there:
-    the conditions would compare other utterances than the clean decode."""
+    the conditions would compare other utterances than the clean decode. It is, where only
+    the manifest's path is spelt otherwise."""
     recognizer, _ = _overfit_recognizer(str(WAV))
     manifest = _manifest(tmp_path / "test.jsonl")
     first = read_manifest(manifest)[0]
@@ -245,6 +246,12 @@ def test_a_line_left_out_then_readable_rebuilds_the_copies(tmp_path):
     rows = robustness(recognizer, manifest, tmp_path / "rob", conditions, GREEDY, progress=False,
                       skip_bad=True)  # fmt: skip
     assert [r["utterances"] for r in rows] == [3, 3] and all(len(r["failures"]) == 1 for r in rows)
+    wav = tmp_path / "rob" / "level-6" / "wav" / "000000.wav"
+    built = wav.stat().st_mtime_ns
+    monkeypatch.chdir(tmp_path)
+    robustness(recognizer, "test.jsonl", tmp_path / "rob", conditions, GREEDY, progress=False,
+               skip_bad=True)  # fmt: skip
+    assert wav.stat().st_mtime_ns == built, "the same lines left out: the copy is reused"
     moved.symlink_to(first.audio_filepath)
     rows = robustness(recognizer, manifest, tmp_path / "rob", conditions, GREEDY, progress=False,
                       skip_bad=True)  # fmt: skip
