@@ -447,6 +447,11 @@ def test_an4_language_model_stages_train_and_fuse_the_recipe_lm(tmp_path):
     assert all(d.startswith("evaluate --checkpoint") and d.endswith(lm) for d in decodes)
     assert "| decode_dev_lm | 1 |" in result.stdout, "stage 9 rewrote the results table"
     assert "--ckpt_path" not in fit
+    # the model decoded again without the LM: its table has no rows of the model before
+    run_recipe("an4", *args, "--stage", "6", "--stop-stage", "7", "--force", bin_dir=fake)
+    table = (exp / "transformer_quick" / "RESULTS.md").read_text()
+    assert "decode_dev |" in table and "_lm" not in table
+    assert not (exp / "transformer_quick" / "decode_dev_lm").exists()
 
     (exp / "lm" / "checkpoints").mkdir(parents=True)  # killed during stage 8: it resumes
     (exp / "lm" / "checkpoints" / "last.ckpt").write_text("")

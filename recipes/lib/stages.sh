@@ -451,6 +451,8 @@ decode_splits() {
     lm=(--lm "$lm_checkpoint" --lm-weight "$lm_weight")
   fi
   for split in "$@"; do
+    # decoded afresh: the LM decode of the model before, if any, would join its table
+    [ -n "$suffix" ] || rm -rf "$model_dir/decode_${split}_lm"
     asr evaluate --checkpoint "$model_dir/avg.ckpt" --manifest "$data/$split.jsonl" \
       --out "$model_dir/decode_$split$suffix" --beam-size "$beam_size" \
       --ctc-weight "$ctc_weight" ${lm[@]+"${lm[@]}"}
