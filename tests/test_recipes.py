@@ -94,6 +94,8 @@ def test_help_and_usage_errors(corpus):
         ("--average", "zero", "--average needs a whole number, got 'zero'"),
         ("--ctc-weight", "1.5", "--ctc-weight needs a number in [0, 1], got '1.5'"),
         ("--stop-stage", "-1", "needs a whole number"),
+        ("--beam-size", "0", "--beam-size needs a whole number >= 1, got '0'"),
+        ("--average", "00", "--average needs a whole number >= 1, got '00'"),
     ]:
         wrong = run_recipe(corpus, option, value, check=False)
         assert wrong.returncode == 2 and said in wrong.stderr, wrong.stderr

@@ -49,9 +49,9 @@ common_option() {
     --data-dir) need_value "$@"; data_dir=$(absolute "$2") ;;
     --data) need_value "$@"; data=$(absolute "$2") ;;
     --exp) need_value "$@"; exp=$(absolute "$2") ;;
-    --beam-size) need_int "$@"; beam_size=$2 ;;
+    --beam-size) need_positive "$@"; beam_size=$2 ;;
     --ctc-weight) need_weight "$@"; ctc_weight=$2 ;;
-    --average) need_int "$@"; average=$2 ;;
+    --average) need_positive "$@"; average=$2 ;;
     --force) force=true; consumed=1 ;;
     --) shift; fit_args=("$@"); consumed=$(($# + 1)) ;;
     -h|--help) usage; exit 0 ;;
@@ -70,6 +70,12 @@ need_int() {
   case "$2" in
     '' | *[!0-9]*) usage_error "$1 needs a whole number, got '$2'" ;;
   esac
+}
+
+# need_positive OPTION [VALUE...]: a usage error unless the option has a whole number >= 1.
+need_positive() {
+  need_int "$@"
+  if [ "$((10#$2))" -lt 1 ]; then usage_error "$1 needs a whole number >= 1, got '$2'"; fi
 }
 
 # need_number OPTION [VALUE...]: a usage error unless the option has a number >= 0.
