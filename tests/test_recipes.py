@@ -583,6 +583,25 @@ def test_a_stage_done_with_other_options_is_not_skipped_as_if_done_with_these(tm
     assert bad.returncode == 2 and "--lm-weight needs a number >= 0, got '0,4'" in bad.stderr
 
 
+def test_a_config_after_the_double_dash_makes_another_model(tmp_path):
+    """`-- --config conf/an4/augment.yaml` trains another model than the plain config: either
+    run over the other's stage 4 is refused, not skipped as done."""
+    fake, log = recording_asr(tmp_path)
+    data, exp = tmp_path / "data", tmp_path / "exp"
+    data.mkdir()
+    for stage in range(1, 4):
+        (data / f".done-{stage}").write_text("")
+    args = ["--data-dir", tmp_path, "--data", data, "--exp", exp, "--quick", "--stage", "4",
+            "--stop-stage", "4"]  # fmt: skip
+    augmented = ["--", "--config", "conf/an4/augment.yaml"]
+    for first, then in (([], augmented), (augmented, [])):
+        assert ran(run_recipe("an4", *args, "--force", *first, bin_dir=fake).stdout) == [4]
+        other = run_recipe("an4", *args, *then, bin_dir=fake, check=False)
+        assert other.returncode == 2 and "stage 4 was done otherwise" in other.stderr
+        assert "+ conf/an4/augment.yaml" in other.stderr
+    assert log.read_text().splitlines()[-1].endswith("--config conf/an4/augment.yaml")
+
+
 @pytest.mark.parametrize(
     ("marker", "same"),
     [

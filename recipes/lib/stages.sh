@@ -53,10 +53,21 @@ common_option() {
     --ctc-weight) need_weight "$@"; ctc_weight=$2 ;;
     --average) need_positive "$@"; average=$2 ;;
     --force) force=true; consumed=1 ;;
-    --) shift; fit_args=("$@"); consumed=$(($# + 1)) ;;
+    --) shift; fit_args=("$@"); fit_configs; consumed=$(($# + 1)) ;;
     -h|--help) usage; exit 0 ;;
     *) usage_error "unknown option $1 (see --help)" ;;
   esac
+}
+
+# fit_configs: each `--config FILE` of `fit_args` as `config_path` finds it: the stages run
+# from the repository, where a path from the starting directory would name another file.
+fit_configs() {
+  local i
+  for ((i = 0; i + 1 < ${#fit_args[@]}; i++)); do
+    if [ "${fit_args[i]}" = --config ]; then
+      fit_args[i + 1]=$(config_path "${fit_args[i + 1]}")
+    fi
+  done
 }
 
 # need_value OPTION [VALUE...]: a usage error unless the option has a value.
@@ -402,9 +413,12 @@ cmvn_dir() {
 fit_stage() {
   local n=$1 config=$2 model_dir=$3
   shift 3
-  local resume=()
+  local resume=() more="" i
   resume_or_afresh "$n" "$model_dir"
-  run_stage "$n" "train ($config)" "$model_dir" \
+  for ((i = 0; i + 1 < ${#fit_args[@]}; i++)); do # a config after `--` makes another model
+    if [ "${fit_args[i]}" = --config ]; then more+=" + ${fit_args[i + 1]}"; fi
+  done
+  run_stage "$n" "train ($config$more)" "$model_dir" \
     asr fit --config "$config" "$@" --trainer.default_root_dir "$model_dir" \
     ${resume[@]+"${resume[@]}"} ${fit_args[@]+"${fit_args[@]}"}
 }
