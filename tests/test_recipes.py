@@ -94,8 +94,9 @@ def test_help_and_usage_errors(corpus):
         ("--average", "zero", "--average needs a whole number, got 'zero'"),
         ("--ctc-weight", "1.5", "--ctc-weight needs a number in [0, 1], got '1.5'"),
         ("--stop-stage", "-1", "needs a whole number"),
-        ("--beam-size", "0", "--beam-size needs a whole number >= 1, got '0'"),
-        ("--average", "00", "--average needs a whole number >= 1, got '00'"),
+        ("--beam-size", "0", "--beam-size needs a whole number from 1 to 999999999, got '0'"),
+        ("--average", "00", "--average needs a whole number from 1 to 999999999, got '00'"),
+        ("--average", "9223372036854775808", "--average needs a whole number from 1 to"),
     ]:
         wrong = run_recipe(corpus, option, value, check=False)
         assert wrong.returncode == 2 and said in wrong.stderr, wrong.stderr
@@ -594,7 +595,7 @@ def test_a_config_after_the_double_dash_makes_another_model(tmp_path):
     args = ["--data-dir", tmp_path, "--data", data, "--exp", exp, "--quick", "--stage", "4",
             "--stop-stage", "4"]  # fmt: skip
     augmented = ["--", "--config", "conf/an4/augment.yaml"]
-    for first, then in (([], augmented), (augmented, [])):
+    for first, then in (([], ["--", "--config=conf/an4/augment.yaml"]), (augmented, [])):
         assert ran(run_recipe("an4", *args, "--force", *first, bin_dir=fake).stdout) == [4]
         other = run_recipe("an4", *args, *then, bin_dir=fake, check=False)
         assert other.returncode == 2 and "stage 4 was done otherwise" in other.stderr

@@ -49,9 +49,9 @@ common_option() {
     --data-dir) need_value "$@"; data_dir=$(absolute "$2") ;;
     --data) need_value "$@"; data=$(absolute "$2") ;;
     --exp) need_value "$@"; exp=$(absolute "$2") ;;
-    --beam-size) need_positive "$@"; beam_size=$2 ;;
+    --beam-size) need_positive "$@"; beam_size=$((10#$2)) ;;
     --ctc-weight) need_weight "$@"; ctc_weight=$2 ;;
-    --average) need_positive "$@"; average=$2 ;;
+    --average) need_positive "$@"; average=$((10#$2)) ;;
     --force) force=true; consumed=1 ;;
     --) shift; fit_args=("$@"); fit_configs; consumed=$(($# + 1)) ;;
     -h|--help) usage; exit 0 ;;
@@ -59,14 +59,30 @@ common_option() {
   esac
 }
 
-# fit_configs: each `--config FILE` of `fit_args` as `config_path` finds it: the stages run
-# from the repository, where a path from the starting directory would name another file.
+# fit_configs: each `--config FILE` (or `--config=FILE`) of `fit_args` as `config_path` finds
+# it, as two words: the stages run from the repository, where a path from the starting
+# directory would name another file.
 fit_configs() {
+  local given=(${fit_args[@]+"${fit_args[@]}"}) i
+  fit_args=()
+  for ((i = 0; i < ${#given[@]}; i++)); do
+    if [ "${given[i]}" = --config ] && [ $((i + 1)) -lt ${#given[@]} ]; then
+      i=$((i + 1))
+      fit_args+=(--config "$(config_path "${given[i]}")")
+    elif [ "${given[i]#--config=}" != "${given[i]}" ]; then
+      fit_args+=(--config "$(config_path "${given[i]#--config=}")")
+    else
+      fit_args+=("${given[i]}")
+    fi
+  done
+}
+
+# fit_extras: " + FILE" for each config after `--`, which makes another model of the
+# recipe's config (stage 4's name, the results' title).
+fit_extras() {
   local i
   for ((i = 0; i + 1 < ${#fit_args[@]}; i++)); do
-    if [ "${fit_args[i]}" = --config ]; then
-      fit_args[i + 1]=$(config_path "${fit_args[i + 1]}")
-    fi
+    if [ "${fit_args[i]}" = --config ]; then printf ' + %s' "${fit_args[i + 1]}"; fi
   done
 }
 
@@ -86,7 +102,9 @@ need_int() {
 # need_positive OPTION [VALUE...]: a usage error unless the option has a whole number >= 1.
 need_positive() {
   need_int "$@"
-  if [ "$((10#$2))" -lt 1 ]; then usage_error "$1 needs a whole number >= 1, got '$2'"; fi
+  if [ "${#2}" -gt 9 ] || [ "$((10#$2))" -lt 1 ]; then
+    usage_error "$1 needs a whole number from 1 to 999999999, got '$2'"
+  fi
 }
 
 # need_number OPTION [VALUE...]: a usage error unless the option has a number >= 0.
@@ -117,7 +135,7 @@ absolute() {
 # repository root (conf/...); relative to the root when inside it.
 config_path() {
   local path=$1
-  if [ "${path:0:1}" != / ] && [ -f "$start_dir/$path" ]; then path=$start_dir/$path; fi
+  if [ "${path:0:1}" != / ] && [ -f "$start_dir/$path" ]; then path=$(absolute "$path"); fi
   printf '%s\n' "${path#"$root"/}"
 }
 
@@ -413,12 +431,9 @@ cmvn_dir() {
 fit_stage() {
   local n=$1 config=$2 model_dir=$3
   shift 3
-  local resume=() more="" i
+  local resume=()
   resume_or_afresh "$n" "$model_dir"
-  for ((i = 0; i + 1 < ${#fit_args[@]}; i++)); do # a config after `--` makes another model
-    if [ "${fit_args[i]}" = --config ]; then more+=" + ${fit_args[i + 1]}"; fi
-  done
-  run_stage "$n" "train ($config$more)" "$model_dir" \
+  run_stage "$n" "train ($config$(fit_extras))" "$model_dir" \
     asr fit --config "$config" "$@" --trainer.default_root_dir "$model_dir" \
     ${resume[@]+"${resume[@]}"} ${fit_args[@]+"${fit_args[@]}"}
 }
@@ -509,7 +524,7 @@ decode_with_lm() {
   local model_dir=$1 config=$2 data=$3
   shift 3
   decode_splits "$model_dir" "$data" "$@"
-  write_results "$model_dir" "$config" "$@"
+  write_results "$model_dir" "$config$(fit_extras)" "$@"
 }
 
 # robustness_stage N MODEL_DIR DATA SPLIT: `asr robustness` of avg.ckpt on SPLIT under its
@@ -528,7 +543,7 @@ robustness_stage() {
 results_stage() {
   local n=$1
   shift
-  run_stage "$n" "results" "$1" write_results "$@"
+  run_stage "$n" "results" "$1" write_results "$1" "$2$(fit_extras)" "${@:3}"
 }
 
 write_results() {
