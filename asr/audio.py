@@ -141,9 +141,8 @@ def _libsndfile_info(path: PathLike) -> AudioInfo | str:
         if problem:
             raise AudioError(path, problem) from error
         return _libsndfile_reason(error)
-    if not states_frames(
-        info.frames
-    ):  # a recorder stopped, or FLAC written to a pipe: FFmpeg reads on
+    # a recorder stopped, or FLAC written to a pipe: FFmpeg reads on
+    if not states_frames(info.frames):
         return "its header states no sample count"
     return AudioInfo(sample_rate=info.samplerate, num_frames=info.frames, channels=info.channels)
 

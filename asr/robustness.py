@@ -257,7 +257,7 @@ def robustness(
         as_given = condition.kind == "clean" and condition.then is None
         copy = Path(manifest) if as_given else folder / "manifest.jsonl"
         stamp = {"source": str(Path(manifest).resolve()), "seed": seed, "sample_rate": rate,
-                 "paths": "relative", "ids": "source", "manifest_sha256": digest,
+                 "paths": "relative", "manifest_sha256": digest,
                  "utterances_sha256": usable}  # fmt: skip
         if not as_given and _read_stamp(folder) != stamp:
             # gone first: a rebuild that stops halfway must not leave other copies passing
@@ -268,7 +268,7 @@ def robustness(
                            progress=progress, extra=extra, skip_bad=skip_bad)  # fmt: skip
         # a copy holds the manifest's usable lines: its own failures are not all of them, and
         # name its files, which are the source's
-        named = {} if as_given else _source_names(copy, utterances)
+        named = {} if as_given or not metrics["failures"] else _source_names(copy, utterances)
         failures = [*map(str, bad), *(_as_source(f, named) for f in metrics["failures"])]
         failures = list(dict.fromkeys(failures))
         rows.append({"condition": condition.label, **metrics, "failures": failures})
