@@ -524,7 +524,7 @@ decode_with_lm() {
   local model_dir=$1 config=$2 data=$3
   shift 3
   decode_splits "$model_dir" "$data" "$@"
-  write_results "$model_dir" "$config$(fit_extras)" "$@"
+  write_results "$model_dir" "$config" "$@"
 }
 
 # robustness_stage N MODEL_DIR DATA SPLIT: `asr robustness` of avg.ckpt on SPLIT under its
@@ -543,13 +543,15 @@ robustness_stage() {
 results_stage() {
   local n=$1
   shift
-  run_stage "$n" "results" "$1" write_results "$1" "$2$(fit_extras)" "${@:3}"
+  run_stage "$n" "results" "$1" write_results "$@"
 }
 
+# write_results MODEL_DIR CONFIG SPLIT...: the table, titled by CONFIG and the configs after
+# `--` (`fit_extras`), which trained the model with it.
 write_results() {
   local python
   python=$(asr_python)
-  $python - "$@" <<'PY'
+  $python - "$1" "$2$(fit_extras)" "${@:3}" <<'PY'
 import json
 import sys
 from pathlib import Path
