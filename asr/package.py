@@ -54,6 +54,8 @@ def is_package(path: str | os.PathLike) -> bool:
 
 def read_recognizer(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """The `Seq2Seq` weights and the payload of a checkpoint, package folder or `hf://` name."""
+    if not str(path):  # Path("") is ".", which would read as the working folder
+        raise FileNotFoundError("no model named: give a checkpoint, package folder or hf:// name")
     if is_package(path):
         return read_package(path)
     state, payload = read_payload(path, RECOGNIZER_KEY)

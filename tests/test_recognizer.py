@@ -102,6 +102,12 @@ def test_finalize_on_an_empty_manifest_keeps_what_was_stored(checkpoint, tmp_pat
     assert checkpoint.read_bytes() == before
 
 
+def test_an_empty_model_path_is_refused_not_read_as_the_working_folder(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # a folder, so "" read as "." would look for a package there
+    with pytest.raises(FileNotFoundError, match="no model named"):
+        load_model("")
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a machine without a CUDA device")
 def test_a_cuda_device_that_is_not_there_is_said(checkpoint):
     with pytest.raises(ValueError, match=r"device='cuda:1': no CUDA device is available"):
