@@ -20,6 +20,7 @@ from asr.timing import (
     Word,
     attention_timestamps,
     ctc_forced_alignment,
+    ctc_frames_needed,
     word_timestamps,
 )
 
@@ -110,13 +111,22 @@ def token_times(
 
 
 @torch.inference_mode()
-def align_tokens(recognizer: Recognizer, wave: Tensor, tokens: Sequence[int]) -> Alignment:
-    """Teacher-forced alignment of token ids to a waveform `(S,)` at `sample_rate`."""
+def align_tokens(
+    recognizer: Recognizer, wave: Tensor, tokens: Sequence[int], strict: bool = False
+) -> Alignment:
+    """Teacher-forced alignment of token ids to a waveform `(S,)` at `sample_rate`; `strict`
+    raises ValueError where the tokens need more encoder frames than the audio gives."""
     model = recognizer.model
     waves, lens = recognizer.pad([wave])
     with autocast(recognizer.device, recognizer.precision):
         feats, feat_lens = model.frontend(waves, lens)
         enc, enc_lens = model.encoder(feats, feat_lens)
+        frames, needed = int(enc_lens[0]), ctc_frames_needed(tokens)
+        if strict and needed > frames:
+            raise ValueError(
+                f"text too long for the audio: its {len(tokens)} tokens need at least {needed} "
+                f"encoder frames, {len(wave) / recognizer.sample_rate:.2f} s give {frames}"
+            )
         token_logp, _, attention = teacher_forced(model.decoder, enc, enc_lens, [tokens])
         ctc = model.ctc(enc)[0].float().cpu() if model.ctc is not None else None
     attention = attention[0].float().cpu()  # (K, L + 1, T)

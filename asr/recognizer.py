@@ -36,7 +36,6 @@ from asr.search import (
 from asr.segment import SegmenterOptions
 from asr.streaming import Stream, StreamingEngine, StreamOptions
 from asr.text import Tokenizer
-from asr.timing import ctc_frames_needed
 from asr.transcribe import TRANSCRIBE_BATCH_SIZE, transcribe_sources
 
 SEARCH_KEYWORDS = tuple(f.name for f in fields(SearchOptions))
@@ -351,14 +350,7 @@ class Recognizer:
         tokens = self.tokenizer.encode(text)
         if not tokens:
             raise ValueError(f"text {text!r} is empty after normalisation")
-        alignment = self.align_tokens(self.load(audio, sample_rate), tokens)
-        frames, needed = alignment.attention.size(-1), ctc_frames_needed(tokens)
-        if needed > frames:
-            raise ValueError(
-                f"text too long for the audio: its {len(tokens)} tokens need at least {needed} "
-                f"encoder frames, {alignment.duration:.2f} s give {frames}"
-            )
-        return alignment
+        return self.align_tokens(self.load(audio, sample_rate), tokens, strict=True)
 
     def load(self, audio: AudioInput, sample_rate: int | None = None) -> Tensor:
         """A file path or a waveform as a mono float32 tensor `(S,)` at `sample_rate`."""
