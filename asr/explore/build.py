@@ -178,21 +178,26 @@ def _compared(
     utterances: list[dict[str, Any]], folder: Path, other: Path
 ) -> tuple[dict[str, Any], list[str]]:
     """`other`'s decode of the same utterances (B) beside `folder`'s (A): each utterance's
-    `compare` set (B's hypothesis and its scores against the utterance's reference, None where
-    B lacks it); returns the page's `compare` (both names, B's summary, how many utterances have
-    fewer or more word errors in B, and WER(B) - WER(A) with its 95 % interval) and notes on the
-    utterances either lacks."""
+    `compare` set (B's hypothesis and its scores against B's reference, as its metrics.json
+    has them, else A's; None where B lacks the utterance); returns the page's `compare` (both
+    names, B's summary, how many utterances have fewer or more word errors in B, and WER(B) -
+    WER(A) with its 95 % interval) and notes on the utterances either lacks or on references
+    that differ."""
     from asr.metrics import wer_difference_interval
 
     theirs = {str(r.get("id", "")): r for r in read_records(other)}
-    both, words, errors_a, errors_b = 0, [], [], []
+    both, own_refs, words, errors_a, errors_b = 0, 0, [], [], []
     for utterance in utterances:
         record = theirs.get(utterance["id"])
         if record is None:
             utterance["compare"] = None
             continue
-        hyp = record.get("hyp", "")
-        scores = _scores(utterance["ref"], hyp)
+        hyp, ref = record.get("hyp", ""), record.get("ref")
+        if ref is None:  # B kept no reference: A's is the utterance's
+            ref = utterance["ref"]
+        elif utterance["ref"] is not None and ref != utterance["ref"]:
+            own_refs += 1  # B's model normalises text otherwise: its metrics.json scored this
+        scores = _scores(ref, hyp)
         utterance["compare"] = {"hyp": hyp, **{k: scores[k] for k in ("wer", "errors", "ops")}}
         both += 1
         if utterance["errors"] is not None:
@@ -204,6 +209,7 @@ def _compared(
     ours = {u["id"] for u in utterances}
     missing = [(len(ours) - both, f"of {len(ours)} utterances not in {other}"),
                (len(set(theirs) - ours), f"utterances of {other} not in this decode")]  # fmt: skip
+    missing.append((own_refs, f"utterances with another reference in {other}, scored by it"))
     notes = [f"{count} {what}" for count, what in missing if count]
     compare = {
         "title_a": "/".join(folder.resolve().parts[-2:]),  # e.g. the model's folder and split
@@ -248,7 +254,7 @@ def decode_data(
         notes += missing
 
     def worst(u: dict[str, Any]) -> float:
-        return max(u["wer"] or 0, (u.get("compare") or {}).get("wer") or 0)
+        return max(_worst_wer(u), _worst_wer(u.get("compare") or {}))
 
     worst_first = sorted(range(len(records)), key=lambda i: -worst(utterances[i]))
     for i in _bar(worst_first, progress, "explore"):
@@ -576,6 +582,13 @@ def _flags(record: dict[str, Any]) -> list[str]:
     return flags
 
 
+def _worst_wer(scores: dict[str, Any]) -> float:
+    """Scores' WER for the order of maps: words said against an empty reference go first."""
+    if scores.get("wer") is None:
+        return math.inf if any((scores.get("errors") or {}).values()) else 0.0
+    return scores["wer"]
+
+
 def _scores(ref: str | None, hyp: str) -> dict[str, Any]:
     """Per-utterance WER, S/D/I and the word alignment ops for the page."""
     if ref is None:
@@ -594,11 +607,8 @@ def _scores(ref: str | None, hyp: str) -> dict[str, Any]:
         else:
             ops += [[kind, alignment.ref[r], h] for r, h in zip(refs, hyps)]
     errors = alignment.errors
-    words = max(errors.reference_length, 1)
     return {
-        "wer": round(
-            100 * (errors.substitutions + errors.deletions + errors.insertions) / words, 2
-        ),
+        "wer": round(100 * errors.rate, 2) if math.isfinite(errors.rate) else None,
         "errors": {"sub": errors.substitutions, "del": errors.deletions, "ins": errors.insertions},
         "ops": ops,
         "ref_words": [{"w": w, "start": None, "end": None} for w in alignment.ref],

@@ -151,16 +151,19 @@ def test_past_its_size_limit_a_page_keeps_the_worst_utterances_maps(decoded, tmp
 
 
 def test_a_page_compares_two_decodes_of_the_same_utterances(decoded, tmp_path, capsys):
-    """B's hypotheses are scored against A's references, utterance by utterance; the page says
-    how many have fewer and more errors in B and WER(B) - WER(A) with an interval holding it;
-    utterances one decode lacks are said; maps go first to the utterances either decode gets
-    most wrong; only two decode folders compare."""
+    """B's hypotheses are scored utterance by utterance against B's references, as B's
+    metrics.json is (a model that normalises text otherwise has other references); the page
+    says how many have fewer and more errors in B and WER(B) - WER(A) with an interval holding
+    it; utterances one decode lacks or references that differ are said; maps go first to the
+    utterances either decode gets most wrong; only two decode folders compare."""
     other = tmp_path / "b" / "decode_test"
     shutil.copytree(decoded, other)
     records = [json.loads(line) for line in (other / "utterances.jsonl").read_text().splitlines()]
     second, third = records[1]["ref"].split(), records[2]["ref"].split()
     records[1]["hyp"] = " ".join(second[:-1])  # one deletion
     records[2]["hyp"] = " ".join(["WRONG", *third[1:]])  # one substitution
+    records[0]["ref"] = records[0]["ref"].lower()  # B's model writes lower case, and got it
+    records[0]["hyp"] = records[0]["ref"]
     lines = [json.dumps(r) for r in records[:-1]]  # B lacks the last utterance
     (other / "utterances.jsonl").write_text("\n".join(lines) + "\n")
     (other / "metrics.json").write_text(json.dumps({"wer": 12.5, "cer": 3.0}))
@@ -181,6 +184,7 @@ def test_a_page_compares_two_decodes_of_the_same_utterances(decoded, tmp_path, c
     low, high = compare["interval"]
     assert 0 <= low <= compare["wer_difference"] <= high
     assert f"1 of 4 utterances not in {other}" in data["notes"]
+    assert f"1 utterances with another reference in {other}, scored by it" in data["notes"]
     assert compare["shared"] == 3  # what B - A is over: the page says so
     small = explore(decoded, tmp_path / "small.html", False, False, 1e-6, other)
     small = page_data(small.read_text())["utterances"]
@@ -645,6 +649,19 @@ def test_numbers_that_are_not_finite_in_a_decode_are_shown_as_absent(tmp_path):
     [row] = data["utterances"]
     assert row["duration"] is None and row["words"] == [
         {"w": "YES", "start": 0.1, "end": None, "conf": None}]  # fmt: skip
+
+
+def test_words_said_against_an_empty_reference_have_no_wer_and_get_maps_first(tmp_path):
+    """No reference words: no rate (as `asr evaluate`'s buckets), not 100 % per word said."""
+    (tmp_path / "utterances.jsonl").write_text(
+        '{"id": "said", "ref": "", "hyp": "YES NO YES"}\n'
+        '{"id": "silent", "ref": "", "hyp": ""}\n{"id": "half", "ref": "GO ON", "hyp": "GO"}\n'
+    )
+    page = explore(tmp_path, progress=False)
+    rows = {u["id"]: u for u in page_data(page.read_text())["utterances"]}
+    assert rows["said"]["wer"] is None and rows["said"]["errors"] == {"sub": 0, "del": 0, "ins": 3}
+    assert rows["silent"]["wer"] == 0 and rows["half"]["wer"] == 50
+    assert build._worst_wer(rows["said"]) > build._worst_wer(rows["half"]) > 0
 
 
 def test_a_file_or_an_out_that_cannot_be_written_is_refused_before_the_page_is_built(
