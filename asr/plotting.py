@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import functools
+import math
 import os
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -245,7 +246,9 @@ def plot_training_curves(runs: Mapping[str, Mapping[str, Curve]], metrics: Seque
         for colour, (label, curves) in zip(colours, runs.items()):
             if curves.get(metric):
                 steps, values = zip(*curves[metric])
-                ax.plot(steps, values, label=label, linewidth=1.2, color=colour)
+                alone = _isolated(values)  # a line needs two values: these get a dot
+                ax.plot(steps, values, label=label, linewidth=1.2, color=colour,
+                        marker="o", markersize=3, markevery=alone)  # fmt: skip
         ax.set_ylabel(metric)
         ax.grid(alpha=0.3)
     handles = [Line2D([], [], color=colour, linewidth=1.2) for colour in colours]
@@ -253,6 +256,16 @@ def plot_training_curves(runs: Mapping[str, Mapping[str, Curve]], metrics: Seque
     axes[-1].set_xlabel("optimizer step")
     fig.tight_layout()
     return fig
+
+
+def _isolated(values: Sequence[float]) -> list[int]:
+    """Indices of finite values with no finite value beside them: no line segment shows them."""
+    finite = [math.isfinite(v) for v in values]
+    return [
+        k
+        for k, here in enumerate(finite)
+        if here and not (k > 0 and finite[k - 1]) and not (k + 1 < len(finite) and finite[k + 1])
+    ]
 
 
 def save_figure(fig: Figure, path: str | os.PathLike) -> Path:

@@ -56,6 +56,16 @@ def test_one_panel_per_metric_one_line_per_run_that_logged_it() -> None:
     assert list(loss.lines[0].get_xdata()) == [1, 2]
 
 
+def test_a_value_without_a_finite_neighbour_is_drawn_as_a_dot() -> None:
+    """One validation, or a recovery after NaN, would draw no line segment: nothing at all."""
+    nan = float("nan")
+    recovering = [(9, 3.0), (19, 2.8), (29, nan), (39, nan), (49, 2.0)]
+    runs = {"once": {"val/loss": [(29, 3.0)]}, "nan": {"val/loss": recovering}}
+    once, recovered = plot_training_curves(runs, ["val/loss"]).axes[0].lines
+    assert once.get_marker() == "o" and once.get_markevery() == [0]
+    assert recovered.get_markevery() == [4]
+
+
 def test_a_run_keeps_its_colour_in_panels_where_an_earlier_run_logged_nothing() -> None:
     runs = {"a": {"val/loss": [(1, 2.0)]}, "b": {"val/loss": [(1, 2.5)], "val/wer": [(1, 9.0)]}}
     loss, wer = plot_training_curves(runs, ["val/loss", "val/wer"]).axes
