@@ -60,7 +60,7 @@ def _tokenizer(payload: dict[str, Any], path: str | os.PathLike) -> Tokenizer:
     size = payload["model_config"].get("vocab_size")
     if size is not None and size != tokenizer.vocab_size:
         raise CheckpointError(
-            f"{path}: its tokenizer has {tokenizer.vocab_size} ids, its model {size}: not the "
+            f"{path}: its tokenizer has {tokenizer.vocab_size} ids, its model {size!r}: not the "
             "tokenizer it was trained with"
         )
     return tokenizer

@@ -265,13 +265,18 @@ def _read_config(folder: Path) -> dict[str, Any]:
         raise CheckpointError(
             f"{path}: not an asr model package config (no format: asr-model-package)"
         )
-    if config.get("format_version", 0) > PACKAGE_VERSION:
+    version = config.get("format_version", 0)
+    if not isinstance(version, int) or isinstance(version, bool) or version < 0:
+        raise CheckpointError(f"{path}: format_version {version!r} is not a whole number")
+    if version > PACKAGE_VERSION:
         raise CheckpointError(
             f"{path}: package format {config['format_version']} is newer than this asr reads "
             f"({PACKAGE_VERSION}): upgrade asr"
         )
     if not isinstance(config.get("model_config"), dict):
         raise CheckpointError(f"{path}: no model_config, which builds the network")
+    if not isinstance(config.get("assets", []), list):
+        raise CheckpointError(f"{path}: assets is {config['assets']!r}, not a list of file names")
     return config
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import itertools
+import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
@@ -442,15 +443,44 @@ def load_model(
             f"{path}: its stored decoding or confidence settings do not load "
             f"({type(err).__name__}: {err}); written by a newer asr?"
         ) from None
+    segment_seconds, tokens_per_second, heads = _stored_settings(payload, path)
     return Recognizer(
         model,
         tokenizer,
         model.sample_rate,
         str(path),
         precision,
-        payload.get("segment_seconds"),
+        segment_seconds,
         search,
-        payload.get("tokens_per_second"),
-        payload.get("alignment_heads"),
+        tokens_per_second,
+        heads,
         confidence,
     )
+
+
+def _stored_settings(
+    payload: dict[str, Any], path: str | os.PathLike
+) -> tuple[float | None, float | None, list[int] | None]:
+    """The payload's segment_seconds, tokens_per_second and alignment_heads; CheckpointError
+    names `path` where one is malformed (an edited package config), not a later transcribe."""
+
+    def positive(name: str) -> float | None:
+        value = payload.get(name)
+        if value is None or (_is_number(value) and math.isfinite(value) and value > 0):
+            return value
+        raise CheckpointError(f"{path}: {name} is {value!r}, not a positive number")
+
+    heads = payload.get("alignment_heads")
+    if heads is not None and not (
+        isinstance(heads, list) and heads and all(_is_index(h) for h in heads)
+    ):
+        raise CheckpointError(f"{path}: alignment_heads is {heads!r}, not a list of map indices")
+    return positive("segment_seconds"), positive("tokens_per_second"), heads
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _is_index(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0

@@ -423,10 +423,17 @@ def test_a_config_this_asr_cannot_build_is_named(package):
         (lambda c: c.update(confidence_scaling={"scale": 1.0}),
          r"its stored decoding or confidence settings do not load \(KeyError: 'bias'\)"),
         (lambda c: c.pop("model_config"), r"config\.json: no model_config"),
+        (lambda c: c.update(format_version="1"), r"format_version '1' is not a whole number"),
+        (lambda c: c.update(assets=None), r"assets is None, not a list of file names"),
+        (lambda c: c.update(segment_seconds="5"), r"segment_seconds is '5', not a positive"),
+        (lambda c: c.update(tokens_per_second=-1), r"tokens_per_second is -1, not a positive"),
+        (lambda c: c.update(alignment_heads="0,1"), r"alignment_heads is '0,1', not a list"),
+        (lambda c: c["model_config"].update(vocab_size="31"), r"its model '31': not the"),
     ],
 )  # fmt: skip
 def test_package_settings_this_asr_cannot_read_are_named(package, edit, said):
-    """A newer asr's search option or an edited config.json: the package named, no traceback."""
+    """A newer asr's search option or an edited config.json: the package named when it loads,
+    no traceback then or in a later transcribe."""
     config = json.loads((package / CONFIG_FILE).read_text())
     edit(config)
     (package / CONFIG_FILE).write_text(json.dumps(config))
