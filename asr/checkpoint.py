@@ -365,6 +365,9 @@ def average_checkpoints(paths: Sequence[str | os.PathLike], out: str | os.PathLi
             f"{out} holds a training state (asr fit resumes from it): write the average elsewhere"
         )
     states = [load_checkpoint(p) for p in paths]
+    for path, state in zip(paths, states):
+        if not isinstance(state.get("state_dict"), dict):
+            raise CheckpointError(f"{path}: no state_dict inside (not written by `asr fit`?)")
     first = states[0]["state_dict"]
     for path, state in zip(paths[1:], states[1:]):
         if state["state_dict"].keys() != first.keys():
