@@ -172,6 +172,14 @@ def test_the_cli_exports_a_fit_checkpoint_with_its_cmvn_statistics(fit_checkpoin
         assert torch.equal(a[0].hypothesis.attention, b[0].hypothesis.attention)
 
 
+def test_a_quoted_home_checkpoint_exports_as_it_loads(overfit_checkpoint, tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    shutil.copy(overfit_checkpoint, tmp_path / "model.ckpt")
+    out = tmp_path / "pkg"
+    assert main(["export", "--checkpoint", "~/model.ckpt", "--out", str(out)]) == 0
+    assert (out / CONFIG_FILE).is_file()
+
+
 def test_finalize_stores_a_scaling_that_checkpoint_and_package_words_carry(
     overfit_checkpoint, tmp_path, capsys
 ):
@@ -503,6 +511,9 @@ def test_finalize_on_a_package_says_what_to_do(package, tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["finalize", *args, "--lm", "lm.ckpt", "--lm-weight", "0.8"])
     assert "unrecognized arguments: --lm lm.ckpt --lm-weight 0.8" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # it rewrites a checkpoint: ONNX graphs come from packages
+        main(["finalize", *args, "--backend", "onnx"])
+    assert "unrecognized arguments: --backend onnx" in capsys.readouterr().err
     for model in (str(package), "hf://me/tiny-an4"):  # said before any decoding or download
         assert main(["finalize", "--model", model, "--manifest", "missing.jsonl"]) == 2
         assert f"{model}: a model package; finalize" in capsys.readouterr().err

@@ -757,9 +757,13 @@ def _add_search_arguments(p: argparse.ArgumentParser, model_help: str = MODEL_HE
 
 
 def _add_decoding_arguments(
-    p: argparse.ArgumentParser, model_help: str = MODEL_HELP, fusion: bool = True
+    p: argparse.ArgumentParser,
+    model_help: str = MODEL_HELP,
+    fusion: bool = True,
+    backend: bool = True,
 ) -> None:
-    """The search arguments, with (`fusion`) `--lm` and `--lm-weight`, and the device's."""
+    """The search arguments, with (`fusion`) `--lm` and `--lm-weight`, and the device's (with
+    `backend`, --backend)."""
     from asr.search import DEFAULT_LM_WEIGHT
 
     _add_search_arguments(p, model_help)
@@ -770,12 +774,12 @@ def _add_decoding_arguments(
             type=non_negative,
             help=f"fusion weight ({DEFAULT_LM_WEIGHT} with --lm; 0 decodes as without it)",
         )
-    _add_device_arguments(p)
+    _add_device_arguments(p, backend)
     p.add_argument("--batch-size", type=count, default=8, help="utterances or segments per batch")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
 
 
-def _add_device_arguments(p: argparse.ArgumentParser) -> None:
+def _add_device_arguments(p: argparse.ArgumentParser, backend: bool = True) -> None:
     from asr.loading import BACKENDS
     from asr.precision import BF16_STEP_ROWS, PRECISIONS
 
@@ -787,6 +791,8 @@ def _add_device_arguments(p: argparse.ArgumentParser) -> None:
         help=f"bf16: the encoder (and the search steps from {BF16_STEP_ROWS} hypotheses, batch x "
         "beam) under bf16 autocast: faster on GPUs and on CPUs with AVX-512 bf16 or AMX (fp32)",
     )
+    if not backend:
+        return
     p.add_argument(
         "--backend",
         choices=BACKENDS,
@@ -1050,6 +1056,7 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
             "a recognizer checkpoint of `asr fit` or average (a package "
             "is finalized as its checkpoint, then exported again)",
             fusion=False,
+            backend=False,  # it rewrites a checkpoint; ONNX graphs come from a package
         )
         p.add_argument("--manifest", required=True, help="JSONL manifest with references (dev)")
     p.set_defaults(run=_finalize)
@@ -1498,6 +1505,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     command = next((a for a in argv if not a.startswith("-")), None)
     args = _parser(command).parse_args(argv)
+    if str(getattr(args, "checkpoint", None)).startswith("~"):  # quoted: as load_model reads it
+        args.checkpoint = os.path.expanduser(args.checkpoint)  # and written back (finalize)
     try:
         return args.run(args)
     except BrokenPipeError:  # the reader of stdout went away (`| head`): end quietly, as tools do
