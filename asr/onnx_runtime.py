@@ -319,6 +319,7 @@ class OnnxStreamingEncoder(OnnxEncoder):
         super().__init__(session, shortest)
         self.chunk_session = chunk
         self.subsampling = encoder.subsampling
+        self.chunk_training = getattr(encoder, "chunk_training", None)  # the same warnings
         self._empty = encoder.empty_cache(1, torch.zeros(1))
         self.names = _cache_names(self._empty)
 

@@ -127,6 +127,30 @@ def test_sessions_do_not_spin_wait_unless_asked(overfit, tmp_path):
             assert options.get_session_config_entry(SPIN_WAIT_ENTRY) == entry
 
 
+def test_absolute_positions_past_the_table_run_on_onnx_runtime_as_on_pytorch(tmp_path):
+    """PyTorch grows its table of sinusoids; the graphs compute them, offline and in chunks.
+    Trained at full context only, the model is said to lose accuracy in chunks on both."""
+    tokenizer = CharTokenizer.train(["YES NO GO"])
+    config = copy.deepcopy(TINY_MODEL_CONFIG) | {"vocab_size": tokenizer.vocab_size}
+    config["encoder"]["init_args"]["max_len"] = 8  # 1.2 s of audio: 29 encoder frames
+    torch.manual_seed(0)
+    model = instantiate(build_seq2seq, config).eval()
+    export_onnx(model, tmp_path, 16000, int8=False)
+    onnx = onnx_model(model, tmp_path)
+    feats, feat_lens = model.frontend(torch.randn(1, 19200) * 0.1, torch.tensor([19200]))
+    ours, theirs = onnx.encoder(feats, feat_lens)[0], model.encoder(feats, feat_lens)[0]
+    torch.testing.assert_close(ours, theirs, atol=1e-4, rtol=1e-4)
+    recognizers = [Recognizer(m, tokenizer, 16000, "abs") for m in (model, onnx)]
+    wave = torch.randn(24000) * 0.1
+    finals = []
+    for recognizer in recognizers:
+        with pytest.warns(UserWarning, match="trained at full context only"):
+            stream = recognizer.stream(chunk_ms=160, endpoint=None)
+        stream.accept(wave)
+        finals.append(stream.final())
+    assert finals[0].text == finals[1].text
+
+
 def test_an_rnn_attention_model_decodes_the_same_on_onnx_runtime(tmp_path):
     """Pyramidal BiLSTM, location-aware attention, CTC head (random weights: the hypotheses
     mean nothing, but both backends must find the same ones)."""

@@ -158,7 +158,13 @@ class PositionalEncoding(nn.Module):
     def forward(self, x: Tensor, offset: int | Tensor = 0) -> Tensor:
         """Args: x `(B, T, d_model)`, offset of the first position (or one per row `(B,)`).
         Returns: `(B, T, d_model)`."""
-        if isinstance(offset, Tensor) and offset.dim() == 1:
+        rows = isinstance(offset, Tensor) and offset.dim() == 1
+        if torch.onnx.is_in_onnx_export():  # a table would be frozen at its traced size
+            steps = torch.arange(x.size(1), device=x.device)
+            positions = offset[:, None] + steps if rows else offset + steps  # (B, T) or (T,)
+            pe = sinusoid_embedding(positions.reshape(-1), self.d_model).to(x.dtype)
+            return self.dropout(x * self.scale + pe.reshape(*positions.shape, -1))
+        if rows:
             positions = offset[:, None] + torch.arange(x.size(1), device=x.device)  # (B, T)
             self._grow(int(positions.max()) + 1 if positions.numel() else 0)
             return self.dropout(x * self.scale + self.pe[positions])
