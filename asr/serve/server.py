@@ -295,7 +295,10 @@ class LiveServer:
     def _page(self, connection: ServerConnection, request: Request) -> Response | None:
         """Plain HTTP requests get the live page, or /health; WebSocket upgrades go through,
         unless a browser opens them from another site's page."""
-        if request.headers.get("Upgrade", "").lower() == "websocket":
+        upgrades = request.headers.get_all("Upgrade")
+        if len(upgrades) > 1:  # which one the client meant is not ours to guess
+            return connection.respond(400, "several Upgrade headers\n")
+        if upgrades and upgrades[0].lower() == "websocket":
             origin = self._foreign_origin(request)
             if origin is None:
                 return None

@@ -402,6 +402,10 @@ def test_a_browser_may_open_the_socket_only_from_the_servers_own_page(trained) -
         with pytest.raises(InvalidStatus):
             sock = socket.create_connection(("127.0.0.1", port))
             connect(f"ws://{rebound}/", sock=sock, origin=f"http://{rebound}")
+        with socket.create_connection(("127.0.0.1", port)) as sock:  # no 500 and traceback
+            sock.sendall(b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\n"
+                         b"Upgrade: h2c\r\nConnection: Upgrade\r\n\r\n")  # fmt: skip
+            assert sock.recv(4096).startswith(b"HTTP/1.1 400 ")
     for value in ("asr.example.org", "https://user@asr.example.org", "https://a.example/",
                   "http://127.1", "http://*.example"):  # fmt: skip
         with pytest.raises(ValueError, match=f"{re.escape(repr(value))} is not an origin"):
