@@ -16,7 +16,8 @@ from asr.cli.console import PCM_BLOCK_SECONDS, Lines, StdinPcm, ctrl_c_ends_the_
 
 SILENT_SERVER = 60.0  # seconds without a message from a server that decodes in chunks
 # Audio a file is sent ahead of what a server decoding in chunks has decoded: a Ctrl-C ends
-# the input where it is, not after all that the socket's buffers took.
+# the input where it is, not after all that the socket's buffers took. A server's first chunk
+# (or every chunk) that is longer is sent whole, or no partial would ever come.
 AHEAD_SECONDS = 5.0
 
 
@@ -26,16 +27,24 @@ class _Heard:
     def __init__(self) -> None:
         # paced until "ready" says the server decodes at full context (it sends no partials)
         self.seconds, self.chunked, self.ended = 0.0, True, False
+        self.ahead = AHEAD_SECONDS
         self.news = asyncio.Event()
+
+    def ready(self, message: dict) -> None:
+        """The server's "ready": whether it decodes in chunks, and how long they are."""
+        chunks = [message.get(k) for k in ("chunk_ms", "first_chunk_ms")]
+        self.chunked = bool(chunks[0])
+        longest = max((c for c in chunks if isinstance(c, (int, float))), default=0) / 1000
+        self.ahead = max(AHEAD_SECONDS, 2 * longest)  # a whole chunk, and the next on its way
 
     def hear(self, seconds: float) -> None:
         self.seconds = max(self.seconds, seconds)
         self.news.set()
 
     async def wait_until_within(self, sent: float, interrupted: list) -> None:
-        """Until `sent` seconds are within AHEAD_SECONDS of the decoded, where that is known."""
+        """Until `sent` seconds are within `ahead` of the decoded, where that is known."""
         while self.chunked and not (self.ended or interrupted):
-            if sent - self.seconds <= AHEAD_SECONDS:
+            if sent - self.seconds <= self.ahead:
                 return
             self.news.clear()
             with contextlib.suppress(TimeoutError):  # a Ctrl-C wakes no event: looked at often
@@ -81,8 +90,10 @@ async def _connect(
     for name in args.audio:
         if len(args.audio) > 1 and not args.jsonl:
             print(name, file=out)
-        if name == "-":  # stdin comes at its own pace
-            start, sent, waits = {"format": "s16le"}, stdin.pieces(rate, interrupted), True
+        heard = _Heard()
+        if name == "-":  # stdin comes at its own pace, until the server closes too
+            start, waits = {"format": "s16le"}, True
+            sent = stdin.pieces(rate, interrupted, lambda heard=heard: heard.ended)
         else:
             try:
                 wave = load_audio(name, rate).numpy().astype("<f4")
@@ -102,7 +113,6 @@ async def _connect(
                 err = "the server reset the connection" + (" (is it serving TLS?)" if tls else "")
             raise ValueError(f"cannot connect to {args.url}: {err}{hint}") from None
         async with ws:
-            heard = _Heard()
             reader = asyncio.create_task(_print_results(ws, lines, name, args.jsonl, heard))
             bytes_per_second = rate * (2 if start["format"] == "s16le" else 4)
             try:
@@ -174,7 +184,7 @@ async def _print_results(
                 result = json.loads(message)
                 kind = result["type"]
                 if kind == "ready":
-                    heard.chunked = bool(result.get("chunk_ms"))
+                    heard.ready(result)
                 elif kind == "partial":
                     heard.hear(result["audio_seconds"])
                     lines.partial(result["text"])

@@ -11,6 +11,7 @@ import signal
 import sys
 import threading
 import unicodedata
+from collections.abc import Callable
 from typing import IO
 
 import numpy as np
@@ -70,13 +71,15 @@ class StdinPcm:
             self._change.notify_all()
             return data
 
-    def pieces(self, rate: int, interrupted: list[int]):
+    def pieces(self, rate: int, interrupted: list[int], gone: Callable[[], bool] = lambda: False):
         """What came, in whole samples and pieces of at most `PCM_BLOCK_SECONDS`, until stdin
-        ends or `interrupted` is not empty (a source that outlives Ctrl-C, or sends nothing,
-        does not hold the command)."""
+        ends, `interrupted` is not empty or `gone()` (the reader went away) is true: a source
+        that outlives Ctrl-C, or sends nothing, does not hold the command."""
         block = int(PCM_BLOCK_SECONDS * rate) * 2
         carry = b""
         while (data := self._take(PCM_BLOCK_SECONDS)) is not None:
+            if gone():
+                return
             if not data:
                 if interrupted:
                     return

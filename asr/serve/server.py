@@ -6,7 +6,7 @@ Protocol (one recording per connection; docs/streaming.md):
   `s16le`, little-endian 16-bit PCM, or `f32le`; `"alignment": true` asks for each final's
   cross-attention), then binary messages of mono PCM, then `{"type": "end"}`;
 - server: `{"type": "ready", ...}`, then `{"type": "partial", "text", "utterance",
-  "audio_seconds"}` after each chunk that changes the live text, `{"type": "final", "text",
+  "audio_seconds"}` after every chunk, `{"type": "final", "text",
   "start", "end", "words", "utterance"}` at each endpoint (and `"alignment": {"tokens",
   "frame_seconds", "shape", "data"}` where asked: `shape` `(tokens, frames)` of the timing
   heads' mean attention, each row scaled to its peak, as base64 bytes; null for a model

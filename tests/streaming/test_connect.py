@@ -93,6 +93,36 @@ def test_a_file_waits_for_the_server_before_it_says_it_is_ready(tmp_path):
     assert 0 < seconds <= asr.cli.connect.AHEAD_SECONDS + 0.5, seconds
 
 
+def test_a_first_chunk_longer_than_the_lead_is_sent_whole(tmp_path):
+    """A server's first partial comes only after its first chunk: one longer than
+    AHEAD_SECONDS is sent whole (a chunk further), or the client would wait for good."""
+    path = tmp_path / "a.wav"
+    soundfile.write(path, np.zeros(RATE * 8, dtype=np.float32), RATE)
+    received = []
+
+    async def long_first_chunk(ws):
+        await ws.recv()
+        await ws.send(json.dumps({"type": "ready", "chunk_ms": 160, "first_chunk_ms": 6000}))
+        got, partial = 0, False
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(5):
+                async for message in ws:
+                    if not isinstance(message, bytes):  # "end"
+                        await ws.send(json.dumps({"type": "done", "text": "", "duration": 8}))
+                        break
+                    got += len(message)
+                    if got >= 6 * RATE * 4 and not partial:
+                        partial = True
+                        said = {"type": "partial", "text": "", "utterance": 0, "audio_seconds": 6}
+                        await ws.send(json.dumps(said))
+        received.append(got / 4 / RATE)
+        await ws.close()
+
+    with fake_server(long_first_chunk) as url:
+        assert main(["connect", url, str(path)]) == 0
+    assert received == [8.0]
+
+
 @pytest.mark.usefixtures("ctrl_c")
 def test_a_second_ctrl_c_stops_at_once_when_the_server_answers_nothing(tmp_path):
     """The first ends the input and waits for the last finals; the second leaves without the

@@ -853,7 +853,7 @@ def test_connect_streams_stdin_until_ctrl_c(server, trained, monkeypatch, capsys
     data = pcm16(waves[UID])
     sent = []
 
-    def microphone(rate: int, interrupted: list):
+    def microphone(rate: int, interrupted: list, gone=None):
         for start in range(0, 16000, 3200):  # 0.5 s, then Ctrl-C
             sent.append(data[start : start + 3200])
             yield sent[-1]
@@ -948,6 +948,23 @@ def test_connect_says_why_a_full_server_refused_it(trained, monkeypatch, capsys)
             assert main(["connect", url, wav]) == 1
     said = capsys.readouterr().err
     assert said == f"asr connect: error: {wav}: the server is full (1 stream): try later\n"
+
+
+def test_connect_leaves_a_paused_stdin_once_the_server_has_closed(trained, monkeypatch, capsys):
+    """A source that pauses (or sends nothing) does not hold the client past the close."""
+    recognizer, waves = trained
+    read, write = os.pipe()
+    monkeypatch.setattr(sys, "stdin", os.fdopen(read, "rb"))
+    os.write(write, pcm16(waves[UID])[:16000])  # half a second, then nothing
+    closing = threading.Timer(10, os.close, [write])  # where the client waits for the pipe
+    closing.start()
+    with running_server(recognizer, OPTIONS, idle_timeout=1.0) as (_, port):
+        begun = time.monotonic()
+        assert main(["connect", f"ws://127.0.0.1:{port}/", "-"]) == 1
+        assert time.monotonic() - begun < 5
+    closing.cancel()
+    os.close(write)
+    assert "no audio for 1 s: the stream is closed" in capsys.readouterr().err
 
 
 def test_audio_queued_while_the_model_takes_the_inbox_is_not_lost(trained) -> None:
