@@ -108,7 +108,8 @@ async def _connect(
             # no keepalive pings: a server holding a fast sender back reads no pongs either
             ws = await open_socket(args.url, ssl=tls, open_timeout=args.timeout, ping_interval=None)
         except (OSError, InvalidURI, InvalidHandshake) as err:
-            hint = " (--cafile trusts it)" if isinstance(err, ssl.SSLCertVerificationError) else ""
+            untrusted = isinstance(err, ssl.SSLCertVerificationError) and not args.cafile
+            hint = " (--cafile trusts it)" if untrusted else ""
             if not str(err) and isinstance(err, ConnectionResetError):  # it says nothing itself
                 err = "the server reset the connection" + (" (is it serving TLS?)" if tls else "")
             raise ValueError(f"cannot connect to {args.url}: {err}{hint}") from None

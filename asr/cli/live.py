@@ -304,7 +304,10 @@ def serve(args: argparse.Namespace, recognizer, lm=None) -> int:
     logging.getLogger("websockets.server").setLevel(logging.WARNING)
     secure = "s" if args.certfile else ""
 
+    serving = []  # the server, for a second Ctrl-C
+
     def ready(live) -> None:
+        serving.append(live)
         chunk = live.engine.chunk_seconds
         where = f"[{args.host}]:{live.port}" if ":" in args.host else f"{args.host}:{live.port}"
         threads = torch.get_num_threads()
@@ -334,12 +337,17 @@ def serve(args: argparse.Namespace, recognizer, lm=None) -> int:
 
         def stopping() -> None:
             for sig in signals:
-                loop.remove_signal_handler(sig)
+                loop.add_signal_handler(sig, at_once)
             print(
                 "asr serve: stopping: the open streams get their finals (Ctrl-C again: at once)",
                 flush=True,
             )
             stop.set()
+
+        def at_once() -> None:
+            for live in serving:  # no closing handshakes: a peer that answers none holds 10 s
+                live.abort()
+            raise KeyboardInterrupt  # out of the loop: main says "interrupted"
 
         for sig in signals:
             loop.add_signal_handler(sig, stopping)

@@ -292,6 +292,11 @@ class LiveServer:
         await _close_all(list(self.connections))
         await self.server.wait_closed()
 
+    def abort(self) -> None:
+        """Cut every connection at once, with no closing handshake (a second Ctrl-C)."""
+        for ws in list(self.connections):
+            ws.transport.abort()
+
     def _page(self, connection: ServerConnection, request: Request) -> Response | None:
         """Plain HTTP requests get the live page, or /health; WebSocket upgrades go through,
         unless a browser opens them from another site's page."""

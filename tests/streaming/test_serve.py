@@ -616,6 +616,43 @@ def test_asr_serve_serves_the_page_and_the_socket(tiny_checkpoint, an4_fixture) 
         process.wait(10)
 
 
+def test_a_second_ctrl_c_stops_the_server_at_once_while_a_peer_answers_nothing(
+    tiny_checkpoint,
+) -> None:
+    """A peer that dropped off the network answers no close: the first Ctrl-C waits for it,
+    the second cuts it off rather than wait out the closing handshake."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    command = [sys.executable, "-m", "asr", "serve", "--model", str(tiny_checkpoint["checkpoint"]),
+               "--port", str(port), "--chunk-ms", "320"]  # fmt: skip
+    at_a_terminal = lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)  # noqa: E731 - not `&`
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               preexec_fn=at_a_terminal)  # fmt: skip
+    try:
+        while f"http://127.0.0.1:{port}/" not in (line := process.stdout.readline()):
+            assert line, "the server ended"
+        with socket.create_connection(("127.0.0.1", port)) as deaf:
+            deaf.sendall(b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\n"
+                         b"Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+                         b"Sec-WebSocket-Version: 13\r\n\r\n")  # fmt: skip
+            assert deaf.recv(4096).startswith(b"HTTP/1.1 101 ")
+            start = START.encode()
+            deaf.sendall(bytes([0x81, 0x80 | len(start)]) + bytes(4) + start)  # masked by 0s
+            assert b'"ready"' in deaf.recv(4096)
+            process.send_signal(signal.SIGINT)
+            while "stopping" not in (line := process.stdout.readline()):
+                assert line, "the server ended"
+            begun = time.monotonic()
+            process.send_signal(signal.SIGINT)
+            assert process.wait(10) == 130
+            assert time.monotonic() - begun < 5
+        assert "asr serve: interrupted" in process.stdout.read()
+    finally:
+        process.kill()
+        process.wait(10)
+
+
 @pytest.fixture(scope="module")
 def certificate(tmp_path_factory) -> tuple[Path, Path]:
     return self_signed_certificate(tmp_path_factory.mktemp("tls"))
