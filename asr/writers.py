@@ -223,7 +223,9 @@ def write_text_atomically(path: str | os.PathLike, text: str) -> None:
         raise FileNotFoundError(f"{path}: no folder {path.parent} to write it in")
     partial = partial_path(path)
     try:
-        partial.write_text(text, encoding="utf-8")
+        # a file name that is not UTF-8 (its bytes as lone surrogates) goes as `\udcXX`, which
+        # JSON reads back as the same name
+        partial.write_text(text, encoding="utf-8", errors="backslashreplace")
         os.replace(partial, path)
     except OSError:  # a folder in the file's place, a full disk: no partial left behind
         partial.unlink(missing_ok=True)
@@ -235,8 +237,8 @@ def partial_path(path: Path) -> Path:
     within 9 bytes of the file system's 255, one made from its digest (else a name that fits
     would fail to be written)."""
     name = f".{path.name}.partial"
-    if len(name.encode()) > 255:
-        name = f".{hashlib.blake2b(path.name.encode(), digest_size=16).hexdigest()}.partial"
+    if len(os.fsencode(name)) > 255:  # a name's bytes as the file system has them
+        name = f".{hashlib.blake2b(os.fsencode(path.name), digest_size=16).hexdigest()}.partial"
     return path.with_name(name)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import PurePath
 
 import pytest
@@ -97,6 +98,16 @@ def test_files_are_written_whole_through_a_partial_file(tmp_path):
     assert path.read_text() == "YES\n" and not partial.exists()
     asr.write_txt(transcript(), path)
     assert path.read_text() == "YES NO GO U\tM\n" and sorted(tmp_path.iterdir()) == [path]
+
+
+def test_a_file_name_that_is_not_utf8_is_written_and_its_json_names_it(tmp_path):
+    """Latin-1 names of an old archive: Python holds their bytes as lone surrogates."""
+    audio = tmp_path / os.fsdecode(b"caf\xe9.wav")
+    audio.write_bytes(b"")
+    path = tmp_path / os.fsdecode(b"caf\xe9.json")
+    write_text_atomically(path, render(transcript(), "json", str(audio)))
+    assert os.fsencode(json.loads(path.read_text(encoding="utf-8"))["audio"]) == os.fsencode(audio)
+    assert sorted(tmp_path.iterdir()) == sorted([audio, path])
 
 
 def test_a_name_near_the_longest_a_folder_takes_is_written(tmp_path):

@@ -586,7 +586,7 @@ def run_share(
                 line["record"] = output_record(item, text, seconds, formats)
             else:
                 line["error"] = result.error.reason
-            part.write(json.dumps(line, ensure_ascii=False) + "\n")
+            part.write(json.dumps(line) + "\n")  # ASCII: file names that are not UTF-8 too
             part.flush()  # a killed run keeps what it finished
 
         transcribe(args, share, note)

@@ -141,7 +141,7 @@ def explore(
     }
     data = gather[kind](folder, _Media(out.parent, link_audio, _Budget(max_mb)), progress)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(build_page(data), encoding="utf-8")
+    out.write_text(build_page(data), encoding="utf-8", errors="backslashreplace")  # as writers
     return out
 
 

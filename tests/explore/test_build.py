@@ -651,6 +651,14 @@ def test_numbers_that_are_not_finite_in_a_decode_are_shown_as_absent(tmp_path):
         {"w": "YES", "start": 0.1, "end": None, "conf": None}]  # fmt: skip
 
 
+def test_a_folder_whose_name_is_not_utf8_gets_its_page(tmp_path):
+    folder = tmp_path / os.fsdecode(b"decode_caf\xe9")
+    folder.mkdir()
+    (folder / "utterances.jsonl").write_text('{"id": "u1", "ref": "YES", "hyp": "YES"}\n')
+    data = page_data(explore(folder, progress=False).read_text())
+    assert data["title"].endswith(folder.name) and data["utterances"][0]["wer"] == 0
+
+
 def test_words_said_against_an_empty_reference_have_no_wer_and_get_maps_first(tmp_path):
     """No reference words: no rate (as `asr evaluate`'s buckets), not 100 % per word said."""
     (tmp_path / "utterances.jsonl").write_text(
