@@ -78,6 +78,12 @@ class StreamOptions:
             value = getattr(self, name)
             if value is not None and not 0 < value < math.inf:
                 raise ValueError(f"{name} must be positive and finite (or None), got {value}")
+        chunked_only = [n for n in ("first_chunk_ms", "max_context_ms") if getattr(self, n)]
+        if self.chunk_ms is None and chunked_only:
+            raise ValueError(
+                f"{', '.join(chunked_only)}: settings of chunks, and chunk_ms None decodes at "
+                "full context"
+            )
         if None not in (self.chunk_ms, self.first_chunk_ms) and self.first_chunk_ms < self.chunk_ms:
             raise ValueError(
                 f"first_chunk_ms ({self.first_chunk_ms:g}) must be at least chunk_ms "

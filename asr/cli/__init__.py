@@ -347,7 +347,7 @@ def _transcribe(args: argparse.Namespace) -> int:
         raise ValueError(f"{', '.join(args.live_options)}: options of --streaming; give it too")
     if args.streaming:
         from asr.cli.console import StdinPcm
-        from asr.cli.live import transcribe_streaming
+        from asr.cli.live import stream_options, transcribe_streaming
 
         if args.workers is not None:
             raise ValueError("--streaming decodes one input after the other: no --workers")
@@ -364,6 +364,18 @@ def _transcribe(args: argparse.Namespace) -> int:
                 f"{', '.join(given)}: not taken by --streaming, whose finals keep up to 5 "
                 "alternatives and take the model's own length settings (asr finalize)"
             )
+        cutting = {"vad": "--vad", "max_segment_seconds": "--max-segment-seconds",
+                   "min_silence_seconds": "--min-silence-seconds",
+                   "silence_threshold_db": "--silence-threshold-db"}  # fmt: skip
+        given = [option for name, option in cutting.items() if getattr(args, name) is not None]
+        if given:
+            raise ValueError(
+                f"{', '.join(given)}: not taken by --streaming, which ends utterances at "
+                "endpoints (--endpoint-silence, --silence-from silero)"
+            )
+        if args.timestamps == "ctc":  # no torch import yet: stdin is read first
+            raise ValueError("--timestamps ctc: --streaming times words by attention alone")
+        stream_options(args)  # its errors before the model loads
         _set_threads(args.threads)
         stdin = StdinPcm() if "-" in args.audio else None  # the microphone is heard meanwhile
         recognizer = _load_model(args)

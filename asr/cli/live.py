@@ -11,6 +11,7 @@ import itertools
 import json
 import logging
 import os
+import re
 import signal
 import sys
 from pathlib import Path
@@ -102,18 +103,29 @@ def stream_options(args: argparse.Namespace) -> StreamOptions:
         endpoint = EndpointOptions(
             trailing_silence=args.endpoint_silence, silence_from=args.silence_from
         )
+    elif "--silence-from" in args.live_options:
+        raise ValueError("--silence-from hears the silence of endpoints: --endpoint-silence 0 "
+                         "has none")  # fmt: skip
     lm_weight = args.lm_weight
     if lm_weight is None and args.lm:
         lm_weight = DEFAULT_LM_WEIGHT
+    chunked = [o for o in ("--first-chunk-ms", "--max-context-ms") if o in args.live_options]
+    if not args.chunk_ms and chunked:
+        raise ValueError(f"{', '.join(chunked)}: settings of chunks; --chunk-ms 0 has none")
     given = {"beam": args.beam_size, "ctc_weight": args.ctc_weight, "lm_weight": lm_weight}
-    return StreamOptions(
-        chunk_ms=args.chunk_ms or None,
-        first_chunk_ms=args.first_chunk_ms,
-        max_context_ms=args.max_context_ms,
-        endpoint=endpoint,
-        final_search=args.final_search,
-        **{k: v for k, v in given.items() if v is not None},
-    )
+    try:
+        return StreamOptions(
+            chunk_ms=args.chunk_ms or None,
+            first_chunk_ms=args.first_chunk_ms,
+            max_context_ms=args.max_context_ms,
+            endpoint=endpoint,
+            final_search=args.final_search,
+            **{k: v for k, v in given.items() if v is not None},
+        )
+    except ValueError as err:  # said of the options given, not of StreamOptions' fields
+        fields = r"\b(chunk_ms|first_chunk_ms|max_context_ms)\b"
+        said = re.sub(fields, lambda m: "--" + m[1].replace("_", "-"), str(err))
+        raise ValueError(said) from None
 
 
 def transcribe_streaming(
@@ -182,7 +194,8 @@ def transcribe_streaming(
             lines.clear()
             if args.output_dir:
                 try:
-                    _write_streamed(args, transcript, stem, audio, formats, maps)
+                    offset = 0.0 if clip is None else clip.offset  # a manifest line's clip
+                    _write_streamed(args, transcript, stem, audio, formats, maps, offset)
                 except OSError as error:  # a name too long, a folder in a file's place...
                     why = error.strerror or error
                     print(f"asr transcribe: error: {name}: cannot write its outputs ({why})",
@@ -256,9 +269,16 @@ def _recorded(data, path: str, rate: int):
 
 
 def _write_streamed(
-    args: argparse.Namespace, transcript, stem: str, audio: str, formats: list[str], maps: list
+    args: argparse.Namespace,
+    transcript,
+    stem: str,
+    audio: str,
+    formats: list[str],
+    maps: list,
+    offset: float = 0.0,
 ) -> None:
-    """The `formats` files of a stream; with --explorer its finals' maps first."""
+    """The `formats` files of a stream (of `audio` from `offset` seconds); with --explorer its
+    finals' maps first."""
     from asr.writers import write_outputs
 
     path = os.path.join(args.output_dir, stem)
@@ -270,7 +290,7 @@ def _write_streamed(
         from asr.cli.inputs import drop_explorer_of
 
         drop_explorer_of(Path(path), args.output_dir)
-    write_outputs(transcript, path, formats, audio, args.words_per_cue)
+    write_outputs(transcript, path, formats, audio, args.words_per_cue, offset)
     suffixes = formats[0] if len(formats) == 1 else "{" + ",".join(formats) + "}"
     print(f"asr transcribe: {audio}: wrote {path}.{suffixes}", file=sys.stderr)
 

@@ -697,13 +697,28 @@ def test_a_stream_searches_with_the_models_stored_settings_unless_told(
 
 
 def test_search_options_streaming_does_not_take_are_refused(capsys) -> None:
-    refused = ((["--nbest", "3"], "--nbest"), (["--length-bonus", "0"], "--length-bonus"),
-               (["--no-repair"], "--[no-]repair"))  # fmt: skip
-    for option, named in refused:
+    """Refused, not ignored: each would have decoded as without it."""
+    refused = ((["--nbest", "3"], "--nbest: not taken by --streaming"),
+               (["--length-bonus", "0"], "--length-bonus: not taken by --streaming"),
+               (["--no-repair"], "--[no-]repair: not taken by --streaming"),
+               (["--vad", "silero"], "--vad: not taken by --streaming, which ends utterances"),
+               (["--max-segment-seconds", "5", "--min-silence-seconds", "0.1"],
+                "--max-segment-seconds, --min-silence-seconds: not taken by --streaming"),
+               (["--silence-threshold-db", "-20"], "--silence-threshold-db: not taken by"),
+               (["--timestamps", "ctc"], "--timestamps ctc: --streaming times words by attention"),
+               (["--chunk-ms", "0", "--first-chunk-ms", "1280", "--max-context-ms", "320"],
+                "--first-chunk-ms, --max-context-ms: settings of chunks; --chunk-ms 0 has none"),
+               (["--endpoint-silence", "0", "--silence-from", "silero"],
+                "--silence-from hears the silence of endpoints: --endpoint-silence 0 has none"),
+               (["--first-chunk-ms", "320"],  # said as the options, not StreamOptions' fields
+                "--first-chunk-ms (320) must be at least --chunk-ms (640)"))  # fmt: skip
+    for option, said in refused:
         line = ["transcribe", "--model", "m.ckpt", "--streaming", "x.wav", *option]
         assert main(line) == 2
-        said = capsys.readouterr().err
-        assert f"{named}: not taken by --streaming" in said, said
+        err = capsys.readouterr().err
+        assert f"asr transcribe: error: {said}" in err, err
+    with pytest.raises(ValueError, match="first_chunk_ms: settings of chunks, and chunk_ms None"):
+        StreamOptions(chunk_ms=None, first_chunk_ms=1280)
 
 
 def test_transcribe_streaming_explorer_keeps_each_finals_attention(tmp_path, capsys) -> None:
@@ -747,6 +762,12 @@ def test_transcribe_streaming_explorer_keeps_each_finals_attention(tmp_path, cap
     assert [u["id"] for u in page["utterances"]] == ["two#1", "two#2"]
     assert [u["hyp"] for u in page["utterances"]] == ["YES", "GO"]
     assert all("attention" in u["arrays"] for u in page["utterances"])
+    clip = tmp_path / "clip.jsonl"  # a manifest line's stretch: the json says where it starts
+    clip.write_text(json.dumps({"audio_filepath": str(tmp_path / "two.wav"), "offset": 0.5}))
+    args[args.index(str(tmp_path / "two.wav"))] = str(clip)
+    assert transcribe_streaming(_parser("transcribe").parse_args(args), recognizer,
+                                out=io.StringIO()) == 0  # fmt: skip
+    assert json.loads((out / "two.json").read_text())["offset"] == 0.5
 
 
 def test_transcribe_streaming_output_dir_as_offline_writes_it(
