@@ -380,11 +380,16 @@ def test_stats_save_load_round_trip(tmp_path):
         ('{"count": 3, "sum": [NaN], "sum_sq": [1.0]}', "non-finite"),
         ('{"count": -1, "sum": [1.0], "sum_sq": [1.0]}', "positive integer"),
         ('{"count": 0, "sum": [0.0], "sum_sq": [0.0]}', "positive integer"),
+        (b"\x00\xf8\x01BFM ", "not JSON CMVN stats"),  # binary: Kaldi's cmvn.ark
+        ("[" * 100_000 + "]" * 100_000, "not JSON CMVN stats"),
+        ('{"count": 3, "sum": [1.0, 2.0], "sum_sq": [1.0, 2.0], "features_signature": [1.0]}',
+         "'features_signature' has 1 values, 'sum' 2"),
+        ('{"count": 1, "sum": [1e40], "sum_sq": [1e80]}', "past float32's range"),
     ],
-)
+)  # fmt: skip
 def test_corrupt_stats_file_names_the_file(tmp_path, content, reason):
     path = tmp_path / "corrupt_cmvn.json"
-    path.write_text(content)
+    path.write_bytes(content) if isinstance(content, bytes) else path.write_text(content)
     with pytest.raises(ValueError, match=reason) as error:
         CMVNStats.load(path)
     assert str(path) in str(error.value)
@@ -722,3 +727,6 @@ def test_level_normalizer_does_not_blow_up_silence():
     assert float(out[1].abs().max()) < 1e-7 * 10 ** (74 / 20) * 10, "gain capped at +74 dB"
     with pytest.raises(ValueError, match="floor_dbfs"):
         LevelNormalizer(target_dbfs=-30.0, floor_dbfs=-20.0)
+    for levels in ({"target_dbfs": 4000.0}, {"floor_dbfs": -400.0}):  # 10 ** (x / 10): past floats
+        with pytest.raises(ValueError, match="must be at most 0 .full scale., floor_dbfs"):
+            LevelNormalizer(**levels)

@@ -128,11 +128,12 @@ class CMVNStats:
         if not Path(path).is_file():
             what = "a folder, not" if Path(path).is_dir() else "no"
             raise FileNotFoundError(f"{path}: {what} CMVN statistics file (asr cmvn writes one)")
-        text = Path(path).read_text(encoding="utf-8")
         try:
-            data = json.loads(text)
+            data = json.loads(Path(path).read_text(encoding="utf-8"))
         except json.JSONDecodeError as e:
             raise ValueError(f"{path}:{e.lineno}: not valid JSON CMVN stats ({e.msg})") from e
+        except (UnicodeDecodeError, RecursionError) as e:  # a binary file (Kaldi's cmvn.ark)
+            raise ValueError(f"{path}: not JSON CMVN stats (asr cmvn writes them): {e}") from None
         try:
             return cls._from_json(data)
         except KeyError as e:
@@ -159,7 +160,14 @@ class CMVNStats:
         signature = data.get("features_signature")
         if signature is not None:
             signature = tuple(float(x) for x in signature)
-        return cls(count, total, total_sq, float(std_floor), level, rate, signature)
+            if len(signature) != total.numel():
+                raise ValueError(
+                    f"'features_signature' has {len(signature)} values, 'sum' {total.numel()}"
+                )
+        stats = cls(count, total, total_sq, float(std_floor), level, rate, signature)
+        if not (stats.mean.float().isfinite().all() and stats.std.float().isfinite().all()):
+            raise ValueError("its mean or standard deviation is past float32's range")
+        return stats
 
 
 SIGNATURE_DECIMALS = 4
@@ -263,6 +271,11 @@ class LevelNormalizer(nn.Module):
         super().__init__()
         if floor_dbfs >= target_dbfs:
             raise ValueError(f"floor_dbfs {floor_dbfs} must be below target_dbfs {target_dbfs}")
+        if not -300 < floor_dbfs < target_dbfs <= 0:  # powers of ten that float64 holds
+            raise ValueError(
+                f"target_dbfs {target_dbfs} must be at most 0 (full scale), floor_dbfs "
+                f"{floor_dbfs} above -300"
+            )
         self.target_dbfs, self.floor_dbfs = target_dbfs, floor_dbfs
 
     def forward(self, wave: Tensor, wave_lens: Tensor) -> tuple[Tensor, Tensor]:
