@@ -9,7 +9,7 @@ import math
 from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import lightning as L
 import torch
@@ -53,12 +53,14 @@ def _adamw(params) -> torch.optim.Optimizer:
     return torch.optim.AdamW(params, lr=1e-3, weight_decay=1e-6, fused=True)
 
 
-class PlateauResume(L.LightningModule):
-    """A ReduceLROnPlateau resumed as if never stopped. Lightning steps it after an epoch's
-    checkpoints are written, so a run resumed from one skipped that step: the checkpoint keeps
-    the val/loss it is owed, stepped on when training starts again. And Lightning leaves out
-    the step of an epoch resumed mid-way (its metrics are not saved), though the epoch ends
-    with a validation of its own: that step is taken here."""
+class ExactResume(L.LightningModule):
+    """A module whose resumed run goes on as if never stopped. Each rank's random state is in
+    the checkpoint, so dropout and augmentation draw what they would have. A ReduceLROnPlateau:
+    Lightning steps it after an epoch's checkpoints are written, so a run resumed from one
+    skipped that step: the checkpoint keeps the val/loss it is owed, stepped on when training
+    starts again. And Lightning leaves out the step of an epoch resumed mid-way (its metrics
+    are not saved), though the epoch ends with a validation of its own: that step is taken
+    here. (The batches are the data module's: `ResumableData`.)"""
 
     OWED_KEY = "asr_plateau_owed"
 
@@ -67,15 +69,32 @@ class PlateauResume(L.LightningModule):
         self._plateau_epoch = -1  # the epoch a ReduceLROnPlateau last stepped after
         self._plateau_owed: float | None = None
         self._validated_step = -1  # the step of the last validation (its val/loss is the latest)
+        self._resume_rng: dict | None = None
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         if self.trainer.state.fn == "fit":
             owed = self._owed_plateau_step()
             if owed is not None:
                 checkpoint[self.OWED_KEY] = owed
+            checkpoint["rng"] = {"torch": torch.get_rng_state()}
+            if self.trainer.world_size > 1:  # every rank saves; rank 0 writes all ranks' states
+                state = torch.get_rng_state()
+                states = [torch.empty_like(state) for _ in range(self.trainer.world_size)]
+                torch.distributed.all_gather(states, state)
+                checkpoint["rng"]["ranks"] = states
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         self._plateau_owed = checkpoint.get(self.OWED_KEY)
+        self._resume_rng = checkpoint.get("rng")
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        if self._resume_rng is not None:  # where the saved run stopped drawing
+            ranks = self._resume_rng.get("ranks")
+            same_world = ranks is not None and len(ranks) == self.trainer.world_size
+            torch.set_rng_state(
+                ranks[self.global_rank] if same_world else self._resume_rng["torch"]
+            )
+            self._resume_rng = None
 
     def on_train_start(self) -> None:
         if self._plateau_owed is not None:  # the saved epoch's, not this one's
@@ -121,7 +140,7 @@ class PlateauResume(L.LightningModule):
         return None
 
 
-class ASRModule(PlateauResume):
+class ASRModule(ExactResume):
     """Trains a `Seq2Seq` with joint CTC/attention loss; validates with greedy WER/CER.
 
     Args:
@@ -205,7 +224,6 @@ class ASRModule(PlateauResume):
         self._skipped_steps = 0
         self._nonfinite_streak = 0
         self._grad_norm: Tensor | None = None
-        self._resume_rng: dict | None = None
         self._repeats: set[int] = set()  # this evaluation's batches that repeat an utterance
         self._tokens_per_second: float | None = None
         self._saved_tokens_per_second: float | None = None  # --ckpt_path's, without train data
@@ -513,17 +531,9 @@ class ASRModule(PlateauResume):
                 segment_seconds=self._segment_seconds(),
                 tokens_per_second=self._fastest_speech(),
             )
-        if self.trainer.state.fn == "fit":
-            checkpoint["rng"] = {"torch": torch.get_rng_state()}
-            if self.trainer.world_size > 1:  # every rank saves; rank 0 writes all ranks' states
-                state = torch.get_rng_state()
-                states = [torch.empty_like(state) for _ in range(self.trainer.world_size)]
-                torch.distributed.all_gather(states, state)
-                checkpoint["rng"]["ranks"] = states
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         super().on_load_checkpoint(checkpoint)
-        self._resume_rng = checkpoint.get("rng")
         payload = checkpoint.get(RECOGNIZER_KEY)
         if isinstance(payload, dict):  # the length bound greedy validation decoded with
             self._saved_tokens_per_second = payload.get("tokens_per_second")
@@ -540,14 +550,7 @@ class ASRModule(PlateauResume):
             for part in (*self.model.frontend.modules(), *self.model.encoder.modules()):
                 if getattr(part, "track_running_stats", False):
                     part.train(not frozen)
-        # Dropout and SpecAugment continue exactly where the saved run stopped.
-        if self._resume_rng is not None:
-            ranks = self._resume_rng.get("ranks")
-            same_world = ranks is not None and len(ranks) == self.trainer.world_size
-            torch.set_rng_state(
-                ranks[self.global_rank] if same_world else self._resume_rng["torch"]
-            )
-            self._resume_rng = None
+        super().on_train_batch_start(batch, batch_idx)  # dropout, SpecAugment: as if unstopped
 
     def configure_optimizers(self):
         factories = self.optimizer_factory, self.scheduler_factory
@@ -703,7 +706,69 @@ def _references(batch: Batch, attention: Tensor, enc_lens: Tensor) -> list[Hypot
     ]
 
 
-class ASRDataModule(L.LightningDataModule):
+class ResumableData(L.LightningDataModule):
+    """A data module whose training loader's position is in the checkpoint, so that a run
+    resumed mid-epoch trains the batches it had left (its module: `ExactResume`). A resume
+    whose batches would differ (another world size or number of loader streams, shards
+    written again, other batching options or data) starts that epoch again, with a warning."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._resume_sampler: dict | None = None
+        self._resume_world: int | None = None  # the world size the resume point was made in
+
+    def state_dict(self) -> dict:
+        """The training sampler's position for a checkpoint: its epoch and processed batches."""
+        trainer = self.trainer
+        if trainer is None or trainer.state.fn != "fit" or trainer.train_dataloader is None:
+            return {}
+        sampler = _position_keeper(trainer.train_dataloader)
+        done = trainer.fit_loop.epoch_loop.batch_progress.current.processed
+        position = sampler.state_dict() | {"batches_yielded": done}
+        return {"train_sampler": position, "world_size": trainer.world_size}
+
+    def load_state_dict(self, state: dict) -> None:
+        self._resume_sampler = state.get("train_sampler")
+        self._resume_world = state.get("world_size")
+
+    def _resumed(self, loader: torch.utils.data.DataLoader) -> torch.utils.data.DataLoader:
+        """The training `loader`, at the checkpoint's position where it resumes that epoch."""
+        state, self._resume_sampler = self._resume_sampler, None
+        if not state or self.trainer is None or state["epoch"] != self.trainer.current_epoch:
+            return loader
+        world, self._resume_world = self._resume_world, None
+        keeper = _position_keeper(loader)
+        # each world size deals out its own batches, and a stream's each loader worker count
+        counts = (
+            ("processes", world, self.trainer.world_size),
+            ("loader worker streams", state.get("streams"), getattr(keeper, "streams", None)),
+        )
+        changed = [
+            f"resumed with {now} {what} from a checkpoint of {then}"
+            for what, then, now in counts
+            if then not in (None, now)
+        ]
+        index = getattr(getattr(keeper, "index", None), "identity", None)
+        if state.get("index") not in (None, index):
+            changed.append(f"resumed on shards written again since the checkpoint ({index})")
+        if not changed:
+            keeper.load_state_dict(state)  # its seed too: the plan is compared under it
+            plan = getattr(keeper, "plan_digest", lambda: None)()
+            if state.get("plan") not in (None, plan):
+                keeper.load_state_dict(state | {"batches_yielded": 0})
+                changed.append("resumed with other batches than the checkpoint's (other "
+                               "batching options or training data)")  # fmt: skip
+        if changed:
+            _restart_epoch(self.trainer)
+            if self.trainer.is_global_zero:
+                log.warning(
+                    "%s: epoch %d starts again from its first batch (its batches depend on "
+                    "them)", changed[0], state["epoch"],
+                )  # fmt: skip
+        return loader
+
+
+class ASRDataModule(ResumableData):
     """Manifests -> length-bucketed batches of padded audio and tokens.
 
     Args:
@@ -762,26 +827,10 @@ class ASRDataModule(L.LightningDataModule):
             self.augmenter = WaveAugmenter(augment, sample_rate)
         self.tokenizer = Tokenizer.load(tokenizer)
         self.datasets: dict[str, SpeechDataset | ShardedSpeechDataset] = {}
-        self._resume_sampler: dict | None = None
-        self._resume_world: int | None = None  # the world size the resume point was made in
 
     @property
     def vocab_size(self) -> int:
         return self.tokenizer.vocab_size
-
-    def state_dict(self) -> dict:
-        """The training sampler's position for a checkpoint: its epoch and processed batches."""
-        trainer = self.trainer
-        if trainer is None or trainer.state.fn != "fit" or trainer.train_dataloader is None:
-            return {}
-        sampler = _position_keeper(trainer.train_dataloader)
-        done = trainer.fit_loop.epoch_loop.batch_progress.current.processed
-        position = sampler.state_dict() | {"batches_yielded": done}
-        return {"train_sampler": position, "world_size": trainer.world_size}
-
-    def load_state_dict(self, state: dict) -> None:
-        self._resume_sampler = state.get("train_sampler")
-        self._resume_world = state.get("world_size")
 
     def setup(self, stage: str) -> None:
         hp = self.hparams
@@ -879,34 +928,7 @@ class ASRDataModule(L.LightningDataModule):
         )
 
     def train_dataloader(self):
-        loader = self._loader("train", shuffle=True)
-        state, self._resume_sampler = self._resume_sampler, None
-        if state and self.trainer is not None and state["epoch"] == self.trainer.current_epoch:
-            world, self._resume_world = self._resume_world, None
-            keeper = _position_keeper(loader)
-            # each world size deals out its own batches, and a stream's each loader worker count
-            counts = (
-                ("processes", world, self.trainer.world_size),
-                ("loader worker streams", state.get("streams"), getattr(keeper, "streams", None)),
-            )
-            changed = [
-                f"resumed with {now} {what} from a checkpoint of {then}"
-                for what, then, now in counts
-                if then not in (None, now)
-            ]
-            index = getattr(getattr(keeper, "index", None), "identity", None)
-            if state.get("index") not in (None, index):
-                changed.append(f"resumed on shards written again since the checkpoint ({index})")
-            if not changed:
-                keeper.load_state_dict(state)
-            else:
-                _restart_epoch(self.trainer)
-                if self.trainer.is_global_zero:
-                    log.warning(
-                        "%s: epoch %d starts again from its first batch (its batches depend on "
-                        "them)", changed[0], state["epoch"],
-                    )  # fmt: skip
-        return loader
+        return self._resumed(self._loader("train", shuffle=True))
 
     def val_dataloader(self):
         return self._loader("val", shuffle=False)

@@ -9,7 +9,6 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
-import lightning as L
 import torch
 import torch.nn.functional as F
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
@@ -20,7 +19,8 @@ from asr.checkpoint import LM_KEY, checkpoint_payload, weight_differences
 from asr.data.dataset import set_loader_epoch
 from asr.data.manifest import read_manifest
 from asr.lightning import (
-    PlateauResume,
+    ExactResume,
+    ResumableData,
     bucketed_loader,
     log_mean,
     save_hyperparameters,
@@ -69,7 +69,7 @@ def collate_text(sequences: Sequence[Sequence[int]], pad_id: int = PAD_ID) -> Te
     return TextBatch(inputs, targets, lens)
 
 
-class LMModule(PlateauResume):
+class LMModule(ExactResume):
     """Trains a token LM by cross-entropy over `y + [eos]`; logs `val/loss` and `val/ppl`.
 
     Args:
@@ -188,7 +188,7 @@ class _Sentence:
     text: str
 
 
-class TextDataModule(L.LightningDataModule):
+class TextDataModule(ResumableData):
     """Transcripts -> length-bucketed batches of token sequences under a token budget.
 
     Args:
@@ -263,7 +263,7 @@ class TextDataModule(L.LightningDataModule):
         return bucketed_loader(self, sequences, lengths, budget, collate_fn, shuffle)
 
     def train_dataloader(self):
-        return self._loader("train", shuffle=True)
+        return self._resumed(self._loader("train", shuffle=True))
 
     def val_dataloader(self):
         return self._loader("val", shuffle=False)

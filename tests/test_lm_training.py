@@ -224,6 +224,26 @@ def test_fit_lm_then_load_it_for_shallow_fusion(tiny_an4_text, tmp_path) -> None
             assert hyp.score == pytest.approx(float(expected), abs=1e-4)
 
 
+@pytest.mark.needs_corpus
+def test_an_lm_resumed_mid_epoch_ends_as_the_uninterrupted_run(tiny_an4_text, tmp_path) -> None:
+    """The batches it had left and the dropout it would have drawn: not the epoch's first
+    batches again, with its last ones never trained."""
+    data = tiny_an4_text
+    common = ["fit", "--config", data["lm.yaml"], "--data.train_manifest", data["train.jsonl"],
+              "--data.val_manifest", data["dev.jsonl"], "--data.tokenizer", data["tokenizer"],
+              "--trainer.max_epochs", "1"]  # fmt: skip
+    common += ["--model.init_args.lm.init_args.dropout", "0.3"]  # its draws resumed too
+    main([*common, "--trainer.default_root_dir", str(tmp_path / "whole")])
+    stopped = [*common, "--trainer.default_root_dir", str(tmp_path / "stopped")]
+    main([*stopped, "--trainer.max_steps", "2"])
+    main([*stopped, "--ckpt_path", "last"])
+    whole, resumed = (torch.load(tmp_path / run / "checkpoints" / "last.ckpt", weights_only=True)
+                      for run in ("whole", "stopped"))  # fmt: skip
+    assert resumed["global_step"] == whole["global_step"] > 2
+    for name, tensor in whole["state_dict"].items():
+        assert torch.equal(resumed["state_dict"][name], tensor), name
+
+
 @pytest.mark.parametrize(
     "config", sorted(str(p.relative_to(REPO / "conf")) for p in (REPO / "conf").glob("*/*.yaml"))
 )

@@ -3,6 +3,7 @@ batches from the seed and epoch and keeps an equal share of them."""
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 from collections.abc import Callable, Iterator, Sequence
@@ -104,7 +105,7 @@ class DynamicBucketSampler(Sampler[list[int]]):
         self.epoch = 0
         self._batches_yielded = 0
         self._resume_at = 0
-        self._cached_plan: tuple[tuple[int, int], list[_Indices]] | None = None
+        self._cached_plan: tuple[tuple[int, int], tuple[list, list]] | None = None
         self.oversized = [
             i for i, n in enumerate(self.lengths) if self._padded(n) > self.max_batch_length
         ]
@@ -148,8 +149,18 @@ class DynamicBucketSampler(Sampler[list[int]]):
         return {k for k, batch in enumerate(self._rank_batches()) if isinstance(batch, _Repeat)}
 
     def state_dict(self) -> dict[str, Any]:
-        """Position for mid-epoch resume; ``batches_yielded`` includes prefetched batches."""
-        return {"epoch": self.epoch, "batches_yielded": self._batches_yielded, "seed": self.seed}
+        """Position for mid-epoch resume; ``batches_yielded`` includes prefetched batches;
+        ``plan`` tells whether a resumed sampler would deal the same batches."""
+        return {"epoch": self.epoch, "batches_yielded": self._batches_yielded, "seed": self.seed,
+                "plan": self.plan_digest()}  # fmt: skip
+
+    def plan_digest(self) -> str:
+        """A digest of every rank's batches in this epoch: the same on each rank, as the
+        checkpoint (rank 0's) holds it for all."""
+        digest = hashlib.blake2b(digest_size=8)
+        for batch in self._plans()[0]:
+            digest.update(repr(list(batch)).encode())
+        return digest.hexdigest()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore a position: the next iteration skips the batches already yielded."""
@@ -187,12 +198,18 @@ class DynamicBucketSampler(Sampler[list[int]]):
 
     def _rank_batches(self) -> list[_Indices]:
         """This rank's batches for the current (seed, epoch), cached."""
+        return self._plans()[1]
+
+    def _plans(self) -> tuple[list[_Indices], list[_Indices]]:
+        """Every rank's batches, and this rank's, for the current (seed, epoch), cached."""
         key = (self.seed, self.epoch)
         if self._cached_plan is None or self._cached_plan[0] != key:
-            self._cached_plan = (key, self._plan_rank())
+            batches = self._plan()
+            mine = [batches[i] for i in self._assign_ranks(batches)[self.rank]]
+            self._cached_plan = (key, (batches, mine))
         return self._cached_plan[1]
 
-    def _plan_rank(self) -> list[_Indices]:
+    def _plan(self) -> list[_Indices]:
         generator = torch.Generator().manual_seed(self.seed + self.epoch)
         batches = self._pack(generator)
         shortest_first = self.epoch < self.shortest_first_epochs
@@ -201,7 +218,7 @@ class DynamicBucketSampler(Sampler[list[int]]):
         batches = self._make_divisible(batches)
         if shortest_first:
             batches.sort(key=self._longest)
-        return [batches[i] for i in self._assign_ranks(batches)[self.rank]]
+        return batches
 
     def _pack(self, generator: torch.Generator) -> list[_Indices]:
         """Quantile buckets, shuffled within, packed greedily under the budget."""

@@ -243,10 +243,15 @@ def test_resume_from_state_dict_yields_exactly_the_remaining_batches(consumed, g
     iterator = iter(sampler)
     head = [next(iterator) for _ in range(consumed)]
     state = sampler.state_dict()
-    assert state == {"epoch": 2, "batches_yielded": consumed, "seed": config["seed"]}
+    assert state == {"epoch": 2, "batches_yielded": consumed, "seed": config["seed"],
+                     "plan": sampler.plan_digest()}  # fmt: skip
 
     resumed = DynamicBucketSampler(**(config | {"seed": 12345}), num_replicas=2, rank=1)
     resumed.load_state_dict(state)
+    assert resumed.plan_digest() == state["plan"], "the checkpoint's seed: its batches"
+    other_rank = DynamicBucketSampler(**config, num_replicas=2, rank=0)
+    other_rank.set_epoch(2)  # the checkpoint is rank 0's: every rank compares it with its own
+    assert other_rank.plan_digest() == state["plan"] and list(other_rank) != full
     resumed.set_epoch(2)  # what Lightning does at epoch start: must keep the resume point
     assert len(resumed) == len(full), "the epoch's length, as the training loop counts it"
     assert head + list(resumed) == full
