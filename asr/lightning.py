@@ -566,7 +566,10 @@ def step_schedule(
     """`configure_optimizers` output: the optimizer, and its schedule stepped every step, or
     a ReduceLROnPlateau stepped on `val/loss` after each epoch that validates (every
     `trainer.check_val_every_n_epoch`-th; where none does, Lightning warns)."""
-    optimizer = optimizer_factory(parameters)
+    try:
+        optimizer = optimizer_factory(parameters)
+    except ValueError as err:  # torch's "Invalid learning rate": said as the setting it is
+        raise ValueError(f"model.init_args.optimizer: {err}") from None
     if scheduler_factory is None:
         return optimizer
     scheduler = scheduler_factory(optimizer)

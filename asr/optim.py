@@ -34,6 +34,8 @@ class NoamLR(LambdaLR):
     """Warmup + inverse-sqrt ("Noam") schedule peaking at the optimizer's lr (as ESPnet)."""
 
     def __init__(self, optimizer: Optimizer, warmup_steps: int = 25000):
+        if warmup_steps < 0:
+            raise ValueError(f"NoamLR warmup_steps must be at least 0, got {warmup_steps}")
         super().__init__(optimizer, lambda s: noam_factor(s, warmup_steps))
 
 
@@ -47,6 +49,13 @@ class WarmupCosineLR(LambdaLR):
         total_steps: int = 100000,
         min_ratio: float = 0.0,
     ):
+        if warmup_steps < 0 or total_steps < 1:
+            raise ValueError(
+                f"WarmupCosineLR warmup_steps must be at least 0 and total_steps at least 1, "
+                f"got {warmup_steps} and {total_steps}"
+            )
+        if not 0.0 <= min_ratio <= 1.0:  # a negative lr ascends the loss
+            raise ValueError(f"WarmupCosineLR min_ratio must be in [0, 1], got {min_ratio}")
         super().__init__(
             optimizer, lambda s: cosine_factor(s, warmup_steps, total_steps, min_ratio)
         )

@@ -14,6 +14,7 @@ import time
 import traceback
 import warnings
 from collections.abc import Sequence
+from difflib import get_close_matches
 from pathlib import Path
 from typing import Any
 
@@ -701,6 +702,7 @@ class ASRCLI(LightningCLI):
                 )
         if self.subcommand == "fit":
             _check_monitor(config)
+        _check_trainer_and_data(config)
         if str(config.trainer.precision) in HALF_WEIGHTS:
             raise ValueError(
                 f"--trainer.precision {config.trainer.precision}: the frontend makes float32 "
@@ -955,9 +957,18 @@ def _check_checkpoint_choice(command: str | None, ckpt_path: str | None, folder:
 HALF_WEIGHTS = ("bf16-true", "16-true")  # weights, not only the arithmetic, in 16 bits
 
 
+# What each module's validation logs, to choose checkpoints by
+VALIDATION_METRICS = {
+    "asr.lightning.ASRModule": ("val/loss", "val/att_loss", "val/acc", "val/ctc_loss",
+                                "val/inter_ctc_loss", "val/wer", "val/cer"),
+    "asr.lm.LMModule": ("val/loss", "val/ppl"),
+}  # fmt: skip
+
+
 def _check_monitor(config: Namespace) -> None:
-    """ValueError where checkpoints are chosen by a WER that validation will not log: the
-    run stopped with a traceback after its first epoch."""
+    """ValueError where checkpoints are chosen by a metric that validation will not log (a WER
+    without greedy decoding, a misspelt name): the run stopped with a traceback after its
+    first epoch, and no checkpoint to resume from."""
     model = config.model.get("init_args", config.model) if config.get("model") else None
     greedy = model.get("greedy_validation", True) if model is not None else True
     monitor = config.checkpoint.monitor
@@ -965,6 +976,34 @@ def _check_monitor(config: Namespace) -> None:
         raise ValueError(
             f"model.greedy_validation false logs no {monitor} to choose checkpoints by: set "
             "--checkpoint.monitor val/acc --checkpoint.mode max (or val/loss, min)"
+        )
+    kind = config.model.get("class_path") if config.get("model") else None
+    logged = VALIDATION_METRICS.get(kind, ())
+    if logged and str(monitor).startswith("val/") and monitor not in logged:
+        close = get_close_matches(monitor, logged, n=1)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        raise ValueError(
+            f"--checkpoint.monitor {monitor}: validation logs no such metric{hint}; it logs "
+            f"{', '.join(logged)}"
+        )
+
+
+def _check_trainer_and_data(config: Namespace) -> None:
+    """ValueError for settings Lightning or torch would stop on with a traceback only once
+    the data are read (or after a first batch)."""
+    accumulate = config.trainer.get("accumulate_grad_batches")
+    if isinstance(accumulate, int) and accumulate < 1:
+        raise ValueError(f"--trainer.accumulate_grad_batches {accumulate}: must be at least 1")
+    data = config.data.get("init_args", config.data) if config.get("data") else None
+    workers = data.get("num_workers") if data is not None else None
+    if isinstance(workers, int) and workers < 0:
+        raise ValueError(f"--data.num_workers {workers}: must be at least 0")
+    accelerator = str(config.trainer.get("accelerator"))
+    gpus = torch.cuda.is_available() or (accelerator == "gpu" and torch.backends.mps.is_available())
+    if accelerator in ("gpu", "cuda") and not gpus:  # Lightning's "gpu" is MPS on a Mac too
+        raise ValueError(
+            f"--trainer.accelerator {accelerator}: this machine has no CUDA GPU (a GPU config "
+            "runs here with --trainer.accelerator cpu --trainer.devices 1)"
         )
 
 

@@ -38,7 +38,7 @@ from asr.data.prepare import prepare_corpus
 from asr.data.sampler import LengthGrid
 from asr.data.shards import write_shards
 from asr.frontends import Frontend, LogMelFilterbank
-from asr.lightning import TOKEN_MULTIPLE, ASRDataModule, ASRModule
+from asr.lightning import TOKEN_MULTIPLE, ASRDataModule, ASRModule, _position_keeper
 from asr.lm import LMModule, TextDataModule
 from asr.models.lm import LSTMLM
 from asr.models.transformer import TransformerDecoder, TransformerEncoder
@@ -498,6 +498,27 @@ def test_checkpoints_chosen_by_a_wer_validation_will_not_log_are_refused(tiny_an
     assert "logs no val/wer to choose checkpoints by: set --checkpoint.monitor val/acc" in (
         refused(args, capsys))  # fmt: skip
     assert not (tmp_path / "checkpoints").exists()
+    misspelt = _fit_args(tiny_an4, tmp_path) + ["--checkpoint.monitor", "val/los"]
+    assert ("--checkpoint.monitor val/los: validation logs no such metric (did you mean "
+            "val/loss?); it logs val/loss, val/att_loss") in refused(misspelt, capsys)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("option", "said"),
+    [
+        (["--trainer.accumulate_grad_batches", "0"], "accumulate_grad_batches 0: must be at least"),
+        (["--data.num_workers", "-1"], "--data.num_workers -1: must be at least 0"),
+        (["--model.init_args.optimizer", "torch.optim.AdamW",
+          "--model.init_args.optimizer.init_args.lr", "-0.001"],
+         "model.init_args.optimizer: Invalid learning rate: -0.001"),  # once the model is built
+        pytest.param(["--trainer.accelerator", "gpu"], "this machine has no CUDA GPU",
+                     marks=pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU here")),
+    ],
+)  # fmt: skip
+def test_settings_torch_or_lightning_stop_on_are_said_not_dumped(
+    tiny_an4, tmp_path, capsys, option, said
+):
+    assert said in refused(_fit_args(tiny_an4, tmp_path) + option, capsys)
 
 
 def test_data_read_at_another_rate_than_the_frontends_is_refused(tiny_an4, tmp_path, capsys):
@@ -823,9 +844,9 @@ def test_an_audio_cache_per_loader_worker_is_said(tiny_an4, caplog):
     assert "each loader worker keeps a cache of its own, 2 copies in memory" in caplog.text
 
 
-def test_a_resume_point_of_another_world_size_restarts_its_epoch(tiny_an4, caplog):
-    """Batches are dealt out per world size: skipping the batches of another plan dropped
-    or repeated utterances without a word."""
+def test_a_resume_point_of_another_batch_plan_restarts_its_epoch(tiny_an4, caplog):
+    """Batches are dealt out per world size, and by the batching options: skipping the
+    batches of another plan dropped or repeated utterances without a word."""
     data = ASRDataModule(tiny_an4["train"], tiny_an4["dev"], tiny_an4["tokenizer"],
                          max_batch_seconds=3, num_workers=0)  # fmt: skip
     data.setup("fit")
@@ -840,6 +861,17 @@ def test_a_resume_point_of_another_world_size_restarts_its_epoch(tiny_an4, caplo
         with caplog.at_level(logging.WARNING):
             assert len(list(data.train_dataloader())) == batches
     assert "resumed with 1 processes from a checkpoint of 2: epoch 1 starts again" in caplog.text
+    planned = position | {"plan": _position_keeper(data.train_dataloader()).plan_digest()}
+    other = ASRDataModule(tiny_an4["train"], tiny_an4["dev"], tiny_an4["tokenizer"],
+                          max_batch_seconds=10, num_buckets=1, num_workers=0)  # fmt: skip
+    other.setup("fit")
+    other.trainer = data.trainer
+    for module, batches in ((data, whole - 2), (other, len(other.train_dataloader()))):
+        module.load_state_dict({"train_sampler": planned, "world_size": 1})
+        caplog.clear()
+        with caplog.at_level(logging.WARNING):
+            assert len(list(module.train_dataloader())) == batches
+    assert "resumed with other batches than the checkpoint's" in caplog.text
 
 
 @pytest.mark.timeout(600)
