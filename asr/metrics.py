@@ -261,16 +261,25 @@ def wer_difference_interval(
     errors_b: Sequence[int],
     resamples: int = 2000,
     seed: int = 0,
+    words_b: Sequence[int] | None = None,
 ) -> tuple[float, float]:
     """95 % interval of WER(B) - WER(A) in points, two decodes' word errors on the same
-    utterances (with their reference word counts), by a paired bootstrap: utterances drawn with
-    replacement, both decodes' errors from each draw, so what is hard for both cancels."""
+    utterances (with their reference word counts; `words_b`: B's, where its references are
+    others), by a paired bootstrap: utterances drawn with replacement, both decodes' errors
+    from each draw, so what is hard for both cancels."""
     import numpy as np
 
     words_, a, b = (np.asarray(x, dtype=np.float64) for x in (words, errors_a, errors_b))
     if not len(words_):
         return (math.nan, math.nan)
     draws = np.random.default_rng(seed).integers(0, len(words_), (resamples, len(words_)))
-    difference = 100 * (b[draws].sum(1) - a[draws].sum(1)) / np.maximum(words_[draws].sum(1), 1)
+    if words_b is None:
+        difference = 100 * (b[draws].sum(1) - a[draws].sum(1)) / np.maximum(words_[draws].sum(1), 1)
+    else:
+        theirs = np.asarray(words_b, dtype=np.float64)[draws].sum(1)
+        ours = words_[draws].sum(1)
+        difference = 100 * (
+            b[draws].sum(1) / np.maximum(theirs, 1) - a[draws].sum(1) / np.maximum(ours, 1)
+        )
     low, high = np.percentile(difference, [2.5, 97.5])
     return float(low), float(high)

@@ -186,7 +186,7 @@ def _compared(
     from asr.metrics import wer_difference_interval
 
     theirs = {str(r.get("id", "")): r for r in read_records(other)}
-    both, own_refs, words, errors_a, errors_b = 0, 0, [], [], []
+    both, own_refs, words, words_b, errors_a, errors_b = 0, 0, [], [], [], []
     for utterance in utterances:
         record = theirs.get(utterance["id"])
         if record is None:
@@ -201,14 +201,17 @@ def _compared(
         utterance["compare"] = {"hyp": hyp, **{k: scores[k] for k in ("wer", "errors", "ops")}}
         both += 1
         if utterance["errors"] is not None:
-            words.append(len(scores["ref_words"]))
+            words.append(len(utterance["ref_words"]))
+            words_b.append(len(scores["ref_words"]))
             errors_a.append(sum(utterance["errors"].values()))
             errors_b.append(sum(scores["errors"].values()))
     a, b = np.asarray(errors_a, dtype=int), np.asarray(errors_b, dtype=int)
-    difference = 100 * (b.sum() - a.sum()) / max(sum(words), 1)
+    # each decode's WER over its own references' words
+    difference = 100 * (b.sum() / max(sum(words_b), 1) - a.sum() / max(sum(words), 1))
     ours = {u["id"] for u in utterances}
     missing = [(len(ours) - both, f"of {len(ours)} utterances not in {other}"),
                (len(set(theirs) - ours), f"utterances of {other} not in this decode")]  # fmt: skip
+    apart = any(count for count, _ in missing)  # B - A is over the utterances both hold
     missing.append((own_refs, f"utterances with another reference in {other}, scored by it"))
     notes = [f"{count} {what}" for count, what in missing if count]
     compare = {
@@ -219,8 +222,10 @@ def _compared(
         "more_errors": int((b > a).sum()),
         "same_errors": int((b == a).sum()),
         "wer_difference": round(float(difference), 2) if words else None,
-        "shared": both if notes else None,  # the utterances B - A is over, where sets differ
-        "interval": [round(x, 2) for x in wer_difference_interval(words, a, b)] if words else None,
+        "shared": both if apart else None,  # the utterances B - A is over, where sets differ
+        "interval": [round(x, 2) for x in wer_difference_interval(words, a, b, words_b=words_b)]
+        if words
+        else None,
     }
     return compare, notes
 

@@ -302,6 +302,16 @@ def test_overview_sorts_and_filters(driver, three):
     assert speakers == [["spk1", "2"], ["spk2", "1"]]
 
 
+def test_words_said_against_no_reference_words_sort_as_the_worst(driver, tmp_path):
+    """No rate (the page data's WER is null), but worse than any: shown and sorted as such."""
+    utts = [utterance("half", "go", "go on"), utterance("said", "yes no yes", ""),
+            utterance("ok", "go", "go")]  # fmt: skip
+    open_page(driver, tmp_path, page_data(utts))
+    driver.find_element(By.CSS_SELECTOR, "#utterances th[data-key=wer]").click()
+    assert row_ids(driver) == ["said", "half", "ok"]  # worst first
+    assert "∞" in driver.find_element(By.CSS_SELECTOR, '#utterances tr[data-id="said"]').text
+
+
 def test_previous_and_next_follow_the_table_as_it_is_now(driver, three):
     """◀ and ▶ step through the rows as sorted and filtered now, not as when the row opened."""
 

@@ -651,6 +651,23 @@ def test_numbers_that_are_not_finite_in_a_decode_are_shown_as_absent(tmp_path):
         {"w": "YES", "start": 0.1, "end": None, "conf": None}]  # fmt: skip
 
 
+def test_decodes_with_references_of_other_lengths_differ_by_their_own_wers(tmp_path):
+    """B's model writes numbers as digits: each WER is over its own references' words."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    for folder, first in ((a, ("TWENTY ONE FORTY TWO", "TWENTY ONE FORTY TOO")),
+                          (b, ("2142", "2142"))):  # fmt: skip
+        folder.mkdir()
+        lines = [{"id": "u1", "ref": first[0], "hyp": first[1]},
+                 {"id": "u2", "ref": "GO ON", "hyp": "GO ON"}]  # fmt: skip
+        (folder / "utterances.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    data = page_data(explore(a, progress=False, compare=b).read_text())
+    compare = data["compare"]
+    assert compare["wer_difference"] == pytest.approx(-100 / 6, abs=0.01)  # 0 % - 1 of 6 words
+    assert compare["interval"][0] <= compare["wer_difference"] <= compare["interval"][1] <= 0
+    assert compare["shared"] is None, "both hold every utterance"
+    assert f"1 utterances with another reference in {b}, scored by it" in data["notes"]
+
+
 def test_a_folder_whose_name_is_not_utf8_gets_its_page(tmp_path):
     folder = tmp_path / os.fsdecode(b"decode_caf\xe9")
     folder.mkdir()

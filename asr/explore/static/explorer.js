@@ -182,19 +182,23 @@
     const flags = list(u.flags).map(text);
     const confidence = num(u.confidence);
     const b = obj(u.compare);
+    // words said against a reference of none: no rate, but worse than any (sorted as such)
+    const rate = (s) => (num(s.wer) !== null ? s.wer : errorTotal(s) > 0 ? Infinity : null);
     const keys = {
-      id, speaker, duration: num(u.duration), wer: num(u.wer), errors: errorTotal(u),
-      confidence, flags: flags.length ? flags.join(", ") : null, wer_b: num(b.wer),
+      id, speaker, duration: num(u.duration), wer: rate(u), errors: errorTotal(u),
+      confidence, flags: flags.length ? flags.join(", ") : null, wer_b: rate(b),
     };
-    keys.delta = keys.wer !== null && keys.wer_b !== null ? keys.wer_b - keys.wer : null;
+    const delta = keys.wer !== null && keys.wer_b !== null ? keys.wer_b - keys.wer : null;
+    keys.delta = Number.isNaN(delta) ? null : delta;
+    const shown = (x, digits, show) => (x === Infinity ? "∞" : x === -Infinity ? "−∞" : show(x, digits));
     const td = (value, cls, attrs) => el("td", { class: cls, ...attrs }, value);
     const cells = {
       id: td(id, "id", { dir: "auto", title: id }),
       speaker: td(speaker === null ? "–" : speaker, speaker === null ? "na" : null, { dir: "auto" }),
       duration: td(fixed(keys.duration, 2), "num"),
-      wer: td(fixed(keys.wer, 1), "num"),
-      wer_b: td(fixed(keys.wer_b, 1), "num"),
-      delta: td(keys.delta === null ? "–" : signed(keys.delta, 1),
+      wer: td(shown(keys.wer, 1, fixed), "num"),
+      wer_b: td(shown(keys.wer_b, 1, fixed), "num"),
+      delta: td(keys.delta === null ? "–" : shown(keys.delta, 1, signed),
         keys.delta > 0 ? "num worse" : keys.delta < 0 ? "num better" : "num"),
       errors: td(sdi(u), "num"),
       confidence: td(fixed(confidence, 2), confidence !== null && confidence < 0.5 ? "num low" : "num"),
