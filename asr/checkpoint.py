@@ -366,7 +366,7 @@ def average_checkpoints(paths: Sequence[str | os.PathLike], out: str | os.PathLi
         )
     states = [load_checkpoint(p) for p in paths]
     for path, state in zip(paths, states):
-        if not isinstance(state.get("state_dict"), dict):
+        if not isinstance(state, dict) or not isinstance(state.get("state_dict"), dict):
             raise CheckpointError(f"{path}: no state_dict inside (not written by `asr fit`?)")
     first = states[0]["state_dict"]
     for path, state in zip(paths[1:], states[1:]):

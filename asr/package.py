@@ -49,7 +49,7 @@ ALIASES = "asr.aliases"  # safetensors metadata: {name: kept name} of tied weigh
 
 def is_package(path: str | os.PathLike) -> bool:
     """Whether `path` names a package (a folder, or `hf://...`) rather than a checkpoint file."""
-    return str(path).startswith(HF_PREFIX) or Path(path).is_dir()
+    return str(path).startswith(HF_PREFIX) or (str(path) != "" and Path(path).is_dir())
 
 
 def read_recognizer(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:

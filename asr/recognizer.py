@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import inspect
 import itertools
-import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
@@ -443,7 +442,8 @@ def load_model(
             f"{path}: its stored decoding or confidence settings do not load "
             f"({type(err).__name__}: {err}); written by a newer asr?"
         ) from None
-    segment_seconds, tokens_per_second, heads = _stored_settings(payload, path)
+    maps = getattr(model.decoder, "num_attention_maps", None)
+    segment_seconds, tokens_per_second, heads = _stored_settings(payload, path, maps)
     return Recognizer(
         model,
         tokenizer,
@@ -459,23 +459,30 @@ def load_model(
 
 
 def _stored_settings(
-    payload: dict[str, Any], path: str | os.PathLike
+    payload: dict[str, Any], path: str | os.PathLike, maps: int | None
 ) -> tuple[float | None, float | None, list[int] | None]:
-    """The payload's segment_seconds, tokens_per_second and alignment_heads; CheckpointError
-    names `path` where one is malformed (an edited package config), not a later transcribe."""
+    """The payload's segment_seconds, tokens_per_second and alignment_heads (indices into the
+    decoder's `maps`); CheckpointError names `path` where one is malformed (an edited package
+    config), not a later transcribe."""
 
-    def positive(name: str) -> float | None:
+    def within(name: str, low: float, high: float) -> float | None:
         value = payload.get(name)
-        if value is None or (_is_number(value) and math.isfinite(value) and value > 0):
+        if value is None or (_is_number(value) and low <= value <= high):
             return value
-        raise CheckpointError(f"{path}: {name} is {value!r}, not a positive number")
+        raise CheckpointError(f"{path}: {name} is {value!r}, not a number in [{low:g}, {high:g}]")
 
     heads = payload.get("alignment_heads")
     if heads is not None and not (
-        isinstance(heads, list) and heads and all(_is_index(h) for h in heads)
+        isinstance(heads, list)
+        and heads
+        and all(_is_index(h) and (maps is None or h < maps) for h in heads)
     ):
-        raise CheckpointError(f"{path}: alignment_heads is {heads!r}, not a list of map indices")
-    return positive("segment_seconds"), positive("tokens_per_second"), heads
+        raise CheckpointError(
+            f"{path}: alignment_heads is {heads!r}, not a list of indices into the decoder's "
+            f"{maps} attention maps"
+        )
+    # a segment of at least a second (the segmenter's own bound); speech of at most 1000 tokens/s
+    return within("segment_seconds", 1, 1e6), within("tokens_per_second", 1e-3, 1e3), heads
 
 
 def _is_number(value: Any) -> bool:

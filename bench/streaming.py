@@ -112,7 +112,7 @@ def wer(args: argparse.Namespace) -> dict:
         name = f"{Path(args.manifest).stem}, {size}"
         options = StreamOptions(
             chunk_ms=chunk or None,
-            first_chunk_ms=args.first_chunk_ms,
+            first_chunk_ms=args.first_chunk_ms if chunk else None,  # full context has no chunks
             beam=args.beam,
             ctc_weight=args.ctc_weight,
             endpoint=None,

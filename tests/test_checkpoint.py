@@ -92,9 +92,10 @@ def test_average_rejects_different_models(tmp_path):
     atomic_save({"state_dict": {"b": torch.zeros(1)}}, tmp_path / "b.ckpt")
     with pytest.raises(CheckpointError, match="parameters differ"):
         average_checkpoints([tmp_path / "a.ckpt", tmp_path / "b.ckpt"], tmp_path / "o.ckpt")
-    atomic_save({"weights": {"a": torch.zeros(1)}}, tmp_path / "w.ckpt")  # torch.save of other
-    with pytest.raises(CheckpointError, match=r"w.ckpt: no state_dict inside"):
-        average_checkpoints([tmp_path / "a.ckpt", tmp_path / "w.ckpt"], tmp_path / "o.ckpt")
+    for other in ({"weights": {"a": torch.zeros(1)}}, torch.zeros(1)):  # torch.save of others
+        atomic_save(other, tmp_path / "w.ckpt")
+        with pytest.raises(CheckpointError, match=r"w.ckpt: no state_dict inside"):
+            average_checkpoints([tmp_path / "a.ckpt", tmp_path / "w.ckpt"], tmp_path / "o.ckpt")
     other = {"state_dict": {"a": torch.zeros(1)}, "asr": {"tokenizer": {"tokens.txt": "A B"}}}
     atomic_save(other, tmp_path / "d.ckpt")  # same shapes, another tokenizer
     with pytest.raises(CheckpointError, match=r"d.ckpt: its tokenizer is not that of .*a.ckpt"):

@@ -102,10 +102,16 @@ def test_finalize_on_an_empty_manifest_keeps_what_was_stored(checkpoint, tmp_pat
     assert checkpoint.read_bytes() == before
 
 
-def test_an_empty_model_path_is_refused_not_read_as_the_working_folder(tmp_path, monkeypatch):
+def test_an_empty_model_path_is_refused_not_read_as_the_working_folder(
+    tmp_path, monkeypatch, capsys
+):
     monkeypatch.chdir(tmp_path)  # a folder, so "" read as "." would look for a package there
     with pytest.raises(FileNotFoundError, match="no model named"):
         load_model("")
+    for command in (["export", "--checkpoint", "", "--out", "pkg"],  # not "a package already"
+                    ["finalize", "--checkpoint", "", "--manifest", "dev.jsonl"]):  # fmt: skip
+        assert main(command) == 2
+        assert "no model named" in capsys.readouterr().err
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a machine without a CUDA device")

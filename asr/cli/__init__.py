@@ -479,6 +479,9 @@ def _serve(args: argparse.Namespace) -> int:
         from asr.serve.server import tls_context
 
         tls_context(args.certfile, args.keyfile)
+    from asr.cli.live import stream_options
+
+    stream_options(args)  # its errors before the model loads
     torch.set_num_threads(args.threads)
     recognizer = _load_model(args)
     return serve(args, recognizer, _language_model(args, recognizer))
@@ -1517,8 +1520,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     command = next((a for a in argv if not a.startswith("-")), None)
     args = _parser(command).parse_args(argv)
-    if str(getattr(args, "checkpoint", None)).startswith("~"):  # quoted: as load_model reads it
-        args.checkpoint = os.path.expanduser(args.checkpoint)  # and written back (finalize)
+    for name in ("checkpoint", "lm"):  # quoted `~/...`: as load_model reads it, and as written
+        if str(getattr(args, name, None)).startswith("~"):  # back (finalize)
+            setattr(args, name, os.path.expanduser(getattr(args, name)))
     try:
         return args.run(args)
     except BrokenPipeError:  # the reader of stdout went away (`| head`): end quietly, as tools do

@@ -103,7 +103,7 @@ def stream_options(args: argparse.Namespace) -> StreamOptions:
         endpoint = EndpointOptions(
             trailing_silence=args.endpoint_silence, silence_from=args.silence_from
         )
-    elif "--silence-from" in args.live_options:
+    elif args.silence_from != EndpointOptions.silence_from:  # the default restated is no harm
         raise ValueError("--silence-from hears the silence of endpoints: --endpoint-silence 0 "
                          "has none")  # fmt: skip
     lm_weight = args.lm_weight

@@ -719,6 +719,14 @@ def test_search_options_streaming_does_not_take_are_refused(capsys) -> None:
         assert f"asr transcribe: error: {said}" in err, err
     with pytest.raises(ValueError, match="first_chunk_ms: settings of chunks, and chunk_ms None"):
         StreamOptions(chunk_ms=None, first_chunk_ms=1280)
+    serve = ["serve", "--model", "m.ckpt", "--chunk-ms", "0", "--first-chunk-ms", "1280"]
+    assert main(serve) == 2  # before the model loads, as transcribe
+    assert "--first-chunk-ms: settings of chunks" in capsys.readouterr().err
+    from asr.cli import _parser
+    from asr.cli.live import stream_options
+
+    line = ["serve", "--model", "m.ckpt", "--endpoint-silence", "0", "--silence-from", "ctc"]
+    assert stream_options(_parser("serve").parse_args(line)).endpoint is None  # the default
 
 
 def test_transcribe_streaming_explorer_keeps_each_finals_attention(tmp_path, capsys) -> None:
