@@ -273,13 +273,8 @@ def wer_difference_interval(
     if not len(words_):
         return (math.nan, math.nan)
     draws = np.random.default_rng(seed).integers(0, len(words_), (resamples, len(words_)))
-    if words_b is None:
-        difference = 100 * (b[draws].sum(1) - a[draws].sum(1)) / np.maximum(words_[draws].sum(1), 1)
-    else:
-        theirs = np.asarray(words_b, dtype=np.float64)[draws].sum(1)
-        ours = words_[draws].sum(1)
-        difference = 100 * (
-            b[draws].sum(1) / np.maximum(theirs, 1) - a[draws].sum(1) / np.maximum(ours, 1)
-        )
+    ours = np.maximum(words_[draws].sum(1), 1)
+    theirs = ours if words_b is None else np.maximum(np.asarray(words_b, float)[draws].sum(1), 1)
+    difference = 100 * (b[draws].sum(1) / theirs - a[draws].sum(1) / ours)
     low, high = np.percentile(difference, [2.5, 97.5])
     return float(low), float(high)
