@@ -642,34 +642,37 @@ class ASRCLI(LightningCLI):
 
     def _parse_ckpt_path(self) -> None:
         # Lightning rebuilds the model from a checkpoint file's hyperparameters, over --model
-        # options given on the command line: refuse those rather than drop them silently.
+        # options given on the command line: refuse those that differ rather than drop them
+        # silently. `last` and `best` are read as their files, so that naming a checkpoint
+        # either way sets the same model.
         subcommand = self.config.get("subcommand")
-        path = self.config[subcommand].get("ckpt_path") if subcommand else None
-        if subcommand in ("validate", "test") and path in ("last", "best"):
-            # the file, so that its hyperparameters are set and checked as a file's are
-            config = self.config[subcommand]
+        config = self.config[subcommand] if subcommand else None
+        path = given_path = config.get("ckpt_path") if config is not None else None
+        if path in ("last", "best") and subcommand in ("fit", "validate", "test"):
             root = config.trainer.default_root_dir or "."
             _forget_another_runs_folders(config, root)
-            folder = Path(config.checkpoint.dirpath or Path(root) / "checkpoints")
-            path = config.ckpt_path = str(_named_checkpoint(path, folder / "last.ckpt"))
-        given = _model_options(self.argv)
+            last = Path(config.checkpoint.dirpath or Path(root) / "checkpoints") / "last.ckpt"
+            if subcommand != "fit":
+                path = config.ckpt_path = str(_named_checkpoint(path, last))
+            elif path == "last" and last.is_file():  # else a fresh start, or refused later
+                path = config.ckpt_path = str(last)
         if path and Path(path).is_file():
             self._checkpoint = load_checkpoint(path)  # a file that is none: said in one line
-            _check_checkpoint_kind(path, self._checkpoint, self.config[subcommand].get("model"))
-        if self._checkpoint is not None and given:
-            saved = self._checkpoint.get("hyper_parameters", {})
-            refused = [g for g in given if _model_argument(g) in set(saved) - set(REPORTING)]
-            if refused:
-                raise ValueError(
-                    f"{', '.join(refused)}: --ckpt_path {path} sets it as it was trained, "
-                    "whatever --model options say (asr evaluate decodes with other settings)"
-                )
-        model = self.config[subcommand].get("model") if subcommand else None
+            _check_checkpoint_kind(path, self._checkpoint, config.get("model"))
+        model = config.get("model") if config is not None else None
         arguments = model.get("init_args") if model is not None else None
+        if self._checkpoint is not None and arguments is not None:
+            named = given_path if given_path == path else f"{given_path} ({path})"
+            _check_given_hyperparameters(
+                named, self._checkpoint.get("hyper_parameters", {}), arguments, self.argv
+            )
         reports = {k: arguments[k] for k in REPORTING if arguments is not None and k in arguments}
         super()._parse_ckpt_path()
+        config = self.config[subcommand] if subcommand else None
         for name, value in reports.items():  # what validation reports, as the config says
-            self.config[subcommand].model.init_args[name] = value
+            config.model.init_args[name] = value
+        if config is not None and given_path == "last" and subcommand == "fit":
+            config.ckpt_path = "last"  # what a stopped run tells to give again
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
@@ -715,7 +718,7 @@ class ASRCLI(LightningCLI):
             config.checkpoint.dirpath = str(Path(root) / "checkpoints")
         _check_checkpoint_choice(self.subcommand, config.ckpt_path, Path(config.checkpoint.dirpath))
         last = Path(config.checkpoint.dirpath) / "last.ckpt"
-        if config.ckpt_path == "last" and last.is_file():
+        if config.ckpt_path == "last" and last.is_file() and self._checkpoint is None:
             self._checkpoint = load_checkpoint(last)
         model = config.model.get("init_args") if config.get("model") else None
         if self._checkpoint is not None and model is not None and model.get("init_from"):
@@ -859,6 +862,30 @@ def _named_checkpoint(name: str, last: Path) -> Path:
 
 # ASRModule arguments that change what validation reports and plots, never the weights
 REPORTING = ("greedy_validation", "plot_utterances", "plot_every_n_epochs")
+
+
+def _check_given_hyperparameters(
+    path: str, saved: dict, arguments: Namespace, argv: Sequence[str]
+) -> None:
+    """Refuse a config or --model options that set a hyperparameter `saved` in --ckpt_path's
+    checkpoint to another value: the checkpoint's would replace it unsaid. (`init_from` is not
+    read when a run resumes, what validation reports may change, and the tokenizer is checked
+    by its vocabulary.)"""
+    linked = {"init_from", "tokenizer", "vocab_size"}
+    kept = [k for k in saved if k not in {*REPORTING, *linked} and not k.startswith("_")]
+    options = {_model_argument(option): option for option in _model_options(argv)}
+    changed = [
+        f"{options.get(name, f'model.init_args.{name}')}: {arguments.get(name)!r} now, "
+        f"{saved[name]!r} when trained"
+        for name in kept
+        if name in arguments and arguments.get(name) != saved[name]
+    ]
+    if changed:
+        raise ValueError(
+            f"{'; '.join(changed)}: --ckpt_path {path} sets it as it was trained, whatever "
+            "the config or --model options say (asr evaluate decodes with other settings; "
+            "--model.init_args.init_from starts a new run from its weights)"
+        )
 
 
 def _model_options(argv: Sequence[str]) -> list[str]:

@@ -120,9 +120,12 @@ def test_fit_from_a_trained_model_with_its_encoder_frozen(tiny_an4, tmp_path, ca
 
     # resuming takes the weights from its checkpoint: the model it started from may be gone
     trained.rename(tmp_path / "moved.ckpt")
-    main(_fit_args(data, tmp_path / "tuned") + [
+    again = _fit_args(data, tmp_path / "tuned") + [
         "--trainer.max_epochs", "1", "--model.init_from", str(trained), "--ckpt_path", "last",
-    ])  # fmt: skip
+    ]  # fmt: skip
+    said = refused(again, capsys)  # the same command but one setting: it would train on unsaid
+    assert "model.init_args.freeze_encoder_steps: 0 now, 1000 when trained" in said
+    main([*again, "--model.freeze_encoder_steps", "1000"])
     saved = yaml.safe_load((tmp_path / "tuned" / "logs" / "version_1" / "config.yaml").read_text())
     assert saved["model"]["init_args"]["init_from"] == str(trained), "the run's record keeps it"
     # tensors of the same shapes that compute otherwise: features of another frame rate

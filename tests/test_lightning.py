@@ -297,6 +297,15 @@ def test_resume_from_last_and_average(tiny_an4, tmp_path, capsys):
     said = refused([*argv, "--data.tokenizer", str(reordered)], capsys)
     assert said.startswith(f"asr fit: error: {last}: trained with another tokenizer")
     assert f"id 4 is '▁' there, {trained[-1]!r} here" in said  # pieces show a space as ▁
+    # resuming by name or by file sets the model as trained: a changed setting is refused alike
+    weighted = tmp_path / "weighted.yaml"  # an edited config as the option
+    weighted.write_text("model:\n  init_args:\n    ctc_weight: 0.5\n")
+    for name, named in (("last", f"last ({last})"), (str(last), str(last))):
+        argv = [*_fit_args(tiny_an4, tmp_path), "--ckpt_path", name]
+        said = refused([*argv, "--model.init_args.ctc_weight", "0.5"], capsys)
+        assert f"ctc_weight: 0.5 now, 0.3 when trained: --ckpt_path {named} sets it" in said
+        said = refused([*argv, "--config", str(weighted)], capsys)
+        assert f"model.init_args.ctc_weight: 0.5 now, 0.3 when trained: --ckpt_path {named}" in said
 
     out = tmp_path / "avg.ckpt"
     assert main(["average", "--last", str(last), "--best", "2", "--out", str(out)]) == 0
@@ -334,7 +343,8 @@ def test_resume_from_last_and_average(tiny_an4, tmp_path, capsys):
     assert f"ckpt_path: {best_checkpoints(last, 1)[0]}" in saved
     said = refused(["test", *test_args, "--ckpt_path", "best", "--model.init_args.ctc_weight",
                     "0.9"], capsys)  # fmt: skip
-    assert f"--ckpt_path {best_checkpoints(last, 1)[0]} sets it as it was trained" in said
+    best = best_checkpoints(last, 1)[0]
+    assert f"ctc_weight: 0.9 now, 0.3 when trained: --ckpt_path best ({best}) sets it" in said
     # what validation reports is not the model's: as the config (file or options) says
     overlay = tmp_path / "quiet.yaml"
     overlay.write_text("model:\n  init_args:\n    greedy_validation: false\n")
@@ -342,7 +352,7 @@ def test_resume_from_last_and_average(tiny_an4, tmp_path, capsys):
     assert "val/wer" not in (latest() / "metrics.csv").read_text().splitlines()[0]
     # model options the checkpoint's hyperparameters would replace, silently
     unheard = ["--model.init_args.ctc_weight", "0.1"]
-    said = "--model.init_args.ctc_weight: --ckpt_path " + str(out) + " sets it"
+    said = f"--model.init_args.ctc_weight: 0.1 now, 0.3 when trained: --ckpt_path {out} sets it"
     assert said in refused(["test", *test_args, "--ckpt_path", str(out), *unheard], capsys)
     heard = ["--model.init_args.frontend.init_args.normalize.init_args.stats_path", "moved.json"]
     assert "moved.json" in refused(["test", *test_args, "--ckpt_path", str(out), *heard], capsys)
@@ -352,8 +362,10 @@ def test_resume_from_last_and_average(tiny_an4, tmp_path, capsys):
     setting = "frontend.features.hop_length is 160 there, 320 here"
     expected = f"{out}: trained with other settings than this config's: {setting}; give the "
     assert said.startswith(f"asr test: error: {expected}config it was trained with"), said
-    # settings of training alone, and a class spelled by another module of it, pass
+    # settings of training alone, one given as trained, and a class spelled by another module
+    # of it, pass
     same = ["--model.init_args.encoder.init_args.dynamic_chunk", "16",
+            "--model.init_args.ctc_weight", "0.3",
             "--model.init_args.frontend.init_args.features",
             "asr.frontends.features.LogMelFilterbank"]  # fmt: skip
     assert main(["test", *test_args, "--ckpt_path", str(out), *same]) == 0
