@@ -132,17 +132,26 @@ def add_noise(
     if not (signal > _POWER_FLOOR and noise_power > _POWER_FLOOR):  # NaN too: no samples
         return wave.clone()  # no level to set the ratio by
     scale = math.sqrt(signal / (noise_power * 10 ** (snr_db / 10)))
+    noise = noise.double() - noise.double().mean()  # its offset is no noise: not added
     return (wave + scale * noise.to(wave.dtype)).to(wave.dtype)
 
 
 def babble(talkers: list[Tensor], num_samples: int, rng: np.random.Generator) -> Tensor:
-    """Babble noise `(num_samples,)`: other utterances at equal level and random offsets, summed."""
+    """Babble noise `(num_samples,)`: other utterances at equal level and random offsets, summed
+    without their offsets; a silent stretch of a talker adds nothing.
+
+    >>> mix = babble([torch.full((8,), -0.5)], 8, np.random.default_rng(0))
+    >>> float(mix.abs().max())
+    0.0
+    """
     if not talkers:
         raise ValueError("babble needs at least one talker")
     mix = torch.zeros(num_samples)
     for talker in talkers:
         talker = fit_length(talker.float(), num_samples, rng)
-        mix += talker / power(talker).sqrt().clamp(min=1e-10).float()
+        level = float(power(talker))
+        if level > _POWER_FLOOR:
+            mix += ((talker - talker.mean()) / math.sqrt(level)).float()
     return mix
 
 

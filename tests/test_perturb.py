@@ -158,6 +158,21 @@ def test_add_noise_leaves_a_silent_wave_or_silent_noise_unchanged():
     assert torch.equal(add_noise(wave, torch.zeros(wave.numel()), 0.0), wave)
 
 
+def test_noise_and_babble_add_no_offset_to_the_speech():
+    """A talker or noise recorded with a DC offset adds its sound, not its offset: a silent
+    take at an offset would otherwise, scaled to unit power, push the speech to full scale."""
+    clean = speechlike()
+    noise = colored_noise(clean.numel(), "white", rng(1))
+    noisy = add_noise(clean, noise + 0.3, 10.0)
+    assert float(noisy.mean() - clean.mean()) == pytest.approx(0.0, abs=1e-3)
+    torch.testing.assert_close(noisy, add_noise(clean, noise, 10.0))
+    offset_talker = torch.full((4000,), -2 / 32768) + 3e-4 * torch.randn(4000)
+    for talkers in ([torch.full((4000,), -2 / 32768)], [sine(300.0, 0.25), offset_talker]):
+        mix = babble(talkers, clean.numel(), rng())
+        assert float(mix.mean()) == pytest.approx(0.0, abs=1e-3)
+        assert float(add_noise(clean, mix, 20.0).abs().max()) < 1.0
+
+
 def test_add_noise_rejects_mismatched_shapes():
     wave = speechlike()
     with pytest.raises(ValueError):
