@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from collections.abc import Callable
 from pathlib import Path
 
@@ -628,9 +629,19 @@ def test_time_warp_moves_frames_monotonically_inside_valid_part():
     assert changed > 0
 
 
-def test_specaugment_rejects_negative_sizes():
-    with pytest.raises(ValueError, match="non-negative"):
-        SpecAugment(freq_width=-1)
+@pytest.mark.parametrize(
+    "setting",
+    [
+        {"freq_width": -1},
+        {"time_width": math.nan},
+        {"time_width": math.inf},
+        {"mask_value": math.nan},
+    ],  # fmt: skip
+)
+def test_specaugment_refuses_negative_or_not_finite_sizes(setting):
+    """At construction, not at the first training batch (NaN passes `min()` unseen)."""
+    with pytest.raises(ValueError, match="finite"):
+        SpecAugment(**setting)
 
 
 # ----------------------------------------------------------------------------- composition

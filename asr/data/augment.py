@@ -3,6 +3,7 @@ under the data module's ``augment`` and drawn per item from ``(seed, epoch, inde
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from dataclasses import fields as dataclass_fields
@@ -67,7 +68,7 @@ class WaveAugment:
     start_epoch: int = 0  # the first epoch (from 0) whose items are augmented
 
     def __post_init__(self) -> None:
-        if self.start_epoch < 0:
+        if not (isinstance(self.start_epoch, int) and self.start_epoch >= 0):
             raise ValueError(f"augment.start_epoch must be >= 0, got {self.start_epoch}")
         for name in ("noise", "reverb", "narrowband", "gain"):
             prob = getattr(self, name).prob
@@ -168,7 +169,7 @@ class WaveAugmenter:
 
 
 def _check_range(name: str, bounds: Sequence[float], positive: bool = False) -> None:
-    if len(bounds) != 2 or bounds[0] > bounds[1]:
+    if len(bounds) != 2 or not all(map(math.isfinite, bounds)) or bounds[0] > bounds[1]:
         raise ValueError(f"{name} must be [low, high] with low <= high, got {list(bounds)}")
     if positive and bounds[0] <= 0:
         raise ValueError(f"{name} must be > 0, got {list(bounds)}")
@@ -181,7 +182,7 @@ def _check_noise_kinds(noise: NoiseAugment) -> None:
     if ("files" in noise.kinds) != (noise.folder is not None):
         raise ValueError("augment.noise: list 'files' in kinds exactly when a folder is given")
     low, high = noise.babble_talkers
-    if not 1 <= low <= high:
+    if not (isinstance(low, int) and isinstance(high, int) and 1 <= low <= high):
         raise ValueError(
             f"augment.noise.babble_talkers must be 1 <= low <= high, got {[low, high]}"
         )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
@@ -44,8 +46,11 @@ class SpecAugment(nn.Module):
         mask_value: float = 0.0,
     ):
         super().__init__()
-        if min(time_warp, freq_masks, freq_width, time_masks, time_width) < 0:
-            raise ValueError("SpecAugment sizes and counts must be non-negative")
+        sizes = (time_warp, freq_masks, freq_width, time_masks, time_width)
+        if not all(math.isfinite(size) and size >= 0 for size in sizes):
+            raise ValueError(f"SpecAugment sizes and counts must be finite, >= 0, got {sizes}")
+        if not math.isfinite(mask_value):
+            raise ValueError(f"SpecAugment mask_value must be finite, got {mask_value}")
         self.time_warp, self.mask_value = time_warp, mask_value
         self.freq_masks, self.freq_width = freq_masks, freq_width
         self.time_masks, self.time_width = time_masks, time_width
