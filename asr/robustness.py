@@ -21,8 +21,8 @@ from torch import Tensor
 from tqdm import tqdm
 
 from asr import perturb
-from asr.audio import load_audio
-from asr.data.manifest import Utterance, read_manifest, write_manifest
+from asr.audio import AudioError, load_audio
+from asr.data.manifest import BadEntry, Utterance, read_manifest, write_manifest
 from asr.evaluate import evaluate, usable_utterances
 from asr.recognizer import Recognizer
 from asr.search import LanguageModel, SearchOptions
@@ -118,6 +118,11 @@ class Condition:
         return own if self.then is None else f"{own} + {self.then.label}"
 
     @property
+    def kinds(self) -> tuple[str, ...]:
+        """Its kind and those after it, in order."""
+        return (self.kind,) if self.then is None else (self.kind, *self.then.kinds)
+
+    @property
     def slug(self) -> str:
         """Folder name, e.g. "white10"."""
         own = self.kind if self.value is None else f"{self.kind}{self.value:g}".replace("+", "")
@@ -177,18 +182,27 @@ def build_condition(
     sample_rate: int = 16000,
     seed: int = 0,
     progress: bool = True,
+    failures: list[BadEntry] | None = None,
 ) -> Path:
-    """Write `utterances` under `condition` as 16-bit WAVs and a manifest; return its path."""
+    """Write `utterances` under `condition` as 16-bit WAVs and a manifest; return its path.
+    Given `failures`, an utterance whose audio cannot be read is left out and recorded there
+    (and hears in no other's babble), else it stops the copy."""
     out_dir = Path(out_dir)
     (out_dir / "wav").mkdir(parents=True, exist_ok=True)
-    pool = _Talkers(utterances, sample_rate, seed)
+    pool = _Talkers(utterances, sample_rate, seed, strict=failures is None)
     written = []
     items = tqdm(utterances, desc=condition.slug, disable=not progress, leave=False)
     for index, utterance in enumerate(items):
         rng = np.random.default_rng([seed, zlib.crc32(condition.slug.encode()), index])
-        wave = load_audio(
-            utterance.audio_filepath, sample_rate, utterance.offset, utterance.duration
-        )
+        try:
+            wave = load_audio(
+                utterance.audio_filepath, sample_rate, utterance.offset, utterance.duration
+            )
+        except AudioError as error:
+            if failures is None:
+                raise
+            failures.append(BadEntry(_location(utterance), error.reason))
+            continue
         wave = condition.apply(wave, sample_rate, rng, partial(pool.others, index, rng))
         path = out_dir / "wav" / f"{index:06d}.wav"
         soundfile.write(path, wave.clamp(-1.0, 1.0).numpy(), sample_rate, subtype="PCM_16")
@@ -204,24 +218,35 @@ def build_condition(
 
 
 class _Talkers:
-    """Other utterances of a set for babble, loaded once each."""
+    """Other utterances of a set for babble, loaded once each; `strict`: one that cannot be
+    read stops the copy, else it is left out of the babble."""
 
-    def __init__(self, utterances: Sequence[Utterance], sample_rate: int, seed: int) -> None:
+    def __init__(
+        self, utterances: Sequence[Utterance], sample_rate: int, seed: int, strict: bool = True
+    ) -> None:
         self.utterances, self.sample_rate, self.seed = utterances, sample_rate, seed
-        self._loaded: dict[int, Tensor] = {}
+        self.strict = strict
+        self._loaded: dict[int, Tensor | None] = {}
 
     def others(self, index: int, rng: np.random.Generator) -> list[Tensor]:
         if len(self.utterances) < 2:
             raise ValueError("babble needs a test set of at least two utterances")
         picks = perturb.other_indices(rng, len(self.utterances), BABBLE_TALKERS, index)
-        return [self._wave(j) for j in picks]
+        talkers = [wave for j in picks if (wave := self._wave(j)) is not None]
+        if not talkers:
+            raise ValueError(f"babble: no other utterance of {len(self.utterances)} could be read")
+        return talkers
 
-    def _wave(self, index: int) -> Tensor:
+    def _wave(self, index: int) -> Tensor | None:
         if index not in self._loaded:
             u = self.utterances[index]
-            self._loaded[index] = load_audio(
-                u.audio_filepath, self.sample_rate, u.offset, u.duration
-            )
+            try:
+                wave = load_audio(u.audio_filepath, self.sample_rate, u.offset, u.duration)
+            except AudioError:
+                if self.strict:
+                    raise
+                wave = None  # its own copy names it
+            self._loaded[index] = wave
         return self._loaded[index]
 
 
@@ -241,16 +266,25 @@ def robustness(
     """Evaluate `recognizer` on `manifest` under each condition; one row of metrics each;
     `extra` is recorded in each decode's metrics.json (as `evaluate` records it). With
     `skip_bad`, a manifest line or utterance that cannot be scored is left out and listed in
-    the row's "failures", as `evaluate` leaves it out, instead of stopping the run."""
+    the row's "failures" (where, in "left_out"), as `evaluate` leaves it out, instead of
+    stopping the run."""
     conditions = conditions or [Condition.parse(c) for c in DEFAULT_CONDITIONS]
     out_dir = Path(out_dir)
     if out_dir.exists() and not out_dir.is_dir():
         raise NotADirectoryError(f"{out_dir}: a file; the output is a folder of copies and tables")
     utterances, bad = usable_utterances(manifest, skip_bad)
+    if any("babble" in c.kinds for c in conditions):  # before any condition runs
+        readable = _readable(utterances, recognizer.sample_rate, 2) if skip_bad else utterances
+        if len(readable) < 2:
+            raise ValueError(
+                f"{manifest}: babble needs a test set of at least two readable utterances, "
+                f"it has {len(readable)}"
+            )
     digest = hashlib.sha256(Path(manifest).read_bytes()).hexdigest()  # copies of what it says
     # the lines a copy holds (others may be left out): a stamp as the manifest is spelt apart
     usable = hashlib.sha256("\n".join(u.utt_id for u in utterances).encode()).hexdigest()
     rate = recognizer.sample_rate
+    places = [f"{_location(u)}: " for u in utterances] + [f"{b.location}: " for b in bad]
     rows = []
     for condition in conditions:
         folder = out_dir / condition.slug
@@ -259,30 +293,75 @@ def robustness(
         stamp = {"source": str(Path(manifest).resolve()), "seed": seed, "sample_rate": rate,
                  "paths": "relative", "manifest_sha256": digest,
                  "utterances_sha256": usable}  # fmt: skip
-        if not as_given and _read_stamp(folder) != stamp:
+        built = None if as_given else _read_stamp(folder)
+        # a copy that left files out is built again: they may be readable now
+        if not as_given and (
+            built is None or {k: built.get(k) for k in stamp} != stamp or built.get("left_out")
+        ):
             # gone first: a rebuild that stops halfway must not leave other copies passing
             (folder / "built.json").unlink(missing_ok=True)
-            copy = build_condition(condition, utterances, folder, rate, seed, progress)
-            (folder / "built.json").write_text(json.dumps(stamp) + "\n", encoding="utf-8")
+            unread: list[BadEntry] | None = [] if skip_bad else None
+            copy = build_condition(condition, utterances, folder, rate, seed, progress, unread)
+            built = {**stamp, "left_out": list(map(str, unread or []))}
+            (folder / "built.json").write_text(json.dumps(built) + "\n", encoding="utf-8")
         metrics = evaluate(recognizer, copy, folder / "decode", options, lm, batch_size, plots=0,
                            progress=progress, extra=extra, skip_bad=skip_bad)  # fmt: skip
-        # a copy holds the manifest's usable lines: its own failures are not all of them, and
-        # name its files, which are the source's
+        # a copy holds the manifest's usable, readable lines: its own failures are not all of
+        # them, and name its files, which are the source's
         named = {} if as_given or not metrics["failures"] else _source_names(copy, utterances)
-        failures = [*map(str, bad), *(_as_source(f, named) for f in metrics["failures"])]
+        failures = [*map(str, bad), *(built or {}).get("left_out", []),
+                    *(_as_source(f, named) for f in metrics["failures"])]  # fmt: skip
         failures = list(dict.fromkeys(failures))
-        rows.append({"condition": condition.label, **metrics, "failures": failures})
+        left_out = [next((p[:-2] for p in places if f.startswith(p)), f) for f in failures]
+        rows.append({"condition": condition.label, **metrics, "failures": failures,
+                     "left_out": left_out})  # fmt: skip
     (out_dir / "robustness.json").write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
     (out_dir / "robustness.md").write_text(robustness_table(rows), encoding="utf-8")
     return rows
 
 
+def _readable(utterances: Sequence[Utterance], sample_rate: int, enough: int) -> list[Utterance]:
+    """The first `enough` utterances whose audio loads (fewer where fewer do)."""
+    found = []
+    for u in utterances:
+        try:
+            load_audio(u.audio_filepath, sample_rate, u.offset, u.duration)
+        except AudioError:
+            continue
+        found.append(u)
+        if len(found) == enough:
+            break
+    return found
+
+
+def _location(utterance: Utterance) -> str:
+    """How failures name an utterance (as `evaluate` does)."""
+    return f"{utterance.audio_filepath} ({utterance.utt_id})"
+
+
 def _source_names(copy: Path, utterances: Sequence[Utterance]) -> dict[str, str]:
-    """How a copy's utterances are named in failures ("PATH (ID): "), and their sources'."""
+    """How a copy's utterances are named in failures ("PATH (ID): "), and their sources'
+    (the copy holds them in order, less those it could not read)."""
+    sources = iter(utterances)
     return {
-        f"{c.audio_filepath} ({c.utt_id}): ": f"{u.audio_filepath} ({u.utt_id}): "
-        for c, u in zip(read_manifest(copy), utterances, strict=True)
+        f"{_location(c)}: ": f"{_location(next(u for u in sources if u.utt_id == c.utt_id))}: "
+        for c in read_manifest(copy)
     }
+
+
+def not_scored(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """The manifest lines and utterances some condition left out, once each: the first
+    reason given, and the conditions that left it out where not all did."""
+    heard: dict[str, tuple[str, list[str]]] = {}
+    for row in rows:
+        for failure, place in zip(row["failures"], row["left_out"], strict=True):
+            first, labels = heard.setdefault(place, (failure, []))
+            if row["condition"] not in labels:
+                labels.append(row["condition"])
+    return [
+        first if len(labels) == len(rows) else f"{first} (under {', '.join(labels)})"
+        for first, labels in heard.values()
+    ]
 
 
 def _as_source(failure: str, named: dict[str, str]) -> str:

@@ -26,6 +26,7 @@ from asr.robustness import (
     DEFAULT_CONDITIONS,
     Condition,
     build_condition,
+    not_scored,
     robustness,
     robustness_table,
 )
@@ -258,6 +259,54 @@ def test_a_line_left_out_then_readable_rebuilds_the_copies(tmp_path, monkeypatch
     assert [r["utterances"] for r in rows] == [4, 4] and not any(r["failures"] for r in rows)
 
 
+def test_audio_that_cannot_be_read_is_left_out_under_every_condition(tmp_path):
+    """A file whose header passes but whose samples are NaN: the copies leave it out as the
+    clean decode does, babble is made of the others, and it is listed once, also when the
+    copies are reused; without skip_bad it stops the run, naming it."""
+    recognizer, _ = _overfit_recognizer(str(WAV))
+    manifest = _manifest(tmp_path / "test.jsonl")
+    nan = tmp_path / "nan.wav"
+    wave = np.zeros(16000, dtype=np.float32)
+    wave[100] = np.nan
+    soundfile.write(nan, wave, 16000, subtype="FLOAT")
+    lines = manifest.read_text().splitlines()
+    lines[1] = json.dumps(json.loads(lines[1]) | {"audio_filepath": str(nan), "duration": 1.0})
+    manifest.write_text("\n".join(lines) + "\n")
+    conditions = [Condition("clean"), Condition.parse("babble:20"), Condition.parse("speed:0.9")]
+    for _ in range(2):  # built, then reused
+        rows = robustness(recognizer, manifest, tmp_path / "rob", conditions, GREEDY,
+                          progress=False, skip_bad=True)  # fmt: skip
+        assert [r["utterances"] for r in rows] == [3, 3, 3]
+        assert all(len(r["failures"]) == 1 and "NaN" in r["failures"][0] for r in rows)
+        assert all(r["left_out"] == [f"{nan} ({read_manifest(manifest)[1].utt_id})"] for r in rows)
+        assert not_scored(rows) == [rows[0]["failures"][0]]
+    with pytest.raises(ValueError, match="nan.wav"):
+        robustness(recognizer, manifest, tmp_path / "strict", conditions[1:], GREEDY,
+                   progress=False)  # fmt: skip
+    soundfile.write(nan, np.zeros(16000, dtype=np.float32), 16000, subtype="FLOAT")  # mended
+    rows = robustness(recognizer, manifest, tmp_path / "rob", conditions, GREEDY,
+                      progress=False, skip_bad=True)  # fmt: skip
+    assert [r["utterances"] for r in rows] == [4, 4, 4], "copies built without it, built anew"
+
+
+def test_babble_on_one_utterance_is_refused_before_any_copy(tmp_path):
+    recognizer, _ = _overfit_recognizer(str(WAV))
+    manifest = _manifest(tmp_path / "test.jsonl")
+    manifest.write_text(manifest.read_text().splitlines()[0] + "\n")
+    conditions = [Condition("clean"), Condition.parse("level:-6"), Condition.parse("babble:20")]
+    with pytest.raises(ValueError, match="at least two readable utterances, it has 1"):
+        robustness(recognizer, manifest, tmp_path / "rob", conditions, GREEDY, progress=False)
+    assert not (tmp_path / "rob").exists(), "refused before the other conditions ran"
+    nan = tmp_path / "nan.wav"  # two lines, one of audio that cannot be read
+    soundfile.write(nan, np.full(16000, np.nan, dtype=np.float32), 16000, subtype="FLOAT")
+    line = json.dumps({"audio_filepath": str(nan), "duration": 1.0, "text": "X", "id": "nan"})
+    manifest.write_text(manifest.read_text() + line + "\n")
+    with pytest.raises(ValueError, match="at least two readable utterances, it has 1"):
+        robustness(recognizer, manifest, tmp_path / "rob", conditions, GREEDY, progress=False,
+                   skip_bad=True)  # fmt: skip
+    assert not (tmp_path / "rob").exists()
+
+
 def test_copies_under_a_relative_folder_and_clean_chains(tmp_path, monkeypatch):
     """`--out rb/rel` (as the AN4 recipe gives it): the copy's manifest names its audio
     relative to itself, so it reads from anywhere; "clean+level:-30" is built, not the
@@ -313,14 +362,14 @@ def test_cli_prints_the_table(tmp_path, capsys):
     metrics = json.loads((tmp_path / "rob" / "clean" / "decode" / "metrics.json").read_text())
     assert "lm" in metrics and metrics["lm"] is None, "the LM fused, named as evaluate names it"
     # one utterance it cannot score is left out and listed, as `asr evaluate` does
-    short = tmp_path / "short.wav"
-    soundfile.write(short, np.zeros(80, dtype=np.float32), 16000)  # 5 ms: too short to encode
+    short = tmp_path / "short.wav"  # 62.5 ms: too short to encode, in frames that the speeds
+    soundfile.write(short, np.zeros(1000, dtype=np.float32), 16000)  # count otherwise
     lines = manifest.read_text().splitlines()
-    lines[1] = json.dumps(json.loads(lines[1]) | {"audio_filepath": str(short), "duration": 0.005})
+    lines[1] = json.dumps(json.loads(lines[1]) | {"audio_filepath": str(short), "duration": 0.0625})
     manifest.write_text("\n".join(lines) + "\n")
     code = main(["robustness", "--checkpoint", str(checkpoint), "--manifest", str(manifest),
                  "--out", str(tmp_path / "rob"), "--conditions", "clean", "level:-6",
-                 "--beam-size", "1", "--quiet"])  # fmt: skip
+                 "speed:0.9", "speed:0.8", "--beam-size", "1", "--quiet"])  # fmt: skip
     said = capsys.readouterr()
     assert code == 1 and "| clean | 3 |" in said.out and "| level -6 dB | 3 |" in said.out
     assert "1 manifest line(s) or utterance(s) not scored" in said.err  # under each condition

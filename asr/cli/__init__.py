@@ -532,7 +532,7 @@ def _evaluate(args: argparse.Namespace) -> int:
 
 
 def _robustness(args: argparse.Namespace) -> int:
-    from asr.robustness import Condition, robustness, robustness_table
+    from asr.robustness import Condition, not_scored, robustness, robustness_table
 
     conditions = [Condition.parse(text) for text in args.conditions]
     recognizer = _load_model(args)
@@ -551,8 +551,7 @@ def _robustness(args: argparse.Namespace) -> int:
     )
     print(robustness_table(rows), end="")
     print(f"reports in {args.out} (robustness.md, robustness.json, <condition>/decode/)")
-    return _left_out("robustness", list(dict.fromkeys(f for r in rows for f in r["failures"])),
-                     "not scored")  # fmt: skip
+    return _left_out("robustness", not_scored(rows), "not scored")
 
 
 def _explore(args: argparse.Namespace) -> int:
