@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import html
 import json
+import math
 import os
 import re
 from collections.abc import Sequence
@@ -56,11 +57,7 @@ def subtitle_cues(transcript: Transcript, words_per_cue: int = 0) -> list[tuple[
     spans = [(s.start, s.end, s.text) for s in transcript.segments]
     if not spans and transcript.words:  # a transcript made by hand: its words are one span
         spans = [(0.0, transcript.duration, transcript.text)]
-    groups: list[list[Word]] = [[] for _ in spans]
-    starts = [start for start, _, _ in spans]
-    for word in transcript.words:  # to the last segment starting before the word's centre
-        k = max(0, int(np.searchsorted(starts, (word.start + word.end) / 2, side="right")) - 1)
-        groups[k].append(word)
+    groups = _segment_words(spans, transcript.words)
     cues: list[tuple[float, float, str]] = []
     for (start, end, text), words in zip(spans, groups):
         if not words and text.strip():  # text without word times: the segment's
@@ -70,10 +67,27 @@ def subtitle_cues(transcript: Transcript, words_per_cue: int = 0) -> list[tuple[
             chunk = words[first : first + size]
             cues.append((chunk[0].start, chunk[-1].end, " ".join(w.text for w in chunk)))
     shown = []
+    last = transcript.duration if transcript.duration > 0 else math.inf
     for start, end, text in cues:  # in order and apart (words of two windows may overlap)
+        start, end = min(max(start, 0.0), last), min(max(end, 0.0), last)  # within the audio
         start = max(start, shown[-1][1]) if shown else start
         shown.append((start, max(start, end), " ".join(text.split())))  # one line each
     return _lasting(shown, transcript.duration)
+
+
+def _segment_words(spans: list[tuple[float, float, str]], words: list[Word]) -> list[list[Word]]:
+    """Each span's words: in turn where they spell the spans' texts (a word of an instant at
+    a segment's end stays there), else each to the last span starting before its centre."""
+    texts = [text.split() for _, _, text in spans]
+    if [w.text for w in words] == [t for text in texts for t in text]:
+        ends = np.cumsum([0, *map(len, texts)]).tolist()
+        return [words[a:b] for a, b in zip(ends, ends[1:])]
+    groups: list[list[Word]] = [[] for _ in spans]
+    starts = [start for start, _, _ in spans]
+    for word in words:
+        k = max(0, int(np.searchsorted(starts, (word.start + word.end) / 2, side="right")) - 1)
+        groups[k].append(word)
+    return groups
 
 
 LONE_CUE_SECONDS = 0.5  # what a transcript's only cue, of an instant, is shown for
@@ -97,9 +111,10 @@ def _lasting(
     if waiting is not None and kept:
         start, end, text = kept.pop()
         kept.append((start, max(end, waiting[0]), f"{text} {waiting[1]}"))
-    elif waiting is not None:
+    elif waiting is not None:  # within the audio where it is long enough
         start = min(waiting[0], max(duration - LONE_CUE_SECONDS, 0.0))
-        kept.append((start, max(start + LONE_CUE_SECONDS, waiting[0]), waiting[1]))
+        end = min(start + LONE_CUE_SECONDS, duration) if duration > start else start
+        kept.append((start, max(end, start + 0.001), waiting[1]))
     return kept
 
 

@@ -144,6 +144,26 @@ def test_srt_cues_hold_no_timing_arrow_and_words_without_segments_are_cued():
     assert subtitle_cues(alone) == [(0.1, 0.5, "HI")]
 
 
+def test_an_instant_at_a_segments_end_is_cued_once_and_cues_stay_within_the_audio():
+    """A word clamped to its segment's end has its centre on the next one's start: it stays
+    with its segment's text rather than being shown there and again with the next. Words timed
+    before the audio, and an instant in audio shorter than a lone cue, give cues in [0, end]
+    that last."""
+    words = [Word("HELLO", 2.0, 2.0), Word("WORLD", 2.1, 2.9)]
+    segments = [Segment(0.0, 2.0, "HELLO", -1.0), Segment(2.0, 3.0, "WORLD", -1.0)]
+    cues = subtitle_cues(Transcript("HELLO WORLD", [], [], [], [], words, 0.0, 3.0, segments))
+    assert " ".join(text for *_, text in cues).split() == ["HELLO", "WORLD"]
+    early = [Word("A", -1.0, -0.5), Word("B", 0.2, 0.6)]
+    short = [Word("YES", 0.1, 0.1)]
+    for words, duration in ((early, 1.0), (short, 0.2)):
+        text = " ".join(w.text for w in words)
+        segment = Segment(0.0, duration, text, -1.0)
+        cues = subtitle_cues(Transcript(text, [], [], [], [], words, 0.0, duration, [segment]))
+        assert " ".join(t for *_, t in cues) == text
+        for start, end, _ in cues:
+            assert 0.0 <= start and end <= duration and round(end * 1000) > round(start * 1000)
+
+
 def test_words_of_an_instant_join_a_cue_that_lasts():
     """Words the timing gave no frames made cues that end as they start (`2.720 --> 2.720`),
     which players skip and WebVTT forbids: they join the next cue, the last the one before."""

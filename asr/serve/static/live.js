@@ -146,7 +146,8 @@
         text: `${last.text} ${waiting.text}` });
     } else if (waiting) {
       const start = Math.min(waiting.start, Math.max(to - LONE_CUE_SECONDS, from));
-      kept.push({ start, end: Math.max(start + LONE_CUE_SECONDS, waiting.start), text: waiting.text });
+      const end = to > start ? Math.min(start + LONE_CUE_SECONDS, to) : start;  // within the audio
+      kept.push({ start, end: Math.max(end, start + 0.001), text: waiting.text });
     }
     return kept;
   }
