@@ -316,7 +316,7 @@ def _language_model(args: argparse.Namespace, recognizer):
 def _transcribe(args: argparse.Namespace) -> int:
     import tempfile
 
-    from asr.cli.inputs import expand_inputs, write_explorer
+    from asr.cli.inputs import DEFAULT_FORMATS, expand_inputs, write_explorer
     from asr.cli.parallel import (
         MERGED,
         holds_records,
@@ -331,6 +331,18 @@ def _transcribe(args: argparse.Namespace) -> int:
         raise ValueError("nothing to transcribe: give audio, folders, globs, or --manifest")
     if args.format is not None and args.output_dir is None:
         raise ValueError("--format chooses the files written to --output-dir: give that too")
+    written = expand_formats(args.format or DEFAULT_FORMATS) if args.output_dir else []
+    written += ["json"] if args.explorer else []  # the page reads the json files
+    if args.nbest is not None and not args.streaming and "json" not in written:
+        raise ValueError(
+            "--nbest: the alternatives are kept in the json files alone; give --output-dir "
+            "with json among --format (the default: txt and json)"
+        )
+    if args.vad == "silero" and args.silence_threshold_db is not None:
+        raise ValueError(
+            "--silence-threshold-db: a level for --vad energy; with --vad silero, Silero's "
+            "speech probability says what is speech"
+        )
     if args.words_per_cue and not set(expand_formats(args.format or [])) & set(CUE_FORMATS):
         raise ValueError(
             f"--words-per-cue sets the cues of {', '.join(CUE_FORMATS)} files: give --output-dir "

@@ -84,6 +84,32 @@ def test_jsonl_is_for_live_streams(capsys) -> None:
     assert capsys.readouterr().err.splitlines()[-1] == said
 
 
+@pytest.mark.parametrize(
+    ("options", "said"),
+    [
+        (["--nbest", "3"], "--nbest: the alternatives are kept in the json files alone"),
+        (["--nbest", "3", "--output-dir", "o", "--format", "txt", "srt"], "--nbest: the"),
+        (["--vad", "silero", "--silence-threshold-db", "-20"],
+         "--silence-threshold-db: a level for --vad energy"),
+    ],
+)  # fmt: skip
+def test_options_that_would_change_nothing_are_refused(options, said, capsys) -> None:
+    assert main([*TRANSCRIBE, *options]) == 2
+    assert said in capsys.readouterr().err
+
+
+def test_nbest_with_the_explorer_passes_its_check(monkeypatch) -> None:
+    """The explorer writes json (its page shows the alternatives) whatever --format says."""
+
+    def loaded(args):
+        raise SystemExit("past the argument checks")
+
+    monkeypatch.setattr("asr.cli._load_model", loaded)
+    argv = [*TRANSCRIBE, "--nbest", "3", "--explorer", "--output-dir", "o", "--format", "srt"]
+    with pytest.raises(SystemExit, match="past the argument checks"):
+        main(argv)
+
+
 def test_live_options_are_refused_without_streaming(capsys) -> None:
     """An offline decode would ignore them: a chunk size given would seem measured."""
     assert main([*TRANSCRIBE, "--chunk-ms", "320", "--final-search", "rescore"]) == 2
