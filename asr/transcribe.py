@@ -161,7 +161,11 @@ def join_segments(
     tokenizer: Tokenizer, parts: Sequence[tuple[Span, Transcript]], duration: float
 ) -> Transcript:
     """One `Transcript` from `(span, transcript)` parts; overlaps are cut at their midpoint, and
-    a word both sides of a cut decoded (whole on one side, its onset on the other) kept once."""
+    a word both sides of a cut decoded (whole on one side, its onset on the other) kept once.
+
+    A segment that leaves out words of its window has no search `score` (NaN) and no
+    `alternatives`: both are of the whole window's hypotheses, and alternatives have no word
+    times to cut them by."""
     parts = sorted(parts, key=lambda part: part[0][0])
     spans = [span for span, _ in parts]
     ranges = [_kept_range(spans, k) for k in range(len(spans))]
@@ -178,7 +182,6 @@ def join_segments(
         low, high = ranges[k]
         keep = _kept_tokens(part, words[k])
         tokens = [t for t, stays in zip(part.tokens, keep) if stays]
-        text = part.text if all(keep) else tokenizer.decode(tokens)
         out.tokens += tokens
         out.pieces += [p for p, stays in zip(part.pieces, keep) if stays]
         # A word kept by its middle may cross where overlapping windows are cut: its times stay
@@ -194,7 +197,12 @@ def join_segments(
             if stays
         ]
         [whole] = part.segments
-        out.segments.append(replace(whole, start=start, end=end, text=text))
+        segment = replace(whole, start=start, end=end)
+        if not all(keep):  # the window's score and n-best also score words a neighbour holds
+            segment = replace(
+                segment, text=tokenizer.decode(tokens), score=math.nan, alternatives=[]
+            )
+        out.segments.append(segment)
         out.score += part.score
         if part.avg_logprob is not None:
             logprob_sum += part.avg_logprob * (len(part.tokens) + 1)
@@ -234,10 +242,11 @@ def _keep_lost(
 ) -> float:
     """Speech at a cut that each window timed on the other's side ("ERASE" at 4.3-4.6 s in one
     window, "N AS" at 4.6-4.9 s in the other, cut at 4.5 s) is in neither's kept words: where
-    no word the other side kept lies there, and fewer of a text are kept about the overlap
-    than either side decoded, one side's words for it are kept, the longer. `between`: the
-    cut before the first window, this cut, and the one after the second. Returns this cut,
-    moved past the words kept (within the two windows' ranges) so that they keep their times."""
+    it is not the speech of a word the other side kept, and fewer of a text are kept about the
+    overlap than either side decoded, one side's words for it are kept, the longer. `between`:
+    the cut before the first window, this cut, and the one after the second. Returns this cut,
+    moved past the words kept (within the two windows' ranges, and not into the other side's
+    words) so that they keep their times."""
     low, cut, high = between
     overlap = (max(after[0][0], low), min(before[0][1], after[0][1], high))
     times_before, times_after = _input_times(before), _input_times(after)
@@ -267,10 +276,12 @@ def _keep_lost(
     if lost_before and lasting_before >= lasting_after:
         for i in lost_before:
             kept_before[i] = True
-        return min(max([cut, *(times_before[i][1] for i in lost_before)]), overlap[1])
+        until = max([cut, *(times_before[i][1] for i in lost_before)])
+        return max(cut, min(until, kept_from, overlap[1]))
     for i in lost_after:
         kept_after[i] = True
-    return max(min([cut, *(times_after[i][0] for i in lost_after)]), overlap[0])
+    since = min([cut, *(times_after[i][0] for i in lost_after)])
+    return min(cut, max(since, kept_until, overlap[0]))
 
 
 def _lost(
@@ -282,8 +293,8 @@ def _lost(
     missing: Counter[str],
 ) -> list[int]:
     """The words of one side in `order` (nearest the cut first) whose middles lie `within`, up
-    to the first that overlaps a word the other side `held`, or whose text is not `missing`
-    (as many kept already as either side decoded: one word, timed apart)."""
+    to the first that is the speech of a word the other side `held` (`_free`), or whose text is
+    not `missing` (as many kept already as either side decoded: one word, timed apart)."""
     missing = Counter(missing)
     lost = []
     for i in order:
@@ -305,8 +316,9 @@ def _input_times(part: tuple[Span, Transcript]) -> list[tuple[float, float]]:
 
 
 def _free(span: tuple[float, float], held: Sequence[tuple[float, float]]) -> bool:
-    """Whether `span` overlaps none of the `held` spans."""
-    return all(min(span[1], end) <= max(span[0], start) for start, end in held)
+    """Whether `span` is the same speech as none of the `held` spans: two windows' times of
+    neighbouring words often overlap by a frame or two."""
+    return not any(_same_speech(span, other) for other in held)
 
 
 def _keep_once(

@@ -15,6 +15,7 @@ import functools
 import io
 import itertools
 import json
+import math
 import os
 import re
 import shutil
@@ -46,7 +47,7 @@ from asr.models.rnn import RNNEncoder
 from asr.models.seq2seq import Seq2Seq
 from asr.models.transformer import TransformerDecoder, TransformerEncoder
 from asr.recognizer import Recognizer, load_model
-from asr.results import Segment, Transcript
+from asr.results import Alternative, Segment, Transcript
 from asr.search import SearchOptions, greedy_search
 from asr.segment import (
     ArraySource,
@@ -689,6 +690,12 @@ def test_overlapping_windows_keep_each_word_once():
             [Word("N", 4.36, 4.49), Word("N", 4.68, 4.88)],
             "N N N X",
         ),  # across by both
+        # each timed U across the cut, a frame into a word the other side kept (and see below)
+        (
+            [Word("N", 4.40, 4.44), Word("U", 4.48, 4.64)],
+            [Word("U", 4.24, 4.56), Word("E", 4.60, 4.80)],
+            "N N U E X",
+        ),
     ],
 )
 def test_a_word_both_windows_decoded_at_their_cut_is_kept_once(first, second, kept):
@@ -708,6 +715,39 @@ def test_a_word_both_windows_decoded_at_their_cut_is_kept_once(first, second, ke
         assert segment.start <= word.start <= word.end <= segment.end, (word, segment)
     assert all(0.0 <= a <= b <= 9.0 for a, b in zip(joined.token_starts, joined.token_ends))
     assert all(w.start < w.end for w in joined.words), "a word kept keeps its times"
+
+
+def test_a_word_each_window_timed_into_the_others_kept_word_is_kept_once():
+    """ "THREE NINE E" at a cut in long AN4 audio, as "A B C": the first window times B past the
+    cut and over C, the second before the cut and a frame into A. The second's B is kept, the
+    cut moved back to A's end so that A keeps its times."""
+    tokenizer = CharTokenizer.train(["ABC"])
+    before = [Word("A", 3.20, 3.40), Word("B", 3.44, 3.76)]
+    after = [Word("B", 3.36, 3.52), Word("C", 3.56, 3.60)]
+    parts = [_window(tokenizer, (0.0, 4.0), before), _window(tokenizer, (3.0, 7.0), after)]
+    joined = join_segments(tokenizer, parts, 7.0)
+    assert joined.text == "A B C"
+    times = [(w.start, w.end) for w in joined.words]
+    np.testing.assert_allclose(times, [(3.20, 3.40), (3.40, 3.52), (3.56, 3.60)], atol=1e-9)
+
+
+def test_a_segment_cut_from_its_window_has_no_score_or_alternatives_of_the_window():
+    """The search score and n-best of a window are of all its words: a segment that leaves some
+    to its neighbour has neither, and a segment that keeps all its window's words keeps both."""
+    tokenizer = CharTokenizer.train(["ABC"])
+    before = [Word("A", 1.0, 1.4), Word("B", 4.6, 4.9)]  # B is the next segment's
+    after = [Word("B", 4.6, 4.9), Word("C", 6.0, 6.4)]
+    parts = [_window(tokenizer, (0.0, 5.0), before), _window(tokenizer, (4.0, 9.0), after)]
+    for (_, part), other in zip(parts, ("A B B", "B C C")):
+        part.segments[0].alternatives = [Alternative(other, tokenizer.encode(other), -3.0)]
+    joined = join_segments(tokenizer, parts, 9.0)
+    assert [s.text for s in joined.segments] == ["A", "B C"]
+    cut, whole = joined.segments
+    assert math.isnan(cut.score) and cut.alternatives == []
+    assert whole.score == -1.0 and [a.text for a in whole.alternatives] == ["B C C"]
+    cut, whole = joined.to_dict()["segments"]
+    assert cut["score"] is None and "alternatives" not in cut
+    assert whole["alternatives"] == [{"text": "B C C", "score": -3.0}]
 
 
 def test_a_word_timed_apart_before_the_overlap_is_kept_once():
