@@ -14,13 +14,9 @@ import numpy as np
 from torch import Tensor
 
 from asr.audio import AudioError, AudioInput, as_waveform, audio_info, load_audio
+from asr.levels import ENERGY_FLOOR_DB, SILENT_DB, frame_energy_db, loud_level
 
 MIN_SEGMENT_SECONDS = 0.2  # no cut leaves a segment shorter than this
-ENERGY_FLOOR_DB = -100.0  # the energy of digital silence
-# An input whose loudest stretch is quieter holds no speech: below a 16-bit recording's
-# dither (levels relative to it would make an input of digital silence loud throughout)
-SILENT_DB = -90.0
-TRANSIENT_SECONDS = 0.1  # a louder stretch this short (a click) does not set the level
 SHORTEST_MAX_SEGMENT = 3  # the least `segment_seconds_for` gives (> 2 x the 1 s overlap)
 DEFAULT_SEGMENT_SECONDS = 20.0  # the longest segment of a model that does not know its own
 
@@ -84,34 +80,6 @@ class SegmenterOptions:
             if self.max_segment_seconds is None
             else self.max_segment_seconds
         )
-
-
-def frame_energy_db(wave: np.ndarray, frame_samples: int) -> np.ndarray:
-    """RMS energy in dBFS of non-overlapping frames around their mean (a DC offset is no
-    sound, and would fill every pause), a short last frame included.
-
-    >>> frame_energy_db(np.array([1.0, -1.0, 0.1, -0.1, 0.5]), 2).round(1).tolist()
-    [0.0, -20.0, -100.0]
-    """
-    whole = len(wave) // frame_samples * frame_samples
-    frames = wave[:whole].reshape(-1, frame_samples)
-    frames = frames - frames.mean(axis=1, keepdims=True)
-    power = np.einsum("ij,ij->i", frames, frames) / frame_samples  # no squared copy
-    if whole < len(wave):
-        power = np.append(power, np.var(wave[whole:]))
-    return 10.0 * np.log10(power.astype(np.float64) + 10.0 ** (ENERGY_FLOOR_DB / 10))
-
-
-def loud_level(energy_db: np.ndarray, frame_seconds: float) -> float:
-    """The level thresholds are relative to: the loudest frame but for clicks and pops, that
-    of the loudest `TRANSIENT_SECONDS` (a click at the loudest frame made speech 35 dB below
-    it count as silence, and be cut away).
-
-    >>> loud_level(np.array([-40.0] * 50 + [0.0, 0.0]), 0.01)
-    -40.0
-    """
-    loudest = min(len(energy_db), max(1, round(TRANSIENT_SECONDS / frame_seconds)))
-    return float(np.partition(energy_db, -loudest)[-loudest])
 
 
 class AudioSource(Protocol):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import bisect
 import functools
+import heapq
 import importlib.util
 from array import array
 from pathlib import Path
@@ -14,6 +15,14 @@ import numpy as np
 import torch
 import torchaudio.functional as AF
 
+from asr.levels import (
+    ENERGY_FLOOR_DB,
+    SILENT_DB,
+    TRANSIENT_SECONDS,
+    frame_energy_db,
+    loud_level,
+)
+
 if TYPE_CHECKING:
     from asr.segment import AudioSource
 
@@ -21,7 +30,22 @@ VAD_METHODS = ("energy", "silero")
 SILERO_CHUNKS = {16000: 512, 8000: 256}  # samples per probability at the rates it takes
 SPEECH_DB = 0.0
 NON_SPEECH_TOP_DB = -40.0  # below the splitter's default -35 dB threshold
-ENERGY_FLOOR_DB = -100.0
+# Quieter input is raised to this level (its loudest 0.1 s, dBFS) for Silero, which misses
+# speech far below it; the splitter's levels are relative, and the model normalises its own
+LEVEL_DB = -30.0
+LEVEL_FRAME_SECONDS = 0.01  # the energy frames that measure a whole input's level
+
+
+def silero_gain(level_db: float) -> float:
+    """The factor that brings input whose loudest 0.1 s is `level_db` dBFS up to LEVEL_DB:
+    1 for louder input, 0 under SILENT_DB (speechless, as for the energy splitter).
+
+    >>> silero_gain(-20.0), silero_gain(-70.0), silero_gain(-95.0)
+    (1.0, 100.0, 0.0)
+    """
+    if level_db < SILENT_DB:
+        return 0.0
+    return 10.0 ** (max(0.0, LEVEL_DB - level_db) / 20)
 
 
 @functools.cache
@@ -43,20 +67,29 @@ class StreamingVAD:
     """Silero VAD over audio that arrives in pieces: a speech probability per 32 ms as it comes.
 
     Pieces of any size give the same probabilities, and the same `silence`. `speech_end` is
-    where the last chunk judged speech ended, in seconds from the first sample.
+    where the last chunk judged speech ended, in seconds from the first sample. Quiet input is
+    raised by `silero_gain` of its level: the given one, or else the level heard so far (that
+    of the loudest 0.1 s up to and including each chunk), so a chunk is never raised above
+    LEVEL_DB.
 
     Args:
         sample_rate: 16000 or 8000, the rates Silero takes.
         threshold: the probability from which a chunk is speech.
+        level_db: the input's level where it is known beforehand (a whole recording's
+            `loud_level`); None: the level heard so far, for live audio.
     """
 
-    def __init__(self, sample_rate: int, threshold: float = 0.5) -> None:
+    def __init__(
+        self, sample_rate: int, threshold: float = 0.5, level_db: float | None = None
+    ) -> None:
         if sample_rate not in SILERO_CHUNKS:
             raise ValueError(f"Silero VAD takes 16000 or 8000 Hz audio, not {sample_rate} Hz")
         if not 0.0 < threshold < 1.0:
             raise ValueError(f"the VAD threshold must lie in (0, 1), got {threshold}")
-        self.sample_rate, self.threshold = sample_rate, threshold
+        self.sample_rate, self.threshold, self.level_db = sample_rate, threshold, level_db
         self.chunk = SILERO_CHUNKS[sample_rate]
+        self._loudest: list[float] = []  # the energies of the loudest 0.1 s of chunks so far
+        self._transient = max(1, round(TRANSIENT_SECONDS * sample_rate / self.chunk))
         self._graph = _silero_graph()
         self._rate = np.array(sample_rate, dtype=np.int64)
         self._state = np.zeros((2, 1, 128), dtype=np.float32)
@@ -71,10 +104,16 @@ class StreamingVAD:
         pending = np.concatenate([self._pending, np.asarray(samples, np.float32).reshape(-1)])
         whole = len(pending) // self.chunk
         probs = np.empty(whole, dtype=np.float32)
+        # the chunks' energies at once (what sets their gain, where the level is not known)
+        energies = [0.0] * whole
+        if self.level_db is None and whole:
+            energies = frame_energy_db(pending[: whole * self.chunk], self.chunk).tolist()
         for i in range(whole):
-            x = np.concatenate(
-                [self._context, pending[None, i * self.chunk : (i + 1) * self.chunk]], 1
-            )
+            samples = pending[i * self.chunk : (i + 1) * self.chunk]
+            gain = silero_gain(self._level(energies[i]))
+            if gain != 1.0:  # raised without its offset: no sound, which the gain would swell
+                samples = (samples - samples.mean()) * np.float32(gain)
+            x = np.concatenate([self._context, samples[None]], 1)
             out, self._state = self._graph.run(
                 None, {"input": x, "state": self._state, "sr": self._rate}
             )
@@ -86,6 +125,16 @@ class StreamingVAD:
                 self._speech.append(self.chunks - 1)
         self._pending = pending[whole * self.chunk :]
         return probs
+
+    def _level(self, energy: float) -> float:
+        """The level that sets the gain of a chunk of `energy` dBFS: the known one, or that
+        heard so far with the chunk."""
+        if self.level_db is not None:
+            return self.level_db
+        heapq.heappush(self._loudest, energy)
+        if len(self._loudest) > self._transient:
+            heapq.heappop(self._loudest)
+        return max(self._loudest[0], energy)
 
     def flush(self) -> np.ndarray:
         """The probability of the incomplete last chunk, padded with silence (none if empty)."""
@@ -107,9 +156,12 @@ class StreamingVAD:
 def speech_probabilities(
     source: AudioSource, read_seconds: float = 60.0
 ) -> tuple[np.ndarray, float]:
-    """Silero's speech probability per chunk of `source`, read in pieces, and the chunk seconds."""
+    """Silero's speech probability per chunk of `source`, read in pieces, and the chunk seconds.
+    The source is read twice: first for its level, which sets Silero's gain."""
     rate = source.sample_rate
-    vad = StreamingVAD(rate if rate in SILERO_CHUNKS else 16000)
+    energy, frame_seconds = source.energy_db(LEVEL_FRAME_SECONDS, read_seconds)
+    level = loud_level(energy, frame_seconds)
+    vad = StreamingVAD(rate if rate in SILERO_CHUNKS else 16000, level_db=level)
     probs = []
     start = 0.0
     while start < source.duration:

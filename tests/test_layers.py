@@ -21,8 +21,19 @@ PACKAGE = REPO / "asr"
 # The package's layer map, stated here and nowhere else. Each module's layer, bottom (0) to
 # top; a module may import from its own layer or below.
 LAYERS = {
-    # leaves: text (tokenizers, the special ids), audio, frontends, models/ (plain nn.Modules)
-    0: {"text", "audio", "perturb", "frontends", "metrics", "precision", "models", "data.manifest"},
+    # leaves: text (tokenizers, the special ids), audio and its levels, frontends, models/
+    # (plain nn.Modules)
+    0: {
+        "text",
+        "audio",
+        "levels",
+        "perturb",
+        "frontends",
+        "metrics",
+        "precision",
+        "models",
+        "data.manifest",
+    },
     # format: what a checkpoint or package holds, and loading it
     1: {"checkpoint", "package", "loading", "finetune", "onnx_runtime"},
     # algorithms: search, timing, confidence, long-audio segmentation, attention-failure guard

@@ -42,6 +42,7 @@ from asr.data.cmvn import compute_cmvn_stats
 from asr.data.dataset import collate
 from asr.data.manifest import Utterance, write_manifest
 from asr.frontends import Frontend, LogMelFilterbank, UtteranceCMVN
+from asr.levels import frame_energy_db
 from asr.models.ctc import CTCHead
 from asr.models.rnn import RNNEncoder
 from asr.models.seq2seq import Seq2Seq
@@ -53,7 +54,6 @@ from asr.segment import (
     ArraySource,
     FileSource,
     SegmenterOptions,
-    frame_energy_db,
     plan_segments,
     segment_source,
 )

@@ -13,7 +13,13 @@ from conftest import REPO
 from test_transcribe import GREEDY, RATE, WAV, _overfit_recognizer, make_three_minutes
 
 from asr.audio import load_audio
-from asr.segment import ArraySource, FileSource, SegmenterOptions, segment_source
+from asr.levels import frame_energy_db, loud_level
+from asr.segment import (
+    ArraySource,
+    FileSource,
+    SegmenterOptions,
+    segment_source,
+)
 from asr.vad import StreamingVAD, speech_probabilities
 
 SILERO = SegmenterOptions(vad="silero")
@@ -44,15 +50,15 @@ def test_reading_in_pieces_gives_the_probabilities_of_the_whole(three_minutes):
     np.testing.assert_allclose(pieces, whole, atol=1e-4)
 
 
-@pytest.mark.parametrize("kind", ["silence", "white noise"])
+@pytest.mark.parametrize("kind", ["silence", "white noise", "faint white noise"])
 def test_no_speech_gives_no_segments(kind):
+    """Faint noise (-70 dBFS) is raised to a normal level too, and is still no speech."""
     rng = np.random.default_rng(0)
-    wave = (
-        torch.zeros(10 * RATE)
-        if kind == "silence"
-        else torch.from_numpy(0.05 * rng.standard_normal(10 * RATE).astype(np.float32))
-    )
+    scale = {"silence": 0.0, "white noise": 0.05, "faint white noise": 10 ** (-70 / 20)}[kind]
+    wave = torch.from_numpy((scale * rng.standard_normal(10 * RATE)).astype(np.float32))
     assert segment_source(ArraySource(wave, RATE), SILERO) == []
+    live = StreamingVAD(RATE)
+    assert (live.push(wave.numpy()) < live.threshold).all()
     energy = segment_source(ArraySource(wave, RATE), SegmenterOptions())
     assert (energy == []) == (kind == "silence"), "energy keeps the noise, not digital silence"
 
@@ -66,6 +72,26 @@ def test_eight_khz_audio_is_read_at_its_rate_and_other_rates_resampled(three_min
         assert len(spans) == len(spans16)
         for (s, e), (s16, e16) in zip(spans, spans16):
             assert abs(s - s16) < 0.3 and abs(e - e16) < 0.3
+
+
+def test_quiet_speech_is_heard_as_at_a_normal_level(three_minutes):
+    """Silero misses speech far below a normal level, which the energy splitter (its levels are
+    relative) and the model (it normalises its own) take: quiet input is raised first. Input
+    whose loudest 0.1 s is under -90 dBFS holds no speech, as for the energy splitter."""
+    audio = three_minutes["audio"][: 30 * RATE]
+    spans = segment_source(ArraySource(torch.from_numpy(audio), RATE), SILERO)
+    for quieter in (audio * 1e-3, audio * 3e-3 + 3e-3):  # -80 dB; -70 dB over a DC offset
+        quiet = segment_source(ArraySource(torch.from_numpy(quieter), RATE), SILERO)
+        assert len(quiet) == len(spans)
+        for (s, e), (s1, e1) in zip(quiet, spans):
+            assert abs(s - s1) < 0.1 and abs(e - e1) < 0.1
+    live = StreamingVAD(RATE)  # the level heard so far: each utterance louder than -90 dBFS
+    live.push(audio * 3e-3)
+    for start, end in [span for span in three_minutes["spans"] if span[1] <= 30]:
+        assert live.silence(end, since=start) < 0.5, (start, end)  # its end heard as speech
+    silent = torch.from_numpy(audio * 1e-4)
+    assert loud_level(frame_energy_db(silent.numpy(), 160), 0.01) < -90
+    assert segment_source(ArraySource(silent, RATE), SILERO) == []
 
 
 def test_transcribe_with_silero_vad(tmp_path):
@@ -84,6 +110,8 @@ def test_transcribe_with_silero_vad(tmp_path):
 
 
 def test_a_live_vad_hears_the_same_in_any_pieces_as_the_offline_track(three_minutes):
+    """Offline, Silero's gain comes from the whole input's level; live, from the level heard
+    so far (louder at first): the same speech all the same."""
     audio = three_minutes["audio"][: 20 * RATE + 300]
     whole = StreamingVAD(RATE).push(audio)
     vad, parts, start = StreamingVAD(RATE), [], 0
@@ -94,9 +122,12 @@ def test_a_live_vad_hears_the_same_in_any_pieces_as_the_offline_track(three_minu
             break
     np.testing.assert_array_equal(np.concatenate(parts), whole)
     offline, frame = speech_probabilities(ArraySource(torch.from_numpy(audio), RATE))
-    assert len(offline) == len(whole) + 1  # the last, incomplete chunk padded
-    np.testing.assert_array_equal(offline[: len(whole)], whole)
+    level = loud_level(frame_energy_db(audio, 160), 0.01)
+    known = StreamingVAD(RATE, level_db=level).push(audio)
+    assert len(offline) == len(known) + 1  # the last, incomplete chunk padded
+    np.testing.assert_array_equal(offline[: len(known)], known)
     assert frame == 0.032
+    assert ((offline[: len(whole)] >= 0.5) == (whole >= 0.5)).mean() > 0.98
 
 
 def test_audio_read_ahead_does_not_hide_a_pause(three_minutes):

@@ -1100,7 +1100,7 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
     )
     if command == "transcribe":
         from asr.alignment import TIMESTAMP_METHODS
-        from asr.segment import ENERGY_FLOOR_DB
+        from asr.levels import ENERGY_FLOOR_DB
         from asr.writers import ALL, FORMATS
 
         p.add_argument(
