@@ -76,8 +76,10 @@ def transcribe_sources(
             work.extend((i, span) for span in segment_source(sources[i], segmenter))
         except AudioError as err:
             results[i] = err
+    cut = Counter(i for i, _ in work)  # inputs of several segments, joined at cuts
     work.sort(key=lambda item: item[1][1] - item[1][0], reverse=True)  # less padding
     parts: dict[int, list[tuple[Span, Transcript]]] = {i: [] for i in sources}
+    guides: dict[int, list[list[Word]]] = {i: [] for i in sources}
     with tqdm(total=len(work), desc="segments", disable=not progress, leave=False) as bar:
         for batch in batches(work, batch_size):
             todo, waves = [], []
@@ -90,6 +92,7 @@ def transcribe_sources(
                         continue
                     if len(wave) < recognizer.shortest_input:  # too short to hold speech
                         parts[i].append((span, _nothing(len(wave) / recognizer.sample_rate)))
+                        guides[i].append([])
                     else:
                         waves.append(wave)
                         todo.append((i, span))
@@ -99,16 +102,32 @@ def transcribe_sources(
                 else:
                     part = recognizer.transcript(decoded, timestamps)
                     parts[i].append((span, part))
+                    guides[i].append(_join_times(recognizer, decoded, part, cut[i] > 1))
                     if on_decoded is not None:
                         on_decoded(i, span, part, decoded)
             bar.update(len(batch))
     for i, source in sources.items():
         if results[i] is None:
-            results[i] = join_segments(recognizer.tokenizer, parts[i], source.duration)
+            results[i] = join_segments(recognizer.tokenizer, parts[i], source.duration, guides[i])
     return [
         BatchResult(name, None, r) if isinstance(r, AudioError) else BatchResult(name, r)
         for name, r in zip(names, results)
     ]
+
+
+def _join_times(
+    recognizer: Recognizer, decoded: Decoded, part: Transcript, joined: bool
+) -> list[Word]:
+    """The word times that decide where a part `joined` to others keeps its words: CTC's where
+    the model has a CTC head, whatever `--timestamps` reports (attention's, at a window's
+    edge, often place a word far from its speech, and the text would depend on the choice);
+    else the part's own."""
+    if not joined or decoded.ctc_log_probs is None:
+        return part.words
+    try:
+        return recognizer.words(decoded, "ctc", fallback=False)
+    except ValueError:  # no CTC path for this hypothesis
+        return part.words
 
 
 def _nothing(duration: float) -> Transcript:
@@ -158,24 +177,37 @@ def search_or_errors(
 
 
 def join_segments(
-    tokenizer: Tokenizer, parts: Sequence[tuple[Span, Transcript]], duration: float
+    tokenizer: Tokenizer,
+    parts: Sequence[tuple[Span, Transcript]],
+    duration: float,
+    guides: Sequence[list[Word]] | None = None,
 ) -> Transcript:
     """One `Transcript` from `(span, transcript)` parts; overlaps are cut at their midpoint, and
     a word both sides of a cut decoded (whole on one side, its onset on the other) kept once.
+    `guides`: each part's words timed otherwise, by which the words kept are chosen (default:
+    its own); the transcript keeps the parts' own times.
 
     A segment that leaves out words of its window has no search `score` (NaN) and no
     `alternatives`: both are of the whole window's hypotheses, and alternatives have no word
     times to cut them by."""
-    parts = sorted(parts, key=lambda part: part[0][0])
+    guides = [part.words for _, part in parts] if guides is None else guides
+    order = sorted(range(len(parts)), key=lambda k: parts[k][0][0])
+    guided = []  # the parts as the guides time their words
+    for k in order:
+        span, part = parts[k]
+        if [w.text for w in guides[k]] != [w.text for w in part.words]:
+            raise ValueError(f"the guide of the part at {span} has other words than the part")
+        guided.append((span, replace(part, words=guides[k])))
+    parts = [parts[k] for k in order]
     spans = [span for span, _ in parts]
     ranges = [_kept_range(spans, k) for k in range(len(spans))]
-    words = [_kept_words(part, span[0], *kept) for (span, part), kept in zip(parts, ranges)]
+    words = [_kept_words(part, span[0], *kept) for (span, part), kept in zip(guided, ranges)]
     for k in range(len(parts) - 1):
         if spans[k][1] > spans[k + 1][0]:
             between = (ranges[k][0], ranges[k][1], ranges[k + 1][1])  # where the cut may go
-            cut = _keep_lost(parts[k], parts[k + 1], words[k], words[k + 1], between)
+            cut = _keep_lost(guided[k], guided[k + 1], words[k], words[k + 1], between)
             ranges[k], ranges[k + 1] = (ranges[k][0], cut), (cut, ranges[k + 1][1])
-            _keep_once(parts[k], parts[k + 1], words[k], words[k + 1])
+            _keep_once(guided[k], guided[k + 1], words[k], words[k + 1])
     out = Transcript("", [], [], [], [], [], 0.0, duration, [])
     logprob_sum, logprob_count = 0.0, 0  # over whole segments: tokens and eos
     for k, (span, part) in enumerate(parts):

@@ -35,6 +35,7 @@ from conftest import AN4_FIXTURE, REPO, encode_audio, trained_once
 from torch import nn
 
 import asr.decoding
+import asr.transcribe
 from asr.audio import audio_info, load_audio
 from asr.cli import main
 from asr.cli.inputs import transcribe_files
@@ -729,6 +730,56 @@ def test_a_word_each_window_timed_into_the_others_kept_word_is_kept_once():
     assert joined.text == "A B C"
     times = [(w.start, w.end) for w in joined.words]
     np.testing.assert_allclose(times, [(3.20, 3.40), (3.40, 3.52), (3.56, 3.60)], atol=1e-9)
+
+
+def test_the_guides_times_choose_the_words_kept_and_the_parts_own_are_reported():
+    """Attention at a window's edge timed F 0.6 s early in one window (3.0-3.2) and late in the
+    next (3.6-3.8), on either side of the cut: both were kept. CTC's times (the guides) put
+    both copies on one stretch of speech: F is kept once, at its attention time."""
+    tokenizer = CharTokenizer.train(["XFY"])
+    before = [Word("X", 1.0, 1.4), Word("F", 3.0, 3.2)]
+    after = [Word("F", 3.6, 3.8), Word("Y", 5.0, 5.4)]
+    parts = [_window(tokenizer, (0.0, 4.0), before), _window(tokenizer, (3.0, 7.0), after)]
+    assert join_segments(tokenizer, parts, 7.0).text == "X F F Y"
+    guides = [
+        [Word("X", 1.0, 1.4), Word("F", 3.4, 3.6)],
+        [Word("F", 0.42, 0.62), Word("Y", 2.0, 2.4)],
+    ]
+    joined = join_segments(tokenizer, parts[::-1], 7.0, guides[::-1])  # in any order
+    assert joined.text == "X F Y"
+    np.testing.assert_allclose([(w.start, w.end) for w in joined.words],
+                               [(1.0, 1.4), (3.6, 3.8), (5.0, 5.4)], atol=1e-9)  # fmt: skip
+    with pytest.raises(ValueError, match="other words than the part"):
+        join_segments(tokenizer, parts, 7.0, [guides[0], guides[0]])
+
+
+def test_long_audio_joins_its_windows_by_ctc_times_whichever_timestamps(
+    checkpoint, tmp_path, monkeypatch
+):
+    """Which words windows keep at their cuts is chosen by CTC times where there is a CTC
+    head: --timestamps changes the times alone, not the text."""
+    waves = [load_audio(WAV / f"{p}.wav", 16000) for p in UTTERANCES]
+    audio = tmp_path / "joined.wav"
+    soundfile.write(audio, torch.cat([*waves, *waves]).numpy(), 16000)
+    join, guided = asr.transcribe.join_segments, []
+
+    def recording_join(tokenizer, parts, duration, guides=None):
+        guided.append([[w.start for w in words] for words in guides or []])
+        return join(tokenizer, parts, duration, guides)
+
+    monkeypatch.setattr(asr.transcribe, "join_segments", recording_join)
+    texts = []
+    for timestamps in ("attention", "ctc"):
+        main(["transcribe", str(audio), "--checkpoint", str(checkpoint), "--quiet",
+              "--max-segment-seconds", "3", "--min-silence-seconds", "10",
+              "--output-dir", str(tmp_path / timestamps), "--format", "txt", "json",
+              "--timestamps", timestamps])  # fmt: skip
+        texts.append((tmp_path / timestamps / "joined.txt").read_text())
+    assert texts[0] == texts[1] and texts[0].strip()
+    assert len(guided) == 2 and guided[0] == guided[1] and len(guided[0]) > 2, "CTC's both times"
+    words = [json.loads((tmp_path / t / "joined.json").read_text())["words"]
+             for t in ("attention", "ctc")]  # fmt: skip
+    assert [w["start"] for w in words[0]] != [w["start"] for w in words[1]], "reported as asked"
 
 
 def test_a_segment_cut_from_its_window_has_no_score_or_alternatives_of_the_window():
