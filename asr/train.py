@@ -279,17 +279,24 @@ class StepCheckpoint(L.Callback):
 
 
 def reopen_cut_epoch(checkpoint: dict[str, Any]) -> None:
-    """Make a checkpoint of an epoch cut short (e.g. by `max_time`) resume inside that epoch."""
+    """Make a checkpoint of an epoch cut short (by `max_time`, or by `max_steps` where the
+    epoch was not validated) resume inside that epoch."""
     fit = checkpoint.get("loops", {}).get("fit_loop", {})
     epochs, batches = fit.get("epoch_progress"), fit.get("epoch_loop.batch_progress")
     epoch_loop = fit.get("epoch_loop.state_dict", {})
     if epochs is None or batches is None or "_batches_that_stepped" not in epoch_loop:
         return
-    saved_at_epoch_end = epochs["current"]["processed"] == epochs["current"]["completed"] + 1
+    current = epochs["current"]
+    # saved as the epoch ended: before Lightning counted it completed (max_time), or after
+    saved_at_epoch_end = current["processed"] == current["ready"] > 0 and current["completed"] in (
+        current["processed"] - 1,
+        current["processed"],
+    )
     if not saved_at_epoch_end or batches["is_last_batch"]:
         return
     for progress in (epochs["total"], epochs["current"]):
         progress["processed"] -= 1
+        progress["completed"] = min(progress["completed"], progress["processed"])
     for progress in (batches["total"], batches["current"]):
         progress["completed"] -= 1
     # Counted for the cut batch already; a batch-end save counts it on resume.

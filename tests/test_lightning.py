@@ -919,6 +919,22 @@ def test_time_limit_mid_epoch_then_longer_limit_resumes_that_epoch(
     assert len(list((stopped_root / "checkpoints").glob("epoch001*"))) == 1, "filed once, whole"
 
 
+def test_a_step_limit_mid_epoch_then_none_resumes_that_epoch(tiny_an4, tmp_path, uninterrupted):
+    """`--trainer.max_steps` ends the fit in the middle of an epoch that is not validated, and
+    Lightning saves it as a finished epoch: a run resumed without the limit must still train
+    the epoch's rest."""
+    unvalidated = ["--trainer.check_val_every_n_epoch", "1000"]
+    full, stopped_root = uninterrupted(unvalidated), tmp_path / "stopped"
+    _, stop_at = _middle_of_second_epoch(full)
+    args = _augmented_args(tiny_an4, stopped_root) + unvalidated
+    args += ["--step_checkpoint.every_n_steps", "0"]
+    main(args + ["--trainer.max_steps", str(stop_at)])
+    last = stopped_root / "checkpoints" / "last.ckpt"
+    assert torch.load(last, weights_only=True)["global_step"] == stop_at
+    main(args + ["--ckpt_path", "last"])
+    _assert_same_end(full, torch.load(last, weights_only=True))
+
+
 def test_a_run_the_time_limit_cut_short_says_so(tiny_an4, tmp_path, capsys):
     """A config's max_time is a guard; where it ends the run first (a slower or busy CPU), the
     recipe would go on to average and decode the half-trained model without a word."""
