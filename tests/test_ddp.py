@@ -112,13 +112,29 @@ def _steps_args(data: dict[str, str], root: Path, steps: int) -> list[str]:
     ]  # fmt: skip
 
 
-def _fit(tmp_path: Path, args: list[str], **env: str) -> subprocess.CompletedProcess:
+def _start(tmp_path: Path, args: list[str], **env: str) -> subprocess.Popen:
     script = tmp_path / "fit.py"
     script.write_text(textwrap.dedent(SCRIPT))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), **env}
-    return subprocess.run(
-        [sys.executable, str(script), *args], env=env, capture_output=True, text=True, timeout=500
+    return subprocess.Popen(
+        [sys.executable, str(script), *args],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
+
+
+def _wait(proc: subprocess.Popen) -> subprocess.CompletedProcess:
+    try:
+        out, err = proc.communicate(timeout=500)
+    finally:
+        proc.kill()
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def _fit(tmp_path: Path, args: list[str], **env: str) -> subprocess.CompletedProcess:
+    return _wait(_start(tmp_path, args, **env))
 
 
 def _reports(root: Path, world: int) -> list[dict]:
@@ -134,12 +150,14 @@ def test_two_processes_train_as_one_process_accumulating_both_ranks_batches(tiny
         "--model.init_args.decoder.init_args.dropout", "0",
     ]  # fmt: skip
     two, one = tmp_path / "two", tmp_path / "one"
-    proc = _fit(tmp_path, _steps_args(tiny_an4, two, 200) + no_dropout + DDP)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    ranks = _start(tmp_path, _steps_args(tiny_an4, two, 200) + no_dropout + DDP)
     accumulate = ["--trainer.accumulate_grad_batches", "2"]
-    # Forked from this process, the one-process run need not import Lightning again.
+    # Forked from this process, the one-process run need not import Lightning again; it runs
+    # while the ranks start theirs.
     args = _steps_args(tiny_an4, one, 200) + no_dropout + accumulate
     proc = run_forked(textwrap.dedent(SCRIPT), args, {"AS_RANKS": "2"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = _wait(ranks)
     assert proc.returncode == 0, proc.stderr[-3000:]
 
     (rank0, rank1), (alone,) = _reports(two, 2), _reports(one, 1)
@@ -214,13 +232,15 @@ def test_a_killed_rank_stops_the_job_clearly_and_the_resumed_run_is_exact(tiny_a
         "--step_checkpoint.every_n_steps", "5",
     ]  # fmt: skip
     full, killed = tmp_path / "full", tmp_path / "killed"
-    proc = _fit(tmp_path, _steps_args(tiny_an4, full, 20) + augmented + DDP)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    # the uninterrupted run beside the killed one, which mostly waits
+    uninterrupted = _start(tmp_path, _steps_args(tiny_an4, full, 20) + augmented + DDP)
 
     args = _steps_args(tiny_an4, killed, 20) + augmented + DDP
     # Rank 0 reaches its next collective 7 s after the kill: later than Lightning's own
     # watch over its children (every 5 s), which SIGKILLs every process with no word of why.
     proc = _fit(tmp_path, args, KILL_AT_STEP="10", LATE_RANK0_S="7")
+    done = _wait(uninterrupted)
+    assert done.returncode == 0, done.stderr[-3000:]
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert "local rank 1" in proc.stderr and "killed by SIGKILL" in proc.stderr, proc.stderr[-3000:]
     assert "--ckpt_path last resumes" in proc.stderr
