@@ -1087,12 +1087,18 @@ def test_cli_reads_a_manifest_with_offsets_and_names_its_bad_lines(transcribe_cl
     cut = len(yes) / RATE
     lines = [
         json.dumps({"audio_filepath": "two.wav", "duration": cut}),  # relative to the manifest
-        json.dumps({"audio_filepath": "two.wav", "offset": cut + 0.5, "text": "ignored"}),
+        json.dumps(
+            {"audio_filepath": "two.wav", "offset": cut + 0.5, "text": "a\u2028b\x85c"},
+            ensure_ascii=False,
+        ),  # line breaks to str.splitlines, not to JSON Lines
         "{not json",
         json.dumps({"audio_filepath": "missing.wav"}),
+        '{"audio_filepath": "two.wav", "text": "caf\xe9"}',  # a byte that is not UTF-8
     ]
     manifest = tmp_path / "talks.jsonl"
-    manifest.write_text("\n".join(lines) + "\n")
+    manifest.write_bytes(
+        "\n".join(lines).encode("utf-8").replace(b"caf\xc3\xa9", b"caf\xe9") + b"\n"
+    )
     out = tmp_path / "out"
     code, stdout, stderr = transcribe_cli(manifest, "--output-dir", out, "--format", "txt")
     assert code == 1
@@ -1103,7 +1109,8 @@ def test_cli_reads_a_manifest_with_offsets_and_names_its_bad_lines(transcribe_cl
     assert stdout.splitlines() == [f"{two}{first[3:]}\tYES", f"{two}{second[3:]}\tGO"]
     assert f"error: {manifest}:3: invalid JSON" in stderr
     assert f"error: {manifest}:4: audio {tmp_path / 'missing.wav'}: file not found" in stderr
-    assert "2 of 4 files failed" in stderr
+    assert f"error: {manifest}:5: not valid UTF-8 (byte 0xe9 at column 43)" in stderr
+    assert "3 of 5 files failed" in stderr
 
 
 def test_cli_reads_stdin_and_prints_timed_lines_without_an_output_dir(

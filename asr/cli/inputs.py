@@ -17,7 +17,7 @@ from typing import IO, TYPE_CHECKING, Any, NamedTuple
 from tqdm import tqdm
 
 from asr.audio import AUDIO_SUFFIXES, AudioError, audio_files
-from asr.data.manifest import read_clip
+from asr.data.manifest import decode_line, manifest_lines, read_clip
 from asr.results import BatchResult, Decoded, Transcript
 from asr.search import LanguageModel, SearchOptions
 from asr.segment import Clip, SegmenterOptions, Span
@@ -154,22 +154,21 @@ def _glob_inputs(pattern: str, failures: list[str]) -> list[Found]:
 def _manifest_inputs(manifest: Path, failures: list[str]) -> list[Found]:
     """The clips a manifest's lines name; its bad lines go to `failures` as `file:line: why`."""
     try:
-        lines = manifest.read_text(encoding="utf-8-sig").splitlines()
-    except (OSError, UnicodeDecodeError) as error:
+        lines = manifest_lines(manifest.read_bytes())
+    except OSError as error:
         failures.append(f"{manifest}: cannot read manifest ({error})")
         return []
     clips, fields, where, bad = [], [], [], 0
-    for number, line in enumerate(lines, 1):
-        if line.strip():
-            try:
-                path, offset, duration, record = read_clip(line, manifest.parent)
-            except ValueError as error:
-                failures.append(f"{manifest}:{number}: {error}")
-                bad += 1
-            else:
-                clips.append(Clip(path, offset, duration))
-                fields.append(record)
-                where.append(f"{manifest}:{number}")
+    for number, line in lines:
+        try:
+            path, offset, duration, record = read_clip(decode_line(line), manifest.parent)
+        except ValueError as error:
+            failures.append(f"{manifest}:{number}: {error}")
+            bad += 1
+        else:
+            clips.append(Clip(path, offset, duration))
+            fields.append(record)
+            where.append(f"{manifest}:{number}")
     if not clips and not bad:
         failures.append(f"{manifest}: no lines")
     paths = [Path(clip.path) for clip in clips]

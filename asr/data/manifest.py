@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import codecs
 import hashlib
 import json
 import logging
@@ -188,11 +189,9 @@ def _parse_manifest(path: Path) -> tuple[list[tuple[int, Utterance]], list[tuple
     good: list[tuple[int, Utterance]] = []
     bad: list[tuple[int, BadEntry]] = []
     first_line_of: dict[str, int] = {}
-    for number, line in enumerate(_read_bytes(path).splitlines(), start=1):
-        if not line.strip():
-            continue
+    for number, line in manifest_lines(_read_bytes(path)):
         try:
-            utterance = _parse_line(line, base, strip_bom=number == 1)
+            utterance = _parse_line(line, base)
         except _LineError as error:
             bad.append((number, BadEntry(f"{path}:{number}", str(error))))
             continue
@@ -221,12 +220,27 @@ class _LineError(Exception):
     """Why one manifest line is bad."""
 
 
-def _parse_line(line: bytes, base: Path, strip_bom: bool) -> Utterance:
+def manifest_lines(data: bytes) -> Iterable[tuple[int, bytes]]:
+    """(line number, line) of a manifest's non-blank lines, a UTF-8 BOM left out; split as
+    bytes (\n, \r\n or \r), since text may hold U+2028 or U+0085 unescaped."""
+    data = data.removeprefix(codecs.BOM_UTF8)
+    return [(n, line) for n, line in enumerate(data.splitlines(), start=1) if line.strip()]
+
+
+def decode_line(line: bytes) -> str:
+    """A manifest line as text; ValueError naming the first byte that is not UTF-8."""
     try:
-        text = line.decode("utf-8-sig" if strip_bom else "utf-8")
+        return line.decode("utf-8")
     except UnicodeDecodeError as error:
         reason = f"not valid UTF-8 (byte 0x{line[error.start]:02x} at column {error.start + 1})"
-        raise _LineError(reason) from None
+        raise ValueError(reason) from None
+
+
+def _parse_line(line: bytes, base: Path) -> Utterance:
+    try:
+        text = decode_line(line)
+    except ValueError as error:
+        raise _LineError(str(error)) from None
     return _utterance_from(_json_record(text), base)
 
 
@@ -235,6 +249,8 @@ def _json_record(text: str) -> Any:
         return json.loads(text)
     except json.JSONDecodeError as error:
         raise _LineError(f"invalid JSON: {error.msg} (column {error.colno})") from None
+    except ValueError as error:  # an integer of more digits than Python converts
+        raise _LineError(f"invalid JSON: {error}") from None
 
 
 def read_clip(
@@ -305,6 +321,8 @@ def _path_problem(value: Any) -> str | None:
 def _number_problem(key: str, value: Any, allow_zero: bool) -> str | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return f"{key!r} must be a number, got {_json_value(value)}"
+    if isinstance(value, int) and not -1e308 < value < 1e308:  # no float holds it
+        return f"{key!r} must be finite, got an integer of {len(str(abs(value)))} digits"
     if not math.isfinite(value):
         return f"{key!r} must be finite, got {value}"
     if value < 0 or (value == 0 and not allow_zero):

@@ -144,6 +144,14 @@ BAD_LINES = [
     ('{"audio_filepath": "/a.wav", "duration": NaN, "text": "x"}', "'duration' must be finite"),
     ('{"audio_filepath": "/a.wav", "duration": Infinity, "text": "x"}', "must be finite"),
     (
+        '{"audio_filepath": "/a.wav", "duration": 1%s, "text": "x"}' % ("0" * 400),
+        "'duration' must be finite, got an integer of 401 digits",
+    ),
+    (
+        '{"audio_filepath": "/a.wav", "duration": 1, "text": "x", "n": 1%s}' % ("0" * 5000),
+        "invalid JSON: Exceeds the limit",
+    ),
+    (
         '{"audio_filepath": "/a.wav", "duration": 1, "text": 5}',
         "'text' must be a string, got number 5",
     ),
@@ -209,6 +217,8 @@ def test_lines_without_id_are_duplicates_when_path_and_offset_repeat(tmp_path):
 
 def test_a_byte_order_mark_is_tolerated_on_the_first_line(tmp_path):
     path = write_lines(tmp_path / "bom.jsonl", [b"\xef\xbb\xbf" + (GOOD % 1).encode()])
+    assert read_manifest(path) == [Utterance("/a/1.wav", 1.5, "hello")]
+    path = write_lines(tmp_path / "bom_blank.jsonl", [b"\xef\xbb\xbf", GOOD % 1])  # then blank
     assert read_manifest(path) == [Utterance("/a/1.wav", 1.5, "hello")]
 
 
