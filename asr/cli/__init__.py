@@ -544,9 +544,15 @@ def _evaluate(args: argparse.Namespace) -> int:
 
 
 def _robustness(args: argparse.Namespace) -> int:
-    from asr.robustness import Condition, not_scored, robustness, robustness_table
+    from asr.robustness import (
+        DEFAULT_CONDITIONS,
+        Condition,
+        not_scored,
+        robustness,
+        robustness_table,
+    )
 
-    conditions = [Condition.parse(text) for text in args.conditions]
+    conditions = [Condition.parse(text) for text in args.conditions or DEFAULT_CONDITIONS]
     recognizer = _load_model(args)
     rows = robustness(
         recognizer,
@@ -873,7 +879,12 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
         )
         p.add_argument("--data-dir", required=True, help="corpus root (or .tar.gz for an4)")
         p.add_argument("--out", required=True, help="output directory for the manifests")
-        p.add_argument("--splits", nargs="+", help="librispeech: split names (default: all found)")
+        p.add_argument(
+            "--splits",
+            nargs="+",
+            action="extend",
+            help="librispeech: split names (default: all found)",
+        )
         p.add_argument("--dev-size", type=int, help="an4: training utterances held out (100)")
     p.set_defaults(run=_prepare)
 
@@ -889,7 +900,9 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
     if command == "tokenizer":
         from asr.text import CASES, PUNCTUATION, TOKENIZER_KINDS, TextNormalizer
 
-        p.add_argument("--manifest", nargs="+", required=True, help="training manifest(s)")
+        p.add_argument(
+            "--manifest", nargs="+", action="extend", required=True, help="training manifest(s)"
+        )
         p.add_argument(
             "--kind",
             choices=TOKENIZER_KINDS,
@@ -953,7 +966,11 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
     )
     if command == "validate-data":
         p.add_argument(
-            "--manifest", nargs="+", required=True, help="JSONL manifests, each checked on its own"
+            "--manifest",
+            nargs="+",
+            action="extend",
+            required=True,
+            help="JSONL manifests, each checked on its own",
         )
         p.add_argument("--tokenizer", help="tokenizer directory: also check out-of-vocabulary text")
         from asr.data.manifest import MIN_DURATION
@@ -1015,7 +1032,9 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
     )
     if command == "average":
         group = p.add_mutually_exclusive_group(required=True)
-        group.add_argument("--checkpoints", nargs="+", help="checkpoint files to average")
+        group.add_argument(
+            "--checkpoints", nargs="+", action="extend", help="checkpoint files to average"
+        )
         group.add_argument("--last", help="a run's last.ckpt: average the best ones it records")
         p.add_argument("--best", type=count, help=f"with --last: how many best ({DEFAULT_BEST})")
         p.add_argument("--out", required=True, help="output checkpoint")
@@ -1123,6 +1142,7 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
         p.add_argument(
             "--format",
             nargs="+",
+            action="extend",
             choices=[*FORMATS, ALL],
             help="files to write to --output-dir (txt json); all: every one",
         )
@@ -1355,7 +1375,9 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
         p.add_argument("--manifest", required=True, help="JSONL manifest with references")
         p.add_argument("--out", required=True, help="output directory")
         p.add_argument("--plots", type=whole(0), default=5, help="plot the first N utterances (5)")
-        p.add_argument("--plot-ids", nargs="+", help="plot these utterance ids instead")
+        p.add_argument(
+            "--plot-ids", nargs="+", action="extend", help="plot these utterance ids instead"
+        )
         p.add_argument(
             "--chunk-ms",
             type=non_negative,
@@ -1388,11 +1410,11 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
         p.add_argument(
             "--conditions",
             nargs="+",
-            default=list(DEFAULT_CONDITIONS),
+            action="extend",
             help="KIND or KIND:VALUE among clean, level:DB, white|pink|brown|babble:SNR_DB, "
             "reverb:RT60_S, telephone, speed:FACTOR, pad:SECONDS (at most 60); + before a "
             "kind chains them in order, e.g. pad:10+white:10 (level:+6 is a sign) (default: all "
-            "of %(default)s)",
+            f"of {' '.join(DEFAULT_CONDITIONS)})",
         )
         p.add_argument(
             "--seed", type=whole(0), default=0, help="seed of the noise, talkers, rooms (0)"
@@ -1412,7 +1434,11 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
         _add_model_argument(p)
         p.add_argument("--manifest", required=True, help="JSONL manifest with references (dev)")
         p.add_argument(
-            "--heads", type=int, nargs="+", help="score these maps (layer * heads + head)"
+            "--heads",
+            type=int,
+            nargs="+",
+            action="extend",
+            help="score these maps (layer * heads + head)",
         )
         p.add_argument("--quiet", action="store_true", help="no progress bar")
         _add_device_arguments(p)
@@ -1449,10 +1475,16 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
         )
         p.add_argument("--out", required=True, help="PNG to write")
         p.add_argument(
-            "--metrics", nargs="+", help=f"names to plot (default: those of {CURVES} logged)"
+            "--metrics",
+            nargs="+",
+            action="extend",
+            help=f"names to plot (default: those of {CURVES} logged)",
         )
         p.add_argument(
-            "--labels", nargs="+", help="legend names, one per run (default: folder names)"
+            "--labels",
+            nargs="+",
+            action="extend",
+            help="legend names, one per run (default: folder names)",
         )
     p.set_defaults(run=_curves)
 

@@ -72,6 +72,24 @@ def test_validate_data_reports_every_manifest(manifest, tmp_path, capsys):
     assert f"{empty}: no utterances to validate" in capsys.readouterr().out
 
 
+def test_a_list_option_given_twice_takes_both_lists(manifest, tmp_path, capsys):
+    """argparse's last one wins: a tokenizer trained on dev text alone, or data half checked."""
+    other = tmp_path / "other.jsonl"
+    other.write_text('{"audio_filepath": "gone.wav", "duration": 1, "text": "no"}\n')
+    assert main(["validate-data", "--manifest", str(other), "--manifest", str(manifest)]) == 1
+    out = capsys.readouterr().out
+    assert f"{other}: 0 good, 1 bad" in out and f"{manifest}: 1 good, 0 bad" in out
+
+
+def test_conditions_given_twice_add_up_and_none_means_all():
+    from asr.cli import _parser
+
+    argv = ["robustness", "--model", "m", "--manifest", "m.jsonl", "--out", "o"]
+    twice = [*argv, "--conditions", "clean", "--conditions", "white:10"]
+    assert _parser("robustness").parse_args(twice).conditions == ["clean", "white:10"]
+    assert _parser("robustness").parse_args(argv).conditions is None  # all, as the run starts
+
+
 def test_validate_data_refuses_the_short_utterances_fit_refuses(tmp_path, capsys):
     """By default, the least duration `asr fit` takes (data.min_duration's default);
     --min-duration 0 takes any."""
