@@ -13,6 +13,7 @@ import re
 import shutil
 import tarfile
 import zlib
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -314,9 +315,33 @@ def prepare_librispeech(
     for pool in ("train", "dev", "test"):
         members = [name for name in chosen if name.startswith(f"{pool}-")]
         if members and pool not in prepared:
-            prepared[pool] = [utterance for name in members for utterance in prepared[name]]
+            prepared[pool] = _pooled({name: prepared[name] for name in members}, pool)
     report = {"unusable_audio": unusable, "missing_audio": missing, "bad_transcripts": bad_text}
     return _write_splits(out_dir, "librispeech", root, prepared, **report)
+
+
+def _pooled(splits: dict[str, list[Utterance]], pool: str) -> list[Utterance]:
+    """The splits' utterances in one list, each id once: Mini LibriSpeech's train-clean-5 is
+    part of train-clean-100, and both unpack into one LibriSpeech folder."""
+    first_split_of: dict[str, str] = {}
+    pooled = []
+    for name, utterances in splits.items():
+        repeated: Counter[str] = Counter()
+        for utterance in utterances:
+            first = first_split_of.setdefault(utterance.utt_id, name)
+            if first == name:
+                pooled.append(utterance)
+            else:
+                repeated[first] += 1
+        for first, count in repeated.items():
+            logger.warning(
+                "librispeech %s: %d utterance(s) also in %s, taken into %s.jsonl once",
+                name,
+                count,
+                first,
+                pool,
+            )
+    return pooled
 
 
 def _librispeech_splits(root: Path) -> dict[str, Path]:
@@ -466,7 +491,11 @@ def _folder_entries(root: Path, audio: list[Path]) -> tuple[list[_Entry], list[s
         first = first_path_of.setdefault(utterance_id, path)
         if first != path:
             raise ValueError(f"{first} and {path} both give utterance id {utterance_id!r}")
-        entries.append(_Entry(utterance_id, path, text, path.parent.name))
+        # the speaker: its folder below the root, as ids name it ("alice-session1"): folders
+        # of one name under two others (alice/session1, bob/session1) are not one speaker
+        folders = path.relative_to(root).parts[:-1]
+        speaker = re.sub(r"\s+", "_", "-".join(folders)).replace("\\", "-") if folders else ""
+        entries.append(_Entry(utterance_id, path, text, speaker or root.name))
     return entries, missing, bad_text
 
 

@@ -10,7 +10,7 @@
 #
 # DIR holds audio files (.wav .flac .sph .ogg .mp3, any rate, in any subfolders), each with a
 # same-stem transcript beside it: speaker1/utt01.wav + speaker1/utt01.txt. Utterance ids are
-# the relative paths (speaker1-utt01), speakers the folder names.
+# the relative paths (speaker1-utt01), speakers the folder paths (speaker1).
 #
 #   1  prepare manifests       data/folder/{train,dev,test}.jsonl: a random split (dev and test
 #                              fractions 0.1, seed 0), or --split-file: lines

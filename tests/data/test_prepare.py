@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import shutil
 import tarfile
 from pathlib import Path
 
@@ -306,6 +307,19 @@ def test_folder_names_with_spaces_backslashes_and_bom_transcripts_make_valid_man
     assert bad.endswith("Recording 9.txt: transcript is not valid UTF-8 (byte 0xff at offset 7)")
 
 
+def test_folder_speakers_are_the_folders_under_the_root(tmp_path):
+    """alice/session1 and bob/session1 are two speakers, not one named session1, and
+    wav/alice and wav/bob not one named wav; files at the root are one, named as the root."""
+    root = tmp_path / "corpus"
+    for path in ("alice/session1/a.wav", "bob/session1/b.wav", "c.wav", "wav/dan/d.wav"):
+        write_tone(root / path, 0.1)
+        (root / path).with_suffix(".txt").write_text("YES")
+    splits = read_splits_after("folder", root, tmp_path / "out", dev_fraction=0, test_fraction=0)
+    speakers = {u.utt_id: u.speaker for u in splits["train"]}
+    assert speakers == {"alice-session1-a": "alice-session1", "bob-session1-b": "bob-session1",
+                        "c": "corpus", "wav-dan-d": "wav-dan"}  # fmt: skip
+
+
 def test_folder_ids_must_be_unique(folder, tmp_path):
     write_tone(folder / "spk0" / "utt0.mp3", 0.1)  # utt0.wav is there already
     with pytest.raises(ValueError, match="both give utterance id 'spk0-utt0'"):
@@ -437,6 +451,23 @@ def test_a_librispeech_split_named_twice_is_prepared_once(librispeech_dir, tmp_p
         "librispeech", librispeech_dir, tmp_path, splits=["train-clean-5", "train-clean-5"]
     )
     assert summaries["train"].utterances == summaries["train-clean-5"].utterances == 38
+
+
+def test_librispeech_splits_sharing_utterances_pool_each_once(librispeech_dir, tmp_path, caplog):
+    """Mini LibriSpeech's train-clean-5 is part of train-clean-100, and both unpack into one
+    LibriSpeech folder: train.jsonl holds each utterance once (else asr fit refuses it)."""
+    root = tmp_path / "LibriSpeech"
+    shutil.copytree(librispeech_dir / "train-clean-5", root / "train-clean-5")
+    chapter = next((root / "train-clean-5").glob("*/*"))
+    shutil.copytree(chapter, root / "train-clean-100" / chapter.parent.name / chapter.name)
+    shared = len((next(chapter.glob("*.trans.txt"))).read_text().splitlines())
+    with caplog.at_level(logging.WARNING):
+        summaries = prepare_corpus("librispeech", tmp_path, tmp_path / "out")
+    assert summaries["train-clean-100"].utterances == shared
+    assert summaries["train"].utterances == summaries["train-clean-5"].utterances == 38
+    assert read_manifest(tmp_path / "out" / "train.jsonl")  # ids unique, as read_manifest asks
+    said = f"librispeech train-clean-5: {shared} utterance(s) also in train-clean-100"
+    assert said in caplog.text
 
 
 def an4_tarball(path: Path, train: list[str]) -> Path:
