@@ -113,7 +113,9 @@ def test_finalize_stores_the_choice_that_load_model_reads(tiny_checkpoint, tmp_p
     assert load_model(checkpoint).alignment_heads is None
     args = ["--checkpoint", str(checkpoint), "--manifest", str(manifest), "--quiet"]
     assert main(["finalize", *args]) == 0
-    stored = load_model(checkpoint).alignment_heads
-    assert stored and f"alignment maps {stored}:" in capsys.readouterr().out
+    stored, said = load_model(checkpoint).alignment_heads, capsys.readouterr()
+    assert stored and f"alignment maps {stored}:" in said.out
+    assert said.err.endswith("decoding, alignment maps stored; confidence cleared\n")  # too few
+    assert "confidence: not fitted" in said.out
     assert main(["choose-heads", *args, "--heads", "0"]) == 0
     assert "| given [0] |" in capsys.readouterr().out

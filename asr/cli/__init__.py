@@ -238,7 +238,10 @@ def _finalize(args: argparse.Namespace) -> int:
     for part, why in finished.skipped.items():
         print(f"{part}: not fitted ({why})")
     store(args.checkpoint, finished)
-    print(f"{args.checkpoint}: decoding, confidence and alignment maps stored", file=sys.stderr)
+    fitted = {"confidence": finished.confidence, "alignment maps": finished.heads}
+    stored = ", ".join(["decoding", *(part for part, value in fitted.items() if value is not None)])
+    cleared = f"; {', '.join(finished.skipped)} cleared" if finished.skipped else ""
+    print(f"{args.checkpoint}: {stored} stored{cleared}", file=sys.stderr)
     return _left_out("finalize", finished.failures)
 
 
