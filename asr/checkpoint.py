@@ -7,6 +7,7 @@ import argparse
 import base64
 import importlib
 import inspect
+import logging
 import os
 import pickle
 import re
@@ -18,6 +19,8 @@ from typing import Any
 import torch
 
 from asr.text import Tokenizer
+
+log = logging.getLogger(__name__)
 
 RECOGNIZER_KEY = "asr"
 LM_KEY = "lm"
@@ -286,7 +289,8 @@ def replace_assets(config: Any, paths: dict[str, str]) -> Any:
 
 
 def best_checkpoints(last: str | os.PathLike, count: int) -> list[Path]:
-    """The `count` best checkpoints recorded in `last`, found beside it if the run moved."""
+    """The `count` best checkpoints recorded in `last`, found beside it if the run moved (one
+    missing there: FileNotFoundError, never the original run's file)."""
     state = load_checkpoint(last)
     scored: dict[str, float] = {}
     mode = "min"
@@ -297,14 +301,25 @@ def best_checkpoints(last: str | os.PathLike, count: int) -> list[Path]:
     if not scored:
         raise CheckpointError(f"{last}: records no best checkpoints (was a metric monitored?)")
     ranked = sorted(scored, key=scored.get, reverse=mode == "max")
-    return [_beside(Path(p), Path(last).parent) for p in ranked[:count]]
+    return [_beside(Path(p), Path(last)) for p in ranked[:count]]
 
 
-def _beside(recorded: Path, folder: Path) -> Path:
-    """The file of `recorded`'s name in `folder` (where the record is) if that exists, else
-    `recorded`: a run moved or copied reads its own checkpoints, not the original's."""
-    moved = folder / recorded.name
-    return moved if moved.exists() else recorded
+def _beside(recorded: Path, last: Path) -> Path:
+    """The file of `recorded`'s name beside `last` (the record): a run moved or copied reads
+    its own checkpoints, never the original's, which may be other weights by now, so one
+    missing there is an error; `recorded` itself where the run was not moved. (A last.ckpt
+    written to a step-checkpoint folder of its own cannot tell that folder from a copy: its
+    run's best are named with --checkpoints.)"""
+    here = last.parent / recorded.name
+    if here.exists():
+        return here
+    if recorded.parent.resolve() == last.parent.resolve():
+        return recorded  # not moved: load_checkpoint names it missing
+    raise FileNotFoundError(
+        f"{here}: no such checkpoint, though {last} records it among the best; {recorded}, in "
+        "another folder (of the run this one was moved or copied from?), is not read in its "
+        "place: copy it here, or name the checkpoints to read (asr average --checkpoints)"
+    )
 
 
 # Settings of a network's config that training alone reads (the CMVN statistics' file is
@@ -341,6 +356,9 @@ def _network(config: dict[str, Any]) -> dict[str, Any]:
 
 
 TRAINING_STATE = ("optimizer_states", "lr_schedulers", "loops", "callbacks")
+# Payload entries `asr finalize` fits on one checkpoint's weights: search settings, confidence
+# scaling, alignment heads; no average of other weights inherits them
+FINALIZED = ("decoding", "confidence_scaling", "alignment_heads")
 
 
 def holds_training_state(path: str | os.PathLike) -> bool:
@@ -355,9 +373,12 @@ def holds_training_state(path: str | os.PathLike) -> bool:
 
 
 def average_checkpoints(paths: Sequence[str | os.PathLike], out: str | os.PathLike) -> Path:
-    """Average the floating-point weights of checkpoints; the rest comes from the first."""
+    """Average the floating-point weights of checkpoints, each given once; the rest comes from
+    the first, but for what `asr finalize` fitted on its weights alone (FINALIZED), which the
+    average is to be finalized for anew."""
     if not paths:
         raise ValueError("no checkpoints to average")
+    _refuse_repeats(paths)
     if Path(out).resolve() in {Path(p).resolve() for p in paths}:
         raise ValueError(f"{out} is one of the checkpoints averaged: write the average elsewhere")
     if holds_training_state(out):
@@ -391,6 +412,37 @@ def average_checkpoints(paths: Sequence[str | os.PathLike], out: str | os.PathLi
     # weights, not a training state: no optimizer, schedule, loop or best-checkpoint records
     result = {k: v for k, v in states[0].items() if k not in TRAINING_STATE}
     result["state_dict"] = averaged
+    _drop_finalized(result, paths[0])
     result["averaged_from"] = [str(p) for p in paths]
     atomic_save(result, out)
     return Path(out)
+
+
+def _refuse_repeats(paths: Sequence[str | os.PathLike]) -> None:
+    """ValueError naming a file given twice (by any spelling or link): it would weigh double."""
+    seen: dict[Any, str | os.PathLike] = {}
+    for path in paths:
+        try:
+            status = os.stat(path)
+            key: Any = (status.st_dev, status.st_ino)
+        except OSError:  # missing: load_checkpoint names it
+            key = Path(path).resolve()
+        if key in seen:
+            also = "" if str(seen[key]) == str(path) else f" (as {seen[key]} too)"
+            raise ValueError(f"{path}: given twice{also}; each checkpoint is averaged once")
+        seen[key] = path
+
+
+def _drop_finalized(state: dict[str, Any], first: str | os.PathLike) -> None:
+    """Remove from the average's payload what `asr finalize` fitted on `first`'s weights."""
+    payload = state.get(RECOGNIZER_KEY)
+    if not isinstance(payload, dict):
+        return
+    dropped = [key for key in FINALIZED if payload.pop(key, None) is not None]
+    if dropped:
+        log.info(
+            "%s: its %s (of `asr finalize`) were fitted on its weights alone: left out of the "
+            "average; `asr finalize` fits them to it",
+            first,
+            ", ".join(dropped),
+        )

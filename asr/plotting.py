@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import functools
+import logging
 import math
 import os
 import re
@@ -24,6 +25,9 @@ from asr.timing import Word, check_seconds_per_frame
 if TYPE_CHECKING:
     from asr.recognizer import Recognizer
     from asr.results import Alignment
+
+log = logging.getLogger(__name__)
+SHOWN_STEPS = 3  # steps of values that are not finite a warning names
 
 
 def _literal(plot: Callable[..., Figure]) -> Callable[..., Figure]:
@@ -237,7 +241,9 @@ def _version(folder: str) -> int:
 
 @_literal
 def plot_training_curves(runs: Mapping[str, Mapping[str, Curve]], metrics: Sequence[str]) -> Figure:
-    """One panel per metric against optimizer steps, one line per run."""
+    """One panel per metric against optimizer steps, one line per run; values that are not
+    finite are gaps, each series with any named in a warning (a run that diverged to NaN must
+    not pass for one that logged less)."""
     fig = Figure(figsize=(5.5, 2.6 * len(metrics)))
     axes = fig.subplots(len(metrics), 1, sharex=True, squeeze=False)[:, 0]
     # one colour per run in every panel, though a run may have logged only some metrics
@@ -245,6 +251,7 @@ def plot_training_curves(runs: Mapping[str, Mapping[str, Curve]], metrics: Seque
     for ax, metric in zip(axes, metrics):
         for colour, (label, curves) in zip(colours, runs.items()):
             if curves.get(metric):
+                _warn_not_finite(label, metric, curves[metric])
                 steps, values = zip(*curves[metric])
                 alone = _isolated(values)  # a line needs two values: these get a dot
                 ax.plot(steps, values, label=label, linewidth=1.2, color=colour,
@@ -256,6 +263,22 @@ def plot_training_curves(runs: Mapping[str, Mapping[str, Curve]], metrics: Seque
     axes[-1].set_xlabel("optimizer step")
     fig.tight_layout()
     return fig
+
+
+def _warn_not_finite(label: str, metric: str, curve: Curve) -> None:
+    """Log how many values of a run's series are NaN or infinite, at which steps (the first
+    SHOWN_STEPS), or that none is finite (its panel shows nothing of the run)."""
+    bad = [(step, value) for step, value in curve if not math.isfinite(value)]
+    if not bad:
+        return
+    shown = ", ".join(f"{value} at step {step}" for step, value in bad[:SHOWN_STEPS])
+    more = f" and {len(bad) - SHOWN_STEPS} more" if len(bad) > SHOWN_STEPS else ""
+    if len(bad) == len(curve):
+        said = "%s: %s: none of its %d values is finite (%s%s): nothing drawn"
+        log.warning(said, label, metric, len(curve), shown, more)
+    else:
+        said = "%s: %s: %d of its %d values are not finite (%s%s): gaps in its line"
+        log.warning(said, label, metric, len(bad), len(curve), shown, more)
 
 
 def _isolated(values: Sequence[float]) -> list[int]:

@@ -1,5 +1,7 @@
+import logging
 import os
 import pickle
+import re
 import shutil
 
 import pytest
@@ -181,3 +183,54 @@ def test_average_never_writes_over_what_it_reads(tmp_path, capsys):
     assert last.read_bytes() == before
     assert main(["average", "--last", str(last), "--best", "4", "--out", str(tmp_path / "o")]) == 0
     assert "records 2 best checkpoints, not 4" in capsys.readouterr().err
+
+
+def test_a_checkpoint_given_twice_by_any_name_is_refused(tmp_path, capsys):
+    """A A ./A B averaged four checkpoints, A weighing three times as much."""
+    a, b = tmp_path / "a.ckpt", tmp_path / "b.ckpt"
+    atomic_save({"state_dict": {"w": torch.zeros(1)}}, a)
+    atomic_save({"state_dict": {"w": torch.ones(1)}}, b)
+    (tmp_path / "link.ckpt").symlink_to(a.name)
+    with pytest.raises(ValueError, match=rf"{re.escape(str(a))}: given twice; each checkpoint"):
+        average_checkpoints([a, b, a], tmp_path / "o.ckpt")
+    for again in (f"{tmp_path}/./a.ckpt", tmp_path / "link.ckpt"):  # pathlib drops "."
+        said = rf"{re.escape(str(again))}: given twice \(as {re.escape(str(a))} too\)"
+        with pytest.raises(ValueError, match=said):
+            average_checkpoints([a, b, again], tmp_path / "o.ckpt")
+    args = ["average", "--checkpoints", str(a), str(a), str(b), "--out", str(tmp_path / "o")]
+    assert main(args) == 2 and "given twice" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
+def test_an_average_leaves_out_what_finalize_fitted_on_one_of_its_checkpoints(tmp_path, caplog):
+    """Search settings, confidence scaling and alignment heads of the first are not the
+    average's: it is finalized anew, or decodes with the defaults."""
+    finalized = {
+        "decoding": {"beam_size": 3},
+        "confidence_scaling": {"a": 1.0, "b": 0.0},
+        "alignment_heads": [1, 2],
+        "segment_seconds": 5.0,  # of the training data, not of the weights: kept
+    }
+    paths = [tmp_path / "a.ckpt", tmp_path / "b.ckpt"]
+    for path, payload in zip(paths, (finalized, {})):
+        atomic_save({"state_dict": {"w": torch.zeros(1)}, "asr": payload}, path)
+    with caplog.at_level(logging.INFO, logger="asr.checkpoint"):
+        average = load_checkpoint(average_checkpoints(paths, tmp_path / "avg.ckpt"))
+    assert average["asr"] == {"segment_seconds": 5.0}
+    assert "a.ckpt: its decoding, confidence_scaling, alignment_heads (of `asr finalize`)" in (
+        caplog.text
+    )
+
+
+def test_a_moved_run_missing_a_best_checkpoint_never_reads_the_originals(tmp_path):
+    """A copy of a run with one best checkpoint deleted averaged the original run's file."""
+    last = _run_with_best(tmp_path / "run", {"a.ckpt": 30.0, "b.ckpt": 10.0})
+    copy = tmp_path / "copy"
+    shutil.copytree(last.parent, copy)
+    (copy / "b.ckpt").unlink()
+    missing, original = (re.escape(str(folder / "b.ckpt")) for folder in (copy, last.parent))
+    said = rf"{missing}: no such checkpoint.* {original}, in another folder .* is not read in"
+    with pytest.raises(FileNotFoundError, match=said):
+        best_checkpoints(copy / "last.ckpt", 2)
+    (last.parent / "b.ckpt").unlink()  # where the run was not moved: as recorded
+    assert best_checkpoints(last, 2) == [last.parent / "b.ckpt", last.parent / "a.ckpt"]

@@ -4,6 +4,7 @@ attention plots."""
 from __future__ import annotations
 
 import io
+import logging
 from pathlib import Path
 
 import matplotlib
@@ -64,6 +65,23 @@ def test_a_value_without_a_finite_neighbour_is_drawn_as_a_dot() -> None:
     once, recovered = plot_training_curves(runs, ["val/loss"]).axes[0].lines
     assert once.get_marker() == "o" and once.get_markevery() == [0]
     assert recovered.get_markevery() == [4]
+
+
+def test_values_that_are_not_finite_are_named_not_dropped_unsaid(tmp_path: Path, caplog) -> None:
+    """A run that diverged to NaN looked like one that logged less; one whose metric was never
+    finite left its panel empty without a word."""
+    rows = ["0,10,,3.0,nan", "1,20,,nan,nan", "2,30,,inf,nan", "3,40,,nan,nan", "4,50,,nan,nan"]
+    write_log(tmp_path / "diverged", 0, rows)
+    write_log(tmp_path / "fine", 0, ["0,10,,3.5,2.5", "1,20,,3.0,2.0"])
+    runs = [str(tmp_path / "diverged"), str(tmp_path / "fine")]
+    with caplog.at_level(logging.WARNING, logger="asr.plotting"):
+        assert main(["curves", *runs, "--out", str(tmp_path / "c.png")]) == 0
+    assert [r.getMessage() for r in caplog.records] == [
+        "diverged: val/loss: 4 of its 5 values are not finite (nan at step 20, inf at step 30, "
+        "nan at step 40 and 1 more): gaps in its line",
+        "diverged: val/ctc_loss: none of its 5 values is finite (nan at step 10, nan at step 20, "
+        "nan at step 30 and 2 more): nothing drawn",
+    ]
 
 
 def test_a_run_keeps_its_colour_in_panels_where_an_earlier_run_logged_nothing() -> None:

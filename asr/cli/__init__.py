@@ -1029,9 +1029,10 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
         "average",
         help="average the weights of several checkpoints",
         description="Average the floating-point weights of checkpoints of one model into --out "
-        "(everything else, the model config and tokenizer among it, comes from the first; no "
-        "optimizer state): the checkpoints named, or the --best N that a run's last.ckpt "
-        "records as best by its monitored metric.",
+        "(everything else, the model config and tokenizer among it, comes from the first, but "
+        "what asr finalize stored, fitted on its weights alone: finalize the average; no "
+        "optimizer state): the checkpoints named, each once, or the --best N that a run's "
+        "last.ckpt records as best by its monitored metric.",
     )
     if command == "average":
         group = p.add_mutually_exclusive_group(required=True)
