@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 import os
 import re
 import shlex
@@ -28,6 +29,8 @@ from asr.checkpoint import (
     write_embedded_files,
 )
 from asr.text import Tokenizer
+
+log = logging.getLogger(__name__)
 
 PACKAGE_FORMAT = "asr-model-package"
 PACKAGE_VERSION = 1  # readers refuse newer ones
@@ -91,7 +94,8 @@ def write_package(
     assets = _asset_names(payload.get("assets", {}))
     config = _package_config(payload, assets)
     # Fail (bad metrics file, shared weights) before writing any file.
-    card_text = model_card(config, payload, state, card or ModelCard(), out.resolve().name)
+    card = card or ModelCard()
+    card_text = model_card(config, payload, state, card, out.resolve().name, checkpoint)
     weights = _safetensors_bytes(submodule_weights(state, "model."))
     graphs, tokenizer_dir = out / ONNX_DIR, out / TOKENIZER_DIR
     written = [graphs, tokenizer_dir, *(out / name for name in (*assets.values(), *RESERVED))]
@@ -327,8 +331,10 @@ def model_card(
     state: dict[str, Any],
     card: ModelCard,
     folder_name: str,
+    checkpoint: str | os.PathLike | None = None,
 ) -> str:
-    """The package's README.md: Hub metadata, then use, decoding, data, results, training."""
+    """The package's README.md: Hub metadata, then use, decoding, data, results, training;
+    `checkpoint`: the one exported, which the results are to score."""
     where = f"hf://{card.repo_id}" if card.repo_id else f"{folder_name}/"
     sections = [
         _front_matter(card.license),
@@ -336,7 +342,7 @@ def model_card(
         _usage(where),
         _decoding_section(config),
         "## Data\n\n" + (card.data or _recorded_data(state)),
-        "## Results\n\n" + _results(card.metrics),
+        "## Results\n\n" + _results(card.metrics, checkpoint),
         "## Training\n\n" + _training(card.training_command, state),
         f"## Licence\n\n`{card.license}`. The licence of the training data applies too.",
         _files_section(config, card.onnx),
@@ -462,18 +468,23 @@ def results_row(name: str, metrics: dict[str, Any], unit: str) -> str:
     )
 
 
-def results_tables(paths: Sequence[str | os.PathLike]) -> str:
-    """The decoding settings and WER/CER tables of `asr evaluate` metrics.json files."""
+def results_tables(
+    paths: Sequence[str | os.PathLike], checkpoint: str | os.PathLike | None = None
+) -> str:
+    """The decoding settings, scored checkpoint and WER/CER tables of `asr evaluate`
+    metrics.json files, each named by its folder (`decode_test`); a warning for those that
+    scored another checkpoint than `checkpoint`, the one exported."""
     settings, rows = [], {"word": [], "char": []}
     for path in map(Path, paths):
         try:
             metrics = json.loads(path.read_text(encoding="utf-8"))
-            name = path.parent.name
+            name = path.absolute().parent.name  # metrics.json in the working folder has one too
             search = metrics["search"]
             decoding = f"beam {search['beam_size']}, ctc {search['ctc_weight']}"
             if search.get("lm_weight"):
                 decoding += f", LM {search['lm_weight']}"
-            settings.append(f"- {name}: {decoding}; `{metrics.get('manifest', '?')}`")
+            line = f"- {name}: {decoding}; `{metrics.get('manifest', '?')}`"
+            settings.append(line + _scored(path, metrics.get("checkpoint"), checkpoint))
             for unit in rows:
                 rows[unit].append(results_row(name, metrics, unit))
         except (OSError, ValueError, KeyError, TypeError) as err:  # JSONDecodeError included
@@ -487,7 +498,43 @@ def results_tables(paths: Sequence[str | os.PathLike]) -> str:
     )
 
 
-def _results(metrics: Sequence[str | os.PathLike]) -> str:
+def _scored(path: Path, scored: str | None, exported: str | os.PathLike | None) -> str:
+    """The card's words for the checkpoint that metrics file `path` scored; a warning where it
+    is not the one `exported` (a WER of other weights would be claimed for this model)."""
+    if not isinstance(scored, str) or not scored:
+        return ""  # not recorded
+    if exported is None or _same_model(scored, exported, path):
+        return f", scored on `{scored}`"
+    log.warning(
+        "%s: scored %s, not %s, the checkpoint exported: its WER is another model's",
+        path,
+        scored,
+        exported,
+    )
+    return f", scored on `{scored}`, not on the checkpoint exported (`{exported}`)"
+
+
+def _same_model(scored: str, exported: str | os.PathLike, metrics: Path) -> bool:
+    """Whether `scored`, the model a metrics file names (a file, package folder or hf://
+    name), is `exported`. A relative name is of the folder `asr evaluate` ran in: this one, or
+    one above the metrics file."""
+    if scored.startswith(HF_PREFIX) or str(exported).startswith(HF_PREFIX):
+        return scored == str(exported)
+    recorded, target = Path(scored).expanduser(), Path(exported).expanduser()
+    places = [recorded]
+    if not recorded.is_absolute():
+        places += [folder / recorded for folder in metrics.resolve().parents]
+    there = [place for place in places if place.exists()]
+    if there and target.exists():
+        return any(os.path.samefile(place, target) for place in there)
+    if not there:  # gone from where it was scored (a run moved): taken for the same by name
+        return recorded.name == target.name
+    return recorded.resolve() == target.resolve()
+
+
+def _results(
+    metrics: Sequence[str | os.PathLike], checkpoint: str | os.PathLike | None = None
+) -> str:
     if not metrics:
         return "None given (`asr export --metrics exp/.../decode_test/metrics.json`)."
-    return results_tables(metrics)
+    return results_tables(metrics, checkpoint)

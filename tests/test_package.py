@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import pickle
 import re
@@ -45,6 +46,7 @@ from asr.package import (
     ModelCard,
     read_safetensors,
     results_row,
+    results_tables,
     write_package,
 )
 from asr.search import SearchOptions
@@ -645,7 +647,9 @@ def _metrics(overfit_checkpoint: Path, out: Path, beam_size: int) -> Path:
     return out / "metrics.json"
 
 
-def test_the_model_card_has_decoding_results_training_and_licence(overfit_checkpoint, tmp_path):
+def test_the_model_card_has_decoding_results_training_and_licence(
+    overfit_checkpoint, tmp_path, caplog
+):
     from huggingface_hub import ModelCard as HubCard
 
     beams = {"decode_dev": 1, "decode_test": 3}
@@ -667,7 +671,9 @@ def test_the_model_card_has_decoding_results_training_and_licence(overfit_checkp
         name = path.parent.name
         assert results_row(name, m, "word") in card and results_row(name, m, "char") in card
         assert f"- {name}: beam {m['search']['beam_size']}, ctc 0.3" in card
+        assert f"scored on `{overfit_checkpoint}`\n" in card, "the checkpoint exported"
     assert "| decode_test | 4 | 9 | 100.0 | 0.0 | 0.0 | 0.0 | 0.0 | 0.0 |" in card
+    assert "another model's" not in caplog.text
 
 
 def test_the_card_of_a_package_with_graphs_lists_them(overfit_checkpoint, tmp_path):
@@ -714,3 +720,55 @@ def test_importing_the_recognizer_leaves_safetensors_and_the_hub_unimported():
 def test_a_package_folder_copies_and_loads_anywhere(package, tmp_path):
     moved = shutil.copytree(package, tmp_path / "elsewhere" / "model")
     assert asr.load_model(moved).transcribe(_waves()[0]).text == "YES"
+
+
+def _scored_metrics(folder: Path, checkpoint: str) -> Path:
+    """A metrics.json of `asr evaluate` that scored `checkpoint` (2 errors in 10 words)."""
+    counts = {"substitutions": 1, "deletions": 1, "insertions": 0}
+    metrics = {"utterances": 2, "sentence_errors": 1, "reference_words": 10}
+    metrics |= {"reference_characters": 40} | counts | {f"char_{k}": v for k, v in counts.items()}
+    metrics |= {"search": {"beam_size": 10, "ctc_weight": 0.5}, "manifest": "test.jsonl"}
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "metrics.json").write_text(json.dumps(metrics | {"checkpoint": checkpoint}))
+    return folder / "metrics.json"
+
+
+def test_results_of_another_checkpoint_are_named_so_and_warned_of(
+    overfit_checkpoint, tmp_path, caplog
+):
+    """A WER measured on last.ckpt went into the card of avg.ckpt, unremarked."""
+    other = tmp_path / "last.ckpt"
+    shutil.copy(overfit_checkpoint, other)  # the same weights by now, but another file
+    same = f"{overfit_checkpoint.parent}/./{overfit_checkpoint.name}"  # spelt otherwise
+    metrics = [_scored_metrics(tmp_path / "decode_test", same)]
+    metrics.append(_scored_metrics(tmp_path / "decode_last", str(other)))
+    # relative to the folder `asr evaluate` ran in, one above the metrics file: the same file
+    relative = os.path.relpath(overfit_checkpoint, tmp_path.parent)
+    metrics.append(_scored_metrics(tmp_path / "decode_rel", relative))
+    # scored where the run was before it moved: that file is gone, and of the exported's name
+    gone = str(tmp_path / "moved_from" / overfit_checkpoint.name)
+    metrics.append(_scored_metrics(tmp_path / "decode_moved", gone))
+    with caplog.at_level(logging.WARNING, logger="asr.package"):
+        write_package(overfit_checkpoint, tmp_path / "pkg", card=ModelCard(metrics=metrics))
+    card = (tmp_path / "pkg" / CARD_FILE).read_text()
+    assert f"- decode_test: beam 10, ctc 0.5; `test.jsonl`, scored on `{same}`\n" in card
+    assert f"- decode_rel: beam 10, ctc 0.5; `test.jsonl`, scored on `{relative}`\n" in card
+    assert f"- decode_moved: beam 10, ctc 0.5; `test.jsonl`, scored on `{gone}`\n" in card
+    assert (
+        f"- decode_last: beam 10, ctc 0.5; `test.jsonl`, scored on `{other}`, not on the "
+        f"checkpoint exported (`{overfit_checkpoint}`)\n"
+    ) in card
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{metrics[1]}: scored {other}, not {overfit_checkpoint}, the checkpoint exported: its "
+        "WER is another model's"
+    ]
+
+
+def test_metrics_in_the_working_folder_are_named_by_it(tmp_path, monkeypatch):
+    """`--metrics metrics.json` gave the row an empty dataset name."""
+    _scored_metrics(tmp_path / "decode_test", "avg.ckpt")
+    monkeypatch.chdir(tmp_path / "decode_test")
+    tables = results_tables(["metrics.json"])
+    assert "- decode_test: beam 10" in tables and "\n| decode_test | 2 | 10 |" in tables
+    (tmp_path / "decode_link").symlink_to(tmp_path / "decode_test")  # named as given
+    assert "- decode_link: beam 10" in results_tables([tmp_path / "decode_link/metrics.json"])
