@@ -223,11 +223,11 @@ def join_segments(
         out.token_starts += [within(s) for s, stays in zip(part.token_starts, keep) if stays]
         out.token_ends += [within(e) for e, stays in zip(part.token_ends, keep) if stays]
         out.token_probs += [p for p, stays in zip(part.token_probs, keep) if stays]
-        out.words += [
-            replace(w, start=within(w.start), end=within(w.end))
-            for w, stays in zip(part.words, words[k])
-            if stays
-        ]
+        for w, guide, stays in zip(part.words, guided[k][1].words, words[k]):
+            if stays and not start <= span[0] + (w.start + w.end) / 2 <= end:
+                w = replace(w, start=guide.start, end=guide.end)  # own times past the cut
+            if stays:
+                out.words.append(replace(w, start=within(w.start), end=within(w.end)))
         [whole] = part.segments
         segment = replace(whole, start=start, end=end)
         if not all(keep):  # the window's score and n-best also score words a neighbour holds
@@ -293,8 +293,10 @@ def _keep_lost(
         ]
         said |= Counter(part[1].words[i].text for i in about)
         kept += Counter(part[1].words[i].text for i in about if keep[i])
-    held_before = [times_before[i] for i, keep in enumerate(kept_before) if keep]
-    held_after = [times_after[i] for i, keep in enumerate(kept_after) if keep]
+    held_before = [(*times_before[i], before[1].words[i].text)
+                   for i, keep in enumerate(kept_before) if keep]  # fmt: skip
+    held_after = [(*times_after[i], after[1].words[i].text)
+                  for i, keep in enumerate(kept_after) if keep]  # fmt: skip
     kept_until = held_before[-1][1] if held_before else overlap[0]
     kept_from = held_after[0][0] if held_after else overlap[1]
     lost_before = _lost(before[1].words, times_before, range(len(times_before)),
@@ -321,7 +323,7 @@ def _lost(
     times: Sequence[tuple[float, float]],
     order: Iterable[int],
     within: tuple[float, float],
-    held: Sequence[tuple[float, float]],
+    held: Sequence[tuple[float, float, str]],
     missing: Counter[str],
 ) -> list[int]:
     """The words of one side in `order` (nearest the cut first) whose middles lie `within`, up
@@ -334,7 +336,7 @@ def _lost(
             if lost:
                 break
             continue  # kept already, or beyond the overlap
-        if missing[words[i].text] <= 0 or not _free(times[i], held):
+        if missing[words[i].text] <= 0 or not _free(times[i], words[i].text, held):
             break
         missing[words[i].text] -= 1
         lost.append(i)
@@ -347,10 +349,18 @@ def _input_times(part: tuple[Span, Transcript]) -> list[tuple[float, float]]:
     return [(offset + w.start, offset + w.end) for w in transcript.words]
 
 
-def _free(span: tuple[float, float], held: Sequence[tuple[float, float]]) -> bool:
-    """Whether `span` is the same speech as none of the `held` spans: two windows' times of
-    neighbouring words often overlap by a frame or two."""
-    return not any(_same_speech(span, other) for other in held)
+def _free(span: tuple[float, float], text: str, held: Sequence[tuple[float, float, str]]) -> bool:
+    """Whether `span` (of `text`) is the speech of none of the `held` words: not the same
+    speech, nor a piece of one it overlaps that its text begins or ends ("TY" of "SIXTY").
+    Two windows' times of neighbouring words often overlap by a frame or two."""
+    return not any(
+        _same_speech(span, (start, end))
+        or (
+            min(span[1], end) > max(span[0], start)
+            and (word.endswith(text) or word.startswith(text))
+        )
+        for start, end, word in held
+    )
 
 
 def _keep_once(

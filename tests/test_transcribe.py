@@ -732,6 +732,16 @@ def test_a_word_each_window_timed_into_the_others_kept_word_is_kept_once():
     np.testing.assert_allclose(times, [(3.20, 3.40), (3.40, 3.52), (3.56, 3.60)], atol=1e-9)
 
 
+def test_a_piece_of_a_word_kept_across_the_cut_is_not_kept_again():
+    """The second window decoded the tail of the first's SIXTY as TY, overlapping it by a
+    frame: its text ends the kept word's, so it is that word's speech, not a lost word."""
+    tokenizer = CharTokenizer.train(["SIXTYEV"])
+    before = [Word("SIXTY", 23.40, 24.40)]
+    after = [Word("TY", 24.36, 24.44), Word("SEVE", 24.50, 24.72)]
+    parts = [_window(tokenizer, (20.0, 25.0), before), _window(tokenizer, (24.0, 28.0), after)]
+    assert join_segments(tokenizer, parts, 28.0).text == "SIXTY SEVE"
+
+
 def test_the_guides_times_choose_the_words_kept_and_the_parts_own_are_reported():
     """Attention at a window's edge timed F 0.6 s early in one window (3.0-3.2) and late in the
     next (3.6-3.8), on either side of the cut: both were kept. CTC's times (the guides) put
@@ -751,6 +761,15 @@ def test_the_guides_times_choose_the_words_kept_and_the_parts_own_are_reported()
                                [(1.0, 1.4), (3.6, 3.8), (5.0, 5.4)], atol=1e-9)  # fmt: skip
     with pytest.raises(ValueError, match="other words than the part"):
         join_segments(tokenizer, parts, 7.0, [guides[0], guides[0]])
+    # a word kept by its guide whose own times lie past the cut takes the guide's, not an
+    # instant at the cut
+    late = [Word("X", 1.0, 1.4), Word("F", 3.7, 3.9)]  # attention: after the cut at 3.5
+    guides = [[Word("X", 1.0, 1.4), Word("F", 3.3, 3.45)], guides[1][1:]]
+    parts = [_window(tokenizer, (0.0, 4.0), late), _window(tokenizer, (3.0, 7.0), after[1:])]
+    joined = join_segments(tokenizer, parts, 7.0, guides)
+    assert joined.text == "X F Y"
+    np.testing.assert_allclose([(w.start, w.end) for w in joined.words],
+                               [(1.0, 1.4), (3.3, 3.45), (5.0, 5.4)], atol=1e-9)  # fmt: skip
 
 
 def test_long_audio_joins_its_windows_by_ctc_times_whichever_timestamps(
