@@ -648,10 +648,10 @@ class ASRCLI(LightningCLI):
     _init_from: str | None = None  # the model a resumed fine-tune started from
 
     def _parse_ckpt_path(self) -> None:
-        # Lightning rebuilds the model from a checkpoint file's hyperparameters, over --model
-        # options given on the command line: refuse those that differ rather than drop them
-        # silently. `last` and `best` are read as their files, so that naming a checkpoint
-        # either way sets the same model.
+        # Lightning rebuilds the model from a checkpoint file's hyperparameters, over the
+        # config and --model options: refuse those that differ rather than drop them silently.
+        # `last` and `best` are read as their files, so that naming a checkpoint either way
+        # sets the same model.
         subcommand = self.config.get("subcommand")
         config = self.config[subcommand] if subcommand else None
         path = given_path = config.get("ckpt_path") if config is not None else None

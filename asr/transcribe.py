@@ -102,7 +102,8 @@ def transcribe_sources(
                 else:
                     part = recognizer.transcript(decoded, timestamps)
                     parts[i].append((span, part))
-                    guides[i].append(_join_times(recognizer, decoded, part, cut[i] > 1))
+                    joined = cut[i] > 1 and timestamps != "ctc"  # else its own times are CTC's
+                    guides[i].append(_join_times(recognizer, decoded, part, joined))
                     if on_decoded is not None:
                         on_decoded(i, span, part, decoded)
             bar.update(len(batch))
@@ -224,10 +225,11 @@ def join_segments(
         out.token_ends += [within(e) for e, stays in zip(part.token_ends, keep) if stays]
         out.token_probs += [p for p, stays in zip(part.token_probs, keep) if stays]
         for w, guide, stays in zip(part.words, guided[k][1].words, words[k]):
-            if stays and not start <= span[0] + (w.start + w.end) / 2 <= end:
-                w = replace(w, start=guide.start, end=guide.end)  # own times past the cut
-            if stays:
-                out.words.append(replace(w, start=within(w.start), end=within(w.end)))
+            if not stays:
+                continue
+            if not start <= span[0] + (w.start + w.end) / 2 <= end:  # own times past the cut
+                w = replace(w, start=guide.start, end=guide.end)
+            out.words.append(replace(w, start=within(w.start), end=within(w.end)))
         [whole] = part.segments
         segment = replace(whole, start=start, end=end)
         if not all(keep):  # the window's score and n-best also score words a neighbour holds
