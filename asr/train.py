@@ -85,12 +85,17 @@ class RunCheckpoint(ModelCheckpoint):
 
     _validated: tuple[int, Any] | None = None  # (step, monitored score) of the last validation
 
-    # Lightning writes last.ckpt only beside a new best-k checkpoint; refresh it every epoch.
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_train_start(trainer, pl_module)
+        if trainer.ckpt_path:  # resumed: its step is saved, as the file it was read from
+            self._last_global_step_saved = trainer.global_step
+
+    # Lightning writes last.ckpt only beside a new best-k checkpoint; refresh it every epoch,
+    # validated or not (an epoch validated at its end has refreshed it at that step already).
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not self._stale_score(trainer) and not _cut_short(trainer):
             super().on_train_epoch_end(trainer, pl_module)
-        if self._should_save_on_train_epoch_end(trainer):
-            self._refresh_last(trainer)
+        self._refresh_last(trainer)
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not trainer.sanity_checking:

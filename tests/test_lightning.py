@@ -935,6 +935,30 @@ def test_a_step_limit_mid_epoch_then_none_resumes_that_epoch(tiny_an4, tmp_path,
     _assert_same_end(full, torch.load(last, weights_only=True))
 
 
+def test_an_epoch_not_validated_is_saved_as_last_and_resumed_after(tiny_an4, tmp_path, monkeypatch):
+    """Validating every second epoch of three: last.ckpt was left at the second epoch's end, the
+    third's training lost to a resume. A resumed run does not write its start again (Lightning
+    replays the epoch's end, and a file saved then resumes otherwise)."""
+    every_second = ["--trainer.check_val_every_n_epoch", "2"]
+    main([*_fit_args(tiny_an4, tmp_path), "--trainer.max_epochs", "2", *every_second])
+    last = tmp_path / "checkpoints" / "last.ckpt"
+    second = torch.load(last, weights_only=True)
+    saved_at, save = [], L.Trainer.save_checkpoint
+
+    def recording_save(trainer, *args, **kwargs):
+        saved_at.append(trainer.global_step)
+        return save(trainer, *args, **kwargs)
+
+    monkeypatch.setattr(L.Trainer, "save_checkpoint", recording_save)
+    for epochs in (3, 4):
+        main([*_fit_args(tiny_an4, tmp_path), "--trainer.max_epochs", str(epochs),
+              *every_second, "--ckpt_path", "last"])  # fmt: skip
+        ended = torch.load(last, weights_only=True)
+        assert ended["epoch"] == epochs - 1
+        assert ended["global_step"] == second["global_step"] * epochs // 2
+    assert second["global_step"] not in saved_at, "the step it resumed from, saved again"
+
+
 def test_a_run_the_time_limit_cut_short_says_so(tiny_an4, tmp_path, capsys):
     """A config's max_time is a guard; where it ends the run first (a slower or busy CPU), the
     recipe would go on to average and decode the half-trained model without a word."""
