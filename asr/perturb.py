@@ -11,6 +11,8 @@ import torch
 import torchaudio.functional as AF
 from torch import Tensor
 
+from asr.levels import SILENT_DB
+
 NOISE_COLORS = {"white": 0.0, "pink": 1.0, "brown": 2.0}  # power spectrum ~ 1 / f**exponent
 TELEPHONE_RATE = 8000
 TELEPHONE_LOW_HZ = 300.0
@@ -138,7 +140,8 @@ def add_noise(
 
 def babble(talkers: list[Tensor], num_samples: int, rng: np.random.Generator) -> Tensor:
     """Babble noise `(num_samples,)`: other utterances at equal level and random offsets, summed
-    without their offsets; a silent stretch of a talker adds nothing.
+    without their offsets; a stretch of a talker quieter than SILENT_DB (digital silence, or
+    its dither) adds nothing, where brought to a talker's level it would be loud hiss.
 
     >>> mix = babble([torch.full((8,), -0.5)], 8, np.random.default_rng(0))
     >>> float(mix.abs().max())
@@ -150,7 +153,7 @@ def babble(talkers: list[Tensor], num_samples: int, rng: np.random.Generator) ->
     for talker in talkers:
         talker = fit_length(talker.float(), num_samples, rng)
         level = float(power(talker))
-        if level > _POWER_FLOOR:
+        if level > 10 ** (SILENT_DB / 10):
             mix += ((talker - talker.mean()) / math.sqrt(level)).float()
     return mix
 

@@ -167,10 +167,15 @@ def test_noise_and_babble_add_no_offset_to_the_speech():
     assert float(noisy.mean() - clean.mean()) == pytest.approx(0.0, abs=1e-3)
     torch.testing.assert_close(noisy, add_noise(clean, noise, 10.0))
     offset_talker = torch.full((4000,), -2 / 32768) + 3e-4 * torch.randn(4000)
+    dithered = (torch.randint(-1, 2, (4000,)) - 2) / 32768  # a silent 16-bit take, -95 dBFS
     for talkers in ([torch.full((4000,), -2 / 32768)], [sine(300.0, 0.25), offset_talker]):
         mix = babble(talkers, clean.numel(), rng())
         assert float(mix.mean()) == pytest.approx(0.0, abs=1e-3)
         assert float(add_noise(clean, mix, 20.0).abs().max()) < 1.0
+    mix = babble([sine(300.0, 0.25), dithered], clean.numel(), rng())
+    alone = babble([sine(300.0, 0.25)], clean.numel(), rng())
+    assert band_power(mix, 4000.0, 7000.0) < 1e-3 * band_power(mix, 250.0, 350.0)  # no hiss
+    assert float(mix.abs().max()) == pytest.approx(float(alone.abs().max()), rel=1e-3)
 
 
 def test_add_noise_rejects_mismatched_shapes():
