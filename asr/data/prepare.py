@@ -484,19 +484,24 @@ def _folder_entries(root: Path, audio: list[Path]) -> tuple[list[_Entry], list[s
         except ValueError as error:
             bad_text.append(str(error))
             continue
-        # an id is one word without slashes: "alice smith/Recording 1" -> alice_smith-Recording_1
-        # (a backslash in a file's name too: it would name files)
-        relative = path.relative_to(root).with_suffix("").as_posix()
-        utterance_id = re.sub(r"\s+", "_", relative).replace("/", "-").replace("\\", "-")
+        relative = path.relative_to(root).with_suffix("")
+        utterance_id = _as_id(relative.as_posix())
         first = first_path_of.setdefault(utterance_id, path)
         if first != path:
             raise ValueError(f"{first} and {path} both give utterance id {utterance_id!r}")
         # the speaker: its folder below the root, as ids name it ("alice-session1"): folders
         # of one name under two others (alice/session1, bob/session1) are not one speaker
-        folders = path.relative_to(root).parts[:-1]
-        speaker = re.sub(r"\s+", "_", "-".join(folders)).replace("\\", "-") if folders else ""
-        entries.append(_Entry(utterance_id, path, text, speaker or root.name))
+        folder = relative.parent.as_posix()
+        entries.append(
+            _Entry(utterance_id, path, text, _as_id(folder) if folder != "." else root.name)
+        )
     return entries, missing, bad_text
+
+
+def _as_id(relative: str) -> str:
+    """A relative path as one word without slashes: "alice smith/Recording 1" ->
+    "alice_smith-Recording_1" (a backslash in a file's name too: it would name files)."""
+    return re.sub(r"\s+", "_", relative).replace("/", "-").replace("\\", "-")
 
 
 def _transcript_lines(path: Path, bad_text: list[str]) -> Iterator[tuple[int, str]]:
