@@ -38,12 +38,13 @@ def check_timestamps(method: str, name: str = "timestamps") -> None:
 
 
 def transcript(
-    recognizer: Recognizer, decoded: Decoded, timestamps: str = "attention"
+    recognizer: Recognizer, decoded: Decoded, timestamps: str = "attention", fallback: bool = True
 ) -> Transcript:
-    """The `Transcript` of one decoded utterance, times from its start."""
+    """The `Transcript` of one decoded utterance, times from its start (arguments as
+    `token_times`)."""
     hyp = decoded.hypothesis
     duration = decoded.num_samples / recognizer.sample_rate
-    times = token_times(recognizer, decoded, timestamps)
+    times = token_times(recognizer, decoded, timestamps, fallback)
     pieces = recognizer.tokenizer.pieces(hyp.tokens)
     text = recognizer.tokenizer.decode(hyp.tokens)
     probs = decoded.token_probs

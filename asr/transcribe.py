@@ -79,7 +79,7 @@ def transcribe_sources(
     cut = Counter(i for i, _ in work)  # inputs of several segments, joined at cuts
     work.sort(key=lambda item: item[1][1] - item[1][0], reverse=True)  # less padding
     parts: dict[int, list[tuple[Span, Transcript]]] = {i: [] for i in sources}
-    guides: dict[int, list[list[Word]]] = {i: [] for i in sources}
+    guides: dict[int, list[Transcript]] = {i: [] for i in sources}
     with tqdm(total=len(work), desc="segments", disable=not progress, leave=False) as bar:
         for batch in batches(work, batch_size):
             todo, waves = [], []
@@ -92,7 +92,7 @@ def transcribe_sources(
                         continue
                     if len(wave) < recognizer.shortest_input:  # too short to hold speech
                         parts[i].append((span, _nothing(len(wave) / recognizer.sample_rate)))
-                        guides[i].append([])
+                        guides[i].append(parts[i][-1][1])
                     else:
                         waves.append(wave)
                         todo.append((i, span))
@@ -118,17 +118,17 @@ def transcribe_sources(
 
 def _join_times(
     recognizer: Recognizer, decoded: Decoded, part: Transcript, joined: bool
-) -> list[Word]:
-    """The word times that decide where a part `joined` to others keeps its words: CTC's where
-    the model has a CTC head, whatever `--timestamps` reports (attention's, at a window's
-    edge, often place a word far from its speech, and the text would depend on the choice);
-    else the part's own."""
+) -> Transcript:
+    """The part timed as decides where a part `joined` to others keeps its words: by CTC where
+    the model has a CTC head, whatever `--timestamps` reports (attention, at a window's edge,
+    often places a word far from its speech, and the text would depend on the choice); else
+    the part itself."""
     if not joined or decoded.ctc_log_probs is None:
-        return part.words
+        return part
     try:
-        return recognizer.words(decoded, "ctc", fallback=False)
+        return recognizer.transcript(decoded, "ctc", fallback=False)
     except ValueError:  # no CTC path for this hypothesis
-        return part.words
+        return part
 
 
 def _nothing(duration: float) -> Transcript:
@@ -181,24 +181,28 @@ def join_segments(
     tokenizer: Tokenizer,
     parts: Sequence[tuple[Span, Transcript]],
     duration: float,
-    guides: Sequence[list[Word]] | None = None,
+    guides: Sequence[Transcript] | None = None,
 ) -> Transcript:
     """One `Transcript` from `(span, transcript)` parts; overlaps are cut at their midpoint, and
     a word both sides of a cut decoded (whole on one side, its onset on the other) kept once.
-    `guides`: each part's words timed otherwise, by which the words kept are chosen (default:
-    its own); the transcript keeps the parts' own times.
+    `guides`: each part timed otherwise (its tokens, other times), by which the words kept are
+    chosen (default: the part itself). The transcript keeps the parts' own times, but for a
+    segment whose own times put a word it keeps past its cut: all of its words and tokens take
+    the guide's, so that they stay in order.
 
     A segment that leaves out words of its window has no search `score` (NaN) and no
     `alternatives`: both are of the whole window's hypotheses, and alternatives have no word
     times to cut them by."""
-    guides = [part.words for _, part in parts] if guides is None else guides
+    guides = [part for _, part in parts] if guides is None else guides
     order = sorted(range(len(parts)), key=lambda k: parts[k][0][0])
-    guided = []  # the parts as the guides time their words
+    guided, guides_in_order = [], []  # the parts as the guides time them
     for k in order:
         span, part = parts[k]
-        if [w.text for w in guides[k]] != [w.text for w in part.words]:
-            raise ValueError(f"the guide of the part at {span} has other words than the part")
-        guided.append((span, replace(part, words=guides[k])))
+        guide = guides[k]
+        if guide.tokens != part.tokens or len(guide.token_starts) != len(part.tokens):
+            raise ValueError(f"the guide of the part at {span} has other tokens than the part")
+        guided.append((span, replace(part, words=guide.words)))
+        guides_in_order.append(guide)
     parts = [parts[k] for k in order]
     spans = [span for span, _ in parts]
     ranges = [_kept_range(spans, k) for k in range(len(spans))]
@@ -221,15 +225,16 @@ def join_segments(
         # within its segment's, as the next segment's words start after it.
         start, end = max(span[0], low), min(span[1], high)
         within = functools.partial(_within, offset=span[0], start=start, end=end)
-        out.token_starts += [within(s) for s, stays in zip(part.token_starts, keep) if stays]
-        out.token_ends += [within(e) for e, stays in zip(part.token_ends, keep) if stays]
+        kept = [w for w, stays in zip(part.words, words[k]) if stays]
+        timed = part
+        if any(not start <= span[0] + (w.start + w.end) / 2 <= end for w in kept):
+            timed = guides_in_order[k]  # own times past the cut: the guide's, all in order
+        out.token_starts += [within(s) for s, stays in zip(timed.token_starts, keep) if stays]
+        out.token_ends += [within(e) for e, stays in zip(timed.token_ends, keep) if stays]
         out.token_probs += [p for p, stays in zip(part.token_probs, keep) if stays]
-        for w, guide, stays in zip(part.words, guided[k][1].words, words[k]):
-            if not stays:
-                continue
-            if not start <= span[0] + (w.start + w.end) / 2 <= end:  # own times past the cut
-                w = replace(w, start=guide.start, end=guide.end)
-            out.words.append(replace(w, start=within(w.start), end=within(w.end)))
+        for w, guide, stays in zip(part.words, timed.words, words[k]):
+            if stays:
+                out.words.append(replace(w, start=within(guide.start), end=within(guide.end)))
         [whole] = part.segments
         segment = replace(whole, start=start, end=end)
         if not all(keep):  # the window's score and n-best also score words a neighbour holds

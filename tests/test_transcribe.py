@@ -644,13 +644,13 @@ def test_a_silent_input_gives_no_segment_however_short(seconds):
 
 
 def _window(tokenizer, span: tuple[float, float], held: list[Word]) -> tuple:
-    """`(span, transcript)` of a window whose decode is the one-letter words `held` (times in
-    the input), a token per letter and per space."""
+    """`(span, transcript)` of a window whose decode is the words `held` (times in the input),
+    a token per letter, timed as its word, and per space."""
     start, end = span
     text = " ".join(w.text for w in held)
     pieces = tokenizer.pieces(tokenizer.encode(text))
-    starts = [w.start - start for w in held for _ in range(2)][:-1]  # letter, space, ...
-    ends = [w.end - start for w in held for _ in range(2)][:-1]
+    starts = [w.start - start for w in held for _ in range(len(w.text) + 1)][:-1]  # then space
+    ends = [w.end - start for w in held for _ in range(len(w.text) + 1)][:-1]
     local = [Word(w.text, w.start - start, w.end - start) for w in held]
     return span, Transcript(text, tokenizer.encode(text), pieces, starts, ends, local, -1.0,
                             end - start, [Segment(0, end - start, text, -1.0)])  # fmt: skip
@@ -752,24 +752,46 @@ def test_the_guides_times_choose_the_words_kept_and_the_parts_own_are_reported()
     parts = [_window(tokenizer, (0.0, 4.0), before), _window(tokenizer, (3.0, 7.0), after)]
     assert join_segments(tokenizer, parts, 7.0).text == "X F F Y"
     guides = [
-        [Word("X", 1.0, 1.4), Word("F", 3.4, 3.6)],
-        [Word("F", 0.42, 0.62), Word("Y", 2.0, 2.4)],
+        _window(tokenizer, (0.0, 4.0), [Word("X", 1.0, 1.4), Word("F", 3.4, 3.6)])[1],
+        _window(tokenizer, (3.0, 7.0), [Word("F", 3.42, 3.62), Word("Y", 5.0, 5.4)])[1],
     ]
     joined = join_segments(tokenizer, parts[::-1], 7.0, guides[::-1])  # in any order
     assert joined.text == "X F Y"
     np.testing.assert_allclose([(w.start, w.end) for w in joined.words],
                                [(1.0, 1.4), (3.6, 3.8), (5.0, 5.4)], atol=1e-9)  # fmt: skip
-    with pytest.raises(ValueError, match="other words than the part"):
+    with pytest.raises(ValueError, match="other tokens than the part"):
         join_segments(tokenizer, parts, 7.0, [guides[0], guides[0]])
     # a word kept by its guide whose own times lie past the cut takes the guide's, not an
     # instant at the cut
     late = [Word("X", 1.0, 1.4), Word("F", 3.7, 3.9)]  # attention: after the cut at 3.5
-    guides = [[Word("X", 1.0, 1.4), Word("F", 3.3, 3.45)], guides[1][1:]]
+    guides = [_window(tokenizer, (0.0, 4.0), [Word("X", 1.0, 1.4), Word("F", 3.3, 3.45)])[1],
+              _window(tokenizer, (3.0, 7.0), [Word("Y", 5.0, 5.4)])[1]]  # fmt: skip
     parts = [_window(tokenizer, (0.0, 4.0), late), _window(tokenizer, (3.0, 7.0), after[1:])]
     joined = join_segments(tokenizer, parts, 7.0, guides)
     assert joined.text == "X F Y"
     np.testing.assert_allclose([(w.start, w.end) for w in joined.words],
                                [(1.0, 1.4), (3.3, 3.45), (5.0, 5.4)], atol=1e-9)  # fmt: skip
+
+
+def test_a_segment_whose_own_times_cross_its_cut_takes_its_guides_times_in_order():
+    """Attention drifting late through a window (AN4 "... FOUR SIX SEVEN" at a cut at 4.5 s)
+    put its last word kept past the cut. Taking CTC's times for that word alone set it before
+    the word ahead of it; the segment's words and tokens all take CTC's instead."""
+    tokenizer = CharTokenizer.train(["ABCDE"])
+    own = [Word("A", 0.3, 0.7), Word("B", 1.0, 2.9), Word("C", 4.36, 4.48), Word("D", 4.52, 4.7)]
+    ctc = [Word("A", 0.3, 0.7), Word("B", 1.0, 1.3), Word("C", 3.6, 3.8), Word("D", 4.0, 4.4)]
+    after_own, after_ctc = [Word("D", 4.0, 4.2), Word("E", 4.8, 5.4)], [Word("D", 4.0, 4.4)]
+    after_ctc.append(Word("E", 5.0, 5.3))
+    parts = [_window(tokenizer, (0.0, 5.0), own), _window(tokenizer, (4.0, 6.0), after_own)]
+    guides = [_window(tokenizer, (0.0, 5.0), ctc)[1], _window(tokenizer, (4.0, 6.0), after_ctc)[1]]
+    joined = join_segments(tokenizer, parts, 6.0, guides)
+    assert joined.text == "A B C D E"
+    expected = [(w.start, w.end) for w in ctc] + [(4.8, 5.4)]  # the second keeps its own times
+    np.testing.assert_allclose([(w.start, w.end) for w in joined.words], expected, atol=1e-9)
+    letters = [k for k, piece in enumerate(joined.pieces) if piece != "▁"]
+    np.testing.assert_allclose([joined.token_starts[k] for k in letters],
+                               [start for start, _ in expected], atol=1e-9)  # fmt: skip
+    assert joined.token_starts == sorted(joined.token_starts)
 
 
 def test_long_audio_joins_its_windows_by_ctc_times_whichever_timestamps(
@@ -783,7 +805,7 @@ def test_long_audio_joins_its_windows_by_ctc_times_whichever_timestamps(
     join, guided = asr.transcribe.join_segments, []
 
     def recording_join(tokenizer, parts, duration, guides=None):
-        guided.append([[w.start for w in words] for words in guides or []])
+        guided.append([[w.start for w in guide.words] for guide in guides or []])
         return join(tokenizer, parts, duration, guides)
 
     monkeypatch.setattr(asr.transcribe, "join_segments", recording_join)
