@@ -567,7 +567,7 @@ class Stream:
             else:
                 decoded = self.engine.rescore(enc, ctc, nbest, num_samples)
             transcript = alignment.transcript(self.recognizer, decoded)
-            if transcript.tokens:
+            if transcript.words:  # not a word separator alone
                 self.spans.append((start, end))
                 self.utterances.append(transcript)
                 self._new.append(_shifted(transcript, start))

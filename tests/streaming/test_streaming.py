@@ -21,6 +21,7 @@ import torch
 from conftest import page_data
 from streaming_fixtures import RATE, UTTERANCES, streaming_recognizer
 
+import asr.alignment
 from asr.cli import main
 from asr.ctc_beam import CTCPrefixBeam, EndpointOptions
 from asr.frontends import Frontend, LevelNormalizer, LogMelFilterbank
@@ -220,6 +221,31 @@ def test_an_endpoint_closes_each_utterance_and_the_next_starts_afresh(
     finals += stream.take_finals()  # what the end of the audio closed
     assert whole.text == " ".join(f.text for f in finals)
     assert stream.take_finals() == []
+
+
+def test_an_utterance_decoded_as_a_word_separator_alone_gives_no_final(
+    trained, monkeypatch
+) -> None:
+    """Clipped speech then silence: the tiny model decodes the utterance as a lone `▁`, which
+    says nothing and must not be sent as a final with empty text."""
+    recognizer, waves = trained
+    made = []
+
+    def recorded(*args, **kwargs):
+        made.append(transcript(*args, **kwargs))
+        return made[-1]
+
+    transcript = asr.alignment.transcript
+    monkeypatch.setattr(asr.alignment, "transcript", recorded)
+    clipped = (waves["an4_clstk/fash/an255-fash-b"] * 1000).clamp(-1, 1)
+    audio = torch.cat([clipped, torch.zeros(2 * RATE)])
+    stream = recognizer.stream()
+    finals = [f for start in range(0, audio.numel(), 1600)
+              for f in stream.accept(audio[start : start + 1600])]  # fmt: skip
+    whole = stream.final()
+    assert any(t.tokens and not t.words for t in made), "the case this test is about"
+    assert all(f.text for f in [*finals, *stream.take_finals()])
+    assert all(s.text for s in whole.segments)
 
 
 @pytest.mark.parametrize("chunk_ms", [None, 160])
