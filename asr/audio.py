@@ -125,6 +125,9 @@ def load_audio_with_rate(
         raise AudioError(path, "audio is empty (no samples could be decoded)")
     if not bool(torch.isfinite(waveform).all()):
         raise AudioError(path, "contains NaN or infinite samples")
+    loudest = float(waveform.abs().max())
+    if loudest > LOUDEST_SAMPLE:  # a float file's glitch: features would overflow to NaN
+        raise AudioError(path, f"float samples lie within ±1, got {loudest:g}")
     if sample_rate is None or sample_rate == rate:
         return waveform, rate
     import torchaudio.functional

@@ -172,9 +172,8 @@ def unreadable_audio(name: str, writer: Callable[[Path], Path], reason: str, **m
     )
 
 
-def bad_samples(name: str, value: float) -> Case:
-    """A valid header over NaN or infinite samples: found when the samples are decoded."""
-    reason = "contains NaN or infinite samples"
+def bad_samples(name: str, value: float, reason: str = "contains NaN or infinite samples") -> Case:
+    """A valid header over bad samples: found when the samples are decoded."""
     return Case(
         name,
         wav(name, samples=with_sample(value), subtype="FLOAT"),
@@ -237,6 +236,8 @@ CASES = [
     ),
     bad_samples("nan", float("nan")),
     bad_samples("inf", float("inf")),
+    # a float file's glitch: its features would overflow to NaN statistics
+    bad_samples("huge", 1e30, reason=r"float samples lie within ±1, got 1e\+30"),
     Case(  # shorter than `asr fit` takes (data.min_duration): validate-data names it too
         "too-short",
         wav("too-short", samples=tone(0.01)),

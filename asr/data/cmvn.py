@@ -61,7 +61,11 @@ def compute_cmvn_stats(
                 batch = utterances[start : start + batch_size]
                 wave, wave_lens = _load_batch(batch, sample_rate, device, manifest_path)
                 feats, feat_lens = frontend(wave, wave_lens)
-                stats = accumulate_cmvn_stats(feats, feat_lens, stats)
+                batch_stats = accumulate_cmvn_stats(feats, feat_lens)
+                if not bool(torch.isfinite(batch_stats.sum_sq).all()):
+                    ids = ", ".join(u.utt_id for u in batch)
+                    raise ValueError(f"{manifest_path}: non-finite features in one of: {ids}")
+                stats = batch_stats if stats is None else stats + batch_stats
     finally:
         frontend.train(was_training)
     if stats is None or stats.count == 0:

@@ -120,3 +120,17 @@ def test_audio_that_cannot_be_read_is_named_with_its_manifest_and_utterance(tmp_
     said = rf"^{manifest} \(u1[^)]*\): audio .*u1\.wav: file not found$"  # its id: u1-<hash>
     with pytest.raises(ValueError, match=said):
         compute_cmvn_stats(manifest, LogMelFilterbank(n_mels=20), tmp_path / "cmvn.json")
+
+
+def test_features_that_overflow_are_refused_naming_the_batch(tmp_path):
+    """Statistics over a non-finite feature would be NaN: refused, not saved."""
+    manifest = write_corpus(tmp_path, [16000, 8000])
+
+    class Overflowing(torch.nn.Module):
+        def forward(self, wave, lens):
+            feats, feat_lens = LogMelFilterbank(n_mels=20)(wave, lens)
+            return feats.index_fill(2, torch.tensor([3]), float("inf")), feat_lens
+
+    with pytest.raises(ValueError, match=rf"^{manifest}: non-finite features in one of: u0"):
+        compute_cmvn_stats(manifest, Overflowing(), tmp_path / "cmvn.json")
+    assert not (tmp_path / "cmvn.json").exists()
