@@ -172,9 +172,19 @@ class CMVNStats:
 
 SIGNATURE_DECIMALS = 4
 # Mean absolute difference of two signatures past which the features are of another kind or
-# scale (Kaldi fbank against log-mel: 20; magnitude against power: 2); another hop, window or
-# lowest frequency moves them by 0.4 at most, and leaves the statistics fit to use.
+# scale (Kaldi fbank against log-mel: 20; log magnitude against log power: 2); another hop,
+# Hann or Hamming window, FFT size or band edge moves log features by 0.7 at most, and leaves
+# the statistics fit to use.
 SIGNATURE_TOLERANCE = 1.0
+# Features not on a log scale are small numbers whose kinds differ by less: how widely the
+# means spread over the features tells them apart (magnitude against power: 7.5 times, log
+# magnitude against log power: 2), where the changes above spread them 1.12 times at most.
+SIGNATURE_SPREAD_RATIO = 1.5
+
+
+def _spread(signature: Tensor) -> float:
+    """How widely a signature's means spread about their own mean."""
+    return float((signature - signature.mean()).abs().mean())
 
 
 def features_signature(features: nn.Module, sample_rate: int) -> tuple[float, ...]:
@@ -310,12 +320,15 @@ def check_cmvn_stats(
         )
     if normalize.signature is not None and rate is not None:
         now = torch.tensor(features_signature(features, rate), dtype=torch.float64)
-        apart = float((now - torch.tensor(normalize.signature, dtype=torch.float64)).abs().mean())
-        if apart > SIGNATURE_TOLERANCE:
+        then = torch.tensor(normalize.signature, dtype=torch.float64)
+        apart = float((now - then).abs().mean())
+        ratio = _spread(now) / max(_spread(then), 1e-12)
+        wider = max(ratio, 1 / max(ratio, 1e-12))
+        if apart > SIGNATURE_TOLERANCE or wider > SIGNATURE_SPREAD_RATIO:
             raise ValueError(
                 f"{where}: statistics of other features than this frontend's (their means on a "
-                f"test signal lie {apart:.1f} apart: another kind or scale): take them through "
-                "this config (asr cmvn --config)"
+                f"test signal lie {apart:.2g} apart, spread {ratio:.2g} times as widely: "
+                "another kind or scale): take them through this config (asr cmvn --config)"
             )
     if normalize.level_dbfs == UNKNOWN_LEVEL:
         return

@@ -16,6 +16,7 @@ from asr.frontends import (
     GlobalCMVN,
     KaldiFbank,
     LevelNormalizer,
+    LinearSpectrogram,
     LogMelFilterbank,
     accumulate_cmvn_stats,
     num_frames,
@@ -67,6 +68,19 @@ def test_statistics_of_other_features_of_the_same_count_are_refused(tmp_path):
     del old["features_signature"]
     Path(stats).write_text(json.dumps(old))
     Frontend(KaldiFbank(num_mel_bins=80), GlobalCMVN(stats))
+
+
+@pytest.mark.parametrize(("taken", "used"), [(1.0, 2.0), (2.0, 1.0)])
+def test_magnitude_and_power_statistics_are_told_apart_not_on_a_log_scale(tmp_path, taken, used):
+    """Without the log, features are small numbers whose kinds differ by less than 1: they are
+    told apart by how widely their means spread, either way round."""
+    manifest = write_corpus(tmp_path, [16000, 8000])
+    compute_cmvn_stats(manifest, LinearSpectrogram(log=False, power=taken), tmp_path / "c.json")
+    stats = str(tmp_path / "c.json")
+    Frontend(LinearSpectrogram(log=False, power=taken, hop_length=80), GlobalCMVN(stats))
+    Frontend(LinearSpectrogram(log=False, power=taken, window="hamming"), GlobalCMVN(stats))
+    with pytest.raises(ValueError, match=r"times as widely: another kind or scale"):
+        Frontend(LinearSpectrogram(log=False, power=used), GlobalCMVN(stats))
 
 
 def test_compute_cmvn_stats_without_frames_raises(tmp_path):
