@@ -509,6 +509,8 @@ def test_log_mel_refuses_options_that_give_empty_or_broken_bands(options, match)
         ({"low_freq": 5000.0, "high_freq": 4000.0}, "low-freq"),
         ({"num_mel_bins": 0}, "must be positive"),
         ({"frame_length_ms": 0.01}, "at least one sample"),
+        ({"num_mel_bins": 128}, "1 of the 128 mel bands cover no FFT bin"),  # FFT of 512
+        ({"sample_rate": 8000, "num_mel_bins": 128}, "4 of the 128 mel bands"),
     ],
 )
 def test_kaldi_fbank_refuses_bad_options_when_built(options, match):

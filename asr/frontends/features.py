@@ -331,6 +331,17 @@ class KaldiFbank(nn.Module):
             torchaudio.compliance.kaldi.fbank(torch.zeros(1, self.win_length), **self.options)
         except Exception as e:
             raise ValueError(f"KaldiFbank: {e or type(e).__name__} (options {self.options})") from e
+        padded = 1 << (self.win_length - 1).bit_length()  # the FFT size torchaudio rounds up to
+        banks, _ = torchaudio.compliance.kaldi.get_mel_banks(
+            num_mel_bins, padded, float(sample_rate), low_freq, high_freq, 100.0, -500.0, 1.0
+        )  # its defaults; it does not check for bands without bins, which are log(eps) always
+        empty = int((banks.amax(1) == 0).sum())
+        if empty:
+            raise ValueError(
+                f"KaldiFbank: {empty} of the {num_mel_bins} mel bands cover no FFT bin (an "
+                f"FFT of {padded} at {sample_rate} Hz): fewer num_mel_bins, or a longer "
+                "frame_length_ms"
+            )
         self.dither = dither
         self.scale = 32768.0 if int16_scale else 1.0
         self.output_dim = num_mel_bins + int(use_energy)
