@@ -10,6 +10,7 @@ import logging
 import math
 import os
 import re
+import unicodedata
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -337,10 +338,20 @@ def _label_problem(key: str, value: Any) -> str | None:
     return f"{key!r} must be a non-empty string, got {_json_value(value)}"
 
 
+LONGEST_ID = 200  # bytes: a file name holds 255, and ids get suffixes (`_heads.png`)
+
+
 def _id_problem(value: Any) -> str | None:
     """An id names files (alignment plots) and starts Kaldi-format lines (hyp.txt)."""
-    if isinstance(value, str) and (any(c.isspace() or c in "/\\" for c in value)):
-        return f"'id' must have no spaces, '/' or '\\' (it names files), got {json.dumps(value)}"
+    if not isinstance(value, str):
+        return None
+    if any(c.isspace() or c in "/\\" or unicodedata.category(c) == "Cc" for c in value):
+        return (
+            "'id' must have no spaces, control characters, '/' or '\\' (it names files), got "
+            f"{json.dumps(value)}"
+        )
+    if len(value.encode()) > LONGEST_ID:
+        return f"'id' must be at most {LONGEST_ID} bytes long (it names files), got {value[:40]}..."
     return None
 
 

@@ -175,6 +175,14 @@ BAD_LINES = [
         "'id' must have no spaces",
     ),
     (
+        '{"audio_filepath": "/a.wav", "duration": 1, "text": "x", "id": "utt\\u0000"}',
+        "no spaces, control characters",
+    ),
+    (
+        '{"audio_filepath": "/a.wav", "duration": 1, "text": "x", "id": "%s"}' % ("é" * 101),
+        "'id' must be at most 200 bytes long",
+    ),
+    (
         '{"audio_filepath": "/a.wav", "duration": 1, "text": "x", "speaker": ""}',
         "'speaker' must be",
     ),
