@@ -5,6 +5,7 @@ ref.txt, errors.txt, reliability.png, attention plots and the explorer's records
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 from collections import Counter
@@ -42,6 +43,8 @@ from asr.results import Decoded
 from asr.search import LanguageModel, SearchOptions
 from asr.timing import boundary_error_ms, word_products, word_tokens
 from asr.transcribe import search_or_errors
+
+log = logging.getLogger(__name__)
 
 TOP_ERRORS = 30
 RECORDED_NBEST = 5  # hypotheses per utterance kept for the explorer
@@ -95,7 +98,7 @@ def evaluate(
             f"{manifest}: no reference has words to score against (WER is undefined); "
             "`asr transcribe --manifest` transcribes without scoring"
         )
-    chosen = _chosen_for_plots(utterances, plots, plot_ids, manifest)
+    chosen = _chosen_for_plots(utterances, plots, plot_ids, manifest, left_out=bool(failures))
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     writer = RecordWriter(out_dir, record_layout(recognizer)) if records else None
@@ -111,6 +114,12 @@ def evaluate(
     decode_seconds, audio_seconds = timing
     refs, hyps = [r.ref for r in results], [r.hyp for r in results]
     words = sum((r.alignment.errors for r in results), ErrorCounts())
+    if not words.reference_length:  # the utterances with words failed: as none had any
+        listed = f"; left out:\n{format_bad_entries(failures)}" if failures else ""
+        raise ValueError(
+            f"{manifest}: no utterance decoded has reference words to score against (WER is "
+            f"undefined){listed}"
+        )
     chars = char_errors(refs, hyps)
     sentence_errors = sum(r.ref.split() != r.hyp.split() for r in results)
     _write_kaldi(out_dir / "hyp.txt", [(r.utt_id, r.hyp) for r in results])
@@ -182,14 +191,18 @@ def _chosen_for_plots(
     plots: int,
     plot_ids: Sequence[str] | None,
     manifest: str | os.PathLike,
+    left_out: bool = False,
 ) -> set[str]:
+    """The ids to plot; `left_out`: bad lines were left out, which `plot_ids` may name."""
     ids = [u.utt_id for u in utterances]
     if not plot_ids:
         return set(ids[: max(plots, 0)])
     unknown = sorted(set(plot_ids) - set(ids))
-    if unknown:
+    if unknown and not left_out:
         raise ValueError(f"{manifest}: no utterances with ids {unknown[:10]} (from --plot-ids)")
-    return set(plot_ids)
+    if unknown:  # as utterances that fail to decode: listed with the bad lines, not plotted
+        log.warning("%s: not plotting ids %s: no such utterance left to score", manifest, unknown)
+    return set(plot_ids) - set(unknown)
 
 
 def _load(recognizer: Recognizer, utterance: Utterance) -> Tensor:

@@ -196,6 +196,36 @@ def test_recognised_utterances_give_zero_error_and_boundary_differences(tmp_path
         evaluate(recognizer, manifest, tmp_path / "y", plots=0, progress=False)
 
 
+def test_left_out_lines_leave_no_words_to_score_or_ids_to_plot(tmp_path, caplog):
+    """With --skip-bad, the only references with words may be left out (a WER of Infinity
+    was written), and --plot-ids may name a line left out (it stopped the run, where an
+    utterance that fails to decode is left out of the plots)."""
+    recognizer, _ = _overfit_recognizer(str(WAV))
+    tiny = tmp_path / "tiny.wav"
+    soundfile.write(tiny, np.zeros(80, dtype=np.float32), 16000)  # 5 ms: too short to encode
+    first = next(iter(UTTERANCES))
+    manifest = tmp_path / "m.jsonl"
+    write_manifest(manifest, [Utterance(str(WAV / f"{first}.wav"), 1.0, "", "silent"),
+                              Utterance(str(tiny), 0.005, "A", "tiny")])  # fmt: skip
+    with pytest.raises(ValueError, match=r"no utterance decoded has reference words(.|\n)*tiny"):
+        evaluate(recognizer, manifest, tmp_path / "a", progress=False, skip_bad=True)
+    assert not (tmp_path / "a" / "metrics.json").exists()
+
+    manifest = _manifest(tmp_path / "m.jsonl", UTTERANCES)
+    lines = manifest.read_text().splitlines()
+    gone = json.loads(lines[1]) | {"audio_filepath": str(tmp_path / "gone.wav"), "id": "gone"}
+    manifest.write_text("\n".join([lines[0], json.dumps(gone), *lines[2:]]) + "\n")
+    chosen = json.loads(lines[0])["id"]
+    metrics = evaluate(recognizer, manifest, tmp_path / "b", plot_ids=["gone", chosen],
+                       progress=False, skip_bad=True)  # fmt: skip
+    assert metrics["utterances"] == len(UTTERANCES) - 1
+    assert sorted(p.name for p in (tmp_path / "b" / "alignments").iterdir()) == [
+        f"{chosen}.png",
+        f"{chosen}_heads.png",
+    ]
+    assert "not plotting ids ['gone']" in caplog.text
+
+
 def test_a_decode_without_hypothesis_words_leaves_no_earlier_reliability_plot(tmp_path):
     """Every hypothesis empty: no calibration, and the plot of an earlier decode into the
     folder must not stay beside this one's metrics."""
