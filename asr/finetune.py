@@ -25,6 +25,8 @@ class Transfer:
     remapped: dict[str, tuple[int, int]] = field(default_factory=dict)  # (copied, total) tokens
     reinitialised: list[str] = field(default_factory=list)
     unused: list[str] = field(default_factory=list)  # in the trained model only
+    # tensors of this model that another one's copy wrote over (tied): name -> the other's
+    overwritten: dict[str, str] = field(default_factory=dict)
     trained_config: dict = field(default_factory=dict)  # the trained model's config
 
     def summary(self) -> str:
@@ -38,6 +40,8 @@ class Transfer:
                   for k, (n, total) in self.remapped.items()]  # fmt: skip
         lines += [f"  re-initialised {k}" for k in self.reinitialised]
         lines += [f"  unused {k}" for k in self.unused]
+        lines += [f"  {k} is tied to {other} here: it holds the trained {other}"
+                  for k, other in self.overwritten.items()]  # fmt: skip
         return "\n".join(lines)
 
 
@@ -88,12 +92,14 @@ def transfer_weights(
     by_token = {} if same_vocabulary else vocabulary_tensors(model)
     state = model.state_dict()
     _check_same_encoder(state, weights)
+    writer: dict[tuple, str] = {}  # a tensor's memory -> the last name copied into it
     for name, tensor in state.items():
         old = weights.get(name)
         axis = by_token.get(name)
         if old is None:
             report.reinitialised.append(name)
-        elif axis is not None and _same_but(old, tensor, axis) and len(shared):
+            continue
+        if axis is not None and _same_but(old, tensor, axis) and len(shared):
             tensor.index_copy_(axis, new_rows, old.index_select(axis, old_rows).to(tensor.dtype))
             report.remapped[name] = (len(shared), target.vocab_size)
         elif axis is None and old.shape == tensor.shape:
@@ -101,6 +107,14 @@ def transfer_weights(
             report.copied.append(name)
         else:
             report.reinitialised.append(name)
+            continue
+        writer[tensor.data_ptr(), tensor.shape] = name
+    for name in [*report.copied, *report.remapped]:  # tied here, not in the trained model
+        last = writer[state[name].data_ptr(), state[name].shape]
+        if last != name and not torch.equal(weights[last], weights[name]):
+            report.overwritten[name] = last
+    report.copied = [name for name in report.copied if name not in report.overwritten]
+    report.remapped = {k: v for k, v in report.remapped.items() if k not in report.overwritten}
     report.unused = [name for name in weights if name not in state]
     return report
 
@@ -129,7 +143,7 @@ def _same_but(old: Tensor, new: Tensor, axis: int) -> bool:
 
 def init_from(model: nn.Module, path: str | os.PathLike, tokenizer: Tokenizer) -> Transfer:
     """Initialise `model` from the trained recognizer at `path` (checkpoint, package, hf://)."""
-    weights, payload = read_recognizer(path)
+    weights, payload = read_recognizer(os.path.expanduser(path))  # as a shell would
     report = transfer_weights(model, weights, payload_tokenizer(payload), tokenizer)
     report.trained_config = payload["model_config"]
     return report
@@ -138,7 +152,8 @@ def init_from(model: nn.Module, path: str | os.PathLike, tokenizer: Tokenizer) -
 # Settings of training or speed alone: a fine-tune may change them and still compute what was
 # learnt (max_len: the positional table grows on demand).
 TRAINING_ONLY = {"augment", "dropout", "attention_dropout", "dynamic_chunk", "full_context_prob",
-                 "stats_path", "mean", "std", "dither", "unpacked_on_cpu", "max_len"}  # fmt: skip
+                 "stats_path", "mean", "std", "dither", "unpacked_on_cpu", "max_len",
+                 "scheduled_sampling"}  # fmt: skip
 
 
 def check_same_settings(trained: dict, config: dict) -> None:
@@ -161,6 +176,20 @@ def check_same_settings(trained: dict, config: dict) -> None:
             + (f" (and {more} more)" if more else "")
             + "; give the settings it was trained with"
         )
+
+
+def decoder_differences(trained: dict, config: dict) -> str | None:
+    """A warning where the decoder settings of `config` differ from `trained`'s: a decoder
+    of another size is re-initialised, but its tensors of the same shapes (all of them, for
+    another head count) are copied, and compute otherwise than they learnt to."""
+    differ = setting_differences(trained, config, ("decoder",))
+    if not differ:
+        return None
+    said = "; ".join(f"{key} is {then!r} there, {now!r} here" for key, then, now in differ)
+    return (
+        f"init_from: the trained model's decoder has other settings ({said}): its tensors of "
+        "the same shapes were copied, and compute otherwise than they learnt to"
+    )
 
 
 def setting_differences(

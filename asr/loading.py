@@ -98,6 +98,7 @@ def load_lm(
         CheckpointError: the file holds no LM written by `asr fit`, or refuses to load
             safely; the message names it.
     """
+    path = os.path.expanduser(path)  # as a shell would, and load_model does
     state, payload = read_payload(path, LM_KEY)
     tokenizer = _tokenizer(payload, path)
     lm = build_from_payload(build_lm, payload, path)

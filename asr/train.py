@@ -27,6 +27,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint, Timer, TQDMProgressBar
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
 from lightning.pytorch.utilities.exceptions import SIGTERMException
+from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 
 from asr.checkpoint import (
     LM_KEY,
@@ -39,7 +40,7 @@ from asr.checkpoint import (
     weight_differences,
 )
 from asr.config_check import config_paths, config_problems, option_problems
-from asr.finetune import check_same_settings, setting_differences
+from asr.finetune import check_same_settings, decoder_differences, setting_differences
 from asr.text import tokenizer_difference
 
 DEFAULT_LOGGERS = (  # CSV first: it warns about a run folder another logger made already
@@ -781,6 +782,9 @@ class ASRCLI(LightningCLI):
         transfer = getattr(self.model, "transfer", None)
         if transfer is not None:
             check_same_settings(transfer.trained_config, model_config)
+            note = decoder_differences(transfer.trained_config, model_config)
+            if note:
+                rank_zero_warn(note)
         # Plain JSON types only, so checkpoints load with weights_only=True.
         self.model.model_config = json.loads(json.dumps(model_config))
         if checkpoint is not None:

@@ -16,6 +16,7 @@ from asr.cli import main
 from asr.data.manifest import read_manifest
 from asr.finetune import (
     check_same_settings,
+    decoder_differences,
     init_from,
     setting_differences,
     shared_tokens,
@@ -79,6 +80,46 @@ def test_a_different_architecture_is_reinitialised_and_named():
     assert "re-initialised decoder." in report.summary()
 
 
+def test_a_decoder_tied_here_but_not_in_the_trained_model_names_the_weight_it_holds():
+    """Embedding and output layer share one tensor here: the output layer's copy writes over
+    the embedding's, which was said to be copied."""
+    tokenizer = CharTokenizer.train(["YES NO GO"])
+    config = TINY_MODEL_CONFIG | {"vocab_size": tokenizer.vocab_size}
+    untied = config["decoder"] | {"init_args": config["decoder"]["init_args"] | {
+        "tie_embeddings": False}}  # fmt: skip
+    torch.manual_seed(0)
+    trained = instantiate(build_seq2seq, config | {"decoder": untied}).state_dict()
+    fresh = _model(tokenizer, 1)
+    report = transfer_weights(fresh, trained, tokenizer, tokenizer)
+    assert report.overwritten == {"decoder.embedding.weight": "decoder.output.weight"}
+    assert "decoder.embedding.weight" not in report.copied
+    assert "decoder.output.weight" in report.copied
+    assert torch.equal(fresh.state_dict()["decoder.embedding.weight"],
+                       trained["decoder.output.weight"])  # fmt: skip
+    assert ("decoder.embedding.weight is tied to decoder.output.weight here: it holds the "
+            "trained decoder.output.weight") in report.summary()  # fmt: skip
+    tied = transfer_weights(_model(tokenizer, 2), fresh.state_dict(), tokenizer, tokenizer)
+    assert not tied.overwritten, "tied in both: one tensor, copied"
+
+
+def test_another_decoder_head_count_is_warned_of():
+    """Its tensors have the same shapes, so all are copied: the log says they compute
+    otherwise than they learnt to."""
+    config = {"decoder": TINY_MODEL_CONFIG["decoder"]}
+    assert decoder_differences(config, config) is None
+    heads = {"decoder": config["decoder"] | {"init_args": config["decoder"]["init_args"] | {
+        "num_heads": 1, "dropout": 0.3}}}  # fmt: skip
+    rnn = {"decoder": {"class_path": "asr.models.rnn.RNNAttentionDecoder",
+                       "init_args": {"scheduled_sampling": 0.0}}}  # fmt: skip
+    sampled = {"decoder": rnn["decoder"] | {"init_args": {"scheduled_sampling": 0.2}}}
+    assert decoder_differences(rnn, sampled) is None, "a training setting alone"
+    assert decoder_differences(config, heads) == (
+        "init_from: the trained model's decoder has other settings (decoder.num_heads is 2 "
+        "there, 1 here): its tensors of the same shapes were copied, and compute otherwise "
+        "than they learnt to"
+    )
+
+
 def test_a_config_of_another_encoder_is_refused():
     """A config for another model (a wider encoder, or one without the trained CMVN) re-
     initialised nearly everything and trained on as a fine-tune: it is refused, named."""
@@ -134,9 +175,15 @@ def test_fit_from_a_trained_model_with_its_encoder_frozen(tiny_an4, tmp_path, ca
         "--model.init_from", str(tmp_path / "moved.ckpt"), hop, "320",
     ], capsys)  # fmt: skip
     assert "init_from: the trained model's frontend.features.hop_length is 160, this " in said
+    heads = "--model.init_args.decoder.init_args.num_heads"
+    with pytest.warns(UserWarning, match=r"decoder has other settings \(decoder.num_heads is 2 "):
+        main(_fit_args(data, tmp_path / "heads") + [
+            "--model.init_from", str(tmp_path / "moved.ckpt"), heads, "1",
+            "--trainer.max_steps", "1", "--trainer.limit_val_batches", "0",
+        ])  # fmt: skip
 
 
-def test_init_from_reads_packages_too(tiny_checkpoint, tmp_path):
+def test_init_from_reads_packages_too(tiny_checkpoint, tmp_path, monkeypatch):
     from asr.package import write_package
 
     write_package(tiny_checkpoint["checkpoint"], tmp_path / "package")
@@ -144,6 +191,8 @@ def test_init_from_reads_packages_too(tiny_checkpoint, tmp_path):
     fresh = _model(tokenizer, 3)
     report = init_from(fresh, tmp_path / "package", tokenizer)
     assert report.copied == list(fresh.state_dict())
+    monkeypatch.setenv("HOME", str(tmp_path))  # "~" as the shell would read it
+    assert init_from(_model(tokenizer, 4), "~/package", tokenizer).copied == report.copied
 
 
 def test_settings_of_training_alone_or_unknown_to_one_model_may_change():

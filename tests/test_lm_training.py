@@ -116,10 +116,13 @@ def test_loss_is_the_per_token_nll_of_each_sentence_alone(text_data) -> None:
     assert float(nll) == pytest.approx(expected, rel=1e-5)
 
 
-def test_load_lm_refuses_a_checkpoint_without_an_lm(tmp_path) -> None:
+def test_load_lm_refuses_a_checkpoint_without_an_lm(tmp_path, monkeypatch) -> None:
     torch.save({"state_dict": {}}, tmp_path / "other.ckpt")
     with pytest.raises(CheckpointError, match="other.ckpt: no language model"):
         load_lm(tmp_path / "other.ckpt")
+    monkeypatch.setenv("HOME", str(tmp_path))  # "~" read as the shell would: the same file
+    with pytest.raises(CheckpointError, match=f"{tmp_path}/other.ckpt: no language model"):
+        load_lm("~/other.ckpt")
 
 
 TINY_LM_CONFIG = """
