@@ -175,7 +175,7 @@ def _problems(
         return
     group = _group(key)
     value = None if group is None or isinstance(node, yaml.MappingNode) else _value(node)
-    if value is not None and not isinstance(value, str):
+    if value not in (None, UNJUDGED) and not isinstance(value, str):
         shown = "a list" if isinstance(value, list) else repr(value)  # a string may name a file
         said = f"expected a mapping of {group[1]}'s arguments, got {shown}"
         yield node.start_mark.line + 1, f"{key}: {said}"  # jsonargparse would drop it silently
@@ -189,6 +189,14 @@ def _problems(
     yield from _duplicates(node, key)
     yaml.SafeLoader("").flatten_mapping(node)  # `<<: *defaults` merged in, as YAML reads it
     entries = {k.value: (k, v) for k, v in node.value if isinstance(k, yaml.ScalarNode)}
+    if _subclass_spec(node):  # jsonargparse names a key beside them in its own words alone
+        for name, (k, _) in entries.items():
+            if name not in SPEC_KEYS:
+                said = f"no such key beside {', '.join(SPEC_KEYS)}"
+                yield (
+                    k.start_mark.line + 1,
+                    f"{_join(key, name)}: {said}" + _did_you_mean(name, list(SPEC_KEYS)),
+                )
     for name, (k, _) in entries.items():
         source = LINKED.get(_plain(_join(key, name)))
         if source is not None:
@@ -264,16 +272,19 @@ def _signature(target) -> dict[str, inspect.Parameter] | None:
     return {n: p for n, p in parameters.items() if p.kind is not p.VAR_POSITIONAL}
 
 
+UNJUDGED = object()  # a scalar with a tag of its own
+
+
 def _value(node: yaml.Node) -> Any:
     """The value jsonargparse reads for a node (its YAML loader resolves `1e3` as a float, which
-    PyYAML's does not), a list or dict standing for a sequence or mapping; None for a scalar
-    with a tag of its own (not judged here)."""
+    PyYAML's does not), a list or dict standing for a sequence or mapping; UNJUDGED for a
+    scalar with a tag of its own (not judged here)."""
     if isinstance(node, (yaml.SequenceNode, yaml.MappingNode)):
         return [] if isinstance(node, yaml.SequenceNode) else {}
     untagged = _RESOLVER.resolve(yaml.ScalarNode, node.value, (True, False))  # plain, no tag
     if node.style is None and node.tag == untagged:
         return _loaded(node.value)
-    return node.value if node.tag == STR_TAG else None
+    return node.value if node.tag == STR_TAG else UNJUDGED
 
 
 def _loaded(text: str) -> Any:
@@ -289,18 +300,24 @@ def _loaded(text: str) -> Any:
 def _type_problem(annotation, value, default=inspect.Parameter.empty) -> str | None:
     """What is wrong with `value` (as read from YAML, or a command-line string) for a parameter
     annotated `annotation` and defaulting to `default`, as jsonargparse judges it; None where it
-    takes it, and for any annotation but a plain `int`, `float`, `bool` or `str`, `| None` aside."""
+    takes it, and for any annotation but a plain `int`, `float`, `bool` or `str`, `| None` aside.
+    A null is refused where neither the annotation nor the default allows it: jsonargparse
+    takes it within a class's `init_args`, which then fails on None far from the config."""
     members = [annotation]
     if typing.get_origin(annotation) in (typing.Union, types.UnionType):
         members = list(typing.get_args(annotation))
     plain = [a for a in members if a is not type(None)]
-    if len(plain) != 1 or plain[0] not in (int, float, bool, str) or value is None:
+    if len(plain) != 1 or plain[0] not in (int, float, bool, str) or value is UNJUDGED:
         return None
-    if type(value) in (str, bool, int, float) and value == default:
-        return None  # jsonargparse takes a value equal to the default unchecked
+    if type(value) is type(default) and value == default:
+        return None  # jsonargparse takes a value equal to the default unchecked (not 0 for False)
     expected = plain[0]
     read = _loaded(value) if isinstance(value, str) and expected is not str else value
-    if read is None or (expected is float and type(read) is int):
+    if read is None:
+        if len(members) > 1 or default is None:
+            return None
+        return f"expected {expected.__name__}, got null"
+    if expected is float and type(read) is int:
         return None
     if isinstance(read, expected) and (expected is bool or not isinstance(read, bool)):
         return None
@@ -378,6 +395,8 @@ def _option_problem(target, name: str, parts: list[str], value, abbreviates: boo
                     f"for it there): lay a config over this one, with `{part}: null` under "
                     "its place (asr fit --config CONFIG --config WITHOUT.yaml)"
                 )
+            if value is None:  # no value given: jsonargparse says so
+                return None
             return _type_problem(annotation, value, parameters[part].default)
         target = _options_class(annotation)
         if target is None:

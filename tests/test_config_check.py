@@ -56,6 +56,9 @@ def test_every_shipped_config_passes(config) -> None:
         ("monitor: val/acc", "monitr: val/acc",
          "checkpoint.monitr: RunCheckpoint takes no argument 'monitr' (did you mean "
          "'monitor'?)"),
+        ("init_args:\n    train_manifest", "init_arg:\n    train_manifest",
+         "data.init_arg: no such key beside class_path, init_args, dict_kwargs (did you mean "
+         "'init_args'?)"),
     ],
 )  # fmt: skip
 def test_a_wrong_key_or_class_is_named_with_its_line(tmp_path, old, new, said) -> None:
@@ -96,6 +99,31 @@ def test_a_group_given_as_anything_but_a_mapping_is_named(tmp_path, value, line,
     assert config_problems(path) == [expected]
 
 
+def test_a_null_or_a_boolean_for_a_number_within_init_args_is_named(tmp_path) -> None:
+    """jsonargparse takes null for a plain number within a class's `init_args`, and a boolean
+    where it equals the default (`false` for 0): the class then failed on None far from the
+    config, or jsonargparse refused it with no line."""
+    text = QUICK.read_text()
+    for old, new, said in [
+        ("ctc_weight: 0.3", "ctc_weight: null", "model.init_args.ctc_weight: expected float, "
+         "got null"),
+        ("max_batch_seconds: 120", "max_batch_seconds: null", "data.init_args.max_batch_seconds: "
+         "expected float, got null"),
+    ]:  # fmt: skip
+        assert old in text
+        path, line = edited(tmp_path, old, new)
+        assert config_problems(path) == [f"{path}:{line}: {said}"]
+    from asr.config_check import _type_problem
+
+    assert _type_problem(int, False, 0) == "expected int, got False"
+    assert _type_problem(float, 0, 0.0) is None, "an int for a float"
+    assert _type_problem(int, None, None) is None and _type_problem(int | None, None, 3) is None
+    classes: dict = {}
+    config_problems(QUICK, classes)
+    argv = ["fit", "--config", str(QUICK), "--model.ctc_weight", "null"]
+    assert option_problems(argv, classes) == ["--model.ctc_weight: expected float, got null"]
+
+
 @pytest.mark.parametrize(
     ("old", "new"),
     [("num_layers: 3,", 'num_layers: "3",'),  # jsonargparse reads a number in a string
@@ -131,7 +159,7 @@ def test_a_value_refused_before_parsing_is_one_jsonargparse_refuses(annotation) 
         except Exception:  # its ArgumentError, or a TypeError on the way
             refused.append(text)
         node = yaml.compose(f"x: {text}", Loader=yaml.SafeLoader).value[0][1]
-        if _type_problem(annotation, _value(node)) is not None:
+        if _type_problem(annotation, _value(node), None) is not None:  # its default: None
             flagged.append(text)
     assert set(flagged) <= set(refused), f"flagged though jsonargparse takes them: {flagged}"
     assert flagged, "the check refuses nothing of this type at all"
