@@ -220,6 +220,11 @@ class TextDataModule(ResumableData):
         skip_bad: bool = False,
     ):
         super().__init__()
+        if max_batch_tokens < 1 or (max_batch_size is not None and max_batch_size < 1):
+            raise ValueError(
+                f"max_batch_tokens ({max_batch_tokens}) and max_batch_size ({max_batch_size}) "
+                "must be positive"
+            )
         save_hyperparameters(self)
         self.tokenizer = Tokenizer.load(tokenizer)
         self.datasets: dict[str, list[list[int]]] = {}
@@ -236,6 +241,9 @@ class TextDataModule(ResumableData):
                 for path in hp.extra_text or []:
                     sentences += _read_text_file(path)
             self.datasets[split] = self._encode(sentences)
+            if not self.datasets[split]:  # no batches: fit ended at once, saving nothing
+                left = " left after skipping bad ones" if hp.skip_bad else ""
+                raise ValueError(f"{manifest}: no {split} sentences{left}: no text to use")
             log.info("%s text: %d sentences", split, len(self.datasets[split]))
 
     def _manifest_text(self, path: str) -> list[_Sentence]:

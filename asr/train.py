@@ -719,7 +719,7 @@ class ASRCLI(LightningCLI):
         if self.subcommand == "fit":
             _check_monitor(config)
         _check_trainer_and_data(config)
-        if str(config.trainer.precision) in HALF_WEIGHTS:
+        if str(config.trainer.precision) in HALF_WEIGHTS and _kind(config) != LM_CLASS:
             raise ValueError(
                 f"--trainer.precision {config.trainer.precision}: the frontend makes float32 "
                 "features, which half-precision weights cannot take; use bf16-mixed or 16-mixed"
@@ -998,6 +998,7 @@ def _check_checkpoint_choice(command: str | None, ckpt_path: str | None, folder:
 
 
 HALF_WEIGHTS = ("bf16-true", "16-true")  # weights, not only the arithmetic, in 16 bits
+LM_CLASS = "asr.lm.LMModule"  # an LM has no frontend: it may train in half-precision weights
 
 
 # What each module's validation logs, to choose checkpoints by
@@ -1020,8 +1021,7 @@ def _check_monitor(config: Namespace) -> None:
             f"model.greedy_validation false logs no {monitor} to choose checkpoints by: set "
             "--checkpoint.monitor val/acc --checkpoint.mode max (or val/loss, min)"
         )
-    kind = config.model.get("class_path") if config.get("model") else None
-    logged = VALIDATION_METRICS.get(kind, ())
+    logged = VALIDATION_METRICS.get(_kind(config), ())
     if logged and str(monitor).startswith("val/") and monitor not in logged:
         close = get_close_matches(monitor, logged, n=1)
         hint = f" (did you mean {close[0]}?)" if close else ""
@@ -1029,6 +1029,11 @@ def _check_monitor(config: Namespace) -> None:
             f"--checkpoint.monitor {monitor}: validation logs no such metric{hint}; it logs "
             f"{', '.join(logged)}"
         )
+
+
+def _kind(config: Namespace) -> str | None:
+    """The class path of the config's module (`asr.lightning.ASRModule`, `asr.lm.LMModule`)."""
+    return config.model.get("class_path") if config.get("model") else None
 
 
 def _check_trainer_and_data(config: Namespace) -> None:

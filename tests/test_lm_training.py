@@ -4,6 +4,7 @@ tiny end-to-end run on AN4 transcripts whose checkpoint `load_lm` turns into a s
 from __future__ import annotations
 
 import csv
+import json
 import math
 import shutil
 from collections import Counter
@@ -89,6 +90,24 @@ def test_out_of_vocabulary_text_is_rejected_with_its_line_or_skipped(text_data) 
     lenient = TextDataModule(*args, extra_text=[text_data["extra"]], skip_bad=True)
     lenient.setup("fit")
     assert len(lenient.datasets["train"]) == len(TRAIN) + 1
+
+
+def test_a_split_without_sentences_is_refused(text_data, tmp_path) -> None:
+    """fit ended at once without batches and said where its checkpoints were (none); without
+    validation text no best checkpoint is kept."""
+    (tmp_path / "empty.jsonl").write_text("")
+    args = (text_data["train_manifest"], text_data["val_manifest"], text_data["tokenizer"])
+    empty = str(tmp_path / "empty.jsonl")
+    for train, val in ((empty, args[1]), (args[0], empty)):
+        with pytest.raises(ValueError, match=r"empty\.jsonl: no (train|val) sentences: no text"):
+            TextDataModule(train, val, args[2]).setup("fit")
+    Path(text_data["val_manifest"]).write_text(
+        json.dumps({"audio_filepath": "/none/q.wav", "duration": 1.0, "text": "QUIZ"}) + "\n"
+    )
+    with pytest.raises(ValueError, match=r"no val sentences left after skipping bad ones"):
+        TextDataModule(*args, skip_bad=True).setup("fit")
+    with pytest.raises(ValueError, match=r"max_batch_tokens \(0\) and max_batch_size"):
+        TextDataModule(*args, max_batch_tokens=0)
 
 
 def test_unreadable_extra_text_names_the_file(text_data, tmp_path) -> None:
@@ -225,6 +244,21 @@ def test_fit_lm_then_load_it_for_shallow_fusion(tiny_an4_text, tmp_path) -> None
                 lm_logp = lm(inputs)[0].log_softmax(-1)
             expected = att.gather(1, targets).sum() + 0.7 * lm_logp.gather(1, targets).sum()
             assert hyp.score == pytest.approx(float(expected), abs=1e-4)
+
+
+@pytest.mark.needs_corpus
+def test_an_lm_trains_in_bf16_weights(tiny_an4_text, tmp_path) -> None:
+    """An LM has no frontend, whose float32 features half-precision weights refuse."""
+    main([
+        "fit", "--config", tiny_an4_text["lm.yaml"],
+        "--data.train_manifest", tiny_an4_text["train.jsonl"],
+        "--data.val_manifest", tiny_an4_text["dev.jsonl"],
+        "--data.tokenizer", tiny_an4_text["tokenizer"],
+        "--trainer.default_root_dir", str(tmp_path), "--trainer.precision", "bf16-true",
+        "--trainer.max_steps", "2", "--trainer.limit_val_batches", "1",
+    ])  # fmt: skip
+    lm, _ = load_lm(tmp_path / "checkpoints" / "last.ckpt")  # loaded as float32
+    assert all(torch.equal(p, p.bfloat16().float()) for p in lm.parameters()), "trained in bf16"
 
 
 @pytest.mark.needs_corpus
