@@ -49,9 +49,9 @@ class WarmupCosineLR(LambdaLR):
         total_steps: int = 100000,
         min_ratio: float = 0.0,
     ):
-        if warmup_steps < 0 or total_steps < 1:
+        if warmup_steps < 0 or total_steps <= warmup_steps:  # else the peak drops in a step
             raise ValueError(
-                f"WarmupCosineLR warmup_steps must be at least 0 and total_steps at least 1, "
+                f"WarmupCosineLR warmup_steps must be at least 0 and total_steps past them, "
                 f"got {warmup_steps} and {total_steps}"
             )
         if not 0.0 <= min_ratio <= 1.0:  # a negative lr ascends the loss

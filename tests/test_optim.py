@@ -18,7 +18,8 @@ def _optimizer() -> torch.optim.Optimizer:
         (lambda o: NoamLR(o, warmup_steps=-5), "NoamLR warmup_steps must be at least 0"),
         (lambda o: WarmupCosineLR(o, min_ratio=-1.0), r"min_ratio must be in \[0, 1\], got -1"),
         (lambda o: WarmupCosineLR(o, min_ratio=1.5), r"min_ratio must be in \[0, 1\], got 1.5"),
-        (lambda o: WarmupCosineLR(o, total_steps=0), "total_steps at least 1"),
+        (lambda o: WarmupCosineLR(o, total_steps=0), "total_steps past them, got 1000 and 0"),
+        (lambda o: WarmupCosineLR(o, warmup_steps=10, total_steps=5), "got 10 and 5"),
     ],
 )
 def test_schedules_refuse_what_would_give_a_negative_or_no_learning_rate(schedule, said):
