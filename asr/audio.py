@@ -123,11 +123,9 @@ def load_audio_with_rate(
     waveform = torch.from_numpy(frames)
     if waveform.numel() == 0:
         raise AudioError(path, "audio is empty (no samples could be decoded)")
-    if not bool(torch.isfinite(waveform).all()):
-        raise AudioError(path, "contains NaN or infinite samples")
-    loudest = float(waveform.abs().max())
-    if loudest > LOUDEST_SAMPLE:  # a float file's glitch: features would overflow to NaN
-        raise AudioError(path, f"float samples lie within ±1, got {loudest:g}")
+    problem = sample_problem(waveform)
+    if problem is not None:
+        raise AudioError(path, problem)
     if sample_rate is None or sample_rate == rate:
         return waveform, rate
     import torchaudio.functional
@@ -388,12 +386,21 @@ def mono_samples(audio: np.ndarray | Tensor) -> Tensor:
         offset, scale = PCM_SCALE[kind]
         wave = (wave.double() - offset) / scale
     wave = wave.float()
+    problem = sample_problem(wave)
+    if problem is not None:
+        hint = " (16-bit values as floats: divide them by 32768)" if "±1" in problem else ""
+        raise ValueError(f"audio {problem}{hint}")
+    return wave
+
+
+def sample_problem(wave: torch.Tensor) -> str | None:
+    """What makes decoded float samples unusable: NaN or infinite ones, or ones so far past
+    ±1 that features overflow to NaN (a float file's glitch); None where they are fine."""
+    import torch
+
     if not bool(torch.isfinite(wave).all()):
-        raise ValueError("audio contains NaN or infinite samples")
+        return "contains NaN or infinite samples"
     loudest = float(wave.abs().max()) if wave.numel() else 0.0
     if loudest > LOUDEST_SAMPLE:
-        raise ValueError(
-            f"float samples lie within ±1, got {loudest:g} (16-bit values as floats: divide "
-            "them by 32768)"
-        )
-    return wave
+        return f"float samples lie within ±1, got {loudest:g}"
+    return None

@@ -35,7 +35,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from tqdm import tqdm
 
-from asr.audio import load_audio_with_rate, states_frames
+from asr.audio import load_audio_with_rate, sample_problem, states_frames
 from asr.data.augment import WaveAugmenter
 from asr.data.dataset import TextEncoder, check_speed_factors
 from asr.data.manifest import MIN_DURATION, Utterance, format_bad_entries, validate_manifest
@@ -927,7 +927,7 @@ def decode_audio(data: bytes, duration: float, sample_rate: int | None) -> Tenso
         Mono float32 `(T,)`.
 
     Raises:
-        ValueError: the bytes do not decode, or decode to nothing or to NaN/inf.
+        ValueError: the bytes do not decode, or decode to nothing or to unusable samples.
     """
     try:
         with soundfile.SoundFile(io.BytesIO(data)) as file:
@@ -938,8 +938,9 @@ def decode_audio(data: bytes, duration: float, sample_rate: int | None) -> Tenso
     wave = torch.from_numpy(frames.mean(axis=1, dtype=np.float32))
     if wave.numel() == 0:
         raise ValueError("no samples could be decoded")
-    if not bool(torch.isfinite(wave).all()):
-        raise ValueError("contains NaN or infinite samples")
+    problem = sample_problem(wave)
+    if problem is not None:
+        raise ValueError(problem)
     if sample_rate is None or sample_rate == rate:
         return wave
     import torchaudio.functional

@@ -200,6 +200,18 @@ def test_a_segment_is_stored_alone_with_its_files_bits(tmp_path):
     assert float(decode_audio(samples["loud0"]["wav"], 1.0, SR).abs().max()) > 1.2
 
 
+@pytest.mark.parametrize(
+    ("value", "said"), [(np.nan, "NaN or infinite"), (1e30, r"within ±1, got 1e\+30")]
+)
+def test_a_member_of_unusable_samples_is_refused_as_its_file_would_be(tmp_path, value, said):
+    """Shards hold files' bytes as they are: their samples are judged when decoded."""
+    wave = _wave(np.random.default_rng(5), 1.0, SR)
+    wave[100] = value
+    soundfile.write(tmp_path / "glitch.wav", wave, SR, subtype="FLOAT")
+    with pytest.raises(ValueError, match=said):
+        decode_audio((tmp_path / "glitch.wav").read_bytes(), 1.0, SR)
+
+
 @pytest.mark.parametrize("suffix", ["wav", "flac"])
 def test_a_file_whose_header_gives_no_sample_count_is_stored_decodable(tmp_path, suffix):
     """libsndfile reads no samples of such a file, which the stream decodes with: its copy is
