@@ -4,6 +4,7 @@ which lists every input left out (`left_out` reads back the broken ones)."""
 from __future__ import annotations
 
 import gzip
+import hashlib
 import inspect
 import json
 import logging
@@ -22,7 +23,7 @@ from typing import Any, NamedTuple
 from tqdm import tqdm
 
 from asr.audio import AUDIO_SUFFIXES, AudioError, audio_files, audio_info
-from asr.data.manifest import Utterance, write_manifest
+from asr.data.manifest import LONGEST_ID, Utterance, write_manifest
 
 logger = logging.getLogger(__name__)
 
@@ -500,8 +501,15 @@ def _folder_entries(root: Path, audio: list[Path]) -> tuple[list[_Entry], list[s
 
 def _as_id(relative: str) -> str:
     """A relative path as one word without slashes: "alice smith/Recording 1" ->
-    "alice_smith-Recording_1" (a backslash in a file's name too: it would name files)."""
-    return re.sub(r"\s+", "_", relative).replace("/", "-").replace("\\", "-")
+    "alice_smith-Recording_1" (a backslash or control character in a file's name too: it
+    would name files); one longer than ids may be is cut, a hash of the path ending it."""
+    word = re.sub(r"[\s\x00-\x1f\x7f-\x9f]+", "_", relative).replace("/", "-").replace("\\", "-")
+    spelt = word.encode(errors="surrogateescape")  # a name not UTF-8 is left out later
+    if len(spelt) <= LONGEST_ID:
+        return word
+    tail = "-" + hashlib.sha1(relative.encode(errors="surrogateescape")).hexdigest()[:10]
+    head = spelt[: LONGEST_ID - len(tail)].decode(errors="ignore")  # whole characters
+    return head + tail
 
 
 def _transcript_lines(path: Path, bad_text: list[str]) -> Iterator[tuple[int, str]]:

@@ -320,6 +320,20 @@ def test_folder_speakers_are_the_folders_under_the_root(tmp_path):
                         "c": "corpus", "wav-dan-d": "wav-dan"}  # fmt: skip
 
 
+def test_folder_ids_of_long_file_names_are_cut_to_what_manifests_take(tmp_path):
+    """A 240-byte file name spelt a 250-byte id, which manifests refuse (ids name files): it
+    is cut, a hash of the path keeping ids of names alike apart."""
+    root = tmp_path / "corpus"
+    for last in "ab":
+        path = root / "spk" / ("é" * 119 + f"{last}.wav")
+        write_tone(path, 0.1)
+        path.with_suffix(".txt").write_text("YES")
+    splits = read_splits_after("folder", root, tmp_path / "out", dev_fraction=0, test_fraction=0)
+    ids = [u.utt_id for u in splits["train"]]  # read back as the manifest reader does
+    assert len(set(ids)) == 2 and all(len(i.encode()) <= 200 for i in ids)
+    assert all(i.startswith("spk-éé") for i in ids)
+
+
 def test_folder_ids_must_be_unique(folder, tmp_path):
     write_tone(folder / "spk0" / "utt0.mp3", 0.1)  # utt0.wav is there already
     with pytest.raises(ValueError, match="both give utterance id 'spk0-utt0'"):
