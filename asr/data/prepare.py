@@ -407,8 +407,11 @@ def prepare_yesno(data_dir: PathLike, out_dir: PathLike) -> dict[str, SplitSumma
         logger.warning("%s: ignoring .wav files not named by labels: %s", directory, _some(ignored))
     entries = [_Entry(path.stem, path, _yesno_text(path.stem), "yesno") for path in labelled]
     utterances, unusable = _measure(entries, "yesno")
-    pool, test = utterances[:YESNO_TRAIN], utterances[YESNO_TRAIN:]
-    splits = {"train": pool[:-YESNO_DEV], "dev": pool[-YESNO_DEV:], "test": test}
+    # split by name before the unreadable are left out, so that none moves to another split
+    split_of = {path.stem: "train" for path in labelled[: YESNO_TRAIN - YESNO_DEV]}
+    split_of |= {path.stem: "dev" for path in labelled[YESNO_TRAIN - YESNO_DEV : YESNO_TRAIN]}
+    splits = {name: [u for u in utterances if split_of.get(u.utt_id, "test") == name]
+              for name in ("train", "dev", "test")}  # fmt: skip
     extra = {"ignored_files": ignored, "unusable_audio": unusable}
     return _write_splits(out_dir, "yesno", directory, splits, **extra)
 

@@ -215,6 +215,20 @@ def test_yesno_splits_and_labels(yesno_dir, tmp_path):
         assert utterance.speaker == "yesno"
 
 
+@pytest.mark.needs_corpus
+def test_an_unreadable_yesno_recording_moves_none_to_another_split(yesno_dir, tmp_path):
+    """The split is by name: a test recording went to dev (which chooses checkpoints) when a
+    training one was left out."""
+    copy = tmp_path / "waves_yesno"
+    shutil.copytree(yesno_dir, copy)
+    names = sorted(path.stem for path in copy.glob("*.wav"))
+    (copy / f"{names[3]}.wav").write_bytes(b"not audio")
+    splits = read_splits_after("yesno", copy, tmp_path / "out")
+    assert [u.utt_id for u in splits["train"]] == names[:3] + names[4:26]
+    assert [u.utt_id for u in splits["dev"]] == names[26:31]
+    assert [u.utt_id for u in splits["test"]] == names[31:]
+
+
 def write_tone(path: Path, seconds: float, fmt: str | None = None) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     t = np.arange(round(8000 * seconds)) / 8000
