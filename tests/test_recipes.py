@@ -621,6 +621,21 @@ def test_paths_in_markers_compare_as_the_folders_they_name(marker, same):
     assert said.stdout == same + "\n"
 
 
+@pytest.mark.parametrize(
+    ("marker", "record", "same"),
+    [
+        ("prepare /c/yy x", "prepare /c/yy", False),  # another folder, with a space in its name
+        ("prepare /c/yy --seed 3", "prepare /c/yy", True),  # options of an older marker
+        ("prepare /c/yy", "prepare /c/yy", True),
+        ("", "prepare /c/yy", True),  # made by hand
+    ],
+)  # fmt: skip
+def test_a_marker_is_of_this_stage_by_its_record_or_options_after_it(marker, record, same):
+    script = f'root="{REPO}"; source "{REPO}/recipes/lib/stages.sh"; same_stage "$1" "$2"'
+    said = subprocess.run(["bash", "-c", script, "-", marker, record], capture_output=True)
+    assert (said.returncode == 0) == same, said.stderr
+
+
 def test_a_stage_run_again_leaves_the_stages_after_it_to_run_again(tmp_path):
     """A forced stage 4 that failed kept the markers of 5-7: the re-run trained again, then
     skipped averaging and decoding, and the old model's results stood for the new one's. One

@@ -341,7 +341,8 @@ same_stage() {
   [ -n "$then" ] || return 0
   for now in "$@"; do
     now=$(normal_paths "$now")
-    if [ "$then" = "$now" ] || [ "${then#"$now" }" != "$then" ]; then return 0; fi
+    # options after it, not more of a path with a space in it ("a x" is not "a")
+    if [ "$then" = "$now" ] || [ "${then#"$now" --}" != "$then" ]; then return 0; fi
   done
   return 1
 }
