@@ -102,6 +102,10 @@ def test_help_and_usage_errors(corpus):
         assert wrong.returncode == 2 and said in wrong.stderr, wrong.stderr
     backwards = run_recipe(corpus, "--stage", "5", "--stop-stage", "3", check=False)
     assert "--stage 5 is after --stop-stage 3: no stage to run" in backwards.stderr
+    huge = run_recipe(corpus, "--stage", "99999999999999999999", "--stop-stage", "1", check=False)
+    assert huge.returncode == 2 and "--stage needs a whole number from 0 to 999999999" in (
+        huge.stderr
+    )  # it overflowed the comparisons, which then ran stage 1
     if corpus in ("yesno", "folder", "librispeech"):  # those with --config
         missing = run_recipe(corpus, "--config", "conf/none.yaml", check=False)
         assert missing.returncode == 2 and "no config conf/none.yaml" in missing.stderr
@@ -466,6 +470,22 @@ def test_an4_language_model_stages_train_and_fuse_the_recipe_lm(tmp_path):
     run_recipe("an4", *args, "--lm-weight", "0.3", "--stage", "8", "--stop-stage", "8",
                "--force", bin_dir=fake)  # fmt: skip
     assert "--ckpt_path" not in log.read_text() and not (exp / "lm" / "checkpoints").exists()
+
+
+def test_stages_asked_for_that_none_runs_are_a_usage_error(tmp_path):
+    """The LM stages without --lm-weight, or a stage past the last: it printed nothing and
+    exited 0, as if they had run."""
+    fake, log = recording_asr(tmp_path)
+    args = ["--data-dir", tmp_path, "--data", tmp_path / "data", "--exp", tmp_path / "exp"]
+    for stages in (["--stage", "8", "--stop-stage", "9"], ["--stage", "12"]):
+        result = run_recipe("an4", *args, "--quick", *stages, bin_dir=fake, check=False)
+        assert result.returncode == 2, result.stderr
+        assert f"no stage from {stages[1]} to " in result.stderr and "turns them on" in (
+            result.stderr
+        )
+    assert not log.exists() or not log.read_text()
+    no_download = run_recipe("folder", *args, "--stage", "0", "--stop-stage", "0", check=False)
+    assert no_download.returncode == 2 and "no stage from 0 to 0 ran" in no_download.stderr
 
 
 def test_a_stage_done_before_an_earlier_one_ran_again_elsewhere_is_named(tmp_path):

@@ -20,12 +20,14 @@ lm_checkpoint="" # set by a recipe's LM stage: decode_splits then fuses it (deco
 lm_weight=0
 fit_args=()      # after `--`: extra `asr fit` options, e.g. -- --trainer.max_epochs 5
 current_stage="" # the stage running now, named by the failure message
+stages_in_range="" # stages asked for that were met (run or skipped); empty before the options
 
 # parse_options ARGS...: the common options, and the recipe's own through `recipe_option`.
 # `recipe_option "$@"` is called first for each option: it sets `consumed` to the number of
 # words it used (0: not one of its options). Paths given on the command line are taken
 # relative to the directory the recipe was started from.
 parse_options() {
+  first_stage=$stage # a recipe's default: 0 where it has a download stage
   while [ $# -gt 0 ]; do
     consumed=0
     if declare -F recipe_option >/dev/null; then recipe_option "$@"; fi
@@ -39,13 +41,14 @@ parse_options() {
   if [ -n "${config:-}" ] && [ ! -f "$config" ] && [ ! -f "$root/$config" ]; then
     usage_error "no config $config"
   fi
+  stages_in_range=0
 }
 
 common_option() {
   consumed=2
   case "$1" in
-    --stage) need_int "$@"; stage=$2 ;;
-    --stop-stage) need_int "$@"; stop_stage=$2 ;;
+    --stage) need_int "$@"; stage=$((10#$2)) ;;
+    --stop-stage) need_int "$@"; stop_stage=$((10#$2)) ;;
     --data-dir) need_value "$@"; data_dir=$(absolute "$2") ;;
     --data) need_value "$@"; data=$(absolute "$2") ;;
     --exp) need_value "$@"; exp=$(absolute "$2") ;;
@@ -91,19 +94,26 @@ need_value() {
   if [ $# -lt 2 ] || [ "${2:0:2}" = "--" ]; then usage_error "$1 needs a value"; fi
 }
 
-# need_int OPTION [VALUE...]: a usage error unless the option has a whole number.
+# need_int OPTION [VALUE...]: a usage error unless the option has a whole number (of at most
+# nine digits: longer ones overflow the shell's comparisons).
 need_int() {
-  need_value "$@"
-  case "$2" in
-    '' | *[!0-9]*) usage_error "$1 needs a whole number, got '$2'" ;;
-  esac
+  need_whole 0 "$@"
 }
 
 # need_positive OPTION [VALUE...]: a usage error unless the option has a whole number >= 1.
 need_positive() {
-  need_int "$@"
-  if [ "${#2}" -gt 9 ] || [ "$((10#$2))" -lt 1 ]; then
-    usage_error "$1 needs a whole number from 1 to 999999999, got '$2'"
+  need_whole 1 "$@"
+}
+
+need_whole() {
+  local least=$1
+  shift
+  need_value "$@"
+  case "$2" in
+    '' | *[!0-9]*) usage_error "$1 needs a whole number, got '$2'" ;;
+  esac
+  if [ "${#2}" -gt 9 ] || [ "$((10#$2))" -lt "$least" ]; then
+    usage_error "$1 needs a whole number from $least to 999999999, got '$2'"
   fi
 }
 
@@ -182,6 +192,7 @@ run_stage() {
   local marker=$dir/.done-$n command record
   seen_dir "$dir"
   if [ "$n" -lt "$stage" ] || [ "$n" -gt "$stop_stage" ]; then return 0; fi
+  stages_in_range=$((stages_in_range + 1))
   command=$(stage_command "$@")
   record="$name: ${stage_record:-$command}" # stage_record: a caller's own identity of it
   if [ -f "$marker" ] && [ "$force" = false ]; then
@@ -364,6 +375,11 @@ normal_paths() {
 # On failure or SIGTERM, say which stage ended and that a re-run carries on from it.
 on_exit() {
   local status=$?
+  if [ "$status" -eq 0 ] && [ "$stages_in_range" = 0 ] &&
+    ! { [ "$first_stage" -eq 0 ] && [ "$stage" -le 0 ]; }; then # stage 0: no run_stage
+    usage_error "no stage from $stage to $stop_stage ran: this recipe has none there, or runs \
+them only with the option that turns them on (see --help)"
+  fi
   { [ "$status" -ne 0 ] && [ -n "$current_stage" ]; } || return 0  # the script's status stays
   if [ "$status" -eq 143 ] || [ "$status" -eq 130 ] || [ "$status" -eq 129 ]; then
     local by=SIGTERM
