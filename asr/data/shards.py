@@ -618,7 +618,16 @@ class ShardedSpeechDataset(IterableDataset):
             "seed": self.options.seed,
             "streams": self.streams,
             "index": self.index.identity,
+            "plan": self.plan_digest(),
         }
+
+    def plan_digest(self) -> str:
+        """A digest of what deals the epoch's batches but the shards (`index`) and streams:
+        the batching options and grid. A resume under others would skip batches of another
+        plan, leaving utterances untrained."""
+        options = replace(self.options, speed_perturb=list(self.options.speed_perturb or []))
+        grid = None if self.grid is None else self.grid.ratio
+        return hashlib.blake2b(repr((options, grid)).encode(), digest_size=8).hexdigest()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore a position (and the seed): the next iteration skips the batches yielded."""

@@ -473,9 +473,9 @@ def test_a_resume_point_of_other_loader_workers_restarts_its_epoch(
     trainer = SimpleNamespace(current_epoch=1, world_size=1, is_global_zero=True, global_rank=0,
                               fit_loop=loop)  # fmt: skip
 
-    def batches(saved: dict | None) -> int:
+    def batches(saved: dict | None, **options) -> int:
         data = ASRDataModule(str(shards), str(corpus["manifest"]), str(tmp_path / "tokenizer"),
-                             max_batch_seconds=3.0, num_workers=0)  # fmt: skip
+                             **{"max_batch_seconds": 3.0, "num_workers": 0} | options)  # fmt: skip
         data.trainer = trainer
         data.setup("fit")
         if saved is not None:
@@ -492,6 +492,14 @@ def test_a_resume_point_of_other_loader_workers_restarts_its_epoch(
     caplog.clear()  # shards written again: other batches, as another worker count deals
     assert batches(position | {"streams": 1, "index": "0123456789abcdef"}) == whole
     assert "resumed on shards written again since the checkpoint" in caplog.text
+    caplog.clear()  # other batching options: batches of another plan, never trained whole
+    data = ASRDataModule(str(shards), str(corpus["manifest"]), str(tmp_path / "tokenizer"),
+                         max_batch_seconds=3.0, num_workers=0)  # fmt: skip
+    data.setup("fit")
+    planned = data.train_dataloader().dataset.state_dict() | position  # as a checkpoint saves
+    assert batches(planned) == whole - 2
+    assert batches(planned, max_batch_seconds=6.0) == batches(None, max_batch_seconds=6.0)
+    assert "resumed with other batches than the checkpoint's" in caplog.text
 
 
 def test_writing_again_into_the_folder_leaves_no_earlier_shard(corpus, tmp_path):
