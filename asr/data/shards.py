@@ -48,6 +48,7 @@ logger = logging.getLogger(__name__)
 INDEX_NAME = "shards.json"
 INDEX_FORMAT = "asr-shards"
 INDEX_VERSION = 2
+DURATION_DECIMALS = 3  # the index's durations, in ms
 SHARD_NAME = "shard-{:06d}.tar"
 DEFAULT_SHARD_HOURS = 1.0
 DEFAULT_SHUFFLE_BUFFER = 500
@@ -85,6 +86,7 @@ class ShardInfo:
     file: str  # name inside the shard folder
     bytes: int  # size of the tar file
     durations: np.ndarray  # (N,) seconds of each utterance, in tar order, rounded to ms
+    keys: tuple[str, ...] | None = None  # each sample's key, in tar order (None: not recorded)
 
     @property
     def count(self) -> int:
@@ -128,7 +130,7 @@ class ShardIndex:
         digest = hashlib.sha256()
         for shard in self.shards:
             digest.update(f"{shard.file}:{shard.bytes}:".encode())
-            digest.update(np.round(shard.durations, 3).tobytes())
+            digest.update(np.round(shard.durations, DURATION_DECIMALS).tobytes())
         return digest.hexdigest()[:16]
 
     def check_files(self) -> None:
@@ -199,10 +201,21 @@ def read_index(path: str | os.PathLike) -> ShardIndex:
             f"{INDEX_VERSION}: write the shards again with `asr shard` (a recipe's shard "
             "stage: --force)"
         )
+    for shard in record["shards"]:
+        keys = shard.get("keys")  # None in an index of before they were listed
+        if keys is not None and shard["durations"] and not (  # an empty one: named below
+            isinstance(keys, list) and len(keys) == len(shard["durations"])
+            and all(isinstance(key, str) for key in keys)
+        ):  # fmt: skip
+            raise ShardError(
+                f"{index_path}: the keys of {shard['file']} are not one per utterance: write "
+                "the shards again with `asr shard`"
+            )
     shards = tuple(
-        ShardInfo(s["file"], int(s["bytes"]), np.asarray(s["durations"], dtype=np.float64))
+        ShardInfo(s["file"], int(s["bytes"]), np.asarray(s["durations"], dtype=np.float64),
+                  None if s.get("keys") is None else tuple(s["keys"]))
         for s in record["shards"]
-    )
+    )  # fmt: skip
     empty = [shard.file for shard in shards if not len(shard.durations)]
     if empty:  # a stream given only it would yield nothing, and its ranks wait on it
         raise ShardError(
@@ -281,10 +294,11 @@ def write_shards(
             partial.unlink(missing_ok=True)
             raise
         os.replace(partial, out / name)
-        durations = [round(u.duration, 3) for u in utterances[start:stop]]
+        durations = [round(u.duration, DURATION_DECIMALS) for u in utterances[start:stop]]
         size = (out / name).stat().st_size
         records.append({"file": name, "bytes": size, "utterances": stop - start,
-                        "seconds": round(sum(durations), 3), "durations": durations})  # fmt: skip
+                        "seconds": round(sum(durations), 3), "durations": durations,
+                        "keys": keys[start:stop]})  # fmt: skip
     bar.close()
     _write_index(out, manifest, records, sorted(rates), utterances)
     written = {record["file"] for record in records}
@@ -705,17 +719,26 @@ class ShardedSpeechDataset(IterableDataset):
                 yield shard, position, None
 
     def _read(self, shards: list[int]) -> Iterator[Member]:
-        """Members with their tar samples; those the tar file cannot give come with None."""
+        """Members with their tar samples; those the tar file cannot give come with None.
+        A sample lost whole (corrupt headers) leaves its place empty: the next ones are
+        placed by their keys, which the index lists in tar order (by their durations in an
+        index of before it did)."""
         for shard in shards:
             samples, path = tar_samples(self.index.path(shard)), self.index.path(shard)
-            count = self.index.shards[shard].count
-            for position in range(count):
-                try:
-                    sample = next(samples, None)
-                except Exception as error:  # a corrupt tar header: the rest of the file is lost
-                    sample, samples = None, iter(())
-                    logger.warning("%s: unreadable after member %d (%s)", path, position, error)
+            info = self.index.shards[shard]
+            sample = None
+            for position in range(info.count):
+                if sample is None:
+                    try:
+                        sample = next(samples, None)
+                    except Exception as error:  # a truncated file: the rest of it is lost
+                        sample, samples = None, iter(())
+                        logger.warning("%s: unreadable after member %d (%s)", path, position, error)
+                if sample is not None and not _sample_at(sample, info, position):
+                    yield shard, position, None  # lost: the sample is a later member's
+                    continue
                 yield shard, position, sample
+                sample = None
 
     def _lengths(self, epoch: int) -> np.ndarray:
         """`(N,)` seconds of every utterance in `epoch`, after its speed factor."""
@@ -843,7 +866,8 @@ class ShardedSpeechDataset(IterableDataset):
         shard, position, sample = member
         if sample is None:
             logger.warning(
-                "%s: member %d is missing (the tar file ended early); utterance skipped",
+                "%s: member %d could not be read (a corrupt or truncated tar file); "
+                "utterance skipped",
                 self.index.path(shard), position,
             )  # fmt: skip
             return None
@@ -907,8 +931,22 @@ def _check_stream(
         )
 
 
+def _sample_at(sample: dict[str, Any], shard: ShardInfo, position: int) -> bool:
+    """Whether a tar sample is the shard's member at `position`: by its key, or where the
+    index has none, by its duration (a sample without a duration is taken as that member)."""
+    if shard.keys is not None:
+        key = sample.get("__key__")
+        return key == shard.keys[position] or key not in shard.keys[position:]
+    try:
+        duration = round(float(json.loads(sample["json"])["duration"]), DURATION_DECIMALS)
+    except Exception:  # whatever a corrupt json raises: its decoding names it
+        return True
+    durations = shard.durations
+    return duration == durations[position] or duration not in durations[position:]
+
+
 def tar_samples(path: str | os.PathLike) -> Iterator[dict[str, Any]]:
-    """The samples of a WebDataset tar file, read as a stream (WebDataset's tar iteration).
+    """The samples of a WebDataset tar file, grouped by key as WebDataset does.
 
     Args:
         path: a tar file written by `write_shards` (or any WebDataset tar).
@@ -916,11 +954,38 @@ def tar_samples(path: str | os.PathLike) -> Iterator[dict[str, Any]]:
     Returns:
         `{"__key__": key, "__url__": path, suffix: bytes, ...}` per sample, in tar order.
     """
-    from webdataset.tariterators import group_by_keys, tar_file_expander
+    from webdataset.tariterators import group_by_keys
 
-    with open(path, "rb") as stream:
-        files = tar_file_expander([{"url": str(path), "stream": stream}])
-        yield from group_by_keys(files)
+    yield from group_by_keys(_tar_files(path))
+
+
+def _tar_files(path: str | os.PathLike) -> Iterator[dict[str, Any]]:
+    """The regular files of a tar file as WebDataset's grouping takes them. Past a corrupt
+    header, tarfile's stream mode ends as at the archive's end, losing every member after it:
+    read seekable, with `ignore_zeros`, it steps over the bad block to the next header, so the
+    one member is lost (and named: its sample lacks a part)."""
+    import tarfile
+
+    size = os.path.getsize(path)
+    with tarfile.open(path, mode="r:", ignore_zeros=True) as tar:
+        while True:
+            try:
+                info = tar.next()
+            except tarfile.ReadError:
+                if tar.offset >= size:  # the file ends inside a member: the rest is lost
+                    raise
+                tar.offset += tarfile.BLOCKSIZE  # a bad header after an extended (PAX) one,
+                continue  # which ignore_zeros does not step over
+            if info is None:
+                return
+            if info.isreg():
+                data = tar.extractfile(info)
+                yield {
+                    "fname": info.name,
+                    "data": data.read() if data else b"",
+                    "__url__": str(path),
+                }
+            tar.members = []  # held for random access, which a stream needs not
 
 
 def decode_audio(data: bytes, duration: float, sample_rate: int | None) -> Tensor:

@@ -394,6 +394,95 @@ def test_a_corrupt_member_is_skipped_and_named_in_the_log(shards, tmp_path, capl
     assert f"{broken / 'shard-000001.tar'}: {key} cannot be decoded" in caplog.text
 
 
+@pytest.mark.parametrize("part", ["json", "audio"])
+def test_a_corrupt_tar_header_costs_its_member_alone(shards, tmp_path, caplog, part):
+    """Read as a stream, tar ends at a bad header as at the archive's end: every member after
+    it was lost, and each said to be missing from a tar file that ended early."""
+    broken = tmp_path / "broken"
+    shutil.copytree(shards, broken)
+    path = read_index(broken).path(1)
+    with tarfile.open(path) as tar:
+        members = [m for m in tar.getmembers() if m.name.endswith(".json") == (part == "json")]
+    with open(path, "r+b") as file:
+        file.seek(members[1].offset)
+        file.write(bytes(range(256)) * 2)  # a header block of garbage: its checksum fails
+    key = members[1].name.split(".")[0]
+    full = _epoch(_stream(shards), 0)
+    with caplog.at_level(logging.WARNING, logger="asr.data.shards"):
+        epoch = _epoch(_stream(broken), 0)
+    lost = Counter(i for b in full for i in b) - Counter(i for b in epoch for i in b)
+    assert list(lost) == [json.loads(_member_json(shards, 1, 1))["id"]]
+    assert f"{path}: {key} cannot be decoded" in caplog.text and "ended early" not in caplog.text
+
+
+@pytest.mark.parametrize("keys", [True, False], ids=["by key", "by duration"])
+def test_a_sample_lost_whole_leaves_its_place_and_the_next_keep_theirs(
+    shards, tmp_path, caplog, keys
+):
+    """Garbage over one sample's headers (a disk sector): the next samples had been placed one
+    member early, taking another utterance's duration, speed and augmentation draws. They are
+    placed by the keys the index lists, or by its durations in an index without keys."""
+    broken = tmp_path / "broken"
+    shutil.copytree(shards, broken)
+    record = json.loads((broken / INDEX_NAME).read_text())
+    for shard in record["shards"]:
+        if not keys:  # as written before indexes held them
+            del shard["keys"]
+    if keys:  # durations alike, as segments of one length: they could not place the samples
+        record["shards"][1]["durations"][1:4] = [record["shards"][1]["durations"][2]] * 3
+    (broken / INDEX_NAME).write_text(json.dumps(record))
+    assert (read_index(broken).shards[1].keys is None) != keys
+    if keys:  # keys that are not one per utterance are refused, not passed over
+        for wrong in (record["shards"][1]["keys"][1:], None, 3):
+            other = tmp_path / f"other{wrong is None}{wrong == 3}"
+            shutil.copytree(broken, other)
+            bad = json.loads((other / INDEX_NAME).read_text())
+            bad["shards"][1]["keys"] = wrong
+            (other / INDEX_NAME).write_text(json.dumps(bad))
+            if wrong is None:
+                assert read_index(other).shards[1].keys is None
+                continue
+            with pytest.raises(ShardError, match="are not one per utterance: write the shards"):
+                read_index(other)
+    path = read_index(broken).path(1)
+    with tarfile.open(path) as tar:
+        members = tar.getmembers()  # json, audio of each sample in turn
+    with open(path, "r+b") as file:
+        file.seek(members[2].offset)  # sample 1's json header and data, and its audio header
+        file.write((bytes(range(256)) * 64)[: members[3].offset_data - members[2].offset])
+    ids = [json.loads(_member_json(shards, 1, p))["id"] for p in range(4)]
+    with caplog.at_level(logging.WARNING, logger="asr.data.shards"):
+        placed = list(_stream(broken)._read([1]))
+    found = [None if s is None or "json" not in s else json.loads(s["json"])["id"]
+             for _, _, s in placed[:4]]  # fmt: skip
+    assert found == [ids[0], None, ids[2], ids[3]]
+    lost = Counter(i for b in _epoch(_stream(shards), 0) for i in b)
+    with caplog.at_level(logging.WARNING, logger="asr.data.shards"):
+        lost -= Counter(i for b in _epoch(_stream(broken), 0) for i in b)
+    assert list(lost) == [ids[1]]
+    assert f"{path}: member 1 could not be read (a corrupt or truncated tar file)" in caplog.text
+
+
+def test_a_corrupt_header_after_an_extended_one_costs_its_member_alone(tmp_path):
+    """Keys not in ASCII (or long) get PAX headers: a bad header after one raised a ReadError
+    that ignore_zeros does not step over, and the rest of the shard was lost."""
+    path = tmp_path / "pax.tar"
+    with tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as tar:
+        for k in range(4):
+            for suffix, data in (("json", b"{}"), ("wav", bytes(1000))):
+                info = tarfile.TarInfo(f"café{k}.{suffix}")
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    with tarfile.open(path) as tar:
+        json_of_1 = [m for m in tar.getmembers() if m.name == "café1.json"][0]
+    with open(path, "r+b") as file:  # the ustar header that follows the PAX header
+        file.seek(json_of_1.offset_data - tarfile.BLOCKSIZE)
+        file.write(bytes(range(256)) * 2)
+    samples = list(tar_samples(path))
+    assert [s["__key__"] for s in samples] == ["café0", "café1", "café2", "café3"]
+    assert "json" not in samples[1] and "wav" in samples[1], "the member lost alone"
+
+
 def _member_json(folder: Path, shard: int, position: int) -> bytes:
     samples = list(tar_samples(read_index(folder).path(shard)))
     return samples[position]["json"]
