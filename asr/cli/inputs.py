@@ -180,11 +180,13 @@ def _manifest_inputs(manifest: Path, failures: list[str]) -> list[Found]:
 
 def _name_spans(found: list[Found]) -> list[Found]:
     """`found`, with the manifest lines of a recording that several lines name, in any of the
-    manifests, told apart by their spans (`a.wav` -> `a@1500-3500.wav`)."""
-    lines_of = Counter(os.path.abspath(f.audio.path) for f in found if f.line is not None)
+    manifests, told apart by their spans (`a.wav` -> `a@1500-3500.wav`); lines of one span
+    are one input (the later are refused as repeats), named as the recording."""
+    spans = {(os.path.abspath(f.audio.path), _span(f.audio)) for f in found if f.line is not None}
+    spans_of = Counter(path for path, _ in spans)
     named = []
     for item in found:
-        if item.line is None or lines_of[os.path.abspath(item.audio.path)] == 1:
+        if item.line is None or spans_of[os.path.abspath(item.audio.path)] == 1:
             named.append(item)
             continue
         path, span = Path(item.audio.path), _span(item.audio)

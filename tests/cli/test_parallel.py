@@ -541,6 +541,7 @@ def test_lines_of_one_recording_are_named_once(tmp_path):
     assert [i.fields["id"] for i in inputs] == ["a1"]
     assert failures == [f"{manifest}:2: the same audio as {manifest}:1: transcribed once, "
                         "under that line"]  # fmt: skip
+    assert inputs[0].stem.as_posix() == "a", "one span: named as its recording, as alone"
     again, failures = expand_inputs([str(tmp_path / "a.wav")] * 2, tmp_path)
     assert len(again) == 1 and not failures  # a file named twice is simply one input
 
