@@ -113,14 +113,20 @@ def prepare_an4(
         raise ValueError(f"dev_size must be >= 0, got {dev_size}")
     data_dir, out_dir = _absolute(data_dir), _absolute(out_dir)
     root = _an4_root(data_dir, out_dir)
-    missing, bad_text, measured = [], [], {}
+    missing, bad_text, measured, held_out = [], [], {}, set()
     for split in AN4_SPLITS:
-        entries, missing_here, bad_here = _an4_entries(root, split)
+        entries, missing_here, bad_here, named = _an4_entries(root, split)
+        if split == "train":  # by name, over lines left out too: mending one moves none
+            held_out = set(_hold_out(sorted(set(named)), dev_size)[0])
         measured[split] = _measure(entries, f"an4 {split}")
         missing += missing_here
         bad_text += bad_here
-    (train, unusable), (test, unusable_test) = measured["train"], measured["test"]
-    dev, train = _hold_out(sorted(train, key=lambda u: u.utt_id), dev_size)
+    (pool, unusable), (test, unusable_test) = measured["train"], measured["test"]
+    pool = sorted(pool, key=lambda u: u.utt_id)
+    dev, train = (
+        [u for u in pool if u.utt_id in held_out],
+        [u for u in pool if u.utt_id not in held_out],
+    )
     splits = {"train": train, "dev": dev, "test": sorted(test, key=lambda u: u.utt_id)}
     report = {"missing_audio": missing, "bad_transcripts": bad_text}
     return _write_splits(
@@ -209,11 +215,12 @@ def _extract_all(archive: tarfile.TarFile, destination: Path) -> None:
         archive.extractall(destination)
 
 
-def _an4_entries(root: Path, split: str) -> tuple[list[_Entry], list[str], list[str]]:
-    """The split's entries, the audio not found and `file:line: reason` of unusable lines."""
+def _an4_entries(root: Path, split: str) -> tuple[list[_Entry], list[str], list[str], list[str]]:
+    """The split's entries, the audio not found, `file:line: reason` of unusable lines, and
+    the id of every line that names one (usable or not: what the split is drawn over)."""
     transcription, audio_dir = AN4_SPLITS[split]
     path = root / "etc" / transcription
-    entries, missing, bad_text, first_line_of = [], [], [], {}
+    entries, missing, bad_text, first_line_of, named = [], [], [], {}, []
     for number, line in _transcript_lines(path, bad_text):
         if not line.strip():
             continue
@@ -225,6 +232,7 @@ def _an4_entries(root: Path, split: str) -> tuple[list[_Entry], list[str], list[
             continue
         first, speaker, last = source.split("-")
         utterance_id = f"{speaker}-{first}-{last}"
+        named.append(utterance_id)
         problem = _transcript_problem(text, utterance_id, number, first_line_of)
         if problem:
             bad_text.append(f"{location}: {problem}")
@@ -235,7 +243,7 @@ def _an4_entries(root: Path, split: str) -> tuple[list[_Entry], list[str], list[
             continue
         entries.append(_Entry(utterance_id, audio, text, audio.parent.name))
     _warn_left_out(f"an4 {split}", missing, bad_text)
-    return entries, missing, bad_text
+    return entries, missing, bad_text, named
 
 
 def _transcript_problem(
@@ -270,8 +278,8 @@ def _parse_an4_line(line: str, location: str) -> tuple[str, str]:
     return " ".join(words), match.group(2)
 
 
-def _hold_out(train: list[Utterance], dev_size: int) -> tuple[list[Utterance], list[Utterance]]:
-    """The first `dev_size` utterances as dev, the rest as train (10% if too few)."""
+def _hold_out(train: list[str], dev_size: int) -> tuple[list[str], list[str]]:
+    """The first `dev_size` utterance ids as dev, the rest as train (10% if too few)."""
     if 0 < len(train) <= dev_size:
         size = max(1, len(train) // 10) if len(train) > 1 else 0
         logger.warning(
@@ -449,7 +457,7 @@ def prepare_folder(
     audio = audio_files(data_dir)
     if not audio:
         raise ValueError(f"{data_dir}: expected {FOLDER_LAYOUT}; found no audio")
-    entries, missing, bad_text = _folder_entries(data_dir, audio)
+    entries, missing, bad_text, named = _folder_entries(data_dir, audio)
     if missing:
         logger.warning(
             "%s: %d audio file(s) without a transcript (same-stem .txt) left out: %s",
@@ -462,9 +470,13 @@ def prepare_folder(
         raise ValueError(
             f"{data_dir}: expected {FOLDER_LAYOUT}; no audio file has a usable transcript"
         )
+    if split_file is None:  # by name, over files left out too: mending one moves none
+        split_of = _random_split(named, dev_fraction, test_fraction, seed)
     utterances, unusable = _measure(entries, "folder")
     if split_file is None:
-        splits = _random_split(utterances, dev_fraction, test_fraction, seed)
+        ordered = sorted(utterances, key=lambda u: u.utt_id)
+        splits = {name: [u for u in ordered if split_of[u.utt_id] == name]
+                  for name in ("train", "dev", "test")}  # fmt: skip
     else:
         splits = _assigned_split(utterances, Path(split_file))
     extra = {
@@ -475,21 +487,25 @@ def prepare_folder(
     return _write_splits(out_dir, "folder", data_dir, splits, **extra)
 
 
-def _folder_entries(root: Path, audio: list[Path]) -> tuple[list[_Entry], list[str], list[str]]:
-    """Entries with a usable transcript, audio without one, and `transcript: reason` lines."""
-    entries, missing, bad_text, first_path_of = [], [], [], {}
+def _folder_entries(
+    root: Path, audio: list[Path]
+) -> tuple[list[_Entry], list[str], list[str], list[str]]:
+    """Entries with a usable transcript, audio without one, `transcript: reason` lines, and
+    the id of every file with a transcript file (usable or not: what a split is drawn over)."""
+    entries, missing, bad_text, first_path_of, named = [], [], [], {}, []
     for path in audio:
         transcript = path.with_suffix(".txt")
         if not transcript.is_file():
             missing.append(path.relative_to(root).as_posix())
             continue
+        relative = path.relative_to(root).with_suffix("")
+        utterance_id = _as_id(relative.as_posix())
+        named.append(utterance_id)
         try:
             text = _read_transcript(transcript)
         except ValueError as error:
             bad_text.append(str(error))
             continue
-        relative = path.relative_to(root).with_suffix("")
-        utterance_id = _as_id(relative.as_posix())
         first = first_path_of.setdefault(utterance_id, path)
         if first != path:
             raise ValueError(f"{first} and {path} both give utterance id {utterance_id!r}")
@@ -499,7 +515,7 @@ def _folder_entries(root: Path, audio: list[Path]) -> tuple[list[_Entry], list[s
         entries.append(
             _Entry(utterance_id, path, text, _as_id(folder) if folder != "." else root.name)
         )
-    return entries, missing, bad_text
+    return entries, missing, bad_text, named
 
 
 def _as_id(relative: str) -> str:
@@ -545,23 +561,22 @@ def _read_transcript(path: Path) -> str:
 
 
 def _random_split(
-    utterances: list[Utterance], dev_fraction: float, test_fraction: float, seed: int
-) -> dict[str, list[Utterance]]:
+    ids: list[str], dev_fraction: float, test_fraction: float, seed: int
+) -> dict[str, str]:
+    """Each utterance id's split: `test_fraction` and `dev_fraction` of them drawn by `seed`."""
     if not (0 <= dev_fraction and 0 <= test_fraction and dev_fraction + test_fraction < 1):
         raise ValueError(
             f"need dev_fraction, test_fraction >= 0 with a sum below 1, "
             f"got {dev_fraction} and {test_fraction}"
         )
-    shuffled = sorted(utterances, key=lambda u: u.utt_id)
+    shuffled = sorted(set(ids))
     random.Random(seed).shuffle(shuffled)
     num_test = round(len(shuffled) * test_fraction)
     num_dev = round(len(shuffled) * dev_fraction)
-    parts = {
-        "train": shuffled[num_test + num_dev :],
-        "dev": shuffled[num_test : num_test + num_dev],
-        "test": shuffled[:num_test],
+    return {
+        i: "test" if k < num_test else "dev" if k < num_test + num_dev else "train"
+        for k, i in enumerate(shuffled)
     }
-    return {name: sorted(part, key=lambda u: u.utt_id) for name, part in parts.items()}
 
 
 def _assigned_split(utterances: list[Utterance], split_file: Path) -> dict[str, list[Utterance]]:

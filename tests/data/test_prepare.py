@@ -279,6 +279,31 @@ def test_folder_random_split_is_a_seeded_partition(folder, tmp_path):
     assert first != other
 
 
+def test_an_unreadable_recording_moves_none_to_another_split(folder, an4_fixture, tmp_path):
+    """Splits are drawn by name before unreadable audio is left out: one broken dev file took
+    a test utterance into train (folder) or the next training one into dev (AN4)."""
+    whole = read_splits_after("folder", folder, tmp_path / "a", dev_fraction=0.2, seed=3)
+    broken, emptied = whole["dev"][0], whole["test"][0]
+    Path(broken.audio_filepath).write_bytes(b"not audio")
+    Path(emptied.audio_filepath).with_suffix(".txt").write_text("")  # a transcript left out
+    now = read_splits_after("folder", folder, tmp_path / "b", dev_fraction=0.2, seed=3)
+    left = {k: [u.utt_id for u in v if u.utt_id not in (broken.utt_id, emptied.utt_id)]
+            for k, v in whole.items()}  # fmt: skip
+    assert {k: [u.utt_id for u in v] for k, v in now.items()} == {
+        k: v for k, v in left.items() if v
+    }
+    an4 = tmp_path / "an4"
+    shutil.copytree(an4_fixture, an4)
+    whole = read_splits_after("an4", an4, tmp_path / "c", dev_size=2)
+    assert [u.utt_id for u in whole["dev"]] == ["fash-an251-b", "fash-an253-b"]
+    for gone, out in (("an251-fash-b", "d"), ("an253-fash-b", "e")):  # unreadable; missing
+        wav = an4 / "wav" / "an4_clstk" / "fash" / f"{gone}.wav"
+        wav.write_bytes(b"not audio") if out == "d" else wav.unlink()
+        now = read_splits_after("an4", an4, tmp_path / out, dev_size=2)
+        assert [u.utt_id for u in now["train"]] == [u.utt_id for u in whole["train"]]
+    assert not now.get("dev"), "both held out: none taken from train in their place"
+
+
 def read_splits_after(corpus: str, data_dir: Path, out: Path, **options) -> dict:
     prepare_corpus(corpus, data_dir, out, **options)
     return read_splits(out)
