@@ -723,8 +723,8 @@ def _json(message: str | bytes, problem: str) -> dict[str, Any]:
         raise ClientError(f"{problem}, not audio: send the start message first", POLICY)
     try:
         value = json.loads(message)
-    except json.JSONDecodeError:
-        raise ClientError(f"{problem}: not JSON", UNSUPPORTED) from None
+    except (ValueError, RecursionError):  # not JSON; a number past 4300 digits; deep nesting
+        raise ClientError(f"{problem}: not JSON this server reads", UNSUPPORTED) from None
     if not isinstance(value, dict):
         raise ClientError(f"{problem}: a JSON object", UNSUPPORTED)
     return value
@@ -737,7 +737,7 @@ def _control_in_binary(message: bytes) -> bool:
         return False
     try:
         return isinstance(json.loads(message), dict)
-    except (json.JSONDecodeError, UnicodeDecodeError):
+    except (ValueError, RecursionError):  # not JSON (or not UTF-8): audio
         return False
 
 

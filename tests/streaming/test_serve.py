@@ -243,6 +243,9 @@ def test_each_stream_is_logged_with_its_client_and_what_it_sent(server, trained,
     [
         ((b"\x00\x01\x02",), True, 1003, "not whole 2-byte samples"),
         (("hello",), True, 1003, "not JSON"),
+        # JSON Python's reader refuses otherwise: answered as a server failure (1011)
+        (('{"type": "start", "sample_rate": 1' + "0" * 5000 + "}",), False, 1003, "not JSON"),
+        (("[" * 100_000 + "]" * 100_000,), False, 1003, "not JSON"),
         ((json.dumps({"type": "pause"}),), True, 1003, "expected audio"),
         ((b"\x00" * (1 << 20 + 1),), True, 1009, "over the 1048576-byte limit"),
         ((json.dumps({"type": "start", "sample_rate": 8000}),), False, 1003, "sample_rate 8000"),
@@ -270,6 +273,12 @@ def test_bad_input_gets_an_error_and_a_close(server, trained, sends, start, code
     assert error["type"] == "error" and says in error["message"]
     assert close_code == code
     assert session(url, pcm16(waves[UID]))[-1]["type"] == "done"  # the others are served
+
+
+def test_audio_bytes_that_nest_deeper_than_json_reads_are_audio() -> None:
+    from asr.serve.server import _control_in_binary
+
+    assert not _control_in_binary(b'{"a": ' + b"[" * 3000)  # it raised RecursionError
 
 
 @pytest.mark.parametrize("where", ["feed", "step", "take_finals", "final"])
