@@ -497,6 +497,9 @@ def read_manifest_texts(path: str | os.PathLike) -> list[str]:
             entry = json.loads(line)
         except json.JSONDecodeError as err:
             raise ValueError(f"{path}:{lineno}: invalid JSON: {err.msg}") from err
+        except (ValueError, RecursionError) as err:  # a 5000-digit number; deep nesting
+            said = "nested deeper than the reader goes" if isinstance(err, RecursionError) else err
+            raise ValueError(f"{path}:{lineno}: invalid JSON: {said}") from None
         if not isinstance(entry, dict) or not isinstance(entry.get("text"), str):
             raise ValueError(f'{path}:{lineno}: expected an object with a string "text"')
         problem = surrogate_problem(entry["text"])

@@ -320,6 +320,10 @@ def test_manifest_texts_read_as_validation_does(tmp_path):
     path.write_bytes(b'{"text": "yes"}\n{"text": "yes\\ud800"}\n')  # half a surrogate pair
     with pytest.raises(ValueError, match=rf"^{re.escape(str(path))}:2: 'text' holds \\ud800"):
         read_manifest_texts(path)
+    for line, said in ((b"[" * 100_000, "nested deeper than"), (b"1" * 5000, "Exceeds the")):
+        path.write_bytes(b'{"text": "yes"}\n' + line + b"\n")  # a traceback, no line said
+        with pytest.raises(ValueError, match=rf"^{re.escape(str(path))}:2: invalid JSON: {said}"):
+            read_manifest_texts(path)
 
 
 def test_a_failed_save_keeps_the_tokenizer_saved_before(tmp_path):

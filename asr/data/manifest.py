@@ -252,6 +252,8 @@ def _json_record(text: str) -> Any:
         raise _LineError(f"invalid JSON: {error.msg} (column {error.colno})") from None
     except ValueError as error:  # an integer of more digits than Python converts
         raise _LineError(f"invalid JSON: {error}") from None
+    except RecursionError:
+        raise _LineError("invalid JSON: nested deeper than the reader goes") from None
 
 
 def read_clip(

@@ -151,6 +151,7 @@ BAD_LINES = [
         '{"audio_filepath": "/a.wav", "duration": 1, "text": "x", "n": 1%s}' % ("0" * 5000),
         "invalid JSON: Exceeds the limit",
     ),
+    ('{"audio_filepath": "/a.wav", "x": %s}' % ("[" * 100_000), "nested deeper than"),
     (
         '{"audio_filepath": "/a.wav", "duration": 1, "text": 5}',
         "'text' must be a string, got number 5",
