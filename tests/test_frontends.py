@@ -257,6 +257,13 @@ def test_kaldi_fbank_matches_torchaudio_per_utterance(int16_scale):
         torch.testing.assert_close(feats[b, : feat_lens[b]], ref, rtol=1e-5, atol=1e-5)
 
 
+def test_kaldi_fbank_of_a_double_model_gives_float64():
+    """As the other frontends do: the encoder of a double() model refused its float32."""
+    wave = 0.1 * torch.randn(1, 16000, dtype=torch.float64)
+    assert KaldiFbank().double()(wave, torch.tensor([16000]))[0].dtype == torch.float64
+    assert KaldiFbank()(wave.float(), torch.tensor([16000]))[0].dtype == torch.float32
+
+
 def test_kaldi_dither_only_in_training():
     wave, lens = waves([8000])
     fbank = KaldiFbank(dither=1.0)

@@ -92,7 +92,8 @@ class _SnipEdgesSpectrogram(nn.Module):
         lens = num_frames(wave_lens, self.win_length, self.hop_length)
         max_frames = _padded_frames(wave, self.win_length, self.hop_length)
         if max_frames == 0 or wave.size(0) == 0:
-            empty = wave.new_zeros(wave.size(0), self.n_freqs, max_frames, dtype=torch.float32)
+            dtype = self.stft.window.dtype  # what the STFT gives: float64 in a double() model
+            empty = wave.new_zeros(wave.size(0), self.n_freqs, max_frames, dtype=dtype)
             return empty, lens
         used = (max_frames - 1) * self.hop_length + self.win_length  # samples the frames cover
         with torch.autocast(device_type=wave.device.type, enabled=False):
@@ -349,11 +350,16 @@ class KaldiFbank(nn.Module):
     def forward(self, wave: Tensor, wave_lens: Tensor) -> tuple[Tensor, Tensor]:
         """Args: wave `(B, T)` in [-1, 1], wave_lens `(B,)`. Returns: `(B, T', D)`, lengths."""
         check_batch(wave, wave_lens, ndim=2)
+        # float32 as the other frontends give, but for a double() model's float64
+        dtype = torch.float64 if wave.dtype == torch.float64 else torch.float32
         with torch.autocast(device_type=wave.device.type, enabled=False):
             wave = wave.float() * self.scale
             feats = [self._fbank(wave[b, :n]) for b, n in enumerate(wave_lens.tolist())]
         out = wave.new_zeros(
-            len(feats), _padded_frames(wave, self.win_length, self.hop_length), self.output_dim
+            len(feats),
+            _padded_frames(wave, self.win_length, self.hop_length),
+            self.output_dim,
+            dtype=dtype,
         )
         for b, utterance_feats in enumerate(feats):
             out[b, : len(utterance_feats)] = utterance_feats

@@ -7,6 +7,8 @@ import math
 import torch
 from torch import Tensor, nn
 
+from asr.models.blocks import check_sizes
+
 # A plain dict of batch-first tensors, so `reorder_batch` reorders it for beam search.
 AttentionMemory = dict[str, Tensor]
 
@@ -71,6 +73,7 @@ class DotProductAttention(nn.Module):
 
     def __init__(self, query_dim: int, key_dim: int, attention_dim: int = 320) -> None:
         super().__init__()
+        check_sizes("DotProductAttention", attention_dim=attention_dim)
         self.query_proj = nn.Linear(query_dim, attention_dim, bias=False)
         self.key_proj = nn.Linear(key_dim, attention_dim, bias=False)
         self.scale = 1.0 / math.sqrt(attention_dim)
@@ -115,6 +118,7 @@ class AdditiveAttention(nn.Module):
         smoothing: bool = False,
     ) -> None:
         super().__init__()
+        check_sizes(type(self).__name__, attention_dim=attention_dim)  # 0: attention ignores all
         self.query_proj = nn.Linear(query_dim, attention_dim, bias=False)  # W
         self.key_proj = nn.Linear(key_dim, attention_dim)  # V and b
         self.score = nn.Linear(attention_dim, 1, bias=False)  # w
@@ -175,6 +179,8 @@ class LocationAwareAttention(AdditiveAttention):
     ) -> None:
         super().__init__(query_dim, key_dim, attention_dim, sharpening, smoothing)
         _check_init_alignment(init_alignment)
+        check_sizes("LocationAwareAttention", conv_channels=conv_channels)
+        check_sizes("LocationAwareAttention", least=0, conv_kernel=conv_kernel)
         width = 2 * conv_kernel + 1
         self.location_conv = nn.Conv1d(1, conv_channels, width, padding=conv_kernel, bias=False)
         self.location_proj = nn.Linear(conv_channels, attention_dim, bias=False)  # U
@@ -225,6 +231,10 @@ class MultiHeadAttention(nn.Module):
         init_alignment: str = "uniform",
     ) -> None:
         super().__init__()
+        check_sizes("MultiHeadAttention", attention_dim=attention_dim)
+        if location:
+            check_sizes("MultiHeadAttention", conv_channels=conv_channels)
+            check_sizes("MultiHeadAttention", least=0, conv_kernel=conv_kernel)
         if num_heads < 1 or attention_dim % num_heads:
             raise ValueError(
                 f"MultiHeadAttention: num_heads={num_heads} must be >= 1 and divide "

@@ -177,11 +177,20 @@ class PositionalEncoding(nn.Module):
             self.pe = sinusoid_table(max(end, 2 * self.pe.size(0)), self.d_model).to(self.pe)
 
 
+def check_sizes(owner: str, least: int = 1, **sizes: int) -> None:
+    """ValueError naming the first of `sizes` below `least`: a layer count or width of 0 or
+    less built a network without it, or failed at its first batch with torch's words."""
+    for name, size in sizes.items():
+        if size < least:
+            raise ValueError(f"{owner}: {name} must be >= {least}, got {size}")
+
+
 class MultiHeadAttention(nn.Module):
     """Multi-head scaled dot-product attention; weights are returned before dropout."""
 
     def __init__(self, d_model: int, num_heads: int, dropout: float = 0.0) -> None:
         super().__init__()
+        check_sizes("MultiHeadAttention", d_model=d_model, num_heads=num_heads)
         if d_model % num_heads:
             raise ValueError(f"d_model={d_model} is not divisible by num_heads={num_heads}")
         self.num_heads = num_heads

@@ -10,6 +10,7 @@ from asr.models.blocks import (
     Conv2dSubsampling,
     RelativePositionalEncoding,
     RelPositionMultiHeadAttention,
+    check_sizes,
 )
 from asr.models.chunking import (
     ChunkTraining,
@@ -33,8 +34,8 @@ class ConvolutionModule(nn.Module):
         self, d_model: int, kernel_size: int, dropout: float, norm: str, causal: bool = False
     ) -> None:
         super().__init__()
-        if kernel_size % 2 == 0:
-            raise ValueError(f"ConvolutionModule: kernel_size={kernel_size} must be odd")
+        if kernel_size % 2 == 0 or kernel_size < 1:
+            raise ValueError(f"ConvolutionModule: kernel_size={kernel_size} must be odd and >= 1")
         if norm not in ("batch", "layer"):
             raise ValueError(f"ConvolutionModule: norm={norm!r} must be 'batch' or 'layer'")
         self.causal = causal
@@ -182,6 +183,7 @@ class ConformerEncoder(nn.Module):
         full_context_prob: float = 0.5,
     ) -> None:
         super().__init__()
+        check_sizes("ConformerEncoder", d_model=d_model, num_layers=num_layers, ffn_dim=ffn_dim)
         if dynamic_chunk and not causal:
             raise ValueError(
                 "ConformerEncoder: dynamic_chunk needs causal=True, or each chunk's convolutions "

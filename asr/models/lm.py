@@ -7,7 +7,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from asr.models.blocks import FeedForward, MultiHeadAttention, PositionalEncoding
+from asr.models.blocks import FeedForward, MultiHeadAttention, PositionalEncoding, check_sizes
 from asr.models.interfaces import State, reorder_batch
 
 
@@ -138,8 +138,7 @@ class TransformerLM(nn.Module):
         tie_embeddings: bool = False,
     ) -> None:
         super().__init__()
-        if num_layers < 1:
-            raise ValueError(f"TransformerLM: num_layers must be >= 1, got {num_layers}")
+        check_sizes("TransformerLM", d_model=d_model, ffn_dim=ffn_dim, num_layers=num_layers)
         self.embedding = nn.Embedding(vocab_size, d_model)
         nn.init.normal_(self.embedding.weight, std=d_model**-0.5)  # unit scale after sqrt(d)
         self.positions = PositionalEncoding(d_model, dropout=dropout)

@@ -10,6 +10,7 @@ from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from asr.models.attention import LocationAwareAttention
+from asr.models.blocks import check_sizes
 from asr.models.interfaces import State, check_lengths, check_tokens, lengths_to_mask, reorder_batch
 
 _RNN_TYPES = {"lstm": nn.LSTM, "gru": nn.GRU}
@@ -157,6 +158,8 @@ class RNNEncoder(nn.Module):
             raise ValueError(
                 f"RNNEncoder: subsample_mode must be one of {_SUBSAMPLE_MODES}: {subsample_mode!r}"
             )
+        check_sizes("RNNEncoder", num_layers=num_layers, hidden_size=hidden_size)
+        check_sizes("RNNEncoder", least=0, projection_dim=projection_dim)  # 0: none
         self.input_dim = input_dim
         self.layer_factors = parse_subsample(subsample, num_layers)
         self.subsample_mode = subsample_mode
@@ -296,8 +299,12 @@ class RNNAttentionDecoder(nn.Module):
             raise ValueError(
                 f"RNNAttentionDecoder: rnn_type must be one of {list(_CELL_TYPES)}: {rnn_type!r}"
             )
-        if num_layers < 1:
-            raise ValueError(f"RNNAttentionDecoder: num_layers must be >= 1, got {num_layers}")
+        check_sizes(
+            "RNNAttentionDecoder",
+            num_layers=num_layers,
+            hidden_size=hidden_size,
+            embed_dim=embed_dim,
+        )
         if not 0.0 <= scheduled_sampling <= 1.0:
             raise ValueError(
                 f"RNNAttentionDecoder: scheduled_sampling must be in [0, 1]: {scheduled_sampling}"

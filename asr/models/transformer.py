@@ -12,6 +12,7 @@ from asr.models.blocks import (
     PositionalEncoding,
     RelativePositionalEncoding,
     RelPositionMultiHeadAttention,
+    check_sizes,
     key_padding_mask,
 )
 from asr.models.chunking import (
@@ -110,6 +111,7 @@ class TransformerEncoder(nn.Module):
         full_context_prob: float = 0.5,
     ) -> None:
         super().__init__()
+        check_sizes("TransformerEncoder", d_model=d_model, num_layers=num_layers, ffn_dim=ffn_dim)
         self.chunk_training = (
             ChunkTraining(dynamic_chunk, full_context_prob) if dynamic_chunk else None
         )
@@ -254,6 +256,7 @@ class TransformerDecoder(nn.Module):
         max_len: int = 5000,
     ) -> None:
         super().__init__()
+        check_sizes("TransformerDecoder", d_model=d_model, num_layers=num_layers, ffn_dim=ffn_dim)
         self.embedding = nn.Embedding(vocab_size, d_model)
         nn.init.normal_(self.embedding.weight, std=d_model**-0.5)  # unit scale after sqrt(d)
         self.positions = PositionalEncoding(d_model, max_len, dropout)

@@ -3,6 +3,7 @@ shapes and lengths, backward, padding invariance, stepwise decoding == teacher f
 
 from __future__ import annotations
 
+import re
 from functools import partial
 
 import pytest
@@ -12,6 +13,7 @@ from asr.frontends import Frontend, LogMelFilterbank, UtteranceCMVN
 from asr.models import attention as att
 from asr.models.conformer import ConformerEncoder
 from asr.models.ctc import CTCHead
+from asr.models.lm import TransformerLM
 from asr.models.rnn import RNNAttentionDecoder, RNNEncoder
 from asr.models.seq2seq import SOS_EOS_ID, Seq2Seq, add_sos_eos
 from asr.models.transformer import TransformerDecoder, TransformerEncoder
@@ -135,6 +137,53 @@ def test_ctc_weight_without_head_is_an_error():
     model.ctc = None
     with pytest.raises(ValueError, match="no CTC head"):
         model.loss(*batch(), ctc_weight=0.5)
+
+
+@pytest.mark.parametrize(
+    ("make", "said"),
+    [
+        (lambda: TransformerEncoder(20, d_model=16, num_heads=2, num_layers=-2),
+         "TransformerEncoder: num_layers must be >= 1, got -2"),  # built with no layers
+        (lambda: ConformerEncoder(20, d_model=16, num_heads=2, num_layers=0),
+         "ConformerEncoder: num_layers must be >= 1, got 0"),
+        (lambda: ConformerEncoder(20, d_model=16, num_heads=2, kernel_size=-1),
+         "kernel_size=-1 must be odd and >= 1"),
+        (lambda: TransformerEncoder(20, d_model=16, num_heads=0),
+         "MultiHeadAttention: num_heads must be >= 1, got 0"),  # ZeroDivisionError
+        (lambda: TransformerEncoder(20, d_model=16, num_heads=-2),
+         "MultiHeadAttention: num_heads must be >= 1, got -2"),
+        (lambda: TransformerDecoder(VOCAB, 16, d_model=16, num_heads=2, num_layers=0),
+         "TransformerDecoder: num_layers must be >= 1, got 0"),  # at its first batch
+        (lambda: RNNEncoder(20, num_layers=0, subsample=[]),
+         "RNNEncoder: num_layers must be >= 1, got 0"),
+        (lambda: RNNEncoder(20, projection_dim=-5), "RNNEncoder: projection_dim must be >= 0"),
+        (lambda: RNNAttentionDecoder(VOCAB, 16, hidden_size=0),
+         "RNNAttentionDecoder: hidden_size must be >= 1, got 0"),  # an empty attention query
+        (lambda: TransformerEncoder(20, d_model=0, num_heads=2),
+         "TransformerEncoder: d_model must be >= 1, got 0"),  # ZeroDivisionError
+        (lambda: TransformerLM(VOCAB, d_model=16, num_heads=2, ffn_dim=0),
+         "TransformerLM: ffn_dim must be >= 1, got 0"),  # trained without complaint
+        (lambda: att.LocationAwareAttention(16, 16, attention_dim=0),
+         "LocationAwareAttention: attention_dim must be >= 1, got 0"),  # uniform attention
+        (lambda: att.LocationAwareAttention(16, 16, conv_channels=0),
+         "LocationAwareAttention: conv_channels must be >= 1, got 0"),
+        (lambda: att.DotProductAttention(16, 16, attention_dim=0),
+         "DotProductAttention: attention_dim must be >= 1, got 0"),
+        (lambda: att.MultiHeadAttention(16, 16, num_heads=2, attention_dim=0),
+         "MultiHeadAttention: attention_dim must be >= 1, got 0"),
+    ],
+)  # fmt: skip
+def test_sizes_that_build_no_network_are_refused_by_name(make, said):
+    with pytest.raises(ValueError, match=re.escape(said)):
+        make()
+
+
+def test_a_float64_model_takes_input_shorter_than_a_window():
+    """Its spectrogram of no frames was float32, which the float64 mel matrix refused."""
+    model = build("blstmp", "rnn_location").double().eval()
+    short = model.frontend(torch.zeros(1, 300, dtype=torch.float64), torch.tensor([300]))
+    assert short[0].dtype == torch.float64 and short[0].size(1) == 0
+    assert model.shortest_input() == build("blstmp", "rnn_location").eval().shortest_input()
 
 
 def test_measuring_lengths_leaves_a_training_model_as_it_was():
