@@ -131,10 +131,13 @@ class EncoderCache:
 
     def trimmed(self, max_frames: int | None) -> EncoderCache:
         """The cache of the newest `max_frames` frames of attention context (None: all)."""
+        if max_frames is not None and max_frames < 0:
+            raise ValueError(f"max_frames must be >= 0 or None, got {max_frames}")
         if max_frames is None or self.valid.size(1) <= max_frames:
             return self
-        k, v = self.keys[:, :, :, -max_frames:], self.values[:, :, :, -max_frames:]
-        return EncoderCache(k, v, self.valid[:, -max_frames:], self.conv, self.offset)
+        first = self.valid.size(1) - max_frames  # not `-max_frames`: 0 would keep them all
+        k, v = self.keys[:, :, :, first:], self.values[:, :, :, first:]
+        return EncoderCache(k, v, self.valid[:, first:], self.conv, self.offset)
 
     def split(self) -> list[EncoderCache]:
         """The batch's caches one stream at a time, each without left padding."""

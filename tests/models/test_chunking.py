@@ -107,12 +107,13 @@ def test_a_chunk_as_long_as_the_utterance_is_full_context(name: str) -> None:
 
 
 @pytest.mark.parametrize("name", sorted(ENCODERS))
-def test_limited_context_equals_the_mask_of_as_many_left_chunks(name: str) -> None:
+@pytest.mark.parametrize("left_chunks", [2, 0])  # 0: max_cache 0 kept the whole cache (-0:)
+def test_limited_context_equals_the_mask_of_as_many_left_chunks(name: str, left_chunks) -> None:
     encoder = ENCODERS[name]().eval()
     x = torch.randn(1, 101, 20)
     valid = torch.ones(1, 24, dtype=torch.bool)
-    out = chunked(encoder, x[0], 4, max_cache=8)  # two chunks of 4 frames before this one
-    mask = valid[:, None, None, :] & chunk_attention_mask(24, 4, left_chunks=2)
+    out = chunked(encoder, x[0], 4, max_cache=4 * left_chunks)  # chunks of 4 frames before it
+    mask = valid[:, None, None, :] & chunk_attention_mask(24, 4, left_chunks=left_chunks)
     # the reference: the same layers under a mask that sees two chunks back
     h, y_lens = encoder.subsampling(x, torch.tensor([101]))
     if isinstance(encoder, ConformerEncoder):
@@ -124,6 +125,8 @@ def test_limited_context_equals_the_mask_of_as_many_left_chunks(name: str) -> No
         for layer in encoder.layers:
             h = layer(h, mask, pos)
     torch.testing.assert_close(out, encoder.norm(h)[0], atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="max_frames must be >= 0 or None, got -2"):
+        chunked(encoder, x[0], 4, max_cache=-2)
 
 
 @pytest.mark.parametrize("name", sorted(ENCODERS))
