@@ -652,9 +652,24 @@ def test_a_transcript_too_long_for_its_audio_is_named_and_not_taken_for_fast_spe
     said = [r.getMessage() for r in caplog.records if "too long for their audio" in r.getMessage()]
     assert len(said) == 1 and said[0].startswith("1 training transcript(s) too long")
     assert f"{wrong.utt_id} (1199 CTC frames, audio gives " in said[0]
+    assert said[0].endswith("Check their text and duration")
     recognizer = load_model(tmp_path / "checkpoints" / "last.ckpt")
     rates = [(len(recognizer.tokenizer.encode(u.text)) + 1) / u.duration for u in utterances]
     assert max(rates) <= recognizer.tokens_per_second < 2 * max(rates)
+    # none fits the encoder's 40 ms frames, all the features' 10 ms: the frames are too few,
+    # which the data alone was blamed for; none fitting either, the data are
+    for letters, said in ((2, "None fits: the encoder gives a frame per 40 ms"),
+                          (20, "Check their text and duration")):  # fmt: skip
+        caplog.clear()
+        long = [dataclasses.replace(u, text="YES" * round(letters / 3 * u.duration / 0.04))
+                for u in utterances]  # fmt: skip
+        write_manifest(tmp_path / f"all{letters}.jsonl", long)
+        data = {**tiny_an4, "train": str(tmp_path / f"all{letters}.jsonl")}
+        args = _fit_args(data, tmp_path / f"all{letters}")
+        with caplog.at_level(logging.WARNING, logger="asr.lightning"):
+            main([*args, "--trainer.max_steps", "1", "--trainer.limit_val_batches", "0"])
+        assert f"{len(utterances)} training transcript(s) too long" in caplog.text
+        assert said in caplog.text
 
 
 KILL_SCRIPT = """
