@@ -195,14 +195,13 @@ def join_segments(
     times to cut them by."""
     guides = [part for _, part in parts] if guides is None else guides
     order = sorted(range(len(parts)), key=lambda k: parts[k][0][0])
-    guided, guides_in_order = [], []  # the parts as the guides time them
+    guided = []  # the parts as the guides time them, in order
     for k in order:
         span, part = parts[k]
         guide = guides[k]
         if guide.tokens != part.tokens or len(guide.token_starts) != len(part.tokens):
             raise ValueError(f"the guide of the part at {span} has other tokens than the part")
-        guided.append((span, replace(part, words=guide.words)))
-        guides_in_order.append(guide)
+        guided.append((span, guide))
     parts = [parts[k] for k in order]
     spans = [span for span, _ in parts]
     ranges = [_kept_range(spans, k) for k in range(len(spans))]
@@ -228,7 +227,7 @@ def join_segments(
         kept = [w for w, stays in zip(part.words, words[k]) if stays]
         timed = part
         if any(not start <= span[0] + (w.start + w.end) / 2 <= end for w in kept):
-            timed = guides_in_order[k]  # own times past the cut: the guide's, all in order
+            timed = guided[k][1]  # own times past the cut: the guide's, all in order
         out.token_starts += [within(s) for s, stays in zip(timed.token_starts, keep) if stays]
         out.token_ends += [within(e) for e, stays in zip(timed.token_ends, keep) if stays]
         out.token_probs += [p for p, stays in zip(part.token_probs, keep) if stays]
