@@ -431,9 +431,12 @@ class LiveServer:
                 "e.g. the mean of the channels)",
                 UNSUPPORTED,
             )
+        alignment = start.get("alignment", False)
+        if not isinstance(alignment, bool):  # "no" would be true
+            raise ClientError(f"alignment {json.dumps(alignment)}: true or false", UNSUPPORTED)
         dtype, scale = FORMATS[kind]
         client = _Client(ws, self.engine.stream(), dtype, scale, self.options.max_queued_messages)
-        if start.get("alignment"):
+        if alignment:
             client.alignments = kept_alignments(client.stream, self.engine.recognizer)
         chunk, first = self.engine.chunk_seconds, self.engine.first_chunk_seconds
         await ws.send(
