@@ -494,12 +494,9 @@ def read_manifest_texts(path: str | os.PathLike) -> list[str]:
         if not line.strip():
             continue
         try:
-            entry = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{path}:{lineno}: invalid JSON: {err.msg}") from err
-        except (ValueError, RecursionError) as err:  # a 5000-digit number; deep nesting
-            said = "nested deeper than the reader goes" if isinstance(err, RecursionError) else err
-            raise ValueError(f"{path}:{lineno}: invalid JSON: {said}") from None
+            entry = json_line(line)
+        except ValueError as err:
+            raise ValueError(f"{path}:{lineno}: {err}") from None
         if not isinstance(entry, dict) or not isinstance(entry.get("text"), str):
             raise ValueError(f'{path}:{lineno}: expected an object with a string "text"')
         problem = surrogate_problem(entry["text"])
@@ -507,6 +504,19 @@ def read_manifest_texts(path: str | os.PathLike) -> list[str]:
             raise ValueError(f"{path}:{lineno}: {problem}")
         texts.append(entry["text"])
     return texts
+
+
+def json_line(line: str) -> Any:
+    """A manifest line's JSON value; ValueError `invalid JSON: why` for any line Python's
+    reader refuses (a number past 4300 digits, nesting past its depth too)."""
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"invalid JSON: {error.msg} (column {error.colno})") from None
+    except ValueError as error:  # an integer of more digits than Python converts
+        raise ValueError(f"invalid JSON: {error}") from None
+    except RecursionError:
+        raise ValueError("invalid JSON: nested deeper than the reader goes") from None
 
 
 def surrogate_problem(text: str) -> str | None:

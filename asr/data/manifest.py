@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from asr.audio import AudioError, audio_info, load_audio
-from asr.text import surrogate_problem
+from asr.text import json_line, surrogate_problem
 
 logger = logging.getLogger(__name__)
 
@@ -247,13 +247,9 @@ def _parse_line(line: bytes, base: Path) -> Utterance:
 
 def _json_record(text: str) -> Any:
     try:
-        return json.loads(text)
-    except json.JSONDecodeError as error:
-        raise _LineError(f"invalid JSON: {error.msg} (column {error.colno})") from None
-    except ValueError as error:  # an integer of more digits than Python converts
-        raise _LineError(f"invalid JSON: {error}") from None
-    except RecursionError:
-        raise _LineError("invalid JSON: nested deeper than the reader goes") from None
+        return json_line(text)
+    except ValueError as error:
+        raise _LineError(str(error)) from None
 
 
 def read_clip(
