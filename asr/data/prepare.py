@@ -123,11 +123,8 @@ def prepare_an4(
         bad_text += bad_here
     (pool, unusable), (test, unusable_test) = measured["train"], measured["test"]
     pool = sorted(pool, key=lambda u: u.utt_id)
-    dev, train = (
-        [u for u in pool if u.utt_id in held_out],
-        [u for u in pool if u.utt_id not in held_out],
-    )
-    splits = {"train": train, "dev": dev, "test": sorted(test, key=lambda u: u.utt_id)}
+    splits = _by_split(pool, dict.fromkeys(held_out, "dev"), default="train")
+    splits["test"] = sorted(test, key=lambda u: u.utt_id)
     report = {"missing_audio": missing, "bad_transcripts": bad_text}
     return _write_splits(
         out_dir, "an4", root, splits, unusable_audio=unusable + unusable_test, **report
@@ -418,8 +415,7 @@ def prepare_yesno(data_dir: PathLike, out_dir: PathLike) -> dict[str, SplitSumma
     # split by name before the unreadable are left out, so that none moves to another split
     split_of = {path.stem: "train" for path in labelled[: YESNO_TRAIN - YESNO_DEV]}
     split_of |= {path.stem: "dev" for path in labelled[YESNO_TRAIN - YESNO_DEV : YESNO_TRAIN]}
-    splits = {name: [u for u in utterances if split_of.get(u.utt_id, "test") == name]
-              for name in ("train", "dev", "test")}  # fmt: skip
+    splits = _by_split(utterances, split_of, default="test")
     extra = {"ignored_files": ignored, "unusable_audio": unusable}
     return _write_splits(out_dir, "yesno", directory, splits, **extra)
 
@@ -474,9 +470,7 @@ def prepare_folder(
         split_of = _random_split(named, dev_fraction, test_fraction, seed)
     utterances, unusable = _measure(entries, "folder")
     if split_file is None:
-        ordered = sorted(utterances, key=lambda u: u.utt_id)
-        splits = {name: [u for u in ordered if split_of[u.utt_id] == name]
-                  for name in ("train", "dev", "test")}  # fmt: skip
+        splits = _by_split(sorted(utterances, key=lambda u: u.utt_id), split_of)
     else:
         splits = _assigned_split(utterances, Path(split_file))
     extra = {
@@ -587,9 +581,20 @@ def _assigned_split(utterances: list[Utterance], split_file: Path) -> dict[str, 
     unknown = sorted(set(assignment) - {u.utt_id for u in utterances})
     if unknown:
         logger.warning("%s: ids of no prepared utterance: %s", split_file, _some(unknown))
-    splits: dict[str, list[Utterance]] = {}
+    return _by_split(utterances, assignment, names=())
+
+
+def _by_split(
+    utterances: list[Utterance],
+    split_of: dict[str, str],
+    default: str | None = None,
+    names: Sequence[str] = ("train", "dev", "test"),
+) -> dict[str, list[Utterance]]:
+    """The utterances of each split, in their order: `names` first (kept though empty), then
+    any other `split_of` names an id by (`default` for ids it does not name)."""
+    splits: dict[str, list[Utterance]] = {name: [] for name in names}
     for utterance in utterances:
-        splits.setdefault(assignment[utterance.utt_id], []).append(utterance)
+        splits.setdefault(split_of.get(utterance.utt_id, default), []).append(utterance)
     return splits
 
 
