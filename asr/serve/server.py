@@ -51,6 +51,7 @@ from asr.audio import LOUDEST_SAMPLE
 from asr.explore.page import embedded_json
 from asr.explore.records import quantized_attention
 from asr.streaming import Stream, StreamingEngine, StreamOptions
+from asr.text import json_line
 from asr.timing import attention_matrix
 
 if TYPE_CHECKING:
@@ -725,8 +726,8 @@ def _json(message: str | bytes, problem: str) -> dict[str, Any]:
             raise ClientError(f"{problem}, in a text frame, not a binary one", UNSUPPORTED)
         raise ClientError(f"{problem}, not audio: send the start message first", POLICY)
     try:
-        value = json.loads(message)
-    except (ValueError, RecursionError):  # not JSON; a number past 4300 digits; deep nesting
+        value = json_line(message)
+    except ValueError:  # a number past 4300 digits and deep nesting too
         raise ClientError(f"{problem}: not JSON this server reads", UNSUPPORTED) from None
     if not isinstance(value, dict):
         raise ClientError(f"{problem}: a JSON object", UNSUPPORTED)
@@ -739,8 +740,8 @@ def _control_in_binary(message: bytes) -> bool:
     if not message.startswith(b"{") or len(message) > 4096:
         return False
     try:
-        return isinstance(json.loads(message), dict)
-    except (ValueError, RecursionError):  # not JSON (or not UTF-8): audio
+        return isinstance(json_line(message.decode()), dict)
+    except ValueError:  # not JSON (or not UTF-8): audio
         return False
 
 
