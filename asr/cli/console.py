@@ -75,7 +75,7 @@ class StdinPcm:
         """What came, in whole samples and pieces of at most `PCM_BLOCK_SECONDS`, until stdin
         ends, `interrupted` is not empty or `gone()` (the reader went away) is true: a source
         that outlives Ctrl-C, or sends nothing, does not hold the command."""
-        block = int(PCM_BLOCK_SECONDS * rate) * 2
+        block = _block_samples(rate) * 2
         carry = b""
         while (data := self._take(PCM_BLOCK_SECONDS)) is not None:
             if gone():
@@ -117,7 +117,7 @@ def ctrl_c_ends_the_input():
 
 def pieces(wave: np.ndarray, rate: int):
     """`wave` in pieces of `PCM_BLOCK_SECONDS`, as a microphone gives it."""
-    step = int(PCM_BLOCK_SECONDS * rate)
+    step = _block_samples(rate)
     for start in range(0, len(wave), step):
         yield wave[start : start + step]
 
@@ -168,3 +168,8 @@ class Lines:
         if self.live:
             self.out.write("\r\x1b[K")
             self.out.flush()
+
+
+def _block_samples(rate: int) -> int:
+    """Samples in a piece of `PCM_BLOCK_SECONDS`: one at least, at a rate under 10 Hz too."""
+    return max(1, int(PCM_BLOCK_SECONDS * rate))

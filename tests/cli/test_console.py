@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import io
+import os
+import sys
 
-from asr.cli.console import Lines
+import numpy as np
+
+from asr.cli.console import Lines, StdinPcm, pieces
 
 
 def test_a_partial_wider_than_the_terminal_shows_its_end_on_one_row(monkeypatch):
@@ -22,3 +26,17 @@ def test_a_partial_wider_than_the_terminal_shows_its_end_on_one_row(monkeypatch)
     quiet = io.StringIO()
     Lines(quiet, live=False).partial(words)  # not a terminal: finals alone
     assert quiet.getvalue() == ""
+
+
+def test_audio_is_cut_into_pieces_of_a_sample_at_least(monkeypatch):
+    """A rate under 10 Hz (a typo'd `asr connect --sample-rate`) has pieces of 0.1 s below one
+    sample; it is sent a sample at a time, for the server to refuse its rate, not a crash."""
+    assert [len(p) for p in pieces(np.zeros(25), 16000)] == [25]
+    assert [len(p) for p in pieces(np.zeros(3), 5)] == [1, 1, 1]
+    read, write = os.pipe()
+    os.write(write, np.arange(3, dtype="<i2").tobytes())
+    os.close(write)
+    with os.fdopen(read, "rb") as stdin:
+        monkeypatch.setattr(sys, "stdin", stdin)
+        sent = list(StdinPcm().pieces(5, []))
+    assert sent == [np.int16(k).astype("<i2").tobytes() for k in range(3)]
