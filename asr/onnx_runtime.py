@@ -32,6 +32,7 @@ CACHE = ["keys", "values", "valid", "conv", "offset"]  # EncoderCache's fields, 
 STATE_FILE = "state.json"
 EXPORT_AGAIN = "export it again: asr export --format onnx"
 SPIN_WAIT_ENTRY = "session.intra_op.allow_spinning"
+FP32_OPS = ("Conv",)  # left fp32 in the int8 graphs: quantised convolutions run slower here
 
 
 class _Step(nn.Module):
@@ -216,8 +217,9 @@ def _export_decoder(
     return written
 
 
-def _quantized(path: Path) -> str:
-    """A dynamically quantised copy (int8 weights) of the graph at `path`, beside it."""
+def _quantized(path: Path, fp32_ops: tuple[str, ...] = FP32_OPS) -> str:
+    """A dynamically quantised copy (int8 weights) of the graph at `path`, beside it; the
+    operators `fp32_ops` stay fp32."""
     import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
     from onnxruntime.quantization.registry import IntegerOpsRegistry
@@ -234,7 +236,7 @@ def _quantized(path: Path) -> str:
         with tempfile.TemporaryDirectory() as tmp:  # the quantiser writes a pre-processed copy
             staged = Path(tmp) / path.name
             onnx.save(_untied(onnx.load(str(path))), str(staged))
-            ops = sorted(set(IntegerOpsRegistry) - {"Conv"})
+            ops = sorted(set(IntegerOpsRegistry) - set(fp32_ops))
             quantize_dynamic(str(staged), str(out), op_types_to_quantize=ops,
                              weight_type=QuantType.QInt8)  # fmt: skip
     finally:
@@ -405,8 +407,11 @@ def onnx_model(
     int8: bool = False,
     threads: int | None = None,
     spin_wait: bool = False,
+    session_type: Callable[[Path, int | None, bool], Any] | None = None,
 ) -> Seq2Seq:
-    """`model` with its encoder, CTC head and decoder running `folder/onnx/` in ONNX Runtime."""
+    """`model` with its encoder, CTC head and decoder running `folder/onnx/` in ONNX Runtime;
+    `session_type(path, threads, spin_wait)` opens each graph (`_Session`'s interface)."""
+    session_type = session_type or _Session
     graphs = Path(folder) / ONNX_DIR
     suffix = ".int8.onnx" if int8 else ".onnx"
 
@@ -418,7 +423,7 @@ def onnx_model(
         path = graphs / f"{name}{suffix}"
         if not path.is_file():
             raise FileNotFoundError(missing(name))
-        return _Session(path, threads, spin_wait)
+        return session_type(path, threads, spin_wait)
 
     def optional(name: str) -> _Session | None:
         """A graph that only some models have (None where the package has none)."""

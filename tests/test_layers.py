@@ -42,8 +42,8 @@ LAYERS = {
     # live streams
     3: {"results", "decoding", "alignment", "writers", "transcribe", "streaming", "recognizer"},
     # its users: evaluation, robustness, plots, alignment-map choice, finishing a model, the
-    # explorer page, the live server
-    4: {"evaluate", "robustness", "plotting", "heads", "finalize", "explore", "serve"},
+    # explorer page, the live server, int8 graphs calibrated by decoding
+    4: {"evaluate", "robustness", "plotting", "heads", "finalize", "explore", "serve", "onnx_int8"},
     # training and the command line
     5: {"data", "lightning", "lm", "optim", "train", "config_check", "cli", "__main__"},
 }

@@ -253,7 +253,12 @@ def _export(args: argparse.Namespace) -> int:
 
     if is_package(args.checkpoint):
         raise CheckpointError(f"{args.checkpoint}: a model package already; export a checkpoint")
+    if args.calibration and args.format != "onnx":
+        raise ValueError("--calibration sets the int8 graphs' ranges: it needs --format onnx")
+    if args.calibration_size is not None and not args.calibration:
+        raise ValueError("--calibration-size is the number of --calibration recordings: give both")
     recognizer = load_model(args.checkpoint)
+    calibration = _calibration_waves(args, recognizer) if args.calibration else None
     # None stays None: the library's defaults, offline and live, as the checkpoint decodes
     decoding = None if recognizer.decoding is None else stored_decoding(recognizer.decoding)
     card = ModelCard(
@@ -270,8 +275,37 @@ def _export(args: argparse.Namespace) -> int:
         from asr.onnx_runtime import export_onnx
 
         written += export_onnx(recognizer.model, args.out, recognizer.sample_rate)
+        if calibration is not None:
+            from asr.onnx_int8 import calibrate_int8
+
+            calibrate_int8(recognizer, args.out, calibration, progress=not args.quiet)
     print(f"model package written to {args.out}: {' '.join(written)}")
+    if calibration is not None:
+        print(f"int8 activation ranges calibrated on {len(calibration)} recordings")
     return 0
+
+
+def _calibration_waves(args: argparse.Namespace, recognizer: Recognizer) -> list:
+    """`--calibration-size` recordings spread over the `--calibration` manifest, read (each
+    line's span); those too short to encode are left out, and said."""
+    from asr.audio import load_audio
+    from asr.data.manifest import read_manifest
+    from asr.onnx_int8 import CALIBRATION_SIZE
+
+    utterances = read_manifest(args.calibration)
+    size = min(args.calibration_size or CALIBRATION_SIZE, len(utterances))
+    chosen = [i * len(utterances) // size for i in range(size)]  # spread over all of them
+    waves = [
+        load_audio(u.audio_filepath, recognizer.sample_rate, u.offset, u.duration)
+        for u in (utterances[i] for i in chosen)
+    ]
+    kept = [w for w in waves if len(w) >= recognizer.shortest_input]
+    if len(kept) < len(waves):
+        print(f"asr export: {len(waves) - len(kept)} of {len(waves)} --calibration recordings "
+              "are too short to encode: left out", file=sys.stderr)  # fmt: skip
+    if not kept:
+        raise ValueError(f"--calibration {args.calibration}: no recording long enough to encode")
+    return kept
 
 
 def _load_model(args: argparse.Namespace) -> Recognizer:
@@ -1067,6 +1101,21 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
             help="package: the folder above; onnx: the package plus onnx/, the encoder, CTC head "
             "and decoder step as ONNX graphs and their int8 copies, for --backend onnx / onnx-int8",
         )
+        p.add_argument(
+            "--calibration",
+            metavar="MANIFEST",
+            help="with --format onnx: recordings (a manifest, e.g. the training one) on which the "
+            "int8 graphs' activation ranges are measured once, so that each utterance's result "
+            "no longer depends on the batch it is decoded in (default: ranges taken per batch at "
+            "run time)",
+        )
+        p.add_argument(
+            "--calibration-size",
+            type=count,
+            metavar="N",
+            help="recordings taken, spread over the --calibration manifest (32)",
+        )
+        p.add_argument("--quiet", action="store_true", help="no progress bar")
         p.add_argument(
             "--metrics",
             action="append",
