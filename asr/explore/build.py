@@ -752,10 +752,13 @@ class _Media:
 
         from asr.frontends import LogMelFilterbank
 
-        if self._mel is None:
-            self._mel = LogMelFilterbank(sample_rate=self.sample_rate, n_mels=80)
-        hop = 160 * self.sample_rate / 16000
-        x = torch.from_numpy(np.pad(wave, (0, max(0, 400 - len(wave)))))[None]
+        rate = self.sample_rate
+        # 25 ms windows every 10 ms at any rate: the picture's columns are 10 ms of the time axis
+        win, hop = round(0.025 * rate), round(0.010 * rate)
+        if self._mel is None or self._mel.sample_rate != rate:
+            n_fft = max(512, 1 << (win - 1).bit_length())
+            self._mel = LogMelFilterbank(rate, n_fft, win, hop, n_mels=80)
+        x = torch.from_numpy(np.pad(wave, (0, max(0, win - len(wave)))))[None]
         with torch.inference_mode():
             mel, _ = self._mel(x, torch.tensor([x.shape[1]]))
         db = 10 / np.log(10) * mel[0].numpy().T  # (n_mels, T)
@@ -766,7 +769,7 @@ class _Media:
         top = db.max() if db.size else 0.0
         scaled = np.clip((db - top + SPECTROGRAM_RANGE_DB) / SPECTROGRAM_RANGE_DB, 0, 1)
         image = np.rint(255 * scaled).astype(np.uint8)
-        return _picture(image), {"seconds": pool * hop / self.sample_rate}
+        return _picture(image), {"seconds": pool * hop / rate}
 
     def notes(self, utterances: list[dict[str, Any]], rows: str, kept: str) -> list[str]:
         """What the page lacks: audio of standard input or missing, and which of its `rows`

@@ -238,6 +238,18 @@ def test_a_spectrogram_is_kept_as_a_picture_within_a_few_levels(monkeypatch):
         assert build._picture(kept) is kept
 
 
+@pytest.mark.parametrize("rate", [8000, 16000, 44100])
+def test_a_spectrogram_spans_its_audio_at_any_sample_rate(rate, monkeypatch):
+    """The picture's columns times their seconds are the recording's duration (a 16 kHz hop
+    at 8 kHz drew 20 ms columns as 10 ms: the picture covered half the time axis)."""
+    monkeypatch.setattr(build, "_picture", lambda image: image)
+    media = _Media(Path("."), False, _Budget(None))
+    media.sample_rate = rate
+    seconds = 3.0
+    levels, extra = media._spectrogram(np.zeros(int(seconds * rate), np.float32) + 1e-3)
+    assert levels.shape[1] * extra["seconds"] == pytest.approx(seconds, abs=0.03)
+
+
 def test_no_text_can_leave_the_data_element():
     data = {
         "title": HOSTILE[0],
