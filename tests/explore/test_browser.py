@@ -303,13 +303,22 @@ def test_overview_sorts_and_filters(driver, three):
 
 
 def test_words_said_against_no_reference_words_sort_as_the_worst(driver, tmp_path):
-    """No rate (the page data's WER is null), but worse than any: shown and sorted as such."""
-    utts = [utterance("half", "go", "go on"), utterance("said", "yes no yes", ""),
+    """No rate (the page data's WER is null), but worse than any: shown and sorted as such,
+    in the table, the utterance's details and B's hypothesis alike."""
+    utts = [utterance("half", "go", "go on"), utterance("said", "yes no yes", "", speaker="spk9"),
             utterance("ok", "go", "go")]  # fmt: skip
-    open_page(driver, tmp_path, page_data(utts))
+    utts[1]["compare"] = {"hyp": "yes", "wer": None, "errors": {"sub": 0, "del": 0, "ins": 1},
+                          "ops": _ops([], ["yes"])}  # fmt: skip
+    compare = {"title": "b/decode", "title_a": "a/decode", "summary": {"wer": 50.0}}
+    open_page(driver, tmp_path, page_data(utts, compare=compare))
     driver.find_element(By.CSS_SELECTOR, "#utterances th[data-key=wer]").click()
     assert row_ids(driver) == ["said", "half", "ok"]  # worst first
     assert "∞" in driver.find_element(By.CSS_SELECTOR, '#utterances tr[data-id="said"]').text
+    speakers = [r.text.split() for r in driver.find_elements(By.CSS_SELECTOR, "#speakers tbody tr")]
+    assert speakers[-1][-1] == "∞", speakers  # the speaker of "said" alone, none else
+    open_utterance(driver, "said")
+    assert "WER\n∞" in driver.find_element(By.ID, "utt-meta").text
+    assert driver.find_element(By.ID, "hyp-b-title").text == "Hypothesis B (b/decode): WER ∞"
 
 
 def test_previous_and_next_follow_the_table_as_it_is_now(driver, three):

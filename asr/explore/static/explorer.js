@@ -126,6 +126,10 @@
     return (num(e.sub) || 0) + (num(e.del) || 0) + (num(e.ins) || 0);
   }
 
+  // words said against a reference of none: no rate, but worse than any (sorted as such)
+  const wordRate = (s) => (num(s.wer) !== null ? s.wer : errorTotal(s) > 0 ? Infinity : null);
+  const rateText = (x) => (x === null ? "–" : x === Infinity ? "∞" : `${fixed(x, 1)} %`);
+
   function refWordCount(u) {
     const ops = list(u.ops);
     if (ops.length) return ops.filter((op) => list(op)[0] !== "I").length;
@@ -150,13 +154,13 @@
     }
     if (!stats.size) return;
     const rows = [...stats.entries()].sort((a, b) => collator.compare(a[0], b[0])).map(([name, s]) => {
-      const wer = s.scored && s.words ? (100 * s.errors) / s.words : null;
+      const wer = !s.scored ? null : s.words ? (100 * s.errors) / s.words : s.errors ? Infinity : null;
       return el("tr", {},
         el("td", { dir: "auto", class: name ? null : "na" }, name || "(none)"),
         el("td", { class: "num" }, String(s.n)), el("td", { class: "num" }, s.duration.toFixed(1)),
         el("td", { class: "num" }, s.scored ? String(s.words) : "–"),
         el("td", { class: "num" }, s.scored ? String(s.errors) : "–"),
-        el("td", { class: "num" }, fixed(wer, 2)));
+        el("td", { class: "num" }, wer === Infinity ? "∞" : fixed(wer, 2)));
     });
     $("#speakers tbody").replaceChildren(...rows);
     $("#speakers-box").hidden = false;
@@ -182,11 +186,9 @@
     const flags = list(u.flags).map(text);
     const confidence = num(u.confidence);
     const b = obj(u.compare);
-    // words said against a reference of none: no rate, but worse than any (sorted as such)
-    const rate = (s) => (num(s.wer) !== null ? s.wer : errorTotal(s) > 0 ? Infinity : null);
     const keys = {
-      id, speaker, duration: num(u.duration), wer: rate(u), errors: errorTotal(u),
-      confidence, flags: flags.length ? flags.join(", ") : null, wer_b: rate(b),
+      id, speaker, duration: num(u.duration), wer: wordRate(u), errors: errorTotal(u),
+      confidence, flags: flags.length ? flags.join(", ") : null, wer_b: wordRate(b),
     };
     const delta = keys.wer !== null && keys.wer_b !== null ? keys.wer_b - keys.wer : null;
     keys.delta = Number.isNaN(delta) ? null : delta;
@@ -453,7 +455,7 @@
       ["speaker", u.speaker == null ? "–" : text(u.speaker)],
       ["duration", `${fixed(num(u.duration), 2)} s`],
       ...(num(u.start) === null ? [] : [["from", clock(u.start)]]), // a segment of a recording
-      ["WER", u.wer == null ? "–" : `${fixed(num(u.wer), 1)} %`],
+      ["WER", rateText(wordRate(u))],
       ["S/D/I", sdi(u)],
       ["confidence", fixed(num(u.confidence), 2)],
     ];
@@ -570,7 +572,7 @@
     if (!compared) return;
     const b = u.compare && typeof u.compare === "object" ? u.compare : null;
     $("#hyp-b-title").textContent = `Hypothesis B (${text(compared.title)})` +
-      (b && num(b.wer) !== null ? `: WER ${b.wer.toFixed(1)} %` : "");
+      (b && wordRate(b) !== null ? `: WER ${rateText(wordRate(b))}` : "");
     if (!b) {
       $("#hyp-b").replaceChildren(el("span", { class: "na" }, "not in decode B"));
       return;
