@@ -273,8 +273,12 @@ def wer_difference_interval(
     if not len(words_):
         return (math.nan, math.nan)
     draws = np.random.default_rng(seed).integers(0, len(words_), (resamples, len(words_)))
-    ours = np.maximum(words_[draws].sum(1), 1)
-    theirs = ours if words_b is None else np.maximum(np.asarray(words_b, float)[draws].sum(1), 1)
+    ours = words_[draws].sum(1)
+    theirs = ours if words_b is None else np.asarray(words_b, float)[draws].sum(1)
+    scored = (ours > 0) & (theirs > 0)  # a draw of references without words has no rate
+    if not scored.any():
+        return (math.nan, math.nan)
+    draws, ours, theirs = draws[scored], ours[scored], theirs[scored]
     difference = 100 * (b[draws].sum(1) / theirs - a[draws].sum(1) / ours)
     low, high = np.percentile(difference, [2.5, 97.5])
     return float(low), float(high)

@@ -95,6 +95,13 @@ def test_one_alignment_gives_the_counts_jiwer_gives_the_set() -> None:
         )
 
 
+def test_draws_of_references_without_words_have_no_wer_difference():
+    """A draw of the empty reference alone counted its inserted word over "1 word": +300."""
+    low, high = wer_difference_interval([0, 10, 10], [0, 0, 0], [1, 0, 0])
+    assert 0.0 <= low <= high <= 20.0  # an insertion or two over 10 words at most
+    assert all(math.isnan(x) for x in wer_difference_interval([0, 0], [1, 0], [0, 1]))
+
+
 def test_wer_difference_interval_is_paired_and_holds_the_difference():
     words = [10, 8, 12, 9, 11] * 8
     a = [1, 0, 2, 1, 0] * 8

@@ -206,8 +206,10 @@ def _compared(
             errors_a.append(sum(utterance["errors"].values()))
             errors_b.append(sum(scores["errors"].values()))
     a, b = np.asarray(errors_a, dtype=int), np.asarray(errors_b, dtype=int)
+    scored = sum(words) > 0 and sum(words_b) > 0  # no rate over no reference words
     # each decode's WER over its own references' words
     difference = 100 * (b.sum() / max(sum(words_b), 1) - a.sum() / max(sum(words), 1))
+    interval = wer_difference_interval(words, a, b, words_b=words_b) if scored else (math.nan,)
     ours = {u["id"] for u in utterances}
     missing = [(len(ours) - both, f"of {len(ours)} utterances not in {other}"),
                (len(set(theirs) - ours), f"utterances of {other} not in this decode")]  # fmt: skip
@@ -221,11 +223,9 @@ def _compared(
         "fewer_errors": int((b < a).sum()),
         "more_errors": int((b > a).sum()),
         "same_errors": int((b == a).sum()),
-        "wer_difference": round(float(difference), 2) if words else None,
+        "wer_difference": round(float(difference), 2) if scored else None,
         "shared": both if apart else None,  # the utterances B - A is over, where sets differ
-        "interval": [round(x, 2) for x in wer_difference_interval(words, a, b, words_b=words_b)]
-        if words
-        else None,
+        "interval": [round(x, 2) for x in interval] if math.isfinite(sum(interval)) else None,
     }
     return compare, notes
 

@@ -203,6 +203,20 @@ def test_a_page_compares_two_decodes_of_the_same_utterances(decoded, tmp_path, c
     assert f"{other}: no utterances.jsonl" in capsys.readouterr().err
 
 
+def test_shared_utterances_without_reference_words_give_no_wer_difference(monkeypatch):
+    """B - A over references of no words is no rate (an inserted word is not +100 points)."""
+    record = {"id": "empty", "hyp": "yes", "ref": ""}
+    monkeypatch.setattr(build, "read_records", lambda folder: [record])
+    monkeypatch.setattr(build, "_summary", lambda folder: None)
+    utterance = {"id": "empty", "ref": ""} | build._scores("", "")
+    compare, _ = build._compared([utterance], Path("a"), Path("b"))
+    assert compare["wer_difference"] is None and compare["interval"] is None
+    assert compare["more_errors"] == 1
+    utterance = {"id": "empty", "ref": "no"} | build._scores("no", "no")
+    compare, _ = build._compared([utterance], Path("a"), Path("b"))  # B's own reference: ""
+    assert compare["wer_difference"] is None
+
+
 def test_a_stretch_of_a_long_recording_is_linked_where_browsers_play_it(tmp_path):
     """Audio over MAX_EMBEDDED_SECONDS is linked, and so is a segment of a recording that long
     (a page of its segments would embed all of it); in a format no browser plays, a segment is
