@@ -42,6 +42,7 @@ from asr.metrics import WordAlignment
 
 log = logging.getLogger(__name__)
 
+MIN_RATE, MAX_RATE = 1000, 768_000  # sample rates a layout may give (Hz)
 ENVELOPE_COLUMNS = 1000
 MAX_SPECTROGRAM_FRAMES = 6000  # longer audio is pooled in time to this many columns
 SPECTROGRAM_RANGE_DB = 80.0
@@ -251,7 +252,7 @@ def decode_data(
     records = list(read_records(folder))
     if maps is None and records:
         notes.append("no attention saved (a CTC-only model, or the ONNX backend)")
-    media.sample_rate = layout.get("sample_rate", 16000)
+    media.sample_rate = _sample_rate(layout, folder)
     utterances = [_decode_fields(r, layout) for r in records]
     compared = None
     if compare is not None:
@@ -335,7 +336,7 @@ def transcribe_data(folder: Path, media: _Media, progress: bool) -> dict[str, An
     layout = read_layout(folder)
     if _is_transcript(layout):  # the transcript of an input named explore.wav, no layout
         layout = {}
-    media.sample_rate = layout.get("sample_rate", 16000)
+    media.sample_rate = _sample_rate(layout, folder)
     utterances: list[dict[str, Any]] = []
     without_maps = 0
     for path in _bar(sorted(folder.rglob("*.json")), progress, "explore"):
@@ -901,6 +902,14 @@ def _run_logs(folder: Path) -> list[Path]:
     return [path.parent for path in csv_logs(folder)]
 
 
+def _sample_rate(layout: dict[str, Any], folder: Path) -> int:
+    """The rate the folder's layout gives its audio at (16 kHz where it says none)."""
+    rate = layout.get("sample_rate", 16000)
+    if isinstance(rate, bool) or not isinstance(rate, int) or not MIN_RATE <= rate <= MAX_RATE:
+        raise ValueError(f"{folder / LAYOUT}: sample_rate {rate!r} is not a sample rate")
+    return rate
+
+
 def _curves(paths: list[Path]) -> dict[str, Any]:
     """Per epoch, the last value of each series of `CURVES` logged in it (in the last of
     `paths` that logs it): None where it logged none (the page's line passes over it, as
@@ -915,7 +924,7 @@ def _curves(paths: list[Path]) -> dict[str, Any]:
                 try:
                     epoch = int(float(row["epoch"]))
                     logged = {name: float(row[name]) for name in CURVES if row.get(name)}
-                except (TypeError, ValueError):
+                except (TypeError, ValueError, OverflowError):  # inf: no whole epoch
                     where = f"{path}:{reader.line_num}"
                     raise ValueError(f"{where}: a value that is not a number") from None
                 for name, value in logged.items():

@@ -6,6 +6,7 @@ each input's maps beside its transcript instead, per decoded segment (`<stem>.ex
 from __future__ import annotations
 
 import json
+import math
 import os
 import zipfile
 from collections.abc import Iterable, Iterator
@@ -86,9 +87,19 @@ class RecordWriter:
 
 
 def loads(text: str) -> Any:
-    """JSON `text` with NaN and infinities (which Python's json writes) read as None: absent,
-    and no number a page's JSON can hold."""
-    return json.loads(text, parse_constant=lambda _: None)
+    """JSON `text` with NaN and infinities (which Python's json writes, or a number past a
+    double's range as 1e999) read as None: absent, and no number a page's JSON can hold."""
+    return json.loads(text, parse_constant=lambda _: None, parse_float=_finite, parse_int=_whole)
+
+
+def _finite(text: str) -> float | None:
+    value = float(text)
+    return value if math.isfinite(value) else None
+
+
+def _whole(text: str) -> int | float | None:
+    """An integer; past a double's exact ones (as the page reads numbers), a float or None."""
+    return int(text) if len(text) < 16 else _finite(text)
 
 
 def read_records(folder: str | os.PathLike) -> Iterator[dict[str, Any]]:

@@ -531,6 +531,9 @@ def test_curves_show_values_that_are_not_finite_as_gaps(tmp_path, capsys):
     assert main(["explore", str(tmp_path), "--quiet"]) == 2
     said = capsys.readouterr().err
     assert f"{tmp_path / 'metrics.csv'}:6: a value that is not a number" in said
+    (tmp_path / "metrics.csv").write_text("epoch,step,val/loss\n0,10,3.0\ninf,20,2.5\n")
+    assert main(["explore", str(tmp_path), "--quiet"]) == 2  # no epoch: said, as above
+    assert f"{tmp_path / 'metrics.csv'}:3: a value that is not a number" in capsys.readouterr().err
 
 
 def test_linked_audio_a_browser_cannot_play_is_embedded(tmp_path):
@@ -665,16 +668,21 @@ def test_a_metric_logged_every_other_epoch_has_no_gaps_between(tmp_path):
 def test_numbers_that_are_not_finite_in_a_decode_are_shown_as_absent(tmp_path):
     """NaN or infinity in metrics.json or utterances.jsonl (JSON that Python writes) is no
     number the page can hold: it reads as absent."""
-    (tmp_path / "metrics.json").write_text('{"wer": 0.0, "cer": NaN, "utterances": 1}')
+    (tmp_path / "metrics.json").write_text('{"wer": 1e999, "cer": NaN, "utterances": 1}')
     (tmp_path / "utterances.jsonl").write_text(
-        '{"id": "u1", "ref": "YES", "hyp": "YES", "duration": Infinity, "words": [{"word": '
-        '"YES", "start": 0.1, "end": NaN, "confidence": -Infinity}]}\n'
+        '{"id": "u1", "ref": "YES", "hyp": "YES", "duration": -2e400, "words": [{"word": '
+        '"YES", "start": 0.1, "end": NaN, "confidence": -Infinity}], "offset": 1'
+        + "0" * 5000
+        + "}\n"
     )
     data = page_data(explore(tmp_path, progress=False).read_text())
-    assert data["summary"] == {"wer": 0.0, "cer": None, "utterances": 1}
+    assert data["summary"] == {"wer": None, "cer": None, "utterances": 1}
     [row] = data["utterances"]
     assert row["duration"] is None and row["words"] == [
         {"w": "YES", "start": 0.1, "end": None, "conf": None}]  # fmt: skip
+    (tmp_path / "explore.json").write_text('{"sample_rate": 1e999}')
+    with pytest.raises(ValueError, match=r"explore.json: sample_rate None is not a sample rate"):
+        explore(tmp_path, progress=False)
 
 
 def test_decodes_with_references_of_other_lengths_differ_by_their_own_wers(tmp_path):
