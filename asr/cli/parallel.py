@@ -260,11 +260,16 @@ def output_record(
         **own,
         "audio_filepath": "-" if item.name == "-" else os.path.abspath(clip.path),  # stdin
         "offset": clip.offset,
-        "duration": clip.duration if clip.duration is not None else duration,
+        "duration": clip.duration if clip.duration is not None else _ms(duration),
         "id": own.get("id", stem),
         "pred_text": text,
         "files": [f"{stem}.{fmt}" for fmt in formats],
     }
+
+
+def _ms(seconds: float | None) -> float | None:
+    """Seconds to the millisecond, as the transcripts' own files give them."""
+    return None if seconds is None else round(float(seconds), 3)
 
 
 def _json_lines(path: Path) -> list[dict]:

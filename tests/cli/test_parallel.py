@@ -72,16 +72,18 @@ def checkpoint(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory) -> dict[str, Path]:
     """audio/a and audio/b hold the six good recordings, audio/bad a corrupt one;
-    good.jsonl lists the good ones (with an id and a reference), all.jsonl also the corrupt
-    one and one that is missing."""
+    good.jsonl lists the good ones (with an id and a reference; those of b/ without their
+    duration, which the workers then measure), all.jsonl also the corrupt one and one that is
+    missing."""
     root = tmp_path_factory.mktemp("corpus")
     lines = []
     for stem, utterance in GOOD.items():
         path = root / "audio" / f"{stem}.wav"
         path.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(WAV / f"{utterance}.wav", path)
-        duration = audio_info(path).duration
-        line = {"audio_filepath": str(path), "duration": duration, "id": f"utt-{path.stem}"}
+        line = {"audio_filepath": str(path), "id": f"utt-{path.stem}"}
+        if stem.startswith("a/"):
+            line["duration"] = audio_info(path).duration
         lines.append(line | {"text": SAID[stem] or ""})
     corrupt = root / "audio" / "bad" / "corrupt.wav"
     corrupt.parent.mkdir()
@@ -568,6 +570,12 @@ def test_a_record_of_stdin_names_no_scratch_file():
     is gone when the command ends."""
     stdin = Input(Clip("/tmp/asr-transcribe-x/stdin"), "-", PurePath("stdin"))
     assert output_record(stdin, "YES", 1.0, ["txt"])["audio_filepath"] == "-"
+
+
+def test_a_records_duration_is_to_the_millisecond_as_its_json():
+    """4.1 s from 0.5 s on was 3.5999999999999996 in transcripts.jsonl, 3.6 in its json."""
+    clip = Input(Clip("a.wav", 0.5), "a.wav@500-end", PurePath("a"), {"audio_filepath": "a.wav"})
+    assert output_record(clip, "YES", 4.1 - 0.5, ["txt"])["duration"] == 3.6
 
 
 def test_an_earlier_record_of_an_input_now_named_otherwise_is_left_out(tmp_path):
