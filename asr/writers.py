@@ -342,28 +342,31 @@ def output_stems(
     paths: Sequence[str | os.PathLike],
     bases: Sequence[str | os.PathLike | None] | None = None,
     unique: bool = True,
+    names: Sequence[str] | None = None,
 ) -> list[PurePath]:
-    """Each input's output path without suffix, below the deepest folder shared by `bases`.
+    """Each input's output path without suffix, below the deepest folder shared by `bases`;
+    clashes are told by `names` (default: the paths).
 
     >>> [s.as_posix() for s in output_stems(["d/alice/1.wav", "d/bob/1.wav"], ["d", "d"])]
     ['alice/1', 'bob/1']
     """
     bases = [os.path.dirname(p) for p in paths] if bases is None else bases
     root = _common_folder([b for b in bases if b is not None])
+    names = [str(p) for p in paths] if names is None else names
     stems: list[PurePath] = []
-    owners: dict[PurePath, str] = {}
-    for path, base in zip(paths, bases):
+    owners: dict[PurePath, tuple[str, str]] = {}  # each stem's first path and name
+    for path, base, name in zip(paths, bases, names):
         stem = PurePath(Path(path).stem)
         if base is not None and root is not None:
             stem = PurePath(os.path.relpath(os.path.abspath(path), root)).with_suffix("")
         if unique and stem in owners:
-            if os.path.abspath(owners[stem]) == os.path.abspath(path):
+            if os.path.abspath(owners[stem][0]) == os.path.abspath(path):
                 raise ValueError(
                     f"{path} is named twice with different spans (a file and a manifest line "
                     "of it?): its outputs would be the same files"
                 )
-            raise ValueError(f"{owners[stem]} and {path} would write the same output files")
-        owners.setdefault(stem, str(path))
+            raise ValueError(f"{owners[stem][1]} and {name} would write the same output files")
+        owners.setdefault(stem, (str(path), name))
         stems.append(stem)
     return stems
 

@@ -1186,6 +1186,21 @@ def test_cli_prints_two_files_of_one_stem_and_refuses_to_write_them(transcribe_c
     manifest.write_text(json.dumps({"audio_filepath": "a.wav", "duration": 0.5}) + "\n")
     code, _, stderr = transcribe_cli(tmp_path / "a.wav", manifest, "--output-dir", tmp_path / "o")
     assert code == 2 and f"{tmp_path / 'a.wav'} is named twice with different spans" in stderr
+    (tmp_path / "sd").mkdir()  # stdin is named as given, not by the file it was kept in
+    soundfile.write(tmp_path / "sd/stdin.wav", wave, RATE)
+    code, _, stderr = transcribe_cli("-", tmp_path / "sd/stdin.wav", "--output-dir", tmp_path / "p",
+                                     stdin=m4a.read_bytes())  # fmt: skip
+    assert code == 2 and f"- and {tmp_path / 'sd/stdin.wav'} would write the same" in stderr
+
+
+def test_cli_writes_outputs_of_a_name_near_the_longest_a_folder_takes(transcribe_cli, tmp_path):
+    """A stem of 246 bytes: its .json (251) fits the folder; the name of an earlier run's
+    explorer maps, checked for, would not, and is no such file."""
+    audio = tmp_path / ("録" * 82 + ".wav")
+    shutil.copy(SPEECH["an251-fash-b"], audio)
+    code, _, stderr = transcribe_cli(audio, "--output-dir", tmp_path / "out", "--format", "json")
+    assert code == 0, stderr
+    assert json.loads((tmp_path / "out" / f"{audio.stem}.json").read_text())["text"] == "YES"
 
 
 def test_audio_too_short_to_encode_transcribes_to_nothing(overfit, transcribe_cli, tmp_path):

@@ -96,7 +96,8 @@ def expand_inputs(
     # A manifest's lines always count: restoring a file then leaves the others' outputs put.
     counted = [f.line is not None or os.path.exists(f.audio.path) for f in kept]
     there = [f for f, ok in zip(kept, counted) if ok]
-    stems = iter(output_stems([f.path for f in there], [f.base for f in there], unique_stems))
+    stems = iter(output_stems([f.path for f in there], [f.base for f in there], unique_stems,
+                              [f.name for f in there]))  # fmt: skip
     inputs = [
         Input(f.audio, f.name, next(stems) if ok else PurePath(Path(f.path).stem), f.fields, f.line)
         for f, ok in zip(kept, counted)
@@ -308,26 +309,29 @@ def _write(
     maps: list | None,
 ) -> None:
     """An input's files in `out_dir`, and its explorer maps (None: none are kept)."""
-    from asr.explore.records import write_maps
-
     stem = Path(out_dir) / item.stem
-    if maps is not None:  # before the files, whose presence means done
-        stem.parent.mkdir(parents=True, exist_ok=True)
-        write_maps(stem, maps)
-    else:  # an earlier run's maps, and page, no longer match the transcript
-        drop_explorer_of(stem, out_dir)
+    keep_explorer_maps(stem, out_dir, maps)
     # a manifest line's json names its file and offset, for the explorer
     audio = item.name if item.fields is None else item.audio.path
     write_outputs(transcript, stem, formats, audio, words_per_cue, item.audio.offset)
 
 
-def drop_explorer_of(stem: Path, out_dir: str | os.PathLike) -> None:
-    """Remove what an earlier `--explorer` run kept of an input written again without it."""
-    from asr.explore.records import MAPS_SUFFIX, PAGE
+def keep_explorer_maps(stem: Path, out_dir: str | os.PathLike, maps: list | None) -> None:
+    """Before an input's files, whose presence means done: its explorer maps, or (None) the
+    removal of what an earlier `--explorer` run kept of it, which no longer matches."""
+    from asr.explore.records import MAPS_SUFFIX, PAGE, write_maps
 
-    maps = Path(f"{stem}{MAPS_SUFFIX}")
-    if maps.is_file():
-        maps.unlink()
+    if maps is not None:
+        stem.parent.mkdir(parents=True, exist_ok=True)
+        write_maps(stem, maps)
+        return
+    kept = Path(f"{stem}{MAPS_SUFFIX}")
+    try:
+        present = kept.is_file()
+    except OSError:  # a name too long for the folder: no such file can be there
+        present = False
+    if present:
+        kept.unlink()
         (Path(out_dir) / PAGE).unlink(missing_ok=True)
 
 

@@ -172,7 +172,9 @@ def transcribe_streaming(
             maps = _kept_maps(stream) if args.explorer else []
             if len(inputs) > 1 and not args.jsonl:
                 print(name, file=out)
-            audio = name  # what the written transcript names as its audio
+            # what the written transcript names as its audio: a manifest line's file, whose
+            # name is `path@start-end`
+            audio = name if clip is None else clip.path
             with contextlib.ExitStack() as recording:
                 if name == "-":
                     data = stdin.pieces(rate, interrupted)
@@ -279,17 +281,11 @@ def _write_streamed(
 ) -> None:
     """The `formats` files of a stream (of `audio` from `offset` seconds); with --explorer its
     finals' maps first."""
+    from asr.cli.inputs import keep_explorer_maps
     from asr.writers import write_outputs
 
     path = os.path.join(args.output_dir, stem)
-    if args.explorer:
-        from asr.explore.records import write_maps
-
-        write_maps(path, maps)
-    else:  # an earlier run's maps, and page, no longer match the transcript
-        from asr.cli.inputs import drop_explorer_of
-
-        drop_explorer_of(Path(path), args.output_dir)
+    keep_explorer_maps(Path(path), args.output_dir, maps if args.explorer else None)
     write_outputs(transcript, path, formats, audio, args.words_per_cue, offset)
     suffixes = formats[0] if len(formats) == 1 else "{" + ",".join(formats) + "}"
     print(f"asr transcribe: {audio}: wrote {path}.{suffixes}", file=sys.stderr)

@@ -796,12 +796,24 @@ def test_transcribe_streaming_explorer_keeps_each_finals_attention(tmp_path, cap
     assert [u["id"] for u in page["utterances"]] == ["two#1", "two#2"]
     assert [u["hyp"] for u in page["utterances"]] == ["YES", "GO"]
     assert all("attention" in u["arrays"] for u in page["utterances"])
-    clip = tmp_path / "clip.jsonl"  # a manifest line's stretch: the json says where it starts
-    clip.write_text(json.dumps({"audio_filepath": str(tmp_path / "two.wav"), "offset": 0.5}))
+    clip = tmp_path / "clip.jsonl"  # manifest lines' stretches: each json names the file, and
+    # where it starts (two lines of one file are named `two.wav@start-end`, which is no file)
+    clip.write_text("".join(json.dumps({"audio_filepath": str(tmp_path / "two.wav"), **span})
+                            + "\n" for span in ({"duration": 0.5}, {"offset": 0.5})))  # fmt: skip
     args[args.index(str(tmp_path / "two.wav"))] = str(clip)
     assert transcribe_streaming(_parser("transcribe").parse_args(args), recognizer,
                                 out=io.StringIO()) == 0  # fmt: skip
-    assert json.loads((out / "two.json").read_text())["offset"] == 0.5
+    for name, offset in (("two@0-500", 0.0), ("two@500-end", 0.5)):
+        written = json.loads((out / f"{name}.json").read_text())
+        assert (written["audio"], written.get("offset", 0.0)) == (str(tmp_path / "two.wav"), offset)
+    for folder in ("x", "y"):  # outputs below the folders the inputs share, as offline
+        (tmp_path / folder).mkdir()
+        sf.write(tmp_path / folder / "one.wav", waves["an4_clstk/fash/an251-fash-b"].numpy(), RATE)
+    args = [*args[:6], str(tmp_path / "x/one.wav"), str(tmp_path / "y/one.wav"), *args[7:]]
+    assert transcribe_streaming(_parser("transcribe").parse_args(args), recognizer,
+                                out=io.StringIO()) == 0  # fmt: skip
+    for folder in ("x", "y"):
+        assert (out / folder / "one.explore.npz").is_file() and (out / folder / "one.txt").is_file()
 
 
 def test_transcribe_streaming_output_dir_as_offline_writes_it(
