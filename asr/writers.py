@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import html
 import json
@@ -245,6 +246,17 @@ def write_text_atomically(path: str | os.PathLike, text: str) -> None:
     except OSError:  # a folder in the file's place, a full disk: no partial left behind
         partial.unlink(missing_ok=True)
         raise
+
+
+def file_there(path: str | os.PathLike) -> bool:
+    """Whether `path` is a file; False, not OSError, where its name is too long to be one (an
+    output's sibling, a few bytes longer than a name near the file system's limit)."""
+    try:
+        return Path(path).is_file()
+    except OSError as err:
+        if err.errno != errno.ENAMETOOLONG:
+            raise
+        return False
 
 
 def partial_path(path: Path) -> Path:

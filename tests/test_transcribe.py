@@ -1201,6 +1201,7 @@ def test_cli_writes_outputs_of_a_name_near_the_longest_a_folder_takes(transcribe
     code, _, stderr = transcribe_cli(audio, "--output-dir", tmp_path / "out", "--format", "json")
     assert code == 0, stderr
     assert json.loads((tmp_path / "out" / f"{audio.stem}.json").read_text())["text"] == "YES"
+    assert main(["explore", str(tmp_path / "out"), "--quiet"]) == 0
 
 
 def test_audio_too_short_to_encode_transcribes_to_nothing(overfit, transcribe_cli, tmp_path):

@@ -320,17 +320,14 @@ def keep_explorer_maps(stem: Path, out_dir: str | os.PathLike, maps: list | None
     """Before an input's files, whose presence means done: its explorer maps, or (None) the
     removal of what an earlier `--explorer` run kept of it, which no longer matches."""
     from asr.explore.records import MAPS_SUFFIX, PAGE, write_maps
+    from asr.writers import file_there
 
     if maps is not None:
         stem.parent.mkdir(parents=True, exist_ok=True)
         write_maps(stem, maps)
         return
     kept = Path(f"{stem}{MAPS_SUFFIX}")
-    try:
-        present = kept.is_file()
-    except OSError:  # a name too long for the folder: no such file can be there
-        present = False
-    if present:
+    if file_there(kept):
         kept.unlink()
         (Path(out_dir) / PAGE).unlink(missing_ok=True)
 

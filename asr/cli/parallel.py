@@ -38,7 +38,7 @@ from asr.audio import AudioError, audio_info
 from asr.cli.inputs import DEFAULT_FORMATS, Input, check_layout_free, expand_inputs
 from asr.cli.numbers import check_search_arguments
 from asr.results import BatchResult
-from asr.writers import FORMATS, expand_formats, write_text_atomically
+from asr.writers import FORMATS, expand_formats, file_there, write_text_atomically
 
 MERGED = "transcripts.jsonl"  # a manifest of what the output folder holds, one line per input
 PART = "transcripts.rank{rank}.jsonl"  # one rank's lines, until they are merged
@@ -383,7 +383,7 @@ def _files_there(
         return False
     names = set(record.get("files") or ()) if listed else None
     return all(
-        (out / f"{stem}.{suffix}").is_file()
+        file_there(out / f"{stem}.{suffix}")
         and (names is None or suffix not in FORMATS or f"{stem}.{suffix}" in names)
         for suffix in suffixes
     )

@@ -39,6 +39,7 @@ from asr.explore.records import (
     read_records,
 )
 from asr.metrics import WordAlignment
+from asr.writers import file_there
 
 log = logging.getLogger(__name__)
 
@@ -348,7 +349,7 @@ def transcribe_data(folder: Path, media: _Media, progress: bool) -> dict[str, An
                 notes.append(f"{path.relative_to(folder).as_posix()}: skipped, {err}")
             continue
         # no maps file: transcribed without --explorer (with it, an empty one keeps none)
-        kept = path.with_suffix(MAPS_SUFFIX).is_file()
+        kept = file_there(path.with_suffix(MAPS_SUFFIX))
         try:
             maps = read_maps(path)
         except (OSError, ValueError) as err:

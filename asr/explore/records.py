@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from asr.writers import partial_path
+from asr.writers import file_there, partial_path
 
 if TYPE_CHECKING:
     from asr.results import Decoded, Transcript
@@ -201,7 +201,7 @@ def read_maps(transcript: str | os.PathLike) -> list[dict[str, Any]]:
     its `span` and the arrays of `segment_maps` (none kept: empty); ValueError names a file
     that is not such an archive."""
     path = Path(transcript).with_suffix(MAPS_SUFFIX)
-    if not path.is_file():
+    if not file_there(path):
         return []
     try:
         with np.load(path) as archive:

@@ -689,6 +689,21 @@ def test_a_rerun_redoes_a_span_made_longer_and_takes_a_corrected_reference(tmp_p
     assert (line["text"], line["pred_text"], line["files"]) == ("NEW REF", "YES", ["a.txt"])
 
 
+def test_a_rerun_plans_an_input_of_a_name_near_the_longest_a_folder_takes(tmp_path):
+    """A stem of 251 bytes: its .txt fits the folder, its .explore.npz cannot be there."""
+    wav = tmp_path / ("録" * 83 + "ab.wav")
+    shutil.copy(WAV / f"{GOOD['a/yes']}.wav", wav)
+    item = _input(wav, wav.stem)
+    (tmp_path / f"{wav.stem}.txt").write_text("YES\n")
+    _part(
+        tmp_path, {"run": "1", "stem": wav.stem, "record": output_record(item, "YES", 1.0, ["txt"])}
+    )
+    for explorer, pending in ((False, 0), (True, 1)):
+        args = argparse.Namespace(audio=[str(wav)], manifest=[], output_dir=str(tmp_path),
+                                  format=["txt"], explorer=explorer)  # fmt: skip
+        assert len(make_plan(args, 1).shares[0]) == pending
+
+
 def test_sigterm_stops_the_workers_as_ctrl_c_does(checkpoint, corpus, tmp_path, monkeypatch):
     """`timeout`, systemd and scancel send SIGTERM: the workers stopped running on, orphaned."""
     import signal
