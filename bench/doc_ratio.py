@@ -14,6 +14,8 @@ import io
 import tokenize
 from pathlib import Path
 
+ROOT = Path(__file__).resolve().parents[1]  # defaults hold from any working folder
+
 # what can hold a docstring: its first statement, when a string
 DOCUMENTED = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
 
@@ -47,18 +49,21 @@ def line_kinds(source: str) -> tuple[int, int]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("folder", nargs="?", default="asr")
+    parser.add_argument("folder", nargs="?", default=ROOT / "asr", help="(the package, asr/)")
     parser.add_argument("--per-file", action="store_true", help="a line per file, most first")
     args = parser.parse_args()
     rows = []
     for path in sorted(Path(args.folder).rglob("*.py")):
         doc, code = line_kinds(path.read_text(encoding="utf-8"))
         rows.append((path, doc, code))
+    if not rows:
+        parser.error(f"{args.folder}: no .py files below it")
     doc, code = sum(r[1] for r in rows), sum(r[2] for r in rows)
     if args.per_file:
         for path, d, c in sorted(rows, key=lambda r: -r[1]):
             print(f"{d:5d} {c:5d} {d / max(c, 1):5.2f} {path}")
-    print(f"{args.folder}: {doc} documentation lines, {code} code lines, ratio {doc / code:.2f}")
+    print(f"{args.folder}: {doc} documentation lines, {code} code lines, "
+          f"ratio {doc / max(code, 1):.2f}")  # fmt: skip
 
 
 if __name__ == "__main__":

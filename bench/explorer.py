@@ -33,6 +33,8 @@ import numpy as np
 from asr.explore.build import explore
 from asr.explore.records import ATTENTION, LAYOUT, read_attention, read_records
 
+ROOT = Path(__file__).resolve().parents[1]  # defaults hold from any working folder
+
 
 def build(folder: Path, out: Path, link_audio: bool = False) -> dict:
     start = time.perf_counter()
@@ -211,7 +213,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("folders", nargs="+", type=Path, help="decode folders of asr evaluate")
     parser.add_argument("--synthetic", type=int, default=3000, help="0: none")
-    parser.add_argument("--out", type=Path, default=Path("bench/results/explorer"))
+    parser.add_argument("--out", type=Path, default=ROOT / "bench/results/explorer")
     parser.add_argument(
         "--screenshots",
         type=Path,

@@ -25,6 +25,7 @@ import torch
 import yaml
 
 from bench.common import (
+    ROOT,
     Batch,
     CMVNStats,
     build_module,
@@ -211,7 +212,7 @@ def markdown(result: dict[str, Any]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--config", type=Path, default=Path("conf/librispeech/conformer.yaml"))
+    parser.add_argument("--config", type=Path, default=ROOT / "conf/librispeech/conformer.yaml")
     parser.add_argument("--vocab-size", type=int, default=5000)
     parser.add_argument("--utterances", type=int, default=4, help="batch of the timed step")
     parser.add_argument("--steps", type=int, default=3, help="timed CPU steps")

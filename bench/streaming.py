@@ -50,6 +50,8 @@ from asr.metrics import char_errors, word_errors
 from asr.recognizer import load_model
 from asr.streaming import FINAL_SEARCHES, StreamingEngine, StreamOptions, stream_transcript
 
+ROOT = Path(__file__).resolve().parents[1]  # defaults hold from any working folder
+
 PACKET_SECONDS = 0.1
 RATE = 16000
 
@@ -411,8 +413,16 @@ def main(argv: list[str] | None = None) -> int:
         default=[0, 320, 640, 1280],
         help="chunk sizes, ms (0: full context)",
     )
-    p.add_argument("--beam", type=count, default=10, help="CTC prefix beam (and the final's beam)")
-    p.add_argument("--ctc-weight", type=weight, default=0.5, help="CTC's share in rescoring")
+    p.add_argument(
+        "--beam",
+        type=count,
+        help="CTC prefix beam (and the final's beam); default: the model's, as the live decoder",
+    )
+    p.add_argument(
+        "--ctc-weight",
+        type=weight,
+        help="CTC's share in rescoring; default: the model's, as the live decoder",
+    )
     p = sub.add_parser("load", help="latency and streams held by `asr serve` under load")
     p.add_argument("--manifest", required=True, help="JSONL manifest of the recordings to play")
     p.add_argument(
@@ -434,7 +444,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--server-args", default="", help="more options for asr serve, one string")
     p = sub.add_parser("screenshot", help="the live page with two finals, for the docs")
     p.add_argument("--manifest", required=True, help="JSONL manifest: its first two recordings")
-    p.add_argument("--png", default="docs/live_page.png", help="where the screenshot goes")
+    p.add_argument("--png", default=ROOT / "docs/live_page.png", help="where the screenshot goes")
     p.add_argument("--chunk", type=positive, default=640.0, help="chunk ms")
     p.add_argument("--server-args", default="", help="more options for asr serve, one string")
     for p in sub.choices.values():
@@ -463,7 +473,7 @@ def main(argv: list[str] | None = None) -> int:
         print(screenshot(args))
         return 0
     result = wer(args) if args.part == "wer" else load(args)
-    path = Path(args.out or f"bench/results/streaming_{args.part}.json")
+    path = Path(args.out or ROOT / f"bench/results/streaming_{args.part}.json")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=1))
     print(f"\n{path}")

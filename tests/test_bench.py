@@ -305,3 +305,28 @@ def test_gpu_estimate_refuses_cuda_up_front_where_there_is_none(monkeypatch, cap
     with pytest.raises(SystemExit):
         gpu_estimate.main(["--device", "cuda"])
     assert "cuda: no CUDA device is available" in capsys.readouterr().err
+
+
+def test_bench_defaults_hold_from_any_working_folder(tmp_path, monkeypatch, capsys) -> None:
+    import bench.doc_ratio as doc_ratio
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("sys.argv", ["doc_ratio"])
+    doc_ratio.main()
+    assert "documentation lines" in capsys.readouterr().out
+    monkeypatch.setattr("sys.argv", ["doc_ratio", str(tmp_path)])  # no .py files: said
+    with pytest.raises(SystemExit):
+        doc_ratio.main()
+    assert "no .py files below it" in capsys.readouterr().err
+
+
+def test_the_streaming_bench_decodes_with_the_models_own_search(monkeypatch) -> None:
+    """The live decoder takes the model's stored beam and CTC weight: so does the bench,
+    unless told otherwise."""
+    import bench.streaming as streaming
+
+    given = []
+    monkeypatch.setattr(streaming, "wer", lambda args: given.append(args) or {})
+    monkeypatch.setattr(streaming.Path, "write_text", lambda self, text: None)
+    streaming.main(["wer", "--manifest", "m.jsonl", "--model", "m.ckpt"])
+    assert (given[0].beam, given[0].ctc_weight) == (None, None)
