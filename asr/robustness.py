@@ -381,17 +381,26 @@ def _read_stamp(folder: Path) -> dict | None:
 
 
 def robustness_table(rows: Sequence[dict[str, Any]]) -> str:
-    """A Markdown table of `robustness` rows, WER relative to the clean one."""
-    clean = next((r["wer"] for r in rows if r["condition"] == "clean"), None)
+    """A Markdown table of `robustness` rows, WER relative to the clean one (marked where a
+    condition scored other utterances than clean: some were left out under one of them)."""
+    clean = next((r for r in rows if r["condition"] == "clean"), None)
     lines = [
         "| condition | Snt | Wrd | Sub | Del | Ins | WER | CER | WER / clean | Rep |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
+    apart = False
     for r in rows:
-        ratio = f"{r['wer'] / clean:.2f}" if clean else "-"
+        ratio = f"{r['wer'] / clean['wer']:.2f}" if clean and clean["wer"] else "-"
+        if clean and ratio != "-" and r["utterances"] != clean["utterances"]:
+            ratio, apart = ratio + " *", True
         lines.append(
             f"| {r['condition']} | {r['utterances']} | {r['reference_words']} | "
             f"{r['substitutions']} | {r['deletions']} | {r['insertions']} | "
             f"{r['wer']:.1f} | {r['cer']:.1f} | {ratio} | {sum(r.get('repaired', {}).values())} |"
+        )
+    if apart:
+        lines.append(
+            "\n\\* over other utterances than clean (some left out under one of the two): "
+            "the WERs are not of the same speech"
         )
     return "\n".join(lines) + "\n"

@@ -202,6 +202,19 @@ def test_babble_never_contains_the_utterance_itself(tmp_path, monkeypatch):
         assert index not in talkers and len(talkers) == len(set(talkers)) == len(utterances) - 1
 
 
+def test_a_ratio_over_other_utterances_than_clean_is_marked():
+    """Speed-up leaving a short utterance out scored 2 of clean's 3: 50.0 against 66.7 read as
+    a WER cut by a quarter."""
+    row = dict(substitutions=1, deletions=0, insertions=0, cer=10.0)
+    rows = [row | {"condition": "clean", "utterances": 3, "reference_words": 3, "wer": 66.7},
+            row | {"condition": "speed 1.1x", "utterances": 2, "reference_words": 2, "wer": 50.0},
+            row | {"condition": "level -30 dB", "utterances": 3, "reference_words": 3,
+                   "wer": 66.7}]  # fmt: skip
+    table = robustness_table(rows).splitlines()
+    assert table[3].split(" | ")[-2] == "0.75 *" and table[4].split(" | ")[-2] == "1.00"
+    assert table[-1].startswith("\\* over other utterances than clean")
+
+
 def test_robustness_table_reuses_copies_and_rebuilds_for_a_new_seed(tmp_path):
     recognizer, _ = _overfit_recognizer(str(WAV))
     manifest = _manifest(tmp_path / "test.jsonl")
