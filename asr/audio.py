@@ -34,6 +34,7 @@ PCM_SCALE = {"int8": (0, 2**7), "uint8": (2**7, 2**7), "int16": (0, 2**15), "int
 LOUDEST_SAMPLE = 1000.0  # float audio lies within ±1; far beyond, features overflow
 # Seconds decoded before a seek target and dropped: AAC and Opus frames depend on the previous.
 SEEK_PREROLL_SECONDS = 0.5
+SKIP_BLOCK = 1 << 20  # frames decoded at a time to reach an offset in a file that cannot seek
 # Demuxers stating exact durations; other containers' frames are counted by decoding.
 EXACT_DURATION_DEMUXERS = ("mov,mp4,m4a,3gp,3g2,mj2",)
 SF_COUNT_MAX = 2**63 - 1  # libsndfile's sample count of a header that does not give one
@@ -159,11 +160,17 @@ def _read_libsndfile(
 ) -> np.ndarray:
     start, stop = _frame_range(path, info.num_frames, info.sample_rate, offset, duration)
     try:
-        frames = soundfile.read(str(path), start=start, stop=stop, dtype="float32", always_2d=True)
+        with soundfile.SoundFile(str(path)) as file:
+            if file.seekable():
+                file.seek(start)
+            else:  # GSM 6.10, G.72x, NMS ADPCM: decoded from the start, what comes before dropped
+                for skipped in range(0, start, SKIP_BLOCK):
+                    file.read(min(SKIP_BLOCK, start - skipped), dtype="float32")
+            frames = file.read(stop - start, dtype="float32", always_2d=True)
     except Exception as error:
         reason = f"unreadable or corrupt audio ({_libsndfile_reason(error)})"
         raise AudioError(path, reason) from error
-    return frames[0].mean(axis=1, dtype=np.float32)  # (T, C) -> (T,)
+    return frames.mean(axis=1, dtype=np.float32)  # (T, C) -> (T,)
 
 
 def _libsndfile_reason(error: Exception) -> str:

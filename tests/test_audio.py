@@ -401,3 +401,16 @@ def test_audio_files_follow_linked_folders_once_and_skip_hidden_ones(tmp_path) -
     (real / "up").symlink_to(scan)  # a loop
     found = [p.relative_to(scan).as_posix() for p in audio_files(scan)]
     assert sorted(Path(p).name for p in found) == ["001.wav", "002.FLAC", "folder.wav"]
+
+
+@pytest.mark.parametrize("subtype", ["GSM610", "G721_32"])
+def test_formats_that_cannot_seek_are_read_at_an_offset(tmp_path, subtype):
+    """libsndfile seeks no GSM 6.10 or G.721 file: a span is decoded from the start, what comes
+    before it dropped, as the whole file's samples there (long audio reads spans so)."""
+    rng = np.random.default_rng(0)
+    path = tmp_path / ("a.wav" if subtype == "GSM610" else "a.au")
+    soundfile.write(path, 0.3 * rng.standard_normal(48000).astype(np.float32), 16000,
+                    subtype=subtype)  # fmt: skip
+    whole = load_audio(path)
+    span = load_audio(path, offset=1.25, duration=0.5)
+    assert torch.equal(span, whole[20000:28000])
