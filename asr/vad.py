@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
-import torchaudio.functional as AF
 
+from asr.audio import resample
 from asr.levels import (
     ENERGY_FLOOR_DB,
     SILENT_DB,
@@ -168,7 +168,7 @@ def speech_probabilities(
         end = min(source.duration, start + read_seconds)
         wave = source.read(start, end).float()
         if vad.sample_rate != rate:
-            wave = AF.resample(wave, rate, vad.sample_rate)
+            wave = resample(wave, rate, vad.sample_rate)
         probs.append(vad.push(wave.numpy()))
         start = end
     probs.append(vad.flush())

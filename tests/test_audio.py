@@ -17,6 +17,7 @@ import torchaudio.functional
 from conftest import AN4_FIXTURE, encode_audio, without_sample_count
 
 from asr.audio import (
+    RESAMPLE_TERMS,
     AudioError,
     AudioInfo,
     as_waveform,
@@ -25,6 +26,7 @@ from asr.audio import (
     load_audio,
     load_audio_with_rate,
     mono_samples,
+    resample,
 )
 
 
@@ -414,3 +416,23 @@ def test_formats_that_cannot_seek_are_read_at_an_offset(tmp_path, subtype):
     whole = load_audio(path)
     span = load_audio(path, offset=1.25, duration=0.5)
     assert torch.equal(span, whole[20000:28000])
+
+
+@pytest.mark.parametrize("rate", [44101, 11127, 8001])
+def test_rates_sharing_no_factor_with_the_models_resample_to_the_same_speech(rate, monkeypatch):
+    """44101 -> 16000 exactly needs a sinc kernel of 16000 x 44135 taps (GBs, tens of seconds):
+    a near ratio of small terms gives the same tone, at the exact length."""
+    seconds = np.arange(rate // 2) / rate
+    tone = torch.from_numpy(0.5 * np.sin(2 * np.pi * 440 * seconds)).float()
+    asked = []
+    exact = torchaudio.functional.resample
+    monkeypatch.setattr(torchaudio.functional, "resample",
+                        lambda wave, a, b: asked.append((a, b)) or exact(wave, a, b))  # fmt: skip
+    out = resample(tone, rate, 16000)
+    assert asked and max(asked[0]) <= 2 * RESAMPLE_TERMS, "a kernel of small terms"
+    assert out.shape == (math.ceil(len(tone) * 16000 / rate),)
+    expected = 0.5 * np.sin(2 * np.pi * 440 * np.arange(len(out)) / 16000)
+    inner = slice(200, -200)  # the filter's edges
+    assert float(out.pow(2).mean().sqrt()) == pytest.approx(0.5 / math.sqrt(2), rel=0.01)
+    if rate != 8001:  # 2/1 for 16000/8001: 0.0125 % slower, drifting in phase
+        assert np.abs(out.numpy()[inner] - expected[inner]).max() < 0.01

@@ -35,7 +35,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from tqdm import tqdm
 
-from asr.audio import load_audio_with_rate, sample_problem, states_frames
+from asr.audio import load_audio_with_rate, resample, sample_problem, states_frames
 from asr.data.augment import WaveAugmenter
 from asr.data.dataset import TextEncoder, check_speed_factors
 from asr.data.manifest import MIN_DURATION, Utterance, format_bad_entries, validate_manifest
@@ -1017,9 +1017,7 @@ def decode_audio(data: bytes, duration: float, sample_rate: int | None) -> Tenso
         raise ValueError(problem)
     if sample_rate is None or sample_rate == rate:
         return wave
-    import torchaudio.functional
-
-    return torchaudio.functional.resample(wave, rate, sample_rate)
+    return resample(wave, rate, sample_rate)
 
 
 def stream_loader(
