@@ -14,6 +14,7 @@ import numpy as np
 from torch import Tensor
 
 from asr.audio import AudioError, AudioInput, as_waveform, audio_info, load_audio
+from asr.data.manifest import DURATION_TOLERANCE
 from asr.levels import ENERGY_FLOOR_DB, SILENT_DB, frame_energy_db, loud_level
 
 MIN_SEGMENT_SECONDS = 0.2  # no cut leaves a segment shorter than this
@@ -128,6 +129,10 @@ class FileSource:
             raise AudioError(path, reason)
         if duration is not None and not (math.isfinite(duration) and duration > 0):
             raise AudioError(path, f"duration must be finite and > 0, got {duration}")
+        if duration is not None and offset + duration > self.info.duration + DURATION_TOLERANCE:
+            reason = (f"duration {duration:.3f} s from offset {offset:.3f} s exceeds the audio "
+                      f"({self.info.duration:.3f} s)")  # fmt: skip
+            raise AudioError(path, reason)  # as manifests' checks say it
         self.offset = offset
         self._duration = self.info.duration - offset
         if duration is not None:

@@ -1135,6 +1135,7 @@ def test_cli_reads_a_manifest_with_offsets_and_names_its_bad_lines(transcribe_cl
         "{not json",
         json.dumps({"audio_filepath": "missing.wav"}),
         '{"audio_filepath": "two.wav", "text": "caf\xe9"}',  # a byte that is not UTF-8
+        json.dumps({"audio_filepath": "two.wav", "offset": cut, "duration": 9.0}),  # past its end
     ]
     manifest = tmp_path / "talks.jsonl"
     manifest.write_bytes(
@@ -1151,7 +1152,8 @@ def test_cli_reads_a_manifest_with_offsets_and_names_its_bad_lines(transcribe_cl
     assert f"error: {manifest}:3: invalid JSON" in stderr
     assert f"error: {manifest}:4: audio {tmp_path / 'missing.wav'}: file not found" in stderr
     assert f"error: {manifest}:5: not valid UTF-8 (byte 0xe9 at column 43)" in stderr
-    assert "3 of 5 files failed" in stderr
+    assert f"duration 9.000 s from offset {cut:.3f} s exceeds the audio" in stderr  # as evaluate
+    assert "4 of 6 files failed" in stderr
 
 
 def test_cli_reads_stdin_and_prints_timed_lines_without_an_output_dir(

@@ -140,7 +140,7 @@ def transcribe_streaming(
     is printed as a line; on a terminal the partial is rewritten in place below them. With
     `--output-dir`, each input's whole transcript is also written there when it ends (and the
     audio of `-`, as `stdin.wav`, for the explorer to play)."""
-    from asr.audio import AudioError, load_audio
+    from asr.audio import AudioError
     from asr.cli.inputs import DEFAULT_FORMATS, start_explorer, write_explorer
     from asr.writers import expand_formats, timed_lines
 
@@ -160,9 +160,8 @@ def transcribe_streaming(
     failed = len(unnamed)
     with ctrl_c_ends_the_input() as interrupted:
         for name, clip, stem in inputs:
-            try:  # a bad file is said and the others go on, as offline
-                wave = None if clip is None else load_audio(clip.path, rate, clip.offset,
-                                                            clip.duration).numpy()  # fmt: skip
+            try:  # a bad file is said and the others go on; spans checked as offline
+                wave = None if clip is None else _clip_samples(clip, rate)
             except AudioError as error:
                 print(f"asr transcribe: error: {error}", file=sys.stderr)
                 failed += 1
@@ -211,6 +210,15 @@ def transcribe_streaming(
         total = len(inputs) + len(unnamed)
         print(f"asr transcribe: {failed} of {total} inputs failed", file=sys.stderr)
     return 130 if interrupted else 1 if failed else 0
+
+
+def _clip_samples(clip, rate: int):
+    """A file's or a manifest line's samples at `rate`, as offline transcription reads them (a
+    span running past the end of its audio refused)."""
+    from asr.segment import FileSource
+
+    source = FileSource(clip.path, rate, clip.offset, clip.duration)
+    return source.read(0.0, source.duration).numpy()
 
 
 def _finals_as_json_lines(audio: str):

@@ -806,6 +806,11 @@ def test_transcribe_streaming_explorer_keeps_each_finals_attention(tmp_path, cap
     for name, offset in (("two@0-500", 0.0), ("two@500-end", 0.5)):
         written = json.loads((out / f"{name}.json").read_text())
         assert (written["audio"], written.get("offset", 0.0)) == (str(tmp_path / "two.wav"), offset)
+    capsys.readouterr()
+    clip.write_text(json.dumps({"audio_filepath": str(tmp_path / "two.wav"), "duration": 30.0}))
+    assert transcribe_streaming(_parser("transcribe").parse_args(args), recognizer,
+                                out=io.StringIO()) == 1  # fmt: skip
+    assert "duration 30.000 s from offset 0.000 s exceeds the audio" in capsys.readouterr().err
     for folder in ("x", "y"):  # outputs below the folders the inputs share, as offline
         (tmp_path / folder).mkdir()
         sf.write(tmp_path / folder / "one.wav", waves["an4_clstk/fash/an251-fash-b"].numpy(), RATE)
