@@ -40,10 +40,10 @@ class _Probe(_Session):
     """An fp32 graph's session that also returns the activations its int8 copy quantises at run
     time, and widens each one's range (always holding 0, as the dynamic quantiser's does)."""
 
-    def __init__(self, path: Path, threads: int | None) -> None:
+    def __init__(self, path: Path, threads: int | None, int8_path: Path) -> None:
         import onnx
 
-        int8 = onnx.load(str(path.with_suffix(".int8.onnx")))
+        int8 = onnx.load(str(int8_path))
         self.targets = [node.input[0] for node in int8.graph.node if node.op_type == DYNAMIC_OP]
         self.ranges = {name: [0.0, 0.0] for name in self.targets}
         self.reached: set[str] = set()
@@ -82,9 +82,12 @@ def calibrate_int8(
     """Rewrite the int8 graphs that `export_onnx` wrote of `recognizer`'s model into `folder`
     with activation ranges measured on `waves` (mono, at its rate); return those rewritten.
 
+    The new graphs are made beside the package's and put in their place together once all are
+    made: where calibration fails, the int8 graphs stay as they were.
+
     Raises:
         ValueError: no waves, one too short to encode, graphs calibrated already, or an
-            activation the calibration never reached (named; the graphs stay as they were).
+            activation the calibration never reached (named).
         FileNotFoundError: `folder` has no int8 graphs (`asr export --format onnx`).
     """
     if not waves:
@@ -102,29 +105,35 @@ def calibrate_int8(
     meta = json.loads((graphs / STATE_FILE).read_text())
     if CALIBRATION_KEY in meta:
         raise ValueError(f"{graphs}: int8 graphs calibrated already; export them again first")
-    for name in names:  # afresh, without the operators that quantise their input themselves
-        _quantized(graphs / f"{name}.onnx", (*FP32_OPS, *SELF_QUANTISING_OPS))
-    probes: dict[str, _Probe] = {}
+    with tempfile.TemporaryDirectory(dir=graphs, prefix=".calibrating-") as tmp:
+        staged = {name: Path(tmp) / f"{name}.int8.onnx" for name in names}
+        for name in names:  # afresh, without the operators that quantise their input themselves
+            _quantized(graphs / f"{name}.onnx", (*FP32_OPS, *SELF_QUANTISING_OPS), staged[name])
+        probes: dict[str, _Probe] = {}
 
-    def probe(path: Path, threads: int | None, spin_wait: bool) -> _Probe:
-        probes[path.name.removesuffix(".onnx")] = _Probe(path, threads)
-        return probes[path.name.removesuffix(".onnx")]
+        def probe(path: Path, threads: int | None, spin_wait: bool) -> _Probe:
+            name = path.name.removesuffix(".onnx")
+            probes[name] = _Probe(path, threads, staged[name])
+            return probes[name]
 
-    model = onnx_model(
-        recognizer.model, folder, threads=torch.get_num_threads(), session_type=probe
-    )
-    _decode(replace(recognizer, model=model), waves, progress)
-    for name in names:
-        unreached = sorted(set(probes[name].targets) - probes[name].reached)
-        if unreached:
-            raise ValueError(
-                f"{graphs / name}.onnx: calibration never reached {len(unreached)} of its "
-                f"quantised activations ({', '.join(unreached[:3])}); the graphs stay dynamic"
-            )
-    rewritten = [_write_static(graphs / f"{name}.int8.onnx", probes[name]) for name in names]
+        model = onnx_model(
+            recognizer.model, folder, threads=torch.get_num_threads(), session_type=probe
+        )
+        _decode(replace(recognizer, model=model), waves, progress)
+        for name in names:
+            unreached = sorted(set(probes[name].targets) - probes[name].reached)
+            if unreached:
+                raise ValueError(
+                    f"{graphs / name}.onnx: calibration never reached {len(unreached)} of its "
+                    f"quantised activations ({', '.join(unreached[:3])})"
+                )
+        for name in names:
+            _write_static(staged[name], probes[name])
+        for name in names:
+            os.replace(staged[name], graphs / staged[name].name)
     meta[CALIBRATION_KEY] = {"recordings": len(waves)}
     (graphs / STATE_FILE).write_text(json.dumps(meta) + "\n")
-    return [f"{ONNX_DIR}/{name}" for name in rewritten]
+    return [f"{ONNX_DIR}/{name}.int8.onnx" for name in names]
 
 
 @torch.inference_mode()
@@ -158,7 +167,7 @@ def _chunked(encoder: Any, x: Tensor, frames: int, chunk: int) -> None:
         start += chunk
 
 
-def _write_static(path: Path, probe: _Probe) -> str:
+def _write_static(path: Path, probe: _Probe) -> None:
     """`path`'s dynamic quantisers replaced by ones of the ranges `probe` measured."""
     import onnx
     from onnx import helper, numpy_helper
@@ -186,7 +195,4 @@ def _write_static(path: Path, probe: _Probe) -> str:
     dynamic = sorted({n.op_type for n in nodes if n.op_type.startswith("DynamicQuantize")})
     if dynamic:  # an operator a newer quantiser makes
         raise ValueError(f"{path}: {', '.join(dynamic)} still quantises per run")
-    staged = path.with_suffix(".calibrated.onnx")
-    onnx.save(model, str(staged))
-    os.replace(staged, path)
-    return path.name
+    onnx.save(model, str(path))

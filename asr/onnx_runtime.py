@@ -217,14 +217,14 @@ def _export_decoder(
     return written
 
 
-def _quantized(path: Path, fp32_ops: tuple[str, ...] = FP32_OPS) -> str:
-    """A dynamically quantised copy (int8 weights) of the graph at `path`, beside it; the
-    operators `fp32_ops` stay fp32."""
+def _quantized(path: Path, fp32_ops: tuple[str, ...] = FP32_OPS, out: Path | None = None) -> str:
+    """A dynamically quantised copy (int8 weights) of the graph at `path`, beside it (or at
+    `out`); the operators `fp32_ops` stay fp32."""
     import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
     from onnxruntime.quantization.registry import IntegerOpsRegistry
 
-    out = path.with_suffix(".int8.onnx")
+    out = out or path.with_suffix(".int8.onnx")
     # The quantiser logs each tensor it leaves alone, and a hint, to the root logger.
     root = logging.getLogger()
 

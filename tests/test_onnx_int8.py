@@ -155,6 +155,36 @@ def test_calibration_is_refused_without_recordings_or_without_onnx(
     )
 
 
+def test_a_calibration_that_fails_leaves_the_graphs_as_they_were(
+    overfit_checkpoint, tmp_path, capsys, monkeypatch
+):
+    """Every graph is made aside and put in place once all are: no mix of calibrated and
+    per-batch graphs, and the error says what the package holds."""
+    import asr.onnx_int8
+
+    manifest = _manifest(tmp_path / "m.jsonl", UTTERANCES)
+    out = tmp_path / "p"
+    args = ["export", "--checkpoint", str(overfit_checkpoint), "--out", str(out),
+            "--format", "onnx", "--quiet"]  # fmt: skip
+    assert main(args) == 0
+    before = {p.name: p.read_bytes() for p in (out / "onnx").iterdir()}
+    written = asr.onnx_int8._write_static
+    calls = []
+
+    def fails_third(path, probe):
+        calls.append(path)
+        if len(calls) == 3:
+            raise OSError(28, "No space left on device")
+        written(path, probe)
+
+    monkeypatch.setattr(asr.onnx_int8, "_write_static", fails_third)
+    assert main([*args, "--calibration", str(manifest)]) == 2
+    said = capsys.readouterr().err
+    assert f"the package in {out} was written, its int8 graphs taking their ranges per" in said
+    after = {p.name: p.read_bytes() for p in (out / "onnx").iterdir()}
+    assert after == before, "the int8 graphs, state.json and nothing else"
+
+
 def test_the_cli_calibrates_on_each_lines_span_spread_over_the_manifest(
     overfit_checkpoint, tmp_path, capsys, monkeypatch
 ):

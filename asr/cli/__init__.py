@@ -278,7 +278,13 @@ def _export(args: argparse.Namespace) -> int:
         if calibration is not None:
             from asr.onnx_int8 import calibrate_int8
 
-            calibrate_int8(recognizer, args.out, calibration, progress=not args.quiet)
+            try:
+                calibrate_int8(recognizer, args.out, calibration, progress=not args.quiet)
+            except (ValueError, OSError) as err:
+                raise ValueError(
+                    f"{err}; the package in {args.out} was written, its int8 graphs taking "
+                    "their ranges per batch (export it again to calibrate)"
+                ) from None
     print(f"model package written to {args.out}: {' '.join(written)}")
     if calibration is not None:
         print(f"int8 activation ranges calibrated on {len(calibration)} recordings")
