@@ -159,6 +159,16 @@ def resample(wave: Tensor, rate: int, target_rate: int) -> Tensor:
     return out[..., :length]
 
 
+def can_seek(path: PathLike) -> bool:
+    """Whether a stretch of the file is read without decoding what comes before it: False for
+    the formats libsndfile cannot seek (GSM 6.10, G.72x, NMS ADPCM); FFmpeg's seek."""
+    try:
+        with soundfile.SoundFile(str(path)) as file:
+            return file.seekable()
+    except Exception:  # not for libsndfile: FFmpeg seeks, with a pre-roll
+        return True
+
+
 def _libsndfile_info(path: PathLike) -> AudioInfo | str:
     """The header as libsndfile reads it, or its reason for not reading (then FFmpeg may)."""
     try:

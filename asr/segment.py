@@ -13,7 +13,15 @@ from typing import Protocol
 import numpy as np
 from torch import Tensor
 
-from asr.audio import AudioError, AudioInput, as_waveform, audio_info, load_audio
+from asr.audio import (
+    AudioError,
+    AudioInput,
+    as_waveform,
+    audio_info,
+    can_seek,
+    load_audio,
+    resample,
+)
 from asr.data.manifest import DURATION_TOLERANCE
 from asr.levels import ENERGY_FLOOR_DB, SILENT_DB, frame_energy_db, loud_level
 
@@ -137,15 +145,28 @@ class FileSource:
         self._duration = self.info.duration - offset
         if duration is not None:
             self._duration = min(self._duration, duration)
+        self._whole: Tensor | None = None  # a file that cannot seek, decoded once
+        self._seeks = can_seek(path)
 
     @property
     def duration(self) -> float:
         return self._duration
 
     def read(self, start: float, end: float) -> Tensor:
-        return load_audio(
-            self.path, self.sample_rate, offset=self.offset + start, duration=end - start
-        )
+        return self._load(self.offset + start, end - start, self.sample_rate)
+
+    def _load(self, offset: float, duration: float, rate: int | None) -> Tensor:
+        """`duration` seconds from `offset` in the file, at `rate` (None: the file's own). A
+        file that cannot seek is decoded once and cut: each stretch would decode from its start
+        to get there."""
+        if self._seeks:
+            return load_audio(self.path, rate, offset=offset, duration=duration)
+        if self._whole is None:
+            self._whole = load_audio(self.path, None)
+        own = self.info.sample_rate
+        start = round(offset * own)
+        piece = self._whole[start : start + max(1, round(duration * own))]
+        return piece if rate in (None, own) else resample(piece, own, rate)
 
     def energy_db(self, frame_seconds: float, read_seconds: float) -> tuple[np.ndarray, float]:
         rate = self.info.sample_rate  # the file's own: no resampling for the analysis
@@ -155,8 +176,7 @@ class FileSource:
         stop = min(self.info.num_frames, first + round(self.duration * rate))
         parts = [
             frame_energy_db(
-                load_audio(self.path, None, start / rate, min(chunk, stop - start) / rate).numpy(),
-                frame,
+                self._load(start / rate, min(chunk, stop - start) / rate, None).numpy(), frame
             )
             for start in range(first, stop, chunk)
         ]

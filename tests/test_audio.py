@@ -418,6 +418,27 @@ def test_formats_that_cannot_seek_are_read_at_an_offset(tmp_path, subtype):
     assert torch.equal(span, whole[20000:28000])
 
 
+def test_a_long_file_that_cannot_seek_is_decoded_once_for_its_stretches(tmp_path, monkeypatch):
+    """Each stretch of a GSM file decoded from the file's start made long audio quadratic: a
+    source decodes it once and cuts its stretches, the samples a read at each offset gives."""
+    import asr.segment
+    from asr.segment import FileSource
+
+    path = tmp_path / "a.wav"
+    wave = 0.3 * np.random.default_rng(0).standard_normal(8000 * 6).astype(np.float32)
+    soundfile.write(path, wave, 8000, subtype="GSM610")
+    expected = [load_audio(path, 16000, offset=k, duration=1.5) for k in range(4)]
+    reads = []
+    monkeypatch.setattr(
+        asr.segment, "load_audio", lambda *a, **k: reads.append(a) or load_audio(*a, **k)
+    )
+    source = FileSource(path, 16000)
+    for k in range(4):
+        assert torch.equal(source.read(k, k + 1.5), expected[k])
+    energy, _ = source.energy_db(0.01, 2.0)
+    assert len(reads) == 1 and len(energy) == 600
+
+
 @pytest.mark.parametrize("rate", [44101, 11127, 8001])
 def test_rates_sharing_no_factor_with_the_models_resample_to_the_same_speech(rate, monkeypatch):
     """44101 -> 16000 exactly needs a sinc kernel of 16000 x 44135 taps (GBs, tens of seconds):
