@@ -398,7 +398,13 @@ def _audio_problems(utterance: Utterance, full: bool) -> list[str]:
         ]
     if full:
         try:
-            load_audio(path, sample_rate=None, offset=offset, duration=utterance.duration)
+            wave = load_audio(path, sample_rate=None, offset=offset, duration=utterance.duration)
         except AudioError as error:
             return [f"audio {error}"]
+        decoded = len(wave) / info.sample_rate
+        if decoded + DURATION_TOLERANCE < utterance.duration:  # a cut file whose header says more
+            return [
+                f"audio {path} decodes to {decoded:.3f} s from offset {offset:.3f} s, not the "
+                f"{utterance.duration:.3f} s its line and header say (cut short?)"
+            ]
     return []
