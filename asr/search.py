@@ -16,6 +16,9 @@ from asr.ctc_prefix import CTCPrefixScorer
 from asr.models.interfaces import State
 from asr.text import BLANK_ID, PAD_ID, SOS_EOS_ID, first_difference
 
+# Past it the LM's scores swamp the model's; far past it, they overflow float32 to -inf
+# and no hypothesis ends.
+MAX_LM_WEIGHT = 100.0
 NON_OUTPUT_IDS = (BLANK_ID, PAD_ID)
 NEG_INF = float("-inf")
 # Weights where the model has a CTC head, or an LM is given, and none is set.
@@ -122,7 +125,7 @@ class SearchOptions:
         checks = {
             "beam_size must be >= 1": self.beam_size >= 1,
             "ctc_weight must lie in [0, 1]": 0.0 <= self.ctc_weight <= 1.0,
-            "lm_weight must be >= 0": self.lm_weight >= 0.0,
+            f"lm_weight must lie in [0, {MAX_LM_WEIGHT:g}]": 0.0 <= self.lm_weight <= MAX_LM_WEIGHT,
             "max_len_ratio must be > 0": self.max_len_ratio > 0.0,
             "max_len_extra must be >= 0": self.max_len_extra >= 0,
             "min_len_ratio must be >= 0": self.min_len_ratio >= 0.0,

@@ -38,7 +38,7 @@ from asr.models.blocks import min_input_length
 from asr.models.chunking import EncoderCache, streaming_problem
 from asr.precision import input_dtype
 from asr.results import Decoded, Transcript
-from asr.search import Hypothesis, LanguageModel, check_language_model
+from asr.search import MAX_LM_WEIGHT, Hypothesis, LanguageModel, check_language_model
 from asr.segment import Span
 from asr.text import PAD_ID, SOS_EOS_ID
 from asr.transcribe import join_segments
@@ -93,8 +93,8 @@ class StreamOptions:
             raise ValueError(f"ctc_weight must be in [0, 1], got {self.ctc_weight}")
         if self.beam is not None and self.beam < 1:
             raise ValueError(f"beam must be at least 1, got {self.beam}")
-        if self.lm_weight < 0:
-            raise ValueError(f"lm_weight must be at least 0, got {self.lm_weight}")
+        if not 0 <= self.lm_weight <= MAX_LM_WEIGHT:
+            raise ValueError(f"lm_weight must lie in [0, {MAX_LM_WEIGHT:g}], got {self.lm_weight}")
 
 
 def _with_model_search(options: StreamOptions, recognizer: Recognizer) -> StreamOptions:

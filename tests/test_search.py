@@ -358,6 +358,7 @@ def test_greedy_never_emits_blank_or_pad() -> None:
         ("nbest", True),
         ("length_bonus", float("nan")),  # inf and nan scored every hypothesis -inf: text ""
         ("lm_weight", float("inf")),
+        ("lm_weight", 1000.0),  # 1e38 overflowed float32 scores to -inf: text ""
         ("max_len_ratio", float("inf")),
         ("length_bonus", float("-inf")),
     ],

@@ -722,6 +722,17 @@ def test_a_stream_searches_with_the_models_stored_settings_unless_told(
     assert (told.beam, told.ctc_weight) == (4, 0.0)
 
 
+@pytest.mark.parametrize(
+    ("field", "value", "rule"),
+    [("beam", 0, "at least 1"), ("ctc_weight", 1.5, r"in \[0, 1\]"),
+     ("lm_weight", -1.0, r"lie in \[0, 100\]"), ("lm_weight", 1e38, r"lie in \[0, 100\]")],
+)  # fmt: skip
+def test_stream_options_out_of_range_are_refused(field, value, rule) -> None:
+    """1e38 as the LM weight overflowed every final's scores to -inf: finals with no text."""
+    with pytest.raises(ValueError, match=rf"^{field} must (be )?{rule}, got"):
+        StreamOptions(**{field: value})
+
+
 def test_search_options_streaming_does_not_take_are_refused(capsys) -> None:
     """Refused, not ignored: each would have decoded as without it."""
     refused = ((["--nbest", "3"], "--nbest: not taken by --streaming"),
