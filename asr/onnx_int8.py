@@ -22,7 +22,15 @@ import torch
 from torch import Tensor
 from tqdm import tqdm
 
-from asr.onnx_runtime import FP32_OPS, STATE_FILE, _quantized, _Session, _untied, onnx_model
+from asr.onnx_runtime import (
+    FP32_OPS,
+    STATE_FILE,
+    _numpy,
+    _quantized,
+    _Session,
+    _untied,
+    onnx_model,
+)
 from asr.package import ONNX_DIR
 from asr.recognizer import Recognizer
 from asr.streaming import StreamOptions, encoder_frames
@@ -59,8 +67,7 @@ class _Probe(_Session):
             super().__init__(Path(tmp) / path.name, threads)
 
     def __call__(self, **feeds: Tensor) -> list[Tensor]:
-        given = {k: v.detach().cpu().contiguous().numpy() for k, v in feeds.items()}
-        given = {k: v for k, v in given.items() if k in self.inputs}
+        given = {k: _numpy(v) for k, v in feeds.items() if k in self.inputs}
         results = self.session.run(self.returned, given)
         seen = dict(zip(self.returned, results)) | given
         for name in self.targets:

@@ -61,18 +61,18 @@ class Transcript:
         )
         return {
             "text": self.text,
-            "duration": _ms(self.duration),
+            "duration": round_ms(self.duration),
             "score": _finite(self.score),
             "avg_logprob": _rounded(self.avg_logprob),
             "segments": [_segment_dict(s) for s in self.segments],
             "words": [
-                {"word": w.text, "start": _ms(w.start), "end": _ms(w.end)}
+                {"word": w.text, "start": round_ms(w.start), "end": round_ms(w.end)}
                 | {"probability": _rounded(w.probability), "confidence": _rounded(w.confidence)}
                 | {"ctc_probability": _rounded(w.ctc_probability)}
                 for w in self.words
             ],
             "tokens": [
-                {"id": i, "piece": p, "start": _ms(start), "end": _ms(end)}
+                {"id": i, "piece": p, "start": round_ms(start), "end": round_ms(end)}
                 | {"probability": _rounded(prob)}
                 for i, p, start, end, prob in spans
             ],
@@ -81,8 +81,8 @@ class Transcript:
 
 def _segment_dict(segment: Segment) -> dict[str, Any]:
     out = {
-        "start": _ms(segment.start),
-        "end": _ms(segment.end),
+        "start": round_ms(segment.start),
+        "end": round_ms(segment.end),
         "text": segment.text,
         "score": _finite(segment.score),
         "avg_logprob": _rounded(segment.avg_logprob),
@@ -113,7 +113,8 @@ class BatchResult:
         return self.transcript
 
 
-def _ms(seconds: float) -> float:
+def round_ms(seconds: float) -> float:
+    """Seconds to the millisecond, as transcripts give times."""
     return round(float(seconds), 3)
 
 

@@ -37,7 +37,7 @@ from tqdm import tqdm
 from asr.audio import AudioError, audio_info
 from asr.cli.inputs import DEFAULT_FORMATS, Input, check_layout_free, expand_inputs
 from asr.cli.numbers import check_search_arguments
-from asr.results import BatchResult
+from asr.results import BatchResult, round_ms
 from asr.writers import FORMATS, expand_formats, file_there, write_text_atomically
 
 MERGED = "transcripts.jsonl"  # a manifest of what the output folder holds, one line per input
@@ -260,16 +260,16 @@ def output_record(
         **own,
         "audio_filepath": "-" if item.name == "-" else os.path.abspath(clip.path),  # stdin
         "offset": clip.offset,
-        "duration": clip.duration if clip.duration is not None else _ms(duration),
+        "duration": clip.duration if clip.duration is not None else _round_ms(duration),
         "id": own.get("id", stem),
         "pred_text": text,
         "files": [f"{stem}.{fmt}" for fmt in formats],
     }
 
 
-def _ms(seconds: float | None) -> float | None:
-    """Seconds to the millisecond, as the transcripts' own files give them."""
-    return None if seconds is None else round(float(seconds), 3)
+def _round_ms(seconds: float | None) -> float | None:
+    """As the transcripts' own files give a duration (None: an earlier record's, unknown)."""
+    return None if seconds is None else round_ms(seconds)
 
 
 def _json_lines(path: Path) -> list[dict]:
