@@ -193,7 +193,7 @@ def states_frames(frames: int) -> bool:
 def _read_libsndfile(
     path: PathLike, info: AudioInfo, offset: float, duration: float | None
 ) -> np.ndarray:
-    start, stop = _frame_range(path, info.num_frames, info.sample_rate, offset, duration)
+    start, stop = frame_range(path, info.num_frames, info.sample_rate, offset, duration)
     try:
         with soundfile.SoundFile(str(path)) as file:
             if file.seekable():
@@ -250,7 +250,7 @@ def _read_container(
     with _container(path, libsndfile_reason) as (container, stream):
         rate = stream.codec_context.sample_rate
         stated = _stated_frames(container, stream)
-        start, stop = _frame_range(path, stated, rate, offset, duration)
+        start, stop = frame_range(path, stated, rate, offset, duration)
         frames = _decode_range(container, stream, start, stop, seek=True)
     if frames is None:  # the seek failed or overshot: decode from the start instead
         with _container(path, libsndfile_reason) as (container, stream):
@@ -336,7 +336,7 @@ def _mono(frame: av.AudioFrame) -> np.ndarray:
     return samples.astype(np.float32, copy=False).mean(axis=0)
 
 
-def _frame_range(
+def frame_range(
     path: PathLike, num_frames: int | None, rate: int, offset: float, duration: float | None
 ) -> tuple[int, int | None]:
     """Frame indices [start, stop) for `offset` and `duration` seconds; stop None: the end."""

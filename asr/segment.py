@@ -19,6 +19,7 @@ from asr.audio import (
     as_waveform,
     audio_info,
     can_seek,
+    frame_range,
     load_audio,
     resample,
 )
@@ -164,8 +165,8 @@ class FileSource:
         if self._whole is None:
             self._whole = load_audio(self.path, None)
         own = self.info.sample_rate
-        start = round(offset * own)
-        piece = self._whole[start : start + max(1, round(duration * own))]
+        start, stop = frame_range(self.path, len(self._whole), own, offset, duration)
+        piece = self._whole[start:stop]
         return piece if rate in (None, own) else resample(piece, own, rate)
 
     def energy_db(self, frame_seconds: float, read_seconds: float) -> tuple[np.ndarray, float]:
