@@ -32,8 +32,12 @@ AUDIO_SUFFIXES = (
 # PCM integer samples -> [-1, 1): (x - offset) / scale; 8-bit unsigned PCM centres on 128
 PCM_SCALE = {"int8": (0, 2**7), "uint8": (2**7, 2**7), "int16": (0, 2**15), "int32": (0, 2**31)}
 LOUDEST_SAMPLE = 1000.0  # float audio lies within ±1; far beyond, features overflow
-# Seconds decoded before a seek target and dropped: AAC and Opus frames depend on the previous.
+# Seconds decoded before a seek target and dropped: AAC, MP3 and Opus frames depend on the
+# previous (an MP3 frame's bits may lie in the one before it).
 SEEK_PREROLL_SECONDS = 0.5
+PREROLL_SUBTYPES = ("MPEG_LAYER_I", "MPEG_LAYER_II", "MPEG_LAYER_III", "OPUS")  # libsndfile's
+# libsndfile's seek into an Ogg Vorbis file's last page lands 384 samples late: FFmpeg reads spans
+VORBIS_SEEK = "its Vorbis seek is not exact, so FFmpeg reads spans"
 RESAMPLE_TERMS = 2000  # the largest denominator of a resampling ratio: 44100 -> 16000 is 40/441
 SKIP_BLOCK = 1 << 20  # frames decoded at a time to reach an offset in a file that cannot seek
 # Demuxers stating exact durations; other containers' frames are counted by decoding.
@@ -193,19 +197,34 @@ def states_frames(frames: int) -> bool:
 def _read_libsndfile(
     path: PathLike, info: AudioInfo, offset: float, duration: float | None
 ) -> np.ndarray:
+    """Mono frames of the span (of an Ogg Vorbis span past the start, FFmpeg's, held to the
+    length libsndfile gives the file)."""
     start, stop = frame_range(path, info.num_frames, info.sample_rate, offset, duration)
     try:
         with soundfile.SoundFile(str(path)) as file:
-            if file.seekable():
-                file.seek(start)
-            else:  # GSM 6.10, G.72x, NMS ADPCM: decoded from the start, what comes before dropped
-                for skipped in range(0, start, SKIP_BLOCK):
-                    file.read(min(SKIP_BLOCK, start - skipped), dtype="float32")
-            frames = file.read(stop - start, dtype="float32", always_2d=True)
+            vorbis = start > 0 and file.subtype == "VORBIS"
+            if not vorbis:
+                frames = _read_open(file, start, stop, info.sample_rate)
     except Exception as error:
         reason = f"unreadable or corrupt audio ({_libsndfile_reason(error)})"
         raise AudioError(path, reason) from error
+    if vorbis:
+        seconds = (stop - start) / info.sample_rate
+        return _read_container(path, VORBIS_SEEK, offset, seconds)[0][: stop - start]
     return frames.mean(axis=1, dtype=np.float32)  # (T, C) -> (T,)
+
+
+def _read_open(file: soundfile.SoundFile, start: int, stop: int, rate: int) -> np.ndarray:
+    """Frames `[start, stop)` `(T, C)` of an open file."""
+    lead = 0
+    if file.seekable():
+        if file.subtype in PREROLL_SUBTYPES:
+            lead = min(start, round(SEEK_PREROLL_SECONDS * rate))
+        file.seek(start - lead)
+    else:  # GSM 6.10, G.72x, NMS ADPCM: decoded from the start, what comes before dropped
+        for skipped in range(0, start, SKIP_BLOCK):
+            file.read(min(SKIP_BLOCK, start - skipped), dtype="float32")
+    return file.read(stop - start + lead, dtype="float32", always_2d=True)[lead:]
 
 
 def _libsndfile_reason(error: Exception) -> str:

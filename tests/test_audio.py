@@ -418,6 +418,31 @@ def test_formats_that_cannot_seek_are_read_at_an_offset(tmp_path, subtype):
     assert torch.equal(span, whole[20000:28000])
 
 
+@pytest.mark.parametrize(
+    ("suffix", "fmt", "subtype"),
+    [("mp3", "MP3", None), ("wav", "MP3 in WAV", None), ("ogg", "OGG", "VORBIS")],
+)
+def test_spans_of_compressed_files_are_the_whole_files_samples_there(
+    tmp_path, suffix, fmt, subtype
+):
+    """A span read at an offset equals the whole decode cut there: an MP3 frame's bits may lie
+    in the frame before it (read from a pre-roll, in a WAV file too), and libsndfile's seek
+    into a Vorbis file's last page lands late (FFmpeg reads those spans)."""
+    seconds = np.arange(12 * 16000) / 16000
+    chirp = (0.3 * np.sin(2 * np.pi * (200 + 30 * seconds) * seconds)).astype(np.float32)
+    path = tmp_path / f"chirp.{suffix}"
+    if fmt == "MP3 in WAV":
+        encode_audio(path, chirp, 16000, "libmp3lame")
+        assert soundfile.info(path).subtype == "MPEG_LAYER_III"
+    else:
+        soundfile.write(path, chirp, 16000, format=fmt, subtype=subtype)
+    whole = load_audio(path)
+    for offset in (0.5, 2.0, 11.0):
+        span = load_audio(path, offset=offset, duration=0.25)
+        start = round(offset * 16000)
+        torch.testing.assert_close(span, whole[start : start + 4000], atol=1e-6, rtol=0)
+
+
 def test_a_long_file_that_cannot_seek_is_decoded_once_for_its_stretches(tmp_path, monkeypatch):
     """Each stretch of a GSM file decoded from the file's start made long audio quadratic: a
     source decodes it once and cuts its stretches, the samples a read at each offset gives."""
