@@ -462,6 +462,19 @@ def prepare_folder(
             _some(missing),
         )
     _warn_left_out(str(data_dir), [], bad_text)
+    stems = {path.with_suffix("") for path in audio}
+    no_audio = [
+        path.relative_to(data_dir).as_posix()
+        for path in audio_files(data_dir, (".txt",))
+        if path.with_suffix("") not in stems
+    ]
+    if no_audio:  # a README.txt too: listed, but no broken input
+        logger.warning(
+            "%s: %d .txt file(s) without same-stem audio: %s",
+            data_dir,
+            len(no_audio),
+            _some(no_audio),
+        )
     if not entries:
         raise ValueError(
             f"{data_dir}: expected {FOLDER_LAYOUT}; no audio file has a usable transcript"
@@ -475,6 +488,7 @@ def prepare_folder(
         splits = _assigned_split(utterances, Path(split_file))
     extra = {
         "missing_transcripts": missing,
+        "transcripts_without_audio": no_audio,
         "bad_transcripts": bad_text,
         "unusable_audio": unusable,
     }
@@ -485,40 +499,48 @@ def _folder_entries(
     root: Path, audio: list[Path]
 ) -> tuple[list[_Entry], list[str], list[str], list[str]]:
     """Entries with a usable transcript, audio without one, `transcript: reason` lines, and
-    the id of every file with a transcript file (usable or not: what a split is drawn over)."""
-    entries, missing, bad_text, first_path_of, named = [], [], [], {}, []
+    the id of every file with a transcript file (usable or not: what a split is drawn over).
+    Paths that spell one id (`x/y-z.wav`, `x-y/z.wav`) each get a hash of their path in it,
+    so that no file added takes another's id; two audio files of one transcript (`a.wav`,
+    `a.flac`) are refused."""
+    missing, transcribed, audio_of = [], [], {}  # audio_of: each transcript's audio
     for path in audio:
         transcript = path.with_suffix(".txt")
         if not transcript.is_file():
             missing.append(path.relative_to(root).as_posix())
             continue
-        relative = path.relative_to(root).with_suffix("")
-        utterance_id = _as_id(relative.as_posix())
+        relative = path.relative_to(root).with_suffix("").as_posix()
+        first = audio_of.setdefault(transcript, path)
+        if first != path:
+            raise ValueError(f"{first} and {path} both give utterance id {_as_id(relative)!r}")
+        transcribed.append((path, relative))
+    spelt = Counter(_as_id(relative) for _, relative in transcribed)
+    entries, bad_text, named = [], [], []
+    for path, relative in transcribed:
+        utterance_id = _as_id(relative, hashed=spelt[_as_id(relative)] > 1)
         named.append(utterance_id)
         try:
-            text = _read_transcript(transcript)
+            text = _read_transcript(path.with_suffix(".txt"))
         except ValueError as error:
             bad_text.append(str(error))
             continue
-        first = first_path_of.setdefault(utterance_id, path)
-        if first != path:
-            raise ValueError(f"{first} and {path} both give utterance id {utterance_id!r}")
         # the speaker: its folder below the root, as ids name it ("alice-session1"): folders
         # of one name under two others (alice/session1, bob/session1) are not one speaker
-        folder = relative.parent.as_posix()
+        folder = Path(relative).parent.as_posix()
         entries.append(
             _Entry(utterance_id, path, text, _as_id(folder) if folder != "." else root.name)
         )
     return entries, missing, bad_text, named
 
 
-def _as_id(relative: str) -> str:
+def _as_id(relative: str, hashed: bool = False) -> str:
     """A relative path as one word without slashes: "alice smith/Recording 1" ->
     "alice_smith-Recording_1" (a backslash or control character in a file's name too: it
-    would name files); one longer than ids may be is cut, a hash of the path ending it."""
+    would name files); one longer than ids may be is cut, a hash of the path ending it (every
+    one where `hashed`)."""
     word = re.sub(r"[\s\x00-\x1f\x7f-\x9f]+", "_", relative).replace("/", "-").replace("\\", "-")
     spelt = word.encode(errors="surrogateescape")  # a name not UTF-8 is left out later
-    if len(spelt) <= LONGEST_ID:
+    if len(spelt) <= LONGEST_ID and not hashed:
         return word
     tail = "-" + hashlib.sha1(relative.encode(errors="surrogateescape")).hexdigest()[:10]
     head = spelt[: LONGEST_ID - len(tail)].decode(errors="ignore")  # whole characters

@@ -14,6 +14,7 @@ import pytest
 import soundfile
 from conftest import corpus_path
 
+from asr.cli import main
 from asr.data.manifest import Utterance, read_manifest
 from asr.data.prepare import CORPORA, SplitSummary, format_summary, left_out, prepare_corpus
 
@@ -377,6 +378,35 @@ def test_folder_ids_must_be_unique(folder, tmp_path):
     write_tone(folder / "spk0" / "utt0.mp3", 0.1)  # utt0.wav is there already
     with pytest.raises(ValueError, match="both give utterance id 'spk0-utt0'"):
         prepare_corpus("folder", folder, tmp_path / "out")
+
+
+def test_paths_spelling_one_id_get_two(tmp_path):
+    """`x/y-z.wav` and `x-y/z.wav` both read as `x-y-z`: each id carries a hash of its path (a
+    recording added does not take the id of one there before), and both are prepared; a
+    second audio file of one transcript is still refused."""
+    root = tmp_path / "corpus"
+    for path in (root / "x-y" / "z.wav", root / "x" / "y-z.wav"):
+        write_tone(path, 0.1)
+        path.with_suffix(".txt").write_text("YES")
+    splits = read_splits_after("folder", root, tmp_path / "out", dev_fraction=0, test_fraction=0)
+    ids = {Path(u.audio_filepath).relative_to(root).as_posix(): u.utt_id for u in splits["train"]}
+    assert sorted(ids) == ["x-y/z.wav", "x/y-z.wav"]
+    assert all(re.fullmatch(r"x-y-z-[0-9a-f]{10}", i) for i in ids.values())
+    assert len(set(ids.values())) == 2
+    write_tone(root / "x-y" / "z.flac", 0.1)
+    with pytest.raises(ValueError, match=r"z\.flac and .*z\.wav both give utterance id 'x-y-z'"):
+        prepare_corpus("folder", root, tmp_path / "again")
+
+
+def test_a_txt_file_without_audio_is_listed_and_fails_nothing(folder, tmp_path, caplog):
+    """A transcript whose recording is missing (or a README.txt) is named in summary.json and
+    a warning, and is no broken input: `asr prepare` succeeds."""
+    (folder / "README.txt").write_text("my recordings")
+    with caplog.at_level(logging.WARNING, logger="asr.data.prepare"):
+        assert main(["prepare", "folder", "--data-dir", str(folder), "--out", str(tmp_path)]) == 0
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["transcripts_without_audio"] == ["README.txt"]
+    assert "1 .txt file(s) without same-stem audio: README.txt" in caplog.text
 
 
 @pytest.mark.parametrize("corpus", sorted(CORPORA))
