@@ -411,8 +411,9 @@ def as_waveform(audio: np.ndarray | Tensor, sample_rate: int | None, target_rate
 
 
 def mono_samples(audio: np.ndarray | Tensor) -> Tensor:
-    """Mono samples `(S,)`, or `(S, 1)` as audio APIs give one channel (numpy or torch), as a
-    float32 `(S,)` tensor; 8, 16 and 32-bit PCM integers scaled to [-1, 1).
+    """Mono samples `(S,)`, or `(S, 1)` as audio APIs give one channel (numpy or torch), or
+    `(1, S)` as torchaudio does, as a float32 `(S,)` tensor; 8, 16 and 32-bit PCM integers
+    scaled to [-1, 1). A `(1, 2)` array is thus 2 samples, not one frame of 2 channels.
 
     >>> mono_samples(np.array([[16384], [-32768]], dtype=np.int16)).tolist()
     [0.5, -1.0]
@@ -438,8 +439,8 @@ def mono_samples(audio: np.ndarray | Tensor) -> Tensor:
         wave = wave.reshape(-1)
     if wave.dim() != 1:
         raise ValueError(
-            f"audio must be a mono waveform (S,) or (S, 1), got {tuple(wave.shape)}: mix the "
-            "channels or pick one"
+            f"audio must be a mono waveform (S,), (S, 1) or (1, S), got {tuple(wave.shape)}: "
+            "mix the channels or pick one"
         )
     if not wave.is_floating_point():
         offset, scale = PCM_SCALE[kind]

@@ -431,8 +431,8 @@ class Stream:
         return self.recognizer.sample_rate
 
     def accept(self, samples: Tensor | np.ndarray) -> list[Transcript]:
-        """Feed audio (mono samples at `sample_rate`, `(S,)` or `(S, 1)`: floats, or integers
-        such as 16-bit PCM, which are scaled) and decode the chunks it completes.
+        """Feed audio (mono samples at `sample_rate`, `(S,)`, `(S, 1)` or `(1, S)`: floats, or
+        integers such as 16-bit PCM, which are scaled) and decode the chunks it completes.
 
         Returns:
             The utterances an endpoint closed meanwhile, times from the stream's start.

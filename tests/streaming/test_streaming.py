@@ -464,7 +464,7 @@ def test_16_bit_pcm_and_one_channel_columns_stream_as_their_float_samples(traine
     assert streamed(cut(pcm)) == floats
     assert streamed(cut((pcm / np.float32(32768))[:, None])) == floats
     stream = recognizer.stream()
-    with pytest.raises(ValueError, match=r"mono waveform \(S,\) or \(S, 1\), got \(1600, 2\)"):
+    with pytest.raises(ValueError, match=r"waveform \(S,\), \(S, 1\) or \(1, S\), got \(1600, 2\)"):
         stream.accept(np.zeros((1600, 2), dtype=np.float32))
     with pytest.raises(ValueError, match="NaN or infinite"):
         stream.accept(np.full(1600, np.nan, dtype=np.float32))
