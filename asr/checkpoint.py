@@ -223,7 +223,8 @@ def store_in_payload(path: str | os.PathLike, values: dict[str, Any]) -> None:
     """Set keys of a recognizer checkpoint's payload, rewriting it atomically once."""
     if Path(path).is_dir():
         raise CheckpointError(
-            f"{path}: a model package; finalize its checkpoint, then export it again"
+            f"{path}: a folder; finalize a checkpoint file (a package's checkpoint, then export "
+            "it again)"
         )
     state, payload = read_payload(path, RECOGNIZER_KEY)
     payload.update(values)

@@ -55,6 +55,16 @@ def is_package(path: str | os.PathLike) -> bool:
     return str(path).startswith(HF_PREFIX) or (str(path) != "" and Path(path).is_dir())
 
 
+def folder_refusal(path: str | os.PathLike, package_advice: str) -> str | None:
+    """Why `path` names no checkpoint file (None where it may): a package, then
+    `package_advice`, or another folder, such as a training run's."""
+    if not is_package(path):
+        return None
+    if str(path).startswith(HF_PREFIX) or _holds_package(Path(path)):
+        return f"{path}: a model package; {package_advice}"
+    return f"{path}: a folder, not a checkpoint (give its .ckpt file) or model package"
+
+
 def read_recognizer(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """The `Seq2Seq` weights and the payload of a checkpoint, package folder or `hf://` name."""
     if not str(path):  # Path("") is ".", which would read as the working folder

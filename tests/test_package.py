@@ -523,7 +523,13 @@ def test_finalize_on_a_package_says_what_to_do(package, tmp_path, capsys):
         assert main(["finalize", "--model", model, "--manifest", "missing.jsonl"]) == 2
         assert f"{model}: a model package; finalize" in capsys.readouterr().err
         assert main(["export", "--checkpoint", model, "--out", str(tmp_path / "again")]) == 2
-        assert f"{model}: a model package already; export a checkpoint" in capsys.readouterr().err
+        assert f"{model}: a model package; exported already" in capsys.readouterr().err
+    run = tmp_path / "run"  # a training run's folder, or any other, is no package
+    run.mkdir()
+    assert main(["finalize", "--model", str(run), "--manifest", "missing.jsonl"]) == 2
+    assert f"{run}: a folder, not a checkpoint (give its .ckpt file)" in capsys.readouterr().err
+    assert main(["export", "--checkpoint", str(run), "--out", str(tmp_path / "again")]) == 2
+    assert f"{run}: a folder, not a checkpoint (give its .ckpt file)" in capsys.readouterr().err
 
 
 # --------------------------------------------------------------------------- hf://

@@ -216,12 +216,11 @@ def _average(args: argparse.Namespace) -> int:
 def _finalize(args: argparse.Namespace) -> int:
     from asr.checkpoint import CheckpointError
     from asr.finalize import finalize, store
-    from asr.package import is_package
+    from asr.package import folder_refusal
 
-    if is_package(args.checkpoint):  # before decoding the manifest
-        raise CheckpointError(
-            f"{args.checkpoint}: a model package; finalize its checkpoint, then export it again"
-        )
+    refusal = folder_refusal(args.checkpoint, "finalize its checkpoint, then export it again")
+    if refusal:  # before decoding the manifest
+        raise CheckpointError(refusal)
     recognizer = _load_model(args)
     finished = finalize(
         recognizer,
@@ -248,11 +247,12 @@ def _finalize(args: argparse.Namespace) -> int:
 def _export(args: argparse.Namespace) -> int:
     from asr.checkpoint import CheckpointError
     from asr.finalize import stored_decoding
-    from asr.package import ModelCard, is_package, write_package
+    from asr.package import ModelCard, folder_refusal, write_package
     from asr.recognizer import load_model
 
-    if is_package(args.checkpoint):
-        raise CheckpointError(f"{args.checkpoint}: a model package already; export a checkpoint")
+    refusal = folder_refusal(args.checkpoint, "exported already: export a checkpoint")
+    if refusal:
+        raise CheckpointError(refusal)
     if args.calibration and args.format != "onnx":
         raise ValueError("--calibration sets the int8 graphs' ranges: it needs --format onnx")
     if args.calibration_size is not None and not args.calibration:
