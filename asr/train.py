@@ -1038,14 +1038,15 @@ def _kind(config: Namespace) -> str | None:
 
 def _check_trainer_and_data(config: Namespace) -> None:
     """ValueError for settings Lightning or torch would stop on with a traceback only once
-    the data are read (or after a first batch)."""
+    the data are read (or after a first batch); named by key, as a config file or the command
+    line may have set them."""
     accumulate = config.trainer.get("accumulate_grad_batches")
     if isinstance(accumulate, int) and accumulate < 1:
-        raise ValueError(f"--trainer.accumulate_grad_batches {accumulate}: must be at least 1")
+        raise ValueError(f"trainer.accumulate_grad_batches is {accumulate}: must be at least 1")
     data = config.data.get("init_args", config.data) if config.get("data") else None
     workers = data.get("num_workers") if data is not None else None
     if isinstance(workers, int) and workers < 0:
-        raise ValueError(f"--data.num_workers {workers}: must be at least 0")
+        raise ValueError(f"data.num_workers is {workers}: must be at least 0")
     accelerator = str(config.trainer.get("accelerator"))
     gpus = torch.cuda.is_available() or (accelerator == "gpu" and torch.backends.mps.is_available())
     if accelerator in ("gpu", "cuda") and not gpus:  # Lightning's "gpu" is MPS on a Mac too

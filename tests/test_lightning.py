@@ -518,8 +518,8 @@ def test_checkpoints_chosen_by_a_wer_validation_will_not_log_are_refused(tiny_an
 @pytest.mark.parametrize(
     ("option", "said"),
     [
-        (["--trainer.accumulate_grad_batches", "0"], "accumulate_grad_batches 0: must be at least"),
-        (["--data.num_workers", "-1"], "--data.num_workers -1: must be at least 0"),
+        (["--trainer.accumulate_grad_batches", "0"], "accumulate_grad_batches is 0: must be at"),
+        (["--data.num_workers", "-1"], "data.num_workers is -1: must be at least 0"),
         (["--model.init_args.optimizer", "torch.optim.AdamW",
           "--model.init_args.optimizer.init_args.lr", "-0.001"],
          "model.init_args.optimizer: Invalid learning rate: -0.001"),  # once the model is built
