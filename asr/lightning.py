@@ -331,7 +331,7 @@ class ASRModule(ExactResume):
             self._val_chars += char_errors(refs, texts)
         else:
             hyps = _references(batch, out.attention, enc_lens)
-        if batch_idx == 0:
+        if not repeat and self._plotted < self.hparams.plot_utterances:
             self._plot(batch, hyps)
 
     def _greedy(self, enc: Tensor, enc_lens: Tensor) -> list[Hypothesis]:
@@ -464,6 +464,7 @@ class ASRModule(ExactResume):
 
     def on_validation_epoch_start(self) -> None:
         self._val_words, self._val_chars = ErrorCounts(), ErrorCounts()
+        self._plotted = 0  # the first batches' utterances: the same each epoch
         trainer = self.trainer
         loaders = trainer.test_dataloaders if trainer.testing else trainer.val_dataloaders
         sampler = getattr(loaders, "batch_sampler", None)
@@ -502,6 +503,8 @@ class ASRModule(ExactResume):
                 log_mean(self, f"{stage}/{name}", value, batch_size, prog_bar=bar, per_step=train)
 
     def _plot(self, batch: Batch, hyps) -> None:
+        n = min(self.hparams.plot_utterances - self._plotted, len(hyps))
+        self._plotted += n
         if self.trainer.sanity_checking or not self.trainer.is_global_zero:
             return
         if (self.current_epoch + 1) % self.hparams.plot_every_n_epochs:
@@ -510,7 +513,6 @@ class ASRModule(ExactResume):
         run_dir = self.loggers[0].log_dir if self.loggers else None
         log_dir = Path(run_dir or self.trainer.default_root_dir) / "attention"
         log_dir.mkdir(parents=True, exist_ok=True)
-        n = min(self.hparams.plot_utterances, len(hyps))
         feats, feat_lens = self.model.frontend(batch.waves[:n], batch.wave_lens[:n])
         hop = self.model.feature_seconds()  # 20 ms at 8 kHz with a 160-sample hop, not 10
         from asr.plotting import plot_attention, save_figure

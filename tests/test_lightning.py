@@ -151,9 +151,13 @@ def test_fit_writes_config_checkpoints_logs_and_plots(tiny_an4, tmp_path, caplog
     before = (run / "metrics.csv").read_text(), (tmp_path / "checkpoints" / "last.ckpt").stat()
     other = tmp_path / "again"
     main(["fit", "--config", str(run / "config.yaml"), "--trainer.default_root_dir", str(other),
-          "--trainer.max_epochs", "1", "--trainer.limit_train_batches", "1"])  # fmt: skip
+          "--trainer.max_epochs", "1", "--trainer.limit_train_batches", "1",
+          "--data.init_args.max_batch_size", "1",
+          "--model.init_args.plot_utterances", "2"])  # fmt: skip
     assert (other / "checkpoints" / "last.ckpt").is_file()
     assert (other / "logs" / "version_0" / "metrics.csv").is_file()
+    # validation batches of one utterance: the plots are of the first batches
+    assert len(list((other / "logs" / "version_0" / "attention").glob("epoch000_*.png"))) == 2
     after = (run / "metrics.csv").read_text(), (tmp_path / "checkpoints" / "last.ckpt").stat()
     assert after == before
 
