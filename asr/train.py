@@ -718,6 +718,7 @@ class ASRCLI(LightningCLI):
                 )
         if self.subcommand == "fit":
             _check_monitor(config)
+            _name_by_monitor(config)
         _check_trainer_and_data(config)
         if str(config.trainer.precision) in HALF_WEIGHTS and _kind(config) != LM_CLASS:
             raise ValueError(
@@ -1029,6 +1030,17 @@ def _check_monitor(config: Namespace) -> None:
             f"--checkpoint.monitor {monitor}: validation logs no such metric{hint}; it logs "
             f"{', '.join(logged)}"
         )
+
+
+def _name_by_monitor(config: Namespace) -> None:
+    """Checkpoints chosen by another metric than the WER are named by it (`epoch003-acc0.4123`),
+    where the config keeps the default name: that would give a WER Lightning fills in as 0."""
+    monitor = config.checkpoint.monitor
+    default = config.checkpoint.filename == CHECKPOINT_DEFAULTS["checkpoint.filename"]
+    if default and monitor not in (None, "val/wer"):
+        digits = 2 if monitor == "val/cer" else 4  # percentages as the WER
+        name = monitor.rsplit("/", 1)[-1]
+        config.checkpoint.filename = f"epoch{{epoch:03d}}-{name}{{{monitor}:.{digits}f}}"
 
 
 def _kind(config: Namespace) -> str | None:
