@@ -74,6 +74,9 @@ class AudioError(ValueError):
         self.reason = reason
         super().__init__(f"{self.path}: {reason}")
 
+    def __reduce__(self):  # pickled whole: a worker process hands it back to its parent
+        return type(self), (self.path, self.reason)
+
 
 @dataclass(frozen=True)
 class AudioInfo:

@@ -164,6 +164,17 @@ def write_random_bytes(path: Path) -> None:
     path.write_bytes(np.random.default_rng(0).bytes(4096))
 
 
+def test_an_audio_error_pickles_whole():
+    """A worker process (concurrent.futures) hands its error back pickled: unpickling called
+    AudioError(message) without its reason, and broke the whole pool."""
+    import copy
+    import pickle
+
+    error = AudioError("a.wav", "file not found")
+    for again in (pickle.loads(pickle.dumps(error)), copy.deepcopy(error)):
+        assert (again.path, again.reason, str(again)) == ("a.wav", "file not found", str(error))
+
+
 @pytest.mark.parametrize(
     ("make", "reason"),
     [

@@ -72,6 +72,9 @@ class ManifestError(ValueError):
         self.entries = list(entries)
         super().__init__(format_bad_entries(self.entries))
 
+    def __reduce__(self):  # pickled whole: a worker process hands it back to its parent
+        return type(self), (self.entries,)
+
 
 def format_bad_entries(entries: Sequence[BadEntry], limit: int = MAX_LISTED) -> str:
     """One entry per line, the first `limit` of them, then how many more there are.

@@ -370,3 +370,13 @@ def test_a_clean_report_does_not_raise(tmp_path):
 
 def test_bad_entry_prints_as_location_and_reason():
     assert str(BadEntry("m.jsonl:3", "invalid JSON")) == "m.jsonl:3: invalid JSON"
+
+
+def test_a_manifest_error_pickles_whole():
+    """A worker process hands its error back pickled: unpickling called ManifestError(message),
+    which read the message's characters as its entries."""
+    import pickle
+
+    error = ManifestError([BadEntry("m.jsonl:3", "invalid JSON")])
+    again = pickle.loads(pickle.dumps(error))
+    assert again.entries == error.entries and str(again) == str(error)
