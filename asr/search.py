@@ -204,8 +204,11 @@ def max_output_length(enc_lens: Tensor, ratio: float, extra: int = 0) -> Tensor:
     [5, 2]
     >>> max_output_length(torch.tensor([10, 0]), 0.5, extra=2).tolist()
     [7, 2]
+    >>> max_output_length(torch.tensor([98]), 1e20).tolist()  # as good as no limit
+    [2147483648]
     """
-    return torch.clamp(torch.ceil(enc_lens.float() * ratio).long() + extra, min=1)
+    steps = torch.ceil(enc_lens.float() * ratio) + extra  # clamped before int64 could overflow
+    return steps.clamp(1, 2**31).long()
 
 
 @torch.no_grad()
@@ -225,7 +228,7 @@ def greedy_search(
     rows = torch.arange(batch, device=enc.device)
     prev = torch.full((batch,), SOS_EOS_ID, dtype=torch.long, device=enc.device)
     done = torch.zeros(batch, dtype=torch.bool, device=enc.device)
-    tokens = torch.full((batch, max_steps), SOS_EOS_ID, dtype=torch.long, device=enc.device)
+    steps: list[Tensor] = []  # (B,) each: grown, as a limit may be as good as none
     scores = torch.zeros(batch, device=enc.device)
     attns: list[tuple[Tensor, Tensor]] = []  # per step: its rows and their attention
     for t in range(max_steps):
@@ -234,7 +237,7 @@ def greedy_search(
         best = logp.argmax(dim=-1).masked_fill_(limits[rows] <= t + 1, SOS_EOS_ID)
         scores[rows] += logp.gather(1, best[:, None]).squeeze(1).masked_fill_(done, 0.0)
         best.masked_fill_(done, SOS_EOS_ID)
-        tokens[rows, t] = best
+        steps.append(prev.new_full((batch,), SOS_EOS_ID).index_copy_(0, rows, best))
         attns.append((rows, attn.float()))
         done |= best == SOS_EOS_ID
         prev = best
@@ -245,7 +248,8 @@ def greedy_search(
             running = (~done).nonzero().squeeze(1)
             state = decoder.reorder_state(state, running)
             rows, prev, done = rows[running], prev[running], done[running]
-    return _collect(tokens[:, : len(attns)], _gather_steps(attns, batch), scores, enc_lens)
+    tokens = torch.stack(steps, 1) if steps else prev.new_zeros(batch, 0)
+    return _collect(tokens, _gather_steps(attns, batch), scores, enc_lens)
 
 
 def _compact_now(finished: int, searched: int) -> bool:
