@@ -195,7 +195,7 @@ def render(
     """The transcript as the text of an output file of format `fmt`; `offset`: where in `audio`
     its times start (a manifest line's), kept in json where not 0."""
     if fmt == "txt":
-        return transcript.text + "\n"
+        return " ".join(transcript.text.splitlines()) + "\n"  # one line, as documented
     if fmt == "json":
         # a file's absolute path leads to it from any folder (the explorer's); "-" is stdin
         if audio != "-" and os.path.isfile(audio):

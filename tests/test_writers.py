@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 from pathlib import PurePath
 
 import pytest
@@ -98,6 +99,8 @@ def test_files_are_written_whole_through_a_partial_file(tmp_path):
     assert path.read_text() == "YES\n" and not partial.exists()
     asr.write_txt(transcript(), path)
     assert path.read_text() == "YES NO GO U\tM\n" and sorted(tmp_path.iterdir()) == [path]
+    asr.write_txt(replace(transcript(), text="YES NO\nGO U\tM"), path)  # one made by hand
+    assert path.read_text() == "YES NO GO U\tM\n"
 
 
 def test_a_file_name_that_is_not_utf8_is_written_and_its_json_names_it(tmp_path):
