@@ -1410,3 +1410,19 @@ def test_validating_a_checkpoint_bounds_lengths_as_its_training_did(tiny_an4):
     assert module._length_bound() == length_bound(module.hparams.max_len_ratio, 0, 2.0,
                                                   *module.model.encoder_timing())  # fmt: skip
     assert module._length_bound() != loose
+
+
+def test_a_transcript_fits_its_audio_by_the_encoders_own_frame_count(tiny_an4):
+    """The frames a duration gives were taken from a line through a 1 s measurement, a frame
+    off near the edges: a 0.1 s "A" (1 encoder frame) was warned of as unalignable."""
+    module, _ = _tiny_module(tiny_an4, ctc_weight=0.3)
+    rate = module.model.sample_rate
+    utterances = [
+        dataclasses.replace(u, duration=seconds)
+        for u, seconds in zip(read_manifest(tiny_an4["train"]), (0.1, 0.15, 0.5, 1.37, 2.2))
+    ]
+    frames = [module.model.encoder_frames(round(u.duration * rate)) for u in utterances]
+    fitting = [[1, 2] * (n // 2) + [1] * (n % 2) for n in frames]  # no repeats: a frame each
+    assert module._alignable(utterances, fitting) == list(range(len(utterances)))
+    one_more = [ids + [3 - ids[-1]] for ids in fitting]
+    assert module._alignable(utterances, one_more) == []

@@ -130,6 +130,12 @@ class Seq2Seq(nn.Module):
                     low = middle + 1
         return low
 
+    @torch.inference_mode()
+    def encoder_frames(self, samples: int) -> int:
+        """The encoder frames `samples` of audio give, measured (0: too short)."""
+        with _measuring(self):
+            return self._frames(samples)
+
     def _frames(self, samples: int) -> int:
         device = _device(self)
         lens = torch.tensor([samples], device=device)
