@@ -42,7 +42,7 @@ class Transcript:
     """What `Recognizer.transcribe` returns for one input, times in seconds from its start."""
 
     text: str  # the segment texts joined by spaces
-    tokens: list[int]  # output ids of all segments, without sos/eos
+    tokens: list[int]  # output ids of all segments, without sos/eos (a space token between)
     pieces: list[str]  # the tokens' pieces, `▁` marking a space
     token_starts: list[float]  # one per token, non-decreasing
     token_ends: list[float]  # one per token
@@ -50,7 +50,7 @@ class Transcript:
     score: float  # the search score, summed over segments
     duration: float  # seconds of audio in the input
     segments: list[Segment]  # the decoded stretches, in order
-    token_probs: list[float] = field(default_factory=list)  # decoder probabilities; may be empty
+    token_probs: list[float] = field(default_factory=list)  # decoder's; may be empty, NaN: none
     avg_logprob: float | None = None  # over all segments' tokens and eos
 
     def to_dict(self) -> dict[str, Any]:

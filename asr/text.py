@@ -140,6 +140,12 @@ class Tokenizer(abc.ABC):
     def vocab_size(self) -> int:
         """Number of ids, special ones included."""
 
+    @property
+    def word_break(self) -> int | None:
+        """The id of a token that is the space between words, where one is (SentencePiece
+        marks a word's first piece instead): what joins two token lists as two texts."""
+        return None
+
     @abc.abstractmethod
     def _encode_normalized(self, text: str) -> list[int]: ...
 
@@ -263,6 +269,10 @@ class CharTokenizer(Tokenizer):
     @property
     def vocab_size(self) -> int:
         return NUM_SPECIAL + len(self.chars)
+
+    @property
+    def word_break(self) -> int | None:
+        return self._ids.get(" ")
 
     def _encode_normalized(self, text: str) -> list[int]:
         return [self._ids.get(ch, UNK_ID) for ch in text]

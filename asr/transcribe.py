@@ -218,6 +218,8 @@ def join_segments(
         low, high = ranges[k]
         keep = _kept_tokens(part, words[k])
         tokens = [t for t, stays in zip(part.tokens, keep) if stays]
+        if tokens and out.tokens and tokenizer.word_break not in (None, tokens[0], out.tokens[-1]):
+            _add_word_break(out, tokenizer)  # the segments' words apart, as in `text`
         out.tokens += tokens
         out.pieces += [p for p, stays in zip(part.pieces, keep) if stays]
         # A word kept by its middle may cross where overlapping windows are cut: its times stay
@@ -248,6 +250,17 @@ def join_segments(
     out.text = " ".join(s.text for s in out.segments if s.text)
     out.avg_logprob = logprob_sum / logprob_count if logprob_count else None
     return out
+
+
+def _add_word_break(out: Transcript, tokenizer: Tokenizer) -> None:
+    """The tokenizer's space token after `out`'s last, at its end; no decoder gave it, so it
+    has no probability (NaN)."""
+    out.tokens.append(tokenizer.word_break)
+    out.pieces += tokenizer.pieces([tokenizer.word_break])
+    out.token_starts.append(out.token_ends[-1])
+    out.token_ends.append(out.token_ends[-1])
+    if out.token_probs:
+        out.token_probs.append(math.nan)
 
 
 def _within(t: float, offset: float, start: float, end: float) -> float:

@@ -669,7 +669,11 @@ def test_overlapping_windows_keep_each_word_once():
     assert [(w.text, w.start, w.end) for w in joined.words] == [
         (w.text, pytest.approx(w.start), pytest.approx(w.end)) for w in words
     ]
-    assert tokenizer.decode(joined.tokens) == "A B C DE F G H"  # segments meet without a space
+    # the segments' tokens meet with a space between, as their texts: "DE" had run together
+    assert tokenizer.decode(joined.tokens) == joined.text
+    assert "".join(joined.pieces).replace("\u2581", " ") == joined.text
+    assert len(joined.token_starts) == len(joined.token_ends) == len(joined.tokens)
+    assert joined.token_starts == sorted(joined.token_starts)
     assert [(s.start, s.end) for s in joined.segments] == [(0.0, 2.0), (2.0, 4.0)]
     assert joined.score == -2.0
 

@@ -801,7 +801,8 @@ def test_transcribe_streaming_explorer_keeps_each_finals_attention(tmp_path, cap
         rows = (layout["layers"] * layout["heads"], len(maps["pieces"]) + 1)
         assert maps["attention"].shape[:2] == rows
         assert maps["ctc"].shape == maps["attention"].shape[2:]
-    pieces = [str(p) for maps in finals for p in maps["pieces"]]
+    pieces = [str(p) for p in finals[0]["pieces"]] + ["\u2581"]  # a space between finals
+    pieces += [str(p) for p in finals[1]["pieces"]]
     assert pieces == [t["piece"] for t in written["tokens"]], "the finals' own tokens"
     page = page_data((out / "explorer.html").read_text())
     assert [u["id"] for u in page["utterances"]] == ["two#1", "two#2"]
