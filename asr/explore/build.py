@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import csv
 import io
+import itertools
 import logging
 import math
 import os
@@ -39,6 +40,8 @@ from asr.explore.records import (
     read_records,
 )
 from asr.metrics import WordAlignment
+from asr.text import SPACE_PIECE
+from asr.timing import word_index
 from asr.writers import file_there
 
 log = logging.getLogger(__name__)
@@ -409,6 +412,7 @@ def _transcript_rows(
         return [_Row(fields, tokens, 0.0, duration, kept, segment=False)]
     rows = []
     width = len(str(len(segments)))
+    counted = _counted_out(segments, words, tokens)
     for k, segment in enumerate(segments):
         low, high = segment["start"], segment["end"]
         kept = max(maps, key=lambda m: _overlap(m["span"], (low, high)), default={})
@@ -421,8 +425,10 @@ def _transcript_rows(
                 for piece, (a, b) in zip(kept["pieces"], kept["times"])
             ]
         else:
-            own = [_shifted(t, start) for t in tokens if _within(t, low, high)]
-        inside = [_shifted(w, start) for w in words if _within(w, low, high)]
+            mine = counted[1][k] if counted else [t for t in tokens if _within(t, low, high)]
+            own = _unpadded([_shifted(t, start) for t in mine])
+        mine = counted[0][k] if counted else [w for w in words if _within(w, low, high)]
+        inside = [_shifted(w, start) for w in mine]
         row_id = f"{name}#{k + 1:0{width}d}"
         fields = _transcript_fields(row_id, end - start, segment.get("text", ""), inside, segment)
         rows.append(_Row(fields, own, start, end - start, kept))
@@ -464,10 +470,44 @@ def _overlap(a: tuple[float, float], b: tuple[float, float]) -> float:
     return min(a[1], b[1]) - max(a[0], b[0])
 
 
+def _counted_out(
+    segments: list[dict[str, Any]], words: list[dict[str, Any]], tokens: list[dict[str, Any]]
+) -> tuple[list[list], list[list]] | None:
+    """Each segment's words and tokens, counted out by the words of its text: a transcript's
+    are its segments' in order, which times held to touching segments' bounds cannot part (a
+    last token at the end of one, a first at the start of the next). A space goes with the
+    word before it, a token of no word (`<unk>`) with the word it follows, or else with the
+    segment its time lies in. None where the counts disagree (a transcript made otherwise)."""
+    counts = [len(str(segment.get("text") or "").split()) for segment in segments]
+    index = word_index([str(t.get("piece", "")) for t in tokens])
+    spelt = max((w for w in index if w is not None), default=-1) + 1
+    if sum(counts) != len(words) or (tokens and spelt != len(words)):
+        return None
+    row_of = [k for k, n in enumerate(counts) for _ in range(n)]
+    first = list(itertools.accumulate(counts, initial=0))
+    token_rows: list[list] = [[] for _ in segments]
+    bounds = [(segment["start"], segment["end"]) for segment in segments]
+    row, worded = 0, False  # worded: the token before is of a word
+    for token, word in zip(tokens, index):
+        if word is not None:
+            row = row_of[word]
+        elif token.get("piece") != SPACE_PIECE and not worded:  # else of the word before
+            row = next((k for k, b in enumerate(bounds) if _within(token, *b)), row)
+        token_rows[row].append(token)
+        worded = word is not None or (worded and token.get("piece") != SPACE_PIECE)
+    return [words[first[k] : first[k + 1]] for k in range(len(segments))], token_rows
+
+
 def _within(item: dict[str, Any], low: float, high: float) -> bool:
     """Whether a word or token (times in the input) lies in [low, high) by its midpoint."""
     start, end = item.get("start"), item.get("end")
     return start is not None and end is not None and low <= (start + end) / 2 < high
+
+
+def _unpadded(tokens: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A row's tokens without spaces at its edges (the space put between two segments')."""
+    spoken = [k for k, t in enumerate(tokens) if t["piece"] != SPACE_PIECE]
+    return tokens[spoken[0] : spoken[-1] + 1] if spoken else []
 
 
 def _shifted(item: dict[str, Any], offset: float) -> dict[str, Any]:

@@ -587,6 +587,50 @@ def test_a_transcript_named_like_the_layout_is_a_row(tmp_path):
     assert {u["id"]: u["hyp"] for u in page["utterances"]} == {"explore": "EXPLORE", "talk": "YES"}
 
 
+@pytest.mark.parametrize(
+    "held",
+    [
+        [(0.8, 0.9), (0.9, 1.0), (1.0, 1.0), (1.0, 1.0), (1.1, 1.2), (1.2, 1.3)],  # N at its end
+        [
+            (0.8, 0.9),
+            (0.9, 0.95),
+            (0.95, 1.0),
+            (1.0, 1.0),
+            (1.0, 1.0),
+            (1.1, 1.2),
+        ],  # G at its start
+    ],
+)
+def test_rows_without_maps_take_the_tokens_that_spell_their_text(held, tmp_path):
+    """Touching segments' tokens held to their bounds: by time, a last token at a segment's
+    end fell in the next row (or none), a first at the next one's start in the row before,
+    and the space put between two segments' tokens stood at a row's edge."""
+
+    def token(piece: str, start: float, end: float) -> dict:
+        return {"id": 0, "piece": piece, "start": start, "end": end, "probability": None}
+
+    segments = [{"start": 0.0, "end": 1.0, "text": "FIN"}, {"start": 1.0, "end": 2.0, "text": "GO"}]
+    words = [{"word": "FIN", "start": 0.8, "end": 1.0}, {"word": "GO", "start": 1.0, "end": 1.0}]
+    tokens = [token(p, *t) for p, t in zip(["F", "I", "N", "\u2581", "G", "O"], held)]
+    record = {"audio": str(next(WAV.rglob("*.wav"))), "text": "FIN GO", "duration": 2.0,
+              "words": words, "segments": segments, "tokens": tokens}  # fmt: skip
+    (tmp_path / "talk.json").write_text(json.dumps(record))
+    page = page_data(explore(tmp_path, progress=False).read_text())
+    rows = {
+        u["id"]: ("".join(t["piece"] for t in u["tokens"]), [w["w"] for w in u["words"]])
+        for u in page["utterances"]
+    }
+    assert rows == {"talk#1": ("FIN", ["FIN"]), "talk#2": ("GO", ["GO"])}
+    # a token of no word (an unknown character) goes by its time, not with the word before
+    tokens.insert(4, token("<unk>", 1.05, 1.1))
+    (tmp_path / "talk.json").write_text(json.dumps(record))
+    page = page_data(explore(tmp_path, progress=False).read_text())
+    assert ["".join(t["piece"] for t in u["tokens"]) for u in page["utterances"]] == [
+        "FIN",
+        "<unk>GO",
+    ]
+
+
 def test_compare_needs_the_records_of_both_decodes(tmp_path, capsys):
     """A, like B, must have kept its records: a decode of metrics.json alone has no rows."""
     a, b = tmp_path / "a", tmp_path / "b"
