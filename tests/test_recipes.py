@@ -602,6 +602,57 @@ def test_a_stage_done_with_other_options_is_not_skipped_as_if_done_with_these(tm
     assert ran(run_recipe("an4", *args, bin_dir=fake).stdout) == [6], "not taken for done"
     bad = run_recipe("an4", *args, "--lm-weight", "0,4", bin_dir=fake, check=False)
     assert bad.returncode == 2 and "--lm-weight needs a number >= 0, got '0,4'" in bad.stderr
+    spelt = run_recipe("an4", *args, "--ctc-weight", "0.50", bin_dir=fake)  # as 0.5
+    assert "stage 6 (decode dev and test (beam 10, CTC weight 0.5)): done already" in spelt.stdout
+    marker = exp / "transformer_quick" / ".done-6"  # a record of 0.50, from before
+    marker.write_text(marker.read_text().replace("CTC weight 0.5", "CTC weight 0.50"))
+    assert "CTC weight 0.50" in marker.read_text()
+    assert "done already" in run_recipe("an4", *args, bin_dir=fake).stdout
+
+
+def test_stage_records_compare_option_numbers_in_one_spelling_and_nothing_else():
+    """A record of CTC weight 0.50 is one of 0.5; a path "an4 01" is not one of "an4 1"."""
+    record = "decode (beam 10, CTC weight 0.50) --seed 007 --data-dir /d/an4 01"
+    script = f"source {REPO / 'recipes/lib/stages.sh'}; normal_numbers '{record}'"
+    said = subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=True)
+    assert said.stdout == "decode (beam 10, CTC weight 0.5) --seed 7 --data-dir /d/an4 01\n"
+
+
+def test_gpu_smoke_refuses_an_out_folder_holding_what_it_would_remove(tmp_path):
+    """--out is removed first: `--out .` (taken from the repository) was a no-op refusal of
+    rm, and relative options named folders there; as given it must not remove the folder the
+    script was started in, the data, or the repository."""
+    (tmp_path / "LibriSpeech").mkdir()
+    script = REPO / "recipes" / "librispeech" / "gpu_smoke.sh"
+    (tmp_path / "start").symlink_to(tmp_path)  # started in a linked folder
+    for out, said in ((".", "is removed first"), ("..", "is removed first"),
+                      (str(REPO), "is removed first"), (str(tmp_path), "is removed first"),
+                      (str(REPO / "recipes"), "lies in the repository")):  # fmt: skip
+        result = subprocess.run(
+            ["bash", str(script), "--data-dir", "LibriSpeech", "--out", out],
+            capture_output=True, text=True, cwd=tmp_path / "start", timeout=60,
+        )  # fmt: skip
+        assert result.returncode == 2 and said in result.stderr, result.stderr
+    assert (tmp_path / "LibriSpeech").is_dir()
+
+
+@pytest.mark.parametrize(
+    ("corpus", "option", "value", "said"),
+    [
+        ("an4", "--tokenizer", "bpee", "--tokenizer needs one of char bpe unigram, got 'bpee'"),
+        ("an4", "--vocab-size", "abc", "--vocab-size needs a whole number, got 'abc'"),
+        ("an4", "--lm-weight", "200", "--lm-weight needs a number in [0, 100], got '200'"),
+        ("folder", "--seed", "x", "--seed needs a whole number, got 'x'"),
+        ("folder", "--dev-fraction", "2", "--dev-fraction needs a number in [0, 1], got '2'"),
+        ("librispeech", "--cmvn-utterances", "0", "--cmvn-utterances needs a whole number from"),
+        ("mini_librispeech", "--lm-config", "conf/none.yaml", "no LM config conf/none.yaml"),
+    ],
+)
+def test_a_recipes_own_options_are_checked_before_any_stage(corpus, option, value, said):
+    """Each was found only when its stage came (the LM config after training), or never."""
+    extra = ["--lm-weight", "0.4"] if option == "--lm-config" else []
+    wrong = run_recipe(corpus, *extra, option, value, check=False)
+    assert wrong.returncode == 2 and said in wrong.stderr, wrong.stderr
 
 
 def test_a_config_after_the_double_dash_makes_another_model(tmp_path):

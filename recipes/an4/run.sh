@@ -67,9 +67,10 @@ recipe_option() {
     --quick) quick=true; consumed=1 ;;
     --robustness) robustness=true; consumed=1 ;;
     --model) need_value "$@"; model=$2; consumed=2 ;;
-    --tokenizer) need_value "$@"; tokenizer_kind=$2; consumed=2 ;;
-    --vocab-size) need_value "$@"; vocab_size=$2; consumed=2 ;;
-    --lm-weight) need_number "$@"; lm_weight=$2; consumed=2 ;;
+    --tokenizer)
+      need_value "$@"; need_choice "$1" "$2" char bpe unigram; tokenizer_kind=$2; consumed=2 ;;
+    --vocab-size) need_positive "$@"; vocab_size=$((10#$2)); consumed=2 ;;
+    --lm-weight) need_lm_weight "$@"; lm_weight=$(canonical_number "$2"); consumed=2 ;;
     --an4-url) need_value "$@"; an4_url=$2; consumed=2 ;;
   esac
 }

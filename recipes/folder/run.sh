@@ -54,12 +54,13 @@ init=()
 
 recipe_option() {
   case "$1" in
-    --dev-fraction) need_value "$@"; dev_fraction=$2; consumed=2 ;;
-    --test-fraction) need_value "$@"; test_fraction=$2; consumed=2 ;;
-    --seed) need_value "$@"; seed=$2; consumed=2 ;;
+    --dev-fraction) need_weight "$@"; dev_fraction=$2; consumed=2 ;;
+    --test-fraction) need_weight "$@"; test_fraction=$2; consumed=2 ;;
+    --seed) need_value "$@"; need_digits "$@"; seed=$2; consumed=2 ;;
     --split-file) need_value "$@"; split_file=$(absolute "$2"); consumed=2 ;;
-    --tokenizer) need_value "$@"; tokenizer_kind=$2; consumed=2 ;;
-    --vocab-size) need_value "$@"; vocab_size=$2; consumed=2 ;;
+    --tokenizer)
+      need_value "$@"; need_choice "$1" "$2" char bpe unigram; tokenizer_kind=$2; consumed=2 ;;
+    --vocab-size) need_positive "$@"; vocab_size=$((10#$2)); consumed=2 ;;
     --config) need_value "$@"; config=$(config_path "$2"); consumed=2 ;;
     --init)
       need_value "$@"

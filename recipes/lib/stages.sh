@@ -53,7 +53,7 @@ common_option() {
     --data) need_value "$@"; data=$(absolute "$2") ;;
     --exp) need_value "$@"; exp=$(absolute "$2") ;;
     --beam-size) need_positive "$@"; beam_size=$((10#$2)) ;;
-    --ctc-weight) need_weight "$@"; ctc_weight=$2 ;;
+    --ctc-weight) need_weight "$@"; ctc_weight=$(canonical_number "$2") ;;
     --average) need_positive "$@"; average=$((10#$2)) ;;
     --force) force=true; consumed=1 ;;
     --) shift; fit_args=("$@"); fit_configs; consumed=$(($# + 1)) ;;
@@ -109,12 +109,17 @@ need_whole() {
   local least=$1
   shift
   need_value "$@"
-  case "$2" in
-    '' | *[!0-9]*) usage_error "$1 needs a whole number, got '$2'" ;;
-  esac
+  need_digits "$@"
   if [ "${#2}" -gt 9 ] || [ "$((10#$2))" -lt "$least" ]; then
     usage_error "$1 needs a whole number from $least to 999999999, got '$2'"
   fi
+}
+
+# need_digits OPTION VALUE: a usage error unless VALUE is a whole number (of any size).
+need_digits() {
+  case "$2" in
+    '' | *[!0-9]*) usage_error "$1 needs a whole number, got '$2'" ;;
+  esac
 }
 
 # need_number OPTION [VALUE...]: a usage error unless the option has a number >= 0.
@@ -123,6 +128,29 @@ need_number() {
   if ! awk -v w="$2" 'BEGIN { exit !(w ~ /^[0-9]*\.?[0-9]+$/) }'; then
     usage_error "$1 needs a number >= 0, got '$2'"
   fi
+}
+
+# need_lm_weight OPTION [VALUE...]: a usage error unless the option has a number in [0, 100]
+# (the LM weights `asr` takes), found before the LM is trained.
+need_lm_weight() {
+  need_number "$@"
+  if ! awk -v w="$2" 'BEGIN { exit !(w <= 100) }'; then
+    usage_error "$1 needs a number in [0, 100], got '$2'"
+  fi
+}
+
+# need_choice OPTION VALUE CHOICE...: a usage error unless VALUE is one of the CHOICEs.
+need_choice() {
+  local option=$1 value=$2 choice
+  shift 2
+  for choice in "$@"; do [ "$value" = "$choice" ] && return 0; done
+  usage_error "$option needs one of $*, got '$value'"
+}
+
+# canonical_number VALUE: one spelling of a number ("0.50" and "00.5" are "0.5", "1.0" is
+# "1"), so that a stage's options compare equal however they were typed.
+canonical_number() {
+  printf '%s\n' "$1" | sed -E 's/^0*([0-9])/\1/; s/^\./0./; s/(\.[0-9]*[1-9])0+$/\1/; s/\.0*$//'
 }
 
 # need_weight OPTION [VALUE...]: a usage error unless the option has a number in [0, 1].
@@ -347,15 +375,26 @@ stage_command() {
 # after it.
 same_stage() {
   local then now
-  then=$(normal_paths "$1")
+  then=$(normal_numbers "$(normal_paths "$1")")
   shift
   [ -n "$then" ] || return 0
   for now in "$@"; do
-    now=$(normal_paths "$now")
+    now=$(normal_numbers "$(normal_paths "$now")")
     # options after it, not more of a path with a space in it ("a x" is not "a")
     if [ "$then" = "$now" ] || [ "${then#"$now" --}" != "$then" ]; then return 0; fi
   done
   return 1
+}
+
+# normal_numbers TEXT: TEXT with the numbers of its options (a weight, fraction, seed, size or
+# count, after a space) as `canonical_number` writes them: a record of "CTC weight 0.50", from
+# before options were kept so, is one of 0.5. Other numbers (of paths: seed=01) stay.
+normal_numbers() {
+  local o='((weight|fraction|seed|size|utterances) )'
+  printf '%s\n' "$1" | sed -E -e ':a' \
+    -e "s/${o}0+([0-9])/\1\3/g" -e "s/${o}\.([0-9])/\10.\3/g" \
+    -e "s/${o}([0-9]+\.[0-9]*[1-9])0+(\$|[ ),])/\1\3\4/g" \
+    -e "s/${o}([0-9]+)\.0*(\$|[ ),])/\1\3\4/g" -e 'ta'
 }
 
 # normal_paths TEXT: TEXT with its paths as `absolute` writes them (no `.` or `..` steps,

@@ -72,17 +72,20 @@ recipe_option() {
     --train-sets) need_value "$@"; train_sets=$2; consumed=2 ;;
     --dev-set) need_value "$@"; dev_set=$2; consumed=2 ;;
     --test-sets) need_value "$@"; test_sets=$2; consumed=2 ;;
-    --vocab-size) need_value "$@"; vocab_size=$2; consumed=2 ;;
-    --cmvn-utterances) need_value "$@"; cmvn_utterances=$2; consumed=2 ;;
+    --vocab-size) need_positive "$@"; vocab_size=$((10#$2)); consumed=2 ;;
+    --cmvn-utterances) need_positive "$@"; cmvn_utterances=$((10#$2)); consumed=2 ;;
     --config) need_value "$@"; config=$(config_path "$2"); consumed=2 ;;
     --url-base) need_value "$@"; url_base=$2; consumed=2 ;;
-    --lm-weight) need_number "$@"; lm_weight=$2; consumed=2 ;;
+    --lm-weight) need_lm_weight "$@"; lm_weight=$(canonical_number "$2"); consumed=2 ;;
     --lm-config) need_value "$@"; lm_config=$(config_path "$2"); consumed=2 ;;
   esac
 }
 parse_options "$@"
 if lm_wanted && [ -z "$lm_config" ]; then
   usage_error "--lm-weight needs --lm-config (e.g. conf/mini_librispeech/lm.yaml)"
+fi
+if lm_wanted && [ ! -f "$lm_config" ] && [ ! -f "$root/$lm_config" ]; then
+  usage_error "no LM config $lm_config"
 fi
 
 cd "$root"
