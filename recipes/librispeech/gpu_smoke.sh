@@ -34,8 +34,9 @@ usage() { awk 'NR == 1 { next } /^#/ { sub(/^# ?/, ""); print; next } { exit }' 
 while [ $# -gt 0 ]; do
   case "$1" in
     -h | --help) usage; exit 0 ;;
-    --data-dir) data_dir=$2; shift 2 ;;
-    --out) out=$2; shift 2 ;;
+    # as given from here (it runs from the repository); a link is kept, as `rm -rf` takes it
+    --data-dir) data_dir=$(realpath -m -s -- "$2"); shift 2 ;;
+    --out) out=$(realpath -m -s -- "$2"); shift 2 ;;
     --steps) steps=$2; shift 2 ;;
     --batch-seconds) batch_seconds=$2; shift 2 ;;
     --workers) workers=$2; shift 2 ;;
@@ -55,6 +56,22 @@ fi
   echo "$(basename "$0"): no LibriSpeech-layout folder: pass --data-dir" >&2
   exit 2
 }
+# --out is removed and made afresh: never a folder that holds this one, the data or the
+# code, nor one within the code but exp/ (compared where links lead)
+top=$(realpath -m -- "$out")
+top=${top%/} # "" for /
+for kept in "$PWD" "$data_dir" "$root"; do
+  case "$(realpath -m -- "$kept")/" in
+    "$top"/*)
+      echo "$(basename "$0"): --out $out holds $kept, and is removed first: give a scratch folder" >&2
+      exit 2 ;;
+  esac
+done
+code=$(realpath -m -- "$root")
+case "$top/" in
+  "$code"/exp/?*) ;; # a folder below exp/, not exp/ itself
+  "$code"/*) echo "$(basename "$0"): --out $out lies in the repository: give one below exp/ or elsewhere" >&2; exit 2 ;;
+esac
 command -v asr >/dev/null || { echo "$(basename "$0"): asr is not on PATH (make install)" >&2; exit 2; }
 first_set() {  # the first folder named $1-* under $data_dir, or nothing
   local d
