@@ -24,6 +24,8 @@ from typing import Any
 import torch
 import yaml
 
+from asr.cli.numbers import count, positive, whole
+from asr.text import NUM_SPECIAL
 from bench.common import (
     ROOT,
     Batch,
@@ -210,23 +212,40 @@ def markdown(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _config_file(text: str) -> Path:
+    """A config as given, else from the repository (conf/...)."""
+    for path in (Path(text), ROOT / text):
+        if path.is_file():
+            return path
+    raise argparse.ArgumentTypeError(f"no such config: {text}")
+
+
+def _utilisation(text: str) -> float:
+    value = positive(text)
+    if value > 1:
+        raise argparse.ArgumentTypeError(f"must lie in (0, 1], got {value:g}")
+    return value
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--config", type=Path, default=ROOT / "conf/librispeech/conformer.yaml")
-    parser.add_argument("--vocab-size", type=int, default=5000)
-    parser.add_argument("--utterances", type=int, default=4, help="batch of the timed step")
-    parser.add_argument("--steps", type=int, default=3, help="timed CPU steps")
-    parser.add_argument("--mfu", type=float, nargs="+", default=[0.05, 0.15])
-    parser.add_argument("--corpus-hours", type=float, default=960.9)
-    parser.add_argument("--epochs", type=int, default=60)
-    parser.add_argument("--gpus", type=int, default=8)
+    parser.add_argument(
+        "--config", type=_config_file, default=ROOT / "conf/librispeech/conformer.yaml"
+    )
+    parser.add_argument("--vocab-size", type=whole(NUM_SPECIAL + 1), default=5000)
+    parser.add_argument("--utterances", type=count, default=4, help="batch of the timed step")
+    parser.add_argument("--steps", type=count, default=3, help="timed CPU steps")
+    parser.add_argument("--mfu", type=_utilisation, nargs="+", default=[0.05, 0.15])
+    parser.add_argument("--corpus-hours", type=positive, default=960.9)
+    parser.add_argument("--epochs", type=count, default=60)
+    parser.add_argument("--gpus", type=count, default=8)
     parser.add_argument(
         "--device",
         type=device_option,
         help="also time training steps on this device (cuda: bf16): a measurement",
     )
     parser.add_argument(
-        "--device-utterances", type=int, default=48,
+        "--device-utterances", type=count, default=48,
         help="batch of the timed device steps (48 x 12.3 s: gpu_smoke.sh's 600 s per GPU)",
     )  # fmt: skip
     parser.add_argument("--json", type=Path, help="also write the figures here")

@@ -307,6 +307,25 @@ def test_gpu_estimate_refuses_cuda_up_front_where_there_is_none(monkeypatch, cap
     assert "cuda: no CUDA device is available" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("option", "said"),
+    [
+        (["--mfu", "0"], "--mfu: must be more than 0"),  # a division by zero
+        (["--mfu", "-0.1"], "--mfu: must be more than 0"),  # negative throughputs
+        (["--gpus", "0"], "--gpus: must be at least 1"),
+        (["--steps", "0"], "--steps: must be at least 1"),
+        (["--vocab-size", "3"], "--vocab-size: must be at least 5"),
+        (["--config", "none.yaml"], "--config: no such config: none.yaml"),
+    ],
+)
+def test_gpu_estimate_refuses_what_it_cannot_estimate_by_option(option, said, capsys) -> None:
+    import bench.gpu_estimate as gpu_estimate
+
+    with pytest.raises(SystemExit):
+        gpu_estimate.main(option)
+    assert said in capsys.readouterr().err
+
+
 def test_bench_defaults_hold_from_any_working_folder(tmp_path, monkeypatch, capsys) -> None:
     import bench.doc_ratio as doc_ratio
 
