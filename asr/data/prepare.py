@@ -450,7 +450,8 @@ def prepare_folder(
     problem = _name_problem(data_dir)
     if problem:
         raise ValueError(problem)
-    audio = audio_files(data_dir)
+    found = audio_files(data_dir, (*AUDIO_SUFFIXES, ".txt"))  # one walk of a large tree
+    audio = [path for path in found if path.suffix.lower() != ".txt"]
     if not audio:
         raise ValueError(f"{data_dir}: expected {FOLDER_LAYOUT}; found no audio")
     entries, missing, bad_text, named = _folder_entries(data_dir, audio)
@@ -465,8 +466,8 @@ def prepare_folder(
     stems = {path.with_suffix("") for path in audio}
     no_audio = [
         path.relative_to(data_dir).as_posix()
-        for path in audio_files(data_dir, (".txt",))
-        if path.with_suffix("") not in stems
+        for path in found
+        if path.suffix.lower() == ".txt" and path.with_suffix("") not in stems
     ]
     if no_audio:  # a README.txt too: listed, but no broken input
         logger.warning(
