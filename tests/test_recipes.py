@@ -634,6 +634,15 @@ def test_gpu_smoke_refuses_an_out_folder_holding_what_it_would_remove(tmp_path):
         )  # fmt: skip
         assert result.returncode == 2 and said in result.stderr, result.stderr
     assert (tmp_path / "LibriSpeech").is_dir()
+    # numbers are checked as given, not once the data are prepared ("abc: unbound variable")
+    for option, value, said in [
+        ("--steps", "abc", "--steps needs a whole number, got 'abc'"),
+        ("--workers", "-1", "--workers needs a whole number"),
+        ("--batch-seconds", "0", "--batch-seconds needs a number above 0"),
+    ]:
+        args = ["bash", str(script), option, value, "--out", str(tmp_path / "scratch")]
+        result = subprocess.run(args, capture_output=True, text=True, cwd=tmp_path, timeout=60)
+        assert result.returncode == 2 and said in result.stderr, result.stderr
 
 
 @pytest.mark.parametrize(

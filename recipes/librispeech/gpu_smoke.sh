@@ -31,16 +31,27 @@ accelerator=gpu
 fit_args=()
 
 usage() { awk 'NR == 1 { next } /^#/ { sub(/^# ?/, ""); print; next } { exit }' "$0"; }
+refuse() { echo "$(basename "$0"): $*" >&2; exit 2; }
+# whole LEAST OPTION VALUE...: VALUE, a whole number of at least LEAST (found now, not once
+# the data are prepared); an option without a value is refused
+whole() {
+  [ $# -ge 3 ] || refuse "$2 needs a value"
+  case "$3" in '' | *[!0-9]*) refuse "$2 needs a whole number, got '$3'" ;; esac
+  [ "${#3}" -le 9 ] && [ "$((10#$3))" -ge "$1" ] || refuse "$2 needs a whole number from $1 to 999999999, got '$3'"
+}
 while [ $# -gt 0 ]; do
   case "$1" in
     -h | --help) usage; exit 0 ;;
     # as given from here (it runs from the repository); a link is kept, as `rm -rf` takes it
     --data-dir) data_dir=$(realpath -m -s -- "$2"); shift 2 ;;
     --out) out=$(realpath -m -s -- "$2"); shift 2 ;;
-    --steps) steps=$2; shift 2 ;;
-    --batch-seconds) batch_seconds=$2; shift 2 ;;
-    --workers) workers=$2; shift 2 ;;
-    --vocab-size) vocab_size=$2; shift 2 ;;
+    --steps) whole 1 "$@"; steps=$((10#$2)); shift 2 ;;
+    --batch-seconds)
+      [ $# -ge 2 ] && awk -v s="$2" 'BEGIN { exit !(s ~ /^[0-9]*\.?[0-9]+$/ && s > 0) }' ||
+        refuse "--batch-seconds needs a number above 0, got '${2:-}'"
+      batch_seconds=$2; shift 2 ;;
+    --workers) whole 0 "$@"; workers=$((10#$2)); shift 2 ;;
+    --vocab-size) whole 5 "$@"; vocab_size=$((10#$2)); shift 2 ;;
     --accelerator) accelerator=$2; shift 2 ;;
     --) shift; fit_args=("$@"); break ;;
     *) echo "$(basename "$0"): unknown option $1 (--help)" >&2; exit 2 ;;
