@@ -511,14 +511,15 @@ def _folder_entries(
             missing.append(path.relative_to(root).as_posix())
             continue
         relative = path.relative_to(root).with_suffix("").as_posix()
+        plain = _as_id(relative)
         first = audio_of.setdefault(transcript, path)
         if first != path:
-            raise ValueError(f"{first} and {path} both give utterance id {_as_id(relative)!r}")
-        transcribed.append((path, relative))
-    spelt = Counter(_as_id(relative) for _, relative in transcribed)
+            raise ValueError(f"{first} and {path} both give utterance id {plain!r}")
+        transcribed.append((path, relative, plain))
+    spelt = Counter(plain for _, _, plain in transcribed)
     entries, bad_text, named = [], [], []
-    for path, relative in transcribed:
-        utterance_id = _as_id(relative, hashed=spelt[_as_id(relative)] > 1)
+    for path, relative, plain in transcribed:
+        utterance_id = _as_id(relative, hashed=True) if spelt[plain] > 1 else plain
         named.append(utterance_id)
         try:
             text = _read_transcript(path.with_suffix(".txt"))
