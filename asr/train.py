@@ -269,15 +269,16 @@ class StepCheckpoint(L.Callback):
             # the epoch's own checkpoint follows its validation; resumed from one written
             # before it, Lightning would go on without validating the epoch
             return
-        dirpath = Path(self.dirpath or Path(trainer.default_root_dir) / "checkpoints")
-        path = dirpath / "last.ckpt"
+        folder = self.dirpath or Path(trainer.default_root_dir) / "checkpoints"
+        path = Path(os.path.expanduser(folder)) / "last.ckpt"
         for keeper in trainer.checkpoint_callbacks:
             # The run's ModelCheckpoint takes last.ckpt for its own, to write over at its next
             # save; a file it did not write would send it to last-v1.ckpt, last.ckpt left stale.
-            if isinstance(keeper, ModelCheckpoint) and keeper.save_last and keeper.dirpath and (
-                Path(keeper.dirpath) == dirpath
-            ):  # fmt: skip
-                keeper.last_model_path = str(path)
+            # It keeps its folder as Lightning does: `~` expanded and resolved (links too).
+            if isinstance(keeper, ModelCheckpoint) and keeper.save_last and keeper.dirpath:
+                if os.path.realpath(path.parent) == os.path.realpath(keeper.dirpath):
+                    path = Path(keeper.dirpath) / "last.ckpt"
+                    keeper.last_model_path = str(path)
         trainer.save_checkpoint(path, weights_only=False)  # said, or Lightning says it each time
 
     def on_load_checkpoint(self, trainer: L.Trainer, module: Any, checkpoint: dict) -> None:

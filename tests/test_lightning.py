@@ -1099,13 +1099,43 @@ def test_a_step_checkpoint_at_an_epochs_last_batch_waits_for_its_validation(tmp_
     assert saved == ([] if validates else [tmp_path / "last.ckpt"])
 
 
-def test_step_checkpoints_leave_one_last_checkpoint_the_latest(tiny_an4, tmp_path):
+def test_a_step_checkpoint_takes_last_ckpt_in_a_home_folder_as_lightning_does(
+    tmp_path, monkeypatch
+):
+    """Lightning expands `~` in its ModelCheckpoint's folder: compared unexpanded, the step
+    save went to a folder named `~` and the epoch's to last-v1.ckpt."""
+    from types import SimpleNamespace
+
+    from asr.train import StepCheckpoint
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    run = ModelCheckpoint(dirpath="~/run", save_last=True)
+    saved = []
+    loop = SimpleNamespace(batch_progress=SimpleNamespace(is_last_batch=False))
+    trainer = SimpleNamespace(
+        global_step=2,
+        fit_loop=SimpleNamespace(epoch_loop=loop),
+        checkpoint_callbacks=[run],
+        save_checkpoint=lambda path, weights_only: saved.append(path),
+    )
+    StepCheckpoint(every_n_steps=2, dirpath="~/run").on_train_batch_end(trainer)
+    assert saved == [tmp_path / "run" / "last.ckpt"]
+    assert run.last_model_path == str(tmp_path / "run" / "last.ckpt")
+
+
+def test_step_checkpoints_leave_one_last_checkpoint_the_latest(tiny_an4, tmp_path, monkeypatch):
     """A step checkpoint before the first epoch's end wrote last.ckpt behind Lightning's back:
-    it then wrote last-v1.ckpt, and last.ckpt (what average and resume read) stayed stale."""
-    main(_fit_args(tiny_an4, tmp_path) + ["--step_checkpoint.every_n_steps", "1"])
-    names = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
+    it then wrote last-v1.ckpt, and last.ckpt (what average and resume read) stayed stale. The
+    run folder is given as recipes give it, relative (here through a link too), where
+    Lightning keeps its folder as a resolved path."""
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    monkeypatch.chdir(tmp_path)
+    main(_fit_args(tiny_an4, Path("link")) + ["--step_checkpoint.every_n_steps", "1"])
+    names = sorted(p.name for p in (tmp_path / "real" / "checkpoints").iterdir())
     assert "last.ckpt" in names and not [n for n in names if n.startswith("last-")], names
-    last = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)
+    last = torch.load(tmp_path / "real" / "checkpoints" / "last.ckpt", weights_only=True)
     assert last["epoch"] == 1, "the end of the run, not a step of the first epoch"
 
 
