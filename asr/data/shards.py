@@ -247,7 +247,8 @@ def write_shards(
     Args:
         manifest: JSONL manifest; its lines and audio headers are checked first (as
             `validate_manifest` does), and a bad one stops it before a shard is written.
-        out: shard folder; `shards.json` is written last, so a reader never sees a partial set.
+        out: shard folder; `shards.json` is written last (an earlier set's removed first), so
+            a reader never sees a partial set.
         shard_hours: most audio per shard, hours.
         progress: a progress bar on stderr.
 
@@ -276,6 +277,9 @@ def write_shards(
         )  # fmt: skip
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    # an earlier set's index goes first: stopped halfway, shards of this set would otherwise
+    # pass for that set's (a tar's size is rounded to whole records)
+    (out / INDEX_NAME).unlink(missing_ok=True)
     groups = _group_by_seconds([u.duration for u in utterances], shard_hours * 3600)
     keys = _member_keys([u.utt_id for u in utterances])
     records, rates = [], set()

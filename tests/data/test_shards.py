@@ -628,7 +628,10 @@ sys.exit(main(sys.argv[1:]))
 
 
 def test_asr_shard_terminated_removes_the_shard_it_was_writing(corpus, tmp_path):
+    """...and the index of an earlier set it was writing over: the shards it had replaced may
+    have that set's sizes, and would pass for that set's, other texts in them."""
     out = tmp_path / "shards"
+    write_shards(corpus["manifest"], out, shard_hours=SHARD_SECONDS / 3600)
     args = ["shard", "--manifest", str(corpus["manifest"]), "--out", str(out),
             "--shard-hours", str(SHARD_SECONDS / 3600), "--quiet"]  # fmt: skip
     result = run_forked(TERMINATED_WHILE_WRITING, args)
