@@ -765,6 +765,9 @@ class ResumableData(L.LightningDataModule):
             for what, then, now in counts
             if then not in (None, now)
         ]
+        if state.get("seed") not in (None, keeper.seed):  # the rest of the run takes the new one
+            changed.append(f"resumed with data.seed {keeper.seed} from a checkpoint of "
+                           f"{state['seed']}")  # fmt: skip
         index = getattr(getattr(keeper, "index", None), "identity", None)
         if state.get("index") not in (None, index):
             changed.append(f"resumed on shards written again since the checkpoint ({index})")

@@ -904,6 +904,15 @@ def test_a_resume_point_of_another_batch_plan_restarts_its_epoch(tiny_an4, caplo
         with caplog.at_level(logging.WARNING):
             assert len(list(module.train_dataloader())) == batches
     assert "resumed with other batches than the checkpoint's" in caplog.text
+    seeded = ASRDataModule(tiny_an4["train"], tiny_an4["dev"], tiny_an4["tokenizer"],
+                           max_batch_seconds=3, num_workers=0, seed=7)  # fmt: skip
+    seeded.setup("fit")
+    seeded.trainer = data.trainer
+    seeded.load_state_dict({"train_sampler": planned, "world_size": 1})
+    with caplog.at_level(logging.WARNING):
+        assert len(list(seeded.train_dataloader())) == whole
+    assert "resumed with data.seed 7 from a checkpoint of 0: epoch 1 starts again" in caplog.text
+    assert _position_keeper(seeded.train_dataloader()).seed == 7, "the seed given goes on"
 
 
 @pytest.mark.timeout(600)

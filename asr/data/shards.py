@@ -618,6 +618,10 @@ class ShardedSpeechDataset(IterableDataset):
     def epoch(self) -> int:
         return int(self._state[0])
 
+    @property
+    def seed(self) -> int:
+        return self.options.seed
+
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch to stream; a pending resume point holds for its own epoch."""
         if epoch < 0:
