@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import hashlib
 import importlib
 import inspect
 import logging
@@ -12,7 +13,7 @@ import os
 import pickle
 import re
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -229,6 +230,16 @@ def store_in_payload(path: str | os.PathLike, values: dict[str, Any]) -> None:
     state, payload = read_payload(path, RECOGNIZER_KEY)
     payload.update(values)
     atomic_save(state, path, follow_link=True)
+
+
+def weights_digest(weights: Mapping[str, torch.Tensor]) -> str:
+    """A digest of a model's parameters and buffers (a `state_dict`): the same for a checkpoint,
+    its package and the model loaded from either."""
+    digest = hashlib.blake2b(digest_size=16)
+    for name, tensor in sorted(weights.items()):
+        digest.update(name.encode())
+        digest.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy())
+    return digest.hexdigest()
 
 
 def submodule_weights(state: dict[str, Any], prefix: str) -> dict[str, torch.Tensor]:

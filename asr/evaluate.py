@@ -156,6 +156,7 @@ def evaluate(
         "search": asdict(options),
         "precision": recognizer.precision,
         "checkpoint": recognizer.checkpoint,
+        "weights": recognizer.weights_digest,
         "manifest": str(manifest),
         **(extra or {}),
     }

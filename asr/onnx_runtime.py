@@ -6,7 +6,6 @@ run on ONNX Runtime too."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -20,7 +19,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils import _pytree as pytree
 
-from asr.checkpoint import CheckpointError
+from asr.checkpoint import CheckpointError, weights_digest
 from asr.models.chunking import EncoderCache, streaming_problem
 from asr.models.interfaces import State, attention_kind
 from asr.models.seq2seq import Seq2Seq
@@ -136,7 +135,9 @@ def export_onnx(
     if model.ctc is not None:
         _export(model.ctc, (enc,), folder / "ctc.onnx", ["enc"], ["log_probs"], [model.ctc(enc)])
         written.append("ctc.onnx")
-    written += _export_decoder(model.decoder, enc, enc_lens, folder, weights_digest(model))
+    written += _export_decoder(
+        model.decoder, enc, enc_lens, folder, weights_digest(model.state_dict())
+    )
     if int8:
         written += [_quantized(folder / name) for name in written if name.endswith(".onnx")]
     return [f"{ONNX_DIR}/{name}" for name in written]
@@ -158,17 +159,6 @@ def _export_chunk(encoder: nn.Module, feats: Tensor, folder: Path) -> str:
     _export(_Chunk(encoder), (x, x_lens, *tensors), folder / "encoder_chunk.onnx",
             ["x", "x_lens", *names], outputs, list(results))  # fmt: skip
     return "encoder_chunk.onnx"
-
-
-def weights_digest(model: nn.Module) -> str:
-    """A digest of `model`'s parameters and buffers: the graphs record the weights they hold,
-    so that graphs left beside other weights (a Hub upload of a package without them) are
-    refused, not run."""
-    digest = hashlib.blake2b(digest_size=16)
-    for name, tensor in sorted(model.state_dict().items()):
-        digest.update(name.encode())
-        digest.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy())
-    return digest.hexdigest()
 
 
 def _export_decoder(
@@ -446,8 +436,13 @@ def onnx_model(
         raise CheckpointError(
             f"{graphs / STATE_FILE}: unreadable ({type(err).__name__}: {err}); {EXPORT_AGAIN}"
         ) from None
-    if "weights" in meta and meta["weights"] != weights_digest(model):  # older graphs: unsaid
+    # the graphs record the weights they hold: left beside others (a Hub upload of a package
+    # without them), they are refused, not run (older graphs record none)
+    digest = weights_digest(model.state_dict())
+    if "weights" in meta and meta["weights"] != digest:
         raise CheckpointError(
             f"{graphs}: its graphs hold other weights than the package's; {EXPORT_AGAIN}"
         )
-    return Seq2Seq(model.eval().frontend, encoder, decoder, ctc)
+    run = Seq2Seq(model.eval().frontend, encoder, decoder, ctc)
+    run.weights_digest = digest  # of the weights it runs, which it holds no longer
+    return run

@@ -26,6 +26,7 @@ from asr.checkpoint import (
     read_payload,
     replace_assets,
     submodule_weights,
+    weights_digest,
     write_embedded_files,
 )
 from asr.text import Tokenizer
@@ -346,13 +347,14 @@ def model_card(
     """The package's README.md: Hub metadata, then use, decoding, data, results, training;
     `checkpoint`: the one exported, which the results are to score."""
     where = f"hf://{card.repo_id}" if card.repo_id else f"{folder_name}/"
+    weights = weights_digest(submodule_weights(state, "model."))
     sections = [
         _front_matter(card.license),
         f"# {card.repo_id or folder_name}\n\n{_summary(config, payload, card.parameters)}",
         _usage(where),
         _decoding_section(config),
         "## Data\n\n" + (card.data or _recorded_data(state)),
-        "## Results\n\n" + _results(card.metrics, checkpoint),
+        "## Results\n\n" + _results(card.metrics, checkpoint, weights),
         "## Training\n\n" + _training(card.training_command, state),
         f"## Licence\n\n`{card.license}`. The licence of the training data applies too.",
         _files_section(config, card.onnx),
@@ -479,11 +481,14 @@ def results_row(name: str, metrics: dict[str, Any], unit: str) -> str:
 
 
 def results_tables(
-    paths: Sequence[str | os.PathLike], checkpoint: str | os.PathLike | None = None
+    paths: Sequence[str | os.PathLike],
+    checkpoint: str | os.PathLike | None = None,
+    weights: str | None = None,
 ) -> str:
     """The decoding settings, scored checkpoint and WER/CER tables of `asr evaluate`
     metrics.json files, each named by its folder (`decode_test`); a warning for those that
-    scored another checkpoint than `checkpoint`, the one exported."""
+    scored another model than `checkpoint`, the one exported, whose `weights_digest` is
+    `weights` (else told by the checkpoint's name)."""
     settings, rows = [], {"word": [], "char": []}
     for path in map(Path, paths):
         try:
@@ -494,7 +499,8 @@ def results_tables(
             if search.get("lm_weight"):
                 decoding += f", LM {search['lm_weight']}"
             line = f"- {name}: {decoding}; `{metrics.get('manifest', '?')}`"
-            settings.append(line + _scored(path, metrics.get("checkpoint"), checkpoint))
+            scored = metrics.get("checkpoint"), metrics.get("weights")
+            settings.append(line + _scored(path, *scored, checkpoint, weights))
             for unit in rows:
                 rows[unit].append(results_row(name, metrics, unit))
         except (OSError, ValueError, KeyError, TypeError) as err:  # JSONDecodeError included
@@ -508,12 +514,23 @@ def results_tables(
     )
 
 
-def _scored(path: Path, scored: str | None, exported: str | os.PathLike | None) -> str:
+def _scored(
+    path: Path,
+    scored: str | None,
+    scored_weights: str | None,
+    exported: str | os.PathLike | None,
+    weights: str | None,
+) -> str:
     """The card's words for the checkpoint that metrics file `path` scored; a warning where it
-    is not the one `exported` (a WER of other weights would be claimed for this model)."""
+    is not the one `exported` (a WER of other weights would be claimed for this model): told
+    by the weights' digests where both are known, else by name."""
     if not isinstance(scored, str) or not scored:
         return ""  # not recorded
-    if exported is None or _same_model(scored, exported, path):
+    if isinstance(scored_weights, str) and weights is not None:
+        same = scored_weights == weights
+    else:
+        same = exported is None or _same_model(scored, exported, path)
+    if same:
         return f", scored on `{scored}`"
     log.warning(
         "%s: scored %s, not %s, the checkpoint exported: its WER is another model's",
@@ -543,8 +560,10 @@ def _same_model(scored: str, exported: str | os.PathLike, metrics: Path) -> bool
 
 
 def _results(
-    metrics: Sequence[str | os.PathLike], checkpoint: str | os.PathLike | None = None
+    metrics: Sequence[str | os.PathLike],
+    checkpoint: str | os.PathLike | None = None,
+    weights: str | None = None,
 ) -> str:
     if not metrics:
         return "None given (`asr export --metrics exp/.../decode_test/metrics.json`)."
-    return results_tables(metrics, checkpoint)
+    return results_tables(metrics, checkpoint, weights)

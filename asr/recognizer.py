@@ -17,7 +17,7 @@ from torch import Tensor
 
 from asr import alignment
 from asr.audio import AudioInput, as_waveform, load_audio
-from asr.checkpoint import CheckpointError
+from asr.checkpoint import CheckpointError, weights_digest
 from asr.confidence import PlattScaling
 from asr.ctc_beam import EndpointOptions
 from asr.decoding import decode_batch
@@ -79,6 +79,14 @@ class Recognizer:
     def device(self) -> torch.device:
         tensor = next(itertools.chain(self.model.parameters(), self.model.buffers()), None)
         return torch.device("cpu") if tensor is None else tensor.device
+
+    @cached_property
+    def weights_digest(self) -> str | None:
+        """A digest of the model's weights (`asr.checkpoint.weights_digest`), which tells the
+        model a WER was measured on; where ONNX Runtime runs it, the weights' its graphs hold."""
+        if not isinstance(self.model.encoder, torch.nn.Module):
+            return getattr(self.model, "weights_digest", None)
+        return weights_digest(self.model.state_dict())
 
     @cached_property
     def frame_seconds(self) -> float:

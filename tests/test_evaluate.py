@@ -14,9 +14,11 @@ import jiwer
 import numpy as np
 import pytest
 import soundfile
+import torch
 from test_transcribe import JOINT, UTTERANCES, WAV, _overfit_recognizer, fit_tiny_checkpoint
 
 from asr.audio import audio_info
+from asr.checkpoint import submodule_weights, weights_digest
 from asr.cli import main
 from asr.data.manifest import Utterance, write_manifest
 from asr.evaluate import ScoredUtterance, error_report, evaluate
@@ -108,6 +110,8 @@ def test_cli_scores_equal_jiwer_on_the_written_files(checkpoint, tmp_path, capsy
     assert metrics["real_time_factor"] == pytest.approx(metrics["decode_seconds"] / seconds)
     assert metrics["search"]["beam_size"] == 2 and metrics["search"]["ctc_weight"] == 0.3
     assert metrics["checkpoint"] == str(checkpoint) and metrics["precision"] == "bf16"
+    state = torch.load(checkpoint, weights_only=True)
+    assert metrics["weights"] == weights_digest(submodule_weights(state, "model."))
     plots = sorted(p.name for p in (out / "alignments").iterdir())
     assert plots == ["an251-fash-b.png", "an251-fash-b_heads.png",
                      "an253-fash-b.png", "an253-fash-b_heads.png"]  # fmt: skip

@@ -46,6 +46,7 @@ def test_a_trained_transformer_decodes_the_same_on_onnx_runtime(overfit, tmp_pat
     assert {"onnx/encoder.onnx", "onnx/ctc.onnx", "onnx/decoder_step.int8.onnx"} <= set(written)
     assert not [n for n, m in recognizer.model.named_modules() if m.training], "left training"
     onnx = replace(recognizer, model=onnx_model(recognizer.model, tmp_path))
+    assert onnx.weights_digest == recognizer.weights_digest, "an evaluate's WER names them"
     for options in (GREEDY, JOINT, SearchOptions(beam_size=3, ctc_weight=0.5, nbest=2)):
         assert _tokens(onnx, waves, options) == _tokens(recognizer, waves, options)
     # The networks' outputs, not only the argmaxes, agree.

@@ -34,7 +34,14 @@ from test_transcribe import UTTERANCES, WAV, _overfit_recognizer, fit_tiny_check
 import asr
 import asr.package
 from asr.audio import audio_info
-from asr.checkpoint import RECOGNIZER_KEY, CheckpointError, checkpoint_payload, load_checkpoint
+from asr.checkpoint import (
+    RECOGNIZER_KEY,
+    CheckpointError,
+    checkpoint_payload,
+    load_checkpoint,
+    submodule_weights,
+    weights_digest,
+)
 from asr.cli import main
 from asr.data.manifest import Utterance, write_manifest
 from asr.evaluate import evaluate
@@ -768,6 +775,29 @@ def test_results_of_another_checkpoint_are_named_so_and_warned_of(
         f"{metrics[1]}: scored {other}, not {overfit_checkpoint}, the checkpoint exported: its "
         "WER is another model's"
     ]
+
+
+def test_the_weights_a_metrics_file_records_tell_the_model_it_scored(
+    overfit_checkpoint, tmp_path, monkeypatch, caplog
+):
+    """By name, a relative path found from the folder export runs in, or a file moved away,
+    passed for the model exported; the weights' digests tell."""
+    state = torch.load(overfit_checkpoint, weights_only=True)
+    exported = weights_digest(submodule_weights(state, "model."))
+    monkeypatch.chdir(overfit_checkpoint.parent)  # `name` is here, but scored another's
+    name, gone = overfit_checkpoint.name, str(tmp_path / "gone" / "other.ckpt")
+    metrics = []
+    for folder, scored, weights in [("decode_other", name, "0" * 32),
+                                    ("decode_moved", gone, exported)]:  # fmt: skip
+        path = _scored_metrics(tmp_path / folder, scored)
+        path.write_text(json.dumps(json.loads(path.read_text()) | {"weights": weights}))
+        metrics.append(path)
+    with caplog.at_level(logging.WARNING, logger="asr.package"):
+        write_package(overfit_checkpoint, tmp_path / "pkg", card=ModelCard(metrics=metrics))
+    card = (tmp_path / "pkg" / CARD_FILE).read_text()
+    assert f"scored on `{name}`, not on the checkpoint exported" in card
+    assert f"scored on `{gone}`\n" in card
+    assert [r.getMessage().split(":")[0] for r in caplog.records] == [str(metrics[0])]
 
 
 def test_metrics_in_the_working_folder_are_named_by_it(tmp_path, monkeypatch):
