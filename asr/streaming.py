@@ -169,6 +169,10 @@ def mask_chunks(recognizer: Recognizer, chunk_ms: float | None) -> None:
     chunk_ms = chunk_ms or None
     if chunk_ms is not None and chunk_ms < 0:
         raise ValueError(f"chunk_ms must be positive (0 or None: full context), got {chunk_ms}")
+    if chunk_ms is None:  # any model decodes at full context
+        if hasattr(recognizer.model.encoder, "chunk"):
+            recognizer.model.encoder.chunk = None
+        return
     check_streamable_frontend(recognizer)  # else no live decode gives what this measures
     encoder = streaming_encoder(recognizer, chunked=True)
     if not hasattr(encoder, "chunk"):  # an ONNX graph, traced at full context

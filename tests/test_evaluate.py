@@ -81,6 +81,7 @@ def test_chunk_masks_refuse_a_model_that_cannot_stream():
     recognizer.model.frontend.level = LevelNormalizer()
     with pytest.raises(ValueError, match="normalises each utterance's level"):
         mask_chunks(recognizer, 160)
+    mask_chunks(recognizer, 0)  # full context, as `asr evaluate --chunk-ms 0` asks
 
 
 def test_cli_scores_equal_jiwer_on_the_written_files(checkpoint, tmp_path, capsys):
