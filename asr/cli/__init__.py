@@ -743,8 +743,11 @@ def _calibration_report(fit) -> str:
 
     scaling = fit.scaling
     ctc = f" + {scaling.ctc_scale:.4f} * log(ctc_probability)" if scaling.ctc_scale else ""
-    lines = [f"confidence = sigmoid({scaling.scale:.4f} * log(probability){ctc} "
-             f"+ {scaling.bias:.4f})"]  # fmt: skip
+    bias = f"{'-' if scaling.bias < 0 else '+'} {abs(scaling.bias):.4f}"
+    lines = [f"confidence = sigmoid({scaling.scale:.4f} * log(probability){ctc} {bias})"]
+    if not scaling.scale and not scaling.ctc_scale:
+        lines.append("(the probabilities rank right words no better than wrong ones: every word "
+                     "gets the share right)")  # fmt: skip
     for name, c in (("probability", fit.before), ("confidence", fit.after)):
         auc = "n/a" if c.auc is None else f"{c.auc:.3f}"
         lines.append(f"{name:>11}: ECE {c.ece:.3f}, ROC AUC {auc} over {c.words} words "

@@ -130,3 +130,21 @@ def test_repair_given_on_the_command_line_overrides_the_stored_setting(given, re
                                  "--out", "o", *given])  # fmt: skip
     stored = SimpleNamespace(default_options=SearchOptions(repair=False))
     assert _search_options(args, stored).repair is repair
+
+
+def test_the_calibration_report_writes_a_negative_bias_as_a_difference():
+    from types import SimpleNamespace
+
+    from asr.cli import _calibration_report
+    from asr.confidence import PlattScaling
+
+    curve = SimpleNamespace(auc=0.4, ece=0.1, words=500, accuracy=0.04)
+    for scaling, formula in [
+        (PlattScaling(0.5, -3.25), "sigmoid(0.5000 * log(probability) - 3.2500)"),
+        (PlattScaling(0.5, 1.0, 0.25),
+         "sigmoid(0.5000 * log(probability) + 0.2500 * log(ctc_probability) + 1.0000)"),
+    ]:  # fmt: skip
+        report = _calibration_report(SimpleNamespace(scaling=scaling, before=curve, after=curve))
+        assert report.startswith(f"confidence = {formula}\n"), report
+    unranked = SimpleNamespace(scaling=PlattScaling(0.0, -3.2), before=curve, after=curve)
+    assert "every word gets the share right" in _calibration_report(unranked)
