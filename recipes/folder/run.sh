@@ -91,7 +91,7 @@ prepare() {
 import logging
 import sys
 
-from asr.data.prepare import format_summary, prepare_folder
+from asr.data.prepare import prepare_folder
 
 logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
 data_dir, out, dev, test, seed, split_file = sys.argv[1:]
@@ -103,7 +103,6 @@ for needed in ("train", "dev"):
     if needed not in summaries:
         sys.exit(f"prepare folder: no {needed} utterances: use more data, a larger fraction "
                  "or a split file with train and dev lines")
-print(format_summary(summaries))
 PY
 }
 stage_older="prepare manifests: prepare" run_stage 1 "prepare manifests" "$data" \
