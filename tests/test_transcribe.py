@@ -976,6 +976,8 @@ def test_cli_refuses_bad_options(checkpoint, tmp_path, capsys):
     args = ["transcribe", "x.wav", "--checkpoint", str(checkpoint), "--output-dir", str(tmp_path)]
     assert main([*args, "--lm-weight", "0.5"]) == 2
     assert "--lm-weight needs --lm" in capsys.readouterr().err
+    assert main([*args, "--lm", ""]) == 2  # `--lm "$LM"` with LM unset
+    assert "--lm is empty" in capsys.readouterr().err
     with pytest.raises(SystemExit) as stopped:  # at parsing (tests/cli/test_arguments.py)
         main([*args, "--max-segment-seconds", "0.5"])
     assert stopped.value.code == 2 and "--max-segment-seconds" in capsys.readouterr().err

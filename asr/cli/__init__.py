@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING
 from asr.cli.numbers import (
     count,
     decibels_below,
+    lm_weight,
     non_negative,
     number,
     port,
@@ -352,6 +353,9 @@ def _search_options(args: argparse.Namespace, recognizer: Recognizer):
 def _language_model(args: argparse.Namespace, recognizer):
     """The `--lm` checkpoint, checked to share the recognizer's vocabulary; None without it
     and with `--lm-weight 0` (a weight sweep's first point: the same as no LM)."""
+    from asr.cli.numbers import check_search_arguments
+
+    check_search_arguments(args)  # an empty --lm is not "no LM"
     lm = recognizer.load_lm(args.lm) if args.lm else None
     return None if args.lm_weight == 0 else lm
 
@@ -849,7 +853,7 @@ def _add_decoding_arguments(
         p.add_argument("--lm", help="language model checkpoint for shallow fusion")
         p.add_argument(
             "--lm-weight",
-            type=non_negative,
+            type=lm_weight,
             help=f"fusion weight ({DEFAULT_LM_WEIGHT} with --lm; 0 decodes as without it)",
         )
     _add_device_arguments(p, backend)
@@ -1327,7 +1331,7 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
         )
         p.add_argument("--lm", help="a language model checkpoint that rescores the finals too")
         p.add_argument(
-            "--lm-weight", type=non_negative, help="its weight (0.3 with --lm; 0: not used)"
+            "--lm-weight", type=lm_weight, help="its weight (0.3 with --lm; 0: not used)"
         )
         _add_device_arguments(p)
         add_stream_arguments(p, final_search="rescore")  # many streams share the model's thread

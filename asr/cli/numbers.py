@@ -66,12 +66,19 @@ def decibels_below(floor: float):
     return parse
 
 
-def weight(text: str) -> float:
-    """A weight in [0, 1]."""
+def weight(text: str, high: float = 1.0) -> float:
+    """A weight in [0, `high`]."""
     value = number(text)
-    if not 0.0 <= value <= 1.0:
-        raise argparse.ArgumentTypeError(f"must lie in [0, 1], got {value:g}")
+    if not 0.0 <= value <= high:
+        raise argparse.ArgumentTypeError(f"must lie in [0, {high:g}], got {value:g}")
     return value
+
+
+def lm_weight(text: str) -> float:
+    """A shallow-fusion weight, in [0, MAX_LM_WEIGHT]."""
+    from asr.search import MAX_LM_WEIGHT
+
+    return weight(text, MAX_LM_WEIGHT)
 
 
 def port(text: str) -> int:
@@ -87,6 +94,8 @@ def check_search_arguments(args: argparse.Namespace) -> None:
     `--beam-size`, `--lm-weight` without `--lm`), before any model's defaults are known."""
     from asr.search import SearchOptions
 
+    if getattr(args, "lm", None) == "":  # an unset shell variable: not "no LM"
+        raise ValueError("--lm is empty: give a language model checkpoint, or leave --lm out")
     if getattr(args, "lm_weight", None) is not None and not getattr(args, "lm", None):
         raise ValueError("--lm-weight needs --lm")
     nbest, beam = getattr(args, "nbest", None), getattr(args, "beam_size", None)
