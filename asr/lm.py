@@ -240,9 +240,9 @@ class TextDataModule(ResumableData):
             if split == "train":
                 for path in hp.extra_text or []:
                     sentences += _read_text_file(path)
-            self.datasets[split] = self._encode(sentences)
+            self.datasets[split] = self._encode(sentences, split)
             if not self.datasets[split]:  # no batches: fit ended at once, saving nothing
-                left = " left after skipping bad ones" if hp.skip_bad else ""
+                left = " left after skipping bad or empty ones" if sentences or hp.skip_bad else ""
                 raise ValueError(f"{manifest}: no {split} sentences{left}: no text to use")
             log.info("%s text: %d sentences", split, len(self.datasets[split]))
 
@@ -250,7 +250,7 @@ class TextDataModule(ResumableData):
         utts = read_manifest(path, skip_bad=self.hparams.skip_bad)
         return [_Sentence(f"{path}:{u.utt_id}", u.text) for u in utts]
 
-    def _encode(self, sentences: list[_Sentence]) -> list[list[int]]:
+    def _encode(self, sentences: list[_Sentence], split: str) -> list[list[int]]:
         checked = [(s, self.tokenizer.oov(s.text)) for s in sentences]
         bad = [(s, chars) for s, chars in checked if chars]
         if bad and not self.hparams.skip_bad:
@@ -261,7 +261,12 @@ class TextDataModule(ResumableData):
             )
         if bad:
             log.warning("skipping %d sentences with out-of-vocabulary text", len(bad))
-        return [self.tokenizer.encode(s.text) for s, chars in checked if not chars]
+        encoded = [self.tokenizer.encode(s.text) for s, chars in checked if not chars]
+        empty = sum(not ids for ids in encoded)
+        if empty:  # they would teach the LM to end at once
+            log.warning("skipping %d %s sentences with no tokens after normalisation (punctuation "
+                        "only, such as '* * *')", empty, split)  # fmt: skip
+        return [ids for ids in encoded if ids]
 
     def _loader(self, split: str, shuffle: bool) -> torch.utils.data.DataLoader:
         sequences = self.datasets[split]
@@ -282,7 +287,8 @@ class TextDataModule(ResumableData):
 
 def _read_text_file(path: str | os.PathLike) -> list[_Sentence]:
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        # a byte-order mark is no text (decoded as utf-8, so that errors say the file's byte)
+        text = Path(path).read_text(encoding="utf-8").removeprefix("\ufeff")
     except UnicodeDecodeError as err:
         raise ValueError(f"{path}: not valid UTF-8 ({err.reason} at byte {err.start})") from None
     except OSError as err:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
 import math
 import shutil
 from collections import Counter
@@ -92,6 +93,23 @@ def test_out_of_vocabulary_text_is_rejected_with_its_line_or_skipped(text_data) 
     assert len(lenient.datasets["train"]) == len(TRAIN) + 1
 
 
+def test_extra_text_reads_past_a_byte_order_mark_and_leaves_out_punctuation(text_data, caplog):
+    """A BOM read as text made the first line out of vocabulary; a line of punctuation alone
+    became an empty sentence, teaching the LM to end at once."""
+    Path(text_data["extra"]).write_bytes("\ufeffYES\r\n* * *\r\n".encode())
+    args = (text_data["train_manifest"], text_data["val_manifest"], text_data["tokenizer"])
+    data = TextDataModule(*args, extra_text=[text_data["extra"]])
+    with caplog.at_level(logging.WARNING):
+        data.setup("fit")
+    assert len(data.datasets["train"]) == len(TRAIN) + 1 and all(data.datasets["train"])
+    assert "skipping 1 train sentences with no tokens after normalisation" in caplog.text
+    Path(text_data["val_manifest"]).write_text(
+        json.dumps({"audio_filepath": "/none/q.wav", "duration": 1.0, "text": "* * *"}) + "\n"
+    )
+    with pytest.raises(ValueError, match=r"no val sentences left after skipping bad or empty"):
+        TextDataModule(*args).setup("fit")
+
+
 def test_a_split_without_sentences_is_refused(text_data, tmp_path) -> None:
     """fit ended at once without batches and said where its checkpoints were (none); without
     validation text no best checkpoint is kept."""
@@ -104,7 +122,7 @@ def test_a_split_without_sentences_is_refused(text_data, tmp_path) -> None:
     Path(text_data["val_manifest"]).write_text(
         json.dumps({"audio_filepath": "/none/q.wav", "duration": 1.0, "text": "QUIZ"}) + "\n"
     )
-    with pytest.raises(ValueError, match=r"no val sentences left after skipping bad ones"):
+    with pytest.raises(ValueError, match=r"no val sentences left after skipping bad or empty"):
         TextDataModule(*args, skip_bad=True).setup("fit")
     with pytest.raises(ValueError, match=r"max_batch_tokens \(0\) and max_batch_size"):
         TextDataModule(*args, max_batch_tokens=0)
@@ -112,8 +130,13 @@ def test_a_split_without_sentences_is_refused(text_data, tmp_path) -> None:
 
 def test_unreadable_extra_text_names_the_file(text_data, tmp_path) -> None:
     (tmp_path / "latin1.txt").write_bytes(b"CAF\xc9\n")
+    (tmp_path / "marked.txt").write_bytes(b"\xef\xbb\xbfCAF\xc9\n")  # the file's byte, BOM too
     args = (text_data["train_manifest"], text_data["val_manifest"], text_data["tokenizer"])
-    cases = {tmp_path / "missing.txt": "cannot read", tmp_path / "latin1.txt": "not valid UTF-8"}
+    cases = {
+        tmp_path / "missing.txt": "cannot read",
+        tmp_path / "latin1.txt": "not valid UTF-8",
+        tmp_path / "marked.txt": r"not valid UTF-8 \(invalid continuation byte at byte 6\)",
+    }
     for path, reason in cases.items():
         with pytest.raises(ValueError, match=f"{path.name}: {reason}"):
             TextDataModule(*args, extra_text=[str(path)]).setup("fit")
