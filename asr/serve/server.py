@@ -65,6 +65,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 FORMATS = {"s16le": (np.int16, 32768.0), "f32le": (np.float32, 1.0)}
+START_KEYS = {"type", "sample_rate", "format", "channels", "alignment"}
 # By the last part of the path, so that the page works under any prefix a reverse proxy
 # gives it (its own URLs are relative, and its socket is the page's address).
 PAGES = {
@@ -412,6 +413,13 @@ class LiveServer:
             raise ClientError('expected {"type": "start", "sample_rate": ...} first')
         if self.stopping:
             raise ClientError(STOPPING, GOING_AWAY)
+        unknown = sorted(set(start) - START_KEYS)
+        if unknown:  # a misspelt "format" would decode f32le audio as s16le noise
+            raise ClientError(
+                f"the start message holds {', '.join(map(json.dumps, unknown))}: its keys are "
+                f"{', '.join(sorted(START_KEYS))}",
+                UNSUPPORTED,
+            )
         rate, kind = start.get("sample_rate"), start.get("format", "s16le")
         if isinstance(rate, bool) or not isinstance(rate, (int, float)):
             what = "missing" if rate is None else f"{json.dumps(rate)}, not a number"

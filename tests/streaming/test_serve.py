@@ -260,6 +260,8 @@ def test_each_stream_is_logged_with_its_client_and_what_it_sent(server, trained,
          "channels 2 is not supported: send mono"),  # else read as mono of twice the length
         ((json.dumps({"type": "start", "sample_rate": 16000, "alignment": "no"}),), False, 1003,
          'alignment "no": true or false'),  # else taken as true
+        ((json.dumps({"type": "start", "sample_rate": 16000, "fromat": "f32le"}),), False, 1003,
+         'the start message holds "fromat": its keys are alignment, channels, format'),
         ((b'{"type": "end"}',), True, 1003, "goes in a text frame, not a binary one"),
         ((b'{"type": "start", "sample_rate": 16000}',), False, 1003,
          'expected the start message first, in a text frame'),
