@@ -7,6 +7,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import ssl
 import sys
 import time
@@ -87,8 +88,12 @@ async def _connect(
     except (InvalidURI, ValueError) as err:
         raise ValueError(f"cannot connect to {args.url}: {err}") from None
     failed = 0
+    first: dict[str, str] = {}  # each once, as `asr transcribe` reads them (spelt two ways too)
     for name in args.audio:
-        if len(args.audio) > 1 and not args.jsonl:
+        first.setdefault(name if name == "-" else os.path.abspath(name), name)
+    names = list(first.values())
+    for name in names:
+        if len(names) > 1 and not args.jsonl:
             print(name, file=out)
         heard = _Heard()
         if name == "-":  # stdin comes at its own pace, until the server closes too

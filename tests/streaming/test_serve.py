@@ -842,12 +842,14 @@ def printed_texts(out: str) -> list[str]:
 
 def test_connect_prints_what_the_server_finds_in_each_file(server, trained, tmp_path, capsys):
     """`asr connect URL FILES`: each file a stream of its own, its finals printed as lines
-    (the server hears the file's samples exactly); a bad file is named and the rest go on."""
+    (the server hears the file's samples exactly); a bad file is named and the rest go on.
+    Each is sent once, as `asr transcribe` reads it (`- -` streamed stdin twice), however spelt."""
     (_, url), (recognizer, waves) = server, trained
     bad = tmp_path / "bad.wav"
     bad.write_bytes(b"RIFF\x00\x00\x00\x00WAVEfmt " + bytes(64))
     files = [WAV / "an4_clstk/fash/an255-fash-b.wav", bad, WAV / "an4_clstk/fash/an253-fash-b.wav"]
-    assert main(["connect", url, *map(str, files)]) == 1
+    again = f"{files[0].parent}/./{files[0].name}"
+    assert main(["connect", url, *map(str, files), str(files[0]), again]) == 1
     out, err = capsys.readouterr()
     expected = [
         stream_transcript(recognizer, waves[uid], OPTIONS).text
