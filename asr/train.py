@@ -834,13 +834,15 @@ def _check_checkpoint_fits(path: str, checkpoint: dict, module: L.LightningModul
     weights = checkpoint.get("state_dict")
     if not isinstance(weights, dict):
         raise CheckpointError(f"{path}: no weights inside (not written by asr fit?)")
+    # a recognizer's init_from takes weights of another shape or vocabulary, an LM's does not
+    remaps = not hasattr(module, "lm")
     differ = weight_differences(module.state_dict(), weights)
     if differ:
         more = f" (and {len(differ) - 1} more)" if len(differ) > 1 else ""
+        hint = " (--model.init_args.init_from starts another model from its weights)"
         raise CheckpointError(
             f"{path}: its weights are not this config's model: {differ[0]}{more}; give the "
-            "config it was trained with (--model.init_args.init_from starts another model "
-            "from its weights)"
+            f"config it was trained with{hint if remaps else ''}"
         )
     tokenizer = getattr(module, "tokenizer", None)
     payload = _payload(checkpoint)
@@ -848,10 +850,10 @@ def _check_checkpoint_fits(path: str, checkpoint: dict, module: L.LightningModul
         return
     difference = tokenizer_difference(payload_tokenizer(payload), tokenizer)
     if difference:
+        hint = " (--model.init_args.init_from starts a model of this vocabulary from its weights)"
         raise CheckpointError(
             f"{path}: trained with another tokenizer than --data.tokenizer's ({difference}); "
-            "give the one it was trained with (--model.init_args.init_from starts a model of "
-            "this vocabulary from its weights)"
+            f"give the one it was trained with{hint if remaps else ''}"
         )
 
 

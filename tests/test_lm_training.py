@@ -206,7 +206,7 @@ def tiny_an4_text(tmp_path_factory) -> dict[str, str]:
 
 
 @pytest.mark.needs_corpus
-def test_fit_lm_then_load_it_for_shallow_fusion(tiny_an4_text, tmp_path) -> None:
+def test_fit_lm_then_load_it_for_shallow_fusion(tiny_an4_text, tmp_path, capsys) -> None:
     data = tmp_path / "data"
     shutil.copytree(
         Path(tiny_an4_text["lm.yaml"]).parent, data, ignore=shutil.ignore_patterns("full")
@@ -239,6 +239,14 @@ def test_fit_lm_then_load_it_for_shallow_fusion(tiny_an4_text, tmp_path) -> None
     other.save(tmp_path / "other")
     with pytest.raises(ValueError, match=r"last.ckpt: trained with another tokenizer"):
         LMModule(tiny, other.vocab_size, str(tmp_path / "other"), init_from=str(last))
+    with pytest.raises(SystemExit) as refused:  # nor is init_from offered as a way round it
+        main(["validate", "--config", str(data / "lm.yaml"),
+              "--data.train_manifest", str(data / "train.jsonl"),
+              "--data.val_manifest", str(data / "dev.jsonl"),
+              "--data.tokenizer", str(tmp_path / "other"), "--ckpt_path", str(last)])  # fmt: skip
+    assert refused.value.code == 2
+    said = capsys.readouterr().err
+    assert "give the config it was trained with\n" in said and "init_from" not in said
 
     dev_texts = [u.text for u in read_manifest(data / "dev.jsonl")]
     shutil.rmtree(data)  # the checkpoint alone must do
