@@ -667,6 +667,7 @@ def _uses_grad_scaler(trainer: L.Trainer) -> bool:
 def stage_manifests(module: L.LightningDataModule, stage: str) -> list[tuple[str, str]]:
     """The `(split, manifest)` pairs `stage` needs that `module.datasets` lacks."""
     hp = module.hparams
+    stage = getattr(stage, "value", stage)  # Lightning passes its TrainerFn
     splits = {"train": hp.train_manifest, "val": hp.val_manifest, "test": hp.test_manifest}
     wanted = {"fit": ["train", "val"], "validate": ["val"], "test": ["test"]}.get(stage, [])
     pairs = []

@@ -126,6 +126,10 @@ def test_a_split_without_sentences_is_refused(text_data, tmp_path) -> None:
         TextDataModule(*args, skip_bad=True).setup("fit")
     with pytest.raises(ValueError, match=r"max_batch_tokens \(0\) and max_batch_size"):
         TextDataModule(*args, max_batch_tokens=0)
+    from lightning.pytorch.trainer.states import TrainerFn
+
+    with pytest.raises(ValueError, match=r"^data.test_manifest is required for 'test'$"):
+        TextDataModule(*args).setup(TrainerFn.TESTING)
 
 
 def test_unreadable_extra_text_names_the_file(text_data, tmp_path) -> None:
