@@ -496,8 +496,9 @@ def results_tables(
             name = path.absolute().parent.name  # metrics.json in the working folder has one too
             search = metrics["search"]
             decoding = f"beam {search['beam_size']}, ctc {search['ctc_weight']}"
-            if search.get("lm_weight"):
-                decoding += f", LM {search['lm_weight']}"
+            if search.get("lm_weight"):  # the LM is not in the package: named, to be found
+                lm = f" (`{metrics['lm']}`)" if metrics.get("lm") else ""
+                decoding += f", LM {search['lm_weight']}{lm}"
             line = f"- {name}: {decoding}; `{metrics.get('manifest', '?')}`"
             scored = metrics.get("checkpoint"), metrics.get("weights")
             settings.append(line + _scored(path, *scored, checkpoint, weights))

@@ -806,5 +806,10 @@ def test_metrics_in_the_working_folder_are_named_by_it(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path / "decode_test")
     tables = results_tables(["metrics.json"])
     assert "- decode_test: beam 10" in tables and "\n| decode_test | 2 | 10 |" in tables
+    fused = json.loads(Path("metrics.json").read_text())
+    fused["search"] |= {"lm_weight": 0.3}
+    Path("metrics.json").write_text(json.dumps(fused | {"lm": "exp/an4/lm/avg.ckpt"}))
+    tables = results_tables(["metrics.json"])  # the LM, not in the package, is named
+    assert "- decode_test: beam 10, ctc 0.5, LM 0.3 (`exp/an4/lm/avg.ckpt`); `test" in tables
     (tmp_path / "decode_link").symlink_to(tmp_path / "decode_test")  # named as given
     assert "- decode_link: beam 10" in results_tables([tmp_path / "decode_link/metrics.json"])
