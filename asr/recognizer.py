@@ -292,7 +292,7 @@ class Recognizer:
         try:
             check_language_model(1.0, lm, self.model.decoder.vocab_size, self.vocabulary)
         except ValueError as error:
-            raise ValueError(f"{path}: {error}") from None
+            raise ValueError(f"{path}: {error} (the recognizer: {self.checkpoint})") from None
         return lm
 
     @cached_property

@@ -1053,7 +1053,9 @@ def test_cli_shallow_fusion_with_a_language_model(checkpoint, tmp_path, capsys):
     foreign = fit_tiny_lm(tmp_path / "foreign_lm", _with_tokenizer(checkpoint.parents[1], other))
     capsys.readouterr()
     assert main([*args, "--lm", str(foreign)]) == 2
-    assert "vocabulary differs" in capsys.readouterr().err
+    said = capsys.readouterr().err
+    assert f"{foreign}: the language model's vocabulary differs" in said
+    assert f"is needed (the recognizer: {checkpoint})" in said, "both files named"
 
 
 def _with_tokenizer(data: Path, tokenizer: Path) -> Path:
