@@ -410,7 +410,8 @@ class Stream:
         self.consumed = 0  # feature frames whose encoder outputs are done
         self.samples = 0
         self.decoded_samples = 0  # audio the decoded chunks have read, to their last sample
-        self.utterances: list[Transcript] = []  # closed utterances, times from the stream start
+        # closed utterances, each timed from its span's start
+        self.utterances: list[Transcript] = []
         self.spans: list[tuple[float, float]] = []
         self.closed = False
         self._new: list[Transcript] = []
@@ -600,9 +601,11 @@ def _lm_scores(
 
 
 def _shifted(transcript: Transcript, offset: float) -> Transcript:
-    """`transcript` with its times moved `offset` seconds later."""
+    """`transcript` with its times moved `offset` seconds later, its duration (the audio its
+    times lie in, which writers keep them within) with them."""
     return replace(
         transcript,
+        duration=offset + transcript.duration,
         token_starts=[offset + t for t in transcript.token_starts],
         token_ends=[offset + t for t in transcript.token_ends],
         words=[replace(w, start=offset + w.start, end=offset + w.end) for w in transcript.words],
