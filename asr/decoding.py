@@ -43,7 +43,7 @@ def decode_batch(
     repaired: list[str | None] = [None] * len(waves)
     if options.repair and options.ctc_weight == 0:  # joint decoding is CTC-bound already
         _repair(search, model.decoder, nbests, token_logp, repaired, (enc, enc_lens, ctc))
-    no_speech = eos_first if ctc is None else _empty_ctc_log_prob(ctc, enc_lens)
+    no_speech = eos_first if ctc is None else empty_ctc_log_prob(ctc, enc_lens)
     return [
         Decoded(
             nbest[0],
@@ -175,7 +175,7 @@ def _cut_loop(hyp: Hypothesis) -> Hypothesis:
     return Hypothesis(tokens, hyp.score, attention)
 
 
-def _empty_ctc_log_prob(ctc_log_probs: Tensor, enc_lens: Tensor) -> Tensor:
+def empty_ctc_log_prob(ctc_log_probs: Tensor, enc_lens: Tensor) -> Tensor:
     """`(B,)` the CTC log-probability of the empty transcript: blank at every valid frame."""
     blank = ctc_log_probs[..., BLANK_ID]  # (B, T)
     valid = torch.arange(blank.size(1), device=blank.device)[None, :] < enc_lens[:, None]

@@ -31,7 +31,7 @@ from torch import Tensor
 from asr import alignment
 from asr.audio import mono_samples
 from asr.ctc_beam import CTCPrefixBeam, EndpointOptions
-from asr.decoding import search_encoded, teacher_forced
+from asr.decoding import empty_ctc_log_prob, search_encoded, teacher_forced
 from asr.frontends import GlobalCMVN
 from asr.frontends.features import num_frames
 from asr.models.blocks import min_input_length
@@ -356,6 +356,7 @@ class StreamingEngine:
             ctc_log_probs.float().cpu(),
             num_samples,
             token_log_probs=token_logp[0],
+            no_speech_prob=_no_speech_prob(ctc_log_probs),
             alternatives=best[1:5],
         )
 
@@ -388,8 +389,15 @@ class StreamingEngine:
             ctc_log_probs.float().cpu(),
             num_samples,
             token_log_probs=token_logp[order[0]],
+            no_speech_prob=_no_speech_prob(ctc_log_probs),
             alternatives=hyps[1:5],
         )
+
+
+def _no_speech_prob(ctc_log_probs: Tensor) -> float:
+    """The CTC head's probability of an empty transcript of one utterance `(T, V)`."""
+    frames = torch.tensor([ctc_log_probs.size(0)], device=ctc_log_probs.device)
+    return float(empty_ctc_log_prob(ctc_log_probs[None].float(), frames)[0].exp())
 
 
 # An utterance's span (its last word with it) ends this long after its last CTC spike (or

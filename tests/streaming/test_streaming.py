@@ -201,6 +201,7 @@ def test_an_endpoint_closes_each_utterance_and_the_next_starts_afresh(
     assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))  # in order, not overlapping
     # its times count from the stream's start, its duration too: writers keep times within it
     assert all(f.duration >= f.segments[-1].end for f in finals)
+    assert all(0 <= s.no_speech_prob <= 1 for f in finals for s in f.segments), "as offline"
     # its span (its last word's end with it) ends with its speech, not with the silence that
     # closed it
     assert spans[0][1] < gap_start + 0.35 < closed_at[0]
