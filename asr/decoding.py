@@ -58,7 +58,7 @@ def decode_batch(
     ]
 
 
-def _at_least_float32(x: Tensor) -> Tensor:
+def at_least_float32(x: Tensor) -> Tensor:
     """Half precision made float32 for the decoder's steps; a float64 model's stays float64."""
     return x.to(torch.promote_types(x.dtype, torch.float32))
 
@@ -83,7 +83,7 @@ def search_encoded(
     bf16_steps = precision == "bf16" and rows >= BF16_STEP_ROWS
     # Autocast reuses its bf16 weight copies across steps only outside inference mode.
     with autocast(enc.device, "bf16") if bf16_steps else torch.inference_mode():
-        enc = enc if bf16_steps else _at_least_float32(enc)
+        enc = enc if bf16_steps else at_least_float32(enc)
         if greedy:
             bound = options.max_len_ratio, options.max_len_extra
             nbests = [[h] for h in greedy_search(decoder, enc, enc_lens, *bound)]
@@ -124,7 +124,7 @@ def _repair(
     else:
         cut = [_cut_loop(nbests[b][0]) for b in rows.tolist()]
         fixed = [[h] for h in cut]
-        fixed_logp, _ = token_log_probs(decoder, _at_least_float32(enc[rows]), enc_lens[rows], cut)
+        fixed_logp, _ = token_log_probs(decoder, at_least_float32(enc[rows]), enc_lens[rows], cut)
     for k, b in enumerate(rows.tolist()):
         ended = math.isfinite(fixed[k][0].score)  # not the empty stand-in of no hypothesis
         if ended and fixed[k][0].tokens != nbests[b][0].tokens:

@@ -31,12 +31,17 @@ from torch import Tensor
 from asr import alignment
 from asr.audio import mono_samples
 from asr.ctc_beam import CTCPrefixBeam, EndpointOptions
-from asr.decoding import empty_ctc_log_prob, search_encoded, teacher_forced
+from asr.decoding import (
+    at_least_float32,
+    empty_ctc_log_prob,
+    search_encoded,
+    teacher_forced,
+)
 from asr.frontends import GlobalCMVN
 from asr.frontends.features import num_frames
 from asr.models.blocks import min_input_length
 from asr.models.chunking import EncoderCache, streaming_problem
-from asr.precision import input_dtype
+from asr.precision import autocast, input_dtype
 from asr.results import Decoded, Transcript
 from asr.search import MAX_LM_WEIGHT, Hypothesis, LanguageModel, check_language_model
 from asr.segment import Span
@@ -316,8 +321,10 @@ class StreamingEngine:
         for row, window in enumerate(windows):
             x[row, : window.size(0)] = window
         cache = EncoderCache.merge([s.cache_or_empty(x) for s in streams])
-        enc, enc_lens, cache = self.encoder.forward_chunk(x, lens, cache, self.max_cache)
-        log_probs = self.recognizer.model.ctc(enc)
+        with autocast(device, self.recognizer.precision):
+            enc, enc_lens, cache = self.encoder.forward_chunk(x, lens, cache, self.max_cache)
+            log_probs = self.recognizer.model.ctc(enc)
+        enc, log_probs = at_least_float32(enc), at_least_float32(log_probs)
         for row, (stream, kept) in enumerate(zip(streams, cache.split())):
             n = int(enc_lens[row])
             stream.after_chunk(enc[row, :n], log_probs[row, :n], kept)
@@ -338,8 +345,10 @@ class StreamingEngine:
         if feats.size(0) >= self.min_window:
             device = self.recognizer.device
             lens = torch.tensor([feats.size(0)], device=device)
-            enc, _ = self.encoder(feats[None].to(device), lens)
-            log_probs = self.recognizer.model.ctc(enc)
+            with autocast(device, self.recognizer.precision):
+                enc, _ = self.encoder(feats[None].to(device), lens)
+                log_probs = self.recognizer.model.ctc(enc)
+            enc, log_probs = at_least_float32(enc), at_least_float32(log_probs)
             stream.after_chunk(enc[0], log_probs[0], None, endpoint=False)
 
     def search(self, enc: Tensor, ctc_log_probs: Tensor, num_samples: int) -> Decoded:
@@ -349,7 +358,10 @@ class StreamingEngine:
         ctc = ctc_log_probs[None].float()
         decoder = self.recognizer.model.decoder
         options = self.search_options
-        nbests, token_logp, _ = search_encoded(decoder, enc[None], lens, ctc, options, self.lm)
+        precision = self.recognizer.precision
+        nbests, token_logp, _ = search_encoded(
+            decoder, enc[None], lens, ctc, options, self.lm, precision
+        )
         best = nbests[0]
         return Decoded(
             best[0],

@@ -103,6 +103,27 @@ def test_features_arrive_as_the_whole_file_gives_them(trained) -> None:
     torch.testing.assert_close(parts, whole, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("chunk_ms", [160, None])
+def test_a_bf16_recognizer_streams_its_encoder_under_autocast(trained, chunk_ms, monkeypatch):
+    """`--precision bf16` was taken by offline decoding alone: a stream ran in fp32."""
+    recognizer, waves = trained
+    encoder, seen = recognizer.model.encoder, []
+    for name in ("forward", "forward_chunk"):
+        run = getattr(encoder, name)
+
+        def spy(*args, run=run, **kwargs):
+            seen.append(torch.is_autocast_enabled("cpu"))
+            return run(*args, **kwargs)
+
+        monkeypatch.setattr(encoder, name, spy)
+    wave = waves["an4_clstk/fash/an255-fash-b"]
+    for precision in ("fp32", "bf16"):
+        stream = replace(recognizer, precision=precision).stream(chunk_ms=chunk_ms, endpoint=None)
+        seen.clear()  # the model's timing, measured once, aside
+        stream.accept(wave)
+        assert stream.final().text and seen and set(seen) == {precision == "bf16"}
+
+
 @pytest.mark.parametrize("first_chunk_ms", [None, 480])
 def test_the_live_pass_reads_the_chunk_masked_encoder(trained, first_chunk_ms) -> None:
     """Partial results are the CTC prefix search over the encoder under the chunk mask (with
