@@ -22,7 +22,7 @@ import math
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -321,10 +321,9 @@ class StreamingEngine:
         for row, window in enumerate(windows):
             x[row, : window.size(0)] = window
         cache = EncoderCache.merge([s.cache_or_empty(x) for s in streams])
-        with autocast(device, self.recognizer.precision):
-            enc, enc_lens, cache = self.encoder.forward_chunk(x, lens, cache, self.max_cache)
-            log_probs = self.recognizer.model.ctc(enc)
-        enc, log_probs = at_least_float32(enc), at_least_float32(log_probs)
+        enc, log_probs, enc_lens, cache = self._encoded(
+            self.encoder.forward_chunk, x, lens, cache, self.max_cache
+        )
         for row, (stream, kept) in enumerate(zip(streams, cache.split())):
             n = int(enc_lens[row])
             stream.after_chunk(enc[row, :n], log_probs[row, :n], kept)
@@ -345,11 +344,16 @@ class StreamingEngine:
         if feats.size(0) >= self.min_window:
             device = self.recognizer.device
             lens = torch.tensor([feats.size(0)], device=device)
-            with autocast(device, self.recognizer.precision):
-                enc, _ = self.encoder(feats[None].to(device), lens)
-                log_probs = self.recognizer.model.ctc(enc)
-            enc, log_probs = at_least_float32(enc), at_least_float32(log_probs)
+            enc, log_probs, _ = self._encoded(self.encoder, feats[None].to(device), lens)
             stream.after_chunk(enc[0], log_probs[0], None, endpoint=False)
+
+    def _encoded(self, encode: Callable[..., tuple], *inputs: Any) -> tuple:
+        """`encode(*inputs)`'s encoder output, its CTC log-probabilities, then the rest of what
+        it returns; under the recognizer's precision, the outputs at least float32."""
+        with autocast(self.recognizer.device, self.recognizer.precision):
+            enc, *rest = encode(*inputs)
+            log_probs = self.recognizer.model.ctc(enc)
+        return at_least_float32(enc), at_least_float32(log_probs), *rest
 
     def search(self, enc: Tensor, ctc_log_probs: Tensor, num_samples: int) -> Decoded:
         """A joint CTC/attention beam search over one utterance's encoder frames `enc (T, D)`,
@@ -368,7 +372,6 @@ class StreamingEngine:
             ctc_log_probs.float().cpu(),
             num_samples,
             token_log_probs=token_logp[0],
-            no_speech_prob=_no_speech_prob(ctc_log_probs),
             alternatives=best[1:5],
         )
 
@@ -401,7 +404,6 @@ class StreamingEngine:
             ctc_log_probs.float().cpu(),
             num_samples,
             token_log_probs=token_logp[order[0]],
-            no_speech_prob=_no_speech_prob(ctc_log_probs),
             alternatives=hyps[1:5],
         )
 
@@ -591,6 +593,7 @@ class Stream:
                 decoded = self.engine.search(enc, ctc, num_samples)
             else:
                 decoded = self.engine.rescore(enc, ctc, nbest, num_samples)
+            decoded = replace(decoded, no_speech_prob=_no_speech_prob(ctc))
             transcript = alignment.transcript(self.recognizer, decoded)
             if transcript.words:  # not a word separator alone
                 self.spans.append((start, end))

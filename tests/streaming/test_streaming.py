@@ -103,6 +103,19 @@ def test_features_arrive_as_the_whole_file_gives_them(trained) -> None:
     torch.testing.assert_close(parts, whole, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("final_search", ["rescore", "beam"])
+def test_a_full_context_final_has_the_no_speech_prob_of_offline(trained, final_search):
+    """The CTC head's probability of an empty transcript, of the same frames: the stream's
+    segments had none."""
+    recognizer, waves = trained
+    clipped = waves["an4_clstk/fash/an254-fash-b"][:4000]  # "GO", the rest of a second silent
+    wave = torch.cat([clipped, torch.zeros(RATE)])
+    options = StreamOptions(chunk_ms=None, endpoint=None, final_search=final_search)
+    streamed = stream_transcript(recognizer, wave, options).segments[0].no_speech_prob
+    offline = recognizer.transcribe(wave, sample_rate=RATE).segments[0].no_speech_prob
+    assert offline > 1e-6 and streamed == pytest.approx(offline, rel=1e-4)
+
+
 @pytest.mark.parametrize("chunk_ms", [160, None])
 def test_a_bf16_recognizer_streams_its_encoder_under_autocast(trained, chunk_ms, monkeypatch):
     """`--precision bf16` was taken by offline decoding alone: a stream ran in fp32."""
