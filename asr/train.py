@@ -663,8 +663,7 @@ class ASRCLI(LightningCLI):
         config = self.config[subcommand] if subcommand else None
         path = given_path = config.get("ckpt_path") if config is not None else None
         if path in ("last", "best") and subcommand in ("fit", "validate", "test"):
-            root = config.trainer.default_root_dir or "."
-            _forget_another_runs_folders(config, root)
+            root = _run_root(config)
             last = Path(config.checkpoint.dirpath or Path(root) / "checkpoints") / "last.ckpt"
             if subcommand != "fit":
                 path = config.ckpt_path = str(_named_checkpoint(path, last))
@@ -726,8 +725,7 @@ class ASRCLI(LightningCLI):
                 f"--trainer.precision {config.trainer.precision}: the frontend makes float32 "
                 "features, which half-precision weights cannot take; use bf16-mixed or 16-mixed"
             )
-        root = config.trainer.default_root_dir or "."
-        _forget_another_runs_folders(config, root)
+        root = _run_root(config)
         if config.checkpoint.dirpath is None:
             # One checkpoint folder per experiment, so `--ckpt_path last` resumes a rerun.
             config.checkpoint.dirpath = str(Path(root) / "checkpoints")
@@ -956,6 +954,23 @@ def _say_where(cli: ASRCLI) -> None:
         "--ckpt_path last and a longer --trainer.max_time goes on from there.",
         file=sys.stderr,
     )
+
+
+def _run_root(config: Namespace) -> str:
+    """The run's root folder, its folders' `~` expanded first, as Lightning expands them
+    (every check on `last.ckpt` then reads the file Lightning writes and resumes), and a saved
+    run's folders forgotten where another root is given."""
+    loggers = config.trainer.logger if isinstance(config.trainer.logger, list) else []
+    groups = [(config.get(name), key) for name, key in (
+        ("trainer", "default_root_dir"), ("checkpoint", "dirpath"), ("step_checkpoint", "dirpath")
+    )]  # fmt: skip
+    groups += [(getattr(lg, "init_args", None), "save_dir") for lg in loggers]
+    for group, key in groups:
+        if group is not None and isinstance(group.get(key), str):
+            group[key] = os.path.expanduser(group[key])
+    root = config.trainer.default_root_dir or "."
+    _forget_another_runs_folders(config, root)
+    return root
 
 
 def _forget_another_runs_folders(config: Namespace, root: str) -> None:

@@ -117,7 +117,9 @@ def _fit_args(data: dict[str, str], root: Path) -> list[str]:
     ]  # fmt: skip
 
 
-def test_fit_writes_config_checkpoints_logs_and_plots(tiny_an4, tmp_path, caplog, recwarn, capsys):
+def test_fit_writes_config_checkpoints_logs_and_plots(
+    tiny_an4, tmp_path, caplog, recwarn, capsys, monkeypatch
+):
     with caplog.at_level(logging.INFO):
         main(_fit_args(tiny_an4, tmp_path))
     said = f"asr fit: checkpoints in {tmp_path / 'checkpoints'}; logs and config.yaml in "
@@ -158,6 +160,16 @@ def test_fit_writes_config_checkpoints_logs_and_plots(tiny_an4, tmp_path, caplog
     assert (other / "logs" / "version_0" / "metrics.csv").is_file()
     # validation batches of one utterance: the plots are of the first batches
     assert len(list((other / "logs" / "version_0" / "attention").glob("epoch000_*.png"))) == 2
+    after = (run / "metrics.csv").read_text(), (tmp_path / "checkpoints" / "last.ckpt").stat()
+    assert after == before
+    # its folders spelt from `~`, as a config written by hand may: the same, expanded alike
+    monkeypatch.setenv("HOME", str(tmp_path.parent))
+    home = (run / "config.yaml").read_text().replace(str(tmp_path), f"~/{tmp_path.name}")
+    (tmp_path / "home.yaml").write_text(home)
+    main(["fit", "--config", str(tmp_path / "home.yaml"), "--trainer.default_root_dir",
+          str(tmp_path / "home"), "--trainer.max_epochs", "1",
+          "--trainer.limit_train_batches", "1"])  # fmt: skip
+    assert (tmp_path / "home" / "checkpoints" / "last.ckpt").is_file()
     after = (run / "metrics.csv").read_text(), (tmp_path / "checkpoints" / "last.ckpt").stat()
     assert after == before
 
@@ -260,7 +272,7 @@ def _steps_per_epoch(root: Path) -> int:
     return first["global_step"]
 
 
-def test_resume_from_last_and_average(tiny_an4, tmp_path, capsys):
+def test_resume_from_last_and_average(tiny_an4, tmp_path, capsys, monkeypatch):
     """A rerun with `--ckpt_path last` continues the same experiment; `asr average` writes a
     checkpoint whose weights are the mean of the best ones."""
     filters = list(warnings.filters)
@@ -311,6 +323,10 @@ def test_resume_from_last_and_average(tiny_an4, tmp_path, capsys):
         assert f"ctc_weight: 0.5 now, 0.3 when trained: --ckpt_path {named} sets it" in said
         said = refused([*argv, "--config", str(weighted)], capsys)
         assert f"model.init_args.ctc_weight: 0.5 now, 0.3 when trained: --ckpt_path {named}" in said
+    monkeypatch.setenv("HOME", str(tmp_path.parent))  # the run's folder spelt from `~`
+    argv = [*_fit_args(tiny_an4, Path("~") / tmp_path.name), "--ckpt_path", "last"]
+    said = refused([*argv, "--model.init_args.ctc_weight", "0.5"], capsys)
+    assert f"ctc_weight: 0.5 now, 0.3 when trained: --ckpt_path last ({last}) sets it" in said
 
     out = tmp_path / "avg.ckpt"
     assert main(["average", "--last", str(last), "--best", "2", "--out", str(out)]) == 0
