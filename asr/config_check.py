@@ -175,11 +175,9 @@ def _problems(
         return
     group = _group(key)
     value = None if group is None or isinstance(node, yaml.MappingNode) else _value(node)
-    if value not in (None, UNJUDGED) and not isinstance(value, str):
-        shown = "a list" if isinstance(value, list) else repr(value)  # a string may name a file
-        said = f"expected a mapping of {group[1]}'s arguments, got {shown}"
-        yield node.start_mark.line + 1, f"{key}: {said}"  # jsonargparse would drop it silently
-        return
+    if value not in (None, UNJUDGED) and not isinstance(value, str):  # a string may name a file
+        yield node.start_mark.line + 1, f"{key}: {_not_a_mapping(group[1], value)}"
+        return  # jsonargparse would drop it silently
     if isinstance(node, yaml.SequenceNode):
         for i, item in enumerate(node.value):
             yield from _problems(item, f"{key}[{i}]", classes, within)
@@ -254,10 +252,25 @@ def _arguments(target, name: str, node: yaml.Node, key: str) -> Iterator[Problem
         problem = _type_problem(annotation, _value(value), parameters[k.value].default)
         if problem is not None:
             yield value.start_mark.line + 1, f"{_join(key, k.value)}: {problem}"
-        elif isinstance(value, yaml.MappingNode) and not _subclass_spec(value):
-            typed = _options_class(annotation)
-            if typed is not None:
-                yield from _arguments(typed, typed.__qualname__, value, _join(key, k.value))
+            continue
+        typed = _options_class(annotation)
+        if typed is None or (isinstance(value, yaml.MappingNode) and _subclass_spec(value)):
+            continue
+        if isinstance(value, yaml.MappingNode):
+            yield from _arguments(typed, typed.__qualname__, value, _join(key, k.value))
+            continue
+        read = _value(value)  # else jsonargparse fails deep in instantiation, pages of tracebacks
+        if read is UNJUDGED or isinstance(read, str):  # a string may name a file
+            continue
+        if read is not None or type(None) not in typing.get_args(annotation):
+            said = _not_a_mapping(typed.__qualname__, read)
+            yield value.start_mark.line + 1, f"{_join(key, k.value)}: {said}"
+
+
+def _not_a_mapping(name: str, value: Any) -> str:
+    """What to say of `value` (as `_value` reads it) given for `name`'s arguments."""
+    shown = "a list" if isinstance(value, list) else repr(value)
+    return f"expected a mapping of {name}'s arguments, got {shown}"
 
 
 def _signature(target) -> dict[str, inspect.Parameter] | None:

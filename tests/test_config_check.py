@@ -347,6 +347,7 @@ def test_a_config_laid_over_another_is_checked_against_its_classes(tmp_path) -> 
     overlay = tmp_path / "augment.yaml"
     overlay.write_text(
         "data:\n  init_args:\n    augment:\n      nosie: {prob: 0.3}\n      reverb: {porb: 0.1}\n"
+        "      narrowband: 0.1\n      noise: [0.3]\n      gain: {}\n"
     )
     classes: dict = {}
     assert config_problems(QUICK, classes) == []
@@ -355,6 +356,11 @@ def test_a_config_laid_over_another_is_checked_against_its_classes(tmp_path) -> 
         "(did you mean 'noise'?)",
         f"{overlay}:5: data.init_args.augment.reverb.porb: ReverbAugment takes no argument "
         "'porb' (did you mean 'prob'?)",
+        # not a mapping: jsonargparse failed in instantiation, three tracebacks, no line
+        f"{overlay}:6: data.init_args.augment.narrowband: expected a mapping of "
+        "NarrowbandAugment's arguments, got 0.1",
+        f"{overlay}:7: data.init_args.augment.noise: expected a mapping of NoiseAugment's "
+        "arguments, got a list",
     ]
     assert config_problems(overlay) == []  # alone, it does not say what `data` is
 
