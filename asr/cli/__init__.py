@@ -113,10 +113,14 @@ def _cmvn(args: argparse.Namespace) -> int:
         given = [name for name, value in own.items() if value is not None]
         if given:
             raise ValueError(f"{' and '.join(given)}: the features are --config's; give either")
-        problems = config_problems(args.config, within="model.init_args.frontend")
+        if len(args.config) > 1:  # not laid over one another, as asr fit does
+            raise ValueError("--config given twice: give the one config whose model names the "
+                             "frontend")  # fmt: skip
+        config = args.config[0]
+        problems = config_problems(config, within="model.init_args.frontend")
         if problems:
             raise ValueError("\n".join(problems))
-        frontend = config_frontend(args.config)
+        frontend = config_frontend(config)
     else:
         rate, n_mels = args.sample_rate or 16000, args.n_mels or 80
         level = None if args.target_dbfs is None else LevelNormalizer(args.target_dbfs)
@@ -991,7 +995,11 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
             help="JSONL manifest whose audio the statistics are taken over (the training set's)",
         )
         p.add_argument("--out", required=True, help="output JSON file")
-        p.add_argument("--config", help="a training config (conf/...yaml): its frontend's features")
+        p.add_argument(
+            "--config",
+            action="append",
+            help="a training config (conf/...yaml): its frontend's features",
+        )
         p.add_argument("--sample-rate", type=count, help="without --config (default: 16000)")
         p.add_argument("--n-mels", type=count, help="without --config (default: 80)")
         p.add_argument("--max-utterances", type=count, help="use only the first N utterances")

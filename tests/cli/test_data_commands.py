@@ -38,6 +38,8 @@ def manifest(tmp_path):
         (["cmvn", "--manifest", "{m}", "--out", "{tmp}/c.json", "--config", "{bad_class}",
           "--n-mels", "40", "--target-dbfs", "-20"],
          "--n-mels and --target-dbfs: the features are --config's; give either"),
+        (["cmvn", "--manifest", "{m}", "--out", "{tmp}/c.json", "--config", "{bad_class}",
+          "--config", "{bad_yaml}"], "--config given twice: give the one config whose model"),
     ],
 )  # fmt: skip
 def test_a_path_or_config_that_cannot_work_is_named(argv, said, manifest, tmp_path, capsys):
