@@ -48,7 +48,7 @@ class Frontend(nn.Module):
         features: waves -> features (`LogMelFilterbank`, `MFCC`, `KaldiFbank`, ...).
         normalize: e.g. `GlobalCMVN`; before `augment`, so a 0 mask is the corpus mean.
         augment: e.g. `SpecAugment` (acts in training mode only).
-        level: waves -> waves, e.g. `LevelNormalizer` (CMVN stats via `asr cmvn --target-dbfs`).
+        level: waves -> waves, e.g. `LevelNormalizer` (its CMVN stats: `asr cmvn --config`).
     """
 
     def __init__(

@@ -338,8 +338,8 @@ def check_cmvn_stats(
         def said(dbfs: float | None) -> str:
             return "audio as recorded" if dbfs is None else f"audio at {dbfs:g} dBFS"
 
-        flag = "" if target is None else f" --target-dbfs {target:g}"
         raise ValueError(
             f"{normalize.stats_path}: CMVN statistics of {said(normalize.level_dbfs)}, but the "
-            f"frontend gives {said(target)}: recompute them with `asr cmvn{flag}`"
+            f"frontend gives {said(target)}: recompute them through this config (asr cmvn "
+            "--config)"
         )
