@@ -508,6 +508,14 @@ def test_log_mel_refuses_options_that_give_empty_or_broken_bands(options, match)
         MFCC(n_mfcc=1, **{"n_mels": 1, **options})
 
 
+def test_floors_that_would_give_infinite_or_nan_features_are_refused():
+    with pytest.raises(ValueError, match=r"log_floor \(0.0\) must be positive"):
+        LinearSpectrogram(log_floor=0.0)  # log of digital silence: -inf
+    LinearSpectrogram(log=False, log_floor=0.0)  # not taken
+    with pytest.raises(ValueError, match=r"std_floor \(0\) must be positive"):
+        UtteranceCMVN(norm_vars=True, std_floor=0)  # a constant band: NaN
+
+
 @pytest.mark.parametrize(
     "options, match",
     [

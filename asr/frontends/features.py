@@ -255,6 +255,8 @@ class LinearSpectrogram(nn.Module):
         sample_rate: int = 16000,
     ):
         super().__init__()
+        if log and not log_floor > 0:  # digital silence would give -inf features
+            raise ValueError(f"log_floor ({log_floor}) must be positive")
         self.sample_rate = sample_rate
         self.spectrogram = _SnipEdgesSpectrogram(n_fft, win_length, hop_length, window, power)
         self.log, self.log_floor = log, log_floor

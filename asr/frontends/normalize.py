@@ -39,6 +39,8 @@ class UtteranceCMVN(nn.Module):
 
     def __init__(self, norm_means: bool = True, norm_vars: bool = False, std_floor: float = 1e-5):
         super().__init__()
+        if norm_vars and not std_floor > 0:  # a constant band would give NaN features
+            raise ValueError(f"std_floor ({std_floor}) must be positive")
         self.norm_means, self.norm_vars, self.std_floor = norm_means, norm_vars, std_floor
 
     def forward(self, x: Tensor, x_lens: Tensor) -> tuple[Tensor, Tensor]:
