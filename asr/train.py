@@ -833,7 +833,7 @@ def _check_checkpoint_fits(path: str, checkpoint: dict, module: L.LightningModul
     if not isinstance(weights, dict):
         raise CheckpointError(f"{path}: no weights inside (not written by asr fit?)")
     # a recognizer's init_from takes weights of another shape or vocabulary, an LM's does not
-    remaps = not hasattr(module, "lm")
+    remaps = f"{type(module).__module__}.{type(module).__qualname__}" != LM_CLASS
     differ = weight_differences(module.state_dict(), weights)
     if differ:
         more = f" (and {len(differ) - 1} more)" if len(differ) > 1 else ""
