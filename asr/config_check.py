@@ -12,6 +12,7 @@ import dataclasses
 import difflib
 import importlib
 import inspect
+import json
 import types
 import typing
 from collections.abc import Iterator, Sequence
@@ -259,17 +260,28 @@ def _arguments(target, name: str, node: yaml.Node, key: str) -> Iterator[Problem
         if isinstance(value, yaml.MappingNode):
             yield from _arguments(typed, typed.__qualname__, value, _join(key, k.value))
             continue
-        read = _value(value)  # else jsonargparse fails deep in instantiation, pages of tracebacks
-        if read is UNJUDGED or isinstance(read, str):  # a string may name a file
-            continue
-        if read is not None or type(None) not in typing.get_args(annotation):
-            said = _not_a_mapping(typed.__qualname__, read)
+        said = _options_problem(typed, annotation, _value(value))
+        if said is not None:
             yield value.start_mark.line + 1, f"{_join(key, k.value)}: {said}"
+
+
+def _options_problem(typed: type, annotation, read: Any) -> str | None:
+    """What is wrong with `read` (as `_value` or `_loaded` reads it) given for a parameter
+    annotated `annotation`, a dataclass of options `typed`: anything but a mapping, null where
+    allowed, or a string (it may name a file). Else jsonargparse fails deep in instantiation,
+    with pages of tracebacks."""
+    if read is UNJUDGED or isinstance(read, (str, dict)):
+        return None
+    if read is None and type(None) in typing.get_args(annotation):
+        return None
+    return _not_a_mapping(typed.__qualname__, read)
 
 
 def _not_a_mapping(name: str, value: Any) -> str:
     """What to say of `value` (as `_value` reads it) given for `name`'s arguments."""
     shown = "a list" if isinstance(value, list) else repr(value)
+    if value is None or isinstance(value, bool):  # as YAML spells them
+        shown = json.dumps(value)
     return f"expected a mapping of {name}'s arguments, got {shown}"
 
 
@@ -410,6 +422,9 @@ def _option_problem(target, name: str, parts: list[str], value, abbreviates: boo
                 )
             if value is None:  # no value given: jsonargparse says so
                 return None
+            typed = _options_class(annotation)
+            if typed is not None:
+                return _options_problem(typed, annotation, _loaded(value))
             return _type_problem(annotation, value, parameters[part].default)
         target = _options_class(annotation)
         if target is None:

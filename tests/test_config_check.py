@@ -90,7 +90,7 @@ def test_a_value_its_plain_type_refuses_is_named_with_its_line(tmp_path, old, ne
 @pytest.mark.parametrize(
     ("value", "line", "said"),
     [("[{max_epochs: 3}]", 2, "a list"), ("\n  - max_epochs: 3", 3, "a list"), ("5", 2, "5"),
-     ("true", 2, "True")],
+     ("true", 2, "true")],
 )  # fmt: skip
 def test_a_group_given_as_anything_but_a_mapping_is_named(tmp_path, value, line, said) -> None:
     path = tmp_path / "overlay.yaml"  # `checkpoint:` with no value gives no arguments: right
@@ -416,6 +416,12 @@ def test_the_top_level_keys_are_those_each_subcommand_takes(tmp_path, capsys, su
         ("--trainer.max_steps=abc", "expected int, got 'abc'"),
         ("--model.encoder.init_args.num_layers=2.5", "expected int, got '2.5'"),
         ("--data.augment.noise.prob=often", "expected float, got 'often'"),
+        ("--data.init_args.augment.noise=[0.3]", "expected a mapping of NoiseAugment's "
+         "arguments, got a list"),
+        ("--data.augment=3", "expected a mapping of WaveAugment's arguments, got 3"),
+        ("--data.augment.gain=null", "expected a mapping of GainAugment's arguments, got null"),
+        ("--data.augment.gain=true", "expected a mapping of GainAugment's arguments, got true"),
+        ("--data.augment.gain=1", "expected a mapping of GainAugment's arguments, got 1"),
         ("--model.init_args.vocab_size=50", "set from data.tokenizer (a link, which overrides "
          "it); set that instead"),
         ("--model.tokenizer", "set from data.tokenizer (a link, which overrides it); set that "
@@ -449,6 +455,8 @@ def test_a_wrong_option_is_named_against_the_class_it_goes_to(option, said) -> N
          "--model.encoder.help", "asr.models.rnn.RNNEncoder"],  # jsonargparse's help on a class
         ["--trainer.max_steps=3", "--model.ctc_weight", "1", "--trainer.enable_progress_bar",
          "yes", "--model.encoder.num_layers", " 2", "--trainer.max_epochs", "-1"],
+        ["--data.augment.noise", "{prob: 0.5}", "--data.augment=null", "--data.augment.gain",
+         "gain.yaml"],  # a mapping, null where allowed, a file
     ],
 )  # fmt: skip
 def test_options_it_cannot_judge_or_that_are_right_pass(options) -> None:
