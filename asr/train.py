@@ -20,6 +20,7 @@ from typing import Any
 
 import lightning as L
 import torch
+import yaml
 from jsonargparse import Namespace
 from lightning.fabric.plugins import CheckpointIO
 from lightning.fabric.utilities.distributed import _set_num_threads_if_needed
@@ -663,7 +664,7 @@ class ASRCLI(LightningCLI):
         config = self.config[subcommand] if subcommand else None
         path = given_path = config.get("ckpt_path") if config is not None else None
         if path in ("last", "best") and subcommand in ("fit", "validate", "test"):
-            root = _run_root(config)
+            root = _run_root(config, self.argv)
             last = Path(config.checkpoint.dirpath or Path(root) / "checkpoints") / "last.ckpt"
             if subcommand != "fit":
                 path = config.ckpt_path = str(_named_checkpoint(path, last))
@@ -725,7 +726,7 @@ class ASRCLI(LightningCLI):
                 f"--trainer.precision {config.trainer.precision}: the frontend makes float32 "
                 "features, which half-precision weights cannot take; use bf16-mixed or 16-mixed"
             )
-        root = _run_root(config)
+        root = _run_root(config, self.argv)
         if config.checkpoint.dirpath is None:
             # One checkpoint folder per experiment, so `--ckpt_path last` resumes a rerun.
             config.checkpoint.dirpath = str(Path(root) / "checkpoints")
@@ -956,11 +957,11 @@ def _say_where(cli: ASRCLI) -> None:
     )
 
 
-def _run_root(config: Namespace) -> str:
+def _run_root(config: Namespace, argv: Sequence[str]) -> str:
     """The run's root folder, its folders' `~` expanded first, as Lightning expands them
     (every check on `last.ckpt` then reads the file Lightning writes and resumes), and a saved
-    run's folders forgotten where another root is given."""
-    loggers = config.trainer.logger if isinstance(config.trainer.logger, list) else []
+    run's folders forgotten where another root is given (its config among `argv`'s)."""
+    loggers = _loggers(config)
     groups = [(config.get(name), key) for name, key in (
         ("trainer", "default_root_dir"), ("checkpoint", "dirpath"), ("step_checkpoint", "dirpath")
     )]  # fmt: skip
@@ -969,31 +970,66 @@ def _run_root(config: Namespace) -> str:
         if group is not None and isinstance(group.get(key), str):
             group[key] = os.path.expanduser(group[key])
     root = config.trainer.default_root_dir or "."
-    _forget_another_runs_folders(config, root)
+    _forget_another_runs_folders(config, root, argv)
     return root
 
 
-def _forget_another_runs_folders(config: Namespace, root: str) -> None:
+def _loggers(config: Namespace) -> list:
+    """The loggers --trainer.logger sets up: a list, one alone, or none (true, false, None)."""
+    logger = config.trainer.logger
+    return logger if isinstance(logger, list) else [logger] if isinstance(logger, Namespace) else []
+
+
+def _forget_another_runs_folders(config: Namespace, root: str, argv: Sequence[str]) -> None:
     """A run's saved config.yaml names its checkpoint folder and logger versions, which this
     class derives from --trainer.default_root_dir. Given again with another root folder, they
     would send this run into the saved run's folders (resuming and overwriting it): they are
     derived anew from the root."""
-    loggers = config.trainer.logger if isinstance(config.trainer.logger, list) else []
+    loggers = _loggers(config)
     folders = {str(getattr(getattr(lg, "init_args", None), "save_dir", "")) for lg in loggers}
-    saved = next(iter(folders)) if len(folders) == 1 else None
+    # the saved run's root: its loggers' folder, else the root a config file names beside them
+    told = [next(iter(folders)) if len(folders) == 1 else None]
+    told += map(_root_of_saved_run, reversed(config_paths(argv)))
+    saved = next(
+        (r for r in told if r and config.checkpoint.dirpath == str(Path(r) / "checkpoints")), None
+    )  # else not the folders of a saved run: chosen on purpose
     if not saved or os.path.abspath(saved) == os.path.abspath(root):
         return
-    if config.checkpoint.dirpath != str(Path(saved) / "checkpoints"):
-        return  # not the folders of a saved run: chosen on purpose
+    ours = {os.path.abspath(f) for f in folders} == {os.path.abspath(saved)}  # else chosen
+    logs = ours or config.trainer.logger in (None, True)  # the default loggers, below the root
     print(
         f"asr: the config's run folder {saved} is not --trainer.default_root_dir {root}: "
-        f"checkpoints and logs go below {root}",
+        f"{'checkpoints and logs' if logs else 'checkpoints'} go below {root}",
         file=sys.stderr,
     )
     if config.step_checkpoint.dirpath == config.checkpoint.dirpath:
         config.step_checkpoint.dirpath = None
     config.checkpoint.dirpath = None
-    config.trainer.logger = None
+    if ours:  # its loggers, each kept, log below this root (else none, or chosen folders)
+        version = _next_version(Path(root) / "logs")  # the default ones', one for both
+        for logger in loggers:
+            logger.init_args.save_dir = root
+            if "version" in logger.init_args:  # a new run of its own
+                ours_too = logger.class_path in DEFAULT_LOGGERS
+                logger.init_args.version = version if ours_too else None
+
+
+def _root_of_saved_run(path: str) -> str | None:
+    """The root folder the config file `path` names where it names the checkpoint folder that
+    `asr fit` derives from it, as a run's saved config does; else None."""
+    try:
+        read = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return None  # LightningCLI says what is wrong with it
+    if not isinstance(read, dict):
+        return None
+    trainer, checkpoint = read.get("trainer"), read.get("checkpoint")
+    root = trainer.get("default_root_dir") if isinstance(trainer, dict) else None
+    folder = checkpoint.get("dirpath") if isinstance(checkpoint, dict) else None
+    if not isinstance(root, str) or not isinstance(folder, str):
+        return None
+    root = os.path.expanduser(root)
+    return root if os.path.expanduser(folder) == str(Path(root) / "checkpoints") else None
 
 
 def _check_checkpoint_choice(command: str | None, ckpt_path: str | None, folder: Path) -> None:

@@ -12,10 +12,11 @@ from types import SimpleNamespace
 import lightning as L
 import pytest
 import torch
+import yaml
 from conftest import run_forked
 from jsonargparse import Namespace
 
-from asr.train import _emulates_bf16, reopen_cut_epoch, sigterm_without_collective
+from asr.train import _emulates_bf16, _run_root, reopen_cut_epoch, sigterm_without_collective
 
 
 def _counts(ready: int, processed: int, completed: int) -> dict[str, int]:
@@ -184,3 +185,55 @@ def test_sigterm_under_ddp_raises_the_flag_and_passes_it_on_without_a_collective
     for _ in range(2):
         trainer._signal_connector._sigterm_notifier_fn(signal.SIGTERM, None)
     assert trainer.received_sigterm and killed == [signal.SIGTERM]
+
+
+def _saved_run(folder: Path, logger) -> tuple[Path, Namespace]:
+    """A run's saved config.yaml in `folder` with `logger`, and the config it reads as."""
+    saved = {"trainer": {"default_root_dir": str(folder)},
+             "checkpoint": {"dirpath": str(folder / "checkpoints")}}  # fmt: skip
+    folder.mkdir()
+    (folder / "config.yaml").write_text(yaml.safe_dump(saved))
+    config = Namespace(
+        trainer=Namespace(default_root_dir=str(folder), logger=logger),
+        checkpoint=Namespace(dirpath=str(folder / "checkpoints")),
+        step_checkpoint=Namespace(dirpath=str(folder / "checkpoints")),
+    )
+    return folder / "config.yaml", config
+
+
+@pytest.mark.parametrize("logger", [False, "run", "tb"])
+def test_a_saved_run_without_a_list_of_loggers_given_another_root_goes_there(
+    tmp_path, logger, capsys
+):
+    """Its checkpoint folder is derived anew from the root given, as with the default loggers;
+    before, no logger list told it was the saved run's, which was refused or resumed. A logger
+    of the saved run's folder logs below the new root, a new run of its own; one of a folder of
+    its own, or none, is kept as it is."""
+    one = Namespace(class_path="lightning.pytorch.loggers.WandbLogger",
+                    init_args=Namespace(save_dir=str(tmp_path / str(logger)), version="abc",
+                                        project="mine"))  # fmt: skip
+    path, config = _saved_run(tmp_path / "run", one if logger else False)
+    config.trainer.default_root_dir = str(tmp_path / "other")
+    argv = ["fit", "--config", str(path), "--trainer.default_root_dir", str(tmp_path / "other")]
+    assert _run_root(config, argv) == str(tmp_path / "other")
+    assert config.checkpoint.dirpath is None and config.step_checkpoint.dirpath is None
+    assert config.trainer.logger is (one if logger else False)
+    moved = Namespace(save_dir=str(tmp_path / "other"), version=None, project="mine")
+    kept = Namespace(save_dir=str(tmp_path / "tb"), version="abc", project="mine")
+    if logger:
+        assert one.init_args == (moved if logger == "run" else kept)
+    said = f"is not --trainer.default_root_dir {tmp_path / 'other'}: checkpoints "
+    said += "and logs go below" if logger == "run" else "go below"
+    assert said in capsys.readouterr().err
+
+
+def test_a_checkpoint_folder_chosen_beside_another_root_is_kept(tmp_path):
+    """A config whose checkpoint folder is not the one derived from its root chose it."""
+    path, config = _saved_run(tmp_path / "run", False)
+    chosen = {"trainer": {"default_root_dir": str(tmp_path / "run")},
+              "checkpoint": {"dirpath": str(tmp_path / "chosen")}}  # fmt: skip
+    path.write_text(yaml.safe_dump(chosen))
+    config.checkpoint.dirpath = config.step_checkpoint.dirpath = str(tmp_path / "chosen")
+    config.trainer.default_root_dir = str(tmp_path / "other")
+    assert _run_root(config, ["fit", "--config", str(path)]) == str(tmp_path / "other")
+    assert config.checkpoint.dirpath == str(tmp_path / "chosen")
