@@ -663,6 +663,8 @@ class ASRCLI(LightningCLI):
         subcommand = self.config.get("subcommand")
         config = self.config[subcommand] if subcommand else None
         path = given_path = config.get("ckpt_path") if config is not None else None
+        if isinstance(path, str) and path.startswith("~"):  # `--ckpt_path=~/x`: no shell expands it
+            path = config.ckpt_path = os.path.expanduser(path)
         if path in ("last", "best") and subcommand in ("fit", "validate", "test"):
             root = _run_root(config, self.argv)
             last = Path(config.checkpoint.dirpath or Path(root) / "checkpoints") / "last.ckpt"

@@ -407,6 +407,10 @@ def test_resume_from_last_and_average(tiny_an4, tmp_path, capsys, monkeypatch):
         for command in ("validate", "test"):
             said = refused([command, *test_args, "--ckpt_path", str(path)], capsys)
             assert said.startswith(f"asr {command}: error: {path}: {says}"), said
+    # `--ckpt_path=~/x`, which no shell expands: the file in the home folder
+    monkeypatch.setenv("HOME", str(tmp_path))
+    said = refused(["validate", *test_args, f"--ckpt_path=~/{text.name}"], capsys)
+    assert said.startswith(f"asr validate: error: {text}: not a checkpoint"), said
 
 
 @pytest.mark.gpu
