@@ -549,6 +549,17 @@ def test_missing_parts_are_said_not_thrown(driver, tmp_path):
     assert driver.find_element(By.ID, "audio-note").text == "file not found: a/b.wav"
 
 
+def test_a_hypothesis_saved_without_word_times_is_aligned_by_its_text(driver, tmp_path):
+    ref, hyp = ["U", "M", "SIX"], ["B", "U", "M", "SEVEN"]
+    untimed = bare_utterance("untimed", ref=" ".join(ref), hyp=" ".join(hyp), ops=_ops(ref, hyp))
+    open_page(driver, tmp_path, page_data([untimed]))
+    open_utterance(driver, "untimed")
+    pairs = driver.find_elements(By.CSS_SELECTOR, "#alignment .pair .h")
+    assert [p.text for p in pairs] == hyp
+    kinds = [w.get_attribute("class") for w in driver.find_elements(By.CSS_SELECTOR, "#hyp .word")]
+    assert kinds == ["word op-i", "word op-c", "word op-c", "word op-s"]
+
+
 def test_a_compared_decode_adds_its_wer_columns_and_hypothesis(driver, tmp_path):
     """With B beside A: B's WER and the difference per utterance, sortable; the summary's
     cards for B; in an utterance, B's words coloured by their alignment, its deletions struck

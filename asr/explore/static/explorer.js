@@ -511,17 +511,17 @@
   const editOps = (x) => list(x).map(list).filter((op) => ["C", "S", "D", "I"].includes(op[0]));
 
   function renderWords(u) {
-    const words = list(u.words).map((w) => ({
+    const timed = list(u.words).map((w) => ({
       w: text(obj(w).w), start: num(obj(w).start), end: num(obj(w).end), conf: num(obj(w).conf),
     }));
+    // Hypothesis: timed word spans, or the plain text split when no words were saved.
+    const words = timed.length ? timed
+      : text(u.hyp).split(/\s+/).filter(Boolean).map((w) => ({ w, start: null, end: null, conf: null }));
     const ops = editOps(u.ops);
     const hypOp = new Array(words.length).fill(null);
     for (const [kind, , h] of ops) if (Number.isInteger(h) && h >= 0 && h < words.length) hypOp[h] = kind;
 
-    // Hypothesis: timed word spans, or the plain text split when no words were saved.
-    const shown = words.length ? words
-      : text(u.hyp).split(/\s+/).filter(Boolean).map((w) => ({ w, start: null, end: null, conf: null }));
-    view.words = shown.map((w, i) => {
+    view.words = words.map((w, i) => {
       const cls = ["word", hypOp[i] ? `op-${hypOp[i].toLowerCase()}` : null, w.conf !== null ? "conf" : null];
       const span = wordSpan(w.w, w.start, w.end, cls.filter(Boolean).join(" "));
       if (w.conf !== null) span.style.setProperty("--conf", confColor(w.conf));
