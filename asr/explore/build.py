@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from asr.audio import AudioError, load_audio
+from asr.audio import AudioError, audio_info, load_audio
 from asr.explore import MAX_MEGABYTES
 from asr.explore.page import build_page
 from asr.explore.records import (
@@ -267,13 +267,33 @@ def decode_data(
         return max(_worst_wer(u), _worst_wer(u.get("compare") or {}))
 
     worst_first = sorted(range(len(records)), key=lambda i: -worst(utterances[i]))
+    recordings: dict[str, float | None] = {}
     for i in _bar(worst_first, progress, "explore"):
         record = records[i]
         where = (record.get("audio"), record.get("offset", 0.0), record.get("duration"))
         arrays = partial(_record_arrays, record, maps, layout)  # read only if the page has room
-        utterances[i] |= media.row(*where, arrays, utterances[i]["flags"])
+        recording = partial(_recording_seconds, *where, recordings)
+        utterances[i] |= media.row(*where, arrays, utterances[i]["flags"], recording)
     notes += media.notes(utterances, "utterances", "the worst utterances")
     return _page("decode", folder, notes, summary, utterances) | {"compare": compared}
+
+
+def _recording_seconds(
+    path: str | None, offset: float, duration: float | None, known: dict[str, float | None]
+) -> float | None:
+    """The length of the recording a record is a stretch of, from its header (once per file:
+    `known`); None for a record that names no stretch (no offset, no duration), or a header
+    that cannot be read (its row then says why)."""
+    if not path or (not offset and duration is None):
+        return None
+    if not Path(path).is_file():  # a pipe would block the read; a file gone: its row says so
+        return None
+    if path not in known:
+        try:
+            known[path] = audio_info(path).duration
+        except (AudioError, OSError):
+            known[path] = None
+    return known[path]
 
 
 def _decode_fields(record: dict[str, Any], layout: dict[str, Any]) -> dict[str, Any]:
@@ -415,7 +435,8 @@ def _transcript_rows(
     counted = _counted_out(segments, words, tokens)
     for k, segment in enumerate(segments):
         low, high = segment["start"], segment["end"]
-        kept = max(maps, key=lambda m: _overlap(m["span"], (low, high)), default={})
+        # the map most over it, and of two (windows overlap) the one closest to its bounds
+        kept = max(maps, key=lambda m: _fit(m["span"], (low, high)), default={})
         if kept and _overlap(kept["span"], (low, high)) <= 0:
             kept = {}
         start, end = kept["span"] if kept else (low, high)
@@ -468,6 +489,13 @@ def _transcript_fields(
 
 def _overlap(a: tuple[float, float], b: tuple[float, float]) -> float:
     return min(a[1], b[1]) - max(a[0], b[0])
+
+
+def _fit(span: tuple[float, float], segment: tuple[float, float]) -> tuple[float, float]:
+    """How well a map's span fits a segment: their overlap, then its share of their union."""
+    overlap = _overlap(span, segment)
+    union = max(span[1], segment[1]) - min(span[0], segment[0])
+    return overlap, overlap / union if union > 0 else 0.0
 
 
 def _counted_out(
@@ -733,7 +761,7 @@ class _Media:
         duration: float | None,
         arrays: Callable[[], dict[str, tuple[np.ndarray, dict[str, Any]]]],
         flags: list[str],
-        recording: float | None = None,
+        recording: float | Callable[[], float | None] | None = None,
     ) -> dict[str, Any]:
         """A row's audio fields and blob: its audio (see `add`), its pictures and `arrays()`;
         past the budget, a link to its audio alone and `flags` with `LEFT_OUT`."""
@@ -756,10 +784,11 @@ class _Media:
         path: str | None,
         offset: float,
         duration: float | None,
-        recording: float | None = None,
+        recording: float | Callable[[], float | None] | None = None,
     ) -> _Audio:
         """The audio of `path` from `offset` for `duration` (to its end if None), part of a
-        recording `recording` seconds long (the same stretch if None)."""
+        recording `recording` seconds long (the same stretch if None; a callable: read only
+        where needed)."""
         if not path or path == STDIN:
             return _Audio(note=STDIN_NOTE if path == STDIN else "no audio file recorded")
         if Path(path).exists() and not Path(path).is_file():  # a pipe of the folder's maker
@@ -773,7 +802,10 @@ class _Media:
         arrays = {"envelope": (_envelope(wave), {})}
         arrays["spectrogram"] = self._spectrogram(wave)
         seconds = len(wave) / self.sample_rate
-        long = max(seconds, recording or 0.0) > MAX_EMBEDDED_SECONDS
+        long = seconds > MAX_EMBEDDED_SECONDS
+        if not long:  # read (a header, from a callable) only where the stretch can be embedded
+            whole = recording() if callable(recording) else recording
+            long = (whole or 0.0) > MAX_EMBEDDED_SECONDS
         # Audio in a format no browser plays is embedded, unless it is too long to embed.
         if (self.link or long) and (_playable(path) or seconds > MAX_EMBEDDED_SECONDS):
             return self._linked(path, offset, arrays)

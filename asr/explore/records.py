@@ -110,9 +110,34 @@ def read_records(folder: str | os.PathLike) -> Iterator[dict[str, Any]]:
             if not line.strip():
                 continue
             try:
-                yield loads(line)
+                record = loads(line)
             except json.JSONDecodeError as err:
                 raise ValueError(f"{path}:{number}: not JSON ({err.msg})") from None
+            problem = _record_problem(record)
+            if problem is not None:
+                raise ValueError(f"{path}:{number}: {problem}")
+            yield record
+
+
+def _record_problem(record: Any) -> str | None:
+    """What keeps the page from reading a record: its lists' shapes, not every value."""
+    if not isinstance(record, dict):
+        return "not a JSON object"
+    for key, needed in (("tokens", "piece"), ("words", None)):
+        items = record.get(key, [])
+        if not isinstance(items, list) or not all(
+            isinstance(item, dict) and (needed is None or needed in item) for item in items
+        ):
+            return f"{key}: expected a list of objects" + (f" with a {needed!r}" if needed else "")
+    ctc = record.get("ctc")
+    if ctc is not None and not (
+        isinstance(ctc, dict)
+        and isinstance(ctc.get("frames"), int)
+        and all(isinstance(ctc.get(k), list) for k in ("starts", "ends"))
+        and len(ctc["starts"]) == len(ctc["ends"])
+    ):
+        return "ctc: expected 'starts' and 'ends' of one length and a number of 'frames'"
+    return None
 
 
 def read_layout(folder: str | os.PathLike) -> dict[str, Any]:

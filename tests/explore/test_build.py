@@ -811,3 +811,51 @@ def test_a_transcript_of_standard_input_is_said_to_have_no_audio_kept(tmp_path):
     assert not any("missing" in note for note in data["notes"]), data["notes"]
     assert "1 of 1 transcripts or segments transcribed from standard input (`-`): its audio " \
         "was not kept" in data["notes"]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("line", "said"),
+    [
+        ("[1, 2, 3]", "not a JSON object"),
+        ('"hello"', "not a JSON object"),
+        ('{"id": "u", "tokens": [{"start": 0.1}]}', "tokens: expected a list of objects with "
+         "a 'piece'"),
+        ('{"id": "u", "words": ["YES"]}', "words: expected a list of objects"),
+        ('{"id": "u", "ctc": {"starts": [1, 2], "ends": [3], "frames": 9}}', "ctc: expected "
+         "'starts' and 'ends' of one length and a number of 'frames'"),
+        ("{not json}", "not JSON"),
+    ],
+)  # fmt: skip
+def test_a_record_the_page_cannot_read_is_named_with_its_line(tmp_path, line, said):
+    (tmp_path / "utterances.jsonl").write_text('{"id": "fine", "hyp": "YES"}\n' + line + "\n")
+    with pytest.raises(ValueError) as refused:
+        explore(tmp_path, progress=False)
+    assert str(refused.value).startswith(f"{tmp_path / 'utterances.jsonl'}:2: {said}")
+
+
+def test_a_segment_between_two_maps_over_it_alike_gets_the_one_that_fits_it():
+    """Windows overlap: a segment inside the end of both, as much of each, takes the short map
+    of its own window, not the first map's tokens and audio again."""
+    segments = [
+        {"start": 13.6, "end": 15.4, "text": "E W L O D"},
+        {"start": 15.49, "end": 15.98, "text": ""},
+    ]
+    maps = [
+        {"span": (13.5, 15.98), "pieces": list("EWLOD"), "times": [(14, 14.1)] * 5},
+        {"span": (15.0, 15.98), "pieces": ["\u2581"], "times": [(15.5, 15.6)]},
+    ]
+    rows = build._transcript_rows("long", {"segments": segments, "duration": 16.0}, maps)
+    assert [(row.offset, len(row.tokens)) for row in rows] == [(13.5, 5), (15.0, 1)]
+
+
+@pytest.mark.parametrize("offset", [0.2, 0.0])
+def test_a_stretch_of_a_long_recording_in_a_decode_is_linked(tmp_path, monkeypatch, offset):
+    """A manifest line on part of a recording over MAX_EMBEDDED_SECONDS (its first stretch
+    too): its row's audio is linked, as a transcription folder's segments are, not embedded."""
+    wav = next(WAV.rglob("*.wav"))
+    seconds = sf.info(wav).duration
+    monkeypatch.setattr(build, "MAX_EMBEDDED_SECONDS", seconds - 0.5)
+    record = {"id": "part", "hyp": "", "audio": str(wav), "offset": offset, "duration": 0.5}
+    (tmp_path / "utterances.jsonl").write_text(json.dumps(record) + "\n")
+    [row] = page_data(explore(tmp_path, progress=False).read_text())["utterances"]
+    assert row["audio"].split("#")[0].endswith(".wav") and row["audio_offset"] == offset
