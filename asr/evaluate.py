@@ -155,6 +155,7 @@ def evaluate(
         "repaired": dict(Counter(r.repaired for r in results if r.repaired)),
         "search": asdict(options),
         "precision": recognizer.precision,
+        "backend": recognizer.backend,
         "checkpoint": recognizer.checkpoint,
         "weights": recognizer.weights_digest,
         "manifest": str(manifest),

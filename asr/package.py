@@ -499,6 +499,7 @@ def results_tables(
             if search.get("lm_weight"):  # the LM is not in the package: named, to be found
                 lm = f" (`{metrics['lm']}`)" if metrics.get("lm") else ""
                 decoding += f", LM {search['lm_weight']}{lm}"
+            decoding += _not_as_trained(metrics)
             line = f"- {name}: {decoding}; `{metrics.get('manifest', '?')}`"
             scored = metrics.get("checkpoint"), metrics.get("weights")
             settings.append(line + _scored(path, *scored, checkpoint, weights))
@@ -513,6 +514,16 @@ def results_tables(
         + f"\n\n### CER\n\n{RESULTS_HEADER}\n"
         + "\n".join(rows["char"])
     )
+
+
+def _not_as_trained(metrics: dict[str, Any]) -> str:
+    """The card's words for how an `asr evaluate` ran the model other than as trained (fp32
+    PyTorch at full context), each of which changes its WER: `, onnx-int8, chunks of 160 ms`."""
+    said = [metrics.get("backend"), metrics.get("precision")]
+    said = [str(x) for x in said if x not in (None, "torch", "fp32")]
+    if metrics.get("chunk_ms"):
+        said.append(f"chunks of {metrics['chunk_ms']} ms")
+    return "".join(f", {x}" for x in said)
 
 
 def _scored(

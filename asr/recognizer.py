@@ -56,6 +56,7 @@ class Recognizer:
     tokens_per_second: float | None = None  # fastest training speech; raises the length bound
     alignment_heads: list[int] | None = None  # cross-attention maps for DTW; None: all
     confidence_scaling: PlattScaling | None = None  # word probability -> confidence; None: same
+    backend: str = "torch"  # what runs the model: "torch", or ONNX Runtime ("onnx", "onnx-int8")
 
     def __post_init__(self) -> None:
         check_precision(self.precision)
@@ -463,6 +464,7 @@ def load_model(
         tokens_per_second,
         heads,
         confidence,
+        backend,
     )
 
 

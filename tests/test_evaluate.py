@@ -111,6 +111,7 @@ def test_cli_scores_equal_jiwer_on_the_written_files(checkpoint, tmp_path, capsy
     assert metrics["real_time_factor"] == pytest.approx(metrics["decode_seconds"] / seconds)
     assert metrics["search"]["beam_size"] == 2 and metrics["search"]["ctc_weight"] == 0.3
     assert metrics["checkpoint"] == str(checkpoint) and metrics["precision"] == "bf16"
+    assert metrics["backend"] == "torch"
     state = torch.load(checkpoint, weights_only=True)
     assert metrics["weights"] == weights_digest(submodule_weights(state, "model."))
     plots = sorted(p.name for p in (out / "alignments").iterdir())

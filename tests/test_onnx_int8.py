@@ -91,6 +91,7 @@ def test_an_utterance_encodes_and_decodes_the_same_alone_and_in_a_batch(packages
 def test_the_calibrated_chunk_step_is_each_streams_own(packages):
     _, calibrated = packages
     recognizer = load_model(calibrated, backend="onnx-int8")
+    assert recognizer.backend == "onnx-int8", "what asr evaluate records, beside its WER"
     encoder = recognizer.model.encoder
     wave = recognizer.load(str(WAV / "an4_clstk/fash/an255-fash-b.wav"))
     feats, _ = recognizer.model.frontend(*recognizer.pad([wave]))

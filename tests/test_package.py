@@ -808,8 +808,18 @@ def test_metrics_in_the_working_folder_are_named_by_it(tmp_path, monkeypatch):
     assert "- decode_test: beam 10" in tables and "\n| decode_test | 2 | 10 |" in tables
     fused = json.loads(Path("metrics.json").read_text())
     fused["search"] |= {"lm_weight": 0.3}
-    Path("metrics.json").write_text(json.dumps(fused | {"lm": "exp/an4/lm/avg.ckpt"}))
+    fused["lm"] = "exp/an4/lm/avg.ckpt"
+    Path("metrics.json").write_text(json.dumps(fused))
     tables = results_tables(["metrics.json"])  # the LM, not in the package, is named
     assert "- decode_test: beam 10, ctc 0.5, LM 0.3 (`exp/an4/lm/avg.ckpt`); `test" in tables
     (tmp_path / "decode_link").symlink_to(tmp_path / "decode_test")  # named as given
+    assert "- decode_link: beam 10" in results_tables([tmp_path / "decode_link/metrics.json"])
+    # run otherwise than as trained, each of which changes the WER: said
+    unlike = {"backend": "onnx-int8", "precision": "bf16", "chunk_ms": 160}
+    Path("metrics.json").write_text(json.dumps(fused | unlike))
+    tables = results_tables(["metrics.json"])
+    assert "ctc 0.5, LM 0.3 (`exp/an4/lm/avg.ckpt`), onnx-int8, bf16, chunks of 160 ms; `" in tables
+    as_trained = {"backend": "torch", "precision": "fp32", "chunk_ms": None}
+    Path("metrics.json").write_text(json.dumps(fused | as_trained))
+    assert "(`exp/an4/lm/avg.ckpt`); `test" in results_tables(["metrics.json"])
     assert "- decode_link: beam 10" in results_tables([tmp_path / "decode_link/metrics.json"])
