@@ -252,6 +252,15 @@ def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
             weights = {name: f.get_tensor(name) for name in f.keys()}
     except (SafetensorError, ValueError) as err:
         raise CheckpointError(f"{path}: not a readable safetensors file ({err})") from None
+    if not isinstance(aliases, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) and k not in weights for k, v in aliases.items()
+    ):
+        raise CheckpointError(
+            f"{path}: its {ALIASES} metadata is not a mapping of tied names to stored ones"
+        )
+    gone = sorted(set(aliases.values()) - set(weights))
+    if gone:
+        raise CheckpointError(f"{path}: its tied weights name tensors it does not hold: {gone}")
     weights.update({name: weights[kept] for name, kept in aliases.items()})
     return weights
 

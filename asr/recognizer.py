@@ -449,7 +449,7 @@ def load_model(
     except (TypeError, KeyError, ValueError) as err:  # a newer asr's option, an edited file
         raise CheckpointError(
             f"{path}: its stored decoding or confidence settings do not load "
-            f"({type(err).__name__}: {err}); written by a newer asr?"
+            f"({type(err).__name__}: {err}); an edited file, or one a newer asr wrote?"
         ) from None
     maps = getattr(model.decoder, "num_attention_maps", None)
     segment_seconds, tokens_per_second, heads = _stored_settings(payload, path, maps)

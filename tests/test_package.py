@@ -46,6 +46,7 @@ from asr.cli import main
 from asr.data.manifest import Utterance, write_manifest
 from asr.evaluate import evaluate
 from asr.package import (
+    ALIASES,
     CARD_FILE,
     CONFIG_FILE,
     RESULTS_HEADER,
@@ -353,6 +354,25 @@ def test_safetensors_whose_header_length_starts_like_a_pickle_load(tmp_path):
             break
     loaded = read_safetensors(tmp_path / "m.safetensors")
     assert torch.equal(loaded["w"], weights["w"]) and set(loaded) == set(weights)
+
+
+def test_tied_weights_that_name_a_tensor_gone_are_refused_naming_the_file(tmp_path):
+    from safetensors.torch import save_file
+
+    path = tmp_path / "model.safetensors"
+    malformed = f"its {ALIASES} metadata is not a mapping of tied names to stored ones"
+    for aliases, said in [
+        ({"out": "gone"}, "its tied weights name tensors it does not hold: ['gone']"),
+        ({"out": ["w"]}, malformed),
+        (None, malformed),
+        ("w", malformed),
+        ({"v": "w", "w": "v"}, malformed),  # a stored tensor named as tied: replaced
+    ]:
+        weights = {"w": torch.zeros(2)} | ({"v": torch.ones(2)} if "v" in str(aliases) else {})
+        save_file(weights, path, metadata={ALIASES: json.dumps(aliases)})
+        with pytest.raises(CheckpointError) as refused:
+            read_safetensors(path)
+        assert str(refused.value) == f"{path}: {said}"
 
 
 def test_a_torch_save_file_named_model_safetensors_is_refused(package):
