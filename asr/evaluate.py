@@ -116,9 +116,10 @@ def evaluate(
     words = sum((r.alignment.errors for r in results), ErrorCounts())
     if not words.reference_length:  # the utterances with words failed: as none had any
         listed = f"; left out:\n{format_bad_entries(failures)}" if failures else ""
-        raise ValueError(
+        raise NothingToScore(
             f"{manifest}: no utterance decoded has reference words to score against (WER is "
-            f"undefined){listed}"
+            f"undefined){listed}",
+            failures,
         )
     chars = char_errors(refs, hyps)
     sentence_errors = sum(r.ref.split() != r.hyp.split() for r in results)
@@ -177,11 +178,19 @@ def usable_utterances(
     return report.good, report.bad
 
 
+class NothingToScore(ValueError):
+    """No utterance of a manifest was left to decode and score; `failures` says why."""
+
+    def __init__(self, message: str, failures: Sequence[BadEntry]) -> None:
+        super().__init__(message)
+        self.failures = list(failures)
+
+
 def _nothing_to_score(
     manifest: str | os.PathLike, failures: Sequence[BadEntry], purpose: str = "evaluate"
-) -> ValueError:
+) -> NothingToScore:
     listed = f":\n{format_bad_entries(failures)}" if failures else ""
-    return ValueError(f"{manifest}: no utterances to {purpose}{listed}")
+    return NothingToScore(f"{manifest}: no utterances to {purpose}{listed}", failures)
 
 
 def _mean(values: Sequence[float]) -> float | None:

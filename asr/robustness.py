@@ -8,6 +8,7 @@ import json
 import math
 import os
 import re
+import shutil
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -23,7 +24,7 @@ from tqdm import tqdm
 from asr import perturb
 from asr.audio import AudioError, load_audio
 from asr.data.manifest import BadEntry, Utterance, read_manifest, write_manifest
-from asr.evaluate import evaluate, usable_utterances
+from asr.evaluate import NothingToScore, evaluate, usable_utterances
 from asr.recognizer import Recognizer
 from asr.search import LanguageModel, SearchOptions
 
@@ -56,6 +57,10 @@ DEFAULT_CONDITIONS = (
     "speed:1.1",
 )
 LONGEST_PAD_SECONDS = 60.0  # of silence; more stands for no recording
+# Values past these are no recording condition (and overflow a float: 10 ** (7000 / 20)).
+_LIMITS = {"level": (-120.0, 120.0), "reverb": (0.0, 10.0)} | {
+    kind: (-60.0, 120.0) for kind in (*perturb.NOISE_COLORS, "babble")
+}
 _UNITS = {"level": " dB", "reverb": " s RT60", "speed": "x", "pad": " s"} | {
     kind: " dB SNR" for kind in (*perturb.NOISE_COLORS, "babble")
 }
@@ -103,6 +108,10 @@ class Condition:
             raise ValueError(f"condition {text!r}: the value must be > 0")
         if kind == "pad" and condition.value > LONGEST_PAD_SECONDS:
             raise ValueError(f"condition {text!r}: give at most {LONGEST_PAD_SECONDS:g} s")
+        low, high = _LIMITS.get(kind, (-math.inf, math.inf))
+        if value and not low <= condition.value <= high:
+            unit = _UNITS[kind].split()[0]
+            raise ValueError(f"condition {text!r}: give a value in [{low:g}, {high:g}] {unit}")
         if kind == "speed":
             try:
                 perturb.speed_ratio(condition.value)
@@ -304,8 +313,15 @@ def robustness(
             copy = build_condition(condition, utterances, folder, rate, seed, progress, unread)
             built = {**stamp, "left_out": list(map(str, unread or []))}
             (folder / "built.json").write_text(json.dumps(built) + "\n", encoding="utf-8")
-        metrics = evaluate(recognizer, copy, folder / "decode", options, lm, batch_size, plots=0,
-                           progress=progress, extra=extra, skip_bad=skip_bad)  # fmt: skip
+        try:
+            metrics = evaluate(recognizer, copy, folder / "decode", options, lm, batch_size,
+                               plots=0, progress=progress, extra=extra,
+                               skip_bad=skip_bad)  # fmt: skip
+        except NothingToScore as err:  # under this condition alone: a row that says so
+            if as_given:
+                raise
+            shutil.rmtree(folder / "decode", ignore_errors=True)  # an earlier run's reports
+            metrics = _nothing_scored(err.failures)
         # a copy holds the manifest's usable, readable lines: its own failures are not all of
         # them, and name its files, which are the source's
         named = {} if as_given or not metrics["failures"] else _source_names(copy, utterances)
@@ -318,6 +334,17 @@ def robustness(
     (out_dir / "robustness.json").write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
     (out_dir / "robustness.md").write_text(robustness_table(rows), encoding="utf-8")
     return rows
+
+
+def _nothing_scored(failures: Sequence[BadEntry]) -> dict[str, Any]:
+    """The row of a condition under which no utterance was left to score."""
+    counts = dict.fromkeys(("utterances", "reference_words", "substitutions", "deletions"), 0)
+    return counts | {
+        "insertions": 0,
+        "wer": None,
+        "cer": None,
+        "failures": list(map(str, failures)),
+    }
 
 
 def _readable(utterances: Sequence[Utterance], sample_rate: int, enough: int) -> list[Utterance]:
@@ -390,13 +417,15 @@ def robustness_table(rows: Sequence[dict[str, Any]]) -> str:
     ]
     apart = False
     for r in rows:
-        ratio = f"{r['wer'] / clean['wer']:.2f}" if clean and clean["wer"] else "-"
+        scored = r["wer"] is not None  # else nothing was left to score under it
+        ratio = f"{r['wer'] / clean['wer']:.2f}" if scored and clean and clean["wer"] else "-"
         if clean and ratio != "-" and r["utterances"] != clean["utterances"]:
             ratio, apart = ratio + " *", True
+        wer, cer = (f"{r[k]:.1f}" if scored else "-" for k in ("wer", "cer"))
         lines.append(
             f"| {r['condition']} | {r['utterances']} | {r['reference_words']} | "
             f"{r['substitutions']} | {r['deletions']} | {r['insertions']} | "
-            f"{r['wer']:.1f} | {r['cer']:.1f} | {ratio} | {sum(r.get('repaired', {}).values())} |"
+            f"{wer} | {cer} | {ratio} | {sum(r.get('repaired', {}).values())} |"
         )
     if apart:
         lines.append(

@@ -65,6 +65,9 @@ def test_every_default_condition_parses_and_names_itself():
         ("clean+white:-inf", "'white:-inf': the value must be a finite number"),
         ("pad:1e6", "'pad:1e6': give at most 60 s"),
         ("white:+inf", "'white:\\+inf': the value must be a finite number"),
+        ("level:7000", "'level:7000': give a value in \\[-120, 120\\] dB"),
+        ("white:-4000", "'white:-4000': give a value in \\[-60, 120\\] dB"),
+        ("reverb:30", "'reverb:30': give a value in \\[0, 10\\] s"),
     ],
 )
 def test_bad_conditions_are_named(text, message):
@@ -419,3 +422,35 @@ def test_an_output_that_is_a_file_is_named(tmp_path):
     (tmp_path / "out").write_text("")
     with pytest.raises(NotADirectoryError, match=r"out: a file; the output is a folder"):
         robustness(None, tmp_path / "m.jsonl", tmp_path / "out", [Condition("white", 20.0)])
+
+
+def test_a_condition_that_leaves_nothing_to_score_is_a_row_of_its_own(tmp_path):
+    """A clip scored clean but too short at twice the speed: its row says so, naming the
+    source file, and the other conditions' rows are kept; before, the run stopped with no
+    table, naming the copy."""
+    recognizer, _ = _overfit_recognizer(str(WAV))
+    wave, rate = soundfile.read(WAV / f"{next(iter(UTTERANCES))}.wav")
+    clip = tmp_path / "short.wav"
+    conditions = [Condition("clean"), Condition.parse("speed:2")]
+    for seconds in (len(wave) / rate, 0.1):  # an earlier run's reports, then none to score
+        soundfile.write(clip, wave[: round(seconds * rate)], rate)
+        write_manifest(tmp_path / "m.jsonl", [Utterance(str(clip), seconds, "YES", "short")])
+        rows = robustness(recognizer, tmp_path / "m.jsonl", tmp_path / "rob", conditions, GREEDY,
+                          progress=False, skip_bad=True)  # fmt: skip
+    assert not (tmp_path / "rob" / "speed2" / "decode").exists(), "no stale reports"
+    assert [(r["utterances"], r["wer"] is None) for r in rows] == [(1, False), (0, True)]
+    assert rows[1]["failures"][0].startswith(f"{clip} (short): ")
+    assert "| speed 2x | 0 | 0 | 0 | 0 | 0 | - | - | - | 0 |" in robustness_table(rows)
+    assert (tmp_path / "rob" / "robustness.md").is_file()
+    # beside it one with no words: decoded, but nothing to score under speed 2x either
+    full = tmp_path / "full.wav"
+    soundfile.write(full, wave, rate)
+    both = [
+        Utterance(str(clip), 0.1, "YES", "short"),
+        Utterance(str(full), len(wave) / rate, "", "e"),
+    ]
+    write_manifest(tmp_path / "m.jsonl", both)
+    rows = robustness(recognizer, tmp_path / "m.jsonl", tmp_path / "rob", conditions, GREEDY,
+                      progress=False, skip_bad=True)  # fmt: skip
+    assert [r["wer"] is None for r in rows] == [False, True]
+    assert rows[1]["failures"][0].startswith(f"{clip} (short): ")

@@ -1485,8 +1485,9 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
             "--conditions",
             nargs="+",
             action="extend",
-            help="KIND or KIND:VALUE among clean, level:DB, white|pink|brown|babble:SNR_DB, "
-            "reverb:RT60_S, telephone, speed:FACTOR, pad:SECONDS (at most 60); + before a "
+            help="KIND or KIND:VALUE among clean, level:DB (-120 to 120), "
+            "white|pink|brown|babble:SNR_DB (-60 to 120), reverb:RT60_S (at most 10), "
+            "telephone, speed:FACTOR, pad:SECONDS (at most 60); + before a "
             "kind chains them in order, e.g. pad:10+white:10 (level:+6 is a sign) (default: all "
             f"of {' '.join(DEFAULT_CONDITIONS)})",
         )
