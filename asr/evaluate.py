@@ -100,6 +100,8 @@ def evaluate(
         )
     chosen = _chosen_for_plots(utterances, plots, plot_ids, manifest, left_out=bool(failures))
     out_dir = Path(out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise NotADirectoryError(f"{out_dir}: a file; the output is a folder of reports")
     out_dir.mkdir(parents=True, exist_ok=True)
     writer = RecordWriter(out_dir, record_layout(recognizer)) if records else None
     search = options

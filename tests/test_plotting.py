@@ -111,6 +111,13 @@ def test_cli_writes_the_png_and_rejects_unlogged_metrics(tmp_path: Path, capsys)
     assert main(["curves", *runs, "--out", str(bare), "--metrics", "val/loss"]) == 0
     assert capsys.readouterr().err.splitlines()[-1] == f"curves: {bare}.png"
     assert (tmp_path / "bare.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # refused as the command line is read, before any work, naming --out
+    for bad, said in ((tmp_path / "c.xyz", "c.xyz: matplotlib writes no .xyz (.avif, "),
+                      (out / "c.png", f"c.png: {out} is a file, not a folder")):  # fmt: skip
+        with pytest.raises(SystemExit):
+            main(["curves", *runs, "--out", str(bad)])
+        err = capsys.readouterr().err
+        assert f"asr curves: error: argument --out: {bad.parent}" in err and said in err, err
 
 
 def test_defaults_plot_what_was_logged_named_by_run(tmp_path: Path, capsys, monkeypatch) -> None:

@@ -137,6 +137,10 @@ def _validate_data(args: argparse.Namespace) -> int:
     from asr.data.manifest import ManifestError, validate_manifest
     from asr.text import Tokenizer
 
+    if args.report:  # before the manifests are checked, which may take long
+        if Path(args.report).is_dir():
+            raise IsADirectoryError(f"--report {args.report}: a folder; name the file to write")
+        Path(args.report).parent.mkdir(parents=True, exist_ok=True)
     tokenizer = Tokenizer.load(args.tokenizer) if args.tokenizer else None
     failed, lines = 0, []
     for manifest in args.manifest:
@@ -162,7 +166,6 @@ def _validate_data(args: argparse.Namespace) -> int:
         lines += report.lines()
         failed += len(report.bad)
     if args.report:
-        Path(args.report).parent.mkdir(parents=True, exist_ok=True)
         Path(args.report).write_text("\n".join(lines) + "\n", encoding="utf-8")
     return 1 if failed else 0
 
@@ -728,6 +731,22 @@ def _calibrate(args: argparse.Namespace) -> int:
     )
     print(_calibration_report(fit))
     return _left_out("calibrate", failures)
+
+
+def _picture_file(text: str) -> str:
+    """A plot file to write, checked before any work: a format matplotlib writes (PNG where no
+    suffix says), in a folder that is no file."""
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    path = Path(text)
+    formats = FigureCanvasBase.get_supported_filetypes()
+    if path.suffix and path.suffix[1:].lower() not in formats:
+        known = ", ".join(f".{f}" for f in sorted(formats))
+        raise argparse.ArgumentTypeError(f"{text}: matplotlib writes no {path.suffix} ({known})")
+    here = next(p for p in (path.parent, *path.parent.parents) if p.exists() or p == p.parent)
+    if not here.is_dir():
+        raise argparse.ArgumentTypeError(f"{text}: {here} is a file, not a folder")
+    return text
 
 
 def _left_out(command: str, failures: list[str], what: str = "left out") -> int:
@@ -1548,7 +1567,12 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
         p.add_argument(
             "runs", nargs="+", help="run folders (trainer.default_root_dir) or metrics.csv"
         )
-        p.add_argument("--out", required=True, help="PNG to write")
+        p.add_argument(
+            "--out",
+            required=True,
+            type=_picture_file,
+            help="plot file to write (PNG, or another suffix matplotlib writes)",
+        )
         p.add_argument(
             "--metrics",
             nargs="+",
@@ -1578,6 +1602,7 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
         p.add_argument(
             "--out",
             required=True,
+            type=_picture_file,
             help="plot file (PNG, or another suffix matplotlib writes); decoders of several "
             "attention maps (Transformers) add _heads, one map per layer and head",
         )
