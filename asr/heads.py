@@ -66,17 +66,21 @@ def reference_alignments(
     out, left_out = [], Counter()
     report = validate_manifest(manifest, check_audio=True)
     utterances, unusable = report.good, [str(entry) for entry in report.bad]
+    unfit: dict[str, list[str]] = {}  # ids of references CTC cannot align, by reason
     for utterance in tqdm(utterances, desc="align", disable=not progress):
         tokens = recognizer.tokenizer.encode(utterance.text)
         if not tokens or recognizer.tokenizer.unk_id in tokens:
-            left_out["outside the vocabulary" if tokens else "no words"] += 1
+            reason = "outside the vocabulary" if tokens else "no words"
+            unfit.setdefault(reason, []).append(utterance.utt_id)
+            left_out[reason] += 1
             continue
         try:
             wave = load_audio(utterance.audio_filepath, recognizer.sample_rate,
                               utterance.offset, utterance.duration)  # fmt: skip
             alignment = recognizer.align_tokens(wave, tokens)
         except ValueError as error:  # unreadable, or too short for the encoder
-            unusable.append(f"{utterance.audio_filepath} ({utterance.utt_id}): {error}")
+            reason = getattr(error, "reason", error)  # an AudioError names the file itself
+            unusable.append(f"{utterance.audio_filepath} ({utterance.utt_id}): {reason}")
             continue
         if alignment.ctc_words and len(alignment.ctc_words) == len(alignment.words):
             out.append(alignment)
@@ -86,7 +90,10 @@ def reference_alignments(
         failures += unusable
     if unusable:
         left_out["unusable"] = len(unusable)
-    reasons = ", ".join(f"{count} {reason}" for reason, count in left_out.items())
+    reasons = ", ".join(
+        f"{count} {reason}" + (f" ({_some(unfit[reason])})" if reason in unfit else "")
+        for reason, count in left_out.items()
+    )
     if not out:
         named = "".join(f"\n  {line}" for line in unusable)
         raise ValueError(f"{manifest}: no utterance could be aligned ({reasons or 'none'}){named}")
@@ -94,6 +101,12 @@ def reference_alignments(
         logger.warning("%s: %d of %d utterances left out: %s", manifest, sum(left_out.values()),
                        len(out) + sum(left_out.values()), reasons)  # fmt: skip
     return out
+
+
+def _some(ids: list[str], shown: int = 5) -> str:
+    """The first `shown` of `ids`, and how many more."""
+    more = f" and {len(ids) - shown} more" if len(ids) > shown else ""
+    return ", ".join(ids[:shown]) + more
 
 
 def check_choosable(recognizer: Recognizer) -> None:

@@ -5,10 +5,12 @@ from __future__ import annotations
 import logging
 import shutil
 from dataclasses import replace
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
+import soundfile
 import torch
 from test_evaluate import _manifest
 from test_transcribe import UTTERANCES, WAV, _overfit_recognizer
@@ -78,10 +80,29 @@ def test_references_that_cannot_be_aligned_are_counted(overfit, tmp_path, caplog
         alignments = reference_alignments(recognizer, _manifest(tmp_path / "m.jsonl", texts),
                                           progress=False)  # fmt: skip
     assert len(alignments) == 1
-    assert "2 of 3 utterances left out: 1 outside the vocabulary, 1 no words" in caplog.text
-    with pytest.raises(ValueError, match=r"no utterance could be aligned \(1 no words\)"):
+    stem = [Path(i).name for i in ids]  # the manifest's ids: named, to be found
+    left_out = f"1 outside the vocabulary ({stem[1]}), 1 no words ({stem[2]})"
+    assert f"2 of 3 utterances left out: {left_out}" in caplog.text
+    with pytest.raises(
+        ValueError, match=rf"no utterance could be aligned \(1 no words \({stem[0]}"
+    ):
         reference_alignments(recognizer, _manifest(tmp_path / "n.jsonl", {ids[0]: "!!!"}),
                              progress=False)  # fmt: skip
+
+
+def test_audio_that_cannot_be_read_is_listed_naming_its_file_once(overfit, tmp_path):
+    recognizer, _ = overfit
+    manifest = _manifest(tmp_path / "m.jsonl", UTTERANCES)
+    first = WAV / f"{next(iter(UTTERANCES))}.wav"
+    cut = tmp_path / "cut.flac"  # its header whole, its stream cut: read only as it decodes
+    soundfile.write(cut, soundfile.read(first)[0], 16000)
+    cut.write_bytes(cut.read_bytes()[: cut.stat().st_size // 2])
+    lines = manifest.read_text().splitlines()
+    lines[0] = lines[0].replace(str(first), str(cut))
+    manifest.write_text("\n".join(lines) + "\n")
+    failures: list[str] = []
+    reference_alignments(recognizer, manifest, progress=False, failures=failures)
+    assert len(failures) == 1 and failures[0].count(str(cut)) == 1, failures
 
 
 def test_maps_that_are_not_the_models_are_refused_before_aligning(tiny_checkpoint, capsys):
