@@ -248,6 +248,10 @@ def decode_data(
     `compare` names another decode of them, B, and that is higher) while the page has room."""
     notes: list[str] = []
     summary = _summary(folder)
+    failures = read_json(folder / METRICS).get("failures")
+    if isinstance(failures, list) and failures:  # not in the records: the page says so
+        shown = "; ".join(map(str, failures[:3])) + ("; ..." if len(failures) > 3 else "")
+        notes.append(f"{len(failures)} manifest line(s) not scored (metrics.json): {shown}")
     if not (folder / RECORDS).is_file():
         notes.append("no utterances.jsonl: decoded by an `asr evaluate` that kept no records")
         return _page("decode", folder, notes, summary, [])

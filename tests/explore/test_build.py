@@ -859,3 +859,12 @@ def test_a_stretch_of_a_long_recording_in_a_decode_is_linked(tmp_path, monkeypat
     (tmp_path / "utterances.jsonl").write_text(json.dumps(record) + "\n")
     [row] = page_data(explore(tmp_path, progress=False).read_text())["utterances"]
     assert row["audio"].split("#")[0].endswith(".wav") and row["audio_offset"] == offset
+
+
+def test_manifest_lines_evaluate_could_not_score_are_noted(tmp_path):
+    failures = [f"clip{i}.wav (c{i}): too short" for i in range(4)]
+    (tmp_path / "metrics.json").write_text(json.dumps({"wer": 0.0, "failures": failures}))
+    (tmp_path / "utterances.jsonl").write_text('{"id": "fine", "ref": "YES", "hyp": "YES"}\n')
+    notes = page_data(explore(tmp_path, progress=False).read_text())["notes"]
+    shown = "; ".join(failures[:3])
+    assert f"4 manifest line(s) not scored (metrics.json): {shown}; ..." in notes
