@@ -318,6 +318,7 @@ class LiveServer:
         if name == "health":  # for load balancers and monitoring
             health = {
                 "status": "ok",
+                "sample_rate": self.sample_rate,  # what a page loaded earlier checks it against
                 "streams": len(self.clients),
                 "connections": len(self.connections),
                 "max_connections": self.options.max_connections,

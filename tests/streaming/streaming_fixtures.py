@@ -86,13 +86,14 @@ def _train(weights: dict | None) -> tuple[Recognizer, dict[str, torch.Tensor]]:
 
 @contextlib.contextmanager
 def running_server(recognizer: Recognizer, stream_options=None, **serve_options):
-    """A `LiveServer` on an ephemeral port, its event loop in a thread: yields (server, port)."""
+    """A `LiveServer` on an ephemeral port (or `port=`), its event loop in a thread: yields
+    (server, port)."""
     from asr.serve.server import LiveServer, ServeOptions
 
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
-    live = LiveServer(recognizer, stream_options, ServeOptions(port=0, **serve_options))
+    live = LiveServer(recognizer, stream_options, ServeOptions(**{"port": 0} | serve_options))
 
     async def start():
         return await live.start()

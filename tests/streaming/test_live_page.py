@@ -360,6 +360,15 @@ def test_a_page_without_its_server_says_what_to_do(received) -> None:
         status = driver.find_element(By.ID, "status").text
         assert status == "Cannot start: the server does not answer: is asr serve running?"
         assert driver.find_element(By.ID, "toggle").text == "Start" and not received
+        # started again with an 8 kHz model: the page loaded for 16 kHz says to reload it
+        recognizer.sample_rate = 8000
+        with running_server(recognizer, OPTIONS, port=port):
+            driver.find_element(By.ID, "toggle").click()
+            WebDriverWait(driver, 10, 0.05).until(
+                lambda d: "reload" in d.find_element(By.ID, "status").text
+            )
+        status = driver.find_element(By.ID, "status").text
+        assert status == "The server's model takes 8000 Hz since this page loaded: reload the page."
     finally:
         driver.quit()
 

@@ -819,7 +819,8 @@ def test_a_stopping_server_ends_each_open_stream_with_the_finals_of_its_audio(tr
             assert health.headers["Content-Type"] == "application/json"
             counts = json.loads(health.read())
             assert 0 < counts.pop("chunks_run") <= live.chunks_run  # the model may run on
-            assert counts == {"status": "ok", "streams": 1, "connections": 2, "max_connections": 32}
+            assert counts == {"status": "ok", "sample_rate": live.sample_rate, "streams": 1,
+                              "connections": 2, "max_connections": 32}  # fmt: skip
             stopping = asyncio.run_coroutine_threadsafe(live.stop(10), live.server.get_loop())
             messages = [json.loads(m) for m in ws]
             stopping.result(10)

@@ -240,6 +240,12 @@
       } else if (message.type === "error") {
         s.said = true;
         if (shown()) say(`Error: ${message.message}`, true);
+        // a server started again with another model since this page loaded: its rate is stale
+        fetch("health").then((r) => r.json()).then((health) => {
+          if (health.sample_rate && health.sample_rate !== rate && shown()) {
+            say(`The server's model takes ${health.sample_rate} Hz since this page loaded: reload the page.`, true);
+          }
+        }).catch(() => {});
       }
     };
     // a refused origin (403) looks like an unreachable server to the page: both are said
