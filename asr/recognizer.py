@@ -196,6 +196,8 @@ class Recognizer:
             ValueError: settings out of range, or that the model cannot decode with.
             TypeError: an unknown keyword (named), or one input rather than a sequence.
         """
+        if isinstance(audios, np.ndarray) and audios.dtype.kind in "USO":  # paths: a list
+            audios = audios.tolist() if audios.ndim == 1 else audios
         array = isinstance(audios, (np.ndarray, Tensor))
         # (B, S): rows; (S,), and (S, C) as audio APIs give C channels, are one recording
         columns = array and audios.ndim == 2 and audios.shape[1] <= MAX_CHANNELS < audios.shape[0]

@@ -62,8 +62,8 @@ def transcribe_sources(
     `index`, in no set order, with its own transcript (times from the span's start) and search
     result (cross-attention, CTC posteriors), which the joined results do not keep: the
     explorer keeps their maps."""
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be a whole number >= 1, got {batch_size!r}")
     segmenter = recognizer.segmenter(segmenter)
     recognizer.check_options(options, lm, timestamps)  # before any file, not once per file
     names = [_input_name(audio, i) for i, audio in enumerate(audios)]

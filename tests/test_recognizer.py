@@ -337,6 +337,18 @@ def test_transcribe_batch_refuses_one_input_for_a_sequence(overfit):
     assert texts == [recognizer.transcribe(waves[0], beam_size=1).text] * 2
     generated = recognizer.transcribe_batch((w for w in rows), beam_size=1)  # read once
     assert [r.transcript.text for r in generated] == texts
+    # an array of paths (a data frame's column) is a sequence of inputs, not one waveform
+    paths = [str(f) for f in sorted(WAV.rglob("*.wav"))[:2]]
+    texts = [r.transcript.text for r in recognizer.transcribe_batch(paths, beam_size=1)]
+    for column in (np.array(paths), np.array(paths, dtype=object)):
+        assert [
+            r.transcript.text for r in recognizer.transcribe_batch(column, beam_size=1)
+        ] == texts
+    for size in (None, "4", 2.5, True, 0):
+        with pytest.raises(
+            ValueError, match=f"batch_size must be a whole number >= 1, got {size!r}"
+        ):
+            recognizer.transcribe(waves[0], batch_size=size)
 
 
 def test_read_only_samples_are_taken_without_a_warning(overfit):
