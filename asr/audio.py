@@ -12,7 +12,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import soundfile
@@ -399,18 +399,23 @@ def as_waveform(audio: np.ndarray | Tensor, sample_rate: int | None, target_rate
     [0.5, -1.0]
     """
     sample_rate = target_rate if sample_rate is None else sample_rate
-    if (
-        isinstance(sample_rate, bool)
-        or not isinstance(sample_rate, numbers.Integral)
-        or sample_rate < 1
-    ):
-        raise ValueError(f"sample_rate must be a whole number of Hz, got {sample_rate!r}")
+    check_sample_rate(sample_rate)
     wave = mono_samples(audio)
     if not wave.numel():
         raise ValueError("audio must be a non-empty mono waveform, got no samples")
     if sample_rate == target_rate:
         return wave
     return resample(wave, sample_rate, target_rate)
+
+
+def check_sample_rate(sample_rate: Any) -> None:
+    """ValueError unless `sample_rate` is a whole number of Hz."""
+    if (
+        isinstance(sample_rate, bool)
+        or not isinstance(sample_rate, numbers.Integral)
+        or sample_rate < 1
+    ):
+        raise ValueError(f"sample_rate must be a whole number of Hz, got {sample_rate!r}")
 
 
 def mono_samples(audio: np.ndarray | Tensor) -> Tensor:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, TypeVar
 from torch import Tensor
 from tqdm import tqdm
 
-from asr.audio import AudioError, AudioInput, as_waveform
+from asr.audio import AudioError, AudioInput, as_waveform, check_sample_rate
 from asr.results import BatchResult, Decoded, Segment, Transcript, Word
 from asr.search import LanguageModel, SearchOptions
 from asr.segment import (
@@ -64,6 +64,8 @@ def transcribe_sources(
     explorer keeps their maps."""
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be a whole number >= 1, got {batch_size!r}")
+    if sample_rate is not None:  # checked once, before any input: files would never use it
+        check_sample_rate(sample_rate)
     segmenter = recognizer.segmenter(segmenter)
     recognizer.check_options(options, lm, timestamps)  # before any file, not once per file
     names = [_input_name(audio, i) for i, audio in enumerate(audios)]

@@ -344,6 +344,11 @@ def test_transcribe_batch_refuses_one_input_for_a_sequence(overfit):
         assert [
             r.transcript.text for r in recognizer.transcribe_batch(column, beam_size=1)
         ] == texts
+    for rate in (-5, "abc", 16000.5):  # files read their own rate: a bad one is still said
+        with pytest.raises(
+            ValueError, match=f"sample_rate must be a whole number of Hz, got {rate!r}"
+        ):
+            recognizer.transcribe_batch(paths, sample_rate=rate)
     for size in (None, "4", 2.5, True, 0):
         with pytest.raises(
             ValueError, match=f"batch_size must be a whole number >= 1, got {size!r}"
