@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from asr import alignment
-from asr.audio import AudioInput, as_waveform, load_audio
+from asr.audio import AudioInput, as_waveform, check_sample_rate, load_audio
 from asr.checkpoint import CheckpointError, weights_digest
 from asr.confidence import PlattScaling
 from asr.ctc_beam import EndpointOptions
@@ -196,8 +196,8 @@ class Recognizer:
             ValueError: settings out of range, or that the model cannot decode with.
             TypeError: an unknown keyword (named), or one input rather than a sequence.
         """
-        if isinstance(audios, np.ndarray) and audios.dtype.kind in "USO":  # paths: a list
-            audios = audios.tolist() if audios.ndim == 1 else audios
+        if _inputs_column(audios):  # a data frame's column: a list of them
+            audios = audios.reshape(-1).tolist()
         array = isinstance(audios, (np.ndarray, Tensor))
         # (B, S): rows; (S,), and (S, C) as audio APIs give C channels, are one recording
         columns = array and audios.ndim == 2 and audios.shape[1] <= MAX_CHANNELS < audios.shape[0]
@@ -366,6 +366,8 @@ class Recognizer:
     def load(self, audio: AudioInput, sample_rate: int | None = None) -> Tensor:
         """A file path or a waveform as a mono float32 tensor `(S,)` at `sample_rate`."""
         if isinstance(audio, (str, os.PathLike)):
+            if sample_rate is not None:  # a file reads its own: a bad one is still said
+                check_sample_rate(sample_rate)
             return load_audio(audio, self.sample_rate)
         return as_waveform(audio, sample_rate, self.sample_rate)
 
@@ -495,6 +497,19 @@ def _stored_settings(
         )
     # a segment of at least a second (the segmenter's own bound); speech of at most 1000 tokens/s
     return within("segment_seconds", 1, 1e6), within("tokens_per_second", 1e-3, 1e3), heads
+
+
+def _inputs_column(audios: Any) -> bool:
+    """Whether `audios` is an array `(N,)` or `(N, 1)` of inputs, each a file path or (in an
+    array of objects) a waveform, as a data frame's column holds them."""
+    inputs = (str, os.PathLike, np.ndarray, Tensor)
+    return (
+        isinstance(audios, np.ndarray)
+        and audios.dtype.kind in "UO"
+        and (audios.ndim == 1 or (audios.ndim == 2 and audios.shape[1] == 1))
+        and audios.size > 0
+        and all(isinstance(a, inputs) for a in audios.reshape(-1))
+    )
 
 
 def _is_number(value: Any) -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import math
+import numbers
 import os
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -62,8 +63,10 @@ def transcribe_sources(
     `index`, in no set order, with its own transcript (times from the span's start) and search
     result (cross-attention, CTC posteriors), which the joined results do not keep: the
     explorer keeps their maps."""
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+    whole = isinstance(batch_size, numbers.Integral) and not isinstance(batch_size, bool)
+    if not whole or batch_size < 1:
         raise ValueError(f"batch_size must be a whole number >= 1, got {batch_size!r}")
+    batch_size = int(batch_size)
     if sample_rate is not None:  # checked once, before any input: files would never use it
         check_sample_rate(sample_rate)
     segmenter = recognizer.segmenter(segmenter)

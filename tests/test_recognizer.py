@@ -340,10 +340,19 @@ def test_transcribe_batch_refuses_one_input_for_a_sequence(overfit):
     # an array of paths (a data frame's column) is a sequence of inputs, not one waveform
     paths = [str(f) for f in sorted(WAV.rglob("*.wav"))[:2]]
     texts = [r.transcript.text for r in recognizer.transcribe_batch(paths, beam_size=1)]
-    for column in (np.array(paths), np.array(paths, dtype=object)):
-        assert [
-            r.transcript.text for r in recognizer.transcribe_batch(column, beam_size=1)
-        ] == texts
+    for column in (np.array(paths), np.array(paths, dtype=object), np.array(paths)[:, None]):
+        results = recognizer.transcribe_batch(column, beam_size=1)
+        assert [r.transcript.text for r in results] == texts
+    assert recognizer.transcribe_batch(paths, beam_size=1, batch_size=np.int64(2))[0].transcript
+    ragged = np.empty(2, dtype=object)  # waveforms of two lengths, as a data frame holds them
+    ragged[:] = [waves[0].numpy(), waves[1].numpy()]
+    texts = [r.transcript.text for r in recognizer.transcribe_batch(list(ragged), beam_size=1)]
+    assert [r.transcript.text for r in recognizer.transcribe_batch(ragged, beam_size=1)] == texts
+    for numbers in (np.zeros(20, dtype=object), np.array([b"a.wav"] * 20)):  # no paths: one input
+        with pytest.raises(TypeError, match="transcribe_batch takes a sequence of inputs, got"):
+            recognizer.transcribe_batch(numbers)
+    with pytest.raises(ValueError, match="sample_rate must be a whole number of Hz, got -5"):
+        recognizer.align(paths[0], "YES", sample_rate=-5)
     for rate in (-5, "abc", 16000.5):  # files read their own rate: a bad one is still said
         with pytest.raises(
             ValueError, match=f"sample_rate must be a whole number of Hz, got {rate!r}"
