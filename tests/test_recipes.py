@@ -125,6 +125,10 @@ def test_folder_needs_data_dir(tmp_path, repo_outputs):
             "--init", tmp_path / "no.ckpt"]  # fmt: skip
     resumed = run_recipe("folder", *args, "--stage", "4", "--stop-stage", "4", bin_dir=fake)
     assert skipped(resumed.stdout) == [4]
+    # forced to train again, its checkpoints would go first: it needs its initial model
+    forced = run_recipe("folder", *args, "--stage", "4", "--force", bin_dir=fake, check=False)
+    assert forced.returncode == 2 and "no such checkpoint or package" in forced.stderr
+    assert (tmp_path / "exp" / "conformer" / ".done-4").is_file()
 
 
 def test_a_corpus_folder_that_is_not_there_is_named_not_downloaded_over(tmp_path):
@@ -681,6 +685,71 @@ def test_a_config_after_the_double_dash_makes_another_model(tmp_path):
         assert other.returncode == 2 and "stage 4 was done otherwise" in other.stderr
         assert "+ conf/an4/augment.yaml" in other.stderr
     assert log.read_text().splitlines()[-1].endswith("--config conf/an4/augment.yaml")
+
+
+def test_paths_after_the_double_dash_are_read_from_where_the_recipe_started(tmp_path):
+    """`-- --data.train_manifest data/an4/train.jsonl` read the repository's manifest (which
+    may be another data set of the same vocabulary) though the recipe started elsewhere, and a
+    path missing there still does; words, numbers, class paths and URLs are left as they are,
+    and configs not found there are read from the repository."""
+    start = tmp_path / "my start"
+    (start / "data" / "an4").mkdir(parents=True)
+    (start / "data" / "an4" / "train.jsonl").write_text("")
+    (start / "init.ckpt").write_text("")
+    given = [
+        "--data.train_manifest",
+        "data/an4/train.jsonl",
+        "--trainer.accelerator",
+        "cpu",
+        "--model.init_args.init_from=init.ckpt",
+        "--trainer.max_epochs",
+        "0.5",
+        "--config",
+        "conf/an4/augment.yaml",
+        "--data.val_manifest",
+        "data/an4/dev.jsonl",
+        "--model.init_args.frontend.init_args.augment",
+        "asr.frontends.SpecAugment",
+        "--model.init_args.init_from",
+        "hf://me/an4",
+        "--x",
+        "~/y/z",
+    ]
+    script = (f'root="{REPO}"; source "{REPO}/recipes/lib/stages.sh"; fit_args=("$@"); '
+              'fit_paths; printf "%s\\n" "${fit_args[@]}"')  # fmt: skip
+    said = subprocess.run(["bash", "-c", script, "-", *given], capture_output=True, text=True,
+                          cwd=start, check=True)  # fmt: skip
+    expected = [
+        *given[:1],
+        str(start / "data/an4/train.jsonl"),
+        *given[2:4],
+        f"--model.init_args.init_from={start / 'init.ckpt'}",
+        *given[5:10],
+        str(start / "data/an4/dev.jsonl"),
+        *given[11:],
+    ]
+    assert said.stdout.splitlines() == expected
+
+
+def test_force_trains_afresh_a_run_stopped_halfway(tmp_path):
+    """An interrupted stage 4 resumes when the recipe runs again; with --force it trains
+    afresh, as asked (before, it resumed the old weights, or was refused for another tokenizer
+    on every rerun)."""
+    fake, log = recording_asr(tmp_path)
+    data, exp = tmp_path / "data", tmp_path / "exp"
+    data.mkdir()
+    for stage in range(1, 4):
+        (data / f".done-{stage}").write_text("")
+    checkpoints = exp / "transformer_quick" / "checkpoints"
+    args = ["--data-dir", tmp_path, "--data", data, "--exp", exp, "--quick", "--stage", "4",
+            "--stop-stage", "4"]  # fmt: skip
+    for extra, resumed in (([], True), (["--force"], False)):
+        checkpoints.mkdir(parents=True, exist_ok=True)
+        (checkpoints / "last.ckpt").write_text("")
+        (exp / "transformer_quick" / ".done-4").unlink(missing_ok=True)  # stopped halfway
+        assert ran(run_recipe("an4", *args, *extra, bin_dir=fake).stdout) == [4]
+        fit = log.read_text().splitlines()[-1]
+        assert ("--ckpt_path last" in fit) == resumed and checkpoints.exists() == resumed
 
 
 @pytest.mark.parametrize(

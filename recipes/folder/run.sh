@@ -75,9 +75,13 @@ parse_options "$@"
 cd "$root"
 require_asr
 model_dir=$exp/$(basename "$config" .yaml)
-# A fine-tune that started resumes from its own checkpoints: its initial model may be gone.
+# A fine-tune that started resumes from its own checkpoints: its initial model may be gone;
+# forced to train again (its checkpoints removed first), it needs that model.
+forced_fit=false
+if [ "$force" = true ] && [ "$stage" -le 4 ] && [ "$stop_stage" -ge 4 ]; then forced_fit=true; fi
 if [ ${#init[@]} -gt 0 ] && [[ ${init[1]} != hf://* ]] && [ ! -e "${init[1]}" ] &&
-  [ ! -e "$model_dir/checkpoints/last.ckpt" ] && [ ! -e "$model_dir/.done-4" ]; then
+  { [ "$forced_fit" = true ] ||
+    { [ ! -e "$model_dir/checkpoints/last.ckpt" ] && [ ! -e "$model_dir/.done-4" ]; }; }; then
   usage_error "--init ${init[1]}: no such checkpoint or package"
 fi
 [ -n "$data_dir" ] || usage_error "--data-dir DIR is required: your folder of audio + .txt files"

@@ -5,8 +5,8 @@
 # `parse_options "$@"`, then runs its stages with run_stage and the shared stages below.
 #
 # Stages are numbered. A finished stage leaves a marker `<dir>/.done-<N>` and is skipped when
-# the recipe is re-run; --force re-runs it. A stage that failed (or was killed) halfway left
-# no marker, so it simply runs again; training resumes from its last.ckpt. A prepare stage
+# the recipe is re-run; --force re-runs it (training afresh). A stage that failed (or was
+# killed) halfway left no marker, so it simply runs again; training resumes from its last.ckpt. A prepare stage
 # whose `asr prepare` left broken inputs out (exit status 1) warns and goes on without them.
 
 # Defaults of the options every recipe has; a recipe may change them after sourcing.
@@ -56,26 +56,32 @@ common_option() {
     --ctc-weight) need_weight "$@"; ctc_weight=$(canonical_number "$2") ;;
     --average) need_positive "$@"; average=$((10#$2)) ;;
     --force) force=true; consumed=1 ;;
-    --) shift; fit_args=("$@"); fit_configs; consumed=$(($# + 1)) ;;
+    --) shift; fit_args=("$@"); fit_paths; consumed=$(($# + 1)) ;;
     -h|--help) usage; exit 0 ;;
     *) usage_error "unknown option $1 (see --help)" ;;
   esac
 }
 
-# fit_configs: each `--config FILE` (or `--config=FILE`) of `fit_args` as `config_path` finds
-# it, as two words: the stages run from the repository, where a path from the starting
-# directory would name another file.
-fit_configs() {
-  local given=(${fit_args[@]+"${fit_args[@]}"}) i
+# fit_paths: each `--config FILE` (or `--config=FILE`) of `fit_args` as `config_path` finds
+# it, as two words, and each other value that names a file or folder from the starting
+# directory as `from_start` gives it: the stages run from the repository, where a path from
+# the starting directory would name another file, or none.
+fit_paths() {
+  local given=(${fit_args[@]+"${fit_args[@]}"}) i arg
   fit_args=()
   for ((i = 0; i < ${#given[@]}; i++)); do
-    if [ "${given[i]}" = --config ] && [ $((i + 1)) -lt ${#given[@]} ]; then
+    arg=${given[i]}
+    if [ "$arg" = --config ] && [ $((i + 1)) -lt ${#given[@]} ]; then
       i=$((i + 1))
       fit_args+=(--config "$(config_path "${given[i]}")")
-    elif [ "${given[i]#--config=}" != "${given[i]}" ]; then
-      fit_args+=(--config "$(config_path "${given[i]#--config=}")")
+    elif [ "${arg#--config=}" != "$arg" ]; then
+      fit_args+=(--config "$(config_path "${arg#--config=}")")
+    elif [ "${arg:0:2}" = -- ] && [ "${arg#*=}" != "$arg" ]; then
+      fit_args+=("${arg%%=*}=$(from_start "${arg#*=}")")
+    elif [ "${arg:0:2}" = -- ]; then
+      fit_args+=("$arg")
     else
-      fit_args+=("${given[i]}")
+      fit_args+=("$(from_start "$arg")")
     fi
   done
 }
@@ -175,6 +181,21 @@ config_path() {
   local path=$1
   if [ "${path:0:1}" != / ] && [ -f "$start_dir/$path" ]; then path=$(absolute "$path"); fi
   printf '%s\n' "${path#"$root"/}"
+}
+
+# from_start VALUE: a relative path from the starting directory as `config_path` gives a
+# config: one with a `/` in it (not a URL such as hf://owner/name, nor a list), there or not
+# (else a path missing there would name the repository's file, which may be another data set),
+# and a name with a `.` in it (init.ckpt, not a class path) where that file is there; any
+# other value (`cpu`, `1e-3`) as it is.
+from_start() {
+  local value=$1
+  case "$value" in
+    /* | "~"* | *://* | "["*) ;;
+    */*) value=$(absolute "$value"); value=${value#"$root"/} ;;
+    *.*) if [ -e "$start_dir/$value" ]; then value=$(absolute "$value"); value=${value#"$root"/}; fi ;;
+  esac
+  printf '%s\n' "$value"
 }
 
 # usage: the recipe's leading comment block.
@@ -495,12 +516,12 @@ fit_stage() {
 }
 
 # resume_or_afresh N DIR: sets `resume` (declared by the caller) to `--ckpt_path last` where
-# the fit of stage N into DIR stopped halfway; with --force over a finished stage N, removes
-# its checkpoints so that it trains afresh (asr fit refuses a new run beside them).
+# the fit of stage N into DIR stopped halfway; with --force over stage N, finished or stopped
+# halfway, removes its checkpoints so that it trains afresh, as asked (asr fit refuses a new
+# run beside them, and resuming would go on with the old weights).
 resume_or_afresh() {
   local n=$1 dir=$2
-  if [ "$force" = true ] && [ -f "$dir/.done-$n" ] && [ "$n" -ge "$stage" ] &&
-    [ "$n" -le "$stop_stage" ]; then
+  if [ "$force" = true ] && [ "$n" -ge "$stage" ] && [ "$n" -le "$stop_stage" ]; then
     rm -rf "$dir/checkpoints"
   fi
   if [ -f "$dir/checkpoints/last.ckpt" ]; then resume=(--ckpt_path last); fi
