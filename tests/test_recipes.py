@@ -657,6 +657,8 @@ def test_gpu_smoke_refuses_an_out_folder_holding_what_it_would_remove(tmp_path):
         ("an4", "--lm-weight", "200", "--lm-weight needs a number in [0, 100], got '200'"),
         ("folder", "--seed", "x", "--seed needs a whole number, got 'x'"),
         ("folder", "--dev-fraction", "2", "--dev-fraction needs a number in [0, 1], got '2'"),
+        ("an4", "--vocab-size", "50", "--vocab-size sets a bpe or unigram tokenizer's size"),
+        ("mini_librispeech", "--model", "--quick", "--model needs a value"),
         ("librispeech", "--cmvn-utterances", "0", "--cmvn-utterances needs a whole number from"),
         ("mini_librispeech", "--lm-config", "conf/none.yaml", "no LM config conf/none.yaml"),
     ],
@@ -935,6 +937,8 @@ def test_folder_random_split(yesno_dir, tmp_path, repo_outputs):
     assert other.returncode == 2 and "stage 1 was done otherwise" in other.stderr
     spelled = ["--data-dir", f"{tmp_path}/./audio/", "--data", f"{data}/", "--exp", exp, *split]
     assert skipped(run_recipe("folder", *spelled, "--stop-stage", "1").stdout) == [1]
+    numbers = ["--dev-fraction", "0.250", "--test-fraction", ".25", "--seed", "03"]  # as numbers
+    assert skipped(run_recipe("folder", *args[:4], *numbers, "--stop-stage", "1").stdout) == [1]
     (data / ".done-1").write_text("prepare manifests: prepare\n")  # the older form: no options
     assert skipped(run_recipe("folder", *args, "--stop-stage", "1").stdout) == [1]
 

@@ -69,12 +69,16 @@ recipe_option() {
     --model) need_value "$@"; model=$2; consumed=2 ;;
     --tokenizer)
       need_value "$@"; need_choice "$1" "$2" char bpe unigram; tokenizer_kind=$2; consumed=2 ;;
-    --vocab-size) need_positive "$@"; vocab_size=$((10#$2)); consumed=2 ;;
+    --vocab-size) need_positive "$@"; vocab_size=$((10#$2)); vocab_given=$1; consumed=2 ;;
     --lm-weight) need_lm_weight "$@"; lm_weight=$(canonical_number "$2"); consumed=2 ;;
     --an4-url) need_value "$@"; an4_url=$2; consumed=2 ;;
   esac
 }
+vocab_given=""
 parse_options "$@"
+if [ "$tokenizer_kind" = char ] && [ -n "$vocab_given" ]; then
+  usage_error "--vocab-size sets a bpe or unigram tokenizer's size: give --tokenizer bpe or unigram"
+fi
 if [ "$quick" = true ]; then
   model=${model:-transformer}
   config=conf/an4/${model}_quick.yaml

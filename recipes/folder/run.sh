@@ -54,13 +54,13 @@ init=()
 
 recipe_option() {
   case "$1" in
-    --dev-fraction) need_weight "$@"; dev_fraction=$2; consumed=2 ;;
-    --test-fraction) need_weight "$@"; test_fraction=$2; consumed=2 ;;
-    --seed) need_value "$@"; need_digits "$@"; seed=$2; consumed=2 ;;
+    --dev-fraction) need_weight "$@"; dev_fraction=$(canonical_number "$2"); consumed=2 ;;
+    --test-fraction) need_weight "$@"; test_fraction=$(canonical_number "$2"); consumed=2 ;;
+    --seed) need_value "$@"; need_digits "$@"; seed=$(canonical_number "$2"); consumed=2 ;;
     --split-file) need_value "$@"; split_file=$(absolute "$2"); consumed=2 ;;
     --tokenizer)
       need_value "$@"; need_choice "$1" "$2" char bpe unigram; tokenizer_kind=$2; consumed=2 ;;
-    --vocab-size) need_positive "$@"; vocab_size=$((10#$2)); consumed=2 ;;
+    --vocab-size) need_positive "$@"; vocab_size=$((10#$2)); vocab_given=$1; consumed=2 ;;
     --config) need_value "$@"; config=$(config_path "$2"); consumed=2 ;;
     --init)
       need_value "$@"
@@ -70,7 +70,11 @@ recipe_option() {
       consumed=2 ;;
   esac
 }
+vocab_given=""
 parse_options "$@"
+if [ "$tokenizer_kind" = char ] && [ -n "$vocab_given" ]; then
+  usage_error "--vocab-size sets a bpe or unigram tokenizer's size: give --tokenizer bpe or unigram"
+fi
 
 cd "$root"
 require_asr

@@ -34,7 +34,10 @@ rest=() # the options for recipes/librispeech/run.sh; --model anywhere before `-
 while [ $# -gt 0 ]; do
   case "$1" in
     --model)
-      [ $# -ge 2 ] || { echo "$(basename "$0"): --model needs a value" >&2; exit 2; }
+      if [ $# -lt 2 ] || [ "${2:0:2}" = -- ]; then
+        echo "$(basename "$0"): --model needs a value" >&2
+        exit 2
+      fi
       model=$2
       shift 2 ;;
     --) rest+=("$@"); break ;;
