@@ -223,6 +223,7 @@ def _validating_on_two_processes_gives_one_processs_metrics(tiny_an4, tmp_path: 
     assert first == pytest.approx(single, rel=1e-5)
 
 
+@pytest.mark.slow  # three two-rank runs, one waiting out Lightning's watch: tens of seconds
 def test_a_killed_rank_stops_the_job_clearly_and_the_resumed_run_is_exact(tiny_an4, tmp_path):
     """SIGKILL of rank 1 mid-epoch: rank 0 stops with a message naming it (no hang), and the
     same command with --ckpt_path last ends as the uninterrupted run does, dropout and

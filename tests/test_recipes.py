@@ -1091,6 +1091,7 @@ def _mini_librispeech_default_stages(tmp_path: Path) -> tuple[list, Path, Path]:
     return args, data, exp
 
 
+@pytest.mark.slow  # its stages 1-7 also run before the slow LM stages' test
 @pytest.mark.needs_corpus
 def test_mini_librispeech_stages_of_the_default_and_a_step_of_each_other_model(
     tmp_path, repo_outputs
