@@ -454,7 +454,9 @@ def prepare_folder(
     audio = [path for path in found if path.suffix.lower() != ".txt"]
     if not audio:
         raise ValueError(f"{data_dir}: expected {FOLDER_LAYOUT}; found no audio")
-    entries, missing, bad_text, named = _folder_entries(data_dir, audio)
+    # a.TXT too, as a.WAV is audio: the walk matches suffixes in any case
+    texts = {path.with_suffix(""): path for path in found if path.suffix.lower() == ".txt"}
+    entries, missing, bad_text, named = _folder_entries(data_dir, audio, texts)
     if missing:
         logger.warning(
             "%s: %d audio file(s) without a transcript (same-stem .txt) left out: %s",
@@ -497,7 +499,7 @@ def prepare_folder(
 
 
 def _folder_entries(
-    root: Path, audio: list[Path]
+    root: Path, audio: list[Path], texts: dict[Path, Path]
 ) -> tuple[list[_Entry], list[str], list[str], list[str]]:
     """Entries with a usable transcript, audio without one, `transcript: reason` lines, and
     the id of every file with a transcript file (usable or not: what a split is drawn over).
@@ -506,8 +508,8 @@ def _folder_entries(
     `a.flac`) are refused."""
     missing, transcribed, audio_of = [], [], {}  # audio_of: each transcript's audio
     for path in audio:
-        transcript = path.with_suffix(".txt")
-        if not transcript.is_file():
+        transcript = texts.get(path.with_suffix(""))  # by stem: `texts`, each file's transcript
+        if transcript is None or not transcript.is_file():
             missing.append(path.relative_to(root).as_posix())
             continue
         relative = path.relative_to(root).with_suffix("").as_posix()
@@ -515,14 +517,14 @@ def _folder_entries(
         first = audio_of.setdefault(transcript, path)
         if first != path:
             raise ValueError(f"{first} and {path} both give utterance id {plain!r}")
-        transcribed.append((path, relative, plain))
-    spelt = Counter(plain for _, _, plain in transcribed)
+        transcribed.append((path, transcript, relative, plain))
+    spelt = Counter(plain for *_, plain in transcribed)
     entries, bad_text, named = [], [], []
-    for path, relative, plain in transcribed:
+    for path, transcript, relative, plain in transcribed:
         utterance_id = _as_id(relative, hashed=True) if spelt[plain] > 1 else plain
         named.append(utterance_id)
         try:
-            text = _read_transcript(path.with_suffix(".txt"))
+            text = _read_transcript(transcript)
         except ValueError as error:
             bad_text.append(str(error))
             continue

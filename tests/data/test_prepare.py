@@ -269,6 +269,18 @@ def test_folder_reports_audio_without_transcript(folder, tmp_path, caplog):
         assert utterance.duration == pytest.approx(0.1 + 0.01 * n, abs=1e-9)
 
 
+def test_a_transcript_whose_suffix_is_upper_case_is_read(folder, tmp_path):
+    """`u.TXT` beside `u.wav`, as `U.WAV` is audio: before, the audio was listed as without a
+    transcript, and the transcript nowhere."""
+    (folder / "spk1" / "lonely.TXT").write_text("LONELY\n")
+    prepare_corpus("folder", folder, tmp_path / "out")
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["missing_transcripts"] == []
+    manifests = (tmp_path / "out").glob("*.jsonl")
+    texts = {u.utt_id: u.text for m in manifests for u in read_manifest(m)}
+    assert texts["spk1-lonely"] == "LONELY"
+
+
 def test_folder_random_split_is_a_seeded_partition(folder, tmp_path):
     first = read_splits_after("folder", folder, tmp_path / "a", seed=3)
     again = read_splits_after("folder", folder, tmp_path / "b", seed=3)
