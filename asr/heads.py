@@ -13,7 +13,7 @@ import numpy as np
 from tqdm import tqdm
 
 from asr.audio import load_audio
-from asr.data.manifest import validate_manifest
+from asr.data.manifest import some_of, validate_manifest
 from asr.recognizer import Recognizer
 from asr.results import Alignment
 from asr.timing import attention_timestamps, boundary_error_ms
@@ -91,7 +91,7 @@ def reference_alignments(
     if unusable:
         left_out["unusable"] = len(unusable)
     reasons = ", ".join(
-        f"{count} {reason}" + (f" ({_some(unfit[reason])})" if reason in unfit else "")
+        f"{count} {reason}" + (f" ({some_of(unfit[reason])})" if reason in unfit else "")
         for reason, count in left_out.items()
     )
     if not out:
@@ -101,12 +101,6 @@ def reference_alignments(
         logger.warning("%s: %d of %d utterances left out: %s", manifest, sum(left_out.values()),
                        len(out) + sum(left_out.values()), reasons)  # fmt: skip
     return out
-
-
-def _some(ids: list[str], shown: int = 5) -> str:
-    """The first `shown` of `ids`, and how many more."""
-    more = f" and {len(ids) - shown} more" if len(ids) > shown else ""
-    return ", ".join(ids[:shown]) + more
 
 
 def check_choosable(recognizer: Recognizer) -> None:

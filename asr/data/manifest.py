@@ -76,6 +76,15 @@ class ManifestError(ValueError):
         return type(self), (self.entries,)
 
 
+LISTED = 5  # names a message lists before "and N more"
+
+
+def some_of(names: Sequence[str]) -> str:
+    """The first few names, and how many more (for messages)."""
+    more = f" and {len(names) - LISTED} more" if len(names) > LISTED else ""
+    return ", ".join(names[:LISTED]) + more
+
+
 def format_bad_entries(entries: Sequence[BadEntry], limit: int = MAX_LISTED) -> str:
     """One entry per line, the first `limit` of them, then how many more there are.
 

@@ -23,12 +23,11 @@ from typing import Any, NamedTuple
 from tqdm import tqdm
 
 from asr.audio import AUDIO_SUFFIXES, AudioError, audio_files, audio_info
-from asr.data.manifest import LONGEST_ID, Utterance, write_manifest
+from asr.data.manifest import LONGEST_ID, Utterance, some_of, write_manifest
 
 logger = logging.getLogger(__name__)
 
 PathLike = str | os.PathLike
-LISTED = 5
 # summary.json lists of broken inputs
 BROKEN_KEYS = ("unusable_audio", "missing_audio", "bad_transcripts")
 
@@ -255,10 +254,10 @@ def _transcript_problem(
 
 def _warn_left_out(description: str, missing: list[str], bad_text: list[str]) -> None:
     if missing:
-        logger.warning("%s: audio missing for %d: %s", description, len(missing), _some(missing))
+        logger.warning("%s: audio missing for %d: %s", description, len(missing), some_of(missing))
     if bad_text:
         logger.warning(
-            "%s: %d unusable transcript(s): %s", description, len(bad_text), _some(bad_text)
+            "%s: %d unusable transcript(s): %s", description, len(bad_text), some_of(bad_text)
         )
 
 
@@ -409,7 +408,9 @@ def prepare_yesno(data_dir: PathLike, out_dir: PathLike) -> dict[str, SplitSumma
         )
     ignored = [path.name for path in waves if path not in labelled]
     if ignored:
-        logger.warning("%s: ignoring .wav files not named by labels: %s", directory, _some(ignored))
+        logger.warning(
+            "%s: ignoring .wav files not named by labels: %s", directory, some_of(ignored)
+        )
     entries = [_Entry(path.stem, path, _yesno_text(path.stem), "yesno") for path in labelled]
     utterances, unusable = _measure(entries, "yesno")
     # split by name before the unreadable are left out, so that none moves to another split
@@ -462,7 +463,7 @@ def prepare_folder(
             "%s: %d audio file(s) without a transcript (same-stem .txt) left out: %s",
             data_dir,
             len(missing),
-            _some(missing),
+            some_of(missing),
         )
     _warn_left_out(str(data_dir), [], bad_text)
     stems = {path.with_suffix("") for path in audio}
@@ -476,7 +477,7 @@ def prepare_folder(
             "%s: %d .txt file(s) without same-stem audio: %s",
             data_dir,
             len(no_audio),
-            _some(no_audio),
+            some_of(no_audio),
         )
     if not entries:
         raise ValueError(
@@ -606,7 +607,7 @@ def _assigned_split(utterances: list[Utterance], split_file: Path) -> dict[str, 
     _raise_if_any(unassigned, f"{split_file}: no split given for")
     unknown = sorted(set(assignment) - {u.utt_id for u in utterances})
     if unknown:
-        logger.warning("%s: ids of no prepared utterance: %s", split_file, _some(unknown))
+        logger.warning("%s: ids of no prepared utterance: %s", split_file, some_of(unknown))
     return _by_split(utterances, assignment, names=())
 
 
@@ -665,7 +666,7 @@ def _measure(entries: Sequence[_Entry], description: str) -> tuple[list[Utteranc
             "%s: %d unusable audio file(s) left out: %s",
             description,
             len(unusable),
-            _some(unusable),
+            some_of(unusable),
         )
     return utterances, unusable
 
@@ -695,7 +696,7 @@ def _write_splits(
     The manifests of splits an earlier preparation into `out_dir` wrote and this one does not
     are removed, so that no old dev or test set is left beside a train set that now holds it."""
     if not any(splits.values()):
-        left = [f"{key}: {_some(value)}" for key, value in report.items() if value]
+        left = [f"{key}: {some_of(value)}" for key, value in report.items() if value]
         raise ValueError(f"{source}: no usable utterance ({'; '.join(left) or 'none found'})")
     out_dir.mkdir(parents=True, exist_ok=True)
     earlier = _earlier_splits(out_dir)
@@ -746,13 +747,7 @@ def _existing(stem: Path, suffixes: Sequence[str]) -> Path | None:
 
 def _raise_if_any(names: Sequence[str], prefix: str) -> None:
     if names:
-        raise ValueError(f"{prefix} {len(names)}: {_some(names)}")
-
-
-def _some(names: Sequence[str]) -> str:
-    """The first few names, and how many more."""
-    more = f" and {len(names) - LISTED} more" if len(names) > LISTED else ""
-    return ", ".join(names[:LISTED]) + more
+        raise ValueError(f"{prefix} {len(names)}: {some_of(names)}")
 
 
 def _absolute(path: PathLike) -> Path:
