@@ -123,8 +123,9 @@ def _repair(
         fixed, fixed_logp, _ = search(enc[rows], enc_lens[rows], ctc[rows], options=again)
     else:
         cut = [_cut_loop(nbests[b][0]) for b in rows.tolist()]
-        fixed = [[h] for h in cut]
         fixed_logp, _ = token_log_probs(decoder, at_least_float32(enc[rows]), enc_lens[rows], cut)
+        # scored as the tokens kept, eos included: the loop's score was of tokens dropped
+        fixed = [[replace(h, score=float(logp.sum()))] for h, logp in zip(cut, fixed_logp)]
     for k, b in enumerate(rows.tolist()):
         ended = math.isfinite(fixed[k][0].score)  # not the empty stand-in of no hypothesis
         if ended and fixed[k][0].tokens != nbests[b][0].tokens:

@@ -94,6 +94,8 @@ def test_without_a_ctc_head_a_loop_is_cut_after_its_first_copy(overfit):
     [decoded] = looping.search(waves[:1], SearchOptions(beam_size=1, ctc_weight=0.0))
     assert decoded.hypothesis.tokens == [5] and decoded.repaired == REPETITION
     assert decoded.hypothesis.attention.shape[1] == 2  # the token and eos
+    # its score is of the tokens kept, not of the loop cut away
+    assert decoded.hypothesis.score == pytest.approx(float(decoded.token_log_probs.sum()))
 
 
 def test_what_the_model_recognises_is_left_alone(overfit):
