@@ -303,6 +303,7 @@ def beam_search(
         scores = fusion.token_scores(prev, logp.float(), t)
         candidates = fusion.candidates(scores)
         ctc = fusion.ctc_scores(candidates, t)
+        fusion.let_stuck_rows_end(scores, candidates, ctc)
         source, prev = beams.advance(scores, candidates, ctc, attn, t)
         if not bool(beams.running.any()):
             break
@@ -357,11 +358,29 @@ class _Fusion:
             scores = scores + self.options.lm_weight * lm_logp.float()
         scores = (scores + self.options.length_bonus).index_fill(1, self.non_outputs, NEG_INF)
         forced = t + 1 >= self.limits  # only eos remains
-        eos_ok = (t >= self.min_lens) & self._eos_threshold_ok(att)
+        long_enough, threshold_ok = t >= self.min_lens, self._eos_threshold_ok(att)
+        eos_ok = long_enough & threshold_ok
+        # eos that the threshold alone holds back: let_stuck_rows_end may need it
+        self.held_eos = scores[:, SOS_EOS_ID].masked_fill(~long_enough | threshold_ok, NEG_INF)
         eos = scores[:, SOS_EOS_ID].masked_fill(~(eos_ok | forced), NEG_INF)
         scores = scores.masked_fill(forced[:, None], NEG_INF)
         scores[:, SOS_EOS_ID] = eos
         return scores
+
+    def let_stuck_rows_end(
+        self, scores: Tensor, candidates: Tensor | None, ctc: Tensor | None
+    ) -> None:
+        """Give back, in place, eos that the eos threshold held back to rows that CTC lets
+        go on with no token (a prefix that used every frame): else, beam by beam, every
+        hypothesis of an utterance could die before one ended."""
+        if ctc is None or self.options.eos_threshold is None:
+            return
+        if candidates is None:  # every token scored, eos among them
+            going_on = (scores + ctc).index_fill(1, self.eos_id, NEG_INF)
+        else:  # eos is the last candidate
+            going_on = scores.gather(1, candidates[:, :-1]) + ctc[:, :-1]
+        stuck = ~torch.isfinite(going_on).any(dim=1) & torch.isfinite(self.held_eos)
+        scores[:, SOS_EOS_ID] = torch.where(stuck, self.held_eos, scores[:, SOS_EOS_ID])
 
     def _eos_threshold_ok(self, att: Tensor) -> Tensor:
         threshold = self.options.eos_threshold

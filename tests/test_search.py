@@ -449,3 +449,22 @@ def test_a_language_model_of_other_pieces_is_refused_though_as_many() -> None:
         search.check_language_model(0.3, lm, None, ("<pad>", "a", "b", "c"))
     del lm.vocabulary  # a module of one's own: its size alone is known
     search.check_language_model(0.3, lm, 3, ("<pad>", "A", "b"))
+
+
+def test_an_eos_threshold_under_ctc_leaves_every_utterance_a_hypothesis() -> None:
+    """With eos ranked low by attention, the eos threshold kept eos back while the beam used
+    up the frames CTC allows: every continuation -inf, nothing ended, and each utterance came
+    back empty. Where nothing can go on, eos is let through; the result is the search's
+    without the threshold."""
+    lens = torch.tensor([12, 7, 4])
+    decoder, enc = make_decoder("transformer", vocab=14), encoder_output(lens)
+    with torch.no_grad():
+        decoder.output.bias[EOS] -= 30.0
+    ctc = ctc_posteriors(lens, vocab=14)
+    plain = SearchOptions(beam_size=4, ctc_weight=0.5, max_len_ratio=3.0)
+    for options in (replace(plain, eos_threshold=1.5),
+                    replace(plain, eos_threshold=1.5, pre_beam_ratio=None)):  # fmt: skip
+        held = beam_search(decoder, enc, lens, options, ctc)
+        free = beam_search(decoder, enc, lens, replace(options, eos_threshold=None), ctc)
+        assert [[h.tokens for h in n] for n in held] == [[h.tokens for h in n] for n in free]
+        assert all(n and all(h.score > -1e30 for h in n) for n in held)
