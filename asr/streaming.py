@@ -172,7 +172,7 @@ def mask_chunks(recognizer: Recognizer, chunk_ms: float | None) -> None:
     It sets the recognizer's encoder: every whole-sequence pass of it takes the mask, those of
     its full-context streams (`chunk_ms=None`) too."""
     chunk_ms = chunk_ms or None
-    if chunk_ms is not None and chunk_ms < 0:
+    if chunk_ms is not None and not 0 < chunk_ms < math.inf:  # nan and inf too
         raise ValueError(f"chunk_ms must be positive (0 or None: full context), got {chunk_ms}")
     if chunk_ms is None:  # any model decodes at full context
         if hasattr(recognizer.model.encoder, "chunk"):

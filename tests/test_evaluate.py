@@ -82,6 +82,9 @@ def test_chunk_masks_refuse_a_model_that_cannot_stream():
     with pytest.raises(ValueError, match="normalises each utterance's level"):
         mask_chunks(recognizer, 160)
     mask_chunks(recognizer, 0)  # full context, as `asr evaluate --chunk-ms 0` asks
+    for bad in (-1, float("nan"), float("inf")):  # named, before anything about the model
+        with pytest.raises(ValueError, match=f"chunk_ms must be positive .*, got {bad}"):
+            mask_chunks(recognizer, bad)
 
 
 def test_cli_scores_equal_jiwer_on_the_written_files(checkpoint, tmp_path, capsys):
