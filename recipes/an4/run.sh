@@ -76,9 +76,7 @@ recipe_option() {
 }
 vocab_given=""
 parse_options "$@"
-if [ "$tokenizer_kind" = char ] && [ -n "$vocab_given" ]; then
-  usage_error "--vocab-size sets a bpe or unigram tokenizer's size: give --tokenizer bpe or unigram"
-fi
+need_sized_tokenizer
 if [ "$quick" = true ]; then
   model=${model:-transformer}
   config=conf/an4/${model}_quick.yaml

@@ -6,8 +6,9 @@
 #
 # Stages are numbered. A finished stage leaves a marker `<dir>/.done-<N>` and is skipped when
 # the recipe is re-run; --force re-runs it (training afresh). A stage that failed (or was
-# killed) halfway left no marker, so it simply runs again; training resumes from its last.ckpt. A prepare stage
-# whose `asr prepare` left broken inputs out (exit status 1) warns and goes on without them.
+# killed) halfway left no marker, so it simply runs again; training resumes from its
+# last.ckpt. A prepare stage whose `asr prepare` left broken inputs out (exit status 1) warns
+# and goes on without them.
 
 # Defaults of the options every recipe has; a recipe may change them after sourcing.
 stage=1
@@ -93,6 +94,14 @@ fit_extras() {
   for ((i = 0; i + 1 < ${#fit_args[@]}; i++)); do
     if [ "${fit_args[i]}" = --config ]; then printf ' + %s' "${fit_args[i + 1]}"; fi
   done
+}
+
+# need_sized_tokenizer: a usage error where --vocab-size (recorded in `vocab_given`) was given
+# with the char tokenizer, which has no size to set (asr tokenizer refuses it too).
+need_sized_tokenizer() {
+  if [ "$tokenizer_kind" = char ] && [ -n "${vocab_given:-}" ]; then
+    usage_error "--vocab-size sets a bpe or unigram tokenizer's size: give --tokenizer bpe or unigram"
+  fi
 }
 
 # need_value OPTION [VALUE...]: a usage error unless the option has a value.
