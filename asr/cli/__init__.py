@@ -370,10 +370,18 @@ def _language_model(args: argparse.Namespace, recognizer):
 def _transcribe(args: argparse.Namespace) -> int:
     import tempfile
 
-    from asr.cli.inputs import DEFAULT_FORMATS, expand_inputs, write_explorer
+    from asr.cli.inputs import (
+        DEFAULT_FORMATS,
+        expand_inputs,
+        references_in_the_way,
+        refuse_references_in_the_way,
+        write_explorer,
+    )
     from asr.cli.parallel import (
         MERGED,
         holds_records,
+        listed,
+        read_records,
         rewrite_merged,
         spreads,
         transcribe_spread,
@@ -467,6 +475,11 @@ def _transcribe(args: argparse.Namespace) -> int:
         inputs, failures = expand_inputs(
             args.audio, scratch, unique_stems=written, manifests=args.manifest
         )
+        if written:
+            outputs = [(item.audio.path, item.stem) for item in inputs]
+            formats, out = args.format or DEFAULT_FORMATS, Path(args.output_dir)
+            ours = listed(read_records(out)) if holds_records(out) else set()
+            refuse_references_in_the_way(references_in_the_way(outputs, out, formats, ours))
         for failure in failures:
             print(f"asr transcribe: error: {failure}", file=sys.stderr)
         if not inputs:

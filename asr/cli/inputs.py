@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import glob
 import itertools
+import json
 import os
 import shutil
 import sys
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePath
 from typing import IO, TYPE_CHECKING, Any, NamedTuple
@@ -314,6 +315,75 @@ def _write(
     # a manifest line's json names its file and offset, for the explorer
     audio = item.name if item.fields is None else item.audio.path
     write_outputs(transcript, stem, formats, audio, words_per_cue, item.audio.offset)
+
+
+def references_in_the_way(
+    outputs: Iterable[tuple[str, PurePath]],
+    out_dir: str | os.PathLike,
+    formats: Sequence[str],
+    listed: Container[str] = (),
+) -> list[str]:
+    """The `.txt` files the outputs would replace that lie beside their own audio under its
+    name (`d/u.txt` for `d/u.wav`: a reference transcript, in the layout `asr prepare folder`
+    reads) and that neither `listed` nor a json output of the same audio beside them shows
+    `asr transcribe` wrote.
+
+    Args:
+        outputs: each input's audio file and output stem.
+        out_dir: the output folder.
+        formats: the files asked for.
+        listed: files the folder's records list as written there (paths below it).
+
+    Returns:
+        Those files' paths.
+    """
+    if "txt" not in expand_formats(formats):
+        return []
+    found = []
+    for audio, stem in outputs:
+        if f"{stem.as_posix()}.txt" in listed:
+            continue
+        path = Path(out_dir) / f"{stem}.txt"
+        beside = Path(audio).with_suffix(".txt")
+        try:
+            if not (path.is_file() and beside.is_file() and path.samefile(beside)):
+                continue
+        except OSError:  # a name too long to be a file: none is in the way
+            continue
+        if not _written_from(Path(out_dir) / f"{stem}.json", audio, path):
+            found.append(str(path))
+    return found
+
+
+def _written_from(path: Path, audio: str, txt: Path) -> bool:
+    """Whether `path` is a json transcript `asr transcribe` wrote of `audio` (by its name: the
+    folder may have moved since) with the text of `txt` (a json alone, of `--format json`,
+    says nothing of a txt beside it)."""
+    try:
+        written = json.loads(path.read_text(encoding="utf-8"))
+        text = txt.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError, ValueError):
+        return False
+    if not isinstance(written, dict):
+        return False
+    named = written.get("audio")
+    return (
+        isinstance(named, str)
+        and os.path.basename(named) == os.path.basename(audio)
+        and " ".join(str(written.get("text")).splitlines()) == text.removesuffix("\n")
+    )
+
+
+def refuse_references_in_the_way(files: Sequence[str]) -> None:
+    """Stop before a run overwrites `files` (`references_in_the_way`), naming them."""
+    if files:
+        shown = ", ".join(files[:3]) + (f" and {len(files) - 3} more" if len(files) > 3 else "")
+        raise ValueError(
+            f"{shown}: a transcript beside its audio that asr transcribe did not write (a "
+            "reference, as `asr prepare folder` reads?) would be overwritten: give another "
+            "--output-dir, or remove the files if they are outputs of an earlier run (one "
+            "without json among its --format leaves nothing that shows it wrote them)"
+        )
 
 
 def keep_explorer_maps(stem: Path, out_dir: str | os.PathLike, maps: list | None) -> None:

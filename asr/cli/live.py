@@ -14,7 +14,7 @@ import os
 import re
 import signal
 import sys
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import IO
 
 from asr.cli.console import Lines, StdinPcm, ctrl_c_ends_the_input, pieces, samples
@@ -141,7 +141,13 @@ def transcribe_streaming(
     `--output-dir`, each input's whole transcript is also written there when it ends (and the
     audio of `-`, as `stdin.wav`, for the explorer to play)."""
     from asr.audio import AudioError
-    from asr.cli.inputs import DEFAULT_FORMATS, start_explorer, write_explorer
+    from asr.cli.inputs import (
+        DEFAULT_FORMATS,
+        references_in_the_way,
+        refuse_references_in_the_way,
+        start_explorer,
+        write_explorer,
+    )
     from asr.writers import expand_formats, timed_lines
 
     out = out or sys.stdout
@@ -155,6 +161,9 @@ def transcribe_streaming(
     if args.explorer:
         formats = start_explorer(args.output_dir, recognizer, formats, [s for *_, s in inputs])
     formats = expand_formats(formats)
+    if args.output_dir:
+        outputs = [(clip.path, PurePath(stem)) for _, clip, stem in inputs if clip is not None]
+        refuse_references_in_the_way(references_in_the_way(outputs, args.output_dir, formats))
     for failure in unnamed:  # arguments that name no audio
         print(f"asr transcribe: error: {failure}", file=sys.stderr)
     failed = len(unnamed)

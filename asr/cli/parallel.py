@@ -35,7 +35,14 @@ from typing import IO, Any
 from tqdm import tqdm
 
 from asr.audio import AudioError, audio_info
-from asr.cli.inputs import DEFAULT_FORMATS, Input, check_layout_free, expand_inputs
+from asr.cli.inputs import (
+    DEFAULT_FORMATS,
+    Input,
+    check_layout_free,
+    expand_inputs,
+    references_in_the_way,
+    refuse_references_in_the_way,
+)
 from asr.cli.numbers import check_search_arguments
 from asr.results import BatchResult, round_ms
 from asr.writers import FORMATS, expand_formats, file_there, write_text_atomically
@@ -389,6 +396,11 @@ def _files_there(
     )
 
 
+def listed(records: Records) -> set[str]:
+    """The files the records list as written in their folder (paths below it)."""
+    return {name for r in records.written.values() for name in r.get("files") or ()}
+
+
 def _same_audio(record: dict, item: Input) -> bool:
     clip = item.audio
     return (
@@ -423,6 +435,8 @@ def make_plan(args: argparse.Namespace, size: int) -> Plan:
     records = read_records(out)
     wanted = [*formats, *([MAPS_SUFFIX.lstrip(".")] if args.explorer else [])]
     pending = [item for item in inputs if not is_written(item, out, wanted, records)]
+    outputs = [(item.audio.path, item.stem) for item in pending]
+    refuse_references_in_the_way(references_in_the_way(outputs, out, formats, listed(records)))
     unlisted = sum(_files_there(item, out, wanted, records, listed=False) for item in pending)
     shares = split_by_duration([input_seconds(item) for item in pending], size)
     run = f"{time.time_ns():020d}"  # sorts as the runs happened

@@ -358,6 +358,39 @@ def test_a_transcripts_jsonl_of_someone_else_is_not_written_over(
     assert (out / MERGED).read_bytes() == theirs and [p.name for p in out.iterdir()] == [MERGED]
 
 
+@pytest.mark.parametrize(
+    "mode", [[], ["--workers", "2"], ["--streaming"]], ids=["one process", "workers", "streaming"]
+)
+def test_references_beside_the_audio_are_not_written_over(mode, tiny_checkpoint, tmp_path):
+    """A folder transcribed into itself: each `u.txt` beside its `u.wav` is a reference (the
+    layout `asr prepare folder` reads) until a json of the same audio shows asr wrote it."""
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    for stem in ("b/test1", "b/test2"):
+        shutil.copy(WAV / f"{GOOD[stem]}.wav", folder / f"{Path(stem).name}.wav")
+    reference = folder / "test1.txt"
+    reference.write_text("THE REFERENCE\n")
+    checkpoint = tiny_checkpoint["checkpoint"]  # one that streams, as well as a random one can
+    code, _, stderr = transcribe(folder, "--checkpoint", checkpoint, "--output-dir", folder, *mode)
+    assert code == 2 and f"error: {reference}: a transcript beside its audio that asr " in stderr
+    assert reference.read_text() == "THE REFERENCE\n"
+    assert sorted(p.name for p in folder.iterdir()) == ["test1.txt", "test1.wav", "test2.wav"]
+    json_alone = ["--format", "json"]  # a json of the audio says nothing of the txt beside it
+    assert transcribe(folder, "--checkpoint", checkpoint, "--output-dir", folder, *json_alone,
+                      *mode)[0] == 0  # fmt: skip
+    code, _, stderr = transcribe(folder, "--checkpoint", checkpoint, "--output-dir", folder, *mode)
+    assert code == 2 and reference.read_text() == "THE REFERENCE\n", stderr
+    reference.unlink()  # the transcripts asr writes there are its own: a re-run writes over them
+    for _ in range(2):
+        code, _, stderr = transcribe(folder, "--checkpoint", checkpoint, "--output-dir", folder,
+                                     *mode)  # fmt: skip
+        assert code == 0, stderr
+    assert reference.read_text() != "THE REFERENCE\n" and (folder / "test1.json").is_file()
+    moved = folder.rename(tmp_path / "moved")  # its outputs are still its own
+    code, _, stderr = transcribe(moved, "--checkpoint", checkpoint, "--output-dir", moved, *mode)
+    assert code == 0, stderr
+
+
 def test_ctrl_c_stops_the_workers_quietly(checkpoint, corpus, tmp_path, monkeypatch):
     """Ctrl-C while the workers run: they stop, no input is called failed, status 130 and
     what to do. (A re-run after an interruption: the test above.)"""
