@@ -4,7 +4,8 @@ given twice, a `class_path` that imports nothing, an `init_args`, `trainer` or `
 the class does not take (in a config laid over another, the class that one named), a key a
 dataclass of options lacks, a value a plain `int`, `float`, `bool` or `str` argument refuses, a
 setting that a link overrides. A top-level key may name a file of its own (`model: m.yaml`),
-checked the same way. What this passes, jsonargparse still checks in full."""
+checked the same way. What this passes, jsonargparse still checks in full; where a class
+of options refuses a value as it is built, `where_set` finds the line that set it."""
 
 from __future__ import annotations
 
@@ -105,6 +106,38 @@ def config_problems(
         if not within or within.startswith(f"{key}."):
             problems += _file_problems(file, key, classes, within)
     return problems
+
+
+def where_set(paths: Sequence[str | Path], key: str) -> str | None:
+    """`FILE:LINE` of the value that sets `key` (dotted, `init_args` left out, ending a key path
+    of the config: `augment.noise.prob` is `data.init_args.augment.noise.prob`) in the last
+    of the config files `paths` that sets it (files named by a top-level key included), as
+    jsonargparse lays them over each other; None where none does."""
+    wanted = key.split(".")
+    found = None
+    for path in paths:
+        root, _ = _compose(path)
+        files = [(path, root, [])] + [
+            (file, _compose(file)[0], [name])
+            for name, file in _named_files(root, Path(path).parent)
+        ]
+        for file, node, prefix in files:
+            for keys, value in _settings(node, prefix):
+                if keys[-len(wanted) :] == wanted:
+                    found = f"{file}:{value.start_mark.line + 1}"
+    return found
+
+
+def _settings(node: yaml.Node | None, keys: list[str]) -> Iterator[tuple[list[str], yaml.Node]]:
+    """Every key path of a mapping (`init_args` left out) and its value node."""
+    if not isinstance(node, yaml.MappingNode):
+        return
+    for k, v in node.value:
+        if isinstance(k, yaml.ScalarNode) and k.value != MERGE:
+            path = keys if k.value == "init_args" else [*keys, k.value]
+            if path is not keys:
+                yield path, v
+            yield from _settings(v, path)
 
 
 def _file_problems(

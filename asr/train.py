@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -40,7 +41,7 @@ from asr.checkpoint import (
     payload_tokenizer,
     weight_differences,
 )
-from asr.config_check import config_paths, config_problems, option_problems
+from asr.config_check import config_paths, config_problems, option_problems, where_set
 from asr.finetune import check_same_settings, decoder_differences, setting_differences
 from asr.text import tokenizer_difference
 
@@ -1124,6 +1125,20 @@ def _check_trainer_and_data(config: Namespace) -> None:
         )
 
 
+def _placed(said: str, argv: Sequence[str]) -> str:
+    """A refusal that begins with the setting refused (`augment.noise.prob must be...`, as a
+    class of options checks its values) led by the config file and line that set it, where no
+    option on the command line set it instead."""
+    match = re.match(r"([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+)[ :]", said)
+    if match is None:
+        return said
+    key = match.group(1)
+    if any(a.startswith("--") and f".{key.split('.')[0]}" in a for a in argv):
+        return said
+    where = where_set(config_paths(argv), key)
+    return said if where is None else f"{where}: {said}"
+
+
 def _refusal_within(error: BaseException) -> BaseException | None:
     """`error` where `_said_by_asr`; where jsonargparse wrapped the error of building a class
     (a missing tokenizer or CMVN file, inside a 100-line dump of the config), that error."""
@@ -1259,7 +1274,7 @@ def run_lightning_cli(argv: Sequence[str]) -> ASRCLI:
     except Exception as error:
         said = _refusal_within(error)
         if said is not None and not lost_peer(error):  # a file, a manifest...: its message
-            print(f"asr {argv[0]}: error: {said}", file=sys.stderr)
+            print(f"asr {argv[0]}: error: {_placed(str(said), argv)}", file=sys.stderr)
             raise SystemExit(2) from None
         if not lost_peer(error):
             raise

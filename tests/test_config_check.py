@@ -383,6 +383,51 @@ def test_asr_fit_stops_on_them_before_training(tmp_path, capsys) -> None:
     ]
 
 
+@pytest.mark.parametrize("given", ["overlay", "file", "option"])
+def test_a_value_a_class_of_options_refuses_is_named_with_its_line(
+    tmp_path, capsys, monkeypatch, given
+) -> None:
+    """What the augmentation options check when built (a range the wrong way round) is said
+    with the file and line that set it; set by an option, as said."""
+    from asr.cli import main
+
+    monkeypatch.chdir(tmp_path)  # the config's data files are not needed to refuse
+    setting = "reverb: {prob: 0.1, rt60: [0.9, 0.2]}"
+    overlay, where = tmp_path / "augment.yaml", ""
+    if given == "overlay":
+        overlay.write_text(f"data:\n  augment:\n    {setting}\n")
+        where = f"{overlay}:3: "
+    elif given == "file":  # the data's own file, named by the overlay
+        (tmp_path / "data.yaml").write_text(f"init_args:\n  augment:\n    {setting}\n")
+        overlay.write_text("data: data.yaml\n")
+        where = f"{tmp_path / 'data.yaml'}:3: "
+    else:  # set in the overlay, and over it by an option: the option's value is refused
+        overlay.write_text("data:\n  augment:\n    reverb: {prob: 0.1}\n")
+    argv = ["fit", "--config", str(QUICK), "--config", str(overlay)]
+    if given == "option":
+        argv += ["--data.augment.reverb.rt60", "[0.9, 0.2]"]
+    with pytest.raises(SystemExit) as stopped:
+        main(argv)
+    assert stopped.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"asr fit: error: {where}augment.reverb.rt60 must be [low, high] with low <= high, "
+        "got [0.9, 0.2]"
+    )
+
+
+def test_where_set_finds_the_last_config_to_set_a_key(tmp_path) -> None:
+    from asr.config_check import where_set
+
+    first, second = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    first.write_text("data:\n  init_args:\n    augment:\n      noise: {prob: 2}\n")
+    second.write_text("trainer:\n  max_epochs: 1\n")
+    assert where_set([first, second], "augment.noise.prob") == f"{first}:4"
+    second.write_text("data:\n  augment:\n    noise:\n      prob: 3\n")
+    assert where_set([first, second], "augment.noise.prob") == f"{second}:4"
+    assert where_set([first, second], "augment.gain.prob") is None
+    assert where_set([first, tmp_path / "missing.yaml"], "noise.prob") == f"{first}:4"
+
+
 @pytest.mark.parametrize("subcommand", ["fit", "validate", "test"])
 def test_the_top_level_keys_are_those_each_subcommand_takes(tmp_path, capsys, subcommand) -> None:
     """As each prints them in the config.yaml it saves, which is given again as a config."""
