@@ -9,6 +9,7 @@ import math
 import os
 import re
 import shutil
+import warnings
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -194,12 +195,14 @@ def build_condition(
     failures: list[BadEntry] | None = None,
 ) -> Path:
     """Write `utterances` under `condition` as 16-bit WAVs and a manifest; return its path.
+    Samples beyond full scale clip, as a recorder's would: a warning says what share.
     Given `failures`, an utterance whose audio cannot be read is left out and recorded there
     (and hears in no other's babble), else it stops the copy."""
     out_dir = Path(out_dir)
     (out_dir / "wav").mkdir(parents=True, exist_ok=True)
     pool = _Talkers(utterances, sample_rate, seed, strict=failures is None)
     written = []
+    clipped = samples = 0
     items = tqdm(utterances, desc=condition.slug, disable=not progress, leave=False)
     for index, utterance in enumerate(items):
         rng = np.random.default_rng([seed, zlib.crc32(condition.slug.encode()), index])
@@ -214,6 +217,8 @@ def build_condition(
             continue
         wave = condition.apply(wave, sample_rate, rng, partial(pool.others, index, rng))
         path = out_dir / "wav" / f"{index:06d}.wav"
+        clipped += int((wave.abs() > 1.0).sum())
+        samples += wave.numel()
         soundfile.write(path, wave.clamp(-1.0, 1.0).numpy(), sample_rate, subtype="PCM_16")
         duration = wave.numel() / sample_rate
         # Relative to the manifest, as manifests are read: wherever out_dir was given from.
@@ -221,6 +226,12 @@ def build_condition(
         # with its source's id: decodes under two conditions compare utterance by utterance
         written.append(replace(utterance, id=utterance.utt_id, audio_filepath=relative,
                                offset=0.0, duration=duration))  # fmt: skip
+    if clipped:  # the row then measures the clipping too
+        warnings.warn(
+            f"{condition.label}: {100 * clipped / samples:.2g} % of the copies' samples were "
+            "beyond full scale and clipped, as a 16-bit recording would be",
+            stacklevel=2,
+        )
     manifest = out_dir / "manifest.jsonl"
     write_manifest(manifest, written)
     return manifest

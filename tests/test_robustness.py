@@ -107,6 +107,17 @@ def test_copies_keep_the_ids_of_a_manifest_that_names_none(tmp_path):
     assert [u.utt_id for u in read_manifest(built)] == [u.utt_id for u in utterances]
 
 
+def test_copies_that_clip_say_how_much(tmp_path, recwarn):
+    """The copies are 16-bit WAV: a level raised past full scale clips, and a row that then
+    measures the clipping too says so; a quieter copy says nothing."""
+    utterances = read_manifest(_manifest(tmp_path / "test.jsonl"))
+    build_condition(Condition("level", -20.0), utterances, tmp_path / "q", progress=False)
+    assert not [w for w in recwarn if "clipped" in str(w.message)]
+    with pytest.warns(UserWarning, match=r"^level 40 dB: [\d.]+ % of the copies' samples were "
+                      "beyond full scale and clipped"):  # fmt: skip
+        build_condition(Condition("level", 40.0), utterances, tmp_path / "l", progress=False)
+
+
 def test_level_and_noise_copies_measure_what_they_say(tmp_path):
     utterances = read_manifest(_manifest(tmp_path / "test.jsonl"))
     quiet = read_manifest(build_condition(Condition("level", -20.0), utterances, tmp_path / "q",
