@@ -30,6 +30,7 @@ each with the reason, and exit with status 1 when any failed (2: the command cou
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import signal
@@ -420,7 +421,7 @@ def _transcribe(args: argparse.Namespace) -> int:
     if args.live_options and not args.streaming:
         raise ValueError(f"{', '.join(args.live_options)}: options of --streaming; give it too")
     if args.streaming:
-        from asr.cli.console import StdinPcm
+        from asr.cli.console import StdinPcm, ctrl_c_ends_the_input
         from asr.cli.live import stream_options, transcribe_streaming
 
         if args.workers is not None:
@@ -452,9 +453,14 @@ def _transcribe(args: argparse.Namespace) -> int:
         stream_options(args)  # its errors before the model loads
         _set_threads(args.threads)
         stdin = StdinPcm() if "-" in args.audio else None  # the microphone is heard meanwhile
-        recognizer = _load_model(args)
-        lm = _language_model(args, recognizer)
-        return transcribe_streaming(args, recognizer, lm, stdin=stdin)
+        if args.audio != ["-"] or args.manifest:  # files too: a Ctrl-C while loading stops all
+            recognizer = _load_model(args)
+            lm = _language_model(args, recognizer)
+            return transcribe_streaming(args, recognizer, lm, stdin=stdin)
+        with ctrl_c_ends_the_input() as interrupted:  # stdin alone: it ends what was said
+            recognizer = _load_model(args)
+            lm = _language_model(args, recognizer)
+            return transcribe_streaming(args, recognizer, lm, stdin=stdin, interrupted=interrupted)
     if spreads(args):
         from asr.package import is_package
 
@@ -1690,9 +1696,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:  # Ctrl-C: no traceback, the shell's status for SIGINT
         more = ""
         if args.command == "transcribe" and getattr(args, "output_dir", None):
-            more = (
-                f"; its files stay in {args.output_dir} (a --workers run resumes where it stopped)"
-            )
+            from asr.cli.parallel import spreads
+
+            more = f"; the files written stay in {args.output_dir}"
+            with contextlib.suppress(ValueError):  # options it refuses: no run to resume
+                if not args.streaming and spreads(args):
+                    more += " (a re-run resumes where it stopped)"
         print(f"asr {args.command}: interrupted{more}", file=sys.stderr)
         return 130
 

@@ -129,7 +129,7 @@ async def _connect(
                         await heard.wait_until_within(sent_seconds, interrupted)
                         await ws.send(piece)
                         sent_seconds += len(piece) / bytes_per_second
-                        if interrupted:
+                        if interrupted and name != "-":  # stdin's pieces end with what was heard
                             break
                     await ws.send(json.dumps({"type": "end"}))
                 except ConnectionClosed:  # the server said why: the reader prints it

@@ -73,22 +73,24 @@ class StdinPcm:
 
     def pieces(self, rate: int, interrupted: list[int], gone: Callable[[], bool] = lambda: False):
         """What came, in whole samples and pieces of at most `PCM_BLOCK_SECONDS`, until stdin
-        ends, `interrupted` is not empty or `gone()` (the reader went away) is true: a source
-        that outlives Ctrl-C, or sends nothing, does not hold the command."""
+        ends, `interrupted` is not empty or `gone()` (the reader went away) is true. Once
+        interrupted, what was read by then still comes (it was heard before the Ctrl-C, while
+        the model loaded or a final was searched), then no more: a source that outlives
+        Ctrl-C, or sends nothing, does not hold the command."""
         block = _block_samples(rate) * 2
         carry = b""
-        while (data := self._take(PCM_BLOCK_SECONDS)) is not None:
-            if gone():
+        while True:
+            last = bool(interrupted)  # what waits now was heard before it
+            data = self._take(0 if last else PCM_BLOCK_SECONDS)
+            if data is None or gone():
                 return
-            if not data:
-                if interrupted:
-                    return
-                continue
             data = carry + data
             whole = len(data) - len(data) % 2
             carry = data[whole:]
             for start in range(0, whole, block):
                 yield data[start : min(start + block, whole)]
+            if last:
+                return
 
 
 @contextlib.contextmanager

@@ -134,9 +134,11 @@ def transcribe_streaming(
     lm=None,
     out: IO[str] | None = None,
     stdin: StdinPcm | None = None,
+    interrupted: list[int] | None = None,
 ) -> int:
     """Decode each input as a live stream; `-` is raw 16-bit mono PCM on stdin (read by
-    `stdin`, made here if not given: the CLI starts reading before the model loads). Each final
+    `stdin`, made here if not given: the CLI starts reading before the model loads, and hands
+    on the `ctrl_c_ends_the_input` list it installed meanwhile as `interrupted`). Each final
     is printed as a line; on a terminal the partial is rewritten in place below them. With
     `--output-dir`, each input's whole transcript is also written there when it ends (and the
     audio of `-`, as `stdin.wav`, for the explorer to play)."""
@@ -167,7 +169,8 @@ def transcribe_streaming(
     for failure in unnamed:  # arguments that name no audio
         print(f"asr transcribe: error: {failure}", file=sys.stderr)
     failed = len(unnamed)
-    with ctrl_c_ends_the_input() as interrupted:
+    ended = ctrl_c_ends_the_input() if interrupted is None else contextlib.nullcontext(interrupted)
+    with ended as interrupted:
         for name, clip, stem in inputs:
             try:  # a bad file is said and the others go on; spans checked as offline
                 wave = None if clip is None else _clip_samples(clip, rate)
@@ -196,7 +199,7 @@ def transcribe_streaming(
                     for final in stream.accept(piece):
                         lines.final(said(final))
                     lines.partial(stream.partial)
-                    if interrupted:
+                    if interrupted and name != "-":  # stdin's pieces end with what was heard
                         break
             transcript = stream.final()
             for final in stream.take_finals():

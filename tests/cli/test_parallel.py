@@ -486,9 +486,10 @@ def test_ctrl_c_in_one_process_is_a_line_and_status_130(monkeypatch):
 
     monkeypatch.setattr(asr.cli, "_transcribe", _interrupted)
     assert transcribe("x.wav", "--model", "m.ckpt") == (130, "", "asr transcribe: interrupted\n")
-    said = "asr transcribe: interrupted; its files stay in out (a --workers run resumes where it "
-    said += "stopped)\n"
-    assert transcribe("x.wav", "--model", "m.ckpt", "--output-dir", "out") == (130, "", said)
+    said = "asr transcribe: interrupted; the files written stay in out"
+    assert transcribe("x.wav", "--model", "m.ckpt", "--output-dir", "out") == (130, "", f"{said}\n")
+    spread = transcribe("x.wav", "--model", "m.ckpt", "--output-dir", "out", "--workers", "2")
+    assert spread == (130, "", f"{said} (a re-run resumes where it stopped)\n")
 
 
 def test_records_of_a_later_run_replace_earlier_ones(tmp_path):

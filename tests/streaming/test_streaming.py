@@ -513,9 +513,11 @@ def test_ctrl_c_ends_the_input_with_the_finals_of_what_was_heard(
 ) -> None:
     """`arecord | asr transcribe --streaming -` stopped with Ctrl-C: the audio read so far gets
     its final (and its files, with --output-dir), the command exits 130 and gives SIGINT back;
-    a second Ctrl-C stops at once; an ignored SIGINT stays ignored."""
+    a Ctrl-C while the model loads does the same; a second Ctrl-C stops at once; an ignored
+    SIGINT stays ignored."""
     import soundfile as sf
 
+    import asr.cli
     import asr.cli.console
     from asr.audio import load_audio
     from asr.cli import main
@@ -525,12 +527,15 @@ def test_ctrl_c_ends_the_input_with_the_finals_of_what_was_heard(
     heard, silence = wave[:24000], np.zeros(1600, dtype=np.float32)
 
     def microphone(rate: int, interrupted: list, presses: int = 1, then: int = 50):
-        """s16le PCM as `StdinPcm.pieces` gives it (the samples are 16-bit values already)."""
-        for piece in asr.cli.console.pieces(heard, rate):
-            yield (piece * 32768).astype("<i2").tobytes()
+        """s16le PCM as `StdinPcm.pieces` gives it (the samples are 16-bit values already):
+        `heard` was read before the Ctrl-C (as it waits while a final is searched)."""
         for _ in range(presses):
             os.kill(os.getpid(), signal.SIGINT)
-        for _ in range(then):  # a source that does not end by itself
+        for piece in asr.cli.console.pieces(heard, rate):
+            yield (piece * 32768).astype("<i2").tobytes()
+        for _ in range(then):  # a source that does not end by itself, until Ctrl-C ends it
+            if interrupted:
+                return
             yield (silence * 32768).astype("<i2").tobytes()
         assert then < 50, "Ctrl-C did not end the input"
 
@@ -546,12 +551,32 @@ def test_ctrl_c_ends_the_input_with_the_finals_of_what_was_heard(
     assert f"explorer: {tmp_path / 'explorer.html'}" in printed.err  # Ctrl-C too
     lines = [line for line in printed.out.splitlines() if line]
     recognizer = load_model(tiny_checkpoint["checkpoint"])
-    audio = torch.from_numpy(np.concatenate([heard, silence]))  # what came before the check
     default = StreamOptions(chunk_ms=320, final_search="beam")  # the command's
-    expected = stream_transcript(recognizer, audio, default)
+    expected = stream_transcript(recognizer, torch.from_numpy(heard), default)
     assert " ".join(line.split("] ", 1)[1] for line in lines) == expected.text
     assert (tmp_path / "stdin.txt").read_text().strip() == expected.text
-    assert sf.info(tmp_path / "stdin.wav").frames == len(audio)
+    assert sf.info(tmp_path / "stdin.wav").frames == len(heard)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+    loads = asr.cli._load_model  # pressed while the model loads: what is heard meanwhile counts
+
+    def pressed_while_loading(args):
+        os.kill(os.getpid(), signal.SIGINT)
+        return loads(args)
+
+    monkeypatch.setattr(asr.cli, "_load_model", pressed_while_loading)
+    silent = functools.partial(microphone, presses=0)
+    monkeypatch.setattr(asr.cli.console, "StdinPcm", functools.partial(stdin, silent))
+    assert main(command) == 130
+    lines = [line for line in capsys.readouterr().out.splitlines() if line]
+    assert " ".join(line.split("] ", 1)[1] for line in lines) == expected.text
+    out = tmp_path / "with_a_file"  # a file first: it is not cut short and written as done
+    wav = an4_fixture / "wav/an4_clstk/fash/an255-fash-b.wav"
+    assert main([*command[:-1], str(wav), "-", "--output-dir", str(out)]) == 130
+    assert capsys.readouterr().err.endswith("asr transcribe: interrupted; the files written "
+                                            f"stay in {out}\n")  # fmt: skip
+    assert not out.exists() or not list(out.iterdir())
+    monkeypatch.setattr(asr.cli, "_load_model", loads)
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
     twice = functools.partial(microphone, presses=2)
@@ -585,6 +610,26 @@ def test_stdin_that_stays_open_ends_at_ctrl_c(monkeypatch) -> None:
         start = time.monotonic()
         assert list(pieces) == []
         assert time.monotonic() - start < 2  # the poll's period, not the pipe's end
+    finally:
+        os.close(read_end)
+        os.close(write_end)
+
+
+@pytest.mark.timeout(60)
+def test_what_stdin_read_before_ctrl_c_still_comes(monkeypatch) -> None:
+    """Audio read while the model loaded or a final was searched was heard before the
+    Ctrl-C: all of it still comes, then the input ends."""
+    from asr.cli.console import StdinPcm
+
+    data = np.random.default_rng(0).bytes(32000)  # a second of 16 kHz PCM
+    read_end, write_end = os.pipe()
+    try:
+        os.write(write_end, data)
+        monkeypatch.setattr(sys, "stdin", open(read_end, "rb", closefd=False))
+        stdin = StdinPcm()
+        while stdin._size < len(data):  # read while nothing was decoding
+            time.sleep(0.05)
+        assert b"".join(stdin.pieces(16000, [signal.SIGINT])) == data
     finally:
         os.close(read_end)
         os.close(write_end)
