@@ -38,7 +38,13 @@ from tqdm import tqdm
 from asr.audio import load_audio_with_rate, resample, sample_problem, states_frames
 from asr.data.augment import WaveAugmenter
 from asr.data.dataset import TextEncoder, check_speed_factors
-from asr.data.manifest import MIN_DURATION, Utterance, format_bad_entries, validate_manifest
+from asr.data.manifest import (
+    DURATION_TOLERANCE,
+    MIN_DURATION,
+    Utterance,
+    format_bad_entries,
+    validate_manifest,
+)
 from asr.data.sampler import LengthGrid
 from asr.perturb import change_speed, other_indices, speed_seconds
 from asr.text import has_word_character
@@ -873,10 +879,11 @@ class ShardedSpeechDataset(IterableDataset):
         """The item of one member (its waveform as stored), or None, logged, if it fails."""
         shard, position, sample = member
         if sample is None:
+            keys = self.index.shards[shard].keys
+            named = f"member {position}" if keys is None else keys[position]
             logger.warning(
-                "%s: member %d could not be read (a corrupt or truncated tar file); "
-                "utterance skipped",
-                self.index.path(shard), position,
+                "%s: %s could not be read (a corrupt or truncated tar file); utterance skipped",
+                self.index.path(shard), named,
             )  # fmt: skip
             return None
         try:
@@ -1009,7 +1016,8 @@ def decode_audio(data: bytes, duration: float, sample_rate: int | None) -> Tenso
         Mono float32 `(T,)`.
 
     Raises:
-        ValueError: the bytes do not decode, or decode to nothing or to unusable samples.
+        ValueError: the bytes do not decode, or decode to nothing, to less than `duration`
+            or to unusable samples.
     """
     try:
         with soundfile.SoundFile(io.BytesIO(data)) as file:
@@ -1020,6 +1028,11 @@ def decode_audio(data: bytes, duration: float, sample_rate: int | None) -> Tenso
     wave = torch.from_numpy(frames.mean(axis=1, dtype=np.float32))
     if wave.numel() == 0:
         raise ValueError("no samples could be decoded")
+    decoded = wave.numel() / rate
+    if decoded + DURATION_TOLERANCE < duration:  # a codec that skips what it cannot read
+        raise ValueError(
+            f"decodes to {decoded:.3f} s, not the {duration:.3f} s its index says (cut short?)"
+        )
     problem = sample_problem(wave)
     if problem is not None:
         raise ValueError(problem)

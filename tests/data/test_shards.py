@@ -380,6 +380,17 @@ def _corrupt(folder: Path, shard: int, member: int) -> str:
     return audio.name.split(".")[0]
 
 
+def test_a_member_that_decodes_short_of_its_duration_is_refused():
+    """Opus skips pages it cannot read: a member corrupt inside decodes, shorter than the
+    index says, and would be trained with the whole transcript. Up to the manifests' 0.1 s
+    tolerance it passes."""
+    second = io.BytesIO()
+    soundfile.write(second, np.zeros(16000, dtype=np.float32) + 0.1, 16000, format="WAV")
+    assert decode_audio(second.getvalue(), 1.05, 16000).numel() == 16000
+    with pytest.raises(ValueError, match=r"decodes to 1.000 s, not the 1.500 s its index says"):
+        decode_audio(second.getvalue(), 1.5, 16000)
+
+
 def test_a_corrupt_member_is_skipped_and_named_in_the_log(shards, tmp_path, caplog):
     broken = tmp_path / "broken"
     shutil.copytree(shards, broken)
@@ -460,7 +471,8 @@ def test_a_sample_lost_whole_leaves_its_place_and_the_next_keep_theirs(
     with caplog.at_level(logging.WARNING, logger="asr.data.shards"):
         lost -= Counter(i for b in _epoch(_stream(broken), 0) for i in b)
     assert list(lost) == [ids[1]]
-    assert f"{path}: member 1 could not be read (a corrupt or truncated tar file)" in caplog.text
+    named = read_index(broken).shards[1].keys[1] if keys else "member 1"  # else its place
+    assert f"{path}: {named} could not be read (a corrupt or truncated tar file)" in caplog.text
 
 
 def test_a_corrupt_header_after_an_extended_one_costs_its_member_alone(tmp_path):
