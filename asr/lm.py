@@ -293,5 +293,6 @@ def _read_text_file(path: str | os.PathLike) -> list[_Sentence]:
         raise ValueError(f"{path}: not valid UTF-8 ({err.reason} at byte {err.start})") from None
     except OSError as err:
         raise ValueError(f"{path}: cannot read text file ({err.strerror})") from None
-    lines = enumerate(text.splitlines(), start=1)
-    return [_Sentence(f"{path}:{n}", line) for n, line in lines if line.strip()]
+    # lines as editors and `wc -l` count them: a form feed or U+2028 inside one ends no sentence
+    lines = enumerate(text.removesuffix("\n").split("\n"), start=1)
+    return [_Sentence(f"{path}:{n}", line.removesuffix("\r")) for n, line in lines if line.strip()]

@@ -93,6 +93,18 @@ def test_out_of_vocabulary_text_is_rejected_with_its_line_or_skipped(text_data) 
     assert len(lenient.datasets["train"]) == len(TRAIN) + 1
 
 
+def test_extra_text_lines_are_those_an_editor_counts(text_data) -> None:
+    """A line separator (U+2028) or form feed within a line ends no sentence, and errors
+    name the line as `wc -l` counts it."""
+    Path(text_data["extra"]).write_text("YES\u2028YES\x0cYES\nYES QUIZ\n", encoding="utf-8")
+    args = (text_data["train_manifest"], text_data["val_manifest"], text_data["tokenizer"])
+    with pytest.raises(ValueError, match=r"extra\.txt:2: 'QUZ'"):
+        TextDataModule(*args, extra_text=[text_data["extra"]]).setup("fit")
+    lenient = TextDataModule(*args, extra_text=[text_data["extra"]], skip_bad=True)
+    lenient.setup("fit")
+    assert len(lenient.datasets["train"]) == len(TRAIN) + 1
+
+
 def test_extra_text_reads_past_a_byte_order_mark_and_leaves_out_punctuation(text_data, caplog):
     """A BOM read as text made the first line out of vocabulary; a line of punctuation alone
     became an empty sentence, teaching the LM to end at once."""
