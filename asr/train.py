@@ -28,7 +28,7 @@ from lightning.fabric.utilities.distributed import _set_num_threads_if_needed
 from lightning.pytorch.callbacks import ModelCheckpoint, Timer, TQDMProgressBar
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
-from lightning.pytorch.utilities.exceptions import SIGTERMException
+from lightning.pytorch.utilities.exceptions import MisconfigurationException, SIGTERMException
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 
 from asr.checkpoint import (
@@ -1142,7 +1142,7 @@ def _placed(said: str, argv: Sequence[str]) -> str:
 def _refusal_within(error: BaseException) -> BaseException | None:
     """`error` where `_said_by_asr`; where jsonargparse wrapped the error of building a class
     (a missing tokenizer or CMVN file, inside a 100-line dump of the config), that error."""
-    if _said_by_asr(error):
+    if _said_by_asr(error) or isinstance(error, MisconfigurationException):  # said to a user
         return error
     frames = traceback.extract_tb(error.__traceback__)
     cause = error.__cause__ or error.__context__

@@ -527,6 +527,11 @@ def test_a_missing_tokenizer_is_one_line_not_the_config_dumped(tiny_an4, tmp_pat
     assert f"asr fit: error: {missing}" in said and "Given value" not in said
 
 
+def test_a_setting_lightning_refuses_is_one_line_not_a_traceback(tiny_an4, tmp_path, capsys):
+    said = refused([*_fit_args(tiny_an4, tmp_path), "--checkpoint.monitor", "null"], capsys)
+    assert said.startswith("asr fit: error: ModelCheckpoint(save_top_k=") and "monitor=None" in said
+
+
 def test_checkpoints_chosen_by_a_wer_validation_will_not_log_are_refused(tiny_an4, tmp_path,
                                                                          capsys):  # fmt: skip
     """greedy_validation false under the default monitor (val/wer) trained an epoch, then
