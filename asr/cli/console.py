@@ -17,6 +17,12 @@ from typing import IO
 import numpy as np
 
 PCM_BLOCK_SECONDS = 0.1  # stdin is read, and files fed, in pieces of this much audio
+# How audio files begin: raw PCM on stdin that begins so is a file piped in by mistake.
+CONTAINERS = ((b"fLaC", "FLAC"), (b"OggS", "Ogg"), (b"ID3", "MP3"), (b"FORM", "AIFF"),
+              (b"caff", "CAF"), (b".snd", "AU"), (b"NIST_1A", "SPHERE"), (b"RF64", "RF64 WAV"),
+              (b"RIFX", "big-endian WAV"), (b"riff", "Wave64"),
+              (b"\x1aE\xdf\xa3", "Matroska or WebM"))  # fmt: skip
+HEAD_BYTES = 1 << 12  # a WAV header longer than this is not one `arecord` writes
 READ_BYTES = 1 << 16  # one read of stdin at most: what a pipe holds
 BUFFER_BYTES = 1 << 20  # 33 s of 16 kHz PCM may wait to be decoded; then the source waits
 
@@ -79,10 +85,19 @@ class StdinPcm:
         Ctrl-C, or sends nothing, does not hold the command."""
         block = _block_samples(rate) * 2
         carry = b""
+        head: bytes | None = b""  # the first bytes, until they show what leads them; then None
         while True:
             last = bool(interrupted)  # what waits now was heard before it
             data = self._take(0 if last else PCM_BLOCK_SECONDS)
-            if data is None or gone():
+            if gone():
+                return
+            if head is not None:
+                head += data or b""
+                skip = _header_length(head, rate, complete=data is None or last)
+                if skip is None:
+                    continue
+                data, head = head[skip:], None
+            elif data is None:
                 return
             data = carry + data
             whole = len(data) - len(data) % 2
@@ -91,6 +106,54 @@ class StdinPcm:
                 yield data[start : min(start + block, whole)]
             if last:
                 return
+
+
+def _header_length(head: bytes, rate: int, complete: bool) -> int | None:
+    """How many of stdin's first bytes `head` are a header to skip: a WAV header (`arecord`
+    writes one unless given `-t raw`) of 16-bit mono PCM at `rate`, else 0; None while more
+    bytes are needed to tell (`complete`: no more will come). Stdin that begins as another
+    audio file does, or a WAV file of other samples, is refused: read as PCM it is noise."""
+    if not head.startswith(b"RIFF"):
+        if len(head) < 12 and not complete:
+            return None
+        kind = next((name for magic, name in CONTAINERS if head.startswith(magic)), None)
+        if kind is None and head[4:8] == b"ftyp":
+            kind = "MP4"
+        if kind is not None:
+            raise ValueError(
+                f"- is raw 16-bit mono PCM, and stdin begins as a {kind} file does: give the "
+                "file's path, or decode it to PCM first (ffmpeg -i FILE -f s16le -ac 1 -ar "
+                f"{rate} -)"
+            )
+        return 0
+    at, found = 12, None
+    while at + 8 <= len(head) and head[8:12] == b"WAVE":
+        chunk, size = head[at : at + 4], int.from_bytes(head[at + 4 : at + 8], "little")
+        if chunk == b"data":
+            if found is None:
+                break
+            tag, channels, hz, bits = found
+            if tag in (1, 0xFFFE) and (channels, hz, bits) == (1, rate, 16):
+                return at + 8
+            raise ValueError(
+                f"- is 16-bit mono PCM at {rate} Hz, and stdin is a WAV stream of {bits}-bit "
+                f"samples, {channels} channel(s) at {hz} Hz: record it so (arecord -f S16_LE "
+                f"-r {rate} -c 1), or decode it (ffmpeg -i - -f s16le -ac 1 -ar {rate} -)"
+            )
+        if chunk == b"fmt ":
+            if at + 8 + 16 > len(head):
+                break
+            body = head[at + 8 : at + 24]
+            tag, channels, hz, bits = (int.from_bytes(body[a:b], "little")
+                                       for a, b in ((0, 2), (2, 4), (4, 8), (14, 16)))  # fmt: skip
+            found = tag, channels, hz, bits
+        at += 8 + size + size % 2
+    if not complete and len(head) < HEAD_BYTES and (len(head) < 12 or head[8:12] == b"WAVE"):
+        return None
+    raise ValueError(
+        "- is raw 16-bit mono PCM, and stdin begins as a RIFF file does, whose header could "
+        "not be read as WAV: give the file's path"
+    )
 
 
 @contextlib.contextmanager

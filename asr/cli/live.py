@@ -280,14 +280,21 @@ def _recorded(data, path: str, rate: int):
     import soundfile as sf
 
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    with sf.SoundFile(path, "w", samplerate=rate, channels=1, subtype="PCM_16") as wav:
+    written = [0]
+    try:
+        with sf.SoundFile(path, "w", samplerate=rate, channels=1, subtype="PCM_16") as wav:
 
-        def passing():
-            for block in data:
-                wav.buffer_write(block, dtype="int16")
-                yield block
+            def passing():
+                for block in data:
+                    wav.buffer_write(block, dtype="int16")
+                    written[0] += len(block)
+                    yield block
 
-        yield passing()
+            yield passing()
+    except ValueError:  # stdin refused before any audio (a file piped in): no empty recording
+        if not written[0]:
+            os.remove(path)
+        raise
 
 
 def _write_streamed(

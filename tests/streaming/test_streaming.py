@@ -3,6 +3,7 @@ fixture utterances: what they decode, and that how audio arrives changes nothing
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import io
 import json
@@ -604,35 +605,98 @@ def test_stdin_that_stays_open_ends_at_ctrl_c(monkeypatch) -> None:
         os.write(write_end, bytes(range(256)) * 4 + b"\x07")  # 512 samples and half of one
         monkeypatch.setattr(sys, "stdin", open(read_end, "rb", closefd=False))
         interrupted: list[int] = []
-        pieces = StdinPcm().pieces(16000, interrupted)
+        stdin = StdinPcm()
+        pieces = stdin.pieces(16000, interrupted)
         assert next(pieces) == bytes(range(256)) * 4  # whole samples only
         interrupted.append(signal.SIGINT)
         start = time.monotonic()
         assert list(pieces) == []
         assert time.monotonic() - start < 2  # the poll's period, not the pipe's end
     finally:
-        os.close(read_end)
         os.close(write_end)
+        while not stdin._ended:  # its reader would take another test's pipe of this number
+            time.sleep(0.01)
+        os.close(read_end)
+
+
+@contextlib.contextmanager
+def piped_stdin(monkeypatch, data: bytes):
+    """A `StdinPcm` reading `data` from a pipe that then ends; its reader thread is let end
+    before the pipe closes (else it could read another test's pipe of the same number)."""
+    from asr.cli.console import StdinPcm
+
+    read_end, write_end = os.pipe()
+    os.write(write_end, data)
+    os.close(write_end)
+    with open(read_end, "rb") as stdin:
+        monkeypatch.setattr(sys, "stdin", stdin)
+        pcm = StdinPcm()
+        try:
+            yield pcm
+        finally:
+            while not pcm._ended:
+                time.sleep(0.01)
+
+
+def wav_header(rate: int = 16000, channels: int = 1, bits: int = 16) -> bytes:
+    """A WAV header as `arecord` writes one to a pipe: sizes unknown, so the largest."""
+    import struct
+
+    fmt = struct.pack("<HHIIHH", 1, channels, rate, rate * channels * bits // 8,
+                      channels * bits // 8, bits)  # fmt: skip
+    unknown = struct.pack("<I", 0x7FFFFFFF)
+    return b"RIFF" + unknown + b"WAVEfmt " + struct.pack("<I", 16) + fmt + b"data" + unknown
 
 
 @pytest.mark.timeout(60)
 def test_what_stdin_read_before_ctrl_c_still_comes(monkeypatch) -> None:
-    """Audio read while the model loaded or a final was searched was heard before the
-    Ctrl-C: all of it still comes, then the input ends."""
+    """Audio read while a final was searched was heard before the Ctrl-C: it still comes,
+    then the input ends though the source goes on."""
     from asr.cli.console import StdinPcm
 
-    data = np.random.default_rng(0).bytes(32000)  # a second of 16 kHz PCM
+    first, waiting = np.random.default_rng(0).bytes(3200), np.random.default_rng(1).bytes(6400)
     read_end, write_end = os.pipe()
+    os.write(write_end, first)
+    monkeypatch.setattr(sys, "stdin", open(read_end, "rb", closefd=False))
+    stdin, interrupted = StdinPcm(), []
     try:
-        os.write(write_end, data)
-        monkeypatch.setattr(sys, "stdin", open(read_end, "rb", closefd=False))
-        stdin = StdinPcm()
-        while stdin._size < len(data):  # read while nothing was decoding
-            time.sleep(0.05)
-        assert b"".join(stdin.pieces(16000, [signal.SIGINT])) == data
+        pieces = stdin.pieces(16000, interrupted)
+        assert next(pieces) == first
+        os.write(write_end, waiting)  # read while the piece before was decoded
+        while stdin._size < len(waiting):
+            time.sleep(0.01)
+        interrupted.append(signal.SIGINT)
+        assert b"".join(pieces) == waiting
     finally:
-        os.close(read_end)
         os.close(write_end)
+        while not stdin._ended:
+            time.sleep(0.01)
+        os.close(read_end)
+
+
+@pytest.mark.timeout(60)
+def test_the_wav_header_arecord_writes_is_skipped(monkeypatch) -> None:
+    """`arecord -f S16_LE -r 16000 -c 1 | asr ... -` (the documented microphone) sends a WAV
+    header first: its samples follow it, and it is no audio."""
+    data = np.random.default_rng(0).bytes(32000)
+    with piped_stdin(monkeypatch, wav_header() + data) as stdin:
+        assert b"".join(stdin.pieces(16000, [])) == data
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    ("head", "said"),
+    [(b"fLaC\x00\x00\x00\x22", "begins as a FLAC file does: give the"),
+     (b"\x00\x00\x00\x20ftypM4A ", "begins as a MP4 file does: give the"),
+     (wav_header(rate=8000), "a WAV stream of 16-bit samples, 1 channel\\(s\\) at 8000 Hz"),
+     (wav_header(channels=2), "a WAV stream of 16-bit samples, 2 channel\\(s\\) at 16000 Hz")],
+)  # fmt: skip
+def test_an_audio_file_piped_as_raw_pcm_is_refused(monkeypatch, head, said) -> None:
+    """`asr transcribe --streaming - < a.flac` decoded the file's bytes as PCM: noise, and a
+    transcript of it, with status 0."""
+    with piped_stdin(monkeypatch, head + bytes(64)) as stdin:
+        with pytest.raises(ValueError, match=said):
+            list(stdin.pieces(16000, []))
 
 
 @pytest.mark.timeout(60)
