@@ -394,6 +394,8 @@ def _transcribe(args: argparse.Namespace) -> int:
         raise ValueError("nothing to transcribe: give audio, folders, globs, or --manifest")
     if args.format is not None and args.output_dir is None:
         raise ValueError("--format chooses the files written to --output-dir: give that too")
+    if args.output_dir is not None:
+        _check_folder_to_write(args.output_dir, "--output-dir")
     written = expand_formats(args.format or DEFAULT_FORMATS) if args.output_dir else []
     written += ["json"] if args.explorer else []  # the page reads the json files
     if args.nbest is not None and not args.streaming and "json" not in written:
@@ -504,6 +506,15 @@ def _transcribe(args: argparse.Namespace) -> int:
         total = len(failures) + len(inputs)
         print(f"asr transcribe: {len(failures) + failed} of {total} files failed", file=sys.stderr)
     return 1 if failures or failed else 0
+
+
+def _check_folder_to_write(path: str, option: str) -> None:
+    """Refuse a folder to write that a file stands in the way of (itself, or a folder above)."""
+    for there in (Path(path).absolute(), *Path(path).absolute().parents):
+        if there.exists():
+            if not there.is_dir():
+                raise ValueError(f"{option} {path}: {there} is a file, not a folder")
+            return
 
 
 def _transcribe_inputs(args: argparse.Namespace, inputs: list[Input], on_result=None) -> list[str]:

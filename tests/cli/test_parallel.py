@@ -492,6 +492,15 @@ def test_ctrl_c_in_one_process_is_a_line_and_status_130(monkeypatch):
     assert spread == (130, "", f"{said} (a re-run resumes where it stopped)\n")
 
 
+@pytest.mark.parametrize("mode", [[], ["--workers", "2"], ["--streaming"]])
+def test_an_output_dir_a_file_stands_in_the_way_of_is_named(tmp_path, mode):
+    (tmp_path / "afile").write_text("")
+    for out in (tmp_path / "afile", tmp_path / "afile" / "sub"):
+        code, _, err = transcribe("x.wav", "--model", "m.ckpt", "--output-dir", out, *mode)
+        said = f"--output-dir {out}: {tmp_path / 'afile'} is a file, not a folder"
+        assert (code, err) == (2, f"asr transcribe: error: {said}\n")
+
+
 def test_records_of_a_later_run_replace_earlier_ones(tmp_path):
     def line(run, stem, text=None):
         if text is None:
