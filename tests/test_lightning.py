@@ -1435,7 +1435,7 @@ def test_intermediate_ctc_is_trained_and_logged(tiny_an4):
     [
         ({"ctc_weight": 0.0, "inter_ctc_layers": [1], "inter_ctc_weight": 0.3}, "CTC head"),
         ({"inter_ctc_layers": [2], "inter_ctc_weight": 0.3}, "has 2 blocks"),
-        ({"inter_ctc_weight": 0.3}, "1-based"),
+        ({"inter_ctc_weight": 0.3}, "names no block"),
     ],
 )
 def test_intermediate_ctc_settings_are_checked_when_the_module_is_built(tiny_an4, options, message):

@@ -59,7 +59,12 @@ class InterCTC:
     weight: float  # share of the intermediate losses in the CTC loss, in (0, 1)
 
     def __post_init__(self) -> None:
-        if not self.layers or min(self.layers) < 1:
+        if not self.layers:
+            raise ValueError(
+                "inter_ctc_layers names no block: name some, or set inter_ctc_weight 0 to train "
+                "without intermediate CTC"
+            )
+        if min(self.layers) < 1:
             raise ValueError(f"inter_ctc_layers must be 1-based block indices, got {self.layers}")
         if not 0.0 < self.weight < 1.0:
             raise ValueError(f"inter_ctc_weight must lie in (0, 1), got {self.weight}")

@@ -62,7 +62,7 @@ def test_tap_leaves_no_hook_behind_even_when_the_body_raises():
 @pytest.mark.parametrize(
     "layers,weight,message",
     [
-        ((), 0.3, "1-based"),
+        ((), 0.3, "names no block: name some, or set inter_ctc_weight 0"),
         ((0,), 0.3, "1-based"),
         ((1,), 0.0, r"\(0, 1\)"),
         ((1,), 1.0, r"\(0, 1\)"),
