@@ -337,8 +337,10 @@ def _value(node: yaml.Node) -> Any:
     """The value jsonargparse reads for a node (its YAML loader resolves `1e3` as a float, which
     PyYAML's does not), a list or dict standing for a sequence or mapping; UNJUDGED for a
     scalar with a tag of its own (not judged here)."""
-    if isinstance(node, (yaml.SequenceNode, yaml.MappingNode)):
-        return [] if isinstance(node, yaml.SequenceNode) else {}
+    if isinstance(node, yaml.SequenceNode):
+        return [_value(item) for item in node.value]
+    if isinstance(node, yaml.MappingNode):
+        return {}
     untagged = _RESOLVER.resolve(yaml.ScalarNode, node.value, (True, False))  # plain, no tag
     if node.style is None and node.tag == untagged:
         return _loaded(node.value)
@@ -365,6 +367,8 @@ def _type_problem(annotation, value, default=inspect.Parameter.empty) -> str | N
     if typing.get_origin(annotation) in (typing.Union, types.UnionType):
         members = list(typing.get_args(annotation))
     plain = [a for a in members if a is not type(None)]
+    if len(plain) == 1 and typing.get_origin(plain[0]) is tuple and value is not UNJUDGED:
+        return _tuple_problem(plain[0], _loaded(value) if isinstance(value, str) else value)
     if len(plain) != 1 or plain[0] not in (int, float, bool, str) or value is UNJUDGED:
         return None
     if type(value) is type(default) and value == default:
@@ -381,6 +385,41 @@ def _type_problem(annotation, value, default=inspect.Parameter.empty) -> str | N
         return None
     shown = {list: "a list", dict: "a mapping"}.get(type(value), repr(value))
     return f"expected {expected.__name__}{' or null' if len(members) > 1 else ''}, got {shown}"
+
+
+def _tuple_problem(annotation, read: Any) -> str | None:
+    """What is wrong with `read` for a `tuple[T, T]` or `tuple[T, ...]` of plain types (a range,
+    a list of names): not a list, or not of that length or type; None where it fits or the
+    annotation is another."""
+    items = typing.get_args(annotation)
+    many = len(items) == 2 and items[1] is Ellipsis
+    kinds = set(items[:1] if many else items)
+    if read is None or not kinds <= {int, float, str}:
+        return None
+    (kind,) = kinds if len(kinds) == 1 else (None,)
+    noun = {int: "whole numbers", float: "numbers", str: "strings"}.get(kind, "values")
+    wanted = f"a list of {noun}" if many else f"a list of {len(items)} {noun}"
+    shown = {list: "a list", dict: "a mapping"}.get(type(read), repr(read))
+    if not isinstance(read, list):
+        return f"expected {wanted}, got {shown}"
+    if not many and len(read) != len(items):
+        return f"expected {wanted}, got a list of {len(read)}"
+    for item, typed in zip(read, [items[0]] * len(read) if many else items):
+        if item is UNJUDGED:
+            continue
+        if typed is not str and isinstance(item, str):  # "5" for a number, as jsonargparse reads
+            item = _loaded(item)
+        fits = (
+            isinstance(item, str)
+            if typed is str
+            else (
+                isinstance(item, (int, float) if typed is float else int)
+                and not isinstance(item, bool)
+            )
+        )
+        if not fits:
+            return f"expected {wanted}, got {item!r} among them"
+    return None
 
 
 def option_problems(

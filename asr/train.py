@@ -1133,10 +1133,24 @@ def _placed(said: str, argv: Sequence[str]) -> str:
     if match is None:
         return said
     key = match.group(1)
-    if any(a.startswith("--") and f".{key.split('.')[0]}" in a for a in argv):
+    if _set_by_option(key.split("."), argv):
         return said
     where = where_set(config_paths(argv), key)
     return said if where is None else f"{where}: {said}"
+
+
+def _set_by_option(key: list[str], argv: Sequence[str]) -> bool:
+    """Whether an option in `argv` sets the setting whose key path ends in `key` (itself, or a
+    mapping that holds it: `--data.augment '{...}'` sets `augment.noise.prob`)."""
+    for arg in argv:
+        if not arg.startswith("--") or arg.startswith("--config"):
+            continue
+        path = [part for part in arg[2:].split("=", 1)[0].split(".") if part != "init_args"]
+        if path[-len(key) :] == key or any(
+            path[-n:] == key[:n] for n in range(1, min(len(path), len(key)) + 1)
+        ):
+            return True
+    return False
 
 
 def _refusal_within(error: BaseException) -> BaseException | None:

@@ -415,6 +415,46 @@ def test_a_value_a_class_of_options_refuses_is_named_with_its_line(
     )
 
 
+@pytest.mark.parametrize("where", ["option", "overlay"])
+def test_a_top_level_setting_refused_is_placed_only_where_a_file_set_it(
+    tmp_path, capsys, monkeypatch, where
+) -> None:
+    """rnn_quick.yaml sets data.num_workers 0: -1 given as an option is not that line's."""
+    from asr.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    overlay = tmp_path / "workers.yaml"
+    overlay.write_text("data:\n  num_workers: -1\n")
+    given = ["--data.num_workers", "-1"] if where == "option" else ["--config", str(overlay)]
+    with pytest.raises(SystemExit):
+        main(["fit", "--config", str(QUICK), *given])
+    placed = f"{overlay}:2: " if where == "overlay" else ""
+    said = capsys.readouterr().err.splitlines()[-1]
+    assert said == f"asr fit: error: {placed}data.num_workers is -1: must be at least 0"
+
+
+@pytest.mark.parametrize(
+    ("value", "said"),
+    [("snr_db: 10", "snr_db: expected a list of 2 numbers, got 10"),
+     ("snr_db: [5, 10, 30]", "snr_db: expected a list of 2 numbers, got a list of 3"),
+     ("snr_db: [5, x]", "snr_db: expected a list of 2 numbers, got 'x' among them"),
+     ("kinds: white", "kinds: expected a list of strings, got 'white'"),
+     ("babble_talkers: [2.5, 3]", "babble_talkers: expected a list of 2 whole numbers, got 2.5 "),
+     ('snr_db: ["5", 30], babble_talkers: ["3", 7], kinds: [white, !!str x]', None)],
+)  # fmt: skip
+def test_a_range_or_list_of_the_wrong_shape_is_named_with_its_line(tmp_path, value, said) -> None:
+    """jsonargparse refused these with its usage and a page of union subtypes, no line."""
+    path = tmp_path / "augment.yaml"
+    path.write_text(f"data:\n  init_args:\n    augment:\n      noise: {{prob: 0.3, {value}}}\n")
+    classes: dict = {}
+    assert config_problems(QUICK, classes) == []  # the classes the overlay's keys go to
+    if said is None:  # spellings jsonargparse takes: quoted numbers, a tagged item
+        assert config_problems(path, classes) == []
+        return
+    [problem] = config_problems(path, classes)
+    assert problem.startswith(f"{path}:4: data.init_args.augment.noise.{said}")
+
+
 def test_where_set_finds_the_last_config_to_set_a_key(tmp_path) -> None:
     from asr.config_check import where_set
 
