@@ -510,11 +510,15 @@ def _transcribe(args: argparse.Namespace) -> int:
 
 def _check_folder_to_write(path: str, option: str) -> None:
     """Refuse a folder to write that a file stands in the way of (itself, or a folder above)."""
-    for there in (Path(path).absolute(), *Path(path).absolute().parents):
-        if there.exists():
-            if not there.is_dir():
-                raise ValueError(f"{option} {path}: {there} is a file, not a folder")
-            return
+    blocked = _file_in_the_way(Path(path))
+    if blocked is not None:
+        raise ValueError(f"{option} {path}: {blocked} is a file, not a folder")
+
+
+def _file_in_the_way(folder: Path) -> Path | None:
+    """The file that stands where `folder`, or a folder above it, would be; None if none does."""
+    here = next(p for p in (folder, *folder.parents) if p.exists() or p == p.parent)
+    return None if here.is_dir() else here
 
 
 def _transcribe_inputs(args: argparse.Namespace, inputs: list[Input], on_result=None) -> list[str]:
@@ -773,9 +777,9 @@ def _picture_file(text: str) -> str:
     if path.suffix and path.suffix[1:].lower() not in formats:
         known = ", ".join(f".{f}" for f in sorted(formats))
         raise argparse.ArgumentTypeError(f"{text}: matplotlib writes no {path.suffix} ({known})")
-    here = next(p for p in (path.parent, *path.parent.parents) if p.exists() or p == p.parent)
-    if not here.is_dir():
-        raise argparse.ArgumentTypeError(f"{text}: {here} is a file, not a folder")
+    blocked = _file_in_the_way(path.parent)
+    if blocked is not None:
+        raise argparse.ArgumentTypeError(f"{text}: {blocked} is a file, not a folder")
     return text
 
 
