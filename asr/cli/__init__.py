@@ -455,11 +455,9 @@ def _transcribe(args: argparse.Namespace) -> int:
         stream_options(args)  # its errors before the model loads
         _set_threads(args.threads)
         stdin = StdinPcm() if "-" in args.audio else None  # the microphone is heard meanwhile
-        if args.audio != ["-"] or args.manifest:  # files too: a Ctrl-C while loading stops all
-            recognizer = _load_model(args)
-            lm = _language_model(args, recognizer)
-            return transcribe_streaming(args, recognizer, lm, stdin=stdin)
-        with ctrl_c_ends_the_input() as interrupted:  # stdin alone: it ends what was said
+        # stdin alone: a Ctrl-C while loading ends what was said; with files, it stops all
+        alone = args.audio == ["-"] and not args.manifest
+        with ctrl_c_ends_the_input() if alone else contextlib.nullcontext() as interrupted:
             recognizer = _load_model(args)
             lm = _language_model(args, recognizer)
             return transcribe_streaming(args, recognizer, lm, stdin=stdin, interrupted=interrupted)
