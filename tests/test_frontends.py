@@ -174,6 +174,11 @@ def test_bad_options_raise():
         for hop in (0, -160):
             with pytest.raises(ValueError, match=rf"hop_length \({hop}\) must be positive"):
                 features(hop_length=hop)
+        for power in (0, -1.0):  # NaN features on silence
+            with pytest.raises(ValueError, match=rf"power \({power}\) must be positive"):
+                features(power=power)
+        with pytest.raises(ValueError, match=r"sample_rate \(0\)"):  # not at resampling
+            features(sample_rate=0)
 
 
 # ----------------------------------------------------------------------------- parity

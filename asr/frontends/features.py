@@ -74,6 +74,8 @@ class _SnipEdgesSpectrogram(nn.Module):
             raise ValueError(
                 f"win_length ({win_length}) and hop_length ({hop_length}) must be positive"
             )
+        if not power > 0:  # else silence gives NaN features
+            raise ValueError(f"power ({power}) must be positive: 1 for magnitude, 2 for power")
         self.win_length, self.hop_length = win_length, hop_length
         self.pad_left = (n_fft - win_length) // 2  # where torch.stft places the window
         self.pad_right = n_fft - win_length - self.pad_left
@@ -257,6 +259,8 @@ class LinearSpectrogram(nn.Module):
         super().__init__()
         if log and not log_floor > 0:  # digital silence would give -inf features
             raise ValueError(f"log_floor ({log_floor}) must be positive")
+        if sample_rate <= 0:  # else refused by resampling, far from the config
+            raise ValueError(f"LinearSpectrogram: sample_rate ({sample_rate}) must be positive")
         self.sample_rate = sample_rate
         self.spectrogram = _SnipEdgesSpectrogram(n_fft, win_length, hop_length, window, power)
         self.log, self.log_floor = log, log_floor
