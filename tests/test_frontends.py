@@ -398,6 +398,9 @@ def test_stats_save_load_round_trip(tmp_path):
         ('{"count": 3, "sum": [1.0, 2.0], "sum_sq": [1.0, 2.0], "features_signature": [1.0]}',
          "'features_signature' has 1 values, 'sum' 2"),
         ('{"count": 1, "sum": [1e40], "sum_sq": [1e80]}', "past float32's range"),
+        ('{"count": 3, "sum": [1.0], "sum_sq": [1.0], "std_floor": -1}',
+         "'std_floor' must be a positive number, got -1"),  # every deviation floored at 1
+        ('{"count": 3, "sum": [1.0], "sum_sq": [1.0], "std_floor": "x"}', "got 'x'"),
     ],
 )  # fmt: skip
 def test_corrupt_stats_file_names_the_file(tmp_path, content, reason):

@@ -166,6 +166,12 @@ class CMVNStats:
                 raise ValueError(
                     f"'features_signature' has {len(signature)} values, 'sum' {total.numel()}"
                 )
+        if (
+            isinstance(std_floor, bool)
+            or not isinstance(std_floor, (int, float))
+            or not (0 < std_floor < math.inf)
+        ):  # else every band's deviation would be clamped up to it, or none floored
+            raise ValueError(f"'std_floor' must be a positive number, got {std_floor!r}")
         stats = cls(count, total, total_sq, float(std_floor), level, rate, signature)
         if not (stats.mean.float().isfinite().all() and stats.std.float().isfinite().all()):
             raise ValueError("its mean or standard deviation is past float32's range")
