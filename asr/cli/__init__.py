@@ -374,7 +374,6 @@ def _transcribe(args: argparse.Namespace) -> int:
     from asr.cli.inputs import (
         DEFAULT_FORMATS,
         expand_inputs,
-        references_in_the_way,
         refuse_references_in_the_way,
         write_explorer,
     )
@@ -485,7 +484,7 @@ def _transcribe(args: argparse.Namespace) -> int:
             outputs = [(item.audio.path, item.stem) for item in inputs]
             formats, out = args.format or DEFAULT_FORMATS, Path(args.output_dir)
             ours = listed(read_records(out)) if holds_records(out) else set()
-            refuse_references_in_the_way(references_in_the_way(outputs, out, formats, ours))
+            refuse_references_in_the_way(outputs, out, formats, ours)
         for failure in failures:
             print(f"asr transcribe: error: {failure}", file=sys.stderr)
         if not inputs:

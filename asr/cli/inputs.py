@@ -317,7 +317,7 @@ def _write(
     write_outputs(transcript, stem, formats, audio, words_per_cue, item.audio.offset)
 
 
-def references_in_the_way(
+def _references_in_the_way(
     outputs: Iterable[tuple[str, PurePath]],
     out_dir: str | os.PathLike,
     formats: Sequence[str],
@@ -374,8 +374,15 @@ def _written_from(path: Path, audio: str, txt: Path) -> bool:
     )
 
 
-def refuse_references_in_the_way(files: Sequence[str]) -> None:
-    """Stop before a run overwrites `files` (`references_in_the_way`), naming them."""
+def refuse_references_in_the_way(
+    outputs: Iterable[tuple[str, PurePath]],
+    out_dir: str | os.PathLike,
+    formats: Sequence[str],
+    listed: Container[str] = (),
+) -> None:
+    """Stop before a run overwrites a reference beside its audio (`_references_in_the_way`,
+    whose arguments these are), naming the files."""
+    files = _references_in_the_way(outputs, out_dir, formats, listed)
     if files:
         shown = ", ".join(files[:3]) + (f" and {len(files) - 3} more" if len(files) > 3 else "")
         raise ValueError(

@@ -145,7 +145,6 @@ def transcribe_streaming(
     from asr.audio import AudioError
     from asr.cli.inputs import (
         DEFAULT_FORMATS,
-        references_in_the_way,
         refuse_references_in_the_way,
         start_explorer,
         write_explorer,
@@ -165,7 +164,7 @@ def transcribe_streaming(
     formats = expand_formats(formats)
     if args.output_dir:
         outputs = [(clip.path, PurePath(stem)) for _, clip, stem in inputs if clip is not None]
-        refuse_references_in_the_way(references_in_the_way(outputs, args.output_dir, formats))
+        refuse_references_in_the_way(outputs, args.output_dir, formats)
     for failure in unnamed:  # arguments that name no audio
         print(f"asr transcribe: error: {failure}", file=sys.stderr)
     failed = len(unnamed)

@@ -40,7 +40,6 @@ from asr.cli.inputs import (
     Input,
     check_layout_free,
     expand_inputs,
-    references_in_the_way,
     refuse_references_in_the_way,
 )
 from asr.cli.numbers import check_search_arguments
@@ -436,7 +435,7 @@ def make_plan(args: argparse.Namespace, size: int) -> Plan:
     wanted = [*formats, *([MAPS_SUFFIX.lstrip(".")] if args.explorer else [])]
     pending = [item for item in inputs if not is_written(item, out, wanted, records)]
     outputs = [(item.audio.path, item.stem) for item in pending]
-    refuse_references_in_the_way(references_in_the_way(outputs, out, formats, listed(records)))
+    refuse_references_in_the_way(outputs, out, formats, listed(records))
     unlisted = sum(_files_there(item, out, wanted, records, listed=False) for item in pending)
     shares = split_by_duration([input_seconds(item) for item in pending], size)
     run = f"{time.time_ns():020d}"  # sorts as the runs happened
