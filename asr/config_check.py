@@ -133,11 +133,13 @@ def _settings(node: yaml.Node | None, keys: list[str]) -> Iterator[tuple[list[st
     if not isinstance(node, yaml.MappingNode):
         return
     for k, v in node.value:
-        if isinstance(k, yaml.ScalarNode) and k.value != MERGE:
-            path = keys if k.value == "init_args" else [*keys, k.value]
-            if path is not keys:
-                yield path, v
-            yield from _settings(v, path)
+        if not isinstance(k, yaml.ScalarNode) or k.value == MERGE:
+            continue
+        if k.value == "init_args":
+            yield from _settings(v, keys)
+            continue
+        yield [*keys, k.value], v
+        yield from _settings(v, [*keys, k.value])
 
 
 def _file_problems(

@@ -1146,9 +1146,8 @@ def _set_by_option(key: list[str], argv: Sequence[str]) -> bool:
         if not arg.startswith("--") or arg.startswith("--config"):
             continue
         path = [part for part in arg[2:].split("=", 1)[0].split(".") if part != "init_args"]
-        if path[-len(key) :] == key or any(
-            path[-n:] == key[:n] for n in range(1, min(len(path), len(key)) + 1)
-        ):
+        # the option's path ends with the key's first n parts: n = len(key) is the key itself
+        if any(path[-n:] == key[:n] for n in range(1, min(len(path), len(key)) + 1)):
             return True
     return False
 
