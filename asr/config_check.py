@@ -14,6 +14,7 @@ import difflib
 import importlib
 import inspect
 import json
+import re
 import types
 import typing
 from collections.abc import Iterator, Sequence
@@ -125,6 +126,37 @@ def where_set(paths: Sequence[str | Path], key: str) -> str | None:
             for keys, value in _settings(node, prefix):
                 if keys[-len(wanted) :] == wanted:
                     found = f"{file}:{value.start_mark.line + 1}"
+    return found
+
+
+def where_built(paths: Sequence[str | Path], name: str, said: str) -> tuple[str, list[str]] | None:
+    """`FILE:LINE` and key path of the setting behind `said`, a refusal of the class `name`
+    (`LogMelFilterbank`) as it was built: the argument of that class the message names (the
+    `f_min` of `got f_min=9000`), else its `class_path`; in the last of the config files
+    `paths` (files named by a top-level key included) that sets either. None where none does."""
+    named = set(re.findall(r"[A-Za-z_]\w*", said))
+    settings = []  # (file, key path, value node) of every file, in the order laid over
+    for path in paths:
+        root, _ = _compose(path)
+        files = [(path, root, [])] + [
+            (file, _compose(file)[0], [key]) for key, file in _named_files(root, Path(path).parent)
+        ]
+        settings += [
+            (f, keys, v) for f, node, prefix in files for keys, v in _settings(node, prefix)
+        ]
+    owners = [
+        keys[:-1]
+        for _, keys, value in settings
+        if keys[-1] == "class_path"
+        and isinstance(value, yaml.ScalarNode)
+        and value.value.rsplit(".", 1)[-1] == name
+    ]
+    found = None
+    for file, keys, value in settings:
+        if keys[:-1] in owners and (keys[-1] in named or keys[-1] == "class_path"):
+            better = found is None or keys[-1] != "class_path" or found[1][-1] == "class_path"
+            if better:
+                found = (f"{file}:{value.start_mark.line + 1}", keys)
     return found
 
 

@@ -14,7 +14,7 @@ import threading
 import time
 import traceback
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from difflib import get_close_matches
 from pathlib import Path
 from typing import Any
@@ -41,7 +41,13 @@ from asr.checkpoint import (
     payload_tokenizer,
     weight_differences,
 )
-from asr.config_check import config_paths, config_problems, option_problems, where_set
+from asr.config_check import (
+    config_paths,
+    config_problems,
+    option_problems,
+    where_built,
+    where_set,
+)
 from asr.finetune import check_same_settings, decoder_differences, setting_differences
 from asr.text import tokenizer_difference
 
@@ -1125,31 +1131,63 @@ def _check_trainer_and_data(config: Namespace) -> None:
         )
 
 
-def _placed(said: str, argv: Sequence[str]) -> str:
-    """A refusal that begins with the setting refused (`augment.noise.prob must be...`, as a
-    class of options checks its values) led by the config file and line that set it, where no
-    option on the command line set it instead."""
+def _placed(error: BaseException, argv: Sequence[str]) -> str:
+    """A refusal led by the config file and line that set what it refuses, where no option on
+    the command line set it instead: the setting it begins with (`augment.noise.prob must
+    be...`, as a class of options checks its values), or the argument it names of the class
+    that refused it as it was built (`f_min` of a LogMelFilterbank)."""
+    said = str(error)
     match = re.match(r"([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+)[ :]", said)
-    if match is None:
+    if match is not None:
+        where = where_set(config_paths(argv), match.group(1))
+        by_option = _set_by_option(match.group(1).split("."), argv)
+    elif (built := _built_class(error)) and (found := where_built(config_paths(argv), built, said)):
+        where, key = found  # an option may have set what the message names, or left unnamed
+        by_option = _sets_within(key[:-1], argv)
+    else:
         return said
-    key = match.group(1)
-    if _set_by_option(key.split("."), argv):
-        return said
-    where = where_set(config_paths(argv), key)
-    return said if where is None else f"{where}: {said}"
+    return said if where is None or by_option else f"{where}: {said}"
+
+
+def _built_class(error: BaseException) -> str | None:
+    """The name of the class jsonargparse was building when `error` was raised in its
+    `__init__`: the first of this package's after jsonargparse last called (an MFCC for the
+    LogMelFilterbank it holds; an encoder, not the module a config built it into)."""
+    package = Path(__file__).resolve().parent
+    tb, building, built = error.__traceback__, False, None
+    while tb is not None:
+        frame = tb.tb_frame
+        where = Path(frame.f_code.co_filename)
+        if "jsonargparse" in where.parts:
+            building, built = True, None
+        elif building and frame.f_code.co_name == "__init__" and "self" in frame.f_locals:
+            if where.resolve().is_relative_to(package):
+                building, built = False, type(frame.f_locals["self"]).__name__
+        tb = tb.tb_next
+    return built
 
 
 def _set_by_option(key: list[str], argv: Sequence[str]) -> bool:
     """Whether an option in `argv` sets the setting whose key path ends in `key` (itself, or a
     mapping that holds it: `--data.augment '{...}'` sets `augment.noise.prob`)."""
+    # the option's path ends with the key's first n parts: n = len(key) is the key itself
+    return any(
+        any(path[-n:] == key[:n] for n in range(1, min(len(path), len(key)) + 1))
+        for path in _option_paths(argv)
+    )
+
+
+def _sets_within(key: list[str], argv: Sequence[str]) -> bool:
+    """Whether an option in `argv` sets the setting at the whole key path `key`, something
+    within it, or a mapping that holds it."""
+    return any(path[: len(key)] == key or key[: len(path)] == path for path in _option_paths(argv))
+
+
+def _option_paths(argv: Sequence[str]) -> Iterator[list[str]]:
+    """The key path each option in `argv` sets (`init_args` left out), `--config` aside."""
     for arg in argv:
-        if not arg.startswith("--") or arg.startswith("--config"):
-            continue
-        path = [part for part in arg[2:].split("=", 1)[0].split(".") if part != "init_args"]
-        # the option's path ends with the key's first n parts: n = len(key) is the key itself
-        if any(path[-n:] == key[:n] for n in range(1, min(len(path), len(key)) + 1)):
-            return True
-    return False
+        if arg.startswith("--") and not arg.startswith("--config"):
+            yield [part for part in arg[2:].split("=", 1)[0].split(".") if part != "init_args"]
 
 
 def _refusal_within(error: BaseException) -> BaseException | None:
@@ -1287,7 +1325,7 @@ def run_lightning_cli(argv: Sequence[str]) -> ASRCLI:
     except Exception as error:
         said = _refusal_within(error)
         if said is not None and not lost_peer(error):  # a file, a manifest...: its message
-            print(f"asr {argv[0]}: error: {_placed(str(said), argv)}", file=sys.stderr)
+            print(f"asr {argv[0]}: error: {_placed(said, argv)}", file=sys.stderr)
             raise SystemExit(2) from None
         if not lost_peer(error):
             raise

@@ -455,6 +455,78 @@ def test_a_range_or_list_of_the_wrong_shape_is_named_with_its_line(tmp_path, val
     assert problem.startswith(f"{path}:4: data.init_args.augment.noise.{said}")
 
 
+FEATURES = "model:\n  init_args:\n    frontend:\n      init_args:\n        features:\n"
+
+
+@pytest.mark.parametrize("given", ["overlay", "class", "option"])
+def test_a_value_a_frontend_refuses_is_named_with_its_line(
+    tmp_path, capsys, monkeypatch, given
+) -> None:
+    """A frontend's refusal as it is built names its class, not a key: it is placed at the
+    argument it names, of the class that refused it (an MFCC for the filterbank it holds),
+    in the config that set it; set by an option, as said."""
+    from asr.cli import main
+    from asr.text import CharTokenizer
+
+    monkeypatch.chdir(tmp_path)  # the model is built after its tokenizer, before reading data
+    CharTokenizer.train(["YES NO"]).save(tmp_path / "data/an4/tokenizer")
+    overlay = tmp_path / "features.yaml"
+    argv = ["fit", "--config", str(QUICK), "--config", str(overlay)]
+    if given == "overlay":  # init_args alone, laid over the LogMelFilterbank of rnn_quick.yaml
+        overlay.write_text(FEATURES + "          init_args:\n            f_min: 9000\n")
+        where = f"{overlay}:7: "
+    elif given == "class":
+        overlay.write_text(
+            FEATURES + "          class_path: asr.frontends.MFCC\n"
+            "          init_args:\n            n_mels: 80\n            f_min: 9000\n"
+        )
+        where = f"{overlay}:9: "
+    else:
+        overlay.write_text("trainer:\n  max_steps: 1\n")
+        argv += ["--model.init_args.frontend.init_args.features.init_args.f_min", "9000"]
+        where = ""
+    with pytest.raises(SystemExit) as stopped:
+        main(argv)
+    assert stopped.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"asr fit: error: {where}LogMelFilterbank: need 0 <= f_min < f_max <= 8000 Hz (half "
+        "the 16000 Hz sample rate), got f_min=9000.0, f_max=None"
+    )
+
+
+def test_a_value_refused_within_a_class_is_placed_at_that_class(tmp_path, capsys, monkeypatch):
+    """An encoder's attention refuses its heads as the encoder builds it, the encoder as the
+    model builds it: the encoder is the class the config built, whose `num_heads` it names."""
+    from asr.cli import main
+    from asr.text import CharTokenizer
+
+    monkeypatch.chdir(tmp_path)
+    CharTokenizer.train(["YES NO"]).save(tmp_path / "data/an4/tokenizer")
+    overlay = tmp_path / "heads.yaml"
+    overlay.write_text(
+        "model:\n  init_args:\n    frontend:\n      init_args: {normalize: null}\n"
+        "    encoder:\n      init_args:\n        num_heads: 5\n"
+    )
+    with pytest.raises(SystemExit):
+        main(["fit", "--config", str(ROOT / "conf/an4/transformer_quick.yaml"), "-c", str(overlay)])
+    said = capsys.readouterr().err.splitlines()[-1]
+    assert said == f"asr fit: error: {overlay}:7: d_model=144 is not divisible by num_heads=5"
+
+
+def test_where_built_prefers_the_argument_named_to_the_class(tmp_path) -> None:
+    from asr.config_check import where_built
+
+    first, second = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    first.write_text(FEATURES + "          class_path: asr.frontends.MFCC\n")
+    second.write_text(FEATURES + "          init_args: {n_mfcc: 99}\n")
+    said = "n_mfcc (99) must be in [1, n_mels = 80]"
+    keys = ["model", "frontend", "features"]
+    assert where_built([first], "MFCC", said) == (f"{first}:6", [*keys, "class_path"])
+    assert where_built([first, second], "MFCC", said) == (f"{second}:6", [*keys, "n_mfcc"])
+    assert where_built([second, first], "MFCC", said) == (f"{second}:6", [*keys, "n_mfcc"])
+    assert where_built([first, second], "LogMelFilterbank", said) is None
+
+
 def test_where_set_finds_the_last_config_to_set_a_key(tmp_path) -> None:
     from asr.config_check import where_set
 

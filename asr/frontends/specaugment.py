@@ -46,9 +46,16 @@ class SpecAugment(nn.Module):
         mask_value: float = 0.0,
     ):
         super().__init__()
-        sizes = (time_warp, freq_masks, freq_width, time_masks, time_width)
-        if not all(math.isfinite(size) and size >= 0 for size in sizes):
-            raise ValueError(f"SpecAugment sizes and counts must be finite, >= 0, got {sizes}")
+        sizes = dict(
+            time_warp=time_warp,
+            freq_masks=freq_masks,
+            freq_width=freq_width,
+            time_masks=time_masks,
+            time_width=time_width,
+        )
+        for name, size in sizes.items():
+            if not (math.isfinite(size) and size >= 0):
+                raise ValueError(f"SpecAugment: {name} ({size}) must be finite and >= 0")
         if not math.isfinite(mask_value):
             raise ValueError(f"SpecAugment mask_value must be finite, got {mask_value}")
         self.time_warp, self.mask_value = time_warp, mask_value
