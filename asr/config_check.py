@@ -160,6 +160,34 @@ def where_built(paths: Sequence[str | Path], name: str, said: str) -> tuple[str,
     return found
 
 
+def built_class(error: BaseException) -> str | None:
+    """The name of the class jsonargparse was building when `error` was raised in its
+    `__init__`: the first of this package's after jsonargparse last called (an MFCC for the
+    LogMelFilterbank it holds; an encoder, not the module a config built it into)."""
+    package = Path(__file__).resolve().parent  # asr
+    tb, building, built = error.__traceback__, False, None
+    while tb is not None:
+        frame = tb.tb_frame
+        where = Path(frame.f_code.co_filename)
+        if "jsonargparse" in where.parts:
+            building, built = True, None
+        elif building and frame.f_code.co_name == "__init__" and "self" in frame.f_locals:
+            if where.resolve().is_relative_to(package):
+                building, built = False, type(frame.f_locals["self"]).__name__
+        tb = tb.tb_next
+    return built
+
+
+def refused_as_built(error: BaseException) -> tuple[BaseException, str] | None:
+    """The error within `error` (jsonargparse wraps it, in a union's list of subtypes tried)
+    that a class of this package raised as jsonargparse built it, and that class's name."""
+    while error is not None:
+        if isinstance(error, ValueError) and (name := built_class(error)) is not None:
+            return error, name
+        error = error.__cause__ or error.__context__
+    return None
+
+
 def _settings(node: yaml.Node | None, keys: list[str]) -> Iterator[tuple[list[str], yaml.Node]]:
     """Every key path of a mapping (`init_args` left out) and its value node."""
     if not isinstance(node, yaml.MappingNode):

@@ -42,6 +42,7 @@ from asr.checkpoint import (
     weight_differences,
 )
 from asr.config_check import (
+    built_class,
     config_paths,
     config_problems,
     option_problems,
@@ -1141,30 +1142,12 @@ def _placed(error: BaseException, argv: Sequence[str]) -> str:
     if match is not None:
         where = where_set(config_paths(argv), match.group(1))
         by_option = _set_by_option(match.group(1).split("."), argv)
-    elif (built := _built_class(error)) and (found := where_built(config_paths(argv), built, said)):
+    elif (built := built_class(error)) and (found := where_built(config_paths(argv), built, said)):
         where, key = found  # an option may have set what the message names, or left unnamed
         by_option = _sets_within(key[:-1], argv)
     else:
         return said
     return said if where is None or by_option else f"{where}: {said}"
-
-
-def _built_class(error: BaseException) -> str | None:
-    """The name of the class jsonargparse was building when `error` was raised in its
-    `__init__`: the first of this package's after jsonargparse last called (an MFCC for the
-    LogMelFilterbank it holds; an encoder, not the module a config built it into)."""
-    package = Path(__file__).resolve().parent
-    tb, building, built = error.__traceback__, False, None
-    while tb is not None:
-        frame = tb.tb_frame
-        where = Path(frame.f_code.co_filename)
-        if "jsonargparse" in where.parts:
-            building, built = True, None
-        elif building and frame.f_code.co_name == "__init__" and "self" in frame.f_locals:
-            if where.resolve().is_relative_to(package):
-                building, built = False, type(frame.f_locals["self"]).__name__
-        tb = tb.tb_next
-    return built
 
 
 def _set_by_option(key: list[str], argv: Sequence[str]) -> bool:

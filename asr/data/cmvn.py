@@ -12,7 +12,7 @@ from tqdm import tqdm
 
 from asr.audio import AudioError, load_audio
 from asr.checkpoint import build_error, instantiate
-from asr.config_check import frontend_settings
+from asr.config_check import frontend_settings, refused_as_built, where_built
 from asr.data.manifest import read_manifest
 from asr.frontends import CMVNStats, Frontend, LevelNormalizer, accumulate_cmvn_stats
 from asr.frontends.normalize import features_signature
@@ -84,4 +84,7 @@ def config_frontend(config: str | Path) -> Frontend:
     try:
         return instantiate(Frontend, frontend_settings(config))
     except (argparse.ArgumentError, TypeError, ValueError) as err:
+        refused = refused_as_built(err)  # a value refused, placed where the config sets it
+        if refused is not None and (found := where_built([config], refused[1], str(refused[0]))):
+            raise ValueError(f"{found[0]}: {refused[0]}") from None
         raise ValueError(f"{config}: its frontend does not build: {build_error(err)}") from None

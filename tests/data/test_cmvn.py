@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -128,6 +129,25 @@ def test_a_config_whose_frontend_does_not_build_is_named_in_one_line(tmp_path):
     )
     with pytest.raises(ValueError, match=r"forty\.yaml: its frontend does not build: .*n_mels.*"
                        r"Got value: forty$"):  # fmt: skip
+        config_frontend(config)
+
+
+@pytest.mark.parametrize("part", ["level", "features"])
+def test_a_value_the_frontend_refuses_is_placed_at_its_line(tmp_path, part):
+    """Refused as the level normaliser was built, it came wrapped in jsonargparse's list of
+    the union's subtypes tried, without a line."""
+    config = tmp_path / "refused.yaml"
+    config.write_text(
+        "model:\n  init_args:\n    frontend:\n      class_path: asr.frontends.Frontend\n"
+        "      init_args:\n        level:\n"
+        "          class_path: asr.frontends.LevelNormalizer\n"
+        f"          init_args: {{target_dbfs: {5 if part == 'level' else -26}}}\n"
+        "        features:\n          class_path: asr.frontends.LogMelFilterbank\n"
+        f"          init_args: {{n_mels: 40, f_min: {9000 if part == 'features' else 0}}}\n"
+    )
+    said = "target_dbfs 5.0 must be at most 0" if part == "level" else "LogMelFilterbank: need 0"
+    line = 8 if part == "level" else 11
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(config))}:{line}: {said}"):
         config_frontend(config)
 
 
