@@ -163,6 +163,19 @@ def test_bad_batches_raise(name):
         frontend(torch.randn(2, 1000), torch.tensor([1000]))
 
 
+@pytest.mark.parametrize("name", FRONTENDS)
+def test_integer_samples_and_fractional_lengths_are_refused(name):
+    """The recognizer scales int16 samples to [-1, 1]; a frontend alone took them as they are
+    (a level normaliser gave zeros), and KaldiFbank stopped on float lengths in its loop."""
+    frontend = FRONTENDS[name]()
+    with pytest.raises(
+        ValueError, match=r"floating-point values \(audio in \[-1, 1\]\), got torch"
+    ):
+        frontend((torch.randn(2, 1000) * 3000).short(), torch.tensor([1000, 800]))
+    with pytest.raises(ValueError, match="whole-number lengths, got torch.float32"):
+        frontend(torch.randn(2, 1000), torch.tensor([1000.0, 800.0]))
+
+
 def test_bad_options_raise():
     with pytest.raises(ValueError, match="window"):
         LogMelFilterbank(window="kaiser")

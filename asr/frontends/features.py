@@ -43,9 +43,14 @@ def zero_padding(x: Tensor, x_lens: Tensor) -> Tensor:
 
 
 def check_batch(x: Tensor, x_lens: Tensor, ndim: int) -> None:
-    """Raise ValueError unless `x` has `ndim` dims and `x_lens` `(B,)` fits inside it."""
+    """Raise ValueError unless `x` is a floating-point batch of `ndim` dims and `x_lens` `(B,)`,
+    whole numbers, fits inside it."""
     if x.dim() != ndim:
         raise ValueError(f"expected a {ndim}-D batch, got shape {tuple(x.shape)}")
+    if not x.is_floating_point():  # integer samples: the recognizer scales them, not this
+        raise ValueError(f"expected floating-point values (audio in [-1, 1]), got {x.dtype}")
+    if x_lens.is_floating_point() or x_lens.is_complex():
+        raise ValueError(f"expected whole-number lengths, got {x_lens.dtype}")
     if x_lens.shape != (x.size(0),):
         raise ValueError(f"lengths of shape {tuple(x_lens.shape)} for a batch of {x.size(0)}")
     if x_lens.numel() and (int(x_lens.min()) < 0 or int(x_lens.max()) > x.size(1)):
