@@ -307,6 +307,30 @@ def test_a_new_recording_shows_nothing_of_the_last_ones_partial(received) -> Non
             driver.quit()
 
 
+def test_an_error_clears_the_unfinished_partial(received) -> None:
+    """A stream the server failed ends without a final: its partial is no longer pending."""
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    recognizer, _ = streaming_recognizer()
+    with running_server(recognizer, OPTIONS) as (_, port):
+        driver = chromium(*FAKE_MICROPHONE)
+        try:
+            driver.execute_cdp_cmd("Page.addScriptToEvaluateOnNewDocument", {"source": SOCKETS})
+            driver.get(f"http://127.0.0.1:{port}/?autostart=1")
+            wait = WebDriverWait(driver, 30, 0.05)
+            wait.until(lambda d: d.execute_script(
+                "return document.getElementById('partial').textContent !== ''"
+            ))  # fmt: skip
+            partial, status = driver.execute_script(
+                "window.sockets[0].dispatchEvent(new MessageEvent('message', {data: "
+                "JSON.stringify({type: 'error', message: 'server error: boom'})}));"
+                "return ['partial', 'status'].map((id) => document.getElementById(id).textContent);"
+            )
+            assert partial == "" and status == "Error: server error: boom"
+        finally:
+            driver.quit()
+
+
 def test_the_page_sends_the_audio_at_the_models_rate(received) -> None:
     """For a model at 8 kHz the server writes its rate into the page, and the page resamples the
     microphone to it: the server takes the stream and the page shows its "done"."""

@@ -239,7 +239,10 @@
         }
       } else if (message.type === "error") {
         s.said = true;
-        if (shown()) say(`Error: ${message.message}`, true);
+        if (shown()) {  // the stream ends here: its partial gets no final
+          partial.textContent = "";
+          say(`Error: ${message.message}`, true);
+        }
         // a server started again with another model since this page loaded: its rate is stale
         fetch("health").then((r) => r.json()).then((health) => {
           if (health.sample_rate && health.sample_rate !== rate && shown()) {
