@@ -388,7 +388,9 @@ class LiveServer:
         except ClientError as err:
             await _refuse(ws, str(err), err.code, peer)
         except ConnectionClosed as closed:
-            if closed.sent is not None and closed.sent.code not in (1000, GOING_AWAY):
+            failed = client is not None and client.failed is not None  # its sender logged it
+            said = (1000, GOING_AWAY, *((SERVER_ERROR,) if failed else ()))
+            if closed.sent is not None and closed.sent.code not in said:
                 # websockets' own close, e.g. 1009 for a message past its limit (8x ours)
                 log.info("%s: closed (%d): %s", peer, closed.sent.code, closed.sent.reason)
             return

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import re
 import signal
@@ -199,9 +200,6 @@ def test_a_client_that_leaves_mid_stream_is_freed(server, trained) -> None:
 
 def test_each_stream_is_logged_with_its_client_and_what_it_sent(server, trained, caplog):
     """An operator's record: who streamed how much audio, and why a stream was refused."""
-    import logging
-    import re
-
     (shared, _), (recognizer, waves) = server, trained
     caplog.set_level(logging.INFO, logger="asr.serve.server")
     wait_until(lambda: shared.active_streams == 0)  # the other tests' streams have logged
@@ -286,11 +284,15 @@ def test_audio_bytes_that_nest_deeper_than_json_reads_are_audio() -> None:
 
 
 @pytest.mark.parametrize("where", ["feed", "step", "take_finals", "final"])
-def test_a_stream_whose_recognition_fails_ends_and_the_server_goes_on(trained, monkeypatch, where):
+def test_a_stream_whose_recognition_fails_ends_and_the_server_goes_on(
+    trained, monkeypatch, caplog, where
+):
     """Failing in the model's thread (its audio taken in, a batch of chunks, its results, its
-    last final after "end"), a stream is closed with 1011 and the reason; it is not tried
-    again, and the next streams are served."""
+    last final after "end"), a stream is closed with 1011 and the reason, logged once; it is
+    not tried again, and the next streams are served."""
     from asr.streaming import Stream, StreamingEngine
+
+    caplog.set_level(logging.INFO, logger="asr.serve.server")
 
     recognizer, waves = trained
     poison = np.full(160, 0.125, "<f4")
@@ -335,6 +337,8 @@ def test_a_stream_whose_recognition_fails_ends_and_the_server_goes_on(trained, m
         assert ws.protocol.close_code == 1011
         wait_until(lambda: live.active_streams == 0)
         assert session(url, pcm16(waves[UID]))[-1]["type"] == "done"
+    closed = [r.getMessage() for r in caplog.records if "closed (1011)" in r.getMessage()]
+    assert len(closed) == 1 and closed[0].endswith(f"server error: {where} failed")
 
 
 def test_a_sender_whose_client_left_ends_without_an_error(trained) -> None:
@@ -674,8 +678,6 @@ def certificate(tmp_path_factory) -> tuple[Path, Path]:
 def test_with_a_certificate_the_page_is_https_and_the_socket_wss(
     trained, certificate, capsys, caplog, tmp_path
 ) -> None:
-    import logging
-
     (recognizer, waves), (cert, key) = trained, certificate
     caplog.set_level(logging.INFO, logger="asr.serve.server")
     trust = ssl.create_default_context(cafile=cert)
