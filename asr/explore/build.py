@@ -481,7 +481,7 @@ def _transcript_fields(
         "ref": None,
         "hyp": text,
         "words": words,
-        "nbest": [{"text": text, "score": segment.get("score")}, *alternatives],
+        "nbest": [{"text": text, "score": segment.get("score")}, *alternatives] if segment else [],
         "flags": flags + ([] if text else ["empty"]),
         "confidence": _mean_confidence(words),
         "wer": None,

@@ -335,6 +335,16 @@ def test_zero_utterances_transcripts_and_training_runs_build(tmp_path, capsys):
     assert "not a decode folder" in capsys.readouterr().err
 
 
+def test_a_transcript_without_segments_has_no_n_best(tmp_path):
+    """Silence transcribes to no text and no segment: no one-line n-best of an empty text."""
+    wav = next(WAV.rglob("*.wav"))
+    (tmp_path / "silence.json").write_text(
+        json.dumps({"audio": str(wav), "text": "", "duration": 1.0, "segments": []})
+    )
+    [row] = page_data(explore(tmp_path, progress=False).read_text())["utterances"]
+    assert row["nbest"] == [] and row["flags"] == ["empty"]
+
+
 def test_transcribe_explorer_needs_an_output_folder(capsys):
     for extra in ([], ["--streaming"]):
         assert main(["transcribe", "a.wav", "--checkpoint", "m.ckpt", "--explorer", *extra]) == 2
