@@ -530,10 +530,19 @@ def test_missing_parts_are_said_not_thrown(driver, tmp_path):
                 blob=base64.b64encode(zlib.compress(bytes(10))).decode(),
                 arrays={"spectrogram": picture | {"encoding": "jxl"}},
             ),
+            bare_utterance("empty-ref", ref=""),
         ]
     }
     open_page(driver, tmp_path, data)
-    uids = ["nothing", "only-id", "short", "garbled", "bad-picture", "unknown-encoding"]
+    uids = [
+        "nothing",
+        "only-id",
+        "short",
+        "garbled",
+        "bad-picture",
+        "unknown-encoding",
+        "empty-ref",
+    ]
     assert row_ids(driver) == [*uids[:2], "", *uids[2:]]
     for uid in uids:
         open_utterance(driver, uid)
@@ -542,6 +551,12 @@ def test_missing_parts_are_said_not_thrown(driver, tmp_path):
         assert missing.text == "no attention saved"
         notes = driver.find_element(By.ID, "utt-notes").text
         assert ("does not fit" in notes) == (uid == "short")
+        alignment = driver.find_element(By.ID, "alignment").text
+        assert alignment == (
+            "nothing to align: the reference and the hypothesis are empty"
+            if uid == "empty-ref"
+            else "no alignment (no reference)"
+        )
         assert ("could not be inflated" in notes) == (uid == "garbled")
         assert ('"spectrogram" could not be decoded' in notes) == (uid == "bad-picture")
         assert ("kept as jxl, which this page cannot read" in notes) == (uid == "unknown-encoding")

@@ -561,8 +561,9 @@
       if (hw && hw.start !== null) pair.dataset.start = String(hw.start);
       return pair;
     });
-    $("#alignment").replaceChildren(...(pairs.length
-      ? pairs : [el("span", { class: "na" }, "no alignment (no reference)")]));
+    const none = u.ref == null ? "no alignment (no reference)"
+      : "nothing to align: the reference and the hypothesis are empty";
+    $("#alignment").replaceChildren(...(pairs.length ? pairs : [el("span", { class: "na" }, none)]));
   }
 
   // B's hypothesis, its words coloured by their alignment with the reference, the reference
