@@ -60,9 +60,12 @@ class ExactResume(L.LightningModule):
     skipped that step: the checkpoint keeps the val/loss it is owed, stepped on when training
     starts again. And Lightning leaves out the step of an epoch resumed mid-way (its metrics
     are not saved), though the epoch ends with a validation of its own: that step is taken
-    here. (The batches are the data module's: `ResumableData`.)"""
+    here. Nor does it save an epoch's running means (`log_mean`'s): the sums of the batches
+    trained before the stop are kept and logged again, so the resumed epoch's means are over
+    all its batches. (The batches are the data module's: `ResumableData`.)"""
 
     OWED_KEY = "asr_plateau_owed"
+    SUMS_KEY = "asr_epoch_sums"
 
     def __init__(self) -> None:
         super().__init__()
@@ -70,6 +73,10 @@ class ExactResume(L.LightningModule):
         self._plateau_owed: float | None = None
         self._validated_step = -1  # the step of the last validation (its val/loss is the latest)
         self._resume_rng: dict | None = None
+        # this rank's sum of each epoch mean's values times their batch sizes, and of the sizes
+        self._epoch_sums: dict[str, tuple[Tensor | float, float]] = {}
+        self._saved_sums: dict[str, tuple[float, float]] = {}  # a checkpoint's, all ranks'
+        self._unlogged_sums: dict[str, tuple[float, float]] = {}  # to log once in this epoch
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         if self.trainer.state.fn == "fit":
@@ -77,15 +84,64 @@ class ExactResume(L.LightningModule):
             if owed is not None:
                 checkpoint[self.OWED_KEY] = owed
             checkpoint["rng"] = {"torch": torch.get_rng_state()}
+            sums = {name: (float(t), n) for name, (t, n) in self._epoch_sums.items()}
             if self.trainer.world_size > 1:  # every rank saves; rank 0 writes all ranks' states
                 state = torch.get_rng_state()
                 states = [torch.empty_like(state) for _ in range(self.trainer.world_size)]
                 torch.distributed.all_gather(states, state)
                 checkpoint["rng"]["ranks"] = states
+                ranks: list[dict] = [{} for _ in range(self.trainer.world_size)]
+                torch.distributed.all_gather_object(ranks, sums)
+                sums = {
+                    name: (sum(r[name][0] for r in ranks if name in r),
+                           sum(r[name][1] for r in ranks if name in r))
+                    for name in {name for r in ranks for name in r}
+                }  # fmt: skip
+            checkpoint[self.SUMS_KEY] = sums
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         self._plateau_owed = checkpoint.get(self.OWED_KEY)
         self._resume_rng = checkpoint.get("rng")
+        self._saved_sums = checkpoint.get(self.SUMS_KEY) or {}
+
+    def forget_saved_epoch(self) -> None:
+        """The resumed epoch starts again from its first batch: the saved sums are not its."""
+        self._saved_sums = {}
+
+    def count_epoch_mean(self, name: str, value: Tensor, batch_size: float, common: dict) -> None:
+        """Add a batch's `value` of the epoch mean `name` to the sums a checkpoint keeps; in an
+        epoch resumed mid-way, first log the saved sums as a batch of their own."""
+        total, size = self._epoch_sums.get(name, (0.0, 0.0))
+        # float32 on the device, as Lightning sums its epoch means
+        self._epoch_sums[name] = (total + value.detach().float() * batch_size, size + batch_size)
+        self._log_unlogged(name, common)
+
+    def _log_unlogged(self, name: str, common: dict) -> None:
+        saved = self._unlogged_sums.pop(name, None)
+        if saved is not None:  # on every rank, whose epoch means are synced by name
+            total, size = saved
+            self.log(
+                name, total / size if size else 0.0, on_step=False, on_epoch=True,
+                sync_dist=True, **(common | {"batch_size": float(size)}),
+            )  # fmt: skip
+
+    def on_train_start(self) -> None:
+        loop = self.trainer.fit_loop
+        if loop.restarted_mid_epoch or loop.restarted_on_epoch_end:  # the saved epoch goes on
+            # rank 0 holds all ranks' sums (the epoch means add them up over ranks), the
+            # others none; every rank logs each name
+            first = self.global_rank == 0
+            self._unlogged_sums = {
+                k: v if first else (0.0, 0.0) for k, v in self._saved_sums.items()
+            }
+            self._epoch_sums = dict(self._saved_sums) if first else {}
+        self._saved_sums = {}
+        if self._plateau_owed is not None:  # the saved epoch's, not this one's
+            self._step_plateau(self._plateau_owed)
+            self._plateau_owed = None
+
+    def on_train_epoch_start(self) -> None:
+        self._epoch_sums, self._unlogged_sums = {}, {}
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         if self._resume_rng is not None:  # where the saved run stopped drawing
@@ -96,16 +152,13 @@ class ExactResume(L.LightningModule):
             )
             self._resume_rng = None
 
-    def on_train_start(self) -> None:
-        if self._plateau_owed is not None:  # the saved epoch's, not this one's
-            self._step_plateau(self._plateau_owed)
-            self._plateau_owed = None
-
     def on_validation_start(self) -> None:
         if not self.trainer.sanity_checking:
             self._validated_step = self.trainer.global_step
 
     def on_train_epoch_end(self) -> None:
+        for name in list(self._unlogged_sums):  # resumed at the epoch's end: no batch logged them
+            self._log_unlogged(name, {"prog_bar": False})
         if self.trainer.fit_loop.restarting:  # Lightning then does not step it: we do
             owed = self._owed_plateau_step()
             if owed is not None:
@@ -310,6 +363,7 @@ class ASRModule(ExactResume):
             torch.nn.utils.clip_grad_norm_(params, gradient_clip_val)
 
     def on_train_epoch_start(self) -> None:
+        super().on_train_epoch_start()
         # Reshuffle buckets and redraw speed factors: Lightning does not reach a batch sampler.
         set_loader_epoch(self.trainer.train_dataloader, self.current_epoch)
 
@@ -632,6 +686,8 @@ def log_mean(
     if per_step:
         module.log(f"{name}_step", value, on_step=True, on_epoch=False, **common)
         name = f"{name}_epoch"
+        if isinstance(module, ExactResume):
+            module.count_epoch_mean(name, value, batch_size, common)
     module.log(name, value, on_step=False, on_epoch=True, sync_dist=True, **common)
 
 
@@ -967,6 +1023,9 @@ def _restart_epoch(trainer: L.Trainer) -> None:
     behind = current.completed - current.processed
     current.reset()
     current.completed = behind
+    module = getattr(trainer, "lightning_module", None)
+    if isinstance(module, ExactResume):  # nor are its means carried on
+        module.forget_saved_epoch()
 
 
 def _position_keeper(loader: torch.utils.data.DataLoader):

@@ -143,6 +143,7 @@ class LMModule(ExactResume):
         return loss
 
     def on_train_epoch_start(self) -> None:
+        super().on_train_epoch_start()
         set_loader_epoch(self.trainer.train_dataloader, self.current_epoch)
 
     def validation_step(self, batch: TextBatch, batch_idx: int) -> None:

@@ -176,6 +176,28 @@ def test_two_processes_train_as_one_process_accumulating_both_ranks_batches(tiny
         np.testing.assert_allclose(rank0["weights"][name], value, 1e-4, 1e-6, err_msg=name)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("stop", ["mid-epoch", "epoch-end"])
+def test_an_epoch_resumed_on_two_ranks_logs_the_mean_of_all_its_batches(tiny_an4, tmp_path, stop):
+    """Both ranks' sums of the batches before the stop go into the checkpoint; every rank logs
+    them again when resumed (at the epoch's end, one rank alone would leave the other waiting
+    in the sync of the epoch's means)."""
+    epochs = ["--trainer.max_epochs", "2"]
+    whole = _fit(tmp_path, [*_steps_args(tiny_an4, tmp_path / "whole", -1), *epochs, *DDP])
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    expected = _reports(tmp_path / "whole", 2)[0]
+    batches = expected["batches"]
+    at = batches + batches // 2 if stop == "mid-epoch" else batches
+    assert _fit(tmp_path, [*_steps_args(tiny_an4, tmp_path / "stopped", at), *DDP]).returncode == 0
+    args = [*_steps_args(tiny_an4, tmp_path / "stopped", 2 * batches), *DDP, "--ckpt_path", "last"]
+    resumed = _wait(_start(tmp_path, args))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    reports = _reports(tmp_path / "stopped", 2)
+    assert reports[0]["steps"] == expected["steps"] == 2 * batches
+    for report in reports:  # the second epoch's mean: whole, or begun before the stop
+        assert report["epoch_loss"] == pytest.approx(expected["epoch_loss"], rel=1e-5)
+
+
 # The default sampler's equal shares over processes are asserted by the 200-step test above;
 # the grid's in-process in tests/data/test_sampler.py.
 @pytest.mark.slow

@@ -759,10 +759,22 @@ def uninterrupted(tiny_an4, tmp_path_factory):
         if tuple(grid) not in runs:
             root = tmp_path_factory.mktemp("uninterrupted")
             main(_augmented_args(tiny_an4, root) + grid)
-            runs[tuple(grid)] = torch.load(root / "checkpoints" / "last.ckpt", weights_only=True)
+            last = torch.load(root / "checkpoints" / "last.ckpt", weights_only=True)
+            runs[tuple(grid)] = last | {"epoch_means": _epoch_means(root)}
         return runs[tuple(grid)]
 
     return run
+
+
+def _epoch_means(root: Path) -> dict[tuple[int, str], float]:
+    """Each epoch's training means, as the last of the run's log versions to log them gave."""
+    means = {}
+    for version in sorted((root / "logs").iterdir(), key=lambda p: int(p.name.split("_")[1])):
+        for row in csv.DictReader((version / "metrics.csv").open()):
+            for name, value in row.items():
+                if name.startswith("train/") and name.endswith("_epoch") and value:
+                    means[int(row["epoch"]), name] = float(value)
+    return means
 
 
 def _middle_of_second_epoch(full: dict) -> tuple[int, int]:
@@ -800,6 +812,7 @@ def test_sigkill_mid_epoch_then_resume_equals_uninterrupted_run(
 
     main(args + ["--ckpt_path", "last"])  # the same command, resumed
     _assert_same_end(full, torch.load(last, weights_only=True))
+    assert _epoch_means(killed_root) == pytest.approx(full["epoch_means"], rel=1e-5)
 
 
 def test_a_resume_with_other_loader_workers_trains_its_restarted_epoch_whole(tiny_an4, tmp_path):
@@ -824,6 +837,12 @@ def test_a_resume_with_other_loader_workers_trains_its_restarted_epoch_whole(tin
     assert batches(tmp_path / "resumed") == 2 < whole
     main([*args, "--data.num_workers", "2", "--ckpt_path", "last"])
     assert batches(tmp_path / "resumed") == 2 + whole
+    # its means are over the restarted epoch's utterances, not those before the stop too
+    sizes = [
+        {k: n for k, (_, n) in torch.load(path, weights_only=True)["asr_epoch_sums"].items()}
+        for path in (tmp_path / run / "checkpoints" / "last.ckpt" for run in ("afresh", "resumed"))
+    ]
+    assert sizes[1] == sizes[0]
 
 
 def test_an_epoch_resumed_mid_way_shows_its_number_and_length(tiny_an4, tmp_path, capfd):
@@ -970,6 +989,7 @@ def test_time_limit_mid_epoch_then_longer_limit_resumes_that_epoch(
 
     main(args + ["--trainer.max_time", "00:01:00:00", "--ckpt_path", "last"])
     _assert_same_end(full, torch.load(last, weights_only=True))  # the cut epoch's rest trained
+    assert _epoch_means(stopped_root) == pytest.approx(full["epoch_means"], rel=1e-5)
     assert len(list((stopped_root / "checkpoints").glob("epoch001*"))) == 1, "filed once, whole"
 
 
@@ -987,6 +1007,9 @@ def test_a_step_limit_mid_epoch_then_none_resumes_that_epoch(tiny_an4, tmp_path,
     assert torch.load(last, weights_only=True)["global_step"] == stop_at
     main(args + ["--ckpt_path", "last"])
     _assert_same_end(full, torch.load(last, weights_only=True))
+    # the cut epoch's means are over all its batches, those trained before the stop too
+    assert _epoch_means(stopped_root) == pytest.approx(full["epoch_means"], rel=1e-5)
+    assert (1, "train/loss_epoch") in full["epoch_means"]
 
 
 def test_an_epoch_not_validated_is_saved_as_last_and_resumed_after(tiny_an4, tmp_path, monkeypatch):
@@ -1105,6 +1128,8 @@ def test_a_run_killed_as_its_first_epoch_validates_validates_it_when_resumed(tin
     assert proc.returncode == -9, proc.stderr[-3000:]
     main(args + ["--ckpt_path", "last"])
     assert list((root / "checkpoints").glob("epoch000-*.ckpt")), "the epoch was validated"
+    whole = _epoch_means(tmp_path / "whole")
+    assert _epoch_means(root) == pytest.approx(whole, rel=1e-5) and whole
 
 
 @pytest.mark.parametrize("validates", [True, False])
