@@ -16,8 +16,10 @@ NEG_INF = float("-inf")
 
 # A prefix's forward mass more than WINDOW_NATS below its best frame is dropped. Log-probabilities
 # are <= 0, so each cut drops less than frames * exp(-WINDOW_NATS): scores above about
-# -(WINDOW_NATS - log(frames * tokens)) are exact, lower ones (hypotheses no search keeps)
-# lower bounds. The band it keeps grows with it slowly; no window at all is quadratic in length.
+# -(WINDOW_NATS - log(frames * tokens)) are exact, lower ones lower bounds. Where CTC puts every
+# hypothesis below that (a CTC head at odds with all of them), the search ranks bounds and may
+# end elsewhere than exact scoring (`window=None`) would. The band it keeps grows with it slowly;
+# no window at all is quadratic in length.
 WINDOW_NATS = 200.0
 BAND_GROWTH = 16  # frames a band first grows by while still significant at its end
 
