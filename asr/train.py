@@ -103,9 +103,18 @@ class RunCheckpoint(ModelCheckpoint):
     # Lightning writes last.ckpt only beside a new best-k checkpoint; refresh it every epoch,
     # validated or not (an epoch validated at its end has refreshed it at that step already).
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if not self._stale_score(trainer) and not _cut_short(trainer):
+        if not self._stale_score(trainer) and not _cut_short(trainer) and self._scored(trainer):
             super().on_train_epoch_end(trainer, pl_module)
         self._refresh_last(trainer)
+
+    def _scored(self, trainer: L.Trainer) -> bool:
+        """Whether there may be a score to rank by: not where max_steps ended the run before a
+        first validation, where Lightning would warn that the metric is never logged. Else a
+        metric missing is Lightning's to warn of (a run that never validates) or refuse."""
+        if self.monitor is None or self._validated is not None:
+            return True
+        cut = 0 <= trainer.max_steps <= trainer.global_step
+        return not cut or self.monitor in self._monitor_candidates(trainer)
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not trainer.sanity_checking:

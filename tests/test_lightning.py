@@ -267,6 +267,25 @@ def test_an_epoch_cut_short_by_max_steps_is_not_ranked_by_the_last_validation(ti
     assert [Path(p).name[:8] for p in record["best_k_models"]] == ["epoch000"]
 
 
+def test_a_first_epoch_cut_short_by_max_steps_says_nothing_of_its_score(tiny_an4, tmp_path, capsys):
+    """Not validated, it has no val/wer to rank by: rightly not filed among the best, but
+    Lightning warned that the monitored key was never logged, as if the config were wrong.
+    A metric that validation has not logged once it ran is still refused."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        main(_fit_args(tiny_an4, tmp_path) + ["--trainer.max_steps", "2"])
+    assert not [w for w in caught if "could not find the monitored key" in str(w.message)]
+    assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["last.ckpt"]
+    misnamed = ["--trainer.max_epochs", "1", "--checkpoint.monitor", "train/loss"]
+    said = refused([*_fit_args(tiny_an4, tmp_path / "misnamed"), *misnamed], capsys)
+    assert "(monitor='train/loss')` could not find the monitored key" in said
+    never = ["--trainer.max_epochs", "1", "--trainer.limit_val_batches", "0"]
+    with warnings.catch_warnings(record=True) as caught:  # a run that never validates: said
+        warnings.simplefilter("always")
+        main([*_fit_args(tiny_an4, tmp_path / "never"), *never])
+    assert [w for w in caught if "could not find the monitored key" in str(w.message)]
+
+
 def _steps_per_epoch(root: Path) -> int:
     first = torch.load(next((root / "checkpoints").glob("epoch000*.ckpt")), weights_only=True)
     return first["global_step"]
