@@ -31,6 +31,7 @@ CACHE = ["keys", "values", "valid", "conv", "offset"]  # EncoderCache's fields, 
 STATE_FILE = "state.json"
 EXPORT_AGAIN = "export it again: asr export --format onnx"
 SPIN_WAIT_ENTRY = "session.intra_op.allow_spinning"
+GRAPH_KEY, WEIGHTS_KEY = "asr_graph", "asr_weights"  # each graph's metadata: `_stamp`
 FP32_OPS = ("Conv",)  # left fp32 in the int8 graphs: quantised convolutions run slower here
 
 
@@ -135,12 +136,24 @@ def export_onnx(
     if model.ctc is not None:
         _export(model.ctc, (enc,), folder / "ctc.onnx", ["enc"], ["log_probs"], [model.ctc(enc)])
         written.append("ctc.onnx")
-    written += _export_decoder(
-        model.decoder, enc, enc_lens, folder, weights_digest(model.state_dict())
-    )
+    digest = weights_digest(model.state_dict())
+    written += _export_decoder(model.decoder, enc, enc_lens, folder, digest)
+    for name in written:
+        if name.endswith(".onnx"):
+            _stamp(folder / name, {GRAPH_KEY: name.removesuffix(".onnx"), WEIGHTS_KEY: digest})
     if int8:
         written += [_quantized(folder / name) for name in written if name.endswith(".onnx")]
     return [f"{ONNX_DIR}/{name}" for name in written]
+
+
+def _stamp(path: Path, props: dict[str, str]) -> None:
+    """Record `props` in the graph at `path` (which graph it is, the weights it holds), so a
+    graph copied in from another export, or over another graph, is refused by its name."""
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    onnx.helper.set_model_props(model, props)
+    onnx.save(model, str(path))
 
 
 def _export_chunk(encoder: nn.Module, feats: Tensor, folder: Path) -> str:
@@ -225,12 +238,14 @@ def _quantized(path: Path, fp32_ops: tuple[str, ...] = FP32_OPS, out: Path | Non
     try:
         with tempfile.TemporaryDirectory() as tmp:  # the quantiser writes a pre-processed copy
             staged = Path(tmp) / path.name
-            onnx.save(_untied(onnx.load(str(path))), str(staged))
+            source = onnx.load(str(path))
+            onnx.save(_untied(source), str(staged))
             ops = sorted(set(IntegerOpsRegistry) - set(fp32_ops))
             quantize_dynamic(str(staged), str(out), op_types_to_quantize=ops,
                              weight_type=QuantType.QInt8)  # fmt: skip
     finally:
         root.removeFilter(quiet)
+    _stamp(out, {prop.key: prop.value for prop in source.metadata_props})
     return out.name
 
 
@@ -273,6 +288,7 @@ class _Session:
                 f"{path}: not a readable ONNX graph ({reason}); {EXPORT_AGAIN}"
             ) from None
         self.inputs = [i.name for i in self.session.get_inputs()]
+        self.props = dict(self.session.get_modelmeta().custom_metadata_map)  # `_stamp`'s
 
     def __call__(self, **feeds: Tensor) -> list[Tensor]:
         given = {k: _numpy(v) for k, v in feeds.items() if k in self.inputs}
@@ -409,11 +425,17 @@ def onnx_model(
         hint = EXPORT_AGAIN + (" writes it too" if int8 else "")
         return f"{graphs / f'{name}{suffix}'}: no such ONNX graph ({hint})"
 
+    opened: dict[Path, Any] = {}
+
     def session(name: str) -> _Session:
         path = graphs / f"{name}{suffix}"
         if not path.is_file():
             raise FileNotFoundError(missing(name))
-        return session_type(path, threads, spin_wait)
+        opened[path] = session_type(path, threads, spin_wait)
+        graph = getattr(opened[path], "props", {}).get(GRAPH_KEY, name)  # older graphs: none
+        if graph != name:
+            raise CheckpointError(f"{path}: holds the {graph} graph, not {name}; {EXPORT_AGAIN}")
+        return opened[path]
 
     def optional(name: str) -> _Session | None:
         """A graph that only some models have (None where the package has none)."""
@@ -437,7 +459,13 @@ def onnx_model(
             f"{graphs / STATE_FILE}: unreadable ({type(err).__name__}: {err}); {EXPORT_AGAIN}"
         ) from None
     # the graphs record the weights they hold: left beside others (a Hub upload of a package
-    # without them), they are refused, not run (older graphs record none)
+    # without them), or among graphs of others, they are refused, not run (older ones: none)
+    for path, graph in opened.items():
+        held = getattr(graph, "props", {}).get(WEIGHTS_KEY)
+        if held is not None and held != meta.get("weights", held):
+            raise CheckpointError(
+                f"{path}: exported from other weights than {graphs / STATE_FILE}; {EXPORT_AGAIN}"
+            )
     digest = weights_digest(model.state_dict())
     if "weights" in meta and meta["weights"] != digest:
         raise CheckpointError(

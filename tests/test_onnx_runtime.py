@@ -115,6 +115,11 @@ def test_int8_graphs_quantise_matmuls_and_keep_convolutions_fp32(overfit, tmp_pa
     ops = {node.op_type for node in graph.node}
     assert "Conv" in ops and "ConvInteger" not in ops
     assert ops & {"MatMulInteger", "DynamicQuantizeMatMul"}, ops
+    # each int8 graph is stamped as its fp32 graph is: which graph, of which weights
+    for fp32 in (tmp_path / "onnx").glob("*[!8].onnx"):
+        props = [{p.key: p.value for p in onnx.load(str(path)).metadata_props}
+                 for path in (fp32, fp32.with_suffix(".int8.onnx"))]  # fmt: skip
+        assert props[0] == props[1] and props[0]["asr_graph"] == fp32.stem
 
 
 def test_sessions_do_not_spin_wait_unless_asked(overfit, tmp_path):
@@ -179,6 +184,17 @@ def test_an_rnn_attention_model_decodes_the_same_on_onnx_runtime(tmp_path):
         next(other.parameters())[0] += 1e-3
     with pytest.raises(CheckpointError, match=r"onnx: its graphs hold other weights than the"):
         onnx_model(other, tmp_path)
+    # one graph of another export copied in, or over another graph: named, not run
+    export_onnx(other, tmp_path / "other", 16000, int8=False)
+    graphs = tmp_path / "onnx"
+    kept = (graphs / "encoder.onnx").read_bytes()
+    (graphs / "encoder.onnx").write_bytes((tmp_path / "other/onnx/encoder.onnx").read_bytes())
+    with pytest.raises(CheckpointError, match=r"encoder\.onnx: exported from other weights than "):
+        onnx_model(model, tmp_path)
+    (graphs / "encoder.onnx").write_bytes((graphs / "ctc.onnx").read_bytes())
+    with pytest.raises(CheckpointError, match=r"encoder\.onnx: holds the ctc graph, not encoder"):
+        onnx_model(model, tmp_path)
+    (graphs / "encoder.onnx").write_bytes(kept)
     state = json.loads((tmp_path / "onnx" / "state.json").read_text())
     (tmp_path / "onnx" / "state.json").write_text(json.dumps(state | {"spec": "[1"}))
     with pytest.raises(CheckpointError, match=r"state\.json: unreadable \(.+\); export it"):
