@@ -204,14 +204,18 @@ def resolve_package(path: str | os.PathLike) -> Path:
         if not folder.is_dir():
             raise FileNotFoundError(f"{path}: no such model package folder")
         return folder
-    match = HF_ADDRESS.fullmatch(text)
-    if not match:
-        raise ValueError(
-            f"{text}: a Hub model is named hf://owner/name or hf://owner/name@revision"
-        )
     from huggingface_hub import HfApi, constants, snapshot_download
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
 
+    match = HF_ADDRESS.fullmatch(text)
+    named = "a Hub model is named hf://owner/name or hf://owner/name@revision"
+    if not match:
+        raise ValueError(f"{text}: {named}")
     repo_id, revision = match.groups()
+    try:
+        validate_repo_id(repo_id)
+    except HFValidationError as err:
+        raise ValueError(f"{text}: {named} ({err})") from None
     fetch = partial(snapshot_download, repo_id, ignore_patterns=_pickle_patterns())
     if constants.HF_HUB_OFFLINE:
         error: Exception = OSError("HF_HUB_OFFLINE is set and the cache does not hold it")
@@ -308,6 +312,8 @@ def _weights_file(folder: Path) -> Path:
     path = folder / WEIGHTS_FILE
     if path.is_file():
         return path
+    if path.is_symlink():  # an hf:// snapshot's file links into the cache's blobs
+        raise CheckpointError(f"{path}: missing (a broken link)")
     pickles = sorted(p.name for p in folder.iterdir() if p.suffix in PICKLE_SUFFIXES)
     if pickles:
         raise CheckpointError(

@@ -649,8 +649,17 @@ def test_an_uncached_hf_model_offline_is_named(offline_hub):
     with pytest.raises(CheckpointError, match=r"fetched once with network access it is found in "
                        r"the Hugging Face cache .* or give a local package folder"):  # fmt: skip
         asr.load_model("hf://me/elsewhere")
-    with pytest.raises(ValueError, match="hf://owner/name"):
-        asr.load_model("hf://just-a-name")
+    for name in ("hf://just-a-name", "hf://me/..", "hf://-me/an4", "hf://me/an4..x"):
+        with pytest.raises(ValueError, match=f"^{re.escape(name)}: a Hub model is named hf://"):
+            asr.load_model(name)
+
+
+def test_a_cached_package_whose_weights_link_is_broken_says_so(offline_hub):
+    cache, commit = offline_hub
+    [weights] = cache.glob(f"models--me--tiny-an4/snapshots/{commit}/model.safetensors")
+    weights.resolve().unlink()
+    with pytest.raises(CheckpointError, match=r"model\.safetensors: missing \(a broken link\)"):
+        asr.load_model("hf://me/tiny-an4")
 
 
 def test_the_command_finds_an_hf_model_with_hf_hub_offline(package, tmp_path):
