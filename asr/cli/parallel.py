@@ -392,7 +392,7 @@ def _files_there(
         file_there(out / f"{stem}.{suffix}")
         and (names is None or suffix not in FORMATS or f"{stem}.{suffix}" in names)
         for suffix in suffixes
-    )
+    ) and _unchanged_since(item.audio.path, [out / f"{stem}.{suffix}" for suffix in suffixes])
 
 
 def listed(records: Records) -> set[str]:
@@ -407,6 +407,17 @@ def _same_audio(record: dict, item: Input) -> bool:
         and record.get("offset", 0.0) == clip.offset
         and (clip.duration is None or record.get("duration") == clip.duration)
     )
+
+
+def _unchanged_since(audio: str, files: Sequence[Path]) -> bool:
+    """Whether the audio file has not changed since every file written of it: not replaced by
+    another recording. By the inodes' change times, which copying over it, `cp -a`, `mv` and
+    relinking a link all set (a modification time can be kept, or lie in the future)."""
+    try:
+        changed = max(os.stat(audio).st_ctime_ns, os.lstat(audio).st_ctime_ns)
+        return all(changed <= os.stat(file).st_ctime_ns for file in files)
+    except OSError:  # gone: it fails when transcribed, if it is
+        return True
 
 
 # --------------------------------------------------------------------------- planner

@@ -246,6 +246,16 @@ def test_a_rerun_skips_everything_written(workers_run, checkpoint, corpus, tmp_p
     )
     assert code == 0 and "already written" not in stderr, stderr
     assert (out / "a" / "yes.txt").read_text().strip() == SAID["a/go"]
+    # that file replaced by another recording, of an earlier time: its transcript is stale
+    letters = tmp_path / "letters.wav"
+    shutil.copy2(corpus["root"] / "audio" / "b" / "letters.wav", letters)
+    os.utime(letters, (0, 0))
+    os.replace(letters, other / "yes.wav")  # as mv does, keeping the time
+    code, stdout, stderr = transcribe(
+        other.parent, "--checkpoint", checkpoint, "--output-dir", out, "--workers", "2", *SAME_WORK
+    )
+    assert code == 0 and "already written" not in stderr, stderr
+    assert (out / "a" / "yes.txt").read_text().strip() == SAID["b/letters"]
 
 
 def test_a_rerun_finishes_an_interrupted_run(workers_run, checkpoint, corpus, tmp_path):
@@ -663,6 +673,7 @@ def test_the_manifest_lists_every_file_of_an_input_and_a_rerun_needs_them_listed
 
     other = _input(tmp_path / "b.wav", "a")  # another recording, written over as srt alone
     shutil.copy(wav, tmp_path / "b.wav")
+    (tmp_path / "a.srt").write_text("GO\n")
     _part(tmp_path, {"run": "3", "stem": "a", "record": output_record(other, "GO", 0.5, ["srt"])})
     merge(Plan("3", [other], [[other]], [], ["srt"]), tmp_path)
     assert [line["files"] for line in merged(tmp_path)] == [["a.srt"]]
