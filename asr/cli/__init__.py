@@ -40,6 +40,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from asr.cli.console import warnings_said_by
 from asr.cli.numbers import (
     count,
     decibels_below,
@@ -1698,7 +1699,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if str(getattr(args, name, None)).startswith("~"):  # back (finalize)
             setattr(args, name, os.path.expanduser(getattr(args, name)))
     try:
-        return args.run(args)
+        with warnings_said_by(args.command):
+            return args.run(args)
     except BrokenPipeError:  # the reader of stdout went away (`| head`): end quietly, as tools do
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error at exit flush
         return 128 + signal.SIGPIPE

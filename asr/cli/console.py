@@ -11,7 +11,9 @@ import signal
 import sys
 import threading
 import unicodedata
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import IO
 
 import numpy as np
@@ -238,3 +240,24 @@ class Lines:
 def _block_samples(rate: int) -> int:
     """Samples in a piece of `PCM_BLOCK_SECONDS`: one at least, at a rate under 10 Hz too."""
     return max(1, int(PCM_BLOCK_SECONDS * rate))
+
+
+@contextlib.contextmanager
+def warnings_said_by(command: str) -> Iterator[None]:
+    """This package's warnings (plain UserWarnings raised for one of its lines) said as the
+    command's own (`asr robustness: warning: ...`), not with the source line that raised them;
+    others (numpy's RuntimeWarnings included) as Python shows them."""
+    shown = warnings.showwarning
+    package = Path(__file__).resolve().parents[1]  # asr
+
+    def show(message, category, filename, lineno, file=None, line=None) -> None:
+        if category is UserWarning and Path(filename).resolve().is_relative_to(package):
+            print(f"asr {command}: warning: {message}", file=sys.stderr)
+        else:
+            shown(message, category, filename, lineno, file, line)
+
+    warnings.showwarning = show
+    try:
+        yield
+    finally:
+        warnings.showwarning = shown

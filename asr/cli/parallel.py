@@ -35,6 +35,7 @@ from typing import IO, Any
 from tqdm import tqdm
 
 from asr.audio import AudioError, audio_info
+from asr.cli.console import warnings_said_by
 from asr.cli.inputs import (
     DEFAULT_FORMATS,
     Input,
@@ -926,7 +927,8 @@ def worker_main(stdin: IO[bytes] | None = None) -> int:
     """
     transcribe, args, share, run, rank, formats = pickle.load(stdin or sys.stdin.buffer)
     try:
-        run_share(transcribe, args, share, run, rank, formats)
+        with warnings_said_by("transcribe"):  # as one process says them
+            run_share(transcribe, args, share, run, rank, formats)
     except (ValueError, FileNotFoundError) as error:
         print(f"asr transcribe: error: {error}", file=sys.stderr)
         return 2

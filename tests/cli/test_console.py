@@ -5,10 +5,11 @@ from __future__ import annotations
 import io
 import os
 import sys
+from pathlib import Path
 
 import numpy as np
 
-from asr.cli.console import Lines, StdinPcm, pieces
+from asr.cli.console import Lines, StdinPcm, pieces, warnings_said_by
 
 
 def test_a_partial_wider_than_the_terminal_shows_its_end_on_one_row(monkeypatch):
@@ -40,3 +41,22 @@ def test_audio_is_cut_into_pieces_of_a_sample_at_least(monkeypatch):
         monkeypatch.setattr(sys, "stdin", stdin)
         sent = list(StdinPcm().pieces(5, []))
     assert sent == [np.int16(k).astype("<i2").tobytes() for k in range(3)]
+
+
+def test_the_packages_warnings_are_said_as_the_commands(capsys):
+    """Said as `asr transcribe` and `asr align` say theirs: not as a UserWarning with the line
+    of source that raised it; another package's warning is shown as Python shows it."""
+    import warnings
+
+    import asr
+
+    ours = str(Path(asr.__file__).parent / "robustness.py")
+    with warnings.catch_warnings(record=True) as shown:  # as Python shows them: recorded
+        warnings.simplefilter("always")
+        with warnings_said_by("robustness"):
+            warnings.warn_explicit("level 40 dB: 48 % clipped", UserWarning, ours, 230)
+            warnings.warn_explicit("theirs", UserWarning, "/elsewhere/lib.py", 7)
+            warnings.warn_explicit("divide by zero", RuntimeWarning, ours, 9)  # numpy's
+        warnings.warn_explicit("after", UserWarning, ours, 230)  # as it was after
+    assert capsys.readouterr().err == "asr robustness: warning: level 40 dB: 48 % clipped\n"
+    assert [str(w.message) for w in shown] == ["theirs", "divide by zero", "after"]
