@@ -116,34 +116,20 @@ def where_set(paths: Sequence[str | Path], key: str) -> str | None:
     jsonargparse lays them over each other; None where none does."""
     wanted = key.split(".")
     found = None
-    for path in paths:
-        root, _ = _compose(path)
-        files = [(path, root, [])] + [
-            (file, _compose(file)[0], [name])
-            for name, file in _named_files(root, Path(path).parent)
-        ]
-        for file, node, prefix in files:
-            for keys, value in _settings(node, prefix):
-                if keys[-len(wanted) :] == wanted:
-                    found = f"{file}:{value.start_mark.line + 1}"
+    for file, keys, value in _laid_settings(paths):
+        if keys[-len(wanted) :] == wanted:
+            found = f"{file}:{value.start_mark.line + 1}"
     return found
 
 
 def where_built(paths: Sequence[str | Path], name: str, said: str) -> tuple[str, list[str]] | None:
     """`FILE:LINE` and key path of the setting behind `said`, a refusal of the class `name`
-    (`LogMelFilterbank`) as it was built: the argument of that class the message names (the
-    `f_min` of `got f_min=9000`), else its `class_path`; in the last of the config files
-    `paths` (files named by a top-level key included) that sets either. None where none does."""
-    named = set(re.findall(r"[A-Za-z_]\w*", said))
-    settings = []  # (file, key path, value node) of every file, in the order laid over
-    for path in paths:
-        root, _ = _compose(path)
-        files = [(path, root, [])] + [
-            (file, _compose(file)[0], [key]) for key, file in _named_files(root, Path(path).parent)
-        ]
-        settings += [
-            (f, keys, v) for f, node, prefix in files for keys, v in _settings(node, prefix)
-        ]
+    (`LogMelFilterbank`) as it was built, in the config files `paths` (and the files their
+    top-level keys name) as jsonargparse lays them: the argument of that class the refusal is
+    about, else the last set of those it names (`_arguments_named`), else its `class_path`.
+    None where none is set."""
+    subject, named = _arguments_named(said)
+    settings = list(_laid_settings(paths))
     owners = [
         keys[:-1]
         for _, keys, value in settings
@@ -151,13 +137,48 @@ def where_built(paths: Sequence[str | Path], name: str, said: str) -> tuple[str,
         and isinstance(value, yaml.ScalarNode)
         and value.value.rsplit(".", 1)[-1] == name
     ]
-    found = None
+    found: dict[str, tuple[str, list[str]]] = {}  # each one's last setting, the last set last
     for file, keys, value in settings:
-        if keys[:-1] in owners and (keys[-1] in named or keys[-1] == "class_path"):
-            better = found is None or keys[-1] != "class_path" or found[1][-1] == "class_path"
-            if better:
-                found = (f"{file}:{value.start_mark.line + 1}", keys)
-    return found
+        argument = keys[-1] in named and not isinstance(value, yaml.MappingNode)
+        if keys[:-1] in owners and (argument or keys[-1] == "class_path"):
+            kind = "class" if keys[-1] == "class_path" else keys[-1]
+            found.pop(kind, None)
+            found[kind] = (f"{file}:{value.start_mark.line + 1}", keys)
+    if subject in found:  # what the refusal is about, not an argument its advice names
+        return found[subject]
+    arguments = [where for kind, where in found.items() if kind != "class"]
+    return arguments[-1] if arguments else found.get("class")
+
+
+def _arguments_named(said: str) -> tuple[str | None, list[str]]:
+    """The argument a refusal is about, where it leads with one (after its class's name:
+    `TransformerEncoder: num_layers must be...`), and every name it gives a value or a verdict
+    (`f_min=9000`, `n_mfcc (99)`, `target_dbfs 5.0`, `mask_value must be`).
+
+    >>> _arguments_named("KaldiFbank: num_mel_bins (3) and frame_shift_ms (0) must be positive")
+    (None, ['num_mel_bins', 'frame_shift_ms'])
+    >>> _arguments_named("inter_ctc_layers names no block: or set inter_ctc_weight 0 instead")
+    ('inter_ctc_layers', ['inter_ctc_layers', 'inter_ctc_weight'])
+    """
+    leading = re.match(r"(?:[A-Za-z_]\w*: )?([A-Za-z_]\w*) [a-z]", said)
+    subject = leading.group(1) if leading else None
+    given = re.findall(r"\b([A-Za-z_]\w*)(?:=| \(| [-+]?\.?\d| must\b| needs?\b| is\b)", said)
+    return subject, list(dict.fromkeys(([subject] if subject else []) + given))
+
+
+def _laid_settings(
+    paths: Sequence[str | Path],
+) -> Iterator[tuple[str | Path, list[str], yaml.Node]]:
+    """Every setting of the config files `paths` and the files their top-level keys name: its
+    file, key path (`init_args` left out) and value, in the order jsonargparse lays them."""
+    for path in paths:
+        root, _ = _compose(path)
+        files = [(path, root, [])] + [
+            (file, _compose(file)[0], [key]) for key, file in _named_files(root, Path(path).parent)
+        ]
+        for file, node, prefix in files:
+            for keys, value in _settings(node, prefix):
+                yield file, keys, value
 
 
 def built_class(error: BaseException) -> str | None:

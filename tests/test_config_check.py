@@ -525,6 +525,26 @@ def test_where_built_prefers_the_argument_named_to_the_class(tmp_path) -> None:
     assert where_built([first, second], "MFCC", said) == (f"{second}:6", [*keys, "n_mfcc"])
     assert where_built([second, first], "MFCC", said) == (f"{second}:6", [*keys, "n_mfcc"])
     assert where_built([first, second], "LogMelFilterbank", said) is None
+    # a word of the message's prose that names another argument (a mapping) is not it
+    weight = tmp_path / "weight.yaml"
+    weight.write_text("model:\n  class_path: asr.lightning.ASRModule\n  init_args:\n"
+                      "    ctc_weight: 1.0\n")  # fmt: skip
+    second.write_text("model:\n  init_args:\n    decoder:\n      init_args: {embed_dim: 32}\n")
+    said = "ctc_weight must lie in [0, 1), got 1.0: at 1 the attention decoder, which ... "
+    assert where_built([weight, second], "ASRModule", said) == (
+        f"{weight}:4",
+        ["model", "ctc_weight"],
+    )
+    # the argument a refusal is about, after its class: not one its advice names later
+    layers = tmp_path / "layers.yaml"
+    layers.write_text("model:\n  init_args:\n    encoder:\n      class_path: x.TransformerEncoder\n"
+                      "      init_args:\n        num_layers: 0\n        d_model: 4\n")  # fmt: skip
+    said = "TransformerEncoder: num_layers must be >= 1, got 0"
+    assert where_built([layers], "TransformerEncoder", said)[0] == f"{layers}:6"
+    weight.write_text("model:\n  class_path: asr.lightning.ASRModule\n  init_args:\n"
+                      "    inter_ctc_layers: []\n    inter_ctc_weight: 0.3\n")  # fmt: skip
+    said = "inter_ctc_layers names no block: name some, or set inter_ctc_weight 0 to train ..."
+    assert where_built([weight], "ASRModule", said)[0] == f"{weight}:4"
 
 
 def test_where_set_finds_the_last_config_to_set_a_key(tmp_path) -> None:
