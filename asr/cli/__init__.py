@@ -1223,8 +1223,8 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
     if command == "finalize":
         _add_decoding_arguments(
             p,
-            "a recognizer checkpoint of `asr fit` or average (a package "
-            "is finalized as its checkpoint, then exported again)",
+            "a recognizer checkpoint of `asr fit` or average (not a package: finalize "
+            "its checkpoint, then export it again)",
             fusion=False,
             backend=False,  # it rewrites a checkpoint; ONNX graphs come from a package
         )
@@ -1538,7 +1538,7 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
             action="extend",
             help="KIND or KIND:VALUE among clean, level:DB (-120 to 120), "
             "white|pink|brown|babble:SNR_DB (-60 to 120), reverb:RT60_S (at most 10), "
-            "telephone, speed:FACTOR, pad:SECONDS (at most 60); + before a "
+            "telephone, speed:FACTOR (0.1 to 10), pad:SECONDS (at most 60); + before a "
             "kind chains them in order, e.g. pad:10+white:10 (level:+6 is a sign) (default: all "
             f"of {' '.join(DEFAULT_CONDITIONS)})",
         )

@@ -8,9 +8,10 @@
 #                              [--ctc-weight W] [--average N] [--init MODEL]
 #                              [-- ASR-FIT-OPTIONS...]
 #
-# DIR holds audio files (.wav .flac .sph .ogg .mp3, any rate, in any subfolders), each with a
-# same-stem transcript beside it: speaker1/utt01.wav + speaker1/utt01.txt. Utterance ids are
-# the relative paths (speaker1-utt01), speakers the folder paths (speaker1).
+# DIR holds audio files (.wav .flac .sph .ogg .mp3 .m4a ..., any format asr transcribe reads,
+# at any rate, in any subfolders), each with a same-stem transcript beside it:
+# speaker1/utt01.wav + speaker1/utt01.txt. Utterance ids are the relative paths
+# (speaker1-utt01), speakers the folder paths (speaker1).
 #
 #   1  prepare manifests       data/folder/{train,dev,test}.jsonl: a random split (dev and test
 #                              fractions 0.1, seed 0), or --split-file: lines
