@@ -14,6 +14,16 @@ ROOT = Path(__file__).resolve().parents[1]
 QUICK = ROOT / "conf/an4/rnn_quick.yaml"
 
 
+def refused(argv: list[str], capsys) -> list[str]:
+    """What `asr ARGV` says, line by line, as it stops with status 2."""
+    from asr.cli import main
+
+    with pytest.raises(SystemExit) as stopped:
+        main(argv)
+    assert stopped.value.code == 2
+    return capsys.readouterr().err.splitlines()
+
+
 def line_of(text: str, fragment: str) -> int:
     return text[: text.index(fragment)].count("\n") + 1
 
@@ -371,13 +381,8 @@ def test_the_config_options_are_found_in_every_spelling() -> None:
 
 
 def test_asr_fit_stops_on_them_before_training(tmp_path, capsys) -> None:
-    from asr.cli import main
-
     path, line = edited(tmp_path, "max_epochs: 8", "max_epoch: 8")
-    with pytest.raises(SystemExit) as stopped:
-        main(["fit", "--config", str(QUICK), "--config", str(path)])
-    assert stopped.value.code == 2
-    assert capsys.readouterr().err.splitlines() == [
+    assert refused(["fit", "--config", str(QUICK), "--config", str(path)], capsys) == [
         f"asr fit: error: {path}:{line}: trainer.max_epoch: the Trainer takes no argument "
         "'max_epoch' (did you mean 'max_epochs'?)"
     ]
@@ -389,8 +394,6 @@ def test_a_value_a_class_of_options_refuses_is_named_with_its_line(
 ) -> None:
     """What the augmentation options check when built (a range the wrong way round) is said
     with the file and line that set it; set by an option, as said."""
-    from asr.cli import main
-
     monkeypatch.chdir(tmp_path)  # the config's data files are not needed to refuse
     setting = "reverb: {prob: 0.1, rt60: [0.9, 0.2]}"
     overlay, where = tmp_path / "augment.yaml", ""
@@ -406,10 +409,7 @@ def test_a_value_a_class_of_options_refuses_is_named_with_its_line(
     argv = ["fit", "--config", str(QUICK), "--config", str(overlay)]
     if given == "option":
         argv += ["--data.augment.reverb.rt60", "[0.9, 0.2]"]
-    with pytest.raises(SystemExit) as stopped:
-        main(argv)
-    assert stopped.value.code == 2
-    assert capsys.readouterr().err.splitlines()[-1] == (
+    assert refused(argv, capsys)[-1] == (
         f"asr fit: error: {where}augment.reverb.rt60 must be [low, high] with low <= high, "
         "got [0.9, 0.2]"
     )
@@ -465,7 +465,6 @@ def test_a_value_a_frontend_refuses_is_named_with_its_line(
     """A frontend's refusal as it is built names its class, not a key: it is placed at the
     argument it names, of the class that refused it (an MFCC for the filterbank it holds),
     in the config that set it; set by an option, as said."""
-    from asr.cli import main
     from asr.text import CharTokenizer
 
     monkeypatch.chdir(tmp_path)  # the model is built after its tokenizer, before reading data
@@ -485,10 +484,7 @@ def test_a_value_a_frontend_refuses_is_named_with_its_line(
         overlay.write_text("trainer:\n  max_steps: 1\n")
         argv += ["--model.init_args.frontend.init_args.features.init_args.f_min", "9000"]
         where = ""
-    with pytest.raises(SystemExit) as stopped:
-        main(argv)
-    assert stopped.value.code == 2
-    assert capsys.readouterr().err.splitlines()[-1] == (
+    assert refused(argv, capsys)[-1] == (
         f"asr fit: error: {where}LogMelFilterbank: need 0 <= f_min < f_max <= 8000 Hz (half "
         "the 16000 Hz sample rate), got f_min=9000.0, f_max=None"
     )
@@ -497,7 +493,6 @@ def test_a_value_a_frontend_refuses_is_named_with_its_line(
 def test_a_value_refused_within_a_class_is_placed_at_that_class(tmp_path, capsys, monkeypatch):
     """An encoder's attention refuses its heads as the encoder builds it, the encoder as the
     model builds it: the encoder is the class the config built, whose `num_heads` it names."""
-    from asr.cli import main
     from asr.text import CharTokenizer
 
     monkeypatch.chdir(tmp_path)
@@ -507,9 +502,8 @@ def test_a_value_refused_within_a_class_is_placed_at_that_class(tmp_path, capsys
         "model:\n  init_args:\n    frontend:\n      init_args: {normalize: null}\n"
         "    encoder:\n      init_args:\n        num_heads: 5\n"
     )
-    with pytest.raises(SystemExit):
-        main(["fit", "--config", str(ROOT / "conf/an4/transformer_quick.yaml"), "-c", str(overlay)])
-    said = capsys.readouterr().err.splitlines()[-1]
+    quick = str(ROOT / "conf/an4/transformer_quick.yaml")
+    said = refused(["fit", "--config", quick, "-c", str(overlay)], capsys)[-1]
     assert said == f"asr fit: error: {overlay}:7: d_model=144 is not divisible by num_heads=5"
 
 
@@ -646,12 +640,7 @@ def test_options_it_cannot_judge_or_that_are_right_pass(options) -> None:
 
 
 def test_asr_fit_stops_on_a_wrong_option_before_training(capsys) -> None:
-    from asr.cli import main
-
-    with pytest.raises(SystemExit) as stopped:
-        main(["fit", "--config", str(QUICK), "--checkpoint.monitr", "val/cer"])
-    assert stopped.value.code == 2
-    assert capsys.readouterr().err.splitlines() == [
+    assert refused(["fit", "--config", str(QUICK), "--checkpoint.monitr", "val/cer"], capsys) == [
         "asr fit: error: --checkpoint.monitr: RunCheckpoint takes no argument 'monitr' (did you "
         "mean 'monitor'?)"
     ]
