@@ -6,6 +6,7 @@ close to the file, not equal to it)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import random
 import shutil
@@ -266,69 +267,64 @@ window.WebSocket = class extends WebSocket {
 """
 
 
+@contextlib.contextmanager
+def recording(port: int):
+    """Chromium on the live page at `port`, recording from its start (the fake microphone),
+    each socket it opens in window.sockets; and a wait on it."""
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    driver = chromium(*FAKE_MICROPHONE)
+    try:
+        driver.execute_cdp_cmd("Page.addScriptToEvaluateOnNewDocument", {"source": SOCKETS})
+        driver.get(f"http://127.0.0.1:{port}/?autostart=1")
+        yield driver, WebDriverWait(driver, 30, 0.05)
+    finally:
+        driver.quit()
+
+
 def test_a_new_recording_shows_nothing_of_the_last_ones_partial(received) -> None:
     """Stop, then Start at once: the new recording starts with an empty partial line, and a
     partial the stopped recording's socket still brings is not shown, then or once the new one
     has stopped too."""
-    from selenium.webdriver.support.ui import WebDriverWait
-
     late = (
         "window.sockets[0].dispatchEvent(new MessageEvent('message', {data: JSON.stringify("
         "{type: 'partial', text: 'LATE', utterance: 0, audio_seconds: 9})}));"
         "return document.getElementById('partial').textContent;"
     )
     recognizer, _ = streaming_recognizer()
-    with running_server(recognizer, OPTIONS) as (_, port):
-        driver = chromium(*FAKE_MICROPHONE)
-        try:
-            driver.execute_cdp_cmd("Page.addScriptToEvaluateOnNewDocument", {"source": SOCKETS})
-            driver.get(f"http://127.0.0.1:{port}/?autostart=1")
-            wait = WebDriverWait(driver, 30, 0.05)
-            before, after = wait.until(lambda d: d.execute_script(
-                "const partial = document.getElementById('partial').textContent;"
-                "if (!partial) return null;"
-                "const toggle = document.getElementById('toggle');"
-                "toggle.click(); toggle.click();"  # Stop, Start
-                "return [partial, document.getElementById('partial').textContent];"
-            ))  # fmt: skip
-            assert before and after == ""
-            assert driver.execute_script(late) != "LATE"
-            wait.until(lambda d: d.execute_script(
-                "return window.sockets.length === 2 && window.sockets[1].heard.includes('ready')"
-            ))  # fmt: skip
-            driver.execute_script("document.getElementById('toggle').click()")  # Stop
-            assert driver.execute_script(late) != "LATE"
-            wait.until(
-                lambda d: d.execute_script("return window.sockets[1].heard.includes('done')")
-            )
-            assert driver.execute_script("return document.body.dataset.done !== undefined")
-            assert not severe_errors(driver)
-        finally:
-            driver.quit()
+    with running_server(recognizer, OPTIONS) as (_, port), recording(port) as (driver, wait):
+        before, after = wait.until(lambda d: d.execute_script(
+            "const partial = document.getElementById('partial').textContent;"
+            "if (!partial) return null;"
+            "const toggle = document.getElementById('toggle');"
+            "toggle.click(); toggle.click();"  # Stop, Start
+            "return [partial, document.getElementById('partial').textContent];"
+        ))  # fmt: skip
+        assert before and after == ""
+        assert driver.execute_script(late) != "LATE"
+        wait.until(lambda d: d.execute_script(
+            "return window.sockets.length === 2 && window.sockets[1].heard.includes('ready')"
+        ))  # fmt: skip
+        driver.execute_script("document.getElementById('toggle').click()")  # Stop
+        assert driver.execute_script(late) != "LATE"
+        wait.until(lambda d: d.execute_script("return window.sockets[1].heard.includes('done')"))
+        assert driver.execute_script("return document.body.dataset.done !== undefined")
+        assert not severe_errors(driver)
 
 
 def test_an_error_clears_the_unfinished_partial(received) -> None:
     """A stream the server failed ends without a final: its partial is no longer pending."""
-    from selenium.webdriver.support.ui import WebDriverWait
-
     recognizer, _ = streaming_recognizer()
-    with running_server(recognizer, OPTIONS) as (_, port):
-        driver = chromium(*FAKE_MICROPHONE)
-        try:
-            driver.execute_cdp_cmd("Page.addScriptToEvaluateOnNewDocument", {"source": SOCKETS})
-            driver.get(f"http://127.0.0.1:{port}/?autostart=1")
-            wait = WebDriverWait(driver, 30, 0.05)
-            wait.until(lambda d: d.execute_script(
-                "return document.getElementById('partial').textContent !== ''"
-            ))  # fmt: skip
-            partial, status = driver.execute_script(
-                "window.sockets[0].dispatchEvent(new MessageEvent('message', {data: "
-                "JSON.stringify({type: 'error', message: 'server error: boom'})}));"
-                "return ['partial', 'status'].map((id) => document.getElementById(id).textContent);"
-            )
-            assert partial == "" and status == "Error: server error: boom"
-        finally:
-            driver.quit()
+    with running_server(recognizer, OPTIONS) as (_, port), recording(port) as (driver, wait):
+        wait.until(lambda d: d.execute_script(
+            "return document.getElementById('partial').textContent !== ''"
+        ))  # fmt: skip
+        partial, status = driver.execute_script(
+            "window.sockets[0].dispatchEvent(new MessageEvent('message', {data: "
+            "JSON.stringify({type: 'error', message: 'server error: boom'})}));"
+            "return ['partial', 'status'].map((id) => document.getElementById(id).textContent);"
+        )
+        assert partial == "" and status == "Error: server error: boom"
 
 
 def test_the_page_sends_the_audio_at_the_models_rate(received) -> None:
