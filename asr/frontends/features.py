@@ -75,10 +75,9 @@ class _SnipEdgesSpectrogram(nn.Module):
         super().__init__()
         if win_length > n_fft:
             raise ValueError(f"win_length ({win_length}) must not exceed n_fft ({n_fft})")
-        if win_length < 1 or hop_length < 1:  # else every input read as too short to subsample
-            raise ValueError(
-                f"win_length ({win_length}) and hop_length ({hop_length}) must be positive"
-            )
+        for name, length in (("win_length", win_length), ("hop_length", hop_length)):
+            if length < 1:  # else every input read as too short to subsample
+                raise ValueError(f"{name} ({length}) must be positive")
         if not power > 0:  # else silence gives NaN features
             raise ValueError(f"power ({power}) must be positive: 1 for magnitude, 2 for power")
         self.win_length, self.hop_length = win_length, hop_length
@@ -145,11 +144,13 @@ class LogMelFilterbank(nn.Module):
         mel_norm: str | None = None,
     ):
         super().__init__()
-        if sample_rate <= 0 or n_mels < 1 or log_floor <= 0:
-            raise ValueError(
-                f"LogMelFilterbank: sample_rate ({sample_rate}), n_mels ({n_mels}) and "
-                f"log_floor ({log_floor}) must be positive"
-            )
+        for name, value in (
+            ("sample_rate", sample_rate),
+            ("n_mels", n_mels),
+            ("log_floor", log_floor),
+        ):
+            if not value > 0:  # each named alone: a config's line is found by the name
+                raise ValueError(f"LogMelFilterbank: {name} ({value}) must be positive")
         nyquist = sample_rate / 2
         if not 0 <= f_min < (nyquist if f_max is None else f_max) <= nyquist:
             raise ValueError(
@@ -333,12 +334,15 @@ class KaldiFbank(nn.Module):
         # the same rounding as torchaudio's kaldi compliance code
         self.win_length = int(sample_rate * frame_length_ms * 0.001)
         self.hop_length = int(sample_rate * frame_shift_ms * 0.001)
-        if self.win_length < 1 or self.hop_length < 1 or num_mel_bins < 1:
-            raise ValueError(
-                f"KaldiFbank: frame_length_ms ({frame_length_ms}) and frame_shift_ms "
-                f"({frame_shift_ms}) must each give at least one sample at {sample_rate} Hz, "
-                f"and num_mel_bins ({num_mel_bins}) must be positive"
-            )
+        frames = {"frame_length_ms": (frame_length_ms, self.win_length),
+                  "frame_shift_ms": (frame_shift_ms, self.hop_length)}  # fmt: skip
+        for name, (ms, samples) in frames.items():
+            if samples < 1:
+                raise ValueError(
+                    f"KaldiFbank: {name} ({ms}) must give at least one sample at {sample_rate} Hz"
+                )
+        if num_mel_bins < 1:
+            raise ValueError(f"KaldiFbank: num_mel_bins ({num_mel_bins}) must be positive")
         try:  # torchaudio checks its options only on the first wave, with bare assertions
             torchaudio.compliance.kaldi.fbank(torch.zeros(1, self.win_length), **self.options)
         except Exception as e:

@@ -151,6 +151,23 @@ def test_a_value_the_frontend_refuses_is_placed_at_its_line(tmp_path, part):
         config_frontend(config)
 
 
+@pytest.mark.parametrize("order", ["n_mels first", "n_mels last"])
+def test_of_the_arguments_a_filterbank_checks_the_one_refused_is_named(tmp_path, order):
+    """One message over three arguments was placed at whichever the config set last."""
+    lines = ["            n_mels: 0\n", "            log_floor: 1.0e-6\n"]
+    config = tmp_path / "refused.yaml"
+    config.write_text(
+        "model:\n  init_args:\n    frontend:\n      class_path: asr.frontends.Frontend\n"
+        "      init_args:\n        features:\n"
+        "          class_path: asr.frontends.LogMelFilterbank\n          init_args:\n"
+        + "".join(lines if order == "n_mels first" else lines[::-1])
+    )
+    line = 9 if order == "n_mels first" else 10
+    said = r"LogMelFilterbank: n_mels \(0\) must be positive$"
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(config))}:{line}: {said}"):
+        config_frontend(config)
+
+
 def test_audio_that_cannot_be_read_is_named_with_its_manifest_and_utterance(tmp_path):
     manifest = write_corpus(tmp_path, [16000, 8000])
     (tmp_path / "u1.wav").unlink()
