@@ -526,7 +526,8 @@ def _transcribe_inputs(args: argparse.Namespace, inputs: list[Input], on_result=
 
     _set_threads(args.threads)
     recognizer = _load_model(args)
-    _warn_if_longer_than_trained(recognizer, args.max_segment_seconds)
+    if getattr(args, "warns", True):  # False on the ranks after the first
+        _warn_if_longer_than_trained(recognizer, args.max_segment_seconds)
     given = {
         "max_segment_seconds": args.max_segment_seconds,
         "min_silence_seconds": args.min_silence_seconds,

@@ -602,7 +602,8 @@ def run_share(
     out.mkdir(parents=True, exist_ok=True)
     if not share:
         return
-    args = argparse.Namespace(**{**vars(args), "format": list(formats)})
+    # the command's own warnings are said once, by the first rank
+    args = argparse.Namespace(**{**vars(args), "format": list(formats), "warns": rank == 0})
     path = out / PART.format(rank=rank)
     torn = path.is_file() and path.stat().st_size > 0 and not _ends_a_line(path)
     with open(path, "a", encoding="utf-8") as part:

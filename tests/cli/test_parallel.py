@@ -23,11 +23,13 @@ import time
 from pathlib import Path, PurePath
 
 import pytest
+import torch
 from conftest import REPO, page_data
 from test_package import save_overfit_checkpoint
 from test_transcribe import UTTERANCES, WAV
 
 from asr.audio import audio_info
+from asr.checkpoint import RECOGNIZER_KEY
 from asr.cli import _parser, main
 from asr.cli.inputs import Input, expand_inputs
 from asr.cli.parallel import (
@@ -65,8 +67,15 @@ SAID = {stem: UTTERANCES.get(utterance) for stem, utterance in GOOD.items()}
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory) -> Path:
-    """The overfit recognizer as a checkpoint file."""
-    return save_overfit_checkpoint(tmp_path_factory.mktemp("overfit"))
+    """The overfit recognizer as a checkpoint file, with the longest segment `asr fit` stores."""
+    path = save_overfit_checkpoint(tmp_path_factory.mktemp("overfit"))
+    state = torch.load(path, weights_only=True)
+    state[RECOGNIZER_KEY]["segment_seconds"] = TRAINED_SECONDS
+    torch.save(state, path)
+    return path
+
+
+TRAINED_SECONDS = 5.0  # longer than every recording here: no segment is cut
 
 
 @pytest.fixture(scope="module")
@@ -111,7 +120,7 @@ def workers_run(checkpoint, corpus, tmp_path_factory) -> dict:
     out = tmp_path_factory.mktemp("workers") / "out"
     code, stdout, stderr = transcribe(
         "--manifest", corpus["all"], "--checkpoint", checkpoint, "--output-dir", out,
-        "--workers", "2", "--explorer", *SAME_WORK,
+        "--workers", "2", "--explorer", *SAME_WORK, "--max-segment-seconds", "6",
     )  # fmt: skip
     return {"code": code, "stdout": stdout, "stderr": stderr, "out": out}
 
@@ -194,6 +203,8 @@ def test_workers_write_the_good_files_and_list_the_bad_ones_at_the_end(workers_r
     tail = workers_run["stderr"].split("asr transcribe: 2 of 8 files failed:\n")[-1]
     assert f"  {audio / 'bad/corrupt.wav'}: unreadable or corrupt audio (" in tail
     assert f"  {audio / 'missing.wav'}: file not found" in tail
+    # a warning of the model, said by each worker that loads it: once
+    assert workers_run["stderr"].count("--max-segment-seconds 6 is longer than 95%") == 1
     out = workers_run["out"]
     written = sorted(files_of(out))
     kept = ("json", "txt", "explore.npz")  # the npz: the explorer's maps (--explorer)
