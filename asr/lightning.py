@@ -429,8 +429,8 @@ class ASRModule(ExactResume):
             if not short:
                 continue
             floor = math.ceil(need * fastest * 100) / 100
-            utterances = getattr(dataset, "utterances", None)  # a stream's are not at hand
-            if utterances is not None and len(utterances) == len(durations):
+            if isinstance(dataset, SpeechDataset):  # a stream's utterances are not at hand
+                utterances = dataset.utterances
                 named = ", ".join(
                     f"{utterances[k].utt_id} ({durations[k]:.3f} s)" for k in short[:5]
                 )

@@ -525,6 +525,10 @@ def test_an_utterance_too_short_for_the_encoder_is_named_before_training(
     fast = ["--data.speed_perturb", "[1.0, 1.5]"]  # 0.08 s at 1.5x: too short for 4x too
     said = refused([*args, *fast], capsys)
     assert "before speed perturbation by 1.5): short (0.120 s)" in said
+    shards = tmp_path / "shards"  # a stream's ids are not at hand, its durations are
+    write_shards(tmp_path / "train.jsonl", shards, shard_hours=1.0)
+    said = refused([*args, *eight, "--data.train_manifest", str(shards)], capsys)
+    assert "which needs 0.1" in said and ": the shortest 0.120 s; shard a manifest without" in said
 
 
 def test_audio_shorter_than_its_manifest_says_is_named_when_its_batch_comes(
