@@ -3,6 +3,7 @@ which lists every input left out (`left_out` reads back the broken ones)."""
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import hashlib
 import inspect
@@ -216,8 +217,8 @@ def _an4_entries(root: Path, split: str) -> tuple[list[_Entry], list[str], list[
     the id of every line that names one (usable or not: what the split is drawn over)."""
     transcription, audio_dir = AN4_SPLITS[split]
     path = root / "etc" / transcription
-    entries, missing, bad_text, first_line_of, named = [], [], [], {}, []
-    for number, line in _transcript_lines(path, bad_text):
+    entries, missing, bad_text, first_line_of, named, undecoded = [], [], [], {}, [], []
+    for number, line in _transcript_lines(path, bad_text, undecoded):
         if not line.strip():
             continue
         location = f"{path}:{number}"
@@ -229,7 +230,7 @@ def _an4_entries(root: Path, split: str) -> tuple[list[_Entry], list[str], list[
         first, speaker, last = source.split("-")
         utterance_id = f"{speaker}-{first}-{last}"
         named.append(utterance_id)
-        problem = _transcript_problem(text, utterance_id, number, first_line_of)
+        problem = _transcript_problem(text, utterance_id, first_line_of, f"line {number}")
         if problem:
             bad_text.append(f"{location}: {problem}")
             continue
@@ -238,18 +239,23 @@ def _an4_entries(root: Path, split: str) -> tuple[list[_Entry], list[str], list[
             missing.append(f"{root / 'wav' / audio_dir / speaker / source}.{{wav,sph}}")
             continue
         entries.append(_Entry(utterance_id, audio, text, audio.parent.name))
+    for line in undecoded:  # its id, where its bad bytes are in the words, is drawn over
+        with contextlib.suppress(ValueError):
+            first, speaker, last = _parse_an4_line(line, "")[1].split("-")
+            named.append(f"{speaker}-{first}-{last}")
     _warn_left_out(f"an4 {split}", missing, bad_text)
     return entries, missing, bad_text, named
 
 
 def _transcript_problem(
-    text: str, utterance_id: str, number: int, first_line_of: dict[str, int]
+    text: str, utterance_id: str, first_at: dict[str, str], here: str
 ) -> str | None:
-    """Why a transcript line is left out: no words, or an id given on an earlier line."""
+    """Why a transcript line is left out: no words, or an id given before. `first_at` maps
+    each id to the line that gave it first ("line 3", "line 3 of FILE")."""
     if not text:
         return f"{utterance_id}: transcript is empty"
-    first = first_line_of.setdefault(utterance_id, number)
-    return f"{utterance_id} is already on line {first}" if first != number else None
+    first = first_at.setdefault(utterance_id, here)
+    return f"{utterance_id} is already on {first}" if first != here else None
 
 
 def _warn_left_out(description: str, missing: list[str], bad_text: list[str]) -> None:
@@ -310,18 +316,20 @@ def prepare_librispeech(
         raise ValueError(
             f"{root}: split(s) {', '.join(unknown)} not found; found {', '.join(found)}"
         )
-    prepared, unusable, missing, bad_text = {}, [], [], []
+    prepared, unusable, missing, bad_text, untranscribed = {}, [], [], [], []
     for name in chosen:
-        entries, missing_here, bad_here = _librispeech_entries(found[name])
+        entries, missing_here, bad_here, untranscribed_here = _librispeech_entries(found[name])
         prepared[name], unusable_here = _measure(entries, f"librispeech {name}")
         unusable += unusable_here
         missing += missing_here
         bad_text += bad_here
+        untranscribed += [f"{name}/{path}" for path in untranscribed_here]
     for pool in ("train", "dev", "test"):
         members = [name for name in chosen if name.startswith(f"{pool}-")]
         if members and pool not in prepared:
             prepared[pool] = _pooled({name: prepared[name] for name in members}, pool)
-    report = {"unusable_audio": unusable, "missing_audio": missing, "bad_transcripts": bad_text}
+    report = {"unusable_audio": unusable, "missing_audio": missing, "bad_transcripts": bad_text,
+              "missing_transcripts": untranscribed}  # fmt: skip
     return _write_splits(out_dir, "librispeech", root, prepared, **report)
 
 
@@ -359,17 +367,24 @@ def _librispeech_splits(root: Path) -> dict[str, Path]:
     }
 
 
-def _librispeech_entries(split_dir: Path) -> tuple[list[_Entry], list[str], list[str]]:
-    """The split's entries, the audio not found and `file:line: reason` of unusable lines."""
+def _librispeech_entries(
+    split_dir: Path,
+) -> tuple[list[_Entry], list[str], list[str], list[str]]:
+    """The split's entries, the audio not found, `file:line: reason` of unusable lines, and
+    the audio files (relative to `split_dir`) no transcript line names."""
     entries, missing, bad_text = [], [], []
+    first_at: dict[str, str] = {}  # over the whole split: ids are unique in a corpus
+    named: set[Path] = set()  # `chapter/id` of every transcript line, usable or not
     for transcripts in sorted(split_dir.glob("*/*/*.trans.txt")):
-        speaker, first_line_of = transcripts.parent.parent.name, {}
-        for number, line in _transcript_lines(transcripts, bad_text):
+        speaker, undecoded = transcripts.parent.parent.name, []
+        for number, line in _transcript_lines(transcripts, bad_text, undecoded):
             if not line.strip():
                 continue
             utterance_id, _, text = line.strip().partition(" ")
+            named.add(transcripts.parent / utterance_id)
             text = " ".join(text.split())  # a form feed or other control space: a space
-            problem = _transcript_problem(text, utterance_id, number, first_line_of)
+            here = f"line {number} of {transcripts}"
+            problem = _transcript_problem(text, utterance_id, first_at, here)
             if problem:
                 bad_text.append(f"{transcripts}:{number}: {problem}")
                 continue
@@ -378,8 +393,21 @@ def _librispeech_entries(split_dir: Path) -> tuple[list[_Entry], list[str], list
                 entries.append(_Entry(utterance_id, audio, text, speaker))
             else:
                 missing.append(str(transcripts.parent / f"{utterance_id}.*"))  # any suffix
+        named.update(transcripts.parent / line.split()[0] for line in undecoded if line.split())
     _warn_left_out(split_dir.name, missing, bad_text)
-    return entries, missing, bad_text
+    untranscribed = [
+        path.relative_to(split_dir).as_posix()
+        for path in sorted(split_dir.glob("*/*/*"))
+        if path.suffix.lower() in AUDIO_SUFFIXES and path.with_suffix("") not in named
+    ]
+    if untranscribed:
+        logger.warning(
+            "%s: %d audio file(s) no .trans.txt line names, left out: %s",
+            split_dir.name,
+            len(untranscribed),
+            some_of(untranscribed),
+        )
+    return entries, missing, bad_text, untranscribed
 
 
 def _audio_beside(folder: Path, stem: str) -> Path | None:
@@ -552,9 +580,12 @@ def _as_id(relative: str, hashed: bool = False) -> str:
     return head + tail
 
 
-def _transcript_lines(path: Path, bad_text: list[str]) -> Iterator[tuple[int, str]]:
+def _transcript_lines(
+    path: Path, bad_text: list[str], undecoded: list[str] | None = None
+) -> Iterator[tuple[int, str]]:
     """`(number, line)` of a corpus's transcript file, a leading byte-order mark left out; a
-    line that is not UTF-8 goes to `bad_text` as `file:line: why`, the others on."""
+    line that is not UTF-8 goes to `bad_text` as `file:line: why` (and to `undecoded`, its
+    bad bytes replaced), the others on."""
     data = path.read_bytes().removeprefix(b"\xef\xbb\xbf")
     for number, raw in enumerate(data.splitlines(), start=1):
         try:
@@ -562,6 +593,8 @@ def _transcript_lines(path: Path, bad_text: list[str]) -> Iterator[tuple[int, st
         except UnicodeDecodeError as error:
             where = f"byte 0x{raw[error.start]:02x} at column {error.start + 1}"
             bad_text.append(f"{path}:{number}: transcript is not valid UTF-8 ({where})")
+            if undecoded is not None:
+                undecoded.append(raw.decode("utf-8", "replace"))
 
 
 def _read_transcript(path: Path) -> str:

@@ -189,6 +189,31 @@ def test_corpus_transcripts_with_a_bom_or_a_line_not_utf8_are_read_line_by_line(
                                           "not valid UTF-8 (byte 0xe9 at column 16)"]  # fmt: skip
     ids = [json.loads(line)["id"] for line in (tmp_path / "out" / "dev.jsonl").open()]
     assert sorted(ids) == ["19-198-0001", "19-198-0003"]
+    assert summary["missing_transcripts"] == [], "its line names it, though not as UTF-8"
+
+
+def test_librispeech_ids_repeated_in_other_chapters_and_audio_no_line_names_are_listed(
+    tmp_path, caplog
+):
+    """An id given in two chapters of a split is listed at its second line (the manifest
+    would hold it twice); audio no transcript line names is listed and warned of."""
+    split = tmp_path / "LibriSpeech" / "dev-clean-5"
+    for chapter in ("19/198", "19/198 copy"):
+        (split / chapter).mkdir(parents=True)
+        (split / chapter / "19-198.trans.txt").write_text("19-198-0001 YES\n")
+        write_tone(split / chapter / "19-198-0001.opus", 0.5, "OGG")
+    (split / "20/205").mkdir(parents=True)
+    write_tone(split / "20/205/20-205-0001.flac", 0.5, "FLAC")
+    with caplog.at_level(logging.WARNING, logger="asr.data.prepare"):
+        summaries = prepare_corpus("librispeech", tmp_path, tmp_path / "out")
+    assert summaries["dev-clean-5"].utterances == 1
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    first, again = (split / c / "19-198.trans.txt" for c in ("19/198", "19/198 copy"))
+    assert summary["bad_transcripts"] == [f"{again}:1: 19-198-0001 is already on line 1 of {first}"]
+    assert summary["missing_transcripts"] == ["dev-clean-5/20/205/20-205-0001.flac"]
+    assert "1 audio file(s) no .trans.txt line names, left out: 20/205/20-205-0001.flac" in (
+        caplog.text
+    )
 
 
 @pytest.mark.needs_corpus
@@ -490,6 +515,22 @@ def test_an4_leaves_out_and_lists_bad_lines_and_missing_audio(tmp_path):
     assert f"{train}:6: spk-a1-b is already on line 2" in problems
     assert "an4_clstk/spk/a8-spk-b.{wav,sph}" in problems
     assert f"{test}:2: expected '<s> WORDS </s> (an251-fash-b)'" in problems
+
+
+def test_an4_line_not_utf8_moves_no_utterance_between_dev_and_train(tmp_path):
+    """The dev draw is over every line's id: one whose words are not UTF-8 still counts."""
+    train = [f"<s> WORD {n} </s> (a{n}-spk-b)" for n in range(8)]
+    fake_an4(tmp_path / "an4", train, ["<s> TEST </s> (t1-tsp-b)"])
+    prepare_corpus("an4", tmp_path / "an4", tmp_path / "clean", dev_size=3)
+    transcription = tmp_path / "an4" / "etc" / "an4_train.transcription"
+    lines = transcription.read_bytes().splitlines(keepends=True)
+    dev = {u.utt_id for u in read_manifest(tmp_path / "clean" / "dev.jsonl")}
+    spoilt = next(k for k in range(len(lines)) if f"spk-a{k}-b" in dev)
+    lines[spoilt] = lines[spoilt].replace(b"WORD", b"W\xa0RD")
+    transcription.write_bytes(b"".join(lines))
+    prepare_corpus("an4", tmp_path / "an4", tmp_path / "spoilt", dev_size=3)
+    left = {u.utt_id for u in read_manifest(tmp_path / "spoilt" / "dev.jsonl")}
+    assert left == dev - {f"spk-a{spoilt}-b"}
 
 
 def test_a_corpus_with_no_usable_utterance_is_refused(tmp_path):
