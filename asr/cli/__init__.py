@@ -37,6 +37,7 @@ import signal
 import sys
 from collections.abc import Sequence
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -179,9 +180,20 @@ def _shard(args: argparse.Namespace) -> int:
 
     # SIGTERM unwinds as Ctrl-C does, so the shard being written is removed, not left .partial
     main_thread = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGTERM, _raise_terminated) if main_thread else None
+    received: list[int] = []
+    previous = (
+        signal.signal(signal.SIGTERM, partial(_raise_terminated, received)) if main_thread else None
+    )
     try:
-        index = write_shards(args.manifest, args.out, args.shard_hours, progress=not args.quiet)
+        try:
+            index = write_shards(args.manifest, args.out, args.shard_hours, progress=not args.quiet)
+        except Exception:
+            if received:  # what a terminated read or write left behind
+                raise _Terminated from None
+            raise
+        if received:  # raised inside a C library's callback, which swallows exceptions
+            (Path(args.out) / INDEX_NAME).unlink()  # what it wrote meanwhile is not trusted
+            raise _Terminated
     except _Terminated:
         print(f"asr shard: terminated; the same command writes {args.out} again", file=sys.stderr)
         return 128 + signal.SIGTERM
@@ -200,7 +212,8 @@ class _Terminated(BaseException):
     """SIGTERM as an exception; not an Exception, so that no `except Exception` swallows it."""
 
 
-def _raise_terminated(signum: int, frame: object) -> None:
+def _raise_terminated(received: list[int], signum: int, frame: object) -> None:
+    received.append(signum)
     raise _Terminated
 
 

@@ -22,6 +22,7 @@ import json
 import logging
 import os
 import re
+import tempfile
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from functools import cached_property
@@ -366,9 +367,9 @@ def _stored_audio(utterance: Utterance) -> tuple[str, bytes, int]:
     subtype = "PCM_16"
     if utterance.offset == 0:
         data = path.read_bytes()
-        try:
-            info = soundfile.info(io.BytesIO(data))
-        except Exception:  # libsndfile cannot read this format from bytes: stored as FLAC
+        try:  # from the file, not the bytes: a signal in soundfile's callbacks would be lost
+            info = soundfile.info(str(path))
+        except Exception:  # libsndfile cannot read this format: stored as FLAC
             pass
         else:
             stated = states_frames(info.frames)  # else read whole and stored as FLAC
@@ -380,9 +381,10 @@ def _stored_audio(utterance: Utterance) -> tuple[str, bytes, int]:
             subtype = soundfile.info(str(path)).subtype
     wave, rate = load_audio_with_rate(path, None, utterance.offset, utterance.duration)
     kind = SEGMENT_FORMATS.get(subtype, ("flac", "FLAC", "PCM_16"))
-    buffer = io.BytesIO()
-    soundfile.write(buffer, wave.numpy(), rate, format=kind[1], subtype=kind[2])
-    return kind[0], buffer.getvalue(), rate
+    with tempfile.TemporaryDirectory(prefix="asr-shard-") as scratch:  # a file, not BytesIO:
+        encoded = Path(scratch) / f"segment.{kind[0]}"  # no Python callbacks to lose a signal in
+        soundfile.write(encoded, wave.numpy(), rate, format=kind[1], subtype=kind[2])
+        return kind[0], encoded.read_bytes(), rate
 
 
 def _write_index(

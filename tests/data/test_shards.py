@@ -40,6 +40,7 @@ from asr.data.shards import (
     ShardError,
     StreamOptions,
     _group_by_seconds,
+    _stored_audio,
     bucketed,
     check_vocabulary,
     decode_audio,
@@ -651,6 +652,60 @@ def test_asr_shard_terminated_removes_the_shard_it_was_writing(corpus, tmp_path)
     assert f"asr shard: terminated; the same command writes {out} again" in result.stderr
     assert not list(out.glob("*.partial")) and not (out / INDEX_NAME).exists()
     assert list(out.glob("shard-*.tar")), "the shards written before it stay"
+
+
+TERMINATED_IN_A_CALLBACK = """
+import os, signal, sys
+import asr.data.shards
+from asr.cli import main
+
+stored, calls, then = asr.data.shards._stored_audio, [], sys.argv.pop()
+
+
+def stored_terminated_unheard(utterance):
+    calls.append(utterance)
+    if len(calls) == 2:
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+        except BaseException:  # as cffi swallows what soundfile's callbacks raise
+            if then == "then-fails":
+                raise RuntimeError("what the lost signal left behind")
+    return stored(utterance)
+
+
+asr.data.shards._stored_audio = stored_terminated_unheard
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize("then", ["then-goes-on", "then-fails"])
+def test_asr_shard_terminated_inside_a_callback_still_stops_so(corpus, tmp_path, then):
+    """A SIGTERM whose exception a C library's callback swallows still ends the run as
+    terminated (status 143), whether the run goes on or later fails for it."""
+    out = tmp_path / "shards"
+    args = ["shard", "--manifest", str(corpus["manifest"]), "--out", str(out), "--quiet", then]
+    result = run_forked(TERMINATED_IN_A_CALLBACK, args)
+    assert result.returncode == 128 + signal.SIGTERM, result.stderr
+    assert f"asr shard: terminated; the same command writes {out} again" in result.stderr
+    assert "Traceback" not in result.stderr and not (out / INDEX_NAME).exists()
+
+
+def test_a_segment_is_encoded_through_a_file(tmp_path, monkeypatch):
+    """soundfile writes a BytesIO through Python callbacks, where an exception a signal
+    raises is lost: a segment is encoded to a file instead."""
+    wave = np.sin(np.arange(SR) / 7).astype(np.float32) / 2
+    soundfile.write(tmp_path / "long.wav", wave, SR)
+    write = soundfile.write
+
+    def to_files_only(file, *args, **kwargs):
+        assert isinstance(file, (str, os.PathLike)), f"written to {file!r}"
+        return write(file, *args, **kwargs)
+
+    monkeypatch.setattr(soundfile, "write", to_files_only)
+    segment = Utterance(str(tmp_path / "long.wav"), 0.5, "YES", "seg", offset=0.25)
+    suffix, data, rate = _stored_audio(segment)
+    stored, _ = soundfile.read(io.BytesIO(data), dtype="float32")
+    assert (suffix, rate) == ("flac", SR) and np.abs(stored - wave[4000:12000]).max() < 1e-4
 
 
 def test_asr_shard_warns_of_utterances_fit_refuses_as_too_short(tmp_path, caplog):
