@@ -314,15 +314,21 @@ def robustness(
                  "paths": "relative", "manifest_sha256": digest,
                  "utterances_sha256": usable}  # fmt: skip
         built = None if as_given else _read_stamp(folder)
-        # a copy that left files out is built again: they may be readable now
+        # a copy that left files out is built again: they may be readable now; so is one
+        # whose files were since removed or changed
         if not as_given and (
-            built is None or {k: built.get(k) for k in stamp} != stamp or built.get("left_out")
+            built is None
+            or {k: built.get(k) for k in stamp} != stamp
+            or built.get("left_out")
+            or built.get("files") is None
+            or built["files"] != _copy_sizes(folder)
         ):
             # gone first: a rebuild that stops halfway must not leave other copies passing
             (folder / "built.json").unlink(missing_ok=True)
             unread: list[BadEntry] | None = [] if skip_bad else None
             copy = build_condition(condition, utterances, folder, rate, seed, progress, unread)
-            built = {**stamp, "left_out": list(map(str, unread or []))}
+            built = {**stamp, "left_out": list(map(str, unread or [])),
+                     "files": _copy_sizes(folder)}  # fmt: skip
             (folder / "built.json").write_text(json.dumps(built) + "\n", encoding="utf-8")
         try:
             metrics = evaluate(recognizer, copy, folder / "decode", options, lm, batch_size,
@@ -408,6 +414,17 @@ def _as_source(failure: str, named: dict[str, str]) -> str:
         if failure.startswith(copied):
             return source + failure[len(copied) :]
     return failure
+
+
+def _copy_sizes(folder: Path) -> list[int] | None:
+    """Bytes of each file of the copy in `folder` (its manifest, then the audio it lists in
+    order), or None where one is missing or the manifest unreadable."""
+    manifest = folder / "manifest.jsonl"
+    try:
+        files = [manifest, *(Path(u.audio_filepath) for u in read_manifest(manifest))]
+        return [path.stat().st_size for path in files]
+    except (OSError, ValueError):
+        return None
 
 
 def _read_stamp(folder: Path) -> dict | None:

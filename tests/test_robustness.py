@@ -246,6 +246,18 @@ def test_robustness_table_reuses_copies_and_rebuilds_for_a_new_seed(tmp_path):
     assert wav.stat().st_mtime_ns == built, "same manifest and seed: the copy is reused"
     robustness(recognizer, manifest, out, conditions[2:], GREEDY, seed=3, progress=False)
     assert wav.stat().st_mtime_ns != built, "a new seed rebuilds the copy"
+    other = out / "white30" / "wav" / "000001.wav"
+    for spoil in (lambda: wav.unlink(), lambda: other.write_bytes(b"garbage")):
+        spoil()  # a copy that lost a file, or had one changed, is built again, not scored
+        [row] = robustness(recognizer, manifest, out, conditions[2:], GREEDY, seed=3,
+                           progress=False)  # fmt: skip
+        assert row["utterances"] == 4 and not row["failures"] and other.stat().st_size > 7
+    stamp = json.loads((out / "white30" / "built.json").read_text())
+    del stamp["files"]  # a copy of a stamp that recorded no sizes: built again too
+    (out / "white30" / "built.json").write_text(json.dumps(stamp))
+    wav.unlink()
+    [row] = robustness(recognizer, manifest, out, conditions[2:], GREEDY, seed=3, progress=False)
+    assert row["utterances"] == 4 and not row["failures"]
     lines = manifest.read_text().splitlines()
     manifest.write_text("\n".join(lines[:2]) + "\n")  # other utterances, the same file
     [row] = robustness(recognizer, manifest, out, conditions[2:], GREEDY, seed=3, progress=False)
