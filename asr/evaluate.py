@@ -28,7 +28,7 @@ from asr.data.manifest import (
     read_manifest,
     validate_manifest,
 )
-from asr.explore.records import RecordWriter
+from asr.explore.records import RecordWriter, remove_records
 from asr.metrics import (
     Calibration,
     ErrorCounts,
@@ -167,6 +167,8 @@ def evaluate(
     (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=1) + "\n", encoding="utf-8")
     if writer is not None:
         writer.write(u.utt_id for u in utterances)
+    else:
+        remove_records(out_dir)
     return metrics
 
 

@@ -198,6 +198,10 @@ def test_recognised_utterances_give_zero_error_and_boundary_differences(tmp_path
         f"{other}_heads.png",
     ]
     assert "C=6 S=0 D=0 I=0" in (tmp_path / "eval" / "errors.txt").read_text()
+    kept = ["explore.json", "utterances.jsonl"]  # with attention.npz: as `asr explore` reads
+    assert set(kept) <= {p.name for p in (tmp_path / "eval").iterdir()}
+    evaluate(recognizer, manifest, tmp_path / "eval", plots=0, progress=False, records=False)
+    assert not {*kept, "attention.npz"} & {p.name for p in (tmp_path / "eval").iterdir()}
     with pytest.raises(ValueError, match=r"train.jsonl: no utterances with ids \['nope'\]"):
         evaluate(recognizer, manifest, tmp_path / "x", plot_ids=["nope"], progress=False)
 

@@ -86,6 +86,13 @@ class RecordWriter:
         write_layout(self.out_dir, self.layout)
 
 
+def remove_records(out_dir: Path) -> None:
+    """Remove an earlier decode's records and page from `out_dir`, for a decode that keeps
+    none: they would pass for this one's in `asr explore`."""
+    for name in (RECORDS, ATTENTION, LAYOUT, PAGE):
+        (out_dir / name).unlink(missing_ok=True)
+
+
 def loads(text: str) -> Any:
     """JSON `text` with NaN and infinities (which Python's json writes, or a number past a
     double's range as 1e999) read as None: absent, and no number a page's JSON can hold."""
