@@ -170,7 +170,7 @@ def can_seek(path: PathLike) -> bool:
     """Whether a stretch of the file is read without decoding what comes before it: False for
     the formats libsndfile cannot seek (GSM 6.10, G.72x, NMS ADPCM); FFmpeg's seek."""
     try:
-        with soundfile.SoundFile(str(path)) as file:
+        with soundfile.SoundFile(_sndfile_name(path)) as file:
             return file.seekable()
     except Exception:  # not for libsndfile: FFmpeg seeks, with a pre-roll
         return True
@@ -179,7 +179,7 @@ def can_seek(path: PathLike) -> bool:
 def _libsndfile_info(path: PathLike) -> AudioInfo | str:
     """The header as libsndfile reads it, or its reason for not reading (then FFmpeg may)."""
     try:
-        info = soundfile.info(str(path))
+        info = soundfile.info(_sndfile_name(path))
     except Exception as error:  # libsndfile reports every failure alike; diagnose it here
         problem = _file_problem(path)
         if problem:
@@ -189,6 +189,12 @@ def _libsndfile_info(path: PathLike) -> AudioInfo | str:
     if not states_frames(info.frames):
         return "its header states no sample count"
     return AudioInfo(sample_rate=info.samplerate, num_frames=info.frames, channels=info.channels)
+
+
+def _sndfile_name(path: PathLike) -> str:
+    """`path` as libsndfile is to open it: it reads "-" as stdin, which here is a file."""
+    name = os.fspath(path)
+    return os.path.join(os.curdir, name) if name == "-" else name
 
 
 def states_frames(frames: int) -> bool:
@@ -204,7 +210,7 @@ def _read_libsndfile(
     length libsndfile gives the file)."""
     start, stop = frame_range(path, info.num_frames, info.sample_rate, offset, duration)
     try:
-        with soundfile.SoundFile(str(path)) as file:
+        with soundfile.SoundFile(_sndfile_name(path)) as file:
             vorbis = start > 0 and file.subtype == "VORBIS"
             if not vorbis:
                 frames = _read_open(file, start, stop, info.sample_rate)

@@ -82,6 +82,23 @@ def test_audio_info_reads_the_header(tmp_path):
     assert info.duration == 12345 / 8000
 
 
+def test_a_file_named_dash_is_that_file_not_stdin(tmp_path, monkeypatch):
+    """libsndfile opens "-" as stdin: a library reads the file of that name, as open() does."""
+    monkeypatch.chdir(tmp_path)
+    wave = np.linspace(-0.5, 0.5, 1600, dtype=np.float32)
+    soundfile.write(tmp_path / "-", wave, 16000, format="WAV", subtype="FLOAT")
+    soundfile.write(tmp_path / "other.wav", np.zeros(800, np.float32), 8000)
+    with open(tmp_path / "other.wav", "rb") as other:  # what stdin holds
+        saved = os.dup(0)
+        os.dup2(other.fileno(), 0)
+        try:
+            assert audio_info("-") == AudioInfo(sample_rate=16000, num_frames=1600, channels=1)
+            assert torch.equal(load_audio("-"), torch.from_numpy(wave))
+        finally:
+            os.dup2(saved, 0)
+            os.close(saved)
+
+
 @pytest.mark.parametrize("channels", [2, 6])
 def test_downmix_is_the_channel_mean(tmp_path, channels):
     frames = np.stack(

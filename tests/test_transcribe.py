@@ -1265,7 +1265,9 @@ def test_align_gives_monotone_word_times(overfit):
         recognizer.align(waves[0], "Q")
 
 
-def test_cli_align_writes_plots_and_prints_word_times(checkpoint, tmp_path, capsys, caplog):
+def test_cli_align_writes_plots_and_prints_word_times(
+    checkpoint, tmp_path, capsys, caplog, monkeypatch
+):
     audio = WAV / "an4_clstk/fash/an255-fash-b.wav"
     out = tmp_path / "plot.png"
     code = main(["align", str(audio), "--checkpoint", str(checkpoint), "--text", "U M N Y H SIX",
@@ -1279,6 +1281,14 @@ def test_cli_align_writes_plots_and_prints_word_times(checkpoint, tmp_path, caps
     for column in (1, 2, 3, 4):
         times = [float(r[column]) for r in rows[1:]]
         assert times == sorted(times) and 0 <= times[0] and times[-1] <= 2.6
+    piped = io.TextIOWrapper(io.BytesIO(audio.read_bytes()))  # as `... < audio.wav` gives it
+    monkeypatch.setattr(sys, "stdin", piped)
+    argv = ["align", "-", "--checkpoint", str(checkpoint), "--text", "U M N Y H SIX"]
+    assert main([*argv, "--out", str(tmp_path / "piped.png")]) == 0
+    assert capsys.readouterr().out.splitlines() == ["\t".join(r) for r in rows]
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"not audio")))
+    assert main([*argv, "--out", str(tmp_path / "piped.png")]) == 2
+    assert capsys.readouterr().err.startswith("asr align: error: -: unreadable or corrupt audio")
     bare = tmp_path / "bare"  # no suffix: the PNG it names is the file written
     main(["align", str(audio), "--checkpoint", str(checkpoint), "--text", "U", "--out", str(bare)])
     said = f"plots: {tmp_path / 'bare.png'}, {tmp_path / 'bare_heads.png'}"

@@ -682,13 +682,31 @@ def _explore(args: argparse.Namespace) -> int:
 
 
 def _align(args: argparse.Namespace) -> int:
+    import shutil
+    import tempfile
+
+    if args.audio != "-":
+        return _align_file(args, args.audio)
+    if sys.stdin.isatty():
+        raise ValueError("-: stdin is a terminal; pipe audio in (asr align - ... < talk.wav)")
+    with tempfile.TemporaryDirectory(prefix="asr-align-") as scratch:
+        path = Path(scratch) / "stdin"
+        with open(path, "wb") as file:
+            shutil.copyfileobj(sys.stdin.buffer, file)
+        try:
+            return _align_file(args, str(path))
+        except ValueError as err:  # named as given
+            raise ValueError(str(err).replace(str(path), "-")) from None
+
+
+def _align_file(args: argparse.Namespace, audio: str) -> int:
     from asr.plotting import save_alignment_plots
 
     recognizer = _load_model(args)
     try:
-        alignment = recognizer.align(args.audio, args.text)
+        alignment = recognizer.align(audio, args.text)
     except ValueError as err:  # too short, text outside the vocabulary...: name the recording
-        raise ValueError(str(err) if args.audio in str(err) else f"{args.audio}: {err}") from None
+        raise ValueError(str(err) if audio in str(err) else f"{audio}: {err}") from None
     trained = recognizer.segment_seconds
     if trained is not None and alignment.duration > trained:
         ctc = "; the CTC columns do not rely on attention" if alignment.ctc_words else ""
@@ -1642,7 +1660,7 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
         "boundaries to --out.",
     )
     if command == "align":
-        p.add_argument("audio", help="an audio file")
+        p.add_argument("audio", help="an audio file, or - for audio piped to stdin")
         _add_model_argument(p)
         p.add_argument("--text", required=True, help="the transcript")
         p.add_argument(
