@@ -1,5 +1,5 @@
 """`asr finalize`: store in a checkpoint the defaults chosen on a dev set (search settings,
-confidence scaling, alignment heads)."""
+confidence scaling, alignment maps)."""
 
 from __future__ import annotations
 
@@ -62,15 +62,15 @@ def finalize(
         confidence, skipped["confidence"] = None, str(err)
     heads = None
     if recognizer.model.ctc is None:
-        skipped["alignment heads"] = "no CTC head to compare attention times with"
+        skipped["alignment maps"] = "no CTC head to compare attention times with"
     elif recognizer.model.decoder.num_attention_maps < 2:
-        skipped["alignment heads"] = "one attention map: nothing to choose"
+        skipped["alignment maps"] = "one attention map: nothing to choose"
     else:
         try:
             alignments = reference_alignments(recognizer, manifest, progress, failures)
             heads = choose_heads(recognizer, alignments)
         except ValueError as err:  # no reference that CTC can align
-            skipped["alignment heads"] = str(err)
+            skipped["alignment maps"] = str(err)
     # each part lists the same bad lines and audio: once
     return Finished(
         stored_decoding(options), confidence, heads, skipped, [*dict.fromkeys(failures)]

@@ -127,7 +127,9 @@ def test_one_attention_map_leaves_nothing_to_choose(monkeypatch, capsys):
     assert "one attention map, nothing to choose" in capsys.readouterr().err
 
 
-def test_finalize_stores_the_choice_that_load_model_reads(tiny_checkpoint, tmp_path, capsys):
+def test_finalize_stores_the_choice_that_load_model_reads(
+    tiny_checkpoint, tmp_path, capsys, monkeypatch
+):
     checkpoint = tmp_path / "model.ckpt"
     shutil.copy(tiny_checkpoint["checkpoint"], checkpoint)
     manifest = _manifest(tmp_path / "m.jsonl", UTTERANCES)
@@ -138,5 +140,13 @@ def test_finalize_stores_the_choice_that_load_model_reads(tiny_checkpoint, tmp_p
     assert stored and f"alignment maps {stored}:" in said.out
     assert said.err.endswith("decoding, alignment maps stored; confidence cleared\n")  # too few
     assert "confidence: not fitted" in said.out
+    without_ctc = load_model(checkpoint)
+    without_ctc.model.ctc = None  # named as the maps it stored are
+    monkeypatch.setattr("asr.cli._load_model", lambda args: without_ctc)
+    assert main(["finalize", *args, "--ctc-weight", "0"]) == 0
+    said = capsys.readouterr()
+    assert "alignment maps: not fitted (no CTC head to compare attention times with)" in said.out
+    assert said.err.endswith("decoding stored; confidence, alignment maps cleared\n")
+    monkeypatch.undo()
     assert main(["choose-heads", *args, "--heads", "0"]) == 0
     assert "| given [0] |" in capsys.readouterr().out
