@@ -28,7 +28,7 @@ from bench.common import ROOT, Settings, device_option, ensure_data, write_json
 EPILOG = """parts:
   peak     matmul GFLOP/s in fp32 and bf16: the machine limit MFU divides by
   train    training step throughput, memory and MFU of conf/an4/{transformer,conformer,rnn}.yaml,
-           then whole `asr fit` epochs of both
+           then whole `asr fit` epochs of each
   loader   seconds per epoch of loading the training set, with and without augmentation
   decode   RTF of greedy / beam 10 / beam 10 + CTC at batch 1, 8, 32 on AN4 test
   scaling  DDP 1 vs 2 CPU processes; decode time vs length; step time vs batch size

@@ -196,7 +196,7 @@ def summarise(epochs: list[dict[str, float]]) -> dict[str, Any]:
 
 
 def run(settings: Settings) -> dict[str, Any]:
-    """Both configs: the step (throughput, memory, model FLOPs), then whole `asr fit` epochs."""
+    """Each config: the step (throughput, memory, model FLOPs), then whole `asr fit` epochs."""
     results: dict[str, Any] = {}
     for name in CONFIGS:
         results[name] = measure_config(name, settings)

@@ -454,6 +454,9 @@ def test_an4_language_model_stages_train_and_fuse_the_recipe_lm(tmp_path):
     assert all(d.startswith("evaluate --checkpoint") and d.endswith(lm) for d in decodes)
     assert "| decode_dev_lm | 1 |" in result.stdout, "stage 9 rewrote the results table"
     assert "--ckpt_path" not in fit
+    other = run_recipe("an4", *args, "--lm-weight", "0.3", "--beam-size", "3", bin_dir=fake,
+                       check=False)  # fmt: skip
+    assert other.returncode == 2 and "stage 9 was done otherwise" in other.stderr
     # the model decoded again without the LM: its table has no rows of the model before
     run_recipe("an4", *args, "--stage", "6", "--stop-stage", "7", "--force", bin_dir=fake)
     table = (exp / "transformer_quick" / "RESULTS.md").read_text()

@@ -595,7 +595,8 @@ lm_stages() {
     --data.val_manifest "$data/$dev.jsonl" --data.test_manifest "$data/${!#}.jsonl" \
     --data.tokenizer "$tokenizer" --trainer.default_root_dir "$lm_dir" ${resume[@]+"${resume[@]}"}
   lm_checkpoint=$lm_dir/checkpoints/last.ckpt
-  local name="decode $(join_and "$@") with the LM (weight $lm_weight)"
+  local name="decode $(join_and "$@") with the LM (weight $lm_weight, beam $beam_size, CTC"
+  name+=" weight $ctc_weight)"
   stage_reads=$lm_dir run_stage $((n + 1)) "$name" "$model_dir" \
     decode_with_lm "$model_dir" "$config" "$data" "$@"
 }
