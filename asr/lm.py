@@ -197,7 +197,7 @@ class TextDataModule(ResumableData):
         val_manifest: JSONL manifest for validation perplexity.
         tokenizer: directory written by `asr tokenizer` (the recognizer's, for fusion).
         test_manifest: optional JSONL manifest for `asr test`.
-        extra_text: more training text: UTF-8 files of one sentence per line.
+        extra_text: more training text: UTF-8 files (or one file) of one sentence per line.
         max_batch_tokens: padded tokens per batch (batch size x longest sequence, eos included).
         max_batch_size: optional cap on sentences per batch.
         num_buckets: length buckets of the sampler.
@@ -212,7 +212,7 @@ class TextDataModule(ResumableData):
         val_manifest: str,
         tokenizer: str,
         test_manifest: str | None = None,
-        extra_text: list[str] | None = None,
+        extra_text: list[str] | str | None = None,
         max_batch_tokens: int = 8192,
         max_batch_size: int | None = None,
         num_buckets: int = 10,
@@ -239,7 +239,8 @@ class TextDataModule(ResumableData):
         for split, manifest in stage_manifests(self, stage):
             sentences = self._manifest_text(manifest)
             if split == "train":
-                for path in hp.extra_text or []:
+                extra = hp.extra_text or []
+                for path in [extra] if isinstance(extra, str) else extra:
                     sentences += _read_text_file(path)
             self.datasets[split] = self._encode(sentences, split)
             if not self.datasets[split]:  # no batches: fit ended at once, saving nothing

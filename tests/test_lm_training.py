@@ -80,6 +80,12 @@ def test_train_batches_hold_every_sentence_once_within_the_budget(text_data) -> 
     expected = Counter(TRAIN + ["THREE TWO ONE", "ENTER NINE"])  # blank lines skipped
     assert seen == expected
     assert data.vocab_size == data.tokenizer.vocab_size
+    one = TextDataModule(
+        *(text_data[k] for k in ("train_manifest", "val_manifest", "tokenizer")),
+        extra_text=text_data["extra"],
+    )  # one file, as `--data.extra_text F`
+    one.setup("fit")
+    assert one.datasets["train"] == data.datasets["train"]
 
 
 def test_out_of_vocabulary_text_is_rejected_with_its_line_or_skipped(text_data) -> None:
