@@ -548,6 +548,16 @@ def _folder_entries(
             raise ValueError(f"{first} and {path} both give utterance id {plain!r}")
         transcribed.append((path, transcript, relative, plain))
     spelt = Counter(plain for *_, plain in transcribed)
+    # the speaker: its folder below the root, as ids name it ("alice-session1"): folders
+    # of one name under two others (alice/session1, bob/session1) are not one speaker, nor
+    # are folders spelling one name (bob/s1, bob-s1), which get a hash of their path in it
+    folders = {Path(relative).parent.as_posix() for _, _, relative, _ in transcribed}
+    plain_speaker = {f: _as_id(f) if f != "." else root.name for f in folders}
+    voices = Counter(plain_speaker.values())
+    speaker_of = {
+        f: _as_id(f, hashed=True) if f != "." and voices[name] > 1 else name
+        for f, name in plain_speaker.items()
+    }
     entries, bad_text, named = [], [], []
     for path, transcript, relative, plain in transcribed:
         utterance_id = _as_id(relative, hashed=True) if spelt[plain] > 1 else plain
@@ -557,12 +567,8 @@ def _folder_entries(
         except ValueError as error:
             bad_text.append(str(error))
             continue
-        # the speaker: its folder below the root, as ids name it ("alice-session1"): folders
-        # of one name under two others (alice/session1, bob/session1) are not one speaker
-        folder = Path(relative).parent.as_posix()
-        entries.append(
-            _Entry(utterance_id, path, text, _as_id(folder) if folder != "." else root.name)
-        )
+        speaker = speaker_of[Path(relative).parent.as_posix()]
+        entries.append(_Entry(utterance_id, path, text, speaker))
     return entries, missing, bad_text, named
 
 

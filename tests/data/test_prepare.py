@@ -395,6 +395,14 @@ def test_folder_speakers_are_the_folders_under_the_root(tmp_path):
     speakers = {u.utt_id: u.speaker for u in splits["train"]}
     assert speakers == {"alice-session1-a": "alice-session1", "bob-session1-b": "bob-session1",
                         "c": "corpus", "wav-dan-d": "wav-dan"}  # fmt: skip
+    for path in ("bob/s1/e.wav", "bob-s1/f.wav"):  # two folders spelling one name
+        write_tone(root / path, 0.1)
+        (root / path).with_suffix(".txt").write_text("YES")
+    splits = read_splits_after("folder", root, tmp_path / "out", dev_fraction=0, test_fraction=0)
+    speakers = {u.utt_id: u.speaker for u in splits["train"]}
+    assert speakers["bob-s1-e"] != speakers["bob-s1-f"]
+    assert {speakers["bob-s1-e"][:7], speakers["bob-s1-f"][:7]} == {"bob-s1-"}
+    assert speakers["c"] == "corpus" and speakers["wav-dan-d"] == "wav-dan"
 
 
 def test_folder_ids_of_long_file_names_are_cut_to_what_manifests_take(tmp_path):
