@@ -896,6 +896,8 @@ class ASRDataModule(ResumableData):
         super().__init__()
         if check_audio not in ("header", "full"):
             raise ValueError(f"check_audio must be 'header' or 'full', got {check_audio!r}")
+        if not max_batch_seconds > 0:  # named as set, before the sampler names its own budget
+            raise ValueError(f"max_batch_seconds must be > 0, got {max_batch_seconds}")
         self.grid = None if shape_grid is None else LengthGrid(shape_grid)
         # `augment` stays out of hparams: checkpoints keep plain types, loadable weights_only.
         save_hyperparameters(self, ["augment"])

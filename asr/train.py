@@ -1125,9 +1125,22 @@ def _check_trainer_and_data(config: Namespace) -> None:
     """ValueError for settings Lightning or torch would stop on with a traceback only once
     the data are read (or after a first batch); named by key, as a config file or the command
     line may have set them."""
-    accumulate = config.trainer.get("accumulate_grad_batches")
+    trainer = config.trainer
+    accumulate = trainer.get("accumulate_grad_batches")
     if isinstance(accumulate, int) and accumulate < 1:
         raise ValueError(f"trainer.accumulate_grad_batches is {accumulate}: must be at least 1")
+    clip = trainer.get("gradient_clip_val")
+    if _is_number(clip) and not clip >= 0:  # a negative limit turns the gradients around
+        raise ValueError(f"trainer.gradient_clip_val is {clip}: must be at least 0 (0: none)")
+    every = trainer.get("check_val_every_n_epoch")
+    if _is_number(every) and every < 1:
+        raise ValueError(f"trainer.check_val_every_n_epoch is {every}: must be at least 1")
+    interval = trainer.get("val_check_interval")
+    if _is_number(interval) and not interval > 0:
+        raise ValueError(
+            f"trainer.val_check_interval is {interval}: must be above 0 (a share of an epoch up "
+            "to 1.0, or a number of batches)"
+        )
     data = config.data.get("init_args", config.data) if config.get("data") else None
     workers = data.get("num_workers") if data is not None else None
     if isinstance(workers, int) and workers < 0:
@@ -1139,6 +1152,10 @@ def _check_trainer_and_data(config: Namespace) -> None:
             f"--trainer.accelerator {accelerator}: this machine has no CUDA GPU (a GPU config "
             "runs here with --trainer.accelerator cpu --trainer.devices 1)"
         )
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _placed(error: BaseException, argv: Sequence[str]) -> str:

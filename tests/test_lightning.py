@@ -573,6 +573,10 @@ def test_checkpoints_chosen_by_a_wer_validation_will_not_log_are_refused(tiny_an
     [
         (["--trainer.accumulate_grad_batches", "0"], "accumulate_grad_batches is 0: must be at"),
         (["--data.num_workers", "-1"], "data.num_workers is -1: must be at least 0"),
+        (["--trainer.gradient_clip_val=-1"], "gradient_clip_val is -1: must be at least 0"),
+        (["--trainer.check_val_every_n_epoch", "0"], "check_val_every_n_epoch is 0: must be at"),
+        (["--trainer.val_check_interval", "0"], "val_check_interval is 0: must be above 0"),
+        (["--data.max_batch_seconds", "0"], "max_batch_seconds must be > 0, got 0"),
         (["--model.init_args.optimizer", "torch.optim.AdamW",
           "--model.init_args.optimizer.init_args.lr", "-0.001"],
          "model.init_args.optimizer: Invalid learning rate: -0.001"),  # once the model is built
