@@ -1095,14 +1095,40 @@ def _check_monitor(config: Namespace) -> None:
             f"model.greedy_validation false logs no {monitor} to choose checkpoints by: set "
             "--checkpoint.monitor val/acc --checkpoint.mode max (or val/loss, min)"
         )
-    logged = VALIDATION_METRICS.get(_kind(config), ())
-    if logged and str(monitor).startswith("val/") and monitor not in logged:
-        close = get_close_matches(monitor, logged, n=1)
+    logged, why_not = _validation_metrics(config)
+    callbacks = config.trainer.get("callbacks") or []
+    watched = [("--checkpoint.monitor", monitor)] + [
+        (f"--trainer.callbacks {c.class_path.rsplit('.', 1)[-1]} monitor", c.init_args.monitor)
+        for c in (callbacks if isinstance(callbacks, list) else [callbacks])
+        if isinstance(c, Namespace) and isinstance(c.get("init_args.monitor"), str)
+    ]
+    for option, name in watched:
+        if not logged or not str(name).startswith("val/") or name in logged:
+            continue
+        if name in why_not:
+            raise ValueError(f"{option} {name}: validation logs none ({why_not[name]})")
+        close = get_close_matches(name, logged, n=1)
         hint = f" (did you mean {close[0]}?)" if close else ""
         raise ValueError(
-            f"--checkpoint.monitor {monitor}: validation logs no such metric{hint}; it logs "
-            f"{', '.join(logged)}"
+            f"{option} {name}: validation logs no such metric{hint}; it logs {', '.join(logged)}"
         )
+
+
+def _validation_metrics(config: Namespace) -> tuple[list[str], dict[str, str]]:
+    """What validation of the config's module logs, and why it logs none of the others."""
+    logged = list(VALIDATION_METRICS.get(_kind(config), ()))
+    model = config.model.get("init_args", config.model) if config.get("model") else None
+    why_not = {}
+    if _kind(config) == "asr.lightning.ASRModule" and model is not None:
+        if model.get("ctc_weight") == 0:
+            why_not["val/ctc_loss"] = "model.ctc_weight is 0: no CTC head"
+            why_not["val/inter_ctc_loss"] = why_not["val/ctc_loss"]
+        elif not model.get("inter_ctc_weight"):
+            why_not["val/inter_ctc_loss"] = "model.inter_ctc_weight is 0: no intermediate CTC"
+        if model.get("greedy_validation") is False:
+            why_not["val/wer"] = "model.greedy_validation is false: nothing is decoded"
+            why_not["val/cer"] = why_not["val/wer"]
+    return [m for m in logged if m not in why_not], why_not
 
 
 def _name_by_monitor(config: Namespace) -> None:

@@ -566,6 +566,29 @@ def test_checkpoints_chosen_by_a_wer_validation_will_not_log_are_refused(tiny_an
     misspelt = _fit_args(tiny_an4, tmp_path) + ["--checkpoint.monitor", "val/los"]
     assert ("--checkpoint.monitor val/los: validation logs no such metric (did you mean "
             "val/loss?); it logs val/loss, val/att_loss") in refused(misspelt, capsys)  # fmt: skip
+    # metrics of parts the model has not: logged by no validation of it
+    no_ctc = ["--model.init_args.ctc_weight", "0", "--checkpoint.monitor", "val/ctc_loss"]
+    assert "val/ctc_loss: validation logs none (model.ctc_weight is 0: no CTC head)" in refused(
+        _fit_args(tiny_an4, tmp_path) + no_ctc, capsys
+    )
+    inter = _fit_args(tiny_an4, tmp_path) + ["--checkpoint.monitor", "val/inter_ctc_loss"]
+    assert "(model.inter_ctc_weight is 0: no intermediate CTC)" in refused(inter, capsys)
+    greedy_off = ["--model.init_args.greedy_validation", "false", "--checkpoint.monitor", "val/acc"]
+    stopped_on_wer = [
+        "--trainer.callbacks+=EarlyStopping",
+        "--trainer.callbacks.monitor",
+        "val/wer",
+    ]
+    said = refused(_fit_args(tiny_an4, tmp_path) + greedy_off + stopped_on_wer, capsys)
+    assert "EarlyStopping monitor val/wer: validation logs none (model.greedy_validation" in said
+    stopping = ["--trainer.callbacks+=EarlyStopping", "--trainer.callbacks.monitor", "val/accuracy"]
+    assert (
+        "--trainer.callbacks EarlyStopping monitor val/accuracy: validation logs no such "
+        "metric (did you mean val/acc?)"
+    ) in refused(  # fmt: skip
+        _fit_args(tiny_an4, tmp_path) + stopping, capsys
+    )
+    assert not (tmp_path / "checkpoints").exists()
 
 
 @pytest.mark.parametrize(
