@@ -192,6 +192,7 @@ class EpochClock(L.Callback):
         self._epoch: dict[str, float] | None = None
         self._mark = 0.0
         self._validation_start = 0.0
+        self._validated = False  # since the last batch
         self._sample_rate: int | None = None
 
     def on_train_epoch_start(self, trainer: L.Trainer, module: L.LightningModule) -> None:
@@ -203,12 +204,13 @@ class EpochClock(L.Callback):
         now = time.perf_counter()
         if self._epoch is None:  # a run resumed mid-epoch starts without the epoch hook
             self._open(trainer, now)
-        self._epoch["data"] += now - self._mark
-        self._mark = now
+        if not self._validated:  # else the checkpoints saved after a validation: other
+            self._epoch["data"] += now - self._mark
+        self._mark, self._validated = now, False
 
     def _open(self, trainer: L.Trainer, now: float) -> None:
         self._epoch = {"start": now, "steps": 0.0, "data": 0.0, "validation": 0.0, "audio": 0.0}
-        self._mark = now
+        self._mark, self._validated = now, False
         hparams = getattr(trainer.datamodule, "hparams", None)
         self._sample_rate = hparams.get("sample_rate") if hparams is not None else None
 
@@ -227,6 +229,7 @@ class EpochClock(L.Callback):
     def on_validation_end(self, trainer: L.Trainer, module: L.LightningModule) -> None:
         if self._epoch is not None and not trainer.sanity_checking:
             self._epoch["validation"] += time.perf_counter() - self._validation_start
+            self._validated = True  # within the epoch: not the next batch's loading
 
     def on_fit_end(self, trainer: L.Trainer, module: L.LightningModule) -> None:
         self._close(trainer, time.perf_counter())

@@ -16,7 +16,13 @@ import yaml
 from conftest import run_forked
 from jsonargparse import Namespace
 
-from asr.train import _emulates_bf16, _run_root, reopen_cut_epoch, sigterm_without_collective
+from asr.train import (
+    EpochClock,
+    _emulates_bf16,
+    _run_root,
+    reopen_cut_epoch,
+    sigterm_without_collective,
+)
 
 
 def _counts(ready: int, processed: int, completed: int) -> dict[str, int]:
@@ -237,3 +243,42 @@ def test_a_checkpoint_folder_chosen_beside_another_root_is_kept(tmp_path):
     config.trainer.default_root_dir = str(tmp_path / "other")
     assert _run_root(config, ["fit", "--config", str(path)]) == str(tmp_path / "other")
     assert config.checkpoint.dirpath == str(tmp_path / "chosen")
+
+
+def test_the_epoch_clock_counts_a_validation_within_an_epoch_once(monkeypatch):
+    """A validation within the epoch (val_check_interval) is validation time only, and the
+    checkpoints saved after it (Lightning runs ModelCheckpoint last) other time: neither is
+    the next batch's loading."""
+    now = [0.0]
+    monkeypatch.setattr("asr.train.time.perf_counter", lambda: now[0])
+    trainer = SimpleNamespace(datamodule=None, sanity_checking=False, is_global_zero=False)
+    module = SimpleNamespace(device=torch.device("cpu"))
+    clock = EpochClock()
+
+    def at(seconds: float, hook: str, *args) -> None:
+        now[0] = seconds
+        getattr(clock, hook)(trainer, module, *args)
+
+    at(0.0, "on_train_epoch_start")
+    at(1.0, "on_train_batch_start", None, 0)  # 1 s loading
+    at(3.0, "on_train_batch_end", None, None, 0)  # 2 s step
+    at(3.5, "on_validation_start")
+    at(9.5, "on_validation_end")  # 6 s validation, then checkpoints saved
+    at(10.0, "on_train_batch_start", None, 1)
+    at(12.0, "on_train_batch_end", None, None, 1)  # 2 s step
+    at(12.5, "on_train_batch_start", None, 2)  # 0.5 s loading
+    at(14.5, "on_train_batch_end", None, None, 2)  # 2 s step
+    at(15.0, "on_validation_start")
+    at(16.0, "on_validation_end")  # the epoch's own validation: its loading counts in the next
+    at(16.5, "on_train_epoch_start")
+    at(17.5, "on_train_batch_start", None, 0)  # 1 s loading
+    at(18.0, "on_fit_end")
+    epoch, following = clock.epochs
+    assert following["data"] == 1.0
+    assert {k: epoch[k] for k in ("wall", "steps", "data", "validation", "other")} == {
+        "wall": 16.5,
+        "steps": 6.0,
+        "data": 1.5,
+        "validation": 7.0,
+        "other": 2.0,
+    }
