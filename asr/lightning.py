@@ -62,10 +62,13 @@ class ExactResume(L.LightningModule):
     are not saved), though the epoch ends with a validation of its own: that step is taken
     here. Nor does it save an epoch's running means (`log_mean`'s): the sums of the batches
     trained before the stop are kept and logged again, so the resumed epoch's means are over
-    all its batches. (The batches are the data module's: `ResumableData`.)"""
+    all its batches. Nor the gradients of a stop inside an accumulation window (`max_time`):
+    they are kept, and the window's other batches add to them. (The batches are the data
+    module's: `ResumableData`.)"""
 
     OWED_KEY = "asr_plateau_owed"
     SUMS_KEY = "asr_epoch_sums"
+    GRADS_KEY = "asr_accumulated_grads"
 
     def __init__(self) -> None:
         super().__init__()
@@ -77,6 +80,7 @@ class ExactResume(L.LightningModule):
         self._epoch_sums: dict[str, tuple[Tensor | float, float]] = {}
         self._saved_sums: dict[str, tuple[float, float]] = {}  # a checkpoint's, all ranks'
         self._unlogged_sums: dict[str, tuple[float, float]] = {}  # to log once in this epoch
+        self._resume_grads: dict[str, Tensor] | None = None  # of a window a stop cut
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         if self.trainer.state.fn == "fit":
@@ -98,15 +102,39 @@ class ExactResume(L.LightningModule):
                     for name in {name for r in ranks for name in r}
                 }  # fmt: skip
             checkpoint[self.SUMS_KEY] = sums
+            grads = self._accumulated_grads()
+            if grads is not None:
+                checkpoint[self.GRADS_KEY] = grads
+
+    def _accumulated_grads(self) -> dict[str, Tensor] | None:
+        """The gradients summed since the last optimizer step, where the save falls inside an
+        accumulation window; under DDP their mean over ranks, which the step's all-reduce
+        averages alike whichever rank holds which share."""
+        trainer = self.trainer
+        if (
+            trainer.accumulate_grad_batches == 1
+            or not trainer.fit_loop.epoch_loop._should_accumulate()
+        ):
+            return None
+        grads = {
+            n: p.grad.detach().clone() for n, p in self.named_parameters() if p.grad is not None
+        }
+        if trainer.world_size > 1:
+            for grad in grads.values():
+                torch.distributed.all_reduce(grad)
+                grad /= trainer.world_size
+        return {n: g.cpu() for n, g in grads.items()} or None
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         self._plateau_owed = checkpoint.get(self.OWED_KEY)
         self._resume_rng = checkpoint.get("rng")
         self._saved_sums = checkpoint.get(self.SUMS_KEY) or {}
+        self._resume_grads = checkpoint.get(self.GRADS_KEY)
 
     def forget_saved_epoch(self) -> None:
         """The resumed epoch starts again from its first batch: the saved sums are not its."""
         self._saved_sums = {}
+        self._resume_grads = None
 
     def count_epoch_mean(self, name: str, value: Tensor, batch_size: float, common: dict) -> None:
         """Add a batch's `value` of the epoch mean `name` to the sums a checkpoint keeps; in an
@@ -136,6 +164,11 @@ class ExactResume(L.LightningModule):
             }
             self._epoch_sums = dict(self._saved_sums) if first else {}
         self._saved_sums = {}
+        if self._resume_grads is not None and loop.restarted_mid_epoch:
+            for name, param in self.named_parameters():
+                if name in self._resume_grads:
+                    param.grad = self._resume_grads[name].to(param.device, param.dtype)
+        self._resume_grads = None
         if self._plateau_owed is not None:  # the saved epoch's, not this one's
             self._step_plateau(self._plateau_owed)
             self._plateau_owed = None

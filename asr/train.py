@@ -303,12 +303,13 @@ class StepCheckpoint(L.Callback):
         trainer.save_checkpoint(path, weights_only=False)  # said, or Lightning says it each time
 
     def on_load_checkpoint(self, trainer: L.Trainer, module: Any, checkpoint: dict) -> None:
-        reopen_cut_epoch(checkpoint)
+        reopen_cut_epoch(checkpoint, trainer.accumulate_grad_batches)
 
 
-def reopen_cut_epoch(checkpoint: dict[str, Any]) -> None:
+def reopen_cut_epoch(checkpoint: dict[str, Any], accumulate: int = 1) -> None:
     """Make a checkpoint of an epoch cut short (by `max_time`, or by `max_steps` where the
-    epoch was not validated) resume inside that epoch."""
+    epoch was not validated) resume inside that epoch; `accumulate`: the run's
+    accumulate_grad_batches."""
     fit = checkpoint.get("loops", {}).get("fit_loop", {})
     epochs, batches = fit.get("epoch_progress"), fit.get("epoch_loop.batch_progress")
     epoch_loop = fit.get("epoch_loop.state_dict", {})
@@ -327,8 +328,9 @@ def reopen_cut_epoch(checkpoint: dict[str, Any]) -> None:
         progress["completed"] = min(progress["completed"], progress["processed"])
     for progress in (batches["total"], batches["current"]):
         progress["completed"] -= 1
-    # Counted for the cut batch already; a batch-end save counts it on resume.
-    epoch_loop["_batches_that_stepped"] -= 1
+    # Counted for the cut batch already, where it stepped; a batch-end save counts it on resume.
+    if batches["current"]["ready"] % accumulate == 0:
+        epoch_loop["_batches_that_stepped"] -= 1
 
 
 class LostRank(L.Callback):

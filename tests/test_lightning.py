@@ -1043,6 +1043,41 @@ def test_time_limit_mid_epoch_then_longer_limit_resumes_that_epoch(
     assert len(list((stopped_root / "checkpoints").glob("epoch001*"))) == 1, "filed once, whole"
 
 
+@pytest.mark.timeout(600)
+def test_a_time_limit_inside_an_accumulation_window_resumes_exactly(
+    tiny_an4, tmp_path, monkeypatch, uninterrupted
+):
+    """`max_time` may stop a run between two batches of one optimizer step: the gradients of
+    the window's batches before the stop are kept for the step, and the resumed run logs its
+    steps as the uninterrupted one does."""
+    accumulate = ["--trainer.accumulate_grad_batches", "2", "--trainer.log_every_n_steps", "1"]
+    full, stopped_root = uninterrupted(accumulate), tmp_path / "stopped"
+    stopped = []
+
+    def out_of_time_mid_window(timer, trainer):  # the third batch of the second epoch
+        if (
+            trainer.current_epoch == 1
+            and trainer.fit_loop.epoch_loop.batch_progress.current.ready == 3
+        ):
+            trainer.should_stop = True
+            stopped.append(True)
+
+    args = _augmented_args(tiny_an4, stopped_root) + accumulate
+    args += ["--step_checkpoint.every_n_steps", "0"]
+    with monkeypatch.context() as patch:
+        patch.setattr(Timer, "_check_time_remaining", out_of_time_mid_window)
+        patch.setattr(Timer, "time_remaining", lambda timer, mode="train": 0.0 if stopped else 60.0)
+        main(args + ["--trainer.max_time", "00:00:01:00"])
+    last = stopped_root / "checkpoints" / "last.ckpt"
+    cut = torch.load(last, weights_only=True)
+    assert ASRModule.GRADS_KEY in cut, "stopped inside the window"
+    main(args + ["--trainer.max_time", "00:01:00:00", "--ckpt_path", "last"])
+    _assert_same_end(full, torch.load(last, weights_only=True))
+    rows = csv.DictReader((stopped_root / "logs" / "version_1" / "metrics.csv").open())
+    steps = [int(row["step"]) for row in rows if row.get("train/loss_step")]
+    assert steps[0] == cut["global_step"], "the first step after the stop is logged as its own"
+
+
 def test_a_step_limit_mid_epoch_then_none_resumes_that_epoch(tiny_an4, tmp_path, uninterrupted):
     """`--trainer.max_steps` ends the fit in the middle of an epoch that is not validated, and
     Lightning saves it as a finished epoch: a run resumed without the limit must still train

@@ -64,6 +64,16 @@ def test_a_cut_epoch_gets_the_counters_of_a_save_at_its_last_batch_end():
     assert fit["epoch_loop.state_dict"]["_batches_that_stepped"] == 13
 
 
+def test_a_cut_inside_an_accumulation_window_counts_no_step_for_the_cut_batch():
+    """The cut batch stepped no optimizer: the count of batches that stepped stays."""
+    checkpoint = _epoch_end_save(epoch=1, batches_done=5, last_batch=False)
+    reopen_cut_epoch(checkpoint, accumulate=2)
+    assert checkpoint["loops"]["fit_loop"]["epoch_loop.state_dict"]["_batches_that_stepped"] == 15
+    on_a_step = _epoch_end_save(epoch=1, batches_done=4, last_batch=False)
+    reopen_cut_epoch(on_a_step, accumulate=2)
+    assert on_a_step["loops"]["fit_loop"]["epoch_loop.state_dict"]["_batches_that_stepped"] == 13
+
+
 def test_an_epoch_that_ran_out_of_batches_stays_finished():
     checkpoint = _epoch_end_save(epoch=1, batches_done=10, last_batch=True)
     saved = copy.deepcopy(checkpoint)
