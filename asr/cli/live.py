@@ -159,12 +159,20 @@ def transcribe_streaming(
         stdin = StdinPcm()
     inputs, unnamed = _streamed_inputs(args.audio, args.manifest or [], bool(args.output_dir))
     formats = args.format or DEFAULT_FORMATS
+    if args.output_dir:  # refused before the explorer's layout is written there
+        with_page = expand_formats([*formats, "json"] if args.explorer else formats)
+        outputs = [(clip.path, PurePath(stem)) for _, clip, stem in inputs if clip is not None]
+        refuse_references_in_the_way(outputs, args.output_dir, with_page)
+        for stem in (stem for _, clip, stem in inputs if clip is None):  # stdin's recording
+            kept = Path(args.output_dir) / f"{stem}.wav"
+            if kept.is_file() or kept.is_symlink():
+                raise ValueError(
+                    f"{kept}: the recording of an earlier session from stdin would be "
+                    "overwritten: move it (and its transcripts), or give another --output-dir"
+                )
     if args.explorer:
         formats = start_explorer(args.output_dir, recognizer, formats, [s for *_, s in inputs])
     formats = expand_formats(formats)
-    if args.output_dir:
-        outputs = [(clip.path, PurePath(stem)) for _, clip, stem in inputs if clip is not None]
-        refuse_references_in_the_way(outputs, args.output_dir, formats)
     for failure in unnamed:  # arguments that name no audio
         print(f"asr transcribe: error: {failure}", file=sys.stderr)
     failed = len(unnamed)
@@ -281,11 +289,18 @@ def _recorded(data, path: str, rate: int):
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     written = [0]
     try:
-        with sf.SoundFile(path, "w", samplerate=rate, channels=1, subtype="PCM_16") as wav:
+        wav = sf.SoundFile(path, "w", samplerate=rate, channels=1, subtype="PCM_16")
+    except sf.LibsndfileError as error:  # a folder in its place, a folder not writable
+        raise OSError(f"{path}: cannot write the recording ({error})") from None
+    try:
+        with wav:
 
             def passing():
                 for block in data:
-                    wav.buffer_write(block, dtype="int16")
+                    try:
+                        wav.buffer_write(block, dtype="int16")
+                    except sf.LibsndfileError as error:  # a full disk
+                        raise OSError(f"{path}: cannot write the recording ({error})") from None
                     written[0] += len(block)
                     yield block
 

@@ -1052,6 +1052,34 @@ def test_transcribe_streaming_writes_each_input_to_the_output_dir(
     assert [u["audio"] is not None for u in page["utterances"]] == [True, True]
     assert main([*args, str(wav), "--format", "json"]) == 2
     assert "--format chooses the files written to --output-dir" in capsys.readouterr().err
+    kept = (out / "stdin.wav").read_bytes()  # another session into the folder: the first kept
+    monkeypatch.setattr(sys, "stdin", open(tmp_path / "pcm", "rb"))  # noqa: SIM115
+    assert main([*args, "-", "--output-dir", str(out), "--explorer"]) == 2
+    said = capsys.readouterr().err
+    assert f"{out / 'stdin.wav'}: the recording of an earlier session from stdin would be" in said
+    assert (out / "stdin.wav").read_bytes() == kept and not (out / "explore.json").exists()
+    (tmp_path / "folder" / "stdin.wav").mkdir(parents=True)  # no recording: it cannot write one
+    monkeypatch.setattr(sys, "stdin", open(tmp_path / "pcm", "rb"))  # noqa: SIM115
+    assert main([*args, "-", "--output-dir", str(tmp_path / "folder")]) == 2
+    said = capsys.readouterr().err
+    assert f"error: {tmp_path / 'folder' / 'stdin.wav'}: cannot write the recording (" in said
+
+    class FullDisk(sf.SoundFile):  # a recording that cannot be written, opened or in its course
+        def __init__(self, *args, **kwargs):
+            if failing == "open":
+                raise sf.LibsndfileError(2, "Error opening: ")
+            super().__init__(*args, **kwargs)
+
+        def buffer_write(self, *args, **kwargs):
+            raise sf.LibsndfileError(2)
+
+    for failing in ("open", "write"):
+        monkeypatch.setattr(sf, "SoundFile", FullDisk)
+        monkeypatch.setattr(sys, "stdin", open(tmp_path / "pcm", "rb"))  # noqa: SIM115
+        assert main([*args, "-", "--output-dir", str(tmp_path / failing)]) == 2
+        said = capsys.readouterr().err
+        assert f"error: {tmp_path / failing / 'stdin.wav'}: cannot write the recording (" in said
+        assert "Traceback" not in said
 
 
 def test_transcribe_streaming_reads_files_and_raw_pcm(
