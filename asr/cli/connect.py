@@ -29,6 +29,7 @@ class _Heard:
         # paced until "ready" says the server decodes at full context (it sends no partials)
         self.seconds, self.chunked, self.ended = 0.0, True, False
         self.ahead = AHEAD_SECONDS
+        self.sent, self.all_sent = 0.0, False  # seconds of audio sent; and the end
         self.news = asyncio.Event()
 
     def ready(self, message: dict) -> None:
@@ -37,6 +38,11 @@ class _Heard:
         self.chunked = bool(chunks[0])
         longest = max((c for c in chunks if isinstance(c, (int, float))), default=0) / 1000
         self.ahead = max(AHEAD_SECONDS, 2 * longest)  # a whole chunk, and the next on its way
+
+    def owed(self) -> bool:
+        """Whether the server owes an answer: the end was sent, or more audio than the chunk
+        it may be holding until the rest of it comes (a source that pauses sends none)."""
+        return self.all_sent or self.sent - self.seconds > self.ahead / 2
 
     def hear(self, seconds: float) -> None:
         self.seconds = max(self.seconds, seconds)
@@ -129,8 +135,10 @@ async def _connect(
                         await heard.wait_until_within(sent_seconds, interrupted)
                         await ws.send(piece)
                         sent_seconds += len(piece) / bytes_per_second
+                        heard.sent = sent_seconds
                         if interrupted and name != "-":  # stdin's pieces end with what was heard
                             break
+                    heard.all_sent = True
                     await ws.send(json.dumps({"type": "end"}))
                 except ConnectionClosed:  # the server said why: the reader prints it
                     pass
@@ -183,6 +191,8 @@ async def _print_results(
                     wait = SILENT_SERVER if heard.chunked else None
                     message = await asyncio.wait_for(ws.recv(), wait)
                 except TimeoutError:
+                    if not heard.owed():  # all it heard is answered: the source paused
+                        continue
                     print(f"asr connect: error: {name}: the server sent nothing for "
                           f"{SILENT_SERVER:g} s", file=sys.stderr)  # fmt: skip
                     ws.transport.abort()  # a stuck server answers no close: the sends end too

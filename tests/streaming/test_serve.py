@@ -978,6 +978,43 @@ def test_connect_gives_up_on_a_server_that_falls_silent(monkeypatch, capsys) -> 
     assert "the server sent nothing for 0.5 s" in capsys.readouterr().err
 
 
+def test_connect_waits_on_a_source_that_pauses_where_the_server_is_not(monkeypatch, capsys):
+    """A microphone quiet for longer than the wait, every second of its audio answered: the
+    server owes nothing, and the stream goes on."""
+    from websockets.sync.server import serve
+
+    import asr.cli.connect
+
+    def keeping_up(ws):
+        ws.recv()
+        ws.send(json.dumps({"type": "ready", "chunk_ms": 320, "sample_rate": 16000}))
+        heard = 0.0
+        while isinstance(message := ws.recv(), bytes):
+            heard += len(message) / 32000
+            ws.send(json.dumps({"type": "partial", "text": "", "audio_seconds": heard}))
+        final = {"type": "final", "text": "YES", "start": 0.0, "end": heard, "words": []}
+        ws.send(json.dumps(final))
+        ws.close()
+
+    read, write = os.pipe()
+    monkeypatch.setattr(sys, "stdin", os.fdopen(read, "rb"))
+    monkeypatch.setattr(asr.cli.connect, "SILENT_SERVER", 0.5)
+
+    def microphone():
+        os.write(write, bytes(16000))  # half a second, a pause of three waits, half a second
+        time.sleep(1.5)
+        os.write(write, bytes(16000))
+        os.close(write)
+
+    with serve(keeping_up, "127.0.0.1", 0, close_timeout=0.1) as server:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        threading.Thread(target=microphone, daemon=True).start()
+        url = f"ws://127.0.0.1:{server.socket.getsockname()[1]}/"
+        assert main(["connect", url, "-"]) == 0, capsys.readouterr().err
+        server.shutdown()
+    assert "YES" in capsys.readouterr().out
+
+
 def test_connect_says_why_a_full_server_refused_it(trained, monkeypatch, capsys) -> None:
     """The server refuses as the connection opens, often before the client's start message:
     that start's failure is not the news, the server's reason is."""
