@@ -404,6 +404,12 @@ def as_waveform(audio: np.ndarray | Tensor, sample_rate: int | None, target_rate
     >>> as_waveform(np.array([16384, -32768], dtype=np.int16), None, 16000).tolist()
     [0.5, -1.0]
     """
+    import torch
+
+    if not isinstance(audio, (np.ndarray, torch.Tensor)):  # its callers read paths first
+        raise ValueError(
+            f"audio must be a file path, a numpy array or a tensor, got {type(audio).__name__}"
+        )
     sample_rate = target_rate if sample_rate is None else sample_rate
     check_sample_rate(sample_rate)
     wave = mono_samples(audio)
@@ -439,9 +445,7 @@ def mono_samples(audio: np.ndarray | Tensor) -> Tensor:
         if not audio.flags.writeable:  # np.frombuffer(pcm_bytes): torch would warn
             audio = audio.copy()
     elif not isinstance(audio, torch.Tensor):
-        raise ValueError(
-            f"audio must be a file path, a numpy array or a tensor, got {type(audio).__name__}"
-        )
+        raise ValueError(f"samples must be a numpy array or a tensor, got {type(audio).__name__}")
     wave = torch.as_tensor(audio).detach().cpu()
     kind = str(wave.dtype).removeprefix("torch.")
     if kind not in PCM_SCALE and not wave.is_floating_point():

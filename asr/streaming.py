@@ -19,6 +19,7 @@ context before it, then sees more of itself, for a later first partial.
 from __future__ import annotations
 
 import math
+import os
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -472,6 +473,11 @@ class Stream:
         """Add audio without decoding (a server then steps many streams at once)."""
         if self.closed:
             raise ValueError("the stream has ended: start a new one")
+        if isinstance(samples, (str, os.PathLike)):  # a path: said as such, not as a wrong type
+            raise ValueError(
+                f"a stream takes samples (a numpy array or a tensor), not a file path: {samples} "
+                "(asr.audio.load_audio reads one)"
+            )
         wave = mono_samples(samples)
         self.samples += wave.numel()
         if self.vad is not None:

@@ -397,7 +397,7 @@ def test_arrays_of_every_pcm_and_float_kind_become_float_samples(samples, expect
         (np.array([1000, -1000]), "got int64 (numpy's type for Python ints"),
         (np.array([True, False]), "got bool"),
         (np.array([1j]), "got complex128"),
-        (None, "a file path, a numpy array or a tensor, got NoneType"),
+        (None, "samples must be a numpy array or a tensor, got NoneType"),
         (b"\x00\x01", "got bytes"),
         # features of samples this loud overflow to inf, and decoding stops in attention
         (np.array([0.5, 1e19]), "float samples lie within ±1, got 1e+19 (16-bit values as"),
@@ -407,6 +407,11 @@ def test_arrays_of_every_pcm_and_float_kind_become_float_samples(samples, expect
 def test_arrays_that_are_no_audio_are_refused_by_kind(samples, said) -> None:
     with pytest.raises(ValueError, match=re.escape(said)):
         mono_samples(samples)
+
+
+def test_what_takes_a_path_too_says_so_of_what_is_no_audio() -> None:
+    with pytest.raises(ValueError, match="audio must be a file path, a numpy array or a tensor"):
+        as_waveform([0.1, 0.2], None, 16000)
 
 
 @pytest.mark.parametrize("rate", [0, -8000, 22050.5, True])

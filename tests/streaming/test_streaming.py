@@ -506,6 +506,8 @@ def test_16_bit_pcm_and_one_channel_columns_stream_as_their_float_samples(traine
         stream.accept(np.zeros((1600, 2), dtype=np.float32))
     with pytest.raises(ValueError, match="NaN or infinite"):
         stream.accept(np.full(1600, np.nan, dtype=np.float32))
+    with pytest.raises(ValueError, match=r"takes samples \(a numpy array or a tensor\), not a "):
+        stream.accept("talk.wav")
 
 
 @pytest.mark.usefixtures("ctrl_c")
