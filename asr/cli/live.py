@@ -291,7 +291,7 @@ def _recorded(data, path: str, rate: int):
     try:
         wav = sf.SoundFile(path, "w", samplerate=rate, channels=1, subtype="PCM_16")
     except sf.LibsndfileError as error:  # a folder in its place, a folder not writable
-        raise OSError(f"{path}: cannot write the recording ({error})") from None
+        raise _unwritable(path, error) from None
     try:
         with wav:
 
@@ -300,7 +300,7 @@ def _recorded(data, path: str, rate: int):
                     try:
                         wav.buffer_write(block, dtype="int16")
                     except sf.LibsndfileError as error:  # a full disk
-                        raise OSError(f"{path}: cannot write the recording ({error})") from None
+                        raise _unwritable(path, error) from None
                     written[0] += len(block)
                     yield block
 
@@ -309,6 +309,10 @@ def _recorded(data, path: str, rate: int):
         if not written[0]:
             os.remove(path)
         raise
+
+
+def _unwritable(path: str, error: Exception) -> OSError:
+    return OSError(f"{path}: cannot write the recording ({error})")
 
 
 def _write_streamed(
