@@ -3,6 +3,7 @@ under the data module's ``augment`` and drawn per item from ``(seed, epoch, inde
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -16,6 +17,8 @@ from asr import perturb
 from asr.audio import AudioError, audio_files, audio_info, load_audio
 
 NOISE_KINDS = (*perturb.NOISE_COLORS, "babble", "files")
+
+log = logging.getLogger(__name__)
 
 # Babble talkers are other items of the dataset: `others(rng, count)` returns that many.
 OtherWaves = Callable[[np.random.Generator, int], list[Tensor]]
@@ -113,6 +116,7 @@ class WaveAugmenter:
         self.noise_files = _audio_files(config.noise.folder, "augment.noise.folder")
         rir_files = _audio_files(config.reverb.folder, "augment.reverb.folder")
         self.rirs = [_load_rir(path, sample_rate) for path in rir_files]
+        self._silent_noise: set[str] = set()  # files said to have added nothing
 
     @property
     def mixes_utterances(self) -> bool:
@@ -165,7 +169,16 @@ class WaveAugmenter:
         seconds = num_samples / self.sample_rate
         offset = rng.uniform(0.0, max(0.0, duration - seconds))
         noise = load_audio(path, self.sample_rate, offset=offset, duration=min(seconds, duration))
-        return perturb.fit_length(noise, num_samples, rng)
+        noise = perturb.fit_length(noise, num_samples, rng)
+        if not float(perturb.power(noise)) > 0.0 and path not in self._silent_noise:
+            # Whole files are not read up front (a noise corpus is hours): said when drawn.
+            self._silent_noise.add(path)
+            log.warning(
+                "augment.noise.folder: %s is silent where drawn (or one constant value): "
+                "it adds no noise to the utterances that draw it",
+                path,
+            )
+        return noise
 
 
 def _check_range(name: str, bounds: Sequence[float], positive: bool = False) -> None:

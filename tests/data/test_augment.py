@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 import re
 from dataclasses import replace
@@ -289,6 +290,21 @@ def test_an_empty_noise_file_is_named(noise_dir):
     config = WaveAugment(noise=NoiseAugment(prob=1.0, kinds=("files",), folder=str(noise_dir)))
     with pytest.raises(ValueError, match=re.escape(empty)):
         WaveAugmenter(config, SR)
+
+
+def test_a_noise_file_silent_where_drawn_is_named_once(noise_dir, caplog):
+    """Silent noise (or one constant value, a one-sample file repeated) has no level to mix
+    at: the utterance stays clean, which would otherwise pass unseen."""
+    silent = write(noise_dir / "silent.wav", np.zeros(SR))
+    for other in ("hum.wav", "deeper/hiss.WAV"):
+        (noise_dir / other).unlink()
+    config = WaveAugment(noise=NoiseAugment(prob=1.0, kinds=("files",), folder=str(noise_dir)))
+    augmenter, wave = WaveAugmenter(config, SR), speechlike(0.3)
+    with caplog.at_level(logging.WARNING, logger="asr.data.augment"):
+        for seed in range(3):
+            assert torch.equal(augmenter(wave, rng(seed)), wave)
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 1 and silent in said[0] and "adds no noise" in said[0], said
 
 
 @pytest.mark.parametrize("what", ["noise", "reverb"])
