@@ -682,6 +682,17 @@ def test_specaugment_refuses_negative_or_not_finite_sizes(setting):
         SpecAugment(**setting)
 
 
+@pytest.mark.parametrize("name", ["time_warp", "freq_masks", "freq_width", "time_masks"])
+def test_specaugment_refuses_fractional_counts_and_takes_whole_floats(name):
+    """Counts and widths in bins or frames are whole: 1.5 was taken, and the first training
+    batch failed inside torch; 2.0 (a float a caller computed) is 2."""
+    with pytest.raises(ValueError, match=f"{name} \\(1.5\\) must be a whole number"):
+        SpecAugment(**{name: 1.5})
+    augment = SpecAugment(**{name: 2.0}).train()
+    feats, lens = torch.randn(2, 50, 20), torch.tensor([50, 40])
+    assert augment(feats, lens)[0].shape == feats.shape
+
+
 # ----------------------------------------------------------------------------- composition
 
 

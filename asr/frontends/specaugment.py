@@ -56,11 +56,13 @@ class SpecAugment(nn.Module):
         for name, size in sizes.items():
             if not (math.isfinite(size) and size >= 0):
                 raise ValueError(f"SpecAugment: {name} ({size}) must be finite and >= 0")
+            if name != "time_width" and not float(size).is_integer():  # counts and bins
+                raise ValueError(f"SpecAugment: {name} ({size}) must be a whole number")
         if not math.isfinite(mask_value):
             raise ValueError(f"SpecAugment mask_value must be finite, got {mask_value}")
-        self.time_warp, self.mask_value = time_warp, mask_value
-        self.freq_masks, self.freq_width = freq_masks, freq_width
-        self.time_masks, self.time_width = time_masks, time_width
+        self.time_warp, self.mask_value = int(time_warp), mask_value
+        self.freq_masks, self.freq_width = int(freq_masks), int(freq_width)
+        self.time_masks, self.time_width = int(time_masks), time_width
 
     def forward(self, x: Tensor, x_lens: Tensor) -> tuple[Tensor, Tensor]:
         """Args: x `(B, T, D)`, x_lens `(B,)`. Returns: augmented `(B, T, D)` and `x_lens`."""
