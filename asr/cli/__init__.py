@@ -126,8 +126,15 @@ def _cmvn(args: argparse.Namespace) -> int:
         frontend = config_frontend(config)
     else:
         rate, n_mels = args.sample_rate or 16000, args.n_mels or 80
-        level = None if args.target_dbfs is None else LevelNormalizer(args.target_dbfs)
-        frontend = Frontend(LogMelFilterbank(sample_rate=rate, n_mels=n_mels), level=level)
+        try:  # the modules' messages name their arguments; say which option set them
+            level = None if args.target_dbfs is None else LevelNormalizer(args.target_dbfs)
+        except ValueError as error:
+            raise ValueError(f"--target-dbfs {args.target_dbfs}: {error}") from None
+        try:
+            features = LogMelFilterbank(sample_rate=rate, n_mels=n_mels)
+        except ValueError as error:
+            raise ValueError(f"--sample-rate {rate} --n-mels {n_mels}: {error}") from None
+        frontend = Frontend(features, level=level)
     rate = frontend.features.sample_rate
     stats = compute_cmvn_stats(
         args.manifest, frontend, args.out, rate, max_utterances=args.max_utterances

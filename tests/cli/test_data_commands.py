@@ -41,6 +41,10 @@ def manifest(tmp_path):
          "--n-mels and --target-dbfs: the features are --config's; give either"),
         (["cmvn", "--manifest", "{m}", "--out", "{tmp}/c.json", "--config", "{bad_class}",
           "--config", "{bad_yaml}"], "--config given twice: give the one config whose model"),
+        (["cmvn", "--manifest", "{m}", "--out", "{tmp}/c.json", "--target-dbfs=-150"],
+         "error: --target-dbfs -150.0: floor_dbfs -100.0 must be below"),
+        (["cmvn", "--manifest", "{m}", "--out", "{tmp}/c.json", "--n-mels", "300"],
+         "error: --sample-rate 16000 --n-mels 300: LogMelFilterbank: 43 of the 300 mel bands"),
     ],
 )  # fmt: skip
 def test_a_path_or_config_that_cannot_work_is_named(argv, said, manifest, tmp_path, capsys):
