@@ -897,9 +897,10 @@ def _picture(image: np.ndarray) -> np.ndarray | _Picture:
 
 
 def _quote(part: str) -> str:
+    """`part` of a path as a URL: its bytes on disk, so a name that is not UTF-8 leads there."""
     from urllib.parse import quote
 
-    return quote(part)
+    return quote(os.fsencode(part))
 
 
 def _envelope(wave: np.ndarray, columns: int = ENVELOPE_COLUMNS) -> np.ndarray:

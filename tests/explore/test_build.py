@@ -683,6 +683,19 @@ def test_linked_audio_leads_from_the_page_folder_as_given_through_a_symlink(tmp_
     assert linked.src == "../../data/x.wav" and left_out.src == "../../data/x.wav#t=0.500"
 
 
+def test_linked_audio_whose_name_is_not_utf8_leads_to_its_bytes(tmp_path):
+    """A Latin-1 file name (kept by Python as surrogates) stopped the page with a UnicodeError
+    naming no file, with --link-audio and for every row past --max-mb."""
+    name = os.fsdecode(b"caf\xe9.wav")
+    shutil.copy(next(WAV.rglob("*.wav")), tmp_path / name)
+    media = _Media(tmp_path, link=True, budget=_Budget(None))
+    assert media.add(str(tmp_path / name), 0.0, None).src == "caf%E9.wav"
+    left_out = _Media(tmp_path, link=False, budget=_Budget(None)).link_only(
+        str(tmp_path / name), 0.5
+    )
+    assert left_out.src == "caf%E9.wav#t=0.500"
+
+
 def test_a_training_page_keeps_evenly_spread_epochs_plots_within_its_size_limit(tmp_path):
     """Past --max-mb a run's page keeps the attention plots of as many epochs as fit, spread
     evenly from the first to the last, and says how many it left out and how to keep them."""
