@@ -395,10 +395,12 @@ def refuse_references_in_the_way(
 
 def keep_explorer_maps(stem: Path, out_dir: str | os.PathLike, maps: list | None) -> None:
     """Before an input's files, whose presence means done: its explorer maps, or (None) the
-    removal of what an earlier `--explorer` run kept of it, which no longer matches."""
+    removal of what an earlier `--explorer` run kept of it, which no longer matches. A page
+    built before shows the folder as it was: it goes (an `--explorer` run builds it anew)."""
     from asr.explore.records import MAPS_SUFFIX, PAGE, write_maps
     from asr.writers import file_there
 
+    (Path(out_dir) / PAGE).unlink(missing_ok=True)
     if maps is not None:
         stem.parent.mkdir(parents=True, exist_ok=True)
         write_maps(stem, maps)
@@ -406,7 +408,6 @@ def keep_explorer_maps(stem: Path, out_dir: str | os.PathLike, maps: list | None
     kept = Path(f"{stem}{MAPS_SUFFIX}")
     if file_there(kept):
         kept.unlink()
-        (Path(out_dir) / PAGE).unlink(missing_ok=True)
 
 
 def start_explorer(

@@ -497,6 +497,22 @@ def test_a_transcript_written_again_without_explorer_loses_its_earlier_maps(
         "keeps it" in notes  # fmt: skip
 
 
+def test_a_page_built_before_goes_when_the_folder_gets_new_transcripts(tiny_checkpoint, tmp_path):
+    """`asr explore` of a folder, then a new input transcribed into it without --explorer:
+    the page showed the old rows alone, with no word of the new one."""
+    folder = tmp_path / "in"
+    folder.mkdir()
+    shutil.copy(WAV / "an4_clstk/fash/an251-fash-b.wav", folder / "a.wav")
+    out = tmp_path / "out"
+    args = ["transcribe", str(folder), "--model", str(tiny_checkpoint["checkpoint"]),
+            "--output-dir", str(out), "--quiet"]  # fmt: skip
+    assert main(args) == 0
+    explore(out, progress=False)
+    shutil.copy(WAV / "an4_clstk/fash/an251-fash-b.wav", folder / "b.wav")
+    assert main(args) == 0 and (out / "b.json").is_file()
+    assert not (out / "explorer.html").exists()
+
+
 def test_an_input_without_maps_still_gets_its_maps_file(tmp_path):
     """No file for an input whose segments kept no map (a 10 ms blip) made every re-run of
     `asr transcribe --explorer` transcribe it again."""
