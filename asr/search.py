@@ -117,11 +117,20 @@ class SearchOptions:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, numbers.Integral):
                 raise ValueError(f"SearchOptions: {name} must be a whole number, got {value!r}")
+        optional = ("eos_threshold", "pre_beam_ratio")
         for name in ("ctc_weight", "lm_weight", "length_bonus", "max_len_ratio", "min_len_ratio",
-                     "eos_threshold", "pre_beam_ratio"):  # fmt: skip
+                     *optional):  # fmt: skip
             value = getattr(self, name)
-            if value is not None and not math.isfinite(value):  # inf scores every hypothesis -inf
+            if value is None and name in optional:
+                continue
+            if isinstance(value, bool) or not isinstance(value, numbers.Real):  # "0.3", None
+                raise ValueError(f"SearchOptions: {name} must be a number, got {value!r}")
+            if not math.isfinite(value):  # inf scores every hypothesis -inf
                 raise ValueError(f"SearchOptions: {name} must be finite, got {value!r}")
+        for name in ("length_normalization", "repair"):  # "false" would be taken as true
+            value = getattr(self, name)
+            if not isinstance(value, bool):
+                raise ValueError(f"SearchOptions: {name} must be True or False, got {value!r}")
         checks = {
             "beam_size must be >= 1": self.beam_size >= 1,
             "ctc_weight must lie in [0, 1]": 0.0 <= self.ctc_weight <= 1.0,

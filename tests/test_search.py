@@ -361,6 +361,12 @@ def test_greedy_never_emits_blank_or_pad() -> None:
         ("lm_weight", 1000.0),  # 1e38 overflowed float32 scores to -inf: text ""
         ("max_len_ratio", float("inf")),
         ("length_bonus", float("-inf")),
+        ("length_normalization", "false"),  # any string was taken as True
+        ("repair", "no"),
+        ("repair", None),
+        ("ctc_weight", None),  # a TypeError naming no field
+        ("ctc_weight", "0.3"),
+        ("min_len_ratio", True),
     ],
 )
 def test_bad_options_raise(field: str, value: float) -> None:
