@@ -195,9 +195,10 @@ def join_segments(
     segment whose own times put a word it keeps past its cut: all of its words and tokens take
     the guide's, so that they stay in order.
 
-    A segment that leaves out words of its window has no search `score` (NaN) and no
-    `alternatives`: both are of the whole window's hypotheses, and alternatives have no word
-    times to cut them by."""
+    A segment that leaves out words of its window has no search `score` (NaN), `avg_logprob`
+    or `alternatives`: they are of the whole window's hypotheses, and alternatives have no word
+    times to cut them by. The transcript's score is the sum of its segments' (NaN then), its
+    `avg_logprob` over the segments that have one."""
     guides = [part for _, part in parts] if guides is None else guides
     order = sorted(range(len(parts)), key=lambda k: parts[k][0][0])
     guided = []  # the parts as the guides time them, in order
@@ -245,12 +246,16 @@ def join_segments(
         segment = replace(whole, start=start, end=end)
         if not all(keep):  # the window's score and n-best also score words a neighbour holds
             segment = replace(
-                segment, text=tokenizer.decode(tokens), score=math.nan, alternatives=[]
+                segment,
+                text=tokenizer.decode(tokens),
+                score=math.nan,
+                avg_logprob=None,
+                alternatives=[],
             )
         out.segments.append(segment)
-        out.score += part.score
-        if part.avg_logprob is not None:
-            logprob_sum += part.avg_logprob * (len(part.tokens) + 1)
+        out.score += segment.score  # a cut window's NaN too: its score counts the overlap
+        if segment.avg_logprob is not None:
+            logprob_sum += segment.avg_logprob * (len(part.tokens) + 1)
             logprob_count += len(part.tokens) + 1
     out.text = " ".join(s.text for s in out.segments if s.text)
     out.avg_logprob = logprob_sum / logprob_count if logprob_count else None

@@ -675,7 +675,7 @@ def test_overlapping_windows_keep_each_word_once():
     assert len(joined.token_starts) == len(joined.token_ends) == len(joined.tokens)
     assert joined.token_starts == sorted(joined.token_starts)
     assert [(s.start, s.end) for s in joined.segments] == [(0.0, 2.0), (2.0, 4.0)]
-    assert joined.score == -2.0
+    assert math.isnan(joined.score), "both windows were cut: their scores count the overlap"
 
 
 @pytest.mark.parametrize(
@@ -834,13 +834,18 @@ def test_a_segment_cut_from_its_window_has_no_score_or_alternatives_of_the_windo
     before = [Word("A", 1.0, 1.4), Word("B", 4.6, 4.9)]  # B is the next segment's
     after = [Word("B", 4.6, 4.9), Word("C", 6.0, 6.4)]
     parts = [_window(tokenizer, (0.0, 5.0), before), _window(tokenizer, (4.0, 9.0), after)]
-    for (_, part), other in zip(parts, ("A B B", "B C C")):
+    for (_, part), other, logprob in zip(parts, ("A B B", "B C C"), (-0.5, -0.25)):
         part.segments[0].alternatives = [Alternative(other, tokenizer.encode(other), -3.0)]
+        part.avg_logprob = part.segments[0].avg_logprob = logprob
     joined = join_segments(tokenizer, parts, 9.0)
     assert [s.text for s in joined.segments] == ["A", "B C"]
     cut, whole = joined.segments
-    assert math.isnan(cut.score) and cut.alternatives == []
+    assert math.isnan(cut.score) and cut.alternatives == [] and cut.avg_logprob is None
     assert whole.score == -1.0 and [a.text for a in whole.alternatives] == ["B C C"]
+    assert joined.avg_logprob == whole.avg_logprob == -0.25, "not the cut window's"
+    # the transcript's score is its segments' sum: none either (both windows' counted the
+    # overlap's words twice)
+    assert math.isnan(joined.score) and joined.to_dict()["score"] is None
     cut, whole = joined.to_dict()["segments"]
     assert cut["score"] is None and "alternatives" not in cut
     assert whole["alternatives"] == [{"text": "B C C", "score": -3.0}]
