@@ -47,7 +47,7 @@ RESERVED = (WEIGHTS_FILE, CONFIG_FILE, TOKENIZER_DIR, CARD_FILE)
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
 FILE_ENTRIES = ("model_config", "tokenizer", "assets")
 HF_PREFIX = "hf://"
-HF_ADDRESS = re.compile(r"hf://([\w.-]+/[\w.-]+)(?:@([\w./-]+))?")
+HF_ADDRESS = re.compile(r"hf://([A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+)(?:@([\w./-]+))?")  # the Hub's
 ALIASES = "asr.aliases"  # safetensors metadata: {name: kept name} of tied weights
 
 
@@ -89,6 +89,26 @@ class ModelCard:
     onnx: bool = False  # the package holds ONNX Runtime graphs too (asr export --format onnx)
 
 
+def check_repo_id(repo_id: str) -> None:
+    """ValueError unless `repo_id` is an owner/name the Hub, and so hf://, takes."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    if not HF_ADDRESS.fullmatch(f"hf://{repo_id}"):
+        raise ValueError(f"{repo_id!r} is not owner/name")
+    try:
+        validate_repo_id(repo_id)
+    except HFValidationError as err:
+        raise ValueError(str(err)) from None
+
+
+def _remove(path: Path) -> None:
+    """`path` gone: a folder with its files, a file, or a link (never what it leads to)."""
+    if path.is_symlink() or path.is_file():
+        path.unlink()
+    else:
+        shutil.rmtree(path, ignore_errors=True)
+
+
 def write_package(
     checkpoint: str | os.PathLike,
     out_dir: str | os.PathLike,
@@ -106,6 +126,8 @@ def write_package(
     config = _package_config(payload, assets)
     # Fail (bad metrics file, shared weights) before writing any file.
     card = card or ModelCard()
+    if card.repo_id is not None:
+        check_repo_id(card.repo_id)  # else the card's hf:// examples would be refused
     card_text = model_card(config, payload, state, card, out.resolve().name, checkpoint)
     weights = _safetensors_bytes(submodule_weights(state, "model."))
     graphs, tokenizer_dir = out / ONNX_DIR, out / TOKENIZER_DIR
@@ -117,10 +139,10 @@ def write_package(
             "another folder"
         )
     out.mkdir(parents=True, exist_ok=True)
-    shutil.rmtree(graphs, ignore_errors=True)  # of other weights
+    _remove(graphs)  # of other weights
     for original, name in assets.items():
         _write_atomic(out / name, base64.b64decode(payload["assets"][original]))
-    shutil.rmtree(tokenizer_dir, ignore_errors=True)
+    _remove(tokenizer_dir)  # a link to another folder's tokenizer too: this one's is written
     tokenizer_dir.mkdir()
     write_embedded_files(payload["tokenizer"], tokenizer_dir)
     _write_atomic(out / CONFIG_FILE, (json.dumps(config, indent=1) + "\n").encode())
@@ -205,7 +227,6 @@ def resolve_package(path: str | os.PathLike) -> Path:
             raise FileNotFoundError(f"{path}: no such model package folder")
         return folder
     from huggingface_hub import HfApi, constants, snapshot_download
-    from huggingface_hub.utils import HFValidationError, validate_repo_id
 
     match = HF_ADDRESS.fullmatch(text)
     named = "a Hub model is named hf://owner/name or hf://owner/name@revision"
@@ -213,8 +234,8 @@ def resolve_package(path: str | os.PathLike) -> Path:
         raise ValueError(f"{text}: {named}")
     repo_id, revision = match.groups()
     try:
-        validate_repo_id(repo_id)
-    except HFValidationError as err:
+        check_repo_id(repo_id)
+    except ValueError as err:
         raise ValueError(f"{text}: {named} ({err})") from None
     fetch = partial(snapshot_download, repo_id, ignore_patterns=_pickle_patterns())
     if constants.HF_HUB_OFFLINE:

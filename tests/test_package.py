@@ -284,6 +284,38 @@ def test_exporting_again_replaces_the_package_and_keeps_other_files(overfit_chec
     assert [p.name for p in (pkg / "tokenizer").iterdir()] == ["tokenizer.json"]
 
 
+def test_exporting_again_over_links_replaces_them_and_leaves_their_targets(
+    overfit_checkpoint, tmp_path
+):
+    """A package whose tokenizer/ (or onnx/) was a link to a folder elsewhere: the export
+    stopped with a bare 'File exists' after removing the graphs, leaving a broken package."""
+    pkg, elsewhere = tmp_path / "pkg", tmp_path / "elsewhere"
+    write_package(overfit_checkpoint, pkg)
+    (pkg / "tokenizer").rename(elsewhere)
+    (pkg / "tokenizer").symlink_to(elsewhere)
+    (pkg / "onnx").symlink_to(elsewhere)
+    kept = {p.name: p.read_bytes() for p in elsewhere.iterdir()}
+    write_package(overfit_checkpoint, pkg)
+    assert (pkg / "tokenizer").is_dir() and not (pkg / "tokenizer").is_symlink()
+    assert not (pkg / "onnx").exists() and not (pkg / "onnx").is_symlink()
+    assert {p.name: p.read_bytes() for p in elsewhere.iterdir()} == kept
+    asr.load_model(pkg)
+
+
+@pytest.mark.parametrize("repo_id", ["me/an4..x", "-me/an4", "me/x.git", "mé/x", "an4"])
+def test_a_repo_id_the_hub_refuses_is_refused_before_writing(
+    overfit_checkpoint, tmp_path, capsys, repo_id
+):
+    """The card's own `hf://` examples would be refused by `hf://` itself."""
+    args = ["export", "--model", str(overfit_checkpoint), "--out", str(tmp_path / "pkg")]
+    with pytest.raises(SystemExit):
+        main([*args, f"--repo-id={repo_id}"])
+    assert "--repo-id: must be owner/name as the Hub takes it" in capsys.readouterr().err
+    with pytest.raises(ValueError):
+        write_package(overfit_checkpoint, tmp_path / "pkg", card=ModelCard(repo_id=repo_id))
+    assert not (tmp_path / "pkg").exists()
+
+
 def test_exporting_again_removes_the_graphs_of_the_earlier_weights(overfit_checkpoint, tmp_path):
     """ONNX graphs left from an earlier export decoded with the other model's weights (or
     crashed where the families differ): a new export, with or without graphs, removes them."""

@@ -874,10 +874,14 @@ def _longest_segment(text: str) -> float:
 
 def _repo_id(text: str) -> str:
     """An argparse type: a Hub repository name, owner/name (what hf:// takes)."""
-    import re
+    from asr.package import check_repo_id
 
-    if not re.fullmatch(r"[\w.-]+/[\w.-]+", text):
-        raise argparse.ArgumentTypeError(f"must be owner/name, got {text!r}")
+    try:
+        check_repo_id(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(
+            f"must be owner/name as the Hub takes it: {error}"
+        ) from None
     return text
 
 

@@ -59,7 +59,7 @@ AT_LEAST_1 = "must be at least 1, got"
         (["shard", "--manifest", "x.jsonl", "--out", "o", "--shard-hours", "-1"],
          "must be more than 0, got -1"),
         (["export", "--checkpoint", "m.ckpt", "--out", "o", "--repo-id", "not a repo"],
-         "must be owner/name, got 'not a repo'"),
+         "must be owner/name as the Hub takes it: 'not a repo' is not owner/name"),
         (["export", "--checkpoint", "m.ckpt", "--out", "o", "--license", ""],
          "must be a licence id such as apache-2.0, got ''"),
     ],
