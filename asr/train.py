@@ -26,7 +26,7 @@ from jsonargparse import Namespace
 from lightning.fabric.plugins import CheckpointIO
 from lightning.fabric.utilities.distributed import _set_num_threads_if_needed
 from lightning.pytorch.callbacks import ModelCheckpoint, Timer, TQDMProgressBar
-from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
 from lightning.pytorch.utilities.exceptions import MisconfigurationException, SIGTERMException
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
@@ -630,15 +630,31 @@ class Trainer(L.Trainer):
         )
 
 
+class _Parser(LightningArgumentParser):
+    """Writes the parsed config without validating it again: parsing validated it, and a
+    second validation was most of what a dump costs (Lightning dumps it twice a run)."""
+
+    def dump(self, namespace: Namespace, *args: Any, **kwargs: Any) -> str:
+        kwargs.setdefault("skip_validation", True)
+        return super().dump(namespace, *args, **kwargs)
+
+    def save(self, namespace: Namespace, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("skip_validation", True)
+        return super().save(namespace, *args, **kwargs)
+
+
 class ASRCLI(LightningCLI):
     """LightningCLI with argument links, checkpoint callbacks and default loggers."""
 
     ctrl_c = CtrlC()  # `run_lightning_cli` makes a new one per command and reads it after
 
-    @staticmethod
-    def subcommands() -> dict[str, set[str]]:
-        """Lightning's, less predict (transcription is `asr transcribe`)."""
-        return {k: v for k, v in LightningCLI.subcommands().items() if k != "predict"}
+    @classmethod
+    def subcommands(cls) -> dict[str, set[str]]:
+        """Lightning's, less predict (transcription is `asr transcribe`); of those, the one
+        run alone, as `asr` has chosen it: each parser built costs start-up time."""
+        ours = {k: v for k, v in LightningCLI.subcommands().items() if k != "predict"}
+        chosen = cls.argv[0] if cls.argv else None
+        return {chosen: ours[chosen]} if chosen in ours else ours
 
     def add_arguments_to_parser(self, parser) -> None:
         parser.link_arguments("data.init_args.tokenizer", "model.init_args.tokenizer")
@@ -1353,6 +1369,7 @@ def run_lightning_cli(argv: Sequence[str]) -> ASRCLI:
                 L.LightningModule,
                 L.LightningDataModule,
                 trainer_class=Trainer,
+                parser_class=_Parser,
                 subclass_mode_model=True,
                 subclass_mode_data=True,
                 args=None if list(argv) == sys.argv[1:] else list(argv),
