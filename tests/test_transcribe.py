@@ -39,6 +39,7 @@ import asr.transcribe
 from asr.audio import audio_info, load_audio
 from asr.cli import main
 from asr.cli.inputs import transcribe_files
+from asr.cli.numbers import check_nbest
 from asr.data.cmvn import compute_cmvn_stats
 from asr.data.dataset import collate
 from asr.data.manifest import Utterance, write_manifest
@@ -1014,7 +1015,14 @@ def test_cli_nbest_lists_alternatives_and_confidences_in_json(checkpoint, tmp_pa
     assert all(0 <= w["probability"] <= 1 for w in result["words"])
     assert all(0 <= w["ctc_probability"] <= 1 for w in result["words"]), "it has a CTC head"
     assert main([*args, "--nbest", "4"]) == 2  # more than the beam keeps
-    assert "nbest must be None or in [1, beam_size]" in capsys.readouterr().err
+    said = "error: --nbest 4: more hypotheses than --beam-size 3 keeps; give --beam-size 4 or "
+    assert said in capsys.readouterr().err
+    unset = args[:4] + args[6:]  # a model that stores no search: asr's default beam
+    assert main([*unset, "--nbest", "99"]) == 2
+    said = "--nbest 99: more hypotheses than the default beam (10) keeps; give --beam-size 99"
+    assert said in capsys.readouterr().err
+    with pytest.raises(ValueError, match=r"than the model's stored beam \(4\) keeps"):
+        check_nbest(5, 4, stored=True)  # one that `asr finalize` set
 
 
 def test_an_input_whose_files_cannot_be_written_is_named_and_the_others_go_on(

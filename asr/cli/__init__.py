@@ -542,6 +542,7 @@ def _file_in_the_way(folder: Path) -> Path | None:
 def _transcribe_inputs(args: argparse.Namespace, inputs: list[Input], on_result=None) -> list[str]:
     """`transcribe_files` with the command's options; the names of the inputs that failed."""
     from asr.cli.inputs import DEFAULT_FORMATS, transcribe_files
+    from asr.cli.numbers import check_nbest
     from asr.transcribe import TRANSCRIBE_BATCH_SIZE
 
     _set_threads(args.threads)
@@ -554,12 +555,15 @@ def _transcribe_inputs(args: argparse.Namespace, inputs: list[Input], on_result=
         "silence_threshold_db": args.silence_threshold_db,
         "vad": args.vad,
     }
+    options = _search_options(args, recognizer)
+    check_nbest(args.nbest, options.beam_size, stored=args.beam_size is None,
+                default=recognizer.decoding is None)  # fmt: skip
     return transcribe_files(
         recognizer,
         inputs,
         args.output_dir,
         formats=args.format or DEFAULT_FORMATS,
-        options=replace(_search_options(args, recognizer), nbest=args.nbest),
+        options=replace(options, nbest=args.nbest),
         lm=_language_model(args, recognizer),
         timestamps=args.timestamps,
         batch_size=args.batch_size or TRANSCRIBE_BATCH_SIZE,

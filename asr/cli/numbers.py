@@ -100,4 +100,18 @@ def check_search_arguments(args: argparse.Namespace) -> None:
         raise ValueError("--lm-weight needs --lm")
     nbest, beam = getattr(args, "nbest", None), getattr(args, "beam_size", None)
     if nbest is not None and beam is not None:  # else the model's own beam decides
+        check_nbest(nbest, beam, stored=False)
         SearchOptions(beam_size=beam, nbest=nbest)
+
+
+def check_nbest(nbest: int | None, beam_size: int, stored: bool, default: bool = False) -> None:
+    """ValueError where `--nbest` asks for more hypotheses than the search keeps (`stored`:
+    no `--beam-size` given, the model's own beam; `default`: it stores none, asr's default)."""
+    if nbest is not None and nbest > beam_size:
+        keeps = f"--beam-size {beam_size}"
+        if stored:
+            whose = "the default beam" if default else "the model's stored beam"
+            keeps = f"{whose} ({beam_size})"
+        raise ValueError(
+            f"--nbest {nbest}: more hypotheses than {keeps} keeps; give --beam-size {nbest} or more"
+        )

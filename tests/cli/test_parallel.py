@@ -808,7 +808,7 @@ def test_search_options_every_process_refuses_are_said_once(checkpoint, corpus, 
     )  # fmt: skip
     assert (code, stdout) == (2, "")
     assert stderr == (
-        "asr transcribe: error: SearchOptions: nbest must be None or in [1, beam_size] "
-        "(beam_size 1), got 5\n"
+        "asr transcribe: error: --nbest 5: more hypotheses than --beam-size 1 keeps; give "
+        "--beam-size 5 or more\n"
     )
     assert not (tmp_path / "out").exists()
