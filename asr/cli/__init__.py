@@ -1059,8 +1059,8 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
             "--kind",
             choices=TOKENIZER_KINDS,
             default="char",
-            help="char: the characters of the normalised texts; bpe, unigram: SentencePiece "
-            "subwords, a vocabulary of --vocab-size (%(default)s)",
+            help="char (the default): the characters of the normalised texts; bpe, unigram: "
+            "SentencePiece subwords, a vocabulary of --vocab-size",
         )
         p.add_argument("--vocab-size", type=int, help="bpe/unigram vocabulary size")
         p.add_argument(
@@ -1148,7 +1148,8 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
         description="Write the utterances of a manifest, in its order, into WebDataset tar "
         "shards of at most --shard-hours of audio: each utterance is <key>.<suffix>, its audio "
         "file's bytes unchanged (FLAC, Opus, WAV, SPHERE...; a segment of a longer file is cut "
-        "and stored as FLAC of its bit depth, float WAV for float samples), and <key>.json "
+        "and stored as FLAC of its bit depth, float WAV for float samples; a format "
+        "libsndfile cannot read, such as m4a, as 16-bit FLAC), and <key>.json "
         "(id, text, duration, speaker). OUT/shards.json "
         "indexes them (files, sizes, durations). Name the folder as the training data, "
         "`data.train_manifest: OUT`, and `asr fit` streams it: shards split over ranks and "

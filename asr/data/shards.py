@@ -362,7 +362,8 @@ def _member_json(utterance: Utterance) -> bytes:
 
 def _stored_audio(utterance: Utterance) -> tuple[str, bytes, int]:
     """(member suffix, bytes, sample rate): the file as it is where the utterance is all of it,
-    else the segment as FLAC of the file's bit depth (float samples: as float WAV)."""
+    else the segment as FLAC of the file's bit depth (float samples: as float WAV; a format
+    libsndfile cannot read: 16-bit FLAC)."""
     path = Path(utterance.audio_filepath)
     subtype = "PCM_16"
     if utterance.offset == 0:
