@@ -193,9 +193,11 @@ def build_condition(
     seed: int = 0,
     progress: bool = True,
     failures: list[BadEntry] | None = None,
+    clipping: dict[str, float] | None = None,
 ) -> Path:
     """Write `utterances` under `condition` as 16-bit WAVs and a manifest; return its path.
-    Samples beyond full scale clip, as a recorder's would: a warning says what share.
+    Samples beyond full scale clip, as a recorder's would: a warning says what share (also
+    put in `clipping`, as "clipped", where given).
     Given `failures`, an utterance whose audio cannot be read is left out and recorded there
     (and hears in no other's babble), else it stops the copy."""
     out_dir = Path(out_dir)
@@ -226,15 +228,22 @@ def build_condition(
         # with its source's id: decodes under two conditions compare utterance by utterance
         written.append(replace(utterance, id=utterance.utt_id, audio_filepath=relative,
                                offset=0.0, duration=duration))  # fmt: skip
-    if clipped:  # the row then measures the clipping too
-        warnings.warn(
-            f"{condition.label}: {100 * clipped / samples:.2g} % of the copies' samples were "
-            "beyond full scale and clipped, as a 16-bit recording would be",
-            stacklevel=2,
-        )
+    if clipped:
+        _warn_of_clipping(condition, clipped / samples)
+    if clipping is not None:
+        clipping["clipped"] = clipped / samples if samples else 0.0
     manifest = out_dir / "manifest.jsonl"
     write_manifest(manifest, written)
     return manifest
+
+
+def _warn_of_clipping(condition: Condition, share: float) -> None:
+    """The row then measures the clipping too: said whenever the copies are scored."""
+    warnings.warn(
+        f"{condition.label}: {100 * share:.2g} % of the copies' samples were beyond full scale "
+        "and clipped, as a 16-bit recording would be",
+        stacklevel=3,
+    )
 
 
 class _Talkers:
@@ -321,15 +330,20 @@ def robustness(
             or {k: built.get(k) for k in stamp} != stamp
             or built.get("left_out")
             or built.get("files") is None
+            or built.get("clipped") is None  # built by an asr that did not keep it
             or built["files"] != _copy_sizes(folder)
         ):
             # gone first: a rebuild that stops halfway must not leave other copies passing
             (folder / "built.json").unlink(missing_ok=True)
             unread: list[BadEntry] | None = [] if skip_bad else None
-            copy = build_condition(condition, utterances, folder, rate, seed, progress, unread)
+            clipping: dict[str, float] = {}
+            copy = build_condition(condition, utterances, folder, rate, seed, progress, unread,
+                                   clipping)  # fmt: skip
             built = {**stamp, "left_out": list(map(str, unread or [])),
-                     "files": _copy_sizes(folder)}  # fmt: skip
+                     "files": _copy_sizes(folder), **clipping}  # fmt: skip
             (folder / "built.json").write_text(json.dumps(built) + "\n", encoding="utf-8")
+        elif built and built.get("clipped"):  # copies reused: their clipping is said as when built
+            _warn_of_clipping(condition, built["clipped"])
         try:
             metrics = evaluate(recognizer, copy, folder / "decode", options, lm, batch_size,
                                plots=0, progress=progress, extra=extra,

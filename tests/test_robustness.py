@@ -118,6 +118,24 @@ def test_copies_that_clip_say_how_much(tmp_path, recwarn):
         build_condition(Condition("level", 40.0), utterances, tmp_path / "l", progress=False)
 
 
+def test_copies_that_clip_say_so_when_reused_too(tmp_path):
+    """A re-run scores the copies built before: their clipping measured in the row again
+    was said on the first run alone."""
+    recognizer, _ = _overfit_recognizer(str(WAV))
+    manifest, out = _manifest(tmp_path / "test.jsonl"), tmp_path / "rob"
+    said = r"^level 40 dB: [\d.]+ % of the copies' samples were beyond full scale and clipped"
+    for _ in range(2):
+        with pytest.warns(UserWarning, match=said):
+            robustness(recognizer, manifest, out, [Condition("level", 40.0)], GREEDY,
+                       progress=False)  # fmt: skip
+    stamp = json.loads((out / "level40" / "built.json").read_text())
+    assert stamp["clipped"] > 0.01
+    del stamp["clipped"]  # copies an asr that kept no share built: built again, and said
+    (out / "level40" / "built.json").write_text(json.dumps(stamp))
+    with pytest.warns(UserWarning, match=said):
+        robustness(recognizer, manifest, out, [Condition("level", 40.0)], GREEDY, progress=False)
+
+
 def test_level_and_noise_copies_measure_what_they_say(tmp_path):
     utterances = read_manifest(_manifest(tmp_path / "test.jsonl"))
     quiet = read_manifest(build_condition(Condition("level", -20.0), utterances, tmp_path / "q",
