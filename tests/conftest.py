@@ -88,6 +88,13 @@ def ctrl_c():
 LONG_MODULES = ("test_ddp.py", "test_recipes.py", "test_lightning.py", "test_overfit.py")
 
 
+def pytest_xdist_auto_num_workers(config):
+    """`-n auto`: a worker more than the CPUs, as many tests wait on a subprocess, a socket or
+    a browser while a worker could compute (`--maxprocesses` still caps it)."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return (cpus or 1) + 1
+
+
 @pytest.hookimpl(trylast=True)  # after `-m` has deselected: the halves are of what runs
 def pytest_collection_modifyitems(config, items):
     _spread_long_tests(items)
@@ -268,7 +275,8 @@ def encode_audio(
 def _spread_long_tests(items: list[pytest.Item]) -> None:
     """Order the tests so that each half of the list starts with long modules, alternately:
     `pytest -n 2 --dist worksteal` gives each worker a half, so both begin with long tests and
-    the short ones fill the gaps, rather than one worker ending the run alone. A module stays
+    the short ones fill the gaps, rather than one worker ending the run alone (with a third
+    worker, as `-n auto` starts on 2 CPUs, the last third is short tests: it steals). A module stays
     whole, so its module-scoped fixtures are built on one worker only."""
     halves: tuple[list, list] = ([], [])
     for k, module in enumerate(LONG_MODULES):
