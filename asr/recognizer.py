@@ -23,7 +23,7 @@ from asr.ctc_beam import EndpointOptions
 from asr.decoding import decode_batch
 from asr.loading import load_lm, load_seq2seq
 from asr.models.seq2seq import Seq2Seq
-from asr.package import HF_PREFIX
+from asr.package import HF_PREFIX, read_recognizer
 from asr.precision import check_precision, input_dtype
 from asr.results import Alignment, BatchResult, Decoded, Transcript
 from asr.search import (
@@ -416,6 +416,32 @@ def _with_vad(segmenter: SegmenterOptions, vad: str | None) -> SegmenterOptions:
     return segmenter if vad is None else replace(segmenter, vad=vad)
 
 
+def stored_search(path: str | os.PathLike) -> SearchOptions | None:
+    """The search settings a recognizer `path` stores (`asr finalize`), None where it stores
+    none, read without building the network (a `--workers` parent checks options by them)."""
+    if not str(path).startswith(HF_PREFIX):
+        path = os.path.expanduser(path)
+    _, payload = read_recognizer(path)
+    return _stored_search(payload, path)[0]
+
+
+def _stored_search(
+    payload: dict[str, Any], path: str | os.PathLike
+) -> tuple[SearchOptions | None, PlattScaling | None]:
+    """The payload's stored search settings and word-confidence scaling (None where absent);
+    CheckpointError where they do not load."""
+    scaling = payload.get("confidence_scaling")
+    try:
+        search = SearchOptions(**payload["decoding"]) if "decoding" in payload else None
+        confidence = None if scaling is None else PlattScaling.from_dict(scaling)
+    except (TypeError, KeyError, ValueError) as err:  # a newer asr's option, an edited file
+        raise CheckpointError(
+            f"{path}: its stored decoding or confidence settings do not load "
+            f"({type(err).__name__}: {err}); an edited file, or one a newer asr wrote?"
+        ) from None
+    return search, confidence
+
+
 def load_model(
     path: str | os.PathLike,
     device: str | torch.device = "cpu",
@@ -446,15 +472,7 @@ def load_model(
     if not str(path).startswith(HF_PREFIX):
         path = os.path.expanduser(path)  # as a shell would: `~/models/an4`
     model, tokenizer, payload = load_seq2seq(path, device, backend, precision)
-    scaling = payload.get("confidence_scaling")
-    try:
-        search = SearchOptions(**payload["decoding"]) if "decoding" in payload else None
-        confidence = None if scaling is None else PlattScaling.from_dict(scaling)
-    except (TypeError, KeyError, ValueError) as err:  # a newer asr's option, an edited file
-        raise CheckpointError(
-            f"{path}: its stored decoding or confidence settings do not load "
-            f"({type(err).__name__}: {err}); an edited file, or one a newer asr wrote?"
-        ) from None
+    search, confidence = _stored_search(payload, path)
     maps = getattr(model.decoder, "num_attention_maps", None)
     segment_seconds, tokens_per_second, heads = _stored_settings(payload, path, maps)
     return Recognizer(

@@ -488,6 +488,8 @@ def _transcribe(args: argparse.Namespace) -> int:
             raise FileNotFoundError(f"{args.checkpoint}: no such checkpoint")  # once, not per rank
         if args.lm and not os.path.exists(args.lm):
             raise FileNotFoundError(f"{args.lm}: no such checkpoint")
+        if args.nbest is not None and args.beam_size is None:  # else refused by every process
+            _check_nbest_by_stored_beam(args.nbest, args.checkpoint)
         outcome = transcribe_spread(args, _transcribe_inputs)
         # Rank 0 or the --workers parent, once every share is written; other ranks count none.
         if args.explorer and not outcome.status and outcome.total > len(outcome.failures):
@@ -537,6 +539,17 @@ def _file_in_the_way(folder: Path) -> Path | None:
     """The file that stands where `folder`, or a folder above it, would be; None if none does."""
     here = next(p for p in (folder, *folder.parents) if p.exists() or p == p.parent)
     return None if here.is_dir() else here
+
+
+def _check_nbest_by_stored_beam(nbest: int, checkpoint: str) -> None:
+    """`--nbest` checked against the beam `checkpoint` stores, or asr's default beam."""
+    from asr.cli.numbers import check_nbest
+    from asr.recognizer import stored_search
+    from asr.search import SearchOptions
+
+    stored = stored_search(checkpoint)
+    beam = (stored or SearchOptions()).beam_size
+    check_nbest(nbest, beam, stored=True, default=stored is None)
 
 
 def _transcribe_inputs(args: argparse.Namespace, inputs: list[Input], on_result=None) -> list[str]:

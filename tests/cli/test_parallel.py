@@ -812,3 +812,25 @@ def test_search_options_every_process_refuses_are_said_once(checkpoint, corpus, 
         "--beam-size 5 or more\n"
     )
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("beam", [2, None])
+def test_an_nbest_above_the_models_own_beam_is_said_once(beam, checkpoint, corpus, tmp_path):
+    """Without --beam-size the model's stored beam, or asr's default, bounds --nbest: the
+    parent says so before any worker starts."""
+    state = torch.load(checkpoint, weights_only=True)
+    state[RECOGNIZER_KEY].pop("decoding", None)
+    if beam is not None:  # as `asr finalize` stores it
+        state[RECOGNIZER_KEY]["decoding"] = {"beam_size": beam}
+    torch.save(state, tmp_path / "model.ckpt")
+    code, stdout, stderr = transcribe(
+        "--manifest", corpus["good"], "--checkpoint", tmp_path / "model.ckpt",
+        "--output-dir", tmp_path / "out", "--workers", "2", *SAME_WORK[2:], "--nbest", "11",
+    )  # fmt: skip
+    keeps = f"the model's stored beam ({beam})" if beam else "the default beam (10)"
+    assert (code, stdout) == (2, "")
+    assert stderr == (
+        f"asr transcribe: error: --nbest 11: more hypotheses than {keeps} keeps; give "
+        "--beam-size 11 or more\n"
+    )
+    assert not (tmp_path / "out").exists()
