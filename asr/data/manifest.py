@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import codecs
+import functools
 import hashlib
 import json
 import logging
@@ -198,7 +199,7 @@ def validate_manifest(
 
 def _parse_manifest(path: Path) -> tuple[list[tuple[int, Utterance]], list[tuple[int, BadEntry]]]:
     """Parse every line: (line number, utterance) for good ones, (line number, entry) for bad."""
-    base = Path(os.path.abspath(path.parent))
+    base = Path(as_the_os_reads(os.path.join(os.getcwd(), path.parent)))
     good: list[tuple[int, Utterance]] = []
     bad: list[tuple[int, BadEntry]] = []
     first_line_of: dict[str, int] = {}
@@ -264,6 +265,25 @@ def _json_record(text: str) -> Any:
         raise _LineError(str(error)) from None
 
 
+def as_the_os_reads(path: str | os.PathLike) -> str:
+    """`path` normalised to where the OS finds it: a `..` after a link leads out of the link's
+    target, not back to the folder of the link, as `os.path.normpath` would have it."""
+    path = os.fspath(path)
+    folded = os.path.normpath(path)
+    if ".." not in Path(path).parts:
+        return folded
+    folder, name = os.path.split(path)
+    real = _real_folder(folder)
+    if _real_folder(os.path.dirname(folded)) == real:
+        return folded  # spelt as ever where folding leads to the same folder
+    return os.path.join(real, name)
+
+
+@functools.lru_cache(maxsize=4096)  # a manifest's lines share a few folders
+def _real_folder(folder: str) -> str:
+    return os.path.realpath(folder)
+
+
 def read_clip(
     line: str, base: str | os.PathLike
 ) -> tuple[str, float, float | None, dict[str, Any]]:
@@ -284,7 +304,7 @@ def read_clip(
     problems = [problem for problem in problems if problem]
     if problems:
         raise ValueError("; ".join(problems))
-    path = os.path.normpath(os.path.join(base, record["audio_filepath"]))
+    path = as_the_os_reads(os.path.join(base, record["audio_filepath"]))
     offset = float(record.get("offset", 0.0))
     return path, offset, None if duration is None else float(duration), record
 
@@ -310,7 +330,7 @@ def _utterance_from(record: Any, base: Path) -> Utterance:
     if problems:
         raise _LineError("; ".join(problems))
     return Utterance(
-        audio_filepath=os.path.normpath(os.path.join(base, record["audio_filepath"])),
+        audio_filepath=as_the_os_reads(os.path.join(base, record["audio_filepath"])),
         duration=float(record["duration"]),
         text=record["text"],
         id=_optional_str(record.get("id")),

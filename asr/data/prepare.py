@@ -24,7 +24,7 @@ from typing import Any, NamedTuple
 from tqdm import tqdm
 
 from asr.audio import AUDIO_SUFFIXES, AudioError, audio_files, audio_info
-from asr.data.manifest import LONGEST_ID, Utterance, some_of, write_manifest
+from asr.data.manifest import LONGEST_ID, MIN_DURATION, Utterance, some_of, write_manifest
 
 logger = logging.getLogger(__name__)
 
@@ -380,7 +380,8 @@ def _librispeech_entries(
         for number, line in _transcript_lines(transcripts, bad_text, undecoded):
             if not line.strip():
                 continue
-            utterance_id, _, text = line.strip().partition(" ")
+            utterance_id, *rest = line.split(maxsplit=1)  # a tab after the id, as a space
+            text = rest[0] if rest else ""
             named.add(transcripts.parent / utterance_id)
             text = " ".join(text.split())  # a form feed or other control space: a space
             here = f"line {number} of {transcripts}"
@@ -412,10 +413,7 @@ def _librispeech_entries(
 
 def _audio_beside(folder: Path, stem: str) -> Path | None:
     """`folder/stem.flac`, else the file of that stem with another audio suffix, if any."""
-    for suffix in (".flac", *AUDIO_SUFFIXES):
-        if (folder / f"{stem}{suffix}").is_file():
-            return folder / f"{stem}{suffix}"
-    return None
+    return _existing(folder / stem, (".flac", *AUDIO_SUFFIXES))
 
 
 YESNO_NAME = re.compile(r"[01](?:_[01])*")  # one label per word: 1 = "ken" (yes), 0 = "lo" (no)
@@ -707,6 +705,18 @@ def _measure(entries: Sequence[_Entry], description: str) -> tuple[list[Utteranc
             len(unusable),
             some_of(unusable),
         )
+    short = [
+        f"{u.audio_filepath} ({u.duration:.3f} s)" for u in utterances if u.duration < MIN_DURATION
+    ]
+    if short:  # kept: the minimum is training's to apply (data.min_duration), said here early
+        logger.warning(
+            "%s: %d recording(s) shorter than the %g s asr fit takes by default (data.min_duration;"
+            " data.skip_bad leaves them out): %s",
+            description,
+            len(short),
+            MIN_DURATION,
+            some_of(short),
+        )
     return utterances, unusable
 
 
@@ -780,8 +790,18 @@ def left_out(out_dir: PathLike) -> list[str]:
 
 
 def _existing(stem: Path, suffixes: Sequence[str]) -> Path | None:
-    """The first of `stem` + suffix that is a file."""
-    return next((p for p in (stem.with_name(stem.name + s) for s in suffixes) if p.is_file()), None)
+    """The first of `stem` + suffix that is a file, the suffix in any case (`.FLAC`, `.Sph`)."""
+    found = next(
+        (p for p in (stem.with_name(stem.name + s) for s in suffixes) if p.is_file()), None
+    )
+    if found is not None or not stem.parent.is_dir():
+        return found
+    spelt = {
+        path.name[len(stem.name) :].lower(): path
+        for path in stem.parent.iterdir()
+        if path.name.startswith(stem.name)
+    }
+    return next((spelt[s] for s in suffixes if s in spelt and spelt[s].is_file()), None)
 
 
 def _raise_if_any(names: Sequence[str], prefix: str) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +16,7 @@ from asr.data.manifest import (
     ManifestError,
     Utterance,
     ValidationReport,
+    read_clip,
     read_manifest,
     validate_manifest,
     write_manifest,
@@ -89,6 +91,29 @@ def test_relative_paths_resolve_against_the_manifest_directory(tmp_path):
         str(tmp_path / "lists" / "b.wav"),
         "/abs/c.wav",
     ]
+
+
+def test_a_path_out_of_a_linked_folder_leads_where_the_os_finds_it(tmp_path, monkeypatch):
+    """`lists/../wav/a.wav` where `lists` is a link: the OS goes up from the link's target,
+    where folding the `..` as text went up from the link (and found no file)."""
+    real = tmp_path / "corpus"
+    (real / "lists").mkdir(parents=True)
+    (real / "wav").mkdir()
+    (tmp_path / "work").mkdir()
+    (tmp_path / "work" / "lists").symlink_to(real / "lists")
+    write_lines(real / "lists" / "m.jsonl",
+                ['{"audio_filepath": "../wav/a.wav", "duration": 1, "text": "a"}'])  # fmt: skip
+    monkeypatch.chdir(tmp_path / "work")
+    real = Path(os.path.realpath(real))
+    for manifest in ("lists/m.jsonl", "lists/../lists/m.jsonl"):
+        [utterance] = read_manifest(manifest)
+        assert utterance.audio_filepath == str(real / "wav" / "a.wav")
+    line = '{"audio_filepath": "../wav/a.wav"}'
+    assert read_clip(line, "lists")[0] == str(real / "wav" / "a.wav")
+    # where folding `..` leads to the same folder, the path keeps its spelling: one file,
+    # one name, however each manifest reaches it (through the link here)
+    (tmp_path / "work" / "corpus").symlink_to(real)
+    assert read_clip(line, "corpus/lists")[0] == os.path.join("corpus", "wav", "a.wav")
 
 
 def test_blank_lines_skipped_unknown_keys_ignored_integer_ids_accepted(tmp_path):

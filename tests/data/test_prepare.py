@@ -173,6 +173,23 @@ def test_librispeech_missing_audio_is_named_by_its_stem_of_any_suffix(tmp_path, 
     assert f"audio missing for 1: {missing}" in caplog.text
 
 
+def test_librispeech_lines_with_a_tab_and_audio_of_an_upper_case_suffix_are_read(tmp_path):
+    """A tab after the id glued the first word to it (the audio "missing"); `.FLAC` was not
+    found as `.flac` is."""
+    chapter = tmp_path / "LibriSpeech" / "dev-clean-5" / "19" / "198"
+    chapter.mkdir(parents=True)
+    (chapter / "19-198.trans.txt").write_text("19-198-0001\tYES NO\n19-198-0002 NO\n")
+    write_tone(chapter / "19-198-0001.opus", 0.5, "OGG")
+    write_tone(chapter / "19-198-0002.FLAC", 0.5, "FLAC")
+    prepare_corpus("librispeech", tmp_path, tmp_path / "out")
+    assert left_out(tmp_path / "out") == []
+    lines = [json.loads(line) for line in (tmp_path / "out" / "dev.jsonl").open()]
+    assert {(u["id"], u["text"], Path(u["audio_filepath"]).name) for u in lines} == {
+        ("19-198-0001", "YES NO", "19-198-0001.opus"),
+        ("19-198-0002", "NO", "19-198-0002.FLAC"),
+    }
+
+
 def test_corpus_transcripts_with_a_bom_or_a_line_not_utf8_are_read_line_by_line(tmp_path):
     """A byte-order mark hid the first id (its audio "missing"); a line not UTF-8 stopped the
     whole run naming no file. The mark is left out; the line is named, the others go on."""
@@ -523,6 +540,30 @@ def test_an4_leaves_out_and_lists_bad_lines_and_missing_audio(tmp_path):
     assert f"{train}:6: spk-a1-b is already on line 2" in problems
     assert "an4_clstk/spk/a8-spk-b.{wav,sph}" in problems
     assert f"{test}:2: expected '<s> WORDS </s> (an251-fash-b)'" in problems
+
+
+def test_an4_audio_of_an_upper_case_suffix_is_found(tmp_path):
+    root = fake_an4(
+        tmp_path / "an4", train=["<s> A </s> (a1-spk-b)"], test=["<s> B </s> (t1-tsp-b)"]
+    )
+    wav = root / "wav" / "an4test_clstk" / "tsp" / "t1-tsp-b.wav"
+    wav.rename(wav.with_suffix(".SPH"))  # soundfile reads it by its header
+    splits = check_outputs(tmp_path / "out", prepare_corpus("an4", root, tmp_path / "out"))
+    assert [Path(u.audio_filepath).name for u in splits["test"]] == ["t1-tsp-b.SPH"]
+
+
+def test_audio_too_short_to_train_on_is_kept_and_named(folder, tmp_path, caplog):
+    """`asr fit` refuses lines under 0.1 s by default: said here, not first at training."""
+    write_tone(folder / "spk0" / "blip.wav", 0.05)
+    (folder / "spk0" / "blip.txt").write_text("BLIP\n")
+    with caplog.at_level(logging.WARNING, logger="asr.data.prepare"):
+        summaries = prepare_corpus("folder", folder, tmp_path / "out")
+    splits = check_outputs(tmp_path / "out", summaries)
+    assert "spk0-blip" in {u.utt_id for split in splits.values() for u in split}
+    assert left_out(tmp_path / "out") == []
+    blip = folder / "spk0" / "blip.wav"
+    assert "1 recording(s) shorter than the 0.1 s asr fit takes by default" in caplog.text
+    assert f"{blip} (0.050 s)" in caplog.text
 
 
 def test_an4_line_not_utf8_moves_no_utterance_between_dev_and_train(tmp_path):
