@@ -192,8 +192,9 @@ def attention_timestamps(
 def _half_peak_spans(
     scores: np.ndarray, run_starts: np.ndarray, run_ends: np.ndarray
 ) -> tuple[list[int], list[int]]:
-    """Each run cut to the frames scoring at least half its peak, so pauses go to no word;
-    a token whose frames all went to the one before takes the next frame while one is free,
+    """Each run cut to the frames scoring at least half its peak, so pauses go to no word (a
+    first token given frame 0 alone, not heard there, goes right before the next); a token
+    whose frames all went to the one before takes the next frame while one is free,
     else the last of the one before; tokens still without one (several on one frame) push
     those after them on, into the first with frames to spare."""
     starts, ends = run_starts.tolist(), run_ends.tolist()
@@ -202,6 +203,11 @@ def _half_peak_spans(
             run = scores[i, start:end]
             strong = np.flatnonzero(run >= 0.5 * run.max())
             starts[i], ends[i] = start + int(strong[0]), start + int(strong[-1]) + 1
+    first_heard = scores[0, 0] >= 0.5 * scores[0].max()
+    if run_ends[0] == 1 and len(starts) > 1 and not first_heard:
+        # The path starts at frame 0 whatever is heard there: a first token not heard there is
+        # put right before the next, not at the start of a pause before it.
+        starts[0] = ends[0] = max(min(starts[1], ends[1] - 1), 0)
     for i in range(1, len(starts)):  # runs share a frame where the path steps down
         starts[i] = max(starts[i], ends[i - 1])
         ends[i] = max(ends[i], starts[i])

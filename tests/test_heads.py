@@ -54,9 +54,10 @@ def test_the_chosen_maps_time_words_no_farther_from_ctc_than_all_maps(overfit, t
 
 
 def test_a_map_that_does_not_follow_the_audio_is_left_out_and_boundaries_improve(overfit, tmp_path):
-    """The trained tiny model's maps all follow the audio; map 0 replaced by one that runs
+    """The trained tiny model's maps all follow the audio; maps 0-2 replaced by one that runs
     backwards (token i attends to the frame as far from the end as it should be from the
-    start) does not. Choosing must leave it out, and beat averaging all maps."""
+    start) do not. Choosing must leave them out, and beat averaging all maps. (Averaged with
+    three maps that follow the audio, the tiny model's times absorb one such map.)"""
     recognizer, _ = overfit
     alignments = reference_alignments(recognizer, _manifest(tmp_path / "m.jsonl", UTTERANCES),
                                       progress=False)  # fmt: skip
@@ -65,10 +66,10 @@ def test_a_map_that_does_not_follow_the_audio_is_left_out_and_boundaries_improve
         attention = a.attention.clone()
         rows, frames = attention.shape[1:]
         backwards = torch.linspace(frames - 1, 0, rows).round().long()
-        attention[0] = torch.nn.functional.one_hot(backwards, frames).float()
+        attention[:3] = torch.nn.functional.one_hot(backwards, frames).float()
         flipped.append(replace(a, attention=attention))
     choice = choose_heads(recognizer, flipped)
-    assert 0 not in choice.chosen
+    assert choice.chosen == [3]
     assert choice.chosen_errors.mean() < choice.all_heads.mean()
 
 

@@ -190,6 +190,25 @@ def test_words_in_silence_with_weak_rows_keep_the_sharp_rows_times():
     assert [times.end_frames[i] for i in sharp] == [bounds[i + 1] for i in sharp]
 
 
+def test_a_first_token_not_heard_at_frame_0_does_not_start_the_pause_before_it():
+    """Silence in frames 0-9; the second token's row draws the path through it (a glance at
+    frame 10, its frames 22-27), the first's peak lies later, where no monotone path goes. The
+    path starts at frame 0 whatever: the first token's only frame was that one, the first word
+    starting in the pause (it did not move when silence was added before it)."""
+    att = torch.full((1, 3, 60), 1e-4)
+    att[0, 0, 20:22], att[0, 0, 30:32] = 0.2, 1.0
+    att[0, 1, 10], att[0, 1, 22:28] = 0.6, 0.5
+    att[0, 2, 40:50] = 1.0
+    times = attention_timestamps(att, SPF)
+    assert times.start_frames[:2] == (9, 10) and times.end_frames[:2] == (10, 28)
+    # a first token whose run is longer keeps the frame it is heard at, however weak there
+    att = torch.full((1, 3, 50), 1e-4)
+    att[0, 0, 3], att[0, 0, 40] = 0.3, 1.0
+    att[0, 1, 5:16], att[0, 2, 20:31] = 1.0, 1.0
+    times = attention_timestamps(att, SPF)
+    assert times.start_frames == (3, 5, 20) and times.end_frames == (4, 16, 31)
+
+
 @pytest.mark.parametrize(
     "shape", [(1, 1, 1), (2, 1, 9), (3, 8, 40), (4, 30, 12), (1, 25, 25), (8, 17, 200)]
 )
