@@ -17,6 +17,7 @@ import matplotlib
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
+from matplotlib.ticker import FuncFormatter
 from torch import Tensor
 
 from asr.metrics import Calibration
@@ -177,7 +178,8 @@ def plot_reliability(calibration: Calibration, title: str = "") -> Figure:
     top.legend(loc="upper left")
     bottom.bar([b.lower for b in calibration.bins], [b.words for b in calibration.bins],
                width=width, align="edge", edgecolor="black")  # fmt: skip
-    bottom.set_yscale("symlog")
+    bottom.set_yscale("symlog")  # its ticks in plain numbers: maths is not parsed here
+    bottom.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
     bottom.set_xlabel("word confidence")
     bottom.set_ylabel("words")
     bottom.set_xlim(0, 1)

@@ -12,7 +12,13 @@ import pytest
 import torch
 
 from asr.cli import main
-from asr.plotting import plot_attention, plot_training_curves, read_training_log
+from asr.metrics import word_calibration
+from asr.plotting import (
+    plot_attention,
+    plot_reliability,
+    plot_training_curves,
+    read_training_log,
+)
 
 HEADER = "epoch,step,train/loss_step,val/loss,val/ctc_loss\n"
 
@@ -185,3 +191,15 @@ def test_text_with_dollars_is_drawn_as_written_not_as_maths() -> None:
     runs = {"$x$": {"val/loss": [(1, 2.0)]}}
     plot_training_curves(runs, ["val/loss"]).savefig(io.BytesIO(), format="png")
     assert matplotlib.rcParams["text.parse_math"], "left as it was"
+
+
+def test_the_reliability_plots_counts_are_numbers_not_maths_source() -> None:
+    """Its words axis is symlog, whose ticks matplotlib writes as maths: drawn with maths
+    parsing off (for titles with `$`), they read `$\\mathdefault{10^{1}}$`."""
+    calibration = word_calibration(
+        [0.1, 0.5, 0.55, 0.9, 0.95] * 20, [False, True, False, True, True] * 20
+    )
+    fig = plot_reliability(calibration)
+    fig.savefig(io.BytesIO(), format="png")
+    ticks = [t.get_text() for t in fig.axes[1].get_yticklabels()]
+    assert ticks and all(text.replace(".", "").isdigit() for text in ticks), ticks
