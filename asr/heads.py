@@ -85,6 +85,7 @@ def reference_alignments(
         if alignment.ctc_words and len(alignment.ctc_words) == len(alignment.words):
             out.append(alignment)
         else:
+            unfit.setdefault("CTC could not align", []).append(utterance.utt_id)
             left_out["CTC could not align"] += 1
     if failures is not None:
         failures += unusable

@@ -76,14 +76,16 @@ def test_a_map_that_does_not_follow_the_audio_is_left_out_and_boundaries_improve
 def test_references_that_cannot_be_aligned_are_counted(overfit, tmp_path, caplog):
     recognizer, _ = overfit
     ids = list(UTTERANCES)
-    texts = {ids[0]: UTTERANCES[ids[0]], ids[1]: "日本", ids[2]: "!!!"}
+    too_long = " ".join([UTTERANCES[ids[3]]] * 8)  # more tokens than CTC has frames for
+    texts = {ids[0]: UTTERANCES[ids[0]], ids[1]: "日本", ids[2]: "!!!", ids[3]: too_long}
     with caplog.at_level(logging.WARNING, logger="asr.heads"):
         alignments = reference_alignments(recognizer, _manifest(tmp_path / "m.jsonl", texts),
                                           progress=False)  # fmt: skip
     assert len(alignments) == 1
     stem = [Path(i).name for i in ids]  # the manifest's ids: named, to be found
-    left_out = f"1 outside the vocabulary ({stem[1]}), 1 no words ({stem[2]})"
-    assert f"2 of 3 utterances left out: {left_out}" in caplog.text
+    left_out = (f"1 outside the vocabulary ({stem[1]}), 1 no words ({stem[2]}), "
+                f"1 CTC could not align ({stem[3]})")  # fmt: skip
+    assert f"3 of 4 utterances left out: {left_out}" in caplog.text
     with pytest.raises(
         ValueError, match=rf"no utterance could be aligned \(1 no words \({stem[0]}"
     ):
