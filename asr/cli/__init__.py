@@ -474,10 +474,12 @@ def _transcribe(args: argparse.Namespace) -> int:
             raise ValueError("--timestamps ctc: --streaming times words by attention alone")
         stream_options(args)  # its errors before the model loads
         _set_threads(args.threads)
-        stdin = StdinPcm() if "-" in args.audio else None  # the microphone is heard meanwhile
+        stdin = None
+        if "-" in args.audio:  # the microphone is heard meanwhile (from before the parse)
+            stdin = getattr(args, "stdin_pcm", None) or StdinPcm()
         # stdin alone: a Ctrl-C while loading ends what was said; with files, it stops all
         alone = args.audio == ["-"] and not args.manifest
-        with ctrl_c_ends_the_input() if alone else contextlib.nullcontext() as interrupted:
+        with ctrl_c_ends_the_input(stdin) if alone else contextlib.nullcontext() as interrupted:
             recognizer = _load_model(args)
             lm = _language_model(args, recognizer)
             return transcribe_streaming(args, recognizer, lm, stdin=stdin, interrupted=interrupted)
@@ -1746,6 +1748,27 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+def _stdin_read_at_once(command: str | None, argv: Sequence[str]):
+    """A `StdinPcm` reading now where the command streams stdin (`transcribe --streaming -`):
+    the parser imports torch, seconds in which a microphone's full pipe drops audio. None
+    otherwise, and where stdin cannot be read (the command then says why)."""
+    valued = ("--manifest", "--output-dir", "--model", "--checkpoint", "--lm")  # `-` a file
+
+    def a_value(i: int) -> bool:  # of one of those, however abbreviated (`--out -`)
+        before = argv[i - 1]
+        return len(before) > 2 and any(option.startswith(before) for option in valued)
+
+    named = [a for i, a in enumerate(argv) if a == "-" and (i == 0 or not a_value(i))]
+    if command != "transcribe" or "--streaming" not in argv or not named:
+        return None
+    from asr.cli.console import StdinPcm
+
+    try:
+        return StdinPcm()
+    except ValueError:
+        return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in LIGHTNING_COMMANDS:
@@ -1755,7 +1778,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     command = next((a for a in argv if not a.startswith("-")), None)
-    args = _parser(command).parse_args(argv)
+    stdin = _stdin_read_at_once(command, argv)
+    try:
+        args = _parser(command).parse_args(argv)  # imports torch: seconds on a cold start
+    except KeyboardInterrupt:
+        print(f"asr {command}: interrupted" if command else "asr: interrupted", file=sys.stderr)
+        return 130
+    if stdin is not None:
+        args.stdin_pcm = stdin
     for name in ("checkpoint", "lm"):  # quoted `~/...`: as load_model reads it, and as written
         if str(getattr(args, name, None)).startswith("~"):  # back (finalize)
             setattr(args, name, os.path.expanduser(getattr(args, name)))

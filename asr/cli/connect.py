@@ -65,7 +65,7 @@ def connect(args: argparse.Namespace, out: IO[str] | None = None) -> int:
     out = out or sys.stdout
     lines = Lines(out, out.isatty() and not args.quiet and not args.jsonl)
     stdin = StdinPcm() if "-" in args.audio else None
-    with ctrl_c_ends_the_input() as interrupted:
+    with ctrl_c_ends_the_input(stdin) as interrupted:
         return asyncio.run(_connect(args, lines, out, stdin, interrupted))
 
 

@@ -48,12 +48,18 @@ class StdinPcm:
         self._waiting: list[bytes] = []
         self._size = 0
         self._ended = False
+        self._cut = False  # Ctrl-C: what is read from then on was not heard before it
         self._change = threading.Condition()
         threading.Thread(target=self._read, args=(fd,), name="asr-stdin", daemon=True).start()
 
+    def cut(self) -> None:
+        """End the input here: what comes later is not read. Safe in a signal handler (it
+        takes no lock the interrupted thread may hold)."""
+        self._cut = True
+
     def _read(self, fd: int) -> None:
         try:
-            while data := os.read(fd, READ_BYTES):
+            while (data := os.read(fd, READ_BYTES)) and not self._cut:
                 with self._change:
                     self._change.wait_for(lambda: self._size < BUFFER_BYTES)
                     self._waiting.append(data)
@@ -159,10 +165,10 @@ def _header_length(head: bytes, rate: int, complete: bool) -> int | None:
 
 
 @contextlib.contextmanager
-def ctrl_c_ends_the_input():
+def ctrl_c_ends_the_input(stdin: StdinPcm | None = None):
     """A first Ctrl-C ends the input where it is, so what was heard still gets its final (as
-    `arecord | asr transcribe --streaming -` is stopped); a second one stops at once. Yields a
-    list that is non-empty once interrupted."""
+    `arecord | asr transcribe --streaming -` is stopped), and `stdin` reads no more; a second
+    one stops at once. Yields a list that is non-empty once interrupted."""
     interrupted: list[int] = []
     previous = signal.getsignal(signal.SIGINT)
     # Signals reach only the main thread; a process started with Ctrl-C ignored (nohup, a
@@ -172,6 +178,8 @@ def ctrl_c_ends_the_input():
         return
 
     def first(signum, frame) -> None:
+        if stdin is not None:
+            stdin.cut()
         interrupted.append(signum)
         signal.signal(signal.SIGINT, previous)
 

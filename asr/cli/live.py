@@ -176,7 +176,9 @@ def transcribe_streaming(
     for failure in unnamed:  # arguments that name no audio
         print(f"asr transcribe: error: {failure}", file=sys.stderr)
     failed = len(unnamed)
-    ended = ctrl_c_ends_the_input() if interrupted is None else contextlib.nullcontext(interrupted)
+    ended = (
+        ctrl_c_ends_the_input(stdin) if interrupted is None else contextlib.nullcontext(interrupted)
+    )
     with ended as interrupted:
         for name, clip, stem in inputs:
             try:  # a bad file is said and the others go on; spans checked as offline

@@ -513,6 +513,14 @@ def test_ctrl_c_in_one_process_is_a_line_and_status_130(monkeypatch):
     assert spread == (130, "", f"{said} (a re-run resumes where it stopped)\n")
 
 
+def test_ctrl_c_while_the_command_line_is_read_is_a_line_and_status_130(monkeypatch):
+    """Reading it imports torch, seconds on a cold start: a Ctrl-C then was a traceback."""
+    import asr.cli
+
+    monkeypatch.setattr(asr.cli, "_parser", _interrupted)
+    assert transcribe("x.wav", "--model", "m.ckpt") == (130, "", "asr transcribe: interrupted\n")
+
+
 @pytest.mark.parametrize("mode", [[], ["--workers", "2"], ["--streaming"]])
 def test_an_output_dir_a_file_stands_in_the_way_of_is_named(tmp_path, mode):
     (tmp_path / "afile").write_text("")

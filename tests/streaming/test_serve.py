@@ -914,7 +914,7 @@ def test_connect_streams_stdin_until_ctrl_c(server, trained, monkeypatch, capsys
             yield heard[start : start + 3200]
         assert interrupted, "the Ctrl-C was not heard"  # StdinPcm's pieces end here then
 
-    stdin = SimpleNamespace(pieces=microphone)  # `StdinPcm`'s stand-in
+    stdin = SimpleNamespace(pieces=microphone, cut=lambda: None)  # `StdinPcm`'s stand-in
     monkeypatch.setattr(asr.cli.connect, "StdinPcm", lambda: stdin)
     assert main(["connect", url, "-"]) == 130
     offline = stream_transcript(recognizer, from_pcm16(heard), OPTIONS)

@@ -546,7 +546,7 @@ def test_ctrl_c_ends_the_input_with_the_finals_of_what_was_heard(
                str(tiny_checkpoint["checkpoint"]), "-"]  # fmt: skip
 
     def stdin(pieces=microphone):
-        return SimpleNamespace(pieces=pieces)  # `StdinPcm`'s stand-in
+        return SimpleNamespace(pieces=pieces, cut=lambda: None)  # `StdinPcm`'s stand-in
 
     monkeypatch.setattr(asr.cli.console, "StdinPcm", stdin)
     assert main([*command, "--output-dir", str(tmp_path), "--explorer"]) == 130
@@ -677,6 +677,33 @@ def test_what_stdin_read_before_ctrl_c_still_comes(monkeypatch) -> None:
 
 
 @pytest.mark.timeout(60)
+def test_what_the_source_sends_after_ctrl_c_does_not_come(monkeypatch) -> None:
+    """Audio that arrives after the Ctrl-C, while the model still loads or a final is
+    searched, was spoken after it: the transcript and `stdin.wav` kept it."""
+    from asr.cli.console import StdinPcm, ctrl_c_ends_the_input
+
+    before, after = np.random.default_rng(0).bytes(3200), np.random.default_rng(1).bytes(6400)
+    read_end, write_end = os.pipe()
+    os.write(write_end, before)
+    monkeypatch.setattr(sys, "stdin", open(read_end, "rb", closefd=False))
+    stdin = StdinPcm()
+    try:
+        while stdin._size < len(before):
+            time.sleep(0.01)
+        with ctrl_c_ends_the_input(stdin) as interrupted:
+            signal.raise_signal(signal.SIGINT)
+            os.write(write_end, after)
+            while not stdin._ended:  # it read `after`, and ended there
+                time.sleep(0.01)
+            assert interrupted and b"".join(stdin.pieces(16000, interrupted)) == before
+    finally:
+        os.close(write_end)
+        while not stdin._ended:
+            time.sleep(0.01)
+        os.close(read_end)
+
+
+@pytest.mark.timeout(60)
 def test_the_wav_header_arecord_writes_is_skipped(monkeypatch) -> None:
     """`arecord -f S16_LE -r 16000 -c 1 | asr ... -` (the documented microphone) sends a WAV
     header first: its samples follow it, and it is no audio."""
@@ -796,8 +823,8 @@ def test_stdin_is_read_while_the_model_loads(
     tiny_checkpoint, an4_fixture, monkeypatch, capsys
 ) -> None:
     """`arecord | asr transcribe --streaming -`: stdin is read from the start, so a source is not
-    held while the model loads (a microphone's capture would overrun and drop audio); what it
-    sent meanwhile is all decoded."""
+    held while the command's parser imports torch and the model loads (a microphone's capture
+    would overrun and drop audio); what it sent meanwhile is all decoded."""
     import fcntl
     import threading
 
@@ -817,12 +844,12 @@ def test_stdin_is_read_while_the_model_loads(
             pipe.write(pcm)
         written.set()
 
-    def loading(args):
-        assert written.wait(10), "the source waited for the model to load"
-        return load(args)
+    def parsing(command):
+        assert written.wait(10), "the source waited for the parser, which imports torch"
+        return parser(command)
 
-    load = asr.cli._load_model
-    monkeypatch.setattr(asr.cli, "_load_model", loading)
+    parser = asr.cli._parser
+    monkeypatch.setattr(asr.cli, "_parser", parsing)
     with open(read_end, "rb") as stdin:
         monkeypatch.setattr(sys, "stdin", stdin)
         threading.Thread(target=microphone, daemon=True).start()
@@ -833,6 +860,47 @@ def test_stdin_is_read_while_the_model_loads(
     expected = stream_transcript(load_model(checkpoint), heard, default)
     lines = [line.split("] ", 1)[1] for line in capsys.readouterr().out.splitlines() if line]
     assert " ".join(lines) == expected.text != ""
+
+
+@pytest.mark.timeout(120)
+def test_audio_after_a_ctrl_c_while_the_model_loads_is_not_kept(
+    tiny_checkpoint, an4_fixture, monkeypatch, tmp_path
+) -> None:
+    """`arecord | asr transcribe --streaming - --output-dir OUT`, Ctrl-C while the model loads:
+    what the microphone sends after it was spoken after it, and stdin.wav kept it."""
+    import fcntl
+
+    import asr.cli
+    from asr.audio import audio_info, load_audio
+
+    wave = load_audio(an4_fixture / "wav/an4test_clstk/fcaw/an406-fcaw-b.wav", 16000)
+    pcm = (wave * 32767).round().short().numpy().astype("<i2").tobytes()
+    before, after = pcm[:16000], pcm[16000:48000]  # half a second, then a second
+    read_end, write_end = os.pipe()
+    fcntl.fcntl(write_end, fcntl.F_SETPIPE_SZ, 1 << 16)
+    os.write(write_end, before)
+
+    def loading(args):
+        while args.stdin_pcm._size < len(before):  # heard before the Ctrl-C
+            time.sleep(0.01)
+        signal.raise_signal(signal.SIGINT)
+        os.write(write_end, after)
+        deadline = time.monotonic() + 10
+        while not args.stdin_pcm._ended and time.monotonic() < deadline:  # read `after`, ended
+            time.sleep(0.01)
+        return load(args)
+
+    load = asr.cli._load_model
+    monkeypatch.setattr(asr.cli, "_load_model", loading)
+    monkeypatch.setattr(sys, "stdin", open(read_end, "rb", closefd=False))
+    argv = ["transcribe", "--streaming", "--model", str(tiny_checkpoint["checkpoint"]), "-",
+            "--output-dir", str(tmp_path / "out"), "--quiet"]  # fmt: skip
+    try:
+        assert asr.cli.main(argv) == 130
+    finally:
+        os.close(write_end)
+        os.close(read_end)
+    assert audio_info(tmp_path / "out" / "stdin.wav").duration == 0.5
 
 
 @pytest.mark.parametrize("command", ["transcribe", "serve"])
