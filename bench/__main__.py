@@ -180,12 +180,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     args = parse_args(argv)
+    part = args.command not in ("all", "report")
+    settings = make_settings(args) if part else None  # a missing checkpoint: no folder made
     args.out.mkdir(parents=True, exist_ok=True)
     ok = True
     if args.command == "all":
         ok = run_isolated(list(PARTS), argv, args.out)
-    elif args.command != "report":
-        settings = make_settings(args)
+    elif part:
         ok = run_part(args.command, settings, machine(settings, argv))
     print(report.write(args.out))
     return 0 if ok else 1

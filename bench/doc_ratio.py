@@ -48,7 +48,9 @@ def line_kinds(source: str) -> tuple[int, int]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.doc_ratio", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("folder", nargs="?", default=ROOT / "asr", help="(the package, asr/)")
     parser.add_argument("--per-file", action="store_true", help="a line per file, most first")
     args = parser.parse_args()

@@ -210,7 +210,9 @@ def transcribed(audio: Path, checkpoint: Path, out: Path) -> Path:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.explorer", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("folders", nargs="+", type=Path, help="decode folders of asr evaluate")
     parser.add_argument("--synthetic", type=int, default=3000, help="0: none")
     parser.add_argument("--out", type=Path, default=ROOT / "bench/results/explorer")

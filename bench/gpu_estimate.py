@@ -228,7 +228,9 @@ def _utilisation(text: str) -> float:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.gpu_estimate", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument(
         "--config", type=_config_file, default=ROOT / "conf/librispeech/conformer.yaml"
     )

@@ -79,9 +79,31 @@ def ratio_interval(
     utterances, by a paired bootstrap: utterances drawn with replacement, both sums from each
     draw, so what is common to both decodes cancels."""
     draws = np.random.default_rng(seed).integers(0, len(full), (resamples, len(full)))
-    ratios = chunked[draws].sum(1) / np.maximum(full[draws].sum(1), 1)
-    low, high = np.percentile(ratios, [2.5, 97.5])
-    return float(low), float(high)
+    ratios = sorted(error_ratio(c, f) for c, f in zip(chunked[draws].sum(1), full[draws].sum(1)))
+    return _percentile(ratios, 2.5), _percentile(ratios, 97.5)
+
+
+def _percentile(ordered: list[float], q: float) -> float:
+    """numpy's linear percentile of sorted values, which may end in infinities (numpy's
+    arithmetic gives nan between two of them, and at a finite value just below one)."""
+    at = q / 100 * (len(ordered) - 1)
+    low, part = int(at), at - int(at)
+    if part == 0:
+        return float(ordered[low])
+    below, above = ordered[low], ordered[low + 1]
+    if math.isinf(above):
+        return math.inf
+    if part >= 0.5:  # as numpy interpolates, to the last bit
+        return float(above - (above - below) * (1 - part))
+    return float(below + (above - below) * part)
+
+
+def error_ratio(chunked: int, full: int) -> float:
+    """chunked / full word errors: 1 where neither made any, infinite where full context
+    made none (a draw of only its perfect utterances, or a test set it gets all right)."""
+    if full:
+        return chunked / full
+    return math.inf if chunked else 1.0
 
 
 def table(rows: list[dict]) -> str:
@@ -102,6 +124,8 @@ def wer(args: argparse.Namespace) -> dict:
     waves = load_waves(utterances)
     norm = recognizer.tokenizer.normalizer
     refs = [norm(u.text) for u in utterances]
+    if not any(ref.split() for ref in refs):
+        raise SystemExit(f"{args.manifest}: no reference has words to score against")
     out: dict = {"model": args.model, "backend": args.backend, "manifest": args.manifest,
                  "beam": args.beam, "ctc_weight": args.ctc_weight,
                  "final_search": args.final_search, "first_chunk_ms": args.first_chunk_ms,
@@ -140,10 +164,11 @@ def wer(args: argparse.Namespace) -> dict:
         print("\nword errors against full context (95 % paired bootstrap interval):")
         for chunk in [c for c in errors if c]:
             low, high = ratio_interval(errors[0], errors[chunk])
-            ratio = errors[chunk].sum() / max(errors[0].sum(), 1)
-            out["against full context"][f"{chunk:g} ms"] = {
-                "ratio": round(float(ratio), 3), "low": round(low, 3), "high": round(high, 3)
-            }  # fmt: skip
+            ratio = error_ratio(errors[chunk].sum(), errors[0].sum())
+            out["against full context"][f"{chunk:g} ms"] = {  # JSON has no infinity: null
+                key: round(float(value), 3) if math.isfinite(value) else None
+                for key, value in (("ratio", ratio), ("low", low), ("high", high))
+            }
             print(f"{chunk:g} ms chunks: {ratio:.2f}x [{low:.2f}, {high:.2f}]")
     return out
 

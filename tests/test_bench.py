@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import doctest
 import json
+import math
 
 import numpy as np
 import pytest
@@ -179,6 +180,15 @@ def test_streaming_ratio_interval_is_paired_and_holds_the_ratio() -> None:
     assert ratio_interval(full, chunked) == (low, high)  # seeded: the same interval again
 
 
+def test_streaming_ratio_against_a_full_context_without_errors_is_not_the_error_count() -> None:
+    """A full context that got all right made the ratio the chunked decode's error count."""
+    from bench.streaming import _percentile, error_ratio, ratio_interval
+
+    assert error_ratio(18, 0) == math.inf and error_ratio(0, 0) == 1.0 and error_ratio(3, 2) == 1.5
+    assert ratio_interval(np.zeros(5, int), np.array([0, 0, 2, 0, 1])) == (1.0, math.inf)
+    assert _percentile([1, 2, 3, math.inf], 100 * 2 / 3) == 3.0, "numpy: inf * 0, nan"
+
+
 def test_a_server_that_ends_before_listening_says_why(tmp_path):
     import argparse
 
@@ -200,6 +210,16 @@ def test_bench_options_are_checked_before_any_folder_is_made(option, said, tmp_p
     with pytest.raises(SystemExit):
         main(["report", "--out", str(tmp_path / "out"), *option])
     assert said in capsys.readouterr().err and not (tmp_path / "out").exists()
+
+
+def test_a_missing_checkpoint_is_named_before_any_folder_is_made(tmp_path):
+    from bench.__main__ import main
+
+    with pytest.raises(SystemExit, match=r"--checkpoint \S*none.ckpt does not exist"):
+        main(
+            ["decode", "--out", str(tmp_path / "out"), "--checkpoint", str(tmp_path / "none.ckpt")]
+        )
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize(
