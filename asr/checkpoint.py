@@ -334,9 +334,19 @@ def _beside(recorded: Path, last: Path) -> Path:
     )
 
 
-# Settings of a network's config that training alone reads (the CMVN statistics' file is
-# compared by its content): a run resumed with others averages as one model
-TRAINING_ONLY = ("augment", "stats_path", "full_context_prob")
+# Settings of a network's config that training alone reads, or speed alone (dropouts of any
+# name too; the CMVN statistics' file is compared by its content): the network decodes alike
+# whatever they are, so a run resumed with others (`asr fit` lets it) averages as one model.
+# (max_len: the positional table grows on demand.)
+TRAINING_ONLY = frozenset({"augment", "stats_path", "full_context_prob", "dynamic_chunk", "dither",
+                           "unpacked_on_cpu", "max_len", "scheduled_sampling"})  # fmt: skip
+
+
+def training_only(key: str) -> bool:
+    """Whether a model config's setting `key` (its last name) is one of `TRAINING_ONLY`."""
+    return key in TRAINING_ONLY or "dropout" in key
+
+
 NETWORK_PARTS = ("frontend", "encoder", "decoder", "lm")  # a recognizer's, or an LM's
 
 
@@ -359,9 +369,7 @@ def _network(config: dict[str, Any]) -> dict[str, Any]:
 
     def kept(node: Any) -> Any:
         if isinstance(node, dict):
-            return {
-                k: kept(v) for k, v in node.items() if k not in TRAINING_ONLY and "dropout" not in k
-            }
+            return {k: kept(v) for k, v in node.items() if not training_only(k)}
         return [kept(v) for v in node] if isinstance(node, list) else node
 
     return {part: kept(config.get(part)) for part in NETWORK_PARTS}

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from asr.checkpoint import payload_tokenizer, weight_differences
+from asr.checkpoint import payload_tokenizer, training_only, weight_differences
 from asr.package import read_recognizer
 from asr.text import Tokenizer
 
@@ -149,11 +149,9 @@ def init_from(model: nn.Module, path: str | os.PathLike, tokenizer: Tokenizer) -
     return report
 
 
-# Settings of training or speed alone: a fine-tune may change them and still compute what was
-# learnt (max_len: the positional table grows on demand).
-TRAINING_ONLY = {"augment", "dropout", "attention_dropout", "dynamic_chunk", "full_context_prob",
-                 "stats_path", "mean", "std", "dither", "unpacked_on_cpu", "max_len",
-                 "scheduled_sampling"}  # fmt: skip
+# Beside settings of training or speed alone (`asr.checkpoint.training_only`), a fine-tune
+# may start from other CMVN statistics, given inline, and adapt to them; a resume may not.
+FINE_TUNE_ONLY = frozenset({"mean", "std"})
 
 
 def check_same_settings(trained: dict, config: dict) -> None:
@@ -193,11 +191,12 @@ def decoder_differences(trained: dict, config: dict) -> str | None:
 
 
 def setting_differences(
-    trained: dict, config: dict, parts: Sequence[str]
+    trained: dict, config: dict, parts: Sequence[str], fine_tune: bool = True
 ) -> list[tuple[str, Any, Any]]:
     """`(key, trained's, config's)` of each setting of the model config `parts` that both give
-    otherwise (training-only ones aside; one given by a single config is passed over: the
-    other's asr had it not, and its default held), by dotted key without `init_args`.
+    otherwise (training-only ones aside, and with `fine_tune` inline CMVN statistics; one
+    given by a single config is passed over: the other's asr had it not, and its default
+    held), by dotted key without `init_args`.
 
     >>> setting_differences({"e": {"n": 1, "dropout": 0.1}}, {"e": {"n": 2, "dropout": 0}}, ["e"])
     [('e.n', 1, 2)]
@@ -205,8 +204,8 @@ def setting_differences(
     then: dict[str, Any] = {}
     now: dict[str, Any] = {}
     for part in parts:
-        _flatten(trained.get(part), part, then)
-        _flatten(config.get(part), part, now)
+        _flatten(trained.get(part), part, then, fine_tune)
+        _flatten(config.get(part), part, now, fine_tune)
     return [(k, then[k], now[k]) for k in sorted(then.keys() & now.keys()) if then[k] != now[k]]
 
 
@@ -221,7 +220,7 @@ def _class_name(class_path: str) -> str:
     return f"{found.__module__}.{found.__qualname__}"
 
 
-def _flatten(value: Any, key: str, into: dict[str, Any]) -> None:
+def _flatten(value: Any, key: str, into: dict[str, Any], fine_tune: bool = True) -> None:
     """`value`'s leaves by dotted key, without `init_args` parts or training-only settings; a
     part given as a class, under its own key too (so that one and None differ).
 
@@ -230,13 +229,14 @@ def _flatten(value: Any, key: str, into: dict[str, Any]) -> None:
     >>> found
     {'f.level': 'L', 'f.level.dbfs': -20}
     """
-    if key.rsplit(".", 1)[-1] in TRAINING_ONLY:
+    name = key.rsplit(".", 1)[-1]
+    if training_only(name) or (fine_tune and name in FINE_TUNE_ONLY):
         return
     if not isinstance(value, dict):
         into[key] = value
         return
     if "class_path" in value:  # as the class it names: asr.frontends.X is ...features.X
         into[key] = _class_name(str(value["class_path"]))
-    for name, item in value.items():
-        if name != "class_path":
-            _flatten(item, key if name == "init_args" else f"{key}.{name}", into)
+    for part, item in value.items():
+        if part != "class_path":
+            _flatten(item, key if part == "init_args" else f"{key}.{part}", into, fine_tune)

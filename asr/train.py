@@ -843,7 +843,11 @@ def _check_same_network(path: str, checkpoint: dict, model_config: dict) -> None
     validate, test or train on as another model."""
     saved = _payload(checkpoint).get("model_config")
     parts = ("frontend", "encoder", "decoder", "lm")
-    differ = setting_differences(saved, model_config, parts) if isinstance(saved, dict) else []
+    differ = (
+        setting_differences(saved, model_config, parts, fine_tune=False)
+        if isinstance(saved, dict)
+        else []
+    )
     if differ:
         (key, then, now), more = differ[0], len(differ) - 1
         raise CheckpointError(

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from asr.checkpoint import (
+    TRAINING_ONLY,
     CheckpointError,
     atomic_save,
     average_checkpoints,
@@ -87,6 +88,26 @@ def test_saving_through_a_link_writes_its_target_only_when_asked_and_keeps_the_m
     assert target.stat().st_mode & 0o777 == 0o600
     atomic_save({"v": 3}, link)
     assert not link.is_symlink() and load_checkpoint(target) == {"v": 2}
+
+
+@pytest.mark.parametrize("key", [*sorted(TRAINING_ONLY), "attention_dropout", "mean"])
+def test_what_a_resume_may_change_leaves_one_model_to_average(key, tmp_path):
+    """`asr fit --ckpt_path last` and `asr average` read one list of settings: a run resumed
+    with other scheduled sampling (say) left checkpoints `asr average` refused to mix."""
+    from asr.finetune import setting_differences
+
+    runs = [{"decoder": {"class_path": "D", "init_args": {"size": 4, key: v}}} for v in (1, 2)]
+    resumable = not setting_differences(*runs, ["decoder"], fine_tune=False)
+    assert resumable == (key != "mean"), "inline CMVN statistics make another model"
+    for name, config in zip("ab", runs):
+        payload = {"state_dict": {"w": torch.zeros(1)}, "asr": {"model_config": config}}
+        atomic_save(payload, tmp_path / f"{name}.ckpt")
+    paths = [tmp_path / "a.ckpt", tmp_path / "b.ckpt"]
+    if resumable:
+        average_checkpoints(paths, tmp_path / "o.ckpt")
+    else:
+        with pytest.raises(CheckpointError, match=r"b.ckpt: its model config \(decoder\)"):
+            average_checkpoints(paths, tmp_path / "o.ckpt")
 
 
 def test_average_rejects_different_models(tmp_path):
