@@ -1101,6 +1101,7 @@ LM_CLASS = "asr.lm.LMModule"  # an LM has no frontend: it may train in half-prec
 
 
 # What each module's validation logs, to choose checkpoints by
+RISING = ("val/acc",)  # validation metrics that rise as a model gets better; the others fall
 VALIDATION_METRICS = {
     "asr.lightning.ASRModule": ("val/loss", "val/att_loss", "val/acc", "val/ctc_loss",
                                 "val/inter_ctc_loss", "val/wer", "val/cer"),
@@ -1111,7 +1112,8 @@ VALIDATION_METRICS = {
 def _check_monitor(config: Namespace) -> None:
     """ValueError where checkpoints are chosen by a metric that validation will not log (a WER
     without greedy decoding, a misspelt name): the run stopped with a traceback after its
-    first epoch, and no checkpoint to resume from."""
+    first epoch, and no checkpoint to resume from; or under the mode that takes its worst
+    value for the best (val/acc under the default mode, min, kept the worst checkpoints)."""
     model = config.model.get("init_args", config.model) if config.get("model") else None
     greedy = model.get("greedy_validation", True) if model is not None else True
     monitor = config.checkpoint.monitor
@@ -1122,12 +1124,18 @@ def _check_monitor(config: Namespace) -> None:
         )
     logged, why_not = _validation_metrics(config)
     callbacks = config.trainer.get("callbacks") or []
-    watched = [("--checkpoint.monitor", monitor)] + [
-        (f"--trainer.callbacks {c.class_path.rsplit('.', 1)[-1]} monitor", c.init_args.monitor)
+    checkpoint = ("--checkpoint.monitor", monitor, config.checkpoint.get("mode"), "--checkpoint")
+    watched = [checkpoint] + [
+        (
+            f"--trainer.callbacks {c.class_path.rsplit('.', 1)[-1]} monitor",
+            c.init_args.monitor,
+            c.init_args.get("mode"),
+            "--trainer.callbacks",
+        )  # fmt: skip
         for c in (callbacks if isinstance(callbacks, list) else [callbacks])
         if isinstance(c, Namespace) and isinstance(c.get("init_args.monitor"), str)
     ]
-    for option, name in watched:
+    for option, name, _, _ in watched:
         if not logged or not str(name).startswith("val/") or name in logged:
             continue
         if name in why_not:
@@ -1137,6 +1145,13 @@ def _check_monitor(config: Namespace) -> None:
         raise ValueError(
             f"{option} {name}: validation logs no such metric{hint}; it logs {', '.join(logged)}"
         )
+    for option, name, mode, group in watched:
+        if name in logged and mode in ("min", "max") and (mode == "max") != (name in RISING):
+            better = "max" if name in RISING else "min"
+            raise ValueError(
+                f"{option} {name} under mode {mode} takes the worst value for the best: give "
+                f"{group}.mode {better}"
+            )
 
 
 def _validation_metrics(config: Namespace) -> tuple[list[str], dict[str, str]]:

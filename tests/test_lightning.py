@@ -588,6 +588,14 @@ def test_checkpoints_chosen_by_a_wer_validation_will_not_log_are_refused(tiny_an
     ) in refused(  # fmt: skip
         _fit_args(tiny_an4, tmp_path) + stopping, capsys
     )
+    # an accuracy under the default mode, min: the worst checkpoints kept, an early stop at best
+    said = refused(_fit_args(tiny_an4, tmp_path) + greedy_off, capsys)
+    assert "--checkpoint.monitor val/acc under mode min takes the worst value for the best: " \
+        "give --checkpoint.mode max" in said  # fmt: skip
+    stopping = ["--trainer.callbacks+=EarlyStopping", "--trainer.callbacks.monitor", "val/acc"]
+    said = refused(_fit_args(tiny_an4, tmp_path) + stopping, capsys)
+    assert "EarlyStopping monitor val/acc under mode min takes the worst value for the best: " \
+        "give --trainer.callbacks.mode max" in said  # fmt: skip
     assert not (tmp_path / "checkpoints").exists()
 
 
