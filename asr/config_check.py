@@ -101,6 +101,7 @@ def config_problems(
         return problems
     keys = TOP_LEVEL_KEYS + (EVALUATION_KEYS if subcommand in ("validate", "test") else ())
     found = [*([] if within else _top_level_problems(root, keys))]
+    found += _missing_named_files(root, Path(path).parent)
     found += _problems(root, "", classes, within)
     problems = [f"{path}:{line}: {said}" for line, said in found]
     for key, file in _named_files(root, Path(path).parent):
@@ -263,6 +264,18 @@ def _named_files(root: yaml.Node | None, folder: Path) -> Iterator[tuple[str, Pa
         if k.value in FILE_KEYS and isinstance(v, yaml.ScalarNode) and v.tag == STR_TAG:
             if v.value.endswith(CONFIG_SUFFIXES) and (folder / v.value).is_file():
                 yield k.value, folder / v.value
+
+
+def _missing_named_files(root: yaml.Node | None, folder: Path) -> Iterator[Problem]:
+    """A top-level key naming a config file that is not there: jsonargparse took it for a
+    class to import and refused it with a page of usage."""
+    if not isinstance(root, yaml.MappingNode):
+        return
+    for k, v in root.value:
+        if k.value in FILE_KEYS and isinstance(v, yaml.ScalarNode) and v.tag == STR_TAG:
+            if v.value.endswith(CONFIG_SUFFIXES) and not (folder / v.value).is_file():
+                where = "" if Path(v.value).is_absolute() else f" in {folder}"
+                yield v.start_mark.line + 1, f"{k.value}: {v.value}: no such file{where}"
 
 
 def _top_level_problems(root: yaml.Node | None, keys: tuple[str, ...]) -> Iterator[Problem]:
@@ -452,6 +465,8 @@ def _type_problem(annotation, value, default=inspect.Parameter.empty) -> str | N
     plain = [a for a in members if a is not type(None)]
     if len(plain) == 1 and typing.get_origin(plain[0]) is tuple and value is not UNJUDGED:
         return _tuple_problem(plain[0], _loaded(value) if isinstance(value, str) else value)
+    if value is not UNJUDGED and len(plain) > 1:
+        return _number_for_text_problem(plain, value)
     if len(plain) != 1 or plain[0] not in (int, float, bool, str) or value is UNJUDGED:
         return None
     if type(value) is type(default) and value == default:
@@ -468,6 +483,18 @@ def _type_problem(annotation, value, default=inspect.Parameter.empty) -> str | N
         return None
     shown = {list: "a list", dict: "a mapping"}.get(type(value), repr(value))
     return f"expected {expected.__name__}{' or null' if len(members) > 1 else ''}, got {shown}"
+
+
+def _number_for_text_problem(members: list, value: Any) -> str | None:
+    """A number (or boolean) from YAML where a union of text and lists takes none: `subsample: 2_2`
+    unquoted is YAML's 22, which jsonargparse refused with a page of usage."""
+    kinds = {typing.get_origin(m) or m for m in members}
+    if not isinstance(value, (int, float)) or not kinds <= {str, list, tuple}:
+        return None
+    names = {str: "a string", list: "a list", tuple: "a list"}
+    wanted = " or ".join(dict.fromkeys(names[k] for k in (str, list, tuple) if k in kinds))
+    hint = " (quote it: YAML reads 2_2 as 22)" if type(value) is int else ""
+    return f"expected {wanted}, got {value!r}{hint}"
 
 
 def _tuple_problem(annotation, read: Any) -> str | None:

@@ -90,6 +90,9 @@ def test_a_wrong_key_or_class_is_named_with_its_line(tmp_path, old, new, said) -
         ("max_epochs: 8", "max_epochs: eight", "trainer.max_epochs: expected int or null, got "
          "'eight'"),
         ("mode: max", "mode: [max]", "checkpoint.mode: expected str, got a list"),
+        # YAML's number 221, where text or a list is taken: a page of usage from jsonargparse
+        ('subsample: "2_2_1"', "subsample: 2_2_1", "model.init_args.encoder.init_args."
+         "subsample: expected a string or a list, got 221 (quote it: YAML reads 2_2 as 22)"),
     ],
 )  # fmt: skip
 def test_a_value_its_plain_type_refuses_is_named_with_its_line(tmp_path, old, new, said) -> None:
@@ -107,6 +110,16 @@ def test_a_group_given_as_anything_but_a_mapping_is_named(tmp_path, value, line,
     path.write_text(f"seed_everything: 0\ntrainer: {value}\ncheckpoint:\n")
     expected = f"{path}:{line}: trainer: expected a mapping of the Trainer's arguments, got {said}"
     assert config_problems(path) == [expected]
+
+
+def test_a_config_file_a_top_level_key_names_that_is_not_there_is_named(tmp_path) -> None:
+    """jsonargparse took `model: nofile.yaml` for a class to import: a page of usage."""
+    path = tmp_path / "overlay.yaml"
+    path.write_text(f"seed_everything: 0\nmodel: nofile.yaml\ndata: {tmp_path}/gone.yml\n")
+    assert config_problems(path) == [
+        f"{path}:2: model: nofile.yaml: no such file in {tmp_path}",
+        f"{path}:3: data: {tmp_path}/gone.yml: no such file",
+    ]
 
 
 def test_a_null_or_a_boolean_for_a_number_within_init_args_is_named(tmp_path) -> None:
