@@ -46,6 +46,12 @@ from asr.timing import ctc_frames_needed
 
 log = logging.getLogger(__name__)
 
+
+class NonFiniteStreak(FloatingPointError):
+    """Training stopped: `max_nonfinite_steps` steps in a row had a non-finite loss or
+    gradient (its message says what to do)."""
+
+
 TOKEN_MULTIPLE = 16
 
 
@@ -370,7 +376,7 @@ class ASRModule(ExactResume):
             self.global_step, self._nonfinite_streak, limit,
         )  # fmt: skip
         if self._nonfinite_streak >= limit:
-            raise FloatingPointError(
+            raise NonFiniteStreak(
                 f"stopping: {self._nonfinite_streak} consecutive training steps had a non-finite "
                 f"loss or gradient (model.max_nonfinite_steps={limit}); lower the learning rate, "
                 "check the data (asr validate-data) or train in fp32 (--trainer.precision 32)"

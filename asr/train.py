@@ -1399,6 +1399,11 @@ def run_lightning_cli(argv: Sequence[str]) -> ASRCLI:
             _say_where(cli)
             return cli
     except Exception as error:
+        from asr.lightning import NonFiniteStreak
+
+        if isinstance(error, NonFiniteStreak):  # a line that says what to do, not a traceback
+            print(f"asr {argv[0]}: error: {error}", file=sys.stderr)
+            raise SystemExit(1) from None
         said = _refusal_within(error)
         if said is not None and not lost_peer(error):  # a file, a manifest...: its message
             print(f"asr {argv[0]}: error: {_placed(said, argv)}", file=sys.stderr)

@@ -1516,6 +1516,26 @@ def test_nonfinite_loss_skips_the_step_and_stops_after_a_streak(tiny_an4):
         _tiny_fit(module, data, steps=20, callbacks=[_PoisonedLoss()])
 
 
+def test_a_streak_of_nonfinite_steps_ends_asr_fit_with_a_line(tiny_an4, tmp_path, monkeypatch,
+                                                              capsys):  # fmt: skip
+    """Its message says what to do; a page of traceback came before it."""
+    from asr.models.seq2seq import Seq2Seq
+
+    loss = Seq2Seq.loss
+
+    def nan_loss(*args, **kwargs):
+        out = loss(*args, **kwargs)
+        return dataclasses.replace(out, loss=out.loss * float("nan"))
+
+    monkeypatch.setattr(Seq2Seq, "loss", nan_loss)
+    argv = [*_fit_args(tiny_an4, tmp_path), "--model.init_args.max_nonfinite_steps", "2"]
+    with pytest.raises(SystemExit) as stopped:
+        main(argv)
+    err = capsys.readouterr().err
+    assert stopped.value.code == 1 and "Traceback" not in err, err
+    assert "asr fit: error: stopping: 2 consecutive training steps had a non-finite loss" in err
+
+
 def test_a_skipped_steps_loss_is_logged_as_it_was(tiny_an4, tmp_path):
     """Not as the step before's, which Lightning would write again; the epoch's mean leaves
     it out."""
