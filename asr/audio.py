@@ -430,6 +430,14 @@ def check_sample_rate(sample_rate: Any) -> None:
         raise ValueError(f"sample_rate must be a whole number of Hz, got {sample_rate!r}")
 
 
+def from_home(path: str | os.PathLike) -> str | os.PathLike:
+    """`path` with `~` read as a shell reads it (`~/a.wav`, as `load_model` takes a model),
+    where only that names a file: a file or folder really named `~` is read as given, and a
+    missing one is named as given."""
+    expanded = os.path.expanduser(path)
+    return expanded if not os.path.exists(path) and os.path.exists(expanded) else path
+
+
 def mono_samples(audio: np.ndarray | Tensor) -> Tensor:
     """Mono samples `(S,)`, or `(S, 1)` as audio APIs give one channel (numpy or torch), or
     `(1, S)` as torchaudio does, as a float32 `(S,)` tensor; 8, 16 and 32-bit PCM integers
@@ -446,7 +454,12 @@ def mono_samples(audio: np.ndarray | Tensor) -> Tensor:
             audio = audio.copy()
     elif not isinstance(audio, torch.Tensor):
         raise ValueError(f"samples must be a numpy array or a tensor, got {type(audio).__name__}")
-    wave = torch.as_tensor(audio).detach().cpu()
+    try:
+        wave = torch.as_tensor(audio).detach().cpu()
+    except TypeError:  # a numpy type torch has none of (longdouble, object...)
+        raise ValueError(
+            f"audio samples must be floats or 8/16/32-bit PCM, got {audio.dtype}"
+        ) from None
     kind = str(wave.dtype).removeprefix("torch.")
     if kind not in PCM_SCALE and not wave.is_floating_point():
         why = (

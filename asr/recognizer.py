@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from asr import alignment
-from asr.audio import AudioInput, as_waveform, check_sample_rate, load_audio
+from asr.audio import AudioInput, as_waveform, check_sample_rate, from_home, load_audio
 from asr.checkpoint import CheckpointError, weights_digest
 from asr.confidence import PlattScaling
 from asr.ctc_beam import EndpointOptions
@@ -368,7 +368,7 @@ class Recognizer:
         if isinstance(audio, (str, os.PathLike)):
             if sample_rate is not None:  # a file reads its own: a bad one is still said
                 check_sample_rate(sample_rate)
-            return load_audio(audio, self.sample_rate)
+            return load_audio(from_home(audio), self.sample_rate)
         return as_waveform(audio, sample_rate, self.sample_rate)
 
 

@@ -20,6 +20,7 @@ from asr.audio import (
     audio_info,
     can_seek,
     frame_range,
+    from_home,
     load_audio,
     resample,
 )
@@ -209,7 +210,7 @@ def open_source(
     if isinstance(audio, Clip):
         return FileSource(audio.path, target_rate, audio.offset, audio.duration)
     if isinstance(audio, (str, os.PathLike)):
-        return FileSource(audio, target_rate)
+        return FileSource(from_home(audio), target_rate)
     return ArraySource(as_waveform(audio, sample_rate, target_rate), target_rate)
 
 

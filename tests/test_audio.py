@@ -397,6 +397,7 @@ def test_arrays_of_every_pcm_and_float_kind_become_float_samples(samples, expect
         (np.array([1000, -1000]), "got int64 (numpy's type for Python ints"),
         (np.array([True, False]), "got bool"),
         (np.array([1j]), "got complex128"),
+        (np.array([0.5, 0.25], dtype=object), "got object"),  # no torch type: a TypeError
         (None, "samples must be a numpy array or a tensor, got NoneType"),
         (b"\x00\x01", "got bytes"),
         # features of samples this loud overflow to inf, and decoding stops in attention

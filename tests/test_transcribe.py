@@ -36,7 +36,7 @@ from torch import nn
 
 import asr.decoding
 import asr.transcribe
-from asr.audio import audio_info, load_audio
+from asr.audio import AudioError, audio_info, load_audio
 from asr.cli import main
 from asr.cli.inputs import transcribe_files
 from asr.cli.numbers import check_nbest
@@ -133,6 +133,23 @@ def _train_overfit(wav_root: str, weights: dict | None) -> tuple[Recognizer, lis
 @pytest.fixture(scope="module")
 def overfit() -> tuple[Recognizer, list[torch.Tensor]]:
     return _overfit_recognizer(str(WAV))
+
+
+def test_a_path_from_home_is_read_as_a_shell_reads_it(overfit, tmp_path, monkeypatch):
+    """`~/a.wav`, as `load_model` takes `~/model.ckpt`: the file was not found."""
+    recognizer, _ = overfit
+    shutil.copy(WAV / f"{next(iter(UTTERANCES))}.wav", tmp_path / "a.wav")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    home = recognizer.transcribe("~/a.wav", options=GREEDY)
+    assert home.text == recognizer.transcribe(tmp_path / "a.wav", options=GREEDY).text != ""
+    assert torch.equal(recognizer.load("~/a.wav"), recognizer.load(tmp_path / "a.wav"))
+    here = tmp_path / "work"  # a folder really named `~` is read as given, as the shell would
+    (here / "~").mkdir(parents=True)
+    shutil.copy(tmp_path / "a.wav", here / "~" / "b.wav")
+    monkeypatch.chdir(here)
+    assert recognizer.transcribe("~/b.wav", options=GREEDY).text == home.text
+    with pytest.raises(AudioError, match=r"^~/c\.wav: file not found"):  # named as given
+        recognizer.load("~/c.wav")
 
 
 FIT_CONFIG = """

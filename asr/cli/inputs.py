@@ -83,7 +83,7 @@ def expand_inputs(
     first: dict[tuple, Found] = {}
     kept = []
     for item in found:
-        key = (os.path.abspath(item.audio.path), item.audio.offset, item.audio.duration)
+        key = (os.path.abspath(item.audio.path), _span(item.audio))  # as outputs are named
         if key not in first:
             first[key] = item
             kept.append(item)

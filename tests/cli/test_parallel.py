@@ -618,6 +618,14 @@ def test_lines_of_one_recording_are_named_once(tmp_path):
     assert inputs[0].stem.as_posix() == "a", "one span: named as its recording, as alone"
     again, failures = expand_inputs([str(tmp_path / "a.wav")] * 2, tmp_path)
     assert len(again) == 1 and not failures  # a file named twice is simply one input
+    # spans equal to the millisecond, as their outputs are named: float noise refused the run
+    manifest.write_text("".join(json.dumps({"audio_filepath": "a.wav", "offset": offset,
+                                            "duration": 0.5}) + "\n"
+                                for offset in (0.3, 0.1 + 0.2)))  # fmt: skip
+    inputs, failures = expand_inputs([], tmp_path, manifests=[str(manifest)])
+    assert len(inputs) == 1 and failures == [
+        f"{manifest}:2: the same audio as {manifest}:1: transcribed once, under that line"
+    ]
 
 
 def test_spans_of_one_recording_in_two_manifests_are_named_as_in_one(tmp_path):
