@@ -152,8 +152,14 @@ class Recognizer:
         Raises:
             AudioError: the input cannot be read or decoded (a ValueError naming it).
             ValueError: settings out of range, or that the model cannot decode with.
-            TypeError: an unknown keyword (named).
+            TypeError: an unknown keyword (named), several recordings, or a segmenter that
+                is not a `SegmenterOptions`.
         """
+        if isinstance(audio, (list, tuple)):  # NeMo's transcribe takes a list of paths
+            raise TypeError(
+                f"transcribe takes one recording, got a {type(audio).__name__} of "
+                f"{len(audio)}: use transcribe_batch for several"
+            )
         [result] = self.transcribe_batch(
             [audio],
             sample_rate=sample_rate,
@@ -194,8 +200,14 @@ class Recognizer:
 
         Raises:
             ValueError: settings out of range, or that the model cannot decode with.
-            TypeError: an unknown keyword (named), or one input rather than a sequence.
+            TypeError: an unknown keyword (named), one input rather than a sequence, or a
+                segmenter that is not a `SegmenterOptions`.
         """
+        if segmenter is not None and not isinstance(segmenter, SegmenterOptions):
+            raise TypeError(
+                f"segmenter must be a SegmenterOptions (asr.segment), got "
+                f"{type(segmenter).__name__}: SegmenterOptions(max_segment_seconds=10), say"
+            )
         if _inputs_column(audios):  # a data frame's column: a list of them
             audios = audios.reshape(-1).tolist()
         array = isinstance(audios, (np.ndarray, Tensor))

@@ -322,6 +322,18 @@ def test_nbest_keeps_alternatives_best_first(overfit):
     assert [a["text"] for a in as_json] == [a.text for a in segment.alternatives]
 
 
+def test_transcribe_refuses_several_inputs_and_a_segmenter_of_another_kind(overfit):
+    """A list of paths (as NeMo's transcribe takes) was called a waveform; a dict for the
+    segmenter raised a bare AttributeError."""
+    recognizer, waves = overfit
+    with pytest.raises(TypeError, match="transcribe takes one recording, got a list of 2: use "
+                       "transcribe_batch for several"):  # fmt: skip
+        recognizer.transcribe([waves[0], waves[1]])
+    for call in (recognizer.transcribe, lambda *a, **k: recognizer.transcribe_batch([*a], **k)):
+        with pytest.raises(TypeError, match="segmenter must be a SegmenterOptions .*got dict"):
+            call(waves[0], segmenter={"max_segment_seconds": 3})
+
+
 def test_transcribe_batch_refuses_one_input_for_a_sequence(overfit):
     """A path string is a sequence of characters: each was transcribed, and failed, alone."""
     recognizer, waves = overfit
