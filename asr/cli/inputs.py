@@ -121,6 +121,12 @@ def _expand(
         return _glob_inputs(argument, failures)
     if argument.lower().endswith(".jsonl") and os.path.isfile(argument):
         return _manifest_inputs(Path(argument), failures)
+    if argument.lower().endswith(".json") and os.path.isfile(argument):  # never audio
+        failures.append(
+            f"{argument}: JSON, not audio: give a manifest of JSON lines so named (NeMo's "
+            f"manifest.json) as --manifest {argument}"
+        )
+        return []
     return [Found(Clip(argument), argument, argument, os.path.dirname(argument))]
 
 

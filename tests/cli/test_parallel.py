@@ -618,6 +618,13 @@ def test_lines_of_one_recording_are_named_once(tmp_path):
     assert inputs[0].stem.as_posix() == "a", "one span: named as its recording, as alone"
     again, failures = expand_inputs([str(tmp_path / "a.wav")] * 2, tmp_path)
     assert len(again) == 1 and not failures  # a file named twice is simply one input
+    nemo = tmp_path / "manifest.json"  # read as audio, it was "unreadable or corrupt audio"
+    nemo.write_text(manifest.read_text())
+    again, failures = expand_inputs([str(nemo)], tmp_path)
+    assert again == [] and failures == [
+        f"{nemo}: JSON, not audio: give a manifest of JSON lines so named (NeMo's manifest.json) "
+        f"as --manifest {nemo}"
+    ]
     # spans equal to the millisecond, as their outputs are named: float noise refused the run
     manifest.write_text("".join(json.dumps({"audio_filepath": "a.wav", "offset": offset,
                                             "duration": 0.5}) + "\n"
