@@ -258,24 +258,28 @@ def _compose(path: str | Path) -> tuple[yaml.Node | None, list[str]]:
 
 def _named_files(root: yaml.Node | None, folder: Path) -> Iterator[tuple[str, Path]]:
     """The top-level keys of a config whose value names a file that holds it, and that file."""
-    if not isinstance(root, yaml.MappingNode):
-        return
-    for k, v in root.value:
-        if k.value in FILE_KEYS and isinstance(v, yaml.ScalarNode) and v.tag == STR_TAG:
-            if v.value.endswith(CONFIG_SUFFIXES) and (folder / v.value).is_file():
-                yield k.value, folder / v.value
+    for key, value in _file_values(root):
+        if (folder / value.value).is_file():
+            yield key, folder / value.value
 
 
 def _missing_named_files(root: yaml.Node | None, folder: Path) -> Iterator[Problem]:
     """A top-level key naming a config file that is not there: jsonargparse took it for a
     class to import and refused it with a page of usage."""
+    for key, value in _file_values(root):
+        if not (folder / value.value).is_file():
+            where = "" if Path(value.value).is_absolute() else f" in {folder}"
+            yield value.start_mark.line + 1, f"{key}: {value.value}: no such file{where}"
+
+
+def _file_values(root: yaml.Node | None) -> Iterator[tuple[str, yaml.ScalarNode]]:
+    """The top-level keys of a config whose value is a config file's name, and that value."""
     if not isinstance(root, yaml.MappingNode):
         return
     for k, v in root.value:
         if k.value in FILE_KEYS and isinstance(v, yaml.ScalarNode) and v.tag == STR_TAG:
-            if v.value.endswith(CONFIG_SUFFIXES) and not (folder / v.value).is_file():
-                where = "" if Path(v.value).is_absolute() else f" in {folder}"
-                yield v.start_mark.line + 1, f"{k.value}: {v.value}: no such file{where}"
+            if v.value.endswith(CONFIG_SUFFIXES):
+                yield k.value, v
 
 
 def _top_level_problems(root: yaml.Node | None, keys: tuple[str, ...]) -> Iterator[Problem]:

@@ -431,10 +431,15 @@ def _with_vad(segmenter: SegmenterOptions, vad: str | None) -> SegmenterOptions:
 def stored_search(path: str | os.PathLike) -> SearchOptions | None:
     """The search settings a recognizer `path` stores (`asr finalize`), None where it stores
     none, read without building the network (a `--workers` parent checks options by them)."""
-    if not str(path).startswith(HF_PREFIX):
-        path = os.path.expanduser(path)
+    path = _model_path(path)
     _, payload = read_recognizer(path)
     return _stored_search(payload, path)[0]
+
+
+def _model_path(path: str | os.PathLike) -> str | os.PathLike:
+    """A checkpoint or package path with `~` read as a shell would (`~/models/an4`); an
+    hf:// name as it is."""
+    return path if str(path).startswith(HF_PREFIX) else os.path.expanduser(path)
 
 
 def _stored_search(
@@ -481,8 +486,7 @@ def load_model(
     check_precision(precision)
     if torch.device(device).type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device={str(device)!r}: no CUDA device is available (device='cpu')")
-    if not str(path).startswith(HF_PREFIX):
-        path = os.path.expanduser(path)  # as a shell would: `~/models/an4`
+    path = _model_path(path)
     model, tokenizer, payload = load_seq2seq(path, device, backend, precision)
     search, confidence = _stored_search(payload, path)
     maps = getattr(model.decoder, "num_attention_maps", None)
