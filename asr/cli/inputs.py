@@ -423,12 +423,27 @@ def start_explorer(
     stems: Iterable[str | os.PathLike],
 ) -> list[str]:
     """Ready `out_dir` for `asr explore`: the model's layout of its maps (explore.json); the
-    formats to write, with the json the page reads (see `check_layout_free` for `stems`)."""
+    formats to write, with the json the page reads (see `check_layout_free` for `stems`).
+    ValueError where the folder holds maps of a model of another layout: the page reads all
+    of them by the one layout."""
     from asr.evaluate import record_layout
-    from asr.explore.records import write_layout
+    from asr.explore.records import MAPS_SUFFIX, read_layout, write_layout
 
     check_layout_free(out_dir, stems)
-    write_layout(out_dir, record_layout(recognizer))
+    layout = json.loads(json.dumps(record_layout(recognizer)))  # as read back: lists
+    try:
+        before = read_layout(out_dir)
+    except ValueError:  # not JSON: no maps can be read by it
+        before = {}
+    read_by = ("layers", "heads", "attention", "frame_seconds", "sample_rate")
+    other = [k for k in read_by if before.get(k, layout[k]) != layout[k]]
+    if other and any(Path(out_dir).rglob(f"*{MAPS_SUFFIX}")):
+        changes = ", ".join(f"{k} {before[k]!r}, not {layout[k]!r}" for k in other)
+        raise ValueError(
+            f"{out_dir} holds explorer maps of another model ({before.get('checkpoint')}: "
+            f"{changes}), which the page would read as this one's: give another --output-dir"
+        )
+    write_layout(out_dir, layout)
     return [*formats, "json"]
 
 

@@ -477,6 +477,28 @@ def test_an_input_whose_transcript_would_replace_the_layout_is_refused(
     assert not out.exists() or not any(out.iterdir())
 
 
+def test_maps_of_a_model_of_another_layout_are_not_joined(tiny_checkpoint, tmp_path, capsys):
+    """A second model's --explorer run into a folder rewrote its layout, by which the page
+    then read the first model's maps: their CTC paths ran past their audio."""
+    folder = tmp_path / "in"
+    folder.mkdir()
+    shutil.copy(WAV / "an4_clstk/fash/an251-fash-b.wav", folder / "a.wav")
+    out = tmp_path / "out"
+    args = ["transcribe", "--model", str(tiny_checkpoint["checkpoint"]), "--output-dir",
+            str(out), "--explorer", "--quiet"]  # fmt: skip
+    assert main([*args, str(folder / "a.wav")]) == 0
+    shutil.copy(folder / "a.wav", folder / "b.wav")
+    assert main([*args, str(folder / "b.wav")]) == 0, "the same model's maps join"
+    layout = json.loads((out / "explore.json").read_text())
+    (out / "explore.json").write_text(json.dumps(layout | {"frame_seconds": 0.08}))
+    shutil.copy(folder / "a.wav", folder / "c.wav")
+    assert main([*args, str(folder / "c.wav")]) == 2
+    said = capsys.readouterr().err
+    assert f"{out} holds explorer maps of another model ({layout['checkpoint']}: " \
+        f"frame_seconds 0.08, not {layout['frame_seconds']!r})" in said  # fmt: skip
+    assert not (out / "c.json").exists()
+
+
 def test_a_transcript_written_again_without_explorer_loses_its_earlier_maps(
     tiny_checkpoint, tmp_path
 ):
