@@ -132,6 +132,8 @@ def explore(
     kind = folder_kind(folder)
     _check_writable(out, given=out != folder / PAGE)
     other = Path(compare) if compare is not None else None
+    if other is not None and not other.is_dir():
+        raise ValueError(f"--compare {other}: no such folder")
     if other is not None and not (kind == "decode" and _is_decode(other)):
         raise ValueError(f"to compare, {folder} and {other} must both be decode folders")
     for side in (folder, other) if other is not None else ():

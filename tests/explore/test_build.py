@@ -198,6 +198,8 @@ def test_a_page_compares_two_decodes_of_the_same_utterances(decoded, tmp_path, c
     capsys.readouterr()
     assert main(["explore", str(decoded), "--compare", str(tmp_path), "--quiet"]) == 2
     assert "must both be decode folders" in capsys.readouterr().err
+    assert main(["explore", str(decoded), "--compare", str(tmp_path / "none"), "--quiet"]) == 2
+    assert f"--compare {tmp_path / 'none'}: no such folder" in capsys.readouterr().err
     (other / "utterances.jsonl").unlink()  # metrics.json alone
     assert main(["explore", str(decoded), "--compare", str(other), "--quiet"]) == 2
     assert f"{other}: no utterances.jsonl" in capsys.readouterr().err
