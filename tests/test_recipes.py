@@ -465,6 +465,7 @@ def test_an4_language_model_stages_train_and_fuse_the_recipe_lm(tmp_path):
 
     (exp / "lm" / "checkpoints").mkdir(parents=True)  # killed during stage 8: it resumes
     (exp / "lm" / "checkpoints" / "last.ckpt").write_text("")
+    (exp / "lm" / "logs" / "version_0").mkdir(parents=True)
     (exp / "lm" / ".done-8").unlink()
     log.unlink()
     run_recipe("an4", *args, "--lm-weight", "0.3", "--stop-stage", "8", bin_dir=fake)
@@ -473,6 +474,14 @@ def test_an4_language_model_stages_train_and_fuse_the_recipe_lm(tmp_path):
     run_recipe("an4", *args, "--lm-weight", "0.3", "--stage", "8", "--stop-stage", "8",
                "--force", bin_dir=fake)  # fmt: skip
     assert "--ckpt_path" not in log.read_text() and not (exp / "lm" / "checkpoints").exists()
+    assert not (exp / "lm" / "logs").exists(), "the old run's curves would join the new one's"
+    (exp / "lm" / "logs" / "version_0").mkdir(parents=True)  # killed before a checkpoint
+    (exp / "lm" / ".done-8").unlink()
+    run_recipe("an4", *args, "--lm-weight", "0.3", "--stop-stage", "8", bin_dir=fake)
+    assert not (exp / "lm" / "logs").exists(), "a run afresh, joined to the killed one's"
+    (exp / "lm" / "logs" / "version_0").mkdir(parents=True)  # a finished run's: kept
+    run_recipe("an4", *args, "--lm-weight", "0.3", "--stop-stage", "8", bin_dir=fake)
+    assert (exp / "lm" / "logs" / "version_0").is_dir()
 
 
 def test_an4_robustness_stage_scores_the_model_with_the_recipes_search(tmp_path):

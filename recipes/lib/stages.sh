@@ -527,13 +527,18 @@ fit_stage() {
 # resume_or_afresh N DIR: sets `resume` (declared by the caller) to `--ckpt_path last` where
 # the fit of stage N into DIR stopped halfway; with --force over stage N, finished or stopped
 # halfway, removes its checkpoints so that it trains afresh, as asked (asr fit refuses a new
-# run beside them, and resuming would go on with the old weights).
+# run beside them, and resuming would go on with the old weights). A fit afresh removes the
+# logs of any run before it (asr curves and asr explore join a run's logs/version_*: the old
+# run's later steps would stay), one stopped before its first checkpoint too.
 resume_or_afresh() {
   local n=$1 dir=$2
-  if [ "$force" = true ] && [ "$n" -ge "$stage" ] && [ "$n" -le "$stop_stage" ]; then
-    rm -rf "$dir/checkpoints"
+  if [ "$n" -lt "$stage" ] || [ "$n" -gt "$stop_stage" ]; then return 0; fi
+  if [ "$force" = true ]; then rm -rf "$dir/checkpoints" "$dir/logs"; fi
+  if [ -f "$dir/checkpoints/last.ckpt" ]; then
+    resume=(--ckpt_path last)
+  elif [ ! -f "$dir/.done-$n" ] && ! compgen -G "$dir/checkpoints/*.ckpt" >/dev/null; then
+    rm -rf "$dir/logs" # it trains afresh (a marker: it is skipped, or refused)
   fi
-  if [ -f "$dir/checkpoints/last.ckpt" ]; then resume=(--ckpt_path last); fi
 }
 
 # average_stage N MODEL_DIR DEV_MANIFEST: average the best $average checkpoints into
