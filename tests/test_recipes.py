@@ -884,21 +884,28 @@ def test_an4_stage_failing_halfway_reruns_cleanly(mini_an4_tar, tmp_path):
      ("KILL", -9, None)],
 )  # fmt: skip
 def test_a_signal_to_the_recipe_stops_the_command_of_its_stage(tmp_path, signal, status, by):
-    """`kill` of the recipe's shell (or Ctrl-C to it) ends the stage's command as well: a
-    training left running, orphaned, would race the re-run that resumes it. SIGKILL, which
-    the recipe cannot trap, ends it within seconds."""
+    """`kill` of the recipe's shell (or Ctrl-C to it) ends the stage's command as well, and
+    the recipe ends after it: a training left running, orphaned, or still saving, would race
+    the re-run that resumes it. SIGKILL, which the recipe cannot trap, ends it within
+    seconds."""
     if signal == "HUP" and signal_module.getsignal(signal_module.SIGHUP) == signal_module.SIG_IGN:
         pytest.skip("SIGHUP is ignored here (nohup), so the recipe can neither trap nor get it")
-    fake, pid_file = tmp_path / "bin", tmp_path / "stage.pid"
+    fake, pid_file, ended = tmp_path / "bin", tmp_path / "stage.pid", tmp_path / "ended"
     fake.mkdir()
-    (fake / "asr").write_text(f'#!/usr/bin/env bash\necho $$ > "{pid_file}"\nexec sleep 60\n')
+    (fake / "asr").write_text(  # a command that takes a second to stop, as a fit saving
+        f'#!/usr/bin/env bash\necho $$ > "{pid_file}"\n'
+        f"trap 'sleep 1; kill $! 2>/dev/null; touch \"{ended}\"; exit 143' TERM INT\n"
+        "sleep 60 & wait\n"
+    )
     (fake / "asr").chmod(0o755)
     env = {**os.environ, "PATH": os.pathsep.join([str(fake), os.environ.get("PATH", "")])}
     args = ["--data-dir", tmp_path, "--data", tmp_path / "data", "--exp", tmp_path / "exp"]
-    recipe = subprocess.Popen(
-        ["bash", str(REPO / "recipes/an4/run.sh"), *map(str, args)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO,
-    )  # fmt: skip
+    log = tmp_path / "log"
+    with log.open("w") as out:  # not a pipe, which the command would hold open after it
+        recipe = subprocess.Popen(
+            ["bash", str(REPO / "recipes/an4/run.sh"), *map(str, args)],
+            stdout=out, stderr=out, text=True, env=env, cwd=REPO,
+        )  # fmt: skip
     try:
         for _ in range(200):
             if pid_file.exists() and pid_file.read_text().strip():
@@ -906,10 +913,10 @@ def test_a_signal_to_the_recipe_stops_the_command_of_its_stage(tmp_path, signal,
             time.sleep(0.05)
         stage_pid = int(pid_file.read_text())
         recipe.send_signal(getattr(signal_module, f"SIG{signal}"))
-        _, stderr = recipe.communicate(timeout=20)
-        assert recipe.returncode == status
+        assert recipe.wait(timeout=20) == status
         if by is not None:
-            assert f"stage 1 (prepare manifests) stopped by {by}" in stderr
+            assert ended.exists(), "the recipe ended before its stage's command"
+            assert f"stage 1 (prepare manifests) stopped by {by}" in log.read_text()
         for _ in range(100):  # the watch looks every second
             try:
                 os.kill(stage_pid, 0)

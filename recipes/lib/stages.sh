@@ -291,6 +291,9 @@ give --stage $n --force to run it again (and the stages after it), or another --
   set -m
   (
     set +m
+    # A handler, not the default: the shell, killed at once, would leave `wait "$job"` below
+    # returning while its command still shuts down (bash runs it once the command ended).
+    trap 'exit 143' TERM HUP
     local stage=$BASHPID
     if [ "$(parent_of "$stage")" = "$$" ]; then # else no way to tell: no watch
       while [ "$(parent_of "$stage")" = "$$" ]; do sleep 1; done && kill -TERM 0 &
