@@ -10,6 +10,7 @@ import importlib.util
 import json
 import os
 import re
+import shutil
 import signal as signal_module
 import subprocess
 import sys
@@ -358,6 +359,11 @@ def test_an4_quick_end_to_end(mini_an4_tar, tmp_path):
     assert outputs[2].stat().st_mtime_ns != stamps[2]
 
 
+FAKE_METRICS = dict(  # the metrics.json of a decode, as the recorder's `evaluate` writes it
+    reference_words=1, reference_characters=1, substitutions=0, deletions=0, insertions=0,
+    char_substitutions=0, char_deletions=0, char_insertions=0, sentence_errors=0,
+    utterances=1, real_time_factor=0.1, search=dict(beam_size=10, ctc_weight=0.5, lm_weight=0.3),
+)  # fmt: skip
 RECORDING_ASR = """#!{python}
 # Records its arguments; `evaluate` writes a metrics.json for the results stage.
 import json, os, sys
@@ -366,12 +372,8 @@ with open("{log}", "a") as f:
 if sys.argv[1] == "evaluate":
     out = sys.argv[sys.argv.index("--out") + 1]
     os.makedirs(out, exist_ok=True)
-    counts = dict(reference_words=1, reference_characters=1, substitutions=0, deletions=0,
-                  insertions=0, char_substitutions=0, char_deletions=0, char_insertions=0,
-                  sentence_errors=0, utterances=1, real_time_factor=0.1,
-                  search=dict(beam_size=10, ctc_weight=0.5, lm_weight=0.3))
     with open(os.path.join(out, "metrics.json"), "w") as f:
-        json.dump(counts, f)
+        json.dump({metrics}, f)
 """
 
 
@@ -379,9 +381,14 @@ def recording_asr(tmp_path: Path) -> tuple[Path, Path]:
     """A folder whose `asr` records its arguments, and the file it writes them to."""
     fake, log = tmp_path / "bin", tmp_path / "calls.txt"
     fake.mkdir()
-    (fake / "asr").write_text(RECORDING_ASR.format(python=sys.executable, log=log))
+    (fake / "asr").write_text(recorder(log))
     (fake / "asr").chmod(0o755)
     return fake, log
+
+
+def recorder(log: Path) -> str:
+    """The program of `recording_asr`."""
+    return RECORDING_ASR.format(python=sys.executable, log=log, metrics=json.dumps(FAKE_METRICS))
 
 
 LEAVING_OUT_ASR = """#!{python}
@@ -440,6 +447,11 @@ def test_an4_language_model_stages_train_and_fuse_the_recipe_lm(tmp_path):
     for stage in range(1, 8):  # stages 1-7 done already
         (data if stage < 4 else exp / "transformer_quick").mkdir(parents=True, exist_ok=True)
         ((data if stage < 4 else exp / "transformer_quick") / f".done-{stage}").write_text("")
+    for split in ("dev", "test"):  # stage 6's decodes
+        (exp / "transformer_quick" / f"decode_{split}").mkdir()
+        (exp / "transformer_quick" / f"decode_{split}" / "metrics.json").write_text(
+            json.dumps(FAKE_METRICS)
+        )
     args = ["--data-dir", tmp_path, "--data", data, "--exp", exp, "--quick"]
     result = run_recipe("an4", *args, "--lm-weight", "0.3", bin_dir=fake)
     assert ran(result.stdout) == [8, 9]
@@ -605,6 +617,25 @@ def test_models_of_one_frontend_share_the_cmvn_stage(tmp_path):
     assert '"n_mels":40' in refused.stderr and '"n_mels":80' in refused.stderr
 
 
+def test_results_of_a_split_not_decoded_are_refused(tmp_path):
+    """A results stage with one split's decode missing wrote a table of the others, marked
+    itself done and named the missing split's plots."""
+    fake, _ = recording_asr(tmp_path)
+    data, exp = tmp_path / "data", tmp_path / "exp"
+    args = ["--data-dir", tmp_path, "--data", data, "--exp", exp, "--quick"]
+    for stage in range(1, 7):  # stages 1-6 done already
+        folder = data if stage < 4 else exp / "transformer_quick"
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f".done-{stage}").write_text("")
+    run_recipe("an4", *args, "--stage", "6", "--stop-stage", "6", "--force", bin_dir=fake)
+    model = exp / "transformer_quick"
+    shutil.rmtree(model / "decode_test")
+    failed = run_recipe("an4", *args, "--stage", "7", bin_dir=fake, check=False)
+    assert failed.returncode != 0
+    assert f"results: test is not decoded (no {model}/decode_test/metrics.json)" in failed.stderr
+    assert not (model / ".done-7").exists() and not (model / "RESULTS.md").exists()
+
+
 def test_a_stage_done_with_other_options_is_not_skipped_as_if_done_with_these(tmp_path):
     """A decode done at beam 10, asked again at beam 3: a usage error showing both commands,
     not a skip that claims beam 3. --force runs it; a forced run that fails leaves no marker,
@@ -613,7 +644,7 @@ def test_a_stage_done_with_other_options_is_not_skipped_as_if_done_with_these(tm
     failing = tmp_path / "failing"
     for folder, tail in ((fake, ""), (failing, "sys.exit(1)\n")):
         folder.mkdir()
-        (folder / "asr").write_text(RECORDING_ASR.format(python=sys.executable, log=log) + tail)
+        (folder / "asr").write_text(recorder(log) + tail)
         (folder / "asr").chmod(0o755)
     data, exp = tmp_path / "data", tmp_path / "exp"
     for stage in range(1, 6):  # stages 1-5 done already (hand-made markers: any command)
