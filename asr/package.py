@@ -243,7 +243,9 @@ def resolve_package(path: str | os.PathLike) -> Path:
     else:
         try:  # huggingface_hub asks this with no time limit: a silent network hung for good
             commit = HfApi().repo_info(repo_id, revision=revision, timeout=HUB_TIMEOUT).sha
-            return Path(fetch(revision=commit))
+            snapshot = Path(fetch(revision=commit))
+            _remember_revision(snapshot, revision or "main", commit)
+            return snapshot
         except Exception as err:  # noqa: BLE001 - unreachable, silent or refusing: try the cache
             error = err
     try:
@@ -254,6 +256,22 @@ def resolve_package(path: str | os.PathLike) -> Path:
             "it is found in the Hugging Face cache (HF_HUB_OFFLINE=1 too), or give a local "
             "package folder"
         ) from None
+
+
+def _remember_revision(snapshot: Path, revision: str, commit: str) -> None:
+    """Record in the cache that `revision` is `commit` (refs/<revision>), as a fetch by name
+    does: huggingface_hub records nothing for a fetch by commit, and the model was then not
+    found offline by its name."""
+    ref = snapshot.parent.parent / "refs" / revision
+    if revision == commit or (ref.is_file() and ref.read_text() == commit):
+        return
+    scratch = ref.with_name(f".{ref.name}.{os.getpid()}")
+    try:  # whole or not at all: other processes may be reading it
+        ref.parent.mkdir(parents=True, exist_ok=True)
+        scratch.write_text(commit)
+        os.replace(scratch, ref)
+    except OSError:  # a cache this user cannot write: the model still loads online
+        scratch.unlink(missing_ok=True)
 
 
 def read_safetensors(path: Path) -> dict[str, torch.Tensor]:

@@ -21,6 +21,7 @@ import socket
 import subprocess
 import sys
 import time
+import types
 from pathlib import Path
 
 import numpy as np
@@ -594,9 +595,10 @@ def test_finalize_on_a_package_says_what_to_do(package, tmp_path, capsys):
 # --------------------------------------------------------------------------- hf://
 
 
-def _hf_cache(package: Path, cache: Path, repo_id: str) -> str:
+def _hf_cache(package: Path, cache: Path, repo_id: str, ref: bool = True) -> str:
     """Lay `package` out in a Hugging Face cache as `huggingface_hub` downloads a repository:
-    content-addressed blobs, a snapshot of symlinks per commit, and `refs/main`."""
+    content-addressed blobs, a snapshot of symlinks per commit, and `refs/main` (not where
+    `ref` is False: a fetch by commit writes none)."""
     from huggingface_hub.file_download import repo_folder_name
 
     repo = cache / repo_folder_name(repo_id=repo_id, repo_type="model")
@@ -610,8 +612,9 @@ def _hf_cache(package: Path, cache: Path, repo_id: str) -> str:
         link = snapshot / path.relative_to(package)
         link.parent.mkdir(parents=True, exist_ok=True)
         link.symlink_to(os.path.relpath(blob, link.parent))
-    (repo / "refs").mkdir()
-    (repo / "refs" / "main").write_text(commit)
+    if ref:
+        (repo / "refs").mkdir()
+        (repo / "refs" / "main").write_text(commit)
     return commit
 
 
@@ -673,6 +676,36 @@ def test_a_cached_hf_model_loads_where_the_hub_never_answers(hub_cache, monkeypa
         with pytest.raises(CheckpointError, match="hf://me/elsewhere: cannot fetch"):
             asr.load_model("hf://me/elsewhere")
     assert recognizer.checkpoint == "hf://me/tiny-an4"
+
+
+def test_an_hf_model_fetched_online_is_found_offline_by_its_name(package, tmp_path, monkeypatch):
+    """asr fetches the commit its name resolves to (asked first, with a time bound), for
+    which huggingface_hub records no refs/main: the model then fetched was not found offline
+    by its name, nor where the Hub could not be reached."""
+    import huggingface_hub
+    from huggingface_hub.file_download import repo_folder_name
+
+    cache = tmp_path / "hub"
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    commit, real = hashlib.sha1(b"me/tiny-an4").hexdigest(), huggingface_hub.snapshot_download
+    monkeypatch.setattr(
+        huggingface_hub.HfApi, "repo_info", lambda *a, **k: types.SimpleNamespace(sha=commit)
+    )
+
+    def download(repo_id, revision=None, local_files_only=False, **kwargs):
+        if local_files_only:
+            return real(repo_id, revision=revision, local_files_only=True, **kwargs)
+        assert revision == commit
+        _hf_cache(package, cache, repo_id, ref=False)  # as the Hub's download lays it out
+        return str(cache / repo_folder_name(repo_id=repo_id, repo_type="model") / "snapshots"
+                   / commit)  # fmt: skip
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", download)
+    online = asr.load_model("hf://me/tiny-an4")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    offline = asr.load_model("hf://me/tiny-an4")
+    _assert_same_weights(online.model, offline.model)
 
 
 def test_an_uncached_hf_model_offline_is_named(offline_hub):
