@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Protocol
 
@@ -25,7 +25,13 @@ from asr.audio import (
     resample,
 )
 from asr.data.manifest import DURATION_TOLERANCE
-from asr.levels import ENERGY_FLOOR_DB, SILENT_DB, frame_energy_db, loud_level
+from asr.levels import (
+    ENERGY_FLOOR_DB,
+    SILENT_DB,
+    frame_energy_db,
+    local_loud_levels,
+    loud_level,
+)
 
 MIN_SEGMENT_SECONDS = 0.2  # no cut leaves a segment shorter than this
 SHORTEST_MAX_SEGMENT = 3  # the least `segment_seconds_for` gives (> 2 x the 1 s overlap)
@@ -48,6 +54,8 @@ class SegmenterOptions:
     max_segment_seconds: float | None = None
     min_silence_seconds: float = 0.3  # quieter stretches shorter than this are never cut
     silence_threshold_db: float = -35.0  # silent: frame RMS this many dB below the loudest
+    # ... 0.1 s within half this either side (in whole seconds); None: of the whole input
+    level_window_seconds: float | None = 10.0
     window_overlap_seconds: float = 1.0  # overlap of fixed windows where no silence is found
     frame_seconds: float = 0.01  # energy analysis frame (frames do not overlap)
     read_seconds: float = 60.0  # audio read at a time during analysis
@@ -68,6 +76,8 @@ class SegmenterOptions:
             f"silence_threshold_db must lie in ({ENERGY_FLOOR_DB:g}, 0)": ENERGY_FLOOR_DB
             < self.silence_threshold_db
             < 0.0,
+            "level_window_seconds must be None or >= 1": self.level_window_seconds is None
+            or self.level_window_seconds >= 1.0,
             "window_overlap_seconds must lie in [0, max_segment_seconds / 2) (lower it with "
             "segments under 2 s)": 0.0 <= self.window_overlap_seconds < self.longest / 2,
             "frame_seconds must be > 0": self.frame_seconds > 0.0,
@@ -239,18 +249,23 @@ def silences(energy_db: np.ndarray, options: SegmenterOptions, frame_seconds: fl
 def loud_frames(
     energy_db: np.ndarray, frame_seconds: float, options: SegmenterOptions
 ) -> np.ndarray:
-    """The frames at most `silence_threshold_db` below the loudest but for digital silence
-    (within 1 dB of ENERGY_FLOOR_DB); none where the loudest is below SILENT_DB.
+    """The frames at most `silence_threshold_db` below the loudest near them
+    (`level_window_seconds`) but for digital silence (within 1 dB of ENERGY_FLOOR_DB); none
+    where the loudest near them is below SILENT_DB.
 
     >>> loud_frames(np.array([-80.0, -100.0, -95.0]), 0.1, SegmenterOptions()).tolist()
     [True, False, True]
     >>> loud_frames(np.full(3, -95.0), 0.1, SegmenterOptions()).any()
     np.False_
     """
-    level = loud_level(energy_db, frame_seconds)
-    if level < SILENT_DB:
-        return np.zeros(energy_db.shape, dtype=bool)
-    return (energy_db >= level + options.silence_threshold_db) & (energy_db > ENERGY_FLOOR_DB + 1)
+    window = options.level_window_seconds
+    level = (
+        loud_level(energy_db, frame_seconds)
+        if window is None
+        else local_loud_levels(energy_db, frame_seconds, window)
+    )
+    loud = (energy_db >= level + options.silence_threshold_db) & (level >= SILENT_DB)
+    return loud & (energy_db > ENERGY_FLOOR_DB + 1)
 
 
 def _width(options: SegmenterOptions, frame_seconds: float) -> int:
@@ -382,6 +397,8 @@ def segment_source(source: AudioSource, options: SegmenterOptions) -> list[Span]
         track = speech_track(probs, options.vad_threshold)
         if not (track >= SPEECH_DB).any():
             return []
-        return plan_segments(track, frame_seconds, source.duration, options)
+        # a track of probabilities, not levels: silence is far below speech anywhere
+        whole = replace(options, level_window_seconds=None)
+        return plan_segments(track, frame_seconds, source.duration, whole)
     energy, frame_seconds = source.energy_db(options.frame_seconds, options.read_seconds)
     return plan_segments(energy, frame_seconds, source.duration, options)

@@ -635,6 +635,35 @@ def test_a_click_sets_no_level_and_a_dc_offset_fills_no_pause():
         assert all(int(b * 100) % 150 >= 100 or b == 5.5 for _, b in spans), (offset, spans)
 
 
+@pytest.mark.parametrize("loud", ["door slam", "louder talker"])
+def test_a_loud_stretch_sets_the_level_of_its_neighbourhood_alone(loud):
+    """A 0.5 s burst 45 dB above quiet speech, or a talker 40 dB louder before it, set the
+    level a whole input was judged against: all of the quiet speech counted as silence."""
+    rng = np.random.default_rng(0)
+    pause = np.zeros(8000)
+
+    def utterances(db, count, seconds=1.0):  # `count` utterances, each with a pause after
+        return [np.concatenate([rng.normal(0, 10 ** (db / 20), int(16000 * seconds)), pause])
+                for _ in range(count)]  # fmt: skip
+
+    first = utterances(0, 1, 0.5) if loud == "door slam" else utterances(-5, 6)
+    wave = np.concatenate(first + utterances(-45, 20))
+    begin = sum(map(len, first)) / 16000  # where the quiet speech begins
+    energy, duration = frame_energy_db(wave, 160), len(wave) / 16000
+    quiet = [(begin + 1.5 * k, begin + 1.5 * k + 1.0) for k in range(20)]
+    far = [u for u in quiet if u[0] >= begin + 6.0]  # beyond 5 whole seconds of the loud part
+    options = SegmenterOptions(max_segment_seconds=3)
+    spans = plan_segments(energy, 0.01, duration, options)
+    for start, end in far:
+        assert any(a <= start and end <= b for a, b in spans), (start, spans)
+    whole = plan_segments(
+        energy, 0.01, duration, dataclasses.replace(options, level_window_seconds=None)
+    )
+    assert not any(a < end and start < b for a, b in whole for start, end in quiet), whole
+    with pytest.raises(ValueError, match=r"level_window_seconds must be None or >= 1, got 0\.5"):
+        SegmenterOptions(level_window_seconds=0.5)
+
+
 def test_digital_silence_is_silent_however_quiet_the_rest():
     """Levels are relative to the loudest stretch: an input of digital silence alone was all
     loud, and its windows were decoded into made-up words."""

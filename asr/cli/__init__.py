@@ -1370,8 +1370,8 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
         p.add_argument(
             "--silence-threshold-db",
             type=decibels_below(ENERGY_FLOOR_DB),
-            help="silence: dB below the loudest 0.1 s (-35; digital silence is -100, always "
-            "silent; an input whose loudest is under -90 has no speech)",
+            help="silence: dB below the loudest 0.1 s within 5-6 s (-35; digital silence is "
+            "-100, always silent; a stretch whose loudest is under -90 has no speech)",
         )
         p.add_argument(
             "--vad",
