@@ -34,9 +34,10 @@ TIMEOUT = 900  # seconds; a hung recipe fails instead of blocking the suite
 
 
 def run_recipe(
-    corpus: str, *args: str, bin_dir: Path | None = None, check: bool = True
+    corpus: str, *args: str, bin_dir: Path | None = None, check: bool = True, cwd: Path = REPO
 ) -> subprocess.CompletedProcess:
-    """Run recipes/<corpus>/run.sh with `asr` from `bin_dir` (then this venv) on PATH."""
+    """Run recipes/<corpus>/run.sh, in `cwd`, with `asr` from `bin_dir` (then this venv) on
+    PATH."""
     path = os.pathsep.join(
         [*([str(bin_dir)] if bin_dir else []), str(BIN), os.environ.get("PATH", "")]
     )
@@ -46,7 +47,7 @@ def run_recipe(
         capture_output=True,
         text=True,
         env=env,
-        cwd=REPO,
+        cwd=cwd,
         timeout=TIMEOUT,
     )
     if check and result.returncode != 0:
@@ -728,6 +729,17 @@ def test_a_recipes_own_options_are_checked_before_any_stage(corpus, option, valu
     extra = ["--lm-weight", "0.4"] if option == "--lm-config" else []
     wrong = run_recipe(corpus, *extra, option, value, check=False)
     assert wrong.returncode == 2 and said in wrong.stderr, wrong.stderr
+
+
+@pytest.mark.parametrize("option", ["--data", "--exp", "--data-dir"])
+def test_an_empty_folder_option_is_refused(option, tmp_path):
+    """`--data "$UNSET"` ran the recipe into the folder it was started in."""
+    folders = {"--data": tmp_path / "data", "--exp": tmp_path / "exp", "--data-dir": tmp_path}
+    args = [x for name, value in folders.items() for x in (name, value)]
+    args[args.index(option) + 1] = ""
+    empty = run_recipe("yesno", *args, "--stop-stage", "1", check=False, cwd=tmp_path)
+    assert empty.returncode == 2 and f"{option} needs a value, got an empty one" in empty.stderr
+    assert not list(tmp_path.iterdir())
 
 
 def test_a_config_after_the_double_dash_makes_another_model(tmp_path):

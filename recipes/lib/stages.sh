@@ -104,9 +104,11 @@ need_sized_tokenizer() {
   fi
 }
 
-# need_value OPTION [VALUE...]: a usage error unless the option has a value.
+# need_value OPTION [VALUE...]: a usage error unless the option has a value, not an empty one
+# (`--data "$UNSET"` would be the folder the recipe runs in).
 need_value() {
   if [ $# -lt 2 ] || [ "${2:0:2}" = "--" ]; then usage_error "$1 needs a value"; fi
+  if [ -z "$2" ]; then usage_error "$1 needs a value, got an empty one"; fi
 }
 
 # need_int OPTION [VALUE...]: a usage error unless the option has a whole number (of at most
