@@ -10,7 +10,6 @@ import importlib.util
 import json
 import os
 import re
-import shutil
 import signal as signal_module
 import subprocess
 import sys
@@ -620,21 +619,29 @@ def test_models_of_one_frontend_share_the_cmvn_stage(tmp_path):
 
 def test_results_of_a_split_not_decoded_are_refused(tmp_path):
     """A results stage with one split's decode missing wrote a table of the others, marked
-    itself done and named the missing split's plots."""
+    itself done and named the missing split's plots. A table is titled by the configs that
+    trained the model."""
     fake, _ = recording_asr(tmp_path)
     data, exp = tmp_path / "data", tmp_path / "exp"
-    args = ["--data-dir", tmp_path, "--data", data, "--exp", exp, "--quick"]
-    for stage in range(1, 7):  # stages 1-6 done already
-        folder = data if stage < 4 else exp / "transformer_quick"
+    model = exp / "transformer_quick"
+    args = ["--data-dir", tmp_path, "--data", data, "--exp", exp, "--quick", "--stage", "7"]
+    for stage in range(1, 7):  # stages 1-6 done already, dev decoded
+        folder = data if stage < 4 else model
         folder.mkdir(parents=True, exist_ok=True)
         (folder / f".done-{stage}").write_text("")
-    run_recipe("an4", *args, "--stage", "6", "--stop-stage", "6", "--force", bin_dir=fake)
-    model = exp / "transformer_quick"
-    shutil.rmtree(model / "decode_test")
-    failed = run_recipe("an4", *args, "--stage", "7", bin_dir=fake, check=False)
+    (model / ".done-4").write_text("train (conf/an4/transformer_quick.yaml): asr fit ...\n")
+    for split in ("dev", "test"):
+        (model / f"decode_{split}").mkdir()
+    (model / "decode_dev" / "metrics.json").write_text(json.dumps(FAKE_METRICS))
+    failed = run_recipe("an4", *args, bin_dir=fake, check=False)
     assert failed.returncode != 0
     assert f"results: test is not decoded (no {model}/decode_test/metrics.json)" in failed.stderr
     assert not (model / ".done-7").exists() and not (model / "RESULTS.md").exists()
+    # titled by the configs that trained the model, not by those of the run that writes it
+    (model / "decode_test" / "metrics.json").write_text(json.dumps(FAKE_METRICS))
+    run_recipe("an4", *args, "--", "--config", "conf/an4/augment.yaml", bin_dir=fake)
+    title = (model / "RESULTS.md").read_text().splitlines()[0]
+    assert title == "# conf/an4/transformer_quick.yaml"
 
 
 def test_a_stage_done_with_other_options_is_not_skipped_as_if_done_with_these(tmp_path):

@@ -643,12 +643,18 @@ results_stage() {
   run_stage "$n" "results" "$1" write_results "$@"
 }
 
-# write_results MODEL_DIR CONFIG SPLIT...: the table, titled by CONFIG and the configs after
-# `--` (`fit_extras`), which trained the model with it.
+# write_results MODEL_DIR CONFIG SPLIT...: the table, titled by the configs that trained the
+# model, as its training stage's marker (stage 4) names them: those of this run's options
+# (CONFIG and the configs after `--`, `fit_extras`) where the marker does not say.
 write_results() {
-  local python
+  local python title="$2$(fit_extras)" trained=""
+  if [ -f "$1/.done-4" ]; then read -r trained <"$1/.done-4" || true; fi
+  if [[ $trained == "train ("*"): "* ]]; then
+    trained=${trained#"train ("}
+    title=${trained%%"): "*}
+  fi
   python=$(asr_python)
-  $python - "$1" "$2$(fit_extras)" "${@:3}" <<'PY'
+  $python - "$1" "$title" "${@:3}" <<'PY'
 import json
 import sys
 from pathlib import Path
