@@ -150,7 +150,8 @@ def init_from(model: nn.Module, path: str | os.PathLike, tokenizer: Tokenizer) -
 
 
 # Beside settings of training or speed alone (`asr.checkpoint.training_only`), a fine-tune
-# may start from other CMVN statistics, given inline, and adapt to them; a resume may not.
+# may give other CMVN statistics inline (the trained ones are copied over them, as over those
+# of another file); a resume may not.
 FINE_TUNE_ONLY = frozenset({"mean", "std"})
 
 
