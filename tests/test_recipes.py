@@ -447,12 +447,17 @@ def test_an4_language_model_stages_train_and_fuse_the_recipe_lm(tmp_path):
     for stage in range(1, 8):  # stages 1-7 done already
         (data if stage < 4 else exp / "transformer_quick").mkdir(parents=True, exist_ok=True)
         ((data if stage < 4 else exp / "transformer_quick") / f".done-{stage}").write_text("")
+    args = ["--data-dir", tmp_path, "--data", data, "--exp", exp, "--quick"]
+    undecoded = run_recipe("an4", *args, "--lm-weight", "0.3", bin_dir=fake, check=False)
+    assert undecoded.returncode == 1 and "results: dev is not decoded" in undecoded.stderr
+    assert [c.split()[0] for c in log.read_text().splitlines()] == ["fit"], "no LM decodes"
+    log.unlink()
+    (exp / "lm" / ".done-8").unlink()  # as were it not trained yet
     for split in ("dev", "test"):  # stage 6's decodes
         (exp / "transformer_quick" / f"decode_{split}").mkdir()
         (exp / "transformer_quick" / f"decode_{split}" / "metrics.json").write_text(
             json.dumps(FAKE_METRICS)
         )
-    args = ["--data-dir", tmp_path, "--data", data, "--exp", exp, "--quick"]
     result = run_recipe("an4", *args, "--lm-weight", "0.3", bin_dir=fake)
     assert ran(result.stdout) == [8, 9]
     fit, *decodes = log.read_text().splitlines()

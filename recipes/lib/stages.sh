@@ -620,8 +620,22 @@ lm_wanted() {
 decode_with_lm() {
   local model_dir=$1 config=$2 data=$3
   shift 3
+  need_decodes "$model_dir" "$@" # before the LM decodes, not after them: the table needs both
   decode_splits "$model_dir" "$data" "$@"
   write_results "$model_dir" "$config" "$@"
+}
+
+# need_decodes MODEL_DIR SPLIT...: fails, naming it, where a SPLIT has no
+# decode_SPLIT/metrics.json: a results table without it would pass for whole.
+need_decodes() {
+  local split
+  for split in "${@:2}"; do
+    if [ ! -f "$1/decode_$split/metrics.json" ]; then
+      echo "results: $split is not decoded (no $1/decode_$split/metrics.json): run its" \
+        "decode stage" >&2
+      return 1
+    fi
+  done
 }
 
 # robustness_stage N MODEL_DIR DATA SPLIT: `asr robustness` of avg.ckpt on SPLIT under its
@@ -648,6 +662,7 @@ results_stage() {
 # (CONFIG and the configs after `--`, `fit_extras`) where the marker does not say.
 write_results() {
   local python title="$2$(fit_extras)" trained=""
+  need_decodes "$1" "${@:3}"
   if [ -f "$1/.done-4" ]; then read -r trained <"$1/.done-4" || true; fi
   if [[ $trained == "train ("*"): "* ]]; then
     trained=${trained#"train ("}
@@ -669,8 +684,6 @@ settings, by_length = [], []
 for split in splits:
     for suffix in ("", "_lm"):
         metrics = Path(model_dir) / f"decode_{split}{suffix}" / "metrics.json"
-        if not metrics.exists() and not suffix:  # a table without it would pass for whole
-            sys.exit(f"results: {split} is not decoded (no {metrics}): run its decode stage")
         if not metrics.exists():  # the LM decode of a run without --lm-weight
             continue
         m = json.loads(metrics.read_text())
