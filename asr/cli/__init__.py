@@ -69,6 +69,7 @@ DECODING_ARGUMENTS = ("beam_size", "ctc_weight", "length_bonus", "max_len_ratio"
 def _prepare(args: argparse.Namespace) -> int:
     from asr.data.prepare import left_out, prepare_corpus
 
+    _check_folder_to_write(args.out, "--out")
     options = {}
     if args.splits:
         options["splits"] = args.splits
@@ -94,6 +95,7 @@ def _print_failures(title: str, failures: Sequence[str]) -> None:
 def _tokenizer(args: argparse.Namespace) -> int:
     from asr.text import TextNormalizer, train_tokenizer
 
+    _check_folder_to_write(args.out, "--out")
     if args.kind == "char" and args.vocab_size is not None:
         raise ValueError("--vocab-size sizes bpe and unigram vocabularies; char takes each "
                          "character of the text: leave it out, or give --kind bpe")  # fmt: skip
@@ -185,6 +187,7 @@ def _shard(args: argparse.Namespace) -> int:
 
     from asr.data.shards import INDEX_NAME, write_shards
 
+    _check_folder_to_write(args.out, "--out")
     # SIGTERM unwinds as Ctrl-C does, so the shard being written is removed, not left .partial
     main_thread = threading.current_thread() is threading.main_thread()
     received: list[int] = []
@@ -534,12 +537,15 @@ def _check_folder_to_write(path: str, option: str) -> None:
     """Refuse a folder to write that a file stands in the way of (itself, or a folder above)."""
     blocked = _file_in_the_way(Path(path))
     if blocked is not None:
-        raise ValueError(f"{option} {path}: {blocked} is a file, not a folder")
+        kind = "a file" if blocked.exists() else "a broken link"
+        raise ValueError(f"{option} {path}: {blocked} is {kind}, not a folder")
 
 
 def _file_in_the_way(folder: Path) -> Path | None:
     """The file that stands where `folder`, or a folder above it, would be; None if none does."""
-    here = next(p for p in (folder, *folder.parents) if p.exists() or p == p.parent)
+    here = next(
+        p for p in (folder, *folder.parents) if p.exists() or p.is_symlink() or p == p.parent
+    )  # a broken link too: nothing can be made where it is
     return None if here.is_dir() else here
 
 

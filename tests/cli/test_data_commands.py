@@ -25,12 +25,16 @@ def manifest(tmp_path):
 @pytest.mark.parametrize(
     ("argv", "said"),
     [
-        (["tokenizer", "--manifest", "{m}", "--out", "{file}"], "File exists"),
+        (["tokenizer", "--manifest", "{m}", "--out", "{file}"], "--out {file}: {file} is a file"),
+        (["shard", "--manifest", "{m}", "--out", "{file}/x"], "--out {file}/x: {file} is a file"),
+        (["shard", "--manifest", "{m}", "--out", "{link}"], "{link} is a broken link, not a"),
+        (["prepare", "an4", "--data-dir", "{dir}", "--out", "{file}"],
+         "--out {file}: {file} is a file, not a folder"),
         (["tokenizer", "--manifest", "{dir}", "--out", "{tmp}/tok"], "Is a directory"),
         (["cmvn", "--manifest", "{m}", "--out", "{dir}"], "dir: is a directory, not a file"),
         (["validate-data", "--manifest", "{m}", "--report", "{dir}"],
          "dir: a folder; name the file to write"),
-        (["prepare", "yesno", "--data-dir", "{dir}", "--out", "{file}", "--dev-size", "3"],
+        (["prepare", "yesno", "--data-dir", "{dir}", "--out", "{tmp}/p", "--dev-size", "3"],
          "yesno takes no option 'dev_size'; it is an option of an4"),
         (["cmvn", "--manifest", "{m}", "--out", "{tmp}/c.json", "--config", "{bad_yaml}"],
          "bad.yaml:3:1: not valid YAML"),
@@ -50,15 +54,17 @@ def manifest(tmp_path):
 def test_a_path_or_config_that_cannot_work_is_named(argv, said, manifest, tmp_path, capsys):
     (tmp_path / "dir").mkdir()
     (tmp_path / "file").write_text("")
+    (tmp_path / "link").symlink_to(tmp_path / "nowhere")
     (tmp_path / "bad.yaml").write_text("model:\n  a: [1, 2\n")
     (tmp_path / "class.yaml").write_text(
         "model:\n  init_args:\n    frontend:\n      class_path: asr.frontends.NoSuchFrontend\n"
     )
     places = {"m": manifest, "dir": tmp_path / "dir", "file": tmp_path / "file", "tmp": tmp_path,
-              "bad_yaml": tmp_path / "bad.yaml", "bad_class": tmp_path / "class.yaml"}  # fmt: skip
+              "bad_yaml": tmp_path / "bad.yaml", "bad_class": tmp_path / "class.yaml",
+              "link": tmp_path / "link"}  # fmt: skip
     assert main([arg.format(**places) for arg in argv]) == 2
     err = capsys.readouterr().err
-    assert err.startswith(f"asr {argv[0]}: error: ") and said in err
+    assert err.startswith(f"asr {argv[0]}: error: ") and said.format(**places) in err
     assert "Traceback" not in err
 
 
