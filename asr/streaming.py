@@ -38,7 +38,7 @@ from asr.decoding import (
     search_encoded,
     teacher_forced,
 )
-from asr.frontends import GlobalCMVN
+from asr.frontends import GlobalCMVN, features_of
 from asr.frontends.features import num_frames
 from asr.models.blocks import min_input_length
 from asr.models.chunking import EncoderCache, streaming_problem
@@ -204,17 +204,20 @@ class FeatureStream:
         normalize = getattr(frontend, "normalize", None)
         if normalize is not None and not isinstance(normalize, GlobalCMVN):
             raise ValueError(f"{type(normalize).__name__} needs the whole utterance: cannot stream")
-        self.features, self.normalize = frontend.features, normalize
+        self.features, self.normalize = features_of(frontend), normalize
         self.win, self.hop = _framing(self.features)
         tensors = [*frontend.parameters(), *frontend.buffers()]
         self.device = tensors[0].device if tensors else torch.device("cpu")
         self.dtype = input_dtype(frontend)  # a float64 model's too
         self.buffer = torch.zeros(0, dtype=self.dtype)
+        self.skip = 0  # samples still to drop: those between frames, where hop > win
 
     @torch.inference_mode()
     def push(self, samples: Tensor) -> Tensor:
         """Samples `(S,)` in, the feature frames they complete out `(N, D)`."""
         buffer = torch.cat([self.buffer, samples.to(self.buffer)])
+        dropped = min(self.skip, buffer.numel())
+        buffer, self.skip = buffer[dropped:], self.skip - dropped
         frames = int(num_frames(buffer.numel(), self.win, self.hop))
         if frames <= 0:
             self.buffer = buffer
@@ -226,6 +229,7 @@ class FeatureStream:
         if self.normalize is not None:
             feats, lens = self.normalize(feats, lens)
         self.buffer = buffer[frames * self.hop :]
+        self.skip = max(0, frames * self.hop - buffer.numel())
         return feats[0, :frames].to(self.dtype).cpu()
 
 
@@ -262,7 +266,7 @@ class StreamingEngine:
         self.longest = None
         endpoint = self.options.endpoint
         if self.chunk is None and endpoint is not None:
-            hop = _framing(model.frontend.features)[1]
+            hop = _framing(features_of(model.frontend))[1]
             longest = math.ceil(endpoint.max_utterance * recognizer.sample_rate / hop)
             self.longest = max(self.min_window, longest)
         self.search_options = recognizer.bounded(  # final_search="beam": the model's defaults

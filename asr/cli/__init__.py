@@ -108,7 +108,7 @@ def _tokenizer(args: argparse.Namespace) -> int:
 
 def _cmvn(args: argparse.Namespace) -> int:
     from asr.data.cmvn import compute_cmvn_stats, config_frontend
-    from asr.frontends import Frontend, LevelNormalizer, LogMelFilterbank
+    from asr.frontends import Frontend, LevelNormalizer, LogMelFilterbank, features_of
 
     own = {"--sample-rate": args.sample_rate, "--n-mels": args.n_mels,
            "--target-dbfs": args.target_dbfs}  # fmt: skip
@@ -137,7 +137,7 @@ def _cmvn(args: argparse.Namespace) -> int:
         except ValueError as error:
             raise ValueError(f"--sample-rate {rate} --n-mels {n_mels}: {error}") from None
         frontend = Frontend(features, level=level)
-    rate = frontend.features.sample_rate
+    rate = features_of(frontend).sample_rate
     stats = compute_cmvn_stats(
         args.manifest, frontend, args.out, rate, max_utterances=args.max_utterances
     )

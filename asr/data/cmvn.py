@@ -14,7 +14,13 @@ from asr.audio import AudioError, load_audio
 from asr.checkpoint import build_error, instantiate
 from asr.config_check import frontend_settings, refused_as_built, where_built
 from asr.data.manifest import read_manifest
-from asr.frontends import CMVNStats, Frontend, LevelNormalizer, accumulate_cmvn_stats
+from asr.frontends import (
+    CMVNStats,
+    Frontend,
+    LevelNormalizer,
+    accumulate_cmvn_stats,
+    features_of,
+)
 from asr.frontends.normalize import features_signature
 
 
@@ -72,7 +78,7 @@ def compute_cmvn_stats(
         raise ValueError(f"{manifest_path}: no feature frames to compute CMVN statistics from")
     level = frontend.level if isinstance(frontend, Frontend) else None
     target = level.target_dbfs if isinstance(level, LevelNormalizer) else None
-    features = frontend.features if isinstance(frontend, Frontend) else frontend
+    features = features_of(frontend)
     signature = features_signature(features, sample_rate)
     stats = replace(stats, level_dbfs=target, sample_rate=sample_rate, signature=signature)
     stats.save(out_path)

@@ -36,6 +36,7 @@ __all__ = [
     "UtteranceCMVN",
     "WINDOWS",
     "accumulate_cmvn_stats",
+    "features_of",
     "num_frames",
     "zero_padding",
 ]
@@ -74,3 +75,9 @@ class Frontend(nn.Module):
         if self.augment is not None:
             feats, feat_lens = self.augment(feats, feat_lens)
         return feats, feat_lens
+
+
+def features_of(frontend: nn.Module) -> nn.Module:
+    """The feature module of a `Frontend`, or the frontend itself where a config gives a bare
+    one (`LogMelFilterbank`...)."""
+    return getattr(frontend, "features", frontend)

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from asr.frontends import features_of
 from asr.models.ctc import CTCHead, InterCTC
 from asr.text import PAD_ID, SOS_EOS_ID
 
@@ -104,8 +105,7 @@ class Seq2Seq(nn.Module):
     @property
     def sample_rate(self) -> int:
         """The audio rate the frontend expects (16 kHz where it does not say)."""
-        features = getattr(self.frontend, "features", self.frontend)
-        return int(getattr(features, "sample_rate", 16000))
+        return int(getattr(features_of(self.frontend), "sample_rate", 16000))
 
     def encoder_timing(self) -> tuple[float, float]:
         """`frame_timing` of the encoder."""

@@ -104,6 +104,19 @@ def test_features_arrive_as_the_whole_file_gives_them(trained) -> None:
     torch.testing.assert_close(parts, whole, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("hop", [160, 480])
+def test_features_of_a_bare_module_and_any_hop_arrive_as_whole(hop) -> None:
+    """A config's bare feature module (no `Frontend`) crashed streaming; a hop longer than the
+    window (gaps between frames) shifted every frame after a piece that ended in a gap."""
+    features = LogMelFilterbank(n_mels=40, win_length=400, hop_length=hop)
+    wave = torch.randn(16000, generator=torch.Generator().manual_seed(0)) * 0.1
+    whole = features(wave[None], torch.tensor([wave.numel()]))[0][0]
+    for size in (37, 400, 777):  # 37: pieces within a gap (hop - window: 80)
+        stream = FeatureStream(features)
+        parts = torch.cat([stream.push(wave[i : i + size]) for i in range(0, wave.numel(), size)])
+        torch.testing.assert_close(parts, whole, atol=1e-4, rtol=1e-4)
+
+
 @pytest.mark.parametrize("final_search", ["rescore", "beam"])
 def test_a_full_context_final_has_the_no_speech_prob_of_offline(trained, final_search):
     """The CTC head's probability of an empty transcript, of the same frames: the stream's
