@@ -545,6 +545,7 @@ def test_floors_that_would_give_infinite_or_nan_features_are_refused():
         ({"low_freq": 5000.0, "high_freq": 4000.0}, "low-freq"),
         ({"num_mel_bins": 0}, "must be positive"),
         ({"frame_length_ms": 0.01}, "at least one sample"),
+        ({"sample_rate": 0}, r"sample_rate \(0\) must be positive"),  # not the frame lengths
         ({"num_mel_bins": 128}, "1 of the 128 mel bands cover no FFT bin"),  # FFT of 512
         ({"sample_rate": 8000, "num_mel_bins": 128}, "4 of the 128 mel bands"),
     ],

@@ -265,7 +265,7 @@ class LinearSpectrogram(nn.Module):
         super().__init__()
         if log and not log_floor > 0:  # digital silence would give -inf features
             raise ValueError(f"log_floor ({log_floor}) must be positive")
-        if sample_rate <= 0:  # else refused by resampling, far from the config
+        if not sample_rate > 0:  # else refused by resampling, far from the config
             raise ValueError(f"LinearSpectrogram: sample_rate ({sample_rate}) must be positive")
         self.sample_rate = sample_rate
         self.spectrogram = _SnipEdgesSpectrogram(n_fft, win_length, hop_length, window, power)
@@ -316,6 +316,8 @@ class KaldiFbank(nn.Module):
         int16_scale: bool = True,
     ):
         super().__init__()
+        if not sample_rate > 0:  # else blamed on the frame lengths
+            raise ValueError(f"KaldiFbank: sample_rate ({sample_rate}) must be positive")
         self.sample_rate = sample_rate
         self.options = dict(
             sample_frequency=float(sample_rate),
