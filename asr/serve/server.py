@@ -559,6 +559,8 @@ class LiveServer:
             message = await client.outbox.get()
             if message is None or client.too_slow:
                 return
+            if message["type"] == "done":  # its place is free before its client hears so
+                self.connections.discard(ws)
             if message["type"] == "done" and client.idle is not None:
                 await _refuse(ws, client.idle, POLICY, _peer(ws))  # in place of "done"
                 return

@@ -446,13 +446,13 @@ def test_a_stream_that_sends_nothing_is_closed_and_frees_its_place(trained) -> N
                 while True:
                     said.append(json.loads(ws.recv(10)))
             assert ws.protocol.close_code == 1008
+        # its place is free as soon as it is closed (a full server would say so; it did for a
+        # moment); not a whole session, which a loaded machine may leave silent for 0.5 s
+        assert refused(url)[0]["message"] == "no audio for 0.5 s: the stream is closed"
         whole = stream_transcript(recognizer, from_pcm16(pcm16(waves[UID])), OPTIONS).text
         assert [m["text"] for m in said if m["type"] == "final"] == [whole]
         assert said[-1] == {"type": "error", "message": "no audio for 0.5 s: the stream is "
                             "closed after the finals of what came"}  # fmt: skip
-        # its place is free again (a full server would say so); not a whole session, which a
-        # loaded machine may leave silent for 0.5 s
-        assert refused(url)[0]["message"] == "no audio for 0.5 s: the stream is closed"
 
 
 class NonReadingClient:
