@@ -234,16 +234,17 @@ def _runs(mask: np.ndarray) -> list[Run]:
     return list(zip(np.flatnonzero(edges == 1).tolist(), np.flatnonzero(edges == -1).tolist()))
 
 
-def silences(energy_db: np.ndarray, options: SegmenterOptions, frame_seconds: float) -> list[Run]:
-    """Silent frame runs `[start, stop)` of at least `min_silence_seconds`.
+def silences(loud: np.ndarray, options: SegmenterOptions, frame_seconds: float) -> list[Run]:
+    """Runs `[start, stop)` of frames not `loud` (`loud_frames`) of at least
+    `min_silence_seconds`.
 
     >>> energy = np.array([0.0] * 5 + [-60.0, -80.0, -70.0] + [0.0, -90.0] + [0.0] * 5)
-    >>> silences(energy, SegmenterOptions(min_silence_seconds=0.2), 0.1)
+    >>> options = SegmenterOptions(min_silence_seconds=0.2)
+    >>> silences(loud_frames(energy, 0.1, options), options, 0.1)
     [(5, 8)]
     """
-    silent = ~loud_frames(energy_db, frame_seconds, options)
     width = _width(options, frame_seconds)
-    return [(a, b) for a, b in _runs(silent) if b - a >= width]
+    return [(a, b) for a, b in _runs(~loud) if b - a >= width]
 
 
 def loud_frames(
@@ -317,7 +318,7 @@ def plan_segments(
         return []
     if duration <= options.longest:
         return [(0.0, duration)]
-    spans = _grow_segments(energy_db, frame_seconds, duration, options)
+    spans = _grow_segments(energy_db, loud, frame_seconds, duration, options)
     if options.drop_silent:
         spans = [s for s in spans if loud[_frames(s, frame_seconds)].any()]
     if options.edge_silence_seconds is not None:
@@ -326,9 +327,13 @@ def plan_segments(
 
 
 def _grow_segments(
-    energy_db: np.ndarray, frame_seconds: float, duration: float, options: SegmenterOptions
+    energy_db: np.ndarray,
+    loud: np.ndarray,
+    frame_seconds: float,
+    duration: float,
+    options: SegmenterOptions,
 ) -> list[Span]:
-    runs = silences(energy_db, options, frame_seconds)
+    runs = silences(loud, options, frame_seconds)
     longest, overlap = options.longest, options.window_overlap_seconds
     spans, start = [], 0.0
     while duration - start > longest:
