@@ -72,7 +72,7 @@ class AudioError(ValueError):
     def __init__(self, path: PathLike, reason: str) -> None:
         self.path = str(path)
         self.reason = reason
-        super().__init__(f"{self.path}: {reason}")
+        super().__init__(f"{self.path or repr(self.path)}: {reason}")  # '': an empty one
 
     def __reduce__(self):  # pickled whole: a worker process hands it back to its parent
         return type(self), (self.path, self.reason)
@@ -385,6 +385,8 @@ def frame_range(
 
 
 def _file_problem(path: PathLike) -> str | None:
+    if os.fspath(path) == "":  # Path("") is the working folder
+        return "an empty path names no audio file"
     file = Path(path)
     if not file.exists():
         return "file not found"

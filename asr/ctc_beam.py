@@ -4,6 +4,7 @@ streaming recognizer), and endpoint detection from its blanks."""
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 
 import numpy as np
@@ -111,7 +112,10 @@ class EndpointOptions:
 
     def __post_init__(self) -> None:
         for name in ("trailing_silence", "leading_silence", "max_utterance"):
-            if not 0 < getattr(self, name) < math.inf:  # nan turned the rule off
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Real):
+                raise ValueError(f"EndpointOptions.{name} must be a number, got {value!r}")
+            if not 0 < value < math.inf:  # nan turned the rule off
                 raise ValueError(f"EndpointOptions.{name} must be positive and finite")
         if self.silence_from not in ("ctc", "silero"):
             raise ValueError(f"silence_from must be 'ctc' or 'silero', got {self.silence_from!r}")

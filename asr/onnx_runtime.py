@@ -471,6 +471,6 @@ def onnx_model(
         raise CheckpointError(
             f"{graphs}: its graphs hold other weights than the package's; {EXPORT_AGAIN}"
         )
-    run = Seq2Seq(model.eval().frontend, encoder, decoder, ctc)
+    run = Seq2Seq(model.eval().frontend, encoder, decoder, ctc).eval()  # a new module trains
     run.weights_digest = digest  # of the weights it runs, which it holds no longer
     return run

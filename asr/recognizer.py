@@ -33,7 +33,7 @@ from asr.search import (
     check_language_model,
     length_bound,
 )
-from asr.segment import SegmenterOptions
+from asr.segment import SHORTEST_MAX_SEGMENT, SegmenterOptions
 from asr.streaming import Stream, StreamingEngine, StreamOptions
 from asr.text import Tokenizer
 from asr.transcribe import TRANSCRIBE_BATCH_SIZE, transcribe_sources
@@ -60,6 +60,19 @@ class Recognizer:
 
     def __post_init__(self) -> None:
         check_precision(self.precision)
+        training = next((n for n, m in self.model.named_modules() if m.training), None)
+        if training is not None:  # a module made anew trains, though the model around it not
+            part = f"model's {training} ({type(self.model.get_submodule(training)).__name__})"
+            raise ValueError(
+                f"Recognizer: the {part if training else 'model'} is in training mode, so "
+                "dropout and SpecAugment would change every transcript: call model.eval() first"
+            )
+        seconds = self.segment_seconds
+        if seconds is not None and not (_is_number(seconds) and seconds >= SHORTEST_MAX_SEGMENT):
+            raise ValueError(  # shorter leaves no room for the windows' overlap
+                f"Recognizer: segment_seconds is {seconds!r}, not a number of at least "
+                f"{SHORTEST_MAX_SEGMENT} (the shortest asr fit stores)"
+            )
 
     def segmenter(self, given: SegmenterOptions | None = None) -> SegmenterOptions:
         """How `transcribe` splits long audio: `given` (default `SegmenterOptions()`) with, where
@@ -152,8 +165,8 @@ class Recognizer:
         Raises:
             AudioError: the input cannot be read or decoded (a ValueError naming it).
             ValueError: settings out of range, or that the model cannot decode with.
-            TypeError: an unknown keyword (named), several recordings, or a segmenter that
-                is not a `SegmenterOptions`.
+            TypeError: an unknown keyword (named), several recordings, options or a segmenter
+                of another kind, or an `lm` that is no language model (a path).
         """
         if isinstance(audio, (list, tuple)):  # NeMo's transcribe takes a list of paths
             raise TypeError(
@@ -200,14 +213,10 @@ class Recognizer:
 
         Raises:
             ValueError: settings out of range, or that the model cannot decode with.
-            TypeError: an unknown keyword (named), one input rather than a sequence, or a
-                segmenter that is not a `SegmenterOptions`.
+            TypeError: an unknown keyword (named), one input rather than a sequence, options
+                or a segmenter of another kind, or an `lm` that is no language model (a path).
         """
-        if segmenter is not None and not isinstance(segmenter, SegmenterOptions):
-            raise TypeError(
-                f"segmenter must be a SegmenterOptions (asr.segment), got "
-                f"{type(segmenter).__name__}: SegmenterOptions(max_segment_seconds=10), say"
-            )
+        _check_kind("segmenter", segmenter, SegmenterOptions, "max_segment_seconds=10")
         if _inputs_column(audios):  # a data frame's column: a list of them
             audios = audios.reshape(-1).tolist()
         array = isinstance(audios, (np.ndarray, Tensor))
@@ -247,13 +256,15 @@ class Recognizer:
             `options` with `changes` applied.
 
         Raises:
-            TypeError: a keyword that is not among `SEARCH_KEYWORDS` (named).
+            TypeError: a keyword that is not among `SEARCH_KEYWORDS` (named), or options of
+                another kind.
             ValueError: a value out of range (`SearchOptions` says which).
         """
         unknown = sorted(set(changes) - set(SEARCH_KEYWORDS))
         if unknown:
             raise _unknown_keywords(unknown)
-        return replace(options or self.default_options, **changes)
+        _check_kind("options", options, SearchOptions, "beam_size=1", keywords=True)
+        return replace(self.default_options if options is None else options, **changes)
 
     @torch.no_grad()
     def search(
@@ -271,8 +282,13 @@ class Recognizer:
 
         Returns:
             One `Decoded` per wave, in order.
+
+        Raises:
+            ValueError: options the model cannot decode with (`check_options`).
+            TypeError: options of another kind, or an `lm` that is no language model.
         """
-        options = options or self.default_options
+        _check_kind("options", options, SearchOptions, "beam_size=1")
+        options = self.default_options if options is None else options
         self.check_options(options, lm)
         if not waves:
             return []
@@ -284,8 +300,10 @@ class Recognizer:
         lm: LanguageModel | None = None,
         timestamps: str = "attention",
     ) -> None:
-        """Raise ValueError where the options need a CTC head or an LM that is missing."""
-        options = options or self.default_options
+        """Raise ValueError where the options need a CTC head or an LM that is missing;
+        TypeError where they are of another kind, or `lm` is no language model (a path)."""
+        _check_kind("options", options, SearchOptions, "beam_size=1")
+        options = self.default_options if options is None else options
         if options.ctc_weight > 0 and self.model.ctc is None:
             raise ValueError(
                 f"{self.checkpoint}: ctc_weight={options.ctc_weight} but the model has no CTC head"
@@ -344,10 +362,11 @@ class Recognizer:
             A `Stream` (`asr.streaming`), its samples mono float at `sample_rate`.
 
         Raises:
-            TypeError: a keyword that is neither (named).
+            TypeError: a keyword that is neither (named), options or endpoint rules of another
+                kind, or an `lm` that is no language model (a path).
             ValueError: the model cannot stream (no CTC head, a frontend that needs the whole
-                recording, an encoder that is not chunk-streaming), options out of range, or
-                endpoint settings with `endpoint=None` (no endpoints).
+                recording, an encoder that is not chunk-streaming), options out of range or not
+                numbers, or endpoint settings with `endpoint=None` (no endpoints).
         """
         return StreamingEngine(self, _stream_options(options, changes), lm).stream()
 
@@ -417,11 +436,24 @@ def _stream_options(options: StreamOptions | None, changes: dict[str, Any]) -> S
             f"the StreamOptions fields {', '.join(own)} and the EndpointOptions fields "
             f"{', '.join(endpoint_fields)}"
         )
-    options = replace(options or StreamOptions(), **{k: changes[k] for k in own if k in changes})
+    _check_kind("options", options, StreamOptions, "chunk_ms=320", keywords=True)
+    options = StreamOptions() if options is None else options
+    options = replace(options, **{k: changes[k] for k in own if k in changes})
     endpoint = {k: changes[k] for k in endpoint_fields if k in changes}
     if endpoint and options.endpoint is None:
         raise ValueError(f"{', '.join(endpoint)} given with endpoint=None (no endpoints)")
     return replace(options, endpoint=replace(options.endpoint, **endpoint)) if endpoint else options
+
+
+def _check_kind(name: str, given: Any, kind: type, example: str, keywords: bool = False) -> None:
+    """TypeError where `given`, the argument `name`, is neither None nor a `kind`; `keywords`:
+    the call takes its fields as keywords too."""
+    if given is not None and not isinstance(given, kind):
+        alone = f", or {example} alone to change one field" if keywords else ""
+        raise TypeError(
+            f"{name} must be a {kind.__name__} ({kind.__module__}), got {type(given).__name__}: "
+            f"{kind.__name__}({example}){alone}"
+        )
 
 
 def _with_vad(segmenter: SegmenterOptions, vad: str | None) -> SegmenterOptions:
@@ -529,8 +561,13 @@ def _stored_settings(
             f"{path}: alignment_heads is {heads!r}, not a list of indices into the decoder's "
             f"{maps} attention maps"
         )
-    # a segment of at least a second (the segmenter's own bound); speech of at most 1000 tokens/s
-    return within("segment_seconds", 1, 1e6), within("tokens_per_second", 1e-3, 1e3), heads
+    # segments no shorter than `asr fit` stores (one of 2 s or less leaves no room for the
+    # windows' overlap); speech of at most 1000 tokens/s
+    return (
+        within("segment_seconds", SHORTEST_MAX_SEGMENT, 1e6),
+        within("tokens_per_second", 1e-3, 1e3),
+        heads,
+    )
 
 
 def _inputs_column(audios: Any) -> bool:

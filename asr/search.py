@@ -56,10 +56,18 @@ def check_language_model(
 ) -> None:
     """Raise where a fusion weight and a language model do not go together: a weight without
     a model, a model without a weight (it would go unused), `asr.load_lm`'s (model,
-    tokenizer) pair given whole, or a model whose vocabulary is not `vocab_size` tokens, or
-    not the pieces of `vocabulary` (where `asr.load_lm` gave the model its `vocabulary`)."""
+    tokenizer) pair given whole, anything else that is no model (a path), or a model whose
+    vocabulary is not `vocab_size` tokens, or not the pieces of `vocabulary` (where
+    `asr.load_lm` gave the model its `vocabulary`)."""
     if isinstance(lm, tuple):
         raise TypeError("lm= takes the model alone: recognizer.load_lm(path) gives it")
+    if lm is not None and not all(hasattr(lm, m) for m in ("init_state", "step", "reorder_state")):
+        raise TypeError(
+            f"lm= takes a language model, got {type(lm).__name__} {lm!r:.80}: "
+            "recognizer.load_lm(path) reads one from its checkpoint"
+        )
+    if getattr(lm, "training", False):  # load_lm's is not; one's own module may be
+        raise ValueError("lm= is in training mode, so dropout changes its scores: call lm.eval()")
     if lm_weight > 0 and lm is None:
         raise ValueError(f"lm_weight={lm_weight} but no language model was given")
     if lm is not None and lm_weight == 0:

@@ -79,7 +79,7 @@ class SegmenterOptions:
             "level_window_seconds must be None or >= 1": self.level_window_seconds is None
             or self.level_window_seconds >= 1.0,
             "window_overlap_seconds must lie in [0, max_segment_seconds / 2) (lower it with "
-            "segments under 2 s)": 0.0 <= self.window_overlap_seconds < self.longest / 2,
+            "segments of 2 s or less)": 0.0 <= self.window_overlap_seconds < self.longest / 2,
             "frame_seconds must be > 0": self.frame_seconds > 0.0,
             "read_seconds must be >= frame_seconds": self.read_seconds >= self.frame_seconds,
             "edge_silence_seconds must be None or >= 0": self.edge_silence_seconds is None

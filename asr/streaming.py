@@ -19,6 +19,7 @@ context before it, then sees more of itself, for a later first partial.
 from __future__ import annotations
 
 import math
+import numbers
 import os
 import warnings
 from collections.abc import Callable, Sequence
@@ -76,6 +77,21 @@ class StreamOptions:
     final_search: str = "rescore"  # the CTC n-best rescored, or "beam": a joint beam search
 
     def __post_init__(self) -> None:
+        optional = ("chunk_ms", "first_chunk_ms", "beam", "ctc_weight", "max_context_ms")
+        for name in (*optional, "lm_weight"):  # "640" failed deep in the stream
+            value, whole = getattr(self, name), name == "beam"
+            if value is None and name in optional:
+                continue
+            if isinstance(value, bool) or not isinstance(
+                value, numbers.Integral if whole else numbers.Real
+            ):
+                what = "a whole number" if whole else "a number"
+                raise ValueError(f"StreamOptions: {name} must be {what}, got {value!r}")
+        if self.endpoint is not None and not isinstance(self.endpoint, EndpointOptions):
+            raise TypeError(
+                f"StreamOptions: endpoint must be an EndpointOptions (asr.ctc_beam) or None, got "
+                f"{type(self.endpoint).__name__}: stream(trailing_silence=1.0) sets one field"
+            )
         if self.final_search not in FINAL_SEARCHES:
             raise ValueError(
                 f"final_search must be one of {FINAL_SEARCHES}, got {self.final_search!r}"

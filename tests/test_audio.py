@@ -213,6 +213,12 @@ def test_bad_audio_raises_audio_error_naming_the_file(tmp_path, make, reason):
     assert isinstance(caught.value, ValueError)
 
 
+def test_an_empty_path_is_named_as_such_not_as_the_working_folder():
+    """`Path("")` is the working folder: "" was called a directory, under a blank name."""
+    with pytest.raises(AudioError, match=r"^'': an empty path names no audio file$"):
+        load_audio("")
+
+
 @pytest.mark.parametrize("suffix", ["wav", "flac"])
 def test_a_file_whose_header_gives_no_sample_count_reads_whole(tmp_path, suffix):
     """A recorder stopped before it wrote its sizes leaves a WAV's sizes at 0, and FLAC written

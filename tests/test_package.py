@@ -497,6 +497,7 @@ def test_a_config_this_asr_cannot_build_is_named(package):
         (lambda c: c.update(assets=None), r"assets is None, not a list of file names"),
         (lambda c: c.update(segment_seconds="5"), r"segment_seconds is '5', not a number in"),
         (lambda c: c.update(segment_seconds=0.5), r"segment_seconds is 0.5, not a number in"),
+        (lambda c: c.update(segment_seconds=2), r"segment_seconds is 2, not a number in \[3, "),
         (lambda c: c.update(tokens_per_second=-1), r"tokens_per_second is -1, not a number in"),
         (lambda c: c.update(tokens_per_second=1e308), r"tokens_per_second is 1e\+308, not"),
         (lambda c: c.update(alignment_heads="0,1"), r"alignment_heads is '0,1', not a list"),

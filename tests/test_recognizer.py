@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import re
 import shutil
 import warnings
@@ -26,6 +27,7 @@ from asr.loading import load_lm
 from asr.models.seq2seq import build_seq2seq
 from asr.recognizer import Recognizer, load_model
 from asr.search import DEFAULT_CTC_WEIGHT, SearchOptions, fastest_speech, max_output_length
+from asr.segment import SegmenterOptions
 from asr.streaming import StreamingEngine, StreamOptions
 from asr.text import SOS_EOS_ID, CharTokenizer
 
@@ -120,13 +122,26 @@ def test_a_cuda_device_that_is_not_there_is_said(checkpoint):
         load_model(checkpoint, device="cuda:1")
 
 
+def _lm_like(**fields) -> SimpleNamespace:
+    """What a search calls of a language model, and `fields`."""
+    return SimpleNamespace(init_state=None, step=None, reorder_state=None, **fields)
+
+
 def test_a_language_model_is_given_alone_and_with_a_weight(checkpoint):
-    recognizer, lm = load_model(checkpoint), object()
+    recognizer, lm = load_model(checkpoint), _lm_like()
     with pytest.raises(TypeError, match=r"lm= takes the model alone: recognizer.load_lm"):
         recognizer.check_options(SearchOptions(lm_weight=0.3), (lm, recognizer.tokenizer))
+    path = "exp/lm/avg.ckpt"  # as `--lm` takes it: it crashed the batch, a stream mid-audio
+    said = r"lm= takes a language model, got str 'exp/lm/avg.ckpt': recognizer.load_lm\(path\)"
+    with pytest.raises(TypeError, match=said):
+        recognizer.check_options(SearchOptions(lm_weight=0.3), path)
+    with pytest.raises(TypeError, match=said):
+        StreamingEngine(recognizer, StreamOptions(lm_weight=0.3), path)
     with pytest.raises(ValueError, match="a language model was given with lm_weight=0"):
         recognizer.check_options(SearchOptions(), lm)
-    other = SimpleNamespace(vocab_size=recognizer.tokenizer.vocab_size + 9)  # another tokenizer
+    with pytest.raises(ValueError, match=r"lm= is in training mode, .* call lm.eval\(\)"):
+        recognizer.check_options(SearchOptions(lm_weight=0.3), _lm_like(training=True))
+    other = _lm_like(vocab_size=recognizer.tokenizer.vocab_size + 9)  # another tokenizer
     said = f"the language model has {other.vocab_size} tokens and the recognizer "
     with pytest.raises(ValueError, match=said):  # before any audio, not as each file's error
         recognizer.check_options(SearchOptions(lm_weight=0.3), other)
@@ -332,6 +347,45 @@ def test_transcribe_refuses_several_inputs_and_a_segmenter_of_another_kind(overf
     for call in (recognizer.transcribe, lambda *a, **k: recognizer.transcribe_batch([*a], **k)):
         with pytest.raises(TypeError, match="segmenter must be a SegmenterOptions .*got dict"):
             call(waves[0], segmenter={"max_segment_seconds": 3})
+
+
+def test_options_of_another_kind_are_refused_by_name(overfit):
+    """A dict or the other kind of options raised bare AttributeErrors from deep in a search
+    or a stream, and an empty dict was passed over for the defaults unsaid."""
+    recognizer, waves = overfit
+    said = r"options must be a SearchOptions \(asr.search\), got {}: SearchOptions\(beam_size"
+    for wrong in ({"beam_size": 1}, {}, StreamOptions(), SegmenterOptions()):
+        with pytest.raises(TypeError, match=said.format(type(wrong).__name__)):
+            recognizer.transcribe(waves[0], options=wrong)
+        with pytest.raises(TypeError, match=said.format(type(wrong).__name__)):
+            recognizer.search([waves[0]], options=wrong)
+    with pytest.raises(TypeError, match=r"options must be a StreamOptions .*got SearchOptions"):
+        recognizer.stream(options=SearchOptions())
+    with pytest.raises(TypeError, match=r"endpoint must be an EndpointOptions .*got dict"):
+        recognizer.stream(endpoint={"trailing_silence": 1.0})
+    with pytest.raises(ValueError, match=r"StreamOptions: chunk_ms must be a number, got '640'"):
+        recognizer.stream(chunk_ms="640")
+    with pytest.raises(ValueError, match=r"StreamOptions: beam must be a whole number, got 2.5"):
+        StreamOptions(beam=2.5)
+    with pytest.raises(ValueError, match=r"trailing_silence must be a number, got '1'"):
+        recognizer.stream(trailing_silence="1")
+
+
+def test_a_model_in_training_mode_or_too_short_segments_are_refused(overfit):
+    """Dropout and SpecAugment on: three transcripts of one file were three guesses. And a
+    segment too short for the windows' overlap, refused here rather than at each transcribe."""
+    recognizer, _ = overfit
+    model = copy.deepcopy(recognizer.model)
+    model.encoder.layers[0].dropout.train()  # a part of it is enough, and named
+    said = r"model's encoder.layers.0.dropout \(Dropout\) is in training mode, .* model.eval\(\)"
+    with pytest.raises(ValueError, match=said):
+        Recognizer(model, recognizer.tokenizer, recognizer.sample_rate, "<in memory>")
+    with pytest.raises(ValueError, match=r"the model is in training mode"):
+        Recognizer(model.train(), recognizer.tokenizer, recognizer.sample_rate, "<in memory>")
+    with pytest.raises(ValueError, match=r"segment_seconds is 2, not a number of at least 3 \("):
+        Recognizer(
+            model.eval(), recognizer.tokenizer, recognizer.sample_rate, "x", segment_seconds=2
+        )
 
 
 def test_transcribe_batch_refuses_one_input_for_a_sequence(overfit):

@@ -397,7 +397,7 @@ def _with_level(model: torch.nn.Module) -> torch.nn.Module:
     import copy
 
     model = copy.deepcopy(model)
-    model.frontend.level = LevelNormalizer()
+    model.frontend.level = LevelNormalizer().eval()  # as the rest of the model
     return model
 
 

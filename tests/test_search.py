@@ -448,6 +448,8 @@ def test_a_language_model_of_other_pieces_is_refused_though_as_many() -> None:
     other pieces (lower case) was fused without a word through the Python API."""
     lm = nn.Module()
     lm.vocab_size, lm.vocabulary = 3, ("<pad>", "a", "b")
+    lm.init_state = lm.step = lm.reorder_state = None  # what a search calls
+    lm.eval()
     search.check_language_model(0.3, lm, 3, ("<pad>", "a", "b"))
     with pytest.raises(ValueError, match=r"vocabulary differs .*\(id 1: 'a' for 'A'\)"):
         search.check_language_model(0.3, lm, 3, ("<pad>", "A", "b"))

@@ -293,7 +293,11 @@ def transcribe_files(
                         why = f"cannot write its outputs ({error.strerror or error})"
                         result = BatchResult(result.name, None, AudioError(item.name, why))
                 if result.error is not None:
-                    said = f"{item.line}: audio {item.name}" if item.line else item.name
+                    said = (
+                        f"{item.line}: audio {item.name}"
+                        if item.line
+                        else item.name or repr(item.name)
+                    )
                     _say(f"asr transcribe: error: {said}: {result.error.reason}\n", sys.stderr)
                     failed.append(item.name)
                 elif out_dir is None:

@@ -48,11 +48,11 @@ def variants(recognizer):
     yield "as trained", recognizer
     gain = copy.deepcopy(recognizer.model)
     gain.frontend.level = LevelNormalizer(target_dbfs=AN4_MEDIAN_DBFS)
-    yield f"gain to {AN4_MEDIAN_DBFS:g} dBFS", replace(recognizer, model=gain)
+    yield f"gain to {AN4_MEDIAN_DBFS:g} dBFS", replace(recognizer, model=gain.eval())
     mean = copy.deepcopy(recognizer.model)
     global_cmvn = mean.frontend.normalize
     mean.frontend.normalize = _Chain(ToCorpusMean(global_cmvn.mean), global_cmvn)
-    yield "utterance mean", replace(recognizer, model=mean)
+    yield "utterance mean", replace(recognizer, model=mean.eval())
 
 
 class _Chain(nn.Module):
