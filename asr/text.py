@@ -34,12 +34,21 @@ TOKENIZER_JSON = "tokenizer.json"
 SENTENCEPIECE_MODEL = "tokenizer.model"
 
 _APOSTROPHES = frozenset("'\u2019\u02bc")  # ', right single quote, modifier apostrophe
+# Format characters that change nothing a reader sees: the soft hyphen, direction marks,
+# embeddings and isolates, word joiner, invisible operators, deprecated format characters,
+# annotation anchors, and the BOM. (The zero-width space marks a word break, as in Thai: a space.)
+INVISIBLE = frozenset(
+    "\u00ad\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2060\u2061\u2062\u2063\u2064"
+    "\u2066\u2067\u2068\u2069\u206a\u206b\u206c\u206d\u206e\u206f\ufeff\ufff9\ufffa\ufffb"
+)
+ZERO_WIDTH_SPACE = "\u200b"
 
 
 @dataclass(frozen=True)
 class TextNormalizer:
     r"""Unicode NFKC, case folding, punctuation removal and whitespace collapsing; `▁`
-    (SentencePiece's space) is a space.
+    (SentencePiece's space) and the zero-width space are spaces, and control and invisible
+    characters (`INVISIBLE`) go.
 
     >>> TextNormalizer()("  Don\u2019t   stop, \u201cNOW\u201d! ")
     "DON'T STOP NOW"
@@ -62,14 +71,21 @@ class TextNormalizer:
 
     def __call__(self, text: str) -> str:
         text = unicodedata.normalize("NFKC", text).replace(SPACE_PIECE, " ")
+        text = text.replace(ZERO_WIDTH_SPACE, " ")
+        # control characters (NUL...) and invisible ones (a soft hyphen, a BOM, direction
+        # marks) no tokenizer trains on, nor does a reader see; those that are spaces split.
+        # ZWNJ and ZWJ stay: they spell Persian and Indic words, and emoji.
+        text = "".join(
+            c
+            for c in text
+            if c.isspace() or not (unicodedata.category(c) == "Cc" or c in INVISIBLE)
+        )
         if self.case == "upper":
             text = text.upper()
         elif self.case == "lower":
             text = text.lower()
         if self.punctuation == "remove":
             text = _remove_punctuation(text)
-        # control characters (NUL...) no tokenizer trains on; those that are spaces split
-        text = "".join(c for c in text if c.isspace() or unicodedata.category(c) != "Cc")
         # Case mapping can decompose a character; recompose so that normalising is idempotent.
         return " ".join(unicodedata.normalize("NFKC", text).split())
 

@@ -76,6 +76,24 @@ def test_every_apostrophe_inside_a_word_becomes_one_and_the_rest_go():
         assert normalizer(f"don{mark}t {mark}quote{mark} dogs{mark}") == "DON'T QUOTE DOGS"
 
 
+@pytest.mark.parametrize("normalizer", NORMALIZERS)
+def test_invisible_characters_go_and_joiners_stay(normalizer):
+    """A soft hyphen, a BOM or a direction mark inside a reference looked like nothing and
+    scored as a substitution of the word it sat in, and entered a tokenizer's vocabulary.
+    A zero-width space marks a word break (Thai writes no spaces); ZWNJ and ZWJ are spelling:
+    a Persian word without its ZWNJ is another way to write it."""
+    marks = "\u00ad\ufeff\u200e\u200f\u061c\u202a\u202e\u2060\u2066\u2069\u206a\ufff9"
+    for mark in marks:
+        said = normalizer(f"{mark}en{mark}ter nine{mark} don{mark}'t")
+        assert said == normalizer("enter nine don't"), (repr(mark), said)
+        assert normalizer(said) == said
+    thai = "\u0e2a\u0e27\u0e31\u0e2a\u0e14\u0e35\u200b\u0e04\u0e23\u0e31\u0e1a"
+    assert normalizer(thai) == normalizer(thai.replace("\u200b", " "))
+    assert len(normalizer("one\u200btwo\u200b").split()) == 2
+    for kept in ("\u0645\u06cc\u200c\u062e\u0648\u0627\u0647\u0645", "\u0915\u094d\u200d"):
+        assert normalizer(kept) == kept
+
+
 def test_normalizer_case():
     text = "MiXeD \u00c9t\u00e9"
     assert TextNormalizer(case="upper")(text) == "MIXED \u00c9T\u00c9"
