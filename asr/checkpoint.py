@@ -358,7 +358,7 @@ def _differences(state: dict[str, Any], first: dict[str, Any]) -> str | None:
     if ours.get("tokenizer") != theirs.get("tokenizer"):
         return "its tokenizer"
     if sorted((ours.get("assets") or {}).values()) != sorted((theirs.get("assets") or {}).values()):
-        return "its asset files (CMVN statistics)"
+        return "its asset file (CMVN statistics)"
     config, other = (_network(p.get("model_config") or {}) for p in (ours, theirs))
     parts = [k for k in NETWORK_PARTS if config[k] != other[k]]
     return f"its model config ({', '.join(parts)})" if parts else None

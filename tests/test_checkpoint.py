@@ -158,7 +158,7 @@ def test_average_rejects_different_models(tmp_path):
         "asr": {"model_config": config, "assets": {"cmvn.json": "e30="}},
     }
     atomic_save(assets, tmp_path / "h.ckpt")  # fmt: skip
-    with pytest.raises(CheckpointError, match=r"h.ckpt: its asset files \(CMVN statistics\)"):
+    with pytest.raises(CheckpointError, match=r"h.ckpt: its asset file \(CMVN statistics\)"):
         average_checkpoints([tmp_path / "g.ckpt", tmp_path / "h.ckpt"], tmp_path / "o.ckpt")
     atomic_save({"state_dict": {"a": torch.zeros(3, 2)}}, tmp_path / "c.ckpt")  # other vocab
     with pytest.raises(CheckpointError, match=r"c.ckpt: a is \(3, 2\), \(1,\) in .*a.ckpt"):
@@ -204,6 +204,15 @@ def test_average_never_writes_over_what_it_reads(tmp_path, capsys):
     assert last.read_bytes() == before
     assert main(["average", "--last", str(last), "--best", "4", "--out", str(tmp_path / "o")]) == 0
     assert "records 2 best checkpoints, not 4" in capsys.readouterr().err
+    for out, said in [  # before any checkpoint is read, not as an OSError of a temporary file
+        (tmp_path, f"--out {tmp_path} is a folder: name the file to write"),
+        ("", "--out '' is a folder: name the file to write"),
+        (last / "avg.ckpt", f"--out {last / 'avg.ckpt'}: {last} is a file, not a folder"),
+    ]:
+        assert main(["average", "--checkpoints", str(a), "--out", str(out)]) == 2
+        assert said in capsys.readouterr().err
+    assert main(["average", "--checkpoints", str(a), "--out", str(tmp_path / "one")]) == 0
+    assert f"averaged 1 checkpoint into {tmp_path / 'one'}:" in capsys.readouterr().out
 
 
 def test_a_checkpoint_given_twice_by_any_name_is_refused(tmp_path, capsys):

@@ -143,7 +143,7 @@ def test_a_manifest_without_reference_words_is_not_scored(checkpoint, tmp_path, 
     (tmp_path / "file").write_text("")  # an --out that is a file: said so, not "File exists"
     manifest = _manifest(tmp_path / "m.jsonl", UTTERANCES)
     assert main([*argv[:-2], str(tmp_path / "file"), "--quiet"]) == 2
-    said = f"asr evaluate: error: {tmp_path / 'file'}: a file; the output is a folder of reports"
+    said = f"asr evaluate: error: --out {tmp_path / 'file'}: {tmp_path / 'file'} is a file, not a"
     assert said in capsys.readouterr().err
     with pytest.raises(ValueError, match="decode_x: no reference words scored"):
         results_row(

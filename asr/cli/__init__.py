@@ -234,13 +234,14 @@ def _average(args: argparse.Namespace) -> int:
         raise ValueError("--best chooses among what --last records; with --checkpoints, name them")
     if args.last and Path(args.out).resolve() == Path(args.last).resolve():
         raise ValueError(f"--out {args.out} is --last: averaging would overwrite the run's state")
+    _check_file_to_write(args.out, "--out")  # before reading every checkpoint
     paths = args.checkpoints or best_checkpoints(args.last, args.best or DEFAULT_BEST)
     if args.best is not None and len(paths) < args.best:
         print(
             f"{args.last} records {len(paths)} best checkpoints, not {args.best}", file=sys.stderr
         )
     average_checkpoints(paths, args.out)
-    print(f"averaged {len(paths)} checkpoints into {args.out}:")
+    print(f"averaged {len(paths)} checkpoint{'s' * (len(paths) != 1)} into {args.out}:")
     for path in paths:
         print(f"  {path}")
     return 0
@@ -283,6 +284,7 @@ def _export(args: argparse.Namespace) -> int:
     from asr.package import ModelCard, folder_refusal, write_package
     from asr.recognizer import load_model
 
+    _check_folder_to_write(args.out, "--out")  # before the model is read
     refusal = folder_refusal(args.checkpoint, "exported already: export a checkpoint")
     if refusal:
         raise CheckpointError(refusal)
@@ -541,6 +543,17 @@ def _check_folder_to_write(path: str, option: str) -> None:
         raise ValueError(f"{option} {path}: {blocked} is {kind}, not a folder")
 
 
+def _check_file_to_write(path: str, option: str) -> None:
+    """Refuse a file to write where a folder is, or where a file stands in the way of its
+    folder (itself, or one above)."""
+    if not path or Path(path).is_dir():  # "" is the working folder
+        raise ValueError(f"{option} {path or repr(path)} is a folder: name the file to write")
+    blocked = _file_in_the_way(Path(path).parent)
+    if blocked is not None:
+        kind = "a file" if blocked.exists() else "a broken link"
+        raise ValueError(f"{option} {path}: {blocked} is {kind}, not a folder")
+
+
 def _file_in_the_way(folder: Path) -> Path | None:
     """The file that stands where `folder`, or a folder above it, would be; None if none does."""
     here = next(
@@ -646,6 +659,7 @@ def _warn_if_longer_than_trained(recognizer: Recognizer, max_segment_seconds: fl
 def _evaluate(args: argparse.Namespace) -> int:
     from asr.evaluate import evaluate
 
+    _check_folder_to_write(args.out, "--out")  # before the model is read
     recognizer = _load_model(args)
     if args.chunk_ms is not None:
         from asr.streaming import mask_chunks
@@ -685,6 +699,7 @@ def _robustness(args: argparse.Namespace) -> int:
     )
 
     conditions = [Condition.parse(text) for text in args.conditions or DEFAULT_CONDITIONS]
+    _check_folder_to_write(args.out, "--out")  # before the model is read
     recognizer = _load_model(args)
     rows = robustness(
         recognizer,
