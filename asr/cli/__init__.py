@@ -99,6 +99,8 @@ def _tokenizer(args: argparse.Namespace) -> int:
     if args.kind == "char" and args.vocab_size is not None:
         raise ValueError("--vocab-size sizes bpe and unigram vocabularies; char takes each "
                          "character of the text: leave it out, or give --kind bpe")  # fmt: skip
+    if args.kind != "char" and args.vocab_size is None:
+        raise ValueError(f"--kind {args.kind} needs --vocab-size (128 for Mini LibriSpeech, say)")
     normalizer = TextNormalizer(case=args.case, punctuation=args.punctuation)
     manifests = [Path(m) for m in args.manifest]
     tok = train_tokenizer(manifests, args.kind, args.vocab_size, args.out, normalizer)
@@ -110,6 +112,7 @@ def _cmvn(args: argparse.Namespace) -> int:
     from asr.data.cmvn import compute_cmvn_stats, config_frontend
     from asr.frontends import Frontend, LevelNormalizer, LogMelFilterbank, features_of
 
+    _check_file_to_write(args.out, "--out")  # before the features of every utterance
     own = {"--sample-rate": args.sample_rate, "--n-mels": args.n_mels,
            "--target-dbfs": args.target_dbfs}  # fmt: skip
     if args.config is not None:
@@ -150,8 +153,7 @@ def _validate_data(args: argparse.Namespace) -> int:
     from asr.text import Tokenizer
 
     if args.report:  # before the manifests are checked, which may take long
-        if Path(args.report).is_dir():
-            raise IsADirectoryError(f"--report {args.report}: a folder; name the file to write")
+        _check_file_to_write(args.report, "--report")
         Path(args.report).parent.mkdir(parents=True, exist_ok=True)
     tokenizer = Tokenizer.load(args.tokenizer) if args.tokenizer else None
     failed, lines = 0, []
