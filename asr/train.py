@@ -278,6 +278,7 @@ class StepCheckpoint(L.Callback):
         self.every_n_steps = every_n_steps
         self.dirpath = dirpath
         self._saved_at = -1
+        self._logged_from: int | None = None  # see `close_ended_epoch`
 
     def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
         step = trainer.global_step
@@ -304,6 +305,34 @@ class StepCheckpoint(L.Callback):
 
     def on_load_checkpoint(self, trainer: L.Trainer, module: Any, checkpoint: dict) -> None:
         reopen_cut_epoch(checkpoint, trainer.accumulate_grad_batches)
+        if trainer.max_steps != -1:
+            self._logged_from = close_ended_epoch(checkpoint)
+
+    def on_train_batch_start(self, trainer: L.Trainer, *args: Any) -> None:
+        if self._logged_from is not None:  # Lightning's restart may have counted one more
+            trainer.fit_loop.epoch_loop._batches_that_stepped = self._logged_from
+            self._logged_from = None
+
+
+def close_ended_epoch(checkpoint: dict[str, Any]) -> int | None:
+    """Count an epoch saved as it ended completed, as Lightning does on resume but where
+    `max_steps` is set: it then replayed the epoch with no batches, one epoch fewer trained.
+    Returns the step the next batch logs at where it did so: Lightning's restart counts a
+    batch that steps once more, or not, as the next epoch validates at its start or not."""
+    fit = checkpoint.get("loops", {}).get("fit_loop", {})
+    epochs, batches = fit.get("epoch_progress"), fit.get("epoch_loop.batch_progress")
+    epoch_loop = fit.get("epoch_loop.state_dict", {})
+    if epochs is None or batches is None or "_batches_that_stepped" not in epoch_loop:
+        return None
+    total = epochs["total"]
+    ended = total["processed"] == total["started"] == total["ready"] == total["completed"] + 1
+    if not (ended and batches["is_last_batch"]):
+        return None
+    for progress in (epochs["total"], epochs["current"]):
+        progress["completed"] = progress["processed"]
+    batches["current"] = dict.fromkeys(batches["current"], 0)  # the next epoch's, not begun
+    batches["is_last_batch"] = False
+    return epoch_loop["_batches_that_stepped"]
 
 
 def reopen_cut_epoch(checkpoint: dict[str, Any], accumulate: int = 1) -> None:

@@ -807,6 +807,10 @@ def _augmented_args(data: dict[str, str], root: Path) -> list[str]:
     ]  # fmt: skip
 
 
+LOGGED = ["--trainer.log_every_n_steps", "1"]
+ACCUMULATE_LOGGED = ["--trainer.accumulate_grad_batches", "2", *LOGGED]
+
+
 @pytest.fixture(scope="module")
 def uninterrupted(tiny_an4, tmp_path_factory):
     """`uninterrupted(grid)`: last.ckpt of the 3-epoch `_augmented_args` run that an
@@ -1058,7 +1062,7 @@ def test_a_time_limit_inside_an_accumulation_window_resumes_exactly(
     """`max_time` may stop a run between two batches of one optimizer step: the gradients of
     the window's batches before the stop are kept for the step, and the resumed run logs its
     steps as the uninterrupted one does."""
-    accumulate = ["--trainer.accumulate_grad_batches", "2", "--trainer.log_every_n_steps", "1"]
+    accumulate = ACCUMULATE_LOGGED
     full, stopped_root = uninterrupted(accumulate), tmp_path / "stopped"
     stopped = []
 
@@ -1628,3 +1632,27 @@ def test_a_transcript_fits_its_audio_by_the_encoders_own_frame_count(tiny_an4):
     assert module._alignable(utterances, fitting) == list(range(len(utterances)))
     one_more = [ids + [3 - ids[-1]] for ids in fitting]
     assert module._alignable(utterances, one_more) == []
+
+
+@pytest.mark.parametrize(
+    "grid",
+    [LOGGED, ACCUMULATE_LOGGED, [*LOGGED, "--trainer.check_val_every_n_epoch", "3"]],
+    ids=["plain", "accumulating", "validating-later"],
+)
+def test_a_step_limit_skips_no_epoch_resumed_from_an_epoch_end(
+    tiny_an4, tmp_path, uninterrupted, grid
+):
+    """With `--trainer.max_steps` set, Lightning resumed an epoch-end checkpoint as an empty
+    epoch: a run resumed for two more epochs trained one, and said max_epochs was reached."""
+    full = uninterrupted(grid)
+    args = [*_augmented_args(tiny_an4, tmp_path), *grid, "--trainer.max_steps", "1000"]
+    main([*args, "--trainer.max_epochs", "1"])
+    first = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)
+    main([*args, "--ckpt_path", "last"])  # to the 3 epochs of the uninterrupted run
+    resumed = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)
+    assert resumed["epoch"] == full["epoch"] == 2
+    _assert_same_end(full, resumed)
+    assert _epoch_means(tmp_path) == pytest.approx(full["epoch_means"], rel=1e-5)
+    rows = csv.DictReader((tmp_path / "logs" / "version_1" / "metrics.csv").open())
+    steps = [int(row["step"]) for row in rows if row.get("train/loss_step")]
+    assert steps == list(range(first["global_step"], resumed["global_step"])), "none twice"
