@@ -523,12 +523,27 @@ def ended_ranks(procs: Sequence[subprocess.Popen]) -> list[str]:
 
 
 def _how_to_go_on() -> str:
-    """How a fit stopped by a signal goes on: from its last.ckpt, where one was saved."""
-    if not ASRCLI.lasts or ASRCLI.lasts[0].is_file():
+    """How a fit stopped by a signal goes on: from its last.ckpt, where one was saved (in
+    either folder, where step checkpoints are kept apart: `last` is the later)."""
+    if not ASRCLI.lasts or any(last.is_file() for last in ASRCLI.lasts):
         return "the same command with --ckpt_path last resumes it from the last checkpoint"
-    if ASRCLI.lasts[1].is_file():  # step checkpoints kept apart
-        return f"the same command with --ckpt_path {ASRCLI.lasts[1]} resumes it"
     return f"no last.ckpt was saved yet ({ASRCLI.lasts[0]}): the same command starts it again"
+
+
+def _step_last(config: Namespace) -> Path | None:
+    """The last.ckpt of step checkpoints kept in a folder of their own; None where not given."""
+    folder = (config.get("step_checkpoint") or {}).get("dirpath")
+    return Path(os.path.expanduser(folder)) / "last.ckpt" if folder else None
+
+
+def _global_step(path: Path) -> int:
+    """The step a checkpoint was saved at; -1 where it cannot be read (said when loaded)."""
+    try:
+        return int(
+            torch.load(path, map_location="cpu", weights_only=True, mmap=True)["global_step"]
+        )
+    except Exception:  # noqa: BLE001 - any unreadable file ranks last
+        return -1
 
 
 def stopped_message(ended: Sequence[str], reason: str) -> str:
@@ -721,6 +736,7 @@ class ASRCLI(LightningCLI):
     _checkpoint: dict | None = None  # --ckpt_path's, read once, until the classes are checked
     lasts: tuple[Path, ...] = ()  # where the run's last.ckpt may be, for what a stopped run says
     _init_from: str | None = None  # the model a resumed fine-tune started from
+    _last: str | None = None  # the file `--ckpt_path last` resumes, the config keeping `last`
 
     def _parse_ckpt_path(self) -> None:
         # Lightning rebuilds the model from a checkpoint file's hyperparameters, over the
@@ -737,8 +753,10 @@ class ASRCLI(LightningCLI):
             last = Path(config.checkpoint.dirpath or Path(root) / "checkpoints") / "last.ckpt"
             if subcommand != "fit":
                 path = config.ckpt_path = str(_named_checkpoint(path, last))
-            elif path == "last" and last.is_file():  # else a fresh start, or refused later
-                path = config.ckpt_path = str(last)
+            elif path == "last":  # else a fresh start, or refused later
+                found = [p for p in (last, _step_last(config)) if p is not None and p.is_file()]
+                if found:  # step checkpoints kept apart may be the later
+                    path = config.ckpt_path = self._last = str(max(found, key=_global_step))
         if path and Path(path).is_file():
             self._checkpoint = load_checkpoint(path)  # a file that is none: said in one line
             _check_checkpoint_kind(path, self._checkpoint, config.get("model"))
@@ -757,6 +775,10 @@ class ASRCLI(LightningCLI):
         if config is not None and given_path == "last" and subcommand == "fit":
             config.ckpt_path = "last"  # what a stopped run tells to give again
 
+    def before_fit(self) -> None:
+        if self._last is not None:  # Lightning would take the epoch checkpoints' last.ckpt
+            self.config_init[self.subcommand].ckpt_path = self._last
+
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
         keeps_every = config.checkpoint.save_top_k == -1 or not config.checkpoint.monitor
@@ -768,6 +790,13 @@ class ASRCLI(LightningCLI):
                 "among the best, not the latest epoch, and --ckpt_path last lose the epochs "
                 "after it; give true (or keep every checkpoint, checkpoint.save_top_k -1)"
             )
+        if self.subcommand == "fit" and not config.checkpoint.save_last:
+            if config.step_checkpoint.every_n_steps:  # nothing would refresh it at epoch ends
+                raise ValueError(
+                    "checkpoint.save_last false: the step checkpoints write last.ckpt, which "
+                    "would then stay at the last step checkpoint, behind each epoch's end; "
+                    "give step_checkpoint.every_n_steps 0 too, or keep save_last"
+                )
         _keep_compiled_kernels(config.onednn_kernel_cache)
         if config.bf16_fallback and _emulates_bf16(config.trainer):
             print(
@@ -834,8 +863,8 @@ class ASRCLI(LightningCLI):
         self.trainer.callbacks += [LostRank(), self.ctrl_c, ResumedEpochBar()]
         checkpoint, self._checkpoint = self._checkpoint, None  # not held while training
         path = config.ckpt_path
-        if path == "last":
-            path = str(Path(config.checkpoint.dirpath) / "last.ckpt")
+        if path == "last":  # the file it was read from, the step checkpoints' it may be
+            path = self._last or str(Path(config.checkpoint.dirpath) / "last.ckpt")
         if checkpoint is not None:
             _check_checkpoint_fits(path, checkpoint, self.model)
         if self.subcommand == "fit" and checkpoint is not None:
@@ -1122,6 +1151,14 @@ def _check_checkpoint_choice(command: str | None, ckpt_path: str | None, folder:
         raise ValueError(
             f"{folder} holds an earlier run's checkpoints: --ckpt_path last resumes it; to "
             "start afresh, give another --trainer.default_root_dir or remove that folder"
+        )
+    others = sorted(folder.glob("*.ckpt")) if folder.is_dir() else []
+    if command == "fit" and ckpt_path in (None, "last") and others and not last.is_file():
+        # a fresh start, its checkpoints among the earlier run's (-v1 beside each)
+        raise ValueError(
+            f"{folder} holds an earlier run's checkpoints ({others[-1].name}...) but no "
+            "last.ckpt: give one of them as --ckpt_path to resume from it; to start afresh, "
+            "give another --trainer.default_root_dir or remove that folder"
         )
 
 

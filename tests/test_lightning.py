@@ -694,6 +694,10 @@ def test_checkpoints_are_never_taken_for_another_runs(tiny_an4, tmp_path, capsys
     said = refused([*_fit_args(tiny_an4, tmp_path), "--ckpt_path", "best"], capsys)
     assert "--ckpt_path best: asr fit resumes a run from last" in said
     (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "epoch003-wer9.00.ckpt").write_bytes(b"")
+    for resume in ([], ["--ckpt_path", "last"]):  # last.ckpt gone: a fresh run began among them
+        said = refused([*_fit_args(tiny_an4, tmp_path), *resume], capsys)
+        assert "holds an earlier run's checkpoints (epoch003-wer9.00.ckpt...) but no last" in said
     (tmp_path / "checkpoints" / "last.ckpt").write_bytes(b"")
     assert "holds an earlier run's checkpoints: --ckpt_path last resumes it" in refused(
         _fit_args(tiny_an4, tmp_path), capsys
@@ -1167,6 +1171,9 @@ def test_a_last_checkpoint_as_a_link_is_refused(tiny_an4, tmp_path, capsys):
     was an old epoch, and --ckpt_path last threw the later ones away."""
     said = refused([*_fit_args(tiny_an4, tmp_path), "--checkpoint.save_last", "link"], capsys)
     assert "checkpoint.save_last link: last.ckpt would point at the last checkpoint kept" in said
+    # none: the step checkpoints' last.ckpt was left behind each epoch's end, and resumed from
+    said = refused([*_fit_args(tiny_an4, tmp_path), "--checkpoint.save_last", "false"], capsys)
+    assert "checkpoint.save_last false: the step checkpoints write last.ckpt" in said
     every = ["--checkpoint.save_last", "link", "--checkpoint.save_top_k", "-1",
              "--trainer.max_steps", "1"]  # fmt: skip
     main([*_fit_args(tiny_an4, tmp_path / "every"), *every])  # each kept: the link is the last
@@ -1656,3 +1663,20 @@ def test_a_step_limit_skips_no_epoch_resumed_from_an_epoch_end(
     rows = csv.DictReader((tmp_path / "logs" / "version_1" / "metrics.csv").open())
     steps = [int(row["step"]) for row in rows if row.get("train/loss_step")]
     assert steps == list(range(first["global_step"], resumed["global_step"])), "none twice"
+
+
+def test_last_is_the_later_of_the_step_checkpoints_kept_apart(tiny_an4, tmp_path):
+    """With step checkpoints in a folder of their own, --ckpt_path last (as a stopped run
+    says to give) resumed the epoch checkpoints' older last.ckpt, then wrote over the later."""
+    steps = tmp_path / "steps"
+    args = [*_fit_args(tiny_an4, tmp_path), "--step_checkpoint.every_n_steps", "1",
+            "--step_checkpoint.dirpath", str(steps),
+            "--trainer.log_every_n_steps", "1"]  # fmt: skip
+    main([*args, "--trainer.max_epochs", "2"])
+    older = next((tmp_path / "checkpoints").glob("epoch000-*.ckpt"))
+    shutil.copy(older, tmp_path / "checkpoints" / "last.ckpt")  # as if stopped after a step save
+    later = torch.load(steps / "last.ckpt", weights_only=True)["global_step"]
+    assert later > torch.load(older, weights_only=True)["global_step"]
+    main([*args, "--trainer.max_epochs", "3", "--ckpt_path", "last"])
+    rows = csv.DictReader((tmp_path / "logs" / "version_1" / "metrics.csv").open())
+    assert [int(row["step"]) for row in rows if row.get("train/loss_step")][0] == later
