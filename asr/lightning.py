@@ -14,7 +14,6 @@ from typing import Any, Literal
 import lightning as L
 import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
-from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor, nn
 
 from asr.checkpoint import RECOGNIZER_KEY, checkpoint_payload
@@ -306,8 +305,8 @@ class ASRModule(ExactResume):
         if init_from:
             if self.tokenizer is None:
                 raise ValueError("init_from needs the tokenizer (linked from the data module)")
+            # what it copied is said by asr fit, once the settings are known to fit
             self.transfer = init_model_from(self.model, init_from, self.tokenizer)
-            rank_zero_info(self.transfer.summary())
         self.optimizer_factory = optimizer
         self.scheduler_factory = lr_scheduler
         self.model_config: dict | None = None

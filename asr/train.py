@@ -29,7 +29,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint, Timer, TQDMProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
 from lightning.pytorch.utilities.exceptions import MisconfigurationException, SIGTERMException
-from lightning.pytorch.utilities.rank_zero import rank_zero_warn
+from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
 from asr.checkpoint import (
     LM_KEY,
@@ -881,6 +881,7 @@ class ASRCLI(LightningCLI):
         transfer = getattr(self.model, "transfer", None)
         if transfer is not None:
             check_same_settings(transfer.trained_config, model_config)
+            rank_zero_info(transfer.summary())  # once the settings are known to fit
             note = decoder_differences(transfer.trained_config, model_config)
             if note:
                 rank_zero_warn(note)

@@ -171,10 +171,13 @@ def test_fit_from_a_trained_model_with_its_encoder_frozen(tiny_an4, tmp_path, ca
     assert saved["model"]["init_args"]["init_from"] == str(trained), "the run's record keeps it"
     # tensors of the same shapes that compute otherwise: features of another frame rate
     hop = "--model.init_args.frontend.init_args.features.init_args.hop_length"
-    said = refused(_fit_args(data, tmp_path / "hop") + [
-        "--model.init_from", str(tmp_path / "moved.ckpt"), hop, "320",
-    ], capsys)  # fmt: skip
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        said = refused(_fit_args(data, tmp_path / "hop") + [
+            "--model.init_from", str(tmp_path / "moved.ckpt"), hop, "320",
+        ], capsys)  # fmt: skip
     assert "init_from: the trained model's frontend.features.hop_length is 160, this " in said
+    assert "tensors copied" not in caplog.text, "a refused fine-tune said what it copied first"
     heads = "--model.init_args.decoder.init_args.num_heads"
     with pytest.warns(UserWarning, match=r"decoder has other settings \(decoder.num_heads is 2 "):
         main(_fit_args(data, tmp_path / "heads") + [
