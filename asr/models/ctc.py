@@ -78,9 +78,14 @@ class InterCTC:
                 f"{type(encoder).__name__} has none"
             )
         if max(self.layers) >= len(layers):
+            which = (
+                f"an intermediate one is 1..{len(layers) - 1}"
+                if len(layers) > 1
+                else "none is intermediate: give inter_ctc_weight 0"
+            )
             raise ValueError(
                 f"inter_ctc_layers {list(self.layers)}: {type(encoder).__name__} has "
-                f"{len(layers)} blocks, so an intermediate one is 1..{len(layers) - 1}"
+                f"{len(layers)} block{'s' * (len(layers) != 1)}, so {which}"
             )
         return [layers[i - 1] for i in sorted(set(self.layers))]
 

@@ -75,7 +75,10 @@ def test_bad_settings_are_refused(layers, weight, message):
 
 def test_a_block_beyond_the_encoder_or_an_encoder_without_blocks_is_refused():
     model = build("transformer", "transformer")  # 2 blocks: only block 1 is intermediate
-    with pytest.raises(ValueError, match="has 2 blocks"):
+    with pytest.raises(ValueError, match="has 2 blocks, so an intermediate one is 1..1"):
         InterCTC((2,), 0.3).blocks(model.encoder)
+    del model.encoder.layers[1]  # one block: "1..0" was said
+    with pytest.raises(ValueError, match="has 1 block, so none is intermediate: give inter_ctc"):
+        InterCTC((1,), 0.3).blocks(model.encoder)
     with pytest.raises(ValueError, match="RNNEncoder has none"):
         InterCTC((1,), 0.3).blocks(build("blstmp", "transformer").encoder)
