@@ -130,10 +130,14 @@ def to_srt(cues: Sequence[tuple[float, float, str]]) -> str:
     <BLANKLINE>
     """
     return "".join(
-        f"{n}\n{format_timestamp(start)} --> {format_timestamp(end)}\n"
-        f"{re.sub('-{2,}>', '->', text)}\n\n"
+        f"{n}\n{format_timestamp(start)} --> {format_timestamp(end)}\n{shorten_arrows(text)}\n\n"
         for n, (start, end, text) in enumerate(cues, 1)
     )
+
+
+def shorten_arrows(text: str) -> str:
+    """`text` with each arrow of two or more dashes (`-->`, a SubRip timing line's) as `->`."""
+    return re.sub("-{2,}>", "->", text)
 
 
 def to_vtt(cues: Sequence[tuple[float, float, str]]) -> str:

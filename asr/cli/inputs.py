@@ -4,6 +4,7 @@ globs, manifests, stdin) and the loop that transcribes them into files or onto t
 from __future__ import annotations
 
 import glob
+import html
 import itertools
 import json
 import os
@@ -23,7 +24,13 @@ from asr.results import BatchResult, Decoded, Transcript
 from asr.search import LanguageModel, SearchOptions
 from asr.segment import Clip, SegmenterOptions, Span
 from asr.transcribe import TRANSCRIBE_BATCH_SIZE, batches, transcribe_sources
-from asr.writers import expand_formats, output_stems, timed_lines, write_outputs
+from asr.writers import (
+    expand_formats,
+    output_stems,
+    shorten_arrows,
+    timed_lines,
+    write_outputs,
+)
 
 if TYPE_CHECKING:
     from asr.recognizer import Recognizer
@@ -333,10 +340,10 @@ def _references_in_the_way(
     formats: Sequence[str],
     listed: Container[str] = (),
 ) -> list[str]:
-    """The `.txt` files the outputs would replace that lie beside their own audio under its
-    name (`d/u.txt` for `d/u.wav`: a reference transcript, in the layout `asr prepare folder`
-    reads) and that neither `listed` nor a json output of the same audio beside them shows
-    `asr transcribe` wrote.
+    """The files the outputs would replace that lie beside their own audio under its name
+    (`d/u.txt` for `d/u.wav`: a reference transcript, in the layout `asr prepare folder`
+    reads; `film.srt` for `film.m4a`: subtitles) and that neither `listed` nor a json output
+    of the same audio beside them, of the same words, shows `asr transcribe` wrote.
 
     Args:
         outputs: each input's audio file and output stem.
@@ -347,31 +354,30 @@ def _references_in_the_way(
     Returns:
         Those files' paths.
     """
-    if "txt" not in expand_formats(formats):
-        return []
     found = []
     for audio, stem in outputs:
-        if f"{stem.as_posix()}.txt" in listed:
-            continue
-        path = Path(out_dir) / f"{stem}.txt"
-        beside = Path(audio).with_suffix(".txt")
-        try:
-            if not (path.is_file() and beside.is_file() and path.samefile(beside)):
+        for kind in expand_formats(formats):
+            if f"{stem.as_posix()}.{kind}" in listed:
                 continue
-        except OSError:  # a name too long to be a file: none is in the way
-            continue
-        if not _written_from(Path(out_dir) / f"{stem}.json", audio, path):
-            found.append(str(path))
+            path = Path(out_dir) / f"{stem}.{kind}"
+            beside = Path(audio).with_suffix(f".{kind}")
+            try:
+                if not (path.is_file() and beside.is_file() and path.samefile(beside)):
+                    continue
+            except OSError:  # a name too long to be a file: none is in the way
+                continue
+            if not _written_from(Path(out_dir) / f"{stem}.json", audio, path, kind):
+                found.append(str(path))
     return found
 
 
-def _written_from(path: Path, audio: str, txt: Path) -> bool:
+def _written_from(path: Path, audio: str, output: Path, kind: str) -> bool:
     """Whether `path` is a json transcript `asr transcribe` wrote of `audio` (by its name: the
-    folder may have moved since) with the text of `txt` (a json alone, of `--format json`,
-    says nothing of a txt beside it)."""
+    folder may have moved since) with the words of `output`, of format `kind` (a json alone,
+    of `--format json`, says nothing of a txt or subtitles beside it)."""
     try:
         written = json.loads(path.read_text(encoding="utf-8"))
-        text = txt.read_text(encoding="utf-8")
+        words = _words_of(kind, output.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError):
         return False
     if not isinstance(written, dict):
@@ -380,8 +386,33 @@ def _written_from(path: Path, audio: str, txt: Path) -> bool:
     return (
         isinstance(named, str)
         and os.path.basename(named) == os.path.basename(audio)
-        and " ".join(str(written.get("text")).splitlines()) == text.removesuffix("\n")
+        and (kind == "json" or shorten_arrows(str(written.get("text"))).split() == words)
     )
+
+
+def _words_of(kind: str, text: str) -> list[str]:
+    r"""The words of an output of format `kind` (a json's: none looked for), as asr writes
+    them (a subtitle cue's lines after its timing line), arrows shortened as SubRip's are.
+
+    >>> _words_of("srt", "1\n00:00:00,500 --> 00:00:01,250\nYES 42\n\n2\n00:00:02,000 --> "
+    ...           "00:00:02,500\nGO\n\n")
+    ['YES', '42', 'GO']
+    >>> _words_of("vtt", "WEBVTT\n\n00:00:00.500 --> 00:00:01.250\nR&amp;B --&gt;\n\n")
+    ['R&B', '->']
+    >>> _words_of("tsv", "start\tend\ttext\n500\t1250\tYES NO\n")
+    ['YES', 'NO']
+    """
+    if kind == "txt":
+        said = [text]
+    elif kind == "tsv":
+        said = [line.split("\t", 2)[-1] for line in text.splitlines()[1:]]
+    else:
+        said = []
+        for cue in text.split("\n\n"):  # a number (srt), a timing line, then the text
+            lines = cue.splitlines()
+            timing = next((i for i, line in enumerate(lines) if "-->" in line), len(lines))
+            said += [html.unescape(t) if kind == "vtt" else t for t in lines[timing + 1 :]]
+    return shorten_arrows(" ".join(said)).split()
 
 
 def refuse_references_in_the_way(
@@ -397,9 +428,9 @@ def refuse_references_in_the_way(
         shown = ", ".join(files[:3]) + (f" and {len(files) - 3} more" if len(files) > 3 else "")
         raise ValueError(
             f"{shown}: a transcript beside its audio that asr transcribe did not write (a "
-            "reference, as `asr prepare folder` reads?) would be overwritten: give another "
-            "--output-dir, or remove the files if they are outputs of an earlier run (one "
-            "without json among its --format leaves nothing that shows it wrote them)"
+            "reference, as `asr prepare folder` reads, or subtitles?) would be overwritten: "
+            "give another --output-dir, or remove the files if they are outputs of an earlier "
+            "run (one without json among its --format leaves nothing that shows it wrote them)"
         )
 
 

@@ -31,7 +31,7 @@ from test_transcribe import UTTERANCES, WAV
 from asr.audio import audio_info
 from asr.checkpoint import RECOGNIZER_KEY
 from asr.cli import _parser, main
-from asr.cli.inputs import Input, expand_inputs
+from asr.cli.inputs import Input, _references_in_the_way, expand_inputs
 from asr.cli.parallel import (
     LOCK,
     MERGED,
@@ -50,7 +50,9 @@ from asr.cli.parallel import (
     worker_main,
     writing,
 )
+from asr.results import Segment, Transcript, Word
 from asr.segment import Clip
+from asr.writers import expand_formats, write_outputs
 
 # Alike in every run: greedy, one input per batch, one thread per process.
 SAME_WORK = ["--beam-size", "1", "--batch-size", "1", "--threads", "1", "--quiet"]
@@ -410,6 +412,44 @@ def test_references_beside_the_audio_are_not_written_over(mode, tiny_checkpoint,
     moved = folder.rename(tmp_path / "moved")  # its outputs are still its own
     code, _, stderr = transcribe(moved, "--checkpoint", checkpoint, "--output-dir", moved, *mode)
     assert code == 0, stderr
+
+
+def test_subtitles_or_a_json_beside_their_audio_are_not_written_over(tiny_checkpoint, tmp_path):
+    """Subtitles beside a film (film.srt for film.m4a), or a json of its own, were replaced by
+    an in-place run asking for that format without a word."""
+    folder = tmp_path / "films"
+    folder.mkdir()
+    shutil.copy(WAV / f"{GOOD['b/test1']}.wav", folder / "film.wav")
+    theirs = {"srt": "1\n00:00:00,400 --> 00:00:03,700\nMade by hand\n\n", "json": '{"year": 1}'}
+    checkpoint = tiny_checkpoint["checkpoint"]
+    for kind, text in theirs.items():
+        (folder / f"film.{kind}").write_text(text)
+        code, _, stderr = transcribe(folder, "--checkpoint", checkpoint, "--output-dir", folder,
+                                     "--format", kind)  # fmt: skip
+        assert code == 2 and f"{folder / f'film.{kind}'}: a transcript beside its audio" in stderr
+        assert (folder / f"film.{kind}").read_text() == text
+        (folder / f"film.{kind}").unlink()
+    for _ in range(2):  # its own are written over
+        code, _, stderr = transcribe(folder, "--checkpoint", checkpoint, "--output-dir", folder,
+                                     "--format", "json", "srt", "vtt", "tsv")  # fmt: skip
+        assert code == 0, stderr
+    assert "Made by hand" not in (folder / "film.srt").read_text()
+
+
+@pytest.mark.parametrize("words_per_cue", [0, 1])
+def test_what_asr_wrote_beside_its_audio_is_known_for_its_own(words_per_cue, tmp_path):
+    """A cue of digits was read as a SubRip cue number, and arrows as SubRip shortens them or
+    as WebVTT escapes them as timing lines: asr's own subtitles were refused on a re-run."""
+    audio = tmp_path / "x.wav"
+    audio.touch()
+    words = [Word(w, 0.2 * k, 0.2 * k + 0.1) for k, w in enumerate(["YES", "42", "A-->B", "&<"])]
+    text = " ".join(w.text for w in words)
+    said = Transcript(text, [], [], [], [], words, -1.0, 2.0, [Segment(0.0, 1.0, text, -1.0)])
+    write_outputs(said, tmp_path / "x", expand_formats(["all"]), str(audio), words_per_cue)
+    outputs = [(str(audio), PurePath("x"))]
+    assert _references_in_the_way(outputs, tmp_path, ["all"]) == []
+    (tmp_path / "x.srt").write_text("1\n00:00:00,000 --> 00:00:01,000\nYES 42 BY HAND\n\n")
+    assert _references_in_the_way(outputs, tmp_path, ["all"]) == [str(tmp_path / "x.srt")]
 
 
 def test_ctrl_c_stops_the_workers_quietly(checkpoint, corpus, tmp_path, monkeypatch):
