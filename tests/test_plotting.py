@@ -118,7 +118,12 @@ def test_cli_writes_the_png_and_rejects_unlogged_metrics(tmp_path: Path, capsys)
     assert capsys.readouterr().err.splitlines()[-1] == f"curves: {bare}.png"
     assert (tmp_path / "bare.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # refused as the command line is read, before any work, naming --out
-    for bad, said in ((tmp_path / "c.xyz", "c.xyz: matplotlib writes no .xyz (.avif, "),
+    (tmp_path / "bare.png").unlink()
+    (tmp_path / "bare.png").mkdir()  # where `--out bare` would write
+    for bad, said in ((tmp_path / "c.xyz", "c.xyz: asr writes no .xyz plots (.avif, "),
+                      (tmp_path / "c.pgf", "c.pgf: asr writes no .pgf plots"),  # LaTeX's
+                      (tmp_path / "run1", "run1: a folder; name the picture file to write"),
+                      (tmp_path / "bare", "bare.png: a folder; name the picture file"),
                       (out / "c.png", f"c.png: {out} is a file, not a folder")):  # fmt: skip
         with pytest.raises(SystemExit):
             main(["curves", *runs, "--out", str(bad)])

@@ -762,14 +762,14 @@ def _align_file(args: argparse.Namespace, audio: str) -> int:
         print(f"asr align: warning: {args.audio} lasts {alignment.duration:.1f} s, longer than "
               f"95% of this model's training utterances ({trained:g} s): attention decoders "
               f"often lose their place on longer input{ctc}", file=sys.stderr)  # fmt: skip
-    written = save_alignment_plots(recognizer, alignment, args.out, title=alignment.text)
     ctc = alignment.ctc_words
     print("# word\tattention_start\tattention_end" + ("\tctc_start\tctc_end" if ctc else ""))
     for k, word in enumerate(alignment.words):
         times = f"{word.start:.3f}\t{word.end:.3f}"
         if ctc:
             times += f"\t{ctc[k].start:.3f}\t{ctc[k].end:.3f}"
-        print(f"{word.text}\t{times}")
+        print(f"{word.text}\t{times}", flush=True)  # said, whatever becomes of the plots
+    written = save_alignment_plots(recognizer, alignment, args.out, title=alignment.text)
     print(f"plots: {', '.join(str(p) for p in written)}", file=sys.stderr)
     return 0
 
@@ -852,10 +852,15 @@ def _picture_file(text: str) -> str:
     from matplotlib.backend_bases import FigureCanvasBase
 
     path = Path(text)
-    formats = FigureCanvasBase.get_supported_filetypes()
+    # pgf needs a LaTeX install, which the plot would fail on after all the work
+    formats = set(FigureCanvasBase.get_supported_filetypes()) - {"pgf"}
     if path.suffix and path.suffix[1:].lower() not in formats:
         known = ", ".join(f".{f}" for f in sorted(formats))
-        raise argparse.ArgumentTypeError(f"{text}: matplotlib writes no {path.suffix} ({known})")
+        raise argparse.ArgumentTypeError(f"{text}: asr writes no {path.suffix} plots ({known})")
+    png = path.with_name(f"{path.name}.png")  # what matplotlib writes for a name without suffix
+    for written in (path, *(() if path.suffix else (png,))):
+        if written.is_dir():
+            raise argparse.ArgumentTypeError(f"{written}: a folder; name the picture file to write")
     blocked = _file_in_the_way(path.parent)
     if blocked is not None:
         raise argparse.ArgumentTypeError(f"{text}: {blocked} is a file, not a folder")
