@@ -438,6 +438,7 @@ def test_a_prepare_stage_that_left_inputs_out_warns_and_goes_on(corpus, tmp_path
     assert "tokenizer --manifest" in log.read_text()
 
 
+@pytest.mark.slow  # the LM stages also run for real in the slow Mini LibriSpeech test
 def test_an4_language_model_stages_train_and_fuse_the_recipe_lm(tmp_path):
     """--lm-weight W: stage 8 trains conf/an4/lm.yaml on the training transcripts into
     exp/lm, stage 9 decodes dev and test with it fused at W and rewrites the results table

@@ -382,7 +382,9 @@ def test_a_transcripts_jsonl_of_someone_else_is_not_written_over(
 
 
 @pytest.mark.parametrize(
-    "mode", [[], ["--workers", "2"], ["--streaming"]], ids=["one process", "workers", "streaming"]
+    "mode",  # the workers' parent checks as one process does; the workers' run is the slowest
+    [[], pytest.param(["--workers", "2"], marks=pytest.mark.slow), ["--streaming"]],
+    ids=["one process", "workers", "streaming"],
 )
 def test_references_beside_the_audio_are_not_written_over(mode, tiny_checkpoint, tmp_path):
     """A folder transcribed into itself: each `u.txt` beside its `u.wav` is a reference (the
