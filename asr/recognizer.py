@@ -287,9 +287,8 @@ class Recognizer:
             ValueError: options the model cannot decode with (`check_options`).
             TypeError: options of another kind, or an `lm` that is no language model.
         """
-        _check_kind("options", options, SearchOptions, "beam_size=1")
         options = self.default_options if options is None else options
-        self.check_options(options, lm)
+        self.check_options(options, lm)  # of another kind too
         if not waves:
             return []
         return decode_batch(self.model, *self.pad(waves), self.bounded(options), lm, self.precision)

@@ -756,7 +756,8 @@ class ASRCLI(LightningCLI):
             elif path == "last":  # else a fresh start, or refused later
                 found = [p for p in (last, _step_last(config)) if p is not None and p.is_file()]
                 if found:  # step checkpoints kept apart may be the later
-                    path = config.ckpt_path = self._last = str(max(found, key=_global_step))
+                    later = found[0] if len(found) == 1 else max(found, key=_global_step)
+                    path = config.ckpt_path = self._last = str(later)
         if path and Path(path).is_file():
             self._checkpoint = load_checkpoint(path)  # a file that is none: said in one line
             _check_checkpoint_kind(path, self._checkpoint, config.get("model"))

@@ -537,12 +537,13 @@ def _transcribe(args: argparse.Namespace) -> int:
     return 1 if failures or failed else 0
 
 
-def _check_folder_to_write(path: str, option: str) -> None:
-    """Refuse a folder to write that a file stands in the way of (itself, or a folder above)."""
+def _check_folder_to_write(path: str, option: str, given: str | None = None) -> None:
+    """Refuse a folder to write that a file stands in the way of (itself, or a folder above);
+    `given`: the option's value, where `path` is the folder of the file it names."""
     blocked = _file_in_the_way(Path(path))
     if blocked is not None:
         kind = "a file" if blocked.exists() else "a broken link"
-        raise ValueError(f"{option} {path}: {blocked} is {kind}, not a folder")
+        raise ValueError(f"{option} {given or path}: {blocked} is {kind}, not a folder")
 
 
 def _check_file_to_write(path: str, option: str) -> None:
@@ -550,10 +551,7 @@ def _check_file_to_write(path: str, option: str) -> None:
     folder (itself, or one above)."""
     if not path or Path(path).is_dir():  # "" is the working folder
         raise ValueError(f"{option} {path or repr(path)} is a folder: name the file to write")
-    blocked = _file_in_the_way(Path(path).parent)
-    if blocked is not None:
-        kind = "a file" if blocked.exists() else "a broken link"
-        raise ValueError(f"{option} {path}: {blocked} is {kind}, not a folder")
+    _check_folder_to_write(str(Path(path).parent), option, path)
 
 
 def _file_in_the_way(folder: Path) -> Path | None:
