@@ -530,10 +530,15 @@ def _how_to_go_on() -> str:
     return f"no last.ckpt was saved yet ({ASRCLI.lasts[0]}): the same command starts it again"
 
 
-def _step_last(config: Namespace) -> Path | None:
-    """The last.ckpt of step checkpoints kept in a folder of their own; None where not given."""
+def _later_last(last: Path, config: Namespace) -> Path | None:
+    """What `--ckpt_path last` reads: the run's `last`, or where step checkpoints are kept in a
+    folder of their own, the later of the two `last.ckpt` by step; None where neither is."""
     folder = (config.get("step_checkpoint") or {}).get("dirpath")
-    return Path(os.path.expanduser(folder)) / "last.ckpt" if folder else None
+    steps = Path(os.path.expanduser(folder)) / "last.ckpt" if folder else None
+    found = [p for p in (last, steps) if p is not None and p.is_file()]
+    if len(found) < 2:
+        return found[0] if found else None
+    return max(found, key=_global_step)
 
 
 def _global_step(path: Path) -> int:
@@ -751,13 +756,11 @@ class ASRCLI(LightningCLI):
         if path in ("last", "best") and subcommand in ("fit", "validate", "test"):
             root = _run_root(config, self.argv)
             last = Path(config.checkpoint.dirpath or Path(root) / "checkpoints") / "last.ckpt"
+            later = _later_last(last, config) if path == "last" else None
             if subcommand != "fit":
-                path = config.ckpt_path = str(_named_checkpoint(path, last))
-            elif path == "last":  # else a fresh start, or refused later
-                found = [p for p in (last, _step_last(config)) if p is not None and p.is_file()]
-                if found:  # step checkpoints kept apart may be the later
-                    later = found[0] if len(found) == 1 else max(found, key=_global_step)
-                    path = config.ckpt_path = self._last = str(later)
+                path = config.ckpt_path = str(later or _named_checkpoint(path, last))
+            elif later is not None:  # else a fresh start, or refused later
+                path = config.ckpt_path = self._last = str(later)
         if path and Path(path).is_file():
             self._checkpoint = load_checkpoint(path)  # a file that is none: said in one line
             _check_checkpoint_kind(path, self._checkpoint, config.get("model"))

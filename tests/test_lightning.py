@@ -1665,7 +1665,7 @@ def test_a_step_limit_skips_no_epoch_resumed_from_an_epoch_end(
     assert steps == list(range(first["global_step"], resumed["global_step"])), "none twice"
 
 
-def test_last_is_the_later_of_the_step_checkpoints_kept_apart(tiny_an4, tmp_path):
+def test_last_is_the_later_of_the_step_checkpoints_kept_apart(tiny_an4, tmp_path, caplog):
     """With step checkpoints in a folder of their own, --ckpt_path last (as a stopped run
     says to give) resumed the epoch checkpoints' older last.ckpt, then wrote over the later."""
     steps = tmp_path / "steps"
@@ -1677,6 +1677,9 @@ def test_last_is_the_later_of_the_step_checkpoints_kept_apart(tiny_an4, tmp_path
     shutil.copy(older, tmp_path / "checkpoints" / "last.ckpt")  # as if stopped after a step save
     later = torch.load(steps / "last.ckpt", weights_only=True)["global_step"]
     assert later > torch.load(older, weights_only=True)["global_step"]
+    with caplog.at_level(logging.INFO):  # validate and test read the same last
+        main(["validate", *args[1:], "--ckpt_path", "last"])
+    assert f"Restoring states from the checkpoint path at {steps / 'last.ckpt'}" in caplog.text
     main([*args, "--trainer.max_epochs", "3", "--ckpt_path", "last"])
-    rows = csv.DictReader((tmp_path / "logs" / "version_1" / "metrics.csv").open())
+    rows = csv.DictReader((tmp_path / "logs" / "version_2" / "metrics.csv").open())
     assert [int(row["step"]) for row in rows if row.get("train/loss_step")][0] == later
