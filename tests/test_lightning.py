@@ -1641,9 +1641,13 @@ def test_a_transcript_fits_its_audio_by_the_encoders_own_frame_count(tiny_an4):
     assert module._alignable(utterances, one_more) == []
 
 
-@pytest.mark.parametrize(
+@pytest.mark.parametrize(  # validating later is slow: the other two check every change
     "grid",
-    [LOGGED, ACCUMULATE_LOGGED, [*LOGGED, "--trainer.check_val_every_n_epoch", "3"]],
+    [
+        LOGGED,
+        ACCUMULATE_LOGGED,
+        pytest.param([*LOGGED, "--trainer.check_val_every_n_epoch", "3"], marks=pytest.mark.slow),
+    ],
     ids=["plain", "accumulating", "validating-later"],
 )
 def test_a_step_limit_skips_no_epoch_resumed_from_an_epoch_end(

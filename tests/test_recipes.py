@@ -224,6 +224,7 @@ def test_yesno_end_to_end_tiny(yesno_dir, tmp_path, repo_outputs):
     assert skipped(again.stdout) == [1, 2, 3, 4, 5, 6, 7] and ran(again.stdout) == []
 
 
+@pytest.mark.slow  # stage 0's download is in the default run on AN4
 @pytest.mark.needs_corpus
 def test_yesno_download_when_absent(yesno_dir, tmp_path, repo_outputs):
     """Stage 0 fetches the tarball (a file:// URL here) when --data-dir has no corpus; stages

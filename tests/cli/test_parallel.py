@@ -507,7 +507,11 @@ def _children(pid: int) -> list[str]:
         return []
 
 
-@pytest.mark.parametrize("workers", [[], ["--workers", "2"]], ids=["one process", "workers"])
+@pytest.mark.parametrize(  # the workers' run is the slowest
+    "workers",
+    [[], pytest.param(["--workers", "2"], marks=pytest.mark.slow)],
+    ids=["one process", "workers"],
+)
 def test_a_reader_that_goes_away_ends_it_quietly(workers, checkpoint, corpus, tmp_path):
     """`asr transcribe ... | head -1`: the command ends at once with 141, as tools killed by
     SIGPIPE do, and no traceback (workers whose output was relayed into the closed pipe hung
