@@ -149,10 +149,12 @@ def transcribe_streaming(
         start_explorer,
         write_explorer,
     )
+    from asr.streaming import StreamingEngine
     from asr.writers import expand_formats, timed_lines
 
     out = out or sys.stdout
-    options = stream_options(args)
+    # a model that cannot stream is refused here, before anything is written
+    engine = StreamingEngine(recognizer, stream_options(args), lm)
     lines = Lines(out, out.isatty() and not args.quiet and not args.jsonl)
     rate = recognizer.sample_rate
     if stdin is None and "-" in args.audio:
@@ -187,7 +189,7 @@ def transcribe_streaming(
                 print(f"asr transcribe: error: {error}", file=sys.stderr)
                 failed += 1
                 continue
-            stream = recognizer.stream(options, lm)
+            stream = engine.stream()
             said = _finals_as_json_lines(name) if args.jsonl else timed_lines
             maps = _kept_maps(stream) if args.explorer else []
             if len(inputs) > 1 and not args.jsonl:

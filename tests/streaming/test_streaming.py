@@ -466,6 +466,23 @@ def test_a_frontend_that_cannot_stream_is_refused_first_naming_the_model(
         assert "--chunk-ms 0" in str(refused.value)
 
 
+def test_a_model_that_cannot_stream_is_refused_before_the_output_dir_is_written(
+    trained, monkeypatch, tmp_path
+) -> None:
+    """The explorer's layout file would claim the folder for a run that never began."""
+    from asr.cli import _parser
+    from asr.cli.live import transcribe_streaming
+
+    recognizer, _ = trained
+    monkeypatch.setattr(recognizer.model.frontend, "level", LevelNormalizer())
+    out = tmp_path / "out"
+    args = ["transcribe", "--streaming", "--model", "in-memory", str(tmp_path / "a.wav"),
+            "--output-dir", str(out), "--explorer"]  # fmt: skip
+    with pytest.raises(ValueError, match="whole recording"):
+        transcribe_streaming(_parser("transcribe").parse_args(args), recognizer)
+    assert not out.exists()
+
+
 def test_a_model_trained_at_full_context_only_is_said_to_lose_in_chunks(
     trained, monkeypatch
 ) -> None:
