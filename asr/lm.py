@@ -22,6 +22,7 @@ from asr.lightning import (
     ExactResume,
     ResumableData,
     bucketed_loader,
+    data_tokenizer,
     log_mean,
     save_hyperparameters,
     stage_manifests,
@@ -227,7 +228,7 @@ class TextDataModule(ResumableData):
                 "must be positive"
             )
         save_hyperparameters(self)
-        self.tokenizer = Tokenizer.load(tokenizer)
+        self.tokenizer = data_tokenizer(tokenizer)
         self.datasets: dict[str, list[list[int]]] = {}
 
     @property

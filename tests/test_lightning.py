@@ -543,11 +543,12 @@ def test_audio_shorter_than_its_manifest_says_is_named_when_its_batch_comes(
 
 
 def test_a_missing_tokenizer_is_one_line_not_the_config_dumped(tiny_an4, tmp_path, capsys):
-    """jsonargparse wraps the error of building the data module in a dump of its config."""
+    """jsonargparse wraps the error of building the data module in a dump of its config; the
+    error alone was a bare errno and a path, no option."""
     args = _fit_args(tiny_an4 | {"tokenizer": str(tmp_path / "no_tokenizer")}, tmp_path)
     said = refused(args, capsys)
-    missing = f"[Errno 2] No such file or directory: '{tmp_path / 'no_tokenizer'}'"
-    assert f"asr fit: error: {missing}" in said and "Given value" not in said
+    missing = f"data.tokenizer: {tmp_path / 'no_tokenizer'}: no tokenizer there (`asr tokenizer`"
+    assert said.startswith(f"asr fit: error: {missing}") and "Given value" not in said
 
 
 def test_a_setting_lightning_refuses_is_one_line_not_a_traceback(tiny_an4, tmp_path, capsys):

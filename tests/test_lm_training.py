@@ -58,6 +58,12 @@ def batches_of(data: TextDataModule, split: str) -> list:
     return list(loader)
 
 
+def test_a_missing_tokenizer_is_named_by_its_option(text_data, tmp_path) -> None:
+    """As the recognizer's data: a bare `[Errno 2]` and a path named no option."""
+    with pytest.raises(FileNotFoundError, match=rf"^data.tokenizer: {tmp_path}: no tokenizer"):
+        TextDataModule(text_data["train_manifest"], text_data["val_manifest"], tmp_path)
+
+
 def test_train_batches_hold_every_sentence_once_within_the_budget(text_data) -> None:
     data = TextDataModule(
         text_data["train_manifest"],
