@@ -829,10 +829,18 @@ class ASRCLI(LightningCLI):
                 "features, which half-precision weights cannot take; use bf16-mixed or 16-mixed"
             )
         root = _run_root(config, self.argv)
+        # the option that gives a new run another folder: the root, where the folder is its own
+        moved_by = "--checkpoint.dirpath"
         if config.checkpoint.dirpath is None:
             # One checkpoint folder per experiment, so `--ckpt_path last` resumes a rerun.
             config.checkpoint.dirpath = str(Path(root) / "checkpoints")
-        _check_checkpoint_choice(self.subcommand, config.ckpt_path, Path(config.checkpoint.dirpath))
+            moved_by = "--trainer.default_root_dir"
+        folders = {Path(config.checkpoint.dirpath): moved_by}
+        steps = config.step_checkpoint.dirpath
+        if steps is not None and Path(steps) not in folders:  # kept apart: a run's too
+            folders[Path(steps)] = "--step_checkpoint.dirpath"
+        for folder, option in folders.items():
+            _check_checkpoint_choice(self.subcommand, config.ckpt_path, folder, option)
         last = Path(config.checkpoint.dirpath) / "last.ckpt"
         if config.ckpt_path == "last" and last.is_file() and self._checkpoint is None:
             self._checkpoint = load_checkpoint(last)
@@ -1139,9 +1147,12 @@ def _root_of_saved_run(path: str) -> str | None:
     return root if os.path.expanduser(folder) == str(Path(root) / "checkpoints") else None
 
 
-def _check_checkpoint_choice(command: str | None, ckpt_path: str | None, folder: Path) -> None:
+def _check_checkpoint_choice(
+    command: str | None, ckpt_path: str | None, folder: Path, option: str
+) -> None:
     """Refuse what would silently work on the wrong model: validating or testing no trained
-    one, or a new run writing its checkpoints among an earlier run's (`last.ckpt` stale)."""
+    one, or a new run writing its checkpoints among an earlier run's (`last.ckpt` stale) in
+    `folder`, which `option` moves."""
     last = folder / "last.ckpt"
     if command in ("validate", "test") and not ckpt_path:
         raise ValueError(
@@ -1155,7 +1166,7 @@ def _check_checkpoint_choice(command: str | None, ckpt_path: str | None, folder:
     if command == "fit" and not ckpt_path and last.is_file():
         raise ValueError(
             f"{folder} holds an earlier run's checkpoints: --ckpt_path last resumes it; to "
-            "start afresh, give another --trainer.default_root_dir or remove that folder"
+            f"start afresh, give another {option} or remove that folder"
         )
     others = sorted(folder.glob("*.ckpt")) if folder.is_dir() else []
     if command == "fit" and ckpt_path in (None, "last") and others and not last.is_file():
@@ -1163,7 +1174,7 @@ def _check_checkpoint_choice(command: str | None, ckpt_path: str | None, folder:
         raise ValueError(
             f"{folder} holds an earlier run's checkpoints ({others[-1].name}...) but no "
             "last.ckpt: give one of them as --ckpt_path to resume from it; to start afresh, "
-            "give another --trainer.default_root_dir or remove that folder"
+            f"give another {option} or remove that folder"
         )
 
 

@@ -700,9 +700,15 @@ def test_checkpoints_are_never_taken_for_another_runs(tiny_an4, tmp_path, capsys
         said = refused([*_fit_args(tiny_an4, tmp_path), *resume], capsys)
         assert "holds an earlier run's checkpoints (epoch003-wer9.00.ckpt...) but no last" in said
     (tmp_path / "checkpoints" / "last.ckpt").write_bytes(b"")
-    assert "holds an earlier run's checkpoints: --ckpt_path last resumes it" in refused(
-        _fit_args(tiny_an4, tmp_path), capsys
-    )
+    said = refused(_fit_args(tiny_an4, tmp_path), capsys)
+    assert "holds an earlier run's checkpoints: --ckpt_path last resumes it; to start afresh, " \
+        "give another --trainer.default_root_dir" in said  # fmt: skip
+    given = [
+        *_fit_args(tiny_an4, tmp_path / "new"),
+        "--checkpoint.dirpath",
+        str(tmp_path / "checkpoints"),
+    ]
+    assert "give another --checkpoint.dirpath" in refused(given, capsys), "the root moves it not"
 
 
 def test_checkpoint_is_self_contained(tiny_an4, tmp_path):
@@ -1670,7 +1676,7 @@ def test_a_step_limit_skips_no_epoch_resumed_from_an_epoch_end(
     assert steps == list(range(first["global_step"], resumed["global_step"])), "none twice"
 
 
-def test_last_is_the_later_of_the_step_checkpoints_kept_apart(tiny_an4, tmp_path, caplog):
+def test_last_is_the_later_of_the_step_checkpoints_kept_apart(tiny_an4, tmp_path, caplog, capsys):
     """With step checkpoints in a folder of their own, --ckpt_path last (as a stopped run
     says to give) resumed the epoch checkpoints' older last.ckpt, then wrote over the later."""
     steps = tmp_path / "steps"
@@ -1688,3 +1694,10 @@ def test_last_is_the_later_of_the_step_checkpoints_kept_apart(tiny_an4, tmp_path
     main([*args, "--trainer.max_epochs", "3", "--ckpt_path", "last"])
     rows = csv.DictReader((tmp_path / "logs" / "version_2" / "metrics.csv").open())
     assert [int(row["step"]) for row in rows if row.get("train/loss_step")][0] == later
+    # a new run whose step checkpoints would land among these: its last.ckpt the older
+    fresh = [*_fit_args(tiny_an4, tmp_path / "fresh"), *args[len(_fit_args(tiny_an4, tmp_path)) :]]
+    said = refused([*fresh, "--trainer.max_epochs", "1"], capsys)
+    assert (
+        f"{steps} holds an earlier run's checkpoints: --ckpt_path last resumes it; to "
+        "start afresh, give another --step_checkpoint.dirpath or remove that folder" in said
+    )
