@@ -30,6 +30,7 @@ class _Heard:
         self.seconds, self.chunked, self.ended = 0.0, True, False
         self.ahead = AHEAD_SECONDS
         self.sent, self.all_sent = 0.0, False  # seconds of audio sent; and the end
+        self.done: float | None = None  # the audio the server's "done" says it heard (s)
         self.news = asyncio.Event()
 
     def ready(self, message: dict) -> None:
@@ -138,7 +139,8 @@ async def _connect(
                         heard.sent = sent_seconds
                         if interrupted and name != "-":  # stdin's pieces end with what was heard
                             break
-                    heard.all_sent = True
+                    # stdin's pieces end too where the server closed: then not all was sent
+                    heard.all_sent = not heard.ended
                     await ws.send(json.dumps({"type": "end"}))
                 except ConnectionClosed:  # the server said why: the reader prints it
                     pass
@@ -146,11 +148,18 @@ async def _connect(
             except (asyncio.CancelledError, KeyboardInterrupt):  # a second Ctrl-C: no handshake
                 ws.transport.abort()
                 raise
-        if ws.close_code != 1000:
+        # a server stopping (1001) with a "done" of all that was sent has given all of it; one
+        # that stopped partway (pieces on their way are dropped) said "done" of what it heard
+        whole = heard.all_sent and heard.done is not None and heard.done >= heard.sent - 0.002
+        if ws.close_code != 1000 and not (whole and ws.close_code == 1001):
             failed += 1
             if not said_why:
                 why = f"{ws.close_code} {ws.close_reason}".strip() if ws.close_code else "cut"
                 print(f"asr connect: error: {name}: the connection closed ({why})", file=sys.stderr)
+        elif heard.done is None and not interrupted:  # closed as if all were said: some missing?
+            failed += 1
+            print(f"asr connect: error: {name}: the server closed before it said it was done "
+                  "(its last finals may be missing)", file=sys.stderr)  # fmt: skip
         if interrupted:
             return 130
     return 1 if failed else 0
@@ -171,6 +180,29 @@ def _in_real_time(sent):
     for i, piece in enumerate(sent):
         time.sleep(max(0.0, start + (i + 1) * PCM_BLOCK_SECONDS - time.monotonic()))
         yield piece
+
+
+# What `asr connect` reads of each message asr serve sends (docs/streaming.md): a server that
+# sends anything else is not one, and its words would be printed wrong or stop the client.
+FIELDS = {"ready": {}, "partial": {"text": str, "audio_seconds": float},
+          "final": {"text": str, "start": float, "end": float}, "error": {"message": str},
+          "done": {"duration": float}}  # fmt: skip
+
+
+def _reply(message: str | bytes) -> dict | None:
+    """A message of asr serve's, parsed; None where it is none."""
+    try:
+        result = json.loads(message)
+    except (TypeError, ValueError):  # binary, not UTF-8, not JSON
+        return None
+    if not isinstance(result, dict) or result.get("type") not in FIELDS:
+        return None
+    for key, kind in FIELDS[result["type"]].items():
+        value = result.get(key)
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if not (number if kind is float else isinstance(value, kind)):
+            return None
+    return result
 
 
 async def _print_results(
@@ -197,7 +229,13 @@ async def _print_results(
                           f"{SILENT_SERVER:g} s", file=sys.stderr)  # fmt: skip
                     ws.transport.abort()  # a stuck server answers no close: the sends end too
                     return True
-                result = json.loads(message)
+                result = _reply(message)
+                if result is None:  # a server that is not asr serve, or of another protocol
+                    shown = message if len(message) <= 80 else f"{message[:80]}..."
+                    print(f"asr connect: error: {name}: the server's message {shown!r} is not "
+                          "one of asr serve's (docs/streaming.md)", file=sys.stderr)  # fmt: skip
+                    ws.transport.abort()
+                    return True
                 kind = result["type"]
                 if kind == "ready":
                     heard.ready(result)
@@ -213,6 +251,8 @@ async def _print_results(
                 elif kind == "error":
                     said_why = True
                     print(f"asr connect: error: {name}: {result['message']}", file=sys.stderr)
+                if kind == "done":
+                    heard.done = result["duration"]
     finally:
         heard.ended = True  # the sender waits no more
     lines.clear()

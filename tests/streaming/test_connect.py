@@ -8,6 +8,7 @@ import contextlib
 import json
 import os
 import signal
+import sys
 import threading
 import time
 
@@ -153,3 +154,98 @@ def test_a_second_ctrl_c_stops_at_once_when_the_server_answers_nothing(tmp_path)
         finally:
             presser.join()
     assert took < 5.0
+
+
+@pytest.mark.parametrize(
+    ("reply", "said"),
+    [
+        ('{"hello": 1}', "the server's message '{\"hello\": 1}' is not one of asr serve's"),
+        ("hello", "the server's message 'hello' is not one of asr serve's"),
+        (
+            '{"type": "final", "text": "Y"}',
+            'the server\'s message \'{"type": "final", "text": "Y"}\' is not',
+        ),
+        (None, "the server closed before it said it was done (its last finals may be missing)"),
+    ],
+    ids=["no type", "not JSON", "a final without times", "closed without done"],
+)
+def test_a_server_that_is_not_asr_serve_is_named_as_such(reply, said, tmp_path, capsys):
+    """Its messages stopped the client with a traceback (KeyError) or a bare JSON error; a
+    normal close with no "done" passed for a stream transcribed whole (status 0)."""
+    path = tmp_path / "a.wav"
+    soundfile.write(path, np.zeros(RATE, dtype=np.float32), RATE)
+
+    async def other(ws):
+        await ws.recv()
+        if reply is not None:
+            await ws.send(reply)
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(2):
+                async for message in ws:
+                    if not isinstance(message, bytes):  # "end"
+                        break
+        await ws.close()
+
+    with fake_server(other) as url:
+        assert main(["connect", url, str(path)]) == 1
+    err = capsys.readouterr().err
+    assert f"asr connect: error: {path}: {said}" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("heard", ["all", "some", "all but the last pieces"])
+def test_a_server_stopping_after_the_streams_done_leaves_nothing_missing(heard, tmp_path, capsys):
+    """asr serve stopped by SIGTERM ends each stream with its finals and "done", then closes
+    with 1001 (going away): a stream sent whole and heard whole was given all of it, not a
+    failure; one cut before the end of the file, or whose last pieces were on their way as
+    the server stopped (it drops them), got "done" only of what was heard."""
+    path = tmp_path / "a.wav"
+    soundfile.write(path, np.zeros(RATE * (60 if heard == "some" else 1), np.float32), RATE)
+    said = 0.7 if heard == "all but the last pieces" else 1.0
+
+    async def stopping(ws):
+        await ws.recv()
+        await ws.send(json.dumps({"type": "ready", "chunk_ms": 0}))  # no partials to wait for
+        async for message in ws:
+            if not isinstance(message, bytes) or heard == "some":  # "end", or a first piece
+                break
+        await ws.send(json.dumps({"type": "done", "text": "", "duration": said}))
+        await ws.close(1001, "the server is stopping")
+
+    with fake_server(stopping) as url:
+        assert main(["connect", url, str(path)]) == (0 if heard == "all" else 1)
+    err = capsys.readouterr().err
+    if heard == "all":
+        assert "error" not in err
+    else:
+        assert f"{path}: the connection closed (1001 the server is stopping)" in err
+
+
+def test_a_server_stopping_while_stdin_streams_is_said(monkeypatch, capsys):
+    """A microphone's stream cut by the server's stop: its "done" is of what it heard, and
+    the input that ended with the server's close was taken for one sent whole (status 0)."""
+    read, write = os.pipe()
+    monkeypatch.setattr(sys, "stdin", os.fdopen(read, "rb"))
+    speaking = threading.Event()
+    speaking.set()
+
+    def microphone():  # a tenth of a second at a time, until told to stop
+        while speaking.is_set():
+            os.write(write, bytes(3200))
+            time.sleep(0.05)
+        os.close(write)
+
+    async def stopping(ws):
+        await ws.recv()
+        await ws.send(json.dumps({"type": "ready", "chunk_ms": 0}))
+        for _ in range(3):
+            await ws.recv()
+        await ws.send(json.dumps({"type": "done", "text": "", "duration": 0.3}))
+        await ws.close(1001, "the server is stopping")
+
+    threading.Thread(target=microphone, daemon=True).start()
+    try:
+        with fake_server(stopping) as url:
+            assert main(["connect", url, "-"]) == 1
+    finally:
+        speaking.clear()
+    assert "-: the connection closed (1001 the server is stopping)" in capsys.readouterr().err

@@ -994,6 +994,7 @@ def test_connect_waits_on_a_source_that_pauses_where_the_server_is_not(monkeypat
             ws.send(json.dumps({"type": "partial", "text": "", "audio_seconds": heard}))
         final = {"type": "final", "text": "YES", "start": 0.0, "end": heard, "words": []}
         ws.send(json.dumps(final))
+        ws.send(json.dumps({"type": "done", "text": "YES", "duration": heard}))
         ws.close()
 
     read, write = os.pipe()
