@@ -24,7 +24,7 @@ from tqdm import tqdm
 
 from asr import perturb
 from asr.audio import AudioError, load_audio
-from asr.data.manifest import BadEntry, Utterance, read_manifest, write_manifest
+from asr.data.manifest import BadEntry, Utterance, manifest_bytes, read_manifest, write_manifest
 from asr.evaluate import NothingToScore, evaluate, usable_utterances
 from asr.recognizer import Recognizer
 from asr.search import LanguageModel, SearchOptions
@@ -309,7 +309,7 @@ def robustness(
                 f"{manifest}: babble needs a test set of at least two readable utterances, "
                 f"it has {len(readable)}"
             )
-    digest = hashlib.sha256(Path(manifest).read_bytes()).hexdigest()  # copies of what it says
+    digest = hashlib.sha256(manifest_bytes(manifest)).hexdigest()  # copies of what it says
     # the lines a copy holds (others may be left out): a stamp as the manifest is spelt apart
     usable = hashlib.sha256("\n".join(u.utt_id for u in utterances).encode()).hexdigest()
     rate = recognizer.sample_rate

@@ -11,6 +11,7 @@ import logging
 import math
 import os
 import re
+import stat
 import unicodedata
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
@@ -218,9 +219,26 @@ def _parse_manifest(path: Path) -> tuple[list[tuple[int, Utterance]], list[tuple
     return good, bad
 
 
+# Manifests read from anonymous pipes (`<(...)`, a piped /dev/stdin), by pipe: such a pipe
+# gives its bytes once, and a command that reads its manifest twice (`finalize`,
+# `robustness`) found it empty. A named FIFO is read afresh: its writer may send anew.
+_PIPED: dict[str, bytes] = {}
+
+
+def manifest_bytes(path: str | os.PathLike) -> bytes:
+    """The bytes of manifest `path`; an anonymous pipe's as it gave them the first time in
+    this process. ManifestError where it cannot be read."""
+    return _read_bytes(Path(path))
+
+
 def _read_bytes(path: Path) -> bytes:
     try:
-        return path.read_bytes()
+        pipe = os.path.basename(os.path.realpath(path))  # /dev/fd/63: /proc/.../pipe:[1234]
+        if not (pipe.startswith("pipe:[") and stat.S_ISFIFO(os.stat(path).st_mode)):
+            return path.read_bytes()
+        if pipe not in _PIPED:
+            _PIPED[pipe] = path.read_bytes()
+        return _PIPED[pipe]
     except FileNotFoundError:
         reason = "manifest not found"
     except IsADirectoryError:

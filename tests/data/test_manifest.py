@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +17,7 @@ from asr.data.manifest import (
     ManifestError,
     Utterance,
     ValidationReport,
+    manifest_bytes,
     read_clip,
     read_manifest,
     validate_manifest,
@@ -35,6 +37,34 @@ def write_tone(path: Path, seconds: float = 1.0, sample_rate: int = 16000) -> Pa
     t = np.arange(round(seconds * sample_rate)) / sample_rate
     soundfile.write(path, (0.3 * np.sin(2 * np.pi * 220 * t)).astype(np.float32), sample_rate)
     return path
+
+
+def test_a_manifest_from_a_pipe_reads_the_same_twice(tmp_path):
+    """`asr finalize --manifest <(head dev.jsonl)` reads it for each part it fits: the second
+    read found the pipe drained, and the alignment maps were cleared as unfittable."""
+    read, write = os.pipe()
+    os.write(write, "\n".join(GOOD % i for i in range(3)).encode() + b"\n")
+    os.close(write)
+    try:
+        piped = f"/dev/fd/{read}"
+        first = read_manifest(piped)
+        assert len(first) == 3
+        assert read_manifest(piped) == first
+        assert validate_manifest(piped, check_audio=False).good == first
+        assert manifest_bytes(piped).count(b"\n") == 3
+    finally:
+        os.close(read)
+    fifo = tmp_path / "fifo"  # a named FIFO's writer may send anew: read afresh
+    os.mkfifo(fifo)
+    for i in (1, 2):
+        writer = threading.Thread(target=fifo.write_text, args=(GOOD % i + "\n",))
+        writer.start()
+        assert [u.audio_filepath for u in read_manifest(fifo)] == [f"/a/{i}.wav"]
+        writer.join()
+    regular = write_lines(tmp_path / "m.jsonl", [GOOD % 0])
+    assert len(read_manifest(regular)) == 1
+    write_lines(regular, [GOOD % 0, GOOD % 1])  # a file is read afresh each time
+    assert len(read_manifest(regular)) == 2
 
 
 def test_write_then_read_round_trips(tmp_path):
