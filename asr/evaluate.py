@@ -28,7 +28,15 @@ from asr.data.manifest import (
     read_manifest,
     validate_manifest,
 )
-from asr.explore.records import RecordWriter, remove_records
+from asr.explore.records import (
+    ATTENTION,
+    LAYOUT,
+    METRICS,
+    PAGE,
+    RECORDS,
+    RecordWriter,
+    remove_records,
+)
 from asr.metrics import (
     Calibration,
     ErrorCounts,
@@ -102,6 +110,7 @@ def evaluate(
     out_dir = Path(out_dir)
     if out_dir.exists() and not out_dir.is_dir():
         raise NotADirectoryError(f"{out_dir}: a file; the output is a folder of reports")
+    _check_reports_free(out_dir, plots=bool(chosen))
     out_dir.mkdir(parents=True, exist_ok=True)
     writer = RecordWriter(out_dir, record_layout(recognizer)) if records else None
     search = options
@@ -544,6 +553,29 @@ def error_report(results: Sequence[ScoredUtterance]) -> str:
     return "\n".join(lines) + "\n"
 
 
+# What a decode writes into its folder, files then folders: each checked before decoding,
+# as one in the way stopped the run halfway and left new reports beside old ones
+REPORTS = ("hyp.txt", "ref.txt", "errors.txt", METRICS, "reliability.png", RECORDS, ATTENTION,
+           LAYOUT, PAGE)  # fmt: skip
+PLOTS = "alignments"
+
+
+def _check_reports_free(out_dir: Path, plots: bool) -> None:
+    """IsADirectoryError or NotADirectoryError naming a report's path that is taken by a
+    thing of the other kind (the plots' folder only where there are `plots`)."""
+    for name in REPORTS:
+        if (out_dir / name).is_dir():
+            raise IsADirectoryError(
+                f"{out_dir / name}: a folder where the report is written: move it, or give "
+                "another --out"
+            )
+    if plots and (out_dir / PLOTS).exists() and not (out_dir / PLOTS).is_dir():
+        raise NotADirectoryError(
+            f"{out_dir / PLOTS}: a file where the folder of plots goes: move it, or give "
+            "another --out"
+        )
+
+
 def _frequent(title: str, counts: Counter, name) -> list[str]:
     lines = [f"# Most frequent {title}: count"]
     lines += [f"{count:6d}  {name(key)}" for key, count in counts.most_common(TOP_ERRORS)]
@@ -559,7 +591,7 @@ def _plot(
     """Attention plots of the hypotheses of `utterances`, by teacher forcing."""
     from asr.plotting import save_alignment_plots  # matplotlib: only when plotting
 
-    for stale in (out_dir / "alignments").glob("*.png"):  # an earlier decode's into this folder
+    for stale in (out_dir / PLOTS).glob("*.png"):  # an earlier decode's into this folder
         stale.unlink()
     by_id = {r.utt_id: r for r in results}
     for utterance in utterances:
@@ -567,5 +599,5 @@ def _plot(
         alignment = recognizer.align_tokens(_load(recognizer, utterance), result.tokens)
         title = f"{utterance.utt_id}\nREF: {result.ref}\nHYP: {result.hyp}"
         save_alignment_plots(
-            recognizer, alignment, out_dir / "alignments" / f"{utterance.utt_id}.png", title
+            recognizer, alignment, out_dir / PLOTS / f"{utterance.utt_id}.png", title
         )

@@ -244,6 +244,26 @@ def test_left_out_lines_leave_no_words_to_score_or_ids_to_plot(tmp_path, caplog)
     assert "not plotting ids ['gone']" in caplog.text
 
 
+@pytest.mark.parametrize("taken", ["alignments", "metrics.json", "hyp.txt"])
+def test_a_report_path_taken_by_the_other_kind_is_named_before_decoding(tmp_path, taken):
+    """A file where the plots' folder goes (or a folder where a report goes) stopped the run
+    after decoding with a bare errno, the new hyp.txt beside the old metrics.json."""
+    recognizer, _ = _overfit_recognizer(str(WAV))
+    manifest = _manifest(tmp_path / "m.jsonl", UTTERANCES)
+    out = tmp_path / "eval"
+    out.mkdir()
+    if taken == "alignments":
+        (out / taken).write_text("x")
+    else:
+        (out / taken).mkdir()
+    kind = NotADirectoryError if taken == "alignments" else IsADirectoryError
+    with pytest.raises(kind, match=rf"^{out / taken}: a (file|folder) where"):
+        evaluate(recognizer, manifest, out, progress=False)
+    assert sorted(p.name for p in out.iterdir()) == [taken], "nothing written"
+    if taken == "alignments":  # no plots: nothing goes there
+        assert evaluate(recognizer, manifest, out, plots=0, progress=False)["wer"] == 0.0
+
+
 def test_a_decode_without_hypothesis_words_leaves_no_earlier_reliability_plot(tmp_path):
     """Every hypothesis empty: no calibration, and the plot of an earlier decode into the
     folder must not stay beside this one's metrics."""
