@@ -199,16 +199,20 @@ def read_training_log(run: str | os.PathLike) -> dict[str, Curve]:
     curves: dict[str, dict[int, float]] = {}
     for file in files:
         with open(file, newline="") as f:
-            for number, row in enumerate(csv.DictReader(f), start=2):
-                try:
-                    for name, value in row.items():
-                        if name not in ("epoch", "step") and value:
-                            curves.setdefault(name, {})[int(row["step"])] = float(value)
-                except (KeyError, TypeError, ValueError):
-                    raise ValueError(
-                        f"{file}:{number}: not a training log (a metrics.csv with a step column "
-                        "and numbers)"
-                    ) from None
+            lines = f.read().splitlines(keepends=True)
+        if lines and not lines[-1].endswith(("\n", "\r")):  # a run killed as it wrote it
+            log.warning("%s:%d: a line cut short, left out", file, len(lines))
+            lines.pop()
+        for number, row in enumerate(csv.DictReader(lines), start=2):
+            try:
+                for name, value in row.items():
+                    if name not in ("epoch", "step") and value:
+                        curves.setdefault(name, {})[int(row["step"])] = float(value)
+            except (KeyError, TypeError, ValueError):
+                raise ValueError(
+                    f"{file}:{number}: not a training log (a metrics.csv with a step column "
+                    "and numbers)"
+                ) from None
     return {name: sorted(points.items()) for name, points in curves.items()}
 
 

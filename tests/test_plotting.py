@@ -46,6 +46,15 @@ def test_versions_are_ordered_by_their_own_folder_name(tmp_path: Path) -> None:
     assert read_training_log(run)["val/loss"] == [(100, 11.0)], "the last version's value"
 
 
+def test_a_last_line_cut_short_is_left_out_and_said(tmp_path: Path, caplog) -> None:
+    """A run killed as its logger wrote a row: `0.42` of `0.4243` was plotted as the value."""
+    write_log(tmp_path, 0, ["0,10,,3.0,2.0"])
+    log = tmp_path / "logs/version_0/metrics.csv"
+    log.write_text(log.read_text() + "0,20,,0.4")  # no newline: cut as it was written
+    assert read_training_log(tmp_path)["val/loss"] == [(10, 3.0)]
+    assert f"{log}:3: a line cut short, left out" in caplog.text
+
+
 def test_missing_log_names_the_folder(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match=str(tmp_path)):
         read_training_log(tmp_path)
