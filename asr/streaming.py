@@ -174,6 +174,10 @@ def streaming_encoder(recognizer: Recognizer, chunked: bool) -> torch.nn.Module:
     return encoder
 
 
+LEVELLED = "the model's frontend normalises each utterance's level, which needs the whole recording"
+UNLEVELLED = "a config without `level` (conf/<corpus>/conformer_streaming.yaml)"
+
+
 def check_streamable_frontend(recognizer: Recognizer) -> None:
     """ValueError naming the checkpoint where the frontend needs the whole recording."""
     try:
@@ -195,6 +199,11 @@ def mask_chunks(recognizer: Recognizer, chunk_ms: float | None) -> None:
         if hasattr(recognizer.model.encoder, "chunk"):
             recognizer.model.encoder.chunk = None
         return
+    if getattr(recognizer.model.frontend, "level", None) is not None:  # offline at 0, though
+        raise ValueError(
+            f"{recognizer.checkpoint}: {LEVELLED}: it cannot stream, so no chunk size measures "
+            f"a live decode of it: score it at full context (--chunk-ms 0), or train {UNLEVELLED}"
+        )
     check_streamable_frontend(recognizer)  # else no live decode gives what this measures
     encoder = streaming_encoder(recognizer, chunked=True)
     if not hasattr(encoder, "chunk"):  # an ONNX graph, traced at full context
@@ -212,10 +221,9 @@ class FeatureStream:
     def __init__(self, frontend: torch.nn.Module) -> None:
         if getattr(frontend, "level", None) is not None:
             raise ValueError(
-                "the model's frontend normalises each utterance's level, which needs the whole "
-                "recording: it cannot stream, at full context (--chunk-ms 0) neither, as "
+                f"{LEVELLED}: it cannot stream, at full context (--chunk-ms 0) neither, as "
                 "features are made while audio arrives; `asr transcribe` decodes it, or train "
-                "a config without `level` (conf/<corpus>/conformer_streaming.yaml)"
+                f"{UNLEVELLED}"
             )
         normalize = getattr(frontend, "normalize", None)
         if normalize is not None and not isinstance(normalize, GlobalCMVN):

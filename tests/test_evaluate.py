@@ -79,8 +79,9 @@ def test_chunk_masks_refuse_a_model_that_cannot_stream():
     """Its level normaliser needs the whole recording: no live decode gives such a WER."""
     recognizer = copy.deepcopy(_overfit_recognizer(str(WAV))[0])
     recognizer.model.frontend.level = LevelNormalizer()
-    with pytest.raises(ValueError, match="normalises each utterance's level"):
+    with pytest.raises(ValueError, match="normalises each utterance's level") as refused:
         mask_chunks(recognizer, 160)
+    assert "score it at full context (--chunk-ms 0)" in str(refused.value)  # which works
     mask_chunks(recognizer, 0)  # full context, as `asr evaluate --chunk-ms 0` asks
     for bad in (-1, float("nan"), float("inf")):  # named, before anything about the model
         with pytest.raises(ValueError, match=f"chunk_ms must be positive .*, got {bad}"):
