@@ -42,7 +42,7 @@ from asr.explore.records import (
 from asr.metrics import WordAlignment
 from asr.text import SPACE_PIECE
 from asr.timing import word_index
-from asr.writers import file_there
+from asr.writers import file_there, write_text_atomically
 
 log = logging.getLogger(__name__)
 
@@ -148,7 +148,10 @@ def explore(
     }
     data = gather[kind](folder, _Media(out.parent, link_audio, _Budget(max_mb)), progress)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(build_page(data), encoding="utf-8", errors="backslashreplace")  # as writers
+    try:  # a full disk or a Ctrl-C leaves the earlier page whole, not half of this one
+        write_text_atomically(out, build_page(data))
+    except OSError as err:
+        raise ValueError(f"{out}: cannot write the page ({err.strerror or err})") from None
     return out
 
 
@@ -963,7 +966,22 @@ def _read_transcript(path: Path) -> dict[str, Any]:
     if not _is_transcript(data):
         what = "no text and segments" if isinstance(data, dict) else "not a JSON object"
         raise ValueError(f"not a transcript of `asr transcribe` ({what})")
+    segments = data["segments"]
+    for k, segment in enumerate(segments, start=1):  # of several, a row each on its stretch
+        if not isinstance(segment, dict):
+            raise ValueError(f"not a transcript of `asr transcribe` (segment {k} is no object)")
+        bounds = [segment.get(b) for b in ("start", "end")]
+        if len(segments) > 1 and not all(_seconds(b) for b in bounds):
+            raise ValueError(
+                f"not a transcript of `asr transcribe` (segment {k} has no start and end in "
+                "seconds)"
+            )
     return data
+
+
+def _seconds(value: Any) -> bool:
+    """Whether `value` is a finite number (JSON's NaN and Infinity are read as None)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _is_transcript_file(path: Path) -> bool:

@@ -6,8 +6,10 @@ The page's behaviour in a browser is tested in test_browser.py.
 from __future__ import annotations
 
 import base64
+import errno
 import io
 import json
+import math
 import os
 import shutil
 import zlib
@@ -625,6 +627,51 @@ def test_only_transcripts_make_a_transcription_folder(tmp_path, capsys):
         in page["notes"]  # fmt: skip
     assert "config.json: skipped, not a transcript of `asr transcribe` (no text and segments)" \
         in page["notes"]  # fmt: skip
+
+
+def test_a_transcript_whose_segments_have_no_times_is_skipped_and_said(tmp_path):
+    """Of several segments, one with a NaN (read as absent) or missing bound, or one that is
+    no object, stopped the build with a traceback where the rows' stretches of audio are cut.
+    A transcript of one segment is a row of its own: its bounds are not read."""
+    wav = next(WAV.rglob("*.wav"))
+    (tmp_path / "good.json").write_text(_transcript(wav))
+    fine = {"start": 0.0, "end": 1.0, "text": "YES"}
+    bad = {"nan": [fine, {"start": math.nan, "end": 1.0}], "no-end": [{"start": 0.0}, fine],
+           "none": [None], "one": [{"start": math.nan}]}  # fmt: skip
+    for name, segments in bad.items():
+        data = json.loads(_transcript(wav))
+        data["segments"] = segments
+        (tmp_path / f"{name}.json").write_text(json.dumps(data))  # NaN as JSON's NaN
+    page = page_data(explore(tmp_path, progress=False).read_text())
+    assert [u["id"] for u in page["utterances"]] == ["good", "one"]
+    said = "skipped, not a transcript of `asr transcribe`"
+    for name in ("nan", "no-end"):
+        k = 2 if name == "nan" else 1
+        assert f"{name}.json: {said} (segment {k} has no start and end in seconds)" in page["notes"]
+    assert f"none.json: {said} (segment 1 is no object)" in page["notes"]
+
+
+def test_a_page_that_cannot_be_written_leaves_the_earlier_one_whole(tmp_path, monkeypatch):
+    """A full disk stopped the write halfway: the earlier page was lost, half of this one
+    left, and the error named no file. A link as --out is replaced, not what it leads to."""
+    (tmp_path / "talk.json").write_text(_transcript(next(WAV.rglob("*.wav"))))
+    page = tmp_path / "explorer.html"
+    page.write_text("the earlier page")
+
+    def full(*_):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(os, "replace", full)
+        with pytest.raises(ValueError, match=rf"^{page}: cannot write the page \(No space left"):
+            explore(tmp_path, progress=False)
+    assert page.read_text() == "the earlier page"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["explorer.html", "talk.json"]
+    kept = tmp_path / "kept.txt"
+    kept.write_text("not a page")
+    (tmp_path / "link.html").symlink_to(kept)
+    explore(tmp_path, out=tmp_path / "link.html", progress=False)
+    assert kept.read_text() == "not a page" and not (tmp_path / "link.html").is_symlink()
 
 
 def test_a_transcript_named_like_the_layout_is_a_row(tmp_path):
