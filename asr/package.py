@@ -212,7 +212,10 @@ def read_package(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], dict
     if not tokenizer.is_dir():
         raise CheckpointError(f"{folder}: no {TOKENIZER_DIR}/ folder in the model package")
     payload = {k: v for k, v in config.items() if k not in ("format", "format_version")}
-    payload["tokenizer"] = {p.name: _encoded(p) for p in tokenizer.iterdir()}
+    files = [p for p in tokenizer.iterdir() if not p.is_dir()]  # not Jupyter's checkpoints
+    for file in files:  # a SentencePiece model is stored in LFS too
+        _refuse_lfs_pointer(file)
+    payload["tokenizer"] = {p.name: _encoded(p) for p in files}
     payload["assets"] = {name: _encoded_asset(folder, name) for name in config.get("assets", [])}
     Tokenizer.load(tokenizer)  # a damaged file named as the package holds it
     return read_safetensors(_weights_file(folder)), payload
@@ -274,6 +277,18 @@ def _remember_revision(snapshot: Path, revision: str, commit: str) -> None:
         scratch.unlink(missing_ok=True)
 
 
+def _refuse_lfs_pointer(path: Path) -> None:
+    """CheckpointError where `path` is the pointer file of a Hub repository cloned without
+    git-lfs (weights and SentencePiece models are stored in LFS), not the file itself."""
+    if path.is_file():  # else said as missing, where it is read
+        with open(path, "rb") as f:
+            if f.read(64).startswith(b"version https://git-lfs"):
+                raise CheckpointError(
+                    f"{path}: a Git LFS pointer, not the file: fetch it (`git lfs pull` in the "
+                    "clone, or load the model as hf://owner/name)"
+                )
+
+
 def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
     """The tensors of a safetensors file, tied names restored; pickles are refused."""
     from safetensors import SafetensorError, safe_open
@@ -284,6 +299,7 @@ def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
     # file is not that are its first bytes read as pickle protocol >= 2 or torch.save's zip
     # (the length's low byte can be 0x80 too). safe_open never unpickles; this names the file.
     safetensors = len(head) == 9 and head[8:] == b"{"
+    _refuse_lfs_pointer(path)
     if not safetensors and (head[:1] == b"\x80" or head[:4] == b"PK\x03\x04"):
         raise CheckpointError(
             f"{path}: refused to load: it is a pickle (torch.save) file, not safetensors, and "

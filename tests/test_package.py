@@ -828,6 +828,21 @@ def test_importing_the_recognizer_leaves_safetensors_and_the_hub_unimported():
 def test_a_package_folder_copies_and_loads_anywhere(package, tmp_path):
     moved = shutil.copytree(package, tmp_path / "elsewhere" / "model")
     assert asr.load_model(moved).transcribe(_waves()[0]).text == "YES"
+    # what Jupyter or an editor leaves beside the tokenizer refused the package
+    (moved / "tokenizer" / ".ipynb_checkpoints").mkdir()
+    assert asr.load_model(moved).transcribe(_waves()[0]).text == "YES"
+
+
+def test_weights_cloned_without_git_lfs_are_named_as_a_pointer(package):
+    """A Hub repository cloned without git-lfs holds the weights' pointer file: its 'header
+    too large' said nothing of that."""
+    pointer = "version https://git-lfs.github.com/spec/v1\noid sha256:4d7a\nsize 123456\n"
+    (package / WEIGHTS_FILE).write_text(pointer)
+    with pytest.raises(CheckpointError, match=r"model\.safetensors: a Git LFS pointer, not the"):
+        asr.load_model(package)
+    (package / "tokenizer" / "tokenizer.model").write_text(pointer)  # a BPE model's, read first
+    with pytest.raises(CheckpointError, match=r"tokenizer\.model: a Git LFS pointer, not the"):
+        asr.load_model(package)
 
 
 def _scored_metrics(folder: Path, checkpoint: str) -> Path:
