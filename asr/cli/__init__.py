@@ -33,6 +33,7 @@ import argparse
 import contextlib
 import logging
 import os
+import re
 import signal
 import sys
 from collections.abc import Sequence
@@ -849,6 +850,7 @@ def _picture_file(text: str) -> str:
     suffix says), in a folder that is no file."""
     from matplotlib.backend_bases import FigureCanvasBase
 
+    text = os.path.expanduser(text)  # a quoted ~/: checked where it will be written
     path = Path(text)
     # pgf needs a LaTeX install, which the plot would fail on after all the work
     formats = set(FigureCanvasBase.get_supported_filetypes()) - {"pgf"}
@@ -931,8 +933,9 @@ def _repo_id(text: str) -> str:
 
 
 def _licence(text: str) -> str:
-    """An argparse type: a Hub licence id, one word (apache-2.0, cc-by-4.0, other)."""
-    if not text or any(c.isspace() for c in text):
+    """An argparse type: a Hub licence id (apache-2.0, cc-by-4.0, openrail++, other), which the
+    model card's YAML front matter takes as it is."""
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9.+_-]*", text):
         raise argparse.ArgumentTypeError(f"must be a licence id such as apache-2.0, got {text!r}")
     return text
 
@@ -1795,6 +1798,21 @@ def _stdin_read_at_once(command: str | None, argv: Sequence[str]):
         return None
 
 
+# Options that name files or folders. A quoted `~/...` is read as a shell gives it: an input
+# as load_model reads it and as written back (finalize), an output not as a folder named `~`
+# that the next command, given the same `~/...`, would not find.
+PATH_OPTIONS = ("audio", "runs", "folder", "checkpoint", "checkpoints", "last", "lm", "manifest",
+                "tokenizer", "data_dir", "calibration", "metrics", "compare", "config", "out",
+                "output_dir", "report", "certfile", "keyfile", "cafile")  # fmt: skip
+
+
+def _home_expanded(value: str | list) -> str | list:
+    """`value` (or each of a list's strings) with a leading `~` read as the home folder."""
+    if isinstance(value, list):
+        return [_home_expanded(v) if isinstance(v, str) else v for v in value]
+    return os.path.expanduser(value) if value.startswith("~") else value
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in LIGHTNING_COMMANDS:
@@ -1812,9 +1830,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     if stdin is not None:
         args.stdin_pcm = stdin
-    for name in ("checkpoint", "lm"):  # quoted `~/...`: as load_model reads it, and as written
-        if str(getattr(args, name, None)).startswith("~"):  # back (finalize)
-            setattr(args, name, os.path.expanduser(getattr(args, name)))
+    for name in PATH_OPTIONS:
+        value = getattr(args, name, None)
+        if isinstance(value, (str, list)):
+            setattr(args, name, _home_expanded(value))
     try:
         with warnings_said_by(args.command):
             return args.run(args)

@@ -3,6 +3,8 @@ parsing, naming the option), and options given without the one they need."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from asr.cli import main
@@ -62,6 +64,10 @@ AT_LEAST_1 = "must be at least 1, got"
          "must be owner/name as the Hub takes it: 'not a repo' is not owner/name"),
         (["export", "--checkpoint", "m.ckpt", "--out", "o", "--license", ""],
          "must be a licence id such as apache-2.0, got ''"),
+        (["export", "--checkpoint", "m.ckpt", "--out", "o", "--license", "[mit"],
+         "must be a licence id such as apache-2.0, got '[mit'"),  # it broke the card's YAML
+        (["export", "--checkpoint", "m.ckpt", "--out", "o", "--license", "#apache"],
+         "must be a licence id such as apache-2.0, got '#apache'"),
     ],
 )  # fmt: skip
 def test_an_out_of_range_number_stops_at_parsing(argv, said, capsys) -> None:
@@ -71,6 +77,24 @@ def test_an_out_of_range_number_stops_at_parsing(argv, said, capsys) -> None:
     assert stopped.value.code == 2
     expected = f"asr {argv[0]}: error: argument {option}: {said}"
     assert capsys.readouterr().err.splitlines()[-1] == expected
+
+
+def test_a_quoted_tilde_in_an_output_is_the_home_folder(tmp_path, monkeypatch) -> None:
+    """As in --checkpoint: a folder named `~` in the working folder was written, which the
+    next command, given the same `~/...`, looked for at home."""
+    from asr.cli import _picture_file
+
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(tmp_path)
+    line = {"audio_filepath": "/a.wav", "duration": 1.0, "text": "YES", "id": "a"}
+    (home / "m.jsonl").write_text(json.dumps(line) + "\n")
+    # --manifest is a list of inputs: each one read from home too
+    assert main(["tokenizer", "--manifest", "~/m.jsonl", "--out", "~/tok"]) == 0
+    assert (home / "tok" / "tokenizer.json").is_file()
+    assert not (tmp_path / "~").exists()
+    assert _picture_file("~/plot.png") == str(home / "plot.png"), "checked where it is written"
 
 
 def test_a_vocabulary_size_for_characters_is_refused(tmp_path, capsys) -> None:
