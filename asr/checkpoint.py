@@ -35,6 +35,10 @@ class CheckpointError(ValueError):
 def load_checkpoint(path: str | os.PathLike, mmap: bool = False) -> dict[str, Any]:
     """Load a checkpoint with `weights_only=True`: tensors and plain containers, never code;
     `mmap` maps its tensors rather than read them (a look at its keys)."""
+    if str(path).startswith("hf://"):  # Path() would make it hf:/..., no such file either
+        raise FileNotFoundError(
+            f"{path}: hf:// names a model package (--model); here a checkpoint file is read"
+        )
     path = Path(path)
     if not path.is_file():
         what = "a folder, not a checkpoint file" if path.is_dir() else "no such checkpoint"

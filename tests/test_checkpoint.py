@@ -23,6 +23,12 @@ class _RunsCode:
         return (os.system, ("echo pwned",))
 
 
+def test_an_hf_name_where_a_checkpoint_file_is_read_says_so():
+    """`--lm hf://me/lm` said `hf:/me/lm: no such checkpoint`, one slash gone."""
+    with pytest.raises(FileNotFoundError, match=r"^hf://me/lm: hf:// names a model package"):
+        load_checkpoint("hf://me/lm")
+
+
 def test_crafted_pickle_is_refused(tmp_path):
     path = tmp_path / "evil.ckpt"
     with open(path, "wb") as f:
