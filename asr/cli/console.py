@@ -24,7 +24,7 @@ CONTAINERS = ((b"fLaC", "FLAC"), (b"OggS", "Ogg"), (b"ID3", "MP3"), (b"FORM", "A
               (b"caff", "CAF"), (b".snd", "AU"), (b"NIST_1A", "SPHERE"), (b"RF64", "RF64 WAV"),
               (b"RIFX", "big-endian WAV"), (b"riff", "Wave64"),
               (b"\x1aE\xdf\xa3", "Matroska or WebM"))  # fmt: skip
-HEAD_BYTES = 1 << 12  # a WAV header longer than this is not one `arecord` writes
+HEAD_BYTES = 1 << 20  # a WAV header longer than this is none (metadata chunks run to kB)
 READ_BYTES = 1 << 16  # one read of stdin at most: what a pipe holds
 BUFFER_BYTES = 1 << 20  # 33 s of 16 kHz PCM may wait to be decoded; then the source waits
 
@@ -134,34 +134,43 @@ def _header_length(head: bytes, rate: int, complete: bool) -> int | None:
                 f"{rate} -)"
             )
         return 0
+    if len(head) >= 12 and head[8:12] != b"WAVE":
+        raise ValueError(_NOT_WAV)
     at, found = 12, None
-    while at + 8 <= len(head) and head[8:12] == b"WAVE":
+    while at + 8 <= len(head):
         chunk, size = head[at : at + 4], int.from_bytes(head[at + 4 : at + 8], "little")
+        # what no WAV header holds is refused now, not after a megabyte of a live source
+        if not all(32 <= c < 127 for c in chunk):
+            raise ValueError(_NOT_WAV)
         if chunk == b"data":
-            if found is None:
-                break
-            tag, channels, hz, bits = found
-            if tag in (1, 0xFFFE) and (channels, hz, bits) == (1, rate, 16):
-                return at + 8
-            raise ValueError(
-                f"- is 16-bit mono PCM at {rate} Hz, and stdin is a WAV stream of {bits}-bit "
-                f"samples, {channels} channel(s) at {hz} Hz: record it so (arecord -f S16_LE "
-                f"-r {rate} -c 1), or decode it (ffmpeg -i - -f s16le -ac 1 -ar {rate} -)"
-            )
+            if found is None:  # samples of no format
+                raise ValueError(_NOT_WAV)
+            return at + 8
+        if at + 8 + size > HEAD_BYTES:
+            raise ValueError(_NOT_WAV)
         if chunk == b"fmt ":
             if at + 8 + 16 > len(head):
                 break
             body = head[at + 8 : at + 24]
             tag, channels, hz, bits = (int.from_bytes(body[a:b], "little")
                                        for a, b in ((0, 2), (2, 4), (4, 8), (14, 16)))  # fmt: skip
+            if tag not in (1, 0xFFFE) or (channels, hz, bits) != (1, rate, 16):
+                raise ValueError(
+                    f"- is 16-bit mono PCM at {rate} Hz, and stdin is a WAV stream of {bits}-bit "
+                    f"samples, {channels} channel(s) at {hz} Hz: record it so (arecord -f S16_LE "
+                    f"-r {rate} -c 1), or decode it (ffmpeg -i - -f s16le -ac 1 -ar {rate} -)"
+                )
             found = tag, channels, hz, bits
         at += 8 + size + size % 2
-    if not complete and len(head) < HEAD_BYTES and (len(head) < 12 or head[8:12] == b"WAVE"):
+    if not complete:
         return None
-    raise ValueError(
-        "- is raw 16-bit mono PCM, and stdin begins as a RIFF file does, whose header could "
-        "not be read as WAV: give the file's path"
-    )
+    raise ValueError(_NOT_WAV)
+
+
+_NOT_WAV = (
+    "- is raw 16-bit mono PCM, and stdin begins as a RIFF file does, whose header could not be "
+    "read as WAV: give the file's path"
+)
 
 
 @contextlib.contextmanager

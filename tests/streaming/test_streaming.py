@@ -742,6 +742,30 @@ def test_the_wav_header_arecord_writes_is_skipped(monkeypatch) -> None:
         assert b"".join(stdin.pieces(16000, [])) == data
 
 
+def test_a_wav_header_with_metadata_is_read_however_its_bytes_come() -> None:
+    """A header with a LIST chunk of 5 kB before the samples: read whole when stdin gave it at
+    once, refused as no WAV when the first 5,000 bytes came alone (a slow source)."""
+    import struct
+
+    from asr.cli.console import _header_length
+
+    plain = wav_header()
+    info = b"LIST" + struct.pack("<I", 5000) + bytes(5000)
+    header = plain[:36] + info + plain[36:]  # before `data`, as broadcast recorders write it
+    assert _header_length(header + bytes(640), 16000, complete=False) == len(header)
+    for cut in (3000, 5000, len(header) - 1):
+        assert _header_length(header[:cut], 16000, complete=False) is None, cut
+    # what no WAV header holds is refused at once, not after a megabyte of a live source
+    junk = b"JUNK" + struct.pack("<I", 0xFFFFFF00)  # a size past any header
+    never = {"garbage size": plain[:36] + junk, "zeros": plain[:12] + bytes(64),
+             "samples before their format": plain[:12] + b"data" + bytes(64),
+             "a format of others": wav_header(rate=8000)[:36] + info[:8]}  # fmt: skip
+    for what, head in never.items():
+        with pytest.raises(ValueError, match="stdin (begins as a RIFF|is a WAV stream of)"):
+            _header_length(head, 16000, complete=False)
+            pytest.fail(what)
+
+
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize(
     ("head", "said"),
