@@ -24,6 +24,9 @@ NEG_INF = float("-inf")
 # Weights where the model has a CTC head, or an LM is given, and none is set.
 DEFAULT_CTC_WEIGHT = 0.3
 DEFAULT_LM_WEIGHT = 0.3
+# A live stream's, of a model that stores no search of its own (asr.streaming): rescoring
+# CTC prefixes leans on CTC more than a joint beam search does.
+STREAM_BEAM, STREAM_CTC_WEIGHT = 10, 0.5
 COMPACT_FINISHED = 0.25  # searches drop ended utterances once they are this share of the batch
 
 

@@ -45,7 +45,14 @@ from asr.models.blocks import min_input_length
 from asr.models.chunking import EncoderCache, streaming_problem
 from asr.precision import autocast, input_dtype
 from asr.results import Decoded, Transcript
-from asr.search import MAX_LM_WEIGHT, Hypothesis, LanguageModel, check_language_model
+from asr.search import (
+    MAX_LM_WEIGHT,
+    STREAM_BEAM,
+    STREAM_CTC_WEIGHT,
+    Hypothesis,
+    LanguageModel,
+    check_language_model,
+)
 from asr.segment import Span
 from asr.text import PAD_ID, SOS_EOS_ID
 from asr.transcribe import join_segments
@@ -56,7 +63,6 @@ if TYPE_CHECKING:
 
 
 FINAL_SEARCHES = ("rescore", "beam")
-STREAM_BEAM, STREAM_CTC_WEIGHT = 10, 0.5  # of a model that stores no search of its own
 
 
 @dataclass(frozen=True)

@@ -958,8 +958,11 @@ def _add_model_argument(p: argparse.ArgumentParser, text: str = MODEL_HELP) -> N
     )
 
 
-def _add_search_arguments(p: argparse.ArgumentParser, model_help: str = MODEL_HELP) -> None:
-    from asr.search import DEFAULT_CTC_WEIGHT, SearchOptions
+def _add_search_arguments(
+    p: argparse.ArgumentParser, model_help: str = MODEL_HELP, streaming: bool = False
+) -> None:
+    """The search's options; `streaming`: a command that also decodes live (its defaults)."""
+    from asr.search import DEFAULT_CTC_WEIGHT, STREAM_CTC_WEIGHT, SearchOptions
 
     _add_model_argument(p, model_help)
     own = "default: the checkpoint's own (asr finalize), else"
@@ -969,7 +972,10 @@ def _add_search_arguments(p: argparse.ArgumentParser, model_help: str = MODEL_HE
         type=count,
         help=f"hypotheses kept; 1 without CTC or LM = greedy ({own} {beam})",
     )
-    p.add_argument("--ctc-weight", type=weight, help=f"CTC weight ({own} {ctc} with a CTC head)")
+    rescoring = f"; --streaming --final-search rescore: {STREAM_CTC_WEIGHT}" if streaming else ""
+    p.add_argument(
+        "--ctc-weight", type=weight, help=f"CTC weight ({own} {ctc} with a CTC head{rescoring})"
+    )
     p.add_argument("--length-bonus", type=number, help=f"score per output token ({own} 0)")
     p.add_argument(
         "--max-len-ratio", type=positive, help=f"tokens per encoder frame ({own} {ratio})"
@@ -989,12 +995,13 @@ def _add_decoding_arguments(
     model_help: str = MODEL_HELP,
     fusion: bool = True,
     backend: bool = True,
+    streaming: bool = False,
 ) -> None:
     """The search arguments, with (`fusion`) `--lm` and `--lm-weight`, and the device's (with
-    `backend`, --backend)."""
+    `backend`, --backend); `streaming` as `_add_search_arguments`."""
     from asr.search import DEFAULT_LM_WEIGHT
 
-    _add_search_arguments(p, model_help)
+    _add_search_arguments(p, model_help, streaming)
     if fusion:
         p.add_argument("--lm", help="language model checkpoint for shallow fusion")
         p.add_argument(
@@ -1354,7 +1361,7 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
             help="a JSONL manifest to transcribe, whatever its suffix (as a .jsonl input is); "
             "repeatable; after the positional inputs",
         )
-        _add_decoding_arguments(p)
+        _add_decoding_arguments(p, streaming=True)
         p.set_defaults(batch_size=None)  # asr.transcribe.TRANSCRIBE_BATCH_SIZE
         p.add_argument(
             "--format",
