@@ -623,8 +623,10 @@ class Stream:
         does not run on through the silence."""
         trim = max(0.0, silence - SPEECH_TAIL)
         start = self.utterance_start
-        stop = self.consumed * self.features.hop / self.sample_rate - trim
-        end = max(start, min(stop, self.seconds))
+        consumed = self.consumed * self.features.hop / self.sample_rate
+        # the silence ends where it was measured: Silero's at the window's last sample
+        stop = (self.decoded_seconds if self.vad is not None else consumed) - trim
+        end = max(start, min(stop, consumed, self.seconds))
         nbest = self.search.nbest(self.engine.options.beam)
         if self.enc and any(tokens for tokens, _ in nbest):
             enc, ctc = torch.cat(self.enc), torch.cat(self.ctc)

@@ -28,6 +28,7 @@ from asr.ctc_beam import CTCPrefixBeam, EndpointOptions
 from asr.frontends import Frontend, LevelNormalizer, LogMelFilterbank
 from asr.search import SearchOptions
 from asr.streaming import (
+    SPEECH_TAIL,
     FeatureStream,
     StreamingEngine,
     StreamOptions,
@@ -253,6 +254,9 @@ def test_an_endpoint_closes_each_utterance_and_the_next_starts_afresh(
     # its span (its last word's end with it) ends with its speech, not with the silence that
     # closed it
     assert spans[0][1] < gap_start + 0.35 < closed_at[0]
+    if silence_from == "silero":  # the tail after Silero's speech, wherever a chunk ends
+        heard = gap_start + 1.0 - stream.vad.silence(gap_start + 1.0)
+        assert spans[0][1] == pytest.approx(heard + SPEECH_TAIL, abs=1e-6)
     at_once = recognizer.stream(options).accept(audio)  # the VAD reads far ahead of the decoder
     assert [(f.text, f.segments[0].start) for f in at_once] == [
         (f.text, f.segments[0].start) for f in finals
