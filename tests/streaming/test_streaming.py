@@ -847,14 +847,14 @@ def test_ctrl_c_to_a_real_process_reading_a_pipe(tiny_checkpoint, an4_fixture) -
         first = process.stdout.readline().decode()
         time.sleep(1.0)  # the rest decoded: the command now waits for more audio
         os.kill(process.pid, signal.SIGINT)
-        start = time.monotonic()
-        process.wait(timeout=10)  # stdin still open: communicate() would close it
-        stopped = time.monotonic() - start
+        try:  # stdin still open (communicate() would close it): a held reader never returns
+            process.wait(timeout=30)  # a bound a busy machine's slow exit stays within
+        except subprocess.TimeoutExpired:
+            pytest.fail("the command waited for its source")
     finally:
         process.kill()
         process.stdin.close()
     assert process.returncode == 130, process.stderr.read().decode()
-    assert stopped < 5, "the command waited for its source"
     silero = EndpointOptions(silence_from="silero")  # hears the pause whatever the model says
     options = StreamOptions(final_search="beam", endpoint=silero)
     expected = stream_transcript(load_model(checkpoint), heard, options)
