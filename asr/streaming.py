@@ -112,6 +112,11 @@ class StreamOptions:
                 f"{', '.join(chunked_only)}: settings of chunks, and chunk_ms None decodes at "
                 "full context"
             )
+        if self.chunk_ms is None and self.endpoint and self.endpoint.silence_from == "silero":
+            raise ValueError(
+                "silence_from='silero' hears the silence between chunks, and chunk_ms None "
+                "decodes nothing before an utterance ends"
+            )
         if None not in (self.chunk_ms, self.first_chunk_ms) and self.first_chunk_ms < self.chunk_ms:
             raise ValueError(
                 f"first_chunk_ms ({self.first_chunk_ms:g}) must be at least chunk_ms "

@@ -112,6 +112,14 @@ def stream_options(args: argparse.Namespace) -> StreamOptions:
     chunked = [o for o in ("--first-chunk-ms", "--max-context-ms") if o in args.live_options]
     if not args.chunk_ms and chunked:
         raise ValueError(f"{', '.join(chunked)}: settings of chunks; --chunk-ms 0 has none")
+    unheard = ["--endpoint-silence"] if "--endpoint-silence" in args.live_options else []
+    unheard += ["--silence-from"] if args.silence_from != EndpointOptions.silence_from else []
+    if not args.chunk_ms and endpoint is not None and unheard:
+        raise ValueError(
+            f"{', '.join(unheard)}: --chunk-ms 0 decodes nothing before an utterance ends, so "
+            f"hears no silence (an utterance is cut at {EndpointOptions.max_utterance:g} s; "
+            "--endpoint-silence 0 makes the recording one)"
+        )
     given = {"beam": args.beam_size, "ctc_weight": args.ctc_weight, "lm_weight": lm_weight}
     try:
         return StreamOptions(

@@ -1021,6 +1021,12 @@ def test_search_options_streaming_does_not_take_are_refused(capsys) -> None:
                 "--first-chunk-ms, --max-context-ms: settings of chunks; --chunk-ms 0 has none"),
                (["--endpoint-silence", "0", "--silence-from", "silero"],
                 "--silence-from hears the silence of endpoints: --endpoint-silence 0 has none"),
+               (["--chunk-ms", "0", "--endpoint-silence", "1.5", "--silence-from", "silero"],
+                "--endpoint-silence, --silence-from: --chunk-ms 0 decodes nothing before an "
+                "utterance ends, so hears no silence (an utterance is cut at 20 s; "
+                "--endpoint-silence 0 makes the recording one)"),
+               (["--chunk-ms", "0", "--silence-from", "silero"],
+                "--silence-from: --chunk-ms 0 decodes nothing"),
                (["--first-chunk-ms", "320"],  # said as the options, not StreamOptions' fields
                 "--first-chunk-ms (320) must be at least --chunk-ms (640)"))  # fmt: skip
     for option, said in refused:
@@ -1030,6 +1036,8 @@ def test_search_options_streaming_does_not_take_are_refused(capsys) -> None:
         assert f"asr transcribe: error: {said}" in err, err
     with pytest.raises(ValueError, match="first_chunk_ms: settings of chunks, and chunk_ms None"):
         StreamOptions(chunk_ms=None, first_chunk_ms=1280)
+    with pytest.raises(ValueError, match="silence_from='silero' hears the silence between chunks"):
+        StreamOptions(chunk_ms=None, endpoint=EndpointOptions(silence_from="silero"))
     serve = ["serve", "--model", "m.ckpt", "--chunk-ms", "0", "--first-chunk-ms", "1280"]
     assert main(serve) == 2  # before the model loads, as transcribe
     assert "--first-chunk-ms: settings of chunks" in capsys.readouterr().err
@@ -1038,6 +1046,9 @@ def test_search_options_streaming_does_not_take_are_refused(capsys) -> None:
 
     line = ["serve", "--model", "m.ckpt", "--endpoint-silence", "0", "--silence-from", "ctc"]
     assert stream_options(_parser("serve").parse_args(line)).endpoint is None  # the default
+    for quiet in (["--endpoint-silence", "0"], ["--silence-from", "ctc"]):  # what is so anyway
+        line = ["serve", "--model", "m.ckpt", "--chunk-ms", "0", *quiet]
+        assert stream_options(_parser("serve").parse_args(line)).chunk_ms is None
 
 
 def test_transcribe_streaming_explorer_keeps_each_finals_attention(tmp_path, capsys) -> None:
