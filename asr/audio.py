@@ -471,9 +471,9 @@ def mono_samples(audio: np.ndarray | Tensor) -> Tensor:
     if wave.dim() == 2 and 1 in wave.shape:
         wave = wave.reshape(-1)
     if wave.dim() != 1:
+        why = "mix the channels or pick one" if wave.dim() else "one sample: pass a sequence"
         raise ValueError(
-            f"audio must be a mono waveform (S,), (S, 1) or (1, S), got {tuple(wave.shape)}: "
-            "mix the channels or pick one"
+            f"audio must be a mono waveform (S,), (S, 1) or (1, S), got {tuple(wave.shape)}: {why}"
         )
     if not wave.is_floating_point():
         offset, scale = PCM_SCALE[kind]

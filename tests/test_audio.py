@@ -409,6 +409,8 @@ def test_arrays_of_every_pcm_and_float_kind_become_float_samples(samples, expect
         # features of samples this loud overflow to inf, and decoding stops in attention
         (np.array([0.5, 1e19]), "float samples lie within ±1, got 1e+19 (16-bit values as"),
         (np.array([2000.0], dtype=np.float32), "float samples lie within ±1, got 2000"),
+        (torch.tensor(0.5), "got (): one sample: pass a sequence"),
+        (np.zeros((2, 3)), "got (2, 3): mix the channels or pick one"),
     ],
 )
 def test_arrays_that_are_no_audio_are_refused_by_kind(samples, said) -> None:
