@@ -37,7 +37,7 @@ import ssl
 from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -301,7 +301,19 @@ class LiveServer:
 
     def _page(self, connection: ServerConnection, request: Request) -> Response | None:
         """Plain HTTP requests get the live page, or /health; WebSocket upgrades go through,
-        unless a browser opens them from another site's page."""
+        unless a browser opens them from another site's page. HEAD gets GET's headers alone,
+        other methods a refusal."""
+        method = getattr(request, "method", "GET")  # websockets before 17 took GET alone
+        if method not in ("GET", "HEAD"):
+            response = connection.respond(405, f"{method} is not served here: GET the page\n")
+            response.headers["Allow"] = "GET, HEAD"
+            return response
+        response = self._answer(connection, request)
+        if response is not None and method == "HEAD":
+            response = replace(response, body=b"")  # its Content-Length still GET's
+        return response
+
+    def _answer(self, connection: ServerConnection, request: Request) -> Response | None:
         upgrades = request.headers.get_all("Upgrade")
         if len(upgrades) > 1:  # which one the client meant is not ours to guess
             return connection.respond(400, "several Upgrade headers\n")

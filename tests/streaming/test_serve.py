@@ -395,6 +395,34 @@ def test_one_address_may_hold_at_most_its_share_of_the_places(trained) -> None:
         assert session(url, data)[-1]["type"] == "done"  # the place is the address's again
 
 
+def test_head_gets_the_pages_headers_alone_and_other_methods_are_refused(server) -> None:
+    import dataclasses
+    import http.client
+
+    from websockets.http11 import Request
+
+    if "method" not in {field.name for field in dataclasses.fields(Request)}:
+        pytest.skip("websockets before 17 answers only GET, closing on other methods itself")
+
+    port = int(server[1].rsplit(":", 1)[1].strip("/"))
+    answers = {}
+    for method in ("GET", "HEAD", "POST", "PUT"):
+        link = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        link.request(method, "/health")  # a body websockets refuses itself
+        response = link.getresponse()
+        answers[method] = (response.status, response.getheader("Content-Length"), response.read())
+        allowed = response.getheader("Allow")
+        link.close()
+    assert answers["GET"][0] == 200 and json.loads(answers["GET"][2])["status"] == "ok"
+    assert answers["HEAD"] == (200, answers["GET"][1], b"")
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as raw:  # http.client skips
+        raw.sendall(b"HEAD /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")  # a body sent
+        said = b"".join(iter(lambda: raw.recv(4096), b""))
+    assert said.startswith(b"HTTP/1.1 200 ") and said.endswith(b"\r\n\r\n"), said
+    assert answers["POST"][:1] == answers["PUT"][:1] == (405,) and allowed == "GET, HEAD"
+    assert answers["PUT"][2] == b"PUT is not served here: GET the page\n"
+
+
 def test_a_browser_may_open_the_socket_only_from_the_servers_own_page(trained) -> None:
     """Otherwise any page a browser shows could stream to the server on this machine. Clients
     that are not browsers send no Origin and are let in; so are pages `allow_origins` names."""
