@@ -165,27 +165,41 @@ def _extract_an4(tarball: Path, raw: Path) -> Path:
     root = earlier.get("root")
     if earlier.get("tarball") == identity and isinstance(root, str) and _is_an4_root(raw / root):
         return raw / root
-    if tarball.resolve().is_relative_to(target.resolve()):
-        raise ValueError(f"{tarball}: move it out of {target}, where its extraction goes")
+    # into a folder beside it first: a tarball refused or cut short leaves the earlier
+    # extraction, which manifests written from it name, as it was
+    partial = raw / f"{EXTRACTED_DIR}.partial"
+    for folder in (target, partial):
+        if tarball.resolve().is_relative_to(folder.resolve()):
+            raise ValueError(f"{tarball}: move it out of {folder}, where its extraction goes")
     logger.info("extracting %s into %s", tarball, target)
-    marker.unlink(missing_ok=True)  # until the extraction is whole
+    if partial.exists():
+        shutil.rmtree(partial)
+    partial.mkdir(parents=True)
+    try:
+        try:
+            with tarfile.open(tarball) as archive:
+                members = archive.getmembers()
+                inner = [m.name for m in members if m.name.endswith("etc/an4_train.transcription")]
+                if len(inner) != 1:
+                    raise ValueError(
+                        f"{tarball}: expected one AN4 distribution inside, found {len(inner)}"
+                    )
+                _extract_all(archive, partial)
+        except (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile) as error:  # cut short
+            raise ValueError(f"{tarball}: cannot read the tarball ({error})") from error
+        inside = Path(inner[0]).parent.parent
+        if not _is_an4_root(partial / inside):
+            raise ValueError(
+                f"{tarball}: expected {AN4_LAYOUT}; the tarball's {inside.as_posix()} is not"
+            )
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    marker.unlink(missing_ok=True)  # until the new extraction is in place
     if target.exists():
         shutil.rmtree(target)
-    target.mkdir(parents=True)
-    try:
-        with tarfile.open(tarball) as archive:
-            members = archive.getmembers()
-            inner = [m.name for m in members if m.name.endswith("etc/an4_train.transcription")]
-            if len(inner) != 1:
-                raise ValueError(
-                    f"{tarball}: expected one AN4 distribution inside, found {len(inner)}"
-                )
-            _extract_all(archive, target)
-    except (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile) as error:  # cut short
-        raise ValueError(f"{tarball}: cannot read the tarball ({error})") from error
-    root_inside = (Path(EXTRACTED_DIR) / Path(inner[0]).parent.parent).as_posix()
-    if not _is_an4_root(raw / root_inside):
-        raise ValueError(f"{tarball}: expected {AN4_LAYOUT}; the tarball's {root_inside} is not")
+    partial.rename(target)
+    root_inside = (Path(EXTRACTED_DIR) / inside).as_posix()
     marker.write_text(json.dumps({"tarball": identity, "root": root_inside}) + "\n")
     return raw / root_inside
 

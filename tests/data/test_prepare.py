@@ -684,3 +684,26 @@ def test_an4_another_tarball_of_the_same_name_is_extracted_afresh(tmp_path, monk
 
     monkeypatch.setattr(tarfile, "open", refuse)
     assert prepare_corpus("an4", full, out, dev_size=0)["train"].utterances == 5
+
+
+def test_a_tarball_refused_leaves_the_earlier_extraction_its_manifests_name(tmp_path, monkeypatch):
+    good = an4_tarball(tmp_path / "a" / "an4_sphere.tar.gz", ["<s> A </s> (a1-spk-b)"])
+    out = tmp_path / "out"
+    prepare_corpus("an4", good, out, dev_size=0)
+    audio = [json.loads(line)["audio_filepath"] for line in (out / "train.jsonl").open()]
+    other = tmp_path / "other.tar.gz"  # no AN4 inside
+    with tarfile.open(other, "w:gz") as archive:
+        archive.add(good, arcname="x/an4_sphere.tar.gz")
+    cut = tmp_path / "cut.tar.gz"
+    cut.write_bytes(good.read_bytes()[:300])
+    for bad, said in ((other, "found 0"), (cut, "cannot read the tarball")):
+        with pytest.raises(ValueError, match=said):
+            prepare_corpus("an4", bad, out, dev_size=0)
+        assert all(Path(path).is_file() for path in audio)
+        assert sorted(p.name for p in (out / "raw").iterdir()) == ["extracted.json", "tarball"]
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("extracted again")
+
+    monkeypatch.setattr(tarfile, "open", refuse)  # the earlier record stands
+    assert prepare_corpus("an4", good, out, dev_size=0)["train"].utterances == 1
