@@ -6,7 +6,6 @@ import contextlib
 import inspect
 import logging
 import math
-import os
 from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 from pathlib import Path
@@ -819,17 +818,6 @@ def _references(batch: Batch, attention: Tensor, enc_lens: Tensor) -> list[Hypot
     ]
 
 
-def data_tokenizer(path: str | os.PathLike) -> Tokenizer:
-    """The tokenizer a data module's `tokenizer` names; a missing one said by that option
-    (else a bare errno and a path)."""
-    try:
-        return Tokenizer.load(path)
-    except FileNotFoundError as err:
-        raise FileNotFoundError(
-            f"data.tokenizer: {path}: no tokenizer there (`asr tokenizer` writes one)"
-        ) from err
-
-
 class ResumableData(L.LightningDataModule):
     """A data module whose training loader's position is in the checkpoint, so that a run
     resumed mid-epoch trains the batches it had left (its module: `ExactResume`). A resume
@@ -954,7 +942,7 @@ class ASRDataModule(ResumableData):
         self.augmenter = None
         if augment is not None and augment.active:
             self.augmenter = WaveAugmenter(augment, sample_rate)
-        self.tokenizer = data_tokenizer(tokenizer)
+        self.tokenizer = Tokenizer.load(tokenizer, option="data.tokenizer")
         self.datasets: dict[str, SpeechDataset | ShardedSpeechDataset] = {}
 
     @property

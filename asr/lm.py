@@ -22,7 +22,6 @@ from asr.lightning import (
     ExactResume,
     ResumableData,
     bucketed_loader,
-    data_tokenizer,
     log_mean,
     save_hyperparameters,
     stage_manifests,
@@ -228,7 +227,7 @@ class TextDataModule(ResumableData):
                 "must be positive"
             )
         save_hyperparameters(self)
-        self.tokenizer = data_tokenizer(tokenizer)
+        self.tokenizer = Tokenizer.load(tokenizer, option="data.tokenizer")
         self.datasets: dict[str, list[list[int]]] = {}
 
     @property

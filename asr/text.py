@@ -223,12 +223,21 @@ class Tokenizer(abc.ABC):
         return path
 
     @staticmethod
-    def load(path: str | os.PathLike) -> Tokenizer:
-        """Read a tokenizer saved by `save`; ValueError names a malformed file."""
+    def load(path: str | os.PathLike, option: str | None = None) -> Tokenizer:
+        """Read a tokenizer saved by `save`; ValueError names a malformed file. `option`: the
+        one that named `path`, said where nothing is there."""
+        given = path
         path = Path(path)
         if path.is_dir():
             path = path / TOKENIZER_JSON
-        data = _read_json_object(path)
+        try:
+            data = _read_json_object(path)
+        except FileNotFoundError as err:
+            if option is None:
+                raise
+            raise FileNotFoundError(
+                f"{option}: {given}: no tokenizer there (`asr tokenizer` writes one)"
+            ) from err
         kind = data.get("kind")
         if kind not in _KINDS:
             raise ValueError(f"{path}: 'kind' must be one of {sorted(_KINDS)}, got {kind!r}")
@@ -510,8 +519,11 @@ def _iter_texts(sources: Iterable[str | os.PathLike]) -> Iterable[str]:
 def read_manifest_texts(path: str | os.PathLike) -> list[str]:
     """The "text" field of every line of a JSON Lines manifest."""
     texts = []
-    with open(path, "rb") as f:
-        lines = f.read().splitlines()  # \n, \r\n or \r, as manifests are read for training
+    try:
+        with open(path, "rb") as f:
+            lines = f.read().splitlines()  # \n, \r\n or \r, as manifests are read for training
+    except OSError as error:
+        raise ValueError(f"{path}: {unreadable(error, 'manifest')}") from None
     for lineno, raw in enumerate(lines, 1):
         try:
             line = raw.decode("utf-8-sig" if lineno == 1 else "utf-8")
@@ -530,6 +542,15 @@ def read_manifest_texts(path: str | os.PathLike) -> list[str]:
             raise ValueError(f"{path}:{lineno}: {problem}")
         texts.append(entry["text"])
     return texts
+
+
+def unreadable(error: OSError, what: str) -> str:
+    """Why a file (`what`: "manifest"...) cannot be read, for a message that names it."""
+    if isinstance(error, FileNotFoundError):
+        return f"{what} not found"
+    if isinstance(error, IsADirectoryError):
+        return f"is a directory, not a {what}"
+    return f"cannot read {what} ({error.strerror})"
 
 
 def json_line(line: str) -> Any:
@@ -572,7 +593,8 @@ def _read_json_object(path: Path) -> dict[str, Any]:
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as err:
-        raise ValueError(f"{path}: not UTF-8 text") from err
+        hint = f" (a tokenizer is its folder, or its {TOKENIZER_JSON})"
+        raise ValueError(f"{path}: not UTF-8 text{hint * (path.name != TOKENIZER_JSON)}") from err
     try:
         data = json.loads(text)
     except json.JSONDecodeError as err:

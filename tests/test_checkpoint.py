@@ -205,7 +205,9 @@ def test_average_never_writes_over_what_it_reads(tmp_path, capsys):
         average_checkpoints([a, last.parent / "b.ckpt"], last.parent / "." / "a.ckpt")
     before = last.read_bytes()
     assert main(["average", "--last", str(last), "--out", str(last)]) == 2
-    assert "averaging would overwrite the run's state" in capsys.readouterr().err
+    assert (
+        "is the --last this command reads: writing it would overwrite it" in capsys.readouterr().err
+    )
     assert main(["average", "--checkpoints", str(a), str(a), "--best", "2", "--out", "x"]) == 2
     assert last.read_bytes() == before
     assert main(["average", "--last", str(last), "--best", "4", "--out", str(tmp_path / "o")]) == 0

@@ -113,7 +113,10 @@ def _cmvn(args: argparse.Namespace) -> int:
     from asr.data.cmvn import compute_cmvn_stats, config_frontend
     from asr.frontends import Frontend, LevelNormalizer, LogMelFilterbank, features_of
 
-    _check_file_to_write(args.out, "--out")  # before the features of every utterance
+    # before the features of every utterance
+    _check_file_to_write(
+        args.out, "--out", {"--manifest": [args.manifest], "--config": args.config or []}
+    )
     own = {"--sample-rate": args.sample_rate, "--n-mels": args.n_mels,
            "--target-dbfs": args.target_dbfs}  # fmt: skip
     if args.config is not None:
@@ -126,6 +129,8 @@ def _cmvn(args: argparse.Namespace) -> int:
             raise ValueError("--config given twice: give the one config whose model names the "
                              "frontend")  # fmt: skip
         config = args.config[0]
+        if not Path(config).is_file():
+            raise ValueError(f"--config {config}: no such file")
         problems = config_problems(config, within="model.init_args.frontend")
         if problems:
             raise ValueError("\n".join(problems))
@@ -154,9 +159,9 @@ def _validate_data(args: argparse.Namespace) -> int:
     from asr.text import Tokenizer
 
     if args.report:  # before the manifests are checked, which may take long
-        _check_file_to_write(args.report, "--report")
+        _check_file_to_write(args.report, "--report", {"--manifest": args.manifest})
         Path(args.report).parent.mkdir(parents=True, exist_ok=True)
-    tokenizer = Tokenizer.load(args.tokenizer) if args.tokenizer else None
+    tokenizer = Tokenizer.load(args.tokenizer, option="--tokenizer") if args.tokenizer else None
     failed, lines = 0, []
     for manifest in args.manifest:
         try:  # each on its own: one missing stops neither the others nor the report
@@ -235,9 +240,8 @@ def _average(args: argparse.Namespace) -> int:
 
     if args.checkpoints and args.best is not None:
         raise ValueError("--best chooses among what --last records; with --checkpoints, name them")
-    if args.last and Path(args.out).resolve() == Path(args.last).resolve():
-        raise ValueError(f"--out {args.out} is --last: averaging would overwrite the run's state")
-    _check_file_to_write(args.out, "--out")  # before reading every checkpoint
+    reads = {"--last": [args.last]} if args.last else {}  # average_checkpoints checks the others
+    _check_file_to_write(args.out, "--out", reads)  # before reading every checkpoint
     paths = args.checkpoints or best_checkpoints(args.last, args.best or DEFAULT_BEST)
     if args.best is not None and len(paths) < args.best:
         print(
@@ -547,12 +551,25 @@ def _check_folder_to_write(path: str, option: str, given: str | None = None) -> 
         raise ValueError(f"{option} {given or path}: {blocked} is {kind}, not a folder")
 
 
-def _check_file_to_write(path: str, option: str) -> None:
-    """Refuse a file to write where a folder is, or where a file stands in the way of its
-    folder (itself, or one above)."""
+def _check_file_to_write(path: str, option: str, reads: dict[str, list[str]] | None = None) -> None:
+    """Refuse a file to write where a folder is, where a file stands in the way of its folder
+    (itself, or one above), or where it is a file the command reads (`reads`: its option and
+    paths)."""
     if not path or Path(path).is_dir():  # "" is the working folder
         raise ValueError(f"{option} {path or repr(path)} is a folder: name the file to write")
+    for given, paths in (reads or {}).items():
+        if any(_same_file(path, other) for other in paths):
+            raise ValueError(f"{option} {path} is the {given} this command reads: writing it "
+                             "would overwrite it")  # fmt: skip
     _check_folder_to_write(str(Path(path).parent), option, path)
+
+
+def _same_file(path: str, other: str) -> bool:
+    """Whether `path` and `other` name one file (through links too)."""
+    try:
+        return os.path.samefile(path, other)
+    except OSError:  # one of them is not there (yet)
+        return Path(path).resolve() == Path(other).resolve()
 
 
 def _file_in_the_way(folder: Path) -> Path | None:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from asr.audio import AudioError, audio_info, load_audio
-from asr.text import json_line, surrogate_problem
+from asr.text import json_line, surrogate_problem, unreadable
 
 logger = logging.getLogger(__name__)
 
@@ -239,13 +239,8 @@ def _read_bytes(path: Path) -> bytes:
         if pipe not in _PIPED:
             _PIPED[pipe] = path.read_bytes()
         return _PIPED[pipe]
-    except FileNotFoundError:
-        reason = "manifest not found"
-    except IsADirectoryError:
-        reason = "is a directory, not a manifest"
     except OSError as error:
-        reason = f"cannot read manifest ({error.strerror})"
-    raise ManifestError([BadEntry(str(path), reason)])
+        raise ManifestError([BadEntry(str(path), unreadable(error, "manifest"))]) from None
 
 
 class _LineError(Exception):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import inspect
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -36,7 +37,22 @@ def manifest(tmp_path):
          "--out {file}/x: {file} is a file, not a folder"),
         (["prepare", "an4", "--data-dir", "{dir}", "--out", "{file}"],
          "--out {file}: {file} is a file, not a folder"),
-        (["tokenizer", "--manifest", "{dir}", "--out", "{tmp}/tok"], "Is a directory"),
+        (["tokenizer", "--manifest", "{dir}", "--out", "{tmp}/tok"],
+         "{dir}: is a directory, not a manifest"),
+        (["tokenizer", "--manifest", "{tmp}/no.jsonl", "--out", "{tmp}/tok"],
+         "{tmp}/no.jsonl: manifest not found"),
+        (["validate-data", "--manifest", "{m}", "--tokenizer", "{tmp}/no"],
+         "--tokenizer: {tmp}/no: no tokenizer there (`asr tokenizer` writes one)"),
+        (["validate-data", "--manifest", "{m}", "--tokenizer", "{binary}"],
+         "tokenizer.model: not UTF-8 text (a tokenizer is its folder, or its tokenizer.json)"),
+        (["cmvn", "--manifest", "{m}", "--out", "{tmp}/c.json", "--config", "{tmp}/no.yaml"],
+         "--config {tmp}/no.yaml: no such file"),
+        (["cmvn", "--manifest", "{m}", "--out", "{m}"],
+         "--out {m} is the --manifest this command reads: writing it would overwrite it"),
+        (["cmvn", "--manifest", "{m}", "--out", "{bad_yaml}", "--config", "{bad_yaml}"],
+         "--out {bad_yaml} is the --config this command reads"),
+        (["validate-data", "--manifest", "{file}", "{m}", "--report", "{m}"],
+         "--report {m} is the --manifest this command reads: writing it would overwrite it"),
         (["cmvn", "--manifest", "{m}", "--out", "{dir}"], "--out {dir} is a folder: name the"),
         (["cmvn", "--manifest", "{m}", "--out", "{file}/x.json"],
          "--out {file}/x.json: {file} is a file, not a folder"),
@@ -67,17 +83,20 @@ def test_a_path_or_config_that_cannot_work_is_named(argv, said, manifest, tmp_pa
     (tmp_path / "dir").mkdir()
     (tmp_path / "file").write_text("")
     (tmp_path / "link").symlink_to(tmp_path / "nowhere")
+    (tmp_path / "tokenizer.model").write_bytes(b"\n\x05\xff\xfe")  # SentencePiece's, say
     (tmp_path / "bad.yaml").write_text("model:\n  a: [1, 2\n")
     (tmp_path / "class.yaml").write_text(
         "model:\n  init_args:\n    frontend:\n      class_path: asr.frontends.NoSuchFrontend\n"
     )
     places = {"m": manifest, "dir": tmp_path / "dir", "file": tmp_path / "file", "tmp": tmp_path,
               "bad_yaml": tmp_path / "bad.yaml", "bad_class": tmp_path / "class.yaml",
-              "link": tmp_path / "link"}  # fmt: skip
+              "link": tmp_path / "link", "binary": tmp_path / "tokenizer.model"}  # fmt: skip
+    before = Path(manifest).read_bytes()
     assert main([arg.format(**places) for arg in argv]) == 2
     err = capsys.readouterr().err
-    assert err.startswith(f"asr {argv[0]}: error: ") and said.format(**places) in err
+    assert err.startswith(f"asr {argv[0]}: error: ") and said.format(**places) in err, err
     assert "Traceback" not in err
+    assert Path(manifest).read_bytes() == before
 
 
 def test_validate_data_reports_every_manifest(manifest, tmp_path, capsys):
