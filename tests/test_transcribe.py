@@ -1189,7 +1189,9 @@ def test_cli_mirrors_a_folder_and_a_glob_under_the_output_dir(transcribe_cli, tm
     assert some == ["a", "a/1.txt", "b", "b/1.txt"]
 
 
-def test_cli_reads_a_manifest_with_offsets_and_names_its_bad_lines(transcribe_cli, tmp_path):
+def test_cli_reads_a_manifest_with_offsets_and_names_its_bad_lines(
+    transcribe_cli, tmp_path, monkeypatch
+):
     yes, go = (load_audio(SPEECH[u]).numpy() for u in ("an251-fash-b", "an253-fash-b"))
     soundfile.write(tmp_path / "two.wav", np.concatenate([yes, np.zeros(RATE // 2), go]), RATE)
     cut = len(yes) / RATE
@@ -1221,6 +1223,18 @@ def test_cli_reads_a_manifest_with_offsets_and_names_its_bad_lines(transcribe_cl
     assert f"error: {manifest}:5: not valid UTF-8 (byte 0xe9 at column 43)" in stderr
     assert f"duration 9.000 s from offset {cut:.3f} s exceeds the audio" in stderr  # as evaluate
     assert "4 of 6 files failed" in stderr
+    monkeypatch.chdir(tmp_path)  # `--manifest <(head -2 talks.jsonl)`: names from here
+    read, write = os.pipe()
+    os.write(write, "\n".join(lines[:2]).encode() + b"\n")
+    os.close(write)
+    try:
+        code, stdout, _ = transcribe_cli("--manifest", f"/dev/fd/{read}", "--output-dir", "o")
+    finally:
+        os.close(read)
+    assert code == 0 and stdout.splitlines() == [
+        f"two.wav{first[3:]}\tYES",
+        f"two.wav{second[3:]}\tGO",
+    ]
 
 
 def test_cli_reads_stdin_and_prints_timed_lines_without_an_output_dir(

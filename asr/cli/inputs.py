@@ -19,7 +19,7 @@ from typing import IO, TYPE_CHECKING, Any, NamedTuple
 from tqdm import tqdm
 
 from asr.audio import AUDIO_SUFFIXES, AudioError, audio_files
-from asr.data.manifest import decode_line, manifest_lines, read_clip
+from asr.data.manifest import decode_line, manifest_base, manifest_lines, read_clip
 from asr.results import BatchResult, Decoded, Transcript
 from asr.search import LanguageModel, SearchOptions
 from asr.segment import Clip, SegmenterOptions, Span
@@ -174,9 +174,10 @@ def _manifest_inputs(manifest: Path, failures: list[str]) -> list[Found]:
         failures.append(f"{manifest}: cannot read manifest ({error})")
         return []
     clips, fields, where, bad = [], [], [], 0
+    base = manifest_base(manifest)
     for number, line in lines:
         try:
-            path, offset, duration, record = read_clip(decode_line(line), manifest.parent)
+            path, offset, duration, record = read_clip(decode_line(line), base)
         except ValueError as error:
             failures.append(f"{manifest}:{number}: {error}")
             bad += 1

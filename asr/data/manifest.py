@@ -200,7 +200,7 @@ def validate_manifest(
 
 def _parse_manifest(path: Path) -> tuple[list[tuple[int, Utterance]], list[tuple[int, BadEntry]]]:
     """Parse every line: (line number, utterance) for good ones, (line number, entry) for bad."""
-    base = Path(as_the_os_reads(os.path.join(os.getcwd(), path.parent)))
+    base = Path(as_the_os_reads(os.path.join(os.getcwd(), manifest_base(path))))
     good: list[tuple[int, Utterance]] = []
     bad: list[tuple[int, BadEntry]] = []
     first_line_of: dict[str, int] = {}
@@ -276,6 +276,17 @@ def _json_record(text: str) -> Any:
         return json_line(text)
     except ValueError as error:
         raise _LineError(str(error)) from None
+
+
+def manifest_base(path: str | os.PathLike) -> Path:
+    """The folder a manifest's relative audio paths name from: its own; for one read through
+    /dev or /proc (`<(...)`, /dev/stdin), the file's behind it, or the working folder for a pipe,
+    whose /dev/fd is no folder of the user's."""
+    path = Path(path)
+    if Path(os.path.abspath(path)).parts[1:2] not in (("dev",), ("proc",)):
+        return path.parent
+    real = Path(os.path.realpath(path))
+    return real.parent if real.is_file() else Path()
 
 
 def as_the_os_reads(path: str | os.PathLike) -> str:

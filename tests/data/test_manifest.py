@@ -67,6 +67,30 @@ def test_a_manifest_from_a_pipe_reads_the_same_twice(tmp_path):
     assert len(read_manifest(regular)) == 2
 
 
+def test_relative_audio_through_a_pipe_is_the_working_folders(tmp_path, monkeypatch):
+    """`--manifest <(cat m.jsonl)` named rel.wav as /dev/fd/rel.wav; a file behind /dev/fd
+    (`< m.jsonl` as /dev/stdin) names from its own folder, as given by name."""
+    monkeypatch.chdir(tmp_path)
+    line = json.dumps({"audio_filepath": "rel.wav", "duration": 1.0, "text": "a"})
+    read, write = os.pipe()
+    os.write(write, line.encode() + b"\n")
+    os.close(write)
+    try:
+        piped = Path(f"/dev/fd/{read}")
+        assert read_manifest(piped)[0].audio_filepath == str(tmp_path / "rel.wav")
+    finally:
+        os.close(read)
+    for folder in ("sub", "dev"):  # dev/: a folder of the user's, not /dev
+        (tmp_path / folder).mkdir()
+        write_lines(tmp_path / folder / "m.jsonl", [line])
+    assert read_manifest(Path("dev/m.jsonl"))[0].audio_filepath == str(tmp_path / "dev/rel.wav")
+    with pytest.raises(ManifestError, match="^/: is a directory, not a manifest$"):
+        read_manifest("/")  # no folder above it
+    with open(tmp_path / "sub" / "m.jsonl") as behind:
+        named = Path(f"/dev/fd/{behind.fileno()}")
+        assert read_manifest(named)[0].audio_filepath == str(tmp_path / "sub" / "rel.wav")
+
+
 def test_write_then_read_round_trips(tmp_path):
     utterances = [
         Utterance(str(tmp_path / "a.wav"), 1.25, "grüß gott — ok", id="u1", speaker="s1"),
