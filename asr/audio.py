@@ -7,7 +7,7 @@ import itertools
 import math
 import numbers
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from fractions import Fraction
@@ -45,13 +45,16 @@ EXACT_DURATION_DEMUXERS = ("mov,mp4,m4a,3gp,3g2,mj2",)
 SF_COUNT_MAX = 2**63 - 1  # libsndfile's sample count of a header that does not give one
 
 
-def audio_files(folder: PathLike, suffixes: tuple[str, ...] = AUDIO_SUFFIXES) -> list[Path]:
+def audio_files(
+    folder: PathLike, suffixes: tuple[str, ...] = AUDIO_SUFFIXES, unlisted: list[str] | None = None
+) -> list[Path]:
     """Every path below `folder` whose lower-case suffix is in `suffixes` (a folder so named
     too: callers say it is no audio), sorted. Linked folders are followed (each real folder
     once); hidden files and folders (`.name`, such as macOS's `._x.wav`) are left out, as
-    shell globs leave them."""
+    shell globs leave them. A folder that cannot be listed goes to `unlisted` as `path: why`
+    (without that list, it is refused): os.walk would pass over it unsaid."""
     found, seen = [], set()
-    for root, folders, files in os.walk(folder, followlinks=True):
+    for root, folders, files in os.walk(folder, followlinks=True, onerror=unlistable(unlisted)):
         real = os.path.realpath(root)
         if real in seen:  # a link back up the tree, or a second link to one folder
             folders.clear()
@@ -64,6 +67,19 @@ def audio_files(folder: PathLike, suffixes: tuple[str, ...] = AUDIO_SUFFIXES) ->
             if not name.startswith(".") and os.path.splitext(name)[1].lower() in suffixes
         ]
     return sorted(found)
+
+
+def unlistable(unlisted: list[str] | None) -> Callable[[OSError], None]:
+    """An `os.walk` onerror that adds each folder it cannot list to `unlisted` (`path: why`),
+    or, without that list, refuses it: what it holds would be left out unsaid."""
+
+    def said(error: OSError) -> None:
+        why = f"{error.filename}: cannot list this folder ({error.strerror})"
+        if unlisted is None:
+            raise ValueError(f"{why}: give it read permission, or move it out")
+        unlisted.append(why)
+
+    return said
 
 
 class AudioError(ValueError):

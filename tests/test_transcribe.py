@@ -1237,6 +1237,28 @@ def test_cli_reads_a_manifest_with_offsets_and_names_its_bad_lines(
     ]
 
 
+def test_a_folder_that_cannot_be_listed_fails_alone(transcribe_cli, tmp_path, monkeypatch):
+    """As a file that cannot be read: listed, and the rest transcribed (`lost+found` at the
+    top of a volume is one, and cannot move)."""
+    for name in ("open", "locked"):
+        (tmp_path / "talks" / name).mkdir(parents=True)
+        shutil.copy(SPEECH["an251-fash-b"], tmp_path / "talks" / name / "yes.wav")
+    listed = os.scandir
+
+    def refused(path=".", *args):
+        if not isinstance(path, int) and Path(path).name == "locked":
+            raise PermissionError(13, "Permission denied", str(path))
+        return listed(path, *args)
+
+    monkeypatch.setattr(os, "scandir", refused)
+    code, stdout, stderr = transcribe_cli(tmp_path / "talks", "--output-dir", tmp_path / "out")
+    assert code == 1 and stdout.endswith("yes.wav\tYES\n")
+    locked = tmp_path / "talks" / "locked"
+    assert f"error: {locked}: cannot list this folder (Permission denied)" in stderr, stderr
+    code, _, stderr = transcribe_cli(locked, "--output-dir", tmp_path / "out")
+    assert code == 1 and "no audio files in this folder" not in stderr  # none it could see
+
+
 def test_cli_reads_stdin_and_prints_timed_lines_without_an_output_dir(
     transcribe_cli, tmp_path, monkeypatch
 ):

@@ -120,8 +120,9 @@ def _expand(
     if argument == "-":
         return _stdin_input(scratch, stdin or sys.stdin.buffer, failures)
     if os.path.isdir(argument):
-        files = _audio_files(Path(argument))
-        if not files:
+        unlisted = len(failures)
+        files = _audio_files(Path(argument), failures)
+        if not files and len(failures) == unlisted:  # else what it holds was not seen
             failures.append(f"{argument}: no audio files in this folder ({_suffixes()})")
         return [Found(Clip(f), f, f, argument) for f in files]
     if _is_pattern(argument) and not os.path.exists(argument):
@@ -141,9 +142,10 @@ def _suffixes() -> str:
     return "suffixes " + " ".join(AUDIO_SUFFIXES)
 
 
-def _audio_files(folder: Path) -> list[str]:
-    """The audio files under `folder` (folders named like audio left out), sorted."""
-    return [str(p) for p in audio_files(folder) if p.is_file()]
+def _audio_files(folder: Path, failures: list[str]) -> list[str]:
+    """The audio files under `folder` (folders named like audio left out), sorted; a folder
+    that cannot be listed goes to `failures`."""
+    return [str(p) for p in audio_files(folder, unlisted=failures) if p.is_file()]
 
 
 def _is_pattern(argument: str) -> bool:
@@ -158,7 +160,7 @@ def _glob_inputs(pattern: str, failures: list[str]) -> list[Found]:
     files = []
     for match in sorted(glob.glob(pattern, recursive=True)):
         if os.path.isdir(match):
-            files += _audio_files(Path(match))
+            files += _audio_files(Path(match), failures)
         elif Path(match).suffix.lower() in AUDIO_SUFFIXES:
             files.append(match)
     if not files:

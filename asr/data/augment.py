@@ -208,7 +208,10 @@ def _audio_files(folder: str | None, key: str) -> list[tuple[str, float]]:
     root = Path(folder)
     if not root.is_dir():
         raise ValueError(f"{key}: {folder} is not a directory")
-    paths = audio_files(root)
+    try:
+        paths = audio_files(root)
+    except ValueError as error:  # a folder that cannot be listed
+        raise ValueError(f"{key}: {error}") from None
     if not paths:
         raise ValueError(f"{key}: no audio files under {folder}")
     files = []

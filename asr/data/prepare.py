@@ -23,14 +23,14 @@ from typing import Any, NamedTuple
 
 from tqdm import tqdm
 
-from asr.audio import AUDIO_SUFFIXES, AudioError, audio_files, audio_info
+from asr.audio import AUDIO_SUFFIXES, AudioError, audio_files, audio_info, unlistable
 from asr.data.manifest import LONGEST_ID, MIN_DURATION, Utterance, some_of, write_manifest
 
 logger = logging.getLogger(__name__)
 
 PathLike = str | os.PathLike
 # summary.json lists of broken inputs
-BROKEN_KEYS = ("unusable_audio", "missing_audio", "bad_transcripts")
+BROKEN_KEYS = ("unusable_audio", "missing_audio", "bad_transcripts", "unlisted_folders")
 
 
 @dataclass(frozen=True)
@@ -330,8 +330,9 @@ def prepare_librispeech(
         raise ValueError(
             f"{root}: split(s) {', '.join(unknown)} not found; found {', '.join(found)}"
         )
-    prepared, unusable, missing, bad_text, untranscribed = {}, [], [], [], []
+    prepared, unusable, missing, bad_text, untranscribed, unlisted = {}, [], [], [], [], []
     for name in chosen:
+        unlisted += _unlisted_chapters(found[name])
         entries, missing_here, bad_here, untranscribed_here = _librispeech_entries(found[name])
         prepared[name], unusable_here = _measure(entries, f"librispeech {name}")
         unusable += unusable_here
@@ -343,8 +344,29 @@ def prepare_librispeech(
         if members and pool not in prepared:
             prepared[pool] = _pooled({name: prepared[name] for name in members}, pool)
     report = {"unusable_audio": unusable, "missing_audio": missing, "bad_transcripts": bad_text,
-              "missing_transcripts": untranscribed}  # fmt: skip
+              "missing_transcripts": untranscribed, "unlisted_folders": unlisted}  # fmt: skip
     return _write_splits(out_dir, "librispeech", root, prepared, **report)
+
+
+def _unlisted_chapters(split_dir: Path) -> list[str]:
+    """`folder: why` of each speaker or chapter folder of a split that cannot be listed, which
+    the transcripts' glob passes over unsaid."""
+    unlisted: list[str] = []
+    for root, folders, _ in os.walk(split_dir, followlinks=True, onerror=unlistable(unlisted)):
+        if len(Path(root).relative_to(split_dir).parts) >= 2:  # a chapter: nothing below
+            folders.clear()
+    _warn_unlisted(split_dir.name, unlisted)
+    return unlisted
+
+
+def _warn_unlisted(description: str, unlisted: list[str]) -> None:
+    if unlisted:
+        logger.warning(
+            "%s: %d folder(s) that cannot be listed, what they hold left out: %s",
+            description,
+            len(unlisted),
+            some_of(unlisted),
+        )
 
 
 def _pooled(splits: dict[str, list[Utterance]], pool: str) -> list[Utterance]:
@@ -491,7 +513,9 @@ def prepare_folder(
     problem = _name_problem(data_dir)
     if problem:
         raise ValueError(problem)
-    found = audio_files(data_dir, (*AUDIO_SUFFIXES, ".txt"))  # one walk of a large tree
+    unlisted: list[str] = []
+    found = audio_files(data_dir, (*AUDIO_SUFFIXES, ".txt"), unlisted)  # one walk of a tree
+    _warn_unlisted(str(data_dir), unlisted)
     audio = [path for path in found if path.suffix.lower() != ".txt"]
     if not audio:
         raise ValueError(f"{data_dir}: expected {FOLDER_LAYOUT}; found no audio")
@@ -535,6 +559,7 @@ def prepare_folder(
         "transcripts_without_audio": no_audio,
         "bad_transcripts": bad_text,
         "unusable_audio": unusable,
+        "unlisted_folders": unlisted,
     }
     return _write_splits(out_dir, "folder", data_dir, splits, **extra)
 

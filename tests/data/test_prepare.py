@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import shutil
 import tarfile
@@ -309,6 +310,37 @@ def test_folder_reports_audio_without_transcript(folder, tmp_path, caplog):
         assert utterance.text == f"words of utterance {n}"
         assert utterance.speaker == f"spk{n % 2}"
         assert utterance.duration == pytest.approx(0.1 + 0.01 * n, abs=1e-9)
+
+
+def test_a_folder_that_cannot_be_listed_is_named_not_left_out(
+    folder, tmp_path, monkeypatch, caplog
+):
+    """Permissions a user lacks (root reads every folder: the listing is refused here):
+    `os.walk` and `Path.glob` skipped the folder, its utterances gone without a word. It is
+    listed as broken input, the rest prepared (`lost+found` may be one, and cannot move)."""
+    for chapter in (tmp_path / "LibriSpeech" / "dev-clean-5" / "19" / c for c in ("197", "198")):
+        chapter.mkdir(parents=True)
+        (chapter / f"19-{chapter.name}.trans.txt").write_text(f"19-{chapter.name}-0001 YES\n")
+        write_tone(chapter / f"19-{chapter.name}-0001.flac", 0.5)
+    (chapter.parent / "197" / "deeper").mkdir()  # below a chapter: no transcript read there
+    listed = os.scandir
+
+    def refused(path=".", *args):
+        if not isinstance(path, int) and Path(path).name in ("spk1", "198", "deeper"):
+            raise PermissionError(13, "Permission denied", str(path))
+        return listed(path, *args)
+
+    monkeypatch.setattr(os, "scandir", refused)
+    for corpus, data, locked, count in (
+        ("folder", folder, folder / "spk1", 5),
+        ("librispeech", tmp_path, chapter, 1),
+    ):
+        out = tmp_path / f"out_{corpus}"
+        with caplog.at_level(logging.WARNING, logger="asr.data.prepare"):
+            summaries = prepare_corpus(corpus, data, out)
+        said = f"{locked}: cannot list this folder (Permission denied)"
+        assert left_out(out) == [said] and said in caplog.text
+        assert sum(s.utterances for k, s in summaries.items() if "-" not in k) == count
 
 
 def test_a_transcript_whose_suffix_is_upper_case_is_read(folder, tmp_path):
