@@ -10,7 +10,6 @@ import inspect
 import json
 import logging
 import os
-import random
 import re
 import shutil
 import tarfile
@@ -660,19 +659,24 @@ def _read_transcript(path: Path) -> str:
 def _random_split(
     ids: list[str], dev_fraction: float, test_fraction: float, seed: int
 ) -> dict[str, str]:
-    """Each utterance id's split: `test_fraction` and `dev_fraction` of them drawn by `seed`."""
+    """Each utterance id's split: `test_fraction` and `dev_fraction` of them drawn by `seed`.
+    Ids are ranked by a hash of each (a shuffle's order would change whole for one id added
+    or removed): one added or removed moves at most one other across each boundary."""
     if not (0 <= dev_fraction and 0 <= test_fraction and dev_fraction + test_fraction < 1):
         raise ValueError(
             f"need dev_fraction, test_fraction >= 0 with a sum below 1, "
             f"got {dev_fraction} and {test_fraction}"
         )
-    shuffled = sorted(set(ids))
-    random.Random(seed).shuffle(shuffled)
-    num_test = round(len(shuffled) * test_fraction)
-    num_dev = round(len(shuffled) * dev_fraction)
+    ranked = sorted(
+        set(ids),
+        key=lambda i: hashlib.sha256(f"{seed}\0{i}".encode(errors="surrogateescape")).digest(),
+    )
+    # each boundary rounded on its own, so that one id more or less moves each by one at most
+    num_test = round(len(ranked) * test_fraction)
+    num_held = round(len(ranked) * (test_fraction + dev_fraction))
     return {
-        i: "test" if k < num_test else "dev" if k < num_test + num_dev else "train"
-        for k, i in enumerate(shuffled)
+        i: "test" if k < num_test else "dev" if k < num_held else "train"
+        for k, i in enumerate(ranked)
     }
 
 

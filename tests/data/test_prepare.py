@@ -366,6 +366,43 @@ def test_folder_random_split_is_a_seeded_partition(folder, tmp_path):
     assert first != other
 
 
+STEP = {"test": 0, "dev": 1, "train": 2}
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_recording_added_or_removed_moves_at_most_one_other_per_boundary(seed, tmp_path):
+    """A shuffle's order changed whole with the set of ids: one transcript removed sent most
+    of dev and test elsewhere."""
+    corpus = tmp_path / "corpus"
+
+    def add(name: str) -> None:
+        write_tone(corpus / f"{name}.wav", 0.01)
+        (corpus / f"{name}.txt").write_text(name)
+
+    def placed(out: str) -> dict[str, str]:
+        splits = read_splits_after("folder", corpus, tmp_path / out, seed=seed)
+        return {u.utt_id: name for name, split in splits.items() for u in split}
+
+    for n in range(40):
+        add(f"u{n:02d}")
+    less = placed("a")
+    for n in range(40, 56):  # each added alone: 45 to 46 moves both rounded sizes at once
+        add(f"u{n:02d}")
+        more = placed(f"b{n}")
+        moved = [i for i in less if more[i] != less[i]]
+        assert len(moved) <= 2, "one across each boundary at most"
+        assert all(abs(STEP[less[i]] - STEP[more[i]]) == 1 for i in moved), "to the next split"
+        less = more
+    for gone in sorted(less)[:8]:  # and removed
+        for path in corpus.glob(f"{gone}.*"):
+            path.unlink()
+        fewer = placed(f"c{gone}")
+        moved = [i for i in fewer if fewer[i] != less[i]]
+        assert len(moved) <= 2
+        assert all(abs(STEP[less[i]] - STEP[fewer[i]]) == 1 for i in moved)
+        less = fewer
+
+
 def test_an_unreadable_recording_moves_none_to_another_split(folder, an4_fixture, tmp_path):
     """Splits are drawn by name before unreadable audio is left out: one broken dev file took
     a test utterance into train (folder) or the next training one into dev (AN4)."""
