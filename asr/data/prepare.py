@@ -112,19 +112,21 @@ def prepare_an4(
         raise ValueError(f"dev_size must be >= 0, got {dev_size}")
     data_dir, out_dir = _absolute(data_dir), _absolute(out_dir)
     root = _an4_root(data_dir, out_dir)
-    missing, bad_text, measured, held_out = [], [], {}, set()
+    missing, bad_text, measured, held_out, untranscribed = [], [], {}, set(), []
     for split in AN4_SPLITS:
-        entries, missing_here, bad_here, named = _an4_entries(root, split)
+        entries, missing_here, bad_here, named, untranscribed_here = _an4_entries(root, split)
         if split == "train":  # by name, over lines left out too: mending one moves none
             held_out = set(_hold_out(sorted(set(named)), dev_size)[0])
         measured[split] = _measure(entries, f"an4 {split}")
         missing += missing_here
         bad_text += bad_here
+        untranscribed += untranscribed_here
     (pool, unusable), (test, unusable_test) = measured["train"], measured["test"]
     pool = sorted(pool, key=lambda u: u.utt_id)
     splits = _by_split(pool, dict.fromkeys(held_out, "dev"), default="train")
     splits["test"] = sorted(test, key=lambda u: u.utt_id)
-    report = {"missing_audio": missing, "bad_transcripts": bad_text}
+    report = {"missing_audio": missing, "bad_transcripts": bad_text,
+              "missing_transcripts": untranscribed}  # fmt: skip
     return _write_splits(
         out_dir, "an4", root, splits, unusable_audio=unusable + unusable_test, **report
     )
@@ -225,9 +227,12 @@ def _extract_all(archive: tarfile.TarFile, destination: Path) -> None:
         archive.extractall(destination)
 
 
-def _an4_entries(root: Path, split: str) -> tuple[list[_Entry], list[str], list[str], list[str]]:
-    """The split's entries, the audio not found, `file:line: reason` of unusable lines, and
-    the id of every line that names one (usable or not: what the split is drawn over)."""
+def _an4_entries(
+    root: Path, split: str
+) -> tuple[list[_Entry], list[str], list[str], list[str], list[str]]:
+    """The split's entries, the audio not found, `file:line: reason` of unusable lines, the
+    id of every line that names one (usable or not: what the split is drawn over), and the
+    audio (relative to `root`) no line names."""
     transcription, audio_dir = AN4_SPLITS[split]
     path = root / "etc" / transcription
     entries, missing, bad_text, first_line_of, named, undecoded = [], [], [], {}, [], []
@@ -256,8 +261,27 @@ def _an4_entries(root: Path, split: str) -> tuple[list[_Entry], list[str], list[
         with contextlib.suppress(ValueError):
             first, speaker, last = _parse_an4_line(line, "")[1].split("-")
             named.append(f"{speaker}-{first}-{last}")
+    folder, unlisted = root / "wav" / audio_dir, []  # none there: each line's audio is missing
+    found = audio_files(folder, (".wav", ".sph"), unlisted) if folder.is_dir() else []
+    missing += unlisted  # what lines name may be there
     _warn_left_out(f"an4 {split}", missing, bad_text)
-    return entries, missing, bad_text, named
+    said = set()  # `speaker/first-speaker-last`, where each line's audio is
+    for utterance_id in named:
+        speaker, first, last = utterance_id.split("-")
+        said.add(f"{speaker}/{first}-{speaker}-{last}")
+    untranscribed = [
+        audio.relative_to(root).as_posix()
+        for audio in found
+        if audio.relative_to(folder).with_suffix("").as_posix() not in said
+    ]
+    if untranscribed:
+        logger.warning(
+            "an4 %s: %d audio file(s) no transcription line names, left out: %s",
+            split,
+            len(untranscribed),
+            some_of(untranscribed),
+        )
+    return entries, missing, bad_text, named, untranscribed
 
 
 def _transcript_problem(

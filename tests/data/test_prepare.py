@@ -99,6 +99,11 @@ def test_mini_an4_tarball_gives_the_transcripts_of_the_wav_corpus(
     with caplog.at_level(logging.WARNING, logger="asr.data.prepare"):
         summaries = prepare_corpus("an4", mini_an4_tar, tmp_path)
     assert "holding out 1" in caplog.text  # 5 training utterances cannot give 100 to dev
+    lone = "wav/an4_clstk/fash/cen7-fash-b.sph"  # no line of the tarball's names it
+    assert f"an4 train: 1 audio file(s) no transcription line names, left out: {lone}" in (
+        caplog.text
+    )
+    assert json.loads((tmp_path / "summary.json").read_text())["missing_transcripts"] == [lone]
     splits = check_outputs(tmp_path, summaries)
     assert {name: len(utterances) for name, utterances in splits.items()} == {
         "train": 4,
@@ -590,6 +595,17 @@ def fake_an4(root: Path, train: list[str], test: list[str]) -> Path:
                 write_tone(root / "wav" / audio_dir / found.group(2) / f"{source}.wav", 0.1)
     (root / "wav").mkdir(exist_ok=True)
     return root
+
+
+def test_an4_lists_audio_no_line_names_by_its_whole_name(tmp_path):
+    root = fake_an4(tmp_path / "an4", ["<s> A </s> (a1-spk-b)"], ["<s> T </s> (t1-tsp-b)"])
+    for name in ("a1-spk-b-2", "a2-spk-b"):  # the first's first three parts name a line's
+        write_tone(root / "wav" / "an4_clstk" / "spk" / f"{name}.wav", 0.1)
+    prepare_corpus("an4", root, tmp_path / "out", dev_size=0)
+    assert json.loads((tmp_path / "out" / "summary.json").read_text())["missing_transcripts"] == [
+        "wav/an4_clstk/spk/a1-spk-b-2.wav",
+        "wav/an4_clstk/spk/a2-spk-b.wav",
+    ]
 
 
 def test_an4_leaves_out_and_lists_bad_lines_and_missing_audio(tmp_path):
