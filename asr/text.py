@@ -566,9 +566,9 @@ def json_line(line: str) -> Any:
         raise ValueError("invalid JSON: nested deeper than the reader goes") from None
 
 
-def surrogate_problem(text: str) -> str | None:
-    r"""What is wrong with a text holding a lone surrogate (JSON's `"\ud800"` escape), which
-    is no character and cannot be written as UTF-8; None for a good text.
+def surrogate_problem(text: str, key: str = "text") -> str | None:
+    r"""What is wrong with a text (the field `key`) holding a lone surrogate (JSON's `"\ud800"`
+    escape), which is no character and cannot be written as UTF-8; None for a good text.
 
     >>> surrogate_problem("ok"), surrogate_problem("A\ud800")
     (None, "'text' holds \\ud800 at 2, half of a surrogate pair and not a character")
@@ -578,7 +578,7 @@ def surrogate_problem(text: str) -> str | None:
     except UnicodeEncodeError as err:
         code = f"\\u{ord(text[err.start]):04x}"
         where = f"at {err.start + 1}, half of a surrogate pair and not a character"
-        return f"'text' holds {code} {where}"
+        return f"{key!r} holds {code} {where}"
     return None
 
 

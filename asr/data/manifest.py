@@ -387,7 +387,9 @@ def _number_problem(key: str, value: Any, allow_zero: bool) -> str | None:
 
 def _label_problem(key: str, value: Any) -> str | None:
     """ids and speakers: non-empty strings; integers are accepted and become strings."""
-    if value is None or (isinstance(value, str) and value) or type(value) is int:
+    if isinstance(value, str) and value:
+        return surrogate_problem(value, key)  # written to shards, reports and file names
+    if value is None or type(value) is int:
         return None
     return f"{key!r} must be a non-empty string, got {_json_value(value)}"
 

@@ -266,6 +266,14 @@ BAD_LINES = [
         '{"audio_filepath": "/a.wav", "duration": 1, "text": "x", "speaker": ""}',
         "'speaker' must be",
     ),
+    (  # as asr transcribe's transcripts.jsonl names a file of other bytes
+        '{"audio_filepath": "/a.wav", "duration": 1, "text": "x", "id": "caf\\udce9"}',
+        "'id' holds \\udce9 at 4, half of a surrogate pair",
+    ),
+    (
+        '{"audio_filepath": "/a.wav", "duration": 1, "text": "x", "speaker": "s\\udce9"}',
+        "'speaker' holds \\udce9 at 2",
+    ),
     (
         b'{"audio_filepath": "/a.wav", "duration": 1, "text": "caf\xe9"}',
         "not valid UTF-8 (byte 0xe9",
