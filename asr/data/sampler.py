@@ -106,11 +106,12 @@ class DynamicBucketSampler(Sampler[list[int]]):
         self._batches_yielded = 0
         self._resume_at = 0
         self._cached_plan: tuple[tuple[int, int], tuple[list, list]] | None = None
+        self._said: set[str] = set()
         self.oversized = [
             i for i, n in enumerate(self.lengths) if self._padded(n) > self.max_batch_length
         ]
         if self.oversized:
-            logger.warning(
+            self._warn(
                 "%d utterance(s) longer than max_batch_length=%g (padded) form batches of their "
                 "own: indices %s",
                 len(self.oversized),
@@ -316,7 +317,7 @@ class DynamicBucketSampler(Sampler[list[int]]):
         """The count is not a multiple of num_replicas, and no batch is to be split or merged."""
         remainder = len(batches) % self.num_replicas
         if self.drop_last:
-            logger.warning(
+            self._warn(
                 "drop_last: dropping %d batch(es) so that %d ranks get equal counts (epoch %d)",
                 remainder,
                 self.num_replicas,
@@ -326,7 +327,7 @@ class DynamicBucketSampler(Sampler[list[int]]):
         needed = self.num_replicas - remainder
         shortest = sorted(range(len(self.lengths)), key=lambda i: (self.lengths[i], i))
         repeats = [_Repeat([shortest[k % len(shortest)]]) for k in range(needed)]
-        logger.warning(
+        self._warn(
             "%d batch(es) cannot be shared equally by %d ranks: repeating utterance(s) %s "
             "this epoch (validation and test count them once)",
             len(batches),
@@ -334,6 +335,13 @@ class DynamicBucketSampler(Sampler[list[int]]):
             _preview([b[0] for b in repeats]),
         )
         return batches + repeats
+
+    def _warn(self, message: str, *args: Any) -> None:
+        """A warning rank 0 gives the first time (later epochs: at debug level); each rank's
+        sampler plans alike, and one line each per epoch would flood a long DDP run."""
+        if self.rank == 0:
+            (logger.debug if message in self._said else logger.warning)(message, *args)
+            self._said.add(message)
 
     def _assign_ranks(self, batches: list[_Indices]) -> list[list[int]]:
         """Positions of the batches each rank gets: equal counts, balanced total cost."""

@@ -210,6 +210,21 @@ def test_fewer_utterances_than_replicas_repeats_with_warning(caplog):
     assert any("repeating" in r.getMessage() for r in caplog.records)
 
 
+def test_rank_zero_warns_of_repeats_once_and_later_epochs_at_debug_level(caplog):
+    """Each rank plans alike: a line per rank per epoch said one thing 480 times on 8 GPUs
+    over 60 epochs."""
+    config = {"lengths": [6.0] * 5 + [30.0], "max_batch_length": 10.0}
+    with caplog.at_level(logging.DEBUG, logger="asr.data.sampler"):
+        samplers = [DynamicBucketSampler(**config, num_replicas=4, rank=r) for r in range(4)]
+        for epoch in range(3):
+            for sampler in samplers:
+                sampler.set_epoch(epoch)
+                assert len(list(sampler)) == 2
+    said = [(r.levelname, r.getMessage().split(" ", 2)[2][:14]) for r in caplog.records]
+    assert said == [("WARNING", "longer than ma"), ("WARNING", "cannot be shar"),
+                    ("DEBUG", "cannot be shar"), ("DEBUG", "cannot be shar")]  # fmt: skip
+
+
 def test_fewer_utterances_than_replicas_drop_last(caplog):
     with caplog.at_level(logging.WARNING, logger="asr.data.sampler"):
         per_rank = rank_batches(
