@@ -157,12 +157,23 @@ class FileSource:
         self._duration = self.info.duration - offset
         if duration is not None:
             self._duration = min(self._duration, duration)
+        first, stop = self._sample_span()
+        if stop <= first:
+            reason = (f"the span from offset {offset} s holds no whole sample (the audio is "
+                      f"{self.info.duration:.3f} s at {self.info.sample_rate} Hz)")  # fmt: skip
+            raise AudioError(path, reason)
         self._whole: Tensor | None = None  # a file that cannot seek, decoded once
         self._seeks = can_seek(path)
 
     @property
     def duration(self) -> float:
         return self._duration
+
+    def _sample_span(self) -> tuple[int, int]:
+        """The span's first sample and the one after its last, at the file's own rate."""
+        rate = self.info.sample_rate
+        first = round(self.offset * rate)
+        return first, min(self.info.num_frames, first + round(self._duration * rate))
 
     def read(self, start: float, end: float) -> Tensor:
         return self._load(self.offset + start, end - start, self.sample_rate)
@@ -184,8 +195,7 @@ class FileSource:
         rate = self.info.sample_rate  # the file's own: no resampling for the analysis
         frame = max(1, round(rate * frame_seconds))
         chunk = frame * max(1, round(read_seconds / frame_seconds))
-        first = round(self.offset * rate)
-        stop = min(self.info.num_frames, first + round(self.duration * rate))
+        first, stop = self._sample_span()
         parts = [
             frame_energy_db(
                 self._load(start / rate, min(chunk, stop - start) / rate, None).numpy(), frame

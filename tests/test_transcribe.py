@@ -1259,6 +1259,24 @@ def test_a_folder_that_cannot_be_listed_fails_alone(transcribe_cli, tmp_path, mo
     assert code == 1 and "no audio files in this folder" not in stderr  # none it could see
 
 
+def test_a_manifest_span_holding_no_whole_sample_fails_alone(transcribe_cli, tmp_path):
+    """Half a sample before the end, or 0.32 of one: the level analysis had nothing to read
+    and the whole run stopped with numpy's "need at least one array to concatenate"."""
+    wav = SPEECH["an251-fash-b"]
+    end = soundfile.info(wav).duration
+    lines = [{"audio_filepath": str(wav), "offset": end - 1e-5},
+             {"audio_filepath": str(wav), "offset": 0.5, "duration": 2e-5},
+             {"audio_filepath": str(wav)}]  # fmt: skip
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    code, stdout, stderr = transcribe_cli(manifest, "--output-dir", tmp_path / "out")
+    assert code == 1 and stdout.endswith("\tYES\n")
+    for number, span, offset in ((1, "1000-end", end - 1e-5), (2, "500-500", 0.5)):
+        said = f"{manifest}:{number}: audio {wav}@{span}: the span from offset {offset} s holds"
+        assert said in stderr, stderr
+    assert "2 of 3 files failed" in stderr
+
+
 def test_cli_reads_stdin_and_prints_timed_lines_without_an_output_dir(
     transcribe_cli, tmp_path, monkeypatch
 ):
