@@ -117,6 +117,8 @@ class EndpointOptions:
                 raise ValueError(f"EndpointOptions.{name} must be a number, got {value!r}")
             if not 0 < value < math.inf:  # nan turned the rule off
                 raise ValueError(f"EndpointOptions.{name} must be positive and finite")
+            if type(value) not in (int, float):  # numpy's, as Python's
+                object.__setattr__(self, name, float(value))
         if self.silence_from not in ("ctc", "silero"):
             raise ValueError(f"silence_from must be 'ctc' or 'silero', got {self.silence_from!r}")
 

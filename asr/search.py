@@ -128,6 +128,8 @@ class SearchOptions:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, numbers.Integral):
                 raise ValueError(f"SearchOptions: {name} must be a whole number, got {value!r}")
+            if type(value) is not int:  # numpy's: JSON and weights-only checkpoints take ints
+                object.__setattr__(self, name, int(value))
         optional = ("eos_threshold", "pre_beam_ratio")
         for name in ("ctc_weight", "lm_weight", "length_bonus", "max_len_ratio", "min_len_ratio",
                      *optional):  # fmt: skip
@@ -138,6 +140,8 @@ class SearchOptions:
                 raise ValueError(f"SearchOptions: {name} must be a number, got {value!r}")
             if not math.isfinite(value):  # inf scores every hypothesis -inf
                 raise ValueError(f"SearchOptions: {name} must be finite, got {value!r}")
+            if type(value) not in (int, float):
+                object.__setattr__(self, name, float(value))
         for name in ("length_normalization", "repair"):  # "false" would be taken as true
             value = getattr(self, name)
             if not isinstance(value, bool):

@@ -93,6 +93,8 @@ class StreamOptions:
             ):
                 what = "a whole number" if whole else "a number"
                 raise ValueError(f"StreamOptions: {name} must be {what}, got {value!r}")
+            if type(value) not in (int, float):  # numpy's: JSON messages take no such number
+                object.__setattr__(self, name, int(value) if whole else float(value))
         if self.endpoint is not None and not isinstance(self.endpoint, EndpointOptions):
             raise TypeError(
                 f"StreamOptions: endpoint must be an EndpointOptions (asr.ctc_beam) or None, got "

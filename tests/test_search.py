@@ -375,6 +375,26 @@ def test_bad_options_raise(field: str, value: float) -> None:
         SearchOptions(**{field: value})
 
 
+def test_numpy_numbers_are_kept_as_pythons(tmp_path) -> None:
+    """A sweep's np.linspace value passed the checks and stayed numpy's: metrics.json failed
+    to write after a whole decode, and `asr finalize` stored it in a checkpoint that the
+    weights-only loader then refused."""
+    import json
+    from dataclasses import asdict
+
+    import numpy as np
+
+    options = SearchOptions(beam_size=np.int64(4), nbest=np.int32(2), ctc_weight=np.float64(0.4),
+                            lm_weight=np.float32(0.5), eos_threshold=np.float16(1.5))  # fmt: skip
+    fields = asdict(options)
+    assert {type(fields[k]) for k in ("beam_size", "nbest")} == {int}
+    assert {type(fields[k]) for k in ("ctc_weight", "lm_weight", "eos_threshold")} == {float}
+    json.dumps(fields)
+    torch.save(fields, tmp_path / "s.pt")
+    assert torch.load(tmp_path / "s.pt", weights_only=True) == fields
+    assert type(SearchOptions(beam_size=3, ctc_weight=0).ctc_weight) is int  # as given
+
+
 def test_missing_or_mismatched_scorers_raise() -> None:
     decoder, enc = make_decoder("transformer"), encoder_output()
     with pytest.raises(ValueError, match="no ctc_log_probs"):

@@ -1007,6 +1007,17 @@ def test_stream_options_out_of_range_are_refused(field, value, rule) -> None:
         StreamOptions(**{field: value})
 
 
+def test_stream_options_keep_numpy_numbers_as_pythons() -> None:
+    """The server sends them in JSON messages, which take no numpy number."""
+    from dataclasses import asdict
+
+    endpoint = EndpointOptions(trailing_silence=np.float32(0.5))
+    options = StreamOptions(chunk_ms=np.float32(320), beam=np.int64(4), endpoint=endpoint)
+    fields = asdict(options)
+    assert json.loads(json.dumps(fields))["endpoint"]["trailing_silence"] == 0.5
+    assert (type(fields["chunk_ms"]), type(fields["beam"])) == (float, int)
+
+
 def test_search_options_streaming_does_not_take_are_refused(capsys) -> None:
     """Refused, not ignored: each would have decoded as without it."""
     refused = ((["--nbest", "3"], "--nbest: not taken by --streaming"),
