@@ -51,6 +51,7 @@ from asr.results import Decoded
 from asr.search import LanguageModel, SearchOptions
 from asr.timing import boundary_error_ms, word_products, word_tokens
 from asr.transcribe import search_or_errors
+from asr.writers import write_text_atomically
 
 log = logging.getLogger(__name__)
 
@@ -134,6 +135,10 @@ def evaluate(
         )
     chars = char_errors(refs, hyps)
     sentence_errors = sum(r.ref.split() != r.hyp.split() for r in results)
+    # an earlier run's go first: a run that fails from here leaves none beside its reports
+    for stale in ("metrics.json", "reliability.png"):
+        (out_dir / stale).unlink(missing_ok=True)
+    remove_records(out_dir)  # this run's, if it keeps them, are written at its end
     _write_kaldi(out_dir / "hyp.txt", [(r.utt_id, r.hyp) for r in results])
     _write_kaldi(out_dir / "ref.txt", [(r.utt_id, r.ref) for r in results])
     (out_dir / "errors.txt").write_text(error_report(results), encoding="utf-8")
@@ -173,7 +178,7 @@ def evaluate(
         "manifest": str(manifest),
         **(extra or {}),
     }
-    (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=1) + "\n", encoding="utf-8")
+    write_text_atomically(out_dir / "metrics.json", json.dumps(metrics, indent=1) + "\n")
     if writer is not None:
         writer.write(u.utt_id for u in utterances)
     else:

@@ -265,6 +265,24 @@ def test_a_report_path_taken_by_the_other_kind_is_named_before_decoding(tmp_path
         assert evaluate(recognizer, manifest, out, plots=0, progress=False)["wer"] == 0.0
 
 
+def test_a_run_that_fails_after_decoding_leaves_no_earlier_metrics(tmp_path, monkeypatch):
+    """A full disk, or a number JSON cannot write: the earlier metrics.json stayed beside this
+    run's hyp.txt and errors.txt, two runs mixed with no sign of it."""
+    recognizer, _ = _overfit_recognizer(str(WAV))
+    manifest = _manifest(tmp_path / "m.jsonl", UTTERANCES)
+    out = tmp_path / "eval"
+    evaluate(recognizer, manifest, out, plots=0, progress=False)
+
+    def failed(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr("asr.evaluate._confidence_report", failed)
+    with pytest.raises(OSError, match="No space left"):
+        evaluate(recognizer, manifest, out, plots=0, progress=False)
+    left = {p.name for p in out.iterdir()}
+    assert "hyp.txt" in left and not left & {"metrics.json", "utterances.jsonl", "explore.json"}
+
+
 def test_a_decode_without_hypothesis_words_leaves_no_earlier_reliability_plot(tmp_path):
     """Every hypothesis empty: no calibration, and the plot of an earlier decode into the
     folder must not stay beside this one's metrics."""
