@@ -198,12 +198,7 @@ def read_training_log(run: str | os.PathLike) -> dict[str, Curve]:
         raise FileNotFoundError(f"{run}: no metrics.csv (nor logs/version_*/metrics.csv) there")
     curves: dict[str, dict[int, float]] = {}
     for file in files:
-        with open(file, newline="") as f:
-            lines = f.read().splitlines(keepends=True)
-        if lines and not lines[-1].endswith(("\n", "\r")):  # a run killed as it wrote it
-            log.warning("%s:%d: a line cut short, left out", file, len(lines))
-            lines.pop()
-        for number, row in enumerate(csv.DictReader(lines), start=2):
+        for number, row in enumerate(csv.DictReader(log_lines(file)), start=2):
             try:
                 for name, value in row.items():
                     if name not in ("epoch", "step") and value:
@@ -214,6 +209,17 @@ def read_training_log(run: str | os.PathLike) -> dict[str, Curve]:
                     "and numbers)"
                 ) from None
     return {name: sorted(points.items()) for name, points in curves.items()}
+
+
+def log_lines(file: Path) -> list[str]:
+    """The lines of a metrics.csv; a last line cut short (a run killed as it wrote it: 0.42
+    of 0.4243) left out, with a warning."""
+    with open(file, newline="") as f:
+        lines = f.read().splitlines(keepends=True)
+    if lines and not lines[-1].endswith(("\n", "\r")):
+        log.warning("%s:%d: a line cut short, left out", file, len(lines))
+        lines.pop()
+    return lines
 
 
 def csv_logs(folder: Path) -> list[Path]:

@@ -1012,21 +1012,22 @@ def _curves(paths: list[Path]) -> dict[str, Any]:
     """Per epoch, the last value of each series of `CURVES` logged in it (in the last of
     `paths` that logs it): None where it logged none (the page's line passes over it, as
     validation every n epochs leaves), "nan", "inf" or "-inf" where it is not finite (a gap)."""
+    from asr.plotting import log_lines  # as `asr curves` reads them (matplotlib: not at import)
+
     values: dict[str, dict[int, list[float | str]]] = defaultdict(lambda: defaultdict(list))
     for path in paths:
-        with open(path, newline="") as f:
-            reader = csv.DictReader(f)
-            for row in reader:
-                if not row.get("epoch"):
-                    continue
-                try:
-                    epoch = int(float(row["epoch"]))
-                    logged = {name: float(row[name]) for name in CURVES if row.get(name)}
-                except (TypeError, ValueError, OverflowError):  # inf: no whole epoch
-                    where = f"{path}:{reader.line_num}"
-                    raise ValueError(f"{where}: a value that is not a number") from None
-                for name, value in logged.items():
-                    values[name][epoch].append(value if math.isfinite(value) else str(value))
+        reader = csv.DictReader(log_lines(path))
+        for row in reader:
+            if not row.get("epoch"):
+                continue
+            try:
+                epoch = int(float(row["epoch"]))
+                logged = {name: float(row[name]) for name in CURVES if row.get(name)}
+            except (TypeError, ValueError, OverflowError):  # inf: no whole epoch
+                where = f"{path}:{reader.line_num}"
+                raise ValueError(f"{where}: a value that is not a number") from None
+            for name, value in logged.items():
+                values[name][epoch].append(value if math.isfinite(value) else str(value))
     epochs = sorted({e for series in values.values() for e in series})
     series = {
         name.removesuffix("_epoch"): [by_epoch[e][-1] if by_epoch.get(e) else None for e in epochs]

@@ -571,7 +571,7 @@ def test_a_resumed_run_shows_the_epochs_of_every_version(tmp_path):
     assert alone["curves"]["epoch"] == [0, 1], "a version folder: itself"
 
 
-def test_curves_show_values_that_are_not_finite_as_gaps(tmp_path, capsys):
+def test_curves_show_values_that_are_not_finite_as_gaps(tmp_path, capsys, caplog):
     (tmp_path / "metrics.csv").write_text(
         "epoch,step,val/loss,val/wer\n0,10,nan,inf\n1,20,2.5,-inf\n2,30,1.5,40\n"
     )
@@ -586,6 +586,11 @@ def test_curves_show_values_that_are_not_finite_as_gaps(tmp_path, capsys):
     (tmp_path / "metrics.csv").write_text("epoch,step,val/loss\n0,10,3.0\ninf,20,2.5\n")
     assert main(["explore", str(tmp_path), "--quiet"]) == 2  # no epoch: said, as above
     assert f"{tmp_path / 'metrics.csv'}:3: a value that is not a number" in capsys.readouterr().err
+    (tmp_path / "metrics.csv").write_text("epoch,step,val/loss\n0,10,3.0\n1,20,1.2")  # 1.2345
+    assert main(["explore", str(tmp_path), "--quiet"]) == 0  # killed as it wrote: as curves
+    curves = page_data((tmp_path / "explorer.html").read_text())["training"]["curves"]
+    assert curves == {"epoch": [0], "series": {"val/loss": [3.0]}}
+    assert f"{tmp_path / 'metrics.csv'}:3: a line cut short, left out" in caplog.text
 
 
 def test_linked_audio_a_browser_cannot_play_is_embedded(tmp_path):
