@@ -374,6 +374,10 @@ def _arguments(target, name: str, node: yaml.Node, key: str) -> Iterator[Problem
     parameters = _signature(target)
     if not isinstance(node, yaml.MappingNode) or parameters is None:
         return
+    # `<<: *shared` merged in, as YAML reads it, on a copy: its own keys are checked for
+    # duplicates unmerged, as they were written
+    node = yaml.MappingNode(node.tag, list(node.value), node.start_mark, node.end_mark)
+    yaml.SafeLoader("").flatten_mapping(node)
     known = list(parameters)
     for k, value in node.value:
         if not isinstance(k, yaml.ScalarNode):

@@ -200,6 +200,21 @@ def test_merge_keys_are_read_as_yaml_reads_them(tmp_path) -> None:
         f"{bad}:2: trainer.max_stepz: the Trainer takes no argument 'max_stepz' (did you mean "
         "'max_steps'?)"
     ]
+    shared = tmp_path / "shared.yaml"  # a class's arguments shared with another's
+    shared.write_text(
+        "model:\n  init_args:\n    encoder:\n"
+        "      class_path: asr.models.transformer.TransformerEncoder\n"
+        "      init_args: &shared {d_model: 144, num_heads: 4, ffn_dim: 576}\n"
+        "    decoder:\n      class_path: asr.models.transformer.TransformerDecoder\n"
+        "      init_args:\n        <<: *shared\n        num_layers: 1\n        d_model: 96\n"
+    )
+    assert config_problems(shared) == []
+    shared.write_text(shared.read_text().replace("ffn_dim", "fnn_dim"))
+    assert [p.split(": ", 1)[1] for p in config_problems(shared)] == [
+        f"model.init_args.{part}.init_args.fnn_dim: asr.models.transformer.Transformer"
+        f"{kind} takes no argument 'fnn_dim' (did you mean 'ffn_dim'?)"
+        for part, kind in (("encoder", "Encoder"), ("decoder", "Decoder"))
+    ]
 
 
 def test_a_key_given_twice_is_named_with_both_lines(tmp_path) -> None:
