@@ -936,7 +936,10 @@ class ASRDataModule(ResumableData):
             raise ValueError(f"check_audio must be 'header' or 'full', got {check_audio!r}")
         if not max_batch_seconds > 0:  # named as set, before the sampler names its own budget
             raise ValueError(f"max_batch_seconds must be > 0, got {max_batch_seconds}")
-        self.grid = None if shape_grid is None else LengthGrid(shape_grid)
+        try:  # said as set: the grid's own words name its ratio
+            self.grid = None if shape_grid is None else LengthGrid(shape_grid)
+        except ValueError:
+            raise ValueError(f"shape_grid must be finite and > 1, got {shape_grid}") from None
         # `augment` stays out of hparams: checkpoints keep plain types, loadable weights_only.
         save_hyperparameters(self, ["augment"])
         self.augmenter = None

@@ -535,6 +535,24 @@ def test_a_value_refused_within_a_class_is_placed_at_that_class(tmp_path, capsys
     assert said == f"asr fit: error: {overlay}:7: d_model=144 is not divisible by num_heads=5"
 
 
+def test_a_refusal_of_an_argument_is_placed_at_the_overlay_that_set_it(
+    tmp_path, capsys, monkeypatch
+) -> None:
+    """Said in a part's words (`unknown window`, `norm=`, `grid ratio`), a refusal was placed
+    at the class's line in the first config, naming no setting the configs have."""
+    from asr.text import CharTokenizer
+
+    monkeypatch.chdir(tmp_path)
+    CharTokenizer.train(["YES NO"]).save(tmp_path / "data/an4/tokenizer")
+    overlay = tmp_path / "window.yaml"
+    overlay.write_text(FEATURES + "          init_args:\n            window: hanning\n")
+    said = refused(["fit", "--config", str(QUICK), "--config", str(overlay)], capsys)[-1]
+    assert said.startswith(f"asr fit: error: {overlay}:7: window must be one of [")
+    overlay.write_text("data:\n  init_args:\n    shape_grid: 0.9\n")
+    said = refused(["fit", "--config", str(QUICK), "--config", str(overlay)], capsys)[-1]
+    assert said == f"asr fit: error: {overlay}:3: shape_grid must be finite and > 1, got 0.9"
+
+
 def test_where_built_prefers_the_argument_named_to_the_class(tmp_path) -> None:
     from asr.config_check import where_built
 

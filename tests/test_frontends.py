@@ -520,6 +520,10 @@ def test_utterance_cmvn_of_a_constant_band_is_zero_alone_or_padded():
         ({"sample_rate": 0}, "must be positive"),
         ({"n_mels": 0}, "must be positive"),
         ({"log_floor": 0.0}, "must be positive"),
+        # named by the argument a config sets (torchaudio's words name neither)
+        ({"mel_scale": "foo"}, r"LogMelFilterbank: mel_scale must be \"htk\" or \"slaney\""),
+        ({"mel_norm": "foo"}, r"LogMelFilterbank: mel_norm must be null or \"slaney\", got 'foo'"),
+        ({"window": "hanning"}, r"window must be one of \[.*'hann'.*\], got 'hanning'"),
     ],
 )
 def test_log_mel_refuses_options_that_give_empty_or_broken_bands(options, match):
@@ -540,7 +544,7 @@ def test_floors_that_would_give_infinite_or_nan_features_are_refused():
 @pytest.mark.parametrize(
     "options, match",
     [
-        ({"window_type": "hann"}, "Invalid window type hann"),
+        ({"window_type": "hann"}, r"window_type must be one of \('povey', .*\), got 'hann'"),
         ({"high_freq": 9000.0}, "high-freq"),
         ({"low_freq": 5000.0, "high_freq": 4000.0}, "low-freq"),
         ({"num_mel_bins": 0}, "must be positive"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import warnings
 from collections.abc import Callable
 
@@ -57,9 +58,12 @@ def check_batch(x: Tensor, x_lens: Tensor, ndim: int) -> None:
         raise ValueError(f"lengths {x_lens.tolist()} outside [0, {x.size(1)}]")
 
 
+KALDI_WINDOWS = ("povey", "hamming", "hanning", "rectangular", "blackman")  # torchaudio's kaldi
+
+
 def _window_fn(name: str) -> Callable[..., Tensor]:
     if name not in WINDOWS:
-        raise ValueError(f"unknown window {name!r}; choose one of {sorted(WINDOWS)}")
+        raise ValueError(f"window must be one of {sorted(WINDOWS)}, got {name!r}")
     return WINDOWS[name]
 
 
@@ -151,6 +155,11 @@ class LogMelFilterbank(nn.Module):
         ):
             if not value > 0:  # each named alone: a config's line is found by the name
                 raise ValueError(f"LogMelFilterbank: {name} ({value}) must be positive")
+        for name, value, allowed in (("mel_scale", mel_scale, ("htk", "slaney")),
+                                     ("mel_norm", mel_norm, (None, "slaney"))):  # fmt: skip
+            if value not in allowed:  # torchaudio's refusal names neither, in a traceback
+                choices = " or ".join(json.dumps(a) for a in allowed)
+                raise ValueError(f"LogMelFilterbank: {name} must be {choices}, got {value!r}")
         nyquist = sample_rate / 2
         if not 0 <= f_min < (nyquist if f_max is None else f_max) <= nyquist:
             raise ValueError(
@@ -292,7 +301,7 @@ class KaldiFbank(nn.Module):
         low_freq: lowest mel filter edge in Hz.
         high_freq: highest edge in Hz; <= 0 means offset from Nyquist, as in Kaldi.
         preemphasis_coefficient: pre-emphasis factor.
-        window_type: Kaldi window ("povey", "hamming", "hanning", "rectangular", "blackman").
+        window_type: one of `KALDI_WINDOWS`.
         energy_floor: floor on the energy term.
         use_energy: append log energy as an extra first coefficient.
         remove_dc_offset: subtract each frame's mean.
@@ -318,6 +327,10 @@ class KaldiFbank(nn.Module):
         super().__init__()
         if not sample_rate > 0:  # else blamed on the frame lengths
             raise ValueError(f"KaldiFbank: sample_rate ({sample_rate}) must be positive")
+        if window_type not in KALDI_WINDOWS:
+            raise ValueError(
+                f"KaldiFbank: window_type must be one of {KALDI_WINDOWS}, got {window_type!r}"
+            )
         self.sample_rate = sample_rate
         self.options = dict(
             sample_frequency=float(sample_rate),

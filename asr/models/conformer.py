@@ -10,6 +10,7 @@ from asr.models.blocks import (
     Conv2dSubsampling,
     RelativePositionalEncoding,
     RelPositionMultiHeadAttention,
+    check_probabilities,
     check_sizes,
 )
 from asr.models.chunking import (
@@ -184,6 +185,14 @@ class ConformerEncoder(nn.Module):
     ) -> None:
         super().__init__()
         check_sizes("ConformerEncoder", d_model=d_model, num_layers=num_layers, ffn_dim=ffn_dim)
+        check_sizes("ConformerEncoder", least=0, dynamic_chunk=dynamic_chunk)  # 0: none
+        check_probabilities(
+            "ConformerEncoder", dropout=dropout, attention_dropout=attention_dropout
+        )
+        if conv_norm not in ("batch", "layer"):  # the convolution module's own says `norm`
+            raise ValueError(
+                f"ConformerEncoder: conv_norm must be 'batch' or 'layer', got {conv_norm!r}"
+            )
         if dynamic_chunk and not causal:
             raise ValueError(
                 "ConformerEncoder: dynamic_chunk needs causal=True, or each chunk's convolutions "

@@ -7,7 +7,13 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from asr.models.blocks import FeedForward, MultiHeadAttention, PositionalEncoding, check_sizes
+from asr.models.blocks import (
+    FeedForward,
+    MultiHeadAttention,
+    PositionalEncoding,
+    check_probabilities,
+    check_sizes,
+)
 from asr.models.interfaces import State, reorder_batch
 
 
@@ -46,6 +52,7 @@ class LSTMLM(nn.Module):
         tie_embeddings: bool = False,
     ) -> None:
         super().__init__()
+        check_probabilities("LSTMLM", dropout=dropout)
         if tie_embeddings and embed_dim != hidden_size:
             raise ValueError(
                 f"LSTMLM: tie_embeddings needs embed_dim == hidden_size, got {embed_dim} and "
@@ -139,6 +146,7 @@ class TransformerLM(nn.Module):
     ) -> None:
         super().__init__()
         check_sizes("TransformerLM", d_model=d_model, ffn_dim=ffn_dim, num_layers=num_layers)
+        check_probabilities("TransformerLM", dropout=dropout)
         self.embedding = nn.Embedding(vocab_size, d_model)
         nn.init.normal_(self.embedding.weight, std=d_model**-0.5)  # unit scale after sqrt(d)
         self.positions = PositionalEncoding(d_model, dropout=dropout)

@@ -10,7 +10,7 @@ from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from asr.models.attention import LocationAwareAttention
-from asr.models.blocks import check_sizes
+from asr.models.blocks import check_probabilities, check_sizes
 from asr.models.interfaces import State, check_lengths, check_tokens, lengths_to_mask, reorder_batch
 
 _RNN_TYPES = {"lstm": nn.LSTM, "gru": nn.GRU}
@@ -160,6 +160,9 @@ class RNNEncoder(nn.Module):
             )
         check_sizes("RNNEncoder", num_layers=num_layers, hidden_size=hidden_size)
         check_sizes("RNNEncoder", least=0, projection_dim=projection_dim)  # 0: none
+        if conv_front:
+            check_sizes("RNNEncoder", conv_channels=conv_channels)
+        check_probabilities("RNNEncoder", dropout=dropout)
         self.input_dim = input_dim
         self.layer_factors = parse_subsample(subsample, num_layers)
         self.subsample_mode = subsample_mode
@@ -305,6 +308,7 @@ class RNNAttentionDecoder(nn.Module):
             hidden_size=hidden_size,
             embed_dim=embed_dim,
         )
+        check_probabilities("RNNAttentionDecoder", dropout=dropout)
         if not 0.0 <= scheduled_sampling <= 1.0:
             raise ValueError(
                 f"RNNAttentionDecoder: scheduled_sampling must be in [0, 1]: {scheduled_sampling}"

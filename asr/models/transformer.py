@@ -12,6 +12,7 @@ from asr.models.blocks import (
     PositionalEncoding,
     RelativePositionalEncoding,
     RelPositionMultiHeadAttention,
+    check_probabilities,
     check_sizes,
     key_padding_mask,
 )
@@ -112,6 +113,10 @@ class TransformerEncoder(nn.Module):
     ) -> None:
         super().__init__()
         check_sizes("TransformerEncoder", d_model=d_model, num_layers=num_layers, ffn_dim=ffn_dim)
+        check_sizes("TransformerEncoder", least=0, dynamic_chunk=dynamic_chunk)  # 0: none
+        check_probabilities(
+            "TransformerEncoder", dropout=dropout, attention_dropout=attention_dropout
+        )
         self.chunk_training = (
             ChunkTraining(dynamic_chunk, full_context_prob) if dynamic_chunk else None
         )
@@ -257,6 +262,9 @@ class TransformerDecoder(nn.Module):
     ) -> None:
         super().__init__()
         check_sizes("TransformerDecoder", d_model=d_model, num_layers=num_layers, ffn_dim=ffn_dim)
+        check_probabilities(
+            "TransformerDecoder", dropout=dropout, attention_dropout=attention_dropout
+        )
         self.embedding = nn.Embedding(vocab_size, d_model)
         nn.init.normal_(self.embedding.weight, std=d_model**-0.5)  # unit scale after sqrt(d)
         self.positions = PositionalEncoding(d_model, max_len, dropout)

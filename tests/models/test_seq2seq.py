@@ -171,6 +171,27 @@ def test_ctc_weight_without_head_is_an_error():
          "DotProductAttention: attention_dim must be >= 1, got 0"),
         (lambda: att.MultiHeadAttention(16, 16, num_heads=2, attention_dim=0),
          "MultiHeadAttention: attention_dim must be >= 1, got 0"),
+        # torch's own words name no argument, deep in a traceback
+        (lambda: TransformerEncoder(20, d_model=16, num_heads=2, dropout=1.5),
+         "TransformerEncoder: dropout must be in [0, 1], got 1.5"),
+        (lambda: TransformerDecoder(VOCAB, 16, d_model=16, num_heads=2, attention_dropout=-1),
+         "TransformerDecoder: attention_dropout must be in [0, 1], got -1"),
+        (lambda: ConformerEncoder(20, d_model=16, num_heads=2, dropout=float("nan")),
+         "ConformerEncoder: dropout must be in [0, 1], got nan"),
+        (lambda: RNNEncoder(20, dropout=2.0), "RNNEncoder: dropout must be in [0, 1], got 2.0"),
+        (lambda: RNNAttentionDecoder(VOCAB, 16, dropout=-0.5),
+         "RNNAttentionDecoder: dropout must be in [0, 1], got -0.5"),
+        (lambda: TransformerLM(VOCAB, d_model=16, num_heads=2, dropout=1.1),
+         "TransformerLM: dropout must be in [0, 1], got 1.1"),
+        (lambda: RNNEncoder(20, conv_front=True, conv_channels=0),
+         "RNNEncoder: conv_channels must be >= 1, got 0"),  # the LSTM's input_size
+        # said of the encoder's own arguments, which a config sets, not its parts'
+        (lambda: ConformerEncoder(20, d_model=16, num_heads=2, conv_norm="group"),
+         "ConformerEncoder: conv_norm must be 'batch' or 'layer', got 'group'"),
+        (lambda: ConformerEncoder(20, d_model=16, num_heads=2, causal=True, dynamic_chunk=-4),
+         "ConformerEncoder: dynamic_chunk must be >= 0, got -4"),
+        (lambda: TransformerEncoder(20, d_model=16, num_heads=2, dynamic_chunk=-1),
+         "TransformerEncoder: dynamic_chunk must be >= 0, got -1"),
     ],
 )  # fmt: skip
 def test_sizes_that_build_no_network_are_refused_by_name(make, said):
