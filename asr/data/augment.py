@@ -46,7 +46,8 @@ class ReverbAugment:
 
 @dataclass(frozen=True)
 class NarrowbandAugment:
-    """A telephone channel: 8 kHz bandwidth, 300 Hz high-pass, optionally mu-law coded."""
+    """A telephone channel: 8 kHz sampling (a band up to 4 kHz), 300 Hz high-pass, optionally
+    mu-law coded."""
 
     prob: float = 0.0  # chance an utterance goes through the channel
     mu_law_prob: float = 0.5  # chance, given the channel, of 8-bit mu-law coding
