@@ -221,7 +221,10 @@ def build_condition(
         path = out_dir / "wav" / f"{index:06d}.wav"
         clipped += int((wave.abs() > 1.0).sum())
         samples += wave.numel()
-        soundfile.write(path, wave.clamp(-1.0, 1.0).numpy(), sample_rate, subtype="PCM_16")
+        # rounded here: libsndfile floors floats written as WAV's 16 bits (a -0.5 LSB offset,
+        # and a sign's worth of speech left in audio 120 dB down)
+        pcm = (wave * 32768.0).round().clamp(-32768, 32767).short().numpy()
+        soundfile.write(path, pcm, sample_rate, subtype="PCM_16")
         duration = wave.numel() / sample_rate
         # Relative to the manifest, as manifests are read: wherever out_dir was given from.
         relative = f"wav/{path.name}"

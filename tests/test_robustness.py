@@ -136,6 +136,20 @@ def test_copies_that_clip_say_so_when_reused_too(tmp_path):
         robustness(recognizer, manifest, out, [Condition("level", 40.0)], GREEDY, progress=False)
 
 
+def test_copies_round_to_16_bits_and_the_quietest_are_silence(tmp_path):
+    """libsndfile floors floats written as WAV's 16 bits: each copy held a -0.5 LSB offset,
+    and one at -120 dB a sign's worth of the speech, which decoded to words."""
+    utterances = read_manifest(_manifest(tmp_path / "test.jsonl"))[:1]
+    clean = load_audio(utterances[0].audio_filepath)
+    for db, out in ((-120.0, "s"), (-6.0, "l")):
+        built = read_manifest(build_condition(Condition("level", db), utterances,
+                                              tmp_path / out, progress=False))  # fmt: skip
+        copy, _ = soundfile.read(built[0].audio_filepath, dtype="int16")
+        exact = clean.numpy() * 10 ** (db / 20) * 32768
+        assert np.abs(copy - exact).max() <= 0.5 + 1e-3, "to the nearest step"
+        assert copy.any() == (db > -100), "digital silence far below the quietest step"
+
+
 def test_level_and_noise_copies_measure_what_they_say(tmp_path):
     utterances = read_manifest(_manifest(tmp_path / "test.jsonl"))
     quiet = read_manifest(build_condition(Condition("level", -20.0), utterances, tmp_path / "q",
