@@ -92,6 +92,13 @@ class RunCheckpoint(ModelCheckpoint):
         if self.dirpath and recorded and recorded != self.dirpath:
             state_dict = _moved_record(state_dict, Path(self.dirpath)) or state_dict
         super().load_state_dict(state_dict)
+        here = state_dict.get("dirpath", self.dirpath) == self.dirpath  # else another run's
+        if self.save_last and self.dirpath and here and not self.last_model_path:
+            # The first epoch's best is saved before the run's first last.ckpt and records
+            # none: the last.ckpt beside it is the run's to write over, not another's to step
+            # around (Lightning would write last-v1.ckpt and leave last.ckpt on the old branch).
+            name = f"{self.CHECKPOINT_NAME_LAST}{self.FILE_EXTENSION}"
+            self.last_model_path = os.path.join(self.dirpath, name)
 
     _validated: tuple[int, Any] | None = None  # (step, monitored score) of the last validation
 

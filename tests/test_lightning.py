@@ -1309,6 +1309,25 @@ def test_step_checkpoints_leave_one_last_checkpoint_the_latest(tiny_an4, tmp_pat
     assert last["epoch"] == 1, "the end of the run, not a step of the first epoch"
 
 
+def test_resumed_from_the_first_epochs_checkpoint_the_run_writes_over_last(tiny_an4, tmp_path):
+    """The first epoch's best is saved before the run's first last.ckpt, so it records none:
+    a run resumed from it took the last.ckpt beside it for another's, wrote last-v1.ckpt, and
+    left last.ckpt (what `--ckpt_path last` and `asr average` read) on the old branch."""
+    main(_fit_args(tiny_an4, tmp_path) + ["--trainer.max_epochs", "2"])
+    first = next((tmp_path / "checkpoints").glob("epoch000*.ckpt"))
+    main(_fit_args(tiny_an4, tmp_path) + ["--trainer.max_epochs", "3", "--ckpt_path", str(first)])
+    names = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
+    assert not [n for n in names if n.startswith("last-")], names
+    last = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)
+    assert last["global_step"] == 3 * _steps_per_epoch(tmp_path)
+    other = tmp_path / "other"  # a checkpoint of another folder: that folder's is not its own
+    main(_fit_args(tiny_an4, other) + ["--trainer.max_epochs", "1"])
+    own = (other / "checkpoints" / "last.ckpt").read_bytes()
+    second = min((tmp_path / "checkpoints").glob("epoch001*.ckpt"))  # the first run's
+    main(_fit_args(tiny_an4, other) + ["--trainer.max_epochs", "3", "--ckpt_path", str(second)])
+    assert (other / "checkpoints" / "last.ckpt").read_bytes() == own
+
+
 class _PoisonedLoss(L.Callback):
     """Makes the training loss NaN on every step."""
 
