@@ -76,7 +76,12 @@ async def _connect(
     # asyncio, not websockets' threaded client: that one reads a TLS socket in one thread while
     # writing it in another, which OpenSSL does not allow (a wss:// handshake could stall)
     from websockets.asyncio.client import connect as open_socket
-    from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
+    from websockets.exceptions import (
+        ConnectionClosed,
+        InvalidHandshake,
+        InvalidMessage,
+        InvalidURI,
+    )
     from websockets.uri import parse_uri
 
     from asr.audio import AudioError, load_audio
@@ -122,6 +127,8 @@ async def _connect(
         except (OSError, InvalidURI, InvalidHandshake) as err:
             untrusted = isinstance(err, ssl.SSLCertVerificationError) and not args.cafile
             hint = " (--cafile trusts it)" if untrusted else ""
+            if isinstance(err, InvalidMessage) and not tls:  # no HTTP: a TLS handshake's end
+                hint = f" (is it serving TLS? then wss{args.url[2:]})"
             if not str(err) and isinstance(err, ConnectionResetError):  # it says nothing itself
                 err = "the server reset the connection" + (" (is it serving TLS?)" if tls else "")
             raise ValueError(f"cannot connect to {args.url}: {err}{hint}") from None

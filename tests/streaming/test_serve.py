@@ -730,6 +730,9 @@ def test_with_a_certificate_the_page_is_https_and_the_socket_wss(
         plain = url.replace("wss:", "ws:")
         assert main(["connect", plain, wav, "--cafile", str(cert)]) == 2
         assert "trusts a wss:// server's certificate" in capsys.readouterr().err
+        assert main(["connect", plain, wav]) == 2  # ws:// to a server serving TLS
+        err = capsys.readouterr().err.rstrip()
+        assert err.endswith(f"(is it serving TLS? then {url})"), err
     offline = stream_transcript(recognizer, from_pcm16(data), OPTIONS)
     assert messages[-1] == {"type": "done", "text": offline.text, "duration": 2.6}
     ended = [r.getMessage() for r in caplog.records if "stream ended" in r.getMessage()]
