@@ -1231,6 +1231,10 @@ def test_cli_reads_a_manifest_with_offsets_and_names_its_bad_lines(
         code, stdout, _ = transcribe_cli("--manifest", f"/dev/fd/{read}", "--output-dir", "o")
     finally:
         os.close(read)
+    for named, said in (("none.jsonl", "manifest not found"), (".", "is a directory, not a")):
+        assert transcribe_cli("--manifest", named)[2].startswith(
+            f"asr transcribe: error: {named}: {said}"
+        )
     assert code == 0 and stdout.splitlines() == [
         f"two.wav{first[3:]}\tYES",
         f"two.wav{second[3:]}\tGO",

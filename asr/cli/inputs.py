@@ -23,6 +23,7 @@ from asr.data.manifest import decode_line, manifest_base, manifest_lines, read_c
 from asr.results import BatchResult, Decoded, Transcript
 from asr.search import LanguageModel, SearchOptions
 from asr.segment import Clip, SegmenterOptions, Span
+from asr.text import unreadable
 from asr.transcribe import TRANSCRIBE_BATCH_SIZE, batches, transcribe_sources
 from asr.writers import (
     expand_formats,
@@ -173,7 +174,7 @@ def _manifest_inputs(manifest: Path, failures: list[str]) -> list[Found]:
     try:
         lines = manifest_lines(manifest.read_bytes())
     except OSError as error:
-        failures.append(f"{manifest}: cannot read manifest ({error})")
+        failures.append(f"{manifest}: {unreadable(error, 'manifest')}")
         return []
     clips, fields, where, bad = [], [], [], 0
     base = manifest_base(manifest)
