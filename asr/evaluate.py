@@ -136,7 +136,7 @@ def evaluate(
     chars = char_errors(refs, hyps)
     sentence_errors = sum(r.ref.split() != r.hyp.split() for r in results)
     # an earlier run's go first: a run that fails from here leaves none beside its reports
-    for stale in ("metrics.json", "reliability.png"):
+    for stale in (METRICS, "reliability.png"):
         (out_dir / stale).unlink(missing_ok=True)
     remove_records(out_dir)  # this run's, if it keeps them, are written at its end
     _write_kaldi(out_dir / "hyp.txt", [(r.utt_id, r.hyp) for r in results])
@@ -179,10 +179,8 @@ def evaluate(
         **(extra or {}),
     }
     write_text_atomically(out_dir / "metrics.json", json.dumps(metrics, indent=1) + "\n")
-    if writer is not None:
+    if writer is not None:  # an earlier run's were removed before the reports
         writer.write(u.utt_id for u in utterances)
-    else:
-        remove_records(out_dir)
     return metrics
 
 

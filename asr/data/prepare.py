@@ -274,13 +274,7 @@ def _an4_entries(
         for audio in found
         if audio.relative_to(folder).with_suffix("").as_posix() not in said
     ]
-    if untranscribed:
-        logger.warning(
-            "an4 %s: %d audio file(s) no transcription line names, left out: %s",
-            split,
-            len(untranscribed),
-            some_of(untranscribed),
-        )
+    _warn_some(f"an4 {split}", untranscribed, "audio file(s) no transcription line names, left out")
     return entries, missing, bad_text, named, untranscribed
 
 
@@ -378,18 +372,17 @@ def _unlisted_chapters(split_dir: Path) -> list[str]:
     for root, folders, _ in os.walk(split_dir, followlinks=True, onerror=unlistable(unlisted)):
         if len(Path(root).relative_to(split_dir).parts) >= 2:  # a chapter: nothing below
             folders.clear()
-    _warn_unlisted(split_dir.name, unlisted)
+    _warn_some(split_dir.name, unlisted, UNLISTED)
     return unlisted
 
 
-def _warn_unlisted(description: str, unlisted: list[str]) -> None:
-    if unlisted:
-        logger.warning(
-            "%s: %d folder(s) that cannot be listed, what they hold left out: %s",
-            description,
-            len(unlisted),
-            some_of(unlisted),
-        )
+UNLISTED = "folder(s) that cannot be listed, what they hold left out"
+
+
+def _warn_some(description: str, items: list[str], what: str) -> None:
+    """`description: N what: some of items`, where there are any."""
+    if items:
+        logger.warning("%s: %d %s: %s", description, len(items), what, some_of(items))
 
 
 def _pooled(splits: dict[str, list[Utterance]], pool: str) -> list[Utterance]:
@@ -460,13 +453,7 @@ def _librispeech_entries(
         for path in sorted(split_dir.glob("*/*/*"))
         if path.suffix.lower() in AUDIO_SUFFIXES and path.with_suffix("") not in named
     ]
-    if untranscribed:
-        logger.warning(
-            "%s: %d audio file(s) no .trans.txt line names, left out: %s",
-            split_dir.name,
-            len(untranscribed),
-            some_of(untranscribed),
-        )
+    _warn_some(split_dir.name, untranscribed, "audio file(s) no .trans.txt line names, left out")
     return entries, missing, bad_text, untranscribed
 
 
@@ -538,7 +525,7 @@ def prepare_folder(
         raise ValueError(problem)
     unlisted: list[str] = []
     found = audio_files(data_dir, (*AUDIO_SUFFIXES, ".txt"), unlisted)  # one walk of a tree
-    _warn_unlisted(str(data_dir), unlisted)
+    _warn_some(str(data_dir), unlisted, UNLISTED)
     audio = [path for path in found if path.suffix.lower() != ".txt"]
     if not audio:
         raise ValueError(f"{data_dir}: expected {FOLDER_LAYOUT}; found no audio")
