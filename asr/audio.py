@@ -3,6 +3,7 @@ WebM/Opus, AMR, ...), resampled by torchaudio on request."""
 
 from __future__ import annotations
 
+import collections
 import itertools
 import math
 import numbers
@@ -39,6 +40,7 @@ PREROLL_SUBTYPES = ("MPEG_LAYER_I", "MPEG_LAYER_II", "MPEG_LAYER_III", "OPUS")  
 # libsndfile's seek into an Ogg Vorbis file's last page lands 384 samples late: FFmpeg reads spans
 VORBIS_SEEK = "its Vorbis seek is not exact, so FFmpeg reads spans"
 RESAMPLE_TERMS = 2000  # the largest denominator of a resampling ratio: 44100 -> 16000 is 40/441
+HEAD_FRAMES = 4  # decoded after a seek, to place the first by the others' timestamps
 SKIP_BLOCK = 1 << 20  # frames decoded at a time to reach an offset in a file that cannot seek
 # Demuxers stating exact durations; other containers' frames are counted by decoding.
 EXACT_DURATION_DEMUXERS = ("mov,mp4,m4a,3gp,3g2,mj2",)
@@ -315,10 +317,10 @@ def _decode_range(
 ) -> np.ndarray | None:
     """Mono frames `[start, stop)` of the stream; None where the seek went wrong."""
     frames = container.decode(stream)
-    head = list(itertools.islice(frames, 2))
+    head = list(itertools.islice(frames, HEAD_FRAMES))
     position = 0
     preroll = SEEK_PREROLL_SECONDS * stream.codec_context.sample_rate
-    if seek and start > preroll and len(head) == 2 and head[1].pts is not None:
+    if seek and start > preroll and _first_sample(head, stream) is not None:
         sought = _seek(container, stream, head, start - preroll)
         if sought is None or not 0 <= sought[2] <= start:
             return None
@@ -343,11 +345,11 @@ def _seek(
     head: list[av.AudioFrame],
     target: float,
 ) -> tuple[list[av.AudioFrame], Iterator[av.AudioFrame], int] | None:
-    """Seek to at most `target` samples: two frames decoded there, the rest, and the position."""
+    """Seek to at most `target` samples: the frames decoded there first, the rest, and the
+    position."""
     import av
 
-    # From the second frame: a decoder may drop samples of the first packet (Opus pre-skip).
-    origin = _samples_at(head[1].pts, stream) - head[0].samples
+    origin = _first_sample(head, stream)
     try:
         container.seek(
             int((origin + target) / stream.codec_context.sample_rate / stream.time_base),
@@ -356,10 +358,25 @@ def _seek(
     except av.error.FFmpegError:  # no index to seek by
         return None
     frames = container.decode(stream)
-    head = list(itertools.islice(frames, 2))
-    if len(head) < 2 or head[1].pts is None:
+    head = list(itertools.islice(frames, HEAD_FRAMES))
+    first = _first_sample(head, stream)
+    return None if first is None else (head, frames, round(first - origin))
+
+
+def _first_sample(head: list[av.AudioFrame], stream: av.AudioStream) -> Fraction | None:
+    """Where the first decoded frame's samples start, by the later frames' timestamps and the
+    samples before them: not by its own, as a decoder may drop samples of the first packet
+    (Opus pre-skip). The most common answer (the earliest of a tie): FFmpeg stamps a Vorbis
+    frame between block sizes a part of a block late. None without two stamped frames."""
+    counts: collections.Counter[Fraction] = collections.Counter()
+    before = 0
+    for previous, frame in itertools.pairwise(head):
+        before += previous.samples
+        if frame.pts is not None:
+            counts[_samples_at(frame.pts, stream) - before] += 1
+    if not counts:
         return None
-    return head, frames, round(_samples_at(head[1].pts, stream) - origin) - head[0].samples
+    return min(counts, key=lambda first: (-counts[first], first))
 
 
 def _samples_at(pts: int, stream: av.AudioStream) -> Fraction:
