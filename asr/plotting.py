@@ -350,7 +350,11 @@ def save_alignment_plots(
             title=title,
             words=alignment.words,
         )
-        written.append(
-            save_figure(grid, path.with_name(f"{path.stem}_heads{path.suffix or '.png'}"))
-        )
+        written.append(save_figure(grid, heads_plot_path(path)))
     return written
+
+
+def heads_plot_path(path: str | os.PathLike) -> Path:
+    """Where `save_alignment_plots` draws every map of a decoder of several."""
+    path = Path(path)
+    return path.with_name(f"{path.stem}_heads{path.suffix or '.png'}")

@@ -1426,6 +1426,12 @@ def test_cli_align_writes_plots_and_prints_word_times(
         main([*argv, str(folder)])
     assert f"{folder}: a folder; name the picture file to write" in capsys.readouterr().err
     assert not (tmp_path / "plots.png").exists()
+    (tmp_path / "blocked_heads.png").mkdir()  # the second plot's place: before the work
+    assert main([*argv, str(tmp_path / "blocked.png")]) == 2
+    said = capsys.readouterr()
+    assert said.err == (f"asr align: error: {tmp_path / 'blocked_heads.png'}: a folder where "
+                        "the plot of every attention map goes\n")  # fmt: skip
+    assert not said.out and not (tmp_path / "blocked.png").exists()
     with monkeypatch.context() as patch:
         patch.setattr("asr.plotting.save_alignment_plots", _failing_plots)
         assert main([*argv, str(tmp_path / "lost.png")]) == 2  # the times are said all the same

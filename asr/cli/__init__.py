@@ -765,9 +765,12 @@ def _align(args: argparse.Namespace) -> int:
 
 
 def _align_file(args: argparse.Namespace, audio: str) -> int:
-    from asr.plotting import save_alignment_plots
+    from asr.plotting import heads_plot_path, save_alignment_plots
 
     recognizer = _load_model(args)
+    heads = heads_plot_path(args.out)
+    if recognizer.model.decoder.num_attention_maps > 1 and heads.is_dir():  # as --out is
+        raise ValueError(f"{heads}: a folder where the plot of every attention map goes")
     try:
         alignment = recognizer.align(audio, args.text)
     except ValueError as err:  # too short, text outside the vocabulary...: name the recording
