@@ -247,9 +247,17 @@ def write_text_atomically(path: str | os.PathLike, text: str) -> None:
         # JSON reads back as the same name
         partial.write_text(text, encoding="utf-8", errors="backslashreplace")
         os.replace(partial, path)
-    except OSError:  # a folder in the file's place, a full disk: no partial left behind
+    except OSError as error:  # a folder in the file's place, a full disk: no partial left behind
         partial.unlink(missing_ok=True)
-        raise
+        if error.errno is None:
+            raise
+        raise OSError(error.errno, error.strerror, str(path)) from error  # named as asked for
+
+
+def unwritten(error: OSError) -> str:
+    """Why an input's outputs were not written, naming the file they stopped at."""
+    named = f"{error.filename}: " if error.filename else ""
+    return f"cannot write its outputs ({named}{error.strerror or error})"
 
 
 def file_there(path: str | os.PathLike) -> bool:

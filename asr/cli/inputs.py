@@ -30,6 +30,7 @@ from asr.writers import (
     output_stems,
     shorten_arrows,
     timed_lines,
+    unwritten,
     write_outputs,
 )
 
@@ -301,7 +302,7 @@ def transcribe_files(
                         _write(item, result.transcript, out_dir, formats, words_per_cue,
                                maps.pop(index, []) if explorer else None)  # fmt: skip
                     except OSError as error:  # a name too long, a folder in a file's place...
-                        why = f"cannot write its outputs ({error.strerror or error})"
+                        why = unwritten(error)
                         result = BatchResult(result.name, None, AudioError(item.name, why))
                 if result.error is not None:
                     said = (

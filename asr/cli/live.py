@@ -158,7 +158,7 @@ def transcribe_streaming(
         write_explorer,
     )
     from asr.streaming import StreamingEngine
-    from asr.writers import expand_formats, timed_lines
+    from asr.writers import expand_formats, timed_lines, unwritten
 
     out = out or sys.stdout
     # a model that cannot stream is refused here, before anything is written
@@ -229,9 +229,7 @@ def transcribe_streaming(
                     offset = 0.0 if clip is None else clip.offset  # a manifest line's clip
                     _write_streamed(args, transcript, stem, audio, formats, maps, offset)
                 except OSError as error:  # a name too long, a folder in a file's place...
-                    why = error.strerror or error
-                    print(f"asr transcribe: error: {name}: cannot write its outputs ({why})",
-                          file=sys.stderr)  # fmt: skip
+                    print(f"asr transcribe: error: {name}: {unwritten(error)}", file=sys.stderr)
                     failed += 1
             if interrupted:
                 break

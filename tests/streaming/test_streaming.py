@@ -1148,7 +1148,9 @@ def test_transcribe_streaming_output_dir_as_offline_writes_it(
     (out / "b.txt").mkdir()  # a folder where b.txt goes
     assert main(args) == 1
     said = capsys.readouterr().err
-    assert f"{tmp_path / 'b.wav'}: cannot write its outputs (Is a directory)" in said
+    assert (
+        f"{tmp_path / 'b.wav'}: cannot write its outputs ({out / 'b.txt'}: Is a directory)" in said
+    )
     assert not (out / "a.explore.npz").exists() and not (out / "explorer.html").exists()
     assert not list(out.glob(".*.partial"))
     for records in ("transcripts.rank0.jsonl", "transcripts.jsonl"):  # a killed run's parts
