@@ -18,7 +18,7 @@ from pathlib import Path, PurePath
 from typing import IO
 
 from asr.cli.console import Lines, StdinPcm, ctrl_c_ends_the_input, pieces, samples
-from asr.cli.numbers import non_negative, positive
+from asr.cli.numbers import check_search_arguments, non_negative, positive
 from asr.ctc_beam import EndpointOptions
 from asr.search import DEFAULT_LM_WEIGHT
 from asr.streaming import FINAL_SEARCHES, StreamOptions
@@ -98,6 +98,7 @@ def origin(text: str) -> str:
 
 
 def stream_options(args: argparse.Namespace) -> StreamOptions:
+    check_search_arguments(args)
     endpoint = None
     if args.endpoint_silence > 0:
         endpoint = EndpointOptions(

@@ -769,7 +769,7 @@ def test_connect_uses_each_tls_session_from_one_thread(
     assert len(threads) >= 2 and all(len(used) == 1 for used in threads.values())
 
 
-def test_a_certificate_that_does_not_load_is_named_before_the_model_loads(
+def test_options_that_do_not_hold_are_named_before_the_model_loads(
     certificate, tmp_path, capsys
 ) -> None:
     (cert, key), not_pem = certificate, tmp_path / "not.pem"
@@ -781,6 +781,7 @@ def test_a_certificate_that_does_not_load_is_named_before_the_model_loads(
         (["--certfile", str(cert)], f"{cert}: not a PEM certificate and its private key"),
         (["--certfile", str(cert), "--keyfile", str(not_pem)], f"{cert} and {not_pem}: not a"),
         (["--keyfile", str(key)], "--keyfile needs --certfile"),
+        (["--lm-weight", "0.3"], "--lm-weight needs --lm"),
         (["--certfile", str(cert), "--keyfile", str(key)], "absent.ckpt"),  # loaded: the model next
     ]:
         assert main([*serve, *options]) == 2, options
