@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from asr.audio import AudioError, audio_info, load_audio
+from asr.audio import AudioError, audio_info, frame_range, load_audio
 from asr.explore import MAX_MEGABYTES
 from asr.explore.page import build_page
 from asr.explore.records import (
@@ -115,13 +115,12 @@ def explore(
             decode folder.
     """
     folder = Path(folder)
-    if folder.exists() and not folder.is_dir():
-        raise ValueError(
-            f"{folder} is a file, not a folder: give a decode folder of `asr evaluate`, an "
-            "output folder of `asr transcribe --output-dir` or a training run folder"
-        )
-    if not folder.is_dir():
-        raise ValueError(f"{folder}: no such folder")
+    _check_folder(
+        folder,
+        str(folder),
+        "a decode folder of `asr evaluate`, an output folder of `asr transcribe --output-dir` or "
+        "a training run folder",
+    )
     if max_mb is not None and not max_mb >= 0:
         raise ValueError(f"--max-mb is megabytes, 0 for no limit: got {max_mb}")
     out = Path(out) if out is not None else folder / PAGE
@@ -132,8 +131,8 @@ def explore(
     kind = folder_kind(folder)
     _check_writable(out, given=out != folder / PAGE)
     other = Path(compare) if compare is not None else None
-    if other is not None and not other.is_dir():
-        raise ValueError(f"--compare {other}: no such folder")
+    if other is not None:
+        _check_folder(other, f"--compare {other}", "a decode folder of `asr evaluate`")
     if other is not None and not (kind == "decode" and _is_decode(other)):
         raise ValueError(f"to compare, {folder} and {other} must both be decode folders")
     for side in (folder, other) if other is not None else ():
@@ -153,6 +152,14 @@ def explore(
     except OSError as err:
         raise ValueError(f"{out}: cannot write the page ({err.strerror or err})") from None
     return out
+
+
+def _check_folder(folder: Path, named: str, wanted: str) -> None:
+    """ValueError where `folder` (`named` so in it) is a file (it asks for `wanted`) or absent."""
+    if folder.exists() and not folder.is_dir():
+        raise ValueError(f"{named} is a file, not a folder: give {wanted}")
+    if not folder.is_dir():
+        raise ValueError(f"{named}: no such folder")
 
 
 def _check_writable(out: Path, given: bool = True) -> None:
@@ -761,6 +768,7 @@ class _Media:
         self.page_dir, self.link, self.budget = page_dir, link, budget
         self.sample_rate = 16000
         self.missing: dict[str, None] = {}  # each file once, however many rows it has
+        self.unread: dict[str, None] = {}  # stretches of files that read, as "path (why)"
         self._mel = None
 
     def row(
@@ -806,8 +814,7 @@ class _Media:
         try:
             wave = load_audio(path, self.sample_rate, offset or 0.0, duration).numpy()
         except (AudioError, OSError) as err:
-            self.missing[path] = None
-            return _Audio(note=f"audio not found or unreadable: {path} ({err})")
+            return self._unread(path, offset or 0.0, duration, err)
         arrays = {"envelope": (_envelope(wave), {})}
         arrays["spectrogram"] = self._spectrogram(wave)
         seconds = len(wave) / self.sample_rate
@@ -819,6 +826,16 @@ class _Media:
         if (self.link or long) and (_playable(path) or seconds > MAX_EMBEDDED_SECONDS):
             return self._linked(path, offset, arrays)
         return _Audio(src=_opus_uri(wave, self.sample_rate), arrays=arrays)
+
+    def _unread(self, path: str, offset: float, duration: float | None, err: Exception) -> _Audio:
+        """The note of a row whose audio could not be read, its file or stretch kept for the
+        page's notes: a stretch past the end of a file that reads is not a missing file."""
+        outside = _outside(path, offset, duration)
+        if outside is None:
+            self.missing[path] = None
+            return _Audio(note=f"audio not found or unreadable: {path} ({err})")
+        self.unread[f"{path} ({outside})"] = None
+        return _Audio(note=f"audio stretch not readable: {path} ({outside})")
 
     def _linked(self, path: str, offset: float, arrays) -> _Audio:
         if not _playable(path):
@@ -855,8 +872,8 @@ class _Media:
         return _picture(image), {"seconds": pool * hop / rate}
 
     def notes(self, utterances: list[dict[str, Any]], rows: str, kept: str) -> list[str]:
-        """What the page lacks: audio of standard input or missing, and which of its `rows`
-        (`utterances`) are past its budget (their arrays went to `kept`)."""
+        """What the page lacks: audio of standard input, missing or outside its file, and which
+        of its `rows` (`utterances`) are past its budget (their arrays went to `kept`)."""
         notes = []
         from_stdin = sum(u["audio_note"] == STDIN_NOTE for u in utterances)
         if from_stdin:
@@ -867,6 +884,9 @@ class _Media:
         if self.missing:
             shown = ", ".join(list(self.missing)[:3]) + (" ..." if len(self.missing) > 3 else "")
             notes.append(f"{len(self.missing)} audio file(s) missing or unreadable: {shown}")
+        if self.unread:
+            shown = "; ".join(list(self.unread)[:3]) + (" ..." if len(self.unread) > 3 else "")
+            notes.append(f"{len(self.unread)} audio stretch(es) could not be read: {shown}")
         left_out = sum(LEFT_OUT in u["flags"] for u in utterances)
         if left_out:
             notes.append(
@@ -875,6 +895,22 @@ class _Media:
                 f"{self.budget.megabytes:g} MB (`asr explore FOLDER --max-mb 0`: for all)"
             )
         return notes
+
+
+def _outside(path: str, offset: float, duration: float | None) -> str | None:
+    """Why the stretch of `path` from `offset` for `duration` lies outside the audio its header
+    states; None where the header does not read or states no samples (the file's fault)."""
+    try:
+        info = audio_info(path)
+    except (AudioError, OSError):
+        return None
+    if not info.num_frames:
+        return None
+    try:
+        frame_range(path, info.num_frames, info.sample_rate, offset, duration)
+    except AudioError as err:
+        return err.reason
+    return None
 
 
 def _playable(path: str) -> bool:

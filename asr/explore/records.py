@@ -5,13 +5,16 @@ each input's maps beside its transcript instead, per decoded segment (`<stem>.ex
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
 import zipfile
+import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from tokenize import TokenError
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -27,6 +30,10 @@ LAYOUT = "explore.json"
 METRICS = "metrics.json"  # asr evaluate's scores, beside the records
 PAGE = "explorer.html"  # the page `asr explore` writes into the folder by default
 MAPS_SUFFIX = ".explore.npz"  # beside a transcript's <stem>.json: its segments' maps
+# What reading a file that is no whole .npz raises: not a zip (np.load takes it for a pickle:
+# ValueError), cut off (EOFError), damaged data (zlib.error), zip flags (RuntimeError) or an
+# array's header (TokenError).
+NPZ_ERRORS = (zipfile.BadZipFile, ValueError, EOFError, zlib.error, RuntimeError, TokenError)
 
 
 def quantized_attention(attention: np.ndarray) -> np.ndarray:
@@ -126,10 +133,20 @@ def read_records(folder: str | os.PathLike) -> Iterator[dict[str, Any]]:
             yield record
 
 
+# The values of a record its audio is read and its scores counted by, where given.
+_VALUES = {"offset": ((int, float), "a number"), "duration": ((int, float), "a number"),
+           "audio": (str, "a path"), "ref": (str, "a text")}  # fmt: skip
+
+
 def _record_problem(record: Any) -> str | None:
-    """What keeps the page from reading a record: its lists' shapes, not every value."""
+    """What keeps the page from reading a record: its lists' shapes and the values its audio
+    and scores are read by, not every value."""
     if not isinstance(record, dict):
         return "not a JSON object"
+    for key, (kinds, wanted) in _VALUES.items():
+        value = record.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, kinds)):
+            return f"{key}: expected {wanted}"  # JSON's true and false are no numbers
     for key, needed in (("tokens", "piece"), ("words", None)):
         items = record.get(key, [])
         if not isinstance(items, list) or not all(
@@ -170,11 +187,23 @@ def read_attention(folder: str | os.PathLike) -> dict[str, np.ndarray] | None:
     path = Path(folder) / ATTENTION
     if not path.is_file():
         return None
+    arrays = _npz_arrays(path)
+    if arrays is None:
+        raise ValueError(f"{path}: not an .npz archive")
+    return arrays
+
+
+def _npz_arrays(path: Path) -> dict[str, np.ndarray] | None:
+    """Every array of the .npz archive `path`; None where it is no whole one."""
     try:
         with np.load(path) as archive:
             return {key: archive[key] for key in archive.files}
-    except (zipfile.BadZipFile, ValueError):  # np.load takes what is not a zip for a pickle
-        raise ValueError(f"{path}: not an .npz archive") from None
+    except NPZ_ERRORS:
+        return None
+    except OSError as err:
+        if err.errno != errno.EINVAL:  # EINVAL: a damaged zip's offsets seek before its start
+            raise
+        return None
 
 
 def write_layout(folder: str | os.PathLike, layout: dict[str, Any]) -> None:
@@ -235,11 +264,9 @@ def read_maps(transcript: str | os.PathLike) -> list[dict[str, Any]]:
     path = Path(transcript).with_suffix(MAPS_SUFFIX)
     if not file_there(path):
         return []
-    try:
-        with np.load(path) as archive:
-            arrays = {key: archive[key] for key in archive.files}
-    except (zipfile.BadZipFile, ValueError):  # np.load takes what is not a zip for a pickle
-        raise ValueError(f"{path.name} is not an .npz archive") from None
+    arrays = _npz_arrays(path)
+    if arrays is None:
+        raise ValueError(f"{path.name} is not an .npz archive")
     if "spans" not in arrays:
         raise ValueError(f"{path.name} has no segment spans: `asr transcribe --explorer` again")
     segments = [{"span": tuple(map(float, span))} for span in arrays.pop("spans")]

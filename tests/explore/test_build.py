@@ -29,6 +29,7 @@ from asr.explore.build import LEFT_OUT, MAX_EMBEDDED_SECONDS, _Budget, _Media, e
 from asr.explore.page import build_page
 from asr.explore.records import read_maps, read_records, write_maps
 
+WAV_FILE = next(WAV.rglob("*.wav"))
 HOSTILE = ["<script>window.pwned=1</script>", '"><img src=x onerror="window.pwned=1">']
 
 
@@ -939,6 +940,12 @@ def test_a_transcript_of_standard_input_is_said_to_have_no_audio_kept(tmp_path):
         ('{"id": "u", "ctc": {"starts": [1, 2], "ends": [3], "frames": 9}}', "ctc: expected "
          "'starts' and 'ends' of one length and a number of 'frames'"),
         ("{not json}", "not JSON"),
+        (json.dumps({"id": "u", "audio": str(WAV_FILE), "duration": "4.1"}), "duration: "
+         "expected a number"),
+        (json.dumps({"id": "u", "audio": str(WAV_FILE), "offset": "0"}), "offset: expected a "
+         "number"),
+        ('{"id": "u", "audio": 5}', "audio: expected a path"),
+        ('{"id": "u", "ref": 5, "hyp": "YES"}', "ref: expected a text"),
     ],
 )  # fmt: skip
 def test_a_record_the_page_cannot_read_is_named_with_its_line(tmp_path, line, said):
@@ -983,3 +990,78 @@ def test_manifest_lines_evaluate_could_not_score_are_noted(tmp_path):
     notes = page_data(explore(tmp_path, progress=False).read_text())["notes"]
     shown = "; ".join(failures[:3])
     assert f"4 manifest line(s) not scored (metrics.json): {shown}; ..." in notes
+
+
+def _damage(path: Path) -> None:
+    """Flip 100 bytes in the middle of `path`: an archive's deflated data, its zip directory
+    intact."""
+    raw = bytearray(path.read_bytes())
+    middle = len(raw) // 2
+    raw[middle : middle + 100] = bytes(b ^ 0xFF for b in raw[middle : middle + 100])
+    path.write_bytes(raw)
+
+
+def _cut(path: Path) -> None:
+    """Cut 100 bytes out of the middle of `path`: its zip directory's offsets lead before the
+    file's start."""
+    raw = path.read_bytes()
+    path.write_bytes(raw[: len(raw) // 2] + raw[len(raw) // 2 + 100 :])
+
+
+def _empty(path: Path) -> None:
+    path.write_bytes(b"")  # as a full disk leaves it
+
+
+def _maps(path: Path, **arrays: np.ndarray) -> None:
+    """An .npz of `arrays` and a map of noise, deflated, that `_damage` can hit."""
+    noise = (np.random.default_rng(0).random((2, 5, 400)) * 9).astype(np.uint8)
+    np.savez_compressed(path, **arrays, attention_0=noise)
+
+
+@pytest.mark.parametrize("damage", [_damage, _cut, _empty])
+def test_a_damaged_maps_file_leaves_its_transcript_without_maps_and_said(tmp_path, damage):
+    """One transcript's damaged maps: a note, its rows without maps, the page built."""
+    (tmp_path / "talk.json").write_text(_transcript(WAV_FILE))
+    (tmp_path / "other.json").write_text(_transcript(WAV_FILE))
+    _maps(tmp_path / "talk.explore.npz", spans=np.array([[0.0, 1.0]]))
+    damage(tmp_path / "talk.explore.npz")
+    page = page_data(explore(tmp_path, progress=False).read_text())
+    assert [u["id"] for u in page["utterances"]] == ["other", "talk"]
+    assert "attention" not in page["utterances"][1]["arrays"]
+    assert "talk: its attention is not readable (talk.explore.npz is not an .npz archive)" in \
+        page["notes"]  # fmt: skip
+
+
+@pytest.mark.parametrize("damage", [_damage, _cut, _empty])
+def test_a_damaged_attention_archive_of_a_decode_is_refused_by_name(tmp_path, capsys, damage):
+    """As an archive that is no zip: the error names it, not a traceback from zlib."""
+    (tmp_path / "utterances.jsonl").write_text('{"id": "u", "hyp": "YES", "attention": "0"}\n')
+    _maps(tmp_path / "attention.npz")
+    damage(tmp_path / "attention.npz")
+    assert main(["explore", str(tmp_path), "--quiet"]) == 2
+    assert f"error: {tmp_path / 'attention.npz'}: not an .npz archive" in capsys.readouterr().err
+
+
+def test_a_file_given_to_compare_is_said_to_be_a_file(tmp_path, capsys):
+    (tmp_path / "utterances.jsonl").write_text('{"id": "u", "hyp": "YES"}\n')
+    other = tmp_path / "metrics.json"
+    other.write_text('{"wer": 0.0}')
+    assert main(["explore", str(tmp_path), "--compare", str(other), "--quiet"]) == 2
+    said = capsys.readouterr().err
+    assert f"--compare {other} is a file, not a folder: give a decode folder of " in said, said
+
+
+def test_a_stretch_past_the_end_of_its_file_is_not_said_to_be_a_missing_file(tmp_path):
+    """A record on a stretch that starts past its file's end (a recording replaced by a shorter
+    one): the page's note names the stretch and why, apart from files missing."""
+    seconds = sf.info(WAV_FILE).duration
+    records = [{"id": "late", "hyp": "", "audio": str(WAV_FILE), "offset": 100.0},
+               {"id": "gone", "hyp": "", "audio": str(tmp_path / "gone.wav")}]  # fmt: skip
+    (tmp_path / "utterances.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    page = page_data(explore(tmp_path, progress=False).read_text())
+    late = f"{WAV_FILE} (offset 100.000 s is at or beyond the end ({seconds:.3f} s))"
+    assert page["notes"][1:] == [  # after "no attention saved"
+        f"1 audio file(s) missing or unreadable: {tmp_path / 'gone.wav'}",
+        f"1 audio stretch(es) could not be read: {late}",
+    ]
+    assert page["utterances"][0]["audio_note"] == f"audio stretch not readable: {late}"
