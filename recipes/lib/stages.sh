@@ -195,14 +195,14 @@ config_path() {
 }
 
 # from_start VALUE: a relative path from the starting directory as `config_path` gives a
-# config: one with a `/` in it (not a URL such as hf://owner/name, nor a list), there or not
-# (else a path missing there would name the repository's file, which may be another data set),
-# and a name with a `.` in it (init.ckpt, not a class path) where that file is there; any
-# other value (`cpu`, `1e-3`) as it is.
+# config: one with a `/` in it (not a URL such as hf://owner/name, nor a list or a dict),
+# there or not (else a path missing there would name the repository's file, which may be
+# another data set), and a name with a `.` in it (init.ckpt, not a class path) where that
+# file is there; any other value (`cpu`, `1e-3`) as it is.
 from_start() {
   local value=$1
   case "$value" in
-    /* | "~"* | *://* | "["*) ;;
+    /* | "~"* | *://* | "["* | "{"*) ;;
     */*) value=$(absolute "$value"); value=${value#"$root"/} ;;
     *.*) if [ -e "$start_dir/$value" ]; then value=$(absolute "$value"); value=${value#"$root"/}; fi ;;
   esac
