@@ -718,10 +718,24 @@ def test_gpu_smoke_refuses_an_out_folder_holding_what_it_would_remove(tmp_path):
         ("--steps", "abc", "--steps needs a whole number, got 'abc'"),
         ("--workers", "-1", "--workers needs a whole number"),
         ("--batch-seconds", "0", "--batch-seconds needs a number above 0"),
+        ("--accelerator", "tpu", "--accelerator needs gpu or cpu, got 'tpu'"),
+        ("--data-dir", "", "--data-dir needs a value"),
     ]:
         args = ["bash", str(script), option, value, "--out", str(tmp_path / "scratch")]
         result = subprocess.run(args, capture_output=True, text=True, cwd=tmp_path, timeout=60)
         assert result.returncode == 2 and said in result.stderr, result.stderr
+    for option in ("--out", "--data-dir", "--accelerator"):  # said, not "$2: unbound variable"
+        args = ["bash", str(script), "--steps", "5", option]
+        result = subprocess.run(args, capture_output=True, text=True, cwd=tmp_path, timeout=60)
+        assert result.returncode == 2 and f"{option} needs " in result.stderr, result.stderr
+    # a folder no smoke run made (the recipe's exp/librispeech, say) is kept: it was removed
+    (tmp_path / "results" / "model").mkdir(parents=True)
+    (tmp_path / "results" / "notes.txt").write_text("weeks of work")
+    args = ["bash", str(script), "--data-dir", "LibriSpeech", "--out", "results"]
+    result = subprocess.run(args, capture_output=True, text=True, cwd=tmp_path, timeout=60)
+    said = f"--out {tmp_path / 'results'} holds notes.txt, which no smoke run wrote"
+    assert result.returncode == 2 and said in result.stderr, result.stderr
+    assert (tmp_path / "results" / "notes.txt").read_text() == "weeks of work"
 
 
 @pytest.mark.parametrize(
@@ -802,6 +816,8 @@ def test_paths_after_the_double_dash_are_read_from_where_the_recipe_started(tmp_
         "hf://me/an4",
         "--x",
         "~/y/z",
+        "--trainer.logger",  # a dict, whose paths are asr fit's to read
+        '{"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": "a/b"}}',
     ]
     script = (f'root="{REPO}"; source "{REPO}/recipes/lib/stages.sh"; fit_args=("$@"); '
               'fit_paths; printf "%s\\n" "${fit_args[@]}"')  # fmt: skip

@@ -13,7 +13,8 @@
 #
 # --data-dir: a folder with a train-* and a dev-* set in the LibriSpeech layout (default
 # ../shared/corpora/mini_librispeech/LibriSpeech, else ../shared/corpora/librispeech_sample).
-# --out: scratch folder (default exp/librispeech_gpu_smoke; data/ and model/ below it).
+# --out: scratch folder (default exp/librispeech_gpu_smoke; data/ and model/ below it), removed
+# and made afresh: an existing one is taken only where an earlier smoke run made it.
 # --steps: optimizer steps (300). --batch-seconds: padded audio per GPU and batch (600).
 # --workers: loader workers per GPU (4). --accelerator cpu runs the same path on the CPU
 # (with --steps 5, a check of the script, not a measurement).
@@ -39,12 +40,14 @@ whole() {
   case "$3" in '' | *[!0-9]*) refuse "$2 needs a whole number, got '$3'" ;; esac
   [ "${#3}" -le 9 ] && [ "$((10#$3))" -ge "$1" ] || refuse "$2 needs a whole number from $1 to 999999999, got '$3'"
 }
+# given OPTION VALUE...: refused where VALUE is missing or empty
+given() { [ $# -ge 2 ] && [ -n "$2" ] || refuse "$1 needs a value"; }
 while [ $# -gt 0 ]; do
   case "$1" in
     -h | --help) usage; exit 0 ;;
     # as given from here (it runs from the repository); a link is kept, as `rm -rf` takes it
-    --data-dir) data_dir=$(realpath -m -s -- "$2"); shift 2 ;;
-    --out) out=$(realpath -m -s -- "$2"); shift 2 ;;
+    --data-dir) given "$@"; data_dir=$(realpath -m -s -- "$2"); shift 2 ;;
+    --out) given "$@"; out=$(realpath -m -s -- "$2"); shift 2 ;;
     --steps) whole 1 "$@"; steps=$((10#$2)); shift 2 ;;
     --batch-seconds)
       [ $# -ge 2 ] && awk -v s="$2" 'BEGIN { exit !(s ~ /^[0-9]*\.?[0-9]+$/ && s > 0) }' ||
@@ -52,7 +55,8 @@ while [ $# -gt 0 ]; do
       batch_seconds=$2; shift 2 ;;
     --workers) whole 0 "$@"; workers=$((10#$2)); shift 2 ;;
     --vocab-size) whole 5 "$@"; vocab_size=$((10#$2)); shift 2 ;;
-    --accelerator) accelerator=$2; shift 2 ;;
+    --accelerator)
+      case "${2:-}" in gpu | cpu) accelerator=$2; shift 2 ;; *) refuse "--accelerator needs gpu or cpu, got '${2:-}'" ;; esac ;;
     --) shift; fit_args=("$@"); break ;;
     *) echo "$(basename "$0"): unknown option $1 (--help)" >&2; exit 2 ;;
   esac
@@ -83,6 +87,17 @@ case "$top/" in
   "$code"/exp/?*) ;; # a folder below exp/, not exp/ itself
   "$code"/*) echo "$(basename "$0"): --out $out lies in the repository: give one below exp/ or elsewhere" >&2; exit 2 ;;
 esac
+# an existing --out is removed only where a smoke run made it: its marker, or nothing but
+# what one writes
+marker=.gpu_smoke
+[ ! -e "$out" ] || [ -d "$out" ] || refuse "--out $out is a file, not a folder"
+if [ -d "$out" ] && [ ! -e "$out/$marker" ]; then
+  while IFS= read -r entry; do
+    case "$entry" in data | model) ;; *)
+      refuse "--out $out holds $entry, which no smoke run wrote, and is removed first: give a new folder" ;;
+    esac
+  done < <(ls -A -- "$out")
+fi
 command -v asr >/dev/null || { echo "$(basename "$0"): asr is not on PATH (make install)" >&2; exit 2; }
 first_set() {  # the first folder named $1-* under $data_dir, or nothing
   local d
@@ -101,6 +116,7 @@ model=$out/model
 started=$SECONDS
 echo "== data: $train_set (train), $dev_set (dev) from $data_dir"
 rm -rf "$out"
+mkdir -p "$out" && touch "$out/$marker"
 asr prepare librispeech --data-dir "$data_dir" --out "$data" --splits $(printf '%s\n' "$train_set" "$dev_set" | sort -u)
 asr shard --manifest "$data/$train_set.jsonl" --out "$data/shards" --shard-hours 0.1 --quiet
 asr tokenizer --manifest "$data/$train_set.jsonl" --kind bpe --vocab-size "$vocab_size" \
