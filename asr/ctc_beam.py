@@ -4,10 +4,11 @@ streaming recognizer), and endpoint detection from its blanks."""
 from __future__ import annotations
 
 import math
-import numbers
 from dataclasses import dataclass
 
 import numpy as np
+
+from asr.search import option_number
 
 NEG_INF = float("-inf")
 
@@ -112,13 +113,10 @@ class EndpointOptions:
 
     def __post_init__(self) -> None:
         for name in ("trailing_silence", "leading_silence", "max_utterance"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, numbers.Real):
-                raise ValueError(f"EndpointOptions.{name} must be a number, got {value!r}")
+            value = option_number(f"EndpointOptions.{name}", getattr(self, name))
             if not 0 < value < math.inf:  # nan turned the rule off
                 raise ValueError(f"EndpointOptions.{name} must be positive and finite")
-            if type(value) not in (int, float):  # numpy's, as Python's
-                object.__setattr__(self, name, float(value))
+            object.__setattr__(self, name, value)
         if self.silence_from not in ("ctc", "silero"):
             raise ValueError(f"silence_from must be 'ctc' or 'silero', got {self.silence_from!r}")
 

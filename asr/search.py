@@ -7,7 +7,7 @@ import math
 import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor, nn
@@ -98,6 +98,24 @@ def _first_difference(ours: Sequence[str], theirs: Sequence[str]) -> str:
     return f"id {index}: {ours[index]!r} for {theirs[index]!r}"
 
 
+def option_number(named: str, value: Any, whole: bool = False) -> int | float:
+    """`value` as a Python number (numpy's are not: JSON and weights-only checkpoints take
+    none), ValueError where it is none (`"0.3"`, True, 2.5 for a whole number).
+
+    >>> import numpy as np
+    >>> option_number("beam", np.int64(4), whole=True), option_number("ctc", np.float32(0.5))
+    (4, 0.5)
+    """
+    kind = numbers.Integral if whole else numbers.Real
+    if isinstance(value, bool) or not isinstance(value, kind):
+        raise ValueError(
+            f"{named} must be {'a whole number' if whole else 'a number'}, got {value!r}"
+        )
+    if whole:
+        return int(value)
+    return value if type(value) in (int, float) else float(value)
+
+
 @dataclass(frozen=True)
 class SearchOptions:
     """Beam search settings.
@@ -125,23 +143,18 @@ class SearchOptions:
     def __post_init__(self) -> None:
         whole = ("beam_size", "max_len_extra") + (("nbest",) if self.nbest is not None else ())
         for name in whole:  # counts: 2.5 would fail deep in the search
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-                raise ValueError(f"SearchOptions: {name} must be a whole number, got {value!r}")
-            if type(value) is not int:  # numpy's: JSON and weights-only checkpoints take ints
-                object.__setattr__(self, name, int(value))
+            value = option_number(f"SearchOptions: {name}", getattr(self, name), whole=True)
+            object.__setattr__(self, name, value)
         optional = ("eos_threshold", "pre_beam_ratio")
         for name in ("ctc_weight", "lm_weight", "length_bonus", "max_len_ratio", "min_len_ratio",
                      *optional):  # fmt: skip
             value = getattr(self, name)
             if value is None and name in optional:
                 continue
-            if isinstance(value, bool) or not isinstance(value, numbers.Real):  # "0.3", None
-                raise ValueError(f"SearchOptions: {name} must be a number, got {value!r}")
+            value = option_number(f"SearchOptions: {name}", value)  # "0.3", None
             if not math.isfinite(value):  # inf scores every hypothesis -inf
                 raise ValueError(f"SearchOptions: {name} must be finite, got {value!r}")
-            if type(value) not in (int, float):
-                object.__setattr__(self, name, float(value))
+            object.__setattr__(self, name, value)
         for name in ("length_normalization", "repair"):  # "false" would be taken as true
             value = getattr(self, name)
             if not isinstance(value, bool):

@@ -19,7 +19,6 @@ context before it, then sees more of itself, for a later first partial.
 from __future__ import annotations
 
 import math
-import numbers
 import os
 import warnings
 from collections.abc import Callable, Sequence
@@ -52,6 +51,7 @@ from asr.search import (
     Hypothesis,
     LanguageModel,
     check_language_model,
+    option_number,
 )
 from asr.segment import Span
 from asr.text import PAD_ID, SOS_EOS_ID
@@ -85,16 +85,11 @@ class StreamOptions:
     def __post_init__(self) -> None:
         optional = ("chunk_ms", "first_chunk_ms", "beam", "ctc_weight", "max_context_ms")
         for name in (*optional, "lm_weight"):  # "640" failed deep in the stream
-            value, whole = getattr(self, name), name == "beam"
+            value = getattr(self, name)
             if value is None and name in optional:
                 continue
-            if isinstance(value, bool) or not isinstance(
-                value, numbers.Integral if whole else numbers.Real
-            ):
-                what = "a whole number" if whole else "a number"
-                raise ValueError(f"StreamOptions: {name} must be {what}, got {value!r}")
-            if type(value) not in (int, float):  # numpy's: JSON messages take no such number
-                object.__setattr__(self, name, int(value) if whole else float(value))
+            value = option_number(f"StreamOptions: {name}", value, whole=name == "beam")
+            object.__setattr__(self, name, value)  # numpy's: JSON messages take no such number
         if self.endpoint is not None and not isinstance(self.endpoint, EndpointOptions):
             raise TypeError(
                 f"StreamOptions: endpoint must be an EndpointOptions (asr.ctc_beam) or None, got "
