@@ -9,9 +9,9 @@ import json
 import math
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path, PurePath
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -238,14 +238,20 @@ def write_text_atomically(path: str | os.PathLike, text: str) -> None:
         path: the file to write (UTF-8); its folder must exist.
         text: its whole content.
     """
+    # a file name that is not UTF-8 (its bytes as lone surrogates) goes as `\udcXX`, which
+    # JSON reads back as the same name
+    write_atomically(path, lambda partial: partial.write_text(text, "utf-8", "backslashreplace"))
+
+
+def write_atomically(path: str | os.PathLike, write: Callable[[Path], Any]) -> None:
+    """`write(partial)` to a hidden `.<name>.partial` beside `path`, then rename it onto `path`
+    (see `write_text_atomically`); an OSError names `path`, not the partial."""
     path = Path(path)
     if not path.parent.is_dir():  # said of the file asked for, not of its hidden partial
         raise FileNotFoundError(f"{path}: no folder {path.parent} to write it in")
     partial = partial_path(path)
     try:
-        # a file name that is not UTF-8 (its bytes as lone surrogates) goes as `\udcXX`, which
-        # JSON reads back as the same name
-        partial.write_text(text, encoding="utf-8", errors="backslashreplace")
+        write(partial)
         os.replace(partial, path)
     except OSError as error:  # a folder in the file's place, a full disk: no partial left behind
         partial.unlink(missing_ok=True)

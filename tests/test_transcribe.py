@@ -1088,6 +1088,12 @@ def test_an_input_whose_files_cannot_be_written_is_named_and_the_others_go_on(
     )
     assert "1 of 2 files failed" in said and (tmp_path / "out" / "b.txt").is_file()
     assert not list((tmp_path / "out").glob(".*.partial")), "none left behind"
+    blocked.rmdir()
+    maps = tmp_path / "out" / "a.explore.npz"  # the explorer's maps: named alike
+    maps.mkdir()
+    assert main([*args, "--explorer"]) == 1
+    said = capsys.readouterr().err
+    assert f"a.wav: cannot write its outputs ({maps}: Is a directory)" in said
 
 
 def test_cli_shallow_fusion_with_a_language_model(checkpoint, tmp_path, capsys):

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from asr.writers import file_there, partial_path
+from asr.writers import file_there, write_atomically
 
 if TYPE_CHECKING:
     from asr.results import Decoded, Transcript
@@ -247,14 +247,12 @@ def write_maps(
     arrays = {"spans": np.array([span for span, _ in segments], np.float64).reshape(-1, 2)}
     for k, (_, maps) in enumerate(segments):
         arrays |= {f"{name}_{k}": array for name, array in maps.items()}
-    partial = partial_path(path)
-    try:
-        with open(partial, "wb") as f:
+
+    def save(partial: Path) -> None:
+        with open(partial, "wb") as f:  # a file: to a name, numpy would add .npz
             np.savez_compressed(f, **arrays)
-        os.replace(partial, path)
-    except OSError:  # no partial left behind
-        partial.unlink(missing_ok=True)
-        raise
+
+    write_atomically(path, save)
 
 
 def read_maps(transcript: str | os.PathLike) -> list[dict[str, Any]]:
