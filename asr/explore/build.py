@@ -38,6 +38,7 @@ from asr.explore.records import (
     read_layout,
     read_maps,
     read_records,
+    record_problem,
 )
 from asr.metrics import WordAlignment
 from asr.text import SPACE_PIECE
@@ -1002,6 +1003,9 @@ def _read_transcript(path: Path) -> dict[str, Any]:
     if not _is_transcript(data):
         what = "no text and segments" if isinstance(data, dict) else "not a JSON object"
         raise ValueError(f"not a transcript of `asr transcribe` ({what})")
+    problem = record_problem(data)
+    if problem is not None:
+        raise ValueError(f"not a transcript of `asr transcribe` ({problem})")
     segments = data["segments"]
     for k, segment in enumerate(segments, start=1):  # of several, a row each on its stretch
         if not isinstance(segment, dict):
@@ -1011,6 +1015,14 @@ def _read_transcript(path: Path) -> dict[str, Any]:
             raise ValueError(
                 f"not a transcript of `asr transcribe` (segment {k} has no start and end in "
                 "seconds)"
+            )
+        texts = [segment, *segment.get("alternatives", [])]  # n-best: a row's texts each
+        if not isinstance(segment.get("alternatives", []), list) or not all(
+            isinstance(t, dict) and isinstance(t.get("text", ""), str) for t in texts
+        ):
+            raise ValueError(
+                f"not a transcript of `asr transcribe` (segment {k}: its text and alternatives "
+                "must be texts)"
             )
     return data
 

@@ -127,32 +127,39 @@ def read_records(folder: str | os.PathLike) -> Iterator[dict[str, Any]]:
                 record = loads(line)
             except json.JSONDecodeError as err:
                 raise ValueError(f"{path}:{number}: not JSON ({err.msg})") from None
-            problem = _record_problem(record)
+            problem = record_problem(record)
             if problem is not None:
                 raise ValueError(f"{path}:{number}: {problem}")
             yield record
 
 
-# The values of a record its audio is read and its scores counted by, where given.
-_VALUES = {"offset": ((int, float), "a number"), "duration": ((int, float), "a number"),
-           "audio": (str, "a path"), "ref": (str, "a text")}  # fmt: skip
+# The values of a record (or of its words and tokens) its audio is read, its scores counted
+# and its rows drawn by, where given.
+_NUMBER, _TEXT = ((int, float), "a number"), (str, "a text")
+_VALUES = {"offset": _NUMBER, "duration": _NUMBER, "audio": (str, "a path"), "ref": _TEXT,
+           "hyp": _TEXT}  # fmt: skip
+_ITEM_VALUES = {"start": _NUMBER, "end": _NUMBER, "confidence": _NUMBER, "probability": _NUMBER,
+                "word": _TEXT, "piece": _TEXT}  # fmt: skip
 
 
-def _record_problem(record: Any) -> str | None:
-    """What keeps the page from reading a record: its lists' shapes and the values its audio
-    and scores are read by, not every value."""
+def record_problem(record: Any) -> str | None:
+    """What keeps the page from reading a record or transcript: its lists' shapes and the
+    values its audio, scores and rows are read by, not every value."""
     if not isinstance(record, dict):
         return "not a JSON object"
-    for key, (kinds, wanted) in _VALUES.items():
-        value = record.get(key)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, kinds)):
-            return f"{key}: expected {wanted}"  # JSON's true and false are no numbers
+    problem = _value_problem(record, _VALUES)
+    if problem is not None:
+        return problem
     for key, needed in (("tokens", "piece"), ("words", None)):
         items = record.get(key, [])
         if not isinstance(items, list) or not all(
             isinstance(item, dict) and (needed is None or needed in item) for item in items
         ):
             return f"{key}: expected a list of objects" + (f" with a {needed!r}" if needed else "")
+        for k, item in enumerate(items, start=1):
+            problem = _value_problem(item, _ITEM_VALUES)
+            if problem is not None:
+                return f"{key} {k}: {problem}"
     ctc = record.get("ctc")
     if ctc is not None and not (
         isinstance(ctc, dict)
@@ -161,6 +168,16 @@ def _record_problem(record: Any) -> str | None:
         and len(ctc["starts"]) == len(ctc["ends"])
     ):
         return "ctc: expected 'starts' and 'ends' of one length and a number of 'frames'"
+    return None
+
+
+def _value_problem(
+    values: dict[str, Any], kinds: dict[str, tuple[type | tuple, str]]
+) -> str | None:
+    for key, (kind, wanted) in kinds.items():
+        value = values.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, kind)):
+            return f"{key}: expected {wanted}"  # JSON's true and false are no numbers
     return None
 
 

@@ -657,6 +657,31 @@ def test_a_transcript_whose_segments_have_no_times_is_skipped_and_said(tmp_path)
     assert f"none.json: {said} (segment 1 is no object)" in page["notes"]
 
 
+def test_a_transcript_of_values_the_page_cannot_read_is_skipped_and_said(tmp_path):
+    """A `<name>.json` edited or written by another tool, its duration a text or its words no
+    list, stopped the build with a traceback: it is skipped, saying which value."""
+    wav = next(WAV.rglob("*.wav"))
+    (tmp_path / "good.json").write_text(_transcript(wav))
+    bad = {"duration": {"duration": "1.0"}, "offset": {"offset": "x"}, "audio": {"audio": 5},
+           "words": {"words": "x"},
+           "tokens": {"tokens": [{"piece": "Y", "start": "x"}]},
+           "alternatives": {"segments": [{"start": 0.0, "end": 1.0, "text": "YES",
+                                          "alternatives": ["NO"]}]}}  # fmt: skip
+    for name, values in bad.items():
+        (tmp_path / f"{name}.json").write_text(json.dumps(json.loads(_transcript(wav)) | values))
+    page = page_data(explore(tmp_path, progress=False).read_text())
+    assert [u["id"] for u in page["utterances"]] == ["good"]
+    said = "skipped, not a transcript of `asr transcribe`"
+    for name, why in [
+        ("duration", "duration: expected a number"),
+        ("audio", "audio: expected a path"),
+        ("words", "words: expected a list of objects"),
+        ("tokens", "tokens 1: start: expected a number"),
+        ("alternatives", "segment 1: its text and alternatives must be texts"),
+    ]:
+        assert f"{name}.json: {said} ({why})" in page["notes"]
+
+
 def test_a_page_that_cannot_be_written_leaves_the_earlier_one_whole(tmp_path, monkeypatch):
     """A full disk stopped the write halfway: the earlier page was lost, half of this one
     left, and the error named no file. A link as --out is replaced, not what it leads to."""
@@ -946,6 +971,9 @@ def test_a_transcript_of_standard_input_is_said_to_have_no_audio_kept(tmp_path):
          "number"),
         ('{"id": "u", "audio": 5}', "audio: expected a path"),
         ('{"id": "u", "ref": 5, "hyp": "YES"}', "ref: expected a text"),
+        ('{"id": "u", "ref": "YES", "hyp": 5}', "hyp: expected a text"),
+        ('{"id": "u", "hyp": "A", "words": [{"word": "A", "confidence": "x"}]}', "words 1: "
+         "confidence: expected a number"),
     ],
 )  # fmt: skip
 def test_a_record_the_page_cannot_read_is_named_with_its_line(tmp_path, line, said):
