@@ -611,7 +611,7 @@ class Stream:
             return
         silence = self.trailing_silence()
         if rule.reached(self.search, self.engine.frame_seconds, silence):
-            self.close_utterance(silence)
+            self.close_utterance(silence, endpointed=True)
 
     def trailing_silence(self) -> float:
         """Seconds of silence the open utterance ends with: CTC blanks, or Silero's."""
@@ -619,10 +619,11 @@ class Stream:
             return self.vad.silence(self.decoded_seconds, since=self.utterance_start)
         return self.search.trailing_blanks * self.engine.frame_seconds
 
-    def close_utterance(self, silence: float = 0.0) -> None:
+    def close_utterance(self, silence: float = 0.0, endpointed: bool = False) -> None:
         """Decode the open utterance's final (if it said anything) and start the next. Its
         span ends SPEECH_TAIL into the `silence` (seconds) it ended with, so its last word
-        does not run on through the silence."""
+        does not run on through the silence. One an endpoint closed with no speech yet (CTC's
+        best prefix empty, as a beam of any silence holds some token) is dropped."""
         trim = max(0.0, silence - SPEECH_TAIL)
         start = self.utterance_start
         consumed = self.consumed * self.features.hop / self.sample_rate
@@ -630,7 +631,8 @@ class Stream:
         stop = (self.decoded_seconds if self.vad is not None else consumed) - trim
         end = max(start, min(stop, consumed, self.seconds))
         nbest = self.search.nbest(self.engine.options.beam)
-        if self.enc and any(tokens for tokens, _ in nbest):
+        said = any(tokens for tokens, _ in nbest) and not (endpointed and not nbest[0][0])
+        if self.enc and said:
             enc, ctc = torch.cat(self.enc), torch.cat(self.ctc)
             num_samples = max(1, round((end - start) * self.sample_rate))
             if self.engine.options.final_search == "beam":

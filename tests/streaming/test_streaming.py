@@ -351,6 +351,31 @@ def test_at_full_context_an_utterance_is_cut_at_the_endpoints_longest(trained) -
     assert len(one.final().segments) == 1
 
 
+@pytest.mark.parametrize("final_search", ["beam", "rescore"])
+def test_an_endpoint_with_no_speech_yet_gives_no_final(trained, final_search, monkeypatch) -> None:
+    """A beam of prefixes over silence holds some token even where its best is none: the joint
+    search ran on an utterance the endpoint closed as silence, and made a word of it. The end
+    of the audio is no such endpoint: its final is the offline search's, as documented."""
+    recognizer, waves = trained
+    wave = waves["an4_clstk/fash/an255-fash-b"]
+    options = StreamOptions(chunk_ms=160, final_search=final_search)
+    monkeypatch.setattr(  # an endpoint each second
+        EndpointOptions,
+        "reached",
+        lambda self, search, seconds, silence=None: search.frames * seconds >= 1.0,
+    )
+    closed = stream_transcript(recognizer, wave, options).segments
+    assert len(closed) > 1, "endpoints, then the end of the audio"
+    ranked = CTCPrefixBeam.nbest
+    monkeypatch.setattr(  # CTC's best: nothing said; the next prefixes: something
+        CTCPrefixBeam, "nbest", lambda self, n=None: [([], 0.0), *ranked(self, n)]
+    )
+    finals = stream_transcript(recognizer, wave, options).segments
+    assert all(final.start == closed[-1].start for final in finals), "none at an endpoint"
+    if final_search == "beam":  # the rescorer may take the empty prefix itself
+        assert [final.text for final in finals] == [closed[-1].text]
+
+
 @pytest.mark.parametrize("chunk_ms", [None, 160])
 def test_a_beam_final_is_the_offline_search_over_the_same_frames(
     trained, chunk_ms, monkeypatch
