@@ -25,6 +25,7 @@ CONTAINERS = ((b"fLaC", "FLAC"), (b"OggS", "Ogg"), (b"ID3", "MP3"), (b"FORM", "A
               (b"RIFX", "big-endian WAV"), (b"riff", "Wave64"),
               (b"\x1aE\xdf\xa3", "Matroska or WebM"))  # fmt: skip
 HEAD_BYTES = 1 << 20  # a WAV header longer than this is none (metadata chunks run to kB)
+WAV_SIZE_UNKNOWN = 0x7FFF0000  # a WAV data size from here up says: until the stream ends
 READ_BYTES = 1 << 16  # one read of stdin at most: what a pipe holds
 BUFFER_BYTES = 1 << 20  # 33 s of 16 kHz PCM may wait to be decoded; then the source waits
 
@@ -94,6 +95,7 @@ class StdinPcm:
         block = _block_samples(rate) * 2
         carry = b""
         head: bytes | None = b""  # the first bytes, until they show what leads them; then None
+        left = None  # the bytes of samples a WAV header gives, where it gives them
         while True:
             last = bool(interrupted)  # what waits now was heard before it
             data = self._take(0 if last else PCM_BLOCK_SECONDS)
@@ -104,16 +106,26 @@ class StdinPcm:
                 skip = _header_length(head, rate, complete=data is None or last)
                 if skip is None:
                     continue
+                left = _stated_data_bytes(head, skip)
                 data, head = head[skip:], None
             elif data is None:
                 return
+            if left is not None:  # what follows a WAV's samples (LIST, id3 chunks) is no audio
+                data, left = data[:left], left - len(data[:left])
             data = carry + data
             whole = len(data) - len(data) % 2
             carry = data[whole:]
             for start in range(0, whole, block):
                 yield data[start : min(start + block, whole)]
-            if last:
+            if last or left == 0:
                 return
+
+
+def _stated_data_bytes(head: bytes, skip: int) -> int | None:
+    """The size of the samples of a WAV header `head[:skip]`; None without one, or where it is
+    0 or a placeholder for "until the stream ends" (as arecord and ffmpeg write to a pipe)."""
+    size = int.from_bytes(head[skip - 4 : skip], "little") if skip else 0
+    return size if 0 < size < WAV_SIZE_UNKNOWN else None
 
 
 def _header_length(head: bytes, rate: int, complete: bool) -> int | None:

@@ -771,6 +771,19 @@ def test_the_wav_header_arecord_writes_is_skipped(monkeypatch) -> None:
         assert b"".join(stdin.pieces(16000, [])) == data
 
 
+@pytest.mark.timeout(60)
+def test_what_follows_a_wav_files_samples_on_stdin_is_no_audio(monkeypatch) -> None:
+    """`cat take.wav | asr ... -`: a file states its samples' size, and a LIST or id3 chunk
+    after them (as Audacity writes) was decoded as a burst of noise, and kept as audio."""
+    import struct
+
+    data = np.random.default_rng(0).bytes(32000)
+    header = wav_header()[:-4] + struct.pack("<I", len(data))
+    info = b"LIST" + struct.pack("<I", 2000) + b"INFO" + bytes(1996)
+    with piped_stdin(monkeypatch, header + data + info) as stdin:
+        assert b"".join(stdin.pieces(16000, [])) == data
+
+
 def test_a_wav_header_with_metadata_is_read_however_its_bytes_come() -> None:
     """A header with a LIST chunk of 5 kB before the samples: read whole when stdin gave it at
     once, refused as no WAV when the first 5,000 bytes came alone (a slow source)."""
