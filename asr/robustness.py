@@ -410,6 +410,13 @@ def _source_names(copy: Path, utterances: Sequence[Utterance]) -> dict[str, str]
     }
 
 
+def _scored_apart(row: dict[str, Any], clean: dict[str, Any]) -> bool:
+    """Whether `row` scored other utterances than `clean`: as many, others left out too."""
+    return row["utterances"] != clean["utterances"] or set(row.get("left_out", [])) != set(
+        clean.get("left_out", [])
+    )
+
+
 def not_scored(rows: Sequence[dict[str, Any]]) -> list[str]:
     """The manifest lines and utterances some condition left out, once each: the first
     reason given, and the conditions that left it out where not all did."""
@@ -464,7 +471,7 @@ def robustness_table(rows: Sequence[dict[str, Any]]) -> str:
     for r in rows:
         scored = r["wer"] is not None  # else nothing was left to score under it
         ratio = f"{r['wer'] / clean['wer']:.2f}" if scored and clean and clean["wer"] else "-"
-        if clean and ratio != "-" and r["utterances"] != clean["utterances"]:
+        if clean and ratio != "-" and _scored_apart(r, clean):
             ratio, apart = ratio + " *", True
         wer, cer = (f"{r[k]:.1f}" if scored else "-" for k in ("wer", "cer"))
         lines.append(

@@ -259,6 +259,9 @@ def test_a_ratio_over_other_utterances_than_clean_is_marked():
     table = robustness_table(rows).splitlines()
     assert table[3].split(" | ")[-2] == "0.75 *" and table[4].split(" | ")[-2] == "1.00"
     assert table[-1].startswith("\\* over other utterances than clean")
+    # as many scored, but another one left out: not the same speech either
+    rows = [rows[0] | {"left_out": ["a.wav (u1)"]}, rows[2] | {"left_out": ["a.wav (u2)"]}]
+    assert robustness_table(rows).splitlines()[3].split(" | ")[-2] == "1.00 *"
 
 
 def test_robustness_table_reuses_copies_and_rebuilds_for_a_new_seed(tmp_path):
