@@ -45,9 +45,16 @@ class ErrorCounts:
         )
 
 
+def _spaced(text: str) -> str:
+    """`text`'s words between single spaces: jiwer splits words at spaces alone, and a tab or
+    a no-break space would join two of them."""
+    return " ".join(text.split())
+
+
 def _counts(refs: Sequence[str], hyps: Sequence[str], chars: bool) -> ErrorCounts:
     if len(refs) != len(hyps):
         raise ValueError(f"{len(refs)} references but {len(hyps)} hypotheses")
+    refs, hyps = [_spaced(r) for r in refs], [_spaced(h) for h in hyps]
     # jiwer refuses empty references: every unit of such a hypothesis is an insertion.
     pairs = [(r, h) for r, h in zip(refs, hyps) if r.strip()]
     empty = [h for r, h in zip(refs, hyps) if not r.strip()]
@@ -96,6 +103,7 @@ class Calibration:
 
 def word_alignment(ref: str, hyp: str) -> list[jiwer.AlignmentChunk]:
     """jiwer's word alignment of one utterance; with an empty reference, all insertions."""
+    ref, hyp = _spaced(ref), _spaced(hyp)
     if ref.split():
         return jiwer.process_words(ref, hyp if hyp.split() else " ").alignments[0]
     words = len(hyp.split())

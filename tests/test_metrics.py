@@ -80,10 +80,18 @@ def test_hypothesis_correct_marks_only_equal_words() -> None:
     assert WordAlignment.of("", "a b").hypothesis_correct == [False, False]
 
 
+def test_words_part_at_any_whitespace() -> None:
+    """A tab or a no-break space split words for one of the two and joined them for jiwer: an
+    exact match had a word marked wrong, and the counts disagreed."""
+    assert WordAlignment.of("A\tB", "A\tB").hypothesis_correct == [True, True]
+    assert word_errors(["A\tB"], ["A B"]) == ErrorCounts(reference_length=2)
+
+
 def test_one_alignment_gives_the_counts_jiwer_gives_the_set() -> None:
     rng = random.Random(3)
     pairs = [(_random_text(rng, 6), _random_text(rng, 6)) for _ in range(200)]
     pairs += [("", "A B"), ("A B", ""), ("", "")]
+    pairs += [("A\tB", "A\tB"), ("A\u00a0B C", "A B\u00a0C"), (" A  B", "A\nB ")]  # any space
     summed = sum((WordAlignment.of(r, h).errors for r, h in pairs), ErrorCounts())
     assert summed == word_errors([r for r, _ in pairs], [h for _, h in pairs])
     for ref, hyp in pairs:
