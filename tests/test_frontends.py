@@ -187,9 +187,10 @@ def test_bad_options_raise():
         for hop in (0, -160):
             with pytest.raises(ValueError, match=rf"hop_length \({hop}\) must be positive"):
                 features(hop_length=hop)
-        for power in (0, -1.0):  # NaN features on silence
-            with pytest.raises(ValueError, match=rf"power \({power}\) must be positive"):
-                features(power=power)
+        for power, need in ((0, "positive"), (-1.0, "positive"), (math.inf, "finite"),
+                            (math.nan, "finite")):  # fmt: skip
+            with pytest.raises(ValueError, match=rf"power \({power}\) must be {need}"):
+                features(power=power)  # NaN features on silence
         with pytest.raises(ValueError, match=r"sample_rate \(0\)"):  # not at resampling
             features(sample_rate=0)
 
@@ -275,11 +276,14 @@ def test_kaldi_fbank_matches_torchaudio_per_utterance(int16_scale):
         torch.testing.assert_close(feats[b, : feat_lens[b]], ref, rtol=1e-5, atol=1e-5)
 
 
-def test_kaldi_fbank_of_a_double_model_gives_float64():
-    """As the other frontends do: the encoder of a double() model refused its float32."""
+@pytest.mark.parametrize("name", ["logmel", "mfcc", "linear-log", "kaldi"])
+def test_features_take_the_dtype_of_the_model_not_of_the_wave(name):
+    """A float32 encoder refuses float64 features of numpy audio; a double() one, float32."""
     wave = 0.1 * torch.randn(1, 16000, dtype=torch.float64)
-    assert KaldiFbank().double()(wave, torch.tensor([16000]))[0].dtype == torch.float64
-    assert KaldiFbank()(wave.float(), torch.tensor([16000]))[0].dtype == torch.float32
+    lens = torch.tensor([16000])
+    assert FRONTENDS[name]()(wave, lens)[0].dtype == torch.float32
+    assert FRONTENDS[name]().double()(wave.float(), lens)[0].dtype == torch.float64
+    assert FRONTENDS[name]().double()(wave, lens)[0].dtype == torch.float64
 
 
 def test_kaldi_dither_only_in_training():
@@ -520,6 +524,7 @@ def test_utterance_cmvn_of_a_constant_band_is_zero_alone_or_padded():
         ({"sample_rate": 0}, "must be positive"),
         ({"n_mels": 0}, "must be positive"),
         ({"log_floor": 0.0}, "must be positive"),
+        ({"log_floor": math.inf}, r"log_floor \(inf\) must be finite"),  # inf features
         # named by the argument a config sets (torchaudio's words name neither)
         ({"mel_scale": "foo"}, r"LogMelFilterbank: mel_scale must be \"htk\" or \"slaney\""),
         ({"mel_norm": "foo"}, r"LogMelFilterbank: mel_norm must be null or \"slaney\", got 'foo'"),
@@ -536,9 +541,14 @@ def test_log_mel_refuses_options_that_give_empty_or_broken_bands(options, match)
 def test_floors_that_would_give_infinite_or_nan_features_are_refused():
     with pytest.raises(ValueError, match=r"log_floor \(0.0\) must be positive"):
         LinearSpectrogram(log_floor=0.0)  # log of digital silence: -inf
+    with pytest.raises(ValueError, match=r"log_floor \(inf\) must be finite"):
+        LinearSpectrogram(log_floor=math.inf)  # every feature: inf
     LinearSpectrogram(log=False, log_floor=0.0)  # not taken
     with pytest.raises(ValueError, match=r"std_floor \(0\) must be positive"):
         UtteranceCMVN(norm_vars=True, std_floor=0)  # a constant band: NaN
+    with pytest.raises(ValueError, match=r"std_floor \(inf\) must be finite"):
+        UtteranceCMVN(norm_vars=True, std_floor=math.inf)  # every feature: 0
+    KaldiFbank(dither=0.0, energy_floor=0.0, use_energy=True)  # Kaldi's own defaults: both off
 
 
 @pytest.mark.parametrize(
@@ -549,6 +559,14 @@ def test_floors_that_would_give_infinite_or_nan_features_are_refused():
         ({"low_freq": 5000.0, "high_freq": 4000.0}, "low-freq"),
         ({"num_mel_bins": 0}, "must be positive"),
         ({"frame_length_ms": 0.01}, "at least one sample"),
+        # not a bare OverflowError from int(), nor NaN or inf features blamed on the audio
+        ({"frame_length_ms": math.inf}, r"frame_length_ms \(inf\) must be finite"),
+        ({"frame_shift_ms": math.nan}, r"frame_shift_ms \(nan\) must be finite"),
+        ({"dither": math.nan}, r"dither \(nan\) must be finite"),
+        ({"dither": math.inf}, r"dither \(inf\) must be finite"),
+        ({"dither": -1.0}, r"dither \(-1.0\) must be >= 0"),
+        ({"energy_floor": math.inf, "use_energy": True}, r"energy_floor \(inf\) must be finite"),
+        ({"energy_floor": -1.0}, r"energy_floor \(-1.0\) must be >= 0"),
         ({"sample_rate": 0}, r"sample_rate \(0\) must be positive"),  # not the frame lengths
         ({"num_mel_bins": 128}, "1 of the 128 mel bands cover no FFT bin"),  # FFT of 512
         ({"sample_rate": 8000, "num_mel_bins": 128}, "4 of the 128 mel bands"),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import warnings
 from collections.abc import Callable
 
@@ -58,6 +59,19 @@ def check_batch(x: Tensor, x_lens: Tensor, ndim: int) -> None:
         raise ValueError(f"lengths {x_lens.tolist()} outside [0, {x.size(1)}]")
 
 
+def must_be(value: float, zero_ok: bool = False) -> str | None:
+    """What a setting that must be finite and positive (>= 0 where `zero_ok`) must be, or None.
+
+    >>> must_be(1e-10), must_be(0.0), must_be(0.0, zero_ok=True), must_be(math.inf)
+    (None, 'positive', None, 'finite')
+    """
+    if not math.isfinite(value):  # inf passes `value > 0`, then gives NaN or inf features
+        return "finite"
+    if zero_ok:
+        return None if value >= 0 else ">= 0"
+    return None if value > 0 else "positive"
+
+
 KALDI_WINDOWS = ("povey", "hamming", "hanning", "rectangular", "blackman")  # torchaudio's kaldi
 
 
@@ -82,8 +96,8 @@ class _SnipEdgesSpectrogram(nn.Module):
         for name, length in (("win_length", win_length), ("hop_length", hop_length)):
             if length < 1:  # else every input read as too short to subsample
                 raise ValueError(f"{name} ({length}) must be positive")
-        if not power > 0:  # else silence gives NaN features
-            raise ValueError(f"power ({power}) must be positive: 1 for magnitude, 2 for power")
+        if need := must_be(power):  # else silence gives NaN features
+            raise ValueError(f"power ({power}) must be {need}: 1 for magnitude, 2 for power")
         self.win_length, self.hop_length = win_length, hop_length
         self.pad_left = (n_fft - win_length) // 2  # where torch.stft places the window
         self.pad_right = n_fft - win_length - self.pad_left
@@ -153,8 +167,8 @@ class LogMelFilterbank(nn.Module):
             ("n_mels", n_mels),
             ("log_floor", log_floor),
         ):
-            if not value > 0:  # each named alone: a config's line is found by the name
-                raise ValueError(f"LogMelFilterbank: {name} ({value}) must be positive")
+            if need := must_be(value):  # each named alone: a config's line is found by the name
+                raise ValueError(f"LogMelFilterbank: {name} ({value}) must be {need}")
         for name, value, allowed in (("mel_scale", mel_scale, ("htk", "slaney")),
                                      ("mel_norm", mel_norm, (None, "slaney"))):  # fmt: skip
             if value not in allowed:  # torchaudio's refusal names neither, in a traceback
@@ -272,10 +286,10 @@ class LinearSpectrogram(nn.Module):
         sample_rate: int = 16000,
     ):
         super().__init__()
-        if log and not log_floor > 0:  # digital silence would give -inf features
-            raise ValueError(f"log_floor ({log_floor}) must be positive")
-        if not sample_rate > 0:  # else refused by resampling, far from the config
-            raise ValueError(f"LinearSpectrogram: sample_rate ({sample_rate}) must be positive")
+        if log and (need := must_be(log_floor)):  # digital silence would give -inf features
+            raise ValueError(f"log_floor ({log_floor}) must be {need}")
+        if need := must_be(sample_rate):  # else refused by resampling, far from the config
+            raise ValueError(f"LinearSpectrogram: sample_rate ({sample_rate}) must be {need}")
         self.sample_rate = sample_rate
         self.spectrogram = _SnipEdgesSpectrogram(n_fft, win_length, hop_length, window, power)
         self.log, self.log_floor = log, log_floor
@@ -325,8 +339,11 @@ class KaldiFbank(nn.Module):
         int16_scale: bool = True,
     ):
         super().__init__()
-        if not sample_rate > 0:  # else blamed on the frame lengths
-            raise ValueError(f"KaldiFbank: sample_rate ({sample_rate}) must be positive")
+        if need := must_be(sample_rate):  # else blamed on the frame lengths
+            raise ValueError(f"KaldiFbank: sample_rate ({sample_rate}) must be {need}")
+        for name, value in (("dither", dither), ("energy_floor", energy_floor)):
+            if need := must_be(value, zero_ok=True):  # else NaN features, blamed on the data
+                raise ValueError(f"KaldiFbank: {name} ({value}) must be {need}")
         if window_type not in KALDI_WINDOWS:
             raise ValueError(
                 f"KaldiFbank: window_type must be one of {KALDI_WINDOWS}, got {window_type!r}"
@@ -346,6 +363,9 @@ class KaldiFbank(nn.Module):
             remove_dc_offset=remove_dc_offset,
             snip_edges=True,
         )
+        for name, ms in (("frame_length_ms", frame_length_ms), ("frame_shift_ms", frame_shift_ms)):
+            if not math.isfinite(ms):  # else a bare OverflowError from int() below
+                raise ValueError(f"KaldiFbank: {name} ({ms}) must be finite")
         # the same rounding as torchaudio's kaldi compliance code
         self.win_length = int(sample_rate * frame_length_ms * 0.001)
         self.hop_length = int(sample_rate * frame_shift_ms * 0.001)
@@ -374,14 +394,14 @@ class KaldiFbank(nn.Module):
                 "frame_length_ms"
             )
         self.dither = dither
+        # no data: it follows .double() and .to(), so the features take the model's dtype
+        self.register_buffer("dtype_tag", torch.empty(0), persistent=False)
         self.scale = 32768.0 if int16_scale else 1.0
         self.output_dim = num_mel_bins + int(use_energy)
 
     def forward(self, wave: Tensor, wave_lens: Tensor) -> tuple[Tensor, Tensor]:
         """Args: wave `(B, T)` in [-1, 1], wave_lens `(B,)`. Returns: `(B, T', D)`, lengths."""
         check_batch(wave, wave_lens, ndim=2)
-        # float32 as the other frontends give, but for a double() model's float64
-        dtype = torch.float64 if wave.dtype == torch.float64 else torch.float32
         with torch.autocast(device_type=wave.device.type, enabled=False):
             wave = wave.float() * self.scale
             feats = [self._fbank(wave[b, :n]) for b, n in enumerate(wave_lens.tolist())]
@@ -389,7 +409,7 @@ class KaldiFbank(nn.Module):
             len(feats),
             _padded_frames(wave, self.win_length, self.hop_length),
             self.output_dim,
-            dtype=dtype,
+            dtype=self.dtype_tag.dtype,
         )
         for b, utterance_feats in enumerate(feats):
             out[b, : len(utterance_feats)] = utterance_feats

@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from asr.frontends.features import check_batch, zero_padding
+from asr.frontends.features import check_batch, must_be, zero_padding
 from asr.models.interfaces import lengths_to_mask
 
 
@@ -39,8 +39,8 @@ class UtteranceCMVN(nn.Module):
 
     def __init__(self, norm_means: bool = True, norm_vars: bool = False, std_floor: float = 1e-5):
         super().__init__()
-        if norm_vars and not std_floor > 0:  # a constant band would give NaN features
-            raise ValueError(f"std_floor ({std_floor}) must be positive")
+        if norm_vars and (need := must_be(std_floor)):  # a constant band: NaN or zero features
+            raise ValueError(f"std_floor ({std_floor}) must be {need}")
         self.norm_means, self.norm_vars, self.std_floor = norm_means, norm_vars, std_floor
 
     def forward(self, x: Tensor, x_lens: Tensor) -> tuple[Tensor, Tensor]:
