@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import sentencepiece as spm
 
+from asr.files import write_atomically
+
 if TYPE_CHECKING:
     import torch
 
@@ -219,7 +221,8 @@ class Tokenizer(abc.ABC):
             **self._save_files(out_dir),
         }
         path = out_dir / TOKENIZER_JSON
-        _write_atomically(path, (json.dumps(data, ensure_ascii=False, indent=1) + "\n").encode())
+        encoded = (json.dumps(data, ensure_ascii=False, indent=1) + "\n").encode()  # fails first
+        write_atomically(path, lambda partial: partial.write_bytes(encoded))
         return path
 
     @staticmethod
@@ -411,7 +414,9 @@ class SentencePieceTokenizer(Tokenizer):
         return UNK_ID not in self._sp.encode(ch)
 
     def _save_files(self, out_dir: Path) -> dict[str, Any]:
-        _write_atomically(out_dir / SENTENCEPIECE_MODEL, self.model)
+        write_atomically(
+            out_dir / SENTENCEPIECE_MODEL, lambda partial: partial.write_bytes(self.model)
+        )
         return {"model": SENTENCEPIECE_MODEL, "vocab_size": self.vocab_size}
 
     @classmethod
@@ -580,13 +585,6 @@ def surrogate_problem(text: str, key: str = "text") -> str | None:
         where = f"at {err.start + 1}, half of a surrogate pair and not a character"
         return f"{key!r} holds {code} {where}"
     return None
-
-
-def _write_atomically(path: Path, data: bytes) -> None:
-    """Readers see the old file or the new one, never a partial one (a failed save)."""
-    partial = path.with_name(path.name + ".partial")
-    partial.write_bytes(data)
-    os.replace(partial, path)
 
 
 def _read_json_object(path: Path) -> dict[str, Any]:

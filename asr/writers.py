@@ -3,17 +3,18 @@
 from __future__ import annotations
 
 import errno
-import hashlib
 import html
 import json
 import math
 import os
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path, PurePath
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+from asr.files import write_atomically
 
 if TYPE_CHECKING:  # torch comes with them: `asr connect` prints timed lines without it
     from asr.results import Transcript
@@ -229,10 +230,8 @@ def write_transcript(
 
 
 def write_text_atomically(path: str | os.PathLike, text: str) -> None:
-    """Write `text` to a hidden `.<name>.partial` beside `path`, then rename it onto `path`.
-
-    A process killed while writing leaves at most the partial file, never half of `path`, so
-    whoever finds `path` finds all of it (a re-run that skips written files relies on this).
+    """Write `text` whole or not at all (`asr.files.write_atomically`): whoever finds `path`
+    finds all of it (a re-run that skips written files relies on this).
 
     Args:
         path: the file to write (UTF-8); its folder must exist.
@@ -241,23 +240,6 @@ def write_text_atomically(path: str | os.PathLike, text: str) -> None:
     # a file name that is not UTF-8 (its bytes as lone surrogates) goes as `\udcXX`, which
     # JSON reads back as the same name
     write_atomically(path, lambda partial: partial.write_text(text, "utf-8", "backslashreplace"))
-
-
-def write_atomically(path: str | os.PathLike, write: Callable[[Path], Any]) -> None:
-    """`write(partial)` to a hidden `.<name>.partial` beside `path`, then rename it onto `path`
-    (see `write_text_atomically`); an OSError names `path`, not the partial."""
-    path = Path(path)
-    if not path.parent.is_dir():  # said of the file asked for, not of its hidden partial
-        raise FileNotFoundError(f"{path}: no folder {path.parent} to write it in")
-    partial = partial_path(path)
-    try:
-        write(partial)
-        os.replace(partial, path)
-    except OSError as error:  # a folder in the file's place, a full disk: no partial left behind
-        partial.unlink(missing_ok=True)
-        if error.errno is None:
-            raise
-        raise OSError(error.errno, error.strerror, str(path)) from error  # named as asked for
 
 
 def unwritten(error: OSError) -> str:
@@ -275,16 +257,6 @@ def file_there(path: str | os.PathLike) -> bool:
         if err.errno != errno.ENAMETOOLONG:
             raise
         return False
-
-
-def partial_path(path: Path) -> Path:
-    """The hidden `.<name>.partial` a file is written to before it is renamed; for a name
-    within 9 bytes of the file system's 255, one made from its digest (else a name that fits
-    would fail to be written)."""
-    name = f".{path.name}.partial"
-    if len(os.fsencode(name)) > 255:  # a name's bytes as the file system has them
-        name = f".{hashlib.blake2b(os.fsencode(path.name), digest_size=16).hexdigest()}.partial"
-    return path.with_name(name)
 
 
 def write_outputs(

@@ -25,6 +25,7 @@ LAYERS = {
     # (plain nn.Modules)
     0: {
         "text",
+        "files",
         "audio",
         "levels",
         "perturb",

@@ -351,6 +351,11 @@ def test_a_failed_save_keeps_the_tokenizer_saved_before(tmp_path):
         CharTokenizer(["\ud800"]).save(tmp_path)
     assert (tmp_path / "tokenizer.json").read_bytes() == before
     assert [p.name for p in tmp_path.iterdir()] == ["tokenizer.json"]
+    (tmp_path / "tokenizer.json").unlink()
+    (tmp_path / "tokenizer.json").mkdir()  # named as asked for, its partial not left behind
+    with pytest.raises(IsADirectoryError, match=f"{tmp_path / 'tokenizer.json'}'$"):
+        CharTokenizer.train(["yes"]).save(tmp_path)
+    assert [p.name for p in tmp_path.iterdir()] == ["tokenizer.json"]
 
 
 def write_manifest(path: Path, texts: list[str]) -> Path:

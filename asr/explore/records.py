@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from asr.writers import file_there, write_atomically
+from asr.files import write_atomically
+from asr.writers import file_there
 
 if TYPE_CHECKING:
     from asr.results import Decoded, Transcript
