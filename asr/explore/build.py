@@ -1016,9 +1016,10 @@ def _read_transcript(path: Path) -> dict[str, Any]:
                 f"not a transcript of `asr transcribe` (segment {k} has no start and end in "
                 "seconds)"
             )
-        texts = [segment, *segment.get("alternatives", [])]  # n-best: a row's texts each
-        if not isinstance(segment.get("alternatives", []), list) or not all(
-            isinstance(t, dict) and isinstance(t.get("text", ""), str) for t in texts
+        alternatives = segment.get("alternatives", [])  # n-best: a row's texts each
+        if not isinstance(alternatives, list) or not all(
+            isinstance(t, dict) and isinstance(t.get("text", ""), str)
+            for t in [segment, *alternatives]
         ):
             raise ValueError(
                 f"not a transcript of `asr transcribe` (segment {k}: its text and alternatives "

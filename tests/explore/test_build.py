@@ -666,7 +666,9 @@ def test_a_transcript_of_values_the_page_cannot_read_is_skipped_and_said(tmp_pat
            "words": {"words": "x"},
            "tokens": {"tokens": [{"piece": "Y", "start": "x"}]},
            "alternatives": {"segments": [{"start": 0.0, "end": 1.0, "text": "YES",
-                                          "alternatives": ["NO"]}]}}  # fmt: skip
+                                          "alternatives": ["NO"]}]},
+           "one-alternative": {"segments": [{"start": 0.0, "end": 1.0, "text": "YES",
+                                             "alternatives": 5}]}}  # fmt: skip
     for name, values in bad.items():
         (tmp_path / f"{name}.json").write_text(json.dumps(json.loads(_transcript(wav)) | values))
     page = page_data(explore(tmp_path, progress=False).read_text())
@@ -678,6 +680,7 @@ def test_a_transcript_of_values_the_page_cannot_read_is_skipped_and_said(tmp_pat
         ("words", "words: expected a list of objects"),
         ("tokens", "tokens 1: start: expected a number"),
         ("alternatives", "segment 1: its text and alternatives must be texts"),
+        ("one-alternative", "segment 1: its text and alternatives must be texts"),
     ]:
         assert f"{name}.json: {said} ({why})" in page["notes"]
 
