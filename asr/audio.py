@@ -320,8 +320,9 @@ def _decode_range(
     head = list(itertools.islice(frames, HEAD_FRAMES))
     position = 0
     preroll = SEEK_PREROLL_SECONDS * stream.codec_context.sample_rate
-    if seek and start > preroll and _first_sample(head, stream) is not None:
-        sought = _seek(container, stream, head, start - preroll)
+    origin = _first_sample(head, stream) if seek and start > preroll else None
+    if origin is not None:
+        sought = _seek(container, stream, origin, start - preroll)
         if sought is None or not 0 <= sought[2] <= start:
             return None
         head, frames, position = sought
@@ -342,14 +343,13 @@ def _decode_range(
 def _seek(
     container: av.container.InputContainer,
     stream: av.AudioStream,
-    head: list[av.AudioFrame],
+    origin: Fraction,
     target: float,
 ) -> tuple[list[av.AudioFrame], Iterator[av.AudioFrame], int] | None:
-    """Seek to at most `target` samples: the frames decoded there first, the rest, and the
-    position."""
+    """Seek to at most `target` samples past the stream's first (at `origin`): the frames
+    decoded there first, the rest, and the position."""
     import av
 
-    origin = _first_sample(head, stream)
     try:
         container.seek(
             int((origin + target) / stream.codec_context.sample_rate / stream.time_base),
