@@ -186,8 +186,8 @@ def check_sizes(owner: str, least: int = 1, **sizes: int) -> None:
 
 
 def check_probabilities(owner: str, **probabilities: float) -> None:
-    """ValueError naming the first of `probabilities` (dropout rates) outside [0, 1]: torch's
-    own says it without the argument's name, deep in a traceback."""
+    """ValueError naming the first of `probabilities` (dropout rates, chances) outside [0, 1]:
+    torch's own says it without the argument's name, deep in a traceback."""
     for name, p in probabilities.items():
         if not 0.0 <= p <= 1.0:  # nan too
             raise ValueError(f"{owner}: {name} must be in [0, 1], got {p}")

@@ -308,11 +308,9 @@ class RNNAttentionDecoder(nn.Module):
             hidden_size=hidden_size,
             embed_dim=embed_dim,
         )
-        check_probabilities("RNNAttentionDecoder", dropout=dropout)
-        if not 0.0 <= scheduled_sampling <= 1.0:
-            raise ValueError(
-                f"RNNAttentionDecoder: scheduled_sampling must be in [0, 1]: {scheduled_sampling}"
-            )
+        check_probabilities(
+            "RNNAttentionDecoder", dropout=dropout, scheduled_sampling=scheduled_sampling
+        )
         self.vocab_size = vocab_size
         self.encoder_dim = encoder_dim
         self.is_lstm = rnn_type == "lstm"
