@@ -76,11 +76,20 @@ def folder_kind(folder: Path) -> str:
         return "decode"  # metrics.json alone: an `asr evaluate` that kept no records
     if _run_logs(folder):
         return "training"
-    if any(_is_transcript_file(path) for path in folder.rglob("*.json")):
+    damaged = []
+    for path in folder.rglob("*.json"):
+        try:
+            _read_transcript(path)
+        except _NotTranscript:
+            continue
+        except ValueError as err:
+            damaged.append(f"{path}: {err}")
+            continue
         return "transcribe"
     raise ValueError(
         f"{folder}: not a decode folder (utterances.jsonl of `asr evaluate`), a transcription "
         "folder (<name>.json of `asr transcribe --output-dir`) or a training run (metrics.csv)"
+        + "".join(f"; {line}" for line in sorted(damaged)[:1])
     )
 
 
@@ -994,15 +1003,24 @@ def _is_transcript(data: Any) -> bool:
     )
 
 
+class _NotTranscript(ValueError):
+    """A JSON file that is not meant as a transcript (not one that is damaged)."""
+
+
 def _read_transcript(path: Path) -> dict[str, Any]:
-    """The transcript `path`; ValueError says why it is none."""
+    """The transcript `path`; ValueError says why it is none (`_NotTranscript`: an object
+    without text and segments, or no object)."""
     try:
         data = loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as err:
         raise ValueError(f"not readable ({err})") from None
-    if not _is_transcript(data):
+    if not isinstance(data, dict) or not {"text", "segments"} <= data.keys():
         what = "no text and segments" if isinstance(data, dict) else "not a JSON object"
-        raise ValueError(f"not a transcript of `asr transcribe` ({what})")
+        raise _NotTranscript(f"not a transcript of `asr transcribe` ({what})")
+    if not _is_transcript(data):
+        raise ValueError(
+            "not a transcript of `asr transcribe` (its text must be a text and its segments a list)"
+        )
     problem = record_problem(data)
     if problem is not None:
         raise ValueError(f"not a transcript of `asr transcribe` ({problem})")
@@ -1031,14 +1049,6 @@ def _read_transcript(path: Path) -> dict[str, Any]:
 def _seconds(value: Any) -> bool:
     """Whether `value` is a finite number (JSON's NaN and Infinity are read as None)."""
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _is_transcript_file(path: Path) -> bool:
-    try:
-        _read_transcript(path)
-    except ValueError:
-        return False
-    return True
 
 
 def _run_logs(folder: Path) -> list[Path]:

@@ -685,6 +685,25 @@ def test_a_transcript_of_values_the_page_cannot_read_is_skipped_and_said(tmp_pat
         assert f"{name}.json: {said} ({why})" in page["notes"]
 
 
+def test_a_folder_of_damaged_transcripts_alone_is_refused_naming_one(tmp_path, capsys):
+    """With no readable transcript beside them, the refusal said only "not a decode folder":
+    it names a damaged transcript and why, and leaves other JSON files unnamed."""
+    wav = next(WAV.rglob("*.wav"))
+    (tmp_path / "config.json").write_text('{"vocab_size": 30}')
+    assert main(["explore", str(tmp_path), "--quiet"]) == 2
+    assert capsys.readouterr().err.rstrip().endswith("or a training run (metrics.csv)")
+    for name, content in [
+        ("talk.json", json.dumps(json.loads(_transcript(wav)) | {"duration": "1.0"})),
+        ("cut.json", _transcript(wav)[:40]),
+        ("text.json", '{"text": 3, "segments": []}'),
+    ]:
+        (tmp_path / name).write_text(content)
+        assert main(["explore", str(tmp_path), "--quiet"]) == 2
+        err = capsys.readouterr().err
+        assert f"; {tmp_path / name}: not " in err and "config.json" not in err
+        (tmp_path / name).unlink()
+
+
 def test_a_page_that_cannot_be_written_leaves_the_earlier_one_whole(tmp_path, monkeypatch):
     """A full disk stopped the write halfway: the earlier page was lost, half of this one
     left, and the error named no file. A link as --out is replaced, not what it leads to."""
