@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 import os
 import warnings
+from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
@@ -40,6 +41,7 @@ from asr.decoding import (
 )
 from asr.frontends import GlobalCMVN, features_of
 from asr.frontends.features import num_frames
+from asr.levels import SILENT_DB, frame_energy_db, loud_level
 from asr.models.blocks import min_input_length
 from asr.models.chunking import EncoderCache, streaming_problem
 from asr.precision import autocast, input_dtype
@@ -56,7 +58,7 @@ from asr.search import (
 from asr.segment import Span
 from asr.text import PAD_ID, SOS_EOS_ID
 from asr.transcribe import join_segments
-from asr.vad import StreamingVAD
+from asr.vad import LEVEL_FRAME_SECONDS, StreamingVAD
 
 if TYPE_CHECKING:
     from asr.recognizer import Recognizer
@@ -481,6 +483,12 @@ class Stream:
         self.vad = None
         if endpoint is not None and endpoint.silence_from == "silero":
             self.vad = StreamingVAD(self.sample_rate)
+        # 10 ms energies (dBFS) of the audio from `_energy_origin` (a frame index) on, which
+        # tell an utterance of silence, as the offline splitter does
+        self._energy_frame = max(1, round(LEVEL_FRAME_SECONDS * self.sample_rate))
+        self._energies = array("d")
+        self._energy_origin = 0
+        self._energy_pending = np.zeros(0, dtype=np.float32)
         self._start_utterance()
 
     def _start_utterance(self) -> None:
@@ -518,6 +526,11 @@ class Stream:
         self.samples += wave.numel()
         if self.vad is not None:
             self.vad.push(wave.numpy())
+        pending = np.concatenate([self._energy_pending, wave.numpy()])
+        whole = len(pending) // self._energy_frame * self._energy_frame
+        if whole:
+            self._energies.extend(frame_energy_db(pending[:whole], self._energy_frame).tolist())
+        self._energy_pending = pending[whole:]
         frames = self.features.push(wave)
         if frames.numel():
             self.pending = torch.cat([self.pending, frames])
@@ -613,6 +626,18 @@ class Stream:
         if rule.reached(self.search, self.engine.frame_seconds, silence):
             self.close_utterance(silence, endpointed=True)
 
+    def _silent(self, start: float, stop: float) -> bool:
+        """Whether the audio from `start` to `stop` (seconds) is quieter than SILENT_DB at its
+        loudest 0.1 s (digital silence, or a model's input muted): no speech, as offline."""
+        rate, frame = self.sample_rate, self._energy_frame
+        first = round(start * rate) // frame - self._energy_origin
+        last = -(-round(stop * rate) // frame) - self._energy_origin
+        energies = np.asarray(self._energies[max(0, first) : max(0, last)])  # a copy's view
+        if last > len(self._energies) and len(self._energy_pending):  # a short last frame
+            last_frame = frame_energy_db(self._energy_pending, self._energy_frame)
+            energies = np.append(energies, last_frame)
+        return len(energies) > 0 and loud_level(energies, frame / rate) < SILENT_DB
+
     def trailing_silence(self) -> float:
         """Seconds of silence the open utterance ends with: CTC blanks, or Silero's."""
         if self.vad is not None:
@@ -623,7 +648,8 @@ class Stream:
         """Decode the open utterance's final (if it said anything) and start the next. Its
         span ends SPEECH_TAIL into the `silence` (seconds) it ended with, so its last word
         does not run on through the silence. One an endpoint closed with no speech yet (CTC's
-        best prefix empty, as a beam of any silence holds some token) is dropped."""
+        best prefix empty, as a beam of any silence holds some token) is dropped, as is one
+        whose audio is silent (`_silent`)."""
         trim = max(0.0, silence - SPEECH_TAIL)
         start = self.utterance_start
         consumed = self.consumed * self.features.hop / self.sample_rate
@@ -632,6 +658,7 @@ class Stream:
         end = max(start, min(stop, consumed, self.seconds))
         nbest = self.search.nbest(self.engine.options.beam)
         said = any(tokens for tokens, _ in nbest) and not (endpointed and not nbest[0][0])
+        said = said and not self._silent(start, self.decoded_seconds)
         if self.enc and said:
             enc, ctc = torch.cat(self.enc), torch.cat(self.ctc)
             num_samples = max(1, round((end - start) * self.sample_rate))
@@ -648,6 +675,10 @@ class Stream:
                 if self.on_decoded is not None:
                     self.on_decoded((start, end), transcript, decoded)
         self._start_utterance()
+        done = self.start_frame * self.features.hop // self._energy_frame - self._energy_origin
+        if done > 0:  # the energies of closed utterances: a long stream keeps none of them
+            del self._energies[:done]
+            self._energy_origin += done
 
 
 def _lm_scores(

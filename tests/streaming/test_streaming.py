@@ -376,6 +376,24 @@ def test_an_endpoint_with_no_speech_yet_gives_no_final(trained, final_search, mo
         assert [final.text for final in finals] == [closed[-1].text]
 
 
+@pytest.mark.parametrize("final_search", ["beam", "rescore"])
+def test_a_silent_utterance_gives_no_final_as_offline_gives_no_text(trained, final_search):
+    """This model's joint search makes "GO" of digital silence, where offline transcription
+    hears no speech (quieter than SILENT_DB) and gives no text: a stream whose utterance is as
+    silent gives no final either. Faint noise above it is decoded as offline decodes it."""
+    recognizer, _ = trained
+    noise = torch.randn(2 * RATE, generator=torch.Generator().manual_seed(0))
+    for chunk_ms in (None, 160):
+        options = StreamOptions(chunk_ms=chunk_ms, final_search=final_search, endpoint=None)
+        for silence in (torch.zeros(2 * RATE), 1e-6 * noise):  # -120 dBFS
+            assert recognizer.transcribe(silence).text == ""
+            assert stream_transcript(recognizer, silence, options).segments == []
+    faint = 1e-4 * noise  # -80 dBFS
+    full = StreamOptions(final_search="beam", endpoint=None)
+    assert stream_transcript(recognizer, faint, full).text == recognizer.transcribe(faint).text
+    assert recognizer.transcribe(faint).text
+
+
 @pytest.mark.parametrize("chunk_ms", [None, 160])
 def test_a_beam_final_is_the_offline_search_over_the_same_frames(
     trained, chunk_ms, monkeypatch
