@@ -1106,7 +1106,8 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
             "--splits",
             nargs="+",
             action="extend",
-            help="librispeech: split names (default: all found)",
+            help="librispeech: split names (default: all found); those prepared into --out "
+            "before from the same folder stay",
         )
         p.add_argument("--dev-size", type=int, help="an4: training utterances held out (100)")
     p.set_defaults(run=_prepare)

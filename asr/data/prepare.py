@@ -335,7 +335,9 @@ LIBRISPEECH_LAYOUT = (
 def prepare_librispeech(
     data_dir: PathLike, out_dir: PathLike, splits: Sequence[str] | None = None
 ) -> dict[str, SplitSummary]:
-    """LibriSpeech: a manifest per split directory, also pooled into train, dev and test."""
+    """LibriSpeech: a manifest per split directory, also pooled into train, dev and test
+    (with a split folder of the pool's own name). Named `splits` leave those an earlier
+    preparation from the same folder wrote beside them, and the pools they do not join."""
     data_dir, out_dir = _absolute(data_dir), _absolute(out_dir)
     root = data_dir / "LibriSpeech" if (data_dir / "LibriSpeech").is_dir() else data_dir
     found = _librispeech_splits(root)
@@ -347,6 +349,7 @@ def prepare_librispeech(
         raise ValueError(
             f"{root}: split(s) {', '.join(unknown)} not found; found {', '.join(found)}"
         )
+    kept, carried = _kept_librispeech(out_dir, root, found, chosen) if splits else ([], {})
     prepared, unusable, missing, bad_text, untranscribed, unlisted = {}, [], [], [], [], []
     for name in chosen:
         unlisted += _unlisted_chapters(found[name])
@@ -357,12 +360,48 @@ def prepare_librispeech(
         bad_text += bad_here
         untranscribed += [f"{name}/{path}" for path in untranscribed_here]
     for pool in ("train", "dev", "test"):
-        members = [name for name in chosen if name.startswith(f"{pool}-")]
-        if members and pool not in prepared:
+        members = [name for name in chosen if name == pool or name.startswith(f"{pool}-")]
+        if pool in members and len(members) > 1:
+            logger.warning(
+                "librispeech: the split folder %s is pooled with %s into %s.jsonl",
+                pool,
+                ", ".join(name for name in members if name != pool),
+                pool,
+            )
+        if members != [pool] and members:
             prepared[pool] = _pooled({name: prepared[name] for name in members}, pool)
+            left = [name for name in kept if name == pool or name.startswith(f"{pool}-")]
+            if left:
+                logger.warning(
+                    "librispeech: %s.jsonl holds %s, not %s prepared before (name it in "
+                    "--splits to pool it)",
+                    pool,
+                    ", ".join(members),
+                    ", ".join(left),
+                )
     report = {"unusable_audio": unusable, "missing_audio": missing, "bad_transcripts": bad_text,
               "missing_transcripts": untranscribed, "unlisted_folders": unlisted}  # fmt: skip
-    return _write_splits(out_dir, "librispeech", root, prepared, **report)
+    for key, entries in carried.items():
+        report[key] += entries
+    keep = splits is not None  # one split at a time: the others stay
+    return _write_splits(out_dir, "librispeech", root, prepared, keep_earlier=keep, **report)
+
+
+def _kept_librispeech(
+    out_dir: Path, root: Path, found: dict[str, Path], chosen: list[str]
+) -> tuple[list[str], dict[str, list[str]]]:
+    """The split folders of `root` an earlier preparation into `out_dir` wrote and this one
+    leaves (their manifests stay), and what it left out of them, by summary key."""
+    record = _earlier_record(out_dir)
+    earlier = _earlier_splits(record, "librispeech", root)
+    kept = [name for name in found if name not in chosen and earlier.get(name) is not None
+            and (out_dir / f"{name}.jsonl").is_file()]  # fmt: skip
+    heads = tuple(p for name in kept for p in (f"{found[name]}{os.sep}", f"{name}/"))
+    carried = {}
+    for key, entries in record.items():
+        if key not in ("corpus", "source", "splits") and isinstance(entries, list):
+            carried[key] = [e for e in entries if isinstance(e, str) and e.startswith(heads)]
+    return kept, carried
 
 
 def _unlisted_chapters(split_dir: Path) -> list[str]:
@@ -792,23 +831,30 @@ def _write_splits(
     corpus: str,
     source: Path,
     splits: dict[str, list[Utterance]],
+    keep_earlier: bool = False,
     **report: Any,
 ) -> dict[str, SplitSummary]:
     """Write each non-empty split's manifest and `summary.json`; return the summaries.
 
     The manifests of splits an earlier preparation into `out_dir` wrote and this one does not
-    are removed, so that no old dev or test set is left beside a train set that now holds it."""
+    are removed, so that no old dev or test set is left beside a train set that now holds it;
+    with `keep_earlier`, those of an earlier preparation of this corpus from `source` stay,
+    and `summary.json` lists them still."""
     if not any(splits.values()):
         left = [f"{key}: {some_of(value)}" for key, value in report.items() if value]
         raise ValueError(f"{source}: no usable utterance ({'; '.join(left) or 'none found'})")
     out_dir.mkdir(parents=True, exist_ok=True)
-    earlier = _earlier_splits(out_dir)
+    earlier = _earlier_splits(_earlier_record(out_dir), corpus, source if keep_earlier else None)
     summaries = {}
     for name, utterances in splits.items():
         if utterances:
             write_manifest(out_dir / f"{name}.jsonl", utterances)
             summaries[name] = SplitSummary.of(utterances)
-    for name in earlier - set(summaries):
+    for name, summary in earlier.items():
+        if summary is not None and name not in summaries:
+            if (out_dir / f"{name}.jsonl").is_file():
+                summaries[name] = summary
+    for name in set(earlier) - set(summaries):
         if (out_dir / f"{name}.jsonl").is_file():
             logger.warning(
                 "removing %s, a split of the earlier preparation", out_dir / f"{name}.jsonl"
@@ -828,13 +874,33 @@ def _write_splits(
     return summaries
 
 
-def _earlier_splits(out_dir: Path) -> set[str]:
-    """The splits `summary.json` in `out_dir` lists (none when it is absent or unreadable)."""
+def _earlier_record(out_dir: Path) -> dict[str, Any]:
+    """The `summary.json` an earlier preparation wrote into `out_dir` (empty when it is absent
+    or unreadable)."""
     try:
         record = json.loads((out_dir / "summary.json").read_text(encoding="utf-8"))
-        return {str(name) for name in record["splits"]}
-    except (OSError, ValueError, KeyError, TypeError):
-        return set()
+    except (OSError, ValueError):
+        return {}
+    return record if isinstance(record, dict) else {}
+
+
+def _earlier_splits(
+    record: dict[str, Any], corpus: str, source: Path | None
+) -> dict[str, SplitSummary | None]:
+    """The splits an earlier preparation's `record` lists, each with its summary where that
+    preparation was of `corpus` from `source`."""
+    try:
+        names = [str(name) for name in record["splits"]]
+    except (KeyError, TypeError):
+        return {}
+    same = record.get("corpus") == corpus and record.get("source") == str(source)
+    earlier: dict[str, SplitSummary | None] = dict.fromkeys(names)
+    for name, summary in (
+        record["splits"].items() if same and isinstance(record["splits"], dict) else ()
+    ):
+        with contextlib.suppress(TypeError, ValueError):
+            earlier[str(name)] = SplitSummary(**summary)
+    return earlier
 
 
 def left_out(out_dir: PathLike) -> list[str]:

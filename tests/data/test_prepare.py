@@ -740,6 +740,64 @@ def test_librispeech_splits_sharing_utterances_pool_each_once(librispeech_dir, t
     assert said in caplog.text
 
 
+def librispeech_copy(source: Path, root: Path, splits: dict[str, bool]) -> Path:
+    """`root`/LibriSpeech with a copy of `source`'s train-clean-5 as each split: whole, or one
+    chapter (False)."""
+    chapter = next((source / "train-clean-5").glob("*/*"))
+    for name, whole in splits.items():
+        if whole:
+            shutil.copytree(source / "train-clean-5", root / "LibriSpeech" / name)
+        else:
+            shutil.copytree(
+                chapter, root / "LibriSpeech" / name / chapter.parent.name / chapter.name
+            )
+    return root
+
+
+@pytest.mark.needs_corpus
+def test_librispeech_prepared_split_by_split_keeps_the_splits_before(
+    librispeech_dir, tmp_path, caplog
+):
+    """`--splits dev-clean` after `--splits train-clean-100` into one folder removed the
+    training manifests. Those of the same folder stay, with what was left out of them; a pool
+    written without one of them says so; another corpus's are replaced."""
+    root = librispeech_copy(librispeech_dir, tmp_path / "ls", {"train-clean-100": True,
+                            "dev-clean": False, "train-other": False})  # fmt: skip
+    broken = next((root / "LibriSpeech" / "train-clean-100").rglob("*.flac"))
+    broken.write_bytes(b"not audio")
+    out = tmp_path / "out"
+    prepare_corpus("librispeech", root, out, splits=["train-clean-100"])
+    train, said = (out / "train.jsonl").read_text(), left_out(out)
+    assert len(said) == 1 and said[0].startswith(str(broken))
+    summaries = prepare_corpus("librispeech", root, out, splits=["dev-clean"])
+    names = ["dev", "dev-clean", "train", "train-clean-100"]
+    assert sorted(p.stem for p in out.glob("*.jsonl")) == sorted(summaries) == names
+    assert (out / "train.jsonl").read_text() == train and summaries["train"].utterances == 37
+    assert sorted(json.loads((out / "summary.json").read_text())["splits"]) == names
+    assert left_out(out) == said
+    with caplog.at_level(logging.WARNING):
+        prepare_corpus("librispeech", root, out, splits=["train-other"])
+    said = "train.jsonl holds train-other, not train-clean-100 prepared before (name it in"
+    assert said in caplog.text
+    other = librispeech_copy(librispeech_dir, tmp_path / "other", {"dev-clean": False})
+    prepare_corpus("librispeech", other, out, splits=["dev-clean"])
+    assert sorted(p.stem for p in out.glob("*.jsonl")) == ["dev", "dev-clean"]
+
+
+@pytest.mark.needs_corpus
+def test_a_librispeech_split_named_as_its_pool_is_pooled_with_the_others(
+    librispeech_dir, tmp_path, caplog
+):
+    """A folder named `train` beside `train-clean-100` was train.jsonl alone, the train-* data
+    left out of it unsaid: the pool holds both, and says so."""
+    root = librispeech_copy(librispeech_dir, tmp_path / "ls", {"train": False,
+                                                               "train-other": True})  # fmt: skip
+    with caplog.at_level(logging.WARNING):
+        summaries = prepare_corpus("librispeech", root, tmp_path / "out")
+    assert summaries["train"].utterances == summaries["train-other"].utterances == 38
+    assert "the split folder train is pooled with train-other into train.jsonl" in caplog.text
+
+
 def an4_tarball(path: Path, train: list[str]) -> Path:
     """`path`, an AN4 .tar.gz of `fake_an4(train, one test line)`."""
     root = fake_an4(path.parent / f"{path.parent.name}-an4", train, ["<s> T </s> (t1-tsp-b)"])
