@@ -80,7 +80,7 @@ def prepare_corpus(
             takers = [name for name, prepare in sorted(CORPORA.items())
                       if option in inspect.signature(prepare).parameters]  # fmt: skip
             of = f"; it is an option of {' and '.join(takers)}" if takers else ""
-            raise ValueError(f"{corpus} takes no option {option!r}{of}")
+            raise ValueError(f"{corpus} takes no option --{option.replace('_', '-')}{of}")
     return CORPORA[corpus](data_dir, out_dir, **options)
 
 

@@ -63,7 +63,7 @@ def manifest(tmp_path):
         (["tokenizer", "--manifest", "{m}", "--out", "{tmp}/tok", "--kind", "bpe"],
          "--kind bpe needs --vocab-size"),
         (["prepare", "yesno", "--data-dir", "{dir}", "--out", "{tmp}/p", "--dev-size", "3"],
-         "yesno takes no option 'dev_size'; it is an option of an4"),
+         "yesno takes no option --dev-size; it is an option of an4"),
         (["cmvn", "--manifest", "{m}", "--out", "{tmp}/c.json", "--config", "{bad_yaml}"],
          "bad.yaml:3:1: not valid YAML"),
         (["cmvn", "--manifest", "{m}", "--out", "{tmp}/c.json", "--config", "{bad_class}"],

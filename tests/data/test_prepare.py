@@ -694,10 +694,10 @@ def test_splits_of_an_earlier_preparation_are_removed(tmp_path, caplog):
 
 def test_an_option_of_another_corpus_is_named(tmp_path):
     with pytest.raises(
-        ValueError, match="yesno takes no option 'dev_size'; it is an option of an4"
+        ValueError, match="yesno takes no option --dev-size; it is an option of an4"
     ):
         prepare_corpus("yesno", tmp_path, tmp_path / "out", dev_size=3)
-    with pytest.raises(ValueError, match="an4 takes no option 'splits'; it is an option of libri"):
+    with pytest.raises(ValueError, match="an4 takes no option --splits; it is an option of libri"):
         prepare_corpus("an4", tmp_path, tmp_path / "out", splits=["train"])
 
 
