@@ -402,7 +402,15 @@ class LiveServer:
         except ConnectionClosed as closed:
             failed = client is not None and client.failed is not None  # its sender logged it
             said = (1000, GOING_AWAY, *((SERVER_ERROR,) if failed else ()))
-            if closed.sent is not None and closed.sent.code not in said:
+            if closed.rcvd_then_sent:  # the client's close, which the server echoed
+                if closed.rcvd.code not in (1000, GOING_AWAY):
+                    log.info(
+                        "%s: the client closed (%d): %s",
+                        peer,
+                        closed.rcvd.code,
+                        closed.rcvd.reason,
+                    )
+            elif closed.sent is not None and closed.sent.code not in said:
                 # websockets' own close, e.g. 1009 for a message past its limit (8x ours)
                 log.info("%s: closed (%d): %s", peer, closed.sent.code, closed.sent.reason)
             return
@@ -535,7 +543,7 @@ class LiveServer:
             closed.cancel()
         if client.ws.state is State.CLOSED:
             client.inbox.clear()
-            raise ConnectionClosedOK(None, None)
+            raise client.ws.protocol.close_exc  # with the client's close, which is logged
 
     def _samples(self, message: bytes, client: _Client) -> np.ndarray:
         if len(message) > self.options.max_message_bytes:
@@ -760,12 +768,14 @@ def _json(message: str | bytes, problem: str) -> dict[str, Any]:
 
 
 def _control_in_binary(message: bytes) -> bool:
-    """Whether a binary message is a JSON object (a control message sent as bytes, as
-    `ws.send(json.dumps(m).encode())` does), not audio, which is never valid JSON."""
+    """Whether a binary message is a JSON object with a type (a control message sent as
+    bytes, as `ws.send(json.dumps(m).encode())` does), not audio: a few samples may spell
+    `{}` (32123 in s16le)."""
     if not message.startswith(b"{") or len(message) > 4096:
         return False
     try:
-        return isinstance(json_line(message.decode()), dict)
+        value = json_line(message.decode())
+        return isinstance(value, dict) and "type" in value
     except ValueError:  # not JSON (or not UTF-8): audio
         return False
 

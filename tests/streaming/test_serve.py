@@ -218,6 +218,10 @@ def test_each_stream_is_logged_with_its_client_and_what_it_sent(server, trained,
             ws.recv(10)
             ws.send(b"\x00" * (8 * limit + 2))
             ws.recv(10)
+        with connect(url) as ws:  # the client's own close: not worded as the server's
+            ws.send(START)
+            ws.recv(10)
+            ws.close(4000, "user cancelled")
         peer = r"127\.0\.0\.1:\d+"
         expected = [
             rf"{peer}: stream started",
@@ -226,6 +230,7 @@ def test_each_stream_is_logged_with_its_client_and_what_it_sent(server, trained,
             rf"{peer}: stream ended: 1\.0 s of audio, 0 finals",  # what it sent, not decoded
             rf"{peer}: closed \(1009\): frame exceeds limit of {8 * limit} bytes",
             rf"{peer}: stream ended: 0\.0 s of audio, 0 finals",
+            rf"{peer}: the client closed \(4000\): user cancelled",
         ]
 
         def logged() -> list[str]:
@@ -233,7 +238,7 @@ def test_each_stream_is_logged_with_its_client_and_what_it_sent(server, trained,
 
         wait_until(lambda: len(logged()) >= len(expected))
     matches = [[m for m in logged() if re.fullmatch(e, m)] for e in expected]
-    assert [len(m) for m in matches] == [3, 1, 1, 1, 1, 1] and len(logged()) == 8, logged()
+    assert [len(m) for m in matches] == [4, 1, 1, 1, 1, 2, 1] and len(logged()) == 11, logged()
 
 
 @pytest.mark.parametrize(
@@ -281,6 +286,21 @@ def test_audio_bytes_that_nest_deeper_than_json_reads_are_audio() -> None:
     from asr.serve.server import _control_in_binary
 
     assert not _control_in_binary(b'{"a": ' + b"[" * 3000)  # it raised RecursionError
+
+
+def test_audio_that_spells_a_json_object_is_audio(server, trained) -> None:
+    """One s16le sample of 32123 is the bytes `{}`: the stream was refused with 1003, as if a
+    control message had come in a binary frame."""
+    (_, url), (_, waves) = server, trained
+    audio = pcm16(waves[UID])
+    assert np.frombuffer(b"{}", "<i2")[0] == 32123
+    with connect(url) as ws:
+        ws.send(START)
+        ws.recv(10)
+        for message in (audio[:16000], b"{}", audio[16000:], END):
+            ws.send(message)
+        said = [json.loads(message) for message in ws]
+    assert said[-1]["type"] == "done" and ws.protocol.close_code == 1000
 
 
 @pytest.mark.parametrize("where", ["feed", "step", "take_finals", "final"])
@@ -578,11 +598,13 @@ def _flood(url: str, seconds: int, leave: bool) -> None:
                 pass
 
 
-def test_a_client_held_back_that_leaves_or_fails_is_forgotten(trained, monkeypatch) -> None:
+def test_a_client_held_back_that_leaves_or_fails_is_forgotten(trained, monkeypatch, caplog) -> None:
     """A stream waiting for the model to catch up must still end when its client goes (its
     queued audio is not decoded for nobody) or its recognition fails (nothing else would wake
-    it: the server could then not stop either)."""
+    it: the server could then not stop either). A close of its own is logged as one."""
     from asr.streaming import Stream
+
+    caplog.set_level(logging.INFO, logger="asr.serve.server")
 
     recognizer, _ = trained
     decoded, feed = [], Stream.feed
@@ -600,6 +622,15 @@ def test_a_client_held_back_that_leaves_or_fails_is_forgotten(trained, monkeypat
         _flood(url, 60, leave=True)
         wait_until(lambda: live.active_streams == 0)
         assert sum(decoded) < 30 * 16000, "the audio of a client gone was decoded"
+        with connect(url) as ws:
+            ws.send(START)
+            ws.recv(10)
+            ws.send(bytes(2 * 16000 * 10))
+            wait_until(lambda: any(not client.room.is_set() for client in live.clients))
+            ws.close(4000, "user cancelled")
+        wait_until(lambda: live.active_streams == 0)
+        said = [record.getMessage() for record in caplog.records]
+        assert any(line.endswith("the client closed (4000): user cancelled") for line in said)
         monkeypatch.setattr(Stream, "fail", True, raising=False)
         _flood(url, 60, leave=False)
         wait_until(lambda: live.active_streams == 0)
