@@ -107,7 +107,12 @@ class ServeOptions:
     keyfile: str | None = None  # its private key, when not in certfile
 
     def __post_init__(self) -> None:
-        """Checks `allow_origins`, each kept as a browser sends it."""
+        """Checks `host` and `allow_origins`, each origin kept as a browser sends it."""
+        if not self.host.strip():  # every address, to the system: a socket each, a port each
+            raise ValueError(
+                f"host {self.host!r}: give an address to listen on (127.0.0.1: this machine "
+                "only; 0.0.0.0: the network)"
+            )
         object.__setattr__(self, "allow_origins", tuple(map(allowed_origin, self.allow_origins)))
 
 

@@ -479,6 +479,16 @@ def test_a_browser_may_open_the_socket_only_from_the_servers_own_page(trained) -
         ServeOptions(allow_origins=("https://bücher.example",))
 
 
+def test_an_empty_host_is_refused() -> None:
+    """`--host ""` listened on every address, a socket (and with --port 0 a port) each, and
+    the server said it was at http://:PORT/."""
+    from asr.serve.server import ServeOptions
+
+    for host in ("", " "):
+        with pytest.raises(ValueError, match=f"host {host!r}: give an address to listen on"):
+            ServeOptions(host=host)
+
+
 def test_a_stream_that_sends_nothing_is_closed_and_frees_its_place(trained) -> None:
     recognizer, waves = trained
     with running_server(recognizer, OPTIONS, max_connections=1, idle_timeout=0.5) as (_, port):
