@@ -56,5 +56,6 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check asr tests bench recipes
 	$(VENV)/bin/ruff format --check asr tests
 
+# The environments only: data/ and exp/ hold what recipes prepared and trained (hours of it).
 clean:
-	rm -rf $(VENV) $(ESPNET_VENV) exp data
+	rm -rf $(VENV) $(ESPNET_VENV)
