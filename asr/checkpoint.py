@@ -93,15 +93,53 @@ def checkpoint_payload(
 
 
 def read_payload(path: str | os.PathLike, key: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    """`(checkpoint, payload)` of the checkpoint at `path`, the payload stored under `key`."""
+    """`(checkpoint, payload)` of the checkpoint at `path`, the payload stored under `key`;
+    CheckpointError where either is not what `asr fit` writes."""
     state = load_checkpoint(path)
+    state = state if isinstance(state, dict) else {}  # a list or tensor of another tool's
     payload = state.get(key)
     if not isinstance(payload, dict) or "model_config" not in payload:
         kinds = {RECOGNIZER_KEY: "recognizer", LM_KEY: "language model"}
         other = next((kinds[k] for k in kinds if k != key and k in state), None)
         hint = f" (it is a {other} checkpoint)" if other else " (not written by `asr fit`?)"
         raise CheckpointError(f"{path}: no {kinds.get(key, key)} config inside{hint}")
+    _check_payload(path, state, payload)
     return state, payload
+
+
+def _check_payload(path: str | os.PathLike, state: dict[str, Any], payload: dict[str, Any]) -> None:
+    """CheckpointError naming `path` and the first entry of a checkpoint that its readers
+    would trip over: no state_dict, a model config that is no mapping, or tokenizer or asset
+    files that are not base64 text by name."""
+    check_state_dict(path, state)
+    if not isinstance(payload["model_config"], dict):
+        kind = type(payload["model_config"]).__name__
+        raise CheckpointError(f"{path}: its model_config is a {kind}, not a mapping of settings")
+    if "tokenizer" not in payload:
+        raise CheckpointError(f"{path}: no tokenizer files inside (not written by `asr fit`?)")
+    for entry in ("tokenizer", "assets"):
+        files = payload.get(entry, {})  # assets: none in older checkpoints
+        if not isinstance(files, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in files.items()
+        ):
+            raise CheckpointError(f"{path}: its {entry} entry is not files by name (base64 text)")
+
+
+def check_state_dict(path: str | os.PathLike, state: Any) -> None:
+    """CheckpointError naming `path` unless the checkpoint `state` holds a state_dict."""
+    if not isinstance(state, dict) or not isinstance(state.get("state_dict"), dict):
+        raise CheckpointError(f"{path}: no state_dict inside (not written by `asr fit`?)")
+
+
+def refuse_non_finite(weights: Mapping[str, torch.Tensor], source: str | os.PathLike) -> None:
+    """CheckpointError naming `source` and the first floating tensor of `weights` that holds a
+    NaN or an infinity: damaged weights would decode every input as nothing, without a word."""
+    for name, tensor in weights.items():
+        if not tensor.is_floating_point() or tensor.numel() == 0:  # aminmax of none: an error
+            continue
+        # the extremes are non-finite where any value is (NaN propagates): one pass, no copy
+        if not torch.isfinite(torch.stack(torch.aminmax(tensor))).all():
+            raise CheckpointError(f"{source}: {name}: non-finite values (a damaged file)")
 
 
 def payload_tokenizer(payload: dict[str, Any]) -> Tokenizer:
@@ -308,6 +346,7 @@ def best_checkpoints(last: str | os.PathLike, count: int) -> list[Path]:
     """The `count` best checkpoints recorded in `last`, found beside it if the run moved (one
     missing there: FileNotFoundError, never the original run's file)."""
     state = load_checkpoint(last)
+    check_state_dict(last, state)
     scored: dict[str, float] = {}
     mode = "min"
     for key, value in state.get("callbacks", {}).items():
@@ -411,8 +450,7 @@ def average_checkpoints(paths: Sequence[str | os.PathLike], out: str | os.PathLi
         )
     states = [load_checkpoint(p) for p in paths]
     for path, state in zip(paths, states):
-        if not isinstance(state, dict) or not isinstance(state.get("state_dict"), dict):
-            raise CheckpointError(f"{path}: no state_dict inside (not written by `asr fit`?)")
+        check_state_dict(path, state)
     first = states[0]["state_dict"]
     for path, state in zip(paths[1:], states[1:]):
         if state["state_dict"].keys() != first.keys():

@@ -14,6 +14,7 @@ from asr.checkpoint import (
     build_from_payload,
     payload_tokenizer,
     read_payload,
+    refuse_non_finite,
     submodule_weights,
 )
 from asr.models.lm import build_lm
@@ -101,8 +102,10 @@ def load_lm(
     path = os.path.expanduser(path)  # as a shell would, and load_model does
     state, payload = read_payload(path, LM_KEY)
     tokenizer = _tokenizer(payload, path)
+    weights = submodule_weights(state, "lm.")
+    refuse_non_finite(weights, path)
     lm = build_from_payload(build_lm, payload, path)
-    _load_weights(lm, submodule_weights(state, "lm."), path)
+    _load_weights(lm, weights, path)
     # what a recognizer's search checks it against (asr.search.check_language_model)
     lm.vocabulary = tuple(tokenizer.pieces(range(tokenizer.vocab_size)))
     return lm.to(device).eval(), tokenizer

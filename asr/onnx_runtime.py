@@ -19,12 +19,12 @@ import torch
 from torch import Tensor, nn
 from torch.utils import _pytree as pytree
 
-from asr.checkpoint import CheckpointError, weights_digest
+from asr.checkpoint import CheckpointError, refuse_non_finite, weights_digest
 from asr.models.chunking import EncoderCache, streaming_problem
 from asr.models.interfaces import State, attention_kind
 from asr.models.seq2seq import Seq2Seq
 from asr.models.transformer import TransformerDecoder
-from asr.package import ONNX_DIR
+from asr.package import ONNX_DIR, refuse_lfs_pointer
 
 OPSET = 17
 CACHE = ["keys", "values", "valid", "conv", "offset"]  # EncoderCache's fields, in order
@@ -268,6 +268,17 @@ def _untied(model: Any) -> Any:
     return model
 
 
+def _refuse_non_finite_graph(path: Path) -> None:
+    """CheckpointError naming `path` and the first floating weight (initializer) of its graph
+    that holds a NaN or an infinity, as a package's weights are checked."""
+    import onnx
+    from onnx import numpy_helper
+
+    for weight in onnx.load(str(path), load_external_data=False).graph.initializer:
+        values = torch.from_numpy(numpy_helper.to_array(weight).copy())  # one at a time
+        refuse_non_finite({weight.name: values}, path)
+
+
 class _Session:
     """An ONNX Runtime session on torch tensors (CPU); spin-wait is off: it starves torch."""
 
@@ -431,7 +442,9 @@ def onnx_model(
         path = graphs / f"{name}{suffix}"
         if not path.is_file():
             raise FileNotFoundError(missing(name))
+        refuse_lfs_pointer(path)  # a clone without git-lfs: fetched, not exported again
         opened[path] = session_type(path, threads, spin_wait)
+        _refuse_non_finite_graph(path)
         graph = getattr(opened[path], "props", {}).get(GRAPH_KEY, name)  # older graphs: none
         if graph != name:
             raise CheckpointError(f"{path}: holds the {graph} graph, not {name}; {EXPORT_AGAIN}")

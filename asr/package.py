@@ -24,6 +24,7 @@ from asr.checkpoint import (
     CheckpointError,
     payload_tokenizer,
     read_payload,
+    refuse_non_finite,
     replace_assets,
     submodule_weights,
     weights_digest,
@@ -73,7 +74,9 @@ def read_recognizer(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], d
     if is_package(path):
         return read_package(path)
     state, payload = read_payload(path, RECOGNIZER_KEY)
-    return submodule_weights(state, "model."), payload
+    weights = submodule_weights(state, "model.")
+    refuse_non_finite(weights, path)
+    return weights, payload
 
 
 @dataclass(frozen=True)
@@ -214,7 +217,7 @@ def read_package(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], dict
     payload = {k: v for k, v in config.items() if k not in ("format", "format_version")}
     files = [p for p in tokenizer.iterdir() if not p.is_dir()]  # not Jupyter's checkpoints
     for file in files:  # a SentencePiece model is stored in LFS too
-        _refuse_lfs_pointer(file)
+        refuse_lfs_pointer(file)
     payload["tokenizer"] = {p.name: _encoded(p) for p in files}
     payload["assets"] = {name: _encoded_asset(folder, name) for name in config.get("assets", [])}
     Tokenizer.load(tokenizer)  # a damaged file named as the package holds it
@@ -277,9 +280,9 @@ def _remember_revision(snapshot: Path, revision: str, commit: str) -> None:
         scratch.unlink(missing_ok=True)
 
 
-def _refuse_lfs_pointer(path: Path) -> None:
+def refuse_lfs_pointer(path: Path) -> None:
     """CheckpointError where `path` is the pointer file of a Hub repository cloned without
-    git-lfs (weights and SentencePiece models are stored in LFS), not the file itself."""
+    git-lfs (weights, ONNX graphs and SentencePiece models are stored in LFS), not the file."""
     if path.is_file():  # else said as missing, where it is read
         with open(path, "rb") as f:
             if f.read(64).startswith(b"version https://git-lfs"):
@@ -290,7 +293,8 @@ def _refuse_lfs_pointer(path: Path) -> None:
 
 
 def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
-    """The tensors of a safetensors file, tied names restored; pickles are refused."""
+    """The tensors of a safetensors file, tied names restored; pickles and non-finite values
+    are refused."""
     from safetensors import SafetensorError, safe_open
 
     with open(path, "rb") as f:
@@ -299,7 +303,7 @@ def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
     # file is not that are its first bytes read as pickle protocol >= 2 or torch.save's zip
     # (the length's low byte can be 0x80 too). safe_open never unpickles; this names the file.
     safetensors = len(head) == 9 and head[8:] == b"{"
-    _refuse_lfs_pointer(path)
+    refuse_lfs_pointer(path)
     if not safetensors and (head[:1] == b"\x80" or head[:4] == b"PK\x03\x04"):
         raise CheckpointError(
             f"{path}: refused to load: it is a pickle (torch.save) file, not safetensors, and "
@@ -320,6 +324,7 @@ def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
     gone = sorted(set(aliases.values()) - set(weights))
     if gone:
         raise CheckpointError(f"{path}: its tied weights name tensors it does not hold: {gone}")
+    refuse_non_finite(weights, path)  # before the tied names: each tensor once
     weights.update({name: weights[kept] for name, kept in aliases.items()})
     return weights
 

@@ -37,6 +37,7 @@ from asr.checkpoint import (
     CheckpointError,
     atomic_save,
     best_checkpoints,
+    check_state_dict,
     load_checkpoint,
     payload_tokenizer,
     weight_differences,
@@ -770,6 +771,7 @@ class ASRCLI(LightningCLI):
                 path = config.ckpt_path = self._last = str(later)
         if path and Path(path).is_file():
             self._checkpoint = load_checkpoint(path)  # a file that is none: said in one line
+            check_state_dict(path, self._checkpoint)  # another tool's list or tensor
             _check_checkpoint_kind(path, self._checkpoint, config.get("model"))
         model = config.get("model") if config is not None else None
         arguments = model.get("init_args") if model is not None else None

@@ -3,17 +3,20 @@ import os
 import pickle
 import re
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
 
 from asr.checkpoint import (
+    RECOGNIZER_KEY,
     TRAINING_ONLY,
     CheckpointError,
     atomic_save,
     average_checkpoints,
     best_checkpoints,
     load_checkpoint,
+    read_payload,
 )
 from asr.cli import main
 
@@ -52,6 +55,68 @@ def test_a_file_that_is_no_checkpoint_is_named_as_such(content, tmp_path):
         load_checkpoint(path)
     with pytest.raises(FileNotFoundError, match=r": a folder, not a checkpoint file"):
         load_checkpoint(tmp_path)
+
+
+def _malformed(state: dict, edit: str) -> object:
+    """`state`, a recognizer checkpoint, as another tool's file or with a payload entry gone
+    or of another type."""
+    payload = dict(state[RECOGNIZER_KEY])
+    if edit in ("list", "tensor"):
+        return [1, 2, 3] if edit == "list" else torch.zeros(3)
+    if edit == "no state_dict":
+        return {RECOGNIZER_KEY: payload}
+    if edit == "no tokenizer":
+        payload.pop("tokenizer")
+    else:
+        payload[edit] = "hello" if edit == "model_config" else []
+    return state | {RECOGNIZER_KEY: payload}
+
+
+@pytest.mark.parametrize(
+    "edit, said",
+    [
+        ("list", "no recognizer config inside (not written by `asr fit`?)"),
+        ("tensor", "no recognizer config inside (not written by `asr fit`?)"),
+        ("no state_dict", "no state_dict inside (not written by `asr fit`?)"),
+        ("model_config", "its model_config is a str, not a mapping of settings"),
+        ("no tokenizer", "no tokenizer files inside (not written by `asr fit`?)"),
+        ("assets", "its assets entry is not files by name (base64 text)"),
+    ],
+)
+def test_a_checkpoint_not_shaped_as_asr_writes_it_is_refused_naming_the_file(
+    edit, said, tiny_checkpoint, tmp_path, capsys
+):
+    """Each was a traceback (AttributeError, KeyError) in every command that reads a model."""
+    path = tmp_path / "bad.ckpt"
+    torch.save(_malformed(load_checkpoint(tiny_checkpoint["checkpoint"]), edit), path)
+    with pytest.raises(CheckpointError) as refused:
+        read_payload(path, RECOGNIZER_KEY)
+    assert str(refused.value) == f"{path}: {said}"
+    for command in (
+        ["transcribe", str(tmp_path / "a.wav"), "--model", str(path)],
+        ["evaluate", "--model", str(path), "--manifest", "m.jsonl", "--out", str(tmp_path)],
+        ["finalize", "--model", str(path), "--manifest", "m.jsonl"],
+        ["export", "--checkpoint", str(path), "--out", str(tmp_path / "pkg")],
+    ):
+        assert main(command) == 2
+        assert capsys.readouterr().err.strip() == f"asr {command[0]}: error: {path}: {said}"
+
+
+@pytest.mark.parametrize("content", [[1, 2], torch.zeros(2)])
+def test_another_tools_checkpoint_is_refused_by_average_and_resume(
+    content, tmp_path, capsys, monkeypatch
+):
+    """A list or a tensor saved by torch gave an AttributeError traceback."""
+    config = str(Path("conf/an4/transformer_quick.yaml").resolve())
+    monkeypatch.chdir(tmp_path)  # no data/: refused before any is read
+    path = tmp_path / "other.ckpt"
+    torch.save(content, path)
+    said = f"{path}: no state_dict inside (not written by `asr fit`?)"
+    assert main(["average", "--last", str(path), "--best", "2", "--out", str(tmp_path / "a")]) == 2
+    assert capsys.readouterr().err.strip() == f"asr average: error: {said}"
+    with pytest.raises(SystemExit) as stopped:
+        main(["fit", "--config", config, "--ckpt_path", str(path)])
+    assert stopped.value.code == 2 and f"asr fit: error: {said}" in capsys.readouterr().err
 
 
 def test_atomic_save_keeps_the_old_file_when_writing_fails(tmp_path, monkeypatch):
@@ -179,7 +244,9 @@ def _run_with_best(folder, scores):
         atomic_save({"state_dict": {}}, folder / name)
         best[str(folder / name)] = torch.tensor(score)
     key = "ModelCheckpoint{'monitor': 'val/wer', 'mode': 'min'}"
-    atomic_save({"callbacks": {key: {"best_k_models": best}}}, folder / "last.ckpt")
+    atomic_save(
+        {"state_dict": {}, "callbacks": {key: {"best_k_models": best}}}, folder / "last.ckpt"
+    )
     return folder / "last.ckpt"
 
 

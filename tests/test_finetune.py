@@ -11,7 +11,7 @@ import yaml
 from conftest import TINY_MODEL_CONFIG
 from test_lightning import _fit_args, refused, tiny_an4  # noqa: F401
 
-from asr.checkpoint import instantiate, load_checkpoint, submodule_weights
+from asr.checkpoint import CheckpointError, instantiate, load_checkpoint, submodule_weights
 from asr.cli import main
 from asr.data.manifest import read_manifest
 from asr.finetune import (
@@ -196,6 +196,17 @@ def test_init_from_reads_packages_too(tiny_checkpoint, tmp_path, monkeypatch):
     assert report.copied == list(fresh.state_dict())
     monkeypatch.setenv("HOME", str(tmp_path))  # "~" as the shell would read it
     assert init_from(_model(tokenizer, 4), "~/package", tokenizer).copied == report.copied
+
+
+def test_init_from_refuses_weights_with_non_finite_values(tiny_checkpoint, tmp_path):
+    """A fine-tune started from a NaN said no more than that its updates were skipped."""
+    state = load_checkpoint(tiny_checkpoint["checkpoint"])
+    state["state_dict"]["model.encoder.layers.0.ffn.0.weight"][0, 0] = float("nan")
+    torch.save(state, tmp_path / "damaged.ckpt")
+    tokenizer = Tokenizer.load(tiny_checkpoint["tokenizer"])
+    said = r"damaged\.ckpt: encoder\.layers\.0\.ffn\.0\.weight: non-finite values \(a damaged"
+    with pytest.raises(CheckpointError, match=said):
+        init_from(_model(tokenizer, 3), tmp_path / "damaged.ckpt", tokenizer)
 
 
 def test_settings_of_training_alone_or_unknown_to_one_model_may_change():

@@ -195,6 +195,23 @@ def test_load_lm_refuses_a_checkpoint_without_an_lm(tmp_path, monkeypatch) -> No
         load_lm("~/other.ckpt")
 
 
+def test_load_lm_refuses_weights_with_non_finite_values(tmp_path) -> None:
+    from asr.checkpoint import checkpoint_payload, instantiate
+    from asr.models.lm import build_lm
+
+    tokenizer = CharTokenizer.train(["AB"])
+    lstm = {"class_path": "asr.models.lm.LSTMLM", "init_args": {"embed_dim": 4, "hidden_size": 4}}
+    config = {"lm": lstm, "vocab_size": tokenizer.vocab_size}
+    weights = {f"lm.{k}": v for k, v in instantiate(build_lm, config).state_dict().items()}
+    weights["lm.embedding.weight"][1, 2] = float("inf")
+    payload = checkpoint_payload(config, tokenizer)
+    torch.save({"state_dict": weights, "lm": payload}, tmp_path / "lm.ckpt")
+    with pytest.raises(CheckpointError) as refused:
+        load_lm(tmp_path / "lm.ckpt")
+    said = f"{tmp_path / 'lm.ckpt'}: embedding.weight: non-finite values (a damaged file)"
+    assert str(refused.value) == said
+
+
 TINY_LM_CONFIG = """
 seed_everything: 0
 model:

@@ -5,12 +5,15 @@ from __future__ import annotations
 import copy
 import json
 import logging
+import re
 import shutil
 from dataclasses import replace
 
+import onnx as onnx_lib
 import pytest
 import torch
 from conftest import TINY_MODEL_CONFIG, TINY_RNN
+from onnx import numpy_helper
 from test_package import save_overfit_checkpoint
 from test_transcribe import GREEDY, JOINT, UTTERANCES, WAV, _overfit_recognizer
 
@@ -202,9 +205,35 @@ def test_an_rnn_attention_model_decodes_the_same_on_onnx_runtime(tmp_path):
     (tmp_path / "onnx" / "state.json").write_text("{")  # damaged files: named, not a traceback
     with pytest.raises(CheckpointError, match=r"state\.json: unreadable \(.+\); export it"):
         onnx_model(model, tmp_path)
+    (tmp_path / "onnx" / "state.json").write_text(json.dumps(state))
+    kept = (graphs / "ctc.onnx").read_bytes()  # a weight damaged: refused, as a package's
+    graph = onnx_lib.load(str(graphs / "ctc.onnx"))
+    weight = next(i for i in graph.graph.initializer if i.data_type == onnx_lib.TensorProto.FLOAT)
+    values = numpy_helper.to_array(weight).copy()
+    values.flat[0] = float("nan")
+    weight.CopyFrom(numpy_helper.from_array(values, weight.name))
+    onnx_lib.save(graph, str(graphs / "ctc.onnx"))
+    with pytest.raises(CheckpointError, match=rf"ctc\.onnx: {re.escape(weight.name)}: non-finite"):
+        onnx_model(model, tmp_path)
+    (graphs / "ctc.onnx").write_bytes(kept)
     (tmp_path / "onnx" / "ctc.onnx").write_bytes(b"\x08torn")
     with pytest.raises(CheckpointError, match=r"ctc\.onnx: not a readable ONNX graph \(.+\); "):
         onnx_model(model, tmp_path)
+
+
+def test_graphs_cloned_without_git_lfs_are_named_as_a_pointer(tmp_path):
+    """The Hub keeps *.onnx in LFS: a clone without git-lfs was told to export the graphs
+    again, which needs the checkpoint its user does not have."""
+    tokenizer = CharTokenizer.train(["YES NO GO"])
+    model = instantiate(build_seq2seq, TINY_MODEL_CONFIG | {"vocab_size": tokenizer.vocab_size})
+    (tmp_path / "onnx").mkdir()
+    pointer = "version https://git-lfs.github.com/spec/v1\noid sha256:4d7a\nsize 123456\n"
+    (tmp_path / "onnx" / "encoder.onnx").write_text(pointer)
+    with pytest.raises(CheckpointError) as refused:
+        onnx_model(model, tmp_path)
+    assert str(refused.value).startswith(
+        f"{tmp_path / 'onnx' / 'encoder.onnx'}: a Git LFS pointer, not the file: fetch it"
+    )
 
 
 def test_cli_exports_and_decodes_with_onnx_backends(

@@ -845,6 +845,32 @@ def test_weights_cloned_without_git_lfs_are_named_as_a_pointer(package):
         asr.load_model(package)
 
 
+def test_weights_with_non_finite_values_are_refused_naming_the_file_and_tensor(
+    tiny_checkpoint, tmp_path
+):
+    """Damaged weights (a NaN, an infinity) loaded silently and decoded everything as nothing."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    write_package(tiny_checkpoint["checkpoint"], tmp_path / "pkg")
+    path = tmp_path / "pkg" / WEIGHTS_FILE
+    with safe_open(str(path), framework="pt") as f:
+        weights, metadata = {k: f.get_tensor(k) for k in f.keys()}, f.metadata()
+    name = "decoder.output.bias"
+    weights[name][3] = float("nan")
+    save_file(weights, path, metadata=metadata)
+    with pytest.raises(CheckpointError) as refused:
+        asr.load_model(tmp_path / "pkg")
+    assert str(refused.value) == f"{path}: {name}: non-finite values (a damaged file)"
+    state = load_checkpoint(tiny_checkpoint["checkpoint"])
+    state["state_dict"][f"model.{name}"][0] = float("-inf")
+    torch.save(state, tmp_path / "damaged.ckpt")
+    with pytest.raises(CheckpointError) as refused:
+        asr.load_model(tmp_path / "damaged.ckpt")
+    said = f"{tmp_path / 'damaged.ckpt'}: {name}: non-finite values (a damaged file)"
+    assert str(refused.value) == said
+
+
 def _scored_metrics(folder: Path, checkpoint: str) -> Path:
     """A metrics.json of `asr evaluate` that scored `checkpoint` (2 errors in 10 words)."""
     counts = {"substitutions": 1, "deletions": 1, "insertions": 0}
