@@ -222,17 +222,70 @@ def log_lines(file: Path) -> list[str]:
     return lines
 
 
-def csv_logs(folder: Path) -> list[Path]:
+def csv_logs(folder: Path, quiet: bool = False) -> list[Path]:
     """A run folder's logs/version_*/metrics.csv (in version order), a logs folder's, or its own;
     of versions, those that trained (`asr validate` and `asr test` of the run's checkpoints log
-    there too, at step 0), unless none did."""
+    there too, at step 0), unless none did, and of those, the last run's (`_latest_run`, which
+    warns unless `quiet`)."""
     for pattern in ("logs/version_*/", "version_*/", ""):
         files = list(folder.glob(f"{pattern}metrics.csv"))
         if files:
             # the version folder's own name: a folder above may be named version_N too
             files.sort(key=lambda f: _version(f.parent.name))
-            return [f for f in files if _of_training(f)] or files
+            trained = [f for f in files if _of_training(f)]
+            return _latest_run(trained, quiet) if trained else files
     return []
+
+
+def _latest_run(files: list[Path], quiet: bool = False) -> list[Path]:
+    """The versions of the last run among `files` (in version order), with a warning that
+    names those left out. A version starts a new run (`asr fit` again in the folder) where
+    its config.yaml has no ckpt_path, and goes on with its run where that names a file; with
+    `--ckpt_path last` (a fresh start where there was none) or no config, where its first step
+    is at or before its run's first step, which a resumed run goes on past."""
+    start, start_step = 0, None
+    for k, file in enumerate(files):
+        step = _first_step(file)
+        resumed = _resumed(file.parent)
+        if resumed is None or resumed == "last":
+            afresh = step is not None and start_step is not None and step <= start_step
+        else:
+            afresh = not resumed
+        if k and afresh:
+            start, start_step = k, step
+        elif start_step is None:
+            start_step = step
+    if start and not quiet:
+        left_out = ", ".join(f.parent.name for f in files[:start])
+        log.warning(
+            "%s: a new run, from step %s: the curves leave out the earlier run's %s",
+            files[start], start_step, left_out,
+        )  # fmt: skip
+    return files[start:]
+
+
+def _resumed(version: Path) -> str | None:
+    """The ckpt_path of the `asr fit` that logged into `version` ("" where none was given), as
+    its config.yaml records it; None where there is no such record."""
+    import yaml
+
+    try:
+        config = yaml.safe_load((version / "config.yaml").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return None
+    if not isinstance(config, dict) or "ckpt_path" not in config:
+        return None
+    return str(config["ckpt_path"] or "")
+
+
+def _first_step(file: Path) -> int | None:
+    """The step of a metrics.csv's first row; None where it has none or not a whole number."""
+    with open(file, newline="") as f:
+        row = next(csv.DictReader(f), None)
+    try:
+        return int(row["step"]) if row is not None else None
+    except (KeyError, TypeError, ValueError):  # read_training_log names what is wrong
+        return None
 
 
 def _of_training(file: Path) -> bool:

@@ -14,6 +14,7 @@ import torch
 from asr.cli import main
 from asr.metrics import word_calibration
 from asr.plotting import (
+    csv_logs,
     plot_attention,
     plot_reliability,
     plot_training_curves,
@@ -193,6 +194,40 @@ def test_validate_and_test_runs_logged_beside_training_are_not_curves(tmp_path: 
     curves = read_training_log(tmp_path)
     assert curves["val/loss"] == [(10, 3.0), (20, 1.0)]
     assert read_training_log(tmp_path / "logs/version_1")["val/loss"] == [(0, 1.0)]  # asked for
+
+
+def test_a_run_started_again_in_its_folder_starts_the_curves_afresh(tmp_path, caplog) -> None:
+    """`asr fit` again in a run's folder (its checkpoints removed) logs a new version from step
+    0: joined with the earlier run's, its curve ran on through the old run's points. A resumed
+    run's version goes on from its run's (the explorer's training page reads the same)."""
+    write_log(tmp_path, 0, ["0,0,5.0,,", "0,3,,5.4,", "1,8,,4.3,", "2,17,,3.7,"])
+    write_log(tmp_path, 1, ["3,20,,3.5,"])  # resumed
+    write_log(tmp_path, 2, ["0,0,5.1,,", "0,3,,5.3,"])  # started again
+    write_log(tmp_path, 3, ["0,3,,5.2,", "1,6,,4.9,"])  # resumed from its step 3
+    assert read_training_log(tmp_path)["val/loss"] == [(3, 5.2), (6, 4.9)]
+    started = tmp_path / "logs/version_2/metrics.csv"
+    said = "a new run, from step 0: the curves leave out the earlier run's version_0, version_1"
+    assert f"{started}: {said}" in caplog.text
+    assert csv_logs(tmp_path) == [started, tmp_path / "logs/version_3/metrics.csv"]
+    caplog.clear()
+    assert len(csv_logs(tmp_path, quiet=True)) == 2 and not caplog.text  # said once, not twice
+
+
+def test_a_versions_config_says_whether_it_resumed_its_run(tmp_path, caplog) -> None:
+    """The first steps alone misread runs that log at other steps: a fresh run (no ckpt_path)
+    whose first row came later was joined, a resume from a named file whose first row was at
+    its run's first step was split off. `--ckpt_path last` may start afresh: read by steps."""
+    write_log(tmp_path, 0, ["0,2,,5.9,"])
+    write_log(tmp_path, 1, ["0,8,,4.3,"])  # fresh, though past version_0's first step
+    write_log(tmp_path, 2, ["0,8,,4.2,"])  # resumed from a file, at its run's first step
+    write_log(tmp_path, 3, ["0,3,,5.0,"])  # `last` where there was none: before the run's first
+    for version, ckpt_path in [(1, "null"), (2, "/run/steps/last.ckpt"), (3, "last")]:
+        (tmp_path / f"logs/version_{version}/config.yaml").write_text(f"ckpt_path: {ckpt_path}\n")
+    assert read_training_log(tmp_path)["val/loss"] == [(3, 5.0)]
+    (tmp_path / "logs/version_3").rename(tmp_path / "version_3")  # gone: versions 1 and 2
+    assert read_training_log(tmp_path)["val/loss"] == [(8, 4.2)]
+    assert "version_1/metrics.csv: a new run, from step 8: the curves leave out the earlier " \
+        "run's version_0" in caplog.text  # fmt: skip
 
 
 def test_text_with_dollars_is_drawn_as_written_not_as_maths() -> None:

@@ -74,7 +74,7 @@ def folder_kind(folder: Path) -> str:
     """The kind of `folder`: decode, transcribe or training; ValueError lists what each holds."""
     if (folder / RECORDS).is_file() or "wer" in read_json(folder / METRICS):
         return "decode"  # metrics.json alone: an `asr evaluate` that kept no records
-    if _run_logs(folder):
+    if _run_logs(folder, quiet=True):  # warned of where the page is built
         return "training"
     damaged = []
     for path in folder.rglob("*.json"):
@@ -1051,12 +1051,12 @@ def _seconds(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def _run_logs(folder: Path) -> list[Path]:
-    """The folders of a run's metrics.csv, every logs/version_N in order (a resumed run logs
-    into a new one), or the folder itself; none: empty."""
+def _run_logs(folder: Path, quiet: bool = False) -> list[Path]:
+    """The folders of a run's metrics.csv, every logs/version_N of its last run in order (a
+    resumed run logs into a new one), or the folder itself; none: empty."""
     from asr.plotting import csv_logs  # as `asr curves` finds them (matplotlib: not at import)
 
-    return [path.parent for path in csv_logs(folder)]
+    return [path.parent for path in csv_logs(folder, quiet)]
 
 
 def _sample_rate(layout: dict[str, Any], folder: Path) -> int:
