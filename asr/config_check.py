@@ -1,11 +1,12 @@
 """The `--config` files of `asr fit|validate|test` read before LightningCLI parses them, so that
-the commonest mistakes are named with their file and line: YAML that does not parse, a key
-given twice, a `class_path` that imports nothing, an `init_args`, `trainer` or `checkpoint` key
-the class does not take (in a config laid over another, the class that one named), a key a
-dataclass of options lacks, a value a plain `int`, `float`, `bool` or `str` argument refuses, a
-setting that a link overrides. A top-level key may name a file of its own (`model: m.yaml`),
-checked the same way. What this passes, jsonargparse still checks in full; where a class
-of options refuses a value as it is built, `where_set` finds the line that set it."""
+the commonest mistakes are named with their file and line: text that is not UTF-8, YAML that
+does not parse, a key given twice, a `class_path` that imports nothing, an `init_args`,
+`trainer` or `checkpoint` key the class does not take (in a config laid over another, the class
+that one named), a key a dataclass of options lacks, a value a plain `int`, `float`, `bool` or
+`str` argument refuses, a setting that a link overrides. A top-level key may name a file of
+its own (`model: m.yaml`), checked the same way. What this passes, jsonargparse still checks in
+full; where a class of options refuses a value as it is built, `where_set` finds the line that
+set it."""
 
 from __future__ import annotations
 
@@ -80,6 +81,31 @@ def config_paths(argv: Sequence[str]) -> list[str]:
         elif arg.startswith("--config="):
             paths.append(arg.split("=", 1)[1])
     return paths
+
+
+def without_empty_configs(argv: Sequence[str]) -> list[str]:
+    """`argv` less the `--config` files that hold no settings (empty, or comments alone): read
+    as an overlay that changes nothing, where jsonargparse refuses them unnamed."""
+    kept: list[str] = []
+    given = iter(argv)
+    for arg in given:
+        if arg in ("--config", "-c"):
+            path = next(given, None)
+            if path is None or not _holds_no_settings(path):
+                kept += [arg] if path is None else [arg, path]
+        elif not (arg.startswith("--config=") and _holds_no_settings(arg.split("=", 1)[1])):
+            kept.append(arg)
+    return kept
+
+
+def _holds_no_settings(path: str | Path) -> bool:
+    """Whether the file `path` reads as YAML with no settings: empty, comments alone, or a
+    null document (`---`, `null`)."""
+    try:
+        root = yaml.compose(Path(path).read_text(encoding="utf-8"), Loader=yaml.SafeLoader)
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):  # said elsewhere
+        return False
+    return root is None or root.tag == "tag:yaml.org,2002:null"
 
 
 def config_problems(
@@ -240,9 +266,16 @@ def _compose(path: str | Path) -> tuple[yaml.Node | None, list[str]]:
     """The YAML node tree of the file `path`, or None and why it does not parse (nothing for
     a file that cannot be read)."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError):
+        data = Path(path).read_bytes()
+    except OSError:
         return None, []
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:  # jsonargparse stops on it with a traceback
+        line = data[: err.start].count(b"\n") + 1
+        column = err.start - (data.rfind(b"\n", 0, err.start) + 1) + 1
+        said = f"byte 0x{data[err.start]:02x} at column {column}; save the file as UTF-8"
+        return None, [f"{path}:{line}: not UTF-8 text ({said})"]
     try:
         return yaml.compose(text, Loader=yaml.SafeLoader), []
     except yaml.MarkedYAMLError as err:

@@ -600,7 +600,10 @@ class ASRModule(ExactResume):
     def _plot(self, batch: Batch, hyps) -> None:
         n = min(self.hparams.plot_utterances - self._plotted, len(hyps))
         self._plotted += n
-        if self.trainer.sanity_checking or not self.trainer.is_global_zero:
+        # a fast_dev_run writes no files, Lightning's banner says: no plots either
+        if self.trainer.sanity_checking or self.trainer.fast_dev_run:
+            return
+        if not self.trainer.is_global_zero:
             return
         if (self.current_epoch + 1) % self.hparams.plot_every_n_epochs:
             return

@@ -49,6 +49,7 @@ from asr.config_check import (
     option_problems,
     where_built,
     where_set,
+    without_empty_configs,
 )
 from asr.finetune import check_same_settings, decoder_differences, setting_differences
 from asr.text import tokenizer_difference
@@ -146,6 +147,10 @@ class RunCheckpoint(ModelCheckpoint):
     def _refresh_last(self, trainer: L.Trainer) -> None:
         if self.save_last is True and not self._should_skip_saving_checkpoint(trainer):
             self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not trainer.fast_dev_run:  # Lightning's writes last.ckpt even then, unlike its banner
+            super().on_train_end(trainer, pl_module)
 
 
 def _cut_short(trainer: L.Trainer) -> bool:
@@ -259,7 +264,7 @@ class EpochClock(L.Callback):
                 metrics["memory/rss_gb"] = rss
             for logger in trainer.loggers:
                 logger.log_metrics(metrics, step=trainer.global_step)
-            if self.path is not None:
+            if self.path is not None and not trainer.fast_dev_run:  # a smoke test writes none
                 self.path.write_text(json.dumps(self.epochs, indent=1))
 
 
@@ -292,6 +297,8 @@ class StepCheckpoint(L.Callback):
         step = trainer.global_step
         due = self.every_n_steps and step and step % self.every_n_steps == 0
         if not due or step == self._saved_at:  # accumulation repeats a step's batch end
+            return
+        if trainer.fast_dev_run:  # a smoke test saves nothing, as Lightning's banner says
             return
         self._saved_at = step
         loop = trainer.fit_loop.epoch_loop
@@ -496,6 +503,17 @@ def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
     return flat
 
 
+class Sigterm(L.Callback):
+    """Notes that this process had SIGTERM when its fit failed: under DDP a rank's collective
+    may fail on a peer that SIGTERM stopped first, which is no lost peer to report."""
+
+    def __init__(self) -> None:
+        self.received = False
+
+    def on_exception(self, trainer: L.Trainer, module: Any, exception: BaseException) -> None:
+        self.received = self.received or bool(trainer.received_sigterm)
+
+
 class CtrlC(L.Callback):
     """Notes a Ctrl-C, after which Lightning shuts down and exits 1, so that the command can
     say so and exit 130 as others do."""
@@ -633,15 +651,20 @@ def sigterm_without_collective(trainer: L.Trainer) -> None:
     collective the other ranks are then in: a deadlock more often than not. Its training
     loop broadcasts rank 0's flag before every step anyway, so this handler only raises the
     flag and passes the signal on to the local ranks, as Lightning's does besides."""
-    connector = trainer._signal_connector
+    trainer._signal_connector._sigterm_notifier_fn = SigtermNotifier(trainer)  # set at fit
 
-    def notify(signum: Any, frame: Any) -> None:
-        launcher = trainer.strategy.launcher
+
+class SigtermNotifier:
+    """`sigterm_without_collective`'s handler: a class, as ddp_spawn pickles the trainer."""
+
+    def __init__(self, trainer: L.Trainer) -> None:
+        self.trainer = trainer
+
+    def __call__(self, signum: Any, frame: Any) -> None:
+        connector, launcher = self.trainer._signal_connector, self.trainer.strategy.launcher
         if not connector.received_sigterm and launcher is not None:
             launcher.kill(signum)
         connector.received_sigterm = True
-
-    connector._sigterm_notifier_fn = notify  # registered as the fit starts
 
 
 LOST_PEER_MESSAGES = ("Connection reset by peer", "Connection closed by peer", "Broken pipe")
@@ -704,6 +727,8 @@ class ASRCLI(LightningCLI):
     """LightningCLI with argument links, checkpoint callbacks and default loggers."""
 
     ctrl_c = CtrlC()  # `run_lightning_cli` makes a new one per command and reads it after
+    sigterm = Sigterm()  # as ctrl_c
+    time_cut: _NoFalseEpochEnd | None = None  # as ctrl_c, given the trainer as it is built
 
     @classmethod
     def subcommands(cls) -> dict[str, set[str]]:
@@ -881,7 +906,9 @@ class ASRCLI(LightningCLI):
         _check_sample_rates(self.model, self.datamodule)
         watch_ranks(self.trainer)
         sigterm_without_collective(self.trainer)
-        self.trainer.callbacks += [LostRank(), self.ctrl_c, ResumedEpochBar()]
+        self.trainer.callbacks += [LostRank(), self.ctrl_c, self.sigterm, ResumedEpochBar()]
+        if self.time_cut is not None:
+            self.time_cut.trainer = self.trainer
         checkpoint, self._checkpoint = self._checkpoint, None  # not held while training
         path = config.ckpt_path
         if path == "last":  # the file it was read from, the step checkpoints' it may be
@@ -1066,6 +1093,8 @@ def _say_where(cli: ASRCLI) -> None:
     """After a fit, where its checkpoints and logs are (Lightning's last line says neither)."""
     trainer = cli.trainer
     if cli.subcommand != "fit" or not trainer.is_global_zero or trainer.checkpoint_callback is None:
+        return
+    if trainer.fast_dev_run:  # nothing written, as Lightning's banner has said
         return
     logs = f"; logs and config.yaml in {trainer.logger.log_dir}" if trainer.logger else ""
     print(f"asr fit: checkpoints in {trainer.checkpoint_callback.dirpath}{logs}", file=sys.stderr)
@@ -1445,6 +1474,29 @@ class _NoAdverts(logging.Filter):
 
 
 _NO_ADVERTS = _NoAdverts()
+MAX_EPOCHS_REACHED = "`Trainer.fit` stopped: `max_epochs="
+
+
+class _NoFalseEpochEnd(logging.Filter):
+    """Drops Lightning's "`max_epochs=N` reached" where max_time cut the last epoch short:
+    Lightning counts that epoch as done (`_say_where` says how many were)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.trainer: L.Trainer | None = None
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        trainer = self.trainer
+        if trainer is None or not str(record.msg).startswith(MAX_EPOCHS_REACHED):
+            return True
+        return not (_inside_an_epoch(trainer) and _out_of_time(trainer))
+
+
+def _sigterm_exit() -> SystemExit:
+    """Says that SIGTERM stopped the fit; the exit to raise. (Lightning exits 0 on SIGTERM: a
+    recipe would then average an unfinished model.)"""
+    print(f"asr: training stopped by SIGTERM; {_how_to_go_on()}", file=sys.stderr)
+    return SystemExit(128 + signal.SIGTERM)
 
 
 def run_lightning_cli(argv: Sequence[str]) -> ASRCLI:
@@ -1457,14 +1509,17 @@ def run_lightning_cli(argv: Sequence[str]) -> ASRCLI:
         for problem in problems:
             print(f"asr {argv[0]}: error: {problem}", file=sys.stderr)
         raise SystemExit(2)
+    argv = without_empty_configs(argv)
     torch.set_float32_matmul_precision("high")
-    ASRCLI.ctrl_c, ASRCLI.lasts = CtrlC(), ()
+    ASRCLI.ctrl_c, ASRCLI.sigterm, ASRCLI.lasts = CtrlC(), Sigterm(), ()
+    ASRCLI.time_cut = time_cut = _NoFalseEpochEnd()
     ASRCLI.argv = list(argv)
     loggers = [
         logging.getLogger(f"lightning.{p}.utilities.rank_zero") for p in ("pytorch", "fabric")
     ]
     for logger in loggers:
         logger.addFilter(_NO_ADVERTS)
+        logger.addFilter(time_cut)
     try:
         with warnings.catch_warnings():  # the filters last as long as the run
             # ASRDataModule checkpoints the sampler position itself (Lightning cannot see it).
@@ -1475,6 +1530,8 @@ def run_lightning_cli(argv: Sequence[str]) -> ASRCLI:
             warnings.filterwarnings("ignore", "Precision .* is not supported by the model summary")
             # A shard stream plans every (rank, worker) stream's batches: its length is exact.
             warnings.filterwarnings("ignore", "Your `IterableDataset` has `__len__` defined")
+            # The command's own options, as `args` where configs that hold no settings are left out.
+            warnings.filterwarnings("ignore", "LightningCLI's args parameter is intended")
             cli = ASRCLI(
                 L.LightningModule,
                 L.LightningDataModule,
@@ -1501,13 +1558,13 @@ def run_lightning_cli(argv: Sequence[str]) -> ASRCLI:
             raise SystemExit(2) from None
         if not lost_peer(error):
             raise
+        if ASRCLI.sigterm.received:  # its peer stopped first, on the SIGTERM it had too
+            raise _sigterm_exit() from None
         reason = str(error).splitlines()[0] if str(error) else type(error).__name__
         print(stopped_message(getattr(error, "__notes__", []), reason), file=sys.stderr)
         raise SystemExit(1) from None
     except SIGTERMException:
-        # Lightning exits 0 on SIGTERM; a recipe would then average an unfinished model.
-        print(f"asr: training stopped by SIGTERM; {_how_to_go_on()}", file=sys.stderr)
-        raise SystemExit(128 + signal.SIGTERM) from None
+        raise _sigterm_exit() from None
     except SystemExit:  # Lightning's own exit after a Ctrl-C is 1
         if not ASRCLI.ctrl_c.pressed:
             raise
@@ -1516,3 +1573,4 @@ def run_lightning_cli(argv: Sequence[str]) -> ASRCLI:
     finally:
         for logger in loggers:
             logger.removeFilter(_NO_ADVERTS)
+            logger.removeFilter(time_cut)

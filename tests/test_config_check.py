@@ -3,6 +3,7 @@ parses it, and pass every config the project ships."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -401,6 +402,48 @@ def test_a_config_laid_over_another_is_checked_against_its_classes(tmp_path) -> 
         "arguments, got a list",
     ]
     assert config_problems(overlay) == []  # alone, it does not say what `data` is
+
+
+def test_a_config_that_is_not_utf8_is_named_with_its_line(tmp_path, capsys) -> None:
+    """An editor's Latin-1 in a comment stopped `asr fit` with a traceback naming no file."""
+    path = tmp_path / "latin1.yaml"
+    path.write_bytes("trainer:\n  max_epochs: 1 # café\n".encode("latin-1"))
+    assert refused(["fit", "--config", str(QUICK), "--config", str(path)], capsys) == [
+        f"asr fit: error: {path}:2: not UTF-8 text (byte 0xe9 at column 22; save the file as UTF-8)"
+    ]
+
+
+@pytest.mark.parametrize("text", ["", "# overlay: nothing yet\n"])
+def test_an_overlay_that_holds_no_settings_changes_nothing(
+    tmp_path, capsys, monkeypatch, recwarn, text
+) -> None:
+    """YAML reads an empty or comment-only file as no document, which jsonargparse refused
+    with a page of usage and `Unexpected config: `, naming no file."""
+    from asr.train import run_lightning_cli
+
+    path = tmp_path / "overlay.yaml"
+    path.write_text(text)
+    printed = []
+    for overlay in ([], ["--config", str(path)], [f"--config={path}"]):
+        argv = ["fit", "--print_config", "--config", str(QUICK), *overlay]
+        monkeypatch.setattr(sys, "argv", ["asr", *argv])  # as the command runs it
+        with pytest.raises(SystemExit) as stopped:
+            run_lightning_cli(argv)
+        assert not stopped.value.code, capsys.readouterr().err[-300:]
+        printed.append(capsys.readouterr().out)
+    assert printed[0] and printed[1] == printed[0] == printed[2]
+    assert not [w for w in recwarn if "args parameter" in str(w.message)], "no caution"
+
+
+def test_a_null_document_is_an_overlay_that_holds_no_settings(tmp_path) -> None:
+    """`---` or `null` alone is YAML's null document: refused unnamed as the empty file was."""
+    from asr.config_check import without_empty_configs
+
+    for k, text in enumerate(["---\n# overlay: nothing yet\n", "null\n", "{}\n", "a: 1\n"]):
+        path = tmp_path / f"{k}.yaml"
+        path.write_text(text)
+        kept = without_empty_configs(["fit", "--config", str(path)])
+        assert kept == (["fit"] if k < 2 else ["fit", "--config", str(path)]), text
 
 
 def test_the_config_options_are_found_in_every_spelling() -> None:

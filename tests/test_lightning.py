@@ -174,6 +174,17 @@ def test_fit_writes_config_checkpoints_logs_and_plots(
     assert after == before
 
 
+def test_a_fast_dev_run_writes_nothing(tiny_an4, tmp_path, capsys):
+    """Lightning's smoke test left a last.ckpt, which refused the real run in the folder (or,
+    resumed as advised, trained its first epoch on one batch), and an attention plot."""
+    every_step = ["--step_checkpoint.every_n_steps", "1"]
+    clock = ["--epoch_clock.path", str(tmp_path / "new" / "epochs.json")]  # its folder: none
+    assert main([*_fit_args(tiny_an4, tmp_path), "--trainer.fast_dev_run", "true", *every_step,
+                 *clock]) == 0  # fmt: skip
+    assert not [p.relative_to(tmp_path) for p in tmp_path.rglob("*") if p.is_file()]
+    assert "asr fit: checkpoints in" not in capsys.readouterr().err, "said: logs in None"
+
+
 def test_validation_without_decoding_keeps_checkpoints_by_accuracy(tiny_an4, tmp_path):
     """As `asr fit` advises; the checkpoints are named by the accuracy (by default they were
     named by a WER that Lightning filled in as 0.00)."""
@@ -1154,6 +1165,29 @@ def test_a_run_the_time_limit_cut_short_says_so(tiny_an4, tmp_path, capsys):
     assert "of its 1000 epochs done" in said and "--ckpt_path last and a longer" in said
 
 
+def test_a_time_limit_in_the_last_epoch_is_not_logged_as_every_epoch_done(
+    tiny_an4, tmp_path, capsys, caplog, monkeypatch
+):
+    """Lightning counts the epoch max_time cut as done: its log said "`max_epochs=1`
+    reached" above asr's warning that no epoch was."""
+    out_of_time = []
+
+    def out_of_time_at_step_1(timer, trainer):  # the Timer's check, the clock made a step count
+        if trainer.global_step >= 1:
+            trainer.should_stop = True
+            out_of_time.append(True)
+
+    monkeypatch.setattr(Timer, "_check_time_remaining", out_of_time_at_step_1)
+    monkeypatch.setattr(
+        Timer, "time_remaining", lambda timer, mode="train": 0.0 if out_of_time else 60.0
+    )
+    with caplog.at_level(logging.INFO):
+        main([*_fit_args(tiny_an4, tmp_path), "--trainer.max_epochs", "1",
+              "--trainer.max_time", "00:00:01:00"])  # fmt: skip
+    assert "with 0 of its 1 epochs done" in capsys.readouterr().err
+    assert "Trainer.fit` stopped" not in caplog.text, "it stopped on max_time, said by asr"
+
+
 def test_a_saved_configs_version_moves_on_and_a_users_own_stays(tmp_path):
     from jsonargparse import Namespace
 
@@ -1197,7 +1231,7 @@ def test_an_epoch_the_time_limit_cut_is_not_counted_as_done(monkeypatch, capsys)
         progress = SimpleNamespace(is_last_batch=is_last_batch)
         trainer = SimpleNamespace(
             is_global_zero=True, checkpoint_callback=SimpleNamespace(dirpath="ckpts"), logger=None,
-            callbacks=[timer], max_epochs=3, current_epoch=3,
+            callbacks=[timer], max_epochs=3, current_epoch=3, fast_dev_run=0,
             fit_loop=SimpleNamespace(epoch_loop=SimpleNamespace(batch_progress=progress)),
         )  # fmt: skip
         _say_where(SimpleNamespace(subcommand="fit", trainer=trainer))
@@ -1261,7 +1295,8 @@ def test_a_step_checkpoint_at_an_epochs_last_batch_waits_for_its_validation(tmp_
         saved.append(path)
 
     trainer = SimpleNamespace(global_step=4, fit_loop=SimpleNamespace(epoch_loop=loop),
-                              checkpoint_callbacks=[], save_checkpoint=save)  # fmt: skip
+                              checkpoint_callbacks=[], save_checkpoint=save,
+                              fast_dev_run=0)  # fmt: skip
     keeper = StepCheckpoint(every_n_steps=2, dirpath=str(tmp_path))
     keeper.on_train_batch_end(trainer)
     loop.batch_progress.is_last_batch = False  # the next epoch's first batch, same step
@@ -1288,6 +1323,7 @@ def test_a_step_checkpoint_takes_last_ckpt_in_a_home_folder_as_lightning_does(
         fit_loop=SimpleNamespace(epoch_loop=loop),
         checkpoint_callbacks=[run],
         save_checkpoint=lambda path, weights_only: saved.append(path),
+        fast_dev_run=0,
     )
     StepCheckpoint(every_n_steps=2, dirpath="~/run").on_train_batch_end(trainer)
     assert saved == [tmp_path / "run" / "last.ckpt"]

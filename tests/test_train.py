@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import pickle
 import signal
 import subprocess
 import sys
@@ -16,11 +17,13 @@ import yaml
 from conftest import run_forked
 from jsonargparse import Namespace
 
+import asr.train
 from asr.train import (
     EpochClock,
     _emulates_bf16,
     _run_root,
     reopen_cut_epoch,
+    run_lightning_cli,
     sigterm_without_collective,
 )
 
@@ -201,6 +204,42 @@ def test_sigterm_under_ddp_raises_the_flag_and_passes_it_on_without_a_collective
     for _ in range(2):
         trainer._signal_connector._sigterm_notifier_fn(signal.SIGTERM, None)
     assert trainer.received_sigterm and killed == [signal.SIGTERM]
+
+
+def test_the_sigterm_handler_goes_with_the_trainer_ddp_spawn_pickles():
+    """ddp_spawn pickles the trainer for its processes: a local function as its handler
+    stopped it with a traceback."""
+    trainer = L.Trainer(accelerator="cpu", strategy="ddp_spawn", devices=2, logger=False)
+    sigterm_without_collective(trainer)
+    copied = pickle.loads(pickle.dumps(trainer))
+    copied._signal_connector._sigterm_notifier_fn(signal.SIGTERM, None)  # no ranks started
+    assert copied.received_sigterm and not trainer.received_sigterm
+
+
+@pytest.mark.parametrize(
+    ("sigterm", "status", "said"),
+    [(True, 128 + signal.SIGTERM, "asr: training stopped by SIGTERM; the same command"),
+     (False, 1, "asr: training stopped: another process of the job ended (")],
+)  # fmt: skip
+def test_a_rank_that_had_sigterm_says_so_where_its_peer_stopped_first(
+    monkeypatch, capsys, sigterm, status, said
+):
+    """Under DDP, a rank told of SIGTERM may fail in a collective on its peer that SIGTERM
+    stopped first: it reported a lost peer and exited 1."""
+    error = RuntimeError("[pair.cc:547] Connection closed by peer [127.0.0.1]:34470")
+    trainer = SimpleNamespace(received_sigterm=sigterm)
+
+    def fit_failing_on_its_peer(cli, *args, **kwargs):  # Lightning tells every callback
+        for callback in vars(asr.train.ASRCLI).values():
+            if isinstance(callback, L.Callback):
+                callback.on_exception(trainer, None, error)
+        raise error
+
+    monkeypatch.setattr(asr.train.ASRCLI, "__init__", fit_failing_on_its_peer)
+    with pytest.raises(SystemExit) as stopped:
+        run_lightning_cli(["fit"])
+    err = capsys.readouterr().err
+    assert stopped.value.code == status and err.startswith(said) and err.count("\n") == 1, err
 
 
 def _saved_run(folder: Path, logger) -> tuple[Path, Namespace]:
