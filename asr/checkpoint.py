@@ -349,22 +349,47 @@ def best_checkpoints(last: str | os.PathLike, count: int) -> list[Path]:
     check_state_dict(last, state)
     scored: dict[str, float] = {}
     mode = "min"
+    folders = set()  # where its checkpoint callbacks write: one is `last`'s unless it moved
     for key, value in state.get("callbacks", {}).items():
+        if isinstance(value, dict) and isinstance(value.get("dirpath"), str):
+            folders.add(os.path.realpath(value["dirpath"]))
         if key.startswith("ModelCheckpoint") and value.get("best_k_models"):
             scored.update({p: float(s) for p, s in value["best_k_models"].items()})
             mode = "max" if "'mode': 'max'" in key else "min"
     if not scored:
         raise CheckpointError(f"{last}: records no best checkpoints (was a metric monitored?)")
     ranked = sorted(scored, key=scored.get, reverse=mode == "max")
-    return [_beside(Path(p), Path(last)) for p in ranked[:count]]
+    in_place = os.path.realpath(Path(last).parent) in folders
+    later = _later_run_last(state, Path(last)) if in_place else None
+    if later is not None:
+        log.info("%s: the best checkpoints as %s, written later, records them", last, later)
+        return best_checkpoints(later, count)
+    return [_beside(Path(p), Path(last), in_place) for p in ranked[:count]]
 
 
-def _beside(recorded: Path, last: Path) -> Path:
+def _later_run_last(state: dict[str, Any], last: Path) -> Path | None:
+    """The run's own last.ckpt where `last` (`state`) is a step-checkpoint folder's written
+    before it (the run went on past its step checkpoint): its record of the best is the later."""
+    for key, value in state.get("callbacks", {}).items():
+        recorded = value.get("last_model_path") if isinstance(value, dict) else None
+        if not (key.startswith("ModelCheckpoint") and isinstance(recorded, str) and recorded):
+            continue
+        if os.path.realpath(recorded) == os.path.realpath(last) or not Path(recorded).is_file():
+            continue
+        theirs = load_checkpoint(recorded, mmap=True)
+        step = theirs.get("global_step", -1) if isinstance(theirs, dict) else -1
+        if step > state.get("global_step", -1):
+            return Path(recorded)
+    return None
+
+
+def _beside(recorded: Path, last: Path, in_place: bool = False) -> Path:
     """The file of `recorded`'s name beside `last` (the record): a run moved or copied reads
     its own checkpoints, never the original's, which may be other weights by now, so one
-    missing there is an error; `recorded` itself where the run was not moved. (A last.ckpt
-    written to a step-checkpoint folder of its own cannot tell that folder from a copy: its
-    run's best are named with --checkpoints.)"""
+    missing there is an error; `recorded` itself where the run was not moved (`in_place`: a
+    last.ckpt in the folder it was written to, a step-checkpoint folder's too)."""
+    if in_place:
+        return recorded  # load_checkpoint names it where it is missing
     here = last.parent / recorded.name
     if here.exists():
         return here

@@ -292,6 +292,7 @@ class StepCheckpoint(L.Callback):
         self.dirpath = dirpath
         self._saved_at = -1
         self._logged_from: int | None = None  # see `close_ended_epoch`
+        self._folder: str | None = None  # where it writes, once it has
 
     def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
         step = trainer.global_step
@@ -316,7 +317,13 @@ class StepCheckpoint(L.Callback):
                 if os.path.realpath(path.parent) == os.path.realpath(keeper.dirpath):
                     path = Path(keeper.dirpath) / "last.ckpt"
                     keeper.last_model_path = str(path)
+        self._folder = os.path.realpath(path.parent)
         trainer.save_checkpoint(path, weights_only=False)  # said, or Lightning says it each time
+
+    def state_dict(self) -> dict[str, Any]:
+        """Its folder, recorded in the checkpoints: there, a last.ckpt is where it was written
+        (`asr average` then reads the best checkpoints it records, not a moved run's)."""
+        return {"dirpath": self._folder} if self._folder else {}
 
     def on_load_checkpoint(self, trainer: L.Trainer, module: Any, checkpoint: dict) -> None:
         reopen_cut_epoch(checkpoint, trainer.accumulate_grad_batches)

@@ -265,6 +265,36 @@ def test_best_checkpoints_follow_a_moved_or_copied_run_folder(tmp_path):
     assert best_checkpoints(moved / "last.ckpt", 2) == [moved / "b.ckpt", moved / "a.ckpt"]
 
 
+def test_a_step_checkpoint_folders_last_reads_the_best_where_they_are(tmp_path):
+    """With --step_checkpoint.dirpath, that folder's last.ckpt (the later of the two after a
+    mid-epoch stop) was taken for a moved run's, and the run's best refused as missing. Its
+    record of the folder it wrote to tells it from a copy, which still reads its own."""
+    last = _run_with_best(tmp_path / "run", {"a.ckpt": 30.0, "b.ckpt": 10.0})
+    state = load_checkpoint(last)
+    next(iter(state["callbacks"].values()))["dirpath"] = str(last.parent)
+    steps = tmp_path / "steps"
+    steps.mkdir()
+    state["callbacks"]["StepCheckpoint"] = {"dirpath": str(steps)}
+    atomic_save(state, steps / "last.ckpt")
+    best = [last.parent / "b.ckpt", last.parent / "a.ckpt"]
+    assert best_checkpoints(steps / "last.ckpt", 2) == best
+    copy = tmp_path / "copy"
+    shutil.copytree(steps, copy)
+    with pytest.raises(FileNotFoundError, match="in another folder"):
+        best_checkpoints(copy / "last.ckpt", 2)
+    # the run went on to its end: its own last.ckpt, written later, records a better one
+    ran_on = load_checkpoint(last) | {"global_step": 18}
+    record = next(iter(ran_on["callbacks"].values()))
+    record |= {"dirpath": str(last.parent), "last_model_path": str(last)}
+    record["best_k_models"][str(last.parent / "c.ckpt")] = torch.tensor(5.0)
+    atomic_save({"state_dict": {}}, last.parent / "c.ckpt")
+    atomic_save(ran_on, last)
+    older = load_checkpoint(steps / "last.ckpt") | {"global_step": 16}
+    next(iter(older["callbacks"].values()))["last_model_path"] = str(last)
+    atomic_save(older, steps / "last.ckpt")
+    assert best_checkpoints(steps / "last.ckpt", 2) == [last.parent / "c.ckpt", best[0]]
+
+
 def test_average_never_writes_over_what_it_reads(tmp_path, capsys):
     last = _run_with_best(tmp_path / "run", {"a.ckpt": 30.0, "b.ckpt": 10.0})
     a = last.parent / "a.ckpt"

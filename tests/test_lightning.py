@@ -1325,9 +1325,12 @@ def test_a_step_checkpoint_takes_last_ckpt_in_a_home_folder_as_lightning_does(
         save_checkpoint=lambda path, weights_only: saved.append(path),
         fast_dev_run=0,
     )
-    StepCheckpoint(every_n_steps=2, dirpath="~/run").on_train_batch_end(trainer)
+    keeper = StepCheckpoint(every_n_steps=2, dirpath="~/run")
+    assert keeper.state_dict() == {}, "no folder written to yet"
+    keeper.on_train_batch_end(trainer)
     assert saved == [tmp_path / "run" / "last.ckpt"]
     assert run.last_model_path == str(tmp_path / "run" / "last.ckpt")
+    assert keeper.state_dict() == {"dirpath": os.path.realpath(tmp_path / "run")}  # recorded
 
 
 def test_step_checkpoints_leave_one_last_checkpoint_the_latest(tiny_an4, tmp_path, monkeypatch):
