@@ -988,9 +988,8 @@ def _check_checkpoint_fits(path: str, checkpoint: dict, module: L.LightningModul
     """CheckpointError where `checkpoint` (--ckpt_path's) is not of this config's model or
     tokenizer: Lightning would stop in load_state_dict with a page of shapes, or, given a
     vocabulary of the same size in another order, train on with every label remapped."""
-    weights = checkpoint.get("state_dict")
-    if not isinstance(weights, dict):
-        raise CheckpointError(f"{path}: no weights inside (not written by asr fit?)")
+    check_state_dict(path, checkpoint)
+    weights = checkpoint["state_dict"]
     # a recognizer's init_from takes weights of another shape or vocabulary, an LM's does not
     remaps = f"{type(module).__module__}.{type(module).__qualname__}" != LM_CLASS
     differ = weight_differences(module.state_dict(), weights)
