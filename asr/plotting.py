@@ -239,10 +239,10 @@ def csv_logs(folder: Path, quiet: bool = False) -> list[Path]:
 
 def _latest_run(files: list[Path], quiet: bool = False) -> list[Path]:
     """The versions of the last run among `files` (in version order), with a warning that
-    names those left out. A version starts a new run (`asr fit` again in the folder) where
-    its config.yaml has no ckpt_path, and goes on with its run where that names a file; with
-    `--ckpt_path last` (a fresh start where there was none) or no config, where its first step
-    is at or before its run's first step, which a resumed run goes on past."""
+    names those left out. A version starts a new run (`asr fit` again in the folder) where it
+    resumed no checkpoint, and goes on with its run where it resumed one; where it kept only
+    `--ckpt_path last` (a fresh start where there was none) or no record, where its first
+    step is at or before its run's first step, which a resumed run goes on past."""
     start, start_step = 0, None
     for k, file in enumerate(files):
         step = _first_step(file)
@@ -264,11 +264,19 @@ def _latest_run(files: list[Path], quiet: bool = False) -> list[Path]:
     return files[start:]
 
 
+RESUMED_FROM = "resumed_from.txt"  # beside config.yaml: the file a run resumed, else empty
+
+
 def _resumed(version: Path) -> str | None:
-    """The ckpt_path of the `asr fit` that logged into `version` ("" where none was given), as
-    its config.yaml records it; None where there is no such record."""
+    """The checkpoint the `asr fit` that logged into `version` resumed ("" where none), as it
+    recorded it, else as its config.yaml names it (`last` where it kept that name, which may
+    have been a fresh start); None where there is no such record."""
     import yaml
 
+    try:
+        return (version / RESUMED_FROM).read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError):
+        pass  # a run from before the record, or none
     try:
         config = yaml.safe_load((version / "config.yaml").read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, yaml.YAMLError):

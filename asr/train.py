@@ -26,7 +26,7 @@ from jsonargparse import Namespace
 from lightning.fabric.plugins import CheckpointIO
 from lightning.fabric.utilities.distributed import _set_num_threads_if_needed
 from lightning.pytorch.callbacks import ModelCheckpoint, Timer, TQDMProgressBar
-from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
 from lightning.pytorch.utilities.exceptions import MisconfigurationException, SIGTERMException
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
@@ -190,6 +190,20 @@ def _moved_record(state: dict[str, Any], folder: Path) -> dict[str, Any] | None:
 
 
 EPOCH_PARTS = ("steps", "data", "validation", "other")
+
+
+class SaveConfig(SaveConfigCallback):
+    """Saves the config, and for a fit the checkpoint it resumed (empty for a fresh start)
+    beside it: the config keeps `--ckpt_path last`, which may have named no file, and the
+    curves tell a version that goes on with its run from one that starts another by it."""
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        from asr.plotting import RESUMED_FROM
+
+        log_dir = trainer.log_dir  # broadcast: on every rank
+        if trainer.is_global_zero and self.save_to_log_dir and log_dir and not trainer.fast_dev_run:
+            resumed = os.path.abspath(trainer.ckpt_path) if trainer.ckpt_path else ""
+            (Path(log_dir) / RESUMED_FROM).write_text(resumed + "\n", encoding="utf-8")
 
 
 class EpochClock(L.Callback):
@@ -1546,6 +1560,7 @@ def run_lightning_cli(argv: Sequence[str]) -> ASRCLI:
                 subclass_mode_model=True,
                 subclass_mode_data=True,
                 args=None if list(argv) == sys.argv[1:] else list(argv),
+                save_config_callback=SaveConfig,
                 save_config_kwargs={"overwrite": True},
                 parser_kwargs={"prog": "asr"},
                 trainer_defaults={"plugins": [{"class_path": "asr.train.AtomicCheckpointIO"}]},

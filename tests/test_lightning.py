@@ -319,6 +319,9 @@ def test_resume_from_last_and_average(tiny_an4, tmp_path, capsys, monkeypatch):
     resumed = torch.load(last, weights_only=True)
     assert resumed["epoch"] == 1 and resumed["global_step"] > 0
     assert (tmp_path / "logs" / "version_1").is_dir(), "the resumed run logs to a new version"
+    # the file `last` named, for the curves: the config keeps `last`, which may name none
+    recorded = [(tmp_path / f"logs/version_{v}/resumed_from.txt").read_text() for v in (0, 1)]
+    assert recorded == ["\n", f"{last}\n"]
     # the optimizer's and schedule's saved states would override these, or half of them
     capsys.readouterr()
     argv = [*_fit_args(tiny_an4, tmp_path), "--ckpt_path", "last"]

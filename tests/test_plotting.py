@@ -230,6 +230,25 @@ def test_a_versions_config_says_whether_it_resumed_its_run(tmp_path, caplog) -> 
         "run's version_0" in caplog.text  # fmt: skip
 
 
+def test_the_file_a_version_resumed_tells_a_resume_from_last_by_steps_misread(
+    tmp_path, caplog
+) -> None:
+    """A resume from a step checkpoint older than its run's first logged row logs that row
+    again: by its steps a new run, said to leave out the earlier version. The run's record of
+    the file `last` named tells."""
+    write_log(tmp_path, 0, ["0,5,,5.9,"])  # stopped at step 7, its step checkpoint at 3
+    write_log(tmp_path, 1, ["0,5,,5.8,", "0,10,,5.1,"])
+    (tmp_path / "logs/version_1/config.yaml").write_text("ckpt_path: last\n")
+    runs = csv_logs(tmp_path)
+    assert runs == [tmp_path / "logs/version_1/metrics.csv"] and "a new run" in caplog.text
+    caplog.clear()
+    (tmp_path / "logs/version_1/resumed_from.txt").write_text("/run/steps/last.ckpt\n")
+    assert len(csv_logs(tmp_path)) == 2 and not caplog.text
+    assert read_training_log(tmp_path)["val/loss"] == [(5, 5.8), (10, 5.1)]  # steps redone
+    (tmp_path / "logs/version_1/resumed_from.txt").write_text("\n")  # `last` where none was
+    assert csv_logs(tmp_path) == [tmp_path / "logs/version_1/metrics.csv"]
+
+
 def test_text_with_dollars_is_drawn_as_written_not_as_maths() -> None:
     """A reference such as `PAY $^$ NOW` made matplotlib's maths parser stop `asr evaluate`
     after decoding; `$5 AND $10` came out as italic maths."""
