@@ -380,6 +380,11 @@ class SentencePieceTokenizer(Tokenizer):
                     "more than SentencePiece trains on: split it, or train a char tokenizer"
                 )
         minimum = NUM_SPECIAL + len(set("".join(sentences)) | {" "})
+        if vocab_size > 2**31 - 1:  # SentencePiece's own error names no option
+            raise ValueError(
+                f"{kind} vocab_size {vocab_size} is too large: SentencePiece takes a 32-bit "
+                f"size, at most {2**31 - 1}"
+            )
         if vocab_size < minimum:
             raise ValueError(
                 f"{kind} vocab_size {vocab_size} is too small for these texts: "

@@ -259,6 +259,8 @@ def test_sentencepiece_vocab_size_limits(kind):
     maximum = int(re.search(r"at most (\d+)", str(err.value)).group(1))
     for size in (minimum, maximum):  # both bounds are buildable, exactly
         assert SentencePieceTokenizer.train(SMALL_TEXTS, kind, size).vocab_size == size
+    with pytest.raises(ValueError, match=f"{kind} vocab_size 99999999999 is too large"):
+        SentencePieceTokenizer.train(SMALL_TEXTS, kind, 99999999999)  # past SentencePiece's int
 
 
 @pytest.mark.parametrize("kind", ["bpe", "unigram"])

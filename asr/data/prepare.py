@@ -13,6 +13,7 @@ import os
 import re
 import shutil
 import tarfile
+import unicodedata
 import zlib
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
@@ -23,7 +24,15 @@ from typing import Any, NamedTuple
 from tqdm import tqdm
 
 from asr.audio import AUDIO_SUFFIXES, AudioError, audio_files, audio_info, unlistable
-from asr.data.manifest import LONGEST_ID, MIN_DURATION, Utterance, some_of, write_manifest
+from asr.data.manifest import (
+    LONGEST_ID,
+    MIN_DURATION,
+    Utterance,
+    decode_line,
+    manifest_lines,
+    some_of,
+    write_manifest,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -731,14 +740,29 @@ def _random_split(
 
 
 def _assigned_split(utterances: list[Utterance], split_file: Path) -> dict[str, list[Utterance]]:
-    """Splits named by a `<utterance-id> <split>` file that covers every utterance."""
-    assignment = _read_split_file(split_file)
-    unassigned = [u.utt_id for u in utterances if u.utt_id not in assignment]
+    """Splits named by a `<utterance-id> <split>` file that covers every utterance. Ids are
+    matched in one Unicode form: a folder name from macOS (NFD) and the same id typed (NFC)
+    look alike."""
+    ids = {_nfc(u.utt_id) for u in utterances}
+    if len(ids) < len({u.utt_id for u in utterances}):  # two names alike on Linux, not the same
+        spelt = Counter(_nfc(i) for i in {u.utt_id for u in utterances})
+        alike = sorted(i for i, count in spelt.items() if count > 1)
+        raise ValueError(
+            f"{split_file}: ids that differ in their Unicode form alone, which a split file "
+            f"cannot tell apart: {some_of(alike)}; rename one of each"
+        )
+    assignment = _read_split_file(split_file, ids)
+    unassigned = [u.utt_id for u in utterances if _nfc(u.utt_id) not in assignment]
     _raise_if_any(unassigned, f"{split_file}: no split given for")
-    unknown = sorted(set(assignment) - {u.utt_id for u in utterances})
+    unknown = sorted(set(assignment) - ids)
     if unknown:
         logger.warning("%s: ids of no prepared utterance: %s", split_file, some_of(unknown))
-    return _by_split(utterances, assignment, names=())
+    split_of = {u.utt_id: assignment[_nfc(u.utt_id)] for u in utterances}
+    return _by_split(utterances, split_of, names=())
+
+
+def _nfc(utterance_id: str) -> str:
+    return unicodedata.normalize("NFC", utterance_id)
 
 
 def _by_split(
@@ -755,17 +779,29 @@ def _by_split(
     return splits
 
 
-def _read_split_file(path: Path) -> dict[str, str]:
+def _read_split_file(path: Path, ids: set[str]) -> dict[str, str]:
+    """`{id: split}` (ids in NFC) of a split file; a line starting with `#` is a comment,
+    unless it starts with one of `ids` (a file named `#take1.wav`)."""
+    if path.is_dir():
+        raise ValueError(f"{path}: a folder, not a split file")
     if not path.is_file():
         raise ValueError(f"{path}: split file not found")
     assignment: dict[str, str] = {}
-    for number, line in enumerate(path.read_text(encoding="utf-8-sig").splitlines(), start=1):
-        fields = line.split()
-        if not fields or fields[0].startswith("#"):
+    for number, raw in manifest_lines(path.read_bytes()):
+        try:
+            line = decode_line(raw)
+        except ValueError as error:
+            raise ValueError(f"{path}:{number}: {error}") from None
+        fields = line.split()  # none where the line holds Unicode spaces alone
+        if fields:
+            fields[0] = _nfc(fields[0])
+        if not fields or fields[0].startswith("#") and fields[0] not in ids:
             continue
         if len(fields) != 2 or not re.fullmatch(r"[\w.-]+", fields[1]) or fields[1] == "summary":
+            hash_id = f" ({fields[0]} is an utterance id; write comments as '# ...')"
             raise ValueError(
                 f"{path}:{number}: expected '<utterance-id> <split-name>', got {line!r}"
+                + (hash_id if fields[0].startswith("#") else "")
             )
         if assignment.setdefault(fields[0], fields[1]) != fields[1]:
             raise ValueError(f"{path}:{number}: {fields[0]!r} is already in another split")

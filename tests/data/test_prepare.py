@@ -8,6 +8,7 @@ import os
 import re
 import shutil
 import tarfile
+import unicodedata
 from pathlib import Path
 
 import numpy as np
@@ -450,6 +451,36 @@ def test_folder_split_file_assigns_every_utterance(folder, tmp_path):
     split_file.write_text("\n".join(lines[:-1]) + "\n")
     with pytest.raises(ValueError, match=r"splits.txt: no split given for 1: spk1-utt9"):
         prepare_corpus("folder", folder, tmp_path / "out", split_file=split_file)
+
+
+def test_a_split_file_names_ids_as_typed_and_its_faults_by_line(tmp_path):
+    """An id may start with `#` (a file `#take1.wav`: not a comment there), and one typed in
+    NFC matches a macOS folder's NFD name; a line that is not UTF-8 is named by its number."""
+    root = tmp_path / "corpus"
+    nfd = unicodedata.normalize("NFD", "Jos\u00e9")
+    for name in ("#take1", "#take2", f"{nfd}/u1", f"{nfd}/u2"):
+        write_tone(root / f"{name}.wav", 0.1)
+        (root / f"{name}.txt").write_text("YES")
+    split_file = tmp_path / "splits.txt"
+    lines = ["# a comment", "#take1 train", "#take2 dev", "Jos\u00e9-u1 train", "Jos\u00e9-u2 dev"]
+    split_file.write_text("\n".join(lines) + "\n")
+    splits = read_splits_after("folder", root, tmp_path / "out", split_file=split_file)
+    assert sorted(u.utt_id for u in splits["dev"]) == ["#take2", f"{nfd}-u2"]
+    split_file.write_bytes("\n".join(lines[:3]).encode() + b"\nJos\xe9-u1 train\n")
+    with pytest.raises(
+        ValueError, match=r"splits.txt:4: not valid UTF-8 \(byte 0xe9 at column 4\)"
+    ):
+        prepare_corpus("folder", root, tmp_path / "again", split_file=split_file)
+    with pytest.raises(ValueError, match="a folder, not a split file"):
+        prepare_corpus("folder", root, tmp_path / "again", split_file=tmp_path)
+    split_file.write_text("#take1 was noisy\n")
+    with pytest.raises(ValueError, match="splits.txt:1: .*#take1 is an utterance id; write comm"):
+        prepare_corpus("folder", root, tmp_path / "again", split_file=split_file)
+    write_tone(root / "Jos\u00e9" / "u1.wav", 0.1)  # the NFC name beside the NFD one
+    (root / "Jos\u00e9" / "u1.txt").write_text("YES")
+    split_file.write_text("\n".join(lines) + "\n")
+    with pytest.raises(ValueError, match="differ in their Unicode form alone.*: Jos\u00e9-u1"):
+        prepare_corpus("folder", root, tmp_path / "again", split_file=split_file)
 
 
 def test_folder_names_with_spaces_backslashes_and_bom_transcripts_make_valid_manifests(tmp_path):
