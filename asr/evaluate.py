@@ -98,6 +98,7 @@ def evaluate(
     cross-attention for `asr explore`."""
     options = options or recognizer.default_options
     recognizer.check_options(options, lm)
+    _check_manifest_kept(manifest, Path(out_dir))
     utterances, failures = usable_utterances(manifest, skip_bad)
     if not utterances:
         raise _nothing_to_score(manifest, failures)
@@ -577,6 +578,18 @@ def _check_reports_free(out_dir: Path, plots: bool) -> None:
             f"{out_dir / PLOTS}: a file where the folder of plots goes: move it, or give "
             "another --out"
         )
+
+
+def _check_manifest_kept(manifest: str | os.PathLike, out_dir: Path) -> None:
+    """ValueError where the manifest is one of the files the reports replace (a manifest kept
+    as `utterances.jsonl` beside them, say)."""
+    for name in REPORTS:
+        report = out_dir / name
+        if report.is_file() and os.path.isfile(manifest) and os.path.samefile(manifest, report):
+            raise ValueError(
+                f"--manifest {manifest} is {report}, which the reports replace: give another "
+                "--out, or move the manifest"
+            )
 
 
 def _frequent(title: str, counts: Counter, name) -> list[str]:

@@ -89,9 +89,22 @@ class Condition:
         >>> Condition.parse("level:+6+white:1e+1").label
         'level 6 dB + white 10 dB SNR'
         """
-        first, *rest = re.split(rf"\+(?=(?:{'|'.join(CONDITION_KINDS)})\b)", text, maxsplit=1)
-        if rest:
-            return replace(cls.parse(first), then=cls.parse(rest[0]))
+        parts = re.split(rf"\+(?=(?:{'|'.join(CONDITION_KINDS)})\b)", text)
+        if len(parts) == 1:
+            return cls._parse_one(text)
+        if not all(parts):
+            raise ValueError(f"condition {text!r}: a '+' joins two conditions")
+        try:
+            conditions = [cls._parse_one(part) for part in parts]
+        except ValueError as err:  # it names the part: and the whole, as written
+            raise ValueError(f"{err} (in {text!r})") from None
+        joined = conditions.pop()
+        while conditions:
+            joined = replace(conditions.pop(), then=joined)
+        return joined
+
+    @classmethod
+    def _parse_one(cls, text: str) -> Condition:
         kind, _, value = text.partition(":")
         if kind not in CONDITION_KINDS:
             raise ValueError(f"unknown condition {text!r}: kinds are {', '.join(CONDITION_KINDS)}")

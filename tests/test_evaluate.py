@@ -161,6 +161,19 @@ def test_a_manifest_without_reference_words_is_not_scored(checkpoint, tmp_path, 
         )
 
 
+def test_a_manifest_among_the_reports_is_refused_not_overwritten(checkpoint, tmp_path, capsys):
+    """A manifest kept as OUT/utterances.jsonl was replaced by the explorer's records, exit 0."""
+    (tmp_path / "own").mkdir()
+    manifest = _manifest(tmp_path / "own" / "utterances.jsonl", UTTERANCES)
+    kept = manifest.read_bytes()
+    argv = ["evaluate", "--checkpoint", str(checkpoint), "--manifest", str(manifest),
+            "--out", str(tmp_path / "own"), "--quiet"]  # fmt: skip
+    assert main(argv) == 2
+    said = f"--manifest {manifest} is {manifest}, which the reports replace: give another --out"
+    assert said in capsys.readouterr().err
+    assert manifest.read_bytes() == kept
+
+
 def test_a_length_bucket_without_reference_words_has_no_wer():
     """Inserted words over no reference words made a WER of Infinity, which strict JSON
     readers refuse; an empty bucket read as 0 %."""

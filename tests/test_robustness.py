@@ -68,6 +68,8 @@ def test_every_default_condition_parses_and_names_itself():
         ("level:7000", "'level:7000': give a value in \\[-120, 120\\] dB"),
         ("white:-4000", "'white:-4000': give a value in \\[-60, 120\\] dB"),
         ("reverb:30", "'reverb:30': give a value in \\[0, 10\\] s"),
+        ("+white:10", "condition '\\+white:10': a '\\+' joins two conditions"),  # named as given
+        ("level:-20++white:10", "'-20\\+' is not a number \\(in 'level:-20\\+\\+white:10'\\)"),
     ],
 )
 def test_bad_conditions_are_named(text, message):
