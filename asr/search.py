@@ -116,6 +116,12 @@ def option_number(named: str, value: Any, whole: bool = False) -> int | float:
     return value if type(value) in (int, float) else float(value)
 
 
+# CTC chooses among at least the default beam's pre-beam of tokens per hypothesis: from
+# attention's best one alone (beam 1), it took attention's next choice again and again where
+# that wanted to end.
+FEWEST_PRE_BEAM = 15
+
+
 @dataclass(frozen=True)
 class SearchOptions:
     """Beam search settings.
@@ -186,14 +192,16 @@ class SearchOptions:
     def pre_beam_size(self, vocab_size: int) -> int | None:
         """Candidates per hypothesis given to CTC scoring; None: the whole vocabulary.
 
-        >>> SearchOptions(beam_size=4, ctc_weight=0.3).pre_beam_size(100)
-        6
+        >>> SearchOptions(beam_size=20, ctc_weight=0.3).pre_beam_size(100)
+        30
+        >>> SearchOptions(beam_size=1, ctc_weight=0.3).pre_beam_size(100)
+        15
         >>> SearchOptions(beam_size=4, ctc_weight=1.0).pre_beam_size(100) is None
         True
         """
         if self.pre_beam_ratio is None or not 0.0 < self.ctc_weight < 1.0:
             return None
-        size = max(self.beam_size, int(self.pre_beam_ratio * self.beam_size))
+        size = max(self.beam_size, int(self.pre_beam_ratio * self.beam_size), FEWEST_PRE_BEAM)
         return size if size < vocab_size else None
 
 

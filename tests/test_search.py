@@ -203,7 +203,8 @@ def test_beam_search_drops_ended_utterances_and_changes_nothing(family: str, mon
 
 
 @pytest.mark.parametrize("family", ["transformer", "rnn"])
-def test_batched_search_equals_one_utterance_at_a_time(family: str) -> None:
+def test_batched_search_equals_one_utterance_at_a_time(family: str, monkeypatch) -> None:
+    monkeypatch.setattr(search, "FEWEST_PRE_BEAM", 1)  # a pre-beam of this tiny vocabulary
     decoder, enc, ctc, lm = make_decoder(family), encoder_output(), ctc_posteriors(), TinyLM()
     options = SearchOptions(beam_size=3, ctc_weight=0.3, lm_weight=0.4, max_len_ratio=0.9)
     assert options.pre_beam_size(VOCAB) == 4  # CTC sees a pre-beam, not every token
@@ -415,9 +416,12 @@ def test_empty_batch_gives_no_hypotheses() -> None:
 
 
 @pytest.mark.parametrize("beam", [1, 2])
-def test_every_utterance_ends_under_ctc_when_attention_ranks_eos_low(beam: int) -> None:
+def test_every_utterance_ends_under_ctc_when_attention_ranks_eos_low(
+    beam: int, monkeypatch
+) -> None:
     """CTC scores the pre-beam by attention only; eos is scored with it always, or an
     attention decoder that ranks eos low leaves the utterance with no ended hypothesis."""
+    monkeypatch.setattr(search, "FEWEST_PRE_BEAM", 1)  # a pre-beam of this tiny vocabulary
     lens = torch.tensor([12, 7, 4])
     decoder, enc = make_decoder("transformer", vocab=14), encoder_output(lens)
     with torch.no_grad():
