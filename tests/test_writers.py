@@ -91,12 +91,15 @@ def test_a_json_names_its_audio_file_by_absolute_path(tmp_path, monkeypatch):
         assert json.loads(render(transcript(), "json", given))["audio"] == kept
 
 
-def test_files_are_written_whole_through_a_partial_file(tmp_path):
+def test_files_are_written_whole_through_a_partial_file(tmp_path, monkeypatch):
     path = tmp_path / "talk.txt"
-    partial = tmp_path / ".talk.txt.partial"
-    partial.write_text("YE")  # left by a killed run
     write_text_atomically(path, "YES\n")
-    assert path.read_text() == "YES\n" and not partial.exists()
+    assert path.read_text() == "YES\n" and sorted(tmp_path.iterdir()) == [path]
+    monkeypatch.setattr(os, "replace", lambda *a: (_ for _ in ()).throw(KeyboardInterrupt))
+    with pytest.raises(KeyboardInterrupt):  # Ctrl-C between the writing and the renaming
+        write_text_atomically(path, "NO\n")
+    assert path.read_text() == "YES\n" and sorted(tmp_path.iterdir()) == [path], "no partial"
+    monkeypatch.undo()
     asr.write_txt(transcript(), path)
     assert path.read_text() == "YES NO GO U\tM\n" and sorted(tmp_path.iterdir()) == [path]
     asr.write_txt(replace(transcript(), text="YES NO\nGO U\tM"), path)  # one made by hand

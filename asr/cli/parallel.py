@@ -42,10 +42,12 @@ from asr.cli.inputs import (
     check_layout_free,
     expand_inputs,
     refuse_references_in_the_way,
+    written_formats,
 )
 from asr.cli.numbers import check_search_arguments
+from asr.files import remove_partials
 from asr.results import BatchResult, round_ms
-from asr.writers import FORMATS, expand_formats, file_there, write_text_atomically
+from asr.writers import FORMATS, file_there, write_text_atomically
 
 MERGED = "transcripts.jsonl"  # a manifest of what the output folder holds, one line per input
 PART = "transcripts.rank{rank}.jsonl"  # one rank's lines, until they are merged
@@ -489,6 +491,7 @@ def writing(out: Path) -> Iterator[int]:
             break
         os.close(lock)
     try:
+        remove_partials(out)  # of runs killed as they wrote
         yield lock
     finally:
         path.unlink(missing_ok=True)  # while held: a run that opened it finds it gone, retries

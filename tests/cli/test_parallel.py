@@ -276,8 +276,9 @@ def test_a_rerun_finishes_an_interrupted_run(workers_run, checkpoint, corpus, tm
     shutil.copytree(workers_run["out"], out)
     complete = files_of(out), merged(out)
     (out / "a/yes.json").unlink()  # killed between an input's files
-    (out / "a/go.txt").replace(out / "a/.go.txt.partial")  # killed while writing one
-    (out / "a/.go.txt.partial").write_text("YE")
+    killed = out / f"a/.go.txt.{2**22 + 1}-0123abcd.partial"  # its process gone
+    (out / "a/go.txt").replace(killed)  # killed while writing one
+    killed.write_text("YE")
     lines = (out / MERGED).read_text().splitlines(keepends=True)
     (out / MERGED).write_text("".join(lines[:3] + lines[4:]))  # killed before its line...
     stale = {"run": "0", "stem": "b/letters", "name": "x", "error": "an old failure"}
