@@ -213,13 +213,22 @@ def read_training_log(run: str | os.PathLike) -> dict[str, Curve]:
 
 def log_lines(file: Path) -> list[str]:
     """The lines of a metrics.csv; a last line cut short (a run killed as it wrote it: 0.42
-    of 0.4243) left out, with a warning."""
-    with open(file, newline="") as f:
-        lines = f.read().splitlines(keepends=True)
+    of 0.4243) left out, with a warning. ValueError names a file that is not UTF-8."""
+    lines = _log_text(file)
     if lines and not lines[-1].endswith(("\n", "\r")):
         log.warning("%s:%d: a line cut short, left out", file, len(lines))
         lines.pop()
     return lines
+
+
+def _log_text(file: Path) -> list[str]:
+    """A metrics.csv's lines, ends kept; ValueError names the line of a byte not UTF-8."""
+    data = Path(file).read_bytes()
+    try:
+        return data.decode("utf-8-sig").splitlines(keepends=True)  # a BOM, as spreadsheets save
+    except UnicodeDecodeError as err:
+        line = data.count(b"\n", 0, err.start) + 1
+        raise ValueError(f"{file}:{line}: not valid UTF-8 (byte 0x{data[err.start]:02x})") from None
 
 
 def csv_logs(folder: Path, quiet: bool = False) -> list[Path]:
@@ -288,8 +297,7 @@ def _resumed(version: Path) -> str | None:
 
 def _first_step(file: Path) -> int | None:
     """The step of a metrics.csv's first row; None where it has none or not a whole number."""
-    with open(file, newline="") as f:
-        row = next(csv.DictReader(f), None)
+    row = next(csv.DictReader(_log_text(file)), None)
     try:
         return int(row["step"]) if row is not None else None
     except (KeyError, TypeError, ValueError):  # read_training_log names what is wrong
@@ -299,11 +307,10 @@ def _first_step(file: Path) -> int | None:
 def _of_training(file: Path) -> bool:
     """Whether a metrics.csv is of training (a train/ value, or a step past 0), not of
     `asr validate` or `asr test`, which log at step 0."""
-    with open(file, newline="") as f:
-        rows = csv.DictReader(f)
-        train = [name for name in rows.fieldnames or () if name.startswith("train/")]
-        return any(row.get("step") not in ("0", "", None) or any(row[n] for n in train)
-                   for row in rows)  # fmt: skip
+    rows = csv.DictReader(_log_text(file))
+    train = [name for name in rows.fieldnames or () if name.startswith("train/")]
+    return any(row.get("step") not in ("0", "", None) or any(row[n] for n in train)
+               for row in rows)  # fmt: skip
 
 
 def _version(folder: str) -> int:

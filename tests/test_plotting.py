@@ -30,6 +30,14 @@ def write_log(run: Path, version: int, rows: list[str]) -> None:
     (folder / "metrics.csv").write_text(HEADER + "".join(row + "\n" for row in rows))
 
 
+def test_a_metrics_csv_saved_with_a_byte_order_mark_keeps_its_column_names(tmp_path) -> None:
+    write_log(tmp_path, 0, ["0,10,,3.0,2.0"])
+    log = tmp_path / "logs/version_0/metrics.csv"
+    log.write_bytes(b"\xef\xbb\xbf" + log.read_bytes().replace(b"\n", b"\r\n"))
+    assert read_training_log(tmp_path)["val/loss"] == [(10, 3.0)]
+    assert "\ufeffepoch" not in read_training_log(tmp_path)
+
+
 def test_versions_are_read_in_numeric_order_and_empty_cells_skipped(tmp_path: Path) -> None:
     write_log(tmp_path, 10, ["3,40,,1.0,0.5"])  # version_10 after version_2, not before
     write_log(tmp_path, 2, ["2,30,,2.0,1.0"])

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from asr.data.manifest import decode_line
 from asr.files import write_atomically
 from asr.writers import file_there
 
@@ -120,8 +121,12 @@ def _whole(text: str) -> int | float | None:
 def read_records(folder: str | os.PathLike) -> Iterator[dict[str, Any]]:
     """The records of a decode folder, in order; ValueError names the file and line."""
     path = Path(folder) / RECORDS
-    with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, 1):
+    with open(path, "rb") as f:
+        for number, raw in enumerate(f, 1):
+            try:
+                line = decode_line(raw)
+            except ValueError as err:
+                raise ValueError(f"{path}:{number}: {err}") from None
             if not line.strip():
                 continue
             try:
@@ -143,6 +148,10 @@ _ITEM_VALUES = {"start": _NUMBER, "end": _NUMBER, "confidence": _NUMBER, "probab
                 "word": _TEXT, "piece": _TEXT}  # fmt: skip
 
 
+# a record of days of encoder frames: a damaged file, not a decode (and not an array to make)
+MOST_CTC_FRAMES = 10**7
+
+
 def record_problem(record: Any) -> str | None:
     """What keeps the page from reading a record or transcript: its lists' shapes and the
     values its audio, scores and rows are read by, not every value."""
@@ -161,15 +170,26 @@ def record_problem(record: Any) -> str | None:
             problem = _value_problem(item, _ITEM_VALUES)
             if problem is not None:
                 return f"{key} {k}: {problem}"
+    if "hyp" in record and record["hyp"] is None:  # a reference may be none, a hypothesis not
+        return "hyp: expected a text"
     ctc = record.get("ctc")
     if ctc is not None and not (
         isinstance(ctc, dict)
-        and isinstance(ctc.get("frames"), int)
+        and _frame(ctc.get("frames"), MOST_CTC_FRAMES)
         and all(isinstance(ctc.get(k), list) for k in ("starts", "ends"))
         and len(ctc["starts"]) == len(ctc["ends"])
+        and all(_frame(f, ctc["frames"]) for k in ("starts", "ends") for f in ctc[k])
     ):
-        return "ctc: expected 'starts' and 'ends' of one length and a number of 'frames'"
+        return (
+            "ctc: expected 'starts' and 'ends' of one length, frame numbers within a number of "
+            f"'frames' (at most {MOST_CTC_FRAMES})"
+        )
     return None
+
+
+def _frame(value: Any, most: int) -> bool:
+    """Whether `value` is a whole number in [0, most] (JSON's true and false are none)."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= most
 
 
 def _value_problem(

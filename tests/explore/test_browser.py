@@ -564,6 +564,14 @@ def test_missing_parts_are_said_not_thrown(driver, tmp_path):
     assert driver.find_element(By.ID, "audio-note").text == "file not found: a/b.wav"
 
 
+def test_a_huge_duration_draws_a_few_ticks_not_a_frozen_tab(driver, tmp_path):
+    """A record's duration of 1e300 s looped the time axis's ticks for ever: a step added to
+    such a time changes nothing."""
+    open_page(driver, tmp_path, page_data([bare_utterance("huge", duration=1e300)]))
+    open_utterance(driver, "huge")
+    assert 1 <= len(driver.find_elements(By.CSS_SELECTOR, "#axis span")) <= 11
+
+
 def test_a_hypothesis_saved_without_word_times_is_aligned_by_its_text(driver, tmp_path):
     ref, hyp = ["U", "M", "SIX"], ["B", "U", "M", "SEVEN"]
     untimed = bare_utterance("untimed", ref=" ".join(ref), hyp=" ".join(hyp), ops=_ops(ref, hyp))

@@ -11,6 +11,7 @@ import io
 import json
 import math
 import os
+import re
 import shutil
 import zlib
 from pathlib import Path
@@ -985,7 +986,17 @@ def test_a_transcript_of_standard_input_is_said_to_have_no_audio_kept(tmp_path):
          "a 'piece'"),
         ('{"id": "u", "words": ["YES"]}', "words: expected a list of objects"),
         ('{"id": "u", "ctc": {"starts": [1, 2], "ends": [3], "frames": 9}}', "ctc: expected "
-         "'starts' and 'ends' of one length and a number of 'frames'"),
+         "'starts' and 'ends' of one length, frame numbers within a number of 'frames'"),
+        # each went on to a traceback (or a 182 TiB array) as the page's frames were made
+        ('{"id": "u", "ctc": {"starts": [1.5], "ends": [3], "frames": 20}}', "ctc: expected"),
+        ('{"id": "u", "ctc": {"starts": [null], "ends": [3], "frames": 20}}', "ctc: expected"),
+        ('{"id": "u", "ctc": {"starts": ["a"], "ends": [3], "frames": 20}}', "ctc: expected"),
+        ('{"id": "u", "ctc": {"starts": [0], "ends": [1], "frames": true}}', "ctc: expected"),
+        ('{"id": "u", "ctc": {"starts": [0], "ends": [3], "frames": -5}}', "ctc: expected"),
+        ('{"id": "u", "ctc": {"starts": [0], "ends": [3], "frames": 100000000000000}}',
+         "ctc: expected"),
+        ('{"id": "u", "ctc": {"starts": [0], "ends": [30], "frames": 20}}', "ctc: expected"),
+        ('{"id": "u", "ref": "A", "hyp": null}', "hyp: expected a text"),
         ("{not json}", "not JSON"),
         (json.dumps({"id": "u", "audio": str(WAV_FILE), "duration": "4.1"}), "duration: "
          "expected a number"),
@@ -1003,6 +1014,21 @@ def test_a_record_the_page_cannot_read_is_named_with_its_line(tmp_path, line, sa
     with pytest.raises(ValueError) as refused:
         explore(tmp_path, progress=False)
     assert str(refused.value).startswith(f"{tmp_path / 'utterances.jsonl'}:2: {said}")
+
+
+def test_records_and_curves_not_utf8_are_named_by_file_and_line(tmp_path):
+    """Said as a codec's error alone, naming no file of the decode's, B's or the run's."""
+    records = tmp_path / "decode" / "utterances.jsonl"
+    records.parent.mkdir()
+    records.write_bytes(b'{"id": "u1", "hyp": "A"}\n{"id": "u2", "ref": "caf\xe9", "hyp": "A"}\n')
+    with pytest.raises(ValueError, match=f"^{re.escape(str(records))}:2: not valid UTF-8 "
+                       r"\(byte 0xe9 at column 25\)"):  # fmt: skip
+        explore(tmp_path / "decode", progress=False)
+    metrics = tmp_path / "run" / "logs" / "version_0" / "metrics.csv"
+    metrics.parent.mkdir(parents=True)
+    metrics.write_bytes(b"epoch,step,val/loss\n0,10,1.5\n1,20,1.2\xff\n")
+    with pytest.raises(ValueError, match=f"^{re.escape(str(metrics))}:3: not valid UTF-8"):
+        explore(tmp_path / "run", progress=False)
 
 
 def test_a_segment_between_two_maps_over_it_alike_gets_the_one_that_fits_it():

@@ -876,7 +876,9 @@
 
   function drawAxis() {
     const steps = [0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800, 3600];
-    const step = steps.find((s) => view.duration / s <= 10) || 7200;
+    // past the longest step, whole hours: ten ticks however long (a step added to a huge
+    // time changes nothing, and the loop would not end)
+    const step = steps.find((s) => view.duration / s <= 10) || 3600 * Math.ceil(view.duration / 36000);
     const ticks = [];
     for (let t = 0; t < view.duration; t += step) {
       const tick = el("span", {}, String(+t.toFixed(1)));
