@@ -409,6 +409,7 @@ def _transcribe(args: argparse.Namespace) -> int:
         expand_inputs,
         refuse_references_in_the_way,
         write_explorer,
+        written_formats,
     )
     from asr.cli.parallel import (
         MERGED,
@@ -519,7 +520,7 @@ def _transcribe(args: argparse.Namespace) -> int:
         )
         if written:
             outputs = [(item.audio.path, item.stem) for item in inputs]
-            formats, out = args.format or DEFAULT_FORMATS, Path(args.output_dir)
+            formats, out = written_formats(args.format, args.explorer), Path(args.output_dir)
             ours = listed(read_records(out)) if holds_records(out) else set()
             refuse_references_in_the_way(outputs, out, formats, ours)
         for failure in failures:

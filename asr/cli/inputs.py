@@ -40,6 +40,12 @@ if TYPE_CHECKING:
 DEFAULT_FORMATS = ("txt", "json")  # what --output-dir gets without --format
 
 
+def written_formats(formats: Sequence[str] | None, explorer: bool) -> list[str]:
+    """The files each input gets: `--format`'s (else the default), and the json that
+    `--explorer` reads."""
+    return expand_formats([*(formats or DEFAULT_FORMATS), *(["json"] if explorer else [])])
+
+
 @dataclass(frozen=True)
 class Input:
     """One recording to transcribe: a file, a line of a manifest, or what came on stdin."""

@@ -157,6 +157,7 @@ def transcribe_streaming(
         refuse_references_in_the_way,
         start_explorer,
         write_explorer,
+        written_formats,
     )
     from asr.streaming import StreamingEngine
     from asr.writers import expand_formats, timed_lines, unwritten
@@ -171,9 +172,10 @@ def transcribe_streaming(
     inputs, unnamed = _streamed_inputs(args.audio, args.manifest or [], bool(args.output_dir))
     formats = args.format or DEFAULT_FORMATS
     if args.output_dir:  # refused before the explorer's layout is written there
-        with_page = expand_formats([*formats, "json"] if args.explorer else formats)
         outputs = [(clip.path, PurePath(stem)) for _, clip, stem in inputs if clip is not None]
-        refuse_references_in_the_way(outputs, args.output_dir, with_page)
+        refuse_references_in_the_way(
+            outputs, args.output_dir, written_formats(formats, args.explorer)
+        )
         for stem in (stem for _, clip, stem in inputs if clip is None):  # stdin's recording
             kept = Path(args.output_dir) / f"{stem}.wav"
             if kept.is_file() or kept.is_symlink():

@@ -37,7 +37,6 @@ from tqdm import tqdm
 from asr.audio import AudioError, audio_info
 from asr.cli.console import warnings_said_by
 from asr.cli.inputs import (
-    DEFAULT_FORMATS,
     Input,
     check_layout_free,
     expand_inputs,
@@ -438,7 +437,7 @@ def make_plan(args: argparse.Namespace, size: int) -> Plan:
     """
     out = Path(args.output_dir)
     _check_ours(out)
-    formats = _formats(args)
+    formats = written_formats(args.format, args.explorer)
     with tempfile.TemporaryDirectory(prefix="asr-transcribe-") as scratch:  # stdin is refused
         inputs, failures = expand_inputs(args.audio, scratch, manifests=args.manifest)
     if args.explorer:
@@ -455,11 +454,6 @@ def make_plan(args: argparse.Namespace, size: int) -> Plan:
     run = f"{time.time_ns():020d}"  # sorts as the runs happened
     plan = [[pending[i] for i in share] for share in shares]
     return Plan(run, inputs, plan, failures, formats, unlisted)
-
-
-def _formats(args: argparse.Namespace) -> list[str]:
-    """The files each input gets: `--format`'s, and the json that `--explorer` reads."""
-    return expand_formats([*(args.format or DEFAULT_FORMATS), *(["json"] if args.explorer else [])])
 
 
 @contextlib.contextmanager
@@ -685,7 +679,7 @@ def rewrite_merged(
         How many of them failed.
     """
     out = Path(args.output_dir)
-    formats = _formats(args)
+    formats = written_formats(args.format, args.explorer)
     plan = Plan(f"{time.time_ns():020d}", inputs, [inputs], [], formats)
     run_share(transcribe, args, inputs, plan.run, 0, formats)
     return len(merge(plan, out))

@@ -431,6 +431,11 @@ def test_subtitles_or_a_json_beside_their_audio_are_not_written_over(tiny_checkp
                                      "--format", kind)  # fmt: skip
         assert code == 2 and f"{folder / f'film.{kind}'}: a transcript beside its audio" in stderr
         assert (folder / f"film.{kind}").read_text() == text
+        if kind == "json":  # which --explorer writes whatever --format says
+            code, _, stderr = transcribe(folder, "--checkpoint", checkpoint, "--output-dir",
+                                         folder, "--format", "txt", "--explorer")  # fmt: skip
+            assert code == 2 and f"{folder / 'film.json'}: a transcript beside" in stderr
+            assert (folder / "film.json").read_text() == text
         (folder / f"film.{kind}").unlink()
     for _ in range(2):  # its own are written over
         code, _, stderr = transcribe(folder, "--checkpoint", checkpoint, "--output-dir", folder,
