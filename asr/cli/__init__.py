@@ -1628,8 +1628,9 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
             "--chunk-ms",
             type=non_negative,
             help="a chunk-streaming model decoded as it streams: self-attention in chunks of "
-            "this many ms, every chunk before in view; the search gives the finals of "
-            "`asr transcribe --streaming --final-search beam` (default, or 0: full context)",
+            "this many ms (rounded to whole encoder frames), every chunk before in view; the "
+            "search gives the finals of `asr transcribe --streaming --final-search beam` "
+            "(default, or 0: full context)",
         )
         p.add_argument(
             "--no-explorer",

@@ -41,8 +41,9 @@ def add_stream_arguments(p: argparse.ArgumentParser, final_search: str) -> None:
         action=_Noted,
         type=non_negative,
         default=640.0,
-        help="audio per encoder chunk, in ms: the latency of partial results (640); 0 decodes "
-        "at full context, finals only",
+        help="audio per encoder chunk, in ms, rounded to whole encoder frames (40 ms at 4x "
+        "subsampling of 10 ms): the latency of partial results (640); 0 decodes at full "
+        "context, finals only",
     )
     p.add_argument(
         "--first-chunk-ms",
