@@ -20,6 +20,7 @@ from matplotlib.lines import Line2D
 from matplotlib.ticker import FuncFormatter
 from torch import Tensor
 
+from asr.data.manifest import decode_line, manifest_lines
 from asr.metrics import Calibration
 from asr.timing import Word, check_seconds_per_frame
 
@@ -226,9 +227,13 @@ def _log_text(file: Path) -> list[str]:
     data = Path(file).read_bytes()
     try:
         return data.decode("utf-8-sig").splitlines(keepends=True)  # a BOM, as spreadsheets save
-    except UnicodeDecodeError as err:
-        line = data.count(b"\n", 0, err.start) + 1
-        raise ValueError(f"{file}:{line}: not valid UTF-8 (byte 0x{data[err.start]:02x})") from None
+    except UnicodeDecodeError:
+        for number, line in manifest_lines(data):  # the line, as a manifest's is named
+            try:
+                decode_line(line)
+            except ValueError as error:
+                raise ValueError(f"{file}:{number}: {error}") from None
+        raise
 
 
 def csv_logs(folder: Path, quiet: bool = False) -> list[Path]:
