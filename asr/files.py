@@ -14,8 +14,8 @@ from typing import Any
 
 
 def write_atomically(path: str | os.PathLike, write: Callable[[Path], Any]) -> None:
-    """`write(partial)` to a hidden `.<name>.<random>.partial` beside `path`, then rename it
-    onto `path`: two writers of one file each rename a whole file of their own.
+    """`write(partial)` to a hidden `.<name>.<pid>-<random>.partial` beside `path` (its own to
+    each writer: `partial_path`), then rename it onto `path`.
 
     A process killed while writing leaves at most the partial file, never half of `path`; a
     failed or interrupted write (Ctrl-C, SIGTERM) leaves neither, and its OSError names

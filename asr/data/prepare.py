@@ -743,9 +743,10 @@ def _assigned_split(utterances: list[Utterance], split_file: Path) -> dict[str, 
     """Splits named by a `<utterance-id> <split>` file that covers every utterance. Ids are
     matched in one Unicode form: a folder name from macOS (NFD) and the same id typed (NFC)
     look alike."""
-    ids = {_nfc(u.utt_id) for u in utterances}
-    if len(ids) < len({u.utt_id for u in utterances}):  # two names alike on Linux, not the same
-        spelt = Counter(_nfc(i) for i in {u.utt_id for u in utterances})
+    given = {u.utt_id for u in utterances}
+    ids = {_nfc(i) for i in given}
+    if len(ids) < len(given):  # two names alike on Linux, not the same
+        spelt = Counter(_nfc(i) for i in given)
         alike = sorted(i for i, count in spelt.items() if count > 1)
         raise ValueError(
             f"{split_file}: ids that differ in their Unicode form alone, which a split file "
