@@ -206,6 +206,10 @@ def _libsndfile_info(path: PathLike) -> AudioInfo | str:
     # a recorder stopped, or FLAC written to a pipe: FFmpeg reads on
     if not states_frames(info.frames):
         return "its header states no sample count"
+    # An MP3's first frame states the length of the file as encoded: of the first part of files
+    # joined by `cat`, beyond the end of one cut short. FFmpeg decodes to count and reads on.
+    if info.format == "MP3":
+        return "an MP3 header's sample count is not the file's"
     return AudioInfo(sample_rate=info.samplerate, num_frames=info.frames, channels=info.channels)
 
 

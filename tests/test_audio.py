@@ -378,6 +378,26 @@ def test_lengths_that_a_container_only_estimates_are_counted(tmp_path):
     assert audio_info(path).num_frames == len(load_audio(path, None))
 
 
+def test_mp3s_joined_or_cut_short_are_as_long_as_they_decode(tmp_path):
+    """An MP3's first frame states the length encoded: `cat a.mp3 b.mp3` kept only a.mp3's
+    second, and a file cut short kept the whole file's length."""
+    tones = [sine(440.0, 16000, 1.0), sine(880.0, 16000, 2.0)]
+    for name, tone in zip("ab", tones, strict=True):
+        soundfile.write(tmp_path / f"{name}.mp3", tone, 16000, format="MP3")
+    encoded = [(tmp_path / f"{name}.mp3").read_bytes() for name in "ab"]
+    (tmp_path / "joined.mp3").write_bytes(b"".join(encoded))
+    (tmp_path / "cut.mp3").write_bytes(encoded[1][: len(encoded[1]) // 2])
+
+    joined = load_audio(tmp_path / "joined.mp3")
+    assert audio_info(tmp_path / "joined.mp3").num_frames == len(joined)
+    assert len(joined) > 2.9 * 16000  # both, with b's encoder delay between them
+    assert peak_frequency(joined[20000:44000], 16000) == pytest.approx(880.0, abs=2.0)
+    cut = load_audio(tmp_path / "cut.mp3")
+    assert audio_info(tmp_path / "cut.mp3").num_frames == len(cut) < 1.2 * 16000
+    with pytest.raises(AudioError, match="offset 1.500 s is at or beyond the end"):
+        load_audio(tmp_path / "cut.mp3", offset=1.5)
+
+
 # --------------------------------------------------------------------------- arrays
 
 

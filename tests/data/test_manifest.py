@@ -415,20 +415,24 @@ def test_full_check_decodes_and_finds_non_finite_samples(mixed_manifest):
     assert 5 not in reasons  # no tokenizer, no OOV check
 
 
-def test_full_check_finds_a_file_cut_short_that_its_header_says_is_whole(tmp_path):
-    """An MP3 cut to a third (an interrupted download) keeps its header's 4 s: only decoding
-    shows 1.2 s."""
+def test_files_cut_short_are_found_by_their_length_or_by_the_full_check(tmp_path):
+    """An MP3 cut to a third (an interrupted download) keeps its header's 4 s but is measured
+    by decoding; a FLAC cut short keeps its header's length, and only decoding finds the cut."""
     wave = 0.3 * np.random.default_rng(0).standard_normal(16000 * 4).astype(np.float32)
-    soundfile.write(tmp_path / "whole.mp3", wave, 16000, format="MP3")
-    data = (tmp_path / "whole.mp3").read_bytes()
-    (tmp_path / "cut.mp3").write_bytes(data[: len(data) // 3])
-    lines = [json.dumps({"audio_filepath": str(tmp_path / f"{name}.mp3"), "duration": 4.0,
-                         "text": "yes", "id": name}) for name in ("whole", "cut")]  # fmt: skip
+    for suffix in ("mp3", "flac"):
+        soundfile.write(tmp_path / f"whole.{suffix}", wave, 16000)
+        data = (tmp_path / f"whole.{suffix}").read_bytes()
+        (tmp_path / f"cut.{suffix}").write_bytes(data[: len(data) // 3])
+    lines = [json.dumps({"audio_filepath": str(tmp_path / name), "duration": 4.0,
+                         "text": "yes", "id": name})
+             for name in ("whole.mp3", "cut.mp3", "whole.flac", "cut.flac")]  # fmt: skip
     path = write_lines(tmp_path / "m.jsonl", lines)
-    assert validate_manifest(path, check_audio=True).ok, "the header says 4 s"
-    [bad] = validate_manifest(path, check_audio="full").bad
-    assert bad.location == f"{path}:2" and "decodes to 1.1" in bad.reason
-    assert "not the 4.000 s its line and header say (cut short?)" in bad.reason
+    [bad] = validate_manifest(path, check_audio=True).bad
+    assert bad.location == f"{path}:2" and "exceeds audio" in bad.reason
+    assert f"{tmp_path / 'cut.mp3'} (1.2" in bad.reason
+    mp3, flac = validate_manifest(path, check_audio="full").bad
+    assert mp3 == bad
+    assert flac.location == f"{path}:4" and "cut.flac: unreadable or corrupt audio" in flac.reason
 
 
 def test_without_audio_checks_only_lines_and_text_are_checked(mixed_manifest):
