@@ -327,6 +327,69 @@ def test_an_error_clears_the_unfinished_partial(received) -> None:
         assert partial == "" and status == "Error: server error: boom"
 
 
+FIRST_PACKETS = """
+window.firstPackets = {posted: null, sent: null};  // the first samples of the first not silent
+const sound = (packet) => {
+  const samples = Array.from(new Int16Array(packet).slice(0, 64));
+  return samples.some((x) => x !== 0) ? samples : null;
+};
+const Worklet = window.AudioWorkletNode;
+window.AudioWorkletNode = class extends Worklet {
+  constructor(...args) {
+    super(...args);
+    this.port.addEventListener("message", (event) => {
+      firstPackets.posted ??= sound(event.data);
+    });
+  }
+};
+const send = WebSocket.prototype.send;
+WebSocket.prototype.send = function (data) {
+  if (typeof data !== "string") firstPackets.sent ??= sound(data);
+  return send.call(this, data);
+};
+"""
+
+
+def test_what_the_microphone_gives_while_the_socket_opens_is_sent(
+    received, monkeypatch, tmp_path
+) -> None:
+    """The button says Stop at the click, so speech starts then: over a slow link the server's
+    ready comes late, and the audio captured meanwhile is sent after it, in order, not dropped:
+    the first sound the page sends is the first its worklet gave (of a noise, each differs)."""
+    import time
+
+    import soundfile
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    import asr.serve.server
+
+    noise = 0.3 * np.random.default_rng(0).standard_normal(3 * 16000).astype(np.float32)
+    soundfile.write(tmp_path / "noise.wav", noise, 16000)
+    kept = asr.serve.server.kept_alignments  # the page asks for alignments: its start waits
+    monkeypatch.setattr(asr.serve.server, "kept_alignments", lambda *a: time.sleep(1.0) or kept(*a))
+    recognizer, _ = streaming_recognizer()
+    with running_server(recognizer, OPTIONS) as (_, port):
+        driver = chromium(
+            "--use-fake-ui-for-media-stream",
+            "--use-fake-device-for-media-stream",
+            f"--use-file-for-fake-audio-capture={tmp_path / 'noise.wav'}%noloop",
+        )
+        try:
+            driver.execute_cdp_cmd(
+                "Page.addScriptToEvaluateOnNewDocument", {"source": FIRST_PACKETS}
+            )
+            driver.get(f"http://127.0.0.1:{port}/?autostart=1&seconds=1.5")
+            WebDriverWait(driver, 30, 0.05).until(lambda d: d.execute_script(
+                "return document.body.dataset.done !== undefined"
+            ))  # fmt: skip
+            first = driver.execute_script("return window.firstPackets")
+            assert not severe_errors(driver)
+        finally:
+            driver.quit()
+    assert first["posted"] is not None and first["sent"] == first["posted"]
+    assert 1.4 < np.concatenate(received).size / 16000 < 1.6  # what the page was told to send
+
+
 def test_the_page_sends_the_audio_at_the_models_rate(received) -> None:
     """For a model at 8 kHz the server writes its rate into the page, and the page resamples the
     microphone to it: the server takes the stream and the page shows its "done"."""

@@ -202,15 +202,22 @@
     const current = () => session === s;  // a later recording's status is not this one's
     const shown = () => latest === s;  // stopped, it still shows its last words until a new one
     const limit = Number(params.get("seconds") || 0);
-    node.port.onmessage = (event) => {
-      if (s.ended || ws.readyState !== WebSocket.OPEN || !s.ready) return;
-      const pcm = new Int16Array(event.data);
+    const send = (packet) => {
+      const pcm = new Int16Array(packet);
       let peak = 0;
       for (let i = 0; i < pcm.length; i += 8) peak = Math.max(peak, Math.abs(pcm[i]));
       level.style.width = `${Math.min(100, (100 * peak) / 16384)}%`;
-      ws.send(event.data);
+      ws.send(packet);
       s.sent += pcm.length;
       if (limit && s.sent >= limit * rate) stop();
+    };
+    // What the microphone gives while the socket opens waits for the server's ready: the
+    // button says Stop from the click, so the first words are spoken then.
+    s.early = [];
+    node.port.onmessage = (event) => {
+      if (s.ended) return;
+      if (!s.ready) s.early.push(event.data);
+      else if (ws.readyState === WebSocket.OPEN) send(event.data);
     };
     source.connect(node);
     ws.onopen = () => {
@@ -221,6 +228,7 @@
       const message = JSON.parse(event.data);
       if (message.type === "ready") {
         s.ready = true;
+        for (const packet of s.early.splice(0)) if (!s.ended) send(packet);
         const first = message.first_chunk_ms !== message.chunk_ms
           ? `, each utterance's first ${message.first_chunk_ms} ms` : "";
         if (current()) say(message.chunk_ms === null ? "Listening (full context: finals only)…"
