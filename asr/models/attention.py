@@ -28,9 +28,9 @@ def normalise_scores(
         scores = scores.float()
     if sharpening != 1.0:
         scores = scores * sharpening
-    if smoothing:
-        unnormalised = torch.sigmoid(scores).masked_fill(~mask, 0.0)
-        return unnormalised / unnormalised.sum(-1, keepdim=True)
+    if smoothing:  # sigmoid / its sum, as a softmax of log-sigmoids: low scores never all underflow
+        # logsigmoid, written so: torch's own exports to ONNX as Log(Sigmoid), which underflows
+        scores = -torch.nn.functional.softplus(-scores)
     return scores.masked_fill(~mask, float("-inf")).softmax(-1)
 
 

@@ -14,6 +14,7 @@ from asr.models.attention import (
     DotProductAttention,
     LocationAwareAttention,
     MultiHeadAttention,
+    normalise_scores,
 )
 from asr.models.interfaces import lengths_to_mask, reorder_batch
 
@@ -132,6 +133,38 @@ def test_location_aware_matches_chorowski_equations(name: str) -> None:
     else:
         expected = energy.masked_fill(~mask, float("-inf")).softmax(-1)
     torch.testing.assert_close(weights, expected, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("sharpening", [1.0, 2.0])
+def test_smoothing_of_scores_far_below_zero_is_still_the_sigmoids_ratio(sharpening) -> None:
+    """Sigmoids of scores below about -100 are all 0 in float32: their ratio is not 0 / 0."""
+    scores = torch.tensor([[-60.0, -61.0, -70.0, 0.0], [-110.0, -112.0, 5.0, 5.0]])
+    mask = torch.tensor([[True, True, True, False], [True, True, False, False]])
+    weights = normalise_scores(scores, mask, sharpening, smoothing=True)
+    expected = torch.sigmoid(sharpening * scores.double()) * mask
+    expected = (expected / expected.sum(-1, keepdim=True)).float()
+    torch.testing.assert_close(weights, expected, atol=1e-7, rtol=1e-5)
+
+
+def test_smoothing_of_scores_far_below_zero_runs_on_onnx_runtime_as_on_pytorch() -> None:
+    """The exporter writes logsigmoid as Log(Sigmoid), which underflows again."""
+    import io
+
+    onnxruntime = pytest.importorskip("onnxruntime")
+    from asr.onnx_runtime import OPSET
+
+    class Smoothed(torch.nn.Module):
+        def forward(self, scores, mask):
+            return normalise_scores(scores, mask, 2.0, smoothing=True)
+
+    scores = torch.tensor([[-60.0, -61.0, -70.0, 0.0], [-110.0, -112.0, 5.0, 5.0]])
+    mask = torch.tensor([[True, True, True, False], [True, True, False, False]])
+    graph = io.BytesIO()
+    torch.onnx.export(Smoothed(), (scores, mask), graph, opset_version=OPSET, dynamo=False,
+                      input_names=["scores", "mask"])  # fmt: skip
+    session = onnxruntime.InferenceSession(graph.getvalue())
+    [weights] = session.run(None, {"scores": scores.numpy(), "mask": mask.numpy()})
+    torch.testing.assert_close(torch.from_numpy(weights), Smoothed()(scores, mask))
 
 
 def test_dot_product_matches_formula() -> None:
