@@ -519,8 +519,10 @@ class ASRModule(ExactResume):
         kept = [k for k in range(len(utterances)) if needed[k] <= frames[k]]
         bad = [k for k in range(len(utterances)) if needed[k] > frames[k]]
         if bad and self.global_rank == 0:
+            rate = self.model.sample_rate  # those named, measured: the line is off by deep pyramids
             named = ", ".join(
-                f"{utterances[k].utt_id} ({needed[k]} CTC frames, audio gives {int(frames[k])})"
+                f"{utterances[k].utt_id} ({needed[k]} CTC frames, audio gives "
+                f"{self.model.encoder_frames(round(utterances[k].duration * rate))})"
                 for k in bad[:5]
             )
             check = "Check their text and duration"
