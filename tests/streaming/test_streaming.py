@@ -1374,3 +1374,16 @@ def test_transcribe_streaming_takes_folders_globs_and_manifests_each_once(
     [written] = (tmp_path / "out").rglob("*.txt")  # one input, named three ways
     [line] = capsys.readouterr().out.splitlines()  # no name line: one input
     assert line.startswith("[00:00.000 --> ") and line.endswith(f"] {written.read_text().strip()}")
+
+
+def test_the_streaming_bench_checks_and_names_the_chunks_decoded() -> None:
+    """A size that is no whole number of encoder frames (300 ms of 40 ms frames) is decoded as
+    320 ms: the load bench's check of the steps between partials, its JSON and the WER rows'
+    names take that size, or every stream reads as having lost a chunk."""
+    from bench.streaming import decoded_ms
+
+    recognizer, _ = streaming_recognizer()
+    assert recognizer.frame_seconds == pytest.approx(0.04)
+    assert decoded_ms(recognizer, StreamOptions(chunk_ms=300)) == (320.0, 320.0)
+    assert decoded_ms(recognizer, StreamOptions(chunk_ms=300, first_chunk_ms=500)) == (320, 480)
+    assert decoded_ms(recognizer, StreamOptions(chunk_ms=None)) == (None, None)
