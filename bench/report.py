@@ -130,6 +130,17 @@ def _num(value: Any, fmt: str = "{:.3g}") -> str:
     return "n/a" if value is None else fmt.format(value)
 
 
+def _speed(ratio: float | None) -> str:
+    """Their time over ours, said as ours faster or slower.
+
+    >>> _speed(4.4), _speed(0.842), _speed(None)
+    ('4.4x faster', '1.2x slower', 'n/a')
+    """
+    if ratio is None:
+        return "n/a"
+    return f"{ratio:.1f}x faster" if ratio >= 1 else f"{1 / ratio:.1f}x slower"
+
+
 def _percent(value: float | None) -> str:
     """One decimal, or two significant digits under 1 % (a GPU's MFU)."""
     if value is None:
@@ -260,8 +271,8 @@ def _peer_md(res: dict[str, Any], derived: dict[str, Any], part: str) -> list[st
     rows.append([
         f"ours / {label}", "", "", _num(ratio.get("train_fp32"), "{:.2f}x"),
         _num(ratio.get("train_bf16"), "{:.2f}x"), "",
-        _num(ratio.get("decode_beam10"), "{:.1f}x faster"),
-        _num(ratio.get("decode_beam10_ctc"), "{:.1f}x faster"),
+        _speed(ratio.get("decode_beam10")),
+        _speed(ratio.get("decode_beam10_ctc")),
     ])  # fmt: skip
     header = [
         "system", "params", "GFLOP / audio s", "train fp32 audio s / s",
