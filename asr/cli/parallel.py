@@ -338,7 +338,8 @@ def read_records(out: Path, run: str | None = None) -> Records:
             continue
         name = str(line.get("name", stem))
         if isinstance(line.get("record"), dict):
-            records.written[stem] = _with_earlier_files(line["record"], records.written.get(stem))
+            earlier = records.written.get(stem)
+            records.written[stem] = _with_earlier_files(line["record"], earlier, out)
             if line.get("run") == run:
                 records.fresh.add(name)
         elif line.get("run") == run and run is not None:
@@ -346,12 +347,19 @@ def read_records(out: Path, run: str | None = None) -> Records:
     return records
 
 
-def _with_earlier_files(record: dict, earlier: dict | None) -> dict:
+def _with_earlier_files(record: dict, earlier: dict | None, out: Path) -> dict:
     """A later record of an output stem, listing too the files an earlier record of the same
-    recording listed (a run with other formats leaves them there)."""
+    recording listed (a run with other formats leaves them there). Where the text changed and
+    the audio file did since those files were written, another recording may have taken its
+    name: its files not written again are left out of the line, not removed (a chmod of the
+    audio and another model's text look the same)."""
     if earlier is None or not _same_record_audio(record, earlier):
         return record
     files = [*earlier.get("files", []), *record.get("files", [])]
+    if earlier.get("pred_text") != record.get("pred_text"):
+        audio = str(record.get("audio_filepath"))
+        written = set(record.get("files", []))
+        files = [f for f in files if f in written or _unchanged_since(audio, [out / f])]
     return {**record, "files": list(dict.fromkeys(files))}
 
 
@@ -526,7 +534,8 @@ def merge(plan: Plan, out: Path) -> list[str]:
     """Write `out/transcripts.jsonl` from the parts and earlier records; remove the parts.
 
     The manifest lists the plan's inputs in order, then inputs of earlier runs; a record
-    whose files are all gone is left out, and its missing files are left out of `files`. An
+    whose files are all gone is left out, and its missing files are left out of `files`, as
+    are those of a recording since replaced under its name, not written again. An
     input left as written takes its manifest line's fields as they are now (a corrected
     reference text, say).
 

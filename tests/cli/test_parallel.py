@@ -773,6 +773,35 @@ def test_the_manifest_lists_every_file_of_an_input_and_a_rerun_needs_them_listed
     assert "1 inputs whose files are in" in err.getvalue() and "an older asr's" in err.getvalue()
 
 
+def test_files_of_a_recording_replaced_under_its_name_are_not_listed_with_the_new_one(tmp_path):
+    """A run with --format txt srt, the audio replaced by another recording of the same length,
+    then a run with --format txt: its line listed the srt of the recording gone, under the new
+    text. Audio whose inode alone changed (a chmod) gives the same text and keeps its files."""
+    wav = tmp_path / "a.wav"
+    shutil.copy(WAV / f"{GOOD['a/yes']}.wav", wav)
+    item = _input(wav, "a")
+    for suffix in ("txt", "srt"):
+        (tmp_path / f"a.{suffix}").write_text("YES\n")
+    (tmp_path / MERGED).write_text(json.dumps(output_record(item, "YES", 0.5, ["txt", "srt"])))
+
+    def rerun(run: str, text: str) -> list[str]:
+        time.sleep(0.02)  # past the clock's tick: the audio changes after the files
+        (tmp_path / "a.txt").write_text(f"{text}\n")
+        _part(
+            tmp_path, {"run": run, "stem": "a", "record": output_record(item, text, 0.5, ["txt"])}
+        )
+        merge(Plan(run, [item], [[item]], [], ["txt"]), tmp_path)
+        return [line["files"] for line in merged(tmp_path)]
+
+    time.sleep(0.02)
+    wav.chmod(0o600)
+    assert rerun("2", "YES") == [["a.txt", "a.srt"]]
+    time.sleep(0.02)
+    shutil.copy(WAV / f"{GOOD['a/go']}.wav", wav)
+    assert rerun("3", "NO") == [["a.txt"]]
+    assert (tmp_path / "a.srt").exists(), "not removed: a chmod and another model look the same"
+
+
 def test_records_of_standard_input_never_take_each_others_files(tmp_path):
     """Two recordings piped in turn are both "-", of the same length maybe."""
     first = {"audio_filepath": "-", "offset": 0.0, "duration": 1.0, "pred_text": "YES",
