@@ -698,6 +698,12 @@ def lost_peer(error: BaseException) -> bool:
     return isinstance(error, RuntimeError) and any(m in str(error) for m in LOST_PEER_MESSAGES)
 
 
+def _worker_killed(error: BaseException) -> bool:
+    """Whether `error` is PyTorch's for a DataLoader worker gone ("is killed by signal", or
+    "exited unexpectedly" where it is found gone first)."""
+    return isinstance(error, RuntimeError) and str(error).startswith("DataLoader worker")
+
+
 class Trainer(L.Trainer):
     """The options of the training loop (Lightning's Trainer).
 
@@ -1577,10 +1583,12 @@ def run_lightning_cli(argv: Sequence[str]) -> ASRCLI:
         if said is not None and not lost_peer(error):  # a file, a manifest...: its message
             print(f"asr {argv[0]}: error: {_placed(said, argv)}", file=sys.stderr)
             raise SystemExit(2) from None
+        # A peer, or a loader worker (a scheduler or `timeout` signals the whole process
+        # group), stopped by the SIGTERM this process had too
+        if ASRCLI.sigterm.received and (lost_peer(error) or _worker_killed(error)):
+            raise _sigterm_exit() from None
         if not lost_peer(error):
             raise
-        if ASRCLI.sigterm.received:  # its peer stopped first, on the SIGTERM it had too
-            raise _sigterm_exit() from None
         reason = str(error).splitlines()[0] if str(error) else type(error).__name__
         print(stopped_message(getattr(error, "__notes__", []), reason), file=sys.stderr)
         raise SystemExit(1) from None

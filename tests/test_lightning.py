@@ -795,10 +795,20 @@ kill_at = int(os.environ["KILL_AT_STEP"])
 save = L.Trainer.save_checkpoint
 
 kill_with = getattr(signal, os.environ.get("KILL_SIGNAL", "SIGKILL"))
+group = "KILL_GROUP" in os.environ  # as a scheduler or `timeout` signals: loader workers too
+if group:  # the signal comes while the loop waits for a slow loader worker's batch
+    import threading, time
+    import asr.data.dataset as dataset
+
+    os.setsid()
+    load = dataset.load_audio
+    dataset.load_audio = lambda *args, **kwargs: time.sleep(0.2) or load(*args, **kwargs)
 
 def save_then_die(self, *args, **kwargs):  # the signal right after the step checkpoint is written
     save(self, *args, **kwargs)
-    if self.global_step >= kill_at:
+    if self.global_step >= kill_at and group:
+        threading.Timer(0.1, os.killpg, (0, kill_with)).start()
+    elif self.global_step >= kill_at:
         os.kill(os.getpid(), kill_with)
 
 L.Trainer.save_checkpoint = save_then_die
@@ -806,10 +816,13 @@ run_lightning_cli(sys.argv[1:])
 """
 
 
-def fit_then_signal(args: list[str], at_step: int, signal: str = "SIGKILL"):
-    """`asr fit args` that sends itself `signal` right after the first checkpoint at or past
-    `at_step`: KILL_SCRIPT forked from this process, which has imported Lightning already."""
-    env = {"KILL_AT_STEP": str(at_step), "KILL_SIGNAL": signal}
+def fit_then_signal(args: list[str], at_step: int, signal: str = "SIGKILL", group: bool = False):
+    """`asr fit args` that sends itself (`group`: its process group) `signal` right after the
+    first checkpoint at or past `at_step`: KILL_SCRIPT forked from this process, which has
+    imported Lightning already."""
+    env = {"KILL_AT_STEP": str(at_step), "KILL_SIGNAL": signal} | (
+        {"KILL_GROUP": ""} if group else {}
+    )
     return run_forked(textwrap.dedent(KILL_SCRIPT), args, env)
 
 
@@ -1261,6 +1274,15 @@ def test_sigterm_stops_fit_with_a_failing_status_that_says_how_to_resume(
     if every == "1":
         last = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)
         assert last["global_step"] == 2, "stopped at the step the signal came"
+
+
+def test_sigterm_to_the_process_group_stops_a_fit_with_a_loader_worker_alike(tiny_an4, tmp_path):
+    """The worker dies of the signal too, and the loader's error on it came as a traceback
+    and status 1, with no word of resuming."""
+    args = _fit_args(tiny_an4, tmp_path) + ["--step_checkpoint.every_n_steps", "1"]
+    proc = fit_then_signal([*args, "--data.num_workers", "1"], 2, "SIGTERM", group=True)
+    assert proc.returncode == 128 + signal.SIGTERM, proc.stderr[-3000:]
+    assert "stopped by SIGTERM" in proc.stderr and "Traceback" not in proc.stderr
 
 
 def test_a_run_killed_as_its_first_epoch_validates_validates_it_when_resumed(tiny_an4, tmp_path):
