@@ -12,7 +12,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from asr.checkpoint import payload_tokenizer, training_only, weight_differences
+from asr.checkpoint import training_only, weight_differences
+from asr.loading import trained_tokenizer
 from asr.package import read_recognizer
 from asr.text import Tokenizer
 
@@ -143,8 +144,9 @@ def _same_but(old: Tensor, new: Tensor, axis: int) -> bool:
 
 def init_from(model: nn.Module, path: str | os.PathLike, tokenizer: Tokenizer) -> Transfer:
     """Initialise `model` from the trained recognizer at `path` (checkpoint, package, hf://)."""
-    weights, payload = read_recognizer(os.path.expanduser(path))  # as a shell would
-    report = transfer_weights(model, weights, payload_tokenizer(payload), tokenizer)
+    path = os.path.expanduser(path)  # as a shell would
+    weights, payload = read_recognizer(path)
+    report = transfer_weights(model, weights, trained_tokenizer(payload, path), tokenizer)
     report.trained_config = payload["model_config"]
     return report
 

@@ -35,7 +35,7 @@ def load_seq2seq(
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     weights, payload = read_recognizer(path)
-    tokenizer = _tokenizer(payload, path)
+    tokenizer = trained_tokenizer(payload, path)
     model = build_from_payload(build_seq2seq, payload, path)
     _load_weights(model, weights, path)
     model = model.to(device).eval()
@@ -54,7 +54,7 @@ def _load_weights(model: nn.Module, weights: dict, path: str | os.PathLike) -> N
         raise CheckpointError(f"{path}: its weights do not fit its config ({first})") from None
 
 
-def _tokenizer(payload: dict[str, Any], path: str | os.PathLike) -> Tokenizer:
+def trained_tokenizer(payload: dict[str, Any], path: str | os.PathLike) -> Tokenizer:
     """The payload's tokenizer; CheckpointError where its size is not the model's (a
     tokenizer folder of a package replaced by another)."""
     tokenizer = payload_tokenizer(payload)
@@ -101,7 +101,7 @@ def load_lm(
     """
     path = os.path.expanduser(path)  # as a shell would, and load_model does
     state, payload = read_payload(path, LM_KEY)
-    tokenizer = _tokenizer(payload, path)
+    tokenizer = trained_tokenizer(payload, path)
     weights = submodule_weights(state, "lm.")
     refuse_non_finite(weights, path)
     lm = build_from_payload(build_lm, payload, path)

@@ -196,6 +196,11 @@ def test_init_from_reads_packages_too(tiny_checkpoint, tmp_path, monkeypatch):
     assert report.copied == list(fresh.state_dict())
     monkeypatch.setenv("HOME", str(tmp_path))  # "~" as the shell would read it
     assert init_from(_model(tokenizer, 4), "~/package", tokenizer).copied == report.copied
+    # a tokenizer folder replaced by one of another size: its rows would be the wrong tokens'
+    CharTokenizer.train(["ABC"]).save(tmp_path / "package" / "tokenizer")
+    said = rf"^{tmp_path / 'package'}: its tokenizer has 8 ids, its model \d+: not the tokenizer"
+    with pytest.raises(CheckpointError, match=said):
+        init_from(_model(tokenizer, 5), "~/package", tokenizer)
 
 
 def test_init_from_refuses_weights_with_non_finite_values(tiny_checkpoint, tmp_path):
