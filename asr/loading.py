@@ -19,7 +19,7 @@ from asr.checkpoint import (
 )
 from asr.models.lm import build_lm
 from asr.models.seq2seq import Seq2Seq, build_seq2seq
-from asr.package import is_package, read_recognizer, resolve_package
+from asr.package import HF_PREFIX, ONNX_DIR, is_package, read_recognizer, resolve_package
 from asr.text import Tokenizer
 
 BACKENDS = ("torch", "onnx", "onnx-int8")
@@ -78,6 +78,16 @@ def _onnx_model(model: Seq2Seq, path, backend: str, device, precision: str) -> S
             "not a checkpoint"
         )
     folder = resolve_package(path)  # hf://: the snapshot read_package found
+    if not (folder / ONNX_DIR).is_dir():  # a plain package: its author alone can export graphs
+        export = (
+            "ask its author for an asr export --format onnx package"
+            if str(path).startswith(HF_PREFIX)
+            else "export its checkpoint with asr export --format onnx"
+        )
+        raise ValueError(
+            f"{path}: a package without ONNX graphs ({ONNX_DIR}/): decode it with --backend "
+            f"torch, or {export}"
+        )
     # As many threads as PyTorch's (`--threads`), where ONNX Runtime would take every core.
     return onnx_model(model, folder, int8=backend == "onnx-int8", threads=torch.get_num_threads())
 

@@ -265,9 +265,13 @@ def test_cli_exports_and_decodes_with_onnx_backends(
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     hub = load_model("hf://me/onnx", backend="onnx")
     assert hub.transcribe(audio).text == texts["onnx"]
-    shutil.rmtree(pkg / "onnx")
-    with pytest.raises(FileNotFoundError, match="no such ONNX graph"):
+    shutil.rmtree(pkg / "onnx")  # a plain package: a Hub user cannot export its checkpoint
+    said = "a package without ONNX graphs (onnx/): decode it with --backend torch, or "
+    with pytest.raises(ValueError, match=re.escape(f"{pkg}: {said}export its checkpoint")):
         load_model(pkg, backend="onnx")
+    _hf_cache(pkg, tmp_path / "hub", "me/plain")
+    with pytest.raises(ValueError, match=re.escape(f"hf://me/plain: {said}ask its author")):
+        load_model("hf://me/plain", backend="onnx")
     with pytest.raises(ValueError, match="backend must be one of"):
         load_model(pkg, backend="tensorrt")
 
