@@ -189,7 +189,8 @@ def validate_manifest(
         if utterance.duration < min_duration:
             problems.append(f"duration {utterance.duration:.3f} s is below {min_duration:g} s")
         if check_audio:
-            problems = _audio_problems(utterance, full=check_audio == "full") + problems
+            full = check_audio == "full"
+            problems = _audio_problems(utterance, full, min_duration) + problems
         if problems:
             bad.append((number, BadEntry(f"{path}:{number}", "; ".join(problems))))
         else:
@@ -438,8 +439,9 @@ def _text_problems(
     return []
 
 
-def _audio_problems(utterance: Utterance, full: bool) -> list[str]:
-    """What is wrong with the audio segment an utterance points at (empty list: nothing)."""
+def _audio_problems(utterance: Utterance, full: bool, min_duration: float = 0.0) -> list[str]:
+    """What is wrong with the audio segment an utterance points at (empty list: nothing), of
+    which less than `min_duration` seconds is there."""
     path, offset = utterance.audio_filepath, utterance.offset
     try:
         info = audio_info(path)
@@ -453,6 +455,15 @@ def _audio_problems(utterance: Utterance, full: bool) -> list[str]:
         return [
             f"duration {utterance.duration:.3f} s from offset {offset:.3f} s exceeds "
             f"audio {path} ({info.duration:.3f} s)"
+        ]
+    # the line may say up to DURATION_TOLERANCE more than the audio holds: what is there counts,
+    # in samples (0.7 - 0.6 s is below 0.1 s in floats)
+    rate = info.sample_rate
+    there = min(round(utterance.duration * rate), info.num_frames - round(offset * rate))
+    if there < round(min_duration * rate) <= round(utterance.duration * rate):
+        return [
+            f"audio {path} holds {there / rate:.3f} s from offset {offset:.3f} s, below "
+            f"{min_duration:g} s (its line says {utterance.duration:.3f} s)"
         ]
     if full:
         try:

@@ -435,6 +435,27 @@ def test_files_cut_short_are_found_by_their_length_or_by_the_full_check(tmp_path
     assert flac.location == f"{path}:4" and "cut.flac: unreadable or corrupt audio" in flac.reason
 
 
+def test_audio_shorter_than_the_minimum_is_found_though_its_line_says_enough(tmp_path):
+    """A line may say up to 0.1 s more than its audio holds, as much as the minimum itself: a
+    30 ms click said to last 0.12 s passed, and stopped training when its batch came."""
+    soundfile.write(tmp_path / "click.wav", np.full(480, 0.1, np.float32), 16000)
+    soundfile.write(tmp_path / "word.wav", np.full(3200, 0.1, np.float32), 16000)
+    lines = [json.dumps({"audio_filepath": str(tmp_path / name), "duration": 0.12,
+                         "text": "yes", "id": name})
+             for name in ("click.wav", "word.wav")]  # fmt: skip
+    # the last 0.1 s of a 0.7 s file: 0.7 - 0.6 is 0.0999... in floats
+    soundfile.write(tmp_path / "end.wav", np.full(11200, 0.1, np.float32), 16000)
+    end = {"audio_filepath": str(tmp_path / "end.wav"), "offset": 0.6, "duration": 0.1,
+           "text": "yes", "id": "end"}  # fmt: skip
+    lines.append(json.dumps(end))
+    path = write_lines(tmp_path / "m.jsonl", lines)
+    assert validate_manifest(path).ok, "no minimum asked for"
+    [bad] = validate_manifest(path, min_duration=0.1).bad
+    assert bad.location == f"{path}:1"
+    assert bad.reason == (f"audio {tmp_path / 'click.wav'} holds 0.030 s from offset 0.000 s, "
+                          "below 0.1 s (its line says 0.120 s)")  # fmt: skip
+
+
 def test_without_audio_checks_only_lines_and_text_are_checked(mixed_manifest):
     report = validate_manifest(mixed_manifest, check_audio=False)
     assert [int(e.location.rsplit(":", 1)[1]) for e in report.bad] == [6, 7, 10]
