@@ -898,7 +898,9 @@ class ASRDataModule(ResumableData):
         tokenizer: directory written by `asr tokenizer`.
         test_manifest: optional JSONL manifest for `asr test`.
         sample_rate: audio is resampled to this rate.
-        max_batch_seconds: padded seconds of audio per batch (batch size x longest utterance).
+        max_batch_seconds: padded seconds of audio per batch (batch size x longest utterance),
+            by the manifest's durations: with speed perturbation at 0.9 a batch holds up to
+            1/0.9 of it, but with shape_grid or from shards, which pack the perturbed lengths.
         max_batch_size: optional cap on utterances per batch.
         num_buckets: length buckets of the sampler.
         speed_perturb: speed factors drawn per training utterance, e.g. [0.9, 1.0, 1.1].
@@ -908,7 +910,8 @@ class ASRDataModule(ResumableData):
         skip_bad: skip (and report) bad manifest lines instead of failing.
         check_audio: up-front audio check: "header" (readable, long enough) or "full" (decode).
         min_duration: utterances shorter than this (seconds) are bad lines.
-        cache_audio: keep loaded waveforms in memory for later epochs (small corpora).
+        cache_audio: keep loaded waveforms in memory for later epochs (small corpora), with
+            num_workers 0: each epoch's loader workers are new, their caches empty.
         augment: waveform augmentation of the training set (`asr.data.augment`).
         shortest_first_epochs: the first this many epochs batch shortest first (SortaGrad).
         shuffle_buffer: sharded training data: utterances each stream holds to shuffle.
@@ -961,9 +964,10 @@ class ASRDataModule(ResumableData):
         hp = self.hparams
         if hp.cache_audio and hp.num_workers > 0:
             log.warning(
-                "data.cache_audio with data.num_workers %d: each loader worker keeps a cache of "
-                "its own, %d copies in memory (num_workers 0 keeps one)",
-                hp.num_workers, hp.num_workers,
+                "data.cache_audio with data.num_workers %d caches nothing for later epochs: "
+                "each epoch starts new loader workers, their caches empty (num_workers 0 keeps "
+                "one cache for the whole fit)",
+                hp.num_workers,
             )  # fmt: skip
         for split, manifest in stage_manifests(self, stage):
             train = split == "train"
