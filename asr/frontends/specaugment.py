@@ -30,9 +30,11 @@ class SpecAugment(nn.Module):
     Args:
         time_warp: maximum warp distance W in frames; 0 disables.
         freq_masks: number of frequency masks.
-        freq_width: maximum width F of a frequency mask (width uniform in [0, F]).
+        freq_width: maximum width F of a frequency mask (width uniform in [0, F]); at the
+            features' count or more, a mask may cover every channel.
         time_masks: number of time masks.
-        time_width: maximum time-mask width, a fraction of the length if below 1, else frames.
+        time_width: maximum time-mask width, a fraction of the length if below 1, else frames
+            (as ESPnet's widths: a mask may then cover an utterance that is no longer).
         mask_value: value written into masked cells (0 is the mean of normalised features).
     """
 
