@@ -419,8 +419,8 @@ def test_a_prepare_stage_that_left_inputs_out_warns_and_goes_on(corpus, tmp_path
     fake.mkdir()
     args = ["--data-dir", tmp_path, "--data", data, "--exp", exp, "--stop-stage", "2"]
     if corpus == "librispeech":
-        (tmp_path / "set").mkdir()
-        args += ["--train-sets", "set", "--dev-set", "set", "--test-sets", "set"]
+        (tmp_path / "train-set").mkdir()
+        args += ["--train-sets", "train-set", "--dev-set", "train-set", "--test-sets", "train-set"]
     for status in (2, "crash", 1):  # a crash exits 1 too, but lists nothing left out
         (fake / "asr").write_text(LEAVING_OUT_ASR.format(python=sys.executable, log=log,
                                                          status=status))  # fmt: skip
@@ -538,6 +538,23 @@ def test_stages_asked_for_that_none_runs_are_a_usage_error(tmp_path):
     assert not log.exists() or not log.read_text()
     no_download = run_recipe("folder", *args, "--stage", "0", "--stop-stage", "0", check=False)
     assert no_download.returncode == 2 and "no stage from 0 to 0 ran" in no_download.stderr
+
+
+@pytest.mark.parametrize(
+    ("sets", "said"),
+    [(["--train-sets", "books-a"], "--train-sets books-a: train.jsonl pools the sets named"),
+     (["--train-sets", "train-clean-100", "--test-sets", "train-other-500"],
+      "train-other-500: a set named train-* is pooled into"),
+     (["--dev-set", "train-clean-5"], "train-clean-5: a set named train-* is pooled into")],
+)  # fmt: skip
+def test_librispeech_sets_are_pooled_by_their_names(tmp_path, sets, said):
+    """asr prepare pools train-* into train.jsonl: a test set so named was trained on, and a
+    train set named otherwise left out."""
+    fake, log = recording_asr(tmp_path)
+    args = ["--data-dir", tmp_path, "--data", tmp_path / "data", "--exp", tmp_path / "exp"]
+    result = run_recipe("librispeech", *args, *sets, bin_dir=fake, check=False)
+    assert result.returncode == 2 and said in result.stderr, result.stderr
+    assert not log.exists() or not log.read_text()
 
 
 def test_a_stage_done_before_an_earlier_one_ran_again_elsewhere_is_named(tmp_path):

@@ -96,6 +96,16 @@ read -r -a train_list <<<"$train_sets"
 read -r -a test_list <<<"$test_sets"
 [ ${#train_list[@]} -gt 0 ] || usage_error "--train-sets names no set"
 [ ${#test_list[@]} -gt 0 ] || usage_error "--test-sets names no set"
+# asr prepare pools the sets named train-* (LibriSpeech's own names) into train.jsonl
+for set in "${train_list[@]}"; do
+  case $set in train-*) ;; *) usage_error "--train-sets $set: train.jsonl pools the sets named train-*" ;; esac
+done
+for set in "$dev_set" "${test_list[@]}"; do  # scored on what it trained on, only where asked
+  case "$set: ${train_list[*]} " in
+    train-*:*" $set "*) ;;
+    train-*) usage_error "$set: a set named train-* is pooled into train.jsonl: name it in --train-sets too, or score another" ;;
+  esac
+done
 mkdir -p "$data"
 # Every set once, in order of first mention.
 sets=()
