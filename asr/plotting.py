@@ -20,7 +20,7 @@ from matplotlib.lines import Line2D
 from matplotlib.ticker import FuncFormatter
 from torch import Tensor
 
-from asr.data.manifest import decode_line, manifest_lines
+from asr.data.manifest import decode_line_of, manifest_lines
 from asr.metrics import Calibration
 from asr.timing import Word, check_seconds_per_frame
 
@@ -229,10 +229,7 @@ def _log_text(file: Path) -> list[str]:
         return data.decode("utf-8-sig").splitlines(keepends=True)  # a BOM, as spreadsheets save
     except UnicodeDecodeError:
         for number, line in manifest_lines(data):  # the line, as a manifest's is named
-            try:
-                decode_line(line)
-            except ValueError as error:
-                raise ValueError(f"{file}:{number}: {error}") from None
+            decode_line_of(file, number, line)
         raise
 
 

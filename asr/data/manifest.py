@@ -264,6 +264,14 @@ def decode_line(line: bytes) -> str:
         raise ValueError(reason) from None
 
 
+def decode_line_of(path: str | os.PathLike, number: int, line: bytes) -> str:
+    """`decode_line` of line `number` of a file, its ValueError naming `path:number`."""
+    try:
+        return decode_line(line)
+    except ValueError as error:
+        raise ValueError(f"{path}:{number}: {error}") from None
+
+
 def _parse_line(line: bytes, base: Path) -> Utterance:
     try:
         text = decode_line(line)

@@ -28,7 +28,7 @@ from asr.data.manifest import (
     LONGEST_ID,
     MIN_DURATION,
     Utterance,
-    decode_line,
+    decode_line_of,
     manifest_lines,
     some_of,
     write_manifest,
@@ -789,10 +789,7 @@ def _read_split_file(path: Path, ids: set[str]) -> dict[str, str]:
         raise ValueError(f"{path}: split file not found")
     assignment: dict[str, str] = {}
     for number, raw in manifest_lines(path.read_bytes()):
-        try:
-            line = decode_line(raw)
-        except ValueError as error:
-            raise ValueError(f"{path}:{number}: {error}") from None
+        line = decode_line_of(path, number, raw)
         fields = line.split()  # none where the line holds Unicode spaces alone
         if fields:
             fields[0] = _nfc(fields[0])

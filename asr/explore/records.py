@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from asr.data.manifest import decode_line
+from asr.data.manifest import decode_line_of
 from asr.files import write_atomically
 from asr.writers import file_there
 
@@ -123,10 +123,7 @@ def read_records(folder: str | os.PathLike) -> Iterator[dict[str, Any]]:
     path = Path(folder) / RECORDS
     with open(path, "rb") as f:
         for number, raw in enumerate(f, 1):
-            try:
-                line = decode_line(raw)
-            except ValueError as err:
-                raise ValueError(f"{path}:{number}: {err}") from None
+            line = decode_line_of(path, number, raw)
             if not line.strip():
                 continue
             try:
